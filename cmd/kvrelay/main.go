@@ -1,0 +1,33 @@
+// Command kvrelay is the single kvrelay binary: the simulated engine, the embedded local
+// deployment, and (as they land) the proxy, control plane, benchmark and operator tools.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := newRootCmd().ExecuteContext(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "kvrelay:", err)
+		os.Exit(1)
+	}
+}
+
+func newRootCmd() *cobra.Command {
+	root := &cobra.Command{
+		Use:           "kvrelay",
+		Short:         "KV-cache-aware inference gateway",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.AddCommand(newSimCmd(), newUpCmd())
+	return root
+}
