@@ -1,0 +1,649 @@
+package sim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvrelay/kvrelay/engines/blockhash"
+)
+
+// CacheEventKind names a change to the prefix cache.
+type CacheEventKind uint8
+
+// The changes an engine reports, mirroring vLLM's BlockStored, BlockRemoved and
+// AllBlocksCleared events.
+const (
+	BlocksStored CacheEventKind = iota + 1
+	BlocksRemoved
+	AllBlocksCleared
+)
+
+// CacheEvent is one change to a worker's prefix cache, in kvrelay's own block hashes (the
+// sequence hashes of package blockhash). The adapter that publishes them turns these into the
+// engine's opaque hashes.
+type CacheEvent struct {
+	Kind CacheEventKind
+	// Hashes are the blocks stored (a chain, in order) or removed.
+	Hashes []uint64
+	// Parent is the hash of the block before the first stored one, when there is one.
+	Parent    uint64
+	HasParent bool
+	// Tokens are the tokens of the stored blocks, len(Hashes)·block size of them.
+	Tokens []uint32
+}
+
+// EventSink receives the cache changes of every engine step, in the order they happened. It is
+// called from the engine's scheduler goroutine, so it must not block for long; events and the
+// slices they reference are reused after the call returns.
+type EventSink interface {
+	CacheEvents(at time.Time, events []CacheEvent)
+}
+
+// Engine is one simulated worker: a paged KV cache with prefix caching and a continuous-
+// batching scheduler whose steps take the modelled time. One goroutine, the one that calls
+// Run, owns all scheduling state; Submit, Abort and ResetPrefixCache hand work to it and are
+// safe to call from any goroutine.
+type Engine struct {
+	cfg     Config
+	sink    EventSink
+	metrics *Metrics
+	filler  []uint32
+
+	mu      sync.Mutex // guards inbox, aborts and resets
+	inbox   []*Request
+	aborts  []*Request
+	resets  []chan bool
+	wake    chan struct{}
+	nextSeq uint64
+
+	// Owned by the Run goroutine.
+	pool    *blockPool
+	waiting waitQueue
+	running []*Request
+	sched   []scheduled
+	events  []CacheEvent
+	hasher  blockhash.Hasher
+
+	numRunning, numWaiting atomic.Int64
+	usageBits              atomic.Uint64
+}
+
+type scheduled struct {
+	r       *Request
+	n       int
+	prefill bool
+}
+
+// ErrInvalidRequest wraps every reason NewRequest refuses a prompt; the message is meant for
+// the client.
+var ErrInvalidRequest = errors.New("invalid request")
+
+// NewEngine builds an engine from a validated-able config. filler are the token ids output is
+// made of, cycled deterministically; sink and metrics may be nil.
+func NewEngine(cfg Config, filler []uint32, sink EventSink, metrics *Metrics) (*Engine, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if len(filler) == 0 {
+		return nil, fmt.Errorf("%w: no filler tokens to generate output from", ErrInvalidConfig)
+	}
+	e := &Engine{
+		cfg:     cfg,
+		sink:    sink,
+		metrics: metrics,
+		filler:  filler,
+		wake:    make(chan struct{}, 1),
+		pool:    newBlockPool(cfg.NumGPUBlocks, cfg.BlockSize, cfg.EnablePrefixCaching),
+		waiting: waitQueue{byPriority: cfg.SchedulingPolicy == Priority},
+	}
+	return e, nil
+}
+
+// Config returns the engine's configuration.
+func (e *Engine) Config() Config { return e.cfg }
+
+// NewRequest validates a prompt against the engine's limits and prepares a request for
+// Submit. extra is folded into every block hash (a cache salt or adapter name). It may be
+// called from any goroutine; the prompt slice is retained.
+func (e *Engine) NewRequest(id string, prompt []uint32, extra []byte, p Params) (*Request, error) {
+	maxLen := e.cfg.MaxModelLen
+	if len(prompt) == 0 {
+		return nil, fmt.Errorf("%w: the prompt is empty", ErrInvalidRequest)
+	}
+	if p.MaxTokens < 0 || p.MinTokens < 0 {
+		return nil, fmt.Errorf("%w: max_tokens and min_tokens must not be negative", ErrInvalidRequest)
+	}
+	maxTokens := p.MaxTokens
+	if maxTokens == 0 {
+		maxTokens = maxLen - len(prompt)
+	}
+	if len(prompt)+maxTokens > maxLen || maxTokens <= 0 {
+		return nil, fmt.Errorf("%w: this model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion",
+			ErrInvalidRequest, maxLen, len(prompt)+maxTokens, len(prompt), maxTokens)
+	}
+	if p.MinTokens > maxTokens {
+		return nil, fmt.Errorf("%w: min_tokens (%d) must be less than or equal to max_tokens (%d)", ErrInvalidRequest, p.MinTokens, maxTokens)
+	}
+	bs := e.cfg.BlockSize
+	if need := (len(prompt) + maxTokens + bs - 1) / bs; need > e.cfg.NumGPUBlocks {
+		return nil, fmt.Errorf("%w: the request needs %d KV cache blocks but the engine has %d", ErrInvalidRequest, need, e.cfg.NumGPUBlocks)
+	}
+	r := &Request{
+		ID:        id,
+		Params:    p,
+		tokens:    make([]uint32, len(prompt), len(prompt)+min(maxTokens, 4096)),
+		promptLen: len(prompt),
+		notify:    make(chan struct{}, 1),
+		heapIndex: -1,
+	}
+	copy(r.tokens, prompt)
+	var h blockhash.Hasher
+	r.hashes = h.AppendSeq(make([]uint64, 0, (len(prompt)+maxTokens)/bs+1), prompt, bs, extra)
+	r.maxTokens, r.maxOut = maxTokens, maxTokens
+	r.extra = append([]byte(nil), extra...)
+	if !p.IgnoreEOS {
+		r.maxOut = min(maxTokens, max(p.MinTokens, naturalLength(r.hashes, prompt)))
+	}
+	return r, nil
+}
+
+// naturalLength is where a request that does not ignore EOS stops: deterministic in the
+// prompt, between 16 and 512 tokens.
+func naturalLength(hashes []uint64, prompt []uint32) int {
+	var h uint64 = 0x9e3779b97f4a7c15
+	if len(hashes) > 0 {
+		h ^= hashes[len(hashes)-1]
+	}
+	for _, t := range prompt[len(prompt)-min(len(prompt), 64):] {
+		h = (h ^ uint64(t)) * 0x100000001b3
+	}
+	return 16 + int(h%497)
+}
+
+// Submit queues r; the next step may schedule it. It is safe to call from any goroutine.
+func (e *Engine) Submit(r *Request) {
+	r.arrival = time.Now()
+	e.mu.Lock()
+	r.seqNo = e.nextSeq
+	e.nextSeq++
+	e.inbox = append(e.inbox, r)
+	e.mu.Unlock()
+	e.poke()
+}
+
+// Abort stops r and frees its blocks at the next opportunity of the scheduler goroutine,
+// which is at once when it is between steps. It is safe to call from any goroutine and more
+// than once.
+func (e *Engine) Abort(r *Request) {
+	e.mu.Lock()
+	e.aborts = append(e.aborts, r)
+	e.mu.Unlock()
+	e.poke()
+}
+
+// ResetPrefixCache forgets every cached block, as vLLM's /reset_prefix_cache does, and reports
+// whether it did: like vLLM it refuses while requests hold blocks. It waits for the scheduler
+// goroutine, so Run must be running.
+func (e *Engine) ResetPrefixCache(ctx context.Context) (bool, error) {
+	reply := make(chan bool, 1)
+	e.mu.Lock()
+	e.resets = append(e.resets, reply)
+	e.mu.Unlock()
+	e.poke()
+	select {
+	case ok := <-reply:
+		return ok, nil
+	case <-ctx.Done():
+		return false, fmt.Errorf("resetting prefix cache: %w", ctx.Err())
+	}
+}
+
+func (e *Engine) poke() {
+	select {
+	case e.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Load is a snapshot of the engine's occupancy.
+type Load struct {
+	Running, Waiting int
+	KVUsage          float64
+}
+
+// Load returns the occupancy after the last step. It is safe to call from any goroutine.
+func (e *Engine) Load() Load {
+	return Load{
+		Running: int(e.numRunning.Load()),
+		Waiting: int(e.numWaiting.Load()),
+		KVUsage: math.Float64frombits(e.usageBits.Load()),
+	}
+}
+
+// maxLag bounds how far the step clock may fall behind wall time before the engine stops
+// trying to catch up (after idling, or when the host is too slow for the speedup asked).
+const maxLag = 20 * time.Millisecond
+
+// Run is the scheduler loop: it admits and schedules requests, sleeps for each step's modelled
+// time and then applies it, until ctx is done. Requests still queued or running when it
+// returns are finished with FinishAborted. Run must be called once.
+func (e *Engine) Run(ctx context.Context) error {
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	defer e.shutdown()
+	var clock time.Time // when the current step ends
+	for {
+		e.drain(time.Now())
+		if len(e.running) == 0 && e.waiting.len() == 0 {
+			e.publishLoad()
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-e.wake:
+				continue
+			}
+		}
+		prefill, decodes := e.plan()
+		e.publishLoad()
+		if len(e.sched) == 0 {
+			// Nothing fits (every running request was preempted for lack of blocks, which
+			// cannot last); wait for a change rather than spin.
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-e.wake:
+				continue
+			}
+		}
+		d := e.cfg.Timing.Step(prefill, decodes, e.pool.usage())
+		now := time.Now()
+		if now.Sub(clock) > maxLag {
+			clock = now
+		}
+		clock = clock.Add(d)
+		for wait := time.Until(clock); wait > 0; wait = time.Until(clock) {
+			timer.Reset(wait)
+			select {
+			case <-ctx.Done():
+				timer.Stop()
+				return nil
+			case <-e.wake:
+				timer.Stop()
+				e.drain(time.Now())
+			case <-timer.C:
+			}
+		}
+		e.apply(time.Now())
+	}
+}
+
+func (e *Engine) shutdown() {
+	e.drain(time.Now())
+	for _, r := range e.running {
+		e.finish(r, FinishAborted, time.Now())
+	}
+	e.running = e.running[:0]
+	for e.waiting.len() > 0 {
+		r := e.waiting.pop()
+		e.finish(r, FinishAborted, time.Now())
+	}
+	e.mu.Lock()
+	inbox, resets := e.inbox, e.resets
+	e.inbox, e.resets = nil, nil
+	e.mu.Unlock()
+	for _, r := range inbox {
+		e.finish(r, FinishAborted, time.Now())
+	}
+	for _, c := range resets {
+		c <- false
+	}
+	e.publishLoad()
+}
+
+// drain moves submitted requests into the waiting queue and carries out aborts and resets.
+func (e *Engine) drain(now time.Time) {
+	e.mu.Lock()
+	inbox, aborts, resets := e.inbox, e.aborts, e.resets
+	e.inbox, e.aborts, e.resets = e.inbox[len(inbox):], e.aborts[len(aborts):], e.resets[len(resets):]
+	e.mu.Unlock()
+	for _, r := range inbox {
+		r.state = stateWaiting
+		e.waiting.push(r)
+	}
+	for _, r := range aborts {
+		e.abort(r, now)
+	}
+	for _, c := range resets {
+		ok := e.pool.reset()
+		if ok {
+			e.events = append(e.events[:0], CacheEvent{Kind: AllBlocksCleared})
+			e.emit(now)
+		}
+		c <- ok
+	}
+}
+
+func (e *Engine) abort(r *Request, now time.Time) {
+	switch r.state {
+	case stateWaiting:
+		e.waiting.remove(r)
+	case stateRunning:
+		e.pool.free(r.blocks)
+		r.blocks = r.blocks[:0]
+		for i, x := range e.running {
+			if x == r {
+				e.running = append(e.running[:i], e.running[i+1:]...)
+				break
+			}
+		}
+	default: // finished, or aborted before it was submitted
+		return
+	}
+	e.finish(r, FinishAborted, now)
+	e.publishLoad()
+}
+
+// plan chooses this step's work, vLLM v1 style: running requests first, each with as many
+// tokens as it still has to compute within the step's token budget (chunked prefill),
+// preempting the least urgent running request when blocks run out; then waiting requests,
+// starting from their longest cached prefix, while sequences, budget and blocks allow. It
+// returns the new prefill tokens and the decoding sequences of the step.
+func (e *Engine) plan() (prefill, decodes int) {
+	e.sched = e.sched[:0]
+	e.events = e.events[:0]
+	e.pool.removed = e.pool.removed[:0]
+	budget := e.cfg.MaxNumBatchedTokens
+	bs := e.cfg.BlockSize
+	preempted := false
+	for i := 0; i < len(e.running) && budget > 0; {
+		r := e.running[i]
+		n := min(len(r.tokens)-r.numComputed, budget)
+		if n <= 0 {
+			i++
+			continue
+		}
+		ok := true
+		for !e.grow(r, (r.numComputed+n+bs-1)/bs) {
+			victim := e.victim()
+			preempted = true
+			budget += e.unschedule(victim)
+			if e.preempt(victim) < i {
+				i-- // an earlier request left e.running: r moved down one place
+			}
+			if victim == r {
+				ok = false
+				break
+			}
+		}
+		if !ok {
+			continue // r left e.running; index i now holds the next request
+		}
+		e.sched = append(e.sched, scheduled{r: r, n: n})
+		r.scheduled = true
+		budget -= n
+		i++
+	}
+	for !preempted && budget > 0 && len(e.running) < e.cfg.MaxNumSeqs && e.waiting.len() > 0 {
+		r := e.waiting.peek()
+		hit := 0
+		full := len(r.hashes)
+		if full*bs == len(r.tokens) {
+			full-- // the last token is always computed, to produce the next one
+		}
+		if full > 0 {
+			hit = e.pool.hits(r.hashes[:full])
+		}
+		computed := hit * bs
+		n := min(len(r.tokens)-computed, budget)
+		need := (computed+n+bs-1)/bs - hit
+		if !e.pool.canTake(r.hashes, hit, need) {
+			break
+		}
+		e.waiting.pop()
+		for _, h := range r.hashes[:hit] {
+			r.blocks = e.pool.take(r.blocks, h)
+		}
+		for range need {
+			r.blocks, _ = e.pool.allocate(r.blocks)
+		}
+		r.numComputed, r.numStored = computed, hit
+		if !r.admitted {
+			r.admitted = true
+			r.mu.Lock()
+			r.cached = computed
+			r.mu.Unlock()
+			e.metrics.admitted(r.promptLen, computed)
+		}
+		r.state = stateRunning
+		e.running = append(e.running, r)
+		e.sched = append(e.sched, scheduled{r: r, n: n})
+		r.scheduled = true
+		budget -= n
+	}
+	if len(e.pool.removed) > 0 {
+		e.events = append(e.events, CacheEvent{Kind: BlocksRemoved, Hashes: e.pool.removed})
+	}
+	for i := range e.sched {
+		s := &e.sched[i]
+		r := s.r
+		if s.n == 1 && r.numComputed == len(r.tokens)-1 && len(r.tokens) > r.promptLen {
+			decodes++
+		} else {
+			s.prefill = true
+			prefill += s.n
+		}
+	}
+	return prefill, decodes
+}
+
+// grow makes r hold at least want blocks, allocating from the free queue.
+func (e *Engine) grow(r *Request, want int) bool {
+	for len(r.blocks) < want {
+		var ok bool
+		if r.blocks, ok = e.pool.allocate(r.blocks); !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// victim picks the running request to preempt: the last admitted under FCFS, the least urgent
+// (highest priority value, latest arrival) under the priority policy.
+func (e *Engine) victim() *Request {
+	v := e.running[len(e.running)-1]
+	if e.waiting.byPriority {
+		for _, r := range e.running {
+			if e.waiting.less(v, r) {
+				v = r
+			}
+		}
+	}
+	return v
+}
+
+// unschedule removes r from this step's plan if it was already in it and returns the tokens it
+// had been given.
+func (e *Engine) unschedule(r *Request) int {
+	if !r.scheduled {
+		return 0
+	}
+	for i, s := range e.sched {
+		if s.r == r {
+			e.sched = append(e.sched[:i], e.sched[i+1:]...)
+			r.scheduled = false
+			return s.n
+		}
+	}
+	return 0
+}
+
+// preempt frees all of r's blocks and returns it to the waiting queue; it recomputes from its
+// longest cached prefix when scheduled again (vLLM's recompute preemption). It returns the
+// index r had in e.running.
+func (e *Engine) preempt(r *Request) int {
+	at := -1
+	for i, x := range e.running {
+		if x == r {
+			e.running = append(e.running[:i], e.running[i+1:]...)
+			at = i
+			break
+		}
+	}
+	e.pool.free(r.blocks)
+	r.blocks = r.blocks[:0]
+	r.numComputed, r.numStored = 0, 0
+	r.state = stateWaiting
+	e.waiting.pushFront(r)
+	e.metrics.preempted()
+	return at
+}
+
+// apply completes the planned step at time now: computed tokens advance, newly full blocks
+// enter the prefix cache, every sequence whose tokens are all computed samples one more, and
+// requests that reached their end finish.
+func (e *Engine) apply(now time.Time) {
+	bs := e.cfg.BlockSize
+	generated := 0
+	finished := false
+	for _, s := range e.sched {
+		r := s.r
+		if !r.scheduled {
+			continue // aborted during the step
+		}
+		r.scheduled = false
+		r.numComputed += s.n
+		e.storeBlocks(r)
+		if r.numComputed < len(r.tokens) {
+			continue // a chunk of a longer prefill
+		}
+		out := len(r.tokens) - r.promptLen
+		tok := e.filler[(int(r.seqNo)+out)%len(e.filler)]
+		r.tokens = append(r.tokens, tok)
+		if len(r.tokens)%bs == 0 {
+			e.extendHashes(r)
+		}
+		generated++
+		r.mu.Lock()
+		r.out = append(r.out, tok)
+		if len(r.out) == 1 {
+			r.firstTok = now
+		}
+		r.mu.Unlock()
+		if out == 0 {
+			e.metrics.firstToken(now.Sub(r.arrival))
+		} else {
+			e.metrics.interToken(now.Sub(r.lastTokenAt))
+		}
+		r.lastTokenAt = now
+		if out+1 >= r.maxOut {
+			reason := FinishStop
+			if out+1 >= r.maxTokens {
+				reason = FinishLength
+			}
+			e.pool.free(r.blocks)
+			r.blocks = r.blocks[:0]
+			e.finish(r, reason, now)
+			finished = true
+			continue
+		}
+		r.signal()
+	}
+	if finished {
+		live := e.running[:0]
+		for _, r := range e.running {
+			if r.state == stateRunning {
+				live = append(live, r)
+			}
+		}
+		clear(e.running[len(live):])
+		e.running = live
+	}
+	e.metrics.step(generated)
+	e.emit(now)
+	e.publishLoad()
+}
+
+// storeBlocks registers r's newly computed full blocks in the prefix cache and records the
+// BlockStored events for those that became the cached copy.
+func (e *Engine) storeBlocks(r *Request) {
+	bs := e.cfg.BlockSize
+	full := min(r.numComputed/bs, len(r.hashes))
+	start := -1
+	for b := r.numStored; b < full; b++ {
+		if e.pool.store(r.blocks[b], r.hashes[b]) {
+			if start < 0 {
+				start = b
+			}
+			continue
+		}
+		if start >= 0 {
+			e.storedRun(r, start, b)
+			start = -1
+		}
+	}
+	if start >= 0 {
+		e.storedRun(r, start, full)
+	}
+	r.numStored = max(r.numStored, full)
+}
+
+func (e *Engine) storedRun(r *Request, from, to int) {
+	bs := e.cfg.BlockSize
+	ev := CacheEvent{Kind: BlocksStored, Hashes: r.hashes[from:to], Tokens: r.tokens[from*bs : to*bs]}
+	if from > 0 {
+		ev.Parent, ev.HasParent = r.hashes[from-1], true
+	}
+	e.events = append(e.events, ev)
+}
+
+// extendHashes appends the sequence hash of r's last block, which the token just sampled
+// completed.
+func (e *Engine) extendHashes(r *Request) {
+	bs := e.cfg.BlockSize
+	b := len(r.tokens)/bs - 1
+	if b != len(r.hashes) {
+		return
+	}
+	var parent uint64
+	if b > 0 {
+		parent = r.hashes[b-1]
+	}
+	r.hashes = e.hasher.Continue(r.hashes, parent, b > 0, r.tokens[b*bs:(b+1)*bs], bs, r.extra)
+}
+
+func (e *Engine) finish(r *Request, reason FinishReason, now time.Time) {
+	if r.state == stateFinished {
+		return
+	}
+	r.state = stateFinished
+	r.scheduled = false
+	r.mu.Lock()
+	r.done, r.reason = true, reason
+	r.mu.Unlock()
+	r.signal()
+	if reason != FinishAborted {
+		e.metrics.finished(r, now)
+	} else {
+		e.metrics.aborted()
+	}
+}
+
+func (e *Engine) emit(now time.Time) {
+	if len(e.events) > 0 && e.sink != nil {
+		e.sink.CacheEvents(now, e.events)
+	}
+	e.events = e.events[:0]
+}
+
+func (e *Engine) publishLoad() {
+	e.numRunning.Store(int64(len(e.running)))
+	e.numWaiting.Store(int64(e.waiting.len()))
+	u := e.pool.usage()
+	e.usageBits.Store(math.Float64bits(u))
+	e.metrics.load(len(e.running), e.waiting.len(), u)
+}
