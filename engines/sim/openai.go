@@ -1,0 +1,242 @@
+package sim
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"unicode/utf8"
+)
+
+// completionRequest is the part of an OpenAI chat or text completion request the simulated
+// engine acts on, with vLLM's extensions. Unknown fields are ignored, as vLLM ignores them.
+type completionRequest struct {
+	Model               string          `json:"model"`
+	Messages            []chatMessage   `json:"messages"`
+	Prompt              json.RawMessage `json:"prompt"`
+	MaxTokens           *int            `json:"max_tokens"`
+	MaxCompletionTokens *int            `json:"max_completion_tokens"`
+	MinTokens           int             `json:"min_tokens"`
+	IgnoreEOS           bool            `json:"ignore_eos"`
+	N                   *int            `json:"n"`
+	Stream              bool            `json:"stream"`
+	StreamOptions       *struct {
+		IncludeUsage bool `json:"include_usage"`
+	} `json:"stream_options"`
+	Priority             int             `json:"priority"`
+	CacheSalt            string          `json:"cache_salt"`
+	Tools                json.RawMessage `json:"tools"`
+	ReasoningEffort      string          `json:"reasoning_effort"`
+	AddGenerationPrompt  *bool           `json:"add_generation_prompt"`
+	ContinueFinalMessage bool            `json:"continue_final_message"`
+	KVTransferParams     json.RawMessage `json:"kv_transfer_params"`
+}
+
+// chatMessage is one OpenAI message; content is a string, an array of parts or null.
+type chatMessage struct {
+	Role             string          `json:"role"`
+	Content          json.RawMessage `json:"content"`
+	Name             string          `json:"name"`
+	ToolCalls        json.RawMessage `json:"tool_calls"`
+	ToolCallID       string          `json:"tool_call_id"`
+	ReasoningContent string          `json:"reasoning_content"`
+	Reasoning        string          `json:"reasoning"`
+}
+
+// apiError is an error a client sees as an OpenAI error object with an HTTP status.
+type apiError struct {
+	status  int
+	typ     string
+	message string
+	param   string
+}
+
+func (e *apiError) Error() string { return e.message }
+
+func badRequest(format string, args ...any) *apiError {
+	return &apiError{status: 400, typ: "BadRequestError", message: fmt.Sprintf(format, args...)}
+}
+
+// appendJSON appends the OpenAI error body {"error": {...}}.
+func (e *apiError) appendJSON(dst []byte) []byte {
+	dst = append(dst, `{"error":{"message":`...)
+	dst = appendJSONString(dst, e.message)
+	dst = append(dst, `,"type":`...)
+	dst = appendJSONString(dst, e.typ)
+	dst = append(dst, `,"param":`...)
+	if e.param == "" {
+		dst = append(dst, "null"...)
+	} else {
+		dst = appendJSONString(dst, e.param)
+	}
+	dst = append(dst, `,"code":`...)
+	dst = strconv.AppendInt(dst, int64(e.status), 10)
+	return append(dst, "}}"...)
+}
+
+// decodeRequest parses and checks a completion request body. chat selects the chat API
+// (messages) over the text API (prompt).
+func decodeRequest(body []byte, chat bool) (*completionRequest, error) {
+	var req completionRequest
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if err := dec.Decode(&req); err != nil {
+		return nil, badRequest("the request body is not valid JSON: %v", err)
+	}
+	if dec.More() {
+		return nil, badRequest("the request body has data after its JSON object")
+	}
+	if req.N != nil && *req.N != 1 {
+		return nil, badRequest("n must be 1 on this engine, got %d", *req.N)
+	}
+	if chat {
+		if len(req.Messages) == 0 {
+			return nil, &apiError{status: 400, typ: "BadRequestError", message: "messages must be a non-empty array", param: "messages"}
+		}
+	} else if len(req.Prompt) == 0 || string(req.Prompt) == "null" {
+		return nil, &apiError{status: 400, typ: "BadRequestError", message: "prompt is required", param: "prompt"}
+	}
+	if req.MaxTokens != nil && *req.MaxTokens < 0 || req.MaxCompletionTokens != nil && *req.MaxCompletionTokens < 0 {
+		return nil, &apiError{status: 400, typ: "BadRequestError", message: "max_tokens must be at least 0", param: "max_tokens"}
+	}
+	if req.MinTokens < 0 {
+		return nil, &apiError{status: 400, typ: "BadRequestError", message: "min_tokens must be at least 0", param: "min_tokens"}
+	}
+	return &req, nil
+}
+
+// maxTokens is the output cap the client asked for (max_completion_tokens wins, as in the
+// OpenAI API), 0 when it gave none.
+func (r *completionRequest) maxTokens() int {
+	switch {
+	case r.MaxCompletionTokens != nil:
+		return *r.MaxCompletionTokens
+	case r.MaxTokens != nil:
+		return *r.MaxTokens
+	}
+	return 0
+}
+
+// messageText flattens a message's content: a string, or the text parts of an array of
+// content parts. Non-text parts (images, audio) are refused: the engine has no encoder.
+func messageText(raw json.RawMessage) (string, error) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || string(raw) == "null" {
+		return "", nil
+	}
+	if raw[0] == '"' {
+		var s string
+		if err := json.Unmarshal(raw, &s); err != nil {
+			return "", badRequest("message content is not a valid string: %v", err)
+		}
+		return s, nil
+	}
+	var parts []struct {
+		Type string  `json:"type"`
+		Text *string `json:"text"`
+	}
+	if err := json.Unmarshal(raw, &parts); err != nil {
+		return "", badRequest("message content must be a string or an array of content parts")
+	}
+	var b []byte
+	for _, p := range parts {
+		if p.Type != "text" && p.Type != "input_text" {
+			return "", badRequest("content part of type %q is not supported by this text-only model", p.Type)
+		}
+		if p.Text == nil {
+			return "", badRequest("a text content part has no text")
+		}
+		b = append(b, *p.Text...)
+	}
+	return string(b), nil
+}
+
+// promptInput is the text or the token ids of a text completion's prompt.
+type promptInput struct {
+	text   string
+	tokens []uint32
+	isIDs  bool
+}
+
+// parsePrompt accepts the forms vLLM accepts for one prompt: a string, a list with one
+// string, a list of token ids, or a list with one list of token ids.
+func parsePrompt(raw json.RawMessage) (promptInput, error) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 {
+		return promptInput{}, badRequest("prompt is required")
+	}
+	switch raw[0] {
+	case '"':
+		var s string
+		if err := json.Unmarshal(raw, &s); err != nil {
+			return promptInput{}, badRequest("prompt is not a valid string: %v", err)
+		}
+		return promptInput{text: s}, nil
+	case '[':
+		var items []json.RawMessage
+		if err := json.Unmarshal(raw, &items); err != nil {
+			return promptInput{}, badRequest("prompt is not a valid array: %v", err)
+		}
+		if len(items) == 0 {
+			return promptInput{}, badRequest("prompt must not be empty")
+		}
+		first := bytes.TrimSpace(items[0])
+		if len(first) > 0 && (first[0] == '"' || first[0] == '[') {
+			if len(items) != 1 {
+				return promptInput{}, badRequest("batched prompts are not supported; send %d requests", len(items))
+			}
+			return parsePrompt(first)
+		}
+		var ids []int64
+		if err := json.Unmarshal(raw, &ids); err != nil {
+			return promptInput{}, badRequest("prompt must be a string or an array of token ids")
+		}
+		toks := make([]uint32, len(ids))
+		for i, id := range ids {
+			if id < 0 || id > 1<<31 {
+				return promptInput{}, badRequest("token id %d is out of range", id)
+			}
+			toks[i] = uint32(id)
+		}
+		return promptInput{tokens: toks, isIDs: true}, nil
+	}
+	return promptInput{}, badRequest("prompt must be a string or an array of token ids")
+}
+
+// appendJSONString appends s as a JSON string literal. Invalid UTF-8 becomes U+FFFD, as
+// encoding/json writes it.
+func appendJSONString(dst []byte, s string) []byte {
+	const hex = "0123456789abcdef"
+	dst = append(dst, '"')
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < 0x80 {
+			switch {
+			case c == '"' || c == '\\':
+				dst = append(dst, '\\', c)
+			case c == '\n':
+				dst = append(dst, '\\', 'n')
+			case c == '\r':
+				dst = append(dst, '\\', 'r')
+			case c == '\t':
+				dst = append(dst, '\\', 't')
+			case c < 0x20 || c == '<' || c == '>' || c == '&':
+				dst = append(dst, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
+			default:
+				dst = append(dst, c)
+			}
+			i++
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == 0xfffd && size == 1 {
+			dst = append(dst, `\ufffd`...)
+		} else if r == 0x2028 || r == 0x2029 {
+			dst = append(dst, '\\', 'u', '2', '0', '2', hex[r&0xf])
+		} else {
+			dst = append(dst, s[i:i+size]...)
+		}
+		i += size
+	}
+	return append(dst, '"')
+}
+

@@ -1,0 +1,523 @@
+package sim
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Server is the OpenAI-compatible HTTP API of one simulated worker, shaped like vLLM's:
+// /v1/chat/completions, /v1/completions, /v1/models, /tokenize, /detokenize, /health,
+// /metrics and /reset_prefix_cache. Handlers run on net/http's goroutines and hand requests to
+// the engine, whose scheduler goroutine produces the tokens they stream.
+type Server struct {
+	eng     *Engine
+	codec   Codec
+	metrics *Metrics
+	model   string
+	text    map[uint32]string // filler token → its text; read-only after construction
+	created int64
+	idBase  string
+	ids     atomic.Uint64
+	bufs    sync.Pool
+}
+
+// NewServer builds the API of eng. text maps each output token id to its text.
+func NewServer(eng *Engine, codec Codec, metrics *Metrics, text map[uint32]string) *Server {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return &Server{
+		eng:     eng,
+		codec:   codec,
+		metrics: metrics,
+		model:   eng.cfg.Model,
+		text:    text,
+		created: time.Now().Unix(),
+		idBase:  hex.EncodeToString(b[:]),
+		bufs:    sync.Pool{New: func() any { b := make([]byte, 0, 4096); return &b }},
+	}
+}
+
+// Handler returns the HTTP routes.
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { s.complete(w, r, true) })
+	mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) { s.complete(w, r, false) })
+	mux.HandleFunc("GET /v1/models", s.models)
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
+	mux.HandleFunc("POST /tokenize", s.tokenize)
+	mux.HandleFunc("POST /detokenize", s.detokenize)
+	mux.HandleFunc("POST /reset_prefix_cache", s.resetPrefixCache)
+	if s.metrics != nil {
+		mux.Handle("GET /metrics", promhttp.HandlerFor(s.metrics.Registry(), promhttp.HandlerOpts{}))
+	}
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, &apiError{status: http.StatusNotFound, typ: "NotFoundError", message: "no route for " + r.Method + " " + r.URL.Path})
+	})
+	return methodNotAllowed(mux)
+}
+
+// methodNotAllowed answers a known path asked with the wrong method with 405 and an OpenAI
+// error object (the catch-all route would otherwise call it 404).
+func methodNotAllowed(mux *http.ServeMux) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, pattern := mux.Handler(r); pattern == "/" {
+			probe := r.Clone(r.Context())
+			for _, m := range []string{http.MethodGet, http.MethodPost} {
+				probe.Method = m
+				if _, p := mux.Handler(probe); p != "" && p != "/" {
+					writeError(w, &apiError{status: http.StatusMethodNotAllowed, typ: "MethodNotAllowed", message: "method " + r.Method + " is not allowed on " + r.URL.Path})
+					return
+				}
+			}
+		}
+		mux.ServeHTTP(w, r)
+	})
+}
+
+func writeError(w http.ResponseWriter, e *apiError) {
+	b := e.appendJSON(nil)
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+	w.WriteHeader(e.status)
+	_, _ = w.Write(b)
+}
+
+// readBody reads a request body within the engine's limit.
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *apiError) {
+	limit := s.eng.cfg.MaxRequestBytes
+	if r.ContentLength > limit {
+		return nil, &apiError{status: http.StatusRequestEntityTooLarge, typ: "RequestEntityTooLarge", message: "the request body of " + strconv.FormatInt(r.ContentLength, 10) + " bytes is over the limit of " + strconv.FormatInt(limit, 10)}
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			return nil, &apiError{status: http.StatusRequestEntityTooLarge, typ: "RequestEntityTooLarge", message: "the request body is over the limit of " + strconv.FormatInt(limit, 10) + " bytes"}
+		}
+		return nil, badRequest("reading the request body: %v", err)
+	}
+	return body, nil
+}
+
+func (s *Server) checkModel(model string) *apiError {
+	if model != "" && model != s.model {
+		return &apiError{status: http.StatusNotFound, typ: "NotFoundError", message: "The model `" + model + "` does not exist.", param: "model"}
+	}
+	return nil
+}
+
+// encode turns a decoded request into prompt token ids.
+func (s *Server) encode(req *completionRequest, chat bool) ([]uint32, *apiError) {
+	if !chat {
+		p, err := parsePrompt(req.Prompt)
+		if err != nil {
+			return nil, asAPIError(err)
+		}
+		if p.isIDs {
+			return p.tokens, nil
+		}
+		return s.codec.EncodePrompt(p.text), nil
+	}
+	msgs := make([]ChatMessage, len(req.Messages))
+	for i, m := range req.Messages {
+		if m.Role == "" {
+			return nil, &apiError{status: 400, typ: "BadRequestError", message: "message " + strconv.Itoa(i) + " has no role", param: "messages"}
+		}
+		text, err := messageText(m.Content)
+		if err != nil {
+			return nil, asAPIError(err)
+		}
+		reasoning := m.ReasoningContent
+		if reasoning == "" {
+			reasoning = m.Reasoning
+		}
+		msgs[i] = ChatMessage{Role: m.Role, Content: text, Name: m.Name, ToolCallID: m.ToolCallID, ToolCalls: m.ToolCalls, Reasoning: reasoning}
+	}
+	opts := ChatOptions{AddGenerationPrompt: true, ContinueFinalMessage: req.ContinueFinalMessage, Tools: req.Tools, ReasoningEffort: req.ReasoningEffort}
+	if req.AddGenerationPrompt != nil {
+		opts.AddGenerationPrompt = *req.AddGenerationPrompt
+	}
+	if opts.ContinueFinalMessage {
+		opts.AddGenerationPrompt = false
+	}
+	toks, err := s.codec.EncodeChat(msgs, opts)
+	if err != nil {
+		return nil, badRequest("rendering the chat template: %v", err)
+	}
+	return toks, nil
+}
+
+func asAPIError(err error) *apiError {
+	var ae *apiError
+	if errors.As(err, &ae) {
+		return ae
+	}
+	return badRequest("%v", err)
+}
+
+func (s *Server) complete(w http.ResponseWriter, hr *http.Request, chat bool) {
+	body, aerr := s.readBody(w, hr)
+	if aerr != nil {
+		writeError(w, aerr)
+		return
+	}
+	req, err := decodeRequest(body, chat)
+	if err != nil {
+		writeError(w, asAPIError(err))
+		return
+	}
+	if aerr := s.checkModel(req.Model); aerr != nil {
+		writeError(w, aerr)
+		return
+	}
+	prompt, aerr := s.encode(req, chat)
+	if aerr != nil {
+		writeError(w, aerr)
+		return
+	}
+	prefix := "cmpl-"
+	if chat {
+		prefix = "chatcmpl-"
+	}
+	id := prefix + s.idBase + strconv.FormatUint(s.ids.Add(1), 16)
+	var extra []byte
+	if req.CacheSalt != "" {
+		extra = []byte(req.CacheSalt)
+	}
+	r, err := s.eng.NewRequest(id, prompt, extra, Params{
+		MaxTokens: req.maxTokens(),
+		MinTokens: req.MinTokens,
+		IgnoreEOS: req.IgnoreEOS,
+		Priority:  req.Priority,
+	})
+	if err != nil {
+		writeError(w, badRequest("%s", strings.TrimPrefix(err.Error(), ErrInvalidRequest.Error()+": ")))
+		return
+	}
+	s.eng.Submit(r)
+	rs := responseState{s: s, r: r, chat: chat}
+	if req.Stream {
+		rs.usage = req.StreamOptions != nil && req.StreamOptions.IncludeUsage
+		s.stream(w, hr.Context(), &rs)
+		return
+	}
+	s.respond(w, hr.Context(), &rs)
+}
+
+// responseState is what one response writer needs about its request.
+type responseState struct {
+	s     *Server
+	r     *Request
+	chat  bool
+	usage bool
+	toks  []uint32
+}
+
+// wait blocks until the request has output past what was already read, or has finished, or
+// the client has gone (then the request is aborted and freed at once).
+func (rs *responseState) wait(ctx context.Context) (done bool, reason FinishReason, cached int, ok bool) {
+	for {
+		n := len(rs.toks)
+		rs.toks, done, reason, cached = rs.r.Output(rs.toks, n)
+		if done || len(rs.toks) > n {
+			return done, reason, cached, true
+		}
+		select {
+		case <-rs.r.Wait():
+		case <-ctx.Done():
+			rs.s.eng.Abort(rs.r)
+			return false, "", 0, false
+		}
+	}
+}
+
+func (s *Server) respond(w http.ResponseWriter, ctx context.Context, rs *responseState) {
+	var (
+		done   bool
+		reason FinishReason
+		cached int
+		ok     bool
+	)
+	for !done {
+		if done, reason, cached, ok = rs.wait(ctx); !ok {
+			return
+		}
+	}
+	if reason == FinishAborted {
+		writeError(w, &apiError{status: http.StatusServiceUnavailable, typ: "ServiceUnavailableError", message: "the engine stopped before the request finished"})
+		return
+	}
+	bp := s.bufs.Get().(*[]byte)
+	b := (*bp)[:0]
+	b = append(b, `{"id":`...)
+	b = appendJSONString(b, rs.r.ID)
+	if rs.chat {
+		b = append(b, `,"object":"chat.completion"`...)
+	} else {
+		b = append(b, `,"object":"text_completion"`...)
+	}
+	b = s.appendHead(b)
+	if rs.chat {
+		b = append(b, `,"choices":[{"index":0,"message":{"role":"assistant","content":`...)
+		b = s.appendText(b, rs.toks)
+		b = append(b, `,"tool_calls":[]},"logprobs":null,"finish_reason":`...)
+	} else {
+		b = append(b, `,"choices":[{"index":0,"text":`...)
+		b = s.appendText(b, rs.toks)
+		b = append(b, `,"logprobs":null,"finish_reason":`...)
+	}
+	b = appendJSONString(b, string(reason))
+	b = append(b, `,"stop_reason":null}],"usage":`...)
+	b = appendUsage(b, rs.r.PromptTokens(), len(rs.toks), cached)
+	b = append(b, "}\n"...)
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+	_, _ = w.Write(b)
+	*bp = b
+	s.bufs.Put(bp)
+}
+
+// stream writes the response as server-sent events, one chunk per token as vLLM does, all
+// chunks that are ready written and flushed together.
+func (s *Server) stream(w http.ResponseWriter, ctx context.Context, rs *responseState) {
+	fl, _ := w.(http.Flusher)
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream; charset=utf-8")
+	h.Set("Cache-Control", "no-cache")
+	w.WriteHeader(http.StatusOK)
+	bw := bufio.NewWriterSize(w, 4096)
+	bp := s.bufs.Get().(*[]byte)
+	defer s.bufs.Put(bp)
+	if rs.chat {
+		// vLLM opens a chat stream with the assistant role and empty content.
+		*bp = s.appendChunk((*bp)[:0], rs, `"role":"assistant","content":""`, nil, "")
+		_, _ = bw.Write(*bp)
+	}
+	sent := 0
+	for {
+		done, reason, cached, ok := rs.wait(ctx)
+		if !ok {
+			return
+		}
+		b := (*bp)[:0]
+		for i := sent; i < len(rs.toks); i++ {
+			fin := FinishReason("")
+			if done && i == len(rs.toks)-1 {
+				fin = reason
+			}
+			b = s.appendChunk(b, rs, "", rs.toks[i:i+1], fin)
+		}
+		sent = len(rs.toks)
+		if done {
+			if reason == FinishAborted {
+				e := apiError{status: http.StatusServiceUnavailable, typ: "ServiceUnavailableError", message: "the engine stopped before the request finished"}
+				b = append(b, "data: "...)
+				b = e.appendJSON(b)
+				b = append(b, "\n\n"...)
+			} else if rs.usage {
+				b = append(b, `data: {"id":`...)
+				b = appendJSONString(b, rs.r.ID)
+				b = s.appendObject(b, rs)
+				b = append(b, `,"choices":[],"usage":`...)
+				b = appendUsage(b, rs.r.PromptTokens(), len(rs.toks), cached)
+				b = append(b, "}\n\n"...)
+			}
+			b = append(b, "data: [DONE]\n\n"...)
+		}
+		*bp = b
+		if _, err := bw.Write(b); err != nil {
+			s.eng.Abort(rs.r)
+			return
+		}
+		if err := bw.Flush(); err != nil {
+			s.eng.Abort(rs.r)
+			return
+		}
+		if fl != nil {
+			fl.Flush()
+		}
+		if done {
+			return
+		}
+	}
+}
+
+func (s *Server) appendObject(b []byte, rs *responseState) []byte {
+	if rs.chat {
+		b = append(b, `,"object":"chat.completion.chunk"`...)
+	} else {
+		b = append(b, `,"object":"text_completion"`...)
+	}
+	return s.appendHead(b)
+}
+
+func (s *Server) appendHead(b []byte) []byte {
+	b = append(b, `,"created":`...)
+	b = strconv.AppendInt(b, s.created, 10)
+	b = append(b, `,"model":`...)
+	return appendJSONString(b, s.model)
+}
+
+// appendChunk appends one SSE event. For chat, delta is either raw JSON members or, when
+// empty, the text of toks; a completion chunk carries the text of toks.
+func (s *Server) appendChunk(b []byte, rs *responseState, delta string, toks []uint32, fin FinishReason) []byte {
+	b = append(b, `data: {"id":`...)
+	b = appendJSONString(b, rs.r.ID)
+	b = s.appendObject(b, rs)
+	if rs.chat {
+		b = append(b, `,"choices":[{"index":0,"delta":{`...)
+		if delta != "" {
+			b = append(b, delta...)
+		} else {
+			b = append(b, `"content":`...)
+			b = s.appendText(b, toks)
+		}
+		b = append(b, `},"logprobs":null,"finish_reason":`...)
+	} else {
+		b = append(b, `,"choices":[{"index":0,"text":`...)
+		b = s.appendText(b, toks)
+		b = append(b, `,"logprobs":null,"finish_reason":`...)
+	}
+	if fin == "" {
+		b = append(b, "null"...)
+	} else {
+		b = appendJSONString(b, string(fin))
+	}
+	return append(b, `,"stop_reason":null}]}`+"\n\n"...)
+}
+
+// appendText appends the JSON string of the output tokens' text.
+func (s *Server) appendText(b []byte, toks []uint32) []byte {
+	if len(toks) == 1 {
+		if t, ok := s.text[toks[0]]; ok {
+			return appendJSONString(b, t)
+		}
+	}
+	var text []byte
+	for _, t := range toks {
+		if piece, ok := s.text[t]; ok {
+			text = append(text, piece...)
+		} else {
+			text = append(text, s.codec.Decode([]uint32{t})...)
+		}
+	}
+	return appendJSONString(b, string(text))
+}
+
+func appendUsage(b []byte, prompt, completion, cached int) []byte {
+	b = append(b, `{"prompt_tokens":`...)
+	b = strconv.AppendInt(b, int64(prompt), 10)
+	b = append(b, `,"total_tokens":`...)
+	b = strconv.AppendInt(b, int64(prompt+completion), 10)
+	b = append(b, `,"completion_tokens":`...)
+	b = strconv.AppendInt(b, int64(completion), 10)
+	b = append(b, `,"prompt_tokens_details":{"cached_tokens":`...)
+	b = strconv.AppendInt(b, int64(cached), 10)
+	return append(b, "}}"...)
+}
+
+func (s *Server) models(w http.ResponseWriter, _ *http.Request) {
+	b := []byte(`{"object":"list","data":[{"id":`)
+	b = appendJSONString(b, s.model)
+	b = append(b, `,"object":"model","created":`...)
+	b = strconv.AppendInt(b, s.created, 10)
+	b = append(b, `,"owned_by":"vllm","root":`...)
+	b = appendJSONString(b, s.model)
+	b = append(b, `,"parent":null,"max_model_len":`...)
+	b = strconv.AppendInt(b, int64(s.eng.cfg.MaxModelLen), 10)
+	b = append(b, "}]}\n"...)
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(b)
+}
+
+// tokenize answers vLLM's /tokenize: {"prompt": ...} or {"messages": [...]} in, the ids out.
+// The proxy's remote tokenizer mode relies on it.
+func (s *Server) tokenize(w http.ResponseWriter, hr *http.Request) {
+	body, aerr := s.readBody(w, hr)
+	if aerr != nil {
+		writeError(w, aerr)
+		return
+	}
+	var probe struct {
+		Messages []chatMessage `json:"messages"`
+	}
+	chat := json.Unmarshal(body, &probe) == nil && len(probe.Messages) > 0
+	req, err := decodeRequest(body, chat)
+	if err != nil {
+		writeError(w, asAPIError(err))
+		return
+	}
+	if aerr := s.checkModel(req.Model); aerr != nil {
+		writeError(w, aerr)
+		return
+	}
+	toks, aerr := s.encode(req, chat)
+	if aerr != nil {
+		writeError(w, aerr)
+		return
+	}
+	b := []byte(`{"count":`)
+	b = strconv.AppendInt(b, int64(len(toks)), 10)
+	b = append(b, `,"max_model_len":`...)
+	b = strconv.AppendInt(b, int64(s.eng.cfg.MaxModelLen), 10)
+	b = append(b, `,"tokens":[`...)
+	for i, t := range toks {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendUint(b, uint64(t), 10)
+	}
+	b = append(b, "],\"token_strs\":null}\n"...)
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(b)
+}
+
+func (s *Server) detokenize(w http.ResponseWriter, hr *http.Request) {
+	body, aerr := s.readBody(w, hr)
+	if aerr != nil {
+		writeError(w, aerr)
+		return
+	}
+	var req struct {
+		Model  string   `json:"model"`
+		Tokens []uint32 `json:"tokens"`
+	}
+	if err := json.Unmarshal(body, &req); err != nil {
+		writeError(w, badRequest("the request body is not valid JSON: %v", err))
+		return
+	}
+	if aerr := s.checkModel(req.Model); aerr != nil {
+		writeError(w, aerr)
+		return
+	}
+	b := []byte(`{"prompt":`)
+	b = appendJSONString(b, s.codec.Decode(req.Tokens))
+	b = append(b, "}\n"...)
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(b)
+}
+
+func (s *Server) resetPrefixCache(w http.ResponseWriter, hr *http.Request) {
+	ok, err := s.eng.ResetPrefixCache(hr.Context())
+	switch {
+	case err != nil:
+		return // the client left
+	case !ok:
+		writeError(w, &apiError{status: http.StatusConflict, typ: "ConflictError", message: "the prefix cache cannot be reset while requests hold KV blocks"})
+	default:
+		w.WriteHeader(http.StatusOK)
+	}
+}
