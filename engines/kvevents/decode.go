@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"slices"
 )
 
 // Errors wrapped into every decoding failure; each also wraps ErrMalformed. They are static so
@@ -138,6 +139,8 @@ func (r *reader) events(dst *Batch) error {
 	if err != nil {
 		return err
 	}
+	// An Event is two hundred bytes; bound what a short hostile header can make us reserve.
+	dst.Events = slices.Grow(dst.Events, min(n, 256))
 	for i := range n {
 		evs := dst.Events
 		if len(evs) < cap(evs) {
@@ -395,6 +398,7 @@ func (r *reader) hashes(dst []Hash) ([]Hash, error) {
 	if err != nil {
 		return dst, err
 	}
+	dst = slices.Grow(dst, n)
 	for range n {
 		h, err := r.hash()
 		if err != nil {
@@ -429,6 +433,7 @@ func (r *reader) tokens(dst []uint32) ([]uint32, bool, error) {
 	if n == 0 {
 		return dst, false, nil
 	}
+	dst = slices.Grow(dst, n+1)
 	if r.off < len(r.b) && isArray(r.b[r.off]) {
 		// SGLang EAGLE bigram pairs [[t0,t1],[t1,t2],...].
 		for i := range n {
@@ -484,6 +489,7 @@ func (r *reader) rawList(dst []RawValue) ([]RawValue, error) {
 	if err != nil {
 		return dst, err
 	}
+	dst = slices.Grow(dst, n)
 	for range n {
 		start := r.off
 		if err := r.skip(1); err != nil {
