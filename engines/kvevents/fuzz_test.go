@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/vmihailenco/msgpack/v5"
@@ -104,6 +105,9 @@ func (s *fuzzSource) str(max int) string {
 	return out
 }
 
+// text is str made valid UTF-8, as msgpack str values must be for other implementations.
+func (s *fuzzSource) text(max int) string { return strings.ToValidUTF8(s.str(max), "\uFFFD") }
+
 func (s *fuzzSource) num() int { return int(int64(s.u64()) >> (s.byte() % 64)) }
 
 func (s *fuzzSource) hash() Hash {
@@ -128,7 +132,7 @@ func (s *fuzzSource) batch() *Batch {
 		if e.Kind == AllBlocksCleared {
 			e.BlockHashes = nil
 		} else {
-			e.Medium = s.str(8)
+			e.Medium = s.text(8)
 			if s.byte()%2 == 0 {
 				e.GroupIdx, e.HasGroupIdx = s.num(), true
 			}
@@ -147,19 +151,19 @@ func (s *fuzzSource) batch() *Batch {
 			if flags&4 != 0 {
 				e.LoraID, e.HasLoraID = s.num(), true
 			}
-			e.LoraName = s.str(300)
+			e.LoraName = s.text(300)
 			if flags&8 != 0 {
 				e.HasExtraKeys = true
 				for range e.BlockHashes {
 					if s.byte()%2 == 0 {
 						e.ExtraKeys = append(e.ExtraKeys, nil)
 					} else {
-						key := appendStr(appendArrayHeader(nil, 2), s.str(20))
+						key := appendStr(appendArrayHeader(nil, 2), s.text(20))
 						e.ExtraKeys = append(e.ExtraKeys, RawValue(appendUint(key, s.u64())))
 					}
 				}
 			}
-			e.KVCacheSpecKind = s.str(20)
+			e.KVCacheSpecKind = s.text(20)
 			if flags&16 != 0 {
 				e.SlidingWindow, e.HasSlidingWindow = s.num(), true
 			}
