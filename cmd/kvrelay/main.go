@@ -28,6 +28,6 @@ func newRootCmd() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	// subcommands are added as they land
+	root.AddCommand(newSimCmd(), newUpCmd())
 	return root
 }

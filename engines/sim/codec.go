@@ -3,6 +3,9 @@ package sim
 import (
 	"encoding/json"
 	"fmt"
+	"strings"
+
+	"github.com/kvrelay/kvrelay/engines/tokenizer"
 )
 
 // ChatMessage is an OpenAI chat message reduced to what chat templates read.
@@ -67,4 +70,54 @@ func fillerTokens(c Codec) (ids []uint32, text map[uint32]string, err error) {
 		return nil, nil, fmt.Errorf("choosing output tokens: only %d of %d filler words are single tokens of this tokenizer", len(ids), len(fillerWords))
 	}
 	return ids, text, nil
+}
+
+// NewCodec returns the codec of a served model: the tokenizer and chat template given by spec
+// (see tokenizer.New and tokenizer.NewTemplate), each defaulting by model name when empty, so
+// that the proxy, given the same specs, computes the same token ids.
+func NewCodec(model, tokenizerSpec, templateSpec string) (Codec, error) {
+	defTok, defTmpl := tokenizer.ModelSpecs(model)
+	if tokenizerSpec == "" {
+		tokenizerSpec = defTok
+	}
+	if templateSpec == "" {
+		templateSpec = defTmpl
+	}
+	c, err := tokenizer.NewCodec(tokenizerSpec, templateSpec)
+	if err != nil {
+		return nil, fmt.Errorf("loading the codec of %s: %w", model, err)
+	}
+	return tokenCodec{c}, nil
+}
+
+// tokenCodec adapts a tokenizer.Codec to the engine's Codec.
+type tokenCodec struct{ c *tokenizer.Codec }
+
+func (t tokenCodec) EncodePrompt(text string) []uint32 { return t.c.EncodePrompt(text) }
+func (t tokenCodec) Decode(ids []uint32) string        { return t.c.Tokenizer.Decode(ids) }
+
+func (t tokenCodec) EncodeChat(msgs []ChatMessage, opts ChatOptions) ([]uint32, error) {
+	tm := make([]tokenizer.Message, len(msgs))
+	for i, m := range msgs {
+		tm[i] = tokenizer.Message{Role: m.Role, Content: m.Content, Name: m.Name, ToolCallID: m.ToolCallID, Reasoning: m.Reasoning}
+		if len(m.ToolCalls) > 0 && string(m.ToolCalls) != "null" {
+			if err := json.Unmarshal(m.ToolCalls, &tm[i].ToolCalls); err != nil {
+				return nil, fmt.Errorf("message %d: tool_calls is not an array of tool calls: %w", i, err)
+			}
+		}
+	}
+	ro := tokenizer.RenderOptions{AddGenerationPrompt: opts.AddGenerationPrompt, Tools: opts.Tools, ReasoningEffort: opts.ReasoningEffort}
+	text, err := t.c.RenderChat(tm, ro)
+	if err != nil {
+		return nil, err
+	}
+	if opts.ContinueFinalMessage && len(msgs) > 0 {
+		// As vLLM does: the prompt ends where the final message's content ends, so the model
+		// continues that message instead of closing it.
+		last := msgs[len(msgs)-1].Content
+		if i := strings.LastIndex(text, last); last != "" && i >= 0 {
+			text = text[:i+len(last)]
+		}
+	}
+	return t.c.Tokenizer.Encode(text), nil
 }

@@ -1,0 +1,209 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"strconv"
+	"strings"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/kvrelay/kvrelay/engines/kvevents"
+	"github.com/kvrelay/kvrelay/engines/sim"
+)
+
+// simFlags are the flags of `kvrelay sim`, named as vLLM names its engine arguments.
+type simFlags struct {
+	listen           string
+	workers          int
+	tokenizer        string
+	chatTemplate     string
+	eventsEndpoint   string
+	eventsFormat     string
+	eventsConnect    bool
+	eventsTopic      string
+	replayEndpoint   string
+	blockHash        string
+	role             string
+	schedulingPolicy string
+	engine           sim.Config
+}
+
+func newSimCmd() *cobra.Command {
+	f := simFlags{engine: sim.DefaultConfig()}
+	cmd := &cobra.Command{
+		Use:   "sim",
+		Short: "Run simulated vLLM-compatible engine workers (no GPU needed)",
+		Long: `sim runs one or more simulated engine workers. Each serves vLLM's OpenAI API, keeps a
+paged KV cache with prefix caching, schedules with continuous batching on a modelled step
+time, publishes vLLM-format KV events over ZMQ and exports vLLM's Prometheus metrics.
+
+With --workers N the workers listen on consecutive ports from --listen, and their KV event
+(and replay) endpoints count up from --kv-events-endpoint (and --kv-events-replay-endpoint).`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfgs, err := f.workerConfigs()
+			if err != nil {
+				return err
+			}
+			return runWorkers(cmd.Context(), cmd.OutOrStdout(), cfgs, printWorkers)
+		},
+	}
+	fs := cmd.Flags()
+	e := &f.engine
+	fs.StringVar(&f.listen, "listen", "127.0.0.1:8001", "address of the first worker's OpenAI API")
+	fs.StringVar(&e.Model, "model", e.Model, "model name served (also picks the default tokenizer and chat template)")
+	fs.IntVar(&f.workers, "workers", 1, "number of workers in this process, on consecutive ports")
+	fs.IntVar(&e.BlockSize, "block-size", e.BlockSize, "tokens per KV cache block")
+	fs.IntVar(&e.NumGPUBlocks, "num-gpu-blocks", e.NumGPUBlocks, "KV cache blocks per worker")
+	fs.IntVar(&e.MaxNumSeqs, "max-num-seqs", e.MaxNumSeqs, "maximum sequences in a batch")
+	fs.IntVar(&e.MaxNumBatchedTokens, "max-num-batched-tokens", e.MaxNumBatchedTokens, "token budget of one scheduler step (chunked prefill)")
+	fs.IntVar(&e.MaxModelLen, "max-model-len", e.MaxModelLen, "maximum prompt plus output length")
+	fs.BoolVar(&e.EnablePrefixCaching, "enable-prefix-caching", e.EnablePrefixCaching, "reuse cached KV blocks of shared prefixes")
+	fs.Float64Var(&e.Timing.Speedup, "speedup-ratio", e.Timing.Speedup, "divide every modelled step time by this")
+	fs.StringVar(&f.schedulingPolicy, "scheduling-policy", string(sim.FCFS), "fcfs or priority (lower request priority values run first)")
+	fs.StringVar(&f.role, "role", string(sim.RoleBoth), "both, prefill or decode")
+	fs.Int64Var(&e.MaxRequestBytes, "max-request-bytes", e.MaxRequestBytes, "largest request body accepted (larger gets 413)")
+	fs.StringVar(&f.tokenizer, "tokenizer", "", "o200k_harmony, o200k_base, cl100k_base or a tokenizer.json path (default: by model)")
+	fs.StringVar(&f.chatTemplate, "chat-template", "", "harmony, chatml, llama3, or a tokenizer_config.json / .jinja path (default: by model)")
+	fs.StringVar(&f.eventsEndpoint, "kv-events-endpoint", "", "ZMQ endpoint to publish KV events on, e.g. tcp://127.0.0.1:5557 (empty: off)")
+	fs.StringVar(&f.eventsFormat, "kv-events-format", "map", "map (current vLLM) or array (older vLLM) event encoding")
+	fs.BoolVar(&f.eventsConnect, "kv-events-connect", false, "connect the PUB socket to a subscriber that binds, instead of binding")
+	fs.StringVar(&f.eventsTopic, "kv-events-topic", "", "topic frame of every event message")
+	fs.StringVar(&f.replayEndpoint, "kv-events-replay-endpoint", "", "ZMQ ROUTER endpoint that replays buffered events (empty: off)")
+	fs.StringVar(&f.blockHash, "kv-block-hash", "int", "form of the engine's block hashes in events: int (uint64) or bytes")
+	return cmd
+}
+
+// workerConfigs expands the flags into one config per worker.
+func (f *simFlags) workerConfigs() ([]sim.WorkerConfig, error) {
+	if f.workers < 1 {
+		return nil, fmt.Errorf("--workers must be at least 1, got %d", f.workers)
+	}
+	e := f.engine
+	e.Role = sim.Role(f.role)
+	e.SchedulingPolicy = sim.SchedulingPolicy(f.schedulingPolicy)
+	switch f.blockHash {
+	case "int":
+	case "bytes":
+		e.EngineHashBytes = true
+	default:
+		return nil, fmt.Errorf("--kv-block-hash must be int or bytes, got %q", f.blockHash)
+	}
+	if err := e.Validate(); err != nil {
+		return nil, err
+	}
+	format, err := kvevents.ParseFormat(f.eventsFormat)
+	if err != nil {
+		return nil, fmt.Errorf("--kv-events-format: %w", err)
+	}
+	codec, err := sim.NewCodec(e.Model, f.tokenizer, f.chatTemplate)
+	if err != nil {
+		return nil, err
+	}
+	cfgs := make([]sim.WorkerConfig, f.workers)
+	for i := range cfgs {
+		listen, err := offsetHostPort(f.listen, i)
+		if err != nil {
+			return nil, fmt.Errorf("--listen: %w", err)
+		}
+		c := sim.WorkerConfig{Engine: e, Listen: listen, Codec: codec}
+		if f.eventsEndpoint != "" {
+			ep, err := offsetEndpoint(f.eventsEndpoint, i)
+			if err != nil {
+				return nil, fmt.Errorf("--kv-events-endpoint: %w", err)
+			}
+			c.Events = kvevents.PublisherConfig{Endpoint: ep, Connect: f.eventsConnect, Topic: f.eventsTopic, Format: format}
+			if f.replayEndpoint != "" {
+				if c.Events.ReplayEndpoint, err = offsetEndpoint(f.replayEndpoint, i); err != nil {
+					return nil, fmt.Errorf("--kv-events-replay-endpoint: %w", err)
+				}
+			}
+		}
+		cfgs[i] = c
+	}
+	return cfgs, nil
+}
+
+// offsetHostPort adds i to the port of host:port; port 0 stays 0 (each worker gets its own
+// free port).
+func offsetHostPort(hostport string, i int) (string, error) {
+	host, port, err := net.SplitHostPort(hostport)
+	if err != nil {
+		return "", err
+	}
+	p, err := strconv.Atoi(port)
+	if err != nil || p < 0 || p+i > 65535 {
+		return "", fmt.Errorf("bad port in %q", hostport)
+	}
+	if p == 0 {
+		return hostport, nil
+	}
+	return net.JoinHostPort(host, strconv.Itoa(p+i)), nil
+}
+
+// offsetEndpoint adds i to the port of a tcp:// ZMQ endpoint; other transports get a suffix.
+func offsetEndpoint(ep string, i int) (string, error) {
+	if i == 0 {
+		return ep, nil
+	}
+	u, err := url.Parse(ep)
+	if err != nil || u.Scheme == "" {
+		return "", fmt.Errorf("endpoint %q is not transport://address", ep)
+	}
+	if u.Scheme != "tcp" {
+		return ep + "-" + strconv.Itoa(i), nil
+	}
+	hp, err := offsetHostPort(strings.TrimPrefix(ep, "tcp://"), i)
+	if err != nil {
+		return "", err
+	}
+	return "tcp://" + hp, nil
+}
+
+// runWorkers starts every worker, reports them through announce once all are listening, and
+// serves until ctx ends (Ctrl-C) or one fails.
+func runWorkers(ctx context.Context, out io.Writer, cfgs []sim.WorkerConfig, announce func(io.Writer, []*sim.Worker)) error {
+	workers := make([]*sim.Worker, 0, len(cfgs))
+	defer func() {
+		for _, w := range workers {
+			_ = w.Close()
+		}
+	}()
+	for i, c := range cfgs {
+		w, err := sim.NewWorker(c)
+		if err != nil {
+			return fmt.Errorf("worker %d: %w", i, err)
+		}
+		if err := w.Start(ctx); err != nil {
+			_ = w.Close()
+			return fmt.Errorf("worker %d: %w", i, err)
+		}
+		workers = append(workers, w)
+	}
+	announce(out, workers)
+	g, gctx := errgroup.WithContext(ctx)
+	for _, w := range workers {
+		g.Go(func() error { return w.Run(gctx) })
+	}
+	err := g.Wait()
+	fmt.Fprintln(out, "stopped")
+	return err
+}
+
+func printWorkers(out io.Writer, workers []*sim.Worker) {
+	for i, w := range workers {
+		line := fmt.Sprintf("worker %d  openai %s/v1", i, w.URL())
+		if ep := w.EventsEndpoint(); ep != "" {
+			line += "  kv-events " + ep
+		}
+		if ep := w.ReplayEndpoint(); ep != "" {
+			line += "  replay " + ep
+		}
+		fmt.Fprintln(out, line)
+	}
+}
