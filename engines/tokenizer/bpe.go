@@ -17,6 +17,9 @@ type vocab struct {
 	ids map[string]uint32
 	// byteIDs is the id of each single byte.
 	byteIDs [256]uint32
+	// pair2 is the id of every two-byte token (noRank where none), indexed by the two bytes:
+	// the first round of BPE looks up only byte pairs, and a dense table beats the map there.
+	pair2 []uint32
 }
 
 // newVocab builds a vocabulary from tokens indexed by id ("" for holes).
@@ -38,6 +41,15 @@ func newVocab(tokens []string) *vocab {
 			if _, dup := v.ids[t]; !dup {
 				v.ids[t] = uint32(i)
 			}
+		}
+	}
+	v.pair2 = make([]uint32, 1<<16)
+	for i := range v.pair2 {
+		v.pair2[i] = noRank
+	}
+	for s, id := range v.ids {
+		if len(s) == 2 {
+			v.pair2[int(s[0])<<8|int(s[1])] = id
 		}
 	}
 	for b := range 256 {
@@ -102,7 +114,11 @@ func (v *vocab) rankBPE(dst []uint32, piece string) []uint32 {
 	}
 	rank := func(i int) uint32 {
 		if i+2 < len(parts) {
-			if r, ok := v.ids[piece[parts[i].start:parts[i+2].start]]; ok {
+			s, e := parts[i].start, parts[i+2].start
+			if e-s == 2 {
+				return v.pair2[int(piece[s])<<8|int(piece[s+1])]
+			}
+			if r, ok := v.ids[piece[s:e]]; ok {
 				return r
 			}
 		}

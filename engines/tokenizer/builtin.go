@@ -136,6 +136,7 @@ func buildTiktoken(name string, specials []addedToken) (*bpeTokenizer, error) {
 		fast:         split,
 		ignoreMerges: true,
 		vocabSize:    v.size(),
+		cache:        newPieceCache(),
 	}
 	for _, s := range specials {
 		t.addedText[s.id] = s.content

@@ -152,6 +152,7 @@ func LoadJSON(name string, data []byte) (Tokenizer, error) {
 		}
 	}
 	t.self = newSelfMemo(t.v.size())
+	t.cache = newPieceCache()
 
 	added := make([]addedToken, 0, len(f.AddedTokens))
 	for _, a := range f.AddedTokens {

@@ -76,6 +76,8 @@ type bpeTokenizer struct {
 	// ignore_merges; always true for tiktoken).
 	ignoreMerges bool
 	self         *selfMemo
+	// cache remembers the BPE of short multi-token pieces.
+	cache *pieceCache
 }
 
 // preStep is one pre-tokenizer of a HuggingFace Sequence.
@@ -105,13 +107,7 @@ const countChunk = 512
 func (t *bpeTokenizer) Count(text string) int {
 	var buf [countChunk]uint32
 	n := 0
-	ids := t.walk(buf[:0], text, func(ids []uint32) []uint32 {
-		if len(ids) >= countChunk/2 {
-			n += len(ids)
-			return ids[:0]
-		}
-		return ids
-	})
+	ids := t.walk(buf[:0], text, &n)
 	return n + len(ids)
 }
 
@@ -119,8 +115,9 @@ func (t *bpeTokenizer) AppendEncode(dst []uint32, text string) []uint32 {
 	return t.walk(dst, text, nil)
 }
 
-// walk encodes text into dst. flush, when set, is called after each piece and may drain dst.
-func (t *bpeTokenizer) walk(dst []uint32, text string, flush func([]uint32) []uint32) []uint32 {
+// walk encodes text into dst. With counted set, it counts instead: ids are added to *counted
+// and dropped whenever dst holds half a countChunk.
+func (t *bpeTokenizer) walk(dst []uint32, text string, counted *int) []uint32 {
 	pos := 0
 	for pos < len(text) {
 		s, e, tok, ok := t.added.find(text, pos)
@@ -128,7 +125,7 @@ func (t *bpeTokenizer) walk(dst []uint32, text string, flush func([]uint32) []ui
 			s, e = len(text), len(text)
 		}
 		if s > pos {
-			dst = t.encodeOrdinary(dst, text[pos:s], flush)
+			dst = t.encodeOrdinary(dst, text[pos:s], counted)
 		}
 		if ok {
 			dst = append(dst, tok.id)
@@ -138,33 +135,35 @@ func (t *bpeTokenizer) walk(dst []uint32, text string, flush func([]uint32) []ui
 	return dst
 }
 
+// drain implements counting mode (see walk).
+func drain(dst []uint32, counted *int) []uint32 {
+	if counted != nil && len(dst) >= countChunk/2 {
+		*counted += len(dst)
+		return dst[:0]
+	}
+	return dst
+}
+
 // encodeOrdinary encodes text that holds no added token.
-func (t *bpeTokenizer) encodeOrdinary(dst []uint32, text string, flush func([]uint32) []uint32) []uint32 {
+func (t *bpeTokenizer) encodeOrdinary(dst []uint32, text string, counted *int) []uint32 {
 	if t.nfc && !norm.NFC.IsNormalString(text) {
 		text = norm.NFC.String(text)
 	}
 	if t.fast != nil {
 		for i := 0; i < len(text); {
 			j := t.fast.next(text, i)
-			dst = t.encodePiece(dst, text[i:j])
-			if flush != nil {
-				dst = flush(dst)
-			}
+			dst = drain(t.encodePiece(dst, text[i:j]), counted)
 			i = j
 		}
 		return dst
 	}
-	return t.runSteps(dst, text, 0, flush)
+	return t.runSteps(dst, text, 0, counted)
 }
 
 // runSteps applies pre-tokenizer steps[k:] to text and encodes the resulting pieces.
-func (t *bpeTokenizer) runSteps(dst []uint32, text string, k int, flush func([]uint32) []uint32) []uint32 {
+func (t *bpeTokenizer) runSteps(dst []uint32, text string, k int, counted *int) []uint32 {
 	if k == len(t.steps) {
-		dst = t.encodePiece(dst, text)
-		if flush != nil {
-			dst = flush(dst)
-		}
-		return dst
+		return drain(t.encodePiece(dst, text), counted)
 	}
 	st := &t.steps[k]
 	if st.prefixSpace && text != "" && text[0] != ' ' {
@@ -174,18 +173,18 @@ func (t *bpeTokenizer) runSteps(dst []uint32, text string, k int, flush func([]u
 	case st.split != nil:
 		for i := 0; i < len(text); {
 			j := st.split.next(text, i)
-			dst = t.runSteps(dst, text[i:j], k+1, flush)
+			dst = t.runSteps(dst, text[i:j], k+1, counted)
 			i = j
 		}
 	case st.re != nil:
 		var endsBuf [64]int
 		prev := 0
 		for _, e := range st.re.splitAll(text, endsBuf[:0]) {
-			dst = t.runSteps(dst, text[prev:e], k+1, flush)
+			dst = t.runSteps(dst, text[prev:e], k+1, counted)
 			prev = e
 		}
 	default:
-		dst = t.runSteps(dst, text, k+1, flush)
+		dst = t.runSteps(dst, text, k+1, counted)
 	}
 	return dst
 }
@@ -213,10 +212,22 @@ func (t *bpeTokenizer) encodePiece(dst []uint32, piece string) []uint32 {
 			return dst
 		}
 	}
-	if t.merges == nil {
-		return t.v.rankBPE(dst, piece)
+	cacheable := t.cache != nil && len(piece) <= cacheMaxPiece
+	if cacheable {
+		if out, ok := t.cache.get(dst, piece); ok {
+			return out
+		}
 	}
-	return t.v.mergeBPE(dst, piece, t.merges)
+	n := len(dst)
+	if t.merges == nil {
+		dst = t.v.rankBPE(dst, piece)
+	} else {
+		dst = t.v.mergeBPE(dst, piece, t.merges)
+	}
+	if cacheable {
+		t.cache.put(piece, dst[n:])
+	}
+	return dst
 }
 
 func (t *bpeTokenizer) Decode(ids []uint32) string {
