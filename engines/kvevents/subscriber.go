@@ -27,7 +27,8 @@ type SubscriberConfig struct {
 	Endpoint string
 	// Bind makes the subscriber bind Endpoint and wait for publishers that connect out
 	// (engines configured with a non-wildcard endpoint, some simulators), instead of dialling
-	// a publisher that binds (vLLM's default).
+	// a publisher that binds (vLLM's default). Sequence tracking assumes one publisher per
+	// Subscriber: give each engine its own endpoint.
 	Bind bool
 	// Topic is the subscription prefix; "" (the default) receives every topic.
 	Topic string
@@ -123,7 +124,17 @@ func (s *Subscriber) Run(ctx context.Context, emit func(seq uint64, b *Batch)) e
 	sock := zmq4.NewSub(sctx, zmq4.WithLogger(logger),
 		zmq4.WithAutomaticReconnect(!s.cfg.Bind),
 		zmq4.WithDialerMaxRetries(-1), zmq4.WithDialerRetry(s.cfg.RetryInterval))
-	defer sock.Close()
+	defer func() {
+		cancel()
+		_ = sock.Close()
+		// zmq4's per-connection readers block forever handing a message to a full receive
+		// queue that nobody reads any more. Once the socket is cancelled, Recv picks at
+		// random between the cancellation and a queued message, so a bounded number of
+		// calls empties the queue (ten messages deep) and lets them exit.
+		for range 64 {
+			_, _ = sock.Recv()
+		}
+	}()
 	// Subscribe before connecting: zmq4 sends the stored subscriptions on every new
 	// connection.
 	if err := sock.SetOption(zmq4.OptionSubscribe, s.cfg.Topic); err != nil {

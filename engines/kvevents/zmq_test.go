@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -402,4 +404,35 @@ func TestReplayUnreachable(t *testing.T) {
 	if _, err := Replay(ctx, "tcp://127.0.0.1:1", 0); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Replay: %v", err)
 	}
+}
+
+// TestSubscriberLeavesNoReaders stops subscribers while messages are in flight: zmq4's
+// connection readers must not stay blocked on the receive queue (Run drains it).
+func TestSubscriberLeavesNoReaders(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	pub := startPublisher(t, ctx, PublisherConfig{Endpoint: "tcp://127.0.0.1:0"})
+	for range 3 {
+		sub, err := NewSubscriber(SubscriberConfig{Endpoint: pub.Endpoint()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sctx, stop := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- sub.Run(sctx, func(uint64, *Batch) { time.Sleep(time.Millisecond) }) }()
+		waitFor(t, ctx, "the subscription", pub.HasSubscribers)
+		for i := range 200 {
+			_ = pub.Publish(testBatch(i))
+		}
+		waitFor(t, ctx, "the first batches", func() bool { return sub.Stats().Batches > 5 })
+		stop()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, ctx, "the subscription to go", func() bool { return !pub.HasSubscribers() })
+	}
+	waitFor(t, ctx, "zmq4's readers to exit", func() bool {
+		buf := make([]byte, 1<<20)
+		return !strings.Contains(string(buf[:runtime.Stack(buf, true)]), "zmq4.(*qreader).listen")
+	})
 }
