@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sync"
 	"testing"
 )
 
@@ -46,15 +47,23 @@ const (
 	llama3TokenizerFile = "models/llama3/tokenizer.json.gz"
 )
 
+// loadedFiles shares tokenizers loaded from testdata between tests: parsing a 10 MB
+// tokenizer.json is the slowest step of the suite under the race detector.
+var loadedFiles sync.Map // spec -> Tokenizer
+
 func mustTokenizer(t testing.TB, spec string) Tokenizer {
 	t.Helper()
 	if spec != O200kBase && spec != O200kHarmony && spec != Cl100kBase {
 		spec = filepath.Join("testdata", spec)
 	}
+	if tok, ok := loadedFiles.Load(spec); ok {
+		return tok.(Tokenizer)
+	}
 	tok, err := New(spec)
 	if err != nil {
 		t.Fatalf("New(%q): %v", spec, err)
 	}
+	loadedFiles.Store(spec, tok)
 	return tok
 }
 

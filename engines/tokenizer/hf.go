@@ -52,14 +52,14 @@ type hfFile struct {
 	Normalizer   json.RawMessage `json:"normalizer"`
 	PreTokenizer json.RawMessage `json:"pre_tokenizer"`
 	Model        struct {
-		Type         string            `json:"type"`
-		Vocab        map[string]uint32 `json:"vocab"`
-		Merges       json.RawMessage   `json:"merges"`
-		IgnoreMerges bool              `json:"ignore_merges"`
-		ByteFallback bool              `json:"byte_fallback"`
-		Dropout      *float64          `json:"dropout"`
-		Prefix       *string           `json:"continuing_subword_prefix"`
-		Suffix       *string           `json:"end_of_word_suffix"`
+		Type         string          `json:"type"`
+		Vocab        json.RawMessage `json:"vocab"`
+		Merges       json.RawMessage `json:"merges"`
+		IgnoreMerges bool            `json:"ignore_merges"`
+		ByteFallback bool            `json:"byte_fallback"`
+		Dropout      *float64        `json:"dropout"`
+		Prefix       *string         `json:"continuing_subword_prefix"`
+		Suffix       *string         `json:"end_of_word_suffix"`
 	} `json:"model"`
 }
 
@@ -87,7 +87,7 @@ func LoadJSON(name string, data []byte) (Tokenizer, error) {
 		return nil, fmt.Errorf("parsing tokenizer.json %s: %w", name, err)
 	}
 	m := &f.Model
-	if m.Type == "" && m.Vocab != nil && len(m.Merges) > 0 {
+	if m.Type == "" && !isNull(m.Vocab) && !isNull(m.Merges) {
 		m.Type = "BPE" // old files omit the type
 	}
 	if m.Type != "BPE" {
@@ -113,15 +113,20 @@ func LoadJSON(name string, data []byte) (Tokenizer, error) {
 	}
 
 	// Vocabulary: byte-level token strings back to bytes.
+	var vocabMap map[string]uint32
+	if err := json.Unmarshal(m.Vocab, &vocabMap); err != nil {
+		return nil, fmt.Errorf("parsing tokenizer.json %s: vocab: %w", name, err)
+	}
 	maxID := -1
-	for _, id := range m.Vocab {
+	for _, id := range vocabMap {
 		maxID = max(maxID, int(id))
 	}
-	if maxID < 0 || maxID > 1<<24 {
-		return nil, fmt.Errorf("loading tokenizer.json %s: vocabulary has %d ids", name, maxID+1)
+	// Ids are dense in real files; a sparse one would only waste memory on the id index.
+	if maxID < 0 || maxID >= 2*len(vocabMap)+4096 {
+		return nil, fmt.Errorf("loading tokenizer.json %s: %d tokens with ids up to %d", name, len(vocabMap), maxID)
 	}
 	tokens := make([]string, maxID+1)
-	for s, id := range m.Vocab {
+	for s, id := range vocabMap {
 		b, ok := fromByteLevel(s)
 		if !ok {
 			return nil, fmt.Errorf("loading tokenizer.json %s: %w: token %q is not byte-level", name, ErrUnsupported, s)
@@ -140,9 +145,9 @@ func LoadJSON(name string, data []byte) (Tokenizer, error) {
 	}
 	t.merges = make(mergeTable, len(merges))
 	for rank, mg := range merges {
-		a, aok := m.Vocab[mg[0]]
-		b, bok := m.Vocab[mg[1]]
-		c, cok := m.Vocab[mg[0]+mg[1]]
+		a, aok := vocabMap[mg[0]]
+		b, bok := vocabMap[mg[1]]
+		c, cok := vocabMap[mg[0]+mg[1]]
 		if !aok || !bok || !cok {
 			return nil, fmt.Errorf("loading tokenizer.json %s: merge %d (%q %q) uses tokens outside the vocabulary", name, rank, mg[0], mg[1])
 		}

@@ -3,6 +3,7 @@ package tokenizer
 import (
 	"fmt"
 	"sync"
+	"time"
 	"unicode"
 	"unicode/utf8"
 
@@ -316,8 +317,14 @@ func newRegexSplitter(pattern string) (*regexSplitter, error) {
 	if err != nil {
 		return nil, fmt.Errorf("compiling split pattern %q: %w", pattern, err)
 	}
+	// Real pre-tokenizer patterns match in microseconds; a pathological one must not hang a
+	// request. On timeout the rest of the text becomes one piece.
+	re.MatchTimeout = regexMatchTimeout
 	return &regexSplitter{re: re}, nil
 }
+
+// regexMatchTimeout bounds one regexSplitter.splitAll call.
+const regexMatchTimeout = 2 * time.Second
 
 // splitAll returns the piece boundaries of text: piece k is text[ends[k-1]:ends[k]].
 func (s *regexSplitter) splitAll(text string, ends []int) []int {
