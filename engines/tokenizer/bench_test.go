@@ -31,13 +31,20 @@ func benchPrompt(tb testing.TB, tok Tokenizer, n int) string {
 }
 
 func BenchmarkEncode8k(b *testing.B) {
-	for _, spec := range []string{O200kHarmony, O200kBase, Cl100kBase, qwen3TokenizerFile, llama3TokenizerFile} {
-		tok := mustTokenizer(b, spec)
-		text := benchPrompt(b, tok, 8192)
+	for _, spec := range []string{O200kHarmony, O200kBase, Cl100kBase, qwen3TokenizerFile, llama3TokenizerFile, O200kHarmony + "/nocache"} {
 		name := spec
-		if i := strings.Index(name, "/"); i >= 0 {
+		if i := strings.Index(name, "/"); i >= 0 && strings.HasPrefix(spec, "models/") {
 			name = strings.Split(spec, "/")[1]
 		}
+		spec, nocache := strings.CutSuffix(spec, "/nocache")
+		tok := mustTokenizer(b, spec)
+		if nocache {
+			// The same tokenizer without its piece cache: every multi-token piece runs BPE.
+			c := *tok.(*bpeTokenizer)
+			c.cache = nil
+			tok = &c
+		}
+		text := benchPrompt(b, tok, 8192)
 		b.Run(name, func(b *testing.B) {
 			dst := make([]uint32, 0, 16384)
 			var n int
