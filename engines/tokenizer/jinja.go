@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"sort"
+	"time"
 
 	"github.com/ardanlabs/jinja"
 )
@@ -106,10 +107,11 @@ func (t *jinjaTemplate) Render(msgs []Message, opts RenderOptions) (out string, 
 	return out, nil
 }
 
-// strftime formats the fixed date for the "%Y-%m-%d"-style formats chat templates use, and
-// returns the date itself for anything else.
+// strftime formats date (YYYY-MM-DD) with a Python strftime format, for the directives chat
+// templates use (%Y %y %m %d %e %b %B %a %A %H %M %S %%); the time of day is midnight.
 func strftime(date string, args []jinja.Value) string {
-	if len(args) == 0 || !args[0].IsString() || len(date) != 10 {
+	d, err := time.Parse("2006-01-02", date)
+	if len(args) == 0 || !args[0].IsString() || err != nil {
 		return date
 	}
 	f := args[0].AsString()
@@ -122,11 +124,29 @@ func strftime(date string, args []jinja.Value) string {
 		i++
 		switch f[i] {
 		case 'Y':
-			b = append(b, date[:4]...)
+			b = d.AppendFormat(b, "2006")
+		case 'y':
+			b = d.AppendFormat(b, "06")
 		case 'm':
-			b = append(b, date[5:7]...)
+			b = d.AppendFormat(b, "01")
 		case 'd':
-			b = append(b, date[8:10]...)
+			b = d.AppendFormat(b, "02")
+		case 'e':
+			b = d.AppendFormat(b, "_2")
+		case 'b':
+			b = d.AppendFormat(b, "Jan")
+		case 'B':
+			b = d.AppendFormat(b, "January")
+		case 'a':
+			b = d.AppendFormat(b, "Mon")
+		case 'A':
+			b = d.AppendFormat(b, "Monday")
+		case 'H':
+			b = d.AppendFormat(b, "15")
+		case 'M':
+			b = d.AppendFormat(b, "04")
+		case 'S':
+			b = d.AppendFormat(b, "05")
 		case '%':
 			b = append(b, '%')
 		default:

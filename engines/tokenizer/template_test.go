@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/ardanlabs/jinja"
 )
 
 // chatFixture is testdata/chat/<template>.json, written by hack/tokenizer-fixtures.
@@ -232,5 +234,22 @@ func TestCodecEncodeChat(t *testing.T) {
 	}
 	if got := c.EncodePrompt("Hello!"); len(got) == 0 {
 		t.Fatal("EncodePrompt returned no ids")
+	}
+}
+
+func TestStrftime(t *testing.T) {
+	tests := []struct {
+		format, want string
+	}{
+		{format: "%Y-%m-%d", want: "2025-08-05"},
+		{format: "%d %b %Y", want: "05 Aug 2025"},
+		{format: "%A, %B %e %%", want: "Tuesday, August  5 %"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.format, func(t *testing.T) {
+			if got := strftime("2025-08-05", []jinja.Value{jinja.NewString(tt.format)}); got != tt.want {
+				t.Fatalf("strftime(%q) = %q, want %q", tt.format, got, tt.want)
+			}
+		})
 	}
 }
