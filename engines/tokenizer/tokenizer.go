@@ -146,7 +146,7 @@ func drain(dst []uint32, counted *int) []uint32 {
 
 // encodeOrdinary encodes text that holds no added token.
 func (t *bpeTokenizer) encodeOrdinary(dst []uint32, text string, counted *int) []uint32 {
-	if t.nfc && !norm.NFC.IsNormalString(text) {
+	if t.nfc && !isASCII(text) && !norm.NFC.IsNormalString(text) {
 		text = norm.NFC.String(text)
 	}
 	if t.fast != nil {
@@ -243,6 +243,16 @@ func (t *bpeTokenizer) AppendDecode(dst []byte, ids []uint32) []byte {
 		}
 	}
 	return dst
+}
+
+// isASCII reports whether s is pure ASCII (and so already in every normal form).
+func isASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] >= utf8.RuneSelf {
+			return false
+		}
+	}
+	return true
 }
 
 // lossless reports whether Decode(Encode(s)) == s for every valid UTF-8 s.
