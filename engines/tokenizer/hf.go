@@ -77,7 +77,7 @@ type hfComponent struct {
 
 // LoadJSON builds a tokenizer from the contents of a HuggingFace tokenizer.json. Supported:
 // byte-level BPE models (GPT-2 lineage: gpt-oss, Qwen2/2.5/3, Llama 3, DeepSeek) — model type
-// "BPE" with merges in either the "a b" or the ["a", "b"] form, an optional NFC/NFKC/NFD/NFKD
+// "BPE" with merges in either the "a b" or the ["a", "b"] form, an optional NFC
 // normalizer, a ByteLevel pre-tokenizer alone or after Split steps (regex or literal patterns,
 // "Isolated" behaviour), and added tokens. The post-processor is ignored: BOS/EOS tokens come
 // from chat templates, as in vLLM's chat path. Anything else fails with ErrUnsupported.

@@ -1,0 +1,121 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"net/http"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestOffsets(t *testing.T) {
+	cases := []struct {
+		name, in string
+		i        int
+		want     string
+		ok       bool
+		endpoint bool
+	}{
+		{"host port", "127.0.0.1:8001", 3, "127.0.0.1:8004", true, false},
+		{"port zero stays zero", "127.0.0.1:0", 3, "127.0.0.1:0", true, false},
+		{"ipv6", "[::1]:9000", 1, "[::1]:9001", true, false},
+		{"past the last port", "127.0.0.1:65535", 1, "", false, false},
+		{"no port", "localhost", 1, "", false, false},
+		{"tcp endpoint", "tcp://127.0.0.1:5557", 2, "tcp://127.0.0.1:5559", true, true},
+		{"wildcard endpoint", "tcp://*:5557", 1, "tcp://*:5558", true, true},
+		{"first endpoint unchanged", "tcp://*:5557", 0, "tcp://*:5557", true, true},
+		{"ipc endpoint", "ipc:///tmp/kv", 1, "ipc:///tmp/kv-1", true, true},
+		{"not an endpoint", "127.0.0.1:5557", 1, "", false, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var got string
+			var err error
+			if tc.endpoint {
+				got, err = offsetEndpoint(tc.in, tc.i)
+			} else {
+				got, err = offsetHostPort(tc.in, tc.i)
+			}
+			if (err == nil) != tc.ok || got != tc.want {
+				t.Fatalf("got %q, %v; want %q ok=%v", got, err, tc.want, tc.ok)
+			}
+		})
+	}
+}
+
+func TestSimFlagsRejectBadValues(t *testing.T) {
+	for _, args := range [][]string{
+		{"sim", "--workers", "0"},
+		{"sim", "--role", "router"},
+		{"sim", "--kv-block-hash", "sha"},
+		{"sim", "--kv-events-format", "json", "--kv-events-endpoint", "tcp://127.0.0.1:0"},
+		{"sim", "--block-size", "0"},
+		{"sim", "--tokenizer", "/no/such/tokenizer.json"},
+	} {
+		t.Run(strings.Join(args[1:], " "), func(t *testing.T) {
+			cmd := newRootCmd()
+			cmd.SetArgs(args)
+			cmd.SetOut(io.Discard)
+			if err := cmd.ExecuteContext(context.Background()); err == nil {
+				t.Fatal("accepted")
+			}
+		})
+	}
+}
+
+// TestUpServesAndStops runs `kvrelay up` on free ports, sends the request its printed curl
+// line describes, and stops it the way Ctrl-C does.
+func TestUpServesAndStops(t *testing.T) {
+	pr, pw := io.Pipe()
+	cmd := newRootCmd()
+	cmd.SetArgs([]string{"up", "--base-port", "0", "--kv-events-base-port", "0", "--kv-events-replay-base-port", "0", "--speedup-ratio", "100", "--num-gpu-blocks", "2048"})
+	cmd.SetOut(pw)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- cmd.ExecuteContext(ctx); pw.Close() }()
+
+	sc := bufio.NewScanner(pr)
+	var workers int
+	var url, body string
+	curl := regexp.MustCompile(`curl -s (\S+) `)
+	data := regexp.MustCompile(`-d '(.*)'`)
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, "worker ") && strings.Contains(line, "kv-events tcp://127.0.0.1:") {
+			workers++
+		}
+		if m := curl.FindStringSubmatch(line); m != nil {
+			url = m[1]
+		}
+		if m := data.FindStringSubmatch(line); m != nil {
+			body = m[1]
+			break
+		}
+	}
+	if workers != 4 || url == "" || body == "" {
+		t.Fatalf("up printed %d workers, url %q, body %q", workers, url, body)
+	}
+	go io.Copy(io.Discard, pr)
+	resp, err := http.Post(url, "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.Contains(string(out), `"completion_tokens":16`) {
+		t.Fatalf("the printed curl request got %d: %s", resp.StatusCode, out)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("up returned %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("up did not stop")
+	}
+}
