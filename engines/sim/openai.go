@@ -172,6 +172,9 @@ func parsePrompt(raw json.RawMessage) (promptInput, error) {
 		}
 		return promptInput{text: s}, nil
 	case '[':
+		if toks, ok := scanIDs(raw); ok {
+			return promptInput{tokens: toks, isIDs: true}, nil
+		}
 		var items []json.RawMessage
 		if err := json.Unmarshal(raw, &items); err != nil {
 			return promptInput{}, badRequest("prompt is not a valid array: %v", err)
@@ -238,4 +241,57 @@ func appendJSONString(dst []byte, s string) []byte {
 		i += size
 	}
 	return append(dst, '"')
+}
+
+// scanIDs is the fast path of a prompt given as token ids: a flat JSON array of non-negative
+// integers below 2^31. Anything else (nested lists, strings, floats, signs, huge values)
+// reports false and takes the general path, which gives the precise error.
+func scanIDs(raw []byte) ([]uint32, bool) {
+	n := 1
+	for _, c := range raw {
+		if c == ',' {
+			n++
+		}
+	}
+	toks := make([]uint32, 0, n)
+	i := 1 // past '['
+	skip := func() {
+		for i < len(raw) && (raw[i] == ' ' || raw[i] == '\t' || raw[i] == '\n' || raw[i] == '\r') {
+			i++
+		}
+	}
+	skip()
+	if i < len(raw) && raw[i] == ']' {
+		return nil, false // empty: the general path reports it
+	}
+	for {
+		skip()
+		start := i
+		var v uint64
+		for i < len(raw) && raw[i] >= '0' && raw[i] <= '9' {
+			v = v*10 + uint64(raw[i]-'0')
+			if v > 1<<31 {
+				return nil, false
+			}
+			i++
+		}
+		if i == start || (raw[start] == '0' && i-start > 1) {
+			return nil, false
+		}
+		toks = append(toks, uint32(v))
+		skip()
+		if i >= len(raw) {
+			return nil, false
+		}
+		switch raw[i] {
+		case ',':
+			i++
+		case ']':
+			i++
+			skip()
+			return toks, i == len(raw)
+		default:
+			return nil, false
+		}
+	}
 }

@@ -16,6 +16,10 @@ func TestParsePrompt(t *testing.T) {
 		{"string", `"hi there"`, "hi there", nil, true},
 		{"one string in a list", `["hi"]`, "hi", nil, true},
 		{"token ids", `[1, 2, 200006]`, "", []uint32{1, 2, 200006}, true},
+		{"token ids with whitespace", "[ 7 ,\n8\t]", "", []uint32{7, 8}, true},
+		{"leading zero id", `[01]`, "", nil, false},
+		{"id too large", `[4294967296]`, "", nil, false},
+		{"exponent id", `[1e3]`, "", nil, false},
 		{"one list of ids", `[[5, 6]]`, "", []uint32{5, 6}, true},
 		{"batch", `["a", "b"]`, "", nil, false},
 		{"empty list", `[]`, "", nil, false},
@@ -129,6 +133,35 @@ func FuzzAppendJSONString(f *testing.F) {
 		}
 		if utf8.ValidString(s) && back != s {
 			t.Fatalf("round trip %q → %s → %q", s, out, back)
+		}
+	})
+}
+
+// FuzzScanIDs checks the token-id fast path against encoding/json: whatever it accepts,
+// encoding/json reads as the same ids.
+func FuzzScanIDs(f *testing.F) {
+	for _, s := range []string{"[1,2,3]", "[ 0 ]", "[2147483648]", "[1,]", "[01]", "[1 2]", "[]", "[1]x"} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		if len(raw) == 0 || raw[0] != '[' {
+			return
+		}
+		got, ok := scanIDs(raw)
+		if !ok {
+			return
+		}
+		var want []uint32
+		if err := json.Unmarshal(raw, &want); err != nil {
+			t.Fatalf("scanIDs accepted %q, which encoding/json rejects: %v", raw, err)
+		}
+		if len(got) != len(want) {
+			t.Fatalf("%q: %v vs %v", raw, got, want)
+		}
+		for i := range got {
+			if got[i] != want[i] {
+				t.Fatalf("%q: %v vs %v", raw, got, want)
+			}
 		}
 	})
 }
