@@ -1,0 +1,332 @@
+package prefix
+
+import (
+	"sync"
+	"time"
+)
+
+// Index answers the router's one question: how much of a prompt's block chain each worker
+// already holds. Implementations are safe for concurrent use by every event loop.
+type Index interface {
+	// Match sets overlap[w] to the number of leading blocks of hashes that worker w holds,
+	// each block weighted by its storage tier (1 for GPU memory), for every w < len(overlap).
+	// It returns the largest overlap. It must not retain hashes or overlap.
+	Match(hashes []uint64, overlap []float64) float64
+}
+
+// ApproxConfig sizes an approximate index.
+type ApproxConfig struct {
+	// MaxBlocks bounds the distinct blocks remembered; the least recently touched go first.
+	MaxBlocks int
+	// TTL is how long a block recorded on a worker is believed cached without a new touch.
+	TTL time.Duration
+}
+
+// DefaultApproxConfig is 1M blocks for 120 s.
+func DefaultApproxConfig() ApproxConfig {
+	return ApproxConfig{MaxBlocks: 1 << 20, TTL: 120 * time.Second}
+}
+
+// slotsPerBlock is how many workers one block remembers. A block shared by more workers
+// forgets the one touched longest ago: the approximate index cares about where a prefix
+// was sent recently, and a request routed by it goes to one of those few.
+const slotsPerBlock = 4
+
+const none = ^uint32(0)
+
+// Approx is the approximate KV index of a proxy without a control plane. It records the
+// blocks of every request it routes as probably cached on the chosen worker (Record), forgets
+// them after the TTL or when the bound on blocks is reached (least recently touched first),
+// and corrects itself from the cached_tokens the engine reports (Correct): a worker that
+// reports fewer cached blocks than predicted evicted them, and because engines evict least
+// recently used blocks first, everything recorded on that worker before those blocks were
+// last touched is presumed evicted too.
+//
+// Memory is one fixed slab of MaxBlocks entries plus a map; nothing allocates per request.
+// Approx is safe for concurrent use: lookups share a read lock, updates take the write lock.
+type Approx struct {
+	ttl   int64 // in ticks
+	epoch time.Time
+
+	mu    sync.RWMutex
+	slots map[uint64]uint32 // block hash → entry index
+	ents  []entry
+	head  uint32 // most recently touched
+	tail  uint32 // least recently touched
+	free  uint32 // free list through next
+	// horizon[w]: touches at or before it are presumed evicted on worker w.
+	horizon []uint32
+}
+
+type entry struct {
+	hash       uint64
+	prev, next uint32
+	n          uint8
+	slot       [slotsPerBlock]slot
+}
+
+type slot struct {
+	worker uint16
+	touch  uint32 // ticks since epoch
+}
+
+// tick is the index's clock unit: 1 ms, so uint32 ticks last 49 days of uptime.
+const tick = time.Millisecond
+
+// NewApprox returns an empty index.
+func NewApprox(cfg ApproxConfig) *Approx {
+	if cfg.MaxBlocks <= 0 {
+		cfg.MaxBlocks = DefaultApproxConfig().MaxBlocks
+	}
+	if cfg.TTL <= 0 {
+		cfg.TTL = DefaultApproxConfig().TTL
+	}
+	a := &Approx{
+		ttl:   int64(cfg.TTL / tick),
+		epoch: time.Now(),
+		slots: make(map[uint64]uint32, cfg.MaxBlocks),
+		ents:  make([]entry, cfg.MaxBlocks),
+		head:  none,
+		tail:  none,
+	}
+	for i := range a.ents {
+		a.ents[i].next = uint32(i + 1)
+	}
+	a.ents[len(a.ents)-1].next = none
+	return a
+}
+
+var _ Index = (*Approx)(nil)
+
+func (a *Approx) now() uint32 { return a.ticks(time.Now()) }
+
+func (a *Approx) ticks(t time.Time) uint32 {
+	d := t.Sub(a.epoch) / tick
+	if d < 1 {
+		return 1 // 0 means never touched
+	}
+	return uint32(d)
+}
+
+// live reports whether a slot still counts at time now.
+func (a *Approx) live(s slot, now uint32) bool {
+	if int64(now)-int64(s.touch) > a.ttl {
+		return false
+	}
+	return int(s.worker) >= len(a.horizon) || s.touch > a.horizon[s.worker]
+}
+
+// Match implements Index. Overlaps are whole blocks (the approximate index knows only GPU
+// memory, tier weight 1).
+func (a *Approx) Match(hashes []uint64, overlap []float64) float64 {
+	return a.matchAt(hashes, overlap, a.now())
+}
+
+func (a *Approx) matchAt(hashes []uint64, overlap []float64, now uint32) float64 {
+	clear(overlap)
+	if len(hashes) == 0 || len(overlap) == 0 {
+		return 0
+	}
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	// Walk the chain once. Workers still "in the running" at block i hold blocks 0..i-1;
+	// a worker that holds block i too gets its overlap bumped. A worker's run ends at its
+	// first missing block: later blocks cannot be reused without the ones before them.
+	// running holds up to slotsPerBlock workers, so the walk costs one map lookup per block.
+	var running [slotsPerBlock]uint16
+	nRunning := 0
+	best := 0.0
+	for i, h := range hashes {
+		idx, ok := a.slots[h]
+		if !ok {
+			break
+		}
+		e := &a.ents[idx]
+		next := 0
+		if i == 0 {
+			for _, s := range e.slot[:e.n] {
+				if int(s.worker) < len(overlap) && a.live(s, now) {
+					running[next] = s.worker
+					next++
+				}
+			}
+		} else {
+			for _, w := range running[:nRunning] {
+				for _, s := range e.slot[:e.n] {
+					if s.worker == w && a.live(s, now) {
+						running[next] = w
+						next++
+						break
+					}
+				}
+			}
+		}
+		nRunning = next
+		if nRunning == 0 {
+			break
+		}
+		for _, w := range running[:nRunning] {
+			overlap[w] = float64(i + 1)
+		}
+		best = float64(i + 1)
+	}
+	return best
+}
+
+// Receipt remembers what the index believed when a request was recorded, for Correct.
+type Receipt struct {
+	worker    int
+	predicted int
+	// prevTouch is when the last predicted block had been touched on the worker before
+	// this request re-recorded it.
+	prevTouch uint32
+}
+
+// Record notes that worker w now probably caches the blocks of hashes (it was just sent a
+// request with this prompt, for which the index had predicted predicted cached blocks on w).
+// The receipt lets Correct learn from what the engine then reports.
+func (a *Approx) Record(w int, hashes []uint64, predicted int) Receipt {
+	r := Receipt{worker: w, predicted: min(predicted, len(hashes))}
+	if w < 0 || w > 0xffff {
+		return r
+	}
+	now := a.now()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if r.predicted > 0 {
+		if idx, ok := a.slots[hashes[r.predicted-1]]; ok {
+			e := &a.ents[idx]
+			for _, s := range e.slot[:e.n] {
+				if int(s.worker) == w {
+					r.prevTouch = s.touch
+				}
+			}
+		}
+	}
+	for _, h := range hashes {
+		a.touch(h, uint16(w), now)
+	}
+	return r
+}
+
+func (a *Approx) touch(h uint64, w uint16, now uint32) {
+	idx, ok := a.slots[h]
+	if !ok {
+		idx = a.alloc()
+		e := &a.ents[idx]
+		*e = entry{hash: h, prev: none, next: none}
+		a.slots[h] = idx
+		a.pushFront(idx)
+	} else {
+		a.unlink(idx)
+		a.pushFront(idx)
+	}
+	e := &a.ents[idx]
+	oldest := -1
+	for i := range e.slot[:e.n] {
+		if e.slot[i].worker == w {
+			e.slot[i].touch = now
+			return
+		}
+		if oldest < 0 || e.slot[i].touch < e.slot[oldest].touch {
+			oldest = i
+		}
+	}
+	if int(e.n) < slotsPerBlock {
+		e.slot[e.n] = slot{worker: w, touch: now}
+		e.n++
+		return
+	}
+	e.slot[oldest] = slot{worker: w, touch: now}
+}
+
+// alloc takes a free entry, evicting the least recently touched block when none is free.
+func (a *Approx) alloc() uint32 {
+	if a.free != none {
+		idx := a.free
+		a.free = a.ents[idx].next
+		return idx
+	}
+	idx := a.tail
+	a.unlink(idx)
+	delete(a.slots, a.ents[idx].hash)
+	return idx
+}
+
+func (a *Approx) pushFront(idx uint32) {
+	e := &a.ents[idx]
+	e.prev, e.next = none, a.head
+	if a.head != none {
+		a.ents[a.head].prev = idx
+	} else {
+		a.tail = idx
+	}
+	a.head = idx
+}
+
+func (a *Approx) unlink(idx uint32) {
+	e := &a.ents[idx]
+	if e.prev != none {
+		a.ents[e.prev].next = e.next
+	} else {
+		a.head = e.next
+	}
+	if e.next != none {
+		a.ents[e.next].prev = e.prev
+	} else {
+		a.tail = e.prev
+	}
+	e.prev, e.next = none, none
+}
+
+// Correct feeds back what the worker of receipt r reported for the request with prompt
+// chain hashes: it found cachedBlocks cached (cached_tokens / block size).
+//
+// Fewer than predicted means the worker had evicted the last predicted block (engines evict
+// a chain's tail before its head, so the missing blocks form a suffix). Engines evict least
+// recently used blocks first, so everything recorded on that worker no later than that
+// block's previous touch is presumed evicted too: the worker's horizon moves there. More than
+// predicted means the worker holds blocks this index had not seen (sent by another proxy, or
+// before this one started); they are recorded.
+func (a *Approx) Correct(hashes []uint64, r Receipt, cachedBlocks int) {
+	w := r.worker
+	if w < 0 || w > 0xffff || cachedBlocks == r.predicted {
+		return
+	}
+	cachedBlocks = min(cachedBlocks, len(hashes))
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if cachedBlocks > r.predicted {
+		now := a.now()
+		for _, h := range hashes[:cachedBlocks] {
+			a.touch(h, uint16(w), now)
+		}
+		return
+	}
+	for len(a.horizon) <= w {
+		a.horizon = append(a.horizon, 0)
+	}
+	if r.prevTouch > a.horizon[w] {
+		a.horizon[w] = r.prevTouch
+	}
+}
+
+// Forget drops everything recorded on worker w (it restarted, or left the fleet).
+func (a *Approx) Forget(w int) {
+	if w < 0 {
+		return
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for len(a.horizon) <= w {
+		a.horizon = append(a.horizon, 0)
+	}
+	a.horizon[w] = a.now()
+}
+
+// Len returns the number of distinct blocks remembered.
+func (a *Approx) Len() int {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	return len(a.slots)
+}

@@ -1,0 +1,197 @@
+package prefix
+
+import (
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/kvrelay/kvrelay/engines/blockhash"
+)
+
+// chain returns the hash chain of n blocks of a prompt identified by seed, sharing the
+// first shared blocks with every other chain built with the same shared count and base.
+func chain(base, seed uint32, shared, n int) []uint64 {
+	toks := make([]uint32, 16*n)
+	for i := range toks {
+		if i < 16*shared {
+			toks[i] = base*1_000_003 + uint32(i)
+		} else {
+			toks[i] = seed*7_919_111 + uint32(i)
+		}
+	}
+	return blockhash.Seq(toks, 16, nil)
+}
+
+func TestMatchCountsSharedLeadingBlocks(t *testing.T) {
+	a := NewApprox(ApproxConfig{MaxBlocks: 1024, TTL: time.Minute})
+	recorded := chain(1, 1, 10, 10)
+	a.Record(2, recorded, 0)
+	cases := []struct {
+		name   string
+		prompt []uint64
+		want   float64
+	}{
+		{"same prompt", recorded, 10},
+		{"shares 6 blocks then differs", chain(1, 2, 6, 12), 6},
+		{"shares 1 block", chain(1, 3, 1, 4), 1},
+		{"longer prompt with the whole chain as prefix", append(append([]uint64{}, recorded...), chain(9, 9, 0, 3)...)[:13], 10},
+		{"unrelated", chain(2, 1, 0, 10), 0},
+		{"empty", nil, 0},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			overlap := make([]float64, 4)
+			best := a.Match(tc.prompt, overlap)
+			if overlap[2] != tc.want || best != tc.want {
+				t.Fatalf("overlap %v best %v, want worker 2 at %v", overlap, best, tc.want)
+			}
+			for w, o := range overlap {
+				if w != 2 && o != 0 {
+					t.Fatalf("worker %d has overlap %v", w, o)
+				}
+			}
+		})
+	}
+}
+
+func TestMatchPerWorkerRuns(t *testing.T) {
+	a := NewApprox(ApproxConfig{MaxBlocks: 1024, TTL: time.Minute})
+	full := chain(1, 1, 8, 8)
+	a.Record(0, full[:3], 0)
+	a.Record(1, full, 0)
+	a.Record(3, full[:5], 0)
+	// A worker holding a later block without an earlier one gets only its leading run.
+	a.Record(2, full[4:], 0)
+	overlap := make([]float64, 4)
+	if best := a.Match(full, overlap); best != 8 {
+		t.Fatalf("best %v", best)
+	}
+	if want := []float64{3, 8, 0, 5}; !equal(overlap, want) {
+		t.Fatalf("overlap %v, want %v", overlap, want)
+	}
+}
+
+func equal(a, b []float64) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func TestTTLAndBound(t *testing.T) {
+	a := NewApprox(ApproxConfig{MaxBlocks: 16, TTL: time.Second})
+	c := chain(1, 1, 8, 8)
+	a.Record(0, c, 0)
+	overlap := make([]float64, 1)
+	if a.matchAt(c, overlap, a.now()+999) != 8 {
+		t.Fatal("blocks forgotten before the TTL")
+	}
+	if a.matchAt(c, overlap, a.now()+1500) != 0 {
+		t.Fatal("blocks remembered past the TTL")
+	}
+	// 16 entries: a second 8-block chain fits, a third evicts the least recently touched.
+	c2, c3 := chain(2, 2, 0, 8), chain(3, 3, 0, 8)
+	a.Record(0, c2, 0)
+	a.Record(0, c, 0) // c is now more recent than c2
+	a.Record(0, c3, 0)
+	if a.Len() != 16 {
+		t.Fatalf("len %d", a.Len())
+	}
+	if a.Match(c, overlap) != 8 || a.Match(c3, overlap) != 8 || a.Match(c2, overlap) != 0 {
+		t.Fatal("the bound must evict the least recently touched chain")
+	}
+}
+
+func TestSlotsKeepTheMostRecentWorkers(t *testing.T) {
+	a := NewApprox(ApproxConfig{MaxBlocks: 64, TTL: time.Minute})
+	c := chain(1, 1, 2, 2)
+	for w := range slotsPerBlock + 1 {
+		a.Record(w, c, 0)
+		time.Sleep(2 * time.Millisecond)
+	}
+	overlap := make([]float64, slotsPerBlock+1)
+	a.Match(c, overlap)
+	if overlap[0] != 0 || overlap[slotsPerBlock] != 2 {
+		t.Fatalf("overlap %v: the oldest worker should be forgotten", overlap)
+	}
+}
+
+func TestCorrect(t *testing.T) {
+	a := NewApprox(ApproxConfig{MaxBlocks: 1024, TTL: time.Minute})
+	old, mid, fresh := chain(1, 1, 8, 8), chain(2, 2, 8, 8), chain(3, 3, 8, 8)
+	a.Record(0, old, 0)
+	time.Sleep(3 * time.Millisecond)
+	a.Record(0, mid, 0)
+	time.Sleep(3 * time.Millisecond)
+	a.Record(0, fresh, 0)
+	time.Sleep(3 * time.Millisecond)
+	overlap := make([]float64, 1)
+	if a.Match(mid, overlap) != 8 {
+		t.Fatal("setup")
+	}
+	// A request for mid was predicted to hit 8 blocks; the engine reports 3: it evicted mid's
+	// tail, so (LRU) everything sent to it before mid was last touched is gone too.
+	r := a.Record(0, mid, 8)
+	a.Correct(mid, r, 3)
+	if got := a.Match(old, overlap); got != 0 {
+		t.Fatalf("older chain still matches %v blocks", got)
+	}
+	if got := a.Match(fresh, overlap); got != 8 {
+		t.Fatalf("a chain sent after the evicted one must stay, got %v", got)
+	}
+	if got := a.Match(mid, overlap); got != 8 {
+		t.Fatalf("the corrected request itself was just computed and cached, got %v", got)
+	}
+	// More than predicted: the worker had blocks the index never saw.
+	other := chain(4, 4, 6, 6)
+	r = a.Record(1, other[:2], 0)
+	r.predicted = 0
+	a.Correct(other, r, 6)
+	o2 := make([]float64, 2)
+	if a.Match(other, o2); o2[1] != 6 {
+		t.Fatalf("reported hits must be recorded, overlap %v", o2)
+	}
+	a.Forget(1)
+	if a.Match(other, o2); o2[1] != 0 {
+		t.Fatal("Forget must drop a worker's blocks")
+	}
+}
+
+func TestMatchDoesNotAllocate(t *testing.T) {
+	a := NewApprox(ApproxConfig{MaxBlocks: 4096, TTL: time.Minute})
+	c := chain(1, 1, 512, 512)
+	a.Record(5, c, 0)
+	overlap := make([]float64, 64)
+	if n := testing.AllocsPerRun(100, func() { a.Match(c, overlap) }); n != 0 {
+		t.Fatalf("Match allocates %.1f times", n)
+	}
+	if n := testing.AllocsPerRun(100, func() { a.Record(5, c, 512) }); n != 0 {
+		t.Fatalf("Record of known blocks allocates %.1f times", n)
+	}
+}
+
+// BenchmarkMatch: an 8k-token prompt (512 blocks) against 64 workers with 1M blocks indexed.
+func BenchmarkMatch(b *testing.B) {
+	a := NewApprox(ApproxConfig{MaxBlocks: 1 << 20, TTL: time.Hour})
+	rng := rand.New(rand.NewPCG(1, 2))
+	for a.Len() < (1<<20)-512 {
+		w := rng.IntN(64)
+		a.Record(w, chain(uint32(rng.IntN(1<<30)), uint32(rng.IntN(1<<30)), 0, 256), 0)
+	}
+	prompt := chain(7, 7, 512, 512)
+	a.Record(11, prompt[:400], 0)
+	a.Record(12, prompt[:100], 0)
+	overlap := make([]float64, 64)
+	b.ReportAllocs()
+	for b.Loop() {
+		a.Match(prompt, overlap)
+	}
+	if overlap[11] != 400 || overlap[12] != 100 {
+		b.Fatalf("overlap %v %v", overlap[11], overlap[12])
+	}
+}
