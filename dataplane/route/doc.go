@@ -1,0 +1,19 @@
+// Package route chooses the worker for each request: a chain of filters (which workers may
+// serve it at all), scorers (what each remaining worker would cost) and a picker (which one
+// wins), run by a Router over an immutable snapshot of the pool.
+//
+// The plugins are small values behind three interfaces, Filter, Scorer and Picker; a policy
+// is a named composition of them, built in Policies. The default policy, kv, is
+// ARCHITECTURE.md's cost: for each worker w
+//
+//	cost(w) = overlap_weight · (uncached prompt blocks on w + prefill blocks in flight on w)
+//	        + decode blocks in flight on w
+//
+// with the lowest cost winning (temperature > 0 samples a softmax over normalised costs), and
+// new prefixes spread: when no worker holds at least cache_threshold of the prompt's blocks,
+// the pick goes by load and then by the least KV in use.
+//
+// Routing runs on the proxy's event loops, so the Router never allocates per request: the
+// caller owns a Request whose scratch slices grow once, and the pool is swapped whole behind
+// an atomic pointer.
+package route

@@ -1,0 +1,98 @@
+package route
+
+import "time"
+
+// ModelFilter keeps workers that serve the requested model (or any model).
+type ModelFilter struct{}
+
+func (ModelFilter) Name() string { return "model" }
+
+func (ModelFilter) Filter(req *Request, in, out []*Worker) []*Worker {
+	for _, w := range in {
+		if w.Model == "" || req.Model == "" || w.Model == req.Model {
+			out = append(out, w)
+		}
+	}
+	return out
+}
+
+// HealthFilter drops draining workers, ejected workers and workers already tried for this
+// request.
+type HealthFilter struct{}
+
+func (HealthFilter) Name() string { return "health" }
+
+func (HealthFilter) Filter(req *Request, in, out []*Worker) []*Worker {
+	now := time.Now().UnixNano()
+next:
+	for _, w := range in {
+		if !w.Healthy(now) {
+			continue
+		}
+		for _, x := range req.Exclude {
+			if x == w.Index {
+				continue next
+			}
+		}
+		out = append(out, w)
+	}
+	return out
+}
+
+// RoleFilter keeps workers that can serve a whole request (role both); the disaggregated
+// path selects prefill and decode pools itself.
+type RoleFilter struct{ Role Role }
+
+func (RoleFilter) Name() string { return "role" }
+
+func (f RoleFilter) Filter(_ *Request, in, out []*Worker) []*Worker {
+	for _, w := range in {
+		if w.Role == f.Role {
+			out = append(out, w)
+		}
+	}
+	return out
+}
+
+// BusyFilter drops workers past their busy thresholds: more uncached prompt tokens still
+// prefilling than MaxPrefillTokens, or more KV blocks held than MaxDecodeBlocks (or, when the
+// worker's capacity is known, than MaxKVFraction of it). Zero thresholds are off. When every
+// worker is busy the request waits in the admission queue.
+type BusyFilter struct {
+	MaxPrefillTokens int64
+	MaxDecodeBlocks  int64
+	MaxKVFraction    float64
+}
+
+func (BusyFilter) Name() string { return "busy" }
+
+func (f BusyFilter) Filter(_ *Request, in, out []*Worker) []*Worker {
+	for _, w := range in {
+		if f.Busy(w) {
+			continue
+		}
+		out = append(out, w)
+	}
+	return out
+}
+
+// Busy reports whether w is past a threshold.
+func (f BusyFilter) Busy(w *Worker) bool {
+	if f.MaxPrefillTokens > 0 && w.PrefillTokens() > f.MaxPrefillTokens {
+		return true
+	}
+	if f.MaxDecodeBlocks > 0 && w.DecodeBlocks() > f.MaxDecodeBlocks {
+		return true
+	}
+	if f.MaxKVFraction > 0 && w.Capacity > 0 && float64(w.DecodeBlocks()) > f.MaxKVFraction*float64(w.Capacity) {
+		return true
+	}
+	return false
+}
+
+var (
+	_ Filter = ModelFilter{}
+	_ Filter = HealthFilter{}
+	_ Filter = RoleFilter{}
+	_ Filter = BusyFilter{}
+)

@@ -1,0 +1,123 @@
+package route
+
+import (
+	"math"
+	"math/rand/v2"
+	"sync/atomic"
+)
+
+// MinCost picks the cheapest worker. With Temperature > 0 it samples instead from a softmax
+// over the costs normalised to [0, 1], so that near-equal workers share the traffic. Ties go
+// to the less loaded worker, then to a random one.
+type MinCost struct{ Temperature float64 }
+
+func (MinCost) Name() string { return "min-cost" }
+
+func (p MinCost) Pick(_ *Request, ws []*Worker, costs []float64) int {
+	lo, hi := costs[0], costs[0]
+	for _, c := range costs[1:] {
+		lo, hi = min(lo, c), max(hi, c)
+	}
+	if p.Temperature > 0 && hi > lo {
+		var sum float64
+		for _, c := range costs {
+			sum += math.Exp(-(c - lo) / (hi - lo) / p.Temperature)
+		}
+		x := rand.Float64() * sum
+		for i, c := range costs {
+			x -= math.Exp(-(c - lo) / (hi - lo) / p.Temperature)
+			if x <= 0 {
+				return i
+			}
+		}
+		return len(costs) - 1
+	}
+	const eps = 1e-9
+	best, seen := -1, 0
+	var bestLoad int64
+	for i, c := range costs {
+		if c > lo+eps {
+			continue
+		}
+		l := ws[i].Load()
+		switch {
+		case best < 0 || l < bestLoad:
+			best, bestLoad, seen = i, l, 1
+		case l == bestLoad:
+			seen++
+			if rand.IntN(seen) == 0 {
+				best = i
+			}
+		}
+	}
+	return best
+}
+
+// LeastLoaded picks the worker with the fewest requests, then the least KV in use, then a
+// random one. It is also how the kv policy spreads prompts no worker caches.
+type LeastLoaded struct{}
+
+func (LeastLoaded) Name() string { return "least-loaded" }
+
+func (LeastLoaded) Pick(_ *Request, ws []*Worker, _ []float64) int {
+	best, seen := 0, 1
+	bl, bk := ws[0].Load(), ws[0].KVInUse()
+	for i := 1; i < len(ws); i++ {
+		l, k := ws[i].Load(), ws[i].KVInUse()
+		switch {
+		case l < bl || (l == bl && k < bk):
+			best, bl, bk, seen = i, l, k, 1
+		case l == bl && k == bk:
+			seen++
+			if rand.IntN(seen) == 0 {
+				best = i
+			}
+		}
+	}
+	return best
+}
+
+// RoundRobin cycles through the workers.
+type RoundRobin struct{ next atomic.Uint64 }
+
+func (*RoundRobin) Name() string { return "round-robin" }
+
+func (p *RoundRobin) Pick(_ *Request, ws []*Worker, _ []float64) int {
+	return int((p.next.Add(1) - 1) % uint64(len(ws)))
+}
+
+// Random picks uniformly.
+type Random struct{}
+
+func (Random) Name() string { return "random" }
+
+func (Random) Pick(_ *Request, ws []*Worker, _ []float64) int { return rand.IntN(len(ws)) }
+
+// PowerOfTwo samples two workers and picks the less loaded (the power of two choices).
+type PowerOfTwo struct{}
+
+func (PowerOfTwo) Name() string { return "power-of-two" }
+
+func (PowerOfTwo) Pick(_ *Request, ws []*Worker, _ []float64) int {
+	if len(ws) == 1 {
+		return 0
+	}
+	a := rand.IntN(len(ws))
+	b := rand.IntN(len(ws) - 1)
+	if b >= a {
+		b++
+	}
+	la, lb := ws[a].Load(), ws[b].Load()
+	if lb < la || (lb == la && ws[b].KVInUse() < ws[a].KVInUse()) {
+		return b
+	}
+	return a
+}
+
+var (
+	_ Picker = MinCost{}
+	_ Picker = LeastLoaded{}
+	_ Picker = (*RoundRobin)(nil)
+	_ Picker = Random{}
+	_ Picker = PowerOfTwo{}
+)

@@ -1,0 +1,89 @@
+package route
+
+// Filter removes the workers that must not serve a request. It appends the workers of in
+// that pass to out (a caller-owned slice, reset by the caller) and returns it. Filters run on
+// event loops: no allocation, no blocking.
+type Filter interface {
+	Name() string
+	Filter(req *Request, in, out []*Worker) []*Worker
+}
+
+// Scorer adds each worker's cost for req, times the scorer's weight, to costs[i] for
+// ws[i]. Lower costs win. costs is caller-owned and as long as ws.
+type Scorer interface {
+	Name() string
+	Score(req *Request, ws []*Worker, costs []float64)
+}
+
+// Picker chooses one of ws given their costs and returns its position in ws. ws is never
+// empty.
+type Picker interface {
+	Name() string
+	Pick(req *Request, ws []*Worker, costs []float64) int
+}
+
+// Request is what the router knows of one request, plus scratch space the router reuses. It
+// belongs to one connection and is reused for each of its requests; it is not safe for
+// concurrent use.
+type Request struct {
+	// Model is the requested model.
+	Model string
+	// Hashes is the chain of the prompt's full blocks (package engines/blockhash).
+	Hashes []uint64
+	// PromptTokens is the prompt's length in tokens.
+	PromptTokens int
+	// Priority orders admission; higher is more urgent.
+	Priority int
+	// OSL is the expected output length in tokens, 0 when unknown.
+	OSL int
+	// SessionID asks for the worker that served the session before.
+	SessionID string
+	// Exclude lists workers (by Index) already tried for this request.
+	Exclude []int
+
+	// Filled by Match: overlap[w] is the blocks of Hashes worker w caches.
+	overlap []float64
+	best    float64
+
+	eligible []*Worker
+	scratch  []*Worker
+	costs    []float64
+}
+
+// Reset prepares r for a new request, keeping its scratch space.
+func (r *Request) Reset() {
+	*r = Request{
+		Hashes:   r.Hashes[:0],
+		Exclude:  r.Exclude[:0],
+		overlap:  r.overlap[:0],
+		eligible: r.eligible[:0],
+		scratch:  r.scratch[:0],
+		costs:    r.costs[:0],
+	}
+}
+
+// Overlap is the number of prompt blocks worker w caches, as the last match found.
+func (r *Request) Overlap(w *Worker) float64 {
+	if w == nil || w.Index >= len(r.overlap) {
+		return 0
+	}
+	return r.overlap[w.Index]
+}
+
+// BestOverlap is the largest overlap any worker had.
+func (r *Request) BestOverlap() float64 { return r.best }
+
+// PromptBlocks is the number of blocks the prompt spans, the last one possibly partial.
+func (r *Request) PromptBlocks(blockSize int) int {
+	bs := max(blockSize, 1)
+	return (r.PromptTokens + bs - 1) / bs
+}
+
+func growFloat(s []float64, n int) []float64 {
+	if cap(s) < n {
+		return make([]float64, n)
+	}
+	s = s[:n]
+	clear(s)
+	return s
+}

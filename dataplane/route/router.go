@@ -1,0 +1,338 @@
+package route
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvrelay/kvrelay/dataplane/prefix"
+)
+
+// Errors Route returns.
+var (
+	// ErrNoWorker: no worker serves the model or every one is unhealthy or tried.
+	ErrNoWorker = errors.New("no worker can serve the request")
+	// ErrBusy: workers exist but every one is past its busy thresholds; the request should
+	// wait for capacity.
+	ErrBusy = errors.New("every eligible worker is busy")
+)
+
+// Policy names.
+const (
+	PolicyKV          = "kv"
+	PolicyRoundRobin  = "round-robin"
+	PolicyLeastLoaded = "least-loaded"
+	PolicyRandom      = "random"
+	PolicyPowerOfTwo  = "power-of-two"
+	PolicySession     = "session"
+)
+
+// PolicyNames lists the policies NewPolicy knows.
+func PolicyNames() []string {
+	return []string{PolicyKV, PolicyRoundRobin, PolicyLeastLoaded, PolicyRandom, PolicyPowerOfTwo, PolicySession}
+}
+
+// Config tunes routing. The zero value of a field means its default.
+type Config struct {
+	// Policy is one of PolicyNames; default kv.
+	Policy string
+	// OverlapWeight weighs the prefill term against the decode term of the KV cost
+	// (default 1).
+	OverlapWeight float64
+	// Temperature > 0 samples among workers by a softmax over normalised costs (default 0:
+	// the cheapest wins).
+	Temperature float64
+	// CacheThreshold: below this share of the prompt's blocks cached anywhere, the kv policy
+	// spreads by load instead (default 0.3).
+	CacheThreshold float64
+	// Busy are the thresholds past which a worker takes no new request.
+	Busy BusyFilter
+	// SessionTTL is how long a session stays bound to its worker after its last request
+	// (default 30 minutes).
+	SessionTTL time.Duration
+}
+
+func (c Config) withDefaults() Config {
+	if c.Policy == "" {
+		c.Policy = PolicyKV
+	}
+	if c.OverlapWeight == 0 {
+		c.OverlapWeight = 1
+	}
+	if c.CacheThreshold == 0 {
+		c.CacheThreshold = 0.3
+	}
+	if c.SessionTTL == 0 {
+		c.SessionTTL = 30 * time.Minute
+	}
+	return c
+}
+
+// Validate reports the first setting that cannot work.
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	if _, err := NewPolicy(c); err != nil {
+		return err
+	}
+	switch {
+	case c.OverlapWeight < 0:
+		return fmt.Errorf("overlap weight %g must not be negative", c.OverlapWeight)
+	case c.Temperature < 0:
+		return fmt.Errorf("temperature %g must not be negative", c.Temperature)
+	case c.CacheThreshold < 0 || c.CacheThreshold > 1:
+		return fmt.Errorf("cache threshold %g must be within [0, 1]", c.CacheThreshold)
+	}
+	return nil
+}
+
+// Policy is a named composition of plugins.
+type Policy struct {
+	Name    string
+	Filters []Filter
+	Busy    BusyFilter
+	Scorers []Scorer
+	Picker  Picker
+	// UsesIndex makes the router match the prompt against the KV index before scoring.
+	UsesIndex bool
+	// Spread picks instead of the scorers and Picker when no worker caches at least
+	// CacheThreshold of the prompt's blocks.
+	Spread         Picker
+	CacheThreshold float64
+}
+
+// NewPolicy builds the policy cfg names.
+func NewPolicy(cfg Config) (*Policy, error) {
+	cfg = cfg.withDefaults()
+	p := &Policy{
+		Name:    cfg.Policy,
+		Filters: []Filter{ModelFilter{}, RoleFilter{Role: RoleBoth}, HealthFilter{}},
+		Busy:    cfg.Busy,
+	}
+	switch cfg.Policy {
+	case PolicyKV:
+		p.UsesIndex = true
+		p.Scorers = []Scorer{PrefillCost{Weight: cfg.OverlapWeight}, DecodeCost{Weight: 1}}
+		p.Picker = MinCost{Temperature: cfg.Temperature}
+		p.Spread = LeastLoaded{}
+		p.CacheThreshold = cfg.CacheThreshold
+	case PolicyRoundRobin:
+		p.Picker = &RoundRobin{}
+	case PolicyLeastLoaded, PolicySession:
+		p.Picker = LeastLoaded{}
+	case PolicyRandom:
+		p.Picker = Random{}
+	case PolicyPowerOfTwo:
+		p.Picker = PowerOfTwo{}
+	default:
+		return nil, fmt.Errorf("unknown routing policy %q (want one of %v)", cfg.Policy, PolicyNames())
+	}
+	return p, nil
+}
+
+// Pool is an immutable set of workers. Replacing a worker's identity means a new Pool; load
+// lives in the *Worker values, so a new pool should reuse the Worker of every worker that
+// stays.
+type Pool struct {
+	Workers []*Worker
+	byID    map[string]*Worker
+	models  []string
+}
+
+// NewPool numbers ws (setting each Index) and returns the pool. The pool owns ws.
+func NewPool(ws []*Worker) *Pool {
+	p := &Pool{Workers: ws, byID: make(map[string]*Worker, len(ws))}
+	seen := map[string]bool{}
+	for i, w := range ws {
+		w.Index = i
+		p.byID[w.ID] = w
+		if w.Model != "" && !seen[w.Model] {
+			seen[w.Model] = true
+			p.models = append(p.models, w.Model)
+		}
+	}
+	sort.Strings(p.models)
+	return p
+}
+
+// Worker returns the worker with the given id, or nil.
+func (p *Pool) Worker(id string) *Worker { return p.byID[id] }
+
+// Models returns the distinct models the pool serves, sorted. The slice must not be altered.
+func (p *Pool) Models() []string { return p.models }
+
+// Serves reports whether some worker serves model (a worker without a model serves any).
+func (p *Pool) Serves(model string) bool {
+	for _, w := range p.Workers {
+		if w.Model == "" || w.Model == model {
+			return true
+		}
+	}
+	return false
+}
+
+// Decision is how Route chose.
+type Decision struct {
+	Worker *Worker
+	// Overlap is the chosen worker's cached prompt blocks, BestOverlap the best of any.
+	Overlap, BestOverlap float64
+	// Mode says which rule decided: "cost", "spread", "session" or the picker's name.
+	Mode string
+	// Match and Score are the time spent matching the index and scoring.
+	Match, Score time.Duration
+}
+
+// Router routes requests over the current pool with one policy. It is safe for concurrent
+// use by every event loop; SetPool swaps the pool atomically.
+type Router struct {
+	policy   *Policy
+	index    prefix.Index
+	pool     atomic.Pointer[Pool]
+	sessions sessions
+}
+
+// NewRouter returns a router for cfg's policy over pool, matching prompts against index (nil:
+// no index, every overlap 0).
+func NewRouter(cfg Config, pool *Pool, index prefix.Index) (*Router, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	p, err := NewPolicy(cfg)
+	if err != nil {
+		return nil, err
+	}
+	r := &Router{policy: p, index: index}
+	r.sessions.ttl = cfg.SessionTTL
+	r.sessions.m = make(map[string]session)
+	r.pool.Store(pool)
+	return r, nil
+}
+
+// Pool returns the current pool.
+func (r *Router) Pool() *Pool { return r.pool.Load() }
+
+// SetPool replaces the pool; requests already routed keep their workers.
+func (r *Router) SetPool(p *Pool) { r.pool.Store(p) }
+
+// Policy returns the router's policy.
+func (r *Router) Policy() *Policy { return r.policy }
+
+// Route picks the worker for req and fills d. It returns ErrNoWorker when no worker can
+// serve the request and ErrBusy when all that could are busy.
+func (r *Router) Route(req *Request, d *Decision) error {
+	*d = Decision{}
+	pool := r.pool.Load()
+	cur := pool.Workers
+	for _, f := range r.policy.Filters {
+		req.scratch = f.Filter(req, cur, req.scratch[:0])
+		cur, req.scratch, req.eligible = req.scratch, req.eligible[:0], req.scratch
+	}
+	if len(cur) == 0 {
+		return ErrNoWorker
+	}
+	if r.policy.Busy != (BusyFilter{}) {
+		req.scratch = r.policy.Busy.Filter(req, cur, req.scratch[:0])
+		cur, req.scratch, req.eligible = req.scratch, req.eligible[:0], req.scratch
+		if len(cur) == 0 {
+			return ErrBusy
+		}
+	}
+	ws := cur
+
+	if r.policy.UsesIndex && r.index != nil && len(req.Hashes) > 0 {
+		t0 := time.Now()
+		req.overlap = growFloat(req.overlap, len(pool.Workers))
+		req.best = r.index.Match(req.Hashes, req.overlap)
+		d.Match = time.Since(t0)
+	} else {
+		req.overlap = growFloat(req.overlap, len(pool.Workers))
+		req.best = 0
+	}
+	d.BestOverlap = req.best
+
+	if req.SessionID != "" {
+		if id, ok := r.sessions.get(req.SessionID); ok {
+			for _, w := range ws {
+				if w.ID == id {
+					d.Worker, d.Mode = w, "session"
+					d.Overlap = req.Overlap(w)
+					r.sessions.put(req.SessionID, w.ID)
+					return nil
+				}
+			}
+		}
+	}
+
+	t0 := time.Now()
+	var i int
+	switch {
+	case r.policy.Spread != nil && req.best < r.policy.CacheThreshold*float64(req.PromptBlocks(ws[0].BlockSize)):
+		i, d.Mode = r.policy.Spread.Pick(req, ws, nil), "spread"
+	case len(r.policy.Scorers) > 0:
+		req.costs = growFloat(req.costs, len(ws))
+		for _, s := range r.policy.Scorers {
+			s.Score(req, ws, req.costs)
+		}
+		i, d.Mode = r.policy.Picker.Pick(req, ws, req.costs), "cost"
+	default:
+		i, d.Mode = r.policy.Picker.Pick(req, ws, nil), r.policy.Picker.Name()
+	}
+	d.Score = time.Since(t0)
+	d.Worker = ws[i]
+	d.Overlap = req.Overlap(ws[i])
+	if req.SessionID != "" {
+		r.sessions.put(req.SessionID, ws[i].ID)
+	}
+	return nil
+}
+
+// sessions binds session ids to worker ids for a TTL after each use.
+type sessions struct {
+	mu  sync.Mutex
+	ttl time.Duration
+	m   map[string]session
+}
+
+type session struct {
+	worker  string
+	expires int64
+}
+
+// maxSessions bounds the table; past it, expired sessions are swept before adding more.
+const maxSessions = 1 << 20
+
+func (s *sessions) get(id string) (string, bool) {
+	now := time.Now().UnixNano()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.m[id]
+	if !ok || e.expires < now {
+		return "", false
+	}
+	return e.worker, true
+}
+
+func (s *sessions) put(id, worker string) {
+	now := time.Now().UnixNano()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if e, ok := s.m[id]; ok {
+		e.worker, e.expires = worker, now+int64(s.ttl)
+		s.m[id] = e
+		return
+	}
+	if len(s.m) >= maxSessions {
+		for k, e := range s.m {
+			if e.expires < now {
+				delete(s.m, k)
+			}
+		}
+		if len(s.m) >= maxSessions {
+			return // full of live sessions: this one goes unbound
+		}
+	}
+	s.m[id] = session{worker: worker, expires: now + int64(s.ttl)}
+}

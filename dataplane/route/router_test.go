@@ -1,0 +1,320 @@
+package route
+
+import (
+	"errors"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/kvrelay/kvrelay/dataplane/prefix"
+	"github.com/kvrelay/kvrelay/engines/blockhash"
+)
+
+func workers(n int) []*Worker {
+	ws := make([]*Worker, n)
+	for i := range ws {
+		ws[i] = &Worker{ID: "w" + strconv.Itoa(i), Model: "m", BlockSize: 16}
+	}
+	return ws
+}
+
+func promptChain(group, user uint32, sharedBlocks, userBlocks int) ([]uint64, int) {
+	toks := make([]uint32, 16*(sharedBlocks+userBlocks))
+	for i := range toks {
+		if i < 16*sharedBlocks {
+			toks[i] = group*1_000_003 + uint32(i)
+		} else {
+			toks[i] = user*7_919_111 + uint32(i)
+		}
+	}
+	return blockhash.Seq(toks, 16, nil), len(toks)
+}
+
+func newRouter(t testing.TB, cfg Config, n int) (*Router, *prefix.Approx) {
+	t.Helper()
+	idx := prefix.NewApprox(prefix.ApproxConfig{MaxBlocks: 1 << 16, TTL: time.Minute})
+	r, err := NewRouter(cfg, NewPool(workers(n)), idx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r, idx
+}
+
+// send routes one request, records it in the index and accounts its load as the proxy does;
+// the returned usage ends it.
+func send(t testing.TB, r *Router, idx *prefix.Approx, req *Request) (*Worker, *Usage) {
+	t.Helper()
+	var d Decision
+	if err := r.Route(req, &d); err != nil {
+		t.Fatal(err)
+	}
+	idx.Record(d.Worker.Index, req.Hashes, int(d.Overlap))
+	u := &Usage{}
+	u.Begin(d.Worker, req.PromptTokens, int(d.Overlap)*16, req.OSL)
+	return d.Worker, u
+}
+
+func TestSamePrefixSameWorkerDistinctPrefixesSpread(t *testing.T) {
+	r, idx := newRouter(t, Config{}, 4)
+	var req Request
+	// Four prompt families, each 64 shared blocks plus a short user part. The first request
+	// of each lands on a distinct idle worker; every later one follows its family.
+	home := map[uint32]string{}
+	var open []*Usage
+	for round := range 5 {
+		for g := uint32(1); g <= 4; g++ {
+			req.Reset()
+			req.Model = "m"
+			req.Hashes, req.PromptTokens = promptChain(g, uint32(round)*10+g, 64, 2)
+			w, u := send(t, r, idx, &req)
+			open = append(open, u)
+			if round == 0 {
+				for _, id := range home {
+					if id == w.ID {
+						t.Fatalf("family %d's first request went to busy %s instead of an idle worker", g, w.ID)
+					}
+				}
+				home[g] = w.ID
+			} else if home[g] != w.ID {
+				t.Fatalf("round %d: family %d went to %s, its prefix is on %s", round, g, w.ID, home[g])
+			}
+		}
+	}
+	for _, w := range r.Pool().Workers {
+		if w.Inflight() != 5 {
+			t.Fatalf("%s has %d requests, want 5 each", w.ID, w.Inflight())
+		}
+	}
+	for _, u := range open {
+		u.End()
+	}
+	for _, w := range r.Pool().Workers {
+		if w.Inflight() != 0 || w.DecodeBlocks() != 0 || w.PrefillTokens() != 0 {
+			t.Fatalf("%s load not returned: %d %d %d", w.ID, w.Inflight(), w.DecodeBlocks(), w.PrefillTokens())
+		}
+	}
+}
+
+func TestCostWeighsCacheAgainstLoad(t *testing.T) {
+	r, idx := newRouter(t, Config{}, 2)
+	hashes, n := promptChain(1, 1, 100, 0)
+	idx.Record(0, hashes, 0)
+	var req Request
+	req.Hashes, req.PromptTokens = hashes, n
+	var d Decision
+	if err := r.Route(&req, &d); err != nil || d.Worker.Index != 0 || d.Mode != "cost" || d.Overlap != 100 {
+		t.Fatalf("cached worker should win: %+v %v", d, err)
+	}
+	// Load worker 0 with more decode blocks than the 100 blocks of prefill it saves.
+	var u Usage
+	u.Begin(r.Pool().Workers[0], 16*150, 16*150, 0)
+	if err := r.Route(&req, &d); err != nil || d.Worker.Index != 1 {
+		t.Fatalf("an overloaded cached worker should lose: %+v %v", d, err)
+	}
+	u.End()
+}
+
+func TestFiltersAndErrors(t *testing.T) {
+	r, _ := newRouter(t, Config{Busy: BusyFilter{MaxPrefillTokens: 1000}}, 3)
+	ws := r.Pool().Workers
+	ws[2].Model = "other"
+	var req Request
+	req.Model = "m"
+	req.Hashes, req.PromptTokens = promptChain(1, 1, 4, 0)
+	var d Decision
+
+	ws[0].SetDraining(true)
+	req.Exclude = append(req.Exclude, 1)
+	if err := r.Route(&req, &d); !errors.Is(err, ErrNoWorker) {
+		t.Fatalf("draining, excluded and wrong-model workers: err %v", err)
+	}
+	ws[0].SetDraining(false)
+	var u Usage
+	u.Begin(ws[0], 5000, 0, 0)
+	if err := r.Route(&req, &d); !errors.Is(err, ErrBusy) {
+		t.Fatalf("the only candidate is busy: err %v", err)
+	}
+	u.FirstToken()
+	if err := r.Route(&req, &d); err != nil || d.Worker != ws[0] {
+		t.Fatalf("after its prefill the worker is free again: %v", err)
+	}
+	u.End()
+
+	now := time.Now().UnixNano()
+	if ws[0].Failed(now, 2, time.Hour) || !ws[0].Failed(now, 2, time.Hour) {
+		t.Fatal("the second consecutive failure ejects")
+	}
+	if err := r.Route(&req, &d); !errors.Is(err, ErrNoWorker) {
+		t.Fatal("an ejected worker must not be routed to")
+	}
+	ws[0].Succeeded()
+	if !ws[0].Healthy(time.Now().UnixNano()) {
+		t.Fatal("success ends the ejection")
+	}
+}
+
+func TestPolicies(t *testing.T) {
+	for _, name := range PolicyNames() {
+		t.Run(name, func(t *testing.T) {
+			r, idx := newRouter(t, Config{Policy: name}, 4)
+			counts := map[string]int{}
+			var req Request
+			var open []*Usage
+			for i := range 400 {
+				req.Reset()
+				req.Hashes, req.PromptTokens = promptChain(uint32(i), uint32(i), 2, 0)
+				w, u := send(t, r, idx, &req)
+				counts[w.ID]++
+				if name != PolicyRandom && name != PolicyPowerOfTwo {
+					open = append(open, u)
+				} else {
+					u.End()
+				}
+			}
+			for _, w := range r.Pool().Workers {
+				if c := counts[w.ID]; c < 50 {
+					t.Fatalf("%s got %d of 400 distinct prompts: %v", w.ID, c, counts)
+				}
+			}
+			for _, u := range open {
+				u.End()
+			}
+		})
+	}
+}
+
+func TestRoundRobinAndLeastLoadedAreExact(t *testing.T) {
+	r, idx := newRouter(t, Config{Policy: PolicyRoundRobin}, 3)
+	var req Request
+	for i := range 6 {
+		w, u := send(t, r, idx, &req)
+		u.End()
+		if w.Index != i%3 {
+			t.Fatalf("request %d went to %d", i, w.Index)
+		}
+	}
+	r, idx = newRouter(t, Config{Policy: PolicyLeastLoaded}, 3)
+	var us []*Usage
+	for range 9 {
+		_, u := send(t, r, idx, &req)
+		us = append(us, u)
+	}
+	for _, w := range r.Pool().Workers {
+		if w.Inflight() != 3 {
+			t.Fatalf("least-loaded left %s with %d", w.ID, w.Inflight())
+		}
+	}
+}
+
+func TestSessionAffinity(t *testing.T) {
+	r, idx := newRouter(t, Config{Policy: PolicyKV, SessionTTL: 50 * time.Millisecond}, 4)
+	var req Request
+	req.SessionID = "agent-1"
+	first, u := send(t, r, idx, &req)
+	for range 5 {
+		// Even as the worker gets busier, the session sticks.
+		w, u2 := send(t, r, idx, &req)
+		if w != first {
+			t.Fatalf("session moved from %s to %s", first.ID, w.ID)
+		}
+		defer u2.End()
+	}
+	u.End()
+	time.Sleep(80 * time.Millisecond)
+	w, _ := send(t, r, idx, &req)
+	if w == first {
+		t.Fatalf("after the TTL the session should be routed afresh (least loaded), got the busy %s again", w.ID)
+	}
+}
+
+func TestTemperatureSharesNearEqualWorkers(t *testing.T) {
+	r, idx := newRouter(t, Config{Temperature: 1}, 2)
+	hashes, n := promptChain(1, 1, 50, 0)
+	idx.Record(0, hashes, 0)
+	idx.Record(1, hashes[:45], 0)
+	var req Request
+	req.Hashes, req.PromptTokens = hashes, n
+	counts := [2]int{}
+	var d Decision
+	for range 2000 {
+		if err := r.Route(&req, &d); err != nil {
+			t.Fatal(err)
+		}
+		counts[d.Worker.Index]++
+	}
+	if counts[1] < 200 || counts[0] < counts[1] {
+		t.Fatalf("softmax split %v: the cheaper worker should win most, the other some", counts)
+	}
+}
+
+func TestRouteDoesNotAllocate(t *testing.T) {
+	r, idx := newRouter(t, Config{}, 64)
+	hashes, n := promptChain(1, 1, 512, 0)
+	idx.Record(7, hashes[:300], 0)
+	var req Request
+	req.Hashes, req.PromptTokens, req.Model = hashes, n, "m"
+	var d Decision
+	_ = r.Route(&req, &d)
+	if a := testing.AllocsPerRun(200, func() { _ = r.Route(&req, &d) }); a != 0 {
+		t.Fatalf("Route allocates %.1f times", a)
+	}
+	if d.Worker.Index != 7 {
+		t.Fatalf("picked %d", d.Worker.Index)
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+		ok   bool
+	}{
+		{"defaults", Config{}, true},
+		{"unknown policy", Config{Policy: "fastest"}, false},
+		{"negative weight", Config{OverlapWeight: -1}, false},
+		{"threshold above one", Config{CacheThreshold: 1.5}, false},
+		{"negative temperature", Config{Temperature: -0.1}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := tc.cfg.Validate(); (err == nil) != tc.ok {
+				t.Fatalf("err %v", err)
+			}
+		})
+	}
+}
+
+// BenchmarkDecision is the routing decision for an 8k-token prompt (512 blocks) over 64
+// workers with 1M blocks indexed: hash the token ids, match the index, score, pick.
+func BenchmarkDecision(b *testing.B) {
+	idx := prefix.NewApprox(prefix.ApproxConfig{MaxBlocks: 1 << 20, TTL: time.Hour})
+	r, err := NewRouter(Config{}, NewPool(workers(64)), idx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for g := uint32(0); idx.Len() < (1<<20)-1024; g++ {
+		h, _ := promptChain(g+100, g+100, 256, 0)
+		idx.Record(int(g%64), h, 0)
+	}
+	toks := make([]uint32, 8192)
+	for i := range toks {
+		toks[i] = uint32(i * 31)
+	}
+	var hasher blockhash.Hasher
+	full := hasher.AppendSeq(nil, toks, 16, nil)
+	idx.Record(9, full[:400], 0)
+	var req Request
+	var d Decision
+	b.ReportAllocs()
+	for b.Loop() {
+		req.Reset()
+		req.Model = "m"
+		req.PromptTokens = len(toks)
+		req.Hashes = hasher.AppendSeq(req.Hashes, toks, 16, nil)
+		if err := r.Route(&req, &d); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if d.Worker.Index != 9 {
+		b.Fatalf("picked %d", d.Worker.Index)
+	}
+}

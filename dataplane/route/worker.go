@@ -1,0 +1,206 @@
+package route
+
+import (
+	"sync/atomic"
+	"time"
+)
+
+// Role is what a worker does in a disaggregated deployment.
+type Role uint8
+
+// Worker roles.
+const (
+	RoleBoth Role = iota
+	RolePrefill
+	RoleDecode
+)
+
+// Worker is one upstream engine as the router sees it. The identity fields are set before the
+// worker joins a Pool and never change; the load and health fields are atomics that every
+// event loop updates.
+type Worker struct {
+	// ID names the worker in metrics, logs and the x-kvrelay-worker header.
+	ID string
+	// Index is the worker's position in its Pool; scorers index caller-owned slices by it.
+	Index int
+	// URL is the engine's base URL (scheme://host:port) and Addr its host:port.
+	URL, Addr string
+	// Model is the model the worker serves; "" serves any.
+	Model string
+	Role  Role
+	// BlockSize is the engine's KV block size in tokens.
+	BlockSize int
+	// Capacity is the engine's KV cache size in blocks, 0 when unknown.
+	Capacity int
+
+	inflight      atomic.Int64
+	prefillTokens atomic.Int64
+	decodeBlocks  atomic.Int64
+	reported      atomic.Pointer[Reported]
+
+	ejectedUntil atomic.Int64 // unix nanos
+	failures     atomic.Int32
+	draining     atomic.Bool
+}
+
+// Reported is what the engine itself (through a control plane or a metrics scrape) says of
+// its load. A nil report means nothing is known beyond this proxy's own requests.
+type Reported struct {
+	Running, Waiting int
+	// KVUsage is the fraction of the KV cache in use.
+	KVUsage float64
+	// PrefillTokens and DecodeBlocks are in flight from other proxies.
+	PrefillTokens int
+	DecodeBlocks  int
+}
+
+// SetReported replaces the engine-reported load; nil clears it.
+func (w *Worker) SetReported(r *Reported) { w.reported.Store(r) }
+
+// Inflight is the number of this proxy's requests on the worker.
+func (w *Worker) Inflight() int64 { return w.inflight.Load() }
+
+// PrefillTokens is the uncached prompt tokens of this proxy's requests not yet past their
+// first token, plus what the engine reports from others.
+func (w *Worker) PrefillTokens() int64 {
+	n := w.prefillTokens.Load()
+	if r := w.reported.Load(); r != nil {
+		n += int64(r.PrefillTokens)
+	}
+	return n
+}
+
+// DecodeBlocks is the KV blocks this proxy's requests hold or are predicted to hold on the
+// worker, plus what the engine reports from others.
+func (w *Worker) DecodeBlocks() int64 {
+	n := w.decodeBlocks.Load()
+	if r := w.reported.Load(); r != nil {
+		n += int64(r.DecodeBlocks)
+	}
+	return n
+}
+
+// Load is the number of requests on the worker: this proxy's in flight, or the engine's
+// running plus waiting when it reports more.
+func (w *Worker) Load() int64 {
+	n := w.inflight.Load()
+	if r := w.reported.Load(); r != nil && int64(r.Running+r.Waiting) > n {
+		n = int64(r.Running + r.Waiting)
+	}
+	return n
+}
+
+// KVInUse is the fraction of the worker's KV cache in use: the engine's report, or this
+// proxy's decode blocks over the capacity, or (capacity unknown) the decode blocks
+// themselves, which still order workers correctly against each other.
+func (w *Worker) KVInUse() float64 {
+	if r := w.reported.Load(); r != nil {
+		return r.KVUsage
+	}
+	if w.Capacity > 0 {
+		return float64(w.decodeBlocks.Load()) / float64(w.Capacity)
+	}
+	return float64(w.decodeBlocks.Load())
+}
+
+// Healthy reports whether the worker takes new requests at time now: not ejected after
+// failures and not draining.
+func (w *Worker) Healthy(now int64) bool {
+	return !w.draining.Load() && w.ejectedUntil.Load() <= now
+}
+
+// SetDraining marks the worker as draining (no new requests) or not.
+func (w *Worker) SetDraining(d bool) { w.draining.Store(d) }
+
+// Draining reports whether the worker is draining.
+func (w *Worker) Draining() bool { return w.draining.Load() }
+
+// EjectedUntil is when an ejected worker may be probed again (0 when not ejected).
+func (w *Worker) EjectedUntil() time.Time {
+	if n := w.ejectedUntil.Load(); n > 0 {
+		return time.Unix(0, n)
+	}
+	return time.Time{}
+}
+
+// Succeeded records a request that reached the engine and got an answer: the failure streak
+// ends and an ejected worker is back.
+func (w *Worker) Succeeded() {
+	if w.failures.Load() != 0 {
+		w.failures.Store(0)
+	}
+	if w.ejectedUntil.Load() != 0 {
+		w.ejectedUntil.Store(0)
+	}
+}
+
+// Failed records a failure to reach the worker or a 5xx before any response byte. After
+// threshold consecutive failures the worker is ejected for backoff, and it reports true the
+// moment that happens. A worker past its ejection gets requests again (the probe): one more
+// failure ejects it anew.
+func (w *Worker) Failed(now int64, threshold int, backoff time.Duration) (ejected bool) {
+	n := w.failures.Add(1)
+	if int(n) < threshold {
+		return false
+	}
+	w.ejectedUntil.Store(now + int64(backoff))
+	w.failures.Store(0)
+	return true
+}
+
+// Usage is what one request adds to its worker's load; the proxy keeps it in the request's
+// state and updates it as the request progresses, and End removes exactly what was added.
+type Usage struct {
+	w             *Worker
+	prefillTokens int64
+	decodeBlocks  int64
+	promptTokens  int
+	osl           int
+}
+
+// Begin starts accounting a request on w: uncached prompt tokens to prefill and the blocks
+// it will hold (prompt plus expected output, when osl predicts it).
+func (u *Usage) Begin(w *Worker, promptTokens, cachedTokens, osl int) {
+	bs := max(w.BlockSize, 1)
+	*u = Usage{w: w, prefillTokens: int64(max(promptTokens-cachedTokens, 0)), promptTokens: promptTokens, osl: osl}
+	u.decodeBlocks = int64((promptTokens + osl + bs - 1) / bs)
+	w.inflight.Add(1)
+	w.prefillTokens.Add(u.prefillTokens)
+	w.decodeBlocks.Add(u.decodeBlocks)
+}
+
+// FirstToken ends the request's prefill.
+func (u *Usage) FirstToken() {
+	if u.w != nil && u.prefillTokens != 0 {
+		u.w.prefillTokens.Add(-u.prefillTokens)
+		u.prefillTokens = 0
+	}
+}
+
+// Generated grows the request's blocks with its output, once the output passes what osl
+// predicted.
+func (u *Usage) Generated(outputTokens int) {
+	if u.w == nil {
+		return
+	}
+	bs := max(u.w.BlockSize, 1)
+	want := int64((u.promptTokens + max(outputTokens, u.osl) + bs - 1) / bs)
+	if d := want - u.decodeBlocks; d > 0 {
+		u.w.decodeBlocks.Add(d)
+		u.decodeBlocks = want
+	}
+}
+
+// End removes the request from its worker's load. It is safe to call more than once.
+func (u *Usage) End() {
+	if u.w == nil {
+		return
+	}
+	u.w.inflight.Add(-1)
+	u.w.prefillTokens.Add(-u.prefillTokens)
+	u.w.decodeBlocks.Add(-u.decodeBlocks)
+	*u = Usage{}
+}
+
+// Worker is the worker the usage is accounted on, nil after End.
+func (u *Usage) Worker() *Worker { return u.w }
