@@ -16,6 +16,7 @@ const (
 	csExtToken                   // in a token value: BWS, ';' or CR
 	csExtQuoted                  // in a quoted-string
 	csExtQuotedPair              // after '\' in a quoted-string
+	csExtQuotedEnd               // after the closing '"': BWS, ';' or CR
 	csExtValWS                   // BWS after a value: ';'
 	csSizeLF                     // CR seen at the end of the size line
 	csData                       // in chunk-data, remain bytes left
@@ -133,10 +134,21 @@ func (c *chunker) next(src []byte) (n int, data []byte, err code) {
 		case csExtQuoted:
 			switch {
 			case b == '"':
-				c.state = csExtValWS
+				c.state = csExtQuotedEnd
 			case b == '\\':
 				c.state = csExtQuotedPair
 			case class[b]&clQdtext == 0:
+				return p, nil, cBadChunk
+			}
+		case csExtQuotedEnd:
+			switch {
+			case b == '\r':
+				c.state = csSizeLF
+			case b == ';':
+				c.state = csExtName0
+			case isOWS(b):
+				c.state = csExtValWS
+			default:
 				return p, nil, cBadChunk
 			}
 		case csExtQuotedPair:
@@ -156,6 +168,9 @@ func (c *chunker) next(src []byte) (n int, data []byte, err code) {
 			}
 			if c.maxBody >= 0 && (c.size > uint64(c.maxBody) || c.total > c.maxBody-int64(c.size)) {
 				return p, nil, cBodyTooLarge
+			}
+			if c.size > uint64(1<<63-1-c.total) {
+				return p, nil, cBadChunk
 			}
 			c.total += int64(c.size)
 			c.state = csData

@@ -141,6 +141,16 @@ func (r *Request) parse(b []byte, lim Limits) (int, code) {
 	p++
 	ts := p
 	for p < len(b) && class[b[p]]&clTarget != 0 {
+		if b[p] == '%' {
+			// pct-encoded = "%" HEXDIG HEXDIG (RFC 3986 §2.1)
+			if p+1 < len(b) && class[b[p+1]]&clHex == 0 || p+2 < len(b) && class[b[p+2]]&clHex == 0 {
+				return 0, cBadTarget
+			}
+			p += 2
+			if p >= len(b) {
+				return 0, cOK
+			}
+		}
 		p++
 	}
 	if p == len(b) {
@@ -254,12 +264,9 @@ func (r *Request) parseTarget(t []byte) code {
 	}
 	i := 0
 	for i < len(rest) && rest[i] != '/' && rest[i] != '?' {
-		if class[rest[i]]&clHost == 0 {
-			return cBadTarget
-		}
 		i++
 	}
-	if i == 0 {
+	if !validAuthority(rest[:i]) {
 		return cBadTarget
 	}
 	r.Host = rest[:i]
@@ -272,6 +279,49 @@ func (r *Request) parseTarget(t []byte) code {
 	}
 	r.splitQuery(rest[i:])
 	return cOK
+}
+
+// validAuthority accepts host [":" port] where host is a bracketed IPv6 literal or a
+// reg-name / IPv4 address of unreserved and sub-delim characters, and port is digits.
+// Userinfo ('@') and percent-encoding are rejected: no client of kvrelay needs them and
+// engines parse them differently.
+func validAuthority(a []byte) bool {
+	if len(a) == 0 {
+		return false
+	}
+	i := 0
+	if a[0] == '[' {
+		for i = 1; i < len(a) && a[i] != ']'; i++ {
+			if c := a[i]; class[c]&clHex == 0 && c != ':' && c != '.' {
+				return false
+			}
+		}
+		if i == len(a) || i == 1 {
+			return false
+		}
+		i++
+	} else {
+		for ; i < len(a) && a[i] != ':'; i++ {
+			if c := a[i]; class[c]&clHost == 0 || c == '%' || c == '[' || c == ']' {
+				return false
+			}
+		}
+		if i == 0 {
+			return false
+		}
+	}
+	if i == len(a) {
+		return true
+	}
+	if a[i] != ':' {
+		return false
+	}
+	for _, c := range a[i+1:] {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
 }
 
 func (r *Request) splitQuery(t []byte) {
