@@ -64,7 +64,6 @@ var chunkedCases = []struct {
 	{name: "trailers over limit", in: "0\r\nX-Pad: " + strings.Repeat("p", 100) + "\r\n\r\n", lim: Limits{MaxHeadBytes: 64}, err: ErrTrailerTooLarge},
 }
 
-
 func TestChunkedDecoder(t *testing.T) {
 	for _, tt := range chunkedCases {
 		t.Run(tt.name, func(t *testing.T) {

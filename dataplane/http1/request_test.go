@@ -10,11 +10,11 @@ import (
 // against zero too, so every case states the framing it expects.
 type reqWant struct {
 	method, target, path, query, host string
-	minor                               int
-	body                                BodyKind
-	cl                                  int64
-	keepAlive, expect100                bool
-	headers                             int
+	minor                             int
+	body                              BodyKind
+	cl                                int64
+	keepAlive, expect100              bool
+	headers                           int
 }
 
 func checkRequest(t *testing.T, r *Request, w reqWant) {
