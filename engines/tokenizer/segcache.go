@@ -41,7 +41,6 @@ type segEntry struct {
 	live bool
 }
 
-
 // NewSegmentCache caches the segments of t of at least minBytes bytes (shorter ones are
 // cheaper to encode than to look up), holding up to maxTokens ids. Tokenizers this package
 // did not build are returned unwrapped.
