@@ -1,0 +1,179 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	"go.yaml.in/yaml/v3"
+
+	"github.com/kvrelay/kvrelay/dataplane/proxy"
+	"github.com/kvrelay/kvrelay/dataplane/route"
+)
+
+func newProxyCmd() *cobra.Command {
+	cfg := proxy.DefaultConfig()
+	var (
+		configPath string
+		upstreams  []string
+	)
+	cmd := &cobra.Command{
+		Use:   "proxy",
+		Short: "Run the KV-aware OpenAI edge proxy in front of engines",
+		Long: `proxy serves the OpenAI API on --listen and sends each request to the upstream engine
+that holds most of its prompt in KV cache without overloading anyone (--policy kv), or by a
+baseline policy. Settings come from flags, or from a YAML file (--config) whose keys are the
+flag names with underscores; flags given explicitly override the file.
+
+An --upstream is a URL (http://host:port) or key=value pairs: id=w1,url=http://host:port,
+model=NAME,capacity=BLOCKS.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			final, err := proxyConfig(cmd.Flags(), cfg, configPath, upstreams)
+			if err != nil {
+				return err
+			}
+			return runProxy(cmd.Context(), cmd.OutOrStdout(), final)
+		},
+	}
+	fs := cmd.Flags()
+	fs.StringVar(&configPath, "config", "", "YAML file with the proxy's settings")
+	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "client-facing address")
+	fs.StringArrayVar(&upstreams, "upstream", nil, "an engine: URL or id=,url=,model=,capacity= (repeat for each)")
+	fs.StringVar(&cfg.Policy, "policy", cfg.Policy, "routing policy: "+strings.Join(route.PolicyNames(), ", "))
+	fs.IntVar(&cfg.BlockSize, "block-size", cfg.BlockSize, "engines' KV block size in tokens")
+	fs.StringVar(&cfg.Tokenizer, "tokenizer", "", "o200k_harmony, o200k_base, cl100k_base, a tokenizer.json path, remote or estimate (default: by model)")
+	fs.StringVar(&cfg.ChatTemplate, "chat-template", "", "harmony, chatml, llama3, or a tokenizer_config.json / .jinja path (default: by model)")
+	fs.BoolVar(&cfg.ExposeWorkerHeader, "expose-worker-header", false, "add x-kvrelay-worker to responses (reveals topology)")
+	fs.BoolVar(&cfg.ForwardPriority, "forward-priority", false, "send priority hints to engines as their own priority field (vLLM needs --scheduling-policy priority)")
+	fs.Float64Var(&cfg.OverlapWeight, "overlap-weight", cfg.OverlapWeight, "weight of the prefill term against the decode term in the KV cost")
+	fs.Float64Var(&cfg.Temperature, "temperature", cfg.Temperature, "> 0 samples workers by a softmax over normalised costs")
+	fs.Float64Var(&cfg.CacheThreshold, "cache-threshold", cfg.CacheThreshold, "below this cached share of the prompt, spread by load")
+	fs.Int64Var(&cfg.BusyPrefillTokens, "busy-prefill-tokens", 0, "a worker with more uncached prompt tokens in flight takes no new request (0: off)")
+	fs.Int64Var(&cfg.BusyDecodeBlocks, "busy-decode-blocks", 0, "a worker holding more KV blocks takes no new request (0: off)")
+	fs.IntVar(&cfg.QueueSize, "queue-size", cfg.QueueSize, "requests that may wait for a worker under its busy thresholds")
+	fs.DurationVar(&cfg.QueueTimeout, "queue-timeout", cfg.QueueTimeout, "how long a request may wait in the queue")
+	fs.IntVar(&cfg.Retries, "retries", cfg.Retries, "other workers tried after a failure before the first byte")
+	fs.Int64Var(&cfg.MaxBodyBytes, "max-body-bytes", cfg.MaxBodyBytes, "largest request body (larger gets 413)")
+	fs.DurationVar(&cfg.DrainTimeout, "drain-timeout", cfg.DrainTimeout, "how long a stop waits for requests in flight")
+	fs.IntVar(&cfg.EventLoops, "event-loops", 0, "gnet event loops (0: one per core)")
+	return cmd
+}
+
+// proxyConfig layers the YAML file under the flags that were set explicitly.
+func proxyConfig(fs *pflag.FlagSet, flags proxy.Config, path string, upstreams []string) (proxy.Config, error) {
+	cfg := flags
+	if path != "" {
+		file := proxy.DefaultConfig()
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return cfg, fmt.Errorf("reading proxy config: %w", err)
+		}
+		dec := yaml.NewDecoder(strings.NewReader(string(data)))
+		dec.KnownFields(true)
+		if err := dec.Decode(&file); err != nil {
+			return cfg, fmt.Errorf("parsing proxy config %s: %w", path, err)
+		}
+		// Start from the file; copy over what flags set explicitly.
+		set := map[string]bool{}
+		fs.Visit(func(f *pflag.Flag) { set[f.Name] = true })
+		override := func(name string, apply func()) {
+			if set[name] {
+				apply()
+			}
+		}
+		override("listen", func() { file.Listen = flags.Listen })
+		override("policy", func() { file.Policy = flags.Policy })
+		override("block-size", func() { file.BlockSize = flags.BlockSize })
+		override("tokenizer", func() { file.Tokenizer = flags.Tokenizer })
+		override("chat-template", func() { file.ChatTemplate = flags.ChatTemplate })
+		override("expose-worker-header", func() { file.ExposeWorkerHeader = flags.ExposeWorkerHeader })
+		override("forward-priority", func() { file.ForwardPriority = flags.ForwardPriority })
+		override("overlap-weight", func() { file.OverlapWeight = flags.OverlapWeight })
+		override("temperature", func() { file.Temperature = flags.Temperature })
+		override("cache-threshold", func() { file.CacheThreshold = flags.CacheThreshold })
+		override("busy-prefill-tokens", func() { file.BusyPrefillTokens = flags.BusyPrefillTokens })
+		override("busy-decode-blocks", func() { file.BusyDecodeBlocks = flags.BusyDecodeBlocks })
+		override("queue-size", func() { file.QueueSize = flags.QueueSize })
+		override("queue-timeout", func() { file.QueueTimeout = flags.QueueTimeout })
+		override("retries", func() { file.Retries = flags.Retries })
+		override("max-body-bytes", func() { file.MaxBodyBytes = flags.MaxBodyBytes })
+		override("drain-timeout", func() { file.DrainTimeout = flags.DrainTimeout })
+		override("event-loops", func() { file.EventLoops = flags.EventLoops })
+		cfg = file
+	}
+	for _, u := range upstreams {
+		up, err := parseUpstream(u)
+		if err != nil {
+			return cfg, err
+		}
+		cfg.Upstreams = append(cfg.Upstreams, up)
+	}
+	return cfg, cfg.Validate()
+}
+
+// parseUpstream reads an --upstream value.
+func parseUpstream(v string) (proxy.Upstream, error) {
+	if !strings.Contains(v, "=") {
+		return proxy.Upstream{URL: v}, nil
+	}
+	var u proxy.Upstream
+	for _, kv := range strings.Split(v, ",") {
+		k, val, ok := strings.Cut(kv, "=")
+		if !ok {
+			return u, fmt.Errorf("--upstream %q: %q is not key=value", v, kv)
+		}
+		switch strings.TrimSpace(k) {
+		case "id":
+			u.ID = val
+		case "url":
+			u.URL = val
+		case "model":
+			u.Model = val
+		case "capacity":
+			n, err := strconv.Atoi(val)
+			if err != nil {
+				return u, fmt.Errorf("--upstream %q: capacity %q is not a number", v, val)
+			}
+			u.Capacity = n
+		case "block-size", "block_size":
+			n, err := strconv.Atoi(val)
+			if err != nil {
+				return u, fmt.Errorf("--upstream %q: block size %q is not a number", v, val)
+			}
+			u.BlockSize = n
+		default:
+			return u, fmt.Errorf("--upstream %q: unknown key %q", v, k)
+		}
+	}
+	return u, nil
+}
+
+// runProxy starts a proxy and serves until ctx ends.
+func runProxy(ctx context.Context, out io.Writer, cfg proxy.Config) error {
+	p, err := startProxy(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "kvrelay proxy on http://%s/v1 (policy %s) → %d upstreams\n", p.Addr(), cfg.Policy, len(cfg.Upstreams))
+	return p.Run(ctx)
+}
+
+func startProxy(ctx context.Context, cfg proxy.Config) (*proxy.Server, error) {
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	p, err := proxy.New(cfg, log)
+	if err != nil {
+		return nil, err
+	}
+	if err := p.Start(ctx); err != nil {
+		_ = p.Close()
+		return nil, err
+	}
+	return p, nil
+}

@@ -1,0 +1,544 @@
+package proxy
+
+import (
+	"bytes"
+	"errors"
+	"strconv"
+	"unsafe"
+
+	"github.com/panjf2000/gnet/v2"
+
+	"github.com/kvrelay/kvrelay/dataplane/http1"
+	"github.com/kvrelay/kvrelay/dataplane/oai"
+	"github.com/kvrelay/kvrelay/dataplane/prefix"
+	"github.com/kvrelay/kvrelay/dataplane/route"
+	"github.com/kvrelay/kvrelay/engines/blockhash"
+	"github.com/kvrelay/kvrelay/engines/tokenizer"
+)
+
+// Client connection states.
+const (
+	stIdle    uint8 = iota // waiting for (the rest of) a request head
+	stBody                 // head parsed, waiting for the body
+	stQueued               // waiting in the admission queue
+	stForward              // an exchange with an engine is in progress
+	stTokenize             // waiting for a remote tokenizer
+	stClosing              // answered with an error; closing
+)
+
+// clientConn is one client connection and, reused across its requests, everything one
+// request needs: parsing state, the parsed request, routing scratch space and the exchange
+// with the engine. It lives on its loop's goroutine; nothing in it is shared.
+type clientConn struct {
+	c          gnet.Conn
+	lp         *loop
+	srv        *Server
+	next, prev *clientConn
+
+	state      uint8
+	lastActive int64
+	readStart  int64
+
+	// Parsing.
+	req     http1.Request
+	headLen int
+	bodyOff int
+	sent100 bool
+	chunked http1.ChunkedDecoder
+	body    []byte
+
+	// What the request head said, copied before the head's bytes are discarded.
+	method    []byte
+	target    []byte
+	path      []byte
+	keepAlive bool
+	proto10   bool
+	fwd       []byte // forwarded header lines
+	session   []byte
+	hdrPrio   int
+	hasPrio   bool
+	hdrOSL    int
+
+	// The OpenAI request and the routing input derived from it.
+	parser oai.Parser
+	oreq   oai.Request
+	kind   oai.Kind
+	model  string
+	rreq   route.Request
+	dec    route.Decision
+	toks   []uint32
+	hasher blockhash.Hasher
+	msgs   []tokenizer.Message
+	extra  []byte
+	prio   int
+
+	ex  exchange
+	obs oai.Observer
+
+	queuedAt int64
+	qitem    *queueItem
+}
+
+// traffic handles bytes from the client: it frames requests and handles them one at a time
+// (responses go out in request order; pipelined requests wait in the inbound buffer).
+func (cc *clientConn) traffic() gnet.Action {
+	now := nanotime()
+	cc.lastActive = now
+	for {
+		switch cc.state {
+		case stIdle, stBody:
+		case stClosing:
+			_, _ = cc.c.Discard(-1)
+			return gnet.None
+		default:
+			// Busy with a request: later bytes wait, within the limits of one request.
+			if cc.c.InboundBuffered() > cc.srv.cfg.MaxHeaderBytes+int(cc.srv.cfg.MaxBodyBytes) {
+				return gnet.Close
+			}
+			return gnet.None
+		}
+		buf, _ := cc.c.Peek(-1)
+		if len(buf) == 0 {
+			return gnet.None
+		}
+		if cc.state == stIdle {
+			if cc.readStart == 0 {
+				cc.readStart = now
+			}
+			n, err := http1.ParseRequest(buf, &cc.req, cc.srv.limits)
+			if err != nil {
+				cc.protoError(err)
+				return gnet.None
+			}
+			if n == 0 {
+				return gnet.None
+			}
+			cc.headLen, cc.bodyOff, cc.body = n, n, cc.body[:0]
+			cc.sent100 = false
+			cc.chunked.Reset(cc.srv.limits)
+			cc.state = stBody
+		} else if _, err := http1.ParseRequest(buf, &cc.req, cc.srv.limits); err != nil {
+			// The head was complete before; parse it again to re-alias this Peek.
+			cc.protoError(err)
+			return gnet.None
+		}
+		consumed := 0
+		switch cc.req.Body {
+		case http1.BodyNone:
+			consumed = cc.headLen
+		case http1.BodyLength:
+			need := cc.headLen + int(cc.req.ContentLength)
+			if len(buf) < need {
+				cc.continue100()
+				return gnet.None
+			}
+			cc.body = append(cc.body[:0], buf[cc.headLen:need]...)
+			consumed = need
+		case http1.BodyChunked:
+			out, n, done, err := cc.chunked.Decode(cc.body, buf[cc.bodyOff:])
+			cc.body, cc.bodyOff = out, cc.bodyOff+n
+			if err != nil {
+				cc.protoError(err)
+				return gnet.None
+			}
+			if !done {
+				cc.continue100()
+				return gnet.None
+			}
+			consumed = cc.bodyOff
+		}
+		cc.captureHead()
+		_, _ = cc.c.Discard(consumed)
+		cc.readStart = 0
+		cc.handle()
+	}
+}
+
+// continue100 answers Expect: 100-continue once, when the body has not arrived.
+func (cc *clientConn) continue100() {
+	if cc.req.Expect100 && !cc.sent100 {
+		cc.sent100 = true
+		_, _ = cc.c.Write([]byte(http1.Continue))
+	}
+}
+
+// captureHead copies what the rest of the request needs from the head before its bytes are
+// discarded.
+func (cc *clientConn) captureHead() {
+	r := &cc.req
+	cc.method = append(cc.method[:0], r.Method...)
+	cc.target = append(cc.target[:0], r.Target...)
+	if len(r.Target) > 0 && r.Target[0] != '/' {
+		// Absolute form: forward the origin form.
+		cc.target = append(cc.target[:0], r.Path...)
+		if len(r.RawQuery) > 0 {
+			cc.target = append(append(cc.target, '?'), r.RawQuery...)
+		}
+	}
+	cc.path = append(cc.path[:0], r.Path...)
+	cc.keepAlive = r.KeepAlive
+	cc.proto10 = r.ProtoMinor == 0
+	cc.fwd = http1.AppendForwardHeaders(cc.fwd[:0], r.Header.All(), http1.DefaultForwardHeaders)
+	cc.session = append(cc.session[:0], r.SessionID...)
+	cc.hdrPrio, cc.hasPrio = atoi(r.Priority)
+	cc.hdrOSL, _ = atoi(r.OSL)
+}
+
+func atoi(b []byte) (int, bool) {
+	if len(b) == 0 || len(b) > 12 {
+		return 0, false
+	}
+	n, err := strconv.Atoi(string(b))
+	return n, err == nil
+}
+
+// protoError answers a request that cannot be framed and closes the connection.
+func (cc *clientConn) protoError(err error) {
+	status := http1.StatusOf(err)
+	msg := err.Error()
+	var he *http1.Error
+	if errors.As(err, &he) {
+		msg = he.Reason
+	}
+	cc.keepAlive = false
+	cc.errorReply(status, msg, "", "")
+}
+
+// handle dispatches one complete request.
+func (cc *clientConn) handle() {
+	s := cc.srv
+	path := cc.path
+	get := bytes.Equal(cc.method, []byte("GET")) || bytes.Equal(cc.method, []byte("HEAD"))
+	switch string(path) {
+	case "/health":
+		if !get {
+			cc.methodNotAllowed()
+			return
+		}
+		if s.draining.Load() {
+			cc.reply(503, "application/json", []byte(`{"status":"draining"}`))
+			return
+		}
+		cc.reply(200, "application/json", []byte(`{"status":"ok"}`))
+		return
+	case "/metrics":
+		if !get {
+			cc.methodNotAllowed()
+			return
+		}
+		cc.reply(200, "text/plain; version=0.0.4; charset=utf-8", s.gatherMetrics())
+		return
+	case "/v1/models":
+		if !get {
+			cc.methodNotAllowed()
+			return
+		}
+		cc.reply(200, "application/json", s.models)
+		return
+	}
+	kind := oai.KindForPath(path)
+	if kind == 0 {
+		cc.errorReply(404, "no route for "+string(cc.method)+" "+string(path), "", "")
+		return
+	}
+	if !bytes.Equal(cc.method, []byte("POST")) {
+		cc.methodNotAllowed()
+		return
+	}
+	if s.draining.Load() {
+		cc.keepAlive = false
+		cc.errorReply(503, "the proxy is shutting down", "", "")
+		return
+	}
+	cc.kind = kind
+	t0 := nanotime()
+	if err := cc.parser.Parse(cc.body, kind, &cc.oreq); err != nil {
+		cc.parseError(err)
+		return
+	}
+	s.metrics.stages[stageParse].Observe(seconds(nanotime() - t0))
+	if len(cc.oreq.Model) == 0 {
+		cc.errorReply(400, "you must provide a model parameter", "model", "")
+		return
+	}
+	if !s.kv.Pool().Serves(unsafeString(cc.oreq.Model)) {
+		cc.errorReply(404, "The model `"+string(cc.oreq.Model)+"` does not exist.", "model", "model_not_found")
+		return
+	}
+	cc.model = s.modelLabel(cc.oreq.Model)
+	if err := cc.prepare(); err != nil {
+		cc.errorReply(400, err.Error(), "messages", "")
+		return
+	}
+	cc.route(false)
+}
+
+// prepare turns the parsed request into routing input: priority, expected output length,
+// session, and for completions the prompt's token ids and block hashes.
+func (cc *clientConn) prepare() error {
+	s := cc.srv
+	o := &cc.oreq
+	r := &cc.rreq
+	r.Reset()
+	r.Model = unsafeString(o.Model)
+	cc.prio = 0
+	if p, ok := o.Priority(); ok {
+		cc.prio = p
+	} else if cc.hasPrio {
+		cc.prio = cc.hdrPrio
+	}
+	r.Priority = cc.prio
+	r.OSL = cc.hdrOSL
+	if o.Hints.HasOSL {
+		r.OSL = o.Hints.OSL
+	}
+	switch {
+	case len(cc.session) > 0:
+		r.SessionID = unsafeString(cc.session)
+	case len(o.Hints.SessionID) > 0:
+		r.SessionID = unsafeString(o.Hints.SessionID)
+	}
+	if cc.kind != oai.ChatCompletions && cc.kind != oai.Completions {
+		r.PromptTokens = o.TextBytes / 4
+		return nil
+	}
+	cd := s.codecFor(o.Model)
+	t0 := nanotime()
+	cc.toks = cc.toks[:0]
+	switch {
+	case cc.kind == oai.Completions && o.PromptIsTokens:
+		for _, t := range o.PromptTokens {
+			cc.toks = append(cc.toks, uint32(t))
+		}
+	case cd.mode == TokenizerEstimate || cd.mode == TokenizerRemote:
+		// Remote tokenization is approximated like estimate on the proxy's side: the
+		// engine's own /tokenize costs a round trip per request, so the prompt text is hashed
+		// in fixed byte blocks, which still maps equal prefixes to equal chains.
+		text, err := cc.promptText(cd)
+		if err != nil {
+			return err
+		}
+		cc.estimate(text)
+		s.metrics.stages[stageTokenize].Observe(seconds(nanotime() - t0))
+		return nil
+	case cc.kind == oai.Completions:
+		cc.toks = cd.tok.AppendEncode(cc.toks, unsafeString(o.Prompt))
+	default:
+		text, err := cc.promptText(cd)
+		if err != nil {
+			return err
+		}
+		cc.toks = cd.tok.AppendEncode(cc.toks, text)
+	}
+	t1 := nanotime()
+	s.metrics.stages[stageTokenize].Observe(seconds(t1 - t0))
+	cc.extra = cc.extra[:0]
+	if len(o.CacheSalt) > 0 {
+		cc.extra = append(cc.extra, o.CacheSalt...)
+	}
+	for _, p := range o.Parts {
+		cc.extra = append(cc.extra, p.Raw...)
+	}
+	r.PromptTokens = len(cc.toks)
+	r.Hashes = cc.hasher.AppendSeq(r.Hashes[:0], cc.toks, s.cfg.BlockSize, cc.extra)
+	s.metrics.stages[stageHash].Observe(seconds(nanotime() - t1))
+	return nil
+}
+
+// promptText renders the chat messages with the model's template. The strings handed to the
+// template alias the request body and the parser's buffer, both alive for this call.
+func (cc *clientConn) promptText(cd *codec) (string, error) {
+	o := &cc.oreq
+	if cc.kind == oai.Completions {
+		return unsafeString(o.Prompt), nil
+	}
+	if cd.tmpl == nil {
+		return "", errors.New("no chat template for this model")
+	}
+	cc.msgs = cc.msgs[:0]
+	for i := range o.Messages {
+		m := &o.Messages[i]
+		cc.msgs = append(cc.msgs, tokenizer.Message{
+			Role:       unsafeString(m.Role),
+			Content:    unsafeString(m.Content),
+			Name:       unsafeString(m.Name),
+			ToolCallID: unsafeString(m.ToolCallID),
+			Reasoning:  unsafeString(m.Reasoning),
+		})
+	}
+	opts := tokenizer.RenderOptions{AddGenerationPrompt: o.AddGenerationPrompt && !o.ContinueFinalMessage}
+	if len(o.Tools) > 0 {
+		opts.Tools = o.Tools
+	}
+	if len(o.ReasoningEffort) > 0 {
+		opts.ReasoningEffort = unsafeString(o.ReasoningEffort)
+	}
+	text, err := cd.tmpl.Render(cc.msgs, opts)
+	if err != nil {
+		return "", err
+	}
+	return text, nil
+}
+
+// estimateBytes is the block of text hashed as one block in estimate mode: block size
+// tokens at about four bytes each.
+const bytesPerToken = 4
+
+func (cc *clientConn) estimate(text string) {
+	r := &cc.rreq
+	bs := cc.srv.cfg.BlockSize
+	r.PromptTokens = (len(text) + bytesPerToken - 1) / bytesPerToken
+	chunk := bs * bytesPerToken
+	var parent uint64
+	for i := 0; i+chunk <= len(text); i += chunk {
+		local := cc.hasher.Local(nil, unsafeBytes(text[i:i+chunk]))
+		h := local
+		if i > 0 {
+			h = blockhash.Chain(parent, local)
+		}
+		r.Hashes = append(r.Hashes, h)
+		parent = h
+	}
+}
+
+// route picks a worker and starts the exchange, or queues the request when every worker is
+// busy. retry is true when an earlier attempt failed before its first byte.
+func (cc *clientConn) route(retry bool) {
+	s := cc.srv
+	router := s.kv
+	if cc.kind != oai.ChatCompletions && cc.kind != oai.Completions {
+		router = s.load
+	}
+	err := router.Route(&cc.rreq, &cc.dec)
+	if cc.dec.Match > 0 {
+		s.metrics.stages[stageMatch].Observe(cc.dec.Match.Seconds())
+	}
+	s.metrics.stages[stageScore].Observe(cc.dec.Score.Seconds())
+	switch {
+	case errors.Is(err, route.ErrBusy):
+		cc.enqueue()
+		return
+	case err != nil:
+		if retry {
+			cc.errorReply(502, "every worker that could serve the request failed", "", "upstream_error")
+			return
+		}
+		cc.errorReply(503, "no healthy worker serves model "+cc.model, "", "no_worker")
+		return
+	}
+	cc.start(cc.dec.Worker)
+}
+
+// start begins the exchange with worker w.
+func (cc *clientConn) start(w *route.Worker) {
+	s := cc.srv
+	ws := s.workers[w.Index]
+	ws.m.routedBy(cc.dec.Mode).Inc()
+	ex := &cc.ex
+	ex.begin(cc, ws)
+	if cc.kind == oai.ChatCompletions || cc.kind == oai.Completions {
+		overlap := int(cc.dec.Overlap)
+		ex.predicted = overlap
+		ex.receipt = s.index.Record(w.Index, cc.rreq.Hashes, overlap)
+		ex.usage.Begin(w, cc.rreq.PromptTokens, overlap*s.cfg.BlockSize, cc.rreq.OSL)
+	} else {
+		ex.receipt = prefix.Receipt{}
+		ex.usage.Begin(w, cc.rreq.PromptTokens, 0, 0)
+	}
+	ws.m.inflight.Inc()
+	cc.state = stForward
+	ex.send()
+}
+
+// methodNotAllowed answers a known path asked with the wrong method.
+func (cc *clientConn) methodNotAllowed() {
+	cc.errorReply(405, "method "+string(cc.method)+" is not allowed on "+string(cc.path), "", "")
+}
+
+// parseError answers an OpenAI body that does not parse or validate.
+func (cc *clientConn) parseError(err error) {
+	var pe *oai.Error
+	if errors.As(err, &pe) {
+		cc.errorReply(400, pe.Message, pe.Param, pe.Code)
+		return
+	}
+	cc.errorReply(400, err.Error(), "", "")
+}
+
+// closed is called when the client connection closes: an exchange in progress is aborted
+// at once (closing the engine connection makes the engine free the request's KV blocks), a
+// queued request leaves the queue.
+func (cc *clientConn) closed() {
+	cc.lp.unlinkClient(cc)
+	if cc.state == stQueued {
+		cc.srv.queue.remove(cc)
+		cc.srv.metrics.queued.WithLabelValues("abandoned").Inc()
+	}
+	if cc.ex.active {
+		if cc.state == stForward {
+			cc.srv.metrics.aborted.WithLabelValues("client_gone").Inc()
+		}
+		cc.ex.abort()
+	}
+	cc.state = stClosing
+}
+
+// tick enforces the read and idle timeouts and resumes a stream paused for this client.
+func (cc *clientConn) tick(now int64, cfg *Config) {
+	switch cc.state {
+	case stIdle:
+		if cc.readStart != 0 && now-cc.readStart > int64(cfg.ReadTimeout) {
+			cc.keepAlive = false
+			cc.errorReply(408, "the request did not arrive in time", "", "")
+			return
+		}
+		if cc.readStart == 0 && now-cc.lastActive > int64(cfg.IdleTimeout) {
+			cc.state = stClosing
+			_ = cc.c.Close()
+		}
+	case stBody:
+		if now-cc.readStart > int64(cfg.ReadTimeout) {
+			cc.keepAlive = false
+			cc.errorReply(408, "the request body did not arrive in time", "", "")
+		}
+	case stForward:
+		cc.ex.tick(now, cfg)
+	case stQueued:
+		// The queue expires its own entries.
+	}
+}
+
+// done ends a request: the connection takes the next pipelined request, or closes.
+func (cc *clientConn) done() {
+	if cc.state == stClosing {
+		return
+	}
+	if !cc.keepAlive {
+		cc.state = stClosing
+		_ = cc.c.Close()
+		return
+	}
+	cc.state = stIdle
+	cc.lastActive = nanotime()
+	if cc.c.InboundBuffered() > 0 {
+		_ = cc.c.Wake(nil)
+	}
+}
+
+func seconds(ns int64) float64 { return float64(ns) / 1e9 }
+
+// unsafeString views b as a string without copying; the caller keeps b unchanged while the
+// string is in use.
+func unsafeString(b []byte) string {
+	if len(b) == 0 {
+		return ""
+	}
+	return unsafe.String(&b[0], len(b))
+}
+
+func unsafeBytes(s string) []byte {
+	if s == "" {
+		return nil
+	}
+	return unsafe.Slice(unsafe.StringData(s), len(s))
+}

@@ -1,0 +1,199 @@
+package proxy
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/kvrelay/kvrelay/dataplane/http1"
+	"github.com/kvrelay/kvrelay/dataplane/route"
+)
+
+// Tokenizer modes besides a tokenizer spec (see engines/tokenizer.New).
+const (
+	// TokenizerRemote posts each prompt to a worker's /tokenize (chat messages as they are,
+	// so the engine applies its own template).
+	TokenizerRemote = "remote"
+	// TokenizerEstimate counts about four bytes per token and hashes the rendered text in
+	// fixed byte blocks: approximate, but needs no tokenizer at all.
+	TokenizerEstimate = "estimate"
+)
+
+// Upstream is one engine the proxy sends requests to.
+type Upstream struct {
+	// ID names the worker in metrics and in x-kvrelay-worker (default: its host:port).
+	ID string `yaml:"id"`
+	// URL is the engine's base URL, http://host:port.
+	URL string `yaml:"url"`
+	// Model is the model it serves; empty means ask the engine (/v1/models) at start.
+	Model string `yaml:"model"`
+	// BlockSize overrides Config.BlockSize for this worker.
+	BlockSize int `yaml:"block_size"`
+	// Capacity is its KV cache size in blocks, if known (for busy thresholds and least-KV).
+	Capacity int `yaml:"capacity"`
+}
+
+// Config configures a proxy. Field names are those of the YAML file (--config).
+type Config struct {
+	// Listen is the client-facing address.
+	Listen    string     `yaml:"listen"`
+	Upstreams []Upstream `yaml:"upstreams"`
+	// Route tunes the router (policy, weights, thresholds, sessions).
+	Policy         string        `yaml:"policy"`
+	OverlapWeight  float64       `yaml:"overlap_weight"`
+	Temperature    float64       `yaml:"temperature"`
+	CacheThreshold float64       `yaml:"cache_threshold"`
+	SessionTTL     time.Duration `yaml:"session_ttl"`
+	// Busy thresholds per worker: uncached prompt tokens still prefilling, KV blocks held,
+	// share of a known KV capacity. Zero turns a threshold off.
+	BusyPrefillTokens int64   `yaml:"busy_prefill_tokens"`
+	BusyDecodeBlocks  int64   `yaml:"busy_decode_blocks"`
+	BusyKVFraction    float64 `yaml:"busy_kv_fraction"`
+	// BlockSize is the engines' KV block size in tokens.
+	BlockSize int `yaml:"block_size"`
+	// Tokenizer is a tokenizer spec (o200k_harmony, o200k_base, cl100k_base, a tokenizer.json
+	// path), "remote" or "estimate"; empty picks by model. ChatTemplate is a template spec
+	// (harmony, chatml, llama3, a tokenizer_config.json or .jinja path); empty picks by model.
+	Tokenizer    string `yaml:"tokenizer"`
+	ChatTemplate string `yaml:"chat_template"`
+	// TokenCacheTokens bounds the cache of tokenized prompt segments.
+	TokenCacheTokens int `yaml:"token_cache_tokens"`
+	// Index bounds the approximate prefix index.
+	IndexBlocks int           `yaml:"index_blocks"`
+	IndexTTL    time.Duration `yaml:"index_ttl"`
+	// ExposeWorkerHeader adds x-kvrelay-worker to responses (off: it reveals topology).
+	ExposeWorkerHeader bool `yaml:"expose_worker_header"`
+	// ForwardPriority rewrites a request's priority hint into the engine's own top-level
+	// "priority" (vLLM runs lower values first, and refuses priorities unless started with
+	// --scheduling-policy priority, hence off by default).
+	ForwardPriority bool `yaml:"forward_priority"`
+
+	// Limits on what clients send.
+	MaxHeaderBytes int   `yaml:"max_header_bytes"`
+	MaxBodyBytes   int64 `yaml:"max_body_bytes"`
+	// Timeouts: a request head and body must arrive within ReadTimeout; an idle keep-alive
+	// connection closes after IdleTimeout; an engine must start answering within
+	// UpstreamTimeout and connect within ConnectTimeout; Drain bounds the graceful stop.
+	ReadTimeout     time.Duration `yaml:"read_timeout"`
+	IdleTimeout     time.Duration `yaml:"idle_timeout"`
+	ConnectTimeout  time.Duration `yaml:"connect_timeout"`
+	UpstreamTimeout time.Duration `yaml:"upstream_timeout"`
+	DrainTimeout    time.Duration `yaml:"drain_timeout"`
+	// Retries is how many other workers a request may try after a connect failure or a 5xx
+	// before its first byte.
+	Retries int `yaml:"retries"`
+	// EjectAfter consecutive failures take a worker out for EjectFor, after which one
+	// request probes it.
+	EjectAfter int           `yaml:"eject_after"`
+	EjectFor   time.Duration `yaml:"eject_for"`
+	// Admission queue: requests wait when every worker is busy, up to QueueSize of them for
+	// QueueTimeout each.
+	QueueSize    int           `yaml:"queue_size"`
+	QueueTimeout time.Duration `yaml:"queue_timeout"`
+	// MaxBufferedResponse bounds the bytes held for a client that reads slower than its
+	// engine writes; past it the request is aborted.
+	MaxBufferedResponse int `yaml:"max_buffered_response"`
+	// EventLoops is the number of gnet event loops (0: one per core).
+	EventLoops int `yaml:"event_loops"`
+}
+
+// DefaultConfig returns the defaults of `kvrelay proxy`.
+func DefaultConfig() Config {
+	return Config{
+		Listen:              "127.0.0.1:8080",
+		Policy:              route.PolicyKV,
+		OverlapWeight:       1,
+		CacheThreshold:      0.3,
+		SessionTTL:          30 * time.Minute,
+		BusyPrefillTokens:   0,
+		BlockSize:           16,
+		TokenCacheTokens:    8 << 20,
+		IndexBlocks:         1 << 20,
+		IndexTTL:            120 * time.Second,
+		MaxHeaderBytes:      http1.DefaultMaxHeadBytes,
+		MaxBodyBytes:        http1.DefaultMaxBodyBytes,
+		ReadTimeout:         30 * time.Second,
+		IdleTimeout:         90 * time.Second,
+		ConnectTimeout:      3 * time.Second,
+		UpstreamTimeout:     10 * time.Minute,
+		DrainTimeout:        30 * time.Second,
+		Retries:             2,
+		EjectAfter:          3,
+		EjectFor:            10 * time.Second,
+		QueueSize:           1024,
+		QueueTimeout:        60 * time.Second,
+		MaxBufferedResponse: 8 << 20,
+	}
+}
+
+func (c *Config) routeConfig() route.Config {
+	return route.Config{
+		Policy:         c.Policy,
+		OverlapWeight:  c.OverlapWeight,
+		Temperature:    c.Temperature,
+		CacheThreshold: c.CacheThreshold,
+		SessionTTL:     c.SessionTTL,
+		Busy: route.BusyFilter{
+			MaxPrefillTokens: c.BusyPrefillTokens,
+			MaxDecodeBlocks:  c.BusyDecodeBlocks,
+			MaxKVFraction:    c.BusyKVFraction,
+		},
+	}
+}
+
+// ErrInvalidConfig wraps every Validate error.
+var ErrInvalidConfig = errors.New("invalid proxy config")
+
+// Validate reports the first setting that cannot work.
+func (c *Config) Validate() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...))
+	}
+	if c.Listen == "" {
+		return bad("listen address is empty")
+	}
+	if len(c.Upstreams) == 0 {
+		return bad("no upstreams")
+	}
+	ids := map[string]bool{}
+	for i, u := range c.Upstreams {
+		p, err := url.Parse(u.URL)
+		if err != nil || p.Scheme != "http" || p.Host == "" || (p.Path != "" && p.Path != "/") {
+			return bad("upstream %d: %q is not http://host:port", i, u.URL)
+		}
+		id := u.ID
+		if id == "" {
+			id = p.Host
+		}
+		if ids[id] {
+			return bad("upstream id %q appears twice", id)
+		}
+		ids[id] = true
+	}
+	if err := c.routeConfig().Validate(); err != nil {
+		return bad("%v", err)
+	}
+	switch {
+	case c.BlockSize <= 0:
+		return bad("block size %d must be positive", c.BlockSize)
+	case c.MaxHeaderBytes < 1024:
+		return bad("max header bytes %d is under 1 KiB", c.MaxHeaderBytes)
+	case c.MaxBodyBytes <= 0:
+		return bad("max body bytes must be positive")
+	case c.Retries < 0 || c.EjectAfter < 1 || c.QueueSize < 0:
+		return bad("retries and queue size must not be negative, eject_after must be at least 1")
+	case c.ReadTimeout <= 0 || c.IdleTimeout <= 0 || c.ConnectTimeout <= 0 || c.UpstreamTimeout <= 0 || c.QueueTimeout <= 0 || c.DrainTimeout <= 0:
+		return bad("timeouts must be positive")
+	case c.MaxBufferedResponse < 64<<10:
+		return bad("max buffered response %d is under 64 KiB", c.MaxBufferedResponse)
+	}
+	return nil
+}
+
+// upstreamHost is host:port of an upstream URL.
+func upstreamHost(u string) string {
+	s := strings.TrimPrefix(u, "http://")
+	return strings.TrimSuffix(s, "/")
+}

@@ -1,0 +1,485 @@
+package proxy
+
+import (
+	"github.com/kvrelay/kvrelay/dataplane/http1"
+	"github.com/kvrelay/kvrelay/dataplane/oai"
+	"github.com/kvrelay/kvrelay/dataplane/prefix"
+	"github.com/kvrelay/kvrelay/dataplane/route"
+)
+
+// Failure kinds of an exchange with an engine.
+const (
+	failConnect = iota // could not connect
+	failReset          // the connection closed before a complete response head
+	failStatus         // a 5xx status before any byte reached the client
+	failTimeout        // no response head within the upstream timeout
+	failProtocol       // the response could not be framed
+)
+
+// highWater pauses forwarding from an engine while the client's outbound buffer holds this
+// much; the stream resumes when it drains below lowWater.
+const (
+	highWater = 256 << 10
+	lowWater  = 64 << 10
+)
+
+// upstreamLimits frame engine responses: streamed bodies of any size.
+var upstreamLimits = http1.Limits{MaxBodyBytes: -1}
+
+// exchange is one request's round trip to an engine, possibly over several attempts. It
+// lives in its clientConn and is reused.
+type exchange struct {
+	cc *clientConn
+	ws *workerState
+	up *upstream
+
+	usage     route.Usage
+	receipt   prefix.Receipt
+	predicted int
+	attempts  int
+	stale     bool // a reused idle connection failed before any byte: one free retry
+
+	out []byte // the request as sent upstream
+
+	start    int64 // the request was complete
+	sentAt   int64
+	active   bool
+	headSent bool
+	status   int
+	chunked  bool // re-chunking the body to the client
+	untilEOF bool // the client's body ends when the connection closes
+	paused   bool
+	tokens   int
+}
+
+// begin resets the exchange for a request routed to ws.
+func (ex *exchange) begin(cc *clientConn, ws *workerState) {
+	if !ex.active {
+		ex.start = nanotime()
+		ex.attempts, ex.stale = 0, false
+		cc.srv.inflight.Add(1)
+	}
+	ex.ws = ws
+	ex.active = true
+	ex.headSent, ex.status, ex.chunked, ex.untilEOF, ex.paused, ex.tokens = false, 0, false, false, false, 0
+	cc.obs.ITL = cc.srv.metrics.itlFor(cc.model)
+	cc.obs.Reset(oai.ModeAuto, ex.start)
+}
+
+// send writes the request to a pooled connection of the worker, or dials one.
+func (ex *exchange) send() {
+	cc := ex.cc
+	w := ex.ws.w
+	body := cc.body
+	if cc.srv.cfg.ForwardPriority && cc.prio != 0 && (cc.kind == oai.ChatCompletions || cc.kind == oai.Completions) {
+		// vLLM runs lower priority values first; kvrelay's hints say higher is more urgent.
+		body = oai.AppendWithField(cc.lp.wbuf[:0], cc.body, "priority", -cc.prio)
+		cc.lp.wbuf = body
+	}
+	b := http1.AppendRequestHead(ex.out[:0], cc.method, cc.target, w.Addr, int64(len(body)))
+	b = append(b, cc.fwd...)
+	b = http1.AppendEndHead(b)
+	b = append(b, body...)
+	ex.out = b
+	ex.sentAt = nanotime()
+	if up := cc.lp.take(w); up != nil {
+		ex.up = up
+		up.attach(ex, true)
+		_, _ = up.c.Write(ex.out)
+		return
+	}
+	ex.up = cc.lp.dial(w, ex)
+}
+
+// data handles response bytes from the engine: the head first, then the body, forwarded to
+// the client as it arrives.
+func (ex *exchange) data(up *upstream) {
+	cc := ex.cc
+	buf, _ := up.c.Peek(-1)
+	now := nanotime()
+	out := cc.lp.wbuf[:0]
+	consumed := 0
+	finished := false
+	for consumed < len(buf) && !finished {
+		if !up.headDone {
+			n, err := http1.ParseResponse(buf[consumed:], &up.resp, upstreamLimits, false)
+			if err != nil {
+				cc.lp.wbuf = out
+				ex.fail(up, failProtocol)
+				return
+			}
+			if n == 0 {
+				break
+			}
+			consumed += n
+			if up.resp.Informational() {
+				continue
+			}
+			up.headDone = true
+			up.gotBytes = true
+			if up.resp.StatusCode >= 500 && ex.canRetry() {
+				cc.lp.wbuf = out
+				ex.fail(up, failStatus)
+				return
+			}
+			out = ex.head(out, &up.resp)
+			up.remaining = up.resp.ContentLength
+			up.scan.Reset(upstreamLimits)
+			if up.resp.Body == http1.BodyNone {
+				finished = true
+			}
+			continue
+		}
+		if cc.c.OutboundBuffered()+len(out) > highWater {
+			ex.pause(up)
+			break
+		}
+		rest := buf[consumed:]
+		switch up.resp.Body {
+		case http1.BodyLength:
+			n := int(min(up.remaining, int64(len(rest))))
+			out = append(out, rest[:n]...)
+			ex.observe(rest[:n], now)
+			up.remaining -= int64(n)
+			consumed += n
+			finished = up.remaining == 0
+		case http1.BodyChunked:
+			n, data, done, err := up.scan.Next(rest)
+			if err != nil {
+				cc.lp.wbuf = out
+				ex.fail(up, failProtocol)
+				return
+			}
+			consumed += n
+			if len(data) > 0 {
+				out = ex.payload(out, data)
+				ex.observe(data, now)
+			}
+			finished = done
+			if n == 0 && !done {
+				consumed = len(buf) // cannot happen with non-empty input; guards the loop
+			}
+		default: // until close
+			out = ex.payload(out, rest)
+			ex.observe(rest, now)
+			consumed = len(buf)
+		}
+	}
+	_, _ = up.c.Discard(consumed)
+	cc.lp.wbuf = out[:0]
+	if len(out) > 0 {
+		_, _ = cc.c.Write(out)
+	}
+	if finished {
+		ex.complete(up)
+		return
+	}
+	if up.c.InboundBuffered()+cc.c.OutboundBuffered() > cc.srv.cfg.MaxBufferedResponse {
+		cc.srv.metrics.aborted.WithLabelValues("slow_client").Inc()
+		ex.abort()
+		cc.state = stClosing
+		_ = cc.c.Close()
+	}
+}
+
+// head appends the client's response head for the engine's.
+func (ex *exchange) head(out []byte, r *http1.Response) []byte {
+	cc := ex.cc
+	ex.headSent = true
+	ex.status = r.StatusCode
+	var length int64
+	switch {
+	case r.Body == http1.BodyNone:
+		length = 0
+	case r.Body == http1.BodyLength:
+		length = r.ContentLength
+	case cc.proto10:
+		length = http1.LengthUntilClose
+		ex.untilEOF = true
+		cc.keepAlive = false
+	default:
+		length = http1.LengthChunked
+		ex.chunked = true
+	}
+	out = http1.AppendStatusLine(out, r.StatusCode)
+	for _, h := range r.Header.All() {
+		if skipResponseHeader(h.Name) {
+			continue
+		}
+		out = http1.AppendHeader(out, unsafeString(h.Name), h.Value)
+	}
+	if length >= 0 {
+		out = http1.AppendContentLength(out, length)
+	} else if length == http1.LengthChunked {
+		out = append(out, "Transfer-Encoding: chunked\r\n"...)
+	}
+	if cc.keepAlive && !cc.srv.draining.Load() {
+		out = append(out, "Connection: keep-alive\r\n"...)
+	} else {
+		cc.keepAlive = false
+		out = append(out, "Connection: close\r\n"...)
+	}
+	if cc.srv.cfg.ExposeWorkerHeader {
+		out = http1.AppendHeader(out, "x-kvrelay-worker", ex.ws.w.ID)
+	}
+	return http1.AppendEndHead(out)
+}
+
+// skipResponseHeader drops hop-by-hop and framing fields of an engine's response; the proxy
+// writes its own.
+func skipResponseHeader(name []byte) bool {
+	switch len(name) {
+	case 2:
+		return eqFold(name, "te")
+	case 7:
+		return eqFold(name, "trailer") || eqFold(name, "upgrade")
+	case 10:
+		return eqFold(name, "connection") || eqFold(name, "keep-alive")
+	case 14:
+		return eqFold(name, "content-length")
+	case 16:
+		return eqFold(name, "proxy-connection") || eqFold(name, "x-kvrelay-worker")
+	case 17:
+		return eqFold(name, "transfer-encoding")
+	}
+	return false
+}
+
+func eqFold(b []byte, s string) bool {
+	if len(b) != len(s) {
+		return false
+	}
+	for i := range b {
+		c := b[i]
+		if 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		if c != s[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// payload appends body bytes in the client's framing.
+func (ex *exchange) payload(out, data []byte) []byte {
+	if ex.chunked {
+		return http1.AppendChunk(out, data)
+	}
+	return append(out, data...)
+}
+
+// observe reads metrics off the payload and keeps the worker's load current.
+func (ex *exchange) observe(data []byte, now int64) {
+	cc := ex.cc
+	before := cc.obs.Result().Chunks
+	cc.obs.Feed(data, now)
+	if n := cc.obs.Result().Chunks; n != before {
+		if before == 0 {
+			ex.usage.FirstToken()
+		}
+		ex.tokens = n
+		ex.usage.Generated(n)
+	}
+}
+
+// pause stops forwarding while the client is slow; housekeeping resumes it.
+func (ex *exchange) pause(up *upstream) {
+	if !ex.paused {
+		ex.paused = true
+		ex.cc.srv.paused.Add(1)
+	}
+}
+
+func (ex *exchange) resume() {
+	if ex.paused {
+		ex.paused = false
+		ex.cc.srv.paused.Add(-1)
+	}
+}
+
+// complete ends a response the engine finished.
+func (ex *exchange) complete(up *upstream) {
+	cc := ex.cc
+	if ex.chunked {
+		_, _ = cc.c.Write(http1.AppendLastChunk(cc.lp.wbuf[:0]))
+	}
+	up.detach()
+	if up.resp.KeepAlive && up.c.InboundBuffered() == 0 {
+		cc.lp.putIdle(up)
+	} else {
+		up.state = upClosed
+		_ = up.c.Close()
+	}
+	ex.ws.w.Succeeded()
+	ex.finish()
+	if ex.untilEOF {
+		cc.keepAlive = false
+	}
+	cc.done()
+}
+
+// finish records the request's metrics and releases what it held.
+func (ex *exchange) finish() {
+	cc := ex.cc
+	s := cc.srv
+	if !ex.active {
+		return
+	}
+	ex.active = false
+	ex.resume()
+	now := nanotime()
+	res := cc.obs.Result()
+	if ttft, ok := res.TTFT(); ok {
+		s.metrics.ttftFor(cc.model).Observe(seconds(ttft))
+	}
+	status := ex.status
+	if status == 0 {
+		status = 502
+	}
+	s.metrics.request(cc.model, cc.kind.String(), status)
+	s.metrics.e2eFor(cc.model, cc.kind.String()).Observe(seconds(now - ex.start))
+	if ex.ws != nil && (cc.kind == oai.ChatCompletions || cc.kind == oai.Completions) && res.Usage.HasCached {
+		bs := s.cfg.BlockSize
+		cached := int(res.Usage.CachedTokens) / bs
+		ex.ws.m.predicted.Add(float64(ex.predicted))
+		ex.ws.m.reported.Add(float64(cached))
+		ex.ws.m.promptBlocks.Add(float64(len(cc.rreq.Hashes)))
+		diff := cached - ex.predicted
+		if diff < 0 {
+			diff = -diff
+		}
+		s.metrics.predictionErr.Observe(float64(diff))
+		s.index.Correct(cc.rreq.Hashes, ex.receipt, cached)
+	}
+	if ex.usage.Worker() != nil {
+		ex.ws.m.inflight.Dec()
+	}
+	ex.usage.End()
+	s.inflight.Add(-1)
+	s.queue.release(s)
+}
+
+// abort ends the exchange because the client is gone or too slow: the engine connection is
+// closed, which makes the engine abort the request and free its KV blocks.
+func (ex *exchange) abort() {
+	if !ex.active {
+		return
+	}
+	if up := ex.up; up != nil {
+		up.detach()
+		up.kill()
+	}
+	ex.finish()
+}
+
+// canRetry reports whether a failure now may try another worker: nothing has reached the
+// client and attempts remain.
+func (ex *exchange) canRetry() bool {
+	return !ex.headSent && ex.attempts < ex.cc.srv.cfg.Retries
+}
+
+// fail handles a failed attempt on up: before anything reached the client it counts against
+// the worker and tries the next-best one; afterwards it ends the client's response with an
+// error it can parse.
+func (ex *exchange) fail(up *upstream, kind int) {
+	cc := ex.cc
+	s := cc.srv
+	ws := ex.ws
+	up.detach()
+	up.kill()
+	if kind == failReset && up.reused && !up.gotBytes && !ex.stale && !ex.headSent {
+		// A pooled connection the engine had already closed: try a fresh one, no blame.
+		ex.stale = true
+		ex.send()
+		return
+	}
+	switch kind {
+	case failConnect:
+		ws.m.connectErr.Inc()
+	case failStatus:
+		ws.m.statusErr.Inc()
+	case failTimeout:
+		ws.m.timeoutErr.Inc()
+	default:
+		ws.m.resetErr.Inc()
+	}
+	if kind != failProtocol && ws.w.Failed(nanotime(), s.cfg.EjectAfter, s.cfg.EjectFor) {
+		ws.m.ejections.Inc()
+		s.log.Warn("worker ejected after consecutive failures", "worker", ws.w.ID, "for", s.cfg.EjectFor)
+	}
+	if kind != failTimeout && ex.canRetry() {
+		ex.attempts++
+		s.metrics.retries.Inc()
+		ws.m.inflight.Dec()
+		ex.usage.End()
+		cc.rreq.Exclude = append(cc.rreq.Exclude, ws.w.Index)
+		cc.route(true)
+		return
+	}
+	if !ex.headSent {
+		status, msg := 502, "the engine failed before answering"
+		if kind == failTimeout {
+			status, msg = 504, "the engine did not answer in time"
+		}
+		ex.status = status
+		ex.finish()
+		cc.errorReply(status, msg, "", "upstream_error")
+		return
+	}
+	ex.truncated()
+}
+
+// truncated ends a response the engine stopped in the middle of: a stream gets an error
+// event and [DONE] and a proper end, so clients see a clean stream error; any other body
+// cannot be completed and the connection closes.
+func (ex *exchange) truncated() {
+	cc := ex.cc
+	cc.srv.metrics.aborted.WithLabelValues("upstream_died").Inc()
+	if ex.chunked && cc.obs.Result().Mode == oai.ModeSSE {
+		ev := cc.lp.wbuf[:0]
+		ev = append(ev, "data: "...)
+		ev = appendErrorJSON(ev, 502, "the engine stopped before the response was complete", "", "upstream_error")
+		ev = append(ev, "\n\ndata: [DONE]\n\n"...)
+		out := http1.AppendChunk(make([]byte, 0, len(ev)+16), ev)
+		out = http1.AppendLastChunk(out)
+		_, _ = cc.c.Write(out)
+		ex.finish()
+		cc.done()
+		return
+	}
+	ex.finish()
+	cc.keepAlive = false
+	cc.state = stClosing
+	_ = cc.c.Close()
+}
+
+// upstreamClosed handles the engine closing the connection during the exchange.
+func (ex *exchange) upstreamClosed(up *upstream) {
+	if up.headDone && up.resp.Body == http1.BodyUntilClose {
+		ex.complete(up)
+		return
+	}
+	if !up.headDone {
+		ex.fail(up, failReset)
+		return
+	}
+	up.detach()
+	ex.truncated()
+}
+
+// tick enforces the first-byte timeout and resumes a paused stream once the client drained.
+func (ex *exchange) tick(now int64, cfg *Config) {
+	up := ex.up
+	if up == nil || !ex.active {
+		return
+	}
+	if !up.headDone && now-ex.sentAt > int64(cfg.UpstreamTimeout) {
+		ex.fail(up, failTimeout)
+		return
+	}
+	if ex.paused && ex.cc.c.OutboundBuffered() < lowWater && up.c != nil {
+		ex.resume()
+		ex.data(up)
+	}
+}

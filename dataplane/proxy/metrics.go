@@ -1,0 +1,226 @@
+package proxy
+
+import (
+	"strconv"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+// metrics are the proxy's Prometheus metrics, all named kvrelay_proxy_*. Label values come
+// from bounded sets (configured models and workers, known routes, status codes) so series
+// cannot grow with client input. Per-request updates go through children resolved once per
+// label combination and cached, so the request path does not allocate.
+type metrics struct {
+	reg *prometheus.Registry
+
+	requests      *prometheus.CounterVec   // model, route, code
+	ttft          *prometheus.HistogramVec // model
+	itl           *prometheus.HistogramVec // model
+	e2e           *prometheus.HistogramVec // model, route
+	decision      *prometheus.HistogramVec // stage
+	predicted     *prometheus.CounterVec   // worker: prompt blocks the index predicted cached
+	reported      *prometheus.CounterVec   // worker: prompt blocks the engine reported cached
+	promptBlocks  *prometheus.CounterVec   // worker: prompt blocks routed
+	predictionErr prometheus.Histogram     // |reported − predicted| blocks per request
+	queueDepth    prometheus.Gauge
+	queued        *prometheus.CounterVec // outcome: dispatched, rejected, timeout, abandoned
+	upstreamErrs  *prometheus.CounterVec // worker, kind
+	ejections     *prometheus.CounterVec // worker
+	retries       prometheus.Counter
+	inflight      *prometheus.GaugeVec   // worker
+	routed        *prometheus.CounterVec // worker, mode
+	aborted       *prometheus.CounterVec // reason: client_gone, slow_client, upstream_died
+	tokenCache    *prometheus.CounterVec // result: hit, miss (segments are inside; this counts prompts)
+	draining      prometheus.Gauge
+
+	mu       sync.Mutex
+	reqCache map[reqKey]prometheus.Counter
+	ttftC    map[string]prometheus.Observer
+	itlC     map[string]prometheus.Observer
+	e2eC     map[e2eKey]prometheus.Observer
+	stages   [numStages]prometheus.Observer
+}
+
+type reqKey struct {
+	model, route string
+	code         int
+}
+
+type e2eKey struct{ model, route string }
+
+// Decision stages, timed separately.
+const (
+	stageParse = iota
+	stageTokenize
+	stageHash
+	stageMatch
+	stageScore
+	numStages
+)
+
+var stageNames = [numStages]string{"parse", "tokenize", "hash", "match", "score"}
+
+func newMetrics() *metrics {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	latency := []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300}
+	m := &metrics{
+		reg: reg,
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvrelay_proxy_requests_total", Help: "Requests answered, by model, route and HTTP status code.",
+		}, []string{"model", "route", "code"}),
+		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "kvrelay_proxy_time_to_first_token_seconds", Help: "Time from a request's last byte to its first content token, as clients see it.", Buckets: latency,
+		}, []string{"model"}),
+		itl: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "kvrelay_proxy_inter_token_latency_seconds", Help: "Gaps between consecutive content chunks of streamed responses.",
+			Buckets: []float64{0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2.5},
+		}, []string{"model"}),
+		e2e: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "kvrelay_proxy_request_duration_seconds", Help: "Time from a request's last byte to its response's last byte.", Buckets: latency,
+		}, []string{"model", "route"}),
+		decision: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "kvrelay_proxy_decision_seconds", Help: "Time spent deciding where a request goes, by stage.",
+			Buckets: []float64{1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 1e-2, 0.1},
+		}, []string{"stage"}),
+		predicted: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvrelay_proxy_prefix_predicted_blocks_total", Help: "Prompt blocks the prefix index predicted the chosen worker had cached.",
+		}, []string{"worker"}),
+		reported: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvrelay_proxy_prefix_reported_blocks_total", Help: "Prompt blocks the engine reported cached (usage.prompt_tokens_details.cached_tokens).",
+		}, []string{"worker"}),
+		promptBlocks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvrelay_proxy_prompt_blocks_total", Help: "Full prompt blocks of routed requests that reported usage.",
+		}, []string{"worker"}),
+		predictionErr: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "kvrelay_proxy_prefix_prediction_error_blocks", Help: "Absolute difference between predicted and reported cached prompt blocks, per request.",
+			Buckets: []float64{0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 1024},
+		}),
+		queueDepth: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kvrelay_proxy_queue_depth", Help: "Requests waiting in the admission queue for a worker under its busy thresholds.",
+		}),
+		queued: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvrelay_proxy_queue_requests_total", Help: "Requests that met the admission queue, by outcome.",
+		}, []string{"outcome"}),
+		upstreamErrs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvrelay_proxy_upstream_errors_total", Help: "Failures talking to engines, by worker and kind.",
+		}, []string{"worker", "kind"}),
+		ejections: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvrelay_proxy_worker_ejections_total", Help: "Times a worker was taken out of rotation after consecutive failures.",
+		}, []string{"worker"}),
+		retries: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvrelay_proxy_retries_total", Help: "Requests sent again to another worker after a failure before their first byte.",
+		}),
+		inflight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "kvrelay_proxy_inflight_requests", Help: "Requests this proxy has in flight, by worker.",
+		}, []string{"worker"}),
+		routed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvrelay_proxy_routed_requests_total", Help: "Routing decisions, by worker and by the rule that decided (cost, spread, session, or a policy's picker).",
+		}, []string{"worker", "mode"}),
+		aborted: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvrelay_proxy_aborted_requests_total", Help: "Requests cut short, by reason.",
+		}, []string{"reason"}),
+		draining: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kvrelay_proxy_draining", Help: "1 while the proxy drains before stopping.",
+		}),
+		reqCache: map[reqKey]prometheus.Counter{},
+		ttftC:    map[string]prometheus.Observer{},
+		itlC:     map[string]prometheus.Observer{},
+		e2eC:     map[e2eKey]prometheus.Observer{},
+	}
+	reg.MustRegister(m.requests, m.ttft, m.itl, m.e2e, m.decision, m.predicted, m.reported, m.promptBlocks,
+		m.predictionErr, m.queueDepth, m.queued, m.upstreamErrs, m.ejections, m.retries, m.inflight, m.routed,
+		m.aborted, m.draining)
+	for i, n := range stageNames {
+		m.stages[i] = m.decision.WithLabelValues(n)
+	}
+	return m
+}
+
+func (m *metrics) request(model, route string, code int) {
+	k := reqKey{model, route, code}
+	m.mu.Lock()
+	c, ok := m.reqCache[k]
+	if !ok {
+		c = m.requests.WithLabelValues(model, route, strconv.Itoa(code))
+		m.reqCache[k] = c
+	}
+	m.mu.Unlock()
+	c.Inc()
+}
+
+func (m *metrics) ttftFor(model string) prometheus.Observer {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	o, ok := m.ttftC[model]
+	if !ok {
+		o = m.ttft.WithLabelValues(model)
+		m.ttftC[model] = o
+	}
+	return o
+}
+
+func (m *metrics) itlFor(model string) prometheus.Observer {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	o, ok := m.itlC[model]
+	if !ok {
+		o = m.itl.WithLabelValues(model)
+		m.itlC[model] = o
+	}
+	return o
+}
+
+func (m *metrics) e2eFor(model, route string) prometheus.Observer {
+	k := e2eKey{model, route}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	o, ok := m.e2eC[k]
+	if !ok {
+		o = m.e2e.WithLabelValues(model, route)
+		m.e2eC[k] = o
+	}
+	return o
+}
+
+// workerMetrics are one worker's series, resolved once.
+type workerMetrics struct {
+	predicted, reported, promptBlocks prometheus.Counter
+	connectErr, resetErr, statusErr   prometheus.Counter
+	timeoutErr                        prometheus.Counter
+	ejections                         prometheus.Counter
+	inflight                          prometheus.Gauge
+	cost, spread, session, picked     prometheus.Counter
+}
+
+func (m *metrics) forWorker(id string) *workerMetrics {
+	return &workerMetrics{
+		predicted:    m.predicted.WithLabelValues(id),
+		reported:     m.reported.WithLabelValues(id),
+		promptBlocks: m.promptBlocks.WithLabelValues(id),
+		connectErr:   m.upstreamErrs.WithLabelValues(id, "connect"),
+		resetErr:     m.upstreamErrs.WithLabelValues(id, "reset"),
+		statusErr:    m.upstreamErrs.WithLabelValues(id, "status_5xx"),
+		timeoutErr:   m.upstreamErrs.WithLabelValues(id, "timeout"),
+		ejections:    m.ejections.WithLabelValues(id),
+		inflight:     m.inflight.WithLabelValues(id),
+		cost:         m.routed.WithLabelValues(id, "cost"),
+		spread:       m.routed.WithLabelValues(id, "spread"),
+		session:      m.routed.WithLabelValues(id, "session"),
+		picked:       m.routed.WithLabelValues(id, "pick"),
+	}
+}
+
+func (wm *workerMetrics) routedBy(mode string) prometheus.Counter {
+	switch mode {
+	case "cost":
+		return wm.cost
+	case "spread":
+		return wm.spread
+	case "session":
+		return wm.session
+	}
+	return wm.picked
+}

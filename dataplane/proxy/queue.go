@@ -1,0 +1,173 @@
+package proxy
+
+import (
+	"container/heap"
+	"context"
+	"sync"
+
+	"github.com/panjf2000/gnet/v2"
+)
+
+// admissionQueue holds requests that found every eligible worker busy, most urgent first
+// (priority, then arrival). It is shared by all loops; a request waiting in it is resumed on
+// its own loop through gnet's Execute.
+type admissionQueue struct {
+	mu    sync.Mutex
+	items queueHeap
+	seq   uint64
+	max   int
+	m     *metrics
+}
+
+type queueItem struct {
+	cc       *clientConn
+	prio     int
+	seq      uint64
+	deadline int64
+	index    int
+}
+
+func newAdmissionQueue(max int, m *metrics) *admissionQueue {
+	return &admissionQueue{max: max, m: m}
+}
+
+// push queues cc's request; false when the queue is full.
+func (q *admissionQueue) push(cc *clientConn, deadline int64) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if len(q.items) >= q.max {
+		return false
+	}
+	it := cc.qitem
+	if it == nil {
+		q.seq++
+		it = &queueItem{cc: cc, seq: q.seq}
+		cc.qitem = it
+	}
+	it.prio, it.deadline = cc.prio, deadline
+	heap.Push(&q.items, it)
+	q.m.queueDepth.Set(float64(len(q.items)))
+	return true
+}
+
+// remove takes cc's request out of the queue, if it is there.
+func (q *admissionQueue) remove(cc *clientConn) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if it := cc.qitem; it != nil && it.index >= 0 && it.index < len(q.items) && q.items[it.index] == it {
+		heap.Remove(&q.items, it.index)
+	}
+	cc.qitem = nil
+	q.m.queueDepth.Set(float64(len(q.items)))
+}
+
+// release is called when capacity frees: the most urgent waiting request is re-routed on its
+// loop.
+func (q *admissionQueue) release(*Server) {
+	q.mu.Lock()
+	if len(q.items) == 0 {
+		q.mu.Unlock()
+		return
+	}
+	it := heap.Pop(&q.items).(*queueItem)
+	q.m.queueDepth.Set(float64(len(q.items)))
+	q.mu.Unlock()
+	cc := it.cc
+	_ = cc.lp.el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
+		if cc.state == stQueued && cc.qitem == it {
+			cc.dequeued()
+		}
+		return nil
+	}))
+}
+
+// expire answers requests that waited past their deadline with 503, and nudges the queue in
+// case load reports freed capacity without a request finishing here.
+func (q *admissionQueue) expire(now int64) {
+	var late []*queueItem
+	q.mu.Lock()
+	for len(q.items) > 0 {
+		var oldest *queueItem
+		for _, it := range q.items {
+			if it.deadline <= now && (oldest == nil || it.deadline < oldest.deadline) {
+				oldest = it
+			}
+		}
+		if oldest == nil {
+			break
+		}
+		heap.Remove(&q.items, oldest.index)
+		late = append(late, oldest)
+	}
+	n := len(q.items)
+	q.m.queueDepth.Set(float64(n))
+	q.mu.Unlock()
+	for _, it := range late {
+		cc := it.cc
+		_ = cc.lp.el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
+			if cc.state == stQueued && cc.qitem == it {
+				cc.qitem = nil
+				q.m.queued.WithLabelValues("timeout").Inc()
+				cc.errorReply(503, "no worker had capacity within the queue timeout", "", "queue_timeout")
+			}
+			return nil
+		}))
+	}
+	if n > 0 {
+		q.release(nil)
+	}
+}
+
+// enqueue makes the request wait for capacity, or answers 429 when the queue is full.
+func (cc *clientConn) enqueue() {
+	s := cc.srv
+	if cc.state != stQueued {
+		cc.queuedAt = nanotime()
+	}
+	if !s.queue.push(cc, cc.queuedAt+int64(s.cfg.QueueTimeout)) {
+		s.metrics.queued.WithLabelValues("rejected").Inc()
+		if cc.ex.active {
+			cc.ex.status = 429
+			cc.ex.finish()
+		}
+		cc.qitem = nil
+		cc.errorReplyHeader(429, "every worker is busy and the admission queue is full", "", "queue_full", "Retry-After: 1\r\n")
+		return
+	}
+	cc.state = stQueued
+}
+
+// dequeued re-routes a request the queue released.
+func (cc *clientConn) dequeued() {
+	cc.state = stForward
+	cc.srv.metrics.queued.WithLabelValues("dispatched").Inc()
+	retry := cc.ex.active
+	cc.route(retry)
+}
+
+type queueHeap []*queueItem
+
+func (h queueHeap) Len() int { return len(h) }
+func (h queueHeap) Less(i, j int) bool {
+	if h[i].prio != h[j].prio {
+		return h[i].prio > h[j].prio // higher is more urgent
+	}
+	return h[i].seq < h[j].seq
+}
+func (h queueHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].index, h[j].index = i, j
+}
+func (h *queueHeap) Push(x any) {
+	it := x.(*queueItem)
+	it.index = len(*h)
+	*h = append(*h, it)
+}
+func (h *queueHeap) Pop() any {
+	old := *h
+	it := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	it.index = -1
+	return it
+}

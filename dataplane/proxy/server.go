@@ -1,0 +1,440 @@
+package proxy
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/panjf2000/gnet/v2"
+	"golang.org/x/sys/unix"
+
+	"github.com/kvrelay/kvrelay/dataplane/http1"
+	"github.com/kvrelay/kvrelay/dataplane/prefix"
+	"github.com/kvrelay/kvrelay/dataplane/route"
+	"github.com/kvrelay/kvrelay/engines/tokenizer"
+)
+
+// Server is the edge proxy: a gnet engine whose event loops own client connections and,
+// on the same loops, pooled keep-alive connections to the engines, so that a request and its
+// response cross no goroutine boundary on the way through.
+//
+// Lifecycle: New builds it without side effects; Start asks upstreams without a configured
+// model which model they serve, binds the listener and starts the loops; Run serves until
+// its context ends and then drains (new requests get 503, responses in flight finish, up to
+// DrainTimeout) before stopping. Close stops at once and is safe after a failed Start.
+type Server struct {
+	gnet.BuiltinEventEngine
+
+	cfg     Config
+	log     *slog.Logger
+	limits  http1.Limits
+	metrics *metrics
+	index   *prefix.Approx
+	kv      *route.Router // chat and text completions
+	load    *route.Router // embeddings and responses: by load
+	workers []*workerState
+	codecs  map[string]*codec // by model; "" is the default
+	models  []byte            // the /v1/models body
+	queue   *admissionQueue
+
+	eng      gnet.Engine
+	addr     string
+	boot     chan struct{}
+	done     chan error
+	loopsMu  sync.Mutex
+	loops    map[gnet.EventLoop]*loop
+	loopList []*loop
+	draining atomic.Bool
+	inflight atomic.Int64 // exchanges in flight
+	paused   atomic.Int64 // streams paused for slow clients
+	stopTick chan struct{}
+	tickWG   sync.WaitGroup
+	closed   atomic.Bool
+}
+
+// workerState is the proxy's per-worker data beside the router's Worker.
+type workerState struct {
+	w *route.Worker
+	m *workerMetrics
+}
+
+// New builds a proxy from cfg. It validates the config and loads the tokenizers, but binds
+// nothing and dials nothing.
+func New(cfg Config, log *slog.Logger) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if log == nil {
+		log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	s := &Server{
+		cfg:     cfg,
+		log:     log,
+		limits:  http1.Limits{MaxHeadBytes: cfg.MaxHeaderBytes, MaxBodyBytes: cfg.MaxBodyBytes},
+		metrics: newMetrics(),
+		index:   prefix.NewApprox(prefix.ApproxConfig{MaxBlocks: cfg.IndexBlocks, TTL: cfg.IndexTTL}),
+		codecs:  map[string]*codec{},
+		boot:    make(chan struct{}),
+		done:    make(chan error, 1),
+		loops:   map[gnet.EventLoop]*loop{},
+	}
+	s.queue = newAdmissionQueue(cfg.QueueSize, s.metrics)
+	return s, nil
+}
+
+// Start discovers the models of upstreams that did not name one, builds the worker pool and
+// the tokenizers, binds the listener and starts serving.
+func (s *Server) Start(ctx context.Context) error {
+	ws := make([]*route.Worker, len(s.cfg.Upstreams))
+	for i, u := range s.cfg.Upstreams {
+		host := upstreamHost(u.URL)
+		id := u.ID
+		if id == "" {
+			id = host
+		}
+		model := u.Model
+		if model == "" {
+			m, err := discoverModel(ctx, u.URL, s.cfg.ConnectTimeout)
+			if err != nil {
+				s.log.Warn("upstream model unknown; it will be offered every model", "worker", id, "err", err)
+			}
+			model = m
+		}
+		bs := u.BlockSize
+		if bs == 0 {
+			bs = s.cfg.BlockSize
+		}
+		ws[i] = &route.Worker{ID: id, URL: "http://" + host, Addr: host, Model: model, BlockSize: bs, Capacity: u.Capacity}
+	}
+	pool := route.NewPool(ws)
+	var err error
+	if s.kv, err = route.NewRouter(s.cfg.routeConfig(), pool, s.index); err != nil {
+		return fmt.Errorf("starting proxy: %w", err)
+	}
+	lc := s.cfg.routeConfig()
+	lc.Policy = route.PolicyLeastLoaded
+	if s.kv.Policy().Name == route.PolicyRoundRobin || s.kv.Policy().Name == route.PolicyRandom {
+		lc.Policy = s.kv.Policy().Name // baselines stay baselines on every route
+	}
+	if s.load, err = route.NewRouter(lc, pool, nil); err != nil {
+		return fmt.Errorf("starting proxy: %w", err)
+	}
+	s.workers = make([]*workerState, len(ws))
+	for i, w := range ws {
+		s.workers[i] = &workerState{w: w, m: s.metrics.forWorker(w.ID)}
+	}
+	if err := s.buildCodecs(pool); err != nil {
+		return fmt.Errorf("starting proxy: %w", err)
+	}
+	s.models = modelsBody(pool.Models(), time.Now().Unix())
+
+	nloops := s.cfg.EventLoops
+	opts := []gnet.Option{
+		gnet.WithMulticore(nloops == 0),
+		gnet.WithReusePort(false),
+		gnet.WithTCPNoDelay(gnet.TCPNoDelay),
+		gnet.WithReadBufferCap(64 << 10),
+		gnet.WithLogger(gnetLogger{s.log}),
+	}
+	if nloops > 0 {
+		opts = append(opts, gnet.WithNumEventLoop(nloops))
+	}
+	go func() {
+		err := gnet.Run(s, "tcp://"+s.cfg.Listen, opts...)
+		s.done <- err
+	}()
+	select {
+	case <-s.boot:
+	case err := <-s.done:
+		s.done <- err
+		return fmt.Errorf("listening on %s: %w", s.cfg.Listen, err)
+	case <-ctx.Done():
+		return fmt.Errorf("starting proxy: %w", ctx.Err())
+	}
+	s.addr = s.cfg.Listen
+	if fd, err := s.eng.Dup(); err == nil {
+		if sa, err := unix.Getsockname(fd); err == nil {
+			if in4, ok := sa.(*unix.SockaddrInet4); ok {
+				s.addr = net.JoinHostPort(net.IP(in4.Addr[:]).String(), strconv.Itoa(in4.Port))
+			} else if in6, ok := sa.(*unix.SockaddrInet6); ok {
+				s.addr = net.JoinHostPort(net.IP(in6.Addr[:]).String(), strconv.Itoa(in6.Port))
+			}
+		}
+		unix.Close(fd)
+	}
+	s.stopTick = make(chan struct{})
+	s.tickWG.Add(1)
+	go s.ticker()
+	return nil
+}
+
+// Addr is the address the proxy listens on (the real port when configured with port 0).
+func (s *Server) Addr() string { return s.addr }
+
+// Workers returns the workers, in configuration order.
+func (s *Server) Workers() []*route.Worker { return s.kv.Pool().Workers }
+
+// Run serves until ctx ends, then drains and stops. It returns what stopped the engine.
+func (s *Server) Run(ctx context.Context) error {
+	select {
+	case err := <-s.done:
+		s.stopTicker()
+		return err
+	case <-ctx.Done():
+	}
+	s.Drain(s.cfg.DrainTimeout)
+	return s.Close()
+}
+
+// Drain stops taking requests (new ones get 503 with Connection: close, /health turns 503)
+// and waits up to timeout for those in flight to finish.
+func (s *Server) Drain(timeout time.Duration) {
+	s.draining.Store(true)
+	s.metrics.draining.Set(1)
+	s.log.Info("draining", "inflight", s.inflight.Load())
+	deadline := time.Now().Add(timeout)
+	for s.inflight.Load() > 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := s.inflight.Load(); n > 0 {
+		s.log.Warn("drain timed out; closing requests still in flight", "inflight", n)
+	}
+}
+
+// Close stops the engine and every connection at once.
+func (s *Server) Close() error {
+	if s.closed.Swap(true) {
+		return nil
+	}
+	s.stopTicker()
+	select {
+	case <-s.boot:
+	default:
+		return nil // never started
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := s.eng.Stop(ctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("stopping proxy: %w", err)
+	}
+	if err := <-s.done; err != nil {
+		return fmt.Errorf("stopping proxy: %w", err)
+	}
+	return nil
+}
+
+func (s *Server) stopTicker() {
+	if s.stopTick != nil {
+		select {
+		case <-s.stopTick:
+		default:
+			close(s.stopTick)
+		}
+		s.tickWG.Wait()
+	}
+}
+
+// OnBoot implements gnet.EventHandler.
+func (s *Server) OnBoot(eng gnet.Engine) gnet.Action {
+	s.eng = eng
+	close(s.boot)
+	return gnet.None
+}
+
+// loopOf returns the state of the event loop c belongs to, creating it on first sight.
+func (s *Server) loopOf(c gnet.Conn) *loop {
+	el := c.EventLoop()
+	s.loopsMu.Lock()
+	defer s.loopsMu.Unlock()
+	lp, ok := s.loops[el]
+	if !ok {
+		lp = newLoop(s, el)
+		s.loops[el] = lp
+		s.loopList = append(s.loopList, lp)
+	}
+	return lp
+}
+
+// OnOpen implements gnet.EventHandler for accepted client connections and for upstream
+// connections registered on a loop.
+func (s *Server) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
+	if up, ok := c.Context().(*upstream); ok {
+		up.opened(c)
+		return nil, gnet.None
+	}
+	lp := s.loopOf(c)
+	cc := lp.newClient(c)
+	c.SetContext(cc)
+	return nil, gnet.None
+}
+
+// OnTraffic implements gnet.EventHandler.
+func (s *Server) OnTraffic(c gnet.Conn) gnet.Action {
+	switch x := c.Context().(type) {
+	case *clientConn:
+		return x.traffic()
+	case *upstream:
+		return x.traffic()
+	}
+	return gnet.Close
+}
+
+// OnClose implements gnet.EventHandler.
+func (s *Server) OnClose(c gnet.Conn, err error) gnet.Action {
+	switch x := c.Context().(type) {
+	case *clientConn:
+		x.closed()
+	case *upstream:
+		x.closed(err)
+	}
+	return gnet.None
+}
+
+// ticker runs each loop's housekeeping (timeouts, resuming streams paused for slow clients)
+// on that loop: every 10 ms while a stream is paused, else every 250 ms.
+func (s *Server) ticker() {
+	defer s.tickWG.Done()
+	for {
+		d := 250 * time.Millisecond
+		if s.paused.Load() > 0 {
+			d = 10 * time.Millisecond
+		}
+		select {
+		case <-s.stopTick:
+			return
+		case <-time.After(d):
+		}
+		s.loopsMu.Lock()
+		loops := append([]*loop(nil), s.loopList...)
+		s.loopsMu.Unlock()
+		for _, lp := range loops {
+			_ = lp.el.Execute(context.Background(), gnet.RunnableFunc(lp.housekeeping))
+		}
+		s.queue.expire(time.Now().UnixNano())
+	}
+}
+
+// discoverModel asks an engine which model it serves.
+func discoverModel(ctx context.Context, base string, timeout time.Duration) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/v1/models", nil)
+	if err != nil {
+		return "", fmt.Errorf("asking %s for its model: %w", base, err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return "", fmt.Errorf("asking %s for its model: %w", base, err)
+	}
+	defer resp.Body.Close()
+	var list struct {
+		Data []struct {
+			ID string `json:"id"`
+		} `json:"data"`
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&list); err != nil || len(list.Data) == 0 {
+		return "", fmt.Errorf("asking %s for its model: no model in the answer (status %d)", base, resp.StatusCode)
+	}
+	return list.Data[0].ID, nil
+}
+
+// modelsBody is the /v1/models answer listing the models the pool serves.
+func modelsBody(models []string, created int64) []byte {
+	type model struct {
+		ID      string `json:"id"`
+		Object  string `json:"object"`
+		Created int64  `json:"created"`
+		OwnedBy string `json:"owned_by"`
+	}
+	list := struct {
+		Object string  `json:"object"`
+		Data   []model `json:"data"`
+	}{Object: "list", Data: []model{}}
+	for _, m := range models {
+		list.Data = append(list.Data, model{ID: m, Object: "model", Created: created, OwnedBy: "kvrelay"})
+	}
+	b, _ := json.Marshal(list)
+	return b
+}
+
+// buildCodecs loads the tokenizer and chat template of every model the pool serves.
+func (s *Server) buildCodecs(pool *route.Pool) error {
+	models := append([]string{""}, pool.Models()...)
+	for _, m := range models {
+		c, err := newCodec(m, s.cfg.Tokenizer, s.cfg.ChatTemplate, s.cfg.TokenCacheTokens)
+		if err != nil {
+			return err
+		}
+		s.codecs[m] = c
+	}
+	return nil
+}
+
+// codecFor returns the codec of model, or the default one.
+func (s *Server) codecFor(model []byte) *codec {
+	if c, ok := s.codecs[string(model)]; ok {
+		return c
+	}
+	return s.codecs[""]
+}
+
+// gnetLogger routes gnet's own logging into slog.
+type gnetLogger struct{ l *slog.Logger }
+
+func (g gnetLogger) Debugf(format string, args ...any) {}
+func (g gnetLogger) Infof(format string, args ...any)  {}
+func (g gnetLogger) Warnf(format string, args ...any) {
+	g.l.Warn(fmt.Sprintf(format, args...), "component", "gnet")
+}
+func (g gnetLogger) Errorf(format string, args ...any) {
+	g.l.Error(fmt.Sprintf(format, args...), "component", "gnet")
+}
+func (g gnetLogger) Fatalf(format string, args ...any) {
+	g.l.Error(fmt.Sprintf(format, args...), "component", "gnet")
+}
+
+// codec is one model's prompt pipeline in the proxy.
+type codec struct {
+	mode string // "" (in-process), TokenizerRemote or TokenizerEstimate
+	tok  tokenizer.Tokenizer
+	tmpl tokenizer.Template
+}
+
+func newCodec(model, tokSpec, tmplSpec string, cacheTokens int) (*codec, error) {
+	if tokSpec == TokenizerRemote || tokSpec == TokenizerEstimate {
+		c := &codec{mode: tokSpec}
+		if tokSpec == TokenizerEstimate {
+			_, defTmpl := tokenizer.ModelSpecs(model)
+			if tmplSpec == "" {
+				tmplSpec = defTmpl
+			}
+			t, err := tokenizer.NewTemplate(tmplSpec)
+			if err != nil {
+				return nil, fmt.Errorf("loading the chat template of %q: %w", model, err)
+			}
+			c.tmpl = t
+		}
+		return c, nil
+	}
+	defTok, defTmpl := tokenizer.ModelSpecs(model)
+	if tokSpec == "" {
+		tokSpec = defTok
+	}
+	if tmplSpec == "" {
+		tmplSpec = defTmpl
+	}
+	cd, err := tokenizer.NewCodec(tokSpec, tmplSpec)
+	if err != nil {
+		return nil, fmt.Errorf("loading the codec of %q: %w", model, err)
+	}
+	return &codec{tok: tokenizer.NewSegmentCache(cd.Tokenizer, cacheTokens, 64), tmpl: cd.Template}, nil
+}
