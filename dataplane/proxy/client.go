@@ -18,12 +18,12 @@ import (
 
 // Client connection states.
 const (
-	stIdle    uint8 = iota // waiting for (the rest of) a request head
-	stBody                 // head parsed, waiting for the body
-	stQueued               // waiting in the admission queue
-	stForward              // an exchange with an engine is in progress
-	stTokenize             // waiting for a remote tokenizer
-	stClosing              // answered with an error; closing
+	stIdle     uint8 = iota // waiting for (the rest of) a request head
+	stBody                  // head parsed, waiting for the body
+	stQueued                // waiting in the admission queue
+	stForward               // an exchange with an engine is in progress
+	stTokenize              // waiting for a remote tokenizer
+	stClosing               // answered with an error; closing
 )
 
 // clientConn is one client connection and, reused across its requests, everything one

@@ -9,11 +9,11 @@ import (
 
 // Failure kinds of an exchange with an engine.
 const (
-	failConnect = iota // could not connect
-	failReset          // the connection closed before a complete response head
-	failStatus         // a 5xx status before any byte reached the client
-	failTimeout        // no response head within the upstream timeout
-	failProtocol       // the response could not be framed
+	failConnect  = iota // could not connect
+	failReset           // the connection closed before a complete response head
+	failStatus          // a 5xx status before any byte reached the client
+	failTimeout         // no response head within the upstream timeout
+	failProtocol        // the response could not be framed
 )
 
 // highWater pauses forwarding from an engine while the client's outbound buffer holds this
