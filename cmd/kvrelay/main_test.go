@@ -71,7 +71,7 @@ func TestSimFlagsRejectBadValues(t *testing.T) {
 func TestUpServesAndStops(t *testing.T) {
 	pr, pw := io.Pipe()
 	cmd := newRootCmd()
-	cmd.SetArgs([]string{"up", "--base-port", "0", "--kv-events-base-port", "0", "--kv-events-replay-base-port", "0", "--speedup-ratio", "100", "--num-gpu-blocks", "2048"})
+	cmd.SetArgs([]string{"up", "--proxy-listen", "127.0.0.1:0", "--base-port", "0", "--kv-events-base-port", "0", "--kv-events-replay-base-port", "0", "--speedup-ratio", "100", "--num-gpu-blocks", "2048"})
 	cmd.SetOut(pw)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

@@ -50,7 +50,10 @@ With --workers N the workers listen on consecutive ports from --listen, and thei
 			if err != nil {
 				return err
 			}
-			return runWorkers(cmd.Context(), cmd.OutOrStdout(), cfgs, printWorkers)
+			return runWorkers(cmd.Context(), cmd.OutOrStdout(), cfgs, func(_ context.Context, out io.Writer, ws []*sim.Worker) (func() error, error) {
+				printWorkers(out, ws)
+				return nil, nil
+			})
 		},
 	}
 	fs := cmd.Flags()
@@ -165,9 +168,10 @@ func offsetEndpoint(ep string, i int) (string, error) {
 	return "tcp://" + hp, nil
 }
 
-// runWorkers starts every worker, reports them through announce once all are listening, and
-// serves until ctx ends (Ctrl-C) or one fails.
-func runWorkers(ctx context.Context, out io.Writer, cfgs []sim.WorkerConfig, announce func(io.Writer, []*sim.Worker)) error {
+// runWorkers starts every worker, hands them to announce once all are listening (which may
+// start more components and return how to run them), and serves until ctx ends (Ctrl-C) or
+// one part fails.
+func runWorkers(ctx context.Context, out io.Writer, cfgs []sim.WorkerConfig, announce func(context.Context, io.Writer, []*sim.Worker) (func() error, error)) error {
 	workers := make([]*sim.Worker, 0, len(cfgs))
 	defer func() {
 		for _, w := range workers {
@@ -185,12 +189,18 @@ func runWorkers(ctx context.Context, out io.Writer, cfgs []sim.WorkerConfig, ann
 		}
 		workers = append(workers, w)
 	}
-	announce(out, workers)
 	g, gctx := errgroup.WithContext(ctx)
+	extra, err := announce(gctx, out, workers)
+	if err != nil {
+		return err
+	}
+	if extra != nil {
+		g.Go(extra)
+	}
 	for _, w := range workers {
 		g.Go(func() error { return w.Run(gctx) })
 	}
-	err := g.Wait()
+	err = g.Wait()
 	fmt.Fprintln(out, "stopped")
 	return err
 }
