@@ -1,0 +1,5 @@
+//go:build !race
+
+package oai
+
+const raceEnabled = false
