@@ -36,7 +36,7 @@ type chunker struct {
 	state    uint8
 	size     uint64 // chunk-size being read, then data bytes left in the chunk
 	line     int    // bytes of the current size line, or of the trailer section so far
-	total    int64  // payload bytes so far
+	total    int64  // payload bytes of the chunks begun so far (checked against maxBody)
 	maxBody  int64  // -1: unlimited
 	maxTrail int
 }
@@ -65,7 +65,9 @@ func (c *chunker) next(src []byte) (n int, data []byte, err code) {
 			return p + k, src[p : p+k], cOK
 		case csSize, csSizeMore:
 			if class[b]&clHex != 0 {
-				if c.size>>60 != 0 {
+				// At most 16 digits, leading zeros included (as net/http), so the
+				// shift below never overflows.
+				if c.line >= 16 {
 					return p, nil, cBadChunk
 				}
 				c.size = c.size<<4 | uint64(hexVal(b))
@@ -186,6 +188,7 @@ func (c *chunker) next(src []byte) (n int, data []byte, err code) {
 				return p, nil, cBadChunk
 			}
 			c.state = csSize
+			c.line = 0
 			p++
 			continue
 		case csTrailer0:
@@ -238,6 +241,14 @@ func (c *chunker) next(src []byte) (n int, data []byte, err code) {
 		p++
 	}
 	return p, nil, cOK
+}
+
+// payload returns the payload bytes consumed so far.
+func (c *chunker) payload() int64 {
+	if c.state == csData {
+		return c.total - int64(c.size)
+	}
+	return c.total
 }
 
 func hexVal(b byte) byte {
@@ -295,7 +306,7 @@ func (d *ChunkedDecoder) Next(src []byte) (n int, data []byte, done bool, err er
 func (d *ChunkedDecoder) Done() bool { return d.c.state == csDone }
 
 // Len returns the payload bytes decoded so far.
-func (d *ChunkedDecoder) Len() int64 { return d.c.total }
+func (d *ChunkedDecoder) Len() int64 { return d.c.payload() }
 
 // ChunkScanner follows a chunked upstream response that the proxy forwards unchanged: it
 // tells how many raw bytes belong to the body, where the body ends, and what the payload
@@ -343,4 +354,4 @@ func (s *ChunkScanner) Next(src []byte) (n int, data []byte, done bool, err erro
 func (s *ChunkScanner) Done() bool { return s.c.state == csDone }
 
 // Len returns the payload bytes scanned so far.
-func (s *ChunkScanner) Len() int64 { return s.c.total }
+func (s *ChunkScanner) Len() int64 { return s.c.payload() }

@@ -214,17 +214,15 @@ func parseVersion(b []byte) (minor, n int, c code) {
 			return 0, 0, cBadVersion
 		}
 	}
-	if len(b) < 10 {
-		if len(b) == 9 && b[8] != '\r' {
-			return 0, 0, cBadVersion
-		}
-		return 0, 0, cOK
-	}
 	switch {
+	case len(b) < 9:
+		return 0, 0, cOK
 	case b[8] == '\n':
 		return 0, 0, cBadLineEnding
 	case b[8] != '\r':
 		return 0, 0, cBadVersion
+	case len(b) == 9:
+		return 0, 0, cOK
 	case b[9] != '\n':
 		return 0, 0, cBadLineEnding
 	}
@@ -292,11 +290,8 @@ func validAuthority(a []byte) bool {
 	i := 0
 	if a[0] == '[' {
 		for i = 1; i < len(a) && a[i] != ']'; i++ {
-			if c := a[i]; class[c]&clHex == 0 && c != ':' && c != '.' {
-				return false
-			}
 		}
-		if i == len(a) || i == 1 {
+		if i == len(a) || !validIPv6(a[1:i]) {
 			return false
 		}
 		i++
@@ -322,6 +317,73 @@ func validAuthority(a []byte) bool {
 		}
 	}
 	return true
+}
+
+// validIPv6 accepts the text forms of RFC 4291 §2.2: eight groups of one to four hex
+// digits, at most one "::" standing for at least one zero group, and an optional dotted
+// IPv4 tail. Zone identifiers are not accepted.
+func validIPv6(s []byte) bool {
+	groups, ellipsis, i := 0, false, 0
+	if len(s) >= 2 && s[0] == ':' && s[1] == ':' {
+		ellipsis, i = true, 2
+	}
+	for i < len(s) {
+		j := i
+		for j < len(s) && class[s[j]]&clHex != 0 {
+			j++
+		}
+		if j < len(s) && s[j] == '.' {
+			if !validIPv4(s[i:]) {
+				return false
+			}
+			groups += 2
+			break
+		}
+		if j == i || j-i > 4 {
+			return false
+		}
+		groups++
+		if j == len(s) {
+			break
+		}
+		if s[j] != ':' || j+1 == len(s) {
+			return false
+		}
+		i = j + 1
+		if s[i] == ':' {
+			if ellipsis {
+				return false
+			}
+			ellipsis = true
+			i++
+		}
+	}
+	if ellipsis {
+		return groups < 8
+	}
+	return groups == 8
+}
+
+// validIPv4 accepts four decimal octets without leading zeros.
+func validIPv4(s []byte) bool {
+	for k := 0; k < 4; k++ {
+		j, v := 0, 0
+		for j < len(s) && j < 4 && s[j] >= '0' && s[j] <= '9' {
+			v = v*10 + int(s[j]-'0')
+			j++
+		}
+		if j == 0 || j > 3 || v > 255 || (j > 1 && s[0] == '0') {
+			return false
+		}
+		s = s[j:]
+		if k < 3 {
+			if len(s) == 0 || s[0] != '.' {
+				return false
+			}
+			s = s[1:]
+		}
+	}
+	return len(s) == 0
 }
 
 func (r *Request) splitQuery(t []byte) {

@@ -623,3 +623,44 @@ func TestErrorTables(t *testing.T) {
 		}
 	}
 }
+
+func TestValidIPv6(t *testing.T) {
+	tests := []struct {
+		in   string
+		want bool
+	}{
+		{"::", true},
+		{"::1", true},
+		{"1::", true},
+		{"fe80::1:2", true},
+		{"1:2:3:4:5:6:7:8", true},
+		{"1:2:3:4:5:6::8", true},
+		{"::ffff:10.0.0.1", true},
+		{"1:2:3:4:5:6:1.2.3.4", true},
+		{"0", false},
+		{"", false},
+		{":", false},
+		{":1", false},
+		{"1:", false},
+		{":::", false},
+		{"1::2::3", false},
+		{"1:2:3:4:5:6:7:8:9", false},
+		{"1:2:3:4:5:6:7::8", false},
+		{"1:2:3:4:5:6:7:8::", false},
+		{"12345::", false},
+		{"g::", false},
+		{"::1.2.3", false},
+		{"::01.2.3.4", false},
+		{"::256.2.3.4", false},
+		{"1.2.3.4", false},
+		{"::1.2.3.4:5", false},
+		{"fe80::1%25eth0", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.in, func(t *testing.T) {
+			if got := validIPv6([]byte(tt.in)); got != tt.want {
+				t.Errorf("validIPv6(%q) = %v, want %v", tt.in, got, tt.want)
+			}
+		})
+	}
+}

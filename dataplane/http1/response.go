@@ -124,17 +124,17 @@ func (r *Response) parse(b []byte, lim Limits, headRequest bool) (int, code) {
 	for p < len(b) && class[b[p]]&clValue != 0 {
 		p++
 	}
-	if p+1 >= len(b) {
-		if p < len(b) && b[p] != '\r' {
-			return 0, cBadStatusLine
-		}
+	switch {
+	case p == len(b):
 		return 0, cOK
-	}
-	if b[p] != '\r' || b[p+1] != '\n' {
-		if b[p] == '\r' || b[p] == '\n' {
-			return 0, cBadLineEnding
-		}
+	case b[p] == '\n':
+		return 0, cBadLineEnding
+	case b[p] != '\r':
 		return 0, cBadStatusLine
+	case p+1 == len(b):
+		return 0, cOK
+	case b[p+1] != '\n':
+		return 0, cBadLineEnding
 	}
 	r.Reason = b[rs:p]
 	p += 2
