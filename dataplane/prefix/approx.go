@@ -42,20 +42,24 @@ const none = ^uint32(0)
 // recently used blocks first, everything recorded on that worker before those blocks were
 // last touched is presumed evicted too.
 //
-// Memory is one fixed slab of MaxBlocks entries plus a map; nothing allocates per request.
+// Memory is a slab of entries that grows to MaxBlocks, plus a map; once grown, nothing
+// allocates per request.
 // Approx is safe for concurrent use: lookups share a read lock, updates take the write lock.
 type Approx struct {
 	ttl   int64 // in ticks
 	epoch time.Time
 
 	mu    sync.RWMutex
+	max   int
 	slots map[uint64]uint32 // block hash → entry index
-	ents  []entry
-	head  uint32 // most recently touched
-	tail  uint32 // least recently touched
-	free  uint32 // free list through next
+	ents  []entry           // grows to max entries, then entries are reused
+	head  uint32            // most recently touched
+	tail  uint32            // least recently touched
 	// horizon[w]: touches at or before it are presumed evicted on worker w.
 	horizon []uint32
+	// blocks[w]: blocks recorded on worker w and not yet dropped (an upper bound: it counts
+	// blocks past their TTL or horizon until their entries are reused).
+	blocks []int64
 }
 
 type entry struct {
@@ -81,19 +85,14 @@ func NewApprox(cfg ApproxConfig) *Approx {
 	if cfg.TTL <= 0 {
 		cfg.TTL = DefaultApproxConfig().TTL
 	}
-	a := &Approx{
+	return &Approx{
 		ttl:   int64(cfg.TTL / tick),
 		epoch: time.Now(),
-		slots: make(map[uint64]uint32, cfg.MaxBlocks),
-		ents:  make([]entry, cfg.MaxBlocks),
+		max:   cfg.MaxBlocks,
+		slots: make(map[uint64]uint32),
 		head:  none,
 		tail:  none,
 	}
-	for i := range a.ents {
-		a.ents[i].next = uint32(i + 1)
-	}
-	a.ents[len(a.ents)-1].next = none
-	return a
 }
 
 var _ Index = (*Approx)(nil)
@@ -232,24 +231,48 @@ func (a *Approx) touch(h uint64, w uint16, now uint32) {
 			oldest = i
 		}
 	}
+	a.count(w, 1)
 	if int(e.n) < slotsPerBlock {
 		e.slot[e.n] = slot{worker: w, touch: now}
 		e.n++
 		return
 	}
+	a.count(e.slot[oldest].worker, -1)
 	e.slot[oldest] = slot{worker: w, touch: now}
 }
 
-// alloc takes a free entry, evicting the least recently touched block when none is free.
+func (a *Approx) count(w uint16, d int64) {
+	for len(a.blocks) <= int(w) {
+		a.blocks = append(a.blocks, 0)
+	}
+	a.blocks[w] = max(a.blocks[w]+d, 0)
+}
+
+// Blocks returns how many blocks the index holds for worker w (an upper bound on what it
+// believes cached there).
+func (a *Approx) Blocks(w int) int64 {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	if w < 0 || w >= len(a.blocks) {
+		return 0
+	}
+	return a.blocks[w]
+}
+
+// alloc takes a new entry, evicting the least recently touched block once the index holds
+// its maximum.
 func (a *Approx) alloc() uint32 {
-	if a.free != none {
-		idx := a.free
-		a.free = a.ents[idx].next
-		return idx
+	if len(a.ents) < a.max {
+		a.ents = append(a.ents, entry{})
+		return uint32(len(a.ents) - 1)
 	}
 	idx := a.tail
 	a.unlink(idx)
-	delete(a.slots, a.ents[idx].hash)
+	e := &a.ents[idx]
+	for _, s := range e.slot[:e.n] {
+		a.count(s.worker, -1)
+	}
+	delete(a.slots, e.hash)
 	return idx
 }
 
@@ -322,6 +345,9 @@ func (a *Approx) Forget(w int) {
 		a.horizon = append(a.horizon, 0)
 	}
 	a.horizon[w] = a.now()
+	if w < len(a.blocks) {
+		a.blocks[w] = 0
+	}
 }
 
 // Len returns the number of distinct blocks remembered.

@@ -195,3 +195,20 @@ func BenchmarkMatch(b *testing.B) {
 		b.Fatalf("overlap %v %v", overlap[11], overlap[12])
 	}
 }
+
+func TestBlocksPerWorker(t *testing.T) {
+	a := NewApprox(ApproxConfig{MaxBlocks: 8, TTL: time.Minute})
+	a.Record(0, chain(1, 1, 4, 4), 0)
+	a.Record(1, chain(1, 1, 4, 4)[:2], 0)
+	if a.Blocks(0) != 4 || a.Blocks(1) != 2 || a.Blocks(7) != 0 {
+		t.Fatalf("blocks %d %d", a.Blocks(0), a.Blocks(1))
+	}
+	a.Record(2, chain(2, 2, 0, 6), 0) // evicts the 2 least recent entries
+	if a.Blocks(2) != 6 || a.Blocks(0)+a.Blocks(1) != 4 {
+		t.Fatalf("after eviction: %d %d %d", a.Blocks(0), a.Blocks(1), a.Blocks(2))
+	}
+	a.Forget(2)
+	if a.Blocks(2) != 0 {
+		t.Fatal("Forget must zero the count")
+	}
+}

@@ -77,7 +77,16 @@ type clientConn struct {
 
 	queuedAt int64
 	qitem    *queueItem
+
+	// A connection answered with an error while the client is still sending (a body over the
+	// limit) reads and drops what comes until lingerLeft bytes or lingerUntil, so the client
+	// reads the answer instead of a reset.
+	lingerLeft  int64
+	lingerUntil int64
 }
+
+// lingerFor bounds how long a connection drains a refused body before closing.
+const lingerFor = 5e9
 
 // traffic handles bytes from the client: it frames requests and handles them one at a time
 // (responses go out in request order; pipelined requests wait in the inbound buffer).
@@ -88,7 +97,13 @@ func (cc *clientConn) traffic() gnet.Action {
 		switch cc.state {
 		case stIdle, stBody:
 		case stClosing:
-			_, _ = cc.c.Discard(-1)
+			n, _ := cc.c.Discard(-1)
+			if cc.lingerUntil != 0 {
+				cc.lingerLeft -= int64(n)
+				if cc.lingerLeft <= 0 {
+					_ = cc.c.Close()
+				}
+			}
 			return gnet.None
 		default:
 			// Busy with a request: later bytes wait, within the limits of one request.
@@ -201,6 +216,19 @@ func (cc *clientConn) protoError(err error) {
 		msg = he.Reason
 	}
 	cc.keepAlive = false
+	if status == 413 {
+		// Let the client finish sending so that it reads the 413 rather than a reset: drop
+		// what it sends, up to its Content-Length or lingerFor.
+		buf, _ := cc.c.Peek(-1)
+		cc.lingerLeft = 1 << 62
+		if cl, err := strconv.ParseInt(string(cc.req.Header.Get("content-length")), 10, 64); err == nil {
+			if head := bytes.Index(buf, []byte("\r\n\r\n")); head >= 0 {
+				cc.lingerLeft = cl - int64(len(buf)-head-4)
+			}
+		}
+		cc.lingerUntil = nanotime() + lingerFor
+		_, _ = cc.c.Discard(-1)
+	}
 	cc.errorReply(status, msg, "", "")
 }
 
@@ -236,6 +264,7 @@ func (cc *clientConn) handle() {
 		cc.reply(200, "application/json", s.models)
 		return
 	}
+	cc.kind, cc.model = 0, ""
 	kind := oai.KindForPath(path)
 	if kind == 0 {
 		cc.errorReply(404, "no route for "+string(cc.method)+" "+string(path), "", "")
@@ -250,7 +279,7 @@ func (cc *clientConn) handle() {
 		cc.errorReply(503, "the proxy is shutting down", "", "")
 		return
 	}
-	cc.kind = kind
+	cc.kind, cc.model = kind, ""
 	t0 := nanotime()
 	if err := cc.parser.Parse(cc.body, kind, &cc.oreq); err != nil {
 		cc.parseError(err)
@@ -298,8 +327,12 @@ func (cc *clientConn) prepare() error {
 	case len(o.Hints.SessionID) > 0:
 		r.SessionID = unsafeString(o.Hints.SessionID)
 	}
-	if cc.kind != oai.ChatCompletions && cc.kind != oai.Completions {
-		r.PromptTokens = o.TextBytes / 4
+	if (cc.kind != oai.ChatCompletions && cc.kind != oai.Completions) || !s.kv.Policy().UsesIndex {
+		// Nothing to match against an index: the prompt's length is all routing needs.
+		r.PromptTokens = (o.TextBytes + bytesPerToken - 1) / bytesPerToken
+		if o.PromptIsTokens {
+			r.PromptTokens = len(o.PromptTokens)
+		}
 		return nil
 	}
 	cd := s.codecFor(o.Model)
@@ -440,6 +473,7 @@ func (cc *clientConn) start(w *route.Worker) {
 		overlap := int(cc.dec.Overlap)
 		ex.predicted = overlap
 		ex.receipt = s.index.Record(w.Index, cc.rreq.Hashes, overlap)
+		w.SetCachedBlocks(s.index.Blocks(w.Index))
 		ex.usage.Begin(w, cc.rreq.PromptTokens, overlap*s.cfg.BlockSize, cc.rreq.OSL)
 	} else {
 		ex.receipt = prefix.Receipt{}
@@ -503,6 +537,11 @@ func (cc *clientConn) tick(now int64, cfg *Config) {
 		}
 	case stForward:
 		cc.ex.tick(now, cfg)
+	case stClosing:
+		if cc.lingerUntil != 0 && now > cc.lingerUntil {
+			cc.lingerUntil = 0
+			_ = cc.c.Close()
+		}
 	case stQueued:
 		// The queue expires its own entries.
 	}
@@ -515,7 +554,9 @@ func (cc *clientConn) done() {
 	}
 	if !cc.keepAlive {
 		cc.state = stClosing
-		_ = cc.c.Close()
+		if cc.lingerUntil == 0 || cc.lingerLeft <= 0 {
+			_ = cc.c.Close()
+		}
 		return
 	}
 	cc.state = stIdle

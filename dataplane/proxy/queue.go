@@ -121,8 +121,8 @@ func (q *admissionQueue) expire(now int64) {
 // enqueue makes the request wait for capacity, or answers 429 when the queue is full.
 func (cc *clientConn) enqueue() {
 	s := cc.srv
-	if cc.state != stQueued {
-		cc.queuedAt = nanotime()
+	if cc.qitem == nil {
+		cc.queuedAt = nanotime() // first time in the queue; re-queues keep their deadline
 	}
 	if !s.queue.push(cc, cc.queuedAt+int64(s.cfg.QueueTimeout)) {
 		s.metrics.queued.WithLabelValues("rejected").Inc()

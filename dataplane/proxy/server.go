@@ -221,15 +221,28 @@ func (s *Server) Close() error {
 	default:
 		return nil // never started
 	}
+	// gnet's Stop polls for the end every 500 ms; gnet.Run returning says it sooner.
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if err := s.eng.Stop(ctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
-		return fmt.Errorf("stopping proxy: %w", err)
+	stopErr := make(chan error, 1)
+	go func() { stopErr <- s.eng.Stop(ctx) }()
+	select {
+	case err := <-s.done:
+		if err != nil {
+			return fmt.Errorf("stopping proxy: %w", err)
+		}
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("stopping proxy: %w", ctx.Err())
+	case err := <-stopErr:
+		if err != nil && !errors.Is(err, context.DeadlineExceeded) {
+			return fmt.Errorf("stopping proxy: %w", err)
+		}
+		if err := <-s.done; err != nil {
+			return fmt.Errorf("stopping proxy: %w", err)
+		}
+		return nil
 	}
-	if err := <-s.done; err != nil {
-		return fmt.Errorf("stopping proxy: %w", err)
-	}
-	return nil
 }
 
 func (s *Server) stopTicker() {

@@ -36,6 +36,7 @@ type Worker struct {
 	inflight      atomic.Int64
 	prefillTokens atomic.Int64
 	decodeBlocks  atomic.Int64
+	cachedBlocks  atomic.Int64
 	reported      atomic.Pointer[Reported]
 
 	ejectedUntil atomic.Int64 // unix nanos
@@ -90,17 +91,24 @@ func (w *Worker) Load() int64 {
 	return n
 }
 
+// SetCachedBlocks records how many blocks the proxy's prefix index believes the worker
+// caches beyond what its requests in flight hold.
+func (w *Worker) SetCachedBlocks(n int64) { w.cachedBlocks.Store(n) }
+
 // KVInUse is the fraction of the worker's KV cache in use: the engine's report, or this
-// proxy's decode blocks over the capacity, or (capacity unknown) the decode blocks
-// themselves, which still order workers correctly against each other.
+// proxy's view (blocks its requests hold plus blocks its index believes cached) over the
+// capacity, or (capacity unknown) those blocks themselves, which still order workers
+// correctly against each other. Counting cached blocks makes new prefixes go to the
+// workers whose caches hold least, so that they evict least.
 func (w *Worker) KVInUse() float64 {
 	if r := w.reported.Load(); r != nil {
 		return r.KVUsage
 	}
+	n := float64(w.decodeBlocks.Load() + w.cachedBlocks.Load())
 	if w.Capacity > 0 {
-		return float64(w.decodeBlocks.Load()) / float64(w.Capacity)
+		return n / float64(w.Capacity)
 	}
-	return float64(w.decodeBlocks.Load())
+	return n
 }
 
 // Healthy reports whether the worker takes new requests at time now: not ejected after

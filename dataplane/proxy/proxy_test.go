@@ -1,0 +1,612 @@
+package proxy_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
+
+	"github.com/kvrelay/kvrelay/dataplane/proxy"
+	"github.com/kvrelay/kvrelay/engines/sim"
+)
+
+const model = "gpt-oss-120b"
+
+type cluster struct {
+	workers []*sim.Worker
+	proxy   *proxy.Server
+	base    string // http://addr
+}
+
+var codecOnce = sync.OnceValues(func() (sim.Codec, error) { return sim.NewCodec(model, "", "") })
+
+// startWorker runs one simulated engine for the test's lifetime.
+func startWorker(t *testing.T, mut func(*sim.WorkerConfig)) *sim.Worker {
+	t.Helper()
+	codec, err := codecOnce()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := sim.WorkerConfig{Engine: sim.DefaultConfig(), Listen: "127.0.0.1:0", Codec: codec}
+	cfg.Engine.NumGPUBlocks = 8192
+	cfg.Engine.Timing.Speedup = 50
+	if mut != nil {
+		mut(&cfg)
+	}
+	w, err := sim.NewWorker(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	if err := w.Start(ctx); err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { _ = w.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done; w.Close() })
+	return w
+}
+
+// startProxy runs a proxy in front of the given upstream URLs.
+func startProxy(t *testing.T, urls []string, mut func(*proxy.Config)) *proxy.Server {
+	t.Helper()
+	cfg := proxy.DefaultConfig()
+	cfg.Listen = "127.0.0.1:0"
+	cfg.ExposeWorkerHeader = true
+	cfg.EventLoops = 2
+	for i, u := range urls {
+		cfg.Upstreams = append(cfg.Upstreams, proxy.Upstream{ID: "w" + strconv.Itoa(i), URL: u, Model: model})
+	}
+	if mut != nil {
+		mut(&cfg)
+	}
+	p, err := proxy.New(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	return p
+}
+
+func startCluster(t *testing.T, n int, mut func(*proxy.Config), simMut func(*sim.WorkerConfig)) *cluster {
+	t.Helper()
+	c := &cluster{}
+	var urls []string
+	for range n {
+		w := startWorker(t, simMut)
+		c.workers = append(c.workers, w)
+		urls = append(urls, w.URL())
+	}
+	c.proxy = startProxy(t, urls, mut)
+	c.base = "http://" + c.proxy.Addr()
+	return c
+}
+
+func post(t *testing.T, url, body string) (*http.Response, []byte) {
+	t.Helper()
+	resp, err := http.Post(url, "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	return resp, b
+}
+
+func chatBody(system, user string, maxTokens int, stream bool) string {
+	b, _ := json.Marshal(map[string]any{
+		"model":      model,
+		"max_tokens": maxTokens,
+		"stream":     stream,
+		"messages":   []map[string]string{{"role": "system", "content": system}, {"role": "user", "content": user}},
+	})
+	return string(b)
+}
+
+func family(g int) string {
+	var b strings.Builder
+	for i := range 400 {
+		fmt.Fprintf(&b, "family%d rule%d. ", g, i)
+	}
+	return b.String()
+}
+
+func TestOpenAISDKThroughProxy(t *testing.T) {
+	c := startCluster(t, 2, nil, nil)
+	client := openai.NewClient(option.WithBaseURL(c.base+"/v1"), option.WithAPIKey("k"), option.WithMaxRetries(0))
+	ctx := context.Background()
+	params := openai.ChatCompletionNewParams{
+		Model:     model,
+		Messages:  []openai.ChatCompletionMessageParamUnion{openai.SystemMessage(family(1)), openai.UserMessage("hello")},
+		MaxTokens: openai.Int(6),
+	}
+	var first, second *openai.ChatCompletion
+	var err error
+	var r1, r2 *http.Response
+	if first, err = client.Chat.Completions.New(ctx, params, option.WithResponseInto(&r1)); err != nil {
+		t.Fatal(err)
+	}
+	if second, err = client.Chat.Completions.New(ctx, params, option.WithResponseInto(&r2)); err != nil {
+		t.Fatal(err)
+	}
+	hdr1, hdr2 := r1.Header, r2.Header
+	if first.Usage.CompletionTokens != 6 || first.Choices[0].Message.Content == "" {
+		t.Fatalf("first: %+v", first)
+	}
+	if hdr1.Get("x-kvrelay-worker") == "" || hdr1.Get("x-kvrelay-worker") != hdr2.Get("x-kvrelay-worker") {
+		t.Fatalf("same prompt went to %q then %q", hdr1.Get("x-kvrelay-worker"), hdr2.Get("x-kvrelay-worker"))
+	}
+	if pt := second.Usage.PromptTokens; second.Usage.PromptTokensDetails.CachedTokens != pt/16*16 {
+		t.Fatalf("second identical prompt: cached %d of %d", second.Usage.PromptTokensDetails.CachedTokens, pt)
+	}
+
+	p := params
+	p.StreamOptions = openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)}
+	stream := client.Chat.Completions.NewStreaming(ctx, p)
+	var acc openai.ChatCompletionAccumulator
+	for stream.Next() {
+		acc.AddChunk(stream.Current())
+	}
+	if err := stream.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if acc.Usage.CompletionTokens != 6 || len(strings.Fields(acc.Choices[0].Message.Content)) != 6 {
+		t.Fatalf("stream: usage %+v content %q", acc.Usage, acc.Choices[0].Message.Content)
+	}
+
+	comp, err := client.Completions.New(ctx, openai.CompletionNewParams{
+		Model: model, Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("Once upon a time")}, MaxTokens: openai.Int(3),
+	})
+	if err != nil || comp.Usage.CompletionTokens != 3 {
+		t.Fatalf("completion: %v %+v", err, comp)
+	}
+
+	_, err = client.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: "nope", Messages: params.Messages})
+	var apiErr *openai.Error
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != 404 {
+		t.Fatalf("unknown model: %v", err)
+	}
+
+	models, err := client.Models.List(ctx)
+	if err != nil || len(models.Data) != 1 || models.Data[0].ID != model {
+		t.Fatalf("models: %v %+v", err, models)
+	}
+}
+
+func TestSamePrefixSameWorkerSpreadAcrossPrefixes(t *testing.T) {
+	c := startCluster(t, 4, nil, nil)
+	placement := map[int]map[string]int{}
+	for round := range 4 {
+		for g := range 6 {
+			resp, body := post(t, c.base+"/v1/chat/completions", chatBody(family(g), fmt.Sprintf("question %d", round), 2, false))
+			if resp.StatusCode != 200 {
+				t.Fatalf("status %d: %s", resp.StatusCode, body)
+			}
+			w := resp.Header.Get("x-kvrelay-worker")
+			if placement[g] == nil {
+				placement[g] = map[string]int{}
+			}
+			placement[g][w]++
+		}
+	}
+	homes := map[string]bool{}
+	for g, ws := range placement {
+		if len(ws) != 1 {
+			t.Fatalf("family %d was split across %v", g, ws)
+		}
+		for w := range ws {
+			homes[w] = true
+		}
+	}
+	if len(homes) < 4 {
+		t.Fatalf("6 families landed on only %d of 4 workers: %v", len(homes), placement)
+	}
+}
+
+func TestBadRequests(t *testing.T) {
+	c := startCluster(t, 1, func(cfg *proxy.Config) { cfg.MaxBodyBytes = 1 << 20 }, nil)
+	cases := []struct {
+		name, method, path, body string
+		status                   int
+	}{
+		{"malformed json", "POST", "/v1/chat/completions", `{broken`, 400},
+		{"no messages", "POST", "/v1/chat/completions", `{"model":"` + model + `"}`, 400},
+		{"no model", "POST", "/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}]}`, 400},
+		{"unknown model", "POST", "/v1/chat/completions", `{"model":"other","messages":[{"role":"user","content":"x"}]}`, 404},
+		{"wrong type", "POST", "/v1/chat/completions", `{"model":"` + model + `","messages":"hi"}`, 400},
+		{"body over the limit", "POST", "/v1/completions", `{"model":"` + model + `","prompt":"` + strings.Repeat("x", 2<<20) + `"}`, 413},
+		{"unknown route", "POST", "/v1/nothing", `{}`, 404},
+		{"wrong method", "GET", "/v1/chat/completions", ``, 405},
+		{"engine rejects", "POST", "/v1/chat/completions", `{"model":"` + model + `","messages":[{"role":"user","content":"x"}],"n":3}`, 400},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			req, _ := http.NewRequest(tc.method, c.base+tc.path, strings.NewReader(tc.body))
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != tc.status {
+				t.Fatalf("status %d, want %d: %s", resp.StatusCode, tc.status, b)
+			}
+			var e struct {
+				Error struct {
+					Message string `json:"message"`
+					Type    string `json:"type"`
+				} `json:"error"`
+			}
+			if json.Unmarshal(b, &e) != nil || e.Error.Message == "" || e.Error.Type == "" {
+				t.Fatalf("not an OpenAI error: %s", b)
+			}
+		})
+	}
+}
+
+// rawExchange writes raw bytes on one connection and reads n responses.
+func rawExchange(t *testing.T, addr, raw string, n int) []*http.Response {
+	t.Helper()
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(20 * time.Second))
+	if _, err := io.WriteString(conn, raw); err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(conn)
+	var out []*http.Response
+	for range n {
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("response %d: %v", len(out), err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body = io.NopCloser(bytes.NewReader(body))
+		out = append(out, resp)
+	}
+	return out
+}
+
+func TestFraming(t *testing.T) {
+	c := startCluster(t, 1, nil, nil)
+	addr := c.proxy.Addr()
+	small := `{"model":"` + model + `","messages":[{"role":"user","content":"hi"}],"max_tokens":2}`
+	t.Run("pipelined requests answer in order", func(t *testing.T) {
+		raw := "GET /health HTTP/1.1\r\nHost: x\r\n\r\n" +
+			"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " + strconv.Itoa(len(small)) + "\r\n\r\n" + small +
+			"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n"
+		rs := rawExchange(t, addr, raw, 3)
+		b1, _ := io.ReadAll(rs[1].Body)
+		b2, _ := io.ReadAll(rs[2].Body)
+		if rs[0].StatusCode != 200 || rs[1].StatusCode != 200 || !bytes.Contains(b1, []byte("chat.completion")) || !bytes.Contains(b2, []byte(`"object":"list"`)) {
+			t.Fatalf("pipelined: %d %d %s %s", rs[0].StatusCode, rs[1].StatusCode, b1, b2)
+		}
+	})
+	t.Run("chunked request body", func(t *testing.T) {
+		half := len(small) / 2
+		raw := "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" +
+			strconv.FormatInt(int64(half), 16) + "\r\n" + small[:half] + "\r\n" +
+			strconv.FormatInt(int64(len(small)-half), 16) + "\r\n" + small[half:] + "\r\n0\r\n\r\n"
+		rs := rawExchange(t, addr, raw, 1)
+		if rs[0].StatusCode != 200 {
+			b, _ := io.ReadAll(rs[0].Body)
+			t.Fatalf("chunked body: %d %s", rs[0].StatusCode, b)
+		}
+	})
+	t.Run("expect 100-continue", func(t *testing.T) {
+		conn, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		conn.SetDeadline(time.Now().Add(10 * time.Second))
+		io.WriteString(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: "+strconv.Itoa(len(small))+"\r\n\r\n")
+		br := bufio.NewReader(conn)
+		line, err := br.ReadString('\n')
+		if err != nil || !strings.HasPrefix(line, "HTTP/1.1 100") {
+			t.Fatalf("want 100 Continue, got %q %v", line, err)
+		}
+		br.ReadString('\n')
+		io.WriteString(conn, small)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil || resp.StatusCode != 200 {
+			t.Fatalf("after 100-continue: %v %v", resp, err)
+		}
+	})
+	t.Run("header too large", func(t *testing.T) {
+		raw := "GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + strings.Repeat("a", 70<<10) + "\r\n\r\n"
+		rs := rawExchange(t, addr, raw, 1)
+		if rs[0].StatusCode != 431 {
+			t.Fatalf("status %d", rs[0].StatusCode)
+		}
+	})
+	t.Run("smuggling attempt", func(t *testing.T) {
+		raw := "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
+		rs := rawExchange(t, addr, raw, 1)
+		if rs[0].StatusCode != 400 {
+			t.Fatalf("status %d", rs[0].StatusCode)
+		}
+	})
+}
+
+// fakeEngine serves raw TCP connections with handle, answering /v1/models itself.
+func fakeEngine(t *testing.T, handle func(conn net.Conn, br *bufio.Reader, req *http.Request)) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer conn.Close()
+				br := bufio.NewReader(conn)
+				for {
+					req, err := http.ReadRequest(br)
+					if err != nil {
+						return
+					}
+					io.Copy(io.Discard, req.Body)
+					handle(conn, br, req)
+				}
+			}()
+		}
+	}()
+	return "http://" + ln.Addr().String()
+}
+
+func TestEngineDiesMidStream(t *testing.T) {
+	url := fakeEngine(t, func(conn net.Conn, _ *bufio.Reader, _ *http.Request) {
+		io.WriteString(conn, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+		ev := `data: {"id":"x","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":null}]}` + "\n\n"
+		for range 3 {
+			fmt.Fprintf(conn, "%x\r\n%s\r\n", len(ev), ev)
+			time.Sleep(5 * time.Millisecond)
+		}
+		conn.Close() // the engine dies
+	})
+	p := startProxy(t, []string{url}, nil)
+	client := &http.Client{Timeout: 10 * time.Second}
+	resp, err := client.Post("http://"+p.Addr()+"/v1/chat/completions", "application/json", strings.NewReader(chatBody("s", "u", 10, true)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		t.Fatalf("the stream must end cleanly, got %v after %q", err, body)
+	}
+	if bytes.Count(body, []byte(`"content":"hi"`)) != 3 || !bytes.Contains(body, []byte(`"error"`)) || !bytes.HasSuffix(body, []byte("data: [DONE]\n\n")) {
+		t.Fatalf("stream: %s", body)
+	}
+}
+
+func TestRetryOnRefusedAndFailingEngines(t *testing.T) {
+	// One address refuses connections, one engine answers 500, one is healthy.
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	refused := "http://" + ln.Addr().String()
+	ln.Close()
+	var failing int
+	var mu sync.Mutex
+	failURL := fakeEngine(t, func(conn net.Conn, _ *bufio.Reader, _ *http.Request) {
+		mu.Lock()
+		failing++
+		mu.Unlock()
+		io.WriteString(conn, "HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+	})
+	good := startWorker(t, nil)
+	p := startProxy(t, []string{refused, failURL, good.URL()}, func(cfg *proxy.Config) {
+		cfg.Policy = "round-robin"
+		cfg.EjectAfter = 2
+		cfg.EjectFor = time.Minute
+	})
+	for i := range 6 {
+		resp, body := post(t, "http://"+p.Addr()+"/v1/chat/completions", chatBody("s", "u", 2, false))
+		if resp.StatusCode != 200 || resp.Header.Get("x-kvrelay-worker") != "w2" {
+			t.Fatalf("request %d: %d from %q: %s", i, resp.StatusCode, resp.Header.Get("x-kvrelay-worker"), body)
+		}
+	}
+	ws := p.Workers()
+	if ws[0].EjectedUntil().IsZero() || ws[1].EjectedUntil().IsZero() {
+		t.Fatal("workers failing twice in a row must be ejected")
+	}
+	mu.Lock()
+	n := failing
+	mu.Unlock()
+	if n > 2 {
+		t.Fatalf("an ejected engine still got requests: %d", n)
+	}
+	_, m := get(t, "http://"+p.Addr()+"/metrics")
+	for _, want := range []string{`kvrelay_proxy_worker_ejections_total{worker="w0"} 1`, `kvrelay_proxy_upstream_errors_total{kind="connect",worker="w0"}`, `kvrelay_proxy_upstream_errors_total{kind="status_5xx",worker="w1"}`} {
+		if !strings.Contains(m, want) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+}
+
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode, string(b)
+}
+
+func TestAllEnginesDown(t *testing.T) {
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	refused := "http://" + ln.Addr().String()
+	ln.Close()
+	p := startProxy(t, []string{refused}, nil)
+	resp, body := post(t, "http://"+p.Addr()+"/v1/chat/completions", chatBody("s", "u", 2, false))
+	if resp.StatusCode != 502 && resp.StatusCode != 503 || !bytes.Contains(body, []byte(`"error"`)) {
+		t.Fatalf("status %d: %s", resp.StatusCode, body)
+	}
+}
+
+func TestClientDisconnectFreesEngineBlocks(t *testing.T) {
+	c := startCluster(t, 1, nil, func(cfg *sim.WorkerConfig) { cfg.Engine.Timing.Speedup = 1 })
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, "POST", c.base+"/v1/chat/completions",
+		strings.NewReader(`{"model":"`+model+`","messages":[{"role":"user","content":"go on"}],"max_tokens":5000,"ignore_eos":true,"stream":true}`))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(resp.Body)
+	if _, err := br.ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+	if l := c.workers[0].Engine().Load(); l.Running != 1 {
+		t.Fatalf("engine load while streaming: %+v", l)
+	}
+	cancel()
+	resp.Body.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for c.workers[0].Engine().Load() != (sim.Load{}) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the engine still holds the request after the client left: %+v", c.workers[0].Engine().Load())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestQueueOverflowAndTimeout(t *testing.T) {
+	c := startCluster(t, 1, func(cfg *proxy.Config) {
+		cfg.BusyPrefillTokens = 1 // one request in prefill makes the worker busy
+		cfg.QueueSize = 1
+		cfg.QueueTimeout = 300 * time.Millisecond
+	}, func(cfg *sim.WorkerConfig) { cfg.Engine.Timing.Speedup = 0.05 }) // a 1 s+ prefill
+	statuses := make(chan int, 4)
+	retryAfter := make(chan string, 4)
+	var wg sync.WaitGroup
+	for i := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			time.Sleep(time.Duration(i) * 30 * time.Millisecond)
+			resp, err := http.Post(c.base+"/v1/chat/completions", "application/json", strings.NewReader(chatBody(family(i), "x", 1, false)))
+			if err != nil {
+				statuses <- 0
+				return
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			statuses <- resp.StatusCode
+			if resp.StatusCode == 429 {
+				retryAfter <- resp.Header.Get("Retry-After")
+			}
+		}()
+	}
+	wg.Wait()
+	close(statuses)
+	got := map[int]int{}
+	for s := range statuses {
+		got[s]++
+	}
+	// One runs, one waits and times out (503), two find the queue full (429).
+	if got[200] != 1 || got[503] != 1 || got[429] != 2 {
+		t.Fatalf("statuses %v", got)
+	}
+	if ra := <-retryAfter; ra == "" {
+		t.Fatal("429 without Retry-After")
+	}
+}
+
+func TestDrainFinishesStreamsAndRefusesNew(t *testing.T) {
+	c := startCluster(t, 1, nil, func(cfg *sim.WorkerConfig) { cfg.Engine.Timing.Speedup = 5 })
+	resp, err := http.Post(c.base+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"model":"`+model+`","messages":[{"role":"user","content":"x"}],"max_tokens":40,"ignore_eos":true,"stream":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	drained := make(chan struct{})
+	go func() { c.proxy.Drain(10 * time.Second); close(drained) }()
+	time.Sleep(50 * time.Millisecond)
+	r2, b2 := post(t, c.base+"/v1/chat/completions", chatBody("s", "u", 2, false))
+	if r2.StatusCode != 503 {
+		t.Fatalf("a request during drain: %d %s", r2.StatusCode, b2)
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil || !bytes.HasSuffix(body, []byte("data: [DONE]\n\n")) || bytes.Count(body, []byte(`"content":" `)) != 40 {
+		t.Fatalf("the stream in flight must finish: %v %d bytes", err, len(body))
+	}
+	select {
+	case <-drained:
+	case <-time.After(10 * time.Second):
+		t.Fatal("drain did not return once the stream finished")
+	}
+}
+
+func TestMetricsArePromlintClean(t *testing.T) {
+	c := startCluster(t, 1, nil, nil)
+	post(t, c.base+"/v1/chat/completions", chatBody("s", "u", 2, false))
+	post(t, c.base+"/v1/chat/completions", `{bad`)
+	_, m := get(t, c.base+"/metrics")
+	problems, err := promlint.New(strings.NewReader(m)).Lint()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range problems {
+		if strings.HasPrefix(p.Metric, "kvrelay_") {
+			t.Errorf("promlint: %s: %s", p.Metric, p.Text)
+		}
+	}
+	for _, want := range []string{
+		`kvrelay_proxy_requests_total{code="200",model="gpt-oss-120b",route="/v1/chat/completions"} 1`,
+		`kvrelay_proxy_requests_total{code="400",model="unknown",route="/v1/chat/completions"} 1`,
+		`kvrelay_proxy_decision_seconds_count{stage="tokenize"}`,
+		`kvrelay_proxy_time_to_first_token_seconds_count{model="gpt-oss-120b"} 1`,
+	} {
+		if !strings.Contains(m, want) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+}
+
+func TestModelDiscovery(t *testing.T) {
+	w := startWorker(t, nil)
+	cfg := proxy.DefaultConfig()
+	cfg.Listen = "127.0.0.1:0"
+	cfg.Upstreams = []proxy.Upstream{{URL: w.URL()}}
+	p, err := proxy.New(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if p.Workers()[0].Model != model {
+		t.Fatalf("discovered model %q", p.Workers()[0].Model)
+	}
+}
