@@ -1,6 +1,10 @@
 package oai
 
-import "bytes"
+import (
+	"bytes"
+	"encoding/binary"
+	"math/bits"
+)
 
 // Sink receives one measurement. prometheus.Observer (a Histogram or Summary, or one taken
 // from a vector with WithLabelValues ahead of time) satisfies it, so the proxy can feed its
@@ -581,55 +585,56 @@ func (o *Observer) json(seg []byte, now int64) {
 	for i < len(seg) {
 		switch o.st {
 		case jString:
-			if !o.strCap {
-				// Fast path: jump to the next quote or backslash.
-				rest := seg[i:]
-				q := bytes.IndexByte(rest, '"')
-				run := rest
-				if q >= 0 {
-					run = rest[:q]
-				}
-				if b := bytes.IndexByte(run, '\\'); b >= 0 {
-					o.strAny = true
-					o.st = jEscape
-					i += b + 1
-					continue
-				}
-				if len(run) > 0 {
-					o.strAny = true
-				}
-				if q < 0 {
-					return
-				}
-				i += q + 1
-				o.endString(now)
+			rest := seg[i:]
+			k := quoteOrBackslash(rest)
+			if k >= 0 && rest[k] == '"' && o.strCap && !o.capOver && (o.strKey && o.keyLen == 0 || !o.strKey && o.capLen == 0) {
+				// The whole string lies in this segment: use it in place.
+				o.strAny = o.strAny || k > 0
+				i += k + 1
+				o.endString(now, rest[:k])
 				continue
 			}
-			c := seg[i]
-			i++
-			switch c {
-			case '"':
-				o.endString(now)
-			case '\\':
-				o.strAny = true
-				o.capture(c)
-				o.st = jEscape
-			default:
-				o.strAny = true
-				o.capture(c)
+			run := rest
+			if k >= 0 {
+				run = rest[:k]
 			}
+			if len(run) > 0 {
+				o.strAny = true
+				if o.strCap {
+					o.captureRun(run)
+				}
+			}
+			if k < 0 {
+				return
+			}
+			i += k + 1
+			if rest[k] == '"' {
+				if o.strKey {
+					o.endString(now, o.key[:o.keyLen])
+				} else {
+					o.endString(now, o.cap[:o.capLen])
+				}
+				continue
+			}
+			o.strAny = true
+			o.capture('\\')
+			o.st = jEscape
 		case jEscape:
 			o.capture(seg[i])
 			i++
 			o.st = jString
 		case jScalar:
-			c := seg[i]
-			if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '+' || c == '-' {
-				o.capture(c)
-				i++
-				continue
+			j := i
+			for j < len(seg) && isScalarByte(seg[j]) {
+				j++
 			}
-			o.endScalar(now)
+			if o.strCap {
+				o.captureRun(seg[i:j])
+			}
+			i = j
+			if i < len(seg) {
+				o.endScalar(now)
+			}
 		default:
 			c := seg[i]
 			i++
@@ -646,7 +651,7 @@ func (o *Observer) json(seg []byte, now int64) {
 			case '"':
 				o.startString()
 			default:
-				if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' {
+				if isScalarByte(c) && c != '.' && c != '+' {
 					o.startScalar(c)
 				} else {
 					o.bad = true
@@ -657,24 +662,51 @@ func (o *Observer) json(seg []byte, now int64) {
 }
 
 func (o *Observer) capture(c byte) {
-	if !o.strCap {
-		return
+	if o.strCap {
+		o.captureRun([]byte{c})
 	}
+}
+
+// captureRun copies a run of the current key, string or scalar into its buffer, up to the
+// buffer's capacity.
+func (o *Observer) captureRun(run []byte) {
 	if o.strKey {
-		if int(o.keyLen) < len(o.key) {
-			o.key[o.keyLen] = c
-			o.keyLen++
-		} else {
+		n := copy(o.key[o.keyLen:], run)
+		o.keyLen += uint8(n)
+		if n < len(run) {
 			o.capOver = true
 		}
 		return
 	}
-	if int(o.capLen) < len(o.cap) {
-		o.cap[o.capLen] = c
-		o.capLen++
-	} else {
+	n := copy(o.cap[o.capLen:], run)
+	o.capLen += uint16(n)
+	if n < len(run) {
 		o.capOver = true
 	}
+}
+
+// isScalarByte reports whether c can continue a number or literal.
+func isScalarByte(c byte) bool {
+	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '+' || c == '-'
+}
+
+// quoteOrBackslash returns the index of the first '"' or '\\' in b, or -1.
+func quoteOrBackslash(b []byte) int {
+	i := 0
+	for ; i+8 <= len(b); i += 8 {
+		x := binary.LittleEndian.Uint64(b[i:])
+		q := x ^ (lsb * '"')
+		s := x ^ (lsb * '\\')
+		if m := ((q-lsb)&^q | (s-lsb)&^s) & msb; m != 0 {
+			return i + bits.TrailingZeros64(m)>>3
+		}
+	}
+	for ; i < len(b); i++ {
+		if b[i] == '"' || b[i] == '\\' {
+			return i
+		}
+	}
+	return -1
 }
 
 // containerNode is the node of the innermost container, or nNone past the tracked depth.
@@ -774,11 +806,12 @@ func (o *Observer) startString() {
 	o.st = jString
 }
 
-func (o *Observer) endString(now int64) {
+// endString ends the current string; v is its captured (raw) bytes when strCap is set.
+func (o *Observer) endString(now int64, v []byte) {
 	if o.strKey {
 		o.cur = nNone
 		if o.strCap && !o.capOver {
-			o.cur = child(o.containerNode(), o.key[:o.keyLen])
+			o.cur = child(o.containerNode(), v)
 		}
 		o.st = jColon
 		o.strCap = false
@@ -796,7 +829,7 @@ func (o *Observer) endString(now int64) {
 		}
 	default:
 		if o.strCap {
-			o.store()
+			o.store(v)
 		}
 	}
 	o.strCap = false
@@ -823,7 +856,7 @@ func (o *Observer) endScalar(now int64) {
 	o.st = jAfter
 	if o.strCap && o.cur != nError {
 		if v := o.cap[:o.capLen]; string(v) != "null" {
-			o.store()
+			o.store(v)
 		}
 	}
 	o.strCap = false
@@ -832,10 +865,9 @@ func (o *Observer) endScalar(now int64) {
 	}
 }
 
-// store puts the captured value where its node says.
-func (o *Observer) store() {
+// store puts the captured value v where its node says.
+func (o *Observer) store(v []byte) {
 	r := &o.res
-	v := o.cap[:o.capLen]
 	if o.capOver && o.cur != nRootType && o.cur != nRootObject && o.cur != nStatus {
 		r.Truncated++
 	}

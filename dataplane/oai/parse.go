@@ -1426,6 +1426,7 @@ func (p *Parser) promptArray(param string) error {
 			if err := p.tokenID(param); err != nil {
 				return err
 			}
+			p.moreIDs()
 		case promptStrings:
 			if n == 0 {
 				var text []byte
@@ -1451,7 +1452,9 @@ func (p *Parser) promptArray(param string) error {
 					break
 				}
 				if n == 0 {
-					err = p.tokenID(param)
+					if err = p.tokenID(param); err == nil {
+						p.moreIDs()
+					}
 				} else {
 					p.extraText += 4
 					err = p.skipValue(3)
@@ -1474,18 +1477,58 @@ func (p *Parser) promptArray(param string) error {
 	return nil
 }
 
+// plainID parses a token id written as plain decimal digits (no leading zero, below 10^9)
+// and followed by a delimiter at b[i:]; end < 0 means it is not one.
+func plainID(b []byte, i int) (v int32, end int) {
+	j := i
+	for j < len(b) && j-i < 10 && b[j] >= '0' && b[j] <= '9' {
+		v = v*10 + int32(b[j]-'0')
+		j++
+	}
+	if j == i || j-i == 10 || j == len(b) || b[i] == '0' && j > i+1 {
+		return 0, -1
+	}
+	if c := b[j]; c != ',' && c != ']' && !isWS(c) {
+		return 0, -1
+	}
+	return v, j
+}
+
+// moreIDs takes the ", id" pairs that follow a token id in a tight loop (token lists are
+// long), stopping before anything the general path must look at.
+func (p *Parser) moreIDs() {
+	b := p.b
+	for !p.failed() && p.i < len(b) && b[p.i] == ',' {
+		j := p.i + 1
+		for j < len(b) && isWS(b[j]) {
+			j++
+		}
+		v, end := plainID(b, j)
+		if end < 0 {
+			return
+		}
+		p.req.PromptTokens = append(p.req.PromptTokens, v)
+		p.i = end
+	}
+}
+
 // tokenID appends one token id of the first prompt.
 func (p *Parser) tokenID(param string) error {
-	i, _, k, err := p.number(param)
+	if v, end := plainID(p.b, p.i); end >= 0 {
+		p.i = end
+		p.req.PromptTokens = append(p.req.PromptTokens, v)
+		return nil
+	}
+	i64, _, k, err := p.number(param)
 	if err != nil {
 		return err
 	}
-	if k != numInt || i < 0 || i > math.MaxInt32 {
+	if k != numInt || i64 < 0 || i64 > math.MaxInt32 {
 		if k != numBad {
 			p.fail(param, param+" token ids must be integers between 0 and 2147483647", CodeInvalidValue)
 		}
 		return nil
 	}
-	p.req.PromptTokens = append(p.req.PromptTokens, int32(i))
+	p.req.PromptTokens = append(p.req.PromptTokens, int32(i64))
 	return nil
 }
