@@ -292,7 +292,7 @@ const (
 
 // Observer measures one response as its payload streams through the proxy, without
 // buffering it: a resumable tokenizer follows SSE framing and JSON structure byte by byte and
-// copies only the few short values it reports, so memory stays fixed (about 1 KiB) whatever
+// copies only the few short values it reports, so memory stays fixed (about 1.3 KiB) whatever
 // the size of an event or body, and bytes may be fed split anywhere. An Observer is reused
 // across requests (Reset) and allocates nothing. It is not safe for concurrent use; the
 // Observation it returns is valid until the next Reset.
