@@ -67,6 +67,7 @@ type clientConn struct {
 	rreq   route.Request
 	dec    route.Decision
 	toks   []uint32
+	text   []byte // the rendered prompt, reused
 	hasher blockhash.Hasher
 	msgs   []tokenizer.Message
 	extra  []byte
@@ -378,8 +379,10 @@ func (cc *clientConn) prepare() error {
 	return nil
 }
 
-// promptText renders the chat messages with the model's template. The strings handed to the
-// template alias the request body and the parser's buffer, both alive for this call.
+// promptText renders the chat messages with the model's template, into cc.text when the
+// template can. The strings handed to the template alias the request body and the parser's
+// buffer, both alive for this call; the returned string may alias cc.text and is valid until
+// the next request.
 func (cc *clientConn) promptText(cd *codec) (string, error) {
 	o := &cc.oreq
 	if cc.kind == oai.Completions {
@@ -406,11 +409,15 @@ func (cc *clientConn) promptText(cd *codec) (string, error) {
 	if len(o.ReasoningEffort) > 0 {
 		opts.ReasoningEffort = unsafeString(o.ReasoningEffort)
 	}
-	text, err := cd.tmpl.Render(cc.msgs, opts)
-	if err != nil {
-		return "", err
+	if ar, ok := cd.tmpl.(tokenizer.AppendRenderer); ok {
+		text, err := ar.AppendRender(cc.text[:0], cc.msgs, opts)
+		cc.text = text
+		if err != nil {
+			return "", err
+		}
+		return unsafeString(text), nil
 	}
-	return text, nil
+	return cd.tmpl.Render(cc.msgs, opts)
 }
 
 // estimateBytes is the block of text hashed as one block in estimate mode: block size

@@ -94,49 +94,9 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 // Start discovers the models of upstreams that did not name one, builds the worker pool and
 // the tokenizers, binds the listener and starts serving.
 func (s *Server) Start(ctx context.Context) error {
-	ws := make([]*route.Worker, len(s.cfg.Upstreams))
-	for i, u := range s.cfg.Upstreams {
-		host := upstreamHost(u.URL)
-		id := u.ID
-		if id == "" {
-			id = host
-		}
-		model := u.Model
-		if model == "" {
-			m, err := discoverModel(ctx, u.URL, s.cfg.ConnectTimeout)
-			if err != nil {
-				s.log.Warn("upstream model unknown; it will be offered every model", "worker", id, "err", err)
-			}
-			model = m
-		}
-		bs := u.BlockSize
-		if bs == 0 {
-			bs = s.cfg.BlockSize
-		}
-		ws[i] = &route.Worker{ID: id, URL: "http://" + host, Addr: host, Model: model, BlockSize: bs, Capacity: u.Capacity}
-	}
-	pool := route.NewPool(ws)
-	var err error
-	if s.kv, err = route.NewRouter(s.cfg.routeConfig(), pool, s.index); err != nil {
+	if err := s.setup(ctx); err != nil {
 		return fmt.Errorf("starting proxy: %w", err)
 	}
-	lc := s.cfg.routeConfig()
-	lc.Policy = route.PolicyLeastLoaded
-	if s.kv.Policy().Name == route.PolicyRoundRobin || s.kv.Policy().Name == route.PolicyRandom {
-		lc.Policy = s.kv.Policy().Name // baselines stay baselines on every route
-	}
-	if s.load, err = route.NewRouter(lc, pool, nil); err != nil {
-		return fmt.Errorf("starting proxy: %w", err)
-	}
-	s.workers = make([]*workerState, len(ws))
-	for i, w := range ws {
-		s.workers[i] = &workerState{w: w, m: s.metrics.forWorker(w.ID)}
-	}
-	if err := s.buildCodecs(pool); err != nil {
-		return fmt.Errorf("starting proxy: %w", err)
-	}
-	s.models = modelsBody(pool.Models(), time.Now().Unix())
-
 	nloops := s.cfg.EventLoops
 	opts := []gnet.Option{
 		gnet.WithMulticore(nloops == 0),
@@ -174,6 +134,53 @@ func (s *Server) Start(ctx context.Context) error {
 	s.stopTick = make(chan struct{})
 	s.tickWG.Add(1)
 	go s.ticker()
+	return nil
+}
+
+// setup builds the worker pool, the routers and the codecs.
+func (s *Server) setup(ctx context.Context) error {
+	ws := make([]*route.Worker, len(s.cfg.Upstreams))
+	for i, u := range s.cfg.Upstreams {
+		host := upstreamHost(u.URL)
+		id := u.ID
+		if id == "" {
+			id = host
+		}
+		model := u.Model
+		if model == "" {
+			m, err := discoverModel(ctx, u.URL, s.cfg.ConnectTimeout)
+			if err != nil {
+				s.log.Warn("upstream model unknown; it will be offered every model", "worker", id, "err", err)
+			}
+			model = m
+		}
+		bs := u.BlockSize
+		if bs == 0 {
+			bs = s.cfg.BlockSize
+		}
+		ws[i] = &route.Worker{ID: id, URL: "http://" + host, Addr: host, Model: model, BlockSize: bs, Capacity: u.Capacity}
+	}
+	pool := route.NewPool(ws)
+	var err error
+	if s.kv, err = route.NewRouter(s.cfg.routeConfig(), pool, s.index); err != nil {
+		return err
+	}
+	lc := s.cfg.routeConfig()
+	lc.Policy = route.PolicyLeastLoaded
+	if s.kv.Policy().Name == route.PolicyRoundRobin || s.kv.Policy().Name == route.PolicyRandom {
+		lc.Policy = s.kv.Policy().Name // baselines stay baselines on every route
+	}
+	if s.load, err = route.NewRouter(lc, pool, nil); err != nil {
+		return err
+	}
+	s.workers = make([]*workerState, len(ws))
+	for i, w := range ws {
+		s.workers[i] = &workerState{w: w, m: s.metrics.forWorker(w.ID)}
+	}
+	if err := s.buildCodecs(pool); err != nil {
+		return err
+	}
+	s.models = modelsBody(pool.Models(), time.Now().Unix())
 	return nil
 }
 

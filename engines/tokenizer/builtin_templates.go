@@ -3,6 +3,7 @@ package tokenizer
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/ardanlabs/jinja"
@@ -23,8 +24,8 @@ func (harmonyTemplate) Name() string { return TemplateHarmony }
 // ErrTemplate marks messages a template refuses (as the original raises an exception).
 var ErrTemplate = errors.New("chat template rejected the conversation")
 
-func (harmonyTemplate) Render(msgs []Message, opts RenderOptions) (string, error) {
-	var b strings.Builder
+func (harmonyTemplate) AppendRender(dst []byte, msgs []Message, opts RenderOptions) ([]byte, error) {
+	b := textBuilder{buf: dst}
 	b.Grow(512 + 64*len(msgs))
 	b.WriteString("<|start|>system<|message|>")
 	identity := opts.ModelIdentity
@@ -61,7 +62,7 @@ func (harmonyTemplate) Render(msgs []Message, opts RenderOptions) (string, error
 	}
 	tools, err := toolsValue(opts)
 	if err != nil {
-		return "", err
+		return dst, err
 	}
 	hasTools := tools.IsList() && tools.AsList().Len() > 0
 	if developer != "" || hasTools {
@@ -73,7 +74,7 @@ func (harmonyTemplate) Render(msgs []Message, opts RenderOptions) (string, error
 		if hasTools {
 			b.WriteString("\n\n# Tools\n\n")
 			if err := writeHarmonyNamespace(&b, "functions", tools.AsList().Items); err != nil {
-				return "", err
+				return dst, err
 			}
 		}
 		b.WriteString("<|end|>")
@@ -86,7 +87,7 @@ func (harmonyTemplate) Render(msgs []Message, opts RenderOptions) (string, error
 		case "assistant":
 			for _, s := range []string{m.Content, m.Reasoning} {
 				if strings.Contains(s, "<|channel|>analysis<|message|>") || strings.Contains(s, "<|channel|>final<|message|>") {
-					return "", fmt.Errorf("rendering harmony: %w: assistant message holds <|channel|> tags; pass analysis as reasoning and the final answer as content", ErrTemplate)
+					return dst, fmt.Errorf("rendering harmony: %w: assistant message holds <|channel|> tags; pass analysis as reasoning and the final answer as content", ErrTemplate)
 				}
 			}
 			switch {
@@ -94,7 +95,7 @@ func (harmonyTemplate) Render(msgs []Message, opts RenderOptions) (string, error
 				tc := m.ToolCalls[0]
 				switch {
 				case m.Content != "" && m.Reasoning != "":
-					return "", fmt.Errorf("rendering harmony: %w: assistant tool-call message has both content and reasoning", ErrTemplate)
+					return dst, fmt.Errorf("rendering harmony: %w: assistant tool-call message has both content and reasoning", ErrTemplate)
 				case m.Content != "":
 					writeAll(&b, "<|start|>assistant<|channel|>analysis<|message|>", m.Content, "<|end|>")
 				case m.Reasoning != "":
@@ -102,7 +103,7 @@ func (harmonyTemplate) Render(msgs []Message, opts RenderOptions) (string, error
 				}
 				args, err := toJSON(argumentsValue(tc.Function.Arguments))
 				if err != nil {
-					return "", fmt.Errorf("rendering harmony: encoding tool-call arguments: %w", err)
+					return dst, fmt.Errorf("rendering harmony: encoding tool-call arguments: %w", err)
 				}
 				writeAll(&b, "<|start|>assistant to=functions.", tc.Function.Name, "<|channel|>commentary json<|message|>", args, "<|end|>")
 				lastCall = tc.Function.Name
@@ -117,11 +118,11 @@ func (harmonyTemplate) Render(msgs []Message, opts RenderOptions) (string, error
 			}
 		case "tool":
 			if lastCall == "" {
-				return "", fmt.Errorf("rendering harmony: %w: tool message without a preceding assistant tool call", ErrTemplate)
+				return dst, fmt.Errorf("rendering harmony: %w: tool message without a preceding assistant tool call", ErrTemplate)
 			}
 			content, err := toJSON(jinja.NewString(m.Content))
 			if err != nil {
-				return "", fmt.Errorf("rendering harmony: encoding tool output: %w", err)
+				return dst, fmt.Errorf("rendering harmony: encoding tool output: %w", err)
 			}
 			writeAll(&b, "<|start|>functions.", lastCall, " to=assistant<|channel|>commentary<|message|>", content, "<|end|>")
 		case "user":
@@ -131,10 +132,10 @@ func (harmonyTemplate) Render(msgs []Message, opts RenderOptions) (string, error
 	if opts.AddGenerationPrompt {
 		b.WriteString("<|start|>assistant")
 	}
-	return b.String(), nil
+	return b.buf, nil
 }
 
-func writeAll(b *strings.Builder, parts ...string) {
+func writeAll(b *textBuilder, parts ...string) {
 	for _, p := range parts {
 		b.WriteString(p)
 	}
@@ -186,7 +187,7 @@ func inList(list jinja.Value, s string) bool {
 }
 
 // writeHarmonyNamespace renders function tools as the TypeScript-like namespace gpt-oss reads.
-func writeHarmonyNamespace(b *strings.Builder, ns string, tools []jinja.Value) error {
+func writeHarmonyNamespace(b *textBuilder, ns string, tools []jinja.Value) error {
 	writeAll(b, "## ", ns, "\n\nnamespace ", ns, " {\n\n")
 	for _, tool := range tools {
 		fn := get(tool, "function")
@@ -325,7 +326,7 @@ func typescriptType(spec jinja.Value) (string, error) {
 	return "any", nil
 }
 
-func writeHarmonyBuiltinTools(b *strings.Builder, browser, python bool) {
+func writeHarmonyBuiltinTools(b *textBuilder, browser, python bool) {
 	if browser {
 		b.WriteString("## browser\n\n" +
 			"// Tool for browsing.\n" +
@@ -376,12 +377,12 @@ type chatMLTemplate struct{}
 
 func (chatMLTemplate) Name() string { return TemplateChatML }
 
-func (chatMLTemplate) Render(msgs []Message, opts RenderOptions) (string, error) {
-	var b strings.Builder
+func (chatMLTemplate) AppendRender(dst []byte, msgs []Message, opts RenderOptions) ([]byte, error) {
+	b := textBuilder{buf: dst}
 	b.Grow(256 + 64*len(msgs))
 	tools, err := toolsValue(opts)
 	if err != nil {
-		return "", err
+		return dst, err
 	}
 	firstSystem := len(msgs) > 0 && msgs[0].Role == "system"
 	if tools.IsTruthy() && tools.IsList() {
@@ -393,7 +394,7 @@ func (chatMLTemplate) Render(msgs []Message, opts RenderOptions) (string, error)
 		for _, t := range tools.AsList().Items {
 			j, err := toJSON(t)
 			if err != nil {
-				return "", fmt.Errorf("rendering chatml: encoding tool: %w", err)
+				return dst, fmt.Errorf("rendering chatml: encoding tool: %w", err)
 			}
 			writeAll(&b, "\n", j)
 		}
@@ -438,7 +439,7 @@ func (chatMLTemplate) Render(msgs []Message, opts RenderOptions) (string, error)
 				} else {
 					j, err := toJSON(args)
 					if err != nil {
-						return "", fmt.Errorf("rendering chatml: encoding tool-call arguments: %w", err)
+						return dst, fmt.Errorf("rendering chatml: encoding tool-call arguments: %w", err)
 					}
 					b.WriteString(j)
 				}
@@ -461,7 +462,7 @@ func (chatMLTemplate) Render(msgs []Message, opts RenderOptions) (string, error)
 			b.WriteString("<think>\n\n</think>\n\n")
 		}
 	}
-	return b.String(), nil
+	return b.buf, nil
 }
 
 // llama3Template renders the Llama 3 Instruct format: <|begin_of_text|>, then
@@ -470,8 +471,8 @@ type llama3Template struct{ bos string }
 
 func (llama3Template) Name() string { return TemplateLlama3 }
 
-func (t llama3Template) Render(msgs []Message, opts RenderOptions) (string, error) {
-	var b strings.Builder
+func (t llama3Template) AppendRender(dst []byte, msgs []Message, opts RenderOptions) ([]byte, error) {
+	b := textBuilder{buf: dst}
 	b.Grow(64 + 64*len(msgs))
 	b.WriteString(t.bos)
 	for i := range msgs {
@@ -480,11 +481,37 @@ func (t llama3Template) Render(msgs []Message, opts RenderOptions) (string, erro
 	if opts.AddGenerationPrompt {
 		b.WriteString("<|start_header_id|>assistant<|end_header_id|>\n\n")
 	}
-	return b.String(), nil
+	return b.buf, nil
 }
 
+func (t harmonyTemplate) Render(msgs []Message, opts RenderOptions) (string, error) {
+	b, err := t.AppendRender(nil, msgs, opts)
+	return string(b), err
+}
+
+func (t chatMLTemplate) Render(msgs []Message, opts RenderOptions) (string, error) {
+	b, err := t.AppendRender(nil, msgs, opts)
+	return string(b), err
+}
+
+func (t llama3Template) Render(msgs []Message, opts RenderOptions) (string, error) {
+	b, err := t.AppendRender(nil, msgs, opts)
+	return string(b), err
+}
+
+// textBuilder is what the built-in templates write into: a strings.Builder over a
+// caller-owned byte slice, so AppendRender can reuse the caller's buffer.
+type textBuilder struct{ buf []byte }
+
+func (b *textBuilder) WriteString(s string) { b.buf = append(b.buf, s...) }
+func (b *textBuilder) Grow(n int)           { b.buf = slices.Grow(b.buf, n) }
+func (b *textBuilder) Len() int             { return len(b.buf) }
+
 var (
-	_ Template = harmonyTemplate{}
-	_ Template = chatMLTemplate{}
-	_ Template = llama3Template{}
+	_ Template       = harmonyTemplate{}
+	_ Template       = chatMLTemplate{}
+	_ Template       = llama3Template{}
+	_ AppendRenderer = harmonyTemplate{}
+	_ AppendRenderer = chatMLTemplate{}
+	_ AppendRenderer = llama3Template{}
 )

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -64,7 +65,28 @@ func (o *RenderOptions) date() string {
 	if o.Date != "" {
 		return o.Date
 	}
-	return time.Now().Format("2006-01-02")
+	return today()
+}
+
+// todayCache holds the formatted current date and the day it is for, so that rendering every
+// request does not format (and allocate) a date each time.
+var todayCache atomic.Pointer[dayString]
+
+type dayString struct {
+	year int
+	yday int
+	s    string
+}
+
+func today() string {
+	now := time.Now()
+	y, d := now.Year(), now.YearDay()
+	if c := todayCache.Load(); c != nil && c.year == y && c.yday == d {
+		return c.s
+	}
+	c := &dayString{year: y, yday: d, s: now.Format("2006-01-02")}
+	todayCache.Store(c)
+	return c.s
 }
 
 // Template renders chat messages into prompt text. Implementations are immutable after
@@ -74,6 +96,13 @@ type Template interface {
 	Name() string
 	// Render returns the prompt text for msgs.
 	Render(msgs []Message, opts RenderOptions) (string, error)
+}
+
+// AppendRenderer is a Template that can render into a caller's buffer, so that a caller
+// rendering every request (the proxy) allocates nothing per prompt. The built-in templates
+// implement it.
+type AppendRenderer interface {
+	AppendRender(dst []byte, msgs []Message, opts RenderOptions) ([]byte, error)
 }
 
 // Built-in template names.
