@@ -521,6 +521,24 @@ func reflectEqual(a, b Request) bool {
 	return bytes.Equal(ja, jb)
 }
 
+func TestParseReleasesHugeBuffer(t *testing.T) {
+	var p Parser
+	var r Request
+	huge := longChat(4 << 20)
+	if err := p.Parse(huge, ChatCompletions, &r); err != nil {
+		t.Fatal(err)
+	}
+	if cap(r.buf) < len(huge) {
+		t.Fatalf("buffer cap %d < body %d", cap(r.buf), len(huge))
+	}
+	if err := p.Parse([]byte(smallChat), ChatCompletions, &r); err != nil {
+		t.Fatal(err)
+	}
+	if cap(r.buf) > retainLimit {
+		t.Errorf("buffer cap %d kept after a small body", cap(r.buf))
+	}
+}
+
 func TestKindForPath(t *testing.T) {
 	for _, k := range []Kind{ChatCompletions, Completions, Embeddings, Responses} {
 		if got := KindForPath([]byte(k.String())); got != k {

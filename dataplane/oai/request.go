@@ -97,7 +97,8 @@ type Hints struct {
 }
 
 // Request is what Parse extracts from one OpenAI request body. A Request is reused: Parse
-// resets every field (keeping slice capacity) before it fills it. Every byte slice is
+// resets every field (keeping slice capacity; a text buffer grown past 256 KiB by an
+// exceptional body is let go when a much smaller body comes) before it fills it. Every byte slice is
 // read-only and points either into the body given to Parse or into the Request's own buffer,
 // so it is valid until the next Parse into the same Request and only while the body is
 // unchanged. A Request is not safe for concurrent use.
@@ -186,6 +187,9 @@ func roundToInt(f float64) int {
 	return int(math.Round(f))
 }
 
+// retainLimit is the text buffer capacity a Request keeps whatever the next body's size.
+const retainLimit = 256 << 10
+
 // reset clears r for a new body of n bytes, keeping the capacity of its slices.
 func (r *Request) reset(kind Kind, n int) {
 	msgs, parts, toks, buf := r.Messages[:0], r.Parts[:0], r.PromptTokens[:0], r.buf[:0]
@@ -194,7 +198,9 @@ func (r *Request) reset(kind Kind, n int) {
 	r.N = 1
 	r.AddGenerationPrompt = true
 	r.Messages, r.Parts, r.PromptTokens = msgs, parts, toks
-	if cap(buf) < n {
+	// The buffer only grows, except that one left large by an exceptional body is dropped
+	// when a much smaller one comes, so a keep-alive connection does not hold it for good.
+	if cap(buf) < n || cap(buf) > retainLimit && cap(buf) > 8*n {
 		buf = make([]byte, 0, n+n/4)
 	}
 	r.buf = buf
