@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"math"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -615,5 +617,49 @@ func TestAppendJSONString(t *testing.T) {
 		if want := strings.ToValidUTF8(s, "\uFFFD"); back != want {
 			t.Errorf("%q → %s → %q", s, out, back)
 		}
+	}
+}
+
+// TestParseMatchesPython replays bodies whose content mixes every escape form, raw UTF-8,
+// invalid bytes and control characters (testdata/make_python_vectors.py) against what
+// CPython's json.loads made of them: the same text, or an error. Where Python keeps an
+// unpaired surrogate (which no tokenizer can encode), Parse must refuse the body.
+func TestParseMatchesPython(t *testing.T) {
+	f, err := os.ReadFile(filepath.Join("testdata", "python_strings.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var p Parser
+	var r Request
+	n := 0
+	for line := range bytes.Lines(f) {
+		var c struct {
+			Body          []byte `json:"body"`
+			OK            bool   `json:"ok"`
+			Content       []byte `json:"content"`
+			LoneSurrogate bool   `json:"lone_surrogate"`
+		}
+		if err := json.Unmarshal(line, &c); err != nil {
+			t.Fatal(err)
+		}
+		n++
+		err := p.Parse(c.Body, ChatCompletions, &r)
+		switch {
+		case !c.OK:
+			if !errors.Is(err, ErrInvalidJSON) {
+				t.Errorf("%q: Python refuses it, Parse: %v", c.Body, err)
+			}
+		case c.LoneSurrogate:
+			if err == nil {
+				t.Errorf("%q: unpaired surrogate accepted", c.Body)
+			}
+		case err != nil:
+			t.Errorf("%q: Parse: %v", c.Body, err)
+		case !bytes.Equal(r.Messages[0].Content, c.Content):
+			t.Errorf("%q: content %q, Python %q", c.Body, r.Messages[0].Content, c.Content)
+		}
+	}
+	if n < 500 {
+		t.Fatalf("only %d vectors", n)
 	}
 }
