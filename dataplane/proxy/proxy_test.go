@@ -63,7 +63,7 @@ func startWorker(t *testing.T, mut func(*sim.WorkerConfig)) *sim.Worker {
 }
 
 // startProxy runs a proxy in front of the given upstream URLs.
-func startProxy(t *testing.T, urls []string, mut func(*proxy.Config)) *proxy.Server {
+func startProxy(t testing.TB, urls []string, mut func(*proxy.Config)) *proxy.Server {
 	t.Helper()
 	cfg := proxy.DefaultConfig()
 	cfg.Listen = "127.0.0.1:0"

@@ -1,0 +1,79 @@
+package proxy_test
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"net"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// sseEngine streams chunks events one every gap, each carrying the time it was written, in
+// the shape of an OpenAI chat completion chunk.
+func sseEngine(b *testing.B, chunks int, gap time.Duration) string {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/v1/chat/completions", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		fl := w.(http.Flusher)
+		for i := range chunks {
+			fmt.Fprintf(w, `data: {"id":"x","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":" tok%d"},"finish_reason":null}],"t":%d}`+"\n\n", i, time.Now().UnixNano())
+			fl.Flush()
+			time.Sleep(gap)
+		}
+		fmt.Fprint(w, "data: [DONE]\n\n")
+	})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv := &http.Server{Handler: mux}
+	go srv.Serve(ln)
+	b.Cleanup(func() { srv.Close() })
+	return "http://" + ln.Addr().String()
+}
+
+// BenchmarkSSEChunkLatency measures how long each streamed chunk takes from the engine's
+// write to the client's read, straight from the engine and through the proxy, and reports the
+// p50 and p99 in µs. The difference between the two is what the proxy adds per chunk.
+func BenchmarkSSEChunkLatency(b *testing.B) {
+	engine := sseEngine(b, 100, time.Millisecond)
+	p := startProxy(b, []string{engine}, nil)
+	body := `{"model":"` + model + `","messages":[{"role":"user","content":"stream"}],"stream":true}`
+	for _, target := range []struct{ name, url string }{{"direct", engine}, {"proxy", "http://" + p.Addr()}} {
+		b.Run(target.name, func(b *testing.B) {
+			client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4}}
+			var lat []int64
+			for b.Loop() {
+				resp, err := client.Post(target.url+"/v1/chat/completions", "application/json", strings.NewReader(body))
+				if err != nil {
+					b.Fatal(err)
+				}
+				sc := bufio.NewScanner(resp.Body)
+				for sc.Scan() {
+					line := sc.Bytes()
+					i := bytes.Index(line, []byte(`"t":`))
+					if i < 0 {
+						continue
+					}
+					now := time.Now().UnixNano()
+					t, err := strconv.ParseInt(string(bytes.TrimRight(line[i+4:], "}")), 10, 64)
+					if err == nil {
+						lat = append(lat, now-t)
+					}
+				}
+				resp.Body.Close()
+			}
+			slices.Sort(lat)
+			if len(lat) > 0 {
+				b.ReportMetric(float64(lat[len(lat)/2])/1e3, "p50-µs")
+				b.ReportMetric(float64(lat[len(lat)*99/100])/1e3, "p99-µs")
+			}
+		})
+	}
+}
+
