@@ -240,6 +240,7 @@ var fuzzSeeds = []string{
 	"\xef\xbb\xbf{\"model\":\"m\",\"messages\":[{\"role\":\"u\",\"content\":\"\\u0000\"}]}",
 	`{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":-1,"max_tokens":1e3}`,
 	`[1,2,{"x":"y"}]`,
+	`{"model":"m","prompt":[0, 1 ,22,	333,4444,2147483647,1.0,1e2]}`,
 	`{"model":"m","messages":[{"role":"user","content":"x\q"}]}`,
 }
 
@@ -271,11 +272,29 @@ func FuzzParse(f *testing.F) {
 				t.Fatalf("Parse accepted what encoding/json refuses (err %v)", err)
 			}
 		}
-		if err != nil || !stdValid || kind != ChatCompletions {
+		if err != nil || !stdValid {
 			return
 		}
 		var m map[string]any
 		if json.Unmarshal(body, &m) != nil {
+			return
+		}
+		if kind == Completions {
+			// Token ids of the first prompt, when the prompt is a flat list of integers.
+			ids, _ := m["prompt"].([]any)
+			if r.PromptIsTokens && len(ids) > 0 {
+				if _, isList := ids[0].([]any); !isList && len(ids) != len(r.PromptTokens) {
+					t.Fatalf("%d token ids, encoding/json %d", len(r.PromptTokens), len(ids))
+				}
+				for i, v := range ids {
+					if f, ok := v.(float64); ok && i < len(r.PromptTokens) && float64(r.PromptTokens[i]) != f {
+						t.Fatalf("token %d = %d, encoding/json %v", i, r.PromptTokens[i], f)
+					}
+				}
+			}
+			return
+		}
+		if kind != ChatCompletions {
 			return
 		}
 		if model, _ := m["model"].(string); model != string(r.Model) {
