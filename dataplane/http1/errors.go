@@ -43,28 +43,28 @@ func StatusOf(err error) int {
 
 // Request errors (ParseRequest, ChunkedDecoder).
 var (
-	ErrHeadTooLarge        = newError(431, "request head too large")
-	ErrTooManyHeaders      = newError(431, "too many header fields")
-	ErrBodyTooLarge        = newError(413, "request body too large")
-	ErrBadRequestLine      = newError(400, "malformed request line")
-	ErrBadTarget           = newError(400, "invalid request target")
-	ErrVersionNotSupported = newError(505, "http version not supported")
-	ErrMethodNotAllowed    = newError(501, "method not implemented")
-	ErrBadLineEnding       = newError(400, "bare cr or lf in message head")
-	ErrBadHeaderName       = newError(400, "invalid header field name")
-	ErrSpaceBeforeColon    = newError(400, "whitespace between header field name and colon")
-	ErrBadHeaderValue      = newError(400, "invalid character in header field value")
-	ErrObsFold             = newError(400, "obsolete header line folding")
-	ErrBadContentLength    = newError(400, "invalid content-length")
-	ErrContentLengthDiffer = newError(400, "conflicting content-length values")
-	ErrBadTransferEncoding = newError(400, "invalid transfer-encoding")
-	ErrUnsupportedEncoding = newError(501, "transfer-encoding not implemented")
-	ErrAmbiguousLength     = newError(400, "both content-length and transfer-encoding")
-	ErrMissingHost         = newError(400, "missing host header")
-	ErrBadHost             = newError(400, "invalid or repeated host header")
-	ErrExpectation         = newError(417, "unsupported expectation")
-	ErrBadChunk            = newError(400, "malformed chunked encoding")
-	ErrTrailerTooLarge     = newError(431, "chunked trailer section too large")
+	ErrHeadTooLarge         = newError(431, "request head too large")
+	ErrTooManyHeaders       = newError(431, "too many header fields")
+	ErrBodyTooLarge         = newError(413, "request body too large")
+	ErrBadRequestLine       = newError(400, "malformed request line")
+	ErrBadTarget            = newError(400, "invalid request target")
+	ErrVersionNotSupported  = newError(505, "http version not supported")
+	ErrMethodNotImplemented = newError(501, "method not implemented")
+	ErrBadLineEnding        = newError(400, "bare cr or lf in message head")
+	ErrBadHeaderName        = newError(400, "invalid header field name")
+	ErrSpaceBeforeColon     = newError(400, "whitespace between header field name and colon")
+	ErrBadHeaderValue       = newError(400, "invalid character in header field value")
+	ErrObsFold              = newError(400, "obsolete header line folding")
+	ErrBadContentLength     = newError(400, "invalid content-length")
+	ErrContentLengthDiffer  = newError(400, "conflicting content-length values")
+	ErrBadTransferEncoding  = newError(400, "invalid transfer-encoding")
+	ErrUnsupportedEncoding  = newError(501, "transfer-encoding not implemented")
+	ErrAmbiguousLength      = newError(400, "both content-length and transfer-encoding")
+	ErrMissingHost          = newError(400, "missing host header")
+	ErrBadHost              = newError(400, "invalid or repeated host header")
+	ErrExpectation          = newError(417, "unsupported expectation")
+	ErrBadChunk             = newError(400, "malformed chunked encoding")
+	ErrTrailerTooLarge      = newError(431, "chunked trailer section too large")
 )
 
 // Response errors (ParseResponse, ChunkScanner): an upstream that sends these is answered
@@ -92,7 +92,7 @@ const (
 	cBadTarget
 	cBadVersion
 	cVersionNotSupported
-	cMethodNotAllowed
+	cMethodNotImplemented
 	cBadLineEnding
 	cBadHeaderName
 	cSpaceBeforeColon
@@ -113,30 +113,30 @@ const (
 )
 
 var errs = [numCodes]struct{ req, resp *Error }{
-	cHeadTooLarge:        {ErrHeadTooLarge, ErrResponseHeadTooLarge},
-	cTooManyHeaders:      {ErrTooManyHeaders, ErrResponseHeadTooLarge},
-	cBodyTooLarge:        {ErrBodyTooLarge, ErrResponseTooLarge},
-	cBadRequestLine:      {ErrBadRequestLine, ErrBadStatusLine},
-	cBadTarget:           {ErrBadTarget, ErrBadStatusLine},
-	cBadVersion:          {ErrBadRequestLine, ErrBadStatusLine},
-	cVersionNotSupported: {ErrVersionNotSupported, ErrBadStatusLine},
-	cMethodNotAllowed:    {ErrMethodNotAllowed, ErrBadStatusLine},
-	cBadLineEnding:       {ErrBadLineEnding, ErrBadResponseHeader},
-	cBadHeaderName:       {ErrBadHeaderName, ErrBadResponseHeader},
-	cSpaceBeforeColon:    {ErrSpaceBeforeColon, ErrBadResponseHeader},
-	cBadHeaderValue:      {ErrBadHeaderValue, ErrBadResponseHeader},
-	cObsFold:             {ErrObsFold, ErrBadResponseHeader},
-	cBadContentLength:    {ErrBadContentLength, ErrBadResponseFraming},
-	cContentLengthDiffer: {ErrContentLengthDiffer, ErrBadResponseFraming},
-	cBadTransferEncoding: {ErrBadTransferEncoding, ErrBadResponseFraming},
-	cUnsupportedEncoding: {ErrUnsupportedEncoding, ErrBadResponseFraming},
-	cAmbiguousLength:     {ErrAmbiguousLength, ErrBadResponseFraming},
-	cMissingHost:         {ErrMissingHost, ErrBadResponseHeader},
-	cBadHost:             {ErrBadHost, ErrBadResponseHeader},
-	cExpectation:         {ErrExpectation, ErrBadResponseHeader},
-	cBadChunk:            {ErrBadChunk, ErrBadResponseChunk},
-	cTrailerTooLarge:     {ErrTrailerTooLarge, ErrBadResponseChunk},
-	cBadStatusLine:       {ErrBadRequestLine, ErrBadStatusLine},
+	cHeadTooLarge:         {ErrHeadTooLarge, ErrResponseHeadTooLarge},
+	cTooManyHeaders:       {ErrTooManyHeaders, ErrResponseHeadTooLarge},
+	cBodyTooLarge:         {ErrBodyTooLarge, ErrResponseTooLarge},
+	cBadRequestLine:       {ErrBadRequestLine, ErrBadStatusLine},
+	cBadTarget:            {ErrBadTarget, ErrBadStatusLine},
+	cBadVersion:           {ErrBadRequestLine, ErrBadStatusLine},
+	cVersionNotSupported:  {ErrVersionNotSupported, ErrBadStatusLine},
+	cMethodNotImplemented: {ErrMethodNotImplemented, ErrBadStatusLine},
+	cBadLineEnding:        {ErrBadLineEnding, ErrBadResponseHeader},
+	cBadHeaderName:        {ErrBadHeaderName, ErrBadResponseHeader},
+	cSpaceBeforeColon:     {ErrSpaceBeforeColon, ErrBadResponseHeader},
+	cBadHeaderValue:       {ErrBadHeaderValue, ErrBadResponseHeader},
+	cObsFold:              {ErrObsFold, ErrBadResponseHeader},
+	cBadContentLength:     {ErrBadContentLength, ErrBadResponseFraming},
+	cContentLengthDiffer:  {ErrContentLengthDiffer, ErrBadResponseFraming},
+	cBadTransferEncoding:  {ErrBadTransferEncoding, ErrBadResponseFraming},
+	cUnsupportedEncoding:  {ErrUnsupportedEncoding, ErrBadResponseFraming},
+	cAmbiguousLength:      {ErrAmbiguousLength, ErrBadResponseFraming},
+	cMissingHost:          {ErrMissingHost, ErrBadResponseHeader},
+	cBadHost:              {ErrBadHost, ErrBadResponseHeader},
+	cExpectation:          {ErrExpectation, ErrBadResponseHeader},
+	cBadChunk:             {ErrBadChunk, ErrBadResponseChunk},
+	cTrailerTooLarge:      {ErrTrailerTooLarge, ErrBadResponseChunk},
+	cBadStatusLine:        {ErrBadRequestLine, ErrBadStatusLine},
 }
 
 func (c code) req() error {

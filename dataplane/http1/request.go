@@ -238,7 +238,7 @@ func parseVersion(b []byte) (minor, n int, c code) {
 func (r *Request) parseTarget(t []byte) code {
 	r.Target = t
 	if string(r.Method) == "CONNECT" {
-		return cMethodNotAllowed
+		return cMethodNotImplemented
 	}
 	switch {
 	case t[0] == '/':

@@ -201,7 +201,7 @@ func TestParseRequest(t *testing.T) {
 		{name: "two colons in authority", in: "GET http://a:1:2/ HTTP/1.1\r\nHost: h\r\n\r\n", err: ErrBadTarget},
 		{name: "percent in authority", in: "GET http://a%41/ HTTP/1.1\r\nHost: h\r\n\r\n", err: ErrBadTarget},
 		{name: "unclosed ipv6 literal", in: "GET http://[::1/ HTTP/1.1\r\nHost: h\r\n\r\n", err: ErrBadTarget},
-		{name: "connect", in: "CONNECT engine:443 HTTP/1.1\r\nHost: engine:443\r\n\r\n", err: ErrMethodNotAllowed},
+		{name: "connect", in: "CONNECT engine:443 HTTP/1.1\r\nHost: engine:443\r\n\r\n", err: ErrMethodNotImplemented},
 		{name: "lowercase version", in: "GET / http/1.1\r\n", err: ErrBadRequestLine},
 		{name: "long version", in: "GET / HTTP/1.10\r\n", err: ErrBadRequestLine},
 		{name: "http/2", in: "GET / HTTP/2.0\r\n\r\n", err: ErrVersionNotSupported},
