@@ -297,6 +297,13 @@ func (cc *clientConn) handle() {
 	}
 	cc.model = s.modelLabel(cc.oreq.Model)
 	if err := cc.prepare(); err != nil {
+		if errors.Is(err, errPending) {
+			return // resumes in remoteDone
+		}
+		if errors.Is(err, errNoTokenizer) {
+			cc.errorReply(503, err.Error(), "", "no_worker")
+			return
+		}
 		cc.errorReply(400, err.Error(), "messages", "")
 		return
 	}
@@ -344,10 +351,11 @@ func (cc *clientConn) prepare() error {
 		for _, t := range o.PromptTokens {
 			cc.toks = append(cc.toks, uint32(t))
 		}
-	case cd.mode == TokenizerEstimate || cd.mode == TokenizerRemote:
-		// Remote tokenization is approximated like estimate on the proxy's side: the
-		// engine's own /tokenize costs a round trip per request, so the prompt text is hashed
-		// in fixed byte blocks, which still maps equal prefixes to equal chains.
+	case cd.mode == TokenizerRemote:
+		if err := cc.tokenizeRemote(); err != nil {
+			return err // errPending: it resumes in remoteDone
+		}
+	case cd.mode == TokenizerEstimate:
 		text, err := cc.promptText(cd)
 		if err != nil {
 			return err
@@ -364,8 +372,18 @@ func (cc *clientConn) prepare() error {
 		}
 		cc.toks = cd.tok.AppendEncode(cc.toks, text)
 	}
+	s.metrics.stages[stageTokenize].Observe(seconds(nanotime() - t0))
+	cc.hashTokens()
+	return nil
+}
+
+// hashTokens turns cc.toks into the prompt's block chain, folding the cache salt and any
+// non-text parts into every block, as engines fold them into their block hashes.
+func (cc *clientConn) hashTokens() {
+	s := cc.srv
+	o := &cc.oreq
+	r := &cc.rreq
 	t1 := nanotime()
-	s.metrics.stages[stageTokenize].Observe(seconds(t1 - t0))
 	cc.extra = cc.extra[:0]
 	if len(o.CacheSalt) > 0 {
 		cc.extra = append(cc.extra, o.CacheSalt...)
@@ -376,7 +394,6 @@ func (cc *clientConn) prepare() error {
 	r.PromptTokens = len(cc.toks)
 	r.Hashes = cc.hasher.AppendSeq(r.Hashes[:0], cc.toks, s.cfg.BlockSize, cc.extra)
 	s.metrics.stages[stageHash].Observe(seconds(nanotime() - t1))
-	return nil
 }
 
 // promptText renders the chat messages with the model's template, into cc.text when the
@@ -500,7 +517,7 @@ func (cc *clientConn) methodNotAllowed() {
 func (cc *clientConn) parseError(err error) {
 	var pe *oai.Error
 	if errors.As(err, &pe) {
-		cc.errorReply(400, pe.Message, pe.Param, pe.Code)
+		cc.errorReply(pe.Status(), pe.Message, pe.Param, pe.Code)
 		return
 	}
 	cc.errorReply(400, err.Error(), "", "")

@@ -15,25 +15,25 @@ import (
 type metrics struct {
 	reg *prometheus.Registry
 
-	requests      *prometheus.CounterVec   // model, route, code
-	ttft          *prometheus.HistogramVec // model
-	itl           *prometheus.HistogramVec // model
-	e2e           *prometheus.HistogramVec // model, route
-	decision      *prometheus.HistogramVec // stage
-	predicted     *prometheus.CounterVec   // worker: prompt blocks the index predicted cached
-	reported      *prometheus.CounterVec   // worker: prompt blocks the engine reported cached
-	promptBlocks  *prometheus.CounterVec   // worker: prompt blocks routed
-	predictionErr prometheus.Histogram     // |reported − predicted| blocks per request
-	queueDepth    prometheus.Gauge
-	queued        *prometheus.CounterVec // outcome: dispatched, rejected, timeout, abandoned
-	upstreamErrs  *prometheus.CounterVec // worker, kind
-	ejections     *prometheus.CounterVec // worker
-	retries       prometheus.Counter
-	inflight      *prometheus.GaugeVec   // worker
-	routed        *prometheus.CounterVec // worker, mode
-	aborted       *prometheus.CounterVec // reason: client_gone, slow_client, upstream_died
-	tokenCache    *prometheus.CounterVec // result: hit, miss (segments are inside; this counts prompts)
-	draining      prometheus.Gauge
+	requests        *prometheus.CounterVec   // model, route, code
+	ttft            *prometheus.HistogramVec // model
+	itl             *prometheus.HistogramVec // model
+	e2e             *prometheus.HistogramVec // model, route
+	decision        *prometheus.HistogramVec // stage
+	predicted       *prometheus.CounterVec   // worker: prompt blocks the index predicted cached
+	reported        *prometheus.CounterVec   // worker: prompt blocks the engine reported cached
+	promptBlocks    *prometheus.CounterVec   // worker: prompt blocks routed
+	predictionErr   prometheus.Histogram     // |reported − predicted| blocks per request
+	queueDepth      prometheus.Gauge
+	queued          *prometheus.CounterVec // outcome: dispatched, rejected, timeout, abandoned
+	upstreamErrs    *prometheus.CounterVec // worker, kind
+	ejections       *prometheus.CounterVec // worker
+	retries         prometheus.Counter
+	inflight        *prometheus.GaugeVec   // worker
+	routed          *prometheus.CounterVec // worker, mode
+	aborted         *prometheus.CounterVec // reason: client_gone, slow_client, upstream_died
+	draining        prometheus.Gauge
+	remoteFallbacks prometheus.Counter
 
 	mu       sync.Mutex
 	reqCache map[reqKey]prometheus.Counter
@@ -125,6 +125,9 @@ func newMetrics() *metrics {
 		draining: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "kvrelay_proxy_draining", Help: "1 while the proxy drains before stopping.",
 		}),
+		remoteFallbacks: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvrelay_proxy_remote_tokenize_failures_total", Help: "Prompts an engine's /tokenize could not tokenize, routed on an estimate instead.",
+		}),
 		reqCache: map[reqKey]prometheus.Counter{},
 		ttftC:    map[string]prometheus.Observer{},
 		itlC:     map[string]prometheus.Observer{},
@@ -132,7 +135,7 @@ func newMetrics() *metrics {
 	}
 	reg.MustRegister(m.requests, m.ttft, m.itl, m.e2e, m.decision, m.predicted, m.reported, m.promptBlocks,
 		m.predictionErr, m.queueDepth, m.queued, m.upstreamErrs, m.ejections, m.retries, m.inflight, m.routed,
-		m.aborted, m.draining)
+		m.aborted, m.draining, m.remoteFallbacks)
 	for i, n := range stageNames {
 		m.stages[i] = m.decision.WithLabelValues(n)
 	}

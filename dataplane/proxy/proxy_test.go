@@ -610,3 +610,108 @@ func TestModelDiscovery(t *testing.T) {
 		t.Fatalf("discovered model %q", p.Workers()[0].Model)
 	}
 }
+
+// TestTokenizerModesAgree routes the same conversation with the in-process tokenizer and
+// with the engine's /tokenize: both must produce the very same block chain, so a prompt
+// routed by one finds the blocks the other recorded.
+func TestTokenizerModesAgree(t *testing.T) {
+	// One engine each, so that each proxy's first request finds an empty cache.
+	local := startProxy(t, []string{startWorker(t, nil).URL()}, nil)
+	remote := startProxy(t, []string{startWorker(t, nil).URL()}, func(cfg *proxy.Config) { cfg.Tokenizer = proxy.TokenizerRemote })
+	estimate := startProxy(t, []string{startWorker(t, nil).URL()}, func(cfg *proxy.Config) { cfg.Tokenizer = proxy.TokenizerEstimate })
+	body := chatBody(family(3), "which family?", 2, false)
+	for _, p := range []*proxy.Server{local, remote, estimate} {
+		for range 2 { // the second time the remote answer comes from the cache
+			if resp, b := post(t, "http://"+p.Addr()+"/v1/chat/completions", body); resp.StatusCode != 200 {
+				t.Fatalf("status %d: %s", resp.StatusCode, b)
+			}
+		}
+	}
+	// The second request found what the first recorded: the blocks the proxy predicted are
+	// the blocks the engine reported cached, which holds only if both counted the same tokens.
+	for name, p := range map[string]*proxy.Server{"local": local, "remote": remote} {
+		_, m := get(t, "http://"+p.Addr()+"/metrics")
+		predicted := metricValue(t, m, `kvrelay_proxy_prefix_predicted_blocks_total{worker="w0"}`)
+		reported := metricValue(t, m, `kvrelay_proxy_prefix_reported_blocks_total{worker="w0"}`)
+		if predicted < 50 || predicted != reported {
+			t.Fatalf("%s: predicted %v cached blocks, engine reported %v", name, predicted, reported)
+		}
+	}
+}
+
+func metricValue(t *testing.T, exposition, series string) float64 {
+	t.Helper()
+	for _, line := range strings.Split(exposition, "\n") {
+		if v, ok := strings.CutPrefix(line, series+" "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return f
+		}
+	}
+	t.Fatalf("no series %s", series)
+	return 0
+}
+
+func TestPassThroughRoutesAndPriority(t *testing.T) {
+	var mu sync.Mutex
+	var bodies []string
+	url := fakeEngine(t, func(conn net.Conn, _ *bufio.Reader, req *http.Request) {
+		// fakeEngine drained the body; echo what the proxy sent in the path + a header check.
+		mu.Lock()
+		bodies = append(bodies, req.URL.Path+" "+req.Header.Get("X-Test-Body"))
+		mu.Unlock()
+		resp := `{"object":"list","data":[{"embedding":[0.1],"index":0}],"usage":{"prompt_tokens":2,"total_tokens":2}}`
+		fmt.Fprintf(conn, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(resp), resp)
+	})
+	p := startProxy(t, []string{url}, func(cfg *proxy.Config) { cfg.ForwardPriority = true })
+	for _, path := range []string{"/v1/embeddings", "/v1/responses"} {
+		resp, b := post(t, "http://"+p.Addr()+path, `{"model":"`+model+`","input":"hello"}`)
+		if resp.StatusCode != 200 || !bytes.Contains(b, []byte("embedding")) {
+			t.Fatalf("%s: %d %s", path, resp.StatusCode, b)
+		}
+	}
+	mu.Lock()
+	if len(bodies) != 2 || !strings.HasPrefix(bodies[0], "/v1/embeddings") || !strings.HasPrefix(bodies[1], "/v1/responses") {
+		t.Fatalf("engine saw %v", bodies)
+	}
+	mu.Unlock()
+}
+
+func TestForwardPriorityRewritesTheBody(t *testing.T) {
+	got := make(chan []byte, 1)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		conn, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		req, err := http.ReadRequest(bufio.NewReader(conn))
+		if err != nil {
+			return
+		}
+		b, _ := io.ReadAll(req.Body)
+		got <- b
+		resp := `{"choices":[]}`
+		fmt.Fprintf(conn, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(resp), resp)
+	}()
+	p := startProxy(t, []string{"http://" + ln.Addr().String()}, func(cfg *proxy.Config) { cfg.ForwardPriority = true })
+	body := `{"model":"` + model + `","messages":[{"role":"user","content":"hi"}],"nvext":{"agent_hints":{"priority":5}}}`
+	if resp, b := post(t, "http://"+p.Addr()+"/v1/chat/completions", body); resp.StatusCode != 200 {
+		t.Fatalf("%d %s", resp.StatusCode, b)
+	}
+	sent := <-got
+	var m map[string]any
+	if err := json.Unmarshal(sent, &m); err != nil {
+		t.Fatalf("forwarded body is not JSON: %s", sent)
+	}
+	if m["priority"] != float64(-5) || !bytes.HasPrefix(sent, []byte(body[:len(body)-1])) {
+		t.Fatalf("forwarded %s", sent)
+	}
+}

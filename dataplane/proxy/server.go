@@ -45,6 +45,7 @@ type Server struct {
 	codecs  map[string]*codec // by model; "" is the default
 	models  []byte            // the /v1/models body
 	queue   *admissionQueue
+	remote  *remoteTokenizer
 
 	eng      gnet.Engine
 	addr     string
@@ -88,6 +89,7 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 		loops:   map[gnet.EventLoop]*loop{},
 	}
 	s.queue = newAdmissionQueue(cfg.QueueSize, s.metrics)
+	s.remote = newRemoteTokenizer(cfg.ConnectTimeout+5*time.Second, cfg.TokenCacheTokens)
 	return s, nil
 }
 
@@ -431,18 +433,18 @@ type codec struct {
 
 func newCodec(model, tokSpec, tmplSpec string, cacheTokens int) (*codec, error) {
 	if tokSpec == TokenizerRemote || tokSpec == TokenizerEstimate {
+		// The template renders text to estimate from (remote mode falls back to estimating
+		// when an engine cannot tokenize).
 		c := &codec{mode: tokSpec}
-		if tokSpec == TokenizerEstimate {
-			_, defTmpl := tokenizer.ModelSpecs(model)
-			if tmplSpec == "" {
-				tmplSpec = defTmpl
-			}
-			t, err := tokenizer.NewTemplate(tmplSpec)
-			if err != nil {
-				return nil, fmt.Errorf("loading the chat template of %q: %w", model, err)
-			}
-			c.tmpl = t
+		_, defTmpl := tokenizer.ModelSpecs(model)
+		if tmplSpec == "" {
+			tmplSpec = defTmpl
 		}
+		t, err := tokenizer.NewTemplate(tmplSpec)
+		if err != nil {
+			return nil, fmt.Errorf("loading the chat template of %q: %w", model, err)
+		}
+		c.tmpl = t
 		return c, nil
 	}
 	defTok, defTmpl := tokenizer.ModelSpecs(model)

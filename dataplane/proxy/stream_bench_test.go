@@ -76,4 +76,3 @@ func BenchmarkSSEChunkLatency(b *testing.B) {
 		})
 	}
 }
-
