@@ -5,10 +5,13 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"os"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvrelay/kvrelay/dataplane/proxy"
 )
 
 func TestOffsets(t *testing.T) {
@@ -117,5 +120,55 @@ func TestUpServesAndStops(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("up did not stop")
+	}
+}
+
+func TestProxyConfigFileAndFlags(t *testing.T) {
+	dir := t.TempDir()
+	path := dir + "/proxy.yaml"
+	yamlText := `listen: 127.0.0.1:9999
+policy: least-loaded
+block_size: 32
+queue_timeout: 5s
+upstreams:
+  - id: a
+    url: http://127.0.0.1:8001
+    model: m
+  - url: http://127.0.0.1:8002
+`
+	if err := os.WriteFile(path, []byte(yamlText), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := newProxyCmd()
+	if err := cmd.ParseFlags([]string{"--config", path, "--policy", "kv", "--upstream", "id=c,url=http://127.0.0.1:8003,capacity=100"}); err != nil {
+		t.Fatal(err)
+	}
+	// Re-run the flag layering the command does.
+	var cfgPath string
+	var ups []string
+	cfgPath, _ = cmd.Flags().GetString("config")
+	ups, _ = cmd.Flags().GetStringArray("upstream")
+	base := proxy.DefaultConfig()
+	base.Policy = "kv"
+	cfg, err := proxyConfig(cmd.Flags(), base, cfgPath, ups)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Listen != "127.0.0.1:9999" || cfg.Policy != "kv" || cfg.BlockSize != 32 || cfg.QueueTimeout != 5*time.Second {
+		t.Fatalf("layered config %+v", cfg)
+	}
+	if len(cfg.Upstreams) != 3 || cfg.Upstreams[0].ID != "a" || cfg.Upstreams[2].Capacity != 100 {
+		t.Fatalf("upstreams %+v", cfg.Upstreams)
+	}
+	if err := os.WriteFile(path, []byte("listen: x\nunknown_key: 1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := proxyConfig(cmd.Flags(), base, path, nil); err == nil {
+		t.Fatal("an unknown key must be an error")
+	}
+	for _, bad := range []string{"url=http://h:1,capacity=lots", "url=http://h:1,colour=red", "url"} {
+		if _, err := parseUpstream(bad); err == nil && strings.Contains(bad, "=") {
+			t.Fatalf("%q accepted", bad)
+		}
 	}
 }
