@@ -75,6 +75,7 @@ type clientConn struct {
 
 	ex  exchange
 	obs oai.Observer
+	mm  *modelMetrics
 
 	queuedAt int64
 	qitem    *queueItem

@@ -62,7 +62,8 @@ func (ex *exchange) begin(cc *clientConn, ws *workerState) {
 	ex.ws = ws
 	ex.active = true
 	ex.headSent, ex.status, ex.chunked, ex.untilEOF, ex.paused, ex.tokens = false, 0, false, false, false, 0
-	cc.obs.ITL = cc.srv.metrics.itlFor(cc.model)
+	cc.mm = cc.srv.metrics.forModel(cc.model)
+	cc.obs.ITL = cc.mm.itl
 	cc.obs.Reset(oai.ModeAuto, ex.start)
 }
 
@@ -331,14 +332,14 @@ func (ex *exchange) finish() {
 	now := nanotime()
 	res := cc.obs.Result()
 	if ttft, ok := res.TTFT(); ok {
-		s.metrics.ttftFor(cc.model).Observe(seconds(ttft))
+		cc.mm.ttft.Observe(seconds(ttft))
 	}
 	status := ex.status
 	if status == 0 {
 		status = 502
 	}
-	s.metrics.request(cc.model, cc.kind.String(), status)
-	s.metrics.e2eFor(cc.model, cc.kind.String()).Observe(seconds(now - ex.start))
+	s.metrics.request(cc.model, cc.kind, status)
+	cc.mm.e2e[cc.kind].Observe(seconds(now - ex.start))
 	if ex.ws != nil && (cc.kind == oai.ChatCompletions || cc.kind == oai.Completions) && res.Usage.HasCached {
 		bs := s.cfg.BlockSize
 		cached := int(res.Usage.CachedTokens) / bs

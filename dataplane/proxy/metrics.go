@@ -3,9 +3,12 @@ package proxy
 import (
 	"strconv"
 	"sync"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/kvrelay/kvrelay/dataplane/oai"
 )
 
 // metrics are the proxy's Prometheus metrics, all named kvrelay_proxy_*. Label values come
@@ -35,20 +38,10 @@ type metrics struct {
 	draining        prometheus.Gauge
 	remoteFallbacks prometheus.Counter
 
-	mu       sync.Mutex
-	reqCache map[reqKey]prometheus.Counter
-	ttftC    map[string]prometheus.Observer
-	itlC     map[string]prometheus.Observer
-	e2eC     map[e2eKey]prometheus.Observer
-	stages   [numStages]prometheus.Observer
+	mu     sync.Mutex // serialises additions to models
+	models atomic.Pointer[map[string]*modelMetrics]
+	stages [numStages]prometheus.Observer
 }
-
-type reqKey struct {
-	model, route string
-	code         int
-}
-
-type e2eKey struct{ model, route string }
 
 // Decision stages, timed separately.
 const (
@@ -128,11 +121,8 @@ func newMetrics() *metrics {
 		remoteFallbacks: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kvrelay_proxy_remote_tokenize_failures_total", Help: "Prompts an engine's /tokenize could not tokenize, routed on an estimate instead.",
 		}),
-		reqCache: map[reqKey]prometheus.Counter{},
-		ttftC:    map[string]prometheus.Observer{},
-		itlC:     map[string]prometheus.Observer{},
-		e2eC:     map[e2eKey]prometheus.Observer{},
 	}
+	m.models.Store(&map[string]*modelMetrics{})
 	reg.MustRegister(m.requests, m.ttft, m.itl, m.e2e, m.decision, m.predicted, m.reported, m.promptBlocks,
 		m.predictionErr, m.queueDepth, m.queued, m.upstreamErrs, m.ejections, m.retries, m.inflight, m.routed,
 		m.aborted, m.draining, m.remoteFallbacks)
@@ -142,50 +132,54 @@ func newMetrics() *metrics {
 	return m
 }
 
-func (m *metrics) request(model, route string, code int) {
-	k := reqKey{model, route, code}
-	m.mu.Lock()
-	c, ok := m.reqCache[k]
-	if !ok {
-		c = m.requests.WithLabelValues(model, route, strconv.Itoa(code))
-		m.reqCache[k] = c
+// modelMetrics are one model's series, resolved once; the request path reaches them through
+// a copy-on-write map, without locks.
+type modelMetrics struct {
+	ttft, itl prometheus.Observer
+	e2e       [numRoutes]prometheus.Observer
+	codes     [numRoutes]sync.Map // HTTP status → prometheus.Counter
+}
+
+// numRoutes bounds oai.Kind values (1..4); index 0 is for requests that never got a kind.
+const numRoutes = 5
+
+func (m *metrics) forModel(model string) *modelMetrics {
+	if mm, ok := (*m.models.Load())[model]; ok {
+		return mm
 	}
-	m.mu.Unlock()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	old := *m.models.Load()
+	if mm, ok := old[model]; ok {
+		return mm
+	}
+	mm := &modelMetrics{ttft: m.ttft.WithLabelValues(model), itl: m.itl.WithLabelValues(model)}
+	for k := 1; k < numRoutes; k++ {
+		mm.e2e[k] = m.e2e.WithLabelValues(model, oai.Kind(k).String())
+	}
+	next := make(map[string]*modelMetrics, len(old)+1)
+	for k, v := range old {
+		next[k] = v
+	}
+	next[model] = mm
+	m.models.Store(&next)
+	return mm
+}
+
+// request counts one answered request.
+func (m *metrics) request(model string, kind oai.Kind, code int) {
+	mm := m.forModel(model)
+	k := int(kind)
+	if k <= 0 || k >= numRoutes {
+		return
+	}
+	if c, ok := mm.codes[k].Load(code); ok {
+		c.(prometheus.Counter).Inc()
+		return
+	}
+	c := m.requests.WithLabelValues(model, kind.String(), strconv.Itoa(code))
+	mm.codes[k].Store(code, c)
 	c.Inc()
-}
-
-func (m *metrics) ttftFor(model string) prometheus.Observer {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	o, ok := m.ttftC[model]
-	if !ok {
-		o = m.ttft.WithLabelValues(model)
-		m.ttftC[model] = o
-	}
-	return o
-}
-
-func (m *metrics) itlFor(model string) prometheus.Observer {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	o, ok := m.itlC[model]
-	if !ok {
-		o = m.itl.WithLabelValues(model)
-		m.itlC[model] = o
-	}
-	return o
-}
-
-func (m *metrics) e2eFor(model, route string) prometheus.Observer {
-	k := e2eKey{model, route}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	o, ok := m.e2eC[k]
-	if !ok {
-		o = m.e2e.WithLabelValues(model, route)
-		m.e2eC[k] = o
-	}
-	return o
 }
 
 // workerMetrics are one worker's series, resolved once.

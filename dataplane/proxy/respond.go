@@ -44,7 +44,7 @@ func (cc *clientConn) errorReplyHeader(status int, msg, param, code, extra strin
 		cc.ex.status = status
 		cc.ex.finish()
 	} else if cc.kind != 0 {
-		cc.srv.metrics.request(cc.modelOrUnknown(), cc.kind.String(), status)
+		cc.srv.metrics.request(cc.modelOrUnknown(), cc.kind, status)
 	}
 	body := appendErrorJSON(nil, status, msg, param, code)
 	cc.replyHeader(status, "application/json", body, extra)
