@@ -1,0 +1,65 @@
+package workload
+
+import "encoding/json"
+
+// wireRequest is the OpenAI body of a Request, in the field order Body writes.
+type wireRequest struct {
+	Model         string         `json:"model"`
+	Messages      []Message      `json:"messages,omitempty"`
+	Prompt        *string        `json:"prompt,omitempty"`
+	MaxTokens     int            `json:"max_tokens,omitempty"`
+	IgnoreEOS     bool           `json:"ignore_eos,omitempty"`
+	Stream        bool           `json:"stream,omitempty"`
+	StreamOptions *streamOptions `json:"stream_options,omitempty"`
+	NVExt         *nvext         `json:"nvext,omitempty"`
+}
+
+type streamOptions struct {
+	IncludeUsage bool `json:"include_usage"`
+}
+
+type nvext struct {
+	SessionID  string      `json:"session_id,omitempty"`
+	AgentHints *agentHints `json:"agent_hints,omitempty"`
+}
+
+type agentHints struct {
+	Priority *int `json:"priority,omitempty"`
+	OSL      int  `json:"osl,omitempty"`
+}
+
+// Body returns r as the JSON body of a chat completions (r.Chat) or completions request for
+// model: messages (tool calls included) or prompt, max_tokens, ignore_eos, stream with
+// stream_options.include_usage (so the final chunk carries usage and cached tokens), and
+// nvext with session_id and agent_hints (priority, osl) when set. The runner may build bodies
+// itself; this is the reference encoding.
+func (r *Request) Body(model string, stream bool) []byte {
+	w := wireRequest{Model: model, MaxTokens: r.MaxTokens, IgnoreEOS: r.IgnoreEOS, Stream: stream}
+	if r.Chat {
+		w.Messages = r.Messages
+		if w.Messages == nil {
+			w.Messages = []Message{}
+		}
+	} else {
+		w.Prompt = &r.Prompt
+	}
+	if stream {
+		w.StreamOptions = &streamOptions{IncludeUsage: true}
+	}
+	var hints *agentHints
+	if r.HasPriority || r.OSL > 0 {
+		hints = &agentHints{OSL: r.OSL}
+		if r.HasPriority {
+			hints.Priority = &r.Priority
+		}
+	}
+	if r.Session != "" || hints != nil {
+		w.NVExt = &nvext{SessionID: r.Session, AgentHints: hints}
+	}
+	b, err := json.Marshal(w)
+	if err != nil {
+		// Only strings, numbers and bools: Marshal cannot fail.
+		panic("workload: encoding request body: " + err.Error())
+	}
+	return b
+}
