@@ -24,3 +24,36 @@ func BenchmarkParseMooncake(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkParse generates the built-in synthetic workloads with their defaults.
+func BenchmarkParse(b *testing.B) {
+	tok := testTokenizer(b)
+	for _, spec := range []string{"prefix-groups", "multi-turn", "agentic"} {
+		b.Run(spec, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := Parse(spec, 1, tok); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkAgentSession drives one default agent session and its subagents with answers of
+// the requested length: the cost the runner pays per call, mostly stripping reasoning.
+func BenchmarkAgentSession(b *testing.B) {
+	tok := testTokenizer(b)
+	w, err := Parse("agentic:sessions=1", 1, tok)
+	if err != nil {
+		b.Fatal(err)
+	}
+	answer := wordAnswers(b)
+	b.ReportAllocs()
+	calls := 0
+	for b.Loop() {
+		w, _ = Parse("agentic:sessions=1", 1, tok)
+		calls = len(drive(b, w, answer, true))
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*calls), "ns/call")
+}
