@@ -5,9 +5,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
+	"net/http"
+	"net/http/pprof"
 	"os"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -22,6 +26,7 @@ func newProxyCmd() *cobra.Command {
 	var (
 		configPath string
 		upstreams  []string
+		debugAddr  string
 	)
 	cmd := &cobra.Command{
 		Use:   "proxy",
@@ -38,6 +43,11 @@ model=NAME,capacity=BLOCKS.`,
 			final, err := proxyConfig(cmd.Flags(), cfg, configPath, upstreams)
 			if err != nil {
 				return err
+			}
+			if debugAddr != "" {
+				if err := serveDebug(cmd.Context(), debugAddr); err != nil {
+					return err
+				}
 			}
 			return runProxy(cmd.Context(), cmd.OutOrStdout(), final)
 		},
@@ -63,6 +73,7 @@ model=NAME,capacity=BLOCKS.`,
 	fs.Int64Var(&cfg.MaxBodyBytes, "max-body-bytes", cfg.MaxBodyBytes, "largest request body (larger gets 413)")
 	fs.DurationVar(&cfg.DrainTimeout, "drain-timeout", cfg.DrainTimeout, "how long a stop waits for requests in flight")
 	fs.IntVar(&cfg.EventLoops, "event-loops", 0, "gnet event loops (0: one per core)")
+	fs.StringVar(&debugAddr, "debug-addr", "", "serve Go's pprof profiles on this address (e.g. 127.0.0.1:6060; empty: off)")
 	return cmd
 }
 
@@ -176,4 +187,22 @@ func startProxy(ctx context.Context, cfg proxy.Config) (*proxy.Server, error) {
 		return nil, err
 	}
 	return p, nil
+}
+
+// serveDebug serves net/http/pprof on addr until ctx ends.
+func serveDebug(ctx context.Context, addr string) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("listening for pprof on %s: %w", addr, err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	go func() { <-ctx.Done(); _ = srv.Close() }()
+	return nil
 }

@@ -73,9 +73,10 @@ type clientConn struct {
 	extra  []byte
 	prio   int
 
-	ex  exchange
-	obs oai.Observer
-	mm  *modelMetrics
+	ex    exchange
+	obs   oai.Observer
+	mm    *modelMetrics
+	timed bool // this request's decision stages are timed (sampled)
 
 	queuedAt int64
 	qitem    *queueItem
@@ -93,7 +94,7 @@ const lingerFor = 5e9
 // traffic handles bytes from the client: it frames requests and handles them one at a time
 // (responses go out in request order; pipelined requests wait in the inbound buffer).
 func (cc *clientConn) traffic() gnet.Action {
-	now := nanotime()
+	now := cc.lp.now
 	cc.lastActive = now
 	for {
 		switch cc.state {
@@ -282,12 +283,14 @@ func (cc *clientConn) handle() {
 		return
 	}
 	cc.kind, cc.model = kind, ""
-	t0 := nanotime()
+	cc.lp.seq++
+	cc.timed = cc.lp.seq%timedEvery == 1
+	t0 := cc.clock()
 	if err := cc.parser.Parse(cc.body, kind, &cc.oreq); err != nil {
 		cc.parseError(err)
 		return
 	}
-	s.metrics.stages[stageParse].Observe(seconds(nanotime() - t0))
+	cc.stage(stageParse, t0)
 	if len(cc.oreq.Model) == 0 {
 		cc.errorReply(400, "you must provide a model parameter", "model", "")
 		return
@@ -318,6 +321,7 @@ func (cc *clientConn) prepare() error {
 	o := &cc.oreq
 	r := &cc.rreq
 	r.Reset()
+	r.Now, r.Timed = cc.lp.now, cc.timed
 	r.Model = unsafeString(o.Model)
 	cc.prio = 0
 	if p, ok := o.Priority(); ok {
@@ -345,7 +349,7 @@ func (cc *clientConn) prepare() error {
 		return nil
 	}
 	cd := s.codecFor(o.Model)
-	t0 := nanotime()
+	t0 := cc.clock()
 	cc.toks = cc.toks[:0]
 	switch {
 	case cc.kind == oai.Completions && o.PromptIsTokens:
@@ -362,7 +366,7 @@ func (cc *clientConn) prepare() error {
 			return err
 		}
 		cc.estimate(text)
-		s.metrics.stages[stageTokenize].Observe(seconds(nanotime() - t0))
+		cc.stage(stageTokenize, t0)
 		return nil
 	case cc.kind == oai.Completions:
 		cc.toks = cd.tok.AppendEncode(cc.toks, unsafeString(o.Prompt))
@@ -373,7 +377,7 @@ func (cc *clientConn) prepare() error {
 		}
 		cc.toks = cd.tok.AppendEncode(cc.toks, text)
 	}
-	s.metrics.stages[stageTokenize].Observe(seconds(nanotime() - t0))
+	cc.stage(stageTokenize, t0)
 	cc.hashTokens()
 	return nil
 }
@@ -384,7 +388,7 @@ func (cc *clientConn) hashTokens() {
 	s := cc.srv
 	o := &cc.oreq
 	r := &cc.rreq
-	t1 := nanotime()
+	t1 := cc.clock()
 	cc.extra = cc.extra[:0]
 	if len(o.CacheSalt) > 0 {
 		cc.extra = append(cc.extra, o.CacheSalt...)
@@ -394,7 +398,22 @@ func (cc *clientConn) hashTokens() {
 	}
 	r.PromptTokens = len(cc.toks)
 	r.Hashes = cc.hasher.AppendSeq(r.Hashes[:0], cc.toks, s.cfg.BlockSize, cc.extra)
-	s.metrics.stages[stageHash].Observe(seconds(nanotime() - t1))
+	cc.stage(stageHash, t1)
+}
+
+// clock reads the time for a sampled stage measurement (0 when this request is not timed).
+func (cc *clientConn) clock() int64 {
+	if !cc.timed {
+		return 0
+	}
+	return nanotime()
+}
+
+// stage records the time since t0 for a sampled request.
+func (cc *clientConn) stage(st int, t0 int64) {
+	if cc.timed {
+		cc.srv.metrics.stages[st].Observe(seconds(nanotime() - t0))
+	}
 }
 
 // promptText renders the chat messages with the model's template, into cc.text when the
@@ -471,7 +490,9 @@ func (cc *clientConn) route(retry bool) {
 	if cc.dec.Match > 0 {
 		s.metrics.stages[stageMatch].Observe(cc.dec.Match.Seconds())
 	}
-	s.metrics.stages[stageScore].Observe(cc.dec.Score.Seconds())
+	if cc.timed {
+		s.metrics.stages[stageScore].Observe(cc.dec.Score.Seconds())
+	}
 	switch {
 	case errors.Is(err, route.ErrBusy):
 		cc.enqueue()
@@ -585,7 +606,7 @@ func (cc *clientConn) done() {
 		return
 	}
 	cc.state = stIdle
-	cc.lastActive = nanotime()
+	cc.lastActive = cc.lp.now
 	if cc.c.InboundBuffered() > 0 {
 		_ = cc.c.Wake(nil)
 	}

@@ -79,7 +79,7 @@ func fillIndex(s *Server, n int) {
 
 func TestDecisionFollowsThePrefix(t *testing.T) {
 	s := decisionServer(t, 8)
-	cc := &clientConn{srv: s, kind: oai.ChatCompletions}
+	cc := &clientConn{srv: s, lp: newLoop(s, nil), kind: oai.ChatCompletions}
 	cc.body = chat8k("first question")
 	decide(t, cc)
 	if cc.rreq.PromptTokens < 8000 || len(cc.rreq.Hashes) != cc.rreq.PromptTokens/16 {
@@ -97,7 +97,7 @@ func TestDecisionFollowsThePrefix(t *testing.T) {
 
 func TestDecisionAllocations(t *testing.T) {
 	s := decisionServer(t, 64)
-	cc := &clientConn{srv: s, kind: oai.ChatCompletions}
+	cc := &clientConn{srv: s, lp: newLoop(s, nil), kind: oai.ChatCompletions}
 	cc.body = chat8k("warm")
 	decide(t, cc)
 	// Hash, match and score allocate nothing, and neither does the whole decision once the
@@ -121,7 +121,7 @@ func BenchmarkDecision8k(b *testing.B) {
 	fillIndex(s, 1<<20)
 	for _, mode := range []string{"warm", "cold"} {
 		b.Run(mode, func(b *testing.B) {
-			cc := &clientConn{srv: s, kind: oai.ChatCompletions}
+			cc := &clientConn{srv: s, lp: newLoop(s, nil), kind: oai.ChatCompletions}
 			cc.body = chat8k("warm-up")
 			decide(b, cc)
 			s.index.Record(cc.dec.Worker.Index, cc.rreq.Hashes, 0)

@@ -55,7 +55,7 @@ type exchange struct {
 // begin resets the exchange for a request routed to ws.
 func (ex *exchange) begin(cc *clientConn, ws *workerState) {
 	if !ex.active {
-		ex.start = nanotime()
+		ex.start = cc.lp.now
 		ex.attempts, ex.stale = 0, false
 		cc.srv.inflight.Add(1)
 	}
@@ -82,7 +82,7 @@ func (ex *exchange) send() {
 	b = http1.AppendEndHead(b)
 	b = append(b, body...)
 	ex.out = b
-	ex.sentAt = nanotime()
+	ex.sentAt = cc.lp.now
 	if up := cc.lp.take(w); up != nil {
 		ex.up = up
 		up.attach(ex, true)
@@ -97,7 +97,7 @@ func (ex *exchange) send() {
 func (ex *exchange) data(up *upstream) {
 	cc := ex.cc
 	buf, _ := up.c.Peek(-1)
-	now := nanotime()
+	now := cc.lp.now
 	out := cc.lp.wbuf[:0]
 	consumed := 0
 	finished := false
@@ -329,7 +329,7 @@ func (ex *exchange) finish() {
 	}
 	ex.active = false
 	ex.resume()
-	now := nanotime()
+	now := cc.lp.now
 	res := cc.obs.Result()
 	if ttft, ok := res.TTFT(); ok {
 		cc.mm.ttft.Observe(seconds(ttft))
@@ -405,7 +405,7 @@ func (ex *exchange) fail(up *upstream, kind int) {
 	default:
 		ws.m.resetErr.Inc()
 	}
-	if kind != failProtocol && ws.w.Failed(nanotime(), s.cfg.EjectAfter, s.cfg.EjectFor) {
+	if kind != failProtocol && ws.w.Failed(cc.lp.now, s.cfg.EjectAfter, s.cfg.EjectFor) {
 		ws.m.ejections.Inc()
 		s.log.Warn("worker ejected after consecutive failures", "worker", ws.w.ID, "for", s.cfg.EjectFor)
 	}

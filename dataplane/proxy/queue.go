@@ -75,6 +75,7 @@ func (q *admissionQueue) release(*Server) {
 	cc := it.cc
 	_ = cc.lp.el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
 		if cc.state == stQueued && cc.qitem == it {
+			cc.lp.now = nanotime()
 			cc.dequeued()
 		}
 		return nil
@@ -106,6 +107,7 @@ func (q *admissionQueue) expire(now int64) {
 		cc := it.cc
 		_ = cc.lp.el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
 			if cc.state == stQueued && cc.qitem == it {
+				cc.lp.now = nanotime()
 				cc.qitem = nil
 				q.m.queued.WithLabelValues("timeout").Inc()
 				cc.errorReply(503, "no worker had capacity within the queue timeout", "", "queue_timeout")
@@ -122,7 +124,7 @@ func (q *admissionQueue) expire(now int64) {
 func (cc *clientConn) enqueue() {
 	s := cc.srv
 	if cc.qitem == nil {
-		cc.queuedAt = nanotime() // first time in the queue; re-queues keep their deadline
+		cc.queuedAt = cc.lp.now // first time in the queue; re-queues keep their deadline
 	}
 	if !s.queue.push(cc, cc.queuedAt+int64(s.cfg.QueueTimeout)) {
 		s.metrics.queued.WithLabelValues("rejected").Inc()

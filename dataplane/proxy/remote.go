@@ -170,6 +170,7 @@ func (cc *clientConn) tokenizeRemote() error {
 			if cc.state != stTokenize {
 				return nil // the client left
 			}
+			cc.lp.now = nanotime()
 			cc.state = stIdle
 			cc.remoteDone(ids, err)
 			return nil

@@ -30,7 +30,7 @@ func TestRemoteTokenizeMatchesLocal(t *testing.T) {
 	defer w.Close()
 
 	s := decisionServer(t, 1)
-	cc := &clientConn{srv: s, kind: oai.ChatCompletions}
+	cc := &clientConn{srv: s, lp: newLoop(s, nil), kind: oai.ChatCompletions}
 	cc.body = []byte(`{"model":"gpt-oss-120b","messages":[{"role":"system","content":"Be brief. Answer in French."},{"role":"user","content":"Quelle heure est-il ? 🕰️"},{"role":"assistant","content":"Il est midi."},{"role":"user","content":"Merci"}]}`)
 	decide(t, cc)
 	local := slices.Clone(cc.toks)

@@ -23,7 +23,10 @@ type HealthFilter struct{}
 func (HealthFilter) Name() string { return "health" }
 
 func (HealthFilter) Filter(req *Request, in, out []*Worker) []*Worker {
-	now := time.Now().UnixNano()
+	now := req.Now
+	if now == 0 {
+		now = time.Now().UnixNano()
+	}
 next:
 	for _, w := range in {
 		if !w.Healthy(now) {

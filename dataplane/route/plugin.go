@@ -40,6 +40,11 @@ type Request struct {
 	SessionID string
 	// Exclude lists workers (by Index) already tried for this request.
 	Exclude []int
+	// Now is the caller's current time in unix nanoseconds (0: the router reads the clock).
+	// Event loops read the clock once per event and pass it down.
+	Now int64
+	// Timed asks Route to time its match and score stages into the Decision.
+	Timed bool
 
 	// Filled by Match: overlap[w] is the blocks of Hashes worker w caches.
 	overlap []float64

@@ -180,7 +180,8 @@ type Decision struct {
 	Overlap, BestOverlap float64
 	// Mode says which rule decided: "cost", "spread", "session" or the picker's name.
 	Mode string
-	// Match and Score are the time spent matching the index and scoring.
+	// Match and Score are the time spent matching the index and scoring, when the request
+	// asked to be timed.
 	Match, Score time.Duration
 }
 
@@ -243,10 +244,15 @@ func (r *Router) Route(req *Request, d *Decision) error {
 	ws := cur
 
 	if r.policy.UsesIndex && r.index != nil && len(req.Hashes) > 0 {
-		t0 := time.Now()
+		var t0 time.Time
+		if req.Timed {
+			t0 = time.Now()
+		}
 		req.overlap = growFloat(req.overlap, len(pool.Workers))
 		req.best = r.index.Match(req.Hashes, req.overlap)
-		d.Match = time.Since(t0)
+		if req.Timed {
+			d.Match = time.Since(t0)
+		}
 	} else {
 		req.overlap = growFloat(req.overlap, len(pool.Workers))
 		req.best = 0
@@ -266,7 +272,10 @@ func (r *Router) Route(req *Request, d *Decision) error {
 		}
 	}
 
-	t0 := time.Now()
+	var t0 time.Time
+	if req.Timed {
+		t0 = time.Now()
+	}
 	var i int
 	switch {
 	case r.policy.Spread != nil && req.best < r.policy.CacheThreshold*float64(req.PromptBlocks(ws[0].BlockSize)):
@@ -280,7 +289,9 @@ func (r *Router) Route(req *Request, d *Decision) error {
 	default:
 		i, d.Mode = r.policy.Picker.Pick(req, ws, nil), r.policy.Picker.Name()
 	}
-	d.Score = time.Since(t0)
+	if req.Timed {
+		d.Score = time.Since(t0)
+	}
 	d.Worker = ws[i]
 	d.Overlap = req.Overlap(ws[i])
 	if req.SessionID != "" {
