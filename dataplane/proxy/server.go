@@ -291,10 +291,12 @@ func (s *Server) loopOf(c gnet.Conn) *loop {
 // connections registered on a loop.
 func (s *Server) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 	if up, ok := c.Context().(*upstream); ok {
+		up.lp.now = nanotime()
 		up.opened(c)
 		return nil, gnet.None
 	}
 	lp := s.loopOf(c)
+	lp.now = nanotime()
 	cc := lp.newClient(c)
 	c.SetContext(cc)
 	return nil, gnet.None
@@ -304,8 +306,10 @@ func (s *Server) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 func (s *Server) OnTraffic(c gnet.Conn) gnet.Action {
 	switch x := c.Context().(type) {
 	case *clientConn:
+		x.lp.now = nanotime()
 		return x.traffic()
 	case *upstream:
+		x.lp.now = nanotime()
 		return x.traffic()
 	}
 	return gnet.Close
@@ -315,8 +319,10 @@ func (s *Server) OnTraffic(c gnet.Conn) gnet.Action {
 func (s *Server) OnClose(c gnet.Conn, err error) gnet.Action {
 	switch x := c.Context().(type) {
 	case *clientConn:
+		x.lp.now = nanotime()
 		x.closed()
 	case *upstream:
+		x.lp.now = nanotime()
 		x.closed(err)
 	}
 	return gnet.None
