@@ -103,7 +103,6 @@ func (s *Server) Start(ctx context.Context) error {
 	opts := []gnet.Option{
 		gnet.WithMulticore(nloops == 0),
 		gnet.WithReusePort(false),
-		gnet.WithLockOSThread(true),
 		gnet.WithTCPNoDelay(gnet.TCPNoDelay),
 		gnet.WithReadBufferCap(64 << 10),
 		gnet.WithLogger(gnetLogger{s.log}),
