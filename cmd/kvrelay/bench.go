@@ -1,0 +1,161 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/kvrelay/kvrelay/cmd/kvrelay/bench"
+	"github.com/kvrelay/kvrelay/cmd/kvrelay/bench/workload"
+	"github.com/kvrelay/kvrelay/engines/tokenizer"
+)
+
+func newBenchCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "bench",
+		Short: "Replay workloads against an endpoint, or compare routing policies on a local cluster",
+		Long: `bench measures what clients feel (TTFT, inter-token latency, end-to-end latency, goodput
+under SLOs) and what the fleet does (prefix hit rate against the ideal, per-worker load) for a
+workload: a Mooncake JSONL trace (a path), or prefix-groups, multi-turn, agentic or mooncake
+with parameters, e.g. "prefix-groups:groups=16,prompt=2048,requests=400,rate=20".`,
+	}
+	cmd.AddCommand(newBenchRunCmd(), newBenchCompareCmd())
+	return cmd
+}
+
+// benchFlags are the options run and compare share.
+type benchFlags struct {
+	workload  string
+	seed      uint64
+	out       string
+	model     string
+	sloTTFT   time.Duration
+	sloITL    time.Duration
+	blockSize int
+	opts      bench.Options
+}
+
+func (f *benchFlags) register(fs *pflag.FlagSet) {
+	fs.StringVar(&f.workload, "workload", "prefix-groups", "workload: a Mooncake trace path or a built-in ("+strings.Join(workload.Names(), ", ")+") with parameters")
+	fs.Uint64Var(&f.seed, "seed", 1, "seed of the workload generator")
+	fs.StringVar(&f.out, "out", "bench-results", "directory for results.json, results.md and plots")
+	fs.StringVar(&f.model, "model", "", "model to request (run: default the endpoint's first; compare: gpt-oss-120b)")
+	fs.DurationVar(&f.sloTTFT, "slo-ttft", bench.DefaultSLO.TTFT, "TTFT a request must meet to count toward goodput")
+	fs.DurationVar(&f.sloITL, "slo-itl", bench.DefaultSLO.ITL, "mean inter-token gap a request must meet to count toward goodput")
+	fs.IntVar(&f.blockSize, "block-size", 16, "KV block size for the ideal hit rate (and the cluster, in compare)")
+	fs.Float64Var(&f.opts.Rate, "rate", 0, "Poisson arrivals at this many requests/s instead of the workload's own times")
+	fs.IntVar(&f.opts.Concurrency, "concurrency", 0, "keep at most this many requests in flight (closed loop)")
+	fs.DurationVar(&f.opts.Duration, "duration", 0, "stop sending after this long")
+	fs.IntVar(&f.opts.Requests, "requests", 0, "stop after this many requests")
+	fs.Float64Var(&f.opts.Speedup, "speedup", 1, "divide arrival and think times (and, in compare, the engines' step times)")
+}
+
+func (f *benchFlags) tokenizerFor(model string) (workload.Tokenizer, error) {
+	tokSpec, _ := tokenizer.ModelSpecs(model)
+	return tokenizer.New(tokSpec)
+}
+
+func newBenchRunCmd() *cobra.Command {
+	var f benchFlags
+	var target string
+	cmd := &cobra.Command{
+		Use:   "run",
+		Short: "Replay a workload against an OpenAI endpoint",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			opts := f.opts
+			opts.Target = strings.TrimSuffix(target, "/")
+			opts.Model = f.model
+			model := f.model
+			if model == "" {
+				model = "gpt-oss-120b"
+			}
+			tok, err := f.tokenizerFor(model)
+			if err != nil {
+				return err
+			}
+			w, err := workload.Parse(f.workload, f.seed, tok)
+			if err != nil {
+				return err
+			}
+			opts.Progress = bench.NewProgress(os.Stderr, "run", len(w.Open))
+			res, err := bench.Measure(ctx, target, opts, w, f.seed, bench.SLO{TTFT: f.sloTTFT, ITL: f.sloITL}, f.blockSize)
+			opts.Progress.Stop()
+			if err != nil {
+				return err
+			}
+			return report(cmd.OutOrStdout(), f.out, []*bench.Result{res}, fmt.Sprintf("kvrelay bench run: %s against %s (seed %d)", w.Spec, target, f.seed))
+		},
+	}
+	cmd.Flags().StringVar(&target, "target", "http://127.0.0.1:8080/v1", "the endpoint's OpenAI base URL")
+	f.register(cmd.Flags())
+	return cmd
+}
+
+func newBenchCompareCmd() *cobra.Command {
+	var f benchFlags
+	cc := bench.DefaultClusterConfig()
+	var policies string
+	cmd := &cobra.Command{
+		Use:   "compare",
+		Short: "Compare routing policies on a fresh local cluster each, with the identical request stream",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			if f.model != "" {
+				cc.Model = f.model
+			}
+			cc.BlockSize = f.blockSize
+			tok, err := f.tokenizerFor(cc.Model)
+			if err != nil {
+				return err
+			}
+			co := bench.CompareOptions{
+				Workload: f.workload, Seed: f.seed, Cluster: cc, Run: f.opts,
+				SLO: bench.SLO{TTFT: f.sloTTFT, ITL: f.sloITL}, Progress: os.Stderr,
+			}
+			for _, p := range strings.Split(policies, ",") {
+				if p = strings.TrimSpace(p); p != "" {
+					co.Policies = append(co.Policies, p)
+				}
+			}
+			rs, err := bench.Compare(ctx, co, tok)
+			if err != nil {
+				return err
+			}
+			spec := f.workload
+			if len(rs) > 0 {
+				spec = rs[0].Workload
+			}
+			header := fmt.Sprintf("kvrelay bench compare: %s, %d workers (%s), speedup %g, seed %d", spec, cc.Workers, cc.Mode, f.opts.Speedup, f.seed)
+			return report(cmd.OutOrStdout(), f.out, rs, header)
+		},
+	}
+	f.register(cmd.Flags())
+	fs := cmd.Flags()
+	fs.StringVar(&policies, "policies", "kv,round-robin,least-loaded,random", "routing policies to compare; ratios are to the first")
+	fs.IntVar(&cc.Workers, "workers", cc.Workers, "simulated workers")
+	fs.StringVar(&cc.Mode, "mode", "agg", "agg (every worker does both phases) or disagg (prefill and decode pools)")
+	fs.IntVar(&cc.NumGPUBlocks, "num-gpu-blocks", cc.NumGPUBlocks, "KV blocks per simulated worker")
+	fs.IntVar(&cc.MaxNumSeqs, "max-num-seqs", cc.MaxNumSeqs, "sequences per batch of each simulated worker")
+	return cmd
+}
+
+// report prints the table and writes the result files.
+func report(out io.Writer, dir string, rs []*bench.Result, header string) error {
+	fmt.Fprintf(out, "%s\n\n%s", header, bench.Table(rs))
+	if dir == "" {
+		return nil
+	}
+	if err := bench.Write(dir, rs, header); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "\nwrote %s/results.json, results.md and plots\n", dir)
+	return nil
+}

@@ -1,0 +1,235 @@
+package bench
+
+import (
+	"encoding/json"
+	"math"
+	"slices"
+	"sort"
+	"strconv"
+	"time"
+
+	"github.com/kvrelay/kvrelay/cmd/kvrelay/bench/workload"
+	"github.com/kvrelay/kvrelay/engines/tokenizer"
+)
+
+// SLO is what a request must meet to count toward goodput.
+type SLO struct {
+	// TTFT bounds the time to first token.
+	TTFT time.Duration `json:"ttft_ns"`
+	// ITL bounds the request's mean gap between tokens (its time per output token after
+	// the first).
+	ITL time.Duration `json:"itl_ns"`
+}
+
+// DefaultSLO is 2 s to first token and 50 ms between tokens.
+var DefaultSLO = SLO{TTFT: 2 * time.Second, ITL: 50 * time.Millisecond}
+
+// Dist summarises a latency distribution.
+type Dist struct {
+	N    int           `json:"n"`
+	Mean time.Duration `json:"mean_ns"`
+	P50  time.Duration `json:"p50_ns"`
+	P90  time.Duration `json:"p90_ns"`
+	P99  time.Duration `json:"p99_ns"`
+}
+
+func dist(d []time.Duration) Dist {
+	if len(d) == 0 {
+		return Dist{}
+	}
+	s := slices.Clone(d)
+	slices.Sort(s)
+	var sum float64
+	for _, x := range s {
+		sum += float64(x)
+	}
+	return Dist{N: len(s), Mean: time.Duration(sum / float64(len(s))), P50: quantile(s, .5), P90: quantile(s, .9), P99: quantile(s, .99)}
+}
+
+// quantile of sorted values, nearest rank.
+func quantile(sorted []time.Duration, q float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(math.Ceil(q*float64(len(sorted)))) - 1
+	return sorted[min(max(i, 0), len(sorted)-1)]
+}
+
+// Summary is a run's figures.
+type Summary struct {
+	Requests  int            `json:"requests"`
+	OK        int            `json:"ok"`
+	Failed    map[string]int `json:"failed,omitempty"` // by HTTP status, "error" for no status
+	Rejected  int            `json:"rejected"`         // 429: the proxy's admission queue was full
+	Wall      time.Duration  `json:"wall_ns"`
+	TTFT      Dist           `json:"ttft"`
+	ITL       Dist           `json:"itl"`
+	E2E       Dist           `json:"e2e"`
+	ReqPerSec float64        `json:"requests_per_s"`
+	TokPerSec float64        `json:"output_tokens_per_s"`
+	// Goodput counts requests that met the SLO; GoodputPerSec is their rate and
+	// GoodputShare their share of all requests.
+	SLO           SLO     `json:"slo"`
+	Goodput       int     `json:"goodput"`
+	GoodputPerSec float64 `json:"goodput_per_s"`
+	GoodputShare  float64 `json:"goodput_share"`
+	// HitRate is Σ cached_tokens / Σ prompt_tokens as the engines reported them;
+	// IdealHitRate what an unbounded prefix cache would have reached on the same stream.
+	HitRate      float64 `json:"hit_rate"`
+	IdealHitRate float64 `json:"ideal_hit_rate"`
+	// Workers counts requests per worker (x-kvrelay-worker); Share the same per time window.
+	Workers map[string]int `json:"workers,omitempty"`
+	Share   []Window       `json:"share,omitempty"`
+	// Tags splits TTFT by request class (interactive, subagent, …) when the workload tags.
+	Tags map[string]Dist `json:"tags,omitempty"`
+}
+
+// Window is the requests each worker received in one time window.
+type Window struct {
+	Start   time.Duration  `json:"start_ns"`
+	Workers map[string]int `json:"workers"`
+}
+
+// Summarize computes a run's figures from its records.
+func Summarize(recs []*Record, wall time.Duration, slo SLO) Summary {
+	s := Summary{Requests: len(recs), Wall: wall, SLO: slo, Failed: map[string]int{}, Workers: map[string]int{}}
+	var ttft, itl, e2e []time.Duration
+	tags := map[string][]time.Duration{}
+	var out, prompt, cached int64
+	for _, r := range recs {
+		if !r.OK() {
+			key := strconv.Itoa(r.Status)
+			if r.Status == 0 || r.Status == 200 {
+				key = "error"
+			}
+			s.Failed[key]++
+			if r.Status == 429 {
+				s.Rejected++
+			}
+			continue
+		}
+		s.OK++
+		ttft = append(ttft, r.TTFT)
+		itl = append(itl, r.ITL...)
+		e2e = append(e2e, r.E2E)
+		if r.Tag != "" {
+			tags[r.Tag] = append(tags[r.Tag], r.TTFT)
+		}
+		out += int64(r.CompletionTokens)
+		prompt += int64(r.PromptTokens)
+		cached += int64(r.CachedTokens)
+		if r.Worker != "" {
+			s.Workers[r.Worker]++
+		}
+		if meetsSLO(r, slo) {
+			s.Goodput++
+		}
+	}
+	s.TTFT, s.ITL, s.E2E = dist(ttft), dist(itl), dist(e2e)
+	if sec := wall.Seconds(); sec > 0 {
+		s.ReqPerSec = float64(s.OK) / sec
+		s.TokPerSec = float64(out) / sec
+		s.GoodputPerSec = float64(s.Goodput) / sec
+	}
+	if s.Requests > 0 {
+		s.GoodputShare = float64(s.Goodput) / float64(s.Requests)
+	}
+	if prompt > 0 {
+		s.HitRate = float64(cached) / float64(prompt)
+	}
+	if len(tags) > 1 {
+		s.Tags = map[string]Dist{}
+		for k, v := range tags {
+			s.Tags[k] = dist(v)
+		}
+	}
+	s.Share = shareOverTime(recs, wall)
+	if len(s.Failed) == 0 {
+		s.Failed = nil
+	}
+	if len(s.Workers) == 0 {
+		s.Workers = nil
+	}
+	return s
+}
+
+// meetsSLO: a successful request whose TTFT and mean inter-token gap are within the SLO.
+func meetsSLO(r *Record, slo SLO) bool {
+	if r.TTFT > slo.TTFT {
+		return false
+	}
+	if len(r.ITL) == 0 {
+		return true
+	}
+	var sum time.Duration
+	for _, g := range r.ITL {
+		sum += g
+	}
+	return sum/time.Duration(len(r.ITL)) <= slo.ITL
+}
+
+// shareOverTime buckets requests by send time into about 20 windows, counting per worker.
+func shareOverTime(recs []*Record, wall time.Duration) []Window {
+	if wall <= 0 {
+		return nil
+	}
+	step := max(wall/20, time.Millisecond)
+	n := int(wall/step) + 1
+	ws := make([]Window, n)
+	any := false
+	for i := range ws {
+		ws[i] = Window{Start: time.Duration(i) * step, Workers: map[string]int{}}
+	}
+	for _, r := range recs {
+		if r.Worker == "" {
+			continue
+		}
+		any = true
+		ws[min(int(r.Start/step), n-1)].Workers[r.Worker]++
+	}
+	if !any {
+		return nil
+	}
+	return ws
+}
+
+// IdealHitRate replays the run's prompts and answers, in send order, through an unbounded
+// prefix cache of blockSize-token blocks: the hit rate a perfect router with infinite cache
+// would have got. Prompts are rendered and tokenized with codec, as the engines do.
+func IdealHitRate(recs []*Record, codec *tokenizer.Codec, blockSize int) float64 {
+	sorted := slices.Clone(recs)
+	sort.Slice(sorted, func(i, j int) bool { return sorted[i].Seq < sorted[j].Seq })
+	ideal := workload.NewIdeal(blockSize)
+	for _, r := range sorted {
+		if r.req == nil || !r.OK() {
+			continue
+		}
+		var prompt []uint32
+		if r.req.Chat {
+			var err error
+			prompt, err = codec.EncodeChat(chatMessages(r.req.Messages), tokenizer.RenderOptions{AddGenerationPrompt: true})
+			if err != nil {
+				continue
+			}
+		} else {
+			prompt = codec.EncodePrompt(r.req.Prompt)
+		}
+		ideal.Add(prompt, codec.Tokenizer.Encode(r.answer))
+	}
+	return ideal.HitRate()
+}
+
+// chatMessages converts workload messages for the chat template.
+func chatMessages(ms []workload.Message) []tokenizer.Message {
+	out := make([]tokenizer.Message, len(ms))
+	for i, m := range ms {
+		out[i] = tokenizer.Message{Role: m.Role, Content: m.Content, Name: m.Name, ToolCallID: m.ToolCallID}
+		for _, tc := range m.ToolCalls {
+			b, _ := json.Marshal(tc)
+			var call tokenizer.ToolCall
+			_ = json.Unmarshal(b, &call)
+			out[i].ToolCalls = append(out[i].ToolCalls, call)
+		}
+	}
+	return out
+}
