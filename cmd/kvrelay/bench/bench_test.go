@@ -1,0 +1,202 @@
+package bench
+
+import (
+	"context"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvrelay/kvrelay/cmd/kvrelay/bench/workload"
+	"github.com/kvrelay/kvrelay/engines/tokenizer"
+)
+
+func ms(n float64) time.Duration { return time.Duration(n * float64(time.Millisecond)) }
+
+// A synthetic timeline: ten requests with known latencies, two failures.
+func syntheticRecords() []*Record {
+	var recs []*Record
+	for i := range 10 {
+		r := &Record{
+			Seq: i, Start: time.Duration(i) * 100 * time.Millisecond, Status: 200,
+			TTFT: ms(float64(100 * (i + 1))), E2E: ms(float64(1000 + 100*i)),
+			PromptTokens: 1000, CachedTokens: 100 * i, CompletionTokens: 50,
+			Worker: []string{"w0", "w1"}[i%2], Tag: []string{"interactive", "subagent"}[i%2],
+		}
+		// Every request streams gaps of 10 ms, except request 9's 100 ms gaps.
+		gap := ms(10)
+		if i == 9 {
+			gap = ms(100)
+		}
+		for range 4 {
+			r.ITL = append(r.ITL, gap)
+		}
+		recs = append(recs, r)
+	}
+	recs = append(recs, &Record{Seq: 10, Status: 429, Err: "queue full"}, &Record{Seq: 11, Status: 200, Err: "stream error: engine died"})
+	return recs
+}
+
+func TestSummarizeSyntheticTimeline(t *testing.T) {
+	s := Summarize(syntheticRecords(), 2*time.Second, SLO{TTFT: 500 * time.Millisecond, ITL: 50 * time.Millisecond})
+	check := func(name string, got, want float64) {
+		t.Helper()
+		if math.Abs(got-want) > 1e-9 {
+			t.Errorf("%s = %v, want %v", name, got, want)
+		}
+	}
+	check("requests", float64(s.Requests), 12)
+	check("ok", float64(s.OK), 10)
+	check("rejected", float64(s.Rejected), 1)
+	if s.Failed["429"] != 1 || s.Failed["error"] != 1 {
+		t.Errorf("failed %v", s.Failed)
+	}
+	// TTFTs are 100..1000 ms: nearest-rank p50 is the 5th, p90 the 9th, p99 the 10th.
+	check("ttft p50", s.TTFT.P50.Seconds(), 0.5)
+	check("ttft p90", s.TTFT.P90.Seconds(), 0.9)
+	check("ttft p99", s.TTFT.P99.Seconds(), 1.0)
+	check("ttft mean", s.TTFT.Mean.Seconds(), 0.55)
+	check("itl p50", s.ITL.P50.Seconds(), 0.010)
+	check("itl p99", s.ITL.P99.Seconds(), 0.100)
+	check("e2e p50", s.E2E.P50.Seconds(), 1.4)
+	// Goodput: TTFT ≤ 500 ms (requests 0-4) and mean gap ≤ 50 ms (all but 9).
+	check("goodput", float64(s.Goodput), 5)
+	check("goodput share", s.GoodputShare, 5.0/12)
+	check("goodput/s", s.GoodputPerSec, 2.5)
+	check("req/s", s.ReqPerSec, 5)
+	check("tok/s", s.TokPerSec, 250)
+	// Cached 0+100+…+900 = 4500 of 10000 prompt tokens.
+	check("hit rate", s.HitRate, 0.45)
+	if s.Workers["w0"] != 5 || s.Workers["w1"] != 5 {
+		t.Errorf("workers %v", s.Workers)
+	}
+	total := 0
+	for _, w := range s.Share {
+		for _, n := range w.Workers {
+			total += n
+		}
+	}
+	if total != 10 || len(s.Share) < 20 {
+		t.Errorf("share windows %d with %d requests", len(s.Share), total)
+	}
+	if s.Tags["interactive"].N != 5 || s.Tags["subagent"].P50 != ms(600) {
+		t.Errorf("tags %+v", s.Tags)
+	}
+}
+
+func TestReadStream(t *testing.T) {
+	stream := strings.Join([]string{
+		`data: {"choices":[{"delta":{"role":"assistant","content":""}}]}`, ``,
+		`data: {"choices":[{"delta":{"reasoning_content":"think"}}]}`, ``,
+		`data: {"choices":[{"delta":{"content":" hello"}}]}`, ``,
+		`: keep-alive comment`, ``,
+		`data: {"choices":[{"delta":{"content":" world"}}]}`, ``,
+		`data: {"choices":[],"usage":{"prompt_tokens":12,"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":8}}}`, ``,
+		`data: [DONE]`, ``,
+	}, "\n")
+	var rec Record
+	readStream(strings.NewReader(stream), time.Now(), &rec)
+	if rec.Err != "" || rec.TTFT <= 0 || len(rec.ITL) != 2 {
+		t.Fatalf("record %+v", rec)
+	}
+	if rec.PromptTokens != 12 || rec.CachedTokens != 8 || rec.CompletionTokens != 3 || rec.answer != "think hello world" {
+		t.Fatalf("usage %+v answer %q", rec, rec.answer)
+	}
+	var bad Record
+	readStream(strings.NewReader("data: {\"error\":{\"message\":\"engine died\"}}\n\ndata: [DONE]\n\n"), time.Now(), &bad)
+	if !strings.Contains(bad.Err, "engine died") {
+		t.Fatalf("stream error not recorded: %+v", bad)
+	}
+}
+
+func TestTableRatios(t *testing.T) {
+	a := &Result{Label: "kv", Summary: Summary{OK: 10, TTFT: Dist{P50: ms(100)}, HitRate: 0.8, IdealHitRate: 0.9}}
+	b := &Result{Label: "round-robin", Summary: Summary{OK: 10, TTFT: Dist{P50: ms(300)}, HitRate: 0.4, IdealHitRate: 0.9}}
+	tab := Table([]*Result{a, b})
+	for _, want := range []string{"| TTFT p50 | 100.0 ms | 300.0 ms | 3.00 |", "| prefix hit rate | 80.0% | 40.0% | 0.50 |", "| hit rate / ideal | 88.9% | 44.4% | 0.50 |"} {
+		if !strings.Contains(tab, want) {
+			t.Errorf("table lacks %q:\n%s", want, tab)
+		}
+	}
+}
+
+// TestShortCompare runs bench compare end to end at high speedup: two policies, a fresh
+// local cluster each, the identical stream, results written.
+func TestShortCompare(t *testing.T) {
+	tok, err := tokenizer.New("o200k_harmony")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc := DefaultClusterConfig()
+	cc.Workers, cc.NumGPUBlocks = 2, 2048
+	co := CompareOptions{
+		Workload: "prefix-groups:groups=3,prompt=256,user=16,requests=24,rate=10,osl=8",
+		Seed:     3, Policies: []string{"kv", "round-robin"}, Cluster: cc,
+		Run: Options{Speedup: 10}, SLO: DefaultSLO,
+	}
+	rs, err := Compare(context.Background(), co, tok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rs) != 2 {
+		t.Fatalf("%d results", len(rs))
+	}
+	for _, r := range rs {
+		s := r.Summary
+		if s.OK != 24 || s.HitRate <= 0 || s.IdealHitRate < s.HitRate || len(s.Workers) == 0 {
+			t.Fatalf("%s: %+v", r.Label, s)
+		}
+	}
+	// Three prefix groups on two workers: kv keeps each group on one worker.
+	if rs[0].Summary.HitRate < rs[1].Summary.HitRate {
+		t.Errorf("kv hit rate %.2f below round-robin's %.2f", rs[0].Summary.HitRate, rs[1].Summary.HitRate)
+	}
+	dir := t.TempDir()
+	if err := Write(dir, rs, "test"); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"results.json", "results.md", "ttft_cdf.png", "ttft_cdf.svg", "itl_cdf.png", "hit_rate.svg", "worker_load_kv.png"} {
+		if st, err := os.Stat(filepath.Join(dir, f)); err != nil || st.Size() == 0 {
+			t.Errorf("%s missing: %v", f, err)
+		}
+	}
+}
+
+func TestSessionsAndConcurrency(t *testing.T) {
+	tok, _ := tokenizer.New("o200k_harmony")
+	cc := DefaultClusterConfig()
+	cc.Workers, cc.NumGPUBlocks, cc.Speedup = 2, 4096, 100
+	cl, err := StartCluster(context.Background(), cc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	w, err := workload.Parse("multi-turn:sessions=3,turns=3,system=128,user=16,osl=8,think=10ms", 1, tok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	recs, _, err := Run(context.Background(), Options{Target: cl.Target(), Speedup: 100, Concurrency: 2}, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(recs) != 9 {
+		t.Fatalf("%d requests, want 3 sessions × 3 turns", len(recs))
+	}
+	for _, r := range recs {
+		if !r.OK() || r.Session == "" {
+			t.Fatalf("record %+v", r)
+		}
+	}
+	// Later turns extend the session's history: the engine finds it cached.
+	cachedLater := 0
+	for _, r := range recs {
+		if r.CachedTokens > 0 {
+			cachedLater++
+		}
+	}
+	if cachedLater < 6 {
+		t.Errorf("only %d of 9 turns found their history cached", cachedLater)
+	}
+}
