@@ -102,6 +102,7 @@ func newBenchCompareCmd() *cobra.Command {
 	var f benchFlags
 	cc := bench.DefaultClusterConfig()
 	var policies string
+	var engineSpeedup float64
 	cmd := &cobra.Command{
 		Use:   "compare",
 		Short: "Compare routing policies on a fresh local cluster each, with the identical request stream",
@@ -112,6 +113,7 @@ func newBenchCompareCmd() *cobra.Command {
 				cc.Model = f.model
 			}
 			cc.BlockSize = f.blockSize
+			cc.Speedup = engineSpeedup
 			tok, err := f.tokenizerFor(cc.Model)
 			if err != nil {
 				return err
@@ -133,7 +135,11 @@ func newBenchCompareCmd() *cobra.Command {
 			if len(rs) > 0 {
 				spec = rs[0].Workload
 			}
-			header := fmt.Sprintf("kvrelay bench compare: %s, %d workers (%s), speedup %g, seed %d", spec, cc.Workers, cc.Mode, f.opts.Speedup, f.seed)
+			es := engineSpeedup
+			if es <= 0 {
+				es = f.opts.Speedup
+			}
+			header := fmt.Sprintf("kvrelay bench compare: %s, %d workers (%s), arrival speedup %g, engine speedup %g, seed %d", spec, cc.Workers, cc.Mode, f.opts.Speedup, es, f.seed)
 			return report(cmd.OutOrStdout(), f.out, rs, header)
 		},
 	}
@@ -144,6 +150,7 @@ func newBenchCompareCmd() *cobra.Command {
 	fs.StringVar(&cc.Mode, "mode", "agg", "agg (every worker does both phases) or disagg (prefill and decode pools)")
 	fs.IntVar(&cc.NumGPUBlocks, "num-gpu-blocks", cc.NumGPUBlocks, "KV blocks per simulated worker")
 	fs.IntVar(&cc.MaxNumSeqs, "max-num-seqs", cc.MaxNumSeqs, "sequences per batch of each simulated worker")
+	fs.Float64Var(&engineSpeedup, "engine-speedup", 0, "divide the simulated engines' step times by this (default: --speedup; lower raises the load by --speedup/--engine-speedup)")
 	return cmd
 }
 

@@ -33,7 +33,7 @@ type ClusterConfig struct {
 func DefaultClusterConfig() ClusterConfig {
 	d := sim.DefaultConfig()
 	return ClusterConfig{
-		Workers: 8, Model: d.Model, Policy: "kv", Speedup: 1,
+		Workers: 8, Model: d.Model, Policy: "kv",
 		NumGPUBlocks: d.NumGPUBlocks, BlockSize: d.BlockSize, MaxModelLen: d.MaxModelLen, MaxNumSeqs: d.MaxNumSeqs,
 		Mode: "agg",
 	}
@@ -72,6 +72,9 @@ func StartCluster(ctx context.Context, cfg ClusterConfig) (*Cluster, error) {
 		ec := sim.DefaultConfig()
 		ec.Model = cfg.Model
 		ec.Timing.Speedup = cfg.Speedup
+		if ec.Timing.Speedup <= 0 {
+			ec.Timing.Speedup = 1
+		}
 		ec.NumGPUBlocks = cfg.NumGPUBlocks
 		ec.BlockSize = cfg.BlockSize
 		if cfg.MaxModelLen > 0 {

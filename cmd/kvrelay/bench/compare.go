@@ -40,8 +40,11 @@ type CompareOptions struct {
 	Workload string
 	Seed     uint64
 	Policies []string
+	// Cluster describes each policy's cluster; a Speedup of 0 takes Run.Speedup, so that
+	// arrivals and engine steps compress alike and the load keeps its shape. An engine
+	// speedup below Run.Speedup raises the load by their ratio.
 	Cluster  ClusterConfig
-	Run      Options // Target is set per policy; Speedup also sets the cluster's
+	Run      Options // Target is set per policy
 	SLO      SLO
 	Progress io.Writer
 }
@@ -56,8 +59,8 @@ func Compare(ctx context.Context, co CompareOptions, tok workload.Tokenizer) ([]
 		}
 		cc := co.Cluster
 		cc.Policy = policy
-		if co.Run.Speedup > 0 {
-			cc.Speedup = co.Run.Speedup
+		if cc.Speedup <= 0 {
+			cc.Speedup = max(co.Run.Speedup, 1) // the same shape, compressed
 		}
 		cl, err := StartCluster(ctx, cc)
 		if err != nil {
