@@ -166,7 +166,10 @@ func (ex *exchange) data(up *upstream) {
 			consumed = len(buf)
 		}
 	}
-	_, _ = up.c.Discard(consumed)
+	if consumed > 0 {
+		// gnet's Discard(0) drops everything buffered: never call it with nothing consumed.
+		_, _ = up.c.Discard(consumed)
+	}
 	cc.lp.wbuf = out[:0]
 	if len(out) > 0 {
 		_, _ = cc.c.Write(out)

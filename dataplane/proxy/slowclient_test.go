@@ -1,0 +1,98 @@
+package proxy_test
+
+import (
+	"bufio"
+	"crypto/sha256"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvrelay/kvrelay/dataplane/proxy"
+)
+
+// bigStream is an engine that streams n SSE events of size bytes as fast as it can.
+func bigStream(t *testing.T, n, size int) string {
+	t.Helper()
+	payload := strings.Repeat("x", size)
+	return fakeEngine(t, func(conn net.Conn, _ *bufio.Reader, _ *http.Request) {
+		bw := bufio.NewWriterSize(conn, 64<<10)
+		io.WriteString(bw, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+		for i := range n {
+			ev := fmt.Sprintf(`data: {"choices":[{"index":0,"delta":{"content":"%d %s"}}]}`+"\n\n", i, payload)
+			fmt.Fprintf(bw, "%x\r\n%s\r\n", len(ev), ev)
+		}
+		io.WriteString(bw, "0\r\n\r\n")
+		bw.Flush()
+	})
+}
+
+// TestSlowClientPausesAndResumes: a client that reads slowly gets every byte of a stream
+// larger than all the socket buffers between it and the engine; the proxy pauses forwarding
+// instead of buffering without bound.
+func TestSlowClientPausesAndResumes(t *testing.T) {
+	const n, size = 4000, 4000 // ~16 MB
+	url := bigStream(t, n, size)
+	p := startProxy(t, []string{url}, func(cfg *proxy.Config) { cfg.MaxBufferedResponse = 32 << 20 })
+	resp, err := http.Post("http://"+p.Addr()+"/v1/chat/completions", "application/json", strings.NewReader(chatBody("s", "u", 1, true)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	time.Sleep(300 * time.Millisecond) // let the engine get far ahead
+	h := sha256.New()
+	buf := make([]byte, 256<<10)
+	total := 0
+	for {
+		k, err := resp.Body.Read(buf)
+		h.Write(buf[:k])
+		total += k
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatalf("after %d bytes: %v", total, err)
+		}
+		time.Sleep(time.Millisecond) // a slow reader
+	}
+	want := 0
+	for i := range n {
+		want += len(fmt.Sprintf(`data: {"choices":[{"index":0,"delta":{"content":"%d %s"}}]}`+"\n\n", i, strings.Repeat("x", size)))
+	}
+	if total != want {
+		t.Fatalf("client got %d bytes, the engine sent %d", total, want)
+	}
+}
+
+// TestStalledClientIsCutOff: a client that stops reading altogether is cut off once the
+// bytes held for it pass MaxBufferedResponse, and the abort is counted.
+func TestStalledClientIsCutOff(t *testing.T) {
+	url := bigStream(t, 20000, 4000) // ~80 MB
+	p := startProxy(t, []string{url}, func(cfg *proxy.Config) { cfg.MaxBufferedResponse = 1 << 20 })
+	conn, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	body := chatBody("s", "u", 1, true)
+	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, m := get(t, "http://"+p.Addr()+"/metrics")
+		if strings.Contains(m, `kvrelay_proxy_aborted_requests_total{reason="slow_client"} 1`) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("a client that never reads was not cut off")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	// The connection was closed: reading drains what was buffered, then ends.
+	conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.Copy(io.Discard, conn); err != nil {
+		t.Fatalf("the cut-off connection did not end cleanly: %v", err)
+	}
+}
