@@ -16,7 +16,8 @@
 #
 # Fairness: nginx gets worker_processes WORKERS; kvrelay gets --event-loops WORKERS and
 # GOMAXPROCS=WORKERS (nginx runs no helper threads, so kvrelay's runtime gets no extra CPUs
-# either). Whichever proxy is under test runs on the same CPU set (PROXY_CPUS); wrk and the
+# either; with a single loop the proxy itself raises GOMAXPROCS to 2, which adds no CPU, only a
+# P for the Go scheduler: see hack/bench-proxy/README.md). Whichever proxy is under test runs on the same CPU set (PROXY_CPUS); wrk and the
 # backend run on LOAD_CPUS. Only one proxy carries load at a time; the idle one sleeps in epoll.
 # Default layout: with 4+ CPUs, the proxy gets the upper half and wrk + backend the lower half.
 # With fewer (a 2-vCPU VM), everything shares CPU 0 with one worker each: there, waking a

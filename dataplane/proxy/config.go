@@ -95,7 +95,7 @@ type Config struct {
 	// MaxBufferedResponse bounds the bytes held for a client that reads slower than its
 	// engine writes; past it the request is aborted.
 	MaxBufferedResponse int `yaml:"max_buffered_response"`
-	// EventLoops is the number of gnet event loops (0: one per core).
+	// EventLoops is the number of gnet event loops (0: one per P, GOMAXPROCS).
 	EventLoops int `yaml:"event_loops"`
 }
 

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -99,16 +100,13 @@ func (s *Server) Start(ctx context.Context) error {
 	if err := s.setup(ctx); err != nil {
 		return fmt.Errorf("starting proxy: %w", err)
 	}
-	nloops := s.cfg.EventLoops
+	nloops := eventLoops(s.cfg.EventLoops)
 	opts := []gnet.Option{
-		gnet.WithMulticore(nloops == 0),
+		gnet.WithNumEventLoop(nloops),
 		gnet.WithReusePort(false),
 		gnet.WithTCPNoDelay(gnet.TCPNoDelay),
 		gnet.WithReadBufferCap(64 << 10),
 		gnet.WithLogger(gnetLogger{s.log}),
-	}
-	if nloops > 0 {
-		opts = append(opts, gnet.WithNumEventLoop(nloops))
 	}
 	go func() {
 		err := gnet.Run(s, "tcp://"+s.cfg.Listen, opts...)
@@ -137,6 +135,34 @@ func (s *Server) Start(ctx context.Context) error {
 	s.tickWG.Add(1)
 	go s.ticker()
 	return nil
+}
+
+// eventLoops returns how many gnet event loops to run for the configured number (0: one per
+// P), and gives a single loop a second P.
+//
+// The count follows GOMAXPROCS rather than the machine's CPUs (gnet's multicore default):
+// in a container with a CPU limit the Go runtime sets GOMAXPROCS to the limit, and loops
+// beyond the Ps only take turns on them (GOMAXPROCS=1 on 2 vCPUs: 0.87 of nginx's req/s and
+// a 6 ms p99 with two loops, 0.94 and 1.8 ms with one).
+//
+// A gnet loop, and gnet's acceptor, wait in a blocking epoll_wait that the runtime counts as
+// a system call holding a P. With a single P, sysmon takes it from every wait longer than one
+// of its ticks, hands it to another thread and keeps ticking every 20 µs: pinned to one CPU
+// that cost 1.6× nginx's CPU per request, 5-6 µs of it in sysmon. With a second P idle sysmon
+// leaves the loop alone (1.04×). Two or more loops are left at one P each: a spare P there
+// makes each of gnet's yields after an empty poll wake a thread, which costs about what it
+// saves (hack/bench-proxy/README.md).
+//
+// Raising GOMAXPROCS is a process-wide change; it happens in Start, and only upwards.
+func eventLoops(configured int) int {
+	n := configured
+	if n <= 0 {
+		n = runtime.GOMAXPROCS(0)
+	}
+	if n == 1 && runtime.GOMAXPROCS(0) < 2 {
+		runtime.GOMAXPROCS(2)
+	}
+	return n
 }
 
 // setup builds the worker pool, the routers and the codecs.
