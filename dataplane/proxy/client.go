@@ -518,8 +518,13 @@ func (cc *clientConn) start(w *route.Worker) {
 	if cc.kind == oai.ChatCompletions || cc.kind == oai.Completions {
 		overlap := int(cc.dec.Overlap)
 		ex.predicted = overlap
-		ex.receipt = s.index.Record(w.Index, cc.rreq.Hashes, overlap)
-		w.SetCachedBlocks(s.index.Blocks(w.Index))
+		ex.receipt = prefix.Receipt{}
+		if len(cc.rreq.Hashes) > 0 {
+			// The index is shared by every loop behind one lock; a prompt without a full
+			// block (and every prompt under a policy without an index) changes nothing in it.
+			ex.receipt = s.index.Record(w.Index, cc.rreq.Hashes, overlap)
+			w.SetCachedBlocks(s.index.Blocks(w.Index))
+		}
 		ex.usage.Begin(w, cc.rreq.PromptTokens, overlap*s.cfg.BlockSize, cc.rreq.OSL)
 	} else {
 		ex.receipt = prefix.Receipt{}

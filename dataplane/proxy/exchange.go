@@ -354,7 +354,9 @@ func (ex *exchange) finish() {
 			diff = -diff
 		}
 		s.metrics.predictionErr.Observe(float64(diff))
-		s.index.Correct(cc.rreq.Hashes, ex.receipt, cached)
+		if len(cc.rreq.Hashes) > 0 {
+			s.index.Correct(cc.rreq.Hashes, ex.receipt, cached)
+		}
 	}
 	if ex.usage.Worker() != nil {
 		ex.ws.m.inflight.Dec()
