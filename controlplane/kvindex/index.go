@@ -1,48 +1,40 @@
 package kvindex
 
 import (
-	"math/bits"
 	"sync"
 
 	"github.com/zeebo/xxh3"
 
 	"github.com/kvrelay/kvrelay/engines/blockhash"
 	"github.com/kvrelay/kvrelay/engines/kvevents"
+	"github.com/kvrelay/kvrelay/xds/blockset"
 )
 
-// Tier is where a worker keeps a block.
-type Tier uint8
+// Tier, the tiers and their weights are those of package blockset.
+type (
+	Tier    = blockset.Tier
+	Weights = blockset.Weights
+)
 
 // Tiers, from the fastest.
 const (
-	GPU Tier = iota
-	Host
-	Disk
-	numTiers
+	GPU      = blockset.GPU
+	Host     = blockset.Host
+	Disk     = blockset.Disk
+	numTiers = blockset.NumTiers
 )
 
-// TierOf maps an event's medium to a tier; unknown media count as GPU memory.
-func TierOf(medium string) Tier {
-	switch medium {
-	case "CPU", "cpu", "CPU_TIER", "cpu_tier", "host", "HOST":
-		return Host
-	case "DISK", "disk", "LOCAL_DISK", "local_disk", "SSD", "ssd":
-		return Disk
-	}
-	return GPU
-}
+// TierOf maps an event's medium to a tier.
+func TierOf(medium string) Tier { return blockset.TierOf(medium) }
 
-// Weights scale a cached block by its tier when overlaps are scored.
-type Weights [numTiers]float64
-
-// DefaultWeights are ARCHITECTURE.md's: GPU 1, host 0.75, disk 0.25.
-var DefaultWeights = Weights{1, 0.75, 0.25}
+// DefaultWeights are GPU 1, host 0.75, disk 0.25.
+var DefaultWeights = blockset.DefaultWeights
 
 // Index is the global KV index. All methods are safe for concurrent use: ingestion takes a
 // write lock, queries a read lock.
 type Index struct {
 	mu      sync.RWMutex
-	shards  []*shard // shard k holds worker slots 64k … 64k+63
+	set     blockset.Set
 	workers map[string]*worker
 	slots   []*worker // by slot; nil for a free slot
 	hasher  blockhash.Hasher
@@ -58,35 +50,6 @@ type Stats struct {
 	Orphans, Unknown uint64
 	// SkippedGroups counts events for KV cache groups other than full attention.
 	SkippedGroups uint64
-}
-
-// shard holds the blocks of up to 64 worker slots: per block and tier, a bitset of the slots
-// holding it. Most blocks live only in GPU memory, so each tier has its own map and the host
-// and disk maps stay small (or empty, and are then never consulted); values, not pointers,
-// keep the maps out of the garbage collector's way.
-type shard struct {
-	tiers [numTiers]map[uint64]uint64
-}
-
-func newShard() *shard {
-	sh := &shard{}
-	for t := range sh.tiers {
-		sh.tiers[t] = map[uint64]uint64{}
-	}
-	return sh
-}
-
-// held returns the slots holding seq in any tier, and in GPU memory.
-func (sh *shard) held(seq uint64) (any, gpu uint64) {
-	gpu = sh.tiers[GPU][seq]
-	any = gpu
-	if len(sh.tiers[Host]) > 0 {
-		any |= sh.tiers[Host][seq]
-	}
-	if len(sh.tiers[Disk]) > 0 {
-		any |= sh.tiers[Disk][seq]
-	}
-	return any, gpu
 }
 
 type worker struct {
@@ -128,9 +91,6 @@ func (x *Index) workerLocked(id string) *worker {
 		x.slots = append(x.slots, w)
 	} else {
 		x.slots[slot] = w
-	}
-	for len(x.shards) <= slot/64 {
-		x.shards = append(x.shards, newShard())
 	}
 	x.workers[id] = w
 	return w
@@ -217,8 +177,6 @@ func (x *Index) store(w *worker, ev *kvevents.Event, out []Change) []Change {
 		}
 		parent, hasParent = seq, true
 	}
-	sh := x.shards[w.slot/64]
-	bit := uint64(1) << (w.slot % 64)
 	for i := 0; i < n; i++ {
 		extra := x.extraKeys(ev, i)
 		local := x.hasher.Local(ev.TokenIDs[i*bs:(i+1)*bs], extra)
@@ -226,8 +184,7 @@ func (x *Index) store(w *worker, ev *kvevents.Event, out []Change) []Change {
 		if hasParent {
 			seq = blockhash.Chain(parent, local)
 		}
-		if e := sh.tiers[tier][seq]; e&bit == 0 {
-			sh.tiers[tier][seq] = e | bit
+		if x.set.Add(seq, w.slot, tier) {
 			out = append(out, Change{Seq: seq, Tier: tier})
 		}
 		w.engine[tier][engineKey(ev.BlockHashes[i])] = seq
@@ -269,8 +226,6 @@ func (x *Index) remove(w *worker, ev *kvevents.Event, out []Change) []Change {
 		return out
 	}
 	tier := TierOf(ev.Medium)
-	sh := x.shards[w.slot/64]
-	bit := uint64(1) << (w.slot % 64)
 	for _, h := range ev.BlockHashes {
 		k := engineKey(h)
 		seq, ok := w.engine[tier][k]
@@ -279,7 +234,7 @@ func (x *Index) remove(w *worker, ev *kvevents.Event, out []Change) []Change {
 			continue
 		}
 		delete(w.engine[tier], k)
-		if sh.drop(seq, tier, bit) {
+		if x.set.Remove(seq, w.slot, tier) {
 			out = append(out, Change{Seq: seq, Tier: tier})
 		}
 		x.stats.Removed++
@@ -288,32 +243,15 @@ func (x *Index) remove(w *worker, ev *kvevents.Event, out []Change) []Change {
 }
 
 func (x *Index) clearLocked(w *worker, out []Change) []Change {
-	sh := x.shards[w.slot/64]
-	bit := uint64(1) << (w.slot % 64)
 	for t := range w.engine {
 		for _, seq := range w.engine[t] {
-			if sh.drop(seq, Tier(t), bit) {
+			if x.set.Remove(seq, w.slot, Tier(t)) {
 				out = append(out, Change{Seq: seq, Tier: Tier(t)})
 			}
 		}
 		w.engine[t] = map[uint64]uint64{}
 	}
 	return out
-}
-
-// drop clears bit from a block's tier and reports whether it was set.
-func (sh *shard) drop(seq uint64, tier Tier, bit uint64) bool {
-	m := sh.tiers[tier]
-	e, ok := m[seq]
-	if !ok || e&bit == 0 {
-		return false
-	}
-	if e &^= bit; e == 0 {
-		delete(m, seq)
-	} else {
-		m[seq] = e
-	}
-	return true
 }
 
 // Clear drops every block of a worker (its engine restarted, or its events were lost and
@@ -359,23 +297,7 @@ func (x *Index) Blocks(id string) [numTiers]int {
 func (x *Index) Len() int {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
-	n := 0
-	for _, sh := range x.shards {
-		n += len(sh.tiers[GPU])
-		for seq := range sh.tiers[Host] {
-			if _, ok := sh.tiers[GPU][seq]; !ok {
-				n++
-			}
-		}
-		for seq := range sh.tiers[Disk] {
-			_, g := sh.tiers[GPU][seq]
-			_, h := sh.tiers[Host][seq]
-			if !g && !h {
-				n++
-			}
-		}
-	}
-	return n
+	return x.set.Len()
 }
 
 // Stats returns the counters.
@@ -386,75 +308,18 @@ func (x *Index) Stats() Stats {
 }
 
 // Match sets overlap[slot] to the tier-weighted number of leading blocks of hashes that the
-// worker in that slot holds (a block held in several tiers counts at its fastest), for every
-// slot < len(overlap), and returns the largest overlap. It allocates nothing.
+// worker in that slot holds, for every slot < len(overlap), and returns the largest overlap.
+// It allocates nothing.
 func (x *Index) Match(hashes []uint64, overlap []float64, wt Weights) float64 {
-	clear(overlap)
 	x.mu.RLock()
 	defer x.mu.RUnlock()
-	best := 0.0
-	for k, sh := range x.shards {
-		base := 64 * k
-		if base >= len(overlap) {
-			break
-		}
-		if b := sh.match(hashes, overlap[base:min(base+64, len(overlap))], wt); b > best {
-			best = b
-		}
-	}
-	return best
+	return x.set.Match(hashes, overlap, wt)
 }
 
-// match walks the chain for one shard's 64 slots. A worker's run lasts while it holds each
-// next block in any tier; within the run, blocks outside GPU memory count at their tier's
-// weight, which costs work only for the rare blocks that are not in GPU memory.
-func (sh *shard) match(hashes []uint64, overlap []float64, wt Weights) float64 {
-	var active uint64 = ^uint64(0)
-	if len(overlap) < 64 {
-		active = uint64(1)<<len(overlap) - 1
-	}
-	var deficit [64]float64
-	n := 0
-	for n < len(hashes) && active != 0 {
-		h := hashes[n]
-		held, gpu := sh.held(h)
-		held &= active
-		if held == 0 {
-			break
-		}
-		if left := active &^ held; left != 0 {
-			sh.close(left, n, overlap, &deficit)
-		}
-		active = held
-		if slow := active &^ gpu; slow != 0 {
-			host := sh.tiers[Host][h]
-			for s := slow; s != 0; s &= s - 1 {
-				i := bits.TrailingZeros64(s)
-				w := wt[Disk]
-				if host&(1<<i) != 0 {
-					w = wt[Host]
-				}
-				deficit[i] += 1 - w
-			}
-		}
-		n++
-	}
-	if active != 0 {
-		sh.close(active, n, overlap, &deficit)
-	}
-	best := 0.0
-	for _, o := range overlap {
-		best = max(best, o)
-	}
-	return best
-}
-
-// close ends the runs of the slots in set at length n.
-func (sh *shard) close(set uint64, n int, overlap []float64, deficit *[64]float64) {
-	for s := set; s != 0; s &= s - 1 {
-		i := bits.TrailingZeros64(s)
-		if i < len(overlap) {
-			overlap[i] = float64(n) - deficit[i]
-		}
-	}
+// Each calls fn for every (block, slot, tier) entry, under the read lock: fn must not call
+// back into the index.
+func (x *Index) Each(fn func(seq uint64, slot int, tier Tier)) {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	x.set.Each(fn)
 }

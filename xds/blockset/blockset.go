@@ -1,0 +1,253 @@
+// Package blockset is the data structure behind the KV index on both sides of xDS: which
+// worker slots hold which block (by kvrelay's sequence hash) in which storage tier. The
+// control plane's index builds one from engine events; each proxy's replica applies the
+// journal of its changes to its own. Match, the router's question, is answered the same way on
+// both sides.
+//
+// Holders are bitsets of 64 worker slots per shard, one map per tier, so a longest-prefix
+// query costs one map lookup per prompt block whatever the number of workers. A Set is not
+// safe for concurrent use; its owners lock around it.
+package blockset
+
+import "math/bits"
+
+// Tier is where a worker keeps a block.
+type Tier uint8
+
+// Tiers, from the fastest.
+const (
+	GPU Tier = iota
+	Host
+	Disk
+	NumTiers
+)
+
+// TierOf maps a KV event's medium to a tier; unknown media count as GPU memory.
+func TierOf(medium string) Tier {
+	switch medium {
+	case "CPU", "cpu", "CPU_TIER", "cpu_tier", "host", "HOST":
+		return Host
+	case "DISK", "disk", "LOCAL_DISK", "local_disk", "SSD", "ssd":
+		return Disk
+	}
+	return GPU
+}
+
+// Weights scale a cached block by its tier when overlaps are scored.
+type Weights [NumTiers]float64
+
+// DefaultWeights are ARCHITECTURE.md's: GPU 1, host 0.75, disk 0.25.
+var DefaultWeights = Weights{1, 0.75, 0.25}
+
+// Set is a set of (block, slot, tier) entries.
+type Set struct {
+	shards []*shard
+}
+
+// shard holds the blocks of up to 64 slots: per block and tier, a bitset of the slots holding
+// it. Most blocks live only in GPU memory, so each tier has its own map and the host and disk
+// maps stay small (or empty, and are then never consulted); values, not pointers, keep the
+// maps out of the garbage collector's way.
+type shard struct {
+	tiers [NumTiers]map[uint64]uint64
+}
+
+func (s *Set) shard(slot int) *shard {
+	for len(s.shards) <= slot/64 {
+		sh := &shard{}
+		for t := range sh.tiers {
+			sh.tiers[t] = map[uint64]uint64{}
+		}
+		s.shards = append(s.shards, sh)
+	}
+	return s.shards[slot/64]
+}
+
+// Add records that slot holds seq in tier and reports whether that is new.
+func (s *Set) Add(seq uint64, slot int, tier Tier) bool {
+	if slot < 0 || tier >= NumTiers {
+		return false
+	}
+	m := s.shard(slot).tiers[tier]
+	bit := uint64(1) << (slot % 64)
+	e := m[seq]
+	if e&bit != 0 {
+		return false
+	}
+	m[seq] = e | bit
+	return true
+}
+
+// Remove records that slot no longer holds seq in tier and reports whether it did.
+func (s *Set) Remove(seq uint64, slot int, tier Tier) bool {
+	if slot < 0 || slot/64 >= len(s.shards) || tier >= NumTiers {
+		return false
+	}
+	m := s.shards[slot/64].tiers[tier]
+	bit := uint64(1) << (slot % 64)
+	e, ok := m[seq]
+	if !ok || e&bit == 0 {
+		return false
+	}
+	if e &^= bit; e == 0 {
+		delete(m, seq)
+	} else {
+		m[seq] = e
+	}
+	return true
+}
+
+// ClearSlot removes every block of slot, calling fn (if not nil) for each entry removed. It
+// walks the slot's shard: meant for rare events (a worker restarting or leaving).
+func (s *Set) ClearSlot(slot int, fn func(seq uint64, tier Tier)) {
+	if slot < 0 || slot/64 >= len(s.shards) {
+		return
+	}
+	bit := uint64(1) << (slot % 64)
+	for t, m := range s.shards[slot/64].tiers {
+		for seq, e := range m {
+			if e&bit == 0 {
+				continue
+			}
+			if e &^= bit; e == 0 {
+				delete(m, seq)
+			} else {
+				m[seq] = e
+			}
+			if fn != nil {
+				fn(seq, Tier(t))
+			}
+		}
+	}
+}
+
+// Has reports whether slot holds seq in tier.
+func (s *Set) Has(seq uint64, slot int, tier Tier) bool {
+	if slot < 0 || slot/64 >= len(s.shards) || tier >= NumTiers {
+		return false
+	}
+	return s.shards[slot/64].tiers[tier][seq]&(1<<(slot%64)) != 0
+}
+
+// Each calls fn for every entry, shard by shard.
+func (s *Set) Each(fn func(seq uint64, slot int, tier Tier)) {
+	for k, sh := range s.shards {
+		for t, m := range sh.tiers {
+			for seq, e := range m {
+				for b := e; b != 0; b &= b - 1 {
+					fn(seq, 64*k+bits.TrailingZeros64(b), Tier(t))
+				}
+			}
+		}
+	}
+}
+
+// Len returns the number of distinct blocks held by any slot.
+func (s *Set) Len() int {
+	n := 0
+	for _, sh := range s.shards {
+		n += len(sh.tiers[GPU])
+		for seq := range sh.tiers[Host] {
+			if _, ok := sh.tiers[GPU][seq]; !ok {
+				n++
+			}
+		}
+		for seq := range sh.tiers[Disk] {
+			_, g := sh.tiers[GPU][seq]
+			_, h := sh.tiers[Host][seq]
+			if !g && !h {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// Entries returns the number of (block, slot, tier) entries.
+func (s *Set) Entries() int {
+	n := 0
+	for _, sh := range s.shards {
+		for _, m := range sh.tiers {
+			for _, e := range m {
+				n += bits.OnesCount64(e)
+			}
+		}
+	}
+	return n
+}
+
+// Match sets overlap[slot] to the tier-weighted number of leading blocks of hashes that the
+// slot holds (a block held in several tiers counts at its fastest), for every slot <
+// len(overlap), and returns the largest overlap. It allocates nothing.
+func (s *Set) Match(hashes []uint64, overlap []float64, wt Weights) float64 {
+	clear(overlap)
+	best := 0.0
+	for k, sh := range s.shards {
+		base := 64 * k
+		if base >= len(overlap) {
+			break
+		}
+		best = max(best, sh.match(hashes, overlap[base:min(base+64, len(overlap))], wt))
+	}
+	return best
+}
+
+// match walks the chain for one shard. A slot's run lasts while it holds each next block in
+// any tier; within the run, blocks outside GPU memory count at their tier's weight, which
+// costs work only for the rare blocks that are not in GPU memory.
+func (sh *shard) match(hashes []uint64, overlap []float64, wt Weights) float64 {
+	active := ^uint64(0)
+	if len(overlap) < 64 {
+		active = uint64(1)<<len(overlap) - 1
+	}
+	var deficit [64]float64
+	n := 0
+	for n < len(hashes) && active != 0 {
+		h := hashes[n]
+		gpu := sh.tiers[GPU][h]
+		held := gpu
+		if len(sh.tiers[Host]) > 0 {
+			held |= sh.tiers[Host][h]
+		}
+		if len(sh.tiers[Disk]) > 0 {
+			held |= sh.tiers[Disk][h]
+		}
+		held &= active
+		if held == 0 {
+			break
+		}
+		if left := active &^ held; left != 0 {
+			closeRuns(left, n, overlap, &deficit)
+		}
+		active = held
+		if slow := active &^ gpu; slow != 0 {
+			host := sh.tiers[Host][h]
+			for b := slow; b != 0; b &= b - 1 {
+				i := bits.TrailingZeros64(b)
+				w := wt[Disk]
+				if host&(1<<i) != 0 {
+					w = wt[Host]
+				}
+				deficit[i] += 1 - w
+			}
+		}
+		n++
+	}
+	if active != 0 {
+		closeRuns(active, n, overlap, &deficit)
+	}
+	best := 0.0
+	for _, o := range overlap {
+		best = max(best, o)
+	}
+	return best
+}
+
+// closeRuns ends the runs of the slots in set at length n.
+func closeRuns(set uint64, n int, overlap []float64, deficit *[64]float64) {
+	for b := set; b != 0; b &= b - 1 {
+		if i := bits.TrailingZeros64(b); i < len(overlap) {
+			overlap[i] = float64(n) - deficit[i]
+		}
+	}
+}

@@ -1,0 +1,84 @@
+package blockset
+
+import (
+	"sort"
+	"testing"
+)
+
+func TestAddRemoveClearEach(t *testing.T) {
+	var s Set
+	cases := []struct {
+		seq  uint64
+		slot int
+		tier Tier
+	}{{1, 0, GPU}, {1, 70, GPU}, {2, 0, Host}, {3, 5, Disk}, {1, 0, Host}}
+	for _, c := range cases {
+		if !s.Add(c.seq, c.slot, c.tier) {
+			t.Fatalf("add %+v reported no change", c)
+		}
+	}
+	if s.Add(1, 0, GPU) {
+		t.Fatal("adding twice must report no change")
+	}
+	if s.Len() != 3 || s.Entries() != 5 {
+		t.Fatalf("len %d entries %d", s.Len(), s.Entries())
+	}
+	if !s.Has(1, 70, GPU) || s.Has(1, 70, Host) || s.Has(9, 0, GPU) || s.Has(1, 500, GPU) {
+		t.Fatal("Has disagrees with what was added")
+	}
+	if !s.Remove(1, 70, GPU) || s.Remove(1, 70, GPU) || s.Remove(1, 999, GPU) {
+		t.Fatal("Remove must report exactly the entries it removed")
+	}
+	var cleared []uint64
+	s.ClearSlot(0, func(seq uint64, tier Tier) { cleared = append(cleared, seq<<2|uint64(tier)) })
+	sort.Slice(cleared, func(i, j int) bool { return cleared[i] < cleared[j] })
+	if len(cleared) != 3 || s.Entries() != 1 {
+		t.Fatalf("cleared %v, %d entries left", cleared, s.Entries())
+	}
+	n := 0
+	s.Each(func(seq uint64, slot int, tier Tier) {
+		n++
+		if seq != 3 || slot != 5 || tier != Disk {
+			t.Fatalf("left %d %d %d", seq, slot, tier)
+		}
+	})
+	if n != 1 {
+		t.Fatalf("Each visited %d", n)
+	}
+}
+
+func TestMatchRunsAndWeights(t *testing.T) {
+	var s Set
+	chain := []uint64{10, 11, 12, 13, 14}
+	for i, h := range chain {
+		s.Add(h, 0, GPU) // slot 0: the whole chain
+		if i < 3 {
+			s.Add(h, 65, Host) // slot 65 (second shard): three blocks in host memory
+		}
+		if i != 1 {
+			s.Add(h, 2, GPU) // slot 2: a hole at block 1 ends its run at 1
+		}
+	}
+	overlap := make([]float64, 70)
+	best := s.Match(chain, overlap, DefaultWeights)
+	if best != 5 || overlap[0] != 5 || overlap[2] != 1 || overlap[65] != 3*0.75 {
+		t.Fatalf("overlap %v %v %v best %v", overlap[0], overlap[2], overlap[65], best)
+	}
+	// Slots past len(overlap) are not reported.
+	short := make([]float64, 3)
+	s.Match(chain, short, DefaultWeights)
+	if short[0] != 5 || short[2] != 1 {
+		t.Fatalf("short %v", short)
+	}
+	if a := testing.AllocsPerRun(50, func() { s.Match(chain, overlap, DefaultWeights) }); a != 0 {
+		t.Fatalf("Match allocates %.1f", a)
+	}
+}
+
+func TestTierOf(t *testing.T) {
+	for medium, want := range map[string]Tier{"GPU": GPU, "": GPU, "CPU": Host, "cpu": Host, "DISK": Disk, "LOCAL_DISK": Disk, "weird": GPU} {
+		if got := TierOf(medium); got != want {
+			t.Errorf("TierOf(%q) = %d, want %d", medium, got, want)
+		}
+	}
+}
