@@ -142,22 +142,36 @@ func (s *Set) Each(fn func(seq uint64, slot int, tier Tier)) {
 	}
 }
 
-// Len returns the number of distinct blocks held by any slot.
+// Len returns the number of distinct blocks held by any slot. With more than 64 slots it
+// builds a set of the blocks: it is meant for statistics, not for the request path.
 func (s *Set) Len() int {
-	n := 0
+	if len(s.shards) == 1 {
+		return s.shards[0].distinct()
+	}
+	seen := map[uint64]struct{}{}
 	for _, sh := range s.shards {
-		n += len(sh.tiers[GPU])
-		for seq := range sh.tiers[Host] {
-			if _, ok := sh.tiers[GPU][seq]; !ok {
-				n++
+		for _, m := range sh.tiers {
+			for seq := range m {
+				seen[seq] = struct{}{}
 			}
 		}
-		for seq := range sh.tiers[Disk] {
-			_, g := sh.tiers[GPU][seq]
-			_, h := sh.tiers[Host][seq]
-			if !g && !h {
-				n++
-			}
+	}
+	return len(seen)
+}
+
+// distinct counts the blocks of one shard.
+func (sh *shard) distinct() int {
+	n := len(sh.tiers[GPU])
+	for seq := range sh.tiers[Host] {
+		if _, ok := sh.tiers[GPU][seq]; !ok {
+			n++
+		}
+	}
+	for seq := range sh.tiers[Disk] {
+		_, g := sh.tiers[GPU][seq]
+		_, h := sh.tiers[Host][seq]
+		if !g && !h {
+			n++
 		}
 	}
 	return n
