@@ -1,0 +1,325 @@
+package xds
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"net"
+	"net/url"
+	"strconv"
+	"strings"
+	"unicode"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+
+	xdsv1 "github.com/kvrelay/kvrelay/xds/api/v1"
+)
+
+// Type URLs of kvrelay's xDS resources. Each is served by its own LinearCache on the control
+// plane and subscribed to (wildcard) by every proxy.
+const (
+	// WorkerType is the type URL of xdsv1.Worker; a worker's resource name is its id.
+	WorkerType = "type.googleapis.com/kvrelay.xds.v1.Worker"
+	// PolicyType is the type URL of xdsv1.RoutingPolicy; its one resource is named PolicyName.
+	PolicyType = "type.googleapis.com/kvrelay.xds.v1.RoutingPolicy"
+)
+
+// PolicyName is the resource name of the routing policy every proxy applies.
+const PolicyName = "default"
+
+// TypeURLs returns the type URLs a proxy subscribes to, in the order it subscribes. The
+// returned slice is new on each call.
+func TypeURLs() []string { return []string{WorkerType, PolicyType} }
+
+// Limits a resource must respect; a proxy refuses (NACKs) a resource past them.
+const (
+	// MaxNameLen bounds worker ids, models, engine kinds and policy names.
+	MaxNameLen = 256
+	// MaxURLLen bounds a worker's URL.
+	MaxURLLen = 2048
+	// MaxBlockSize is the largest block size in tokens a worker may announce.
+	MaxBlockSize = 1 << 16
+	// MaxSlot bounds a worker's slot in the index journal (slots are dense, one per worker).
+	MaxSlot = 1 << 16
+	// MaxWeight bounds the routing policy's overlap weight.
+	MaxWeight = 1e6
+	// MaxTemperature bounds the routing policy's sampling temperature.
+	MaxTemperature = 1e3
+	// MaxSessionTTLMillis bounds how long a session may stay bound to a worker: one week.
+	MaxSessionTTLMillis = 7 * 24 * 3600 * 1000
+	// NumTiers is the number of KV storage tiers a policy may weigh: GPU, host, disk.
+	NumTiers = 3
+)
+
+// ErrInvalid is wrapped by every error ValidateWorker and ValidatePolicy return.
+var ErrInvalid = errors.New("invalid resource")
+
+// NewWorker builds a healthy worker resource with the given id, URL and model; callers set
+// the other fields on the result. It does not validate: see ValidateWorker.
+func NewWorker(id, rawURL, model string) *xdsv1.Worker {
+	return &xdsv1.Worker{Id: id, Url: rawURL, Model: model, Healthy: true}
+}
+
+// DefaultPolicy returns the routing policy a control plane serves until an operator sets
+// one: the kv policy with the defaults of ARCHITECTURE.md (overlap weight 1, greedy pick,
+// cache threshold 0.3, tier weights GPU 1, host 0.75, disk 0.25, sessions kept 30 minutes).
+func DefaultPolicy() *xdsv1.RoutingPolicy {
+	return &xdsv1.RoutingPolicy{
+		Version:        1,
+		Policy:         "kv",
+		OverlapWeight:  1,
+		CacheThreshold: 0.3,
+		TierWeights:    []float64{1, 0.75, 0.25},
+		SessionTtlMs:   30 * 60 * 1000,
+	}
+}
+
+// ParseRole parses a role as operators write it: "both" (or ""), "prefill" or "decode"; the
+// enum names (ROLE_PREFILL, …) are accepted too.
+func ParseRole(s string) (xdsv1.Role, error) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "", "both", "role_both":
+		return xdsv1.Role_ROLE_BOTH, nil
+	case "prefill", "role_prefill":
+		return xdsv1.Role_ROLE_PREFILL, nil
+	case "decode", "role_decode":
+		return xdsv1.Role_ROLE_DECODE, nil
+	}
+	return 0, fmt.Errorf("parsing role %q: want both, prefill or decode", s)
+}
+
+// RoleName is the operator's name of r: "both", "prefill" or "decode" ("role(N)" for a
+// value this build does not know).
+func RoleName(r xdsv1.Role) string {
+	switch r {
+	case xdsv1.Role_ROLE_BOTH:
+		return "both"
+	case xdsv1.Role_ROLE_PREFILL:
+		return "prefill"
+	case xdsv1.Role_ROLE_DECODE:
+		return "decode"
+	}
+	return "role(" + strconv.Itoa(int(r)) + ")"
+}
+
+// ResourceName is the xDS resource name of m: a worker's id, or PolicyName for a routing
+// policy. It returns "" for any other message.
+func ResourceName(m proto.Message) string {
+	switch v := m.(type) {
+	case *xdsv1.Worker:
+		return v.GetId()
+	case *xdsv1.RoutingPolicy:
+		return PolicyName
+	}
+	return ""
+}
+
+// TypeURL is the type URL of m, or "" when m is not one of kvrelay's resources.
+func TypeURL(m proto.Message) string {
+	switch m.(type) {
+	case *xdsv1.Worker:
+		return WorkerType
+	case *xdsv1.RoutingPolicy:
+		return PolicyType
+	}
+	return ""
+}
+
+// DecodeWorker unmarshals and validates a Worker resource received under the given name. It
+// never panics on arbitrary input; every error wraps ErrInvalid.
+func DecodeWorker(name string, res *anypb.Any) (*xdsv1.Worker, error) {
+	w := &xdsv1.Worker{}
+	if err := decode(WorkerType, res, w); err != nil {
+		return nil, err
+	}
+	if err := ValidateWorker(w); err != nil {
+		return nil, err
+	}
+	if w.GetId() != name {
+		return nil, fmt.Errorf("%w: worker %q sent under resource name %q", ErrInvalid, w.GetId(), name)
+	}
+	return w, nil
+}
+
+// DecodePolicy unmarshals and validates a RoutingPolicy resource received under the given
+// name, which must be PolicyName. It never panics on arbitrary input; every error wraps
+// ErrInvalid.
+func DecodePolicy(name string, res *anypb.Any) (*xdsv1.RoutingPolicy, error) {
+	if name != PolicyName {
+		return nil, fmt.Errorf("%w: routing policy named %q, want %q", ErrInvalid, name, PolicyName)
+	}
+	p := &xdsv1.RoutingPolicy{}
+	if err := decode(PolicyType, res, p); err != nil {
+		return nil, err
+	}
+	if err := ValidatePolicy(p); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+func decode(typeURL string, res *anypb.Any, m proto.Message) error {
+	if res == nil {
+		return fmt.Errorf("%w: decoding %s: no resource body", ErrInvalid, typeURL)
+	}
+	if res.GetTypeUrl() != typeURL {
+		return fmt.Errorf("%w: decoding %s: body has type %q", ErrInvalid, typeURL, res.GetTypeUrl())
+	}
+	if err := proto.Unmarshal(res.GetValue(), m); err != nil {
+		return fmt.Errorf("%w: decoding %s: %w", ErrInvalid, typeURL, err)
+	}
+	return nil
+}
+
+// ValidateWorker reports why a proxy must refuse w, or nil. It checks: a non-empty id of
+// printable characters without spaces (and not the wildcard "*"), an http or https URL with
+// a host and a valid port, a known role, printable model and engine names, a block size of
+// at most MaxBlockSize tokens (0: not yet known), a slot below MaxSlot, and a load whose KV
+// usage is a fraction. Errors wrap ErrInvalid.
+func ValidateWorker(w *xdsv1.Worker) error {
+	if w == nil {
+		return fmt.Errorf("%w: nil worker", ErrInvalid)
+	}
+	if err := checkName("worker id", w.GetId(), true); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	if w.GetId() == "*" {
+		return fmt.Errorf("%w: worker id %q is the xDS wildcard", ErrInvalid, w.GetId())
+	}
+	fail := func(format string, args ...any) error {
+		return fmt.Errorf("%w: worker %q: %s", ErrInvalid, w.GetId(), fmt.Sprintf(format, args...))
+	}
+	if err := checkURL(w.GetUrl()); err != nil {
+		return fail("%v", err)
+	}
+	if _, known := xdsv1.Role_name[int32(w.GetRole())]; !known {
+		return fail("unknown role %d", w.GetRole())
+	}
+	if err := checkName("model", w.GetModel(), false); err != nil {
+		return fail("%v", err)
+	}
+	if err := checkName("engine", w.GetEngine(), false); err != nil {
+		return fail("%v", err)
+	}
+	if w.GetBlockSize() > MaxBlockSize {
+		return fail("block size %d above %d", w.GetBlockSize(), MaxBlockSize)
+	}
+	if w.GetSlot() >= MaxSlot {
+		return fail("slot %d not below %d", w.GetSlot(), MaxSlot)
+	}
+	if l := w.GetLoad(); l != nil {
+		if u := l.GetKvUsage(); math.IsNaN(u) || u < 0 || u > 1 {
+			return fail("kv usage %g outside [0, 1]", u)
+		}
+		if l.GetObservedUnixNano() < 0 {
+			return fail("load observed at negative time %d", l.GetObservedUnixNano())
+		}
+	}
+	return nil
+}
+
+// ValidatePolicy reports why a proxy must refuse p, or nil. Zero fields mean the proxy's
+// defaults. It checks: a printable policy name, finite non-negative weights (overlap weight
+// at most MaxWeight, temperature at most MaxTemperature), fractions within [0, 1] (cache
+// threshold, busy KV fraction, tier weights), no more than NumTiers tier weights, and a
+// session TTL within [0, MaxSessionTTLMillis]. Errors wrap ErrInvalid.
+func ValidatePolicy(p *xdsv1.RoutingPolicy) error {
+	if p == nil {
+		return fmt.Errorf("%w: nil routing policy", ErrInvalid)
+	}
+	fail := func(format string, args ...any) error {
+		return fmt.Errorf("%w: routing policy %d: %s", ErrInvalid, p.GetVersion(), fmt.Sprintf(format, args...))
+	}
+	if err := checkName("policy", p.GetPolicy(), false); err != nil {
+		return fail("%v", err)
+	}
+	if err := checkRange("overlap weight", p.GetOverlapWeight(), 0, MaxWeight); err != nil {
+		return fail("%v", err)
+	}
+	if err := checkRange("temperature", p.GetTemperature(), 0, MaxTemperature); err != nil {
+		return fail("%v", err)
+	}
+	if err := checkRange("cache threshold", p.GetCacheThreshold(), 0, 1); err != nil {
+		return fail("%v", err)
+	}
+	if err := checkRange("busy kv fraction", p.GetBusyKvFraction(), 0, 1); err != nil {
+		return fail("%v", err)
+	}
+	if n := len(p.GetTierWeights()); n > NumTiers {
+		return fail("%d tier weights, at most %d", n, NumTiers)
+	}
+	for i, tw := range p.GetTierWeights() {
+		if err := checkRange("tier weight "+strconv.Itoa(i), tw, 0, 1); err != nil {
+			return fail("%v", err)
+		}
+	}
+	if ttl := p.GetSessionTtlMs(); ttl < 0 || ttl > MaxSessionTTLMillis {
+		return fail("session ttl %d ms outside [0, %d]", ttl, int64(MaxSessionTTLMillis))
+	}
+	return nil
+}
+
+func checkRange(what string, v, lo, hi float64) error {
+	if math.IsNaN(v) || v < lo || v > hi {
+		return fmt.Errorf("%s %g outside [%g, %g]", what, v, lo, hi)
+	}
+	return nil
+}
+
+// checkName accepts up to MaxNameLen printable, non-space characters (empty only when not
+// required).
+func checkName(what, s string, required bool) error {
+	if s == "" {
+		if required {
+			return fmt.Errorf("empty %s", what)
+		}
+		return nil
+	}
+	if len(s) > MaxNameLen {
+		return fmt.Errorf("%s of %d bytes, at most %d", what, len(s), MaxNameLen)
+	}
+	for _, r := range s {
+		if r == unicode.ReplacementChar || !unicode.IsPrint(r) || unicode.IsSpace(r) {
+			return fmt.Errorf("%s %q has a space, control or invalid character", what, s)
+		}
+	}
+	return nil
+}
+
+func checkURL(raw string) error {
+	if raw == "" {
+		return errors.New("empty url")
+	}
+	if len(raw) > MaxURLLen {
+		return fmt.Errorf("url of %d bytes, at most %d", len(raw), MaxURLLen)
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		return fmt.Errorf("parsing url: %w", err)
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return fmt.Errorf("url %q: scheme %q, want http or https", raw, u.Scheme)
+	}
+	if u.Host == "" || u.Hostname() == "" {
+		return fmt.Errorf("url %q has no host", raw)
+	}
+	if u.Fragment != "" || u.RawQuery != "" || u.User != nil {
+		return fmt.Errorf("url %q: a base URL has no user, query or fragment", raw)
+	}
+	if p := u.Port(); p != "" {
+		n, err := strconv.Atoi(p)
+		if err != nil || n < 1 || n > 65535 {
+			return fmt.Errorf("url %q: bad port %q", raw, p)
+		}
+	} else if strings.HasSuffix(u.Host, ":") {
+		return fmt.Errorf("url %q: empty port", raw)
+	}
+	if strings.ContainsAny(u.Hostname(), " \t\r\n") {
+		return fmt.Errorf("url %q: bad host", raw)
+	}
+	if ip := net.ParseIP(u.Hostname()); ip == nil && strings.Contains(u.Hostname(), ":") {
+		return fmt.Errorf("url %q: bad host %q", raw, u.Hostname())
+	}
+	return nil
+}
