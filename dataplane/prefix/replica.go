@@ -1,0 +1,111 @@
+package prefix
+
+import (
+	"sync"
+
+	"github.com/kvrelay/kvrelay/xds/blockset"
+	"github.com/kvrelay/kvrelay/xds/journal"
+)
+
+// Replica is a proxy's copy of the control plane's KV index, kept current by the index
+// journal (it is the journal client's Sink). The control plane names workers by slot; the
+// proxy's router names them by their position in its pool, so the proxy tells the replica
+// which slot each pool position has (SetSlots) whenever its pool changes.
+//
+// Match takes a read lock and allocates nothing; the journal applies under the write lock, a
+// batch at a time. Safe for concurrent use.
+type Replica struct {
+	mu      sync.RWMutex
+	set     blockset.Set
+	weights blockset.Weights
+	slots   []int     // pool position → slot (-1: none)
+	pool    sync.Pool // []float64 scratch for concurrent Match calls
+}
+
+var (
+	_ Index        = (*Replica)(nil)
+	_ journal.Sink = (*Replica)(nil)
+)
+
+// NewReplica returns an empty replica scoring tiers with w.
+func NewReplica(w blockset.Weights) *Replica {
+	r := &Replica{weights: w}
+	r.pool.New = func() any { s := make([]float64, 0, 64); return &s }
+	return r
+}
+
+// SetWeights changes the tier weights (the routing policy's).
+func (r *Replica) SetWeights(w blockset.Weights) {
+	r.mu.Lock()
+	r.weights = w
+	r.mu.Unlock()
+}
+
+// SetSlots maps pool positions to index slots: slots[i] is the slot of the pool's worker i,
+// or -1 when the control plane gave it none.
+func (r *Replica) SetSlots(slots []int) {
+	r.mu.Lock()
+	r.slots = append(r.slots[:0], slots...)
+	r.mu.Unlock()
+}
+
+// Reset implements journal.Sink.
+func (r *Replica) Reset() {
+	r.mu.Lock()
+	r.set = blockset.Set{}
+	r.mu.Unlock()
+}
+
+// Apply implements journal.Sink.
+func (r *Replica) Apply(cs []journal.Change) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, c := range cs {
+		switch c.Op {
+		case journal.Stored:
+			r.set.Add(c.Seq, int(c.Slot), c.Tier)
+		case journal.Removed:
+			r.set.Remove(c.Seq, int(c.Slot), c.Tier)
+		case journal.Cleared:
+			r.set.ClearSlot(int(c.Slot), nil)
+		}
+	}
+}
+
+// Len returns the number of distinct blocks in the replica.
+func (r *Replica) Len() int {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return r.set.Len()
+}
+
+// Match implements Index: overlap[i] is the tier-weighted prefix the pool's worker i holds.
+func (r *Replica) Match(hashes []uint64, overlap []float64) float64 {
+	clear(overlap)
+	sp := r.pool.Get().(*[]float64)
+	defer r.pool.Put(sp)
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	maxSlot := -1
+	for _, s := range r.slots {
+		maxSlot = max(maxSlot, s)
+	}
+	if maxSlot < 0 {
+		return 0
+	}
+	bySlot := *sp
+	if cap(bySlot) < maxSlot+1 {
+		bySlot = make([]float64, maxSlot+1)
+	}
+	bySlot = bySlot[:maxSlot+1]
+	*sp = bySlot
+	r.set.Match(hashes, bySlot, r.weights)
+	best := 0.0
+	for i, s := range r.slots {
+		if i < len(overlap) && s >= 0 {
+			overlap[i] = bySlot[s]
+			best = max(best, overlap[i])
+		}
+	}
+	return best
+}

@@ -1,0 +1,166 @@
+package journal
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+
+	xdsv1 "github.com/kvrelay/kvrelay/xds/api/v1"
+)
+
+// Sink is a replica the client keeps current. Its methods are called from the client's Run
+// goroutine only, in stream order.
+type Sink interface {
+	// Reset empties the replica: a snapshot follows.
+	Reset()
+	// Apply applies changes in order.
+	Apply(cs []Change)
+}
+
+// ClientOptions configure a Client.
+type ClientOptions struct {
+	// NodeID names the proxy to the control plane.
+	NodeID string
+	// MinBackoff and MaxBackoff bound the jittered exponential wait between reconnects
+	// (defaults 100 ms and 5 s).
+	MinBackoff, MaxBackoff time.Duration
+	// OnError, if set, hears why a stream ended (from the Run goroutine).
+	OnError func(error)
+}
+
+// Client follows a control plane's journal into a Sink, reconnecting when the stream breaks
+// and resuming from where its replica stands. While disconnected the replica keeps its last
+// state: routing goes on with it.
+type Client struct {
+	conn grpc.ClientConnInterface
+	opts ClientOptions
+
+	epoch, next uint64
+	synced      atomic.Bool
+	applied     atomic.Uint64
+	batches     atomic.Uint64
+	nacks       atomic.Uint64
+	streams     atomic.Uint64
+}
+
+// NewClient returns a client on conn.
+func NewClient(conn grpc.ClientConnInterface, opts ClientOptions) *Client {
+	if opts.MinBackoff <= 0 {
+		opts.MinBackoff = 100 * time.Millisecond
+	}
+	if opts.MaxBackoff <= 0 {
+		opts.MaxBackoff = 5 * time.Second
+	}
+	return &Client{conn: conn, opts: opts}
+}
+
+// Synced reports whether the replica holds a complete snapshot plus changes.
+func (c *Client) Synced() bool { return c.synced.Load() }
+
+// ClientStats are a client's counters.
+type ClientStats struct {
+	Applied, Batches, Nacks, Streams uint64
+	Synced                           bool
+}
+
+// Stats returns the client's counters; safe from any goroutine.
+func (c *Client) Stats() ClientStats {
+	return ClientStats{Applied: c.applied.Load(), Batches: c.batches.Load(), Nacks: c.nacks.Load(), Streams: c.streams.Load(), Synced: c.synced.Load()}
+}
+
+// Run follows the journal until ctx ends.
+func (c *Client) Run(ctx context.Context, sink Sink) error {
+	backoff := c.opts.MinBackoff
+	for {
+		started := time.Now()
+		err := c.stream(ctx, sink)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if c.opts.OnError != nil && err != nil {
+			c.opts.OnError(err)
+		}
+		if time.Since(started) > 10*time.Second {
+			backoff = c.opts.MinBackoff // the stream was healthy for a while
+		}
+		wait := backoff/2 + rand.N(backoff/2+1)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(wait):
+		}
+		backoff = min(2*backoff, c.opts.MaxBackoff)
+	}
+}
+
+var errGap = errors.New("journal batch does not follow the replica")
+
+func (c *Client) stream(ctx context.Context, sink Sink) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	st, err := xdsv1.NewIndexJournalClient(c.conn).Stream(ctx)
+	if err != nil {
+		return fmt.Errorf("opening the index journal: %w", err)
+	}
+	c.streams.Add(1)
+	if err := st.Send(&xdsv1.JournalAck{NodeId: c.opts.NodeID, Epoch: c.epoch, Next: c.next}); err != nil {
+		return fmt.Errorf("opening the index journal: %w", err)
+	}
+	var cs []Change
+	inSnapshot := false
+	awaitReset := false // after a NACK: only a snapshot's first batch is applied
+	for {
+		b, err := st.Recv()
+		if err != nil {
+			return fmt.Errorf("receiving the index journal: %w", err)
+		}
+		if awaitReset && !b.Reset_ {
+			continue
+		}
+		awaitReset = false
+		var ok bool
+		cs, ok = decode(cs[:0], b)
+		bad := !ok
+		switch {
+		case bad:
+			err = errors.New("journal batch holds a change this proxy cannot read")
+		case b.Reset_:
+			sink.Reset()
+			c.synced.Store(false)
+			inSnapshot = true
+			c.epoch = b.Epoch
+		case b.Epoch != c.epoch:
+			err = fmt.Errorf("%w: epoch %d, replica at %d", errGap, b.Epoch, c.epoch)
+		case !inSnapshot && b.Offset != c.next:
+			err = fmt.Errorf("%w: batch at offset %d, replica at %d", errGap, b.Offset, c.next)
+		}
+		if err != nil {
+			// Ask for a snapshot; keep routing on what the replica has meanwhile.
+			c.nacks.Add(1)
+			if err := st.Send(&xdsv1.JournalAck{NodeId: c.opts.NodeID, Epoch: c.epoch, Next: c.next, NackReason: err.Error()}); err != nil {
+				return fmt.Errorf("nacking the index journal: %w", err)
+			}
+			awaitReset = true
+			continue
+		}
+		sink.Apply(cs)
+		c.applied.Add(uint64(len(cs)))
+		c.batches.Add(1)
+		if inSnapshot {
+			if !b.SnapshotDone {
+				continue
+			}
+			inSnapshot = false
+		}
+		c.next = b.Next
+		c.synced.Store(true)
+		if err := st.Send(&xdsv1.JournalAck{NodeId: c.opts.NodeID, Epoch: c.epoch, Next: c.next}); err != nil {
+			return fmt.Errorf("acknowledging the index journal: %w", err)
+		}
+	}
+}

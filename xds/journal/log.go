@@ -1,0 +1,123 @@
+// Package journal carries the KV index from the control plane to proxies: a Log of block
+// changes on the control plane's side, a gRPC server that streams it (the IndexJournal
+// service of xds/api/v1), and a client that applies it to a proxy's replica.
+//
+// A replica starts from a snapshot taken at some offset and then applies every change from
+// that offset on, in order. Changes are assignments (block held / not held / slot cleared),
+// so a snapshot that already reflects some changes past its offset converges once those are
+// replayed: the last change to each entry wins. A replica too far behind for the Log's ring,
+// or one whose control plane restarted (a new epoch), starts over from a new snapshot.
+package journal
+
+import (
+	"math/rand/v2"
+	"sync"
+
+	"github.com/kvrelay/kvrelay/xds/blockset"
+)
+
+// Op is what a change does.
+type Op uint8
+
+// Ops.
+const (
+	Stored  Op = iota // slot now holds Seq in Tier
+	Removed           // slot no longer holds Seq in Tier
+	Cleared           // slot holds nothing any more
+)
+
+// Change is one entry of the journal.
+type Change struct {
+	Seq  uint64
+	Slot uint32
+	Tier blockset.Tier
+	Op   Op
+}
+
+// Snapshotter lists the current state: every (block, slot, tier) entry. The control plane's
+// index implements it.
+type Snapshotter interface {
+	Each(fn func(seq uint64, slot int, tier blockset.Tier))
+}
+
+// Log is the control plane's journal: a ring of the most recent changes with their offsets,
+// and the epoch that identifies this control plane's run. It is safe for concurrent use;
+// Append is called by ingestion after it changes the index, readers wait on Wait.
+type Log struct {
+	epoch uint64
+
+	mu    sync.Mutex
+	ring  []Change
+	first uint64 // offset of the oldest change still in the ring
+	next  uint64 // offset the next change gets
+	wake  chan struct{}
+}
+
+// DefaultRing is how many changes a Log keeps for replicas that fall behind.
+const DefaultRing = 1 << 20
+
+// NewLog returns an empty log with a random epoch keeping ring changes.
+func NewLog(ring int) *Log {
+	if ring <= 0 {
+		ring = DefaultRing
+	}
+	return &Log{epoch: rand.Uint64() | 1, ring: make([]Change, ring), wake: make(chan struct{})}
+}
+
+// Epoch identifies this log; it changes when the control plane restarts.
+func (l *Log) Epoch() uint64 { return l.epoch }
+
+// Append adds changes, in order.
+func (l *Log) Append(cs ...Change) {
+	if len(cs) == 0 {
+		return
+	}
+	l.mu.Lock()
+	for _, c := range cs {
+		l.ring[l.next%uint64(len(l.ring))] = c
+		l.next++
+	}
+	if l.next-l.first > uint64(len(l.ring)) {
+		l.first = l.next - uint64(len(l.ring))
+	}
+	w := l.wake
+	l.wake = make(chan struct{})
+	l.mu.Unlock()
+	close(w)
+}
+
+// Next returns the offset the next change will get.
+func (l *Log) Next() uint64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.next
+}
+
+// Read appends the changes from offset from on (at most max) to dst and returns them with the
+// offset after them. ok is false when from is no longer in the ring (or is in the future): the
+// reader needs a snapshot.
+func (l *Log) Read(dst []Change, from uint64, max int) (out []Change, next uint64, ok bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if from < l.first || from > l.next {
+		return dst, from, false
+	}
+	n := min(l.next-from, uint64(max))
+	for i := uint64(0); i < n; i++ {
+		dst = append(dst, l.ring[(from+i)%uint64(len(l.ring))])
+	}
+	return dst, from + n, true
+}
+
+// Wait returns a channel that is closed when changes after from exist (at once if they
+// already do).
+func (l *Log) Wait(from uint64) <-chan struct{} {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.next > from {
+		c := make(chan struct{})
+		close(c)
+		return c
+	}
+	return l.wake
+}

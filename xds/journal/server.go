@@ -1,0 +1,217 @@
+package journal
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/kvrelay/kvrelay/xds/blockset"
+	xdsv1 "github.com/kvrelay/kvrelay/xds/api/v1"
+)
+
+// ServerOptions tune a Server; zero values mean the defaults.
+type ServerOptions struct {
+	// MaxBatch bounds the changes in one message (default 8192).
+	MaxBatch int
+	// Linger is how long the server waits for more changes before sending a batch that is
+	// not full (default 2 ms): it trades a little freshness for far fewer messages under
+	// heavy event rates.
+	Linger time.Duration
+	// SnapshotBatch bounds the entries in one snapshot message (default 65536).
+	SnapshotBatch int
+}
+
+// Server streams a Log to proxies: the IndexJournal service. It is safe for concurrent use;
+// each stream runs on its own gRPC goroutine plus one that reads the proxy's acks.
+type Server struct {
+	xdsv1.UnimplementedIndexJournalServer
+	log  *Log
+	snap Snapshotter
+	opts ServerOptions
+
+	mu    sync.Mutex
+	nodes map[string]*NodeState
+
+	snapshots, batches, changes atomic.Uint64
+}
+
+// NodeState is what the server knows of one subscribed proxy.
+type NodeState struct {
+	// Sent and Acked are the offsets after the last change sent and acknowledged.
+	Sent, Acked uint64
+	Nacks       uint64
+	Connected   bool
+}
+
+// NewServer serves log, taking snapshots from snap.
+func NewServer(log *Log, snap Snapshotter, opts ServerOptions) *Server {
+	if opts.MaxBatch <= 0 {
+		opts.MaxBatch = 8192
+	}
+	if opts.Linger <= 0 {
+		opts.Linger = 2 * time.Millisecond
+	}
+	if opts.SnapshotBatch <= 0 {
+		opts.SnapshotBatch = 65536
+	}
+	return &Server{log: log, snap: snap, opts: opts, nodes: map[string]*NodeState{}}
+}
+
+// Stats are the server's counters.
+type Stats struct {
+	Snapshots, Batches, Changes uint64
+	Nodes                       map[string]NodeState
+}
+
+// Stats returns the counters and every node's state.
+func (s *Server) Stats() Stats {
+	st := Stats{Snapshots: s.snapshots.Load(), Batches: s.batches.Load(), Changes: s.changes.Load(), Nodes: map[string]NodeState{}}
+	s.mu.Lock()
+	for id, n := range s.nodes {
+		st.Nodes[id] = *n
+	}
+	s.mu.Unlock()
+	return st
+}
+
+func (s *Server) node(id string) *NodeState {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n, ok := s.nodes[id]
+	if !ok {
+		n = &NodeState{}
+		s.nodes[id] = n
+	}
+	return n
+}
+
+func (s *Server) update(n *NodeState, f func(*NodeState)) {
+	s.mu.Lock()
+	f(n)
+	s.mu.Unlock()
+}
+
+// Stream implements xdsv1.IndexJournalServer.
+func (s *Server) Stream(stream xdsv1.IndexJournal_StreamServer) error {
+	ctx := stream.Context()
+	first, err := stream.Recv()
+	if err != nil {
+		return err
+	}
+	if first.NodeId == "" {
+		return status.Error(codes.InvalidArgument, "journal stream: the first message must carry a node id")
+	}
+	n := s.node(first.NodeId)
+	s.update(n, func(n *NodeState) { n.Connected = true })
+	defer s.update(n, func(n *NodeState) { n.Connected = false })
+
+	resync := make(chan struct{}, 1)
+	ackErr := make(chan error, 1)
+	go func() {
+		for {
+			a, err := stream.Recv()
+			if err != nil {
+				ackErr <- err
+				return
+			}
+			if a.NackReason != "" {
+				s.update(n, func(n *NodeState) { n.Nacks++ })
+				select {
+				case resync <- struct{}{}:
+				default:
+				}
+				continue
+			}
+			s.update(n, func(n *NodeState) { n.Acked = a.Next })
+		}
+	}()
+
+	next := first.Next
+	if first.Epoch != s.log.Epoch() || !s.inRing(next) {
+		if next, err = s.sendSnapshot(stream); err != nil {
+			return err
+		}
+	}
+	buf := make([]Change, 0, s.opts.MaxBatch)
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case err := <-ackErr:
+			if errors.Is(err, context.Canceled) || status.Code(err) == codes.Canceled {
+				return nil
+			}
+			return nil // the proxy closed its side: the stream is over
+		case <-resync:
+			if next, err = s.sendSnapshot(stream); err != nil {
+				return err
+			}
+			continue
+		case <-s.log.Wait(next):
+		}
+		// Let a burst accumulate into one message, unless it is already full.
+		if s.log.Next()-next < uint64(s.opts.MaxBatch) {
+			t := time.NewTimer(s.opts.Linger)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				return nil
+			}
+		}
+		var ok bool
+		var to uint64
+		buf, to, ok = s.log.Read(buf[:0], next, s.opts.MaxBatch)
+		if !ok {
+			if next, err = s.sendSnapshot(stream); err != nil {
+				return err
+			}
+			continue
+		}
+		if len(buf) == 0 {
+			continue
+		}
+		b := &xdsv1.JournalBatch{Epoch: s.log.Epoch(), Offset: next, Next: to}
+		appendChanges(b, buf)
+		if err := stream.Send(b); err != nil {
+			return err
+		}
+		next = to
+		s.batches.Add(1)
+		s.changes.Add(uint64(len(buf)))
+		s.update(n, func(n *NodeState) { n.Sent = to })
+	}
+}
+
+func (s *Server) inRing(off uint64) bool {
+	_, _, ok := s.log.Read(nil, off, 0)
+	return ok
+}
+
+// sendSnapshot sends the whole index (reset first, done last) and returns the offset the
+// stream continues from.
+func (s *Server) sendSnapshot(stream xdsv1.IndexJournal_StreamServer) (uint64, error) {
+	next := s.log.Next()
+	var entries []Change
+	s.snap.Each(func(seq uint64, slot int, tier blockset.Tier) {
+		entries = append(entries, Change{Seq: seq, Slot: uint32(slot), Tier: tier, Op: Stored})
+	})
+	s.snapshots.Add(1)
+	for i := 0; ; i += s.opts.SnapshotBatch {
+		end := min(i+s.opts.SnapshotBatch, len(entries))
+		b := &xdsv1.JournalBatch{Epoch: s.log.Epoch(), Offset: next, Next: next, Reset_: i == 0, SnapshotDone: end == len(entries)}
+		appendChanges(b, entries[i:end])
+		if err := stream.Send(b); err != nil {
+			return next, fmt.Errorf("sending index snapshot: %w", err)
+		}
+		if end == len(entries) {
+			return next, nil
+		}
+	}
+}
