@@ -5,8 +5,8 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
-	"github.com/kvrelay/kvrelay/xds/blockset"
 	xdsv1 "github.com/kvrelay/kvrelay/xds/api/v1"
+	"github.com/kvrelay/kvrelay/xds/blockset"
 )
 
 // FuzzApplyBatch feeds arbitrary bytes as a journal batch to the client's decoding and a

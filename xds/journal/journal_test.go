@@ -10,8 +10,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/kvrelay/kvrelay/xds/blockset"
 	xdsv1 "github.com/kvrelay/kvrelay/xds/api/v1"
+	"github.com/kvrelay/kvrelay/xds/blockset"
 )
 
 // source is a control plane's side in miniature: a set and a log changed together.

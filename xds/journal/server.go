@@ -11,8 +11,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/kvrelay/kvrelay/xds/blockset"
 	xdsv1 "github.com/kvrelay/kvrelay/xds/api/v1"
+	"github.com/kvrelay/kvrelay/xds/blockset"
 )
 
 // ServerOptions tune a Server; zero values mean the defaults.

@@ -1,8 +1,8 @@
 package journal
 
 import (
-	"github.com/kvrelay/kvrelay/xds/blockset"
 	xdsv1 "github.com/kvrelay/kvrelay/xds/api/v1"
+	"github.com/kvrelay/kvrelay/xds/blockset"
 )
 
 // pack is a change's at field: slot << 4 | tier << 2 | op.
