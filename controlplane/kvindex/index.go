@@ -117,9 +117,9 @@ func engineKey(h kvevents.Hash) uint64 {
 	return xxh3.HashString(h.B)
 }
 
-// Apply applies one batch of a worker's events, in order, and returns the sequence hashes of
-// the blocks it stored and removed (appended to the given slices), for replicas downstream.
-func (x *Index) Apply(id string, b *kvevents.Batch, stored, removed []Change) ([]Change, []Change) {
+// Apply applies one batch of a worker's events, in order, and appends to out the changes it
+// made to the index, in the order it made them, for replicas downstream.
+func (x *Index) Apply(id string, b *kvevents.Batch, out []Change) []Change {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	w := x.workerLocked(id)
@@ -127,21 +127,22 @@ func (x *Index) Apply(id string, b *kvevents.Batch, stored, removed []Change) ([
 		ev := &b.Events[i]
 		switch ev.Kind {
 		case kvevents.BlockStored:
-			stored = x.store(w, ev, stored)
+			out = x.store(w, ev, out)
 		case kvevents.BlockRemoved:
-			removed = x.remove(w, ev, removed)
+			out = x.remove(w, ev, out)
 		case kvevents.AllBlocksCleared:
-			removed = x.clearLocked(w, removed)
+			out = x.clearLocked(w, out)
 			x.stats.Cleared++
 		}
 	}
-	return stored, removed
+	return out
 }
 
-// Change is one block entering or leaving a worker's tier.
+// Change is one block entering (or, Removed, leaving) a worker's tier.
 type Change struct {
-	Seq  uint64
-	Tier Tier
+	Seq     uint64
+	Tier    Tier
+	Removed bool
 }
 
 // fullAttention reports whether an event belongs to the KV cache group kvrelay indexes.
@@ -235,7 +236,7 @@ func (x *Index) remove(w *worker, ev *kvevents.Event, out []Change) []Change {
 		}
 		delete(w.engine[tier], k)
 		if x.set.Remove(seq, w.slot, tier) {
-			out = append(out, Change{Seq: seq, Tier: tier})
+			out = append(out, Change{Seq: seq, Tier: tier, Removed: true})
 		}
 		x.stats.Removed++
 	}
@@ -246,7 +247,7 @@ func (x *Index) clearLocked(w *worker, out []Change) []Change {
 	for t := range w.engine {
 		for _, seq := range w.engine[t] {
 			if x.set.Remove(seq, w.slot, Tier(t)) {
-				out = append(out, Change{Seq: seq, Tier: Tier(t)})
+				out = append(out, Change{Seq: seq, Tier: Tier(t), Removed: true})
 			}
 		}
 		w.engine[t] = map[uint64]uint64{}

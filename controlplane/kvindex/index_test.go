@@ -53,9 +53,9 @@ func TestStoredChainsMatchTheProxysHashes(t *testing.T) {
 	x := New()
 	p := prompt(1, 1, 8, 8)
 	// The chain arrives in two events, the second naming the first's last block as parent.
-	x.Apply("w0", batch(stored(p, 7, 0, 5, "GPU", false)), nil, nil)
-	x.Apply("w0", batch(stored(p, 7, 5, 3, "GPU", false)), nil, nil)
-	x.Apply("w1", batch(stored(p, 9, 0, 3, "GPU", true)), nil, nil) // bytes hashes
+	x.Apply("w0", batch(stored(p, 7, 0, 5, "GPU", false)), nil)
+	x.Apply("w0", batch(stored(p, 7, 5, 3, "GPU", false)), nil)
+	x.Apply("w1", batch(stored(p, 9, 0, 3, "GPU", true)), nil) // bytes hashes
 	overlap := make([]float64, 4)
 	best := x.Match(blockhash.Seq(p, 16, nil), overlap, DefaultWeights)
 	if best != 8 || overlap[x.Slot("w0")] != 8 || overlap[x.Slot("w1")] != 3 {
@@ -74,10 +74,10 @@ func TestRemovalsResolveThroughEngineHashes(t *testing.T) {
 		t.Run(map[bool]string{false: "integer hashes", true: "bytes hashes"}[asBytes], func(t *testing.T) {
 			x := New()
 			p := prompt(1, 1, 6, 6)
-			_, _ = x.Apply("w", batch(stored(p, 3, 0, 6, "GPU", asBytes)), nil, nil)
+			x.Apply("w", batch(stored(p, 3, 0, 6, "GPU", asBytes)), nil)
 			// vLLM evicts a chain's tail first.
 			rm := kvevents.Event{Kind: kvevents.BlockRemoved, Medium: "GPU", BlockHashes: engineHashes(3, 4, 2, asBytes)}
-			_, removed := x.Apply("w", batch(rm), nil, nil)
+			removed := x.Apply("w", batch(rm), nil)
 			if len(removed) != 2 {
 				t.Fatalf("removed %v", removed)
 			}
@@ -86,7 +86,7 @@ func TestRemovalsResolveThroughEngineHashes(t *testing.T) {
 				t.Fatalf("after removing the tail: %v", overlap)
 			}
 			unknown := kvevents.Event{Kind: kvevents.BlockRemoved, BlockHashes: engineHashes(99, 0, 1, asBytes)}
-			x.Apply("w", batch(unknown), nil, nil)
+			x.Apply("w", batch(unknown), nil)
 			if x.Stats().Unknown != 1 {
 				t.Fatal("a removal of an unknown block must be counted")
 			}
@@ -98,14 +98,14 @@ func TestOrphansAreSkippedAndCounted(t *testing.T) {
 	x := New()
 	p := prompt(1, 1, 6, 6)
 	// The event of blocks 0-2 was lost; blocks 3-5 name an unknown parent.
-	x.Apply("w", batch(stored(p, 3, 3, 3, "GPU", false)), nil, nil)
+	x.Apply("w", batch(stored(p, 3, 3, 3, "GPU", false)), nil)
 	if x.Len() != 0 || x.Stats().Orphans != 3 {
 		t.Fatalf("len %d stats %+v", x.Len(), x.Stats())
 	}
 	// A simulator's parent 0 means "first block".
 	ev := stored(p, 3, 0, 2, "GPU", false)
 	ev.Parent, ev.HasParent = kvevents.HashU64(0), true
-	x.Apply("w", batch(ev), nil, nil)
+	x.Apply("w", batch(ev), nil)
 	if x.Len() != 2 {
 		t.Fatalf("parent 0 should start a chain: len %d", x.Len())
 	}
@@ -114,15 +114,15 @@ func TestOrphansAreSkippedAndCounted(t *testing.T) {
 func TestTiersAndWeights(t *testing.T) {
 	x := New()
 	p := prompt(1, 1, 8, 8)
-	x.Apply("w", batch(stored(p, 1, 0, 4, "GPU", false), stored(p, 1, 4, 4, "CPU", false)), nil, nil)
-	x.Apply("v", batch(stored(p, 2, 0, 8, "DISK", false)), nil, nil)
+	x.Apply("w", batch(stored(p, 1, 0, 4, "GPU", false), stored(p, 1, 4, 4, "CPU", false)), nil)
+	x.Apply("v", batch(stored(p, 2, 0, 8, "DISK", false)), nil)
 	overlap := make([]float64, 2)
 	x.Match(blockhash.Seq(p, 16, nil), overlap, DefaultWeights)
 	if overlap[x.Slot("w")] != 4+4*0.75 || overlap[x.Slot("v")] != 8*0.25 {
 		t.Fatalf("weighted overlap %v", overlap)
 	}
 	// The same block in GPU and host memory counts at GPU weight.
-	x.Apply("v", batch(stored(p, 2, 0, 8, "GPU", false)), nil, nil)
+	x.Apply("v", batch(stored(p, 2, 0, 8, "GPU", false)), nil)
 	x.Match(blockhash.Seq(p, 16, nil), overlap, DefaultWeights)
 	if overlap[x.Slot("v")] != 8 {
 		t.Fatalf("fastest tier should count: %v", overlap)
@@ -135,9 +135,9 @@ func TestTiersAndWeights(t *testing.T) {
 func TestClearRemoveAndSlotReuse(t *testing.T) {
 	x := New()
 	p := prompt(1, 1, 4, 4)
-	x.Apply("a", batch(stored(p, 1, 0, 4, "GPU", false)), nil, nil)
-	x.Apply("b", batch(stored(p, 2, 0, 4, "GPU", false)), nil, nil)
-	_, removed := x.Apply("a", batch(kvevents.Event{Kind: kvevents.AllBlocksCleared}), nil, nil)
+	x.Apply("a", batch(stored(p, 1, 0, 4, "GPU", false)), nil)
+	x.Apply("b", batch(stored(p, 2, 0, 4, "GPU", false)), nil)
+	removed := x.Apply("a", batch(kvevents.Event{Kind: kvevents.AllBlocksCleared}), nil)
 	if len(removed) != 4 || x.Len() != 4 {
 		t.Fatalf("cleared %d, len %d", len(removed), x.Len())
 	}
@@ -155,7 +155,7 @@ func TestManyWorkersAcrossShards(t *testing.T) {
 	p := prompt(1, 1, 4, 4)
 	for w := range 150 {
 		n := 1 + w%4
-		x.Apply("w"+strconv.Itoa(w), batch(stored(p, uint64(w), 0, n, "GPU", false)), nil, nil)
+		x.Apply("w"+strconv.Itoa(w), batch(stored(p, uint64(w), 0, n, "GPU", false)), nil)
 	}
 	overlap := make([]float64, 150)
 	if best := x.Match(blockhash.Seq(p, 16, nil), overlap, DefaultWeights); best != 4 {
@@ -175,7 +175,7 @@ func TestHybridGroupsIndexFullAttentionOnly(t *testing.T) {
 	sw.KVCacheSpecKind, sw.GroupIdx, sw.HasGroupIdx = "sliding_window", 1, true
 	fa := stored(p, 2, 0, 4, "GPU", false)
 	fa.KVCacheSpecKind, fa.GroupIdx, fa.HasGroupIdx = "full_attention", 0, true
-	x.Apply("w", batch(sw, fa), nil, nil)
+	x.Apply("w", batch(sw, fa), nil)
 	if x.Stats().SkippedGroups != 1 || x.Len() != 4 || x.Blocks("w")[GPU] != 4 {
 		t.Fatalf("stats %+v len %d", x.Stats(), x.Len())
 	}
@@ -185,7 +185,7 @@ func TestMatchDoesNotAllocate(t *testing.T) {
 	x := New()
 	p := prompt(1, 1, 512, 512)
 	for w := range 64 {
-		x.Apply("w"+strconv.Itoa(w), batch(stored(p, uint64(w), 0, 100+w*6, "GPU", false)), nil, nil)
+		x.Apply("w"+strconv.Itoa(w), batch(stored(p, uint64(w), 0, 100+w*6, "GPU", false)), nil)
 	}
 	hs := blockhash.Seq(p, 16, nil)
 	overlap := make([]float64, 64)
@@ -204,11 +204,11 @@ func BenchmarkIngest(b *testing.B) {
 		evs[i] = batch(stored(toks, uint64(i), 0, chain, "GPU", false))
 	}
 	x := New()
-	var st, rm []Change
+	var cs []Change
 	i := 0
 	b.ReportAllocs()
 	for b.Loop() {
-		st, rm = x.Apply("w"+strconv.Itoa(i%8), evs[i%nev], st[:0], rm[:0])
+		cs = x.Apply("w"+strconv.Itoa(i%8), evs[i%nev], cs[:0])
 		i++
 	}
 	b.ReportMetric(float64(b.N*chain)/b.Elapsed().Seconds(), "blocks/s")
@@ -220,11 +220,11 @@ func BenchmarkMatch512x64(b *testing.B) {
 	x := New()
 	for g := range 2000 {
 		toks := prompt(uint32(g+10), uint32(g+10), 0, 512)
-		x.Apply("w"+strconv.Itoa(g%64), batch(stored(toks, uint64(g+1000), 0, 512, "GPU", false)), nil, nil)
+		x.Apply("w"+strconv.Itoa(g%64), batch(stored(toks, uint64(g+1000), 0, 512, "GPU", false)), nil)
 	}
 	p := prompt(1, 1, 512, 512)
 	for w := range 64 {
-		x.Apply("w"+strconv.Itoa(w), batch(stored(p, uint64(w), 0, 100+w*6, "GPU", false)), nil, nil)
+		x.Apply("w"+strconv.Itoa(w), batch(stored(p, uint64(w), 0, 100+w*6, "GPU", false)), nil)
 	}
 	hs := blockhash.Seq(p, 16, nil)
 	overlap := make([]float64, 64)
@@ -246,7 +246,7 @@ func TestMemoryPerBlock(t *testing.T) {
 	const blocks = 1 << 20
 	for g := 0; g < blocks/512; g++ {
 		toks := prompt(uint32(g+10), uint32(g+10), 0, 512)
-		x.Apply("w"+strconv.Itoa(g%64), batch(stored(toks, uint64(g+1), 0, 512, "GPU", false)), nil, nil)
+		x.Apply("w"+strconv.Itoa(g%64), batch(stored(toks, uint64(g+1), 0, 512, "GPU", false)), nil)
 	}
 	runtime.GC()
 	var after runtime.MemStats
