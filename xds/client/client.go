@@ -1,0 +1,255 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+
+	"github.com/kvrelay/kvrelay/xds"
+	xdsv1 "github.com/kvrelay/kvrelay/xds/api/v1"
+)
+
+// Defaults of Options and ReporterOptions.
+const (
+	DefaultBackoffBase = 100 * time.Millisecond
+	DefaultBackoffMax  = 5 * time.Second
+)
+
+// Options configure a Client.
+type Options struct {
+	// NodeID names this proxy to the control plane (required).
+	NodeID string
+	// Cluster is the proxy's group, sent in the xDS node (optional).
+	Cluster string
+	// OnUpdate receives the full current state after each response that changed it:
+	// workers sorted by id, and the routing policy (nil until the control plane sets one).
+	// It is called from Run's goroutine, one call at a time, before the response is
+	// acknowledged, so it should only swap the proxy's routing snapshot. The slice and the
+	// resources are the callee's to keep but must not be modified.
+	OnUpdate func(workers []*xdsv1.Worker, policy *xdsv1.RoutingPolicy)
+	// ValidateWorker and ValidatePolicy add this proxy's own checks to xds.ValidateWorker
+	// and xds.ValidatePolicy (a model it cannot serve, a block size it cannot hash). A
+	// resource either refuses is NACKed and its previous version kept. Called from Run's
+	// goroutine.
+	ValidateWorker func(*xdsv1.Worker) error
+	ValidatePolicy func(*xdsv1.RoutingPolicy) error
+	// BackoffBase and BackoffMax bound the jittered exponential wait before reopening a
+	// broken stream (defaults DefaultBackoffBase and DefaultBackoffMax).
+	BackoffBase, BackoffMax time.Duration
+}
+
+// Stats is a snapshot of a Client's counters.
+type Stats struct {
+	// Connected is true while a stream has delivered at least one response and not broken.
+	Connected bool
+	// Streams counts the streams opened; Responses, Resources and Removals what arrived.
+	Streams, Responses, Resources, Removals uint64
+	// ACKs and NACKs count the acknowledgements and refusals sent.
+	ACKs, NACKs uint64
+	// LastNACK is the detail of the latest NACK; LastError why the latest stream ended.
+	LastNACK, LastError string
+}
+
+// Client is a proxy's delta ADS client: it subscribes to every kvrelay resource type,
+// validates and applies what the control plane pushes, ACKs or NACKs each response, and
+// reconnects with backoff, resubscribing with the versions it holds so that a restarted
+// control plane resends only what changed. While disconnected it keeps its last state.
+//
+// Lifecycle: New (no goroutines, no I/O) → Run, once, on a goroutine the caller owns; Run
+// returns when its context is done. State, Stats and Synced are safe from any goroutine.
+type Client struct {
+	conn grpc.ClientConnInterface
+	opts Options
+	node *core.Node
+
+	running atomic.Bool
+	st      *state // owned by Run's goroutine
+
+	snap       atomic.Pointer[snapshot]
+	synced     chan struct{}
+	syncedOnce sync.Once
+	seenTypes  map[string]bool // owned by Run's goroutine
+
+	connected                               atomic.Bool
+	streams, responses, resources, removals atomic.Uint64
+	acks, nacks                             atomic.Uint64
+	lastMu                                  sync.Mutex
+	lastNACK, lastErr                       string
+}
+
+type snapshot struct {
+	workers []*xdsv1.Worker
+	policy  *xdsv1.RoutingPolicy
+}
+
+// New builds a Client that will speak on conn (see Dial); it starts nothing.
+func New(conn grpc.ClientConnInterface, opts Options) (*Client, error) {
+	if conn == nil {
+		return nil, errors.New("creating xds client: nil connection")
+	}
+	if opts.NodeID == "" {
+		return nil, errors.New("creating xds client: empty node id")
+	}
+	if opts.BackoffBase <= 0 {
+		opts.BackoffBase = DefaultBackoffBase
+	}
+	if opts.BackoffMax < opts.BackoffBase {
+		opts.BackoffMax = max(DefaultBackoffMax, opts.BackoffBase)
+	}
+	c := &Client{
+		conn:      conn,
+		opts:      opts,
+		node:      &core.Node{Id: opts.NodeID, Cluster: opts.Cluster, UserAgentName: "kvrelay"},
+		st:        newState(opts.ValidateWorker, opts.ValidatePolicy),
+		synced:    make(chan struct{}),
+		seenTypes: make(map[string]bool),
+	}
+	c.snap.Store(&snapshot{})
+	return c, nil
+}
+
+// State returns the current workers (sorted by id) and routing policy (nil when none);
+// they must not be modified. Safe from any goroutine; while the control plane is away it
+// is the last state received.
+func (c *Client) State() ([]*xdsv1.Worker, *xdsv1.RoutingPolicy) {
+	s := c.snap.Load()
+	return s.workers, s.policy
+}
+
+// Synced is closed once a first response of every resource type has been applied (in
+// part, when it NACKed some of it).
+func (c *Client) Synced() <-chan struct{} { return c.synced }
+
+// Stats returns a snapshot of the client's counters.
+func (c *Client) Stats() Stats {
+	c.lastMu.Lock()
+	nack, lastErr := c.lastNACK, c.lastErr
+	c.lastMu.Unlock()
+	return Stats{
+		Connected: c.connected.Load(),
+		Streams:   c.streams.Load(),
+		Responses: c.responses.Load(),
+		Resources: c.resources.Load(),
+		Removals:  c.removals.Load(),
+		ACKs:      c.acks.Load(),
+		NACKs:     c.nacks.Load(),
+		LastNACK:  nack,
+		LastError: lastErr,
+	}
+}
+
+// Run keeps a delta ADS stream open until ctx is done, reopening it after a jittered
+// exponential backoff whenever it breaks (reset once a stream delivers a response). It
+// calls OnUpdate and the validators on its own goroutine. It returns nil when ctx is done,
+// and an error only if it is already running.
+func (c *Client) Run(ctx context.Context) error {
+	if !c.running.CompareAndSwap(false, true) {
+		return errors.New("running xds client: already running")
+	}
+	defer c.running.Store(false)
+	bo := newBackoff(c.opts.BackoffBase, c.opts.BackoffMax)
+	for {
+		healthy, err := c.stream(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		c.lastMu.Lock()
+		c.lastErr = err.Error()
+		c.lastMu.Unlock()
+		if healthy {
+			bo.reset()
+		}
+		if !sleep(ctx, bo.next()) {
+			return nil
+		}
+	}
+}
+
+// stream runs one ADS stream until it breaks; healthy reports whether it delivered a
+// response. It never returns a nil error.
+func (c *Client) stream(ctx context.Context) (healthy bool, err error) {
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	ads := discovery.NewAggregatedDiscoveryServiceClient(c.conn)
+	st, err := ads.DeltaAggregatedResources(sctx, grpc.WaitForReady(true))
+	if err != nil {
+		return false, fmt.Errorf("opening delta ADS stream: %w", err)
+	}
+	c.streams.Add(1)
+	defer c.connected.Store(false)
+	for _, typ := range xds.TypeURLs() {
+		req := &discovery.DeltaDiscoveryRequest{
+			Node:                    c.node,
+			TypeUrl:                 typ,
+			ResourceNamesSubscribe:  []string{"*"},
+			InitialResourceVersions: c.st.versions(typ),
+		}
+		if err := st.Send(req); err != nil {
+			return false, fmt.Errorf("subscribing to %s: %w", typ, err)
+		}
+	}
+	for {
+		resp, err := st.Recv()
+		if err != nil {
+			return healthy, fmt.Errorf("receiving delta ADS response: %w", err)
+		}
+		healthy = true
+		c.connected.Store(true)
+		if err := st.Send(c.handle(resp)); err != nil {
+			return healthy, fmt.Errorf("acknowledging %s: %w", resp.GetTypeUrl(), err)
+		}
+	}
+}
+
+// handle applies one response and returns its ACK or NACK.
+func (c *Client) handle(resp *discovery.DeltaDiscoveryResponse) *discovery.DeltaDiscoveryRequest {
+	c.responses.Add(1)
+	c.resources.Add(uint64(len(resp.GetResources())))
+	c.removals.Add(uint64(len(resp.GetRemovedResources())))
+	changed, err := c.st.apply(resp)
+	if changed {
+		ws, p := c.st.snapshot()
+		c.snap.Store(&snapshot{workers: ws, policy: p})
+		if c.opts.OnUpdate != nil {
+			c.opts.OnUpdate(ws, p)
+		}
+	}
+	if typ := resp.GetTypeUrl(); (typ == xds.WorkerType || typ == xds.PolicyType) && !c.seenTypes[typ] {
+		c.seenTypes[resp.GetTypeUrl()] = true
+		if len(c.seenTypes) == len(xds.TypeURLs()) {
+			c.syncedOnce.Do(func() { close(c.synced) })
+		}
+	}
+	ack := &discovery.DeltaDiscoveryRequest{TypeUrl: resp.GetTypeUrl(), ResponseNonce: resp.GetNonce()}
+	if err != nil {
+		ack.ErrorDetail = &rpcstatus.Status{Code: int32(codes.InvalidArgument), Message: err.Error()}
+		c.nacks.Add(1)
+		c.lastMu.Lock()
+		c.lastNACK = err.Error()
+		c.lastMu.Unlock()
+	} else {
+		c.acks.Add(1)
+	}
+	return ack
+}
+
+// sleep waits d or until ctx is done, and reports whether d passed.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

@@ -1,0 +1,580 @@
+package client_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/kvrelay/kvrelay/xds"
+	xdsv1 "github.com/kvrelay/kvrelay/xds/api/v1"
+	"github.com/kvrelay/kvrelay/xds/client"
+	"github.com/kvrelay/kvrelay/xds/server"
+)
+
+const waitTimeout = 10 * time.Second
+
+// controlPlane is a Server serving on a loopback listener until stopped.
+type controlPlane struct {
+	srv    *server.Server
+	addr   string
+	cancel context.CancelFunc
+	done   chan error
+}
+
+// startControlPlane serves srv on addr ("127.0.0.1:0" for any port); Cleanup stops it.
+func startControlPlane(t testing.TB, addr string, srv *server.Server) *controlPlane {
+	t.Helper()
+	var lis net.Listener
+	var err error
+	for range 50 { // a restarted control plane may find its port still held for a moment
+		if lis, err = net.Listen("tcp", addr); err == nil {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatalf("listening on %s: %v", addr, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cp := &controlPlane{srv: srv, addr: lis.Addr().String(), cancel: cancel, done: make(chan error, 1)}
+	go func() { cp.done <- srv.Serve(ctx, lis) }()
+	t.Cleanup(func() { cp.stop(t) })
+	return cp
+}
+
+func (cp *controlPlane) stop(t testing.TB) {
+	t.Helper()
+	if cp.cancel == nil {
+		return
+	}
+	cp.cancel()
+	cp.cancel = nil
+	if err := <-cp.done; err != nil {
+		t.Errorf("Serve: %v", err)
+	}
+}
+
+// recorder collects a Client's OnUpdate calls.
+type recorder struct {
+	mu      sync.Mutex
+	calls   int
+	workers []*xdsv1.Worker
+	policy  *xdsv1.RoutingPolicy
+}
+
+func (r *recorder) onUpdate(ws []*xdsv1.Worker, p *xdsv1.RoutingPolicy) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.calls++
+	r.workers, r.policy = ws, p
+}
+
+func (r *recorder) state() ([]*xdsv1.Worker, *xdsv1.RoutingPolicy) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.workers, r.policy
+}
+
+type proxy struct {
+	c      *client.Client
+	rec    *recorder
+	conn   *grpc.ClientConn
+	cancel context.CancelFunc
+	done   chan error
+}
+
+// startProxy runs a Client for nodeID against addr; Cleanup stops it.
+func startProxy(t testing.TB, addr, nodeID string, opts client.Options, dial ...grpc.DialOption) *proxy {
+	t.Helper()
+	conn, err := client.Dial(addr, dial...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &recorder{}
+	opts.NodeID = nodeID
+	opts.OnUpdate = rec.onUpdate
+	if opts.BackoffBase == 0 {
+		opts.BackoffBase, opts.BackoffMax = 20*time.Millisecond, 200*time.Millisecond
+	}
+	c, err := client.New(conn, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	p := &proxy{c: c, rec: rec, conn: conn, cancel: cancel, done: make(chan error, 1)}
+	go func() { p.done <- c.Run(ctx) }()
+	t.Cleanup(func() {
+		p.cancel()
+		if err := <-p.done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+		conn.Close()
+	})
+	return p
+}
+
+func waitUntil(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(waitTimeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+func worker(id string, port int) *xdsv1.Worker {
+	w := xds.NewWorker(id, fmt.Sprintf("http://127.0.0.1:%d", port), "Qwen/Qwen3-0.6B")
+	w.BlockSize = 16
+	w.Engine = "sim"
+	w.Load = &xdsv1.Load{}
+	return w
+}
+
+func workers(n int) []*xdsv1.Worker {
+	ws := make([]*xdsv1.Worker, n)
+	for i := range ws {
+		ws[i] = worker(fmt.Sprintf("w%04d", i), 8000+i)
+		ws[i].Slot = uint32(i)
+	}
+	return ws
+}
+
+// sameWorkers reports whether got is want, in order.
+func sameWorkers(got, want []*xdsv1.Worker) bool {
+	if len(got) != len(want) {
+		return false
+	}
+	for i := range got {
+		if !proto.Equal(got[i], want[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+func hasState(p *proxy, want []*xdsv1.Worker, policy *xdsv1.RoutingPolicy) func() bool {
+	return func() bool {
+		ws, pol := p.c.State()
+		rws, rpol := p.rec.state()
+		return sameWorkers(ws, want) && proto.Equal(pol, policy) && sameWorkers(rws, want) && proto.Equal(rpol, policy)
+	}
+}
+
+func clone(ws []*xdsv1.Worker) []*xdsv1.Worker {
+	out := make([]*xdsv1.Worker, len(ws))
+	for i, w := range ws {
+		out[i] = proto.Clone(w).(*xdsv1.Worker)
+	}
+	return out
+}
+
+func TestWorkersReachClientExactly(t *testing.T) {
+	srv := server.New(server.Options{})
+	ws := workers(3)
+	if err := srv.SetWorkers(ws); err != nil {
+		t.Fatal(err)
+	}
+	policy := xds.DefaultPolicy()
+	if err := srv.SetPolicy(policy); err != nil {
+		t.Fatal(err)
+	}
+	cp := startControlPlane(t, "127.0.0.1:0", srv)
+	p := startProxy(t, cp.addr, "proxy-a", client.Options{})
+
+	select {
+	case <-p.c.Synced():
+	case <-time.After(waitTimeout):
+		t.Fatal("client never synced")
+	}
+	waitUntil(t, "initial state", hasState(p, ws, policy))
+	st := p.c.Stats()
+	if st.Responses != 2 || st.Resources != 4 || st.ACKs != 2 || st.NACKs != 0 || !st.Connected {
+		t.Fatalf("after sync: %+v, want 2 responses (3 workers, 1 policy), 2 ACKs", st)
+	}
+	waitUntil(t, "server to count the ACKs", func() bool { return srv.Stats().ACKs == 2 })
+	if got := srv.Stats().Proxies; got["proxy-a"] != 1 || len(got) != 1 {
+		t.Fatalf("server sees proxies %v", got)
+	}
+
+	// One worker changes: one response carrying one resource.
+	ws = clone(ws)
+	ws[1].Load = &xdsv1.Load{Running: 4, Inflight: 2, KvUsage: 0.25}
+	if err := srv.SetWorkers(ws); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "changed worker", hasState(p, ws, policy))
+	if d := p.c.Stats(); d.Responses != st.Responses+1 || d.Resources != st.Resources+1 || d.Removals != 0 {
+		t.Fatalf("after one change: %+v, was %+v: want one more response with one resource", d, st)
+	}
+
+	// One added and one removed in one call: one response.
+	st = p.c.Stats()
+	ws = append(clone(ws[:2]), worker("w0009", 9009))
+	if err := srv.SetWorkers(ws); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "added and removed worker", hasState(p, ws, policy))
+	if d := p.c.Stats(); d.Responses != st.Responses+1 || d.Resources != st.Resources+1 || d.Removals != 1 {
+		t.Fatalf("after add+remove: %+v, was %+v: want one response, one resource, one removal", d, st)
+	}
+
+	// The same set again sends nothing: the policy change behind it is the only response.
+	st = p.c.Stats()
+	if err := srv.SetWorkers(clone(ws)); err != nil {
+		t.Fatal(err)
+	}
+	policy = proto.Clone(policy).(*xdsv1.RoutingPolicy)
+	policy.Version++
+	policy.Temperature = 0.5
+	if err := srv.SetPolicy(policy); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "new policy", hasState(p, ws, policy))
+	if d := p.c.Stats(); d.Responses != st.Responses+1 || d.Resources != st.Resources+1 {
+		t.Fatalf("after unchanged workers and a policy change: %+v, was %+v", d, st)
+	}
+
+	// Removing the policy reaches the client as a removal.
+	if err := srv.SetPolicy(nil); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "policy removed", hasState(p, ws, nil))
+	if got := srv.Stats(); got.NACKs != 0 || got.Pushes < 6 {
+		t.Fatalf("server stats %+v", got)
+	}
+}
+
+func TestNACKKeepsPreviousVersion(t *testing.T) {
+	srv := server.New(server.Options{})
+	good := worker("w1", 8001)
+	if err := srv.SetWorkers([]*xdsv1.Worker{good}); err != nil {
+		t.Fatal(err)
+	}
+	cp := startControlPlane(t, "127.0.0.1:0", srv)
+	// This proxy cannot serve model "llama-70b": the control plane's validation lets it
+	// through, the proxy's refuses it.
+	p := startProxy(t, cp.addr, "proxy-a", client.Options{
+		ValidateWorker: func(w *xdsv1.Worker) error {
+			if w.GetModel() == "llama-70b" {
+				return errors.New("model llama-70b not served here")
+			}
+			return nil
+		},
+	})
+	waitUntil(t, "initial state", hasState(p, []*xdsv1.Worker{good}, nil))
+
+	bad := proto.Clone(good).(*xdsv1.Worker)
+	bad.Model = "llama-70b"
+	fresh := worker("w2", 8002)
+	if err := srv.SetWorkers([]*xdsv1.Worker{bad, fresh}); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "server to see the NACK", func() bool { return srv.Stats().NACKs == 1 })
+	nack := srv.Stats().LastNACK["proxy-a"]
+	if nack.TypeURL != xds.WorkerType || !strings.Contains(nack.Reason, `"w1"`) || !strings.Contains(nack.Reason, "not served here") {
+		t.Fatalf("server's NACK record %+v", nack)
+	}
+	// The refused worker keeps its previous version; the valid one in the same response applies.
+	waitUntil(t, "partial apply", hasState(p, []*xdsv1.Worker{good, fresh}, nil))
+	if st := p.c.Stats(); st.NACKs != 1 || !strings.Contains(st.LastNACK, "llama-70b") {
+		t.Fatalf("client stats %+v", st)
+	}
+
+	// A fixed version is applied and ACKed.
+	fixed := proto.Clone(good).(*xdsv1.Worker)
+	fixed.Model = "Qwen/Qwen3-8B"
+	acks := srv.Stats().ACKs
+	if err := srv.SetWorkers([]*xdsv1.Worker{fixed, fresh}); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "fixed worker", hasState(p, []*xdsv1.Worker{fixed, fresh}, nil))
+	waitUntil(t, "ACK of the fix", func() bool { return srv.Stats().ACKs > acks })
+	if st := srv.Stats(); st.NACKs != 1 {
+		t.Fatalf("server stats %+v", st)
+	}
+}
+
+func TestHooksSeeNACK(t *testing.T) {
+	type event struct{ kind, node, typ, reason string }
+	events := make(chan event, 64)
+	srv := server.New(server.Options{Hooks: server.Hooks{
+		OnConnect:    func(node string) { events <- event{kind: "connect", node: node} },
+		OnDisconnect: func(node string) { events <- event{kind: "disconnect", node: node} },
+		OnNACK:       func(node, typ, reason string) { events <- event{"nack", node, typ, reason} },
+	}})
+	policy := xds.DefaultPolicy()
+	if err := srv.SetPolicy(policy); err != nil {
+		t.Fatal(err)
+	}
+	cp := startControlPlane(t, "127.0.0.1:0", srv)
+	p := startProxy(t, cp.addr, "proxy-h", client.Options{
+		ValidatePolicy: func(p *xdsv1.RoutingPolicy) error {
+			if p.GetPolicy() != "kv" {
+				return fmt.Errorf("policy %q unknown to this proxy", p.GetPolicy())
+			}
+			return nil
+		},
+	})
+	next := func() event {
+		select {
+		case e := <-events:
+			return e
+		case <-time.After(waitTimeout):
+			t.Fatal("no hook event")
+			return event{}
+		}
+	}
+	if e := next(); e.kind != "connect" || e.node != "proxy-h" {
+		t.Fatalf("first event %+v", e)
+	}
+	waitUntil(t, "policy", hasState(p, nil, policy))
+	other := proto.Clone(policy).(*xdsv1.RoutingPolicy)
+	other.Policy = "shiny"
+	if err := srv.SetPolicy(other); err != nil {
+		t.Fatal(err)
+	}
+	if e := next(); e.kind != "nack" || e.node != "proxy-h" || e.typ != xds.PolicyType || !strings.Contains(e.reason, "shiny") {
+		t.Fatalf("event %+v, want the NACK", e)
+	}
+	if _, pol := p.c.State(); !proto.Equal(pol, policy) {
+		t.Fatalf("policy %v, want the previous one kept", pol)
+	}
+	p.cancel()
+	if e := next(); e.kind != "disconnect" || e.node != "proxy-h" {
+		t.Fatalf("event %+v, want the disconnect", e)
+	}
+}
+
+func TestRestartResync(t *testing.T) {
+	ws := workers(3)
+	policy := xds.DefaultPolicy()
+	srvA := server.New(server.Options{})
+	if err := srvA.SetWorkers(ws); err != nil {
+		t.Fatal(err)
+	}
+	if err := srvA.SetPolicy(policy); err != nil {
+		t.Fatal(err)
+	}
+	a := startControlPlane(t, "127.0.0.1:0", srvA)
+	p := startProxy(t, a.addr, "proxy-a", client.Options{})
+	waitUntil(t, "initial state", hasState(p, ws, policy))
+
+	a.stop(t)
+	waitUntil(t, "client to notice", func() bool { return !p.c.Stats().Connected })
+	// Static stability: the last state stays while the control plane is away.
+	time.Sleep(100 * time.Millisecond)
+	if got, pol := p.c.State(); !sameWorkers(got, ws) || !proto.Equal(pol, policy) {
+		t.Fatalf("state while the control plane is down: %v %v", got, pol)
+	}
+	before := p.c.Stats()
+
+	// The new control plane knows w0000 unchanged, w0001 changed, w0002 gone and w0003 new.
+	ws2 := clone(ws[:2])
+	ws2[1].Healthy = false
+	ws2 = append(ws2, worker("w0003", 9003))
+	srvB := server.New(server.Options{})
+	if err := srvB.SetWorkers(ws2); err != nil {
+		t.Fatal(err)
+	}
+	if err := srvB.SetPolicy(policy); err != nil {
+		t.Fatal(err)
+	}
+	startControlPlane(t, a.addr, srvB)
+	waitUntil(t, "resync", hasState(p, ws2, policy))
+	waitUntil(t, "reconnected", func() bool { return p.c.Stats().Connected })
+	after := p.c.Stats()
+	// initial_resource_versions spare what the proxy already holds: only the changed and
+	// the new worker travel, and the removed one is named.
+	if got := after.Resources - before.Resources; got != 2 {
+		t.Errorf("resync sent %d resources, want 2 (w0001 changed, w0003 new)", got)
+	}
+	if got := after.Removals - before.Removals; got != 1 {
+		t.Errorf("resync sent %d removals, want 1 (w0002)", got)
+	}
+	if after.Streams < 2 {
+		t.Errorf("streams %d, want a reconnect", after.Streams)
+	}
+}
+
+func TestTwoClientsSameState(t *testing.T) {
+	srv := server.New(server.Options{})
+	ws := workers(20)
+	if err := srv.SetWorkers(ws); err != nil {
+		t.Fatal(err)
+	}
+	cp := startControlPlane(t, "127.0.0.1:0", srv)
+	p1 := startProxy(t, cp.addr, "proxy-1", client.Options{})
+	p2 := startProxy(t, cp.addr, "proxy-2", client.Options{})
+	for round := range 5 {
+		ws = clone(ws)
+		ws[round].Draining = true
+		ws = append(ws[:len(ws)-1], worker(fmt.Sprintf("x%d", round), 9100+round))
+		if err := srv.SetWorkers(ws); err != nil {
+			t.Fatal(err)
+		}
+		want := srv.Workers()
+		waitUntil(t, "proxy-1", hasState(p1, want, nil))
+		waitUntil(t, "proxy-2", hasState(p2, want, nil))
+	}
+	waitUntil(t, "both counted", func() bool {
+		px := srv.Stats().Proxies
+		return px["proxy-1"] == 1 && px["proxy-2"] == 1
+	})
+}
+
+// reporter runs a Reporter whose snapshot returns *loads.
+type reporter struct {
+	mu     sync.Mutex
+	loads  []*xdsv1.WorkerLoad
+	cancel context.CancelFunc
+	done   chan error
+	r      *client.Reporter
+}
+
+func (r *reporter) set(l ...*xdsv1.WorkerLoad) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.loads = l
+}
+
+func (r *reporter) snapshot() []*xdsv1.WorkerLoad {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.loads
+}
+
+func (r *reporter) stop() error {
+	r.cancel()
+	return <-r.done
+}
+
+func startReporter(t *testing.T, addr, node string) *reporter {
+	t.Helper()
+	conn, err := client.Dial(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep := &reporter{done: make(chan error, 1)}
+	r, err := client.NewReporter(conn, client.ReporterOptions{NodeID: node, Snapshot: rep.snapshot})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep.r = r
+	ctx, cancel := context.WithCancel(context.Background())
+	rep.cancel = cancel
+	go func() { rep.done <- r.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		<-rep.done
+		conn.Close()
+	})
+	return rep
+}
+
+func TestLoadReportsMerge(t *testing.T) {
+	srv := server.New(server.Options{ReportInterval: 10 * time.Millisecond})
+	cp := startControlPlane(t, "127.0.0.1:0", srv)
+	r1 := startReporter(t, cp.addr, "proxy-1")
+	r2 := startReporter(t, cp.addr, "proxy-2")
+	r1.set(&xdsv1.WorkerLoad{WorkerId: "w1", Inflight: 2, PrefillTokens: 1000, DecodeBlocks: 10},
+		&xdsv1.WorkerLoad{WorkerId: "w2", Inflight: 1, PrefillTokens: 10, DecodeBlocks: 1})
+	r2.set(&xdsv1.WorkerLoad{WorkerId: "w1", Inflight: 3, PrefillTokens: 500, DecodeBlocks: 5})
+
+	want := map[string]server.WorkerLoad{
+		"w1": {Inflight: 5, PrefillTokens: 1500, DecodeBlocks: 15},
+		"w2": {Inflight: 1, PrefillTokens: 10, DecodeBlocks: 1},
+	}
+	waitUntil(t, "merged load", func() bool { return equalLoads(srv.Merged(), want) })
+	waitUntil(t, "the server's interval", func() bool { return r1.r.Interval() == 10*time.Millisecond })
+	if n := srv.Stats().LoadReporters; n != 2 {
+		t.Fatalf("%d reporters, want 2", n)
+	}
+	// Drain the change signal, then a disconnect must raise it and drop proxy-2's load.
+	select {
+	case <-srv.LoadChanged():
+	default:
+	}
+	if err := r2.stop(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-srv.LoadChanged():
+	case <-time.After(waitTimeout):
+		t.Fatal("no load change signal after a reporter left")
+	}
+	want = map[string]server.WorkerLoad{
+		"w1": {Inflight: 2, PrefillTokens: 1000, DecodeBlocks: 10},
+		"w2": {Inflight: 1, PrefillTokens: 10, DecodeBlocks: 1},
+	}
+	waitUntil(t, "proxy-2's load dropped", func() bool { return equalLoads(srv.Merged(), want) })
+	if got := srv.NodeLoad("proxy-2"); got != nil {
+		t.Fatalf("proxy-2 still has load %v", got)
+	}
+	// Load going back to zero reaches the merge too.
+	r1.set()
+	waitUntil(t, "no load", func() bool { return len(srv.Merged()) == 0 })
+}
+
+func equalLoads(a, b map[string]server.WorkerLoad) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if b[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+func TestClientNeedsNodeID(t *testing.T) {
+	conn, err := client.Dial("127.0.0.1:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := client.New(conn, client.Options{}); err == nil {
+		t.Error("New accepted an empty node id")
+	}
+	if _, err := client.NewReporter(conn, client.ReporterOptions{NodeID: "n"}); err == nil {
+		t.Error("NewReporter accepted no snapshot function")
+	}
+}
+
+// TestRunEndsWithContext checks a client that never reaches a control plane still stops.
+func TestRunEndsWithContext(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := lis.Addr().String()
+	lis.Close() // nothing listens there
+	conn, err := client.Dial(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	c, err := client.New(conn, client.Options{NodeID: "n"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	if err := c.Run(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("Run took %v to stop", d)
+	}
+}

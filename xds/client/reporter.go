@@ -1,0 +1,173 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+
+	xdsv1 "github.com/kvrelay/kvrelay/xds/api/v1"
+)
+
+// Bounds on the report interval a control plane may ask for.
+const (
+	DefaultReportInterval = time.Second
+	minReportInterval     = 10 * time.Millisecond
+	maxReportInterval     = time.Minute
+)
+
+// ReporterOptions configure a Reporter.
+type ReporterOptions struct {
+	// NodeID names this proxy (required); use the Client's.
+	NodeID string
+	// Snapshot returns the proxy's in-flight load per worker; workers with none may be
+	// left out (the control plane counts them as zero). Called from Run's goroutine once per
+	// interval; the result is only read, and not after the next call.
+	Snapshot func() []*xdsv1.WorkerLoad
+	// Interval is how often to report until the control plane names its interval (default
+	// DefaultReportInterval).
+	Interval time.Duration
+	// BackoffBase and BackoffMax bound the wait before reopening a broken stream.
+	BackoffBase, BackoffMax time.Duration
+}
+
+// Reporter streams a proxy's in-flight load to the control plane's LoadReporting service:
+// a report as soon as the stream opens, then one per interval, at the interval the control
+// plane's acknowledgements ask for. The control plane forgets the proxy's load when the
+// stream ends.
+//
+// Lifecycle: NewReporter (no goroutines, no I/O) → Run, once, on a goroutine the caller
+// owns; Run returns when its context is done. Interval and Sent are safe from any goroutine.
+type Reporter struct {
+	conn grpc.ClientConnInterface
+	opts ReporterOptions
+
+	running  atomic.Bool
+	interval atomic.Int64 // nanoseconds
+	sent     atomic.Uint64
+}
+
+// NewReporter builds a Reporter that will speak on conn (see Dial); it starts nothing.
+func NewReporter(conn grpc.ClientConnInterface, opts ReporterOptions) (*Reporter, error) {
+	switch {
+	case conn == nil:
+		return nil, errors.New("creating load reporter: nil connection")
+	case opts.NodeID == "":
+		return nil, errors.New("creating load reporter: empty node id")
+	case opts.Snapshot == nil:
+		return nil, errors.New("creating load reporter: no snapshot function")
+	}
+	if opts.Interval <= 0 {
+		opts.Interval = DefaultReportInterval
+	}
+	if opts.BackoffBase <= 0 {
+		opts.BackoffBase = DefaultBackoffBase
+	}
+	if opts.BackoffMax < opts.BackoffBase {
+		opts.BackoffMax = max(DefaultBackoffMax, opts.BackoffBase)
+	}
+	r := &Reporter{conn: conn, opts: opts}
+	r.interval.Store(int64(clampInterval(opts.Interval)))
+	return r, nil
+}
+
+// Interval is the current report interval: the control plane's latest, or the default.
+func (r *Reporter) Interval() time.Duration { return time.Duration(r.interval.Load()) }
+
+// Sent counts the reports sent.
+func (r *Reporter) Sent() uint64 { return r.sent.Load() }
+
+// Run reports until ctx is done, reopening the stream after a jittered exponential backoff
+// when it breaks. It returns nil when ctx is done, and an error only if already running.
+func (r *Reporter) Run(ctx context.Context) error {
+	if !r.running.CompareAndSwap(false, true) {
+		return errors.New("running load reporter: already running")
+	}
+	defer r.running.Store(false)
+	bo := newBackoff(r.opts.BackoffBase, r.opts.BackoffMax)
+	for {
+		healthy, _ := r.stream(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if healthy {
+			bo.reset()
+		}
+		if !sleep(ctx, bo.next()) {
+			return nil
+		}
+	}
+}
+
+// stream runs one LoadReporting stream until it breaks; healthy reports whether the
+// control plane acknowledged a report on it.
+func (r *Reporter) stream(ctx context.Context) (healthy bool, err error) {
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	st, err := xdsv1.NewLoadReportingClient(r.conn).Report(sctx, grpc.WaitForReady(true))
+	if err != nil {
+		return false, fmt.Errorf("opening load report stream: %w", err)
+	}
+
+	intervals := make(chan time.Duration, 1)
+	recvDone := make(chan error, 1)
+	go func() { // ends when Recv fails, at the latest when stream returns and cancels sctx
+		for {
+			ack, err := st.Recv()
+			if err != nil {
+				recvDone <- err
+				return
+			}
+			d := clampInterval(time.Duration(ack.GetIntervalMs()) * time.Millisecond)
+			select { // keep only the latest interval
+			case <-intervals:
+			default:
+			}
+			intervals <- d
+		}
+	}()
+	defer func() {
+		cancel()
+		<-recvDone
+	}()
+
+	send := func() error {
+		rep := &xdsv1.LoadReport{NodeId: r.opts.NodeID, Workers: r.opts.Snapshot()}
+		if err := st.Send(rep); err != nil {
+			return fmt.Errorf("sending load report: %w", err)
+		}
+		r.sent.Add(1)
+		return nil
+	}
+	if err := send(); err != nil {
+		return false, err
+	}
+	t := time.NewTicker(r.Interval())
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return healthy, ctx.Err()
+		case err := <-recvDone:
+			recvDone <- err // for the deferred wait
+			return healthy, fmt.Errorf("receiving load report ack: %w", err)
+		case d := <-intervals:
+			healthy = true
+			if d != r.Interval() {
+				r.interval.Store(int64(d))
+				t.Reset(d)
+			}
+		case <-t.C:
+			if err := send(); err != nil {
+				return healthy, err
+			}
+		}
+	}
+}
+
+func clampInterval(d time.Duration) time.Duration {
+	return min(max(d, minReportInterval), maxReportInterval)
+}

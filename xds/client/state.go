@@ -1,0 +1,124 @@
+package client
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+
+	"github.com/kvrelay/kvrelay/xds"
+	xdsv1 "github.com/kvrelay/kvrelay/xds/api/v1"
+)
+
+// state is the proxy's copy of the control plane's resources, with the version of each as
+// the control plane named it (what the proxy sends back as initial_resource_versions). It
+// is owned by one goroutine (Client.Run); resources in it are never modified.
+type state struct {
+	validateWorker func(*xdsv1.Worker) error
+	validatePolicy func(*xdsv1.RoutingPolicy) error
+
+	workers map[string]versioned[*xdsv1.Worker]
+	policy  *versioned[*xdsv1.RoutingPolicy]
+}
+
+type versioned[T any] struct {
+	version string
+	value   T
+}
+
+func newState(vw func(*xdsv1.Worker) error, vp func(*xdsv1.RoutingPolicy) error) *state {
+	return &state{
+		validateWorker: vw,
+		validatePolicy: vp,
+		workers:        make(map[string]versioned[*xdsv1.Worker]),
+	}
+}
+
+// versions returns the versions held for typeURL, for a resubscription.
+func (s *state) versions(typeURL string) map[string]string {
+	switch typeURL {
+	case xds.WorkerType:
+		out := make(map[string]string, len(s.workers))
+		for name, w := range s.workers {
+			out[name] = w.version
+		}
+		return out
+	case xds.PolicyType:
+		if s.policy != nil {
+			return map[string]string{xds.PolicyName: s.policy.version}
+		}
+	}
+	return nil
+}
+
+// apply applies a delta response: each resource that decodes and validates replaces its
+// previous version, each removal drops its resource, and a resource that fails keeps its
+// previous version (or stays absent). It reports whether anything changed, and an error
+// naming every resource it refused (the NACK's detail), or the response's unknown type.
+func (s *state) apply(resp *discovery.DeltaDiscoveryResponse) (changed bool, err error) {
+	var errs []error
+	switch resp.GetTypeUrl() {
+	case xds.WorkerType:
+		for _, r := range resp.GetResources() {
+			w, err := xds.DecodeWorker(r.GetName(), r.GetResource())
+			if err == nil && s.validateWorker != nil {
+				err = s.validateWorker(w)
+			}
+			if err != nil {
+				errs = append(errs, fmt.Errorf("refusing worker %q version %q: %w", r.GetName(), r.GetVersion(), err))
+				continue
+			}
+			if old, ok := s.workers[w.GetId()]; ok && old.version == r.GetVersion() && r.GetVersion() != "" {
+				continue
+			}
+			s.workers[w.GetId()] = versioned[*xdsv1.Worker]{version: r.GetVersion(), value: w}
+			changed = true
+		}
+		for _, name := range resp.GetRemovedResources() {
+			if _, ok := s.workers[name]; ok {
+				delete(s.workers, name)
+				changed = true
+			}
+		}
+	case xds.PolicyType:
+		for _, r := range resp.GetResources() {
+			p, err := xds.DecodePolicy(r.GetName(), r.GetResource())
+			if err == nil && s.validatePolicy != nil {
+				err = s.validatePolicy(p)
+			}
+			if err != nil {
+				errs = append(errs, fmt.Errorf("refusing routing policy %q version %q: %w", r.GetName(), r.GetVersion(), err))
+				continue
+			}
+			if s.policy != nil && s.policy.version == r.GetVersion() && r.GetVersion() != "" {
+				continue
+			}
+			s.policy = &versioned[*xdsv1.RoutingPolicy]{version: r.GetVersion(), value: p}
+			changed = true
+		}
+		for _, name := range resp.GetRemovedResources() {
+			if name == xds.PolicyName && s.policy != nil {
+				s.policy = nil
+				changed = true
+			}
+		}
+	default:
+		return false, fmt.Errorf("applying delta response: unknown type %q", resp.GetTypeUrl())
+	}
+	return changed, errors.Join(errs...)
+}
+
+// snapshot returns the current workers sorted by id and the policy (nil when none).
+func (s *state) snapshot() ([]*xdsv1.Worker, *xdsv1.RoutingPolicy) {
+	ws := make([]*xdsv1.Worker, 0, len(s.workers))
+	for _, id := range slices.Sorted(maps.Keys(s.workers)) {
+		ws = append(ws, s.workers[id].value)
+	}
+	var p *xdsv1.RoutingPolicy
+	if s.policy != nil {
+		p = s.policy.value
+	}
+	return ws, p
+}

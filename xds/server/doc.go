@@ -1,0 +1,26 @@
+// Package server is the control plane's side of kvrelay's xDS: it publishes Worker and
+// RoutingPolicy resources to proxies over delta ADS and gathers the proxies' in-flight load.
+//
+// Resources ride go-control-plane as custom type URLs: one cache.LinearCache per type URL
+// (xds.WorkerType, xds.PolicyType) behind a cache.MuxCache that classifies requests by type
+// URL, served by go-control-plane's delta server (pkg/server/delta/v3) registered as the
+// AggregatedDiscoveryService. The snapshot cache cannot be used (it maps type URLs to a
+// fixed enum of Envoy types and rejects others), and state-of-the-world is refused because
+// it cannot tell a proxy that a worker was removed. In delta mode the LinearCache versions
+// each resource by the SHA-256 of its deterministic encoding, so versions survive a control
+// plane restart and a proxy that resubscribes with initial_resource_versions is sent only
+// what changed.
+//
+// The caller (the control plane) owns the Server:
+//
+//	srv := server.New(server.Options{})
+//	xdsv1.RegisterIndexJournalServer(srv.GRPC(), journal) // more services on the same port
+//	srv.SetWorkers(workers)                               // the initial state, before Serve
+//	srv.SetPolicy(policy)
+//	go srv.Serve(ctx, lis)                                // until ctx is done
+//	for range srv.LoadChanged() { merged := srv.Merged(); ... srv.SetWorkers(withLoad) }
+//
+// SetWorkers diffs against what was published (proto.Equal) and hands the cache one change
+// set, so a push costs what changed. The LoadReporting service keeps each node's latest
+// report until its stream ends or it goes stale, and Merged sums them per worker.
+package server

@@ -1,0 +1,270 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	xdsv1 "github.com/kvrelay/kvrelay/xds/api/v1"
+)
+
+// MaxReportWorkers bounds the workers one load report may name.
+const MaxReportWorkers = 1 << 16
+
+// WorkerLoad is the load proxies report on one worker: requests in flight, the prompt
+// tokens they still have to prefill and the KV blocks their decodes hold.
+type WorkerLoad struct {
+	Inflight      uint32
+	PrefillTokens uint64
+	DecodeBlocks  uint64
+}
+
+func (a WorkerLoad) add(b WorkerLoad) WorkerLoad {
+	inflight := uint64(a.Inflight) + uint64(b.Inflight)
+	return WorkerLoad{
+		Inflight:      uint32(min(inflight, math.MaxUint32)),
+		PrefillTokens: satAdd(a.PrefillTokens, b.PrefillTokens),
+		DecodeBlocks:  satAdd(a.DecodeBlocks, b.DecodeBlocks),
+	}
+}
+
+func satAdd(a, b uint64) uint64 {
+	if s := a + b; s >= a {
+		return s
+	}
+	return math.MaxUint64
+}
+
+// Merged returns the load every live proxy reports, summed per worker id. Workers no proxy
+// reports are absent (no load). The map is the caller's.
+func (s *Server) Merged() map[string]WorkerLoad { return s.load.merged() }
+
+// NodeLoad returns the latest live report of one node, or nil. The map is the caller's.
+func (s *Server) NodeLoad(nodeID string) map[string]WorkerLoad { return s.load.node(nodeID) }
+
+// LoadChanged is signalled (a buffered channel of one, so signals coalesce) after the
+// merged load may have changed: a report that differs from its node's previous one, a
+// node's report dropped when its stream ends or goes stale. The control plane's one
+// consumer reads Merged after each signal and pushes the result in Worker resources.
+func (s *Server) LoadChanged() <-chan struct{} { return s.load.changed }
+
+// loadStore keeps each node's latest load report.
+type loadStore struct {
+	staleAfter time.Duration
+	now        func() time.Time
+	changed    chan struct{}
+
+	mu    sync.Mutex
+	nodes map[string]*nodeReport
+}
+
+type nodeReport struct {
+	stream uint64 // the stream that sent it: only that stream's end drops it
+	at     time.Time
+	loads  map[string]WorkerLoad
+}
+
+func newLoadStore(staleAfter time.Duration, now func() time.Time) *loadStore {
+	return &loadStore{
+		staleAfter: staleAfter,
+		now:        now,
+		changed:    make(chan struct{}, 1),
+		nodes:      make(map[string]*nodeReport),
+	}
+}
+
+func (l *loadStore) signal() {
+	select {
+	case l.changed <- struct{}{}:
+	default:
+	}
+}
+
+// put records node's report from stream.
+func (l *loadStore) put(node string, stream uint64, r *xdsv1.LoadReport) {
+	loads := make(map[string]WorkerLoad, len(r.GetWorkers()))
+	for _, w := range r.GetWorkers() {
+		id := w.GetWorkerId()
+		if id == "" {
+			continue
+		}
+		wl := WorkerLoad{Inflight: w.GetInflight(), PrefillTokens: w.GetPrefillTokens(), DecodeBlocks: w.GetDecodeBlocks()}
+		if wl == (WorkerLoad{}) {
+			continue
+		}
+		loads[id] = loads[id].add(wl)
+	}
+	now := l.now()
+	l.mu.Lock()
+	prev := l.nodes[node]
+	same := prev != nil && now.Sub(prev.at) < l.staleAfter && maps.Equal(prev.loads, loads)
+	l.nodes[node] = &nodeReport{stream: stream, at: now, loads: loads}
+	l.mu.Unlock()
+	if !same {
+		l.signal()
+	}
+}
+
+// drop forgets node's report if stream sent it.
+func (l *loadStore) drop(node string, stream uint64) {
+	l.mu.Lock()
+	r, ok := l.nodes[node]
+	if ok && r.stream == stream {
+		delete(l.nodes, node)
+	}
+	l.mu.Unlock()
+	if ok && r.stream == stream {
+		l.signal()
+	}
+}
+
+// reap forgets reports older than staleAfter.
+func (l *loadStore) reap() {
+	cutoff := l.now().Add(-l.staleAfter)
+	dropped := false
+	l.mu.Lock()
+	for node, r := range l.nodes {
+		if r.at.Before(cutoff) {
+			delete(l.nodes, node)
+			dropped = true
+		}
+	}
+	l.mu.Unlock()
+	if dropped {
+		l.signal()
+	}
+}
+
+// reapLoop reaps stale reports until ctx is done; Serve runs it.
+func (l *loadStore) reapLoop(ctx context.Context) {
+	t := time.NewTicker(max(l.staleAfter/4, time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			l.reap()
+		}
+	}
+}
+
+func (l *loadStore) merged() map[string]WorkerLoad {
+	cutoff := l.now().Add(-l.staleAfter)
+	out := make(map[string]WorkerLoad)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, r := range l.nodes {
+		if r.at.Before(cutoff) {
+			continue
+		}
+		for id, wl := range r.loads {
+			out[id] = out[id].add(wl)
+		}
+	}
+	return out
+}
+
+func (l *loadStore) node(node string) map[string]WorkerLoad {
+	cutoff := l.now().Add(-l.staleAfter)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	r := l.nodes[node]
+	if r == nil || r.at.Before(cutoff) {
+		return nil
+	}
+	return maps.Clone(r.loads)
+}
+
+func (l *loadStore) reporters() int {
+	cutoff := l.now().Add(-l.staleAfter)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, r := range l.nodes {
+		if !r.at.Before(cutoff) {
+			n++
+		}
+	}
+	return n
+}
+
+// loadService serves LoadReporting: one stream per proxy, a report every interval, each
+// answered with the interval wanted.
+type loadService struct {
+	xdsv1.UnimplementedLoadReportingServer
+	s       *Server
+	streams atomic.Uint64
+}
+
+// Report runs on gRPC's goroutine for the stream. Its node is named by the first report
+// and may not change; its report is dropped when the stream ends.
+func (ls *loadService) Report(st grpc.BidiStreamingServer[xdsv1.LoadReport, xdsv1.LoadReportAck]) error {
+	s := ls.s
+	id := ls.streams.Add(1)
+	node := ""
+	defer func() {
+		if node != "" {
+			s.load.drop(node, id)
+		}
+	}()
+
+	reports := make(chan *xdsv1.LoadReport)
+	recvErr := make(chan error, 1)
+	go func() { // ends when Recv fails, at the latest when Report returns and gRPC cancels the stream
+		for {
+			r, err := st.Recv()
+			if err != nil {
+				recvErr <- err
+				return
+			}
+			select {
+			case reports <- r:
+			case <-st.Context().Done():
+				return
+			}
+		}
+	}()
+
+	ack := &xdsv1.LoadReportAck{IntervalMs: uint32(min(s.opts.ReportInterval.Milliseconds(), math.MaxUint32))}
+	if ack.IntervalMs == 0 {
+		ack.IntervalMs = 1
+	}
+	for {
+		select {
+		case <-s.ctx.Done():
+			return status.Error(codes.Unavailable, "control plane stopping")
+		case err := <-recvErr:
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return fmt.Errorf("receiving load report: %w", err)
+		case r := <-reports:
+			switch {
+			case r.GetNodeId() == "":
+				return status.Error(codes.InvalidArgument, "load report without a node id")
+			case node != "" && r.GetNodeId() != node:
+				return status.Errorf(codes.InvalidArgument, "load report from node %q on the stream of %q", r.GetNodeId(), node)
+			case len(r.GetWorkers()) > MaxReportWorkers:
+				return status.Errorf(codes.InvalidArgument, "load report names %d workers, at most %d", len(r.GetWorkers()), MaxReportWorkers)
+			}
+			node = r.GetNodeId()
+			s.load.put(node, id, r)
+			if err := st.Send(ack); err != nil {
+				return fmt.Errorf("acknowledging load report: %w", err)
+			}
+		}
+	}
+}
+
+var _ xdsv1.LoadReportingServer = (*loadService)(nil)

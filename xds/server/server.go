@@ -1,0 +1,497 @@
+package server
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"net"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/server/delta/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/kvrelay/kvrelay/xds"
+	xdsv1 "github.com/kvrelay/kvrelay/xds/api/v1"
+)
+
+// Defaults of Options.
+const (
+	DefaultReportInterval = 100 * time.Millisecond
+	DefaultShutdownGrace  = 5 * time.Second
+	minReportStaleAfter   = time.Second
+	staleIntervals        = 30
+)
+
+// Options configure a Server. The zero value is usable.
+type Options struct {
+	// ReportInterval is how often proxies are asked to send their load reports (default
+	// DefaultReportInterval).
+	ReportInterval time.Duration
+	// ReportStaleAfter drops a node's load report when it has sent none for this long, even
+	// if its stream is still open (default 30 report intervals, at least one second).
+	ReportStaleAfter time.Duration
+	// ShutdownGrace is how long Serve waits, once its context is done, for open RPCs to
+	// end before it closes their connections (default DefaultShutdownGrace).
+	ShutdownGrace time.Duration
+	// Hooks observe the ADS streams; nil hooks are skipped.
+	Hooks Hooks
+	// GRPCOptions are appended to the gRPC server's options (after kvrelay's keepalive
+	// settings, so they may override them).
+	GRPCOptions []grpc.ServerOption
+}
+
+func (o Options) withDefaults() Options {
+	if o.ReportInterval <= 0 {
+		o.ReportInterval = DefaultReportInterval
+	}
+	if o.ReportStaleAfter <= 0 {
+		o.ReportStaleAfter = max(staleIntervals*o.ReportInterval, minReportStaleAfter)
+	}
+	if o.ShutdownGrace <= 0 {
+		o.ShutdownGrace = DefaultShutdownGrace
+	}
+	return o
+}
+
+// Hooks observe the ADS streams, for metrics and logs. Each is called synchronously from
+// the goroutine of the stream concerned (so calls for different proxies are concurrent)
+// and must return quickly: a slow hook delays that proxy's pushes.
+type Hooks struct {
+	// OnConnect is called when an ADS stream has identified its node (first request).
+	OnConnect func(nodeID string)
+	// OnDisconnect is called when an identified ADS stream ends.
+	OnDisconnect func(nodeID string)
+	// OnPush is called before a response is sent: how many resources it sets and removes.
+	OnPush func(nodeID, typeURL string, resources, removed int)
+	// OnACK is called when a proxy acknowledges a response.
+	OnACK func(nodeID, typeURL string)
+	// OnNACK is called when a proxy refuses (part of) a response, with its reason.
+	OnNACK func(nodeID, typeURL, reason string)
+}
+
+// NACK is a proxy's latest refusal.
+type NACK struct {
+	TypeURL string
+	Reason  string
+	At      time.Time
+}
+
+// Stats is a snapshot of the server's counters; its maps are the caller's.
+type Stats struct {
+	// Proxies counts the open ADS streams of each node id.
+	Proxies map[string]int
+	// Pushes counts responses sent; PushedResources and PushedRemovals the resources they
+	// set and removed.
+	Pushes, PushedResources, PushedRemovals uint64
+	// ACKs and NACKs count proxies' acknowledgements and refusals.
+	ACKs, NACKs uint64
+	// LastNACK holds each connected node's latest NACK.
+	LastNACK map[string]NACK
+	// LoadReporters is the number of nodes whose load report is live.
+	LoadReporters int
+}
+
+// Server is the control plane's xDS server: kvrelay's resources over delta ADS (one
+// go-control-plane LinearCache per type URL behind a MuxCache) and the LoadReporting
+// service, on one gRPC server that other services (IndexJournal) may join through GRPC.
+//
+// Lifecycle: New (no goroutines, no I/O) → register other services on GRPC() → set the
+// initial resources → Serve, once. SetWorkers, UpdateWorkers, SetPolicy, Merged, Stats and
+// the other methods are safe from any goroutine, before, during and after Serve.
+type Server struct {
+	opts Options
+
+	// ctx is done when Serve begins to stop; ADS and load streams end with it.
+	ctx    context.Context
+	cancel context.CancelFunc
+	served atomic.Bool
+
+	grpc    *grpc.Server
+	workers *cache.LinearCache
+	policy  *cache.LinearCache
+	load    *loadStore
+
+	// pubMu serialises publications and guards published and publishedPolicy: the
+	// resources last handed to the caches (never modified once published).
+	pubMu           sync.Mutex
+	published       map[string]*xdsv1.Worker
+	publishedPolicy *xdsv1.RoutingPolicy
+
+	// streamMu guards the ADS stream bookkeeping below.
+	streamMu sync.Mutex
+	nodes    map[int64]string // ADS stream id → node id, once identified
+	proxies  map[string]int   // node id → open ADS streams
+	lastNACK map[string]NACK
+
+	pushes, pushedResources, pushedRemovals atomic.Uint64
+	acks, nacks                             atomic.Uint64
+}
+
+// New builds a Server; it starts nothing.
+func New(opts Options) *Server {
+	opts = opts.withDefaults()
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &Server{
+		opts:      opts,
+		ctx:       ctx,
+		cancel:    cancel,
+		workers:   cache.NewLinearCache(xds.WorkerType),
+		policy:    cache.NewLinearCache(xds.PolicyType),
+		published: make(map[string]*xdsv1.Worker),
+		nodes:     make(map[int64]string),
+		proxies:   make(map[string]int),
+		lastNACK:  make(map[string]NACK),
+	}
+	s.load = newLoadStore(opts.ReportStaleAfter, time.Now)
+	mux := &cache.MuxCache{
+		Classify:      func(r *cache.Request) string { return r.GetTypeUrl() },
+		ClassifyDelta: func(r *cache.DeltaRequest) string { return r.GetTypeUrl() },
+		Caches: map[string]cache.Cache{
+			xds.WorkerType: s.workers,
+			xds.PolicyType: s.policy,
+		},
+	}
+	gopts := append([]grpc.ServerOption{
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{
+			MinTime:             5 * time.Second,
+			PermitWithoutStream: true,
+		}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{
+			Time:    30 * time.Second,
+			Timeout: 10 * time.Second,
+		}),
+	}, opts.GRPCOptions...)
+	s.grpc = grpc.NewServer(gopts...)
+	discovery.RegisterAggregatedDiscoveryServiceServer(s.grpc, &ads{
+		delta: delta.NewServer(ctx, mux, callbacks{s}),
+	})
+	xdsv1.RegisterLoadReportingServer(s.grpc, &loadService{s: s})
+	return s
+}
+
+// GRPC returns the gRPC server, for the control plane to register more services (the
+// IndexJournal) before calling Serve. Streams of those services should end when Done is
+// closed, or Serve waits ShutdownGrace for them.
+func (s *Server) GRPC() *grpc.Server { return s.grpc }
+
+// Done is closed when Serve begins to stop.
+func (s *Server) Done() <-chan struct{} { return s.ctx.Done() }
+
+// Serve serves on lis until ctx is done or the listener fails, then stops: it ends the ADS
+// and load streams, lets other RPCs finish for up to ShutdownGrace, and closes the rest.
+// It may be called once; it closes lis. It returns nil after a stop asked through ctx.
+func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
+	if !s.served.CompareAndSwap(false, true) {
+		return errors.New("serving xds: Serve called twice")
+	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { // reaps stale load reports until the server stops
+		defer wg.Done()
+		s.load.reapLoop(s.ctx)
+	}()
+	errc := make(chan error, 1)
+	go func() { errc <- s.grpc.Serve(lis) }() // ends with Stop or GracefulStop below
+
+	var err error
+	select {
+	case err = <-errc:
+		s.cancel()
+		s.grpc.Stop()
+	case <-ctx.Done():
+		s.cancel()
+		stopped := make(chan struct{})
+		go func() { // ends when every RPC has, at the latest after Stop below
+			s.grpc.GracefulStop()
+			close(stopped)
+		}()
+		t := time.NewTimer(s.opts.ShutdownGrace)
+		select {
+		case <-stopped:
+		case <-t.C:
+			s.grpc.Stop()
+			<-stopped
+		}
+		t.Stop()
+		err = <-errc
+	}
+	wg.Wait()
+	if err != nil {
+		return fmt.Errorf("serving xds on %s: %w", lis.Addr(), err)
+	}
+	return nil
+}
+
+// SetWorkers publishes ws as the whole set of workers: workers that differ (proto.Equal)
+// from what was published are pushed, workers no longer in ws are removed, and unchanged
+// workers cost nothing; the change set goes to the cache in one call. It refuses the whole
+// set, publishing nothing, when a worker fails xds.ValidateWorker or an id repeats. ws is
+// not retained: the server publishes copies.
+func (s *Server) SetWorkers(ws []*xdsv1.Worker) error {
+	if err := checkWorkers(ws); err != nil {
+		return fmt.Errorf("setting workers: %w", err)
+	}
+	s.pubMu.Lock()
+	defer s.pubMu.Unlock()
+	keep := make(map[string]struct{}, len(ws))
+	for _, w := range ws {
+		keep[w.GetId()] = struct{}{}
+	}
+	var remove []string
+	for id := range s.published {
+		if _, ok := keep[id]; !ok {
+			remove = append(remove, id)
+		}
+	}
+	if err := s.publishLocked(ws, remove); err != nil {
+		return fmt.Errorf("setting workers: %w", err)
+	}
+	return nil
+}
+
+// UpdateWorkers publishes a change set: upsert adds or replaces workers (those equal to
+// what was published cost nothing), remove drops workers by id (unknown ids are ignored).
+// It refuses the whole change, publishing nothing, when a worker fails xds.ValidateWorker,
+// an id repeats, or an id is both upserted and removed. upsert is not retained.
+func (s *Server) UpdateWorkers(upsert []*xdsv1.Worker, remove []string) error {
+	if err := checkWorkers(upsert); err != nil {
+		return fmt.Errorf("updating workers: %w", err)
+	}
+	for _, id := range remove {
+		if slices.ContainsFunc(upsert, func(w *xdsv1.Worker) bool { return w.GetId() == id }) {
+			return fmt.Errorf("updating workers: worker %q both upserted and removed", id)
+		}
+	}
+	s.pubMu.Lock()
+	defer s.pubMu.Unlock()
+	if err := s.publishLocked(upsert, remove); err != nil {
+		return fmt.Errorf("updating workers: %w", err)
+	}
+	return nil
+}
+
+func checkWorkers(ws []*xdsv1.Worker) error {
+	var errs []error
+	seen := make(map[string]struct{}, len(ws))
+	for _, w := range ws {
+		if err := xds.ValidateWorker(w); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if _, dup := seen[w.GetId()]; dup {
+			errs = append(errs, fmt.Errorf("worker %q given twice", w.GetId()))
+		}
+		seen[w.GetId()] = struct{}{}
+	}
+	return errors.Join(errs...)
+}
+
+// publishLocked hands the changed workers among upsert and the known ids among remove to
+// the worker cache in one call. s.pubMu is held.
+func (s *Server) publishLocked(upsert []*xdsv1.Worker, remove []string) error {
+	changed := make(map[string]types.Resource)
+	for _, w := range upsert {
+		if old, ok := s.published[w.GetId()]; ok && proto.Equal(old, w) {
+			continue
+		}
+		changed[w.GetId()] = proto.Clone(w).(*xdsv1.Worker)
+	}
+	var gone []string
+	for _, id := range remove {
+		if _, ok := s.published[id]; ok {
+			gone = append(gone, id)
+		}
+	}
+	if len(changed) == 0 && len(gone) == 0 {
+		return nil
+	}
+	for id, r := range changed {
+		s.published[id] = r.(*xdsv1.Worker)
+	}
+	for _, id := range gone {
+		delete(s.published, id)
+	}
+	// The cache holds the new state even when notifying a watch fails.
+	if err := s.workers.UpdateResources(changed, gone); err != nil {
+		return fmt.Errorf("publishing %d changed and %d removed workers: %w", len(changed), len(gone), err)
+	}
+	return nil
+}
+
+// SetPolicy publishes the routing policy (pushed only if it differs from the current one);
+// nil removes it, and proxies fall back to their own configuration. It refuses a policy
+// that fails xds.ValidatePolicy. p is not retained.
+func (s *Server) SetPolicy(p *xdsv1.RoutingPolicy) error {
+	s.pubMu.Lock()
+	defer s.pubMu.Unlock()
+	if p == nil {
+		if s.publishedPolicy == nil {
+			return nil
+		}
+		s.publishedPolicy = nil
+		if err := s.policy.DeleteResource(xds.PolicyName); err != nil {
+			return fmt.Errorf("removing routing policy: %w", err)
+		}
+		return nil
+	}
+	if err := xds.ValidatePolicy(p); err != nil {
+		return fmt.Errorf("setting routing policy: %w", err)
+	}
+	if s.publishedPolicy != nil && proto.Equal(s.publishedPolicy, p) {
+		return nil
+	}
+	s.publishedPolicy = proto.Clone(p).(*xdsv1.RoutingPolicy)
+	if err := s.policy.UpdateResource(xds.PolicyName, s.publishedPolicy); err != nil {
+		return fmt.Errorf("setting routing policy: %w", err)
+	}
+	return nil
+}
+
+// Workers returns the published workers sorted by id. They are shared with the cache and
+// must not be modified.
+func (s *Server) Workers() []*xdsv1.Worker {
+	s.pubMu.Lock()
+	defer s.pubMu.Unlock()
+	ws := slices.Collect(maps.Values(s.published))
+	slices.SortFunc(ws, func(a, b *xdsv1.Worker) int { return cmp.Compare(a.GetId(), b.GetId()) })
+	return ws
+}
+
+// Policy returns the published routing policy, or nil. It must not be modified.
+func (s *Server) Policy() *xdsv1.RoutingPolicy {
+	s.pubMu.Lock()
+	defer s.pubMu.Unlock()
+	return s.publishedPolicy
+}
+
+// Stats returns a snapshot of the server's counters.
+func (s *Server) Stats() Stats {
+	s.streamMu.Lock()
+	st := Stats{
+		Proxies:  maps.Clone(s.proxies),
+		LastNACK: maps.Clone(s.lastNACK),
+	}
+	s.streamMu.Unlock()
+	st.Pushes = s.pushes.Load()
+	st.PushedResources = s.pushedResources.Load()
+	st.PushedRemovals = s.pushedRemovals.Load()
+	st.ACKs = s.acks.Load()
+	st.NACKs = s.nacks.Load()
+	st.LoadReporters = s.load.reporters()
+	return st
+}
+
+// ads serves the delta ADS stream through go-control-plane's delta server. State of the
+// world is refused: it cannot tell a proxy that a worker was removed.
+type ads struct {
+	discovery.UnimplementedAggregatedDiscoveryServiceServer
+	delta delta.Server
+}
+
+func (a *ads) DeltaAggregatedResources(st grpc.BidiStreamingServer[discovery.DeltaDiscoveryRequest, discovery.DeltaDiscoveryResponse]) error {
+	return a.delta.DeltaStreamHandler(st, resource.AnyType)
+}
+
+func (a *ads) StreamAggregatedResources(grpc.BidiStreamingServer[discovery.DiscoveryRequest, discovery.DiscoveryResponse]) error {
+	return status.Error(codes.Unimplemented, "kvrelay serves delta ADS only: state of the world cannot signal removed resources")
+}
+
+// callbacks turns go-control-plane's delta callbacks (called on each stream's goroutine)
+// into the server's bookkeeping and Hooks.
+type callbacks struct{ s *Server }
+
+func (c callbacks) OnDeltaStreamOpen(context.Context, int64, string) error { return nil }
+
+func (c callbacks) OnDeltaStreamClosed(id int64, _ *core.Node) {
+	s := c.s
+	s.streamMu.Lock()
+	node, ok := s.nodes[id]
+	if ok {
+		delete(s.nodes, id)
+		if s.proxies[node]--; s.proxies[node] <= 0 {
+			delete(s.proxies, node)
+			delete(s.lastNACK, node)
+		}
+	}
+	s.streamMu.Unlock()
+	if ok && s.opts.Hooks.OnDisconnect != nil {
+		s.opts.Hooks.OnDisconnect(node)
+	}
+}
+
+// OnStreamDeltaRequest identifies the stream's node from its first request (which must
+// name one) and counts ACKs and NACKs: a request answering a nonce is an ACK, or a NACK
+// when it carries an error detail.
+func (c callbacks) OnStreamDeltaRequest(id int64, req *discovery.DeltaDiscoveryRequest) error {
+	s := c.s
+	s.streamMu.Lock()
+	node, known := s.nodes[id]
+	if !known {
+		node = req.GetNode().GetId()
+		if node == "" {
+			s.streamMu.Unlock()
+			return status.Error(codes.InvalidArgument, "first delta ADS request without a node id")
+		}
+		s.nodes[id] = node
+		s.proxies[node]++
+	}
+	var nack *NACK
+	if req.GetResponseNonce() != "" && req.GetErrorDetail() != nil {
+		nack = &NACK{TypeURL: req.GetTypeUrl(), Reason: req.GetErrorDetail().GetMessage(), At: time.Now()}
+		s.lastNACK[node] = *nack
+	}
+	s.streamMu.Unlock()
+
+	h := s.opts.Hooks
+	if !known && h.OnConnect != nil {
+		h.OnConnect(node)
+	}
+	switch {
+	case req.GetResponseNonce() == "":
+	case nack != nil:
+		s.nacks.Add(1)
+		if h.OnNACK != nil {
+			h.OnNACK(node, nack.TypeURL, nack.Reason)
+		}
+	default:
+		s.acks.Add(1)
+		if h.OnACK != nil {
+			h.OnACK(node, req.GetTypeUrl())
+		}
+	}
+	return nil
+}
+
+func (c callbacks) OnStreamDeltaResponse(id int64, _ *discovery.DeltaDiscoveryRequest, resp *discovery.DeltaDiscoveryResponse) {
+	s := c.s
+	n, r := len(resp.GetResources()), len(resp.GetRemovedResources())
+	s.pushes.Add(1)
+	s.pushedResources.Add(uint64(n))
+	s.pushedRemovals.Add(uint64(r))
+	if s.opts.Hooks.OnPush == nil {
+		return
+	}
+	s.streamMu.Lock()
+	node := s.nodes[id]
+	s.streamMu.Unlock()
+	s.opts.Hooks.OnPush(node, resp.GetTypeUrl(), n, r)
+}
+
+var (
+	_ delta.Callbacks                            = callbacks{}
+	_ discovery.AggregatedDiscoveryServiceServer = (*ads)(nil)
+)
