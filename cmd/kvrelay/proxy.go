@@ -56,6 +56,8 @@ model=NAME,capacity=BLOCKS.`,
 	fs.StringVar(&configPath, "config", "", "YAML file with the proxy's settings")
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "client-facing address")
 	fs.StringArrayVar(&upstreams, "upstream", nil, "an engine: URL or id=,url=,model=,capacity= (repeat for each)")
+	fs.StringVar(&cfg.XDS, "xds", "", "control plane's xDS address (host:port): workers, load, policy and KV index come from it (no --upstream)")
+	fs.StringVar(&cfg.NodeID, "node-id", "", "this proxy's name to the control plane (default hostname-pid)")
 	fs.StringVar(&cfg.Policy, "policy", cfg.Policy, "routing policy: "+strings.Join(route.PolicyNames(), ", "))
 	fs.IntVar(&cfg.BlockSize, "block-size", cfg.BlockSize, "engines' KV block size in tokens")
 	fs.StringVar(&cfg.Tokenizer, "tokenizer", "", "o200k_harmony, o200k_base, cl100k_base, a tokenizer.json path, remote or estimate (default: by model)")
@@ -100,6 +102,8 @@ func proxyConfig(fs *pflag.FlagSet, flags proxy.Config, path string, upstreams [
 			}
 		}
 		override("listen", func() { file.Listen = flags.Listen })
+		override("xds", func() { file.XDS = flags.XDS })
+		override("node-id", func() { file.NodeID = flags.NodeID })
 		override("policy", func() { file.Policy = flags.Policy })
 		override("block-size", func() { file.BlockSize = flags.BlockSize })
 		override("tokenizer", func() { file.Tokenizer = flags.Tokenizer })
@@ -172,7 +176,11 @@ func runProxy(ctx context.Context, out io.Writer, cfg proxy.Config) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "kvrelay proxy on http://%s/v1 (policy %s) → %d upstreams\n", p.Addr(), cfg.Policy, len(cfg.Upstreams))
+	if cfg.XDS != "" {
+		fmt.Fprintf(out, "kvrelay proxy on http://%s/v1 → workers from the control plane at %s (%d now)\n", p.Addr(), cfg.XDS, len(p.Workers()))
+	} else {
+		fmt.Fprintf(out, "kvrelay proxy on http://%s/v1 (policy %s) → %d upstreams\n", p.Addr(), cfg.Policy, len(cfg.Upstreams))
+	}
 	return p.Run(ctx)
 }
 

@@ -264,7 +264,7 @@ func (cc *clientConn) handle() {
 			cc.methodNotAllowed()
 			return
 		}
-		cc.reply(200, "application/json", s.models)
+		cc.reply(200, "application/json", *s.models.Load())
 		return
 	}
 	cc.kind, cc.model = 0, ""
@@ -511,7 +511,7 @@ func (cc *clientConn) route(retry bool) {
 // start begins the exchange with worker w.
 func (cc *clientConn) start(w *route.Worker) {
 	s := cc.srv
-	ws := s.workers[w.Index]
+	ws := s.workerState(w)
 	ws.m.routedBy(cc.dec.Mode).Inc()
 	ex := &cc.ex
 	ex.begin(cc, ws)

@@ -3,6 +3,7 @@ package proxy
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"strings"
 	"time"
@@ -40,6 +41,18 @@ type Config struct {
 	// Listen is the client-facing address.
 	Listen    string     `yaml:"listen"`
 	Upstreams []Upstream `yaml:"upstreams"`
+	// XDS is the control plane's xDS address (host:port). With it the workers, their load,
+	// the routing policy and the KV index replica come from the control plane, and
+	// Upstreams must be empty.
+	XDS string `yaml:"xds"`
+	// NodeID names this proxy to the control plane (default: hostname-pid).
+	NodeID string `yaml:"node_id"`
+	// XDSSyncTimeout bounds how long Start waits for the control plane's first workers;
+	// past it the proxy serves anyway (503 until workers arrive).
+	XDSSyncTimeout time.Duration `yaml:"xds_sync_timeout"`
+	// RecentTTL is how long, with a control plane, the proxy remembers where it routed a
+	// prompt on its own, until the engine's KV events say so (see prefix.Overlay).
+	RecentTTL time.Duration `yaml:"recent_ttl"`
 	// Route tunes the router (policy, weights, thresholds, sessions).
 	Policy         string        `yaml:"policy"`
 	OverlapWeight  float64       `yaml:"overlap_weight"`
@@ -112,6 +125,8 @@ func DefaultConfig() Config {
 		TokenCacheTokens:    8 << 20,
 		IndexBlocks:         1 << 20,
 		IndexTTL:            120 * time.Second,
+		XDSSyncTimeout:      5 * time.Second,
+		RecentTTL:           10 * time.Second,
 		MaxHeaderBytes:      http1.DefaultMaxHeadBytes,
 		MaxBodyBytes:        http1.DefaultMaxBodyBytes,
 		ReadTimeout:         30 * time.Second,
@@ -154,8 +169,18 @@ func (c *Config) Validate() error {
 	if c.Listen == "" {
 		return bad("listen address is empty")
 	}
-	if len(c.Upstreams) == 0 {
-		return bad("no upstreams")
+	switch {
+	case c.XDS != "" && len(c.Upstreams) > 0:
+		return bad("upstreams and a control plane (xds) are exclusive: workers come from the control plane")
+	case c.XDS == "" && len(c.Upstreams) == 0:
+		return bad("no upstreams (give --upstream or --xds)")
+	case c.XDS != "":
+		if _, _, err := net.SplitHostPort(c.XDS); err != nil {
+			return bad("xds address %q is not host:port", c.XDS)
+		}
+		if c.XDSSyncTimeout < 0 || c.RecentTTL <= 0 {
+			return bad("xds sync timeout must not be negative and recent ttl must be positive")
+		}
 	}
 	ids := map[string]bool{}
 	for i, u := range c.Upstreams {

@@ -73,7 +73,7 @@ func fillIndex(s *Server, n int) {
 			toks[i] = uint32(g*7919 + i)
 		}
 		hashes = h.AppendSeq(hashes[:0], toks, 16, nil)
-		s.index.Record(g%len(s.workers), hashes, 0)
+		s.index.Record(g%len(*s.workers.Load()), hashes, 0)
 	}
 }
 

@@ -42,10 +42,11 @@ type Server struct {
 	index   *prefix.Approx
 	kv      *route.Router // chat and text completions
 	load    *route.Router // embeddings and responses: by load
-	workers []*workerState
-	codecs  map[string]*codec // by model; "" is the default
-	models  []byte            // the /v1/models body
+	workers atomic.Pointer[[]*workerState]      // by route.Worker.Index
+	codecs  atomic.Pointer[map[string]*codec] // by model; "" is the default
+	models  atomic.Pointer[[]byte]            // the /v1/models body
 	queue   *admissionQueue
+	xds     *xdsState // nil without a control plane
 	remote  *remoteTokenizer
 
 	eng      gnet.Engine
@@ -84,11 +85,13 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 		limits:  http1.Limits{MaxHeadBytes: cfg.MaxHeaderBytes, MaxBodyBytes: cfg.MaxBodyBytes},
 		metrics: newMetrics(),
 		index:   prefix.NewApprox(prefix.ApproxConfig{MaxBlocks: cfg.IndexBlocks, TTL: cfg.IndexTTL}),
-		codecs:  map[string]*codec{},
 		boot:    make(chan struct{}),
 		done:    make(chan error, 1),
 		loops:   map[gnet.EventLoop]*loop{},
 	}
+	s.codecs.Store(&map[string]*codec{})
+	s.workers.Store(&[]*workerState{})
+	s.models.Store(new([]byte))
 	s.queue = newAdmissionQueue(cfg.QueueSize, s.metrics)
 	s.remote = newRemoteTokenizer(cfg.ConnectTimeout+5*time.Second, cfg.TokenCacheTokens)
 	return s, nil
@@ -167,6 +170,9 @@ func eventLoops(configured int) int {
 
 // setup builds the worker pool, the routers and the codecs.
 func (s *Server) setup(ctx context.Context) error {
+	if s.cfg.XDS != "" {
+		return s.setupXDS(ctx)
+	}
 	ws := make([]*route.Worker, len(s.cfg.Upstreams))
 	for i, u := range s.cfg.Upstreams {
 		host := upstreamHost(u.URL)
@@ -189,8 +195,26 @@ func (s *Server) setup(ctx context.Context) error {
 		ws[i] = &route.Worker{ID: id, URL: "http://" + host, Addr: host, Model: model, BlockSize: bs, Capacity: u.Capacity}
 	}
 	pool := route.NewPool(ws)
+	if err := s.buildRouters(pool, s.index); err != nil {
+		return err
+	}
+	states := make([]*workerState, len(ws))
+	for i, w := range ws {
+		states[i] = &workerState{w: w, m: s.metrics.forWorker(w.ID)}
+	}
+	s.workers.Store(&states)
+	if err := s.buildCodecs(pool); err != nil {
+		return err
+	}
+	s.setModels(pool)
+	return nil
+}
+
+// buildRouters builds the router of chat and text completions over pool, matching prompts
+// against index, and the load-only router of the other routes.
+func (s *Server) buildRouters(pool *route.Pool, index prefix.Index) error {
 	var err error
-	if s.kv, err = route.NewRouter(s.cfg.routeConfig(), pool, s.index); err != nil {
+	if s.kv, err = route.NewRouter(s.cfg.routeConfig(), pool, index); err != nil {
 		return err
 	}
 	lc := s.cfg.routeConfig()
@@ -201,15 +225,18 @@ func (s *Server) setup(ctx context.Context) error {
 	if s.load, err = route.NewRouter(lc, pool, nil); err != nil {
 		return err
 	}
-	s.workers = make([]*workerState, len(ws))
-	for i, w := range ws {
-		s.workers[i] = &workerState{w: w, m: s.metrics.forWorker(w.ID)}
-	}
-	if err := s.buildCodecs(pool); err != nil {
-		return err
-	}
-	s.models = modelsBody(pool.Models(), time.Now().Unix())
 	return nil
+}
+
+// setModels publishes the /v1/models body for pool.
+func (s *Server) setModels(pool *route.Pool) {
+	b := modelsBody(pool.Models(), time.Now().Unix())
+	s.models.Store(&b)
+}
+
+// workerState returns the proxy's state of worker w.
+func (s *Server) workerState(w *route.Worker) *workerState {
+	return (*s.workers.Load())[w.Index]
 }
 
 // Addr is the address the proxy listens on (the real port when configured with port 0).
@@ -250,6 +277,7 @@ func (s *Server) Close() error {
 	if s.closed.Swap(true) {
 		return nil
 	}
+	s.stopXDS()
 	s.stopTicker()
 	select {
 	case <-s.boot:
@@ -420,25 +448,37 @@ func modelsBody(models []string, created int64) []byte {
 	return b
 }
 
-// buildCodecs loads the tokenizer and chat template of every model the pool serves.
+// buildCodecs loads the tokenizer and chat template of every model the pool serves that has
+// none yet, and publishes the codecs (copy on write: loops read them without a lock). Only
+// one goroutine at a time builds: Start, or the control plane's updates.
 func (s *Server) buildCodecs(pool *route.Pool) error {
+	old := *s.codecs.Load()
+	next := make(map[string]*codec, len(old)+len(pool.Models())+1)
+	for m, c := range old {
+		next[m] = c
+	}
 	models := append([]string{""}, pool.Models()...)
 	for _, m := range models {
+		if next[m] != nil {
+			continue
+		}
 		c, err := newCodec(m, s.cfg.Tokenizer, s.cfg.ChatTemplate, s.cfg.TokenCacheTokens)
 		if err != nil {
 			return err
 		}
-		s.codecs[m] = c
+		next[m] = c
 	}
+	s.codecs.Store(&next)
 	return nil
 }
 
 // codecFor returns the codec of model, or the default one.
 func (s *Server) codecFor(model []byte) *codec {
-	if c, ok := s.codecs[string(model)]; ok {
+	codecs := *s.codecs.Load()
+	if c, ok := codecs[string(model)]; ok {
 		return c
 	}
-	return s.codecs[""]
+	return codecs[""]
 }
 
 // gnetLogger routes gnet's own logging into slog.

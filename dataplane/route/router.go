@@ -139,14 +139,26 @@ type Pool struct {
 	Workers []*Worker
 	byID    map[string]*Worker
 	models  []string
+	size    int
 }
 
 // NewPool numbers ws (setting each Index) and returns the pool. The pool owns ws.
 func NewPool(ws []*Worker) *Pool {
-	p := &Pool{Workers: ws, byID: make(map[string]*Worker, len(ws))}
-	seen := map[string]bool{}
 	for i, w := range ws {
 		w.Index = i
+	}
+	return NewPoolIndexed(ws)
+}
+
+// NewPoolIndexed returns a pool of ws keeping the Index each worker already has, so that a
+// proxy whose workers come and go (from a control plane) can keep per-worker state in
+// slices indexed by a position that never changes while the worker lives. Indexes must be
+// distinct and not negative; there may be holes. The pool owns ws.
+func NewPoolIndexed(ws []*Worker) *Pool {
+	p := &Pool{Workers: ws, byID: make(map[string]*Worker, len(ws))}
+	seen := map[string]bool{}
+	for _, w := range ws {
+		p.size = max(p.size, w.Index+1)
 		p.byID[w.ID] = w
 		if w.Model != "" && !seen[w.Model] {
 			seen[w.Model] = true
@@ -156,6 +168,9 @@ func NewPool(ws []*Worker) *Pool {
 	sort.Strings(p.models)
 	return p
 }
+
+// Size is one more than the largest worker Index: the length of slices indexed by Index.
+func (p *Pool) Size() int { return p.size }
 
 // Worker returns the worker with the given id, or nil.
 func (p *Pool) Worker(id string) *Worker { return p.byID[id] }
@@ -188,7 +203,7 @@ type Decision struct {
 // Router routes requests over the current pool with one policy. It is safe for concurrent
 // use by every event loop; SetPool swaps the pool atomically.
 type Router struct {
-	policy   *Policy
+	policy   atomic.Pointer[Policy]
 	index    prefix.Index
 	pool     atomic.Pointer[Pool]
 	sessions sessions
@@ -205,8 +220,9 @@ func NewRouter(cfg Config, pool *Pool, index prefix.Index) (*Router, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &Router{policy: p, index: index}
-	r.sessions.ttl = cfg.SessionTTL
+	r := &Router{index: index}
+	r.policy.Store(p)
+	r.sessions.ttl.Store(int64(cfg.SessionTTL))
 	r.sessions.m = make(map[string]session)
 	r.pool.Store(pool)
 	return r, nil
@@ -219,23 +235,40 @@ func (r *Router) Pool() *Pool { return r.pool.Load() }
 func (r *Router) SetPool(p *Pool) { r.pool.Store(p) }
 
 // Policy returns the router's policy.
-func (r *Router) Policy() *Policy { return r.policy }
+func (r *Router) Policy() *Policy { return r.policy.Load() }
+
+// SetPolicy replaces the policy (a control plane pushed a new one); requests being routed
+// finish with the old one. Sessions stay bound.
+func (r *Router) SetPolicy(cfg Config) error {
+	cfg = cfg.withDefaults()
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	p, err := NewPolicy(cfg)
+	if err != nil {
+		return err
+	}
+	r.policy.Store(p)
+	r.sessions.ttl.Store(int64(cfg.SessionTTL))
+	return nil
+}
 
 // Route picks the worker for req and fills d. It returns ErrNoWorker when no worker can
 // serve the request and ErrBusy when all that could are busy.
 func (r *Router) Route(req *Request, d *Decision) error {
 	*d = Decision{}
 	pool := r.pool.Load()
+	policy := r.policy.Load()
 	cur := pool.Workers
-	for _, f := range r.policy.Filters {
+	for _, f := range policy.Filters {
 		req.scratch = f.Filter(req, cur, req.scratch[:0])
 		cur, req.scratch, req.eligible = req.scratch, req.eligible[:0], req.scratch
 	}
 	if len(cur) == 0 {
 		return ErrNoWorker
 	}
-	if r.policy.Busy != (BusyFilter{}) {
-		req.scratch = r.policy.Busy.Filter(req, cur, req.scratch[:0])
+	if policy.Busy != (BusyFilter{}) {
+		req.scratch = policy.Busy.Filter(req, cur, req.scratch[:0])
 		cur, req.scratch, req.eligible = req.scratch, req.eligible[:0], req.scratch
 		if len(cur) == 0 {
 			return ErrBusy
@@ -243,18 +276,18 @@ func (r *Router) Route(req *Request, d *Decision) error {
 	}
 	ws := cur
 
-	if r.policy.UsesIndex && r.index != nil && len(req.Hashes) > 0 {
+	if policy.UsesIndex && r.index != nil && len(req.Hashes) > 0 {
 		var t0 time.Time
 		if req.Timed {
 			t0 = time.Now()
 		}
-		req.overlap = growFloat(req.overlap, len(pool.Workers))
+		req.overlap = growFloat(req.overlap, pool.size)
 		req.best = r.index.Match(req.Hashes, req.overlap)
 		if req.Timed {
 			d.Match = time.Since(t0)
 		}
 	} else {
-		req.overlap = growFloat(req.overlap, len(pool.Workers))
+		req.overlap = growFloat(req.overlap, pool.size)
 		req.best = 0
 	}
 	d.BestOverlap = req.best
@@ -278,16 +311,16 @@ func (r *Router) Route(req *Request, d *Decision) error {
 	}
 	var i int
 	switch {
-	case r.policy.Spread != nil && req.best < r.policy.CacheThreshold*float64(req.PromptBlocks(ws[0].BlockSize)):
-		i, d.Mode = r.policy.Spread.Pick(req, ws, nil), "spread"
-	case len(r.policy.Scorers) > 0:
+	case policy.Spread != nil && req.best < policy.CacheThreshold*float64(req.PromptBlocks(ws[0].BlockSize)):
+		i, d.Mode = policy.Spread.Pick(req, ws, nil), "spread"
+	case len(policy.Scorers) > 0:
 		req.costs = growFloat(req.costs, len(ws))
-		for _, s := range r.policy.Scorers {
+		for _, s := range policy.Scorers {
 			s.Score(req, ws, req.costs)
 		}
-		i, d.Mode = r.policy.Picker.Pick(req, ws, req.costs), "cost"
+		i, d.Mode = policy.Picker.Pick(req, ws, req.costs), "cost"
 	default:
-		i, d.Mode = r.policy.Picker.Pick(req, ws, nil), r.policy.Picker.Name()
+		i, d.Mode = policy.Picker.Pick(req, ws, nil), policy.Picker.Name()
 	}
 	if req.Timed {
 		d.Score = time.Since(t0)
@@ -303,7 +336,7 @@ func (r *Router) Route(req *Request, d *Decision) error {
 // sessions binds session ids to worker ids for a TTL after each use.
 type sessions struct {
 	mu  sync.Mutex
-	ttl time.Duration
+	ttl atomic.Int64 // nanoseconds
 	m   map[string]session
 }
 
@@ -331,7 +364,7 @@ func (s *sessions) put(id, worker string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if e, ok := s.m[id]; ok {
-		e.worker, e.expires = worker, now+int64(s.ttl)
+		e.worker, e.expires = worker, now+s.ttl.Load()
 		s.m[id] = e
 		return
 	}
@@ -345,5 +378,5 @@ func (s *sessions) put(id, worker string) {
 			return // full of live sessions: this one goes unbound
 		}
 	}
-	s.m[id] = session{worker: worker, expires: now + int64(s.ttl)}
+	s.m[id] = session{worker: worker, expires: now + s.ttl.Load()}
 }

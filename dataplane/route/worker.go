@@ -212,3 +212,11 @@ func (u *Usage) End() {
 
 // Worker is the worker the usage is accounted on, nil after End.
 func (u *Usage) Worker() *Worker { return u.w }
+
+// Own returns this proxy's own load on the worker, without what the engine or a control
+// plane reported: requests in flight, their uncached prompt tokens not yet past the first
+// token, and the KV blocks they hold or are predicted to hold. It is what a proxy reports
+// to its control plane.
+func (w *Worker) Own() (inflight, prefillTokens, decodeBlocks int64) {
+	return w.inflight.Load(), w.prefillTokens.Load(), w.decodeBlocks.Load()
+}

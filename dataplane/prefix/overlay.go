@@ -1,0 +1,44 @@
+package prefix
+
+import "sync"
+
+// Overlay answers Match with the larger of two indexes' overlaps, worker by worker. A proxy
+// fed by a control plane overlays its Replica (what the engines said they stored) with a
+// short-lived Approx of its own recent routing decisions: between routing a prompt and the
+// engine's BlockStored events (the prefill's duration plus the journal's delay) the replica
+// does not yet know where the prompt went, and a burst of requests sharing a new prefix
+// would otherwise spread over every worker.
+type Overlay struct {
+	Primary, Recent Index
+	scratch         sync.Pool // *[]float64
+}
+
+var _ Index = (*Overlay)(nil)
+
+// NewOverlay returns primary overlaid with recent.
+func NewOverlay(primary, recent Index) *Overlay {
+	o := &Overlay{Primary: primary, Recent: recent}
+	o.scratch.New = func() any { s := make([]float64, 0, 64); return &s }
+	return o
+}
+
+// Match implements Index.
+func (o *Overlay) Match(hashes []uint64, overlap []float64) float64 {
+	best := o.Primary.Match(hashes, overlap)
+	sp := o.scratch.Get().(*[]float64)
+	defer o.scratch.Put(sp)
+	if cap(*sp) < len(overlap) {
+		*sp = make([]float64, len(overlap))
+	}
+	recent := (*sp)[:len(overlap)]
+	if o.Recent.Match(hashes, recent) == 0 {
+		return best
+	}
+	for i, r := range recent {
+		if r > overlap[i] {
+			overlap[i] = r
+			best = max(best, r)
+		}
+	}
+	return best
+}

@@ -1,0 +1,294 @@
+package proxy
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"os"
+	"strconv"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/kvrelay/kvrelay/dataplane/prefix"
+	"github.com/kvrelay/kvrelay/dataplane/route"
+	xdsv1 "github.com/kvrelay/kvrelay/xds/api/v1"
+	"github.com/kvrelay/kvrelay/xds/blockset"
+	"github.com/kvrelay/kvrelay/xds/client"
+	"github.com/kvrelay/kvrelay/xds/journal"
+)
+
+// xdsState is what a proxy fed by a control plane keeps beside its routing state: the gRPC
+// connection its three streams share (workers and policy over delta ADS, the index journal,
+// load reports), the index replica, and the stable position of every worker id it has seen.
+//
+// Nothing here is on the request path: the streams update the routers' pools, the workers'
+// reported load and the replica, which the event loops read without waiting on the control
+// plane. When the control plane is away the last state stays in force.
+type xdsState struct {
+	conn     *grpc.ClientConn
+	ads      *client.Client
+	journal  *journal.Client
+	reporter *client.Reporter
+	replica  *prefix.Replica
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
+
+	mu            sync.Mutex     // one update at a time
+	pos           map[string]int // worker id → route.Worker.Index, for the process's life
+	policyVersion uint64
+	updates       uint64
+}
+
+// setupXDS builds empty routers over the replica and starts following the control plane.
+func (s *Server) setupXDS(ctx context.Context) error {
+	nodeID := s.cfg.NodeID
+	if nodeID == "" {
+		host, _ := os.Hostname()
+		nodeID = host + "-" + strconv.Itoa(os.Getpid())
+	}
+	// With a control plane, the proxy's own index only remembers recent decisions.
+	s.index = prefix.NewApprox(prefix.ApproxConfig{MaxBlocks: s.cfg.IndexBlocks, TTL: s.cfg.RecentTTL})
+	x := &xdsState{replica: prefix.NewReplica(blockset.DefaultWeights), pos: map[string]int{}}
+	pool := route.NewPoolIndexed(nil)
+	if err := s.buildRouters(pool, prefix.NewOverlay(x.replica, s.index)); err != nil {
+		return err
+	}
+	if err := s.buildCodecs(pool); err != nil {
+		return err
+	}
+	s.setModels(pool)
+
+	conn, err := client.Dial(s.cfg.XDS)
+	if err != nil {
+		return err
+	}
+	x.conn = conn
+	x.ads, err = client.New(conn, client.Options{
+		NodeID:         nodeID,
+		OnUpdate:       s.applyXDS,
+		ValidateWorker: s.checkWorker,
+	})
+	if err != nil {
+		conn.Close()
+		return err
+	}
+	x.journal = journal.NewClient(conn, journal.ClientOptions{
+		NodeID:  nodeID,
+		OnError: func(err error) { s.log.Debug("index journal stream ended", "err", err) },
+	})
+	x.reporter, err = client.NewReporter(conn, client.ReporterOptions{NodeID: nodeID, Snapshot: s.ownLoad, Interval: 100 * time.Millisecond})
+	if err != nil {
+		conn.Close()
+		return err
+	}
+	s.xds = x
+	runCtx, cancel := context.WithCancel(context.Background())
+	x.cancel = cancel
+	x.wg.Add(3)
+	go func() { defer x.wg.Done(); _ = x.ads.Run(runCtx) }()
+	go func() { defer x.wg.Done(); _ = x.journal.Run(runCtx, x.replica) }()
+	go func() { defer x.wg.Done(); _ = x.reporter.Run(runCtx) }()
+
+	if s.cfg.XDSSyncTimeout > 0 {
+		t := time.NewTimer(s.cfg.XDSSyncTimeout)
+		defer t.Stop()
+		select {
+		case <-x.ads.Synced():
+			s.log.Info("control plane synced", "xds", s.cfg.XDS, "node", nodeID, "workers", len(s.kv.Pool().Workers))
+		case <-t.C:
+			s.log.Warn("no answer from the control plane yet; serving 503 until workers arrive", "xds", s.cfg.XDS, "node", nodeID)
+		case <-ctx.Done():
+			s.stopXDS()
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// stopXDS stops following the control plane.
+func (s *Server) stopXDS() {
+	if x := s.xds; x != nil && x.cancel != nil {
+		x.cancel()
+		x.wg.Wait()
+		x.conn.Close()
+		x.cancel = nil
+	}
+}
+
+// checkWorker is the proxy's own check of a pushed worker, on top of xds.ValidateWorker.
+func (s *Server) checkWorker(w *xdsv1.Worker) error {
+	u, err := url.Parse(w.GetUrl())
+	if err != nil || u.Scheme != "http" || u.Host == "" || (u.Path != "" && u.Path != "/") {
+		return fmt.Errorf("worker %s: url %q is not http://host:port", w.GetId(), w.GetUrl())
+	}
+	if bs := int(w.GetBlockSize()); bs != 0 && bs != s.cfg.BlockSize {
+		return fmt.Errorf("worker %s: block size %d differs from the proxy's %d (its prompt hashes would never match; run the proxy with --block-size %d)", w.GetId(), bs, s.cfg.BlockSize, bs)
+	}
+	return nil
+}
+
+// applyXDS installs the control plane's state: the pool of workers (keeping the Worker, and
+// so the load and connections, of each that did not change), their health and reported
+// load, the replica's slots, the codecs of new models and the routing policy. Called by the
+// ADS client, one call at a time.
+func (s *Server) applyXDS(workers []*xdsv1.Worker, policy *xdsv1.RoutingPolicy) {
+	x := s.xds
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.updates++
+
+	states := append([]*workerState(nil), *s.workers.Load()...)
+	present := make([]*route.Worker, 0, len(workers))
+	var slots []int
+	for _, res := range workers {
+		id := res.GetId()
+		pos, ok := x.pos[id]
+		if !ok {
+			pos = len(x.pos)
+			x.pos[id] = pos
+		}
+		for len(states) <= pos {
+			states = append(states, nil)
+		}
+		host := upstreamHost(res.GetUrl())
+		want := route.Worker{
+			ID: id, Index: pos, URL: "http://" + host, Addr: host, Model: res.GetModel(),
+			Role: route.Role(res.GetRole()), BlockSize: s.cfg.BlockSize, Capacity: int(res.GetCapacityBlocks()),
+		}
+		st := states[pos]
+		if st == nil || !sameIdentity(st.w, &want) {
+			w := &route.Worker{ID: want.ID, Index: pos, URL: want.URL, Addr: want.Addr, Model: want.Model, Role: want.Role, BlockSize: want.BlockSize, Capacity: want.Capacity}
+			m := (*workerMetrics)(nil)
+			if st != nil {
+				m = st.m
+			} else {
+				m = s.metrics.forWorker(id)
+			}
+			st = &workerState{w: w, m: m}
+			states[pos] = st
+		}
+		w := st.w
+		w.SetDraining(res.GetDraining() || !res.GetHealthy())
+		w.SetReported(reportedLoad(w, res.GetLoad()))
+		present = append(present, w)
+		for len(slots) <= pos {
+			slots = append(slots, -1)
+		}
+		slots[pos] = int(res.GetSlot())
+	}
+	pool := route.NewPoolIndexed(present)
+	for len(slots) < pool.Size() {
+		slots = append(slots, -1)
+	}
+	// States first: a loop that sees the new pool must find every worker's state.
+	s.workers.Store(&states)
+	x.replica.SetSlots(slots)
+	if err := s.buildCodecs(pool); err != nil {
+		s.log.Error("loading the tokenizer of a pushed model; its prompts route by load", "err", err)
+	}
+	s.setModels(pool)
+	s.kv.SetPool(pool)
+	s.load.SetPool(pool)
+
+	if policy != nil && policy.GetVersion() != x.policyVersion {
+		cfg := s.cfg.routeConfig()
+		cfg.Policy = policy.GetPolicy()
+		cfg.OverlapWeight = policy.GetOverlapWeight()
+		cfg.Temperature = policy.GetTemperature()
+		cfg.CacheThreshold = policy.GetCacheThreshold()
+		cfg.Busy = route.BusyFilter{
+			MaxPrefillTokens: int64(policy.GetBusyPrefillTokens()),
+			MaxDecodeBlocks:  int64(policy.GetBusyDecodeBlocks()),
+			MaxKVFraction:    policy.GetBusyKvFraction(),
+		}
+		if ttl := policy.GetSessionTtlMs(); ttl > 0 {
+			cfg.SessionTTL = time.Duration(ttl) * time.Millisecond
+		}
+		if err := s.kv.SetPolicy(cfg); err != nil {
+			// xds.ValidatePolicy passed it, so this is a policy this proxy does not know.
+			s.log.Error("pushed routing policy not applied", "version", policy.GetVersion(), "err", err)
+		} else {
+			x.policyVersion = policy.GetVersion()
+			if tw := policy.GetTierWeights(); len(tw) > 0 {
+				w := blockset.DefaultWeights
+				copy(w[:], tw)
+				x.replica.SetWeights(w)
+			}
+			if cfg.Policy == route.PolicyRoundRobin || cfg.Policy == route.PolicyRandom {
+				_ = s.load.SetPolicy(cfg)
+			} else {
+				lc := cfg
+				lc.Policy = route.PolicyLeastLoaded
+				_ = s.load.SetPolicy(lc)
+			}
+			s.log.Info("routing policy applied", "version", x.policyVersion, "policy", cfg.Policy)
+		}
+	}
+}
+
+// sameIdentity reports whether two workers are the same engine to route to.
+func sameIdentity(a, b *route.Worker) bool {
+	return a.ID == b.ID && a.URL == b.URL && a.Model == b.Model && a.Role == b.Role && a.BlockSize == b.BlockSize && a.Capacity == b.Capacity
+}
+
+// reportedLoad turns a pushed load into the router's Reported, taking this proxy's own
+// requests out of the fleet-wide in-flight sums (the router adds its own back).
+func reportedLoad(w *route.Worker, l *xdsv1.Load) *route.Reported {
+	if l == nil {
+		return nil
+	}
+	_, prefill, decode := w.Own()
+	return &route.Reported{
+		Running:       int(l.GetRunning()),
+		Waiting:       int(l.GetWaiting()),
+		KVUsage:       l.GetKvUsage(),
+		PrefillTokens: int(max(0, int64(l.GetPrefillTokens())-prefill)),
+		DecodeBlocks:  int(max(0, int64(l.GetDecodeBlocks())-decode)),
+	}
+}
+
+// ownLoad is the load report: this proxy's requests in flight per worker.
+func (s *Server) ownLoad() []*xdsv1.WorkerLoad {
+	pool := s.kv.Pool()
+	out := make([]*xdsv1.WorkerLoad, 0, len(pool.Workers))
+	for _, w := range pool.Workers {
+		inflight, prefill, decode := w.Own()
+		if inflight == 0 && prefill == 0 && decode == 0 {
+			continue
+		}
+		out = append(out, &xdsv1.WorkerLoad{WorkerId: w.ID, Inflight: uint32(inflight), PrefillTokens: uint64(max(prefill, 0)), DecodeBlocks: uint64(max(decode, 0))})
+	}
+	return out
+}
+
+// XDSStats says how the proxy follows its control plane; ok is false without one.
+type XDSStats struct {
+	ADS     client.Stats
+	Journal journal.ClientStats
+	Reports uint64
+	// Blocks is the number of distinct blocks in the index replica.
+	Blocks        int
+	PolicyVersion uint64
+}
+
+// XDSStats returns the proxy's control-plane counters.
+func (s *Server) XDSStats() (XDSStats, bool) {
+	x := s.xds
+	if x == nil {
+		return XDSStats{}, false
+	}
+	x.mu.Lock()
+	v := x.policyVersion
+	x.mu.Unlock()
+	return XDSStats{ADS: x.ads.Stats(), Journal: x.journal.Stats(), Reports: x.reporter.Sent(), Blocks: x.replica.Len(), PolicyVersion: v}, true
+}
+
+// Replica returns the proxy's index replica (nil without a control plane).
+func (s *Server) Replica() *prefix.Replica {
+	if s.xds == nil {
+		return nil
+	}
+	return s.xds.replica
+}
