@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Regenerates xds/api/v1's Go code from kvrelay.proto. Needs protoc (Debian's
+# Regenerates the Go code of the protobuf packages (xds/api/v1's kvrelay.proto, the operator
+# API's controlplane/api/v1/operator.proto), or only of the package directories given as
+# arguments, relative to the repository root. Needs protoc (Debian's
 # protobuf-compiler, installed here when missing and running as root) and installs the Go
 # plugins at pinned versions into hack/bin.
 set -euo pipefail
@@ -16,8 +18,14 @@ if ! command -v protoc >/dev/null 2>&1; then
 fi
 [ -x "$bin/protoc-gen-go" ] || GOBIN=$bin go install google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
 [ -x "$bin/protoc-gen-go-grpc" ] || GOBIN=$bin go install google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.6.2
-cd "$root/xds/api/v1"
-PATH=$bin:$PATH protoc --proto_path=. \
-  --go_out=. --go_opt=paths=source_relative \
-  --go-grpc_out=. --go-grpc_opt=paths=source_relative \
-  kvrelay.proto
+dirs=("$@")
+[ ${#dirs[@]} -gt 0 ] || dirs=(xds/api/v1 controlplane/api/v1)
+for dir in "${dirs[@]}"; do
+  (
+    cd "$root/$dir"
+    PATH=$bin:$PATH protoc --proto_path=. \
+      --go_out=. --go_opt=paths=source_relative \
+      --go-grpc_out=. --go-grpc_opt=paths=source_relative \
+      ./*.proto
+  )
+done
