@@ -1,0 +1,107 @@
+package api
+
+import (
+	"context"
+	"slices"
+
+	operatorv1 "github.com/kvrelay/kvrelay/controlplane/api/v1"
+)
+
+// ops are the operations both transports serve, after authentication: the checks this
+// package makes before the Backend, and nil results replaced by empty messages so that
+// both transports can always marshal what they return. Errors are returned unmapped.
+type ops struct{ b Backend }
+
+func (o ops) listWorkers(ctx context.Context) (*operatorv1.ListWorkersResponse, error) {
+	ws, err := o.b.ListWorkers(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &operatorv1.ListWorkersResponse{Workers: dropNil(ws)}, nil
+}
+
+func (o ops) getWorker(ctx context.Context, id string) (*operatorv1.Worker, error) {
+	if id == "" {
+		return nil, invalidf("missing worker id")
+	}
+	return orEmpty(o.b.GetWorker(ctx, id))
+}
+
+func (o ops) upsertWorker(ctx context.Context, spec *operatorv1.WorkerSpec) (*operatorv1.Worker, error) {
+	if spec == nil {
+		return nil, invalidf("missing worker spec")
+	}
+	if spec.GetId() == "" {
+		return nil, invalidf("worker spec: missing id")
+	}
+	spec.Source = ""
+	return orEmpty(o.b.UpsertWorker(ctx, spec))
+}
+
+func (o ops) removeWorker(ctx context.Context, id string) (*operatorv1.RemoveWorkerResponse, error) {
+	if id == "" {
+		return nil, invalidf("missing worker id")
+	}
+	if err := o.b.RemoveWorker(ctx, id); err != nil {
+		return nil, err
+	}
+	return &operatorv1.RemoveWorkerResponse{}, nil
+}
+
+func (o ops) setDraining(ctx context.Context, id string, draining bool) (*operatorv1.Worker, error) {
+	if id == "" {
+		return nil, invalidf("missing worker id")
+	}
+	return orEmpty(o.b.SetDraining(ctx, id, draining))
+}
+
+func (o ops) getPolicy(ctx context.Context) (*operatorv1.Policy, error) {
+	return orEmpty(o.b.GetPolicy(ctx))
+}
+
+func (o ops) setPolicy(ctx context.Context, p *operatorv1.Policy) (*operatorv1.Policy, error) {
+	if p == nil {
+		return nil, invalidf("missing policy")
+	}
+	p.Version = 0
+	return orEmpty(o.b.SetPolicy(ctx, p))
+}
+
+func (o ops) getIndex(ctx context.Context) (*operatorv1.Index, error) {
+	return orEmpty(o.b.GetIndex(ctx))
+}
+
+func (o ops) listProxies(ctx context.Context) (*operatorv1.ListProxiesResponse, error) {
+	ps, err := o.b.ListProxies(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &operatorv1.ListProxiesResponse{Proxies: dropNil(ps)}, nil
+}
+
+// orEmpty passes a Backend's result on, a new T in place of a nil one.
+func orEmpty[T any, P interface{ *T }](m P, err error) (P, error) {
+	if err != nil {
+		return nil, err
+	}
+	if m == nil {
+		m = new(T)
+	}
+	return m, nil
+}
+
+// dropNil returns s without its nil entries, which neither transport can marshal. It does
+// not modify s.
+func dropNil[P interface{ comparable }](s []P) []P {
+	var zero P
+	if !slices.Contains(s, zero) {
+		return s
+	}
+	out := make([]P, 0, len(s))
+	for _, m := range s {
+		if m != zero {
+			out = append(out, m)
+		}
+	}
+	return out
+}
