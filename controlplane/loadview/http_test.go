@@ -394,7 +394,10 @@ func TestCollector(t *testing.T) {
 	f := newFakeEngine(t, body("garbage\n"))
 	v := newView(t, testOptions())
 	v.Sync([]Target{{ID: "w", URL: f.URL, Engine: engines.KindVLLM}})
-	eventually(t, 5*time.Second, "a failed scrape", func() bool { return v.Stats()["w"].ScrapeFailures > 0 })
+	eventually(t, 5*time.Second, "a failed scrape and a healthy probe", func() bool {
+		s := v.Stats()["w"]
+		return s.ScrapeFailures > 0 && s.Healthy
+	})
 	reg := prometheus.NewPedanticRegistry()
 	if err := reg.Register(v); err != nil {
 		t.Fatal(err)
@@ -419,5 +422,22 @@ func TestCollector(t *testing.T) {
 	if got["kvrelay_loadview_healthy"] != 1 || got["kvrelay_loadview_scrape_failures_total"] < 1 ||
 		got["kvrelay_loadview_scrapes_total"] < got["kvrelay_loadview_scrape_failures_total"] {
 		t.Errorf("metrics %v", got)
+	}
+}
+
+// TestNowStampsStates uses the configured clock for ObservedAt and CheckedAt.
+func TestNowStampsStates(t *testing.T) {
+	at := time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)
+	f := newFakeEngine(t, body(vllmBody))
+	opts := testOptions()
+	opts.Now = func() time.Time { return at }
+	v := newView(t, opts)
+	v.Sync([]Target{{ID: "w", URL: f.URL + "/", Engine: engines.KindVLLM}})
+	eventually(t, 5*time.Second, "healthy", func() bool { s, _ := v.Get("w"); return s.Healthy })
+	if s, _ := v.Get("w"); !s.ObservedAt.Equal(at) || !s.CheckedAt.Equal(at) {
+		t.Errorf("stamped %v / %v, want %v", s.ObservedAt, s.CheckedAt, at)
+	}
+	if ids := v.IDs(); len(ids) != 1 || ids[0] != "w" {
+		t.Errorf("IDs %v", ids)
 	}
 }
