@@ -3,7 +3,6 @@ package loadview
 import (
 	"context"
 	"log/slog"
-	"net"
 	"testing"
 	"time"
 
@@ -123,18 +122,6 @@ func eventually(t testing.TB, timeout time.Duration, what string, cond func() bo
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
-}
-
-// freePort reserves nothing: it returns an address that was free a moment ago.
-func freePort(t testing.TB) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	_ = ln.Close()
-	return addr
 }
 
 // drain empties the Changed channel.
