@@ -449,7 +449,7 @@ func (b errBackend) GetPolicy(context.Context) (*operatorv1.Policy, error) { ret
 func (b errBackend) SetPolicy(context.Context, *operatorv1.Policy) (*operatorv1.Policy, error) {
 	return nil, b.err
 }
-func (b errBackend) GetIndex(context.Context) (*operatorv1.Index, error)       { return nil, b.err }
+func (b errBackend) GetIndex(context.Context) (*operatorv1.Index, error)      { return nil, b.err }
 func (b errBackend) ListProxies(context.Context) ([]*operatorv1.Proxy, error) { return nil, b.err }
 
 func TestErrorMapping(t *testing.T) {
