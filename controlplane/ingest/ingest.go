@@ -61,6 +61,9 @@ type Stats struct {
 	ReplayedBatches   atomic.Uint64
 	Restarts, Stale   atomic.Uint64
 	LastEventUnixNano atomic.Int64
+	// CaughtUp is set once the subscriber has asked the engine to replay what it buffers
+	// (or has no replay endpoint): the index then holds what the engine has announced.
+	CaughtUp atomic.Bool
 }
 
 // NewManager returns a manager feeding index and log.
@@ -163,6 +166,12 @@ func (m *Manager) run(ctx context.Context, s *subscription) {
 	}
 	s.sub = sub
 	w := &follower{m: m, s: s}
+	// A control plane that starts (or restarts) after its engines rebuilds their part of the
+	// index at once from what they buffer for replay, rather than at their next event.
+	if s.ep.Replay != "" {
+		w.catchUp()
+	}
+	s.stats.CaughtUp.Store(true)
 	for ctx.Err() == nil {
 		if err := sub.Run(ctx, w.emit); err != nil {
 			m.lg.Warn("kv event subscriber stopped; retrying", "worker", s.ep.WorkerID, "err", err)
@@ -180,6 +189,9 @@ type follower struct {
 	s       *subscription
 	last    uint64
 	started bool
+	// fresh is true after catchUp until the first live batch: live batches the replay
+	// already covered are skipped, not taken for an engine restart.
+	fresh   bool
 	changed []kvindex.Change
 	changes []journal.Change
 }
@@ -188,6 +200,8 @@ func (f *follower) emit(seq uint64, b *kvevents.Batch) {
 	st := f.s.stats
 	st.LastEventUnixNano.Store(time.Now().UnixNano())
 	switch {
+	case f.fresh && seq <= f.last:
+		return // already applied from the replay
 	case !f.started:
 		// The control plane may have started after the engine: what the engine still
 		// buffers for replay rebuilds the index from before this batch.
@@ -209,8 +223,29 @@ func (f *follower) emit(seq uint64, b *kvevents.Batch) {
 			f.m.drop(f.s.ep.WorkerID, false)
 		}
 	}
+	f.fresh = false
 	f.apply(b)
 	f.last = seq
+}
+
+// catchUp applies everything the engine buffers for replay, before any live batch.
+func (f *follower) catchUp() {
+	st := f.s.stats
+	st.Replays.Add(1)
+	ctx, cancel := context.WithTimeout(f.m.ctx, 2*time.Second)
+	defer cancel()
+	got, err := kvevents.Replay(ctx, f.s.ep.Replay, 0)
+	if err != nil {
+		f.m.lg.Debug("kv event replay at start failed; the index follows new events", "worker", f.s.ep.WorkerID, "err", err)
+	}
+	for i := range got {
+		if f.started && got[i].Seq <= f.last {
+			continue
+		}
+		f.apply(&got[i].Batch)
+		st.ReplayedBatches.Add(1)
+		f.last, f.started, f.fresh = got[i].Seq, true, true
+	}
 }
 
 // replay fetches the batches [from, until) from the worker's replay endpoint and applies

@@ -17,14 +17,15 @@ import (
 type Replica struct {
 	mu      sync.RWMutex
 	set     blockset.Set
+	next    *blockset.Set // a snapshot being received, swapped in when complete
 	weights blockset.Weights
 	slots   []int     // pool position → slot (-1: none)
 	pool    sync.Pool // []float64 scratch for concurrent Match calls
 }
 
 var (
-	_ Index        = (*Replica)(nil)
-	_ journal.Sink = (*Replica)(nil)
+	_ Index                = (*Replica)(nil)
+	_ journal.SnapshotSink = (*Replica)(nil)
 )
 
 // NewReplica returns an empty replica scoring tiers with w.
@@ -49,10 +50,20 @@ func (r *Replica) SetSlots(slots []int) {
 	r.mu.Unlock()
 }
 
-// Reset implements journal.Sink.
+// Reset implements journal.Sink: a snapshot follows. It is built aside while Match keeps
+// answering from the current state, and replaces it at SnapshotDone.
 func (r *Replica) Reset() {
 	r.mu.Lock()
-	r.set = blockset.Set{}
+	r.next = &blockset.Set{}
+	r.mu.Unlock()
+}
+
+// SnapshotDone implements journal.SnapshotSink: the snapshot is complete and takes over.
+func (r *Replica) SnapshotDone() {
+	r.mu.Lock()
+	if r.next != nil {
+		r.set, r.next = *r.next, nil
+	}
 	r.mu.Unlock()
 }
 
@@ -60,14 +71,18 @@ func (r *Replica) Reset() {
 func (r *Replica) Apply(cs []journal.Change) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	set := &r.set
+	if r.next != nil {
+		set = r.next
+	}
 	for _, c := range cs {
 		switch c.Op {
 		case journal.Stored:
-			r.set.Add(c.Seq, int(c.Slot), c.Tier)
+			set.Add(c.Seq, int(c.Slot), c.Tier)
 		case journal.Removed:
-			r.set.Remove(c.Seq, int(c.Slot), c.Tier)
+			set.Remove(c.Seq, int(c.Slot), c.Tier)
 		case journal.Cleared:
-			r.set.ClearSlot(int(c.Slot), nil)
+			set.ClearSlot(int(c.Slot), nil)
 		}
 	}
 }

@@ -28,9 +28,16 @@ func TestReplicaMapsSlotsToPoolPositions(t *testing.T) {
 	if r.Match(c, overlap); overlap[2] != 0 || overlap[0] != 0 {
 		t.Fatalf("after clear and removal: %v", overlap)
 	}
+	// A snapshot is built aside: until it is complete, Match answers from the old state.
+	r.Apply([]journal.Change{{Seq: c[0], Slot: 3, Tier: blockset.Host, Op: journal.Stored}})
 	r.Reset()
-	if r.Len() != 0 {
-		t.Fatal("reset must empty the replica")
+	r.Apply([]journal.Change{{Seq: c[0], Slot: 9, Op: journal.Stored}})
+	if r.Match(c, overlap); overlap[0] != 1.5 || overlap[2] != 0 {
+		t.Fatalf("during a snapshot: %v, want the state before it", overlap)
+	}
+	r.SnapshotDone()
+	if r.Match(c, overlap); overlap[0] != 0 || overlap[2] != 1 || r.Len() != 1 {
+		t.Fatalf("after the snapshot: %v (len %d), want only the snapshot's block", overlap, r.Len())
 	}
 	if a := testing.AllocsPerRun(50, func() { r.Match(c, overlap) }); a != 0 {
 		t.Fatalf("Match allocates %.1f", a)

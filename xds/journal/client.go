@@ -22,6 +22,14 @@ type Sink interface {
 	Apply(cs []Change)
 }
 
+// SnapshotSink is a Sink that wants to know when a snapshot is complete: between Reset and
+// SnapshotDone it may build the new state aside and keep answering from the old one, so a
+// proxy resyncing with a restarted control plane never routes on a half-sent index.
+type SnapshotSink interface {
+	Sink
+	SnapshotDone()
+}
+
 // ClientOptions configure a Client.
 type ClientOptions struct {
 	// NodeID names the proxy to the control plane.
@@ -156,6 +164,9 @@ func (c *Client) stream(ctx context.Context, sink Sink) error {
 				continue
 			}
 			inSnapshot = false
+			if ss, ok := sink.(SnapshotSink); ok {
+				ss.SnapshotDone()
+			}
 		}
 		c.next = b.Next
 		c.synced.Store(true)

@@ -25,6 +25,10 @@ type ServerOptions struct {
 	Linger time.Duration
 	// SnapshotBatch bounds the entries in one snapshot message (default 65536).
 	SnapshotBatch int
+	// Ready, when set, holds every stream until it is closed: a control plane that just
+	// started closes it once its index has caught up with the engines (replay), so that
+	// proxies resyncing after a restart are not sent a snapshot of an index still empty.
+	Ready <-chan struct{}
 }
 
 // Server streams a Log to proxies: the IndexJournal service. It is safe for concurrent use;
@@ -106,6 +110,13 @@ func (s *Server) Stream(stream xdsv1.IndexJournal_StreamServer) error {
 	}
 	if first.NodeId == "" {
 		return status.Error(codes.InvalidArgument, "journal stream: the first message must carry a node id")
+	}
+	if s.opts.Ready != nil {
+		select {
+		case <-s.opts.Ready:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 	}
 	n := s.node(first.NodeId)
 	s.update(n, func(n *NodeState) { n.Connected = true })
