@@ -1,0 +1,531 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+
+	operatorv1 "github.com/kvrelay/kvrelay/controlplane/api/v1"
+)
+
+// ctlTokenEnv holds the operator API token when --token-file is not given.
+const ctlTokenEnv = "KVRELAY_API_TOKEN"
+
+// ctlOptions are the flags every ctl subcommand shares.
+type ctlOptions struct {
+	api       string
+	tokenFile string
+	output    string
+	timeout   time.Duration
+}
+
+func newCtlCmd() *cobra.Command {
+	o := &ctlOptions{}
+	cmd := &cobra.Command{
+		Use:   "ctl",
+		Short: "Inspect and change a running control plane through its operator API",
+		Long: `ctl talks to the control plane's operator API (JSON over HTTP on its --api-listen
+address): workers, drain and undrain, the routing policy, the KV index and the connected
+proxies. Calls that change something need the control plane's token, read from --token-file
+or from $` + ctlTokenEnv + `; reads need it too unless the control plane listens on loopback.
+
+  kvrelay ctl workers
+  kvrelay ctl workers add 'id=w5,url=http://127.0.0.1:8005,kv-events=tcp://127.0.0.1:5565,engine=sim'
+  kvrelay ctl drain w5
+  kvrelay ctl policy set --temperature 0.1 --cache-threshold 0.4
+  kvrelay ctl index -o json`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
+	}
+	pf := cmd.PersistentFlags()
+	pf.StringVar(&o.api, "api", "127.0.0.1:18080", "control plane's operator API: host:port or a URL (https://…)")
+	pf.StringVar(&o.tokenFile, "token-file", "", "file holding the API token (default: $"+ctlTokenEnv+")")
+	pf.StringVarP(&o.output, "output", "o", "table", "output format: table or json")
+	pf.DurationVar(&o.timeout, "timeout", 10*time.Second, "how long a call may take")
+	cmd.AddCommand(ctlWorkersCmd(o), ctlDrainCmd(o, true), ctlDrainCmd(o, false), ctlPolicyCmd(o),
+		ctlIndexCmd(o), ctlProxiesCmd(o))
+	return cmd
+}
+
+func ctlWorkersCmd(o *ctlOptions) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "workers",
+		Short: "List the workers with their health, load, indexed blocks and KV event counters",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := o.client(cmd)
+			if err != nil {
+				return err
+			}
+			var l operatorv1.ListWorkersResponse
+			if err := c.call(cmd.Context(), http.MethodGet, "/v1/workers", nil, &l); err != nil {
+				return err
+			}
+			return c.print(&l, func(w io.Writer) { ctlWorkerTable(w, l.Workers...) })
+		},
+	}
+	get := &cobra.Command{
+		Use:   "get ID",
+		Short: "Show one worker",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return o.workerCall(cmd, http.MethodGet, ctlWorkerPath(args[0], ""), nil)
+		},
+	}
+	add := &cobra.Command{
+		Use:   "add SPEC",
+		Short: "Add a worker, or replace the spec of the one with its id",
+		Long: `add registers a worker through the API. SPEC is the --worker form of the control plane:
+comma-separated key=value pairs with the keys id and url (both required), model, role
+(both, prefill, decode), block-size, kv-events, kv-events-bind, kv-events-replay, metrics and
+engine (vllm, sglang, trtllm, sim).`,
+		Example: "  kvrelay ctl workers add 'id=w5,url=http://127.0.0.1:8005,kv-events=tcp://127.0.0.1:5565,engine=sim'",
+		Args:    cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			spec, err := parseCtlWorkerSpec(args[0])
+			if err != nil {
+				return err
+			}
+			return o.workerCall(cmd, http.MethodPut, ctlWorkerPath(spec.Id, ""), spec)
+		},
+	}
+	rm := &cobra.Command{
+		Use:     "rm ID",
+		Aliases: []string{"remove"},
+		Short:   "Remove a worker added through the API",
+		Args:    cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := o.client(cmd)
+			if err != nil {
+				return err
+			}
+			var r operatorv1.RemoveWorkerResponse
+			if err := c.call(cmd.Context(), http.MethodDelete, ctlWorkerPath(args[0], ""), nil, &r); err != nil {
+				return err
+			}
+			return c.print(&r, func(w io.Writer) { fmt.Fprintf(w, "removed %s\n", args[0]) })
+		},
+	}
+	cmd.AddCommand(get, add, rm)
+	return cmd
+}
+
+func ctlDrainCmd(o *ctlOptions, drain bool) *cobra.Command {
+	verb, short := "drain", "Keep new requests away from a worker (requests in flight finish)"
+	if !drain {
+		verb, short = "undrain", "Let new requests reach a drained worker again"
+	}
+	return &cobra.Command{
+		Use:   verb + " ID",
+		Short: short,
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return o.workerCall(cmd, http.MethodPost, ctlWorkerPath(args[0], verb), nil)
+		},
+	}
+}
+
+// workerCall makes a call that answers a Worker and prints it.
+func (o *ctlOptions) workerCall(cmd *cobra.Command, method, path string, body proto.Message) error {
+	c, err := o.client(cmd)
+	if err != nil {
+		return err
+	}
+	var w operatorv1.Worker
+	if err := c.call(cmd.Context(), method, path, body, &w); err != nil {
+		return err
+	}
+	return c.print(&w, func(out io.Writer) { ctlWorkerTable(out, &w) })
+}
+
+func ctlWorkerPath(id, action string) string {
+	p := "/v1/workers/" + url.PathEscape(id)
+	if action != "" {
+		p += "/" + action
+	}
+	return p
+}
+
+func ctlPolicyCmd(o *ctlOptions) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "policy",
+		Short: "Show the routing policy the proxies apply",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := o.client(cmd)
+			if err != nil {
+				return err
+			}
+			var p operatorv1.Policy
+			if err := c.call(cmd.Context(), http.MethodGet, "/v1/policy", nil, &p); err != nil {
+				return err
+			}
+			return c.print(&p, func(w io.Writer) { ctlPolicyTable(w, &p) })
+		},
+	}
+	var (
+		policy                                  string
+		overlap, temperature, threshold, busyKV float64
+		tierWeights                             []float64
+		busyPrefill, busyDecode                 uint64
+		sessionTTL                              time.Duration
+	)
+	set := &cobra.Command{
+		Use:   "set",
+		Short: "Change the routing policy: only the flags given change",
+		Long: `set reads the current policy, changes the fields whose flags are given, and stores the
+result as a new version, which the control plane pushes to every proxy.`,
+		Example: "  kvrelay ctl policy set --policy kv --overlap-weight 1 --temperature 0 --cache-threshold 0.3",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			fs := cmd.Flags()
+			changed := false
+			fs.VisitAll(func(f *pflag.Flag) {
+				if f.Changed && !slices.Contains(ctlGlobalFlags, f.Name) {
+					changed = true
+				}
+			})
+			if !changed {
+				return errors.New("policy set: nothing to change (see --help for the flags)")
+			}
+			c, err := o.client(cmd)
+			if err != nil {
+				return err
+			}
+			var p operatorv1.Policy
+			if err := c.call(cmd.Context(), http.MethodGet, "/v1/policy", nil, &p); err != nil {
+				return err
+			}
+			if fs.Changed("policy") {
+				p.Policy = policy
+			}
+			if fs.Changed("overlap-weight") {
+				p.OverlapWeight = overlap
+			}
+			if fs.Changed("temperature") {
+				p.Temperature = temperature
+			}
+			if fs.Changed("cache-threshold") {
+				p.CacheThreshold = threshold
+			}
+			if fs.Changed("tier-weights") {
+				p.TierWeights = tierWeights
+			}
+			if fs.Changed("busy-prefill-tokens") {
+				p.BusyPrefillTokens = busyPrefill
+			}
+			if fs.Changed("busy-decode-blocks") {
+				p.BusyDecodeBlocks = busyDecode
+			}
+			if fs.Changed("busy-kv-fraction") {
+				p.BusyKvFraction = busyKV
+			}
+			if fs.Changed("session-ttl") {
+				p.SessionTtlMs = sessionTTL.Milliseconds()
+			}
+			var stored operatorv1.Policy
+			if err := c.call(cmd.Context(), http.MethodPut, "/v1/policy", &p, &stored); err != nil {
+				return err
+			}
+			return c.print(&stored, func(w io.Writer) { ctlPolicyTable(w, &stored) })
+		},
+	}
+	fs := set.Flags()
+	fs.StringVar(&policy, "policy", "", "routing policy: kv, round-robin, least-loaded, random, power-of-two, session")
+	fs.Float64Var(&overlap, "overlap-weight", 0, "weight of the prefill term against the decode term in the KV cost")
+	fs.Float64Var(&temperature, "temperature", 0, "> 0 samples workers by a softmax over normalised costs")
+	fs.Float64Var(&threshold, "cache-threshold", 0, "below this cached share of the prompt, spread by load")
+	fs.Float64SliceVar(&tierWeights, "tier-weights", nil, "weights of a cached block on GPU, host memory and disk (e.g. 1,0.75,0.25)")
+	fs.Uint64Var(&busyPrefill, "busy-prefill-tokens", 0, "a worker with more uncached prompt tokens in flight takes no new request (0: off)")
+	fs.Uint64Var(&busyDecode, "busy-decode-blocks", 0, "a worker holding more KV blocks takes no new request (0: off)")
+	fs.Float64Var(&busyKV, "busy-kv-fraction", 0, "a worker using more of its KV cache takes no new request (0: off)")
+	fs.DurationVar(&sessionTTL, "session-ttl", 0, "how long session affinity lasts (e.g. 10m)")
+	cmd.AddCommand(set)
+	return cmd
+}
+
+// ctlGlobalFlags are ctl's persistent flags, which do not count as changes to a policy.
+var ctlGlobalFlags = []string{"api", "token-file", "output", "timeout"}
+
+func ctlIndexCmd(o *ctlOptions) *cobra.Command {
+	return &cobra.Command{
+		Use:   "index",
+		Short: "Show the global KV index: blocks in total and per worker, journal position, ingest rate",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := o.client(cmd)
+			if err != nil {
+				return err
+			}
+			var x operatorv1.Index
+			if err := c.call(cmd.Context(), http.MethodGet, "/v1/index", nil, &x); err != nil {
+				return err
+			}
+			return c.print(&x, func(w io.Writer) {
+				fmt.Fprintf(w, "blocks: %d  journal: epoch %d offset %d  ingest: %.1f block events/s\n\n",
+					x.TotalBlocks, x.JournalEpoch, x.JournalOffset, x.IngestRate)
+				tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+				fmt.Fprintln(tw, "ID\tSLOT\tGPU\tCPU\tDISK")
+				for _, wb := range x.Workers {
+					b := wb.GetBlocks()
+					fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\n", wb.Id, wb.Slot, b.GetGpu(), b.GetCpu(), b.GetDisk())
+				}
+				tw.Flush()
+			})
+		},
+	}
+}
+
+func ctlProxiesCmd(o *ctlOptions) *cobra.Command {
+	return &cobra.Command{
+		Use:   "proxies",
+		Short: "List the proxies connected to the control plane and their latest NACK",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := o.client(cmd)
+			if err != nil {
+				return err
+			}
+			var l operatorv1.ListProxiesResponse
+			if err := c.call(cmd.Context(), http.MethodGet, "/v1/proxies", nil, &l); err != nil {
+				return err
+			}
+			return c.print(&l, func(w io.Writer) {
+				tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+				fmt.Fprintln(tw, "NODE\tSTREAMS\tLAST NACK")
+				for _, p := range l.Proxies {
+					nack := "-"
+					if n := p.GetLastNack(); n != nil {
+						nack = fmt.Sprintf("%s: %s", n.TypeUrl[strings.LastIndexByte(n.TypeUrl, '/')+1:], n.Reason)
+						if n.UnixNano != 0 {
+							nack += fmt.Sprintf(" (%s ago)", time.Since(time.Unix(0, n.UnixNano)).Round(time.Second))
+						}
+					}
+					fmt.Fprintf(tw, "%s\t%d\t%s\n", p.NodeId, p.Streams, nack)
+				}
+				tw.Flush()
+			})
+		},
+	}
+}
+
+func ctlWorkerTable(w io.Writer, workers ...*operatorv1.Worker) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tURL\tMODEL\tENGINE\tHEALTHY\tDRAINING\tRUNNING\tWAITING\tKV%\tBLOCKS\tEVENTS\tGAPS")
+	yesNo := map[bool]string{true: "yes", false: "no"}
+	for _, wk := range workers {
+		s, st := wk.GetSpec(), wk.GetStatus()
+		b := st.GetBlocks()
+		model := s.GetModel()
+		if model == "" {
+			model = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%.0f\t%d\t%d\t%d\n", s.GetId(), s.GetUrl(), model,
+			s.GetEngine(), yesNo[st.GetHealthy()], yesNo[st.GetDraining()], st.GetRunning(), st.GetWaiting(),
+			100*st.GetKvUsage(), b.GetGpu()+b.GetCpu()+b.GetDisk(), st.GetIngest().GetEvents(), st.GetIngest().GetGaps())
+	}
+	tw.Flush()
+}
+
+func ctlPolicyTable(w io.Writer, p *operatorv1.Policy) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	weights := make([]string, len(p.TierWeights))
+	for i, x := range p.TierWeights {
+		weights[i] = strconv.FormatFloat(x, 'g', -1, 64)
+	}
+	f := func(x float64) string { return strconv.FormatFloat(x, 'g', -1, 64) }
+	for _, row := range [][2]string{
+		{"version", strconv.FormatUint(p.Version, 10)},
+		{"policy", p.Policy},
+		{"overlap_weight", f(p.OverlapWeight)},
+		{"temperature", f(p.Temperature)},
+		{"cache_threshold", f(p.CacheThreshold)},
+		{"tier_weights", strings.Join(weights, ",")},
+		{"busy_prefill_tokens", strconv.FormatUint(p.BusyPrefillTokens, 10)},
+		{"busy_decode_blocks", strconv.FormatUint(p.BusyDecodeBlocks, 10)},
+		{"busy_kv_fraction", f(p.BusyKvFraction)},
+		{"session_ttl", (time.Duration(p.SessionTtlMs) * time.Millisecond).String()},
+	} {
+		fmt.Fprintf(tw, "%s\t%s\n", row[0], row[1])
+	}
+	tw.Flush()
+}
+
+// ctlWorkerKeys are the keys of the --worker form, as the control plane reads it.
+var ctlWorkerKeys = []string{"id", "url", "model", "role", "block-size", "kv-events", "kv-events-bind",
+	"kv-events-replay", "metrics", "engine"}
+
+// parseCtlWorkerSpec reads the control plane's --worker form (comma-separated key=value
+// pairs, spaces around them dropped, empty pairs skipped) into a spec. It checks the form
+// only; the control plane validates the values.
+func parseCtlWorkerSpec(s string) (*operatorv1.WorkerSpec, error) {
+	spec := &operatorv1.WorkerSpec{}
+	seen := map[string]bool{}
+	for pair := range strings.SplitSeq(s, ",") {
+		pair = strings.TrimSpace(pair)
+		if pair == "" {
+			continue
+		}
+		k, v, ok := strings.Cut(pair, "=")
+		if !ok {
+			return nil, fmt.Errorf("worker %q: %q is not key=value", s, pair)
+		}
+		k, v = strings.TrimSpace(k), strings.TrimSpace(v)
+		if !slices.Contains(ctlWorkerKeys, k) {
+			return nil, fmt.Errorf("worker %q: unknown key %q (known: %s)", s, k, strings.Join(ctlWorkerKeys, ", "))
+		}
+		if seen[k] {
+			return nil, fmt.Errorf("worker %q: key %q given twice", s, k)
+		}
+		seen[k] = true
+		switch k {
+		case "id":
+			spec.Id = v
+		case "url":
+			spec.Url = v
+		case "model":
+			spec.Model = v
+		case "role":
+			spec.Role = v
+		case "block-size":
+			n, err := strconv.ParseUint(v, 10, 32)
+			if err != nil {
+				return nil, fmt.Errorf("worker %q: block-size %q is not a number of tokens", s, v)
+			}
+			spec.BlockSize = uint32(n)
+		case "kv-events":
+			spec.KvEvents = v
+		case "kv-events-bind":
+			spec.KvEventsBind = v
+		case "kv-events-replay":
+			spec.KvEventsReplay = v
+		case "metrics":
+			spec.Metrics = v
+		case "engine":
+			spec.Engine = v
+		}
+	}
+	if spec.Id == "" {
+		return nil, fmt.Errorf("worker %q: missing id", s)
+	}
+	if spec.Url == "" {
+		return nil, fmt.Errorf("worker %q: missing url", s)
+	}
+	return spec, nil
+}
+
+// ctlClient calls the operator API over HTTP.
+type ctlClient struct {
+	base   string
+	token  string
+	json   bool
+	out    io.Writer
+	client *http.Client
+}
+
+// client checks the shared flags and returns a client for cmd.
+func (o *ctlOptions) client(cmd *cobra.Command) (*ctlClient, error) {
+	c := &ctlClient{out: cmd.OutOrStdout(), client: &http.Client{Timeout: o.timeout}}
+	switch o.output {
+	case "table":
+	case "json":
+		c.json = true
+	default:
+		return nil, fmt.Errorf("-o %q: want table or json", o.output)
+	}
+	c.base = strings.TrimSuffix(o.api, "/")
+	if !strings.Contains(c.base, "://") {
+		c.base = "http://" + c.base
+	}
+	if u, err := url.Parse(c.base); err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
+		return nil, fmt.Errorf("--api %q: want host:port or an http(s) URL", o.api)
+	}
+	if o.tokenFile != "" {
+		data, err := os.ReadFile(o.tokenFile)
+		if err != nil {
+			return nil, fmt.Errorf("reading --token-file: %w", err)
+		}
+		if c.token = strings.TrimSpace(string(data)); c.token == "" {
+			return nil, fmt.Errorf("--token-file %s is empty", o.tokenFile)
+		}
+	} else {
+		c.token = strings.TrimSpace(os.Getenv(ctlTokenEnv))
+	}
+	return c, nil
+}
+
+// call sends body (if any) as JSON and decodes the answer into out; an error answer becomes
+// an error carrying the control plane's message.
+func (c *ctlClient) call(ctx context.Context, method, path string, body, out proto.Message) error {
+	var rd io.Reader
+	if body != nil {
+		data, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(body)
+		if err != nil {
+			return fmt.Errorf("encoding the request: %w", err)
+		}
+		rd = bytes.NewReader(data)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.base+path, rd)
+	if err != nil {
+		return fmt.Errorf("%s %s: %w", method, path, err)
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	req.Header.Set("Accept", "application/json")
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	resp, err := c.client.Do(req)
+	if err != nil {
+		return fmt.Errorf("calling the control plane's API: %w", err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return fmt.Errorf("%s %s: reading the answer: %w", method, path, err)
+	}
+	if resp.StatusCode/100 != 2 {
+		var e struct {
+			Error struct{ Message, Code string }
+		}
+		if json.Unmarshal(data, &e) == nil && e.Error.Message != "" {
+			return fmt.Errorf("%s %s: %s (%d %s)", method, path, e.Error.Message, resp.StatusCode, e.Error.Code)
+		}
+		return fmt.Errorf("%s %s: %s: %.200s", method, path, resp.Status, bytes.TrimSpace(data))
+	}
+	if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(data, out); err != nil {
+		return fmt.Errorf("%s %s: decoding the answer: %w", method, path, err)
+	}
+	return nil
+}
+
+// print writes m as JSON with -o json, else as table writes it.
+func (c *ctlClient) print(m proto.Message, table func(io.Writer)) error {
+	if !c.json {
+		table(c.out)
+		return nil
+	}
+	data, err := protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true, Multiline: true, Indent: "  "}.Marshal(m)
+	if err != nil {
+		return fmt.Errorf("encoding the output: %w", err)
+	}
+	_, err = fmt.Fprintf(c.out, "%s\n", data)
+	return err
+}
