@@ -1,0 +1,138 @@
+package registry
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/kvrelay/kvrelay/xds"
+)
+
+// Routing policy names, in Policy.Name. They are the data plane's router policies.
+const (
+	PolicyKV          = "kv"
+	PolicyRoundRobin  = "round-robin"
+	PolicyLeastLoaded = "least-loaded"
+	PolicyRandom      = "random"
+	PolicyPowerOfTwo  = "power-of-two"
+	PolicySession     = "session"
+)
+
+// PolicyNames lists the policy names Validate accepts. The returned slice is new on each
+// call.
+func PolicyNames() []string {
+	return []string{PolicyKV, PolicyRoundRobin, PolicyLeastLoaded, PolicyRandom, PolicyPowerOfTwo, PolicySession}
+}
+
+// Policy is the routing policy every proxy applies. Its fields mirror the xDS
+// RoutingPolicy resource; zero busy thresholds turn those thresholds off.
+type Policy struct {
+	// Version grows by one with every change (Registry.SetPolicy assigns it).
+	Version uint64 `json:"version"`
+	// Name is the router policy, one of PolicyNames.
+	Name string `json:"name"`
+	// OverlapWeight weighs uncached prefill blocks against decode blocks in the kv cost.
+	OverlapWeight float64 `json:"overlap_weight"`
+	// Temperature > 0 samples a softmax over normalised costs instead of taking the lowest.
+	Temperature float64 `json:"temperature"`
+	// CacheThreshold is the share of a prompt's blocks the best overlap must reach for the
+	// cache to decide the pick, in [0, 1].
+	CacheThreshold float64 `json:"cache_threshold"`
+	// TierWeights weigh a cached block by where it is: GPU, host memory, disk; each in
+	// [0, 1], at most three.
+	TierWeights []float64 `json:"tier_weights"`
+	// Busy thresholds per worker: uncached prompt tokens still prefilling, KV blocks held
+	// by decodes, share of the KV cache in use (in [0, 1]).
+	BusyPrefillTokens uint64  `json:"busy_prefill_tokens"`
+	BusyDecodeBlocks  uint64  `json:"busy_decode_blocks"`
+	BusyKVFraction    float64 `json:"busy_kv_fraction"`
+	// SessionTTL is how long a session stays bound to its worker (policy session).
+	SessionTTL time.Duration `json:"session_ttl"`
+}
+
+// DefaultPolicy is the policy served until an operator sets one, version 1: kv, overlap
+// weight 1, greedy pick (temperature 0), cache threshold 0.3, tier weights GPU 1, host 0.75,
+// disk 0.25 (ARCHITECTURE.md's, the same as xds.DefaultPolicy), no busy thresholds,
+// sessions kept 30 minutes.
+func DefaultPolicy() Policy {
+	return Policy{
+		Version:        1,
+		Name:           PolicyKV,
+		OverlapWeight:  1,
+		CacheThreshold: 0.3,
+		TierWeights:    []float64{1, 0.75, 0.25},
+		SessionTTL:     30 * time.Minute,
+	}
+}
+
+// Validate reports what is wrong with p, or nil: the name must be one of PolicyNames;
+// overlap weight and temperature finite, non-negative and within xds.MaxWeight and
+// xds.MaxTemperature; cache threshold, busy KV fraction and each of at most xds.NumTiers
+// tier weights in [0, 1]; session TTL in [0, a week]. A policy that passes also passes
+// xds.ValidatePolicy. Version is not checked. Errors wrap ErrInvalid.
+func (p Policy) Validate() error {
+	if err := p.validate(); err != nil {
+		return fmt.Errorf("%w: policy: %w", ErrInvalid, err)
+	}
+	return nil
+}
+
+func (p Policy) validate() error {
+	if !slices.Contains(PolicyNames(), p.Name) {
+		return fmt.Errorf("name %q: want one of %s", p.Name, strings.Join(PolicyNames(), ", "))
+	}
+	if err := checkRange("overlap weight", p.OverlapWeight, 0, xds.MaxWeight); err != nil {
+		return err
+	}
+	if err := checkRange("temperature", p.Temperature, 0, xds.MaxTemperature); err != nil {
+		return err
+	}
+	if err := checkRange("cache threshold", p.CacheThreshold, 0, 1); err != nil {
+		return err
+	}
+	if err := checkRange("busy kv fraction", p.BusyKVFraction, 0, 1); err != nil {
+		return err
+	}
+	if len(p.TierWeights) > xds.NumTiers {
+		return fmt.Errorf("%d tier weights, at most %d (GPU, host, disk)", len(p.TierWeights), xds.NumTiers)
+	}
+	for i, tw := range p.TierWeights {
+		if err := checkRange(fmt.Sprintf("tier weight %d", i), tw, 0, 1); err != nil {
+			return err
+		}
+	}
+	if maxTTL := time.Duration(xds.MaxSessionTTLMillis) * time.Millisecond; p.SessionTTL < 0 || p.SessionTTL > maxTTL {
+		return fmt.Errorf("session ttl %v outside [0, %v]", p.SessionTTL, maxTTL)
+	}
+	return nil
+}
+
+func checkRange(what string, v, lo, hi float64) error {
+	if math.IsNaN(v) || v < lo || v > hi {
+		return fmt.Errorf("%s %g outside [%g, %g]", what, v, lo, hi)
+	}
+	return nil
+}
+
+// clone returns p with its own TierWeights.
+func (p Policy) clone() Policy {
+	p.TierWeights = slices.Clone(p.TierWeights)
+	return p
+}
+
+// nextPolicy returns p as the successor of cur: validated, with version cur.Version+1. A
+// non-zero p.Version must equal cur.Version (the version the caller read and changed), so
+// that two operators editing at once do not silently undo each other.
+func nextPolicy(cur, p Policy) (Policy, error) {
+	if err := p.Validate(); err != nil {
+		return Policy{}, err
+	}
+	if p.Version != 0 && p.Version != cur.Version {
+		return Policy{}, fmt.Errorf("%w: the policy is at version %d, not %d", ErrVersionConflict, cur.Version, p.Version)
+	}
+	p = p.clone()
+	p.Version = cur.Version + 1
+	return p, nil
+}
