@@ -50,8 +50,9 @@ or from $` + ctlTokenEnv + `; reads need it too unless the control plane listens
   kvrelay ctl drain w5
   kvrelay ctl policy set --temperature 0.1 --cache-threshold 0.4
   kvrelay ctl index -o json`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
+		Args:         cobra.NoArgs,
+		SilenceUsage: true,
+		RunE:         func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}
 	pf := cmd.PersistentFlags()
 	pf.StringVar(&o.api, "api", "127.0.0.1:18080", "control plane's operator API: host:port or a URL (https://…)")

@@ -1,0 +1,370 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/kvrelay/kvrelay/controlplane/api"
+	"github.com/kvrelay/kvrelay/controlplane/api/apitest"
+	operatorv1 "github.com/kvrelay/kvrelay/controlplane/api/v1"
+)
+
+const ctlTestToken = "ctl-test-token"
+
+// ctlFleet is a backend with w1 (from the flags, healthy, busy) and w2 (from the API).
+func ctlFleet() *apitest.Backend {
+	b := apitest.New(
+		&operatorv1.Worker{
+			Spec: &operatorv1.WorkerSpec{Id: "w1", Url: "http://127.0.0.1:8001", Model: "gpt-oss-20b", Engine: "sim", Source: "flag"},
+			Status: &operatorv1.WorkerStatus{Healthy: true, Running: 3, Waiting: 2, KvUsage: 0.42,
+				Blocks: &operatorv1.BlockCounts{Gpu: 100, Cpu: 20, Disk: 3},
+				Ingest: &operatorv1.IngestStats{Batches: 9, Events: 4321, Gaps: 2}},
+		},
+		&operatorv1.Worker{
+			Spec:   &operatorv1.WorkerSpec{Id: "w2", Url: "http://127.0.0.1:8002", Engine: "vllm", Source: "api"},
+			Status: &operatorv1.WorkerStatus{Slot: 1},
+		},
+	)
+	b.SetIndex(&operatorv1.Index{TotalBlocks: 123, JournalEpoch: 7, JournalOffset: 9001, IngestRate: 250,
+		Workers: []*operatorv1.WorkerBlocks{{Id: "w1", Blocks: &operatorv1.BlockCounts{Gpu: 100, Cpu: 20, Disk: 3}}, {Id: "w2", Slot: 1}}})
+	b.SetProxies(&operatorv1.Proxy{NodeId: "edge-1", Streams: 1},
+		&operatorv1.Proxy{NodeId: "edge-2", Streams: 1, LastNack: &operatorv1.Nack{TypeUrl: "type.googleapis.com/kvrelay.xds.v1.RoutingPolicy", Reason: "tier_weights: want 3"}})
+	return b
+}
+
+func ctlServer(t *testing.T, b api.Backend, opts api.Options) *httptest.Server {
+	t.Helper()
+	ts := httptest.NewServer(api.Handler(b, opts))
+	t.Cleanup(ts.Close)
+	return ts
+}
+
+// runCtl runs `kvrelay ctl args... --api ts` and returns what it printed.
+func runCtl(t *testing.T, ts *httptest.Server, args ...string) (string, error) {
+	t.Helper()
+	cmd := newCtlCmd()
+	cmd.SilenceErrors = true
+	var out bytes.Buffer
+	cmd.SetOut(&out)
+	cmd.SetErr(&out)
+	cmd.SetArgs(append(args, "--api", ts.URL))
+	err := cmd.ExecuteContext(t.Context())
+	return out.String(), err
+}
+
+func ctlTokenFile(t *testing.T, tok string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(p, []byte(tok+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestCtlWorkersTable(t *testing.T) {
+	t.Setenv(ctlTokenEnv, "")
+	ts := ctlServer(t, ctlFleet(), api.Options{Token: ctlTestToken, OpenReads: true})
+	out, err := runCtl(t, ts, "workers")
+	if err != nil {
+		t.Fatal(err, out)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 3 {
+		t.Fatalf("want a header and 2 rows:\n%s", out)
+	}
+	for i, want := range [][]string{
+		{"ID", "URL", "MODEL", "ENGINE", "HEALTHY", "DRAINING", "RUNNING", "WAITING", "KV%", "BLOCKS", "EVENTS", "GAPS"},
+		{"w1", "http://127.0.0.1:8001", "gpt-oss-20b", "sim", "yes", "no", "3", "2", "42", "123", "4321", "2"},
+		{"w2", "http://127.0.0.1:8002", "-", "vllm", "no", "no", "0", "0", "0", "0", "0", "0"},
+	} {
+		if got := strings.Fields(lines[i]); strings.Join(got, " ") != strings.Join(want, " ") {
+			t.Errorf("line %d: %q, want %q", i, got, want)
+		}
+	}
+
+	out, err = runCtl(t, ts, "workers", "get", "w1")
+	if err != nil || !strings.Contains(out, "gpt-oss-20b") {
+		t.Errorf("workers get: %v\n%s", err, out)
+	}
+	if out, err := runCtl(t, ts, "workers", "get", "w9"); err == nil || !strings.Contains(err.Error(), "404") {
+		t.Errorf("workers get w9: %v\n%s", err, out)
+	}
+}
+
+func TestCtlJSONOutput(t *testing.T) {
+	t.Setenv(ctlTokenEnv, "")
+	ts := ctlServer(t, ctlFleet(), api.Options{Token: ctlTestToken, OpenReads: true})
+	for _, tc := range []struct {
+		args []string
+		into proto.Message
+	}{
+		{[]string{"workers"}, &operatorv1.ListWorkersResponse{}},
+		{[]string{"workers", "get", "w2"}, &operatorv1.Worker{}},
+		{[]string{"policy"}, &operatorv1.Policy{}},
+		{[]string{"index"}, &operatorv1.Index{}},
+		{[]string{"proxies"}, &operatorv1.ListProxiesResponse{}},
+	} {
+		out, err := runCtl(t, ts, append(tc.args, "-o", "json")...)
+		if err != nil {
+			t.Fatalf("%v: %v", tc.args, err)
+		}
+		if !json.Valid([]byte(out)) {
+			t.Fatalf("%v: invalid JSON:\n%s", tc.args, out)
+		}
+		if err := protojson.Unmarshal([]byte(out), tc.into); err != nil {
+			t.Errorf("%v: %v", tc.args, err)
+		}
+	}
+	out, _ := runCtl(t, ts, "workers", "-o", "json")
+	var l operatorv1.ListWorkersResponse
+	if err := protojson.Unmarshal([]byte(out), &l); err != nil || len(l.Workers) != 2 || l.Workers[0].Status.Ingest.Events != 4321 {
+		t.Errorf("workers -o json: %v %v", &l, err)
+	}
+}
+
+func TestCtlMutationsNeedTheToken(t *testing.T) {
+	t.Setenv(ctlTokenEnv, "")
+	b := ctlFleet()
+	ts := ctlServer(t, b, api.Options{Token: ctlTestToken, OpenReads: true})
+	spec := "id=w5,url=http://127.0.0.1:8005,kv-events=tcp://127.0.0.1:5565,engine=sim"
+	for _, args := range [][]string{
+		{"workers", "add", spec},
+		{"workers", "rm", "w2"},
+		{"drain", "w1"},
+		{"undrain", "w1"},
+		{"policy", "set", "--temperature", "1"},
+	} {
+		out, err := runCtl(t, ts, args...)
+		if err == nil || !strings.Contains(err.Error(), "missing bearer token") || !strings.Contains(err.Error(), "401") {
+			t.Errorf("%v without token: %v\n%s", args, err, out)
+		}
+		out, err = runCtl(t, ts, append(args, "--token-file", ctlTokenFile(t, "wrong"))...)
+		if err == nil || !strings.Contains(err.Error(), "invalid bearer token") {
+			t.Errorf("%v with a wrong token: %v\n%s", args, err, out)
+		}
+	}
+	for _, c := range b.Calls() {
+		if !strings.HasPrefix(c, "Get") && !strings.HasPrefix(c, "List") {
+			t.Errorf("the backend was changed without a token: %s", c)
+		}
+	}
+
+	// A control plane without a token refuses, saying how to give it one.
+	ts = ctlServer(t, ctlFleet(), api.Options{OpenReads: true})
+	_, err := runCtl(t, ts, "drain", "w1", "--token-file", ctlTokenFile(t, ctlTestToken))
+	if err == nil || !strings.Contains(err.Error(), "start the control plane with --api-token-file") {
+		t.Errorf("drain against a control plane without a token: %v", err)
+	}
+}
+
+func TestCtlMutations(t *testing.T) {
+	t.Setenv(ctlTokenEnv, "")
+	b := ctlFleet()
+	ts := ctlServer(t, b, api.Options{Token: ctlTestToken})
+	tok := ctlTokenFile(t, ctlTestToken)
+
+	out, err := runCtl(t, ts, "workers", "add", "id=w5, url=http://127.0.0.1:8005, kv-events=tcp://127.0.0.1:5565, engine=sim, block-size=32", "--token-file", tok)
+	if err != nil || !strings.Contains(out, "w5") || !strings.Contains(out, "http://127.0.0.1:8005") {
+		t.Fatalf("workers add: %v\n%s", err, out)
+	}
+	w, err := b.GetWorker(t.Context(), "w5")
+	if err != nil || w.Spec.KvEvents != "tcp://127.0.0.1:5565" || w.Spec.BlockSize != 32 || w.Spec.Engine != "sim" {
+		t.Fatalf("w5: %v %v", w, err)
+	}
+	// The server's validation reaches the operator.
+	if _, err := runCtl(t, ts, "workers", "add", "id=w6,url=ftp://x", "--token-file", tok); err == nil || !strings.Contains(err.Error(), `url "ftp://x"`) {
+		t.Errorf("workers add, bad url: %v", err)
+	}
+
+	// The token may come from the environment.
+	t.Setenv(ctlTokenEnv, ctlTestToken)
+	if out, err := runCtl(t, ts, "drain", "w1"); err != nil || !strings.Contains(out, "yes") {
+		t.Fatalf("drain: %v\n%s", err, out)
+	}
+	if w, _ := b.GetWorker(t.Context(), "w1"); !w.Status.Draining {
+		t.Error("w1 not draining")
+	}
+	if _, err := runCtl(t, ts, "undrain", "w1", "-o", "json"); err != nil {
+		t.Fatal(err)
+	}
+	if w, _ := b.GetWorker(t.Context(), "w1"); w.Status.Draining {
+		t.Error("w1 still draining")
+	}
+	if _, err := runCtl(t, ts, "drain", "w9"); err == nil || !strings.Contains(err.Error(), "404 not_found") {
+		t.Errorf("drain w9: %v", err)
+	}
+
+	if out, err := runCtl(t, ts, "workers", "rm", "w5"); err != nil || !strings.Contains(out, "removed w5") {
+		t.Fatalf("workers rm: %v\n%s", err, out)
+	}
+	if _, err := b.GetWorker(t.Context(), "w5"); err == nil {
+		t.Error("w5 still there")
+	}
+	if _, err := runCtl(t, ts, "workers", "rm", "w1"); err == nil || !strings.Contains(err.Error(), "409") {
+		t.Errorf("workers rm w1 (from the flags): %v", err)
+	}
+}
+
+func TestCtlPolicy(t *testing.T) {
+	t.Setenv(ctlTokenEnv, ctlTestToken)
+	b := ctlFleet()
+	ts := ctlServer(t, b, api.Options{Token: ctlTestToken, OpenReads: true})
+
+	out, err := runCtl(t, ts, "policy")
+	if err != nil || !strings.Contains(out, "cache_threshold") || !strings.Contains(out, "1,0.75,0.25") {
+		t.Fatalf("policy: %v\n%s", err, out)
+	}
+	before, _ := b.GetPolicy(t.Context())
+
+	out, err = runCtl(t, ts, "policy", "set", "--temperature", "0.5", "--tier-weights", "1,0.5,0", "--session-ttl", "1m", "--busy-decode-blocks", "900")
+	if err != nil {
+		t.Fatalf("policy set: %v\n%s", err, out)
+	}
+	p, _ := b.GetPolicy(t.Context())
+	if p.Version != before.Version+1 || p.Temperature != 0.5 || len(p.TierWeights) != 3 || p.TierWeights[1] != 0.5 ||
+		p.SessionTtlMs != 60000 || p.BusyDecodeBlocks != 900 {
+		t.Errorf("policy after set: %v", p)
+	}
+	// Only the flags given changed.
+	if p.Policy != before.Policy || p.OverlapWeight != before.OverlapWeight || p.CacheThreshold != before.CacheThreshold || p.BusyKvFraction != before.BusyKvFraction {
+		t.Errorf("policy set changed more than asked: %v → %v", before, p)
+	}
+	if !strings.Contains(out, "version") || !strings.Contains(out, "1m0s") {
+		t.Errorf("policy set output:\n%s", out)
+	}
+
+	// Zero is a value like any other once given.
+	if _, err := runCtl(t, ts, "policy", "set", "--temperature", "0", "--policy", "least-loaded"); err != nil {
+		t.Fatal(err)
+	}
+	if p, _ := b.GetPolicy(t.Context()); p.Temperature != 0 || p.Policy != "least-loaded" || p.BusyDecodeBlocks != 900 {
+		t.Errorf("policy: %v", p)
+	}
+
+	if _, err := runCtl(t, ts, "policy", "set"); err == nil || !strings.Contains(err.Error(), "nothing to change") {
+		t.Errorf("policy set without flags: %v", err)
+	}
+	if _, err := runCtl(t, ts, "policy", "set", "--policy", "best"); err == nil || !strings.Contains(err.Error(), "unknown policy") {
+		t.Errorf("policy set --policy best: %v", err)
+	}
+}
+
+func TestCtlIndexAndProxies(t *testing.T) {
+	t.Setenv(ctlTokenEnv, "")
+	ts := ctlServer(t, ctlFleet(), api.Options{Token: ctlTestToken, OpenReads: true})
+	out, err := runCtl(t, ts, "index")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"blocks: 123", "epoch 7", "offset 9001", "250.0 block events/s"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("index lacks %q:\n%s", want, out)
+		}
+	}
+	if !strings.Contains(strings.Join(strings.Fields(out), " "), "w1 0 100 20 3 w2 1 0 0 0") {
+		t.Errorf("index rows:\n%s", out)
+	}
+
+	out, err = runCtl(t, ts, "proxies")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, "edge-1") || !strings.Contains(out, "RoutingPolicy: tier_weights: want 3") {
+		t.Errorf("proxies:\n%s", out)
+	}
+}
+
+func TestCtlReadsClosed(t *testing.T) {
+	t.Setenv(ctlTokenEnv, "")
+	ts := ctlServer(t, ctlFleet(), api.Options{Token: ctlTestToken})
+	if _, err := runCtl(t, ts, "workers"); err == nil || !strings.Contains(err.Error(), "401") {
+		t.Errorf("workers without token, reads closed: %v", err)
+	}
+	if out, err := runCtl(t, ts, "workers", "--token-file", ctlTokenFile(t, ctlTestToken)); err != nil || !strings.Contains(out, "w1") {
+		t.Errorf("workers with token: %v\n%s", err, out)
+	}
+}
+
+func TestCtlFlags(t *testing.T) {
+	t.Setenv(ctlTokenEnv, "")
+	ts := ctlServer(t, ctlFleet(), api.Options{AllowUnauthenticated: true})
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"bad output", []string{"workers", "-o", "yaml"}, "want table or json"},
+		{"missing token file", []string{"drain", "w1", "--token-file", "/nonexistent/token"}, "reading --token-file"},
+		{"empty token file", []string{"drain", "w1", "--token-file", ctlTokenFile(t, " ")}, "is empty"},
+		{"unknown subcommand", []string{"workers", "frobnicate"}, "unknown command"},
+		{"bad spec", []string{"workers", "add", "id=w7"}, "missing url"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := runCtl(t, ts, tc.args...); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error %v, want %q", err, tc.want)
+			}
+		})
+	}
+	// A scheme-less --api and one with a trailing slash both work.
+	cmd := newCtlCmd()
+	cmd.SetOut(new(bytes.Buffer))
+	cmd.SetArgs([]string{"workers", "--api", strings.TrimPrefix(ts.URL, "http://") + "/"})
+	if err := cmd.ExecuteContext(t.Context()); err != nil {
+		t.Errorf("--api host:port/: %v", err)
+	}
+	cmd = newCtlCmd()
+	cmd.SetOut(new(bytes.Buffer))
+	cmd.SetArgs([]string{"workers", "--api", "ftp://x"})
+	if err := cmd.ExecuteContext(t.Context()); err == nil || !strings.Contains(err.Error(), "--api") {
+		t.Errorf("--api ftp://x: %v", err)
+	}
+}
+
+func TestCtlParseWorkerSpec(t *testing.T) {
+	tests := []struct {
+		name, in string
+		want     *operatorv1.WorkerSpec
+		err      string
+	}{
+		{name: "minimal", in: "id=w1,url=http://127.0.0.1:8001",
+			want: &operatorv1.WorkerSpec{Id: "w1", Url: "http://127.0.0.1:8001"}},
+		{name: "every key, spaces, empty pairs", in: " id = w1 ,url=http://h:1,, model=m,role=prefill,block-size=16,kv-events=tcp://h:5557,kv-events-bind=tcp://*:5558,kv-events-replay=tcp://h:5559,metrics=http://h:1/m,engine=sglang,",
+			want: &operatorv1.WorkerSpec{Id: "w1", Url: "http://h:1", Model: "m", Role: "prefill", BlockSize: 16, KvEvents: "tcp://h:5557",
+				KvEventsBind: "tcp://*:5558", KvEventsReplay: "tcp://h:5559", Metrics: "http://h:1/m", Engine: "sglang"}},
+		{name: "value with =", in: "id=w1,url=http://h:1,metrics=http://h:1/m?a=b",
+			want: &operatorv1.WorkerSpec{Id: "w1", Url: "http://h:1", Metrics: "http://h:1/m?a=b"}},
+		{name: "unknown key", in: "id=w1,url=http://h:1,capacity=3", err: `unknown key "capacity"`},
+		{name: "underscore key", in: "id=w1,url=http://h:1,kv_events=tcp://h:1", err: `unknown key "kv_events"`},
+		{name: "twice", in: "id=w1,url=http://h:1,id=w2", err: "given twice"},
+		{name: "not a pair", in: "id=w1,url=http://h:1,sim", err: "not key=value"},
+		{name: "bad block size", in: "id=w1,url=http://h:1,block-size=-16", err: "block-size"},
+		{name: "no id", in: "url=http://h:1", err: "missing id"},
+		{name: "no url", in: "id=w1", err: "missing url"},
+		{name: "empty", in: "", err: "missing id"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := parseCtlWorkerSpec(tt.in)
+			if tt.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.err) {
+					t.Fatalf("error %v, want %q", err, tt.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !proto.Equal(got, tt.want) {
+				t.Errorf("got %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
