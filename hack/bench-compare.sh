@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-bench-results}
 TRACE=${TRACE:-../shared/traces/mooncake-conversation.jsonl}
 ENGINE_SPEEDUP=${ENGINE_SPEEDUP:-2}
-LOAD=${LOAD:-8}
+LOAD=${LOAD:-2}
 POLICIES=${POLICIES:-kv,round-robin,least-loaded,random}
 what=${1:-all}
 go build -o bin/kvrelay ./cmd/kvrelay

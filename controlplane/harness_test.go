@@ -1,0 +1,378 @@
+package controlplane_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvrelay/kvrelay/controlplane"
+	"github.com/kvrelay/kvrelay/controlplane/registry"
+	"github.com/kvrelay/kvrelay/dataplane/proxy"
+	"github.com/kvrelay/kvrelay/engines"
+	"github.com/kvrelay/kvrelay/engines/kvevents"
+	"github.com/kvrelay/kvrelay/engines/sglang"
+	"github.com/kvrelay/kvrelay/engines/sim"
+	"github.com/kvrelay/kvrelay/engines/trtllm"
+	"github.com/kvrelay/kvrelay/engines/vllm"
+)
+
+const model = "gpt-oss-120b"
+
+var codecOnce = sync.OnceValues(func() (sim.Codec, error) { return sim.NewCodec(model, "", "") })
+
+func quiet() *slog.Logger {
+	if testing.Verbose() {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+// cluster is a control plane, its proxies and simulated workers in one test process: the
+// harness the control-plane tests share.
+type cluster struct {
+	t       *testing.T
+	workers []*sim.Worker
+	specs   []registry.Worker
+	dataDir string
+	cp      *controlplane.Server
+	xds     string
+	proxies []*proxy.Server
+}
+
+func startWorkers(t *testing.T, n int) []*sim.Worker {
+	t.Helper()
+	codec, err := codecOnce()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ws []*sim.Worker
+	for range n {
+		cfg := sim.WorkerConfig{Engine: sim.DefaultConfig(), Listen: "127.0.0.1:0", Codec: codec,
+			Events: kvevents.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"}}
+		cfg.Engine.NumGPUBlocks = 4096
+		cfg.Engine.Timing.Speedup = 50
+		w, err := sim.NewWorker(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		if err := w.Start(ctx); err != nil {
+			cancel()
+			t.Fatal(err)
+		}
+		done := make(chan struct{})
+		go func() { _ = w.Run(ctx); close(done) }()
+		t.Cleanup(func() { cancel(); <-done; w.Close() })
+		ws = append(ws, w)
+	}
+	return ws
+}
+
+func newCluster(t *testing.T, nworkers int) *cluster {
+	t.Helper()
+	c := &cluster{t: t, workers: startWorkers(t, nworkers), dataDir: t.TempDir()}
+	for i, w := range c.workers {
+		c.specs = append(c.specs, registry.Worker{
+			ID: "w" + strconv.Itoa(i), URL: w.URL(), BlockSize: 16, Engine: "sim",
+			KVEvents: w.EventsEndpoint(), KVEventsReplay: w.ReplayEndpoint(),
+		})
+	}
+	c.startControlPlane("127.0.0.1:0")
+	return c
+}
+
+func adapters() engines.Adapters {
+	return engines.Adapters{
+		engines.KindVLLM:   vllm.New(),
+		engines.KindSim:    vllm.NewSim(),
+		engines.KindSGLang: sglang.New(),
+		engines.KindTRTLLM: trtllm.New(),
+	}
+}
+
+func (c *cluster) startControlPlane(xdsAddr string) {
+	c.t.Helper()
+	cp, err := controlplane.New(controlplane.Options{
+		XDSListen:      xdsAddr,
+		APIListen:      "127.0.0.1:0",
+		DataDir:        c.dataDir,
+		Workers:        c.specs,
+		Adapters:       adapters(),
+		ScrapeInterval: 50 * time.Millisecond,
+		Logger:         quiet(),
+	})
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	if err := cp.Start(context.Background()); err != nil {
+		c.t.Fatal(err)
+	}
+	c.cp = cp
+	c.xds = cp.XDSAddr()
+	c.t.Cleanup(func() { _ = cp.Close() })
+}
+
+// addProxy starts a proxy following the control plane at xds.
+func (c *cluster) addProxy(xds string) *proxy.Server {
+	c.t.Helper()
+	cfg := proxy.DefaultConfig()
+	cfg.Listen = "127.0.0.1:0"
+	cfg.XDS = xds
+	cfg.NodeID = "proxy-" + strconv.Itoa(len(c.proxies))
+	cfg.ExposeWorkerHeader = true
+	cfg.EventLoops = 1
+	cfg.XDSSyncTimeout = 10 * time.Second
+	p, err := proxy.New(cfg, quiet())
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	if err := p.Start(context.Background()); err != nil {
+		c.t.Fatal(err)
+	}
+	c.t.Cleanup(func() { _ = p.Close() })
+	c.proxies = append(c.proxies, p)
+	return p
+}
+
+// waitWorkers waits until p routes over n healthy workers.
+func waitWorkers(t *testing.T, p *proxy.Server, n int) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for time.Now().Before(deadline) {
+		healthy := 0
+		for _, w := range p.Workers() {
+			if !w.Draining() {
+				healthy++
+			}
+		}
+		if healthy == n {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("proxy %s has %d workers, want %d healthy", p.Addr(), len(p.Workers()), n)
+}
+
+type reply struct {
+	status int
+	worker string
+	cached int
+	body   string
+}
+
+func chat(t *testing.T, base string, system, user string) reply {
+	t.Helper()
+	body, _ := json.Marshal(map[string]any{
+		"model": model, "max_tokens": 4,
+		"messages": []map[string]string{{"role": "system", "content": system}, {"role": "user", "content": user}},
+	})
+	resp, err := http.Post(base+"/v1/chat/completions", "application/json", bytes.NewReader(body))
+	if err != nil {
+		return reply{body: err.Error()}
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	var out struct {
+		Usage struct {
+			PromptTokensDetails struct {
+				CachedTokens int `json:"cached_tokens"`
+			} `json:"prompt_tokens_details"`
+		} `json:"usage"`
+	}
+	_ = json.Unmarshal(b, &out)
+	return reply{status: resp.StatusCode, worker: resp.Header.Get("x-kvrelay-worker"), cached: out.Usage.PromptTokensDetails.CachedTokens, body: string(b)}
+}
+
+func family(f int) string {
+	var sb strings.Builder
+	for i := range 700 {
+		fmt.Fprintf(&sb, "family%d word%d ", f, i)
+	}
+	return sb.String()
+}
+
+// waitBlocks waits until the control plane's index holds at least n blocks and has stopped
+// growing, and every proxy's replica holds as many.
+func (c *cluster) waitBlocks(n int) {
+	c.t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for last := -1; ; {
+		l := c.cp.Index().Len()
+		if l >= n && l == last {
+			n = l
+			break
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("control plane index has %d blocks, want %d", l, n)
+		}
+		last = l
+		time.Sleep(100 * time.Millisecond)
+	}
+	for _, p := range c.proxies {
+		for p.Replica().Len() < n {
+			if time.Now().After(deadline) {
+				c.t.Fatalf("proxy %s replica has %d blocks, want %d (control plane index %d)", p.Addr(), p.Replica().Len(), n, c.cp.Index().Len())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+}
+
+// warm sends each family's prompt straight to worker f % len(workers), bypassing proxies.
+func (c *cluster) warm(families int) {
+	c.t.Helper()
+	for f := range families {
+		w := c.workers[f%len(c.workers)]
+		if r := chat(c.t, w.URL(), family(f), "warm"); r.status != 200 {
+			c.t.Fatalf("warming family %d: %d %s", f, r.status, r.body)
+		}
+	}
+}
+
+func TestPrecisionThroughProxies(t *testing.T) {
+	c := newCluster(t, 4)
+	p0, p1 := c.addProxy(c.xds), c.addProxy(c.xds)
+	waitWorkers(t, p0, 4)
+	waitWorkers(t, p1, 4)
+	c.warm(8)
+	c.waitBlocks(8 * 150) // each family's prompt is about 180 blocks
+	for f := range 8 {
+		want := "w" + strconv.Itoa(f%4)
+		for _, p := range []*proxy.Server{p0, p1} {
+			r := chat(t, "http://"+p.Addr(), family(f), "variant "+p.Addr())
+			if r.status != 200 || r.worker != want || r.cached == 0 {
+				t.Errorf("family %d via %s: status %d worker %q cached %d, want %s with cached tokens", f, p.Addr(), r.status, r.worker, r.cached, want)
+			}
+		}
+	}
+}
+
+func TestProxiesKeepRoutingWithoutTheControlPlaneAndResync(t *testing.T) {
+	c := newCluster(t, 4)
+	p := c.addProxy(c.xds)
+	waitWorkers(t, p, 4)
+	c.warm(4)
+	c.waitBlocks(4 * 150)
+
+	addr := c.xds
+	_ = c.cp.Close()
+	for f := range 4 {
+		r := chat(t, "http://"+p.Addr(), family(f), "while the control plane is down")
+		if r.status != 200 || r.worker != "w"+strconv.Itoa(f) {
+			t.Fatalf("control plane down, family %d: status %d worker %q: %s", f, r.status, r.worker, r.body)
+		}
+	}
+
+	// The control plane comes back on the same address with the same data dir: the proxy
+	// resubscribes by itself, and the rebuilt index (replayed by the engines) reaches it.
+	downAt := time.Now()
+	c.startControlPlane(addr)
+	before := p.Replica().Len()
+	c.warm(8) // families 4..7 are new
+	c.waitBlocks(before + 4*150)
+	st, _ := p.XDSStats()
+	t.Logf("resynced %v after restart: ads streams %d, journal streams %d, replica %d blocks", time.Since(downAt).Round(time.Millisecond), st.ADS.Streams, st.Journal.Streams, st.Blocks)
+	if st.ADS.Streams < 2 || st.Journal.Streams < 2 {
+		t.Fatalf("the proxy did not reconnect: %+v", st)
+	}
+	for f := 4; f < 8; f++ {
+		if r := chat(t, "http://"+p.Addr(), family(f), "after resync"); r.status != 200 || r.worker != "w"+strconv.Itoa(f%4) {
+			t.Fatalf("after resync, family %d: status %d worker %q", f, r.status, r.worker)
+		}
+	}
+}
+
+// delayRelay forwards TCP connections to target, holding every chunk for delay in each
+// direction: a control plane 50 ms away.
+func delayRelay(t *testing.T, target string, delay time.Duration) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	pipe := func(dst, src net.Conn) {
+		type chunk struct {
+			at time.Time
+			b  []byte
+		}
+		q := make(chan chunk, 1024)
+		go func() {
+			for c := range q {
+				time.Sleep(time.Until(c.at))
+				if _, err := dst.Write(c.b); err != nil {
+					return
+				}
+			}
+			dst.Close()
+		}()
+		for {
+			buf := make([]byte, 32<<10)
+			n, err := src.Read(buf)
+			if n > 0 {
+				q <- chunk{time.Now().Add(delay), buf[:n]}
+			}
+			if err != nil {
+				close(q)
+				return
+			}
+		}
+	}
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			up, err := net.Dial("tcp", target)
+			if err != nil {
+				conn.Close()
+				continue
+			}
+			go pipe(up, conn)
+			go pipe(conn, up)
+		}
+	}()
+	return ln.Addr().String()
+}
+
+func TestNoControlPlaneCallOnTheRequestPath(t *testing.T) {
+	c := newCluster(t, 2)
+	near := c.addProxy(c.xds)
+	far := c.addProxy(delayRelay(t, c.xds, 50*time.Millisecond))
+	waitWorkers(t, near, 2)
+	waitWorkers(t, far, 2)
+	latencies := func(p *proxy.Server) (p50, p90, p99 time.Duration) {
+		var ds []time.Duration
+		for i := range 100 {
+			t0 := time.Now()
+			if r := chat(t, "http://"+p.Addr(), "short system prompt", "question "+strconv.Itoa(i)); r.status != 200 {
+				t.Fatalf("status %d: %s", r.status, r.body)
+			}
+			ds = append(ds, time.Since(t0))
+		}
+		sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
+		return ds[len(ds)/2], ds[len(ds)*9/10], ds[len(ds)*99/100]
+	}
+	latencies(near) // warm both paths
+	latencies(far)
+	n50, n90, n99 := latencies(near)
+	f50, f90, f99 := latencies(far)
+	t.Logf("request latency: control plane near p50 %v p90 %v p99 %v; 50 ms away p50 %v p90 %v p99 %v", n50, n90, n99, f50, f90, f99)
+	// A control-plane round trip on the request path would add 100 ms to every request.
+	if f50 >= 25*time.Millisecond || f90 > n90+25*time.Millisecond {
+		t.Fatalf("a control plane 50 ms away slows requests: p50 %v p90 %v (near: %v, %v)", f50, f90, n50, n90)
+	}
+}

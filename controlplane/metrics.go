@@ -1,0 +1,103 @@
+package controlplane
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// collector exposes the control plane's state as Prometheus metrics, read at scrape time.
+type collector struct {
+	s *Server
+
+	indexBlocks, workerBlocks                    *prometheus.Desc
+	indexEvents                                  *prometheus.Desc
+	ingestEvents, ingestGaps, ingestReplays      *prometheus.Desc
+	ingestRestarts, ingestStale                  *prometheus.Desc
+	journalNext, journalSent, journalSnapshots   *prometheus.Desc
+	proxies, pushes, pushedResources, acks       *prometheus.Desc
+	nacks, loadReporters, workers, policyVersion *prometheus.Desc
+}
+
+func newCollector(s *Server) *collector {
+	d := func(name, help string, labels ...string) *prometheus.Desc {
+		return prometheus.NewDesc("kvrelay_controlplane_"+name, help, labels, nil)
+	}
+	return &collector{
+		s:                s,
+		indexBlocks:      d("index_blocks", "Distinct KV blocks in the global index."),
+		workerBlocks:     d("index_worker_blocks", "KV blocks the index holds for a worker, by tier.", "worker", "tier"),
+		indexEvents:      d("index_block_events_total", "Block events applied to the index, by kind.", "kind"),
+		ingestEvents:     d("ingest_events_total", "KV events received from a worker.", "worker"),
+		ingestGaps:       d("ingest_gaps_total", "Sequence gaps in a worker's KV events.", "worker"),
+		ingestReplays:    d("ingest_replays_total", "Replays asked of a worker after a gap.", "worker"),
+		ingestRestarts:   d("ingest_restarts_total", "Engine restarts seen in a worker's KV events (its blocks dropped).", "worker"),
+		ingestStale:      d("ingest_stale_total", "Gaps without replay that left a worker's index stale.", "worker"),
+		journalNext:      d("journal_offset", "Offset of the next index journal change."),
+		journalSent:      d("journal_changes_sent_total", "Index changes sent to proxies."),
+		journalSnapshots: d("journal_snapshots_total", "Index snapshots sent to proxies."),
+		proxies:          d("proxies", "Proxies connected over ADS."),
+		pushes:           d("xds_pushes_total", "ADS responses pushed to proxies."),
+		pushedResources:  d("xds_pushed_resources_total", "Resources set by ADS pushes."),
+		acks:             d("xds_acks_total", "ADS responses acknowledged by proxies."),
+		nacks:            d("xds_nacks_total", "ADS responses refused by proxies."),
+		loadReporters:    d("load_reporters", "Proxies whose in-flight load report is live."),
+		workers:          d("workers", "Workers in the registry, by health.", "state"),
+		policyVersion:    d("policy_version", "Version of the routing policy pushed to proxies."),
+	}
+}
+
+func (c *collector) Describe(ch chan<- *prometheus.Desc) { prometheus.DescribeByCollect(c, ch) }
+
+func (c *collector) Collect(ch chan<- prometheus.Metric) {
+	s := c.s
+	g := func(d *prometheus.Desc, v float64, l ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, l...)
+	}
+	k := func(d *prometheus.Desc, v uint64, l ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), l...)
+	}
+	g(c.indexBlocks, float64(s.index.Len()))
+	is := s.index.Stats()
+	k(c.indexEvents, is.Stored, "stored")
+	k(c.indexEvents, is.Removed, "removed")
+	k(c.indexEvents, is.Cleared, "cleared")
+	k(c.indexEvents, is.Orphans, "orphan")
+	k(c.indexEvents, is.Unknown, "unknown")
+	states := s.view.Snapshot()
+	healthy, unhealthy, draining := 0, 0, 0
+	for _, w := range s.reg.Workers() {
+		b := s.index.Blocks(w.ID)
+		for t, name := range []string{"gpu", "cpu", "disk"} {
+			g(c.workerBlocks, float64(b[t]), w.ID, name)
+		}
+		if st := s.ingest.Stats(w.ID); st != nil {
+			k(c.ingestEvents, st.Events.Load(), w.ID)
+			k(c.ingestGaps, st.Gaps.Load(), w.ID)
+			k(c.ingestReplays, st.Replays.Load(), w.ID)
+			k(c.ingestRestarts, st.Restarts.Load(), w.ID)
+			k(c.ingestStale, st.Stale.Load(), w.ID)
+		}
+		switch {
+		case w.Draining:
+			draining++
+		case states[w.ID].Healthy:
+			healthy++
+		default:
+			unhealthy++
+		}
+	}
+	g(c.workers, float64(healthy), "healthy")
+	g(c.workers, float64(unhealthy), "unhealthy")
+	g(c.workers, float64(draining), "draining")
+	g(c.journalNext, float64(s.journal.Next()))
+	js := s.jserver.Stats()
+	k(c.journalSent, js.Changes)
+	k(c.journalSnapshots, js.Snapshots)
+	xs := s.xds.Stats()
+	g(c.proxies, float64(len(xs.Proxies)))
+	k(c.pushes, xs.Pushes)
+	k(c.pushedResources, xs.PushedResources)
+	k(c.acks, xs.ACKs)
+	k(c.nacks, xs.NACKs)
+	g(c.loadReporters, float64(xs.LoadReporters))
+	g(c.policyVersion, float64(s.reg.Policy().Version))
+}

@@ -1,0 +1,385 @@
+package controlplane
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/kvrelay/kvrelay/controlplane/ingest"
+	"github.com/kvrelay/kvrelay/controlplane/kvindex"
+	"github.com/kvrelay/kvrelay/controlplane/loadview"
+	"github.com/kvrelay/kvrelay/controlplane/registry"
+	"github.com/kvrelay/kvrelay/engines"
+	"github.com/kvrelay/kvrelay/xds"
+	xdsv1 "github.com/kvrelay/kvrelay/xds/api/v1"
+	"github.com/kvrelay/kvrelay/xds/journal"
+	xdsserver "github.com/kvrelay/kvrelay/xds/server"
+)
+
+// Options configure a control plane.
+type Options struct {
+	// XDSListen serves proxies: delta ADS, the index journal and load reports.
+	XDSListen string
+	// APIListen serves the operator API (JSON over HTTP and gRPC) and /metrics.
+	APIListen string
+	// DataDir holds the registry and policies (bbolt).
+	DataDir string
+	// Workers come from flags; WorkersFile is a YAML file reloaded when it changes.
+	Workers     []registry.Worker
+	WorkersFile string
+	// APIToken authorises mutating operator calls; empty refuses them.
+	APIToken string
+	// ScrapeInterval is how often each worker's metrics are read (default 100 ms).
+	ScrapeInterval time.Duration
+	// Adapters read each engine kind's metrics.
+	Adapters engines.Adapters
+	// JournalRing is how many index changes the journal keeps for proxies that fall behind.
+	JournalRing int
+	// JournalLinger trades freshness for fewer journal messages (default 2 ms).
+	JournalLinger time.Duration
+	// PublishInterval bounds how often worker resources are republished when load changes
+	// (default 50 ms).
+	PublishInterval time.Duration
+	// RemoveDataDir removes DataDir on Close (kvrelay up's temporary one).
+	RemoveDataDir bool
+	Logger        *slog.Logger
+}
+
+// Server is a running control plane: the registry, one KV event subscriber per worker
+// feeding the global index and its journal, the load view, and the xDS server that pushes
+// workers, policy and the index to proxies.
+//
+// Lifecycle: New opens the data dir and builds everything without network I/O; Start binds
+// the listeners and starts the goroutines; Run waits for the context and stops; Close stops
+// at once.
+type Server struct {
+	opts    Options
+	log     *slog.Logger
+	store   *registry.Store
+	reg     *registry.Registry
+	index   *kvindex.Index
+	journal *journal.Log
+	jserver *journal.Server
+	ingest  *ingest.Manager
+	view    *loadview.View
+	xds     *xdsserver.Server
+	metrics *prometheus.Registry
+
+	xdsLis, apiLis net.Listener
+	api            *http.Server
+	cancel         context.CancelFunc
+	wg             sync.WaitGroup
+	closeOnce      sync.Once
+
+	mu        sync.Mutex
+	published int64 // unix nanos of the last worker publication
+
+	// ready is closed when ingestion has caught up with the engines after a start.
+	ready chan struct{}
+}
+
+// CatchUpTimeout bounds how long a starting control plane holds proxies' index streams while
+// its subscribers replay what the engines buffer.
+const CatchUpTimeout = 3 * time.Second
+
+// New builds a control plane from opts.
+func New(opts Options) (*Server, error) {
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.ScrapeInterval <= 0 {
+		opts.ScrapeInterval = loadview.DefaultInterval
+	}
+	if opts.PublishInterval <= 0 {
+		opts.PublishInterval = 50 * time.Millisecond
+	}
+	if opts.DataDir == "" {
+		return nil, errors.New("control plane: --data-dir is required")
+	}
+	store, err := registry.Open(opts.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	reg, err := registry.New(store, opts.Workers, opts.Logger)
+	if err != nil {
+		store.Close()
+		return nil, err
+	}
+	s := &Server{opts: opts, log: opts.Logger, store: store, reg: reg, metrics: prometheus.NewRegistry()}
+	s.index = kvindex.New()
+	s.journal = journal.NewLog(opts.JournalRing)
+	s.ready = make(chan struct{})
+	s.jserver = journal.NewServer(s.journal, s.index, journal.ServerOptions{Linger: opts.JournalLinger, Ready: s.ready})
+	s.ingest = ingest.NewManager(s.index, s.journal, opts.Logger)
+	s.view = loadview.New(loadview.Options{Interval: opts.ScrapeInterval, Adapters: opts.Adapters, Logger: opts.Logger})
+	s.xds = xdsserver.New(xdsserver.Options{})
+	xdsv1.RegisterIndexJournalServer(s.xds.GRPC(), s.jserver)
+	s.metrics.MustRegister(s.view, newCollector(s))
+	return s, nil
+}
+
+// Start binds the listeners, publishes the initial state and starts serving.
+func (s *Server) Start(ctx context.Context) error {
+	var err error
+	if s.xdsLis, err = net.Listen("tcp", s.opts.XDSListen); err != nil {
+		return fmt.Errorf("control plane: listening for xDS on %s: %w", s.opts.XDSListen, err)
+	}
+	if s.opts.APIListen != "" {
+		if s.apiLis, err = net.Listen("tcp", s.opts.APIListen); err != nil {
+			s.xdsLis.Close()
+			return fmt.Errorf("control plane: listening for the operator API on %s: %w", s.opts.APIListen, err)
+		}
+	}
+	runCtx, cancel := context.WithCancel(context.Background())
+	s.cancel = cancel
+	s.reconcile()
+	s.publish(true)
+	s.wg.Add(3)
+	go func() { defer s.wg.Done(); s.awaitCatchUp(runCtx) }()
+	go func() { defer s.wg.Done(); _ = s.xds.Serve(runCtx, s.xdsLis) }()
+	go func() { defer s.wg.Done(); s.loop(runCtx) }()
+	if s.opts.WorkersFile != "" {
+		s.wg.Add(1)
+		go func() { defer s.wg.Done(); s.reg.WatchFile(runCtx, s.opts.WorkersFile, time.Second) }()
+	}
+	if s.apiLis != nil {
+		s.api = &http.Server{Handler: s.apiHandler(), ReadHeaderTimeout: 10 * time.Second}
+		s.wg.Add(1)
+		go func() { defer s.wg.Done(); _ = s.api.Serve(s.apiLis) }()
+	}
+	s.log.Info("control plane serving", "xds", s.XDSAddr(), "api", s.APIAddr(), "workers", len(s.reg.Workers()))
+	return nil
+}
+
+// XDSAddr is the address proxies connect to.
+func (s *Server) XDSAddr() string {
+	if s.xdsLis == nil {
+		return ""
+	}
+	return s.xdsLis.Addr().String()
+}
+
+// APIAddr is the operator API's address ("" when not serving one).
+func (s *Server) APIAddr() string {
+	if s.apiLis == nil {
+		return ""
+	}
+	return s.apiLis.Addr().String()
+}
+
+// Run serves until ctx ends, then stops.
+func (s *Server) Run(ctx context.Context) error {
+	<-ctx.Done()
+	return s.Close()
+}
+
+// Close stops everything; safe to call more than once and after a failed Start.
+func (s *Server) Close() error {
+	s.closeOnce.Do(func() {
+		if s.cancel != nil {
+			s.cancel()
+		}
+		if s.api != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			_ = s.api.Shutdown(ctx)
+			cancel()
+		}
+		s.wg.Wait()
+		s.ingest.Close()
+		s.view.Close()
+		s.store.Close()
+		if s.opts.RemoveDataDir {
+			_ = os.RemoveAll(s.opts.DataDir)
+		}
+	})
+	return nil
+}
+
+// awaitCatchUp closes ready once every worker's subscriber has replayed what its engine
+// buffers, or after CatchUpTimeout.
+func (s *Server) awaitCatchUp(ctx context.Context) {
+	defer close(s.ready)
+	deadline := time.Now().Add(CatchUpTimeout)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		done := true
+		for _, w := range s.reg.Workers() {
+			if w.KVEvents == "" && w.KVEventsBind == "" {
+				continue
+			}
+			if st := s.ingest.Stats(w.ID); st == nil || !st.CaughtUp.Load() {
+				done = false
+				break
+			}
+		}
+		if done {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// loop reacts to the registry, the load view and the proxies' load reports.
+func (s *Server) loop(ctx context.Context) {
+	tick := time.NewTicker(s.opts.PublishInterval)
+	defer tick.Stop()
+	dirty := false
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.reg.Changes():
+			s.reconcile()
+			s.publish(true)
+			dirty = false
+		case <-s.view.Changed():
+			dirty = true
+		case <-s.xds.LoadChanged():
+			dirty = true
+		case <-tick.C:
+			if dirty {
+				s.publish(false)
+				dirty = false
+			}
+		}
+	}
+}
+
+// reconcile makes the subscribers and pollers follow the registry.
+func (s *Server) reconcile() {
+	ws := s.reg.Workers()
+	eps := make([]ingest.Endpoint, 0, len(ws))
+	targets := make([]loadview.Target, 0, len(ws))
+	for _, w := range ws {
+		ep := ingest.Endpoint{WorkerID: w.ID, Address: w.KVEvents, Replay: w.KVEventsReplay}
+		if w.KVEventsBind != "" {
+			ep.Address, ep.Bind = w.KVEventsBind, true
+		}
+		eps = append(eps, ep)
+		targets = append(targets, loadview.Target{ID: w.ID, URL: w.URL, MetricsURL: w.Metrics, Engine: engines.Kind(w.Engine)})
+	}
+	// Workers gone from the registry lose their blocks.
+	known := map[string]bool{}
+	for _, w := range ws {
+		known[w.ID] = true
+	}
+	for _, id := range s.index.Workers() {
+		if !known[id] {
+			s.ingest.RemoveWorker(id)
+		}
+	}
+	s.ingest.Sync(eps)
+	s.view.Sync(targets)
+	pol := s.reg.Policy()
+	if err := s.xds.SetPolicy(policyResource(pol)); err != nil {
+		s.log.Error("routing policy not published", "version", pol.Version, "err", err)
+	}
+}
+
+// publish pushes the workers with their current load; force skips the rate limit.
+func (s *Server) publish(force bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := time.Now().UnixNano()
+	if !force && now-s.published < int64(s.opts.PublishInterval) {
+		return
+	}
+	s.published = now
+	if err := s.xds.SetWorkers(s.workerResources()); err != nil {
+		s.log.Error("workers not published", "err", err)
+	}
+}
+
+// workerResources builds the Worker resources from the registry, the load view, the index's
+// slots and the proxies' in-flight reports.
+func (s *Server) workerResources() []*xdsv1.Worker {
+	ws := s.reg.Workers()
+	states := s.view.Snapshot()
+	inflight := s.xds.Merged()
+	out := make([]*xdsv1.Worker, 0, len(ws))
+	for _, w := range ws {
+		st := states[w.ID]
+		role, _ := xds.ParseRole(w.Role)
+		res := &xdsv1.Worker{
+			Id:             w.ID,
+			Url:            w.URL,
+			Model:          w.Model,
+			Role:           role,
+			BlockSize:      uint32(w.BlockSize),
+			CapacityBlocks: uint32(st.CapacityBlocks),
+			Engine:         w.Engine,
+			Slot:           uint32(s.index.Slot(w.ID)),
+			Healthy:        st.Healthy,
+			Draining:       w.Draining,
+		}
+		if res.Model == "" {
+			res.Model = st.Model.ID
+		}
+		if res.BlockSize == 0 {
+			res.BlockSize = uint32(st.BlockSize)
+		}
+		l := &xdsv1.Load{Running: uint32(st.Load.Running), Waiting: uint32(st.Load.Waiting), KvUsage: st.Load.KVUsage}
+		if !st.ObservedAt.IsZero() {
+			l.ObservedUnixNano = st.ObservedAt.UnixNano()
+		}
+		if in, ok := inflight[w.ID]; ok {
+			l.Inflight = uint32(min(in.Inflight, 1<<31))
+			l.PrefillTokens = in.PrefillTokens
+			l.DecodeBlocks = in.DecodeBlocks
+		}
+		res.Load = l
+		out = append(out, res)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Id < out[j].Id })
+	return out
+}
+
+// policyResource turns a stored policy into its xDS resource.
+func policyResource(p registry.Policy) *xdsv1.RoutingPolicy {
+	return &xdsv1.RoutingPolicy{
+		Version:           p.Version,
+		Policy:            p.Name,
+		OverlapWeight:     p.OverlapWeight,
+		Temperature:       p.Temperature,
+		CacheThreshold:    p.CacheThreshold,
+		TierWeights:       append([]float64(nil), p.TierWeights...),
+		BusyPrefillTokens: p.BusyPrefillTokens,
+		BusyDecodeBlocks:  p.BusyDecodeBlocks,
+		BusyKvFraction:    p.BusyKVFraction,
+		SessionTtlMs:      p.SessionTTL.Milliseconds(),
+	}
+}
+
+// apiHandler serves /metrics and, once mounted, the operator API.
+func (s *Server) apiHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(s.metrics, promhttp.HandlerOpts{}))
+	return mux
+}
+
+// Registry returns the worker registry (for the operator API and tests).
+func (s *Server) Registry() *registry.Registry { return s.reg }
+
+// Index returns the global KV index.
+func (s *Server) Index() *kvindex.Index { return s.index }
+
+// XDS returns the xDS server.
+func (s *Server) XDS() *xdsserver.Server { return s.xds }
+
+// Journal returns the index journal and its server.
+func (s *Server) Journal() (*journal.Log, *journal.Server) { return s.journal, s.jserver }
+
+// Ingest returns the KV event ingestion manager.
+func (s *Server) Ingest() *ingest.Manager { return s.ingest }
+
+// View returns the load view.
+func (s *Server) View() *loadview.View { return s.view }
