@@ -22,6 +22,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	operatorv1 "github.com/kvrelay/kvrelay/controlplane/api/v1"
+	"github.com/kvrelay/kvrelay/controlplane/registry"
 )
 
 // ctlTokenEnv holds the operator API token when --token-file is not given.
@@ -368,67 +369,16 @@ func ctlPolicyTable(w io.Writer, p *operatorv1.Policy) {
 	tw.Flush()
 }
 
-// ctlWorkerKeys are the keys of the --worker form, as the control plane reads it.
-var ctlWorkerKeys = []string{"id", "url", "model", "role", "block-size", "kv-events", "kv-events-bind",
-	"kv-events-replay", "metrics", "engine"}
-
-// parseCtlWorkerSpec reads the control plane's --worker form (comma-separated key=value
-// pairs, spaces around them dropped, empty pairs skipped) into a spec. It checks the form
-// only; the control plane validates the values.
+// parseCtlWorkerSpec reads the control plane's --worker form (registry.ParseWorker: the
+// same keys, defaults and checks as `kvrelay controlplane --worker`) into a spec.
 func parseCtlWorkerSpec(s string) (*operatorv1.WorkerSpec, error) {
-	spec := &operatorv1.WorkerSpec{}
-	seen := map[string]bool{}
-	for pair := range strings.SplitSeq(s, ",") {
-		pair = strings.TrimSpace(pair)
-		if pair == "" {
-			continue
-		}
-		k, v, ok := strings.Cut(pair, "=")
-		if !ok {
-			return nil, fmt.Errorf("worker %q: %q is not key=value", s, pair)
-		}
-		k, v = strings.TrimSpace(k), strings.TrimSpace(v)
-		if !slices.Contains(ctlWorkerKeys, k) {
-			return nil, fmt.Errorf("worker %q: unknown key %q (known: %s)", s, k, strings.Join(ctlWorkerKeys, ", "))
-		}
-		if seen[k] {
-			return nil, fmt.Errorf("worker %q: key %q given twice", s, k)
-		}
-		seen[k] = true
-		switch k {
-		case "id":
-			spec.Id = v
-		case "url":
-			spec.Url = v
-		case "model":
-			spec.Model = v
-		case "role":
-			spec.Role = v
-		case "block-size":
-			n, err := strconv.ParseUint(v, 10, 32)
-			if err != nil {
-				return nil, fmt.Errorf("worker %q: block-size %q is not a number of tokens", s, v)
-			}
-			spec.BlockSize = uint32(n)
-		case "kv-events":
-			spec.KvEvents = v
-		case "kv-events-bind":
-			spec.KvEventsBind = v
-		case "kv-events-replay":
-			spec.KvEventsReplay = v
-		case "metrics":
-			spec.Metrics = v
-		case "engine":
-			spec.Engine = v
-		}
+	w, err := registry.ParseWorker(s)
+	if err != nil {
+		return nil, err
 	}
-	if spec.Id == "" {
-		return nil, fmt.Errorf("worker %q: missing id", s)
-	}
-	if spec.Url == "" {
-		return nil, fmt.Errorf("worker %q: missing url", s)
-	}
-	return spec, nil
+	return &operatorv1.WorkerSpec{Id: w.ID, Url: w.URL, Model: w.Model, Role: w.Role, BlockSize: uint32(w.BlockSize),
+		KvEvents: w.KVEvents, KvEventsBind: w.KVEventsBind, KvEventsReplay: w.KVEventsReplay, Metrics: w.Metrics,
+		Engine: w.Engine}, nil
 }
 
 // ctlClient calls the operator API over HTTP.

@@ -179,9 +179,12 @@ func TestCtlMutations(t *testing.T) {
 	if err != nil || w.Spec.KvEvents != "tcp://127.0.0.1:5565" || w.Spec.BlockSize != 32 || w.Spec.Engine != "sim" {
 		t.Fatalf("w5: %v %v", w, err)
 	}
-	// The server's validation reaches the operator.
-	if _, err := runCtl(t, ts, "workers", "add", "id=w6,url=ftp://x", "--token-file", tok); err == nil || !strings.Contains(err.Error(), `url "ftp://x"`) {
+	// A malformed spec is refused with the control plane's own checks, before any call.
+	if _, err := runCtl(t, ts, "workers", "add", "id=w6,url=ftp://x", "--token-file", tok); err == nil || !strings.Contains(err.Error(), "ftp://x") {
 		t.Errorf("workers add, bad url: %v", err)
+	}
+	if calls := b.Calls(); calls[len(calls)-1] != "UpsertWorker w5" {
+		t.Errorf("backend calls: %v", calls)
 	}
 
 	// The token may come from the environment.
@@ -321,6 +324,7 @@ func TestCtlFlags(t *testing.T) {
 		t.Errorf("--api host:port/: %v", err)
 	}
 	cmd = newCtlCmd()
+	cmd.SilenceErrors = true
 	cmd.SetOut(new(bytes.Buffer))
 	cmd.SetArgs([]string{"workers", "--api", "ftp://x"})
 	if err := cmd.ExecuteContext(t.Context()); err == nil || !strings.Contains(err.Error(), "--api") {
@@ -335,12 +339,17 @@ func TestCtlParseWorkerSpec(t *testing.T) {
 		err      string
 	}{
 		{name: "minimal", in: "id=w1,url=http://127.0.0.1:8001",
-			want: &operatorv1.WorkerSpec{Id: "w1", Url: "http://127.0.0.1:8001"}},
-		{name: "every key, spaces, empty pairs", in: " id = w1 ,url=http://h:1,, model=m,role=prefill,block-size=16,kv-events=tcp://h:5557,kv-events-bind=tcp://*:5558,kv-events-replay=tcp://h:5559,metrics=http://h:1/m,engine=sglang,",
+			want: &operatorv1.WorkerSpec{Id: "w1", Url: "http://127.0.0.1:8001", Role: "both", Engine: "vllm", Metrics: "http://127.0.0.1:8001/metrics"}},
+		{name: "every key, spaces, empty pairs", in: " id = w1 ,url=http://h:1,, model=m,role=prefill,block-size=16,kv-events=tcp://h:5557,kv-events-replay=tcp://h:5559,metrics=http://h:1/m,engine=sglang,",
 			want: &operatorv1.WorkerSpec{Id: "w1", Url: "http://h:1", Model: "m", Role: "prefill", BlockSize: 16, KvEvents: "tcp://h:5557",
-				KvEventsBind: "tcp://*:5558", KvEventsReplay: "tcp://h:5559", Metrics: "http://h:1/m", Engine: "sglang"}},
+				KvEventsReplay: "tcp://h:5559", Metrics: "http://h:1/m", Engine: "sglang"}},
 		{name: "value with =", in: "id=w1,url=http://h:1,metrics=http://h:1/m?a=b",
-			want: &operatorv1.WorkerSpec{Id: "w1", Url: "http://h:1", Metrics: "http://h:1/m?a=b"}},
+			want: &operatorv1.WorkerSpec{Id: "w1", Url: "http://h:1", Role: "both", Engine: "vllm", Metrics: "http://h:1/m?a=b"}},
+		{name: "bind", in: "id=w1,url=http://h:1,kv-events-bind=tcp://*:5558,engine=sim",
+			want: &operatorv1.WorkerSpec{Id: "w1", Url: "http://h:1", Role: "both", Engine: "sim", Metrics: "http://h:1/metrics", KvEventsBind: "tcp://*:5558"}},
+		{name: "dial and bind", in: "id=w1,url=http://h:1,kv-events=tcp://h:1,kv-events-bind=tcp://*:5558", err: "choose one"},
+		{name: "bad url", in: "id=w1,url=ftp://h:1", err: "url"},
+		{name: "bad engine", in: "id=w1,url=http://h:1,engine=tgi", err: "engine"},
 		{name: "unknown key", in: "id=w1,url=http://h:1,capacity=3", err: `unknown key "capacity"`},
 		{name: "underscore key", in: "id=w1,url=http://h:1,kv_events=tcp://h:1", err: `unknown key "kv_events"`},
 		{name: "twice", in: "id=w1,url=http://h:1,id=w2", err: "given twice"},
