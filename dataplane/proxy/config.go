@@ -53,6 +53,9 @@ type Config struct {
 	// RecentTTL is how long, with a control plane, the proxy remembers where it routed a
 	// prompt on its own, until the engine's KV events say so (see prefix.Overlay).
 	RecentTTL time.Duration `yaml:"recent_ttl"`
+	// DisableLoadReports stops reporting this proxy's in-flight requests to the control
+	// plane (and so their sharing with other proxies). For measuring what sharing buys.
+	DisableLoadReports bool `yaml:"disable_load_reports"`
 	// Route tunes the router (policy, weights, thresholds, sessions).
 	Policy         string        `yaml:"policy"`
 	OverlapWeight  float64       `yaml:"overlap_weight"`

@@ -86,10 +86,13 @@ func (s *Server) setupXDS(ctx context.Context) error {
 	s.xds = x
 	runCtx, cancel := context.WithCancel(context.Background())
 	x.cancel = cancel
-	x.wg.Add(3)
+	x.wg.Add(2)
 	go func() { defer x.wg.Done(); _ = x.ads.Run(runCtx) }()
 	go func() { defer x.wg.Done(); _ = x.journal.Run(runCtx, x.replica) }()
-	go func() { defer x.wg.Done(); _ = x.reporter.Run(runCtx) }()
+	if !s.cfg.DisableLoadReports {
+		x.wg.Add(1)
+		go func() { defer x.wg.Done(); _ = x.reporter.Run(runCtx) }()
+	}
 
 	if s.cfg.XDSSyncTimeout > 0 {
 		t := time.NewTimer(s.cfg.XDSSyncTimeout)
