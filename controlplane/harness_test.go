@@ -111,6 +111,7 @@ func (c *cluster) startControlPlane(xdsAddr string) {
 		Workers:        c.specs,
 		Adapters:       adapters(),
 		ScrapeInterval: 50 * time.Millisecond,
+		APIToken:       "secret",
 		Logger:         quiet(),
 	})
 	if err != nil {
@@ -374,5 +375,78 @@ func TestNoControlPlaneCallOnTheRequestPath(t *testing.T) {
 	// A control-plane round trip on the request path would add 100 ms to every request.
 	if f50 >= 25*time.Millisecond || f90 > n90+25*time.Millisecond {
 		t.Fatalf("a control plane 50 ms away slows requests: p50 %v p90 %v (near: %v, %v)", f50, f90, n50, n90)
+	}
+}
+
+// api calls the operator API's JSON side.
+func (c *cluster) api(method, path, body string, token bool) (int, map[string]any) {
+	c.t.Helper()
+	req, _ := http.NewRequest(method, "http://"+c.cp.APIAddr()+path, strings.NewReader(body))
+	if token {
+		req.Header.Set("Authorization", "Bearer secret")
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out map[string]any
+	_ = json.NewDecoder(resp.Body).Decode(&out)
+	return resp.StatusCode, out
+}
+
+func TestOperatorDrainAndPolicyReachProxies(t *testing.T) {
+	c := newCluster(t, 3)
+	p := c.addProxy(c.xds)
+	waitWorkers(t, p, 3)
+
+	if code, out := c.api("GET", "/v1/workers", "", false); code != 200 || len(out["workers"].([]any)) != 3 {
+		t.Fatalf("list workers: %d %v", code, out)
+	}
+	if code, _ := c.api("POST", "/v1/workers/w0/drain", "", false); code != 401 {
+		t.Fatalf("drain without the token: %d, want 401", code)
+	}
+	if code, out := c.api("POST", "/v1/workers/w0/drain", "", true); code != 200 {
+		t.Fatalf("drain: %d %v", code, out)
+	}
+	waitWorkers(t, p, 2)
+	for i := range 12 {
+		if r := chat(t, "http://"+p.Addr(), "system "+strconv.Itoa(i), "hi"); r.status != 200 || r.worker == "w0" {
+			t.Fatalf("request %d after draining w0: status %d worker %q", i, r.status, r.worker)
+		}
+	}
+	if code, out := c.api("PUT", "/v1/policy", `{"policy":"round-robin","overlap_weight":1,"cache_threshold":0.3,"tier_weights":[1,0.75,0.25],"session_ttl_ms":60000}`, true); code != 200 {
+		t.Fatalf("set policy: %d %v", code, out)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		st, _ := p.XDSStats()
+		if st.PolicyVersion == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the proxy has policy version %d, want 2", st.PolicyVersion)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// Removing a worker the flags configured is refused, and says why.
+	if code, out := c.api("DELETE", "/v1/workers/w1", "", true); code != 409 {
+		t.Fatalf("removing a flag worker: %d %v, want 409", code, out)
+	}
+	// A worker added through the API reaches the proxy and survives a control-plane restart.
+	w := c.workers[0]
+	if code, out := c.api("PUT", "/v1/workers/extra", fmt.Sprintf(`{"id":"extra","url":%q,"engine":"sim","block_size":16}`, w.URL()), true); code != 200 {
+		t.Fatalf("add worker: %d %v", code, out)
+	}
+	waitWorkers(t, p, 3)
+	addr := c.xds
+	_ = c.cp.Close()
+	c.startControlPlane(addr)
+	if code, out := c.api("GET", "/v1/workers/extra", "", false); code != 200 {
+		t.Fatalf("API worker lost across a restart: %d %v", code, out)
+	}
+	if code, out := c.api("GET", "/v1/policy", "", false); code != 200 || out["policy"] != "round-robin" {
+		t.Fatalf("policy lost across a restart: %d %v", code, out)
 	}
 }

@@ -14,7 +14,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
 
+	"github.com/kvrelay/kvrelay/controlplane/api"
 	"github.com/kvrelay/kvrelay/controlplane/ingest"
 	"github.com/kvrelay/kvrelay/controlplane/kvindex"
 	"github.com/kvrelay/kvrelay/controlplane/loadview"
@@ -86,6 +88,12 @@ type Server struct {
 
 	// ready is closed when ingestion has caught up with the engines after a start.
 	ready chan struct{}
+
+	apiGRPC   *grpc.Server
+	rateMu    sync.Mutex
+	rateAt    time.Time
+	rateTotal uint64
+	rate      float64
 }
 
 // CatchUpTimeout bounds how long a starting control plane holds proxies' index streams while
@@ -153,7 +161,7 @@ func (s *Server) Start(ctx context.Context) error {
 		go func() { defer s.wg.Done(); s.reg.WatchFile(runCtx, s.opts.WorkersFile, time.Second) }()
 	}
 	if s.apiLis != nil {
-		s.api = &http.Server{Handler: s.apiHandler(), ReadHeaderTimeout: 10 * time.Second}
+		s.api = &http.Server{Handler: s.apiHandler(), Protocols: api.Protocols(), ReadHeaderTimeout: 10 * time.Second}
 		s.wg.Add(1)
 		go func() { defer s.wg.Done(); _ = s.api.Serve(s.apiLis) }()
 	}
@@ -193,6 +201,7 @@ func (s *Server) Close() error {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 			_ = s.api.Shutdown(ctx)
 			cancel()
+			s.apiGRPC.Stop()
 		}
 		s.wg.Wait()
 		s.ingest.Close()
@@ -273,7 +282,7 @@ func (s *Server) reconcile() {
 		known[w.ID] = true
 	}
 	for _, id := range s.index.Workers() {
-		if !known[id] {
+		if id != "" && !known[id] {
 			s.ingest.RemoveWorker(id)
 		}
 	}
@@ -359,11 +368,42 @@ func policyResource(p registry.Policy) *xdsv1.RoutingPolicy {
 	}
 }
 
-// apiHandler serves /metrics and, once mounted, the operator API.
+// apiHandler serves the operator API, JSON over HTTP and gRPC on one port, and /metrics.
+// Reads are open when the API listens on loopback; mutations need the bearer token.
 func (s *Server) apiHandler() http.Handler {
+	opts := api.Options{Token: s.opts.APIToken, OpenReads: isLoopback(s.apiLis.Addr())}
+	s.apiGRPC = grpc.NewServer()
+	api.Register(s.apiGRPC, operator{s}, opts)
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(s.metrics, promhttp.HandlerOpts{}))
-	return mux
+	mux.Handle("/", api.Handler(operator{s}, opts))
+	return api.Mux(s.apiGRPC, mux)
+}
+
+func isLoopback(a net.Addr) bool {
+	tcp, ok := a.(*net.TCPAddr)
+	return ok && tcp.IP.IsLoopback()
+}
+
+// ingestRate is the KV events per second ingested from every worker, over the last second
+// or more.
+func (s *Server) ingestRate() float64 {
+	var total uint64
+	for _, w := range s.reg.Workers() {
+		if st := s.ingest.Stats(w.ID); st != nil {
+			total += st.Events.Load()
+		}
+	}
+	s.rateMu.Lock()
+	defer s.rateMu.Unlock()
+	now := time.Now()
+	if d := now.Sub(s.rateAt); d >= time.Second || s.rateAt.IsZero() {
+		if !s.rateAt.IsZero() && total >= s.rateTotal {
+			s.rate = float64(total-s.rateTotal) / d.Seconds()
+		}
+		s.rateAt, s.rateTotal = now, total
+	}
+	return s.rate
 }
 
 // Registry returns the worker registry (for the operator API and tests).

@@ -28,6 +28,6 @@ func newRootCmd() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newSimCmd(), newUpCmd(), newProxyCmd(), newControlPlaneCmd(), newBenchCmd())
+	root.AddCommand(newSimCmd(), newUpCmd(), newProxyCmd(), newControlPlaneCmd(), newBenchCmd(), newCtlCmd())
 	return root
 }

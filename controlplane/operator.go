@@ -1,0 +1,172 @@
+package controlplane
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/kvrelay/kvrelay/controlplane/api"
+	operatorv1 "github.com/kvrelay/kvrelay/controlplane/api/v1"
+	"github.com/kvrelay/kvrelay/controlplane/registry"
+)
+
+// operator implements the operator API over the control plane.
+type operator struct{ s *Server }
+
+var _ api.Backend = operator{}
+
+// apiErr translates the registry's errors into the API's.
+func apiErr(err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, registry.ErrNotFound):
+		return fmt.Errorf("%w: %w", api.ErrNotFound, err)
+	case errors.Is(err, registry.ErrInvalid):
+		return fmt.Errorf("%w: %w", api.ErrInvalid, err)
+	case errors.Is(err, registry.ErrNotRemovable), errors.Is(err, registry.ErrVersionConflict):
+		return fmt.Errorf("%w: %w", api.ErrConflict, err)
+	}
+	return err
+}
+
+func (o operator) worker(w registry.Worker) *operatorv1.Worker {
+	s := o.s
+	st, _ := s.view.Get(w.ID)
+	slot := s.index.Slot(w.ID)
+	b := s.index.Blocks(w.ID)
+	out := &operatorv1.Worker{
+		Spec: &operatorv1.WorkerSpec{
+			Id: w.ID, Url: w.URL, Model: w.Model, Role: w.Role, BlockSize: uint32(w.BlockSize),
+			KvEvents: w.KVEvents, KvEventsBind: w.KVEventsBind, KvEventsReplay: w.KVEventsReplay,
+			Metrics: w.Metrics, Engine: w.Engine, Source: w.Source,
+		},
+		Status: &operatorv1.WorkerStatus{
+			Healthy: st.Healthy, Draining: w.Draining,
+			Running: uint32(st.Load.Running), Waiting: uint32(st.Load.Waiting), KvUsage: st.Load.KVUsage,
+			Slot:   uint32(slot),
+			Blocks: &operatorv1.BlockCounts{Gpu: uint64(b[0]), Cpu: uint64(b[1]), Disk: uint64(b[2])},
+		},
+	}
+	if out.Spec.Model == "" {
+		out.Spec.Model = st.Model.ID
+	}
+	if out.Spec.BlockSize == 0 {
+		out.Spec.BlockSize = uint32(st.BlockSize)
+	}
+	if !st.ObservedAt.IsZero() {
+		out.Status.ObservedUnixNano = st.ObservedAt.UnixNano()
+	}
+	if in, ok := s.xds.Merged()[w.ID]; ok {
+		out.Status.Inflight = uint32(min(in.Inflight, 1<<31))
+	}
+	if is := s.ingest.Stats(w.ID); is != nil {
+		out.Status.Ingest = &operatorv1.IngestStats{
+			Batches: is.Batches.Load(), Events: is.Events.Load(), Gaps: is.Gaps.Load(), Replays: is.Replays.Load(),
+			Restarts: is.Restarts.Load(), Stale: is.Stale.Load(), LastEventUnixNano: is.LastEventUnixNano.Load(),
+		}
+	}
+	return out
+}
+
+func (o operator) ListWorkers(context.Context) ([]*operatorv1.Worker, error) {
+	ws := o.s.reg.Workers()
+	out := make([]*operatorv1.Worker, 0, len(ws))
+	for _, w := range ws {
+		out = append(out, o.worker(w))
+	}
+	return out, nil
+}
+
+func (o operator) GetWorker(_ context.Context, id string) (*operatorv1.Worker, error) {
+	w, ok := o.s.reg.Get(id)
+	if !ok {
+		return nil, fmt.Errorf("%w: %q", api.ErrNotFound, id)
+	}
+	return o.worker(w), nil
+}
+
+func (o operator) UpsertWorker(_ context.Context, spec *operatorv1.WorkerSpec) (*operatorv1.Worker, error) {
+	w := registry.Worker{
+		ID: spec.GetId(), URL: spec.GetUrl(), Model: spec.GetModel(), Role: spec.GetRole(), BlockSize: int(spec.GetBlockSize()),
+		KVEvents: spec.GetKvEvents(), KVEventsBind: spec.GetKvEventsBind(), KVEventsReplay: spec.GetKvEventsReplay(),
+		Metrics: spec.GetMetrics(), Engine: spec.GetEngine(),
+	}.WithDefaults()
+	if err := o.s.reg.Upsert(w); err != nil {
+		return nil, apiErr(err)
+	}
+	got, _ := o.s.reg.Get(w.ID)
+	return o.worker(got), nil
+}
+
+func (o operator) RemoveWorker(_ context.Context, id string) error {
+	return apiErr(o.s.reg.Remove(id))
+}
+
+func (o operator) SetDraining(_ context.Context, id string, draining bool) (*operatorv1.Worker, error) {
+	if err := o.s.reg.SetDraining(id, draining); err != nil {
+		return nil, apiErr(err)
+	}
+	w, _ := o.s.reg.Get(id)
+	return o.worker(w), nil
+}
+
+func policyMessage(p registry.Policy) *operatorv1.Policy {
+	r := policyResource(p)
+	return &operatorv1.Policy{
+		Version: r.Version, Policy: r.Policy, OverlapWeight: r.OverlapWeight, Temperature: r.Temperature,
+		CacheThreshold: r.CacheThreshold, TierWeights: r.TierWeights, BusyPrefillTokens: r.BusyPrefillTokens,
+		BusyDecodeBlocks: r.BusyDecodeBlocks, BusyKvFraction: r.BusyKvFraction, SessionTtlMs: r.SessionTtlMs,
+	}
+}
+
+func (o operator) GetPolicy(context.Context) (*operatorv1.Policy, error) {
+	return policyMessage(o.s.reg.Policy()), nil
+}
+
+func (o operator) SetPolicy(_ context.Context, m *operatorv1.Policy) (*operatorv1.Policy, error) {
+	p := registry.Policy{
+		Name: m.GetPolicy(), OverlapWeight: m.GetOverlapWeight(), Temperature: m.GetTemperature(),
+		CacheThreshold: m.GetCacheThreshold(), TierWeights: m.GetTierWeights(),
+		BusyPrefillTokens: m.GetBusyPrefillTokens(), BusyDecodeBlocks: m.GetBusyDecodeBlocks(),
+		BusyKVFraction: m.GetBusyKvFraction(), SessionTTL: time.Duration(m.GetSessionTtlMs()) * time.Millisecond,
+	}
+	got, err := o.s.reg.SetPolicy(p)
+	if err != nil {
+		return nil, apiErr(err)
+	}
+	return policyMessage(got), nil
+}
+
+func (o operator) GetIndex(context.Context) (*operatorv1.Index, error) {
+	s := o.s
+	out := &operatorv1.Index{
+		TotalBlocks:   uint64(s.index.Len()),
+		JournalEpoch:  s.journal.Epoch(),
+		JournalOffset: s.journal.Next(),
+		IngestRate:    s.ingestRate(),
+	}
+	for slot, id := range s.index.Workers() {
+		if id == "" {
+			continue
+		}
+		b := s.index.Blocks(id)
+		out.Workers = append(out.Workers, &operatorv1.WorkerBlocks{Id: id, Slot: uint32(slot),
+			Blocks: &operatorv1.BlockCounts{Gpu: uint64(b[0]), Cpu: uint64(b[1]), Disk: uint64(b[2])}})
+	}
+	return out, nil
+}
+
+func (o operator) ListProxies(context.Context) ([]*operatorv1.Proxy, error) {
+	st := o.s.xds.Stats()
+	out := make([]*operatorv1.Proxy, 0, len(st.Proxies))
+	for id, n := range st.Proxies {
+		p := &operatorv1.Proxy{NodeId: id, Streams: uint32(n)}
+		if nack, ok := st.LastNACK[id]; ok {
+			p.LastNack = &operatorv1.Nack{TypeUrl: nack.TypeURL, Reason: nack.Reason, UnixNano: nack.At.UnixNano()}
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
