@@ -1,0 +1,335 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/stats"
+
+	"github.com/kvrelay/kvrelay/dataplane/prefix"
+	xdsv1 "github.com/kvrelay/kvrelay/xds/api/v1"
+	"github.com/kvrelay/kvrelay/xds/blockset"
+	"github.com/kvrelay/kvrelay/xds/client"
+	"github.com/kvrelay/kvrelay/xds/journal"
+)
+
+// subscriber is a proxy's xDS side without its HTTP data plane: the same gRPC connection
+// (xds/client.Dial), the same delta ADS client and index journal client, and the same
+// prefix.Replica as journal sink, here wrapped in a timingSink that notes when each sampled
+// block became visible in the replica. A stats handler on the connection counts the bytes
+// every stream receives.
+type subscriber struct {
+	node  string
+	conn  *grpc.ClientConn
+	ads   *client.Client
+	jc    *journal.Client
+	sink  *timingSink
+	bytes *byteCounter
+}
+
+// timingSink applies changes to a prefix.Replica exactly as the proxy does, then stamps the
+// sampled Stored changes with the time Apply returned (the block is visible to Match from
+// then on). It is called from the journal client's goroutine only.
+type timingSink struct {
+	r       *prefix.Replica
+	mask    uint64
+	recs    []pubRec
+	stored  atomic.Uint64
+	removed atomic.Uint64
+	resets  atomic.Uint64
+}
+
+func (s *timingSink) Reset() {
+	s.resets.Add(1)
+	s.r.Reset()
+}
+
+func (s *timingSink) SnapshotDone() { s.r.SnapshotDone() }
+
+func (s *timingSink) Apply(cs []journal.Change) {
+	s.r.Apply(cs)
+	now := time.Now().UnixNano()
+	var st, rm uint64
+	for _, c := range cs {
+		switch c.Op {
+		case journal.Stored:
+			st++
+			if c.Seq&s.mask == 0 {
+				s.recs = append(s.recs, pubRec{seq: c.Seq, at: now})
+			}
+		case journal.Removed:
+			rm++
+		}
+	}
+	s.stored.Add(st)
+	s.removed.Add(rm)
+}
+
+// byteCounter is a grpc stats.Handler counting payload bytes by stream: WireLength of each
+// received message (the gRPC message as sent, 5-byte length prefix included, before HTTP/2
+// framing) and of each sent one.
+type byteCounter struct {
+	journalIn, adsIn, otherIn, out atomic.Uint64
+	journalMsgs                    atomic.Uint64
+}
+
+type methodKey struct{}
+
+func (b *byteCounter) TagRPC(ctx context.Context, info *stats.RPCTagInfo) context.Context {
+	return context.WithValue(ctx, methodKey{}, info.FullMethodName)
+}
+
+func (b *byteCounter) HandleRPC(ctx context.Context, s stats.RPCStats) {
+	switch p := s.(type) {
+	case *stats.InPayload:
+		m, _ := ctx.Value(methodKey{}).(string)
+		switch {
+		case strings.Contains(m, "IndexJournal"):
+			b.journalIn.Add(uint64(p.WireLength))
+			b.journalMsgs.Add(1)
+		case strings.Contains(m, "AggregatedDiscoveryService"):
+			b.adsIn.Add(uint64(p.WireLength))
+		default:
+			b.otherIn.Add(uint64(p.WireLength))
+		}
+	case *stats.OutPayload:
+		b.out.Add(uint64(p.WireLength))
+	}
+}
+
+func (b *byteCounter) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context { return ctx }
+func (b *byteCounter) HandleConn(context.Context, stats.ConnStats)                       {}
+
+func newSubscriber(xds, node string, mask uint64) (*subscriber, error) {
+	bc := &byteCounter{}
+	conn, err := client.Dial(xds, grpc.WithStatsHandler(bc))
+	if err != nil {
+		return nil, err
+	}
+	ads, err := client.New(conn, client.Options{NodeID: node, OnUpdate: func([]*xdsv1.Worker, *xdsv1.RoutingPolicy) {}})
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
+	return &subscriber{
+		node:  node,
+		conn:  conn,
+		ads:   ads,
+		jc:    journal.NewClient(conn, journal.ClientOptions{NodeID: node}),
+		sink:  &timingSink{r: prefix.NewReplica(blockset.DefaultWeights), mask: mask},
+		bytes: bc,
+	}, nil
+}
+
+// subscribers runs n subscribers until stop.
+type subscribers struct {
+	subs   []*subscriber
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+func startSubscribers(xds, nodeBase string, n int, mask uint64) (*subscribers, error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	ss := &subscribers{cancel: cancel}
+	for i := range n {
+		s, err := newSubscriber(xds, nodeBase+"-"+strconv.Itoa(i), mask)
+		if err != nil {
+			ss.stop()
+			return nil, err
+		}
+		ss.subs = append(ss.subs, s)
+		ss.wg.Add(2)
+		go func() { defer ss.wg.Done(); _ = s.ads.Run(ctx) }()
+		go func() { defer ss.wg.Done(); _ = s.jc.Run(ctx, s.sink) }()
+	}
+	return ss, nil
+}
+
+// waitSynced waits for every subscriber's ADS and journal to be synced.
+func (ss *subscribers) waitSynced(timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for _, s := range ss.subs {
+		select {
+		case <-s.ads.Synced():
+		case <-time.After(time.Until(deadline)):
+			return fmt.Errorf("subscriber %s: no ADS state after %v", s.node, timeout)
+		}
+		for !s.jc.Synced() {
+			if time.Now().After(deadline) {
+				return fmt.Errorf("subscriber %s: index journal not synced after %v", s.node, timeout)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	return nil
+}
+
+func (ss *subscribers) stop() {
+	ss.cancel()
+	ss.wg.Wait()
+	for _, s := range ss.subs {
+		s.conn.Close()
+	}
+}
+
+// subStats is what one subscriber saw during the measured window.
+type subStats struct {
+	Node                    string
+	JournalBytes, ADSBytes  uint64
+	OtherBytes, SentBytes   uint64
+	JournalMsgs             uint64
+	Stored, Removed, Resets uint64
+	Applied, Batches, Nacks uint64
+	Streams, ADSResponses   uint64
+	ReplicaBlocks           int
+	arrivals                []pubRec
+}
+
+func (s *subscriber) snapshot() subStats {
+	js := s.jc.Stats()
+	as := s.ads.Stats()
+	return subStats{
+		Node:         s.node,
+		JournalBytes: s.bytes.journalIn.Load(), ADSBytes: s.bytes.adsIn.Load(),
+		OtherBytes: s.bytes.otherIn.Load(), SentBytes: s.bytes.out.Load(),
+		JournalMsgs: s.bytes.journalMsgs.Load(),
+		Stored:      s.sink.stored.Load(), Removed: s.sink.removed.Load(), Resets: s.sink.resets.Load(),
+		Applied: js.Applied, Batches: js.Batches, Nacks: js.Nacks, Streams: js.Streams,
+		ADSResponses:  as.Responses,
+		ReplicaBlocks: s.sink.r.Len(),
+	}
+}
+
+func (a subStats) minus(b subStats) subStats {
+	a.JournalBytes -= b.JournalBytes
+	a.ADSBytes -= b.ADSBytes
+	a.OtherBytes -= b.OtherBytes
+	a.SentBytes -= b.SentBytes
+	a.JournalMsgs -= b.JournalMsgs
+	a.Stored -= b.Stored
+	a.Removed -= b.Removed
+	a.Applied -= b.Applied
+	a.Batches -= b.Batches
+	a.ADSResponses -= b.ADSResponses
+	return a
+}
+
+// childResult is what the subscriber process reports.
+type childResult struct {
+	Subs []subStats
+	// CPU is the process's user+system CPU between ready and stop; Wall the time between.
+	CPUSeconds, WallSeconds float64
+	// HeapAlloc is the live heap after a GC at stop (all replicas together).
+	HeapAlloc uint64
+	Error     string
+}
+
+func cpuSeconds() float64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return float64(ru.Utime.Nano()+ru.Stime.Nano()) / 1e9
+}
+
+// runSubscribeChild is the child process: P subscribers to -xds; "ready" on stdout once
+// synced; on stdin EOF, the window's stats as JSON on stdout and the arrival records in -out.
+func runSubscribeChild(f flags) error {
+	mask := uint64(1)<<uint(f.sample) - 1
+	ss, err := startSubscribers(f.xds, f.nodeBase, f.proxies, mask)
+	if err != nil {
+		return err
+	}
+	if err := ss.waitSynced(30 * time.Second); err != nil {
+		return err
+	}
+	before := make([]subStats, len(ss.subs))
+	for i, s := range ss.subs {
+		before[i] = s.snapshot()
+	}
+	cpu0, t0 := cpuSeconds(), time.Now()
+	fmt.Println("ready")
+	_, _ = io.Copy(io.Discard, os.Stdin)
+	cpu1, t1 := cpuSeconds(), time.Now()
+	res := childResult{CPUSeconds: cpu1 - cpu0, WallSeconds: t1.Sub(t0).Seconds()}
+	for i, s := range ss.subs {
+		res.Subs = append(res.Subs, s.snapshot().minus(before[i]))
+	}
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	res.HeapAlloc = ms.HeapAlloc
+	ss.cancel()
+	ss.wg.Wait()
+	if err := writeArrivals(f.outFile, ss); err != nil {
+		res.Error = err.Error()
+	}
+	b, _ := json.Marshal(res)
+	fmt.Println(string(b))
+	return nil
+}
+
+func writeArrivals(path string, ss *subscribers) error {
+	fh, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	w := bufio.NewWriterSize(fh, 1<<20)
+	var b [16]byte
+	for _, s := range ss.subs {
+		binary.LittleEndian.PutUint64(b[:8], uint64(len(s.sink.recs)))
+		w.Write(b[:8])
+		for _, r := range s.sink.recs {
+			binary.LittleEndian.PutUint64(b[:8], r.seq)
+			binary.LittleEndian.PutUint64(b[8:], uint64(r.at))
+			w.Write(b[:])
+		}
+	}
+	if err := w.Flush(); err != nil {
+		fh.Close()
+		return err
+	}
+	return fh.Close()
+}
+
+func readArrivals(path string, n int) ([][]pubRec, error) {
+	fh, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer fh.Close()
+	r := bufio.NewReaderSize(fh, 1<<20)
+	out := make([][]pubRec, n)
+	var b [16]byte
+	for i := range n {
+		if _, err := io.ReadFull(r, b[:8]); err != nil {
+			return nil, err
+		}
+		k := binary.LittleEndian.Uint64(b[:8])
+		if k > 1<<32 {
+			return nil, errors.New("arrival file is corrupt")
+		}
+		out[i] = make([]pubRec, k)
+		for j := range out[i] {
+			if _, err := io.ReadFull(r, b[:]); err != nil {
+				return nil, err
+			}
+			out[i][j] = pubRec{seq: binary.LittleEndian.Uint64(b[:8]), at: int64(binary.LittleEndian.Uint64(b[8:]))}
+		}
+	}
+	return out, nil
+}
