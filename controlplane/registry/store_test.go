@@ -1,0 +1,130 @@
+package registry
+
+import (
+	"errors"
+	"path/filepath"
+	"slices"
+	"testing"
+)
+
+func openStore(t *testing.T, dir string) *Store {
+	t.Helper()
+	s, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func TestStoreReopen(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "data") // Open creates it
+	s := openStore(t, dir)
+	if got, want := s.Path(), filepath.Join(dir, FileName); got != want {
+		t.Errorf("Path() = %q, want %q", got, want)
+	}
+	a := Worker{ID: "a", URL: "http://h:1", Role: RoleDecode, Engine: "sim", Metrics: "http://h:1/metrics", Source: SourceAPI}
+	b := Worker{ID: "b", URL: "http://h:2", KVEvents: "tcp://h:5557", Role: RoleBoth, Engine: "vllm", Metrics: "http://h:2/metrics", Source: SourceAPI}
+	for _, w := range []Worker{b, a, {ID: "gone", URL: "http://h:3"}} {
+		if err := s.PutWorker(w); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.DeleteWorker("gone"); err != nil {
+		t.Fatal(err)
+	}
+	for id, d := range map[string]bool{"a": true, "flag-worker": true, "undrained": false, "cleared": true} {
+		if err := s.SetDrain(id, d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.ClearDrain("cleared"); err != nil {
+		t.Fatal(err)
+	}
+	p := DefaultPolicy()
+	p.Name = PolicySession
+	p.Version = 0 // no compare-and-set
+	var last Policy
+	for range 3 {
+		var err error
+		if last, err = s.SetPolicy(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if last.Version != 4 {
+		t.Fatalf("third SetPolicy gave version %d, want 4 (default is 1)", last.Version)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	s = openStore(t, dir)
+	defer s.Close()
+	ws, err := s.Workers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []Worker{a, b}; !slices.Equal(ws, want) {
+		t.Fatalf("Workers() after reopen:\n got %+v\nwant %+v", ws, want)
+	}
+	drains, err := s.Drains()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(drains) != 3 || !drains["a"] || !drains["flag-worker"] || drains["undrained"] {
+		t.Fatalf("Drains() after reopen = %v", drains)
+	}
+	if d, set := drains["undrained"]; !set || d {
+		t.Fatalf("an explicit undrain was lost: %v", drains)
+	}
+	got, err := s.Policy()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Version != 4 || got.Name != PolicySession {
+		t.Fatalf("Policy() after reopen = %+v, want session at version 4", got)
+	}
+	next, err := s.SetPolicy(p)
+	if err != nil || next.Version != 5 {
+		t.Fatalf("SetPolicy after reopen = %+v, %v; want version 5", next, err)
+	}
+}
+
+func TestStoreDefaultPolicy(t *testing.T) {
+	s := openStore(t, t.TempDir())
+	defer s.Close()
+	p, err := s.Policy()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Version != 1 || p.Name != PolicyKV {
+		t.Fatalf("Policy() of a new store = %+v, want DefaultPolicy", p)
+	}
+}
+
+func TestStoreSetPolicyRefuses(t *testing.T) {
+	s := openStore(t, t.TempDir())
+	defer s.Close()
+	bad := DefaultPolicy()
+	bad.CacheThreshold = 2
+	if _, err := s.SetPolicy(bad); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("SetPolicy(invalid) = %v, want ErrInvalid", err)
+	}
+	stale := DefaultPolicy()
+	stale.Version = 9
+	if _, err := s.SetPolicy(stale); !errors.Is(err, ErrVersionConflict) {
+		t.Fatalf("SetPolicy(stale) = %v, want ErrVersionConflict", err)
+	}
+	if p, _ := s.Policy(); p.Version != 1 {
+		t.Fatalf("a refused policy changed the version to %d", p.Version)
+	}
+}
+
+func TestStoreLocked(t *testing.T) {
+	dir := t.TempDir()
+	s := openStore(t, dir)
+	defer s.Close()
+	if s2, err := Open(dir); err == nil {
+		s2.Close()
+		t.Fatal("a second Open of a store in use succeeded")
+	}
+}
