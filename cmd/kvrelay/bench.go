@@ -150,6 +150,9 @@ func newBenchCompareCmd() *cobra.Command {
 	fs.StringVar(&cc.Mode, "mode", "agg", "agg (every worker does both phases) or disagg (prefill and decode pools)")
 	fs.IntVar(&cc.NumGPUBlocks, "num-gpu-blocks", cc.NumGPUBlocks, "KV blocks per simulated worker")
 	fs.IntVar(&cc.MaxNumSeqs, "max-num-seqs", cc.MaxNumSeqs, "sequences per batch of each simulated worker")
+	fs.BoolVar(&cc.Static, "static", false, "no control plane: the proxy routes on its own approximate index")
+	fs.Float64Var(&cc.CacheThreshold, "cache-threshold", 0, "override the kv policy's cache threshold (0: the default)")
+	fs.Float64Var(&cc.OverlapWeight, "overlap-weight", 0, "override the kv policy's overlap weight (0: the default)")
 	fs.Float64Var(&engineSpeedup, "engine-speedup", 0, "divide the simulated engines' step times by this (default: --speedup; lower raises the load by --speedup/--engine-speedup)")
 	return cmd
 }

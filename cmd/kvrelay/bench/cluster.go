@@ -4,10 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"os"
 	"strconv"
 	"sync"
 
+	"github.com/kvrelay/kvrelay/controlplane"
+	"github.com/kvrelay/kvrelay/controlplane/registry"
 	"github.com/kvrelay/kvrelay/dataplane/proxy"
+	"github.com/kvrelay/kvrelay/engines"
+	"github.com/kvrelay/kvrelay/engines/kvevents"
+	"github.com/kvrelay/kvrelay/engines/vllm"
 	"github.com/kvrelay/kvrelay/engines/sim"
 )
 
@@ -27,6 +34,11 @@ type ClusterConfig struct {
 	// Mode is "agg" (every worker does both phases); "disagg" needs prefill and decode
 	// roles, which the simulated engine does not offer yet.
 	Mode string
+	// Static runs the proxy alone with static upstreams and its approximate index; by
+	// default a control plane follows the workers' KV events and feeds the proxy over xDS.
+	Static bool
+	// CacheThreshold and OverlapWeight override the kv policy's when positive.
+	CacheThreshold, OverlapWeight float64
 }
 
 // DefaultClusterConfig is 8 gpt-oss-120b workers with vLLM's defaults behind the kv policy.
@@ -43,6 +55,7 @@ func DefaultClusterConfig() ClusterConfig {
 type Cluster struct {
 	workers []*sim.Worker
 	proxy   *proxy.Server
+	cp      *controlplane.Server
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
 }
@@ -68,6 +81,13 @@ func StartCluster(ctx context.Context, cfg ClusterConfig) (*Cluster, error) {
 	pc.Policy = cfg.Policy
 	pc.ExposeWorkerHeader = true
 	pc.BlockSize = cfg.BlockSize
+	if cfg.CacheThreshold > 0 {
+		pc.CacheThreshold = cfg.CacheThreshold
+	}
+	if cfg.OverlapWeight > 0 {
+		pc.OverlapWeight = cfg.OverlapWeight
+	}
+	var specs []registry.Worker
 	for i := range cfg.Workers {
 		ec := sim.DefaultConfig()
 		ec.Model = cfg.Model
@@ -83,7 +103,11 @@ func StartCluster(ctx context.Context, cfg ClusterConfig) (*Cluster, error) {
 		if cfg.MaxNumSeqs > 0 {
 			ec.MaxNumSeqs = cfg.MaxNumSeqs
 		}
-		w, err := sim.NewWorker(sim.WorkerConfig{Engine: ec, Listen: "127.0.0.1:0", Codec: codec})
+		wc := sim.WorkerConfig{Engine: ec, Listen: "127.0.0.1:0", Codec: codec}
+		if !cfg.Static {
+			wc.Events = kvevents.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"}
+		}
+		w, err := sim.NewWorker(wc)
 		if err != nil {
 			c.Close()
 			return nil, fmt.Errorf("starting cluster: %w", err)
@@ -96,7 +120,19 @@ func StartCluster(ctx context.Context, cfg ClusterConfig) (*Cluster, error) {
 		c.workers = append(c.workers, w)
 		c.wg.Add(1)
 		go func() { defer c.wg.Done(); _ = w.Run(runCtx) }()
-		pc.Upstreams = append(pc.Upstreams, proxy.Upstream{ID: "w" + strconv.Itoa(i), URL: w.URL(), Model: cfg.Model, Capacity: cfg.NumGPUBlocks})
+		id := "w" + strconv.Itoa(i)
+		pc.Upstreams = append(pc.Upstreams, proxy.Upstream{ID: id, URL: w.URL(), Model: cfg.Model, Capacity: cfg.NumGPUBlocks})
+		specs = append(specs, registry.Worker{ID: id, URL: w.URL(), Model: cfg.Model, BlockSize: cfg.BlockSize,
+			KVEvents: w.EventsEndpoint(), KVEventsReplay: w.ReplayEndpoint(), Engine: "sim"})
+	}
+	if !cfg.Static {
+		if err := c.startControlPlane(runCtx, specs, pc); err != nil {
+			c.Close()
+			return nil, fmt.Errorf("starting cluster: %w", err)
+		}
+		pc.Upstreams = nil
+		pc.XDS = c.cp.XDSAddr()
+		pc.NodeID = "bench-proxy"
 	}
 	p, err := proxy.New(pc, nil)
 	if err != nil {
@@ -109,6 +145,36 @@ func StartCluster(ctx context.Context, cfg ClusterConfig) (*Cluster, error) {
 	}
 	c.proxy = p
 	return c, nil
+}
+
+// startControlPlane runs a control plane over the workers in a temporary data dir, with the
+// routing policy the proxy was configured with.
+func (c *Cluster) startControlPlane(ctx context.Context, specs []registry.Worker, pc proxy.Config) error {
+	dir, err := os.MkdirTemp("", "kvrelay-bench-")
+	if err != nil {
+		return err
+	}
+	cp, err := controlplane.New(controlplane.Options{
+		XDSListen: "127.0.0.1:0", DataDir: dir, RemoveDataDir: true, Workers: specs,
+		Adapters: engines.Adapters{engines.KindSim: vllm.NewSim()},
+		Logger:   slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		os.RemoveAll(dir)
+		return err
+	}
+	pol := cp.Registry().Policy()
+	pol.Name, pol.OverlapWeight, pol.Temperature, pol.CacheThreshold = pc.Policy, pc.OverlapWeight, pc.Temperature, pc.CacheThreshold
+	if _, err := cp.Registry().SetPolicy(pol); err != nil {
+		cp.Close()
+		return err
+	}
+	if err := cp.Start(ctx); err != nil {
+		cp.Close()
+		return err
+	}
+	c.cp = cp
+	return nil
 }
 
 func codecFor(model string) (sim.Codec, error) {
@@ -131,6 +197,9 @@ func (c *Cluster) Close() error {
 	var err error
 	if c.proxy != nil {
 		err = c.proxy.Close()
+	}
+	if c.cp != nil {
+		_ = c.cp.Close()
 	}
 	c.cancel()
 	c.wg.Wait()
