@@ -26,45 +26,22 @@ import (
 // at the given rate, a control plane subscribed to them, and P subscribers following its
 // index journal (and ADS) like proxies.
 func runIngest(f flags, res *results) error {
-	batch := f.batch
-	if batch <= 0 {
-		batch = 1
-		if f.rate > 10000 {
-			batch = 16
-		}
-	}
-	sample := f.sample
-	if sample < 0 {
-		sample = 0
-		if f.rate > 10000 {
-			sample = 2
-		}
-	}
+	batch, sample := synthParams(f)
 	mask := uint64(1)<<uint(sample) - 1
 	lg := logger(f)
 
-	var ws []*synthWorker
-	defer func() {
-		for _, w := range ws {
-			w.close()
-		}
-	}()
-	var specs []registry.Worker
-	for i := range f.workers {
-		w, err := newSynthWorker(i, max(f.maxBlocks/f.workers, chainBlocks), mask)
-		if err != nil {
-			return err
-		}
-		ws = append(ws, w)
-		specs = append(specs, registry.Worker{ID: w.id, URL: w.url, Model: model, BlockSize: synthBlockSize, Engine: "sim", KVEvents: w.pub.Endpoint()})
-	}
 	dataDir, err := os.MkdirTemp("", "bench-xds-")
 	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(dataDir)
+	eng, err := startEngines(f, dataDir)
+	if err != nil {
+		return err
+	}
+	defer eng.close()
 	cp, err := controlplane.New(controlplane.Options{
-		XDSListen: "127.0.0.1:0", DataDir: dataDir, Workers: specs, Adapters: adapters(),
+		XDSListen: "127.0.0.1:0", DataDir: dataDir, Workers: eng.specs, Adapters: adapters(),
 		ScrapeInterval: 100 * time.Millisecond, JournalLinger: f.linger, Logger: lg,
 	})
 	if err != nil {
@@ -74,17 +51,6 @@ func runIngest(f flags, res *results) error {
 		return err
 	}
 	defer cp.Close()
-	// The control plane's subscribers must be connected before anything is published: a
-	// PUB socket drops messages for subscribers that have not joined yet.
-	deadline := time.Now().Add(15 * time.Second)
-	for _, w := range ws {
-		for !w.pub.HasSubscribers() {
-			if time.Now().After(deadline) {
-				return fmt.Errorf("the control plane did not subscribe to %s", w.id)
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
-	}
 	jlog, jsrv := cp.Journal()
 	tap := startTap(jlog, mask)
 	defer tap.stop()
@@ -93,9 +59,9 @@ func runIngest(f flags, res *results) error {
 	var child *childProc
 	var local *subscribers
 	var localBefore []subStats
-	where := "child-process"
+	where := "separate-processes(engines|control-plane|proxies)"
 	if f.inProcess {
-		where = "in-process"
+		where = "one-process"
 		local, err = startSubscribers(cp.XDSAddr(), "bench", f.proxies, mask)
 		if err != nil {
 			return err
@@ -115,26 +81,18 @@ func runIngest(f flags, res *results) error {
 		defer child.kill()
 	}
 
-	var pubBytes0 uint64
-	for _, w := range ws {
-		pubBytes0 += w.pub.Stats().Bytes
-	}
 	runtime.GC()
-	cpu0 := cpuSeconds()
-	loadDur := runSynth(ws, f.rate, batch, f.duration)
-	// Let everything published reach every subscriber.
-	var stored, removed, messages, failed uint64
-	var pubBytes uint64
-	for _, w := range ws {
-		stored += w.stored
-		removed += w.removed
-		messages += w.messages
-		failed += w.failed
-		pubBytes += w.pub.Stats().Bytes
+	cpu0, t0 := cpuSeconds(), time.Now()
+	er, err := eng.run(f)
+	if err != nil {
+		return err
 	}
-	pubBytes -= pubBytes0
-	drained := waitDrained(cp, jsrv, jlog, ws, 15*time.Second)
+	loadEnd := time.Now()
+	stored, removed, messages, failed, pubBytes := er.Stored, er.Removed, er.Messages, er.Failed, er.Bytes
+	drained := waitDrained(cp, jsrv, jlog, eng.specs, messages, 60*time.Second)
+	drainDur := time.Since(loadEnd)
 	cpuParent := cpuSeconds() - cpu0
+	window := time.Since(t0)
 	tapRecs := tap.stop()
 
 	var subs []subStats
@@ -155,28 +113,32 @@ func runIngest(f flags, res *results) error {
 	}
 
 	// Publish times of the sampled blocks.
-	pubAt := map[uint64]int64{}
-	for _, w := range ws {
-		for _, r := range w.recs {
-			pubAt[r.seq] = r.at
-		}
+	pubAt := make(map[uint64]int64, len(er.recs))
+	for _, r := range er.recs {
+		pubAt[r.seq] = r.at
 	}
-	secs := loadDur.Seconds()
+	secs := er.LoadSeconds
 	res.add("setup", "mode", f.mode, "rate", f.rate, "workers", f.workers, "proxies", f.proxies,
-		"batch", batch, "sampled", fmt.Sprintf("1/%d", mask+1), "subscribers", where,
-		"duration", loadDur, "max_blocks", f.maxBlocks, "drained", drained)
+		"batch", batch, "sampled", fmt.Sprintf("1/%d", mask+1), "processes", where,
+		"duration", time.Duration(secs*float64(time.Second)), "max_blocks", f.maxBlocks, "drained", drained)
 	res.add("published", "blockstored", stored, "blockstored_per_s", float64(stored)/secs,
 		"blockremoved", removed, "messages", messages, "dropped_by_publisher", failed,
-		"cp_index_blocks", cp.Index().Len())
+		"cp_index_blocks", cp.Index().Len(), "engines_cpu_cores", er.CPUSeconds/secs)
 	var gaps, stale uint64
-	for _, w := range ws {
-		if st := cp.Ingest().Stats(w.id); st != nil {
+	for _, w := range eng.specs {
+		if st := cp.Ingest().Stats(w.ID); st != nil {
 			gaps += st.Gaps.Load()
 			stale += st.Stale.Load()
 		}
 	}
 	ist := cp.Index().Stats()
-	res.add("ingest", "gaps", gaps, "stale", stale, "orphans", ist.Orphans, "unknown_removals", ist.Unknown, "cp_cpu_cores", cpuParent/secs)
+	what := "control_plane"
+	if f.inProcess {
+		what = "everything"
+	}
+	res.add("ingest", "gaps", gaps, "stale", stale, "orphans", ist.Orphans, "unknown_removals", ist.Unknown,
+		"drain_after_load", drainDur, "cpu_of", what, "cpu_cores", cpuParent/window.Seconds(),
+		"cpu_us_per_block_event", cpuParent*1e6/float64(max(stored+removed, 1)))
 
 	// Publish → control plane journal (ZMQ, decode, index), from the tap.
 	var cpLat []time.Duration
@@ -190,6 +152,11 @@ func runIngest(f flags, res *results) error {
 
 	// Publish → proxy replica.
 	var all []time.Duration
+	type timed struct {
+		pub int64
+		d   time.Duration
+	}
+	var series []timed
 	var lostAll, delivered uint64
 	for _, s := range subs {
 		seen := make(map[uint64]bool, len(s.arrivals))
@@ -198,6 +165,9 @@ func runIngest(f flags, res *results) error {
 			if at, ok := pubAt[r.seq]; ok && !seen[r.seq] {
 				seen[r.seq] = true
 				ds = append(ds, time.Duration(r.at-at))
+				if f.timeline {
+					series = append(series, timed{at, time.Duration(r.at - at)})
+				}
 			}
 		}
 		lost := len(pubAt) - len(ds)
@@ -208,6 +178,21 @@ func runIngest(f flags, res *results) error {
 			p50, p99, mx := percentiles(ds)
 			res.add("freshness_proxy", "node", s.Node, "p50", p50, "p99", p99, "max", mx, "samples", len(ds), "lost", lost,
 				"delivered_per_s", float64(s.Stored)/secs, "resets", s.Resets, "nacks", s.Nacks)
+		}
+	}
+	if f.timeline {
+		buckets := map[int][]time.Duration{}
+		var start int64 = 1<<63 - 1
+		for _, t := range series {
+			start = min(start, t.pub)
+		}
+		for _, t := range series {
+			s := int((t.pub - start) / int64(time.Second))
+			buckets[s] = append(buckets[s], t.d)
+		}
+		for s := 0; s < len(buckets); s++ {
+			p50, p99, mx := percentiles(buckets[s])
+			res.add("freshness_timeline", "second", s, "p50", p50, "p99", p99, "max", mx, "samples", len(buckets[s]))
 		}
 	}
 	p50, p99, mx = percentiles(all)
@@ -240,8 +225,8 @@ func runIngest(f flags, res *results) error {
 		for _, s := range subs {
 			applied += s.Applied
 		}
-		res.add("proxy_cpu", "how", "getrusage(child process running only the subscribers)", "cpu_s", childRes.CPUSeconds,
-			"window_s", childRes.WallSeconds, "load_s", secs, "cores_per_proxy", childRes.CPUSeconds/secs/n,
+		res.add("proxy_cpu", "how", "getrusage(process running only the subscribers)", "cpu_s", childRes.CPUSeconds,
+			"window_s", childRes.WallSeconds, "load_s", secs, "cores_per_proxy", childRes.CPUSeconds/childRes.WallSeconds/n,
 			"us_per_change", childRes.CPUSeconds*1e6/float64(max(applied, 1)), "changes_per_proxy", float64(applied)/n)
 		var blocks int
 		for _, s := range subs {
@@ -257,13 +242,12 @@ func runIngest(f flags, res *results) error {
 
 // waitDrained waits until the control plane has ingested every published event and every
 // journal subscriber has acknowledged the whole journal.
-func waitDrained(cp *controlplane.Server, jsrv *journal.Server, jlog *journal.Log, ws []*synthWorker, timeout time.Duration) bool {
+func waitDrained(cp *controlplane.Server, jsrv *journal.Server, jlog *journal.Log, specs []registry.Worker, want uint64, timeout time.Duration) bool {
 	deadline := time.Now().Add(timeout)
 	for time.Now().Before(deadline) {
-		var want, got uint64
-		for _, w := range ws {
-			want += w.messages
-			if st := cp.Ingest().Stats(w.id); st != nil {
+		var got uint64
+		for _, w := range specs {
+			if st := cp.Ingest().Stats(w.ID); st != nil {
 				got += st.Batches.Load()
 			}
 		}

@@ -19,6 +19,7 @@ import (
 	"log"
 	"log/slog"
 	"os"
+	"runtime/pprof"
 	"sort"
 	"strings"
 	"time"
@@ -41,6 +42,8 @@ type flags struct {
 	verbose     bool
 	sharing     string
 	speedup     float64
+	cpuProfile  string
+	timeline    bool
 
 	// child ("subscribe") mode
 	xds      string
@@ -66,6 +69,8 @@ func main() {
 	flag.BoolVar(&f.verbose, "v", false, "log the components' own messages to stderr")
 	flag.StringVar(&f.sharing, "sharing", "on,off", "herding: in-flight load sharing settings to run, in order")
 	flag.Float64Var(&f.speedup, "speedup", 20, "herding, cpkill, precision: simulated engine speedup")
+	flag.BoolVar(&f.timeline, "timeline", false, "freshness: also print p50/p99 per second of publish time")
+	flag.StringVar(&f.cpuProfile, "cpuprofile", "", "write this process's CPU profile to the file")
 	// The child process's flags (mode "subscribe"); not for direct use.
 	flag.StringVar(&f.xds, "xds", "", "subscribe: the control plane's xDS address")
 	flag.StringVar(&f.outFile, "out", "", "subscribe: file for the arrival records")
@@ -75,6 +80,16 @@ func main() {
 	log.SetPrefix("bench-xds: ")
 	jsonMode = f.jsonOut
 
+	if f.cpuProfile != "" {
+		fh, err := os.Create(f.cpuProfile)
+		if err != nil {
+			log.Fatal(err)
+		}
+		if err := pprof.StartCPUProfile(fh); err != nil {
+			log.Fatal(err)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	var err error
 	res := &results{}
 	switch f.mode {
@@ -85,6 +100,11 @@ func main() {
 			f.duration = 10 * time.Second
 		}
 		err = runIngest(f, res)
+	case "engines":
+		if err := runEnginesChild(f); err != nil {
+			log.Fatal(err)
+		}
+		return
 	case "subscribe":
 		err = runSubscribeChild(f)
 		if err != nil {
@@ -113,6 +133,7 @@ func main() {
 	}
 	res.print(f.jsonOut)
 	if err != nil {
+		pprof.StopCPUProfile()
 		log.Fatal(err)
 	}
 }

@@ -288,48 +288,57 @@ func writeArrivals(path string, ss *subscribers) error {
 	if err != nil {
 		return err
 	}
-	w := bufio.NewWriterSize(fh, 1<<20)
-	var b [16]byte
-	for _, s := range ss.subs {
-		binary.LittleEndian.PutUint64(b[:8], uint64(len(s.sink.recs)))
-		w.Write(b[:8])
-		for _, r := range s.sink.recs {
-			binary.LittleEndian.PutUint64(b[:8], r.seq)
-			binary.LittleEndian.PutUint64(b[8:], uint64(r.at))
-			w.Write(b[:])
+	fh.Close()
+	for i, s := range ss.subs {
+		p := path
+		if i > 0 {
+			p = path + "." + strconv.Itoa(i)
+		}
+		if err := writeRecs(p, s.sink.recs); err != nil {
+			return err
 		}
 	}
-	if err := w.Flush(); err != nil {
-		fh.Close()
-		return err
-	}
-	return fh.Close()
+	return nil
 }
 
+// readArrivals reads n record files written by writeArrivals (n == 1: writeRecs).
 func readArrivals(path string, n int) ([][]pubRec, error) {
+	out := make([][]pubRec, n)
+	for i := range n {
+		p := path
+		if i > 0 {
+			p = path + "." + strconv.Itoa(i)
+		}
+		recs, err := readRecs(p)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = recs
+	}
+	return out, nil
+}
+
+func readRecs(path string) ([]pubRec, error) {
 	fh, err := os.Open(path)
 	if err != nil {
 		return nil, err
 	}
 	defer fh.Close()
 	r := bufio.NewReaderSize(fh, 1<<20)
-	out := make([][]pubRec, n)
 	var b [16]byte
-	for i := range n {
-		if _, err := io.ReadFull(r, b[:8]); err != nil {
+	if _, err := io.ReadFull(r, b[:8]); err != nil {
+		return nil, err
+	}
+	k := binary.LittleEndian.Uint64(b[:8])
+	if k > 1<<32 {
+		return nil, errors.New("record file is corrupt")
+	}
+	out := make([]pubRec, k)
+	for j := range out {
+		if _, err := io.ReadFull(r, b[:]); err != nil {
 			return nil, err
 		}
-		k := binary.LittleEndian.Uint64(b[:8])
-		if k > 1<<32 {
-			return nil, errors.New("arrival file is corrupt")
-		}
-		out[i] = make([]pubRec, k)
-		for j := range out[i] {
-			if _, err := io.ReadFull(r, b[:]); err != nil {
-				return nil, err
-			}
-			out[i][j] = pubRec{seq: binary.LittleEndian.Uint64(b[:8]), at: int64(binary.LittleEndian.Uint64(b[8:]))}
-		}
+		out[j] = pubRec{seq: binary.LittleEndian.Uint64(b[:8]), at: int64(binary.LittleEndian.Uint64(b[8:]))}
 	}
 	return out, nil
 }
