@@ -180,18 +180,19 @@ func (w *synthWorker) publish(n int) {
 	w.removed += uint64(removed)
 }
 
-// run publishes at perSecond BlockStored events until ctx ends, batch events a message.
+// run publishes perSecond BlockStored events a second until ctx ends, in messages of
+// batch events each.
 func (w *synthWorker) run(ctx context.Context, perSecond float64, batch int) {
 	start := time.Now()
 	emitted := 0
 	tick := time.NewTicker(time.Millisecond)
 	defer tick.Stop()
 	for {
+		// Whole messages of batch events, like an engine step's events.
 		due := int(time.Since(start).Seconds() * perSecond)
-		for emitted < due {
-			n := min(batch, due-emitted)
-			w.publish(n)
-			emitted += n
+		for emitted+batch <= due {
+			w.publish(batch)
+			emitted += batch
 		}
 		select {
 		case <-ctx.Done():
