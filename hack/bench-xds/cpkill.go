@@ -85,9 +85,15 @@ func runCPKill(f flags, res *results) error {
 
 	killAt, restartAt := f.duration/3, f.duration/2
 	time.Sleep(time.Until(t0.Add(killAt)))
-	_ = c.cp.Close()
+	// Close stops the control plane's listeners at once but returns only when its streams
+	// have ended (or its shutdown grace has passed) and its data dir is released; the new
+	// one cannot open the data dir before that, so a restart waits for Close.
 	killed := time.Since(t0)
+	old := c.cp
+	closed := make(chan time.Duration, 1)
+	go func() { t := time.Now(); _ = old.Close(); closed <- time.Since(t) }()
 	time.Sleep(time.Until(t0.Add(restartAt)))
+	closeTook := <-closed
 	type before struct{ ads, jstreams, jbatches uint64 }
 	bs := make([]before, len(ps))
 	for i, p := range ps {
@@ -197,7 +203,8 @@ func runCPKill(f flags, res *results) error {
 		homes[fam] = strconv.Itoa(fam) + ":" + home[fam]
 	}
 	res.add("cpkill", "proxies", f.proxies, "workers", f.workers, "concurrency", f.concurrency, "duration", f.duration,
-		"killed_at", killed.Round(time.Millisecond), "restarted_at", restartedAt.Round(time.Millisecond),
+		"killed_at", killed.Round(time.Millisecond), "close_took", closeTook.Round(time.Millisecond),
+		"restarted_at", restartedAt.Round(time.Millisecond),
 		"requests_ok", okAll, "errors", errAll, "first_error", firstErr, "family_homes", strings.Join(homes, ","))
 	return nil
 }
