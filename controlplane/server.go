@@ -327,8 +327,10 @@ func (s *Server) workerResources() []*xdsv1.Worker {
 			CapacityBlocks: uint32(st.CapacityBlocks),
 			Engine:         w.Engine,
 			Slot:           uint32(s.index.Slot(w.ID)),
-			Healthy:        st.Healthy,
-			Draining:       w.Draining,
+			// A worker not polled yet is taken as healthy: the proxies' own ejection covers
+			// one that is not, and a fresh control plane does not turn the fleet away.
+			Healthy:  st.Healthy || st.CheckedAt.IsZero(),
+			Draining: w.Draining,
 		}
 		if res.Model == "" {
 			res.Model = st.Model.ID

