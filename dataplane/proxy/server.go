@@ -40,9 +40,9 @@ type Server struct {
 	limits  http1.Limits
 	metrics *metrics
 	index   *prefix.Approx
-	kv      *route.Router // chat and text completions
-	load    *route.Router // embeddings and responses: by load
-	workers atomic.Pointer[[]*workerState]      // by route.Worker.Index
+	kv      *route.Router                     // chat and text completions
+	load    *route.Router                     // embeddings and responses: by load
+	workers atomic.Pointer[[]*workerState]    // by route.Worker.Index
 	codecs  atomic.Pointer[map[string]*codec] // by model; "" is the default
 	models  atomic.Pointer[[]byte]            // the /v1/models body
 	queue   *admissionQueue
