@@ -19,6 +19,7 @@ import (
 	"log"
 	"log/slog"
 	"os"
+	"runtime"
 	"runtime/pprof"
 	"sort"
 	"strings"
@@ -92,6 +93,9 @@ func main() {
 	}
 	var err error
 	res := &results{}
+	if f.mode != "subscribe" && f.mode != "engines" {
+		res.add("host", "cpus", runtime.NumCPU(), "loadavg_at_start", loadavg())
+	}
 	switch f.mode {
 	case "freshness", "pushcost":
 		defaults(&f.proxies, 8)
@@ -131,6 +135,7 @@ func main() {
 		flag.Usage()
 		os.Exit(2)
 	}
+	res.add("host", "loadavg_at_end", loadavg())
 	res.print(f.jsonOut)
 	if err != nil {
 		pprof.StopCPUProfile()
@@ -262,3 +267,15 @@ func percentiles(ds []time.Duration) (p50, p99, mx time.Duration) {
 }
 
 func errorf(format string, args ...any) error { return fmt.Errorf(format, args...) }
+
+// loadavg is the host's 1-minute load average, as /proc/loadavg says ("?" elsewhere).
+func loadavg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	if f := strings.Fields(string(b)); len(f) > 0 {
+		return f[0]
+	}
+	return "?"
+}
