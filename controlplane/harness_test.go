@@ -249,6 +249,20 @@ func TestPrecisionThroughProxies(t *testing.T) {
 	waitWorkers(t, p1, 4)
 	c.warm(8)
 	c.waitBlocks(8 * 150) // each family's prompt is about 180 blocks
+	for url, want := range map[string]string{
+		"http://" + p0.Addr() + "/metrics":       "kvrelay_proxy_xds_connected 1",
+		"http://" + c.cp.APIAddr() + "/metrics": "kvrelay_controlplane_proxies 2",
+	} {
+		resp, err := http.Get(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if !strings.Contains(string(b), want) {
+			t.Errorf("%s lacks %q", url, want)
+		}
+	}
 	for f := range 8 {
 		want := "w" + strconv.Itoa(f%4)
 		for _, p := range []*proxy.Server{p0, p1} {

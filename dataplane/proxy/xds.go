@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 
 	"github.com/kvrelay/kvrelay/dataplane/prefix"
@@ -84,6 +85,7 @@ func (s *Server) setupXDS(ctx context.Context) error {
 		return err
 	}
 	s.xds = x
+	s.metrics.reg.MustRegister(newXDSCollector(s))
 	runCtx, cancel := context.WithCancel(context.Background())
 	x.cancel = cancel
 	x.wg.Add(2)
@@ -294,4 +296,55 @@ func (s *Server) Replica() *prefix.Replica {
 		return nil
 	}
 	return s.xds.replica
+}
+
+// xdsCollector exposes how the proxy follows its control plane.
+type xdsCollector struct {
+	s                                          *Server
+	connected, blocks, policy, workers         *prometheus.Desc
+	applied, responses, nacks, streams, report *prometheus.Desc
+}
+
+func newXDSCollector(s *Server) *xdsCollector {
+	d := func(name, help string) *prometheus.Desc {
+		return prometheus.NewDesc("kvrelay_proxy_xds_"+name, help, nil, nil)
+	}
+	return &xdsCollector{
+		s:         s,
+		connected: d("connected", "1 while the ADS stream to the control plane is up."),
+		blocks:    d("replica_blocks", "Distinct KV blocks in the proxy's index replica."),
+		policy:    d("policy_version", "Version of the routing policy in force."),
+		workers:   d("workers", "Workers the control plane pushed."),
+		applied:   d("journal_changes_total", "Index journal changes applied to the replica."),
+		responses: d("responses_total", "ADS responses received."),
+		nacks:     d("nacks_total", "ADS responses and journal batches refused."),
+		streams:   d("streams_total", "ADS and journal streams opened (reconnections)."),
+		report:    d("load_reports_total", "In-flight load reports sent to the control plane."),
+	}
+}
+
+func (c *xdsCollector) Describe(ch chan<- *prometheus.Desc) { prometheus.DescribeByCollect(c, ch) }
+
+func (c *xdsCollector) Collect(ch chan<- prometheus.Metric) {
+	st, ok := c.s.XDSStats()
+	if !ok {
+		return
+	}
+	g := func(d *prometheus.Desc, v float64) { ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v) }
+	k := func(d *prometheus.Desc, v uint64) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v))
+	}
+	conn := 0.0
+	if st.ADS.Connected {
+		conn = 1
+	}
+	g(c.connected, conn)
+	g(c.blocks, float64(st.Blocks))
+	g(c.policy, float64(st.PolicyVersion))
+	g(c.workers, float64(len(c.s.kv.Pool().Workers)))
+	k(c.applied, st.Journal.Applied)
+	k(c.responses, st.ADS.Responses)
+	k(c.nacks, st.ADS.NACKs+st.Journal.Nacks)
+	k(c.streams, st.ADS.Streams+st.Journal.Streams)
+	k(c.report, st.Reports)
 }
