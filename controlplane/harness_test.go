@@ -250,7 +250,7 @@ func TestPrecisionThroughProxies(t *testing.T) {
 	c.warm(8)
 	c.waitBlocks(8 * 150) // each family's prompt is about 180 blocks
 	for url, want := range map[string]string{
-		"http://" + p0.Addr() + "/metrics":       "kvrelay_proxy_xds_connected 1",
+		"http://" + p0.Addr() + "/metrics":      "kvrelay_proxy_xds_connected 1",
 		"http://" + c.cp.APIAddr() + "/metrics": "kvrelay_controlplane_proxies 2",
 	} {
 		resp, err := http.Get(url)

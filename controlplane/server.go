@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/kvrelay/kvrelay/controlplane/api"
 	"github.com/kvrelay/kvrelay/controlplane/ingest"
@@ -52,9 +53,21 @@ type Options struct {
 	// PublishInterval bounds how often worker resources are republished when load changes
 	// (default 50 ms).
 	PublishInterval time.Duration
+	// K8s, when set, adds a worker per ready endpoint of the EndpointSlices it selects.
+	K8s *K8sSource
 	// RemoveDataDir removes DataDir on Close (kvrelay up's temporary one).
 	RemoveDataDir bool
 	Logger        *slog.Logger
+}
+
+// K8sSource discovers workers from Kubernetes EndpointSlices (see
+// registry.Registry.WatchEndpointSlices for how an endpoint becomes a worker).
+type K8sSource struct {
+	Client    kubernetes.Interface
+	Namespace string
+	Selector  string
+	// Template gives the fields endpoints do not: engine, model, KV event port, ...
+	Template registry.Worker
 }
 
 // Server is a running control plane: the registry, one KV event subscriber per worker
@@ -156,6 +169,15 @@ func (s *Server) Start(ctx context.Context) error {
 	go func() { defer s.wg.Done(); s.awaitCatchUp(runCtx) }()
 	go func() { defer s.wg.Done(); _ = s.xds.Serve(runCtx, s.xdsLis) }()
 	go func() { defer s.wg.Done(); s.loop(runCtx) }()
+	if k := s.opts.K8s; k != nil {
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			if err := s.reg.WatchEndpointSlices(runCtx, k.Client, k.Namespace, k.Selector, k.Template); err != nil && runCtx.Err() == nil {
+				s.log.Error("watching Kubernetes EndpointSlices stopped", "err", err)
+			}
+		}()
+	}
 	if s.opts.WorkersFile != "" {
 		s.wg.Add(1)
 		go func() { defer s.wg.Done(); s.reg.WatchFile(runCtx, s.opts.WorkersFile, time.Second) }()

@@ -10,6 +10,9 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/kvrelay/kvrelay/controlplane"
 	"github.com/kvrelay/kvrelay/controlplane/registry"
@@ -34,6 +37,10 @@ func newControlPlaneCmd() *cobra.Command {
 		opts      controlplane.Options
 		workers   []string
 		tokenFile string
+		k8sNS     string
+		k8sSel    string
+		k8sTmpl   string
+		kubeconf  string
 	)
 	cmd := &cobra.Command{
 		Use:   "controlplane",
@@ -65,6 +72,13 @@ Model and block size are discovered when not given.`,
 					return fmt.Errorf("--api-token-file %s is empty", tokenFile)
 				}
 			}
+			if k8sSel != "" {
+				src, err := k8sSource(kubeconf, k8sNS, k8sSel, k8sTmpl)
+				if err != nil {
+					return err
+				}
+				opts.K8s = src
+			}
 			opts.Adapters = engineAdapters()
 			opts.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 			return runControlPlane(cmd.Context(), cmd.OutOrStdout(), opts)
@@ -78,6 +92,10 @@ Model and block size are discovered when not given.`,
 	fs.StringVar(&opts.WorkersFile, "workers-file", "", "YAML file of workers, reloaded when it changes")
 	fs.StringVar(&tokenFile, "api-token-file", "", "file holding the bearer token that mutating operator calls need")
 	fs.DurationVar(&opts.ScrapeInterval, "scrape-interval", 100*time.Millisecond, "how often each worker's metrics are read")
+	fs.StringVar(&k8sSel, "k8s-selector", "", "discover workers from the Kubernetes EndpointSlices with this label selector (e.g. app=vllm)")
+	fs.StringVar(&k8sNS, "k8s-namespace", "default", "namespace of the EndpointSlices")
+	fs.StringVar(&k8sTmpl, "k8s-worker", "engine=vllm", "fields of discovered workers, in --worker form without id and url (e.g. engine=vllm,kv-events=tcp://*:5557)")
+	fs.StringVar(&kubeconf, "kubeconfig", "", "kubeconfig file (default: in-cluster configuration)")
 	_ = cmd.MarkFlagRequired("data-dir")
 	return cmd
 }
@@ -94,4 +112,30 @@ func runControlPlane(ctx context.Context, out io.Writer, opts controlplane.Optio
 	}
 	fmt.Fprintf(out, "kvrelay control plane: xds %s  api http://%s  %d workers\n", cp.XDSAddr(), cp.APIAddr(), len(cp.Registry().Workers()))
 	return cp.Run(ctx)
+}
+
+// k8sSource builds the EndpointSlice discovery of `--k8s-selector`.
+func k8sSource(kubeconfig, namespace, selector, tmpl string) (*controlplane.K8sSource, error) {
+	var (
+		cfg *rest.Config
+		err error
+	)
+	if kubeconfig != "" {
+		cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
+	} else {
+		cfg, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes configuration: %w", err)
+	}
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client: %w", err)
+	}
+	// The template reuses the --worker syntax; id and url are placeholders it ignores.
+	w, err := registry.ParseWorker("id=template,url=http://template:80," + tmpl)
+	if err != nil {
+		return nil, fmt.Errorf("--k8s-worker: %w", err)
+	}
+	return &controlplane.K8sSource{Client: client, Namespace: namespace, Selector: selector, Template: w}, nil
 }

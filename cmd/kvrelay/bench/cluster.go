@@ -14,8 +14,8 @@ import (
 	"github.com/kvrelay/kvrelay/dataplane/proxy"
 	"github.com/kvrelay/kvrelay/engines"
 	"github.com/kvrelay/kvrelay/engines/kvevents"
-	"github.com/kvrelay/kvrelay/engines/vllm"
 	"github.com/kvrelay/kvrelay/engines/sim"
+	"github.com/kvrelay/kvrelay/engines/vllm"
 )
 
 // ClusterConfig describes a local cluster: simulated workers behind a kvrelay proxy, all on
