@@ -23,11 +23,17 @@ func sourceIndex(src string) int {
 	panic("registry: unknown source " + src)
 }
 
-// where says how an operator removes a worker of each source.
-var where = map[string]string{
-	SourceFile: "the workers file",
-	SourceFlag: "the --worker flags (restart without it)",
-	SourceK8s:  "Kubernetes (it follows the EndpointSlices)",
+// where says where an operator removes a worker of src.
+func where(src string) string {
+	switch src {
+	case SourceFile:
+		return "the workers file"
+	case SourceFlag:
+		return "the --worker flags (restart without it)"
+	case SourceK8s:
+		return "Kubernetes (it follows the EndpointSlices)"
+	}
+	return src
 }
 
 // Registry merges the workers of every source (see the package documentation for the
@@ -171,7 +177,7 @@ func (r *Registry) Remove(id string) error {
 	if _, ok := api[id]; !ok {
 		for _, src := range precedence[1:] {
 			if _, ok := r.sources[sourceIndex(src)][id]; ok {
-				return fmt.Errorf("removing worker %q: %w: it comes from %s; remove it there", id, ErrNotRemovable, where[src])
+				return fmt.Errorf("removing worker %q: %w: it comes from %s; remove it there", id, ErrNotRemovable, where(src))
 			}
 		}
 		return fmt.Errorf("removing worker %q: %w", id, ErrNotFound)
