@@ -136,6 +136,12 @@ func New(opts Options) (*Server, error) {
 		store.Close()
 		return nil, err
 	}
+	if opts.WorkersFile != "" {
+		if err := reg.ReloadFile(opts.WorkersFile); err != nil {
+			store.Close()
+			return nil, fmt.Errorf("control plane: %w", err)
+		}
+	}
 	s := &Server{opts: opts, log: opts.Logger, store: store, reg: reg, metrics: prometheus.NewRegistry()}
 	s.index = kvindex.New()
 	s.journal = journal.NewLog(opts.JournalRing)
