@@ -68,7 +68,7 @@ func main() {
 	flag.BoolVar(&f.inProcess, "in-process", false, "freshness, pushcost: run the subscribers in this process instead of a child process")
 	flag.BoolVar(&f.jsonOut, "json", false, "print the results as one JSON object")
 	flag.BoolVar(&f.verbose, "v", false, "log the components' own messages to stderr")
-	flag.StringVar(&f.sharing, "sharing", "on,off", "herding: in-flight load sharing settings to run, in order")
+	flag.StringVar(&f.sharing, "sharing", "on,off", "herding: in-flight load sharing settings to run, in order; precision: off runs the xds proxy without load reports")
 	flag.Float64Var(&f.speedup, "speedup", 20, "herding, cpkill, precision: simulated engine speedup")
 	flag.BoolVar(&f.timeline, "timeline", false, "freshness: also print p50/p99 per second of publish time")
 	flag.StringVar(&f.cpuProfile, "cpuprofile", "", "write this process's CPU profile to the file")

@@ -20,7 +20,9 @@ func runPrecision(f flags, res *results) error {
 	if err := c.startControlPlane("127.0.0.1:0"); err != nil {
 		return err
 	}
-	px, err := c.addProxy(nil)
+	// -sharing off: the proxy does not report its in-flight requests (DisableLoadReports).
+	noReports := f.sharing == "off"
+	px, err := c.addProxy(func(cfg *proxy.Config) { cfg.DisableLoadReports = noReports })
 	if err != nil {
 		return err
 	}
@@ -41,7 +43,7 @@ func runPrecision(f flags, res *results) error {
 	if err := c.waitBlocks(families * (warmPrompt / families / 16) * 9 / 10); err != nil {
 		return err
 	}
-	res.add("precision_setup", "workers", f.workers, "families", families, "prompt_tokens_mean", warmPrompt/families,
+	res.add("precision_setup", "load_reports", !noReports, "workers", f.workers, "families", families, "prompt_tokens_mean", warmPrompt/families,
 		"cp_index_blocks", c.cp.Index().Len(), "replica_blocks", px.Replica().Len())
 
 	pa, err := c.addProxy(func(cfg *proxy.Config) { c.staticUpstreams(cfg) })
@@ -55,6 +57,15 @@ func runPrecision(f flags, res *results) error {
 		k, cached, prompt := 0, 0, 0
 		for fam := range families {
 			want := "w" + strconv.Itoa(fam%len(c.workers))
+			// The load the proxy sees on the warmed worker just before routing: with no
+			// request of its own in flight (variants go one at a time), any decode blocks
+			// are what the control plane pushed from proxies' in-flight reports.
+			seen := int64(-1)
+			for _, w := range m.p.Workers() {
+				if w.ID == want {
+					seen = w.DecodeBlocks()
+				}
+			}
 			r := chat("http://"+m.p.Addr(), family(fam), "variant through the "+m.name+" proxy", 4)
 			if r.status != 200 {
 				return errorf("%s proxy, family %d: %d %s", m.name, fam, r.status, r.err)
@@ -65,7 +76,7 @@ func runPrecision(f flags, res *results) error {
 			cached += r.cached
 			prompt += r.prompt
 			res.add("precision_variant", "mode", m.name, "family", fam, "warmed_on", want, "routed_to", r.worker,
-				"cached_tokens", r.cached, "prompt_tokens", r.prompt)
+				"cached_tokens", r.cached, "prompt_tokens", r.prompt, "warmed_decode_blocks_seen", seen)
 		}
 		res.add("precision", "mode", m.name, "landed_on_warmed", strconv.Itoa(k)+"/"+strconv.Itoa(families),
 			"cached_tokens_total", cached, "prompt_tokens_total", prompt, "hit_rate", float64(cached)/float64(max(prompt, 1)))
