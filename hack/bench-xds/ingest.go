@@ -200,6 +200,22 @@ func runIngest(f flags, res *results) error {
 		"samples", len(all), "lost", lostAll, "delivered_per_s_per_proxy", float64(delivered)/float64(max(len(subs), 1))/secs,
 		"target_p99", "50ms@100k/s")
 
+	if child != nil {
+		n := float64(max(len(subs), 1))
+		var applied uint64
+		for _, s := range subs {
+			applied += s.Applied
+		}
+		res.add("proxy_cpu", "how", "getrusage(process running only the subscribers)", "cpu_s", childRes.CPUSeconds,
+			"window_s", childRes.WallSeconds, "load_s", secs, "cores_per_proxy", childRes.CPUSeconds/childRes.WallSeconds/n,
+			"us_per_change", childRes.CPUSeconds*1e6/float64(max(applied, 1)), "changes_per_proxy", float64(applied)/n)
+		var blocks int
+		for _, s := range subs {
+			blocks += s.ReplicaBlocks
+		}
+		res.add("proxy_heap", "heap_after_gc", childRes.HeapAlloc, "replica_blocks_all_proxies", blocks,
+			"bytes_per_block", float64(childRes.HeapAlloc)/float64(max(blocks, 1)))
+	}
 	if f.mode != "pushcost" {
 		return nil
 	}
@@ -220,21 +236,6 @@ func runIngest(f flags, res *results) error {
 	res.add("pushcost", "bytes_per_proxy_per_s", float64(sumJ+sumA)/n/secs, "journal_share", float64(sumJ)/float64(max(sumJ+sumA, 1)),
 		"bytes_per_block_event", float64(sumJ+sumA)/n/float64(max(blockEvents, 1)),
 		"ratio_to_engine_bytes", float64(sumJ+sumA)/n/float64(max(pubBytes, 1)), "target_ratio", 2)
-	if child != nil {
-		var applied uint64
-		for _, s := range subs {
-			applied += s.Applied
-		}
-		res.add("proxy_cpu", "how", "getrusage(process running only the subscribers)", "cpu_s", childRes.CPUSeconds,
-			"window_s", childRes.WallSeconds, "load_s", secs, "cores_per_proxy", childRes.CPUSeconds/childRes.WallSeconds/n,
-			"us_per_change", childRes.CPUSeconds*1e6/float64(max(applied, 1)), "changes_per_proxy", float64(applied)/n)
-		var blocks int
-		for _, s := range subs {
-			blocks += s.ReplicaBlocks
-		}
-		res.add("proxy_heap", "heap_after_gc", childRes.HeapAlloc, "replica_blocks_all_proxies", blocks,
-			"bytes_per_block", float64(childRes.HeapAlloc)/float64(max(blocks, 1)))
-	}
 	bpb, blocks := replicaBytesPerBlock(1<<20, 64)
 	res.add("replica_memory", "blocks", blocks, "slots", 64, "bytes_per_block", bpb, "target", 100)
 	return nil
