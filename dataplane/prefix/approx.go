@@ -128,46 +128,39 @@ func (a *Approx) matchAt(hashes []uint64, overlap []float64, now uint32) float64
 	}
 	a.mu.RLock()
 	defer a.mu.RUnlock()
-	// Walk the chain once. Workers still "in the running" at block i hold blocks 0..i-1;
-	// a worker that holds block i too gets its overlap bumped. A worker's run ends at its
-	// first missing block: later blocks cannot be reused without the ones before them.
-	// running holds up to slotsPerBlock workers, so the walk costs one map lookup per block.
-	var running [slotsPerBlock]uint16
-	nRunning := 0
+	// Walk the chain once; overlap[w] is how far worker w's run of leading blocks reaches.
+	// A worker's run ends at a block the index knows it lacks. A block remembers at most
+	// slotsPerBlock workers, so one shared more widely (a common system prompt) forgets some
+	// that hold it: past a full block, a worker named later may still be running, and block
+	// hashes are chained, so a worker named at block i holds the blocks before it. A worker
+	// named at block i therefore extends its run to i+1 if every block since its run ended
+	// was full. One map lookup per block.
 	best := 0.0
+	lastNonFull := -1 // the last block whose slots were not all taken
 	for i, h := range hashes {
 		idx, ok := a.slots[h]
 		if !ok {
 			break
 		}
 		e := &a.ents[idx]
-		next := 0
-		if i == 0 {
-			for _, s := range e.slot[:e.n] {
-				if int(s.worker) < len(overlap) && a.live(s, now) {
-					running[next] = s.worker
-					next++
-				}
+		advanced := false
+		for _, s := range e.slot[:e.n] {
+			w := int(s.worker)
+			if w >= len(overlap) || !a.live(s, now) {
+				continue
 			}
-		} else {
-			for _, w := range running[:nRunning] {
-				for _, s := range e.slot[:e.n] {
-					if s.worker == w && a.live(s, now) {
-						running[next] = w
-						next++
-						break
-					}
-				}
+			if run := int(overlap[w]); run == i || lastNonFull < run {
+				overlap[w] = float64(i + 1)
+				best = float64(i + 1)
+				advanced = true
 			}
 		}
-		nRunning = next
-		if nRunning == 0 {
-			break
+		if int(e.n) < slotsPerBlock {
+			lastNonFull = i
+			if !advanced {
+				break // no run reaches past this block, and none can resume after it
+			}
 		}
-		for _, w := range running[:nRunning] {
-			overlap[w] = float64(i + 1)
-		}
-		best = float64(i + 1)
 	}
 	return best
 }

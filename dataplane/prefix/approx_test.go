@@ -212,3 +212,25 @@ func TestBlocksPerWorker(t *testing.T) {
 		t.Fatal("Forget must zero the count")
 	}
 }
+
+// A system prompt every worker caches fills its blocks' slots, which then forget some of the
+// workers holding it; a worker that holds a conversation past that prompt must still score
+// its whole run (the index once dropped such workers at the first block, so a fleet-wide
+// prefix hid every conversation's worker).
+func TestMatchPastASharedPrefix(t *testing.T) {
+	a := NewApprox(ApproxConfig{MaxBlocks: 1 << 12, TTL: time.Minute})
+	conv := chain(7, 7, 10, 10) // blocks 0..1: the shared prompt; 2..9: worker 0's conversation
+	a.Record(0, conv, 0)
+	for w := 1; w <= 5; w++ { // later requests sharing only the prompt touch it on 5 others
+		a.Record(w, chain(7, uint32(100+w), 2, 5), 0)
+	}
+	overlap := make([]float64, 6)
+	if best := a.Match(conv, overlap); best != 10 || overlap[0] != 10 {
+		t.Fatalf("best %v overlap %v, want worker 0 at 10", best, overlap)
+	}
+	for w := 1; w <= 5; w++ {
+		if overlap[w] > 2 {
+			t.Fatalf("worker %d overlap %v, want at most the shared 2", w, overlap[w])
+		}
+	}
+}
