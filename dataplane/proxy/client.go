@@ -2,7 +2,9 @@ package proxy
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"strconv"
 	"unsafe"
 
@@ -431,13 +433,21 @@ func (cc *clientConn) promptText(cd *codec) (string, error) {
 	cc.msgs = cc.msgs[:0]
 	for i := range o.Messages {
 		m := &o.Messages[i]
-		cc.msgs = append(cc.msgs, tokenizer.Message{
+		msg := tokenizer.Message{
 			Role:       unsafeString(m.Role),
 			Content:    unsafeString(m.Content),
 			Name:       unsafeString(m.Name),
 			ToolCallID: unsafeString(m.ToolCallID),
 			Reasoning:  unsafeString(m.Reasoning),
-		})
+		}
+		if len(m.ToolCalls) > 0 {
+			// An agent's assistant turns carry their function calls, which the template
+			// renders (and a tool message after one needs).
+			if err := json.Unmarshal(m.ToolCalls, &msg.ToolCalls); err != nil {
+				return "", fmt.Errorf("messages[%d].tool_calls: %w", i, err)
+			}
+		}
+		cc.msgs = append(cc.msgs, msg)
 	}
 	opts := tokenizer.RenderOptions{AddGenerationPrompt: o.AddGenerationPrompt && !o.ContinueFinalMessage}
 	if len(o.Tools) > 0 {

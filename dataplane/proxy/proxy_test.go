@@ -715,3 +715,43 @@ func TestForwardPriorityRewritesTheBody(t *testing.T) {
 		t.Fatalf("forwarded %s", sent)
 	}
 }
+
+// An agent's conversation (an assistant turn with tool_calls, then the tool's output) is
+// rendered with its calls, so the proxy's prompt hashes match what the engine caches.
+func TestToolCallConversation(t *testing.T) {
+	c := startCluster(t, 2, nil, nil)
+	body, _ := json.Marshal(map[string]any{
+		"model": model, "max_tokens": 4,
+		"messages": []any{
+			map[string]any{"role": "system", "content": family(7)},
+			map[string]any{"role": "user", "content": "find the bug"},
+			map[string]any{"role": "assistant", "content": "", "tool_calls": []any{map[string]any{
+				"id": "call_1", "type": "function", "function": map[string]any{"name": "grep", "arguments": `{"pattern":"tran\\("}`}}}},
+			map[string]any{"role": "tool", "name": "grep", "tool_call_id": "call_1", "content": "driver.go:12: tran(x)"},
+		},
+	})
+	var worker string
+	for i := range 2 {
+		resp, b := post(t, c.base+"/v1/chat/completions", string(body))
+		if resp.StatusCode != 200 {
+			t.Fatalf("status %d: %s", resp.StatusCode, b)
+		}
+		var out struct {
+			Usage struct {
+				PromptTokensDetails struct {
+					CachedTokens int `json:"cached_tokens"`
+				} `json:"prompt_tokens_details"`
+			} `json:"usage"`
+		}
+		_ = json.Unmarshal(b, &out)
+		w := resp.Header.Get("x-kvrelay-worker")
+		if i == 1 && (w != worker || out.Usage.PromptTokensDetails.CachedTokens == 0) {
+			t.Fatalf("second send went to %s (first %s) with %d cached tokens", w, worker, out.Usage.PromptTokensDetails.CachedTokens)
+		}
+		worker = w
+	}
+	bad := strings.Replace(string(body), `"tool_calls":[`, `"tool_calls":[1,`, 1)
+	if resp, b := post(t, c.base+"/v1/chat/completions", bad); resp.StatusCode != 400 {
+		t.Fatalf("malformed tool_calls: status %d: %s", resp.StatusCode, b)
+	}
+}
