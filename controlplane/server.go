@@ -149,7 +149,9 @@ func New(opts Options) (*Server, error) {
 	s.jserver = journal.NewServer(s.journal, s.index, journal.ServerOptions{Linger: opts.JournalLinger, Ready: s.ready})
 	s.ingest = ingest.NewManager(s.index, s.journal, opts.Logger)
 	s.view = loadview.New(loadview.Options{Interval: opts.ScrapeInterval, Adapters: opts.Adapters, Logger: opts.Logger})
-	s.xds = xdsserver.New(xdsserver.Options{})
+	// Proxies' streams (ADS, journal, load) live as long as the proxy: a graceful stop would
+	// only wait out its grace, and proxies reconnect to the next control plane by themselves.
+	s.xds = xdsserver.New(xdsserver.Options{ShutdownGrace: 100 * time.Millisecond})
 	xdsv1.RegisterIndexJournalServer(s.xds.GRPC(), s.jserver)
 	s.metrics.MustRegister(s.view, newCollector(s))
 	return s, nil

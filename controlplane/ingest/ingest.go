@@ -167,11 +167,28 @@ func (m *Manager) run(ctx context.Context, s *subscription) {
 	s.sub = sub
 	w := &follower{m: m, s: s}
 	// A control plane that starts (or restarts) after its engines rebuilds their part of the
-	// index at once from what they buffer for replay, rather than at their next event.
+	// index at once from what they buffer for replay, rather than at their next event. It
+	// asks once the subscription is up, so that nothing published in between is missed
+	// (a worker that then stays idle would never show the gap).
 	if s.ep.Replay != "" {
-		w.catchUp()
+		var caught sync.WaitGroup
+		defer caught.Wait() // no replay applies after the subscription stops
+		caught.Add(1)
+		go func() {
+			defer caught.Done()
+			select {
+			case <-sub.Ready():
+			case <-ctx.Done():
+				return
+			}
+			w.mu.Lock()
+			w.catchUp(ctx)
+			w.mu.Unlock()
+			s.stats.CaughtUp.Store(true)
+		}()
+	} else {
+		s.stats.CaughtUp.Store(true)
 	}
-	s.stats.CaughtUp.Store(true)
 	for ctx.Err() == nil {
 		if err := sub.Run(ctx, w.emit); err != nil {
 			m.lg.Warn("kv event subscriber stopped; retrying", "worker", s.ep.WorkerID, "err", err)
@@ -185,6 +202,7 @@ func (m *Manager) run(ctx context.Context, s *subscription) {
 
 // follower tracks one worker's sequence numbers. It runs on the subscriber's goroutine.
 type follower struct {
+	mu      sync.Mutex // emit and the catch-up at start
 	m       *Manager
 	s       *subscription
 	last    uint64
@@ -197,6 +215,8 @@ type follower struct {
 }
 
 func (f *follower) emit(seq uint64, b *kvevents.Batch) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	st := f.s.stats
 	st.LastEventUnixNano.Store(time.Now().UnixNano())
 	switch {
@@ -229,10 +249,10 @@ func (f *follower) emit(seq uint64, b *kvevents.Batch) {
 }
 
 // catchUp applies everything the engine buffers for replay, before any live batch.
-func (f *follower) catchUp() {
+func (f *follower) catchUp(ctx context.Context) {
 	st := f.s.stats
 	st.Replays.Add(1)
-	ctx, cancel := context.WithTimeout(f.m.ctx, 2*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	got, err := kvevents.Replay(ctx, f.s.ep.Replay, 0)
 	if err != nil {

@@ -40,7 +40,14 @@ type xdsState struct {
 	pos           map[string]int // worker id → route.Worker.Index, for the process's life
 	policyVersion uint64
 	updates       uint64
+
+	// sent is this proxy's own load as last reported, per worker: the share of the pushed
+	// fleet-wide sums that is this proxy's (the router counts its current load itself).
+	sentMu sync.Mutex
+	sent   map[string]ownSent
 }
+
+type ownSent struct{ prefill, decode int64 }
 
 // setupXDS builds empty routers over the replica and starts following the control plane.
 func (s *Server) setupXDS(ctx context.Context) error {
@@ -51,7 +58,7 @@ func (s *Server) setupXDS(ctx context.Context) error {
 	}
 	// With a control plane, the proxy's own index only remembers recent decisions.
 	s.index = prefix.NewApprox(prefix.ApproxConfig{MaxBlocks: s.cfg.IndexBlocks, TTL: s.cfg.RecentTTL})
-	x := &xdsState{replica: prefix.NewReplica(blockset.DefaultWeights), pos: map[string]int{}}
+	x := &xdsState{replica: prefix.NewReplica(blockset.DefaultWeights), pos: map[string]int{}, sent: map[string]ownSent{}}
 	pool := route.NewPoolIndexed(nil)
 	if err := s.buildRouters(pool, prefix.NewOverlay(x.replica, s.index)); err != nil {
 		return err
@@ -176,7 +183,7 @@ func (s *Server) applyXDS(workers []*xdsv1.Worker, policy *xdsv1.RoutingPolicy) 
 		}
 		w := st.w
 		w.SetDraining(res.GetDraining() || !res.GetHealthy())
-		w.SetReported(reportedLoad(w, res.GetLoad()))
+		w.SetReported(reportedLoad(x.ownSent(id), res.GetLoad()))
 		present = append(present, w)
 		for len(slots) <= pos {
 			slots = append(slots, -1)
@@ -238,19 +245,27 @@ func sameIdentity(a, b *route.Worker) bool {
 	return a.ID == b.ID && a.URL == b.URL && a.Model == b.Model && a.Role == b.Role && a.BlockSize == b.BlockSize && a.Capacity == b.Capacity
 }
 
-// reportedLoad turns a pushed load into the router's Reported, taking this proxy's own
-// requests out of the fleet-wide in-flight sums (the router adds its own back).
-func reportedLoad(w *route.Worker, l *xdsv1.Load) *route.Reported {
+// ownSent is what this proxy last reported for worker id.
+func (x *xdsState) ownSent(id string) ownSent {
+	x.sentMu.Lock()
+	defer x.sentMu.Unlock()
+	return x.sent[id]
+}
+
+// reportedLoad turns a pushed load into the router's Reported, taking out of the fleet-wide
+// in-flight sums this proxy's own share as it last reported it (the sums include that
+// report, not the requests it has started or finished since; the router adds its current
+// own load back).
+func reportedLoad(own ownSent, l *xdsv1.Load) *route.Reported {
 	if l == nil {
 		return nil
 	}
-	_, prefill, decode := w.Own()
 	return &route.Reported{
 		Running:       int(l.GetRunning()),
 		Waiting:       int(l.GetWaiting()),
 		KVUsage:       l.GetKvUsage(),
-		PrefillTokens: int(max(0, int64(l.GetPrefillTokens())-prefill)),
-		DecodeBlocks:  int(max(0, int64(l.GetDecodeBlocks())-decode)),
+		PrefillTokens: int(max(0, int64(l.GetPrefillTokens())-own.prefill)),
+		DecodeBlocks:  int(max(0, int64(l.GetDecodeBlocks())-own.decode)),
 	}
 }
 
@@ -258,12 +273,18 @@ func reportedLoad(w *route.Worker, l *xdsv1.Load) *route.Reported {
 func (s *Server) ownLoad() []*xdsv1.WorkerLoad {
 	pool := s.kv.Pool()
 	out := make([]*xdsv1.WorkerLoad, 0, len(pool.Workers))
+	x := s.xds
+	x.sentMu.Lock()
+	defer x.sentMu.Unlock()
+	clear(x.sent)
 	for _, w := range pool.Workers {
 		inflight, prefill, decode := w.Own()
+		prefill, decode = max(prefill, 0), max(decode, 0)
 		if inflight == 0 && prefill == 0 && decode == 0 {
 			continue
 		}
-		out = append(out, &xdsv1.WorkerLoad{WorkerId: w.ID, Inflight: uint32(inflight), PrefillTokens: uint64(max(prefill, 0)), DecodeBlocks: uint64(max(decode, 0))})
+		x.sent[w.ID] = ownSent{prefill: prefill, decode: decode}
+		out = append(out, &xdsv1.WorkerLoad{WorkerId: w.ID, Inflight: uint32(inflight), PrefillTokens: uint64(prefill), DecodeBlocks: uint64(decode)})
 	}
 	return out
 }
