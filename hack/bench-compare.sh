@@ -1,20 +1,29 @@
 #!/usr/bin/env bash
 # Reproduces the policy comparisons quoted in kvrelay's notes: the first 2000 requests of the
 # Mooncake conversation trace and the agentic workload, each replayed against a fresh local
-# cluster of 8 simulated workers per policy. Results (results.json, results.md, PNG/SVG plots)
-# go under $OUT (default bench-results/).
+# cluster per policy (8 simulated workers, a control plane following their KV events, a proxy
+# fed over xDS). Results (results.json, results.md, PNG/SVG plots) go under $OUT (default
+# bench-results/).
 #
 #   hack/bench-compare.sh [mooncake|agentic|all]
 #
 # LOAD sets how many times faster requests arrive than the engines run (arrival speedup /
-# engine speedup); the default loads round-robin to roughly 80% of its prefill capacity on the
-# Mooncake trace. ENGINE_SPEEDUP compresses the engines' step times (and the run's wall time).
+# engine speedup). On the Mooncake trace with 8 workers, LOAD=2 loads round-robin to roughly
+# 80% of what it sustains (LOAD=3 overloads it: TTFT p50 grows past 6 s); ENGINE_SPEEDUP
+# compresses the engines' step times and the run's wall time. BLOCKS is each worker's KV
+# cache in 16-token blocks (65536 ≈ 1M tokens, an H200 serving gpt-oss-120b; vLLM-like
+# 16384 cannot hold a conversation between its turns, which caps any policy's hit rate).
+# OVERLAP_WEIGHT weighs the prefill the cache saves against the decode load (kv policy).
+# The agentic workload is closed-loop: SESSIONS sets its load.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench-results}
 TRACE=${TRACE:-../shared/traces/mooncake-conversation.jsonl}
 ENGINE_SPEEDUP=${ENGINE_SPEEDUP:-2}
 LOAD=${LOAD:-2}
+BLOCKS=${BLOCKS:-65536}
+OVERLAP_WEIGHT=${OVERLAP_WEIGHT:-4}
+SESSIONS=${SESSIONS:-512}
 POLICIES=${POLICIES:-kv,round-robin,least-loaded,random}
 what=${1:-all}
 go build -o bin/kvrelay ./cmd/kvrelay
@@ -22,11 +31,13 @@ arrival=$(python3 -c "print($ENGINE_SPEEDUP * $LOAD)")
 
 if [ "$what" = mooncake ] || [ "$what" = all ]; then
   bin/kvrelay bench compare --workers 8 --policies "$POLICIES" \
-    --workload "mooncake:path=$TRACE,requests=2000" \
+    --workload "mooncake:path=$TRACE,requests=2000" --num-gpu-blocks "$BLOCKS" \
+    --overlap-weight "$OVERLAP_WEIGHT" \
     --speedup "$arrival" --engine-speedup "$ENGINE_SPEEDUP" --out "$OUT/mooncake"
 fi
 if [ "$what" = agentic ] || [ "$what" = all ]; then
   bin/kvrelay bench compare --workers 8 --policies "$POLICIES" \
-    --workload "agentic:sessions=32" \
+    --workload "agentic:sessions=$SESSIONS" --requests 4000 \
+    --overlap-weight "$OVERLAP_WEIGHT" \
     --speedup "$arrival" --engine-speedup "$ENGINE_SPEEDUP" --out "$OUT/agentic"
 fi
