@@ -433,21 +433,21 @@ func (cc *clientConn) promptText(cd *codec) (string, error) {
 	cc.msgs = cc.msgs[:0]
 	for i := range o.Messages {
 		m := &o.Messages[i]
-		msg := tokenizer.Message{
+		cc.msgs = append(cc.msgs, tokenizer.Message{
 			Role:       unsafeString(m.Role),
 			Content:    unsafeString(m.Content),
 			Name:       unsafeString(m.Name),
 			ToolCallID: unsafeString(m.ToolCallID),
 			Reasoning:  unsafeString(m.Reasoning),
-		}
+		})
 		if len(m.ToolCalls) > 0 {
 			// An agent's assistant turns carry their function calls, which the template
-			// renders (and a tool message after one needs).
-			if err := json.Unmarshal(m.ToolCalls, &msg.ToolCalls); err != nil {
+			// renders (and a tool message after one needs). Decoded in place: a local
+			// Message whose field escaped would cost every message an allocation.
+			if err := json.Unmarshal(m.ToolCalls, &cc.msgs[len(cc.msgs)-1].ToolCalls); err != nil {
 				return "", fmt.Errorf("messages[%d].tool_calls: %w", i, err)
 			}
 		}
-		cc.msgs = append(cc.msgs, msg)
 	}
 	opts := tokenizer.RenderOptions{AddGenerationPrompt: o.AddGenerationPrompt && !o.ContinueFinalMessage}
 	if len(o.Tools) > 0 {
