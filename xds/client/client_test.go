@@ -439,6 +439,9 @@ type reporter struct {
 	cancel context.CancelFunc
 	done   chan error
 	r      *client.Reporter
+
+	stopOnce sync.Once
+	stopErr  error
 }
 
 func (r *reporter) set(l ...*xdsv1.WorkerLoad) {
@@ -453,9 +456,13 @@ func (r *reporter) snapshot() []*xdsv1.WorkerLoad {
 	return r.loads
 }
 
+// stop ends the reporter's Run and returns its result; safe to call again (the cleanup does).
 func (r *reporter) stop() error {
-	r.cancel()
-	return <-r.done
+	r.stopOnce.Do(func() {
+		r.cancel()
+		r.stopErr = <-r.done
+	})
+	return r.stopErr
 }
 
 func startReporter(t *testing.T, addr, node string) *reporter {
@@ -474,8 +481,7 @@ func startReporter(t *testing.T, addr, node string) *reporter {
 	rep.cancel = cancel
 	go func() { rep.done <- r.Run(ctx) }()
 	t.Cleanup(func() {
-		cancel()
-		<-rep.done
+		_ = rep.stop()
 		conn.Close()
 	})
 	return rep
