@@ -8,11 +8,13 @@
 #   hack/bench-compare.sh [mooncake|agentic|all]
 #
 # LOAD sets how many times faster requests arrive than the engines run (arrival speedup /
-# engine speedup). On the Mooncake trace with 8 workers, LOAD=2 loads round-robin to roughly
-# 80% of what it sustains (LOAD=3 overloads it: TTFT p50 grows past 6 s); ENGINE_SPEEDUP
-# compresses the engines' step times and the run's wall time. BLOCKS is each worker's KV
-# cache in 16-token blocks (65536 ≈ 1M tokens, an H200 serving gpt-oss-120b; vLLM-like
-# 16384 cannot hold a conversation between its turns, which caps any policy's hit rate).
+# engine speedup). On the Mooncake trace with 8 workers of 16384 blocks, LOAD=2 loads
+# round-robin to roughly 80% of what it sustains (LOAD=3 overloads it: TTFT p50 grows past
+# 6 s); with the default 65536 blocks round-robin preempts less and LOAD=2 leaves it lightly
+# loaded (TTFT p50 ~120 ms), so raise LOAD for a loaded comparison. ENGINE_SPEEDUP compresses
+# the engines' step times and the run's wall time. BLOCKS is each worker's KV cache in
+# 16-token blocks (65536 ≈ 1M tokens, an H200 serving gpt-oss-120b; 16384 cannot hold a
+# conversation between its turns, which caps any policy's hit rate).
 # OVERLAP_WEIGHT weighs the prefill the cache saves against the decode load (kv policy).
 # The agentic workload is closed-loop: SESSIONS sets its load.
 set -euo pipefail
