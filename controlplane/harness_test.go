@@ -20,12 +20,8 @@ import (
 	"github.com/kvrelay/kvrelay/controlplane"
 	"github.com/kvrelay/kvrelay/controlplane/registry"
 	"github.com/kvrelay/kvrelay/dataplane/proxy"
-	"github.com/kvrelay/kvrelay/engines"
 	"github.com/kvrelay/kvrelay/engines/kvevents"
-	"github.com/kvrelay/kvrelay/engines/sglang"
 	"github.com/kvrelay/kvrelay/engines/sim"
-	"github.com/kvrelay/kvrelay/engines/trtllm"
-	"github.com/kvrelay/kvrelay/engines/vllm"
 )
 
 const model = "gpt-oss-120b"
@@ -93,15 +89,6 @@ func newCluster(t *testing.T, nworkers int) *cluster {
 	return c
 }
 
-func adapters() engines.Adapters {
-	return engines.Adapters{
-		engines.KindVLLM:   vllm.New(),
-		engines.KindSim:    vllm.NewSim(),
-		engines.KindSGLang: sglang.New(),
-		engines.KindTRTLLM: trtllm.New(),
-	}
-}
-
 func (c *cluster) startControlPlane(xdsAddr string) {
 	c.t.Helper()
 	cp, err := controlplane.New(controlplane.Options{
@@ -109,7 +96,6 @@ func (c *cluster) startControlPlane(xdsAddr string) {
 		APIListen:      "127.0.0.1:0",
 		DataDir:        c.dataDir,
 		Workers:        c.specs,
-		Adapters:       adapters(),
 		ScrapeInterval: 50 * time.Millisecond,
 		APIToken:       "secret",
 		Logger:         quiet(),

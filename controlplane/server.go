@@ -23,6 +23,9 @@ import (
 	"github.com/kvrelay/kvrelay/controlplane/loadview"
 	"github.com/kvrelay/kvrelay/controlplane/registry"
 	"github.com/kvrelay/kvrelay/engines"
+	"github.com/kvrelay/kvrelay/engines/sglang"
+	"github.com/kvrelay/kvrelay/engines/trtllm"
+	"github.com/kvrelay/kvrelay/engines/vllm"
 	"github.com/kvrelay/kvrelay/xds"
 	xdsv1 "github.com/kvrelay/kvrelay/xds/api/v1"
 	"github.com/kvrelay/kvrelay/xds/journal"
@@ -44,7 +47,7 @@ type Options struct {
 	APIToken string
 	// ScrapeInterval is how often each worker's metrics are read (default 100 ms).
 	ScrapeInterval time.Duration
-	// Adapters read each engine kind's metrics.
+	// Adapters read each engine kind's metrics (nil: DefaultAdapters).
 	Adapters engines.Adapters
 	// JournalRing is how many index changes the journal keeps for proxies that fall behind.
 	JournalRing int
@@ -58,6 +61,17 @@ type Options struct {
 	// RemoveDataDir removes DataDir on Close (kvrelay up's temporary one).
 	RemoveDataDir bool
 	Logger        *slog.Logger
+}
+
+// DefaultAdapters reads every engine kind kvrelay knows: vLLM (and the simulated engine,
+// which speaks vLLM's metric names), SGLang and TensorRT-LLM.
+func DefaultAdapters() engines.Adapters {
+	return engines.Adapters{
+		engines.KindVLLM:   vllm.New(),
+		engines.KindSim:    vllm.NewSim(),
+		engines.KindSGLang: sglang.New(),
+		engines.KindTRTLLM: trtllm.New(),
+	}
 }
 
 // K8sSource discovers workers from Kubernetes EndpointSlices (see
@@ -123,6 +137,9 @@ func New(opts Options) (*Server, error) {
 	}
 	if opts.PublishInterval <= 0 {
 		opts.PublishInterval = 50 * time.Millisecond
+	}
+	if opts.Adapters == nil {
+		opts.Adapters = DefaultAdapters()
 	}
 	if opts.DataDir == "" {
 		return nil, errors.New("control plane: --data-dir is required")

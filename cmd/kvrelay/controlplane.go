@@ -16,21 +16,7 @@ import (
 
 	"github.com/kvrelay/kvrelay/controlplane"
 	"github.com/kvrelay/kvrelay/controlplane/registry"
-	"github.com/kvrelay/kvrelay/engines"
-	"github.com/kvrelay/kvrelay/engines/sglang"
-	"github.com/kvrelay/kvrelay/engines/trtllm"
-	"github.com/kvrelay/kvrelay/engines/vllm"
 )
-
-// engineAdapters is every engine kind kvrelay reads.
-func engineAdapters() engines.Adapters {
-	return engines.Adapters{
-		engines.KindVLLM:   vllm.New(),
-		engines.KindSim:    vllm.NewSim(),
-		engines.KindSGLang: sglang.New(),
-		engines.KindTRTLLM: trtllm.New(),
-	}
-}
 
 func newControlPlaneCmd() *cobra.Command {
 	var (
@@ -79,7 +65,6 @@ Model and block size are discovered when not given.`,
 				}
 				opts.K8s = src
 			}
-			opts.Adapters = engineAdapters()
 			opts.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 			return runControlPlane(cmd.Context(), cmd.OutOrStdout(), opts)
 		},

@@ -138,7 +138,6 @@ func startUpControlPlane(ctx context.Context, ws []*sim.Worker, model string, bl
 		XDSListen: xdsListen,
 		APIListen: apiListen,
 		DataDir:   dataDir,
-		Adapters:  engineAdapters(),
 		Logger:    slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	}
 	if dataDir == "" {

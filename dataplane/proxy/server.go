@@ -217,15 +217,20 @@ func (s *Server) buildRouters(pool *route.Pool, index prefix.Index) error {
 	if s.kv, err = route.NewRouter(s.cfg.routeConfig(), pool, index); err != nil {
 		return err
 	}
-	lc := s.cfg.routeConfig()
-	lc.Policy = route.PolicyLeastLoaded
-	if s.kv.Policy().Name == route.PolicyRoundRobin || s.kv.Policy().Name == route.PolicyRandom {
-		lc.Policy = s.kv.Policy().Name // baselines stay baselines on every route
-	}
-	if s.load, err = route.NewRouter(lc, pool, nil); err != nil {
+	if s.load, err = route.NewRouter(loadConfig(s.cfg.routeConfig()), pool, nil); err != nil {
 		return err
 	}
 	return nil
+}
+
+// loadConfig is the policy of the routes without a prompt to match (embeddings, responses)
+// beside the kv router's cfg: least loaded, except that baselines stay baselines on every
+// route.
+func loadConfig(cfg route.Config) route.Config {
+	if cfg.Policy != route.PolicyRoundRobin && cfg.Policy != route.PolicyRandom {
+		cfg.Policy = route.PolicyLeastLoaded
+	}
+	return cfg
 }
 
 // setModels publishes the /v1/models body for pool.

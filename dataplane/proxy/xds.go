@@ -165,20 +165,18 @@ func (s *Server) applyXDS(workers []*xdsv1.Worker, policy *xdsv1.RoutingPolicy) 
 			states = append(states, nil)
 		}
 		host := upstreamHost(res.GetUrl())
-		want := route.Worker{
+		cand := &route.Worker{
 			ID: id, Index: pos, URL: "http://" + host, Addr: host, Model: res.GetModel(),
 			Role: route.Role(res.GetRole()), BlockSize: s.cfg.BlockSize, Capacity: int(res.GetCapacityBlocks()),
 		}
+		// A worker whose identity is unchanged keeps its Worker: its load and connections.
 		st := states[pos]
-		if st == nil || !sameIdentity(st.w, &want) {
-			w := &route.Worker{ID: want.ID, Index: pos, URL: want.URL, Addr: want.Addr, Model: want.Model, Role: want.Role, BlockSize: want.BlockSize, Capacity: want.Capacity}
-			m := (*workerMetrics)(nil)
-			if st != nil {
-				m = st.m
-			} else {
-				m = s.metrics.forWorker(id)
-			}
-			st = &workerState{w: w, m: m}
+		switch {
+		case st == nil:
+			st = &workerState{w: cand, m: s.metrics.forWorker(id)}
+			states[pos] = st
+		case !sameIdentity(st.w, cand):
+			st = &workerState{w: cand, m: st.m}
 			states[pos] = st
 		}
 		w := st.w
@@ -228,13 +226,7 @@ func (s *Server) applyXDS(workers []*xdsv1.Worker, policy *xdsv1.RoutingPolicy) 
 				copy(w[:], tw)
 				x.replica.SetWeights(w)
 			}
-			if cfg.Policy == route.PolicyRoundRobin || cfg.Policy == route.PolicyRandom {
-				_ = s.load.SetPolicy(cfg)
-			} else {
-				lc := cfg
-				lc.Policy = route.PolicyLeastLoaded
-				_ = s.load.SetPolicy(lc)
-			}
+			_ = s.load.SetPolicy(loadConfig(cfg))
 			s.log.Info("routing policy applied", "version", x.policyVersion, "policy", cfg.Policy)
 		}
 	}

@@ -12,10 +12,8 @@ import (
 	"github.com/kvrelay/kvrelay/controlplane"
 	"github.com/kvrelay/kvrelay/controlplane/registry"
 	"github.com/kvrelay/kvrelay/dataplane/proxy"
-	"github.com/kvrelay/kvrelay/engines"
 	"github.com/kvrelay/kvrelay/engines/kvevents"
 	"github.com/kvrelay/kvrelay/engines/sim"
-	"github.com/kvrelay/kvrelay/engines/vllm"
 )
 
 // ClusterConfig describes a local cluster: simulated workers behind a kvrelay proxy, all on
@@ -156,8 +154,7 @@ func (c *Cluster) startControlPlane(ctx context.Context, specs []registry.Worker
 	}
 	cp, err := controlplane.New(controlplane.Options{
 		XDSListen: "127.0.0.1:0", DataDir: dir, RemoveDataDir: true, Workers: specs,
-		Adapters: engines.Adapters{engines.KindSim: vllm.NewSim()},
-		Logger:   slog.New(slog.DiscardHandler),
+		Logger: slog.New(slog.DiscardHandler),
 	})
 	if err != nil {
 		os.RemoveAll(dir)
