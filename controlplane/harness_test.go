@@ -453,3 +453,28 @@ func TestOperatorDrainAndPolicyReachProxies(t *testing.T) {
 		t.Fatalf("policy lost across a restart: %d %v", code, out)
 	}
 }
+
+func TestBadWorkersFileFailsTheStart(t *testing.T) {
+	dir := t.TempDir()
+	path := dir + "/workers.yaml"
+	if err := os.WriteFile(path, []byte("workers:\n  - id: w1\n    url: not-a-url\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cp, err := controlplane.New(controlplane.Options{XDSListen: "127.0.0.1:0", DataDir: dir + "/data", WorkersFile: path, Logger: quiet()})
+	if err == nil {
+		cp.Close()
+		t.Fatal("a control plane started on a workers file it cannot read")
+	}
+	if !strings.Contains(err.Error(), "url") {
+		t.Fatalf("error %q does not say what is wrong", err)
+	}
+	// The data dir is not left locked: a corrected start succeeds.
+	if err := os.WriteFile(path, []byte("workers: []\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cp, err = controlplane.New(controlplane.Options{XDSListen: "127.0.0.1:0", DataDir: dir + "/data", WorkersFile: path, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cp.Close()
+}
