@@ -106,7 +106,7 @@ const (
 	codeProtocol      uint16 = 4
 	codeClosed        uint16 = 5
 	codeDevice        uint16 = 6
-	codeCanceled      uint16 = 7
+	codeNameConflict  uint16 = 7
 )
 
 // RemoteError is a rejection received from the peer: Code says what kind, Msg is the
@@ -144,6 +144,8 @@ func codeSentinel(code uint16) error {
 		return ErrClosed
 	case codeDevice:
 		return ErrDeviceMemoryUnavailable
+	case codeNameConflict:
+		return ErrNameConflict
 	}
 	return nil
 }
@@ -160,6 +162,8 @@ func errorCode(err error) uint16 {
 		return codeClosed
 	case errors.Is(err, ErrDeviceMemoryUnavailable):
 		return codeDevice
+	case errors.Is(err, ErrNameConflict):
+		return codeNameConflict
 	}
 	return codeInternal
 }
