@@ -3,6 +3,8 @@ package nixl
 import (
 	"bufio"
 	"context"
+	"crypto/rand"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -113,6 +115,7 @@ func (c Config) Validate() error {
 // All methods are safe for concurrent use.
 type Agent struct {
 	name      string
+	instance  uint64
 	cfg       Config
 	ln        net.Listener
 	advertise string
@@ -126,6 +129,7 @@ type Agent struct {
 	remotes    map[string]*remote
 	conns      map[string]*conn // the connection used to reach each peer
 	live       map[*conn]struct{}
+	handshakes map[net.Conn]struct{} // accepted, handshake not finished
 
 	notifMu sync.Mutex
 	notifs  map[string][][]byte
@@ -165,19 +169,26 @@ func NewAgent(name string, cfg Config) (*Agent, error) {
 		return nil, fmt.Errorf("starting agent %q: %w", name, err)
 	}
 	a := &Agent{
-		name:      name,
-		cfg:       cfg,
-		ln:        ln,
-		advertise: cfg.AdvertiseAddr,
-		remotes:   make(map[string]*remote),
-		conns:     make(map[string]*conn),
-		live:      make(map[*conn]struct{}),
-		notifs:    make(map[string][][]byte),
-		notifCh:   make(chan struct{}, 1),
+		name:       name,
+		cfg:        cfg,
+		ln:         ln,
+		advertise:  cfg.AdvertiseAddr,
+		remotes:    make(map[string]*remote),
+		conns:      make(map[string]*conn),
+		live:       make(map[*conn]struct{}),
+		handshakes: make(map[net.Conn]struct{}),
+		notifs:     make(map[string][][]byte),
+		notifCh:    make(chan struct{}, 1),
 	}
 	if a.advertise == "" {
 		a.advertise = ln.Addr().String()
 	}
+	var inst [8]byte
+	if _, err := rand.Read(inst[:]); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("starting agent %q: %w", name, err)
+	}
+	a.instance = binary.LittleEndian.Uint64(inst[:])
 	a.local.Store(&localTable{byID: map[uint32]*Region{}})
 	for _, k := range cfg.Backends {
 		b, err := backendFactories[k](a)
@@ -224,6 +235,9 @@ func (a *Agent) Close() error {
 	conns := make([]*conn, 0, len(a.live))
 	for c := range a.live {
 		conns = append(conns, c)
+	}
+	for nc := range a.handshakes {
+		nc.Close()
 	}
 	a.mu.Unlock()
 
@@ -397,7 +411,7 @@ func (a *Agent) Regions() []RegionDesc {
 // LocalMD returns the agent's metadata: name, backends with their connection info, and
 // every registered region.
 func (a *Agent) LocalMD() *Metadata {
-	m := &Metadata{Name: a.name, Regions: a.Regions()}
+	m := &Metadata{Name: a.name, Instance: a.instance, Regions: a.Regions()}
 	for _, b := range a.backends {
 		m.Backends = append(m.Backends, BackendInfo{Kind: b.Kind(), Info: b.Info()})
 	}
@@ -453,14 +467,23 @@ func (a *Agent) loadRemote(m *Metadata, addr string) error {
 // is not fetched again; InvalidateRemoteMD forces a fresh fetch.
 func (a *Agent) Connect(ctx context.Context, addr string) (string, error) {
 	a.mu.Lock()
+	cached := ""
 	for name, r := range a.remotes {
 		if r.addr == addr {
-			a.mu.Unlock()
-			return name, nil
+			cached = name
+			break
 		}
 	}
 	a.mu.Unlock()
-	c, err := a.dial(ctx, addr, "")
+	if cached != "" {
+		// Reuse the metadata unless the peer restarted since it was loaded.
+		_, err := a.peerConn(ctx, cached)
+		if !errors.Is(err, ErrStaleMetadata) {
+			return cached, err
+		}
+		a.InvalidateRemoteMD(cached)
+	}
+	c, err := a.dial(ctx, addr, "", 0)
 	if err != nil {
 		return "", err
 	}
@@ -474,8 +497,8 @@ func (a *Agent) Connect(ctx context.Context, addr string) (string, error) {
 		return "", fmt.Errorf("fetching metadata from %s: %w", addr, err)
 	}
 	m, err := DecodeMetadata(body)
-	if err == nil && m.Name != c.peer {
-		err = fmt.Errorf("peer at %s introduced itself as %q but its metadata names %q: %w", addr, c.peer, m.Name, ErrNameConflict)
+	if err == nil && (m.Name != c.peer || m.Instance != c.inst) {
+		err = fmt.Errorf("peer at %s introduced itself as %q (instance %x) but its metadata names %q (instance %x): %w", addr, c.peer, c.inst, m.Name, m.Instance, ErrNameConflict)
 	}
 	if err == nil {
 		err = a.loadRemote(m, addr)
@@ -629,41 +652,50 @@ func (a *Agent) acceptLoop() {
 
 // serveConn runs the handshake on an accepted connection, then its reader.
 func (a *Agent) serveConn(nc net.Conn) {
-	a.tune(nc)
-	nc.SetDeadline(time.Now().Add(a.cfg.DialTimeout))
-	br := bufio.NewReaderSize(nc, readBufSize)
-	name, err := readHello(br, "")
-	if err == nil && name == a.name {
-		err = fmt.Errorf("peer uses this agent's name %q: %w", name, ErrNameConflict)
-	}
-	if err != nil {
-		writeFrameDirect(nc, frError, 0, encodeError(err))
-		nc.Close()
-		return
-	}
-	if err := writeFrameDirect(nc, frHello, 0, encodeHello(a.name)); err != nil {
-		nc.Close()
-		return
-	}
-	nc.SetDeadline(time.Time{})
-	c := newConn(a, nc, br, name)
 	a.mu.Lock()
 	if a.closed {
 		a.mu.Unlock()
 		nc.Close()
 		return
 	}
+	a.handshakes[nc] = struct{}{}
+	a.mu.Unlock()
+	a.tune(nc)
+	nc.SetDeadline(time.Now().Add(a.cfg.DialTimeout))
+	br := bufio.NewReaderSize(nc, readBufSize)
+	name, inst, err := readHello(br, "", 0)
+	if err == nil && name == a.name {
+		err = fmt.Errorf("peer uses this agent's name %q: %w", name, ErrNameConflict)
+	}
+	if err == nil {
+		err = writeFrameDirect(nc, frHello, 0, encodeHello(a.name, a.instance))
+	} else {
+		writeFrameDirect(nc, frError, 0, encodeError(err))
+	}
+	a.mu.Lock()
+	delete(a.handshakes, nc)
+	if err != nil || a.closed {
+		a.mu.Unlock()
+		nc.Close()
+		return
+	}
+	nc.SetDeadline(time.Time{})
+	c := newConn(a, nc, br, name, inst)
 	a.live[c] = struct{}{}
-	if old := a.conns[name]; old == nil || old.isDead() {
-		a.conns[name] = c
+	// The peer's connection also carries this agent's requests to it, unless the loaded
+	// metadata belongs to an earlier run of the peer.
+	if r := a.remotes[name]; r == nil || r.md.Instance == inst {
+		if old := a.conns[name]; old == nil || old.isDead() {
+			a.conns[name] = c
+		}
 	}
 	a.mu.Unlock()
 	c.readLoop()
 }
 
 // dial connects to the agent at addr and runs the handshake. When expect is not empty the
-// peer must be called so.
-func (a *Agent) dial(ctx context.Context, addr, expect string) (*conn, error) {
+// peer must be called so, and when inst is not zero it must be that instance.
+func (a *Agent) dial(ctx context.Context, addr, expect string, inst uint64) (*conn, error) {
 	d := net.Dialer{Timeout: a.cfg.DialTimeout, KeepAlive: 15 * time.Second}
 	nc, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
@@ -676,11 +708,11 @@ func (a *Agent) dial(ctx context.Context, addr, expect string) (*conn, error) {
 	}
 	nc.SetDeadline(deadline)
 	br := bufio.NewReaderSize(nc, readBufSize)
-	name, err := func() (string, error) {
-		if err := writeFrameDirect(nc, frHello, 0, encodeHello(a.name)); err != nil {
-			return "", err
+	name, peerInst, err := func() (string, uint64, error) {
+		if err := writeFrameDirect(nc, frHello, 0, encodeHello(a.name, a.instance)); err != nil {
+			return "", 0, err
 		}
-		return readHello(br, expect)
+		return readHello(br, expect, inst)
 	}()
 	if err == nil && name == a.name {
 		err = fmt.Errorf("peer at %s uses this agent's name %q: %w", addr, name, ErrNameConflict)
@@ -690,7 +722,7 @@ func (a *Agent) dial(ctx context.Context, addr, expect string) (*conn, error) {
 		return nil, fmt.Errorf("handshake with %s: %w", addr, err)
 	}
 	nc.SetDeadline(time.Time{})
-	return newConn(a, nc, br, name), nil
+	return newConn(a, nc, br, name, peerInst), nil
 }
 
 // addConn makes a dialed connection live and starts its reader; false once closed.
@@ -749,7 +781,7 @@ func (a *Agent) peerConn(ctx context.Context, name string) (*conn, error) {
 	if r.addr == "" {
 		return nil, fmt.Errorf("agent %q publishes no TCP address: %w", name, ErrNoBackend)
 	}
-	c, err := a.dial(ctx, r.addr, name)
+	c, err := a.dial(ctx, r.addr, name, r.md.Instance)
 	if err != nil {
 		return nil, err
 	}
@@ -773,34 +805,38 @@ func (a *Agent) tune(nc net.Conn) {
 	}
 }
 
-// readHello reads the peer's HELLO (or its ERROR) and returns the peer's name.
-func readHello(br *bufio.Reader, expect string) (string, error) {
+// readHello reads the peer's HELLO (or its ERROR) and returns the peer's name and
+// instance, checking them against expect and inst where those are set.
+func readHello(br *bufio.Reader, expect string, inst uint64) (string, uint64, error) {
 	var hb [hdrSize]byte
 	if _, err := io.ReadFull(br, hb[:]); err != nil {
-		return "", fmt.Errorf("reading handshake: %w", err)
+		return "", 0, fmt.Errorf("reading handshake: %w", err)
 	}
 	h, err := parseHeader(hb[:])
 	if err != nil {
-		return "", err
+		return "", 0, err
 	}
 	if h.typ != frHello && h.typ != frError {
-		return "", fmt.Errorf("handshake: got %s: %w", h.typ, ErrProtocol)
+		return "", 0, fmt.Errorf("handshake: got %s: %w", h.typ, ErrProtocol)
 	}
 	body := make([]byte, h.length)
 	if _, err := io.ReadFull(br, body); err != nil {
-		return "", fmt.Errorf("reading handshake: %w", err)
+		return "", 0, fmt.Errorf("reading handshake: %w", err)
 	}
 	if h.typ == frError {
-		return "", decodeError(expect, body)
+		return "", 0, decodeError(expect, body)
 	}
-	name, err := decodeHello(body)
+	name, peerInst, err := decodeHello(body)
 	if err != nil {
-		return "", err
+		return "", 0, err
 	}
 	if expect != "" && name != expect {
-		return "", fmt.Errorf("expected agent %q, reached %q: %w", expect, name, ErrNameConflict)
+		return "", 0, fmt.Errorf("expected agent %q, reached %q: %w", expect, name, ErrNameConflict)
 	}
-	return name, nil
+	if inst != 0 && peerInst != inst {
+		return "", 0, fmt.Errorf("agent %q is instance %x, metadata is of %x: %w", name, peerInst, inst, ErrStaleMetadata)
+	}
+	return name, peerInst, nil
 }
 
 // writeFrameDirect writes one frame outside a conn (during the handshake).

@@ -244,3 +244,47 @@ func TestNameConflict(t *testing.T) {
 		t.Errorf("Connect to a namesake: %v", err)
 	}
 }
+
+// A peer that restarts at the same address is a new instance: transfers prepared against
+// the old metadata are refused before any byte moves, and Connect fetches the new one.
+func TestPeerRestart(t *testing.T) {
+	old, err := NewAgent("prefill", tcpOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := old.Addr()
+	oldKV, _ := old.RegisterMem(make([]byte, 8192), WithRegionName("kv"))
+	dec := newAgent(t, "decode", tcpOnly())
+	mine := heapRegion(t, dec, 4096)
+	ctx := testCtx(t)
+	if _, err := dec.Connect(ctx, addr); err != nil {
+		t.Fatal(err)
+	}
+	local := DescList{Descs: []Desc{mine.Desc().Whole()}}
+	remote := DescList{Descs: []Desc{{Addr: oldKV.Desc().Addr, Len: 4096}}}
+	if err := dec.Transfer(ctx, Read, local, "prefill", remote); err != nil {
+		t.Fatal(err)
+	}
+	old.Close()
+
+	restarted := newAgent(t, "prefill", Config{ListenAddr: addr, Backends: []BackendKind{BackendTCP}})
+	newKV := heapRegion(t, restarted, 4096, WithRegionName("kv"))
+	err = dec.Transfer(ctx, Read, local, "prefill", remote)
+	if !errors.Is(err, ErrStaleMetadata) {
+		t.Fatalf("transfer against the old metadata: %v, want ErrStaleMetadata", err)
+	}
+	if _, err := dec.Connect(ctx, addr); err != nil {
+		t.Fatal(err)
+	}
+	md, _ := dec.RemoteMD("prefill")
+	if kv, ok := md.Region("kv"); !ok || kv != newKV.Desc() {
+		t.Fatalf("after Connect: kv region %+v, want %+v", kv, newKV.Desc())
+	}
+	fillRandom(newKV.Bytes(), 5)
+	if err := dec.Transfer(ctx, Read, local, "prefill", DescList{Descs: []Desc{newKV.Desc().Whole()}}); err != nil {
+		t.Fatal(err)
+	}
+	if string(mine.Bytes()) != string(newKV.Bytes()) {
+		t.Error("data differs")
+	}
+}

@@ -31,6 +31,7 @@ type conn struct {
 	nc   net.Conn
 	br   *bufio.Reader
 	peer string
+	inst uint64 // the peer's instance, from its HELLO
 
 	wmu sync.Mutex // held for the duration of one vectored write
 
@@ -86,12 +87,13 @@ type cursor struct {
 	pos int
 }
 
-func newConn(a *Agent, nc net.Conn, br *bufio.Reader, peer string) *conn {
+func newConn(a *Agent, nc net.Conn, br *bufio.Reader, peer string, inst uint64) *conn {
 	return &conn{
 		a:        a,
 		nc:       nc,
 		br:       br,
 		peer:     peer,
+		inst:     inst,
 		calls:    make(map[uint64]*call),
 		outReads: make(map[uint64]*outRead),
 		inWrites: make(map[uint64]*inWrite),

@@ -55,6 +55,10 @@ var (
 	ErrProtocol = errors.New("nixl: protocol error")
 	// ErrBadMetadata is returned by the metadata decoder for malformed input.
 	ErrBadMetadata = errors.New("nixl: malformed metadata")
+	// ErrStaleMetadata is returned when a peer reached at the address in its loaded
+	// metadata is a different instance (it restarted): its regions may have changed, so
+	// nothing is sent until its metadata is loaded again (Connect does this itself).
+	ErrStaleMetadata = errors.New("nixl: peer restarted since its metadata was loaded")
 	// ErrNameConflict is returned when remote metadata carries this agent's own name, or
 	// a connecting peer announces a name that differs from the one expected.
 	ErrNameConflict = errors.New("nixl: agent name conflict")

@@ -142,10 +142,10 @@ func silentPeer(t testing.TB, name string) string {
 			go func() {
 				defer wg.Done()
 				br := bufio.NewReader(nc)
-				if _, err := readHello(br, ""); err != nil {
+				if _, _, err := readHello(br, "", 0); err != nil {
 					return
 				}
-				if writeFrameDirect(nc, frHello, 0, encodeHello(name)) != nil {
+				if writeFrameDirect(nc, frHello, 0, encodeHello(name, 1)) != nil {
 					return
 				}
 				io.Copy(io.Discard, br)

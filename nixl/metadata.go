@@ -17,7 +17,10 @@ type BackendInfo struct {
 // name, the backends it speaks with their connection info, and the regions peers may
 // read and write. Agent.GetLocalMD encodes it; Agent.LoadRemoteMD decodes and loads it.
 type Metadata struct {
-	Name     string
+	Name string
+	// Instance identifies one run of the agent (random at NewAgent). Connections check
+	// it, so metadata of a previous run is never used against a restarted peer.
+	Instance uint64
 	Backends []BackendInfo
 	Regions  []RegionDesc
 }
@@ -36,6 +39,7 @@ func (m *Metadata) Backend(kind BackendKind) ([]byte, bool) {
 //
 //	magic "NXMD" | version u8
 //	name      u16 len, bytes
+//	instance  u64
 //	backends  u8 count, each: kind (u16 len, bytes), info (u32 len, bytes)
 //	regions   u32 count, each: id u32, mem u8, flags u8, dev u32, addr u64, len u64,
 //	          name (u16 len, bytes)
@@ -61,7 +65,7 @@ func (m *Metadata) MarshalBinary() ([]byte, error) {
 	if len(m.Backends) > math.MaxUint8 {
 		return nil, fmt.Errorf("encoding metadata: %d backends: %w", len(m.Backends), ErrBadMetadata)
 	}
-	n := len(mdMagic) + 1 + 2 + len(m.Name) + 1 + 4
+	n := len(mdMagic) + 1 + 2 + len(m.Name) + 8 + 1 + 4
 	for _, b := range m.Backends {
 		if len(b.Kind) == 0 || len(b.Kind) > mdMaxKind || len(b.Info) > mdMaxInfo {
 			return nil, fmt.Errorf("encoding metadata: backend %q: %w", b.Kind, ErrBadMetadata)
@@ -78,6 +82,7 @@ func (m *Metadata) MarshalBinary() ([]byte, error) {
 	b = append(b, mdMagic...)
 	b = append(b, mdVersion)
 	b = appendStr16(b, m.Name)
+	b = binary.LittleEndian.AppendUint64(b, m.Instance)
 	b = append(b, byte(len(m.Backends)))
 	for _, be := range m.Backends {
 		b = appendStr16(b, string(be.Kind))
@@ -127,6 +132,7 @@ func (m *Metadata) UnmarshalBinary(data []byte) error {
 	if d.err == nil && name == "" {
 		return fmt.Errorf("decoding metadata: empty agent name: %w", ErrBadMetadata)
 	}
+	instance := d.u64()
 	nb := int(d.u8())
 	backends := make([]BackendInfo, 0, min(nb, 8))
 	for i := 0; i < nb && d.err == nil; i++ {
@@ -192,7 +198,7 @@ func (m *Metadata) UnmarshalBinary(data []byte) error {
 			return fmt.Errorf("decoding metadata: regions %d and %d overlap: %w", p.ID, c.ID, ErrBadMetadata)
 		}
 	}
-	*m = Metadata{Name: name, Backends: backends, Regions: regions}
+	*m = Metadata{Name: name, Instance: instance, Backends: backends, Regions: regions}
 	return nil
 }
 

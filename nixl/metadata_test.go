@@ -10,7 +10,8 @@ import (
 
 func sampleMD() *Metadata {
 	return &Metadata{
-		Name: "prefill-0",
+		Name:     "prefill-0",
+		Instance: 0x1234_5678_9abc,
 		Backends: []BackendInfo{
 			{Kind: BackendSHM, Info: appendStr16(appendStr16(nil, "boot:abc"), "kvrelay-nixl/1/ff")},
 			{Kind: BackendTCP, Info: []byte("10.0.0.7:5600")},
@@ -186,4 +187,3 @@ func FuzzDecodeMetadata(f *testing.F) {
 		}
 	})
 }
-

@@ -38,7 +38,7 @@ const (
 type frameType uint8
 
 const (
-	frHello    frameType = 1  // handshake: u16 version, name (u16 len, bytes)
+	frHello    frameType = 1  // handshake: u16 version, u64 instance, name (u16 len, bytes)
 	frMDReq    frameType = 2  // empty; asks for the peer's metadata
 	frMDResp   frameType = 3  // metadata bytes
 	frReadReq  frameType = 4  // u32 count, count × segment
@@ -65,7 +65,7 @@ func (t frameType) String() string {
 func maxBody(t frameType) uint32 {
 	switch t {
 	case frHello:
-		return 2 + 2 + mdMaxName
+		return 2 + 8 + 2 + mdMaxName
 	case frMDReq, frAck, frCancel:
 		return 0
 	case frMDResp:
@@ -199,22 +199,24 @@ func decodeWriteReq(body []byte) ([]byte, []wireSeg, uint64, error) {
 	return notif, segs, total, err
 }
 
-func encodeHello(name string) []byte {
-	b := binary.LittleEndian.AppendUint16(make([]byte, 0, 4+len(name)), protoVersion)
+func encodeHello(name string, instance uint64) []byte {
+	b := binary.LittleEndian.AppendUint16(make([]byte, 0, 12+len(name)), protoVersion)
+	b = binary.LittleEndian.AppendUint64(b, instance)
 	return appendStr16(b, name)
 }
 
-func decodeHello(body []byte) (string, error) {
+func decodeHello(body []byte) (string, uint64, error) {
 	d := decoder{b: body}
 	v := d.u16()
+	if d.err == nil && v != protoVersion {
+		return "", 0, fmt.Errorf("peer speaks protocol version %d, want %d: %w", v, protoVersion, ErrProtocol)
+	}
+	instance := d.u64()
 	name := d.str16(mdMaxName)
 	if d.err != nil || d.left() != 0 || name == "" {
-		return "", fmt.Errorf("malformed HELLO: %w", ErrProtocol)
+		return "", 0, fmt.Errorf("malformed HELLO: %w", ErrProtocol)
 	}
-	if v != protoVersion {
-		return "", fmt.Errorf("peer speaks protocol version %d, want %d: %w", v, protoVersion, ErrProtocol)
-	}
-	return name, nil
+	return name, instance, nil
 }
 
 func encodeError(err error) []byte {

@@ -132,7 +132,7 @@ func TestServeFramesDirectly(t *testing.T) {
 // and returns the output once the reader has stopped.
 func runReader(t testing.TB, a *Agent, in []byte, until func([]byte) bool) []byte {
 	near, far := net.Pipe()
-	c := newConn(a, near, bufio.NewReader(near), "fuzz-peer")
+	c := newConn(a, near, bufio.NewReader(near), "fuzz-peer", 1)
 	if !a.track() {
 		t.Fatal("agent closed")
 	}
@@ -202,12 +202,12 @@ func FuzzFrameDecoder(f *testing.F) {
 	f.Add(append(frame(frWriteReq, 0, 1, encodeWriteReq(nil, []wireSeg{{region: 99, len: 4}})), dataFrame(frWData, 1, 0, true, make([]byte, 4))...))
 	f.Add(dataFrame(frRData, 5, 0, true, []byte("zz")))
 	f.Add(frame(frError, 0, 1, encodeError(ErrOutOfRange)))
-	f.Add(frame(frHello, 0, 0, encodeHello("x")))
+	f.Add(frame(frHello, 0, 0, encodeHello("x", 7)))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		runReader(t, a, data, nil)
 		a.GetNotifs()
 		// The handshake decoder sees the same bytes.
-		readHello(bufio.NewReader(bytes.NewReader(data)), "")
+		readHello(bufio.NewReader(bytes.NewReader(data)), "", 0)
 		if len(data) >= hdrSize {
 			if h, err := parseHeader(data); err == nil {
 				body := data[hdrSize:]
