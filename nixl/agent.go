@@ -2,6 +2,7 @@ package nixl
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/binary"
@@ -404,7 +405,7 @@ func newLocalTable(regs []*Region) *localTable {
 // Regions returns the descriptions of the registered regions, ordered by id.
 func (a *Agent) Regions() []RegionDesc {
 	rs := slices.Clone(a.local.Load().set.regions)
-	slices.SortFunc(rs, func(x, y RegionDesc) int { return int(x.ID) - int(y.ID) })
+	slices.SortFunc(rs, func(x, y RegionDesc) int { return cmp.Compare(x.ID, y.ID) })
 	return rs
 }
 
