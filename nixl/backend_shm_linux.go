@@ -81,7 +81,7 @@ func newSHMBackend(a *Agent) (Backend, error) {
 		peers:  make(map[string]*shmPeer),
 		served: make(map[*net.UnixConn]struct{}),
 	}
-	b.info = appendStr16(appendStr16(nil, b.host), b.sock)
+	b.info = encodeSHMInfo(b.host, b.sock)
 	b.wg.Add(1)
 	go b.acceptLoop()
 	return b, nil
@@ -96,14 +96,6 @@ func hostIdentity() string {
 	}
 	h, _ := os.Hostname()
 	return "host:" + h
-}
-
-// parseSHMInfo decodes a peer's shared-memory backend info.
-func parseSHMInfo(info []byte) (host, sock string, ok bool) {
-	d := decoder{b: info}
-	host = d.str16(mdMaxName)
-	sock = d.str16(mdMaxName)
-	return host, sock, d.err == nil && d.left() == 0 && host != "" && sock != ""
 }
 
 // Kind returns BackendSHM.

@@ -59,7 +59,7 @@ func runXfer(b *testing.B, x *Xfer) {
 // BenchmarkThroughput moves batches of 64 blocks per transfer; MB/s is the payload rate
 // and ns/op the time of one 64-block transfer.
 func BenchmarkThroughput(b *testing.B) {
-	for _, backend := range []BackendKind{BackendTCP, BackendSHM} {
+	for _, backend := range testBackends() {
 		for _, op := range []Op{Read, Write} {
 			for _, bs := range []int{16 << 10, 256 << 10, 1 << 20, 4 << 20} {
 				b.Run(fmt.Sprintf("%s/%s/block=%s", backend, op, sizeName(bs)), func(b *testing.B) {
@@ -78,7 +78,7 @@ func BenchmarkThroughput(b *testing.B) {
 // BenchmarkBatchLatency times single 64-block READs with a notification (the decode
 // side's fetch of one request's KV blocks) and reports the median and 99th percentile.
 func BenchmarkBatchLatency(b *testing.B) {
-	for _, backend := range []BackendKind{BackendTCP, BackendSHM} {
+	for _, backend := range testBackends() {
 		for _, bs := range []int{1 << 10, 16 << 10} {
 			b.Run(fmt.Sprintf("%s/block=%s", backend, sizeName(bs)), func(b *testing.B) {
 				x := benchPair(b, backend, Read, bs, WithNotif([]byte("free")))

@@ -7,6 +7,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -153,4 +154,13 @@ func silentPeer(t testing.TB, name string) string {
 		}
 	}()
 	return ln.Addr().String()
+}
+
+// testBackends lists the data backends this platform supports: TCP, and shared memory
+// where it is available.
+func testBackends() []BackendKind {
+	if slices.Contains(defaultBackends, BackendSHM) {
+		return []BackendKind{BackendTCP, BackendSHM}
+	}
+	return []BackendKind{BackendTCP}
 }

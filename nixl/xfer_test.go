@@ -13,7 +13,7 @@ import (
 
 func TestTransferRoundTrip(t *testing.T) {
 	const blockSize, slots = 64 << 10, 32
-	for _, backend := range []BackendKind{BackendTCP, BackendSHM} {
+	for _, backend := range testBackends() {
 		for _, op := range []Op{Read, Write} {
 			for _, chunk := range []int{0, 4 << 10} { // default, and many small frames
 				name := fmt.Sprintf("%s/%s/chunk=%d", backend, op, chunk)
@@ -124,7 +124,7 @@ func TestHeapRegionFallsBackToTCP(t *testing.T) {
 }
 
 func TestNotifications(t *testing.T) {
-	for _, backend := range []BackendKind{BackendTCP, BackendSHM} {
+	for _, backend := range testBackends() {
 		t.Run(string(backend), func(t *testing.T) {
 			cfg := Config{}
 			if backend == BackendTCP {
@@ -193,7 +193,7 @@ func TestConnectAndReadBlocks(t *testing.T) {
 	pre := newAgent(t, "prefill-0", Config{})
 	kv := hostRegion(t, pre, blockSize*slots, WithRegionName("kv"))
 	fillRandom(kv.Bytes(), 11)
-	for _, backend := range []BackendKind{BackendTCP, BackendSHM} {
+	for _, backend := range testBackends() {
 		t.Run(string(backend), func(t *testing.T) {
 			cfg := Config{}
 			if backend == BackendTCP {
@@ -242,7 +242,7 @@ func TestConnectAndReadBlocks(t *testing.T) {
 
 func TestConcurrentTransfers(t *testing.T) {
 	const blockSize, slots, workers, rounds = 8 << 10, 128, 8, 20
-	for _, backend := range []BackendKind{BackendTCP, BackendSHM} {
+	for _, backend := range testBackends() {
 		t.Run(string(backend), func(t *testing.T) {
 			cfg := Config{ChunkSize: 16 << 10}
 			if backend == BackendTCP {
@@ -578,4 +578,60 @@ func testCtxTimeout(t *testing.T, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)
 	return ctx
+}
+
+// A same-host peer whose shared-memory socket cannot be reached (another network
+// namespace), or a peer on another host, is served over TCP instead.
+func TestSHMFallsBackToTCP(t *testing.T) {
+	if !slices.Contains(testBackends(), BackendSHM) {
+		t.Skip("no shared memory backend on this platform")
+	}
+	tests := []struct {
+		name       string
+		host, sock func(host, sock string) (string, string)
+	}{
+		{"unreachable socket", nil, func(h, s string) (string, string) { return h, s + "-gone" }},
+		{"other host", func(h, s string) (string, string) { return "boot:elsewhere", s }, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ini := newAgent(t, "ini", Config{})
+			tgt := newAgent(t, "tgt", Config{})
+			lr := hostRegion(t, ini, 1<<20)
+			rr := hostRegion(t, tgt, 1<<20)
+			fillRandom(rr.Bytes(), 51)
+			md := tgt.LocalMD()
+			for i, b := range md.Backends {
+				if b.Kind == BackendSHM {
+					h, s, _ := parseSHMInfo(b.Info)
+					if tt.host != nil {
+						h, s = tt.host(h, s)
+					} else {
+						h, s = tt.sock(h, s)
+					}
+					md.Backends[i].Info = encodeSHMInfo(h, s)
+				}
+			}
+			raw, _ := md.MarshalBinary()
+			if _, err := ini.LoadRemoteMD(raw); err != nil {
+				t.Fatal(err)
+			}
+			for range 2 { // the second time the peer is already known to be unreachable
+				x, err := ini.CreateXfer(Read, DescList{Descs: []Desc{lr.Desc().Whole()}}, "tgt", DescList{Descs: []Desc{rr.Desc().Whole()}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				x.Post(testCtx(t))
+				if err := x.Wait(testCtx(t)); err != nil {
+					t.Fatal(err)
+				}
+				if x.Backend() != BackendTCP {
+					t.Errorf("carried by %q, want tcp", x.Backend())
+				}
+				if !bytes.Equal(lr.Bytes(), rr.Bytes()) {
+					t.Error("data differs")
+				}
+			}
+		})
+	}
 }
