@@ -47,6 +47,8 @@ var (
 	ErrTimeout = errors.New("nixl: transfer timed out")
 	// ErrBusy is returned by Post while the transfer is still in progress.
 	ErrBusy = errors.New("nixl: transfer already in progress")
+	// ErrNotPosted is returned by Wait on a transfer that was never posted.
+	ErrNotPosted = errors.New("nixl: transfer not posted")
 	// ErrReleased is returned by Post after Release.
 	ErrReleased = errors.New("nixl: transfer released")
 	// ErrRemote is wrapped by *RemoteError: the peer rejected a request.

@@ -13,7 +13,7 @@ import (
 type State int32
 
 const (
-	// StatePending: created (or released by Post's failure to start), not posted yet.
+	// StatePending: created, not posted yet.
 	StatePending State = iota
 	// StateInProgress: posted, bytes are moving.
 	StateInProgress
@@ -37,9 +37,6 @@ func (s State) String() string {
 	}
 	return "State(" + strconv.Itoa(int(s)) + ")"
 }
-
-// ErrNotPosted is returned by Wait on a transfer that was never posted.
-var ErrNotPosted = errors.New("nixl: transfer not posted")
 
 // XferOption configures a transfer.
 type XferOption func(*xferOpts)
