@@ -407,6 +407,7 @@ func policyResource(p registry.Policy) *xdsv1.RoutingPolicy {
 		Version:           p.Version,
 		Policy:            p.Name,
 		OverlapWeight:     p.OverlapWeight,
+		QueueWeight:       p.QueueWeight,
 		Temperature:       p.Temperature,
 		CacheThreshold:    p.CacheThreshold,
 		TierWeights:       append([]float64(nil), p.TierWeights...),

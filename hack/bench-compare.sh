@@ -15,7 +15,7 @@
 # the engines' step times and the run's wall time. BLOCKS is each worker's KV cache in
 # 16-token blocks (65536 ≈ 1M tokens, an H200 serving gpt-oss-120b; 16384 cannot hold a
 # conversation between its turns, which caps any policy's hit rate).
-# OVERLAP_WEIGHT weighs the prefill the cache saves against the decode load (kv policy).
+# OVERLAP_WEIGHT, QUEUE_WEIGHT and CACHE_THRESHOLD override the kv policy's defaults.
 # The agentic workload is closed-loop: SESSIONS sets its load.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,7 +24,7 @@ TRACE=${TRACE:-../shared/traces/mooncake-conversation.jsonl}
 ENGINE_SPEEDUP=${ENGINE_SPEEDUP:-2}
 LOAD=${LOAD:-2}
 BLOCKS=${BLOCKS:-65536}
-OVERLAP_WEIGHT=${OVERLAP_WEIGHT:-4}
+OVERLAP_WEIGHT=${OVERLAP_WEIGHT:-}
 SESSIONS=${SESSIONS:-512}
 POLICIES=${POLICIES:-kv,round-robin,least-loaded,random}
 what=${1:-all}
@@ -34,12 +34,12 @@ arrival=$(python3 -c "print($ENGINE_SPEEDUP * $LOAD)")
 if [ "$what" = mooncake ] || [ "$what" = all ]; then
   bin/kvrelay bench compare --workers 8 --policies "$POLICIES" \
     --workload "mooncake:path=$TRACE,requests=2000" --num-gpu-blocks "$BLOCKS" \
-    --overlap-weight "$OVERLAP_WEIGHT" \
+    ${OVERLAP_WEIGHT:+--overlap-weight $OVERLAP_WEIGHT} ${QUEUE_WEIGHT:+--queue-weight $QUEUE_WEIGHT} ${CACHE_THRESHOLD:+--cache-threshold $CACHE_THRESHOLD} \
     --speedup "$arrival" --engine-speedup "$ENGINE_SPEEDUP" --out "$OUT/mooncake"
 fi
 if [ "$what" = agentic ] || [ "$what" = all ]; then
   bin/kvrelay bench compare --workers 8 --policies "$POLICIES" \
     --workload "agentic:sessions=$SESSIONS" --requests 4000 \
-    --overlap-weight "$OVERLAP_WEIGHT" \
+    ${OVERLAP_WEIGHT:+--overlap-weight $OVERLAP_WEIGHT} ${QUEUE_WEIGHT:+--queue-weight $QUEUE_WEIGHT} ${CACHE_THRESHOLD:+--cache-threshold $CACHE_THRESHOLD} \
     --speedup "$arrival" --engine-speedup "$ENGINE_SPEEDUP" --out "$OUT/agentic"
 fi

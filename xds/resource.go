@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 
+	"github.com/kvrelay/kvrelay/dataplane/route"
 	xdsv1 "github.com/kvrelay/kvrelay/xds/api/v1"
 )
 
@@ -62,14 +63,16 @@ func NewWorker(id, rawURL, model string) *xdsv1.Worker {
 }
 
 // DefaultPolicy returns the routing policy a control plane serves until an operator sets
-// one: the kv policy with the defaults of ARCHITECTURE.md (overlap weight 1, greedy pick,
-// cache threshold 0.3, tier weights GPU 1, host 0.75, disk 0.25, sessions kept 30 minutes).
+// one: the kv policy with the router's default weights (route.DefaultOverlapWeight,
+// DefaultQueueWeight, DefaultCacheThreshold), greedy pick, ARCHITECTURE.md's tier weights
+// (GPU 1, host 0.75, disk 0.25), sessions kept 30 minutes.
 func DefaultPolicy() *xdsv1.RoutingPolicy {
 	return &xdsv1.RoutingPolicy{
 		Version:        1,
 		Policy:         "kv",
-		OverlapWeight:  1,
-		CacheThreshold: 0.3,
+		OverlapWeight:  route.DefaultOverlapWeight,
+		QueueWeight:    route.DefaultQueueWeight,
+		CacheThreshold: route.DefaultCacheThreshold,
 		TierWeights:    []float64{1, 0.75, 0.25},
 		SessionTtlMs:   30 * 60 * 1000,
 	}
@@ -235,6 +238,9 @@ func ValidatePolicy(p *xdsv1.RoutingPolicy) error {
 		return fail("%v", err)
 	}
 	if err := checkRange("overlap weight", p.GetOverlapWeight(), 0, MaxWeight); err != nil {
+		return fail("%v", err)
+	}
+	if err := checkRange("queue weight", p.GetQueueWeight(), 0, MaxWeight); err != nil {
 		return fail("%v", err)
 	}
 	if err := checkRange("temperature", p.GetTemperature(), 0, MaxTemperature); err != nil {

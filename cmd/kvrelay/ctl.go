@@ -182,18 +182,18 @@ func ctlPolicyCmd(o *ctlOptions) *cobra.Command {
 		},
 	}
 	var (
-		policy                                  string
-		overlap, temperature, threshold, busyKV float64
-		tierWeights                             []float64
-		busyPrefill, busyDecode                 uint64
-		sessionTTL                              time.Duration
+		policy                                         string
+		overlap, queue, temperature, threshold, busyKV float64
+		tierWeights                                    []float64
+		busyPrefill, busyDecode                        uint64
+		sessionTTL                                     time.Duration
 	)
 	set := &cobra.Command{
 		Use:   "set",
 		Short: "Change the routing policy: only the flags given change",
 		Long: `set reads the current policy, changes the fields whose flags are given, and stores the
 result as a new version, which the control plane pushes to every proxy.`,
-		Example: "  kvrelay ctl policy set --policy kv --overlap-weight 1 --temperature 0 --cache-threshold 0.3",
+		Example: "  kvrelay ctl policy set --policy kv --overlap-weight 64 --queue-weight 2 --cache-threshold 0.1",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			fs := cmd.Flags()
@@ -219,6 +219,9 @@ result as a new version, which the control plane pushes to every proxy.`,
 			}
 			if fs.Changed("overlap-weight") {
 				p.OverlapWeight = overlap
+			}
+			if fs.Changed("queue-weight") {
+				p.QueueWeight = queue
 			}
 			if fs.Changed("temperature") {
 				p.Temperature = temperature
@@ -250,7 +253,8 @@ result as a new version, which the control plane pushes to every proxy.`,
 	}
 	fs := set.Flags()
 	fs.StringVar(&policy, "policy", "", "routing policy: kv, round-robin, least-loaded, random, power-of-two, session")
-	fs.Float64Var(&overlap, "overlap-weight", 0, "weight of the prefill term against the decode term in the KV cost")
+	fs.Float64Var(&overlap, "overlap-weight", 0, "KV cost of a prompt block the worker must compute (a block held by decodes costs 1)")
+	fs.Float64Var(&queue, "queue-weight", 0, "KV cost of a block of prefill already in flight on the worker")
 	fs.Float64Var(&temperature, "temperature", 0, "> 0 samples workers by a softmax over normalised costs")
 	fs.Float64Var(&threshold, "cache-threshold", 0, "below this cached share of the prompt, spread by load")
 	fs.Float64SliceVar(&tierWeights, "tier-weights", nil, "weights of a cached block on GPU, host memory and disk (e.g. 1,0.75,0.25)")
@@ -356,6 +360,7 @@ func ctlPolicyTable(w io.Writer, p *operatorv1.Policy) {
 		{"version", strconv.FormatUint(p.Version, 10)},
 		{"policy", p.Policy},
 		{"overlap_weight", f(p.OverlapWeight)},
+		{"queue_weight", f(p.QueueWeight)},
 		{"temperature", f(p.Temperature)},
 		{"cache_threshold", f(p.CacheThreshold)},
 		{"tier_weights", strings.Join(weights, ",")},

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvrelay/kvrelay/dataplane/route"
 	"github.com/kvrelay/kvrelay/xds"
 )
 
@@ -33,8 +34,10 @@ type Policy struct {
 	Version uint64 `json:"version"`
 	// Name is the router policy, one of PolicyNames.
 	Name string `json:"name"`
-	// OverlapWeight weighs uncached prefill blocks against decode blocks in the kv cost.
+	// OverlapWeight is the kv cost of a prompt block a worker must compute, against 1 for a
+	// KV block held by decodes; QueueWeight that of a block of prefill in flight on it.
 	OverlapWeight float64 `json:"overlap_weight"`
+	QueueWeight   float64 `json:"queue_weight"`
 	// Temperature > 0 samples a softmax over normalised costs instead of taking the lowest.
 	Temperature float64 `json:"temperature"`
 	// CacheThreshold is the share of a prompt's blocks the best overlap must reach for the
@@ -60,8 +63,9 @@ func DefaultPolicy() Policy {
 	return Policy{
 		Version:        1,
 		Name:           PolicyKV,
-		OverlapWeight:  1,
-		CacheThreshold: 0.3,
+		OverlapWeight:  route.DefaultOverlapWeight,
+		QueueWeight:    route.DefaultQueueWeight,
+		CacheThreshold: route.DefaultCacheThreshold,
 		TierWeights:    []float64{1, 0.75, 0.25},
 		SessionTTL:     30 * time.Minute,
 	}
@@ -84,6 +88,9 @@ func (p Policy) validate() error {
 		return fmt.Errorf("name %q: want one of %s", p.Name, strings.Join(PolicyNames(), ", "))
 	}
 	if err := checkRange("overlap weight", p.OverlapWeight, 0, xds.MaxWeight); err != nil {
+		return err
+	}
+	if err := checkRange("queue weight", p.QueueWeight, 0, xds.MaxWeight); err != nil {
 		return err
 	}
 	if err := checkRange("temperature", p.Temperature, 0, xds.MaxTemperature); err != nil {

@@ -7,13 +7,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvrelay/kvrelay/dataplane/route"
 	"github.com/kvrelay/kvrelay/xds"
 	xdsv1 "github.com/kvrelay/kvrelay/xds/api/v1"
 )
 
 func xdsPolicy(p Policy) *xdsv1.RoutingPolicy {
 	return &xdsv1.RoutingPolicy{
-		Version: p.Version, Policy: p.Name, OverlapWeight: p.OverlapWeight, Temperature: p.Temperature,
+		Version: p.Version, Policy: p.Name, OverlapWeight: p.OverlapWeight, QueueWeight: p.QueueWeight, Temperature: p.Temperature,
 		CacheThreshold: p.CacheThreshold, TierWeights: p.TierWeights, BusyPrefillTokens: p.BusyPrefillTokens,
 		BusyDecodeBlocks: p.BusyDecodeBlocks, BusyKvFraction: p.BusyKVFraction,
 		SessionTtlMs: p.SessionTTL.Milliseconds(),
@@ -25,7 +26,7 @@ func TestDefaultPolicy(t *testing.T) {
 	if err := p.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	if p.Version != 1 || p.Name != PolicyKV || p.SessionTTL != 30*time.Minute || p.CacheThreshold != 0.3 {
+	if p.Version != 1 || p.Name != PolicyKV || p.SessionTTL != 30*time.Minute || p.CacheThreshold != route.DefaultCacheThreshold {
 		t.Fatalf("DefaultPolicy() = %+v", p)
 	}
 	// The same defaults as the xDS resource a control plane serves without a store.

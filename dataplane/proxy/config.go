@@ -59,6 +59,7 @@ type Config struct {
 	// Route tunes the router (policy, weights, thresholds, sessions).
 	Policy         string        `yaml:"policy"`
 	OverlapWeight  float64       `yaml:"overlap_weight"`
+	QueueWeight    float64       `yaml:"queue_weight"`
 	Temperature    float64       `yaml:"temperature"`
 	CacheThreshold float64       `yaml:"cache_threshold"`
 	SessionTTL     time.Duration `yaml:"session_ttl"`
@@ -120,8 +121,9 @@ func DefaultConfig() Config {
 	return Config{
 		Listen:              "127.0.0.1:8080",
 		Policy:              route.PolicyKV,
-		OverlapWeight:       1,
-		CacheThreshold:      0.3,
+		OverlapWeight:       route.DefaultOverlapWeight,
+		QueueWeight:         route.DefaultQueueWeight,
+		CacheThreshold:      route.DefaultCacheThreshold,
 		SessionTTL:          30 * time.Minute,
 		BusyPrefillTokens:   0,
 		BlockSize:           16,
@@ -150,6 +152,7 @@ func (c *Config) routeConfig() route.Config {
 	return route.Config{
 		Policy:         c.Policy,
 		OverlapWeight:  c.OverlapWeight,
+		QueueWeight:    c.QueueWeight,
 		Temperature:    c.Temperature,
 		CacheThreshold: c.CacheThreshold,
 		SessionTTL:     c.SessionTTL,

@@ -1,6 +1,8 @@
 package proxy
 
 import (
+	"strconv"
+
 	"github.com/kvrelay/kvrelay/dataplane/http1"
 	"github.com/kvrelay/kvrelay/dataplane/oai"
 	"github.com/kvrelay/kvrelay/dataplane/prefix"
@@ -225,6 +227,7 @@ func (ex *exchange) head(out []byte, r *http1.Response) []byte {
 	}
 	if cc.srv.cfg.ExposeWorkerHeader {
 		out = http1.AppendHeader(out, "x-kvrelay-worker", ex.ws.w.ID)
+		out = appendRouteHeader(out, &cc.dec)
 	}
 	return http1.AppendEndHead(out)
 }
@@ -241,6 +244,8 @@ func skipResponseHeader(name []byte) bool {
 		return eqFold(name, "connection") || eqFold(name, "keep-alive")
 	case 14:
 		return eqFold(name, "content-length")
+	case 15:
+		return eqFold(name, "x-kvrelay-route")
 	case 16:
 		return eqFold(name, "proxy-connection") || eqFold(name, "x-kvrelay-worker")
 	case 17:
@@ -488,4 +493,21 @@ func (ex *exchange) tick(now int64, cfg *Config) {
 		ex.resume()
 		ex.data(up)
 	}
+}
+
+// appendRouteHeader writes x-kvrelay-route: how the worker was chosen ("cost", "spread",
+// "session", a picker's name), the prompt blocks it caches and the most any worker cached,
+// as "cost; overlap=12; best=12". Exposed with x-kvrelay-worker, for debugging placement.
+func appendRouteHeader(out []byte, d *route.Decision) []byte {
+	out = append(out, "x-kvrelay-route: "...)
+	if d.Mode == "" {
+		out = append(out, "none"...)
+	} else {
+		out = append(out, d.Mode...)
+	}
+	out = append(out, "; overlap="...)
+	out = strconv.AppendInt(out, int64(d.Overlap), 10)
+	out = append(out, "; best="...)
+	out = strconv.AppendInt(out, int64(d.BestOverlap), 10)
+	return append(out, "\r\n"...)
 }

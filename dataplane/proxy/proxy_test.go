@@ -154,6 +154,11 @@ func TestOpenAISDKThroughProxy(t *testing.T) {
 	if hdr1.Get("x-kvrelay-worker") == "" || hdr1.Get("x-kvrelay-worker") != hdr2.Get("x-kvrelay-worker") {
 		t.Fatalf("same prompt went to %q then %q", hdr1.Get("x-kvrelay-worker"), hdr2.Get("x-kvrelay-worker"))
 	}
+	// The second request's route header says the cache decided and how much it matched.
+	if pt, rt := second.Usage.PromptTokens, hdr2.Get("x-kvrelay-route"); !strings.HasPrefix(rt, "cost; overlap=") ||
+		rt != fmt.Sprintf("cost; overlap=%d; best=%d", pt/16, pt/16) {
+		t.Fatalf("x-kvrelay-route of the repeat = %q (prompt %d tokens)", rt, pt)
+	}
 	if pt := second.Usage.PromptTokens; second.Usage.PromptTokensDetails.CachedTokens != pt/16*16 {
 		t.Fatalf("second identical prompt: cached %d of %d", second.Usage.PromptTokensDetails.CachedTokens, pt)
 	}

@@ -206,6 +206,7 @@ func (s *Server) applyXDS(workers []*xdsv1.Worker, policy *xdsv1.RoutingPolicy) 
 		cfg := s.cfg.routeConfig()
 		cfg.Policy = policy.GetPolicy()
 		cfg.OverlapWeight = policy.GetOverlapWeight()
+		cfg.QueueWeight = policy.GetQueueWeight()
 		cfg.Temperature = policy.GetTemperature()
 		cfg.CacheThreshold = policy.GetCacheThreshold()
 		cfg.Busy = route.BusyFilter{

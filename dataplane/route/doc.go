@@ -6,7 +6,8 @@
 // is a named composition of them, built in Policies. The default policy, kv, is
 // ARCHITECTURE.md's cost: for each worker w
 //
-//	cost(w) = overlap_weight · (uncached prompt blocks on w + prefill blocks in flight on w)
+//	cost(w) = overlap_weight · uncached prompt blocks on w
+//	        + queue_weight · prefill blocks in flight on w
 //	        + decode blocks in flight on w
 //
 // with the lowest cost winning (temperature > 0 samples a softmax over normalised costs), and

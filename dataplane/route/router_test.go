@@ -105,11 +105,33 @@ func TestCostWeighsCacheAgainstLoad(t *testing.T) {
 	if err := r.Route(&req, &d); err != nil || d.Worker.Index != 0 || d.Mode != "cost" || d.Overlap != 100 {
 		t.Fatalf("cached worker should win: %+v %v", d, err)
 	}
-	// Load worker 0 with more decode blocks than the 100 blocks of prefill it saves.
+	w0 := r.Pool().Workers[0]
+	saved := 100 * DefaultOverlapWeight // what computing the 100 blocks again would cost
+	// Blocks held by running requests: a few thousand do not outweigh the cache...
 	var u Usage
-	u.Begin(r.Pool().Workers[0], 16*150, 16*150, 0)
+	u.Begin(w0, 16*saved/2, 16*saved/2, 0)
+	if err := r.Route(&req, &d); err != nil || d.Worker.Index != 0 {
+		t.Fatalf("a cached worker holding %d blocks should still win: %+v %v", saved/2, d, err)
+	}
+	u.End()
+	// ...more than the saving does.
+	u.Begin(w0, 16*(saved+50), 16*(saved+50), 0)
 	if err := r.Route(&req, &d); err != nil || d.Worker.Index != 1 {
-		t.Fatalf("an overloaded cached worker should lose: %+v %v", d, err)
+		t.Fatalf("a cached worker holding %d blocks should lose: %+v %v", saved+50, d, err)
+	}
+	u.End()
+	// Prefill queued on the worker weighs QueueWeight per block: a queue half as long as
+	// the saving over the queue weight keeps the request, a longer one sends it elsewhere.
+	// (The queued request's own blocks count as held too.)
+	queue := saved / DefaultQueueWeight
+	u.Begin(w0, 16*queue/2, 0, 0)
+	if err := r.Route(&req, &d); err != nil || d.Worker.Index != 0 {
+		t.Fatalf("a cached worker with %d blocks of prefill queued should still win: %+v %v", queue/2, d, err)
+	}
+	u.End()
+	u.Begin(w0, 16*queue, 0, 0)
+	if err := r.Route(&req, &d); err != nil || d.Worker.Index != 1 {
+		t.Fatalf("a cached worker with %d blocks of prefill queued should lose: %+v %v", queue, d, err)
 	}
 	u.End()
 }

@@ -35,8 +35,8 @@ type ClusterConfig struct {
 	// Static runs the proxy alone with static upstreams and its approximate index; by
 	// default a control plane follows the workers' KV events and feeds the proxy over xDS.
 	Static bool
-	// CacheThreshold and OverlapWeight override the kv policy's when positive.
-	CacheThreshold, OverlapWeight float64
+	// CacheThreshold, OverlapWeight and QueueWeight override the kv policy's when positive.
+	CacheThreshold, OverlapWeight, QueueWeight float64
 }
 
 // DefaultClusterConfig is 8 gpt-oss-120b workers with vLLM's defaults behind the kv policy.
@@ -84,6 +84,9 @@ func StartCluster(ctx context.Context, cfg ClusterConfig) (*Cluster, error) {
 	}
 	if cfg.OverlapWeight > 0 {
 		pc.OverlapWeight = cfg.OverlapWeight
+	}
+	if cfg.QueueWeight > 0 {
+		pc.QueueWeight = cfg.QueueWeight
 	}
 	var specs []registry.Worker
 	for i := range cfg.Workers {
@@ -161,7 +164,8 @@ func (c *Cluster) startControlPlane(ctx context.Context, specs []registry.Worker
 		return err
 	}
 	pol := cp.Registry().Policy()
-	pol.Name, pol.OverlapWeight, pol.Temperature, pol.CacheThreshold = pc.Policy, pc.OverlapWeight, pc.Temperature, pc.CacheThreshold
+	pol.Name, pol.OverlapWeight, pol.QueueWeight = pc.Policy, pc.OverlapWeight, pc.QueueWeight
+	pol.Temperature, pol.CacheThreshold = pc.Temperature, pc.CacheThreshold
 	if _, err := cp.Registry().SetPolicy(pol); err != nil {
 		cp.Close()
 		return err

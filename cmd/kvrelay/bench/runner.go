@@ -72,7 +72,10 @@ type Record struct {
 	CachedTokens     int `json:"cached_tokens"`
 	CompletionTokens int `json:"completion_tokens"`
 	// Worker is the x-kvrelay-worker header, when the proxy exposes it.
-	Worker  string `json:"worker,omitempty"`
+	Worker string `json:"worker,omitempty"`
+	// Route is the x-kvrelay-route header: how the proxy chose the worker and the prompt
+	// blocks it believed cached there and anywhere.
+	Route   string `json:"route,omitempty"`
 	Tag     string `json:"tag,omitempty"`
 	Session string `json:"session,omitempty"`
 
@@ -265,6 +268,7 @@ func (r *runner) send(ctx context.Context, seq int, req *workload.Request) *Reco
 	defer resp.Body.Close()
 	rec.Status = resp.StatusCode
 	rec.Worker = resp.Header.Get("x-kvrelay-worker")
+	rec.Route = resp.Header.Get("x-kvrelay-route")
 	if resp.StatusCode != http.StatusOK {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 		rec.Err = errorMessage(b)

@@ -515,8 +515,12 @@ type Policy struct {
 	BusyDecodeBlocks  uint64    `protobuf:"varint,8,opt,name=busy_decode_blocks,json=busyDecodeBlocks,proto3" json:"busy_decode_blocks,omitempty"`
 	BusyKvFraction    float64   `protobuf:"fixed64,9,opt,name=busy_kv_fraction,json=busyKvFraction,proto3" json:"busy_kv_fraction,omitempty"`
 	SessionTtlMs      int64     `protobuf:"varint,10,opt,name=session_ttl_ms,json=sessionTtlMs,proto3" json:"session_ttl_ms,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// queue_weight is the kv cost of a block of prefill already in flight on a worker, next to
+	// overlap_weight for a block the worker would compute and 1 for a block held by decodes
+	// (0: the default).
+	QueueWeight   float64 `protobuf:"fixed64,11,opt,name=queue_weight,json=queueWeight,proto3" json:"queue_weight,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Policy) Reset() {
@@ -615,6 +619,13 @@ func (x *Policy) GetBusyKvFraction() float64 {
 func (x *Policy) GetSessionTtlMs() int64 {
 	if x != nil {
 		return x.SessionTtlMs
+	}
+	return 0
+}
+
+func (x *Policy) GetQueueWeight() float64 {
+	if x != nil {
+		return x.QueueWeight
 	}
 	return 0
 }
@@ -1463,7 +1474,7 @@ const file_operator_proto_rawDesc = "" +
 	" \x01(\x03R\x10observedUnixNano\"x\n" +
 	"\x06Worker\x123\n" +
 	"\x04spec\x18\x01 \x01(\v2\x1f.kvrelay.operator.v1.WorkerSpecR\x04spec\x129\n" +
-	"\x06status\x18\x02 \x01(\v2!.kvrelay.operator.v1.WorkerStatusR\x06status\"\xfd\x02\n" +
+	"\x06status\x18\x02 \x01(\v2!.kvrelay.operator.v1.WorkerStatusR\x06status\"\xa0\x03\n" +
 	"\x06Policy\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\x12\x16\n" +
 	"\x06policy\x18\x02 \x01(\tR\x06policy\x12%\n" +
@@ -1475,7 +1486,8 @@ const file_operator_proto_rawDesc = "" +
 	"\x12busy_decode_blocks\x18\b \x01(\x04R\x10busyDecodeBlocks\x12(\n" +
 	"\x10busy_kv_fraction\x18\t \x01(\x01R\x0ebusyKvFraction\x12$\n" +
 	"\x0esession_ttl_ms\x18\n" +
-	" \x01(\x03R\fsessionTtlMs\"l\n" +
+	" \x01(\x03R\fsessionTtlMs\x12!\n" +
+	"\fqueue_weight\x18\v \x01(\x01R\vqueueWeight\"l\n" +
 	"\fWorkerBlocks\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04slot\x18\x02 \x01(\rR\x04slot\x128\n" +

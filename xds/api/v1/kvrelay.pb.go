@@ -322,8 +322,12 @@ type RoutingPolicy struct {
 	BusyDecodeBlocks  uint64    `protobuf:"varint,8,opt,name=busy_decode_blocks,json=busyDecodeBlocks,proto3" json:"busy_decode_blocks,omitempty"`
 	BusyKvFraction    float64   `protobuf:"fixed64,9,opt,name=busy_kv_fraction,json=busyKvFraction,proto3" json:"busy_kv_fraction,omitempty"`
 	SessionTtlMs      int64     `protobuf:"varint,10,opt,name=session_ttl_ms,json=sessionTtlMs,proto3" json:"session_ttl_ms,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// queue_weight is the kv cost of a block of prefill already in flight on a worker, next to
+	// overlap_weight for a block the worker would compute and 1 for a block held by decodes
+	// (0: the default).
+	QueueWeight   float64 `protobuf:"fixed64,11,opt,name=queue_weight,json=queueWeight,proto3" json:"queue_weight,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RoutingPolicy) Reset() {
@@ -422,6 +426,13 @@ func (x *RoutingPolicy) GetBusyKvFraction() float64 {
 func (x *RoutingPolicy) GetSessionTtlMs() int64 {
 	if x != nil {
 		return x.SessionTtlMs
+	}
+	return 0
+}
+
+func (x *RoutingPolicy) GetQueueWeight() float64 {
+	if x != nil {
+		return x.QueueWeight
 	}
 	return 0
 }
@@ -789,7 +800,7 @@ const file_kvrelay_proto_rawDesc = "" +
 	"\x0eprefill_tokens\x18\x04 \x01(\x04R\rprefillTokens\x12#\n" +
 	"\rdecode_blocks\x18\x05 \x01(\x04R\fdecodeBlocks\x12\x1a\n" +
 	"\binflight\x18\x06 \x01(\rR\binflight\x12,\n" +
-	"\x12observed_unix_nano\x18\a \x01(\x03R\x10observedUnixNano\"\x84\x03\n" +
+	"\x12observed_unix_nano\x18\a \x01(\x03R\x10observedUnixNano\"\xa7\x03\n" +
 	"\rRoutingPolicy\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\x12\x16\n" +
 	"\x06policy\x18\x02 \x01(\tR\x06policy\x12%\n" +
@@ -801,7 +812,8 @@ const file_kvrelay_proto_rawDesc = "" +
 	"\x12busy_decode_blocks\x18\b \x01(\x04R\x10busyDecodeBlocks\x12(\n" +
 	"\x10busy_kv_fraction\x18\t \x01(\x01R\x0ebusyKvFraction\x12$\n" +
 	"\x0esession_ttl_ms\x18\n" +
-	" \x01(\x03R\fsessionTtlMs\"p\n" +
+	" \x01(\x03R\fsessionTtlMs\x12!\n" +
+	"\fqueue_weight\x18\v \x01(\x01R\vqueueWeight\"p\n" +
 	"\n" +
 	"JournalAck\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x14\n" +
