@@ -53,6 +53,7 @@ func (f *benchFlags) register(fs *pflag.FlagSet) {
 	fs.DurationVar(&f.opts.Duration, "duration", 0, "stop sending after this long")
 	fs.IntVar(&f.opts.Requests, "requests", 0, "stop after this many requests")
 	fs.Float64Var(&f.opts.Speedup, "speedup", 1, "divide arrival and think times (and, in compare, the engines' step times)")
+	fs.Float64Var(&f.opts.TimeScale, "time-scale", 1, "multiply measured times before summarising: the target engines' speedup, to report in their own time (compare sets it to the engine speedup)")
 }
 
 func (f *benchFlags) tokenizerFor(model string) (workload.Tokenizer, error) {
@@ -139,7 +140,7 @@ func newBenchCompareCmd() *cobra.Command {
 			if es <= 0 {
 				es = f.opts.Speedup
 			}
-			header := fmt.Sprintf("kvrelay bench compare: %s, %d workers (%s), arrival speedup %g, engine speedup %g, seed %d", spec, cc.Workers, cc.Mode, f.opts.Speedup, es, f.seed)
+			header := fmt.Sprintf("kvrelay bench compare: %s, %d workers (%s), arrival speedup %g, engine speedup %g (times below ×%g: the engines' own time), seed %d", spec, cc.Workers, cc.Mode, f.opts.Speedup, es, es, f.seed)
 			return report(cmd.OutOrStdout(), f.out, rs, header)
 		},
 	}

@@ -203,3 +203,19 @@ func TestSessionsAndConcurrency(t *testing.T) {
 		t.Errorf("only %d of 9 turns found their history cached", cachedLater)
 	}
 }
+
+func TestScaleTimes(t *testing.T) {
+	recs := []*Record{{Start: time.Second, TTFT: 100 * time.Millisecond, E2E: time.Second, ITL: []time.Duration{10 * time.Millisecond, 20 * time.Millisecond}}}
+	if wall := scaleTimes(recs, 3*time.Second, 2); wall != 6*time.Second {
+		t.Fatalf("wall = %v", wall)
+	}
+	r := recs[0]
+	if r.Start != 2*time.Second || r.TTFT != 200*time.Millisecond || r.E2E != 2*time.Second || r.ITL[0] != 20*time.Millisecond || r.ITL[1] != 40*time.Millisecond {
+		t.Fatalf("scaled %+v", r)
+	}
+	// A request meeting a 150 ms TTFT SLO in compressed time misses it in the engines' own.
+	s := Summarize(recs, 6*time.Second, SLO{TTFT: 150 * time.Millisecond, ITL: 50 * time.Millisecond})
+	if s.Goodput != 0 {
+		t.Fatalf("goodput %d after scaling, want 0", s.Goodput)
+	}
+}

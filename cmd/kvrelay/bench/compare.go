@@ -26,6 +26,8 @@ func Measure(ctx context.Context, label string, opts Options, w *workload.Worklo
 	if err != nil {
 		return nil, err
 	}
+	opts.defaults()
+	wall = scaleTimes(recs, wall, opts.TimeScale)
 	res := &Result{Label: label, Workload: w.Spec, Seed: seed, Records: recs, Summary: Summarize(recs, wall, slo)}
 	model := opts.Model
 	if model == "" {
@@ -68,6 +70,7 @@ func Compare(ctx context.Context, co CompareOptions, tok workload.Tokenizer) ([]
 		}
 		opts := co.Run
 		opts.Target = cl.Target()
+		opts.TimeScale = cc.Speedup // report in the engines' own time
 		opts.Model = cc.Model
 		if co.Progress != nil {
 			opts.Progress = NewProgress(co.Progress, fmt.Sprintf("%-13s", policy), expected(w, opts))

@@ -37,6 +37,11 @@ type Options struct {
 	// Speedup divides the workload's arrival and think times (the simulated engines' step
 	// times are divided alike by the cluster, so a compressed run keeps its load shape).
 	Speedup float64
+	// TimeScale multiplies every measured time (latencies, start times, the run's wall
+	// time) before they are summarised, so that a run against engines whose step times are
+	// divided by N reports in the engines' own time with TimeScale N, and the SLO means what
+	// it means on real engines. Default 1.
+	TimeScale float64
 	// RequestTimeout bounds one request (default 10 minutes).
 	RequestTimeout time.Duration
 	// Progress, when set, receives progress reports while the run goes.
@@ -50,6 +55,24 @@ func (o *Options) defaults() {
 	if o.RequestTimeout <= 0 {
 		o.RequestTimeout = 10 * time.Minute
 	}
+	if o.TimeScale <= 0 {
+		o.TimeScale = 1
+	}
+}
+
+// scaleTimes multiplies the times recs measured, and wall, by k.
+func scaleTimes(recs []*Record, wall time.Duration, k float64) time.Duration {
+	if k == 1 {
+		return wall
+	}
+	mul := func(d time.Duration) time.Duration { return time.Duration(float64(d) * k) }
+	for _, r := range recs {
+		r.Start, r.TTFT, r.E2E = mul(r.Start), mul(r.TTFT), mul(r.E2E)
+		for i, g := range r.ITL {
+			r.ITL[i] = mul(g)
+		}
+	}
+	return mul(wall)
 }
 
 // Record is what one request measured.
