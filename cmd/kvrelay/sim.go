@@ -30,6 +30,10 @@ type simFlags struct {
 	blockHash        string
 	role             string
 	schedulingPolicy string
+	kvBandwidth      string
+	kvScale          string
+	kvListen         string
+	kvAdvertiseHost  string
 	engine           sim.Config
 }
 
@@ -43,7 +47,16 @@ paged KV cache with prefix caching, schedules with continuous batching on a mode
 time, publishes vLLM-format KV events over ZMQ and exports vLLM's Prometheus metrics.
 
 With --workers N the workers listen on consecutive ports from --listen, and their KV event
-(and replay) endpoints count up from --kv-events-endpoint (and --kv-events-replay-endpoint).`,
+(and replay) endpoints count up from --kv-events-endpoint (and --kv-events-replay-endpoint).
+
+With --role prefill or decode each worker also runs a nixl agent on --kv-transfer-listen
+(consecutive ports, or each its own free port with port 0) and speaks vLLM's NixlConnector
+protocol: a request with kv_transfer_params {"do_remote_decode": true} is prefilled and
+answered with the kv_transfer_params its decode leg needs (its blocks kept until the decode
+worker read them, or --kv-transfer-timeout); a request with {"do_remote_prefill": true, ...}
+READs those blocks over nixl (--kv-bytes-per-token × --kv-bytes-scale real bytes per token,
+checked) and waits the modelled transfer time (--kv-bytes-per-token bytes per token at
+--kv-transfer-bandwidth, divided by --speedup-ratio) instead of computing the prompt.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfgs, err := f.workerConfigs()
@@ -79,6 +92,13 @@ With --workers N the workers listen on consecutive ports from --listen, and thei
 	fs.StringVar(&f.eventsTopic, "kv-events-topic", "", "topic frame of every event message")
 	fs.StringVar(&f.replayEndpoint, "kv-events-replay-endpoint", "", "ZMQ ROUTER endpoint that replays buffered events (empty: off)")
 	fs.StringVar(&f.blockHash, "kv-block-hash", "int", "form of the engine's block hashes in events: int (uint64) or bytes")
+	fs.IntVar(&e.KVBytesPerToken, "kv-bytes-per-token", e.KVBytesPerToken, "KV cache bytes per token of the modelled model (default: gpt-oss-120b in bf16, 36 layers × 8 KV heads × 64 × K,V × 2 bytes); sets the modelled P→D transfer time")
+	fs.StringVar(&f.kvBandwidth, "kv-transfer-bandwidth", "50GB/s", "modelled P→D KV transfer bandwidth: GB/s, or a size per second like 800MB/s")
+	fs.StringVar(&f.kvScale, "kv-bytes-scale", "1/64", "fraction of --kv-bytes-per-token really stored and moved per token (\"1/64\" or 0.015625)")
+	fs.StringVar(&f.kvListen, "kv-transfer-listen", "127.0.0.1:0", "nixl agent address of the first prefill/decode worker (port 0: each worker its own free port), advertised as remote_host/remote_port")
+	fs.StringVar(&f.kvAdvertiseHost, "kv-transfer-advertise-host", "", "remote_host to advertise in kv_transfer_params instead of the bound host (needed with a wildcard --kv-transfer-listen)")
+	fs.DurationVar(&e.KVTransferTimeout, "kv-transfer-timeout", e.KVTransferTimeout, "how long a prefill worker keeps a request's blocks for its decode worker to read (vLLM's VLLM_NIXL_ABORT_REQUEST_TIMEOUT); also bounds one pull")
+	fs.Int64Var(&e.KVRegionMaxBytes, "kv-region-max-bytes", e.KVRegionMaxBytes, "cap of a worker's KV transfer region; beyond it block ids share slots modulo the slot count")
 	return cmd
 }
 
@@ -90,6 +110,13 @@ func (f *simFlags) workerConfigs() ([]sim.WorkerConfig, error) {
 	e := f.engine
 	e.Role = sim.Role(f.role)
 	e.SchedulingPolicy = sim.SchedulingPolicy(f.schedulingPolicy)
+	var err error
+	if e.KVTransferBandwidth, err = sim.ParseBandwidth(f.kvBandwidth); err != nil {
+		return nil, fmt.Errorf("--kv-transfer-bandwidth: %w", err)
+	}
+	if e.KVBytesScale, err = sim.ParseScale(f.kvScale); err != nil {
+		return nil, fmt.Errorf("--kv-bytes-scale: %w", err)
+	}
 	switch f.blockHash {
 	case "int":
 	case "bytes":
@@ -114,7 +141,12 @@ func (f *simFlags) workerConfigs() ([]sim.WorkerConfig, error) {
 		if err != nil {
 			return nil, fmt.Errorf("--listen: %w", err)
 		}
-		c := sim.WorkerConfig{Engine: e, Listen: listen, Codec: codec}
+		c := sim.WorkerConfig{Engine: e, Listen: listen, Codec: codec, KVTransferAdvertiseHost: f.kvAdvertiseHost}
+		if e.Role != sim.RoleBoth {
+			if c.KVTransferListen, err = offsetHostPort(f.kvListen, i); err != nil {
+				return nil, fmt.Errorf("--kv-transfer-listen: %w", err)
+			}
+		}
 		if f.eventsEndpoint != "" {
 			ep, err := offsetEndpoint(f.eventsEndpoint, i)
 			if err != nil {
@@ -213,6 +245,9 @@ func printWorkers(out io.Writer, workers []*sim.Worker) {
 		}
 		if ep := w.ReplayEndpoint(); ep != "" {
 			line += "  replay " + ep
+		}
+		if a := w.KVTransferAddr(); a != "" {
+			line += "  kv-transfer " + a + " engine-id " + w.EngineID()
 		}
 		fmt.Fprintln(out, line)
 	}

@@ -3,13 +3,21 @@ package sim
 import (
 	"errors"
 	"fmt"
+	"math"
+	"strconv"
+	"strings"
+	"time"
 )
 
 // Role is what a worker does in a disaggregated deployment.
 type Role string
 
 // The roles of a worker: both phases (aggregated serving), or one phase of a disaggregated
-// prefill/decode pair.
+// prefill/decode pair. A prefill or decode worker holds a KV connector (a nixl agent and a
+// registered host-memory region with one slot per KV block) and speaks vLLM's NixlConnector
+// protocol through kv_transfer_params; like vLLM's NixlConnector (kv_role "kv_both") it
+// serves either leg, the role saying which pool it belongs to. A worker in role both has no
+// connector and ignores kv_transfer_params, as vLLM does without a KV connector.
 const (
 	RoleBoth    Role = "both"
 	RolePrefill Role = "prefill"
@@ -43,6 +51,26 @@ type Config struct {
 	EngineHashBytes bool
 	// MaxRequestBytes bounds a request body; larger bodies get 413.
 	MaxRequestBytes int64
+
+	// KV transfer (roles prefill and decode only).
+
+	// KVBytesPerToken is the size of one token's KV cache in the modelled model: it sets
+	// the modelled transfer time of a pulled block (block size × this / bandwidth).
+	KVBytesPerToken int
+	// KVTransferBandwidth is the modelled prefill→decode bandwidth in bytes per second.
+	KVTransferBandwidth float64
+	// KVBytesScale scales KVBytesPerToken to the bytes really stored and moved per token,
+	// so that loopback carries real data without exhausting the machine. A block slot is
+	// max(1, round(BlockSize × KVBytesPerToken × KVBytesScale)) bytes.
+	KVBytesScale float64
+	// KVTransferTimeout is how long a prefill worker keeps a finished request's blocks for
+	// the decode worker to pull before freeing them (vLLM's
+	// VLLM_NIXL_ABORT_REQUEST_TIMEOUT); it also bounds one pull on the decode side.
+	KVTransferTimeout time.Duration
+	// KVRegionMaxBytes caps the registered KV region. When NumGPUBlocks slots would not
+	// fit, the region holds KVRegionMaxBytes/slot slots and block id b lives in slot
+	// b mod slots (see the package README for what that costs).
+	KVRegionMaxBytes int64
 }
 
 // DefaultConfig returns the defaults of `kvrelay sim`, which are vLLM's for a gpt-oss-120b
@@ -60,7 +88,85 @@ func DefaultConfig() Config {
 		Role:                RoleBoth,
 		Timing:              DefaultTiming(),
 		MaxRequestBytes:     32 << 20,
+		// gpt-oss-120b in bf16: 36 layers × 8 KV heads × head dim 64 × (K, V) × 2 bytes.
+		KVBytesPerToken:     36 * 8 * 64 * 2 * 2,
+		KVTransferBandwidth: 50e9,
+		KVBytesScale:        1.0 / 64,
+		KVTransferTimeout:   30 * time.Second,
+		KVRegionMaxBytes:    512 << 20,
 	}
+}
+
+// SlotBytes is the size of one KV block's slot in the transfer region: the bytes really
+// stored and moved per block.
+func (c *Config) SlotBytes() int {
+	return max(1, int(math.Round(float64(c.BlockSize)*float64(c.KVBytesPerToken)*c.KVBytesScale)))
+}
+
+// RegionSlots is the number of block slots of the transfer region: one per KV block, or
+// fewer when that would exceed KVRegionMaxBytes.
+func (c *Config) RegionSlots() int {
+	return int(min(int64(c.NumGPUBlocks), max(1, c.KVRegionMaxBytes/int64(c.SlotBytes()))))
+}
+
+// ModelledTransfer is the modelled wall time of moving n KV blocks from a prefill to a
+// decode worker: n × block size × KVBytesPerToken at KVTransferBandwidth, divided by the
+// timing speedup.
+func (c *Config) ModelledTransfer(n int) time.Duration {
+	if n <= 0 || c.KVTransferBandwidth <= 0 {
+		return 0
+	}
+	s := c.Timing.Speedup
+	if s <= 0 {
+		s = 1
+	}
+	bytes := float64(n) * float64(c.BlockSize) * float64(c.KVBytesPerToken)
+	return time.Duration(bytes / c.KVTransferBandwidth / s * float64(time.Second))
+}
+
+// ParseScale reads a KV bytes scale written as a fraction ("1/64") or a number
+// ("0.015625"); it must lie in (0, 1].
+func ParseScale(s string) (float64, error) {
+	s = strings.TrimSpace(s)
+	var v float64
+	if num, den, ok := strings.Cut(s, "/"); ok {
+		n, err1 := strconv.ParseFloat(strings.TrimSpace(num), 64)
+		d, err2 := strconv.ParseFloat(strings.TrimSpace(den), 64)
+		if err1 != nil || err2 != nil || d == 0 {
+			return 0, fmt.Errorf("scale %q is not a fraction like 1/64", s)
+		}
+		v = n / d
+	} else {
+		var err error
+		if v, err = strconv.ParseFloat(s, 64); err != nil {
+			return 0, fmt.Errorf("scale %q is not a number or a fraction like 1/64", s)
+		}
+	}
+	if !(v > 0 && v <= 1) {
+		return 0, fmt.Errorf("scale %q must be in (0, 1]", s)
+	}
+	return v, nil
+}
+
+// ParseBandwidth reads a bandwidth in bytes per second: a number with a decimal unit
+// ("800MB/s", "50GB/s", "1.6TB/s", "/s" optional) or a bare number of GB/s ("50").
+func ParseBandwidth(s string) (float64, error) {
+	t := strings.TrimSuffix(strings.TrimSpace(s), "/s")
+	mult := 1e9
+	for _, u := range []struct {
+		suffix string
+		mult   float64
+	}{{"TB", 1e12}, {"GB", 1e9}, {"MB", 1e6}, {"KB", 1e3}, {"kB", 1e3}, {"B", 1}} {
+		if strings.HasSuffix(t, u.suffix) {
+			t, mult = strings.TrimSpace(strings.TrimSuffix(t, u.suffix)), u.mult
+			break
+		}
+	}
+	v, err := strconv.ParseFloat(t, 64)
+	if err != nil || !(v > 0) || math.IsInf(v, 0) {
+		return 0, fmt.Errorf("bandwidth %q is not a positive number of GB/s or a size per second like 800MB/s", s)
+	}
+	return v * mult, nil
 }
 
 // ErrInvalidConfig is wrapped by every error Validate returns.
@@ -85,6 +191,18 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: speedup ratio %g must be positive", ErrInvalidConfig, c.Timing.Speedup)
 	case c.MaxRequestBytes <= 0:
 		return fmt.Errorf("%w: max request bytes %d must be positive", ErrInvalidConfig, c.MaxRequestBytes)
+	}
+	switch {
+	case c.KVBytesPerToken <= 0:
+		return fmt.Errorf("%w: kv bytes per token %d must be positive", ErrInvalidConfig, c.KVBytesPerToken)
+	case !(c.KVTransferBandwidth > 0) || math.IsInf(c.KVTransferBandwidth, 0):
+		return fmt.Errorf("%w: kv transfer bandwidth %g must be positive", ErrInvalidConfig, c.KVTransferBandwidth)
+	case !(c.KVBytesScale > 0 && c.KVBytesScale <= 1):
+		return fmt.Errorf("%w: kv bytes scale %g must be in (0, 1]", ErrInvalidConfig, c.KVBytesScale)
+	case c.KVTransferTimeout <= 0:
+		return fmt.Errorf("%w: kv transfer timeout %v must be positive", ErrInvalidConfig, c.KVTransferTimeout)
+	case c.KVRegionMaxBytes <= 0:
+		return fmt.Errorf("%w: kv region max bytes %d must be positive", ErrInvalidConfig, c.KVRegionMaxBytes)
 	}
 	switch c.Role {
 	case RoleBoth, RolePrefill, RoleDecode:

@@ -54,12 +54,17 @@ type Engine struct {
 	metrics *Metrics
 	filler  []uint32
 
-	mu      sync.Mutex // guards inbox, aborts and resets
-	inbox   []*Request
-	aborts  []*Request
-	resets  []chan bool
-	wake    chan struct{}
-	nextSeq uint64
+	mu       sync.Mutex // guards inbox, aborts, resets, releases and pulls
+	inbox    []*Request
+	aborts   []*Request
+	resets   []chan bool
+	releases []string   // request ids whose held blocks a decoder has read
+	pulls    []*pullJob // finished pulls
+	wake     chan struct{}
+	nextSeq  uint64
+
+	// kv is the KV connector of a prefill or decode worker, nil in role both.
+	kv *kvConnector
 
 	// Owned by the Run goroutine.
 	pool    *blockPool
@@ -68,9 +73,19 @@ type Engine struct {
 	sched   []scheduled
 	events  []CacheEvent
 	hasher  blockhash.Hasher
+	held    map[string]*Request // finished requests keeping their blocks for a remote decode
+	holdQ   []heldEntry         // the same, in order of expiry (the timeout is fixed)
+	loading map[*Request]bool   // requests waiting for a pull
 
 	numRunning, numWaiting atomic.Int64
 	usageBits              atomic.Uint64
+	heldRequests           atomic.Int64
+	heldBlocks             atomic.Int64
+}
+
+type heldEntry struct {
+	r      *Request
+	expiry time.Time
 }
 
 type scheduled struct {
@@ -100,8 +115,33 @@ func NewEngine(cfg Config, filler []uint32, sink EventSink, metrics *Metrics) (*
 		wake:    make(chan struct{}, 1),
 		pool:    newBlockPool(cfg.NumGPUBlocks, cfg.BlockSize, cfg.EnablePrefixCaching),
 		waiting: waitQueue{byPriority: cfg.SchedulingPolicy == Priority},
+		held:    make(map[string]*Request),
+		loading: make(map[*Request]bool),
 	}
 	return e, nil
+}
+
+// HeldKV returns how many finished requests keep their blocks for a remote decode, and how
+// many blocks that is. It is safe to call from any goroutine.
+func (e *Engine) HeldKV() (requests, blocks int) {
+	return int(e.heldRequests.Load()), int(e.heldBlocks.Load())
+}
+
+// releaseHeld frees the blocks held for the named requests: their decoders have read them.
+// It is safe to call from any goroutine.
+func (e *Engine) releaseHeld(ids []string) {
+	e.mu.Lock()
+	e.releases = append(e.releases, ids...)
+	e.mu.Unlock()
+	e.poke()
+}
+
+// pullDone hands a finished pull back to the scheduler goroutine.
+func (e *Engine) pullDone(j *pullJob) {
+	e.mu.Lock()
+	e.pulls = append(e.pulls, j)
+	e.mu.Unlock()
+	e.poke()
 }
 
 // Config returns the engine's configuration.
@@ -235,18 +275,27 @@ const maxLag = 20 * time.Millisecond
 func (e *Engine) Run(ctx context.Context) error {
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
+	expiry := time.NewTimer(time.Hour) // the next held request's timeout, while idle
+	expiry.Stop()
+	defer expiry.Stop()
 	defer e.shutdown()
 	var clock time.Time // when the current step ends
 	for {
 		e.drain(time.Now())
 		if len(e.running) == 0 && e.waiting.len() == 0 {
 			e.publishLoad()
+			next := e.nextExpiry()
+			if !next.IsZero() {
+				expiry.Reset(time.Until(next))
+			}
 			select {
 			case <-ctx.Done():
 				return nil
 			case <-e.wake:
-				continue
+			case <-expiry.C:
 			}
+			expiry.Stop()
+			continue
 		}
 		prefill, decodes := e.plan()
 		e.publishLoad()
@@ -292,6 +341,10 @@ func (e *Engine) shutdown() {
 		r := e.waiting.pop()
 		e.finish(r, FinishAborted, time.Now())
 	}
+	for r := range e.loading {
+		e.finish(r, FinishAborted, time.Now()) // its pull ends with the worker's context
+	}
+	clear(e.loading)
 	e.mu.Lock()
 	inbox, resets := e.inbox, e.resets
 	e.inbox, e.resets = nil, nil
@@ -309,7 +362,9 @@ func (e *Engine) shutdown() {
 func (e *Engine) drain(now time.Time) {
 	e.mu.Lock()
 	inbox, aborts, resets := e.inbox, e.aborts, e.resets
+	releases, pulls := e.releases, e.pulls
 	e.inbox, e.aborts, e.resets = e.inbox[len(inbox):], e.aborts[len(aborts):], e.resets[len(resets):]
+	e.releases, e.pulls = e.releases[len(releases):], e.pulls[len(pulls):]
 	e.mu.Unlock()
 	for _, r := range inbox {
 		r.state = stateWaiting
@@ -318,6 +373,19 @@ func (e *Engine) drain(now time.Time) {
 	for _, r := range aborts {
 		e.abort(r, now)
 	}
+	for _, id := range releases {
+		if r := e.held[id]; r != nil {
+			e.unhold(r, "notification")
+		} else {
+			e.metrics.kvUnknownNotif()
+		}
+	}
+	clear(releases)
+	for _, j := range pulls {
+		e.pulled(j, now)
+	}
+	clear(pulls)
+	e.expireHolds(now)
 	for _, c := range resets {
 		ok := e.pool.reset()
 		if ok {
@@ -332,6 +400,11 @@ func (e *Engine) abort(r *Request, now time.Time) {
 	switch r.state {
 	case stateWaiting:
 		e.waiting.remove(r)
+		e.pool.free(r.blocks) // a request waiting with pulled blocks
+		r.blocks = r.blocks[:0]
+	case stateLoading:
+		// The pull is still writing into r's blocks: they are freed when it reports back.
+		r.pullCancel()
 	case stateRunning:
 		e.pool.free(r.blocks)
 		r.blocks = r.blocks[:0]
@@ -390,6 +463,29 @@ func (e *Engine) plan() (prefill, decodes int) {
 	}
 	for !preempted && budget > 0 && len(e.running) < e.cfg.MaxNumSeqs && e.waiting.len() > 0 {
 		r := e.waiting.peek()
+		if r.preloaded {
+			// Its prompt KV was pulled: it holds the prompt's blocks and computes the rest.
+			n := min(len(r.tokens)-r.numComputed, budget)
+			want := (r.numComputed + n + bs - 1) / bs
+			if want-len(r.blocks) > e.pool.numFree {
+				break
+			}
+			e.waiting.pop()
+			e.grow(r, want)
+			r.preloaded = false
+			r.state = stateRunning
+			e.running = append(e.running, r)
+			e.sched = append(e.sched, scheduled{r: r, n: n})
+			r.scheduled = true
+			budget -= n
+			continue
+		}
+		if r.kvPull != nil && e.kv != nil && !r.admitted {
+			if !e.admitPull(r) {
+				break
+			}
+			continue
+		}
 		hit := 0
 		full := len(r.hashes)
 		if full*bs == len(r.tokens) {
@@ -431,7 +527,9 @@ func (e *Engine) plan() (prefill, decodes int) {
 	for i := range e.sched {
 		s := &e.sched[i]
 		r := s.r
-		if s.n == 1 && r.numComputed == len(r.tokens)-1 && len(r.tokens) > r.promptLen {
+		// A one-token step of a request whose prompt KV was pulled computes as a decode: it
+		// only produces the first token (vLLM recomputes the last prompt token the same way).
+		if s.n == 1 && r.numComputed == len(r.tokens)-1 && (len(r.tokens) > r.promptLen || r.pulled) {
 			decodes++
 		} else {
 			s.prefill = true
@@ -497,6 +595,7 @@ func (e *Engine) preempt(r *Request) int {
 	e.pool.free(r.blocks)
 	r.blocks = r.blocks[:0]
 	r.numComputed, r.numStored = 0, 0
+	r.pulled = false
 	r.state = stateWaiting
 	e.waiting.pushFront(r)
 	e.metrics.preempted()
@@ -508,7 +607,15 @@ func (e *Engine) preempt(r *Request) int {
 // requests that reached their end finish.
 func (e *Engine) apply(now time.Time) {
 	bs := e.cfg.BlockSize
+	// Count the step's tokens before any client is woken, so a client that scrapes the
+	// metrics after its response sees them.
 	generated := 0
+	for _, s := range e.sched {
+		if s.r.scheduled && s.r.numComputed+s.n >= len(s.r.tokens) {
+			generated++
+		}
+	}
+	e.metrics.step(generated)
 	finished := false
 	for _, s := range e.sched {
 		r := s.r
@@ -527,7 +634,6 @@ func (e *Engine) apply(now time.Time) {
 		if len(r.tokens)%bs == 0 {
 			e.extendHashes(r)
 		}
-		generated++
 		r.mu.Lock()
 		r.out = append(r.out, tok)
 		if len(r.out) == 1 {
@@ -545,7 +651,9 @@ func (e *Engine) apply(now time.Time) {
 			if out+1 >= r.maxTokens {
 				reason = FinishLength
 			}
-			e.pool.free(r.blocks)
+			if !(r.kvDecode && reason == FinishLength && e.hold(r, now)) {
+				e.pool.free(r.blocks)
+			}
 			r.blocks = r.blocks[:0]
 			e.finish(r, reason, now)
 			finished = true
@@ -563,7 +671,6 @@ func (e *Engine) apply(now time.Time) {
 		clear(e.running[len(live):])
 		e.running = live
 	}
-	e.metrics.step(generated)
 	e.emit(now)
 	e.publishLoad()
 }
@@ -622,15 +729,18 @@ func (e *Engine) finish(r *Request, reason FinishReason, now time.Time) {
 	}
 	r.state = stateFinished
 	r.scheduled = false
+	// Metrics first: a client that scrapes them after its response must find the request.
+	switch reason {
+	case FinishAborted:
+		e.metrics.aborted()
+	case FinishError:
+	default:
+		e.metrics.finished(r, reason, now)
+	}
 	r.mu.Lock()
 	r.done, r.reason = true, reason
 	r.mu.Unlock()
 	r.signal()
-	if reason != FinishAborted {
-		e.metrics.finished(r, now)
-	} else {
-		e.metrics.aborted()
-	}
 }
 
 func (e *Engine) emit(now time.Time) {
@@ -641,9 +751,174 @@ func (e *Engine) emit(now time.Time) {
 }
 
 func (e *Engine) publishLoad() {
+	waiting := e.waiting.len() + len(e.loading) // vLLM counts WAITING_FOR_REMOTE_KVS as waiting
 	e.numRunning.Store(int64(len(e.running)))
-	e.numWaiting.Store(int64(e.waiting.len()))
+	e.numWaiting.Store(int64(waiting))
 	u := e.pool.usage()
 	e.usageBits.Store(math.Float64bits(u))
-	e.metrics.load(len(e.running), e.waiting.len(), u)
+	e.metrics.load(len(e.running), waiting, u)
+}
+
+// hold keeps a finished prefill-leg request's blocks for its remote decode, as vLLM's
+// NixlConnector delays freeing them: the prompt blocks' slots are pinned for their content,
+// and the blocks stay referenced until the decoder's notification or the timeout. It
+// reports false, leaving the caller to free the blocks, when the request cannot be held.
+func (e *Engine) hold(r *Request, now time.Time) bool {
+	if e.kv == nil || len(r.blocks) == 0 {
+		return false
+	}
+	if _, dup := e.held[r.ID]; dup {
+		return false
+	}
+	bs := e.cfg.BlockSize
+	nPrompt := min(len(r.blocks), (r.promptLen+bs-1)/bs)
+	keys := blockKeys(make([]uint64, 0, nPrompt), r.tokens[:r.promptLen], r.hashes, bs, r.extra, 0, nPrompt)
+	blocks := append([]int32(nil), r.blocks...)
+	if !e.kv.pin(blocks[:nPrompt], keys) {
+		e.metrics.kvConflict()
+		return false
+	}
+	r.mu.Lock()
+	r.kvHeld = &heldKV{blocks: blocks, keys: keys}
+	r.mu.Unlock()
+	e.held[r.ID] = r
+	e.holdQ = append(e.holdQ, heldEntry{r: r, expiry: now.Add(e.cfg.KVTransferTimeout)})
+	e.heldRequests.Add(1)
+	e.heldBlocks.Add(int64(len(blocks)))
+	e.metrics.kvHeld(len(blocks), "")
+	return true
+}
+
+// unhold frees the blocks r kept for its remote decode; by is what freed them.
+func (e *Engine) unhold(r *Request, by string) {
+	delete(e.held, r.ID)
+	h := r.kvHeld // written by hold on this goroutine
+	e.kv.unpin(h.blocks[:len(h.keys)])
+	e.pool.free(h.blocks)
+	e.heldRequests.Add(-1)
+	e.heldBlocks.Add(-int64(len(h.blocks)))
+	e.metrics.kvHeld(-len(h.blocks), by)
+	e.publishLoad()
+}
+
+// expireHolds frees the blocks of held requests whose decoder did not read them in time.
+func (e *Engine) expireHolds(now time.Time) {
+	n := 0
+	for n < len(e.holdQ) && !e.holdQ[n].expiry.After(now) {
+		if r := e.holdQ[n].r; e.held[r.ID] == r {
+			e.unhold(r, "timeout")
+		}
+		n++
+	}
+	if n > 0 {
+		rest := copy(e.holdQ, e.holdQ[n:])
+		clear(e.holdQ[rest:])
+		e.holdQ = e.holdQ[:rest]
+	}
+	// Entries released by notification linger until they expire; drop them when they are
+	// most of the queue.
+	if len(e.holdQ) > 64 && len(e.holdQ) > 2*len(e.held) {
+		live := e.holdQ[:0]
+		for _, h := range e.holdQ {
+			if e.held[h.r.ID] == h.r {
+				live = append(live, h)
+			}
+		}
+		clear(e.holdQ[len(live):])
+		e.holdQ = live
+	}
+}
+
+// nextExpiry is when the oldest held request times out, zero when none is held.
+func (e *Engine) nextExpiry() time.Time {
+	for _, h := range e.holdQ {
+		if e.held[h.r.ID] == h.r {
+			return h.expiry
+		}
+	}
+	return time.Time{}
+}
+
+// admitPull admits a decode-leg request as vLLM's NixlConnector does: it takes the prompt's
+// cached prefix, allocates blocks for the rest of the prompt and starts pulling the remote
+// blocks the prefix cache lacks; the request waits (stateLoading) until the pull reports
+// back. It reports false when the blocks are not there yet.
+func (e *Engine) admitPull(r *Request) bool {
+	bs := e.cfg.BlockSize
+	nPrompt := (r.promptLen + bs - 1) / bs
+	full := len(r.hashes)
+	if full*bs == len(r.tokens) {
+		full--
+	}
+	hit := 0
+	if full > 0 {
+		hit = e.pool.hits(r.hashes[:full])
+	}
+	if !e.pool.canTake(r.hashes, hit, nPrompt-hit) {
+		return false
+	}
+	e.waiting.pop()
+	for _, h := range r.hashes[:hit] {
+		r.blocks = e.pool.take(r.blocks, h)
+	}
+	for range nPrompt - hit {
+		r.blocks, _ = e.pool.allocate(r.blocks)
+	}
+	r.numComputed, r.numStored = hit*bs, hit
+	r.admitted = true
+	e.metrics.admitted(r.promptLen, hit*bs)
+	// Remote block i holds prompt block i; pull those the prefix cache lacks.
+	end := max(hit, min(len(r.kvPull.RemoteBlockIDs), nPrompt))
+	job := &pullJob{
+		r:        r,
+		params:   r.kvPull,
+		local:    append([]int32(nil), r.blocks[hit:end]...),
+		remote:   r.kvPull.RemoteBlockIDs[hit:end],
+		keys:     blockKeys(make([]uint64, 0, end-hit), r.tokens[:r.promptLen], r.hashes, bs, r.extra, hit, end),
+		modelled: e.cfg.ModelledTransfer(end - hit),
+		start:    time.Now(),
+		done:     e.pullDone,
+	}
+	r.state = stateLoading
+	e.loading[r] = true
+	e.kv.startPull(job)
+	r.pullCancel = job.cancel
+	return true
+}
+
+// pulled finishes a pull on the scheduler goroutine: the pulled blocks become computed (and
+// enter the prefix cache) and the request waits to compute the rest, or the request fails.
+func (e *Engine) pulled(j *pullJob, now time.Time) {
+	r := j.r
+	delete(e.loading, r)
+	if r.state != stateLoading { // aborted (or shut down) while the pull ran
+		e.pool.free(r.blocks)
+		r.blocks = r.blocks[:0]
+		e.publishLoad()
+		return
+	}
+	if j.err != nil {
+		e.pool.free(r.blocks)
+		r.blocks = r.blocks[:0]
+		r.mu.Lock()
+		r.failure = j.err
+		r.mu.Unlock()
+		e.finish(r, FinishError, now)
+		e.publishLoad()
+		return
+	}
+	bs := e.cfg.BlockSize
+	// As vLLM does once remote KV arrived: everything pulled counts as computed except the
+	// prompt's last token, which is recomputed to produce the first output token.
+	computed := min(max(r.numComputed, (r.numStored+len(j.local))*bs), r.promptLen-1)
+	r.numComputed = computed
+	e.storeBlocks(r)
+	e.emit(now)
+	r.pulled, r.preloaded = true, true
+	r.mu.Lock()
+	r.cached = computed
+	r.mu.Unlock()
+	r.state = stateWaiting
+	e.waiting.pushFront(r)
+	e.publishLoad()
 }

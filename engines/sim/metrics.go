@@ -21,6 +21,24 @@ type Metrics struct {
 	aborts                  prometheus.Counter
 	ttft, itl, e2e          prometheus.Histogram
 	reqPrompt, reqGen       prometheus.Histogram
+	kv                      *kvMetrics // nil in role both
+}
+
+// kvMetrics are the KV transfer metrics of a prefill or decode worker: vLLM's NixlConnector
+// metrics under their vLLM names, and kvrelay_sim_kv_* for what vLLM does not export.
+type kvMetrics struct {
+	xferTime, xferBytes, xferDescs prometheus.Histogram
+	failedXfers, failedNotifs      prometheus.Counter
+
+	pulls, pulledBlocks, pulledBytes, modelledBytes prometheus.Counter
+	pullSeconds, modelledSeconds                    prometheus.Histogram
+	pullFailures                                    *prometheus.CounterVec
+	checksumErrors                                  prometheus.Counter
+
+	held, heldBlocksTotal    prometheus.Counter
+	heldRequests, heldBlocks prometheus.Gauge
+	freed                    *prometheus.CounterVec
+	unknownNotifs, conflicts prometheus.Counter
 }
 
 // Bucket boundaries as vLLM defines them.
@@ -69,7 +87,62 @@ func NewMetrics(cfg Config) *Metrics {
 	})
 	info.Set(1)
 	reg.MustRegister(info)
+	if cfg.Role == RolePrefill || cfg.Role == RoleDecode {
+		m.kv = newKVMetrics(f, cfg)
+	}
 	return m
+}
+
+// Bucket boundaries of vLLM's NixlConnector histograms.
+var (
+	nixlTimeBuckets  = []float64{0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 5.0}
+	nixlBytesBuckets = []float64{1 << 11, 1 << 13, 1 << 15, 1 << 17, 1 << 19, 1 << 21, 1 << 23, 1 << 25, 1 << 27, 1 << 29, 1 << 31, 1 << 33}
+	nixlDescBuckets  = []float64{10, 20, 30, 50, 75, 100, 200, 400, 1000, 2000, 4000, 10000, 20000, 50000}
+	pullBuckets      = []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}
+)
+
+func newKVMetrics(f factory, cfg Config) *kvMetrics {
+	k := &kvMetrics{
+		xferTime:        f.histogram("vllm:nixl_xfer_time_seconds", "Histogram of transfer duration for NIXL KV Cache transfers.", nixlTimeBuckets),
+		xferBytes:       f.histogram("vllm:nixl_bytes_transferred", "Histogram of bytes transferred per NIXL KV Cache transfers.", nixlBytesBuckets),
+		xferDescs:       f.histogram("vllm:nixl_num_descriptors", "Histogram of number of descriptors per NIXL KV Cache transfers.", nixlDescBuckets),
+		failedXfers:     f.counter("vllm:nixl_num_failed_transfers_total", "Number of failed NIXL KV Cache transfers."),
+		failedNotifs:    f.counter("vllm:nixl_num_failed_notifications_total", "Number of failed NIXL KV Cache notifications."),
+		pulls:           f.counter("kvrelay_sim_kv_pulls_total", "Requests whose prompt KV was pulled from a prefill worker."),
+		pulledBlocks:    f.counter("kvrelay_sim_kv_pulled_blocks_total", "KV blocks pulled from prefill workers and verified."),
+		pulledBytes:     f.counter("kvrelay_sim_kv_pulled_bytes_total", "Bytes really moved by pulls (the modelled size times --kv-bytes-scale)."),
+		modelledBytes:   f.counter("kvrelay_sim_kv_modelled_bytes_total", "Bytes the pulled blocks have in the modelled model (--kv-bytes-per-token)."),
+		pullSeconds:     f.histogram("kvrelay_sim_kv_pull_seconds", "Time a request waited for its prompt KV: connect, transfer, checks and the modelled transfer time.", pullBuckets),
+		modelledSeconds: f.histogram("kvrelay_sim_kv_pull_modelled_seconds", "Modelled transfer time of a pull (bytes / --kv-transfer-bandwidth / --speedup-ratio).", pullBuckets),
+		checksumErrors:  f.counter("kvrelay_sim_kv_checksum_errors_total", "Pulls whose blocks did not hold the prompt's KV."),
+		held:            f.counter("kvrelay_sim_kv_held_requests_total", "Finished requests whose blocks were kept for a remote decode."),
+		heldBlocksTotal: f.counter("kvrelay_sim_kv_held_blocks_total", "Blocks kept for remote decodes."),
+		heldRequests:    f.gauge("kvrelay_sim_kv_held_requests", "Requests whose blocks are kept for a remote decode now."),
+		heldBlocks:      f.gauge("kvrelay_sim_kv_held_blocks", "Blocks kept for remote decodes now."),
+		unknownNotifs:   f.counter("kvrelay_sim_kv_unknown_notifications_total", "Notifications naming no held request (late, after the timeout, or malformed)."),
+		conflicts:       f.counter("kvrelay_sim_kv_slot_conflicts_total", "Requests answered without kv_transfer_params because a capped region's slot was taken."),
+	}
+	k.pullFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvrelay_sim_kv_pull_failures_total", Help: "Pulls that failed, by reason (peer, timeout, checksum, layout, resolve, rejected, slots, aborted, transfer).", ConstLabels: f.labels,
+	}, []string{"reason"})
+	k.freed = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvrelay_sim_kv_freed_requests_total", Help: "Held requests whose blocks were freed, by what freed them (notification, timeout).", ConstLabels: f.labels,
+	}, []string{"by"})
+	f.reg.MustRegister(k.pullFailures, k.freed)
+	for _, by := range []string{"notification", "timeout"} {
+		k.freed.WithLabelValues(by)
+	}
+	role := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "kvrelay_sim_kv_connector_info", Help: "KV connector of a disaggregated worker.",
+		ConstLabels: prometheus.Labels{
+			"model_name": cfg.Model, "engine": "0", "role": string(cfg.Role),
+			"slot_bytes": strconv.Itoa(cfg.SlotBytes()), "slots": strconv.Itoa(cfg.RegionSlots()),
+			"kv_bytes_per_token": strconv.Itoa(cfg.KVBytesPerToken),
+		},
+	})
+	role.Set(1)
+	f.reg.MustRegister(role)
+	return k
 }
 
 // Registry is what /metrics serves.
@@ -161,12 +234,86 @@ func (m *Metrics) aborted() {
 	}
 }
 
-func (m *Metrics) finished(r *Request, now time.Time) {
+func (m *Metrics) finished(r *Request, reason FinishReason, now time.Time) {
 	if m == nil {
 		return
 	}
 	m.e2e.Observe(now.Sub(r.arrival).Seconds())
 	m.reqPrompt.Observe(float64(r.promptLen))
 	m.reqGen.Observe(float64(len(r.tokens) - r.promptLen))
-	m.success.WithLabelValues(string(r.reason)).Inc()
+	m.success.WithLabelValues(string(reason)).Inc()
+}
+
+func (m *Metrics) nixlTransfer(d time.Duration, bytes, descs int) {
+	if m == nil || m.kv == nil {
+		return
+	}
+	m.kv.xferTime.Observe(d.Seconds())
+	m.kv.xferBytes.Observe(float64(bytes))
+	m.kv.xferDescs.Observe(float64(descs))
+}
+
+func (m *Metrics) nixlFailed() {
+	if m != nil && m.kv != nil {
+		m.kv.failedXfers.Inc()
+	}
+}
+
+func (m *Metrics) kvNotifFailed() {
+	if m != nil && m.kv != nil {
+		m.kv.failedNotifs.Inc()
+	}
+}
+
+func (m *Metrics) kvPulled(blocks, bytes, modelledBytes int, modelled, waited time.Duration) {
+	if m == nil || m.kv == nil {
+		return
+	}
+	m.kv.pulls.Inc()
+	m.kv.pulledBlocks.Add(float64(blocks))
+	m.kv.pulledBytes.Add(float64(bytes))
+	m.kv.modelledBytes.Add(float64(modelledBytes))
+	m.kv.modelledSeconds.Observe(modelled.Seconds())
+	m.kv.pullSeconds.Observe(waited.Seconds())
+}
+
+func (m *Metrics) kvPullFailed(reason string) {
+	if m != nil && m.kv != nil {
+		m.kv.pullFailures.WithLabelValues(reason).Inc()
+	}
+}
+
+func (m *Metrics) kvChecksumError() {
+	if m != nil && m.kv != nil {
+		m.kv.checksumErrors.Inc()
+	}
+}
+
+// kvHeld records a request whose blocks are kept (blocks > 0) or freed (blocks < 0, by says
+// what freed them).
+func (m *Metrics) kvHeld(blocks int, by string) {
+	if m == nil || m.kv == nil {
+		return
+	}
+	if blocks > 0 {
+		m.kv.held.Inc()
+		m.kv.heldBlocksTotal.Add(float64(blocks))
+		m.kv.heldRequests.Inc()
+	} else {
+		m.kv.heldRequests.Dec()
+		m.kv.freed.WithLabelValues(by).Inc()
+	}
+	m.kv.heldBlocks.Add(float64(blocks))
+}
+
+func (m *Metrics) kvUnknownNotif() {
+	if m != nil && m.kv != nil {
+		m.kv.unknownNotifs.Inc()
+	}
+}
+
+func (m *Metrics) kvConflict() {
+	if m != nil && m.kv != nil {
+		m.kv.conflicts.Inc()
+	}
 }

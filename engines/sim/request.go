@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"context"
 	"sync"
 	"time"
 )
@@ -14,6 +15,9 @@ const (
 	FinishStop    FinishReason = "stop"
 	FinishLength  FinishReason = "length"
 	FinishAborted FinishReason = "abort"
+	// FinishError ends a request whose prompt KV could not be pulled from the prefill
+	// worker of its kv_transfer_params; the client gets an error status.
+	FinishError FinishReason = "error"
 )
 
 // Params are what a client asked of one generation.
@@ -54,6 +58,17 @@ type Request struct {
 	lastTokenAt time.Time
 	heapIndex   int
 
+	// KV transfer, set by the server before Submit: kvDecode keeps the blocks for a remote
+	// decode when the request finishes (prefill leg), kvPull pulls the prompt's blocks
+	// from a prefill worker instead of computing them (decode leg).
+	kvDecode bool
+	kvPull   *kvTransferParams
+	// Engine-owned: the prompt's KV came from a pull (its last token computes as a
+	// decode); the request waits with the blocks a pull filled; cancels the pull.
+	pulled     bool
+	preloaded  bool
+	pullCancel context.CancelFunc
+
 	// Output, shared with the client under mu.
 	mu       sync.Mutex
 	notify   chan struct{}
@@ -62,6 +77,15 @@ type Request struct {
 	reason   FinishReason
 	done     bool
 	firstTok time.Time
+	kvHeld   *heldKV        // blocks kept for a remote decode, when the request finished so
+	failure  *transferError // why a FinishError request failed
+}
+
+// heldKV is what a finished prefill-leg request keeps for its remote decode: all its
+// blocks, and the content keys of the prompt's blocks (the first len(keys) blocks).
+type heldKV struct {
+	blocks []int32
+	keys   []uint64
 }
 
 type reqState uint8
@@ -70,6 +94,7 @@ const (
 	stateNew reqState = iota
 	stateWaiting
 	stateRunning
+	stateLoading // blocks allocated, prompt KV being pulled from a prefill worker
 	stateFinished
 )
 
@@ -90,6 +115,14 @@ func (r *Request) Output(dst []uint32, from int) (toks []uint32, done bool, reas
 	done, reason, cached = r.done, r.reason, r.cached
 	r.mu.Unlock()
 	return dst, done, reason, cached
+}
+
+// transfer returns, once the request has finished, the blocks it keeps for a remote decode
+// and why it failed, if it did.
+func (r *Request) transfer() (*heldKV, *transferError) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.kvHeld, r.failure
 }
 
 func (r *Request) signal() {

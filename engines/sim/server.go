@@ -24,6 +24,7 @@ import (
 // the engine, whose scheduler goroutine produces the tokens they stream.
 type Server struct {
 	eng     *Engine
+	kv      *kvConnector // nil in role both
 	codec   Codec
 	metrics *Metrics
 	model   string
@@ -40,6 +41,7 @@ func NewServer(eng *Engine, codec Codec, metrics *Metrics, text map[uint32]strin
 	_, _ = rand.Read(b[:])
 	return &Server{
 		eng:     eng,
+		kv:      eng.kv,
 		codec:   codec,
 		metrics: metrics,
 		model:   eng.cfg.Model,
@@ -183,6 +185,15 @@ func (s *Server) complete(w http.ResponseWriter, hr *http.Request, chat bool) {
 		writeError(w, aerr)
 		return
 	}
+	var kvp *kvTransferParams
+	if s.kv != nil {
+		// Like vLLM, a worker without a KV connector (role both) ignores kv_transfer_params.
+		bs := s.eng.cfg.BlockSize
+		if kvp, aerr = parseKVTransferParams(req.KVTransferParams, (s.eng.cfg.MaxModelLen+bs-1)/bs); aerr != nil {
+			writeError(w, aerr)
+			return
+		}
+	}
 	prompt, aerr := s.encode(req, chat)
 	if aerr != nil {
 		writeError(w, aerr)
@@ -207,8 +218,14 @@ func (s *Server) complete(w http.ResponseWriter, hr *http.Request, chat bool) {
 		writeError(w, badRequest("%s", strings.TrimPrefix(err.Error(), ErrInvalidRequest.Error()+": ")))
 		return
 	}
+	if kvp != nil {
+		r.kvDecode = kvp.DoRemoteDecode
+		if kvp.DoRemotePrefill && len(kvp.RemoteBlockIDs) > 0 {
+			r.kvPull = kvp // with no blocks to pull, vLLM prefills locally
+		}
+	}
 	s.eng.Submit(r)
-	rs := responseState{s: s, r: r, chat: chat}
+	rs := responseState{s: s, r: r, chat: chat, kv: kvp != nil}
 	if req.Stream {
 		rs.usage = req.StreamOptions != nil && req.StreamOptions.IncludeUsage
 		s.stream(w, hr.Context(), &rs)
@@ -223,6 +240,7 @@ type responseState struct {
 	r     *Request
 	chat  bool
 	usage bool
+	kv    bool // the request carried kv_transfer_params: the response carries the field too
 	toks  []uint32
 }
 
@@ -256,10 +274,16 @@ func (s *Server) respond(w http.ResponseWriter, ctx context.Context, rs *respons
 			return
 		}
 	}
-	if reason == FinishAborted {
+	switch reason {
+	case FinishAborted:
 		writeError(w, &apiError{status: http.StatusServiceUnavailable, typ: "ServiceUnavailableError", message: "the engine stopped before the request finished"})
 		return
+	case FinishError:
+		_, failure := rs.r.transfer()
+		writeError(w, failure.apiError())
+		return
 	}
+	kvParams := rs.publishKV()
 	bp := s.bufs.Get().(*[]byte)
 	b := (*bp)[:0]
 	b = append(b, `{"id":`...)
@@ -282,6 +306,10 @@ func (s *Server) respond(w http.ResponseWriter, ctx context.Context, rs *respons
 	b = appendJSONString(b, string(reason))
 	b = append(b, `,"stop_reason":null}],"usage":`...)
 	b = appendUsage(b, rs.r.PromptTokens(), len(rs.toks), cached)
+	if rs.kv {
+		b = append(b, `,"kv_transfer_params":`...)
+		b = append(b, kvParams...)
+	}
 	b = append(b, "}\n"...)
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
@@ -293,6 +321,24 @@ func (s *Server) respond(w http.ResponseWriter, ctx context.Context, rs *respons
 // stream writes the response as server-sent events, one chunk per token as vLLM does, all
 // chunks that are ready written and flushed together.
 func (s *Server) stream(w http.ResponseWriter, ctx context.Context, rs *responseState) {
+	if rs.r.kvPull != nil {
+		// A decode leg fails before its first token if its KV cannot be pulled: wait for
+		// that token, so that a failure still gets its HTTP status.
+		for len(rs.toks) == 0 {
+			done, reason, _, ok := rs.wait(ctx)
+			if !ok {
+				return
+			}
+			if done && reason == FinishError {
+				_, failure := rs.r.transfer()
+				writeError(w, failure.apiError())
+				return
+			}
+			if done {
+				break
+			}
+		}
+	}
 	fl, _ := w.(http.Flusher)
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream; charset=utf-8")
@@ -308,9 +354,18 @@ func (s *Server) stream(w http.ResponseWriter, ctx context.Context, rs *response
 	}
 	sent := 0
 	for {
-		done, reason, cached, ok := rs.wait(ctx)
-		if !ok {
+		var (
+			done, ok bool
+			reason   FinishReason
+			cached   int
+		)
+		if sent < len(rs.toks) { // tokens the decode leg's wait above already read
+			rs.toks, done, reason, cached = rs.r.Output(rs.toks, len(rs.toks))
+		} else if done, reason, cached, ok = rs.wait(ctx); !ok {
 			return
+		}
+		if done && rs.kv {
+			rs.publishKV() // vLLM keeps the blocks but sends no kv_transfer_params in a stream
 		}
 		b := (*bp)[:0]
 		for i := sent; i < len(rs.toks); i++ {
@@ -353,6 +408,39 @@ func (s *Server) stream(w http.ResponseWriter, ctx context.Context, rs *response
 			return
 		}
 	}
+}
+
+// publishKV, for a finished request that carried kv_transfer_params, writes the content of
+// the blocks it keeps for a remote decode and returns the response's kv_transfer_params:
+// vLLM NixlConnector's object, or null when nothing is kept (a decode leg, a request that
+// did not stop at its length, a capped region's slot conflict).
+func (rs *responseState) publishKV() []byte {
+	held, _ := rs.r.transfer()
+	if held == nil {
+		return []byte("null")
+	}
+	kv := rs.s.kv
+	if !kv.publish(held.blocks[:len(held.keys)], held.keys) {
+		rs.s.eng.releaseHeld([]string{rs.r.ID})
+		return []byte("null")
+	}
+	b := make([]byte, 0, 256+8*len(held.blocks))
+	b = append(b, `{"do_remote_prefill":true,"do_remote_decode":false,"remote_block_ids":[`...)
+	for i, id := range held.blocks {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendInt(b, int64(id), 10)
+	}
+	b = append(b, `],"remote_engine_id":`...)
+	b = appendJSONString(b, kv.engineID)
+	b = append(b, `,"remote_request_id":`...)
+	b = appendJSONString(b, rs.r.ID)
+	b = append(b, `,"remote_host":`...)
+	b = appendJSONString(b, kv.host)
+	b = append(b, `,"remote_port":`...)
+	b = strconv.AppendInt(b, int64(kv.port), 10)
+	return append(b, `,"tp_size":1}`...)
 }
 
 func (s *Server) appendObject(b []byte, rs *responseState) []byte {

@@ -25,6 +25,19 @@ type WorkerConfig struct {
 	Codec Codec
 	// ShutdownTimeout bounds how long Run waits for open responses after its context ends.
 	ShutdownTimeout time.Duration
+
+	// KV transfer (Engine.Role prefill or decode).
+
+	// KVTransferListen is the nixl agent's TCP address (metadata, transfers and
+	// notifications), advertised in kv_transfer_params as remote_host and remote_port.
+	// Default "127.0.0.1:0".
+	KVTransferListen string
+	// KVTransferAdvertiseHost is the remote_host to advertise instead of the bound host;
+	// required when KVTransferListen is a wildcard address.
+	KVTransferAdvertiseHost string
+	// EngineID names the engine in kv_transfer_params (remote_engine_id) and its nixl
+	// agent. Default: a random UUID, as vLLM's.
+	EngineID string
 }
 
 // Worker is one simulated engine serving the OpenAI API over HTTP and publishing KV events
@@ -36,6 +49,7 @@ type Worker struct {
 	metrics *Metrics
 	srv     *Server
 	adapter *eventAdapter
+	kv      *kvConnector // nil in role both
 
 	ln   net.Listener
 	http *http.Server
@@ -66,6 +80,14 @@ func NewWorker(cfg WorkerConfig) (*Worker, error) {
 	if w.eng, err = NewEngine(cfg.Engine, ids, sink, w.metrics); err != nil {
 		return nil, fmt.Errorf("building worker: %w", err)
 	}
+	if r := cfg.Engine.Role; r == RolePrefill || r == RoleDecode {
+		if cfg.EngineID == "" {
+			cfg.EngineID = newEngineID()
+			w.cfg.EngineID = cfg.EngineID
+		}
+		w.kv = newKVConnector(cfg.Engine, cfg.EngineID, cfg.KVTransferListen, cfg.KVTransferAdvertiseHost, w.metrics)
+		w.eng.kv = w.kv
+	}
 	w.srv = NewServer(w.eng, cfg.Codec, w.metrics, text)
 	return w, nil
 }
@@ -73,8 +95,14 @@ func NewWorker(cfg WorkerConfig) (*Worker, error) {
 // Engine returns the worker's engine.
 func (w *Worker) Engine() *Engine { return w.eng }
 
-// Start binds the HTTP listener and the KV event sockets.
+// Start binds the HTTP listener and the KV event sockets, and in roles prefill and decode
+// starts the nixl agent and registers the KV transfer region.
 func (w *Worker) Start(ctx context.Context) error {
+	if w.kv != nil {
+		if err := w.kv.start(); err != nil {
+			return err
+		}
+	}
 	var lc net.ListenConfig
 	ln, err := lc.Listen(ctx, "tcp", w.cfg.Listen)
 	if err != nil {
@@ -104,6 +132,23 @@ func (w *Worker) Start(ctx context.Context) error {
 // URL is the base URL of the worker's OpenAI API (without /v1). Valid after Start.
 func (w *Worker) URL() string { return "http://" + w.ln.Addr().String() }
 
+// EngineID is the engine's id in kv_transfer_params ("" in role both).
+func (w *Worker) EngineID() string {
+	if w.kv == nil {
+		return ""
+	}
+	return w.cfg.EngineID
+}
+
+// KVTransferAddr is the nixl agent's address (remote_host:remote_port as bound), "" in role
+// both. Valid after Start.
+func (w *Worker) KVTransferAddr() string {
+	if w.kv == nil {
+		return ""
+	}
+	return w.kv.Addr()
+}
+
 // EventsEndpoint is the ZMQ endpoint subscribers connect to, "" when events are off.
 func (w *Worker) EventsEndpoint() string {
 	if w.pub == nil {
@@ -127,6 +172,11 @@ func (w *Worker) Run(ctx context.Context) error {
 		return errors.New("running worker: not started")
 	}
 	g, gctx := errgroup.WithContext(ctx)
+	if w.kv != nil {
+		w.kv.ctx = gctx // before the engine starts pulls
+		g.Go(func() error { return w.kv.run(gctx, w.eng.releaseHeld) })
+		defer w.kv.wait()
+	}
 	g.Go(func() error { return w.eng.Run(gctx) })
 	g.Go(func() error {
 		if err := w.http.Serve(w.ln); !errors.Is(err, http.ErrServerClosed) {
@@ -157,6 +207,9 @@ func (w *Worker) Close() error {
 	}
 	if w.pub != nil {
 		errs = append(errs, w.pub.Close())
+	}
+	if w.kv != nil {
+		errs = append(errs, w.kv.close())
 	}
 	if err := errors.Join(errs...); err != nil && !errors.Is(err, net.ErrClosed) {
 		return fmt.Errorf("closing worker: %w", err)
