@@ -867,13 +867,18 @@ func (e *Engine) admitPull(r *Request) bool {
 	r.numComputed, r.numStored = hit*bs, hit
 	r.admitted = true
 	e.metrics.admitted(r.promptLen, hit*bs)
-	// Remote block i holds prompt block i; pull those the prefix cache lacks.
+	// Remote block i holds prompt block i; pull those the prefix cache lacks (none when the
+	// remote list is no longer than the cached prefix).
 	end := max(hit, min(len(r.kvPull.RemoteBlockIDs), nPrompt))
+	var remote []int
+	if end > hit {
+		remote = r.kvPull.RemoteBlockIDs[hit:end]
+	}
 	job := &pullJob{
 		r:        r,
 		params:   r.kvPull,
 		local:    append([]int32(nil), r.blocks[hit:end]...),
-		remote:   r.kvPull.RemoteBlockIDs[hit:end],
+		remote:   remote,
 		keys:     blockKeys(make([]uint64, 0, end-hit), r.tokens[:r.promptLen], r.hashes, bs, r.extra, hit, end),
 		modelled: e.cfg.ModelledTransfer(end - hit),
 		start:    time.Now(),
