@@ -360,7 +360,7 @@ func (s *Server) publish(force bool) {
 func (s *Server) workerResources() []*xdsv1.Worker {
 	ws := s.reg.Workers()
 	states := s.view.Snapshot()
-	inflight := s.xds.Merged()
+	inflight, reports := s.xds.MergedReports()
 	out := make([]*xdsv1.Worker, 0, len(ws))
 	for _, w := range ws {
 		st := states[w.ID]
@@ -385,7 +385,7 @@ func (s *Server) workerResources() []*xdsv1.Worker {
 		if res.BlockSize == 0 {
 			res.BlockSize = uint32(st.BlockSize)
 		}
-		l := &xdsv1.Load{Running: uint32(st.Load.Running), Waiting: uint32(st.Load.Waiting), KvUsage: st.Load.KVUsage}
+		l := &xdsv1.Load{Running: uint32(st.Load.Running), Waiting: uint32(st.Load.Waiting), KvUsage: st.Load.KVUsage, Reports: reports}
 		if !st.ObservedAt.IsZero() {
 			l.ObservedUnixNano = st.ObservedAt.UnixNano()
 		}

@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -41,10 +43,23 @@ type xdsState struct {
 	policyVersion uint64
 	updates       uint64
 
-	// sent is this proxy's own load as last reported, per worker: the share of the pushed
-	// fleet-wide sums that is this proxy's (the router counts its current load itself).
+	// sent holds this proxy's last load reports, per worker, by seq: a pushed load names the
+	// report of each proxy its fleet-wide sums include (Load.reports), and the router takes
+	// exactly that share out (it counts its current load itself).
+	nodeID string
 	sentMu sync.Mutex
-	sent   map[string]ownSent
+	sent   [sentReports]sentReport // ring by seq
+	last   uint64                  // the latest report's seq
+}
+
+// sentReports is how many recent reports the proxy remembers: 6.4 s at the 100 ms interval,
+// far past the push lag. A pushed load naming an older one falls back to the latest (a
+// control plane keeps an unchanged report under its first seq).
+const sentReports = 64
+
+type sentReport struct {
+	seq   uint64
+	loads map[string]ownSent
 }
 
 type ownSent struct{ prefill, decode int64 }
@@ -58,7 +73,7 @@ func (s *Server) setupXDS(ctx context.Context) error {
 	}
 	// With a control plane, the proxy's own index only remembers recent decisions.
 	s.index = prefix.NewApprox(prefix.ApproxConfig{MaxBlocks: s.cfg.IndexBlocks, TTL: s.cfg.RecentTTL})
-	x := &xdsState{replica: prefix.NewReplica(blockset.DefaultWeights), pos: map[string]int{}, sent: map[string]ownSent{}}
+	x := &xdsState{replica: prefix.NewReplica(blockset.DefaultWeights), pos: map[string]int{}, nodeID: nodeID}
 	pool := route.NewPoolIndexed(nil)
 	if err := s.buildRouters(pool, prefix.NewOverlay(x.replica, s.index)); err != nil {
 		return err
@@ -181,7 +196,7 @@ func (s *Server) applyXDS(workers []*xdsv1.Worker, policy *xdsv1.RoutingPolicy) 
 		}
 		w := st.w
 		w.SetDraining(res.GetDraining() || !res.GetHealthy())
-		w.SetReported(reportedLoad(x.ownSent(id), res.GetLoad()))
+		w.SetReported(reportedLoad(x.ownSent(id, res.GetLoad().GetReports()), res.GetLoad()))
 		present = append(present, w)
 		for len(slots) <= pos {
 			slots = append(slots, -1)
@@ -238,17 +253,29 @@ func sameIdentity(a, b *route.Worker) bool {
 	return a.ID == b.ID && a.URL == b.URL && a.Model == b.Model && a.Role == b.Role && a.BlockSize == b.BlockSize && a.Capacity == b.Capacity
 }
 
-// ownSent is what this proxy last reported for worker id.
-func (x *xdsState) ownSent(id string) ownSent {
+// ownSent is this proxy's share of a pushed load on worker id: what it reported for id in
+// the report reports names for its node, nothing when reports does not name it (the sums
+// include none of its requests), its latest report when that one is no longer remembered.
+func (x *xdsState) ownSent(id string, reports []*xdsv1.ReportSeq) ownSent {
+	i, ok := slices.BinarySearchFunc(reports, x.nodeID, func(r *xdsv1.ReportSeq, node string) int {
+		return strings.Compare(r.GetNodeId(), node)
+	})
+	if !ok {
+		return ownSent{}
+	}
+	seq := reports[i].GetSeq()
 	x.sentMu.Lock()
 	defer x.sentMu.Unlock()
-	return x.sent[id]
+	r := &x.sent[seq%sentReports]
+	if r.seq != seq || seq == 0 {
+		r = &x.sent[x.last%sentReports]
+	}
+	return r.loads[id]
 }
 
 // reportedLoad turns a pushed load into the router's Reported, taking out of the fleet-wide
-// in-flight sums this proxy's own share as it last reported it (the sums include that
-// report, not the requests it has started or finished since; the router adds its current
-// own load back).
+// in-flight sums own, this proxy's share in the report the sums include (not the requests it
+// has started or finished since: the router adds its current own load back).
 func reportedLoad(own ownSent, l *xdsv1.Load) *route.Reported {
 	if l == nil {
 		return nil
@@ -262,21 +289,26 @@ func reportedLoad(own ownSent, l *xdsv1.Load) *route.Reported {
 	}
 }
 
-// ownLoad is the load report: this proxy's requests in flight per worker.
-func (s *Server) ownLoad() []*xdsv1.WorkerLoad {
+// ownLoad is the load report numbered seq: this proxy's requests in flight per worker.
+func (s *Server) ownLoad(seq uint64) []*xdsv1.WorkerLoad {
 	pool := s.kv.Pool()
 	out := make([]*xdsv1.WorkerLoad, 0, len(pool.Workers))
 	x := s.xds
 	x.sentMu.Lock()
 	defer x.sentMu.Unlock()
-	clear(x.sent)
+	r := &x.sent[seq%sentReports]
+	if r.loads == nil {
+		r.loads = make(map[string]ownSent, len(pool.Workers))
+	}
+	r.seq, x.last = seq, seq
+	clear(r.loads)
 	for _, w := range pool.Workers {
 		inflight, prefill, decode := w.Own()
 		prefill, decode = max(prefill, 0), max(decode, 0)
 		if inflight == 0 && prefill == 0 && decode == 0 {
 			continue
 		}
-		x.sent[w.ID] = ownSent{prefill: prefill, decode: decode}
+		r.loads[w.ID] = ownSent{prefill: prefill, decode: decode}
 		out = append(out, &xdsv1.WorkerLoad{WorkerId: w.ID, Inflight: uint32(inflight), PrefillTokens: uint64(prefill), DecodeBlocks: uint64(decode)})
 	}
 	return out

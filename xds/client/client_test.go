@@ -436,6 +436,7 @@ func TestTwoClientsSameState(t *testing.T) {
 type reporter struct {
 	mu     sync.Mutex
 	loads  []*xdsv1.WorkerLoad
+	seq    uint64 // of the last snapshot
 	cancel context.CancelFunc
 	done   chan error
 	r      *client.Reporter
@@ -450,10 +451,17 @@ func (r *reporter) set(l ...*xdsv1.WorkerLoad) {
 	r.loads = l
 }
 
-func (r *reporter) snapshot() []*xdsv1.WorkerLoad {
+func (r *reporter) snapshot(seq uint64) []*xdsv1.WorkerLoad {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.seq = seq
 	return r.loads
+}
+
+func (r *reporter) lastSeq() uint64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.seq
 }
 
 // stop ends the reporter's Run and returns its result; safe to call again (the cleanup does).
@@ -502,6 +510,13 @@ func TestLoadReportsMerge(t *testing.T) {
 	}
 	waitUntil(t, "merged load", func() bool { return equalLoads(srv.Merged(), want) })
 	waitUntil(t, "the server's interval", func() bool { return r1.r.Interval() == 10*time.Millisecond })
+	// The merge names the report of each node it includes: node ids sorted, seqs the
+	// reporters numbered (from 1, increasing).
+	_, seqs := srv.MergedReports()
+	if len(seqs) != 2 || seqs[0].GetNodeId() != "proxy-1" || seqs[1].GetNodeId() != "proxy-2" ||
+		seqs[0].GetSeq() == 0 || seqs[0].GetSeq() > r1.lastSeq() || seqs[1].GetSeq() > r2.lastSeq() {
+		t.Fatalf("merged reports %v (reporters at %d, %d)", seqs, r1.lastSeq(), r2.lastSeq())
+	}
 	if n := srv.Stats().LoadReporters; n != 2 {
 		t.Fatalf("%d reporters, want 2", n)
 	}

@@ -23,10 +23,12 @@ const (
 type ReporterOptions struct {
 	// NodeID names this proxy (required); use the Client's.
 	NodeID string
-	// Snapshot returns the proxy's in-flight load per worker; workers with none may be
-	// left out (the control plane counts them as zero). Called from Run's goroutine once per
-	// interval; the result is only read, and not after the next call.
-	Snapshot func() []*xdsv1.WorkerLoad
+	// Snapshot returns the proxy's in-flight load per worker for the report numbered seq
+	// (LoadReport.seq: from 1, increasing for the Reporter's life, across reconnects);
+	// workers with none may be left out (the control plane counts them as zero). Called
+	// from Run's goroutine once per interval; the result is only read, and not after the
+	// next call.
+	Snapshot func(seq uint64) []*xdsv1.WorkerLoad
 	// Interval is how often to report until the control plane names its interval (default
 	// DefaultReportInterval).
 	Interval time.Duration
@@ -48,6 +50,7 @@ type Reporter struct {
 	running  atomic.Bool
 	interval atomic.Int64 // nanoseconds
 	sent     atomic.Uint64
+	seq      uint64 // the last report's number; Run's goroutine only
 }
 
 // NewReporter builds a Reporter that will speak on conn (see Dial); it starts nothing.
@@ -135,7 +138,8 @@ func (r *Reporter) stream(ctx context.Context) (healthy bool, err error) {
 	}()
 
 	send := func() error {
-		rep := &xdsv1.LoadReport{NodeId: r.opts.NodeID, Workers: r.opts.Snapshot()}
+		r.seq++
+		rep := &xdsv1.LoadReport{NodeId: r.opts.NodeID, Seq: r.seq, Workers: r.opts.Snapshot(r.seq)}
 		if err := st.Send(rep); err != nil {
 			return fmt.Errorf("sending load report: %w", err)
 		}

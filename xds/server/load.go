@@ -7,6 +7,8 @@ import (
 	"io"
 	"maps"
 	"math"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -49,6 +51,13 @@ func satAdd(a, b uint64) uint64 {
 // reports are absent (no load). The map is the caller's.
 func (s *Server) Merged() map[string]WorkerLoad { return s.load.merged() }
 
+// MergedReports is Merged together with the report of each node it sums (node id and the
+// report's seq, sorted by node id), taken at the same instant, for the Load.reports field:
+// with it each proxy takes exactly its own share out of the pushed sums.
+func (s *Server) MergedReports() (map[string]WorkerLoad, []*xdsv1.ReportSeq) {
+	return s.load.mergedReports()
+}
+
 // NodeLoad returns the latest live report of one node, or nil. The map is the caller's.
 func (s *Server) NodeLoad(nodeID string) map[string]WorkerLoad { return s.load.node(nodeID) }
 
@@ -70,6 +79,7 @@ type loadStore struct {
 
 type nodeReport struct {
 	stream uint64 // the stream that sent it: only that stream's end drops it
+	seq    uint64 // the report's own number (LoadReport.seq)
 	at     time.Time
 	loads  map[string]WorkerLoad
 }
@@ -108,7 +118,7 @@ func (l *loadStore) put(node string, stream uint64, r *xdsv1.LoadReport) {
 	l.mu.Lock()
 	prev := l.nodes[node]
 	same := prev != nil && now.Sub(prev.at) < l.staleAfter && maps.Equal(prev.loads, loads)
-	l.nodes[node] = &nodeReport{stream: stream, at: now, loads: loads}
+	l.nodes[node] = &nodeReport{stream: stream, seq: r.GetSeq(), at: now, loads: loads}
 	l.mu.Unlock()
 	if !same {
 		l.signal()
@@ -160,19 +170,27 @@ func (l *loadStore) reapLoop(ctx context.Context) {
 }
 
 func (l *loadStore) merged() map[string]WorkerLoad {
+	out, _ := l.mergedReports()
+	return out
+}
+
+func (l *loadStore) mergedReports() (map[string]WorkerLoad, []*xdsv1.ReportSeq) {
 	cutoff := l.now().Add(-l.staleAfter)
 	out := make(map[string]WorkerLoad)
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	for _, r := range l.nodes {
+	seqs := make([]*xdsv1.ReportSeq, 0, len(l.nodes))
+	for node, r := range l.nodes {
 		if r.at.Before(cutoff) {
 			continue
 		}
+		seqs = append(seqs, &xdsv1.ReportSeq{NodeId: node, Seq: r.seq})
 		for id, wl := range r.loads {
 			out[id] = out[id].add(wl)
 		}
 	}
-	return out
+	l.mu.Unlock()
+	slices.SortFunc(seqs, func(a, b *xdsv1.ReportSeq) int { return strings.Compare(a.GetNodeId(), b.GetNodeId()) })
+	return out, seqs
 }
 
 func (l *loadStore) node(node string) map[string]WorkerLoad {

@@ -224,8 +224,11 @@ type Load struct {
 	Inflight      uint32 `protobuf:"varint,6,opt,name=inflight,proto3" json:"inflight,omitempty"`
 	// observed_unix_nano is when the engine's metrics were read.
 	ObservedUnixNano int64 `protobuf:"varint,7,opt,name=observed_unix_nano,json=observedUnixNano,proto3" json:"observed_unix_nano,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// reports name, per proxy, the load report whose in-flight requests the sums above
+	// include (sorted by node id), so that a proxy takes out exactly its own share.
+	Reports       []*ReportSeq `protobuf:"bytes,8,rep,name=reports,proto3" json:"reports,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Load) Reset() {
@@ -305,6 +308,13 @@ func (x *Load) GetObservedUnixNano() int64 {
 		return x.ObservedUnixNano
 	}
 	return 0
+}
+
+func (x *Load) GetReports() []*ReportSeq {
+	if x != nil {
+		return x.Reports
+	}
+	return nil
 }
 
 // RoutingPolicy is the routing configuration every proxy applies. Resource name: "default".
@@ -610,9 +620,11 @@ func (x *JournalBatch) GetAt() []uint32 {
 }
 
 type LoadReport struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	NodeId        string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
-	Workers       []*WorkerLoad          `protobuf:"bytes,2,rep,name=workers,proto3" json:"workers,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	NodeId  string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	Workers []*WorkerLoad          `protobuf:"bytes,2,rep,name=workers,proto3" json:"workers,omitempty"`
+	// seq numbers a proxy's reports, increasing (from 1) for the life of its process.
+	Seq           uint64 `protobuf:"varint,3,opt,name=seq,proto3" json:"seq,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -661,6 +673,66 @@ func (x *LoadReport) GetWorkers() []*WorkerLoad {
 	return nil
 }
 
+func (x *LoadReport) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+// ReportSeq names the report of one proxy that a pushed load includes.
+type ReportSeq struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	NodeId        string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	Seq           uint64                 `protobuf:"varint,2,opt,name=seq,proto3" json:"seq,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReportSeq) Reset() {
+	*x = ReportSeq{}
+	mi := &file_kvrelay_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReportSeq) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReportSeq) ProtoMessage() {}
+
+func (x *ReportSeq) ProtoReflect() protoreflect.Message {
+	mi := &file_kvrelay_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReportSeq.ProtoReflect.Descriptor instead.
+func (*ReportSeq) Descriptor() ([]byte, []int) {
+	return file_kvrelay_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *ReportSeq) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *ReportSeq) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
 type WorkerLoad struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	WorkerId      string                 `protobuf:"bytes,1,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
@@ -673,7 +745,7 @@ type WorkerLoad struct {
 
 func (x *WorkerLoad) Reset() {
 	*x = WorkerLoad{}
-	mi := &file_kvrelay_proto_msgTypes[6]
+	mi := &file_kvrelay_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -685,7 +757,7 @@ func (x *WorkerLoad) String() string {
 func (*WorkerLoad) ProtoMessage() {}
 
 func (x *WorkerLoad) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[6]
+	mi := &file_kvrelay_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -698,7 +770,7 @@ func (x *WorkerLoad) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerLoad.ProtoReflect.Descriptor instead.
 func (*WorkerLoad) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{6}
+	return file_kvrelay_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *WorkerLoad) GetWorkerId() string {
@@ -739,7 +811,7 @@ type LoadReportAck struct {
 
 func (x *LoadReportAck) Reset() {
 	*x = LoadReportAck{}
-	mi := &file_kvrelay_proto_msgTypes[7]
+	mi := &file_kvrelay_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -751,7 +823,7 @@ func (x *LoadReportAck) String() string {
 func (*LoadReportAck) ProtoMessage() {}
 
 func (x *LoadReportAck) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[7]
+	mi := &file_kvrelay_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -764,7 +836,7 @@ func (x *LoadReportAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadReportAck.ProtoReflect.Descriptor instead.
 func (*LoadReportAck) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{7}
+	return file_kvrelay_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *LoadReportAck) GetIntervalMs() uint32 {
@@ -792,7 +864,7 @@ const file_kvrelay_proto_rawDesc = "" +
 	"\ahealthy\x18\t \x01(\bR\ahealthy\x12\x1a\n" +
 	"\bdraining\x18\n" +
 	" \x01(\bR\bdraining\x12(\n" +
-	"\x04load\x18\v \x01(\v2\x14.kvrelay.xds.v1.LoadR\x04load\"\xeb\x01\n" +
+	"\x04load\x18\v \x01(\v2\x14.kvrelay.xds.v1.LoadR\x04load\"\xa0\x02\n" +
 	"\x04Load\x12\x18\n" +
 	"\arunning\x18\x01 \x01(\rR\arunning\x12\x18\n" +
 	"\awaiting\x18\x02 \x01(\rR\awaiting\x12\x19\n" +
@@ -800,7 +872,8 @@ const file_kvrelay_proto_rawDesc = "" +
 	"\x0eprefill_tokens\x18\x04 \x01(\x04R\rprefillTokens\x12#\n" +
 	"\rdecode_blocks\x18\x05 \x01(\x04R\fdecodeBlocks\x12\x1a\n" +
 	"\binflight\x18\x06 \x01(\rR\binflight\x12,\n" +
-	"\x12observed_unix_nano\x18\a \x01(\x03R\x10observedUnixNano\"\xa7\x03\n" +
+	"\x12observed_unix_nano\x18\a \x01(\x03R\x10observedUnixNano\x123\n" +
+	"\areports\x18\b \x03(\v2\x19.kvrelay.xds.v1.ReportSeqR\areports\"\xa7\x03\n" +
 	"\rRoutingPolicy\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\x12\x16\n" +
 	"\x06policy\x18\x02 \x01(\tR\x06policy\x12%\n" +
@@ -828,11 +901,15 @@ const file_kvrelay_proto_rawDesc = "" +
 	"\x05reset\x18\x04 \x01(\bR\x05reset\x12#\n" +
 	"\rsnapshot_done\x18\x05 \x01(\bR\fsnapshotDone\x12\x10\n" +
 	"\x03seq\x18\x06 \x03(\x06R\x03seq\x12\x0e\n" +
-	"\x02at\x18\a \x03(\rR\x02at\"[\n" +
+	"\x02at\x18\a \x03(\rR\x02at\"m\n" +
 	"\n" +
 	"LoadReport\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x124\n" +
-	"\aworkers\x18\x02 \x03(\v2\x1a.kvrelay.xds.v1.WorkerLoadR\aworkers\"\x91\x01\n" +
+	"\aworkers\x18\x02 \x03(\v2\x1a.kvrelay.xds.v1.WorkerLoadR\aworkers\x12\x10\n" +
+	"\x03seq\x18\x03 \x01(\x04R\x03seq\"6\n" +
+	"\tReportSeq\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x10\n" +
+	"\x03seq\x18\x02 \x01(\x04R\x03seq\"\x91\x01\n" +
 	"\n" +
 	"WorkerLoad\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x1a\n" +
@@ -864,7 +941,7 @@ func file_kvrelay_proto_rawDescGZIP() []byte {
 }
 
 var file_kvrelay_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_kvrelay_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_kvrelay_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_kvrelay_proto_goTypes = []any{
 	(Role)(0),             // 0: kvrelay.xds.v1.Role
 	(*Worker)(nil),        // 1: kvrelay.xds.v1.Worker
@@ -873,22 +950,24 @@ var file_kvrelay_proto_goTypes = []any{
 	(*JournalAck)(nil),    // 4: kvrelay.xds.v1.JournalAck
 	(*JournalBatch)(nil),  // 5: kvrelay.xds.v1.JournalBatch
 	(*LoadReport)(nil),    // 6: kvrelay.xds.v1.LoadReport
-	(*WorkerLoad)(nil),    // 7: kvrelay.xds.v1.WorkerLoad
-	(*LoadReportAck)(nil), // 8: kvrelay.xds.v1.LoadReportAck
+	(*ReportSeq)(nil),     // 7: kvrelay.xds.v1.ReportSeq
+	(*WorkerLoad)(nil),    // 8: kvrelay.xds.v1.WorkerLoad
+	(*LoadReportAck)(nil), // 9: kvrelay.xds.v1.LoadReportAck
 }
 var file_kvrelay_proto_depIdxs = []int32{
 	0, // 0: kvrelay.xds.v1.Worker.role:type_name -> kvrelay.xds.v1.Role
 	2, // 1: kvrelay.xds.v1.Worker.load:type_name -> kvrelay.xds.v1.Load
-	7, // 2: kvrelay.xds.v1.LoadReport.workers:type_name -> kvrelay.xds.v1.WorkerLoad
-	4, // 3: kvrelay.xds.v1.IndexJournal.Stream:input_type -> kvrelay.xds.v1.JournalAck
-	6, // 4: kvrelay.xds.v1.LoadReporting.Report:input_type -> kvrelay.xds.v1.LoadReport
-	5, // 5: kvrelay.xds.v1.IndexJournal.Stream:output_type -> kvrelay.xds.v1.JournalBatch
-	8, // 6: kvrelay.xds.v1.LoadReporting.Report:output_type -> kvrelay.xds.v1.LoadReportAck
-	5, // [5:7] is the sub-list for method output_type
-	3, // [3:5] is the sub-list for method input_type
-	3, // [3:3] is the sub-list for extension type_name
-	3, // [3:3] is the sub-list for extension extendee
-	0, // [0:3] is the sub-list for field type_name
+	7, // 2: kvrelay.xds.v1.Load.reports:type_name -> kvrelay.xds.v1.ReportSeq
+	8, // 3: kvrelay.xds.v1.LoadReport.workers:type_name -> kvrelay.xds.v1.WorkerLoad
+	4, // 4: kvrelay.xds.v1.IndexJournal.Stream:input_type -> kvrelay.xds.v1.JournalAck
+	6, // 5: kvrelay.xds.v1.LoadReporting.Report:input_type -> kvrelay.xds.v1.LoadReport
+	5, // 6: kvrelay.xds.v1.IndexJournal.Stream:output_type -> kvrelay.xds.v1.JournalBatch
+	9, // 7: kvrelay.xds.v1.LoadReporting.Report:output_type -> kvrelay.xds.v1.LoadReportAck
+	6, // [6:8] is the sub-list for method output_type
+	4, // [4:6] is the sub-list for method input_type
+	4, // [4:4] is the sub-list for extension type_name
+	4, // [4:4] is the sub-list for extension extendee
+	0, // [0:4] is the sub-list for field type_name
 }
 
 func init() { file_kvrelay_proto_init() }
@@ -902,7 +981,7 @@ func file_kvrelay_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvrelay_proto_rawDesc), len(file_kvrelay_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   8,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   2,
 		},
