@@ -465,7 +465,9 @@ func (a *Agent) loadRemote(m *Metadata, addr string) error {
 // Connect fetches the metadata of the agent listening at addr (host:port, for example
 // vLLM's remote_host and remote_port) over its TCP port, loads it, keeps the connection
 // for transfers, and returns the peer's name. A peer already loaded from the same address
-// is not fetched again; InvalidateRemoteMD forces a fresh fetch.
+// is not fetched again unless another agent or instance now answers there (until the
+// connection to the old one is seen closed, Connect still returns the old name);
+// InvalidateRemoteMD forces a fresh fetch.
 func (a *Agent) Connect(ctx context.Context, addr string) (string, error) {
 	a.mu.Lock()
 	cached := ""
@@ -477,9 +479,11 @@ func (a *Agent) Connect(ctx context.Context, addr string) (string, error) {
 	}
 	a.mu.Unlock()
 	if cached != "" {
-		// Reuse the metadata unless the peer restarted since it was loaded.
+		// Reuse the metadata unless the peer restarted since it was loaded, as a new
+		// instance or as an agent of another name (engines that name agents afresh on
+		// every start); then the old peer is gone from addr and its metadata with it.
 		_, err := a.peerConn(ctx, cached)
-		if !errors.Is(err, ErrStaleMetadata) {
+		if !errors.Is(err, ErrStaleMetadata) && !errors.Is(err, ErrNameConflict) {
 			return cached, err
 		}
 		a.InvalidateRemoteMD(cached)

@@ -768,3 +768,51 @@ func TestParseScaleAndBandwidth(t *testing.T) {
 		t.Fatalf("modelled transfer %v", d)
 	}
 }
+
+// A prefill worker restarted on the same nixl port is a new engine: the old
+// kv_transfer_params fail with 503 (their blocks died with it), the new ones work at once,
+// although the decode worker had cached a connection to the old engine at that address.
+func TestDisaggPrefillRestart(t *testing.T) {
+	dec := startWorker(t, func(c *WorkerConfig) { c.Engine.Role = RoleDecode })
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	addr := ln.Addr().String()
+	ln.Close()
+	prompt := longText(80)
+
+	cfg := DefaultConfig()
+	cfg.Role = RolePrefill
+	cfg.Timing.Speedup = 50
+	first, err := NewWorker(WorkerConfig{Engine: cfg, Listen: "127.0.0.1:0", Codec: &wordCodec{}, KVTransferListen: addr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	if err := first.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- first.Run(ctx) }()
+	pre := prefillLeg(t, first, prompt)
+	if code, b := post(t, dec.URL()+"/v1/chat/completions", decodeBody(prompt, pre.KVTransferParams, 2, false)); code != 200 {
+		t.Fatalf("decode from the first prefill engine: %d %s", code, b)
+	}
+	stale := prefillLeg(t, first, prompt+" again")
+	cancel()
+	<-done
+	first.Close()
+
+	second := startWorker(t, func(c *WorkerConfig) {
+		c.Engine.Role = RolePrefill
+		c.KVTransferListen = addr
+	})
+	if second.KVTransferAddr() != addr || second.EngineID() == first.EngineID() {
+		t.Fatalf("restarted at %s as %s (was %s)", second.KVTransferAddr(), second.EngineID(), first.EngineID())
+	}
+	if code, b := post(t, dec.URL()+"/v1/chat/completions", decodeBody(prompt+" again", stale.KVTransferParams, 2, false)); code != 503 {
+		t.Fatalf("params of the engine that left: %d %s", code, b)
+	}
+	pre = prefillLeg(t, second, prompt+" third")
+	if code, b := post(t, dec.URL()+"/v1/chat/completions", decodeBody(prompt+" third", pre.KVTransferParams, 2, false)); code != 200 {
+		t.Fatalf("decode from the restarted prefill engine: %d %s", code, b)
+	}
+}

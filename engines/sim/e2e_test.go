@@ -354,3 +354,87 @@ func TestKVEventsOverZMQ(t *testing.T) {
 		})
 	}
 }
+
+// The OpenAI SDK drives both legs of a disaggregated request, with the real gpt-oss codec:
+// kv_transfer_params rides as an extra request field, comes back as an extra top-level
+// response field on the prefill leg and as null on the decode leg, and a failed pull is an
+// *openai.Error with the status.
+func TestDisaggOpenAISDK(t *testing.T) {
+	pre := run(t, func(c *sim.WorkerConfig) { c.Engine.Role = sim.RolePrefill })
+	dec := run(t, func(c *sim.WorkerConfig) { c.Engine.Role = sim.RoleDecode })
+	ctx := context.Background()
+	client := func(w *sim.Worker) *openai.Client {
+		c := openai.NewClient(option.WithBaseURL(w.URL()+"/v1"), option.WithAPIKey("unused"), option.WithMaxRetries(0))
+		return &c
+	}
+	params := openai.ChatCompletionNewParams{
+		Model: "gpt-oss-120b",
+		Messages: []openai.ChatCompletionMessageParamUnion{
+			openai.SystemMessage(longSystemPrompt(100)),
+			openai.UserMessage("Summarise the system prompt."),
+		},
+		MaxTokens: openai.Int(1),
+	}
+	first, err := client(pre).Chat.Completions.New(ctx, params, option.WithJSONSet("kv_transfer_params", map[string]any{
+		"do_remote_decode": true, "do_remote_prefill": false, "remote_engine_id": nil, "remote_block_ids": nil, "remote_host": nil, "remote_port": nil,
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	field, ok := first.JSON.ExtraFields["kv_transfer_params"]
+	if !ok || field.Raw() == "" || field.Raw() == "null" { // extra fields are raw, never "Valid"
+		t.Fatalf("prefill response has no kv_transfer_params: %s", first.RawJSON())
+	}
+	var kv map[string]any
+	if err := json.Unmarshal([]byte(field.Raw()), &kv); err != nil || kv["remote_engine_id"] != pre.EngineID() || kv["remote_request_id"] != first.ID {
+		t.Fatalf("kv_transfer_params %s (%v)", field.Raw(), err)
+	}
+	if first.Usage.CompletionTokens != 1 || first.Choices[0].FinishReason != "length" {
+		t.Fatalf("prefill leg %+v", first.Usage)
+	}
+
+	p := params
+	p.MaxTokens = openai.Int(10)
+	p.StreamOptions = openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)}
+	stream := client(dec).Chat.Completions.NewStreaming(ctx, p, option.WithJSONSet("kv_transfer_params", json.RawMessage(field.Raw())))
+	var acc openai.ChatCompletionAccumulator
+	for stream.Next() {
+		acc.AddChunk(stream.Current())
+	}
+	if err := stream.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if acc.Usage.CompletionTokens != 10 || acc.Usage.PromptTokens != first.Usage.PromptTokens || acc.Usage.PromptTokensDetails.CachedTokens != first.Usage.PromptTokens-1 {
+		t.Fatalf("decode leg usage %+v (prompt %d)", acc.Usage, first.Usage.PromptTokens)
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if n, _ := pre.Engine().HeldKV(); n == 0 {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatal("prefill worker still holds the blocks")
+		}
+	}
+
+	// Non-streaming decode leg: kv_transfer_params is null. The prefill worker is asked
+	// again (its blocks were freed), then the decode worker reads them.
+	again, err := client(pre).Chat.Completions.New(ctx, params, option.WithJSONSet("kv_transfer_params", map[string]any{"do_remote_decode": true}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw := again.JSON.ExtraFields["kv_transfer_params"].Raw()
+	second, err := client(dec).Chat.Completions.New(ctx, p, option.WithJSONSet("kv_transfer_params", json.RawMessage(raw)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f := second.JSON.ExtraFields["kv_transfer_params"]; f.Raw() != "null" || second.Choices[0].Message.Content == "" {
+		t.Fatalf("decode leg: %s", second.RawJSON())
+	}
+
+	// The same params once the prefill worker is gone: a clean 503 the SDK reports.
+	pre.Close()
+	_, err = client(dec).Chat.Completions.New(ctx, p, option.WithJSONSet("kv_transfer_params", json.RawMessage(raw)))
+	var apiErr *openai.Error
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != 503 {
+		t.Fatalf("pull from a stopped prefill worker: %v", err)
+	}
+}

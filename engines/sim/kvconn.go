@@ -400,6 +400,11 @@ func (c *kvConnector) pull(ctx context.Context, job *pullJob) *transferError {
 	p := job.params
 	addr := net.JoinHostPort(p.RemoteHost, strconv.Itoa(p.RemotePort))
 	peer, err := c.connect(ctx, addr)
+	if err == nil && peer != p.RemoteEngineID {
+		// Maybe a connection to an engine that has since left addr: look again.
+		_ = c.agent.InvalidateRemoteMD(peer)
+		peer, err = c.connect(ctx, addr)
+	}
 	if err != nil {
 		return c.classify(job, err)
 	}
