@@ -32,6 +32,8 @@ const (
 	streamAgentic
 	streamPreamble
 	streamSubagent
+	streamFixed
+	streamFixedPrompt
 )
 
 // TraceRecord is one line of a Mooncake trace.

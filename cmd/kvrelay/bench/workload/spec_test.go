@@ -25,6 +25,7 @@ func TestParseSpecs(t *testing.T) {
 		{"agentic defaults", "agentic", "agentic", 0, 8, "preamble=6000"},
 		{"mooncake by name", "mooncake:path=testdata/mini-trace.jsonl,requests=4", "mooncake", 4, 0, "requests=4,block=512"},
 		{"mooncake by bare path", "testdata/mini-trace.jsonl", "mooncake", 6, 0, "mooncake:path=testdata/mini-trace.jsonl,"},
+		{"fixed defaults", "fixed", "fixed", 200, 0, "fixed:isl=3000,osl=150,requests=200,rate=2,chat=true,hints=false"},
 		{"empty parameter list", "multi-turn:", "multi-turn", 0, 32, "sessions=32"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -54,6 +55,8 @@ func TestParseErrors(t *testing.T) {
 		{"zero groups", "prefix-groups:groups=0", "groups="},
 		{"negative rate", "prefix-groups:rate=-1", "rate="},
 		{"bad bool", "prefix-groups:hints=maybe", "hints="},
+		{"zero isl", "fixed:isl=0", "isl="},
+		{"bad chat", "fixed:chat=yes", "chat="},
 		{"bad duration", "multi-turn:think=soon", "think="},
 		{"negative duration", "multi-turn:think=-2s", "think="},
 		{"block not a multiple of 16", "mooncake:path=testdata/mini-trace.jsonl,block=100", "multiple of 16"},

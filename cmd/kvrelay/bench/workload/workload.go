@@ -59,7 +59,7 @@ type Request struct {
 	// OSL is sent as nvext.agent_hints.osl when > 0: the output length the client expects.
 	OSL int
 	// Tag names the request's class for per-class reporting: "trace", "group", "chat",
-	// "interactive", "tool", "subagent".
+	// "interactive", "tool", "subagent", "fixed".
 	Tag string
 	// Spawn lists sessions to start once this request has been answered: subagents forked
 	// from the conversation. Each runs its own closed loop, and its first Next receives this
@@ -81,7 +81,8 @@ type Session interface {
 
 // Workload is a generated set of requests.
 type Workload struct {
-	// Name is the workload kind: "mooncake", "prefix-groups", "multi-turn" or "agentic".
+	// Name is the workload kind: "mooncake", "prefix-groups", "multi-turn", "agentic" or
+	// "fixed".
 	Name string
 	// Spec is the canonical spec with every parameter, defaults included, so that a result
 	// file names exactly what was run (Parse(Spec, seed, tok) regenerates the same workload).
@@ -119,10 +120,13 @@ var generators = map[string]generator{
 	"prefix-groups": {prefixGroupParams, buildPrefixGroups},
 	"multi-turn":    {multiTurnParams, buildMultiTurn},
 	"agentic":       {agenticParams, buildAgentic},
+	"fixed":         {fixedParams, buildFixed},
 }
 
 // Names returns the built-in workload names.
-func Names() []string { return []string{"mooncake", "prefix-groups", "multi-turn", "agentic"} }
+func Names() []string {
+	return []string{"mooncake", "prefix-groups", "multi-turn", "agentic", "fixed"}
+}
 
 // Parse builds a workload from a spec: a path to a Mooncake JSONL trace, or a built-in name
 // with optional parameters after a colon, comma-separated key=value pairs:
@@ -131,6 +135,7 @@ func Names() []string { return []string{"mooncake", "prefix-groups", "multi-turn
 //	multi-turn:sessions=32,turns=8,system=1024,user=48,osl=128,think=2s
 //	agentic:sessions=8,preamble=6000,rounds=6,tool=400,subagents=2,reasoning=256,osl=128
 //	mooncake:path=../shared/traces/mooncake-conversation.jsonl,requests=2000,block=512
+//	fixed:isl=3000,osl=150,requests=200,rate=2
 //
 // Every parameter is optional; an unknown parameter is an error; a key given twice takes its
 // last value, so a caller may append overrides. Durations are Go durations ("2s", "150ms") or
