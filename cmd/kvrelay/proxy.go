@@ -37,7 +37,7 @@ baseline policy. Settings come from flags, or from a YAML file (--config) whose 
 flag names with underscores; flags given explicitly override the file.
 
 An --upstream is a URL (http://host:port) or key=value pairs: id=w1,url=http://host:port,
-model=NAME,capacity=BLOCKS.`,
+model=NAME,capacity=BLOCKS,role=prefill|decode|both.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			final, err := proxyConfig(cmd.Flags(), cfg, configPath, upstreams)
@@ -55,7 +55,7 @@ model=NAME,capacity=BLOCKS.`,
 	fs := cmd.Flags()
 	fs.StringVar(&configPath, "config", "", "YAML file with the proxy's settings")
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "client-facing address")
-	fs.StringArrayVar(&upstreams, "upstream", nil, "an engine: URL or id=,url=,model=,capacity= (repeat for each)")
+	fs.StringArrayVar(&upstreams, "upstream", nil, "an engine: URL or id=,url=,model=,capacity=,role= (repeat for each)")
 	fs.StringVar(&cfg.XDS, "xds", "", "control plane's xDS address (host:port): workers, load, policy and KV index come from it (no --upstream)")
 	fs.StringVar(&cfg.NodeID, "node-id", "", "this proxy's name to the control plane (default hostname-pid)")
 	fs.StringVar(&cfg.Policy, "policy", cfg.Policy, "routing policy: "+strings.Join(route.PolicyNames(), ", "))
@@ -68,6 +68,9 @@ model=NAME,capacity=BLOCKS.`,
 	fs.Float64Var(&cfg.QueueWeight, "queue-weight", cfg.QueueWeight, "KV cost of a block of prefill already in flight on the worker")
 	fs.Float64Var(&cfg.Temperature, "temperature", cfg.Temperature, "> 0 samples workers by a softmax over normalised costs")
 	fs.Float64Var(&cfg.CacheThreshold, "cache-threshold", cfg.CacheThreshold, "below this cached share of the prompt, spread by load")
+	fs.StringVar(&cfg.Disagg, "disagg", cfg.Disagg, "auto (split requests into prefill and decode legs when the pool has both roles) or off")
+	fs.IntVar(&cfg.DisaggThreshold, "disagg-threshold", cfg.DisaggThreshold, "prompts whose part the decode worker does not cache is at most this many tokens prefill on the decode worker (negative: always remotely)")
+	fs.DurationVar(&cfg.PrefillTimeout, "prefill-timeout", cfg.PrefillTimeout, "how long a prefill leg may take before the decode worker prefills itself")
 	fs.Int64Var(&cfg.BusyPrefillTokens, "busy-prefill-tokens", 0, "a worker with more uncached prompt tokens in flight takes no new request (0: off)")
 	fs.Int64Var(&cfg.BusyDecodeBlocks, "busy-decode-blocks", 0, "a worker holding more KV blocks takes no new request (0: off)")
 	fs.IntVar(&cfg.QueueSize, "queue-size", cfg.QueueSize, "requests that may wait for a worker under its busy thresholds")
@@ -115,6 +118,9 @@ func proxyConfig(fs *pflag.FlagSet, flags proxy.Config, path string, upstreams [
 		override("queue-weight", func() { file.QueueWeight = flags.QueueWeight })
 		override("temperature", func() { file.Temperature = flags.Temperature })
 		override("cache-threshold", func() { file.CacheThreshold = flags.CacheThreshold })
+		override("disagg", func() { file.Disagg = flags.Disagg })
+		override("disagg-threshold", func() { file.DisaggThreshold = flags.DisaggThreshold })
+		override("prefill-timeout", func() { file.PrefillTimeout = flags.PrefillTimeout })
 		override("busy-prefill-tokens", func() { file.BusyPrefillTokens = flags.BusyPrefillTokens })
 		override("busy-decode-blocks", func() { file.BusyDecodeBlocks = flags.BusyDecodeBlocks })
 		override("queue-size", func() { file.QueueSize = flags.QueueSize })
@@ -159,6 +165,8 @@ func parseUpstream(v string) (proxy.Upstream, error) {
 				return u, fmt.Errorf("--upstream %q: capacity %q is not a number", v, val)
 			}
 			u.Capacity = n
+		case "role":
+			u.Role = val
 		case "block-size", "block_size":
 			n, err := strconv.Atoi(val)
 			if err != nil {

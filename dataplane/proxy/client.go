@@ -25,6 +25,7 @@ const (
 	stQueued                // waiting in the admission queue
 	stForward               // an exchange with an engine is in progress
 	stTokenize              // waiting for a remote tokenizer
+	stPrefill               // waiting for the prefill leg of a disaggregated request
 	stClosing               // answered with an error; closing
 )
 
@@ -76,6 +77,7 @@ type clientConn struct {
 	prio   int
 
 	ex    exchange
+	pd    pdState
 	obs   oai.Observer
 	mm    *modelMetrics
 	timed bool // this request's decision stages are timed (sampled)
@@ -302,6 +304,7 @@ func (cc *clientConn) handle() {
 		return
 	}
 	cc.model = s.modelLabel(cc.oreq.Model)
+	cc.pd.on, cc.pd.decodeBody = false, nil
 	if err := cc.prepare(); err != nil {
 		if errors.Is(err, errPending) {
 			return // resumes in remoteDone
@@ -496,7 +499,16 @@ func (cc *clientConn) route(retry bool) {
 	if cc.kind != oai.ChatCompletions && cc.kind != oai.Completions {
 		router = s.load
 	}
+	if router == s.kv && (cc.pd.on || cc.disaggFor(router.Pool())) {
+		cc.routeDisagg(retry)
+		return
+	}
 	err := router.Route(&cc.rreq, &cc.dec)
+	if errors.Is(err, route.ErrNoWorker) && router == s.load && !retry && router.Pool().Disaggregated(unsafeString(cc.oreq.Model)) {
+		// Embeddings and responses in a disaggregated pool go to the decode workers.
+		cc.rreq.Role = route.RoleDecode
+		err = router.Route(&cc.rreq, &cc.dec)
+	}
 	if cc.dec.Match > 0 {
 		s.metrics.stages[stageMatch].Observe(cc.dec.Match.Seconds())
 	}
@@ -568,6 +580,9 @@ func (cc *clientConn) closed() {
 	if cc.state == stQueued {
 		cc.srv.queue.remove(cc)
 		cc.srv.metrics.queued.WithLabelValues("abandoned").Inc()
+	}
+	if cc.state == stPrefill {
+		cc.abortPrefill()
 	}
 	if cc.ex.active {
 		if cc.state == stForward {

@@ -34,7 +34,19 @@ type Upstream struct {
 	BlockSize int `yaml:"block_size"`
 	// Capacity is its KV cache size in blocks, if known (for busy thresholds and least-KV).
 	Capacity int `yaml:"capacity"`
+	// Role is "both" (default: it serves whole requests), "prefill" or "decode" (one pool
+	// of a disaggregated deployment, vLLM's NixlConnector kv_producer / kv_consumer).
+	Role string `yaml:"role"`
 }
+
+// Disaggregation modes (Config.Disagg).
+const (
+	// DisaggAuto splits chat and text completions into a prefill leg and a decode leg
+	// whenever the pool has prefill-role and decode-role workers for the model.
+	DisaggAuto = "auto"
+	// DisaggOff never splits: prefill and decode workers take no requests.
+	DisaggOff = "off"
+)
 
 // Config configures a proxy. Field names are those of the YAML file (--config).
 type Config struct {
@@ -68,6 +80,14 @@ type Config struct {
 	BusyPrefillTokens int64   `yaml:"busy_prefill_tokens"`
 	BusyDecodeBlocks  int64   `yaml:"busy_decode_blocks"`
 	BusyKVFraction    float64 `yaml:"busy_kv_fraction"`
+	// Disagg is DisaggAuto (default) or DisaggOff. DisaggThreshold is conditional
+	// disaggregation: a prompt whose part the chosen decode worker does not cache is at most
+	// this many tokens prefills on the decode worker itself (default 512; negative: always
+	// prefill remotely). A prompt also prefills locally when every prefill worker is busy.
+	// PrefillTimeout bounds the prefill leg; past it the decode worker prefills itself.
+	Disagg          string        `yaml:"disagg"`
+	DisaggThreshold int           `yaml:"disagg_threshold"`
+	PrefillTimeout  time.Duration `yaml:"prefill_timeout"`
 	// BlockSize is the engines' KV block size in tokens.
 	BlockSize int `yaml:"block_size"`
 	// Tokenizer is a tokenizer spec (o200k_harmony, o200k_base, cl100k_base, a tokenizer.json
@@ -127,6 +147,9 @@ func DefaultConfig() Config {
 		SessionTTL:          30 * time.Minute,
 		BusyPrefillTokens:   0,
 		BlockSize:           16,
+		Disagg:              DisaggAuto,
+		DisaggThreshold:     512,
+		PrefillTimeout:      30 * time.Second,
 		TokenCacheTokens:    8 << 20,
 		IndexBlocks:         1 << 20,
 		IndexTTL:            120 * time.Second,
@@ -202,6 +225,9 @@ func (c *Config) Validate() error {
 			return bad("upstream id %q appears twice", id)
 		}
 		ids[id] = true
+		if _, err := ParseRole(u.Role); err != nil {
+			return bad("upstream %q: %v", id, err)
+		}
 	}
 	if err := c.routeConfig().Validate(); err != nil {
 		return bad("%v", err)
@@ -219,8 +245,26 @@ func (c *Config) Validate() error {
 		return bad("timeouts must be positive")
 	case c.MaxBufferedResponse < 64<<10:
 		return bad("max buffered response %d is under 64 KiB", c.MaxBufferedResponse)
+	case c.Disagg != DisaggAuto && c.Disagg != DisaggOff:
+		return bad("disagg %q is not %s or %s", c.Disagg, DisaggAuto, DisaggOff)
+	case c.PrefillTimeout <= 0:
+		return bad("prefill timeout must be positive")
 	}
 	return nil
+}
+
+// ParseRole parses a worker role as operators write it: "both" (or empty), "prefill" or
+// "decode".
+func ParseRole(s string) (route.Role, error) {
+	switch s {
+	case "", "both":
+		return route.RoleBoth, nil
+	case "prefill":
+		return route.RolePrefill, nil
+	case "decode":
+		return route.RoleDecode, nil
+	}
+	return 0, fmt.Errorf("role %q is not both, prefill or decode", s)
 }
 
 // upstreamHost is host:port of an upstream URL.

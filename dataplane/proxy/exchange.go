@@ -74,9 +74,12 @@ func (ex *exchange) send() {
 	cc := ex.cc
 	w := ex.ws.w
 	body := cc.body
+	if cc.pd.decodeBody != nil {
+		body = cc.pd.decodeBody
+	}
 	if cc.srv.cfg.ForwardPriority && cc.prio != 0 && (cc.kind == oai.ChatCompletions || cc.kind == oai.Completions) {
 		// vLLM runs lower priority values first; kvrelay's hints say higher is more urgent.
-		body = oai.AppendWithField(cc.lp.wbuf[:0], cc.body, "priority", -cc.prio)
+		body = oai.AppendWithField(cc.lp.wbuf[:0], body, "priority", -cc.prio)
 		cc.lp.wbuf = body
 	}
 	b := http1.AppendRequestHead(ex.out[:0], cc.method, cc.target, w.Addr, int64(len(body)))

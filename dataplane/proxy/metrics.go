@@ -37,6 +37,10 @@ type metrics struct {
 	aborted         *prometheus.CounterVec // reason: client_gone, slow_client, upstream_died
 	draining        prometheus.Gauge
 	remoteFallbacks prometheus.Counter
+	disagg          *prometheus.CounterVec // path: local, remote, fallback
+	prefillSeconds  prometheus.Histogram
+	prefillInflight prometheus.Gauge
+	prefillFailures prometheus.Counter
 
 	mu     sync.Mutex // serialises additions to models
 	models atomic.Pointer[map[string]*modelMetrics]
@@ -121,11 +125,23 @@ func newMetrics() *metrics {
 		remoteFallbacks: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kvrelay_proxy_remote_tokenize_failures_total", Help: "Prompts an engine's /tokenize could not tokenize, routed on an estimate instead.",
 		}),
+		disagg: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvrelay_proxy_disagg_requests_total", Help: "Requests of disaggregated pools, by path: remote (prefill worker, KV pulled by the decode worker), local (prefilled on the decode worker: short uncached part or prefill pool busy), fallback (the prefill leg or a decode worker failed).",
+		}, []string{"path"}),
+		prefillSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "kvrelay_proxy_prefill_leg_seconds", Help: "Duration of prefill legs (request to a prefill worker until its kv_transfer_params).", Buckets: latency,
+		}),
+		prefillInflight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kvrelay_proxy_prefill_legs_inflight", Help: "Prefill legs in flight: the prefill pool's queue as this proxy sees it.",
+		}),
+		prefillFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvrelay_proxy_prefill_leg_failures_total", Help: "Prefill legs that failed or timed out (the decode worker prefilled instead).",
+		}),
 	}
 	m.models.Store(&map[string]*modelMetrics{})
 	reg.MustRegister(m.requests, m.ttft, m.itl, m.e2e, m.decision, m.predicted, m.reported, m.promptBlocks,
 		m.predictionErr, m.queueDepth, m.queued, m.upstreamErrs, m.ejections, m.retries, m.inflight, m.routed,
-		m.aborted, m.draining, m.remoteFallbacks)
+		m.aborted, m.draining, m.remoteFallbacks, m.disagg, m.prefillSeconds, m.prefillInflight, m.prefillFailures)
 	for i, n := range stageNames {
 		m.stages[i] = m.decision.WithLabelValues(n)
 	}

@@ -25,7 +25,7 @@ func (cc *clientConn) replyHeader(status int, contentType string, body []byte, e
 	_, _ = cc.c.Write(b)
 	cc.lp.wbuf = b[:0]
 	cc.keepAlive = keep
-	if cc.state == stQueued || cc.state == stForward || cc.state == stTokenize {
+	if cc.state == stQueued || cc.state == stForward || cc.state == stTokenize || cc.state == stPrefill {
 		cc.state = stIdle
 	}
 	if cc.state == stBody {

@@ -35,19 +35,20 @@ import (
 type Server struct {
 	gnet.BuiltinEventEngine
 
-	cfg     Config
-	log     *slog.Logger
-	limits  http1.Limits
-	metrics *metrics
-	index   *prefix.Approx
-	kv      *route.Router                     // chat and text completions
-	load    *route.Router                     // embeddings and responses: by load
-	workers atomic.Pointer[[]*workerState]    // by route.Worker.Index
-	codecs  atomic.Pointer[map[string]*codec] // by model; "" is the default
-	models  atomic.Pointer[[]byte]            // the /v1/models body
-	queue   *admissionQueue
-	xds     *xdsState // nil without a control plane
-	remote  *remoteTokenizer
+	cfg      Config
+	log      *slog.Logger
+	limits   http1.Limits
+	metrics  *metrics
+	index    *prefix.Approx
+	kv       *route.Router                     // chat and text completions
+	load     *route.Router                     // embeddings and responses: by load
+	workers  atomic.Pointer[[]*workerState]    // by route.Worker.Index
+	codecs   atomic.Pointer[map[string]*codec] // by model; "" is the default
+	models   atomic.Pointer[[]byte]            // the /v1/models body
+	queue    *admissionQueue
+	xds      *xdsState // nil without a control plane
+	remote   *remoteTokenizer
+	pdClient *pdClient // prefill legs of disaggregated requests
 
 	eng      gnet.Engine
 	addr     string
@@ -94,6 +95,7 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 	s.models.Store(new([]byte))
 	s.queue = newAdmissionQueue(cfg.QueueSize, s.metrics)
 	s.remote = newRemoteTokenizer(cfg.ConnectTimeout+5*time.Second, cfg.TokenCacheTokens)
+	s.pdClient = newPDClient(cfg.ConnectTimeout)
 	return s, nil
 }
 
@@ -192,7 +194,8 @@ func (s *Server) setup(ctx context.Context) error {
 		if bs == 0 {
 			bs = s.cfg.BlockSize
 		}
-		ws[i] = &route.Worker{ID: id, URL: "http://" + host, Addr: host, Model: model, BlockSize: bs, Capacity: u.Capacity}
+		role, _ := ParseRole(u.Role) // Validate checked it
+		ws[i] = &route.Worker{ID: id, URL: "http://" + host, Addr: host, Model: model, BlockSize: bs, Capacity: u.Capacity, Role: role}
 	}
 	pool := route.NewPool(ws)
 	if err := s.buildRouters(pool, s.index); err != nil {

@@ -42,15 +42,15 @@ next:
 	return out
 }
 
-// RoleFilter keeps workers that can serve a whole request (role both); the disaggregated
-// path selects prefill and decode pools itself.
-type RoleFilter struct{ Role Role }
+// RoleFilter keeps the workers of the request's pool (Request.Role): workers that serve
+// whole requests (role both) unless the request is one leg of a disaggregated request.
+type RoleFilter struct{}
 
 func (RoleFilter) Name() string { return "role" }
 
-func (f RoleFilter) Filter(_ *Request, in, out []*Worker) []*Worker {
+func (RoleFilter) Filter(req *Request, in, out []*Worker) []*Worker {
 	for _, w := range in {
-		if w.Role == f.Role {
+		if w.Role == req.Role {
 			out = append(out, w)
 		}
 	}

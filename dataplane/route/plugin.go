@@ -40,6 +40,9 @@ type Request struct {
 	SessionID string
 	// Exclude lists workers (by Index) already tried for this request.
 	Exclude []int
+	// Role is the pool the request is routed in: RoleBoth (workers serving whole requests,
+	// the zero value), or RolePrefill / RoleDecode for one leg of a disaggregated request.
+	Role Role
 	// Now is the caller's current time in unix nanoseconds (0: the router reads the clock).
 	// Event loops read the clock once per event and pass it down.
 	Now int64

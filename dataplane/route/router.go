@@ -131,7 +131,7 @@ func NewPolicy(cfg Config) (*Policy, error) {
 	cfg = cfg.withDefaults()
 	p := &Policy{
 		Name:    cfg.Policy,
-		Filters: []Filter{ModelFilter{}, RoleFilter{Role: RoleBoth}, HealthFilter{}},
+		Filters: []Filter{ModelFilter{}, RoleFilter{}, HealthFilter{}},
 		Busy:    cfg.Busy,
 	}
 	switch cfg.Policy {
@@ -163,6 +163,9 @@ type Pool struct {
 	byID    map[string]*Worker
 	models  []string
 	size    int
+	// roles[model] has bit 1<<RolePrefill when a prefill worker serves model, 1<<RoleDecode
+	// for a decode worker ("" for workers that serve any model).
+	roles map[string]uint8
 }
 
 // NewPool numbers ws (setting each Index) and returns the pool. The pool owns ws.
@@ -178,11 +181,12 @@ func NewPool(ws []*Worker) *Pool {
 // slices indexed by a position that never changes while the worker lives. Indexes must be
 // distinct and not negative; there may be holes. The pool owns ws.
 func NewPoolIndexed(ws []*Worker) *Pool {
-	p := &Pool{Workers: ws, byID: make(map[string]*Worker, len(ws))}
+	p := &Pool{Workers: ws, byID: make(map[string]*Worker, len(ws)), roles: map[string]uint8{}}
 	seen := map[string]bool{}
 	for _, w := range ws {
 		p.size = max(p.size, w.Index+1)
 		p.byID[w.ID] = w
+		p.roles[w.Model] |= 1 << w.Role
 		if w.Model != "" && !seen[w.Model] {
 			seen[w.Model] = true
 			p.models = append(p.models, w.Model)
@@ -209,6 +213,13 @@ func (p *Pool) Serves(model string) bool {
 		}
 	}
 	return false
+}
+
+// Disaggregated reports whether the pool has both prefill-role and decode-role workers for
+// model, so that its requests can be split into a prefill leg and a decode leg.
+func (p *Pool) Disaggregated(model string) bool {
+	const both = 1<<RolePrefill | 1<<RoleDecode
+	return (p.roles[model]|p.roles[""])&both == both
 }
 
 // Decision is how Route chose.

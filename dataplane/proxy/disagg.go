@@ -1,0 +1,330 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/panjf2000/gnet/v2"
+
+	"github.com/kvrelay/kvrelay/dataplane/oai"
+	"github.com/kvrelay/kvrelay/dataplane/route"
+)
+
+// Disaggregated serving. When the pool has prefill-role and decode-role workers for the
+// model, a chat or text completion goes in two legs, as vLLM's NixlConnector expects (and
+// as its own disaggregation proxy sends them):
+//
+//  1. the prefill leg, to a prefill worker chosen KV-aware: the request with max_tokens 1,
+//     stream false, no stream_options, no min_tokens, and kv_transfer_params asking for a
+//     remote decode; the engine computes the prompt's KV blocks, answers with
+//     kv_transfer_params saying where they are, and holds them;
+//  2. the decode leg, to a decode worker chosen by load: the original request with those
+//     kv_transfer_params; the engine pulls the blocks (NIXL) and decodes, streaming to the
+//     client through the ordinary exchange.
+//
+// Conditional disaggregation: when the part of the prompt the decode worker does not cache
+// is short (Config.DisaggThreshold) or every prefill worker is busy, the decode worker
+// prefills itself. A prefill leg that fails or times out falls back to that too; a decode
+// leg that fails before its first byte is retried on another decode worker, prefilling
+// there (the prefill worker frees the blocks nobody pulls after its own timeout).
+
+// Paths of a disaggregated request (kvrelay_proxy_disagg_requests_total{path}).
+const (
+	pathLocal    = "local"    // prefilled on the decode worker: short uncached part, or prefill pool busy
+	pathRemote   = "remote"   // prefilled on a prefill worker, KV pulled by the decode worker
+	pathFallback = "fallback" // the prefill leg failed; prefilled on the decode worker
+)
+
+// maxPrefillResponse bounds a prefill leg's answer (one token and kv_transfer_params).
+const maxPrefillResponse = 4 << 20
+
+// pdState is one request's disaggregation state, reset per request.
+type pdState struct {
+	on         bool   // the request is routed across prefill and decode pools
+	decodeBody []byte // the decode leg's body (with kv_transfer_params); nil: local prefill
+	cancel     context.CancelFunc
+	usage      route.Usage // the prefill leg's load on its worker
+	startedAt  int64
+}
+
+// disaggFor reports whether cc's request goes through the disaggregated path.
+func (cc *clientConn) disaggFor(pool *route.Pool) bool {
+	return cc.srv.cfg.Disagg != DisaggOff && (cc.kind == oai.ChatCompletions || cc.kind == oai.Completions) &&
+		pool.Disaggregated(unsafeString(cc.oreq.Model))
+}
+
+// routeDisagg routes a request of a disaggregated pool: a decode worker by load, a prefill
+// worker KV-aware, and the choice between prefilling remotely and on the decode worker. A
+// retry (the decode leg failed before its first byte) prefills on the next decode worker.
+func (cc *clientConn) routeDisagg(retry bool) {
+	s := cc.srv
+	pd := &cc.pd
+	pd.on = true
+	pd.decodeBody = nil
+	r := &cc.rreq
+	r.Role = route.RoleDecode
+	err := s.load.Route(r, &cc.dec)
+	switch {
+	case errors.Is(err, route.ErrBusy):
+		cc.enqueue()
+		return
+	case err != nil:
+		if retry {
+			cc.errorReply(502, "every decode worker that could serve the request failed", "", "upstream_error")
+			return
+		}
+		cc.errorReply(503, "no healthy decode worker serves model "+cc.model, "", "no_worker")
+		return
+	}
+	d := cc.dec.Worker
+	if retry {
+		cc.localPrefill(d, pathFallback)
+		return
+	}
+	// The prefill pool, KV-aware; its match also tells what the decode worker caches.
+	r.Role = route.RolePrefill
+	var pdec route.Decision
+	perr := s.kv.Route(r, &pdec)
+	r.Role = route.RoleDecode
+	cc.dec.Overlap = r.Overlap(d)
+	cc.dec.BestOverlap = r.BestOverlap()
+	uncached := r.PromptTokens - int(cc.dec.Overlap)*max(d.BlockSize, 1)
+	if perr != nil || (s.cfg.DisaggThreshold >= 0 && uncached <= s.cfg.DisaggThreshold) {
+		cc.localPrefill(d, pathLocal)
+		return
+	}
+	cc.prefill(pdec.Worker, int(pdec.Overlap))
+}
+
+// localPrefill sends the request whole to decode worker d.
+func (cc *clientConn) localPrefill(d *route.Worker, path string) {
+	cc.pd.decodeBody = nil
+	cc.srv.metrics.disagg.WithLabelValues(path).Inc()
+	cc.start(d)
+}
+
+// prefill starts the prefill leg on worker p off the event loop; the decode leg starts
+// when it ends (prefillDone).
+func (cc *clientConn) prefill(p *route.Worker, overlap int) {
+	s := cc.srv
+	pd := &cc.pd
+	body, err := prefillBody(cc.body)
+	if err != nil {
+		// The body parsed as an OpenAI request, so this cannot happen; prefill locally.
+		s.log.Warn("cannot build the prefill leg; prefilling on the decode worker", "err", err)
+		cc.localPrefill(cc.dec.Worker, pathFallback)
+		return
+	}
+	if len(cc.rreq.Hashes) > 0 {
+		s.index.Record(p.Index, cc.rreq.Hashes, overlap)
+		p.SetCachedBlocks(s.index.Blocks(p.Index))
+	}
+	pd.usage.Begin(p, cc.rreq.PromptTokens, overlap*s.cfg.BlockSize, 0)
+	pd.startedAt = cc.lp.now
+	s.inflight.Add(1) // a graceful stop waits for the leg
+	s.metrics.prefillInflight.Inc()
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.PrefillTimeout)
+	pd.cancel = cancel
+	cc.state = stPrefill
+	url := p.URL + string(cc.path)
+	hdr := forwardedHeaders(cc.fwd)
+	orig := append([]byte(nil), cc.body...)
+	lp := cc.lp
+	go func() {
+		params, err := s.pdClient.prefill(ctx, url, hdr, body)
+		if err != nil && ctx.Err() == nil {
+			err = fmt.Errorf("prefill on %s: %w", p.ID, err)
+		} else if err != nil {
+			err = fmt.Errorf("prefill on %s: %w", p.ID, ctx.Err())
+		}
+		var decodeBody []byte
+		if err == nil {
+			decodeBody, err = decodeLegBody(orig, params)
+		}
+		_ = lp.el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
+			if cc.state != stPrefill || cc.pd.cancel == nil {
+				return nil // the client left; closed() ended the leg
+			}
+			cc.lp.now = nanotime()
+			cc.state = stIdle
+			cc.prefillDone(decodeBody, err)
+			return nil
+		}))
+	}()
+}
+
+// prefillDone continues a request whose prefill leg ended: the decode leg with the KV
+// transfer parameters, or, when the leg failed, prefill on a decode worker.
+func (cc *clientConn) prefillDone(decodeBody []byte, err error) {
+	s := cc.srv
+	pd := &cc.pd
+	pd.cancel()
+	pd.cancel = nil
+	pd.usage.End()
+	s.inflight.Add(-1)
+	s.metrics.prefillInflight.Dec()
+	s.metrics.prefillSeconds.Observe(seconds(cc.lp.now - pd.startedAt))
+	// The decode worker by load now, not when the prefill leg began.
+	r := &cc.rreq
+	r.Role = route.RoleDecode
+	overlap := cc.dec.Overlap
+	rerr := s.load.Route(r, &cc.dec)
+	if rerr != nil {
+		cc.errorReply(503, "no healthy decode worker serves model "+cc.model, "", "no_worker")
+		return
+	}
+	cc.dec.Overlap = overlap
+	if err != nil {
+		s.metrics.prefillFailures.Inc()
+		s.log.Warn("prefill leg failed; prefilling on the decode worker", "err", err)
+		cc.localPrefill(cc.dec.Worker, pathFallback)
+		return
+	}
+	// The decode worker holds the prompt's blocks after the pull.
+	cc.dec.Overlap = float64(len(r.Hashes))
+	pd.decodeBody = decodeBody
+	s.metrics.disagg.WithLabelValues(pathRemote).Inc()
+	cc.start(cc.dec.Worker)
+}
+
+// abortPrefill ends a prefill leg whose client left.
+func (cc *clientConn) abortPrefill() {
+	pd := &cc.pd
+	if pd.cancel == nil {
+		return
+	}
+	pd.cancel()
+	pd.cancel = nil
+	pd.usage.End()
+	cc.srv.inflight.Add(-1)
+	cc.srv.metrics.prefillInflight.Dec()
+	cc.srv.metrics.aborted.WithLabelValues("client_gone").Inc()
+}
+
+// pdClient sends prefill legs: plain HTTP/1.1 with pooled connections per prefill worker.
+type pdClient struct{ c *http.Client }
+
+func newPDClient(connectTimeout time.Duration) *pdClient {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.MaxIdleConnsPerHost = 64
+	t.ResponseHeaderTimeout = 0 // the leg's context bounds it
+	t.Proxy = nil
+	t.DialContext = (&net.Dialer{Timeout: connectTimeout}).DialContext
+	return &pdClient{c: &http.Client{Transport: t}}
+}
+
+// prefill posts a prefill leg and returns the kv_transfer_params of its answer.
+func (p *pdClient) prefill(ctx context.Context, url string, hdr http.Header, body []byte) (json.RawMessage, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	req.Header = hdr
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := p.c.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, maxPrefillResponse+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(data) > maxPrefillResponse {
+		return nil, fmt.Errorf("answer over %d bytes", maxPrefillResponse)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("status %d: %s", resp.StatusCode, truncate(data, 200))
+	}
+	return prefillParams(data)
+}
+
+// prefillParams returns the kv_transfer_params of a prefill leg's answer: an object that
+// asks for a remote prefill on the decode side.
+func prefillParams(answer []byte) (json.RawMessage, error) {
+	var out struct {
+		Params json.RawMessage `json:"kv_transfer_params"`
+	}
+	if err := json.Unmarshal(answer, &out); err != nil {
+		return nil, fmt.Errorf("answer is not JSON: %w", err)
+	}
+	if len(out.Params) == 0 || bytes.Equal(out.Params, []byte("null")) {
+		return nil, errors.New("answer has no kv_transfer_params (is the engine's KV connector a producer?)")
+	}
+	var p struct {
+		DoRemotePrefill *bool `json:"do_remote_prefill"`
+	}
+	if err := json.Unmarshal(out.Params, &p); err != nil {
+		return nil, fmt.Errorf("kv_transfer_params is not an object: %w", err)
+	}
+	if p.DoRemotePrefill == nil || !*p.DoRemotePrefill {
+		return nil, errors.New("kv_transfer_params does not ask for a remote prefill")
+	}
+	return out.Params, nil
+}
+
+// prefillBody turns a client's request body into the prefill leg's, as vLLM's
+// disaggregation proxy does: kv_transfer_params asking for a remote decode, stream off
+// (and stream_options gone), one output token (max_tokens, and max_completion_tokens when
+// the request uses it), and no min_tokens / min_completion_tokens (the decode leg, which
+// sends the original, keeps them).
+func prefillBody(body []byte) ([]byte, error) {
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(body, &m); err != nil {
+		return nil, err
+	}
+	m["kv_transfer_params"] = json.RawMessage(`{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}`)
+	m["stream"] = json.RawMessage("false")
+	delete(m, "stream_options")
+	m["max_tokens"] = json.RawMessage("1")
+	if _, ok := m["max_completion_tokens"]; ok {
+		m["max_completion_tokens"] = json.RawMessage("1")
+	}
+	delete(m, "min_tokens")
+	delete(m, "min_completion_tokens")
+	return json.Marshal(m)
+}
+
+// decodeLegBody is the client's request body with the prefill leg's kv_transfer_params.
+func decodeLegBody(body []byte, params json.RawMessage) ([]byte, error) {
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(body, &m); err != nil {
+		return nil, err
+	}
+	m["kv_transfer_params"] = params
+	return json.Marshal(m)
+}
+
+// forwardedHeaders parses the header lines the proxy forwards ("Name: value\r\n" each).
+func forwardedHeaders(lines []byte) http.Header {
+	h := http.Header{}
+	for len(lines) > 0 {
+		line := lines
+		if i := bytes.Index(lines, []byte("\r\n")); i >= 0 {
+			line, lines = lines[:i], lines[i+2:]
+		} else {
+			lines = nil
+		}
+		name, value, ok := strings.Cut(string(line), ":")
+		if !ok {
+			continue
+		}
+		h.Add(strings.TrimSpace(name), strings.TrimSpace(value))
+	}
+	return h
+}
+
+func truncate(b []byte, n int) string {
+	if len(b) > n {
+		return string(b[:n]) + "…"
+	}
+	return string(b)
+}

@@ -1,0 +1,295 @@
+package proxy_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"reflect"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+
+	"github.com/kvrelay/kvrelay/dataplane/proxy"
+	"github.com/kvrelay/kvrelay/engines/sim"
+)
+
+// pdCluster is a proxy in front of simulated prefill and decode workers (static upstreams
+// with roles), plus the URLs of extra upstreams (dead ones, for failure tests).
+type pdCluster struct {
+	prefill, decode []*sim.Worker
+	proxy           *proxy.Server
+	base            string
+}
+
+func startPD(t *testing.T, nPrefill, nDecode int, extra []proxy.Upstream, mut func(*proxy.Config)) *pdCluster {
+	t.Helper()
+	c := &pdCluster{}
+	cfg := func(role sim.Role) func(*sim.WorkerConfig) {
+		return func(w *sim.WorkerConfig) { w.Engine.Role = role }
+	}
+	var ups []proxy.Upstream
+	for i := range nPrefill {
+		w := startWorker(t, cfg(sim.RolePrefill))
+		c.prefill = append(c.prefill, w)
+		ups = append(ups, proxy.Upstream{ID: "p" + string(rune('0'+i)), URL: w.URL(), Model: model, Role: "prefill"})
+	}
+	for i := range nDecode {
+		w := startWorker(t, cfg(sim.RoleDecode))
+		c.decode = append(c.decode, w)
+		ups = append(ups, proxy.Upstream{ID: "d" + string(rune('0'+i)), URL: w.URL(), Model: model, Role: "decode"})
+	}
+	ups = append(ups, extra...)
+	c.proxy = startProxy(t, nil, func(pc *proxy.Config) {
+		pc.Upstreams = ups
+		if mut != nil {
+			mut(pc)
+		}
+	})
+	c.base = "http://" + c.proxy.Addr()
+	return c
+}
+
+func (c *pdCluster) metrics(t *testing.T) string {
+	t.Helper()
+	resp, err := http.Get(c.base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
+
+func workerMetrics(t *testing.T, w *sim.Worker) string {
+	t.Helper()
+	resp, err := http.Get(w.URL() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
+
+// A long prompt goes prefill worker → decode worker (the decode side pulls the KV over
+// nixl), streaming and not, through the official SDK; the same prompt again is cached on
+// the decode worker and prefills there (conditional disaggregation).
+func TestDisaggThroughProxy(t *testing.T) {
+	c := startPD(t, 1, 1, nil, nil)
+	client := openai.NewClient(option.WithBaseURL(c.base+"/v1"), option.WithAPIKey("k"), option.WithMaxRetries(0))
+	ctx := context.Background()
+	params := openai.ChatCompletionNewParams{
+		Model:     model,
+		Messages:  []openai.ChatCompletionMessageParamUnion{openai.SystemMessage(family(1)), openai.UserMessage("first question")},
+		MaxTokens: openai.Int(8),
+	}
+	var hdr *http.Response
+	got, err := client.Chat.Completions.New(ctx, params, option.WithResponseInto(&hdr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Usage.CompletionTokens != 8 || got.Choices[0].Message.Content == "" {
+		t.Fatalf("answer %+v", got)
+	}
+	if w := hdr.Header.Get("x-kvrelay-worker"); w != "d0" {
+		t.Fatalf("answered by %q, want the decode worker", w)
+	}
+	m := c.metrics(t)
+	if v := metricValue(t, m, `kvrelay_proxy_disagg_requests_total{path="remote"}`); v != 1 {
+		t.Fatalf("remote prefills %v, want 1", v)
+	}
+	if v := metricSum(t, workerMetrics(t, c.decode[0]), "kvrelay_sim_kv_pulls_total"); v != 1 {
+		t.Fatalf("decode worker pulled %v times, want 1", v)
+	}
+
+	// Streaming, a different user turn after the same long system prompt: the decode worker
+	// caches the system prompt now, so the uncached part is short and it prefills itself.
+	params.Messages[1] = openai.UserMessage("second question")
+	stream := client.Chat.Completions.NewStreaming(ctx, params)
+	var text strings.Builder
+	for stream.Next() {
+		if ch := stream.Current(); len(ch.Choices) > 0 {
+			text.WriteString(ch.Choices[0].Delta.Content)
+		}
+	}
+	if err := stream.Err(); err != nil || text.Len() == 0 {
+		t.Fatalf("stream: %v, %q", err, text.String())
+	}
+	m = c.metrics(t)
+	if v := metricValue(t, m, `kvrelay_proxy_disagg_requests_total{path="local"}`); v != 1 {
+		t.Fatalf("local prefills %v, want 1 (the decode worker caches the prefix)", v)
+	}
+	if v := metricSum(t, workerMetrics(t, c.decode[0]), "kvrelay_sim_kv_pulls_total"); v != 1 {
+		t.Fatalf("decode worker pulled %v times, want still 1", v)
+	}
+}
+
+// With a threshold below zero every request prefills remotely; a prefill worker that
+// refuses connections makes the decode worker prefill itself, and the client sees nothing.
+func TestDisaggPrefillDownFallsBack(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := "http://" + ln.Addr().String()
+	ln.Close()
+	c := startPD(t, 0, 1, []proxy.Upstream{{ID: "p-dead", URL: dead, Model: model, Role: "prefill"}},
+		func(pc *proxy.Config) { pc.DisaggThreshold = -1 })
+	for i := range 3 {
+		resp, body := post(t, c.base+"/v1/chat/completions", chatBody(family(i), "hi", 4, i%2 == 1))
+		if resp.StatusCode != 200 {
+			t.Fatalf("request %d: %d %s", i, resp.StatusCode, body)
+		}
+	}
+	m := c.metrics(t)
+	if v := metricValue(t, m, `kvrelay_proxy_disagg_requests_total{path="fallback"}`); v != 3 {
+		t.Fatalf("fallbacks %v, want 3", v)
+	}
+	if v := metricValue(t, m, "kvrelay_proxy_prefill_leg_failures_total"); v != 3 {
+		t.Fatalf("prefill failures %v, want 3", v)
+	}
+}
+
+// A decode worker that refuses connections: the request is retried on the other decode
+// worker, prefilling there; every request succeeds.
+func TestDisaggDecodeRetried(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := "http://" + ln.Addr().String()
+	ln.Close()
+	c := startPD(t, 1, 1, []proxy.Upstream{{ID: "d-dead", URL: dead, Model: model, Role: "decode"}},
+		func(pc *proxy.Config) { pc.DisaggThreshold = -1; pc.EjectAfter = 100 })
+	var wg sync.WaitGroup
+	errs := make(chan string, 8)
+	for i := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, err := http.Post(c.base+"/v1/chat/completions", "application/json", strings.NewReader(chatBody(family(10+i), "hi", 4, false)))
+			if err != nil {
+				errs <- err.Error()
+				return
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 200 || resp.Header.Get("x-kvrelay-worker") != "d0" {
+				errs <- resp.Status + " from " + resp.Header.Get("x-kvrelay-worker") + ": " + string(b)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for e := range errs {
+		t.Error(e)
+	}
+}
+
+// The client leaving during the prefill leg ends it; nothing hangs and the proxy serves on.
+func TestDisaggClientGoneDuringPrefill(t *testing.T) {
+	c := startPD(t, 1, 1, nil, func(pc *proxy.Config) { pc.DisaggThreshold = -1 })
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, "POST", c.base+"/v1/chat/completions", strings.NewReader(chatBody(family(30), "hi", 4, true)))
+	req.Header.Set("Content-Type", "application/json")
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+	}()
+	cancel()
+	<-done
+	resp, body := post(t, c.base+"/v1/chat/completions", chatBody(family(31), "hi", 4, false))
+	if resp.StatusCode != 200 {
+		t.Fatalf("after an abandoned request: %d %s", resp.StatusCode, body)
+	}
+}
+
+// Both legs' bodies follow vLLM NixlConnector's fixtures: the client's request becomes the
+// prefill request exactly, and with the prefill answer's kv_transfer_params the decode
+// request exactly.
+func TestDisaggLegBodiesMatchFixtures(t *testing.T) {
+	read := func(name string) map[string]any {
+		b, err := os.ReadFile("../../engines/sim/testdata/nixl/" + name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var m map[string]any
+		if err := json.Unmarshal(b, &m); err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	decodeReq := read("decode_request.json")
+	client := map[string]any{}
+	for k, v := range decodeReq {
+		if k != "kv_transfer_params" {
+			client[k] = v
+		}
+	}
+	clientBody, _ := json.Marshal(client)
+	pre, err := proxy.PrefillLegBody(clientBody)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got map[string]any
+	if err := json.Unmarshal(pre, &got); err != nil {
+		t.Fatal(err)
+	}
+	if want := read("prefill_request.json"); !reflect.DeepEqual(got, want) {
+		t.Fatalf("prefill leg\n got %v\nwant %v", got, want)
+	}
+	answer, _ := json.Marshal(read("prefill_response.json"))
+	params, err := proxy.PrefillParams(answer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dec, err := proxy.DecodeLegBody(clientBody, params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got = nil
+	if err := json.Unmarshal(dec, &got); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, decodeReq) {
+		t.Fatalf("decode leg\n got %v\nwant %v", got, decodeReq)
+	}
+	// Answers that cannot start a decode leg are refused.
+	for _, bad := range []string{`{}`, `{"kv_transfer_params":null}`, `{"kv_transfer_params":{"do_remote_prefill":false}}`, `{"kv_transfer_params":[1]}`, `not json`} {
+		if _, err := proxy.PrefillParams([]byte(bad)); err == nil {
+			t.Errorf("PrefillParams(%s) accepted", bad)
+		}
+	}
+}
+
+// metricSum adds up every series of a metric, whatever its labels.
+func metricSum(t *testing.T, exposition, name string) float64 {
+	t.Helper()
+	var sum float64
+	found := false
+	for _, line := range strings.Split(exposition, "\n") {
+		if !strings.HasPrefix(line, name+"{") && !strings.HasPrefix(line, name+" ") {
+			continue
+		}
+		var v float64
+		if _, err := fmt.Sscan(line[strings.LastIndexByte(line, ' ')+1:], &v); err != nil {
+			t.Fatal(err)
+		}
+		sum, found = sum+v, true
+	}
+	if !found {
+		t.Fatalf("no series %s", name)
+	}
+	return sum
+}
