@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvrelay/kvrelay/engines/kvevents"
 	"github.com/kvrelay/kvrelay/engines/sim"
+	"github.com/kvrelay/kvrelay/nixl"
 )
 
 // simFlags are the flags of `kvrelay sim`, named as vLLM names its engine arguments.
@@ -34,6 +35,7 @@ type simFlags struct {
 	kvScale          string
 	kvListen         string
 	kvAdvertiseHost  string
+	kvBackends       string
 	engine           sim.Config
 }
 
@@ -98,6 +100,7 @@ checked) and waits the modelled transfer time (--kv-bytes-per-token bytes per to
 	fs.StringVar(&f.kvListen, "kv-transfer-listen", "127.0.0.1:0", "nixl agent address of the first prefill/decode worker (port 0: each worker its own free port), advertised as remote_host/remote_port")
 	fs.StringVar(&f.kvAdvertiseHost, "kv-transfer-advertise-host", "", "remote_host to advertise in kv_transfer_params instead of the bound host (needed with a wildcard --kv-transfer-listen)")
 	fs.DurationVar(&e.KVTransferTimeout, "kv-transfer-timeout", e.KVTransferTimeout, "how long a prefill worker keeps a request's blocks for its decode worker to read (vLLM's VLLM_NIXL_ABORT_REQUEST_TIMEOUT); also bounds one pull")
+	fs.StringVar(&f.kvBackends, "kv-transfer-backends", "", "nixl backends in order of preference, e.g. tcp or shm,tcp (default: shared memory with same-host peers, then TCP)")
 	fs.Int64Var(&e.KVRegionMaxBytes, "kv-region-max-bytes", e.KVRegionMaxBytes, "cap of a worker's KV transfer region; beyond it block ids share slots modulo the slot count")
 	return cmd
 }
@@ -142,6 +145,11 @@ func (f *simFlags) workerConfigs() ([]sim.WorkerConfig, error) {
 			return nil, fmt.Errorf("--listen: %w", err)
 		}
 		c := sim.WorkerConfig{Engine: e, Listen: listen, Codec: codec, KVTransferAdvertiseHost: f.kvAdvertiseHost}
+		for _, b := range strings.Split(f.kvBackends, ",") {
+			if b = strings.TrimSpace(b); b != "" {
+				c.KVTransferBackends = append(c.KVTransferBackends, nixl.BackendKind(b))
+			}
+		}
 		if e.Role != sim.RoleBoth {
 			if c.KVTransferListen, err = offsetHostPort(f.kvListen, i); err != nil {
 				return nil, fmt.Errorf("--kv-transfer-listen: %w", err)

@@ -18,6 +18,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvrelay/kvrelay/nixl"
 )
 
 // pdPair is a prefill worker and a decode worker on loopback, each with its nixl agent.
@@ -115,7 +117,14 @@ func eventually(t *testing.T, what string, cond func() bool) {
 }
 
 func TestDisaggTwoLegs(t *testing.T) {
-	pd := startPD(t, nil)
+	for _, backends := range [][]nixl.BackendKind{nil, {nixl.BackendTCP}} {
+		t.Run(fmt.Sprint("backends=", backends), func(t *testing.T) {
+			testTwoLegs(t, startPD(t, func(_ Role, c *WorkerConfig) { c.KVTransferBackends = backends }))
+		})
+	}
+}
+
+func testTwoLegs(t *testing.T, pd pdPair) {
 	const bs = 16
 	for _, stream := range []bool{false, true} {
 		t.Run(fmt.Sprintf("stream=%v", stream), func(t *testing.T) {
@@ -409,13 +418,28 @@ func TestDisaggPullFailures(t *testing.T) {
 	// Failed requests give their blocks back.
 	eventually(t, "decode blocks freed", func() bool { return metric(t, pd.dec, "vllm:kv_cache_usage_perc", "") == 0 })
 
-	// A prefill worker that went away: the decode leg fails at once and cleanly.
-	pre2 := prefillLeg(t, pd.pre, longText(90))
-	pd.pre.Close()
+	// A prefill worker that went away before the decode worker first reached it: the decode
+	// leg fails at once and cleanly.
+	gone := startWorker(t, func(c *WorkerConfig) { c.Engine.Role = RolePrefill })
+	pre2 := prefillLeg(t, gone, longText(90))
+	gone.Close()
 	start := time.Now()
 	code, b := post(t, pd.dec.URL()+"/v1/chat/completions", decodeBody(longText(90), pre2.KVTransferParams, 4, false))
 	if code != 503 || time.Since(start) > 5*time.Second {
 		t.Fatalf("dead prefill worker: %d %s after %v", code, b, time.Since(start))
+	}
+	// One that went away after the decode worker had mapped its memory (shared memory):
+	// the READ may still succeed, from pages the mapping keeps alive, checked as always;
+	// or the loss is seen and the request fails. Either way at once.
+	pre3 := prefillLeg(t, pd.pre, longText(95))
+	pd.pre.Close()
+	start = time.Now()
+	code, b = post(t, pd.dec.URL()+"/v1/chat/completions", decodeBody(longText(95), pre3.KVTransferParams, 4, false))
+	if code != 503 && code != 200 || time.Since(start) > 5*time.Second {
+		t.Fatalf("prefill worker closed after the decode connected: %d %s after %v", code, b, time.Since(start))
+	}
+	if n := metric(t, pd.dec, "kvrelay_sim_kv_checksum_errors_total", ""); n != 1 {
+		t.Fatalf("checksum errors %v", n)
 	}
 }
 

@@ -333,7 +333,15 @@ func TestKVEventsOverZMQ(t *testing.T) {
 				}
 			}
 
-			// Replay from the second batch returns every later batch, in order.
+			// Replay from the second batch returns every later batch, in order. The last
+			// steps' batches are published after their responses: wait until none arrive.
+			for n, still := len(seqs), 0; still < 10; time.Sleep(20 * time.Millisecond) {
+				if seqs, batches = col.snapshot(); len(seqs) != n {
+					n, still = len(seqs), 0
+				} else {
+					still++
+				}
+			}
 			rctx, rcancel := context.WithTimeout(ctx, 5*time.Second)
 			defer rcancel()
 			replayed, err := kvevents.Replay(rctx, w.ReplayEndpoint(), seqs[0]+1)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -76,6 +77,7 @@ type Engine struct {
 	held    map[string]*Request // finished requests keeping their blocks for a remote decode
 	holdQ   []heldEntry         // the same, in order of expiry (the timeout is fixed)
 	loading map[*Request]bool   // requests waiting for a pull
+	ready   []*Request          // requests whose pull finished, waiting to be scheduled
 
 	numRunning, numWaiting atomic.Int64
 	usageBits              atomic.Uint64
@@ -282,7 +284,7 @@ func (e *Engine) Run(ctx context.Context) error {
 	var clock time.Time // when the current step ends
 	for {
 		e.drain(time.Now())
-		if len(e.running) == 0 && e.waiting.len() == 0 {
+		if len(e.running) == 0 && e.waiting.len() == 0 && len(e.ready) == 0 {
 			e.publishLoad()
 			next := e.nextExpiry()
 			if !next.IsZero() {
@@ -345,6 +347,10 @@ func (e *Engine) shutdown() {
 		e.finish(r, FinishAborted, time.Now()) // its pull ends with the worker's context
 	}
 	clear(e.loading)
+	for _, r := range e.ready {
+		e.finish(r, FinishAborted, time.Now())
+	}
+	e.ready = nil
 	e.mu.Lock()
 	inbox, resets := e.inbox, e.resets
 	e.inbox, e.resets = nil, nil
@@ -400,11 +406,13 @@ func (e *Engine) abort(r *Request, now time.Time) {
 	switch r.state {
 	case stateWaiting:
 		e.waiting.remove(r)
-		e.pool.free(r.blocks) // a request waiting with pulled blocks
-		r.blocks = r.blocks[:0]
 	case stateLoading:
 		// The pull is still writing into r's blocks: they are freed when it reports back.
 		r.pullCancel()
+	case stateReady:
+		e.ready = slices.DeleteFunc(e.ready, func(x *Request) bool { return x == r })
+		e.pool.free(r.blocks)
+		r.blocks = r.blocks[:0]
 	case stateRunning:
 		e.pool.free(r.blocks)
 		r.blocks = r.blocks[:0]
@@ -461,25 +469,25 @@ func (e *Engine) plan() (prefill, decodes int) {
 		budget -= n
 		i++
 	}
+	// Requests whose prompt KV was pulled go first: they hold every block they need (the
+	// prompt's, allocated when the pull started), so they never wait behind a request that
+	// does not fit.
+	for !preempted && budget > 0 && len(e.running) < e.cfg.MaxNumSeqs && len(e.ready) > 0 {
+		r := e.ready[0]
+		e.ready = e.ready[1:]
+		n := min(len(r.tokens)-r.numComputed, budget)
+		if !e.grow(r, (r.numComputed+n+bs-1)/bs) {
+			e.ready = append([]*Request{r}, e.ready...) // cannot happen: n ends within the prompt
+			break
+		}
+		r.state = stateRunning
+		e.running = append(e.running, r)
+		e.sched = append(e.sched, scheduled{r: r, n: n})
+		r.scheduled = true
+		budget -= n
+	}
 	for !preempted && budget > 0 && len(e.running) < e.cfg.MaxNumSeqs && e.waiting.len() > 0 {
 		r := e.waiting.peek()
-		if r.preloaded {
-			// Its prompt KV was pulled: it holds the prompt's blocks and computes the rest.
-			n := min(len(r.tokens)-r.numComputed, budget)
-			want := (r.numComputed + n + bs - 1) / bs
-			if want-len(r.blocks) > e.pool.numFree {
-				break
-			}
-			e.waiting.pop()
-			e.grow(r, want)
-			r.preloaded = false
-			r.state = stateRunning
-			e.running = append(e.running, r)
-			e.sched = append(e.sched, scheduled{r: r, n: n})
-			r.scheduled = true
-			budget -= n
-			continue
-		}
 		if r.kvPull != nil && e.kv != nil && !r.admitted {
 			if !e.admitPull(r) {
 				break
@@ -751,7 +759,7 @@ func (e *Engine) emit(now time.Time) {
 }
 
 func (e *Engine) publishLoad() {
-	waiting := e.waiting.len() + len(e.loading) // vLLM counts WAITING_FOR_REMOTE_KVS as waiting
+	waiting := e.waiting.len() + len(e.loading) + len(e.ready) // vLLM counts WAITING_FOR_REMOTE_KVS as waiting
 	e.numRunning.Store(int64(len(e.running)))
 	e.numWaiting.Store(int64(waiting))
 	u := e.pool.usage()
@@ -919,11 +927,11 @@ func (e *Engine) pulled(j *pullJob, now time.Time) {
 	r.numComputed = computed
 	e.storeBlocks(r)
 	e.emit(now)
-	r.pulled, r.preloaded = true, true
+	r.pulled = true
 	r.mu.Lock()
 	r.cached = computed
 	r.mu.Unlock()
-	r.state = stateWaiting
-	e.waiting.pushFront(r)
+	r.state = stateReady
+	e.ready = append(e.ready, r)
 	e.publishLoad()
 }

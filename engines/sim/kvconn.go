@@ -46,6 +46,7 @@ type kvConnector struct {
 	slots      int
 	regionName string
 	metrics    *Metrics
+	backends   []nixl.BackendKind // nil: nixl's default
 
 	mem    *nixl.HostMem
 	agent  *nixl.Agent
@@ -115,7 +116,7 @@ func (c *kvConnector) start() error {
 	c.pins = make([]int32, c.slots)
 	c.pinKey = make([]uint64, c.slots)
 	c.busy = make([]bool, c.slots)
-	agent, err := nixl.NewAgent(c.engineID, nixl.Config{ListenAddr: c.listen, Timeout: c.cfg.KVTransferTimeout})
+	agent, err := nixl.NewAgent(c.engineID, nixl.Config{ListenAddr: c.listen, Timeout: c.cfg.KVTransferTimeout, Backends: c.backends})
 	if err != nil {
 		return fmt.Errorf("starting the nixl agent on %s: %w", c.listen, err)
 	}

@@ -64,9 +64,8 @@ type Request struct {
 	kvDecode bool
 	kvPull   *kvTransferParams
 	// Engine-owned: the prompt's KV came from a pull (its last token computes as a
-	// decode); the request waits with the blocks a pull filled; cancels the pull.
+	// decode); cancels the pull.
 	pulled     bool
-	preloaded  bool
 	pullCancel context.CancelFunc
 
 	// Output, shared with the client under mu.
@@ -95,6 +94,7 @@ const (
 	stateWaiting
 	stateRunning
 	stateLoading // blocks allocated, prompt KV being pulled from a prefill worker
+	stateReady   // prompt KV pulled, waiting to be scheduled with its blocks
 	stateFinished
 )
 

@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/kvrelay/kvrelay/engines/kvevents"
+	"github.com/kvrelay/kvrelay/nixl"
 )
 
 // WorkerConfig describes one simulated worker process-in-a-goroutine: its engine, its HTTP
@@ -38,6 +39,9 @@ type WorkerConfig struct {
 	// EngineID names the engine in kv_transfer_params (remote_engine_id) and its nixl
 	// agent. Default: a random UUID, as vLLM's.
 	EngineID string
+	// KVTransferBackends are the nixl backends in order of preference. Default: nixl's
+	// (shared memory with same-host peers, then TCP).
+	KVTransferBackends []nixl.BackendKind
 }
 
 // Worker is one simulated engine serving the OpenAI API over HTTP and publishing KV events
@@ -86,6 +90,7 @@ func NewWorker(cfg WorkerConfig) (*Worker, error) {
 			w.cfg.EngineID = cfg.EngineID
 		}
 		w.kv = newKVConnector(cfg.Engine, cfg.EngineID, cfg.KVTransferListen, cfg.KVTransferAdvertiseHost, w.metrics)
+		w.kv.backends = cfg.KVTransferBackends
 		w.eng.kv = w.kv
 	}
 	w.srv = NewServer(w.eng, cfg.Codec, w.metrics, text)
