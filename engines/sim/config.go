@@ -193,6 +193,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: max request bytes %d must be positive", ErrInvalidConfig, c.MaxRequestBytes)
 	}
 	switch {
+	case c.Role == RoleBoth:
+		// No KV connector: the transfer settings are unused.
 	case c.KVBytesPerToken <= 0:
 		return fmt.Errorf("%w: kv bytes per token %d must be positive", ErrInvalidConfig, c.KVBytesPerToken)
 	case !(c.KVTransferBandwidth > 0) || math.IsInf(c.KVTransferBandwidth, 0):

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -781,6 +782,26 @@ func TestParseScaleAndBandwidth(t *testing.T) {
 	for _, in := range []string{"0", "-5GB/s", "fast", "", "Inf"} {
 		if _, err := ParseBandwidth(in); err == nil {
 			t.Errorf("ParseBandwidth(%q) accepted", in)
+		}
+	}
+	for name, mut := range map[string]func(*Config){
+		"scale 0":        func(c *Config) { c.KVBytesScale = 0 },
+		"scale 2":        func(c *Config) { c.KVBytesScale = 2 },
+		"bytes 0":        func(c *Config) { c.KVBytesPerToken = 0 },
+		"bandwidth 0":    func(c *Config) { c.KVTransferBandwidth = 0 },
+		"timeout 0":      func(c *Config) { c.KVTransferTimeout = 0 },
+		"region max 0":   func(c *Config) { c.KVRegionMaxBytes = 0 },
+		"bandwidth -Inf": func(c *Config) { c.KVTransferBandwidth = math.Inf(-1) },
+	} {
+		c := DefaultConfig()
+		c.Role = RoleDecode
+		mut(&c)
+		if err := c.Validate(); err == nil {
+			t.Errorf("%s: accepted for role decode", name)
+		}
+		c.Role = RoleBoth // no connector: the settings are unused
+		if err := c.Validate(); err != nil {
+			t.Errorf("%s: role both: %v", name, err)
 		}
 	}
 	c := DefaultConfig()
