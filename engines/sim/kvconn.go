@@ -438,6 +438,9 @@ func (c *kvConnector) pull(ctx context.Context, job *pullJob) *transferError {
 		return &transferError{status: http.StatusInternalServerError, reason: "layout", msg: fmt.Sprintf("remote engine %s at %s has %s; this engine needs %s", peer, addr, found, strings.TrimPrefix(c.regionName, kvRegionPrefix+" "))}
 	}
 	remoteSlots := int(rd.Len / uint64(c.slotBytes))
+	if remoteSlots == 0 {
+		return &transferError{status: http.StatusInternalServerError, reason: "layout", msg: fmt.Sprintf("remote engine %s at %s has a KV region of %d bytes, less than one slot", peer, addr, rd.Len)}
+	}
 	ids := make([]int, len(job.remote))
 	for i, b := range job.remote {
 		ids[i] = b % remoteSlots
