@@ -47,7 +47,7 @@ type cluster struct {
 	proxies []*proxy.Server
 }
 
-func startWorkers(t *testing.T, n int) []*sim.Worker {
+func startWorkers(t *testing.T, n int, roles ...sim.Role) []*sim.Worker {
 	t.Helper()
 	codec, err := codecOnce()
 	if err != nil {
@@ -59,6 +59,9 @@ func startWorkers(t *testing.T, n int) []*sim.Worker {
 			Events: kvevents.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"}}
 		cfg.Engine.NumGPUBlocks = 4096
 		cfg.Engine.Timing.Speedup = 50
+		if i := len(ws); i < len(roles) {
+			cfg.Engine.Role = roles[i]
+		}
 		w, err := sim.NewWorker(cfg)
 		if err != nil {
 			t.Fatal(err)
@@ -477,4 +480,79 @@ func TestBadWorkersFileFailsTheStart(t *testing.T) {
 		t.Fatal(err)
 	}
 	cp.Close()
+}
+
+// waitPolicy waits until proxy p applies policy version v.
+func waitPolicy(t *testing.T, p *proxy.Server, v uint64) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if st, _ := p.XDSStats(); st.PolicyVersion == v {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the proxy never applied policy version %d", v)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Prefill and decode workers registered with their roles: the proxy splits requests across
+// them (the decode worker pulls the KV over nixl), and the routing policy turns that off and
+// changes the conditional threshold.
+func TestDisaggregatedPoolsOverXDS(t *testing.T) {
+	c := &cluster{t: t, workers: startWorkers(t, 2, sim.RolePrefill, sim.RoleDecode), dataDir: t.TempDir()}
+	for i, w := range c.workers {
+		c.specs = append(c.specs, registry.Worker{
+			ID: []string{"p0", "d0"}[i], URL: w.URL(), BlockSize: 16, Engine: "sim", Role: []string{"prefill", "decode"}[i],
+			KVEvents: w.EventsEndpoint(), KVEventsReplay: w.ReplayEndpoint(),
+		})
+	}
+	c.startControlPlane("127.0.0.1:0")
+	p := c.addProxy(c.xds)
+	waitWorkers(t, p, 2)
+	base := "http://" + p.Addr()
+	metric := func(series string) float64 {
+		resp, err := http.Get(base + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, series+" "); ok {
+				f, _ := strconv.ParseFloat(v, 64)
+				return f
+			}
+		}
+		return 0
+	}
+	if r := chat(t, base, family(1), "hi"); r.status != 200 || r.worker != "d0" {
+		t.Fatalf("disaggregated request: %d from %q: %s", r.status, r.worker, r.body)
+	}
+	if v := metric(`kvrelay_proxy_disagg_requests_total{path="remote"}`); v != 1 {
+		t.Fatalf("remote prefills %v, want 1", v)
+	}
+	// disagg off: prefill and decode workers take no requests.
+	if code, out := c.api("PUT", "/v1/policy", `{"policy":"kv","disagg":"off"}`, true); code != 200 {
+		t.Fatalf("set policy: %d %v", code, out)
+	}
+	waitPolicy(t, p, 2)
+	if r := chat(t, base, family(2), "hi"); r.status != 503 {
+		t.Fatalf("with disaggregation off: %d %s, want 503", r.status, r.body)
+	}
+	// A threshold above the prompt's length: the decode worker prefills it itself.
+	if code, out := c.api("PUT", "/v1/policy", `{"policy":"kv","disagg":"auto","disagg_threshold":1000000}`, true); code != 200 {
+		t.Fatalf("set policy: %d %v", code, out)
+	}
+	waitPolicy(t, p, 3)
+	if r := chat(t, base, family(3), "hi"); r.status != 200 || r.worker != "d0" {
+		t.Fatalf("conditional request: %d from %q: %s", r.status, r.worker, r.body)
+	}
+	if v := metric(`kvrelay_proxy_disagg_requests_total{path="local"}`); v != 1 {
+		t.Fatalf("local prefills %v, want 1", v)
+	}
+	if code, out := c.api("GET", "/v1/policy", "", false); code != 200 || out["disagg_threshold"] != "1000000" {
+		t.Fatalf("policy: %d %v", code, out)
+	}
 }

@@ -408,6 +408,8 @@ func policyResource(p registry.Policy) *xdsv1.RoutingPolicy {
 		Policy:            p.Name,
 		OverlapWeight:     p.OverlapWeight,
 		QueueWeight:       p.QueueWeight,
+		Disagg:            p.Disagg,
+		DisaggThreshold:   p.DisaggThreshold,
 		Temperature:       p.Temperature,
 		CacheThreshold:    p.CacheThreshold,
 		TierWeights:       append([]float64(nil), p.TierWeights...),

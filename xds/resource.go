@@ -263,6 +263,9 @@ func ValidatePolicy(p *xdsv1.RoutingPolicy) error {
 	if ttl := p.GetSessionTtlMs(); ttl < 0 || ttl > MaxSessionTTLMillis {
 		return fail("session ttl %d ms outside [0, %d]", ttl, int64(MaxSessionTTLMillis))
 	}
+	if d := p.GetDisagg(); d != "" && d != "auto" && d != "off" {
+		return fail("disagg %q is not auto or off", d)
+	}
 	return nil
 }
 

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -183,6 +184,8 @@ func ctlPolicyCmd(o *ctlOptions) *cobra.Command {
 	}
 	var (
 		policy                                         string
+		disagg                                         string
+		disaggThreshold                                int64
 		overlap, queue, temperature, threshold, busyKV float64
 		tierWeights                                    []float64
 		busyPrefill, busyDecode                        uint64
@@ -220,6 +223,12 @@ result as a new version, which the control plane pushes to every proxy.`,
 			if fs.Changed("overlap-weight") {
 				p.OverlapWeight = overlap
 			}
+			if fs.Changed("disagg") {
+				p.Disagg = disagg
+			}
+			if fs.Changed("disagg-threshold") {
+				p.DisaggThreshold = &disaggThreshold
+			}
 			if fs.Changed("queue-weight") {
 				p.QueueWeight = queue
 			}
@@ -254,6 +263,8 @@ result as a new version, which the control plane pushes to every proxy.`,
 	fs := set.Flags()
 	fs.StringVar(&policy, "policy", "", "routing policy: kv, round-robin, least-loaded, random, power-of-two, session")
 	fs.Float64Var(&overlap, "overlap-weight", 0, "KV cost of a prompt block the worker must compute (a block held by decodes costs 1)")
+	fs.StringVar(&disagg, "disagg", "", "auto (split requests into prefill and decode legs when the pool has both roles) or off")
+	fs.Int64Var(&disaggThreshold, "disagg-threshold", 0, "prompts whose uncached part on the decode worker is at most this many tokens prefill there (negative: always remotely)")
 	fs.Float64Var(&queue, "queue-weight", 0, "KV cost of a block of prefill already in flight on the worker")
 	fs.Float64Var(&temperature, "temperature", 0, "> 0 samples workers by a softmax over normalised costs")
 	fs.Float64Var(&threshold, "cache-threshold", 0, "below this cached share of the prompt, spread by load")
@@ -368,6 +379,8 @@ func ctlPolicyTable(w io.Writer, p *operatorv1.Policy) {
 		{"busy_decode_blocks", strconv.FormatUint(p.BusyDecodeBlocks, 10)},
 		{"busy_kv_fraction", f(p.BusyKvFraction)},
 		{"session_ttl", (time.Duration(p.SessionTtlMs) * time.Millisecond).String()},
+		{"disagg", cmp.Or(p.Disagg, "auto")},
+		{"disagg_threshold", disaggThresholdText(p.DisaggThreshold)},
 	} {
 		fmt.Fprintf(tw, "%s\t%s\n", row[0], row[1])
 	}
@@ -484,4 +497,11 @@ func (c *ctlClient) print(m proto.Message, table func(io.Writer)) error {
 	}
 	_, err = fmt.Fprintf(c.out, "%s\n", data)
 	return err
+}
+
+func disaggThresholdText(t *int64) string {
+	if t == nil {
+		return "proxy default"
+	}
+	return strconv.FormatInt(*t, 10)
 }

@@ -51,6 +51,11 @@ type Policy struct {
 	BusyPrefillTokens uint64  `json:"busy_prefill_tokens"`
 	BusyDecodeBlocks  uint64  `json:"busy_decode_blocks"`
 	BusyKVFraction    float64 `json:"busy_kv_fraction"`
+	// Disagg is "auto" (or empty) or "off": whether proxies split requests into prefill and
+	// decode legs when the pool has both roles. DisaggThreshold, when set, overrides the
+	// proxies' conditional-disaggregation threshold in tokens (negative: always remote).
+	Disagg          string `json:"disagg,omitempty"`
+	DisaggThreshold *int64 `json:"disagg_threshold,omitempty"`
 	// SessionTTL is how long a session stays bound to its worker (policy session).
 	SessionTTL time.Duration `json:"session_ttl"`
 }
@@ -112,6 +117,9 @@ func (p Policy) validate() error {
 	}
 	if maxTTL := time.Duration(xds.MaxSessionTTLMillis) * time.Millisecond; p.SessionTTL < 0 || p.SessionTTL > maxTTL {
 		return fmt.Errorf("session ttl %v outside [0, %v]", p.SessionTTL, maxTTL)
+	}
+	if p.Disagg != "" && p.Disagg != "auto" && p.Disagg != "off" {
+		return fmt.Errorf("disagg %q: want auto or off", p.Disagg)
 	}
 	return nil
 }

@@ -17,7 +17,7 @@ func xdsPolicy(p Policy) *xdsv1.RoutingPolicy {
 		Version: p.Version, Policy: p.Name, OverlapWeight: p.OverlapWeight, QueueWeight: p.QueueWeight, Temperature: p.Temperature,
 		CacheThreshold: p.CacheThreshold, TierWeights: p.TierWeights, BusyPrefillTokens: p.BusyPrefillTokens,
 		BusyDecodeBlocks: p.BusyDecodeBlocks, BusyKvFraction: p.BusyKVFraction,
-		SessionTtlMs: p.SessionTTL.Milliseconds(),
+		SessionTtlMs: p.SessionTTL.Milliseconds(), Disagg: p.Disagg, DisaggThreshold: p.DisaggThreshold,
 	}
 }
 

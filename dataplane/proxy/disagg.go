@@ -55,9 +55,16 @@ type pdState struct {
 	startedAt  int64
 }
 
+// disaggSettings are the disaggregation settings in force: the proxy's configuration, or
+// the routing policy's when a control plane sets them.
+type disaggSettings struct {
+	mode      string
+	threshold int
+}
+
 // disaggFor reports whether cc's request goes through the disaggregated path.
 func (cc *clientConn) disaggFor(pool *route.Pool) bool {
-	return cc.srv.cfg.Disagg != DisaggOff && (cc.kind == oai.ChatCompletions || cc.kind == oai.Completions) &&
+	return cc.srv.pdSet.Load().mode != DisaggOff && (cc.kind == oai.ChatCompletions || cc.kind == oai.Completions) &&
 		pool.Disaggregated(unsafeString(cc.oreq.Model))
 }
 
@@ -97,7 +104,7 @@ func (cc *clientConn) routeDisagg(retry bool) {
 	cc.dec.Overlap = r.Overlap(d)
 	cc.dec.BestOverlap = r.BestOverlap()
 	uncached := r.PromptTokens - int(cc.dec.Overlap)*max(d.BlockSize, 1)
-	if perr != nil || (s.cfg.DisaggThreshold >= 0 && uncached <= s.cfg.DisaggThreshold) {
+	if th := s.pdSet.Load().threshold; perr != nil || (th >= 0 && uncached <= th) {
 		cc.localPrefill(d, pathLocal)
 		return
 	}

@@ -49,6 +49,7 @@ type Server struct {
 	xds      *xdsState // nil without a control plane
 	remote   *remoteTokenizer
 	pdClient *pdClient // prefill legs of disaggregated requests
+	pdSet    atomic.Pointer[disaggSettings]
 
 	eng      gnet.Engine
 	addr     string
@@ -96,6 +97,7 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 	s.queue = newAdmissionQueue(cfg.QueueSize, s.metrics)
 	s.remote = newRemoteTokenizer(cfg.ConnectTimeout+5*time.Second, cfg.TokenCacheTokens)
 	s.pdClient = newPDClient(cfg.ConnectTimeout)
+	s.pdSet.Store(&disaggSettings{mode: cfg.Disagg, threshold: cfg.DisaggThreshold})
 	return s, nil
 }
 

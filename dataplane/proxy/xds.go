@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"fmt"
+	"math"
 	"net/url"
 	"os"
 	"slices"
@@ -243,6 +244,14 @@ func (s *Server) applyXDS(workers []*xdsv1.Worker, policy *xdsv1.RoutingPolicy) 
 				x.replica.SetWeights(w)
 			}
 			_ = s.load.SetPolicy(loadConfig(cfg))
+			pd := disaggSettings{mode: s.cfg.Disagg, threshold: s.cfg.DisaggThreshold}
+			if m := policy.GetDisagg(); m != "" {
+				pd.mode = m
+			}
+			if policy.DisaggThreshold != nil {
+				pd.threshold = int(max(min(policy.GetDisaggThreshold(), math.MaxInt32), math.MinInt32))
+			}
+			s.pdSet.Store(&pd)
 			s.log.Info("routing policy applied", "version", x.policyVersion, "policy", cfg.Policy)
 		}
 	}

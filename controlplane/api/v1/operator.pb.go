@@ -518,9 +518,15 @@ type Policy struct {
 	// queue_weight is the kv cost of a block of prefill already in flight on a worker, next to
 	// overlap_weight for a block the worker would compute and 1 for a block held by decodes
 	// (0: the default).
-	QueueWeight   float64 `protobuf:"fixed64,11,opt,name=queue_weight,json=queueWeight,proto3" json:"queue_weight,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	QueueWeight float64 `protobuf:"fixed64,11,opt,name=queue_weight,json=queueWeight,proto3" json:"queue_weight,omitempty"`
+	// disagg is "auto" (or empty: split requests into prefill and decode legs when the pool
+	// has both roles) or "off". disagg_threshold, when set, is conditional disaggregation: a
+	// prompt whose part the decode worker does not cache is at most this many tokens
+	// prefills on the decode worker (negative: always remotely); unset, the proxy's own.
+	Disagg          string `protobuf:"bytes,12,opt,name=disagg,proto3" json:"disagg,omitempty"`
+	DisaggThreshold *int64 `protobuf:"varint,13,opt,name=disagg_threshold,json=disaggThreshold,proto3,oneof" json:"disagg_threshold,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Policy) Reset() {
@@ -626,6 +632,20 @@ func (x *Policy) GetSessionTtlMs() int64 {
 func (x *Policy) GetQueueWeight() float64 {
 	if x != nil {
 		return x.QueueWeight
+	}
+	return 0
+}
+
+func (x *Policy) GetDisagg() string {
+	if x != nil {
+		return x.Disagg
+	}
+	return ""
+}
+
+func (x *Policy) GetDisaggThreshold() int64 {
+	if x != nil && x.DisaggThreshold != nil {
+		return *x.DisaggThreshold
 	}
 	return 0
 }
@@ -1474,7 +1494,7 @@ const file_operator_proto_rawDesc = "" +
 	" \x01(\x03R\x10observedUnixNano\"x\n" +
 	"\x06Worker\x123\n" +
 	"\x04spec\x18\x01 \x01(\v2\x1f.kvrelay.operator.v1.WorkerSpecR\x04spec\x129\n" +
-	"\x06status\x18\x02 \x01(\v2!.kvrelay.operator.v1.WorkerStatusR\x06status\"\xa0\x03\n" +
+	"\x06status\x18\x02 \x01(\v2!.kvrelay.operator.v1.WorkerStatusR\x06status\"\xfd\x03\n" +
 	"\x06Policy\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\x12\x16\n" +
 	"\x06policy\x18\x02 \x01(\tR\x06policy\x12%\n" +
@@ -1487,7 +1507,10 @@ const file_operator_proto_rawDesc = "" +
 	"\x10busy_kv_fraction\x18\t \x01(\x01R\x0ebusyKvFraction\x12$\n" +
 	"\x0esession_ttl_ms\x18\n" +
 	" \x01(\x03R\fsessionTtlMs\x12!\n" +
-	"\fqueue_weight\x18\v \x01(\x01R\vqueueWeight\"l\n" +
+	"\fqueue_weight\x18\v \x01(\x01R\vqueueWeight\x12\x16\n" +
+	"\x06disagg\x18\f \x01(\tR\x06disagg\x12.\n" +
+	"\x10disagg_threshold\x18\r \x01(\x03H\x00R\x0fdisaggThreshold\x88\x01\x01B\x13\n" +
+	"\x11_disagg_threshold\"l\n" +
 	"\fWorkerBlocks\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04slot\x18\x02 \x01(\rR\x04slot\x128\n" +
@@ -1622,6 +1645,7 @@ func file_operator_proto_init() {
 	if File_operator_proto != nil {
 		return
 	}
+	file_operator_proto_msgTypes[5].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

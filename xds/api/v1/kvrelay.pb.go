@@ -335,9 +335,15 @@ type RoutingPolicy struct {
 	// queue_weight is the kv cost of a block of prefill already in flight on a worker, next to
 	// overlap_weight for a block the worker would compute and 1 for a block held by decodes
 	// (0: the default).
-	QueueWeight   float64 `protobuf:"fixed64,11,opt,name=queue_weight,json=queueWeight,proto3" json:"queue_weight,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	QueueWeight float64 `protobuf:"fixed64,11,opt,name=queue_weight,json=queueWeight,proto3" json:"queue_weight,omitempty"`
+	// disagg is "auto" (or empty: split requests into prefill and decode legs when the pool
+	// has both roles) or "off". disagg_threshold, when set, is conditional disaggregation: a
+	// prompt whose part the decode worker does not cache is at most this many tokens
+	// prefills on the decode worker (negative: always remotely); unset, the proxy's own.
+	Disagg          string `protobuf:"bytes,12,opt,name=disagg,proto3" json:"disagg,omitempty"`
+	DisaggThreshold *int64 `protobuf:"varint,13,opt,name=disagg_threshold,json=disaggThreshold,proto3,oneof" json:"disagg_threshold,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *RoutingPolicy) Reset() {
@@ -443,6 +449,20 @@ func (x *RoutingPolicy) GetSessionTtlMs() int64 {
 func (x *RoutingPolicy) GetQueueWeight() float64 {
 	if x != nil {
 		return x.QueueWeight
+	}
+	return 0
+}
+
+func (x *RoutingPolicy) GetDisagg() string {
+	if x != nil {
+		return x.Disagg
+	}
+	return ""
+}
+
+func (x *RoutingPolicy) GetDisaggThreshold() int64 {
+	if x != nil && x.DisaggThreshold != nil {
+		return *x.DisaggThreshold
 	}
 	return 0
 }
@@ -873,7 +893,7 @@ const file_kvrelay_proto_rawDesc = "" +
 	"\rdecode_blocks\x18\x05 \x01(\x04R\fdecodeBlocks\x12\x1a\n" +
 	"\binflight\x18\x06 \x01(\rR\binflight\x12,\n" +
 	"\x12observed_unix_nano\x18\a \x01(\x03R\x10observedUnixNano\x123\n" +
-	"\areports\x18\b \x03(\v2\x19.kvrelay.xds.v1.ReportSeqR\areports\"\xa7\x03\n" +
+	"\areports\x18\b \x03(\v2\x19.kvrelay.xds.v1.ReportSeqR\areports\"\x84\x04\n" +
 	"\rRoutingPolicy\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\x12\x16\n" +
 	"\x06policy\x18\x02 \x01(\tR\x06policy\x12%\n" +
@@ -886,7 +906,10 @@ const file_kvrelay_proto_rawDesc = "" +
 	"\x10busy_kv_fraction\x18\t \x01(\x01R\x0ebusyKvFraction\x12$\n" +
 	"\x0esession_ttl_ms\x18\n" +
 	" \x01(\x03R\fsessionTtlMs\x12!\n" +
-	"\fqueue_weight\x18\v \x01(\x01R\vqueueWeight\"p\n" +
+	"\fqueue_weight\x18\v \x01(\x01R\vqueueWeight\x12\x16\n" +
+	"\x06disagg\x18\f \x01(\tR\x06disagg\x12.\n" +
+	"\x10disagg_threshold\x18\r \x01(\x03H\x00R\x0fdisaggThreshold\x88\x01\x01B\x13\n" +
+	"\x11_disagg_threshold\"p\n" +
 	"\n" +
 	"JournalAck\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x14\n" +
@@ -975,6 +998,7 @@ func file_kvrelay_proto_init() {
 	if File_kvrelay_proto != nil {
 		return
 	}
+	file_kvrelay_proto_msgTypes[2].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
