@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvrelay/kvrelay/cmd/kvrelay/bench"
 	"github.com/kvrelay/kvrelay/cmd/kvrelay/bench/workload"
+	"github.com/kvrelay/kvrelay/engines/sim"
 	"github.com/kvrelay/kvrelay/engines/tokenizer"
 )
 
@@ -21,8 +22,9 @@ func newBenchCmd() *cobra.Command {
 		Short: "Replay workloads against an endpoint, or compare routing policies on a local cluster",
 		Long: `bench measures what clients feel (TTFT, inter-token latency, end-to-end latency, goodput
 under SLOs) and what the fleet does (prefix hit rate against the ideal, per-worker load) for a
-workload: a Mooncake JSONL trace (a path), or prefix-groups, multi-turn, agentic or mooncake
-with parameters, e.g. "prefix-groups:groups=16,prompt=2048,requests=400,rate=20".`,
+workload: a Mooncake JSONL trace (a path), or prefix-groups, multi-turn, agentic, mooncake or
+fixed with parameters, e.g. "prefix-groups:groups=16,prompt=2048,requests=400,rate=20".
+compare also compares aggregated and disaggregated (prefill/decode) clusters: --setups.`,
 	}
 	cmd.AddCommand(newBenchRunCmd(), newBenchCompareCmd())
 	return cmd
@@ -48,7 +50,7 @@ func (f *benchFlags) register(fs *pflag.FlagSet) {
 	fs.DurationVar(&f.sloTTFT, "slo-ttft", bench.DefaultSLO.TTFT, "TTFT a request must meet to count toward goodput")
 	fs.DurationVar(&f.sloITL, "slo-itl", bench.DefaultSLO.ITL, "mean inter-token gap a request must meet to count toward goodput")
 	fs.IntVar(&f.blockSize, "block-size", 16, "KV block size for the ideal hit rate (and the cluster, in compare)")
-	fs.Float64Var(&f.opts.Rate, "rate", 0, "Poisson arrivals at this many requests/s instead of the workload's own times")
+	fs.Float64Var(&f.opts.Rate, "rate", 0, "Poisson arrivals at this many requests/s instead of the workload's own times (like them, divided by --speedup)")
 	fs.IntVar(&f.opts.Concurrency, "concurrency", 0, "keep at most this many requests in flight (closed loop)")
 	fs.DurationVar(&f.opts.Duration, "duration", 0, "stop sending after this long")
 	fs.IntVar(&f.opts.Requests, "requests", 0, "stop after this many requests")
@@ -102,12 +104,28 @@ func newBenchRunCmd() *cobra.Command {
 func newBenchCompareCmd() *cobra.Command {
 	var f benchFlags
 	cc := bench.DefaultClusterConfig()
-	var policies string
+	var policies, setups, kvScale, kvBandwidth string
 	var engineSpeedup float64
 	cmd := &cobra.Command{
 		Use:   "compare",
-		Short: "Compare routing policies on a fresh local cluster each, with the identical request stream",
-		Args:  cobra.NoArgs,
+		Short: "Compare routing policies or cluster setups on a fresh local cluster each, with the identical request stream",
+		Long: `compare replays the identical request stream against a fresh local cluster (simulated
+workers, control plane, proxy) for each routing policy in --policies, or for each cluster
+setup in --setups (each with every policy given by --policies, default kv only), and prints
+one table with a column per run and ratios to the first.
+
+A setup is MODE[@THRESHOLD][:POOLS]: agg:N (N workers doing both phases), disagg:P+D (P
+prefill and D decode workers; every request prefills on a prefill worker and its KV blocks
+move to a decode worker over nixl), conditional:P+D (the same pools; only requests whose
+uncached prompt reaches --disagg-threshold tokens prefill remotely, the others on their
+decode worker) or conditional@T:P+D (threshold T). For example
+
+  kvrelay bench compare --setups agg:4,disagg:2+2,conditional:2+2 \
+    --workload fixed:isl=3000,osl=150,requests=300 --rate 4 --speedup 4
+
+Without --setups, --mode with --workers (agg) or --prefill-workers and --decode-workers
+(disagg, conditional) describes the one cluster every policy runs on.`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
 			if f.model != "" {
@@ -115,6 +133,13 @@ func newBenchCompareCmd() *cobra.Command {
 			}
 			cc.BlockSize = f.blockSize
 			cc.Speedup = engineSpeedup
+			var err error
+			if cc.KVBytesScale, err = sim.ParseScale(kvScale); err != nil {
+				return fmt.Errorf("--kv-bytes-scale: %w", err)
+			}
+			if cc.KVTransferBandwidth, err = sim.ParseBandwidth(kvBandwidth); err != nil {
+				return fmt.Errorf("--kv-transfer-bandwidth: %w", err)
+			}
 			tok, err := f.tokenizerFor(cc.Model)
 			if err != nil {
 				return err
@@ -122,6 +147,14 @@ func newBenchCompareCmd() *cobra.Command {
 			co := bench.CompareOptions{
 				Workload: f.workload, Seed: f.seed, Cluster: cc, Run: f.opts,
 				SLO: bench.SLO{TTFT: f.sloTTFT, ITL: f.sloITL}, Progress: os.Stderr,
+			}
+			if setups != "" {
+				if co.Setups, err = bench.ParseSetups(setups); err != nil {
+					return fmt.Errorf("--setups: %w", err)
+				}
+				if !cmd.Flags().Changed("policies") {
+					policies = "kv"
+				}
 			}
 			for _, p := range strings.Split(policies, ",") {
 				if p = strings.TrimSpace(p); p != "" {
@@ -140,15 +173,29 @@ func newBenchCompareCmd() *cobra.Command {
 			if es <= 0 {
 				es = f.opts.Speedup
 			}
-			header := fmt.Sprintf("kvrelay bench compare: %s, %d workers (%s), arrival speedup %g, engine speedup %g (times below ×%g: the engines' own time), seed %d", spec, cc.Workers, cc.Mode, f.opts.Speedup, es, es, f.seed)
+			clusters := cc.Describe()
+			if len(co.Setups) > 0 {
+				var ds []string
+				for _, r := range rs {
+					ds = append(ds, r.Label+" = "+r.Cluster)
+				}
+				clusters = strings.Join(ds, "; ")
+			}
+			header := fmt.Sprintf("kvrelay bench compare: %s, %s, arrival speedup %g, engine speedup %g (times below ×%g: the engines' own time), seed %d", spec, clusters, f.opts.Speedup, es, es, f.seed)
 			return report(cmd.OutOrStdout(), f.out, rs, header)
 		},
 	}
 	f.register(cmd.Flags())
 	fs := cmd.Flags()
-	fs.StringVar(&policies, "policies", "kv,round-robin,least-loaded,random", "routing policies to compare; ratios are to the first")
-	fs.IntVar(&cc.Workers, "workers", cc.Workers, "simulated workers")
-	fs.StringVar(&cc.Mode, "mode", "agg", "agg (every worker does both phases) or disagg (prefill and decode pools)")
+	fs.StringVar(&policies, "policies", "kv,round-robin,least-loaded,random", "routing policies to compare; ratios are to the first (with --setups: default kv)")
+	fs.StringVar(&setups, "setups", "", "cluster setups to compare, e.g. agg:4,disagg:2+2,conditional:2+2 (MODE[@THRESHOLD][:N or P+D]); ratios are to the first")
+	fs.IntVar(&cc.Workers, "workers", cc.Workers, "simulated workers (agg), or the total split in half between prefill and decode (disagg, conditional)")
+	fs.StringVar(&cc.Mode, "mode", bench.ModeAgg, "agg (every worker does both phases), disagg (prefill and decode pools, every request prefilled remotely) or conditional (the same pools, remote prefill from --disagg-threshold uncached tokens)")
+	fs.IntVar(&cc.PrefillWorkers, "prefill-workers", 0, "prefill workers in modes disagg and conditional (default: half of --workers)")
+	fs.IntVar(&cc.DecodeWorkers, "decode-workers", 0, "decode workers in modes disagg and conditional (default: the other half of --workers)")
+	fs.IntVar(&cc.DisaggThreshold, "disagg-threshold", bench.DefaultDisaggThreshold, "conditional mode: a request prefills on a prefill worker when more of its prompt tokens than this are not cached on its decode worker")
+	fs.StringVar(&kvScale, "kv-bytes-scale", "1/64", "prefill/decode workers: share of the modelled KV bytes really stored and moved over loopback (lower spares the machine; the modelled transfer time stays)")
+	fs.StringVar(&kvBandwidth, "kv-transfer-bandwidth", "50GB/s", "prefill/decode workers: modelled P→D KV transfer bandwidth")
 	fs.IntVar(&cc.NumGPUBlocks, "num-gpu-blocks", cc.NumGPUBlocks, "KV blocks per simulated worker")
 	fs.IntVar(&cc.MaxNumSeqs, "max-num-seqs", cc.MaxNumSeqs, "sequences per batch of each simulated worker")
 	fs.BoolVar(&cc.Static, "static", false, "no control plane: the proxy routes on its own approximate index")

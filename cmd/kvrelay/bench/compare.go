@@ -7,12 +7,18 @@ import (
 	"time"
 
 	"github.com/kvrelay/kvrelay/cmd/kvrelay/bench/workload"
+	"github.com/kvrelay/kvrelay/dataplane/route"
 	"github.com/kvrelay/kvrelay/engines/tokenizer"
 )
 
 // Result is one run's outcome.
 type Result struct {
-	Label    string    `json:"label"` // the policy, or the target for a single run
+	Label string `json:"label"` // the policy or setup (compare), or the target for a single run
+	// Setup, Policy and Cluster name a compare run's cluster setup ("disagg:2+2", empty when
+	// the run compared policies only), routing policy and pools in words.
+	Setup    string    `json:"setup,omitempty"`
+	Policy   string    `json:"policy,omitempty"`
+	Cluster  string    `json:"cluster,omitempty"`
 	Workload string    `json:"workload"`
 	Seed     uint64    `json:"seed"`
 	Summary  Summary   `json:"summary"`
@@ -42,48 +48,102 @@ type CompareOptions struct {
 	Workload string
 	Seed     uint64
 	Policies []string
-	// Cluster describes each policy's cluster; a Speedup of 0 takes Run.Speedup, so that
+	// Setups are the cluster setups to compare, each run with every policy; empty runs the
+	// one Cluster describes.
+	Setups []Setup
+	// Cluster describes each run's cluster; a Speedup of 0 takes Run.Speedup, so that
 	// arrivals and engine steps compress alike and the load keeps its shape. An engine
 	// speedup below Run.Speedup raises the load by their ratio.
 	Cluster  ClusterConfig
-	Run      Options // Target is set per policy
+	Run      Options // Target is set per run
 	SLO      SLO
 	Progress io.Writer
 }
 
-// Compare runs the identical request stream against a fresh local cluster per policy.
+// compareRun is one cluster of a comparison.
+type compareRun struct {
+	label, setup, policy string
+	cluster              ClusterConfig
+}
+
+// runs expands the setups and policies into the comparison's runs, setups outermost. A run
+// is labelled by its policy when only policies vary, by its setup when only setups do, and
+// "setup/policy" when both do.
+func (co *CompareOptions) runs() []compareRun {
+	policies := co.Policies
+	if len(policies) == 0 {
+		policies = []string{co.Cluster.Policy}
+		if policies[0] == "" {
+			policies[0] = route.PolicyKV
+		}
+	}
+	setups := co.Setups
+	if len(setups) == 0 {
+		setups = []Setup{{Mode: co.Cluster.Mode}}
+	}
+	var out []compareRun
+	for _, st := range setups {
+		for _, policy := range policies {
+			r := compareRun{policy: policy, setup: st.Label, cluster: st.Apply(co.Cluster)}
+			r.cluster.Policy = policy
+			switch {
+			case len(co.Setups) == 0:
+				r.label = policy
+			case len(policies) == 1:
+				r.label = st.Label
+			default:
+				r.label = st.Label + "/" + policy
+			}
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// Compare runs the identical request stream against a fresh local cluster per setup and
+// policy.
 func Compare(ctx context.Context, co CompareOptions, tok workload.Tokenizer) ([]*Result, error) {
+	runs := co.runs()
+	for _, r := range runs { // refuse a bad setup before running the others
+		if _, _, _, err := r.cluster.Pools(); err != nil {
+			return nil, fmt.Errorf("%s: %w", r.label, err)
+		}
+	}
+	width := 0
+	for _, r := range runs {
+		width = max(width, len(r.label))
+	}
 	var out []*Result
-	for _, policy := range co.Policies {
+	for _, run := range runs {
 		w, err := workload.Parse(co.Workload, co.Seed, tok)
 		if err != nil {
 			return out, err
 		}
-		cc := co.Cluster
-		cc.Policy = policy
+		cc := run.cluster
 		if cc.Speedup <= 0 {
 			cc.Speedup = max(co.Run.Speedup, 1) // the same shape, compressed
 		}
 		cl, err := StartCluster(ctx, cc)
 		if err != nil {
-			return out, err
+			return out, fmt.Errorf("%s: %w", run.label, err)
 		}
 		opts := co.Run
 		opts.Target = cl.Target()
 		opts.TimeScale = cc.Speedup // report in the engines' own time
 		opts.Model = cc.Model
 		if co.Progress != nil {
-			opts.Progress = NewProgress(co.Progress, fmt.Sprintf("%-13s", policy), expected(w, opts))
+			opts.Progress = NewProgress(co.Progress, fmt.Sprintf("%-*s", max(width, 13), run.label), expected(w, opts))
 		}
-		res, err := Measure(ctx, policy, opts, w, co.Seed, co.SLO, cc.BlockSize)
+		res, err := Measure(ctx, run.label, opts, w, co.Seed, co.SLO, cc.BlockSize)
 		opts.Progress.Stop()
 		cerr := cl.Close()
 		if err != nil {
-			return out, fmt.Errorf("policy %s: %w", policy, err)
+			return out, fmt.Errorf("%s: %w", run.label, err)
 		}
 		if cerr != nil {
-			return out, fmt.Errorf("policy %s: stopping the cluster: %w", policy, cerr)
+			return out, fmt.Errorf("%s: stopping the cluster: %w", run.label, cerr)
 		}
+		res.Setup, res.Policy, res.Cluster = run.setup, run.policy, cc.Describe()
 		out = append(out, res)
 		// Let the loopback ports of the last cluster drain before the next starts.
 		time.Sleep(100 * time.Millisecond)

@@ -25,7 +25,9 @@ type Options struct {
 	// Model is sent in every request; empty asks the endpoint's /v1/models.
 	Model string
 	// Rate, when > 0, replaces the open-loop requests' own arrival times with Poisson
-	// arrivals at Rate requests per second.
+	// arrivals at Rate requests per second of the workload's time: Speedup divides the gaps
+	// as it divides the workload's own, so that a compare run at engine speedup S offers
+	// the engines Rate requests per second of their own time.
 	Rate float64
 	// Concurrency, when > 0, caps the requests in flight; open-loop requests then wait for
 	// a free slot instead of their arrival time (a closed loop of Concurrency clients).
@@ -179,7 +181,8 @@ func (r *runner) open(sendCtx, ctx context.Context, reqs []workload.Request) {
 		case r.slots != nil:
 			// Closed loop: the slot, not the clock, paces.
 		case r.opts.Rate > 0:
-			at += time.Duration(rng.ExpFloat64() / r.opts.Rate * float64(time.Second))
+			// Rate is in the workload's time, like its own arrival times: Speedup divides it.
+			at += time.Duration(rng.ExpFloat64() / (r.opts.Rate * r.opts.Speedup) * float64(time.Second))
 			if !sleepUntil(sendCtx, r.start.Add(at)) {
 				return
 			}
