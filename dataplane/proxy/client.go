@@ -78,6 +78,7 @@ type clientConn struct {
 
 	ex    exchange
 	pd    pdState
+	spec  specState
 	obs   oai.Observer
 	mm    *modelMetrics
 	timed bool // this request's decision stages are timed (sampled)
@@ -305,6 +306,7 @@ func (cc *clientConn) handle() {
 	}
 	cc.model = s.modelLabel(cc.oreq.Model)
 	cc.pd.on, cc.pd.decodeBody = false, nil
+	cc.spec.want, cc.spec.answer = false, cc.spec.answer[:0]
 	if err := cc.prepare(); err != nil {
 		if errors.Is(err, errPending) {
 			return // resumes in remoteDone
@@ -336,6 +338,7 @@ func (cc *clientConn) prepare() error {
 	}
 	r.Priority = cc.prio
 	r.OSL = cc.hdrOSL
+	cc.spec.want = o.Hints.SpeculativePrefill && cc.kind == oai.ChatCompletions
 	if o.Hints.HasOSL {
 		r.OSL = o.Hints.OSL
 	}

@@ -230,6 +230,17 @@ func newPDClient(connectTimeout time.Duration) *pdClient {
 
 // prefill posts a prefill leg and returns the kv_transfer_params of its answer.
 func (p *pdClient) prefill(ctx context.Context, url string, hdr http.Header, body []byte) (json.RawMessage, error) {
+	data, err := p.post(ctx, url, hdr, body)
+	if err != nil {
+		return nil, err
+	}
+	return prefillParams(data)
+}
+
+var errNoAnswer = errors.New("no answer in the response")
+
+// post sends a JSON body and returns the answer of a 200.
+func (p *pdClient) post(ctx context.Context, url string, hdr http.Header, body []byte) ([]byte, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
 		return nil, err
@@ -251,7 +262,7 @@ func (p *pdClient) prefill(ctx context.Context, url string, hdr http.Header, bod
 	if resp.StatusCode != http.StatusOK {
 		return nil, fmt.Errorf("status %d: %s", resp.StatusCode, truncate(data, 200))
 	}
-	return prefillParams(data)
+	return data, nil
 }
 
 // prefillParams returns the kv_transfer_params of a prefill leg's answer: an object that

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
@@ -292,4 +293,81 @@ func metricSum(t *testing.T, exposition, name string) float64 {
 		t.Fatalf("no series %s", name)
 	}
 	return sum
+}
+
+// A turn sent with the speculative_prefill hint is followed by a warm-up of the
+// conversation with its answer, so the next turn finds the answer's tokens cached too.
+func TestSpeculativePrefill(t *testing.T) {
+	c := startCluster(t, 1, nil, nil)
+	msgs := []map[string]string{{"role": "system", "content": family(40)}, {"role": "user", "content": "first"}}
+	body, _ := json.Marshal(map[string]any{"model": model, "max_tokens": 48, "stream": true,
+		"stream_options": map[string]bool{"include_usage": true}, "messages": msgs,
+		"nvext": map[string]any{"agent_hints": map[string]any{"speculative_prefill": true}}})
+	resp, raw := post(t, c.base+"/v1/chat/completions", string(body))
+	if resp.StatusCode != 200 {
+		t.Fatalf("%d %s", resp.StatusCode, raw)
+	}
+	var answer strings.Builder
+	prompt1 := 0
+	for _, line := range strings.Split(string(raw), "\n") {
+		data, ok := strings.CutPrefix(line, "data: ")
+		if !ok || !strings.HasPrefix(data, "{") {
+			continue
+		}
+		var ch struct {
+			Choices []struct {
+				Delta struct{ Content string } `json:"delta"`
+			} `json:"choices"`
+			Usage *struct {
+				PromptTokens int `json:"prompt_tokens"`
+			} `json:"usage"`
+		}
+		if err := json.Unmarshal([]byte(data), &ch); err != nil {
+			t.Fatal(err)
+		}
+		if len(ch.Choices) > 0 {
+			answer.WriteString(ch.Choices[0].Delta.Content)
+		}
+		if ch.Usage != nil {
+			prompt1 = ch.Usage.PromptTokens
+		}
+	}
+	if answer.Len() == 0 || prompt1 == 0 {
+		t.Fatalf("no answer or usage in %s", raw)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		resp, err := http.Get(c.base + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if strings.Contains(string(b), `kvrelay_proxy_speculative_prefills_total{outcome="sent"} 1`) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no speculative prefill sent")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	msgs = append(msgs, map[string]string{"role": "assistant", "content": answer.String()}, map[string]string{"role": "user", "content": "second"})
+	body, _ = json.Marshal(map[string]any{"model": model, "max_tokens": 4, "messages": msgs})
+	resp, raw = post(t, c.base+"/v1/chat/completions", string(body))
+	var out struct {
+		Usage struct {
+			PromptTokens int `json:"prompt_tokens"`
+			Details      struct {
+				Cached int `json:"cached_tokens"`
+			} `json:"prompt_tokens_details"`
+		} `json:"usage"`
+	}
+	if err := json.Unmarshal(raw, &out); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("%d %s", resp.StatusCode, raw)
+	}
+	// Without the warm-up only the first prompt's full blocks would be cached; with it,
+	// the answer's blocks too.
+	if cached := out.Usage.Details.Cached; cached < prompt1+32 {
+		t.Fatalf("second turn cached %d of %d tokens; the first prompt had %d", cached, out.Usage.PromptTokens, prompt1)
+	}
 }

@@ -284,6 +284,9 @@ func (ex *exchange) payload(out, data []byte) []byte {
 // observe reads metrics off the payload and keeps the worker's load current.
 func (ex *exchange) observe(data []byte, now int64) {
 	cc := ex.cc
+	if cc.spec.want && len(cc.spec.answer)+len(data) <= maxSpeculativeAnswer {
+		cc.spec.answer = append(cc.spec.answer, data...)
+	}
 	before := cc.obs.Result().Chunks
 	cc.obs.Feed(data, now)
 	if n := cc.obs.Result().Chunks; n != before {
@@ -324,6 +327,9 @@ func (ex *exchange) complete(up *upstream) {
 		_ = up.c.Close()
 	}
 	ex.ws.w.Succeeded()
+	if cc.spec.want && ex.status == 200 {
+		cc.speculativePrefill(ex.ws.w)
+	}
 	ex.finish()
 	if ex.untilEOF {
 		cc.keepAlive = false

@@ -41,6 +41,7 @@ type metrics struct {
 	prefillSeconds  prometheus.Histogram
 	prefillInflight prometheus.Gauge
 	prefillFailures prometheus.Counter
+	speculative     *prometheus.CounterVec // outcome: sent, failed, skipped
 
 	mu     sync.Mutex // serialises additions to models
 	models atomic.Pointer[map[string]*modelMetrics]
@@ -137,11 +138,14 @@ func newMetrics() *metrics {
 		prefillFailures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kvrelay_proxy_prefill_leg_failures_total", Help: "Prefill legs that failed or timed out (the decode worker prefilled instead).",
 		}),
+		speculative: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvrelay_proxy_speculative_prefills_total", Help: "Speculative prefills (agent hint speculative_prefill) of finished turns, by outcome: sent, failed, skipped (no answer to warm).",
+		}, []string{"outcome"}),
 	}
 	m.models.Store(&map[string]*modelMetrics{})
 	reg.MustRegister(m.requests, m.ttft, m.itl, m.e2e, m.decision, m.predicted, m.reported, m.promptBlocks,
 		m.predictionErr, m.queueDepth, m.queued, m.upstreamErrs, m.ejections, m.retries, m.inflight, m.routed,
-		m.aborted, m.draining, m.remoteFallbacks, m.disagg, m.prefillSeconds, m.prefillInflight, m.prefillFailures)
+		m.aborted, m.draining, m.remoteFallbacks, m.disagg, m.prefillSeconds, m.prefillInflight, m.prefillFailures, m.speculative)
 	for i, n := range stageNames {
 		m.stages[i] = m.decision.WithLabelValues(n)
 	}
