@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"io"
+	"maps"
 	"net/http"
 	"os"
 	"regexp"
@@ -69,12 +70,45 @@ func TestSimFlagsRejectBadValues(t *testing.T) {
 	}
 }
 
-// TestUpServesAndStops runs `kvrelay up` on free ports, sends the request its printed curl
-// line describes, and stops it the way Ctrl-C does.
+func TestUpRejectsBadModes(t *testing.T) {
+	for _, args := range [][]string{
+		{"up", "--mode", "split"},
+		{"up", "--mode", "disagg", "--prefill-workers", "0"},
+		{"up", "--mode", "disagg", "--decode-workers", "0"},
+	} {
+		t.Run(strings.Join(args[1:], " "), func(t *testing.T) {
+			cmd := newRootCmd()
+			cmd.SetArgs(args)
+			cmd.SetOut(io.Discard)
+			if err := cmd.ExecuteContext(context.Background()); err == nil {
+				t.Fatal("accepted")
+			}
+		})
+	}
+}
+
+// TestUpServesAndStops runs `kvrelay up` on free ports, aggregated and disaggregated, sends
+// the request its printed curl line describes (and, disaggregated, one long enough to
+// prefill on a prefill worker), and stops it the way Ctrl-C does.
 func TestUpServesAndStops(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		args  []string
+		roles map[string]int
+	}{
+		{"agg", nil, map[string]int{"both": 4}},
+		{"disagg", []string{"--mode", "disagg", "--kv-transfer-base-port", "0"}, map[string]int{"prefill": 2, "decode": 2}},
+		{"disagg 1+3", []string{"--mode", "disagg", "--prefill-workers", "1", "--decode-workers", "3", "--kv-transfer-base-port", "0", "--disagg-threshold", "-1"}, map[string]int{"prefill": 1, "decode": 3}},
+	} {
+		t.Run(tc.name, func(t *testing.T) { testUp(t, tc.args, tc.roles) })
+	}
+}
+
+func testUp(t *testing.T, extra []string, roles map[string]int) {
 	pr, pw := io.Pipe()
 	cmd := newRootCmd()
-	cmd.SetArgs([]string{"up", "--proxy-listen", "127.0.0.1:0", "--base-port", "0", "--kv-events-base-port", "0", "--kv-events-replay-base-port", "0", "--speedup-ratio", "100", "--num-gpu-blocks", "2048"})
+	cmd.SetArgs(append([]string{"up", "--proxy-listen", "127.0.0.1:0", "--base-port", "0", "--kv-events-base-port", "0", "--kv-events-replay-base-port", "0",
+		"--xds-listen", "127.0.0.1:0", "--api-listen", "127.0.0.1:0", "--speedup-ratio", "100", "--num-gpu-blocks", "2048"}, extra...))
 	cmd.SetOut(pw)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -82,14 +116,24 @@ func TestUpServesAndStops(t *testing.T) {
 	go func() { done <- cmd.ExecuteContext(ctx); pw.Close() }()
 
 	sc := bufio.NewScanner(pr)
-	var workers int
-	var url, body string
+	got := map[string]int{}
+	var url, body, metrics string
 	curl := regexp.MustCompile(`curl -s (\S+) `)
 	data := regexp.MustCompile(`-d '(.*)'`)
+	metricsURL := regexp.MustCompile(`^proxy .* metrics (\S+)`)
+	disaggWorker := regexp.MustCompile(`^worker \d+  (prefill|decode) +[pd]\d+ +openai http://127\.0\.0\.1:\d+/v1  kv-transfer 127\.0\.0\.1:[1-9]\d*  kv-events tcp://127\.0\.0\.1:`)
 	for sc.Scan() {
 		line := sc.Text()
-		if strings.HasPrefix(line, "worker ") && strings.Contains(line, "kv-events tcp://127.0.0.1:") {
-			workers++
+		if m := disaggWorker.FindStringSubmatch(line); m != nil {
+			got[m[1]]++
+		} else if strings.HasPrefix(line, "worker ") && strings.Contains(line, "kv-events tcp://127.0.0.1:") {
+			if strings.Contains(line, "kv-transfer") {
+				t.Errorf("a worker of role both has a KV transfer agent: %s", line)
+			}
+			got["both"]++
+		}
+		if m := metricsURL.FindStringSubmatch(line); m != nil {
+			metrics = m[1]
 		}
 		if m := curl.FindStringSubmatch(line); m != nil {
 			url = m[1]
@@ -99,18 +143,46 @@ func TestUpServesAndStops(t *testing.T) {
 			break
 		}
 	}
-	if workers != 4 || url == "" || body == "" {
-		t.Fatalf("up printed %d workers, url %q, body %q", workers, url, body)
+	if !maps.Equal(got, roles) || url == "" || body == "" || metrics == "" {
+		t.Fatalf("up printed workers %v (want %v), url %q, body %q, metrics %q", got, roles, url, body, metrics)
 	}
 	go io.Copy(io.Discard, pr)
-	resp, err := http.Post(url, "application/json", strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
+	post := func(body string) (string, string) {
+		t.Helper()
+		resp, err := http.Post(url, "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || !strings.Contains(string(out), `"completion_tokens":16`) {
+			t.Fatalf("request got %d: %s", resp.StatusCode, out)
+		}
+		return resp.Header.Get("x-kvrelay-worker"), string(out)
 	}
-	out, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != 200 || !strings.Contains(string(out), `"completion_tokens":16`) {
-		t.Fatalf("the printed curl request got %d: %s", resp.StatusCode, out)
+	worker, _ := post(body)
+	if roles["decode"] > 0 {
+		if !strings.HasPrefix(worker, "d") {
+			t.Errorf("the printed request was answered by %q, not a decode worker", worker)
+		}
+		long := strings.Replace(body, "Hello!", strings.Repeat("hello there ", 400), 1)
+		if worker, _ = post(long); !strings.HasPrefix(worker, "d") {
+			t.Errorf("a long prompt was answered by %q, not a decode worker", worker)
+		}
+		resp, err := http.Get(metrics)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		// The greeting is far below the threshold (local prefill) unless it is negative.
+		want := `kvrelay_proxy_disagg_requests_total{path="remote"} 1`
+		if roles["prefill"] == 1 { // --disagg-threshold -1: the greeting too
+			want = `kvrelay_proxy_disagg_requests_total{path="remote"} 2`
+		}
+		if !strings.Contains(string(m), want) {
+			t.Errorf("proxy metrics lack %s", want)
+		}
 	}
 	cancel()
 	select {

@@ -17,22 +17,41 @@ import (
 	"github.com/kvrelay/kvrelay/engines/sim"
 )
 
+// Deployment modes of `kvrelay up`.
+const (
+	upModeAgg    = "agg"
+	upModeDisagg = "disagg"
+)
+
+// upWorker is one simulated worker of `kvrelay up` as the control plane and the proxy know
+// it: its id ("w0" in mode agg, "p0" and "d0" in the prefill and decode pools) and role.
+type upWorker struct {
+	id   string
+	role sim.Role
+	w    *sim.Worker
+}
+
 func newUpCmd() *cobra.Command {
 	var (
-		workers     int
-		host        string
-		basePort    int
-		eventsPort  int
-		replayPort  int
-		speedup     float64
-		model       string
-		gpuBlocks   int
-		proxyListen string
-		policy      string
-		xdsListen   string
-		apiListen   string
-		dataDir     string
-		static      bool
+		mode            string
+		workers         int
+		prefillWorkers  int
+		decodeWorkers   int
+		disaggThreshold int
+		host            string
+		basePort        int
+		eventsPort      int
+		replayPort      int
+		kvPort          int
+		speedup         float64
+		model           string
+		gpuBlocks       int
+		proxyListen     string
+		policy          string
+		xdsListen       string
+		apiListen       string
+		dataDir         string
+		static          bool
 	)
 	cmd := &cobra.Command{
 		Use:   "up",
@@ -41,11 +60,19 @@ func newUpCmd() *cobra.Command {
 OpenAI API and its KV event publisher; the control plane, which follows their KV events and
 load and pushes them over xDS; and the edge proxy on 127.0.0.1:8080, which takes its workers,
 policy and KV index from the control plane. It prints how to send a request. Ctrl-C stops it.
-With --static the proxy runs alone with the workers as static upstreams.`,
+With --static the proxy runs alone with the workers as static upstreams.
+
+With --mode disagg it runs a prefill pool and a decode pool instead (--prefill-workers,
+--decode-workers; default 2 + 2), each worker with a nixl KV transfer agent on consecutive
+ports from --kv-transfer-base-port. The proxy sends each chat or text completion to a decode
+worker, and first, when more than --disagg-threshold of its prompt tokens are not cached
+there, a max_tokens=1 leg to a prefill worker whose KV blocks the decode worker then pulls
+(vLLM's NixlConnector protocol). Workers listen on consecutive ports, prefill pool first.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			d := sim.DefaultConfig()
 			f := simFlags{
-				engine:           sim.DefaultConfig(),
+				engine:           d,
 				listen:           host + ":" + strconv.Itoa(basePort),
 				workers:          workers,
 				eventsEndpoint:   "tcp://" + host + ":" + strconv.Itoa(eventsPort),
@@ -54,29 +81,61 @@ With --static the proxy runs alone with the workers as static upstreams.`,
 				blockHash:        "int",
 				role:             string(sim.RoleBoth),
 				schedulingPolicy: string(sim.FCFS),
+				// The KV transfer settings at the simulator's defaults.
+				kvBandwidth: strconv.FormatFloat(d.KVTransferBandwidth/1e9, 'g', -1, 64),
+				kvScale:     strconv.FormatFloat(d.KVBytesScale, 'g', -1, 64),
+				kvListen:    host + ":" + strconv.Itoa(kvPort),
 			}
 			f.engine.Model = model
 			f.engine.NumGPUBlocks = gpuBlocks
 			f.engine.Timing.Speedup = speedup
+			var roles []sim.Role
+			switch mode {
+			case upModeAgg:
+				for range workers {
+					roles = append(roles, sim.RoleBoth)
+				}
+			case upModeDisagg:
+				if prefillWorkers < 1 || decodeWorkers < 1 {
+					return fmt.Errorf("--mode disagg needs at least one prefill and one decode worker, got %d + %d", prefillWorkers, decodeWorkers)
+				}
+				f.workers = prefillWorkers + decodeWorkers
+				f.role = string(sim.RolePrefill)
+				for i := range f.workers {
+					roles = append(roles, map[bool]sim.Role{true: sim.RolePrefill, false: sim.RoleDecode}[i < prefillWorkers])
+				}
+			default:
+				return fmt.Errorf("--mode must be %s or %s, got %q", upModeAgg, upModeDisagg, mode)
+			}
 			cfgs, err := f.workerConfigs()
 			if err != nil {
 				return err
 			}
+			for i := range cfgs {
+				cfgs[i].Engine.Role = roles[i]
+			}
 			ctx := cmd.Context()
 			return runWorkers(ctx, cmd.OutOrStdout(), cfgs, func(ctx context.Context, out io.Writer, ws []*sim.Worker) (func() error, error) {
+				uws := upWorkers(ws, roles)
 				pc := proxy.DefaultConfig()
 				pc.Listen = proxyListen
 				pc.Policy = policy
 				pc.ExposeWorkerHeader = true
 				pc.BlockSize = f.engine.BlockSize
+				pc.DisaggThreshold = disaggThreshold
 				var cp *controlplane.Server
 				if static {
-					for i, w := range ws {
-						pc.Upstreams = append(pc.Upstreams, proxy.Upstream{ID: "w" + strconv.Itoa(i), URL: w.URL(), Model: model, Capacity: gpuBlocks})
+					for _, w := range uws {
+						pc.Upstreams = append(pc.Upstreams, proxy.Upstream{ID: w.id, URL: w.w.URL(), Model: model, Capacity: gpuBlocks, Role: string(w.role)})
 					}
 				} else {
 					var err error
-					if cp, err = startUpControlPlane(ctx, ws, model, f.engine.BlockSize, xdsListen, apiListen, dataDir, policy); err != nil {
+					var threshold *int64 // the control plane's policy overrides the proxy's config
+					if cmd.Flags().Changed("disagg-threshold") {
+						t := int64(disaggThreshold)
+						threshold = &t
+					}
+					if cp, err = startUpControlPlane(ctx, uws, model, f.engine.BlockSize, xdsListen, apiListen, dataDir, policy, threshold); err != nil {
 						return nil, err
 					}
 					pc.XDS = cp.XDSAddr()
@@ -89,16 +148,31 @@ With --static the proxy runs alone with the workers as static upstreams.`,
 					}
 					return nil, err
 				}
+				what := fmt.Sprintf("%d simulated %s workers", len(ws), model)
+				if mode == upModeDisagg {
+					what = fmt.Sprintf("%d prefill and %d decode simulated %s workers", prefillWorkers, decodeWorkers, model)
+				}
 				if cp != nil {
-					fmt.Fprintf(out, "kvrelay up: control plane, proxy and %d simulated %s workers on loopback (Ctrl-C stops them)\n\n", len(ws), model)
+					fmt.Fprintf(out, "kvrelay up: control plane, proxy and %s on loopback (Ctrl-C stops them)\n\n", what)
 				} else {
-					fmt.Fprintf(out, "kvrelay up: proxy and %d simulated %s workers on loopback (Ctrl-C stops them)\n\n", len(ws), model)
+					fmt.Fprintf(out, "kvrelay up: proxy and %s on loopback (Ctrl-C stops them)\n\n", what)
 				}
 				fmt.Fprintf(out, "proxy     openai http://%s/v1  metrics http://%s/metrics  policy %s\n", p.Addr(), p.Addr(), policy)
+				if mode == upModeDisagg {
+					how := fmt.Sprintf("prefill on a prefill worker when more than %d prompt tokens are uncached on the decode worker", disaggThreshold)
+					if disaggThreshold < 0 {
+						how = "every request prefilled on a prefill worker"
+					}
+					fmt.Fprintf(out, "disagg    %s; KV blocks move over nixl at a modelled %s\n", how, strconv.FormatFloat(d.KVTransferBandwidth/1e9, 'g', -1, 64)+" GB/s")
+				}
 				if cp != nil {
 					fmt.Fprintf(out, "control   xds %s  api http://%s  (kvrelay ctl --api %s workers)\n", cp.XDSAddr(), cp.APIAddr(), cp.APIAddr())
 				}
-				printWorkers(out, ws)
+				if mode == upModeDisagg {
+					printUpWorkers(out, uws)
+				} else {
+					printWorkers(out, ws)
+				}
 				fmt.Fprintf(out, "\nTry:\n  curl -s http://%s/v1/chat/completions -H 'Content-Type: application/json' \\\n"+
 					"    -d '{\"model\":\"%s\",\"messages\":[{\"role\":\"user\",\"content\":\"Hello!\"}],\"max_tokens\":16}'\n\n",
 					p.Addr(), model)
@@ -114,11 +188,16 @@ With --static the proxy runs alone with the workers as static upstreams.`,
 		},
 	}
 	fs := cmd.Flags()
-	fs.IntVar(&workers, "workers", 4, "simulated workers to start")
+	fs.StringVar(&mode, "mode", upModeAgg, "agg (every worker does both phases) or disagg (prefill and decode pools moving KV over nixl)")
+	fs.IntVar(&workers, "workers", 4, "simulated workers to start (mode agg)")
+	fs.IntVar(&prefillWorkers, "prefill-workers", 2, "prefill workers (mode disagg)")
+	fs.IntVar(&decodeWorkers, "decode-workers", 2, "decode workers (mode disagg)")
+	fs.IntVar(&disaggThreshold, "disagg-threshold", proxy.DefaultConfig().DisaggThreshold, "mode disagg: a request prefills on a prefill worker when more of its prompt tokens than this are uncached on its decode worker (negative: always)")
 	fs.StringVar(&host, "host", "127.0.0.1", "address every component listens on")
 	fs.IntVar(&basePort, "base-port", 8001, "OpenAI API port of the first worker; the others count up")
 	fs.IntVar(&eventsPort, "kv-events-base-port", 5557, "KV event port of the first worker; the others count up")
 	fs.IntVar(&replayPort, "kv-events-replay-base-port", 5657, "KV event replay port of the first worker; the others count up")
+	fs.IntVar(&kvPort, "kv-transfer-base-port", 5757, "mode disagg: nixl KV transfer port of the first worker; the others count up (0: each a free port)")
 	fs.Float64Var(&speedup, "speedup-ratio", 1, "divide the simulated step times by this")
 	fs.StringVar(&model, "model", "gpt-oss-120b", "model the workers serve")
 	fs.IntVar(&gpuBlocks, "num-gpu-blocks", 16384, "KV cache blocks per worker")
@@ -131,9 +210,47 @@ With --static the proxy runs alone with the workers as static upstreams.`,
 	return cmd
 }
 
-// startUpControlPlane starts the control plane of `kvrelay up` over the simulated workers.
-// With no data dir it uses a temporary one, removed when the control plane closes.
-func startUpControlPlane(ctx context.Context, ws []*sim.Worker, model string, blockSize int, xdsListen, apiListen, dataDir, policy string) (*controlplane.Server, error) {
+// upWorkers names the workers: w0, w1, … in role both; p0, … and d0, … in the prefill and
+// decode pools.
+func upWorkers(ws []*sim.Worker, roles []sim.Role) []upWorker {
+	out := make([]upWorker, len(ws))
+	n := map[sim.Role]int{}
+	prefix := map[sim.Role]string{sim.RoleBoth: "w", sim.RolePrefill: "p", sim.RoleDecode: "d"}
+	for i, w := range ws {
+		r := roles[i]
+		out[i] = upWorker{id: prefix[r] + strconv.Itoa(n[r]), role: r, w: w}
+		n[r]++
+	}
+	return out
+}
+
+// printUpWorkers lists the workers of a disaggregated deployment with their role and KV
+// transfer agent.
+func printUpWorkers(out io.Writer, ws []upWorker) {
+	for i, u := range ws {
+		w := u.w
+		line := fmt.Sprintf("worker %d  %-7s %-3s openai %s/v1", i, u.role, u.id, w.URL())
+		if a := w.KVTransferAddr(); a != "" {
+			line += "  kv-transfer " + a
+		}
+		if ep := w.EventsEndpoint(); ep != "" {
+			line += "  kv-events " + ep
+		}
+		if ep := w.ReplayEndpoint(); ep != "" {
+			line += "  replay " + ep
+		}
+		if id := w.EngineID(); id != "" {
+			line += "  engine-id " + id
+		}
+		fmt.Fprintln(out, line)
+	}
+}
+
+// startUpControlPlane starts the control plane of `kvrelay up` over the simulated workers,
+// registered with their roles, and sets its routing policy and, when given, its
+// disaggregation threshold. With no data dir it uses a temporary one, removed when the
+// control plane closes.
+func startUpControlPlane(ctx context.Context, ws []upWorker, model string, blockSize int, xdsListen, apiListen, dataDir, policy string, disaggThreshold *int64) (*controlplane.Server, error) {
 	opts := controlplane.Options{
 		XDSListen: xdsListen,
 		APIListen: apiListen,
@@ -148,18 +265,22 @@ func startUpControlPlane(ctx context.Context, ws []*sim.Worker, model string, bl
 		opts.DataDir = dir
 		opts.RemoveDataDir = true
 	}
-	for i, w := range ws {
+	for _, u := range ws {
 		opts.Workers = append(opts.Workers, registry.Worker{
-			ID: "w" + strconv.Itoa(i), URL: w.URL(), Model: model, BlockSize: blockSize,
-			KVEvents: w.EventsEndpoint(), KVEventsReplay: w.ReplayEndpoint(), Engine: "sim",
+			ID: u.id, URL: u.w.URL(), Model: model, Role: string(u.role), BlockSize: blockSize,
+			KVEvents: u.w.EventsEndpoint(), KVEventsReplay: u.w.ReplayEndpoint(), Engine: "sim",
 		})
 	}
 	cp, err := controlplane.New(opts)
 	if err != nil {
 		return nil, err
 	}
-	if p := cp.Registry().Policy(); p.Name != policy {
+	p := cp.Registry().Policy()
+	if p.Name != policy || disaggThreshold != nil && (p.DisaggThreshold == nil || *p.DisaggThreshold != *disaggThreshold) {
 		p.Name = policy
+		if disaggThreshold != nil {
+			p.DisaggThreshold = disaggThreshold
+		}
 		if _, err := cp.Registry().SetPolicy(p); err != nil {
 			_ = cp.Close()
 			return nil, err

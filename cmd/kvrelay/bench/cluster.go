@@ -276,8 +276,8 @@ func StartCluster(ctx context.Context, cfg ClusterConfig) (*Cluster, error) {
 }
 
 // startControlPlane runs a control plane over the workers in a temporary data dir, with the
-// routing policy the proxy was configured with. The workers' roles reach the proxy over xDS;
-// the disaggregation settings are the proxy's own.
+// routing policy the proxy was configured with, disaggregation settings included; the
+// workers' roles and the policy reach the proxy over xDS.
 func (c *Cluster) startControlPlane(ctx context.Context, specs []registry.Worker, pc proxy.Config) error {
 	dir, err := os.MkdirTemp("", "kvrelay-bench-")
 	if err != nil {
@@ -294,6 +294,8 @@ func (c *Cluster) startControlPlane(ctx context.Context, specs []registry.Worker
 	pol := cp.Registry().Policy()
 	pol.Name, pol.OverlapWeight, pol.QueueWeight = pc.Policy, pc.OverlapWeight, pc.QueueWeight
 	pol.Temperature, pol.CacheThreshold = pc.Temperature, pc.CacheThreshold
+	threshold := int64(pc.DisaggThreshold)
+	pol.Disagg, pol.DisaggThreshold = pc.Disagg, &threshold
 	if _, err := cp.Registry().SetPolicy(pol); err != nil {
 		cp.Close()
 		return err
