@@ -817,8 +817,14 @@ func TestParseScaleAndBandwidth(t *testing.T) {
 // A prefill worker restarted on the same nixl port is a new engine: the old
 // kv_transfer_params fail with 503 (their blocks died with it), the new ones work at once,
 // although the decode worker had cached a connection to the old engine at that address.
+// TCP only: over shared memory the decode worker's mapping of the old engine's memory
+// outlives it, and a READ of it may still succeed (checked) until the loss is seen.
 func TestDisaggPrefillRestart(t *testing.T) {
-	dec := startWorker(t, func(c *WorkerConfig) { c.Engine.Role = RoleDecode })
+	tcp := []nixl.BackendKind{nixl.BackendTCP}
+	dec := startWorker(t, func(c *WorkerConfig) {
+		c.Engine.Role = RoleDecode
+		c.KVTransferBackends = tcp
+	})
 	ln, _ := net.Listen("tcp", "127.0.0.1:0")
 	addr := ln.Addr().String()
 	ln.Close()
@@ -827,7 +833,7 @@ func TestDisaggPrefillRestart(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.Role = RolePrefill
 	cfg.Timing.Speedup = 50
-	first, err := NewWorker(WorkerConfig{Engine: cfg, Listen: "127.0.0.1:0", Codec: &wordCodec{}, KVTransferListen: addr})
+	first, err := NewWorker(WorkerConfig{Engine: cfg, Listen: "127.0.0.1:0", Codec: &wordCodec{}, KVTransferListen: addr, KVTransferBackends: tcp})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -849,6 +855,7 @@ func TestDisaggPrefillRestart(t *testing.T) {
 	second := startWorker(t, func(c *WorkerConfig) {
 		c.Engine.Role = RolePrefill
 		c.KVTransferListen = addr
+		c.KVTransferBackends = tcp
 	})
 	if second.KVTransferAddr() != addr || second.EngineID() == first.EngineID() {
 		t.Fatalf("restarted at %s as %s (was %s)", second.KVTransferAddr(), second.EngineID(), first.EngineID())

@@ -438,8 +438,16 @@ func TestDisaggOpenAISDK(t *testing.T) {
 		t.Fatalf("decode leg: %s", second.RawJSON())
 	}
 
-	// The same params once the prefill worker is gone: a clean 503 the SDK reports.
-	pre.Close()
+	// Params of a prefill worker that is gone: a clean 503 the SDK reports. (A worker the
+	// decode worker had already mapped over shared memory may still be read; see
+	// TestDisaggPullFailures.)
+	gone := run(t, func(c *sim.WorkerConfig) { c.Engine.Role = sim.RolePrefill })
+	third, err := client(gone).Chat.Completions.New(ctx, params, option.WithJSONSet("kv_transfer_params", map[string]any{"do_remote_decode": true}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone.Close()
+	raw = third.JSON.ExtraFields["kv_transfer_params"].Raw()
 	_, err = client(dec).Chat.Completions.New(ctx, p, option.WithJSONSet("kv_transfer_params", json.RawMessage(raw)))
 	var apiErr *openai.Error
 	if !errors.As(err, &apiErr) || apiErr.StatusCode != 503 {

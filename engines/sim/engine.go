@@ -74,6 +74,7 @@ type Engine struct {
 	sched   []scheduled
 	events  []CacheEvent
 	hasher  blockhash.Hasher
+	ends    []pendingEnd
 	held    map[string]*Request // finished requests keeping their blocks for a remote decode
 	holdQ   []heldEntry         // the same, in order of expiry (the timeout is fixed)
 	loading map[*Request]bool   // requests waiting for a pull
@@ -624,7 +625,6 @@ func (e *Engine) apply(now time.Time) {
 		}
 	}
 	e.metrics.step(generated)
-	finished := false
 	for _, s := range e.sched {
 		r := s.r
 		if !r.scheduled {
@@ -642,12 +642,6 @@ func (e *Engine) apply(now time.Time) {
 		if len(r.tokens)%bs == 0 {
 			e.extendHashes(r)
 		}
-		r.mu.Lock()
-		r.out = append(r.out, tok)
-		if len(r.out) == 1 {
-			r.firstTok = now
-		}
-		r.mu.Unlock()
 		if out == 0 {
 			e.metrics.firstToken(now.Sub(r.arrival))
 		} else {
@@ -663,13 +657,22 @@ func (e *Engine) apply(now time.Time) {
 				e.pool.free(r.blocks)
 			}
 			r.blocks = r.blocks[:0]
-			e.finish(r, reason, now)
-			finished = true
+			// The last token and the end reach the client in one update, after the step's
+			// metrics: a streaming client always sees the finish reason on the last token's
+			// chunk, and one that scrapes after its response finds the gauges updated.
+			e.finishWith(r, reason, now)
+			e.ends = append(e.ends, pendingEnd{r: r, tok: tok, reason: reason})
 			continue
 		}
+		r.mu.Lock()
+		r.out = append(r.out, tok)
+		if len(r.out) == 1 {
+			r.firstTok = now
+		}
+		r.mu.Unlock()
 		r.signal()
 	}
-	if finished {
+	if len(e.ends) > 0 {
 		live := e.running[:0]
 		for _, r := range e.running {
 			if r.state == stateRunning {
@@ -681,6 +684,26 @@ func (e *Engine) apply(now time.Time) {
 	}
 	e.emit(now)
 	e.publishLoad()
+	for i, p := range e.ends {
+		p.r.mu.Lock()
+		p.r.out = append(p.r.out, p.tok)
+		if len(p.r.out) == 1 {
+			p.r.firstTok = now
+		}
+		p.r.done, p.r.reason = true, p.reason
+		p.r.mu.Unlock()
+		p.r.signal()
+		e.ends[i] = pendingEnd{}
+	}
+	e.ends = e.ends[:0]
+}
+
+// pendingEnd is a request that finished in the step being applied, with its last token, to
+// hand to its client once the step's bookkeeping is done.
+type pendingEnd struct {
+	r      *Request
+	tok    uint32
+	reason FinishReason
 }
 
 // storeBlocks registers r's newly computed full blocks in the prefix cache and records the
@@ -732,8 +755,19 @@ func (e *Engine) extendHashes(r *Request) {
 }
 
 func (e *Engine) finish(r *Request, reason FinishReason, now time.Time) {
+	if e.finishWith(r, reason, now) {
+		r.mu.Lock()
+		r.done, r.reason = true, reason
+		r.mu.Unlock()
+		r.signal()
+	}
+}
+
+// finishWith does the engine's part of finishing r and reports whether it did (r had not
+// finished yet); the caller tells the client.
+func (e *Engine) finishWith(r *Request, reason FinishReason, now time.Time) bool {
 	if r.state == stateFinished {
-		return
+		return false
 	}
 	r.state = stateFinished
 	r.scheduled = false
@@ -745,10 +779,7 @@ func (e *Engine) finish(r *Request, reason FinishReason, now time.Time) {
 	default:
 		e.metrics.finished(r, reason, now)
 	}
-	r.mu.Lock()
-	r.done, r.reason = true, reason
-	r.mu.Unlock()
-	r.signal()
+	return true
 }
 
 func (e *Engine) emit(now time.Time) {
