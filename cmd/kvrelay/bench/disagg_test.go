@@ -102,9 +102,13 @@ func TestCompareRunLabels(t *testing.T) {
 		t.Errorf("two policies: %v", labels)
 	}
 	co.Setups = nil
+	co.Cluster.Mode, co.Cluster.Workers = ModeDisagg, 6
 	labels = nil
 	for _, r := range co.runs() {
 		labels = append(labels, r.label)
+		if _, p, d, err := r.cluster.Pools(); r.cluster.Mode != ModeDisagg || p != 3 || d != 3 || err != nil {
+			t.Errorf("--mode disagg --workers 6: %s runs %s with %d+%d (%v)", r.label, r.cluster.Mode, p, d, err)
+		}
 	}
 	if strings.Join(labels, " ") != "kv round-robin" {
 		t.Errorf("policies only: %v", labels)

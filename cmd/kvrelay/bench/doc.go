@@ -7,6 +7,8 @@
 // Markdown table and plots.
 //
 // Compare starts a fresh local cluster (simulated workers behind a kvrelay proxy) for each
-// routing policy in turn and replays the identical request stream against each, so that
-// policies are compared in one run on the same machine.
+// routing policy, or each cluster Setup (aggregated workers, prefill and decode pools with
+// every prompt prefilled remotely, or conditionally), in turn and replays the identical
+// request stream against each, so that policies and setups are compared in one run on the
+// same machine.
 package bench
