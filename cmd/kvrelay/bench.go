@@ -181,6 +181,9 @@ Without --setups, --mode with --workers (agg) or --prefill-workers and --decode-
 				}
 				clusters = strings.Join(ds, "; ")
 			}
+			if f.opts.Rate > 0 {
+				spec += fmt.Sprintf(" at --rate %g requests/s (Poisson)", f.opts.Rate)
+			}
 			header := fmt.Sprintf("kvrelay bench compare: %s, %s, arrival speedup %g, engine speedup %g (times below ×%g: the engines' own time), seed %d", spec, clusters, f.opts.Speedup, es, es, f.seed)
 			return report(cmd.OutOrStdout(), f.out, rs, header)
 		},
