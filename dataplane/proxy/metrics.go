@@ -241,3 +241,8 @@ func (wm *workerMetrics) routedBy(mode string) prometheus.Counter {
 	}
 	return wm.picked
 }
+
+// Registerer is the registry behind the proxy's /metrics: callers register extra collectors
+// on it (the eBPF probes' metrics, for one) to have them served beside the proxy's own. Safe
+// for concurrent use; collectors registered after Start appear from the next scrape on.
+func (s *Server) Registerer() prometheus.Registerer { return s.metrics.reg }
