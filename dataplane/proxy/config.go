@@ -85,8 +85,12 @@ type Config struct {
 	// this many tokens prefills on the decode worker itself (default 512; negative: always
 	// prefill remotely). A prompt also prefills locally when every prefill worker is busy.
 	// PrefillTimeout bounds the prefill leg; past it the decode worker prefills itself.
+	// DisaggMaxQueue is when the prefill pool counts as saturated under conditional
+	// disaggregation: the chosen prefill worker has more than this many prompt tokens
+	// prefilling or waiting to (0: never).
 	Disagg          string        `yaml:"disagg"`
 	DisaggThreshold int           `yaml:"disagg_threshold"`
+	DisaggMaxQueue  int64         `yaml:"disagg_max_queue"`
 	PrefillTimeout  time.Duration `yaml:"prefill_timeout"`
 	// BlockSize is the engines' KV block size in tokens.
 	BlockSize int `yaml:"block_size"`
@@ -149,6 +153,7 @@ func DefaultConfig() Config {
 		BlockSize:           16,
 		Disagg:              DisaggAuto,
 		DisaggThreshold:     512,
+		DisaggMaxQueue:      16384,
 		PrefillTimeout:      30 * time.Second,
 		TokenCacheTokens:    8 << 20,
 		IndexBlocks:         1 << 20,

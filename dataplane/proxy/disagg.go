@@ -31,8 +31,8 @@ import (
 //     client through the ordinary exchange.
 //
 // Conditional disaggregation: when the part of the prompt the decode worker does not cache
-// is short (Config.DisaggThreshold) or every prefill worker is busy, the decode worker
-// prefills itself. A prefill leg that fails or times out falls back to that too; a decode
+// is short (Config.DisaggThreshold), every prefill worker is busy, or the chosen one already
+// has more than Config.DisaggMaxQueue tokens to prefill, the decode worker prefills itself. A prefill leg that fails or times out falls back to that too; a decode
 // leg that fails before its first byte is retried on another decode worker, prefilling
 // there (the prefill worker frees the blocks nobody pulls after its own timeout).
 
@@ -104,7 +104,14 @@ func (cc *clientConn) routeDisagg(retry bool) {
 	cc.dec.Overlap = r.Overlap(d)
 	cc.dec.BestOverlap = r.BestOverlap()
 	uncached := r.PromptTokens - int(cc.dec.Overlap)*max(d.BlockSize, 1)
-	if th := s.pdSet.Load().threshold; perr != nil || (th >= 0 && uncached <= th) {
+	th := s.pdSet.Load().threshold
+	if perr != nil || (th >= 0 && uncached <= th) {
+		cc.localPrefill(d, pathLocal)
+		return
+	}
+	if mq := s.cfg.DisaggMaxQueue; th >= 0 && mq > 0 && pdec.Worker.PrefillTokens() > mq {
+		// Conditional: the prefill pool is saturated (its least costly worker already has
+		// more than DisaggMaxQueue tokens to prefill); the decode worker prefills itself.
 		cc.localPrefill(d, pathLocal)
 		return
 	}

@@ -371,3 +371,56 @@ func TestSpeculativePrefill(t *testing.T) {
 		t.Fatalf("second turn cached %d of %d tokens; the first prompt had %d", cached, out.Usage.PromptTokens, prompt1)
 	}
 }
+
+// Conditional disaggregation: with a prefill leg already queued past DisaggMaxQueue on the
+// only prefill worker, the next request prefills on the decode worker.
+func TestDisaggSaturatedPrefillPoolGoesLocal(t *testing.T) {
+	slow := startWorker(t, func(w *sim.WorkerConfig) { w.Engine.Role = sim.RolePrefill; w.Engine.Timing.Speedup = 0.5 })
+	dec := startWorker(t, func(w *sim.WorkerConfig) { w.Engine.Role = sim.RoleDecode })
+	p := startProxy(t, nil, func(pc *proxy.Config) {
+		pc.Upstreams = []proxy.Upstream{{ID: "p0", URL: slow.URL(), Model: model, Role: "prefill"}, {ID: "d0", URL: dec.URL(), Model: model, Role: "decode"}}
+		pc.DisaggMaxQueue = 100
+	})
+	base := "http://" + p.Addr()
+	first := make(chan int, 1)
+	go func() {
+		resp, err := http.Post(base+"/v1/chat/completions", "application/json", strings.NewReader(chatBody(family(50), "hi", 2, false)))
+		if err != nil {
+			first <- 0
+			return
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		first <- resp.StatusCode
+	}()
+	scrape := func() string {
+		resp, err := http.Get(base + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return string(b)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(scrape(), "kvrelay_proxy_prefill_legs_inflight 1") {
+		if time.Now().After(deadline) {
+			t.Fatal("the first request's prefill leg never started")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	resp, body := post(t, base+"/v1/chat/completions", chatBody(family(51), "hi", 2, false))
+	if resp.StatusCode != 200 {
+		t.Fatalf("second: %d %s", resp.StatusCode, body)
+	}
+	m := scrape()
+	if v := metricValue(t, m, `kvrelay_proxy_disagg_requests_total{path="local"}`); v != 1 {
+		t.Fatalf("local prefills %v, want 1 (the prefill pool was saturated)", v)
+	}
+	if code := <-first; code != 200 {
+		t.Fatalf("first: %d", code)
+	}
+	if v := metricValue(t, scrape(), `kvrelay_proxy_disagg_requests_total{path="remote"}`); v != 1 {
+		t.Fatalf("remote prefills %v, want 1", v)
+	}
+}
