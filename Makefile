@@ -35,6 +35,7 @@ fuzz: ## run each fuzz target for FUZZTIME (default 10s)
 
 .PHONY: generate
 generate: ## regenerate committed generated code and test fixtures that need no network
+	./hack/gen-ebpf.sh # clang-14 for ebpf/probes; go generate ./... includes ./ebpf/...
 	$(GO) generate ./...
 
 .PHONY: verify

@@ -4,6 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 before=$(git status --porcelain=v1 --untracked-files=all; git diff | sha256sum)
+./hack/gen-ebpf.sh # clang-14 for ebpf/probes (bpf2go)
 go generate ./...
 after=$(git status --porcelain=v1 --untracked-files=all; git diff | sha256sum)
 if [ "$before" != "$after" ]; then

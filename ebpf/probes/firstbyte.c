@@ -1,0 +1,112 @@
+//go:build ignore
+
+// firstbyte: request-to-first-byte per upstream connection, seen from the proxy's side.
+//
+// cgroup_skb/egress stamps every packet carrying payload to a watched endpoint into a map
+// keyed by the connection's 4-tuple (the last one wins: the request's last byte sent);
+// cgroup_skb/ingress takes the first packet carrying payload back from that endpoint on the
+// same connection, records the gap and clears the stamp. A kernel-side TTFT that needs no
+// cooperation from the proxy. IPv4 only.
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+#include "kvrelay.h"
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+// flow: a connection from the client's side, local = the proxy, remote = the engine.
+struct flow {
+	__u32 laddr;
+	__u32 raddr;
+	__u16 lport;
+	__u16 rport;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1024);
+	__type(key, struct endpoint);
+	__type(value, __u8);
+} targets SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1024);
+	__type(key, struct hist_key);
+	__type(value, struct hist);
+} hists SEC(".maps");
+
+// sent: connection -> when its last request byte went out (cleared by the answer).
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct flow);
+	__type(value, __u64);
+} sent SEC(".maps");
+
+struct pkt {
+	__u32 saddr, daddr;
+	__u16 sport, dport;
+	__u32 payload;
+};
+
+static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
+{
+	struct iphdr iph;
+	struct tcphdr tcph;
+
+	if (skb->protocol != bpf_htons(ETH_P_IP))
+		return 0;
+	if (bpf_skb_load_bytes(skb, 0, &iph, sizeof(iph)) < 0)
+		return 0;
+	if (iph.protocol != IPPROTO_TCP)
+		return 0;
+	__u32 ihl = iph.ihl * 4;
+	if (bpf_skb_load_bytes(skb, ihl, &tcph, sizeof(tcph)) < 0)
+		return 0;
+	__u32 hdrs = ihl + tcph.doff * 4;
+	__u32 total = bpf_ntohs(iph.tot_len);
+	if (total <= hdrs)
+		return 0;
+	p->saddr = iph.saddr;
+	p->daddr = iph.daddr;
+	p->sport = bpf_ntohs(tcph.source);
+	p->dport = bpf_ntohs(tcph.dest);
+	p->payload = total - hdrs;
+	return 1;
+}
+
+SEC("cgroup_skb/egress")
+int kvrelay_fb_egress(struct __sk_buff *skb)
+{
+	struct pkt p = {};
+	if (!parse(skb, &p))
+		return 1;
+	struct endpoint ep = { .addr = p.daddr, .port = p.dport };
+	if (!bpf_map_lookup_elem(&targets, &ep))
+		return 1;
+	struct flow f = { .laddr = p.saddr, .raddr = p.daddr, .lport = p.sport, .rport = p.dport };
+	__u64 now = bpf_ktime_get_ns();
+	bpf_map_update_elem(&sent, &f, &now, BPF_ANY);
+	return 1;
+}
+
+SEC("cgroup_skb/ingress")
+int kvrelay_fb_ingress(struct __sk_buff *skb)
+{
+	struct pkt p = {};
+	if (!parse(skb, &p))
+		return 1;
+	struct endpoint ep = { .addr = p.saddr, .port = p.sport };
+	if (!bpf_map_lookup_elem(&targets, &ep))
+		return 1;
+	struct flow f = { .laddr = p.daddr, .raddr = p.saddr, .lport = p.dport, .rport = p.sport };
+	__u64 *ts = bpf_map_lookup_elem(&sent, &f);
+	if (!ts)
+		return 1;
+	__u64 delta = bpf_ktime_get_ns() - *ts;
+	bpf_map_delete_elem(&sent, &f);
+	struct hist_key k = { .ep = ep, .kind = KIND_FIRST_BYTE };
+	hist_add(&hists, &k, delta);
+	return 1;
+}

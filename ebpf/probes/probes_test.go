@@ -1,0 +1,241 @@
+package probes
+
+import (
+	"bufio"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"sync"
+	"testing"
+	"time"
+)
+
+// needRoot skips tests that load BPF programs where the process is not root.
+func needRoot(t *testing.T) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("loading eBPF programs needs root (CAP_BPF, CAP_PERFMON, CAP_NET_ADMIN)")
+	}
+	cg, err := CgroupV2()
+	if err != nil {
+		t.Skipf("no cgroup v2: %v", err)
+	}
+	return cg
+}
+
+// echoServer answers each line read with "ok\n" after delay. It returns the address.
+func echoServer(t *testing.T, delay time.Duration) netip.AddrPort {
+	t.Helper()
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	t.Cleanup(func() { ln.Close(); wg.Wait() })
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				r := bufio.NewReader(c)
+				for {
+					if _, err := r.ReadString('\n'); err != nil {
+						return
+					}
+					time.Sleep(delay)
+					if _, err := io.WriteString(c, "ok\n"); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return netip.MustParseAddrPort(ln.Addr().String())
+}
+
+// roundTrips sends n requests on one connection to addr and reads each answer.
+func roundTrips(t *testing.T, addr netip.AddrPort, n int) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp4", addr.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := bufio.NewReader(c)
+	for range n {
+		if _, err := io.WriteString(c, "hello\n"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := r.ReadString('\n'); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return c
+}
+
+func TestTCPConn(t *testing.T) {
+	cg := needRoot(t)
+	addr := echoServer(t, 0)
+	p, err := AttachTCPConn(cg)
+	if err != nil {
+		t.Fatalf("attach: %v", err)
+	}
+	defer p.Close()
+	if !p.SockOps() || !p.SetState() {
+		t.Fatalf("parts attached: sock_ops %v (%v), inet_sock_set_state %v (%v)", p.SockOps(), p.SockOpsErr, p.SetState(), p.SetStateErr)
+	}
+	if err := p.SetTargets([]netip.AddrPort{addr}); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		roundTrips(t, addr, 5).Close()
+	}
+	// An abort: close with SO_LINGER 0 sends a reset.
+	c := roundTrips(t, addr, 1)
+	_ = c.(*net.TCPConn).SetLinger(0)
+	c.Close()
+
+	stats, err := p.Read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := stats[addr]
+	if s == nil {
+		t.Fatalf("nothing seen for %s: %v", addr, stats)
+	}
+	if s.Connects < 4 || s.Connect.Count < 4 {
+		t.Errorf("connects = %d (histogram %d), want ≥ 4", s.Connects, s.Connect.Count)
+	}
+	if s.Connect.Quantile(0.5) > uint64(time.Second) {
+		t.Errorf("median connect latency %v on loopback", time.Duration(s.Connect.Quantile(0.5)))
+	}
+	if s.SRTT.Count == 0 {
+		t.Error("no RTT samples")
+	}
+	if s.Resets < 1 {
+		t.Errorf("resets = %d, want ≥ 1", s.Resets)
+	}
+	// Connections to other endpoints are not watched.
+	other := echoServer(t, 0)
+	roundTrips(t, other, 2).Close()
+	stats, _ = p.Read()
+	if stats[other] != nil {
+		t.Errorf("unwatched endpoint %s recorded: %+v", other, stats[other])
+	}
+}
+
+func TestFirstByte(t *testing.T) {
+	cg := needRoot(t)
+	const delay = 50 * time.Millisecond
+	addr := echoServer(t, delay)
+	p, err := AttachFirstByte(cg)
+	if err != nil {
+		t.Fatalf("attach: %v", err)
+	}
+	defer p.Close()
+	if err := p.SetTargets([]netip.AddrPort{addr}); err != nil {
+		t.Fatal(err)
+	}
+	roundTrips(t, addr, 4).Close()
+	hs, err := p.Read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := hs[addr]
+	if h == nil || h.Count < 4 {
+		t.Fatalf("first-byte observations for %s: %+v, want ≥ 4", addr, h)
+	}
+	mean := time.Duration(h.SumNs / h.Count)
+	if mean < delay || mean > delay+500*time.Millisecond {
+		t.Errorf("mean first byte %v with an engine delay of %v", mean, delay)
+	}
+	for i := range h.Slots {
+		if h.Slots[i] > 0 && uint64(1)<<(i+1) <= uint64(delay) {
+			t.Errorf("observation below the delay in slot %d (< %v)", i, time.Duration(uint64(1)<<(i+1)))
+		}
+	}
+}
+
+func TestListenQ(t *testing.T) {
+	needRoot(t)
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	addr := netip.MustParseAddrPort(ln.Addr().String())
+	p, err := AttachListenQ()
+	if err != nil {
+		t.Fatalf("attach: %v", err)
+	}
+	defer p.Close()
+	const n = 5
+	for range n { // never accepted: they wait in the accept queue
+		c, err := net.Dial("tcp4", addr.String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+	}
+	ls, err := p.Sample()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range ls {
+		if l.Addr == addr {
+			if l.Backlog != n || l.MaxBacklog < n {
+				t.Errorf("listener %s: backlog %d of %d, want %d", addr, l.Backlog, l.MaxBacklog, n)
+			}
+			return
+		}
+	}
+	t.Fatalf("listener %s not among %d sampled: %v", addr, len(ls), ls)
+}
+
+func TestRunQLat(t *testing.T) {
+	needRoot(t)
+	p, err := AttachRunQLat()
+	if err != nil {
+		t.Fatalf("attach: %v", err)
+	}
+	defer p.Close()
+	pid := uint32(os.Getpid())
+	if err := p.SetPIDs([]uint32{pid}); err != nil {
+		t.Fatal(err)
+	}
+	// Threads of this process sleep and wake.
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 20 {
+				time.Sleep(time.Millisecond)
+			}
+		}()
+	}
+	wg.Wait()
+	hs, err := p.Read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := hs[pid]
+	if h == nil || h.Count == 0 {
+		t.Fatalf("no run-queue latency recorded for pid %d: %v", pid, hs)
+	}
+	if med := time.Duration(h.Quantile(0.5)); med > time.Second {
+		t.Errorf("median run-queue latency %v", med)
+	}
+	for k := range hs {
+		if k != pid {
+			t.Errorf("unwatched pid %d recorded", k)
+		}
+	}
+}
