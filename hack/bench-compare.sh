@@ -10,7 +10,7 @@
 # LOAD sets how many times faster requests arrive than the engines run (arrival speedup /
 # engine speedup). BLOCKS is each worker's KV cache in 16-token blocks (65536 ≈ 1M tokens, an
 # H200 serving gpt-oss-120b). With 8 workers of 65536 blocks, LOAD=6 loads round-robin to
-# roughly 80% of what it sustains on the Mooncake trace (it keeps up with arrivals, TTFT p50
+# roughly 80% of what it sustains on the Mooncake trace by our reading (TTFT p50
 # ~0.8 s and ITL mean ~60 ms in the engines' own time, 28% of requests within the SLO);
 # LOAD=2-3 leaves it lightly loaded. ENGINE_SPEEDUP compresses the engines' step times and the
 # run's wall time; bench compare reports times multiplied back by it.
