@@ -1,0 +1,164 @@
+package ebpf
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+)
+
+func TestParseMode(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want Mode
+		err  bool
+	}{{"auto", ModeAuto, false}, {"ON", ModeOn, false}, {"off", ModeOff, false}, {"yes", "", true}} {
+		t.Run(tc.in, func(t *testing.T) {
+			got, err := ParseMode(tc.in)
+			if (err != nil) != tc.err || got != tc.want {
+				t.Errorf("ParseMode(%q) = %q, %v", tc.in, got, err)
+			}
+		})
+	}
+}
+
+func TestResolve(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"127.0.0.1:8001", "127.0.0.1:8001"},
+		{"http://127.0.0.1:8002/v1", "127.0.0.1:8002"},
+		{"localhost:9", "127.0.0.1:9"},
+		{"[::1]:80", ""},
+		{"nope", ""},
+	} {
+		t.Run(tc.in, func(t *testing.T) {
+			got, err := resolve(tc.in)
+			if tc.want == "" {
+				if err == nil {
+					t.Errorf("resolve(%q) = %v, want an error", tc.in, got)
+				}
+				return
+			}
+			if err != nil || got.String() != tc.want {
+				t.Errorf("resolve(%q) = %v, %v; want %s", tc.in, got, err, tc.want)
+			}
+		})
+	}
+}
+
+// gather returns the metric families of c by name.
+func gather(t *testing.T, c prometheus.Collector) map[string]*dto.MetricFamily {
+	t.Helper()
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(c)
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]*dto.MetricFamily{}
+	for _, mf := range mfs {
+		out[mf.GetName()] = mf
+	}
+	return out
+}
+
+func active(mfs map[string]*dto.MetricFamily) map[string]float64 {
+	out := map[string]float64{}
+	for _, m := range mfs["kvrelay_ebpf_probe_active"].GetMetric() {
+		out[m.GetLabel()[0].GetValue()] = m.GetGauge().GetValue()
+	}
+	return out
+}
+
+func TestOffExportsInactiveProbes(t *testing.T) {
+	c := New(Config{Mode: ModeOff, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err := c.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.SetTargets([]Target{{Addr: "127.0.0.1:1", Worker: "w0", Pool: "agg"}}); err != nil {
+		t.Fatal(err)
+	}
+	got := active(gather(t, c))
+	for _, p := range Probes {
+		if v, ok := got[p]; !ok || v != 0 {
+			t.Errorf("probe %s active = %v (present %v), want 0", p, v, ok)
+		}
+	}
+}
+
+// TestCollector runs every probe against an HTTP engine that answers after 50 ms and checks
+// that each metric has observations attributed to the worker.
+func TestCollector(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("attaching eBPF probes needs root")
+	}
+	const delay = 50 * time.Millisecond
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(delay)
+		io.WriteString(w, "ok")
+	}))
+	defer srv.Close()
+	c := New(Config{Mode: ModeOn, SampleInterval: 20 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err := c.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for p, ok := range c.Active() {
+		if !ok {
+			t.Errorf("probe %s inactive", p)
+		}
+	}
+	if err := c.SetTargets([]Target{{Addr: srv.URL, Worker: "w0", Pool: "decode"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.SetProcesses([]Process{{PID: os.Getpid(), Worker: "w0", Pool: "decode"}}); err != nil {
+		t.Fatal(err)
+	}
+	// New connections (no keep-alive) so connects are seen too.
+	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true, DialContext: (&net.Dialer{}).DialContext}}
+	for range 5 {
+		resp, err := client.Get(srv.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	time.Sleep(100 * time.Millisecond) // a few accept-queue samples
+	mfs := gather(t, c)
+	for _, name := range []string{"kvrelay_ebpf_tcp_srtt_seconds", "kvrelay_ebpf_tcp_connect_seconds",
+		"kvrelay_ebpf_first_byte_seconds", "kvrelay_ebpf_runq_latency_seconds", "kvrelay_ebpf_listen_queue_depth"} {
+		mf := mfs[name]
+		if mf == nil || len(mf.GetMetric()) != 1 {
+			t.Errorf("%s: %v", name, mf)
+			continue
+		}
+		m := mf.GetMetric()[0]
+		var labels []string
+		for _, l := range m.GetLabel() {
+			labels = append(labels, l.GetName()+"="+l.GetValue())
+		}
+		if got := strings.Join(labels, ","); got != "pool=decode,worker=w0" {
+			t.Errorf("%s labels %s", name, got)
+		}
+		if m.GetHistogram().GetSampleCount() == 0 {
+			t.Errorf("%s: no observations", name)
+		}
+	}
+	if h := mfs["kvrelay_ebpf_first_byte_seconds"].GetMetric()[0].GetHistogram(); h.GetSampleCount() >= 5 {
+		if mean := h.GetSampleSum() / float64(h.GetSampleCount()); mean < delay.Seconds() {
+			t.Errorf("mean first byte %.3fs with a %v engine delay", mean, delay)
+		}
+	} else {
+		t.Errorf("first byte observations %d, want ≥ 5", h.GetSampleCount())
+	}
+}
