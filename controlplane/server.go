@@ -475,3 +475,7 @@ func (s *Server) Ingest() *ingest.Manager { return s.ingest }
 
 // View returns the load view.
 func (s *Server) View() *loadview.View { return s.view }
+
+// Registerer is the registry behind the operator API's /metrics: callers register extra
+// collectors on it (the eBPF probes' metrics, for one). Safe for concurrent use.
+func (s *Server) Registerer() prometheus.Registerer { return s.metrics }
