@@ -305,7 +305,7 @@ func (cc *clientConn) handle() {
 		return
 	}
 	cc.model = s.modelLabel(cc.oreq.Model)
-	cc.pd.on, cc.pd.decodeBody = false, nil
+	cc.pd.on, cc.pd.decodeBody, cc.pd.fallback = false, nil, false
 	cc.spec.want, cc.spec.answer = false, cc.spec.answer[:0]
 	if err := cc.prepare(); err != nil {
 		if errors.Is(err, errPending) {

@@ -50,6 +50,7 @@ const maxPrefillResponse = 4 << 20
 type pdState struct {
 	on         bool   // the request is routed across prefill and decode pools
 	decodeBody []byte // the decode leg's body (with kv_transfer_params); nil: local prefill
+	fallback   bool   // the prefill leg failed: prefill on the decode worker
 	cancel     context.CancelFunc
 	usage      route.Usage // the prefill leg's load on its worker
 	startedAt  int64
@@ -75,7 +76,9 @@ func (cc *clientConn) routeDisagg(retry bool) {
 	s := cc.srv
 	pd := &cc.pd
 	pd.on = true
-	pd.decodeBody = nil
+	if retry {
+		pd.decodeBody = nil // the decode leg failed: the next decode worker prefills itself
+	}
 	r := &cc.rreq
 	r.Role = route.RoleDecode
 	err := s.load.Route(r, &cc.dec)
@@ -92,8 +95,16 @@ func (cc *clientConn) routeDisagg(retry bool) {
 		return
 	}
 	d := cc.dec.Worker
-	if retry {
+	switch {
+	case retry || pd.fallback:
 		cc.localPrefill(d, pathFallback)
+		return
+	case pd.decodeBody != nil:
+		// Prefilled (this request waited for a decode worker after its prefill leg): the
+		// decode worker holds the prompt's blocks once it has pulled them.
+		cc.dec.Overlap = float64(len(r.Hashes))
+		s.metrics.disagg.WithLabelValues(pathRemote).Inc()
+		cc.start(d)
 		return
 	}
 	// The prefill pool, KV-aware; its match also tells what the decode worker caches.
@@ -186,27 +197,15 @@ func (cc *clientConn) prefillDone(decodeBody []byte, err error) {
 	s.inflight.Add(-1)
 	s.metrics.prefillInflight.Dec()
 	s.metrics.prefillSeconds.Observe(seconds(cc.lp.now - pd.startedAt))
-	// The decode worker by load now, not when the prefill leg began.
-	r := &cc.rreq
-	r.Role = route.RoleDecode
-	overlap := cc.dec.Overlap
-	rerr := s.load.Route(r, &cc.dec)
-	if rerr != nil {
-		cc.errorReply(503, "no healthy decode worker serves model "+cc.model, "", "no_worker")
-		return
-	}
-	cc.dec.Overlap = overlap
 	if err != nil {
 		s.metrics.prefillFailures.Inc()
 		s.log.Warn("prefill leg failed; prefilling on the decode worker", "err", err)
-		cc.localPrefill(cc.dec.Worker, pathFallback)
-		return
+		pd.fallback = true
+	} else {
+		pd.decodeBody = decodeBody
 	}
-	// The decode worker holds the prompt's blocks after the pull.
-	cc.dec.Overlap = float64(len(r.Hashes))
-	pd.decodeBody = decodeBody
-	s.metrics.disagg.WithLabelValues(pathRemote).Inc()
-	cc.start(cc.dec.Worker)
+	// The decode worker by load now, not when the prefill leg began.
+	cc.routeDisagg(false)
 }
 
 // abortPrefill ends a prefill leg whose client left.
