@@ -1,0 +1,281 @@
+package planner
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/kvrelay/kvrelay/controlplane/registry"
+)
+
+// Registrar is the part of the control plane's registry the local actuator uses
+// (registry.Registry satisfies it).
+type Registrar interface {
+	Upsert(w registry.Worker) error
+	Remove(id string) error
+	SetDraining(id string, draining bool) error
+}
+
+// LocalActuator is a supervisor of simulated workers on one machine: it scales a pool by
+// starting `kvrelay sim` processes (Binary, os.Executable() by default) on free loopback
+// ports and registering them with the control plane's registry once healthy, and by
+// draining a worker (no new requests), waiting for its requests to finish, removing it from
+// the registry and stopping its process (SIGTERM, then SIGKILL). Fixed workers (started by
+// someone else, such as `kvrelay up`'s own) count towards a pool's size but are never
+// stopped. Close stops every process it started.
+type LocalActuator struct {
+	Registry Registrar
+	// Binary is the kvrelay executable (default os.Executable()).
+	Binary string
+	// Host the workers listen on (default 127.0.0.1).
+	Host string
+	// Model, BlockSize: what the workers serve, for the registry.
+	Model     string
+	BlockSize int
+	// Args are extra `kvrelay sim` flags for every worker (--speedup-ratio, --model, …).
+	Args []string
+	// Fixed counts the workers of each pool the supervisor does not own.
+	Fixed map[Pool]int
+	// IDPrefix names the workers: IDPrefix + pool's initial + a counter ("s-b3").
+	IDPrefix string
+	// StartTimeout bounds a worker's start (default 30 s); DrainGrace and DrainTimeout its
+	// drain (default 500 ms and 60 s).
+	StartTimeout, DrainGrace, DrainTimeout time.Duration
+	Logger                                 *slog.Logger
+
+	mu      sync.Mutex
+	workers map[Pool][]*localWorker // by start order
+	next    int
+}
+
+type localWorker struct {
+	id, url string
+	cmd     *exec.Cmd
+	done    chan struct{}
+}
+
+func (l *LocalActuator) log() *slog.Logger {
+	if l.Logger == nil {
+		return slog.Default()
+	}
+	return l.Logger
+}
+
+// Replicas counts each pool's fixed and running workers.
+func (l *LocalActuator) Replicas(context.Context) (map[Pool]int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := map[Pool]int{}
+	for pool, n := range l.Fixed {
+		out[pool] = n
+	}
+	for pool, ws := range l.workers {
+		out[pool] += len(ws)
+	}
+	return out, nil
+}
+
+// Scale starts or stops workers until pool has n (never fewer than its fixed ones).
+func (l *LocalActuator) Scale(ctx context.Context, pool Pool, n int) error {
+	l.mu.Lock()
+	own := n - l.Fixed[pool]
+	have := len(l.workers[pool])
+	l.mu.Unlock()
+	if own < 0 {
+		return fmt.Errorf("scaling pool %s to %d: it has %d fixed workers the supervisor cannot stop", pool, n, l.Fixed[pool])
+	}
+	var errs []error
+	for i := have; i < own; i++ {
+		if err := l.start(ctx, pool); err != nil {
+			errs = append(errs, err)
+			break
+		}
+	}
+	for i := have; i > own; i-- {
+		if err := l.stopNewest(ctx, pool); err != nil {
+			errs = append(errs, err)
+			break
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("scaling pool %s to %d: %w", pool, n, err)
+	}
+	return nil
+}
+
+func freePort(host string) (int, error) {
+	ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+func (l *LocalActuator) start(ctx context.Context, pool Pool) error {
+	bin := l.Binary
+	if bin == "" {
+		var err error
+		if bin, err = os.Executable(); err != nil {
+			return fmt.Errorf("starting a worker: finding kvrelay: %w", err)
+		}
+	}
+	host := l.Host
+	if host == "" {
+		host = "127.0.0.1"
+	}
+	var ports [3]int
+	for i := range ports {
+		p, err := freePort(host)
+		if err != nil {
+			return fmt.Errorf("starting a worker: %w", err)
+		}
+		ports[i] = p
+	}
+	role := string(pool)
+	l.mu.Lock()
+	id := fmt.Sprintf("%s%c%d", l.IDPrefix, role[0], l.next)
+	l.next++
+	l.mu.Unlock()
+	hp := func(p int) string { return net.JoinHostPort(host, strconv.Itoa(p)) }
+	w := &localWorker{id: id, url: "http://" + hp(ports[0]), done: make(chan struct{})}
+	args := append([]string{"sim", "--listen", hp(ports[0]), "--role", role,
+		"--kv-events-endpoint", "tcp://" + hp(ports[1]), "--kv-events-replay-endpoint", "tcp://" + hp(ports[2])}, l.Args...)
+	w.cmd = exec.Command(bin, args...)
+	w.cmd.Stdout, w.cmd.Stderr = nil, nil
+	setDeathSignal(w.cmd)
+	if err := w.cmd.Start(); err != nil {
+		return fmt.Errorf("starting worker %s: %w", id, err)
+	}
+	go func() { _ = w.cmd.Wait(); close(w.done) }()
+	timeout := l.StartTimeout
+	if timeout <= 0 {
+		timeout = 30 * time.Second
+	}
+	if err := waitHealthy(ctx, w, timeout); err != nil {
+		l.kill(w)
+		return fmt.Errorf("starting worker %s: %w", id, err)
+	}
+	err := l.Registry.Upsert(registry.Worker{
+		ID: id, URL: w.url, Model: l.Model, Role: role, BlockSize: l.BlockSize,
+		KVEvents: "tcp://" + hp(ports[1]), KVEventsReplay: "tcp://" + hp(ports[2]), Engine: "sim",
+	})
+	if err != nil {
+		l.kill(w)
+		return fmt.Errorf("registering worker %s: %w", id, err)
+	}
+	l.mu.Lock()
+	if l.workers == nil {
+		l.workers = map[Pool][]*localWorker{}
+	}
+	l.workers[pool] = append(l.workers[pool], w)
+	l.mu.Unlock()
+	l.log().Info("local actuator: worker started", "id", id, "pool", pool, "url", w.url, "pid", w.cmd.Process.Pid)
+	return nil
+}
+
+func waitHealthy(ctx context.Context, w *localWorker, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	client := &http.Client{Timeout: time.Second}
+	for {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, w.url+"/health", nil)
+		if resp, err := client.Do(req); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		select {
+		case <-w.done:
+			return fmt.Errorf("the process exited: %v", w.cmd.ProcessState)
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("not healthy after %s", timeout)
+		}
+	}
+}
+
+// stopNewest drains, deregisters and stops the pool's newest worker.
+func (l *LocalActuator) stopNewest(ctx context.Context, pool Pool) error {
+	l.mu.Lock()
+	ws := l.workers[pool]
+	if len(ws) == 0 {
+		l.mu.Unlock()
+		return nil
+	}
+	w := ws[len(ws)-1]
+	l.mu.Unlock()
+	if err := l.Registry.SetDraining(w.id, true); err != nil {
+		return fmt.Errorf("draining worker %s: %w", w.id, err)
+	}
+	grace, timeout := l.DrainGrace, l.DrainTimeout
+	if grace <= 0 {
+		grace = 500 * time.Millisecond
+	}
+	if timeout <= 0 {
+		timeout = time.Minute
+	}
+	client := &http.Client{Timeout: time.Second}
+	inflight := func(ctx context.Context, _ string) (int, error) {
+		c, err := scrapeWorker(ctx, client, registry.Worker{ID: w.id, URL: w.url})
+		return c.running + c.waiting, err
+	}
+	if err := waitIdle(ctx, []string{w.id}, inflight, grace, timeout, l.log()); err != nil {
+		_ = l.Registry.SetDraining(w.id, false)
+		return fmt.Errorf("draining worker %s: %w", w.id, err)
+	}
+	if err := l.Registry.Remove(w.id); err != nil && !errors.Is(err, registry.ErrNotFound) {
+		_ = l.Registry.SetDraining(w.id, false)
+		return fmt.Errorf("deregistering worker %s: %w", w.id, err)
+	}
+	l.mu.Lock()
+	l.workers[pool] = ws[:len(ws)-1]
+	l.mu.Unlock()
+	l.kill(w)
+	l.log().Info("local actuator: worker stopped", "id", w.id, "pool", pool)
+	return nil
+}
+
+// kill stops a process: SIGTERM, SIGKILL after 5 s.
+func (l *LocalActuator) kill(w *localWorker) {
+	_ = w.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-w.done:
+	case <-time.After(5 * time.Second):
+		_ = w.cmd.Process.Kill()
+		<-w.done
+	}
+}
+
+// Close stops every worker it started, deregistering them; safe to call more than once.
+func (l *LocalActuator) Close() error {
+	l.mu.Lock()
+	all := l.workers
+	l.workers = nil
+	l.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, ws := range all {
+		for _, w := range ws {
+			wg.Go(func() {
+				_ = l.Registry.Remove(w.id)
+				l.kill(w)
+			})
+		}
+	}
+	wg.Wait()
+	return nil
+}
+
+var _ Actuator = (*LocalActuator)(nil)
