@@ -52,6 +52,7 @@ func newUpCmd() *cobra.Command {
 		apiListen       string
 		dataDir         string
 		static          bool
+		ebpfMode        string
 	)
 	cmd := &cobra.Command{
 		Use:   "up",
@@ -117,6 +118,10 @@ there, a max_tokens=1 leg to a prefill worker whose KV blocks the decode worker 
 			ctx := cmd.Context()
 			return runWorkers(ctx, cmd.OutOrStdout(), cfgs, func(ctx context.Context, out io.Writer, ws []*sim.Worker) (func() error, error) {
 				uws := upWorkers(ws, roles)
+				probes, err := startUpEBPF(ctx, ebpfMode, uws, mode)
+				if err != nil {
+					return nil, err
+				}
 				pc := proxy.DefaultConfig()
 				pc.Listen = proxyListen
 				pc.Policy = policy
@@ -142,6 +147,9 @@ there, a max_tokens=1 leg to a prefill worker whose KV blocks the decode worker 
 					pc.NodeID = "up-proxy"
 				}
 				p, err := startProxy(ctx, pc)
+				if err == nil {
+					err = p.Registerer().Register(probes) // kvrelay_ebpf_* on the proxy's /metrics
+				}
 				if err != nil {
 					if cp != nil {
 						_ = cp.Close()
@@ -207,6 +215,7 @@ there, a max_tokens=1 leg to a prefill worker whose KV blocks the decode worker 
 	fs.StringVar(&apiListen, "api-listen", "127.0.0.1:18080", "the control plane's operator API address")
 	fs.StringVar(&dataDir, "data-dir", "", "the control plane's data directory (default: a temporary one, removed on exit)")
 	fs.BoolVar(&static, "static", false, "no control plane: the proxy routes alone over static upstreams")
+	addEBPFFlag(fs, &ebpfMode)
 	return cmd
 }
 
