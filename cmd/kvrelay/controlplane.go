@@ -27,6 +27,7 @@ func newControlPlaneCmd() *cobra.Command {
 		k8sSel    string
 		k8sTmpl   string
 		kubeconf  string
+		ebpfMode  string
 	)
 	cmd := &cobra.Command{
 		Use:   "controlplane",
@@ -66,13 +67,14 @@ Model and block size are discovered when not given.`,
 				opts.K8s = src
 			}
 			opts.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
-			return runControlPlane(cmd.Context(), cmd.OutOrStdout(), opts)
+			return runControlPlane(cmd.Context(), cmd.OutOrStdout(), opts, ebpfMode)
 		},
 	}
 	fs := cmd.Flags()
 	fs.StringVar(&opts.XDSListen, "xds-listen", "127.0.0.1:18000", "address proxies connect to (delta ADS, index journal, load reports)")
 	fs.StringVar(&opts.APIListen, "api-listen", "127.0.0.1:18080", "operator API (JSON over HTTP and gRPC) and /metrics")
 	fs.StringVar(&opts.DataDir, "data-dir", "", "directory for the registry and policies (required)")
+	addEBPFFlag(fs, &ebpfMode)
 	fs.StringArrayVar(&workers, "worker", nil, "a worker: id=,url=,kv-events=,engine=,... (repeat for each)")
 	fs.StringVar(&opts.WorkersFile, "workers-file", "", "YAML file of workers, reloaded when it changes")
 	fs.StringVar(&tokenFile, "api-token-file", "", "file holding the bearer token that mutating operator calls need")
@@ -86,12 +88,22 @@ Model and block size are discovered when not given.`,
 }
 
 // runControlPlane starts a control plane and serves until ctx ends.
-func runControlPlane(ctx context.Context, out io.Writer, opts controlplane.Options) error {
+func runControlPlane(ctx context.Context, out io.Writer, opts controlplane.Options, ebpfMode string) error {
 	cp, err := controlplane.New(opts)
 	if err != nil {
 		return err
 	}
 	if err := cp.Start(ctx); err != nil {
+		_ = cp.Close()
+		return err
+	}
+	// The probes watch the registered workers' connections from this host (its scrapes, and
+	// a proxy's when one runs here) and their accept queues, on the operator API's /metrics.
+	probes, err := startEBPF(ctx, ebpfMode, registryEBPFTargets(cp.Registry()), nil)
+	if err == nil {
+		err = cp.Registerer().Register(probes)
+	}
+	if err != nil {
 		_ = cp.Close()
 		return err
 	}

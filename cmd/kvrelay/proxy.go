@@ -27,6 +27,7 @@ func newProxyCmd() *cobra.Command {
 		configPath string
 		upstreams  []string
 		debugAddr  string
+		ebpfMode   string
 	)
 	cmd := &cobra.Command{
 		Use:   "proxy",
@@ -49,11 +50,12 @@ model=NAME,capacity=BLOCKS,role=prefill|decode|both.`,
 					return err
 				}
 			}
-			return runProxy(cmd.Context(), cmd.OutOrStdout(), final)
+			return runProxy(cmd.Context(), cmd.OutOrStdout(), final, ebpfMode)
 		},
 	}
 	fs := cmd.Flags()
 	fs.StringVar(&configPath, "config", "", "YAML file with the proxy's settings")
+	addEBPFFlag(fs, &ebpfMode)
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "client-facing address")
 	fs.StringArrayVar(&upstreams, "upstream", nil, "an engine: URL or id=,url=,model=,capacity=,role= (repeat for each)")
 	fs.StringVar(&cfg.XDS, "xds", "", "control plane's xDS address (host:port): workers, load, policy and KV index come from it (no --upstream)")
@@ -183,9 +185,18 @@ func parseUpstream(v string) (proxy.Upstream, error) {
 }
 
 // runProxy starts a proxy and serves until ctx ends.
-func runProxy(ctx context.Context, out io.Writer, cfg proxy.Config) error {
+func runProxy(ctx context.Context, out io.Writer, cfg proxy.Config, ebpfMode string) error {
 	p, err := startProxy(ctx, cfg)
 	if err != nil {
+		return err
+	}
+	// The probes watch the proxy's workers (engines are other processes: no run-queue PIDs).
+	probes, err := startEBPF(ctx, ebpfMode, proxyEBPFTargets(p), nil)
+	if err == nil {
+		err = p.Registerer().Register(probes)
+	}
+	if err != nil {
+		_ = p.Close()
 		return err
 	}
 	if cfg.XDS != "" {
