@@ -28,6 +28,6 @@ func newRootCmd() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newSimCmd(), newUpCmd(), newProxyCmd(), newControlPlaneCmd(), newBenchCmd(), newCtlCmd())
+	root.AddCommand(newSimCmd(), newUpCmd(), newProxyCmd(), newControlPlaneCmd(), newBenchCmd(), newCtlCmd(), newProfileCmd())
 	return root
 }
