@@ -126,7 +126,7 @@ func TestCollector(t *testing.T) {
 	// New connections (no keep-alive) so connects are seen too.
 	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true, DialContext: (&net.Dialer{}).DialContext}}
 	for range 5 {
-		resp, err := client.Get(srv.URL)
+		resp, err := client.Post(srv.URL, "application/json", strings.NewReader(`{"prompt":"hi"}`))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -2,8 +2,9 @@
 
 // firstbyte: request-to-first-byte per upstream connection, seen from the proxy's side.
 //
-// cgroup_skb/egress stamps every packet carrying payload to a watched endpoint into a map
-// keyed by the connection's 4-tuple (the last one wins: the request's last byte sent);
+// cgroup_skb/egress stamps every packet carrying payload of an HTTP POST to a watched endpoint
+// into a map keyed by the connection's 4-tuple (the last one wins: the request's last byte
+// sent; GET and HEAD requests, such as metrics scrapes, are not timed);
 // cgroup_skb/ingress takes the first packet carrying payload back from that endpoint on the
 // same connection, records the gap and clears the stamp. A kernel-side TTFT that needs no
 // cooperation from the proxy. IPv4 only.
@@ -48,6 +49,7 @@ struct pkt {
 	__u32 saddr, daddr;
 	__u16 sport, dport;
 	__u32 payload;
+	__u32 off; // where the payload starts
 };
 
 static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
@@ -73,6 +75,7 @@ static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
 	p->sport = bpf_ntohs(tcph.source);
 	p->dport = bpf_ntohs(tcph.dest);
 	p->payload = total - hdrs;
+	p->off = hdrs;
 	return 1;
 }
 
@@ -87,7 +90,22 @@ int kvrelay_fb_egress(struct __sk_buff *skb)
 		return 1;
 	struct flow f = { .laddr = p.saddr, .raddr = p.daddr, .lport = p.sport, .rport = p.dport };
 	__u64 now = bpf_ktime_get_ns();
-	bpf_map_update_elem(&sent, &f, &now, BPF_ANY);
+	// Only requests with a body (POST: inference) are timed. A payload starting with "GET "
+	// or "HEAD" (a metrics scrape or health check of the same engine) drops the stamp; any
+	// other payload moves the stamp of a request in flight (the rest of its body).
+	char m[4] = {};
+	if (p.payload >= 4 && bpf_skb_load_bytes(skb, p.off, m, 4) == 0) {
+		if (m[0] == 'P' && m[1] == 'O' && m[2] == 'S' && m[3] == 'T') {
+			bpf_map_update_elem(&sent, &f, &now, BPF_ANY);
+			return 1;
+		}
+		if ((m[0] == 'G' && m[1] == 'E' && m[2] == 'T' && m[3] == ' ') ||
+		    (m[0] == 'H' && m[1] == 'E' && m[2] == 'A' && m[3] == 'D')) {
+			bpf_map_delete_elem(&sent, &f);
+			return 1;
+		}
+	}
+	bpf_map_update_elem(&sent, &f, &now, BPF_EXIST);
 	return 1;
 }
 
