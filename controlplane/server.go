@@ -10,6 +10,7 @@ import (
 	"os"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -121,6 +122,8 @@ type Server struct {
 	rateAt    time.Time
 	rateTotal uint64
 	rate      float64
+
+	planner atomic.Pointer[http.Handler] // SetPlanner's, served under /v1/planner/
 }
 
 // CatchUpTimeout bounds how long a starting control plane holds proxies' index streams while
@@ -428,6 +431,7 @@ func (s *Server) apiHandler() http.Handler {
 	api.Register(s.apiGRPC, operator{s}, opts)
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(s.metrics, promhttp.HandlerOpts{}))
+	mux.Handle("/v1/planner/", s.plannerRoute(opts))
 	mux.Handle("/", api.Handler(operator{s}, opts))
 	return api.Mux(s.apiGRPC, mux)
 }

@@ -206,3 +206,25 @@ func writeJSON(w http.ResponseWriter, status int, body []byte) {
 	_, _ = w.Write(body)
 	_, _ = w.Write([]byte("\n"))
 }
+
+// ReadOnly serves h's GET routes (a read-only JSON extension of the operator API, such as
+// the planner's /v1/planner/) authenticated as reads like the API's own; other methods get
+// 405.
+func ReadOnly(h http.Handler, opts Options) http.Handler {
+	auth := newAuthorizer(opts)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet {
+			w.Header().Set("Allow", http.MethodGet)
+			writeError(w, &Error{Code: codes.Unimplemented, Message: fmt.Sprintf("method %s not allowed on %s (allowed: GET)", r.Method, r.URL.Path)})
+			return
+		}
+		if e := auth.check(r.Header.Get("Authorization"), false); e != nil {
+			if e.Code == codes.Unauthenticated {
+				w.Header().Set("WWW-Authenticate", `Bearer realm="kvrelay"`)
+			}
+			writeError(w, e)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
