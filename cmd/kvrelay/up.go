@@ -53,6 +53,7 @@ func newUpCmd() *cobra.Command {
 		dataDir         string
 		static          bool
 		ebpfMode        string
+		pf              upPlannerFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "up",
@@ -146,11 +147,19 @@ there, a max_tokens=1 leg to a prefill worker whose KV blocks the decode worker 
 					pc.XDS = cp.XDSAddr()
 					pc.NodeID = "up-proxy"
 				}
+				stopPlanner, err := pf.start(ctx, out, upPlannerEnv{cp: cp, workers: uws, model: model, blockSize: f.engine.BlockSize, gpuBlocks: gpuBlocks, speedup: speedup, host: host})
+				if err != nil {
+					if cp != nil {
+						_ = cp.Close()
+					}
+					return nil, err
+				}
 				p, err := startProxy(ctx, pc)
 				if err == nil {
 					err = p.Registerer().Register(probes) // kvrelay_ebpf_* on the proxy's /metrics
 				}
 				if err != nil {
+					stopPlanner()
 					if cp != nil {
 						_ = cp.Close()
 					}
@@ -187,6 +196,7 @@ there, a max_tokens=1 leg to a prefill worker whose KV blocks the decode worker 
 				if cp != nil {
 					return func() error {
 						err := p.Run(ctx)
+						stopPlanner()
 						_ = cp.Close()
 						return err
 					}, nil
@@ -215,6 +225,7 @@ there, a max_tokens=1 leg to a prefill worker whose KV blocks the decode worker 
 	fs.StringVar(&apiListen, "api-listen", "127.0.0.1:18080", "the control plane's operator API address")
 	fs.StringVar(&dataDir, "data-dir", "", "the control plane's data directory (default: a temporary one, removed on exit)")
 	fs.BoolVar(&static, "static", false, "no control plane: the proxy routes alone over static upstreams")
+	pf.register(fs)
 	addEBPFFlag(fs, &ebpfMode)
 	return cmd
 }
