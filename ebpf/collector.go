@@ -16,6 +16,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvrelay/kvrelay/ebpf/gpu"
 	"github.com/kvrelay/kvrelay/ebpf/probes"
 )
 
@@ -98,6 +99,7 @@ type Collector struct {
 	lq      *probes.ListenQ
 	rq      *probes.RunQLat
 	queue   map[netip.AddrPort]queueSample
+	gpu     gpu.Collector // nil without NVML (no nvml build tag, or no driver)
 
 	stop chan struct{}
 	wg   sync.WaitGroup
@@ -185,8 +187,17 @@ func Privileged() bool {
 
 // Start attaches the probes (per Mode) and starts sampling the accept queues until ctx ends
 // or Close. Each probe that fails is logged once and marked inactive. It returns an error
-// only in ModeOn when no probe attached.
+// only in ModeOn when no probe attached. It also opens NVML for the GPU metrics (whatever the
+// mode: they need no privileges) when the build has the nvml tag and the host a driver.
+// Register the collector after Start: Describe lists the GPU metrics only once NVML is open.
 func (c *Collector) Start(ctx context.Context) error {
+	if g, err := gpu.Open(); err != nil {
+		c.log.Debug("ebpf: no GPU metrics", "err", err)
+	} else {
+		c.mu.Lock()
+		c.gpu = g
+		c.mu.Unlock()
+	}
 	switch c.cfg.Mode {
 	case ModeOff:
 		c.setAll(errors.New("--ebpf off"))
@@ -412,6 +423,12 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		ch <- d
 	}
 	c.queueDepth.Describe(ch)
+	c.mu.Lock()
+	g := c.gpu
+	c.mu.Unlock()
+	if g != nil {
+		g.Describe(ch)
+	}
 }
 
 // Collect implements prometheus.Collector: it reads the kernel maps now.
@@ -482,6 +499,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	c.queueDepth.Collect(ch)
+	if c.gpu != nil {
+		c.gpu.Collect(ch)
+	}
 }
 
 func addHist(m map[attribution]*probes.Hist, a attribution, h *probes.Hist) {
@@ -550,6 +570,10 @@ func (c *Collector) Close() error {
 	if c.rq != nil {
 		errs = append(errs, c.rq.Close())
 		c.rq = nil
+	}
+	if c.gpu != nil {
+		errs = append(errs, c.gpu.Close())
+		c.gpu = nil
 	}
 	for _, p := range Probes {
 		c.errs[p] = errors.New("closed")
