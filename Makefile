@@ -24,6 +24,7 @@ run: build ## start the embedded default (kvrelay up) on loopback; Ctrl-C stops 
 test: ## run every test with the race detector
 	$(GO) vet $(PKGS)
 	$(GO) test -race -timeout 14m $(PKGS)
+	@if command -v gcc >/dev/null 2>&1; then $(GO) test -race -tags nvml ./ebpf/gpu; else echo "ebpf/gpu: no C compiler, NVML tests (-tags nvml) skipped"; fi
 
 .PHONY: bench
 bench: ## run the Go benchmarks (BENCHTIME=1s)
