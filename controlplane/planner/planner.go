@@ -505,6 +505,9 @@ func (p *Planner) throughputStep(ctx context.Context, now time.Time, a Observati
 		t2 := clampPool(t, lim)
 		if t2 != t {
 			reason += fmt.Sprintf("; limited to [%d, %d]", lim.Min, lim.Max)
+			if t2 == st.current {
+				reason += ": hold"
+			}
 		}
 		targets[pool], reasons[pool] = t2, reason
 		// The floor load mode keeps to is what throughput mode needs, not the held size.

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# The planner measurement: one swinging workload (a diurnal ramp: PHASES steps of STEP
+# seconds at BASE × 1, 2, 3, 4, 3, 2, 1 requests/s) replayed against `kvrelay up` three ways:
+# a static fleet sized for the peak (PEAK workers), one sized for the mean (MEAN workers), and
+# 1 worker under --planner (scaling up to PEAK). For each: SLA attainment (goodput share under
+# the TTFT/ITL SLO, from bench run's results.json), worker-seconds (the planner's from its
+# kvrelay_planner_replicas gauge sampled every second) and scaling actions.
+#
+#   hack/bench-planner.sh            # defaults below; ~3 × 7 × STEP seconds
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SPEEDUP=${SPEEDUP:-2}            # engine speedup (targets and SLOs in engine time)
+BASE=${BASE:-5}                  # req/s (wall) of the trough
+STEP=${STEP:-30}                 # seconds per phase
+PEAK=${PEAK:-4} MEAN=${MEAN:-2}
+ISL=${ISL:-1000} OSL=${OSL:-150}
+TTFT=${TTFT:-2s} ITL=${ITL:-50ms}
+OUT=${OUT:-bench-planner}
+mkdir -p "$OUT"
+go build -o "$OUT/kvrelay" ./cmd/kvrelay
+BIN=$OUT/kvrelay
+port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
+
+run() { # NAME WORKERS [up flags...]
+  local name=$1 workers=$2; shift 2
+  local b=$((21000 + RANDOM % 8000)) api proxy
+  proxy=$((b + 300)); api=$((b + 302))
+  "$BIN" up --workers "$workers" --speedup-ratio "$SPEEDUP" --base-port "$b" --kv-events-base-port $((b + 100)) \
+    --kv-events-replay-base-port $((b + 200)) --proxy-listen 127.0.0.1:$proxy --xds-listen 127.0.0.1:$((b + 301)) \
+    --api-listen 127.0.0.1:$api "$@" >"$OUT/$name-up.log" 2>&1 &
+  local up=$!
+  for _ in $(seq 300); do curl -fsS -o /dev/null http://127.0.0.1:$proxy/v1/models 2>/dev/null && break; sleep 0.1; done
+  sleep 15 # the planner profiles its first worker
+  # worker count sampler: the planner's gauge, else the static size
+  ( while kill -0 $up 2>/dev/null; do
+      n=$(curl -fsS http://127.0.0.1:$api/metrics 2>/dev/null | awk '/^kvrelay_planner_replicas\{/{s+=$2} END{print s+0}')
+      [ "$n" = 0 ] && n=$workers; echo "$n"; sleep 1; done ) >"$OUT/$name-workers.txt" &
+  local sampler=$!
+  local i=0
+  for m in 1 2 3 4 3 2 1; do
+    "$BIN" bench run --target http://127.0.0.1:$proxy/v1 --workload "fixed:isl=$ISL,osl=$OSL,requests=100000" \
+      --rate $((BASE * m)) --duration "${STEP}s" --time-scale "$SPEEDUP" --slo-ttft "$TTFT" --slo-itl "$ITL" \
+      --seed $((i + 1)) --out "$OUT/$name-phase$i" >/dev/null 2>&1 || true
+    i=$((i + 1))
+  done
+  curl -fsS "http://127.0.0.1:$api/v1/planner/decisions?changes=1" >"$OUT/$name-decisions.json" 2>/dev/null || true
+  kill $up; wait $up 2>/dev/null || true; kill $sampler 2>/dev/null || true
+  python3 - "$OUT" "$name" <<'PY'
+import glob, json, sys
+out, name = sys.argv[1], sys.argv[2]
+ok = tot = 0
+for f in sorted(glob.glob(f"{out}/{name}-phase*/results.json")):
+    r = json.load(open(f))
+    s = (r[0] if isinstance(r, list) else r)["summary"]
+    n, share = s["requests"], s["goodput_share"]
+    ok += share * n; tot += n
+ws = sum(int(x) for x in open(f"{out}/{name}-workers.txt").read().split() if x.strip())
+acts = 0
+try:
+    acts = sum(1 for d in json.load(open(f"{out}/{name}-decisions.json"))["decisions"] if d.get("applied"))
+except Exception:
+    pass
+print(f"{name}\tattainment={ok / max(tot, 1):.4f}\tworker_seconds={ws}\tscaling_actions={acts}")
+PY
+}
+{
+  run peak "$PEAK"
+  run mean "$MEAN"
+  run planner 1 --planner --planner-interval 15s --planner-load-interval 3s --planner-max "$PEAK" \
+    --planner-cooldown 30s --planner-ttft "$TTFT" --planner-itl "$ITL"
+} | tee "$OUT/summary.tsv"
