@@ -87,6 +87,41 @@ func (f *upPlannerFlags) start(ctx context.Context, out io.Writer, env upPlanner
 		}
 		fixed[pool]++
 	}
+	// The workers run once up's setup returns: profile them and plan in the background.
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	var act *planner.LocalActuator
+	go func() {
+		defer close(done)
+		p, a, err := f.build(ctx, out, env, fixed, first, log)
+		act = a
+		if err != nil {
+			if ctx.Err() == nil {
+				log.Error("planner not started", "err", err)
+			}
+			return
+		}
+		_ = p.Run(ctx)
+	}()
+	what := "scaling with simulated worker processes"
+	if f.dryRun {
+		what = "dry run: decisions only"
+	}
+	fmt.Fprintf(out, "planner   TTFT ≤ %s, ITL ≤ %s (engine time), every %s (load checks every %s), up to %d per pool; %s; decisions at http://%s/v1/planner/decisions\n",
+		f.ttft, f.itl, f.interval, f.loadInterval, f.max, what, env.cp.APIAddr())
+	return func() {
+		cancel()
+		<-done
+		if act != nil {
+			_ = act.Close()
+		}
+	}, nil
+}
+
+// build profiles the workers (unless --planner-profile) and builds the planner and its
+// local actuator.
+func (f *upPlannerFlags) build(ctx context.Context, out io.Writer, env upPlannerEnv, fixed map[planner.Pool]int, first map[planner.Pool]upWorker, log *slog.Logger) (*planner.Planner, *planner.LocalActuator, error) {
+	var err error
 	cfg := planner.DefaultConfig()
 	cfg.Pools = map[planner.Pool]planner.PoolLimits{}
 	cfg.Profiles = map[planner.Pool]*planner.Profile{}
@@ -96,7 +131,7 @@ func (f *upPlannerFlags) start(ctx context.Context, out io.Writer, env upPlanner
 		var p *planner.Profile
 		if f.profile != "" {
 			if p, err = planner.LoadProfile(f.profile); err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 		} else {
 			w := first[pool]
@@ -108,7 +143,7 @@ func (f *upPlannerFlags) start(ctx context.Context, out io.Writer, env upPlanner
 				mc.Role = "decode"
 			}
 			if p, err = planner.Measure(ctx, mc); err != nil {
-				return nil, fmt.Errorf("planner: profiling %s: %w", w.id, err)
+				return nil, nil, fmt.Errorf("planner: profiling %s: %w", w.id, err)
 			}
 		}
 		cfg.Profiles[pool] = p
@@ -128,23 +163,10 @@ func (f *upPlannerFlags) start(ctx context.Context, out io.Writer, env upPlanner
 	}
 	p, err := planner.New(cfg, &planner.MetricsObserver{Workers: env.cp.Registry()}, act)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if err := env.cp.SetPlanner(p.Handler(), p.Collector()); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() { defer close(done); _ = p.Run(ctx) }()
-	what := "scaling with simulated worker processes"
-	if f.dryRun {
-		what = "dry run: decisions only"
-	}
-	fmt.Fprintf(out, "planner   TTFT ≤ %s, ITL ≤ %s (engine time), every %s (load checks every %s), up to %d per pool; %s; decisions at http://%s/v1/planner/decisions\n",
-		f.ttft, f.itl, f.interval, f.loadInterval, f.max, what, env.cp.APIAddr())
-	return func() {
-		cancel()
-		<-done
-		_ = act.Close()
-	}, nil
+	return p, act, nil
 }
