@@ -125,7 +125,7 @@ func TestCollector(t *testing.T) {
 	}
 	// New connections (no keep-alive) so connects are seen too.
 	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true, DialContext: (&net.Dialer{}).DialContext}}
-	for range 5 {
+	for range 20 { // RTT callbacks are sampled one in eight
 		resp, err := client.Post(srv.URL, "application/json", strings.NewReader(`{"prompt":"hi"}`))
 		if err != nil {
 			t.Fatal(err)
@@ -154,11 +154,11 @@ func TestCollector(t *testing.T) {
 			t.Errorf("%s: no observations", name)
 		}
 	}
-	if h := mfs["kvrelay_ebpf_first_byte_seconds"].GetMetric()[0].GetHistogram(); h.GetSampleCount() >= 5 {
+	if h := mfs["kvrelay_ebpf_first_byte_seconds"].GetMetric()[0].GetHistogram(); h.GetSampleCount() >= 20 {
 		if mean := h.GetSampleSum() / float64(h.GetSampleCount()); mean < delay.Seconds() {
 			t.Errorf("mean first byte %.3fs with a %v engine delay", mean, delay)
 		}
 	} else {
-		t.Errorf("first byte observations %d, want ≥ 5", h.GetSampleCount())
+		t.Errorf("first byte observations %d, want ≥ 20", h.GetSampleCount())
 	}
 }

@@ -45,6 +45,19 @@ struct {
 	__type(value, __u64);
 } sent SEC(".maps");
 
+// ports: the watched endpoints' ports as a bitmap, so that a packet of any other connection
+// leaves after one inlined array lookup (both programs run on every packet of the cgroup).
+struct portset {
+	__u64 bits[1024];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct portset);
+} ports SEC(".maps");
+
 struct pkt {
 	__u32 saddr, daddr;
 	__u16 sport, dport;
@@ -52,28 +65,39 @@ struct pkt {
 	__u32 off; // where the payload starts
 };
 
-static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
+// parse reads a TCP/IPv4 packet with payload whose remote port (the destination on egress,
+// the source on ingress) is watched; it reads the headers in place (skb->data is the IP
+// header in cgroup_skb programs).
+static __always_inline int parse(struct __sk_buff *skb, struct pkt *p, int egress)
 {
-	struct iphdr iph;
-	struct tcphdr tcph;
-
 	if (skb->protocol != bpf_htons(ETH_P_IP))
 		return 0;
-	if (bpf_skb_load_bytes(skb, 0, &iph, sizeof(iph)) < 0)
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	struct iphdr *iph = data;
+	if ((void *)(iph + 1) > end)
 		return 0;
-	if (iph.protocol != IPPROTO_TCP)
+	if (iph->protocol != IPPROTO_TCP)
 		return 0;
-	__u32 ihl = iph.ihl * 4;
-	if (bpf_skb_load_bytes(skb, ihl, &tcph, sizeof(tcph)) < 0)
+	__u32 ihl = iph->ihl * 4;
+	if (ihl < sizeof(*iph))
 		return 0;
-	__u32 hdrs = ihl + tcph.doff * 4;
-	__u32 total = bpf_ntohs(iph.tot_len);
+	struct tcphdr *th = data + ihl;
+	if ((void *)(th + 1) > end)
+		return 0;
+	__u16 port = bpf_ntohs(egress ? th->dest : th->source);
+	__u32 zero = 0;
+	struct portset *ps = bpf_map_lookup_elem(&ports, &zero);
+	if (!ps || !((ps->bits[(port >> 6) & 1023] >> (port & 63)) & 1))
+		return 0;
+	__u32 hdrs = ihl + th->doff * 4;
+	__u32 total = bpf_ntohs(iph->tot_len);
 	if (total <= hdrs)
 		return 0;
-	p->saddr = iph.saddr;
-	p->daddr = iph.daddr;
-	p->sport = bpf_ntohs(tcph.source);
-	p->dport = bpf_ntohs(tcph.dest);
+	p->saddr = iph->saddr;
+	p->daddr = iph->daddr;
+	p->sport = bpf_ntohs(th->source);
+	p->dport = bpf_ntohs(th->dest);
 	p->payload = total - hdrs;
 	p->off = hdrs;
 	return 1;
@@ -83,7 +107,7 @@ SEC("cgroup_skb/egress")
 int kvrelay_fb_egress(struct __sk_buff *skb)
 {
 	struct pkt p = {};
-	if (!parse(skb, &p))
+	if (!parse(skb, &p, 1))
 		return 1;
 	struct endpoint ep = { .addr = p.daddr, .port = p.dport };
 	if (!bpf_map_lookup_elem(&targets, &ep))
@@ -113,7 +137,7 @@ SEC("cgroup_skb/ingress")
 int kvrelay_fb_ingress(struct __sk_buff *skb)
 {
 	struct pkt p = {};
-	if (!parse(skb, &p))
+	if (!parse(skb, &p, 0))
 		return 1;
 	struct endpoint ep = { .addr = p.saddr, .port = p.sport };
 	if (!bpf_map_lookup_elem(&targets, &ep))

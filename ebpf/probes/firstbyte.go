@@ -37,6 +37,14 @@ func AttachFirstByte(cgroupPath string) (*FirstByte, error) {
 
 // SetTargets makes the probe watch exactly the connections to eps (IPv4; others ignored).
 func (p *FirstByte) SetTargets(eps []netip.AddrPort) error {
+	var ports [1024]uint64
+	for _, ep := range eps {
+		ports[ep.Port()>>6] |= 1 << (ep.Port() & 63)
+	}
+	// Ports first when adding, last when removing, so the bitmap never hides a target.
+	if err := p.objs.Ports.Put(uint32(0), &ports); err != nil {
+		return fmt.Errorf("watching ports: %w", err)
+	}
 	return setTargets(p.objs.Targets, eps)
 }
 

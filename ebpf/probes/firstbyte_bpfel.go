@@ -41,11 +41,17 @@ type firstbyteHistKey struct {
 	Kind uint32
 }
 
+type firstbytePortset struct {
+	_    structs.HostLayout
+	Bits [1024]uint64
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	firstbyteMapHists             = "hists"
+	firstbyteMapPorts             = "ports"
 	firstbyteMapSent              = "sent"
 	firstbyteMapTargets           = "targets"
 	firstbyteProgKvrelayFbEgress  = "kvrelay_fb_egress"
@@ -103,6 +109,7 @@ type firstbyteProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type firstbyteMapSpecs struct {
 	Hists   *ebpf.MapSpec `ebpf:"hists"`
+	Ports   *ebpf.MapSpec `ebpf:"ports"`
 	Sent    *ebpf.MapSpec `ebpf:"sent"`
 	Targets *ebpf.MapSpec `ebpf:"targets"`
 }
@@ -134,6 +141,7 @@ func (o *firstbyteObjects) Close() error {
 // It can be passed to loadFirstbyteObjects or ebpf.CollectionSpec.LoadAndAssign.
 type firstbyteMaps struct {
 	Hists   *ebpf.Map `ebpf:"hists"`
+	Ports   *ebpf.Map `ebpf:"ports"`
 	Sent    *ebpf.Map `ebpf:"sent"`
 	Targets *ebpf.Map `ebpf:"targets"`
 }
@@ -141,6 +149,7 @@ type firstbyteMaps struct {
 func (m *firstbyteMaps) Close() error {
 	return _FirstbyteClose(
 		m.Hists,
+		m.Ports,
 		m.Sent,
 		m.Targets,
 	)

@@ -13,13 +13,22 @@
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
-// pids: the processes (tgids) to watch, written by user space.
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 1024);
-	__type(key, __u32);
-	__type(value, __u8);
-} pids SEC(".maps");
+// watched_tgids: the processes to watch (0: an empty slot), written by user space. An array
+// compared inline rather than a map lookup: sched_switch runs on every context switch of the
+// machine, and most of them are of other processes.
+#define MAX_PIDS 16
+volatile __u32 watched_tgids[MAX_PIDS];
+
+static __always_inline int watched(__u32 tgid)
+{
+	if (!tgid)
+		return 0;
+#pragma unroll
+	for (int i = 0; i < MAX_PIDS; i++)
+		if (watched_tgids[i] == tgid)
+			return 1;
+	return 0;
+}
 
 // queued: thread id -> when it became runnable.
 struct {
@@ -37,12 +46,14 @@ struct {
 	__type(value, struct hist);
 } hists SEC(".maps");
 
+// The task pointers of tp_btf programs are BTF pointers: fields are read directly (CO-RE
+// relocated through vmlinux.h's preserve_access_index), without probe-read helper calls.
 static __always_inline void enqueue(struct task_struct *p)
 {
-	__u32 tgid = BPF_CORE_READ(p, tgid);
-	if (!bpf_map_lookup_elem(&pids, &tgid))
+	__u32 tgid = p->tgid;
+	if (!watched(tgid))
 		return;
-	__u32 pid = BPF_CORE_READ(p, pid);
+	__u32 pid = p->pid;
 	__u64 now = bpf_ktime_get_ns();
 	bpf_map_update_elem(&queued, &pid, &now, BPF_ANY);
 }
@@ -64,16 +75,18 @@ int BPF_PROG(kvrelay_wakeup_new, struct task_struct *p)
 SEC("tp_btf/sched_switch")
 int BPF_PROG(kvrelay_switch, bool preempt, struct task_struct *prev, struct task_struct *next)
 {
-	if (BPF_CORE_READ(prev, __state) == TASK_RUNNING)
+	if (prev->__state == TASK_RUNNING)
 		enqueue(prev);
 
-	__u32 pid = BPF_CORE_READ(next, pid);
+	__u32 tgid = next->tgid;
+	if (!watched(tgid))
+		return 0;
+	__u32 pid = next->pid;
 	__u64 *ts = bpf_map_lookup_elem(&queued, &pid);
 	if (!ts)
 		return 0;
 	__u64 delta = bpf_ktime_get_ns() - *ts;
 	bpf_map_delete_elem(&queued, &pid);
-	__u32 tgid = BPF_CORE_READ(next, tgid);
 	hist_add(&hists, &tgid, delta);
 	return 0;
 }

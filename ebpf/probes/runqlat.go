@@ -1,7 +1,6 @@
 package probes
 
 import (
-	"errors"
 	"fmt"
 
 	"github.com/cilium/ebpf"
@@ -36,36 +35,19 @@ func AttachRunQLat() (*RunQLat, error) {
 	return p, nil
 }
 
-// SetPIDs makes the probe watch exactly the processes (thread group ids) in pids.
+// MaxPIDs is how many processes one RunQLat watches.
+const MaxPIDs = 16
+
+// SetPIDs makes the probe watch exactly the processes (thread group ids) in pids, at most
+// MaxPIDs.
 func (p *RunQLat) SetPIDs(pids []uint32) error {
-	want := map[uint32]bool{}
-	for _, pid := range pids {
-		want[pid] = true
+	if len(pids) > MaxPIDs {
+		return fmt.Errorf("watching %d processes: at most %d", len(pids), MaxPIDs)
 	}
-	var (
-		k    uint32
-		v    uint8
-		drop []uint32
-	)
-	it := p.objs.Pids.Iterate()
-	for it.Next(&k, &v) {
-		if !want[k] {
-			drop = append(drop, k)
-		}
-		delete(want, k)
-	}
-	if err := it.Err(); err != nil {
-		return fmt.Errorf("reading watched pids: %w", err)
-	}
-	for _, k := range drop {
-		if err := p.objs.Pids.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return fmt.Errorf("unwatching pid %d: %w", k, err)
-		}
-	}
-	for k := range want {
-		if err := p.objs.Pids.Put(k, uint8(1)); err != nil {
-			return fmt.Errorf("watching pid %d: %w", k, err)
-		}
+	var slots [MaxPIDs]uint32
+	copy(slots[:], pids)
+	if err := p.objs.WatchedTgids.Set(slots); err != nil {
+		return fmt.Errorf("watching pids %v: %w", pids, err)
 	}
 	return nil
 }

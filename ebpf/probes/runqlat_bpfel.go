@@ -25,11 +25,11 @@ type runqlatHist struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	runqlatMapHists             = "hists"
-	runqlatMapPids              = "pids"
 	runqlatMapQueued            = "queued"
 	runqlatProgKvrelaySwitch    = "kvrelay_switch"
 	runqlatProgKvrelayWakeup    = "kvrelay_wakeup"
 	runqlatProgKvrelayWakeupNew = "kvrelay_wakeup_new"
+	runqlatVarWatchedTgids      = "watched_tgids"
 )
 
 // loadRunqlat returns the embedded CollectionSpec for runqlat.
@@ -84,7 +84,6 @@ type runqlatProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type runqlatMapSpecs struct {
 	Hists  *ebpf.MapSpec `ebpf:"hists"`
-	Pids   *ebpf.MapSpec `ebpf:"pids"`
 	Queued *ebpf.MapSpec `ebpf:"queued"`
 }
 
@@ -92,6 +91,7 @@ type runqlatMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type runqlatVariableSpecs struct {
+	WatchedTgids *ebpf.VariableSpec `ebpf:"watched_tgids"`
 }
 
 // runqlatObjects contains all objects after they have been loaded into the kernel.
@@ -115,14 +115,12 @@ func (o *runqlatObjects) Close() error {
 // It can be passed to loadRunqlatObjects or ebpf.CollectionSpec.LoadAndAssign.
 type runqlatMaps struct {
 	Hists  *ebpf.Map `ebpf:"hists"`
-	Pids   *ebpf.Map `ebpf:"pids"`
 	Queued *ebpf.Map `ebpf:"queued"`
 }
 
 func (m *runqlatMaps) Close() error {
 	return _RunqlatClose(
 		m.Hists,
-		m.Pids,
 		m.Queued,
 	)
 }
@@ -131,6 +129,7 @@ func (m *runqlatMaps) Close() error {
 //
 // It can be passed to loadRunqlatObjects or ebpf.CollectionSpec.LoadAndAssign.
 type runqlatVariables struct {
+	WatchedTgids *ebpf.Variable `ebpf:"watched_tgids"`
 }
 
 // runqlatPrograms contains all programs after they have been loaded into the kernel.

@@ -3,8 +3,8 @@
 // tcpconn: RTT and lifecycle of connections to watched engine endpoints.
 //
 // sock_ops (attached to a cgroup v2): on an active connection to a watched endpoint it turns
-// on the RTT and retransmit callbacks, then records every smoothed RTT sample and counts
-// retransmits. tp_btf/inet_sock_set_state: connect latency (SYN_SENT -> ESTABLISHED) and
+// on the RTT and retransmit callbacks, then records the smoothed RTT (one callback in eight,
+// at random) and counts retransmits. tp_btf/inet_sock_set_state: connect latency (SYN_SENT -> ESTABLISHED) and
 // aborts (ESTABLISHED, CLOSE_WAIT or SYN_SENT straight to CLOSE: a reset sent or received).
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -61,9 +61,16 @@ static __always_inline struct conn_counters *counters_of(const struct endpoint *
 	return bpf_map_lookup_elem(&counters, ep);
 }
 
+// RTT_SAMPLE_MASK: one RTT callback in RTT_SAMPLE_MASK+1 is recorded (the kernel calls the
+// program on every ACK that yields an RTT sample; srtt is already smoothed, so a random eighth
+// keeps its distribution at an eighth of the cost).
+#define RTT_SAMPLE_MASK 7
+
 SEC("sockops")
 int kvrelay_sockops(struct bpf_sock_ops *skops)
 {
+	if (skops->op == BPF_SOCK_OPS_RTT_CB && (bpf_get_prandom_u32() & RTT_SAMPLE_MASK))
+		return 1;
 	if (skops->family != AF_INET)
 		return 1;
 	struct endpoint ep = {
@@ -96,11 +103,11 @@ int kvrelay_sockops(struct bpf_sock_ops *skops)
 SEC("tp_btf/inet_sock_set_state")
 int BPF_PROG(kvrelay_set_state, const struct sock *sk, const int oldstate, const int newstate)
 {
-	if (BPF_CORE_READ(sk, __sk_common.skc_family) != AF_INET)
+	if (sk->__sk_common.skc_family != AF_INET)
 		return 0;
 	struct endpoint ep = {
-		.addr = BPF_CORE_READ(sk, __sk_common.skc_daddr),
-		.port = bpf_ntohs(BPF_CORE_READ(sk, __sk_common.skc_dport)),
+		.addr = sk->__sk_common.skc_daddr,
+		.port = bpf_ntohs(sk->__sk_common.skc_dport),
 	};
 	if (!bpf_map_lookup_elem(&targets, &ep))
 		return 0;
