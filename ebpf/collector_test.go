@@ -162,3 +162,23 @@ func TestCollector(t *testing.T) {
 		t.Errorf("first byte observations %d, want ≥ 20", h.GetSampleCount())
 	}
 }
+
+// TestPartialAttach: a probe that cannot attach (here the socket probes, given a cgroup that
+// does not exist) is inactive while the others run.
+func TestPartialAttach(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("attaching eBPF probes needs root")
+	}
+	c := New(Config{Mode: ModeOn, CgroupPath: t.TempDir() + "/no-such-cgroup", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err := c.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	got := active(gather(t, c))
+	want := map[string]float64{ProbeTCPRTT: 0, ProbeFirstByte: 0, ProbeTCPState: 1, ProbeListenQueue: 1, ProbeRunQueue: 1}
+	for p, v := range want {
+		if got[p] != v {
+			t.Errorf("probe %s active = %v, want %v", p, got[p], v)
+		}
+	}
+}
