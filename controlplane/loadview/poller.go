@@ -151,6 +151,11 @@ func (p *poller) poll(ctx context.Context) {
 		}
 	}
 	if err == nil {
+		if opts.KernelWaiting != nil {
+			if n, ok := opts.KernelWaiting(p.target.ID); ok && n > 0 {
+				load.Waiting += n
+			}
+		}
 		st.Load, st.ObservedAt, st.LastError = load, now, ""
 		if load.Found.Has(engines.FieldBlockSize) {
 			st.BlockSize = load.BlockSize

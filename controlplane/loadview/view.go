@@ -81,6 +81,12 @@ type Options struct {
 	Logger *slog.Logger
 	// Now stamps ObservedAt and CheckedAt (time.Now when nil).
 	Now func() time.Time
+	// KernelWaiting, when set, is asked for each worker after a successful scrape: requests
+	// seen waiting in front of the engine from the kernel (connections in its listener's
+	// accept queue, from the eBPF probes), which the engine's own metrics cannot show yet.
+	// They are added to Load.Waiting, so that routing reacts to a backlog early. Called from
+	// the pollers' goroutines; it must be safe for concurrent use and fast.
+	KernelWaiting func(workerID string) (int, bool)
 }
 
 func (o Options) withDefaults() Options {

@@ -1,0 +1,37 @@
+package loadview
+
+import (
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kvrelay/kvrelay/engines"
+)
+
+// TestKernelWaiting: requests the kernel sees waiting (the eBPF accept-queue signal) add to
+// the engine's own waiting count.
+func TestKernelWaiting(t *testing.T) {
+	const sglangBody = `sglang:num_running_reqs{model_name="m",tp_rank="0"} 7
+sglang:num_queue_reqs{model_name="m",tp_rank="0"} 2
+`
+	sg := newFakeEngine(t, body(sglangBody))
+	var backlog atomic.Int64
+	opts := testOptions()
+	opts.KernelWaiting = func(id string) (int, bool) {
+		if id != "sg" {
+			return 0, false
+		}
+		return int(backlog.Load()), true
+	}
+	v := newView(t, opts)
+	v.Sync([]Target{{ID: "sg", URL: sg.URL, Engine: engines.KindSGLang}})
+	eventually(t, 5*time.Second, "engine's own count", func() bool {
+		s, _ := v.Get("sg")
+		return s.Healthy && s.Load.Waiting == 2
+	})
+	backlog.Store(5)
+	eventually(t, 5*time.Second, "kernel backlog added", func() bool {
+		s, _ := v.Get("sg")
+		return s.Load.Waiting == 7 && s.Load.Running == 7
+	})
+}
