@@ -416,6 +416,23 @@ func (c *Collector) sample(ctx context.Context) {
 	}
 }
 
+// AcceptQueue is the last sampled accept-queue length of the worker's listener (summed over
+// its endpoints), and whether one was sampled: the connections waiting for the engine to
+// accept them, a backlog its own metrics cannot show yet. Safe for concurrent use; a load
+// signal for the control plane (controlplane.Options.KernelWaiting).
+func (c *Collector) AcceptQueue(worker string) (int, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n, found := 0, false
+	for ap, q := range c.queue {
+		if a, ok := c.targets[ap]; ok && a.worker == worker {
+			n += int(q.depth)
+			found = true
+		}
+	}
+	return n, found
+}
+
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.descActive, c.descSRTT, c.descConnect, c.descRetrans, c.descResets,

@@ -182,3 +182,49 @@ func TestPartialAttach(t *testing.T) {
 		}
 	}
 }
+
+// TestAcceptQueueSignal: connections an engine has not accepted show in AcceptQueue (the
+// control plane's kernel load signal) and in kvrelay_ebpf_listen_queue_length.
+func TestAcceptQueueSignal(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("attaching eBPF probes needs root")
+	}
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	c := New(Config{Mode: ModeOn, SampleInterval: 10 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err := c.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.SetTargets([]Target{{Addr: ln.Addr().String(), Worker: "w1", Pool: "prefill"}}); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		conn, err := net.Dial("tcp4", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+	}
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		if n, ok := c.AcceptQueue("w1"); ok && n == 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			n, ok := c.AcceptQueue("w1")
+			t.Fatalf("AcceptQueue(w1) = %d, %v; want 3", n, ok)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if _, ok := c.AcceptQueue("nobody"); ok {
+		t.Error("AcceptQueue of an unknown worker reported")
+	}
+	mf := gather(t, c)["kvrelay_ebpf_listen_queue_length"]
+	if mf == nil || mf.GetMetric()[0].GetGauge().GetValue() != 3 {
+		t.Errorf("kvrelay_ebpf_listen_queue_length: %v", mf)
+	}
+}
