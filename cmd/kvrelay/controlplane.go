@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/kvrelay/kvrelay/controlplane"
 	"github.com/kvrelay/kvrelay/controlplane/registry"
+	"github.com/kvrelay/kvrelay/ebpf"
 )
 
 func newControlPlaneCmd() *cobra.Command {
@@ -28,6 +30,7 @@ func newControlPlaneCmd() *cobra.Command {
 		k8sTmpl   string
 		kubeconf  string
 		ebpfMode  string
+		ebpfLoad  bool
 	)
 	cmd := &cobra.Command{
 		Use:   "controlplane",
@@ -67,7 +70,7 @@ Model and block size are discovered when not given.`,
 				opts.K8s = src
 			}
 			opts.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
-			return runControlPlane(cmd.Context(), cmd.OutOrStdout(), opts, ebpfMode)
+			return runControlPlane(cmd.Context(), cmd.OutOrStdout(), opts, ebpfMode, ebpfLoad)
 		},
 	}
 	fs := cmd.Flags()
@@ -75,6 +78,7 @@ Model and block size are discovered when not given.`,
 	fs.StringVar(&opts.APIListen, "api-listen", "127.0.0.1:18080", "operator API (JSON over HTTP and gRPC) and /metrics")
 	fs.StringVar(&opts.DataDir, "data-dir", "", "directory for the registry and policies (required)")
 	addEBPFFlag(fs, &ebpfMode)
+	fs.BoolVar(&ebpfLoad, "ebpf-load-signals", false, "count connections waiting in a worker's accept queue (eBPF listen_queue probe) as waiting requests in its load")
 	fs.StringArrayVar(&workers, "worker", nil, "a worker: id=,url=,kv-events=,engine=,... (repeat for each)")
 	fs.StringVar(&opts.WorkersFile, "workers-file", "", "YAML file of workers, reloaded when it changes")
 	fs.StringVar(&tokenFile, "api-token-file", "", "file holding the bearer token that mutating operator calls need")
@@ -88,7 +92,17 @@ Model and block size are discovered when not given.`,
 }
 
 // runControlPlane starts a control plane and serves until ctx ends.
-func runControlPlane(ctx context.Context, out io.Writer, opts controlplane.Options, ebpfMode string) error {
+func runControlPlane(ctx context.Context, out io.Writer, opts controlplane.Options, ebpfMode string, ebpfLoad bool) error {
+	// The load view asks the probes once they run (they follow the registry, which New opens).
+	var probes atomic.Pointer[ebpf.Collector]
+	if ebpfLoad {
+		opts.KernelWaiting = func(id string) (int, bool) {
+			if c := probes.Load(); c != nil {
+				return c.AcceptQueue(id)
+			}
+			return 0, false
+		}
+	}
 	cp, err := controlplane.New(opts)
 	if err != nil {
 		return err
@@ -99,14 +113,15 @@ func runControlPlane(ctx context.Context, out io.Writer, opts controlplane.Optio
 	}
 	// The probes watch the registered workers' connections from this host (its scrapes, and
 	// a proxy's when one runs here) and their accept queues, on the operator API's /metrics.
-	probes, err := startEBPF(ctx, ebpfMode, registryEBPFTargets(cp.Registry()), nil)
+	c, err := startEBPF(ctx, ebpfMode, registryEBPFTargets(cp.Registry()), nil)
 	if err == nil {
-		err = cp.Registerer().Register(probes)
+		err = cp.Registerer().Register(c)
 	}
 	if err != nil {
 		_ = cp.Close()
 		return err
 	}
+	probes.Store(c)
 	fmt.Fprintf(out, "kvrelay control plane: xds %s  api http://%s  %d workers\n", cp.XDSAddr(), cp.APIAddr(), len(cp.Registry().Workers()))
 	return cp.Run(ctx)
 }
