@@ -73,8 +73,10 @@ type Process struct {
 // Config configures a Collector.
 type Config struct {
 	Mode Mode
-	// CgroupPath is the cgroup v2 the socket probes attach to (default: the hierarchy's
-	// root, wherever cgroup2 is mounted): they see the sockets of every process below it.
+	// CgroupPath is the cgroup v2 the socket probes attach to; they see the sockets of every
+	// process below it. Default: this process's own cgroup (a proxy's container or service:
+	// the probes then run only on its packets), which is the hierarchy's root where
+	// processes are not put in cgroups of their own.
 	CgroupPath string
 	// SampleInterval is how often the accept queues are sampled (default 250ms).
 	SampleInterval time.Duration
@@ -212,7 +214,7 @@ func (c *Collector) Start(ctx context.Context) error {
 	cg := c.cfg.CgroupPath
 	var cgErr error
 	if cg == "" {
-		cg, cgErr = probes.CgroupV2()
+		cg, cgErr = probes.OwnCgroupV2()
 	}
 
 	c.mu.Lock()
@@ -260,7 +262,7 @@ func (c *Collector) Start(ctx context.Context) error {
 	if active == 0 && c.cfg.Mode == ModeOn {
 		return errors.New("ebpf: --ebpf on but no probe attached (see the warnings above)")
 	}
-	c.log.Info("ebpf: probes attached", "active", active, "of", len(Probes))
+	c.log.Info("ebpf: probes attached", "active", active, "of", len(Probes), "cgroup", cg)
 	if c.lq != nil {
 		c.wg.Add(1)
 		go c.sample(ctx)

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 
@@ -167,4 +168,27 @@ func CgroupV2() (string, error) {
 		}
 	}
 	return "", errors.New("finding cgroup v2: not mounted")
+}
+
+// OwnCgroupV2 returns the cgroup v2 directory this process belongs to (from /proc/self/cgroup's
+// "0::" line under the cgroup2 mount), or the hierarchy's root when the line is missing.
+func OwnCgroupV2() (string, error) {
+	root, err := CgroupV2()
+	if err != nil {
+		return "", err
+	}
+	b, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		return root, nil
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rel, ok := strings.CutPrefix(line, "0::"); ok {
+			dir := filepath.Join(root, filepath.Clean("/"+rel))
+			if st, err := os.Stat(dir); err == nil && st.IsDir() {
+				return dir, nil
+			}
+			break
+		}
+	}
+	return root, nil
 }
