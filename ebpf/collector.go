@@ -78,6 +78,9 @@ type Config struct {
 	// the probes then run only on its packets), which is the hierarchy's root where
 	// processes are not put in cgroups of their own.
 	CgroupPath string
+	// Probes selects the probes to attach by name (ProbeTCPRTT, …); nil attaches all. The
+	// tcp_rtt and tcp_state probes share one object: selecting either loads it.
+	Probes []string
 	// SampleInterval is how often the accept queues are sampled (default 250ms).
 	SampleInterval time.Duration
 	Logger         *slog.Logger
@@ -217,16 +220,38 @@ func (c *Collector) Start(ctx context.Context) error {
 		cg, cgErr = probes.OwnCgroupV2()
 	}
 
+	want := func(names ...string) bool {
+		if c.cfg.Probes == nil {
+			return true
+		}
+		for _, n := range names {
+			if slices.Contains(c.cfg.Probes, n) {
+				return true
+			}
+		}
+		return false
+	}
 	c.mu.Lock()
-	if cgErr != nil {
-		c.errs[ProbeTCPRTT], c.errs[ProbeTCPState], c.errs[ProbeFirstByte] = cgErr, cgErr, cgErr
-	} else {
+	unselected := errors.New("not selected")
+	switch {
+	case !want(ProbeTCPRTT, ProbeTCPState):
+		c.errs[ProbeTCPRTT], c.errs[ProbeTCPState] = unselected, unselected
+	case cgErr != nil:
+		c.errs[ProbeTCPRTT], c.errs[ProbeTCPState] = cgErr, cgErr
+	default:
 		if p, err := probes.AttachTCPConn(cg); err != nil {
 			c.errs[ProbeTCPRTT], c.errs[ProbeTCPState] = err, err
 		} else {
 			c.tcp = p
 			c.errs[ProbeTCPRTT], c.errs[ProbeTCPState] = p.SockOpsErr, p.SetStateErr
 		}
+	}
+	switch {
+	case !want(ProbeFirstByte):
+		c.errs[ProbeFirstByte] = unselected
+	case cgErr != nil:
+		c.errs[ProbeFirstByte] = cgErr
+	default:
 		if p, err := probes.AttachFirstByte(cg); err != nil {
 			c.errs[ProbeFirstByte] = err
 		} else {
@@ -234,13 +259,17 @@ func (c *Collector) Start(ctx context.Context) error {
 			c.errs[ProbeFirstByte] = nil
 		}
 	}
-	if p, err := probes.AttachListenQ(); err != nil {
+	if !want(ProbeListenQueue) {
+		c.errs[ProbeListenQueue] = unselected
+	} else if p, err := probes.AttachListenQ(); err != nil {
 		c.errs[ProbeListenQueue] = err
 	} else {
 		c.lq = p
 		c.errs[ProbeListenQueue] = nil
 	}
-	if p, err := probes.AttachRunQLat(); err != nil {
+	if !want(ProbeRunQueue) {
+		c.errs[ProbeRunQueue] = unselected
+	} else if p, err := probes.AttachRunQLat(); err != nil {
 		c.errs[ProbeRunQueue] = err
 	} else {
 		c.rq = p
@@ -248,7 +277,9 @@ func (c *Collector) Start(ctx context.Context) error {
 	}
 	active := 0
 	for _, name := range Probes {
-		if err := c.errs[name]; err != nil {
+		if err := c.errs[name]; err == unselected {
+			continue
+		} else if err != nil {
 			c.log.Warn("ebpf: probe inactive", "probe", name, "err", err)
 		} else {
 			active++

@@ -228,3 +228,20 @@ func TestAcceptQueueSignal(t *testing.T) {
 		t.Errorf("kvrelay_ebpf_listen_queue_length: %v", mf)
 	}
 }
+
+func TestProbeSelection(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("attaching eBPF probes needs root")
+	}
+	c := New(Config{Mode: ModeOn, Probes: []string{ProbeRunQueue, ProbeFirstByte}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err := c.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	want := map[string]bool{ProbeRunQueue: true, ProbeFirstByte: true, ProbeTCPRTT: false, ProbeTCPState: false, ProbeListenQueue: false}
+	for p, on := range c.Active() {
+		if on != want[p] {
+			t.Errorf("probe %s active = %v, want %v", p, on, want[p])
+		}
+	}
+}

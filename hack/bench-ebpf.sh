@@ -26,6 +26,8 @@
 #
 # Environment: ROUNDS [4] DURATION [3] seconds per run  CONNS [16]  PIN [0]  N [40]  SPEEDUP [1]
 #   BPFSTATS [0]
+#   PROBES: comma-separated probes to attach in the "on" runs (default all): tcp_rtt,
+#     tcp_state, first_byte, listen_queue, runq_latency
 #   SCOPE [proxy]: the cgroup the socket probes attach to: "proxy", a cgroup v2 of its own that
 #     the proxy starts in (as a container or a systemd service would put it), or "root", the
 #     whole hierarchy (what `kvrelay up` does), where they also run on every packet of wrk and
@@ -42,6 +44,7 @@ N=${N:-40}
 SPEEDUP=${SPEEDUP:-1}
 BPFSTATS=${BPFSTATS:-0}
 SCOPE=${SCOPE:-proxy}
+PROBES=${PROBES:-}
 [ "$(id -u)" = 0 ] || { echo "bench-ebpf: needs root (the probes do)"; exit 1; }
 W=$(mktemp -d /tmp/bench-ebpf.XXXXXX)
 PIDS=()
@@ -102,7 +105,7 @@ overhead() {
     cg=$cgroot/kvrelay-bench-$$
     mkdir -p "$cg"
   fi
-  log "socket probes attach to cgroup ${cg:-$cgroot} (SCOPE=$SCOPE)"
+  log "socket probes attach to cgroup ${cg:-$cgroot} (SCOPE=$SCOPE); probes: ${PROBES:-all}"
   printf '%-6s %-4s %10s %10s %9s\n' round ebpf req/s p99_ms requests
   for r in $(seq 1 "$ROUNDS"); do
     local order="off on"
@@ -111,7 +114,7 @@ overhead() {
       local apid=""
       if [ "$m" = on ]; then
         rm -f "$W/pid"
-        "$W/attach" --target "127.0.0.1:$bport" --pid-file "$W/pid" ${cg:+--cgroup "$cg"} >"$W/attach.out" 2>"$W/attach.err" &
+        "$W/attach" --target "127.0.0.1:$bport" --pid-file "$W/pid" ${cg:+--cgroup "$cg"} ${PROBES:+--probes "$PROBES"} >"$W/attach.out" 2>"$W/attach.err" &
         apid=$!
         PIDS+=("$apid")
         for _ in $(seq 200); do grep -q attached "$W/attach.out" 2>/dev/null && break; kill -0 $apid || die "attach failed: $(cat "$W/attach.err")"; sleep 0.05; done

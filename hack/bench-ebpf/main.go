@@ -27,17 +27,22 @@ func main() {
 	flag.Var(&targets, "target", "engine host:port to watch (repeat)")
 	pidFile := flag.String("pid-file", "", "file that will hold the PID whose run-queue latency to watch")
 	cgroup := flag.String("cgroup", "", "cgroup v2 directory the socket probes attach to (default: the hierarchy's root)")
+	only := flag.String("probes", "", "comma-separated probes to attach (default: all): "+strings.Join(ebpf.Probes, ","))
 	flag.Parse()
-	if err := run(targets, *pidFile, *cgroup); err != nil {
+	var sel []string
+	if *only != "" {
+		sel = strings.Split(*only, ",")
+	}
+	if err := run(targets, *pidFile, *cgroup, sel); err != nil {
 		fmt.Fprintln(os.Stderr, "bench-ebpf:", err)
 		os.Exit(1)
 	}
 }
 
-func run(targets []string, pidFile, cgroup string) error {
+func run(targets []string, pidFile, cgroup string, sel []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	c := ebpf.New(ebpf.Config{Mode: ebpf.ModeOn, CgroupPath: cgroup, Logger: slog.New(slog.NewTextHandler(os.Stderr, nil))})
+	c := ebpf.New(ebpf.Config{Mode: ebpf.ModeOn, CgroupPath: cgroup, Probes: sel, Logger: slog.New(slog.NewTextHandler(os.Stderr, nil))})
 	if err := c.Start(ctx); err != nil {
 		return err
 	}
