@@ -556,3 +556,51 @@ func TestDisaggregatedPoolsOverXDS(t *testing.T) {
 		t.Fatalf("policy: %d %v", code, out)
 	}
 }
+
+// The kernel's accept-queue backlog counts as waiting load only while the routing policy's
+// kernel_load_signals is on (the eBPF probes' reading is faked here).
+func TestKernelLoadSignalsFollowThePolicy(t *testing.T) {
+	ws := startWorkers(t, 1)
+	cp, err := controlplane.New(controlplane.Options{
+		XDSListen: "127.0.0.1:0", APIListen: "127.0.0.1:0", DataDir: t.TempDir(), APIToken: "secret",
+		Workers:        []registry.Worker{{ID: "w0", URL: ws[0].URL(), BlockSize: 16, Engine: "sim"}},
+		ScrapeInterval: 20 * time.Millisecond, Logger: quiet(),
+		KernelWaiting: func(id string) (int, bool) { return 9, id == "w0" },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cp.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cp.Close() })
+	waiting := func() int {
+		st, _ := cp.View().Get("w0")
+		return st.Load.Waiting
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if st, _ := cp.View().Get("w0"); st.Healthy {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("worker never scraped")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if n := waiting(); n != 0 {
+		t.Fatalf("waiting %d with kernel_load_signals off, want 0", n)
+	}
+	p := cp.Registry().Policy()
+	p.KernelLoadSignals = true
+	if _, err := cp.Registry().SetPolicy(p); err != nil {
+		t.Fatal(err)
+	}
+	for waiting() != 9 {
+		if time.Now().After(deadline.Add(5 * time.Second)) {
+			t.Fatalf("waiting %d with kernel_load_signals on, want 9", waiting())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -119,6 +119,7 @@ func policyMessage(p registry.Policy) *operatorv1.Policy {
 		CacheThreshold: r.CacheThreshold, TierWeights: r.TierWeights, BusyPrefillTokens: r.BusyPrefillTokens,
 		BusyDecodeBlocks: r.BusyDecodeBlocks, BusyKvFraction: r.BusyKvFraction, SessionTtlMs: r.SessionTtlMs,
 		QueueWeight: r.QueueWeight, Disagg: r.Disagg, DisaggThreshold: r.DisaggThreshold,
+		KernelLoadSignals: p.KernelLoadSignals,
 	}
 }
 
@@ -129,7 +130,7 @@ func (o operator) GetPolicy(context.Context) (*operatorv1.Policy, error) {
 func (o operator) SetPolicy(_ context.Context, m *operatorv1.Policy) (*operatorv1.Policy, error) {
 	p := registry.Policy{
 		Name: m.GetPolicy(), OverlapWeight: m.GetOverlapWeight(), QueueWeight: m.GetQueueWeight(),
-		Disagg: m.GetDisagg(), DisaggThreshold: m.DisaggThreshold,
+		Disagg: m.GetDisagg(), DisaggThreshold: m.DisaggThreshold, KernelLoadSignals: m.GetKernelLoadSignals(),
 		Temperature:    m.GetTemperature(),
 		CacheThreshold: m.GetCacheThreshold(), TierWeights: m.GetTierWeights(),
 		BusyPrefillTokens: m.GetBusyPrefillTokens(), BusyDecodeBlocks: m.GetBusyDecodeBlocks(),

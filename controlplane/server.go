@@ -49,8 +49,11 @@ type Options struct {
 	// ScrapeInterval is how often each worker's metrics are read (default 100 ms).
 	ScrapeInterval time.Duration
 	// KernelWaiting, when set, adds requests seen waiting in front of each worker from the
-	// kernel (the eBPF probes' accept queues) to its load: loadview.Options.KernelWaiting.
-	KernelWaiting func(workerID string) (int, bool)
+	// kernel (the eBPF probes' accept queues) to its load (loadview.Options.KernelWaiting)
+	// while the routing policy's KernelLoadSignals is on, or always with
+	// KernelWaitingAlways.
+	KernelWaiting       func(workerID string) (int, bool)
+	KernelWaitingAlways bool
 	// Adapters read each engine kind's metrics (nil: DefaultAdapters).
 	Adapters engines.Adapters
 	// JournalRing is how many index changes the journal keeps for proxies that fall behind.
@@ -171,7 +174,16 @@ func New(opts Options) (*Server, error) {
 	s.ready = make(chan struct{})
 	s.jserver = journal.NewServer(s.journal, s.index, journal.ServerOptions{Linger: opts.JournalLinger, Ready: s.ready})
 	s.ingest = ingest.NewManager(s.index, s.journal, opts.Logger)
-	s.view = loadview.New(loadview.Options{Interval: opts.ScrapeInterval, Adapters: opts.Adapters, Logger: opts.Logger, KernelWaiting: opts.KernelWaiting})
+	kernel := opts.KernelWaiting
+	if kw := kernel; kw != nil && !opts.KernelWaitingAlways {
+		kernel = func(id string) (int, bool) {
+			if !s.reg.Policy().KernelLoadSignals {
+				return 0, false
+			}
+			return kw(id)
+		}
+	}
+	s.view = loadview.New(loadview.Options{Interval: opts.ScrapeInterval, Adapters: opts.Adapters, Logger: opts.Logger, KernelWaiting: kernel})
 	// Proxies' streams (ADS, journal, load) live as long as the proxy: a graceful stop would
 	// only wait out its grace, and proxies reconnect to the next control plane by themselves.
 	s.xds = xdsserver.New(xdsserver.Options{ShutdownGrace: 100 * time.Millisecond})

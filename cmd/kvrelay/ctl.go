@@ -186,6 +186,7 @@ func ctlPolicyCmd(o *ctlOptions) *cobra.Command {
 		policy                                         string
 		disagg                                         string
 		disaggThreshold                                int64
+		kernelSignals                                  bool
 		overlap, queue, temperature, threshold, busyKV float64
 		tierWeights                                    []float64
 		busyPrefill, busyDecode                        uint64
@@ -222,6 +223,9 @@ result as a new version, which the control plane pushes to every proxy.`,
 			}
 			if fs.Changed("overlap-weight") {
 				p.OverlapWeight = overlap
+			}
+			if fs.Changed("kernel-load-signals") {
+				p.KernelLoadSignals = kernelSignals
 			}
 			if fs.Changed("disagg") {
 				p.Disagg = disagg
@@ -263,6 +267,7 @@ result as a new version, which the control plane pushes to every proxy.`,
 	fs := set.Flags()
 	fs.StringVar(&policy, "policy", "", "routing policy: kv, round-robin, least-loaded, random, power-of-two, session")
 	fs.Float64Var(&overlap, "overlap-weight", 0, "KV cost of a prompt block the worker must compute (a block held by decodes costs 1)")
+	fs.BoolVar(&kernelSignals, "kernel-load-signals", false, "count connections waiting in a worker's accept queue (eBPF, where the control plane runs the probes) as waiting load")
 	fs.StringVar(&disagg, "disagg", "", "auto (split requests into prefill and decode legs when the pool has both roles) or off")
 	fs.Int64Var(&disaggThreshold, "disagg-threshold", 0, "prompts whose uncached part on the decode worker is at most this many tokens prefill there (negative: always remotely)")
 	fs.Float64Var(&queue, "queue-weight", 0, "KV cost of a block of prefill already in flight on the worker")
@@ -380,6 +385,7 @@ func ctlPolicyTable(w io.Writer, p *operatorv1.Policy) {
 		{"busy_kv_fraction", f(p.BusyKvFraction)},
 		{"session_ttl", (time.Duration(p.SessionTtlMs) * time.Millisecond).String()},
 		{"disagg", cmp.Or(p.Disagg, "auto")},
+		{"kernel_load_signals", strconv.FormatBool(p.KernelLoadSignals)},
 		{"disagg_threshold", disaggThresholdText(p.DisaggThreshold)},
 	} {
 		fmt.Fprintf(tw, "%s\t%s\n", row[0], row[1])

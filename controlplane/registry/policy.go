@@ -56,6 +56,10 @@ type Policy struct {
 	// proxies' conditional-disaggregation threshold in tokens (negative: always remote).
 	Disagg          string `json:"disagg,omitempty"`
 	DisaggThreshold *int64 `json:"disagg_threshold,omitempty"`
+	// KernelLoadSignals makes a control plane that runs the eBPF probes count connections
+	// waiting in a worker's accept queue as waiting requests in its load, so routing reacts
+	// to a backlog before the engine's own metrics show it.
+	KernelLoadSignals bool `json:"kernel_load_signals,omitempty"`
 	// SessionTTL is how long a session stays bound to its worker (policy session).
 	SessionTTL time.Duration `json:"session_ttl"`
 }

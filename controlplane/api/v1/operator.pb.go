@@ -525,8 +525,11 @@ type Policy struct {
 	// prefills on the decode worker (negative: always remotely); unset, the proxy's own.
 	Disagg          string `protobuf:"bytes,12,opt,name=disagg,proto3" json:"disagg,omitempty"`
 	DisaggThreshold *int64 `protobuf:"varint,13,opt,name=disagg_threshold,json=disaggThreshold,proto3,oneof" json:"disagg_threshold,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// kernel_load_signals: a control plane running the eBPF probes counts connections waiting
+	// in a worker's accept queue as waiting requests in its load.
+	KernelLoadSignals bool `protobuf:"varint,14,opt,name=kernel_load_signals,json=kernelLoadSignals,proto3" json:"kernel_load_signals,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *Policy) Reset() {
@@ -648,6 +651,13 @@ func (x *Policy) GetDisaggThreshold() int64 {
 		return *x.DisaggThreshold
 	}
 	return 0
+}
+
+func (x *Policy) GetKernelLoadSignals() bool {
+	if x != nil {
+		return x.KernelLoadSignals
+	}
+	return false
 }
 
 // WorkerBlocks is one worker's share of the index.
@@ -1494,7 +1504,7 @@ const file_operator_proto_rawDesc = "" +
 	" \x01(\x03R\x10observedUnixNano\"x\n" +
 	"\x06Worker\x123\n" +
 	"\x04spec\x18\x01 \x01(\v2\x1f.kvrelay.operator.v1.WorkerSpecR\x04spec\x129\n" +
-	"\x06status\x18\x02 \x01(\v2!.kvrelay.operator.v1.WorkerStatusR\x06status\"\xfd\x03\n" +
+	"\x06status\x18\x02 \x01(\v2!.kvrelay.operator.v1.WorkerStatusR\x06status\"\xad\x04\n" +
 	"\x06Policy\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\x12\x16\n" +
 	"\x06policy\x18\x02 \x01(\tR\x06policy\x12%\n" +
@@ -1509,7 +1519,8 @@ const file_operator_proto_rawDesc = "" +
 	" \x01(\x03R\fsessionTtlMs\x12!\n" +
 	"\fqueue_weight\x18\v \x01(\x01R\vqueueWeight\x12\x16\n" +
 	"\x06disagg\x18\f \x01(\tR\x06disagg\x12.\n" +
-	"\x10disagg_threshold\x18\r \x01(\x03H\x00R\x0fdisaggThreshold\x88\x01\x01B\x13\n" +
+	"\x10disagg_threshold\x18\r \x01(\x03H\x00R\x0fdisaggThreshold\x88\x01\x01\x12.\n" +
+	"\x13kernel_load_signals\x18\x0e \x01(\bR\x11kernelLoadSignalsB\x13\n" +
 	"\x11_disagg_threshold\"l\n" +
 	"\fWorkerBlocks\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
