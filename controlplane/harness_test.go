@@ -198,9 +198,16 @@ func family(f int) string {
 func (c *cluster) waitBlocks(n int) {
 	c.t.Helper()
 	deadline := time.Now().Add(15 * time.Second)
-	for last := -1; ; {
+	// At least n blocks, and no change for 300 ms: on a loaded machine one worker's events
+	// can lag the others' by more than one poll.
+	for last, stable := -1, 0; ; {
 		l := c.cp.Index().Len()
 		if l >= n && l == last {
+			stable++
+		} else {
+			stable = 0
+		}
+		if stable >= 3 {
 			n = l
 			break
 		}
