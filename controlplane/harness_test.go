@@ -432,17 +432,7 @@ func TestOperatorDrainAndPolicyReachProxies(t *testing.T) {
 	if code, out := c.api("PUT", "/v1/policy", `{"policy":"round-robin","overlap_weight":1,"cache_threshold":0.3,"tier_weights":[1,0.75,0.25],"session_ttl_ms":60000}`, true); code != 200 {
 		t.Fatalf("set policy: %d %v", code, out)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		st, _ := p.XDSStats()
-		if st.PolicyVersion == 2 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the proxy has policy version %d, want 2", st.PolicyVersion)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	waitPolicy(t, p, 2)
 	// Removing a worker the flags configured is refused, and says why.
 	if code, out := c.api("DELETE", "/v1/workers/w1", "", true); code != 409 {
 		t.Fatalf("removing a flag worker: %d %v, want 409", code, out)

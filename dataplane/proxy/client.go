@@ -518,19 +518,25 @@ func (cc *clientConn) route(retry bool) {
 	if cc.timed {
 		s.metrics.stages[stageScore].Observe(cc.dec.Score.Seconds())
 	}
-	switch {
-	case errors.Is(err, route.ErrBusy):
-		cc.enqueue()
-		return
-	case err != nil:
-		if retry {
-			cc.errorReply(502, "every worker that could serve the request failed", "", "upstream_error")
-			return
-		}
-		cc.errorReply(503, "no healthy worker serves model "+cc.model, "", "no_worker")
+	if err != nil {
+		cc.routeFailed(err, retry, "worker")
 		return
 	}
 	cc.start(cc.dec.Worker)
+}
+
+// routeFailed answers a request the router could not place: it waits in the admission
+// queue when every eligible worker is busy; otherwise it gets 502 after failed attempts
+// (retry), 503 when no healthy worker serves its model. what names the workers asked.
+func (cc *clientConn) routeFailed(err error, retry bool, what string) {
+	switch {
+	case errors.Is(err, route.ErrBusy):
+		cc.enqueue()
+	case retry:
+		cc.errorReply(502, "every "+what+" that could serve the request failed", "", "upstream_error")
+	default:
+		cc.errorReply(503, "no healthy "+what+" serves model "+cc.model, "", "no_worker")
+	}
 }
 
 // start begins the exchange with worker w.
@@ -543,13 +549,7 @@ func (cc *clientConn) start(w *route.Worker) {
 	if cc.kind == oai.ChatCompletions || cc.kind == oai.Completions {
 		overlap := int(cc.dec.Overlap)
 		ex.predicted = overlap
-		ex.receipt = prefix.Receipt{}
-		if len(cc.rreq.Hashes) > 0 {
-			// The index is shared by every loop behind one lock; a prompt without a full
-			// block (and every prompt under a policy without an index) changes nothing in it.
-			ex.receipt = s.index.Record(w.Index, cc.rreq.Hashes, overlap)
-			w.SetCachedBlocks(s.index.Blocks(w.Index))
-		}
+		ex.receipt = cc.recordPlacement(w, overlap)
 		ex.usage.Begin(w, cc.rreq.PromptTokens, overlap*s.cfg.BlockSize, cc.rreq.OSL)
 	} else {
 		ex.receipt = prefix.Receipt{}
@@ -558,6 +558,21 @@ func (cc *clientConn) start(w *route.Worker) {
 	ws.m.inflight.Inc()
 	cc.state = stForward
 	ex.send()
+}
+
+// recordPlacement records in the proxy's own index that w now holds the prompt's blocks, of
+// which it cached overlap already, and returns the receipt that corrects the record from the
+// cached_tokens the engine reports. The index is shared by every loop behind one lock; a
+// prompt without a full block (and every prompt under a policy without an index) changes
+// nothing in it.
+func (cc *clientConn) recordPlacement(w *route.Worker, overlap int) prefix.Receipt {
+	if len(cc.rreq.Hashes) == 0 {
+		return prefix.Receipt{}
+	}
+	s := cc.srv
+	r := s.index.Record(w.Index, cc.rreq.Hashes, overlap)
+	w.SetCachedBlocks(s.index.Blocks(w.Index))
+	return r
 }
 
 // methodNotAllowed answers a known path asked with the wrong method.

@@ -81,17 +81,8 @@ func (cc *clientConn) routeDisagg(retry bool) {
 	}
 	r := &cc.rreq
 	r.Role = route.RoleDecode
-	err := s.load.Route(r, &cc.dec)
-	switch {
-	case errors.Is(err, route.ErrBusy):
-		cc.enqueue()
-		return
-	case err != nil:
-		if retry {
-			cc.errorReply(502, "every decode worker that could serve the request failed", "", "upstream_error")
-			return
-		}
-		cc.errorReply(503, "no healthy decode worker serves model "+cc.model, "", "no_worker")
+	if err := s.load.Route(r, &cc.dec); err != nil {
+		cc.routeFailed(err, retry, "decode worker")
 		return
 	}
 	d := cc.dec.Worker
@@ -148,10 +139,7 @@ func (cc *clientConn) prefill(p *route.Worker, overlap int) {
 		cc.localPrefill(cc.dec.Worker, pathFallback)
 		return
 	}
-	if len(cc.rreq.Hashes) > 0 {
-		s.index.Record(p.Index, cc.rreq.Hashes, overlap)
-		p.SetCachedBlocks(s.index.Blocks(p.Index))
-	}
+	cc.recordPlacement(p, overlap) // the prefill worker caches the prompt now
 	pd.usage.Begin(p, cc.rreq.PromptTokens, overlap*s.cfg.BlockSize, 0)
 	pd.startedAt = cc.lp.now
 	s.inflight.Add(1) // a graceful stop waits for the leg
@@ -236,34 +224,35 @@ func newPDClient(connectTimeout time.Duration) *pdClient {
 
 // prefill posts a prefill leg and returns the kv_transfer_params of its answer.
 func (p *pdClient) prefill(ctx context.Context, url string, hdr http.Header, body []byte) (json.RawMessage, error) {
-	data, err := p.post(ctx, url, hdr, body)
+	data, err := postJSON(ctx, p.c, url, hdr, body, maxPrefillResponse)
 	if err != nil {
 		return nil, err
 	}
 	return prefillParams(data)
 }
 
-var errNoAnswer = errors.New("no answer in the response")
-
-// post sends a JSON body and returns the answer of a 200.
-func (p *pdClient) post(ctx context.Context, url string, hdr http.Header, body []byte) ([]byte, error) {
+// postJSON posts a JSON body (hdr may be nil) and returns the answer of a 200, of at most
+// limit bytes; any other status is an error quoting the start of the answer.
+func postJSON(ctx context.Context, c *http.Client, url string, hdr http.Header, body []byte, limit int64) ([]byte, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
 		return nil, err
 	}
-	req.Header = hdr
+	if hdr != nil {
+		req.Header = hdr
+	}
 	req.Header.Set("Content-Type", "application/json")
-	resp, err := p.c.Do(req)
+	resp, err := c.Do(req)
 	if err != nil {
 		return nil, err
 	}
 	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, maxPrefillResponse+1))
+	data, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
 	if err != nil {
 		return nil, err
 	}
-	if len(data) > maxPrefillResponse {
-		return nil, fmt.Errorf("answer over %d bytes", maxPrefillResponse)
+	if int64(len(data)) > limit {
+		return nil, fmt.Errorf("answer over %d bytes", limit)
 	}
 	if resp.StatusCode != http.StatusOK {
 		return nil, fmt.Errorf("status %d: %s", resp.StatusCode, truncate(data, 200))
@@ -306,6 +295,14 @@ func prefillBody(body []byte) ([]byte, error) {
 		return nil, err
 	}
 	m["kv_transfer_params"] = json.RawMessage(`{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}`)
+	oneToken(m)
+	return json.Marshal(m)
+}
+
+// oneToken makes a parsed request body ask for one output token, not streamed: max_tokens
+// 1 (and max_completion_tokens 1 when the request uses it), stream false, no stream_options,
+// no min_tokens / min_completion_tokens.
+func oneToken(m map[string]json.RawMessage) {
 	m["stream"] = json.RawMessage("false")
 	delete(m, "stream_options")
 	m["max_tokens"] = json.RawMessage("1")
@@ -314,7 +311,6 @@ func prefillBody(body []byte) ([]byte, error) {
 	}
 	delete(m, "min_tokens")
 	delete(m, "min_completion_tokens")
-	return json.Marshal(m)
 }
 
 // decodeLegBody is the client's request body with the prefill leg's kv_transfer_params.

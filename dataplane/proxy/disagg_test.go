@@ -59,24 +59,14 @@ func startPD(t *testing.T, nPrefill, nDecode int, extra []proxy.Upstream, mut fu
 
 func (c *pdCluster) metrics(t *testing.T) string {
 	t.Helper()
-	resp, err := http.Get(c.base + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return string(b)
+	_, m := get(t, c.base+"/metrics")
+	return m
 }
 
 func workerMetrics(t *testing.T, w *sim.Worker) string {
 	t.Helper()
-	resp, err := http.Get(w.URL() + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return string(b)
+	_, m := get(t, w.URL()+"/metrics")
+	return m
 }
 
 // A long prompt goes prefill worker → decode worker (the decode side pulls the KV over
@@ -337,13 +327,7 @@ func TestSpeculativePrefill(t *testing.T) {
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		resp, err := http.Get(c.base + "/metrics")
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if strings.Contains(string(b), `kvrelay_proxy_speculative_prefills_total{outcome="sent"} 1`) {
+		if _, m := get(t, c.base+"/metrics"); strings.Contains(m, `kvrelay_proxy_speculative_prefills_total{outcome="sent"} 1`) {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -394,13 +378,8 @@ func TestDisaggSaturatedPrefillPoolGoesLocal(t *testing.T) {
 		first <- resp.StatusCode
 	}()
 	scrape := func() string {
-		resp, err := http.Get(base + "/metrics")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return string(b)
+		_, m := get(t, base+"/metrics")
+		return m
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for !strings.Contains(scrape(), "kvrelay_proxy_prefill_legs_inflight 1") {

@@ -1,12 +1,10 @@
 package proxy
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -112,22 +110,9 @@ func (rt *remoteTokenizer) pick(pool *route.Pool, model string) *route.Worker {
 
 // fetch posts body to w's /tokenize and returns the ids.
 func (rt *remoteTokenizer) fetch(ctx context.Context, w *route.Worker, body []byte) ([]uint32, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, w.URL+"/tokenize", bytes.NewReader(body))
-	if err != nil {
-		return nil, fmt.Errorf("tokenizing remotely: %w", err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := rt.client.Do(req)
+	data, err := postJSON(ctx, rt.client, w.URL+"/tokenize", nil, body, 64<<20)
 	if err != nil {
 		return nil, fmt.Errorf("tokenizing remotely on %s: %w", w.ID, err)
-	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
-	if err != nil {
-		return nil, fmt.Errorf("tokenizing remotely on %s: %w", w.ID, err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("tokenizing remotely on %s: status %d", w.ID, resp.StatusCode)
 	}
 	var out struct {
 		Tokens []uint32 `json:"tokens"`

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"strings"
 
 	"github.com/kvrelay/kvrelay/dataplane/route"
@@ -15,6 +16,8 @@ import (
 // served it as a max_tokens 1 request, off the client's critical path, so that the next
 // turn (the same conversation plus a new message) finds its prefix computed. The answer is
 // collected from the response as it streams by, up to maxSpeculativeAnswer bytes.
+
+var errNoAnswer = errors.New("no answer in the response")
 
 // maxSpeculativeAnswer bounds the response bytes kept for a speculative prefill.
 const maxSpeculativeAnswer = 1 << 20
@@ -39,7 +42,7 @@ func (cc *clientConn) speculativePrefill(w *route.Worker) {
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), timeout)
 		defer cancel()
-		if _, err := s.pdClient.post(ctx, url, hdr, body); err != nil {
+		if _, err := postJSON(ctx, s.pdClient.c, url, hdr, body, maxPrefillResponse); err != nil {
 			s.metrics.speculative.WithLabelValues("failed").Inc()
 			s.log.Debug("speculative prefill failed", "worker", w.ID, "err", err)
 			return
@@ -67,12 +70,7 @@ func speculativeBody(request, response []byte) ([]byte, error) {
 	a, _ := json.Marshal(map[string]string{"role": "assistant", "content": answer})
 	msgs = append(msgs, a)
 	m["messages"], _ = json.Marshal(msgs)
-	m["max_tokens"] = json.RawMessage("1")
-	m["stream"] = json.RawMessage("false")
-	delete(m, "stream_options")
-	delete(m, "max_completion_tokens")
-	delete(m, "min_tokens")
-	delete(m, "min_completion_tokens")
+	oneToken(m)
 	delete(m, "nvext")
 	delete(m, "kv_transfer_params")
 	return json.Marshal(m)
