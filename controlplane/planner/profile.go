@@ -62,12 +62,21 @@ func LoadProfile(path string) (*Profile, error) {
 	if err != nil {
 		return nil, fmt.Errorf("loading profile: %w", err)
 	}
+	p, err := ParseProfile(data)
+	if err != nil {
+		return nil, fmt.Errorf("loading profile %s: %w", path, err)
+	}
+	return p, nil
+}
+
+// ParseProfile decodes and validates a profile's JSON.
+func ParseProfile(data []byte) (*Profile, error) {
 	p := new(Profile)
 	if err := json.Unmarshal(data, p); err != nil {
-		return nil, fmt.Errorf("loading profile %s: %w: %w", path, ErrProfile, err)
+		return nil, fmt.Errorf("%w: %w", ErrProfile, err)
 	}
 	if err := p.Validate(); err != nil {
-		return nil, fmt.Errorf("loading profile %s: %w", path, err)
+		return nil, err
 	}
 	return p, nil
 }
