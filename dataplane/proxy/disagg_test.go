@@ -403,3 +403,55 @@ func TestDisaggSaturatedPrefillPoolGoesLocal(t *testing.T) {
 		t.Fatalf("remote prefills %v, want 1", v)
 	}
 }
+
+// A request whose decode pool is busy when its prefill leg ends waits in the admission queue
+// with its kv_transfer_params, and decodes remotely prefilled once the decode worker frees.
+func TestDisaggDecodeBusyAfterPrefillWaits(t *testing.T) {
+	slow := startWorker(t, func(w *sim.WorkerConfig) { w.Engine.Role = sim.RolePrefill; w.Engine.Timing.Speedup = 0.2 })
+	dec := startWorker(t, func(w *sim.WorkerConfig) { w.Engine.Role = sim.RoleDecode; w.Engine.Timing.Speedup = 1 })
+	p := startProxy(t, nil, func(pc *proxy.Config) {
+		pc.Upstreams = []proxy.Upstream{{ID: "p0", URL: slow.URL(), Model: model, Role: "prefill"}, {ID: "d0", URL: dec.URL(), Model: model, Role: "decode"}}
+		pc.BusyDecodeBlocks = 1 // the decode worker takes one request at a time
+	})
+	base := "http://" + p.Addr()
+	long := make(chan int, 1)
+	go func() {
+		resp, err := http.Post(base+"/v1/chat/completions", "application/json", strings.NewReader(chatBody(family(60), "hi", 2, false)))
+		if err != nil {
+			long <- 0
+			return
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		long <- resp.StatusCode
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, m := get(t, base+"/metrics"); strings.Contains(m, "kvrelay_proxy_prefill_legs_inflight 1") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the long request's prefill leg never started")
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	// A short prompt prefills on the decode worker (under the threshold) and keeps it busy
+	// decoding while the long request's prefill leg ends.
+	resp, body := post(t, base+"/v1/chat/completions", chatBody("short", "hi", 200, false))
+	if resp.StatusCode != 200 {
+		t.Fatalf("short request: %d %s", resp.StatusCode, body)
+	}
+	if code := <-long; code != 200 {
+		t.Fatalf("long request: %d", code)
+	}
+	_, m := get(t, base+"/metrics")
+	if v := metricValue(t, m, `kvrelay_proxy_queue_requests_total{outcome="dispatched"}`); v < 1 {
+		t.Fatalf("queue dispatched %v requests, want the long one", v)
+	}
+	if v := metricValue(t, m, `kvrelay_proxy_disagg_requests_total{path="remote"}`); v != 1 {
+		t.Fatalf("remote prefills %v, want 1", v)
+	}
+	if v := metricSum(t, workerMetrics(t, dec), "kvrelay_sim_kv_pulls_total"); v != 1 {
+		t.Fatalf("decode worker pulled %v times, want 1", v)
+	}
+}
