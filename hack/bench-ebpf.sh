@@ -132,10 +132,15 @@ overhead() {
         bpftool -j prog show | python3 -c '
 import json, sys
 ns = cnt = 0
+per = {}
 for p in json.load(sys.stdin):
     if p.get("name", "").startswith("kvrelay_"):
         ns += p.get("run_time_ns", 0); cnt += p.get("run_cnt", 0)
-print(ns, cnt)' >"$W/bpfstats.txt"
+        a = per.setdefault(p["name"], [0, 0])
+        a[0] += p.get("run_time_ns", 0); a[1] += p.get("run_cnt", 0)
+print(ns, cnt)
+for name, (pns, pc) in sorted(per.items()):
+    print(f"  {name:<20} {pc:>9} runs {pns / max(pc, 1):>6.0f} ns each {pns / 1e6:>8.1f} ms", file=sys.stderr)' >"$W/bpfstats.txt" 2>"$W/bpfprogs.txt"
       fi
       stop "$ppid"
       if [ -n "$apid" ]; then
@@ -160,6 +165,7 @@ PY
           read -r bns bcnt <"$W/bpfstats.txt"
           echo "$bns $bcnt $((DURATION + 1))" >>"$W/bpfstats.all"
           awk -v ns="$bns" -v c="$bcnt" -v d="$((DURATION + 1))" 'BEGIN { printf "  round %s bpf: %d program runs, %.0f ns each, %.2f%% of one CPU over the run\n", "'"$r"'", c, c ? ns / c : 0, 100 * ns / (d * 1e9) }'
+          cat "$W/bpfprogs.txt"
         fi
       fi
     done

@@ -8,6 +8,12 @@
 // cgroup_skb/ingress takes the first packet carrying payload back from that endpoint on the
 // same connection, records the gap and clears the stamp. A kernel-side TTFT that needs no
 // cooperation from the proxy. IPv4 only.
+//
+// Cost: both programs run on every packet of every socket in the cgroup. A packet of a port
+// not watched leaves after one inlined array lookup; a connection's stamp is created once
+// (the map update of an LRU hash allocates) and afterwards written and cleared in place
+// through the pointer a lookup returns, so a request costs lookups and stores, no map update
+// or delete; the watched-endpoint check runs only on a request's first packet.
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
@@ -37,7 +43,8 @@ struct {
 	__type(value, struct hist);
 } hists SEC(".maps");
 
-// sent: connection -> when its last request byte went out (cleared by the answer).
+// sent: connection -> when its last request byte went out; 0 once answered (or after a GET or
+// HEAD). Entries stay for the connection's life and leave by LRU eviction.
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 16384);
@@ -109,46 +116,54 @@ int kvrelay_fb_egress(struct __sk_buff *skb)
 	struct pkt p = {};
 	if (!parse(skb, &p, 1))
 		return 1;
-	struct endpoint ep = { .addr = p.daddr, .port = p.dport };
-	if (!bpf_map_lookup_elem(&targets, &ep))
-		return 1;
 	struct flow f = { .laddr = p.saddr, .raddr = p.daddr, .lport = p.sport, .rport = p.dport };
-	__u64 now = bpf_ktime_get_ns();
+	__u64 *ts = bpf_map_lookup_elem(&sent, &f);
 	// Only requests with a body (POST: inference) are timed. A payload starting with "GET "
-	// or "HEAD" (a metrics scrape or health check of the same engine) drops the stamp; any
+	// or "HEAD" (a metrics scrape or health check of the same engine) clears the stamp; any
 	// other payload moves the stamp of a request in flight (the rest of its body).
 	char m[4] = {};
 	if (p.payload >= 4 && bpf_skb_load_bytes(skb, p.off, m, 4) == 0) {
 		if (m[0] == 'P' && m[1] == 'O' && m[2] == 'S' && m[3] == 'T') {
-			bpf_map_update_elem(&sent, &f, &now, BPF_ANY);
+			__u64 now = bpf_ktime_get_ns();
+			if (ts) {
+				*ts = now;
+				return 1;
+			}
+			struct endpoint ep = { .addr = p.daddr, .port = p.dport };
+			if (bpf_map_lookup_elem(&targets, &ep))
+				bpf_map_update_elem(&sent, &f, &now, BPF_ANY);
 			return 1;
 		}
 		if ((m[0] == 'G' && m[1] == 'E' && m[2] == 'T' && m[3] == ' ') ||
 		    (m[0] == 'H' && m[1] == 'E' && m[2] == 'A' && m[3] == 'D')) {
-			bpf_map_delete_elem(&sent, &f);
+			if (ts)
+				*ts = 0;
 			return 1;
 		}
 	}
-	bpf_map_update_elem(&sent, &f, &now, BPF_EXIST);
+	if (ts && *ts)
+		*ts = bpf_ktime_get_ns();
 	return 1;
 }
 
+// The stamp exists only for connections to watched endpoints (egress checked), so ingress
+// needs no check of its own.
 SEC("cgroup_skb/ingress")
 int kvrelay_fb_ingress(struct __sk_buff *skb)
 {
 	struct pkt p = {};
 	if (!parse(skb, &p, 0))
 		return 1;
-	struct endpoint ep = { .addr = p.saddr, .port = p.sport };
-	if (!bpf_map_lookup_elem(&targets, &ep))
-		return 1;
 	struct flow f = { .laddr = p.daddr, .raddr = p.saddr, .lport = p.dport, .rport = p.sport };
 	__u64 *ts = bpf_map_lookup_elem(&sent, &f);
 	if (!ts)
 		return 1;
-	__u64 delta = bpf_ktime_get_ns() - *ts;
-	bpf_map_delete_elem(&sent, &f);
-	struct hist_key k = { .ep = ep, .kind = KIND_FIRST_BYTE };
+	__u64 then = *ts;
+	if (!then)
+		return 1;
+	*ts = 0;
+	__u64 delta = bpf_ktime_get_ns() - then;
+	struct hist_key k = { .ep = { .addr = p.saddr, .port = p.sport }, .kind = KIND_FIRST_BYTE };
 	hist_add(&hists, &k, delta);
 	return 1;
 }

@@ -13,9 +13,10 @@
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
-// watched_tgids: the processes to watch (0: an empty slot), written by user space. An array
-// compared inline rather than a map lookup: sched_switch runs on every context switch of the
-// machine, and most of them are of other processes.
+// watched_tgids: the processes to watch, packed at the front (user space writes them so; the
+// first 0 ends the list). An array compared inline rather than a map lookup: sched_switch runs
+// on every context switch of the machine, and most of them are of other processes, which
+// leave after as many compares as there are watched processes (one under kvrelay up).
 #define MAX_PIDS 16
 volatile __u32 watched_tgids[MAX_PIDS];
 
@@ -24,13 +25,20 @@ static __always_inline int watched(__u32 tgid)
 	if (!tgid)
 		return 0;
 #pragma unroll
-	for (int i = 0; i < MAX_PIDS; i++)
-		if (watched_tgids[i] == tgid)
+	for (int i = 0; i < MAX_PIDS; i++) {
+		__u32 w = watched_tgids[i];
+		if (w == tgid)
 			return 1;
+		if (!w)
+			return 0;
+	}
 	return 0;
 }
 
-// queued: thread id -> when it became runnable.
+// queued: thread id -> when it became runnable; 0 while it runs. A thread's entry is created
+// once (an LRU hash update allocates) and afterwards written and cleared in place through the
+// pointer a lookup returns: no map update or delete per context switch. Entries of threads
+// gone leave by LRU eviction.
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 16384);
@@ -48,6 +56,8 @@ struct {
 
 // The task pointers of tp_btf programs are BTF pointers: fields are read directly (CO-RE
 // relocated through vmlinux.h's preserve_access_index), without probe-read helper calls.
+// Every program compares the task's tgid with the watched ones first and leaves at once for
+// the other processes' threads (most of the machine's context switches).
 static __always_inline void enqueue(struct task_struct *p)
 {
 	__u32 tgid = p->tgid;
@@ -55,7 +65,11 @@ static __always_inline void enqueue(struct task_struct *p)
 		return;
 	__u32 pid = p->pid;
 	__u64 now = bpf_ktime_get_ns();
-	bpf_map_update_elem(&queued, &pid, &now, BPF_ANY);
+	__u64 *ts = bpf_map_lookup_elem(&queued, &pid);
+	if (ts)
+		*ts = now;
+	else
+		bpf_map_update_elem(&queued, &pid, &now, BPF_ANY);
 }
 
 SEC("tp_btf/sched_wakeup")
@@ -75,6 +89,7 @@ int BPF_PROG(kvrelay_wakeup_new, struct task_struct *p)
 SEC("tp_btf/sched_switch")
 int BPF_PROG(kvrelay_switch, bool preempt, struct task_struct *prev, struct task_struct *next)
 {
+	// A thread preempted while runnable waits again from now on.
 	if (prev->__state == TASK_RUNNING)
 		enqueue(prev);
 
@@ -85,8 +100,10 @@ int BPF_PROG(kvrelay_switch, bool preempt, struct task_struct *prev, struct task
 	__u64 *ts = bpf_map_lookup_elem(&queued, &pid);
 	if (!ts)
 		return 0;
-	__u64 delta = bpf_ktime_get_ns() - *ts;
-	bpf_map_delete_elem(&queued, &pid);
-	hist_add(&hists, &tgid, delta);
+	__u64 then = *ts;
+	if (!then)
+		return 0;
+	*ts = 0;
+	hist_add(&hists, &tgid, bpf_ktime_get_ns() - then);
 	return 0;
 }

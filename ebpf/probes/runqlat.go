@@ -39,13 +39,21 @@ func AttachRunQLat() (*RunQLat, error) {
 const MaxPIDs = 16
 
 // SetPIDs makes the probe watch exactly the processes (thread group ids) in pids, at most
-// MaxPIDs.
+// MaxPIDs (zeros are skipped).
 func (p *RunQLat) SetPIDs(pids []uint32) error {
-	if len(pids) > MaxPIDs {
-		return fmt.Errorf("watching %d processes: at most %d", len(pids), MaxPIDs)
-	}
+	// Packed at the front: the program stops at the first empty slot.
 	var slots [MaxPIDs]uint32
-	copy(slots[:], pids)
+	n := 0
+	for _, pid := range pids {
+		if pid == 0 {
+			continue
+		}
+		if n == MaxPIDs {
+			return fmt.Errorf("watching %d processes: at most %d", len(pids), MaxPIDs)
+		}
+		slots[n] = pid
+		n++
+	}
 	if err := p.objs.WatchedTgids.Set(slots); err != nil {
 		return fmt.Errorf("watching pids %v: %w", pids, err)
 	}
