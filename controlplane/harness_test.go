@@ -20,6 +20,7 @@ import (
 	"github.com/kvrelay/kvrelay/controlplane"
 	"github.com/kvrelay/kvrelay/controlplane/registry"
 	"github.com/kvrelay/kvrelay/dataplane/proxy"
+	"github.com/kvrelay/kvrelay/ebpf"
 	"github.com/kvrelay/kvrelay/engines/kvevents"
 	"github.com/kvrelay/kvrelay/engines/sim"
 )
@@ -599,5 +600,116 @@ func TestKernelLoadSignalsFollowThePolicy(t *testing.T) {
 			t.Fatalf("waiting %d with kernel_load_signals on, want 9", waiting())
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// An engine whose answers come late (a relay holds every chunk 40 ms each way) shows more
+// waiting load in the control plane's view, and gets fewer new requests through a proxy,
+// while kernel_load_signals is on, and not while it is off: the eBPF first_byte probe times
+// the proxy's requests to both workers from the kernel (root only).
+func TestKernelFirstByteSteersRouting(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("the eBPF probes need root")
+	}
+	ws := startWorkers(t, 2)
+	slowURL := "http://" + delayRelay(t, strings.TrimPrefix(ws[1].URL(), "http://"), 40*time.Millisecond)
+	probes := ebpf.New(ebpf.Config{Mode: ebpf.ModeOn, Probes: []string{ebpf.ProbeFirstByte},
+		SampleInterval: 50 * time.Millisecond, Logger: quiet()})
+	if err := probes.Start(context.Background()); err != nil {
+		t.Skipf("probes: %v", err)
+	}
+	t.Cleanup(func() { _ = probes.Close() })
+	if !probes.Active()[ebpf.ProbeFirstByte] {
+		t.Skip("first_byte probe did not attach (see the log with -v)")
+	}
+	if err := probes.SetTargets([]ebpf.Target{{Addr: ws[0].URL(), Worker: "w0", Pool: "agg"}, {Addr: slowURL, Worker: "w1", Pool: "agg"}}); err != nil {
+		t.Fatal(err)
+	}
+	cp, err := controlplane.New(controlplane.Options{
+		XDSListen: "127.0.0.1:0", APIListen: "127.0.0.1:0", DataDir: t.TempDir(), APIToken: "secret",
+		Workers: []registry.Worker{
+			{ID: "w0", URL: ws[0].URL(), BlockSize: 16, Engine: "sim"},
+			{ID: "w1", URL: slowURL, BlockSize: 16, Engine: "sim"},
+		},
+		ScrapeInterval: 20 * time.Millisecond, Logger: quiet(),
+		KernelLatencyWaiting: probes.FirstByteWaiting,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cp.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cp.Close() })
+	c := &cluster{t: t}
+	p := c.addProxy(cp.XDSAddr())
+	waitWorkers(t, p, 2)
+
+	// send makes n sequential completions of prompts sharing no block (so the KV cost ties
+	// and the load decides) and counts them per worker.
+	seq := 0
+	send := func(n int) map[string]int {
+		counts := map[string]int{}
+		for range n {
+			seq++
+			body, _ := json.Marshal(map[string]any{"model": model, "max_tokens": 2,
+				"prompt": fmt.Sprintf("request %d asks about rivers and stones and the sea", seq)})
+			resp, err := http.Post("http://"+p.Addr()+"/v1/completions", "application/json", bytes.NewReader(body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 200 {
+				t.Fatalf("status %d", resp.StatusCode)
+			}
+			counts[resp.Header.Get("x-kvrelay-worker")]++
+		}
+		return counts
+	}
+	viewWaiting := func(id string) int {
+		st, _ := cp.View().Get(id)
+		return st.Load.Waiting
+	}
+	const n = 30
+	off := send(n)
+	implied, seen := probes.FirstByteWaiting("w1")
+	t.Logf("off: %v; view waiting w0 %d w1 %d; implied by w1's first byte %d (%v)", off, viewWaiting("w0"), viewWaiting("w1"), implied, seen)
+	if off["w1"] < n/5 {
+		t.Fatalf("kernel_load_signals off: the slow worker got %d of %d requests, want an even share", off["w1"], n)
+	}
+	if implied < 2 {
+		t.Fatalf("the slow worker's first byte implies %d waiting (%v), want at least 2", implied, seen)
+	}
+	if w := viewWaiting("w1"); w != 0 {
+		t.Fatalf("kernel_load_signals off: the view counts %d waiting on the slow worker, want 0", w)
+	}
+
+	pol := cp.Registry().Policy()
+	pol.KernelLoadSignals = true
+	if _, err := cp.Registry().SetPolicy(pol); err != nil {
+		t.Fatal(err)
+	}
+	// The proxy sees the slow worker loaded before the window (2 s) forgets its answers.
+	deadline := time.Now().Add(1500 * time.Millisecond)
+	for {
+		var load int64
+		for _, w := range p.Workers() {
+			if w.ID == "w1" {
+				load = w.Load()
+			}
+		}
+		if load >= 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("kernel_load_signals on: the proxy sees load %d on the slow worker (view waiting %d)", load, viewWaiting("w1"))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	on := send(n)
+	t.Logf("on: %v; view waiting w0 %d w1 %d", on, viewWaiting("w0"), viewWaiting("w1"))
+	if on["w1"] > n/10 {
+		t.Fatalf("kernel_load_signals on: the slow worker got %d of %d requests (off: %d), want at most %d", on["w1"], n, off["w1"], n/10)
 	}
 }

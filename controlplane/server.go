@@ -52,8 +52,12 @@ type Options struct {
 	// kernel (the eBPF probes' accept queues) to its load (loadview.Options.KernelWaiting)
 	// while the routing policy's KernelLoadSignals is on, or always with
 	// KernelWaitingAlways.
-	KernelWaiting       func(workerID string) (int, bool)
-	KernelWaitingAlways bool
+	KernelWaiting func(workerID string) (int, bool)
+	// KernelLatencyWaiting, when set, raises each worker's waiting count to what its recent
+	// kernel-side request-to-first-byte latency implies (the eBPF first_byte probe;
+	// loadview.Options.KernelLatencyWaiting), under the same switch as KernelWaiting.
+	KernelLatencyWaiting func(workerID string) (int, bool)
+	KernelWaitingAlways  bool
 	// Adapters read each engine kind's metrics (nil: DefaultAdapters).
 	Adapters engines.Adapters
 	// JournalRing is how many index changes the journal keeps for proxies that fall behind.
@@ -174,16 +178,21 @@ func New(opts Options) (*Server, error) {
 	s.ready = make(chan struct{})
 	s.jserver = journal.NewServer(s.journal, s.index, journal.ServerOptions{Linger: opts.JournalLinger, Ready: s.ready})
 	s.ingest = ingest.NewManager(s.index, s.journal, opts.Logger)
-	kernel := opts.KernelWaiting
-	if kw := kernel; kw != nil && !opts.KernelWaitingAlways {
-		kernel = func(id string) (int, bool) {
+	// The kernel's signals count while the routing policy's kernel_load_signals is on, or
+	// always with KernelWaitingAlways.
+	gate := func(f func(string) (int, bool)) func(string) (int, bool) {
+		if f == nil || opts.KernelWaitingAlways {
+			return f
+		}
+		return func(id string) (int, bool) {
 			if !s.reg.Policy().KernelLoadSignals {
 				return 0, false
 			}
-			return kw(id)
+			return f(id)
 		}
 	}
-	s.view = loadview.New(loadview.Options{Interval: opts.ScrapeInterval, Adapters: opts.Adapters, Logger: opts.Logger, KernelWaiting: kernel})
+	s.view = loadview.New(loadview.Options{Interval: opts.ScrapeInterval, Adapters: opts.Adapters, Logger: opts.Logger,
+		KernelWaiting: gate(opts.KernelWaiting), KernelLatencyWaiting: gate(opts.KernelLatencyWaiting)})
 	// Proxies' streams (ADS, journal, load) live as long as the proxy: a graceful stop would
 	// only wait out its grace, and proxies reconnect to the next control plane by themselves.
 	s.xds = xdsserver.New(xdsserver.Options{ShutdownGrace: 100 * time.Millisecond})

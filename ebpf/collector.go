@@ -81,9 +81,13 @@ type Config struct {
 	// Probes selects the probes to attach by name (ProbeTCPRTT, …); nil attaches all. The
 	// tcp_rtt and tcp_state probes share one object: selecting either loads it.
 	Probes []string
-	// SampleInterval is how often the accept queues are sampled (default 250ms).
+	// SampleInterval is how often the accept queues and the first-byte histograms are
+	// sampled (default 250ms).
 	SampleInterval time.Duration
-	Logger         *slog.Logger
+	// FirstByteWindow is how far back the recent first-byte latency of each worker looks
+	// (FirstByteWaiting, kvrelay_ebpf_first_byte_recent_seconds; default 2s).
+	FirstByteWindow time.Duration
+	Logger          *slog.Logger
 }
 
 type attribution struct{ worker, pool string }
@@ -104,13 +108,14 @@ type Collector struct {
 	lq      *probes.ListenQ
 	rq      *probes.RunQLat
 	queue   map[netip.AddrPort]queueSample
+	fbw     fbWindow
 	gpu     gpu.Collector // nil without NVML (no nvml build tag, or no driver)
 
 	stop chan struct{}
 	wg   sync.WaitGroup
 
 	descActive, descSRTT, descConnect, descRetrans, descResets, descFirstByte, descRunQ *prometheus.Desc
-	descQueueLen, descQueueMax                                                          *prometheus.Desc
+	descQueueLen, descQueueMax, descFBRecent, descFBWaiting                             *prometheus.Desc
 	queueDepth                                                                          *prometheus.HistogramVec
 }
 
@@ -124,6 +129,9 @@ func New(cfg Config) *Collector {
 	if cfg.SampleInterval <= 0 {
 		cfg.SampleInterval = 250 * time.Millisecond
 	}
+	if cfg.FirstByteWindow <= 0 {
+		cfg.FirstByteWindow = 2 * time.Second
+	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.Default()
@@ -135,6 +143,7 @@ func New(cfg Config) *Collector {
 		procs:   map[uint32]attribution{},
 		errs:    map[string]error{},
 		queue:   map[netip.AddrPort]queueSample{},
+		fbw:     fbWindow{span: cfg.FirstByteWindow},
 		stop:    make(chan struct{}),
 		descActive: prometheus.NewDesc("kvrelay_ebpf_probe_active",
 			"1 when the eBPF probe is loaded and attached, 0 when it is off or could not attach.", []string{"probe"}, nil),
@@ -154,6 +163,10 @@ func New(cfg Config) *Collector {
 			"Connections waiting in the accept queue of the worker's listener at the last sample (iter/tcp).", wp, nil),
 		descQueueMax: prometheus.NewDesc("kvrelay_ebpf_listen_queue_limit",
 			"The accept queue limit of the worker's listener.", wp, nil),
+		descFBRecent: prometheus.NewDesc("kvrelay_ebpf_first_byte_recent_seconds",
+			"The worker's kernel-side first-byte latency over the last window (the mean of its answers, clamped to their median's log2 bucket); absent when it answered nothing in the window.", wp, nil),
+		descFBWaiting: prometheus.NewDesc("kvrelay_ebpf_first_byte_waiting",
+			"Requests the worker's recent first-byte latency implies waiting: its latency over the fastest worker's of the same pool, minus one, rounded down (the load signal).", wp, nil),
 		queueDepth: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "kvrelay_ebpf_listen_queue_depth",
 			Help:    "Sampled accept queue depth of the worker's listener (one observation per sample).",
@@ -294,7 +307,7 @@ func (c *Collector) Start(ctx context.Context) error {
 		return errors.New("ebpf: --ebpf on but no probe attached (see the warnings above)")
 	}
 	c.log.Info("ebpf: probes attached", "active", active, "of", len(Probes), "cgroup", cg)
-	if c.lq != nil {
+	if c.lq != nil || c.fb != nil {
 		c.wg.Add(1)
 		go c.sample(ctx)
 	}
@@ -412,41 +425,77 @@ func resolve(addr string) (netip.AddrPort, error) {
 	return netip.AddrPortFrom(ip, uint16(p)), nil
 }
 
-// sample runs the accept-queue iterator every SampleInterval.
+// sample runs the accept-queue iterator and reads the first-byte histograms every
+// SampleInterval.
 func (c *Collector) sample(ctx context.Context) {
 	defer c.wg.Done()
 	t := time.NewTicker(c.cfg.SampleInterval)
 	defer t.Stop()
-	logged := false
+	logged := map[string]bool{}
+	logOnce := func(what string, err error) {
+		if !logged[what] {
+			c.log.Warn("ebpf: "+what, "err", err)
+			logged[what] = true
+		}
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-c.stop:
 			return
-		case <-t.C:
-		}
-		ls, err := c.lq.Sample()
-		if err != nil {
-			if !logged {
-				c.log.Warn("ebpf: sampling accept queues", "err", err)
-				logged = true
-			}
-			continue
-		}
-		c.mu.Lock()
-		for ap, a := range c.targets {
-			for _, l := range ls {
-				if l.Addr.Port() != ap.Port() || !(l.Addr.Addr() == ap.Addr() || l.Addr.Addr().IsUnspecified()) {
-					continue
+		case now := <-t.C:
+			if c.lq != nil {
+				if err := c.sampleQueues(); err != nil {
+					logOnce("sampling accept queues", err)
 				}
-				c.queue[ap] = queueSample{l.Backlog, l.MaxBacklog}
-				c.queueDepth.WithLabelValues(a.worker, a.pool).Observe(float64(l.Backlog))
-				break
+			}
+			if c.fb != nil {
+				if err := c.sampleFirstByte(now); err != nil {
+					logOnce("reading first-byte histograms", err)
+				}
 			}
 		}
-		c.mu.Unlock()
 	}
+}
+
+func (c *Collector) sampleQueues() error {
+	ls, err := c.lq.Sample()
+	if err != nil {
+		return err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for ap, a := range c.targets {
+		for _, l := range ls {
+			if l.Addr.Port() != ap.Port() || !(l.Addr.Addr() == ap.Addr() || l.Addr.Addr().IsUnspecified()) {
+				continue
+			}
+			c.queue[ap] = queueSample{l.Backlog, l.MaxBacklog}
+			c.queueDepth.WithLabelValues(a.worker, a.pool).Observe(float64(l.Backlog))
+			break
+		}
+	}
+	return nil
+}
+
+func (c *Collector) sampleFirstByte(now time.Time) error {
+	hs, err := c.fb.Read()
+	if err != nil {
+		return err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	by := map[attribution]probes.Hist{}
+	for ap, h := range hs {
+		if a, ok := c.targets[ap]; ok {
+			sum := by[a]
+			sum.Add(h)
+			by[a] = sum
+		}
+	}
+	c.fbw.add(now, by)
+	return nil
 }
 
 // AcceptQueue is the last sampled accept-queue length of the worker's listener (summed over
@@ -466,10 +515,28 @@ func (c *Collector) AcceptQueue(worker string) (int, bool) {
 	return n, found
 }
 
+// FirstByteWaiting is how many requests the worker's recent kernel-side first-byte latency
+// implies waiting in front of it, and whether it answered in the last FirstByteWindow (and a
+// worker of its pool did, to compare with). The latency W is its answers' mean over the
+// window (clamped into the log2 bucket of their median, so that one slow outlier moves it
+// little); the fastest worker of the same pool answering in the window sets the reference R
+// (at least 1 ms); the count is W/R - 1 rounded down, at most 64: as many requests as,
+// served one after another at the fastest peer's speed, would explain the wait. A worker
+// no faster than twice the reference counts 0. Requests sent from this host's sockets (in
+// the probes' cgroup) are the ones timed, so this sees the proxies that run here. Safe for
+// concurrent use; a load signal for the control plane
+// (controlplane.Options.KernelLatencyWaiting).
+func (c *Collector) FirstByteWaiting(worker string) (int, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n, ok := c.fbw.waiting[worker]
+	return n, ok
+}
+
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.descActive, c.descSRTT, c.descConnect, c.descRetrans, c.descResets,
-		c.descFirstByte, c.descRunQ, c.descQueueLen, c.descQueueMax} {
+		c.descFirstByte, c.descRunQ, c.descQueueLen, c.descQueueMax, c.descFBRecent, c.descFBWaiting} {
 		ch <- d
 	}
 	c.queueDepth.Describe(ch)
@@ -547,6 +614,10 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(c.descQueueLen, prometheus.GaugeValue, float64(q.depth), a.worker, a.pool)
 			ch <- prometheus.MustNewConstMetric(c.descQueueMax, prometheus.GaugeValue, float64(q.max), a.worker, a.pool)
 		}
+	}
+	for a, d := range c.fbw.recent {
+		ch <- prometheus.MustNewConstMetric(c.descFBRecent, prometheus.GaugeValue, d.Seconds(), a.worker, a.pool)
+		ch <- prometheus.MustNewConstMetric(c.descFBWaiting, prometheus.GaugeValue, float64(c.fbw.excess[a]), a.worker, a.pool)
 	}
 	c.queueDepth.Collect(ch)
 	if c.gpu != nil {

@@ -161,6 +161,14 @@ func TestCollector(t *testing.T) {
 	} else {
 		t.Errorf("first byte observations %d, want ≥ 20", h.GetSampleCount())
 	}
+	// The recent (windowed) first byte, and the load signal: alone in its pool, w0 has no
+	// faster peer to be compared with.
+	if mf := mfs["kvrelay_ebpf_first_byte_recent_seconds"]; mf == nil || len(mf.GetMetric()) != 1 || mf.GetMetric()[0].GetGauge().GetValue() < delay.Seconds() {
+		t.Errorf("kvrelay_ebpf_first_byte_recent_seconds: %v, want one series ≥ %v", mf, delay)
+	}
+	if n, ok := c.FirstByteWaiting("w0"); n != 0 || !ok {
+		t.Errorf("FirstByteWaiting(w0) = %d, %v; want 0, true", n, ok)
+	}
 }
 
 // TestPartialAttach: a probe that cannot attach (here the socket probes, given a cgroup that

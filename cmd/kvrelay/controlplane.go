@@ -78,7 +78,7 @@ Model and block size are discovered when not given.`,
 	fs.StringVar(&opts.APIListen, "api-listen", "127.0.0.1:18080", "operator API (JSON over HTTP and gRPC) and /metrics")
 	fs.StringVar(&opts.DataDir, "data-dir", "", "directory for the registry and policies (required)")
 	addEBPFFlag(fs, &ebpfMode)
-	fs.BoolVar(&ebpfLoad, "ebpf-load-signals", false, "always count connections waiting in a worker's accept queue (eBPF listen_queue probe) as waiting requests in its load (otherwise: while the routing policy's kernel_load_signals is on)")
+	fs.BoolVar(&ebpfLoad, "ebpf-load-signals", false, "always count connections waiting in a worker's accept queue (eBPF listen_queue probe) and the requests its recent first-byte latency implies (first_byte probe) as waiting requests in its load (otherwise: while the routing policy's kernel_load_signals is on)")
 	fs.StringArrayVar(&workers, "worker", nil, "a worker: id=,url=,kv-events=,engine=,... (repeat for each)")
 	fs.StringVar(&opts.WorkersFile, "workers-file", "", "YAML file of workers, reloaded when it changes")
 	fs.StringVar(&tokenFile, "api-token-file", "", "file holding the bearer token that mutating operator calls need")
@@ -100,6 +100,12 @@ func runControlPlane(ctx context.Context, out io.Writer, opts controlplane.Optio
 		opts.KernelWaiting = func(id string) (int, bool) {
 			if c := probes.Load(); c != nil {
 				return c.AcceptQueue(id)
+			}
+			return 0, false
+		}
+		opts.KernelLatencyWaiting = func(id string) (int, bool) {
+			if c := probes.Load(); c != nil {
+				return c.FirstByteWaiting(id)
 			}
 			return 0, false
 		}

@@ -267,7 +267,7 @@ result as a new version, which the control plane pushes to every proxy.`,
 	fs := set.Flags()
 	fs.StringVar(&policy, "policy", "", "routing policy: kv, round-robin, least-loaded, random, power-of-two, session")
 	fs.Float64Var(&overlap, "overlap-weight", 0, "KV cost of a prompt block the worker must compute (a block held by decodes costs 1)")
-	fs.BoolVar(&kernelSignals, "kernel-load-signals", false, "count connections waiting in a worker's accept queue (eBPF, where the control plane runs the probes) as waiting load")
+	fs.BoolVar(&kernelSignals, "kernel-load-signals", false, "count connections waiting in a worker's accept queue, and the requests its recent first-byte latency implies, as waiting load (eBPF, where the control plane runs the probes)")
 	fs.StringVar(&disagg, "disagg", "", "auto (split requests into prefill and decode legs when the pool has both roles) or off")
 	fs.Int64Var(&disaggThreshold, "disagg-threshold", 0, "prompts whose uncached part on the decode worker is at most this many tokens prefill there (negative: always remotely)")
 	fs.Float64Var(&queue, "queue-weight", 0, "KV cost of a block of prefill already in flight on the worker")

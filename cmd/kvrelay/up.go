@@ -14,6 +14,7 @@ import (
 	"github.com/kvrelay/kvrelay/controlplane/registry"
 	"github.com/kvrelay/kvrelay/dataplane/proxy"
 	"github.com/kvrelay/kvrelay/dataplane/route"
+	"github.com/kvrelay/kvrelay/ebpf"
 	"github.com/kvrelay/kvrelay/engines/sim"
 )
 
@@ -141,7 +142,7 @@ there, a max_tokens=1 leg to a prefill worker whose KV blocks the decode worker 
 						t := int64(disaggThreshold)
 						threshold = &t
 					}
-					if cp, err = startUpControlPlane(ctx, uws, model, f.engine.BlockSize, xdsListen, apiListen, dataDir, policy, threshold); err != nil {
+					if cp, err = startUpControlPlane(ctx, uws, probes, model, f.engine.BlockSize, xdsListen, apiListen, dataDir, policy, threshold); err != nil {
 						return nil, err
 					}
 					pc.XDS = cp.XDSAddr()
@@ -269,13 +270,18 @@ func printUpWorkers(out io.Writer, ws []upWorker) {
 // startUpControlPlane starts the control plane of `kvrelay up` over the simulated workers,
 // registered with their roles, and sets its routing policy and, when given, its
 // disaggregation threshold. With no data dir it uses a temporary one, removed when the
-// control plane closes.
-func startUpControlPlane(ctx context.Context, ws []upWorker, model string, blockSize int, xdsListen, apiListen, dataDir, policy string, disaggThreshold *int64) (*controlplane.Server, error) {
+// control plane closes. The probes' accept queues and first-byte latencies feed its load
+// view while the policy's kernel_load_signals is on (`kvrelay ctl policy set
+// --kernel-load-signals`): up's proxy runs in this process, so the probes time its requests.
+func startUpControlPlane(ctx context.Context, ws []upWorker, probes *ebpf.Collector, model string, blockSize int, xdsListen, apiListen, dataDir, policy string, disaggThreshold *int64) (*controlplane.Server, error) {
 	opts := controlplane.Options{
 		XDSListen: xdsListen,
 		APIListen: apiListen,
 		DataDir:   dataDir,
 		Logger:    slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+	}
+	if probes != nil {
+		opts.KernelWaiting, opts.KernelLatencyWaiting = probes.AcceptQueue, probes.FirstByteWaiting
 	}
 	if dataDir == "" {
 		dir, err := os.MkdirTemp("", "kvrelay-up-")

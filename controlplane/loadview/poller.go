@@ -151,6 +151,11 @@ func (p *poller) poll(ctx context.Context) {
 		}
 	}
 	if err == nil {
+		if opts.KernelLatencyWaiting != nil {
+			if n, ok := opts.KernelLatencyWaiting(p.target.ID); ok && n > load.Waiting {
+				load.Waiting = n
+			}
+		}
 		if opts.KernelWaiting != nil {
 			if n, ok := opts.KernelWaiting(p.target.ID); ok && n > 0 {
 				load.Waiting += n

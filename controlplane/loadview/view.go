@@ -84,9 +84,17 @@ type Options struct {
 	// KernelWaiting, when set, is asked for each worker after a successful scrape: requests
 	// seen waiting in front of the engine from the kernel (connections in its listener's
 	// accept queue, from the eBPF probes), which the engine's own metrics cannot show yet.
-	// They are added to Load.Waiting, so that routing reacts to a backlog early. Called from
+	// They are added to Load.Waiting (after KernelLatencyWaiting's raise), so that routing
+	// reacts to a backlog early. Called from
 	// the pollers' goroutines; it must be safe for concurrent use and fast.
 	KernelWaiting func(workerID string) (int, bool)
+	// KernelLatencyWaiting, when set, is asked for each worker after a successful scrape too:
+	// requests the worker's recent request-to-first-byte latency, measured in the kernel
+	// (eBPF), implies waiting in front of it (a slow or overloaded engine whose own queue
+	// metrics lag or do not show it). The engine's waiting count is raised to it, not added
+	// to (a queue the engine reports is what makes its first byte late). Called like
+	// KernelWaiting.
+	KernelLatencyWaiting func(workerID string) (int, bool)
 }
 
 func (o Options) withDefaults() Options {

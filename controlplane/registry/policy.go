@@ -57,8 +57,10 @@ type Policy struct {
 	Disagg          string `json:"disagg,omitempty"`
 	DisaggThreshold *int64 `json:"disagg_threshold,omitempty"`
 	// KernelLoadSignals makes a control plane that runs the eBPF probes count connections
-	// waiting in a worker's accept queue as waiting requests in its load, so routing reacts
-	// to a backlog before the engine's own metrics show it.
+	// waiting in a worker's accept queue as waiting requests in its load, and raise its
+	// waiting count to what its recent kernel-side request-to-first-byte latency implies
+	// next to the fastest worker of its pool, so routing reacts to a backlog or a slow
+	// engine before the engine's own metrics show it.
 	KernelLoadSignals bool `json:"kernel_load_signals,omitempty"`
 	// SessionTTL is how long a session stays bound to its worker (policy session).
 	SessionTTL time.Duration `json:"session_ttl"`
