@@ -7,6 +7,11 @@
 # kvrelay_planner_replicas gauge sampled every second) and scaling actions.
 #
 #   hack/bench-planner.sh            # defaults below; ~3 × 7 × STEP seconds
+#   RUNS=planner PLANNER_FLAGS="--planner-headroom 0.3" hack/bench-planner.sh   # one run, other knobs
+#
+# Each phase is its own `kvrelay bench run`, which builds its whole workload (REQS requests)
+# before sending: with the default 100000 prompts of ISL=4000 tokens that takes 15-20 s, a
+# pause in the traffic between phases that every run (static or planned) sits through.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SPEEDUP=${SPEEDUP:-2}            # engine speedup (targets and SLOs in engine time)
@@ -16,6 +21,11 @@ PEAK=${PEAK:-4} MEAN=${MEAN:-2}
 ISL=${ISL:-1000} OSL=${OSL:-150}
 TTFT=${TTFT:-2s} ITL=${ITL:-50ms}
 OUT=${OUT:-bench-planner}
+REQS=${REQS:-100000}             # requests generated per phase (only rate × STEP are sent)
+RUNS=${RUNS:-peak mean planner}  # which runs
+# The planner's flags: throughput mode every 15 s, load checks every 3 s, 20% headroom,
+# scale-downs after a 30 s cool-down and window.
+PLANNER_FLAGS=${PLANNER_FLAGS:---planner-interval 15s --planner-load-interval 3s --planner-cooldown 30s --planner-headroom 0.2}
 mkdir -p "$OUT"
 go build -o "$OUT/kvrelay" ./cmd/kvrelay
 BIN=$OUT/kvrelay
@@ -38,7 +48,7 @@ run() { # NAME WORKERS [up flags...]
   local sampler=$!
   local i=0
   for m in 1 2 3 4 3 2 1; do
-    "$BIN" bench run --target http://127.0.0.1:$proxy/v1 --workload "fixed:isl=$ISL,osl=$OSL,requests=100000" \
+    "$BIN" bench run --target http://127.0.0.1:$proxy/v1 --workload "fixed:isl=$ISL,osl=$OSL,requests=$REQS" \
       --rate $((BASE * m)) --duration "${STEP}s" --time-scale "$SPEEDUP" --slo-ttft "$TTFT" --slo-itl "$ITL" \
       --seed $((i + 1)) --out "$OUT/$name-phase$i" >/dev/null 2>&1 || true
     i=$((i + 1))
@@ -64,8 +74,12 @@ print(f"{name}\tattainment={ok / max(tot, 1):.4f}\tworker_seconds={ws}\tscaling_
 PY
 }
 {
-  run peak "$PEAK"
-  run mean "$MEAN"
-  run planner 1 --planner --planner-interval 15s --planner-load-interval 3s --planner-max "$PEAK" \
-    --planner-cooldown 30s --planner-ttft "$TTFT" --planner-itl "$ITL"
+  for r in $RUNS; do
+    case $r in
+    peak) run peak "$PEAK" ;;
+    mean) run mean "$MEAN" ;;
+    # shellcheck disable=SC2086 # PLANNER_FLAGS is a list of flags
+    planner) run planner 1 --planner --planner-max "$PEAK" --planner-ttft "$TTFT" --planner-itl "$ITL" $PLANNER_FLAGS ;;
+    esac
+  done
 } | tee "$OUT/summary.tsv"

@@ -29,8 +29,11 @@ type upPlannerFlags struct {
 	season       int
 	dryRun       bool
 	cooldown     time.Duration
+	downWindow   time.Duration
 	hysteresis   float64
+	headroom     float64
 	noLoadMode   bool
+	noFastUp     bool
 	verbose      bool
 }
 
@@ -48,8 +51,11 @@ func (f *upPlannerFlags) register(fs *pflag.FlagSet) {
 	fs.IntVar(&f.season, "planner-season", d.Season, "planner: Holt-Winters season, in intervals")
 	fs.BoolVar(&f.dryRun, "planner-dry-run", false, "planner: decide and report only, never start or stop workers")
 	fs.DurationVar(&f.cooldown, "planner-cooldown", d.ScaleDownCooldown, "planner: no scale-down of a pool this long after it changed")
-	fs.Float64Var(&f.hysteresis, "planner-hysteresis", d.Hysteresis, "planner: scale down only when the need with this headroom fits fewer replicas")
+	fs.DurationVar(&f.downWindow, "planner-scale-down-window", d.ScaleDownWindow, "planner: scale down only to the largest size wanted within this window (0: the cool-down)")
+	fs.Float64Var(&f.hysteresis, "planner-hysteresis", d.Hysteresis, "planner: scale down only when the need with this margin fits fewer replicas")
+	fs.Float64Var(&f.headroom, "planner-headroom", d.Headroom, "planner: size pools for the forecast need × (1 + this), spare capacity for bursts and for the time a scale-up takes")
 	fs.BoolVar(&f.noLoadMode, "planner-no-load-mode", false, "planner: throughput mode only")
+	fs.BoolVar(&f.noFastUp, "planner-no-fast-scale-up", false, "planner: load mode scales up only on latency, not on the short window's demand")
 	fs.BoolVar(&f.verbose, "planner-verbose", false, "planner: log every decision, also those that hold")
 }
 
@@ -153,7 +159,8 @@ func (f *upPlannerFlags) build(ctx context.Context, out io.Writer, env upPlanner
 	cfg.Interval, cfg.LoadInterval = f.interval, f.loadInterval
 	cfg.Predictor, cfg.Season = f.predictor, f.season
 	cfg.GPUBudget, cfg.DryRun, cfg.ScaleDownCooldown, cfg.Hysteresis = f.budget, f.dryRun, f.cooldown, f.hysteresis
-	cfg.DisableLoadMode = f.noLoadMode
+	cfg.DisableLoadMode, cfg.DisableFastScaleUp = f.noLoadMode, f.noFastUp
+	cfg.ScaleDownWindow, cfg.Headroom = f.downWindow, f.headroom
 	cfg.Logger = log
 	act := &planner.LocalActuator{
 		Registry: env.cp.Registry(), Host: env.host, Model: env.model, BlockSize: env.blockSize, Fixed: fixed, IDPrefix: "s",

@@ -84,7 +84,10 @@ func (l *LocalActuator) Replicas(context.Context) (map[Pool]int, error) {
 	return out, nil
 }
 
-// Scale starts or stops workers until pool has n (never fewer than its fixed ones).
+// Scale starts or stops workers until pool has n (never fewer than its fixed ones). Workers
+// start concurrently, and each is registered as soon as it answers /health; workers stop
+// one at a time, newest first, each drained first. A worker that fails to start is
+// reported; those that started stay.
 func (l *LocalActuator) Scale(ctx context.Context, pool Pool, n int) error {
 	l.mu.Lock()
 	own := n - l.Fixed[pool]
@@ -93,13 +96,14 @@ func (l *LocalActuator) Scale(ctx context.Context, pool Pool, n int) error {
 	if own < 0 {
 		return fmt.Errorf("scaling pool %s to %d: it has %d fixed workers the supervisor cannot stop", pool, n, l.Fixed[pool])
 	}
-	var errs []error
-	for i := have; i < own; i++ {
-		if err := l.start(ctx, pool); err != nil {
-			errs = append(errs, err)
-			break
-		}
+	// New workers start side by side: a scale-up by k costs one worker's start-up time, not
+	// k of them.
+	errs := make([]error, max(own-have, 0))
+	var wg sync.WaitGroup
+	for i := range errs {
+		wg.Go(func() { errs[i] = l.start(ctx, pool) })
 	}
+	wg.Wait()
 	for i := have; i > own; i-- {
 		if err := l.stopNewest(ctx, pool); err != nil {
 			errs = append(errs, err)

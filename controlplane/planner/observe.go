@@ -30,11 +30,15 @@ const (
 	metricRunning  = "vllm:num_requests_running"
 	metricWaiting  = "vllm:num_requests_waiting"
 	metricKVUsage  = "vllm:kv_cache_usage_perc"
+	metricReqISL   = "vllm:request_prompt_tokens"     // histogram of finished requests' prompt lengths
+	metricReqOSL   = "vllm:request_generation_tokens" // and of their output lengths
 )
 
 // MetricsObserver observes the fleet by scraping every registered worker's Prometheus
 // metrics (vLLM's names) and differencing its counters between calls. A worker seen for the
-// first time only sets its baseline. It is safe for one caller at a time.
+// first time only sets its baseline (but what it holds, and has finished, counts as
+// arrived: it is new to the fleet). Arrivals are the finished requests plus the growth of
+// the running and waiting gauges. It is safe for one caller at a time.
 type MetricsObserver struct {
 	Workers WorkerLister
 	// Client makes the scrapes (default: a client with a 2 s timeout).
@@ -51,6 +55,7 @@ type workerCounters struct {
 	requests, prompt, output float64
 	ttftSum, ttftCount       float64
 	itlSum, itlCount         float64
+	islSum, oslSum, lenCount float64
 	running, waiting         int
 	kvUsage                  float64
 }
@@ -61,6 +66,7 @@ func (c workerCounters) minus(p workerCounters) workerCounters {
 		requests: d(c.requests, p.requests), prompt: d(c.prompt, p.prompt), output: d(c.output, p.output),
 		ttftSum: d(c.ttftSum, p.ttftSum), ttftCount: d(c.ttftCount, p.ttftCount),
 		itlSum: d(c.itlSum, p.itlSum), itlCount: d(c.itlCount, p.itlCount),
+		islSum: d(c.islSum, p.islSum), oslSum: d(c.oslSum, p.oslSum), lenCount: d(c.lenCount, p.lenCount),
 	}
 }
 
@@ -112,7 +118,20 @@ func (m *MetricsObserver) Observe(ctx context.Context) (Observation, error) {
 		if wl.Pool == "" {
 			wl.Pool = PoolBoth
 		}
-		if p, ok := m.prev[w.ID]; ok {
+		inflight := float64(c.running + c.waiting)
+		p, seen := m.prev[w.ID]
+		switch {
+		case seen && wl.Pool != PoolPrefill:
+			o.Arrivals += max(0, c.requests-p.requests) + inflight - float64(p.running+p.waiting)
+		case seen:
+			// Prefill workers' finished requests go on to decode: only their queues count.
+			o.Arrivals += inflight - float64(p.running+p.waiting)
+		case !m.prevAt.IsZero() && wl.Pool != PoolPrefill:
+			o.Arrivals += c.requests + inflight
+		case !m.prevAt.IsZero():
+			o.Arrivals += inflight
+		}
+		if seen {
 			d := c.minus(p)
 			if d.ttftCount > 0 {
 				wl.TTFT = time.Duration(d.ttftSum / d.ttftCount * float64(time.Second))
@@ -124,6 +143,9 @@ func (m *MetricsObserver) Observe(ctx context.Context) (Observation, error) {
 				o.Requests += d.requests
 				o.PromptTokens += d.prompt
 				o.OutputTokens += d.output
+				o.PromptLenSum += d.islSum
+				o.OutputLenSum += d.oslSum
+				o.LenCount += d.lenCount
 				o.ITLSum += d.itlSum
 				o.ITLCount += d.itlCount
 			}
@@ -134,6 +156,7 @@ func (m *MetricsObserver) Observe(ctx context.Context) (Observation, error) {
 		}
 		o.Workers = append(o.Workers, wl)
 	}
+	o.Arrivals = max(0, o.Arrivals)
 	m.prev, m.prevAt = next, at
 	if failed == len(ws) && failed > 0 {
 		return o, fmt.Errorf("observing the fleet: every one of %d workers failed to answer: %w", failed, errs[0])
@@ -158,7 +181,7 @@ func scrapeWorker(ctx context.Context, client *http.Client, w registry.Worker) (
 	if resp.StatusCode != http.StatusOK {
 		return workerCounters{}, fmt.Errorf("scraping %s: %s", w.ID, resp.Status)
 	}
-	fams, err := engines.ParseFamilies(resp.Body, metricRequests, metricPrompt, metricOutput, metricTTFT, metricITL, metricTPOT, metricRunning, metricWaiting, metricKVUsage)
+	fams, err := engines.ParseFamilies(resp.Body, metricRequests, metricPrompt, metricOutput, metricTTFT, metricITL, metricTPOT, metricRunning, metricWaiting, metricKVUsage, metricReqISL, metricReqOSL)
 	if err != nil {
 		return workerCounters{}, fmt.Errorf("scraping %s: %w", w.ID, err)
 	}
@@ -172,6 +195,10 @@ func scrapeWorker(ctx context.Context, client *http.Client, w registry.Worker) (
 	c.kvUsage = engines.Fraction(sum(metricKVUsage))
 	c.ttftSum, c.ttftCount = histSum(fams[metricTTFT])
 	c.itlSum, c.itlCount = histSum(fams[metricITL])
+	c.islSum, c.lenCount = histSum(fams[metricReqISL])
+	if c.oslSum, _ = histSum(fams[metricReqOSL]); c.oslSum == 0 {
+		c.lenCount = 0 // without both, the token counters stand in
+	}
 	if c.itlCount == 0 {
 		c.itlSum, c.itlCount = histSum(fams[metricTPOT])
 	}

@@ -52,6 +52,21 @@ type Config struct {
 	GPUBudget int
 	// ScaleDownCooldown is how long after any change of a pool it may not shrink.
 	ScaleDownCooldown time.Duration
+	// ScaleDownWindow is the stabilisation window of scale-downs (Kubernetes HPA's
+	// behaviour.scaleDown.stabilizationWindowSeconds): a pool shrinks only to the largest
+	// size any decision wanted within this window, so a lull shorter than the window (a
+	// pause between bursts, an interval that saw little traffic) does not give up replicas
+	// the next burst needs. 0: ScaleDownCooldown.
+	ScaleDownWindow time.Duration
+	// Headroom is spare capacity planned on top of the forecast: pools are sized for
+	// need × (1+Headroom). A pool sized exactly for its load runs at the profiled
+	// throughput at the target latency, where any burst or step in the arrivals queues and
+	// a queue never drains; headroom buys the time a scale-up takes (default 0).
+	Headroom float64
+	// DisableFastScaleUp turns off load mode's demand check: between intervals, load mode
+	// also scales a pool straight up to what the short window's arrivals need (with
+	// Headroom), without waiting for every worker to miss its target.
+	DisableFastScaleUp bool
 	// Hysteresis: throughput mode shrinks a pool only when ceil(needed × (1+Hysteresis))
 	// is below its size (grows as soon as ceil(needed) is above it).
 	Hysteresis float64
@@ -124,6 +139,12 @@ func (c *Config) Validate() error {
 	if c.Hysteresis < 0 || c.LoadLowWater < 0 || c.LoadLowWater >= 1 {
 		return errors.New("planner config: hysteresis must be ≥ 0 and the low water in [0, 1)")
 	}
+	if c.Headroom < 0 || c.Headroom > 10 || math.IsNaN(c.Headroom) {
+		return fmt.Errorf("planner config: headroom %v must be in [0, 10]", c.Headroom)
+	}
+	if c.ScaleDownCooldown < 0 || c.ScaleDownWindow < 0 {
+		return errors.New("planner config: the scale-down cool-down and window must not be negative")
+	}
 	return nil
 }
 
@@ -147,15 +168,43 @@ type Observation struct {
 	Window time.Duration `json:"window"`
 	// Requests finished, and their prompt and output tokens, in the window.
 	Requests, PromptTokens, OutputTokens float64
+	// Arrivals estimates the requests that arrived in the window: those finished plus the
+	// growth of the requests in flight (running and waiting) over the fleet. While a fleet
+	// is overloaded it finishes fewer requests than arrive, so Requests alone understates
+	// the demand exactly when it matters. 0 when the observer cannot tell.
+	Arrivals float64
+	// PromptLenSum and OutputLenSum are the prompt and output lengths of LenCount finished
+	// requests (vLLM's request_prompt_tokens and request_generation_tokens histograms): the
+	// mean lengths. Without them (LenCount 0) the token counters over Requests stand in,
+	// which overstate the lengths while a queue builds (tokens are counted as they are
+	// processed, requests as they finish).
+	PromptLenSum, OutputLenSum, LenCount float64
 	// TTFTSum/TTFTCount and ITLSum/ITLCount give mean latencies (seconds).
 	TTFTSum, TTFTCount, ITLSum, ITLCount float64
 	Workers                              []WorkerLoad
+}
+
+// lengths returns the mean prompt and output lengths of the requests finished in the
+// window; zeros when none finished.
+func (a *Observation) lengths() (isl, osl float64) {
+	switch {
+	case a.LenCount > 0:
+		return a.PromptLenSum / a.LenCount, a.OutputLenSum / a.LenCount
+	case a.Requests > 0:
+		n := max(a.Requests, a.Arrivals)
+		return a.PromptTokens / n, a.OutputTokens / n
+	}
+	return 0, 0
 }
 
 // add accumulates o's counts into a.
 func (a *Observation) add(o Observation) {
 	a.Window += o.Window
 	a.Requests += o.Requests
+	a.Arrivals += o.Arrivals
+	a.PromptLenSum += o.PromptLenSum
+	a.OutputLenSum += o.OutputLenSum
+	a.LenCount += o.LenCount
 	a.PromptTokens += o.PromptTokens
 	a.OutputTokens += o.OutputTokens
 	a.TTFTSum += o.TTFTSum
@@ -238,7 +287,48 @@ type poolState struct {
 	floor      int       // throughput mode's last answer
 	lastChange time.Time // any change
 	pending    int       // a size not yet applied (failed actuation), -1 none
+	wants      []want    // sizes decisions wanted within the scale-down window, oldest first
 }
+
+// want is a size a decision wanted for a pool (before hysteresis and cool-down), kept for
+// the scale-down window.
+type want struct {
+	at time.Time
+	n  int
+}
+
+// wanted records that a decision at now wanted n replicas and drops what fell out of the
+// scale-down window.
+func (p *Planner) wanted(st *poolState, now time.Time, n int) {
+	w := p.scaleDownWindow()
+	i := 0
+	for i < len(st.wants) && now.Sub(st.wants[i].at) > w {
+		i++
+	}
+	st.wants = append(st.wants[i:], want{now, n})
+}
+
+// stableSize is the largest size wanted within the scale-down window: the least a pool may
+// shrink to now.
+func (p *Planner) stableSize(st *poolState, now time.Time) int {
+	w, n := p.scaleDownWindow(), 0
+	for _, x := range st.wants {
+		if now.Sub(x.at) <= w {
+			n = max(n, x.n)
+		}
+	}
+	return n
+}
+
+func (p *Planner) scaleDownWindow() time.Duration {
+	if p.cfg.ScaleDownWindow > 0 {
+		return p.cfg.ScaleDownWindow
+	}
+	return p.cfg.ScaleDownCooldown
+}
+
+// ceilNeed rounds a fractional replica count up, forgiving float noise.
+func ceilNeed(n float64) int { return int(math.Ceil(n - 1e-9)) }
 
 // Planner sizes pools; see the package documentation. Its exported methods other than Run
 // are safe for concurrent use.
@@ -381,12 +471,11 @@ func (p *Planner) demand(a Observation) Inputs {
 	var in Inputs
 	secs := a.Window.Seconds()
 	if secs > 0 {
-		in.RequestRate = a.Requests / secs
+		// The fleet has to serve what arrives and what it is still finishing: the larger of
+		// the two is the demand (arrivals while a queue builds, completions while it drains).
+		in.RequestRate = max(a.Requests, a.Arrivals) / secs
 	}
-	if a.Requests > 0 {
-		in.ISL = a.PromptTokens / a.Requests
-		in.OSL = a.OutputTokens / a.Requests
-	}
+	in.ISL, in.OSL = a.lengths()
 	if a.TTFTCount > 0 {
 		in.ObservedTTFTMs = a.TTFTSum / a.TTFTCount * 1e3
 	}
@@ -394,7 +483,7 @@ func (p *Planner) demand(a Observation) Inputs {
 		in.ObservedITLMs = a.ITLSum / a.ITLCount * 1e3
 	}
 	p.rate.Observe(in.RequestRate)
-	if a.Requests > 0 {
+	if in.ISL > 0 {
 		p.isl.Observe(in.ISL)
 		p.osl.Observe(in.OSL)
 	}
@@ -473,8 +562,14 @@ func (p *Planner) throughputStep(ctx context.Context, now time.Time, a Observati
 	in := p.demand(a)
 	p.updateCorrections(in, a)
 	in.PrefillCorrection, in.DecodeCorrection = p.corrP, p.corrD
-	need, preTPS, decTPS := p.Needed(in.PredictedRate, in.PredictedISL, in.PredictedOSL, p.corrP, p.corrD)
+	// Scale up for the larger of the forecast and what was just observed: a predictor that
+	// lags a rise, or smooths it away, must not hold a pool below the load it is serving
+	// now. Scale down only on the forecast (a trend predictor can see a fall coming).
+	upRate := max(in.PredictedRate, in.RequestRate)
+	need, preTPS, decTPS := p.Needed(upRate, in.PredictedISL, in.PredictedOSL, p.corrP, p.corrD)
+	needDown, _, _ := p.Needed(in.PredictedRate, in.PredictedISL, in.PredictedOSL, p.corrP, p.corrD)
 	in.ReplicaPrefillTPS, in.ReplicaDecodeTPS = preTPS, decTPS
+	head := 1 + p.cfg.Headroom
 	p.mu.Lock()
 	p.last = in
 	p.mu.Unlock()
@@ -484,10 +579,15 @@ func (p *Planner) throughputStep(ctx context.Context, now time.Time, a Observati
 	for _, pool := range p.poolOrder() {
 		st, lim := p.pools[pool], p.cfg.Pools[pool]
 		n := need[pool]
-		up := int(math.Ceil(n - 1e-9))
-		down := int(math.Ceil(n*(1+p.cfg.Hysteresis) - 1e-9))
+		up := ceilNeed(n * head)
+		down := ceilNeed(needDown[pool] * head * (1 + p.cfg.Hysteresis))
 		t := st.current
-		reason := fmt.Sprintf("needs %.2f replicas (%.1f req/s × %.0f in, %.0f out tokens predicted)", n, in.PredictedRate, in.PredictedISL, in.PredictedOSL)
+		reason := fmt.Sprintf("needs %.2f replicas (%.1f req/s × %.0f in, %.0f out tokens; %.1f req/s observed)", n, upRate, in.PredictedISL, in.PredictedOSL, in.RequestRate)
+		if p.cfg.Headroom > 0 {
+			reason += fmt.Sprintf(", %d with %.0f%% headroom", up, p.cfg.Headroom*100)
+		}
+		stable := p.stableSize(st, now)
+		p.wanted(st, now, clampPool(up, lim))
 		switch {
 		case up > st.current:
 			t = up
@@ -495,9 +595,17 @@ func (p *Planner) throughputStep(ctx context.Context, now time.Time, a Observati
 		case down < st.current:
 			if cd := p.cooldownLeft(st, now); cd > 0 {
 				reason += fmt.Sprintf(": would scale down to %d, cool-down %s left", down, cd.Round(time.Second))
+			} else if down < stable {
+				t = min(stable, st.current)
+				reason += fmt.Sprintf(": would scale down to %d, but %d was wanted within the last %s", down, stable, p.scaleDownWindow())
+				if t == st.current {
+					reason += ": hold"
+				} else {
+					reason += fmt.Sprintf(": scale down to %d", t)
+				}
 			} else {
 				t = down
-				reason += fmt.Sprintf(": scale down (with %.0f%% headroom)", p.cfg.Hysteresis*100)
+				reason += fmt.Sprintf(": scale down (with %.0f%% hysteresis)", p.cfg.Hysteresis*100)
 			}
 		default:
 			reason += ": within hysteresis, hold"
@@ -510,7 +618,8 @@ func (p *Planner) throughputStep(ctx context.Context, now time.Time, a Observati
 			}
 		}
 		targets[pool], reasons[pool] = t2, reason
-		// The floor load mode keeps to is what throughput mode needs, not the held size.
+		// The floor load mode keeps to is what throughput mode needs (with its headroom),
+		// not the held size.
 		st.floor = clampPool(up, lim)
 	}
 	p.applyBudget(targets, reasons)
@@ -586,14 +695,27 @@ func (p *Planner) poolOrder() []Pool {
 	return out
 }
 
-// loadStep is load mode on one short observation.
+// loadStep is load mode on one short observation. Per pool, in order:
+//
+//  1. Demand (unless DisableFastScaleUp): the window's arrivals, taken at a one-sigma
+//     Poisson lower bound (n − √n requests) so that noise alone rarely moves it, sized as
+//     throughput mode sizes the forecast (with Headroom). A pool smaller than that grows
+//     to it at once, several replicas at a time if need be: a step in the load is served
+//     within one LoadInterval instead of one Interval. The size is kept for the scale-down
+//     window.
+//  2. Latency: every worker over its target (measured, or estimated from its queue) adds
+//     one replica; every worker well below it removes one, never under the throughput
+//     floor, within the cool-down, or under a size wanted within the scale-down window.
 func (p *Planner) loadStep(ctx context.Context, now time.Time, o Observation) []Decision {
 	p.mu.Lock()
 	last := p.last
 	p.mu.Unlock()
-	isl, osl := last.PredictedISL, last.PredictedOSL
-	if o.Requests > 0 {
-		isl, osl = o.PromptTokens/o.Requests, o.OutputTokens/o.Requests
+	// Lengths: the window's requests' when it measured them per request, else the last
+	// interval's (a short window's token counters over its few finished requests are
+	// noisy), else the window's counters.
+	isl, osl := last.ISL, last.OSL
+	if o.LenCount > 0 || isl <= 0 {
+		isl, osl = o.lengths()
 	}
 	if isl <= 0 {
 		return nil // no traffic seen yet
@@ -602,6 +724,10 @@ func (p *Planner) loadStep(ctx context.Context, now time.Time, o Observation) []
 	for _, pool := range p.poolOrder() {
 		st, lim := p.pools[pool], p.cfg.Pools[pool]
 		in := last
+		if d, ok := p.fastScaleUp(ctx, now, pool, o, isl, osl, in); ok {
+			out = append(out, d)
+			continue
+		}
 		in.WorkerTTFTMs, in.WorkerITLMs = map[string]float64{}, map[string]float64{}
 		allOver, allUnder, n := true, true, 0
 		for _, w := range o.Workers {
@@ -611,11 +737,12 @@ func (p *Planner) loadStep(ctx context.Context, now time.Time, o Observation) []
 			n++
 			over, under := false, true
 			if pool != PoolDecode {
+				// The window's mean TTFT lags a queue that is building (its requests have
+				// not reached their first token yet): take the larger of it and the
+				// queue's estimate, each waiting request a prefill ahead.
 				t := ms(w.TTFT)
-				if t == 0 {
-					// Nothing finished its prefill here in the window: estimate from the
-					// queue, each waiting request a prefill ahead.
-					t = ms(p.profileFor(pool).TTFT(isl, 1)) * float64(1+w.Waiting)
+				if t == 0 || w.Waiting > 0 {
+					t = max(t, ms(p.profileFor(pool).TTFT(isl, 1))*float64(1+w.Waiting))
 				}
 				in.WorkerTTFTMs[w.ID] = t
 				over = over || t > ms(p.cfg.TTFT)
@@ -638,12 +765,56 @@ func (p *Planner) loadStep(ctx context.Context, now time.Time, o Observation) []
 		}
 		switch {
 		case allOver && (lim.Max == 0 || st.current < lim.Max) && p.budgetAllows(pool):
+			p.wanted(st, now, st.current+1)
 			out = append(out, p.decide(ctx, now, pool, ModeLoad, st.current+1, fmt.Sprintf("every one of %d workers over its target: scale up one", n), in))
-		case allUnder && st.current > max(st.floor, lim.Min) && p.cooldownLeft(st, now) <= 0:
+		case allUnder && st.current > max(st.floor, lim.Min, p.stableSize(st, now)) && p.cooldownLeft(st, now) <= 0:
 			out = append(out, p.decide(ctx, now, pool, ModeLoad, st.current-1, fmt.Sprintf("every one of %d workers below %.0f%% of its target: scale down one (throughput floor %d)", n, p.cfg.LoadLowWater*100, st.floor), in))
 		}
 	}
 	return out
+}
+
+// fastScaleUp is step 1 of loadStep: it returns a decision when the window's demand needs
+// more replicas than pool has.
+func (p *Planner) fastScaleUp(ctx context.Context, now time.Time, pool Pool, o Observation, isl, osl float64, in Inputs) (Decision, bool) {
+	secs := o.Window.Seconds()
+	n := max(o.Requests, o.Arrivals)
+	if p.cfg.DisableFastScaleUp || secs <= 0 || n <= 0 {
+		return Decision{}, false
+	}
+	st, lim := p.pools[pool], p.cfg.Pools[pool]
+	rate := max(0, n-math.Sqrt(n)) / secs
+	need, preTPS, decTPS := p.Needed(rate, isl, osl, p.corrP, p.corrD)
+	want := clampPool(ceilNeed(need[pool]*(1+p.cfg.Headroom)), lim)
+	p.wanted(st, now, want)
+	// Only a pool that cannot serve even the lower bound (without headroom) grows here:
+	// headroom over a noisy short window is throughput mode's business, over the interval.
+	if ceilNeed(need[pool]) <= st.current {
+		return Decision{}, false
+	}
+	if want = p.budgetCap(pool, want); want <= st.current {
+		return Decision{}, false
+	}
+	in.RequestRate, in.ISL, in.OSL = n/secs, isl, osl
+	in.ReplicaPrefillTPS, in.ReplicaDecodeTPS, in.Needed = preTPS, decTPS, need[pool]
+	reason := fmt.Sprintf("demand: %.0f requests in %s (at least %.1f req/s) × %.0f in, %.0f out tokens need %.2f replicas, %d with %.0f%% headroom: scale up",
+		n, o.Window.Round(time.Millisecond), rate, isl, osl, need[pool], want, p.cfg.Headroom*100)
+	return p.decide(ctx, now, pool, ModeLoad, want, reason, in), true
+}
+
+// budgetCap lowers a wanted size of pool to what the GPU budget leaves it beside the other
+// pools' current sizes (never below its current size).
+func (p *Planner) budgetCap(pool Pool, n int) int {
+	if p.cfg.GPUBudget <= 0 {
+		return n
+	}
+	others := 0
+	for q, st := range p.pools {
+		if q != pool {
+			others += st.current * p.cfg.Pools[q].gpus()
+		}
+	}
+	return max(p.pools[pool].current, min(n, (p.cfg.GPUBudget-others)/p.cfg.Pools[pool].gpus()))
 }
 
 func (p *Planner) budgetAllows(pool Pool) bool {

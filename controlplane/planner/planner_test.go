@@ -329,3 +329,170 @@ func TestDryRunDecidesOnly(t *testing.T) {
 		t.Errorf("GET /v1/planner/decisions: %d %s", resp.StatusCode, body)
 	}
 }
+
+// bothConfig is an aggregated pool of 1 to 20 on knownProfile: at 1000 in and 100 out
+// tokens a request needs 1000/15000 + 100/500 = 0.2667 replica-seconds, so 3.75 req/s is
+// one replica.
+func bothConfig() planner.Config {
+	cfg := planner.DefaultConfig()
+	cfg.Pools = map[planner.Pool]planner.PoolLimits{planner.PoolBoth: {Min: 1, Max: 20}}
+	cfg.Profiles = map[planner.Pool]*planner.Profile{planner.PoolBoth: knownProfile()}
+	cfg.TTFT, cfg.ITL = 200*time.Millisecond, 40*time.Millisecond
+	cfg.Interval, cfg.LoadInterval = time.Minute, 5*time.Second
+	cfg.ScaleBackoff = time.Millisecond
+	cfg.Logger = quiet()
+	return cfg
+}
+
+// window is a load-mode observation: n requests arrived and finished in 5 s.
+func window(at time.Time, n, isl, osl float64) planner.Observation {
+	return planner.Observation{At: at, Window: 5 * time.Second, Requests: n, Arrivals: n,
+		PromptLenSum: n * isl, OutputLenSum: n * osl, LenCount: n, PromptTokens: n * isl, OutputTokens: n * osl}
+}
+
+func TestHeadroom(t *testing.T) {
+	for _, tc := range []struct {
+		headroom float64
+		want     int
+	}{{0, 2}, {0.2, 3}, {0.5, 3}, {1, 4}} {
+		cfg := bothConfig()
+		cfg.Headroom = tc.headroom
+		act := &plannertest.Actuator{Sizes: map[planner.Pool]int{planner.PoolBoth: 1}}
+		p, _ := planner.New(cfg, nil, act)
+		p.Step(context.Background(), obs(time.Unix(1000, 0), 7.5, 1000, 100)) // needs 2.0
+		if got := act.Sizes[planner.PoolBoth]; got != tc.want {
+			t.Errorf("headroom %v: %d replicas for a need of 2.0, want %d", tc.headroom, got, tc.want)
+		}
+	}
+}
+
+// A step in the load is met at the next load check, several replicas at once, from the
+// window's arrivals (taken at their one-sigma lower bound); latency alone would add one.
+func TestFastScaleUpOnDemandStep(t *testing.T) {
+	cfg := bothConfig()
+	cfg.Headroom = 0.2
+	act := &plannertest.Actuator{Sizes: map[planner.Pool]int{planner.PoolBoth: 1}}
+	p, _ := planner.New(cfg, nil, act)
+	at := time.Unix(1000, 0)
+	p.Step(context.Background(), obs(at, 7.5, 1000, 100)) // 2.0 × 1.2: 3
+	if act.Sizes[planner.PoolBoth] != 3 {
+		t.Fatalf("throughput mode: %v", act.Sizes)
+	}
+	// 150 requests in 5 s: at least (150 − √150)/5 = 27.55 req/s, 7.35 replicas, 8.8 with
+	// headroom: 9.
+	at = at.Add(5 * time.Second)
+	ds := p.Step(context.Background(), window(at, 150, 1000, 100))
+	if act.Sizes[planner.PoolBoth] != 9 || len(ds) != 1 || ds[0].Mode != planner.ModeLoad || !strings.Contains(ds[0].Reason, "demand") {
+		t.Errorf("after a 4× step: sizes %v, decisions %+v; want 9 at once", act.Sizes, ds)
+	}
+	// Arrivals count, not only completions: an overloaded fleet finishes what it can (30
+	// in 5 s) while 150 arrive.
+	act2 := &plannertest.Actuator{Sizes: map[planner.Pool]int{planner.PoolBoth: 1}}
+	p2, _ := planner.New(cfg, nil, act2)
+	p2.Step(context.Background(), obs(at, 3, 1000, 100))
+	o := window(at.Add(5*time.Second), 30, 1000, 100)
+	o.Arrivals = 150
+	p2.Step(context.Background(), o)
+	if act2.Sizes[planner.PoolBoth] != 9 {
+		t.Errorf("overloaded fleet finishing 30 of 150 arrivals: sized %v, want 9", act2.Sizes)
+	}
+	// Off, only latency reacts (and here nothing measured it): no change.
+	cfg.DisableFastScaleUp = true
+	act3 := &plannertest.Actuator{Sizes: map[planner.Pool]int{planner.PoolBoth: 1}}
+	p3, _ := planner.New(cfg, nil, act3)
+	p3.Step(context.Background(), obs(at, 7.5, 1000, 100))
+	p3.Step(context.Background(), window(at.Add(5*time.Second), 150, 1000, 100))
+	if act3.Sizes[planner.PoolBoth] != 3 {
+		t.Errorf("with DisableFastScaleUp: sized %v, want throughput mode's 3", act3.Sizes)
+	}
+}
+
+// Throughput mode sizes for the window's arrivals when they exceed completions, and for the
+// per-request lengths when the engines report them.
+func TestThroughputModeUsesArrivalsAndLengths(t *testing.T) {
+	cfg := bothConfig()
+	act := &plannertest.Actuator{Sizes: map[planner.Pool]int{planner.PoolBoth: 1}}
+	p, _ := planner.New(cfg, nil, act)
+	// 7.5 req/s finished, 15 arrived; the token counters say 3000 in per request (a queue's
+	// prefills counted before its requests finish) but the requests had 1000.
+	o := obs(time.Unix(1000, 0), 7.5, 3000, 100)
+	o.Arrivals = 15 * 60
+	o.PromptLenSum, o.OutputLenSum, o.LenCount = o.Requests*1000, o.Requests*100, o.Requests
+	ds := p.Step(context.Background(), o)
+	if act.Sizes[planner.PoolBoth] != 4 || ds[0].Inputs.RequestRate != 15 || ds[0].Inputs.ISL != 1000 {
+		t.Errorf("sizes %v, inputs %+v; want 4 replicas for 15 req/s of 1000 in", act.Sizes, ds[0].Inputs)
+	}
+}
+
+// A pool keeps, through a lull shorter than the scale-down window, the size a burst wanted
+// within it, and gives it up once the window has passed.
+func TestScaleDownWindow(t *testing.T) {
+	cfg := bothConfig()
+	cfg.Interval, cfg.LoadInterval = 10*time.Second, 5*time.Second
+	cfg.ScaleDownCooldown, cfg.ScaleDownWindow = 0, 30*time.Second
+	act := &plannertest.Actuator{Sizes: map[planner.Pool]int{planner.PoolBoth: 1}}
+	p, _ := planner.New(cfg, nil, act)
+	at := time.Unix(1000, 0)
+	ctx := context.Background()
+	p.Step(ctx, planner.Observation{At: at, Window: 10 * time.Second})
+	at = at.Add(5 * time.Second)
+	p.Step(ctx, window(at, 150, 1000, 100)) // burst: 8 (no headroom)
+	if act.Sizes[planner.PoolBoth] != 8 {
+		t.Fatalf("burst: %v", act.Sizes)
+	}
+	// Silence for 25 s: throughput mode sees nothing, but 8 was wanted within 30 s.
+	for range 5 {
+		at = at.Add(5 * time.Second)
+		p.Step(ctx, planner.Observation{At: at, Window: 5 * time.Second})
+	}
+	if act.Sizes[planner.PoolBoth] != 8 {
+		t.Errorf("in a 25 s lull: %v, want the burst's 8 kept", act.Sizes)
+	}
+	// The interval that held the burst wanted 4 (15 req/s over 10 s): 30 s after it, 1.
+	for range 5 {
+		at = at.Add(5 * time.Second)
+		p.Step(ctx, planner.Observation{At: at, Window: 5 * time.Second})
+	}
+	if act.Sizes[planner.PoolBoth] != 1 {
+		for _, d := range p.Decisions() {
+			t.Logf("%s %d→%d %s", d.Mode, d.From, d.To, d.Reason)
+		}
+		t.Errorf("50 s after the burst: %v, want back to 1", act.Sizes)
+	}
+}
+
+// A noisy flat load checked every 5 s by load mode (demand) and every minute by throughput
+// mode, with headroom, moves the pool once and then holds it: the fast scale-up's lower
+// bound and the scale-down's hysteresis and window leave noise no room.
+func TestNoisyLoadWithFastScaleUpDoesNotFlap(t *testing.T) {
+	cfg := bothConfig()
+	cfg.Headroom = 0.2
+	cfg.ScaleDownCooldown = time.Minute
+	act := &plannertest.Actuator{Sizes: map[planner.Pool]int{planner.PoolBoth: 1}}
+	p, _ := planner.New(cfg, nil, act)
+	r := rand.New(rand.NewPCG(3, 4))
+	at := time.Unix(1000, 0)
+	ctx := context.Background()
+	calls := 0
+	for i := range 12 * 30 { // 30 minutes
+		if i == 12 {
+			calls = len(act.Calls) // the first minute finds the size
+		}
+		at = at.Add(5 * time.Second)
+		// 11.25 req/s (3 replicas, 3.6 with headroom) with Poisson-like noise of ± 2σ.
+		mean := 11.25 * 5
+		n := math.Round(mean + 2*math.Sqrt(mean)*(2*r.Float64()-1))
+		p.Step(ctx, window(at, n, 1000, 100))
+	}
+	if len(act.Calls) > calls {
+		for _, d := range p.Decisions() {
+			if d.From != d.To {
+				t.Logf("%s %d→%d %s", d.Mode, d.From, d.To, d.Reason)
+			}
+		}
+		t.Errorf("scale calls %v on a flat load, want none after the first minute", act.Calls)
+	}
+	if got := act.Sizes[planner.PoolBoth]; got != 4 {
+		t.Errorf("size %d, want 4 (3.6 replicas with headroom)", got)
+	}
+}

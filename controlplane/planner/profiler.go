@@ -203,6 +203,7 @@ type result struct {
 	start, first, last         time.Time
 	chunks                     int
 	promptTokens, outputTokens int
+	times                      []time.Time // every chunk's arrival, when more than one token was asked for
 }
 
 // send streams one completion and times its chunks.
@@ -257,6 +258,9 @@ func (m *measurer) send(ctx context.Context, prompt string, maxTokens int) (resu
 			}
 			r.last = now
 			r.chunks++
+			if maxTokens > 1 {
+				r.times = append(r.times, now)
+			}
 		}
 		if chunk.Usage != nil {
 			r.promptTokens, r.outputTokens = chunk.Usage.PromptTokens, chunk.Usage.CompletionTokens
@@ -311,27 +315,65 @@ func (m *measurer) prefill(ctx context.Context, isl, conc int) (PrefillPoint, er
 	}, nil
 }
 
+// decode measures conc streams decoding at once. The conc requests start together, so
+// their prefills run first, interleaved with the early streams' first tokens: the point's
+// ITL is taken over the gaps after every stream has its first token (steady decoding, as a
+// loaded server sees it), or over whole streams when OSL is too short to leave any.
 func (m *measurer) decode(ctx context.Context, ctxLen, conc int) (DecodePoint, error) {
 	rs, _, err := m.run(ctx, conc, 1, ctxLen, m.cfg.OSL)
 	if err != nil {
 		return DecodePoint{}, err
 	}
-	var itl, prompt float64
-	n := 0
-	for _, r := range rs {
-		prompt += float64(r.promptTokens)
-		if r.chunks > 1 {
-			itl += float64(r.last.Sub(r.first)) / float64(r.chunks-1)
-			n++
-		}
-	}
-	if n == 0 {
+	itlMs, ok := steadyITL(rs)
+	if !ok {
 		return DecodePoint{}, errors.New("no stream carried more than one token")
 	}
-	itlMs := itl / float64(n) / float64(time.Millisecond)
+	var prompt float64
+	for _, r := range rs {
+		prompt += float64(r.promptTokens)
+	}
 	itlMs = max(itlMs, 1e-3)
 	return DecodePoint{
 		Context: prompt/float64(len(rs)) + float64(m.cfg.OSL)/2, Concurrency: float64(conc),
 		ITLMs: itlMs, Throughput: float64(conc) * 1000 / itlMs,
 	}, nil
+}
+
+// steadyITL is the mean inter-token gap (ms) of the streams after the last of them got its
+// first token; without any such gap, over each stream from its first token to its last.
+func steadyITL(rs []result) (float64, bool) {
+	var all time.Time
+	for _, r := range rs {
+		if r.first.After(all) {
+			all = r.first
+		}
+	}
+	var steady, whole float64
+	ns, nw := 0, 0
+	for _, r := range rs {
+		if r.chunks < 2 {
+			continue
+		}
+		whole += float64(r.last.Sub(r.first)) / float64(r.chunks-1)
+		nw++
+		var sum time.Duration
+		gaps := 0
+		for i := 1; i < len(r.times); i++ {
+			if !r.times[i-1].Before(all) {
+				sum += r.times[i].Sub(r.times[i-1])
+				gaps++
+			}
+		}
+		if gaps > 0 {
+			steady += float64(sum) / float64(gaps)
+			ns++
+		}
+	}
+	switch {
+	case ns > 0:
+		return steady / float64(ns) / float64(time.Millisecond), true
+	case nw > 0:
+		return whole / float64(nw) / float64(time.Millisecond), true
+	}
+	return 0, false
 }
