@@ -3,31 +3,24 @@
 // firstbyte: request-to-first-byte per upstream connection, seen from the proxy's side.
 //
 // cgroup_skb/egress stamps every packet carrying payload of an HTTP POST to a watched endpoint
-// into a map keyed by the connection's 4-tuple (the last one wins: the request's last byte
+// into the connection's socket-local storage (the last one wins: the request's last byte
 // sent; GET and HEAD requests, such as metrics scrapes, are not timed);
 // cgroup_skb/ingress takes the first packet carrying payload back from that endpoint on the
 // same connection, records the gap and clears the stamp. A kernel-side TTFT that needs no
 // cooperation from the proxy. IPv4 only.
 //
 // Cost: both programs run on every packet of every socket in the cgroup. A packet of a port
-// not watched leaves after one inlined array lookup; a connection's stamp is created once
-// (the map update of an LRU hash allocates) and afterwards written and cleared in place
-// through the pointer a lookup returns, so a request costs lookups and stores, no map update
-// or delete; the watched-endpoint check runs only on a request's first packet.
+// not watched leaves after one inlined array lookup; a connection's stamp lives in its socket's local
+// storage (BPF_MAP_TYPE_SK_STORAGE), created by its first request and written and cleared in
+// place afterwards, so a request costs two pointer walks from the socket and a few stores:
+// no hashing, no map update or delete; the watched-endpoint check runs only on a connection's
+// first request.
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
 #include "kvrelay.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
-
-// flow: a connection from the client's side, local = the proxy, remote = the engine.
-struct flow {
-	__u32 laddr;
-	__u32 raddr;
-	__u16 lport;
-	__u16 rport;
-};
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -43,12 +36,14 @@ struct {
 	__type(value, struct hist);
 } hists SEC(".maps");
 
-// sent: connection -> when its last request byte went out; 0 once answered (or after a GET or
-// HEAD). Entries stay for the connection's life and leave by LRU eviction.
+// sent: socket-local storage of a connection to a watched endpoint: when its last request
+// byte went out; 0 once answered (or after a GET or HEAD). Created by the request's first
+// packet, it lives and goes with the socket; reaching it from a packet is a pointer walk
+// from the socket (no key hashing).
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 16384);
-	__type(key, struct flow);
+	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
 	__type(value, __u64);
 } sent SEC(".maps");
 
@@ -110,28 +105,39 @@ static __always_inline int parse(struct __sk_buff *skb, struct pkt *p, int egres
 	return 1;
 }
 
+static __always_inline struct bpf_sock *full_sk(struct __sk_buff *skb)
+{
+	struct bpf_sock *sk = skb->sk;
+	if (!sk)
+		return 0;
+	return bpf_sk_fullsock(sk);
+}
+
 SEC("cgroup_skb/egress")
 int kvrelay_fb_egress(struct __sk_buff *skb)
 {
 	struct pkt p = {};
 	if (!parse(skb, &p, 1))
 		return 1;
-	struct flow f = { .laddr = p.saddr, .raddr = p.daddr, .lport = p.sport, .rport = p.dport };
-	__u64 *ts = bpf_map_lookup_elem(&sent, &f);
+	struct bpf_sock *sk = full_sk(skb);
+	if (!sk)
+		return 1;
+	__u64 *ts = bpf_sk_storage_get(&sent, sk, 0, 0);
 	// Only requests with a body (POST: inference) are timed. A payload starting with "GET "
 	// or "HEAD" (a metrics scrape or health check of the same engine) clears the stamp; any
 	// other payload moves the stamp of a request in flight (the rest of its body).
 	char m[4] = {};
 	if (p.payload >= 4 && bpf_skb_load_bytes(skb, p.off, m, 4) == 0) {
 		if (m[0] == 'P' && m[1] == 'O' && m[2] == 'S' && m[3] == 'T') {
-			__u64 now = bpf_ktime_get_ns();
-			if (ts) {
-				*ts = now;
-				return 1;
+			if (!ts) {
+				struct endpoint ep = { .addr = p.daddr, .port = p.dport };
+				if (!bpf_map_lookup_elem(&targets, &ep))
+					return 1;
+				ts = bpf_sk_storage_get(&sent, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+				if (!ts)
+					return 1;
 			}
-			struct endpoint ep = { .addr = p.daddr, .port = p.dport };
-			if (bpf_map_lookup_elem(&targets, &ep))
-				bpf_map_update_elem(&sent, &f, &now, BPF_ANY);
+			*ts = bpf_ktime_get_ns();
 			return 1;
 		}
 		if ((m[0] == 'G' && m[1] == 'E' && m[2] == 'T' && m[3] == ' ') ||
@@ -146,7 +152,7 @@ int kvrelay_fb_egress(struct __sk_buff *skb)
 	return 1;
 }
 
-// The stamp exists only for connections to watched endpoints (egress checked), so ingress
+// The stamp exists only on connections to watched endpoints (egress checked), so ingress
 // needs no check of its own.
 SEC("cgroup_skb/ingress")
 int kvrelay_fb_ingress(struct __sk_buff *skb)
@@ -154,8 +160,10 @@ int kvrelay_fb_ingress(struct __sk_buff *skb)
 	struct pkt p = {};
 	if (!parse(skb, &p, 0))
 		return 1;
-	struct flow f = { .laddr = p.daddr, .raddr = p.saddr, .lport = p.dport, .rport = p.sport };
-	__u64 *ts = bpf_map_lookup_elem(&sent, &f);
+	struct bpf_sock *sk = full_sk(skb);
+	if (!sk)
+		return 1;
+	__u64 *ts = bpf_sk_storage_get(&sent, sk, 0, 0);
 	if (!ts)
 		return 1;
 	__u64 then = *ts;

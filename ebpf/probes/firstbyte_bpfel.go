@@ -20,14 +20,6 @@ type firstbyteEndpoint struct {
 	Pad  uint16
 }
 
-type firstbyteFlow struct {
-	_     structs.HostLayout
-	Laddr uint32
-	Raddr uint32
-	Lport uint16
-	Rport uint16
-}
-
 type firstbyteHist struct {
 	_     structs.HostLayout
 	Count uint64
