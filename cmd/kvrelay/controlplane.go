@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/sync/errgroup"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -31,6 +32,7 @@ func newControlPlaneCmd() *cobra.Command {
 		kubeconf  string
 		ebpfMode  string
 		ebpfLoad  bool
+		pf        cpPlannerFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "controlplane",
@@ -70,7 +72,7 @@ Model and block size are discovered when not given.`,
 				opts.K8s = src
 			}
 			opts.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
-			return runControlPlane(cmd.Context(), cmd.OutOrStdout(), opts, ebpfMode, ebpfLoad)
+			return runControlPlane(cmd.Context(), cmd.OutOrStdout(), opts, ebpfMode, ebpfLoad, cpPlanner{flags: &pf, kubeconfig: kubeconf, namespace: k8sNS})
 		},
 	}
 	fs := cmd.Flags()
@@ -87,12 +89,21 @@ Model and block size are discovered when not given.`,
 	fs.StringVar(&k8sNS, "k8s-namespace", "default", "namespace of the EndpointSlices")
 	fs.StringVar(&k8sTmpl, "k8s-worker", "engine=vllm", "fields of discovered workers, in --worker form without id and url (e.g. engine=vllm,kv-events=tcp://*:5557)")
 	fs.StringVar(&kubeconf, "kubeconfig", "", "kubeconfig file (default: in-cluster configuration)")
+	pf.register(fs)
 	_ = cmd.MarkFlagRequired("data-dir")
 	return cmd
 }
 
-// runControlPlane starts a control plane and serves until ctx ends.
-func runControlPlane(ctx context.Context, out io.Writer, opts controlplane.Options, ebpfMode string, ebpfLoad bool) error {
+// cpPlanner is the control plane command's planner: its flags and the Kubernetes client's.
+type cpPlanner struct {
+	flags      *cpPlannerFlags
+	kubeconfig string
+	namespace  string
+}
+
+// runControlPlane starts a control plane (and its planner, with --planner) and serves until
+// ctx ends.
+func runControlPlane(ctx context.Context, out io.Writer, opts controlplane.Options, ebpfMode string, ebpfLoad bool, pl cpPlanner) error {
 	// The load view asks the probes once they run (they follow the registry, which New opens).
 	var probes atomic.Pointer[ebpf.Collector]
 	if ebpfMode != "off" {
@@ -130,11 +141,29 @@ func runControlPlane(ctx context.Context, out io.Writer, opts controlplane.Optio
 	}
 	probes.Store(c)
 	fmt.Fprintf(out, "kvrelay control plane: xds %s  api http://%s  %d workers\n", cp.XDSAddr(), cp.APIAddr(), len(cp.Registry().Workers()))
-	return cp.Run(ctx)
+	if pl.flags == nil || !pl.flags.enabled {
+		return cp.Run(ctx)
+	}
+	p, closeAct, err := pl.flags.build(plannerEnv{reg: cp.Registry(), namespace: pl.namespace, log: pl.flags.logger(),
+		kube: func() (kubernetes.Interface, error) { return kubeClient(pl.kubeconfig) }})
+	if err == nil {
+		if err = cp.SetPlanner(p.Handler(), p.Collector()); err != nil {
+			_ = closeAct()
+		}
+	}
+	if err != nil {
+		_ = cp.Close()
+		return err
+	}
+	pl.flags.describe(out, p, cp.APIAddr())
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return cp.Run(gctx) })
+	g.Go(func() error { return runPlanner(gctx, p, closeAct) })
+	return g.Wait()
 }
 
-// k8sSource builds the EndpointSlice discovery of `--k8s-selector`.
-func k8sSource(kubeconfig, namespace, selector, tmpl string) (*controlplane.K8sSource, error) {
+// kubeClient is a Kubernetes client from a kubeconfig file, or in-cluster without one.
+func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
 	var (
 		cfg *rest.Config
 		err error
@@ -150,6 +179,15 @@ func k8sSource(kubeconfig, namespace, selector, tmpl string) (*controlplane.K8sS
 	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes client: %w", err)
+	}
+	return client, nil
+}
+
+// k8sSource builds the EndpointSlice discovery of `--k8s-selector`.
+func k8sSource(kubeconfig, namespace, selector, tmpl string) (*controlplane.K8sSource, error) {
+	client, err := kubeClient(kubeconfig)
+	if err != nil {
+		return nil, err
 	}
 	// The template reuses the --worker syntax; id and url are placeholders it ignores.
 	w, err := registry.ParseWorker("id=template,url=http://template:80," + tmpl)

@@ -5,9 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
 	"strconv"
-	"time"
 
 	"github.com/spf13/pflag"
 
@@ -17,46 +15,12 @@ import (
 )
 
 // upPlannerFlags are `kvrelay up`'s --planner flags.
-type upPlannerFlags struct {
-	enabled      bool
-	profile      string
-	interval     time.Duration
-	loadInterval time.Duration
-	ttft, itl    time.Duration
-	max          int
-	budget       int
-	predictor    string
-	season       int
-	dryRun       bool
-	cooldown     time.Duration
-	downWindow   time.Duration
-	hysteresis   float64
-	headroom     float64
-	noLoadMode   bool
-	noFastUp     bool
-	verbose      bool
-}
+type upPlannerFlags struct{ plannerFlags }
 
 func (f *upPlannerFlags) register(fs *pflag.FlagSet) {
-	d := planner.DefaultConfig()
 	fs.BoolVar(&f.enabled, "planner", false, "run the SLA planner: it adds and removes simulated worker processes (kvrelay sim) to meet --planner-ttft and --planner-itl; the workers up starts are each pool's minimum")
 	fs.StringVar(&f.profile, "planner-profile", "", "planner: the workers' profile (kvrelay profile --out); default: measure the first worker at start")
-	fs.DurationVar(&f.interval, "planner-interval", d.Interval, "planner: throughput-mode interval")
-	fs.DurationVar(&f.loadInterval, "planner-load-interval", d.LoadInterval, "planner: load-mode interval (how often the workers are read)")
-	fs.DurationVar(&f.ttft, "planner-ttft", d.TTFT, "planner: TTFT target, in the engines' own time (divided by --speedup-ratio)")
-	fs.DurationVar(&f.itl, "planner-itl", d.ITL, "planner: ITL target, in the engines' own time (divided by --speedup-ratio)")
-	fs.IntVar(&f.max, "planner-max", 8, "planner: most replicas per pool")
-	fs.IntVar(&f.budget, "planner-gpu-budget", 0, "planner: most replicas of all pools together (one GPU each; 0: no budget)")
-	fs.StringVar(&f.predictor, "planner-predictor", d.Predictor, "planner: load predictor: constant, holt-winters or kalman")
-	fs.IntVar(&f.season, "planner-season", d.Season, "planner: Holt-Winters season, in intervals")
-	fs.BoolVar(&f.dryRun, "planner-dry-run", false, "planner: decide and report only, never start or stop workers")
-	fs.DurationVar(&f.cooldown, "planner-cooldown", d.ScaleDownCooldown, "planner: no scale-down of a pool this long after it changed")
-	fs.DurationVar(&f.downWindow, "planner-scale-down-window", d.ScaleDownWindow, "planner: scale down only to the largest size wanted within this window (0: the cool-down)")
-	fs.Float64Var(&f.hysteresis, "planner-hysteresis", d.Hysteresis, "planner: scale down only when the need with this margin fits fewer replicas")
-	fs.Float64Var(&f.headroom, "planner-headroom", d.Headroom, "planner: size pools for the forecast need × (1 + this), spare capacity for bursts and for the time a scale-up takes")
-	fs.BoolVar(&f.noLoadMode, "planner-no-load-mode", false, "planner: throughput mode only")
-	fs.BoolVar(&f.noFastUp, "planner-no-fast-scale-up", false, "planner: load mode scales up only on latency, not on the short window's demand")
-	fs.BoolVar(&f.verbose, "planner-verbose", false, "planner: log every decision, also those that hold")
+	f.plannerFlags.register(fs, ", in the engines' own time (divided by --speedup-ratio)")
 }
 
 // upPlannerEnv is what the planner needs from `kvrelay up`.
@@ -79,11 +43,7 @@ func (f *upPlannerFlags) start(ctx context.Context, out io.Writer, env upPlanner
 	if env.cp == nil {
 		return nil, fmt.Errorf("--planner needs the control plane: drop --static")
 	}
-	level := slog.LevelInfo
-	if f.verbose {
-		level = slog.LevelDebug
-	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	log := f.logger()
 	fixed := map[planner.Pool]int{}
 	first := map[planner.Pool]upWorker{}
 	for _, w := range env.workers {
@@ -131,7 +91,6 @@ func (f *upPlannerFlags) build(ctx context.Context, out io.Writer, env upPlanner
 	cfg := planner.DefaultConfig()
 	cfg.Pools = map[planner.Pool]planner.PoolLimits{}
 	cfg.Profiles = map[planner.Pool]*planner.Profile{}
-	speedup := max(env.speedup, 1e-9)
 	for pool, n := range fixed {
 		cfg.Pools[pool] = planner.PoolLimits{Min: n, Max: max(f.max, n)}
 		var p *planner.Profile
@@ -154,13 +113,7 @@ func (f *upPlannerFlags) build(ctx context.Context, out io.Writer, env upPlanner
 		}
 		cfg.Profiles[pool] = p
 	}
-	cfg.TTFT = time.Duration(float64(f.ttft) / speedup)
-	cfg.ITL = time.Duration(float64(f.itl) / speedup)
-	cfg.Interval, cfg.LoadInterval = f.interval, f.loadInterval
-	cfg.Predictor, cfg.Season = f.predictor, f.season
-	cfg.GPUBudget, cfg.DryRun, cfg.ScaleDownCooldown, cfg.Hysteresis = f.budget, f.dryRun, f.cooldown, f.hysteresis
-	cfg.DisableLoadMode, cfg.DisableFastScaleUp = f.noLoadMode, f.noFastUp
-	cfg.ScaleDownWindow, cfg.Headroom = f.downWindow, f.headroom
+	f.config(&cfg, env.speedup)
 	cfg.Logger = log
 	act := &planner.LocalActuator{
 		Registry: env.cp.Registry(), Host: env.host, Model: env.model, BlockSize: env.blockSize, Fixed: fixed, IDPrefix: "s",
