@@ -23,9 +23,9 @@ TTFT=${TTFT:-2s} ITL=${ITL:-50ms}
 OUT=${OUT:-bench-planner}
 REQS=${REQS:-100000}             # requests generated per phase (only rate × STEP are sent)
 RUNS=${RUNS:-peak mean planner}  # which runs
-# The planner's flags: throughput mode every 15 s, load checks every 3 s, 20% headroom,
+# The planner's flags: throughput mode every 15 s, load checks every 2 s, 20% headroom,
 # scale-downs after a 30 s cool-down and window.
-PLANNER_FLAGS=${PLANNER_FLAGS:---planner-interval 15s --planner-load-interval 3s --planner-cooldown 30s --planner-headroom 0.2}
+PLANNER_FLAGS=${PLANNER_FLAGS:---planner-interval 15s --planner-load-interval 2s --planner-cooldown 30s --planner-headroom 0.2}
 mkdir -p "$OUT"
 go build -o "$OUT/kvrelay" ./cmd/kvrelay
 BIN=$OUT/kvrelay

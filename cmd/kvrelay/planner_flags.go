@@ -41,7 +41,7 @@ func (f *plannerFlags) register(fs *pflag.FlagSet, targetsHelp string) {
 	fs.DurationVar(&f.itl, "planner-itl", d.ITL, "planner: ITL target"+targetsHelp)
 	fs.IntVar(&f.max, "planner-max", 8, "planner: most replicas per pool")
 	fs.IntVar(&f.budget, "planner-gpu-budget", 0, "planner: most replicas of all pools together (one GPU each; 0: no budget)")
-	fs.StringVar(&f.predictor, "planner-predictor", d.Predictor, "planner: load predictor: constant, holt-winters or kalman")
+	fs.StringVar(&f.predictor, "planner-predictor", d.Predictor, "planner: load predictor: constant, holt-winters, kalman, or auto (whichever forecast the held-back recent history best)")
 	fs.IntVar(&f.season, "planner-season", d.Season, "planner: Holt-Winters season, in intervals")
 	fs.BoolVar(&f.dryRun, "planner-dry-run", false, "planner: decide and report only, never change the fleet")
 	fs.DurationVar(&f.cooldown, "planner-cooldown", d.ScaleDownCooldown, "planner: no scale-down of a pool this long after it changed")

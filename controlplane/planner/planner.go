@@ -44,8 +44,9 @@ type Config struct {
 	// Interval is the throughput-mode period (default 60 s); LoadInterval the load-mode
 	// period (default 5 s), which is also how often the observer is read.
 	Interval, LoadInterval time.Duration
-	// Predictor names the forecast of the rate and lengths (PredictorNames); Season its
-	// period in Intervals (Holt-Winters).
+	// Predictor names the forecast of the rate and lengths (PredictorNames, or
+	// PredictorAuto to re-choose among them on held-back history); Season its period in
+	// Intervals (Holt-Winters).
 	Predictor string
 	Season    int
 	// GPUBudget caps the GPUs of all pools together (0: no cap).
@@ -238,6 +239,8 @@ type Inputs struct {
 	PredictedRate float64 `json:"predicted_rate"`
 	PredictedISL  float64 `json:"predicted_isl"`
 	PredictedOSL  float64 `json:"predicted_osl"`
+	// Predictor is the rate's predictor when Config.Predictor is auto: the one it chose.
+	Predictor string `json:"predictor,omitempty"`
 	// ObservedTTFTMs and ObservedITLMs are fleet means over the interval (0: none).
 	ObservedTTFTMs float64 `json:"observed_ttft_ms"`
 	ObservedITLMs  float64 `json:"observed_itl_ms"`
@@ -488,6 +491,9 @@ func (p *Planner) demand(a Observation) Inputs {
 		p.osl.Observe(in.OSL)
 	}
 	in.PredictedRate = max(0, p.rate.Predict())
+	if a, ok := p.rate.(*Auto); ok {
+		in.Predictor = a.Chosen()
+	}
 	in.PredictedISL = max(1, p.isl.Predict())
 	in.PredictedOSL = max(1, p.osl.Predict())
 	return in
@@ -698,11 +704,12 @@ func (p *Planner) poolOrder() []Pool {
 // loadStep is load mode on one short observation. Per pool, in order:
 //
 //  1. Demand (unless DisableFastScaleUp): the window's arrivals, taken at a one-sigma
-//     Poisson lower bound (n − √n requests) so that noise alone rarely moves it, sized as
-//     throughput mode sizes the forecast (with Headroom). A pool smaller than that grows
-//     to it at once, several replicas at a time if need be: a step in the load is served
-//     within one LoadInterval instead of one Interval. The size is kept for the scale-down
-//     window.
+//     Poisson lower bound (n − √n requests) so that noise alone rarely moves it, plus the
+//     rate that clears the pool's backlog within the TTFT target (queueExcess), sized as
+//     throughput mode sizes the forecast. A pool that cannot serve that without headroom
+//     grows at once to what it needs with Headroom, several replicas at a time if need be:
+//     a step in the load is served within one LoadInterval instead of one Interval. The
+//     size is kept for the scale-down window.
 //  2. Latency: every worker over its target (measured, or estimated from its queue) adds
 //     one replica; every worker well below it removes one, never under the throughput
 //     floor, within the cool-down, or under a size wanted within the scale-down window.
@@ -779,11 +786,15 @@ func (p *Planner) loadStep(ctx context.Context, now time.Time, o Observation) []
 func (p *Planner) fastScaleUp(ctx context.Context, now time.Time, pool Pool, o Observation, isl, osl float64, in Inputs) (Decision, bool) {
 	secs := o.Window.Seconds()
 	n := max(o.Requests, o.Arrivals)
-	if p.cfg.DisableFastScaleUp || secs <= 0 || n <= 0 {
+	if p.cfg.DisableFastScaleUp || secs <= 0 {
+		return Decision{}, false
+	}
+	queued, queueRate := p.queueExcess(pool, o, isl)
+	if n <= 0 && queued == 0 {
 		return Decision{}, false
 	}
 	st, lim := p.pools[pool], p.cfg.Pools[pool]
-	rate := max(0, n-math.Sqrt(n)) / secs
+	rate := max(0, n-math.Sqrt(n))/secs + queueRate
 	need, preTPS, decTPS := p.Needed(rate, isl, osl, p.corrP, p.corrD)
 	want := clampPool(ceilNeed(need[pool]*(1+p.cfg.Headroom)), lim)
 	p.wanted(st, now, want)
@@ -797,9 +808,37 @@ func (p *Planner) fastScaleUp(ctx context.Context, now time.Time, pool Pool, o O
 	}
 	in.RequestRate, in.ISL, in.OSL = n/secs, isl, osl
 	in.ReplicaPrefillTPS, in.ReplicaDecodeTPS, in.Needed = preTPS, decTPS, need[pool]
-	reason := fmt.Sprintf("demand: %.0f requests in %s (at least %.1f req/s) × %.0f in, %.0f out tokens need %.2f replicas, %d with %.0f%% headroom: scale up",
-		n, o.Window.Round(time.Millisecond), rate, isl, osl, need[pool], want, p.cfg.Headroom*100)
+	reason := fmt.Sprintf("demand: %.0f requests in %s", n, o.Window.Round(time.Millisecond))
+	if queued > 0 {
+		reason += fmt.Sprintf(" and %.0f queued past the TTFT target", queued)
+	}
+	reason += fmt.Sprintf(" (at least %.1f req/s) × %.0f in, %.0f out tokens need %.2f replicas, %d with %.0f%% headroom: scale up",
+		rate, isl, osl, need[pool], want, p.cfg.Headroom*100)
 	return p.decide(ctx, now, pool, ModeLoad, want, reason, in), true
+}
+
+// queueExcess is the backlog of a pool that prefills: on each worker, the waiting requests
+// beyond those it can start within the TTFT target (each a prefill of the profiled TTFT at
+// concurrency 1 ahead, as load mode's latency estimate counts them), and the rate that
+// clears them within one TTFT target. A fleet sized exactly for its arrivals never drains a
+// backlog (no worker has capacity to spare), and every request behind it misses the target;
+// the backlog is demand too.
+func (p *Planner) queueExcess(pool Pool, o Observation, isl float64) (queued, rate float64) {
+	if pool == PoolDecode {
+		return 0, 0
+	}
+	one := ms(p.profileFor(pool).TTFT(isl, 1))
+	target := ms(p.cfg.TTFT)
+	if one <= 0 || target <= 0 {
+		return 0, 0
+	}
+	fit := target / one
+	for _, w := range o.Workers {
+		if w.Pool == pool && !w.Draining {
+			queued += max(0, float64(w.Waiting+1)-fit)
+		}
+	}
+	return queued, queued / p.cfg.TTFT.Seconds()
 }
 
 // budgetCap lowers a wanted size of pool to what the GPU budget leaves it beside the other

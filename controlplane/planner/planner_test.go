@@ -496,3 +496,30 @@ func TestNoisyLoadWithFastScaleUpDoesNotFlap(t *testing.T) {
 		t.Errorf("size %d, want 4 (3.6 replicas with headroom)", got)
 	}
 }
+
+// A backlog is demand: a pool whose arrivals it can serve but whose workers hold more
+// waiting requests than they can start within the TTFT target grows to clear them within
+// it. knownProfile prefills one 1000-token prompt in 100 ms: 2 fit in the 200 ms target.
+func TestFastScaleUpClearsBacklog(t *testing.T) {
+	cfg := bothConfig()
+	act := &plannertest.Actuator{Sizes: map[planner.Pool]int{planner.PoolBoth: 2}}
+	p, _ := planner.New(cfg, nil, act)
+	at := time.Unix(1000, 0)
+	p.Step(context.Background(), obs(at, 7.5, 1000, 100)) // 2.0: hold at 2
+	// 40 requests in 5 s: at least 6.7 req/s, 1.79 replicas: 2 serve them.
+	o := window(at.Add(5*time.Second), 40, 1000, 100)
+	o.Workers = []planner.WorkerLoad{{ID: "a", Pool: planner.PoolBoth, Waiting: 1}, {ID: "b", Pool: planner.PoolBoth, Waiting: 1}}
+	if ds := p.Step(context.Background(), o); len(ds) != 0 || act.Sizes[planner.PoolBoth] != 2 {
+		t.Fatalf("no backlog: decisions %+v, sizes %v", ds, act.Sizes)
+	}
+	// a holds 3 waiting (2 past the target's 2, counting the one it would start), b 2 (1
+	// past); a draining worker's queue is its own: 3 past, cleared in 0.2 s: +15 req/s,
+	// (6.74 + 15) × 0.2667 = 5.8 replicas.
+	o = window(at.Add(10*time.Second), 40, 1000, 100)
+	o.Workers = []planner.WorkerLoad{{ID: "a", Pool: planner.PoolBoth, Waiting: 3}, {ID: "b", Pool: planner.PoolBoth, Waiting: 2},
+		{ID: "c", Pool: planner.PoolBoth, Waiting: 50, Draining: true}}
+	ds := p.Step(context.Background(), o)
+	if act.Sizes[planner.PoolBoth] != 6 || len(ds) != 1 || !strings.Contains(ds[0].Reason, "3 queued") {
+		t.Errorf("backlog: decisions %+v, sizes %v; want 6", ds, act.Sizes)
+	}
+}

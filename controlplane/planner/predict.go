@@ -22,9 +22,12 @@ const (
 	PredictorConstant    = "constant"
 	PredictorHoltWinters = "holt-winters"
 	PredictorKalman      = "kalman"
+	// PredictorAuto re-chooses among the others by their error on held-back history (Auto).
+	PredictorAuto = "auto"
 )
 
-// PredictorNames lists the predictors NewPredictor knows.
+// PredictorNames lists the forecasting predictors NewPredictor knows (ChoosePredictor
+// ranks these); NewPredictor also takes PredictorAuto.
 func PredictorNames() []string {
 	return []string{PredictorConstant, PredictorHoltWinters, PredictorKalman}
 }
@@ -39,8 +42,10 @@ func NewPredictor(name string, season int) (Predictor, error) {
 		return NewHoltWinters(season), nil
 	case PredictorKalman:
 		return NewKalman(), nil
+	case PredictorAuto:
+		return NewAuto(season), nil
 	}
-	return nil, fmt.Errorf("unknown predictor %q (one of %s)", name, strings.Join(PredictorNames(), ", "))
+	return nil, fmt.Errorf("unknown predictor %q (one of %s, %s)", name, strings.Join(PredictorNames(), ", "), PredictorAuto)
 }
 
 // Constant predicts the last value.
@@ -235,3 +240,52 @@ func ChoosePredictor(series []float64, holdout, season int) []Score {
 	slices.SortStableFunc(out, func(a, b Score) int { return cmpf(a.MAE, b.MAE) })
 	return out
 }
+
+// Auto forecasts with whichever of the other predictors did best (lowest mean absolute
+// one-step error, ChoosePredictor) on the latest Holdout values of its own history, held back
+// from that predictor's training: the choice per deployment the planner would otherwise ask
+// an operator to make, re-made as the traffic changes. Until MinHistory values are seen it
+// uses the constant predictor; it re-evaluates every Every observations over the last Keep
+// values, and a newly chosen predictor is trained on that history before it forecasts.
+type Auto struct {
+	Season                           int
+	Holdout, MinHistory, Every, Keep int
+
+	hist   []float64
+	cur    Predictor
+	chosen string
+	n      int
+}
+
+// NewAuto returns an Auto predictor holding back 12 values, choosing first after 24, then
+// every 6, over the last 4 seasons (at least 96 values).
+func NewAuto(season int) *Auto {
+	return &Auto{Season: season, Holdout: 12, MinHistory: 24, Every: 6, Keep: max(96, 4*season),
+		cur: &Constant{}, chosen: PredictorConstant}
+}
+
+func (a *Auto) Observe(v float64) {
+	a.n++
+	a.hist = append(a.hist, v)
+	if len(a.hist) > a.Keep {
+		a.hist = a.hist[len(a.hist)-a.Keep:]
+	}
+	a.cur.Observe(v)
+	if len(a.hist) < a.MinHistory || a.n%max(a.Every, 1) != 0 {
+		return
+	}
+	best := ChoosePredictor(a.hist, a.Holdout, a.Season)[0].Name
+	if best == a.chosen {
+		return
+	}
+	p, _ := NewPredictor(best, a.Season)
+	for _, x := range a.hist {
+		p.Observe(x)
+	}
+	a.cur, a.chosen = p, best
+}
+
+func (a *Auto) Predict() float64 { return a.cur.Predict() }
+
+// Chosen names the predictor Auto forecasts with now.
+func (a *Auto) Chosen() string { return a.chosen }

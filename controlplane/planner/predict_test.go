@@ -89,3 +89,37 @@ func TestChoosePredictorOnHeldBackHistory(t *testing.T) {
 		t.Errorf("ramp: best %s, want kalman (scores %+v)", scores[0].Name, scores)
 	}
 }
+
+// Auto starts with the last value and, once it has history, forecasts with the predictor
+// that did best on the values it held back: the trend on a ramp, the season on a daily load.
+func TestAutoChoosesOnHeldBackHistory(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	a, err := NewPredictor(PredictorAuto, 24)
+	if err != nil {
+		t.Fatal(err)
+	}
+	auto := a.(*Auto)
+	for i := range 20 {
+		auto.Observe(10 + 3*float64(i) + r.NormFloat64())
+	}
+	if auto.Chosen() != PredictorConstant {
+		t.Errorf("before MinHistory: chose %s", auto.Chosen())
+	}
+	for i := 20; i < 60; i++ {
+		auto.Observe(10 + 3*float64(i) + r.NormFloat64())
+	}
+	if auto.Chosen() != PredictorKalman {
+		t.Errorf("ramp: chose %s, want kalman", auto.Chosen())
+	}
+	// It forecasts the ramp's next value, as the chosen predictor trained on the history.
+	if got := auto.Predict(); math.Abs(got-(10+3*60)) > 3 {
+		t.Errorf("ramp: Predict() = %v, want about %v", got, 10+3*60)
+	}
+	d := NewAuto(24)
+	for i := range 24 * 5 {
+		d.Observe(100 + 75*math.Sin(2*math.Pi*float64(i)/24) + r.NormFloat64()*3)
+	}
+	if d.Chosen() != PredictorHoltWinters {
+		t.Errorf("diurnal: chose %s, want holt-winters", d.Chosen())
+	}
+}
