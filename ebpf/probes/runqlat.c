@@ -35,14 +35,14 @@ static __always_inline int watched(__u32 tgid)
 	return 0;
 }
 
-// queued: thread id -> when it became runnable; 0 while it runs. A thread's entry is created
-// once (an LRU hash update allocates) and afterwards written and cleared in place through the
-// pointer a lookup returns: no map update or delete per context switch. Entries of threads
-// gone leave by LRU eviction.
+// queued: task-local storage of a thread of a watched process: when it became runnable; 0
+// while it runs. Created at the thread's first wakeup, written and cleared in place
+// afterwards, freed with the thread; reaching it is a pointer walk from the task (no key
+// hashing, no map update or delete per context switch).
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 16384);
-	__type(key, __u32);
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
 	__type(value, __u64);
 } queued SEC(".maps");
 
@@ -60,16 +60,11 @@ struct {
 // the other processes' threads (most of the machine's context switches).
 static __always_inline void enqueue(struct task_struct *p)
 {
-	__u32 tgid = p->tgid;
-	if (!watched(tgid))
+	if (!watched(p->tgid))
 		return;
-	__u32 pid = p->pid;
-	__u64 now = bpf_ktime_get_ns();
-	__u64 *ts = bpf_map_lookup_elem(&queued, &pid);
+	__u64 *ts = bpf_task_storage_get(&queued, p, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
 	if (ts)
-		*ts = now;
-	else
-		bpf_map_update_elem(&queued, &pid, &now, BPF_ANY);
+		*ts = bpf_ktime_get_ns();
 }
 
 SEC("tp_btf/sched_wakeup")
@@ -96,8 +91,7 @@ int BPF_PROG(kvrelay_switch, bool preempt, struct task_struct *prev, struct task
 	__u32 tgid = next->tgid;
 	if (!watched(tgid))
 		return 0;
-	__u32 pid = next->pid;
-	__u64 *ts = bpf_map_lookup_elem(&queued, &pid);
+	__u64 *ts = bpf_task_storage_get(&queued, next, 0, 0);
 	if (!ts)
 		return 0;
 	__u64 then = *ts;
