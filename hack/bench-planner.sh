@@ -8,6 +8,7 @@
 #
 #   hack/bench-planner.sh            # defaults below; ~3 × 7 × STEP seconds
 #   RUNS=planner PLANNER_FLAGS="--planner-headroom 0.3" hack/bench-planner.sh   # one run, other knobs
+#   PROFILE=profile.json hack/bench-planner.sh   # the planner's profile (default: measured first)
 #
 # Each phase is its own `kvrelay bench run`, which builds its whole workload (REQS requests)
 # before sending: with the default 100000 prompts of ISL=4000 tokens that takes 15-20 s, a
@@ -40,7 +41,7 @@ run() { # NAME WORKERS [up flags...]
     --api-listen 127.0.0.1:$api "$@" >"$OUT/$name-up.log" 2>&1 &
   local up=$!
   for _ in $(seq 300); do curl -fsS -o /dev/null http://127.0.0.1:$proxy/v1/models 2>/dev/null && break; sleep 0.1; done
-  sleep 15 # the planner profiles its first worker
+  sleep 15 # the static runs wait as long as the planner's did before (kept for comparability)
   # worker count sampler: the planner's gauge, else the static size
   ( while kill -0 $up 2>/dev/null; do
       n=$(curl -fsS http://127.0.0.1:$api/metrics 2>/dev/null | awk '/^kvrelay_planner_replicas\{/{s+=$2} END{print s+0}')
@@ -73,13 +74,30 @@ except Exception:
 print(f"{name}\tattainment={ok / max(tot, 1):.4f}\tworker_seconds={ws}\tscaling_actions={acts}")
 PY
 }
+# The planner's profile: measured once, before the runs, on a worker of a 1-worker `kvrelay up`
+# with nothing else running, on the grid `up --planner` measures (plus the run's own lengths).
+# Measured inside the planner run, it would share the CPUs with the first phase's workload
+# generation and come out at random. PROFILE=FILE uses a given one.
+PROFILE=${PROFILE:-}
+if [ -z "$PROFILE" ]; then
+  PROFILE=$OUT/profile.json
+  b=$((21000 + RANDOM % 8000))
+  "$BIN" up --workers 1 --speedup-ratio "$SPEEDUP" --base-port "$b" --kv-events-base-port $((b + 100)) \
+    --kv-events-replay-base-port $((b + 200)) --proxy-listen 127.0.0.1:$((b + 300)) --xds-listen 127.0.0.1:$((b + 301)) \
+    --api-listen 127.0.0.1:$((b + 302)) >"$OUT/profile-up.log" 2>&1 &
+  up=$!
+  for _ in $(seq 300); do curl -fsS -o /dev/null http://127.0.0.1:$b/health 2>/dev/null && break; sleep 0.1; done
+  "$BIN" profile --target http://127.0.0.1:$b/v1 --isl 256,1024,3072,$((ISL + 200)) --prefill-concurrency 1,2,4,8 \
+    --context 512,2048,$((ISL + OSL)) --decode-concurrency 1,8,32,64 --osl 32 --out "$PROFILE" >"$OUT/profile.log" 2>&1
+  kill $up; wait $up 2>/dev/null || true
+fi
 {
   for r in $RUNS; do
     case $r in
     peak) run peak "$PEAK" ;;
     mean) run mean "$MEAN" ;;
     # shellcheck disable=SC2086 # PLANNER_FLAGS is a list of flags
-    planner) run planner 1 --planner --planner-max "$PEAK" --planner-ttft "$TTFT" --planner-itl "$ITL" $PLANNER_FLAGS ;;
+    planner) run planner 1 --planner --planner-profile "$PROFILE" --planner-max "$PEAK" --planner-ttft "$TTFT" --planner-itl "$ITL" $PLANNER_FLAGS ;;
     esac
   done
 } | tee "$OUT/summary.tsv"
