@@ -117,7 +117,37 @@ func (PowerOfTwo) Pick(_ *Request, ws []*Worker, _ []float64) int {
 var (
 	_ Picker = MinCost{}
 	_ Picker = LeastLoaded{}
+	_ Picker = LeastPrefill{}
 	_ Picker = (*RoundRobin)(nil)
 	_ Picker = Random{}
 	_ Picker = PowerOfTwo{}
 )
+
+// LeastPrefill picks the worker with the least prefill in flight (uncached prompt tokens not
+// yet past their first token): where a prompt that no worker caches better than another
+// starts computing soonest. An engine computes prefill first come, first served, one chunk a
+// step, so a worker with one long prompt in front is busy for seconds while its request
+// count says 1; counting requests (LeastLoaded) sends short prompts behind it. Ties go to the
+// fewest requests, then the least KV in use, then a random one. It is how the kv policy
+// spreads prompts no worker caches better than the others.
+type LeastPrefill struct{}
+
+func (LeastPrefill) Name() string { return "least-prefill" }
+
+func (LeastPrefill) Pick(_ *Request, ws []*Worker, _ []float64) int {
+	best, seen := 0, 1
+	bp, bl, bk := ws[0].PrefillTokens(), ws[0].Load(), ws[0].KVInUse()
+	for i := 1; i < len(ws); i++ {
+		p, l, k := ws[i].PrefillTokens(), ws[i].Load(), ws[i].KVInUse()
+		switch {
+		case p < bp || (p == bp && (l < bl || (l == bl && k < bk))):
+			best, bp, bl, bk, seen = i, p, l, k, 1
+		case p == bp && l == bl && k == bk:
+			seen++
+			if rand.IntN(seen) == 0 {
+				best = i
+			}
+		}
+	}
+	return best
+}

@@ -107,17 +107,19 @@ func TestCostWeighsCacheAgainstLoad(t *testing.T) {
 	}
 	w0 := r.Pool().Workers[0]
 	saved := 100 * DefaultOverlapWeight // what computing the 100 blocks again would cost
-	// Blocks held by running requests: a few thousand do not outweigh the cache...
+	// Blocks held by running requests, at DefaultDecodeWeight each: tens of thousands do not
+	// outweigh the cache...
+	held := int(float64(saved) / DefaultDecodeWeight)
 	var u Usage
-	u.Begin(w0, 16*saved/2, 16*saved/2, 0)
+	u.Begin(w0, 16*held/2, 16*held/2, 0)
 	if err := r.Route(&req, &d); err != nil || d.Worker.Index != 0 {
-		t.Fatalf("a cached worker holding %d blocks should still win: %+v %v", saved/2, d, err)
+		t.Fatalf("a cached worker holding %d blocks should still win: %+v %v", held/2, d, err)
 	}
 	u.End()
 	// ...more than the saving does.
-	u.Begin(w0, 16*(saved+50), 16*(saved+50), 0)
+	u.Begin(w0, 16*(held+50), 16*(held+50), 0)
 	if err := r.Route(&req, &d); err != nil || d.Worker.Index != 1 {
-		t.Fatalf("a cached worker holding %d blocks should lose: %+v %v", saved+50, d, err)
+		t.Fatalf("a cached worker holding %d blocks should lose: %+v %v", held+50, d, err)
 	}
 	u.End()
 	// Prefill queued on the worker weighs QueueWeight per block: a queue half as long as
@@ -338,5 +340,54 @@ func BenchmarkDecision(b *testing.B) {
 	}
 	if d.Worker.Index != 9 {
 		b.Fatalf("picked %d", d.Worker.Index)
+	}
+}
+
+// A prompt no worker caches goes where prefill starts soonest: behind the least uncached
+// prompt work, not to the worker with the fewest requests.
+func TestSpreadGoesBehindTheLeastPrefill(t *testing.T) {
+	r, idx := newRouter(t, Config{}, 3)
+	var req Request
+	req.Model = "m"
+	// w0: one long prompt still prefilling; w1: three short requests, past their prefill;
+	// w2: two short prompts prefilling.
+	ws := r.Pool().Workers
+	var open []*Usage
+	begin := func(w *Worker, prompt, cached int, firstToken bool) {
+		u := &Usage{}
+		u.Begin(w, prompt, cached, 0)
+		if firstToken {
+			u.FirstToken()
+		}
+		open = append(open, u)
+	}
+	begin(ws[0], 60000, 0, false)
+	for range 3 {
+		begin(ws[1], 2000, 0, true)
+	}
+	begin(ws[2], 1000, 0, false)
+	begin(ws[2], 1000, 0, false)
+	req.Hashes, req.PromptTokens = promptChain(9, 9, 0, 40)
+	w, u := send(t, r, idx, &req)
+	u.End()
+	if w != ws[1] {
+		t.Fatalf("new prompt went to %s (prefill %d, load %d), want w1 (prefill %d, load %d)",
+			w.ID, w.PrefillTokens(), w.Load(), ws[1].PrefillTokens(), ws[1].Load())
+	}
+	// Equal prefill: fewest requests wins.
+	for _, u := range open {
+		u.End()
+	}
+	open = open[:0]
+	begin(ws[0], 2000, 0, true)
+	begin(ws[0], 2000, 0, true)
+	begin(ws[2], 2000, 0, true)
+	w, u = send(t, r, idx, &req)
+	u.End()
+	if w != ws[1] {
+		t.Fatalf("with no prefill anywhere the prompt went to %s, want the idle w1", w.ID)
+	}
+	for _, u := range open {
+		u.End()
 	}
 }
