@@ -292,6 +292,9 @@ func (ex *exchange) observe(data []byte, now int64) {
 	if n := cc.obs.Result().Chunks; n != before {
 		if before == 0 {
 			ex.usage.FirstToken()
+			// The worker's prefill is done: a request waiting for a worker under its busy
+			// prefill threshold may fit now.
+			cc.srv.queue.release(cc.srv)
 		}
 		ex.tokens = n
 		ex.usage.Generated(n)
