@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvrelay/kvrelay/dataplane/proxy"
 )
 
 // sseEngine streams chunks events one every gap, each carrying the time it was written, in
@@ -42,7 +44,10 @@ func sseEngine(b *testing.B, chunks int, gap time.Duration) string {
 // p50 and p99 in µs. The difference between the two is what the proxy adds per chunk.
 func BenchmarkSSEChunkLatency(b *testing.B) {
 	engine := sseEngine(b, 100, time.Millisecond)
-	p := startProxy(b, []string{engine}, nil)
+	// One event loop: the engine and the client run in this process too, and a loop waiting
+	// in epoll_wait holds its P, so with a loop per P they would wait for sysmon to take one
+	// back (up to 10 ms) and the figures would be the Go scheduler's, not the proxy's.
+	p := startProxy(b, []string{engine}, func(c *proxy.Config) { c.EventLoops = 1 })
 	body := `{"model":"` + model + `","messages":[{"role":"user","content":"stream"}],"stream":true}`
 	for _, target := range []struct{ name, url string }{{"direct", engine}, {"proxy", "http://" + p.Addr()}} {
 		b.Run(target.name, func(b *testing.B) {

@@ -185,6 +185,11 @@ func StartCluster(ctx context.Context, cfg ClusterConfig) (*Cluster, error) {
 	pc.Policy = cfg.Policy
 	pc.ExposeWorkerHeader = true
 	pc.BlockSize = cfg.BlockSize
+	// One event loop: the engines, the control plane and the load generator share this
+	// process, and a gnet loop waiting in epoll_wait holds its P; with a loop per P they
+	// would run only when sysmon takes a P back, up to 10 ms late, which slows the simulated
+	// engines' clocks and adds to every latency measured.
+	pc.EventLoops = 1
 	if cfg.CacheThreshold > 0 {
 		pc.CacheThreshold = cfg.CacheThreshold
 	}
