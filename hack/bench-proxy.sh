@@ -31,6 +31,9 @@
 #   ROUNDS [5]  DURATION [4] seconds per wrk run  CONNS [32]  LIGHT_CONNS [8]  THREADS [1] (wrk)
 #   PROXY_CPUS, LOAD_CPUS: taskset CPU lists (see above); "" leaves that side unpinned
 #   WORKERS [CPUs in PROXY_CPUS; 1 if unpinned]
+#   EBPF [off]: kvrelay's --ebpf. Off compares proxy with proxy; as root the default of
+#     `kvrelay proxy` (auto) also attaches the eBPF probes, whose own cost hack/bench-ebpf.sh
+#     measures: EBPF=auto includes it here
 #   KEEP=1 keeps the work directory (configs, logs, every raw wrk output)
 # Exits non-zero if any target fails: a non-2xx response, a socket error or timeout, a run with
 # no requests, a server that exits, or a reply that differs from the backend's.
@@ -175,7 +178,7 @@ NGINX_PID=$LASTPID
 wait_up "http://127.0.0.1:$NGINX_PORT/health" "$NGINX_PID" nginx
 
 KVRELAY_PORT=$(freeport)
-KVRELAY_CMD=(env GOMAXPROCS="$WORKERS" "$KVRELAY" proxy --listen "127.0.0.1:$KVRELAY_PORT" --policy kv --event-loops "$WORKERS"
+KVRELAY_CMD=(env GOMAXPROCS="$WORKERS" "$KVRELAY" proxy --listen "127.0.0.1:$KVRELAY_PORT" --policy kv --event-loops "$WORKERS" --ebpf "${EBPF:-off}"
   --upstream "id=w1,url=http://127.0.0.1:$BACKEND_PORT,model=bench-model")
 start kvrelay "$PROXY_CPUS" "${KVRELAY_CMD[@]}"
 KVRELAY_PID=$LASTPID
