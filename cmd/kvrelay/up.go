@@ -130,6 +130,10 @@ there, a max_tokens=1 leg to a prefill worker whose KV blocks the decode worker 
 				pc.ExposeWorkerHeader = true
 				pc.BlockSize = f.engine.BlockSize
 				pc.DisaggThreshold = disaggThreshold
+				// One event loop: the engines and the control plane share this process, and
+				// a gnet loop waiting in epoll_wait holds its P, so a loop per P would leave
+				// them to run only when sysmon takes one back.
+				pc.EventLoops = 1
 				var cp *controlplane.Server
 				if static {
 					for _, w := range uws {
