@@ -523,3 +523,40 @@ func TestFastScaleUpClearsBacklog(t *testing.T) {
 		t.Errorf("backlog: decisions %+v, sizes %v; want 6", ds, act.Sizes)
 	}
 }
+
+// A profile records measured lengths: one grid length's points come out a few tokens apart
+// (here as `kvrelay profile` wrote them for a 4000-token context) and must make one curve,
+// not one curve per point with the lowest concurrency's throughput in front.
+func TestProfileCurvesToleratesMeasuredLengths(t *testing.T) {
+	p := &planner.Profile{Version: planner.ProfileVersion,
+		Prefill: []planner.PrefillPoint{
+			{ISL: 4248, Concurrency: 1, TTFTMs: 44, Throughput: 95730},
+			{ISL: 4253, Concurrency: 2, TTFTMs: 77, Throughput: 95916},
+			{ISL: 4260, Concurrency: 4, TTFTMs: 154, Throughput: 94931},
+			{ISL: 4255, Concurrency: 8, TTFTMs: 294, Throughput: 96764},
+		},
+		Decode: []planner.DecodePoint{
+			{Context: 2084, Concurrency: 1, ITLMs: 3.02, Throughput: 331},
+			{Context: 2068.5, Concurrency: 8, ITLMs: 4.49, Throughput: 1783},
+			{Context: 2071, Concurrency: 32, ITLMs: 8.57, Throughput: 3735},
+			{Context: 2073.1, Concurrency: 64, ITLMs: 12.38, Throughput: 5171},
+			{Context: 4181, Concurrency: 1, ITLMs: 3.27, Throughput: 306},
+			{Context: 4191.1, Concurrency: 8, ITLMs: 6.02, Throughput: 1329},
+			{Context: 4187.2, Concurrency: 32, ITLMs: 12.43, Throughput: 2574},
+			{Context: 4186, Concurrency: 64, ITLMs: 15.01, Throughput: 4263},
+		},
+	}
+	// Every point meets 25 ms: the best measured at each context.
+	for _, tc := range []struct{ ctx, want float64 }{{4156, 4263}, {4200, 4263}, {2000, 5171}, {3130, (5171 + 4263) / 2}} {
+		if got, ok := p.DecodeThroughput(25*time.Millisecond, tc.ctx); !ok || math.Abs(got-tc.want) > tc.want*0.02 {
+			t.Errorf("DecodeThroughput(25ms, %v) = %v, %v; want about %v", tc.ctx, got, ok, tc.want)
+		}
+	}
+	// 200 ms: between concurrency 2 (77 ms) and 4 (154 ms)... and 8 (294 ms): 4 meets it.
+	if got, ok := p.PrefillThroughput(200*time.Millisecond, 4100); !ok || got < 94931 || got > 96764 {
+		t.Errorf("PrefillThroughput(200ms, 4100) = %v, %v", got, ok)
+	}
+	if got := p.TTFT(4250, 4); math.Abs(float64(got-154*time.Millisecond)) > float64(time.Millisecond) {
+		t.Errorf("TTFT(4250, 4) = %v, want 154ms", got)
+	}
+}

@@ -184,7 +184,15 @@ func (p *Profile) decodeCurves() []curve {
 	return curves(pts)
 }
 
-// curves groups (x, concurrency, latency, throughput) points by x.
+// curveTolerance is how far apart (relative to the smallest) the lengths of one curve's
+// points may be. A profile records the lengths it measured, not the ones it asked for: the
+// points of one input length come out a few tokens apart (the prompts are random words, and a
+// decode point's context adds the outputs), and must still make one curve.
+const curveTolerance = 0.1
+
+// curves groups (x, concurrency, latency, throughput) points by x: points whose x lie within
+// curveTolerance of the group's smallest make one curve at their mean x, ordered by
+// concurrency.
 func curves(pts [][4]float64) []curve {
 	slices.SortFunc(pts, func(a, b [4]float64) int {
 		if a[0] != b[0] {
@@ -193,14 +201,22 @@ func curves(pts [][4]float64) []curve {
 		return cmpf(a[1], b[1])
 	})
 	var out []curve
-	for _, q := range pts {
-		if len(out) == 0 || out[len(out)-1].x != q[0] {
-			out = append(out, curve{x: q[0]})
+	for i := 0; i < len(pts); {
+		j := i + 1
+		for j < len(pts) && pts[j][0] <= pts[i][0]*(1+curveTolerance) {
+			j++
 		}
-		c := &out[len(out)-1]
-		c.conc = append(c.conc, q[1])
-		c.lat = append(c.lat, q[2])
-		c.tps = append(c.tps, q[3])
+		group := slices.Clone(pts[i:j])
+		slices.SortStableFunc(group, func(a, b [4]float64) int { return cmpf(a[1], b[1]) })
+		var c curve
+		for _, q := range group {
+			c.x += q[0] / float64(len(group))
+			c.conc = append(c.conc, q[1])
+			c.lat = append(c.lat, q[2])
+			c.tps = append(c.tps, q[3])
+		}
+		out = append(out, c)
+		i = j
 	}
 	return out
 }
