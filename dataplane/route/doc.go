@@ -8,11 +8,12 @@
 //
 //	cost(w) = overlap_weight · uncached prompt blocks on w
 //	        + queue_weight · prefill blocks in flight on w
-//	        + 0.1 · decode blocks in flight on w
+//	        + decode blocks in flight on w
 //
 // with the lowest cost winning (temperature > 0 samples a softmax over normalised costs), and
-// new prefixes spread: when no worker holds at least cache_threshold of the prompt's blocks,
-// the pick goes by load, the load that delays a new prompt's first token: the least prefill
+// new prefixes spread: when no worker holds cache_threshold of the prompt's blocks more than
+// the worker that holds least (so a system prompt cached everywhere does not count), the pick
+// goes by load, the load that delays a new prompt's first token: the least prefill
 // in flight (uncached prompt tokens not yet past their first token), then the fewest
 // requests, then the least KV in use.
 //

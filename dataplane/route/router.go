@@ -43,15 +43,14 @@ func PolicyNames() []string {
 // conversation trace (8 workers of 65536 blocks, round-robin loaded to ~80%): weights 64/2/1
 // reached 85% of the ideal hit rate, where one weight for both prefill terms (4/4/1) reached
 // 47% and 64/64/1 57%, both losing follow-up turns to workers with shorter prefill queues.
-// A held block at 1 against a queued prefill block at 2 made the cost follow KV balance
-// rather than the prefill queue whenever overlaps tie (a new prompt whose only cached part is
-// a system prompt every worker holds): at 0.1 the same trace's TTFT p50 fell from 294 ms to
-// 259 ms with the hit rate unchanged (88-90% of ideal).
+// Held blocks at 0.1 instead of 1 let a worker's decode batch grow unchecked: on the agentic
+// workload, whose requests all share a preamble every worker caches, sessions piled onto a
+// few workers and TTFT p50 reached 12 s against round-robin's 0.16 s.
 const (
 	DefaultOverlapWeight  = 64
 	DefaultQueueWeight    = 2
 	DefaultCacheThreshold = 0.1
-	DefaultDecodeWeight   = 0.1
+	DefaultDecodeWeight   = 1
 )
 
 // Config tunes routing. The zero value of a field means its default.
@@ -68,9 +67,10 @@ type Config struct {
 	// Temperature > 0 samples among workers by a softmax over normalised costs (default 0:
 	// the cheapest wins).
 	Temperature float64
-	// CacheThreshold: below this share of the prompt's blocks cached anywhere, the kv policy
-	// spreads instead, to the worker with the least prefill in flight (default
-	// DefaultCacheThreshold).
+	// CacheThreshold: when no worker caches this share of the prompt's blocks more than the
+	// worker that caches least (a new prompt, or one whose only cached part is a system
+	// prompt every worker holds), the kv policy spreads instead, to the worker with the least
+	// prefill in flight (default DefaultCacheThreshold).
 	CacheThreshold float64
 	// Busy are the thresholds past which a worker takes no new request.
 	Busy BusyFilter
@@ -127,7 +127,8 @@ type Policy struct {
 	// UsesIndex makes the router match the prompt against the KV index before scoring.
 	UsesIndex bool
 	// Spread picks instead of the scorers and Picker when no worker caches at least
-	// CacheThreshold of the prompt's blocks (kv: LeastPrefill).
+	// CacheThreshold of the prompt's blocks more than the one that caches least (kv:
+	// LeastPrefill).
 	Spread         Picker
 	CacheThreshold float64
 }
@@ -351,7 +352,7 @@ func (r *Router) Route(req *Request, d *Decision) error {
 	}
 	var i int
 	switch {
-	case policy.Spread != nil && req.best < policy.CacheThreshold*float64(req.PromptBlocks(ws[0].BlockSize)):
+	case policy.Spread != nil && req.best-leastOverlap(req, ws) < policy.CacheThreshold*float64(req.PromptBlocks(ws[0].BlockSize)):
 		i, d.Mode = policy.Spread.Pick(req, ws, nil), "spread"
 	case len(policy.Scorers) > 0:
 		req.costs = growFloat(req.costs, len(ws))
@@ -371,6 +372,16 @@ func (r *Router) Route(req *Request, d *Decision) error {
 		r.sessions.put(req.SessionID, ws[i].ID)
 	}
 	return nil
+}
+
+// leastOverlap is the fewest prompt blocks any of ws caches: what every worker offers
+// alike, so no reason to prefer one.
+func leastOverlap(req *Request, ws []*Worker) float64 {
+	lo := req.Overlap(ws[0])
+	for _, w := range ws[1:] {
+		lo = min(lo, req.Overlap(w))
+	}
+	return lo
 }
 
 // sessions binds session ids to worker ids for a TTL after each use.

@@ -391,3 +391,49 @@ func TestSpreadGoesBehindTheLeastPrefill(t *testing.T) {
 		u.End()
 	}
 }
+
+// A prompt whose only cached blocks are a system prompt every worker holds is new to all of
+// them alike: it spreads by prefill in flight rather than weighing KV held.
+func TestSystemPromptCachedEverywhereSpreads(t *testing.T) {
+	r, idx := newRouter(t, Config{}, 3)
+	ws := r.Pool().Workers
+	sys, _ := promptChain(1, 0, 40, 0)
+	for _, w := range ws {
+		idx.Record(w.Index, sys, 0)
+	}
+	var open []*Usage
+	begin := func(w *Worker, prompt int, firstToken bool) {
+		u := &Usage{}
+		u.Begin(w, prompt, 0, 0)
+		if firstToken {
+			u.FirstToken()
+		}
+		open = append(open, u)
+	}
+	// w0 and w2 hold little KV but are prefilling; w1 holds much KV, all past prefill.
+	begin(ws[0], 4000, false)
+	begin(ws[2], 3000, false)
+	begin(ws[1], 200000, true)
+	var req Request
+	req.Model = "m"
+	req.Hashes, req.PromptTokens = promptChain(1, 5, 40, 60)
+	var d Decision
+	if err := r.Route(&req, &d); err != nil {
+		t.Fatal(err)
+	}
+	if d.Mode != "spread" || d.Worker != ws[1] || d.Overlap != 40 {
+		t.Fatalf("got %s on %s with overlap %g, want spread to w1 (no prefill in flight) with the system prompt's 40 blocks", d.Mode, d.Worker.ID, d.Overlap)
+	}
+	// Once one worker holds more of the prompt than the rest, the cost decides.
+	full, _ := promptChain(1, 5, 40, 60)
+	idx.Record(ws[2].Index, full, 40)
+	if err := r.Route(&req, &d); err != nil {
+		t.Fatal(err)
+	}
+	if d.Mode != "cost" || d.Worker != ws[2] {
+		t.Fatalf("got %s on %s, want cost on w2, which caches the whole prompt", d.Mode, d.Worker.ID)
+	}
+	for _, u := range open {
+		u.End()
+	}
+}
