@@ -60,14 +60,37 @@ type LeastLoaded struct{}
 func (LeastLoaded) Name() string { return "least-loaded" }
 
 func (LeastLoaded) Pick(_ *Request, ws []*Worker, _ []float64) int {
+	return pickLeast(ws, func(w *Worker) loadKey { return loadKey{load: w.Load(), kv: w.KVInUse()} })
+}
+
+// loadKey is what the least-load pickers order workers by: prefill in flight (LeastPrefill
+// only), then requests, then KV in use.
+type loadKey struct {
+	prefill, load int64
+	kv            float64
+}
+
+func (a loadKey) less(b loadKey) bool {
+	if a.prefill != b.prefill {
+		return a.prefill < b.prefill
+	}
+	if a.load != b.load {
+		return a.load < b.load
+	}
+	return a.kv < b.kv
+}
+
+// pickLeast returns the index of the worker with the least key, reading each worker's key
+// once; ties go to a random one.
+func pickLeast(ws []*Worker, key func(*Worker) loadKey) int {
 	best, seen := 0, 1
-	bl, bk := ws[0].Load(), ws[0].KVInUse()
+	bk := key(ws[0])
 	for i := 1; i < len(ws); i++ {
-		l, k := ws[i].Load(), ws[i].KVInUse()
+		k := key(ws[i])
 		switch {
-		case l < bl || (l == bl && k < bk):
-			best, bl, bk, seen = i, l, k, 1
-		case l == bl && k == bk:
+		case k.less(bk):
+			best, bk, seen = i, k, 1
+		case k == bk:
 			seen++
 			if rand.IntN(seen) == 0 {
 				best = i
@@ -137,19 +160,7 @@ type LeastPrefill struct{}
 func (LeastPrefill) Name() string { return "least-prefill" }
 
 func (LeastPrefill) Pick(_ *Request, ws []*Worker, _ []float64) int {
-	best, seen := 0, 1
-	bp, bl, bk := ws[0].PrefillTokens(), ws[0].Load(), ws[0].KVInUse()
-	for i := 1; i < len(ws); i++ {
-		p, l, k := ws[i].PrefillTokens(), ws[i].Load(), ws[i].KVInUse()
-		switch {
-		case p < bp || (p == bp && (l < bl || (l == bl && k < bk))):
-			best, bp, bl, bk, seen = i, p, l, k, 1
-		case p == bp && l == bl && k == bk:
-			seen++
-			if rand.IntN(seen) == 0 {
-				best = i
-			}
-		}
-	}
-	return best
+	return pickLeast(ws, func(w *Worker) loadKey {
+		return loadKey{prefill: w.PrefillTokens(), load: w.Load(), kv: w.KVInUse()}
+	})
 }
