@@ -1,39 +1,24 @@
 package proxy_test
 
 import (
-	"bufio"
-	"bytes"
-	"fmt"
 	"net"
 	"net/http"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/kvrelay/kvrelay/dataplane/proxy"
+	"github.com/kvrelay/kvrelay/internal/ssestamp"
 )
 
-// sseEngine streams chunks events one every gap, each carrying the time it was written, in
-// the shape of an OpenAI chat completion chunk.
+// sseEngine serves ssestamp's stamped stream: chunks chunks, one every gap.
 func sseEngine(b *testing.B, chunks int, gap time.Duration) string {
-	mux := http.NewServeMux()
-	mux.HandleFunc("/v1/chat/completions", func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/event-stream")
-		fl := w.(http.Flusher)
-		for i := range chunks {
-			fmt.Fprintf(w, `data: {"id":"x","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":" tok%d"},"finish_reason":null}],"t":%d}`+"\n\n", i, time.Now().UnixNano())
-			fl.Flush()
-			time.Sleep(gap)
-		}
-		fmt.Fprint(w, "data: [DONE]\n\n")
-	})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)
 	}
-	srv := &http.Server{Handler: mux}
+	srv := &http.Server{Handler: ssestamp.Handler(chunks, gap)}
 	go srv.Serve(ln)
 	b.Cleanup(func() { srv.Close() })
 	return "http://" + ln.Addr().String()
@@ -58,18 +43,9 @@ func BenchmarkSSEChunkLatency(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				sc := bufio.NewScanner(resp.Body)
-				for sc.Scan() {
-					line := sc.Bytes()
-					i := bytes.Index(line, []byte(`"t":`))
-					if i < 0 {
-						continue
-					}
-					now := time.Now().UnixNano()
-					t, err := strconv.ParseInt(string(bytes.TrimRight(line[i+4:], "}")), 10, 64)
-					if err == nil {
-						lat = append(lat, now-t)
-					}
+				lat, err = ssestamp.Read(resp.Body, lat)
+				if err != nil {
+					b.Fatal(err)
 				}
 				resp.Body.Close()
 			}

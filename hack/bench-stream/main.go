@@ -16,8 +16,6 @@
 package main
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -28,12 +26,13 @@ import (
 	"os"
 	"os/signal"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"text/tabwriter"
 	"time"
+
+	"github.com/kvrelay/kvrelay/internal/ssestamp"
 )
 
 type targets []target
@@ -74,27 +73,11 @@ func main() {
 }
 
 func engine(addr string, chunks int, gap time.Duration) error {
-	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/event-stream")
-		fl := w.(http.Flusher)
-		for i := range chunks {
-			fmt.Fprintf(w, `data: {"id":"x","object":"chat.completion.chunk","model":"bench-model","choices":[{"index":0,"delta":{"content":" tok%d"},"finish_reason":null}],"t":%d}`+"\n\n", i, time.Now().UnixNano())
-			fl.Flush()
-			time.Sleep(gap)
-		}
-		fmt.Fprint(w, "data: [DONE]\n\n")
-	})
-	mux.HandleFunc("GET /v1/models", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		fmt.Fprint(w, `{"object":"list","data":[{"id":"bench-model","object":"model","owned_by":"bench"}]}`)
-	})
-	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {})
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: mux}
+	srv := &http.Server{Handler: ssestamp.Handler(chunks, gap)}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	go func() { <-ctx.Done(); _ = srv.Close() }()
@@ -104,7 +87,7 @@ func engine(addr string, chunks int, gap time.Duration) error {
 	return nil
 }
 
-const body = `{"model":"bench-model","messages":[{"role":"user","content":"stream"}],"stream":true}`
+const body = `{"model":"` + ssestamp.Model + `","messages":[{"role":"user","content":"stream"}],"stream":true}`
 
 // stream runs one request and appends each chunk's latency in nanoseconds.
 func stream(client *http.Client, url string, lat []int64) ([]int64, error) {
@@ -116,31 +99,7 @@ func stream(client *http.Client, url string, lat []int64) ([]int64, error) {
 	if resp.StatusCode != http.StatusOK {
 		return lat, fmt.Errorf("status %d", resp.StatusCode)
 	}
-	sc := bufio.NewScanner(resp.Body)
-	done := false
-	for sc.Scan() {
-		line := sc.Bytes()
-		if bytes.Equal(line, []byte("data: [DONE]")) {
-			done = true
-		}
-		i := bytes.Index(line, []byte(`"t":`))
-		if i < 0 {
-			continue
-		}
-		now := time.Now().UnixNano()
-		t, err := strconv.ParseInt(string(bytes.TrimRight(line[i+4:], "}")), 10, 64)
-		if err != nil {
-			return lat, fmt.Errorf("bad chunk %q", line)
-		}
-		lat = append(lat, now-t)
-	}
-	if err := sc.Err(); err != nil {
-		return lat, err
-	}
-	if !done {
-		return lat, errors.New("stream ended without [DONE]")
-	}
-	return lat, nil
+	return ssestamp.Read(resp.Body, lat)
 }
 
 type stats struct{ p50, p90, p99 float64 } // microseconds
