@@ -59,14 +59,7 @@ bg() {
   LASTPID=$!
   PIDS+=("$LASTPID")
 }
-freeport() {
-  local p
-  for _ in $(seq 200); do
-    p=$((20000 + RANDOM % 12000))
-    if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then echo "$p"; return; fi
-  done
-  die "no free port"
-}
+source "$ROOT/hack/lib.sh" # freeport
 wait_up() { # URL PID
   for _ in $(seq 200); do
     kill -0 "$2" 2>/dev/null || return 1

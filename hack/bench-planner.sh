@@ -30,7 +30,6 @@ PLANNER_FLAGS=${PLANNER_FLAGS:---planner-interval 15s --planner-load-interval 2s
 mkdir -p "$OUT"
 go build -o "$OUT/kvrelay" ./cmd/kvrelay
 BIN=$OUT/kvrelay
-port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
 
 run() { # NAME WORKERS [up flags...]
   local name=$1 workers=$2; shift 2

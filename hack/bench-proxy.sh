@@ -122,15 +122,7 @@ start() {
   PIDS+=("$LASTPID")
 }
 
-# freeport: a loopback port below the ephemeral range that nothing accepts on now
-freeport() {
-  local p
-  for _ in $(seq 200); do
-    p=$((20000 + RANDOM % 12000))
-    if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then echo "$p"; return; fi
-  done
-  die "no free port"
-}
+source "$ROOT/hack/lib.sh" # freeport
 
 # wait_up URL PID NAME: wait until URL answers 200 while PID lives
 wait_up() {

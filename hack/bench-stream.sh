@@ -24,9 +24,10 @@ PIDS=()
 trap 'kill "${PIDS[@]}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$W"' EXIT
 go build -o bin/kvrelay ./cmd/kvrelay
 go build -o "$W/bench-stream" ./hack/bench-stream
-port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
-wait_up() { for _ in $(seq 100); do curl -fsS -o /dev/null "$1" 2>/dev/null && return 0; sleep 0.1; done; echo "bench-stream: $1 not up" >&2; exit 1; }
-E=$(port) N=$(port) K=$(port)
+die() { echo "bench-stream: $*" >&2; exit 1; }
+source hack/lib.sh # freeport
+wait_up() { for _ in $(seq 100); do curl -fsS -o /dev/null "$1" 2>/dev/null && return 0; sleep 0.1; done; die "$1 not up"; }
+E=$(freeport) N=$(freeport) K=$(freeport)
 "$W/bench-stream" -serve 127.0.0.1:$E -chunks "$CHUNKS" -gap "$GAP" >"$W/engine.log" 2>&1 &
 PIDS+=($!)
 mkdir -p "$W/nginx/tmp"
