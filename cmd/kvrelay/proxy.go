@@ -81,7 +81,7 @@ model=NAME,capacity=BLOCKS,role=prefill|decode|both.`,
 	fs.IntVar(&cfg.Retries, "retries", cfg.Retries, "other workers tried after a failure before the first byte")
 	fs.Int64Var(&cfg.MaxBodyBytes, "max-body-bytes", cfg.MaxBodyBytes, "largest request body (larger gets 413)")
 	fs.DurationVar(&cfg.DrainTimeout, "drain-timeout", cfg.DrainTimeout, "how long a stop waits for requests in flight")
-	fs.IntVar(&cfg.EventLoops, "event-loops", 0, "gnet event loops (0: one per core)")
+	fs.IntVar(&cfg.EventLoops, "event-loops", 0, "gnet event loops, each on its own thread (0: GOMAXPROCS-1, at least one)")
 	fs.StringVar(&debugAddr, "debug-addr", "", "serve Go's pprof profiles on this address (e.g. 127.0.0.1:6060; empty: off)")
 	return cmd
 }

@@ -136,7 +136,8 @@ type Config struct {
 	// MaxBufferedResponse bounds the bytes held for a client that reads slower than its
 	// engine writes; past it the request is aborted.
 	MaxBufferedResponse int `yaml:"max_buffered_response"`
-	// EventLoops is the number of gnet event loops (0: one per P, GOMAXPROCS).
+	// EventLoops is the number of gnet event loops (0: GOMAXPROCS-1, at least one; each
+	// loop is locked to its own thread).
 	EventLoops int `yaml:"event_loops"`
 }
 

@@ -114,6 +114,8 @@ func (s *Server) Start(ctx context.Context) error {
 		gnet.WithTCPNoDelay(gnet.TCPNoDelay),
 		gnet.WithReadBufferCap(64 << 10),
 		gnet.WithLogger(gnetLogger{s.log}),
+		// Each loop keeps its thread: see eventLoops.
+		gnet.WithLockOSThread(true),
 	}
 	go func() {
 		err := gnet.Run(s, "tcp://"+s.cfg.Listen, opts...)
@@ -144,27 +146,28 @@ func (s *Server) Start(ctx context.Context) error {
 	return nil
 }
 
-// eventLoops returns how many gnet event loops to run for the configured number (0: one per
-// P), and gives a single loop a second P.
+// eventLoops returns how many gnet event loops to run for the configured number (0: one
+// per P but one), and makes sure a single loop has a second P.
+//
+// A gnet loop, and gnet's acceptor, wait in a blocking epoll_wait that the runtime counts as
+// a system call holding a P. When no P is idle, sysmon takes the P of every wait longer than
+// one of its ticks and starts another thread to look for work; the loop then resumes on
+// whichever thread has a P, and its CPU spreads over five or six threads with a context
+// switch more per request (2 vCPUs, two loops on two Ps: 0.72 to 1.24 of nginx's req/s from
+// one 3 s round to the next). Leaving one P free stops the retakes, and locking each loop to
+// its thread (Start) stops the hops that gnet's yield after an empty poll otherwise invites:
+// one locked loop with a spare P runs on one thread at nginx's CPU per request
+// (hack/bench-proxy/README.md). So the default is GOMAXPROCS-1 loops, at least one.
 //
 // The count follows GOMAXPROCS rather than the machine's CPUs (gnet's multicore default):
 // in a container with a CPU limit the Go runtime sets GOMAXPROCS to the limit, and loops
-// beyond the Ps only take turns on them (GOMAXPROCS=1 on 2 vCPUs: 0.87 of nginx's req/s and
-// a 6 ms p99 with two loops, 0.94 and 1.8 ms with one).
-//
-// A gnet loop, and gnet's acceptor, wait in a blocking epoll_wait that the runtime counts as
-// a system call holding a P. With a single P, sysmon takes it from every wait longer than one
-// of its ticks, hands it to another thread and keeps ticking every 20 µs: pinned to one CPU
-// that cost 1.6× nginx's CPU per request, 5-6 µs of it in sysmon. With a second P idle sysmon
-// leaves the loop alone (1.04×). Two or more loops are left at one P each: a spare P there
-// makes each of gnet's yields after an empty poll wake a thread, which costs about what it
-// saves (hack/bench-proxy/README.md).
+// beyond the Ps only take turns on them.
 //
 // Raising GOMAXPROCS is a process-wide change; it happens in Start, and only upwards.
 func eventLoops(configured int) int {
 	n := configured
 	if n <= 0 {
-		n = runtime.GOMAXPROCS(0)
+		n = max(1, runtime.GOMAXPROCS(0)-1)
 	}
 	if n == 1 && runtime.GOMAXPROCS(0) < 2 {
 		runtime.GOMAXPROCS(2)
