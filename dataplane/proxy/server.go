@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/panjf2000/gnet/v2"
+	"github.com/panjf2000/gnet/v2/pkg/netpoll"
 	"golang.org/x/sys/unix"
 
 	"github.com/kvrelay/kvrelay/dataplane/http1"
@@ -108,6 +109,11 @@ func (s *Server) Start(ctx context.Context) error {
 		return fmt.Errorf("starting proxy: %w", err)
 	}
 	nloops := eventLoops(s.cfg.EventLoops)
+	lock := lockLoops()
+	if lock {
+		// A locked loop yields only after a busy batch (third_party/gnet/KVRELAY.md).
+		netpoll.SetYieldMinEvents(2)
+	}
 	opts := []gnet.Option{
 		gnet.WithNumEventLoop(nloops),
 		gnet.WithReusePort(false),
@@ -115,7 +121,7 @@ func (s *Server) Start(ctx context.Context) error {
 		gnet.WithReadBufferCap(64 << 10),
 		gnet.WithLogger(gnetLogger{s.log}),
 		// Each loop keeps its thread where another CPU could take it over: see eventLoops.
-		gnet.WithLockOSThread(lockLoops()),
+		gnet.WithLockOSThread(lock),
 	}
 	go func() {
 		err := gnet.Run(s, "tcp://"+s.cfg.Listen, opts...)
