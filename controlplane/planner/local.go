@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"sync"
 	"syscall"
@@ -29,9 +30,12 @@ type Registrar interface {
 // starting `kvrelay sim` processes (Binary, os.Executable() by default) on free loopback
 // ports and registering them with the control plane's registry once healthy, and by
 // draining a worker (no new requests), waiting for its requests to finish, removing it from
-// the registry and stopping its process (SIGTERM, then SIGKILL). Fixed workers (started by
-// someone else, such as `kvrelay up`'s own) count towards a pool's size but are never
-// stopped. Close stops every process it started.
+// the registry and stopping its process (SIGTERM, then SIGKILL). A drain runs in the
+// background: the worker stops counting at once, Scale returns, and the planner can act
+// again while the worker's last requests finish; a scale-up while a worker of the pool is
+// still draining takes that worker back instead of starting a process. Fixed workers
+// (started by someone else, such as `kvrelay up`'s own) count towards a pool's size but are
+// never stopped. Close stops every process it started, draining or not.
 type LocalActuator struct {
 	Registry Registrar
 	// Binary is the kvrelay executable (default os.Executable()).
@@ -52,15 +56,21 @@ type LocalActuator struct {
 	StartTimeout, DrainGrace, DrainTimeout time.Duration
 	Logger                                 *slog.Logger
 
-	mu      sync.Mutex
-	workers map[Pool][]*localWorker // by start order
-	next    int
+	mu       sync.Mutex
+	workers  map[Pool][]*localWorker // serving, by start order
+	draining map[Pool][]*localWorker // being drained in the background, by drain order
+	drains   sync.WaitGroup
+	next     int
 }
 
 type localWorker struct {
 	id, url string
 	cmd     *exec.Cmd
 	done    chan struct{}
+	// While draining (under the actuator's mu): cancel stops the drain; reclaimed says a
+	// scale-up took the worker back, stopping that Close is stopping it.
+	cancel              context.CancelFunc
+	reclaimed, stopping bool
 }
 
 func (l *LocalActuator) log() *slog.Logger {
@@ -84,10 +94,12 @@ func (l *LocalActuator) Replicas(context.Context) (map[Pool]int, error) {
 	return out, nil
 }
 
-// Scale starts or stops workers until pool has n (never fewer than its fixed ones). Workers
-// start concurrently, and each is registered as soon as it answers /health; workers stop
-// one at a time, newest first, each drained first. A worker that fails to start is
-// reported; those that started stay.
+// Scale starts or stops workers until pool has n (never fewer than its fixed ones). A
+// scale-up first takes back workers of the pool still draining (newest first), then starts
+// the rest concurrently, each registered as soon as it answers /health; a worker that fails
+// to start is reported, those that started stay. A scale-down marks the newest workers
+// draining and returns: each is deregistered and stopped in the background once its
+// requests have finished (or after DrainTimeout).
 func (l *LocalActuator) Scale(ctx context.Context, pool Pool, n int) error {
 	l.mu.Lock()
 	own := n - l.Fixed[pool]
@@ -98,12 +110,25 @@ func (l *LocalActuator) Scale(ctx context.Context, pool Pool, n int) error {
 	}
 	// New workers start side by side: a scale-up by k costs one worker's start-up time, not
 	// k of them.
-	errs := make([]error, max(own-have, 0))
+	var errs []error
+	for have < own {
+		ok, err := l.reclaim(pool)
+		if !ok {
+			break
+		}
+		if err != nil {
+			errs = append(errs, err) // that one is stopped: try the next, or start one
+			continue
+		}
+		have++
+	}
+	starts := make([]error, max(own-have, 0))
 	var wg sync.WaitGroup
-	for i := range errs {
-		wg.Go(func() { errs[i] = l.start(ctx, pool) })
+	for i := range starts {
+		wg.Go(func() { starts[i] = l.start(ctx, pool) })
 	}
 	wg.Wait()
+	errs = append(errs, starts...)
 	for i := have; i > own; i-- {
 		if err := l.stopNewest(ctx, pool); err != nil {
 			errs = append(errs, err)
@@ -211,7 +236,8 @@ func waitHealthy(ctx context.Context, w *localWorker, timeout time.Duration) err
 	}
 }
 
-// stopNewest drains, deregisters and stops the pool's newest worker.
+// stopNewest marks the pool's newest worker draining, stops counting it and leaves the rest
+// of its drain to drainAndStop, in the background.
 func (l *LocalActuator) stopNewest(ctx context.Context, pool Pool) error {
 	l.mu.Lock()
 	ws := l.workers[pool]
@@ -220,10 +246,31 @@ func (l *LocalActuator) stopNewest(ctx context.Context, pool Pool) error {
 		return nil
 	}
 	w := ws[len(ws)-1]
+	l.workers[pool] = ws[:len(ws)-1]
 	l.mu.Unlock()
 	if err := l.Registry.SetDraining(w.id, true); err != nil {
+		l.mu.Lock()
+		l.workers[pool] = append(l.workers[pool], w)
+		l.mu.Unlock()
 		return fmt.Errorf("draining worker %s: %w", w.id, err)
 	}
+	dctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	l.mu.Lock()
+	w.cancel, w.reclaimed, w.stopping = cancel, false, false
+	if l.draining == nil {
+		l.draining = map[Pool][]*localWorker{}
+	}
+	l.draining[pool] = append(l.draining[pool], w)
+	l.mu.Unlock()
+	l.log().Info("local actuator: worker draining", "id", w.id, "pool", pool)
+	l.drains.Go(func() { l.drainAndStop(dctx, pool, w) })
+	return nil
+}
+
+// drainAndStop waits until w has no requests in flight (at least DrainGrace, at most
+// DrainTimeout), then deregisters and stops it, unless a scale-up took it back or Close is
+// stopping it first.
+func (l *LocalActuator) drainAndStop(ctx context.Context, pool Pool, w *localWorker) {
 	grace, timeout := l.DrainGrace, l.DrainTimeout
 	if grace <= 0 {
 		grace = 500 * time.Millisecond
@@ -236,20 +283,62 @@ func (l *LocalActuator) stopNewest(ctx context.Context, pool Pool) error {
 		c, err := scrapeWorker(ctx, client, registry.Worker{ID: w.id, URL: w.url})
 		return c.running + c.waiting, err
 	}
-	if err := waitIdle(ctx, []string{w.id}, inflight, grace, timeout, l.log()); err != nil {
-		_ = l.Registry.SetDraining(w.id, false)
-		return fmt.Errorf("draining worker %s: %w", w.id, err)
+	err := waitIdle(ctx, []string{w.id}, inflight, grace, timeout, l.log())
+	l.mu.Lock()
+	if w.reclaimed || w.stopping {
+		l.mu.Unlock()
+		return
+	}
+	w.stopping = true
+	l.draining[pool] = slices.DeleteFunc(l.draining[pool], func(x *localWorker) bool { return x == w })
+	l.mu.Unlock()
+	if err != nil {
+		l.log().Warn("local actuator: worker still busy after its drain timeout; stopping it", "id", w.id, "pool", pool, "err", err)
 	}
 	if err := l.Registry.Remove(w.id); err != nil && !errors.Is(err, registry.ErrNotFound) {
-		_ = l.Registry.SetDraining(w.id, false)
-		return fmt.Errorf("deregistering worker %s: %w", w.id, err)
+		l.log().Error("local actuator: deregistering a stopped worker", "id", w.id, "pool", pool, "err", err)
 	}
-	l.mu.Lock()
-	l.workers[pool] = ws[:len(ws)-1]
-	l.mu.Unlock()
 	l.kill(w)
 	l.log().Info("local actuator: worker stopped", "id", w.id, "pool", pool)
-	return nil
+}
+
+// reclaim takes back the pool's newest worker still draining: it serves again, and counts.
+// It reports whether there was one to take.
+func (l *LocalActuator) reclaim(pool Pool) (bool, error) {
+	l.mu.Lock()
+	ds := l.draining[pool]
+	var w *localWorker
+	for i := len(ds) - 1; i >= 0; i-- {
+		if !ds[i].stopping && !ds[i].reclaimed {
+			w = ds[i]
+			break
+		}
+	}
+	if w == nil {
+		l.mu.Unlock()
+		return false, nil
+	}
+	w.reclaimed = true
+	w.cancel()
+	l.draining[pool] = slices.DeleteFunc(ds, func(x *localWorker) bool { return x == w })
+	l.mu.Unlock()
+	if err := l.Registry.SetDraining(w.id, false); err != nil {
+		// It cannot serve again: finish stopping it, and let the caller start another.
+		l.mu.Lock()
+		w.stopping = true
+		l.mu.Unlock()
+		_ = l.Registry.Remove(w.id)
+		l.kill(w)
+		return true, fmt.Errorf("taking back draining worker %s: %w", w.id, err)
+	}
+	l.mu.Lock()
+	if l.workers == nil {
+		l.workers = map[Pool][]*localWorker{}
+	}
+	l.workers[pool] = append(l.workers[pool], w)
+	l.mu.Unlock()
+	l.log().Info("local actuator: draining worker taken back", "id", w.id, "pool", pool)
+	return true, nil
 }
 
 // kill stops a process: SIGTERM, SIGKILL after 5 s.
@@ -263,22 +352,34 @@ func (l *LocalActuator) kill(w *localWorker) {
 	}
 }
 
-// Close stops every worker it started, deregistering them; safe to call more than once.
+// Close stops every worker it started, serving or draining, deregistering them; safe to
+// call more than once.
 func (l *LocalActuator) Close() error {
 	l.mu.Lock()
-	all := l.workers
-	l.workers = nil
-	l.mu.Unlock()
-	var wg sync.WaitGroup
-	for _, ws := range all {
+	var all []*localWorker
+	for _, ws := range l.workers {
+		all = append(all, ws...)
+	}
+	for _, ws := range l.draining {
 		for _, w := range ws {
-			wg.Go(func() {
-				_ = l.Registry.Remove(w.id)
-				l.kill(w)
-			})
+			if !w.stopping && !w.reclaimed {
+				w.stopping = true
+				w.cancel()
+				all = append(all, w)
+			}
 		}
 	}
+	l.workers, l.draining = nil, nil
+	l.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, w := range all {
+		wg.Go(func() {
+			_ = l.Registry.Remove(w.id)
+			l.kill(w)
+		})
+	}
 	wg.Wait()
+	l.drains.Wait()
 	return nil
 }
 

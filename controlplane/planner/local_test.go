@@ -24,6 +24,9 @@ import (
 // once, a worker that fails to start.
 const fakeSimEnv = "KVRELAY_PLANNER_TEST_FAKE_SIM"
 
+// fakeSimBusyEnv names a file: while it exists, the fake sims report a request running.
+const fakeSimBusyEnv = "KVRELAY_PLANNER_TEST_FAKE_SIM_BUSY"
+
 func TestMain(m *testing.M) {
 	switch os.Getenv(fakeSimEnv) {
 	case "serve":
@@ -50,7 +53,13 @@ func fakeSim() {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/health", func(http.ResponseWriter, *http.Request) {})
 	mux.HandleFunc("/metrics", func(w http.ResponseWriter, _ *http.Request) {
-		fmt.Fprint(w, "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 0\n# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting 0\n")
+		running := 0
+		if f := os.Getenv(fakeSimBusyEnv); f != "" {
+			if _, err := os.Stat(f); err == nil {
+				running = 1
+			}
+		}
+		fmt.Fprintf(w, "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running %d\n# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting 0\n", running)
 	})
 	go func() { _ = http.Serve(ln, mux) }()
 	sig := make(chan os.Signal, 1)
@@ -161,9 +170,14 @@ func TestLocalActuatorStartsDrainsAndStops(t *testing.T) {
 	if err := l.Scale(ctx, planner.PoolBoth, 1); err != nil {
 		t.Fatal(err)
 	}
-	left, log := reg.snapshot()
-	if got, _ := l.Replicas(ctx); got[planner.PoolBoth] != 1 || len(left) != 0 {
-		t.Errorf("after scaling to 1: replicas %v, registered %v", got, left)
+	// The two stop counting at once and are drained, deregistered and stopped in the
+	// background.
+	if got, _ := l.Replicas(ctx); got[planner.PoolBoth] != 1 {
+		t.Errorf("Replicas right after scaling to 1: %v", got)
+	}
+	left, log := waitRegistered(t, reg, 0)
+	if len(left) != 0 {
+		t.Errorf("after scaling to 1, still registered: %v", left)
 	}
 	// Each worker is drained before it is removed, the last registered first.
 	var ups []string
@@ -172,15 +186,12 @@ func TestLocalActuatorStartsDrainsAndStops(t *testing.T) {
 			ups = append(ups, id)
 		}
 	}
-	want := []string{"drain " + ups[1] + " true", "remove " + ups[1], "drain " + ups[0] + " true", "remove " + ups[0]}
-	if !slices.Equal(log[2:], want) {
-		t.Errorf("registry calls %q, want them to end with %q", log, want)
+	if want := []string{"drain " + ups[1] + " true", "drain " + ups[0] + " true"}; len(log) != 6 || !slices.Equal(log[2:4], want) ||
+		!slices.Contains(log[4:], "remove "+ups[0]) || !slices.Contains(log[4:], "remove "+ups[1]) {
+		t.Errorf("registry calls %q, want drains of %s then %s, then both removed", log, ups[1], ups[0])
 	}
 	for _, w := range ws {
-		if resp, err := client.Get(w.URL + "/health"); err == nil {
-			resp.Body.Close()
-			t.Errorf("worker %s still serves after it was stopped", w.ID)
-		}
+		waitStopped(t, client, w)
 	}
 
 	// Below the fixed workers is an error; Close stops what the actuator started.
@@ -199,6 +210,90 @@ func TestLocalActuatorStartsDrainsAndStops(t *testing.T) {
 	if got, _ := l.Replicas(ctx); got[planner.PoolBoth] != 1 {
 		t.Errorf("Replicas after Close: %v, want the fixed 1", got)
 	}
+}
+
+// waitRegistered waits up to 10 s for n workers to be registered and returns the registry.
+func waitRegistered(t *testing.T, reg *fakeRegistry, n int) (map[string]registry.Worker, []string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ws, log := reg.snapshot()
+		if len(ws) == n || time.Now().After(deadline) {
+			return ws, log
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// waitStopped waits up to 10 s for w to stop answering.
+func waitStopped(t *testing.T, client *http.Client, w registry.Worker) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		resp, err := client.Get(w.URL + "/health")
+		if err != nil {
+			return
+		}
+		resp.Body.Close()
+	}
+	t.Errorf("worker %s still serves after it was stopped", w.ID)
+}
+
+// A scale-down returns while the worker's requests finish; a scale-up meanwhile takes the
+// draining worker back rather than starting a process, and Close stops a worker mid-drain.
+func TestLocalActuatorTakesBackADrainingWorker(t *testing.T) {
+	busy := t.TempDir() + "/busy"
+	if err := os.WriteFile(busy, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(fakeSimBusyEnv, busy)
+	l, reg := localActuator(t, "serve")
+	ctx := context.Background()
+	if err := l.Scale(ctx, planner.PoolBoth, 2); err != nil {
+		t.Fatal(err)
+	}
+	ws, _ := reg.snapshot()
+	if len(ws) != 1 {
+		t.Fatalf("registered %v, want 1 worker", ws)
+	}
+	start := time.Now()
+	if err := l.Scale(ctx, planner.PoolBoth, 1); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Errorf("Scale down took %s with the worker busy: it waited for the drain", d)
+	}
+	if got, _ := l.Replicas(ctx); got[planner.PoolBoth] != 1 {
+		t.Errorf("Replicas while draining: %v, want 1", got)
+	}
+	time.Sleep(300 * time.Millisecond) // still busy: still registered, draining
+	if now, _ := reg.snapshot(); len(now) != 1 {
+		t.Fatalf("a busy draining worker was removed: %v", now)
+	}
+	if err := l.Scale(ctx, planner.PoolBoth, 2); err != nil {
+		t.Fatal(err)
+	}
+	now, log := reg.snapshot()
+	var id string
+	for k := range ws {
+		id = k
+	}
+	if got, _ := l.Replicas(ctx); got[planner.PoolBoth] != 2 || len(now) != 1 || now[id].URL != ws[id].URL {
+		t.Errorf("after scaling back to 2: replicas %v, registered %v (want %s again)", got, now, id)
+	}
+	if want := []string{"upsert " + id, "drain " + id + " true", "drain " + id + " false"}; !slices.Equal(log, want) {
+		t.Errorf("registry calls %q, want %q: the draining worker taken back, nothing started", log, want)
+	}
+	// Draining again, then closed mid-drain: stopped and deregistered all the same.
+	if err := l.Scale(ctx, planner.PoolBoth, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if left, _ := reg.snapshot(); len(left) != 0 {
+		t.Errorf("after Close, still registered: %v", left)
+	}
+	waitStopped(t, &http.Client{Timeout: time.Second}, ws[id])
 }
 
 // A worker whose process exits before it is healthy is reported, never registered, and
