@@ -10,9 +10,10 @@
 #   RUNS=planner PLANNER_FLAGS="--planner-headroom 0.3" hack/bench-planner.sh   # one run, other knobs
 #   PROFILE=profile.json hack/bench-planner.sh   # the planner's profile (default: measured first)
 #
-# Each phase is its own `kvrelay bench run`, which builds its whole workload (REQS requests)
-# before sending: with the default 100000 prompts of ISL=4000 tokens that takes 15-20 s, a
-# pause in the traffic between phases that every run (static or planned) sits through.
+# Each phase is its own `kvrelay bench run`, which builds its whole workload before sending.
+# It builds only what the phase sends (rate × STEP, plus a quarter for Poisson arrivals running
+# ahead): 100000 prompts of ISL=4000 tokens took 15-20 s, a pause in the traffic between phases
+# that every run sat through, and that a planner saw as a trough to scale down into.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SPEEDUP=${SPEEDUP:-2}            # engine speedup (targets and SLOs in engine time)
@@ -22,7 +23,7 @@ PEAK=${PEAK:-4} MEAN=${MEAN:-2}
 ISL=${ISL:-1000} OSL=${OSL:-150}
 TTFT=${TTFT:-2s} ITL=${ITL:-50ms}
 OUT=${OUT:-bench-planner}
-REQS=${REQS:-100000}             # requests generated per phase (only rate × STEP are sent)
+REQS=${REQS:-}                   # requests generated per phase (default: rate × STEP × 1.25 + 20)
 RUNS=${RUNS:-peak mean planner}  # which runs
 # The planner's flags: throughput mode every 15 s, load checks every 2 s, 20% headroom,
 # scale-downs after a 30 s cool-down and window.
@@ -48,7 +49,8 @@ run() { # NAME WORKERS [up flags...]
   local sampler=$!
   local i=0
   for m in 1 2 3 4 3 2 1; do
-    "$BIN" bench run --target http://127.0.0.1:$proxy/v1 --workload "fixed:isl=$ISL,osl=$OSL,requests=$REQS" \
+    local reqs=${REQS:-$((BASE * m * STEP * 5 / 4 + 20))}
+    "$BIN" bench run --target http://127.0.0.1:$proxy/v1 --workload "fixed:isl=$ISL,osl=$OSL,requests=$reqs" \
       --rate $((BASE * m)) --duration "${STEP}s" --time-scale "$SPEEDUP" --slo-ttft "$TTFT" --slo-itl "$ITL" \
       --seed $((i + 1)) --out "$OUT/$name-phase$i" >/dev/null 2>&1 || true
     i=$((i + 1))
