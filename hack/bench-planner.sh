@@ -17,10 +17,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SPEEDUP=${SPEEDUP:-2}            # engine speedup (targets and SLOs in engine time)
-BASE=${BASE:-5}                  # req/s (wall) of the trough
+BASE=${BASE:-8}                  # req/s (wall) of the trough: 8 × 4 at the peak loads 4 workers to about 80%
 STEP=${STEP:-30}                 # seconds per phase
 PEAK=${PEAK:-4} MEAN=${MEAN:-2}
-ISL=${ISL:-1000} OSL=${OSL:-150}
+ISL=${ISL:-4000} OSL=${OSL:-150}
 TTFT=${TTFT:-2s} ITL=${ITL:-50ms}
 OUT=${OUT:-bench-planner}
 REQS=${REQS:-}                   # requests generated per phase (default: rate × STEP × 1.25 + 20)
