@@ -25,9 +25,12 @@ TTFT=${TTFT:-2s} ITL=${ITL:-50ms}
 OUT=${OUT:-bench-planner}
 REQS=${REQS:-}                   # requests generated per phase (default: rate × STEP × 1.25 + 20)
 RUNS=${RUNS:-peak mean planner}  # which runs
-# The planner's flags: throughput mode every 15 s, load checks every 2 s, 20% headroom,
-# scale-downs after a 30 s cool-down and window.
-PLANNER_FLAGS=${PLANNER_FLAGS:---planner-interval 15s --planner-load-interval 2s --planner-cooldown 30s --planner-headroom 0.2}
+# The planner's flags: throughput mode every 15 s, load checks every second, 20% headroom,
+# scale-downs after a 15 s cool-down and window. With load checks every 2 s and a 30 s
+# cool-down the fleet reached each step of the ramp 5-6 s late (94.6-99.2% of the peak
+# fleet's attainment over three runs); with these, 100% in two runs, at 31-33% fewer
+# worker-seconds.
+PLANNER_FLAGS=${PLANNER_FLAGS:---planner-interval 15s --planner-load-interval 1s --planner-cooldown 15s --planner-headroom 0.2}
 mkdir -p "$OUT"
 go build -o "$OUT/kvrelay" ./cmd/kvrelay
 BIN=$OUT/kvrelay
