@@ -246,22 +246,27 @@ func (l *LocalActuator) stopNewest(ctx context.Context, pool Pool) error {
 		return nil
 	}
 	w := ws[len(ws)-1]
-	l.workers[pool] = ws[:len(ws)-1]
-	l.mu.Unlock()
-	if err := l.Registry.SetDraining(w.id, true); err != nil {
-		l.mu.Lock()
-		l.workers[pool] = append(l.workers[pool], w)
-		l.mu.Unlock()
-		return fmt.Errorf("draining worker %s: %w", w.id, err)
-	}
+	// The worker moves to the draining list in one step, so that Close always finds it in
+	// one list or the other.
 	dctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	l.mu.Lock()
 	w.cancel, w.reclaimed, w.stopping = cancel, false, false
+	l.workers[pool] = ws[:len(ws)-1]
 	if l.draining == nil {
 		l.draining = map[Pool][]*localWorker{}
 	}
 	l.draining[pool] = append(l.draining[pool], w)
 	l.mu.Unlock()
+	if err := l.Registry.SetDraining(w.id, true); err != nil {
+		cancel()
+		l.mu.Lock()
+		// Back to serving, unless a scale-up or Close took it meanwhile.
+		if !w.reclaimed && !w.stopping {
+			l.draining[pool] = slices.DeleteFunc(l.draining[pool], func(x *localWorker) bool { return x == w })
+			l.workers[pool] = append(l.workers[pool], w)
+		}
+		l.mu.Unlock()
+		return fmt.Errorf("draining worker %s: %w", w.id, err)
+	}
 	l.log().Info("local actuator: worker draining", "id", w.id, "pool", pool)
 	l.drains.Go(func() { l.drainAndStop(dctx, pool, w) })
 	return nil

@@ -296,6 +296,34 @@ func TestLocalActuatorTakesBackADrainingWorker(t *testing.T) {
 	waitStopped(t, &http.Client{Timeout: time.Second}, ws[id])
 }
 
+// A scale-down the registry refuses to drain is reported, and the worker keeps serving and
+// counting.
+func TestLocalActuatorReportsFailedDrain(t *testing.T) {
+	l, reg := localActuator(t, "serve")
+	ctx := context.Background()
+	if err := l.Scale(ctx, planner.PoolBoth, 2); err != nil {
+		t.Fatal(err)
+	}
+	ws, _ := reg.snapshot()
+	reg.mu.Lock()
+	reg.workers = map[string]registry.Worker{} // SetDraining now fails: not found
+	reg.mu.Unlock()
+	if err := l.Scale(ctx, planner.PoolBoth, 1); err == nil || !strings.Contains(err.Error(), "draining worker") {
+		t.Errorf("Scale down with the registry refusing the drain: %v", err)
+	}
+	if got, _ := l.Replicas(ctx); got[planner.PoolBoth] != 2 {
+		t.Errorf("Replicas after a refused drain: %v, want 2", got)
+	}
+	client := &http.Client{Timeout: time.Second}
+	for _, w := range ws {
+		resp, err := client.Get(w.URL + "/health")
+		if err != nil {
+			t.Fatalf("worker %s stopped after a refused drain: %v", w.ID, err)
+		}
+		resp.Body.Close()
+	}
+}
+
 // A worker whose process exits before it is healthy is reported, never registered, and
 // not counted.
 func TestLocalActuatorReportsFailedStart(t *testing.T) {
