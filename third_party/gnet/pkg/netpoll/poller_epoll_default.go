@@ -117,7 +117,7 @@ func (p *Poller) Polling(callback PollEventHandler) error {
 	var doChores bool
 
 	msec := -1
-	// kvrelay: see YieldMinEvents.
+	// kvrelay: yield after an empty poll only after a busy batch (yield_kvrelay.go).
 	yieldMin, lastN := int(yieldMinEvents.Load()), 0
 	for {
 		n, err := unix.EpollWait(p.fd, el.events, msec)
