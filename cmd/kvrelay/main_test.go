@@ -104,16 +104,36 @@ func TestUpServesAndStops(t *testing.T) {
 	}
 }
 
-func testUp(t *testing.T, extra []string, roles map[string]int) {
+// startUp runs `kvrelay up` on free loopback ports with args added; what it prints comes
+// through the returned reader. stop cancels it and fails the test unless it returns without
+// an error within timeout.
+func startUp(t *testing.T, args ...string) (out *io.PipeReader, stop func(timeout time.Duration)) {
+	t.Helper()
 	pr, pw := io.Pipe()
 	cmd := newRootCmd()
 	cmd.SetArgs(append([]string{"up", "--proxy-listen", "127.0.0.1:0", "--base-port", "0", "--kv-events-base-port", "0", "--kv-events-replay-base-port", "0",
-		"--xds-listen", "127.0.0.1:0", "--api-listen", "127.0.0.1:0", "--speedup-ratio", "100", "--num-gpu-blocks", "2048"}, extra...))
+		"--xds-listen", "127.0.0.1:0", "--api-listen", "127.0.0.1:0"}, args...))
 	cmd.SetOut(pw)
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
+	t.Cleanup(cancel)
 	done := make(chan error, 1)
 	go func() { done <- cmd.ExecuteContext(ctx); pw.Close() }()
+	return pr, func(timeout time.Duration) {
+		t.Helper()
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("up returned %v", err)
+			}
+		case <-time.After(timeout):
+			t.Fatal("up did not stop")
+		}
+	}
+}
+
+func testUp(t *testing.T, extra []string, roles map[string]int) {
+	pr, stop := startUp(t, append([]string{"--speedup-ratio", "100", "--num-gpu-blocks", "2048"}, extra...)...)
 
 	sc := bufio.NewScanner(pr)
 	got := map[string]int{}
@@ -184,15 +204,7 @@ func testUp(t *testing.T, extra []string, roles map[string]int) {
 			t.Errorf("proxy metrics lack %s", want)
 		}
 	}
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("up returned %v", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("up did not stop")
-	}
+	stop(10 * time.Second)
 }
 
 func TestProxyConfigFileAndFlags(t *testing.T) {

@@ -2,7 +2,6 @@ package main
 
 import (
 	"bufio"
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -44,17 +43,9 @@ func TestUpPlannerScalesUpAndDown(t *testing.T) {
 	if err := p.Save(profile); err != nil {
 		t.Fatal(err)
 	}
-	pr, pw := io.Pipe()
-	cmd := newRootCmd()
-	cmd.SetArgs([]string{"up", "--workers", "1", "--proxy-listen", "127.0.0.1:0", "--base-port", "0", "--kv-events-base-port", "0",
-		"--kv-events-replay-base-port", "0", "--xds-listen", "127.0.0.1:0", "--api-listen", "127.0.0.1:0", "--speedup-ratio", "20",
-		"--num-gpu-blocks", "4096", "--planner", "--planner-profile", profile, "--planner-max", "2",
-		"--planner-interval", "2s", "--planner-load-interval", "500ms", "--planner-cooldown", "3s"})
-	cmd.SetOut(pw)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	done := make(chan error, 1)
-	go func() { done <- cmd.ExecuteContext(ctx); pw.Close() }()
+	pr, stop := startUp(t, "--workers", "1", "--speedup-ratio", "20", "--num-gpu-blocks", "4096",
+		"--planner", "--planner-profile", profile, "--planner-max", "2",
+		"--planner-interval", "2s", "--planner-load-interval", "500ms", "--planner-cooldown", "3s")
 
 	proxyRe := regexp.MustCompile(`^proxy +openai (\S+)/v1 `)
 	apiRe := regexp.MustCompile(`^control .* api (http://\S+)`)
@@ -209,13 +200,5 @@ func TestUpPlannerScalesUpAndDown(t *testing.T) {
 	if _, err := chat(2_000_000, 600); err != nil {
 		t.Fatalf("a request after the scale-down failed: %v", err)
 	}
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("up returned %v", err)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("up did not stop")
-	}
+	stop(20 * time.Second)
 }
