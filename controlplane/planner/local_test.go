@@ -296,6 +296,58 @@ func TestLocalActuatorTakesBackADrainingWorker(t *testing.T) {
 	waitStopped(t, &http.Client{Timeout: time.Second}, ws[id])
 }
 
+// A worker still busy when its drain times out is stopped anyway; a draining worker the
+// registry refuses to take back is stopped too, and a new one starts in its place.
+func TestLocalActuatorDrainTimeoutAndFailedTakeBack(t *testing.T) {
+	busy := t.TempDir() + "/busy"
+	if err := os.WriteFile(busy, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(fakeSimBusyEnv, busy)
+	l, reg := localActuator(t, "serve")
+	l.DrainTimeout = 300 * time.Millisecond
+	ctx := context.Background()
+	client := &http.Client{Timeout: time.Second}
+	if err := l.Scale(ctx, planner.PoolBoth, 2); err != nil {
+		t.Fatal(err)
+	}
+	first, _ := reg.snapshot()
+	if err := l.Scale(ctx, planner.PoolBoth, 1); err != nil {
+		t.Fatal(err)
+	}
+	if left, _ := waitRegistered(t, reg, 0); len(left) != 0 {
+		t.Errorf("a worker busy past its drain timeout is still registered: %v", left)
+	}
+	for _, w := range first {
+		waitStopped(t, client, w)
+	}
+
+	l.DrainTimeout = time.Minute
+	if err := l.Scale(ctx, planner.PoolBoth, 2); err != nil {
+		t.Fatal(err)
+	}
+	second, _ := reg.snapshot()
+	if err := l.Scale(ctx, planner.PoolBoth, 1); err != nil {
+		t.Fatal(err)
+	}
+	reg.mu.Lock()
+	reg.workers = map[string]registry.Worker{} // undraining now fails: not found
+	reg.mu.Unlock()
+	if err := l.Scale(ctx, planner.PoolBoth, 2); err == nil || !strings.Contains(err.Error(), "taking back") {
+		t.Errorf("Scale up with the registry refusing the take-back: %v", err)
+	}
+	now, _ := reg.snapshot()
+	if got, _ := l.Replicas(ctx); got[planner.PoolBoth] != 2 || len(now) != 1 {
+		t.Errorf("after a refused take-back: replicas %v, registered %v; want a new worker in its place", got, now)
+	}
+	for id, w := range second {
+		if _, ok := now[id]; ok {
+			t.Errorf("the worker that could not be taken back is registered again: %s", id)
+		}
+		waitStopped(t, client, w)
+	}
+}
+
 // A scale-down the registry refuses to drain is reported, and the worker keeps serving and
 // counting.
 func TestLocalActuatorReportsFailedDrain(t *testing.T) {
