@@ -10,11 +10,12 @@
 // cooperation from the proxy. IPv4 only.
 //
 // Cost: both programs run on every packet of every socket in the cgroup. A packet of a port
-// not watched leaves after one inlined array lookup; a connection's stamp lives in its socket's local
-// storage (BPF_MAP_TYPE_SK_STORAGE), created by its first request and written and cleared in
-// place afterwards, so a request costs two pointer walks from the socket and a few stores:
-// no hashing, no map update or delete; the watched-endpoint check runs only on a connection's
-// first request.
+// not watched leaves after one inlined array lookup; a connection's stamp lives in its socket's
+// local storage (BPF_MAP_TYPE_SK_STORAGE), created by its first request and written and
+// cleared in place afterwards, together with its endpoint's slot, an index into array maps:
+// a request costs two pointer walks from the socket, three inlined array lookups and a few
+// stores and atomic adds; no hashing, no map update or delete. The watched-endpoint check (a
+// hash lookup) runs only on a connection's first request.
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
@@ -22,29 +23,45 @@
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
+// targets: watched endpoint -> its slot, written by user space.
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 1024);
+	__uint(max_entries, MAX_SLOTS);
 	__type(key, struct endpoint);
-	__type(value, __u8);
+	__type(value, struct slot);
 } targets SEC(".maps");
 
+// gens: slot -> its current generation (0: never used); a stamp of another generation is not
+// timed.
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 1024);
-	__type(key, struct hist_key);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MAX_SLOTS);
+	__type(key, __u32);
+	__type(value, __u32);
+} gens SEC(".maps");
+
+// hists: slot -> first-byte histogram of the endpoint that holds the slot.
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MAX_SLOTS);
+	__type(key, __u32);
 	__type(value, struct hist);
 } hists SEC(".maps");
 
-// sent: socket-local storage of a connection to a watched endpoint: when its last request
-// byte went out; 0 once answered (or after a GET or HEAD). Created by the request's first
-// packet, it lives and goes with the socket; reaching it from a packet is a pointer walk
-// from the socket (no key hashing).
+// stamp: socket-local storage of a connection to a watched endpoint: when its last request
+// byte went out (0 once answered, or after a GET or HEAD) and the endpoint's slot.
+struct stamp {
+	__u64 ts;
+	struct slot slot;
+};
+
+// sent: the stamps. Created by a connection's first request, it lives and goes with the
+// socket; reaching it from a packet is a pointer walk from the socket (no key hashing).
 struct {
 	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, int);
-	__type(value, __u64);
+	__type(value, struct stamp);
 } sent SEC(".maps");
 
 // ports: the watched endpoints' ports as a bitmap, so that a packet of any other connection
@@ -61,16 +78,15 @@ struct {
 } ports SEC(".maps");
 
 struct pkt {
-	__u32 saddr, daddr;
-	__u16 sport, dport;
+	__u32 daddr;
+	__u16 dport;
 	__u32 payload;
 	__u32 off; // where the payload starts
 };
 
-// parse reads a TCP/IPv4 packet with payload whose remote port (the destination on egress,
-// the source on ingress) is watched; it reads the headers in place (skb->data is the IP
-// header in cgroup_skb programs).
-static __always_inline int parse(struct __sk_buff *skb, struct pkt *p, int egress)
+// parse reads a TCP/IPv4 packet with payload, in place (skb->data is the IP header in
+// cgroup_skb programs).
+static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
 {
 	if (skb->protocol != bpf_htons(ETH_P_IP))
 		return 0;
@@ -87,22 +103,23 @@ static __always_inline int parse(struct __sk_buff *skb, struct pkt *p, int egres
 	struct tcphdr *th = data + ihl;
 	if ((void *)(th + 1) > end)
 		return 0;
-	__u16 port = bpf_ntohs(egress ? th->dest : th->source);
-	__u32 zero = 0;
-	struct portset *ps = bpf_map_lookup_elem(&ports, &zero);
-	if (!ps || !((ps->bits[(port >> 6) & 1023] >> (port & 63)) & 1))
-		return 0;
 	__u32 hdrs = ihl + th->doff * 4;
 	__u32 total = bpf_ntohs(iph->tot_len);
 	if (total <= hdrs)
 		return 0;
-	p->saddr = iph->saddr;
 	p->daddr = iph->daddr;
-	p->sport = bpf_ntohs(th->source);
 	p->dport = bpf_ntohs(th->dest);
 	p->payload = total - hdrs;
 	p->off = hdrs;
 	return 1;
+}
+
+// port_watched says whether port is one of the watched endpoints' (one inlined array lookup).
+static __always_inline int port_watched(__u16 port)
+{
+	__u32 zero = 0;
+	struct portset *ps = bpf_map_lookup_elem(&ports, &zero);
+	return ps && ((ps->bits[(port >> 6) & 1023] >> (port & 63)) & 1);
 }
 
 static __always_inline struct bpf_sock *full_sk(struct __sk_buff *skb)
@@ -113,65 +130,78 @@ static __always_inline struct bpf_sock *full_sk(struct __sk_buff *skb)
 	return bpf_sk_fullsock(sk);
 }
 
+// The egress program looks for the socket's stamp first: a connection already timed needs no
+// port check. Other packets leave at the port check unless their destination port is watched.
 SEC("cgroup_skb/egress")
 int kvrelay_fb_egress(struct __sk_buff *skb)
 {
-	struct pkt p = {};
-	if (!parse(skb, &p, 1))
-		return 1;
 	struct bpf_sock *sk = full_sk(skb);
 	if (!sk)
 		return 1;
-	__u64 *ts = bpf_sk_storage_get(&sent, sk, 0, 0);
+	if (!port_watched(bpf_ntohs(sk->dst_port)))
+		return 1;
+	struct stamp *st = bpf_sk_storage_get(&sent, sk, 0, 0);
+	struct pkt p = {};
+	if (!parse(skb, &p))
+		return 1;
 	// Only requests with a body (POST: inference) are timed. A payload starting with "GET "
 	// or "HEAD" (a metrics scrape or health check of the same engine) clears the stamp; any
 	// other payload moves the stamp of a request in flight (the rest of its body).
 	char m[4] = {};
 	if (p.payload >= 4 && bpf_skb_load_bytes(skb, p.off, m, 4) == 0) {
 		if (m[0] == 'P' && m[1] == 'O' && m[2] == 'S' && m[3] == 'T') {
-			if (!ts) {
+			if (!st) {
 				struct endpoint ep = { .addr = p.daddr, .port = p.dport };
-				if (!bpf_map_lookup_elem(&targets, &ep))
+				struct slot *s = bpf_map_lookup_elem(&targets, &ep);
+				if (!s)
 					return 1;
-				ts = bpf_sk_storage_get(&sent, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
-				if (!ts)
+				struct slot at = *s;
+				st = bpf_sk_storage_get(&sent, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+				if (!st)
 					return 1;
+				st->slot = at;
 			}
-			*ts = bpf_ktime_get_ns();
+			st->ts = bpf_ktime_get_ns();
 			return 1;
 		}
 		if ((m[0] == 'G' && m[1] == 'E' && m[2] == 'T' && m[3] == ' ') ||
 		    (m[0] == 'H' && m[1] == 'E' && m[2] == 'A' && m[3] == 'D')) {
-			if (ts)
-				*ts = 0;
+			if (st)
+				st->ts = 0;
 			return 1;
 		}
 	}
-	if (ts && *ts)
-		*ts = bpf_ktime_get_ns();
+	if (st && st->ts)
+		st->ts = bpf_ktime_get_ns();
 	return 1;
 }
 
 // The stamp exists only on connections to watched endpoints (egress checked), so ingress
-// needs no check of its own.
+// looks for it first and leaves at once on every other socket (no port check, no parsing);
+// beyond that it checks only the slot's generation.
 SEC("cgroup_skb/ingress")
 int kvrelay_fb_ingress(struct __sk_buff *skb)
 {
-	struct pkt p = {};
-	if (!parse(skb, &p, 0))
-		return 1;
 	struct bpf_sock *sk = full_sk(skb);
-	if (!sk)
+	if (!sk || !port_watched(bpf_ntohs(sk->dst_port)))
 		return 1;
-	__u64 *ts = bpf_sk_storage_get(&sent, sk, 0, 0);
-	if (!ts)
+	struct stamp *st = bpf_sk_storage_get(&sent, sk, 0, 0);
+	if (!st)
 		return 1;
-	__u64 then = *ts;
+	__u64 then = st->ts;
 	if (!then)
 		return 1;
-	*ts = 0;
+	struct pkt p = {};
+	if (!parse(skb, &p)) // no payload: an ACK of the request, not its answer
+		return 1;
+	st->ts = 0;
 	__u64 delta = bpf_ktime_get_ns() - then;
-	struct hist_key k = { .ep = { .addr = p.saddr, .port = p.sport }, .kind = KIND_FIRST_BYTE };
-	hist_add(&hists, &k, delta);
+	__u32 idx = st->slot.idx;
+	__u32 *gen = bpf_map_lookup_elem(&gens, &idx);
+	if (!gen || *gen != st->slot.gen)
+		return 1;
+	struct hist *h = bpf_map_lookup_elem(&hists, &idx);
+	if (h)
+		hist_observe(h, delta);
 	return 1;
 }

@@ -1,8 +1,11 @@
 package probes
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
+	"sync"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -14,6 +17,9 @@ import (
 type FirstByte struct {
 	objs            firstbyteObjects
 	egress, ingress link.Link
+
+	mu    sync.Mutex
+	slots slotTable
 }
 
 // AttachFirstByte loads firstbyte and attaches it to the cgroup v2 at cgroupPath.
@@ -35,39 +41,61 @@ func AttachFirstByte(cgroupPath string) (*FirstByte, error) {
 	return p, nil
 }
 
-// SetTargets makes the probe watch exactly the connections to eps (IPv4; others ignored).
+// SetTargets makes the probe watch exactly the connections to eps (IPv4; others ignored; at
+// most MaxSlots).
 func (p *FirstByte) SetTargets(eps []netip.AddrPort) error {
-	var ports [1024]uint64
-	for _, ep := range eps {
-		ports[ep.Port()>>6] |= 1 << (ep.Port() & 63)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	changes, serr := p.slots.set(eps)
+	// A slot's histogram is zeroed and its generation written before any target names it.
+	for _, c := range changes {
+		if c.zero {
+			if err := p.objs.Hists.Put(c.idx, &Hist{}); err != nil {
+				return fmt.Errorf("clearing first-byte slot %d: %w", c.idx, err)
+			}
+		}
+		if err := p.objs.Gens.Put(c.idx, c.gen); err != nil {
+			return fmt.Errorf("writing first-byte slot %d: %w", c.idx, err)
+		}
 	}
-	// Ports first when adding, last when removing, so the bitmap never hides a target.
+	var ports [1024]uint64
+	want := map[firstbyteEndpoint]firstbyteSlot{}
+	for ep := range p.slots.live {
+		k, err := endpointKey(ep)
+		if err != nil {
+			continue
+		}
+		ports[ep.Port()>>6] |= 1 << (ep.Port() & 63)
+		idx := p.slots.of[ep]
+		want[firstbyteEndpoint(k)] = firstbyteSlot{Idx: idx, Gen: p.slots.gen[idx]}
+	}
 	if err := p.objs.Ports.Put(uint32(0), &ports); err != nil {
 		return fmt.Errorf("watching ports: %w", err)
 	}
-	return setTargets(p.objs.Targets, eps)
+	if err := syncMap(p.objs.Targets, want); err != nil {
+		return fmt.Errorf("watching first-byte endpoints: %w", err)
+	}
+	return serr
 }
 
-// Read returns the first-byte histogram per endpoint since attach.
+// Read returns the first-byte histogram per endpoint since it was first watched (endpoints
+// no longer watched included, until their slot goes to another).
 func (p *FirstByte) Read() (map[netip.AddrPort]*Hist, error) {
-	out := map[netip.AddrPort]*Hist{}
-	var (
-		k firstbyteHistKey
-		v Hist
-	)
-	it := p.objs.Hists.Iterate()
-	for it.Next(&k, &v) {
-		if k.Kind != kindFirstByte {
+	p.mu.Lock()
+	owners := slices.Clone(p.slots.owner)
+	p.mu.Unlock()
+	out := make(map[netip.AddrPort]*Hist, len(owners))
+	var errs []error
+	for idx, ap := range owners {
+		h := &Hist{}
+		if err := p.objs.Hists.Lookup(uint32(idx), h); err != nil {
+			errs = append(errs, err)
 			continue
 		}
-		ap := addrPort(k.Ep.Addr, k.Ep.Port)
-		if out[ap] == nil {
-			out[ap] = &Hist{}
-		}
-		out[ap].Add(&v)
+		out[ap] = h
 	}
-	if err := it.Err(); err != nil {
-		return nil, fmt.Errorf("reading firstbyte histograms: %w", err)
+	if err := errors.Join(errs...); err != nil {
+		return out, fmt.Errorf("reading first-byte histograms: %w", err)
 	}
 	return out, nil
 }

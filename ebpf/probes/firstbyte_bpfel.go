@@ -27,21 +27,28 @@ type firstbyteHist struct {
 	Slots [48]uint64
 }
 
-type firstbyteHistKey struct {
-	_    structs.HostLayout
-	Ep   firstbyteEndpoint
-	Kind uint32
-}
-
 type firstbytePortset struct {
 	_    structs.HostLayout
 	Bits [1024]uint64
+}
+
+type firstbyteSlot struct {
+	_   structs.HostLayout
+	Idx uint32
+	Gen uint32
+}
+
+type firstbyteStamp struct {
+	_    structs.HostLayout
+	Ts   uint64
+	Slot firstbyteSlot
 }
 
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	firstbyteMapGens              = "gens"
 	firstbyteMapHists             = "hists"
 	firstbyteMapPorts             = "ports"
 	firstbyteMapSent              = "sent"
@@ -100,6 +107,7 @@ type firstbyteProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type firstbyteMapSpecs struct {
+	Gens    *ebpf.MapSpec `ebpf:"gens"`
 	Hists   *ebpf.MapSpec `ebpf:"hists"`
 	Ports   *ebpf.MapSpec `ebpf:"ports"`
 	Sent    *ebpf.MapSpec `ebpf:"sent"`
@@ -132,6 +140,7 @@ func (o *firstbyteObjects) Close() error {
 //
 // It can be passed to loadFirstbyteObjects or ebpf.CollectionSpec.LoadAndAssign.
 type firstbyteMaps struct {
+	Gens    *ebpf.Map `ebpf:"gens"`
 	Hists   *ebpf.Map `ebpf:"hists"`
 	Ports   *ebpf.Map `ebpf:"ports"`
 	Sent    *ebpf.Map `ebpf:"sent"`
@@ -140,6 +149,7 @@ type firstbyteMaps struct {
 
 func (m *firstbyteMaps) Close() error {
 	return _FirstbyteClose(
+		m.Gens,
 		m.Hists,
 		m.Ports,
 		m.Sent,

@@ -57,6 +57,31 @@ static __always_inline __u32 log2_u64(__u64 v)
 	return log2_u32(v);
 }
 
+// MAX_SLOTS is how many endpoints a probe with slot-indexed histograms can tell apart: user
+// space gives each watched endpoint a slot (an index into an array map), stable while it is
+// watched and reused for another endpoint only when every slot has been taken.
+#define MAX_SLOTS 1024
+
+// A watched endpoint's slot and the generation it was given in. User space bumps a slot's
+// generation (in the probe's gens array) whenever the slot stops meaning this endpoint, so a
+// connection that remembers an older one is no longer timed.
+struct slot {
+	__u32 idx;
+	__u32 gen;
+};
+
+// hist_observe adds one observation of ns nanoseconds to h, an element of an array map (no
+// hashing, no creation: the lookup that found it is inlined by the verifier).
+static __always_inline void hist_observe(struct hist *h, __u64 ns)
+{
+	__u32 slot = log2_u64(ns);
+	if (slot >= HIST_SLOTS)
+		slot = HIST_SLOTS - 1;
+	__sync_fetch_and_add(&h->count, 1);
+	__sync_fetch_and_add(&h->sum_ns, ns);
+	__sync_fetch_and_add(&h->slots[slot], 1);
+}
+
 // hist_add adds one observation of ns nanoseconds to the histogram at key in map, creating
 // it when missing.
 static __always_inline void hist_add(void *map, const void *key, __u64 ns)

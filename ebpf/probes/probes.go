@@ -15,6 +15,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 
@@ -89,37 +90,135 @@ func addrPort(addr uint32, port uint16) netip.AddrPort {
 
 // setTargets makes m (struct endpoint → u8) hold exactly eps.
 func setTargets(m *ebpf.Map, eps []netip.AddrPort) error {
-	want := map[tcpconnEndpoint]bool{}
+	want := map[tcpconnEndpoint]uint8{}
 	for _, ep := range eps {
-		k, err := endpointKey(ep)
-		if err != nil {
-			continue
+		if k, err := endpointKey(ep); err == nil {
+			want[k] = 1
 		}
-		want[k] = true
+	}
+	return syncMap(m, want)
+}
+
+// MaxSlots is how many endpoints a probe with slot-indexed histograms (first_byte) tells
+// apart at once: the kernel's MAX_SLOTS.
+const MaxSlots = 1024
+
+// slotTable gives each watched endpoint a slot, an index into a probe's array maps, so that
+// the kernel finds an endpoint's histogram by index rather than by hashing its address on
+// every observation. An endpoint keeps its slot while it is watched and after (its
+// histogram stays cumulative when it comes back); a slot goes to another endpoint only once
+// every slot has been used, the longest-unwatched first, and then gets a new generation, so
+// connections that remember the old endpoint's slot stop being timed into it. Not safe for
+// concurrent use.
+type slotTable struct {
+	of       map[netip.AddrPort]uint32 // endpoint → its slot
+	owner    []netip.AddrPort          // slot → endpoint; len is the number of slots ever used
+	gen      []uint32                  // slot → its generation (from 1)
+	live     map[netip.AddrPort]bool   // the endpoints watched now
+	released []uint32                  // slots of endpoints no longer watched, oldest first
+}
+
+// slotChange is a slot the kernel must learn about: its new generation, and whether its
+// histogram must be zeroed first (it held another endpoint's).
+type slotChange struct {
+	idx, gen uint32
+	zero     bool
+}
+
+// set makes eps (IPv4; others ignored) the watched endpoints. It returns the slots whose
+// generation changed, and an error when more than MaxSlots endpoints are watched at once
+// (the rest are not).
+func (t *slotTable) set(eps []netip.AddrPort) ([]slotChange, error) {
+	if t.of == nil {
+		t.of, t.live = map[netip.AddrPort]uint32{}, map[netip.AddrPort]bool{}
+	}
+	want := map[netip.AddrPort]bool{}
+	for _, ep := range eps {
+		if ep.Addr().Unmap().Is4() {
+			want[netip.AddrPortFrom(ep.Addr().Unmap(), ep.Port())] = true
+		}
+	}
+	for ep := range t.live {
+		if !want[ep] {
+			delete(t.live, ep)
+			t.released = append(t.released, t.of[ep])
+		}
 	}
 	var (
-		k    tcpconnEndpoint
-		v    uint8
-		drop []tcpconnEndpoint
+		changes []slotChange
+		full    int
+	)
+	for _, ep := range sortedAddrPorts(want) {
+		if t.live[ep] {
+			continue
+		}
+		if idx, ok := t.of[ep]; ok { // watched again: its slot is still its own
+			t.released = slices.DeleteFunc(t.released, func(i uint32) bool { return i == idx })
+			t.live[ep] = true
+			continue
+		}
+		var c slotChange
+		switch {
+		case len(t.owner) < MaxSlots:
+			c.idx = uint32(len(t.owner))
+			t.owner = append(t.owner, ep)
+			t.gen = append(t.gen, 0)
+		case len(t.released) > 0:
+			c.idx, c.zero = t.released[0], true
+			t.released = t.released[1:]
+			delete(t.of, t.owner[c.idx])
+			t.owner[c.idx] = ep
+		default:
+			full++
+			continue
+		}
+		t.gen[c.idx]++
+		c.gen = t.gen[c.idx]
+		t.of[ep] = c.idx
+		t.live[ep] = true
+		changes = append(changes, c)
+	}
+	if full > 0 {
+		return changes, fmt.Errorf("watching %d endpoints: at most %d at once; %d not watched", len(want), MaxSlots, full)
+	}
+	return changes, nil
+}
+
+// sortedAddrPorts returns m's keys in order (slots go to new endpoints deterministically).
+func sortedAddrPorts(m map[netip.AddrPort]bool) []netip.AddrPort {
+	out := make([]netip.AddrPort, 0, len(m))
+	for ap := range m {
+		out = append(out, ap)
+	}
+	slices.SortFunc(out, func(a, b netip.AddrPort) int { return a.Compare(b) })
+	return out
+}
+
+// syncMap makes m hold exactly want: it deletes the keys not in want and writes every value of
+// want.
+func syncMap[K comparable, V any](m *ebpf.Map, want map[K]V) error {
+	var (
+		k    K
+		v    V
+		drop []K
 	)
 	it := m.Iterate()
 	for it.Next(&k, &v) {
-		if !want[k] {
+		if _, ok := want[k]; !ok {
 			drop = append(drop, k)
 		}
-		delete(want, k)
 	}
 	if err := it.Err(); err != nil {
-		return fmt.Errorf("reading watched endpoints: %w", err)
+		return fmt.Errorf("reading %s: %w", m, err)
 	}
 	for _, k := range drop {
 		if err := m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return fmt.Errorf("unwatching %s: %w", addrPort(k.Addr, k.Port), err)
+			return fmt.Errorf("deleting from %s: %w", m, err)
 		}
 	}
-	for k := range want {
-		if err := m.Put(k, uint8(1)); err != nil {
-			return fmt.Errorf("watching %s: %w", addrPort(k.Addr, k.Port), err)
+	for k, v := range want {
+		if err := m.Put(k, v); err != nil {
+			return fmt.Errorf("writing %s: %w", m, err)
 		}
 	}
 	return nil

@@ -244,3 +244,149 @@ func TestRunQLat(t *testing.T) {
 		}
 	}
 }
+
+func TestRunQLatSlots(t *testing.T) {
+	needRoot(t)
+	p, err := AttachRunQLat()
+	if err != nil {
+		t.Fatalf("attach: %v", err)
+	}
+	defer p.Close()
+	pid, other := uint32(os.Getpid()), uint32(1<<22-1) // other: a process that never runs
+	if err := p.SetPIDs([]uint32{pid}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(20 * time.Millisecond) // this process's threads wake and run
+	if err := p.SetPIDs([]uint32{other, pid}); err != nil {
+		t.Fatal(err)
+	}
+	if p.slots[0] != pid || p.slots[1] != other {
+		t.Fatalf("slots %v: a watched process must keep its slot (0) and a new one take the next", p.slots[:2])
+	}
+	hs, err := p.Read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hs[pid] == nil || hs[pid].Count == 0 {
+		t.Fatalf("pid %d: no run-queue latency after a re-set that kept it: %v", pid, hs)
+	}
+	// pid leaves: its slot is zeroed, the other keeps slot 1, and the kernel still compares both.
+	if err := p.SetPIDs([]uint32{other}); err != nil {
+		t.Fatal(err)
+	}
+	var h Hist
+	if err := p.objs.Hists.Lookup(uint32(0), &h); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(20 * time.Millisecond)
+	if err := p.objs.Hists.Lookup(uint32(0), &h); err != nil || h.Count != 0 {
+		t.Fatalf("freed slot 0: %d observations (err %v), want 0: zeroed and no longer fed", h.Count, err)
+	}
+	var n uint32
+	if err := p.objs.Nslots.Get(&n); err != nil || n != 2 || p.slots[1] != other {
+		t.Fatalf("nslots %d slots %v (err %v), want 2 with %d in slot 1", n, p.slots[:2], err, other)
+	}
+	if err := p.SetPIDs(nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.objs.Nslots.Get(&n); err != nil || n != 0 {
+		t.Fatalf("nslots %d (err %v) with nothing watched", n, err)
+	}
+	many := make([]uint32, MaxPIDs+1)
+	for i := range many {
+		many[i] = uint32(i + 1)
+	}
+	if err := p.SetPIDs(many); err == nil {
+		t.Fatalf("%d processes accepted, at most %d", len(many), MaxPIDs)
+	}
+}
+
+// An endpoint unwatched and watched again keeps its slot: its histogram stays cumulative and
+// connections opened before are still timed.
+func TestFirstByteRewatch(t *testing.T) {
+	cg := needRoot(t)
+	addr := echoServer(t, 5*time.Millisecond)
+	other := echoServer(t, 0)
+	p, err := AttachFirstByte(cg)
+	if err != nil {
+		t.Fatalf("attach: %v", err)
+	}
+	defer p.Close()
+	if err := p.SetTargets([]netip.AddrPort{addr}); err != nil {
+		t.Fatal(err)
+	}
+	c := roundTrips(t, addr, 2)
+	defer c.Close()
+	if err := p.SetTargets([]netip.AddrPort{other}); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.SetTargets([]netip.AddrPort{addr, other}); err != nil {
+		t.Fatal(err)
+	}
+	r := bufio.NewReader(c)
+	for range 3 { // the connection opened before is timed on
+		if _, err := io.WriteString(c, "POST / again\n"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := r.ReadString('\n'); err != nil {
+			t.Fatal(err)
+		}
+	}
+	roundTrips(t, other, 1).Close()
+	hs, err := p.Read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hs[addr] == nil || hs[addr].Count != 5 {
+		t.Errorf("%s: %+v, want 5 observations (2 before, 3 after it was watched again)", addr, hs[addr])
+	}
+	if hs[other] == nil || hs[other].Count != 1 {
+		t.Errorf("%s: %+v, want 1 observation", other, hs[other])
+	}
+}
+
+func TestSlotTable(t *testing.T) {
+	ep := func(i int) netip.AddrPort {
+		return netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}), 8000)
+	}
+	var st slotTable
+	ch, err := st.set([]netip.AddrPort{ep(2), ep(1), netip.MustParseAddrPort("[::1]:80")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ch) != 2 || ch[0] != (slotChange{0, 1, false}) || ch[1] != (slotChange{1, 1, false}) || st.of[ep(1)] != 0 || st.of[ep(2)] != 1 {
+		t.Fatalf("first set: changes %+v slots %v; want slots 0 and 1 in address order, generation 1, IPv6 ignored", ch, st.of)
+	}
+	// ep(1) leaves and comes back: same slot, no change for the kernel.
+	if ch, err = st.set([]netip.AddrPort{ep(2)}); err != nil || len(ch) != 0 || st.live[ep(1)] {
+		t.Fatalf("unwatch: %+v %v live %v", ch, err, st.live)
+	}
+	if ch, err = st.set([]netip.AddrPort{ep(1), ep(2)}); err != nil || len(ch) != 0 || st.of[ep(1)] != 0 || len(st.released) != 0 {
+		t.Fatalf("rewatch: %+v %v of %v released %v", ch, err, st.of, st.released)
+	}
+	// Fill every slot, then replace ep(1): the released slot 0 goes to the newcomer, zeroed,
+	// in a new generation.
+	all := []netip.AddrPort{}
+	for i := 1; i <= MaxSlots; i++ {
+		all = append(all, ep(i))
+	}
+	if ch, err = st.set(all); err != nil || len(ch) != MaxSlots-2 {
+		t.Fatalf("fill: %d changes, %v", len(ch), err)
+	}
+	if ch, err = st.set(append(all[1:], ep(MaxSlots+1))); err != nil {
+		t.Fatal(err)
+	}
+	if len(ch) != 1 || ch[0] != (slotChange{0, 2, true}) || st.owner[0] != ep(MaxSlots+1) {
+		t.Fatalf("recycle: %+v owner %v", ch, st.owner[0])
+	}
+	if _, ok := st.of[ep(1)]; ok {
+		t.Fatal("the endpoint that lost its slot still maps to it")
+	}
+	// One more than fits: an error, and the others stay watched.
+	if _, err = st.set(append(all, ep(MaxSlots+1))); err == nil {
+		t.Fatalf("%d endpoints accepted, at most %d", MaxSlots+1, MaxSlots)
+	}
+	if len(st.live) != MaxSlots {
+		t.Fatalf("%d watched after an overflow, want %d", len(st.live), MaxSlots)
+	}
+}

@@ -13,24 +13,26 @@
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
-// watched_tgids: the processes to watch, packed at the front (user space writes them so; the
-// first 0 ends the list). An array compared inline rather than a map lookup: sched_switch runs
-// on every context switch of the machine, and most of them are of other processes, which
-// leave after as many compares as there are watched processes (one under kvrelay up).
+// watched_tgids: the processes to watch, one per slot (0: a free slot); a process keeps its
+// slot while it is watched, and the slot indexes its histogram. An array compared inline
+// rather than a map lookup: sched_switch runs on every context switch of the machine, and
+// most of them are of other processes, which leave after nslots compares (user space keeps
+// nslots at the highest slot in use plus one: one under kvrelay up).
 #define MAX_PIDS 16
 volatile __u32 watched_tgids[MAX_PIDS];
+volatile __u32 nslots;
 
-static __always_inline int watched(__u32 tgid)
+// slot_of returns the slot of a watched process plus one, 0 for any other.
+static __always_inline __u32 slot_of(__u32 tgid)
 {
 	if (!tgid)
 		return 0;
 #pragma unroll
 	for (int i = 0; i < MAX_PIDS; i++) {
-		__u32 w = watched_tgids[i];
-		if (w == tgid)
-			return 1;
-		if (!w)
+		if (i >= nslots)
 			return 0;
+		if (watched_tgids[i] == tgid)
+			return i + 1;
 	}
 	return 0;
 }
@@ -46,10 +48,11 @@ struct {
 	__type(value, __u64);
 } queued SEC(".maps");
 
-// hists: tgid -> run-queue latency histogram.
+// hists: slot -> run-queue latency histogram of the process in that slot (user space zeroes
+// it before giving the slot to another process).
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 1024);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MAX_PIDS);
 	__type(key, __u32);
 	__type(value, struct hist);
 } hists SEC(".maps");
@@ -60,7 +63,7 @@ struct {
 // the other processes' threads (most of the machine's context switches).
 static __always_inline void enqueue(struct task_struct *p)
 {
-	if (!watched(p->tgid))
+	if (!slot_of(p->tgid))
 		return;
 	__u64 *ts = bpf_task_storage_get(&queued, p, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
 	if (ts)
@@ -88,8 +91,8 @@ int BPF_PROG(kvrelay_switch, bool preempt, struct task_struct *prev, struct task
 	if (prev->__state == TASK_RUNNING)
 		enqueue(prev);
 
-	__u32 tgid = next->tgid;
-	if (!watched(tgid))
+	__u32 slot = slot_of(next->tgid);
+	if (!slot)
 		return 0;
 	__u64 *ts = bpf_task_storage_get(&queued, next, 0, 0);
 	if (!ts)
@@ -98,6 +101,9 @@ int BPF_PROG(kvrelay_switch, bool preempt, struct task_struct *prev, struct task
 	if (!then)
 		return 0;
 	*ts = 0;
-	hist_add(&hists, &tgid, bpf_ktime_get_ns() - then);
+	slot--;
+	struct hist *h = bpf_map_lookup_elem(&hists, &slot);
+	if (h)
+		hist_observe(h, bpf_ktime_get_ns() - then);
 	return 0;
 }

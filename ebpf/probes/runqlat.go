@@ -2,6 +2,9 @@ package probes
 
 import (
 	"fmt"
+	"maps"
+	"slices"
+	"sync"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -12,6 +15,9 @@ import (
 type RunQLat struct {
 	objs  runqlatObjects
 	links []link.Link
+
+	mu    sync.Mutex
+	slots [MaxPIDs]uint32 // slot → the process it watches (0: free)
 }
 
 // AttachRunQLat loads runqlat and attaches its three tracing programs.
@@ -39,41 +45,92 @@ func AttachRunQLat() (*RunQLat, error) {
 const MaxPIDs = 16
 
 // SetPIDs makes the probe watch exactly the processes (thread group ids) in pids, at most
-// MaxPIDs (zeros are skipped).
+// MaxPIDs (zeros are skipped). A process keeps its slot, and so its histogram, while it is
+// watched; a freed slot's histogram is zeroed before another process gets it.
 func (p *RunQLat) SetPIDs(pids []uint32) error {
-	// Packed at the front: the program stops at the first empty slot.
-	var slots [MaxPIDs]uint32
-	n := 0
+	want := map[uint32]bool{}
 	for _, pid := range pids {
-		if pid == 0 {
-			continue
+		if pid != 0 {
+			want[pid] = true
 		}
-		if n == MaxPIDs {
-			return fmt.Errorf("watching %d processes: at most %d", len(pids), MaxPIDs)
+	}
+	if len(want) > MaxPIDs {
+		return fmt.Errorf("watching %d processes: at most %d", len(want), MaxPIDs)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	slots := p.slots
+	var freed []int
+	for i, pid := range slots {
+		if pid != 0 && !want[pid] {
+			slots[i] = 0
+			freed = append(freed, i)
 		}
-		slots[n] = pid
-		n++
+		delete(want, pid)
+	}
+	// The departed leave first, so that no histogram is zeroed while its process still counts.
+	if err := p.write(slots); err != nil {
+		return err
+	}
+	for _, i := range freed {
+		if err := p.objs.Hists.Put(uint32(i), &Hist{}); err != nil {
+			return fmt.Errorf("clearing run-queue slot %d: %w", i, err)
+		}
+	}
+	news := slices.Sorted(maps.Keys(want))
+	for i := range slots {
+		if slots[i] == 0 && len(news) > 0 {
+			slots[i], news = news[0], news[1:]
+		}
+	}
+	return p.write(slots)
+}
+
+// write stores slots in the kernel and remembers them.
+func (p *RunQLat) write(slots [MaxPIDs]uint32) error {
+	n := used(slots)
+	// A growing range is published after the slots it covers, a shrinking one before.
+	if n < used(p.slots) {
+		if err := p.objs.Nslots.Set(n); err != nil {
+			return fmt.Errorf("watching pids: %w", err)
+		}
 	}
 	if err := p.objs.WatchedTgids.Set(slots); err != nil {
-		return fmt.Errorf("watching pids %v: %w", pids, err)
+		return fmt.Errorf("watching pids %v: %w", slots, err)
 	}
+	if err := p.objs.Nslots.Set(n); err != nil {
+		return fmt.Errorf("watching pids: %w", err)
+	}
+	p.slots = slots
 	return nil
 }
 
-// Read returns the run-queue latency histogram per watched process since attach.
-func (p *RunQLat) Read() (map[uint32]*Hist, error) {
-	out := map[uint32]*Hist{}
-	var (
-		k uint32
-		v Hist
-	)
-	it := p.objs.Hists.Iterate()
-	for it.Next(&k, &v) {
-		h := v
-		out[k] = &h
+// used is how many slots the kernel compares: up to the last one in use.
+func used(slots [MaxPIDs]uint32) uint32 {
+	n := uint32(0)
+	for i, pid := range slots {
+		if pid != 0 {
+			n = uint32(i) + 1
+		}
 	}
-	if err := it.Err(); err != nil {
-		return nil, fmt.Errorf("reading runqlat histograms: %w", err)
+	return n
+}
+
+// Read returns the run-queue latency histogram per watched process since it was first watched.
+func (p *RunQLat) Read() (map[uint32]*Hist, error) {
+	p.mu.Lock()
+	slots := p.slots
+	p.mu.Unlock()
+	out := map[uint32]*Hist{}
+	for i, pid := range slots {
+		if pid == 0 {
+			continue
+		}
+		h := &Hist{}
+		if err := p.objs.Hists.Lookup(uint32(i), h); err != nil {
+			return nil, fmt.Errorf("reading run-queue histogram of pid %d: %w", pid, err)
+		}
+		out[pid] = h
 	}
 	return out, nil
 }

@@ -29,6 +29,7 @@ const (
 	runqlatProgKvrelaySwitch    = "kvrelay_switch"
 	runqlatProgKvrelayWakeup    = "kvrelay_wakeup"
 	runqlatProgKvrelayWakeupNew = "kvrelay_wakeup_new"
+	runqlatVarNslots            = "nslots"
 	runqlatVarWatchedTgids      = "watched_tgids"
 )
 
@@ -91,6 +92,7 @@ type runqlatMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type runqlatVariableSpecs struct {
+	Nslots       *ebpf.VariableSpec `ebpf:"nslots"`
 	WatchedTgids *ebpf.VariableSpec `ebpf:"watched_tgids"`
 }
 
@@ -129,6 +131,7 @@ func (m *runqlatMaps) Close() error {
 //
 // It can be passed to loadRunqlatObjects or ebpf.CollectionSpec.LoadAndAssign.
 type runqlatVariables struct {
+	Nslots       *ebpf.Variable `ebpf:"nslots"`
 	WatchedTgids *ebpf.Variable `ebpf:"watched_tgids"`
 }
 
