@@ -46,6 +46,7 @@ type cluster struct {
 	cp      *controlplane.Server
 	xds     string
 	proxies []*proxy.Server
+	warmed  map[int]map[int]bool // worker index → the families warmed on it
 }
 
 func startWorkers(t *testing.T, n int, roles ...sim.Role) []*sim.Worker {
@@ -195,15 +196,17 @@ func family(f int) string {
 }
 
 // waitBlocks waits until the control plane's index holds at least n blocks and has stopped
-// growing, and every proxy's replica holds as many.
+// growing, every worker holds at least 150 blocks per family warmed on it, and every proxy's
+// replica holds as many.
 func (c *cluster) waitBlocks(n int) {
 	c.t.Helper()
 	deadline := time.Now().Add(15 * time.Second)
-	// At least n blocks, and no change for 300 ms: on a loaded machine one worker's events
-	// can lag the others' by more than one poll.
+	// At least n blocks, each warmed worker's share, and no change for 300 ms: on a loaded
+	// machine one worker's events can lag the others' by more than one poll, and the total
+	// alone can be reached before the slowest worker's blocks arrive.
 	for last, stable := -1, 0; ; {
 		l := c.cp.Index().Len()
-		if l >= n && l == last {
+		if l >= n && l == last && c.warmedIndexed() {
 			stable++
 		} else {
 			stable = 0
@@ -229,10 +232,33 @@ func (c *cluster) waitBlocks(n int) {
 }
 
 // warm sends each family's prompt straight to worker f % len(workers), bypassing proxies.
+// warmedIndexed says whether the control plane's index holds at least 150 blocks (a
+// family's prompt is about 180) for every family warmed on each worker.
+func (c *cluster) warmedIndexed() bool {
+	for i, fams := range c.warmed {
+		held := 0
+		for _, n := range c.cp.Index().Blocks(c.specs[i].ID) {
+			held += n
+		}
+		if held < 150*len(fams) {
+			return false
+		}
+	}
+	return true
+}
+
 func (c *cluster) warm(families int) {
 	c.t.Helper()
+	if c.warmed == nil {
+		c.warmed = map[int]map[int]bool{}
+	}
 	for f := range families {
-		w := c.workers[f%len(c.workers)]
+		i := f % len(c.workers)
+		if c.warmed[i] == nil {
+			c.warmed[i] = map[int]bool{}
+		}
+		c.warmed[i][f] = true
+		w := c.workers[i]
 		if r := chat(c.t, w.URL(), family(f), "warm"); r.status != 200 {
 			c.t.Fatalf("warming family %d: %d %s", f, r.status, r.body)
 		}
