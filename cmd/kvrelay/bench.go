@@ -97,6 +97,7 @@ func newBenchRunCmd() *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&target, "target", "http://127.0.0.1:8080/v1", "the endpoint's OpenAI base URL")
+	cmd.Flags().IntVar(&f.opts.CacheBlocks, "cache-blocks", 0, "the endpoint's KV cache in blocks across all its engines, when known: also report the hit rate one LRU cache of that size would reach (the bound for routing)")
 	f.register(cmd.Flags())
 	return cmd
 }

@@ -120,6 +120,17 @@ func TestTableRatios(t *testing.T) {
 			t.Errorf("table lacks %q:\n%s", want, tab)
 		}
 	}
+	if strings.Contains(tab, "LRU bound") {
+		t.Errorf("LRU bound rows without a cache size:\n%s", tab)
+	}
+	a.Summary.CacheBlocks, a.Summary.LRUHitRate = 4096, 0.85
+	b.Summary.CacheBlocks, b.Summary.LRUHitRate = 4096, 0.85
+	tab = Table([]*Result{a, b})
+	for _, want := range []string{"| LRU bound hit rate | 85.0% | 85.0% | 1.00 |", "| hit rate / LRU bound | 94.1% | 47.1% | 0.50 |"} {
+		if !strings.Contains(tab, want) {
+			t.Errorf("table lacks %q:\n%s", want, tab)
+		}
+	}
 }
 
 // TestShortCompare runs bench compare end to end at high speedup: two policies, a fresh
@@ -145,7 +156,8 @@ func TestShortCompare(t *testing.T) {
 	}
 	for _, r := range rs {
 		s := r.Summary
-		if s.OK != 24 || s.HitRate <= 0 || s.IdealHitRate < s.HitRate || len(s.Workers) == 0 {
+		if s.OK != 24 || s.HitRate <= 0 || s.IdealHitRate < s.HitRate || len(s.Workers) == 0 ||
+			s.CacheBlocks != 2*2048 || s.LRUHitRate <= 0 || s.LRUHitRate > s.IdealHitRate {
 			t.Fatalf("%s: %+v", r.Label, s)
 		}
 	}

@@ -39,7 +39,8 @@ func Measure(ctx context.Context, label string, opts Options, w *workload.Worklo
 	if model == "" {
 		model, _ = firstModel(ctx, opts.Target)
 	}
-	res.Summary.IdealHitRate = IdealHitRate(recs, tokenizer.CodecForModel(model), blockSize)
+	res.Summary.IdealHitRate, res.Summary.LRUHitRate = HitBounds(recs, tokenizer.CodecForModel(model), blockSize, opts.CacheBlocks)
+	res.Summary.CacheBlocks = opts.CacheBlocks
 	return res, nil
 }
 
@@ -131,6 +132,9 @@ func Compare(ctx context.Context, co CompareOptions, tok workload.Tokenizer) ([]
 		opts.Target = cl.Target()
 		opts.TimeScale = cc.Speedup // report in the engines' own time
 		opts.Model = cc.Model
+		if both, prefill, decode, err := cc.Pools(); err == nil && cc.NumGPUBlocks > 0 {
+			opts.CacheBlocks = (both + prefill + decode) * cc.NumGPUBlocks
+		}
 		if co.Progress != nil {
 			opts.Progress = NewProgress(co.Progress, fmt.Sprintf("%-*s", max(width, 13), run.label), expected(w, opts))
 		}

@@ -80,6 +80,17 @@ func Table(rs []*Result) string {
 			return s.HitRate / s.IdealHitRate
 		}, pct},
 	}
+	if rs[0].Summary.CacheBlocks > 0 {
+		rows = append(rows, []row{
+			{"LRU bound hit rate", func(s *Summary) float64 { return s.LRUHitRate }, pct},
+			{"hit rate / LRU bound", func(s *Summary) float64 {
+				if s.LRUHitRate == 0 {
+					return 0
+				}
+				return s.HitRate / s.LRUHitRate
+			}, pct},
+		}...)
+	}
 	for _, r := range rows {
 		fmt.Fprintf(&b, "| %s |", r.name)
 		base := r.value(&rs[0].Summary)

@@ -48,6 +48,10 @@ type Options struct {
 	RequestTimeout time.Duration
 	// Progress, when set, receives progress reports while the run goes.
 	Progress *Progress
+	// CacheBlocks, when > 0, is the endpoint's KV cache in blocks across all its engines: the
+	// summary then also reports the hit rate one LRU cache of that size would reach
+	// (Summary.LRUHitRate), the bound for routing with that much memory.
+	CacheBlocks int
 }
 
 func (o *Options) defaults() {

@@ -74,9 +74,13 @@ type Summary struct {
 	GoodputPerSec float64 `json:"goodput_per_s"`
 	GoodputShare  float64 `json:"goodput_share"`
 	// HitRate is Σ cached_tokens / Σ prompt_tokens as the engines reported them;
-	// IdealHitRate what an unbounded prefix cache would have reached on the same stream.
+	// IdealHitRate what an unbounded prefix cache would have reached on the same stream;
+	// LRUHitRate, when CacheBlocks (the endpoint's KV cache in blocks, Options.CacheBlocks)
+	// is known, what one LRU cache of that size shared by all engines would have reached.
 	HitRate      float64 `json:"hit_rate"`
 	IdealHitRate float64 `json:"ideal_hit_rate"`
+	LRUHitRate   float64 `json:"lru_hit_rate,omitempty"`
+	CacheBlocks  int     `json:"cache_blocks,omitempty"`
 	// Workers counts requests per worker (x-kvrelay-worker); Share the same per time window.
 	Workers map[string]int `json:"workers,omitempty"`
 	Share   []Window       `json:"share,omitempty"`
@@ -194,12 +198,22 @@ func shareOverTime(recs []*Record, wall time.Duration) []Window {
 }
 
 // IdealHitRate replays the run's prompts and answers, in send order, through an unbounded
-// prefix cache of blockSize-token blocks: the hit rate a perfect router with infinite cache
-// would have got. Prompts are rendered and tokenized with codec, as the engines do.
+// shared prefix cache (workload.Ideal) and returns its hit rate.
 func IdealHitRate(recs []*Record, codec *tokenizer.Codec, blockSize int) float64 {
+	ideal, _ := HitBounds(recs, codec, blockSize, 0)
+	return ideal
+}
+
+// HitBounds replays the run's successful prompts and answers, in send order, through an
+// unbounded shared prefix cache and, when cacheBlocks > 0, through one LRU cache of
+// cacheBlocks blocks (workload.NewLRU), and returns both hit rates (lru is 0 without a size).
+func HitBounds(recs []*Record, codec *tokenizer.Codec, blockSize, cacheBlocks int) (ideal, lru float64) {
 	sorted := slices.Clone(recs)
 	sort.Slice(sorted, func(i, j int) bool { return sorted[i].Seq < sorted[j].Seq })
-	ideal := workload.NewIdeal(blockSize)
+	caches := []*workload.Ideal{workload.NewIdeal(blockSize)}
+	if cacheBlocks > 0 {
+		caches = append(caches, workload.NewLRU(blockSize, cacheBlocks))
+	}
 	for _, r := range sorted {
 		if r.req == nil || !r.OK() {
 			continue
@@ -214,9 +228,16 @@ func IdealHitRate(recs []*Record, codec *tokenizer.Codec, blockSize int) float64
 		} else {
 			prompt = codec.EncodePrompt(r.req.Prompt)
 		}
-		ideal.Add(prompt, codec.Tokenizer.Encode(r.answer))
+		answer := codec.Tokenizer.Encode(r.answer)
+		for _, c := range caches {
+			c.Add(prompt, answer)
+		}
 	}
-	return ideal.HitRate()
+	ideal = caches[0].HitRate()
+	if len(caches) > 1 {
+		lru = caches[1].HitRate()
+	}
+	return ideal, lru
 }
 
 // chatMessages converts workload messages for the chat template.

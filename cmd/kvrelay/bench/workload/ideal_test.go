@@ -144,3 +144,43 @@ func BenchmarkIdeal(b *testing.B) {
 		IdealHitRate(prompts, 16)
 	}
 }
+
+// A bounded cache forgets a sequence from its tail: the prefix of an evicted request still
+// hits, and what an unbounded cache keeps, an LRU as large as the stream keeps too.
+func TestIdealLRU(t *testing.T) {
+	p1, p2 := seq(1, 10), seq(100, 109) // 2 full blocks of 4 and a partial one each
+	x := NewLRU(4, 3)
+	steps := []struct {
+		prompt []uint32
+		want   int
+	}{
+		{p1, 0},
+		{p1, 8}, // both full blocks
+		{p2, 0}, // its 2 blocks push p1's second block out (capacity 3), not its first
+		{p1, 4}, // the first block still hits
+	}
+	for i, s := range steps {
+		if got := x.Add(s.prompt, nil); got != s.want {
+			t.Fatalf("step %d: %d tokens hit, want %d", i, got, s.want)
+		}
+	}
+	// An answer's blocks count too, and evict like the prompt's.
+	y := NewLRU(4, 2)
+	y.Add(seq(1, 5), seq(5, 10)) // prompt 1 block + answer: the sequence 1..8 is 2 blocks
+	if got := y.Add(seq(1, 10), nil); got != 8 {
+		t.Fatalf("after an answer: %d tokens hit, want 8", got)
+	}
+
+	big, unbounded := NewLRU(16, 1<<20), NewIdeal(16)
+	for i := range 200 {
+		lo := uint32(1000 * (i%7 + 1))
+		p := cat(seq(0, 64), seq(lo, lo+uint32(16*(i%5)+9)))
+		a, b := big.Add(p, nil), unbounded.Add(p, nil)
+		if a != b {
+			t.Fatalf("request %d: a large LRU hit %d tokens, the unbounded cache %d", i, a, b)
+		}
+	}
+	if big.HitRate() != unbounded.HitRate() || big.HitRate() == 0 {
+		t.Fatalf("hit rates %v (LRU) and %v (unbounded)", big.HitRate(), unbounded.HitRate())
+	}
+}
