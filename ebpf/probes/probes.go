@@ -194,18 +194,23 @@ func sortedAddrPorts(m map[netip.AddrPort]bool) []netip.AddrPort {
 	return out
 }
 
-// syncMap makes m hold exactly want: it deletes the keys not in want and writes every value of
-// want.
-func syncMap[K comparable, V any](m *ebpf.Map, want map[K]V) error {
+// syncMap makes m hold exactly want: it deletes the keys not in want and writes the values of
+// want that m lacks or holds otherwise.
+func syncMap[K, V comparable](m *ebpf.Map, want map[K]V) error {
 	var (
 		k    K
 		v    V
 		drop []K
 	)
+	same := map[K]bool{}
 	it := m.Iterate()
 	for it.Next(&k, &v) {
-		if _, ok := want[k]; !ok {
+		w, ok := want[k]
+		switch {
+		case !ok:
 			drop = append(drop, k)
+		case w == v:
+			same[k] = true
 		}
 	}
 	if err := it.Err(); err != nil {
@@ -217,6 +222,9 @@ func syncMap[K comparable, V any](m *ebpf.Map, want map[K]V) error {
 		}
 	}
 	for k, v := range want {
+		if same[k] {
+			continue
+		}
 		if err := m.Put(k, v); err != nil {
 			return fmt.Errorf("writing %s: %w", m, err)
 		}

@@ -390,3 +390,51 @@ func TestSlotTable(t *testing.T) {
 		t.Fatalf("%d watched after an overflow, want %d", len(st.live), MaxSlots)
 	}
 }
+
+// A slot given to another endpoint starts from zero, and a connection that remembers the old
+// endpoint's slot is no longer timed into it.
+func TestFirstByteSlotReuse(t *testing.T) {
+	cg := needRoot(t)
+	addr := echoServer(t, time.Millisecond)
+	p, err := AttachFirstByte(cg)
+	if err != nil {
+		t.Fatalf("attach: %v", err)
+	}
+	defer p.Close()
+	if err := p.SetTargets([]netip.AddrPort{addr}); err != nil {
+		t.Fatal(err)
+	}
+	c := roundTrips(t, addr, 2)
+	defer c.Close()
+	// MaxSlots other endpoints: MaxSlots-1 fresh slots, then addr's slot, reused.
+	others := make([]netip.AddrPort, MaxSlots)
+	for i := range others {
+		others[i] = netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 9, byte(i >> 8), byte(i)}), 7000)
+	}
+	if err := p.SetTargets(others); err != nil {
+		t.Fatal(err)
+	}
+	newcomer := p.slots.owner[0]
+	if newcomer == addr || p.slots.gen[0] != 2 {
+		t.Fatalf("slot 0: owner %s generation %d, want another endpoint in generation 2", newcomer, p.slots.gen[0])
+	}
+	r := bufio.NewReader(c)
+	for range 2 { // addr's connection remembers slot 0 in generation 1
+		if _, err := io.WriteString(c, "POST / again\n"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := r.ReadString('\n'); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hs, err := p.Read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h := hs[newcomer]; h == nil || h.Count != 0 {
+		t.Fatalf("reused slot of %s: %+v, want 0 observations (zeroed, and the old connection not timed)", newcomer, h)
+	}
+	if _, ok := hs[addr]; ok {
+		t.Fatalf("%s still read after its slot went to another endpoint", addr)
+	}
+}
