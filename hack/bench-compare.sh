@@ -22,7 +22,11 @@
 # the simulated engines short of CPU often enough that the same kv run measured a TTFT p50
 # anywhere from 0.44 s to 1.06 s; at 1 three runs fell within 0.34-0.38 s.
 # OVERLAP_WEIGHT, QUEUE_WEIGHT and CACHE_THRESHOLD override the kv policy's defaults.
-# The agentic workload is closed-loop: SESSIONS sets its load.
+# The agentic workload is closed-loop: SESSIONS sets its load. From about 2048 sessions the kv
+# run's KV-event index and its replication to the proxy (some 800k blocks in the first second)
+# starve the in-process engines of a 2-core machine: there kv measured a TTFT p50 of 2.7 s
+# against round-robin's 0.95 s at ENGINE_SPEEDUP=1, and 0.77 s against 0.66 s at
+# ENGINE_SPEEDUP=0.5 (same LOAD). Run heavy agentic loads at ENGINE_SPEEDUP=0.5 or below.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench-results}
