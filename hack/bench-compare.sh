@@ -12,10 +12,10 @@
 # H200 serving gpt-oss-120b). With 8 workers of 65536 blocks, LOAD=6 loads round-robin to
 # roughly 80% of what it sustains on the Mooncake trace by our reading (TTFT p50
 # ~0.8 s and ITL mean ~60 ms in the engines' own time, 28% of requests within the SLO);
-# LOAD=2-3 leaves it lightly loaded. The tables' "LRU bound" is the hit rate one LRU cache of the
+# LOAD=2-3 leaves it lightly loaded. The tables' "shared-LRU" rate is what one LRU cache of the
 # whole cluster's blocks would reach: with 8 × 65536 blocks it is 86% of the unbounded ideal on
-# this trace (no router reaches 90% of ideal there); BLOCKS=131072 holds the trace's working
-# set (the bound equals the ideal) and, at LOAD=7, loads round-robin about as LOAD=6 does at
+# this trace (kv reaches 98% of it; 90% of ideal would take routing that beats one shared LRU);
+# BLOCKS=131072 holds the trace's working set (shared-LRU equals the ideal) and, at LOAD=7, loads round-robin about as LOAD=6 does at
 # 65536. ENGINE_SPEEDUP compresses the engines' step times and the
 # run's wall time; bench compare reports times multiplied back by it. It defaults to 1: the
 # whole cluster runs in one process, and on a 2-core machine the doubled token rate of 2 left

@@ -97,7 +97,7 @@ func newBenchRunCmd() *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&target, "target", "http://127.0.0.1:8080/v1", "the endpoint's OpenAI base URL")
-	cmd.Flags().IntVar(&f.opts.CacheBlocks, "cache-blocks", 0, "the endpoint's KV cache in blocks across all its engines, when known: also report the hit rate one LRU cache of that size would reach (the bound for routing)")
+	cmd.Flags().IntVar(&f.opts.CacheBlocks, "cache-blocks", 0, "the endpoint's KV cache across all its engines, in blocks of --block-size tokens, when known: also report the hit rate one shared LRU cache of that size would reach (a reference for routing)")
 	f.register(cmd.Flags())
 	return cmd
 }

@@ -13,9 +13,11 @@
 // not watched leaves after one inlined array lookup; a connection's stamp lives in its socket's
 // local storage (BPF_MAP_TYPE_SK_STORAGE), created by its first request and written and
 // cleared in place afterwards, together with its endpoint's slot, an index into array maps:
-// a request costs two pointer walks from the socket, three inlined array lookups and a few
-// stores and atomic adds; no hashing, no map update or delete. The watched-endpoint check (a
-// hash lookup) runs only on a connection's first request.
+// a request costs two pointer walks from the socket, five inlined array lookups (the port
+// check on either side, the slot's generation on either side, the histogram) and a few stores
+// and atomic adds; no hashing, no map update or delete. The watched-endpoint check (a hash
+// lookup) runs only on a connection's first request, and again if its slot has gone to
+// another endpoint since.
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
@@ -122,6 +124,15 @@ static __always_inline int port_watched(__u16 port)
 	return ps && ((ps->bits[(port >> 6) & 1023] >> (port & 63)) & 1);
 }
 
+// slot_current says whether a remembered slot still belongs to the endpoint it was given for:
+// its generation is the slot's current one.
+static __always_inline int slot_current(const struct slot *s)
+{
+	__u32 idx = s->idx;
+	__u32 *gen = bpf_map_lookup_elem(&gens, &idx);
+	return gen && *gen == s->gen;
+}
+
 static __always_inline struct bpf_sock *full_sk(struct __sk_buff *skb)
 {
 	struct bpf_sock *sk = skb->sk;
@@ -130,8 +141,8 @@ static __always_inline struct bpf_sock *full_sk(struct __sk_buff *skb)
 	return bpf_sk_fullsock(sk);
 }
 
-// The egress program looks for the socket's stamp first: a connection already timed needs no
-// port check. Other packets leave at the port check unless their destination port is watched.
+// Egress: a packet leaves at the port check unless its destination port is watched; then the
+// socket's stamp is looked up, and created on a POST to a watched endpoint.
 SEC("cgroup_skb/egress")
 int kvrelay_fb_egress(struct __sk_buff *skb)
 {
@@ -150,13 +161,16 @@ int kvrelay_fb_egress(struct __sk_buff *skb)
 	char m[4] = {};
 	if (p.payload >= 4 && bpf_skb_load_bytes(skb, p.off, m, 4) == 0) {
 		if (m[0] == 'P' && m[1] == 'O' && m[2] == 'S' && m[3] == 'T') {
-			if (!st) {
+			if (!st || !slot_current(&st->slot)) {
+				// First request of the connection, or its endpoint's slot went to another
+				// endpoint since (and the endpoint may be watched again, in another slot).
 				struct endpoint ep = { .addr = p.daddr, .port = p.dport };
 				struct slot *s = bpf_map_lookup_elem(&targets, &ep);
 				if (!s)
 					return 1;
 				struct slot at = *s;
-				st = bpf_sk_storage_get(&sent, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+				if (!st)
+					st = bpf_sk_storage_get(&sent, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
 				if (!st)
 					return 1;
 				st->slot = at;
@@ -176,9 +190,9 @@ int kvrelay_fb_egress(struct __sk_buff *skb)
 	return 1;
 }
 
-// The stamp exists only on connections to watched endpoints (egress checked), so ingress
-// looks for it first and leaves at once on every other socket (no port check, no parsing);
-// beyond that it checks only the slot's generation.
+// Ingress: a packet leaves at the port check unless its source port is watched, then unless
+// its socket holds a stamp (created by egress, for watched endpoints only) of a request in
+// flight; the payload check comes last, and the slot's generation before recording.
 SEC("cgroup_skb/ingress")
 int kvrelay_fb_ingress(struct __sk_buff *skb)
 {
@@ -196,10 +210,9 @@ int kvrelay_fb_ingress(struct __sk_buff *skb)
 		return 1;
 	st->ts = 0;
 	__u64 delta = bpf_ktime_get_ns() - then;
-	__u32 idx = st->slot.idx;
-	__u32 *gen = bpf_map_lookup_elem(&gens, &idx);
-	if (!gen || *gen != st->slot.gen)
+	if (!slot_current(&st->slot))
 		return 1;
+	__u32 idx = st->slot.idx;
 	struct hist *h = bpf_map_lookup_elem(&hists, &idx);
 	if (h)
 		hist_observe(h, delta);

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"slices"
 	"sync"
 
 	"github.com/cilium/ebpf"
@@ -20,6 +19,10 @@ type FirstByte struct {
 
 	mu    sync.Mutex
 	slots slotTable
+	// After a failed write to the kernel, every slot's generation is written again next time,
+	// and the slots still to be zeroed are remembered.
+	stale   bool
+	toClear map[uint32]bool
 }
 
 // AttachFirstByte loads firstbyte and attaches it to the cgroup v2 at cgroupPath.
@@ -47,17 +50,36 @@ func (p *FirstByte) SetTargets(eps []netip.AddrPort) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	changes, serr := p.slots.set(eps)
-	// A slot's histogram is zeroed and its generation written before any target names it.
+	if p.toClear == nil {
+		p.toClear = map[uint32]bool{}
+	}
 	for _, c := range changes {
 		if c.zero {
-			if err := p.objs.Hists.Put(c.idx, &Hist{}); err != nil {
-				return fmt.Errorf("clearing first-byte slot %d: %w", c.idx, err)
-			}
+			p.toClear[c.idx] = true
 		}
+	}
+	if p.stale {
+		changes = make([]slotChange, 0, len(p.slots.gen))
+		for idx, gen := range p.slots.gen {
+			changes = append(changes, slotChange{idx: uint32(idx), gen: gen})
+		}
+	}
+	// A slot's new generation is written first, so that connections remembering the old one
+	// stop counting into it, then its histogram is zeroed, and only then does a target name
+	// it. (A program already past the generation check may still add one observation.)
+	p.stale = true
+	for _, c := range changes {
 		if err := p.objs.Gens.Put(c.idx, c.gen); err != nil {
 			return fmt.Errorf("writing first-byte slot %d: %w", c.idx, err)
 		}
+		if p.toClear[c.idx] {
+			if err := p.objs.Hists.Put(c.idx, &Hist{}); err != nil {
+				return fmt.Errorf("clearing first-byte slot %d: %w", c.idx, err)
+			}
+			delete(p.toClear, c.idx)
+		}
 	}
+	p.stale = false
 	var ports [1024]uint64
 	want := map[firstbyteEndpoint]firstbyteSlot{}
 	for ep := range p.slots.live {
@@ -81,12 +103,12 @@ func (p *FirstByte) SetTargets(eps []netip.AddrPort) error {
 // Read returns the first-byte histogram per endpoint since it was first watched (endpoints
 // no longer watched included, until their slot goes to another).
 func (p *FirstByte) Read() (map[netip.AddrPort]*Hist, error) {
+	// Held throughout, so that no slot changes hands between naming its owner and reading it.
 	p.mu.Lock()
-	owners := slices.Clone(p.slots.owner)
-	p.mu.Unlock()
-	out := make(map[netip.AddrPort]*Hist, len(owners))
+	defer p.mu.Unlock()
+	out := make(map[netip.AddrPort]*Hist, len(p.slots.owner))
 	var errs []error
-	for idx, ap := range owners {
+	for idx, ap := range p.slots.owner {
 		h := &Hist{}
 		if err := p.objs.Hists.Lookup(uint32(idx), h); err != nil {
 			errs = append(errs, err)

@@ -138,7 +138,7 @@ func (t *slotTable) set(eps []netip.AddrPort) ([]slotChange, error) {
 			want[netip.AddrPortFrom(ep.Addr().Unmap(), ep.Port())] = true
 		}
 	}
-	for ep := range t.live {
+	for _, ep := range sortedAddrPorts(t.live) {
 		if !want[ep] {
 			delete(t.live, ep)
 			t.released = append(t.released, t.of[ep])

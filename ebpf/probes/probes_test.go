@@ -392,7 +392,8 @@ func TestSlotTable(t *testing.T) {
 }
 
 // A slot given to another endpoint starts from zero, and a connection that remembers the old
-// endpoint's slot is no longer timed into it.
+// endpoint's slot is no longer timed into it; once its endpoint is watched again (in another
+// slot), the connection is timed into the new one.
 func TestFirstByteSlotReuse(t *testing.T) {
 	cg := needRoot(t)
 	addr := echoServer(t, time.Millisecond)
@@ -436,5 +437,23 @@ func TestFirstByteSlotReuse(t *testing.T) {
 	}
 	if _, ok := hs[addr]; ok {
 		t.Fatalf("%s still read after its slot went to another endpoint", addr)
+	}
+	// addr is watched again, in another slot: its open connection is timed again.
+	if err := p.SetTargets(append(others[1:], addr)); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if _, err := io.WriteString(c, "POST / watched again\n"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := r.ReadString('\n'); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if hs, err = p.Read(); err != nil {
+		t.Fatal(err)
+	}
+	if h := hs[addr]; h == nil || h.Count != 2 {
+		t.Fatalf("%s watched again in slot %d: %+v, want 2 observations on its old connection", addr, p.slots.of[addr], h)
 	}
 }

@@ -116,13 +116,14 @@ func used(slots [MaxPIDs]uint32) uint32 {
 	return n
 }
 
-// Read returns the run-queue latency histogram per watched process since it was first watched.
+// Read returns the run-queue latency histogram per watched process since it was last given a
+// slot (a process that leaves and comes back starts from zero).
 func (p *RunQLat) Read() (map[uint32]*Hist, error) {
+	// Held throughout, so that no slot changes hands between naming its process and reading it.
 	p.mu.Lock()
-	slots := p.slots
-	p.mu.Unlock()
+	defer p.mu.Unlock()
 	out := map[uint32]*Hist{}
-	for i, pid := range slots {
+	for i, pid := range p.slots {
 		if pid == 0 {
 			continue
 		}

@@ -120,13 +120,13 @@ func TestTableRatios(t *testing.T) {
 			t.Errorf("table lacks %q:\n%s", want, tab)
 		}
 	}
-	if strings.Contains(tab, "LRU bound") {
+	if strings.Contains(tab, "shared-LRU") {
 		t.Errorf("LRU bound rows without a cache size:\n%s", tab)
 	}
 	a.Summary.CacheBlocks, a.Summary.LRUHitRate = 4096, 0.85
 	b.Summary.CacheBlocks, b.Summary.LRUHitRate = 4096, 0.85
 	tab = Table([]*Result{a, b})
-	for _, want := range []string{"| LRU bound hit rate | 85.0% | 85.0% | 1.00 |", "| hit rate / LRU bound | 94.1% | 47.1% | 0.50 |"} {
+	for _, want := range []string{"| cache (blocks) | 4096 | 4096 | 1.00 |", "| shared-LRU hit rate | 85.0% | 85.0% | 1.00 |", "| hit rate / shared LRU | 94.1% | 47.1% | 0.50 |"} {
 		if !strings.Contains(tab, want) {
 			t.Errorf("table lacks %q:\n%s", want, tab)
 		}

@@ -132,9 +132,7 @@ func Compare(ctx context.Context, co CompareOptions, tok workload.Tokenizer) ([]
 		opts.Target = cl.Target()
 		opts.TimeScale = cc.Speedup // report in the engines' own time
 		opts.Model = cc.Model
-		if both, prefill, decode, err := cc.Pools(); err == nil && cc.NumGPUBlocks > 0 {
-			opts.CacheBlocks = (both + prefill + decode) * cc.NumGPUBlocks
-		}
+		opts.CacheBlocks = prefixCacheBlocks(cc)
 		if co.Progress != nil {
 			opts.Progress = NewProgress(co.Progress, fmt.Sprintf("%-*s", max(width, 13), run.label), expected(w, opts))
 		}
@@ -165,4 +163,19 @@ func expected(w *workload.Workload, o Options) int {
 		n = min(n, o.Requests)
 	}
 	return n
+}
+
+// prefixCacheBlocks is the KV cache of the workers whose prefix cache prompts can hit: every
+// worker in mode agg and in mode conditional (decode workers prefill short remainders there),
+// the prefill pool alone in mode disagg (the decode pool's blocks mostly copy it). 0 when the
+// config does not say.
+func prefixCacheBlocks(cc ClusterConfig) int {
+	both, prefill, decode, err := cc.Pools()
+	if err != nil || cc.NumGPUBlocks <= 0 {
+		return 0
+	}
+	if cc.Mode == ModeDisagg {
+		decode = 0
+	}
+	return (both + prefill + decode) * cc.NumGPUBlocks
 }

@@ -80,10 +80,11 @@ func Table(rs []*Result) string {
 			return s.HitRate / s.IdealHitRate
 		}, pct},
 	}
-	if rs[0].Summary.CacheBlocks > 0 {
+	if slices.ContainsFunc(rs, func(r *Result) bool { return r.Summary.CacheBlocks > 0 }) {
 		rows = append(rows, []row{
-			{"LRU bound hit rate", func(s *Summary) float64 { return s.LRUHitRate }, pct},
-			{"hit rate / LRU bound", func(s *Summary) float64 {
+			{"cache (blocks)", func(s *Summary) float64 { return float64(s.CacheBlocks) }, num},
+			{"shared-LRU hit rate", func(s *Summary) float64 { return s.LRUHitRate }, pct},
+			{"hit rate / shared LRU", func(s *Summary) float64 {
 				if s.LRUHitRate == 0 {
 					return 0
 				}

@@ -50,7 +50,7 @@ type Options struct {
 	Progress *Progress
 	// CacheBlocks, when > 0, is the endpoint's KV cache in blocks across all its engines: the
 	// summary then also reports the hit rate one LRU cache of that size would reach
-	// (Summary.LRUHitRate), the bound for routing with that much memory.
+	// (Summary.LRUHitRate), a reference for routing with that much memory.
 	CacheBlocks int
 }
 

@@ -38,9 +38,10 @@ func NewIdeal(blockSize int) *Ideal {
 
 // NewLRU returns an empty Ideal whose cache holds at most capacity (> 0) blocks and evicts the
 // least recently used: one prefix cache the size of a whole cluster's KV cache, shared by all
-// its engines. What it reaches bounds what a router can reach with engines that evict LRU and
-// that much memory in all (it is the bound of perfect routing over one shared cache; engines
-// also pin the blocks of running requests, which only lowers what they can keep).
+// its engines: a reference for what a router can reach with engines that evict LRU and that
+// much memory in all. It is not a strict bound: per-engine caches behind a router can beat
+// one shared LRU on some streams (one-off prompts kept on one engine cannot evict another's
+// hot blocks), while engines also pin running requests' blocks, which lowers what they keep.
 // A request's blocks become the most recently used, its first block most of all.
 func NewLRU(blockSize, capacity int) *Ideal {
 	x := NewIdeal(blockSize)
