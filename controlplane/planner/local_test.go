@@ -201,12 +201,7 @@ func TestLocalActuatorStartsDrainsAndStops(t *testing.T) {
 	if err := l.Scale(ctx, planner.PoolBoth, 2); err != nil {
 		t.Fatal(err)
 	}
-	if err := l.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if left, _ := reg.snapshot(); len(left) != 0 {
-		t.Errorf("after Close, still registered: %v", left)
-	}
+	closeDeregistered(t, l, reg)
 	if got, _ := l.Replicas(ctx); got[planner.PoolBoth] != 1 {
 		t.Errorf("Replicas after Close: %v, want the fixed 1", got)
 	}
@@ -287,12 +282,7 @@ func TestLocalActuatorTakesBackADrainingWorker(t *testing.T) {
 	if err := l.Scale(ctx, planner.PoolBoth, 1); err != nil {
 		t.Fatal(err)
 	}
-	if err := l.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if left, _ := reg.snapshot(); len(left) != 0 {
-		t.Errorf("after Close, still registered: %v", left)
-	}
+	closeDeregistered(t, l, reg)
 	waitStopped(t, &http.Client{Timeout: time.Second}, ws[id])
 }
 
@@ -419,5 +409,16 @@ func TestLocalActuatorFailureRetriedByPlanner(t *testing.T) {
 	}
 	if got, _ := l.Replicas(context.Background()); got[planner.PoolBoth] != 3 {
 		t.Errorf("Replicas %v, want 3 after the retry", got)
+	}
+}
+
+// closeDeregistered closes l and checks that it left no worker registered.
+func closeDeregistered(t *testing.T, l interface{ Close() error }, reg *fakeRegistry) {
+	t.Helper()
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if left, _ := reg.snapshot(); len(left) != 0 {
+		t.Errorf("after Close, still registered: %v", left)
 	}
 }

@@ -94,12 +94,7 @@ static __always_inline void hist_add(void *map, const void *key, __u64 ns)
 		if (!h)
 			return;
 	}
-	__u32 slot = log2_u64(ns);
-	if (slot >= HIST_SLOTS)
-		slot = HIST_SLOTS - 1;
-	__sync_fetch_and_add(&h->count, 1);
-	__sync_fetch_and_add(&h->sum_ns, ns);
-	__sync_fetch_and_add(&h->slots[slot], 1);
+	hist_observe(h, ns);
 }
 
 #endif

@@ -72,6 +72,13 @@ func roundTripsOf(t *testing.T, addr netip.AddrPort, n int, req string) net.Conn
 	if err != nil {
 		t.Fatal(err)
 	}
+	exchange(t, c, n, req)
+	return c
+}
+
+// exchange sends req n times on c and reads each answer (one line).
+func exchange(t *testing.T, c net.Conn, n int, req string) {
+	t.Helper()
 	r := bufio.NewReader(c)
 	for range n {
 		if _, err := io.WriteString(c, req); err != nil {
@@ -81,7 +88,21 @@ func roundTripsOf(t *testing.T, addr netip.AddrPort, n int, req string) net.Conn
 			t.Fatal(err)
 		}
 	}
-	return c
+}
+
+// watchFirstByte attaches first_byte to the cgroup v2 at cg watching addr, and closes it with
+// the test.
+func watchFirstByte(t *testing.T, cg string, addr netip.AddrPort) *FirstByte {
+	t.Helper()
+	p, err := AttachFirstByte(cg)
+	if err != nil {
+		t.Fatalf("attach: %v", err)
+	}
+	t.Cleanup(func() { p.Close() })
+	if err := p.SetTargets([]netip.AddrPort{addr}); err != nil {
+		t.Fatal(err)
+	}
+	return p
 }
 
 func TestTCPConn(t *testing.T) {
@@ -139,14 +160,7 @@ func TestFirstByte(t *testing.T) {
 	cg := needRoot(t)
 	const delay = 50 * time.Millisecond
 	addr := echoServer(t, delay)
-	p, err := AttachFirstByte(cg)
-	if err != nil {
-		t.Fatalf("attach: %v", err)
-	}
-	defer p.Close()
-	if err := p.SetTargets([]netip.AddrPort{addr}); err != nil {
-		t.Fatal(err)
-	}
+	p := watchFirstByte(t, cg, addr)
 	roundTrips(t, addr, 4).Close()
 	roundTripsOf(t, addr, 3, "GET /metrics\n").Close() // not timed
 	hs, err := p.Read()
@@ -307,14 +321,7 @@ func TestFirstByteRewatch(t *testing.T) {
 	cg := needRoot(t)
 	addr := echoServer(t, 5*time.Millisecond)
 	other := echoServer(t, 0)
-	p, err := AttachFirstByte(cg)
-	if err != nil {
-		t.Fatalf("attach: %v", err)
-	}
-	defer p.Close()
-	if err := p.SetTargets([]netip.AddrPort{addr}); err != nil {
-		t.Fatal(err)
-	}
+	p := watchFirstByte(t, cg, addr)
 	c := roundTrips(t, addr, 2)
 	defer c.Close()
 	if err := p.SetTargets([]netip.AddrPort{other}); err != nil {
@@ -323,15 +330,7 @@ func TestFirstByteRewatch(t *testing.T) {
 	if err := p.SetTargets([]netip.AddrPort{addr, other}); err != nil {
 		t.Fatal(err)
 	}
-	r := bufio.NewReader(c)
-	for range 3 { // the connection opened before is timed on
-		if _, err := io.WriteString(c, "POST / again\n"); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := r.ReadString('\n'); err != nil {
-			t.Fatal(err)
-		}
-	}
+	exchange(t, c, 3, "POST / again\n")
 	roundTrips(t, other, 1).Close()
 	hs, err := p.Read()
 	if err != nil {
@@ -397,14 +396,7 @@ func TestSlotTable(t *testing.T) {
 func TestFirstByteSlotReuse(t *testing.T) {
 	cg := needRoot(t)
 	addr := echoServer(t, time.Millisecond)
-	p, err := AttachFirstByte(cg)
-	if err != nil {
-		t.Fatalf("attach: %v", err)
-	}
-	defer p.Close()
-	if err := p.SetTargets([]netip.AddrPort{addr}); err != nil {
-		t.Fatal(err)
-	}
+	p := watchFirstByte(t, cg, addr)
 	c := roundTrips(t, addr, 2)
 	defer c.Close()
 	// MaxSlots other endpoints: MaxSlots-1 fresh slots, then addr's slot, reused.
@@ -419,15 +411,7 @@ func TestFirstByteSlotReuse(t *testing.T) {
 	if newcomer == addr || p.slots.gen[0] != 2 {
 		t.Fatalf("slot 0: owner %s generation %d, want another endpoint in generation 2", newcomer, p.slots.gen[0])
 	}
-	r := bufio.NewReader(c)
-	for range 2 { // addr's connection remembers slot 0 in generation 1
-		if _, err := io.WriteString(c, "POST / again\n"); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := r.ReadString('\n'); err != nil {
-			t.Fatal(err)
-		}
-	}
+	exchange(t, c, 2, "POST / again\n")
 	hs, err := p.Read()
 	if err != nil {
 		t.Fatal(err)
@@ -442,14 +426,7 @@ func TestFirstByteSlotReuse(t *testing.T) {
 	if err := p.SetTargets(append(others[1:], addr)); err != nil {
 		t.Fatal(err)
 	}
-	for range 2 {
-		if _, err := io.WriteString(c, "POST / watched again\n"); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := r.ReadString('\n'); err != nil {
-			t.Fatal(err)
-		}
-	}
+	exchange(t, c, 2, "POST / watched again\n")
 	if hs, err = p.Read(); err != nil {
 		t.Fatal(err)
 	}

@@ -73,23 +73,13 @@ func Table(rs []*Result) string {
 		{"goodput share", func(s *Summary) float64 { return s.GoodputShare }, pct},
 		{"prefix hit rate", func(s *Summary) float64 { return s.HitRate }, pct},
 		{"ideal hit rate", func(s *Summary) float64 { return s.IdealHitRate }, pct},
-		{"hit rate / ideal", func(s *Summary) float64 {
-			if s.IdealHitRate == 0 {
-				return 0
-			}
-			return s.HitRate / s.IdealHitRate
-		}, pct},
+		{"hit rate / ideal", hitShare(func(s *Summary) float64 { return s.IdealHitRate }), pct},
 	}
 	if slices.ContainsFunc(rs, func(r *Result) bool { return r.Summary.CacheBlocks > 0 }) {
 		rows = append(rows, []row{
 			{"cache (blocks)", func(s *Summary) float64 { return float64(s.CacheBlocks) }, num},
 			{"shared-LRU hit rate", func(s *Summary) float64 { return s.LRUHitRate }, pct},
-			{"hit rate / shared LRU", func(s *Summary) float64 {
-				if s.LRUHitRate == 0 {
-					return 0
-				}
-				return s.HitRate / s.LRUHitRate
-			}, pct},
+			{"hit rate / shared LRU", hitShare(func(s *Summary) float64 { return s.LRUHitRate }), pct},
 		}...)
 	}
 	for _, r := range rows {
@@ -275,4 +265,14 @@ func loadPlot(r *Result) *plot.Plot {
 	}
 	p.Add(plotter.NewGrid())
 	return p
+}
+
+// hitShare is the row value of the measured hit rate over a reference hit rate (0 without one).
+func hitShare(ref func(*Summary) float64) func(*Summary) float64 {
+	return func(s *Summary) float64 {
+		if r := ref(s); r != 0 {
+			return s.HitRate / r
+		}
+		return 0
+	}
 }
