@@ -11,6 +11,7 @@ import (
 
 var agenticParams = []param{
 	{"sessions", "8", "interactive agent sessions"},
+	{"rate", "0", "sessions starting per second (Poisson), each sending its first request as it starts; 0: every session starts at time 0 and sends its first request after a think time"},
 	{"preamble", "6000", "tokens of the system message (instructions and the tools list), the same in every session"},
 	{"task", "200", "tokens of each user message (the task, then follow-ups)"},
 	{"turns", "2", "user turns per session"},
@@ -71,6 +72,7 @@ func buildAgentic(p *params, seed uint64, v *vocab, tok Tokenizer) (*Workload, e
 	}
 	preamble := p.int("preamble", 1, 1<<22)
 	sessions := p.int("sessions", 0, 1<<20)
+	rate := p.float("rate", 0, 1e6)
 	if p.err != nil {
 		return nil, p.err
 	}
@@ -84,13 +86,21 @@ func buildAgentic(p *params, seed uint64, v *vocab, tok Tokenizer) (*Workload, e
 		return nil, fmt.Errorf("building the agent preamble: %w", err)
 	}
 	w := &Workload{Sessions: make([]Session, sessions)}
+	arrivals := newRNG(seed, streamSessionArrivals)
+	var at time.Duration
 	for i := range w.Sessions {
-		w.Sessions[i] = &agentSession{
-			c:   c,
-			idx: i,
-			id:  fmt.Sprintf("agent-%d", i),
-			r:   newRNG(seed, streamAgentic, uint64(i)),
+		s := &agentSession{
+			c:     c,
+			idx:   i,
+			id:    fmt.Sprintf("agent-%d", i),
+			r:     newRNG(seed, streamAgentic, uint64(i)),
+			start: -1,
 		}
+		if rate > 0 {
+			at += arrivals.exp(time.Duration(float64(time.Second) / rate))
+			s.start = at
+		}
+		w.Sessions[i] = s
 	}
 	return w, nil
 }
@@ -182,6 +192,9 @@ type agentSession struct {
 	id      string
 	r       *rng
 	started bool
+	// start is when the session begins and sends its first request (Poisson arrivals at the
+	// workload's rate); negative: at time 0, after a think time.
+	start   time.Duration
 	turn    int // current user turn
 	call    int // model call within the turn: < rounds are tool rounds, rounds answers the user
 	nCalls  int
@@ -198,7 +211,11 @@ func (s *agentSession) Next(prev string) (Request, bool) {
 			{Role: "system", Content: c.preamble},
 			{Role: "user", Content: c.v.text(s.r, c.task)},
 		}
-		return s.request("interactive", s.r.exp(c.think)), true
+		at := s.r.exp(c.think)
+		if s.start >= 0 {
+			at = s.start
+		}
+		return s.request("interactive", at), true
 	}
 	if s.turn >= c.turns {
 		return Request{}, false

@@ -34,6 +34,7 @@ const (
 	streamSubagent
 	streamFixed
 	streamFixedPrompt
+	streamSessionArrivals
 )
 
 // TraceRecord is one line of a Mooncake trace.

@@ -357,3 +357,47 @@ func TestAgenticIgnoredSpawn(t *testing.T) {
 		render(t, "harmony", r.Messages)
 	}
 }
+
+// TestAgenticSessionRate checks rate=R: sessions start as a Poisson process at R per second,
+// each sending its first request as it starts, in session order; without a rate every
+// session starts at 0 and waits a think time.
+func TestAgenticSessionRate(t *testing.T) {
+	const n, rate = 400, 20.0
+	spec := fmt.Sprintf("agentic:sessions=%d,rate=%g,preamble=40,task=6,rounds=1,subagents=0,tool=8", n, rate)
+	w, err := Parse(spec, 3, testTokenizer(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var last time.Duration
+	for i, s := range w.Sessions {
+		r, ok := s.Next("")
+		if !ok {
+			t.Fatalf("session %d sent nothing", i)
+		}
+		if r.At <= last {
+			t.Fatalf("session %d starts at %v, not after session %d's %v", i, r.At, i-1, last)
+		}
+		last = r.At
+	}
+	// n exponential gaps of mean 1/rate: the last start is n/rate = 20 s, standard deviation
+	// sqrt(n)/rate = 1 s.
+	if want := time.Duration(float64(n) / rate * float64(time.Second)); last < want-4*time.Second || last > want+4*time.Second {
+		t.Errorf("last session starts at %v, want about %v", last, want)
+	}
+
+	w, err = Parse("agentic:sessions=50,preamble=40,task=6,rounds=1,subagents=0,tool=8", 3, testTokenizer(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sorted := true
+	for i, s := range w.Sessions {
+		r, _ := s.Next("")
+		if i > 0 && r.At < last {
+			sorted = false
+		}
+		last = r.At
+	}
+	if sorted {
+		t.Error("without a rate the first requests' think times came out in session order")
+	}
+}
