@@ -314,7 +314,7 @@ func TestProxiesKeepRoutingWithoutTheControlPlaneAndResync(t *testing.T) {
 	for f := range 4 {
 		r := chat(t, "http://"+p.Addr(), family(f), "while the control plane is down")
 		if r.status != 200 || r.worker != "w"+strconv.Itoa(f) {
-			t.Fatalf("control plane down, family %d: status %d worker %q: %s", f, r.status, r.worker, r.body)
+			t.Fatalf("control plane down, family %d: status %d worker %q: %s\nproxy's workers: %s", f, r.status, r.worker, r.body, workerStates(p))
 		}
 	}
 
@@ -332,9 +332,22 @@ func TestProxiesKeepRoutingWithoutTheControlPlaneAndResync(t *testing.T) {
 	}
 	for f := 4; f < 8; f++ {
 		if r := chat(t, "http://"+p.Addr(), family(f), "after resync"); r.status != 200 || r.worker != "w"+strconv.Itoa(f%4) {
-			t.Fatalf("after resync, family %d: status %d worker %q", f, r.status, r.worker)
+			t.Fatalf("after resync, family %d: status %d worker %q\nproxy's workers: %s", f, r.status, r.worker, workerStates(p))
 		}
 	}
+}
+
+// workerStates describes what a proxy knows of each worker, for a failed routing assertion:
+// whether it is draining (as last pushed: a worker the control plane saw unhealthy stays so
+// while it is down), ejected, and its load.
+func workerStates(p *proxy.Server) string {
+	var sb strings.Builder
+	for _, w := range p.Workers() {
+		inflight, prefill, decode := w.Own()
+		fmt.Fprintf(&sb, "\n  %s draining=%v ejected_until=%v inflight=%d prefill_tokens=%d decode_blocks=%d (with reports: prefill %d decode %d)",
+			w.ID, w.Draining(), w.EjectedUntil(), inflight, prefill, decode, w.PrefillTokens(), w.DecodeBlocks())
+	}
+	return sb.String()
 }
 
 // delayRelay forwards TCP connections to target, holding every chunk for delay in each
