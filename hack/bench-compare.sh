@@ -22,11 +22,14 @@
 # the simulated engines short of CPU often enough that the same kv run measured a TTFT p50
 # anywhere from 0.44 s to 1.06 s; at 1 three runs fell within 0.34-0.38 s.
 # OVERLAP_WEIGHT, QUEUE_WEIGHT and CACHE_THRESHOLD override the kv policy's defaults.
-# The agentic workload is closed-loop: SESSIONS sets its load. From about 2048 sessions the kv
-# run's KV-event index and its replication to the proxy (some 800k blocks in the first second)
-# starve the in-process engines of a 2-core machine: there kv measured a TTFT p50 of 2.7 s
-# against round-robin's 0.95 s at ENGINE_SPEEDUP=1, and 0.77 s against 0.66 s at
-# ENGINE_SPEEDUP=0.5 (same LOAD). Run heavy agentic loads at ENGINE_SPEEDUP=0.5 or below.
+# The agentic run starts RATE sessions per second of the workload's time (Poisson), SESSIONS in
+# all, and runs each to its end (22 model calls at the workload's defaults): a steady state in
+# which about RATE × a session's lifetime are live, rather than every session starting at once
+# (a burst of first calls that share only the preamble every worker soon caches). Its times
+# (think, tool execution) stay as written: AGENTIC_SPEEDUP divides arrivals and the engines'
+# step times alike, so it only shortens the wall time, and the load is set by RATE alone. On a
+# 2-core machine 2 is the most that keeps the in-process engines fed; a policy's run then takes
+# about 4 minutes at RATE=10, SESSIONS=900.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench-results}
@@ -35,7 +38,9 @@ ENGINE_SPEEDUP=${ENGINE_SPEEDUP:-1}
 LOAD=${LOAD:-6}
 BLOCKS=${BLOCKS:-65536}
 OVERLAP_WEIGHT=${OVERLAP_WEIGHT:-}
-SESSIONS=${SESSIONS:-512}
+SESSIONS=${SESSIONS:-900}
+RATE=${RATE:-10}
+AGENTIC_SPEEDUP=${AGENTIC_SPEEDUP:-2}
 POLICIES=${POLICIES:-kv,round-robin,least-loaded,random}
 what=${1:-all}
 go build -o bin/kvrelay ./cmd/kvrelay
@@ -49,7 +54,7 @@ if [ "$what" = mooncake ] || [ "$what" = all ]; then
 fi
 if [ "$what" = agentic ] || [ "$what" = all ]; then
   bin/kvrelay bench compare --workers 8 --policies "$POLICIES" \
-    --workload "agentic:sessions=$SESSIONS" --requests 4000 \
+    --workload "agentic:sessions=$SESSIONS,rate=$RATE" --num-gpu-blocks "$BLOCKS" \
     ${OVERLAP_WEIGHT:+--overlap-weight $OVERLAP_WEIGHT} ${QUEUE_WEIGHT:+--queue-weight $QUEUE_WEIGHT} ${CACHE_THRESHOLD:+--cache-threshold $CACHE_THRESHOLD} \
-    --speedup "$arrival" --engine-speedup "$ENGINE_SPEEDUP" --out "$OUT/agentic"
+    --speedup "$AGENTIC_SPEEDUP" --engine-speedup "$AGENTIC_SPEEDUP" --out "$OUT/agentic"
 fi

@@ -212,7 +212,7 @@ Without --setups, --mode with --workers (agg) or --prefill-workers and --decode-
 
 // report prints the table and writes the result files.
 func report(out io.Writer, dir string, rs []*bench.Result, header string) error {
-	fmt.Fprintf(out, "%s\n\n%s", header, bench.Table(rs))
+	fmt.Fprintf(out, "%s\n\n%s%s", header, bench.Table(rs), bench.StallWarnings(rs))
 	if dir == "" {
 		return nil
 	}

@@ -84,6 +84,9 @@ type Engine struct {
 	usageBits              atomic.Uint64
 	heldRequests           atomic.Int64
 	heldBlocks             atomic.Int64
+	// stalls and stalledNS count the times a busy engine fell more than maxLag behind its
+	// modelled clock, and the time it lost (see Stalled).
+	stalls, stalledNS atomic.Int64
 }
 
 type heldEntry struct {
@@ -283,9 +286,11 @@ func (e *Engine) Run(ctx context.Context) error {
 	defer expiry.Stop()
 	defer e.shutdown()
 	var clock time.Time // when the current step ends
+	busy := false       // the last iteration ran a step: clock is the end of that step
 	for {
 		e.drain(time.Now())
 		if len(e.running) == 0 && e.waiting.len() == 0 && len(e.ready) == 0 {
+			busy = false
 			e.publishLoad()
 			next := e.nextExpiry()
 			if !next.IsZero() {
@@ -305,6 +310,7 @@ func (e *Engine) Run(ctx context.Context) error {
 		if len(e.sched) == 0 {
 			// Nothing fits (every running request was preempted for lack of blocks, which
 			// cannot last); wait for a change rather than spin.
+			busy = false
 			select {
 			case <-ctx.Done():
 				return nil
@@ -313,11 +319,8 @@ func (e *Engine) Run(ctx context.Context) error {
 			}
 		}
 		d := e.cfg.Timing.Step(prefill, decodes, e.pool.usage())
-		now := time.Now()
-		if now.Sub(clock) > maxLag {
-			clock = now
-		}
-		clock = clock.Add(d)
+		clock = e.catchUp(clock, time.Now(), busy).Add(d)
+		busy = true
 		for wait := time.Until(clock); wait > 0; wait = time.Until(clock) {
 			timer.Reset(wait)
 			select {
@@ -332,6 +335,30 @@ func (e *Engine) Run(ctx context.Context) error {
 		}
 		e.apply(time.Now())
 	}
+}
+
+// catchUp returns when the next step starts: at the end of the last one (clock), or now when
+// that is more than maxLag ago. After an idle wait that is the normal start of a new busy
+// period; after a step (busy) it means the host did not run the engine when its modelled
+// time said, and the gap is time the engine lost: counted in Stalled.
+func (e *Engine) catchUp(clock, now time.Time, busy bool) time.Time {
+	lag := now.Sub(clock)
+	if lag <= maxLag {
+		return clock
+	}
+	if busy {
+		e.stalls.Add(1)
+		e.stalledNS.Add(int64(lag))
+	}
+	return now
+}
+
+// Stalled reports how often a busy engine fell more than maxLag behind its modelled step
+// clock, and the time it lost doing so: the engine ran slower than its timing model says,
+// because the host (CPU, or a speedup the host cannot keep up with) did not run it in time.
+// Near zero on a host with CPU to spare. It is safe to call from any goroutine.
+func (e *Engine) Stalled() (stalls int64, lost time.Duration) {
+	return e.stalls.Load(), time.Duration(e.stalledNS.Load())
 }
 
 func (e *Engine) shutdown() {

@@ -398,3 +398,60 @@ func TestRunLoopRealTime(t *testing.T) {
 		t.Fatalf("a request still running at shutdown must end aborted, got done=%v %s", finished, reason)
 	}
 }
+
+// TestStalled checks the engine's account of time lost to a host that does not run it when
+// its step clock says: lag within maxLag is caught up, lag past it after a step is lost and
+// counted, and the gap after an idle wait is not.
+func TestStalled(t *testing.T) {
+	var e Engine
+	t0 := time.Unix(1000, 0)
+	if got := e.catchUp(t0, t0.Add(maxLag/2), true); !got.Equal(t0) {
+		t.Errorf("lag within maxLag: next step starts at %v, want the last step's end %v", got, t0)
+	}
+	if got := e.catchUp(t0, t0.Add(time.Hour), false); !got.Equal(t0.Add(time.Hour)) {
+		t.Errorf("after idling: next step starts at %v, want now", got)
+	}
+	if n, lost := e.Stalled(); n != 0 || lost != 0 {
+		t.Fatalf("no busy stall yet, Stalled() = %d, %v", n, lost)
+	}
+	e.catchUp(t0, t0.Add(50*time.Millisecond), true)
+	e.catchUp(t0, t0.Add(30*time.Millisecond), true)
+	if n, lost := e.Stalled(); n != 2 || lost != 80*time.Millisecond {
+		t.Errorf("Stalled() = %d, %v, want 2, 80ms", n, lost)
+	}
+
+	// A speedup no host can follow: a step is modelled at about a nanosecond and takes the
+	// run loop microseconds, so it falls maxLag behind every few thousand steps.
+	fast, _, _ := newTestEngine(t, func(cfg *Config) { cfg.Timing.Speedup = 1e7; cfg.NumGPUBlocks = 16384 })
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- fast.Run(ctx) }()
+	r := submit(t, fast, prompt(100, 1), Params{MaxTokens: 130000, IgnoreEOS: true})
+	select {
+	case <-waitFinished(r):
+	case <-time.After(30 * time.Second):
+		t.Fatal("request did not finish")
+	}
+	cancel()
+	<-done
+	n, lost := fast.Stalled()
+	t.Logf("130000 steps at speedup 1e7: %d stalls, %v lost", n, lost)
+	if n == 0 || lost <= maxLag {
+		t.Errorf("Stalled() = %d, %v: an engine far behind its modelled clock lost no time", n, lost)
+	}
+}
+
+// waitFinished closes when r has finished.
+func waitFinished(r *Request) <-chan struct{} {
+	ch := make(chan struct{})
+	go func() {
+		for {
+			<-r.Wait()
+			if _, finished, _, _ := result(r); finished {
+				close(ch)
+				return
+			}
+		}
+	}()
+	return ch
+}

@@ -131,6 +131,17 @@ func TestTableRatios(t *testing.T) {
 			t.Errorf("table lacks %q:\n%s", want, tab)
 		}
 	}
+	if strings.Contains(tab, "engine stall") || StallWarnings([]*Result{a, b}) != "" {
+		t.Errorf("engine stall without simulated engines:\n%s", tab)
+	}
+	a.Summary.Engines, a.Summary.EngineStall = 8, 0.001
+	b.Summary.Engines, b.Summary.EngineStall = 8, 0.05
+	if tab = Table([]*Result{a, b}); !strings.Contains(tab, "| engine stall | 0.1% | 5.0% | 50.00 |") {
+		t.Errorf("table lacks the engine stall row:\n%s", tab)
+	}
+	if w := StallWarnings([]*Result{a, b}); strings.Count(w, "\n") != 1 || !strings.Contains(w, "round-robin") || !strings.Contains(w, "5.0%") {
+		t.Errorf("stall warnings %q, want one line for round-robin's 5.0%%", w)
+	}
 }
 
 // TestShortCompare runs bench compare end to end at high speedup: two policies, a fresh
@@ -157,7 +168,8 @@ func TestShortCompare(t *testing.T) {
 	for _, r := range rs {
 		s := r.Summary
 		if s.OK != 24 || s.HitRate <= 0 || s.IdealHitRate < s.HitRate || len(s.Workers) == 0 ||
-			s.CacheBlocks != 2*2048 || s.LRUHitRate <= 0 || s.LRUHitRate > s.IdealHitRate {
+			s.CacheBlocks != 2*2048 || s.LRUHitRate <= 0 || s.LRUHitRate > s.IdealHitRate ||
+			s.Engines != 2 || s.EngineStall < 0 || s.EngineStall >= 1 {
 			t.Fatalf("%s: %+v", r.Label, s)
 		}
 	}

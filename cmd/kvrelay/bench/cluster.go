@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/kvrelay/kvrelay/controlplane"
 	"github.com/kvrelay/kvrelay/controlplane/registry"
@@ -326,6 +327,16 @@ func codecFor(model string) (sim.Codec, error) {
 }
 
 // Target is the proxy's OpenAI base URL.
+// EngineStall sums the time the cluster's simulated engines lost running behind their
+// modelled step clocks (sim.Engine.Stalled), and says how many engines there are.
+func (c *Cluster) EngineStall() (lost time.Duration, engines int) {
+	for _, w := range c.workers {
+		_, l := w.Engine().Stalled()
+		lost += l
+	}
+	return lost, len(c.workers)
+}
+
 func (c *Cluster) Target() string { return "http://" + c.proxy.Addr() + "/v1" }
 
 // Workers describes the cluster's workers: the both pool (w0, w1, …), then the prefill pool

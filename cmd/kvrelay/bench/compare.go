@@ -138,6 +138,7 @@ func Compare(ctx context.Context, co CompareOptions, tok workload.Tokenizer) ([]
 		}
 		res, err := Measure(ctx, run.label, opts, w, co.Seed, co.SLO, cc.BlockSize)
 		opts.Progress.Stop()
+		lost, engines := cl.EngineStall()
 		cerr := cl.Close()
 		if err != nil {
 			return out, fmt.Errorf("%s: %w", run.label, err)
@@ -146,6 +147,11 @@ func Compare(ctx context.Context, co CompareOptions, tok workload.Tokenizer) ([]
 			return out, fmt.Errorf("%s: stopping the cluster: %w", run.label, cerr)
 		}
 		res.Setup, res.Policy, res.Cluster = run.setup, run.policy, cc.Describe()
+		res.Summary.Engines = engines
+		// Summary.Wall is in the engines' time (scaled by the speedup); lost is wall time.
+		if wall := float64(res.Summary.Wall) / cc.Speedup; engines > 0 && wall > 0 {
+			res.Summary.EngineStall = float64(lost) / (float64(engines) * wall)
+		}
 		out = append(out, res)
 		// Let the loopback ports of the last cluster drain before the next starts.
 		time.Sleep(100 * time.Millisecond)

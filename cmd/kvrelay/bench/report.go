@@ -82,6 +82,9 @@ func Table(rs []*Result) string {
 			{"hit rate / shared LRU", hitShare(func(s *Summary) float64 { return s.LRUHitRate }), pct},
 		}...)
 	}
+	if slices.ContainsFunc(rs, func(r *Result) bool { return r.Summary.Engines > 0 }) {
+		rows = append(rows, row{"engine stall", func(s *Summary) float64 { return s.EngineStall }, pct})
+	}
 	for _, r := range rows {
 		fmt.Fprintf(&b, "| %s |", r.name)
 		base := r.value(&rs[0].Summary)
@@ -97,6 +100,19 @@ func Table(rs []*Result) string {
 			}
 		}
 		b.WriteByte('\n')
+	}
+	return b.String()
+}
+
+// StallWarnings returns one line for each run whose simulated engines lost more than
+// StallWarning of their time to a host that could not keep up.
+func StallWarnings(rs []*Result) string {
+	var b strings.Builder
+	for _, r := range rs {
+		if r.Summary.EngineStall > StallWarning {
+			fmt.Fprintf(&b, "warning: %s: the simulated engines ran behind their modelled step times for %.1f%% of the run: the host is short of CPU for this engine speedup, so latencies are inflated and capacity understated; rerun with a lower --engine-speedup\n",
+				r.Label, 100*r.Summary.EngineStall)
+		}
 	}
 	return b.String()
 }

@@ -86,7 +86,17 @@ type Summary struct {
 	Share   []Window       `json:"share,omitempty"`
 	// Tags splits TTFT by request class (interactive, subagent, …) when the workload tags.
 	Tags map[string]Dist `json:"tags,omitempty"`
+	// Engines is the number of simulated engines `bench compare` ran (0 for `bench run`), and
+	// EngineStall the share of their time they lost running behind their modelled step
+	// clocks (sim.Engine.Stalled): the host did not give them the CPU that the engine speedup
+	// asks for. Every latency of such a run is inflated by it.
+	Engines     int     `json:"engines,omitempty"`
+	EngineStall float64 `json:"engine_stall,omitempty"`
 }
+
+// StallWarning is the share of engine time lost past which a run's latencies say more about
+// the host than about routing.
+const StallWarning = 0.02
 
 // Window is the requests each worker received in one time window.
 type Window struct {
