@@ -119,7 +119,7 @@ func (c *conn) open(buf []byte) error {
 	}
 
 	for {
-		n, err := unix.Write(c.fd, buf)
+		n, err := gio.RawWrite(c.fd, buf) // kvrelay: raw (KVRELAY.md)
 		if err != nil {
 			if err == unix.EAGAIN {
 				_, _ = c.outboundBuffer.Write(buf)
@@ -156,7 +156,7 @@ func (c *conn) write(data []byte) (n int, err error) {
 
 	var sent int
 loop:
-	if sent, err = unix.Write(c.fd, data); err != nil {
+	if sent, err = gio.RawWrite(c.fd, data); err != nil { // kvrelay: raw (KVRELAY.md)
 		// A temporary error occurs, append the data to outbound buffer,
 		// writing it back to the remote in the next round for LT mode.
 		if err == unix.EAGAIN {

@@ -260,7 +260,7 @@ func (el *eventloop) read(c *conn) error {
 	isET := el.engine.opts.EdgeTriggeredIO
 	chunk := el.engine.opts.EdgeTriggeredIOChunk
 loop:
-	n, err := unix.Read(c.fd, el.buffer)
+	n, err := gio.RawRead(c.fd, el.buffer) // kvrelay: raw (KVRELAY.md)
 	if err != nil || n == 0 {
 		if err == unix.EAGAIN {
 			return nil
@@ -326,7 +326,7 @@ loop:
 		}
 		n, err = gio.Writev(c.fd, iov)
 	} else {
-		n, err = unix.Write(c.fd, iov[0])
+		n, err = gio.RawWrite(c.fd, iov[0]) // kvrelay: raw (KVRELAY.md)
 	}
 	_, _ = c.outboundBuffer.Discard(n)
 	switch err {
