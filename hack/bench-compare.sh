@@ -17,10 +17,11 @@
 # this trace (kv reaches 98% of it; 90% of ideal would take routing that beats one shared LRU);
 # BLOCKS=131072 holds the trace's working set (shared-LRU equals the ideal) and, at LOAD=7, loads round-robin about as LOAD=6 does at
 # 65536. ENGINE_SPEEDUP compresses the engines' step times and the
-# run's wall time; bench compare reports times multiplied back by it. It defaults to 1: the
-# whole cluster runs in one process, and on a 2-core machine the doubled token rate of 2 left
-# the simulated engines short of CPU often enough that the same kv run measured a TTFT p50
-# anywhere from 0.44 s to 1.06 s; at 1 three runs fell within 0.34-0.38 s.
+# run's wall time; bench compare reports times multiplied back by it. It defaults to 0.5
+# (about 4.6 minutes per policy): the whole cluster runs in one process, and on a 2-core
+# machine faster engines go short of CPU. At 2 the same kv run measured a TTFT p50 anywhere
+# from 0.44 s to 1.06 s; at 1 kv's TTFT p50 was 2.36-2.46x round-robin's, at 0.5 (table row
+# "engine stall" 0.0-0.1%) 2.84x and 2.96x.
 # OVERLAP_WEIGHT, QUEUE_WEIGHT and CACHE_THRESHOLD override the kv policy's defaults.
 # The agentic run starts RATE sessions per second of the workload's time (Poisson), SESSIONS in
 # all, and runs each to its end (22 model calls at the workload's defaults): a steady state in
@@ -38,7 +39,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench-results}
 TRACE=${TRACE:-../shared/traces/mooncake-conversation.jsonl}
-ENGINE_SPEEDUP=${ENGINE_SPEEDUP:-1}
+ENGINE_SPEEDUP=${ENGINE_SPEEDUP:-0.5}
 LOAD=${LOAD:-6}
 BLOCKS=${BLOCKS:-65536}
 OVERLAP_WEIGHT=${OVERLAP_WEIGHT:-}
