@@ -21,7 +21,8 @@
 # (about 4.6 minutes per policy): the whole cluster runs in one process, and on a 2-core
 # machine faster engines go short of CPU. At 2 the same kv run measured a TTFT p50 anywhere
 # from 0.44 s to 1.06 s; at 1 kv's TTFT p50 was 2.36-2.46x round-robin's, at 0.5 (table row
-# "engine stall" 0.0-0.1%) 2.84x and 2.96x.
+# "engine stall" 0.0-0.2%) 2.96x, 2.84x and 2.38x: kv steady at 240-248 ms, round-robin
+# 592-734 ms from run to run.
 # OVERLAP_WEIGHT, QUEUE_WEIGHT and CACHE_THRESHOLD override the kv policy's defaults.
 # The agentic run starts RATE sessions per second of the workload's time (Poisson), SESSIONS in
 # all, and runs each to its end (22 model calls at the workload's defaults): a steady state in
