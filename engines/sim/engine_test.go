@@ -371,19 +371,13 @@ func TestRunLoopRealTime(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- e.Run(ctx) }()
 	r := submit(t, e, prompt(100, 1), Params{MaxTokens: 20, IgnoreEOS: true})
-	deadline := time.After(10 * time.Second)
-	for {
-		select {
-		case <-r.Wait():
-		case <-deadline:
-			t.Fatal("request did not finish")
-		}
-		if out, finished, _, _ := result(r); finished {
-			if len(out) != 20 {
-				t.Fatalf("got %d tokens", len(out))
-			}
-			break
-		}
+	select {
+	case <-waitFinished(r):
+	case <-time.After(10 * time.Second):
+		t.Fatal("request did not finish")
+	}
+	if out, _, _, _ := result(r); len(out) != 20 {
+		t.Fatalf("got %d tokens", len(out))
 	}
 	ok, err := e.ResetPrefixCache(ctx)
 	if err != nil || !ok {

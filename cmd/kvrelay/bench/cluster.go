@@ -326,7 +326,6 @@ func codecFor(model string) (sim.Codec, error) {
 	return c, nil
 }
 
-// Target is the proxy's OpenAI base URL.
 // EngineStall sums the time the cluster's simulated engines lost running behind their
 // modelled step clocks (sim.Engine.Stalled), and says how many engines there are.
 func (c *Cluster) EngineStall() (lost time.Duration, engines int) {
@@ -337,6 +336,7 @@ func (c *Cluster) EngineStall() (lost time.Duration, engines int) {
 	return lost, len(c.workers)
 }
 
+// Target is the proxy's OpenAI base URL.
 func (c *Cluster) Target() string { return "http://" + c.proxy.Addr() + "/v1" }
 
 // Workers describes the cluster's workers: the both pool (w0, w1, …), then the prefill pool

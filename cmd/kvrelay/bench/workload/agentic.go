@@ -39,6 +39,7 @@ type agentConfig struct {
 	subagents, subTask, subRounds, fork int
 	reasoning, osl                      int
 	think, toolTime                     time.Duration
+	rate                                float64 // sessions started per second; 0: all at time 0
 	priority, subPriority               int
 	toolCalls                           bool
 }
@@ -69,10 +70,10 @@ func buildAgentic(p *params, seed uint64, v *vocab, tok Tokenizer) (*Workload, e
 		priority:    p.int("priority", -1<<20, 1<<20),
 		subPriority: p.int("sub_priority", -1<<20, 1<<20),
 		toolCalls:   p.bool("toolcalls"),
+		rate:        p.float("rate", 0, 1e6),
 	}
 	preamble := p.int("preamble", 1, 1<<22)
 	sessions := p.int("sessions", 0, 1<<20)
-	rate := p.float("rate", 0, 1e6)
 	if p.err != nil {
 		return nil, p.err
 	}
@@ -89,18 +90,16 @@ func buildAgentic(p *params, seed uint64, v *vocab, tok Tokenizer) (*Workload, e
 	arrivals := newRNG(seed, streamSessionArrivals)
 	var at time.Duration
 	for i := range w.Sessions {
-		s := &agentSession{
+		if c.rate > 0 {
+			at += arrivals.exp(time.Duration(float64(time.Second) / c.rate))
+		}
+		w.Sessions[i] = &agentSession{
 			c:     c,
 			idx:   i,
 			id:    fmt.Sprintf("agent-%d", i),
 			r:     newRNG(seed, streamAgentic, uint64(i)),
-			start: -1,
+			start: at,
 		}
-		if rate > 0 {
-			at += arrivals.exp(time.Duration(float64(time.Second) / rate))
-			s.start = at
-		}
-		w.Sessions[i] = s
 	}
 	return w, nil
 }
@@ -192,8 +191,8 @@ type agentSession struct {
 	id      string
 	r       *rng
 	started bool
-	// start is when the session begins and sends its first request (Poisson arrivals at the
-	// workload's rate); negative: at time 0, after a think time.
+	// start is when the session begins and sends its first request, when the workload has
+	// a rate (Poisson arrivals); without one every session starts at 0, after a think time.
 	start   time.Duration
 	turn    int // current user turn
 	call    int // model call within the turn: < rounds are tool rounds, rounds answers the user
@@ -212,7 +211,7 @@ func (s *agentSession) Next(prev string) (Request, bool) {
 			{Role: "user", Content: c.v.text(s.r, c.task)},
 		}
 		at := s.r.exp(c.think)
-		if s.start >= 0 {
+		if c.rate > 0 {
 			at = s.start
 		}
 		return s.request("interactive", at), true

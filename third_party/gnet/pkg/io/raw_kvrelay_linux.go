@@ -27,25 +27,18 @@ import (
 // whose calls never wait: the runtime bookkeeping costs more than such a call's own work on
 // a loaded event loop, and a P marked as in a system call invites sysmon to hand it to
 // another thread. Errors are returned as unix.Errno values, as unix.Read and unix.Write do.
-func RawRead(fd int, p []byte) (int, error) {
-	var ptr unsafe.Pointer
-	if len(p) > 0 {
-		ptr = unsafe.Pointer(&p[0])
-	}
-	n, _, e := unix.RawSyscall(unix.SYS_READ, uintptr(fd), uintptr(ptr), uintptr(len(p)))
-	if e != 0 {
-		return -1, e
-	}
-	return int(n), nil
-}
+func RawRead(fd int, p []byte) (int, error) { return rawIO(unix.SYS_READ, fd, p) }
 
 // RawWrite: see RawRead.
-func RawWrite(fd int, p []byte) (int, error) {
+func RawWrite(fd int, p []byte) (int, error) { return rawIO(unix.SYS_WRITE, fd, p) }
+
+// rawIO makes the raw system call trap(fd, p, len(p)).
+func rawIO(trap uintptr, fd int, p []byte) (int, error) {
 	var ptr unsafe.Pointer
 	if len(p) > 0 {
 		ptr = unsafe.Pointer(&p[0])
 	}
-	n, _, e := unix.RawSyscall(unix.SYS_WRITE, uintptr(fd), uintptr(ptr), uintptr(len(p)))
+	n, _, e := unix.RawSyscall(trap, uintptr(fd), uintptr(ptr), uintptr(len(p)))
 	if e != 0 {
 		return -1, e
 	}
