@@ -8,8 +8,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -21,6 +23,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 
 	"github.com/kvrelay/kvrelay/dataplane/proxy"
+	"github.com/kvrelay/kvrelay/dataplane/route"
 	"github.com/kvrelay/kvrelay/engines/sim"
 )
 
@@ -758,5 +761,55 @@ func TestToolCallConversation(t *testing.T) {
 	bad := strings.Replace(string(body), `"tool_calls":[`, `"tool_calls":[1,`, 1)
 	if resp, b := post(t, c.base+"/v1/chat/completions", bad); resp.StatusCode != 400 {
 		t.Fatalf("malformed tool_calls: status %d: %s", resp.StatusCode, b)
+	}
+}
+
+// Sessions stick to their workers whatever the policy. Each round pipelines one request per
+// session on one keep-alive connection, in a new order and with messages of new lengths: the
+// session ids are read from the bodies in place, and the next round's bytes land where the
+// last round's ids were.
+func TestSessionsStickThroughTheProxy(t *testing.T) {
+	c := startCluster(t, 4, func(cfg *proxy.Config) { cfg.Policy = route.PolicyRoundRobin }, nil)
+	conn, err := net.Dial("tcp", c.proxy.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(20 * time.Second))
+	br := bufio.NewReader(conn)
+	bound := map[string]string{}
+	for round := range 4 {
+		var raw strings.Builder
+		var ids []string
+		for k := range 4 {
+			i := (k + 3*round) % 4 // another order each round: round-robin alone would not repeat the bindings
+			id := fmt.Sprintf("agent-%d", i)
+			ids = append(ids, id)
+			body := fmt.Sprintf(`{"model":%q,"max_tokens":2,"messages":[{"role":"user","content":%q}],"nvext":{"session_id":%q}}`, model, strings.Repeat("hello ", 1+(5*round+3*k)%7), id)
+			fmt.Fprintf(&raw, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+		}
+		if _, err := io.WriteString(conn, raw.String()); err != nil {
+			t.Fatal(err)
+		}
+		for _, id := range ids {
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil {
+				t.Fatalf("round %d, %s: %v", round, id, err)
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			w := resp.Header.Get("x-kvrelay-worker")
+			if resp.StatusCode != 200 || w == "" {
+				t.Fatalf("round %d, %s: status %d, worker %q", round, id, resp.StatusCode, w)
+			}
+			if round == 0 {
+				bound[id] = w
+			} else if w != bound[id] {
+				t.Fatalf("round %d: %s went to %s (%s), bound to %s (bindings %v)", round, id, w, resp.Header.Get("x-kvrelay-route"), bound[id], bound)
+			}
+		}
+	}
+	if len(slices.Compact(slices.Sorted(maps.Values(bound)))) != 4 {
+		t.Fatalf("round-robin should have bound the four sessions to four workers: %v", bound)
 	}
 }

@@ -36,7 +36,8 @@ type Request struct {
 	Priority int
 	// OSL is the expected output length in tokens, 0 when unknown.
 	OSL int
-	// SessionID asks for the worker that served the session before.
+	// SessionID asks for the worker that served the session before. It may alias a buffer
+	// the caller reuses once Route returns; the router copies what it keeps.
 	SessionID string
 	// Exclude lists workers (by Index) already tried for this request.
 	Exclude []int

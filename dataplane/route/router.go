@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -264,7 +265,7 @@ func NewRouter(cfg Config, pool *Pool, index prefix.Index) (*Router, error) {
 	r := &Router{index: index}
 	r.policy.Store(p)
 	r.sessions.ttl.Store(int64(cfg.SessionTTL))
-	r.sessions.m = make(map[string]session)
+	r.sessions.m = make(map[string]*session)
 	r.pool.Store(pool)
 	return r, nil
 }
@@ -384,11 +385,14 @@ func leastOverlap(req *Request, ws []*Worker) float64 {
 	return lo
 }
 
-// sessions binds session ids to worker ids for a TTL after each use.
+// sessions binds session ids to worker ids for a TTL after each use. Ids may alias a buffer
+// the caller reuses (the proxy's read buffer): the table keeps its own copy of each key, and
+// an update writes through the entry's pointer, because assigning to an existing string key
+// would store the caller's string in its place.
 type sessions struct {
 	mu  sync.Mutex
 	ttl atomic.Int64 // nanoseconds
-	m   map[string]session
+	m   map[string]*session
 }
 
 type session struct {
@@ -416,7 +420,6 @@ func (s *sessions) put(id, worker string) {
 	defer s.mu.Unlock()
 	if e, ok := s.m[id]; ok {
 		e.worker, e.expires = worker, now+s.ttl.Load()
-		s.m[id] = e
 		return
 	}
 	if len(s.m) >= maxSessions {
@@ -429,5 +432,5 @@ func (s *sessions) put(id, worker string) {
 			return // full of live sessions: this one goes unbound
 		}
 	}
-	s.m[id] = session{worker: worker, expires: now + s.ttl.Load()}
+	s.m[strings.Clone(id)] = &session{worker: worker, expires: now + s.ttl.Load()}
 }

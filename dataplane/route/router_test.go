@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/kvrelay/kvrelay/dataplane/prefix"
 	"github.com/kvrelay/kvrelay/engines/blockhash"
@@ -248,6 +249,33 @@ func TestSessionAffinity(t *testing.T) {
 	w, _ := send(t, r, idx, &req)
 	if w == first {
 		t.Fatalf("after the TTL the session should be routed afresh (least loaded), got the busy %s again", w.ID)
+	}
+}
+
+// The proxy's SessionID aliases its connection's read buffer, which the next request
+// overwrites: the router must keep a copy, or the stored session changes name under it (and
+// the map loses the entry).
+func TestSessionIDMayAliasAReusedBuffer(t *testing.T) {
+	r, idx := newRouter(t, Config{Policy: PolicyRoundRobin}, 4)
+	buf := []byte("agent-1")
+	var req Request
+	req.SessionID = unsafe.String(&buf[0], len(buf))
+	first, u := send(t, r, idx, &req)
+	u.End()
+	copy(buf, "agent-2") // the buffer now holds the next request
+	req.SessionID = unsafe.String(&buf[0], len(buf))
+	if w, u := send(t, r, idx, &req); w == first {
+		t.Fatalf("agent-2 joined agent-1 on %s: round-robin should have moved on", w.ID)
+	} else {
+		u.End()
+	}
+	for range 3 {
+		req.SessionID = "agent-1"
+		w, u := send(t, r, idx, &req)
+		u.End()
+		if w != first {
+			t.Fatalf("agent-1 moved from %s to %s after its id's buffer was reused", first.ID, w.ID)
+		}
 	}
 }
 
