@@ -5,6 +5,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -39,6 +40,36 @@ func syntheticRecords() []*Record {
 	return recs
 }
 
+// A run that warms up slowly, completes 10 requests per second for 6 s and drains slowly
+// sustains 10 per second, however long its ramps take.
+func TestMidRunRate(t *testing.T) {
+	var ends []time.Duration
+	for i := range 20 { // ramp-up: one completion every 2 s
+		ends = append(ends, time.Duration(i)*2*time.Second)
+	}
+	for i := range 61 { // steady: one every 100 ms from 40 s to 46 s
+		ends = append(ends, 40*time.Second+time.Duration(i)*100*time.Millisecond)
+	}
+	for i := range 20 { // drain: one every 5 s
+		ends = append(ends, 50*time.Second+time.Duration(i)*5*time.Second)
+	}
+	slices.Reverse(ends) // midRunRate sorts
+	// 101 completions: the 21st (40 s) to the 81st (46 s), 60 in 6 s.
+	if got := midRunRate(ends); math.Abs(got-10) > 1e-9 {
+		t.Errorf("midRunRate = %v, want 10", got)
+	}
+	if got := midRunRate(ends[:9]); got != 0 {
+		t.Errorf("midRunRate of 9 completions = %v, want 0", got)
+	}
+	same := make([]time.Duration, 20) // all at once: no rate to tell
+	if got := midRunRate(same); got != 0 {
+		t.Errorf("midRunRate of simultaneous completions = %v, want 0", got)
+	}
+	if got := Summarize(nil, time.Second, SLO{}).MidRunPerSec; got != 0 {
+		t.Errorf("empty run: mid-run rate %v", got)
+	}
+}
+
 func TestSummarizeSyntheticTimeline(t *testing.T) {
 	s := Summarize(syntheticRecords(), 2*time.Second, SLO{TTFT: 500 * time.Millisecond, ITL: 50 * time.Millisecond})
 	check := func(name string, got, want float64) {
@@ -66,6 +97,8 @@ func TestSummarizeSyntheticTimeline(t *testing.T) {
 	check("goodput share", s.GoodputShare, 5.0/12)
 	check("goodput/s", s.GoodputPerSec, 2.5)
 	check("req/s", s.ReqPerSec, 5)
+	// Completions at 1.0, 1.2, …, 2.8 s: the 3rd (1.4 s) to the 8th (2.4 s) is 5 in 1 s.
+	check("mid-run req/s", s.MidRunPerSec, 5)
 	check("tok/s", s.TokPerSec, 250)
 	// Cached 0+100+…+900 = 4500 of 10000 prompt tokens.
 	check("hit rate", s.HitRate, 0.45)

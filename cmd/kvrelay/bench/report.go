@@ -68,6 +68,7 @@ func Table(rs []*Result) string {
 		{"E2E p99", func(s *Summary) float64 { return ms(s.E2E.P99) }, msf},
 		{"E2E mean", func(s *Summary) float64 { return ms(s.E2E.Mean) }, msf},
 		{"requests/s", func(s *Summary) float64 { return s.ReqPerSec }, rate},
+		{"requests/s mid-run", func(s *Summary) float64 { return s.MidRunPerSec }, rate},
 		{"output tokens/s", func(s *Summary) float64 { return s.TokPerSec }, num},
 		{"goodput (req/s)", func(s *Summary) float64 { return s.GoodputPerSec }, rate},
 		{"goodput share", func(s *Summary) float64 { return s.GoodputShare }, pct},

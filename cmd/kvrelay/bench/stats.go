@@ -67,6 +67,12 @@ type Summary struct {
 	E2E       Dist           `json:"e2e"`
 	ReqPerSec float64        `json:"requests_per_s"`
 	TokPerSec float64        `json:"output_tokens_per_s"`
+	// MidRunPerSec is the rate at which requests completed between the first and the last
+	// fifth of completions: what the endpoint sustains once warm and before the stream runs
+	// dry. ReqPerSec counts the whole run, ramp-up and drain included. With arrivals faster
+	// than the endpoint serves them it is the endpoint's capacity on this workload, the
+	// reference for "loaded to 80% of capacity".
+	MidRunPerSec float64 `json:"mid_run_requests_per_s"`
 	// Goodput counts requests that met the SLO; GoodputPerSec is their rate and
 	// GoodputShare their share of all requests.
 	SLO           SLO     `json:"slo"`
@@ -107,7 +113,7 @@ type Window struct {
 // Summarize computes a run's figures from its records.
 func Summarize(recs []*Record, wall time.Duration, slo SLO) Summary {
 	s := Summary{Requests: len(recs), Wall: wall, SLO: slo, Failed: map[string]int{}, Workers: map[string]int{}}
-	var ttft, itl, e2e []time.Duration
+	var ttft, itl, e2e, ends []time.Duration
 	tags := map[string][]time.Duration{}
 	var out, prompt, cached int64
 	for _, r := range recs {
@@ -123,6 +129,7 @@ func Summarize(recs []*Record, wall time.Duration, slo SLO) Summary {
 			continue
 		}
 		s.OK++
+		ends = append(ends, r.Start+r.E2E)
 		ttft = append(ttft, r.TTFT)
 		itl = append(itl, r.ITL...)
 		e2e = append(e2e, r.E2E)
@@ -140,6 +147,7 @@ func Summarize(recs []*Record, wall time.Duration, slo SLO) Summary {
 		}
 	}
 	s.TTFT, s.ITL, s.E2E = dist(ttft), dist(itl), dist(e2e)
+	s.MidRunPerSec = midRunRate(ends)
 	if sec := wall.Seconds(); sec > 0 {
 		s.ReqPerSec = float64(s.OK) / sec
 		s.TokPerSec = float64(out) / sec
@@ -165,6 +173,21 @@ func Summarize(recs []*Record, wall time.Duration, slo SLO) Summary {
 		s.Workers = nil
 	}
 	return s
+}
+
+// midRunRate is the completions per second between the completion times that end the first
+// fifth and start the last fifth of ends (unsorted), or 0 with fewer than 10 completions.
+func midRunRate(ends []time.Duration) float64 {
+	n := len(ends)
+	if n < 10 {
+		return 0
+	}
+	slices.Sort(ends)
+	lo, hi := n/5, n-1-n/5
+	if sec := (ends[hi] - ends[lo]).Seconds(); sec > 0 {
+		return float64(hi-lo) / sec
+	}
+	return 0
 }
 
 // meetsSLO: a successful request whose TTFT and mean inter-token gap are within the SLO.
