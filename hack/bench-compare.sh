@@ -5,14 +5,17 @@
 # fed over xDS). Results (results.json, results.md, PNG/SVG plots) go under $OUT (default
 # bench-results/).
 #
-#   hack/bench-compare.sh [mooncake|agentic|all]
+#   hack/bench-compare.sh [mooncake|agentic|all|capacity]
 #
 # LOAD sets how many times faster requests arrive than the engines run (arrival speedup /
 # engine speedup). BLOCKS is each worker's KV cache in 16-token blocks (65536 ≈ 1M tokens, an
-# H200 serving gpt-oss-120b). With 8 workers of 65536 blocks, LOAD=6 loads round-robin to
-# roughly 80% of what it sustains on the Mooncake trace by our reading (TTFT p50
-# ~0.8 s and ITL mean ~60 ms in the engines' own time, 28% of requests within the SLO);
-# LOAD=2-3 leaves it lightly loaded. The tables' "shared-LRU" rate is what one LRU cache of the
+# H200 serving gpt-oss-120b). `capacity` measures round-robin's capacity on the Mooncake
+# requests: the same 2000 requests arriving 60 times faster than the engines run, so that the
+# cluster is always backlogged, and its "requests/s mid-run" (completions between the first
+# and the last fifth of them, in the engines' time); it prints what LOAD offers against that.
+# With 8 workers of 65536 blocks at engine speedup 0.5 round-robin sustained 21.3 requests/s,
+# and LOAD=6 offers 17.9 (2000 requests in 669 s of trace, 6 times faster): 84% of its
+# capacity. LOAD=2-3 leaves it lightly loaded. The tables' "shared-LRU" rate is what one LRU cache of the
 # whole cluster's blocks would reach: with 8 × 65536 blocks it is 86% of the unbounded ideal on
 # this trace (kv reaches 98% of it; 90% of ideal would take routing that beats one shared LRU);
 # BLOCKS=131072 holds the trace's working set (shared-LRU equals the ideal) and, at LOAD=7, loads round-robin about as LOAD=6 does at
@@ -52,6 +55,22 @@ what=${1:-all}
 go build -o bin/kvrelay ./cmd/kvrelay
 arrival=$(python3 -c "print($ENGINE_SPEEDUP * $LOAD)")
 
+if [ "$what" = capacity ]; then
+  saturate=$(python3 -c "print($ENGINE_SPEEDUP * 60)")
+  bin/kvrelay bench compare --workers 8 --policies round-robin \
+    --workload "mooncake:path=$TRACE,requests=2000" --num-gpu-blocks "$BLOCKS" \
+    --speedup "$saturate" --engine-speedup "$ENGINE_SPEEDUP" --out "$OUT/capacity"
+  python3 - "$OUT/capacity/results.json" "$TRACE" "$LOAD" <<'EOF'
+import json, sys
+capacity = json.load(open(sys.argv[1]))[0]["summary"]["mid_run_requests_per_s"]
+with open(sys.argv[2]) as f:
+    ts = [json.loads(line)["timestamp"] / 1000 for _, line in zip(range(2000), f)]
+load = float(sys.argv[3])
+offered = len(ts) * load / (ts[-1] - ts[0])
+print(f"round-robin capacity: {capacity:.2f} requests/s; LOAD={load:g} offers {offered:.2f}, "
+      f"{100 * offered / capacity:.0f}% of it; 80% would be LOAD={load * 0.8 * capacity / offered:.2f}")
+EOF
+fi
 if [ "$what" = mooncake ] || [ "$what" = all ]; then
   bin/kvrelay bench compare --workers 8 --policies "$POLICIES" \
     --workload "mooncake:path=$TRACE,requests=2000" --num-gpu-blocks "$BLOCKS" \
