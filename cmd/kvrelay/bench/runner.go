@@ -282,7 +282,7 @@ func (r *runner) send(ctx context.Context, seq int, req *workload.Request) *Reco
 		return rec
 	}
 	hreq.Header.Set("Content-Type", "application/json")
-	if req.Session != "" {
+	if req.Session != "" && !req.Anonymous {
 		hreq.Header.Set("x-session-id", req.Session)
 	}
 	t0 := time.Now()

@@ -27,6 +27,7 @@ var agenticParams = []param{
 	{"priority", "1", "nvext.agent_hints.priority of the interactive session's calls"},
 	{"sub_priority", "-1", "nvext.agent_hints.priority of subagent calls"},
 	{"toolcalls", "true", "send tool calls as assistant tool_calls and results as tool messages; false: both as plain text (assistant and user messages)"},
+	{"session_ids", "true", "send each session's id (nvext.session_id, x-session-id), which binds it to a worker; false: a client that names no session"},
 }
 
 // agentConfig is shared, read-only, by every session of an agentic workload.
@@ -42,6 +43,7 @@ type agentConfig struct {
 	rate                                float64 // sessions started per second; 0: all at time 0
 	priority, subPriority               int
 	toolCalls                           bool
+	anonymous                           bool // session_ids=false
 }
 
 // buildAgentic: sessions of an agent harness. Each session starts from the shared preamble and
@@ -70,6 +72,7 @@ func buildAgentic(p *params, seed uint64, v *vocab, tok Tokenizer) (*Workload, e
 		priority:    p.int("priority", -1<<20, 1<<20),
 		subPriority: p.int("sub_priority", -1<<20, 1<<20),
 		toolCalls:   p.bool("toolcalls"),
+		anonymous:   !p.bool("session_ids"),
 		rate:        p.float("rate", 0, 1e6),
 	}
 	preamble := p.int("preamble", 1, 1<<22)
@@ -289,6 +292,7 @@ func (c *agentConfig) request(session, tag string, at time.Duration, history []M
 		HasPriority: true,
 		OSL:         c.reasoning + c.osl,
 		Tag:         tag,
+		Anonymous:   c.anonymous,
 	}
 }
 

@@ -53,8 +53,12 @@ func (r *Request) Body(model string, stream bool) []byte {
 			hints.Priority = &r.Priority
 		}
 	}
-	if r.Session != "" || hints != nil {
-		w.NVExt = &nvext{SessionID: r.Session, AgentHints: hints}
+	session := r.Session
+	if r.Anonymous {
+		session = ""
+	}
+	if session != "" || hints != nil {
+		w.NVExt = &nvext{SessionID: session, AgentHints: hints}
 	}
 	b, err := json.Marshal(w)
 	if err != nil {

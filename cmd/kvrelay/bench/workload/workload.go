@@ -43,8 +43,13 @@ type Request struct {
 	// turn's answer (for the first turn, after the session starts).
 	At time.Duration
 	// Session is "" for open-loop requests. Sessions run closed-loop: turn k+1 after turn k
-	// is answered. Body sends it as nvext.session_id.
+	// is answered. Body sends it as nvext.session_id (and the runner as x-session-id) unless
+	// Anonymous is set.
 	Session string
+	// Anonymous keeps Session off the wire: the calls still run as a session, from a client
+	// that names none (an OpenAI SDK client without kvrelay's hints), so the gateway cannot
+	// bind them.
+	Anonymous bool
 	// Chat selects chat completions (Messages) over text completions (Prompt).
 	Chat     bool
 	Messages []Message

@@ -401,3 +401,33 @@ func TestAgenticSessionRate(t *testing.T) {
 		t.Error("without a rate the first requests' think times came out in session order")
 	}
 }
+
+// session_ids=false sends the same calls in the same sessions, without naming the session.
+func TestAgenticAnonymousSessions(t *testing.T) {
+	const spec = "agentic:sessions=3,preamble=40,task=6,rounds=2,subagents=1,tool=8,reasoning=4,osl=6"
+	named, err := Parse(spec, 5, testTokenizer(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	anon, err := Parse(spec+",session_ids=false", 5, testTokenizer(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := drive(t, named, wordAnswers(t), true), drive(t, anon, wordAnswers(t), true)
+	if len(a) != len(b) || len(a) == 0 {
+		t.Fatalf("%d requests named, %d anonymous", len(a), len(b))
+	}
+	for i := range a {
+		if a[i].Session == "" || a[i].Session != b[i].Session || a[i].Anonymous || !b[i].Anonymous {
+			t.Fatalf("request %d: session %q anonymous %v, then %q anonymous %v", i, a[i].Session, a[i].Anonymous, b[i].Session, b[i].Anonymous)
+		}
+		body := string(b[i].Body("m", true))
+		if strings.Contains(body, "session_id") {
+			t.Fatalf("request %d names its session: %s", i, body)
+		}
+		want := strings.Replace(string(a[i].Body("m", true)), fmt.Sprintf(`"session_id":%q,`, a[i].Session), "", 1)
+		if body != want {
+			t.Fatalf("request %d differs beyond its session id:\n%s\n%s", i, want, body)
+		}
+	}
+}
