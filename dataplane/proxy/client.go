@@ -549,10 +549,10 @@ func (cc *clientConn) start(w *route.Worker) {
 	if cc.kind == oai.ChatCompletions || cc.kind == oai.Completions {
 		overlap := int(cc.dec.Overlap)
 		ex.predicted = overlap
-		ex.receipt = cc.recordPlacement(w, overlap)
+		ex.receipt, ex.recorded = prefix.Receipt{}, false // recorded at the first token
 		ex.usage.Begin(w, cc.rreq.PromptTokens, overlap*s.cfg.BlockSize, cc.rreq.OSL)
 	} else {
-		ex.receipt = prefix.Receipt{}
+		ex.receipt, ex.recorded = prefix.Receipt{}, false
 		ex.usage.Begin(w, cc.rreq.PromptTokens, 0, 0)
 	}
 	ws.m.inflight.Inc()
@@ -560,7 +560,7 @@ func (cc *clientConn) start(w *route.Worker) {
 	ex.send()
 }
 
-// recordPlacement records in the proxy's own index that w now holds the prompt's blocks, of
+// recordPlacement records in the proxy's own index that w holds the prompt's blocks, of
 // which it cached overlap already, and returns the receipt that corrects the record from the
 // cached_tokens the engine reports. The index is shared by every loop behind one lock; a
 // prompt without a full block (and every prompt under a policy without an index) changes

@@ -38,6 +38,7 @@ type exchange struct {
 	usage     route.Usage
 	receipt   prefix.Receipt
 	predicted int
+	recorded  bool // the prompt's blocks went into the proxy's index (receipt is valid)
 	attempts  int
 	stale     bool // a reused idle connection failed before any byte: one free retry
 
@@ -292,6 +293,7 @@ func (ex *exchange) observe(data []byte, now int64) {
 	if n := cc.obs.Result().Chunks; n != before {
 		if before == 0 {
 			ex.usage.FirstToken()
+			ex.recordCached()
 			// The worker's prefill is done: a request waiting for a worker under its busy
 			// prefill threshold may fit now.
 			cc.srv.queue.release(cc.srv)
@@ -340,6 +342,23 @@ func (ex *exchange) complete(up *upstream) {
 	cc.done()
 }
 
+// recordCached records in the proxy's own index, once per request, that its worker now
+// caches the prompt's blocks: when its prefill is done (the first token), not when it was
+// routed. Until then the blocks are being computed, and an engine does not share blocks
+// still being computed: a second request with the same prompt sent there meanwhile computes
+// them again, so counting them as cached would send a burst of a new prefix (an agent's
+// preamble on a cold worker) to one worker, all of it computed once per request, instead of
+// spreading it.
+func (ex *exchange) recordCached() {
+	cc := ex.cc
+	w := ex.usage.Worker()
+	if ex.recorded || w == nil || (cc.kind != oai.ChatCompletions && cc.kind != oai.Completions) {
+		return
+	}
+	ex.receipt = cc.recordPlacement(w, ex.predicted)
+	ex.recorded = len(cc.rreq.Hashes) > 0
+}
+
 // finish records the request's metrics and releases what it held.
 func (ex *exchange) finish() {
 	cc := ex.cc
@@ -371,7 +390,10 @@ func (ex *exchange) finish() {
 			diff = -diff
 		}
 		s.metrics.predictionErr.Observe(float64(diff))
-		if len(cc.rreq.Hashes) > 0 {
+		if ex.status == 200 {
+			ex.recordCached() // a response without chunks (not streamed) ends its prefill here
+		}
+		if ex.recorded {
 			s.index.Correct(cc.rreq.Hashes, ex.receipt, cached)
 		}
 	}

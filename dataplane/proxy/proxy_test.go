@@ -813,3 +813,46 @@ func TestSessionsStickThroughTheProxy(t *testing.T) {
 		t.Fatalf("round-robin should have bound the four sessions to four workers: %v", bound)
 	}
 }
+
+// The proxy's index counts a prompt as cached on its worker once the worker has computed it
+// (the first token), not when it was routed there: a request with the same prompt that
+// arrives while the first is still in its prefill would compute it again on that worker
+// (engines do not share blocks still being computed), so it spreads instead.
+func TestPromptCountsAsCachedOnceComputed(t *testing.T) {
+	c := startCluster(t, 2, nil, func(cfg *sim.WorkerConfig) { cfg.Engine.Timing.Speedup = 0.05 }) // ~1 s prefill
+	type result struct {
+		worker, route string
+		err           error
+	}
+	send := func(user string) result {
+		resp, err := http.Post(c.base+"/v1/chat/completions", "application/json", strings.NewReader(chatBody(family(0), user, 1, false)))
+		if err != nil {
+			return result{err: err}
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			return result{err: fmt.Errorf("status %d", resp.StatusCode)}
+		}
+		return result{worker: resp.Header.Get("x-kvrelay-worker"), route: resp.Header.Get("x-kvrelay-route")}
+	}
+	first := make(chan result, 1)
+	go func() { first <- send("first") }()
+	time.Sleep(300 * time.Millisecond) // the first request is routed and still prefilling
+	second := send("second")
+	a := <-first
+	if a.err != nil || second.err != nil {
+		t.Fatal(a.err, second.err)
+	}
+	if second.worker == a.worker {
+		t.Fatalf("the second request joined the first on %s while its prompt was still being computed (route %q)", a.worker, second.route)
+	}
+	// Both workers have computed the prompt now: the next one finds it cached on either.
+	third := send("third")
+	if third.err != nil {
+		t.Fatal(third.err)
+	}
+	if !strings.Contains(third.route, "; overlap=") || strings.Contains(third.route, "overlap=0;") {
+		t.Fatalf("the third request should find its prompt cached, got route %q", third.route)
+	}
+}
