@@ -35,7 +35,8 @@ const slotsPerBlock = 4
 const none = ^uint32(0)
 
 // Approx is the approximate KV index of a proxy without a control plane. It records the
-// blocks of every request it routes as probably cached on the chosen worker (Record), forgets
+// blocks of every request as probably cached on its worker (Record; the proxy records once
+// the worker has computed them, at the first token), forgets
 // them after the TTL or when the bound on blocks is reached (least recently touched first),
 // and corrects itself from the cached_tokens the engine reports (Correct): a worker that
 // reports fewer cached blocks than predicted evicted them, and because engines evict least
