@@ -5,7 +5,7 @@
 # fed over xDS). Results (results.json, results.md, PNG/SVG plots) go under $OUT (default
 # bench-results/).
 #
-#   hack/bench-compare.sh [mooncake|agentic|all|capacity]
+#   hack/bench-compare.sh [mooncake|agentic|all|capacity|agentic-capacity]
 #
 # LOAD sets how many times faster requests arrive than the engines run (arrival speedup /
 # engine speedup). BLOCKS is each worker's KV cache in 16-token blocks (65536 ≈ 1M tokens, an
@@ -28,17 +28,25 @@
 # 592-734 ms from run to run.
 # OVERLAP_WEIGHT, QUEUE_WEIGHT and CACHE_THRESHOLD override the kv policy's defaults.
 # The agentic run starts RATE sessions per second of the workload's time (Poisson), SESSIONS in
-# all, and runs each to its end (22 model calls at the workload's defaults): a steady state in
-# which about RATE × a session's lifetime are live, rather than every session starting at once
-# (a burst of first calls that share only the preamble every worker soon caches). Its times
-# (think, tool execution) stay as written and the load is set by RATE alone. AGENTIC_SPEEDUP
-# divides arrivals and the engines' step times alike: at 1 (about 5 minutes per policy) the
-# 2-core machine starved the in-process engines ("engine stall" 3.2% for kv, whose control
-# plane indexes and replicates every KV event in the same process, 1.6% for the others) and
-# every TTFT came out 1.7-1.9x its value at 0.5 (stall 0.1%, about 9 minutes per policy),
-# kv's and round-robin's ratio even turning over; at 2 kv measured a TTFT p50 anywhere from
-# 0.64 s to 2.1 s across runs of one setup. Keep the default 0.5 and check the "engine stall"
-# row. At RATE=8 round-robin meets the SLO for every request (TTFT p50 77 ms at 0.5).
+# all, and runs each to its end (22 model calls at the workload's defaults). Its times (think,
+# tool execution) stay as written. The calls run closed-loop, so the load is set by how many
+# sessions are live at once: with RATE=8 and sessions living 3-5 minutes, about all of them.
+# SESSION_IDS=false (the default here) sends the calls without nvext.session_id, as an OpenAI
+# SDK client without kvrelay's hints would: only routing on the prompt keeps a session on its
+# cache. With session ids every policy binds a session to its first worker and the policies
+# barely differ (600 sessions: kv's TTFT p50 1.06x round-robin's, hit rate 99.4% of ideal
+# against 98.2%). `agentic-capacity` measures round-robin's capacity on the workload as
+# `capacity` does on Mooncake: 2000 sessions starting within 50 s, the first 16000 calls,
+# "requests/s mid-run": 90.8 requests/s without session ids (engine stall 3.2%, so somewhat
+# more). Round-robin then sustained 56.8 requests/s mid-run with 600 sessions (63%) and 60.3
+# with 900 (66%): in a closed loop its calls slow down as it fills (E2E p50 11.1 s, then
+# 15.3 s) instead of queueing more.
+# AGENTIC_SPEEDUP divides arrivals and the engines' step times alike: at 1 the 2-core
+# machine starved the in-process engines ("engine stall" 3.2% for kv, whose control plane
+# indexes and replicates every KV event in the same process, 1.6% for the others) and every
+# TTFT came out 1.7-1.9x its value at 0.5, kv's and round-robin's ratio even turning over.
+# Keep the default 0.5 (about 10 minutes per policy at 900 sessions) and check the "engine
+# stall" row.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench-results}
@@ -47,8 +55,9 @@ ENGINE_SPEEDUP=${ENGINE_SPEEDUP:-0.5}
 LOAD=${LOAD:-6}
 BLOCKS=${BLOCKS:-65536}
 OVERLAP_WEIGHT=${OVERLAP_WEIGHT:-}
-SESSIONS=${SESSIONS:-600}
+SESSIONS=${SESSIONS:-900}
 RATE=${RATE:-8}
+SESSION_IDS=${SESSION_IDS:-false}
 AGENTIC_SPEEDUP=${AGENTIC_SPEEDUP:-0.5}
 POLICIES=${POLICIES:-kv,round-robin,least-loaded,random}
 what=${1:-all}
@@ -71,6 +80,13 @@ print(f"round-robin capacity: {capacity:.2f} requests/s; LOAD={load:g} offers {o
       f"{100 * offered / capacity:.0f}% of it; 80% would be LOAD={load * 0.8 * capacity / offered:.2f}")
 EOF
 fi
+if [ "$what" = agentic-capacity ]; then
+  # 2000 sessions starting within 50 s keep the cluster backlogged; the first 16000 calls.
+  bin/kvrelay bench compare --workers 8 --policies round-robin \
+    --workload "agentic:sessions=2000,rate=40,session_ids=$SESSION_IDS" --requests 16000 \
+    --num-gpu-blocks "$BLOCKS" --speedup "$AGENTIC_SPEEDUP" --engine-speedup "$AGENTIC_SPEEDUP" \
+    --out "$OUT/agentic-capacity"
+fi
 if [ "$what" = mooncake ] || [ "$what" = all ]; then
   bin/kvrelay bench compare --workers 8 --policies "$POLICIES" \
     --workload "mooncake:path=$TRACE,requests=2000" --num-gpu-blocks "$BLOCKS" \
@@ -79,7 +95,7 @@ if [ "$what" = mooncake ] || [ "$what" = all ]; then
 fi
 if [ "$what" = agentic ] || [ "$what" = all ]; then
   bin/kvrelay bench compare --workers 8 --policies "$POLICIES" \
-    --workload "agentic:sessions=$SESSIONS,rate=$RATE" --num-gpu-blocks "$BLOCKS" \
+    --workload "agentic:sessions=$SESSIONS,rate=$RATE,session_ids=$SESSION_IDS" --num-gpu-blocks "$BLOCKS" \
     ${OVERLAP_WEIGHT:+--overlap-weight $OVERLAP_WEIGHT} ${QUEUE_WEIGHT:+--queue-weight $QUEUE_WEIGHT} ${CACHE_THRESHOLD:+--cache-threshold $CACHE_THRESHOLD} \
     --speedup "$AGENTIC_SPEEDUP" --engine-speedup "$AGENTIC_SPEEDUP" --out "$OUT/agentic"
 fi
