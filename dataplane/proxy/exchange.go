@@ -332,6 +332,9 @@ func (ex *exchange) complete(up *upstream) {
 		_ = up.c.Close()
 	}
 	ex.ws.w.Succeeded()
+	if ex.status == 200 {
+		ex.recordCached() // a response without content chunks ends its prefill here
+	}
 	if cc.spec.want && ex.status == 200 {
 		cc.speculativePrefill(ex.ws.w)
 	}
@@ -390,9 +393,6 @@ func (ex *exchange) finish() {
 			diff = -diff
 		}
 		s.metrics.predictionErr.Observe(float64(diff))
-		if ex.status == 200 {
-			ex.recordCached() // a response without chunks (not streamed) ends its prefill here
-		}
 		if ex.recorded {
 			s.index.Correct(cc.rreq.Hashes, ex.receipt, cached)
 		}
