@@ -38,9 +38,12 @@
 # against 98.2%). `agentic-capacity` measures round-robin's capacity on the workload as
 # `capacity` does on Mooncake: 2000 sessions starting within 50 s, the first 16000 calls,
 # "requests/s mid-run": 90.8 requests/s without session ids (engine stall 3.2%, so somewhat
-# more). Round-robin then sustained 56.8 requests/s mid-run with 600 sessions (63%) and 60.3
-# with 900 (66%): in a closed loop its calls slow down as it fills (E2E p50 11.1 s, then
-# 15.3 s) instead of queueing more.
+# more). Round-robin then sustained 56.8 requests/s mid-run with 600 sessions (63%), 60.3
+# with 900 (66%) and 63.1 with 1200 (69%): in a closed loop its calls slow down as it fills
+# (E2E p50 11.1, 15.3, 19.4 s) instead of queueing more, so 80% is out of reach of session
+# counts this machine runs in time. At 900 kv's goodput was 1.58x round-robin's and its TTFT
+# p50 1.28x; at 1200 2.78x and 1.08x (kv's TTFT p99 610 against 277 ms, its worst calls on two
+# workers its cache-affinity kept loaded; engine stall 1.9%).
 # AGENTIC_SPEEDUP divides arrivals and the engines' step times alike: at 1 the 2-core
 # machine starved the in-process engines ("engine stall" 3.2% for kv, whose control plane
 # indexes and replicates every KV event in the same process, 1.6% for the others) and every
