@@ -546,13 +546,12 @@ func (cc *clientConn) start(w *route.Worker) {
 	ws.m.routedBy(cc.dec.Mode).Inc()
 	ex := &cc.ex
 	ex.begin(cc, ws)
+	ex.receipt, ex.recorded = prefix.Receipt{}, false // recorded at the first token (recordCached)
 	if cc.kind == oai.ChatCompletions || cc.kind == oai.Completions {
 		overlap := int(cc.dec.Overlap)
 		ex.predicted = overlap
-		ex.receipt, ex.recorded = prefix.Receipt{}, false // recorded at the first token
 		ex.usage.Begin(w, cc.rreq.PromptTokens, overlap*s.cfg.BlockSize, cc.rreq.OSL)
 	} else {
-		ex.receipt, ex.recorded = prefix.Receipt{}, false
 		ex.usage.Begin(w, cc.rreq.PromptTokens, 0, 0)
 	}
 	ws.m.inflight.Inc()

@@ -282,8 +282,8 @@ func (r *runner) send(ctx context.Context, seq int, req *workload.Request) *Reco
 		return rec
 	}
 	hreq.Header.Set("Content-Type", "application/json")
-	if req.Session != "" && !req.Anonymous {
-		hreq.Header.Set("x-session-id", req.Session)
+	if id := req.WireSession(); id != "" {
+		hreq.Header.Set("x-session-id", id)
 	}
 	t0 := time.Now()
 	rec.Start = t0.Sub(r.start)

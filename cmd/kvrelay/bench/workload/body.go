@@ -28,6 +28,15 @@ type agentHints struct {
 	OSL      int  `json:"osl,omitempty"`
 }
 
+// WireSession is the session id a client sends for r: Session, or "" when there is none or
+// r is Anonymous.
+func (r *Request) WireSession() string {
+	if r.Anonymous {
+		return ""
+	}
+	return r.Session
+}
+
 // Body returns r as the JSON body of a chat completions (r.Chat) or completions request for
 // model: messages (tool calls included) or prompt, max_tokens, ignore_eos, stream with
 // stream_options.include_usage (so the final chunk carries usage and cached tokens), and
@@ -53,10 +62,7 @@ func (r *Request) Body(model string, stream bool) []byte {
 			hints.Priority = &r.Priority
 		}
 	}
-	session := r.Session
-	if r.Anonymous {
-		session = ""
-	}
+	session := r.WireSession()
 	if session != "" || hints != nil {
 		w.NVExt = &nvext{SessionID: session, AgentHints: hints}
 	}
