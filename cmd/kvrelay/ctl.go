@@ -197,7 +197,7 @@ func ctlPolicyCmd(o *ctlOptions) *cobra.Command {
 		Short: "Change the routing policy: only the flags given change",
 		Long: `set reads the current policy, changes the fields whose flags are given, and stores the
 result as a new version, which the control plane pushes to every proxy.`,
-		Example: "  kvrelay ctl policy set --policy kv --overlap-weight 64 --queue-weight 2 --cache-threshold 0.1",
+		Example: "  kvrelay ctl policy set --policy kv --overlap-weight 64 --queue-weight 8 --cache-threshold 0.1",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			fs := cmd.Flags()
@@ -270,7 +270,7 @@ result as a new version, which the control plane pushes to every proxy.`,
 	fs.BoolVar(&kernelSignals, "kernel-load-signals", false, "count connections waiting in a worker's accept queue, and the requests its recent first-byte latency implies, as waiting load (eBPF, where the control plane runs the probes)")
 	fs.StringVar(&disagg, "disagg", "", "auto (split requests into prefill and decode legs when the pool has both roles) or off")
 	fs.Int64Var(&disaggThreshold, "disagg-threshold", 0, "prompts whose uncached part on the decode worker is at most this many tokens prefill there (negative: always remotely)")
-	fs.Float64Var(&queue, "queue-weight", 0, "KV cost of a block of prefill already in flight on the worker")
+	fs.Float64Var(&queue, "queue-weight", 0, "KV cost of a block of the worker's prefill backlog (uncached tokens it still has to compute)")
 	fs.Float64Var(&temperature, "temperature", 0, "> 0 samples workers by a softmax over normalised costs")
 	fs.Float64Var(&threshold, "cache-threshold", 0, "below this cached share of the prompt, spread by load")
 	fs.Float64SliceVar(&tierWeights, "tier-weights", nil, "weights of a cached block on GPU, host memory and disk (e.g. 1,0.75,0.25)")

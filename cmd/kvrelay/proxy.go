@@ -67,7 +67,7 @@ model=NAME,capacity=BLOCKS,role=prefill|decode|both.`,
 	fs.BoolVar(&cfg.ExposeWorkerHeader, "expose-worker-header", false, "add x-kvrelay-worker to responses (reveals topology)")
 	fs.BoolVar(&cfg.ForwardPriority, "forward-priority", false, "send priority hints to engines as their own priority field (vLLM needs --scheduling-policy priority)")
 	fs.Float64Var(&cfg.OverlapWeight, "overlap-weight", cfg.OverlapWeight, "KV cost of a prompt block the worker must compute (a block held by decodes costs 1)")
-	fs.Float64Var(&cfg.QueueWeight, "queue-weight", cfg.QueueWeight, "KV cost of a block of prefill already in flight on the worker")
+	fs.Float64Var(&cfg.QueueWeight, "queue-weight", cfg.QueueWeight, "KV cost of a block of the worker's prefill backlog (uncached tokens it still has to compute)")
 	fs.Float64Var(&cfg.Temperature, "temperature", cfg.Temperature, "> 0 samples workers by a softmax over normalised costs")
 	fs.Float64Var(&cfg.CacheThreshold, "cache-threshold", cfg.CacheThreshold, "below this cached share of the prompt, spread by load")
 	fs.StringVar(&cfg.Disagg, "disagg", cfg.Disagg, "auto (split requests into prefill and decode legs when the pool has both roles) or off")

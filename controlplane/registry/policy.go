@@ -35,7 +35,7 @@ type Policy struct {
 	// Name is the router policy, one of PolicyNames.
 	Name string `json:"name"`
 	// OverlapWeight is the kv cost of a prompt block a worker must compute, against 1 for a
-	// KV block held by decodes; QueueWeight that of a block of prefill in flight on it.
+	// KV block held by decodes; QueueWeight that of a block of its prefill backlog.
 	OverlapWeight float64 `json:"overlap_weight"`
 	QueueWeight   float64 `json:"queue_weight"`
 	// Temperature > 0 samples a softmax over normalised costs instead of taking the lowest.

@@ -146,9 +146,9 @@ var (
 	_ Picker = PowerOfTwo{}
 )
 
-// LeastPrefill picks the worker with the least prefill in flight (uncached prompt tokens not
-// yet past their first token): where a prompt that no worker caches better than another
-// starts computing soonest. An engine computes prefill first come, first served, one chunk a
+// LeastPrefill picks the worker with the least prefill backlog (Worker.PrefillBacklog: the
+// uncached prompt tokens not yet past their first token, less what the engine has computed
+// since): where a prompt that no worker caches better than another starts computing soonest. An engine computes prefill first come, first served, one chunk a
 // step, so a worker with one long prompt in front is busy for seconds while its request
 // count says 1; counting requests (LeastLoaded) sends short prompts behind it. Ties go to the
 // fewest requests, then the least KV in use, then a random one. It is how the kv policy
@@ -160,7 +160,8 @@ type LeastPrefill struct{}
 func (LeastPrefill) Name() string { return "least-prefill" }
 
 func (LeastPrefill) Pick(_ *Request, ws []*Worker, _ []float64) int {
+	now := Clock()
 	return pickLeast(ws, func(w *Worker) loadKey {
-		return loadKey{prefill: w.PrefillTokens(), load: w.Load(), kv: w.KVInUse()}
+		return loadKey{prefill: w.PrefillBacklog(now), load: w.Load(), kv: w.KVInUse()}
 	})
 }

@@ -2,6 +2,7 @@ package route
 
 import (
 	"errors"
+	"math"
 	"strconv"
 	"testing"
 	"time"
@@ -463,5 +464,100 @@ func TestSystemPromptCachedEverywhereSpreads(t *testing.T) {
 	}
 	for _, u := range open {
 		u.End()
+	}
+}
+
+// The backlog model learns how fast a worker prefills from the time between first tokens and
+// takes what the engine has computed since off the tokens still pending; it never exceeds
+// them, and without a rate learned it is the pending tokens.
+func TestPrefillBacklogDrainsAtTheLearnedRate(t *testing.T) {
+	var now int64
+	saved := Clock
+	Clock = func() int64 { return now }
+	t.Cleanup(func() { Clock = saved })
+	const s = int64(time.Second)
+	w := &Worker{ID: "w", Model: "m", BlockSize: 16}
+
+	var a, b, c Usage
+	a.Begin(w, 10000, 0, 0)
+	now = s / 2
+	if got := w.PrefillBacklog(now); got != 10000 {
+		t.Fatalf("nothing learned yet: backlog %d, want the 10000 pending", got)
+	}
+	now = s
+	a.FirstToken() // 10000 tokens in 1 s
+	b.Begin(w, 20000, 0, 0)
+	now = s + s/2
+	if got := w.PrefillBacklog(now); got != 15000 {
+		t.Fatalf("half a second at 10000 tokens/s into 20000: backlog %d, want 15000", got)
+	}
+	if got := w.PrefillTokens(); got != 20000 {
+		t.Fatalf("pending %d, want 20000 until the first token", got)
+	}
+	// Queued behind b, c starts once b is done: b (20000) and c (5000) take 2.5 s from 1 s.
+	c.Begin(w, 5000, 0, 0)
+	if got := w.PrefillBacklog(now); got != 20000 {
+		t.Fatalf("backlog %d after c arrived, want 15000 + 5000", got)
+	}
+	now = 4 * s
+	if got := w.PrefillBacklog(now); got != 0 {
+		t.Fatalf("backlog %d past the time both take at the learned rate, want 0", got)
+	}
+	// The engine was slower than learned: b's first token at 4 s teaches a lower rate
+	// (20000 tokens in 3 s); c is still pending, and the backlog is at most c's tokens.
+	b.FirstToken()
+	if got := w.PrefillBacklog(now); got != 5000 {
+		t.Fatalf("backlog %d right after b's first token, want c's 5000", got)
+	}
+	if r := math.Float64frombits(w.rate.Load()); r < 7000 || r > 8000 {
+		t.Fatalf("learned rate %.0f tokens/s, want between 10000/1 and 20000/3 weighted by tokens", r)
+	}
+	// A request that ends without a first token (aborted, or not streamed) leaves nothing.
+	c.End()
+	a.End()
+	b.End()
+	if got := w.PrefillBacklog(now); got != 0 {
+		t.Fatalf("backlog %d with nothing pending", got)
+	}
+	// What another proxy has in flight (reported) adds to it as it is.
+	w.SetReported(&Reported{PrefillTokens: 700})
+	if got := w.PrefillBacklog(now); got != 700 {
+		t.Fatalf("backlog %d, want the 700 reported", got)
+	}
+}
+
+// A worker that has computed most of a long prompt no longer looks busier than one with a
+// short prompt just queued: new prompts go behind the one that will finish first.
+func TestSpreadFollowsTheBacklogNotThePendingTokens(t *testing.T) {
+	var now int64
+	saved := Clock
+	Clock = func() int64 { return now }
+	t.Cleanup(func() { Clock = saved })
+	r, idx := newRouter(t, Config{}, 2)
+	ws := r.Pool().Workers
+	const s = int64(time.Second)
+	// Both workers learn 10000 tokens/s.
+	for _, w := range ws {
+		var u Usage
+		now = 0
+		u.Begin(w, 10000, 0, 0)
+		now = s
+		u.FirstToken()
+		u.End()
+	}
+	var long, short Usage
+	long.Begin(ws[0], 40000, 0, 0) // at 1 s: done at 5 s
+	now = 4*s + s/2
+	short.Begin(ws[1], 8000, 0, 0) // at 4.5 s: done at 5.3 s
+	defer long.End()
+	defer short.End()
+	var req Request
+	req.Model = "m"
+	req.Hashes, req.PromptTokens = promptChain(7, 7, 0, 40)
+	w, u := send(t, r, idx, &req)
+	u.End()
+	if w != ws[0] {
+		t.Fatalf("new prompt went to %s; want w0, whose long prompt has 5000 tokens left against w1's 8000 (pending %d and %d)",
+			w.ID, ws[0].PrefillTokens(), ws[1].PrefillTokens())
 	}
 }

@@ -2,16 +2,17 @@ package route
 
 // PrefillCost is the prefill term of the KV cost: the prompt blocks worker w would have to
 // compute (blocks it does not cache) times Weight (the policy's overlap_weight), plus the
-// prefill blocks already in flight on it times QueueWeight (queue_weight).
+// blocks of its prefill backlog (Worker.PrefillBacklog) times QueueWeight (queue_weight).
 type PrefillCost struct{ Weight, QueueWeight float64 }
 
 func (PrefillCost) Name() string { return "prefill" }
 
 func (s PrefillCost) Score(req *Request, ws []*Worker, costs []float64) {
+	now := Clock()
 	for i, w := range ws {
 		bs := max(w.BlockSize, 1)
 		uncached := float64(req.PromptBlocks(bs)) - req.Overlap(w)
-		active := float64(w.PrefillTokens()) / float64(bs)
+		active := float64(w.PrefillBacklog(now)) / float64(bs)
 		costs[i] += s.Weight*max(uncached, 0) + s.QueueWeight*active
 	}
 }

@@ -1,6 +1,8 @@
 package route
 
 import (
+	"math"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -39,6 +41,17 @@ type Worker struct {
 	cachedBlocks  atomic.Int64
 	reported      atomic.Pointer[Reported]
 
+	// The prefill backlog model (PrefillBacklog): this proxy's uncached tokens still to
+	// compute, backlog tokens at backlogAt, drained at the learned rate (float64 bits,
+	// tokens per second; 0 until learned). bl guards the writes and the rate's sums.
+	bl         sync.Mutex
+	backlog    atomic.Int64
+	backlogAt  atomic.Int64
+	rate       atomic.Uint64
+	lastFirst  int64   // when the last of this proxy's requests here got its first token
+	rateTokens float64 // decayed sums of prefill tokens and the time they took
+	rateNanos  float64
+
 	ejectedUntil atomic.Int64 // unix nanos
 	failures     atomic.Int32
 	draining     atomic.Bool
@@ -69,6 +82,47 @@ func (w *Worker) PrefillTokens() int64 {
 		n += int64(r.PrefillTokens)
 	}
 	return n
+}
+
+// Clock is the router's monotonic clock in nanoseconds; tests replace it.
+var Clock = func() int64 { return int64(time.Since(clockEpoch)) }
+
+var clockEpoch = time.Now()
+
+// rateDecay weighs each new sample of a worker's prefill rate against the ones before: the
+// estimate follows the last ~50 first tokens.
+const rateDecay = 0.98
+
+// PrefillBacklog is the uncached prompt tokens the worker still has to compute before a new
+// request's prefill can start, as this proxy estimates it at now: its own requests' tokens
+// not yet past their first token, less what the engine has computed since, at the rate this
+// worker was seen to prefill (learned from the time between first tokens; until then nothing
+// is taken off), plus what the engine reports from other proxies. PrefillTokens counts a
+// request's whole prompt until its first token; an engine computes prefill first come, first
+// served, one chunk a step, so a long prompt that started seconds ago has mostly been
+// computed, and the backlog says so.
+func (w *Worker) PrefillBacklog(now int64) int64 {
+	own := w.prefillTokens.Load()
+	if r := math.Float64frombits(w.rate.Load()); r > 0 && own > 0 {
+		// backlog before backlogAt: writers store the time first, so a concurrent update
+		// pairs an old backlog with a newer time at worst, which drains too little.
+		left := float64(w.backlog.Load()) - r*float64(max(0, now-w.backlogAt.Load()))/1e9
+		own = min(own, max(0, int64(left)))
+	}
+	if r := w.reported.Load(); r != nil {
+		own += int64(r.PrefillTokens)
+	}
+	return own
+}
+
+// drainLocked brings the backlog model to now: what the learned rate computed since the
+// last update is taken off, and the backlog never exceeds the tokens still pending. w.bl held.
+func (w *Worker) drainLocked(now int64) int64 {
+	b := w.backlog.Load()
+	if r := math.Float64frombits(w.rate.Load()); r > 0 {
+		b -= int64(r * float64(max(0, now-w.backlogAt.Load())) / 1e9)
+	}
+	return min(max(b, 0), w.prefillTokens.Load())
 }
 
 // DecodeBlocks is the KV blocks this proxy's requests hold or are predicted to hold on the
@@ -164,25 +218,48 @@ type Usage struct {
 	decodeBlocks  int64
 	promptTokens  int
 	osl           int
+	begun         int64 // Clock at Begin
 }
 
 // Begin starts accounting a request on w: uncached prompt tokens to prefill and the blocks
 // it will hold (prompt plus expected output, when osl predicts it).
 func (u *Usage) Begin(w *Worker, promptTokens, cachedTokens, osl int) {
 	bs := max(w.BlockSize, 1)
-	*u = Usage{w: w, prefillTokens: int64(max(promptTokens-cachedTokens, 0)), promptTokens: promptTokens, osl: osl}
+	now := Clock()
+	*u = Usage{w: w, prefillTokens: int64(max(promptTokens-cachedTokens, 0)), promptTokens: promptTokens, osl: osl, begun: now}
 	u.decodeBlocks = int64((promptTokens + osl + bs - 1) / bs)
 	w.inflight.Add(1)
-	w.prefillTokens.Add(u.prefillTokens)
 	w.decodeBlocks.Add(u.decodeBlocks)
+	w.bl.Lock()
+	b := w.drainLocked(now)
+	w.prefillTokens.Add(u.prefillTokens)
+	w.backlogAt.Store(now)
+	w.backlog.Store(b + u.prefillTokens)
+	w.bl.Unlock()
 }
 
-// FirstToken ends the request's prefill.
+// FirstToken ends the request's prefill. It also teaches the worker's backlog model how fast
+// the engine prefills: with requests served first come, first served, the engine computed
+// this request's uncached tokens between the later of its start and the previous first token
+// there, and now.
 func (u *Usage) FirstToken() {
-	if u.w != nil && u.prefillTokens != 0 {
-		u.w.prefillTokens.Add(-u.prefillTokens)
-		u.prefillTokens = 0
+	if u.w == nil || u.prefillTokens == 0 {
+		return
 	}
+	w, now := u.w, Clock()
+	w.bl.Lock()
+	if took := now - max(u.begun, w.lastFirst); took > 0 {
+		w.rateTokens = w.rateTokens*rateDecay + float64(u.prefillTokens)
+		w.rateNanos = w.rateNanos*rateDecay + float64(took)
+		w.rate.Store(math.Float64bits(w.rateTokens / w.rateNanos * 1e9))
+	}
+	w.lastFirst = max(w.lastFirst, now)
+	// Everything in front of this request has been computed and the ones behind it start
+	// now: what is left is the tokens still pending.
+	w.backlogAt.Store(now)
+	w.backlog.Store(w.prefillTokens.Add(-u.prefillTokens))
+	w.bl.Unlock()
+	u.prefillTokens = 0
 }
 
 // Generated grows the request's blocks with its output, once the output passes what osl
