@@ -197,6 +197,8 @@ func TestWorkersReachClientExactly(t *testing.T) {
 		t.Fatal("client never synced")
 	}
 	waitUntil(t, "initial state", hasState(p, ws, policy))
+	// The client applies a response (the state above) before it counts the ACK it sends.
+	waitUntil(t, "client to count its ACKs", func() bool { return p.c.Stats().ACKs+p.c.Stats().NACKs >= 2 })
 	st := p.c.Stats()
 	if st.Responses != 2 || st.Resources != 4 || st.ACKs != 2 || st.NACKs != 0 || !st.Connected {
 		t.Fatalf("after sync: %+v, want 2 responses (3 workers, 1 policy), 2 ACKs", st)
