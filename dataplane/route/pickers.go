@@ -148,13 +148,14 @@ var (
 
 // LeastPrefill picks the worker with the least prefill backlog (Worker.PrefillBacklog: the
 // uncached prompt tokens not yet past their first token, less what the engine has computed
-// since): where a prompt that no worker caches better than another starts computing soonest. An engine computes prefill first come, first served, one chunk a
-// step, so a worker with one long prompt in front is busy for seconds while its request
-// count says 1; counting requests (LeastLoaded) sends short prompts behind it. Ties go to the
-// fewest requests, then the least KV in use, then a random one. It is how the kv policy
-// spreads prompts no worker caches better than the others. On the Mooncake conversation
-// trace (8 workers, round-robin loaded to ~80%) it took the kv policy's TTFT p50 from
-// 341-378 ms to 256-262 ms, against round-robin's 615-660 ms.
+// since): where a prompt that no worker caches better than another starts computing
+// soonest. An engine computes prefill first come, first served, one chunk a step, so a
+// worker with one long prompt in front is busy for seconds while its request count says 1;
+// counting requests (LeastLoaded) sends short prompts behind it. Ties go to the fewest
+// requests, then the least KV in use, then a random one. It is how the kv policy spreads
+// prompts no worker caches better than the others. On the Mooncake conversation trace (8
+// workers, round-robin loaded to ~80%) it took the kv policy's TTFT p50 from 341-378 ms to
+// 256-262 ms, against round-robin's 615-660 ms.
 type LeastPrefill struct{}
 
 func (LeastPrefill) Name() string { return "least-prefill" }

@@ -102,22 +102,19 @@ const rateDecay = 0.98
 // served, one chunk a step, so a long prompt that started seconds ago has mostly been
 // computed, and the backlog says so.
 func (w *Worker) PrefillBacklog(now int64) int64 {
-	own := w.prefillTokens.Load()
-	if r := math.Float64frombits(w.rate.Load()); r > 0 && own > 0 {
-		// backlog before backlogAt: writers store the time first, so a concurrent update
-		// pairs an old backlog with a newer time at worst, which drains too little.
-		left := float64(w.backlog.Load()) - r*float64(max(0, now-w.backlogAt.Load()))/1e9
-		own = min(own, max(0, int64(left)))
-	}
+	n := w.ownBacklog(now)
 	if r := w.reported.Load(); r != nil {
-		own += int64(r.PrefillTokens)
+		n += int64(r.PrefillTokens)
 	}
-	return own
+	return n
 }
 
-// drainLocked brings the backlog model to now: what the learned rate computed since the
-// last update is taken off, and the backlog never exceeds the tokens still pending. w.bl held.
-func (w *Worker) drainLocked(now int64) int64 {
+// ownBacklog is the backlog model at now: the backlog of the last update less what the
+// learned rate computed since, never below 0 nor above this proxy's tokens still pending.
+// Without a rate it is the pending tokens. Writers (Begin, FirstToken) hold w.bl.
+func (w *Worker) ownBacklog(now int64) int64 {
+	// backlog before backlogAt: writers store the time first, so a concurrent update pairs
+	// an old backlog with a newer time at worst, which drains too little.
 	b := w.backlog.Load()
 	if r := math.Float64frombits(w.rate.Load()); r > 0 {
 		b -= int64(r * float64(max(0, now-w.backlogAt.Load())) / 1e9)
@@ -231,7 +228,7 @@ func (u *Usage) Begin(w *Worker, promptTokens, cachedTokens, osl int) {
 	w.inflight.Add(1)
 	w.decodeBlocks.Add(u.decodeBlocks)
 	w.bl.Lock()
-	b := w.drainLocked(now)
+	b := w.ownBacklog(now)
 	w.prefillTokens.Add(u.prefillTokens)
 	w.backlogAt.Store(now)
 	w.backlog.Store(b + u.prefillTokens)
