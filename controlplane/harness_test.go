@@ -644,6 +644,55 @@ func TestKernelLoadSignalsFollowThePolicy(t *testing.T) {
 	}
 }
 
+// A load change the view signals right after a forced publish (a policy change publishes at
+// once) reaches the proxies at the next tick that may publish, not at the next change: the
+// rate limit skips a tick less than PublishInterval after the forced publish, and the change
+// stays pending. Here nothing else changes after the policy turns kernel_load_signals on.
+func TestLoadChangeAfterAForcedPublishReachesProxies(t *testing.T) {
+	ws := startWorkers(t, 1)
+	cp, err := controlplane.New(controlplane.Options{
+		XDSListen: "127.0.0.1:0", APIListen: "127.0.0.1:0", DataDir: t.TempDir(), APIToken: "secret",
+		Workers:        []registry.Worker{{ID: "w0", URL: ws[0].URL(), BlockSize: 16, Engine: "sim"}},
+		ScrapeInterval: 20 * time.Millisecond, PublishInterval: 300 * time.Millisecond, Logger: quiet(),
+		KernelWaiting: func(id string) (int, bool) { return 9, id == "w0" },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cp.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cp.Close() })
+	c := &cluster{t: t}
+	p := c.addProxy(cp.XDSAddr())
+	waitWorkers(t, p, 1)
+	load := func() int64 {
+		for _, w := range p.Workers() {
+			if w.ID == "w0" {
+				return w.Load()
+			}
+		}
+		return -1
+	}
+	time.Sleep(400 * time.Millisecond) // scraped and published, idle
+	if n := load(); n != 0 {
+		t.Fatalf("proxy sees load %d on the idle worker with kernel_load_signals off, want 0", n)
+	}
+	pol := cp.Registry().Policy()
+	pol.KernelLoadSignals = true
+	if _, err := cp.Registry().SetPolicy(pol); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for load() != 9 {
+		if time.Now().After(deadline) {
+			st, _ := cp.View().Get("w0")
+			t.Fatalf("proxy sees load %d, the view waiting %d: the change was never published", load(), st.Load.Waiting)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // An engine whose answers come late (a relay holds every chunk 40 ms each way) shows more
 // waiting load in the control plane's view, and gets fewer new requests through a proxy,
 // while kernel_load_signals is on, and not while it is off: the eBPF first_byte probe times
@@ -655,9 +704,7 @@ func TestKernelFirstByteSteersRouting(t *testing.T) {
 	ws := startWorkers(t, 2)
 	slowURL := "http://" + delayRelay(t, strings.TrimPrefix(ws[1].URL(), "http://"), 40*time.Millisecond)
 	probes := ebpf.New(ebpf.Config{Mode: ebpf.ModeOn, Probes: []string{ebpf.ProbeFirstByte},
-		// A window far longer than the wait below for the proxy to see the load: under a busy
-		// make test the path view -> xDS -> proxy has taken over 1.5 s.
-		SampleInterval: 50 * time.Millisecond, FirstByteWindow: 20 * time.Second, Logger: quiet()})
+		SampleInterval: 50 * time.Millisecond, Logger: quiet()})
 	if err := probes.Start(context.Background()); err != nil {
 		t.Skipf("probes: %v", err)
 	}
@@ -743,9 +790,9 @@ func TestKernelFirstByteSteersRouting(t *testing.T) {
 	if _, err := cp.Registry().SetPolicy(pol); err != nil {
 		t.Fatal(err)
 	}
-	// The proxy sees the slow worker loaded before the window forgets its answers.
+	// The proxy sees the slow worker loaded before the window (2 s) forgets its answers.
 	start := time.Now()
-	deadline := start.Add(15 * time.Second)
+	deadline := start.Add(1500 * time.Millisecond)
 	for {
 		var load int64
 		for _, w := range p.Workers() {

@@ -329,8 +329,8 @@ func (s *Server) loop(ctx context.Context) {
 		case <-s.xds.LoadChanged():
 			dirty = true
 		case <-tick.C:
-			if dirty {
-				s.publish(false)
+			// A change a forced publish left behind stays pending until a tick publishes it.
+			if dirty && s.publish(false) {
 				dirty = false
 			}
 		}
@@ -368,18 +368,20 @@ func (s *Server) reconcile() {
 	}
 }
 
-// publish pushes the workers with their current load; force skips the rate limit.
-func (s *Server) publish(force bool) {
+// publish pushes the workers with their current load; force skips the rate limit. It
+// reports whether it pushed (false: the last push was less than PublishInterval ago).
+func (s *Server) publish(force bool) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := time.Now().UnixNano()
 	if !force && now-s.published < int64(s.opts.PublishInterval) {
-		return
+		return false
 	}
 	s.published = now
 	if err := s.xds.SetWorkers(s.workerResources()); err != nil {
 		s.log.Error("workers not published", "err", err)
 	}
+	return true
 }
 
 // workerResources builds the Worker resources from the registry, the load view, the index's
