@@ -598,12 +598,17 @@ func TestDisaggregatedPoolsOverXDS(t *testing.T) {
 
 // The kernel's accept-queue backlog counts as waiting load only while the routing policy's
 // kernel_load_signals is on (the eBPF probes' reading is faked here).
-func TestKernelLoadSignalsFollowThePolicy(t *testing.T) {
+// kernelWaitingControlPlane starts a control plane over one simulated worker, w0, whose
+// kernel signals always say 9 requests wait in front of it (counted while the policy's
+// kernel_load_signals is on), scraped every 20 ms and published at most every
+// publishInterval (0: the default).
+func kernelWaitingControlPlane(t *testing.T, publishInterval time.Duration) *controlplane.Server {
+	t.Helper()
 	ws := startWorkers(t, 1)
 	cp, err := controlplane.New(controlplane.Options{
 		XDSListen: "127.0.0.1:0", APIListen: "127.0.0.1:0", DataDir: t.TempDir(), APIToken: "secret",
 		Workers:        []registry.Worker{{ID: "w0", URL: ws[0].URL(), BlockSize: 16, Engine: "sim"}},
-		ScrapeInterval: 20 * time.Millisecond, Logger: quiet(),
+		ScrapeInterval: 20 * time.Millisecond, PublishInterval: publishInterval, Logger: quiet(),
 		KernelWaiting: func(id string) (int, bool) { return 9, id == "w0" },
 	})
 	if err != nil {
@@ -613,6 +618,21 @@ func TestKernelLoadSignalsFollowThePolicy(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = cp.Close() })
+	return cp
+}
+
+// kernelLoadSignalsOn turns the routing policy's kernel_load_signals on.
+func kernelLoadSignalsOn(t *testing.T, cp *controlplane.Server) {
+	t.Helper()
+	pol := cp.Registry().Policy()
+	pol.KernelLoadSignals = true
+	if _, err := cp.Registry().SetPolicy(pol); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestKernelLoadSignalsFollowThePolicy(t *testing.T) {
+	cp := kernelWaitingControlPlane(t, 0)
 	waiting := func() int {
 		st, _ := cp.View().Get("w0")
 		return st.Load.Waiting
@@ -631,11 +651,7 @@ func TestKernelLoadSignalsFollowThePolicy(t *testing.T) {
 	if n := waiting(); n != 0 {
 		t.Fatalf("waiting %d with kernel_load_signals off, want 0", n)
 	}
-	p := cp.Registry().Policy()
-	p.KernelLoadSignals = true
-	if _, err := cp.Registry().SetPolicy(p); err != nil {
-		t.Fatal(err)
-	}
+	kernelLoadSignalsOn(t, cp)
 	for waiting() != 9 {
 		if time.Now().After(deadline.Add(5 * time.Second)) {
 			t.Fatalf("waiting %d with kernel_load_signals on, want 9", waiting())
@@ -649,20 +665,7 @@ func TestKernelLoadSignalsFollowThePolicy(t *testing.T) {
 // rate limit skips a tick less than PublishInterval after the forced publish, and the change
 // stays pending. Here nothing else changes after the policy turns kernel_load_signals on.
 func TestLoadChangeAfterAForcedPublishReachesProxies(t *testing.T) {
-	ws := startWorkers(t, 1)
-	cp, err := controlplane.New(controlplane.Options{
-		XDSListen: "127.0.0.1:0", APIListen: "127.0.0.1:0", DataDir: t.TempDir(), APIToken: "secret",
-		Workers:        []registry.Worker{{ID: "w0", URL: ws[0].URL(), BlockSize: 16, Engine: "sim"}},
-		ScrapeInterval: 20 * time.Millisecond, PublishInterval: 300 * time.Millisecond, Logger: quiet(),
-		KernelWaiting: func(id string) (int, bool) { return 9, id == "w0" },
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cp.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cp.Close() })
+	cp := kernelWaitingControlPlane(t, 300*time.Millisecond)
 	c := &cluster{t: t}
 	p := c.addProxy(cp.XDSAddr())
 	waitWorkers(t, p, 1)
@@ -678,11 +681,7 @@ func TestLoadChangeAfterAForcedPublishReachesProxies(t *testing.T) {
 	if n := load(); n != 0 {
 		t.Fatalf("proxy sees load %d on the idle worker with kernel_load_signals off, want 0", n)
 	}
-	pol := cp.Registry().Policy()
-	pol.KernelLoadSignals = true
-	if _, err := cp.Registry().SetPolicy(pol); err != nil {
-		t.Fatal(err)
-	}
+	kernelLoadSignalsOn(t, cp)
 	deadline := time.Now().Add(5 * time.Second)
 	for load() != 9 {
 		if time.Now().After(deadline) {
@@ -785,11 +784,7 @@ func TestKernelFirstByteSteersRouting(t *testing.T) {
 		t.Fatalf("kernel_load_signals off: the view counts %d waiting on the slow worker, want 0", w)
 	}
 
-	pol := cp.Registry().Policy()
-	pol.KernelLoadSignals = true
-	if _, err := cp.Registry().SetPolicy(pol); err != nil {
-		t.Fatal(err)
-	}
+	kernelLoadSignalsOn(t, cp)
 	// The proxy sees the slow worker loaded before the window (2 s) forgets its answers.
 	start := time.Now()
 	deadline := start.Add(1500 * time.Millisecond)
