@@ -8,27 +8,37 @@
 #   hack/bench-compare.sh [mooncake|agentic|all|capacity|agentic-capacity]
 #
 # LOAD sets how many times faster requests arrive than the engines run (arrival speedup /
-# engine speedup). BLOCKS is each worker's KV cache in 16-token blocks (65536 ≈ 1M tokens, an
-# H200 serving gpt-oss-120b). `capacity` measures round-robin's capacity on the Mooncake
-# requests: the same 2000 requests arriving 60 times faster than the engines run, so that the
-# cluster is always backlogged, and its "requests/s mid-run" (completions between the first
-# and the last fifth of them, in the engines' time); it prints what LOAD offers against that.
-# With 8 workers of 65536 blocks at engine speedup 0.5 round-robin sustained 21.3 requests/s,
-# and LOAD=6 offers 17.9 (2000 requests in 669 s of trace, 6 times faster): 84% of its
-# capacity. LOAD=2-3 leaves it lightly loaded. The tables' "shared-LRU" rate is what one LRU cache of the
-# whole cluster's blocks would reach: with 8 × 65536 blocks it is 86% of the unbounded ideal on
-# this trace (kv reaches 98% of it; 90% of ideal would take routing that beats one shared LRU);
-# BLOCKS=131072 holds the trace's working set (shared-LRU equals the ideal) and, at LOAD=7, loads round-robin about as LOAD=6 does at
-# 65536. ENGINE_SPEEDUP compresses the engines' step times and the
-# run's wall time; bench compare reports times multiplied back by it. It defaults to 0.5
-# (about 4.6 minutes per policy): the whole cluster runs in one process, and on a 2-core
-# machine faster engines go short of CPU. At 2 the same kv run measured a TTFT p50 anywhere
-# from 0.44 s to 1.06 s; at 1 kv's TTFT p50 was 2.36-2.46x round-robin's, at 0.5 (table row
-# "engine stall" 0.0-0.2%) 2.96x, 2.84x and 2.38x: kv steady at 240-248 ms, round-robin
-# 592-734 ms from run to run.
-# With the queue term on the learned prefill backlog and queue weight 8 (the defaults now),
-# kv alone measured 231 ms twice (hit rate 86.1-86.5% of ideal); the last 4-policy
-# run before it: kv 242.7 ms, round-robin 583.9 (2.41x), goodput 11.68 vs 4.13 req/s.
+# engine speedup). BLOCKS is each worker's KV cache in 16-token blocks: 65536 ≈ 1M tokens, an
+# H200 serving gpt-oss-120b with a bf16 KV cache; 131072 the same with an fp8 KV cache.
+# The tables' "shared-LRU" rate is what one LRU cache of the whole cluster's blocks would
+# reach: with 8 × 65536 blocks it is 86% of the unbounded ideal on this trace (kv reaches
+# 98% of it, so 90% of ideal would take routing that beats one shared LRU); 8 × 131072 blocks
+# hold the trace's working set (shared-LRU equals the ideal).
+# `capacity` runs round-robin alone at each LOAD of LOADS (default "5 6 7 8 9") and prints one
+# line per load: offered and completed requests/s, TTFT p50 and p90, goodput share. With
+# 131072 blocks round-robin's TTFT p50 measured 417 ms at LOAD=6 (17.9 requests/s offered,
+# 74% of requests within the SLO), 706 and 743 ms at 7 (41%, 37%), 1.4 s at 8 (16%), 2.8 s at
+# 9 (7%), 10 s at 12: from 8 on its backlog grows for the whole run, so its capacity lies
+# near LOAD=7.5 and 80% of it near LOAD=6. (This mode used to take the "requests/s mid-run"
+# of one saturated run, the 2000 requests arriving 60 times faster than the engines run:
+# 21.3 requests/s at 65536 blocks, 45.4 at 131072. Saturated, every engine step carries a
+# full prefill chunk, decodes crawl until the arrivals stop and then finish in a burst, and
+# that rate overstates what round-robin sustains.)
+# Measured with 131072 blocks, kv against round-robin: at LOAD=7 TTFT p50 205 vs 706 ms
+# (3.44x) and 212 vs 743 ms (3.51x), goodput 16.4 vs 7.2 and 16.5 vs 6.3 requests/s (2.29x,
+# 2.63x), hit rate 95.5% and 95.4% of ideal; at LOAD=6 TTFT p50 194 vs 417 ms (2.15x),
+# goodput 15.5 vs 11.5 (1.35x), hit rate 96.6%. kv's TTFT p50 is the median request's own
+# prefill on a worker with nothing queued; the ratio follows how loaded round-robin is.
+# BLOCKS defaults to 131072 for the Mooncake runs and LOAD to 6, round-robin's 80%. With
+# 65536 blocks and LOAD=6 (round-robin's TTFT p50 584-722 ms from run to run, as at 131072
+# blocks and LOAD=7) kv measured 231-243 ms, 2.41x and 2.99x round-robin in two runs, goodput
+# 2.83x and 2.87x, hit rate 85-86.5% of ideal.
+# ENGINE_SPEEDUP compresses the engines' step times and the run's wall time; bench compare
+# reports times multiplied back by it. It defaults to 0.5 (about 4.6 minutes per policy): the
+# whole cluster runs in one process, and on a 2-core machine faster engines go short of CPU.
+# At 2 the same kv run measured a TTFT p50 anywhere from 0.44 s to 1.06 s; at 1 (65536 blocks,
+# before the backlog queue term) kv's TTFT p50 was 2.36-2.46x round-robin's, at 0.5 2.96x,
+# 2.84x and 2.38x.
 # OVERLAP_WEIGHT, QUEUE_WEIGHT and CACHE_THRESHOLD override the kv policy's defaults.
 # The agentic run starts RATE sessions per second of the workload's time (Poisson), SESSIONS in
 # all, and runs each to its end (22 model calls at the workload's defaults). Its times (think,
@@ -38,9 +48,10 @@
 # SDK client without kvrelay's hints would: only routing on the prompt keeps a session on its
 # cache. With session ids every policy binds a session to its first worker and the policies
 # barely differ (600 sessions: kv's TTFT p50 1.06x round-robin's, hit rate 99.4% of ideal
-# against 98.2%). `agentic-capacity` measures round-robin's capacity on the workload as
-# `capacity` does on Mooncake: 2000 sessions starting within 50 s, the first 16000 calls,
-# "requests/s mid-run": 90.8 requests/s without session ids (engine stall 3.2%, so somewhat
+# against 98.2%). `agentic-capacity` measures round-robin's capacity on the workload from one
+# saturated run: 2000 sessions starting within 50 s, the first 16000 calls, "requests/s
+# mid-run" (the saturated measure that overstates Mooncake's capacity; take it as an upper
+# bound): 90.8 requests/s without session ids (engine stall 3.2%, so somewhat
 # more). Round-robin then sustained 56.8 requests/s mid-run with 600 sessions (63%), 60.3
 # with 900 (66%) and 63.1 with 1200 (69%): in a closed loop its calls slow down as it fills
 # (E2E p50 11.1, 15.3, 19.4 s) instead of queueing more, so 80% is out of reach of session
@@ -51,6 +62,15 @@
 # worst calls spread over all 8 workers), goodput 74.1 req/s, hit rate 99.4% of ideal; at 900
 # beside round-robin: TTFT p50 72.6 vs 100.9 ms (1.39x), p99 164.6 vs 228.5, goodput 67.75 vs
 # 43.71 req/s (1.55x), hit rate 99.4% vs 76.5% of ideal.
+# AGENTIC_OPTS appends workload parameters and REQUESTS caps the calls. A coding agent's
+# shape, AGENTIC_OPTS=preamble=12000,tool=1500 SESSIONS=600 REQUESTS=9000: kv against
+# round-robin TTFT p50 97.8 vs 170.0 ms (1.74x), p90 200 vs 580 ms (2.90x), p99 504 vs 3368
+# ms, goodput 43.1 vs 11.0 requests/s (3.9x), hit rate 99.3% vs 75.6% of ideal. The median
+# call's uncached tokens were 1440 for kv and 5445 for round-robin: prefill steps of 39 and
+# 112 ms in the engines' model (16.5 ms + 0.015 ms per token + a quadratic term), and both
+# TTFTs carry ~55 ms more (the decode share of the step, the wait for the step under way) that
+# no routing removes. So kv's TTFT p50 is ~1.4-1.7x round-robin's on these workloads until
+# round-robin queues.
 # AGENTIC_SPEEDUP divides arrivals and the engines' step times alike: at 1 the 2-core
 # machine starved the in-process engines ("engine stall" 3.2% for kv, whose control plane
 # indexes and replicates every KV event in the same process, 1.6% for the others) and every
@@ -63,7 +83,7 @@ OUT=${OUT:-bench-results}
 TRACE=${TRACE:-../shared/traces/mooncake-conversation.jsonl}
 ENGINE_SPEEDUP=${ENGINE_SPEEDUP:-0.5}
 LOAD=${LOAD:-6}
-BLOCKS=${BLOCKS:-65536}
+BLOCKS=${BLOCKS:-}
 OVERLAP_WEIGHT=${OVERLAP_WEIGHT:-}
 SESSIONS=${SESSIONS:-900}
 RATE=${RATE:-8}
@@ -75,37 +95,43 @@ go build -o bin/kvrelay ./cmd/kvrelay
 arrival=$(python3 -c "print($ENGINE_SPEEDUP * $LOAD)")
 
 if [ "$what" = capacity ]; then
-  saturate=$(python3 -c "print($ENGINE_SPEEDUP * 60)")
-  bin/kvrelay bench compare --workers 8 --policies round-robin \
-    --workload "mooncake:path=$TRACE,requests=2000" --num-gpu-blocks "$BLOCKS" \
-    --speedup "$saturate" --engine-speedup "$ENGINE_SPEEDUP" --out "$OUT/capacity"
-  python3 - "$OUT/capacity/results.json" "$TRACE" "$LOAD" <<'EOF'
+  # Round-robin alone at each LOAD of LOADS, one line each: its capacity is where its TTFT turns
+  # from a queue's wait into a backlog that grows for the whole run.
+  for load in ${LOADS:-5 6 7 8 9}; do
+    bin/kvrelay bench compare --workers 8 --policies round-robin \
+      --workload "mooncake:path=$TRACE,requests=2000" --num-gpu-blocks "${BLOCKS:-131072}" \
+      --speedup "$(python3 -c "print($ENGINE_SPEEDUP * $load)")" --engine-speedup "$ENGINE_SPEEDUP" \
+      --out "$OUT/capacity/load-$load"
+  done
+  python3 - "$OUT/capacity" "$TRACE" ${LOADS:-5 6 7 8 9} <<'EOF'
 import json, sys
-capacity = json.load(open(sys.argv[1]))[0]["summary"]["mid_run_requests_per_s"]
 with open(sys.argv[2]) as f:
     ts = [json.loads(line)["timestamp"] / 1000 for _, line in zip(range(2000), f)]
-load = float(sys.argv[3])
-offered = len(ts) * load / (ts[-1] - ts[0])
-print(f"round-robin capacity: {capacity:.2f} requests/s; LOAD={load:g} offers {offered:.2f}, "
-      f"{100 * offered / capacity:.0f}% of it; 80% would be LOAD={load * 0.8 * capacity / offered:.2f}")
+print("| LOAD | offered req/s | completed req/s | TTFT p50 | TTFT p90 | goodput share |")
+print("|---:|---:|---:|---:|---:|---:|")
+for load in sys.argv[3:]:
+    s = json.load(open(f"{sys.argv[1]}/load-{load}/results.json"))[0]["summary"]
+    offered = len(ts) * float(load) / (ts[-1] - ts[0])
+    print(f"| {load} | {offered:.1f} | {s['requests_per_s']:.1f} | {s['ttft']['p50_ns'] / 1e6:.0f} ms "
+          f"| {s['ttft']['p90_ns'] / 1e6:.0f} ms | {100 * s['goodput_share']:.1f}% |")
 EOF
 fi
 if [ "$what" = agentic-capacity ]; then
   # 2000 sessions starting within 50 s keep the cluster backlogged; the first 16000 calls.
   bin/kvrelay bench compare --workers 8 --policies round-robin \
-    --workload "agentic:sessions=2000,rate=40,session_ids=$SESSION_IDS" --requests 16000 \
-    --num-gpu-blocks "$BLOCKS" --speedup "$AGENTIC_SPEEDUP" --engine-speedup "$AGENTIC_SPEEDUP" \
+    --workload "agentic:sessions=2000,rate=40,session_ids=$SESSION_IDS${AGENTIC_OPTS:+,$AGENTIC_OPTS}" --requests 16000 \
+    --num-gpu-blocks "${BLOCKS:-65536}" --speedup "$AGENTIC_SPEEDUP" --engine-speedup "$AGENTIC_SPEEDUP" \
     --out "$OUT/agentic-capacity"
 fi
 if [ "$what" = mooncake ] || [ "$what" = all ]; then
   bin/kvrelay bench compare --workers 8 --policies "$POLICIES" \
-    --workload "mooncake:path=$TRACE,requests=2000" --num-gpu-blocks "$BLOCKS" \
+    --workload "mooncake:path=$TRACE,requests=2000" --num-gpu-blocks "${BLOCKS:-131072}" \
     ${OVERLAP_WEIGHT:+--overlap-weight $OVERLAP_WEIGHT} ${QUEUE_WEIGHT:+--queue-weight $QUEUE_WEIGHT} ${CACHE_THRESHOLD:+--cache-threshold $CACHE_THRESHOLD} \
     --speedup "$arrival" --engine-speedup "$ENGINE_SPEEDUP" --out "$OUT/mooncake"
 fi
 if [ "$what" = agentic ] || [ "$what" = all ]; then
   bin/kvrelay bench compare --workers 8 --policies "$POLICIES" \
-    --workload "agentic:sessions=$SESSIONS,rate=$RATE,session_ids=$SESSION_IDS" --num-gpu-blocks "$BLOCKS" \
+    --workload "agentic:sessions=$SESSIONS,rate=$RATE,session_ids=$SESSION_IDS${AGENTIC_OPTS:+,$AGENTIC_OPTS}" ${REQUESTS:+--requests $REQUESTS} --num-gpu-blocks "${BLOCKS:-65536}" \
     ${OVERLAP_WEIGHT:+--overlap-weight $OVERLAP_WEIGHT} ${QUEUE_WEIGHT:+--queue-weight $QUEUE_WEIGHT} ${CACHE_THRESHOLD:+--cache-threshold $CACHE_THRESHOLD} \
     --speedup "$AGENTIC_SPEEDUP" --engine-speedup "$AGENTIC_SPEEDUP" --out "$OUT/agentic"
 fi
