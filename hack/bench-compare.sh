@@ -24,11 +24,15 @@
 # 21.3 requests/s at 65536 blocks, 45.4 at 131072. Saturated, every engine step carries a
 # full prefill chunk, decodes crawl until the arrivals stop and then finish in a burst, and
 # that rate overstates what round-robin sustains.)
-# Measured with 131072 blocks, kv against round-robin: at LOAD=7 TTFT p50 205 vs 706 ms
-# (3.44x) and 212 vs 743 ms (3.51x), goodput 16.4 vs 7.2 and 16.5 vs 6.3 requests/s (2.29x,
-# 2.63x), hit rate 95.5% and 95.4% of ideal; at LOAD=6 TTFT p50 194 vs 417 ms (2.15x),
-# goodput 15.5 vs 11.5 (1.35x), hit rate 96.6%. kv's TTFT p50 is the median request's own
-# prefill on a worker with nothing queued; the ratio follows how loaded round-robin is.
+# Measured with 131072 blocks, kv against round-robin, three runs at LOAD=7: TTFT p50 205 vs
+# 706 ms (3.44x), 212 vs 743 (3.51x), 214 vs 704 (3.29x); goodput 2.29x, 2.63x, 2.48x; hit
+# rate 94.7-95.5% of ideal. Two at LOAD=6: TTFT p50 194 vs 417 ms (2.15x), 193 vs 416
+# (2.16x); goodput 15.5 vs 11.5 and 15.2 vs 12.0 requests/s (1.35x, 1.26x); hit rate 96.6%
+# and 96.7%. Three kv requests in four find under 10% of their prompt cached anywhere and go
+# to the least-backlogged worker; their TTFT (p50 199 ms at LOAD=6) is mostly their own
+# prefill (6.4k uncached tokens at the median, ~130 ms in the engines' model) plus ~40 ms of
+# step wait and decode share, so kv's TTFT p50 stays near 190 ms and the ratio follows how
+# loaded round-robin is.
 # BLOCKS defaults to 131072 for the Mooncake runs and LOAD to 6, round-robin's 80%. With
 # 65536 blocks and LOAD=6 (round-robin's TTFT p50 584-722 ms from run to run, as at 131072
 # blocks and LOAD=7) kv measured 231-243 ms, 2.41x and 2.99x round-robin in two runs, goodput
