@@ -337,6 +337,16 @@ func TestProxiesKeepRoutingWithoutTheControlPlaneAndResync(t *testing.T) {
 	}
 }
 
+// workerLoad is the load the proxy sees on worker id, -1 if it does not know the worker.
+func workerLoad(p *proxy.Server, id string) int64 {
+	for _, w := range p.Workers() {
+		if w.ID == id {
+			return w.Load()
+		}
+	}
+	return -1
+}
+
 // workerStates describes what a proxy knows of each worker, for a failed routing assertion:
 // whether it is draining (as last pushed: a worker the control plane saw unhealthy stays so
 // while it is down), ejected, and its load.
@@ -596,8 +606,6 @@ func TestDisaggregatedPoolsOverXDS(t *testing.T) {
 	}
 }
 
-// The kernel's accept-queue backlog counts as waiting load only while the routing policy's
-// kernel_load_signals is on (the eBPF probes' reading is faked here).
 // kernelWaitingControlPlane starts a control plane over one simulated worker, w0, whose
 // kernel signals always say 9 requests wait in front of it (counted while the policy's
 // kernel_load_signals is on), scraped every 20 ms and published at most every
@@ -631,6 +639,8 @@ func kernelLoadSignalsOn(t *testing.T, cp *controlplane.Server) {
 	}
 }
 
+// The kernel's accept-queue backlog counts as waiting load only while the routing policy's
+// kernel_load_signals is on (the eBPF probes' reading is faked here).
 func TestKernelLoadSignalsFollowThePolicy(t *testing.T) {
 	cp := kernelWaitingControlPlane(t, 0)
 	waiting := func() int {
@@ -669,14 +679,7 @@ func TestLoadChangeAfterAForcedPublishReachesProxies(t *testing.T) {
 	c := &cluster{t: t}
 	p := c.addProxy(cp.XDSAddr())
 	waitWorkers(t, p, 1)
-	load := func() int64 {
-		for _, w := range p.Workers() {
-			if w.ID == "w0" {
-				return w.Load()
-			}
-		}
-		return -1
-	}
+	load := func() int64 { return workerLoad(p, "w0") }
 	time.Sleep(400 * time.Millisecond) // scraped and published, idle
 	if n := load(); n != 0 {
 		t.Fatalf("proxy sees load %d on the idle worker with kernel_load_signals off, want 0", n)
@@ -789,12 +792,7 @@ func TestKernelFirstByteSteersRouting(t *testing.T) {
 	start := time.Now()
 	deadline := start.Add(1500 * time.Millisecond)
 	for {
-		var load int64
-		for _, w := range p.Workers() {
-			if w.ID == "w1" {
-				load = w.Load()
-			}
-		}
+		load := workerLoad(p, "w1")
 		if load >= 2 {
 			t.Logf("kernel_load_signals on: the proxy saw load %d on the slow worker after %v", load, time.Since(start).Round(time.Millisecond))
 			break

@@ -154,8 +154,9 @@ var (
 // counting requests (LeastLoaded) sends short prompts behind it. Ties go to the fewest
 // requests, then the least KV in use, then a random one. It is how the kv policy spreads
 // prompts no worker caches better than the others. On the Mooncake conversation trace (8
-// workers, round-robin loaded to ~80%) it took the kv policy's TTFT p50 from 341-378 ms to
-// 256-262 ms, against round-robin's 615-660 ms.
+// workers, round-robin loaded to what a saturated run then gave as ~80% of its capacity, an
+// overstatement: see hack/bench-compare.sh capacity) it took the kv policy's TTFT p50 from
+// 341-378 ms to 256-262 ms, against round-robin's 615-660 ms.
 type LeastPrefill struct{}
 
 func (LeastPrefill) Name() string { return "least-prefill" }

@@ -41,9 +41,11 @@ func PolicyNames() []string {
 // by running requests: computing a block again costs the worker's capacity for every later
 // request, waiting behind a queue costs this request only, and held blocks matter only when
 // a worker's cache nears full or its decode batch grows. Measured on the Mooncake
-// conversation trace (8 workers of 65536 blocks, round-robin loaded to ~80%): weights 64/2/1
-// reached 85% of the ideal hit rate, where one weight for both prefill terms (4/4/1) reached
-// 47% and 64/64/1 57%, both losing follow-up turns to workers with shorter prefill queues.
+// conversation trace (8 workers of 65536 blocks, round-robin loaded to what a saturated run
+// then gave as ~80% of its capacity, an overstatement: see hack/bench-compare.sh capacity):
+// weights 64/2/1 reached 85% of the ideal hit rate, where one weight for both prefill terms
+// (4/4/1) reached 47% and 64/64/1 57%, both losing follow-up turns to workers with shorter
+// prefill queues.
 // Held blocks at 0.1 instead of 1 let a worker's decode batch grow unchecked: on the agentic
 // workload, whose requests all share a preamble every worker caches, sessions piled onto a
 // few workers and TTFT p50 reached 12 s against round-robin's 0.16 s.

@@ -69,9 +69,11 @@ type Summary struct {
 	TokPerSec float64        `json:"output_tokens_per_s"`
 	// MidRunPerSec is the rate at which requests completed between the first and the last
 	// fifth of completions: what the endpoint sustains once warm and before the stream runs
-	// dry. ReqPerSec counts the whole run, ramp-up and drain included. With arrivals faster
-	// than the endpoint serves them it is the endpoint's capacity on this workload, the
-	// reference for "loaded to 80% of capacity".
+	// dry. ReqPerSec counts the whole run, ramp-up and drain included. It is not the
+	// endpoint's capacity when arrivals outrun it: engines busy with prefill chunks then
+	// finish decodes in a burst once arrivals stop, and that burst lands mid-run (Mooncake,
+	// 131072-block workers: 45.4 requests/s where round-robin's TTFT p50 is already 1.4 s at
+	// 23.9 offered). A load sweep (hack/bench-compare.sh capacity) finds capacity.
 	MidRunPerSec float64 `json:"mid_run_requests_per_s"`
 	// Goodput counts requests that met the SLO; GoodputPerSec is their rate and
 	// GoodputShare their share of all requests.
