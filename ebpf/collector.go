@@ -257,6 +257,9 @@ func (c *Collector) Start(ctx context.Context) error {
 		} else {
 			c.tcp = p
 			c.errs[ProbeTCPRTT], c.errs[ProbeTCPState] = p.SockOpsErr, p.SetStateErr
+			if p.SockOpsErr == nil && p.ArmErr != nil {
+				c.log.Info("ebpf: tcp_rtt records one RTT callback in eight (its callback cannot be re-armed per collection here)", "err", p.ArmErr)
+			}
 		}
 	}
 	switch {
@@ -425,8 +428,8 @@ func resolve(addr string) (netip.AddrPort, error) {
 	return netip.AddrPortFrom(ip, uint16(p)), nil
 }
 
-// sample runs the accept-queue iterator and reads the first-byte histograms every
-// SampleInterval.
+// sample runs the accept-queue iterator, reads the first-byte histograms and re-arms the
+// RTT callbacks every SampleInterval.
 func (c *Collector) sample(ctx context.Context) {
 	defer c.wg.Done()
 	t := time.NewTicker(c.cfg.SampleInterval)
@@ -453,6 +456,11 @@ func (c *Collector) sample(ctx context.Context) {
 			if c.fb != nil {
 				if err := c.sampleFirstByte(now); err != nil {
 					logOnce("reading first-byte histograms", err)
+				}
+			}
+			if c.tcp != nil {
+				if err := c.tcp.Arm(); err != nil {
+					logOnce("re-arming RTT callbacks", err)
 				}
 			}
 		}

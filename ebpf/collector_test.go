@@ -125,7 +125,7 @@ func TestCollector(t *testing.T) {
 	}
 	// New connections (no keep-alive) so connects are seen too.
 	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true, DialContext: (&net.Dialer{}).DialContext}}
-	for range 20 { // RTT callbacks are sampled one in eight
+	for range 20 { // a new connection each: its RTT callback is armed for its first sample
 		resp, err := client.Post(srv.URL, "application/json", strings.NewReader(`{"prompt":"hi"}`))
 		if err != nil {
 			t.Fatal(err)

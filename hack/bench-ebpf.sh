@@ -20,12 +20,17 @@
 # seconds_sum (each by exactly one observation) gives the two values for that request. It
 # prints the medians and the median absolute difference, per streaming mode.
 #
+# BASE=REV also builds the probes as they are at git revision REV (from a temporary worktree)
+# and adds a third side, "base", to each round (order rotating): it prints the median per-round
+# ratios on/off, base/off and on/base, so that a change to the probes is measured against
+# what it replaces in one run, on the same drift of the machine.
+#
 # BPFSTATS=1 also turns on kernel.bpf_stats_enabled during the runs and prints the probes' own
 # CPU time (run_time_ns / run_cnt per program, from bpftool); the accounting itself costs two
 # clock reads per program run, so leave it off for the throughput comparison.
 #
 # Environment: ROUNDS [4] DURATION [3] seconds per run  CONNS [16]  PIN [0]  N [40]  SPEEDUP [1]
-#   BPFSTATS [0]
+#   BPFSTATS [0]  BASE [unset]
 #   PROBES: comma-separated probes to attach in the "on" runs (default all): tcp_rtt,
 #     tcp_state, first_byte, listen_queue, runq_latency
 #   SCOPE [proxy]: the cgroup the socket probes attach to: "proxy", a cgroup v2 of its own that
@@ -45,10 +50,16 @@ SPEEDUP=${SPEEDUP:-1}
 BPFSTATS=${BPFSTATS:-0}
 SCOPE=${SCOPE:-proxy}
 PROBES=${PROBES:-}
+BASE=${BASE:-}
 [ "$(id -u)" = 0 ] || { echo "bench-ebpf: needs root (the probes do)"; exit 1; }
 W=$(mktemp -d /tmp/bench-ebpf.XXXXXX)
 PIDS=()
-cleanup() { for p in "${PIDS[@]:-}"; do [ -n "$p" ] && kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$W"; }
+cleanup() {
+  for p in "${PIDS[@]:-}"; do [ -n "$p" ] && kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  [ ! -d "$W/base" ] || git worktree remove --force "$W/base" >/dev/null 2>&1 || true
+  rm -rf "$W"
+}
 trap cleanup EXIT
 log() { echo "bench-ebpf: $*" >&2; }
 die() { log "$*"; exit 1; }
@@ -72,6 +83,10 @@ stop() { kill "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; }
 
 go build -o "$W/kvrelay" ./cmd/kvrelay
 go build -o "$W/attach" ./hack/bench-ebpf
+if [ -n "$BASE" ]; then
+  git worktree add --detach "$W/base" "$BASE" >/dev/null 2>&1 || die "no worktree at $BASE"
+  (cd "$W/base" && go build -o "$W/attach-base" ./hack/bench-ebpf) || die "building the probes at $BASE"
+fi
 
 overhead() {
   local NGINX HERE=$ROOT/hack/bench-proxy
@@ -103,11 +118,15 @@ overhead() {
   for r in $(seq 1 "$ROUNDS"); do
     local order="off on"
     ((r % 2 == 0)) && order="on off"
+    if [ -n "$BASE" ]; then
+      case $((r % 3)) in 1) order="off on base" ;; 2) order="on base off" ;; 0) order="base off on" ;; esac
+    fi
     for m in $order; do
-      local apid=""
-      if [ "$m" = on ]; then
+      local apid="" bin=$W/attach
+      [ "$m" != base ] || bin=$W/attach-base
+      if [ "$m" != off ]; then
         rm -f "$W/pid"
-        "$W/attach" --target "127.0.0.1:$bport" --pid-file "$W/pid" ${cg:+--cgroup "$cg"} ${PROBES:+--probes "$PROBES"} >"$W/attach.out" 2>"$W/attach.err" &
+        "$bin" --target "127.0.0.1:$bport" --pid-file "$W/pid" ${cg:+--cgroup "$cg"} ${PROBES:+--probes "$PROBES"} >"$W/attach.out" 2>"$W/attach.err" &
         apid=$!
         PIDS+=("$apid")
         for _ in $(seq 200); do grep -q attached "$W/attach.out" 2>/dev/null && break; kill -0 $apid || die "attach failed: $(cat "$W/attach.err")"; sleep 0.05; done
@@ -169,12 +188,18 @@ rows = [l.split() for l in open(sys.argv[1])]
 by = {}
 for r, m, rps, p99, n in rows:
     by.setdefault(m, []).append((int(r), float(rps), float(p99)))
-on, off = dict((r, (a, b)) for r, a, b in by["on"]), dict((r, (a, b)) for r, a, b in by["off"])
+side = {m: dict((r, (a, b)) for r, a, b in v) for m, v in by.items()}
+on, off = side["on"], side["off"]
 ratio = st.median(on[r][0] / off[r][0] for r in on)
 p99r = st.median(on[r][1] / off[r][1] for r in on)
-print(f"median req/s  off {st.median(x[1] for x in by['off']):.0f}  on {st.median(x[1] for x in by['on']):.0f}")
-print(f"median p99 ms off {st.median(x[2] for x in by['off']):.3f}  on {st.median(x[2] for x in by['on']):.3f}")
+print("median req/s  " + "  ".join(f"{m} {st.median(x[1] for x in by[m]):.0f}" for m in by))
+print("median p99 ms " + "  ".join(f"{m} {st.median(x[2] for x in by[m]):.3f}" for m in by))
 print(f"throughput on/off (median of per-round ratios) {ratio:.4f}  → {100*(1-ratio):+.2f}% loss;  p99 on/off {p99r:.3f}")
+if "base" in side:
+    base = side["base"]
+    b = st.median(base[r][0] / off[r][0] for r in base)
+    ob = st.median(on[r][0] / base[r][0] for r in on)
+    print(f"throughput base/off {b:.4f}  → {100*(1-b):+.2f}% loss;  on/base {ob:.4f}")
 PY
   if [ -s "$W/bpfstats.all" ]; then
     awk '{ ns += $1; c += $2; d += $3 } END { printf "probes CPU: %d runs, %.0f ns per run, %.2f%% of one CPU while attached (the bound on their throughput cost when the proxy, wrk and backend share that CPU)\n", c, ns / c, 100 * ns / (d * 1e9) }' "$W/bpfstats.all"

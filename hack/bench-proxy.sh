@@ -29,6 +29,10 @@
 # Usage: hack/bench-proxy.sh      (root for apt-get if nginx, wrk or curl is missing; needs go)
 # Environment (defaults in brackets):
 #   ROUNDS [5]  DURATION [4] seconds per wrk run  CONNS [32]  LIGHT_CONNS [8]  THREADS [1] (wrk)
+#   PACED ["16p1"]: a third load, NpMS: N connections that each wait MS milliseconds after an
+#     answer before sending the next request (wrk's delay hook), so the CPU is not saturated:
+#     the added latency at moderate load, without the queueing of closed-loop runs ("" skips it;
+#     CONNS and LIGHT_CONNS connections send back to back and keep the shared CPU busy)
 #   PROXY_CPUS, LOAD_CPUS: taskset CPU lists (see above); "" leaves that side unpinned
 #   WORKERS [CPUs in PROXY_CPUS; 1 if unpinned]
 #   EBPF [off]: kvrelay's --ebpf. Off compares proxy with proxy; as root the default of
@@ -47,6 +51,7 @@ DURATION=${DURATION:-4}
 DURATION=${DURATION%s}
 CONNS=${CONNS:-32}
 LIGHT_CONNS=${LIGHT_CONNS:-8}
+PACED=${PACED-16p1}
 THREADS=${THREADS:-1}
 NCPU=$(nproc)
 if ((NCPU >= 4)); then
@@ -203,11 +208,17 @@ $(cat "$out.headers" "$out.body" 2>/dev/null)"
 for t in "${TARGETS[@]}"; do check "$t" before; done
 
 # ---- measurement -------------------------------------------------------------------------------
-# wrkrun TARGET CONNS SECONDS OUT: one wrk run, raw output in OUT
+# wrkrun TARGET LOAD SECONDS OUT: one wrk run, raw output in OUT. LOAD is a number of
+# connections sending back to back, or NpMS (N connections pausing MS ms between requests).
 wrkrun() {
-  local t=$1 c=$2 d=$3 out=$4 threads=$THREADS
+  local t=$1 c=$2 d=$3 out=$4 threads=$THREADS script=$HERE/post.lua
+  if [[ $c =~ ^([0-9]+)p([0-9]+)$ ]]; then
+    c=${BASH_REMATCH[1]}
+    script=$W/paced-${BASH_REMATCH[2]}.lua
+    [ -e "$script" ] || { cat "$HERE/post.lua"; echo "function delay() return ${BASH_REMATCH[2]} end"; } >"$script"
+  fi
   ((threads > c)) && threads=$c
-  pinned "$LOAD_CPUS" wrk -t"$threads" -c"$c" -d"${d}s" --timeout 5s --latency -s "$HERE/post.lua" \
+  pinned "$LOAD_CPUS" wrk -t"$threads" -c"$c" -d"${d}s" --timeout 5s --latency -s "$script" \
     "http://127.0.0.1:${PORT[$t]}/v1/chat/completions" >"$out" 2>&1 || true
 }
 
@@ -248,6 +259,7 @@ parse() {
 }
 
 LOADS=("$CONNS" "$LIGHT_CONNS")
+[ -z "$PACED" ] || LOADS+=("$PACED")
 log "layout: proxy CPUs [${PROXY_CPUS:-unpinned}], wrk+backend CPUs [${LOAD_CPUS:-unpinned}], $WORKERS worker(s)/event loop(s) each, $NCPU CPUs online"
 log "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 if awk -v n="$NCPU" '{ exit !($1 > n / 2) }' /proc/loadavg; then

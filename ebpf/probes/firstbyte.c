@@ -133,6 +133,15 @@ static __always_inline int slot_current(const struct slot *s)
 	return gen && *gen == s->gen;
 }
 
+// sent_at is when an outgoing TCP packet leaves: the departure time TCP gave it (its clock
+// is bpf_ktime_get_ns's, read when the stack began transmitting), so egress reads no clock
+// of its own; the clock only when the packet has none.
+static __always_inline __u64 sent_at(struct __sk_buff *skb)
+{
+	__u64 t = skb->tstamp;
+	return t ? t : bpf_ktime_get_ns();
+}
+
 static __always_inline struct bpf_sock *full_sk(struct __sk_buff *skb)
 {
 	struct bpf_sock *sk = skb->sk;
@@ -141,15 +150,16 @@ static __always_inline struct bpf_sock *full_sk(struct __sk_buff *skb)
 	return bpf_sk_fullsock(sk);
 }
 
-// Egress: a packet leaves at the port check unless its destination port is watched; then the
-// socket's stamp is looked up, and created on a POST to a watched endpoint.
+// Egress: a packet leaves at the port check (the socket's remote port, read through the
+// context) unless its destination port is watched; then the socket's stamp is looked up, and
+// created on a POST to a watched endpoint.
 SEC("cgroup_skb/egress")
 int kvrelay_fb_egress(struct __sk_buff *skb)
 {
+	if (!port_watched(bpf_ntohl(skb->remote_port)))
+		return 1;
 	struct bpf_sock *sk = full_sk(skb);
 	if (!sk)
-		return 1;
-	if (!port_watched(bpf_ntohs(sk->dst_port)))
 		return 1;
 	struct stamp *st = bpf_sk_storage_get(&sent, sk, 0, 0);
 	struct pkt p = {};
@@ -175,7 +185,7 @@ int kvrelay_fb_egress(struct __sk_buff *skb)
 					return 1;
 				st->slot = at;
 			}
-			st->ts = bpf_ktime_get_ns();
+			st->ts = sent_at(skb);
 			return 1;
 		}
 		if ((m[0] == 'G' && m[1] == 'E' && m[2] == 'T' && m[3] == ' ') ||
@@ -186,7 +196,7 @@ int kvrelay_fb_egress(struct __sk_buff *skb)
 		}
 	}
 	if (st && st->ts)
-		st->ts = bpf_ktime_get_ns();
+		st->ts = sent_at(skb);
 	return 1;
 }
 
@@ -196,8 +206,10 @@ int kvrelay_fb_egress(struct __sk_buff *skb)
 SEC("cgroup_skb/ingress")
 int kvrelay_fb_ingress(struct __sk_buff *skb)
 {
+	if (!port_watched(bpf_ntohl(skb->remote_port)))
+		return 1;
 	struct bpf_sock *sk = full_sk(skb);
-	if (!sk || !port_watched(bpf_ntohs(sk->dst_port)))
+	if (!sk)
 		return 1;
 	struct stamp *st = bpf_sk_storage_get(&sent, sk, 0, 0);
 	if (!st)
@@ -209,7 +221,9 @@ int kvrelay_fb_ingress(struct __sk_buff *skb)
 	if (!parse(skb, &p)) // no payload: an ACK of the request, not its answer
 		return 1;
 	st->ts = 0;
-	__u64 delta = bpf_ktime_get_ns() - then;
+	__u64 now = bpf_ktime_get_ns();
+	// (A departure time TCP set ahead, when it paces, may still lie ahead of the answer.)
+	__u64 delta = now > then ? now - then : 0;
 	if (!slot_current(&st->slot))
 		return 1;
 	__u32 idx = st->slot.idx;

@@ -119,7 +119,7 @@ func TestTCPConn(t *testing.T) {
 	if err := p.SetTargets([]netip.AddrPort{addr}); err != nil {
 		t.Fatal(err)
 	}
-	for range 3 { // 40 round trips each: RTT callbacks are sampled one in eight
+	for range 3 { // a new connection's RTT callback is armed for its first sample
 		roundTrips(t, addr, 40).Close()
 	}
 	// An abort: close with SO_LINGER 0 sends a reset.
@@ -153,6 +153,52 @@ func TestTCPConn(t *testing.T) {
 	stats, _ = p.Read()
 	if stats[other] != nil {
 		t.Errorf("unwatched endpoint %s recorded: %+v", other, stats[other])
+	}
+}
+
+// A connection gives one srtt sample per Arm, however many requests it carries.
+func TestTCPConnArm(t *testing.T) {
+	cg := needRoot(t)
+	addr := echoServer(t, 0)
+	p, err := AttachTCPConn(cg)
+	if err != nil {
+		t.Fatalf("attach: %v", err)
+	}
+	defer p.Close()
+	if p.ArmErr != nil {
+		t.Fatalf("RTT callback re-arming: %v", p.ArmErr)
+	}
+	if err := p.SetTargets([]netip.AddrPort{addr}); err != nil {
+		t.Fatal(err)
+	}
+	srtt := func() uint64 {
+		t.Helper()
+		stats, err := p.Read()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if stats[addr] == nil {
+			return 0
+		}
+		return stats[addr].SRTT.Count
+	}
+	c := roundTrips(t, addr, 30)
+	defer c.Close()
+	if n := srtt(); n != 1 {
+		t.Fatalf("srtt samples after 30 round trips on a new connection: %d, want 1", n)
+	}
+	exchange(t, c, 30, "POST / more\n")
+	if n := srtt(); n != 1 {
+		t.Fatalf("srtt samples before Arm: %d, want still 1", n)
+	}
+	for want := uint64(2); want <= 3; want++ {
+		if err := p.Arm(); err != nil {
+			t.Fatal(err)
+		}
+		exchange(t, c, 30, "POST / armed\n")
+		if n := srtt(); n != want {
+			t.Fatalf("srtt samples after Arm and 30 round trips: %d, want %d", n, want)
+		}
 	}
 }
 

@@ -3,8 +3,9 @@
 // tcpconn: RTT and lifecycle of connections to watched engine endpoints.
 //
 // sock_ops (attached to a cgroup v2): on an active connection to a watched endpoint it turns
-// on the RTT and retransmit callbacks, then records the smoothed RTT (one callback in eight,
-// at random) and counts retransmits. tp_btf/inet_sock_set_state: connect latency (SYN_SENT -> ESTABLISHED) and
+// on the RTT and retransmit callbacks, then records the smoothed RTT (one sample per
+// connection per collection: iter/tcp re-arms the RTT callback, which disarms itself) and
+// counts retransmits. tp_btf/inet_sock_set_state: connect latency (SYN_SENT -> ESTABLISHED) and
 // aborts (ESTABLISHED, CLOSE_WAIT or SYN_SENT straight to CLOSE: a reset sent or received).
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -61,16 +62,34 @@ static __always_inline struct conn_counters *counters_of(const struct endpoint *
 	return bpf_map_lookup_elem(&counters, ep);
 }
 
-// RTT_SAMPLE_MASK: one RTT callback in RTT_SAMPLE_MASK+1 is recorded (the kernel calls the
-// program on every ACK that yields an RTT sample; srtt is already smoothed, so a random eighth
-// keeps its distribution at an eighth of the cost).
+// SOL_TCP for bpf_setsockopt.
+#define SOL_TCP 6
+
+// rearm: set by user space once the iterator that re-arms the RTT callback runs; until then
+// (a kernel where it cannot) the callback stays on and one sample in eight is recorded.
+volatile __u32 rearm;
 #define RTT_SAMPLE_MASK 7
 
+// The RTT callback is armed for one sample at a time: the kernel would call the program on
+// every ACK that yields an RTT sample (one per request and answer on a keep-alive connection
+// to an engine), and srtt is already smoothed, so the program disarms it after recording one
+// and the iterator below arms it again on every collection (SampleInterval: one srtt sample
+// per connection per interval, whatever the request rate).
 SEC("sockops")
 int kvrelay_sockops(struct bpf_sock_ops *skops)
 {
-	if (skops->op == BPF_SOCK_OPS_RTT_CB && (bpf_get_prandom_u32() & RTT_SAMPLE_MASK))
+	switch (skops->op) {
+	case BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB:
+	case BPF_SOCK_OPS_RETRANS_CB:
+		break;
+	case BPF_SOCK_OPS_RTT_CB:
+		if (!rearm && (bpf_get_prandom_u32() & RTT_SAMPLE_MASK))
+			return 1;
+		break;
+	default:
+		// Callbacks another program of the cgroup turned on leave before the target lookup.
 		return 1;
+	}
 	if (skops->family != AF_INET)
 		return 1;
 	struct endpoint ep = {
@@ -88,6 +107,8 @@ int kvrelay_sockops(struct bpf_sock_ops *skops)
 	case BPF_SOCK_OPS_RTT_CB: {
 		struct hist_key k = { .ep = ep, .kind = KIND_SRTT };
 		hist_add(&hists, &k, (__u64)(skops->srtt_us >> 3) * 1000);
+		if (rearm)
+			bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags & ~BPF_SOCK_OPS_RTT_CB_FLAG);
 		break;
 	}
 	case BPF_SOCK_OPS_RETRANS_CB: {
@@ -98,6 +119,33 @@ int kvrelay_sockops(struct bpf_sock_ops *skops)
 	}
 	}
 	return 1;
+}
+
+// iter/tcp, run by user space on every collection: arms the RTT callback again on each
+// established connection that the sock_ops program followed (its retransmit callback is on:
+// connections to watched endpoints opened in the cgroup since it attached) and that has
+// recorded its last sample. Other sockets' callbacks are left alone.
+SEC("iter/tcp")
+int kvrelay_rtt_arm(struct bpf_iter__tcp *ctx)
+{
+	struct sock_common *skc = ctx->sk_common;
+	if (!skc || skc->skc_family != AF_INET || skc->skc_state != TCP_ESTABLISHED)
+		return 0;
+	struct tcp_sock *tp = bpf_skc_to_tcp_sock(skc);
+	if (!tp)
+		return 0;
+	int flags = tp->bpf_sock_ops_cb_flags;
+	if (!(flags & BPF_SOCK_OPS_RETRANS_CB_FLAG) || (flags & BPF_SOCK_OPS_RTT_CB_FLAG))
+		return 0;
+	struct endpoint ep = {
+		.addr = skc->skc_daddr,
+		.port = bpf_ntohs(skc->skc_dport),
+	};
+	if (!bpf_map_lookup_elem(&targets, &ep))
+		return 0;
+	flags |= BPF_SOCK_OPS_RTT_CB_FLAG;
+	bpf_setsockopt(tp, SOL_TCP, TCP_BPF_SOCK_OPS_CB_FLAGS, &flags, sizeof(flags));
+	return 0;
 }
 
 SEC("tp_btf/inet_sock_set_state")

@@ -2,6 +2,7 @@ package probes
 
 import (
 	"fmt"
+	"io"
 	"net/netip"
 
 	"github.com/cilium/ebpf"
@@ -31,8 +32,13 @@ type TCPConn struct {
 	objs     tcpconnObjects
 	sockops  link.Link
 	setState link.Link
-	// SockOpsErr and SetStateErr say why a part did not attach (nil when it did).
-	SockOpsErr, SetStateErr error
+	// arm is the iterator that re-arms each followed connection's RTT callback (Arm); nil
+	// where it did not attach or run, and then the callback stays on and the program records
+	// one sample in eight.
+	arm *link.Iter
+	// SockOpsErr and SetStateErr say why a part did not attach (nil when it did); ArmErr why
+	// the RTT callback is sampled one in eight rather than armed once per Arm.
+	SockOpsErr, SetStateErr, ArmErr error
 }
 
 // AttachTCPConn loads tcpconn and attaches its sock_ops program to the cgroup v2 at
@@ -45,6 +51,9 @@ func AttachTCPConn(cgroupPath string) (*TCPConn, error) {
 		return nil, loadErr("tcpconn", err)
 	}
 	p.sockops, p.SockOpsErr = attachCgroup(cgroupPath, ebpf.AttachCGroupSockOps, p.objs.KvrelaySockops)
+	if p.sockops != nil {
+		p.ArmErr = p.attachArm()
+	}
 	l, err := link.AttachTracing(link.TracingOptions{Program: p.objs.KvrelaySetState})
 	if err != nil {
 		p.SetStateErr = fmt.Errorf("attaching tp_btf/inet_sock_set_state: %w", err)
@@ -56,6 +65,45 @@ func AttachTCPConn(cgroupPath string) (*TCPConn, error) {
 		return nil, fmt.Errorf("%w; %w", p.SockOpsErr, p.SetStateErr)
 	}
 	return p, nil
+}
+
+// attachArm attaches the re-arming iterator, runs it once, and only then has the sock_ops
+// program disarm the RTT callback after each sample.
+func (p *TCPConn) attachArm() error {
+	it, err := link.AttachIter(link.IterOptions{Program: p.objs.KvrelayRttArm})
+	if err != nil {
+		return fmt.Errorf("attaching iter/tcp (RTT callback re-arming): %w", err)
+	}
+	p.arm = it
+	if err := p.Arm(); err != nil {
+		_ = it.Close()
+		p.arm = nil
+		return err
+	}
+	if err := p.objs.Rearm.Set(uint32(1)); err != nil {
+		_ = it.Close()
+		p.arm = nil
+		return fmt.Errorf("turning on RTT callback re-arming: %w", err)
+	}
+	return nil
+}
+
+// Arm turns the RTT callback on again on every connection the probe follows whose last
+// sample has been recorded, so that each gives one srtt sample per call (the collector calls
+// it every SampleInterval) rather than one per ACK. A no-op where the iterator is missing.
+func (p *TCPConn) Arm() error {
+	if p.arm == nil {
+		return nil
+	}
+	r, err := p.arm.Open()
+	if err != nil {
+		return fmt.Errorf("running iter/tcp (RTT callback re-arming): %w", err)
+	}
+	defer r.Close()
+	if _, err := io.Copy(io.Discard, r); err != nil {
+		return fmt.Errorf("running iter/tcp (RTT callback re-arming): %w", err)
+	}
+	return nil
 }
 
 // SetTargets makes the probe watch exactly the connections to eps (IPv4; others ignored).
@@ -111,4 +159,9 @@ func (p *TCPConn) SockOps() bool  { return p.sockops != nil }
 func (p *TCPConn) SetState() bool { return p.setState != nil }
 
 // Close detaches and unloads the probe.
-func (p *TCPConn) Close() error { return closeAll(p.sockops, p.setState, &p.objs) }
+func (p *TCPConn) Close() error {
+	if p.arm != nil {
+		_ = p.arm.Close()
+	}
+	return closeAll(p.sockops, p.setState, &p.objs)
+}

@@ -48,8 +48,10 @@ const (
 	tcpconnMapCounters         = "counters"
 	tcpconnMapHists            = "hists"
 	tcpconnMapTargets          = "targets"
+	tcpconnProgKvrelayRttArm   = "kvrelay_rtt_arm"
 	tcpconnProgKvrelaySetState = "kvrelay_set_state"
 	tcpconnProgKvrelaySockops  = "kvrelay_sockops"
+	tcpconnVarRearm            = "rearm"
 )
 
 // loadTcpconn returns the embedded CollectionSpec for tcpconn.
@@ -94,6 +96,7 @@ type tcpconnSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type tcpconnProgramSpecs struct {
+	KvrelayRttArm   *ebpf.ProgramSpec `ebpf:"kvrelay_rtt_arm"`
 	KvrelaySetState *ebpf.ProgramSpec `ebpf:"kvrelay_set_state"`
 	KvrelaySockops  *ebpf.ProgramSpec `ebpf:"kvrelay_sockops"`
 }
@@ -112,6 +115,7 @@ type tcpconnMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type tcpconnVariableSpecs struct {
+	Rearm *ebpf.VariableSpec `ebpf:"rearm"`
 }
 
 // tcpconnObjects contains all objects after they have been loaded into the kernel.
@@ -153,18 +157,21 @@ func (m *tcpconnMaps) Close() error {
 //
 // It can be passed to loadTcpconnObjects or ebpf.CollectionSpec.LoadAndAssign.
 type tcpconnVariables struct {
+	Rearm *ebpf.Variable `ebpf:"rearm"`
 }
 
 // tcpconnPrograms contains all programs after they have been loaded into the kernel.
 //
 // It can be passed to loadTcpconnObjects or ebpf.CollectionSpec.LoadAndAssign.
 type tcpconnPrograms struct {
+	KvrelayRttArm   *ebpf.Program `ebpf:"kvrelay_rtt_arm"`
 	KvrelaySetState *ebpf.Program `ebpf:"kvrelay_set_state"`
 	KvrelaySockops  *ebpf.Program `ebpf:"kvrelay_sockops"`
 }
 
 func (p *tcpconnPrograms) Close() error {
 	return _TcpconnClose(
+		p.KvrelayRttArm,
 		p.KvrelaySetState,
 		p.KvrelaySockops,
 	)
