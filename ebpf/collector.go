@@ -428,12 +428,17 @@ func resolve(addr string) (netip.AddrPort, error) {
 	return netip.AddrPortFrom(ip, uint16(p)), nil
 }
 
-// sample runs the accept-queue iterator, reads the first-byte histograms and re-arms the
-// RTT callbacks every SampleInterval.
+// rttArmInterval is how often the RTT callbacks are re-armed: each followed connection gives
+// one srtt sample per interval. (Arming walks every TCP socket of the network namespace.)
+const rttArmInterval = time.Second
+
+// sample runs the accept-queue iterator and reads the first-byte histograms every
+// SampleInterval, and re-arms the RTT callbacks every rttArmInterval.
 func (c *Collector) sample(ctx context.Context) {
 	defer c.wg.Done()
 	t := time.NewTicker(c.cfg.SampleInterval)
 	defer t.Stop()
+	var armed time.Time
 	logged := map[string]bool{}
 	logOnce := func(what string, err error) {
 		if !logged[what] {
@@ -458,7 +463,8 @@ func (c *Collector) sample(ctx context.Context) {
 					logOnce("reading first-byte histograms", err)
 				}
 			}
-			if c.tcp != nil {
+			if c.tcp != nil && now.Sub(armed) >= rttArmInterval {
+				armed = now
 				if err := c.tcp.Arm(); err != nil {
 					logOnce("re-arming RTT callbacks", err)
 				}

@@ -90,7 +90,7 @@ func (p *TCPConn) attachArm() error {
 
 // Arm turns the RTT callback on again on every connection the probe follows whose last
 // sample has been recorded, so that each gives one srtt sample per call (the collector calls
-// it every SampleInterval) rather than one per ACK. A no-op where the iterator is missing.
+// it once a second) rather than one per ACK. A no-op where the iterator is missing.
 func (p *TCPConn) Arm() error {
 	if p.arm == nil {
 		return nil
