@@ -105,19 +105,27 @@ func watchFirstByte(t *testing.T, cg string, addr netip.AddrPort) *FirstByte {
 	return p
 }
 
-func TestTCPConn(t *testing.T) {
-	cg := needRoot(t)
-	addr := echoServer(t, 0)
+// watchTCPConn attaches tcpconn to the cgroup v2 at cg watching addr, and closes it with the
+// test.
+func watchTCPConn(t *testing.T, cg string, addr netip.AddrPort) *TCPConn {
+	t.Helper()
 	p, err := AttachTCPConn(cg)
 	if err != nil {
 		t.Fatalf("attach: %v", err)
 	}
-	defer p.Close()
-	if !p.SockOps() || !p.SetState() {
-		t.Fatalf("parts attached: sock_ops %v (%v), inet_sock_set_state %v (%v)", p.SockOps(), p.SockOpsErr, p.SetState(), p.SetStateErr)
-	}
+	t.Cleanup(func() { p.Close() })
 	if err := p.SetTargets([]netip.AddrPort{addr}); err != nil {
 		t.Fatal(err)
+	}
+	return p
+}
+
+func TestTCPConn(t *testing.T) {
+	cg := needRoot(t)
+	addr := echoServer(t, 0)
+	p := watchTCPConn(t, cg, addr)
+	if !p.SockOps() || !p.SetState() {
+		t.Fatalf("parts attached: sock_ops %v (%v), inet_sock_set_state %v (%v)", p.SockOps(), p.SockOpsErr, p.SetState(), p.SetStateErr)
 	}
 	for range 3 { // a new connection's RTT callback is armed for its first sample
 		roundTrips(t, addr, 40).Close()
@@ -160,16 +168,9 @@ func TestTCPConn(t *testing.T) {
 func TestTCPConnArm(t *testing.T) {
 	cg := needRoot(t)
 	addr := echoServer(t, 0)
-	p, err := AttachTCPConn(cg)
-	if err != nil {
-		t.Fatalf("attach: %v", err)
-	}
-	defer p.Close()
+	p := watchTCPConn(t, cg, addr)
 	if p.ArmErr != nil {
 		t.Fatalf("RTT callback re-arming: %v", p.ArmErr)
-	}
-	if err := p.SetTargets([]netip.AddrPort{addr}); err != nil {
-		t.Fatal(err)
 	}
 	srtt := func() uint64 {
 		t.Helper()

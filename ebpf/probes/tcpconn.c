@@ -121,7 +121,7 @@ int kvrelay_sockops(struct bpf_sock_ops *skops)
 	return 1;
 }
 
-// iter/tcp, run by user space on every collection: arms the RTT callback again on each
+// iter/tcp, run by user space once a second (TCPConn.Arm): arms the RTT callback again on each
 // established connection that the sock_ops program followed (its retransmit callback is on:
 // connections to watched endpoints opened in the cgroup since it attached) and that has
 // recorded its last sample. Other sockets' callbacks are left alone.
