@@ -3,7 +3,6 @@ package proxy
 import (
 	"context"
 	"net"
-	"time"
 
 	"github.com/panjf2000/gnet/v2"
 
@@ -154,6 +153,6 @@ func (lp *loop) housekeeping(context.Context) error {
 	return nil
 }
 
-// nanotime is the proxy's clock for durations: wall nanoseconds, monotonic enough for
-// metrics and timeouts on one host.
-func nanotime() int64 { return time.Now().UnixNano() }
+// nanotime is the proxy's clock: route.Now, the router's time of day from the monotonic
+// clock, so durations, timeouts and the router's ejection and session times all agree.
+func nanotime() int64 { return route.Now() }

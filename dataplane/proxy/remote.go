@@ -96,7 +96,7 @@ func tokenizeBody(o *oai.Request, kind oai.Kind) ([]byte, error) {
 
 // pick chooses the worker to ask: a healthy one serving model, in turn.
 func (rt *remoteTokenizer) pick(pool *route.Pool, model string) *route.Worker {
-	now := time.Now().UnixNano()
+	now := route.Now()
 	ws := pool.Workers
 	start := int(rt.next.Add(1))
 	for i := range ws {

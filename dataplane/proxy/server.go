@@ -428,7 +428,7 @@ func (s *Server) ticker() {
 		for _, lp := range loops {
 			_ = lp.el.Execute(context.Background(), gnet.RunnableFunc(lp.housekeeping))
 		}
-		s.queue.expire(time.Now().UnixNano())
+		s.queue.expire(route.Now())
 	}
 }
 

@@ -1,7 +1,5 @@
 package route
 
-import "time"
-
 // ModelFilter keeps workers that serve the requested model (or any model).
 type ModelFilter struct{}
 
@@ -25,7 +23,7 @@ func (HealthFilter) Name() string { return "health" }
 func (HealthFilter) Filter(req *Request, in, out []*Worker) []*Worker {
 	now := req.Now
 	if now == 0 {
-		now = time.Now().UnixNano()
+		now = Now()
 	}
 next:
 	for _, w := range in {

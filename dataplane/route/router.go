@@ -416,7 +416,7 @@ type session struct {
 const maxSessions = 1 << 20
 
 func (s *sessions) get(id string) (string, bool) {
-	now := time.Now().UnixNano()
+	now := Now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e, ok := s.m[id]
@@ -427,7 +427,7 @@ func (s *sessions) get(id string) (string, bool) {
 }
 
 func (s *sessions) put(id, worker string) {
-	now := time.Now().UnixNano()
+	now := Now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if e, ok := s.m[id]; ok {

@@ -89,6 +89,16 @@ var Clock = func() int64 { return int64(time.Since(clockEpoch)) }
 
 var clockEpoch = time.Now()
 
+// Now is the data plane's time of day in Unix nanoseconds, read from the monotonic clock
+// (time.Since reads one clock where time.Now reads two, and the proxy reads it at every event
+// of every connection), counted from the wall clock at start. Every absolute time the router
+// and the proxy compare (ejections, sessions, the proxy loops' now, queue deadlines) comes
+// from it, so they agree with each other; against the wall clock it drifts only by what the
+// host's clock is slewed while the process runs.
+func Now() int64 { return wallEpoch + int64(time.Since(clockEpoch)) }
+
+var wallEpoch = clockEpoch.UnixNano()
+
 // rateDecay weighs each new sample of a worker's prefill rate against the ones before: the
 // estimate follows the last ~50 first tokens.
 const rateDecay = 0.98
