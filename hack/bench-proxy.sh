@@ -39,6 +39,9 @@
 #     `kvrelay proxy` (auto) also attaches the eBPF probes, whose own cost hack/bench-ebpf.sh
 #     measures: EBPF=auto includes it here
 #   KEEP=1 keeps the work directory (configs, logs, every raw wrk output)
+#   BASE=REV adds a fourth target, "base": kvrelay built at git revision REV (from a temporary
+#     worktree), run like kvrelay on the same CPUs, so that a change to the proxy is measured
+#     against what it replaces in the same rounds; the report adds kvrelay/base per load
 # Exits non-zero if any target fails: a non-2xx response, a socket error or timeout, a run with
 # no requests, a server that exits, or a reply that differs from the backend's.
 set -euo pipefail
@@ -100,6 +103,7 @@ cleanup() {
     for _ in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
     kill -9 "$p" 2>/dev/null || true
   done
+  [ ! -d "$W/base-src" ] || git -C "$ROOT" worktree remove --force "$W/base-src" >/dev/null 2>&1 || true
   if [ "${KEEP:-0}" = 1 ]; then log "kept $W"; else rm -rf "$W"; fi
 }
 trap cleanup EXIT
@@ -153,6 +157,11 @@ render() {
 log "building bin/kvrelay"
 go build -o bin/kvrelay ./cmd/kvrelay || die "go build ./cmd/kvrelay failed"
 KVRELAY=$ROOT/bin/kvrelay
+if [ -n "${BASE:-}" ]; then
+  log "building kvrelay at $BASE"
+  git -C "$ROOT" worktree add --detach "$W/base-src" "$BASE" >/dev/null 2>&1 || die "no worktree at $BASE"
+  (cd "$W/base-src" && go build -o "$W/kvrelay-base" ./cmd/kvrelay) || die "building kvrelay at $BASE failed"
+fi
 
 RESPONSE=$(<"$HERE/response.json")
 [[ $RESPONSE != *"'"* ]] || die "response.json must not contain a single quote"
@@ -184,6 +193,19 @@ wait_up "http://127.0.0.1:$KVRELAY_PORT/health" "$KVRELAY_PID" kvrelay
 TARGETS=(direct nginx kvrelay)
 declare -A PORT=([direct]=$BACKEND_PORT [nginx]=$NGINX_PORT [kvrelay]=$KVRELAY_PORT)
 declare -A PID=([direct]=$BACKEND_PID [nginx]=$NGINX_PID [kvrelay]=$KVRELAY_PID)
+if [ -n "${BASE:-}" ]; then
+  BASE_PORT=$(freeport)
+  BASE_CMD=("${KVRELAY_CMD[@]}")
+  for i in "${!BASE_CMD[@]}"; do
+    [ "${BASE_CMD[$i]}" != "$KVRELAY" ] || BASE_CMD[$i]=$W/kvrelay-base
+    [ "${BASE_CMD[$i]}" != "127.0.0.1:$KVRELAY_PORT" ] || BASE_CMD[$i]=127.0.0.1:$BASE_PORT
+  done
+  start base "$PROXY_CPUS" "${BASE_CMD[@]}"
+  wait_up "http://127.0.0.1:$BASE_PORT/health" "$LASTPID" base
+  TARGETS+=(base)
+  PORT[base]=$BASE_PORT
+  PID[base]=$LASTPID
+fi
 declare -A FAILED=()
 
 fail_target() { # TARGET MESSAGE
@@ -312,7 +334,7 @@ echo "  $ROUNDS rounds x ${DURATION}s per target and load, targets alternating; 
 echo "  each proxy: $WORKERS worker(s)/event loop(s), GOMAXPROCS=$WORKERS, pinned to CPUs [${PROXY_CPUS:-unpinned}];" \
   "wrk ($THREADS thread) + backend (1 worker) pinned to CPUs [${LOAD_CPUS:-unpinned}]; $NCPU CPUs online"
 echo "  load average at the end: $(cut -d' ' -f1-3 /proc/loadavg) (other work on the machine skews every figure)"
-awk -v loads="${LOADS[*]}" -v failed="${!FAILED[*]}" '
+awk -v loads="${LOADS[*]}" -v targets="${TARGETS[*]}" -v failed="${!FAILED[*]}" '
   function median(arr, k,    i, j, tmp, m) {
     if (k == 0) return "nan"
     for (i = 2; i <= k; i++) { tmp = arr[i]; for (j = i - 1; j >= 1 && arr[j] > tmp; j--) arr[j + 1] = arr[j]; arr[j + 1] = tmp }
@@ -341,9 +363,9 @@ awk -v loads="${LOADS[*]}" -v failed="${!FAILED[*]}" '
   { v[$1, $2, $3] = $4 " " $5 " " $6 " " $7 / 1000; if ($1 > R) R = $1; err[$2, $3] += $8 }
   END {
     nl = split(loads, L, " ")
-    split("direct nginx kvrelay", T, " ")
+    nt = split(targets, T, " ")
     printf "\n%-6s %-8s %9s %13s %8s %8s %11s %7s\n", "conns", "target", "req/s", "req/s range", "p50 us", "p99 us", "CPU us/req", "errors"
-    for (i = 1; i <= nl; i++) for (j = 1; j <= 3; j++) {
+    for (i = 1; i <= nl; i++) for (j = 1; j <= nt; j++) {
       c = L[i]; t = T[j]
       printf "%-6s %-8s %9s %13s %8s %8s %11s %7d\n", c, t, fmt("%.0f", med(c, t, 1)), range(c, t, 1),
         fmt("%.0f", med(c, t, 2)), fmt("%.0f", med(c, t, 3)), fmt("%.1f", med(c, t, 4)), err[c, t]
@@ -356,6 +378,15 @@ awk -v loads="${LOADS[*]}" -v failed="${!FAILED[*]}" '
         fmt("%.2f", paired(c, "kvrelay", "nginx", 1, "/")), fmt("%.2f", paired(c, "kvrelay", "nginx", 4, "/")),
         fmt("%+.0f us", paired(c, "kvrelay", "direct", 2, "-")), fmt("%+.0f us", paired(c, "nginx", "direct", 2, "-")),
         fmt("%+.0f us", paired(c, "kvrelay", "direct", 3, "-")), fmt("%+.0f us", paired(c, "nginx", "direct", 3, "-"))
+    }
+    if (nt > 3) {
+      printf "\n%-6s %-21s %-10s\n", "", "kvrelay/base", "p50 kvrelay - base"
+      printf "%-6s %10s %10s\n", "conns", "req/s", "CPU/req"
+      for (i = 1; i <= nl; i++) {
+        c = L[i]
+        printf "%-6s %10s %10s %10s\n", c, fmt("%.3f", paired(c, "kvrelay", "base", 1, "/")),
+          fmt("%.3f", paired(c, "kvrelay", "base", 4, "/")), fmt("%+.0f us", paired(c, "kvrelay", "base", 2, "-"))
+      }
     }
     if (failed != "") printf "\nFAILED: %s (details above)\n", failed
     else print "\nall targets answered every request with 200"
