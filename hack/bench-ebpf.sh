@@ -57,7 +57,7 @@ PIDS=()
 cleanup() {
   for p in "${PIDS[@]:-}"; do [ -n "$p" ] && kill "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
-  [ ! -d "$W/base" ] || git worktree remove --force "$W/base" >/dev/null 2>&1 || true
+  drop_build "$W/attach-base"
   rm -rf "$W"
 }
 trap cleanup EXIT
@@ -70,7 +70,7 @@ bg() {
   LASTPID=$!
   PIDS+=("$LASTPID")
 }
-source "$ROOT/hack/lib.sh" # freeport
+source "$ROOT/hack/lib.sh" # freeport, build_at
 wait_up() { # URL PID
   for _ in $(seq 200); do
     kill -0 "$2" 2>/dev/null || return 1
@@ -84,8 +84,7 @@ stop() { kill "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; }
 go build -o "$W/kvrelay" ./cmd/kvrelay
 go build -o "$W/attach" ./hack/bench-ebpf
 if [ -n "$BASE" ]; then
-  git worktree add --detach "$W/base" "$BASE" >/dev/null 2>&1 || die "no worktree at $BASE"
-  (cd "$W/base" && go build -o "$W/attach-base" ./hack/bench-ebpf) || die "building the probes at $BASE"
+  build_at "$BASE" ./hack/bench-ebpf "$W/attach-base"
 fi
 
 overhead() {

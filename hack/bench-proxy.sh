@@ -103,7 +103,7 @@ cleanup() {
     for _ in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
     kill -9 "$p" 2>/dev/null || true
   done
-  [ ! -d "$W/base-src" ] || git -C "$ROOT" worktree remove --force "$W/base-src" >/dev/null 2>&1 || true
+  drop_build "$W/kvrelay-base"
   if [ "${KEEP:-0}" = 1 ]; then log "kept $W"; else rm -rf "$W"; fi
 }
 trap cleanup EXIT
@@ -131,7 +131,7 @@ start() {
   PIDS+=("$LASTPID")
 }
 
-source "$ROOT/hack/lib.sh" # freeport
+source "$ROOT/hack/lib.sh" # freeport, build_at
 
 # wait_up URL PID NAME: wait until URL answers 200 while PID lives
 wait_up() {
@@ -159,8 +159,7 @@ go build -o bin/kvrelay ./cmd/kvrelay || die "go build ./cmd/kvrelay failed"
 KVRELAY=$ROOT/bin/kvrelay
 if [ -n "${BASE:-}" ]; then
   log "building kvrelay at $BASE"
-  git -C "$ROOT" worktree add --detach "$W/base-src" "$BASE" >/dev/null 2>&1 || die "no worktree at $BASE"
-  (cd "$W/base-src" && go build -o "$W/kvrelay-base" ./cmd/kvrelay) || die "building kvrelay at $BASE failed"
+  build_at "$BASE" ./cmd/kvrelay "$W/kvrelay-base"
 fi
 
 RESPONSE=$(<"$HERE/response.json")
