@@ -257,7 +257,7 @@ func (c *Collector) Start(ctx context.Context) error {
 		} else {
 			c.tcp = p
 			c.errs[ProbeTCPRTT], c.errs[ProbeTCPState] = p.SockOpsErr, p.SetStateErr
-			if p.SockOpsErr == nil && p.ArmErr != nil {
+			if p.ArmErr != nil { // (set only where sock_ops attached)
 				c.log.Info("ebpf: tcp_rtt records one RTT callback in eight (its callback cannot be re-armed per collection here)", "err", p.ArmErr)
 			}
 		}

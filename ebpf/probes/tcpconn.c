@@ -4,7 +4,7 @@
 //
 // sock_ops (attached to a cgroup v2): on an active connection to a watched endpoint it turns
 // on the RTT and retransmit callbacks, then records the smoothed RTT (one sample per
-// connection per collection: iter/tcp re-arms the RTT callback, which disarms itself) and
+// connection per second: iter/tcp re-arms the RTT callback, which disarms itself) and
 // counts retransmits. tp_btf/inet_sock_set_state: connect latency (SYN_SENT -> ESTABLISHED) and
 // aborts (ESTABLISHED, CLOSE_WAIT or SYN_SENT straight to CLOSE: a reset sent or received).
 #include "vmlinux.h"
@@ -73,8 +73,8 @@ volatile __u32 rearm;
 // The RTT callback is armed for one sample at a time: the kernel would call the program on
 // every ACK that yields an RTT sample (one per request and answer on a keep-alive connection
 // to an engine), and srtt is already smoothed, so the program disarms it after recording one
-// and the iterator below arms it again on every collection (SampleInterval: one srtt sample
-// per connection per interval, whatever the request rate).
+// and the iterator below, run once a second, arms it again (one srtt sample per connection
+// per second, whatever the request rate).
 SEC("sockops")
 int kvrelay_sockops(struct bpf_sock_ops *skops)
 {

@@ -75,17 +75,17 @@ func (p *TCPConn) attachArm() error {
 		return fmt.Errorf("attaching iter/tcp (RTT callback re-arming): %w", err)
 	}
 	p.arm = it
-	if err := p.Arm(); err != nil {
+	err = p.Arm()
+	if err == nil {
+		if err = p.objs.Rearm.Set(uint32(1)); err != nil {
+			err = fmt.Errorf("turning on RTT callback re-arming: %w", err)
+		}
+	}
+	if err != nil {
 		_ = it.Close()
 		p.arm = nil
-		return err
 	}
-	if err := p.objs.Rearm.Set(uint32(1)); err != nil {
-		_ = it.Close()
-		p.arm = nil
-		return fmt.Errorf("turning on RTT callback re-arming: %w", err)
-	}
-	return nil
+	return err
 }
 
 // Arm turns the RTT callback on again on every connection the probe follows whose last
