@@ -78,6 +78,12 @@ type Config struct {
 	// the probes then run only on its packets), which is the hierarchy's root where
 	// processes are not put in cgroups of their own.
 	CgroupPath string
+	// DialScope attaches the socket probes (tcp_rtt, first_byte) to a child of CgroupPath
+	// made for them, kvrelay-dial.PID, rather than to CgroupPath itself, so that they run
+	// only on the connections a process dials once EnterDialScope has moved it there, and
+	// not on those it accepts from listeners it opened before (dialscope.go). Where the
+	// child cannot be made, they attach to CgroupPath (logged).
+	DialScope bool
 	// Probes selects the probes to attach by name (ProbeTCPRTT, …); nil attaches all. The
 	// tcp_rtt and tcp_state probes share one object: selecting either loads it.
 	Probes []string
@@ -107,6 +113,8 @@ type Collector struct {
 	fb      *probes.FirstByte
 	lq      *probes.ListenQ
 	rq      *probes.RunQLat
+	dial    *dialScope // nil: the socket probes are on sockCg itself
+	sockCg  string     // the cgroup the socket probes attach to
 	queue   map[netip.AddrPort]queueSample
 	fbw     fbWindow
 	gpu     gpu.Collector // nil without NVML (no nvml build tag, or no driver)
@@ -232,6 +240,17 @@ func (c *Collector) Start(ctx context.Context) error {
 	if cg == "" {
 		cg, cgErr = probes.OwnCgroupV2()
 	}
+	wantSocket := c.cfg.Probes == nil || slices.ContainsFunc(c.cfg.Probes, func(n string) bool {
+		return n == ProbeTCPRTT || n == ProbeTCPState || n == ProbeFirstByte
+	})
+	if c.cfg.DialScope && cgErr == nil && wantSocket {
+		if d, err := newDialScope(cg); err != nil {
+			c.log.Info("ebpf: socket probes on the process's cgroup, client connections included (no cgroup of their own)", "err", err)
+		} else {
+			c.dial, cg = d, d.dir
+		}
+	}
+	c.sockCg = cg
 
 	want := func(names ...string) bool {
 		if c.cfg.Probes == nil {
@@ -323,6 +342,59 @@ func (c *Collector) setAll(err error) {
 	for _, p := range Probes {
 		c.errs[p] = err
 	}
+}
+
+// SocketCgroup is the cgroup v2 directory the socket probes (tcp_rtt, first_byte) are
+// attached to, or "" before Start.
+func (c *Collector) SocketCgroup() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.sockCg
+}
+
+// EnterDialScope moves process pid (0: this one) into the dial scope (Config.DialScope), so
+// that the sockets it makes from now on, its connections to engines, run the socket probes,
+// while the connections it accepts from listeners opened before never do. Call it once the
+// listeners are open and before the first connection to an engine: connections dialed
+// before are not measured until they are replaced. Without a dial scope it does nothing.
+//
+// Where the process cannot be moved (a cgroup that holds no processes of its own, one not
+// writable here), the socket probes move to the scope's parent instead, where they see
+// every connection again; that is logged, and the error returned only when that move
+// failed too.
+func (c *Collector) EnterDialScope(pid int) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.dial == nil {
+		return nil
+	}
+	if pid == 0 {
+		pid = os.Getpid()
+	}
+	err := c.dial.enter(pid)
+	if err == nil {
+		c.log.Info("ebpf: socket probes on dialed connections only", "pid", pid, "cgroup", c.dial.dir)
+		return nil
+	}
+	c.log.Warn("ebpf: socket probes moved to the process's cgroup, client connections included", "err", err)
+	var errs []error
+	if c.tcp != nil {
+		if err := c.tcp.MoveTo(c.dial.parent); err != nil {
+			c.errs[ProbeTCPRTT] = err
+			errs = append(errs, err)
+		}
+	}
+	if c.fb != nil {
+		if err := c.fb.MoveTo(c.dial.parent); err != nil {
+			c.errs[ProbeFirstByte] = err
+			errs = append(errs, err)
+		}
+	}
+	if err := c.dial.close(); err != nil {
+		c.log.Warn("ebpf: removing the dial scope", "err", err)
+	}
+	c.sockCg, c.dial = c.dial.parent, nil
+	return errors.Join(errs...)
 }
 
 // Active reports whether each probe is attached.
@@ -709,6 +781,10 @@ func (c *Collector) Close() error {
 	if c.gpu != nil {
 		errs = append(errs, c.gpu.Close())
 		c.gpu = nil
+	}
+	if c.dial != nil {
+		errs = append(errs, c.dial.close())
+		c.dial = nil
 	}
 	for _, p := range Probes {
 		c.errs[p] = errors.New("closed")

@@ -8,12 +8,18 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
+	"path"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+
+	"github.com/kvrelay/kvrelay/ebpf/probes"
 )
 
 func TestParseMode(t *testing.T) {
@@ -251,5 +257,183 @@ func TestProbeSelection(t *testing.T) {
 		if on != want[p] {
 			t.Errorf("probe %s active = %v, want %v", p, on, want[p])
 		}
+	}
+}
+
+// ownCgroup is the cgroup v2 directory of this process, from /proc/self/cgroup.
+func ownCgroup(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rel, ok := strings.CutPrefix(line, "0::"); ok {
+			return rel
+		}
+	}
+	t.Fatal("no cgroup v2 line in /proc/self/cgroup")
+	return ""
+}
+
+// postAndAnswer has from send a POST to to, and to answer it after delay.
+func postAndAnswer(t *testing.T, from, to net.Conn, delay time.Duration) {
+	t.Helper()
+	req := "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"
+	if _, err := io.WriteString(from, req); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, len(req))
+	if _, err := io.ReadFull(to, buf); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(delay)
+	resp := "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+	if _, err := io.WriteString(to, resp); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(from, make([]byte, len(resp))); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func firstByteCount(t *testing.T, c *Collector, worker string) uint64 {
+	t.Helper()
+	for _, m := range gather(t, c)["kvrelay_ebpf_first_byte_seconds"].GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "worker" && l.GetValue() == worker {
+				return m.GetHistogram().GetSampleCount()
+			}
+		}
+	}
+	return 0
+}
+
+// TestDialScope: with the socket probes in the dial scope, a request on a connection dialed
+// after EnterDialScope is timed and one sent on a connection accepted from a listener opened
+// before is not (without the scope both would be); Close moves the process back and removes
+// the scope.
+func TestDialScope(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("attaching eBPF probes needs root")
+	}
+	ln, err := net.Listen("tcp4", "127.0.0.1:0") // opened before: a proxy's client listener
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	before := ownCgroup(t)
+	c := New(Config{Mode: ModeOn, DialScope: true, Probes: []string{ProbeFirstByte}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err := c.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	closed := false
+	defer func() {
+		if !closed {
+			c.Close()
+		}
+	}()
+	scope := dialPrefix + strconv.Itoa(os.Getpid())
+	if filepath.Base(c.SocketCgroup()) != scope {
+		t.Skipf("no dial scope here (socket probes on %s)", c.SocketCgroup())
+	}
+	if err := c.EnterDialScope(0); err != nil {
+		t.Fatal(err)
+	}
+	if got := ownCgroup(t); path.Base(got) != scope {
+		t.Fatalf("in cgroup %s after EnterDialScope, want %s", got, scope)
+	}
+	dialed, err := net.Dial("tcp4", ln.Addr().String()) // made inside the scope
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dialed.Close()
+	accepted, err := ln.Accept() // a clone of the listener, outside
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer accepted.Close()
+	// Watch both directions: the listener's port (requests the dialed side sends) and the
+	// dialed side's own port (requests the accepted side sends it).
+	if err := c.SetTargets([]Target{
+		{Addr: ln.Addr().String(), Worker: "dialed", Pool: "agg"},
+		{Addr: dialed.LocalAddr().String(), Worker: "accepted", Pool: "agg"},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	const delay = 20 * time.Millisecond
+	for range 3 {
+		postAndAnswer(t, dialed, accepted, delay)
+		postAndAnswer(t, accepted, dialed, delay)
+	}
+	if n := firstByteCount(t, c, "dialed"); n != 3 {
+		t.Errorf("requests timed on the dialed connection: %d, want 3", n)
+	}
+	if n := firstByteCount(t, c, "accepted"); n != 0 {
+		t.Errorf("requests timed on the accepted connection: %d, want 0 (it is outside the scope)", n)
+	}
+	closed = true
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if got := ownCgroup(t); got != before {
+		t.Errorf("in cgroup %s after Close, want %s", got, before)
+	}
+	root, _ := probes.CgroupV2()
+	if _, err := os.Stat(filepath.Join(root, before, scope)); !os.IsNotExist(err) {
+		t.Errorf("dial scope still there after Close: %v", err)
+	}
+}
+
+// TestDialScopeFallback: when the process cannot be moved into the dial scope, the socket
+// probes move to its parent and see every connection there.
+func TestDialScopeFallback(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("attaching eBPF probes needs root")
+	}
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	c := New(Config{Mode: ModeOn, DialScope: true, Probes: []string{ProbeFirstByte}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err := c.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	inScope := c.SocketCgroup()
+	if !strings.HasPrefix(filepath.Base(inScope), dialPrefix) {
+		t.Skipf("no dial scope here (socket probes on %s)", inScope)
+	}
+	// A process that has exited cannot be moved.
+	gone := exec.Command("true")
+	if err := gone.Run(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.EnterDialScope(gone.Process.Pid); err != nil {
+		t.Fatal(err)
+	}
+	if got := c.SocketCgroup(); got != filepath.Dir(inScope) {
+		t.Fatalf("socket probes on %s after a failed move, want the parent %s", got, filepath.Dir(inScope))
+	}
+	if _, err := os.Stat(inScope); !os.IsNotExist(err) {
+		t.Errorf("dial scope still there after the fallback: %v", err)
+	}
+	dialed, err := net.Dial("tcp4", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dialed.Close()
+	accepted, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer accepted.Close()
+	if err := c.SetTargets([]Target{{Addr: ln.Addr().String(), Worker: "w", Pool: "agg"}}); err != nil {
+		t.Fatal(err)
+	}
+	postAndAnswer(t, dialed, accepted, 5*time.Millisecond)
+	if n := firstByteCount(t, c, "w"); n != 1 {
+		t.Errorf("requests timed after the fallback: %d, want 1", n)
 	}
 }

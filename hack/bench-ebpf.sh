@@ -33,10 +33,13 @@
 #   BPFSTATS [0]  BASE [unset]
 #   PROBES: comma-separated probes to attach in the "on" runs (default all): tcp_rtt,
 #     tcp_state, first_byte, listen_queue, runq_latency
-#   SCOPE [proxy]: the cgroup the socket probes attach to: "proxy", a cgroup v2 of its own that
-#     the proxy starts in (as a container or a systemd service would put it), or "root", the
-#     whole hierarchy (what `kvrelay up` does), where they also run on every packet of wrk and
-#     the backend
+#   SCOPE [dial]: the cgroup the socket probes attach to. The proxy starts in a cgroup v2 of
+#     its own (as a container or a systemd service would put it) and "dial" attaches them to
+#     a dial scope under it, into which the proxy is moved once it listens, as `kvrelay proxy`
+#     does by default (--ebpf-cgroup dial): they run on its connections to the backend only;
+#     "proxy" attaches them to the proxy's cgroup (--ebpf-cgroup own: on its client
+#     connections too); "root" to the whole hierarchy, where they also run on every packet of
+#     wrk and the backend. A BASE attacher that predates the dial scope attaches as "proxy".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -48,7 +51,7 @@ PIN=${PIN-0}
 N=${N:-40}
 SPEEDUP=${SPEEDUP:-1}
 BPFSTATS=${BPFSTATS:-0}
-SCOPE=${SCOPE:-proxy}
+SCOPE=${SCOPE:-dial}
 PROBES=${PROBES:-}
 BASE=${BASE:-}
 [ "$(id -u)" = 0 ] || { echo "bench-ebpf: needs root (the probes do)"; exit 1; }
@@ -107,7 +110,7 @@ overhead() {
   fi
   local cg="" cgroot
   cgroot=$(awk '$3 == "cgroup2" { print $2; exit }' /proc/self/mounts)
-  if [ "$SCOPE" = proxy ]; then
+  if [ "$SCOPE" = proxy ] || [ "$SCOPE" = dial ]; then
     [ -n "$cgroot" ] || die "no cgroup v2 mounted"
     cg=$cgroot/kvrelay-bench-$$
     mkdir -p "$cg"
@@ -121,11 +124,12 @@ overhead() {
       case $((r % 3)) in 1) order="off on base" ;; 2) order="on base off" ;; 0) order="base off on" ;; esac
     fi
     for m in $order; do
-      local apid="" bin=$W/attach
+      local apid="" bin=$W/attach dial=""
       [ "$m" != base ] || bin=$W/attach-base
+      if [ "$SCOPE" = dial ] && "$bin" --help 2>&1 | grep -q -- -dial; then dial=--dial; fi
+      rm -f "$W/pid"
       if [ "$m" != off ]; then
-        rm -f "$W/pid"
-        "$bin" --target "127.0.0.1:$bport" --pid-file "$W/pid" ${cg:+--cgroup "$cg"} ${PROBES:+--probes "$PROBES"} >"$W/attach.out" 2>"$W/attach.err" &
+        "$bin" --target "127.0.0.1:$bport" --pid-file "$W/pid" ${cg:+--cgroup "$cg"} $dial ${PROBES:+--probes "$PROBES"} >"$W/attach.out" 2>"$W/attach.err" &
         apid=$!
         PIDS+=("$apid")
         for _ in $(seq 200); do grep -q attached "$W/attach.out" 2>/dev/null && break; kill -0 $apid || die "attach failed: $(cat "$W/attach.err")"; sleep 0.05; done
@@ -134,8 +138,14 @@ overhead() {
       bg env GOMAXPROCS=1 CG="$cg" sh -c '[ -z "$CG" ] || echo $$ >"$CG/cgroup.procs"; exec "$@"' sh "$W/kvrelay" proxy --listen "127.0.0.1:$pport" --policy kv --event-loops 1 --ebpf off \
         --upstream "id=w1,url=http://127.0.0.1:$bport,model=bench-model" >"$W/proxy.log" 2>&1
       local ppid=$LASTPID
-      echo "$ppid" >"$W/pid.tmp" && mv "$W/pid.tmp" "$W/pid"
       wait_up "http://127.0.0.1:$pport/health" "$ppid" || die "proxy did not start: $(tail -n 3 "$W/proxy.log")"
+      # The proxy listens: the attacher may move it into the dial scope now (and watch its run
+      # queue); wrk starts once it has.
+      echo "$ppid" >"$W/pid.tmp" && mv "$W/pid.tmp" "$W/pid"
+      if [ -n "$apid" ] && [ -n "$dial" ]; then
+        for _ in $(seq 200); do grep -q entered "$W/attach.out" 2>/dev/null && break; kill -0 $apid || die "attach failed: $(cat "$W/attach.err")"; sleep 0.02; done
+        grep -q entered "$W/attach.out" || die "the proxy was not moved into the dial scope"
+      fi
       pinned wrk -t1 -c"$CONNS" -d1s -s "$HERE/post.lua" "http://127.0.0.1:$pport" >/dev/null
       pinned wrk -t1 -c"$CONNS" -d"${DURATION}s" --timeout 5s --latency -s "$HERE/post.lua" "http://127.0.0.1:$pport" >"$W/wrk.txt"
       if [ -n "$apid" ] && [ "$BPFSTATS" = 1 ] && command -v bpftool >/dev/null; then

@@ -30,7 +30,7 @@ func newControlPlaneCmd() *cobra.Command {
 		k8sSel    string
 		k8sTmpl   string
 		kubeconf  string
-		ebpfMode  string
+		ebpfF     ebpfFlags
 		ebpfLoad  bool
 		pf        cpPlannerFlags
 	)
@@ -72,14 +72,14 @@ Model and block size are discovered when not given.`,
 				opts.K8s = src
 			}
 			opts.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
-			return runControlPlane(cmd.Context(), cmd.OutOrStdout(), opts, ebpfMode, ebpfLoad, cpPlanner{flags: &pf, kubeconfig: kubeconf, namespace: k8sNS})
+			return runControlPlane(cmd.Context(), cmd.OutOrStdout(), opts, ebpfF, ebpfLoad, cpPlanner{flags: &pf, kubeconfig: kubeconf, namespace: k8sNS})
 		},
 	}
 	fs := cmd.Flags()
 	fs.StringVar(&opts.XDSListen, "xds-listen", "127.0.0.1:18000", "address proxies connect to (delta ADS, index journal, load reports)")
 	fs.StringVar(&opts.APIListen, "api-listen", "127.0.0.1:18080", "operator API (JSON over HTTP and gRPC) and /metrics")
 	fs.StringVar(&opts.DataDir, "data-dir", "", "directory for the registry and policies (required)")
-	addEBPFFlag(fs, &ebpfMode)
+	addEBPFFlags(fs, &ebpfF, ebpfCgroupOwn)
 	fs.BoolVar(&ebpfLoad, "ebpf-load-signals", false, "always count connections waiting in a worker's accept queue (eBPF listen_queue probe) and the requests its recent first-byte latency implies (first_byte probe) as waiting requests in its load (otherwise: while the routing policy's kernel_load_signals is on)")
 	fs.StringArrayVar(&workers, "worker", nil, "a worker: id=,url=,kv-events=,engine=,... (repeat for each)")
 	fs.StringVar(&opts.WorkersFile, "workers-file", "", "YAML file of workers, reloaded when it changes")
@@ -103,10 +103,10 @@ type cpPlanner struct {
 
 // runControlPlane starts a control plane (and its planner, with --planner) and serves until
 // ctx ends.
-func runControlPlane(ctx context.Context, out io.Writer, opts controlplane.Options, ebpfMode string, ebpfLoad bool, pl cpPlanner) error {
+func runControlPlane(ctx context.Context, out io.Writer, opts controlplane.Options, ebpfF ebpfFlags, ebpfLoad bool, pl cpPlanner) error {
 	// The load view asks the probes once they run (they follow the registry, which New opens).
 	var probes atomic.Pointer[ebpf.Collector]
-	if ebpfMode != "off" {
+	if ebpfF.mode != "off" {
 		opts.KernelWaitingAlways = ebpfLoad
 		opts.KernelWaiting = func(id string) (int, bool) {
 			if c := probes.Load(); c != nil {
@@ -131,7 +131,10 @@ func runControlPlane(ctx context.Context, out io.Writer, opts controlplane.Optio
 	}
 	// The probes watch the registered workers' connections from this host (its scrapes, and
 	// a proxy's when one runs here) and their accept queues, on the operator API's /metrics.
-	c, err := startEBPF(ctx, ebpfMode, registryEBPFTargets(cp.Registry()), nil)
+	c, err := startEBPF(ctx, ebpfF, registryEBPFTargets(cp.Registry()), nil)
+	if err == nil {
+		err = c.EnterDialScope(0) // (--ebpf-cgroup dial: the xDS and API listeners are open)
+	}
 	if err == nil {
 		err = cp.Registerer().Register(c)
 	}
@@ -140,6 +143,7 @@ func runControlPlane(ctx context.Context, out io.Writer, opts controlplane.Optio
 		return err
 	}
 	probes.Store(c)
+	defer c.Close() // (before exit: leaves the dial scope, if any, and removes it)
 	fmt.Fprintf(out, "kvrelay control plane: xds %s  api http://%s  %d workers\n", cp.XDSAddr(), cp.APIAddr(), len(cp.Registry().Workers()))
 	if pl.flags == nil || !pl.flags.enabled {
 		return cp.Run(ctx)

@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -16,9 +18,41 @@ import (
 
 const ebpfFlagHelp = "eBPF probes (connection RTT and lifecycle, first byte, accept queues, run queues; kvrelay_ebpf_* on /metrics): auto (attach when privileged), on or off"
 
-// addEBPFFlag registers --ebpf.
-func addEBPFFlag(fs *pflag.FlagSet, v *string) {
-	fs.StringVar(v, "ebpf", string(ebpf.ModeAuto), ebpfFlagHelp)
+// ebpfFlags are --ebpf and --ebpf-cgroup.
+type ebpfFlags struct {
+	mode   string
+	cgroup string
+}
+
+const (
+	ebpfCgroupDial = "dial" // a cgroup of the probes' own that the process enters once its listeners are open
+	ebpfCgroupOwn  = "own"  // the process's own cgroup
+)
+
+// addEBPFFlags registers --ebpf and --ebpf-cgroup (default cgroup: dial or own).
+func addEBPFFlags(fs *pflag.FlagSet, v *ebpfFlags, cgroup string) {
+	fs.StringVar(&v.mode, "ebpf", string(ebpf.ModeAuto), ebpfFlagHelp)
+	fs.StringVar(&v.cgroup, "ebpf-cgroup", cgroup, "where the socket probes (tcp_rtt, first_byte) run: dial (only on the connections this process opens to engines: it moves into a child cgroup of its own once its listeners are open, so client connections never pass through them), own (every socket of this process's cgroup) or a cgroup v2 directory")
+}
+
+// config is the collector's configuration for these flags.
+func (f ebpfFlags) config() (ebpf.Config, error) {
+	m, err := ebpf.ParseMode(f.mode)
+	if err != nil {
+		return ebpf.Config{}, err
+	}
+	cfg := ebpf.Config{Mode: m}
+	switch f.cgroup {
+	case ebpfCgroupDial:
+		cfg.DialScope = true
+	case ebpfCgroupOwn, "":
+	default:
+		if !filepath.IsAbs(f.cgroup) {
+			return ebpf.Config{}, fmt.Errorf("--ebpf-cgroup must be dial, own or an absolute cgroup v2 directory, got %q", f.cgroup)
+		}
+		cfg.CgroupPath = f.cgroup
+	}
+	return cfg, nil
 }
 
 // ebpfPool is the pool label of a worker role: prefill, decode, or agg for a worker that does
@@ -36,13 +70,18 @@ func ebpfPool(role string) string {
 // on a /metrics registry (with --ebpf off too, so kvrelay_ebpf_probe_active says they are
 // off). Probes that cannot attach are logged and left inactive; only --ebpf on with none
 // attached is an error.
-func startEBPF(ctx context.Context, mode string, targets func() []ebpf.Target, procs []ebpf.Process) (*ebpf.Collector, error) {
-	m, err := ebpf.ParseMode(mode)
+//
+// With --ebpf-cgroup dial the process still has to enter the dial scope once its listeners
+// are open (ebpf.Collector.EnterDialScope).
+func startEBPF(ctx context.Context, f ebpfFlags, targets func() []ebpf.Target, procs []ebpf.Process) (*ebpf.Collector, error) {
+	cfg, err := f.config()
 	if err != nil {
 		return nil, err
 	}
+	m := cfg.Mode
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	c := ebpf.New(ebpf.Config{Mode: m, Logger: log})
+	cfg.Logger = log
+	c := ebpf.New(cfg)
 	if err := c.Start(ctx); err != nil {
 		_ = c.Close()
 		return nil, err
@@ -80,7 +119,7 @@ func startEBPF(ctx context.Context, mode string, targets func() []ebpf.Target, p
 // process's (worker "up"; pool agg, or mixed with a prefill and a decode pool): attributing it
 // per worker needs the workers in separate processes (kvrelay sim; their PIDs go to
 // ebpf.Collector.SetProcesses).
-func startUpEBPF(ctx context.Context, mode string, ws []upWorker, deployMode string) (*ebpf.Collector, error) {
+func startUpEBPF(ctx context.Context, f ebpfFlags, ws []upWorker, deployMode string) (*ebpf.Collector, error) {
 	targets := make([]ebpf.Target, 0, len(ws))
 	for _, w := range ws {
 		targets = append(targets, ebpf.Target{Addr: w.w.URL(), Worker: w.id, Pool: ebpfPool(string(w.role))})
@@ -89,7 +128,7 @@ func startUpEBPF(ctx context.Context, mode string, ws []upWorker, deployMode str
 	if deployMode == upModeDisagg {
 		pool = "mixed"
 	}
-	return startEBPF(ctx, mode, func() []ebpf.Target { return targets },
+	return startEBPF(ctx, f, func() []ebpf.Target { return targets },
 		[]ebpf.Process{{PID: os.Getpid(), Worker: "up", Pool: pool}})
 }
 

@@ -24,18 +24,38 @@ func TestEBPFPool(t *testing.T) {
 }
 
 func TestStartEBPF(t *testing.T) {
-	if _, err := startEBPF(context.Background(), "maybe", func() []ebpf.Target { return nil }, nil); err == nil {
+	if _, err := startEBPF(context.Background(), ebpfFlags{mode: "maybe"}, func() []ebpf.Target { return nil }, nil); err == nil {
 		t.Error("--ebpf maybe accepted")
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	c, err := startEBPF(ctx, "off", func() []ebpf.Target { return []ebpf.Target{{Addr: "127.0.0.1:1", Worker: "w0", Pool: "agg"}} }, nil)
+	c, err := startEBPF(ctx, ebpfFlags{mode: "off", cgroup: ebpfCgroupDial}, func() []ebpf.Target { return []ebpf.Target{{Addr: "127.0.0.1:1", Worker: "w0", Pool: "agg"}} }, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for p, on := range c.Active() {
 		if on {
 			t.Errorf("--ebpf off: probe %s active", p)
+		}
+	}
+}
+
+func TestEBPFFlagsConfig(t *testing.T) {
+	for _, tc := range []struct {
+		f    ebpfFlags
+		dial bool
+		path string
+		err  bool
+	}{
+		{ebpfFlags{mode: "on", cgroup: "dial"}, true, "", false},
+		{ebpfFlags{mode: "auto", cgroup: "own"}, false, "", false},
+		{ebpfFlags{mode: "on", cgroup: "/sys/fs/cgroup/kvrelay"}, false, "/sys/fs/cgroup/kvrelay", false},
+		{ebpfFlags{mode: "on", cgroup: "kvrelay"}, false, "", true},
+		{ebpfFlags{mode: "sometimes", cgroup: "dial"}, false, "", true},
+	} {
+		cfg, err := tc.f.config()
+		if (err != nil) != tc.err || err == nil && (cfg.DialScope != tc.dial || cfg.CgroupPath != tc.path) {
+			t.Errorf("%+v: config %+v, %v", tc.f, cfg, err)
 		}
 	}
 }

@@ -27,7 +27,7 @@ func newProxyCmd() *cobra.Command {
 		configPath string
 		upstreams  []string
 		debugAddr  string
-		ebpfMode   string
+		ebpfF      ebpfFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "proxy",
@@ -50,12 +50,12 @@ model=NAME,capacity=BLOCKS,role=prefill|decode|both.`,
 					return err
 				}
 			}
-			return runProxy(cmd.Context(), cmd.OutOrStdout(), final, ebpfMode)
+			return runProxy(cmd.Context(), cmd.OutOrStdout(), final, ebpfF)
 		},
 	}
 	fs := cmd.Flags()
 	fs.StringVar(&configPath, "config", "", "YAML file with the proxy's settings")
-	addEBPFFlag(fs, &ebpfMode)
+	addEBPFFlags(fs, &ebpfF, ebpfCgroupDial)
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "client-facing address")
 	fs.StringArrayVar(&upstreams, "upstream", nil, "an engine: URL or id=,url=,model=,capacity=,role= (repeat for each)")
 	fs.StringVar(&cfg.XDS, "xds", "", "control plane's xDS address (host:port): workers, load, policy and KV index come from it (no --upstream)")
@@ -185,17 +185,25 @@ func parseUpstream(v string) (proxy.Upstream, error) {
 }
 
 // runProxy starts a proxy and serves until ctx ends.
-func runProxy(ctx context.Context, out io.Writer, cfg proxy.Config, ebpfMode string) error {
+func runProxy(ctx context.Context, out io.Writer, cfg proxy.Config, ebpfF ebpfFlags) error {
 	p, err := startProxy(ctx, cfg)
 	if err != nil {
 		return err
 	}
 	// The probes watch the proxy's workers (engines are other processes: no run-queue PIDs).
-	probes, err := startEBPF(ctx, ebpfMode, proxyEBPFTargets(p), nil)
+	// The listener is open: from here on the proxy dials only engines (its pooled
+	// connections are made on demand), which the dial scope confines the socket probes to.
+	probes, err := startEBPF(ctx, ebpfF, proxyEBPFTargets(p), nil)
+	if err == nil {
+		err = probes.EnterDialScope(0)
+	}
 	if err == nil {
 		err = p.Registerer().Register(probes)
 	}
 	if err != nil {
+		if probes != nil {
+			_ = probes.Close()
+		}
 		_ = p.Close()
 		return err
 	}
@@ -204,6 +212,7 @@ func runProxy(ctx context.Context, out io.Writer, cfg proxy.Config, ebpfMode str
 	} else {
 		fmt.Fprintf(out, "kvrelay proxy on http://%s/v1 (policy %s) → %d upstreams\n", p.Addr(), cfg.Policy, len(cfg.Upstreams))
 	}
+	defer probes.Close() // (before exit: leaves the dial scope and removes it)
 	return p.Run(ctx)
 }
 

@@ -53,7 +53,7 @@ func newUpCmd() *cobra.Command {
 		apiListen       string
 		dataDir         string
 		static          bool
-		ebpfMode        string
+		ebpfF           ebpfFlags
 		pf              upPlannerFlags
 	)
 	cmd := &cobra.Command{
@@ -120,7 +120,7 @@ there, a max_tokens=1 leg to a prefill worker whose KV blocks the decode worker 
 			ctx := cmd.Context()
 			return runWorkers(ctx, cmd.OutOrStdout(), cfgs, func(ctx context.Context, out io.Writer, ws []*sim.Worker) (func() error, error) {
 				uws := upWorkers(ws, roles)
-				probes, err := startUpEBPF(ctx, ebpfMode, uws, mode)
+				probes, err := startUpEBPF(ctx, ebpfF, uws, mode)
 				if err != nil {
 					return nil, err
 				}
@@ -160,6 +160,12 @@ there, a max_tokens=1 leg to a prefill worker whose KV blocks the decode worker 
 					return nil, err
 				}
 				p, err := startProxy(ctx, pc)
+				if err == nil {
+					// Every listener is open (workers, control plane, proxy): connections
+					// made from here on, the proxy's to the workers among them, run the
+					// socket probes, and the ones accepted never do (--ebpf-cgroup dial).
+					err = probes.EnterDialScope(0)
+				}
 				if err == nil {
 					err = p.Registerer().Register(probes) // kvrelay_ebpf_* on the proxy's /metrics
 				}
@@ -201,12 +207,16 @@ there, a max_tokens=1 leg to a prefill worker whose KV blocks the decode worker 
 				if cp != nil {
 					return func() error {
 						err := p.Run(ctx)
+						_ = probes.Close() // (before exit: leaves the dial scope and removes it)
 						stopPlanner()
 						_ = cp.Close()
 						return err
 					}, nil
 				}
-				return func() error { return p.Run(ctx) }, nil
+				return func() error {
+					defer probes.Close()
+					return p.Run(ctx)
+				}, nil
 			})
 		},
 	}
@@ -231,7 +241,7 @@ there, a max_tokens=1 leg to a prefill worker whose KV blocks the decode worker 
 	fs.StringVar(&dataDir, "data-dir", "", "the control plane's data directory (default: a temporary one, removed on exit)")
 	fs.BoolVar(&static, "static", false, "no control plane: the proxy routes alone over static upstreams")
 	pf.register(fs)
-	addEBPFFlag(fs, &ebpfMode)
+	addEBPFFlags(fs, &ebpfF, ebpfCgroupDial)
 	return cmd
 }
 

@@ -44,6 +44,23 @@ func AttachFirstByte(cgroupPath string) (*FirstByte, error) {
 	return p, nil
 }
 
+// MoveTo attaches the programs to the cgroup v2 at path and then detaches them from the one
+// they were on (the maps, and with them the histograms and stamps, stay).
+func (p *FirstByte) MoveTo(path string) error {
+	e, err := attachCgroup(path, ebpf.AttachCGroupInetEgress, p.objs.KvrelayFbEgress)
+	if err != nil {
+		return err
+	}
+	i, err := attachCgroup(path, ebpf.AttachCGroupInetIngress, p.objs.KvrelayFbIngress)
+	if err != nil {
+		_ = e.Close()
+		return err
+	}
+	oldE, oldI := p.egress, p.ingress
+	p.egress, p.ingress = e, i
+	return closeAll(oldE, oldI)
+}
+
 // SetTargets makes the probe watch exactly the connections to eps (IPv4; others ignored; at
 // most MaxSlots).
 func (p *FirstByte) SetTargets(eps []netip.AddrPort) error {

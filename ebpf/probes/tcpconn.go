@@ -154,6 +154,21 @@ func (p *TCPConn) Read() (map[netip.AddrPort]*ConnStats, error) {
 	return out, nil
 }
 
+// MoveTo attaches the sock_ops program to the cgroup v2 at path and then detaches it from the
+// one it was on. Connections it already follows keep their callbacks and stay followed.
+func (p *TCPConn) MoveTo(path string) error {
+	if p.sockops == nil {
+		return nil
+	}
+	l, err := attachCgroup(path, ebpf.AttachCGroupSockOps, p.objs.KvrelaySockops)
+	if err != nil {
+		return err
+	}
+	old := p.sockops
+	p.sockops = l
+	return old.Close()
+}
+
 // SockOps and SetState say which parts are attached.
 func (p *TCPConn) SockOps() bool  { return p.sockops != nil }
 func (p *TCPConn) SetState() bool { return p.setState != nil }

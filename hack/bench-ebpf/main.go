@@ -3,6 +3,11 @@
 // changing the proxy: it watches the --target endpoints and, once --pid-file holds a PID,
 // that process's run queue; prints "attached" on stdout; and holds the probes until SIGINT or
 // SIGTERM, when it prints each kvrelay_ebpf_* histogram's observation count and exits.
+//
+// With --dial the socket probes attach to a dial scope under --cgroup (ebpf.Config.DialScope)
+// and the --pid-file process is moved into it as soon as the file names it, as `kvrelay proxy`
+// moves itself once its listener is open (so write the file only then); "entered" on stdout
+// says it is done.
 package main
 
 import (
@@ -27,22 +32,23 @@ func main() {
 	flag.Var(&targets, "target", "engine host:port to watch (repeat)")
 	pidFile := flag.String("pid-file", "", "file that will hold the PID whose run-queue latency to watch")
 	cgroup := flag.String("cgroup", "", "cgroup v2 directory the socket probes attach to (default: the hierarchy's root)")
+	dial := flag.Bool("dial", false, "attach the socket probes to a dial scope under --cgroup and move the --pid-file process into it")
 	only := flag.String("probes", "", "comma-separated probes to attach (default: all): "+strings.Join(ebpf.Probes, ","))
 	flag.Parse()
 	var sel []string
 	if *only != "" {
 		sel = strings.Split(*only, ",")
 	}
-	if err := run(targets, *pidFile, *cgroup, sel); err != nil {
+	if err := run(targets, *pidFile, *cgroup, *dial, sel); err != nil {
 		fmt.Fprintln(os.Stderr, "bench-ebpf:", err)
 		os.Exit(1)
 	}
 }
 
-func run(targets []string, pidFile, cgroup string, sel []string) error {
+func run(targets []string, pidFile, cgroup string, dial bool, sel []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	c := ebpf.New(ebpf.Config{Mode: ebpf.ModeOn, CgroupPath: cgroup, Probes: sel, Logger: slog.New(slog.NewTextHandler(os.Stderr, nil))})
+	c := ebpf.New(ebpf.Config{Mode: ebpf.ModeOn, CgroupPath: cgroup, DialScope: dial, Probes: sel, Logger: slog.New(slog.NewTextHandler(os.Stderr, nil))})
 	if err := c.Start(ctx); err != nil {
 		return err
 	}
@@ -71,6 +77,12 @@ func run(targets []string, pidFile, cgroup string, sel []string) error {
 			if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
 				if err := c.SetProcesses([]ebpf.Process{{PID: pid, Worker: "proxy", Pool: "agg"}}); err != nil {
 					return err
+				}
+				if dial {
+					if err := c.EnterDialScope(pid); err != nil {
+						return err
+					}
+					fmt.Println("entered", c.SocketCgroup())
 				}
 				pidSet = true
 			}
