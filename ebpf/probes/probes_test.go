@@ -272,9 +272,18 @@ func TestRunQLat(t *testing.T) {
 		t.Fatalf("attach: %v", err)
 	}
 	defer p.Close()
+	if p.Attached() {
+		t.Error("attached with no process to watch")
+	}
 	pid := uint32(os.Getpid())
-	if err := p.SetPIDs([]uint32{pid}); err != nil {
-		t.Fatal(err)
+	// Watched, not watched (the programs detach), watched again.
+	for _, pids := range [][]uint32{{pid}, nil, {pid}} {
+		if err := p.SetPIDs(pids); err != nil {
+			t.Fatal(err)
+		}
+		if p.Attached() != (pids != nil) {
+			t.Fatalf("SetPIDs(%v): attached %v", pids, p.Attached())
+		}
 	}
 	// Threads of this process sleep and wake.
 	var wg sync.WaitGroup

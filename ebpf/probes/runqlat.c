@@ -22,6 +22,10 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 volatile __u32 watched_tgids[MAX_PIDS];
 volatile __u32 nslots;
 
+// since: when user space last attached the programs (bpf_ktime_get_ns's clock); a stamp older
+// than that was left by a thread while they were detached, and is not a wait.
+volatile __u64 since;
+
 // slot_of returns the slot of a watched process plus one, 0 for any other.
 static __always_inline __u32 slot_of(__u32 tgid)
 {
@@ -101,6 +105,8 @@ int BPF_PROG(kvrelay_switch, bool preempt, struct task_struct *prev, struct task
 	if (!then)
 		return 0;
 	*ts = 0;
+	if (then < since)
+		return 0;
 	slot--;
 	struct hist *h = bpf_map_lookup_elem(&hists, &slot);
 	if (h)

@@ -8,37 +8,80 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
 )
 
 // RunQLat is the runqlat object: tp_btf programs on sched_wakeup, sched_wakeup_new and
 // sched_switch that time how long the threads of watched processes wait to run.
+//
+// The programs run on every context switch of the machine, watched processes or not, so they
+// are attached only while there is a process to watch (SetPIDs): a proxy that watches none
+// (its engines run elsewhere) pays nothing for them.
 type RunQLat struct {
 	objs  runqlatObjects
-	links []link.Link
+	links []link.Link // nil while detached
 
 	mu    sync.Mutex
 	slots [MaxPIDs]uint32 // slot → the process it watches (0: free)
 }
 
-// AttachRunQLat loads runqlat and attaches its three tracing programs.
+// AttachRunQLat loads runqlat and attaches its three tracing programs, which proves that they
+// can attach; they stay detached until SetPIDs gives them a process to watch.
 func AttachRunQLat() (*RunQLat, error) {
 	removeMemlock()
 	p := &RunQLat{}
 	if err := loadRunqlatObjects(&p.objs, nil); err != nil {
 		return nil, loadErr("runqlat", err)
 	}
+	if err := p.attach(); err != nil {
+		_ = p.Close()
+		return nil, err
+	}
+	p.detach()
+	return p, nil
+}
+
+// Attached says whether the programs are attached (there are processes to watch).
+func (p *RunQLat) Attached() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.links != nil
+}
+
+func (p *RunQLat) attach() error {
+	if p.links != nil {
+		return nil
+	}
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		return fmt.Errorf("reading the clock: %w", err)
+	}
+	if err := p.objs.Since.Set(uint64(ts.Nano())); err != nil {
+		return fmt.Errorf("setting runqlat's start: %w", err)
+	}
+	var links []link.Link
 	for _, prog := range []struct {
 		name string
 		p    *ebpf.Program
 	}{{"sched_wakeup", p.objs.KvrelayWakeup}, {"sched_wakeup_new", p.objs.KvrelayWakeupNew}, {"sched_switch", p.objs.KvrelaySwitch}} {
 		l, err := link.AttachTracing(link.TracingOptions{Program: prog.p})
 		if err != nil {
-			_ = p.Close()
-			return nil, fmt.Errorf("attaching tp_btf/%s: %w", prog.name, err)
+			for _, l := range links {
+				_ = l.Close()
+			}
+			return fmt.Errorf("attaching tp_btf/%s: %w", prog.name, err)
 		}
-		p.links = append(p.links, l)
+		links = append(links, l)
 	}
-	return p, nil
+	p.links = links
+	return nil
+}
+
+func (p *RunQLat) detach() {
+	for _, l := range p.links {
+		_ = l.Close()
+	}
+	p.links = nil
 }
 
 // MaxPIDs is how many processes one RunQLat watches.
@@ -102,7 +145,11 @@ func (p *RunQLat) write(slots [MaxPIDs]uint32) error {
 		return fmt.Errorf("watching pids: %w", err)
 	}
 	p.slots = slots
-	return nil
+	if n == 0 {
+		p.detach()
+		return nil
+	}
+	return p.attach()
 }
 
 // used is how many slots the kernel compares: up to the last one in use.
@@ -138,8 +185,6 @@ func (p *RunQLat) Read() (map[uint32]*Hist, error) {
 
 // Close detaches and unloads the probe.
 func (p *RunQLat) Close() error {
-	for _, l := range p.links {
-		_ = l.Close()
-	}
+	p.detach()
 	return p.objs.Close()
 }

@@ -30,6 +30,7 @@ const (
 	runqlatProgKvrelayWakeup    = "kvrelay_wakeup"
 	runqlatProgKvrelayWakeupNew = "kvrelay_wakeup_new"
 	runqlatVarNslots            = "nslots"
+	runqlatVarSince             = "since"
 	runqlatVarWatchedTgids      = "watched_tgids"
 )
 
@@ -93,6 +94,7 @@ type runqlatMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type runqlatVariableSpecs struct {
 	Nslots       *ebpf.VariableSpec `ebpf:"nslots"`
+	Since        *ebpf.VariableSpec `ebpf:"since"`
 	WatchedTgids *ebpf.VariableSpec `ebpf:"watched_tgids"`
 }
 
@@ -132,6 +134,7 @@ func (m *runqlatMaps) Close() error {
 // It can be passed to loadRunqlatObjects or ebpf.CollectionSpec.LoadAndAssign.
 type runqlatVariables struct {
 	Nslots       *ebpf.Variable `ebpf:"nslots"`
+	Since        *ebpf.Variable `ebpf:"since"`
 	WatchedTgids *ebpf.Variable `ebpf:"watched_tgids"`
 }
 
