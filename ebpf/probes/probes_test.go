@@ -203,6 +203,39 @@ func TestTCPConnArm(t *testing.T) {
 	}
 }
 
+// Where the re-arming iterator cannot run, the RTT callback stays on and one sample in eight
+// is kept: a connection gives some samples per many round trips, not one, nor one each.
+func TestTCPConnSampled(t *testing.T) {
+	cg := needRoot(t)
+	addr := echoServer(t, 0)
+	p, err := attachTCPConn(cg, false)
+	if err != nil {
+		t.Fatalf("attach: %v", err)
+	}
+	defer p.Close()
+	if err := p.SetTargets([]netip.AddrPort{addr}); err != nil {
+		t.Fatal(err)
+	}
+	if p.ArmErr == nil || p.Arm() != nil {
+		t.Fatalf("ArmErr %v: want the fallback, and Arm a no-op", p.ArmErr)
+	}
+	const trips = 400
+	roundTrips(t, addr, trips).Close()
+	stats, err := p.Read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := stats[addr]
+	if s == nil {
+		t.Fatalf("nothing seen for %s", addr)
+	}
+	// About trips/8 (one RTT callback per answer that acknowledges a request).
+	t.Logf("srtt samples after %d round trips: %d", trips, s.SRTT.Count)
+	if n := s.SRTT.Count; n < trips/8/4 || n > trips/2 {
+		t.Errorf("srtt samples after %d round trips: %d, want about %d", trips, n, trips/8)
+	}
+}
+
 func TestFirstByte(t *testing.T) {
 	cg := needRoot(t)
 	const delay = 50 * time.Millisecond

@@ -1,6 +1,7 @@
 package probes
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"net/netip"
@@ -44,15 +45,22 @@ type TCPConn struct {
 // AttachTCPConn loads tcpconn and attaches its sock_ops program to the cgroup v2 at
 // cgroupPath and its tracing program to inet_sock_set_state. It fails only when nothing
 // attached.
-func AttachTCPConn(cgroupPath string) (*TCPConn, error) {
+func AttachTCPConn(cgroupPath string) (*TCPConn, error) { return attachTCPConn(cgroupPath, true) }
+
+// attachTCPConn is AttachTCPConn; without rearm it leaves the iterator out, as on a kernel
+// where it cannot run (tests of that fallback).
+func attachTCPConn(cgroupPath string, rearm bool) (*TCPConn, error) {
 	removeMemlock()
 	p := &TCPConn{}
 	if err := loadTcpconnObjects(&p.objs, nil); err != nil {
 		return nil, loadErr("tcpconn", err)
 	}
 	p.sockops, p.SockOpsErr = attachCgroup(cgroupPath, ebpf.AttachCGroupSockOps, p.objs.KvrelaySockops)
-	if p.sockops != nil {
+	switch {
+	case p.sockops != nil && rearm:
 		p.ArmErr = p.attachArm()
+	case p.sockops != nil:
+		p.ArmErr = errors.New("RTT callback re-arming left out")
 	}
 	l, err := link.AttachTracing(link.TracingOptions{Program: p.objs.KvrelaySetState})
 	if err != nil {
