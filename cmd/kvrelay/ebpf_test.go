@@ -1,8 +1,18 @@
 package main
 
 import (
+	"bufio"
 	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path"
+	"regexp"
+	"strconv"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvrelay/kvrelay/dataplane/route"
 	"github.com/kvrelay/kvrelay/ebpf"
@@ -58,4 +68,96 @@ func TestEBPFFlagsConfig(t *testing.T) {
 			t.Errorf("%+v: config %+v, %v", tc.f, cfg, err)
 		}
 	}
+}
+
+// TestProxyDialScope: `kvrelay proxy --ebpf on` (default --ebpf-cgroup dial) enters its dial
+// scope once it listens, times each request it sends the engine, and leaves the scope (and
+// removes it) when it stops.
+func TestProxyDialScope(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("attaching eBPF probes needs root")
+	}
+	const answer = `{"id":"c1","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":5,"completion_tokens":1,"total_tokens":6}}`
+	engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		time.Sleep(10 * time.Millisecond)
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, answer)
+	}))
+	defer engine.Close()
+	before := selfCgroup(t)
+	pr, pw := io.Pipe()
+	cmd := newRootCmd()
+	cmd.SetArgs([]string{"proxy", "--listen", "127.0.0.1:0", "--ebpf", "on", "--policy", "round-robin", "--upstream", "id=w1,url=" + engine.URL + ",model=m"})
+	cmd.SetOut(pw)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- cmd.ExecuteContext(ctx); pw.Close() }()
+	sc := bufio.NewScanner(pr)
+	var base string
+	for sc.Scan() {
+		if m := regexp.MustCompile(`^kvrelay proxy on (http://\S+)/v1`).FindStringSubmatch(sc.Text()); m != nil {
+			base = m[1]
+			break
+		}
+	}
+	go io.Copy(io.Discard, pr)
+	if base == "" {
+		cancel()
+		t.Fatalf("proxy did not start: %v", <-done)
+	}
+	in := selfCgroup(t)
+	if !strings.HasPrefix(path.Base(in), "kvrelay-dial.") {
+		t.Logf("no dial scope here (in %s): the probes watch the process's cgroup", in)
+	}
+	const n = 5
+	for range n {
+		resp, err := http.Post(base+"/v1/chat/completions", "application/json", strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("status %d", resp.StatusCode)
+		}
+	}
+	resp, err := http.Get(base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metrics, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	m := regexp.MustCompile(`(?m)^kvrelay_ebpf_first_byte_seconds_count\{pool="agg",worker="w1"\} (\d+)$`).FindSubmatch(metrics)
+	if m == nil || string(m[1]) != strconv.Itoa(n) {
+		t.Errorf("first_byte count %q, want %d (the requests the proxy sent w1)", m, n)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("proxy did not stop")
+	}
+	if got := selfCgroup(t); got != before {
+		t.Errorf("in cgroup %s after the proxy stopped, want %s", got, before)
+	}
+}
+
+// selfCgroup is this process's cgroup v2 path, from /proc/self/cgroup.
+func selfCgroup(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rel, ok := strings.CutPrefix(line, "0::"); ok {
+			return rel
+		}
+	}
+	return ""
 }
