@@ -102,15 +102,26 @@ func TestDecisionAllocations(t *testing.T) {
 	decide(t, cc)
 	// Hash, match and score allocate nothing, and neither does the whole decision once the
 	// connection's buffers have grown and the token cache holds the prompt.
-	if a := testing.AllocsPerRun(20, func() {
+	if a := leastAllocs(func() {
 		cc.rreq.Hashes = cc.hasher.AppendSeq(cc.rreq.Hashes[:0], cc.toks, 16, nil)
 		_ = s.kv.Route(&cc.rreq, &cc.dec)
 	}); a != 0 {
 		t.Fatalf("hash+match+score allocates %.1f times", a)
 	}
-	if a := testing.AllocsPerRun(20, func() { decide(t, cc) }); a != 0 {
+	if a := leastAllocs(func() { decide(t, cc) }); a != 0 {
 		t.Fatalf("the whole decision allocates %.1f times", a)
 	}
+}
+
+// leastAllocs is the fewest allocations per run of f in three testing.AllocsPerRun
+// measurements. AllocsPerRun counts the whole process's allocations, so goroutines that
+// earlier tests left winding down can only add to it.
+func leastAllocs(f func()) float64 {
+	least := testing.AllocsPerRun(20, f)
+	for range 2 {
+		least = min(least, testing.AllocsPerRun(20, f))
+	}
+	return least
 }
 
 // BenchmarkDecision8k: an 8k-token chat request against 64 workers and 1M indexed blocks.
