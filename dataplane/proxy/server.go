@@ -122,6 +122,11 @@ func (s *Server) Start(ctx context.Context) error {
 		gnet.WithLogger(gnetLogger{s.log}),
 		// Each loop keeps its thread where another CPU could take it over: see eventLoops.
 		gnet.WithLockOSThread(lock),
+		// Edge-triggered epoll, each socket registered once for reads and writes: no
+		// epoll_ctl when a write backs up or drains, and no re-poll by the kernel of every
+		// socket that was readable at the last wait. A short read ends the event (the
+		// socket is drained; third_party/gnet/KVRELAY.md).
+		gnet.WithEdgeTriggeredIO(true),
 	}
 	go func() {
 		err := gnet.Run(s, "tcp://"+s.cfg.Listen, opts...)

@@ -284,7 +284,10 @@ loop:
 	_, _ = c.inboundBuffer.Write(c.buffer)
 	c.buffer = c.buffer[:0]
 
-	if c.isEOF || (isET && recv < chunk) {
+	// kvrelay: in ET mode a read that did not fill the buffer drained the socket; data that
+	// arrives after it raises a new edge, so reading on until EAGAIN would only add a system
+	// call per event (KVRELAY.md).
+	if c.isEOF || (isET && n == len(el.buffer) && recv < chunk) {
 		goto loop
 	}
 
