@@ -9,7 +9,6 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
-	"path"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -200,19 +199,9 @@ func TestPartialAttach(t *testing.T) {
 // TestAcceptQueueSignal: connections an engine has not accepted show in AcceptQueue (the
 // control plane's kernel load signal) and in kvrelay_ebpf_listen_queue_length.
 func TestAcceptQueueSignal(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("attaching eBPF probes needs root")
-	}
-	ln, err := net.Listen("tcp4", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	c := New(Config{Mode: ModeOn, SampleInterval: 10 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err := c.Start(t.Context()); err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	needRoot(t)
+	ln := listen4(t)
+	c := startCollector(t, Config{Mode: ModeOn, SampleInterval: 10 * time.Millisecond})
 	if err := c.SetTargets([]Target{{Addr: ln.Addr().String(), Worker: "w1", Pool: "prefill"}}); err != nil {
 		t.Fatal(err)
 	}
@@ -260,20 +249,14 @@ func TestProbeSelection(t *testing.T) {
 	}
 }
 
-// ownCgroup is the cgroup v2 directory of this process, from /proc/self/cgroup.
+// ownCgroup is the cgroup v2 directory of this process.
 func ownCgroup(t *testing.T) string {
 	t.Helper()
-	b, err := os.ReadFile("/proc/self/cgroup")
+	dir, err := probes.OwnCgroupV2()
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if rel, ok := strings.CutPrefix(line, "0::"); ok {
-			return rel
-		}
-	}
-	t.Fatal("no cgroup v2 line in /proc/self/cgroup")
-	return ""
+	return dir
 }
 
 // postAndAnswer has from send a POST to to, and to answer it after delay.
@@ -314,25 +297,10 @@ func firstByteCount(t *testing.T, c *Collector, worker string) uint64 {
 // before is not (without the scope both would be); Close moves the process back and removes
 // the scope.
 func TestDialScope(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("attaching eBPF probes needs root")
-	}
-	ln, err := net.Listen("tcp4", "127.0.0.1:0") // opened before: a proxy's client listener
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
+	needRoot(t)
+	ln := listen4(t) // opened before: a proxy's client listener
 	before := ownCgroup(t)
-	c := New(Config{Mode: ModeOn, DialScope: true, Probes: []string{ProbeFirstByte}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err := c.Start(t.Context()); err != nil {
-		t.Fatal(err)
-	}
-	closed := false
-	defer func() {
-		if !closed {
-			c.Close()
-		}
-	}()
+	c := startCollector(t, Config{Mode: ModeOn, DialScope: true, Probes: []string{ProbeFirstByte}})
 	scope := dialPrefix + strconv.Itoa(os.Getpid())
 	if filepath.Base(c.SocketCgroup()) != scope {
 		t.Skipf("no dial scope here (socket probes on %s)", c.SocketCgroup())
@@ -343,7 +311,7 @@ func TestDialScope(t *testing.T) {
 	if filepath.Base(c.SocketCgroup()) != scope {
 		t.Skipf("this process cannot enter a child cgroup here (the probes fell back to %s)", c.SocketCgroup())
 	}
-	if got := ownCgroup(t); path.Base(got) != scope {
+	if got := ownCgroup(t); filepath.Base(got) != scope {
 		t.Fatalf("in cgroup %s after EnterDialScope, want %s", got, scope)
 	}
 	dialed, err := net.Dial("tcp4", ln.Addr().String()) // made inside the scope
@@ -375,15 +343,13 @@ func TestDialScope(t *testing.T) {
 	if n := firstByteCount(t, c, "accepted"); n != 0 {
 		t.Errorf("requests timed on the accepted connection: %d, want 0 (it is outside the scope)", n)
 	}
-	closed = true
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}
 	if got := ownCgroup(t); got != before {
 		t.Errorf("in cgroup %s after Close, want %s", got, before)
 	}
-	root, _ := probes.CgroupV2()
-	if _, err := os.Stat(filepath.Join(root, before, scope)); !os.IsNotExist(err) {
+	if _, err := os.Stat(filepath.Join(before, scope)); !os.IsNotExist(err) {
 		t.Errorf("dial scope still there after Close: %v", err)
 	}
 }
@@ -391,19 +357,9 @@ func TestDialScope(t *testing.T) {
 // TestDialScopeFallback: when the process cannot be moved into the dial scope, the socket
 // probes move to its parent and see every connection there.
 func TestDialScopeFallback(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("attaching eBPF probes needs root")
-	}
-	ln, err := net.Listen("tcp4", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	c := New(Config{Mode: ModeOn, DialScope: true, Probes: []string{ProbeFirstByte}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err := c.Start(t.Context()); err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	needRoot(t)
+	ln := listen4(t)
+	c := startCollector(t, Config{Mode: ModeOn, DialScope: true, Probes: []string{ProbeFirstByte}})
 	inScope := c.SocketCgroup()
 	if !strings.HasPrefix(filepath.Base(inScope), dialPrefix) {
 		t.Skipf("no dial scope here (socket probes on %s)", inScope)
@@ -439,4 +395,35 @@ func TestDialScopeFallback(t *testing.T) {
 	if n := firstByteCount(t, c, "w"); n != 1 {
 		t.Errorf("requests timed after the fallback: %d, want 1", n)
 	}
+}
+
+// needRoot skips the test where the process may not attach eBPF programs.
+func needRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("attaching eBPF probes needs root")
+	}
+}
+
+// listen4 opens a loopback listener, closed with the test.
+func listen4(t *testing.T) net.Listener {
+	t.Helper()
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	return ln
+}
+
+// startCollector starts a collector with cfg (its log discarded), closed with the test.
+func startCollector(t *testing.T, cfg Config) *Collector {
+	t.Helper()
+	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	c := New(cfg)
+	if err := c.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
 }

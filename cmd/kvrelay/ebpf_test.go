@@ -16,6 +16,7 @@ import (
 
 	"github.com/kvrelay/kvrelay/dataplane/route"
 	"github.com/kvrelay/kvrelay/ebpf"
+	"github.com/kvrelay/kvrelay/ebpf/probes"
 )
 
 func TestEBPFPool(t *testing.T) {
@@ -147,17 +148,12 @@ func TestProxyDialScope(t *testing.T) {
 	}
 }
 
-// selfCgroup is this process's cgroup v2 path, from /proc/self/cgroup.
+// selfCgroup is this process's cgroup v2 directory.
 func selfCgroup(t *testing.T) string {
 	t.Helper()
-	b, err := os.ReadFile("/proc/self/cgroup")
+	dir, err := probes.OwnCgroupV2()
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if rel, ok := strings.CutPrefix(line, "0::"); ok {
-			return rel
-		}
-	}
-	return ""
+	return dir
 }
