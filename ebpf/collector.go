@@ -243,14 +243,14 @@ func (c *Collector) Start(ctx context.Context) error {
 	wantSocket := c.cfg.Probes == nil || slices.ContainsFunc(c.cfg.Probes, func(n string) bool {
 		return n == ProbeTCPRTT || n == ProbeTCPState || n == ProbeFirstByte
 	})
+	var dial *dialScope
 	if c.cfg.DialScope && cgErr == nil && wantSocket {
 		if d, err := newDialScope(cg); err != nil {
 			c.log.Info("ebpf: socket probes on the process's cgroup, client connections included (no cgroup of their own)", "err", err)
 		} else {
-			c.dial, cg = d, d.dir
+			dial, cg = d, d.dir
 		}
 	}
-	c.sockCg = cg
 
 	want := func(names ...string) bool {
 		if c.cfg.Probes == nil {
@@ -264,6 +264,7 @@ func (c *Collector) Start(ctx context.Context) error {
 		return false
 	}
 	c.mu.Lock()
+	c.dial, c.sockCg = dial, cg
 	unselected := errors.New("not selected")
 	switch {
 	case !want(ProbeTCPRTT, ProbeTCPState):
@@ -310,6 +311,13 @@ func (c *Collector) Start(ctx context.Context) error {
 		c.rq = p
 		c.errs[ProbeRunQueue] = nil
 	}
+	if c.dial != nil && (c.tcp == nil || !c.tcp.SockOps()) && c.fb == nil {
+		// No socket probe attached to the scope: nothing to enter it for.
+		if err := c.dial.close(); err != nil {
+			c.log.Warn("ebpf: removing the dial scope", "err", err)
+		}
+		c.dial, c.sockCg = nil, c.dial.parent
+	}
 	active := 0
 	for _, name := range Probes {
 		if err := c.errs[name]; err == unselected {
@@ -328,7 +336,7 @@ func (c *Collector) Start(ctx context.Context) error {
 	if active == 0 && c.cfg.Mode == ModeOn {
 		return errors.New("ebpf: --ebpf on but no probe attached (see the warnings above)")
 	}
-	c.log.Info("ebpf: probes attached", "active", active, "of", len(Probes), "cgroup", cg)
+	c.log.Info("ebpf: probes attached", "active", active, "of", len(Probes), "cgroup", c.SocketCgroup())
 	if c.lq != nil || c.fb != nil {
 		c.wg.Add(1)
 		go c.sample(ctx)
@@ -380,12 +388,14 @@ func (c *Collector) EnterDialScope(pid int) error {
 	var errs []error
 	if c.tcp != nil {
 		if err := c.tcp.MoveTo(c.dial.parent); err != nil {
+			c.log.Warn("ebpf: probe inactive", "probe", ProbeTCPRTT, "err", err)
 			c.errs[ProbeTCPRTT] = err
 			errs = append(errs, err)
 		}
 	}
 	if c.fb != nil {
 		if err := c.fb.MoveTo(c.dial.parent); err != nil {
+			c.log.Warn("ebpf: probe inactive", "probe", ProbeFirstByte, "err", err)
 			c.errs[ProbeFirstByte] = err
 			errs = append(errs, err)
 		}
@@ -459,7 +469,13 @@ func (c *Collector) pushLocked() error {
 		for pid := range c.procs {
 			pids = append(pids, pid)
 		}
-		errs = append(errs, c.rq.SetPIDs(pids))
+		err := c.rq.SetPIDs(pids)
+		if err != nil && len(pids) > 0 && !c.rq.Attached() {
+			c.errs[ProbeRunQueue] = err // its programs could not attach again
+		} else if err == nil {
+			c.errs[ProbeRunQueue] = nil
+		}
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }

@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+
+	"github.com/kvrelay/kvrelay/ebpf/probes"
 )
 
 // The dial scope keeps the socket probes off a proxy's client connections.
@@ -23,23 +25,31 @@ import (
 // pass through the programs (hack/bench-ebpf.sh measures the difference).
 //
 // The child is named kvrelay-dial.PID after the process that made it, and removed when the
-// collector closes (after moving whatever it holds back to the parent); children left behind
-// by a process that is gone are removed when the next one is made beside them.
+// collector closes (after moving the processes it moved in back where they came from);
+// children left behind by a process that is gone are removed when the next one is made
+// beside them.
 
 const dialPrefix = "kvrelay-dial."
 
 type dialScope struct {
 	parent, dir string
+	from        map[int]string // the processes moved in, and the cgroup each came from
 }
 
-// newDialScope makes the dial scope under parent, a cgroup v2 directory.
+// newDialScope makes the dial scope under parent, a cgroup v2 directory. A directory of that
+// name left behind (same PID, an earlier process) is taken over if it is empty; one in use
+// (another PID namespace) is an error.
 func newDialScope(parent string) (*dialScope, error) {
 	sweepDialScopes(parent)
 	dir := filepath.Join(parent, dialPrefix+strconv.Itoa(os.Getpid()))
-	if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+	err := os.Mkdir(dir, 0o755)
+	if errors.Is(err, fs.ErrExist) && os.Remove(dir) == nil {
+		err = os.Mkdir(dir, 0o755)
+	}
+	if err != nil {
 		return nil, fmt.Errorf("making cgroup %s: %w", dir, err)
 	}
-	return &dialScope{parent: parent, dir: dir}, nil
+	return &dialScope{parent: parent, dir: dir, from: map[int]string{}}, nil
 }
 
 // sweepDialScopes removes the dial scopes under parent whose process is gone (an rmdir,
@@ -64,8 +74,18 @@ func sweepDialScopes(parent string) {
 	}
 }
 
-// enter moves process pid (all its threads) into the scope.
-func (d *dialScope) enter(pid int) error { return moveProcess(d.dir, pid) }
+// enter moves process pid (all its threads) into the scope, remembering where it was.
+func (d *dialScope) enter(pid int) error {
+	from, err := probes.CgroupV2Of(pid)
+	if err != nil {
+		return fmt.Errorf("finding the cgroup of process %d: %w", pid, err)
+	}
+	if err := moveProcess(d.dir, pid); err != nil {
+		return err
+	}
+	d.from[pid] = from
+	return nil
+}
 
 func moveProcess(dir string, pid int) error {
 	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0o644); err != nil {
@@ -74,19 +94,20 @@ func moveProcess(dir string, pid int) error {
 	return nil
 }
 
-// close moves the processes still in the scope back to its parent and removes it. Sockets
-// made inside may outlive it: the kernel frees the cgroup once the last of them closes.
+// close moves the processes it moved in, those still inside, back where they came from, and
+// removes the scope. Sockets made inside may outlive it: the kernel frees the cgroup once
+// the last of them closes.
 func (d *dialScope) close() error {
 	var errs []error
-	if b, err := os.ReadFile(filepath.Join(d.dir, "cgroup.procs")); err == nil {
-		for _, f := range strings.Fields(string(b)) {
-			if pid, err := strconv.Atoi(f); err == nil {
-				if err := moveProcess(d.parent, pid); err != nil && !errors.Is(err, syscall.ESRCH) {
-					errs = append(errs, err)
-				}
-			}
+	for pid, from := range d.from {
+		if at, err := probes.CgroupV2Of(pid); err != nil || at != d.dir {
+			continue // gone, or moved elsewhere since
+		}
+		if err := moveProcess(from, pid); err != nil && !errors.Is(err, syscall.ESRCH) {
+			errs = append(errs, err)
 		}
 	}
+	d.from = map[int]string{}
 	if err := os.Remove(d.dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		errs = append(errs, fmt.Errorf("removing cgroup %s: %w", d.dir, err))
 	}

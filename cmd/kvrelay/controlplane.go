@@ -133,10 +133,12 @@ func runControlPlane(ctx context.Context, out io.Writer, opts controlplane.Optio
 	// a proxy's when one runs here) and their accept queues, on the operator API's /metrics.
 	c, err := startEBPF(ctx, ebpfF, registryEBPFTargets(cp.Registry()), nil)
 	if err == nil {
-		err = c.EnterDialScope(0) // (--ebpf-cgroup dial: the xDS and API listeners are open)
-	}
-	if err == nil {
-		err = cp.Registerer().Register(c)
+		// (--ebpf-cgroup dial: the xDS and API listeners are open; a failure is logged and
+		// leaves the probes on the process's cgroup)
+		_ = c.EnterDialScope(0)
+		if err = cp.Registerer().Register(c); err != nil {
+			_ = c.Close()
+		}
 	}
 	if err != nil {
 		_ = cp.Close()

@@ -95,6 +95,13 @@ func TestProxyDialScope(t *testing.T) {
 	defer cancel()
 	done := make(chan error, 1)
 	go func() { done <- cmd.ExecuteContext(ctx); pw.Close() }()
+	stopped := false
+	t.Cleanup(func() { // the process must have left the scope before the next test
+		if !stopped {
+			cancel()
+			<-done
+		}
+	})
 	sc := bufio.NewScanner(pr)
 	var base string
 	for sc.Scan() {
@@ -106,10 +113,12 @@ func TestProxyDialScope(t *testing.T) {
 	go io.Copy(io.Discard, pr)
 	if base == "" {
 		cancel()
+		stopped = true
 		t.Fatalf("proxy did not start: %v", <-done)
 	}
 	in := selfCgroup(t)
-	if !strings.HasPrefix(path.Base(in), "kvrelay-dial.") {
+	scoped := strings.HasPrefix(path.Base(in), "kvrelay-dial.")
+	if !scoped {
 		t.Logf("no dial scope here (in %s): the probes watch the process's cgroup", in)
 	}
 	const n = 5
@@ -137,6 +146,7 @@ func TestProxyDialScope(t *testing.T) {
 	cancel()
 	select {
 	case err := <-done:
+		stopped = true
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -145,6 +155,9 @@ func TestProxyDialScope(t *testing.T) {
 	}
 	if got := selfCgroup(t); got != before {
 		t.Errorf("in cgroup %s after the proxy stopped, want %s", got, before)
+	}
+	if _, err := os.Stat(in); scoped && !os.IsNotExist(err) {
+		t.Errorf("dial scope %s still there after the proxy stopped: %v", in, err)
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/kvrelay/kvrelay/dataplane/proxy"
 	"github.com/kvrelay/kvrelay/dataplane/route"
+	"github.com/kvrelay/kvrelay/ebpf"
 )
 
 func newProxyCmd() *cobra.Command {
@@ -186,25 +188,34 @@ func parseUpstream(v string) (proxy.Upstream, error) {
 
 // runProxy starts a proxy and serves until ctx ends.
 func runProxy(ctx context.Context, out io.Writer, cfg proxy.Config, ebpfF ebpfFlags) error {
-	p, err := startProxy(ctx, cfg)
+	// The probes watch the proxy's workers (engines are other processes: no run-queue PIDs).
+	// They attach first; once the listener is bound, and before any connection is served
+	// (so before the first connection to a worker), they learn the workers and the proxy
+	// enters its dial scope (--ebpf-cgroup dial): every connection to a worker is then made
+	// inside it, and no accepted one is.
+	var listening atomic.Pointer[proxy.Server]
+	targets := func() []ebpf.Target {
+		if p := listening.Load(); p != nil {
+			return proxyEBPFTargets(p)()
+		}
+		return nil
+	}
+	probes, err := startEBPF(ctx, ebpfF, targets, nil)
 	if err != nil {
 		return err
 	}
-	// The probes watch the proxy's workers (engines are other processes: no run-queue PIDs).
-	// The listener is open: from here on the proxy dials only engines (its pooled
-	// connections are made on demand), which the dial scope confines the socket probes to.
-	probes, err := startEBPF(ctx, ebpfF, proxyEBPFTargets(p), nil)
+	p, err := startProxyWith(ctx, cfg, func(p *proxy.Server) {
+		listening.Store(p)
+		_ = probes.SetTargets(targets())
+		_ = probes.EnterDialScope(0) // (a failure is logged and leaves the probes on the process's cgroup)
+	})
 	if err == nil {
-		err = probes.EnterDialScope(0)
-	}
-	if err == nil {
-		err = p.Registerer().Register(probes)
+		if err = p.Registerer().Register(probes); err != nil {
+			_ = p.Close()
+		}
 	}
 	if err != nil {
-		if probes != nil {
-			_ = probes.Close()
-		}
-		_ = p.Close()
+		_ = probes.Close()
 		return err
 	}
 	if cfg.XDS != "" {
@@ -217,10 +228,19 @@ func runProxy(ctx context.Context, out io.Writer, cfg proxy.Config, ebpfF ebpfFl
 }
 
 func startProxy(ctx context.Context, cfg proxy.Config) (*proxy.Server, error) {
+	return startProxyWith(ctx, cfg, nil)
+}
+
+// startProxyWith starts a proxy; onListen, if not nil, runs with it once its listener is bound
+// and before it serves any connection (proxy.Server.OnListen).
+func startProxyWith(ctx context.Context, cfg proxy.Config, onListen func(*proxy.Server)) (*proxy.Server, error) {
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	p, err := proxy.New(cfg, log)
 	if err != nil {
 		return nil, err
+	}
+	if onListen != nil {
+		p.OnListen(func() { onListen(p) })
 	}
 	if err := p.Start(ctx); err != nil {
 		_ = p.Close()

@@ -124,6 +124,12 @@ there, a max_tokens=1 leg to a prefill worker whose KV blocks the decode worker 
 				if err != nil {
 					return nil, err
 				}
+				started := false
+				defer func() {
+					if !started {
+						_ = probes.Close() // (leaves the dial scope, if entered, and removes it)
+					}
+				}()
 				pc := proxy.DefaultConfig()
 				pc.Listen = proxyListen
 				pc.Policy = policy
@@ -159,13 +165,14 @@ there, a max_tokens=1 leg to a prefill worker whose KV blocks the decode worker 
 					}
 					return nil, err
 				}
-				p, err := startProxy(ctx, pc)
-				if err == nil {
-					// Every listener is open (workers, control plane, proxy): connections
-					// made from here on, the proxy's to the workers among them, run the
-					// socket probes, and the ones accepted never do (--ebpf-cgroup dial).
-					err = probes.EnterDialScope(0)
-				}
+				// Once the proxy's listener is bound, every listener of this process is open
+				// (workers, control plane, proxy) and the proxy has not yet served a
+				// connection: the process enters its dial scope there (--ebpf-cgroup dial),
+				// so that the connections made from then on, the proxy's to the workers
+				// among them, run the socket probes, and the accepted ones never do.
+				p, err := startProxyWith(ctx, pc, func(*proxy.Server) {
+					_ = probes.EnterDialScope(0) // (a failure is logged and leaves the probes on the process's cgroup)
+				})
 				if err == nil {
 					err = p.Registerer().Register(probes) // kvrelay_ebpf_* on the proxy's /metrics
 				}
@@ -204,6 +211,7 @@ there, a max_tokens=1 leg to a prefill worker whose KV blocks the decode worker 
 				fmt.Fprintf(out, "\nTry:\n  curl -s http://%s/v1/chat/completions -H 'Content-Type: application/json' \\\n"+
 					"    -d '{\"model\":\"%s\",\"messages\":[{\"role\":\"user\",\"content\":\"Hello!\"}],\"max_tokens\":16}'\n\n",
 					p.Addr(), model)
+				started = true
 				if cp != nil {
 					return func() error {
 						err := p.Run(ctx)

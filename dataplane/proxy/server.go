@@ -55,6 +55,7 @@ type Server struct {
 	eng      gnet.Engine
 	addr     string
 	boot     chan struct{}
+	onListen func() // OnListen
 	done     chan error
 	loopsMu  sync.Mutex
 	loops    map[gnet.EventLoop]*loop
@@ -354,9 +355,18 @@ func (s *Server) stopTicker() {
 // OnBoot implements gnet.EventHandler.
 func (s *Server) OnBoot(eng gnet.Engine) gnet.Action {
 	s.eng = eng
+	if s.onListen != nil {
+		s.onListen()
+	}
 	close(s.boot)
 	return gnet.None
 }
+
+// OnListen sets f to run once the listener is bound and before any connection is served (and
+// so before the first connection to a worker): the moment to enter a cgroup that the
+// connections accepted from the listener must stay out of (ebpf.Collector.EnterDialScope).
+// Call it before Start.
+func (s *Server) OnListen(f func()) { s.onListen = f }
 
 // loopOf returns the state of the event loop c belongs to, creating it on first sight.
 func (s *Server) loopOf(c gnet.Conn) *loop {

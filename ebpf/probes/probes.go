@@ -16,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -279,13 +280,21 @@ func CgroupV2() (string, error) {
 
 // OwnCgroupV2 returns the cgroup v2 directory this process belongs to (from /proc/self/cgroup's
 // "0::" line under the cgroup2 mount), or the hierarchy's root when the line is missing.
-func OwnCgroupV2() (string, error) {
+func OwnCgroupV2() (string, error) { return cgroupV2Of("self") }
+
+// CgroupV2Of is OwnCgroupV2 for process pid.
+func CgroupV2Of(pid int) (string, error) { return cgroupV2Of(strconv.Itoa(pid)) }
+
+func cgroupV2Of(proc string) (string, error) {
 	root, err := CgroupV2()
 	if err != nil {
 		return "", err
 	}
-	b, err := os.ReadFile("/proc/self/cgroup")
+	b, err := os.ReadFile("/proc/" + proc + "/cgroup")
 	if err != nil {
+		if proc != "self" {
+			return "", err
+		}
 		return root, nil
 	}
 	for _, line := range strings.Split(string(b), "\n") {

@@ -132,6 +132,12 @@ func (p *RunQLat) SetPIDs(pids []uint32) error {
 // write stores slots in the kernel and remembers them.
 func (p *RunQLat) write(slots [MaxPIDs]uint32) error {
 	n := used(slots)
+	if n > 0 {
+		// Attached first: a failure changes nothing.
+		if err := p.attach(); err != nil {
+			return err
+		}
+	}
 	// A growing range is published after the slots it covers, a shrinking one before.
 	if n < used(p.slots) {
 		if err := p.objs.Nslots.Set(n); err != nil {
@@ -147,9 +153,8 @@ func (p *RunQLat) write(slots [MaxPIDs]uint32) error {
 	p.slots = slots
 	if n == 0 {
 		p.detach()
-		return nil
 	}
-	return p.attach()
+	return nil
 }
 
 // used is how many slots the kernel compares: up to the last one in use.
@@ -185,6 +190,8 @@ func (p *RunQLat) Read() (map[uint32]*Hist, error) {
 
 // Close detaches and unloads the probe.
 func (p *RunQLat) Close() error {
+	p.mu.Lock()
 	p.detach()
+	p.mu.Unlock()
 	return p.objs.Close()
 }
