@@ -52,6 +52,7 @@ type exchange struct {
 	chunked  bool // re-chunking the body to the client
 	untilEOF bool // the client's body ends when the connection closes
 	paused   bool
+	flushing bool // forwarding what a closed engine connection left, past highWater
 	tokens   int
 }
 
@@ -137,7 +138,7 @@ func (ex *exchange) data(up *upstream) {
 			}
 			continue
 		}
-		if cc.c.OutboundBuffered()+len(out) > highWater {
+		if cc.c.OutboundBuffered()+len(out) > highWater && !ex.flushing {
 			ex.pause(up)
 			break
 		}
@@ -325,7 +326,7 @@ func (ex *exchange) complete(up *upstream) {
 		_, _ = cc.c.Write(http1.AppendLastChunk(cc.lp.wbuf[:0]))
 	}
 	up.detach()
-	if up.resp.KeepAlive && up.c.InboundBuffered() == 0 {
+	if up.state != upClosed && up.resp.KeepAlive && up.c.InboundBuffered() == 0 {
 		cc.lp.putIdle(up)
 	} else {
 		up.state = upClosed
@@ -501,6 +502,17 @@ func (ex *exchange) truncated() {
 
 // upstreamClosed handles the engine closing the connection during the exchange.
 func (ex *exchange) upstreamClosed(up *upstream) {
+	if ex.paused && up.headDone {
+		// Held back for a slow client, the rest of the answer is still in the connection's
+		// inbound buffer: it is in memory already, so hand it all to the client now.
+		ex.resume()
+		ex.flushing = true
+		ex.data(up)
+		ex.flushing = false
+		if ex.up != up {
+			return // complete, or a failure, ended the exchange
+		}
+	}
 	if up.headDone && up.resp.Body == http1.BodyUntilClose {
 		ex.complete(up)
 		return

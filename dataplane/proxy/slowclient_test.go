@@ -96,3 +96,50 @@ func TestStalledClientIsCutOff(t *testing.T) {
 		t.Fatalf("the cut-off connection did not end cleanly: %v", err)
 	}
 }
+
+// TestSlowClientGetsAnswerAfterEngineCloses: an engine that sends a large answer and closes
+// the connection at once (Connection: close) while the proxy holds forwarding back for a slow
+// client: the client still gets every byte, for a Content-Length body and for one that ends
+// at the close.
+func TestSlowClientGetsAnswerAfterEngineCloses(t *testing.T) {
+	const size = 8 << 20
+	for _, tc := range []struct {
+		name   string
+		length bool
+	}{{"content-length", true}, {"until-close", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			body := strings.Repeat("y", size)
+			url := fakeEngine(t, func(conn net.Conn, _ *bufio.Reader, _ *http.Request) {
+				head := "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
+				if tc.length {
+					head += fmt.Sprintf("Content-Length: %d\r\n", size)
+				}
+				io.WriteString(conn, head+"\r\n"+body)
+				conn.Close()
+			})
+			p := startProxy(t, []string{url}, func(cfg *proxy.Config) { cfg.MaxBufferedResponse = 32 << 20 })
+			resp, err := http.Post("http://"+p.Addr()+"/v1/chat/completions", "application/json", strings.NewReader(chatBody("s", "u", 1, false)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			time.Sleep(300 * time.Millisecond) // the engine has sent everything and closed
+			buf := make([]byte, 64<<10)
+			total := 0
+			for {
+				k, err := resp.Body.Read(buf)
+				total += k
+				if err == io.EOF {
+					break
+				}
+				if err != nil {
+					t.Fatalf("after %d bytes: %v", total, err)
+				}
+				time.Sleep(200 * time.Microsecond) // a slow reader
+			}
+			if total != size {
+				t.Fatalf("client got %d bytes, the engine sent %d", total, size)
+			}
+		})
+	}
+}
