@@ -240,18 +240,6 @@ func (c *Collector) Start(ctx context.Context) error {
 	if cg == "" {
 		cg, cgErr = probes.OwnCgroupV2()
 	}
-	wantSocket := c.cfg.Probes == nil || slices.ContainsFunc(c.cfg.Probes, func(n string) bool {
-		return n == ProbeTCPRTT || n == ProbeTCPState || n == ProbeFirstByte
-	})
-	var dial *dialScope
-	if c.cfg.DialScope && cgErr == nil && wantSocket {
-		if d, err := newDialScope(cg); err != nil {
-			c.log.Info("ebpf: socket probes on the process's cgroup, client connections included (no cgroup of their own)", "err", err)
-		} else {
-			dial, cg = d, d.dir
-		}
-	}
-
 	want := func(names ...string) bool {
 		if c.cfg.Probes == nil {
 			return true
@@ -262,6 +250,14 @@ func (c *Collector) Start(ctx context.Context) error {
 			}
 		}
 		return false
+	}
+	var dial *dialScope
+	if c.cfg.DialScope && cgErr == nil && want(ProbeTCPRTT, ProbeTCPState, ProbeFirstByte) {
+		if d, err := newDialScope(cg); err != nil {
+			c.log.Info("ebpf: socket probes on the process's cgroup, client connections included (no cgroup of their own)", "err", err)
+		} else {
+			dial, cg = d, d.dir
+		}
 	}
 	c.mu.Lock()
 	c.dial, c.sockCg = dial, cg
@@ -312,11 +308,7 @@ func (c *Collector) Start(ctx context.Context) error {
 		c.errs[ProbeRunQueue] = nil
 	}
 	if c.dial != nil && (c.tcp == nil || !c.tcp.SockOps()) && c.fb == nil {
-		// No socket probe attached to the scope: nothing to enter it for.
-		if err := c.dial.close(); err != nil {
-			c.log.Warn("ebpf: removing the dial scope", "err", err)
-		}
-		c.dial, c.sockCg = nil, c.dial.parent
+		c.dropDialLocked() // no socket probe attached to the scope: nothing to enter it for
 	}
 	active := 0
 	for _, name := range Probes {
@@ -400,11 +392,16 @@ func (c *Collector) EnterDialScope(pid int) error {
 			errs = append(errs, err)
 		}
 	}
+	c.dropDialLocked()
+	return errors.Join(errs...)
+}
+
+// dropDialLocked removes the dial scope; the socket probes' cgroup is its parent again.
+func (c *Collector) dropDialLocked() {
 	if err := c.dial.close(); err != nil {
 		c.log.Warn("ebpf: removing the dial scope", "err", err)
 	}
 	c.sockCg, c.dial = c.dial.parent, nil
-	return errors.Join(errs...)
 }
 
 // Active reports whether each probe is attached.

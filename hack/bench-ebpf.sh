@@ -83,6 +83,15 @@ wait_up() { # URL PID
   return 1
 }
 stop() { kill "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; }
+# await_attacher PID WORD: wait (up to 10 s) until the attacher PID has printed WORD
+await_attacher() {
+  for _ in $(seq 500); do
+    grep -q "$2" "$W/attach.out" 2>/dev/null && return 0
+    kill -0 "$1" || die "attach failed: $(cat "$W/attach.err")"
+    sleep 0.02
+  done
+  die "the attacher did not say $2"
+}
 
 go build -o "$W/kvrelay" ./cmd/kvrelay
 go build -o "$W/attach" ./hack/bench-ebpf
@@ -132,7 +141,7 @@ overhead() {
         "$bin" --target "127.0.0.1:$bport" --pid-file "$W/pid" ${cg:+--cgroup "$cg"} $dial ${PROBES:+--probes "$PROBES"} >"$W/attach.out" 2>"$W/attach.err" &
         apid=$!
         PIDS+=("$apid")
-        for _ in $(seq 200); do grep -q attached "$W/attach.out" 2>/dev/null && break; kill -0 $apid || die "attach failed: $(cat "$W/attach.err")"; sleep 0.05; done
+        await_attacher "$apid" attached
       fi
       pport=$(freeport)
       bg env GOMAXPROCS=1 CG="$cg" sh -c '[ -z "$CG" ] || echo $$ >"$CG/cgroup.procs"; exec "$@"' sh "$W/kvrelay" proxy --listen "127.0.0.1:$pport" --policy kv --event-loops 1 --ebpf off \
@@ -143,8 +152,7 @@ overhead() {
       # queue); wrk starts once it has.
       echo "$ppid" >"$W/pid.tmp" && mv "$W/pid.tmp" "$W/pid"
       if [ -n "$apid" ] && [ -n "$dial" ]; then
-        for _ in $(seq 200); do grep -q entered "$W/attach.out" 2>/dev/null && break; kill -0 $apid || die "attach failed: $(cat "$W/attach.err")"; sleep 0.02; done
-        grep -q entered "$W/attach.out" || die "the proxy was not moved into the dial scope"
+        await_attacher "$apid" entered # (moved the proxy into the dial scope)
       fi
       pinned wrk -t1 -c"$CONNS" -d1s -s "$HERE/post.lua" "http://127.0.0.1:$pport" >/dev/null
       pinned wrk -t1 -c"$CONNS" -d"${DURATION}s" --timeout 5s --latency -s "$HERE/post.lua" "http://127.0.0.1:$pport" >"$W/wrk.txt"
