@@ -430,3 +430,29 @@ func startCollector(t *testing.T, cfg Config) *Collector {
 	t.Cleanup(func() { c.Close() })
 	return c
 }
+
+// TestDialScopeNotKept: a dial scope that cannot be made (its parent is missing), or one that
+// no socket probe could attach to (its parent is a plain directory, not a cgroup), is not
+// kept: the socket probes' cgroup is the configured one and nothing is left behind.
+func TestDialScopeNotKept(t *testing.T) {
+	needRoot(t)
+	plain := t.TempDir()
+	for _, parent := range []string{filepath.Join(plain, "missing"), plain} {
+		c := startCollector(t, Config{Mode: ModeOn, CgroupPath: parent, DialScope: true})
+		if got := c.SocketCgroup(); got != parent {
+			t.Errorf("socket probes on %s, want %s", got, parent)
+		}
+		if c.Active()[ProbeFirstByte] || c.Active()[ProbeTCPRTT] {
+			t.Errorf("socket probes active on %s: %v", parent, c.Active())
+		}
+		if err := c.EnterDialScope(0); err != nil {
+			t.Errorf("EnterDialScope without a scope: %v", err)
+		}
+		if _, err := os.Stat(filepath.Join(parent, dialPrefix+strconv.Itoa(os.Getpid()))); !os.IsNotExist(err) {
+			t.Errorf("a dial scope was left under %s: %v", parent, err)
+		}
+		if got := ownCgroup(t); strings.HasPrefix(filepath.Base(got), dialPrefix) {
+			t.Errorf("the process entered %s", got)
+		}
+	}
+}
