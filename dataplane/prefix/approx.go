@@ -3,6 +3,8 @@ package prefix
 import (
 	"sync"
 	"time"
+
+	"github.com/kvrelay/kvrelay/dataplane/clock"
 )
 
 // Index answers the router's one question: how much of a prompt's block chain each worker
@@ -12,6 +14,22 @@ type Index interface {
 	// each block weighted by its storage tier (1 for GPU memory), for every w < len(overlap).
 	// It returns the largest overlap. It must not retain hashes or overlap.
 	Match(hashes []uint64, overlap []float64) float64
+}
+
+// TimedIndex is an Index whose answer depends on the time (entries expire): MatchAt is Match
+// at now, a time of day from package clock's Now that the caller has read already (0: read
+// the clock).
+type TimedIndex interface {
+	Index
+	MatchAt(hashes []uint64, overlap []float64, now int64) float64
+}
+
+// MatchAt is x.Match at now: x's MatchAt when it has one.
+func MatchAt(x Index, hashes []uint64, overlap []float64, now int64) float64 {
+	if t, ok := x.(TimedIndex); ok {
+		return t.MatchAt(hashes, overlap, now)
+	}
+	return x.Match(hashes, overlap)
 }
 
 // ApproxConfig sizes an approximate index.
@@ -47,8 +65,7 @@ const none = ^uint32(0)
 // allocates per request.
 // Approx is safe for concurrent use: lookups share a read lock, updates take the write lock.
 type Approx struct {
-	ttl   int64 // in ticks
-	epoch time.Time
+	ttl int64 // in ticks
 
 	mu    sync.RWMutex
 	max   int
@@ -72,7 +89,7 @@ type entry struct {
 
 type slot struct {
 	worker uint16
-	touch  uint32 // ticks since epoch
+	touch  uint32 // ticks since the clock's origin
 }
 
 // tick is the index's clock unit: 1 ms, so uint32 ticks last 49 days of uptime.
@@ -88,7 +105,6 @@ func NewApprox(cfg ApproxConfig) *Approx {
 	}
 	return &Approx{
 		ttl:   int64(cfg.TTL / tick),
-		epoch: time.Now(),
 		max:   cfg.MaxBlocks,
 		slots: make(map[uint64]uint32),
 		head:  none,
@@ -96,12 +112,17 @@ func NewApprox(cfg ApproxConfig) *Approx {
 	}
 }
 
-var _ Index = (*Approx)(nil)
+var _ TimedIndex = (*Approx)(nil)
 
-// now is the index's clock: ticks since epoch, read from the monotonic clock alone
-// (time.Since reads one clock where time.Now reads two; the index runs on every request).
-func (a *Approx) now() uint32 {
-	d := time.Since(a.epoch) / tick
+// ticks is the index's time at now, a time of day from package clock's Now (0: read the
+// clock): ticks since the clock's origin.
+func ticks(now int64) uint32 {
+	var d int64
+	if now == 0 {
+		d = clock.Mono() / int64(tick)
+	} else {
+		d = clock.MonoAt(now) / int64(tick)
+	}
 	if d < 1 {
 		return 1 // 0 means never touched
 	}
@@ -119,7 +140,12 @@ func (a *Approx) live(s slot, now uint32) bool {
 // Match implements Index. Overlaps are whole blocks (the approximate index knows only GPU
 // memory, tier weight 1).
 func (a *Approx) Match(hashes []uint64, overlap []float64) float64 {
-	return a.matchAt(hashes, overlap, a.now())
+	return a.matchAt(hashes, overlap, ticks(0))
+}
+
+// MatchAt is Match at now, a time of day from package clock's Now (0: read the clock).
+func (a *Approx) MatchAt(hashes []uint64, overlap []float64, now int64) float64 {
+	return a.matchAt(hashes, overlap, ticks(now))
 }
 
 func (a *Approx) matchAt(hashes []uint64, overlap []float64, now uint32) float64 {
@@ -179,11 +205,16 @@ type Receipt struct {
 // request with this prompt, for which the index had predicted predicted cached blocks on w).
 // The receipt lets Correct learn from what the engine then reports.
 func (a *Approx) Record(w int, hashes []uint64, predicted int) Receipt {
+	return a.RecordAt(0, w, hashes, predicted)
+}
+
+// RecordAt is Record at now, a time of day from package clock's Now (0: read the clock).
+func (a *Approx) RecordAt(now int64, w int, hashes []uint64, predicted int) Receipt {
 	r := Receipt{worker: w, predicted: min(predicted, len(hashes))}
 	if w < 0 || w > 0xffff {
 		return r
 	}
-	now := a.now()
+	t := ticks(now)
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if r.predicted > 0 {
@@ -197,7 +228,7 @@ func (a *Approx) Record(w int, hashes []uint64, predicted int) Receipt {
 		}
 	}
 	for _, h := range hashes {
-		a.touch(h, uint16(w), now)
+		a.touch(h, uint16(w), t)
 	}
 	return r
 }
@@ -306,6 +337,11 @@ func (a *Approx) unlink(idx uint32) {
 // predicted means the worker holds blocks this index had not seen (sent by another proxy, or
 // before this one started); they are recorded.
 func (a *Approx) Correct(hashes []uint64, r Receipt, cachedBlocks int) {
+	a.CorrectAt(0, hashes, r, cachedBlocks)
+}
+
+// CorrectAt is Correct at now, a time of day from package clock's Now (0: read the clock).
+func (a *Approx) CorrectAt(now int64, hashes []uint64, r Receipt, cachedBlocks int) {
 	w := r.worker
 	if w < 0 || w > 0xffff || cachedBlocks == r.predicted {
 		return
@@ -314,9 +350,9 @@ func (a *Approx) Correct(hashes []uint64, r Receipt, cachedBlocks int) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if cachedBlocks > r.predicted {
-		now := a.now()
+		t := ticks(now)
 		for _, h := range hashes[:cachedBlocks] {
-			a.touch(h, uint16(w), now)
+			a.touch(h, uint16(w), t)
 		}
 		return
 	}
@@ -338,7 +374,7 @@ func (a *Approx) Forget(w int) {
 	for len(a.horizon) <= w {
 		a.horizon = append(a.horizon, 0)
 	}
-	a.horizon[w] = a.now()
+	a.horizon[w] = ticks(0)
 	if w < len(a.blocks) {
 		a.blocks[w] = 0
 	}

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvrelay/kvrelay/dataplane/clock"
 	"github.com/kvrelay/kvrelay/engines/blockhash"
 )
 
@@ -83,15 +84,51 @@ func equal(a, b []float64) bool {
 	return true
 }
 
+// The At variants run at the time the caller gives, a time of day from package clock's Now,
+// on the same clock as the variants that read it themselves.
+func TestApproxAtTheCallersTime(t *testing.T) {
+	a := NewApprox(ApproxConfig{MaxBlocks: 64, TTL: time.Second})
+	c := chain(1, 1, 8, 8)
+	now := clock.Now()
+	r := a.RecordAt(now, 0, c, 0)
+	overlap := make([]float64, 2)
+	if got := a.Match(c, overlap); got != 8 {
+		t.Fatalf("Match right after RecordAt: %v, want 8", got)
+	}
+	if got := a.MatchAt(c, overlap, now+int64(900*time.Millisecond)); got != 8 {
+		t.Fatalf("MatchAt within the TTL: %v, want 8", got)
+	}
+	if got := a.MatchAt(c, overlap, now+int64(1500*time.Millisecond)); got != 0 {
+		t.Fatalf("MatchAt past the TTL: %v, want 0", got)
+	}
+	// A worker that reports more cached than predicted is recorded at the time given.
+	later := now + int64(1200*time.Millisecond)
+	a.CorrectAt(later, c, Receipt{worker: 1}, 8)
+	if got := a.MatchAt(c, overlap, later+int64(500*time.Millisecond)); got != 8 || overlap[1] != 8 || overlap[0] != 0 {
+		t.Fatalf("after CorrectAt on worker 1: best %v, overlap %v; want worker 1 alone at 8", got, overlap)
+	}
+	if r.worker != 0 {
+		t.Fatalf("receipt for worker %d", r.worker)
+	}
+	// Through an Overlay, the recent index also runs at the caller's time.
+	o := NewOverlay(NewApprox(ApproxConfig{}), a)
+	if got := MatchAt(o, c, overlap, later+int64(500*time.Millisecond)); got != 8 {
+		t.Fatalf("Overlay MatchAt within the TTL: %v, want 8", got)
+	}
+	if got := MatchAt(o, c, overlap, later+int64(2*time.Second)); got != 0 {
+		t.Fatalf("Overlay MatchAt past the TTL: %v, want 0", got)
+	}
+}
+
 func TestTTLAndBound(t *testing.T) {
 	a := NewApprox(ApproxConfig{MaxBlocks: 16, TTL: time.Second})
 	c := chain(1, 1, 8, 8)
 	a.Record(0, c, 0)
 	overlap := make([]float64, 1)
-	if a.matchAt(c, overlap, a.now()+999) != 8 {
+	if a.matchAt(c, overlap, ticks(0)+999) != 8 {
 		t.Fatal("blocks forgotten before the TTL")
 	}
-	if a.matchAt(c, overlap, a.now()+1500) != 0 {
+	if a.matchAt(c, overlap, ticks(0)+1500) != 0 {
 		t.Fatal("blocks remembered past the TTL")
 	}
 	// 16 entries: a second 8-block chain fits, a third evicts the least recently touched.

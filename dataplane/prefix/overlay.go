@@ -13,7 +13,7 @@ type Overlay struct {
 	scratch         sync.Pool // *[]float64
 }
 
-var _ Index = (*Overlay)(nil)
+var _ TimedIndex = (*Overlay)(nil)
 
 // NewOverlay returns primary overlaid with recent.
 func NewOverlay(primary, recent Index) *Overlay {
@@ -24,14 +24,19 @@ func NewOverlay(primary, recent Index) *Overlay {
 
 // Match implements Index.
 func (o *Overlay) Match(hashes []uint64, overlap []float64) float64 {
-	best := o.Primary.Match(hashes, overlap)
+	return o.MatchAt(hashes, overlap, 0)
+}
+
+// MatchAt implements TimedIndex: each index at now.
+func (o *Overlay) MatchAt(hashes []uint64, overlap []float64, now int64) float64 {
+	best := MatchAt(o.Primary, hashes, overlap, now)
 	sp := o.scratch.Get().(*[]float64)
 	defer o.scratch.Put(sp)
 	if cap(*sp) < len(overlap) {
 		*sp = make([]float64, len(overlap))
 	}
 	recent := (*sp)[:len(overlap)]
-	if o.Recent.Match(hashes, recent) == 0 {
+	if MatchAt(o.Recent, hashes, recent, now) == 0 {
 		return best
 	}
 	for i, r := range recent {

@@ -550,9 +550,9 @@ func (cc *clientConn) start(w *route.Worker) {
 	if cc.kind == oai.ChatCompletions || cc.kind == oai.Completions {
 		overlap := int(cc.dec.Overlap)
 		ex.predicted = overlap
-		ex.usage.Begin(w, cc.rreq.PromptTokens, overlap*s.cfg.BlockSize, cc.rreq.OSL)
+		ex.usage.BeginAt(cc.lp.now, w, cc.rreq.PromptTokens, overlap*s.cfg.BlockSize, cc.rreq.OSL)
 	} else {
-		ex.usage.Begin(w, cc.rreq.PromptTokens, 0, 0)
+		ex.usage.BeginAt(cc.lp.now, w, cc.rreq.PromptTokens, 0, 0)
 	}
 	ws.m.inflight.Inc()
 	cc.state = stForward
@@ -569,7 +569,7 @@ func (cc *clientConn) recordPlacement(w *route.Worker, overlap int) prefix.Recei
 		return prefix.Receipt{}
 	}
 	s := cc.srv
-	r := s.index.Record(w.Index, cc.rreq.Hashes, overlap)
+	r := s.index.RecordAt(cc.lp.now, w.Index, cc.rreq.Hashes, overlap)
 	w.SetCachedBlocks(s.index.Blocks(w.Index))
 	return r
 }

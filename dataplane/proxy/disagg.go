@@ -140,7 +140,7 @@ func (cc *clientConn) prefill(p *route.Worker, overlap int) {
 		return
 	}
 	cc.recordPlacement(p, overlap) // the prefill worker caches the prompt now
-	pd.usage.Begin(p, cc.rreq.PromptTokens, overlap*s.cfg.BlockSize, 0)
+	pd.usage.BeginAt(cc.lp.now, p, cc.rreq.PromptTokens, overlap*s.cfg.BlockSize, 0)
 	pd.startedAt = cc.lp.now
 	s.inflight.Add(1) // a graceful stop waits for the leg
 	s.metrics.prefillInflight.Inc()

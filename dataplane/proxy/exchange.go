@@ -293,7 +293,7 @@ func (ex *exchange) observe(data []byte, now int64) {
 	cc.obs.Feed(data, now)
 	if n := cc.obs.Result().Chunks; n != before {
 		if before == 0 {
-			ex.usage.FirstToken()
+			ex.usage.FirstTokenAt(now)
 			ex.recordCached()
 			// The worker's prefill is done: a request waiting for a worker under its busy
 			// prefill threshold may fit now.
@@ -395,7 +395,7 @@ func (ex *exchange) finish() {
 		}
 		s.metrics.predictionErr.Observe(float64(diff))
 		if ex.recorded {
-			s.index.Correct(cc.rreq.Hashes, ex.receipt, cached)
+			s.index.CorrectAt(now, cc.rreq.Hashes, ex.receipt, cached)
 		}
 	}
 	if ex.usage.Worker() != nil {

@@ -6,6 +6,7 @@ import (
 
 	"github.com/panjf2000/gnet/v2"
 
+	"github.com/kvrelay/kvrelay/dataplane/clock"
 	"github.com/kvrelay/kvrelay/dataplane/route"
 )
 
@@ -153,6 +154,8 @@ func (lp *loop) housekeeping(context.Context) error {
 	return nil
 }
 
-// nanotime is the proxy's clock: route.Now, the router's time of day from the monotonic
-// clock, so durations, timeouts and the router's ejection and session times all agree.
-func nanotime() int64 { return route.Now() }
+// nanotime is the proxy's clock: package clock's Now, the data plane's time of day from the
+// monotonic clock, so durations, timeouts and the router's ejection and session times all
+// agree. A loop reads it once per event (lp.now) and hands that time to the router and the
+// index.
+func nanotime() int64 { return clock.Now() }

@@ -161,8 +161,8 @@ type LeastPrefill struct{}
 
 func (LeastPrefill) Name() string { return "least-prefill" }
 
-func (LeastPrefill) Pick(_ *Request, ws []*Worker, _ []float64) int {
-	now := Clock()
+func (LeastPrefill) Pick(req *Request, ws []*Worker, _ []float64) int {
+	now := req.clock()
 	return pickLeast(ws, func(w *Worker) loadKey {
 		return loadKey{prefill: w.PrefillBacklog(now), load: w.Load(), kv: w.KVInUse()}
 	})

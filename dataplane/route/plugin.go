@@ -71,6 +71,14 @@ func (r *Request) Reset() {
 	}
 }
 
+// clock is the router's Clock at the request: at Now when the caller gave it.
+func (r *Request) clock() int64 {
+	if r == nil {
+		return Clock()
+	}
+	return ClockAt(r.Now)
+}
+
 // Overlap is the number of prompt blocks worker w caches, as the last match found.
 func (r *Request) Overlap(w *Worker) float64 {
 	if w == nil || w.Index >= len(r.overlap) {

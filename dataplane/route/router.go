@@ -336,7 +336,7 @@ func (r *Router) Route(req *Request, d *Decision) error {
 			t0 = time.Now()
 		}
 		req.overlap = growFloat(req.overlap, pool.size)
-		req.best = r.index.Match(req.Hashes, req.overlap)
+		req.best = prefix.MatchAt(r.index, req.Hashes, req.overlap, req.Now)
 		if req.Timed {
 			d.Match = time.Since(t0)
 		}

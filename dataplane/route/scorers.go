@@ -8,7 +8,7 @@ type PrefillCost struct{ Weight, QueueWeight float64 }
 func (PrefillCost) Name() string { return "prefill" }
 
 func (s PrefillCost) Score(req *Request, ws []*Worker, costs []float64) {
-	now := Clock()
+	now := req.clock()
 	for i, w := range ws {
 		bs := max(w.BlockSize, 1)
 		uncached := float64(req.PromptBlocks(bs)) - req.Overlap(w)

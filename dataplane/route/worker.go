@@ -5,6 +5,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/kvrelay/kvrelay/dataplane/clock"
 )
 
 // Role is what a worker does in a disaggregated deployment.
@@ -84,20 +86,24 @@ func (w *Worker) PrefillTokens() int64 {
 	return n
 }
 
-// Clock is the router's monotonic clock in nanoseconds; tests replace it.
-var Clock = func() int64 { return int64(time.Since(clockEpoch)) }
+// Clock is the router's monotonic clock in nanoseconds (package clock's Mono); tests replace
+// it.
+var Clock = clock.Mono
 
-var clockEpoch = time.Now()
+// Now is the data plane's time of day in Unix nanoseconds (package clock). Every absolute
+// time the router and the proxy compare (ejections, sessions, the proxy loops' now, queue
+// deadlines) comes from it.
+func Now() int64 { return clock.Now() }
 
-// Now is the data plane's time of day in Unix nanoseconds, read from the monotonic clock
-// (time.Since reads one clock where time.Now reads two, and the proxy reads it at every event
-// of every connection), counted from the wall clock at start. Every absolute time the router
-// and the proxy compare (ejections, sessions, the proxy loops' now, queue deadlines) comes
-// from it, so they agree with each other; against the wall clock it drifts only by what the
-// host's clock is slewed while the process runs.
-func Now() int64 { return wallEpoch + int64(time.Since(clockEpoch)) }
-
-var wallEpoch = clockEpoch.UnixNano()
+// ClockAt converts now, a time of day from Now, to the router's Clock; 0 reads Clock. An
+// event loop reads the clock once per event and hands that time down (Request.Now,
+// Usage.BeginAt, Usage.FirstTokenAt), so routing a request reads no clock of its own.
+func ClockAt(now int64) int64 {
+	if now == 0 {
+		return Clock()
+	}
+	return clock.MonoAt(now)
+}
 
 // rateDecay weighs each new sample of a worker's prefill rate against the ones before: the
 // estimate follows the last ~50 first tokens.
@@ -231,8 +237,13 @@ type Usage struct {
 // Begin starts accounting a request on w: uncached prompt tokens to prefill and the blocks
 // it will hold (prompt plus expected output, when osl predicts it).
 func (u *Usage) Begin(w *Worker, promptTokens, cachedTokens, osl int) {
+	u.BeginAt(0, w, promptTokens, cachedTokens, osl)
+}
+
+// BeginAt is Begin at now, a time of day from Now (0: read the clock).
+func (u *Usage) BeginAt(now int64, w *Worker, promptTokens, cachedTokens, osl int) {
 	bs := max(w.BlockSize, 1)
-	now := Clock()
+	now = ClockAt(now)
 	*u = Usage{w: w, prefillTokens: int64(max(promptTokens-cachedTokens, 0)), promptTokens: promptTokens, osl: osl, begun: now}
 	u.decodeBlocks = int64((promptTokens + osl + bs - 1) / bs)
 	w.inflight.Add(1)
@@ -249,11 +260,15 @@ func (u *Usage) Begin(w *Worker, promptTokens, cachedTokens, osl int) {
 // the engine prefills: with requests served first come, first served, the engine computed
 // this request's uncached tokens between the later of its start and the previous first token
 // there, and now.
-func (u *Usage) FirstToken() {
+func (u *Usage) FirstToken() { u.FirstTokenAt(0) }
+
+// FirstTokenAt is FirstToken at now, a time of day from Now (0: read the clock).
+func (u *Usage) FirstTokenAt(now int64) {
 	if u.w == nil || u.prefillTokens == 0 {
 		return
 	}
-	w, now := u.w, Clock()
+	w := u.w
+	now = ClockAt(now)
 	w.bl.Lock()
 	if took := now - max(u.begun, w.lastFirst); took > 0 {
 		w.rateTokens = w.rateTokens*rateDecay + float64(u.prefillTokens)
