@@ -25,7 +25,13 @@ import (
 type connMatrix struct {
 	connCount int32
 	connMap   map[int]*conn
+	// byFd[fd] is connMap[fd] where fd < len(byFd): the lookup every event makes, an index
+	// instead of a map lookup (kvrelay; see KVRELAY.md).
+	byFd []*conn
 }
+
+// byFdMax bounds byFd: connections on larger descriptors are found in connMap alone.
+const byFdMax = 1 << 20
 
 func (cm *connMatrix) init() {
 	cm.connMap = make(map[int]*conn)
@@ -52,15 +58,37 @@ func (cm *connMatrix) loadCount() (n int32) {
 func (cm *connMatrix) addConn(c *conn, index int) {
 	c.gfd = gfd.NewGFD(c.fd, index, 0, 0)
 	cm.connMap[c.fd] = c
+	if fd := c.fd; fd >= 0 && fd < byFdMax {
+		if fd >= len(cm.byFd) {
+			n := 2 * len(cm.byFd)
+			if n < 64 {
+				n = 64
+			}
+			if n <= fd {
+				n = fd + 1
+			}
+			cm.byFd = append(cm.byFd, make([]*conn, n-len(cm.byFd))...)
+		}
+		cm.byFd[fd] = c
+	}
 	cm.incCount(0, 1)
 }
 
 func (cm *connMatrix) delConn(c *conn) {
 	delete(cm.connMap, c.fd)
+	if fd := c.fd; fd >= 0 && fd < len(cm.byFd) && cm.byFd[fd] == c {
+		cm.byFd[fd] = nil
+	}
 	cm.incCount(0, -1)
 }
 
 func (cm *connMatrix) getConn(fd int) *conn {
+	if uint(fd) < uint(len(cm.byFd)) {
+		return cm.byFd[fd]
+	}
+	if fd < byFdMax {
+		return nil // every fd below byFdMax is in byFd
+	}
 	return cm.connMap[fd]
 }
 
