@@ -649,15 +649,80 @@ func (o *Observer) json(seg []byte, now int64) {
 			case ':':
 				o.st = jValue
 			case '"':
+				if o.st == jKey || o.st == jValue && o.depth > 0 {
+					// The common case, a whole key or a value string inside a container
+					// that lies in this segment and has no escapes, in one step.
+					rest := seg[i:]
+					if k := quoteOrBackslash(rest); k >= 0 && rest[k] == '"' && o.wholeString(rest[:k]) {
+						i += k + 1
+						continue
+					}
+				}
 				o.startString()
 			default:
 				if isScalarByte(c) && c != '.' && c != '+' {
+					if o.st == jValue && o.depth > 0 {
+						// A whole number or literal inside a container, in one step.
+						j := i
+						for j < len(seg) && isScalarByte(seg[j]) {
+							j++
+						}
+						if j < len(seg) && j-i < len(o.cap) {
+							o.wholeScalar(seg[i-1 : j])
+							i = j
+							continue
+						}
+					}
 					o.startScalar(c)
 				} else {
 					o.bad = true
 				}
 			}
 		}
+	}
+}
+
+// wholeString takes a string, v its bytes between the quotes (no backslash among them), that
+// starts where a key may (o.st == jKey) or where a value may inside a container (jValue,
+// depth > 0): what startString, the string's bytes and endString would do, in one step. It
+// reports false, changing nothing, for a value that is copied (o.cur captured): those take
+// the general path.
+func (o *Observer) wholeString(v []byte) bool {
+	if o.st == jKey {
+		o.cur = nNone
+		if n := o.containerNode(); n != nNone && len(v) <= len(o.key) {
+			o.cur = child(n, v)
+		}
+		o.st = jColon
+		return true
+	}
+	if captured(o.cur) {
+		return false
+	}
+	o.valueStart()
+	switch o.cur {
+	case nContent:
+		if len(v) > 0 {
+			o.content = true
+		}
+	case nRootDelta:
+		if len(v) > 0 {
+			o.rootDelta = true
+		}
+	}
+	o.st = jAfter
+	return true
+}
+
+// wholeScalar takes a number or literal v, shorter than o.cap, that starts where a value may
+// inside a container (jValue, depth > 0) and ends within the segment: what startScalar, its
+// bytes and endScalar would do, in one step.
+func (o *Observer) wholeScalar(v []byte) {
+	o.valueStart()
+	o.st = jAfter
+	if captured(o.cur) && o.cur != nError && string(v) != "null" {
+		o.capOver = false
+		o.store(v)
 	}
 }
 
