@@ -381,7 +381,7 @@ func (ex *exchange) finish() {
 	if status == 0 {
 		status = 502
 	}
-	s.metrics.request(cc.model, cc.kind, status)
+	s.metrics.requestOf(cc.mm, cc.model, cc.kind, status)
 	cc.mm.e2e[cc.kind].Observe(seconds(now - ex.start))
 	if ex.ws != nil && (cc.kind == oai.ChatCompletions || cc.kind == oai.Completions) && res.Usage.HasCached {
 		bs := s.cfg.BlockSize

@@ -157,7 +157,8 @@ func newMetrics() *metrics {
 type modelMetrics struct {
 	ttft, itl prometheus.Observer
 	e2e       [numRoutes]prometheus.Observer
-	codes     [numRoutes]sync.Map // HTTP status → prometheus.Counter
+	ok        [numRoutes]prometheus.Counter // status 200
+	codes     [numRoutes]sync.Map           // other HTTP statuses → prometheus.Counter
 }
 
 // numRoutes bounds oai.Kind values (1..4); index 0 is for requests that never got a kind.
@@ -176,6 +177,7 @@ func (m *metrics) forModel(model string) *modelMetrics {
 	mm := &modelMetrics{ttft: m.ttft.WithLabelValues(model), itl: m.itl.WithLabelValues(model)}
 	for k := 1; k < numRoutes; k++ {
 		mm.e2e[k] = m.e2e.WithLabelValues(model, oai.Kind(k).String())
+		mm.ok[k] = m.requests.WithLabelValues(model, oai.Kind(k).String(), "200")
 	}
 	next := make(map[string]*modelMetrics, len(old)+1)
 	for k, v := range old {
@@ -188,9 +190,17 @@ func (m *metrics) forModel(model string) *modelMetrics {
 
 // request counts one answered request.
 func (m *metrics) request(model string, kind oai.Kind, code int) {
-	mm := m.forModel(model)
+	m.requestOf(m.forModel(model), model, kind, code)
+}
+
+// requestOf counts one answered request of model, whose series are mm.
+func (m *metrics) requestOf(mm *modelMetrics, model string, kind oai.Kind, code int) {
 	k := int(kind)
 	if k <= 0 || k >= numRoutes {
+		return
+	}
+	if code == 200 {
+		mm.ok[k].Inc()
 		return
 	}
 	if c, ok := mm.codes[k].Load(code); ok {
