@@ -22,7 +22,8 @@ type addedToken struct {
 // safe for concurrent use.
 type addedMatcher struct {
 	byContent map[string]*addedToken
-	lengths   []int // distinct content lengths, longest first
+	lengths   []int       // distinct content lengths, longest first
+	last      [][256]bool // last[j][c]: a token of length lengths[j] ends in byte c
 	first     [256]bool
 	oneFirst  int // the only first byte when all tokens share it, else -1
 	anyStrip  bool
@@ -50,6 +51,14 @@ func newAddedMatcher(tokens []addedToken) *addedMatcher {
 		m.anyStrip = m.anyStrip || t.lstrip || t.rstrip
 	}
 	sort.Sort(sort.Reverse(sort.IntSlice(m.lengths)))
+	m.last = make([][256]bool, len(m.lengths))
+	for j, l := range m.lengths {
+		for c := range m.byContent {
+			if len(c) == l {
+				m.last[j][c[l-1]] = true
+			}
+		}
+	}
 	if len(firsts) == 1 {
 		for b := range firsts {
 			m.oneFirst = int(b)
@@ -74,8 +83,9 @@ func (m *addedMatcher) find(text string, from int) (start, end int, tok *addedTo
 		} else if !m.first[text[i]] {
 			continue
 		}
-		for _, l := range m.lengths {
-			if i+l > len(text) {
+		for j, l := range m.lengths {
+			// A candidate's last byte rules out most lengths before the map is asked.
+			if i+l > len(text) || !m.last[j][text[i+l-1]] {
 				continue
 			}
 			t, hit := m.byContent[text[i:i+l]]
