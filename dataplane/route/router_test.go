@@ -467,6 +467,33 @@ func TestSystemPromptCachedEverywhereSpreads(t *testing.T) {
 	}
 }
 
+// BeginAt and FirstTokenAt run at the time the caller read (an event loop's), on the clock
+// that Begin and FirstToken read themselves.
+func TestUsageAtTheCallersTime(t *testing.T) {
+	w := &Worker{ID: "w", Model: "m", BlockSize: 16}
+	const s = int64(time.Second)
+	t0 := Now()
+	var u Usage
+	u.BeginAt(t0, w, 10000, 0, 0)
+	if got := w.PrefillBacklog(ClockAt(t0 + s/2)); got != 10000 {
+		t.Fatalf("backlog %d, want the 10000 pending", got)
+	}
+	u.FirstTokenAt(t0 + s) // 10000 tokens in the 1 s the caller says passed
+	if r := math.Float64frombits(w.rate.Load()); r < 9999 || r > 10001 {
+		t.Fatalf("learned rate %.0f tokens/s, want 10000: the times given were not used", r)
+	}
+	var v Usage
+	v.BeginAt(t0+s, w, 5000, 0, 0)
+	if got := w.PrefillBacklog(ClockAt(t0 + s + s/4)); got != 2500 {
+		t.Fatalf("backlog %d a quarter second into 5000 tokens at 10000/s, want 2500", got)
+	}
+	if d := ClockAt(Now()) - Clock(); d > 0 || d < -int64(time.Second) {
+		t.Fatalf("ClockAt(Now()) is %d ns off Clock()", d)
+	}
+	u.End()
+	v.End()
+}
+
 // The backlog model learns how fast a worker prefills from the time between first tokens and
 // takes what the engine has computed since off the tokens still pending; it never exceeds
 // them, and without a rate learned it is the pending tokens.
