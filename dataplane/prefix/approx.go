@@ -92,7 +92,8 @@ type slot struct {
 	touch  uint32 // ticks since the clock's origin
 }
 
-// tick is the index's clock unit: 1 ms, so uint32 ticks last 49 days of uptime.
+// tick is the index's clock unit: 1 ms, counted from package clock's origin (process start),
+// so uint32 ticks last 49 days of the process's uptime.
 const tick = time.Millisecond
 
 // NewApprox returns an empty index.

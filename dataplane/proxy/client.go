@@ -498,6 +498,9 @@ func (cc *clientConn) estimate(text string) {
 // busy. retry is true when an earlier attempt failed before its first byte.
 func (cc *clientConn) route(retry bool) {
 	s := cc.srv
+	// Route at this event's time: a request may be routed again well after it was parsed
+	// (released from the admission queue, retried after a failure, tokenized remotely).
+	cc.rreq.Now = cc.lp.now
 	router := s.kv
 	if cc.kind != oai.ChatCompletions && cc.kind != oai.Completions {
 		router = s.load

@@ -80,6 +80,7 @@ func (cc *clientConn) routeDisagg(retry bool) {
 		pd.decodeBody = nil // the decode leg failed: the next decode worker prefills itself
 	}
 	r := &cc.rreq
+	r.Now = cc.lp.now // the decode leg may be routed after the prefill leg's whole run
 	r.Role = route.RoleDecode
 	if err := s.load.Route(r, &cc.dec); err != nil {
 		cc.routeFailed(err, retry, "decode worker")

@@ -44,8 +44,10 @@ type Request struct {
 	// Role is the pool the request is routed in: RoleBoth (workers serving whole requests,
 	// the zero value), or RolePrefill / RoleDecode for one leg of a disaggregated request.
 	Role Role
-	// Now is the caller's current time in unix nanoseconds (0: the router reads the clock).
-	// Event loops read the clock once per event and pass it down.
+	// Now is the caller's current time in unix nanoseconds from Now (0: the router reads the
+	// clock). Event loops read the clock once per event and set it before each Route, so a
+	// request routed again later (a retry, a release from the admission queue) is routed at
+	// that later event's time.
 	Now int64
 	// Timed asks Route to time its match and score stages into the Decision.
 	Timed bool

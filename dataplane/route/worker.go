@@ -86,8 +86,9 @@ func (w *Worker) PrefillTokens() int64 {
 	return n
 }
 
-// Clock is the router's monotonic clock in nanoseconds (package clock's Mono); tests replace
-// it.
+// Clock is the router's monotonic clock in nanoseconds (package clock's Mono). Tests replace
+// it to drive the calls that read it (Begin, FirstToken, a Request without Now); a call given
+// a time (ClockAt with now != 0) converts that time instead and never reads Clock.
 var Clock = clock.Mono
 
 // Now is the data plane's time of day in Unix nanoseconds (package clock). Every absolute
