@@ -416,7 +416,7 @@ func (o *Observer) sse(p []byte, now int64) {
 				i++
 				o.ls = lsSpace
 			case '\n', '\r':
-				o.startValue() // a field with no colon has an empty value
+				o.startValue(now) // a field with no colon has an empty value
 				o.endLine(c)
 				i++
 			default:
@@ -432,7 +432,7 @@ func (o *Observer) sse(p []byte, now int64) {
 			if p[i] == ' ' {
 				i++
 			}
-			o.startValue()
+			o.startValue(now)
 		default:
 			rest := p[i:]
 			e := bytes.IndexByte(rest, '\n')
@@ -472,16 +472,18 @@ func (o *Observer) sse(p []byte, now int64) {
 }
 
 // startValue begins the value of the field just read.
-func (o *Observer) startValue() {
+func (o *Observer) startValue(now int64) {
 	switch string(o.field[:min(int(o.fieldLen), len(o.field))]) {
 	case "data":
 		if o.fieldLen == 4 {
 			if o.evLines > 0 {
-				// Data lines join with "\n": JSON whitespace between the lines.
+				// Data lines join with "\n": JSON whitespace between the lines, which ends
+				// a number or literal the line before left open.
 				if o.dlen < len(o.dprefix) {
 					o.dprefix[o.dlen] = '\n'
 				}
 				o.dlen++
+				o.json(newline, now)
 			}
 			o.evLines++
 			o.ls = lsData
@@ -496,6 +498,8 @@ func (o *Observer) startValue() {
 	}
 	o.ls = lsIgnore
 }
+
+var newline = []byte{'\n'}
 
 func (o *Observer) endLine(c byte) {
 	o.lastCR = c == '\r'
@@ -714,7 +718,7 @@ func (o *Observer) wholeString(v []byte) bool {
 	return true
 }
 
-// wholeScalar takes a number or literal v, shorter than o.cap, that starts where a value may
+// wholeScalar takes a number or literal v, at most len(o.cap) bytes, that starts where a value may
 // inside a container (jValue, depth > 0) and ends within the segment: what startScalar, its
 // bytes and endScalar would do, in one step.
 func (o *Observer) wholeScalar(v []byte) {

@@ -325,6 +325,15 @@ func TestObserverCases(t *testing.T) {
 					t.Errorf("seen=%v len=%d truncated=%d status=%d", r.Err.Seen, len(r.Err.Message()), r.Truncated, r.Err.Status())
 				}
 			}},
+		{"data lines join with a newline, which ends a number", ModeSSE,
+			"data: {\"usage\":{\"prompt_tokens\":12\ndata: 3}}\n\ndata: {\"usage\":{\"completion_tokens\":4\ndata: }}\n\n",
+			func(t *testing.T, r *Observation) {
+				// "12\n3" is two numbers, not 123: the first event is malformed. The second
+				// splits a valid object between lines.
+				if r.Usage.PromptTokens == 123 || r.Malformed != 1 || r.Events != 2 || r.Usage.CompletionTokens != 4 {
+					t.Errorf("%+v", r)
+				}
+			}},
 		{"string error", ModeJSON, `{"error":"Request failed","error_type":"overloaded"}`,
 			func(t *testing.T, r *Observation) {
 				if !r.Err.Seen || string(r.Err.Message()) != "Request failed" {
