@@ -60,10 +60,13 @@
 # SDK client without kvrelay's hints would: only routing on the prompt keeps a session on its
 # cache. With session ids every policy binds a session to its first worker and the policies
 # barely differ (600 sessions: kv's TTFT p50 1.06x round-robin's, hit rate 99.4% of ideal
-# against 98.2%). `agentic-capacity` measures round-robin's capacity on the workload from one
-# saturated run: 2000 sessions starting within 50 s, the first 16000 calls, "requests/s
-# mid-run" (the saturated measure that overstates Mooncake's capacity; take it as an upper
-# bound): 90.8 requests/s without session ids (engine stall 3.2%, so somewhat
+# against 98.2%). `agentic-capacity` runs round-robin alone at each session count of
+# SESSION_COUNTS (default "300 600 900 1200"; REQUESTS caps the calls of each run) and prints
+# one line per count: completed and mid-run requests/s, TTFT p50 and p90, E2E p50, goodput
+# share. In a closed loop the completed rate stops growing where round-robin's capacity is.
+# SESSION_COUNTS=saturate runs the old single measure instead: 2000 sessions starting within
+# 50 s, the first 16000 calls, "requests/s mid-run" (the saturated measure that overstates
+# Mooncake's capacity; take it as an upper bound): 90.8 requests/s without session ids (engine stall 3.2%, so somewhat
 # more). Round-robin then sustained 56.8 requests/s mid-run with 600 sessions (63%), 60.3
 # with 900 (66%) and 63.1 with 1200 (69%): in a closed loop its calls slow down as it fills
 # (E2E p50 11.1, 15.3, 19.4 s) instead of queueing more, so 80% is out of reach of session
@@ -129,11 +132,35 @@ for load in sys.argv[3:]:
 EOF
 fi
 if [ "$what" = agentic-capacity ]; then
-  # 2000 sessions starting within 50 s keep the cluster backlogged; the first 16000 calls.
-  bin/kvrelay bench compare --workers 8 --policies round-robin \
-    --workload "agentic:sessions=2000,rate=40,session_ids=$SESSION_IDS${AGENTIC_OPTS:+,$AGENTIC_OPTS}" --requests 16000 \
-    --num-gpu-blocks "${BLOCKS:-65536}" --speedup "$AGENTIC_SPEEDUP" --engine-speedup "$AGENTIC_SPEEDUP" \
-    --out "$OUT/agentic-capacity"
+  # Round-robin alone at each session count of SESSION_COUNTS, one line each. The calls run
+  # closed-loop, so more sessions do not queue more calls: each call slows down instead. Its
+  # capacity is where the completed calls per second stop growing with the sessions.
+  # SESSION_COUNTS=saturate keeps the old single run: 2000 sessions starting within 50 s, the
+  # first 16000 calls, read off "requests/s mid-run" (an upper bound, see above).
+  counts=${SESSION_COUNTS:-300 600 900 1200}
+  if [ "$counts" = saturate ]; then
+    bin/kvrelay bench compare --workers 8 --policies round-robin \
+      --workload "agentic:sessions=2000,rate=40,session_ids=$SESSION_IDS${AGENTIC_OPTS:+,$AGENTIC_OPTS}" --requests 16000 \
+      --num-gpu-blocks "${BLOCKS:-65536}" --speedup "$AGENTIC_SPEEDUP" --engine-speedup "$AGENTIC_SPEEDUP" \
+      --out "$OUT/agentic-capacity"
+  else
+    for n in $counts; do
+      bin/kvrelay bench compare --workers 8 --policies round-robin \
+        --workload "agentic:sessions=$n,rate=$RATE,session_ids=$SESSION_IDS${AGENTIC_OPTS:+,$AGENTIC_OPTS}" ${REQUESTS:+--requests $REQUESTS} \
+        --num-gpu-blocks "${BLOCKS:-65536}" --speedup "$AGENTIC_SPEEDUP" --engine-speedup "$AGENTIC_SPEEDUP" \
+        --out "$OUT/agentic-capacity/sessions-$n"
+    done
+    python3 - "$OUT/agentic-capacity" $counts <<'EOF'
+import json, sys
+print("| sessions | completed req/s | req/s mid-run | TTFT p50 | TTFT p90 | E2E p50 | goodput share | engine stall |")
+print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+for n in sys.argv[2:]:
+    s = json.load(open(f"{sys.argv[1]}/sessions-{n}/results.json"))[0]["summary"]
+    print(f"| {n} | {s['requests_per_s']:.1f} | {s['mid_run_requests_per_s']:.1f} | {s['ttft']['p50_ns'] / 1e6:.0f} ms "
+          f"| {s['ttft']['p90_ns'] / 1e6:.0f} ms | {s['e2e']['p50_ns'] / 1e6:.0f} ms | {100 * s['goodput_share']:.1f}% "
+          f"| {100 * s.get('engine_stall', 0):.1f}% |")
+EOF
+  fi
 fi
 if [ "$what" = mooncake ] || [ "$what" = all ]; then
   bin/kvrelay bench compare --workers 8 --policies "$POLICIES" \
