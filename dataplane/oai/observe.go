@@ -704,17 +704,23 @@ func (o *Observer) wholeString(v []byte) bool {
 		return false
 	}
 	o.valueStart()
+	o.text(len(v) > 0)
+	o.st = jAfter
+	return true
+}
+
+// text notes a value string at a node that only asks whether text is there (a content or a
+// Responses delta string; nonEmpty says whether this one has any) and reports whether o.cur
+// is such a node.
+func (o *Observer) text(nonEmpty bool) bool {
 	switch o.cur {
 	case nContent:
-		if len(v) > 0 {
-			o.content = true
-		}
+		o.content = o.content || nonEmpty
 	case nRootDelta:
-		if len(v) > 0 {
-			o.rootDelta = true
-		}
+		o.rootDelta = o.rootDelta || nonEmpty
+	default:
+		return false
 	}
-	o.st = jAfter
 	return true
 }
 
@@ -887,19 +893,8 @@ func (o *Observer) endString(now int64, v []byte) {
 		return
 	}
 	o.st = jAfter
-	switch o.cur {
-	case nContent:
-		if o.strAny {
-			o.content = true
-		}
-	case nRootDelta:
-		if o.strAny {
-			o.rootDelta = true
-		}
-	default:
-		if o.strCap {
-			o.store(v)
-		}
+	if !o.text(o.strAny) && o.strCap {
+		o.store(v)
 	}
 	o.strCap = false
 	if o.depth == 0 {
