@@ -328,7 +328,7 @@ func (cc *clientConn) prepare() error {
 	o := &cc.oreq
 	r := &cc.rreq
 	r.Reset()
-	r.Now, r.Timed = cc.lp.now, cc.timed
+	r.Timed = cc.timed // Now is set by route, at each routing attempt's event
 	r.Model = unsafeString(o.Model)
 	cc.prio = 0
 	if p, ok := o.Priority(); ok {
