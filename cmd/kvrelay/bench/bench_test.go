@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/kvrelay/kvrelay/cmd/kvrelay/bench/workload"
+	"github.com/kvrelay/kvrelay/engines/sim"
 	"github.com/kvrelay/kvrelay/engines/tokenizer"
 )
 
@@ -177,6 +178,92 @@ func TestTableRatios(t *testing.T) {
 	}
 }
 
+func TestPrefillModel(t *testing.T) {
+	m := PrefillModel{Timing: sim.DefaultTiming(), ChunkTokens: 8192}
+	tm := m.Timing
+	for _, c := range []struct {
+		tokens int
+		want   float64 // ms
+	}{
+		{0, 0},
+		{-3, 0},
+		{1, tm.PrefillMS(1)},
+		{6400, tm.PrefillMS(6400)},
+		{8192, tm.PrefillMS(8192)},
+		// Full chunks first, as a chunked-prefill scheduler takes them.
+		{10000, tm.PrefillMS(8192) + tm.PrefillMS(1808)},
+		{20000, 2*tm.PrefillMS(8192) + tm.PrefillMS(3616)},
+	} {
+		if got := m.Time(c.tokens); math.Abs(float64(got)-c.want*1e6) > 1 {
+			t.Errorf("Time(%d) = %v, want %v", c.tokens, got, ms(c.want))
+		}
+	}
+	if got, want := m.Time(6400), ms(130.9); got < want-ms(0.1) || got > want+ms(0.1) {
+		t.Errorf("6400 tokens: %v, want ~%v (16.5 ms + 15.2 µs a token + the quadratic term)", got, want)
+	}
+	if got := (PrefillModel{Timing: tm}).Time(20000); math.Abs(float64(got)-tm.PrefillMS(20000)*1e6) > 1 {
+		t.Errorf("no chunk limit: %v, want one step of %v ms", got, tm.PrefillMS(20000))
+	}
+}
+
+// TestBreakdown splits synthetic TTFTs into own prefill and wait under a linear model (1 ms a
+// token, no constant), so the figures are exact.
+func TestBreakdown(t *testing.T) {
+	m := PrefillModel{Timing: sim.Timing{PrefillB: 1}, ChunkTokens: 1000}
+	recs := []*Record{
+		// 100 uncached tokens, 150 ms: 100 own, 50 waiting; the ideal cache held 20 more.
+		{Status: 200, PromptTokens: 300, CachedTokens: 200, IdealCached: 220, idealKnown: true, TTFT: ms(150)},
+		// 300 uncached, 320 ms: 20 waiting; the ideal cache held nothing more.
+		{Status: 200, PromptTokens: 300, CachedTokens: 0, IdealCached: 0, idealKnown: true, TTFT: ms(320)},
+		// 250 uncached but the engine ran ahead of its model: no wait, not a negative one.
+		{Status: 200, PromptTokens: 250, CachedTokens: 0, IdealCached: 240, idealKnown: true, TTFT: ms(240)},
+		// Not counted by the ideal replay: its floor takes the engine's hits.
+		{Status: 200, PromptTokens: 500, CachedTokens: 300, TTFT: ms(1000)},
+		// Fully cached by the ideal: the floor still computes one token.
+		{Status: 200, PromptTokens: 64, CachedTokens: 0, IdealCached: 64, idealKnown: true, TTFT: ms(100)},
+		// The engine held more than the ideal replay (it took the requests in another
+		// order): the floor takes the engine's hits.
+		{Status: 200, PromptTokens: 400, CachedTokens: 380, IdealCached: 300, idealKnown: true, TTFT: ms(50)},
+		// Failures do not count.
+		{Status: 500, PromptTokens: 9000, TTFT: ms(1)},
+		{Status: 200, Err: "stream error", PromptTokens: 9000, TTFT: ms(1)},
+	}
+	b := NewBreakdown(recs, m)
+	if b == nil {
+		t.Fatal("no breakdown")
+	}
+	sorted := func(d Dist) []time.Duration { return []time.Duration{d.P50, d.P90} }
+	// own: 100, 300, 250, 200, 64, 20; wait: 50, 20, 0, 800, 36, 30;
+	// floor: 80, 300, 10, 200, 1, 20.
+	for _, c := range []struct {
+		name string
+		got  Dist
+		n    int
+		mean time.Duration
+		want []time.Duration
+	}{
+		{"prefill", b.Prefill, 6, ms(934.0 / 6), []time.Duration{ms(100), ms(300)}},
+		{"wait", b.Wait, 6, ms(936.0 / 6), []time.Duration{ms(30), ms(800)}},
+		{"floor", b.Floor, 6, ms(611.0 / 6), []time.Duration{ms(20), ms(300)}},
+	} {
+		if c.got.N != c.n || !slices.Equal(sorted(c.got), c.want) || (c.got.Mean-c.mean).Abs() > time.Microsecond {
+			t.Errorf("%s: %+v, want n %d mean %v p50/p90 %v", c.name, c.got, c.n, c.mean, c.want)
+		}
+	}
+	if NewBreakdown(recs[6:], m) != nil {
+		t.Error("a breakdown of failures alone")
+	}
+	tab := Table([]*Result{{Label: "kv", Summary: Summary{Breakdown: b}}, {Label: "round-robin"}})
+	for _, want := range []string{"| own prefill p50 | 100.0 ms | 0.0 ms | 0.00 |", "| wait to first token p50 | 30.0 ms |", "| TTFT floor p50 | 20.0 ms |"} {
+		if !strings.Contains(tab, want) {
+			t.Errorf("table lacks %q:\n%s", want, tab)
+		}
+	}
+	if strings.Contains(Table([]*Result{{Label: "kv"}}), "own prefill") {
+		t.Error("breakdown rows without a breakdown")
+	}
+}
+
 // TestShortCompare runs bench compare end to end at high speedup: two policies, a fresh
 // local cluster each, the identical stream, results written.
 func TestShortCompare(t *testing.T) {
@@ -204,6 +291,19 @@ func TestShortCompare(t *testing.T) {
 			s.CacheBlocks != 2*2048 || s.LRUHitRate <= 0 || s.LRUHitRate > s.IdealHitRate ||
 			s.Engines != 2 || s.EngineStall < 0 || s.EngineStall >= 1 {
 			t.Fatalf("%s: %+v", r.Label, s)
+		}
+	}
+	for _, r := range rs {
+		b := r.Summary.Breakdown
+		if b == nil || b.Prefill.N != 24 || b.Floor.P50 > b.Prefill.P50 || b.Floor.Mean > b.Prefill.Mean || b.Wait.P50 < 0 {
+			t.Fatalf("%s: TTFT breakdown %+v", r.Label, b)
+		}
+		ideal := 0
+		for _, rec := range r.Records {
+			ideal += rec.IdealCached
+		}
+		if ideal == 0 {
+			t.Errorf("%s: no request has ideal cached tokens", r.Label)
 		}
 	}
 	// Three prefix groups on two workers: kv keeps each group on one worker. Under the race

@@ -110,6 +110,43 @@ func (cfg ClusterConfig) Pools() (both, prefill, decode int, err error) {
 	}
 }
 
+// engineConfig is the configuration of each simulated engine of the given role.
+func (cfg ClusterConfig) engineConfig(role sim.Role) sim.Config {
+	ec := sim.DefaultConfig() // KV transfer at the simulator's defaults
+	ec.Model = cfg.Model
+	ec.Role = role
+	ec.Timing.Speedup = cfg.Speedup
+	if ec.Timing.Speedup <= 0 {
+		ec.Timing.Speedup = 1
+	}
+	ec.NumGPUBlocks = cfg.NumGPUBlocks
+	ec.BlockSize = cfg.BlockSize
+	if cfg.MaxModelLen > 0 {
+		ec.MaxModelLen = cfg.MaxModelLen
+	}
+	if cfg.MaxNumSeqs > 0 {
+		ec.MaxNumSeqs = cfg.MaxNumSeqs
+	}
+	if cfg.KVBytesScale > 0 {
+		ec.KVBytesScale = cfg.KVBytesScale
+	}
+	if cfg.KVTransferBandwidth > 0 {
+		ec.KVTransferBandwidth = cfg.KVTransferBandwidth
+	}
+	return ec
+}
+
+// prefillModel is the prefill time model of the cluster's engines in mode agg, where a
+// request prefills where it decodes and its TTFT is one engine's work; nil in the other modes
+// (a decode worker reports a pulled prompt as cached, and TTFT spans two workers).
+func (cfg ClusterConfig) prefillModel() *PrefillModel {
+	if cfg.Mode != "" && cfg.Mode != ModeAgg {
+		return nil
+	}
+	ec := cfg.engineConfig(sim.RoleBoth)
+	return &PrefillModel{Timing: ec.Timing, ChunkTokens: ec.MaxNumBatchedTokens}
+}
+
 // Describe names the cluster's pools and disaggregation policy, e.g. "agg 4 workers",
 // "disagg 2 prefill + 2 decode", "conditional (threshold 512 tokens) 2 prefill + 2 decode".
 func (cfg ClusterConfig) Describe() string {
@@ -211,27 +248,7 @@ func StartCluster(ctx context.Context, cfg ClusterConfig) (*Cluster, error) {
 	var specs []registry.Worker
 	for _, p := range []pool{{sim.RoleBoth, both, "w"}, {sim.RolePrefill, prefill, "p"}, {sim.RoleDecode, decode, "d"}} {
 		for i := range p.n {
-			ec := sim.DefaultConfig() // KV transfer at the simulator's defaults
-			ec.Model = cfg.Model
-			ec.Role = p.role
-			ec.Timing.Speedup = cfg.Speedup
-			if ec.Timing.Speedup <= 0 {
-				ec.Timing.Speedup = 1
-			}
-			ec.NumGPUBlocks = cfg.NumGPUBlocks
-			ec.BlockSize = cfg.BlockSize
-			if cfg.MaxModelLen > 0 {
-				ec.MaxModelLen = cfg.MaxModelLen
-			}
-			if cfg.MaxNumSeqs > 0 {
-				ec.MaxNumSeqs = cfg.MaxNumSeqs
-			}
-			if cfg.KVBytesScale > 0 {
-				ec.KVBytesScale = cfg.KVBytesScale
-			}
-			if cfg.KVTransferBandwidth > 0 {
-				ec.KVTransferBandwidth = cfg.KVTransferBandwidth
-			}
+			ec := cfg.engineConfig(p.role)
 			wc := sim.WorkerConfig{Engine: ec, Listen: "127.0.0.1:0", Codec: codec}
 			if p.role != sim.RoleBoth {
 				wc.KVTransferListen = "127.0.0.1:0"

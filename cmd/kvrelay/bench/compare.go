@@ -41,6 +41,9 @@ func Measure(ctx context.Context, label string, opts Options, w *workload.Worklo
 	}
 	res.Summary.IdealHitRate, res.Summary.LRUHitRate = HitBounds(recs, tokenizer.CodecForModel(model), blockSize, opts.CacheBlocks)
 	res.Summary.CacheBlocks = opts.CacheBlocks
+	if opts.Prefill != nil {
+		res.Summary.Breakdown = NewBreakdown(recs, *opts.Prefill)
+	}
 	return res, nil
 }
 
@@ -133,6 +136,7 @@ func Compare(ctx context.Context, co CompareOptions, tok workload.Tokenizer) ([]
 		opts.TimeScale = cc.Speedup // report in the engines' own time
 		opts.Model = cc.Model
 		opts.CacheBlocks = prefixCacheBlocks(cc)
+		opts.Prefill = cc.prefillModel()
 		if co.Progress != nil {
 			opts.Progress = NewProgress(co.Progress, fmt.Sprintf("%-*s", max(width, 13), run.label), expected(w, opts))
 		}

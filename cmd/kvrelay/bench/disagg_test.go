@@ -204,6 +204,11 @@ func TestShortCompareDisagg(t *testing.T) {
 		if s.OK != 16 || r.Setup != setups[i].Label || r.Policy != "kv" {
 			t.Fatalf("%s: %+v", r.Label, s)
 		}
+		// TTFT breaks down into one engine's prefill and a wait only where the request
+		// prefills where it decodes.
+		if (s.Breakdown != nil) != (i == 0) {
+			t.Errorf("%s: TTFT breakdown %+v", r.Label, s.Breakdown)
+		}
 		for id := range s.Workers {
 			if i > 0 && !strings.HasPrefix(id, "d") {
 				t.Errorf("%s: worker %s answered", r.Label, id)

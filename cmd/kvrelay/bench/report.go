@@ -59,6 +59,26 @@ func Table(rs []*Result) string {
 		{"TTFT p90", func(s *Summary) float64 { return ms(s.TTFT.P90) }, msf},
 		{"TTFT p99", func(s *Summary) float64 { return ms(s.TTFT.P99) }, msf},
 		{"TTFT mean", func(s *Summary) float64 { return ms(s.TTFT.Mean) }, msf},
+	}
+	if slices.ContainsFunc(rs, func(r *Result) bool { return r.Summary.Breakdown != nil }) {
+		// What TTFT is made of (Breakdown): the request's own prefill on an idle engine, the
+		// wait beside it, and the p50 that routing can approach.
+		part := func(f func(b *Breakdown) time.Duration) func(s *Summary) float64 {
+			return func(s *Summary) float64 {
+				if s.Breakdown == nil {
+					return 0
+				}
+				return ms(f(s.Breakdown))
+			}
+		}
+		rows = append(rows, []row{
+			{"own prefill p50", part(func(b *Breakdown) time.Duration { return b.Prefill.P50 }), msf},
+			{"wait to first token p50", part(func(b *Breakdown) time.Duration { return b.Wait.P50 }), msf},
+			{"wait to first token p90", part(func(b *Breakdown) time.Duration { return b.Wait.P90 }), msf},
+			{"TTFT floor p50", part(func(b *Breakdown) time.Duration { return b.Floor.P50 }), msf},
+		}...)
+	}
+	rows = append(rows, []row{
 		{"ITL p50", func(s *Summary) float64 { return ms(s.ITL.P50) }, msf},
 		{"ITL p90", func(s *Summary) float64 { return ms(s.ITL.P90) }, msf},
 		{"ITL p99", func(s *Summary) float64 { return ms(s.ITL.P99) }, msf},
@@ -75,7 +95,7 @@ func Table(rs []*Result) string {
 		{"prefix hit rate", func(s *Summary) float64 { return s.HitRate }, pct},
 		{"ideal hit rate", func(s *Summary) float64 { return s.IdealHitRate }, pct},
 		{"hit rate / ideal", hitShare(func(s *Summary) float64 { return s.IdealHitRate }), pct},
-	}
+	}...)
 	if slices.ContainsFunc(rs, func(r *Result) bool { return r.Summary.CacheBlocks > 0 }) {
 		rows = append(rows, []row{
 			{"cache (blocks)", func(s *Summary) float64 { return float64(s.CacheBlocks) }, num},

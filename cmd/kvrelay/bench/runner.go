@@ -52,6 +52,9 @@ type Options struct {
 	// summary then also reports the hit rate one LRU cache of that size would reach
 	// (Summary.LRUHitRate), a reference for routing with that much memory.
 	CacheBlocks int
+	// Prefill, when set, is the engines' prefill time model: the summary then splits each
+	// request's TTFT into its own prefill and its wait (Summary.Breakdown).
+	Prefill *PrefillModel
 }
 
 func (o *Options) defaults() {
@@ -107,9 +110,13 @@ type Record struct {
 	Route   string `json:"route,omitempty"`
 	Tag     string `json:"tag,omitempty"`
 	Session string `json:"session,omitempty"`
+	// IdealCached is the prompt tokens an unbounded prefix cache shared by every engine
+	// would have held for this request (HitBounds; 0 for a request it did not count).
+	IdealCached int `json:"ideal_cached_tokens,omitempty"`
 
-	req    *workload.Request
-	answer string
+	req        *workload.Request
+	answer     string
+	idealKnown bool // IdealCached was counted
 }
 
 // OK reports whether the request completed with a 200 and no stream error.

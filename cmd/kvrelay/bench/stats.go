@@ -94,6 +94,10 @@ type Summary struct {
 	Share   []Window       `json:"share,omitempty"`
 	// Tags splits TTFT by request class (interactive, subagent, …) when the workload tags.
 	Tags map[string]Dist `json:"tags,omitempty"`
+	// Breakdown splits TTFT into each request's own prefill and its wait, with the floor
+	// that routing can approach, when the engines' step-time model is known (bench compare
+	// in mode agg; see Breakdown).
+	Breakdown *Breakdown `json:"ttft_breakdown,omitempty"`
 	// Engines is the number of simulated engines `bench compare` ran (0 for `bench run`), and
 	// EngineStall the share of their time they lost running behind their modelled step
 	// clocks (sim.Engine.Stalled): the host did not give them the CPU that the engine speedup
@@ -242,6 +246,7 @@ func IdealHitRate(recs []*Record, codec *tokenizer.Codec, blockSize int) float64
 // HitBounds replays the run's successful prompts and answers, in send order, through an
 // unbounded shared prefix cache and, when cacheBlocks > 0, through one LRU cache of
 // cacheBlocks blocks (workload.NewLRU), and returns both hit rates (lru is 0 without a size).
+// It sets each counted record's IdealCached.
 func HitBounds(recs []*Record, codec *tokenizer.Codec, blockSize, cacheBlocks int) (ideal, lru float64) {
 	sorted := slices.Clone(recs)
 	sort.Slice(sorted, func(i, j int) bool { return sorted[i].Seq < sorted[j].Seq })
@@ -264,8 +269,11 @@ func HitBounds(recs []*Record, codec *tokenizer.Codec, blockSize, cacheBlocks in
 			prompt = codec.EncodePrompt(r.req.Prompt)
 		}
 		answer := codec.Tokenizer.Encode(r.answer)
-		for _, c := range caches {
-			c.Add(prompt, answer)
+		for i, c := range caches {
+			hit := c.Add(prompt, answer)
+			if i == 0 {
+				r.IdealCached, r.idealKnown = hit, true
+			}
 		}
 	}
 	ideal = caches[0].HitRate()
