@@ -271,8 +271,8 @@ func (e *Engine) Load() Load {
 	}
 }
 
-// maxLag bounds how far the step clock may fall behind wall time before the engine stops
-// trying to catch up (after idling, or when the host is too slow for the speedup asked).
+// maxLag bounds how far the step clock of a busy engine may fall behind wall time before the
+// engine stops trying to catch up (when the host is too slow for the speedup asked).
 const maxLag = 20 * time.Millisecond
 
 // Run is the scheduler loop: it admits and schedules requests, sleeps for each step's modelled
@@ -337,11 +337,19 @@ func (e *Engine) Run(ctx context.Context) error {
 	}
 }
 
-// catchUp returns when the next step starts: at the end of the last one (clock), or now when
-// that is more than maxLag ago. After an idle wait that is the normal start of a new busy
-// period; after a step (busy) it means the host did not run the engine when its modelled
-// time said, and the gap is time the engine lost: counted in Stalled.
+// catchUp returns when the next step starts. After an idle wait (not busy) a new busy period
+// starts now, when its first request is there: never at the end of the last step, or a
+// request arriving shortly after it would finish its prefill sooner than modelled. After a
+// step (busy) the next one starts at the end of the last (clock), or now when that is more
+// than maxLag ago: the host did not run the engine when its modelled time said, and the gap
+// is time the engine lost, counted in Stalled.
 func (e *Engine) catchUp(clock, now time.Time, busy bool) time.Time {
+	if !busy {
+		if now.Before(clock) {
+			return clock
+		}
+		return now
+	}
 	lag := now.Sub(clock)
 	if lag <= maxLag {
 		return clock

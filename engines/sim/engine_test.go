@@ -395,7 +395,8 @@ func TestRunLoopRealTime(t *testing.T) {
 
 // TestStalled checks the engine's account of time lost to a host that does not run it when
 // its step clock says: lag within maxLag is caught up, lag past it after a step is lost and
-// counted, and the gap after an idle wait is not.
+// counted, and the gap after an idle wait is not. A busy period starts when its request is
+// there, however shortly after the last step.
 func TestStalled(t *testing.T) {
 	var e Engine
 	t0 := time.Unix(1000, 0)
@@ -404,6 +405,9 @@ func TestStalled(t *testing.T) {
 	}
 	if got := e.catchUp(t0, t0.Add(time.Hour), false); !got.Equal(t0.Add(time.Hour)) {
 		t.Errorf("after idling: next step starts at %v, want now", got)
+	}
+	if got := e.catchUp(t0, t0.Add(maxLag/2), false); !got.Equal(t0.Add(maxLag / 2)) {
+		t.Errorf("after idling %v: next step starts at %v, want now, not back-dated to the last step's end", maxLag/2, got)
 	}
 	if n, lost := e.Stalled(); n != 0 || lost != 0 {
 		t.Fatalf("no busy stall yet, Stalled() = %d, %v", n, lost)
@@ -432,6 +436,33 @@ func TestStalled(t *testing.T) {
 	t.Logf("130000 steps at speedup 1e7: %d stalls, %v lost", n, lost)
 	if n == 0 || lost <= maxLag {
 		t.Errorf("Stalled() = %d, %v: an engine far behind its modelled clock lost no time", n, lost)
+	}
+}
+
+// TestIdleStartNotBackdated: a request reaching an idle engine shortly after its last step
+// takes its modelled prefill from its arrival on, not from the end of that step.
+func TestIdleStartNotBackdated(t *testing.T) {
+	e, _, _ := newTestEngine(t, func(cfg *Config) { cfg.NumGPUBlocks = 4096 })
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- e.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	wait := func(r *Request) {
+		t.Helper()
+		select {
+		case <-waitFinished(r):
+		case <-time.After(30 * time.Second):
+			t.Fatal("request did not finish")
+		}
+	}
+	wait(submit(t, e, prompt(16, 1), Params{MaxTokens: 1, IgnoreEOS: true}))
+	time.Sleep(maxLag / 2)
+	const n = 2000
+	start := time.Now()
+	wait(submit(t, e, prompt(n, 2), Params{MaxTokens: 1, IgnoreEOS: true}))
+	// One prefill step of n tokens; a slow host only adds to it.
+	if took, want := time.Since(start), e.cfg.Timing.Step(n, 0, 0); took < want {
+		t.Errorf("a %d-token prompt on an idle engine took %v, under its modelled prefill of %v", n, took, want)
 	}
 }
 
