@@ -36,22 +36,26 @@ func (m PrefillModel) Time(tokens int) time.Duration {
 	return time.Duration(ms * float64(time.Millisecond))
 }
 
-// Breakdown splits the TTFT of a run's successful requests by what an engine of the model
-// must compute and what it did not have to:
+// Breakdown describes what the TTFT of a run's successful requests is made of, by what an
+// engine of the model must compute and what it did not have to. Each is a distribution of its
+// own: percentiles do not add up (own prefill p50 + wait p50 is not TTFT p50).
 //
 //   - Prefill is each request's own prefill: its uncached prompt tokens (prompt_tokens less
 //     the cached_tokens the engine reported) computed alone on an idle engine.
-//   - Wait is its TTFT beyond that: the prefills queued ahead of it on its worker, the step
-//     under way when it arrived, the decodes sharing its steps, and the data plane. A
-//     request whose engine ran ahead of its model (a simulated engine catching up on a late
-//     step) counts 0.
+//   - Wait is its TTFT beyond that: the prefills queued ahead of it on its worker, other
+//     prompts' tokens sharing its steps, the step under way when it arrived, the decodes
+//     sharing its steps, a recomputation after preemption, a host that ran the engine late,
+//     and the data plane (in a compare run all of it × the engine speedup, like every time
+//     it reports). A request whose engine ran ahead of its model (a busy simulated engine
+//     catching up up to 20 ms on a late step) counts 0.
 //   - Floor is the own prefill it would have had with the ideal cache's hits
 //     (Record.IdealCached: one unbounded prefix cache shared by every engine, or the
-//     engine's own hits where they were more) and nothing else on its worker. Its p50 is the TTFT p50 that routing can approach but not pass
-//     on these engines: the best placement of every prompt, no queue, no decodes beside.
-//
-// A record the ideal replay did not count (its request could not be rendered) takes its
-// engine-reported cached tokens for the floor.
+//     engine's own hits where they were more) and nothing else on its worker. Its p50 is a
+//     lower bound of this run's TTFT p50 under any routing, on these engines and this
+//     request stream, up to the engines' catching up: the best placement of every prompt,
+//     no queue, no decodes beside. It assumes the engines' scheduler (full chunks first,
+//     a step's cost rising with its tokens), and it is not tight: some waiting is
+//     unavoidable at any load.
 type Breakdown struct {
 	Prefill Dist `json:"prefill"`
 	Wait    Dist `json:"wait"`
@@ -68,14 +72,11 @@ func NewBreakdown(recs []*Record, m PrefillModel) *Breakdown {
 		p := m.Time(r.PromptTokens - r.CachedTokens)
 		own = append(own, p)
 		wait = append(wait, max(r.TTFT-p, 0))
-		// The ideal cache replays requests in send order; an engine that took them in another
-		// order can have held more of one, and then that is what the floor takes.
-		cached := r.CachedTokens
-		if r.idealKnown {
-			cached = max(cached, r.IdealCached)
-		}
-		// An engine always computes at least the prompt's last token.
-		floor = append(floor, m.Time(max(r.PromptTokens-cached, 1)))
+		// The ideal cache replays the successful requests in send order; an engine that took
+		// them in another order, or that kept what a failed request computed, can have held
+		// more of one, and then that is what the floor takes. (A request the replay did not
+		// count has IdealCached 0.)
+		floor = append(floor, m.Time(r.PromptTokens-max(r.CachedTokens, r.IdealCached)))
 	}
 	if len(own) == 0 {
 		return nil

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"image/color"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -66,7 +67,7 @@ func Table(rs []*Result) string {
 		part := func(f func(b *Breakdown) time.Duration) func(s *Summary) float64 {
 			return func(s *Summary) float64 {
 				if s.Breakdown == nil {
-					return 0
+					return math.NaN() // not measured: shown as –
 				}
 				return ms(f(s.Breakdown))
 			}
@@ -111,9 +112,13 @@ func Table(rs []*Result) string {
 		base := r.value(&rs[0].Summary)
 		for i, res := range rs {
 			v := r.value(&res.Summary)
-			fmt.Fprintf(&b, " %s |", r.fmt(v))
+			if math.IsNaN(v) {
+				b.WriteString(" – |")
+			} else {
+				fmt.Fprintf(&b, " %s |", r.fmt(v))
+			}
 			if i > 0 {
-				if base == 0 {
+				if base == 0 || math.IsNaN(base) || math.IsNaN(v) {
 					b.WriteString(" – |")
 				} else {
 					fmt.Fprintf(&b, " %.2f |", v/base)

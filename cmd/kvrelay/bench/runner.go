@@ -114,9 +114,8 @@ type Record struct {
 	// would have held for this request (HitBounds; 0 for a request it did not count).
 	IdealCached int `json:"ideal_cached_tokens,omitempty"`
 
-	req        *workload.Request
-	answer     string
-	idealKnown bool // IdealCached was counted
+	req    *workload.Request
+	answer string
 }
 
 // OK reports whether the request completed with a 200 and no stream error.

@@ -237,7 +237,8 @@ func shareOverTime(recs []*Record, wall time.Duration) []Window {
 }
 
 // IdealHitRate replays the run's prompts and answers, in send order, through an unbounded
-// shared prefix cache (workload.Ideal) and returns its hit rate.
+// shared prefix cache (workload.Ideal) and returns its hit rate. Like HitBounds, it sets each
+// counted record's IdealCached.
 func IdealHitRate(recs []*Record, codec *tokenizer.Codec, blockSize int) float64 {
 	ideal, _ := HitBounds(recs, codec, blockSize, 0)
 	return ideal
@@ -272,7 +273,7 @@ func HitBounds(recs []*Record, codec *tokenizer.Codec, blockSize, cacheBlocks in
 		for i, c := range caches {
 			hit := c.Add(prompt, answer)
 			if i == 0 {
-				r.IdealCached, r.idealKnown = hit, true
+				r.IdealCached = hit
 			}
 		}
 	}
