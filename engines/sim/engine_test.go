@@ -371,11 +371,7 @@ func TestRunLoopRealTime(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- e.Run(ctx) }()
 	r := submit(t, e, prompt(100, 1), Params{MaxTokens: 20, IgnoreEOS: true})
-	select {
-	case <-waitFinished(r):
-	case <-time.After(10 * time.Second):
-		t.Fatal("request did not finish")
-	}
+	awaitFinished(t, r, 10*time.Second)
 	if out, _, _, _ := result(r); len(out) != 20 {
 		t.Fatalf("got %d tokens", len(out))
 	}
@@ -425,11 +421,7 @@ func TestStalled(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- fast.Run(ctx) }()
 	r := submit(t, fast, prompt(100, 1), Params{MaxTokens: 130000, IgnoreEOS: true})
-	select {
-	case <-waitFinished(r):
-	case <-time.After(30 * time.Second):
-		t.Fatal("request did not finish")
-	}
+	awaitFinished(t, r, 30*time.Second)
 	cancel()
 	<-done
 	n, lost := fast.Stalled()
@@ -447,22 +439,24 @@ func TestIdleStartNotBackdated(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- e.Run(ctx) }()
 	defer func() { cancel(); <-done }()
-	wait := func(r *Request) {
-		t.Helper()
-		select {
-		case <-waitFinished(r):
-		case <-time.After(30 * time.Second):
-			t.Fatal("request did not finish")
-		}
-	}
-	wait(submit(t, e, prompt(16, 1), Params{MaxTokens: 1, IgnoreEOS: true}))
+	awaitFinished(t, submit(t, e, prompt(16, 1), Params{MaxTokens: 1, IgnoreEOS: true}), 30*time.Second)
 	time.Sleep(maxLag / 2)
 	const n = 2000
 	start := time.Now()
-	wait(submit(t, e, prompt(n, 2), Params{MaxTokens: 1, IgnoreEOS: true}))
+	awaitFinished(t, submit(t, e, prompt(n, 2), Params{MaxTokens: 1, IgnoreEOS: true}), 30*time.Second)
 	// One prefill step of n tokens; a slow host only adds to it.
 	if took, want := time.Since(start), e.cfg.Timing.Step(n, 0, 0); took < want {
 		t.Errorf("a %d-token prompt on an idle engine took %v, under its modelled prefill of %v", n, took, want)
+	}
+}
+
+// awaitFinished fails the test unless r finishes within d.
+func awaitFinished(t *testing.T, r *Request, d time.Duration) {
+	t.Helper()
+	select {
+	case <-waitFinished(r):
+	case <-time.After(d):
+		t.Fatal("request did not finish")
 	}
 }
 
