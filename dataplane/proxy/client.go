@@ -498,17 +498,17 @@ func (cc *clientConn) estimate(text string) {
 // busy. retry is true when an earlier attempt failed before its first byte.
 func (cc *clientConn) route(retry bool) {
 	s := cc.srv
-	// Route at this event's time: a request may be routed again well after it was parsed
-	// (released from the admission queue, retried after a failure, tokenized remotely).
-	cc.rreq.Now = cc.lp.now
 	router := s.kv
 	if cc.kind != oai.ChatCompletions && cc.kind != oai.Completions {
 		router = s.load
 	}
 	if router == s.kv && (cc.pd.on || cc.disaggFor(router.Pool())) {
-		cc.routeDisagg(retry)
+		cc.routeDisagg(retry) // sets the routing time itself
 		return
 	}
+	// Route at this event's time: a request may be routed again well after it was parsed
+	// (released from the admission queue, retried after a failure, tokenized remotely).
+	cc.rreq.Now = cc.lp.now
 	err := router.Route(&cc.rreq, &cc.dec)
 	if errors.Is(err, route.ErrNoWorker) && router == s.load && !retry && router.Pool().Disaggregated(unsafeString(cc.oreq.Model)) {
 		// Embeddings and responses in a disaggregated pool go to the decode workers.

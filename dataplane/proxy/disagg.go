@@ -80,7 +80,9 @@ func (cc *clientConn) routeDisagg(retry bool) {
 		pd.decodeBody = nil // the decode leg failed: the next decode worker prefills itself
 	}
 	r := &cc.rreq
-	r.Now = cc.lp.now // the decode leg may be routed after the prefill leg's whole run
+	// Route at this event's time: routeDisagg runs from route (a request's first routing, a
+	// retry, a release from the admission queue) and again after the prefill leg's whole run.
+	r.Now = cc.lp.now
 	r.Role = route.RoleDecode
 	if err := s.load.Route(r, &cc.dec); err != nil {
 		cc.routeFailed(err, retry, "decode worker")
