@@ -270,11 +270,9 @@ func HitBounds(recs []*Record, codec *tokenizer.Codec, blockSize, cacheBlocks in
 			prompt = codec.EncodePrompt(r.req.Prompt)
 		}
 		answer := codec.Tokenizer.Encode(r.answer)
-		for i, c := range caches {
-			hit := c.Add(prompt, answer)
-			if i == 0 {
-				r.IdealCached = hit
-			}
+		r.IdealCached = caches[0].Add(prompt, answer)
+		for _, c := range caches[1:] {
+			c.Add(prompt, answer)
 		}
 	}
 	ideal = caches[0].HitRate()
