@@ -118,6 +118,9 @@ func (s *Server) Start(ctx context.Context) error {
 	opts := []gnet.Option{
 		gnet.WithNumEventLoop(nloops),
 		gnet.WithReusePort(false),
+		// A proxy restarted on its port binds at once, beside the connections the old one
+		// closed that still sit in TIME_WAIT.
+		gnet.WithReuseAddr(true),
 		gnet.WithTCPNoDelay(gnet.TCPNoDelay),
 		gnet.WithReadBufferCap(64 << 10),
 		gnet.WithLogger(gnetLogger{s.log}),
