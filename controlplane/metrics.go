@@ -11,7 +11,7 @@ type collector struct {
 	indexBlocks, workerBlocks                    *prometheus.Desc
 	indexEvents                                  *prometheus.Desc
 	ingestEvents, ingestGaps, ingestReplays      *prometheus.Desc
-	ingestRestarts, ingestStale                  *prometheus.Desc
+	ingestRestarts, ingestStale, ingestUnclaimed *prometheus.Desc
 	journalNext, journalSent, journalSnapshots   *prometheus.Desc
 	proxies, pushes, pushedResources, acks       *prometheus.Desc
 	nacks, loadReporters, workers, policyVersion *prometheus.Desc
@@ -31,6 +31,7 @@ func newCollector(s *Server) *collector {
 		ingestReplays:    d("ingest_replays_total", "Replays asked of a worker after a gap.", "worker"),
 		ingestRestarts:   d("ingest_restarts_total", "Engine restarts seen in a worker's KV events (its blocks dropped).", "worker"),
 		ingestStale:      d("ingest_stale_total", "Gaps without replay that left a worker's index stale.", "worker"),
+		ingestUnclaimed:  d("ingest_unclaimed_total", "KV event messages on a bound endpoint whose topic no worker claims (dropped).", "endpoint"),
 		journalNext:      d("journal_offset", "Offset of the next index journal change."),
 		journalSent:      d("journal_changes_sent_total", "Index changes sent to proxies."),
 		journalSnapshots: d("journal_snapshots_total", "Index snapshots sent to proxies."),
@@ -84,6 +85,9 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		default:
 			unhealthy++
 		}
+	}
+	for ep, n := range s.ingest.Unclaimed() {
+		k(c.ingestUnclaimed, n, ep)
 	}
 	g(c.workers, float64(healthy), "healthy")
 	g(c.workers, float64(unhealthy), "unhealthy")

@@ -39,7 +39,7 @@ func (o operator) worker(w registry.Worker) *operatorv1.Worker {
 	out := &operatorv1.Worker{
 		Spec: &operatorv1.WorkerSpec{
 			Id: w.ID, Url: w.URL, Model: w.Model, Role: w.Role, BlockSize: uint32(w.BlockSize),
-			KvEvents: w.KVEvents, KvEventsBind: w.KVEventsBind, KvEventsReplay: w.KVEventsReplay,
+			KvEvents: w.KVEvents, KvEventsBind: w.KVEventsBind, KvEventsTopic: w.KVEventsTopic, KvEventsReplay: w.KVEventsReplay,
 			Metrics: w.Metrics, Engine: w.Engine, Source: w.Source,
 		},
 		Status: &operatorv1.WorkerStatus{
@@ -90,7 +90,7 @@ func (o operator) GetWorker(_ context.Context, id string) (*operatorv1.Worker, e
 func (o operator) UpsertWorker(_ context.Context, spec *operatorv1.WorkerSpec) (*operatorv1.Worker, error) {
 	w := registry.Worker{
 		ID: spec.GetId(), URL: spec.GetUrl(), Model: spec.GetModel(), Role: spec.GetRole(), BlockSize: int(spec.GetBlockSize()),
-		KVEvents: spec.GetKvEvents(), KVEventsBind: spec.GetKvEventsBind(), KVEventsReplay: spec.GetKvEventsReplay(),
+		KVEvents: spec.GetKvEvents(), KVEventsBind: spec.GetKvEventsBind(), KVEventsTopic: spec.GetKvEventsTopic(), KVEventsReplay: spec.GetKvEventsReplay(),
 		Metrics: spec.GetMetrics(), Engine: spec.GetEngine(),
 	}.WithDefaults()
 	if err := o.s.reg.Upsert(w); err != nil {

@@ -343,9 +343,13 @@ func (s *Server) reconcile() {
 	eps := make([]ingest.Endpoint, 0, len(ws))
 	targets := make([]loadview.Target, 0, len(ws))
 	for _, w := range ws {
-		ep := ingest.Endpoint{WorkerID: w.ID, Address: w.KVEvents, Replay: w.KVEventsReplay}
+		ep := ingest.Endpoint{WorkerID: w.ID, Address: w.KVEvents, Replay: w.KVEventsReplay,
+			Topic: w.KVEventsTopic, TopicGiven: w.KVEventsTopic != ""}
 		if w.KVEventsBind != "" {
 			ep.Address, ep.Bind = w.KVEventsBind, true
+			if ep.Topic == "" {
+				ep.Topic = ingest.DefaultTopic(w.URL, w.Model)
+			}
 		}
 		eps = append(eps, ep)
 		targets = append(targets, loadview.Target{ID: w.ID, URL: w.URL, MetricsURL: w.Metrics, Engine: engines.Kind(w.Engine)})

@@ -43,8 +43,13 @@ fleet's load, and pushes workers, load, routing policy and the index to proxies
 
 A --worker is comma-separated key=value pairs: id, url, model, role (both|prefill|decode),
 block-size, kv-events (a PUB endpoint to dial), kv-events-bind (an endpoint to bind for
-publishers that connect out), kv-events-replay, metrics, engine (vllm|sglang|trtllm|sim).
-Model and block size are discovered when not given.`,
+publishers that connect out), kv-events-topic, kv-events-replay, metrics, engine
+(vllm|sglang|trtllm|sim). Model and block size are discovered when not given.
+
+Several workers may name one kv-events-bind endpoint: the control plane binds it once and
+tells the publishers apart by topic, each worker's kv-events-topic or by default
+kv@<host:port>@<model> from its url and model (llm-d's convention). Messages whose topic no
+worker claims are dropped and counted (kvrelay_controlplane_ingest_unclaimed_total).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			for _, v := range workers {

@@ -96,8 +96,8 @@ func ctlWorkersCmd(o *ctlOptions) *cobra.Command {
 		Short: "Add a worker, or replace the spec of the one with its id",
 		Long: `add registers a worker through the API. SPEC is the --worker form of the control plane:
 comma-separated key=value pairs with the keys id and url (both required), model, role
-(both, prefill, decode), block-size, kv-events, kv-events-bind, kv-events-replay, metrics and
-engine (vllm, sglang, trtllm, sim).`,
+(both, prefill, decode), block-size, kv-events, kv-events-bind, kv-events-topic,
+kv-events-replay, metrics and engine (vllm, sglang, trtllm, sim).`,
 		Example: "  kvrelay ctl workers add 'id=w5,url=http://127.0.0.1:8005,kv-events=tcp://127.0.0.1:5565,engine=sim'",
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -401,7 +401,7 @@ func parseCtlWorkerSpec(s string) (*operatorv1.WorkerSpec, error) {
 		return nil, err
 	}
 	return &operatorv1.WorkerSpec{Id: w.ID, Url: w.URL, Model: w.Model, Role: w.Role, BlockSize: uint32(w.BlockSize),
-		KvEvents: w.KVEvents, KvEventsBind: w.KVEventsBind, KvEventsReplay: w.KVEventsReplay, Metrics: w.Metrics,
+		KvEvents: w.KVEvents, KvEventsBind: w.KVEventsBind, KvEventsTopic: w.KVEventsTopic, KvEventsReplay: w.KVEventsReplay, Metrics: w.Metrics,
 		Engine: w.Engine}, nil
 }
 

@@ -1,13 +1,16 @@
-// Package ingest feeds the control plane's KV index from every worker's KV events: one
-// subscriber per worker (dialling a publisher that binds, as vLLM does, or binding for
-// publishers that connect out), sequence tracking with replay through the worker's ROUTER
-// endpoint when events were lost, and the journal of index changes that proxies follow.
+// Package ingest feeds the control plane's KV index from every worker's KV events: a
+// subscriber per worker that dials its publisher (vLLM binds by default), or one subscriber per
+// bound endpoint for publishers that connect out, shared by every worker that names it and
+// told apart by topic; sequence tracking per worker with replay through the worker's ROUTER
+// endpoint when events were lost; and the journal of index changes that proxies follow.
 package ingest
 
 import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net/url"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -22,14 +25,38 @@ type Endpoint struct {
 	WorkerID string
 	// Address is the ZMQ endpoint: the publisher's (dial) or a local one to bind.
 	Address string
-	Bind    bool
+	// Bind binds Address and waits for publishers that connect out. Several workers may
+	// name the same bound Address: one subscriber binds it and hands each message to the
+	// worker whose Topic it carries.
+	Bind bool
+	// Topic is the topic frame of the worker's messages. On a bound endpoint it is what
+	// tells the worker's messages from those of others sharing it, usually DefaultTopic of
+	// its URL and model (llm-d's convention); a Topic ending in "@" (the model not known)
+	// matches every model. When dialling, a non-empty Topic is the subscription prefix.
+	Topic string
+	// TopicGiven says the operator named Topic. A worker alone on its bound endpoint whose
+	// topic was derived takes messages of any topic, as publishers that do not follow the
+	// convention send them.
+	TopicGiven bool
 	// Replay is the worker's ROUTER replay endpoint, "" when it has none.
 	Replay string
 }
 
-// Manager runs one subscriber per worker and applies their events to the index and the
-// journal. Sync (from the registry's goroutine) starts and stops subscribers; each runs on its
-// own goroutine, owned by the Manager and stopped by Close or Sync.
+// DefaultTopic is the topic of a worker's KV events in llm-d's convention,
+// kv@<host:port>@<model>, from its base URL and model ("" when the URL has no host). With
+// the model unknown it ends in "@", which Endpoint reads as any model.
+func DefaultTopic(baseURL, model string) string {
+	u, err := url.Parse(baseURL)
+	if err != nil || u.Host == "" {
+		return ""
+	}
+	return "kv@" + u.Host + "@" + model
+}
+
+// Manager runs the subscribers and applies their events to the index and the journal. Sync
+// (from the registry's goroutine) starts and stops workers' subscriptions; each socket runs
+// on its own goroutine, owned by the Manager and stopped by Close, or by Sync once no worker
+// uses it.
 type Manager struct {
 	index *kvindex.Index
 	log   *journal.Log
@@ -40,18 +67,39 @@ type Manager struct {
 	apply sync.Mutex
 
 	mu      sync.Mutex
-	running map[string]*subscription
+	running map[string]*subscription // by worker id
+	sockets map[string]*socket       // by socketKey
 	wg      sync.WaitGroup
 	ctx     context.Context
 	cancel  context.CancelFunc
 }
 
+// subscription is one worker's share of a socket.
 type subscription struct {
 	ep     Endpoint
-	cancel context.CancelFunc
-	done   chan struct{}
+	sock   *socket
+	f      *follower
+	cancel context.CancelFunc // ends the catch-up at start
+	caught sync.WaitGroup
 	stats  *Stats
-	sub    *kvevents.Subscriber
+}
+
+// socket is one ZMQ SUB socket and the workers whose messages arrive on it: one worker when
+// it dials, any number when it binds. Its goroutine hands each message to a follower.
+type socket struct {
+	key, address string
+	bind         bool
+	sub          *kvevents.Subscriber
+	cancel       context.CancelFunc
+	done         chan struct{}
+	ready        chan struct{} // closed once the subscriber is bound or connected
+
+	// followers is swapped whole under the Manager's mu and read by the socket's goroutine.
+	followers atomic.Pointer[[]*follower]
+	// unclaimed counts messages on a bound endpoint whose topic no worker claims; logged
+	// remembers the first few such topics, logged once each.
+	unclaimed atomic.Uint64
+	logged    map[string]bool
 }
 
 // Stats are one worker's ingestion counters.
@@ -72,16 +120,35 @@ func NewManager(index *kvindex.Index, log *journal.Log, lg *slog.Logger) *Manage
 		lg = slog.Default()
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Manager{index: index, log: log, lg: lg, running: map[string]*subscription{}, ctx: ctx, cancel: cancel}
+	return &Manager{index: index, log: log, lg: lg, running: map[string]*subscription{},
+		sockets: map[string]*socket{}, ctx: ctx, cancel: cancel}
 }
 
-// Sync makes the set of running subscribers match eps: new workers start, gone ones stop and
-// lose their blocks, changed endpoints restart.
+func socketKey(ep Endpoint) string {
+	if ep.Bind {
+		return "bind " + ep.Address
+	}
+	return "dial " + ep.WorkerID + " " + ep.Address
+}
+
+// Sync makes the set of running subscriptions match eps: new workers start, gone ones stop
+// and lose their blocks, changed endpoints restart. A bound endpoint stays bound while any
+// worker names it, so a worker joining or leaving costs the others no events.
 func (m *Manager) Sync(eps []Endpoint) {
 	want := map[string]Endpoint{}
+	topics := map[[2]string]string{}
 	for _, ep := range eps {
-		if ep.Address != "" {
-			want[ep.WorkerID] = ep
+		if ep.Address == "" {
+			continue
+		}
+		want[ep.WorkerID] = ep
+		if ep.Bind {
+			k := [2]string{ep.Address, ep.Topic}
+			if other, dup := topics[k]; dup {
+				m.lg.Error("two workers share a kv event endpoint and topic; the first takes its messages", "endpoint", ep.Address, "topic", ep.Topic, "workers", []string{other, ep.WorkerID})
+			} else {
+				topics[k] = ep.WorkerID
+			}
 		}
 	}
 	m.mu.Lock()
@@ -98,7 +165,7 @@ func (m *Manager) Sync(eps []Endpoint) {
 	}
 }
 
-// RemoveWorker stops a worker's subscriber and drops its blocks.
+// RemoveWorker stops a worker's subscription and drops its blocks.
 func (m *Manager) RemoveWorker(id string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -111,8 +178,18 @@ func (m *Manager) RemoveWorker(id string) {
 
 func (m *Manager) stopLocked(id string, s *subscription, forget bool) {
 	s.cancel()
-	<-s.done
+	s.caught.Wait()
 	delete(m.running, id)
+	sock := s.sock
+	sock.remove(s.f)
+	// No emit reaches the follower from here on: it is out of the socket's table, and one
+	// under way finishes before stop takes its lock.
+	s.f.stop()
+	if len(*sock.followers.Load()) == 0 {
+		sock.cancel()
+		<-sock.done
+		delete(m.sockets, sock.key)
+	}
 	m.drop(id, forget)
 }
 
@@ -130,18 +207,143 @@ func (m *Manager) drop(id string, forget bool) {
 }
 
 func (m *Manager) startLocked(ep Endpoint) {
+	sock := m.sockets[socketKey(ep)]
+	if sock == nil {
+		sock = m.startSocketLocked(ep)
+	}
 	ctx, cancel := context.WithCancel(m.ctx)
-	s := &subscription{ep: ep, cancel: cancel, done: make(chan struct{}), stats: &Stats{}}
+	s := &subscription{ep: ep, sock: sock, cancel: cancel, stats: &Stats{}}
+	s.f = &follower{m: m, s: s}
 	m.running[ep.WorkerID] = s
-	m.wg.Add(1)
+	sock.add(s.f)
+	// A control plane that starts (or restarts) after its engines rebuilds their part of the
+	// index at once from what they buffer for replay, rather than at their next event. It
+	// asks once the socket is up, so that nothing published in between is missed (a worker
+	// that then stays idle would never show the gap).
+	if ep.Replay == "" {
+		s.stats.CaughtUp.Store(true)
+		return
+	}
+	s.caught.Add(1)
 	go func() {
-		defer m.wg.Done()
-		defer close(s.done)
-		m.run(ctx, s)
+		defer s.caught.Done()
+		select {
+		case <-sock.ready:
+		case <-ctx.Done():
+			return
+		}
+		s.f.catchUp(ctx)
+		s.stats.CaughtUp.Store(true)
 	}()
 }
 
-// Stats returns a worker's counters, nil for a worker without a subscriber.
+func (m *Manager) startSocketLocked(ep Endpoint) *socket {
+	ctx, cancel := context.WithCancel(m.ctx)
+	sock := &socket{key: socketKey(ep), address: ep.Address, bind: ep.Bind, cancel: cancel,
+		done: make(chan struct{}), ready: make(chan struct{}), logged: map[string]bool{}}
+	sock.followers.Store(&[]*follower{})
+	m.sockets[sock.key] = sock
+	cfg := kvevents.SubscriberConfig{Endpoint: ep.Address, Bind: ep.Bind}
+	if !ep.Bind {
+		cfg.Topic = ep.Topic
+	}
+	sub, err := kvevents.NewSubscriber(cfg)
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		defer close(sock.done)
+		if err != nil {
+			m.lg.Error("kv event subscriber not started", "endpoint", ep.Address, "worker", ep.WorkerID, "err", err)
+			return
+		}
+		sock.sub = sub
+		go func() {
+			select {
+			case <-sub.Ready():
+				close(sock.ready)
+			case <-ctx.Done():
+			}
+		}()
+		for ctx.Err() == nil {
+			if err := sub.RunTopics(ctx, sock.emit(m)); err != nil {
+				m.lg.Warn("kv event subscriber stopped; retrying", "endpoint", ep.Address, "err", err)
+				select {
+				case <-ctx.Done():
+				case <-time.After(time.Second):
+				}
+			}
+		}
+	}()
+	return sock
+}
+
+// add and remove change the socket's followers; the Manager's mu serialises them.
+func (sock *socket) add(f *follower) {
+	old := *sock.followers.Load()
+	next := append(append(make([]*follower, 0, len(old)+1), old...), f)
+	sock.followers.Store(&next)
+}
+
+func (sock *socket) remove(f *follower) {
+	old := *sock.followers.Load()
+	next := make([]*follower, 0, len(old))
+	for _, x := range old {
+		if x != f {
+			next = append(next, x)
+		}
+	}
+	sock.followers.Store(&next)
+}
+
+// maxLoggedTopics bounds the unclaimed topics a socket logs (each once).
+const maxLoggedTopics = 16
+
+// emit returns the socket's handler: it finds the follower a message is for and hands it
+// the batch. It runs on the socket's goroutine.
+func (sock *socket) emit(m *Manager) func(topic []byte, seq uint64, b *kvevents.Batch) {
+	return func(topic []byte, seq uint64, b *kvevents.Batch) {
+		f := sock.route(topic)
+		if f == nil {
+			sock.unclaimed.Add(1)
+			if len(sock.logged) < maxLoggedTopics && !sock.logged[string(topic)] {
+				sock.logged[string(topic)] = true
+				m.lg.Warn("kv events for a topic no worker claims; dropped", "endpoint", sock.address, "topic", string(topic))
+			}
+			return
+		}
+		f.emit(seq, b)
+	}
+}
+
+// route picks the follower for a message's topic: on a dialled socket its only worker; on a
+// bound one the worker whose topic it is (exactly, or by its kv@<host:port>@ prefix when
+// the worker's model is not known), or the only worker when that worker's topic was not
+// given. nil: nobody claims it.
+func (sock *socket) route(topic []byte) *follower {
+	fs := *sock.followers.Load()
+	if !sock.bind {
+		if len(fs) == 0 {
+			return nil
+		}
+		return fs[0]
+	}
+	for _, f := range fs {
+		if t := f.s.ep.Topic; t != "" && string(topic) == t {
+			return f
+		}
+	}
+	for _, f := range fs {
+		if t := f.s.ep.Topic; strings.HasSuffix(t, "@") && strings.HasPrefix(string(topic), t) {
+			return f
+		}
+	}
+	if len(fs) == 1 && !fs[0].s.ep.TopicGiven {
+		return fs[0]
+	}
+	return nil
+}
+
+// Stats returns a worker's counters, nil for a worker without a subscription.
 func (m *Manager) Stats(id string) *Stats {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -151,60 +353,38 @@ func (m *Manager) Stats(id string) *Stats {
 	return nil
 }
 
-// Close stops every subscriber.
+// Unclaimed returns, per bound endpoint, the messages dropped because no worker claims
+// their topic.
+func (m *Manager) Unclaimed() map[string]uint64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := map[string]uint64{}
+	for _, sock := range m.sockets {
+		if sock.bind {
+			out[sock.address] = sock.unclaimed.Load()
+		}
+	}
+	return out
+}
+
+// Close stops every subscription.
 func (m *Manager) Close() {
 	m.cancel()
+	m.mu.Lock()
+	for _, s := range m.running {
+		s.caught.Wait()
+	}
+	m.mu.Unlock()
 	m.wg.Wait()
 }
 
-// run follows one worker's events until ctx ends.
-func (m *Manager) run(ctx context.Context, s *subscription) {
-	sub, err := kvevents.NewSubscriber(kvevents.SubscriberConfig{Endpoint: s.ep.Address, Bind: s.ep.Bind})
-	if err != nil {
-		m.lg.Error("kv event subscriber not started", "worker", s.ep.WorkerID, "err", err)
-		return
-	}
-	s.sub = sub
-	w := &follower{m: m, s: s}
-	// A control plane that starts (or restarts) after its engines rebuilds their part of the
-	// index at once from what they buffer for replay, rather than at their next event. It
-	// asks once the subscription is up, so that nothing published in between is missed
-	// (a worker that then stays idle would never show the gap).
-	if s.ep.Replay != "" {
-		var caught sync.WaitGroup
-		defer caught.Wait() // no replay applies after the subscription stops
-		caught.Add(1)
-		go func() {
-			defer caught.Done()
-			select {
-			case <-sub.Ready():
-			case <-ctx.Done():
-				return
-			}
-			w.mu.Lock()
-			w.catchUp(ctx)
-			w.mu.Unlock()
-			s.stats.CaughtUp.Store(true)
-		}()
-	} else {
-		s.stats.CaughtUp.Store(true)
-	}
-	for ctx.Err() == nil {
-		if err := sub.Run(ctx, w.emit); err != nil {
-			m.lg.Warn("kv event subscriber stopped; retrying", "worker", s.ep.WorkerID, "err", err)
-			select {
-			case <-ctx.Done():
-			case <-time.After(time.Second):
-			}
-		}
-	}
-}
-
-// follower tracks one worker's sequence numbers. It runs on the subscriber's goroutine.
+// follower tracks one worker's sequence numbers. Its emit runs on the socket's goroutine,
+// its catch-up at start on the subscription's.
 type follower struct {
-	mu      sync.Mutex // emit and the catch-up at start
+	mu      sync.Mutex // emit, the catch-up at start and stop
 	m       *Manager
 	s       *subscription
+	stopped bool
 	last    uint64
 	started bool
 	// fresh is true after catchUp until the first live batch: live batches the replay
@@ -214,9 +394,19 @@ type follower struct {
 	changes []journal.Change
 }
 
+// stop makes every later emit and catch-up a no-op.
+func (f *follower) stop() {
+	f.mu.Lock()
+	f.stopped = true
+	f.mu.Unlock()
+}
+
 func (f *follower) emit(seq uint64, b *kvevents.Batch) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.stopped {
+		return
+	}
 	st := f.s.stats
 	st.LastEventUnixNano.Store(time.Now().UnixNano())
 	switch {
@@ -248,7 +438,9 @@ func (f *follower) emit(seq uint64, b *kvevents.Batch) {
 	f.last = seq
 }
 
-// catchUp applies everything the engine buffers for replay, before any live batch.
+// catchUp applies everything the engine buffers for replay. It fetches without holding the
+// follower's lock, so that a socket shared with other workers keeps delivering theirs; live
+// batches that arrive meanwhile apply first and the replay skips what they covered.
 func (f *follower) catchUp(ctx context.Context) {
 	st := f.s.stats
 	st.Replays.Add(1)
@@ -257,6 +449,11 @@ func (f *follower) catchUp(ctx context.Context) {
 	got, err := kvevents.Replay(ctx, f.s.ep.Replay, 0)
 	if err != nil {
 		f.m.lg.Debug("kv event replay at start failed; the index follows new events", "worker", f.s.ep.WorkerID, "err", err)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.stopped {
+		return
 	}
 	for i := range got {
 		if f.started && got[i].Seq <= f.last {

@@ -57,7 +57,7 @@ func readFile(path string) ([]byte, error) {
 
 // ParseWorkers parses a workers file: one YAML document whose only key is `workers`, a list
 // of workers with the fields of the flag form (id, url, model, role, block-size, kv-events,
-// kv-events-bind, kv-events-replay, metrics, engine) and draining. Unknown fields, invalid
+// kv-events-bind, kv-events-topic, kv-events-replay, metrics, engine) and draining. Unknown fields, invalid
 // workers and duplicate ids are errors (wrapping ErrInvalid). An empty document means no
 // workers. The workers come back in file order with their defaults filled in and Source
 // SourceFile.

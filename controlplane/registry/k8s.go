@@ -40,8 +40,11 @@ const HTTPPortName = "http"
 //     ignored, so tcp://*:5557 will do), when tmpl sets them.
 //   - Metrics: tmpl's URL with its host replaced by the address (and its port by the
 //     worker's, if it has none); URL + "/metrics" when tmpl has none.
-//   - Model, Role, BlockSize and Engine: tmpl's. tmpl's ID, URL and Draining are ignored;
-//     KVEventsBind cannot be shared by many workers and is refused.
+//   - KVEventsBind: tmpl's, one endpoint the control plane binds for every discovered
+//     worker's publisher to connect to, each worker's messages told apart by the default
+//     topic kv@<address:port>@<model>; a KVEventsTopic in tmpl cannot be shared and is
+//     refused.
+//   - Model, Role, BlockSize and Engine: tmpl's. tmpl's ID, URL and Draining are ignored.
 //
 // Workers go away when their endpoint does, turns not ready, or the slice is deleted. The
 // workers found stay when the watch ends (so that a control plane shutting down does not
@@ -91,8 +94,8 @@ type sliceTemplate struct {
 func newSliceTemplate(tmpl Worker) (sliceTemplate, error) {
 	t := sliceTemplate{w: tmpl}
 	t.w.ID, t.w.URL, t.w.Draining, t.w.Source = "", "", false, SourceK8s
-	if tmpl.KVEventsBind != "" {
-		return t, fmt.Errorf("%w: template: kv-events-bind %q cannot be shared by discovered workers", ErrInvalid, tmpl.KVEventsBind)
+	if tmpl.KVEventsTopic != "" {
+		return t, fmt.Errorf("%w: template: kv-events-topic %q cannot be shared by discovered workers (each has its own default topic)", ErrInvalid, tmpl.KVEventsTopic)
 	}
 	var err error
 	if t.kvPort, err = tcpPort(keyKVEvents, tmpl.KVEvents); err != nil {

@@ -165,7 +165,7 @@ func TestWatchEndpointSlicesRefuses(t *testing.T) {
 		tmpl Worker
 	}{
 		"bad selector":     {sel: "app in (", tmpl: Worker{}},
-		"bind template":    {tmpl: Worker{KVEventsBind: "tcp://*:5557"}},
+		"shared topic":     {tmpl: Worker{KVEventsBind: "tcp://*:5557", KVEventsTopic: "kv@x@m"}},
 		"ipc events":       {tmpl: Worker{KVEvents: "ipc:///tmp/x"}},
 		"events sans port": {tmpl: Worker{KVEvents: "tcp://host"}},
 		"bad engine":       {tmpl: Worker{Engine: "tgi"}},

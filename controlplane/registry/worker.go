@@ -61,8 +61,14 @@ type Worker struct {
 	// KVEvents is the engine's ZMQ PUB endpoint to dial (tcp://host:port, ipc://path).
 	KVEvents string `yaml:"kv-events,omitempty" json:"kv-events,omitempty"`
 	// KVEventsBind is an endpoint to bind for an engine whose publisher connects out
-	// (tcp://*:port). At most one of KVEvents and KVEventsBind is set.
+	// (tcp://*:port); many workers may share one. At most one of KVEvents and KVEventsBind
+	// is set.
 	KVEventsBind string `yaml:"kv-events-bind,omitempty" json:"kv-events-bind,omitempty"`
+	// KVEventsTopic is the topic frame of the engine's KV event messages. Several workers may
+	// name one KVEventsBind endpoint; their messages are told apart by topic, by default
+	// kv@<host:port>@<model> from URL and Model (llm-d's convention). With KVEvents it is the
+	// subscription prefix.
+	KVEventsTopic string `yaml:"kv-events-topic,omitempty" json:"kv-events-topic,omitempty"`
 	// KVEventsReplay is the engine's ROUTER replay endpoint, if it has one.
 	KVEventsReplay string `yaml:"kv-events-replay,omitempty" json:"kv-events-replay,omitempty"`
 	// Metrics is the engine's Prometheus metrics URL; the default is URL + "/metrics".
@@ -85,17 +91,18 @@ const (
 	keyBlockSize      = "block-size"
 	keyKVEvents       = "kv-events"
 	keyKVEventsBind   = "kv-events-bind"
+	keyKVEventsTopic  = "kv-events-topic"
 	keyKVEventsReplay = "kv-events-replay"
 	keyMetrics        = "metrics"
 	keyEngine         = "engine"
 )
 
 var flagKeys = []string{keyID, keyURL, keyModel, keyRole, keyBlockSize, keyKVEvents,
-	keyKVEventsBind, keyKVEventsReplay, keyMetrics, keyEngine}
+	keyKVEventsBind, keyKVEventsTopic, keyKVEventsReplay, keyMetrics, keyEngine}
 
 // ParseWorker parses the `--worker` flag form: comma-separated key=value pairs with the keys
-// id, url, model, role, block-size, kv-events, kv-events-bind, kv-events-replay, metrics and
-// engine. Spaces around keys and values are dropped, empty pairs are skipped, a value may
+// id, url, model, role, block-size, kv-events, kv-events-bind, kv-events-topic,
+// kv-events-replay, metrics and engine. Spaces around keys and values are dropped, empty pairs are skipped, a value may
 // contain '=' but not ','. id and url are required. The result has its defaults filled in
 // (WithDefaults), is valid, and has Source SourceFlag. Errors wrap ErrInvalid.
 func ParseWorker(s string) (Worker, error) {
@@ -145,6 +152,8 @@ func parseWorker(s string) (Worker, error) {
 			w.KVEvents = v
 		case keyKVEventsBind:
 			w.KVEventsBind = v
+		case keyKVEventsTopic:
+			w.KVEventsTopic = v
 		case keyKVEventsReplay:
 			w.KVEventsReplay = v
 		case keyMetrics:
@@ -194,6 +203,7 @@ func (w Worker) String() string {
 	}
 	add(keyKVEvents, w.KVEvents)
 	add(keyKVEventsBind, w.KVEventsBind)
+	add(keyKVEventsTopic, w.KVEventsTopic)
 	add(keyKVEventsReplay, w.KVEventsReplay)
 	if w.Metrics != defaultMetrics(w.URL) {
 		add(keyMetrics, w.Metrics)
@@ -276,6 +286,14 @@ func (w Worker) validate() error {
 	}
 	if w.KVEventsBind != "" {
 		if err := checkZMQ(keyKVEventsBind, w.KVEventsBind, true); err != nil {
+			return err
+		}
+	}
+	if w.KVEventsTopic != "" {
+		if w.KVEvents == "" && w.KVEventsBind == "" {
+			return errors.New("kv-events-topic without kv-events or kv-events-bind")
+		}
+		if err := checkText(keyKVEventsTopic, w.KVEventsTopic); err != nil {
 			return err
 		}
 	}

@@ -27,8 +27,9 @@ type SubscriberConfig struct {
 	Endpoint string
 	// Bind makes the subscriber bind Endpoint and wait for publishers that connect out
 	// (engines configured with a non-wildcard endpoint, some simulators), instead of dialling
-	// a publisher that binds (vLLM's default). Sequence tracking assumes one publisher per
-	// Subscriber: give each engine its own endpoint.
+	// a publisher that binds (vLLM's default). Many publishers may connect to one bound
+	// endpoint: sequence numbers are tracked per topic, and RunTopics hands each batch's
+	// topic to the caller to tell them apart (llm-d's convention is kv@<host:port>@<model>).
 	Bind bool
 	// Topic is the subscription prefix; "" (the default) receives every topic.
 	Topic string
@@ -50,14 +51,17 @@ type SubscriberStats struct {
 	// Malformed counts messages dropped because they were not [topic, 8-byte seq, batch] or
 	// the batch did not decode.
 	Malformed uint64
-	// Gaps counts jumps forward in seq, and Missed the sequence numbers skipped by them:
-	// batches the publisher sent that never arrived (replay them, or treat the worker's
-	// index as stale).
+	// Gaps counts jumps forward in a topic's seq, and Missed the sequence numbers skipped by
+	// them: batches the publisher sent that never arrived (replay them, or treat the
+	// worker's index as stale).
 	Gaps   uint64
 	Missed uint64
-	// Restarts counts seq going backwards or repeating, which means the publisher restarted
-	// (its blocks are gone).
+	// Restarts counts a topic's seq going backwards or repeating, which means the publisher
+	// restarted (its blocks are gone).
 	Restarts uint64
+	// Topics counts the distinct topics seen (sequence numbers are tracked for the first
+	// maxTopics of them).
+	Topics uint64
 	// Disconnects counts connections to publishers that ended.
 	Disconnects uint64
 }
@@ -75,12 +79,16 @@ type Subscriber struct {
 
 	batches, events, skipped, malformed atomic.Uint64
 	gaps, missed, restarts, disconnects atomic.Uint64
+	topics                              atomic.Uint64
 
 	// Owned by Run's goroutine.
-	lastSeq uint64
-	haveSeq bool
-	decoded Batch // reused for every message
+	seqs    map[string]uint64 // last seq per topic
+	decoded Batch             // reused for every message
 }
+
+// maxTopics bounds the topics whose sequence numbers a Subscriber tracks, so that a peer
+// inventing topics cannot grow its memory without end.
+const maxTopics = 4096
 
 // NewSubscriber validates cfg and returns a Subscriber. It opens no socket.
 func NewSubscriber(cfg SubscriberConfig) (*Subscriber, error) {
@@ -90,7 +98,7 @@ func NewSubscriber(cfg SubscriberConfig) (*Subscriber, error) {
 	if cfg.RetryInterval <= 0 {
 		cfg.RetryInterval = DefaultRetryInterval
 	}
-	s := &Subscriber{cfg: cfg, ready: make(chan struct{})}
+	s := &Subscriber{cfg: cfg, ready: make(chan struct{}), seqs: map[string]uint64{}}
 	ep := cfg.Endpoint
 	s.endpoint.Store(&ep)
 	return s, nil
@@ -107,6 +115,15 @@ func NewSubscriber(cfg SubscriberConfig) (*Subscriber, error) {
 // In dial mode Run retries the dial every RetryInterval until it succeeds and redials when the
 // connection drops; messages published meanwhile are lost (they show as a gap).
 func (s *Subscriber) Run(ctx context.Context, emit func(seq uint64, b *Batch)) error {
+	if emit == nil {
+		return errors.New("running kv event subscriber: nil emit")
+	}
+	return s.RunTopics(ctx, func(_ []byte, seq uint64, b *Batch) { emit(seq, b) })
+}
+
+// RunTopics is Run with each batch's topic handed to emit, for a bound endpoint that many
+// publishers share. topic, like b, is only valid until emit returns.
+func (s *Subscriber) RunTopics(ctx context.Context, emit func(topic []byte, seq uint64, b *Batch)) error {
 	if emit == nil {
 		return errors.New("running kv event subscriber: nil emit")
 	}
@@ -175,7 +192,7 @@ func (s *Subscriber) Run(ctx context.Context, emit func(seq uint64, b *Batch)) e
 	}
 }
 
-func (s *Subscriber) handle(frames [][]byte, emit func(uint64, *Batch)) {
+func (s *Subscriber) handle(frames [][]byte, emit func([]byte, uint64, *Batch)) {
 	if len(frames) != 3 || len(frames[1]) != 8 {
 		s.malformed.Add(1)
 		return
@@ -185,20 +202,24 @@ func (s *Subscriber) handle(frames [][]byte, emit func(uint64, *Batch)) {
 		s.malformed.Add(1)
 		return
 	}
-	if s.haveSeq {
+	topic := frames[0]
+	if last, ok := s.seqs[string(topic)]; ok {
 		switch {
-		case seq > s.lastSeq+1:
+		case seq > last+1:
 			s.gaps.Add(1)
-			s.missed.Add(seq - s.lastSeq - 1)
-		case seq <= s.lastSeq:
+			s.missed.Add(seq - last - 1)
+		case seq <= last:
 			s.restarts.Add(1)
 		}
+		s.seqs[string(topic)] = seq
+	} else if len(s.seqs) < maxTopics {
+		s.seqs[string(topic)] = seq
+		s.topics.Add(1)
 	}
-	s.lastSeq, s.haveSeq = seq, true
 	s.batches.Add(1)
 	s.events.Add(uint64(len(s.decoded.Events)))
 	s.skipped.Add(uint64(s.decoded.Skipped))
-	emit(seq, &s.decoded)
+	emit(topic, seq, &s.decoded)
 }
 
 // Ready is closed once Run has bound its endpoint (Bind) or connected to its publisher.
@@ -219,6 +240,7 @@ func (s *Subscriber) Stats() SubscriberStats {
 		Missed:        s.missed.Load(),
 		Restarts:      s.restarts.Load(),
 		Disconnects:   s.disconnects.Load(),
+		Topics:        s.topics.Load(),
 	}
 }
 
@@ -287,6 +309,6 @@ func Replay(ctx context.Context, endpoint string, from uint64) ([]Replayed, erro
 
 // String formats the stats for logs.
 func (st SubscriberStats) String() string {
-	return fmt.Sprintf("batches=%d events=%d skipped=%d malformed=%d gaps=%d missed=%d restarts=%d disconnects=%d",
-		st.Batches, st.Events, st.SkippedEvents, st.Malformed, st.Gaps, st.Missed, st.Restarts, st.Disconnects)
+	return fmt.Sprintf("batches=%d events=%d skipped=%d malformed=%d gaps=%d missed=%d restarts=%d disconnects=%d topics=%d",
+		st.Batches, st.Events, st.SkippedEvents, st.Malformed, st.Gaps, st.Missed, st.Restarts, st.Disconnects, st.Topics)
 }

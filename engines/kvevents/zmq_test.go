@@ -320,13 +320,18 @@ func TestSubscriberCounts(t *testing.T) {
 		{[]byte(""), seq(3), good},          // gap: 1 and 2 missing
 		{[]byte(""), seq(0), good},          // restart
 		{[]byte("other"), seq(1), []byte{}}, // still delivered: subscribed to ""
+		// A second publisher's topic interleaved: its own sequence, neither a gap nor a
+		// restart of the first.
+		{[]byte("kv@b"), seq(7), good},
+		{[]byte(""), seq(1), good},
+		{[]byte("kv@b"), seq(8), good},
 	}
 	for _, f := range frames {
 		if err := pub.SendMulti(zmq4.NewMsgFrom(f...)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	want := SubscriberStats{Batches: 3, Events: 6, Malformed: 5, Gaps: 1, Missed: 2, Restarts: 1}
+	want := SubscriberStats{Batches: 6, Events: 12, Malformed: 5, Gaps: 1, Missed: 2, Restarts: 1, Topics: 2}
 	waitFor(t, ctx, "all frames", func() bool {
 		st := sub.Stats()
 		return st.Batches+st.Malformed == want.Batches+want.Malformed

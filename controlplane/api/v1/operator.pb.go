@@ -51,7 +51,11 @@ type WorkerSpec struct {
 	Engine string `protobuf:"bytes,10,opt,name=engine,proto3" json:"engine,omitempty"`
 	// source is where the worker came from: api, file, flag or k8s. Output only: ignored in
 	// UpsertWorker, whose workers come from the API.
-	Source        string `protobuf:"bytes,11,opt,name=source,proto3" json:"source,omitempty"`
+	Source string `protobuf:"bytes,11,opt,name=source,proto3" json:"source,omitempty"`
+	// kv_events_topic is the topic of the engine's KV event messages: what tells them apart
+	// on a kv_events_bind endpoint several workers share (default kv@<host:port>@<model>),
+	// the subscription prefix with kv_events.
+	KvEventsTopic string `protobuf:"bytes,12,opt,name=kv_events_topic,json=kvEventsTopic,proto3" json:"kv_events_topic,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -159,6 +163,13 @@ func (x *WorkerSpec) GetEngine() string {
 func (x *WorkerSpec) GetSource() string {
 	if x != nil {
 		return x.Source
+	}
+	return ""
+}
+
+func (x *WorkerSpec) GetKvEventsTopic() string {
+	if x != nil {
+		return x.KvEventsTopic
 	}
 	return ""
 }
@@ -1462,7 +1473,7 @@ var File_operator_proto protoreflect.FileDescriptor
 
 const file_operator_proto_rawDesc = "" +
 	"\n" +
-	"\x0eoperator.proto\x12\x13kvrelay.operator.v1\"\xae\x02\n" +
+	"\x0eoperator.proto\x12\x13kvrelay.operator.v1\"\xd6\x02\n" +
 	"\n" +
 	"WorkerSpec\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x10\n" +
@@ -1477,7 +1488,8 @@ const file_operator_proto_rawDesc = "" +
 	"\ametrics\x18\t \x01(\tR\ametrics\x12\x16\n" +
 	"\x06engine\x18\n" +
 	" \x01(\tR\x06engine\x12\x16\n" +
-	"\x06source\x18\v \x01(\tR\x06source\"E\n" +
+	"\x06source\x18\v \x01(\tR\x06source\x12&\n" +
+	"\x0fkv_events_topic\x18\f \x01(\tR\rkvEventsTopic\"E\n" +
 	"\vBlockCounts\x12\x10\n" +
 	"\x03gpu\x18\x01 \x01(\x04R\x03gpu\x12\x10\n" +
 	"\x03cpu\x18\x02 \x01(\x04R\x03cpu\x12\x12\n" +
