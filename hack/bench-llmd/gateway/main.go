@@ -13,10 +13,16 @@
 // client chunk by chunk, flushed, so server-sent events stream through. An ImmediateResponse is
 // answered with its status, headers and body. The client response carries x-kvrelay-worker:
 // <ip:port>, the endpoint that served it.
+//
+// With --render-listen it also serves vLLM's /v1/chat/completions/render and
+// /v1/completions/render (what the EPP's token-producer calls) by asking an engine's /tokenize,
+// for engines that tokenize but do not render, such as kvrelay's simulated engine.
 package main
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -64,7 +70,16 @@ func main() {
 	epp := flag.String("epp", "127.0.0.1:21090", "EPP ext_proc gRPC address (plaintext)")
 	nconns := flag.Int("epp-conns", 1, "gRPC connections to the EPP (streams are spread over them)")
 	verbose := flag.Bool("v", false, "log every request's routing")
+	renderListen := flag.String("render-listen", "", "also serve /v1/{chat/,}completions/render here (empty: off)")
+	renderFrom := flag.String("render-tokenize-url", "http://127.0.0.1:21001", "engine whose POST /tokenize answers the render calls")
 	flag.Parse()
+
+	if *renderListen != "" {
+		go func() {
+			log.Printf("render shim on %s, tokenizing with %s/tokenize", *renderListen, *renderFrom)
+			log.Fatal(http.ListenAndServe(*renderListen, renderShim(*renderFrom)))
+		}()
+	}
 
 	g := &gateway{verbose: *verbose}
 	for i := 0; i < max(*nconns, 1); i++ {
@@ -231,7 +246,12 @@ func (g *gateway) serve(ctx context.Context, w http.ResponseWriter, r *http.Requ
 				recvErr = err
 				return
 			}
-			recv <- resp
+			select {
+			case recv <- resp:
+			case <-ctx.Done():
+				recvErr = ctx.Err()
+				return
+			}
 		}
 	}()
 	if err := stream.Send(&extproc.ProcessingRequest{
@@ -339,7 +359,7 @@ func pumpBody(stream extproc.ExternalProcessor_ProcessClient, body io.Reader) er
 
 func (g *gateway) roundTrip(ctx context.Context, r *http.Request, ep string, h http.Header, body []byte) (*http.Response, error) {
 	u := "http://" + ep + r.URL.RequestURI()
-	req, err := http.NewRequestWithContext(ctx, r.Method, u, strings.NewReader(string(body)))
+	req, err := http.NewRequestWithContext(ctx, r.Method, u, bytes.NewReader(body))
 	if err != nil {
 		return nil, err
 	}
@@ -524,4 +544,49 @@ func writeImmediate(w http.ResponseWriter, ir *extproc.ImmediateResponse) {
 func isDialError(err error) bool {
 	var op *net.OpError
 	return errors.As(err, &op) && op.Op == "dial"
+}
+
+// renderShim answers vLLM's render endpoints from an engine's /tokenize, which takes the same
+// body (messages for chat, prompt for completions) and applies the same chat template.
+func renderShim(base string) http.Handler {
+	c := &http.Client{Timeout: 30 * time.Second}
+	render := func(w http.ResponseWriter, r *http.Request, list bool) {
+		body, err := io.ReadAll(r.Body)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		resp, err := c.Post(base+"/tokenize", "application/json", bytes.NewReader(body))
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadGateway)
+			return
+		}
+		defer resp.Body.Close()
+		out, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK {
+			w.WriteHeader(resp.StatusCode)
+			_, _ = w.Write(out)
+			return
+		}
+		var tok struct {
+			Tokens []uint32 `json:"tokens"`
+		}
+		if err := json.Unmarshal(out, &tok); err != nil {
+			http.Error(w, "tokenize: "+err.Error(), http.StatusBadGateway)
+			return
+		}
+		type rendered struct {
+			TokenIDs []uint32 `json:"token_ids"`
+		}
+		var v any = rendered{TokenIDs: tok.Tokens}
+		if list {
+			v = []rendered{{TokenIDs: tok.Tokens}}
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(v)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/chat/completions/render", func(w http.ResponseWriter, r *http.Request) { render(w, r, false) })
+	mux.HandleFunc("POST /v1/completions/render", func(w http.ResponseWriter, r *http.Request) { render(w, r, true) })
+	return mux
 }
