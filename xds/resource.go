@@ -13,8 +13,8 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 
-	"github.com/kvrelay/kvrelay/dataplane/route"
 	xdsv1 "github.com/kvrelay/kvrelay/xds/api/v1"
+	"github.com/kvrelay/kvrelay/xds/policy"
 )
 
 // Type URLs of kvrelay's xDS resources. Each is served by its own LinearCache on the control
@@ -63,18 +63,18 @@ func NewWorker(id, rawURL, model string) *xdsv1.Worker {
 }
 
 // DefaultPolicy returns the routing policy a control plane serves until an operator sets
-// one: the kv policy with the router's default weights (route.DefaultOverlapWeight,
-// DefaultQueueWeight, DefaultCacheThreshold), greedy pick, ARCHITECTURE.md's tier weights
-// (GPU 1, host 0.75, disk 0.25), sessions kept 30 minutes.
+// one: the kv policy with package policy's defaults (overlap, queue and cache threshold),
+// greedy pick, ARCHITECTURE.md's tier weights (GPU 1, host 0.75, disk 0.25), sessions kept
+// 30 minutes.
 func DefaultPolicy() *xdsv1.RoutingPolicy {
 	return &xdsv1.RoutingPolicy{
 		Version:        1,
-		Policy:         "kv",
-		OverlapWeight:  route.DefaultOverlapWeight,
-		QueueWeight:    route.DefaultQueueWeight,
-		CacheThreshold: route.DefaultCacheThreshold,
-		TierWeights:    []float64{1, 0.75, 0.25},
-		SessionTtlMs:   30 * 60 * 1000,
+		Policy:         policy.KV,
+		OverlapWeight:  policy.DefaultOverlapWeight,
+		QueueWeight:    policy.DefaultQueueWeight,
+		CacheThreshold: policy.DefaultCacheThreshold,
+		TierWeights:    policy.DefaultTierWeights(),
+		SessionTtlMs:   policy.DefaultSessionTTL.Milliseconds(),
 	}
 }
 

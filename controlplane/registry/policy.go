@@ -7,25 +7,24 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kvrelay/kvrelay/dataplane/route"
 	"github.com/kvrelay/kvrelay/xds"
+	"github.com/kvrelay/kvrelay/xds/policy"
 )
 
-// Routing policy names, in Policy.Name. They are the data plane's router policies.
+// Routing policy names, in Policy.Name (package xds/policy holds them for both planes).
 const (
-	PolicyKV          = "kv"
-	PolicyRoundRobin  = "round-robin"
-	PolicyLeastLoaded = "least-loaded"
-	PolicyRandom      = "random"
-	PolicyPowerOfTwo  = "power-of-two"
-	PolicySession     = "session"
+	PolicyKV          = policy.KV
+	PolicyLatency     = policy.Latency
+	PolicyRoundRobin  = policy.RoundRobin
+	PolicyLeastLoaded = policy.LeastLoaded
+	PolicyRandom      = policy.Random
+	PolicyPowerOfTwo  = policy.PowerOfTwo
+	PolicySession     = policy.Session
 )
 
 // PolicyNames lists the policy names Validate accepts. The returned slice is new on each
 // call.
-func PolicyNames() []string {
-	return []string{PolicyKV, PolicyRoundRobin, PolicyLeastLoaded, PolicyRandom, PolicyPowerOfTwo, PolicySession}
-}
+func PolicyNames() []string { return policy.Names() }
 
 // Policy is the routing policy every proxy applies. Its fields mirror the xDS
 // RoutingPolicy resource; zero busy thresholds turn those thresholds off.
@@ -74,11 +73,11 @@ func DefaultPolicy() Policy {
 	return Policy{
 		Version:        1,
 		Name:           PolicyKV,
-		OverlapWeight:  route.DefaultOverlapWeight,
-		QueueWeight:    route.DefaultQueueWeight,
-		CacheThreshold: route.DefaultCacheThreshold,
-		TierWeights:    []float64{1, 0.75, 0.25},
-		SessionTTL:     30 * time.Minute,
+		OverlapWeight:  policy.DefaultOverlapWeight,
+		QueueWeight:    policy.DefaultQueueWeight,
+		CacheThreshold: policy.DefaultCacheThreshold,
+		TierWeights:    policy.DefaultTierWeights(),
+		SessionTTL:     policy.DefaultSessionTTL,
 	}
 }
 

@@ -7,9 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvrelay/kvrelay/dataplane/route"
 	"github.com/kvrelay/kvrelay/xds"
 	xdsv1 "github.com/kvrelay/kvrelay/xds/api/v1"
+	"github.com/kvrelay/kvrelay/xds/policy"
 )
 
 func xdsPolicy(p Policy) *xdsv1.RoutingPolicy {
@@ -26,7 +26,7 @@ func TestDefaultPolicy(t *testing.T) {
 	if err := p.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	if p.Version != 1 || p.Name != PolicyKV || p.SessionTTL != 30*time.Minute || p.CacheThreshold != route.DefaultCacheThreshold {
+	if p.Version != 1 || p.Name != PolicyKV || p.SessionTTL != 30*time.Minute || p.CacheThreshold != policy.DefaultCacheThreshold {
 		t.Fatalf("DefaultPolicy() = %+v", p)
 	}
 	// The same defaults as the xDS resource a control plane serves without a store.

@@ -9,7 +9,11 @@
 // safe for concurrent use; its owners lock around it.
 package blockset
 
-import "math/bits"
+import (
+	"math/bits"
+
+	"github.com/kvrelay/kvrelay/xds/policy"
+)
 
 // Tier is where a worker keeps a block.
 type Tier uint8
@@ -37,7 +41,7 @@ func TierOf(medium string) Tier {
 type Weights [NumTiers]float64
 
 // DefaultWeights are ARCHITECTURE.md's: GPU 1, host 0.75, disk 0.25.
-var DefaultWeights = Weights{1, 0.75, 0.25}
+var DefaultWeights = Weights(policy.DefaultTierWeights())
 
 // Set is a set of (block, slot, tier) entries.
 type Set struct {
