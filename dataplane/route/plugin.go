@@ -1,5 +1,7 @@
 package route
 
+import "github.com/kvrelay/kvrelay/dataplane/latency"
+
 // Filter removes the workers that must not serve a request. It appends the workers of in
 // that pass to out (a caller-owned slice, reset by the caller) and returns it. Filters run on
 // event loops: no allocation, no blocking.
@@ -51,6 +53,11 @@ type Request struct {
 	Now int64
 	// Timed asks Route to time its match and score stages into the Decision.
 	Timed bool
+	// SLOTTFT and SLOTPOT are the request's latency targets in seconds (x-slo-ttft-ms,
+	// x-slo-tpot-ms), 0 when it has none. Under the latency policy a request with a target
+	// goes to the worker predicted to meet it with the most headroom, and gets ErrSLO when
+	// none is.
+	SLOTTFT, SLOTPOT float64
 
 	// Filled by Match: overlap[w] is the blocks of Hashes worker w caches.
 	overlap []float64
@@ -59,6 +66,9 @@ type Request struct {
 	eligible []*Worker
 	scratch  []*Worker
 	costs    []float64
+	// preds[i] is the latency prediction for candidates[i], filled by PredictedTTFT.
+	preds      []latency.Prediction
+	candidates []*Worker
 }
 
 // Reset prepares r for a new request, keeping its scratch space.
@@ -70,7 +80,18 @@ func (r *Request) Reset() {
 		eligible: r.eligible[:0],
 		scratch:  r.scratch[:0],
 		costs:    r.costs[:0],
+		preds:    r.preds[:0],
 	}
+}
+
+// Candidates returns the workers the last Route scored with latency predictions and those
+// predictions (empty under a policy that predicts nothing). Both slices belong to r and are
+// valid until its next Route or Reset.
+func (r *Request) Candidates() ([]*Worker, []latency.Prediction) {
+	if len(r.preds) == 0 {
+		return nil, nil
+	}
+	return r.candidates, r.preds
 }
 
 // clock is the router's Clock at the request: at Now when the caller gave it.

@@ -9,7 +9,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvrelay/kvrelay/dataplane/latency"
 	"github.com/kvrelay/kvrelay/dataplane/prefix"
+	"github.com/kvrelay/kvrelay/xds/policy"
 )
 
 // Errors Route returns.
@@ -21,20 +23,19 @@ var (
 	ErrBusy = errors.New("every eligible worker is busy")
 )
 
-// Policy names.
+// Policy names (package xds/policy holds them for both planes).
 const (
-	PolicyKV          = "kv"
-	PolicyRoundRobin  = "round-robin"
-	PolicyLeastLoaded = "least-loaded"
-	PolicyRandom      = "random"
-	PolicyPowerOfTwo  = "power-of-two"
-	PolicySession     = "session"
+	PolicyKV          = policy.KV
+	PolicyLatency     = policy.Latency
+	PolicyRoundRobin  = policy.RoundRobin
+	PolicyLeastLoaded = policy.LeastLoaded
+	PolicyRandom      = policy.Random
+	PolicyPowerOfTwo  = policy.PowerOfTwo
+	PolicySession     = policy.Session
 )
 
 // PolicyNames lists the policies NewPolicy knows.
-func PolicyNames() []string {
-	return []string{PolicyKV, PolicyRoundRobin, PolicyLeastLoaded, PolicyRandom, PolicyPowerOfTwo, PolicySession}
-}
+func PolicyNames() []string { return policy.Names() }
 
 // Defaults of the kv policy's weights, in cost per KV block. An uncached prompt block is
 // weighed far above a block of someone else's queued prefill, and that above a block held
@@ -59,10 +60,10 @@ func PolicyNames() []string {
 // 8 workers) from p99 611 ms to 236 ms (round-robin: 277), p50 from 110 to 89 ms: cache
 // affinity no longer piles a burst of a worker's sessions behind one another.
 const (
-	DefaultOverlapWeight  = 64
-	DefaultQueueWeight    = 8
-	DefaultCacheThreshold = 0.1
-	DefaultDecodeWeight   = 1
+	DefaultOverlapWeight  = policy.DefaultOverlapWeight
+	DefaultQueueWeight    = policy.DefaultQueueWeight
+	DefaultCacheThreshold = policy.DefaultCacheThreshold
+	DefaultDecodeWeight   = policy.DefaultDecodeWeight
 )
 
 // Config tunes routing. The zero value of a field means its default.
@@ -80,6 +81,10 @@ type Config struct {
 	// Temperature > 0 samples among workers by a softmax over normalised costs (default 0:
 	// the cheapest wins).
 	Temperature float64
+	// ComputeWeight and BackgroundWeight tune the latency policy (PredictedTTFT). They are
+	// taken as they are, 0 included; the proxy's defaults are DefaultComputeWeight and
+	// DefaultBackgroundWeight.
+	ComputeWeight, BackgroundWeight float64
 	// CacheThreshold: when no worker caches this share of the prompt's blocks more than the
 	// worker that caches least (a new prompt, or one whose only cached part is a system
 	// prompt every worker holds), the kv policy spreads instead, to the worker with the least
@@ -106,7 +111,7 @@ func (c Config) withDefaults() Config {
 		c.CacheThreshold = DefaultCacheThreshold
 	}
 	if c.SessionTTL == 0 {
-		c.SessionTTL = 30 * time.Minute
+		c.SessionTTL = policy.DefaultSessionTTL
 	}
 	return c
 }
@@ -126,6 +131,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("temperature %g must not be negative", c.Temperature)
 	case c.CacheThreshold < 0 || c.CacheThreshold > 1:
 		return fmt.Errorf("cache threshold %g must be within [0, 1]", c.CacheThreshold)
+	case !(c.ComputeWeight >= 0 && c.ComputeWeight <= 1e6) || !(c.BackgroundWeight >= 0 && c.BackgroundWeight <= 1e6):
+		return fmt.Errorf("compute weight %g and background weight %g must be within [0, 1e6]", c.ComputeWeight, c.BackgroundWeight)
 	}
 	return nil
 }
@@ -139,6 +146,10 @@ type Policy struct {
 	Picker  Picker
 	// UsesIndex makes the router match the prompt against the KV index before scoring.
 	UsesIndex bool
+	// Predicts marks a policy whose scorers predict latency (PredictedTTFT): the Decision
+	// carries the chosen worker's prediction, requests with latency targets go only where
+	// they are predicted to be met, and sessions are a matter of cache, not binding.
+	Predicts bool
 	// Spread picks instead of the scorers and Picker when no worker caches at least
 	// CacheThreshold of the prompt's blocks more than the one that caches least (kv:
 	// LeastPrefill).
@@ -161,6 +172,10 @@ func NewPolicy(cfg Config) (*Policy, error) {
 		p.Picker = MinCost{Temperature: cfg.Temperature}
 		p.Spread = LeastPrefill{}
 		p.CacheThreshold = cfg.CacheThreshold
+	case PolicyLatency:
+		p.UsesIndex, p.Predicts = true, true
+		p.Scorers = []Scorer{PredictedTTFT{ComputeWeight: cfg.ComputeWeight, BackgroundWeight: cfg.BackgroundWeight}}
+		p.Picker = LatencyPick{Temperature: cfg.Temperature}
 	case PolicyRoundRobin:
 		p.Picker = &RoundRobin{}
 	case PolicyLeastLoaded, PolicySession:
@@ -252,6 +267,10 @@ type Decision struct {
 	// Match and Score are the time spent matching the index and scoring, when the request
 	// asked to be timed.
 	Match, Score time.Duration
+	// Prediction is the chosen worker's predicted latency, under a policy that predicts
+	// (HasPrediction).
+	Prediction    latency.Prediction
+	HasPrediction bool
 }
 
 // Router routes requests over the current pool with one policy. It is safe for concurrent
@@ -311,6 +330,7 @@ func (r *Router) SetPolicy(cfg Config) error {
 // serve the request and ErrBusy when all that could are busy.
 func (r *Router) Route(req *Request, d *Decision) error {
 	*d = Decision{}
+	req.preds = req.preds[:0]
 	pool := r.pool.Load()
 	policy := r.policy.Load()
 	cur := pool.Workers
@@ -346,7 +366,7 @@ func (r *Router) Route(req *Request, d *Decision) error {
 	}
 	d.BestOverlap = req.best
 
-	if req.SessionID != "" {
+	if req.SessionID != "" && !policy.Predicts {
 		if id, ok := r.sessions.get(req.SessionID); ok {
 			for _, w := range ws {
 				if w.ID == id {
@@ -372,7 +392,17 @@ func (r *Router) Route(req *Request, d *Decision) error {
 		for _, s := range policy.Scorers {
 			s.Score(req, ws, req.costs)
 		}
-		i, d.Mode = policy.Picker.Pick(req, ws, req.costs), "cost"
+		d.Mode = "cost"
+		if policy.Predicts && (req.SLOTTFT > 0 || req.SLOTPOT > 0) {
+			n := meetSLO(req, ws, req.costs)
+			if n == 0 {
+				return ErrSLO
+			}
+			ws, req.costs, req.preds = ws[:n], req.costs[:n], req.preds[:n]
+			req.candidates = ws
+			d.Mode = "slo"
+		}
+		i = policy.Picker.Pick(req, ws, req.costs)
 	default:
 		i, d.Mode = policy.Picker.Pick(req, ws, nil), policy.Picker.Name()
 	}
@@ -381,7 +411,10 @@ func (r *Router) Route(req *Request, d *Decision) error {
 	}
 	d.Worker = ws[i]
 	d.Overlap = req.Overlap(ws[i])
-	if req.SessionID != "" {
+	if policy.Predicts && i < len(req.preds) {
+		d.Prediction, d.HasPrediction = req.preds[i], true
+	}
+	if req.SessionID != "" && !policy.Predicts {
 		r.sessions.put(req.SessionID, ws[i].ID)
 	}
 	return nil

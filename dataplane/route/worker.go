@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/kvrelay/kvrelay/dataplane/clock"
+	"github.com/kvrelay/kvrelay/dataplane/latency"
 )
 
 // Role is what a worker does in a disaggregated deployment.
@@ -36,8 +37,12 @@ type Worker struct {
 	BlockSize int
 	// Capacity is the engine's KV cache size in blocks, 0 when unknown.
 	Capacity int
+	// Engine is what the latency policy knows of the engine's scheduler: its concurrency
+	// limit and step budget (zero: unknown; the limit is then learned from reports).
+	Engine latency.Engine
 
 	inflight      atomic.Int64
+	interactive   atomic.Int64 // this proxy's requests here with a priority above 0
 	prefillTokens atomic.Int64
 	decodeBlocks  atomic.Int64
 	cachedBlocks  atomic.Int64
@@ -57,7 +62,21 @@ type Worker struct {
 	ejectedUntil atomic.Int64 // unix nanos
 	failures     atomic.Int32
 	draining     atomic.Bool
+
+	// lat predicts the worker's TTFT and inter-token latency (policy latency); latOnce
+	// initialises it when the worker first joins a pool.
+	lat     latency.Model
+	latOnce sync.Once
 }
+
+// Latency returns the worker's latency model.
+func (w *Worker) Latency() *latency.Model {
+	w.latOnce.Do(w.lat.Init)
+	return &w.lat
+}
+
+// Interactive is the number of this proxy's requests on the worker with a priority above 0.
+func (w *Worker) Interactive() int64 { return w.interactive.Load() }
 
 // Reported is what the engine itself (through a control plane or a metrics scrape) says of
 // its load. A nil report means nothing is known beyond this proxy's own requests.
@@ -70,8 +89,14 @@ type Reported struct {
 	DecodeBlocks  int
 }
 
-// SetReported replaces the engine-reported load; nil clears it.
-func (w *Worker) SetReported(r *Reported) { w.reported.Store(r) }
+// SetReported replaces the engine-reported load; nil clears it. A report of requests waiting
+// teaches the latency model the engine's concurrency limit.
+func (w *Worker) SetReported(r *Reported) {
+	w.reported.Store(r)
+	if r != nil && r.Waiting > 0 {
+		w.Latency().ObserveReport(r.Running, r.Waiting)
+	}
+}
 
 // Inflight is the number of this proxy's requests on the worker.
 func (w *Worker) Inflight() int64 { return w.inflight.Load() }
@@ -226,13 +251,24 @@ func (w *Worker) Failed(now int64, threshold int, backoff time.Duration) (ejecte
 
 // Usage is what one request adds to its worker's load; the proxy keeps it in the request's
 // state and updates it as the request progresses, and End removes exactly what was added.
+// With a latency prediction (Predicted) it also teaches the worker's latency model what
+// the request really took.
 type Usage struct {
 	w             *Worker
 	prefillTokens int64
 	decodeBlocks  int64
 	promptTokens  int
 	osl           int
+	interactive   bool
 	begun         int64 // Clock at Begin
+	firstAt       int64 // Clock at the first token, 0 before
+
+	// The latency prediction the request was routed on, when it was.
+	pred    latency.Prediction
+	hasPred bool
+	learn   bool // the response streams: its first token is its TTFT
+	batch   int  // the worker's batch size with this request, at dispatch
+	ttft    float64
 }
 
 // Begin starts accounting a request on w: uncached prompt tokens to prefill and the blocks
@@ -257,6 +293,28 @@ func (u *Usage) BeginAt(now int64, w *Worker, promptTokens, cachedTokens, osl in
 	w.bl.Unlock()
 }
 
+// Predicted attaches the latency prediction the request was routed on (Decision.Prediction)
+// and its priority: a streamed request (learn) teaches the worker's model its TTFT at the
+// first token and its decode at Completed; a priority above 0 counts as interactive on the
+// worker while it runs. Call it right after Begin.
+func (u *Usage) Predicted(d *Decision, priority int, learn bool) {
+	if u.w == nil {
+		return
+	}
+	if priority > 0 && !u.interactive {
+		u.interactive = true
+		u.w.interactive.Add(1)
+	}
+	if d == nil || !d.HasPrediction {
+		return
+	}
+	u.pred, u.hasPred, u.learn = d.Prediction, true, learn
+	u.batch = int(u.w.Load())
+	if s := u.w.Latency().MaxNumSeqs(&u.w.Engine); s > 0 {
+		u.batch = min(u.batch, s)
+	}
+}
+
 // FirstToken ends the request's prefill. It also teaches the worker's backlog model how fast
 // the engine prefills: with requests served first come, first served, the engine computed
 // this request's uncached tokens between the later of its start and the previous first token
@@ -265,11 +323,19 @@ func (u *Usage) FirstToken() { u.FirstTokenAt(0) }
 
 // FirstTokenAt is FirstToken at now, a time of day from Now (0: read the clock).
 func (u *Usage) FirstTokenAt(now int64) {
-	if u.w == nil || u.prefillTokens == 0 {
+	if u.w == nil || u.firstAt != 0 {
 		return
 	}
 	w := u.w
 	now = ClockAt(now)
+	u.firstAt = now
+	if u.hasPred && u.learn {
+		u.ttft = float64(now-u.begun) / 1e9
+		w.Latency().ObserveTTFT(&u.pred.X, u.ttft)
+	}
+	if u.prefillTokens == 0 {
+		return
+	}
 	w.bl.Lock()
 	if took := now - max(u.begun, w.lastFirst); took > 0 {
 		w.rateTokens = w.rateTokens*rateDecay + float64(u.prefillTokens)
@@ -283,6 +349,15 @@ func (u *Usage) FirstTokenAt(now int64) {
 	w.backlog.Store(w.prefillTokens.Add(-u.prefillTokens))
 	w.bl.Unlock()
 	u.prefillTokens = 0
+}
+
+// TTFTPrediction returns the TTFT the request was predicted and the one it had, in seconds
+// from dispatch, once its first token has come (ok false before, or without a prediction).
+func (u *Usage) TTFTPrediction() (predicted, actual float64, ok bool) {
+	if !u.hasPred || !u.learn || u.firstAt == 0 {
+		return 0, 0, false
+	}
+	return u.pred.TTFT, u.ttft, true
 }
 
 // Generated grows the request's blocks with its output, once the output passes what osl
@@ -299,6 +374,17 @@ func (u *Usage) Generated(outputTokens int) {
 	}
 }
 
+// CompletedAt records that the response ended well at now (a time of day from Now, 0: read
+// the clock) after outputTokens tokens: a streamed request teaches the worker's model its
+// time between tokens and how long it held its slot. Call it before End.
+func (u *Usage) CompletedAt(now int64, outputTokens int) {
+	if u.w == nil || !u.hasPred || !u.learn || u.firstAt == 0 || outputTokens < 2 {
+		return
+	}
+	held := float64(ClockAt(now)-u.firstAt) / 1e9
+	u.w.Latency().ObserveDecode(max(u.batch, 1), held/float64(outputTokens-1), held)
+}
+
 // End removes the request from its worker's load. It is safe to call more than once.
 func (u *Usage) End() {
 	if u.w == nil {
@@ -307,6 +393,9 @@ func (u *Usage) End() {
 	u.w.inflight.Add(-1)
 	u.w.prefillTokens.Add(-u.prefillTokens)
 	u.w.decodeBlocks.Add(-u.decodeBlocks)
+	if u.interactive {
+		u.w.interactive.Add(-1)
+	}
 	*u = Usage{}
 }
 

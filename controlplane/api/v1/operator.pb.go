@@ -56,8 +56,13 @@ type WorkerSpec struct {
 	// on a kv_events_bind endpoint several workers share (default kv@<host:port>@<model>),
 	// the subscription prefix with kv_events.
 	KvEventsTopic string `protobuf:"bytes,12,opt,name=kv_events_topic,json=kvEventsTopic,proto3" json:"kv_events_topic,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// max_num_seqs and max_num_batched_tokens are the engine's scheduler limits, when known
+	// (vLLM's --max-num-seqs and --max-num-batched-tokens); the latency policy predicts
+	// queueing from them.
+	MaxNumSeqs          uint32 `protobuf:"varint,13,opt,name=max_num_seqs,json=maxNumSeqs,proto3" json:"max_num_seqs,omitempty"`
+	MaxNumBatchedTokens uint32 `protobuf:"varint,14,opt,name=max_num_batched_tokens,json=maxNumBatchedTokens,proto3" json:"max_num_batched_tokens,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *WorkerSpec) Reset() {
@@ -172,6 +177,20 @@ func (x *WorkerSpec) GetKvEventsTopic() string {
 		return x.KvEventsTopic
 	}
 	return ""
+}
+
+func (x *WorkerSpec) GetMaxNumSeqs() uint32 {
+	if x != nil {
+		return x.MaxNumSeqs
+	}
+	return 0
+}
+
+func (x *WorkerSpec) GetMaxNumBatchedTokens() uint32 {
+	if x != nil {
+		return x.MaxNumBatchedTokens
+	}
+	return 0
 }
 
 // BlockCounts counts indexed KV blocks per tier.
@@ -512,8 +531,9 @@ type Policy struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// version increases with every change. Output only: SetPolicy returns the new one.
 	Version uint64 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
-	// policy names the routing policy: kv (KV-aware cost, the default), round-robin,
-	// least-loaded, random, power-of-two or session.
+	// policy names the routing policy: kv (KV-aware cost, the default), latency (the lowest
+	// predicted time to first token), round-robin, least-loaded, random, power-of-two or
+	// session.
 	Policy        string  `protobuf:"bytes,2,opt,name=policy,proto3" json:"policy,omitempty"`
 	OverlapWeight float64 `protobuf:"fixed64,3,opt,name=overlap_weight,json=overlapWeight,proto3" json:"overlap_weight,omitempty"`
 	Temperature   float64 `protobuf:"fixed64,4,opt,name=temperature,proto3" json:"temperature,omitempty"`
@@ -539,8 +559,11 @@ type Policy struct {
 	// kernel_load_signals: a control plane running the eBPF probes counts connections waiting
 	// in a worker's accept queue as waiting requests in its load.
 	KernelLoadSignals bool `protobuf:"varint,14,opt,name=kernel_load_signals,json=kernelLoadSignals,proto3" json:"kernel_load_signals,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// compute_weight and background_weight tune the latency policy (unset: the proxies' own).
+	ComputeWeight    *float64 `protobuf:"fixed64,15,opt,name=compute_weight,json=computeWeight,proto3,oneof" json:"compute_weight,omitempty"`
+	BackgroundWeight *float64 `protobuf:"fixed64,16,opt,name=background_weight,json=backgroundWeight,proto3,oneof" json:"background_weight,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *Policy) Reset() {
@@ -669,6 +692,20 @@ func (x *Policy) GetKernelLoadSignals() bool {
 		return x.KernelLoadSignals
 	}
 	return false
+}
+
+func (x *Policy) GetComputeWeight() float64 {
+	if x != nil && x.ComputeWeight != nil {
+		return *x.ComputeWeight
+	}
+	return 0
+}
+
+func (x *Policy) GetBackgroundWeight() float64 {
+	if x != nil && x.BackgroundWeight != nil {
+		return *x.BackgroundWeight
+	}
+	return 0
 }
 
 // WorkerBlocks is one worker's share of the index.
@@ -1473,7 +1510,7 @@ var File_operator_proto protoreflect.FileDescriptor
 
 const file_operator_proto_rawDesc = "" +
 	"\n" +
-	"\x0eoperator.proto\x12\x13kvrelay.operator.v1\"\xd6\x02\n" +
+	"\x0eoperator.proto\x12\x13kvrelay.operator.v1\"\xad\x03\n" +
 	"\n" +
 	"WorkerSpec\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x10\n" +
@@ -1489,7 +1526,10 @@ const file_operator_proto_rawDesc = "" +
 	"\x06engine\x18\n" +
 	" \x01(\tR\x06engine\x12\x16\n" +
 	"\x06source\x18\v \x01(\tR\x06source\x12&\n" +
-	"\x0fkv_events_topic\x18\f \x01(\tR\rkvEventsTopic\"E\n" +
+	"\x0fkv_events_topic\x18\f \x01(\tR\rkvEventsTopic\x12 \n" +
+	"\fmax_num_seqs\x18\r \x01(\rR\n" +
+	"maxNumSeqs\x123\n" +
+	"\x16max_num_batched_tokens\x18\x0e \x01(\rR\x13maxNumBatchedTokens\"E\n" +
 	"\vBlockCounts\x12\x10\n" +
 	"\x03gpu\x18\x01 \x01(\x04R\x03gpu\x12\x10\n" +
 	"\x03cpu\x18\x02 \x01(\x04R\x03cpu\x12\x12\n" +
@@ -1516,7 +1556,7 @@ const file_operator_proto_rawDesc = "" +
 	" \x01(\x03R\x10observedUnixNano\"x\n" +
 	"\x06Worker\x123\n" +
 	"\x04spec\x18\x01 \x01(\v2\x1f.kvrelay.operator.v1.WorkerSpecR\x04spec\x129\n" +
-	"\x06status\x18\x02 \x01(\v2!.kvrelay.operator.v1.WorkerStatusR\x06status\"\xad\x04\n" +
+	"\x06status\x18\x02 \x01(\v2!.kvrelay.operator.v1.WorkerStatusR\x06status\"\xb4\x05\n" +
 	"\x06Policy\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\x12\x16\n" +
 	"\x06policy\x18\x02 \x01(\tR\x06policy\x12%\n" +
@@ -1532,8 +1572,12 @@ const file_operator_proto_rawDesc = "" +
 	"\fqueue_weight\x18\v \x01(\x01R\vqueueWeight\x12\x16\n" +
 	"\x06disagg\x18\f \x01(\tR\x06disagg\x12.\n" +
 	"\x10disagg_threshold\x18\r \x01(\x03H\x00R\x0fdisaggThreshold\x88\x01\x01\x12.\n" +
-	"\x13kernel_load_signals\x18\x0e \x01(\bR\x11kernelLoadSignalsB\x13\n" +
-	"\x11_disagg_threshold\"l\n" +
+	"\x13kernel_load_signals\x18\x0e \x01(\bR\x11kernelLoadSignals\x12*\n" +
+	"\x0ecompute_weight\x18\x0f \x01(\x01H\x01R\rcomputeWeight\x88\x01\x01\x120\n" +
+	"\x11background_weight\x18\x10 \x01(\x01H\x02R\x10backgroundWeight\x88\x01\x01B\x13\n" +
+	"\x11_disagg_thresholdB\x11\n" +
+	"\x0f_compute_weightB\x14\n" +
+	"\x12_background_weight\"l\n" +
 	"\fWorkerBlocks\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04slot\x18\x02 \x01(\rR\x04slot\x128\n" +

@@ -95,12 +95,17 @@ type Worker struct {
 	// engine is the engine kind: vllm, sglang, trtllm or sim.
 	Engine string `protobuf:"bytes,7,opt,name=engine,proto3" json:"engine,omitempty"`
 	// slot is the worker's position in the index journal's block changes.
-	Slot          uint32 `protobuf:"varint,8,opt,name=slot,proto3" json:"slot,omitempty"`
-	Healthy       bool   `protobuf:"varint,9,opt,name=healthy,proto3" json:"healthy,omitempty"`
-	Draining      bool   `protobuf:"varint,10,opt,name=draining,proto3" json:"draining,omitempty"`
-	Load          *Load  `protobuf:"bytes,11,opt,name=load,proto3" json:"load,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Slot     uint32 `protobuf:"varint,8,opt,name=slot,proto3" json:"slot,omitempty"`
+	Healthy  bool   `protobuf:"varint,9,opt,name=healthy,proto3" json:"healthy,omitempty"`
+	Draining bool   `protobuf:"varint,10,opt,name=draining,proto3" json:"draining,omitempty"`
+	Load     *Load  `protobuf:"bytes,11,opt,name=load,proto3" json:"load,omitempty"`
+	// max_num_seqs and max_num_batched_tokens are the engine's scheduler limits, when known:
+	// how many requests it runs at once and its token budget per step (0: unknown). The
+	// latency policy predicts queueing from them.
+	MaxNumSeqs          uint32 `protobuf:"varint,12,opt,name=max_num_seqs,json=maxNumSeqs,proto3" json:"max_num_seqs,omitempty"`
+	MaxNumBatchedTokens uint32 `protobuf:"varint,13,opt,name=max_num_batched_tokens,json=maxNumBatchedTokens,proto3" json:"max_num_batched_tokens,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *Worker) Reset() {
@@ -208,6 +213,20 @@ func (x *Worker) GetLoad() *Load {
 		return x.Load
 	}
 	return nil
+}
+
+func (x *Worker) GetMaxNumSeqs() uint32 {
+	if x != nil {
+		return x.MaxNumSeqs
+	}
+	return 0
+}
+
+func (x *Worker) GetMaxNumBatchedTokens() uint32 {
+	if x != nil {
+		return x.MaxNumBatchedTokens
+	}
+	return 0
 }
 
 // Load is what the control plane knows of a worker's load: the engine's own metrics and the
@@ -342,8 +361,13 @@ type RoutingPolicy struct {
 	// prefills on the decode worker (negative: always remotely); unset, the proxy's own.
 	Disagg          string `protobuf:"bytes,12,opt,name=disagg,proto3" json:"disagg,omitempty"`
 	DisaggThreshold *int64 `protobuf:"varint,13,opt,name=disagg_threshold,json=disaggThreshold,proto3,oneof" json:"disagg_threshold,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// compute_weight and background_weight tune the latency policy: the request's own prefill
+	// time weighed again beside its predicted TTFT, and for a request with a priority below 0
+	// once more per interactive request on the worker. Unset, the proxy's own.
+	ComputeWeight    *float64 `protobuf:"fixed64,14,opt,name=compute_weight,json=computeWeight,proto3,oneof" json:"compute_weight,omitempty"`
+	BackgroundWeight *float64 `protobuf:"fixed64,15,opt,name=background_weight,json=backgroundWeight,proto3,oneof" json:"background_weight,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *RoutingPolicy) Reset() {
@@ -463,6 +487,20 @@ func (x *RoutingPolicy) GetDisagg() string {
 func (x *RoutingPolicy) GetDisaggThreshold() int64 {
 	if x != nil && x.DisaggThreshold != nil {
 		return *x.DisaggThreshold
+	}
+	return 0
+}
+
+func (x *RoutingPolicy) GetComputeWeight() float64 {
+	if x != nil && x.ComputeWeight != nil {
+		return *x.ComputeWeight
+	}
+	return 0
+}
+
+func (x *RoutingPolicy) GetBackgroundWeight() float64 {
+	if x != nil && x.BackgroundWeight != nil {
+		return *x.BackgroundWeight
 	}
 	return 0
 }
@@ -870,7 +908,7 @@ var File_kvrelay_proto protoreflect.FileDescriptor
 
 const file_kvrelay_proto_rawDesc = "" +
 	"\n" +
-	"\rkvrelay.proto\x12\x0ekvrelay.xds.v1\"\xbe\x02\n" +
+	"\rkvrelay.proto\x12\x0ekvrelay.xds.v1\"\x95\x03\n" +
 	"\x06Worker\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x10\n" +
 	"\x03url\x18\x02 \x01(\tR\x03url\x12\x14\n" +
@@ -884,7 +922,10 @@ const file_kvrelay_proto_rawDesc = "" +
 	"\ahealthy\x18\t \x01(\bR\ahealthy\x12\x1a\n" +
 	"\bdraining\x18\n" +
 	" \x01(\bR\bdraining\x12(\n" +
-	"\x04load\x18\v \x01(\v2\x14.kvrelay.xds.v1.LoadR\x04load\"\xa0\x02\n" +
+	"\x04load\x18\v \x01(\v2\x14.kvrelay.xds.v1.LoadR\x04load\x12 \n" +
+	"\fmax_num_seqs\x18\f \x01(\rR\n" +
+	"maxNumSeqs\x123\n" +
+	"\x16max_num_batched_tokens\x18\r \x01(\rR\x13maxNumBatchedTokens\"\xa0\x02\n" +
 	"\x04Load\x12\x18\n" +
 	"\arunning\x18\x01 \x01(\rR\arunning\x12\x18\n" +
 	"\awaiting\x18\x02 \x01(\rR\awaiting\x12\x19\n" +
@@ -893,7 +934,7 @@ const file_kvrelay_proto_rawDesc = "" +
 	"\rdecode_blocks\x18\x05 \x01(\x04R\fdecodeBlocks\x12\x1a\n" +
 	"\binflight\x18\x06 \x01(\rR\binflight\x12,\n" +
 	"\x12observed_unix_nano\x18\a \x01(\x03R\x10observedUnixNano\x123\n" +
-	"\areports\x18\b \x03(\v2\x19.kvrelay.xds.v1.ReportSeqR\areports\"\x84\x04\n" +
+	"\areports\x18\b \x03(\v2\x19.kvrelay.xds.v1.ReportSeqR\areports\"\x8b\x05\n" +
 	"\rRoutingPolicy\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\x12\x16\n" +
 	"\x06policy\x18\x02 \x01(\tR\x06policy\x12%\n" +
@@ -908,8 +949,12 @@ const file_kvrelay_proto_rawDesc = "" +
 	" \x01(\x03R\fsessionTtlMs\x12!\n" +
 	"\fqueue_weight\x18\v \x01(\x01R\vqueueWeight\x12\x16\n" +
 	"\x06disagg\x18\f \x01(\tR\x06disagg\x12.\n" +
-	"\x10disagg_threshold\x18\r \x01(\x03H\x00R\x0fdisaggThreshold\x88\x01\x01B\x13\n" +
-	"\x11_disagg_threshold\"p\n" +
+	"\x10disagg_threshold\x18\r \x01(\x03H\x00R\x0fdisaggThreshold\x88\x01\x01\x12*\n" +
+	"\x0ecompute_weight\x18\x0e \x01(\x01H\x01R\rcomputeWeight\x88\x01\x01\x120\n" +
+	"\x11background_weight\x18\x0f \x01(\x01H\x02R\x10backgroundWeight\x88\x01\x01B\x13\n" +
+	"\x11_disagg_thresholdB\x11\n" +
+	"\x0f_compute_weightB\x14\n" +
+	"\x12_background_weight\"p\n" +
 	"\n" +
 	"JournalAck\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x14\n" +

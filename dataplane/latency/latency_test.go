@@ -1,0 +1,219 @@
+package latency
+
+import (
+	"math"
+	"math/rand/v2"
+	"sort"
+	"testing"
+
+	"github.com/kvrelay/kvrelay/engines/sim"
+)
+
+func TestDefaultCurveIsTheSimulatorsTiming(t *testing.T) {
+	st := sim.DefaultTiming()
+	if c := DefaultCurve(); c != (Curve{A: st.PrefillA, B: st.PrefillB, C: st.PrefillC}) {
+		t.Fatalf("DefaultCurve %+v differs from sim.DefaultTiming %+v", c, st)
+	}
+	for _, n := range []int{1, 100, 2000, 8192} {
+		if got, want := DefaultCurve().StepSeconds(float64(n)), st.PrefillMS(n)/1000; math.Abs(got-want) > 1e-12 {
+			t.Fatalf("StepSeconds(%d) = %v, want %v", n, got, want)
+		}
+	}
+}
+
+// TestRLSConverges fits a known linear relation under noise, then stays on it when one
+// observation in ten is an outlier ten times too large.
+func TestRLSConverges(t *testing.T) {
+	truth := Vec{0.02, 0.8, 2.5, 0.05}
+	for _, tc := range []struct {
+		name     string
+		outliers float64
+		tol      float64
+	}{
+		{"clean", 0, 0.03},
+		{"10% outliers", 0.1, 0.08},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(1, 2))
+			r := RLS{Lambda: 0.995, Lo: Vec{0, 0, 0, 0}, Hi: Vec{10, 10, 10, 10}}
+			r.Init(4, Vec{0, 1, 1, 1}, 10)
+			for range 3000 {
+				x := Vec{1, rng.Float64(), rng.Float64() * 0.5, rng.Float64() * 3}
+				y := truth[0] + truth[1]*x[1] + truth[2]*x[2] + truth[3]*x[3]
+				y *= 1 + 0.02*rng.NormFloat64()
+				if rng.Float64() < tc.outliers {
+					y *= 10
+				}
+				r.Update(&x, y)
+			}
+			for i := range 4 {
+				if d := math.Abs(r.Theta[i] - truth[i]); d > tc.tol*max(1, truth[i]) {
+					t.Errorf("θ[%d] = %.4f, want %.4f (±%.3f)", i, r.Theta[i], truth[i], tc.tol)
+				}
+			}
+			// An outlier on a small observation can stay within the clipping bound; most
+			// of the 300 or so do not.
+			if tc.outliers > 0 && r.Outliers() < 150 {
+				t.Errorf("%d observations clipped, want most of about 300", r.Outliers())
+			}
+		})
+	}
+}
+
+// TestRLSWindup: a feature that stays zero for thousands of observations (a slot wait on a
+// worker that never fills) does not swing its coefficient when it first appears.
+func TestRLSWindup(t *testing.T) {
+	r := RLS{Lambda: 0.98, Lo: Vec{0, 0.01, 0.01}, Hi: Vec{10, 100, 100}}
+	r.Init(3, Vec{0, 1, 1}, 10)
+	for i := range 5000 {
+		x := Vec{1, 0, float64(i%7) * 0.1}
+		r.Update(&x, 0.01+0.5*x[2])
+	}
+	x := Vec{1, 2, 0.3}
+	r.Update(&x, 0.01+0.15+1*2) // the slot term really is 1.0
+	if r.Theta[1] < 0.3 || r.Theta[1] > 3 {
+		t.Fatalf("after the first slot wait θ₁ = %v, want a step toward 1 within [0.3, 3]", r.Theta[1])
+	}
+	for range 50 {
+		r.Update(&x, 0.01+0.15+1*2)
+	}
+	if math.Abs(r.Theta[1]-1) > 0.1 {
+		t.Fatalf("θ₁ = %v after 50 slot waits, want 1", r.Theta[1])
+	}
+}
+
+// TestRLSIgnoresNonFinite: NaN and Inf observations change nothing.
+func TestRLSIgnoresNonFinite(t *testing.T) {
+	r := RLS{}
+	r.Init(2, Vec{1, 1}, 1)
+	before := r.Theta
+	for _, y := range []float64{math.NaN(), math.Inf(1)} {
+		x := Vec{1, 1}
+		r.Update(&x, y)
+	}
+	x := Vec{math.NaN(), 1}
+	r.Update(&x, 1)
+	if r.Theta != before || r.Count() != 0 {
+		t.Fatalf("θ %v count %d after non-finite input", r.Theta, r.Count())
+	}
+}
+
+// syntheticEngine is a worker whose true times are known: its prefill runs speedup times
+// faster than the prior curve, a slot frees every hold/(seqs+1), and each step carries a
+// decode step.
+type syntheticEngine struct {
+	speedup, itl0, itl1, hold float64
+	seqs                      int
+}
+
+func (e syntheticEngine) ttft(st State, uncached float64) float64 {
+	c := DefaultCurve()
+	budget := float64(DefaultBatchedTokens)
+	batch := min(st.Requests, e.seqs)
+	decode := 0.0
+	if batch > 0 {
+		decode = e.itl0 + e.itl1*float64(batch)
+	}
+	prefill := func(t float64) float64 { return chunked(t, budget, c, 0)/e.speedup + math.Ceil(t/budget)*decode }
+	q := prefill(st.Backlog)
+	own := prefill(st.Backlog+uncached) - q
+	slot := 0.0
+	if st.Requests >= e.seqs {
+		slot = float64(st.Requests-e.seqs+1) * e.hold / float64(e.seqs+1)
+	}
+	return 0.004 + slot + q + own
+}
+
+// TestModelLearnsEngine: on an engine 20 times faster than the prior with four slots, the
+// model's median relative TTFT error falls from the prior's (far off) to under 10% once
+// it has seen a few hundred requests, and the concurrency limit is learned from reports.
+func TestModelLearnsEngine(t *testing.T) {
+	eng := syntheticEngine{speedup: 20, itl0: 0.01, itl1: 0.002, hold: 2, seqs: 4}
+	var m Model
+	m.Init()
+	e := &Engine{}
+	rng := rand.New(rand.NewPCG(3, 4))
+	state := func() (State, float64) {
+		st := State{Requests: rng.IntN(8), Backlog: float64(rng.IntN(3)) * rng.Float64() * 6000}
+		return st, float64(rng.IntN(7000))
+	}
+	relErr := func(n int) float64 {
+		var errs []float64
+		for range n {
+			st, u := state()
+			var p Prediction
+			m.Predict(e, st, u, &p)
+			y := eng.ttft(st, u)
+			errs = append(errs, math.Abs(p.TTFT-y)/y)
+		}
+		sort.Float64s(errs)
+		return errs[len(errs)/2]
+	}
+	cold := relErr(200)
+	for i := range 600 {
+		st, u := state()
+		m.ObserveReport(min(st.Requests, eng.seqs), max(0, st.Requests-eng.seqs))
+		var p Prediction
+		m.Predict(e, st, u, &p)
+		y := eng.ttft(st, u)
+		if i%20 == 7 {
+			y *= 8 // now and then a request stuck behind something the model cannot see
+		}
+		m.ObserveTTFT(&p.X, y)
+		b := max(1, min(st.Requests+1, eng.seqs))
+		m.ObserveDecode(b, eng.itl0+eng.itl1*float64(b), eng.hold)
+	}
+	warm := relErr(400)
+	t.Logf("median relative TTFT error: prior %.1f%%, learned %.1f%%; %+v", 100*cold, 100*warm, m.Stats())
+	if cold < 0.5 {
+		t.Fatalf("the prior should be far off on an engine 20x faster (%.2f)", cold)
+	}
+	if warm > 0.10 {
+		t.Fatalf("median relative error %.1f%% after learning, want under 10%%", 100*warm)
+	}
+	if got := m.MaxNumSeqs(e); got != eng.seqs {
+		t.Fatalf("learned max_num_seqs %d, want %d", got, eng.seqs)
+	}
+	if itl := m.ITL(3); math.Abs(itl-(eng.itl0+3*eng.itl1)) > 0.001 {
+		t.Fatalf("ITL(3) = %v, want %v", itl, eng.itl0+3*eng.itl1)
+	}
+}
+
+// TestPredictSlotWait: a worker at its limit predicts a wait that grows with the requests
+// ahead; one below it predicts none.
+func TestPredictSlotWait(t *testing.T) {
+	var m Model
+	m.Init()
+	e := &Engine{MaxNumSeqs: 4}
+	var below, at, over Prediction
+	m.Predict(e, State{Requests: 3}, 1000, &below)
+	m.Predict(e, State{Requests: 4}, 1000, &at)
+	m.Predict(e, State{Requests: 6}, 1000, &over)
+	if below.X[FeatSlotWait] != 0 || at.X[FeatSlotWait] <= 0 || math.Abs(over.X[FeatSlotWait]-3*at.X[FeatSlotWait]) > 1e-9 {
+		t.Fatalf("slot waits %v %v %v", below.X[FeatSlotWait], at.X[FeatSlotWait], over.X[FeatSlotWait])
+	}
+	if !(below.TTFT < at.TTFT && at.TTFT < over.TTFT) {
+		t.Fatalf("TTFTs %v %v %v not increasing", below.TTFT, at.TTFT, over.TTFT)
+	}
+}
+
+func TestPredictAllocs(t *testing.T) {
+	var m Model
+	m.Init()
+	e := &Engine{MaxNumSeqs: 8}
+	var p Prediction
+	if n := testing.AllocsPerRun(100, func() { m.Predict(e, State{Requests: 9, Backlog: 4000}, 3000, &p) }); n != 0 {
+		t.Fatalf("Predict allocates %v times", n)
+	}
+}
+
+func BenchmarkPredict(b *testing.B) {
+	var m Model
+	m.Init()
+	e := &Engine{MaxNumSeqs: 8}
+	var p Prediction
+	b.ReportAllocs()
+	for b.Loop() {
+		m.Predict(e, State{Requests: 9, Backlog: 4000}, 3000, &p)
+	}
+}

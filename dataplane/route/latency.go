@@ -1,0 +1,132 @@
+package route
+
+import (
+	"errors"
+	"math/rand/v2"
+
+	"github.com/kvrelay/kvrelay/dataplane/latency"
+)
+
+// ErrSLO: the request carries latency targets and no eligible worker is predicted to meet
+// them. The caller queues the request or refuses it (429).
+var ErrSLO = errors.New("no worker is predicted to meet the request's latency targets")
+
+// Defaults of the latency policy.
+const (
+	// DefaultComputeWeight weighs the request's own prefill time again beside its TTFT:
+	// compute spent on tokens another worker caches delays every request queued behind it
+	// there, which this request's TTFT does not show. At 0 the policy takes whichever
+	// worker answers this request first, however much it recomputes.
+	DefaultComputeWeight = 1
+	// DefaultBackgroundWeight weighs, for a request with a priority below 0, its prefill
+	// time once more per interactive request (priority above 0) this proxy has running on
+	// the worker, so background work goes where it delays interactive work least.
+	DefaultBackgroundWeight = 1
+)
+
+// PredictedTTFT is the latency policy's scorer: each worker's predicted time to first token
+// for the request (latency.Model: slot wait, prefill backlog, own uncached prefill, learned
+// per worker), plus ComputeWeight times the request's own prefill time, plus, for a
+// background request, BackgroundWeight times its prefill time per interactive request on the
+// worker. Costs are in seconds. It also keeps each candidate's prediction in the request
+// (Request.Candidates) for the Decision and for explanations.
+type PredictedTTFT struct{ ComputeWeight, BackgroundWeight float64 }
+
+func (PredictedTTFT) Name() string { return "predicted-ttft" }
+
+func (s PredictedTTFT) Score(req *Request, ws []*Worker, costs []float64) {
+	now := req.clock()
+	if cap(req.preds) < len(ws) {
+		req.preds = make([]latency.Prediction, len(ws))
+	}
+	req.preds = req.preds[:len(ws)]
+	req.candidates = ws
+	for i, w := range ws {
+		bs := max(w.BlockSize, 1)
+		uncached := max(float64(req.PromptTokens)-req.Overlap(w)*float64(bs), 0)
+		st := latency.State{Requests: int(w.Load()), Backlog: float64(w.PrefillBacklog(now)), KVUsage: w.KVInUse()}
+		p := &req.preds[i]
+		w.Latency().Predict(&w.Engine, st, uncached, p)
+		c := p.TTFT + s.ComputeWeight*p.Prefill
+		if req.Priority < 0 {
+			c += s.BackgroundWeight * p.Prefill * float64(w.Interactive())
+		}
+		costs[i] += c
+	}
+}
+
+// LatencyPick picks the cheapest worker by predicted latency. Costs within tieSeconds or
+// tieShare of the cheapest count as equal: among those the pick goes to the fewest requests,
+// then the least KV in use (so that distinct new prefixes land on distinct caches), then a
+// random one. With Temperature > 0 it samples a softmax over normalised costs instead
+// (MinCost).
+type LatencyPick struct{ Temperature float64 }
+
+// Ties: predictions closer than this are within the model's own noise.
+const (
+	tieSeconds = 0.002
+	tieShare   = 0.02
+)
+
+func (LatencyPick) Name() string { return "latency" }
+
+func (p LatencyPick) Pick(req *Request, ws []*Worker, costs []float64) int {
+	if p.Temperature > 0 {
+		return MinCost{Temperature: p.Temperature}.Pick(req, ws, costs)
+	}
+	lo := costs[0]
+	for _, c := range costs[1:] {
+		lo = min(lo, c)
+	}
+	tol := max(tieSeconds, tieShare*max(lo, 0))
+	best, seen := -1, 0
+	var bk loadKey
+	for i, c := range costs {
+		if c > lo+tol {
+			continue
+		}
+		k := loadKey{load: ws[i].Load(), kv: ws[i].KVInUse()}
+		switch {
+		case best < 0 || k.less(bk):
+			best, bk, seen = i, k, 1
+		case k == bk:
+			seen++
+			if rand.IntN(seen) == 0 {
+				best = i
+			}
+		}
+	}
+	return best
+}
+
+// meetSLO keeps the candidates predicted to meet req's targets and turns their costs into
+// the negative of their headroom (the smaller share of each target left over), so the
+// picker takes the one with the most. It returns how many remain, compacting ws, costs and
+// the request's predictions in place.
+func meetSLO(req *Request, ws []*Worker, costs []float64) int {
+	n := 0
+	for i := range ws {
+		p := req.preds[i]
+		head := 1.0
+		ok := true
+		if req.SLOTTFT > 0 {
+			head = min(head, (req.SLOTTFT-p.TTFT)/req.SLOTTFT)
+			ok = ok && p.TTFT <= req.SLOTTFT
+		}
+		if req.SLOTPOT > 0 {
+			head = min(head, (req.SLOTPOT-p.ITL)/req.SLOTPOT)
+			ok = ok && p.ITL <= req.SLOTPOT
+		}
+		if !ok {
+			continue
+		}
+		ws[n], costs[n], req.preds[n] = ws[i], -head, p
+		n++
+	}
+	return n
+}
+
+var (
+	_ Scorer = PredictedTTFT{}
+	_ Picker = LatencyPick{}
+)

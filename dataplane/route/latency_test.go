@@ -1,0 +1,188 @@
+package route
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/kvrelay/kvrelay/dataplane/clock"
+)
+
+func latencyRouter(t *testing.T, n, seqs int) (*Router, []*Worker, func(w *Worker, hashes []uint64)) {
+	t.Helper()
+	r, idx := newRouter(t, Config{Policy: PolicyLatency, ComputeWeight: DefaultComputeWeight, BackgroundWeight: DefaultBackgroundWeight}, n)
+	ws := r.Pool().Workers
+	for _, w := range ws {
+		w.Engine.MaxNumSeqs = seqs
+	}
+	cache := func(w *Worker, hashes []uint64) { idx.Record(w.Index, hashes, 0) }
+	return r, ws, cache
+}
+
+// busy puts n requests of this proxy in flight on w, each past its prefill, and returns
+// their usages.
+func busy(w *Worker, n int) []*Usage {
+	us := make([]*Usage, n)
+	for i := range us {
+		us[i] = &Usage{}
+		us[i].Begin(w, 100, 100, 0)
+	}
+	return us
+}
+
+// TestLatencyAvoidsFullWorker: the worker that holds a long prefix but runs its max_num_seqs
+// already would make a new request wait for a slot longer than its prefill elsewhere takes,
+// so the request goes elsewhere; below its limit the same worker keeps it.
+func TestLatencyAvoidsFullWorker(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		inflight int
+		home     bool
+	}{
+		{"below the limit", 1, true},
+		{"at the limit", 2, false},
+		{"past the limit", 4, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r, ws, cache := latencyRouter(t, 3, 2)
+			hashes, n := promptChain(1, 1, 250, 4) // 4000 of 4064 tokens cached on w0
+			cache(ws[0], hashes[:250])
+			for _, u := range busy(ws[0], tc.inflight) {
+				defer u.End()
+			}
+			var req Request
+			req.Model, req.Hashes, req.PromptTokens = "m", hashes, n
+			var d Decision
+			if err := r.Route(&req, &d); err != nil {
+				t.Fatal(err)
+			}
+			if !d.HasPrediction || d.Prediction.TTFT <= 0 {
+				t.Fatalf("no prediction in %+v", d)
+			}
+			if got := d.Worker == ws[0]; got != tc.home {
+				cands, preds := req.Candidates()
+				for i, w := range cands {
+					t.Logf("%s: %+v", w.ID, preds[i])
+				}
+				t.Fatalf("went to %s (home %v), want home %v", d.Worker.ID, got, tc.home)
+			}
+		})
+	}
+}
+
+// TestLatencyNewPrefixesSpread: prompts nobody caches go to distinct idle workers.
+func TestLatencyNewPrefixesSpread(t *testing.T) {
+	r, _, _ := latencyRouter(t, 4, 8)
+	seen := map[string]bool{}
+	var open []*Usage
+	defer func() {
+		for _, u := range open {
+			u.End()
+		}
+	}()
+	for g := uint32(1); g <= 4; g++ {
+		var req Request
+		req.Model = "m"
+		req.Hashes, req.PromptTokens = promptChain(g, g, 100, 2)
+		var d Decision
+		if err := r.Route(&req, &d); err != nil {
+			t.Fatal(err)
+		}
+		if seen[d.Worker.ID] {
+			t.Fatalf("prefix %d went to %s, already busy with another", g, d.Worker.ID)
+		}
+		seen[d.Worker.ID] = true
+		u := &Usage{}
+		u.Begin(d.Worker, req.PromptTokens, 0, 0)
+		open = append(open, u)
+	}
+}
+
+// TestLatencySLO: a request whose TTFT target only an idle worker meets goes there even when
+// another caches more of it; a target no worker meets is ErrSLO.
+func TestLatencySLO(t *testing.T) {
+	r, ws, cache := latencyRouter(t, 2, 2)
+	hashes, n := promptChain(2, 2, 250, 4)
+	cache(ws[0], hashes[:250])
+	for _, u := range busy(ws[0], 2) {
+		defer u.End()
+	}
+	var req Request
+	req.Model, req.Hashes, req.PromptTokens = "m", hashes, n
+	var d Decision
+	if err := r.Route(&req, &d); err != nil {
+		t.Fatal(err)
+	}
+	best := d.Prediction.TTFT
+	req.SLOTTFT = best * 1.5
+	if err := r.Route(&req, &d); err != nil || d.Worker != ws[1] || d.Mode != "slo" {
+		t.Fatalf("with a reachable target: %v, %s mode %s", err, d.Worker.ID, d.Mode)
+	}
+	req.SLOTTFT = best / 10
+	if err := r.Route(&req, &d); !errors.Is(err, ErrSLO) {
+		t.Fatalf("with an unreachable target: %v, want ErrSLO", err)
+	}
+	req.SLOTTFT, req.SLOTPOT = 0, 1e-6
+	if err := r.Route(&req, &d); !errors.Is(err, ErrSLO) {
+		t.Fatalf("with an unreachable TPOT target: %v, want ErrSLO", err)
+	}
+}
+
+// TestLatencyBackground: a low-priority request goes where no interactive request runs, when
+// the two workers are otherwise alike.
+func TestLatencyBackground(t *testing.T) {
+	r, ws, _ := latencyRouter(t, 2, 8)
+	hot := &Usage{}
+	hot.Begin(ws[0], 100, 0, 0)
+	hot.Predicted(nil, 1, false)
+	defer hot.End()
+	cold := &Usage{}
+	cold.Begin(ws[1], 100, 0, 0)
+	defer cold.End()
+	if ws[0].Interactive() != 1 || ws[1].Interactive() != 0 {
+		t.Fatalf("interactive counts %d %d", ws[0].Interactive(), ws[1].Interactive())
+	}
+	for range 20 {
+		var req Request
+		req.Model, req.Priority = "m", -1
+		req.Hashes, req.PromptTokens = promptChain(3, 3, 100, 1)
+		var d Decision
+		if err := r.Route(&req, &d); err != nil {
+			t.Fatal(err)
+		}
+		if d.Worker != ws[1] {
+			t.Fatalf("background request went to %s, beside an interactive one", d.Worker.ID)
+		}
+	}
+}
+
+// TestLatencyLearnsFromUsage: streamed requests teach the chosen worker's model at the first
+// token and at completion.
+func TestLatencyLearnsFromUsage(t *testing.T) {
+	r, ws, _ := latencyRouter(t, 1, 4)
+	clk := int64(1e12)
+	Clock = func() int64 { return clk }
+	defer func() { Clock = clock.Mono }()
+	var req Request
+	req.Model = "m"
+	req.Hashes, req.PromptTokens = promptChain(4, 4, 10, 1)
+	var d Decision
+	if err := r.Route(&req, &d); err != nil {
+		t.Fatal(err)
+	}
+	u := &Usage{}
+	u.Begin(d.Worker, req.PromptTokens, 0, 0)
+	u.Predicted(&d, 0, true)
+	clk += 30e6
+	u.FirstToken()
+	pred, got, ok := u.TTFTPrediction()
+	if !ok || got != 0.03 || pred != d.Prediction.TTFT {
+		t.Fatalf("TTFTPrediction = %v %v %v", pred, got, ok)
+	}
+	clk += 1e9
+	u.CompletedAt(0, 101)
+	u.End()
+	st := ws[0].Latency().Stats()
+	if st.Observations != 1 || st.Decodes != 1 || st.Occupancy != 1 {
+		t.Fatalf("model after one request: %+v", st)
+	}
+}
