@@ -41,6 +41,7 @@ func (o operator) worker(w registry.Worker) *operatorv1.Worker {
 			Id: w.ID, Url: w.URL, Model: w.Model, Role: w.Role, BlockSize: uint32(w.BlockSize),
 			KvEvents: w.KVEvents, KvEventsBind: w.KVEventsBind, KvEventsTopic: w.KVEventsTopic, KvEventsReplay: w.KVEventsReplay,
 			Metrics: w.Metrics, Engine: w.Engine, Source: w.Source,
+			MaxNumSeqs: uint32(w.MaxNumSeqs), MaxNumBatchedTokens: uint32(w.MaxNumBatchedTokens),
 		},
 		Status: &operatorv1.WorkerStatus{
 			Healthy: st.Healthy, Draining: w.Draining,
@@ -92,6 +93,7 @@ func (o operator) UpsertWorker(_ context.Context, spec *operatorv1.WorkerSpec) (
 		ID: spec.GetId(), URL: spec.GetUrl(), Model: spec.GetModel(), Role: spec.GetRole(), BlockSize: int(spec.GetBlockSize()),
 		KVEvents: spec.GetKvEvents(), KVEventsBind: spec.GetKvEventsBind(), KVEventsTopic: spec.GetKvEventsTopic(), KVEventsReplay: spec.GetKvEventsReplay(),
 		Metrics: spec.GetMetrics(), Engine: spec.GetEngine(),
+		MaxNumSeqs: int(min(spec.GetMaxNumSeqs(), 1<<31-1)), MaxNumBatchedTokens: int(min(spec.GetMaxNumBatchedTokens(), 1<<31-1)),
 	}.WithDefaults()
 	if err := o.s.reg.Upsert(w); err != nil {
 		return nil, apiErr(err)
@@ -120,6 +122,7 @@ func policyMessage(p registry.Policy) *operatorv1.Policy {
 		BusyDecodeBlocks: r.BusyDecodeBlocks, BusyKvFraction: r.BusyKvFraction, SessionTtlMs: r.SessionTtlMs,
 		QueueWeight: r.QueueWeight, Disagg: r.Disagg, DisaggThreshold: r.DisaggThreshold,
 		KernelLoadSignals: p.KernelLoadSignals,
+		ComputeWeight:     r.ComputeWeight, BackgroundWeight: r.BackgroundWeight,
 	}
 }
 
@@ -135,6 +138,7 @@ func (o operator) SetPolicy(_ context.Context, m *operatorv1.Policy) (*operatorv
 		CacheThreshold: m.GetCacheThreshold(), TierWeights: m.GetTierWeights(),
 		BusyPrefillTokens: m.GetBusyPrefillTokens(), BusyDecodeBlocks: m.GetBusyDecodeBlocks(),
 		BusyKVFraction: m.GetBusyKvFraction(), SessionTTL: time.Duration(m.GetSessionTtlMs()) * time.Millisecond,
+		ComputeWeight: m.ComputeWeight, BackgroundWeight: m.BackgroundWeight,
 	}
 	got, err := o.s.reg.SetPolicy(p)
 	if err != nil {

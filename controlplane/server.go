@@ -409,8 +409,10 @@ func (s *Server) workerResources() []*xdsv1.Worker {
 			Slot:           uint32(s.index.Slot(w.ID)),
 			// A worker not polled yet is taken as healthy: the proxies' own ejection covers
 			// one that is not, and a fresh control plane does not turn the fleet away.
-			Healthy:  st.Healthy || st.CheckedAt.IsZero(),
-			Draining: w.Draining,
+			Healthy:             st.Healthy || st.CheckedAt.IsZero(),
+			Draining:            w.Draining,
+			MaxNumSeqs:          uint32(w.MaxNumSeqs),
+			MaxNumBatchedTokens: uint32(w.MaxNumBatchedTokens),
 		}
 		if res.Model == "" {
 			res.Model = st.Model.ID
@@ -450,6 +452,8 @@ func policyResource(p registry.Policy) *xdsv1.RoutingPolicy {
 		BusyDecodeBlocks:  p.BusyDecodeBlocks,
 		BusyKvFraction:    p.BusyKVFraction,
 		SessionTtlMs:      p.SessionTTL.Milliseconds(),
+		ComputeWeight:     p.ComputeWeight,
+		BackgroundWeight:  p.BackgroundWeight,
 	}
 }
 

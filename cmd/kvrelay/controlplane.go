@@ -44,7 +44,10 @@ fleet's load, and pushes workers, load, routing policy and the index to proxies
 A --worker is comma-separated key=value pairs: id, url, model, role (both|prefill|decode),
 block-size, kv-events (a PUB endpoint to dial), kv-events-bind (an endpoint to bind for
 publishers that connect out), kv-events-topic, kv-events-replay, metrics, engine
-(vllm|sglang|trtllm|sim). Model and block size are discovered when not given.
+(vllm|sglang|trtllm|sim), max-num-seqs and max-num-batched-tokens (the engine's scheduler
+limits, which the latency policy predicts queueing from; learned from the engine's
+running and waiting counts when not given). Model and block size are discovered when not
+given.
 
 Several workers may name one kv-events-bind endpoint: the control plane binds it once and
 tells the publishers apart by topic, each worker's kv-events-topic or by default

@@ -97,7 +97,8 @@ func ctlWorkersCmd(o *ctlOptions) *cobra.Command {
 		Long: `add registers a worker through the API. SPEC is the --worker form of the control plane:
 comma-separated key=value pairs with the keys id and url (both required), model, role
 (both, prefill, decode), block-size, kv-events, kv-events-bind, kv-events-topic,
-kv-events-replay, metrics and engine (vllm, sglang, trtllm, sim).`,
+kv-events-replay, metrics, engine (vllm, sglang, trtllm, sim), max-num-seqs and
+max-num-batched-tokens.`,
 		Example: "  kvrelay ctl workers add 'id=w5,url=http://127.0.0.1:8005,kv-events=tcp://127.0.0.1:5565,engine=sim'",
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -188,6 +189,7 @@ func ctlPolicyCmd(o *ctlOptions) *cobra.Command {
 		disaggThreshold                                int64
 		kernelSignals                                  bool
 		overlap, queue, temperature, threshold, busyKV float64
+		computeWeight, backgroundWeight                float64
 		tierWeights                                    []float64
 		busyPrefill, busyDecode                        uint64
 		sessionTTL                                     time.Duration
@@ -257,6 +259,12 @@ result as a new version, which the control plane pushes to every proxy.`,
 			if fs.Changed("session-ttl") {
 				p.SessionTtlMs = sessionTTL.Milliseconds()
 			}
+			if fs.Changed("compute-weight") {
+				p.ComputeWeight = &computeWeight
+			}
+			if fs.Changed("background-weight") {
+				p.BackgroundWeight = &backgroundWeight
+			}
 			var stored operatorv1.Policy
 			if err := c.call(cmd.Context(), http.MethodPut, "/v1/policy", &p, &stored); err != nil {
 				return err
@@ -265,7 +273,7 @@ result as a new version, which the control plane pushes to every proxy.`,
 		},
 	}
 	fs := set.Flags()
-	fs.StringVar(&policy, "policy", "", "routing policy: kv, round-robin, least-loaded, random, power-of-two, session")
+	fs.StringVar(&policy, "policy", "", "routing policy: "+strings.Join(registry.PolicyNames(), ", "))
 	fs.Float64Var(&overlap, "overlap-weight", 0, "KV cost of a prompt block the worker must compute (a block held by decodes costs 1)")
 	fs.BoolVar(&kernelSignals, "kernel-load-signals", false, "count connections waiting in a worker's accept queue, and the requests its recent first-byte latency implies, as waiting load (eBPF, where the control plane runs the probes)")
 	fs.StringVar(&disagg, "disagg", "", "auto (split requests into prefill and decode legs when the pool has both roles) or off")
@@ -278,6 +286,8 @@ result as a new version, which the control plane pushes to every proxy.`,
 	fs.Uint64Var(&busyDecode, "busy-decode-blocks", 0, "a worker holding more KV blocks takes no new request (0: off)")
 	fs.Float64Var(&busyKV, "busy-kv-fraction", 0, "a worker using more of its KV cache takes no new request (0: off)")
 	fs.DurationVar(&sessionTTL, "session-ttl", 0, "how long session affinity lasts (e.g. 10m)")
+	fs.Float64Var(&computeWeight, "compute-weight", 0, "latency policy: the request's own prefill time weighed again beside its predicted TTFT")
+	fs.Float64Var(&backgroundWeight, "background-weight", 0, "latency policy: a background request's prefill time weighed once more per interactive request on the worker")
 	cmd.AddCommand(set)
 	return cmd
 }
@@ -387,10 +397,20 @@ func ctlPolicyTable(w io.Writer, p *operatorv1.Policy) {
 		{"disagg", cmp.Or(p.Disagg, "auto")},
 		{"kernel_load_signals", strconv.FormatBool(p.KernelLoadSignals)},
 		{"disagg_threshold", disaggThresholdText(p.DisaggThreshold)},
+		{"compute_weight", optionalText(p.ComputeWeight)},
+		{"background_weight", optionalText(p.BackgroundWeight)},
 	} {
 		fmt.Fprintf(tw, "%s\t%s\n", row[0], row[1])
 	}
 	tw.Flush()
+}
+
+// optionalText prints an optional weight, "proxy default" when unset.
+func optionalText(v *float64) string {
+	if v == nil {
+		return "proxy default"
+	}
+	return strconv.FormatFloat(*v, 'g', -1, 64)
 }
 
 // parseCtlWorkerSpec reads the control plane's --worker form (registry.ParseWorker: the
@@ -402,7 +422,7 @@ func parseCtlWorkerSpec(s string) (*operatorv1.WorkerSpec, error) {
 	}
 	return &operatorv1.WorkerSpec{Id: w.ID, Url: w.URL, Model: w.Model, Role: w.Role, BlockSize: uint32(w.BlockSize),
 		KvEvents: w.KVEvents, KvEventsBind: w.KVEventsBind, KvEventsTopic: w.KVEventsTopic, KvEventsReplay: w.KVEventsReplay, Metrics: w.Metrics,
-		Engine: w.Engine}, nil
+		Engine: w.Engine, MaxNumSeqs: uint32(w.MaxNumSeqs), MaxNumBatchedTokens: uint32(w.MaxNumBatchedTokens)}, nil
 }
 
 // ctlClient calls the operator API over HTTP.

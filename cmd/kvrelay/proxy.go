@@ -28,31 +28,36 @@ func newProxyCmd() *cobra.Command {
 	var (
 		configPath string
 		upstreams  []string
-		debugAddr  string
+		adminAddr  string
 		ebpfF      ebpfFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "proxy",
 		Short: "Run the KV-aware OpenAI edge proxy in front of engines",
 		Long: `proxy serves the OpenAI API on --listen and sends each request to the upstream engine
-that holds most of its prompt in KV cache without overloading anyone (--policy kv), or by a
-baseline policy. Settings come from flags, or from a YAML file (--config) whose keys are the
-flag names with underscores; flags given explicitly override the file.
+that holds most of its prompt in KV cache without overloading anyone (--policy kv), to the
+one predicted to give it its first token soonest (--policy latency: queue wait from the
+engine's requests against its max-num-seqs and step budget, plus prefill of what it does not
+cache, learned online from what each engine does), or by a baseline policy. Under a control
+plane (--xds) the policy the control plane pushes wins over --policy and its weights.
+Settings come from flags, or from a YAML file (--config) whose keys are the flag names with
+underscores; flags given explicitly override the file.
 
 An --upstream is a URL (http://host:port) or key=value pairs: id=w1,url=http://host:port,
-model=NAME,capacity=BLOCKS,role=prefill|decode|both.`,
+model=NAME,capacity=BLOCKS,role=prefill|decode|both,max-num-seqs=N,max-num-batched-tokens=N.
+
+Under the latency policy, requests may carry latency targets (x-slo-ttft-ms, x-slo-tpot-ms):
+they go to the worker predicted to meet them with the most headroom, wait in the admission
+queue for one until the TTFT target passes, or get 429. --admin-listen serves the sampled
+decisions with every candidate's prediction (/debug/decisions), each worker's latency model
+(/debug/latency) and Go's pprof.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			final, err := proxyConfig(cmd.Flags(), cfg, configPath, upstreams)
 			if err != nil {
 				return err
 			}
-			if debugAddr != "" {
-				if err := serveDebug(cmd.Context(), debugAddr); err != nil {
-					return err
-				}
-			}
-			return runProxy(cmd.Context(), cmd.OutOrStdout(), final, ebpfF)
+			return runProxy(cmd.Context(), cmd.OutOrStdout(), final, ebpfF, adminAddr)
 		},
 	}
 	fs := cmd.Flags()
@@ -62,7 +67,7 @@ model=NAME,capacity=BLOCKS,role=prefill|decode|both.`,
 	fs.StringArrayVar(&upstreams, "upstream", nil, "an engine: URL or id=,url=,model=,capacity=,role= (repeat for each)")
 	fs.StringVar(&cfg.XDS, "xds", "", "control plane's xDS address (host:port): workers, load, policy and KV index come from it (no --upstream)")
 	fs.StringVar(&cfg.NodeID, "node-id", "", "this proxy's name to the control plane (default hostname-pid)")
-	fs.StringVar(&cfg.Policy, "policy", cfg.Policy, "routing policy: "+strings.Join(route.PolicyNames(), ", "))
+	fs.StringVar(&cfg.Policy, "policy", cfg.Policy, "routing policy: "+strings.Join(route.PolicyNames(), ", ")+" (under --xds the control plane's policy wins)")
 	fs.IntVar(&cfg.BlockSize, "block-size", cfg.BlockSize, "engines' KV block size in tokens")
 	fs.StringVar(&cfg.Tokenizer, "tokenizer", "", "o200k_harmony, o200k_base, cl100k_base, a tokenizer.json path, remote or estimate (default: by model)")
 	fs.StringVar(&cfg.ChatTemplate, "chat-template", "", "harmony, chatml, llama3, or a tokenizer_config.json / .jinja path (default: by model)")
@@ -71,6 +76,9 @@ model=NAME,capacity=BLOCKS,role=prefill|decode|both.`,
 	fs.Float64Var(&cfg.OverlapWeight, "overlap-weight", cfg.OverlapWeight, "KV cost of a prompt block the worker must compute (a block held by decodes costs 1)")
 	fs.Float64Var(&cfg.QueueWeight, "queue-weight", cfg.QueueWeight, "KV cost of a block of the worker's prefill backlog (uncached tokens it still has to compute)")
 	fs.Float64Var(&cfg.Temperature, "temperature", cfg.Temperature, "> 0 samples workers by a softmax over normalised costs")
+	fs.Float64Var(&cfg.ComputeWeight, "compute-weight", cfg.ComputeWeight, "latency policy: the request's own prefill time weighed again beside its predicted TTFT (0: the soonest first token alone)")
+	fs.Float64Var(&cfg.BackgroundWeight, "background-weight", cfg.BackgroundWeight, "latency policy: a request with a priority below 0 weighs its prefill time once more per interactive request on the worker")
+	fs.BoolVar(&cfg.ExposeDecisionHeader, "expose-decision-header", false, "latency policy: add x-kvrelay-decision (every candidate's predicted TTFT, queue, prefill, cached blocks) to responses")
 	fs.Float64Var(&cfg.CacheThreshold, "cache-threshold", cfg.CacheThreshold, "below this cached share of the prompt, spread by load")
 	fs.StringVar(&cfg.Disagg, "disagg", cfg.Disagg, "auto (split requests into prefill and decode legs when the pool has both roles) or off")
 	fs.IntVar(&cfg.DisaggThreshold, "disagg-threshold", cfg.DisaggThreshold, "prompts whose part the decode worker does not cache is at most this many tokens prefill on the decode worker (negative: always remotely)")
@@ -84,7 +92,9 @@ model=NAME,capacity=BLOCKS,role=prefill|decode|both.`,
 	fs.Int64Var(&cfg.MaxBodyBytes, "max-body-bytes", cfg.MaxBodyBytes, "largest request body (larger gets 413)")
 	fs.DurationVar(&cfg.DrainTimeout, "drain-timeout", cfg.DrainTimeout, "how long a stop waits for requests in flight")
 	fs.IntVar(&cfg.EventLoops, "event-loops", 0, "gnet event loops, each on its own thread (0: GOMAXPROCS-1, at least one)")
-	fs.StringVar(&debugAddr, "debug-addr", "", "serve Go's pprof profiles on this address (e.g. 127.0.0.1:6060; empty: off)")
+	fs.StringVar(&adminAddr, "admin-listen", "", "serve sampled routing decisions (/debug/decisions), latency models (/debug/latency) and Go's pprof on this address (e.g. 127.0.0.1:6060; empty: off)")
+	fs.StringVar(&adminAddr, "debug-addr", "", "deprecated spelling of --admin-listen")
+	_ = fs.MarkDeprecated("debug-addr", "use --admin-listen")
 	return cmd
 }
 
@@ -122,6 +132,9 @@ func proxyConfig(fs *pflag.FlagSet, flags proxy.Config, path string, upstreams [
 		override("overlap-weight", func() { file.OverlapWeight = flags.OverlapWeight })
 		override("queue-weight", func() { file.QueueWeight = flags.QueueWeight })
 		override("temperature", func() { file.Temperature = flags.Temperature })
+		override("compute-weight", func() { file.ComputeWeight = flags.ComputeWeight })
+		override("background-weight", func() { file.BackgroundWeight = flags.BackgroundWeight })
+		override("expose-decision-header", func() { file.ExposeDecisionHeader = flags.ExposeDecisionHeader })
 		override("cache-threshold", func() { file.CacheThreshold = flags.CacheThreshold })
 		override("disagg", func() { file.Disagg = flags.Disagg })
 		override("disagg-threshold", func() { file.DisaggThreshold = flags.DisaggThreshold })
@@ -173,12 +186,19 @@ func parseUpstream(v string) (proxy.Upstream, error) {
 			u.Capacity = n
 		case "role":
 			u.Role = val
-		case "block-size", "block_size":
+		case "block-size", "block_size", "max-num-seqs", "max-num-batched-tokens":
 			n, err := strconv.Atoi(val)
 			if err != nil {
-				return u, fmt.Errorf("--upstream %q: block size %q is not a number", v, val)
+				return u, fmt.Errorf("--upstream %q: %s %q is not a number", v, k, val)
 			}
-			u.BlockSize = n
+			switch strings.TrimSpace(k) {
+			case "max-num-seqs":
+				u.MaxNumSeqs = n
+			case "max-num-batched-tokens":
+				u.MaxNumBatchedTokens = n
+			default:
+				u.BlockSize = n
+			}
 		default:
 			return u, fmt.Errorf("--upstream %q: unknown key %q", v, k)
 		}
@@ -186,8 +206,9 @@ func parseUpstream(v string) (proxy.Upstream, error) {
 	return u, nil
 }
 
-// runProxy starts a proxy and serves until ctx ends.
-func runProxy(ctx context.Context, out io.Writer, cfg proxy.Config, ebpfF ebpfFlags) error {
+// runProxy starts a proxy and serves until ctx ends; adminAddr, when not empty, serves its
+// admin endpoints.
+func runProxy(ctx context.Context, out io.Writer, cfg proxy.Config, ebpfF ebpfFlags, adminAddr string) error {
 	// The probes watch the proxy's workers (engines are other processes: no run-queue PIDs).
 	// They attach first; once the listener is bound, and before any connection is served
 	// (so before the first connection to a worker), they learn the workers and the proxy
@@ -224,6 +245,12 @@ func runProxy(ctx context.Context, out io.Writer, cfg proxy.Config, ebpfF ebpfFl
 		fmt.Fprintf(out, "kvrelay proxy on http://%s/v1 (policy %s) → %d upstreams\n", p.Addr(), cfg.Policy, len(cfg.Upstreams))
 	}
 	defer probes.Close() // (before exit: leaves the dial scope and removes it)
+	if adminAddr != "" {
+		if err := serveAdmin(ctx, adminAddr, p.DecisionsHandler()); err != nil {
+			_ = p.Close()
+			return err
+		}
+	}
 	return p.Run(ctx)
 }
 
@@ -249,13 +276,16 @@ func startProxyWith(ctx context.Context, cfg proxy.Config, onListen func(*proxy.
 	return p, nil
 }
 
-// serveDebug serves net/http/pprof on addr until ctx ends.
-func serveDebug(ctx context.Context, addr string) error {
+// serveAdmin serves the proxy's admin endpoints (decisions, latency models: h) and
+// net/http/pprof on addr until ctx ends.
+func serveAdmin(ctx context.Context, addr string, h http.Handler) error {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return fmt.Errorf("listening for pprof on %s: %w", addr, err)
+		return fmt.Errorf("listening for the admin endpoints on %s: %w", addr, err)
 	}
 	mux := http.NewServeMux()
+	mux.Handle("/debug/decisions", h)
+	mux.Handle("/debug/latency", h)
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
 	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)

@@ -63,6 +63,11 @@ type Policy struct {
 	KernelLoadSignals bool `json:"kernel_load_signals,omitempty"`
 	// SessionTTL is how long a session stays bound to its worker (policy session).
 	SessionTTL time.Duration `json:"session_ttl"`
+	// ComputeWeight and BackgroundWeight, when set, tune the latency policy: the request's
+	// own prefill time weighed again beside its predicted TTFT, and for a background
+	// request once more per interactive request on the worker (unset: the proxies' own).
+	ComputeWeight    *float64 `json:"compute_weight,omitempty"`
+	BackgroundWeight *float64 `json:"background_weight,omitempty"`
 }
 
 // DefaultPolicy is the policy served until an operator sets one, version 1: kv, overlap
@@ -126,6 +131,13 @@ func (p Policy) validate() error {
 	if p.Disagg != "" && p.Disagg != "auto" && p.Disagg != "off" {
 		return fmt.Errorf("disagg %q: want auto or off", p.Disagg)
 	}
+	for what, v := range map[string]*float64{"compute weight": p.ComputeWeight, "background weight": p.BackgroundWeight} {
+		if v != nil {
+			if err := checkRange(what, *v, 0, xds.MaxWeight); err != nil {
+				return err
+			}
+		}
+	}
 	return nil
 }
 
@@ -136,10 +148,21 @@ func checkRange(what string, v, lo, hi float64) error {
 	return nil
 }
 
-// clone returns p with its own TierWeights.
+// clone returns p with its own TierWeights and optional weights.
 func (p Policy) clone() Policy {
 	p.TierWeights = slices.Clone(p.TierWeights)
+	p.ComputeWeight = clonePtr(p.ComputeWeight)
+	p.BackgroundWeight = clonePtr(p.BackgroundWeight)
+	p.DisaggThreshold = clonePtr(p.DisaggThreshold)
 	return p
+}
+
+func clonePtr[T any](v *T) *T {
+	if v == nil {
+		return nil
+	}
+	c := *v
+	return &c
 }
 
 // nextPolicy returns p as the successor of cur: validated, with version cur.Version+1. A

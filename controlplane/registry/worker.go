@@ -75,6 +75,11 @@ type Worker struct {
 	Metrics string `yaml:"metrics,omitempty" json:"metrics,omitempty"`
 	// Engine is the engine kind, one of engines.Kinds(); the default is vllm.
 	Engine string `yaml:"engine,omitempty" json:"engine,omitempty"`
+	// MaxNumSeqs and MaxNumBatchedTokens are the engine's scheduler limits (vLLM's
+	// --max-num-seqs and --max-num-batched-tokens), 0 when unknown; the latency policy
+	// predicts queueing from them.
+	MaxNumSeqs          int `yaml:"max-num-seqs,omitempty" json:"max-num-seqs,omitempty"`
+	MaxNumBatchedTokens int `yaml:"max-num-batched-tokens,omitempty" json:"max-num-batched-tokens,omitempty"`
 	// Draining keeps new requests away from the worker. Registry.SetDraining overrides it.
 	Draining bool `yaml:"draining,omitempty" json:"draining,omitempty"`
 	// Source is where the worker came from (SourceFlag, …). It is set by the registry and
@@ -95,14 +100,16 @@ const (
 	keyKVEventsReplay = "kv-events-replay"
 	keyMetrics        = "metrics"
 	keyEngine         = "engine"
+	keyMaxNumSeqs     = "max-num-seqs"
+	keyMaxBatched     = "max-num-batched-tokens"
 )
 
 var flagKeys = []string{keyID, keyURL, keyModel, keyRole, keyBlockSize, keyKVEvents,
-	keyKVEventsBind, keyKVEventsTopic, keyKVEventsReplay, keyMetrics, keyEngine}
+	keyKVEventsBind, keyKVEventsTopic, keyKVEventsReplay, keyMetrics, keyEngine, keyMaxNumSeqs, keyMaxBatched}
 
 // ParseWorker parses the `--worker` flag form: comma-separated key=value pairs with the keys
 // id, url, model, role, block-size, kv-events, kv-events-bind, kv-events-topic,
-// kv-events-replay, metrics and engine. Spaces around keys and values are dropped, empty pairs are skipped, a value may
+// kv-events-replay, metrics, engine, max-num-seqs and max-num-batched-tokens. Spaces around keys and values are dropped, empty pairs are skipped, a value may
 // contain '=' but not ','. id and url are required. The result has its defaults filled in
 // (WithDefaults), is valid, and has Source SourceFlag. Errors wrap ErrInvalid.
 func ParseWorker(s string) (Worker, error) {
@@ -142,12 +149,19 @@ func parseWorker(s string) (Worker, error) {
 			w.Model = v
 		case keyRole:
 			w.Role = v
-		case keyBlockSize:
+		case keyBlockSize, keyMaxNumSeqs, keyMaxBatched:
 			n, err := strconv.Atoi(v)
 			if err != nil {
-				return Worker{}, fmt.Errorf("%w: block-size %q is not an integer", ErrInvalid, v)
+				return Worker{}, fmt.Errorf("%w: %s %q is not an integer", ErrInvalid, k, v)
 			}
-			w.BlockSize = n
+			switch k {
+			case keyBlockSize:
+				w.BlockSize = n
+			case keyMaxNumSeqs:
+				w.MaxNumSeqs = n
+			default:
+				w.MaxNumBatchedTokens = n
+			}
 		case keyKVEvents:
 			w.KVEvents = v
 		case keyKVEventsBind:
@@ -210,6 +224,12 @@ func (w Worker) String() string {
 	}
 	if w.Engine != string(engines.KindVLLM) {
 		add(keyEngine, w.Engine)
+	}
+	if w.MaxNumSeqs != 0 {
+		add(keyMaxNumSeqs, strconv.Itoa(w.MaxNumSeqs))
+	}
+	if w.MaxNumBatchedTokens != 0 {
+		add(keyMaxBatched, strconv.Itoa(w.MaxNumBatchedTokens))
 	}
 	return b.String()
 }
@@ -276,6 +296,9 @@ func (w Worker) validate() error {
 	if w.BlockSize < 0 || w.BlockSize > xds.MaxBlockSize {
 		return fmt.Errorf("block-size %d outside [0, %d]", w.BlockSize, xds.MaxBlockSize)
 	}
+	if w.MaxNumSeqs < 0 || w.MaxNumSeqs > maxLimit || w.MaxNumBatchedTokens < 0 || w.MaxNumBatchedTokens > maxLimit {
+		return fmt.Errorf("max-num-seqs %d and max-num-batched-tokens %d must be within [0, %d]", w.MaxNumSeqs, w.MaxNumBatchedTokens, maxLimit)
+	}
 	if w.KVEvents != "" && w.KVEventsBind != "" {
 		return errors.New("both kv-events (dial) and kv-events-bind (bind) are set; choose one")
 	}
@@ -315,6 +338,9 @@ func (w Worker) validate() error {
 	}
 	return nil
 }
+
+// maxLimit bounds an engine's scheduler limits (they travel as 32-bit integers).
+const maxLimit = 1 << 30
 
 func kindList() string {
 	var names []string

@@ -69,6 +69,8 @@ type Request struct {
 	SessionID     []byte // x-session-id
 	Priority      []byte // x-kvrelay-priority
 	OSL           []byte // x-kvrelay-osl
+	SLOTTFT       []byte // x-slo-ttft-ms
+	SLOTPOT       []byte // x-slo-tpot-ms
 
 	// Header holds every header field line, in order.
 	Header HeaderList
@@ -79,6 +81,7 @@ func (r *Request) reset() {
 	r.ProtoMinor, r.Body, r.ContentLength = 0, BodyNone, 0
 	r.KeepAlive, r.Expect100 = false, false
 	r.ContentType, r.Authorization, r.RequestID, r.SessionID, r.Priority, r.OSL = nil, nil, nil, nil, nil, nil
+	r.SLOTTFT, r.SLOTPOT = nil, nil
 	r.Header.n = 0
 }
 
@@ -450,6 +453,14 @@ func (r *Request) field(f *framing, name, value []byte) code {
 		case equalFold(name, "x-kvrelay-osl"):
 			if r.OSL == nil {
 				r.OSL = value
+			}
+		case equalFold(name, "x-slo-ttft-ms"):
+			if r.SLOTTFT == nil {
+				r.SLOTTFT = value
+			}
+		case equalFold(name, "x-slo-tpot-ms"):
+			if r.SLOTPOT == nil {
+				r.SLOTPOT = value
 			}
 		}
 	case 14:

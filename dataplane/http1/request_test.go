@@ -379,6 +379,9 @@ func TestFastLookups(t *testing.T) {
 		"x-session-id: sid\r\n" +
 		"X-KVRelay-Priority: 7\r\n" +
 		"X-Kvrelay-Osl: 512\r\n" +
+		"x-slo-ttft-ms: 250\r\n" +
+		"X-SLO-TPOT-MS: 30\r\n" +
+		"x-slo-ttft-ms: 999\r\n" +
 		"x-session-id: second\r\n" +
 		"X-Empty:\r\n" +
 		"\r\n"
@@ -393,6 +396,8 @@ func TestFastLookups(t *testing.T) {
 		{string(r.SessionID), "sid"},
 		{string(r.Priority), "7"},
 		{string(r.OSL), "512"},
+		{string(r.SLOTTFT), "250"},
+		{string(r.SLOTPOT), "30"},
 		{string(r.Host), "h"},
 		{string(r.Header.Get("X-SESSION-ID")), "sid"},
 		{string(r.Header.Get("content-type")), "application/json"},
@@ -407,8 +412,8 @@ func TestFastLookups(t *testing.T) {
 	if v := r.Header.Get("x-missing"); v != nil {
 		t.Errorf("missing field = %q, want nil", v)
 	}
-	if got := len(r.Header.All()); got != 9 {
-		t.Errorf("All() has %d fields, want 9", got)
+	if got := len(r.Header.All()); got != 12 {
+		t.Errorf("All() has %d fields, want 12", got)
 	}
 	// A new parse clears what the last one found.
 	if _, err := ParseRequest([]byte("GET / HTTP/1.0\r\n\r\n"), &r, Limits{}); err != nil {
@@ -560,7 +565,8 @@ func sameRequest(a, b *Request) bool {
 		a.Body != b.Body || a.ContentLength != b.ContentLength || a.KeepAlive != b.KeepAlive || a.Expect100 != b.Expect100 ||
 		string(a.ContentType) != string(b.ContentType) || string(a.SessionID) != string(b.SessionID) ||
 		string(a.Authorization) != string(b.Authorization) || string(a.RequestID) != string(b.RequestID) ||
-		string(a.Priority) != string(b.Priority) || string(a.OSL) != string(b.OSL) || a.Header.Len() != b.Header.Len() {
+		string(a.Priority) != string(b.Priority) || string(a.OSL) != string(b.OSL) || a.Header.Len() != b.Header.Len() ||
+		string(a.SLOTTFT) != string(b.SLOTTFT) || string(a.SLOTPOT) != string(b.SLOTPOT) {
 		return false
 	}
 	for i, h := range a.Header.All() {

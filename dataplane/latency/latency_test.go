@@ -36,7 +36,7 @@ func TestRLSConverges(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(1, 2))
 			r := RLS{Lambda: 0.995, Lo: Vec{0, 0, 0, 0}, Hi: Vec{10, 10, 10, 10}}
-			r.Init(4, Vec{0, 1, 1, 1}, 10)
+			r.Init(4, Vec{0, 1, 1, 1}, Vec{10, 10, 10, 10})
 			for range 3000 {
 				x := Vec{1, rng.Float64(), rng.Float64() * 0.5, rng.Float64() * 3}
 				y := truth[0] + truth[1]*x[1] + truth[2]*x[2] + truth[3]*x[3]
@@ -64,7 +64,7 @@ func TestRLSConverges(t *testing.T) {
 // worker that never fills) does not swing its coefficient when it first appears.
 func TestRLSWindup(t *testing.T) {
 	r := RLS{Lambda: 0.98, Lo: Vec{0, 0.01, 0.01}, Hi: Vec{10, 100, 100}}
-	r.Init(3, Vec{0, 1, 1}, 10)
+	r.Init(3, Vec{0, 1, 1}, Vec{10, 10, 10})
 	for i := range 5000 {
 		x := Vec{1, 0, float64(i%7) * 0.1}
 		r.Update(&x, 0.01+0.5*x[2])
@@ -85,7 +85,7 @@ func TestRLSWindup(t *testing.T) {
 // TestRLSIgnoresNonFinite: NaN and Inf observations change nothing.
 func TestRLSIgnoresNonFinite(t *testing.T) {
 	r := RLS{}
-	r.Init(2, Vec{1, 1}, 1)
+	r.Init(2, Vec{1, 1}, Vec{1, 1})
 	before := r.Theta
 	for _, y := range []float64{math.NaN(), math.Inf(1)} {
 		x := Vec{1, 1}

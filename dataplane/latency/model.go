@@ -110,11 +110,15 @@ const (
 func (m *Model) Init() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	// Both fits are on relative error (Observe divides by the prediction), so the prior
+	// variances are over a relative noise variance of about 0.1²: a multiplier of the prior
+	// curve is known to a factor of ten or so, the bias to ~10 ms, the decode step to ~20 ms
+	// and its growth per sequence to ~5 ms.
 	m.ttft = RLS{Lambda: 0.98, OutlierK: 4,
-		Lo: Vec{0, 0.01, 0.01, 0.001}, Hi: Vec{10, 100, 100, 100}}
-	m.ttft.Init(numFeat, Vec{0, 1, 1, 1}, 10)
+		Lo: Vec{0, 0.001, 0.001, 0.001}, Hi: Vec{10, 100, 100, 100}}
+	m.ttft.Init(numFeat, Vec{0, 1, 1, 1}, Vec{0.01, 100, 100, 100})
 	m.itl = RLS{Lambda: 0.99, OutlierK: 4, Lo: Vec{1e-4, 0}, Hi: Vec{5, 1}}
-	m.itl.Init(2, Vec{priorITL, 0}, 1e-3)
+	m.itl.Init(2, Vec{priorITL, 0}, Vec{0.04, 0.0025})
 	m.occ, m.nOcc = priorITL*priorOutput, 0
 	m.publishLocked()
 	m.seqs.Store(0)
@@ -194,12 +198,27 @@ func chunked(t, budget float64, c Curve, decode float64) float64 {
 	return s
 }
 
+// minScale floors the scale observations are divided by, so a near-zero prediction does
+// not make one observation weigh without bound.
+const minScale = 1e-3
+
+// relative divides x and y by the current prediction θ·x (at least minScale).
+func relative(r *RLS, x *Vec, y float64) (Vec, float64) {
+	s := max(r.Predict(x), minScale)
+	var xs Vec
+	for i := range r.N {
+		xs[i] = x[i] / s
+	}
+	return xs, y / s
+}
+
 // ObserveTTFT learns from a request predicted with features x whose first token came ttft
 // seconds after it was sent. It reports whether the observation was clipped as an outlier.
 func (m *Model) ObserveTTFT(x *Vec, ttft float64) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	clipped := m.ttft.Update(x, ttft)
+	xs, ys := relative(&m.ttft, x, ttft)
+	clipped := m.ttft.Update(&xs, ys)
 	m.publishLocked()
 	return clipped
 }
@@ -213,7 +232,8 @@ func (m *Model) ObserveDecode(batch int, itl, held float64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	x := Vec{1, float64(batch)}
-	m.itl.Update(&x, itl)
+	xs, ys := relative(&m.itl, &x, itl)
+	m.itl.Update(&xs, ys)
 	if held > 0 && !math.IsInf(held, 0) {
 		if m.nOcc == 0 {
 			m.occ = held

@@ -20,6 +20,10 @@ type Vec [MaxDim]float64
 //     observation that excites such a feature cannot swing θ arbitrarily.
 //   - Physics: each coefficient stays within [Lo[i], Hi[i]].
 //
+// Observations whose scale varies by orders of magnitude (a TTFT of 5 ms beside one of 5 s)
+// should be divided, x and y alike, by a scale known before the outcome (the prediction):
+// the fit then minimises relative error, and the prior variances are in relative units.
+//
 // An RLS is not safe for concurrent use; Model serialises it.
 type RLS struct {
 	N        int     // dimension, 1..MaxDim
@@ -35,13 +39,16 @@ type RLS struct {
 	outliers int     // observations clipped
 }
 
-// Init sets the prior: coefficients theta0 with independent variance p0 each.
-func (r *RLS) Init(n int, theta0 Vec, p0 float64) {
+// Init sets the prior: coefficients theta0, each with its own variance p0[i] (relative to
+// the observations' noise variance).
+func (r *RLS) Init(n int, theta0, p0 Vec) {
 	r.N = min(max(n, 1), MaxDim)
 	r.Theta = theta0
 	r.p = [MaxDim][MaxDim]float64{}
+	var trace float64
 	for i := range r.N {
-		r.p[i][i] = p0
+		r.p[i][i] = p0[i]
+		trace += p0[i]
 	}
 	r.scale, r.count, r.outliers = 0, 0, 0
 	if r.Lambda <= 0 || r.Lambda > 1 {
@@ -51,7 +58,7 @@ func (r *RLS) Init(n int, theta0 Vec, p0 float64) {
 		r.OutlierK = 4
 	}
 	if r.MaxTrace <= 0 {
-		r.MaxTrace = float64(r.N) * p0
+		r.MaxTrace = trace
 	}
 	for i := range r.N {
 		if r.Lo[i] == 0 && r.Hi[i] == 0 {

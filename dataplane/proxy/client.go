@@ -61,6 +61,8 @@ type clientConn struct {
 	hdrPrio   int
 	hasPrio   bool
 	hdrOSL    int
+	sloTTFT   int // x-slo-ttft-ms, 0 when absent
+	sloTPOT   int // x-slo-tpot-ms
 
 	// The OpenAI request and the routing input derived from it.
 	parser oai.Parser
@@ -85,6 +87,11 @@ type clientConn struct {
 
 	queuedAt int64
 	qitem    *queueItem
+	// arrived is when the request's body was complete (its latency targets count from it);
+	// decideAt when its routing began, for the total decision time of a timed request.
+	arrived  int64
+	decideAt int64
+	tokStart int64 // when a timed request's remote tokenization began
 
 	// A connection answered with an error while the client is still sending (a body over the
 	// limit) reads and drops what comes until lingerLeft bytes or lingerUntil, so the client
@@ -205,6 +212,9 @@ func (cc *clientConn) captureHead() {
 	cc.session = append(cc.session[:0], r.SessionID...)
 	cc.hdrPrio, cc.hasPrio = atoi(r.Priority)
 	cc.hdrOSL, _ = atoi(r.OSL)
+	cc.sloTTFT, _ = atoi(r.SLOTTFT)
+	cc.sloTPOT, _ = atoi(r.SLOTPOT)
+	cc.sloTTFT, cc.sloTPOT = max(cc.sloTTFT, 0), max(cc.sloTPOT, 0)
 }
 
 func atoi(b []byte) (int, bool) {
@@ -290,7 +300,9 @@ func (cc *clientConn) handle() {
 	cc.kind, cc.model = kind, ""
 	cc.lp.seq++
 	cc.timed = cc.lp.seq%timedEvery == 1
+	cc.arrived = cc.lp.now
 	t0 := cc.clock()
+	cc.decideAt = t0
 	if err := cc.parser.Parse(cc.body, kind, &cc.oreq); err != nil {
 		cc.parseError(err)
 		return
@@ -338,6 +350,7 @@ func (cc *clientConn) prepare() error {
 	}
 	r.Priority = cc.prio
 	r.OSL = cc.hdrOSL
+	r.SLOTPOT = float64(cc.sloTPOT) / 1e3
 	cc.spec.want = o.Hints.SpeculativePrefill && cc.kind == oai.ChatCompletions
 	if o.Hints.HasOSL {
 		r.OSL = o.Hints.OSL
@@ -365,6 +378,7 @@ func (cc *clientConn) prepare() error {
 			cc.toks = append(cc.toks, uint32(t))
 		}
 	case cd.mode == TokenizerRemote:
+		cc.tokStart = t0
 		if err := cc.tokenizeRemote(); err != nil {
 			return err // errPending: it resumes in remoteDone
 		}
@@ -509,6 +523,14 @@ func (cc *clientConn) route(retry bool) {
 	// Route at this event's time: a request may be routed again well after it was parsed
 	// (released from the admission queue, retried after a failure, tokenized remotely).
 	cc.rreq.Now = cc.lp.now
+	if cc.sloTTFT > 0 {
+		// What is left of the TTFT target after the time already spent here.
+		cc.rreq.SLOTTFT = float64(cc.sloTTFT)/1e3 - seconds(cc.lp.now-cc.arrived)
+		if cc.rreq.SLOTTFT <= 0 {
+			cc.sloRefused()
+			return
+		}
+	}
 	err := router.Route(&cc.rreq, &cc.dec)
 	if errors.Is(err, route.ErrNoWorker) && router == s.load && !retry && router.Pool().Disaggregated(unsafeString(cc.oreq.Model)) {
 		// Embeddings and responses in a disaggregated pool go to the decode workers.
@@ -520,10 +542,17 @@ func (cc *clientConn) route(retry bool) {
 	}
 	if cc.timed {
 		s.metrics.stages[stageScore].Observe(cc.dec.Score.Seconds())
+		if !retry && cc.decideAt != 0 {
+			cc.stage(stageTotal, cc.decideAt)
+			cc.decideAt = 0
+		}
 	}
 	if err != nil {
 		cc.routeFailed(err, retry, "worker")
 		return
+	}
+	if cc.timed && cc.dec.HasPrediction {
+		s.decisions.record(cc, &cc.dec)
 	}
 	cc.start(cc.dec.Worker)
 }
@@ -535,6 +564,8 @@ func (cc *clientConn) routeFailed(err error, retry bool, what string) {
 	switch {
 	case errors.Is(err, route.ErrBusy):
 		cc.enqueue()
+	case errors.Is(err, route.ErrSLO):
+		cc.enqueueSLO()
 	case retry:
 		cc.errorReply(502, "every "+what+" that could serve the request failed", "", "upstream_error")
 	default:
@@ -554,6 +585,9 @@ func (cc *clientConn) start(w *route.Worker) {
 		overlap := int(cc.dec.Overlap)
 		ex.predicted = overlap
 		ex.usage.BeginAt(cc.lp.now, w, cc.rreq.PromptTokens, overlap*s.cfg.BlockSize, cc.rreq.OSL)
+		// A streamed answer's first chunk is its first token: only those teach the
+		// worker's latency model.
+		ex.usage.Predicted(&cc.dec, cc.prio, cc.oreq.Stream)
 	} else {
 		ex.usage.BeginAt(cc.lp.now, w, cc.rreq.PromptTokens, 0, 0)
 	}

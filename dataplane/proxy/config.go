@@ -37,6 +37,11 @@ type Upstream struct {
 	// Role is "both" (default: it serves whole requests), "prefill" or "decode" (one pool
 	// of a disaggregated deployment, vLLM's NixlConnector kv_producer / kv_consumer).
 	Role string `yaml:"role"`
+	// MaxNumSeqs and MaxNumBatchedTokens are the engine's scheduler limits (vLLM's
+	// --max-num-seqs and --max-num-batched-tokens), 0 when unknown: the latency policy
+	// predicts queueing from them.
+	MaxNumSeqs          int `yaml:"max_num_seqs"`
+	MaxNumBatchedTokens int `yaml:"max_num_batched_tokens"`
 }
 
 // Disaggregation modes (Config.Disagg).
@@ -69,12 +74,15 @@ type Config struct {
 	// plane (and so their sharing with other proxies). For measuring what sharing buys.
 	DisableLoadReports bool `yaml:"disable_load_reports"`
 	// Route tunes the router (policy, weights, thresholds, sessions).
-	Policy         string        `yaml:"policy"`
-	OverlapWeight  float64       `yaml:"overlap_weight"`
-	QueueWeight    float64       `yaml:"queue_weight"`
-	Temperature    float64       `yaml:"temperature"`
-	CacheThreshold float64       `yaml:"cache_threshold"`
-	SessionTTL     time.Duration `yaml:"session_ttl"`
+	Policy        string  `yaml:"policy"`
+	OverlapWeight float64 `yaml:"overlap_weight"`
+	QueueWeight   float64 `yaml:"queue_weight"`
+	Temperature   float64 `yaml:"temperature"`
+	// ComputeWeight and BackgroundWeight tune the latency policy (route.PredictedTTFT).
+	ComputeWeight    float64       `yaml:"compute_weight"`
+	BackgroundWeight float64       `yaml:"background_weight"`
+	CacheThreshold   float64       `yaml:"cache_threshold"`
+	SessionTTL       time.Duration `yaml:"session_ttl"`
 	// Busy thresholds per worker: uncached prompt tokens still prefilling, KV blocks held,
 	// share of a known KV capacity. Zero turns a threshold off.
 	BusyPrefillTokens int64   `yaml:"busy_prefill_tokens"`
@@ -106,6 +114,9 @@ type Config struct {
 	IndexTTL    time.Duration `yaml:"index_ttl"`
 	// ExposeWorkerHeader adds x-kvrelay-worker to responses (off: it reveals topology).
 	ExposeWorkerHeader bool `yaml:"expose_worker_header"`
+	// ExposeDecisionHeader adds x-kvrelay-decision to responses of a predicting policy:
+	// every candidate worker's predicted TTFT, queue and prefill, and cached blocks.
+	ExposeDecisionHeader bool `yaml:"expose_decision_header"`
 	// ForwardPriority rewrites a request's priority hint into the engine's own top-level
 	// "priority" (vLLM runs lower values first, and refuses priorities unless started with
 	// --scheduling-policy priority, hence off by default).
@@ -149,6 +160,8 @@ func DefaultConfig() Config {
 		OverlapWeight:       route.DefaultOverlapWeight,
 		QueueWeight:         route.DefaultQueueWeight,
 		CacheThreshold:      route.DefaultCacheThreshold,
+		ComputeWeight:       route.DefaultComputeWeight,
+		BackgroundWeight:    route.DefaultBackgroundWeight,
 		SessionTTL:          30 * time.Minute,
 		BusyPrefillTokens:   0,
 		BlockSize:           16,
@@ -179,12 +192,14 @@ func DefaultConfig() Config {
 
 func (c *Config) routeConfig() route.Config {
 	return route.Config{
-		Policy:         c.Policy,
-		OverlapWeight:  c.OverlapWeight,
-		QueueWeight:    c.QueueWeight,
-		Temperature:    c.Temperature,
-		CacheThreshold: c.CacheThreshold,
-		SessionTTL:     c.SessionTTL,
+		Policy:           c.Policy,
+		OverlapWeight:    c.OverlapWeight,
+		QueueWeight:      c.QueueWeight,
+		Temperature:      c.Temperature,
+		ComputeWeight:    c.ComputeWeight,
+		BackgroundWeight: c.BackgroundWeight,
+		CacheThreshold:   c.CacheThreshold,
+		SessionTTL:       c.SessionTTL,
 		Busy: route.BusyFilter{
 			MaxPrefillTokens: c.BusyPrefillTokens,
 			MaxDecodeBlocks:  c.BusyDecodeBlocks,
@@ -233,6 +248,9 @@ func (c *Config) Validate() error {
 		ids[id] = true
 		if _, err := ParseRole(u.Role); err != nil {
 			return bad("upstream %q: %v", id, err)
+		}
+		if u.MaxNumSeqs < 0 || u.MaxNumBatchedTokens < 0 {
+			return bad("upstream %q: max_num_seqs and max_num_batched_tokens must not be negative", id)
 		}
 	}
 	if err := c.routeConfig().Validate(); err != nil {

@@ -234,6 +234,9 @@ func (ex *exchange) head(out []byte, r *http1.Response) []byte {
 		out = http1.AppendHeader(out, "x-kvrelay-worker", ex.ws.w.ID)
 		out = appendRouteHeader(out, &cc.dec)
 	}
+	if cc.srv.cfg.ExposeDecisionHeader && cc.dec.HasPrediction {
+		out = appendDecisionHeader(out, cc)
+	}
 	return http1.AppendEndHead(out)
 }
 
@@ -294,6 +297,9 @@ func (ex *exchange) observe(data []byte, now int64) {
 	if n := cc.obs.Result().Chunks; n != before {
 		if before == 0 {
 			ex.usage.FirstTokenAt(now)
+			if pred, actual, ok := ex.usage.TTFTPrediction(); ok {
+				ex.ws.m.prediction(pred, actual)
+			}
 			ex.recordCached()
 			// The worker's prefill is done: a request waiting for a worker under its busy
 			// prefill threshold may fit now.
@@ -400,6 +406,9 @@ func (ex *exchange) finish() {
 	}
 	if ex.usage.Worker() != nil {
 		ex.ws.m.inflight.Dec()
+	}
+	if ex.status == 200 {
+		ex.usage.CompletedAt(now, ex.tokens)
 	}
 	ex.usage.End()
 	s.inflight.Add(-1)
@@ -542,8 +551,10 @@ func (ex *exchange) tick(now int64, cfg *Config) {
 }
 
 // appendRouteHeader writes x-kvrelay-route: how the worker was chosen ("cost", "spread",
-// "session", a picker's name), the prompt blocks it caches and the most any worker cached,
-// as "cost; overlap=12; best=12". Exposed with x-kvrelay-worker, for debugging placement.
+// "session", "slo", a picker's name), the prompt blocks it caches and the most any worker
+// cached, and under a predicting policy the chosen worker's predicted TTFT, as
+// "cost; overlap=12; best=12; ttft_ms=41.2". Exposed with x-kvrelay-worker, for debugging
+// placement.
 func appendRouteHeader(out []byte, d *route.Decision) []byte {
 	out = append(out, "x-kvrelay-route: "...)
 	if d.Mode == "" {
@@ -555,5 +566,9 @@ func appendRouteHeader(out []byte, d *route.Decision) []byte {
 	out = strconv.AppendInt(out, int64(d.Overlap), 10)
 	out = append(out, "; best="...)
 	out = strconv.AppendInt(out, int64(d.BestOverlap), 10)
+	if d.HasPrediction {
+		out = append(out, "; ttft_ms="...)
+		out = strconv.AppendFloat(out, d.Prediction.TTFT*1e3, 'f', 1, 64)
+	}
 	return append(out, "\r\n"...)
 }

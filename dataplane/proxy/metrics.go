@@ -41,7 +41,10 @@ type metrics struct {
 	prefillSeconds  prometheus.Histogram
 	prefillInflight prometheus.Gauge
 	prefillFailures prometheus.Counter
-	speculative     *prometheus.CounterVec // outcome: sent, failed, skipped
+	speculative     *prometheus.CounterVec   // outcome: sent, failed, skipped
+	ttftPredErr     *prometheus.HistogramVec // worker: |actual − predicted| TTFT, seconds
+	ttftPredRel     *prometheus.HistogramVec // worker: the same over the actual TTFT
+	ttftPredBias    *prometheus.CounterVec   // worker, side: predictions under or over the actual
 
 	mu     sync.Mutex // serialises additions to models
 	models atomic.Pointer[map[string]*modelMetrics]
@@ -55,10 +58,13 @@ const (
 	stageHash
 	stageMatch
 	stageScore
+	// stageTotal is the whole decision of a request, from its parsed body to its pick,
+	// remote tokenization included.
+	stageTotal
 	numStages
 )
 
-var stageNames = [numStages]string{"parse", "tokenize", "hash", "match", "score"}
+var stageNames = [numStages]string{"parse", "tokenize", "hash", "match", "score", "total"}
 
 func newMetrics() *metrics {
 	reg := prometheus.NewRegistry()
@@ -142,6 +148,18 @@ func newMetrics() *metrics {
 			Name: "kvrelay_proxy_speculative_prefills_total", Help: "Speculative prefills (agent hint speculative_prefill) of finished turns, by outcome: sent, failed, skipped (no answer to warm).",
 		}, []string{"outcome"}),
 	}
+	m.ttftPredErr = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "kvrelay_proxy_ttft_prediction_error_seconds", Help: "Absolute error of the latency policy's predicted time to first token (from dispatch), per streamed request.",
+		Buckets: []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10},
+	}, []string{"worker"})
+	m.ttftPredRel = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "kvrelay_proxy_ttft_prediction_relative_error", Help: "Absolute error of the predicted time to first token over the actual one, per streamed request.",
+		Buckets: []float64{0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 2, 5, 10},
+	}, []string{"worker"})
+	m.ttftPredBias = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvrelay_proxy_ttft_predictions_total", Help: "Streamed requests with a TTFT prediction, by whether it was under or over the actual TTFT.",
+	}, []string{"worker", "side"})
+	reg.MustRegister(m.ttftPredErr, m.ttftPredRel, m.ttftPredBias)
 	m.models.Store(&map[string]*modelMetrics{})
 	reg.MustRegister(m.requests, m.ttft, m.itl, m.e2e, m.decision, m.predicted, m.reported, m.promptBlocks,
 		m.predictionErr, m.queueDepth, m.queued, m.upstreamErrs, m.ejections, m.retries, m.inflight, m.routed,
@@ -220,6 +238,9 @@ type workerMetrics struct {
 	ejections                         prometheus.Counter
 	inflight                          prometheus.Gauge
 	cost, spread, session, picked     prometheus.Counter
+	slo                               prometheus.Counter
+	predErr, predRel                  prometheus.Observer
+	predUnder, predOver               prometheus.Counter
 }
 
 func (m *metrics) forWorker(id string) *workerMetrics {
@@ -237,6 +258,26 @@ func (m *metrics) forWorker(id string) *workerMetrics {
 		spread:       m.routed.WithLabelValues(id, "spread"),
 		session:      m.routed.WithLabelValues(id, "session"),
 		picked:       m.routed.WithLabelValues(id, "pick"),
+		slo:          m.routed.WithLabelValues(id, "slo"),
+		predErr:      m.ttftPredErr.WithLabelValues(id),
+		predRel:      m.ttftPredRel.WithLabelValues(id),
+		predUnder:    m.ttftPredBias.WithLabelValues(id, "under"),
+		predOver:     m.ttftPredBias.WithLabelValues(id, "over"),
+	}
+}
+
+// prediction records how far a request's predicted TTFT was from what it took.
+func (wm *workerMetrics) prediction(predicted, actual float64) {
+	d := actual - predicted
+	if d > 0 {
+		wm.predUnder.Inc()
+	} else {
+		wm.predOver.Inc()
+		d = -d
+	}
+	wm.predErr.Observe(d)
+	if actual > 0 {
+		wm.predRel.Observe(d / actual)
 	}
 }
 
@@ -248,6 +289,8 @@ func (wm *workerMetrics) routedBy(mode string) prometheus.Counter {
 		return wm.spread
 	case "session":
 		return wm.session
+	case "slo":
+		return wm.slo
 	}
 	return wm.picked
 }

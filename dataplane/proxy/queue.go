@@ -29,14 +29,18 @@ type queueItem struct {
 	seq      uint64
 	deadline int64
 	index    int
+	// slo: the request waits for a worker predicted to meet its latency targets, and its
+	// deadline is the TTFT target's.
+	slo bool
 }
 
 func newAdmissionQueue(max int, m *metrics) *admissionQueue {
 	return &admissionQueue{max: max, m: m}
 }
 
-// push queues cc's request; false when the queue is full.
-func (q *admissionQueue) push(cc *clientConn, deadline int64) bool {
+// push queues cc's request; false when the queue is full. slo marks a request waiting for
+// a worker that meets its latency targets.
+func (q *admissionQueue) push(cc *clientConn, deadline int64, slo bool) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if len(q.items) >= q.max {
@@ -48,7 +52,7 @@ func (q *admissionQueue) push(cc *clientConn, deadline int64) bool {
 		it = &queueItem{cc: cc, seq: q.seq}
 		cc.qitem = it
 	}
-	it.prio, it.deadline = cc.prio, deadline
+	it.prio, it.deadline, it.slo = cc.prio, deadline, slo
 	heap.Push(&q.items, it)
 	q.n.Store(int64(len(q.items)))
 	q.m.queueDepth.Set(float64(len(q.items)))
@@ -120,6 +124,10 @@ func (q *admissionQueue) expire(now int64) {
 			if cc.state == stQueued && cc.qitem == it {
 				cc.lp.now = nanotime()
 				cc.qitem = nil
+				if it.slo {
+					cc.sloRefused()
+					return nil
+				}
 				q.m.queued.WithLabelValues("timeout").Inc()
 				cc.errorReply(503, "no worker had capacity within the queue timeout", "", "queue_timeout")
 			}
@@ -137,7 +145,7 @@ func (cc *clientConn) enqueue() {
 	if cc.qitem == nil {
 		cc.queuedAt = cc.lp.now // first time in the queue; re-queues keep their deadline
 	}
-	if !s.queue.push(cc, cc.queuedAt+int64(s.cfg.QueueTimeout)) {
+	if !s.queue.push(cc, cc.queuedAt+int64(s.cfg.QueueTimeout), false) {
 		s.metrics.queued.WithLabelValues("rejected").Inc()
 		if cc.ex.active {
 			cc.ex.status = 429
@@ -148,6 +156,38 @@ func (cc *clientConn) enqueue() {
 		return
 	}
 	cc.state = stQueued
+}
+
+// enqueueSLO makes a request that no worker is predicted to serve within its latency
+// targets wait for one, until its TTFT target (or the queue timeout) passes; without a
+// queue, or with it full, or with only a TPOT target, it is refused at once with 429.
+func (cc *clientConn) enqueueSLO() {
+	s := cc.srv
+	if cc.sloTTFT == 0 || s.cfg.QueueSize == 0 {
+		cc.sloRefused()
+		return
+	}
+	if cc.qitem == nil {
+		cc.queuedAt = cc.lp.now
+	}
+	deadline := min(cc.queuedAt+int64(s.cfg.QueueTimeout), cc.arrived+int64(cc.sloTTFT)*1e6)
+	if !s.queue.push(cc, deadline, true) {
+		cc.sloRefused()
+		return
+	}
+	cc.state = stQueued
+}
+
+// sloRefused answers 429: no worker is predicted to meet the request's latency targets.
+func (cc *clientConn) sloRefused() {
+	s := cc.srv
+	s.metrics.queued.WithLabelValues("slo_unmet").Inc()
+	if cc.ex.active {
+		cc.ex.status = 429
+		cc.ex.finish()
+	}
+	cc.qitem = nil
+	cc.errorReplyHeader(429, "no worker is predicted to meet the request's latency targets (x-slo-ttft-ms, x-slo-tpot-ms)", "", "slo_unmet", "Retry-After: 1\r\n")
 }
 
 // dequeued re-routes a request the queue released.

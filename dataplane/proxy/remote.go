@@ -181,6 +181,8 @@ func (cc *clientConn) remoteDone(ids []uint32, err error) {
 		cc.estimate(text)
 	} else {
 		cc.toks = append(cc.toks[:0], ids...)
+		// The round trip is the tokenize stage of this request's decision.
+		cc.stage(stageTokenize, cc.tokStart)
 		cc.hashTokens()
 	}
 	cc.route(false)

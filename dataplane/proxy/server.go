@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvrelay/kvrelay/dataplane/http1"
+	"github.com/kvrelay/kvrelay/dataplane/latency"
 	"github.com/kvrelay/kvrelay/dataplane/prefix"
 	"github.com/kvrelay/kvrelay/dataplane/route"
 	"github.com/kvrelay/kvrelay/engines/tokenizer"
@@ -36,21 +37,23 @@ import (
 type Server struct {
 	gnet.BuiltinEventEngine
 
-	cfg      Config
-	log      *slog.Logger
-	limits   http1.Limits
-	metrics  *metrics
-	index    *prefix.Approx
-	kv       *route.Router                     // chat and text completions
-	load     *route.Router                     // embeddings and responses: by load
-	workers  atomic.Pointer[[]*workerState]    // by route.Worker.Index
-	codecs   atomic.Pointer[map[string]*codec] // by model; "" is the default
-	models   atomic.Pointer[[]byte]            // the /v1/models body
-	queue    *admissionQueue
-	xds      *xdsState // nil without a control plane
-	remote   *remoteTokenizer
-	pdClient *pdClient // prefill legs of disaggregated requests
-	pdSet    atomic.Pointer[disaggSettings]
+	cfg     Config
+	log     *slog.Logger
+	limits  http1.Limits
+	metrics *metrics
+	index   *prefix.Approx
+	kv      *route.Router                     // chat and text completions
+	load    *route.Router                     // embeddings and responses: by load
+	workers atomic.Pointer[[]*workerState]    // by route.Worker.Index
+	codecs  atomic.Pointer[map[string]*codec] // by model; "" is the default
+	models  atomic.Pointer[[]byte]            // the /v1/models body
+	queue   *admissionQueue
+	// decisions keeps sampled routing decisions of a predicting policy (explain.go).
+	decisions decisionLog
+	xds       *xdsState // nil without a control plane
+	remote    *remoteTokenizer
+	pdClient  *pdClient // prefill legs of disaggregated requests
+	pdSet     atomic.Pointer[disaggSettings]
 
 	eng      gnet.Engine
 	addr     string
@@ -223,7 +226,8 @@ func (s *Server) setup(ctx context.Context) error {
 			bs = s.cfg.BlockSize
 		}
 		role, _ := ParseRole(u.Role) // Validate checked it
-		ws[i] = &route.Worker{ID: id, URL: "http://" + host, Addr: host, Model: model, BlockSize: bs, Capacity: u.Capacity, Role: role}
+		ws[i] = &route.Worker{ID: id, URL: "http://" + host, Addr: host, Model: model, BlockSize: bs, Capacity: u.Capacity, Role: role,
+			Engine: latency.Engine{MaxNumSeqs: u.MaxNumSeqs, MaxBatchedTokens: u.MaxNumBatchedTokens}}
 	}
 	pool := route.NewPool(ws)
 	if err := s.buildRouters(pool, s.index); err != nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 
+	"github.com/kvrelay/kvrelay/dataplane/latency"
 	"github.com/kvrelay/kvrelay/dataplane/prefix"
 	"github.com/kvrelay/kvrelay/dataplane/route"
 	xdsv1 "github.com/kvrelay/kvrelay/xds/api/v1"
@@ -184,6 +185,7 @@ func (s *Server) applyXDS(workers []*xdsv1.Worker, policy *xdsv1.RoutingPolicy) 
 		cand := &route.Worker{
 			ID: id, Index: pos, URL: "http://" + host, Addr: host, Model: res.GetModel(),
 			Role: route.Role(res.GetRole()), BlockSize: s.cfg.BlockSize, Capacity: int(res.GetCapacityBlocks()),
+			Engine: latency.Engine{MaxNumSeqs: int(min(res.GetMaxNumSeqs(), 1<<30)), MaxBatchedTokens: int(min(res.GetMaxNumBatchedTokens(), 1<<30))},
 		}
 		// A worker whose identity is unchanged keeps its Worker: its load and connections.
 		st := states[pos]
@@ -224,6 +226,12 @@ func (s *Server) applyXDS(workers []*xdsv1.Worker, policy *xdsv1.RoutingPolicy) 
 		cfg.OverlapWeight = policy.GetOverlapWeight()
 		cfg.QueueWeight = policy.GetQueueWeight()
 		cfg.Temperature = policy.GetTemperature()
+		if policy.ComputeWeight != nil {
+			cfg.ComputeWeight = policy.GetComputeWeight()
+		}
+		if policy.BackgroundWeight != nil {
+			cfg.BackgroundWeight = policy.GetBackgroundWeight()
+		}
 		cfg.CacheThreshold = policy.GetCacheThreshold()
 		cfg.Busy = route.BusyFilter{
 			MaxPrefillTokens: int64(policy.GetBusyPrefillTokens()),
@@ -259,7 +267,8 @@ func (s *Server) applyXDS(workers []*xdsv1.Worker, policy *xdsv1.RoutingPolicy) 
 
 // sameIdentity reports whether two workers are the same engine to route to.
 func sameIdentity(a, b *route.Worker) bool {
-	return a.ID == b.ID && a.URL == b.URL && a.Model == b.Model && a.Role == b.Role && a.BlockSize == b.BlockSize && a.Capacity == b.Capacity
+	return a.ID == b.ID && a.URL == b.URL && a.Model == b.Model && a.Role == b.Role && a.BlockSize == b.BlockSize && a.Capacity == b.Capacity &&
+		a.Engine == b.Engine
 }
 
 // ownSent is this proxy's share of a pushed load on worker id: what it reported for id in

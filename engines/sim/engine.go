@@ -271,6 +271,28 @@ func (e *Engine) Load() Load {
 	}
 }
 
+// StepAt runs one scheduler step on a virtual clock instead of Run: it takes what was
+// submitted, schedules a step at now, and applies it at now plus the step's modelled time,
+// which it returns as end. An idle engine does nothing and returns now and false. It is for
+// callers that drive the engine without sleeping (tests, offline replays) and must not be
+// called while Run runs.
+func (e *Engine) StepAt(now time.Time) (end time.Time, busy bool) {
+	e.drain(now)
+	if len(e.running) == 0 && e.waiting.len() == 0 && len(e.ready) == 0 {
+		e.publishLoad()
+		return now, false
+	}
+	prefill, decodes := e.plan()
+	e.publishLoad()
+	if len(e.sched) == 0 {
+		return now, false
+	}
+	end = now.Add(e.cfg.Timing.Step(prefill, decodes, e.pool.usage()))
+	e.apply(end)
+	e.publishLoad()
+	return end, true
+}
+
 // maxLag bounds how far the step clock of a busy engine may fall behind wall time before the
 // engine stops trying to catch up (when the host is too slow for the speedup asked).
 const maxLag = 20 * time.Millisecond

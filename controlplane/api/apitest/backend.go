@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvrelay/kvrelay/controlplane/api"
 	operatorv1 "github.com/kvrelay/kvrelay/controlplane/api/v1"
+	"github.com/kvrelay/kvrelay/xds/policy"
 )
 
 // Backend is an in-memory api.Backend. Workers upserted through it get Source "api"; only
@@ -159,7 +160,7 @@ func (b *Backend) SetPolicy(_ context.Context, p *operatorv1.Policy) (*operatorv
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.called("SetPolicy %s", p.GetPolicy())
-	if !slices.Contains([]string{"kv", "round-robin", "least-loaded", "random", "power-of-two", "session"}, p.GetPolicy()) {
+	if !slices.Contains(policy.Names(), p.GetPolicy()) {
 		return nil, fmt.Errorf("%w: unknown policy %q", api.ErrInvalid, p.GetPolicy())
 	}
 	if p.GetOverlapWeight() < 0 || p.GetTemperature() < 0 {

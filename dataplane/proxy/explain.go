@@ -1,0 +1,205 @@
+package proxy
+
+import (
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/kvrelay/kvrelay/dataplane/latency"
+	"github.com/kvrelay/kvrelay/dataplane/route"
+)
+
+// decisionLog keeps the last decisionLogSize sampled routing decisions of a predicting
+// policy, each with every candidate's prediction, for operators to see why a request went
+// where it did (DecisionsHandler). Loops record into it under its mutex; its slots and their
+// candidate slices are reused, so recording allocates only while they grow.
+type decisionLog struct {
+	mu   sync.Mutex
+	ring [decisionLogSize]decisionRecord
+	next uint64 // records written
+}
+
+// decisionLogSize bounds the decisions kept.
+const decisionLogSize = 256
+
+type decisionRecord struct {
+	at           int64 // unix nanos
+	model        string
+	promptTokens int
+	priority     int
+	sloTTFT      float64
+	mode         string
+	worker       string
+	candidates   []candidateRecord
+}
+
+type candidateRecord struct {
+	worker  string
+	overlap float64
+	load    int64
+	pred    latency.Prediction
+}
+
+// record copies the decision of cc's request and its candidates.
+func (l *decisionLog) record(cc *clientConn, d *route.Decision) {
+	ws, preds := cc.rreq.Candidates()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	r := &l.ring[l.next%decisionLogSize]
+	l.next++
+	r.at, r.model, r.promptTokens, r.priority = cc.lp.now, cc.model, cc.rreq.PromptTokens, cc.prio
+	r.sloTTFT, r.mode, r.worker = float64(cc.sloTTFT)/1e3, d.Mode, d.Worker.ID
+	r.candidates = r.candidates[:0]
+	for i, w := range ws {
+		r.candidates = append(r.candidates, candidateRecord{worker: w.ID, overlap: cc.rreq.Overlap(w), load: w.Load(), pred: preds[i]})
+	}
+}
+
+// DecisionJSON is one sampled decision as DecisionsHandler serves it; times in milliseconds.
+type DecisionJSON struct {
+	Time         time.Time       `json:"time"`
+	Model        string          `json:"model"`
+	PromptTokens int             `json:"prompt_tokens"`
+	Priority     int             `json:"priority"`
+	SLOTTFTMs    float64         `json:"slo_ttft_ms,omitempty"`
+	Mode         string          `json:"mode"`
+	Worker       string          `json:"worker"`
+	Candidates   []CandidateJSON `json:"candidates"`
+}
+
+// CandidateJSON is one candidate worker of a decision and what the model predicted for it.
+type CandidateJSON struct {
+	Worker         string  `json:"worker"`
+	CachedBlocks   float64 `json:"cached_blocks"`
+	Requests       int64   `json:"requests"`
+	TTFTMs         float64 `json:"ttft_ms"`
+	QueueMs        float64 `json:"queue_ms"`
+	PrefillMs      float64 `json:"prefill_ms"`
+	ITLMs          float64 `json:"itl_ms"`
+	SlotWaitPrior  float64 `json:"slot_wait_prior_ms"`
+	QueueWaitPrior float64 `json:"queue_wait_prior_ms"`
+	PrefillPrior   float64 `json:"prefill_prior_ms"`
+}
+
+// Decisions returns the sampled decisions, newest first, at most n (0: all kept).
+func (s *Server) Decisions(n int) []DecisionJSON {
+	l := &s.decisions
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	have := int(min(l.next, decisionLogSize))
+	if n <= 0 || n > have {
+		n = have
+	}
+	out := make([]DecisionJSON, 0, n)
+	for i := range n {
+		r := &l.ring[(l.next-1-uint64(i))%decisionLogSize]
+		d := DecisionJSON{Time: time.Unix(0, r.at), Model: r.model, PromptTokens: r.promptTokens, Priority: r.priority,
+			SLOTTFTMs: r.sloTTFT * 1e3, Mode: r.mode, Worker: r.worker}
+		for _, c := range r.candidates {
+			d.Candidates = append(d.Candidates, CandidateJSON{
+				Worker: c.worker, CachedBlocks: c.overlap, Requests: c.load,
+				TTFTMs: c.pred.TTFT * 1e3, QueueMs: c.pred.Queue * 1e3, PrefillMs: c.pred.Prefill * 1e3, ITLMs: c.pred.ITL * 1e3,
+				SlotWaitPrior: c.pred.X[latency.FeatSlotWait] * 1e3, QueueWaitPrior: c.pred.X[latency.FeatQueueWait] * 1e3,
+				PrefillPrior: c.pred.X[latency.FeatPrefill] * 1e3,
+			})
+		}
+		out = append(out, d)
+	}
+	return out
+}
+
+// WorkerModelJSON is one worker's latency model as DecisionsHandler serves it.
+type WorkerModelJSON struct {
+	Worker string `json:"worker"`
+	// Coefficients of the TTFT model: bias (s), slot wait, queue wait, prefill (each a
+	// multiple of its prior's seconds).
+	Bias, SlotWait, QueueWait, Prefill float64
+	// ITL = ITLBase + ITLPerSeq × batch size, in seconds.
+	ITLBase, ITLPerSeq float64
+	// Occupancy is how long a request holds its slot, seconds.
+	Occupancy float64
+	// Observations and Decodes count what the model learned from; MaxNumSeqs is the
+	// configured or learned concurrency limit (0: unknown).
+	Observations, Decodes int64
+	MaxNumSeqs            int
+}
+
+// WorkerModels returns every worker's latency model.
+func (s *Server) WorkerModels() []WorkerModelJSON {
+	var out []WorkerModelJSON
+	for _, w := range s.kv.Pool().Workers {
+		st := w.Latency().Stats()
+		out = append(out, WorkerModelJSON{
+			Worker: w.ID, Bias: st.Theta[latency.FeatBias], SlotWait: st.Theta[latency.FeatSlotWait],
+			QueueWait: st.Theta[latency.FeatQueueWait], Prefill: st.Theta[latency.FeatPrefill],
+			ITLBase: st.ITL[0], ITLPerSeq: st.ITL[1], Occupancy: st.Occupancy,
+			Observations: st.Observations, Decodes: st.Decodes, MaxNumSeqs: w.Latency().MaxNumSeqs(&w.Engine),
+		})
+	}
+	return out
+}
+
+// DecisionsHandler serves, for the proxy's admin listener, GET /debug/decisions (the
+// sampled decisions of a predicting policy, newest first; ?n= bounds them) and
+// GET /debug/latency (each worker's latency model).
+func (s *Server) DecisionsHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /debug/decisions", func(w http.ResponseWriter, r *http.Request) {
+		n, _ := strconv.Atoi(r.URL.Query().Get("n"))
+		writeJSON(w, s.Decisions(n))
+	})
+	mux.HandleFunc("GET /debug/latency", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, s.WorkerModels())
+	})
+	return mux
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}
+
+// appendDecisionHeader writes x-kvrelay-decision: every candidate of the decision with its
+// predicted TTFT, queue and prefill in milliseconds and its cached blocks, the chosen one
+// first, as "w1 ttft=41.2 queue=3.1 prefill=38.1 cached=375, w0 ttft=…". Exposed with
+// ExposeDecisionHeader.
+func appendDecisionHeader(out []byte, cc *clientConn) []byte {
+	ws, preds := cc.rreq.Candidates()
+	if len(ws) == 0 {
+		return out
+	}
+	out = append(out, "x-kvrelay-decision: "...)
+	first := true
+	one := func(i int) {
+		if !first {
+			out = append(out, ", "...)
+		}
+		first = false
+		p := &preds[i]
+		out = append(out, ws[i].ID...)
+		out = append(out, " ttft="...)
+		out = strconv.AppendFloat(out, p.TTFT*1e3, 'f', 1, 64)
+		out = append(out, " queue="...)
+		out = strconv.AppendFloat(out, p.Queue*1e3, 'f', 1, 64)
+		out = append(out, " prefill="...)
+		out = strconv.AppendFloat(out, p.Prefill*1e3, 'f', 1, 64)
+		out = append(out, " cached="...)
+		out = strconv.AppendInt(out, int64(cc.rreq.Overlap(ws[i])), 10)
+	}
+	chosen := cc.dec.Worker
+	for i, w := range ws {
+		if w == chosen {
+			one(i)
+		}
+	}
+	for i, w := range ws {
+		if w != chosen {
+			one(i)
+		}
+	}
+	return append(out, "\r\n"...)
+}
