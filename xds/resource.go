@@ -266,6 +266,16 @@ func ValidatePolicy(p *xdsv1.RoutingPolicy) error {
 	if d := p.GetDisagg(); d != "" && d != "auto" && d != "off" {
 		return fail("disagg %q is not auto or off", d)
 	}
+	if p.ComputeWeight != nil {
+		if err := checkRange("compute weight", p.GetComputeWeight(), 0, MaxWeight); err != nil {
+			return fail("%v", err)
+		}
+	}
+	if p.BackgroundWeight != nil {
+		if err := checkRange("background weight", p.GetBackgroundWeight(), 0, MaxWeight); err != nil {
+			return fail("%v", err)
+		}
+	}
 	return nil
 }
 
