@@ -68,6 +68,7 @@ type Engine struct {
 	kv *kvConnector
 
 	// Owned by the Run goroutine.
+	planAt  time.Time // when the step being planned starts
 	pool    *blockPool
 	waiting waitQueue
 	running []*Request
@@ -282,6 +283,7 @@ func (e *Engine) StepAt(now time.Time) (end time.Time, busy bool) {
 		e.publishLoad()
 		return now, false
 	}
+	e.planAt = now
 	prefill, decodes := e.plan()
 	e.publishLoad()
 	if len(e.sched) == 0 {
@@ -327,6 +329,7 @@ func (e *Engine) Run(ctx context.Context) error {
 			expiry.Stop()
 			continue
 		}
+		e.planAt = time.Now()
 		prefill, decodes := e.plan()
 		e.publishLoad()
 		if len(e.sched) == 0 {
@@ -576,6 +579,7 @@ func (e *Engine) plan() (prefill, decodes int) {
 		r.numComputed, r.numStored = computed, hit
 		if !r.admitted {
 			r.admitted = true
+			r.scheduledAt = e.planAt
 			r.mu.Lock()
 			r.cached = computed
 			r.mu.Unlock()
@@ -701,6 +705,9 @@ func (e *Engine) apply(now time.Time) {
 		}
 		if out == 0 {
 			e.metrics.firstToken(now.Sub(r.arrival))
+			if !r.scheduledAt.IsZero() {
+				e.metrics.queueAndPrefill(r.scheduledAt.Sub(r.arrival), now.Sub(r.scheduledAt))
+			}
 		} else {
 			e.metrics.interToken(now.Sub(r.lastTokenAt))
 		}
@@ -962,6 +969,7 @@ func (e *Engine) admitPull(r *Request) bool {
 	}
 	r.numComputed, r.numStored = hit*bs, hit
 	r.admitted = true
+	r.scheduledAt = e.planAt
 	e.metrics.admitted(r.promptLen, hit*bs)
 	// Remote block i holds prompt block i; pull those the prefix cache lacks (none when the
 	// remote list is no longer than the cached prefix).

@@ -20,6 +20,7 @@ type Metrics struct {
 	success                 *prometheus.CounterVec
 	aborts                  prometheus.Counter
 	ttft, itl, e2e          prometheus.Histogram
+	queueTime, prefillTime  prometheus.Histogram
 	reqPrompt, reqGen       prometheus.Histogram
 	kv                      *kvMetrics // nil in role both
 }
@@ -68,6 +69,8 @@ func NewMetrics(cfg Config) *Metrics {
 		ttft:         f.histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", ttftBuckets),
 		itl:          f.histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", itlBuckets),
 		e2e:          f.histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", e2eBuckets),
+		queueTime:    f.histogram("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", e2eBuckets),
+		prefillTime:  f.histogram("vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.", e2eBuckets),
 		reqPrompt:    f.histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.", tokenBuckets(cfg.MaxModelLen)),
 		reqGen:       f.histogram("vllm:request_generation_tokens", "Number of generation tokens processed.", tokenBuckets(cfg.MaxModelLen)),
 	}
@@ -213,6 +216,15 @@ func (m *Metrics) step(generated int) {
 func (m *Metrics) firstToken(d time.Duration) {
 	if m != nil {
 		m.ttft.Observe(d.Seconds())
+	}
+}
+
+// queueAndPrefill records a request's time waiting to be scheduled and, from then, to its
+// first token (vLLM's request_queue_time_seconds and request_prefill_time_seconds).
+func (m *Metrics) queueAndPrefill(queue, prefill time.Duration) {
+	if m != nil {
+		m.queueTime.Observe(queue.Seconds())
+		m.prefillTime.Observe(prefill.Seconds())
 	}
 }
 

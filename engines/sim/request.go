@@ -40,6 +40,8 @@ type Request struct {
 	ID      string
 	Params  Params
 	arrival time.Time
+	// scheduledAt is when the request was first scheduled (left the waiting queue).
+	scheduledAt time.Time
 
 	// Scheduler state, owned by the engine goroutine.
 	seqNo       uint64
