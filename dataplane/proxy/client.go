@@ -61,8 +61,8 @@ type clientConn struct {
 	hdrPrio   int
 	hasPrio   bool
 	hdrOSL    int
-	sloTTFT   int // x-slo-ttft-ms, 0 when absent
-	sloTPOT   int // x-slo-tpot-ms
+	sloTTFT   float64 // x-slo-ttft-ms, 0 when absent
+	sloTPOT   float64 // x-slo-tpot-ms
 
 	// The OpenAI request and the routing input derived from it.
 	parser oai.Parser
@@ -212,9 +212,20 @@ func (cc *clientConn) captureHead() {
 	cc.session = append(cc.session[:0], r.SessionID...)
 	cc.hdrPrio, cc.hasPrio = atoi(r.Priority)
 	cc.hdrOSL, _ = atoi(r.OSL)
-	cc.sloTTFT, _ = atoi(r.SLOTTFT)
-	cc.sloTPOT, _ = atoi(r.SLOTPOT)
-	cc.sloTTFT, cc.sloTPOT = max(cc.sloTTFT, 0), max(cc.sloTPOT, 0)
+	cc.sloTTFT, cc.sloTPOT = millis(r.SLOTTFT), millis(r.SLOTPOT)
+}
+
+// millis reads a latency target in milliseconds (x-slo-ttft-ms: 250, or 0.5); 0 when it is
+// absent, malformed, not positive or beyond a day.
+func millis(b []byte) float64 {
+	if len(b) == 0 || len(b) > 16 {
+		return 0
+	}
+	v, err := strconv.ParseFloat(string(b), 64)
+	if err != nil || !(v > 0 && v <= 86400e3) {
+		return 0
+	}
+	return v
 }
 
 func atoi(b []byte) (int, bool) {
@@ -350,7 +361,7 @@ func (cc *clientConn) prepare() error {
 	}
 	r.Priority = cc.prio
 	r.OSL = cc.hdrOSL
-	r.SLOTPOT = float64(cc.sloTPOT) / 1e3
+	r.SLOTPOT = cc.sloTPOT / 1e3
 	cc.spec.want = o.Hints.SpeculativePrefill && cc.kind == oai.ChatCompletions
 	if o.Hints.HasOSL {
 		r.OSL = o.Hints.OSL
@@ -525,7 +536,7 @@ func (cc *clientConn) route(retry bool) {
 	cc.rreq.Now = cc.lp.now
 	if cc.sloTTFT > 0 {
 		// What is left of the TTFT target after the time already spent here.
-		cc.rreq.SLOTTFT = float64(cc.sloTTFT)/1e3 - seconds(cc.lp.now-cc.arrived)
+		cc.rreq.SLOTTFT = cc.sloTTFT/1e3 - seconds(cc.lp.now-cc.arrived)
 		if cc.rreq.SLOTTFT <= 0 {
 			cc.sloRefused()
 			return

@@ -50,7 +50,7 @@ func (l *decisionLog) record(cc *clientConn, d *route.Decision) {
 	r := &l.ring[l.next%decisionLogSize]
 	l.next++
 	r.at, r.model, r.promptTokens, r.priority = cc.lp.now, cc.model, cc.rreq.PromptTokens, cc.prio
-	r.sloTTFT, r.mode, r.worker = float64(cc.sloTTFT)/1e3, d.Mode, d.Worker.ID
+	r.sloTTFT, r.mode, r.worker = cc.sloTTFT/1e3, d.Mode, d.Worker.ID
 	r.candidates = r.candidates[:0]
 	for i, w := range ws {
 		r.candidates = append(r.candidates, candidateRecord{worker: w.ID, overlap: cc.rreq.Overlap(w), load: w.Load(), pred: preds[i]})

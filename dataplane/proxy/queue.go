@@ -170,7 +170,7 @@ func (cc *clientConn) enqueueSLO() {
 	if cc.qitem == nil {
 		cc.queuedAt = cc.lp.now
 	}
-	deadline := min(cc.queuedAt+int64(s.cfg.QueueTimeout), cc.arrived+int64(cc.sloTTFT)*1e6)
+	deadline := min(cc.queuedAt+int64(s.cfg.QueueTimeout), cc.arrived+int64(cc.sloTTFT*1e6))
 	if !s.queue.push(cc, deadline, true) {
 		cc.sloRefused()
 		return
