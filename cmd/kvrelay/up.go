@@ -314,9 +314,11 @@ func startUpControlPlane(ctx context.Context, ws []upWorker, probes *ebpf.Collec
 		opts.RemoveDataDir = true
 	}
 	for _, u := range ws {
+		ec := u.w.Engine().Config()
 		opts.Workers = append(opts.Workers, registry.Worker{
 			ID: u.id, URL: u.w.URL(), Model: model, Role: string(u.role), BlockSize: blockSize,
 			KVEvents: u.w.EventsEndpoint(), KVEventsReplay: u.w.ReplayEndpoint(), Engine: "sim",
+			MaxNumSeqs: ec.MaxNumSeqs, MaxNumBatchedTokens: ec.MaxNumBatchedTokens,
 		})
 	}
 	cp, err := controlplane.New(opts)

@@ -19,8 +19,8 @@ import (
 )
 
 // Server is the OpenAI-compatible HTTP API of one simulated worker, shaped like vLLM's:
-// /v1/chat/completions, /v1/completions, /v1/models, /tokenize, /detokenize, /health,
-// /metrics and /reset_prefix_cache. Handlers run on net/http's goroutines and hand requests to
+// /v1/chat/completions, /v1/completions, their /render forms, /v1/models, /tokenize,
+// /detokenize, /health, /metrics and /reset_prefix_cache. Handlers run on net/http's goroutines and hand requests to
 // the engine, whose scheduler goroutine produces the tokens they stream.
 type Server struct {
 	eng     *Engine
@@ -60,6 +60,8 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/models", s.models)
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
 	mux.HandleFunc("POST /tokenize", s.tokenize)
+	mux.HandleFunc("POST /v1/chat/completions/render", func(w http.ResponseWriter, r *http.Request) { s.render(w, r, true) })
+	mux.HandleFunc("POST /v1/completions/render", func(w http.ResponseWriter, r *http.Request) { s.render(w, r, false) })
 	mux.HandleFunc("POST /detokenize", s.detokenize)
 	mux.HandleFunc("POST /reset_prefix_cache", s.resetPrefixCache)
 	if s.metrics != nil {
@@ -571,6 +573,49 @@ func (s *Server) tokenize(w http.ResponseWriter, hr *http.Request) {
 	b = append(b, "],\"token_strs\":null}\n"...)
 	w.Header().Set("Content-Type", "application/json")
 	_, _ = w.Write(b)
+}
+
+// render answers vLLM's /v1/chat/completions/render and /v1/completions/render: the body of
+// a chat or text completion in, the prompt's token ids out, as the engine would compute
+// them ({"token_ids": [...]} for chat, an array of one such object for text). Endpoint
+// pickers that tokenize before they pick (llm-d's precise prefix scorer) call them.
+func (s *Server) render(w http.ResponseWriter, hr *http.Request, chat bool) {
+	body, aerr := s.readBody(w, hr)
+	if aerr != nil {
+		writeError(w, aerr)
+		return
+	}
+	req, err := decodeRequest(body, chat)
+	if err != nil {
+		writeError(w, asAPIError(err))
+		return
+	}
+	if aerr := s.checkModel(req.Model); aerr != nil {
+		writeError(w, aerr)
+		return
+	}
+	toks, aerr := s.encode(req, chat)
+	if aerr != nil {
+		writeError(w, aerr)
+		return
+	}
+	var b []byte
+	if !chat {
+		b = append(b, '[')
+	}
+	b = append(b, `{"token_ids":[`...)
+	for i, t := range toks {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendUint(b, uint64(t), 10)
+	}
+	b = append(b, "]}"...)
+	if !chat {
+		b = append(b, ']')
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(append(b, '\n'))
 }
 
 func (s *Server) detokenize(w http.ResponseWriter, hr *http.Request) {

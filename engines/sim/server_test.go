@@ -8,6 +8,7 @@ import (
 	"hash/fnv"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -321,6 +322,28 @@ func TestModelsTokenizeMetrics(t *testing.T) {
 	}
 	if code != 200 || json.Unmarshal(b, &tok) != nil || tok.Count != 3 || len(tok.Tokens) != 3 {
 		t.Fatalf("tokenize: %d %s", code, b)
+	}
+	// The render endpoints give what /tokenize gives: the prompt as the engine computes it.
+	code, b = post(t, w.URL()+"/v1/completions/render", `{"prompt":"a b c"}`)
+	var rendered []struct {
+		TokenIDs []uint32 `json:"token_ids"`
+	}
+	if code != 200 || json.Unmarshal(b, &rendered) != nil || len(rendered) != 1 || !slices.Equal(rendered[0].TokenIDs, tok.Tokens) {
+		t.Fatalf("completions render: %d %s, want %v", code, b, tok.Tokens)
+	}
+	chatMsgs := `"messages":[{"role":"user","content":"hello"}]`
+	_, tb := post(t, w.URL()+"/tokenize", `{`+chatMsgs+`}`)
+	code, b = post(t, w.URL()+"/v1/chat/completions/render", `{"model":"gpt-oss-120b",`+chatMsgs+`}`)
+	var chatTok struct{ Tokens []uint32 }
+	var chatRendered struct {
+		TokenIDs []uint32 `json:"token_ids"`
+	}
+	if json.Unmarshal(tb, &chatTok) != nil || code != 200 || json.Unmarshal(b, &chatRendered) != nil ||
+		len(chatTok.Tokens) == 0 || !slices.Equal(chatRendered.TokenIDs, chatTok.Tokens) {
+		t.Fatalf("chat render: %d %s, want %v", code, b, chatTok.Tokens)
+	}
+	if code, _ = post(t, w.URL()+"/v1/chat/completions/render", `{"model":"nope",`+chatMsgs+`}`); code != 404 {
+		t.Fatalf("chat render of an unknown model: %d, want 404", code)
 	}
 	post(t, w.URL()+"/v1/completions", `{"prompt":"x y z","max_tokens":3}`)
 	resp, err = http.Get(w.URL() + "/metrics")
