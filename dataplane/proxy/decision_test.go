@@ -9,15 +9,21 @@ import (
 	"time"
 
 	"github.com/kvrelay/kvrelay/dataplane/oai"
+	"github.com/kvrelay/kvrelay/dataplane/route"
 	"github.com/kvrelay/kvrelay/engines/blockhash"
 )
 
-// decisionServer is a proxy set up for routing only (no listener) over n workers.
-func decisionServer(tb testing.TB, n int) *Server {
+// decisionServer is a proxy set up for routing only (no listener) over n workers, with the
+// given policy ("": the default).
+func decisionServer(tb testing.TB, n int, policy ...string) *Server {
 	tb.Helper()
 	cfg := DefaultConfig()
+	if len(policy) > 0 && policy[0] != "" {
+		cfg.Policy = policy[0]
+	}
 	for i := range n {
-		cfg.Upstreams = append(cfg.Upstreams, Upstream{ID: "w" + strconv.Itoa(i), URL: "http://127.0.0.1:" + strconv.Itoa(20000+i), Model: "gpt-oss-120b"})
+		cfg.Upstreams = append(cfg.Upstreams, Upstream{ID: "w" + strconv.Itoa(i), URL: "http://127.0.0.1:" + strconv.Itoa(20000+i), Model: "gpt-oss-120b",
+			MaxNumSeqs: 8})
 	}
 	s, err := New(cfg, nil)
 	if err != nil {
@@ -96,7 +102,13 @@ func TestDecisionFollowsThePrefix(t *testing.T) {
 }
 
 func TestDecisionAllocations(t *testing.T) {
-	s := decisionServer(t, 64)
+	for _, policy := range []string{route.PolicyKV, route.PolicyLatency} {
+		t.Run(policy, func(t *testing.T) { testDecisionAllocations(t, policy) })
+	}
+}
+
+func testDecisionAllocations(t *testing.T, policy string) {
+	s := decisionServer(t, 64, policy)
 	cc := &clientConn{srv: s, lp: newLoop(s, nil), kind: oai.ChatCompletions}
 	cc.body = chat8k("warm")
 	decide(t, cc)
@@ -124,14 +136,25 @@ func leastAllocs(f func()) float64 {
 	return least
 }
 
-// BenchmarkDecision8k: an 8k-token chat request against 64 workers and 1M indexed blocks.
-// "warm" repeats the system prompt (the token cache serves it); "cold" changes the whole
-// prompt each time. Reported: p50 and p99 of the whole decision in µs.
+// BenchmarkDecision8k: an 8k-token chat request against 64 workers and 1M indexed blocks,
+// under the kv policy ("warm", "cold") and the latency policy ("latency-warm",
+// "latency-cold"). "warm" repeats the system prompt (the token cache serves it); "cold"
+// changes the whole prompt each time. Reported: p50 and p99 of the whole decision in µs.
 func BenchmarkDecision8k(b *testing.B) {
-	s := decisionServer(b, 64)
+	for _, policy := range []string{route.PolicyKV, route.PolicyLatency} {
+		benchmarkDecision8k(b, policy)
+	}
+}
+
+func benchmarkDecision8k(b *testing.B, policy string) {
+	s := decisionServer(b, 64, policy)
 	fillIndex(s, 1<<20)
+	prefix := ""
+	if policy != route.PolicyKV {
+		prefix = policy + "-"
+	}
 	for _, mode := range []string{"warm", "cold"} {
-		b.Run(mode, func(b *testing.B) {
+		b.Run(prefix+mode, func(b *testing.B) {
 			cc := &clientConn{srv: s, lp: newLoop(s, nil), kind: oai.ChatCompletions}
 			cc.body = chat8k("warm-up")
 			decide(b, cc)
