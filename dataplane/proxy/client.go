@@ -9,6 +9,7 @@ import (
 	"unsafe"
 
 	"github.com/panjf2000/gnet/v2"
+	"github.com/zeebo/xxh3"
 
 	"github.com/kvrelay/kvrelay/dataplane/http1"
 	"github.com/kvrelay/kvrelay/dataplane/oai"
@@ -92,6 +93,11 @@ type clientConn struct {
 	arrived  int64
 	decideAt int64
 	tokStart int64 // when a timed request's remote tokenization began
+	// convKeys are the request's conversation keys for the remote tokenizer's cache;
+	// extraTokens the estimated tokens of messages past a cached conversation prefix, which
+	// routing counts beside the prefix's.
+	convKeys    []xxh3.Uint128
+	extraTokens int
 
 	// A connection answered with an error while the client is still sending (a body over the
 	// limit) reads and drops what comes until lingerLeft bytes or lingerUntil, so the client
@@ -383,6 +389,7 @@ func (cc *clientConn) prepare() error {
 	cd := s.codecFor(o.Model)
 	t0 := cc.clock()
 	cc.toks = cc.toks[:0]
+	cc.extraTokens = 0
 	switch {
 	case cc.kind == oai.Completions && o.PromptIsTokens:
 		for _, t := range o.PromptTokens {
@@ -429,7 +436,7 @@ func (cc *clientConn) hashTokens() {
 	for _, p := range o.Parts {
 		cc.extra = append(cc.extra, p.Raw...)
 	}
-	r.PromptTokens = len(cc.toks)
+	r.PromptTokens = len(cc.toks) + cc.extraTokens
 	r.Hashes = cc.hasher.AppendSeq(r.Hashes[:0], cc.toks, s.cfg.BlockSize, cc.extra)
 	cc.stage(stageHash, t1)
 }

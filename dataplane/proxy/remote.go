@@ -23,7 +23,10 @@ var errPending = errors.New("tokenization pending")
 
 // remoteTokenizer asks engines' /tokenize for prompt token ids (vLLM's API: chat messages
 // are posted as they are, so the engine applies its own chat template) and caches the
-// answers by request content.
+// answers: by the whole request's content, and by its messages as the prefix of a later,
+// longer conversation (conversationKeys). A request whose conversation so far was tokenized
+// before is routed at once on those tokens while its own are fetched in the background for
+// the next turn, so an agent's tool rounds pay no round trip before their pick.
 type remoteTokenizer struct {
 	client *http.Client
 	next   atomic.Uint64
@@ -33,15 +36,22 @@ type remoteTokenizer struct {
 	order  []xxh3.Uint128
 	tokens int
 	max    int
-	hits   atomic.Uint64
-	misses atomic.Uint64
+	// fetching holds the keys of background fetches in flight, at most maxBackground.
+	fetching map[xxh3.Uint128]bool
+
+	hits, prefixHits, misses atomic.Uint64
 }
+
+// maxBackground bounds the background fetches in flight; past it a request's own tokens are
+// not fetched for later (its next turn then waits for its round trip).
+const maxBackground = 64
 
 func newRemoteTokenizer(timeout time.Duration, maxTokens int) *remoteTokenizer {
 	return &remoteTokenizer{
-		client: &http.Client{Timeout: timeout},
-		cache:  map[xxh3.Uint128][]uint32{},
-		max:    maxTokens,
+		client:   &http.Client{Timeout: timeout},
+		cache:    map[xxh3.Uint128][]uint32{},
+		fetching: map[xxh3.Uint128]bool{},
+		max:      maxTokens,
 	}
 }
 
@@ -55,6 +65,10 @@ func (rt *remoteTokenizer) get(key xxh3.Uint128) ([]uint32, bool) {
 func (rt *remoteTokenizer) put(key xxh3.Uint128, ids []uint32) {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
+	rt.putLocked(key, ids)
+}
+
+func (rt *remoteTokenizer) putLocked(key xxh3.Uint128, ids []uint32) {
 	if _, ok := rt.cache[key]; ok || len(ids) > rt.max {
 		return
 	}
@@ -69,19 +83,79 @@ func (rt *remoteTokenizer) put(key xxh3.Uint128, ids []uint32) {
 	rt.tokens += len(ids)
 }
 
-// tokenizeBody builds the /tokenize request for a parsed chat or completion request.
+// store keeps a fetched answer under the request's key and, for a chat request, its first
+// tokens under its conversation's key (conv, zero for none) as the prefix of later turns.
+func (rt *remoteTokenizer) store(key, conv xxh3.Uint128, ids []uint32) {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	rt.putLocked(key, ids)
+	if conv != (xxh3.Uint128{}) && len(ids) > prefixMargin {
+		rt.putLocked(conv, ids[:len(ids)-prefixMargin])
+	}
+}
+
+// prefixMargin is the tokens dropped from the end of a conversation's tokens before they
+// serve as a later turn's prefix: the generation prompt the template appends after the last
+// message, which the next turn renders as the start of the assistant's message instead, and
+// any other closing the template puts only after a final message.
+const prefixMargin = 32
+
+// longestPrefix returns the cached tokens of the longest earlier conversation among keys
+// (keys[i] covers the first i+1 messages), not looking at the last key (the request's own
+// conversation), and how many messages they cover.
+func (rt *remoteTokenizer) longestPrefix(keys []xxh3.Uint128) ([]uint32, int) {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	for i := len(keys) - 2; i >= 0; i-- {
+		if ids, ok := rt.cache[keys[i]]; ok {
+			return ids, i + 1
+		}
+	}
+	return nil, 0
+}
+
+// conversationKeys appends to keys one key per message of a chat request: keys[i] names the
+// model, the tools and messages 0..i, so that a later request extending the conversation
+// shares its first keys. They are apart from the whole-request keys of the cache.
+func conversationKeys(keys []xxh3.Uint128, o *oai.Request) []xxh3.Uint128 {
+	h := xxh3.New()
+	_, _ = h.WriteString("kvrelay conversation\x00")
+	_, _ = h.Write(o.Model)
+	_, _ = h.Write([]byte{0})
+	_, _ = h.Write(o.Tools)
+	sep := []byte{0}
+	for i := range o.Messages {
+		m := &o.Messages[i]
+		for _, f := range [...][]byte{m.Role, m.Content, m.Name, m.ToolCallID, m.ToolCalls, m.Reasoning} {
+			_, _ = h.Write(f)
+			_, _ = h.Write(sep)
+		}
+		_, _ = h.Write([]byte{1})
+		keys = append(keys, h.Sum128())
+	}
+	return keys
+}
+
+// tokenizeBody builds the /tokenize request for a parsed chat or completion request: chat
+// messages with everything a template renders (content, name, tool calls and the id of the
+// call a tool message answers, reasoning), the tools, and whether to add the generation
+// prompt.
 func tokenizeBody(o *oai.Request, kind oai.Kind) ([]byte, error) {
 	if kind == oai.Completions {
 		return json.Marshal(map[string]any{"model": string(o.Model), "prompt": string(o.Prompt)})
 	}
 	type msg struct {
-		Role    string `json:"role"`
-		Content string `json:"content"`
-		Name    string `json:"name,omitempty"`
+		Role       string          `json:"role"`
+		Content    string          `json:"content"`
+		Name       string          `json:"name,omitempty"`
+		ToolCalls  json.RawMessage `json:"tool_calls,omitempty"`
+		ToolCallID string          `json:"tool_call_id,omitempty"`
+		Reasoning  string          `json:"reasoning_content,omitempty"`
 	}
 	msgs := make([]msg, len(o.Messages))
 	for i, m := range o.Messages {
-		msgs[i] = msg{Role: string(m.Role), Content: string(m.Content), Name: string(m.Name)}
+		msgs[i] = msg{Role: string(m.Role), Content: string(m.Content), Name: string(m.Name),
+			ToolCalls: json.RawMessage(m.ToolCalls), ToolCallID: string(m.ToolCallID), Reasoning: string(m.Reasoning)}
 	}
 	body := map[string]any{
 		"model":                 string(o.Model),
@@ -123,8 +197,9 @@ func (rt *remoteTokenizer) fetch(ctx context.Context, w *route.Worker, body []by
 	return out.Tokens, nil
 }
 
-// tokenizeRemote gets the request's ids from the cache, or starts fetching them and returns
-// errPending; the fetch resumes the request on its loop.
+// tokenizeRemote gets the request's ids from the cache, or routes it at once on the cached
+// tokens of its conversation so far while fetching its own in the background, or starts
+// fetching them and returns errPending; the fetch resumes the request on its loop.
 func (cc *clientConn) tokenizeRemote() error {
 	s := cc.srv
 	body, err := tokenizeBody(&cc.oreq, cc.kind)
@@ -137,11 +212,28 @@ func (cc *clientConn) tokenizeRemote() error {
 		cc.toks = append(cc.toks[:0], ids...)
 		return nil
 	}
-	s.remote.misses.Add(1)
+	var conv xxh3.Uint128
+	if cc.kind == oai.ChatCompletions {
+		cc.convKeys = conversationKeys(cc.convKeys[:0], &cc.oreq)
+		conv = cc.convKeys[len(cc.convKeys)-1]
+	}
 	w := s.remote.pick(s.kv.Pool(), unsafeString(cc.oreq.Model))
 	if w == nil {
 		return errNoTokenizer
 	}
+	if ids, covered := s.remote.longestPrefix(cc.convKeys); covered > 0 {
+		s.remote.prefixHits.Add(1)
+		cc.toks = append(cc.toks[:0], ids...)
+		// The messages past the prefix are new: their length is all routing needs of them.
+		rest := 0
+		for i := covered; i < len(cc.oreq.Messages); i++ {
+			rest += len(cc.oreq.Messages[i].Content) + len(cc.oreq.Messages[i].ToolCalls)
+		}
+		cc.extraTokens = (rest + bytesPerToken - 1) / bytesPerToken
+		s.remote.background(w, key, conv, body)
+		return nil
+	}
+	s.remote.misses.Add(1)
 	cc.state = stTokenize
 	lp := cc.lp
 	go func() {
@@ -149,7 +241,7 @@ func (cc *clientConn) tokenizeRemote() error {
 		defer cancel()
 		ids, err := s.remote.fetch(ctx, w, body)
 		if err == nil {
-			s.remote.put(key, ids)
+			s.remote.store(key, conv, ids)
 		}
 		_ = lp.el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
 			if cc.state != stTokenize {
@@ -162,6 +254,29 @@ func (cc *clientConn) tokenizeRemote() error {
 		}))
 	}()
 	return errPending
+}
+
+// background fetches a request's ids for later turns, unless that fetch is under way or
+// maxBackground are.
+func (rt *remoteTokenizer) background(w *route.Worker, key, conv xxh3.Uint128, body []byte) {
+	rt.mu.Lock()
+	if rt.fetching[key] || len(rt.fetching) >= maxBackground {
+		rt.mu.Unlock()
+		return
+	}
+	rt.fetching[key] = true
+	rt.mu.Unlock()
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), rt.client.Timeout)
+		defer cancel()
+		ids, err := rt.fetch(ctx, w, body)
+		if err == nil {
+			rt.store(key, conv, ids)
+		}
+		rt.mu.Lock()
+		delete(rt.fetching, key)
+		rt.mu.Unlock()
+	}()
 }
 
 var errNoTokenizer = errors.New("no healthy worker to tokenize the prompt")

@@ -17,6 +17,7 @@ import (
 
 	"github.com/panjf2000/gnet/v2"
 	"github.com/panjf2000/gnet/v2/pkg/netpoll"
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
 
 	"github.com/kvrelay/kvrelay/dataplane/http1"
@@ -101,6 +102,12 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 	s.models.Store(new([]byte))
 	s.queue = newAdmissionQueue(cfg.QueueSize, s.metrics)
 	s.remote = newRemoteTokenizer(cfg.ConnectTimeout+5*time.Second, cfg.TokenCacheTokens)
+	for result, c := range map[string]*atomic.Uint64{"hit": &s.remote.hits, "prefix": &s.remote.prefixHits, "miss": &s.remote.misses} {
+		s.metrics.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "kvrelay_proxy_remote_tokenize_total", ConstLabels: prometheus.Labels{"result": result},
+			Help: "Prompts tokenized by an engine's /tokenize, by how the cache served them: hit (the whole request), prefix (routed at once on its conversation's earlier tokens, its own fetched in the background) or miss (routed after the round trip).",
+		}, func() float64 { return float64(c.Load()) }))
+	}
 	s.pdClient = newPDClient(cfg.ConnectTimeout)
 	s.pdSet.Store(&disaggSettings{mode: cfg.Disagg, threshold: cfg.DisaggThreshold})
 	return s, nil
