@@ -381,3 +381,24 @@ func TestScaleTimes(t *testing.T) {
 		t.Fatalf("goodput %d after scaling, want 0", s.Goodput)
 	}
 }
+
+func TestPredictionError(t *testing.T) {
+	ms := time.Millisecond
+	var recs []*Record
+	for i := range 20 {
+		// The first two predictions are 3x off, the rest 10% under the measured 100 ms.
+		route := "cost; overlap=3; best=3; ttft_ms=90.0"
+		if i < 2 {
+			route = "cost; overlap=0; best=0; ttft_ms=300"
+		}
+		recs = append(recs, &Record{Status: 200, Start: time.Duration(i) * ms, TTFT: 100 * ms, Route: route})
+	}
+	recs = append(recs, &Record{Status: 200, TTFT: 50 * ms, Route: "cost; overlap=0; best=0"}, &Record{Status: 500, Route: "x; ttft_ms=1"})
+	p := predictionError(recs)
+	if p == nil || p.Requests != 20 || math.Abs(p.Cold-2) > 1e-9 || math.Abs(p.Warm-0.1) > 1e-9 || p.Under != 0.9 {
+		t.Fatalf("prediction error %+v", p)
+	}
+	if predictionError(recs[20:21]) != nil {
+		t.Fatal("records without predictions gave a prediction error")
+	}
+}

@@ -104,6 +104,21 @@ func Table(rs []*Result) string {
 			{"hit rate / shared LRU", hitShare(func(s *Summary) float64 { return s.LRUHitRate }), pct},
 		}...)
 	}
+	if slices.ContainsFunc(rs, func(r *Result) bool { return r.Summary.Prediction != nil }) {
+		pred := func(f func(p *PredictionError) float64) func(s *Summary) float64 {
+			return func(s *Summary) float64 {
+				if s.Prediction == nil {
+					return math.NaN()
+				}
+				return f(s.Prediction)
+			}
+		}
+		rows = append(rows, []row{
+			{"TTFT prediction error p50, first tenth", pred(func(p *PredictionError) float64 { return p.Cold }), pct},
+			{"TTFT prediction error p50, rest", pred(func(p *PredictionError) float64 { return p.Warm }), pct},
+			{"TTFT predicted under measured", pred(func(p *PredictionError) float64 { return p.Under }), pct},
+		}...)
+	}
 	if slices.ContainsFunc(rs, func(r *Result) bool { return r.Summary.Engines > 0 }) {
 		rows = append(rows, row{"engine stall", func(s *Summary) float64 { return s.EngineStall }, pct})
 	}

@@ -1,11 +1,13 @@
 package bench
 
 import (
+	"cmp"
 	"encoding/json"
 	"math"
 	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/kvrelay/kvrelay/cmd/kvrelay/bench/workload"
@@ -94,6 +96,9 @@ type Summary struct {
 	Share   []Window       `json:"share,omitempty"`
 	// Tags splits TTFT by request class (interactive, subagent, …) when the workload tags.
 	Tags map[string]Dist `json:"tags,omitempty"`
+	// Prediction is how close the proxy's predicted TTFTs (x-kvrelay-route's ttft_ms, under
+	// the latency policy) came to the TTFTs measured; nil when no request carried one.
+	Prediction *PredictionError `json:"ttft_prediction,omitempty"`
 	// Breakdown splits TTFT into each request's own prefill and its wait, with the floor
 	// that routing can approach, when the engines' step-time model is known (bench compare
 	// in mode agg; see Breakdown).
@@ -172,6 +177,7 @@ func Summarize(recs []*Record, wall time.Duration, slo SLO) Summary {
 		}
 	}
 	s.Share = shareOverTime(recs, wall)
+	s.Prediction = predictionError(recs)
 	if len(s.Failed) == 0 {
 		s.Failed = nil
 	}
@@ -179,6 +185,69 @@ func Summarize(recs []*Record, wall time.Duration, slo SLO) Summary {
 		s.Workers = nil
 	}
 	return s
+}
+
+// PredictionError compares predicted and measured TTFTs: the median relative error
+// |measured − predicted| / measured over the first tenth of the requests that carried a
+// prediction (Cold: the models still learning) and over the rest (Warm), and the share of
+// predictions below the measured TTFT.
+type PredictionError struct {
+	Requests int     `json:"requests"`
+	Cold     float64 `json:"median_relative_error_first_tenth"`
+	Warm     float64 `json:"median_relative_error_rest"`
+	Under    float64 `json:"share_under"`
+}
+
+// predictionError reads each successful request's predicted TTFT off its route header, in
+// send order; nil when none has one. The prediction counts from the proxy's dispatch and the
+// measured TTFT from the client's send, so it includes the proxy's own time (well under a
+// millisecond with a local tokenizer).
+func predictionError(recs []*Record) *PredictionError {
+	type pair struct {
+		start     time.Duration
+		rel       float64
+		predUnder bool
+	}
+	var ps []pair
+	for _, r := range recs {
+		if !r.OK() || r.TTFT <= 0 {
+			continue
+		}
+		_, v, ok := strings.Cut(r.Route, "ttft_ms=")
+		if !ok {
+			continue
+		}
+		v, _, _ = strings.Cut(v, ";")
+		pred, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+		if err != nil {
+			continue
+		}
+		got := float64(r.TTFT) / float64(time.Millisecond)
+		ps = append(ps, pair{start: r.Start, rel: math.Abs(got-pred) / got, predUnder: pred < got})
+	}
+	if len(ps) == 0 {
+		return nil
+	}
+	slices.SortFunc(ps, func(a, b pair) int { return cmp.Compare(a.start, b.start) })
+	median := func(p []pair) float64 {
+		if len(p) == 0 {
+			return math.NaN()
+		}
+		v := make([]float64, len(p))
+		for i := range p {
+			v[i] = p[i].rel
+		}
+		slices.Sort(v)
+		return v[len(v)/2]
+	}
+	cut := max(1, len(ps)/10)
+	under := 0
+	for _, p := range ps {
+		if p.predUnder {
+			under++
+		}
+	}
+	return &PredictionError{Requests: len(ps), Cold: median(ps[:cut]), Warm: median(ps[cut:]), Under: float64(under) / float64(len(ps))}
 }
 
 // midRunRate is the completions per second between the completion times that end the first
