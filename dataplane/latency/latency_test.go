@@ -100,10 +100,14 @@ func TestRLSIgnoresNonFinite(t *testing.T) {
 
 // syntheticEngine is a worker whose true times are known: its prefill runs speedup times
 // faster than the prior curve, a slot frees every hold/(seqs+1), and each step carries a
-// decode step.
+// decode step that grows with the batch and the KV usage.
 type syntheticEngine struct {
-	speedup, itl0, itl1, hold float64
-	seqs                      int
+	speedup, itl0, itl1, itlKV, hold float64
+	seqs                             int
+}
+
+func (e syntheticEngine) itl(batch int, kv float64) float64 {
+	return e.itl0 + e.itl1*float64(batch) + e.itlKV*kv
 }
 
 func (e syntheticEngine) ttft(st State, uncached float64) float64 {
@@ -112,7 +116,7 @@ func (e syntheticEngine) ttft(st State, uncached float64) float64 {
 	batch := min(st.Requests, e.seqs)
 	decode := 0.0
 	if batch > 0 {
-		decode = e.itl0 + e.itl1*float64(batch)
+		decode = e.itl(batch, st.KVUsage)
 	}
 	prefill := func(t float64) float64 { return chunked(t, budget, c, 0)/e.speedup + math.Ceil(t/budget)*decode }
 	q := prefill(st.Backlog)
@@ -124,71 +128,143 @@ func (e syntheticEngine) ttft(st State, uncached float64) float64 {
 	return 0.004 + slot + q + own
 }
 
-// TestModelLearnsEngine: on an engine 20 times faster than the prior with four slots, the
-// model's median relative TTFT error falls from the prior's (far off) to under 10% once
-// it has seen a few hundred requests, and the concurrency limit is learned from reports.
-func TestModelLearnsEngine(t *testing.T) {
-	eng := syntheticEngine{speedup: 20, itl0: 0.01, itl1: 0.002, hold: 2, seqs: 4}
-	var m Model
+func newWorkers(n int) (*Model, []*Worker) {
+	m := new(Model)
 	m.Init()
+	ws := make([]*Worker, n)
+	for i := range ws {
+		ws[i] = new(Worker)
+		ws[i].Init(m)
+	}
+	return m, ws
+}
+
+// teach runs n requests in random states through w against eng, one in twenty an outlier
+// eight times too slow, and reports the engine's state to it.
+func teach(w *Worker, eng syntheticEngine, rng *rand.Rand, n int) {
 	e := &Engine{}
-	rng := rand.New(rand.NewPCG(3, 4))
-	state := func() (State, float64) {
-		st := State{Requests: rng.IntN(8), Backlog: float64(rng.IntN(3)) * rng.Float64() * 6000}
-		return st, float64(rng.IntN(7000))
-	}
-	relErr := func(n int) float64 {
-		var errs []float64
-		for range n {
-			st, u := state()
-			var p Prediction
-			m.Predict(e, st, u, &p)
-			y := eng.ttft(st, u)
-			errs = append(errs, math.Abs(p.TTFT-y)/y)
-		}
-		sort.Float64s(errs)
-		return errs[len(errs)/2]
-	}
-	cold := relErr(200)
-	for i := range 600 {
-		st, u := state()
-		m.ObserveReport(min(st.Requests, eng.seqs), max(0, st.Requests-eng.seqs))
+	for i := range n {
+		st, u := randomState(rng)
+		w.ObserveReport(min(st.Requests, eng.seqs), max(0, st.Requests-eng.seqs))
 		var p Prediction
-		m.Predict(e, st, u, &p)
+		w.Predict(e, st, u, &p)
 		y := eng.ttft(st, u)
 		if i%20 == 7 {
 			y *= 8 // now and then a request stuck behind something the model cannot see
 		}
-		m.ObserveTTFT(&p.X, y)
+		w.ObserveTTFT(&p.X, y)
 		b := max(1, min(st.Requests+1, eng.seqs))
-		m.ObserveDecode(b, eng.itl0+eng.itl1*float64(b), eng.hold)
+		w.ObserveDecode(b, st.KVUsage, eng.itl(b, st.KVUsage), eng.hold)
 	}
-	warm := relErr(400)
-	t.Logf("median relative TTFT error: prior %.1f%%, learned %.1f%%; %+v", 100*cold, 100*warm, m.Stats())
+}
+
+func randomState(rng *rand.Rand) (State, float64) {
+	st := State{Requests: rng.IntN(8), Backlog: float64(rng.IntN(3)) * rng.Float64() * 6000, KVUsage: rng.Float64()}
+	return st, float64(rng.IntN(7000))
+}
+
+func medianRelErr(w *Worker, eng syntheticEngine, rng *rand.Rand, n int) float64 {
+	e := &Engine{}
+	var errs []float64
+	for range n {
+		st, u := randomState(rng)
+		var p Prediction
+		w.Predict(e, st, u, &p)
+		y := eng.ttft(st, u)
+		errs = append(errs, math.Abs(p.TTFT-y)/y)
+	}
+	sort.Float64s(errs)
+	return errs[len(errs)/2]
+}
+
+// TestModelLearnsEngine: on an engine 20 times faster than the prior with four slots, the
+// model's median relative TTFT error falls from the prior's (far off) to under 10% once
+// it has seen a few hundred requests, despite outliers; the concurrency limit is learned
+// from reports and the decode step against batch size and KV usage.
+func TestModelLearnsEngine(t *testing.T) {
+	eng := syntheticEngine{speedup: 20, itl0: 0.01, itl1: 0.002, itlKV: 0.02, hold: 2, seqs: 4}
+	_, ws := newWorkers(1)
+	w := ws[0]
+	rng := rand.New(rand.NewPCG(3, 4))
+	cold := medianRelErr(w, eng, rng, 200)
+	teach(w, eng, rng, 600)
+	warm := medianRelErr(w, eng, rng, 400)
+	t.Logf("median relative TTFT error: prior %.1f%%, learned %.1f%%; %+v", 100*cold, 100*warm, w.Stats())
 	if cold < 0.5 {
 		t.Fatalf("the prior should be far off on an engine 20x faster (%.2f)", cold)
 	}
 	if warm > 0.10 {
 		t.Fatalf("median relative error %.1f%% after learning, want under 10%%", 100*warm)
 	}
-	if got := m.MaxNumSeqs(e); got != eng.seqs {
+	if got := w.MaxNumSeqs(&Engine{}); got != eng.seqs {
 		t.Fatalf("learned max_num_seqs %d, want %d", got, eng.seqs)
 	}
-	if itl := m.ITL(3); math.Abs(itl-(eng.itl0+3*eng.itl1)) > 0.001 {
-		t.Fatalf("ITL(3) = %v, want %v", itl, eng.itl0+3*eng.itl1)
+	if itl, want := w.Model().ITL(3, 0.5), eng.itl(3, 0.5); math.Abs(itl-want) > 0.001 {
+		t.Fatalf("ITL(3, 0.5) = %v, want %v", itl, want)
 	}
+}
+
+// TestWorkersShareModel: identical workers learning together predict alike (so that none
+// looks cheaper by the noise of its own fit and draws every request), while a worker twice
+// as slow as its peers learns its speed.
+func TestWorkersShareModel(t *testing.T) {
+	fast := syntheticEngine{speedup: 10, itl0: 0.01, hold: 1, seqs: 8}
+	slow := fast
+	slow.speedup = 5
+	_, ws := newWorkers(4)
+	rng := rand.New(rand.NewPCG(5, 6))
+	for range 200 {
+		for i, w := range ws {
+			eng := fast
+			if i == 3 {
+				eng = slow
+			}
+			teach(w, eng, rng, 1)
+		}
+	}
+	var speeds []float64
+	for _, w := range ws {
+		speeds = append(speeds, w.Stats().Speed)
+	}
+	t.Logf("speeds %.3f", speeds)
+	for i := 1; i < 3; i++ {
+		if math.Abs(speeds[i]/speeds[0]-1) > 0.1 {
+			t.Fatalf("identical workers learned speeds %.3f", speeds[:3])
+		}
+	}
+	// The slow worker's prefill takes twice as long, its decode steps do not: its speed
+	// against the model lies between 1.5 and 2 times the others'.
+	if r := speeds[3] / speeds[0]; r < 1.5 || r > 2.5 {
+		t.Fatalf("the worker twice as slow learned %.2f times the others' speed, want about 2", r)
+	}
+	st, u := State{Requests: 2, Backlog: 3000}, 4000.0
+	for i, w := range ws {
+		eng := fast
+		if i == 3 {
+			eng = slow
+		}
+		var p Prediction
+		w.Predict(&Engine{}, st, u, &p)
+		if want := eng.ttft(st, u); math.Abs(p.TTFT/want-1) > 0.1 {
+			t.Fatalf("worker %d predicts %.1f ms, its engine takes %.1f", i, 1e3*p.TTFT, 1e3*want)
+		}
+	}
+}
+
+func newWorker() *Worker {
+	_, ws := newWorkers(1)
+	return ws[0]
 }
 
 // TestPredictSlotWait: a worker at its limit predicts a wait that grows with the requests
 // ahead; one below it predicts none.
 func TestPredictSlotWait(t *testing.T) {
-	var m Model
-	m.Init()
+	w := newWorker()
 	e := &Engine{MaxNumSeqs: 4}
 	var below, at, over Prediction
-	m.Predict(e, State{Requests: 3}, 1000, &below)
-	m.Predict(e, State{Requests: 4}, 1000, &at)
-	m.Predict(e, State{Requests: 6}, 1000, &over)
+	w.Predict(e, State{Requests: 3}, 1000, &below)
+	w.Predict(e, State{Requests: 4}, 1000, &at)
+	w.Predict(e, State{Requests: 6}, 1000, &over)
 	if below.X[FeatSlotWait] != 0 || at.X[FeatSlotWait] <= 0 || math.Abs(over.X[FeatSlotWait]-3*at.X[FeatSlotWait]) > 1e-9 {
 		t.Fatalf("slot waits %v %v %v", below.X[FeatSlotWait], at.X[FeatSlotWait], over.X[FeatSlotWait])
 	}
@@ -198,22 +274,20 @@ func TestPredictSlotWait(t *testing.T) {
 }
 
 func TestPredictAllocs(t *testing.T) {
-	var m Model
-	m.Init()
+	w := newWorker()
 	e := &Engine{MaxNumSeqs: 8}
 	var p Prediction
-	if n := testing.AllocsPerRun(100, func() { m.Predict(e, State{Requests: 9, Backlog: 4000}, 3000, &p) }); n != 0 {
+	if n := testing.AllocsPerRun(100, func() { w.Predict(e, State{Requests: 9, Backlog: 4000}, 3000, &p) }); n != 0 {
 		t.Fatalf("Predict allocates %v times", n)
 	}
 }
 
 func BenchmarkPredict(b *testing.B) {
-	var m Model
-	m.Init()
+	w := newWorker()
 	e := &Engine{MaxNumSeqs: 8}
 	var p Prediction
 	b.ReportAllocs()
 	for b.Loop() {
-		m.Predict(e, State{Requests: 9, Backlog: 4000}, 3000, &p)
+		w.Predict(e, State{Requests: 9, Backlog: 4000}, 3000, &p)
 	}
 }

@@ -7,8 +7,8 @@ import (
 )
 
 // Curve is an engine's step time for T new prefill tokens in one step, A·T² + B·T + C
-// milliseconds. Its shape is the prior of a worker's prefill model; Model learns how far a
-// worker's real times sit from it.
+// milliseconds. Its shape is the prior of a worker's prefill model; Model learns how far the
+// workers' real times sit from it.
 type Curve struct{ A, B, C float64 }
 
 // DefaultCurve is ARCHITECTURE.md's fit for a vLLM server (gpt-oss-120b on one H200), the
@@ -50,20 +50,18 @@ type State struct {
 	KVUsage float64
 }
 
-// Features of a candidate request on a worker, in seconds, as the prior (the worker's
-// curve, its step budget, its decode step and how long a request holds a slot) computes
-// them. The TTFT model is θ₀ + θ₁·SlotWait + θ₂·QueueWait + θ₃·Prefill.
+// Features of a candidate request on a worker, in seconds, as the prior computes them: the
+// TTFT model is θ₀ + θ₁·SlotWait + θ₂·Prefill.
 const (
 	FeatBias = iota
 	// FeatSlotWait is the wait for a free sequence slot when the worker runs MaxNumSeqs
 	// requests already: the requests ahead of this one for a slot, each freeing one after
-	// the mean time a request holds its slot over the slots plus one (the expected
+	// the mean time a request holds its slot there over the slots plus one (the expected
 	// first of S uniform residual times).
 	FeatSlotWait
-	// FeatQueueWait is the time to compute the prefill backlog ahead, in chunks of the step
-	// budget, each step also decoding the running batch.
-	FeatQueueWait
-	// FeatPrefill is the request's own uncached tokens, computed after the backlog.
+	// FeatPrefill is the prefill backlog ahead and then the request's own uncached tokens,
+	// computed in chunks of the step budget, each step also decoding the running batch, on
+	// the prior curve scaled by the worker's learned speed.
 	FeatPrefill
 	numFeat
 )
@@ -71,30 +69,26 @@ const (
 // Prediction is what the model says of a candidate.
 type Prediction struct {
 	X Vec // the features, kept to learn from the outcome
-	// TTFT is the predicted time to first token in seconds; Queue and Prefill its parts
-	// (bias and slot and queue waits, own prefill) after correction.
+	// TTFT is the predicted time to first token in seconds: Queue (bias, slot wait and the
+	// backlog's prefill) plus Prefill (the request's own uncached tokens).
 	TTFT, Queue, Prefill float64
 	// ITL is the predicted time between tokens once this request runs.
 	ITL float64
 }
 
-// Model predicts one worker's TTFT and inter-token latency and learns both from what the
-// worker does. Predict reads only atomics and is safe to call from every event loop at
-// once; the Observe methods serialise on a mutex. The zero value is not ready: call Init.
+// Model is the latency model of the workers that serve one model, learned from all of them:
+// the TTFT coefficients over the prior's features and the decode step time against batch
+// size and KV usage. Worker adds each worker's own speed, slot occupancy and limits. Its
+// predictions read only atomics; learning takes its mutex. Call Init before use.
 type Model struct {
 	mu   sync.Mutex
 	ttft RLS // features above
-	itl  RLS // [1, batch size]
-	occ  float64
-	nOcc int
+	itl  RLS // [1, batch size, KV usage]
 
-	// Published for Predict: the coefficients and the slot occupancy, as float64 bits.
-	theta  [numFeat]atomic.Uint64
-	itlCo  [2]atomic.Uint64
-	occBit atomic.Uint64
-	// seqs is MaxNumSeqs learned from reports (running while requests wait), 0 unknown.
-	seqs        atomic.Int64
-	ttftN, itlN atomic.Int64
+	theta [numFeat]atomic.Uint64 // published coefficients, float64 bits
+	itlCo [3]atomic.Uint64
+	ttftN atomic.Int64
+	itlN  atomic.Int64
 }
 
 // Priors, in seconds.
@@ -105,53 +99,117 @@ const (
 	priorOutput = 128
 )
 
-// Init resets the model to its prior: the worker's prefill takes its curve's time, a decode
-// step priorITL, a request holds its slot priorOutput decode steps.
+// Init resets the model to its prior: prefill takes the curve's time, a decode step priorITL.
 func (m *Model) Init() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	// Both fits are on relative error (Observe divides by the prediction), so the prior
-	// variances are over a relative noise variance of about 0.1²: a multiplier of the prior
-	// curve is known to a factor of ten or so, the bias to ~10 ms, the decode step to ~20 ms
-	// and its growth per sequence to ~5 ms.
-	m.ttft = RLS{Lambda: 0.98, OutlierK: 4,
-		Lo: Vec{0, 0.001, 0.001, 0.001}, Hi: Vec{10, 100, 100, 100}}
-	m.ttft.Init(numFeat, Vec{0, 1, 1, 1}, Vec{0.01, 100, 100, 100})
-	m.itl = RLS{Lambda: 0.99, OutlierK: 4, Lo: Vec{1e-4, 0}, Hi: Vec{5, 1}}
-	m.itl.Init(2, Vec{priorITL, 0}, Vec{0.04, 0.0025})
-	m.occ, m.nOcc = priorITL*priorOutput, 0
+	// Both fits are on relative error (observations are divided by their prediction), so
+	// the prior variances are over a relative noise variance of about 0.1²: the prefill
+	// multiplier is known to a factor of ten or so, the slot wait's to a factor of three,
+	// the bias to ~10 ms; the decode step to ~20 ms, its growth per sequence to ~5 ms and
+	// from an empty to a full cache to ~50 ms.
+	m.ttft = RLS{Lambda: 0.995, OutlierK: 4, Lo: Vec{0, 0.01, 0.001}, Hi: Vec{10, 100, 100}}
+	m.ttft.Init(numFeat, Vec{0, 1, 1}, Vec{0.01, 10, 100})
+	m.itl = RLS{Lambda: 0.995, OutlierK: 4, Lo: Vec{1e-4, 0, 0}, Hi: Vec{5, 1, 5}}
+	m.itl.Init(3, Vec{priorITL, 0, 0}, Vec{0.04, 0.0025, 0.25})
 	m.publishLocked()
-	m.seqs.Store(0)
 }
 
 func (m *Model) publishLocked() {
 	for i := range numFeat {
 		m.theta[i].Store(math.Float64bits(m.ttft.Theta[i]))
 	}
-	m.itlCo[0].Store(math.Float64bits(m.itl.Theta[0]))
-	m.itlCo[1].Store(math.Float64bits(m.itl.Theta[1]))
-	m.occBit.Store(math.Float64bits(m.occ))
+	for i := range m.itlCo {
+		m.itlCo[i].Store(math.Float64bits(m.itl.Theta[i]))
+	}
 	m.ttftN.Store(int64(m.ttft.Count()))
 	m.itlN.Store(int64(m.itl.Count()))
 }
 
-func (m *Model) load(a *atomic.Uint64) float64 { return math.Float64frombits(a.Load()) }
+func load(a *atomic.Uint64) float64 { return math.Float64frombits(a.Load()) }
 
-// ITL predicts the time between tokens at batch size b.
-func (m *Model) ITL(b int) float64 {
-	return m.load(&m.itlCo[0]) + m.load(&m.itlCo[1])*float64(b)
+// ITL predicts the time between tokens at batch size b and KV usage kv.
+func (m *Model) ITL(b int, kv float64) float64 {
+	return load(&m.itlCo[0]) + load(&m.itlCo[1])*float64(b) + load(&m.itlCo[2])*kv
 }
 
+// minScale floors the scale observations are divided by, so a near-zero prediction does
+// not make one observation weigh without bound.
+const minScale = 1e-3
+
+// relative divides x and y by the current prediction θ·x (at least minScale).
+func relative(r *RLS, x *Vec, y float64) (Vec, float64) {
+	s := max(r.Predict(x), minScale)
+	var xs Vec
+	for i := range r.N {
+		xs[i] = x[i] / s
+	}
+	return xs, y / s
+}
+
+func (m *Model) observeTTFT(x *Vec, ttft float64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	xs, ys := relative(&m.ttft, x, ttft)
+	m.ttft.Update(&xs, ys)
+	m.publishLocked()
+}
+
+func (m *Model) observeITL(batch int, kv, itl float64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	x := Vec{1, float64(batch), kv}
+	xs, ys := relative(&m.itl, &x, itl)
+	m.itl.Update(&xs, ys)
+	m.publishLocked()
+}
+
+// Worker is one worker's part of the latency model: its speed against the Model it shares
+// with the workers of its model (learned slowly from what its requests took), how long a
+// request holds a sequence slot there, and its concurrency limit when reports teach it.
+// Predict reads only atomics and is safe from every event loop at once; the Observe methods
+// serialise on a mutex. Call Init before use.
+type Worker struct {
+	m *Model // set by Init, never changed
+
+	mu       sync.Mutex
+	logSpeed float64 // log of the worker's prefill time against its model's prediction
+	occ      float64
+	nOcc     int
+
+	speed  atomic.Uint64 // exp(logSpeed), float64 bits
+	occBit atomic.Uint64
+	// seqs is MaxNumSeqs learned from reports (running while requests wait), 0 unknown.
+	seqs atomic.Int64
+	obs  atomic.Int64
+}
+
+// Init ties the worker to the model of its workers and resets its own state.
+func (w *Worker) Init(m *Model) {
+	w.m = m
+	w.mu.Lock()
+	w.logSpeed, w.occ, w.nOcc = 0, priorITL*priorOutput, 0
+	w.mu.Unlock()
+	w.speed.Store(math.Float64bits(1))
+	w.occBit.Store(math.Float64bits(w.occ))
+	w.seqs.Store(0)
+	w.obs.Store(0)
+}
+
+// Model returns the shared model.
+func (w *Worker) Model() *Model { return w.m }
+
 // MaxNumSeqs is the concurrency limit: e's when known, else what reports taught.
-func (m *Model) MaxNumSeqs(e *Engine) int {
+func (w *Worker) MaxNumSeqs(e *Engine) int {
 	if e.MaxNumSeqs > 0 {
 		return e.MaxNumSeqs
 	}
-	return int(m.seqs.Load())
+	return int(w.seqs.Load())
 }
 
-// Predict fills p for a request with uncached prompt tokens on a worker in state st.
-func (m *Model) Predict(e *Engine, st State, uncached float64, p *Prediction) {
+// Predict fills p for a request with uncached prompt tokens on the worker in state st.
+func (w *Worker) Predict(e *Engine, st State, uncached float64, p *Prediction) {
+	m := w.m
 	curve := e.Curve
 	if curve == (Curve{}) {
 		curve = DefaultCurve()
@@ -160,27 +218,28 @@ func (m *Model) Predict(e *Engine, st State, uncached float64, p *Prediction) {
 	if budget <= 0 {
 		budget = DefaultBatchedTokens
 	}
-	seqs := m.MaxNumSeqs(e)
+	seqs := w.MaxNumSeqs(e)
 	batch := st.Requests
 	if seqs > 0 {
 		batch = min(batch, seqs)
 	}
 	decode := 0.0
 	if batch > 0 {
-		decode = m.ITL(batch)
+		decode = m.ITL(batch, st.KVUsage)
 	}
-	queue := chunked(st.Backlog, budget, curve, decode)
-	own := chunked(st.Backlog+max(uncached, 0), budget, curve, decode) - queue
+	speed := load(&w.speed)
+	queue := speed * chunked(st.Backlog, budget, curve, decode)
+	total := speed * chunked(st.Backlog+max(uncached, 0), budget, curve, decode)
 	slot := 0.0
 	if seqs > 0 && st.Requests >= seqs {
-		slot = float64(st.Requests-seqs+1) * m.load(&m.occBit) / float64(seqs+1)
+		slot = float64(st.Requests-seqs+1) * load(&w.occBit) / float64(seqs+1)
 	}
-	p.X = Vec{1, slot, queue, own}
-	t0, t1, t2, t3 := m.load(&m.theta[0]), m.load(&m.theta[1]), m.load(&m.theta[2]), m.load(&m.theta[3])
+	p.X = Vec{1, slot, total}
+	t0, t1, t2 := load(&m.theta[0]), load(&m.theta[1]), load(&m.theta[2])
 	p.Queue = t0 + t1*slot + t2*queue
-	p.Prefill = t3 * own
+	p.Prefill = t2 * (total - queue)
 	p.TTFT = p.Queue + p.Prefill
-	p.ITL = m.ITL(batch + 1)
+	p.ITL = m.ITL(batch+1, st.KVUsage)
 }
 
 // chunked is the time to compute t prefill tokens in steps of at most budget tokens, each
@@ -198,85 +257,103 @@ func chunked(t, budget float64, c Curve, decode float64) float64 {
 	return s
 }
 
-// minScale floors the scale observations are divided by, so a near-zero prediction does
-// not make one observation weigh without bound.
-const minScale = 1e-3
-
-// relative divides x and y by the current prediction θ·x (at least minScale).
-func relative(r *RLS, x *Vec, y float64) (Vec, float64) {
-	s := max(r.Predict(x), minScale)
-	var xs Vec
-	for i := range r.N {
-		xs[i] = x[i] / s
-	}
-	return xs, y / s
-}
+// Learning rate of a worker's speed (the share of one observation's log error it moves by)
+// and the most one observation may say of it (a factor of two either way, so that an
+// outlier moves it by 2% at most).
+const (
+	speedRate  = 0.03
+	speedClamp = 0.6931471805599453 // ln 2
+	// maxSpeed bounds a worker's learned speed against its model (either way).
+	maxLogSpeed = 1.0986122886681098 // ln 3
+)
 
 // ObserveTTFT learns from a request predicted with features x whose first token came ttft
-// seconds after it was sent. It reports whether the observation was clipped as an outlier.
-func (m *Model) ObserveTTFT(x *Vec, ttft float64) bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	xs, ys := relative(&m.ttft, x, ttft)
-	clipped := m.ttft.Update(&xs, ys)
-	m.publishLocked()
-	return clipped
+// seconds after it was sent: the shared model's coefficients and, where the prediction was
+// mostly prefill, the worker's speed.
+func (w *Worker) ObserveTTFT(x *Vec, ttft float64) {
+	if math.IsNaN(ttft) || math.IsInf(ttft, 0) || ttft <= 0 {
+		return
+	}
+	m := w.m
+	w.obs.Add(1)
+	t0, t1, t2 := load(&m.theta[0]), load(&m.theta[1]), load(&m.theta[2])
+	prefill := t2 * x[FeatPrefill]
+	if pred := t0 + t1*x[FeatSlotWait] + prefill; prefill > 0.5*pred && prefill > minScale {
+		// The prefill's share of what was observed, as far as the other terms predicted
+		// theirs, against its prediction (which the current speed already scaled).
+		if rest := ttft - (pred - prefill); rest > 0 {
+			r := min(max(math.Log(rest/prefill), -speedClamp), speedClamp)
+			w.mu.Lock()
+			w.logSpeed = min(max(w.logSpeed+speedRate*r, -maxLogSpeed), maxLogSpeed)
+			w.speed.Store(math.Float64bits(math.Exp(w.logSpeed)))
+			w.mu.Unlock()
+		}
+	}
+	m.observeTTFT(x, ttft)
 }
 
 // ObserveDecode learns from a finished request: its mean time between tokens at the batch
-// size it ran in, and how long it held its slot (first token to last).
-func (m *Model) ObserveDecode(batch int, itl, held float64) {
-	if batch < 1 || itl <= 0 || math.IsNaN(itl) || math.IsInf(itl, 0) {
+// size and KV usage it ran at, and how long it held its slot (first token to last).
+func (w *Worker) ObserveDecode(batch int, kv, itl, held float64) {
+	if batch < 1 || itl <= 0 || math.IsNaN(itl) || math.IsInf(itl, 0) || math.IsNaN(kv) {
 		return
 	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	x := Vec{1, float64(batch)}
-	xs, ys := relative(&m.itl, &x, itl)
-	m.itl.Update(&xs, ys)
+	w.m.observeITL(batch, min(max(kv, 0), 1), itl)
 	if held > 0 && !math.IsInf(held, 0) {
-		if m.nOcc == 0 {
-			m.occ = held
+		w.mu.Lock()
+		if w.nOcc == 0 {
+			w.occ = held
 		} else {
-			m.occ = 0.9*m.occ + 0.1*held
+			w.occ = 0.9*w.occ + 0.1*held
 		}
-		m.nOcc++
+		w.nOcc++
+		w.occBit.Store(math.Float64bits(w.occ))
+		w.mu.Unlock()
 	}
-	m.publishLocked()
 }
 
 // ObserveReport learns the concurrency limit from an engine's report: while requests wait,
 // the running ones fill every slot (or the KV cache, which makes this a lower bound).
-func (m *Model) ObserveReport(running, waiting int) {
+func (w *Worker) ObserveReport(running, waiting int) {
 	if waiting <= 0 || running <= 0 {
 		return
 	}
 	for {
-		cur := m.seqs.Load()
-		if int64(running) <= cur || m.seqs.CompareAndSwap(cur, int64(running)) {
+		cur := w.seqs.Load()
+		if int64(running) <= cur || w.seqs.CompareAndSwap(cur, int64(running)) {
 			return
 		}
 	}
 }
 
-// Stats is a snapshot of the model for operators.
+// Stats is a snapshot of a worker's model for operators.
 type Stats struct {
-	Theta        Vec
-	ITL          [2]float64
-	Occupancy    float64
-	Observations int64
-	Decodes      int64
-	MaxNumSeqs   int64
+	// Theta are the shared TTFT coefficients (bias in seconds, slot wait and prefill as
+	// multiples of their features), ITL the shared decode step: base, per sequence, per unit
+	// of KV usage, in seconds.
+	Theta Vec
+	ITL   [3]float64
+	// Speed is the worker's prefill time against its model's (1: as the model says),
+	// Occupancy how long a request holds its slot there, seconds.
+	Speed, Occupancy float64
+	// Observations counts the TTFTs this worker taught; ModelObservations and Decodes
+	// those its model learned from across its workers.
+	Observations, ModelObservations, Decodes int64
+	MaxNumSeqs                               int64
 }
 
-// Stats returns the model's current coefficients.
-func (m *Model) Stats() Stats {
+// Stats returns the worker's current model.
+func (w *Worker) Stats() Stats {
+	m := w.m
 	var s Stats
 	for i := range numFeat {
-		s.Theta[i] = m.load(&m.theta[i])
+		s.Theta[i] = load(&m.theta[i])
 	}
-	s.ITL = [2]float64{m.load(&m.itlCo[0]), m.load(&m.itlCo[1])}
-	s.Occupancy = m.load(&m.occBit)
-	s.Observations, s.Decodes, s.MaxNumSeqs = m.ttftN.Load(), m.itlN.Load(), m.seqs.Load()
+	for i := range s.ITL {
+		s.ITL[i] = load(&m.itlCo[i])
+	}
+	s.Speed, s.Occupancy = load(&w.speed), load(&w.occBit)
+	s.Observations, s.ModelObservations, s.Decodes = w.obs.Load(), m.ttftN.Load(), m.itlN.Load()
+	s.MaxNumSeqs = w.seqs.Load()
 	return s
 }

@@ -41,8 +41,7 @@ func TestQueueWaitMatchesSimulator(t *testing.T) {
 		at += time.Duration(rng.ExpFloat64() * float64(180*time.Millisecond))
 		script = append(script, &scripted{at: at, prompt: 200 + rng.IntN(3000), out: 20 + rng.IntN(60)})
 	}
-	var m Model
-	m.Init()
+	w := newWorker()
 	eng := &Engine{MaxNumSeqs: cfg.MaxNumSeqs, MaxBatchedTokens: cfg.MaxNumBatchedTokens}
 	start := time.Unix(1000, 0)
 	now := start
@@ -59,7 +58,7 @@ func TestQueueWaitMatchesSimulator(t *testing.T) {
 				}
 			}
 			ld := e.Load()
-			m.Predict(eng, State{Requests: ld.Running + ld.Waiting, Backlog: pending, KVUsage: ld.KVUsage}, float64(s.prompt), &s.pred)
+			w.Predict(eng, State{Requests: ld.Running + ld.Waiting, Backlog: pending, KVUsage: ld.KVUsage}, float64(s.prompt), &s.pred)
 			toks = toks[:0]
 			for i := range s.prompt {
 				toks = append(toks, uint32(next*7919+i+100))
@@ -88,12 +87,12 @@ func TestQueueWaitMatchesSimulator(t *testing.T) {
 			out, done, _, _ := s.r.Output(nil, 0)
 			if len(out) > 0 && s.first.IsZero() {
 				s.first = now
-				m.ObserveTTFT(&s.pred.X, now.Sub(s.sent).Seconds())
+				w.ObserveTTFT(&s.pred.X, now.Sub(s.sent).Seconds())
 			}
 			if done {
 				s.done = true
 				held := now.Sub(s.first).Seconds()
-				m.ObserveDecode(max(1, min(cfg.MaxNumSeqs, 4)), held/float64(max(len(out)-1, 1)), held)
+				w.ObserveDecode(max(1, min(cfg.MaxNumSeqs, 4)), e.Load().KVUsage, held/float64(max(len(out)-1, 1)), held)
 			}
 		}
 	}
@@ -114,7 +113,7 @@ func TestQueueWaitMatchesSimulator(t *testing.T) {
 	}
 	median := func(v []float64) float64 { sort.Float64s(v); return v[len(v)/2] }
 	t.Logf("after warm-up: median relative TTFT error %.1f%% over %d requests, %.1f%% over the %d that waited for a slot; model %+v",
-		100*median(all), len(all), 100*median(queued), len(queued), m.Stats())
+		100*median(all), len(all), 100*median(queued), len(queued), w.Stats())
 	if len(queued) < 20 {
 		t.Fatalf("only %d requests waited for a slot: the script does not load the engine", len(queued))
 	}

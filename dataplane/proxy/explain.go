@@ -71,16 +71,17 @@ type DecisionJSON struct {
 
 // CandidateJSON is one candidate worker of a decision and what the model predicted for it.
 type CandidateJSON struct {
-	Worker         string  `json:"worker"`
-	CachedBlocks   float64 `json:"cached_blocks"`
-	Requests       int64   `json:"requests"`
-	TTFTMs         float64 `json:"ttft_ms"`
-	QueueMs        float64 `json:"queue_ms"`
-	PrefillMs      float64 `json:"prefill_ms"`
-	ITLMs          float64 `json:"itl_ms"`
-	SlotWaitPrior  float64 `json:"slot_wait_prior_ms"`
-	QueueWaitPrior float64 `json:"queue_wait_prior_ms"`
-	PrefillPrior   float64 `json:"prefill_prior_ms"`
+	Worker       string  `json:"worker"`
+	CachedBlocks float64 `json:"cached_blocks"`
+	Requests     int64   `json:"requests"`
+	TTFTMs       float64 `json:"ttft_ms"`
+	QueueMs      float64 `json:"queue_ms"`
+	PrefillMs    float64 `json:"prefill_ms"`
+	ITLMs        float64 `json:"itl_ms"`
+	// The features before the model's coefficients: the slot wait, and the backlog's and
+	// the request's prefill on the worker's curve at its learned speed.
+	SlotWaitPrior float64 `json:"slot_wait_prior_ms"`
+	PrefillPrior  float64 `json:"prefill_prior_ms"`
 }
 
 // Decisions returns the sampled decisions, newest first, at most n (0: all kept).
@@ -101,8 +102,7 @@ func (s *Server) Decisions(n int) []DecisionJSON {
 			d.Candidates = append(d.Candidates, CandidateJSON{
 				Worker: c.worker, CachedBlocks: c.overlap, Requests: c.load,
 				TTFTMs: c.pred.TTFT * 1e3, QueueMs: c.pred.Queue * 1e3, PrefillMs: c.pred.Prefill * 1e3, ITLMs: c.pred.ITL * 1e3,
-				SlotWaitPrior: c.pred.X[latency.FeatSlotWait] * 1e3, QueueWaitPrior: c.pred.X[latency.FeatQueueWait] * 1e3,
-				PrefillPrior: c.pred.X[latency.FeatPrefill] * 1e3,
+				SlotWaitPrior: c.pred.X[latency.FeatSlotWait] * 1e3, PrefillPrior: c.pred.X[latency.FeatPrefill] * 1e3,
 			})
 		}
 		out = append(out, d)
@@ -113,17 +113,26 @@ func (s *Server) Decisions(n int) []DecisionJSON {
 // WorkerModelJSON is one worker's latency model as DecisionsHandler serves it.
 type WorkerModelJSON struct {
 	Worker string `json:"worker"`
-	// Coefficients of the TTFT model: bias (s), slot wait, queue wait, prefill (each a
-	// multiple of its prior's seconds).
-	Bias, SlotWait, QueueWait, Prefill float64
-	// ITL = ITLBase + ITLPerSeq × batch size, in seconds.
-	ITLBase, ITLPerSeq float64
-	// Occupancy is how long a request holds its slot, seconds.
-	Occupancy float64
-	// Observations and Decodes count what the model learned from; MaxNumSeqs is the
-	// configured or learned concurrency limit (0: unknown).
-	Observations, Decodes int64
-	MaxNumSeqs            int
+	// Coefficients of the TTFT model its model's workers share: bias (s), slot wait and
+	// prefill (each a multiple of its feature's seconds).
+	Bias     float64 `json:"bias_s"`
+	SlotWait float64 `json:"slot_wait"`
+	Prefill  float64 `json:"prefill"`
+	// ITL = ITLBase + ITLPerSeq × batch size + ITLPerKV × KV usage, seconds (shared).
+	ITLBase   float64 `json:"itl_base_s"`
+	ITLPerSeq float64 `json:"itl_per_seq_s"`
+	ITLPerKV  float64 `json:"itl_per_kv_s"`
+	// Speed is the worker's prefill time against its model's; Occupancy how long a request
+	// holds its slot there, seconds.
+	Speed     float64 `json:"speed"`
+	Occupancy float64 `json:"occupancy_s"`
+	// Observations are the first tokens this worker taught; ModelObservations and Decodes
+	// what its model learned from across its workers; MaxNumSeqs the configured or learned
+	// concurrency limit (0: unknown).
+	Observations      int64 `json:"observations"`
+	ModelObservations int64 `json:"model_observations"`
+	Decodes           int64 `json:"decodes"`
+	MaxNumSeqs        int   `json:"max_num_seqs"`
 }
 
 // WorkerModels returns every worker's latency model.
@@ -132,10 +141,10 @@ func (s *Server) WorkerModels() []WorkerModelJSON {
 	for _, w := range s.kv.Pool().Workers {
 		st := w.Latency().Stats()
 		out = append(out, WorkerModelJSON{
-			Worker: w.ID, Bias: st.Theta[latency.FeatBias], SlotWait: st.Theta[latency.FeatSlotWait],
-			QueueWait: st.Theta[latency.FeatQueueWait], Prefill: st.Theta[latency.FeatPrefill],
-			ITLBase: st.ITL[0], ITLPerSeq: st.ITL[1], Occupancy: st.Occupancy,
-			Observations: st.Observations, Decodes: st.Decodes, MaxNumSeqs: w.Latency().MaxNumSeqs(&w.Engine),
+			Worker: w.ID, Bias: st.Theta[latency.FeatBias], SlotWait: st.Theta[latency.FeatSlotWait], Prefill: st.Theta[latency.FeatPrefill],
+			ITLBase: st.ITL[0], ITLPerSeq: st.ITL[1], ITLPerKV: st.ITL[2], Speed: st.Speed, Occupancy: st.Occupancy,
+			Observations: st.Observations, ModelObservations: st.ModelObservations, Decodes: st.Decodes,
+			MaxNumSeqs: w.Latency().MaxNumSeqs(&w.Engine),
 		})
 	}
 	return out

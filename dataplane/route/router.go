@@ -217,6 +217,7 @@ func NewPool(ws []*Worker) *Pool {
 // distinct and not negative; there may be holes. The pool owns ws.
 func NewPoolIndexed(ws []*Worker) *Pool {
 	p := &Pool{Workers: ws, byID: make(map[string]*Worker, len(ws)), roles: map[string]uint8{}}
+	attachModels(ws)
 	seen := map[string]bool{}
 	for _, w := range ws {
 		p.size = max(p.size, w.Index+1)
@@ -229,6 +230,34 @@ func NewPoolIndexed(ws []*Worker) *Pool {
 	}
 	sort.Strings(p.models)
 	return p
+}
+
+// attachModels ties every worker of ws to the latency model of its model and role: the one
+// a worker of ws that stays already shares, or a new one. The workers that serve one model
+// in one role learn one model together (each keeps its own speed against it).
+func attachModels(ws []*Worker) {
+	type key struct {
+		model string
+		role  Role
+	}
+	models := map[key]*latency.Model{}
+	for _, w := range ws {
+		if m := w.latModel.Load(); m != nil {
+			if _, ok := models[key{w.Model, w.Role}]; !ok {
+				models[key{w.Model, w.Role}] = m
+			}
+		}
+	}
+	for _, w := range ws {
+		k := key{w.Model, w.Role}
+		m := models[k]
+		if m == nil {
+			m = new(latency.Model)
+			m.Init()
+			models[k] = m
+		}
+		w.attachModel(m)
+	}
 }
 
 // Size is one more than the largest worker Index: the length of slices indexed by Index.

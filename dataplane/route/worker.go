@@ -63,16 +63,30 @@ type Worker struct {
 	failures     atomic.Int32
 	draining     atomic.Bool
 
-	// lat predicts the worker's TTFT and inter-token latency (policy latency); latOnce
-	// initialises it when the worker first joins a pool.
-	lat     latency.Model
-	latOnce sync.Once
+	// lat is the worker's part of the latency model (policy latency), tied to the Model
+	// that the workers of its model and role share (NewPoolIndexed); latOnce ties it, once.
+	lat      latency.Worker
+	latOnce  sync.Once
+	latModel atomic.Pointer[latency.Model]
 }
 
-// Latency returns the worker's latency model.
-func (w *Worker) Latency() *latency.Model {
-	w.latOnce.Do(w.lat.Init)
+// Latency returns the worker's latency model. A worker outside any pool gets a model of its
+// own.
+func (w *Worker) Latency() *latency.Worker {
+	w.attachModel(nil)
 	return &w.lat
+}
+
+// attachModel ties the worker to m (nil: a new model), unless it is tied already.
+func (w *Worker) attachModel(m *latency.Model) {
+	w.latOnce.Do(func() {
+		if m == nil {
+			m = new(latency.Model)
+			m.Init()
+		}
+		w.lat.Init(m)
+		w.latModel.Store(m)
+	})
 }
 
 // Interactive is the number of this proxy's requests on the worker with a priority above 0.
@@ -267,7 +281,8 @@ type Usage struct {
 	pred    latency.Prediction
 	hasPred bool
 	learn   bool // the response streams: its first token is its TTFT
-	batch   int  // the worker's batch size with this request, at dispatch
+	batch   int     // the worker's batch size with this request, at dispatch
+	kv      float64 // and its KV usage
 	ttft    float64
 }
 
@@ -313,6 +328,7 @@ func (u *Usage) Predicted(d *Decision, priority int, learn bool) {
 	if s := u.w.Latency().MaxNumSeqs(&u.w.Engine); s > 0 {
 		u.batch = min(u.batch, s)
 	}
+	u.kv = u.w.KVInUse()
 }
 
 // FirstToken ends the request's prefill. It also teaches the worker's backlog model how fast
@@ -382,7 +398,7 @@ func (u *Usage) CompletedAt(now int64, outputTokens int) {
 		return
 	}
 	held := float64(ClockAt(now)-u.firstAt) / 1e9
-	u.w.Latency().ObserveDecode(max(u.batch, 1), held/float64(outputTokens-1), held)
+	u.w.Latency().ObserveDecode(max(u.batch, 1), u.kv, held/float64(outputTokens-1), held)
 }
 
 // End removes the request from its worker's load. It is safe to call more than once.
