@@ -280,7 +280,7 @@ type Usage struct {
 	// The latency prediction the request was routed on, when it was.
 	pred    latency.Prediction
 	hasPred bool
-	learn   bool // the response streams: its first token is its TTFT
+	learn   bool    // the response streams: its first token is its TTFT
 	batch   int     // the worker's batch size with this request, at dispatch
 	kv      float64 // and its KV usage
 	ttft    float64
