@@ -391,9 +391,12 @@ func TestPredictionError(t *testing.T) {
 		if i < 2 {
 			route = "cost; overlap=0; best=0; ttft_ms=300"
 		}
-		recs = append(recs, &Record{Status: 200, Start: time.Duration(i) * ms, TTFT: 100 * ms, Route: route})
+		recs = append(recs, &Record{Status: 200, Start: time.Duration(i) * ms, TTFT: 100 * ms, PredictedTTFT: predictedTTFT(route)})
 	}
-	recs = append(recs, &Record{Status: 200, TTFT: 50 * ms, Route: "cost; overlap=0; best=0"}, &Record{Status: 500, Route: "x; ttft_ms=1"})
+	recs = append(recs, &Record{Status: 200, TTFT: 50 * ms, PredictedTTFT: predictedTTFT("cost; overlap=0; best=0")},
+		&Record{Status: 500, PredictedTTFT: predictedTTFT("x; ttft_ms=1")})
+	// Times scaled to the engines' own clock scale the prediction alike.
+	scaleTimes(recs, time.Second, 0.5)
 	p := predictionError(recs)
 	if p == nil || p.Requests != 20 || math.Abs(p.Cold-2) > 1e-9 || math.Abs(p.Warm-0.1) > 1e-9 || p.Under != 0.9 {
 		t.Fatalf("prediction error %+v", p)

@@ -76,7 +76,7 @@ func scaleTimes(recs []*Record, wall time.Duration, k float64) time.Duration {
 	}
 	mul := func(d time.Duration) time.Duration { return time.Duration(float64(d) * k) }
 	for _, r := range recs {
-		r.Start, r.TTFT, r.E2E = mul(r.Start), mul(r.TTFT), mul(r.E2E)
+		r.Start, r.TTFT, r.E2E, r.PredictedTTFT = mul(r.Start), mul(r.TTFT), mul(r.E2E), mul(r.PredictedTTFT)
 		for i, g := range r.ITL {
 			r.ITL[i] = mul(g)
 		}
@@ -107,8 +107,11 @@ type Record struct {
 	Worker string `json:"worker,omitempty"`
 	// Route is the x-kvrelay-route header: how the proxy chose the worker and the prompt
 	// blocks it believed cached there and anywhere.
-	Route   string `json:"route,omitempty"`
-	Tag     string `json:"tag,omitempty"`
+	Route string `json:"route,omitempty"`
+	// PredictedTTFT is the proxy's predicted TTFT for the request (the route header's
+	// ttft_ms, under the latency policy), 0 when it gave none.
+	PredictedTTFT time.Duration `json:"predicted_ttft_ns,omitempty"`
+	Tag           string        `json:"tag,omitempty"`
 	Session string `json:"session,omitempty"`
 	// IdealCached is the prompt tokens an unbounded prefix cache shared by every engine
 	// would have held for this request (HitBounds; 0 for a request it did not count).
@@ -305,6 +308,7 @@ func (r *runner) send(ctx context.Context, seq int, req *workload.Request) *Reco
 	rec.Status = resp.StatusCode
 	rec.Worker = resp.Header.Get("x-kvrelay-worker")
 	rec.Route = resp.Header.Get("x-kvrelay-route")
+	rec.PredictedTTFT = predictedTTFT(rec.Route)
 	if resp.StatusCode != http.StatusOK {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 		rec.Err = errorMessage(b)

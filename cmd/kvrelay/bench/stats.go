@@ -198,10 +198,25 @@ type PredictionError struct {
 	Under    float64 `json:"share_under"`
 }
 
-// predictionError reads each successful request's predicted TTFT off its route header, in
-// send order; nil when none has one. The prediction counts from the proxy's dispatch and the
-// measured TTFT from the client's send, so it includes the proxy's own time (well under a
-// millisecond with a local tokenizer).
+// predictedTTFT reads the predicted TTFT off an x-kvrelay-route header ("…; ttft_ms=41.2"),
+// 0 when it has none.
+func predictedTTFT(route string) time.Duration {
+	_, v, ok := strings.Cut(route, "ttft_ms=")
+	if !ok {
+		return 0
+	}
+	v, _, _ = strings.Cut(v, ";")
+	ms, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+	if err != nil || !(ms > 0) || ms > 1e9 {
+		return 0
+	}
+	return time.Duration(ms * float64(time.Millisecond))
+}
+
+// predictionError compares each successful request's predicted TTFT with its measured one,
+// in send order; nil when none has a prediction. The prediction counts from the proxy's
+// dispatch and the measured TTFT from the client's send, so it includes the proxy's own
+// time (well under a millisecond with a local tokenizer).
 func predictionError(recs []*Record) *PredictionError {
 	type pair struct {
 		start     time.Duration
@@ -210,19 +225,10 @@ func predictionError(recs []*Record) *PredictionError {
 	}
 	var ps []pair
 	for _, r := range recs {
-		if !r.OK() || r.TTFT <= 0 {
+		if !r.OK() || r.TTFT <= 0 || r.PredictedTTFT <= 0 {
 			continue
 		}
-		_, v, ok := strings.Cut(r.Route, "ttft_ms=")
-		if !ok {
-			continue
-		}
-		v, _, _ = strings.Cut(v, ";")
-		pred, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
-		if err != nil {
-			continue
-		}
-		got := float64(r.TTFT) / float64(time.Millisecond)
+		got, pred := float64(r.TTFT), float64(r.PredictedTTFT)
 		ps = append(ps, pair{start: r.Start, rel: math.Abs(got-pred) / got, predUnder: pred < got})
 	}
 	if len(ps) == 0 {
