@@ -201,12 +201,12 @@ fi
 if [ "$what" = mooncake ] || [ "$what" = all ]; then
   bin/kvrelay bench compare --workers 8 --policies "$POLICIES" \
     --workload "mooncake:path=$TRACE,requests=2000" --num-gpu-blocks "${BLOCKS:-131072}" \
-    ${OVERLAP_WEIGHT:+--overlap-weight $OVERLAP_WEIGHT} ${QUEUE_WEIGHT:+--queue-weight $QUEUE_WEIGHT} ${CACHE_THRESHOLD:+--cache-threshold $CACHE_THRESHOLD} \
+    ${OVERLAP_WEIGHT:+--overlap-weight $OVERLAP_WEIGHT} ${QUEUE_WEIGHT:+--queue-weight $QUEUE_WEIGHT} ${COMPUTE_WEIGHT:+--compute-weight $COMPUTE_WEIGHT} ${CACHE_THRESHOLD:+--cache-threshold $CACHE_THRESHOLD} \
     --speedup "$arrival" --engine-speedup "$ENGINE_SPEEDUP" --out "$OUT/mooncake"
 fi
 if [ "$what" = agentic ] || [ "$what" = all ]; then
   bin/kvrelay bench compare --workers 8 --policies "$POLICIES" \
     --workload "agentic:sessions=$SESSIONS,rate=$RATE,session_ids=$SESSION_IDS${AGENTIC_OPTS:+,$AGENTIC_OPTS}" ${REQUESTS:+--requests $REQUESTS} --num-gpu-blocks "${BLOCKS:-65536}" \
-    ${OVERLAP_WEIGHT:+--overlap-weight $OVERLAP_WEIGHT} ${QUEUE_WEIGHT:+--queue-weight $QUEUE_WEIGHT} ${CACHE_THRESHOLD:+--cache-threshold $CACHE_THRESHOLD} \
+    ${OVERLAP_WEIGHT:+--overlap-weight $OVERLAP_WEIGHT} ${QUEUE_WEIGHT:+--queue-weight $QUEUE_WEIGHT} ${COMPUTE_WEIGHT:+--compute-weight $COMPUTE_WEIGHT} ${CACHE_THRESHOLD:+--cache-threshold $CACHE_THRESHOLD} \
     --speedup "$AGENTIC_SPEEDUP" --engine-speedup "$AGENTIC_SPEEDUP" --out "$OUT/agentic"
 fi

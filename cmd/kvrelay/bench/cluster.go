@@ -72,8 +72,10 @@ type ClusterConfig struct {
 	// Static runs the proxy alone with static upstreams and its approximate index; by
 	// default a control plane follows the workers' KV events and feeds the proxy over xDS.
 	Static bool
-	// CacheThreshold, OverlapWeight and QueueWeight override the kv policy's when positive.
+	// CacheThreshold, OverlapWeight and QueueWeight override the kv policy's when positive,
+	// ComputeWeight the latency policy's when not negative.
 	CacheThreshold, OverlapWeight, QueueWeight float64
+	ComputeWeight                              float64
 }
 
 // DefaultClusterConfig is 8 gpt-oss-120b workers with vLLM's defaults behind the kv policy.
@@ -82,7 +84,7 @@ func DefaultClusterConfig() ClusterConfig {
 	return ClusterConfig{
 		Workers: 8, Model: d.Model, Policy: "kv",
 		NumGPUBlocks: d.NumGPUBlocks, BlockSize: d.BlockSize, MaxModelLen: d.MaxModelLen, MaxNumSeqs: d.MaxNumSeqs,
-		Mode: ModeAgg,
+		Mode: ModeAgg, ComputeWeight: -1,
 	}
 }
 
@@ -237,6 +239,9 @@ func StartCluster(ctx context.Context, cfg ClusterConfig) (*Cluster, error) {
 	if cfg.QueueWeight > 0 {
 		pc.QueueWeight = cfg.QueueWeight
 	}
+	if cfg.ComputeWeight >= 0 {
+		pc.ComputeWeight = cfg.ComputeWeight
+	}
 	pc.Disagg, pc.DisaggThreshold = cfg.disaggSettings()
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	c := &Cluster{cancel: cancel}
@@ -318,6 +323,7 @@ func (c *Cluster) startControlPlane(ctx context.Context, specs []registry.Worker
 	}
 	pol := cp.Registry().Policy()
 	pol.Name, pol.OverlapWeight, pol.QueueWeight = pc.Policy, pc.OverlapWeight, pc.QueueWeight
+	pol.ComputeWeight = &pc.ComputeWeight
 	pol.Temperature, pol.CacheThreshold = pc.Temperature, pc.CacheThreshold
 	threshold := int64(pc.DisaggThreshold)
 	pol.Disagg, pol.DisaggThreshold = pc.Disagg, &threshold
