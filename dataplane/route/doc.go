@@ -17,6 +17,13 @@
 // in flight (uncached prompt tokens not yet past their first token), then the fewest
 // requests, then the least KV in use.
 //
+// The latency policy scores each worker by its predicted time to first token for the request
+// (PredictedTTFT, over package latency's model: the wait for a sequence slot, the prefill
+// backlog, the request's own uncached prefill, learned online per model and worker) plus
+// weighted externalities (the request's own compute, a background request's harm to
+// interactive ones), and picks the lowest (LatencyPick). Requests with latency targets go to
+// the worker predicted to meet them with the most headroom, or get ErrSLO.
+//
 // Routing runs on the proxy's event loops, so the Router never allocates per request: the
 // caller owns a Request whose scratch slices grow once, and the pool is swapped whole behind
 // an atomic pointer.
