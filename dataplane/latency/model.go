@@ -23,6 +23,15 @@ func (c Curve) StepSeconds(t float64) float64 {
 	return (c.A*t*t + c.B*t + c.C) / 1000
 }
 
+// TokenSeconds is the part of the curve that grows with the tokens, A·T² + B·T, for t
+// tokens computed alone: their cost apart from the per-step constant.
+func (c Curve) TokenSeconds(t float64) float64 {
+	if t <= 0 {
+		return 0
+	}
+	return (c.A*t*t + c.B*t) / 1000
+}
+
 // Engine is what the model knows of a worker's scheduler; zero fields are unknown.
 type Engine struct {
 	// MaxNumSeqs is how many requests run at once (vLLM's --max-num-seqs); requests past
@@ -70,8 +79,13 @@ const (
 type Prediction struct {
 	X Vec // the features, kept to learn from the outcome
 	// TTFT is the predicted time to first token in seconds: Queue (bias, slot wait and the
-	// backlog's prefill) plus Prefill (the request's own uncached tokens).
+	// backlog's prefill) plus Prefill (what the request's own uncached tokens add to it,
+	// the steps they start included).
 	TTFT, Queue, Prefill float64
+	// Compute is the engine time the request's uncached tokens take, apart from the per-step
+	// costs it shares with the requests in the same steps: what placing it there costs
+	// everyone after it on the worker.
+	Compute float64
 	// ITL is the predicted time between tokens once this request runs.
 	ITL float64
 }
@@ -239,6 +253,7 @@ func (w *Worker) Predict(e *Engine, st State, uncached float64, p *Prediction) {
 	p.Queue = t0 + t1*slot + t2*queue
 	p.Prefill = t2 * (total - queue)
 	p.TTFT = p.Queue + p.Prefill
+	p.Compute = t2 * speed * curve.TokenSeconds(max(uncached, 0))
 	p.ITL = m.ITL(batch+1, st.KVUsage)
 }
 

@@ -13,22 +13,24 @@ var ErrSLO = errors.New("no worker is predicted to meet the request's latency ta
 
 // Defaults of the latency policy.
 const (
-	// DefaultComputeWeight weighs the request's own prefill time again beside its TTFT:
-	// compute spent on tokens another worker caches delays every request queued behind it
-	// there, which this request's TTFT does not show. At 0 the policy takes whichever
+	// DefaultComputeWeight weighs the engine time of the request's uncached tokens beside its
+	// TTFT: compute spent on tokens another worker caches delays every request queued behind
+	// it there, which this request's TTFT does not show. At 0 the policy takes whichever
 	// worker answers this request first, however much it recomputes.
 	DefaultComputeWeight = 1
-	// DefaultBackgroundWeight weighs, for a request with a priority below 0, its prefill
-	// time once more per interactive request (priority above 0) this proxy has running on
-	// the worker, so background work goes where it delays interactive work least.
+	// DefaultBackgroundWeight weighs, for a request with a priority below 0, the engine time
+	// of its uncached tokens once more per interactive request (priority above 0) this proxy
+	// has running on the worker, so background work goes where it delays interactive work
+	// least.
 	DefaultBackgroundWeight = 1
 )
 
 // PredictedTTFT is the latency policy's scorer: each worker's predicted time to first token
-// for the request (latency.Model: slot wait, prefill backlog, own uncached prefill, learned
-// per worker), plus ComputeWeight times the request's own prefill time, plus, for a
-// background request, BackgroundWeight times its prefill time per interactive request on the
-// worker. Costs are in seconds. It also keeps each candidate's prediction in the request
+// for the request (package latency: slot wait, prefill backlog, own uncached prefill,
+// learned per model and worker), plus ComputeWeight times the engine time its uncached
+// tokens take there (Prediction.Compute: the token-proportional part, not the per-step
+// costs it shares with the requests in its steps), plus, for a background request,
+// BackgroundWeight times that per interactive request on the worker. Costs are in seconds. It also keeps each candidate's prediction in the request
 // (Request.Candidates) for the Decision and for explanations.
 type PredictedTTFT struct{ ComputeWeight, BackgroundWeight float64 }
 
@@ -47,9 +49,9 @@ func (s PredictedTTFT) Score(req *Request, ws []*Worker, costs []float64) {
 		st := latency.State{Requests: int(w.Load()), Backlog: float64(w.PrefillBacklog(now)), KVUsage: w.KVInUse()}
 		p := &req.preds[i]
 		w.Latency().Predict(&w.Engine, st, uncached, p)
-		c := p.TTFT + s.ComputeWeight*p.Prefill
+		c := p.TTFT + s.ComputeWeight*p.Compute
 		if req.Priority < 0 {
-			c += s.BackgroundWeight * p.Prefill * float64(w.Interactive())
+			c += s.BackgroundWeight * p.Compute * float64(w.Interactive())
 		}
 		costs[i] += c
 	}

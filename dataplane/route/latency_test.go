@@ -186,3 +186,32 @@ func TestLatencyLearnsFromUsage(t *testing.T) {
 		t.Fatalf("model after one request: %+v", st)
 	}
 }
+
+// TestLatencyShortPromptPrefersIdle: a short uncached prompt goes to an idle worker rather
+// than into the step of another's backlog, however high the compute weight: what the
+// request's tokens cost the worker is the same on both, and the step it would start on the
+// idle worker is not compute it takes from anyone.
+func TestLatencyShortPromptPrefersIdle(t *testing.T) {
+	for _, cw := range []float64{0, 1, 3, 10} {
+		r, idx := newRouter(t, Config{Policy: PolicyLatency, ComputeWeight: cw}, 2)
+		_ = idx
+		ws := r.Pool().Workers
+		u := &Usage{}
+		u.Begin(ws[0], 3000, 0, 0) // 3000 uncached tokens prefilling on w0
+		var req Request
+		req.Model = "m"
+		req.Hashes, req.PromptTokens = promptChain(9, 9, 55, 1)
+		var d Decision
+		if err := r.Route(&req, &d); err != nil {
+			t.Fatal(err)
+		}
+		if d.Worker != ws[1] {
+			cands, preds := req.Candidates()
+			for i, w := range cands {
+				t.Logf("%s: %+v", w.ID, preds[i])
+			}
+			t.Fatalf("compute weight %v: a short prompt went behind %s's backlog instead of to the idle worker", cw, d.Worker.ID)
+		}
+		u.End()
+	}
+}
