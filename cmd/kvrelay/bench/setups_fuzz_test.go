@@ -35,3 +35,15 @@ func FuzzParseSetups(f *testing.F) {
 		}
 	})
 }
+
+// FuzzPredictedTTFT: any route header reads as no prediction or a positive one.
+func FuzzPredictedTTFT(f *testing.F) {
+	for _, s := range []string{"cost; overlap=3; best=3; ttft_ms=41.2", "spread; overlap=0; best=0", "x; ttft_ms=-1", "ttft_ms=NaN", "ttft_ms=1e300", "ttft_ms=5;ttft_ms=7"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		if d := predictedTTFT(s); d < 0 {
+			t.Fatalf("predictedTTFT(%q) = %v", s, d)
+		}
+	})
+}
