@@ -104,6 +104,9 @@ func TestRLSIgnoresNonFinite(t *testing.T) {
 type syntheticEngine struct {
 	speedup, itl0, itl1, itlKV, hold float64
 	seqs                             int
+	// loadFactor slows prefill by up to this share as the slots fill (llm-d's simulator's
+	// time factor under load, less one).
+	loadFactor float64
 }
 
 func (e syntheticEngine) itl(batch int, kv float64) float64 {
@@ -118,9 +121,9 @@ func (e syntheticEngine) ttft(st State, uncached float64) float64 {
 	if batch > 0 {
 		decode = e.itl(batch, st.KVUsage)
 	}
-	prefill := func(t float64) float64 { return chunked(t, budget, c, 0)/e.speedup + math.Ceil(t/budget)*decode }
+	prefill := func(t float64) float64 { return chunked(t, budget, c)/e.speedup + math.Ceil(t/budget)*decode }
 	q := prefill(st.Backlog)
-	own := prefill(st.Backlog+uncached) - q
+	own := (prefill(st.Backlog+uncached) - q) * (1 + e.loadFactor*float64(batch)/float64(e.seqs))
 	slot := 0.0
 	if st.Requests >= e.seqs {
 		slot = float64(st.Requests-e.seqs+1) * e.hold / float64(e.seqs+1)
@@ -183,6 +186,22 @@ func medianRelErr(w *Worker, eng syntheticEngine, rng *rand.Rand, n int) float64
 // from reports and the decode step against batch size and KV usage.
 func TestModelLearnsEngine(t *testing.T) {
 	eng := syntheticEngine{speedup: 20, itl0: 0.01, itl1: 0.002, itlKV: 0.02, hold: 2, seqs: 4}
+	learnEngine(t, eng)
+}
+
+// TestModelLearnsSlowdownUnderLoad: an engine whose prefill slows to twice its time as its
+// slots fill (llm-d's simulator with --time-factor-under-load 2) is learned as well, through
+// the loaded-prefill term.
+func TestModelLearnsSlowdownUnderLoad(t *testing.T) {
+	eng := syntheticEngine{speedup: 5, itl0: 0.015, hold: 3, seqs: 4, loadFactor: 1}
+	w := learnEngine(t, eng)
+	if th := w.Stats().Theta; th[FeatLoadedPrefill] < 0.3*th[FeatPrefill] {
+		t.Fatalf("prefill %v, under load %v: the slowdown was not learned", th[FeatPrefill], th[FeatLoadedPrefill])
+	}
+}
+
+func learnEngine(t *testing.T, eng syntheticEngine) *Worker {
+	t.Helper()
 	_, ws := newWorkers(1)
 	w := ws[0]
 	rng := rand.New(rand.NewPCG(3, 4))
@@ -202,6 +221,7 @@ func TestModelLearnsEngine(t *testing.T) {
 	if itl, want := w.Model().ITL(3, 0.5), eng.itl(3, 0.5); math.Abs(itl-want) > 0.001 {
 		t.Fatalf("ITL(3, 0.5) = %v, want %v", itl, want)
 	}
+	return w
 }
 
 // TestWorkersShareModel: identical workers learning together predict alike (so that none

@@ -60,7 +60,7 @@ type State struct {
 }
 
 // Features of a candidate request on a worker, in seconds, as the prior computes them: the
-// TTFT model is θ₀ + θ₁·SlotWait + θ₂·Prefill.
+// TTFT model is θ₀ + θ₁·SlotWait + θ₂·Queue + θ₃·Prefill + θ₄·LoadedPrefill + θ₅·Decode.
 const (
 	FeatBias = iota
 	// FeatSlotWait is the wait for a free sequence slot when the worker runs MaxNumSeqs
@@ -68,10 +68,20 @@ const (
 	// the mean time a request holds its slot there over the slots plus one (the expected
 	// first of S uniform residual times).
 	FeatSlotWait
-	// FeatPrefill is the prefill backlog ahead and then the request's own uncached tokens,
-	// computed in chunks of the step budget, each step also decoding the running batch, on
-	// the prior curve scaled by the worker's learned speed.
+	// FeatQueue is the compute of the prefill backlog ahead, in chunks of the step budget,
+	// on the prior curve scaled by the worker's learned speed. An engine that computes
+	// prefills one after another (vLLM, SGLang) learns θ₂ near θ₃; one that runs them side
+	// by side learns it near 0.
+	FeatQueue
+	// FeatPrefill is what the request's own uncached tokens add to that compute.
 	FeatPrefill
+	// FeatLoadedPrefill is FeatPrefill times the share of the worker's sequence slots in
+	// use (0 when its limit is unknown): engines whose prefill slows as their batch fills
+	// learn θ₄ above 0.
+	FeatLoadedPrefill
+	// FeatDecode is the decode step of the running batch that each of those prefill steps
+	// also takes, at the model's learned step time (θ₅ near 1).
+	FeatDecode
 	numFeat
 )
 
@@ -98,6 +108,10 @@ type Model struct {
 	mu   sync.Mutex
 	ttft RLS // features above
 	itl  RLS // [1, batch size, KV usage]
+	// resid is the decayed mean log of observed over predicted prefill time across the
+	// model's workers: a worker's speed moves by how far its own stray from it, so the
+	// speeds say how the workers differ and the coefficients how fast they are together.
+	resid float64
 
 	theta [numFeat]atomic.Uint64 // published coefficients, float64 bits
 	itlCo [3]atomic.Uint64
@@ -122,8 +136,8 @@ func (m *Model) Init() {
 	// multiplier is known to a factor of ten or so, the slot wait's to a factor of three,
 	// the bias to ~10 ms; the decode step to ~20 ms, its growth per sequence to ~5 ms and
 	// from an empty to a full cache to ~50 ms.
-	m.ttft = RLS{Lambda: 0.995, OutlierK: 4, Lo: Vec{0, 0.01, 0.001}, Hi: Vec{10, 100, 100}}
-	m.ttft.Init(numFeat, Vec{0, 1, 1}, Vec{0.01, 10, 100})
+	m.ttft = RLS{Lambda: 0.995, OutlierK: 4, Lo: Vec{0, 0.01, 0, 0.001, 0, 0}, Hi: Vec{10, 100, 100, 100, 100, 10}}
+	m.ttft.Init(numFeat, Vec{0, 1, 1, 1, 0, 1}, Vec{0.01, 10, 10, 100, 1, 1})
 	m.itl = RLS{Lambda: 0.995, OutlierK: 4, Lo: Vec{1e-4, 0, 0}, Hi: Vec{5, 1, 5}}
 	m.itl.Init(3, Vec{priorITL, 0, 0}, Vec{0.04, 0.0025, 0.25})
 	m.publishLocked()
@@ -242,34 +256,46 @@ func (w *Worker) Predict(e *Engine, st State, uncached float64, p *Prediction) {
 		decode = m.ITL(batch, st.KVUsage)
 	}
 	speed := load(&w.speed)
-	queue := speed * chunked(st.Backlog, budget, curve, decode)
-	total := speed * chunked(st.Backlog+max(uncached, 0), budget, curve, decode)
-	slot := 0.0
-	if seqs > 0 && st.Requests >= seqs {
-		slot = float64(st.Requests-seqs+1) * load(&w.occBit) / float64(seqs+1)
+	u := max(uncached, 0)
+	queue := speed * chunked(st.Backlog, budget, curve)
+	own := speed*chunked(st.Backlog+u, budget, curve) - queue
+	dq := decode * steps(st.Backlog, budget)
+	do := decode*steps(st.Backlog+u, budget) - dq
+	slot, busy := 0.0, 0.0
+	if seqs > 0 {
+		if st.Requests >= seqs {
+			slot = float64(st.Requests-seqs+1) * load(&w.occBit) / float64(seqs+1)
+		}
+		busy = float64(min(st.Requests, seqs)) / float64(seqs)
 	}
-	p.X = Vec{1, slot, total}
-	t0, t1, t2 := load(&m.theta[0]), load(&m.theta[1]), load(&m.theta[2])
-	p.Queue = t0 + t1*slot + t2*queue
-	p.Prefill = t2 * (total - queue)
+	p.X = Vec{1, slot, queue, own, own * busy, dq + do}
+	var th [numFeat]float64
+	for i := range th {
+		th[i] = load(&m.theta[i])
+	}
+	p.Queue = th[0] + th[1]*slot + th[2]*queue + th[5]*dq
+	p.Prefill = (th[3]+th[4]*busy)*own + th[5]*do
 	p.TTFT = p.Queue + p.Prefill
-	p.Compute = t2 * speed * curve.TokenSeconds(max(uncached, 0))
+	p.Compute = (th[3] + th[4]*busy) * speed * curve.TokenSeconds(u)
 	p.ITL = m.ITL(batch+1, st.KVUsage)
 }
 
-// chunked is the time to compute t prefill tokens in steps of at most budget tokens, each
-// step also decoding the running batch (decode seconds, 0 when nothing decodes).
-func chunked(t, budget float64, c Curve, decode float64) float64 {
+// steps is the prefill steps t tokens take at budget tokens a step.
+func steps(t, budget float64) float64 {
+	if t <= 0 {
+		return 0
+	}
+	return math.Ceil(t / budget)
+}
+
+// chunked is the prior's time to compute t prefill tokens in steps of at most budget tokens.
+func chunked(t, budget float64, c Curve) float64 {
 	if t <= 0 {
 		return 0
 	}
 	full := math.Floor(t / budget)
 	rem := t - full*budget
-	s := full * (c.StepSeconds(budget) + decode)
-	if rem > 0 {
-		s += c.StepSeconds(rem) + decode
-	}
-	return s
+	return full*c.StepSeconds(budget) + c.StepSeconds(rem)
 }
 
 // Learning rate of a worker's speed (the share of one observation's log error it moves by)
@@ -291,13 +317,22 @@ func (w *Worker) ObserveTTFT(x *Vec, ttft float64) {
 	}
 	m := w.m
 	w.obs.Add(1)
-	t0, t1, t2 := load(&m.theta[0]), load(&m.theta[1]), load(&m.theta[2])
-	prefill := t2 * x[FeatPrefill]
-	if pred := t0 + t1*x[FeatSlotWait] + prefill; prefill > 0.5*pred && prefill > minScale {
+	var pred float64
+	for i := range numFeat {
+		pred += load(&m.theta[i]) * x[i]
+	}
+	// The speed scales the compute features only, not the decode steps beside them.
+	prefill := load(&m.theta[FeatQueue])*x[FeatQueue] + load(&m.theta[FeatPrefill])*x[FeatPrefill] +
+		load(&m.theta[FeatLoadedPrefill])*x[FeatLoadedPrefill]
+	if prefill > 0.5*pred && prefill > minScale {
 		// The prefill's share of what was observed, as far as the other terms predicted
 		// theirs, against its prediction (which the current speed already scaled).
 		if rest := ttft - (pred - prefill); rest > 0 {
 			r := min(max(math.Log(rest/prefill), -speedClamp), speedClamp)
+			m.mu.Lock()
+			m.resid = (1-speedRate)*m.resid + speedRate*r
+			r -= m.resid
+			m.mu.Unlock()
 			w.mu.Lock()
 			w.logSpeed = min(max(w.logSpeed+speedRate*r, -maxLogSpeed), maxLogSpeed)
 			w.speed.Store(math.Float64bits(math.Exp(w.logSpeed)))
@@ -343,9 +378,10 @@ func (w *Worker) ObserveReport(running, waiting int) {
 
 // Stats is a snapshot of a worker's model for operators.
 type Stats struct {
-	// Theta are the shared TTFT coefficients (bias in seconds, slot wait and prefill as
-	// multiples of their features), ITL the shared decode step: base, per sequence, per unit
-	// of KV usage, in seconds.
+	// Theta are the shared TTFT coefficients (bias in seconds, the others multiples of their
+	// features: slot wait, queue, prefill, prefill under load, decode steps), ITL the shared
+	// decode step:
+	// base, per sequence, per unit of KV usage, in seconds.
 	Theta Vec
 	ITL   [3]float64
 	// Speed is the worker's prefill time against its model's (1: as the model says),

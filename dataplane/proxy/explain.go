@@ -81,6 +81,7 @@ type CandidateJSON struct {
 	// The features before the model's coefficients: the slot wait, and the backlog's and
 	// the request's prefill on the worker's curve at its learned speed.
 	SlotWaitPrior float64 `json:"slot_wait_prior_ms"`
+	QueuePrior    float64 `json:"queue_prior_ms"`
 	PrefillPrior  float64 `json:"prefill_prior_ms"`
 }
 
@@ -102,7 +103,8 @@ func (s *Server) Decisions(n int) []DecisionJSON {
 			d.Candidates = append(d.Candidates, CandidateJSON{
 				Worker: c.worker, CachedBlocks: c.overlap, Requests: c.load,
 				TTFTMs: c.pred.TTFT * 1e3, QueueMs: c.pred.Queue * 1e3, PrefillMs: c.pred.Prefill * 1e3, ITLMs: c.pred.ITL * 1e3,
-				SlotWaitPrior: c.pred.X[latency.FeatSlotWait] * 1e3, PrefillPrior: c.pred.X[latency.FeatPrefill] * 1e3,
+				SlotWaitPrior: c.pred.X[latency.FeatSlotWait] * 1e3, QueuePrior: c.pred.X[latency.FeatQueue] * 1e3,
+				PrefillPrior: c.pred.X[latency.FeatPrefill] * 1e3,
 			})
 		}
 		out = append(out, d)
@@ -113,11 +115,13 @@ func (s *Server) Decisions(n int) []DecisionJSON {
 // WorkerModelJSON is one worker's latency model as DecisionsHandler serves it.
 type WorkerModelJSON struct {
 	Worker string `json:"worker"`
-	// Coefficients of the TTFT model its model's workers share: bias (s), slot wait and
-	// prefill (each a multiple of its feature's seconds).
-	Bias     float64 `json:"bias_s"`
-	SlotWait float64 `json:"slot_wait"`
-	Prefill  float64 `json:"prefill"`
+	// Coefficients of the TTFT model its model's workers share: bias (s); slot wait, queue,
+	// prefill and prefill under load (each a multiple of its feature's seconds).
+	Bias          float64 `json:"bias_s"`
+	SlotWait      float64 `json:"slot_wait"`
+	Queue         float64 `json:"queue"`
+	Prefill       float64 `json:"prefill"`
+	LoadedPrefill float64 `json:"loaded_prefill"`
 	// ITL = ITLBase + ITLPerSeq × batch size + ITLPerKV × KV usage, seconds (shared).
 	ITLBase   float64 `json:"itl_base_s"`
 	ITLPerSeq float64 `json:"itl_per_seq_s"`
@@ -141,7 +145,8 @@ func (s *Server) WorkerModels() []WorkerModelJSON {
 	for _, w := range s.kv.Pool().Workers {
 		st := w.Latency().Stats()
 		out = append(out, WorkerModelJSON{
-			Worker: w.ID, Bias: st.Theta[latency.FeatBias], SlotWait: st.Theta[latency.FeatSlotWait], Prefill: st.Theta[latency.FeatPrefill],
+			Worker: w.ID, Bias: st.Theta[latency.FeatBias], SlotWait: st.Theta[latency.FeatSlotWait], Queue: st.Theta[latency.FeatQueue],
+			Prefill: st.Theta[latency.FeatPrefill], LoadedPrefill: st.Theta[latency.FeatLoadedPrefill],
 			ITLBase: st.ITL[0], ITLPerSeq: st.ITL[1], ITLPerKV: st.ITL[2], Speed: st.Speed, Occupancy: st.Occupancy,
 			Observations: st.Observations, ModelObservations: st.ModelObservations, Decodes: st.Decodes,
 			MaxNumSeqs: w.Latency().MaxNumSeqs(&w.Engine),
