@@ -318,6 +318,9 @@ func (cc *clientConn) handle() {
 	cc.lp.seq++
 	cc.timed = cc.lp.seq%timedEvery == 1
 	cc.arrived = cc.lp.now
+	// A new request: the queue item of the connection's last one (dequeued and served) is not
+	// its own, neither its deadline nor its place in line.
+	cc.qitem = nil
 	t0 := cc.clock()
 	cc.decideAt = t0
 	if err := cc.parser.Parse(cc.body, kind, &cc.oreq); err != nil {
