@@ -115,7 +115,7 @@ func (rt *remoteTokenizer) longestPrefix(keys []xxh3.Uint128) ([]uint32, int) {
 }
 
 // conversationKeys appends to keys one key per message of a chat request: keys[i] names the
-// model, the tools and messages 0..i, so that a later request extending the conversation
+// model, the tools, the template's arguments and messages 0..i, so that a later request extending the conversation
 // shares its first keys. They are apart from the whole-request keys of the cache.
 func conversationKeys(keys []xxh3.Uint128, o *oai.Request) []xxh3.Uint128 {
 	h := xxh3.New()
@@ -123,6 +123,10 @@ func conversationKeys(keys []xxh3.Uint128, o *oai.Request) []xxh3.Uint128 {
 	_, _ = h.Write(o.Model)
 	_, _ = h.Write([]byte{0})
 	_, _ = h.Write(o.Tools)
+	_, _ = h.Write([]byte{0})
+	_, _ = h.Write(o.ChatTemplateKwargs)
+	_, _ = h.Write([]byte{0})
+	_, _ = h.Write(o.ReasoningEffort)
 	sep := []byte{0}
 	for i := range o.Messages {
 		m := &o.Messages[i]
@@ -138,8 +142,8 @@ func conversationKeys(keys []xxh3.Uint128, o *oai.Request) []xxh3.Uint128 {
 
 // tokenizeBody builds the /tokenize request for a parsed chat or completion request: chat
 // messages with everything a template renders (content, name, tool calls and the id of the
-// call a tool message answers, reasoning), the tools, and whether to add the generation
-// prompt.
+// call a tool message answers, reasoning), the tools, the template's keyword arguments and
+// reasoning effort, and whether to add the generation prompt.
 func tokenizeBody(o *oai.Request, kind oai.Kind) ([]byte, error) {
 	if kind == oai.Completions {
 		return json.Marshal(map[string]any{"model": string(o.Model), "prompt": string(o.Prompt)})
@@ -164,6 +168,12 @@ func tokenizeBody(o *oai.Request, kind oai.Kind) ([]byte, error) {
 	}
 	if len(o.Tools) > 0 {
 		body["tools"] = json.RawMessage(o.Tools)
+	}
+	if len(o.ChatTemplateKwargs) > 0 {
+		body["chat_template_kwargs"] = json.RawMessage(o.ChatTemplateKwargs)
+	}
+	if len(o.ReasoningEffort) > 0 {
+		body["reasoning_effort"] = string(o.ReasoningEffort)
 	}
 	return json.Marshal(body)
 }

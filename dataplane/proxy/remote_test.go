@@ -79,7 +79,7 @@ func TestRemoteTokenizeToolCalls(t *testing.T) {
 	w := startTokenizer(t)
 	s := decisionServer(t, 1)
 	cc := &clientConn{srv: s, lp: newLoop(s, nil), kind: oai.ChatCompletions}
-	cc.body = []byte(`{"model":"gpt-oss-120b","tools":[{"type":"function","function":{"name":"read_file","parameters":{"type":"object","properties":{"path":{"type":"string"}}}}}],` +
+	cc.body = []byte(`{"model":"gpt-oss-120b","reasoning_effort":"high","tools":[{"type":"function","function":{"name":"read_file","parameters":{"type":"object","properties":{"path":{"type":"string"}}}}}],` +
 		`"messages":[{"role":"system","content":"You are a coding agent."},{"role":"user","content":"Fix the bug."},` +
 		`{"role":"assistant","content":"Reading it.","tool_calls":[{"id":"call_1","type":"function","function":{"name":"read_file","arguments":"{\"path\":\"main.go\"}"}}]},` +
 		`{"role":"tool","tool_call_id":"call_1","content":"package main"}]}`)
