@@ -132,3 +132,29 @@ func mustTemplateTB(tb testing.TB, spec string) Template {
 	}
 	return tmpl
 }
+
+// FuzzCutAfter checks that every position cutAfter picks is a piece boundary of each pattern
+// SegmentCache chunks under, by the reference regexes.
+func FuzzCutAfter(f *testing.F) {
+	addCorpusSeeds(f)
+	f.Add("a\n/b\n c\n\u00a0d\n\u3000e\n!x\n\n\ny\r\nz")
+	f.Add("line one.\n<|im_start|>user\nhi<|im_end|>\n  \nend")
+	f.Fuzz(func(t *testing.T, s string) {
+		if !utf8.ValidString(s) {
+			return
+		}
+		for _, p := range splitterPatterns {
+			bounds := map[int]bool{}
+			at := 0
+			for _, piece := range splitRegex(t, p.pattern, s) {
+				at += len(piece)
+				bounds[at] = true
+			}
+			for from := 1; from <= len(s); from++ {
+				if c := cutAfter(s, from); c < len(s) && !bounds[c] {
+					t.Fatalf("%s: cutAfter(%q, %d) = %d, inside a piece", p.name, s, from, c)
+				}
+			}
+		}
+	})
+}

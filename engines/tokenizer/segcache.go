@@ -1,7 +1,10 @@
 package tokenizer
 
 import (
+	"strings"
 	"sync"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/zeebo/xxh3"
 )
@@ -13,6 +16,13 @@ import (
 // The ids are exactly the wrapped tokenizer's, because pre-tokenization never joins text
 // across a special token.
 //
+// A long segment is cached in chunks of about chunkBytes, each ending at a line break that no
+// pre-token spans (see cutAfter), so that templates whose message markers are plain text to
+// the tokenizer (ChatML rendered for o200k_base, say), where the whole prompt is one segment,
+// still find a conversation's earlier turns cached: chunking runs from the segment's start,
+// so the chunks of an unchanged prefix are the same in every request, and only the chunk
+// the new text extends and the new text itself are encoded.
+//
 // Segments are keyed by a 128-bit XXH3 of their bytes. The cache holds at most MaxTokens ids
 // in total and evicts with the CLOCK algorithm. It is safe for concurrent use; lookups of
 // present segments do not allocate.
@@ -20,6 +30,7 @@ type SegmentCache struct {
 	Tokenizer
 	bpe      *bpeTokenizer
 	minBytes int
+	chunk    bool // the pre-tokenizer never spans a line break cutAfter accepts
 	shards   [segShards]segShard
 }
 
@@ -29,6 +40,7 @@ type segShard struct {
 	mu        sync.Mutex
 	m         map[xxh3.Uint128]int // key → index in ents
 	ents      []segEntry
+	free      []int // indexes of dead entries
 	hand      int
 	tokens    int
 	maxTokens int
@@ -52,7 +64,7 @@ func NewSegmentCache(t Tokenizer, maxTokens, minBytes int) Tokenizer {
 	if !ok {
 		return t
 	}
-	c := &SegmentCache{Tokenizer: t, bpe: b, minBytes: max(minBytes, 1)}
+	c := &SegmentCache{Tokenizer: t, bpe: b, minBytes: max(minBytes, 1), chunk: b.newlineSafe()}
 	for i := range c.shards {
 		c.shards[i].m = make(map[xxh3.Uint128]int)
 		c.shards[i].maxTokens = max(maxTokens/segShards, 1)
@@ -84,7 +96,58 @@ func (c *SegmentCache) AppendEncode(dst []uint32, text string) []uint32 {
 	return dst
 }
 
+// chunkBytes is the size a long segment's chunks reach before the next safe line break ends
+// them: large enough that a hit saves far more than its hash and lookup cost, small enough
+// that the chunk a new turn extends is cheap to encode again.
+const chunkBytes = 1024
+
 func (c *SegmentCache) segment(dst []uint32, seg string) []uint32 {
+	if !c.chunk || len(seg) < 2*chunkBytes {
+		return c.cached(dst, seg)
+	}
+	for start := 0; start < len(seg); {
+		end := cutAfter(seg, start+chunkBytes)
+		dst = c.cached(dst, seg[start:end])
+		start = end
+	}
+	return dst
+}
+
+// cutAfter returns the first position p ≥ from where text[p-1] is '\n' and text[p] is
+// neither white space nor '/', or len(text). Under the o200k, cl100k and Qwen2 patterns no
+// pre-token crosses such a p: a piece that holds a line break is white space (which text[p]
+// would have to continue) or punctuation whose trailing line breaks (and, in o200k, slashes)
+// end it, and no other alternative matches a line break; so the pieces of text[:p] and
+// text[p:] are those of text.
+func cutAfter(text string, from int) int {
+	for from < len(text) {
+		i := strings.IndexByte(text[from-1:], '\n')
+		if i < 0 {
+			break
+		}
+		p := from + i
+		if p >= len(text) {
+			break
+		}
+		if b := text[p]; b != '/' && b != ' ' && b != '\t' && b != '\n' && b != '\r' && b != '\v' && b != '\f' && !spaceAt(text, p) {
+			return p
+		}
+		from = p + 1
+	}
+	return len(text)
+}
+
+// spaceAt reports whether the rune at text[i] is white space beyond ASCII (NEL, NBSP and the
+// Unicode spaces), which \s also matches.
+func spaceAt(text string, i int) bool {
+	if text[i] < utf8.RuneSelf {
+		return false
+	}
+	r, _ := utf8.DecodeRuneInString(text[i:])
+	return unicode.IsSpace(r)
+}
+
+func (c *SegmentCache) cached(dst []uint32, seg string) []uint32 {
 	if len(seg) < c.minBytes {
 		return c.bpe.encodeOrdinary(dst, seg, nil)
 	}
@@ -119,14 +182,13 @@ func (sh *segShard) put(key xxh3.Uint128, ids []uint32) {
 	for sh.tokens+len(cp) > sh.maxTokens && len(sh.ents) > 0 {
 		sh.evictOne()
 	}
-	// Reuse a dead slot if the hand just freed one.
-	for i := range sh.ents {
-		if !sh.ents[i].live {
-			sh.ents[i] = segEntry{key: key, ids: cp, live: true}
-			sh.m[key] = i
-			sh.tokens += len(cp)
-			return
-		}
+	if n := len(sh.free); n > 0 {
+		i := sh.free[n-1]
+		sh.free = sh.free[:n-1]
+		sh.ents[i] = segEntry{key: key, ids: cp, live: true}
+		sh.m[key] = i
+		sh.tokens += len(cp)
+		return
 	}
 	sh.ents = append(sh.ents, segEntry{key: key, ids: cp, live: true})
 	sh.m[key] = len(sh.ents) - 1
@@ -152,6 +214,7 @@ func (sh *segShard) evictOne() {
 		delete(sh.m, e.key)
 		sh.tokens -= len(e.ids)
 		*e = segEntry{}
+		sh.free = append(sh.free, sh.hand-1)
 		return
 	}
 }

@@ -262,3 +262,13 @@ func (t *bpeTokenizer) lossless() bool { return !t.nfc }
 func validUTF8(s string) bool { return utf8.ValidString(s) }
 
 var _ Tokenizer = (*bpeTokenizer)(nil)
+
+// newlineSafe reports whether the pre-tokenizer is one of the hand-written splitters (o200k,
+// cl100k, Qwen2), for which SegmentCache may cut text at the line breaks cutAfter picks.
+func (t *bpeTokenizer) newlineSafe() bool {
+	switch t.fast.(type) {
+	case o200kSplitter, cl100kSplitter:
+		return true
+	}
+	return false
+}
