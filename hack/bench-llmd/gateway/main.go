@@ -14,6 +14,11 @@
 // answered with its status, headers and body. The client response carries x-kvrelay-worker:
 // <ip:port>, the endpoint that served it.
 //
+// With --admin-listen it serves GET /picks: every request's pick time so far as JSON, in
+// nanoseconds from opening the ext_proc stream (the client's request body already read) to the
+// routing decision (the EPP's answer to the last request-body chunk, or its ImmediateResponse):
+// what the EPP took to parse, tokenize, score and pick, plus the ext_proc hop, as Envoy would see it.
+//
 // With --render-listen it also serves vLLM's /v1/chat/completions/render and
 // /v1/completions/render (what the EPP's token-producer calls) by asking an engine's /tokenize,
 // for engines that tokenize but do not render, such as kvrelay's simulated engine.
@@ -32,6 +37,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -63,6 +69,27 @@ type gateway struct {
 	upstream *http.Client
 	reqID    atomic.Uint64
 	verbose  bool
+
+	mu    sync.Mutex
+	picks []time.Duration // each request's ext_proc request phase: stream opened to decision
+}
+
+func (g *gateway) recordPick(d time.Duration) {
+	g.mu.Lock()
+	g.picks = append(g.picks, d)
+	g.mu.Unlock()
+}
+
+// servePicks answers GET /picks with {"pick_ns": [...]}, in the order the decisions came.
+func (g *gateway) servePicks(w http.ResponseWriter, _ *http.Request) {
+	g.mu.Lock()
+	ns := make([]int64, len(g.picks))
+	for i, d := range g.picks {
+		ns[i] = d.Nanoseconds()
+	}
+	g.mu.Unlock()
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(map[string][]int64{"pick_ns": ns})
 }
 
 func main() {
@@ -72,6 +99,7 @@ func main() {
 	verbose := flag.Bool("v", false, "log every request's routing")
 	renderListen := flag.String("render-listen", "", "also serve /v1/{chat/,}completions/render here (empty: off)")
 	renderFrom := flag.String("render-tokenize-url", "http://127.0.0.1:21001", "engine whose POST /tokenize answers the render calls")
+	adminListen := flag.String("admin-listen", "", "serve GET /picks (every request's EPP pick time) here (empty: off)")
 	flag.Parse()
 
 	if *renderListen != "" {
@@ -82,6 +110,14 @@ func main() {
 	}
 
 	g := &gateway{verbose: *verbose}
+	if *adminListen != "" {
+		go func() {
+			mux := http.NewServeMux()
+			mux.HandleFunc("GET /picks", g.servePicks)
+			log.Printf("admin on %s (GET /picks)", *adminListen)
+			log.Fatal(http.ListenAndServe(*adminListen, mux))
+		}()
+	}
 	for i := 0; i < max(*nconns, 1); i++ {
 		cc, err := grpc.NewClient(*epp,
 			grpc.WithTransportCredentials(insecure.NewCredentials()),
@@ -119,14 +155,15 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // serve runs one request through the EPP and the picked endpoint. Errors before the client
 // response has started are answered with a 5xx, like Envoy with failure_mode_allow false.
 func (g *gateway) serve(ctx context.Context, w http.ResponseWriter, r *http.Request) error {
-	stream, err := g.client().Process(ctx)
-	if err != nil {
-		http.Error(w, "ext_proc: "+err.Error(), http.StatusInternalServerError)
-		return err
-	}
 	body, err := io.ReadAll(r.Body)
 	if err != nil {
 		http.Error(w, "read body: "+err.Error(), http.StatusBadRequest)
+		return err
+	}
+	pickStart := time.Now()
+	stream, err := g.client().Process(ctx)
+	if err != nil {
+		http.Error(w, "ext_proc: "+err.Error(), http.StatusInternalServerError)
 		return err
 	}
 
@@ -174,6 +211,7 @@ func (g *gateway) serve(ctx context.Context, w http.ResponseWriter, r *http.Requ
 		}
 		switch v := resp.Response.(type) {
 		case *extproc.ProcessingResponse_ImmediateResponse:
+			g.recordPick(time.Since(pickStart))
 			writeImmediate(w, v.ImmediateResponse)
 			return nil
 		case *extproc.ProcessingResponse_RequestHeaders:
@@ -198,6 +236,7 @@ func (g *gateway) serve(ctx context.Context, w http.ResponseWriter, r *http.Requ
 			return fmt.Errorf("unexpected request-phase response %T", v)
 		}
 	}
+	g.recordPick(time.Since(pickStart))
 	if replaced {
 		body = newBody
 	}

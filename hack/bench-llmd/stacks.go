@@ -1,0 +1,424 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// Engine kinds.
+const (
+	engineLLMD    = "llmd"
+	engineKVRelay = "kvrelay"
+)
+
+var allEngines = []string{engineLLMD, engineKVRelay}
+
+// Routers, in the order every run goes through them.
+const (
+	routerEPPPrecise    = "epp-precise"
+	routerEPPApprox     = "epp-approx"
+	routerRoundRobin    = "round-robin"
+	routerKVExact       = "kv-exact"
+	routerKVApprox      = "kv-approx"
+	routerLatencyExact  = "latency-exact"
+	routerLatencyApprox = "latency-approx"
+)
+
+var allRouters = []string{routerEPPPrecise, routerEPPApprox, routerRoundRobin, routerKVExact, routerKVApprox, routerLatencyExact, routerLatencyApprox}
+
+func isEPP(router string) bool { return strings.HasPrefix(router, "epp-") }
+
+func isExact(router string) bool { return strings.HasSuffix(router, "-exact") }
+
+// kvrelayPolicy is the kvrelay routing policy a router runs.
+func kvrelayPolicy(router string) string {
+	switch router {
+	case routerRoundRobin:
+		return "round-robin"
+	case routerKVExact, routerKVApprox:
+		return "kv"
+	case routerLatencyExact, routerLatencyApprox:
+		return "latency"
+	}
+	return ""
+}
+
+// ports is where one run's processes listen, all on 127.0.0.1.
+type ports struct {
+	engines             []int
+	render              int // EPP precise's tokenizer sidecar (not an endpoint)
+	router              int // the gateway or kvrelay proxy: the benchmark's target
+	gatewayAdmin        int
+	eppGRPC, eppHealth  int
+	eppMetrics          int
+	zmq                 int // the KV event endpoint the router binds and engines connect to
+	cpXDS, cpAPI        int
+	numEngines, baseNum int
+}
+
+func newPorts(base, n int) ports {
+	p := ports{
+		render: base + 10, router: base + 80, gatewayAdmin: base + 81,
+		eppGRPC: base + 90, eppHealth: base + 91, eppMetrics: base + 92,
+		zmq: base + 100, cpXDS: base + 200, cpAPI: base + 201,
+		numEngines: n, baseNum: base,
+	}
+	for i := 1; i <= n; i++ {
+		p.engines = append(p.engines, base+i)
+	}
+	return p
+}
+
+func (p ports) all() []int {
+	return append(append([]int(nil), p.engines...), p.render, p.router, p.gatewayAdmin,
+		p.eppGRPC, p.eppHealth, p.eppMetrics, p.zmq, p.cpXDS, p.cpAPI)
+}
+
+func (p ports) zmqEndpoint() string { return fmt.Sprintf("tcp://127.0.0.1:%d", p.zmq) }
+
+func addr(port int) string { return fmt.Sprintf("127.0.0.1:%d", port) }
+
+// stack is one run's processes: engines and a router.
+type stack struct {
+	cfg    *config
+	engine string
+	router string
+	dir    string // the run's log directory
+	p      ports
+
+	// what the measurement reads after the run
+	routerMetrics string // URL of the router's Prometheus metrics (EPP or kvrelay proxy)
+	cpMetrics     string // control plane's metrics, exact routers
+	gatewayPicks  string // the gateway's per-request pick times, EPP routers
+}
+
+// up starts the engines and the router and waits until the router can serve.
+func (s *stack) up(ctx context.Context) error {
+	if err := s.startEngines(ctx); err != nil {
+		return err
+	}
+	var err error
+	switch {
+	case isEPP(s.router):
+		err = s.startEPP(ctx)
+	case isExact(s.router):
+		err = s.startKVRelayExact(ctx)
+	default:
+		err = s.startKVRelayApprox(ctx)
+	}
+	if err != nil {
+		return err
+	}
+	// Let the router's first metric scrapes of the engines land before the load starts.
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(s.cfg.settle):
+	}
+	if dead := procs.dead(); len(dead) > 0 {
+		return fmt.Errorf("%s", strings.Join(dead, "; "))
+	}
+	return nil
+}
+
+// llmdTiming is the llm-d simulator's latency model: an 8B-class model on one fast GPU.
+// TTFT = 25ms + 60µs × uncached prompt tokens; ITL 15ms; both ×(1 + (running-1)/3) up to 2×.
+var llmdTiming = []string{
+	"--latency-calculator", "per-token", "--prefill-overhead", "25ms", "--prefill-time-per-token", "60us",
+	"--prefill-time-std-dev", "2ms", "--inter-token-latency", "15ms", "--inter-token-latency-std-dev", "1ms",
+	"--time-factor-under-load", "2.0",
+}
+
+const (
+	llmdPrefillOverhead = 25 * time.Millisecond
+	llmdPrefillPerToken = 60 * time.Microsecond
+	engineBlocks        = 1024 // KV cache blocks per engine (both kinds)
+	engineMaxSeqs       = 4
+	blockSize           = 16
+)
+
+func (s *stack) engineID(i int) string { return fmt.Sprintf("e%d", i+1) }
+
+func (s *stack) topic(port int) string {
+	return fmt.Sprintf("kv@127.0.0.1:%d@%s", port, s.cfg.model)
+}
+
+func (s *stack) startEngines(ctx context.Context) error {
+	var ps []*proc
+	for i, port := range s.p.engines {
+		var p *proc
+		var err error
+		name := "engine-" + s.engineID(i)
+		if s.engine == engineLLMD {
+			args := []string{"--port", fmt.Sprint(port), "--model", s.cfg.model, "--force-dummy-tokenizer",
+				"--max-num-seqs", fmt.Sprint(engineMaxSeqs), "--max-model-len", "32768",
+				"--enable-kvcache", "--kv-cache-size", fmt.Sprint(engineBlocks), "--block-size", fmt.Sprint(blockSize),
+				"--zmq-endpoint", s.p.zmqEndpoint(), "--event-batch-size", "16"}
+			args = append(args, llmdTiming...)
+			p, err = procs.start(s.dir, name, []string{"POD_IP=127.0.0.1"}, s.cfg.simBin, args...)
+		} else {
+			p, err = procs.start(s.dir, name, nil, s.cfg.kvrelayBin, "sim",
+				"--listen", addr(port), "--model", s.cfg.model,
+				"--max-num-seqs", fmt.Sprint(engineMaxSeqs), "--num-gpu-blocks", fmt.Sprint(engineBlocks),
+				"--block-size", fmt.Sprint(blockSize), "--speedup-ratio", fmt.Sprint(s.cfg.kvSpeedup),
+				"--kv-events-endpoint", s.p.zmqEndpoint(), "--kv-events-connect", "--kv-events-topic", s.topic(port))
+		}
+		if err != nil {
+			return err
+		}
+		ps = append(ps, p)
+	}
+	for i, port := range s.p.engines {
+		if err := waitHTTP(ctx, "http://"+addr(port)+"/v1/models", ps[i], 30*time.Second); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// startEPP starts the llm-d endpoint picker (file discovery, no Kubernetes) and the Envoy
+// stand-in in front of it; precise mode also a tokenizer sidecar for the picker's render
+// calls, tokenizing as the engines do.
+func (s *stack) startEPP(ctx context.Context) error {
+	mode := strings.TrimPrefix(s.router, "epp-")
+	var eps strings.Builder
+	eps.WriteString("endpoints:\n")
+	for i, port := range s.p.engines {
+		fmt.Fprintf(&eps, "  - name: sim-%d\n    address: \"127.0.0.1\"\n    port: \"%d\"\n", i+1, port)
+	}
+	epFile := filepath.Join(s.dir, "endpoints.yaml")
+	if err := os.WriteFile(epFile, []byte(eps.String()), 0o644); err != nil {
+		return err
+	}
+	tmpl, err := os.ReadFile(filepath.Join(s.cfg.root, "hack/bench-llmd", "epp-"+mode+".yaml"))
+	if err != nil {
+		return err
+	}
+	renderURL := "http://" + addr(s.p.render)
+	conf := strings.NewReplacer("@ENDPOINTS_FILE@", epFile, "@MODEL@", s.cfg.model,
+		"@RENDER_URL@", renderURL, "@ZMQ_ENDPOINT@", s.p.zmqEndpoint()).Replace(string(tmpl))
+	confFile := filepath.Join(s.dir, "epp.yaml")
+	if err := os.WriteFile(confFile, []byte(conf), 0o644); err != nil {
+		return err
+	}
+	if mode == "precise" {
+		var rp *proc
+		if s.engine == engineLLMD {
+			rp, err = procs.start(s.dir, "render", []string{"POD_IP=127.0.0.1"}, s.cfg.simBin,
+				"--port", fmt.Sprint(s.p.render), "--model", s.cfg.model, "--force-dummy-tokenizer",
+				"--max-model-len", "32768")
+		} else {
+			rp, err = procs.start(s.dir, "render", nil, s.cfg.kvrelayBin, "sim",
+				"--listen", addr(s.p.render), "--model", s.cfg.model)
+		}
+		if err != nil {
+			return err
+		}
+		if err := waitHTTP(ctx, renderURL+"/v1/models", rp, 30*time.Second); err != nil {
+			return err
+		}
+	}
+	epp, err := procs.start(s.dir, "epp", nil, s.cfg.eppBin, "--config-file", confFile,
+		"--pool-name", "llmd-bench", "--pool-namespace", "bench",
+		"--grpc-port", fmt.Sprint(s.p.eppGRPC), "--grpc-health-port", fmt.Sprint(s.p.eppHealth),
+		"--metrics-port", fmt.Sprint(s.p.eppMetrics), "--secure-serving=false",
+		"--metrics-endpoint-auth=false", "--tracing=false", "--enable-pprof=false", "--health-checking",
+		"--drain-timeout=1s", "-v", "1")
+	if err != nil {
+		return err
+	}
+	s.routerMetrics = "http://" + addr(s.p.eppMetrics) + "/metrics"
+	if err := waitHTTP(ctx, s.routerMetrics, epp, 60*time.Second); err != nil {
+		return err
+	}
+	// Ready once the picker has discovered every endpoint.
+	want := float64(len(s.p.engines))
+	err = waitFor(ctx, epp, 30*time.Second, "EPP ready endpoints", func() bool {
+		fams, err := scrape(s.routerMetrics)
+		if err != nil {
+			return false
+		}
+		for _, n := range []string{"llm_d_epp_ready_endpoints", "inference_pool_ready_pods", "inference_extension_ready_pods"} {
+			if v, ok := gaugeSum(fams, n); ok {
+				return v >= want
+			}
+		}
+		return true // no such gauge in this EPP version: the metrics endpoint is all we have
+	})
+	if err != nil {
+		return err
+	}
+	if err := waitTCP(ctx, addr(s.p.eppGRPC), epp, 30*time.Second); err != nil {
+		return err
+	}
+	gw, err := procs.start(s.dir, "gateway", nil, s.cfg.gatewayBin, "--listen", addr(s.p.router),
+		"--epp", addr(s.p.eppGRPC), "--admin-listen", addr(s.p.gatewayAdmin))
+	if err != nil {
+		return err
+	}
+	s.gatewayPicks = "http://" + addr(s.p.gatewayAdmin) + "/picks"
+	if err := waitTCP(ctx, addr(s.p.router), gw, 30*time.Second); err != nil {
+		return err
+	}
+	return waitHTTP(ctx, s.gatewayPicks, gw, 30*time.Second)
+}
+
+// proxyCommon are the flags every kvrelay proxy of the comparison runs with.
+func (s *stack) proxyCommon() []string {
+	return []string{"proxy", "--listen", addr(s.p.router), "--expose-worker-header", "--ebpf", "off"}
+}
+
+func (s *stack) engineKind() string {
+	if s.engine == engineLLMD {
+		return "vllm"
+	}
+	return "sim"
+}
+
+// startKVRelayApprox runs the proxy alone on its own approximate prefix index.
+func (s *stack) startKVRelayApprox(ctx context.Context) error {
+	args := append(s.proxyCommon(), "--policy", kvrelayPolicy(s.router))
+	if s.router != routerRoundRobin {
+		args = append(args, s.cfg.policyArgs...)
+	}
+	if s.cfg.approxTok != "" {
+		args = append(args, "--tokenizer", s.cfg.approxTok)
+	}
+	for i, port := range s.p.engines {
+		args = append(args, "--upstream", fmt.Sprintf("id=%s,url=http://%s,model=%s,capacity=%d,max-num-seqs=%d",
+			s.engineID(i), addr(port), s.cfg.model, engineBlocks, engineMaxSeqs))
+	}
+	px, err := procs.start(s.dir, "proxy", nil, s.cfg.kvrelayBin, args...)
+	if err != nil {
+		return err
+	}
+	s.routerMetrics = "http://" + addr(s.p.router) + "/metrics"
+	return waitHTTP(ctx, "http://"+addr(s.p.router)+"/v1/models", px, 30*time.Second)
+}
+
+// startKVRelayExact runs the control plane (the engines' KV events on one bound endpoint,
+// told apart by topic), sets the policy, then the proxy on the control plane's index.
+func (s *stack) startKVRelayExact(ctx context.Context) error {
+	tok := make([]byte, 16)
+	_, _ = rand.Read(tok)
+	tokFile := filepath.Join(s.dir, "api-token")
+	if err := os.WriteFile(tokFile, []byte(hex.EncodeToString(tok)), 0o600); err != nil {
+		return err
+	}
+	dataDir := filepath.Join(s.dir, "cp-data")
+	if err := os.MkdirAll(dataDir, 0o755); err != nil {
+		return err
+	}
+	args := []string{"controlplane", "--xds-listen", addr(s.p.cpXDS), "--api-listen", addr(s.p.cpAPI),
+		"--data-dir", dataDir, "--api-token-file", tokFile, "--ebpf", "off"}
+	for i, port := range s.p.engines {
+		args = append(args, "--worker", fmt.Sprintf("id=%s,url=http://%s,model=%s,block-size=%d,kv-events-bind=%s,engine=%s,max-num-seqs=%d",
+			s.engineID(i), addr(port), s.cfg.model, blockSize, s.p.zmqEndpoint(), s.engineKind(), engineMaxSeqs))
+	}
+	cp, err := procs.start(s.dir, "controlplane", nil, s.cfg.kvrelayBin, args...)
+	if err != nil {
+		return err
+	}
+	s.cpMetrics = "http://" + addr(s.p.cpAPI) + "/metrics"
+	if err := waitHTTP(ctx, s.cpMetrics, cp, 30*time.Second); err != nil {
+		return err
+	}
+	policy := kvrelayPolicy(s.router)
+	out, err := s.ctl(ctx, tokFile, append([]string{"policy", "set", "--policy", policy}, s.cfg.policyArgs...)...)
+	if err != nil {
+		return fmt.Errorf("kvrelay ctl policy set --policy %s: %v: %s", policy, err, out)
+	}
+	out, err = s.ctl(ctx, tokFile, "-o", "json", "policy")
+	if err != nil {
+		return fmt.Errorf("kvrelay ctl policy: %v: %s", err, out)
+	}
+	version := policyVersion(out)
+	// Every worker registered and healthy (its metrics scraped) before the proxy starts.
+	want := len(s.p.engines)
+	var last string
+	err = waitFor(ctx, cp, 30*time.Second, "control plane workers healthy", func() bool {
+		out, err := s.ctl(ctx, tokFile, "-o", "json", "workers")
+		if err != nil {
+			return false
+		}
+		last = out
+		return countHealthy(out) >= want
+	})
+	if err != nil {
+		return fmt.Errorf("%v; last `kvrelay ctl workers -o json`: %s", err, last)
+	}
+
+	args = append(s.proxyCommon(), "--xds", addr(s.p.cpXDS))
+	if s.cfg.exactTok != "" {
+		args = append(args, "--tokenizer", s.cfg.exactTok)
+	}
+	px, err := procs.start(s.dir, "proxy", nil, s.cfg.kvrelayBin, args...)
+	if err != nil {
+		return err
+	}
+	s.routerMetrics = "http://" + addr(s.p.router) + "/metrics"
+	if err := waitHTTP(ctx, "http://"+addr(s.p.router)+"/v1/models", px, 30*time.Second); err != nil {
+		return err
+	}
+	// The pushed workers and policy in force.
+	return waitFor(ctx, px, 30*time.Second, "proxy following the control plane", func() bool {
+		fams, err := scrape(s.routerMetrics)
+		if err != nil {
+			return false
+		}
+		conn, _ := gaugeSum(fams, "kvrelay_proxy_xds_connected")
+		ws, _ := gaugeSum(fams, "kvrelay_proxy_xds_workers")
+		pv, _ := gaugeSum(fams, "kvrelay_proxy_xds_policy_version")
+		return conn == 1 && ws >= float64(want) && pv >= version
+	})
+}
+
+func (s *stack) ctl(ctx context.Context, tokFile string, args ...string) (string, error) {
+	cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	full := append([]string{"ctl", "--api", addr(s.p.cpAPI), "--token-file", tokFile}, args...)
+	out, err := exec.CommandContext(cctx, s.cfg.kvrelayBin, full...).CombinedOutput()
+	return strings.TrimSpace(string(out)), err
+}
+
+// countHealthy counts the healthy workers in `kvrelay ctl -o json workers` output:
+// {"workers": [{"spec": {...}, "status": {"healthy": true, ...}}, ...]}.
+func countHealthy(out string) int {
+	var v struct {
+		Workers []struct {
+			Status struct {
+				Healthy bool `json:"healthy"`
+			} `json:"status"`
+		} `json:"workers"`
+	}
+	if json.Unmarshal([]byte(out), &v) != nil {
+		return 0
+	}
+	n := 0
+	for _, w := range v.Workers {
+		if w.Status.Healthy {
+			n++
+		}
+	}
+	return n
+}
+
+// policyVersion reads the version of `kvrelay ctl -o json policy` output.
+func policyVersion(out string) float64 {
+	var v struct {
+		Version json.Number `json:"version"`
+	}
+	if json.Unmarshal([]byte(out), &v) != nil {
+		return 0
+	}
+	f, _ := v.Version.Float64()
+	return f
+}
