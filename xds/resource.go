@@ -63,13 +63,13 @@ func NewWorker(id, rawURL, model string) *xdsv1.Worker {
 }
 
 // DefaultPolicy returns the routing policy a control plane serves until an operator sets
-// one: the kv policy with package policy's defaults (overlap, queue and cache threshold),
+// one: policy.Default (latency) with package policy's defaults (overlap, queue and cache threshold),
 // greedy pick, ARCHITECTURE.md's tier weights (GPU 1, host 0.75, disk 0.25), sessions kept
 // 30 minutes.
 func DefaultPolicy() *xdsv1.RoutingPolicy {
 	return &xdsv1.RoutingPolicy{
 		Version:        1,
-		Policy:         policy.KV,
+		Policy:         policy.Default,
 		OverlapWeight:  policy.DefaultOverlapWeight,
 		QueueWeight:    policy.DefaultQueueWeight,
 		CacheThreshold: policy.DefaultCacheThreshold,

@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvrelay/kvrelay/cmd/kvrelay/bench"
 	"github.com/kvrelay/kvrelay/cmd/kvrelay/bench/workload"
+	"github.com/kvrelay/kvrelay/dataplane/route"
 	"github.com/kvrelay/kvrelay/engines/sim"
 	"github.com/kvrelay/kvrelay/engines/tokenizer"
 )
@@ -112,7 +113,7 @@ func newBenchCompareCmd() *cobra.Command {
 		Short: "Compare routing policies or cluster setups on a fresh local cluster each, with the identical request stream",
 		Long: `compare replays the identical request stream against a fresh local cluster (simulated
 workers, control plane, proxy) for each routing policy in --policies, or for each cluster
-setup in --setups (each with every policy given by --policies, default kv only), and prints
+setup in --setups (each with every policy given by --policies, default latency only), and prints
 one table with a column per run and ratios to the first.
 
 A setup is MODE[@THRESHOLD][:POOLS]: agg:N (N workers doing both phases), disagg:P+D (P
@@ -154,7 +155,7 @@ Without --setups, --mode with --workers (agg) or --prefill-workers and --decode-
 					return fmt.Errorf("--setups: %w", err)
 				}
 				if !cmd.Flags().Changed("policies") {
-					policies = "kv"
+					policies = route.PolicyDefault
 				}
 			}
 			for _, p := range strings.Split(policies, ",") {
@@ -191,7 +192,7 @@ Without --setups, --mode with --workers (agg) or --prefill-workers and --decode-
 	}
 	f.register(cmd.Flags())
 	fs := cmd.Flags()
-	fs.StringVar(&policies, "policies", "kv,round-robin,least-loaded,random", "routing policies to compare; ratios are to the first (with --setups: default kv)")
+	fs.StringVar(&policies, "policies", "latency,kv,round-robin,least-loaded,random", "routing policies to compare; ratios are to the first (with --setups: default latency)")
 	fs.StringVar(&setups, "setups", "", "cluster setups to compare, e.g. agg:4,disagg:2+2,conditional:2+2 (MODE[@THRESHOLD][:N or P+D]); ratios are to the first")
 	fs.IntVar(&cc.Workers, "workers", cc.Workers, "simulated workers (agg), or the total split in half between prefill and decode (disagg, conditional)")
 	fs.StringVar(&cc.Mode, "mode", bench.ModeAgg, "agg (every worker does both phases), disagg (prefill and decode pools, every request prefilled remotely) or conditional (the same pools, remote prefill from --disagg-threshold uncached tokens)")

@@ -243,7 +243,7 @@ there, a max_tokens=1 leg to a prefill worker whose KV blocks the decode worker 
 	fs.StringVar(&model, "model", "gpt-oss-120b", "model the workers serve")
 	fs.IntVar(&gpuBlocks, "num-gpu-blocks", 16384, "KV cache blocks per worker")
 	fs.StringVar(&proxyListen, "proxy-listen", "127.0.0.1:8080", "the proxy's address")
-	fs.StringVar(&policy, "policy", route.PolicyKV, "the routing policy")
+	fs.StringVar(&policy, "policy", route.PolicyDefault, "the routing policy")
 	fs.StringVar(&xdsListen, "xds-listen", "127.0.0.1:18000", "the control plane's xDS address")
 	fs.StringVar(&apiListen, "api-listen", "127.0.0.1:18080", "the control plane's operator API address")
 	fs.StringVar(&dataDir, "data-dir", "", "the control plane's data directory (default: a temporary one, removed on exit)")

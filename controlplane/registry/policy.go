@@ -70,14 +70,14 @@ type Policy struct {
 	BackgroundWeight *float64 `json:"background_weight,omitempty"`
 }
 
-// DefaultPolicy is the policy served until an operator sets one, version 1: kv, overlap
-// weight 1, greedy pick (temperature 0), cache threshold 0.3, tier weights GPU 1, host 0.75,
-// disk 0.25 (ARCHITECTURE.md's, the same as xds.DefaultPolicy), no busy thresholds,
-// sessions kept 30 minutes.
+// DefaultPolicy is the policy served until an operator sets one, version 1: latency
+// (policy.Default) with package policy's default weights and cache threshold, greedy pick
+// (temperature 0), tier weights GPU 1, host 0.75, disk 0.25 (ARCHITECTURE.md's, the same as
+// xds.DefaultPolicy), no busy thresholds, sessions kept 30 minutes.
 func DefaultPolicy() Policy {
 	return Policy{
 		Version:        1,
-		Name:           PolicyKV,
+		Name:           policy.Default,
 		OverlapWeight:  policy.DefaultOverlapWeight,
 		QueueWeight:    policy.DefaultQueueWeight,
 		CacheThreshold: policy.DefaultCacheThreshold,

@@ -26,7 +26,7 @@ func TestDefaultPolicy(t *testing.T) {
 	if err := p.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	if p.Version != 1 || p.Name != PolicyKV || p.SessionTTL != 30*time.Minute || p.CacheThreshold != policy.DefaultCacheThreshold {
+	if p.Version != 1 || p.Name != policy.Default || p.SessionTTL != 30*time.Minute || p.CacheThreshold != policy.DefaultCacheThreshold {
 		t.Fatalf("DefaultPolicy() = %+v", p)
 	}
 	// The same defaults as the xDS resource a control plane serves without a store.

@@ -96,7 +96,7 @@ func TestStoreDefaultPolicy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p.Version != 1 || p.Name != PolicyKV {
+	if p.Version != 1 || p.Name != DefaultPolicy().Name {
 		t.Fatalf("Policy() of a new store = %+v, want DefaultPolicy", p)
 	}
 }

@@ -156,7 +156,7 @@ type Config struct {
 func DefaultConfig() Config {
 	return Config{
 		Listen:              "127.0.0.1:8080",
-		Policy:              route.PolicyKV,
+		Policy:              route.PolicyDefault,
 		OverlapWeight:       route.DefaultOverlapWeight,
 		QueueWeight:         route.DefaultQueueWeight,
 		CacheThreshold:      route.DefaultCacheThreshold,

@@ -157,9 +157,9 @@ func TestOpenAISDKThroughProxy(t *testing.T) {
 	if hdr1.Get("x-kvrelay-worker") == "" || hdr1.Get("x-kvrelay-worker") != hdr2.Get("x-kvrelay-worker") {
 		t.Fatalf("same prompt went to %q then %q", hdr1.Get("x-kvrelay-worker"), hdr2.Get("x-kvrelay-worker"))
 	}
-	// The second request's route header says the cache decided and how much it matched.
-	if pt, rt := second.Usage.PromptTokens, hdr2.Get("x-kvrelay-route"); !strings.HasPrefix(rt, "cost; overlap=") ||
-		rt != fmt.Sprintf("cost; overlap=%d; best=%d", pt/16, pt/16) {
+	// The second request's route header says the cost decided, how much it matched, and what
+	// the latency policy (the default) predicted.
+	if pt, rt := second.Usage.PromptTokens, hdr2.Get("x-kvrelay-route"); !strings.HasPrefix(rt, fmt.Sprintf("cost; overlap=%d; best=%d; ttft_ms=", pt/16, pt/16)) {
 		t.Fatalf("x-kvrelay-route of the repeat = %q (prompt %d tokens)", rt, pt)
 	}
 	if pt := second.Usage.PromptTokens; second.Usage.PromptTokensDetails.CachedTokens != pt/16*16 {

@@ -45,7 +45,11 @@ func (s PredictedTTFT) Score(req *Request, ws []*Worker, costs []float64) {
 	req.candidates = ws
 	for i, w := range ws {
 		bs := max(w.BlockSize, 1)
-		uncached := max(float64(req.PromptTokens)-req.Overlap(w)*float64(bs), 0)
+		overlap := req.Overlap(w)
+		if req.flat {
+			overlap = req.flatOverlap
+		}
+		uncached := max(float64(req.PromptTokens)-overlap*float64(bs), 0)
 		st := latency.State{Requests: int(w.Load()), Backlog: float64(w.PrefillBacklog(now)), KVUsage: w.KVInUse()}
 		p := &req.preds[i]
 		w.Latency().Predict(&w.Engine, st, uncached, p)

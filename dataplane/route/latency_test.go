@@ -97,6 +97,42 @@ func TestLatencyNewPrefixesSpread(t *testing.T) {
 	}
 }
 
+// Distinct prompts that share only a few blocks with what one idle worker caches (below the
+// cache threshold) spread over idle workers instead of piling onto that one, and the
+// decision says so; once a prompt's own prefix is cached, it goes home.
+func TestLatencyLowOverlapSpreads(t *testing.T) {
+	r, ws, cache := latencyRouter(t, 4, 8)
+	seen := map[string]int{}
+	for g := uint32(1); g <= 8; g++ {
+		var req Request
+		req.Model = "m"
+		req.Hashes, req.PromptTokens = promptChain(g, g, 100, 2)
+		cache(ws[0], req.Hashes[:3]) // 3% of the prompt
+		var d Decision
+		if err := r.Route(&req, &d); err != nil {
+			t.Fatal(err)
+		}
+		if d.Mode != "spread" {
+			t.Fatalf("prompt %d: mode %q, want spread", g, d.Mode)
+		}
+		seen[d.Worker.ID]++
+	}
+	if len(seen) < 3 {
+		t.Fatalf("8 new prompts went to %v, want them spread over idle workers", seen)
+	}
+	var req Request
+	req.Model = "m"
+	req.Hashes, req.PromptTokens = promptChain(9, 9, 100, 2)
+	cache(ws[2], req.Hashes[:60])
+	var d Decision
+	if err := r.Route(&req, &d); err != nil {
+		t.Fatal(err)
+	}
+	if d.Worker != ws[2] || d.Mode != "cost" {
+		t.Fatalf("a prompt 60%% cached on %s went to %s (%s)", ws[2].ID, d.Worker.ID, d.Mode)
+	}
+}
+
 // TestLatencySLO: a request whose TTFT target only an idle worker meets goes there even when
 // another caches more of it; a target no worker meets is ErrSLO.
 func TestLatencySLO(t *testing.T) {

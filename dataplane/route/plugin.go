@@ -62,6 +62,11 @@ type Request struct {
 	// Filled by Match: overlap[w] is the blocks of Hashes worker w caches.
 	overlap []float64
 	best    float64
+	// flat, set by the router when no worker caches CacheThreshold of the prompt more than
+	// another, has PredictedTTFT count flatOverlap (the least any candidate caches) for every
+	// worker: what separates them then is load, not cache.
+	flat        bool
+	flatOverlap float64
 
 	eligible []*Worker
 	scratch  []*Worker

@@ -25,7 +25,9 @@ var (
 
 // Policy names (package xds/policy holds them for both planes).
 const (
-	PolicyKV          = policy.KV
+	PolicyKV = policy.KV
+	// PolicyDefault is the policy a Config that names none gets: latency.
+	PolicyDefault     = policy.Default
 	PolicyLatency     = policy.Latency
 	PolicyRoundRobin  = policy.RoundRobin
 	PolicyLeastLoaded = policy.LeastLoaded
@@ -68,7 +70,7 @@ const (
 
 // Config tunes routing. The zero value of a field means its default.
 type Config struct {
-	// Policy is one of PolicyNames; default kv.
+	// Policy is one of PolicyNames; default PolicyDefault (latency).
 	Policy string
 	// OverlapWeight is the kv cost of one prompt block the worker would have to compute,
 	// against DefaultDecodeWeight for a KV block held by running requests (default
@@ -88,7 +90,8 @@ type Config struct {
 	// CacheThreshold: when no worker caches this share of the prompt's blocks more than the
 	// worker that caches least (a new prompt, or one whose only cached part is a system
 	// prompt every worker holds), the kv policy spreads instead, to the worker with the least
-	// prefill in flight (default DefaultCacheThreshold).
+	// prefill in flight, and the latency policy predicts as if every worker cached as little
+	// as the one that caches least (default DefaultCacheThreshold).
 	CacheThreshold float64
 	// Busy are the thresholds past which a worker takes no new request.
 	Busy BusyFilter
@@ -99,7 +102,7 @@ type Config struct {
 
 func (c Config) withDefaults() Config {
 	if c.Policy == "" {
-		c.Policy = PolicyKV
+		c.Policy = policy.Default
 	}
 	if c.OverlapWeight == 0 {
 		c.OverlapWeight = DefaultOverlapWeight
@@ -152,7 +155,9 @@ type Policy struct {
 	Predicts bool
 	// Spread picks instead of the scorers and Picker when no worker caches at least
 	// CacheThreshold of the prompt's blocks more than the one that caches least (kv:
-	// LeastPrefill).
+	// LeastPrefill). A predicting policy has no Spread: below the threshold its prediction
+	// counts every worker's cache as the least one's, so that load alone separates them and
+	// distinct new prompts do not pile onto the worker that holds a few of their blocks.
 	Spread         Picker
 	CacheThreshold float64
 }
@@ -176,6 +181,7 @@ func NewPolicy(cfg Config) (*Policy, error) {
 		p.UsesIndex, p.Predicts = true, true
 		p.Scorers = []Scorer{PredictedTTFT{ComputeWeight: cfg.ComputeWeight, BackgroundWeight: cfg.BackgroundWeight}}
 		p.Picker = LatencyPick{Temperature: cfg.Temperature}
+		p.CacheThreshold = cfg.CacheThreshold
 	case PolicyRoundRobin:
 		p.Picker = &RoundRobin{}
 	case PolicyLeastLoaded, PolicySession:
@@ -417,11 +423,18 @@ func (r *Router) Route(req *Request, d *Decision) error {
 	case policy.Spread != nil && req.best-leastOverlap(req, ws) < policy.CacheThreshold*float64(req.PromptBlocks(ws[0].BlockSize)):
 		i, d.Mode = policy.Spread.Pick(req, ws, nil), "spread"
 	case len(policy.Scorers) > 0:
+		d.Mode = "cost"
+		req.flat = false
+		if policy.Predicts && policy.CacheThreshold > 0 {
+			lo := leastOverlap(req, ws)
+			if req.best-lo < policy.CacheThreshold*float64(req.PromptBlocks(ws[0].BlockSize)) {
+				req.flat, req.flatOverlap, d.Mode = true, lo, "spread"
+			}
+		}
 		req.costs = growFloat(req.costs, len(ws))
 		for _, s := range policy.Scorers {
 			s.Score(req, ws, req.costs)
 		}
-		d.Mode = "cost"
 		if policy.Predicts && (req.SLOTTFT > 0 || req.SLOTPOT > 0) {
 			n := meetSLO(req, ws, req.costs)
 			if n == 0 {

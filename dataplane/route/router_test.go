@@ -57,7 +57,7 @@ func send(t testing.TB, r *Router, idx *prefix.Approx, req *Request) (*Worker, *
 }
 
 func TestSamePrefixSameWorkerDistinctPrefixesSpread(t *testing.T) {
-	r, idx := newRouter(t, Config{}, 4)
+	r, idx := newRouter(t, Config{Policy: PolicyKV}, 4)
 	var req Request
 	// Four prompt families, each 64 shared blocks plus a short user part. The first request
 	// of each lands on a distinct idle worker; every later one follows its family.
@@ -98,7 +98,7 @@ func TestSamePrefixSameWorkerDistinctPrefixesSpread(t *testing.T) {
 }
 
 func TestCostWeighsCacheAgainstLoad(t *testing.T) {
-	r, idx := newRouter(t, Config{}, 2)
+	r, idx := newRouter(t, Config{Policy: PolicyKV}, 2)
 	hashes, n := promptChain(1, 1, 100, 0)
 	idx.Record(0, hashes, 0)
 	var req Request
@@ -301,7 +301,7 @@ func TestTemperatureSharesNearEqualWorkers(t *testing.T) {
 }
 
 func TestRouteDoesNotAllocate(t *testing.T) {
-	r, idx := newRouter(t, Config{}, 64)
+	r, idx := newRouter(t, Config{Policy: PolicyKV}, 64)
 	hashes, n := promptChain(1, 1, 512, 0)
 	idx.Record(7, hashes[:300], 0)
 	var req Request
@@ -313,6 +313,17 @@ func TestRouteDoesNotAllocate(t *testing.T) {
 	}
 	if d.Worker.Index != 7 {
 		t.Fatalf("picked %d", d.Worker.Index)
+	}
+}
+
+// A router given no policy routes for latency, the measured default.
+func TestDefaultPolicyIsLatency(t *testing.T) {
+	r, err := NewRouter(Config{}, NewPool(workers(2)), prefix.NewApprox(prefix.ApproxConfig{MaxBlocks: 1 << 10, TTL: time.Minute}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := r.Policy(); p.Name != PolicyLatency || !p.Predicts {
+		t.Fatalf("default policy %q (predicts %v), want %q", p.Name, p.Predicts, PolicyLatency)
 	}
 }
 
@@ -375,7 +386,7 @@ func BenchmarkDecision(b *testing.B) {
 // A prompt no worker caches goes where prefill starts soonest: behind the least uncached
 // prompt work, not to the worker with the fewest requests.
 func TestSpreadGoesBehindTheLeastPrefill(t *testing.T) {
-	r, idx := newRouter(t, Config{}, 3)
+	r, idx := newRouter(t, Config{Policy: PolicyKV}, 3)
 	var req Request
 	req.Model = "m"
 	// w0: one long prompt still prefilling; w1: three short requests, past their prefill;
@@ -424,7 +435,7 @@ func TestSpreadGoesBehindTheLeastPrefill(t *testing.T) {
 // A prompt whose only cached blocks are a system prompt every worker holds is new to all of
 // them alike: it spreads by prefill in flight rather than weighing KV held.
 func TestSystemPromptCachedEverywhereSpreads(t *testing.T) {
-	r, idx := newRouter(t, Config{}, 3)
+	r, idx := newRouter(t, Config{Policy: PolicyKV}, 3)
 	ws := r.Pool().Workers
 	sys, _ := promptChain(1, 0, 40, 0)
 	for _, w := range ws {
@@ -560,7 +571,7 @@ func TestSpreadFollowsTheBacklogNotThePendingTokens(t *testing.T) {
 	saved := Clock
 	Clock = func() int64 { return now }
 	t.Cleanup(func() { Clock = saved })
-	r, idx := newRouter(t, Config{}, 2)
+	r, idx := newRouter(t, Config{Policy: PolicyKV}, 2)
 	ws := r.Pool().Workers
 	const s = int64(time.Second)
 	// Both workers learn 10000 tokens/s.

@@ -321,7 +321,7 @@ func TestHooksSeeNACK(t *testing.T) {
 	cp := startControlPlane(t, "127.0.0.1:0", srv)
 	p := startProxy(t, cp.addr, "proxy-h", client.Options{
 		ValidatePolicy: func(p *xdsv1.RoutingPolicy) error {
-			if p.GetPolicy() != "kv" {
+			if p.GetPolicy() != xds.DefaultPolicy().GetPolicy() {
 				return fmt.Errorf("policy %q unknown to this proxy", p.GetPolicy())
 			}
 			return nil

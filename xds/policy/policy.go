@@ -22,6 +22,10 @@ const (
 	Session     = "session"
 )
 
+// Default is the policy a proxy without a control plane, and a control plane that no
+// operator has given a policy, route with.
+const Default = Latency
+
 // Names lists every policy name. The returned slice is new on each call.
 func Names() []string {
 	return []string{KV, Latency, RoundRobin, LeastLoaded, Random, PowerOfTwo, Session}

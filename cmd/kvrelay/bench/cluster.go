@@ -14,6 +14,7 @@ import (
 	"github.com/kvrelay/kvrelay/controlplane"
 	"github.com/kvrelay/kvrelay/controlplane/registry"
 	"github.com/kvrelay/kvrelay/dataplane/proxy"
+	"github.com/kvrelay/kvrelay/dataplane/route"
 	"github.com/kvrelay/kvrelay/engines/kvevents"
 	"github.com/kvrelay/kvrelay/engines/sim"
 )
@@ -78,11 +79,12 @@ type ClusterConfig struct {
 	ComputeWeight                              float64
 }
 
-// DefaultClusterConfig is 8 gpt-oss-120b workers with vLLM's defaults behind the kv policy.
+// DefaultClusterConfig is 8 gpt-oss-120b workers with vLLM's defaults behind the default
+// policy (latency).
 func DefaultClusterConfig() ClusterConfig {
 	d := sim.DefaultConfig()
 	return ClusterConfig{
-		Workers: 8, Model: d.Model, Policy: "kv",
+		Workers: 8, Model: d.Model, Policy: route.PolicyDefault,
 		NumGPUBlocks: d.NumGPUBlocks, BlockSize: d.BlockSize, MaxModelLen: d.MaxModelLen, MaxNumSeqs: d.MaxNumSeqs,
 		Mode: ModeAgg, ComputeWeight: -1,
 	}

@@ -78,7 +78,7 @@ func (co *CompareOptions) runs() []compareRun {
 	if len(policies) == 0 {
 		policies = []string{co.Cluster.Policy}
 		if policies[0] == "" {
-			policies[0] = route.PolicyKV
+			policies[0] = route.PolicyDefault
 		}
 	}
 	setups := co.Setups

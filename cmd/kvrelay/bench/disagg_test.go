@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvrelay/kvrelay/dataplane/route"
 	"github.com/kvrelay/kvrelay/engines/sim"
 	"github.com/kvrelay/kvrelay/engines/tokenizer"
 )
@@ -201,7 +202,7 @@ func TestShortCompareDisagg(t *testing.T) {
 	for i, r := range rs {
 		s := r.Summary
 		t.Logf("%-22s ok %d TTFT p50 %v ITL p50 %v hit rate %.2f workers %v", r.Label, s.OK, s.TTFT.P50, s.ITL.P50, s.HitRate, s.Workers)
-		if s.OK != 16 || r.Setup != setups[i].Label || r.Policy != "kv" {
+		if s.OK != 16 || r.Setup != setups[i].Label || r.Policy != route.PolicyDefault {
 			t.Fatalf("%s: %+v", r.Label, s)
 		}
 		// TTFT breaks down into one engine's prefill and a wait only where the request

@@ -112,7 +112,7 @@ type Record struct {
 	// ttft_ms, under the latency policy), 0 when it gave none.
 	PredictedTTFT time.Duration `json:"predicted_ttft_ns,omitempty"`
 	Tag           string        `json:"tag,omitempty"`
-	Session string `json:"session,omitempty"`
+	Session       string        `json:"session,omitempty"`
 	// IdealCached is the prompt tokens an unbounded prefix cache shared by every engine
 	// would have held for this request (HitBounds; 0 for a request it did not count).
 	IdealCached int `json:"ideal_cached_tokens,omitempty"`
