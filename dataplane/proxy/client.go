@@ -336,6 +336,15 @@ func (cc *clientConn) handle() {
 		cc.errorReply(404, "The model `"+string(cc.oreq.Model)+"` does not exist.", "model", "model_not_found")
 		return
 	}
+	if p := cc.oreq.KVTransferParams; len(p) > 0 && string(p) != "null" {
+		// The engines' KV connector parameters say where to pull or push KV blocks: only
+		// kvrelay's own prefill and decode legs may carry them, or a client could make an
+		// engine dial any host it names.
+		s.metrics.refused.WithLabelValues("kv_transfer_params").Inc()
+		s.log.Debug("refused a request carrying kv_transfer_params", "remote", cc.c.RemoteAddr())
+		cc.errorReply(400, "kv_transfer_params is set by kvrelay for its prefill and decode legs; requests may not carry it", "kv_transfer_params", "")
+		return
+	}
 	cc.model = s.modelLabel(cc.oreq.Model)
 	cc.pd.on, cc.pd.decodeBody, cc.pd.fallback = false, nil, false
 	cc.spec.want, cc.spec.answer = false, cc.spec.answer[:0]

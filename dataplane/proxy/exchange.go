@@ -41,6 +41,11 @@ type exchange struct {
 	recorded  bool // the prompt's blocks went into the proxy's index (receipt is valid)
 	attempts  int
 	stale     bool // a reused idle connection failed before any byte: one free retry
+	// suspect is the worker an earlier attempt of this request got a 5xx from. It is blamed
+	// (counts towards its ejection) only once another worker answers the request without
+	// one: a request that gets a 5xx from two workers is the likely cause itself, so the
+	// second 5xx goes to the client and neither worker is blamed.
+	suspect *workerState
 
 	out []byte // the request as sent upstream
 
@@ -60,7 +65,7 @@ type exchange struct {
 func (ex *exchange) begin(cc *clientConn, ws *workerState) {
 	if !ex.active {
 		ex.start = cc.lp.now
-		ex.attempts, ex.stale = 0, false
+		ex.attempts, ex.stale, ex.suspect = 0, false, nil
 		cc.srv.inflight.Add(1)
 	}
 	ex.ws = ws
@@ -125,10 +130,18 @@ func (ex *exchange) data(up *upstream) {
 			}
 			up.headDone = true
 			up.gotBytes = true
-			if up.resp.StatusCode >= 500 && ex.canRetry() {
+			if up.resp.StatusCode >= 500 && ex.suspect == nil && ex.canRetry() {
 				cc.lp.wbuf = out
 				ex.fail(up, failStatus)
 				return
+			}
+			if sus := ex.suspect; sus != nil {
+				ex.suspect = nil
+				if up.resp.StatusCode >= 500 {
+					cc.srv.metrics.poisoned.Inc()
+				} else {
+					ex.blame(sus)
+				}
 			}
 			out = ex.head(out, &up.resp)
 			up.remaining = up.resp.ContentLength
@@ -459,9 +472,11 @@ func (ex *exchange) fail(up *upstream, kind int) {
 	default:
 		ws.m.resetErr.Inc()
 	}
-	if kind != failProtocol && ws.w.Failed(cc.lp.now, s.cfg.EjectAfter, s.cfg.EjectFor) {
-		ws.m.ejections.Inc()
-		s.log.Warn("worker ejected after consecutive failures", "worker", ws.w.ID, "for", s.cfg.EjectFor)
+	switch {
+	case kind == failStatus && ex.suspect == nil:
+		ex.suspect = ws // blamed if another worker answers without a 5xx
+	case kind != failProtocol:
+		ex.blame(ws)
 	}
 	if kind != failTimeout && ex.canRetry() {
 		ex.attempts++
@@ -483,6 +498,15 @@ func (ex *exchange) fail(up *upstream, kind int) {
 		return
 	}
 	ex.truncated()
+}
+
+// blame counts a failure against ws, ejecting it after EjectAfter in a row.
+func (ex *exchange) blame(ws *workerState) {
+	s := ex.cc.srv
+	if ws.w.Failed(ex.cc.lp.now, s.cfg.EjectAfter, s.cfg.EjectFor) {
+		ws.m.ejections.Inc()
+		s.log.Warn("worker ejected after consecutive failures", "worker", ws.w.ID, "for", s.cfg.EjectFor)
+	}
 }
 
 // truncated ends a response the engine stopped in the middle of: a stream gets an error

@@ -32,6 +32,8 @@ type metrics struct {
 	upstreamErrs    *prometheus.CounterVec // worker, kind
 	ejections       *prometheus.CounterVec // worker
 	retries         prometheus.Counter
+	poisoned        prometheus.Counter
+	refused         *prometheus.CounterVec // field
 	inflight        *prometheus.GaugeVec   // worker
 	routed          *prometheus.CounterVec // worker, mode
 	aborted         *prometheus.CounterVec // reason: client_gone, slow_client, upstream_died
@@ -117,6 +119,12 @@ func newMetrics() *metrics {
 		retries: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kvrelay_proxy_retries_total", Help: "Requests sent again to another worker after a failure before their first byte.",
 		}),
+		poisoned: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvrelay_proxy_poisoned_requests_total", Help: "Requests that got a 5xx from two workers: the client got the second, and neither worker was blamed for it.",
+		}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvrelay_proxy_refused_fields_total", Help: "Requests refused (400) for carrying a field only kvrelay may set, by field.",
+		}, []string{"field"}),
 		inflight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "kvrelay_proxy_inflight_requests", Help: "Requests this proxy has in flight, by worker.",
 		}, []string{"worker"}),
@@ -162,8 +170,9 @@ func newMetrics() *metrics {
 	reg.MustRegister(m.ttftPredErr, m.ttftPredRel, m.ttftPredBias)
 	m.models.Store(&map[string]*modelMetrics{})
 	reg.MustRegister(m.requests, m.ttft, m.itl, m.e2e, m.decision, m.predicted, m.reported, m.promptBlocks,
-		m.predictionErr, m.queueDepth, m.queued, m.upstreamErrs, m.ejections, m.retries, m.inflight, m.routed,
+		m.predictionErr, m.queueDepth, m.queued, m.upstreamErrs, m.ejections, m.retries, m.poisoned, m.refused, m.inflight, m.routed,
 		m.aborted, m.draining, m.remoteFallbacks, m.disagg, m.prefillSeconds, m.prefillInflight, m.prefillFailures, m.speculative)
+	m.refused.WithLabelValues("kv_transfer_params")
 	for i, n := range stageNames {
 		m.stages[i] = m.decision.WithLabelValues(n)
 	}

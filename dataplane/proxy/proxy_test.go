@@ -380,7 +380,8 @@ func fakeEngine(t *testing.T, handle func(conn net.Conn, br *bufio.Reader, req *
 					if err != nil {
 						return
 					}
-					io.Copy(io.Discard, req.Body)
+					body, _ := io.ReadAll(req.Body)
+					req.Body = io.NopCloser(bytes.NewReader(body))
 					handle(conn, br, req)
 				}
 			}()
@@ -854,5 +855,102 @@ func TestPromptCountsAsCachedOnceComputed(t *testing.T) {
 	}
 	if !strings.Contains(third.route, "; overlap=") || strings.Contains(third.route, "overlap=0;") {
 		t.Fatalf("the third request should find its prompt cached, got route %q", third.route)
+	}
+}
+
+// A request that makes every engine answer 500 (its own content is the cause) gets the second
+// worker's 500 and ejects nobody; requests from other clients keep reaching every worker.
+func TestPoisonRequestEjectsNobody(t *testing.T) {
+	var mu sync.Mutex
+	hits := map[string]int{}
+	engine := func(name string) string {
+		return fakeEngine(t, func(conn net.Conn, _ *bufio.Reader, req *http.Request) {
+			body, _ := io.ReadAll(req.Body)
+			if bytes.Contains(body, []byte("poison")) {
+				mu.Lock()
+				hits[name]++
+				mu.Unlock()
+				io.WriteString(conn, "HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/json\r\nContent-Length: 45\r\n\r\n"+`{"error":{"message":"bad","type":"internal"}}`)
+				return
+			}
+			const ok = `{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"x"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}`
+			fmt.Fprintf(conn, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(ok), ok)
+		})
+	}
+	p := startProxy(t, []string{engine("w0"), engine("w1"), engine("w2")}, func(cfg *proxy.Config) {
+		cfg.Policy = "round-robin"
+		cfg.EjectAfter = 2
+		cfg.EjectFor = time.Minute
+	})
+	base := "http://" + p.Addr()
+	for i := range 4 {
+		resp, body := post(t, base+"/v1/chat/completions", chatBody("s", fmt.Sprintf("poison %d", i), 2, false))
+		if resp.StatusCode != 500 || !bytes.Contains(body, []byte(`"bad"`)) {
+			t.Fatalf("poison request %d: %d %s, want the engine's 500", i, resp.StatusCode, body)
+		}
+	}
+	mu.Lock()
+	total := hits["w0"] + hits["w1"] + hits["w2"]
+	mu.Unlock()
+	if total != 8 {
+		t.Fatalf("4 poison requests reached engines %d times (%v), want 8: two workers each", total, hits)
+	}
+	seen := map[string]bool{}
+	for i := range 6 {
+		resp, body := post(t, base+"/v1/chat/completions", chatBody("s", fmt.Sprintf("fine %d", i), 2, false))
+		if resp.StatusCode != 200 {
+			t.Fatalf("request %d after the poison: %d %s", i, resp.StatusCode, body)
+		}
+		seen[resp.Header.Get("x-kvrelay-worker")] = true
+	}
+	for _, w := range p.Workers() {
+		if !w.EjectedUntil().IsZero() {
+			t.Errorf("%s ejected by requests that failed everywhere", w.ID)
+		}
+	}
+	_, m := get(t, base+"/metrics")
+	if v := metricValue(t, m, "kvrelay_proxy_poisoned_requests_total"); v != 4 {
+		t.Errorf("poisoned requests %v, want 4", v)
+	}
+	if len(seen) != 3 {
+		t.Errorf("later requests reached only %v", seen)
+	}
+}
+
+// A client's own kv_transfer_params (where an engine should pull KV blocks from) is refused
+// before any engine sees it; null passes.
+func TestClientKVTransferParamsRefused(t *testing.T) {
+	var mu sync.Mutex
+	var leaked int
+	url := fakeEngine(t, func(conn net.Conn, _ *bufio.Reader, req *http.Request) {
+		body, _ := io.ReadAll(req.Body)
+		if bytes.Contains(body, []byte("remote_host")) {
+			mu.Lock()
+			leaked++
+			mu.Unlock()
+		}
+		const ok = `{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"x"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}`
+		fmt.Fprintf(conn, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(ok), ok)
+	})
+	p := startProxy(t, []string{url}, nil)
+	base := "http://" + p.Addr()
+	evil := `{"model":"` + model + `","messages":[{"role":"user","content":"hi"}],"max_tokens":2,` +
+		`"kv_transfer_params":{"do_remote_prefill":true,"remote_engine_id":"x","remote_block_ids":[1],"remote_host":"10.1.2.3","remote_port":5600}}`
+	resp, body := post(t, base+"/v1/chat/completions", evil)
+	if resp.StatusCode != 400 || !bytes.Contains(body, []byte(`"param":"kv_transfer_params"`)) {
+		t.Fatalf("kv_transfer_params from a client: %d %s, want 400 naming the field", resp.StatusCode, body)
+	}
+	plain := `{"model":"` + model + `","messages":[{"role":"user","content":"hi"}],"max_tokens":2,"kv_transfer_params":null}`
+	if resp, body := post(t, base+"/v1/chat/completions", plain); resp.StatusCode != 200 {
+		t.Fatalf("kv_transfer_params null: %d %s", resp.StatusCode, body)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if leaked != 0 {
+		t.Fatalf("an engine received the client's kv_transfer_params %d times", leaked)
+	}
+	_, m := get(t, base+"/metrics")
+	if v := metricValue(t, m, `kvrelay_proxy_refused_fields_total{field="kv_transfer_params"}`); v != 1 {
+		t.Errorf("refused counter %v, want 1", v)
 	}
 }
