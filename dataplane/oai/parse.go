@@ -296,8 +296,9 @@ func (p *Parser) finish() error {
 			return fieldError("input", "input is required", CodeMissingParameter)
 		}
 	}
-	if r.HasMaxTokens && r.MaxTokens < 0 {
-		return fieldError(maxParam, maxParam+" must be at least 0", CodeBelowMinimum)
+	if min := maxTokensFloor(r.Kind); r.HasMaxTokens && r.MaxTokens < min {
+		// vLLM's SamplingParams refuses a completion of no tokens (max_tokens 0 is not "unset").
+		return fieldError(maxParam, maxParam+" must be at least "+strconv.Itoa(min)+", got "+strconv.Itoa(r.MaxTokens)+".", CodeBelowMinimum)
 	}
 	if r.N < 1 {
 		return fieldError("n", "n must be at least 1", CodeBelowMinimum)
@@ -1531,4 +1532,13 @@ func (p *Parser) tokenID(param string) error {
 	}
 	p.req.PromptTokens = append(p.req.PromptTokens, int32(i64))
 	return nil
+}
+
+// maxTokensFloor is the least output cap an engine accepts for kind: one token for chat and
+// text completions (vLLM's SamplingParams), 0 for the routes kvrelay passes through.
+func maxTokensFloor(kind Kind) int {
+	if kind == ChatCompletions || kind == Completions {
+		return 1
+	}
+	return 0
 }

@@ -392,8 +392,10 @@ func TestParseErrors(t *testing.T) {
 		{"part lone surrogate", ChatCompletions, `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"\ude00"}]}]}`, ErrInvalidRequest, "messages[0].content", "unpaired"},
 		{"first error in body order", ChatCompletions, `{"model":"m","messages":[{"role":"user","content":5}],"stream":"maybe"}`, ErrInvalidRequest, "messages[0].content", ""},
 
-		{"max_tokens negative", ChatCompletions, `{"model":"m",` + msgs + `,"max_tokens":-1}`, ErrInvalidRequest, "max_tokens", "max_tokens must be at least 0"},
-		{"max_completion_tokens negative", ChatCompletions, `{"model":"m",` + msgs + `,"max_completion_tokens":-3}`, ErrInvalidRequest, "max_completion_tokens", "max_completion_tokens must be at least 0"},
+		{"max_tokens negative", ChatCompletions, `{"model":"m",` + msgs + `,"max_tokens":-1}`, ErrInvalidRequest, "max_tokens", "max_tokens must be at least 1, got -1."},
+		{"max_tokens zero", ChatCompletions, `{"model":"m",` + msgs + `,"max_tokens":0}`, ErrInvalidRequest, "max_tokens", "max_tokens must be at least 1, got 0."},
+		{"max_tokens zero, text", Completions, `{"model":"m","prompt":"p","max_tokens":"0"}`, ErrInvalidRequest, "max_tokens", "max_tokens must be at least 1, got 0."},
+		{"max_completion_tokens negative", ChatCompletions, `{"model":"m",` + msgs + `,"max_completion_tokens":-3}`, ErrInvalidRequest, "max_completion_tokens", "max_completion_tokens must be at least 1, got -3."},
 		{"max_tokens a word", ChatCompletions, `{"model":"m",` + msgs + `,"max_tokens":"many"}`, ErrInvalidRequest, "max_tokens", "must be a number"},
 		{"max_tokens fractional", ChatCompletions, `{"model":"m",` + msgs + `,"max_tokens":1.5}`, ErrInvalidRequest, "max_tokens", "must be an integer"},
 		{"max_tokens an array", ChatCompletions, `{"model":"m",` + msgs + `,"max_tokens":[1]}`, ErrInvalidRequest, "max_tokens", "must be a number"},

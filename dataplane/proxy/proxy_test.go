@@ -954,3 +954,55 @@ func TestClientKVTransferParamsRefused(t *testing.T) {
 		t.Errorf("refused counter %v, want 1", v)
 	}
 }
+
+// The proxy refuses exactly what the engine refuses, and agrees with it on what a lax field
+// means (vLLM validates with pydantic in lax mode; the simulated engine does the same): each
+// body gets the same status from the proxy as from the engine directly, a 4xx is the proxy's
+// own (the engine never sees it), and a request both accept streams on both or on neither.
+func TestValidationAgreesWithEngine(t *testing.T) {
+	w := startWorker(t, nil)
+	p := startProxy(t, []string{w.URL()}, nil)
+	msgs := `"messages":[{"role":"user","content":"hi"}]`
+	bodies := []string{
+		"\xEF\xBB\xBF{\"model\":\"" + model + "\"," + msgs + ",\"max_tokens\":2}",
+		`{"model":"` + model + `",` + msgs + `,"max_tokens":"2"}`,
+		`{"model":"` + model + `",` + msgs + `,"max_tokens":" 3 "}`,
+		`{"model":"` + model + `",` + msgs + `,"max_tokens":2.0}`,
+		`{"model":"` + model + `",` + msgs + `,"max_tokens":1e1}`,
+		`{"model":"` + model + `",` + msgs + `,"max_tokens":"1_0"}`,
+		`{"model":"` + model + `",` + msgs + `,"max_tokens":true}`,
+		`{"model":"` + model + `",` + msgs + `,"max_tokens":2.5}`,
+		`{"model":"` + model + `",` + msgs + `,"max_tokens":"two"}`,
+		`{"model":"` + model + `",` + msgs + `,"max_tokens":0}`,
+		`{"model":"` + model + `",` + msgs + `,"max_tokens":-1}`,
+		`{"model":"` + model + `",` + msgs + `,"max_completion_tokens":0}`,
+		`{"model":"` + model + `",` + msgs + `,"max_tokens":2,"stream":"yes"}`,
+		`{"model":"` + model + `",` + msgs + `,"max_tokens":2,"stream":"OFF"}`,
+		`{"model":"` + model + `",` + msgs + `,"max_tokens":2,"stream":1}`,
+		`{"model":"` + model + `",` + msgs + `,"max_tokens":2,"stream":"maybe"}`,
+		`{"model":"` + model + `",` + msgs + `,"max_tokens":2,"stream":2}`,
+		`{"model":"` + model + `",` + msgs + `,"max_tokens":2,"ignore_eos":"on","n":"1"}`,
+		`{"model":"` + model + `","prompt":"once","max_tokens":"4"}`,
+	}
+	for _, body := range bodies {
+		path := "/v1/chat/completions"
+		if strings.Contains(body, `"prompt"`) {
+			path = "/v1/completions"
+		}
+		direct, db := post(t, w.URL()+path, body)
+		via, vb := post(t, "http://"+p.Addr()+path, body)
+		if direct.StatusCode != via.StatusCode {
+			t.Errorf("%q: engine %d (%s), proxy %d (%s)", body, direct.StatusCode, db, via.StatusCode, vb)
+			continue
+		}
+		if via.StatusCode != 200 {
+			if via.Header.Get("x-kvrelay-worker") != "" {
+				t.Errorf("%q: the proxy passed a request the engine refuses on to it", body)
+			}
+			continue
+		}
+		if a, b := direct.Header.Get("Content-Type"), via.Header.Get("Content-Type"); strings.HasPrefix(a, "text/event-stream") != strings.HasPrefix(b, "text/event-stream") {
+			t.Errorf("%q: engine answered %s, proxy %s", body, a, b)
+		}
+	}
+}

@@ -14,21 +14,21 @@ type completionRequest struct {
 	Model               string          `json:"model"`
 	Messages            []chatMessage   `json:"messages"`
 	Prompt              json.RawMessage `json:"prompt"`
-	MaxTokens           *int            `json:"max_tokens"`
-	MaxCompletionTokens *int            `json:"max_completion_tokens"`
-	MinTokens           int             `json:"min_tokens"`
-	IgnoreEOS           bool            `json:"ignore_eos"`
-	N                   *int            `json:"n"`
-	Stream              bool            `json:"stream"`
+	MaxTokens           *laxInt         `json:"max_tokens"`
+	MaxCompletionTokens *laxInt         `json:"max_completion_tokens"`
+	MinTokens           laxInt          `json:"min_tokens"`
+	IgnoreEOS           laxBool         `json:"ignore_eos"`
+	N                   *laxInt         `json:"n"`
+	Stream              laxBool         `json:"stream"`
 	StreamOptions       *struct {
-		IncludeUsage bool `json:"include_usage"`
+		IncludeUsage laxBool `json:"include_usage"`
 	} `json:"stream_options"`
-	Priority             int             `json:"priority"`
+	Priority             laxInt          `json:"priority"`
 	CacheSalt            string          `json:"cache_salt"`
 	Tools                json.RawMessage `json:"tools"`
 	ReasoningEffort      string          `json:"reasoning_effort"`
-	AddGenerationPrompt  *bool           `json:"add_generation_prompt"`
-	ContinueFinalMessage bool            `json:"continue_final_message"`
+	AddGenerationPrompt  *laxBool        `json:"add_generation_prompt"`
+	ContinueFinalMessage laxBool         `json:"continue_final_message"`
 	KVTransferParams     json.RawMessage `json:"kv_transfer_params"`
 }
 
@@ -78,6 +78,8 @@ func (e *apiError) appendJSON(dst []byte) []byte {
 // (messages) over the text API (prompt).
 func decodeRequest(body []byte, chat bool) (*completionRequest, error) {
 	var req completionRequest
+	// Python's json.loads, which vLLM's server reads bodies with, skips a UTF-8 byte order mark.
+	body = bytes.TrimPrefix(body, []byte("\xEF\xBB\xBF"))
 	dec := json.NewDecoder(bytes.NewReader(body))
 	if err := dec.Decode(&req); err != nil {
 		return nil, badRequest("the request body is not valid JSON: %v", err)
@@ -95,8 +97,14 @@ func decodeRequest(body []byte, chat bool) (*completionRequest, error) {
 	} else if len(req.Prompt) == 0 || string(req.Prompt) == "null" {
 		return nil, &apiError{status: 400, typ: "BadRequestError", message: "prompt is required", param: "prompt"}
 	}
-	if req.MaxTokens != nil && *req.MaxTokens < 0 || req.MaxCompletionTokens != nil && *req.MaxCompletionTokens < 0 {
-		return nil, &apiError{status: 400, typ: "BadRequestError", message: "max_tokens must be at least 0", param: "max_tokens"}
+	for _, m := range []struct {
+		v     *laxInt
+		param string
+	}{{req.MaxTokens, "max_tokens"}, {req.MaxCompletionTokens, "max_completion_tokens"}} {
+		if m.v != nil && *m.v < 1 {
+			// vLLM's SamplingParams: a request must ask for at least one token.
+			return nil, &apiError{status: 400, typ: "BadRequestError", message: fmt.Sprintf("%s must be at least 1, got %d.", m.param, *m.v), param: m.param}
+		}
 	}
 	if req.MinTokens < 0 {
 		return nil, &apiError{status: 400, typ: "BadRequestError", message: "min_tokens must be at least 0", param: "min_tokens"}
@@ -109,9 +117,9 @@ func decodeRequest(body []byte, chat bool) (*completionRequest, error) {
 func (r *completionRequest) maxTokens() int {
 	switch {
 	case r.MaxCompletionTokens != nil:
-		return *r.MaxCompletionTokens
+		return int(*r.MaxCompletionTokens)
 	case r.MaxTokens != nil:
-		return *r.MaxTokens
+		return int(*r.MaxTokens)
 	}
 	return 0
 }

@@ -150,9 +150,9 @@ func (s *Server) encode(req *completionRequest, chat bool) ([]uint32, *apiError)
 		}
 		msgs[i] = ChatMessage{Role: m.Role, Content: text, Name: m.Name, ToolCallID: m.ToolCallID, ToolCalls: m.ToolCalls, Reasoning: reasoning}
 	}
-	opts := ChatOptions{AddGenerationPrompt: true, ContinueFinalMessage: req.ContinueFinalMessage, Tools: req.Tools, ReasoningEffort: req.ReasoningEffort}
+	opts := ChatOptions{AddGenerationPrompt: true, ContinueFinalMessage: bool(req.ContinueFinalMessage), Tools: req.Tools, ReasoningEffort: req.ReasoningEffort}
 	if req.AddGenerationPrompt != nil {
-		opts.AddGenerationPrompt = *req.AddGenerationPrompt
+		opts.AddGenerationPrompt = bool(*req.AddGenerationPrompt)
 	}
 	if opts.ContinueFinalMessage {
 		opts.AddGenerationPrompt = false
@@ -212,9 +212,9 @@ func (s *Server) complete(w http.ResponseWriter, hr *http.Request, chat bool) {
 	}
 	r, err := s.eng.NewRequest(id, prompt, extra, Params{
 		MaxTokens: req.maxTokens(),
-		MinTokens: req.MinTokens,
-		IgnoreEOS: req.IgnoreEOS,
-		Priority:  req.Priority,
+		MinTokens: int(req.MinTokens),
+		IgnoreEOS: bool(req.IgnoreEOS),
+		Priority:  int(req.Priority),
 	})
 	if err != nil {
 		writeError(w, badRequest("%s", strings.TrimPrefix(err.Error(), ErrInvalidRequest.Error()+": ")))
@@ -229,7 +229,7 @@ func (s *Server) complete(w http.ResponseWriter, hr *http.Request, chat bool) {
 	s.eng.Submit(r)
 	rs := responseState{s: s, r: r, chat: chat, kv: kvp != nil}
 	if req.Stream {
-		rs.usage = req.StreamOptions != nil && req.StreamOptions.IncludeUsage
+		rs.usage = req.StreamOptions != nil && bool(req.StreamOptions.IncludeUsage)
 		s.stream(w, hr.Context(), &rs)
 		return
 	}
