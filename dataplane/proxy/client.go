@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
+	"time"
 	"unsafe"
 
 	"github.com/panjf2000/gnet/v2"
@@ -311,7 +313,7 @@ func (cc *clientConn) handle() {
 	}
 	if s.draining.Load() {
 		cc.keepAlive = false
-		cc.errorReply(503, "the proxy is shutting down", "", "")
+		cc.errorReplyHeader(503, "the proxy is shutting down", "", "", retryAfterHeader(1))
 		return
 	}
 	cc.kind, cc.model = kind, ""
@@ -353,7 +355,7 @@ func (cc *clientConn) handle() {
 			return // resumes in remoteDone
 		}
 		if errors.Is(err, errNoTokenizer) {
-			cc.errorReply(503, err.Error(), "", "no_worker")
+			cc.errorReplyHeader(503, err.Error(), "", "no_worker", cc.noWorkerRetryAfter())
 			return
 		}
 		cc.errorReply(400, err.Error(), "messages", "")
@@ -599,8 +601,24 @@ func (cc *clientConn) routeFailed(err error, retry bool, what string) {
 	case retry:
 		cc.errorReply(502, "every "+what+" that could serve the request failed", "", "upstream_error")
 	default:
-		cc.errorReply(503, "no healthy "+what+" serves model "+cc.model, "", "no_worker")
+		cc.errorReplyHeader(503, "no healthy "+what+" serves model "+cc.model, "", "no_worker", cc.noWorkerRetryAfter())
 	}
+}
+
+// noWorkerRetryAfter is the Retry-After for a request no worker can take: until the first
+// ejected worker of its model may be probed again, or a second when none is ejected (health
+// comes back with the next check or report).
+func (cc *clientConn) noWorkerRetryAfter() string {
+	soonest := time.Duration(0)
+	for _, w := range cc.srv.kv.Pool().Workers {
+		if w.Model != unsafeString(cc.oreq.Model) {
+			continue
+		}
+		if d := w.EjectedFor(cc.lp.now); d > 0 && (soonest == 0 || d < soonest) {
+			soonest = d
+		}
+	}
+	return retryAfterHeader(int(math.Ceil(soonest.Seconds())))
 }
 
 // start begins the exchange with worker w.

@@ -1,7 +1,12 @@
 package proxy
 
 import (
+	"bytes"
+	"context"
+	"log/slog"
+	"strings"
 	"testing"
+	"time"
 
 	xdsv1 "github.com/kvrelay/kvrelay/xds/api/v1"
 )
@@ -42,5 +47,55 @@ func TestOwnSentBySeq(t *testing.T) {
 	}
 	if got := x.ownSent("w1", nil); got != (ownSent{}) {
 		t.Fatalf("a load naming no reports: %+v", got)
+	}
+}
+
+// Retry-After follows the queue's drain rate: the time to drain as many requests as wait,
+// plus one, at the recent gap between departures; a second without a recent rate; never
+// past a minute.
+func TestQueueRetryAfterFollowsDrainRate(t *testing.T) {
+	q := newAdmissionQueue(16, newMetrics())
+	now := nanotime()
+	if got := q.retryAfter(now); got != "Retry-After: 1\r\n" {
+		t.Fatalf("without a drain rate: %q", got)
+	}
+	for range 3 {
+		q.items = append(q.items, &queueItem{})
+	}
+	q.gap, q.lastOut = 2e9, now // one departure every 2 s
+	if got := q.retryAfter(now); got != "Retry-After: 8\r\n" {
+		t.Fatalf("3 waiting, 2 s apart: %q, want 8", got)
+	}
+	q.gap = 90e9
+	if got := q.retryAfter(now); got != "Retry-After: 60\r\n" {
+		t.Fatalf("a slow queue: %q, want the 60 s bound", got)
+	}
+	if got := q.retryAfter(now + int64(time.Minute)); got != "Retry-After: 1\r\n" {
+		t.Fatalf("a rate a minute old: %q, want 1", got)
+	}
+}
+
+// A pushed policy replaces the proxy's own policy flags, and the proxy says which.
+func TestPushedPolicyOverridesAreLogged(t *testing.T) {
+	var buf bytes.Buffer
+	cfg := DefaultConfig()
+	cfg.Listen = "127.0.0.1:0"
+	cfg.XDS = "127.0.0.1:1" // nothing answers: only applyXDS feeds the proxy
+	cfg.XDSSyncTimeout = 0
+	cfg.BusyPrefillTokens = 4096
+	s, err := New(cfg, slog.New(slog.NewTextHandler(&buf, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.setupXDS(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.stopXDS)
+	s.applyXDS(nil, &xdsv1.RoutingPolicy{Version: 2, Policy: "kv", OverlapWeight: 1, CacheThreshold: 0.3})
+	out := buf.String()
+	for _, want := range []string{"replaces this proxy's --policy", "flag=" + cfg.Policy, "pushed=kv", "busy thresholds replace", "flag_prefill_tokens=4096", "pushed_prefill_tokens=0"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("log lacks %q:\n%s", want, out)
+		}
 	}
 }

@@ -3,8 +3,11 @@ package proxy
 import (
 	"container/heap"
 	"context"
+	"math"
+	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/panjf2000/gnet/v2"
 )
@@ -21,6 +24,32 @@ type admissionQueue struct {
 	seq   uint64
 	max   int
 	m     *metrics
+	// The drain rate, for Retry-After: when the last request left the queue and a moving
+	// average of the time between departures.
+	lastOut int64
+	gap     float64
+}
+
+// maxRetryAfter bounds the Retry-After the proxy sends, in seconds.
+const maxRetryAfter = 60
+
+// retryAfter is the Retry-After header for a request refused now: the time the queue takes
+// to drain as many requests as it holds plus one, at its recent rate (the last 30 s); one
+// second when it has none.
+func (q *admissionQueue) retryAfter(now int64) string {
+	q.mu.Lock()
+	depth, gap, last := len(q.items), q.gap, q.lastOut
+	q.mu.Unlock()
+	secs := 1
+	if gap > 0 && now-last < int64(30*time.Second) {
+		secs = int(math.Ceil(float64(depth+1) * gap / 1e9))
+	}
+	return retryAfterHeader(secs)
+}
+
+// retryAfterHeader formats a Retry-After header line of secs seconds, within [1, maxRetryAfter].
+func retryAfterHeader(secs int) string {
+	return "Retry-After: " + strconv.Itoa(min(max(secs, 1), maxRetryAfter)) + "\r\n"
 }
 
 type queueItem struct {
@@ -83,6 +112,17 @@ func (q *admissionQueue) release(*Server) {
 		return
 	}
 	it := heap.Pop(&q.items).(*queueItem)
+	if now := nanotime(); q.lastOut > 0 {
+		d := float64(now - q.lastOut)
+		if q.gap == 0 {
+			q.gap = d
+		} else {
+			q.gap += 0.2 * (d - q.gap)
+		}
+		q.lastOut = now
+	} else {
+		q.lastOut = now
+	}
 	q.n.Store(int64(len(q.items)))
 	q.m.queueDepth.Set(float64(len(q.items)))
 	q.mu.Unlock()
@@ -129,7 +169,7 @@ func (q *admissionQueue) expire(now int64) {
 					return nil
 				}
 				q.m.queued.WithLabelValues("timeout").Inc()
-				cc.errorReply(503, "no worker had capacity within the queue timeout", "", "queue_timeout")
+				cc.errorReplyHeader(503, "no worker had capacity within the queue timeout", "", "queue_timeout", q.retryAfter(cc.lp.now))
 			}
 			return nil
 		}))
@@ -152,7 +192,7 @@ func (cc *clientConn) enqueue() {
 			cc.ex.finish()
 		}
 		cc.qitem = nil
-		cc.errorReplyHeader(429, "every worker is busy and the admission queue is full", "", "queue_full", "Retry-After: 1\r\n")
+		cc.errorReplyHeader(429, "every worker is busy and the admission queue is full", "", "queue_full", s.queue.retryAfter(cc.lp.now))
 		return
 	}
 	cc.state = stQueued
@@ -187,7 +227,7 @@ func (cc *clientConn) sloRefused() {
 		cc.ex.finish()
 	}
 	cc.qitem = nil
-	cc.errorReplyHeader(429, "no worker is predicted to meet the request's latency targets (x-slo-ttft-ms, x-slo-tpot-ms)", "", "slo_unmet", "Retry-After: 1\r\n")
+	cc.errorReplyHeader(429, "no worker is predicted to meet the request's latency targets (x-slo-ttft-ms, x-slo-tpot-ms)", "", "slo_unmet", s.queue.retryAfter(cc.lp.now))
 }
 
 // dequeued re-routes a request the queue released.

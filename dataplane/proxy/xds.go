@@ -261,6 +261,17 @@ func (s *Server) applyXDS(workers []*xdsv1.Worker, policy *xdsv1.RoutingPolicy) 
 			}
 			s.pdSet.Store(&pd)
 			s.log.Info("routing policy applied", "version", x.policyVersion, "policy", cfg.Policy)
+			// The pushed policy wins over the proxy's own flags; say so where they differ.
+			own := s.cfg.routeConfig()
+			if own.Policy != cfg.Policy {
+				s.log.Warn("the control plane's routing policy replaces this proxy's --policy", "flag", own.Policy, "pushed", cfg.Policy)
+			}
+			if own.Busy != cfg.Busy {
+				s.log.Warn("the control plane's busy thresholds replace this proxy's own",
+					"flag_prefill_tokens", own.Busy.MaxPrefillTokens, "pushed_prefill_tokens", cfg.Busy.MaxPrefillTokens,
+					"flag_decode_blocks", own.Busy.MaxDecodeBlocks, "pushed_decode_blocks", cfg.Busy.MaxDecodeBlocks,
+					"flag_kv_fraction", own.Busy.MaxKVFraction, "pushed_kv_fraction", cfg.Busy.MaxKVFraction)
+			}
 		}
 	}
 }

@@ -238,6 +238,12 @@ func (w *Worker) EjectedUntil() time.Time {
 	return time.Time{}
 }
 
+// EjectedFor is how long from now (on the clock Failed was given) the worker stays ejected,
+// 0 when it is not.
+func (w *Worker) EjectedFor(now int64) time.Duration {
+	return time.Duration(max(w.ejectedUntil.Load()-now, 0))
+}
+
 // Succeeded records a request that reached the engine and got an answer: the failure streak
 // ends and an ejected worker is back.
 func (w *Worker) Succeeded() {
