@@ -15,6 +15,12 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	go func() {
+		// The first SIGINT or SIGTERM stops gracefully (a proxy drains its requests in
+		// flight); from then on the signals' default applies, so a second one stops at once.
+		<-ctx.Done()
+		stop()
+	}()
 	if err := newRootCmd().ExecuteContext(ctx); err != nil {
 		fmt.Fprintln(os.Stderr, "kvrelay:", err)
 		os.Exit(1)

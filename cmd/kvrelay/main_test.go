@@ -2,11 +2,13 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"io"
 	"maps"
 	"net/http"
 	"os"
+	"os/exec"
 	"regexp"
 	"strings"
 	"testing"
@@ -254,5 +256,114 @@ upstreams:
 		if _, err := parseUpstream(bad); err == nil && strings.Contains(bad, "=") {
 			t.Fatalf("%q accepted", bad)
 		}
+	}
+}
+
+// Stopping `kvrelay up` (as Ctrl-C does) with a stream in flight lets it finish: the proxy
+// drains before the engines behind it stop, and up returns once the stream is done.
+func TestUpStopKeepsStreamsInFlight(t *testing.T) {
+	pr, stop := startUp(t, "--static", "--workers", "1", "--speedup-ratio", "1", "--drain-timeout", "20s")
+	sc := bufio.NewScanner(pr)
+	curl := regexp.MustCompile(`curl -s (\S+) `)
+	var url string
+	for sc.Scan() {
+		if m := curl.FindStringSubmatch(sc.Text()); m != nil {
+			url = m[1]
+			break
+		}
+	}
+	if url == "" {
+		t.Fatal("up printed no curl line")
+	}
+	go io.Copy(io.Discard, pr)
+	resp, err := http.Post(url, "application/json", strings.NewReader(
+		`{"model":"gpt-oss-120b","messages":[{"role":"user","content":"count"}],"max_tokens":60,"ignore_eos":true,"stream":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	if _, err := br.ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+	stopped := make(chan struct{})
+	go func() { stop(30 * time.Second); close(stopped) }()
+	rest, err := io.ReadAll(br)
+	if err != nil {
+		t.Fatalf("the stream broke after the stop: %v", err)
+	}
+	if bytes.Contains(rest, []byte(`"error"`)) || !bytes.HasSuffix(rest, []byte("data: [DONE]\n\n")) || bytes.Count(rest, []byte(`"content":`)) < 55 {
+		t.Fatalf("the stream in flight did not finish whole: %s", rest)
+	}
+	<-stopped
+}
+
+// The first SIGINT drains (new requests get 503, the stream in flight goes on); a second
+// one stops the process at once.
+func TestUpSecondSignalStopsAtOnce(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a process")
+	}
+	cmd := exec.Command(os.Args[0], "up", "--static", "--workers", "1", "--speedup-ratio", "0.2", "--proxy-listen", "127.0.0.1:0",
+		"--base-port", "0", "--kv-events-base-port", "0", "--kv-events-replay-base-port", "0", "--drain-timeout", "2m", "--ebpf", "off")
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	sc := bufio.NewScanner(stdout)
+	curl := regexp.MustCompile(`curl -s (\S+) `)
+	var url string
+	for sc.Scan() {
+		if m := curl.FindStringSubmatch(sc.Text()); m != nil {
+			url = m[1]
+			break
+		}
+	}
+	if url == "" {
+		t.Fatal("up printed no curl line")
+	}
+	go io.Copy(io.Discard, stdout)
+	resp, err := http.Post(url, "application/json", strings.NewReader(
+		`{"model":"gpt-oss-120b","messages":[{"role":"user","content":"count"}],"max_tokens":5000,"ignore_eos":true,"stream":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	if _, err := br.ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	r2, err := http.Post(url, "application/json", strings.NewReader(`{"model":"gpt-oss-120b","messages":[{"role":"user","content":"hi"}],"max_tokens":2}`))
+	if err != nil || r2.StatusCode != 503 {
+		t.Fatalf("a request while draining: %v %v, want 503", err, r2)
+	}
+	r2.Body.Close()
+	for range 5 { // the stream goes on
+		if line, err := br.ReadString('\n'); err != nil || strings.Contains(line, `"error"`) {
+			t.Fatalf("the stream in flight broke at the first signal: %q %v", line, err)
+		}
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	select {
+	case err := <-exited:
+		t.Fatalf("up exited at the first signal with the stream in flight: %v", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	if err := cmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-exited:
+	case <-time.After(5 * time.Second):
+		t.Fatal("up did not stop at the second signal")
 	}
 }

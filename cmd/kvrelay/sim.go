@@ -234,11 +234,25 @@ func runWorkers(ctx context.Context, out io.Writer, cfgs []sim.WorkerConfig, ann
 	if err != nil {
 		return err
 	}
+	// With a proxy in front (extra), the workers outlive it: on a stop the proxy drains the
+	// requests in flight, and only then do the engines answering them stop.
+	wctx := gctx
 	if extra != nil {
-		g.Go(extra)
+		var stopWorkers context.CancelFunc
+		wctx, stopWorkers = context.WithCancel(context.WithoutCancel(ctx))
+		g.Go(func() error {
+			defer stopWorkers()
+			return extra()
+		})
 	}
 	for _, w := range workers {
-		g.Go(func() error { return w.Run(gctx) })
+		g.Go(func() error {
+			err := w.Run(wctx)
+			if err != nil && wctx.Err() == nil {
+				return err // a worker that fails on its own stops everything
+			}
+			return nil
+		})
 	}
 	err = g.Wait()
 	fmt.Fprintln(out, "stopped")

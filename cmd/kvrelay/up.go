@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"strconv"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -53,6 +54,7 @@ func newUpCmd() *cobra.Command {
 		apiListen       string
 		dataDir         string
 		static          bool
+		drainTimeout    time.Duration
 		ebpfF           ebpfFlags
 		pf              upPlannerFlags
 	)
@@ -136,6 +138,7 @@ there, a max_tokens=1 leg to a prefill worker whose KV blocks the decode worker 
 				pc.ExposeWorkerHeader = true
 				pc.BlockSize = f.engine.BlockSize
 				pc.DisaggThreshold = disaggThreshold
+				pc.DrainTimeout = drainTimeout
 				// One event loop: the engines and the control plane share this process, and
 				// a gnet loop waiting in epoll_wait holds its P, so a loop per P would leave
 				// them to run only when sysmon takes one back.
@@ -248,6 +251,7 @@ there, a max_tokens=1 leg to a prefill worker whose KV blocks the decode worker 
 	fs.StringVar(&apiListen, "api-listen", "127.0.0.1:18080", "the control plane's operator API address")
 	fs.StringVar(&dataDir, "data-dir", "", "the control plane's data directory (default: a temporary one, removed on exit)")
 	fs.BoolVar(&static, "static", false, "no control plane: the proxy routes alone over static upstreams")
+	fs.DurationVar(&drainTimeout, "drain-timeout", proxy.DefaultConfig().DrainTimeout, "on SIGINT or SIGTERM, how long the proxy lets requests in flight finish before everything stops (a second signal stops at once)")
 	pf.register(fs)
 	addEBPFFlags(fs, &ebpfF, ebpfCgroupDial)
 	return cmd

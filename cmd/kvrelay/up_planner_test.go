@@ -17,9 +17,9 @@ import (
 )
 
 // TestMain lets this test binary stand in for kvrelay where the planner's local actuator
-// starts workers as `<this executable> sim ...`.
+// starts workers as `<this executable> sim ...`, and where a test signals `up` as a process.
 func TestMain(m *testing.M) {
-	if len(os.Args) > 1 && os.Args[1] == "sim" {
+	if len(os.Args) > 1 && (os.Args[1] == "sim" || os.Args[1] == "up") {
 		main()
 		os.Exit(0)
 	}
