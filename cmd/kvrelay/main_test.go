@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"maps"
 	"net/http"
@@ -365,5 +366,55 @@ func TestUpSecondSignalStopsAtOnce(t *testing.T) {
 	case <-exited:
 	case <-time.After(5 * time.Second):
 		t.Fatal("up did not stop at the second signal")
+	}
+}
+
+// `kvrelay up` writes an operator API token and prints where; ctl with that file may change
+// the policy, ctl without it may not. --api-token-file takes a token of the operator's own.
+func TestUpOperatorToken(t *testing.T) {
+	for _, own := range []bool{false, true} {
+		t.Run(fmt.Sprintf("own=%v", own), func(t *testing.T) {
+			var args []string
+			if own {
+				f := ctlTokenFile(t, "operator-secret-token")
+				args = append(args, "--api-token-file", f)
+			}
+			pr, stop := startUp(t, args...)
+			defer stop(30 * time.Second)
+			line := regexp.MustCompile(`^control +xds \S+  api (http://\S+)  token (\S+)  \(kvrelay ctl --api \S+ --token-file (\S+) workers\)`)
+			sc := bufio.NewScanner(pr)
+			var api, tokenPath string
+			for sc.Scan() {
+				if m := line.FindStringSubmatch(sc.Text()); m != nil {
+					api, tokenPath = m[1], m[2]
+					if m[3] != tokenPath {
+						t.Fatalf("the ctl line names %s, the token is in %s", m[3], tokenPath)
+					}
+					break
+				}
+			}
+			go io.Copy(io.Discard, pr)
+			if api == "" {
+				t.Fatal("up printed no control line with a token")
+			}
+			if b, err := os.ReadFile(tokenPath); err != nil || len(strings.TrimSpace(string(b))) < 16 {
+				t.Fatalf("token file %s: %q %v", tokenPath, b, err)
+			} else if own && strings.TrimSpace(string(b)) != "operator-secret-token" {
+				t.Fatalf("up used %q, not the operator's token", b)
+			}
+			ctl := func(args ...string) error {
+				cmd := newRootCmd()
+				cmd.SetOut(io.Discard)
+				cmd.SetArgs(append([]string{"ctl", "--api", api}, args...))
+				return cmd.ExecuteContext(t.Context())
+			}
+			t.Setenv(ctlTokenEnv, "")
+			if err := ctl("policy", "set", "--temperature", "0.5"); err == nil {
+				t.Fatal("a change without the token was accepted")
+			}
+			if err := ctl("--token-file", tokenPath, "policy", "set", "--temperature", "0.5"); err != nil {
+				t.Fatalf("a change with up's token: %v", err)
+			}
+		})
 	}
 }

@@ -2,11 +2,15 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -55,6 +59,8 @@ func newUpCmd() *cobra.Command {
 		dataDir         string
 		static          bool
 		drainTimeout    time.Duration
+		tokenFile       string
+		tokenPath       string // where the operator API token is (tokenFile, or one up wrote)
 		ebpfF           ebpfFlags
 		pf              upPlannerFlags
 	)
@@ -155,7 +161,7 @@ there, a max_tokens=1 leg to a prefill worker whose KV blocks the decode worker 
 						t := int64(disaggThreshold)
 						threshold = &t
 					}
-					if cp, err = startUpControlPlane(ctx, uws, probes, model, f.engine.BlockSize, xdsListen, apiListen, dataDir, policy, threshold); err != nil {
+					if cp, tokenPath, err = startUpControlPlane(ctx, uws, probes, model, f.engine.BlockSize, xdsListen, apiListen, dataDir, tokenFile, policy, threshold); err != nil {
 						return nil, err
 					}
 					pc.XDS = cp.XDSAddr()
@@ -204,7 +210,7 @@ there, a max_tokens=1 leg to a prefill worker whose KV blocks the decode worker 
 					fmt.Fprintf(out, "disagg    %s; KV blocks move over nixl at a modelled %s\n", how, strconv.FormatFloat(d.KVTransferBandwidth/1e9, 'g', -1, 64)+" GB/s")
 				}
 				if cp != nil {
-					fmt.Fprintf(out, "control   xds %s  api http://%s  (kvrelay ctl --api %s workers)\n", cp.XDSAddr(), cp.APIAddr(), cp.APIAddr())
+					fmt.Fprintf(out, "control   xds %s  api http://%s  token %s  (kvrelay ctl --api %s --token-file %s workers)\n", cp.XDSAddr(), cp.APIAddr(), tokenPath, cp.APIAddr(), tokenPath)
 				}
 				if mode == upModeDisagg {
 					printUpWorkers(out, uws)
@@ -250,6 +256,7 @@ there, a max_tokens=1 leg to a prefill worker whose KV blocks the decode worker 
 	fs.StringVar(&xdsListen, "xds-listen", "127.0.0.1:18000", "the control plane's xDS address")
 	fs.StringVar(&apiListen, "api-listen", "127.0.0.1:18080", "the control plane's operator API address")
 	fs.StringVar(&dataDir, "data-dir", "", "the control plane's data directory (default: a temporary one, removed on exit)")
+	fs.StringVar(&tokenFile, "api-token-file", "", "file holding the bearer token that changes through the operator API need (default: up generates one into the data directory's api-token and prints where)")
 	fs.BoolVar(&static, "static", false, "no control plane: the proxy routes alone over static upstreams")
 	fs.DurationVar(&drainTimeout, "drain-timeout", proxy.DefaultConfig().DrainTimeout, "on SIGINT or SIGTERM, how long the proxy lets requests in flight finish before everything stops (a second signal stops at once)")
 	pf.register(fs)
@@ -299,7 +306,7 @@ func printUpWorkers(out io.Writer, ws []upWorker) {
 // control plane closes. The probes' accept queues and first-byte latencies feed its load
 // view while the policy's kernel_load_signals is on (`kvrelay ctl policy set
 // --kernel-load-signals`): up's proxy runs in this process, so the probes time its requests.
-func startUpControlPlane(ctx context.Context, ws []upWorker, probes *ebpf.Collector, model string, blockSize int, xdsListen, apiListen, dataDir, policy string, disaggThreshold *int64) (*controlplane.Server, error) {
+func startUpControlPlane(ctx context.Context, ws []upWorker, probes *ebpf.Collector, model string, blockSize int, xdsListen, apiListen, dataDir, tokenFile, policy string, disaggThreshold *int64) (cp *controlplane.Server, tokenPath string, err error) {
 	opts := controlplane.Options{
 		XDSListen: xdsListen,
 		APIListen: apiListen,
@@ -312,10 +319,16 @@ func startUpControlPlane(ctx context.Context, ws []upWorker, probes *ebpf.Collec
 	if dataDir == "" {
 		dir, err := os.MkdirTemp("", "kvrelay-up-")
 		if err != nil {
-			return nil, fmt.Errorf("creating the control plane's data dir: %w", err)
+			return nil, "", fmt.Errorf("creating the control plane's data dir: %w", err)
 		}
 		opts.DataDir = dir
 		opts.RemoveDataDir = true
+	}
+	if opts.APIToken, tokenPath, err = upAPIToken(opts.DataDir, tokenFile); err != nil {
+		if opts.RemoveDataDir {
+			_ = os.RemoveAll(opts.DataDir)
+		}
+		return nil, "", err
 	}
 	for _, u := range ws {
 		ec := u.w.Engine().Config()
@@ -325,9 +338,9 @@ func startUpControlPlane(ctx context.Context, ws []upWorker, probes *ebpf.Collec
 			MaxNumSeqs: ec.MaxNumSeqs, MaxNumBatchedTokens: ec.MaxNumBatchedTokens,
 		})
 	}
-	cp, err := controlplane.New(opts)
+	cp, err = controlplane.New(opts)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	p := cp.Registry().Policy()
 	if p.Name != policy || disaggThreshold != nil && (p.DisaggThreshold == nil || *p.DisaggThreshold != *disaggThreshold) {
@@ -337,12 +350,37 @@ func startUpControlPlane(ctx context.Context, ws []upWorker, probes *ebpf.Collec
 		}
 		if _, err := cp.Registry().SetPolicy(p); err != nil {
 			_ = cp.Close()
-			return nil, err
+			return nil, "", err
 		}
 	}
 	if err := cp.Start(ctx); err != nil {
 		_ = cp.Close()
-		return nil, err
+		return nil, "", err
 	}
-	return cp, nil
+	return cp, tokenPath, nil
+}
+
+// upAPIToken returns the operator API token of `kvrelay up` and the file it is in: the one
+// --api-token-file names, or a new random token written to dataDir/api-token (mode 0600).
+func upAPIToken(dataDir, tokenFile string) (token, path string, err error) {
+	if tokenFile != "" {
+		b, err := os.ReadFile(tokenFile)
+		if err != nil {
+			return "", "", fmt.Errorf("reading --api-token-file: %w", err)
+		}
+		if token = strings.TrimSpace(string(b)); token == "" {
+			return "", "", fmt.Errorf("--api-token-file %s is empty", tokenFile)
+		}
+		return token, tokenFile, nil
+	}
+	var raw [24]byte
+	if _, err := rand.Read(raw[:]); err != nil {
+		return "", "", err
+	}
+	token = hex.EncodeToString(raw[:])
+	path = filepath.Join(dataDir, "api-token")
+	if err := os.WriteFile(path, []byte(token+"\n"), 0o600); err != nil {
+		return "", "", fmt.Errorf("writing the operator API token: %w", err)
+	}
+	return token, path, nil
 }
