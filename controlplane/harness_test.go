@@ -1,6 +1,7 @@
 package controlplane_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -10,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -49,6 +51,10 @@ type cluster struct {
 	warmed  map[int]map[int]bool // worker index → the families warmed on it
 }
 
+// workerSpeedup is the simulated workers' speedup ratio (tests that need requests to last
+// lower it for their own cluster).
+var workerSpeedup = 50.0
+
 func startWorkers(t *testing.T, n int, roles ...sim.Role) []*sim.Worker {
 	t.Helper()
 	codec, err := codecOnce()
@@ -60,7 +66,7 @@ func startWorkers(t *testing.T, n int, roles ...sim.Role) []*sim.Worker {
 		cfg := sim.WorkerConfig{Engine: sim.DefaultConfig(), Listen: "127.0.0.1:0", Codec: codec,
 			Events: kvevents.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"}}
 		cfg.Engine.NumGPUBlocks = 4096
-		cfg.Engine.Timing.Speedup = 50
+		cfg.Engine.Timing.Speedup = workerSpeedup
 		if i := len(ws); i < len(roles) {
 			cfg.Engine.Role = roles[i]
 		}
@@ -102,6 +108,7 @@ func (c *cluster) startControlPlane(xdsAddr string) {
 		DataDir:        c.dataDir,
 		Workers:        c.specs,
 		ScrapeInterval: 50 * time.Millisecond,
+		LoadRefresh:    100 * time.Millisecond,
 		APIToken:       "secret",
 		Logger:         quiet(),
 	})
@@ -119,6 +126,12 @@ func (c *cluster) startControlPlane(xdsAddr string) {
 // addProxy starts a proxy following the control plane at xds.
 func (c *cluster) addProxy(xds string) *proxy.Server {
 	c.t.Helper()
+	return c.addProxyWith(xds, nil)
+}
+
+// addProxyWith starts a proxy following the control plane at xds, its config changed by mut.
+func (c *cluster) addProxyWith(xds string, mut func(*proxy.Config)) *proxy.Server {
+	c.t.Helper()
 	cfg := proxy.DefaultConfig()
 	cfg.Listen = "127.0.0.1:0"
 	cfg.XDS = xds
@@ -126,6 +139,9 @@ func (c *cluster) addProxy(xds string) *proxy.Server {
 	cfg.ExposeWorkerHeader = true
 	cfg.EventLoops = 1
 	cfg.XDSSyncTimeout = 10 * time.Second
+	if mut != nil {
+		mut(&cfg)
+	}
 	p, err := proxy.New(cfg, quiet())
 	if err != nil {
 		c.t.Fatal(err)
@@ -806,5 +822,118 @@ func TestKernelFirstByteSteersRouting(t *testing.T) {
 	t.Logf("on: %v; view waiting w0 %d w1 %d", on, viewWaiting("w0"), viewWaiting("w1"))
 	if on["w1"] > n/10 || on["w1"] >= off["w1"] {
 		t.Fatalf("kernel_load_signals on: the slow worker got %d of %d requests (off: %d), want at most %d", on["w1"], n, off["w1"], n/10)
+	}
+}
+
+// Load another proxy put on a worker reaches this one through the control plane and keeps it
+// off that worker (busy_decode_blocks); when the control plane dies with that load pushed, it
+// fades after load_stale_after, and requests reach the worker again.
+func TestPushedLoadFadesWithoutTheControlPlane(t *testing.T) {
+	workerSpeedup = 1
+	c := newCluster(t, 2)
+	workerSpeedup = 50
+	if code, out := c.api("PUT", "/v1/policy", `{"policy":"least-loaded","busy_decode_blocks":20,"cache_threshold":0.1,"tier_weights":[1,0.75,0.25],"session_ttl_ms":60000}`, true); code != 200 {
+		t.Fatalf("set policy: %d %v", code, out)
+	}
+	const stale = 300 * time.Millisecond
+	a := c.addProxyWith(c.xds, func(cfg *proxy.Config) { cfg.LoadStaleAfter = stale })
+	b := c.addProxy(c.xds)
+	waitWorkers(t, a, 2)
+	waitWorkers(t, b, 2)
+	waitPolicy(t, a, 2)
+	waitPolicy(t, b, 2)
+	// Until the control plane has scraped each worker's model and capacity, a push that adds
+	// them replaces the proxies' Worker values, and the load counted on the old ones.
+	for _, p := range []*proxy.Server{a, b} {
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			known := 0
+			for _, w := range p.Workers() {
+				if w.Model != "" && w.Capacity > 0 {
+					known++
+				}
+			}
+			if known == 2 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("workers' model and capacity never reached the proxy: %s", workerStates(p))
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+
+	// A long request through b holds some 175 blocks on one worker (at speedup 1, 2000
+	// tokens take some 20 s).
+	body, _ := json.Marshal(map[string]any{"model": model, "max_tokens": 2000, "ignore_eos": true, "stream": true,
+		"messages": []map[string]string{{"role": "system", "content": family(0)}, {"role": "user", "content": "go on"}}})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "POST", "http://"+b.Addr()+"/v1/chat/completions", bytes.NewReader(body))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	busy := resp.Header.Get("x-kvrelay-worker")
+	if _, err := bufio.NewReader(resp.Body).ReadString('\n'); err != nil || busy == "" {
+		t.Fatalf("long request: %v, status %d, worker %q", err, resp.StatusCode, busy)
+	}
+	seesBusy := func() bool {
+		for _, w := range a.Workers() {
+			if w.ID == busy {
+				return w.DecodeBlocks() > 20
+			}
+		}
+		return false
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !seesBusy() {
+		if time.Now().After(deadline) {
+			sa, _ := a.XDSStats()
+			sb, _ := b.XDSStats()
+			t.Fatalf("proxy a never saw b's load on %s (a: %d responses, b: %d reports): %s\nb: %s", busy, sa.ADS.Responses, sb.Reports, workerStates(a), workerStates(b))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// While the control plane runs, its refresh keeps a steady load from going stale.
+	for i := range 8 {
+		if r := chat(t, "http://"+a.Addr(), "system "+strconv.Itoa(i), "hi"); r.status != 200 || r.worker == busy {
+			t.Fatalf("request %d while %s is busy: status %d worker %q", i, busy, r.status, r.worker)
+		}
+		if !seesBusy() {
+			sa, _ := a.XDSStats()
+			t.Fatalf("b's steady load on %s faded under a running control plane (a: %d responses): %s\nb: %s", busy, sa.ADS.Responses, workerStates(a), workerStates(b))
+		}
+		time.Sleep(150 * time.Millisecond)
+	}
+
+	// The control plane dies with that load pushed; b's request ends.
+	_ = c.cp.Close()
+	downAt := time.Now()
+	cancel()
+	sawStale := false
+	for i := 0; ; i++ {
+		if time.Since(downAt) > 2*stale+2*time.Second {
+			t.Fatalf("%s still shunned %v after the control plane died: %s", busy, time.Since(downAt), workerStates(a))
+		}
+		if !sawStale {
+			if mr, err := http.Get("http://" + a.Addr() + "/metrics"); err == nil {
+				m, _ := io.ReadAll(mr.Body)
+				mr.Body.Close()
+				sawStale = regexp.MustCompile(`(?m)^kvrelay_proxy_xds_load_stale [12]$`).Match(m)
+			}
+		}
+		if r := chat(t, "http://"+a.Addr(), "after "+strconv.Itoa(i), "hi"); r.status == 200 && r.worker == busy {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Logf("%s took requests again %v after the control plane died", busy, time.Since(downAt).Round(time.Millisecond))
+	if time.Since(downAt) < stale {
+		t.Fatalf("the pushed load faded before load_stale_after")
+	}
+	if !sawStale {
+		t.Error("kvrelay_proxy_xds_load_stale never said the load was stale")
 	}
 }

@@ -67,6 +67,11 @@ type Options struct {
 	// PublishInterval bounds how often worker resources are republished when load changes
 	// (default 50 ms).
 	PublishInterval time.Duration
+	// LoadRefresh is the longest the workers go unpublished while the control plane runs
+	// (default 1 s): each publish carries every worker's latest observation time, so a
+	// proxy can tell a steady load from a control plane that stopped (its pushed load then
+	// ages away: the proxy's load_stale_after).
+	LoadRefresh time.Duration
 	// K8s, when set, adds a worker per ready endpoint of the EndpointSlices it selects.
 	K8s *K8sSource
 	// RemoveDataDir removes DataDir on Close (kvrelay up's temporary one).
@@ -147,6 +152,9 @@ func New(opts Options) (*Server, error) {
 	}
 	if opts.ScrapeInterval <= 0 {
 		opts.ScrapeInterval = loadview.DefaultInterval
+	}
+	if opts.LoadRefresh <= 0 {
+		opts.LoadRefresh = time.Second
 	}
 	if opts.PublishInterval <= 0 {
 		opts.PublishInterval = 50 * time.Millisecond
@@ -333,6 +341,9 @@ func (s *Server) loop(ctx context.Context) {
 			if dirty && s.publish(false) {
 				dirty = false
 			}
+			if s.sincePublished() >= s.opts.LoadRefresh {
+				s.publish(true)
+			}
 		}
 	}
 }
@@ -386,6 +397,13 @@ func (s *Server) publish(force bool) bool {
 		s.log.Error("workers not published", "err", err)
 	}
 	return true
+}
+
+// sincePublished is the time since the workers were last published.
+func (s *Server) sincePublished() time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return time.Duration(time.Now().UnixNano() - s.published)
 }
 
 // workerResources builds the Worker resources from the registry, the load view, the index's

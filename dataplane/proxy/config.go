@@ -67,6 +67,12 @@ type Config struct {
 	// XDSSyncTimeout bounds how long Start waits for the control plane's first workers;
 	// past it the proxy serves anyway (503 until workers arrive).
 	XDSSyncTimeout time.Duration `yaml:"xds_sync_timeout"`
+	// LoadStaleAfter: a worker's pushed load (its engine's running and waiting requests and
+	// KV usage, other proxies' requests there) older than this fades linearly to nothing
+	// over as long again, leaving this proxy's own view, so that a control plane that went
+	// away does not leave a worker looking busy forever. A running control plane republishes
+	// at least every second.
+	LoadStaleAfter time.Duration `yaml:"load_stale_after"`
 	// RecentTTL is how long, with a control plane, the proxy remembers where it routed a
 	// prompt on its own, until the engine's KV events say so (see prefix.Overlay).
 	RecentTTL time.Duration `yaml:"recent_ttl"`
@@ -173,6 +179,7 @@ func DefaultConfig() Config {
 		IndexBlocks:         1 << 20,
 		IndexTTL:            120 * time.Second,
 		XDSSyncTimeout:      5 * time.Second,
+		LoadStaleAfter:      3 * time.Second,
 		RecentTTL:           10 * time.Second,
 		MaxHeaderBytes:      http1.DefaultMaxHeadBytes,
 		MaxBodyBytes:        http1.DefaultMaxBodyBytes,
@@ -228,8 +235,8 @@ func (c *Config) Validate() error {
 		if _, _, err := net.SplitHostPort(c.XDS); err != nil {
 			return bad("xds address %q is not host:port", c.XDS)
 		}
-		if c.XDSSyncTimeout < 0 || c.RecentTTL <= 0 {
-			return bad("xds sync timeout must not be negative and recent ttl must be positive")
+		if c.XDSSyncTimeout < 0 || c.RecentTTL <= 0 || c.LoadStaleAfter <= 0 {
+			return bad("xds sync timeout must not be negative, recent ttl and load_stale_after must be positive")
 		}
 	}
 	ids := map[string]bool{}

@@ -458,6 +458,7 @@ func (s *Server) ticker() {
 			_ = lp.el.Execute(context.Background(), gnet.RunnableFunc(lp.housekeeping))
 		}
 		s.queue.expire(route.Now())
+		s.ageLoads(nanotime())
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -44,6 +45,10 @@ type xdsState struct {
 	pos           map[string]int // worker id → route.Worker.Index, for the process's life
 	policyVersion uint64
 	updates       uint64
+	// pushed is each worker's last pushed load and when it arrived, which ageLoads fades
+	// once it is older than the config's LoadStaleAfter; stale counts those that are.
+	pushed map[string]pushedLoad
+	stale  atomic.Int64
 
 	// sent holds this proxy's last load reports, per worker, by seq: a pushed load names the
 	// report of each proxy its fleet-wide sums include (Load.reports), and the router takes
@@ -58,6 +63,44 @@ type xdsState struct {
 // far past the push lag. A pushed load naming an older one falls back to the latest (a
 // control plane keeps an unchanged report under its first seq).
 const sentReports = 64
+
+type pushedLoad struct {
+	w  *route.Worker
+	r  *route.Reported
+	at int64 // nanotime of its arrival
+}
+
+// ageLoads fades every pushed load older than LoadStaleAfter linearly to nothing over as long
+// again, so that a worker the control plane last saw busy is not shunned forever once it has
+// gone: the router then sees only this proxy's own requests there.
+func (s *Server) ageLoads(now int64) {
+	x := s.xds
+	if x == nil {
+		return
+	}
+	after := int64(s.cfg.LoadStaleAfter)
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	stale := 0
+	for _, p := range x.pushed {
+		age := now - p.at
+		if p.r == nil || age <= after {
+			continue
+		}
+		stale++
+		f := 1 - float64(age-after)/float64(after)
+		if f <= 0 {
+			p.w.FadeReported(nil)
+			continue
+		}
+		scale := func(n int) int { return int(math.Round(float64(n) * f)) }
+		p.w.FadeReported(&route.Reported{
+			Running: scale(p.r.Running), Waiting: scale(p.r.Waiting), KVUsage: p.r.KVUsage * f,
+			PrefillTokens: scale(p.r.PrefillTokens), DecodeBlocks: scale(p.r.DecodeBlocks),
+		})
+	}
+	x.stale.Store(int64(stale))
+}
 
 type sentReport struct {
 	seq   uint64
@@ -75,7 +118,7 @@ func (s *Server) setupXDS(ctx context.Context) error {
 	}
 	// With a control plane, the proxy's own index only remembers recent decisions.
 	s.index = prefix.NewApprox(prefix.ApproxConfig{MaxBlocks: s.cfg.IndexBlocks, TTL: s.cfg.RecentTTL})
-	x := &xdsState{replica: prefix.NewReplica(blockset.DefaultWeights), pos: map[string]int{}, nodeID: nodeID}
+	x := &xdsState{replica: prefix.NewReplica(blockset.DefaultWeights), pos: map[string]int{}, pushed: map[string]pushedLoad{}, nodeID: nodeID}
 	pool := route.NewPoolIndexed(nil)
 	if err := s.buildRouters(pool, prefix.NewOverlay(x.replica, s.index)); err != nil {
 		return err
@@ -199,12 +242,25 @@ func (s *Server) applyXDS(workers []*xdsv1.Worker, policy *xdsv1.RoutingPolicy) 
 		}
 		w := st.w
 		w.SetDraining(res.GetDraining() || !res.GetHealthy())
-		w.SetReported(reportedLoad(x.ownSent(id, res.GetLoad().GetReports()), res.GetLoad()))
+		rep := reportedLoad(x.ownSent(id, res.GetLoad().GetReports()), res.GetLoad())
+		w.SetReported(rep)
+		x.pushed[id] = pushedLoad{w: w, r: rep, at: nanotime()}
 		present = append(present, w)
 		for len(slots) <= pos {
 			slots = append(slots, -1)
 		}
 		slots[pos] = int(res.GetSlot())
+	}
+	if len(x.pushed) > len(present) {
+		keep := make(map[string]bool, len(present))
+		for _, w := range present {
+			keep[w.ID] = true
+		}
+		for id := range x.pushed {
+			if !keep[id] {
+				delete(x.pushed, id)
+			}
+		}
 	}
 	pool := route.NewPoolIndexed(present)
 	for len(slots) < pool.Size() {
@@ -376,7 +432,7 @@ func (s *Server) Replica() *prefix.Replica {
 // xdsCollector exposes how the proxy follows its control plane.
 type xdsCollector struct {
 	s                                          *Server
-	connected, blocks, policy, workers         *prometheus.Desc
+	connected, blocks, policy, workers, stale  *prometheus.Desc
 	applied, responses, nacks, streams, report *prometheus.Desc
 }
 
@@ -390,6 +446,7 @@ func newXDSCollector(s *Server) *xdsCollector {
 		blocks:    d("replica_blocks", "Distinct KV blocks in the proxy's index replica."),
 		policy:    d("policy_version", "Version of the routing policy in force."),
 		workers:   d("workers", "Workers the control plane pushed."),
+		stale:     d("load_stale", "Workers whose pushed load is older than load_stale_after and fading to this proxy's own view."),
 		applied:   d("journal_changes_total", "Index journal changes applied to the replica."),
 		responses: d("responses_total", "ADS responses received."),
 		nacks:     d("nacks_total", "ADS responses and journal batches refused."),
@@ -417,6 +474,7 @@ func (c *xdsCollector) Collect(ch chan<- prometheus.Metric) {
 	g(c.blocks, float64(st.Blocks))
 	g(c.policy, float64(st.PolicyVersion))
 	g(c.workers, float64(len(c.s.kv.Pool().Workers)))
+	g(c.stale, float64(c.s.xds.stale.Load()))
 	k(c.applied, st.Journal.Applied)
 	k(c.responses, st.ADS.Responses)
 	k(c.nacks, st.ADS.NACKs+st.Journal.Nacks)

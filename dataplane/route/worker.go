@@ -112,6 +112,10 @@ func (w *Worker) SetReported(r *Reported) {
 	}
 }
 
+// FadeReported replaces the engine-reported load with a faded copy of the last report (its
+// source has gone quiet); unlike SetReported it teaches the latency model nothing.
+func (w *Worker) FadeReported(r *Reported) { w.reported.Store(r) }
+
 // Inflight is the number of this proxy's requests on the worker.
 func (w *Worker) Inflight() int64 { return w.inflight.Load() }
 
