@@ -293,6 +293,31 @@ func TestPredictSlotWait(t *testing.T) {
 	}
 }
 
+// Slowdown is what joining the running batch costs in decode time: none on an idle worker,
+// growing with the batch, none for a request that waits for a slot, and none without an OSL.
+func TestPredictSlowdown(t *testing.T) {
+	w := newWorker()
+	for range 200 { // an engine whose step grows 5 ms per running request
+		for b := 1; b <= 4; b++ {
+			w.ObserveDecode(b, 0.2, 0.010+0.005*float64(b), 1)
+		}
+	}
+	e := &Engine{MaxNumSeqs: 4}
+	var idle, two, three, full, unknown Prediction
+	w.Predict(e, State{Requests: 0, OSL: 64, KVUsage: 0.2}, 100, &idle)
+	w.Predict(e, State{Requests: 2, OSL: 64, KVUsage: 0.2}, 100, &two)
+	w.Predict(e, State{Requests: 3, OSL: 64, KVUsage: 0.2}, 100, &three)
+	w.Predict(e, State{Requests: 4, OSL: 64, KVUsage: 0.2}, 100, &full)
+	w.Predict(e, State{Requests: 3, KVUsage: 0.2}, 100, &unknown)
+	if idle.Slowdown != 0 || full.Slowdown != 0 || unknown.Slowdown != 0 {
+		t.Fatalf("slowdown idle %v, full %v, no OSL %v: want 0", idle.Slowdown, full.Slowdown, unknown.Slowdown)
+	}
+	// 5 ms a token more for 3 running requests' 32 tokens left and this one's 64: 1.44 s.
+	if want := 0.005 * 3 * 1.5 * 64; math.Abs(three.Slowdown-want) > 0.1*want || !(two.Slowdown < three.Slowdown) {
+		t.Fatalf("slowdown with 2 and 3 running: %v, %v; want about %v for 3", two.Slowdown, three.Slowdown, want)
+	}
+}
+
 func TestPredictAllocs(t *testing.T) {
 	w := newWorker()
 	e := &Engine{MaxNumSeqs: 8}

@@ -57,6 +57,9 @@ type State struct {
 	Backlog float64
 	// KVUsage is the fraction of the worker's KV cache in use.
 	KVUsage float64
+	// OSL is the output tokens expected of the request (and, for Slowdown, of those running),
+	// 0 when unknown.
+	OSL float64
 }
 
 // Features of a candidate request on a worker, in seconds, as the prior computes them: the
@@ -98,6 +101,12 @@ type Prediction struct {
 	Compute float64
 	// ITL is the predicted time between tokens once this request runs.
 	ITL float64
+	// Slowdown is the decode time (seconds, summed over requests) that running this request
+	// here adds beyond what it would take alone: its own OSL tokens at the batch's step
+	// time instead of a lone request's, and the running requests' remaining tokens one
+	// request slower each (State.OSL of them, half of OSL left on average). Engines whose
+	// step grows with the batch pay it; it is what an even spread saves.
+	Slowdown float64
 }
 
 // Model is the latency model of the workers that serve one model, learned from all of them:
@@ -278,6 +287,14 @@ func (w *Worker) Predict(e *Engine, st State, uncached float64, p *Prediction) {
 	p.TTFT = p.Queue + p.Prefill
 	p.Compute = (th[3] + th[4]*busy) * speed * curve.TokenSeconds(u)
 	p.ITL = m.ITL(batch+1, st.KVUsage)
+	p.Slowdown = 0
+	if st.OSL > 0 && (seqs <= 0 || st.Requests < seqs) {
+		// Only a request that joins the running batch slows it; one that waits for a slot
+		// pays the slot wait instead.
+		if slope := p.ITL - m.ITL(batch, st.KVUsage); slope > 0 {
+			p.Slowdown = slope * float64(batch) * 1.5 * st.OSL
+		}
+	}
 }
 
 // steps is the prefill steps t tokens take at budget tokens a step.

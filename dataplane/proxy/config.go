@@ -85,10 +85,13 @@ type Config struct {
 	QueueWeight   float64 `yaml:"queue_weight"`
 	Temperature   float64 `yaml:"temperature"`
 	// ComputeWeight and BackgroundWeight tune the latency policy (route.PredictedTTFT).
-	ComputeWeight    float64       `yaml:"compute_weight"`
-	BackgroundWeight float64       `yaml:"background_weight"`
-	CacheThreshold   float64       `yaml:"cache_threshold"`
-	SessionTTL       time.Duration `yaml:"session_ttl"`
+	ComputeWeight    float64 `yaml:"compute_weight"`
+	BackgroundWeight float64 `yaml:"background_weight"`
+	// BatchWeight weighs the decode slowdown a request's joining a worker's batch causes
+	// (route.PredictedTTFT); not part of the pushed policy.
+	BatchWeight    float64       `yaml:"batch_weight"`
+	CacheThreshold float64       `yaml:"cache_threshold"`
+	SessionTTL     time.Duration `yaml:"session_ttl"`
 	// Busy thresholds per worker: uncached prompt tokens still prefilling, KV blocks held,
 	// share of a known KV capacity. Zero turns a threshold off.
 	BusyPrefillTokens int64   `yaml:"busy_prefill_tokens"`
@@ -168,6 +171,7 @@ func DefaultConfig() Config {
 		CacheThreshold:      route.DefaultCacheThreshold,
 		ComputeWeight:       route.DefaultComputeWeight,
 		BackgroundWeight:    route.DefaultBackgroundWeight,
+		BatchWeight:         route.DefaultBatchWeight,
 		SessionTTL:          30 * time.Minute,
 		BusyPrefillTokens:   0,
 		BlockSize:           16,
@@ -205,6 +209,7 @@ func (c *Config) routeConfig() route.Config {
 		Temperature:      c.Temperature,
 		ComputeWeight:    c.ComputeWeight,
 		BackgroundWeight: c.BackgroundWeight,
+		BatchWeight:      c.BatchWeight,
 		CacheThreshold:   c.CacheThreshold,
 		SessionTTL:       c.SessionTTL,
 		Busy: route.BusyFilter{

@@ -23,6 +23,12 @@ const (
 	// has running on the worker, so background work goes where it delays interactive work
 	// least.
 	DefaultBackgroundWeight = 1
+	// DefaultBatchWeight weighs Prediction.Slowdown, the decode time a request's joining a
+	// worker's running batch adds to that batch and to itself. At 0 only TTFT and compute
+	// decide.
+	DefaultBatchWeight = 0
+	// DefaultOSL is the output length assumed for Slowdown when a request states none.
+	DefaultOSL = 128
 )
 
 // PredictedTTFT is the latency policy's scorer: each worker's predicted time to first token
@@ -32,7 +38,7 @@ const (
 // costs it shares with the requests in its steps), plus, for a background request,
 // BackgroundWeight times that per interactive request on the worker. Costs are in seconds. It also keeps each candidate's prediction in the request
 // (Request.Candidates) for the Decision and for explanations.
-type PredictedTTFT struct{ ComputeWeight, BackgroundWeight float64 }
+type PredictedTTFT struct{ ComputeWeight, BackgroundWeight, BatchWeight float64 }
 
 func (PredictedTTFT) Name() string { return "predicted-ttft" }
 
@@ -43,6 +49,13 @@ func (s PredictedTTFT) Score(req *Request, ws []*Worker, costs []float64) {
 	}
 	req.preds = req.preds[:len(ws)]
 	req.candidates = ws
+	osl := 0.0
+	if s.BatchWeight > 0 {
+		osl = float64(req.OSL)
+		if osl <= 0 {
+			osl = DefaultOSL
+		}
+	}
 	for i, w := range ws {
 		bs := max(w.BlockSize, 1)
 		overlap := req.Overlap(w)
@@ -50,10 +63,10 @@ func (s PredictedTTFT) Score(req *Request, ws []*Worker, costs []float64) {
 			overlap = req.flatOverlap
 		}
 		uncached := max(float64(req.PromptTokens)-overlap*float64(bs), 0)
-		st := latency.State{Requests: int(w.Load()), Backlog: float64(w.PrefillBacklog(now)), KVUsage: w.KVInUse()}
+		st := latency.State{Requests: int(w.Load()), Backlog: float64(w.PrefillBacklog(now)), KVUsage: w.KVInUse(), OSL: osl}
 		p := &req.preds[i]
 		w.Latency().Predict(&w.Engine, st, uncached, p)
-		c := p.TTFT + s.ComputeWeight*p.Compute
+		c := p.TTFT + s.ComputeWeight*p.Compute + s.BatchWeight*p.Slowdown
 		if req.Priority < 0 {
 			c += s.BackgroundWeight * p.Compute * float64(w.Interactive())
 		}

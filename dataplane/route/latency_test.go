@@ -251,3 +251,50 @@ func TestLatencyShortPromptPrefersIdle(t *testing.T) {
 		u.End()
 	}
 }
+
+// With a batch weight, a request whose cache saving on a worker is small goes to an idle
+// worker rather than join that worker's running batch (an engine whose step grows with the
+// batch); a large saving still wins.
+func TestLatencyBatchWeightSpreadsDecodes(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		weight float64
+		cached int // of 500 blocks, on w0
+		home   bool
+	}{
+		{"no weight, small saving", 0, 100, true},
+		{"weight, small saving", 0.1, 100, false},
+		{"weight, large saving", 0.1, 500, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r, idx := newRouter(t, Config{Policy: PolicyLatency, ComputeWeight: DefaultComputeWeight, BackgroundWeight: DefaultBackgroundWeight, BatchWeight: tc.weight}, 2)
+			ws := r.Pool().Workers
+			for _, w := range ws {
+				w.Engine.MaxNumSeqs = 4
+			}
+			for range 100 { // the workers' step grows 5 ms per running request
+				for b := 1; b <= 4; b++ {
+					ws[0].Latency().ObserveDecode(b, 0.1, 0.010+0.005*float64(b), 1)
+				}
+			}
+			hashes, n := promptChain(3, 3, 500, 4)
+			idx.Record(ws[0].Index, hashes[:tc.cached], 0)
+			for _, u := range busy(ws[0], 3) {
+				defer u.End()
+			}
+			var req Request
+			req.Model, req.Hashes, req.PromptTokens, req.OSL = "m", hashes, n, 64
+			var d Decision
+			if err := r.Route(&req, &d); err != nil {
+				t.Fatal(err)
+			}
+			if got := d.Worker == ws[0]; got != tc.home {
+				cands, preds := req.Candidates()
+				for i, w := range cands {
+					t.Logf("%s: %+v", w.ID, preds[i])
+				}
+				t.Fatalf("went to %s, want home %v", d.Worker.ID, tc.home)
+			}
+		})
+	}
+}

@@ -87,6 +87,9 @@ type Config struct {
 	// taken as they are, 0 included; the proxy's defaults are DefaultComputeWeight and
 	// DefaultBackgroundWeight.
 	ComputeWeight, BackgroundWeight float64
+	// BatchWeight weighs the decode slowdown a request's joining a batch causes (latency
+	// policy; default DefaultBatchWeight).
+	BatchWeight float64
 	// CacheThreshold: when no worker caches this share of the prompt's blocks more than the
 	// worker that caches least (a new prompt, or one whose only cached part is a system
 	// prompt every worker holds), the kv policy spreads instead, to the worker with the least
@@ -134,8 +137,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("temperature %g must not be negative", c.Temperature)
 	case c.CacheThreshold < 0 || c.CacheThreshold > 1:
 		return fmt.Errorf("cache threshold %g must be within [0, 1]", c.CacheThreshold)
-	case !(c.ComputeWeight >= 0 && c.ComputeWeight <= 1e6) || !(c.BackgroundWeight >= 0 && c.BackgroundWeight <= 1e6):
-		return fmt.Errorf("compute weight %g and background weight %g must be within [0, 1e6]", c.ComputeWeight, c.BackgroundWeight)
+	case !(c.ComputeWeight >= 0 && c.ComputeWeight <= 1e6) || !(c.BackgroundWeight >= 0 && c.BackgroundWeight <= 1e6) || !(c.BatchWeight >= 0 && c.BatchWeight <= 1e6):
+		return fmt.Errorf("compute weight %g, background weight %g and batch weight %g must be within [0, 1e6]", c.ComputeWeight, c.BackgroundWeight, c.BatchWeight)
 	}
 	return nil
 }
@@ -179,7 +182,7 @@ func NewPolicy(cfg Config) (*Policy, error) {
 		p.CacheThreshold = cfg.CacheThreshold
 	case PolicyLatency:
 		p.UsesIndex, p.Predicts = true, true
-		p.Scorers = []Scorer{PredictedTTFT{ComputeWeight: cfg.ComputeWeight, BackgroundWeight: cfg.BackgroundWeight}}
+		p.Scorers = []Scorer{PredictedTTFT{ComputeWeight: cfg.ComputeWeight, BackgroundWeight: cfg.BackgroundWeight, BatchWeight: cfg.BatchWeight}}
 		p.Picker = LatencyPick{Temperature: cfg.Temperature}
 		p.CacheThreshold = cfg.CacheThreshold
 	case PolicyRoundRobin:
