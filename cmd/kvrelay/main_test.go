@@ -136,7 +136,7 @@ func startUp(t *testing.T, args ...string) (out *io.PipeReader, stop func(timeou
 }
 
 func testUp(t *testing.T, extra []string, roles map[string]int) {
-	pr, stop := startUp(t, append([]string{"--speedup-ratio", "100", "--num-gpu-blocks", "2048"}, extra...)...)
+	pr, stop := startUp(t, append([]string{"--speedup-ratio", "100", "--num-gpu-blocks", "2048", "--expose-worker-header"}, extra...)...)
 
 	sc := bufio.NewScanner(pr)
 	got := map[string]int{}
@@ -416,5 +416,42 @@ func TestUpOperatorToken(t *testing.T) {
 				t.Fatalf("a change with up's token: %v", err)
 			}
 		})
+	}
+}
+
+// `kvrelay up` keeps debug headers off unless asked, and prints its metrics on the admin
+// listener, apart from the OpenAI port.
+func TestUpHeadersOptInAndAdminMetrics(t *testing.T) {
+	pr, stop := startUp(t, "--static", "--workers", "1", "--speedup-ratio", "100")
+	defer stop(30 * time.Second)
+	sc := bufio.NewScanner(pr)
+	proxyLine := regexp.MustCompile(`^proxy +openai (http://\S+)/v1  metrics (http://\S+)  `)
+	var base, metrics string
+	for sc.Scan() {
+		if m := proxyLine.FindStringSubmatch(sc.Text()); m != nil {
+			base, metrics = m[1], m[2]
+			break
+		}
+	}
+	go io.Copy(io.Discard, pr)
+	if base == "" || strings.HasPrefix(metrics, base) {
+		t.Fatalf("proxy %q, metrics %q: want metrics on the admin listener", base, metrics)
+	}
+	resp, err := http.Post(base+"/v1/chat/completions", "application/json", strings.NewReader(`{"model":"gpt-oss-120b","messages":[{"role":"user","content":"hi"}],"max_tokens":2}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 || resp.Header.Get("x-kvrelay-worker") != "" || resp.Header.Get("x-kvrelay-route") != "" {
+		t.Fatalf("answer %d with worker %q route %q: debug headers must be opt-in", resp.StatusCode, resp.Header.Get("x-kvrelay-worker"), resp.Header.Get("x-kvrelay-route"))
+	}
+	mr, err := http.Get(metrics)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, _ := io.ReadAll(mr.Body)
+	mr.Body.Close()
+	if mr.StatusCode != 200 || !strings.Contains(string(m), `kvrelay_proxy_requests_total{code="200"`) {
+		t.Fatalf("admin metrics: %d %.300s", mr.StatusCode, m)
 	}
 }

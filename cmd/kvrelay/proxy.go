@@ -94,7 +94,7 @@ decisions with every candidate's prediction (/debug/decisions), each worker's la
 	fs.Int64Var(&cfg.MaxBodyBytes, "max-body-bytes", cfg.MaxBodyBytes, "largest request body (larger gets 413)")
 	fs.DurationVar(&cfg.DrainTimeout, "drain-timeout", cfg.DrainTimeout, "how long a stop waits for requests in flight")
 	fs.IntVar(&cfg.EventLoops, "event-loops", 0, "gnet event loops, each on its own thread (0: GOMAXPROCS-1, at least one)")
-	fs.StringVar(&adminAddr, "admin-listen", "", "serve sampled routing decisions (/debug/decisions), latency models (/debug/latency) and Go's pprof on this address (e.g. 127.0.0.1:6060; empty: off)")
+	fs.StringVar(&adminAddr, "admin-listen", "127.0.0.1:0", "serve /metrics, sampled routing decisions (/debug/decisions), latency models (/debug/latency) and Go's pprof on this address (default: a free loopback port, printed at start; empty: off). The client port answers /metrics too while it listens on loopback")
 	fs.StringVar(&adminAddr, "debug-addr", "", "deprecated spelling of --admin-listen")
 	_ = fs.MarkDeprecated("debug-addr", "use --admin-listen")
 	return cmd
@@ -250,10 +250,12 @@ func runProxy(ctx context.Context, out io.Writer, cfg proxy.Config, ebpfF ebpfFl
 	}
 	defer probes.Close() // (before exit: leaves the dial scope and removes it)
 	if adminAddr != "" {
-		if err := serveAdmin(ctx, adminAddr, p.DecisionsHandler()); err != nil {
+		addr, err := serveAdmin(ctx, adminAddr, p.DecisionsHandler())
+		if err != nil {
 			_ = p.Close()
 			return err
 		}
+		fmt.Fprintf(out, "admin on http://%s (/metrics, /debug/decisions, /debug/latency, /debug/pprof/)\n", addr)
 	}
 	return p.Run(ctx)
 }
@@ -282,12 +284,13 @@ func startProxyWith(ctx context.Context, cfg proxy.Config, onListen func(*proxy.
 
 // serveAdmin serves the proxy's admin endpoints (decisions, latency models: h) and
 // net/http/pprof on addr until ctx ends.
-func serveAdmin(ctx context.Context, addr string, h http.Handler) error {
+func serveAdmin(ctx context.Context, addr string, h http.Handler) (string, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return fmt.Errorf("listening for the admin endpoints on %s: %w", addr, err)
+		return "", fmt.Errorf("listening for the admin endpoints on %s: %w", addr, err)
 	}
 	mux := http.NewServeMux()
+	mux.Handle("/metrics", h)
 	mux.Handle("/debug/decisions", h)
 	mux.Handle("/debug/latency", h)
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
@@ -298,5 +301,5 @@ func serveAdmin(ctx context.Context, addr string, h http.Handler) error {
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = srv.Serve(ln) }()
 	go func() { <-ctx.Done(); _ = srv.Close() }()
-	return nil
+	return ln.Addr().String(), nil
 }

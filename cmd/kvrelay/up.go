@@ -60,6 +60,8 @@ func newUpCmd() *cobra.Command {
 		static          bool
 		drainTimeout    time.Duration
 		tokenFile       string
+		adminListen     string
+		exposeHeaders   bool
 		tokenPath       string // where the operator API token is (tokenFile, or one up wrote)
 		ebpfF           ebpfFlags
 		pf              upPlannerFlags
@@ -141,7 +143,7 @@ there, a max_tokens=1 leg to a prefill worker whose KV blocks the decode worker 
 				pc := proxy.DefaultConfig()
 				pc.Listen = proxyListen
 				pc.Policy = policy
-				pc.ExposeWorkerHeader = true
+				pc.ExposeWorkerHeader = exposeHeaders
 				pc.BlockSize = f.engine.BlockSize
 				pc.DisaggThreshold = disaggThreshold
 				pc.DrainTimeout = drainTimeout
@@ -185,6 +187,15 @@ there, a max_tokens=1 leg to a prefill worker whose KV blocks the decode worker 
 				if err == nil {
 					err = p.Registerer().Register(probes) // kvrelay_ebpf_* on the proxy's /metrics
 				}
+				metricsURL := "http://" + p.Addr() + "/metrics"
+				if err == nil && adminListen != "" {
+					var admin string
+					if admin, err = serveAdmin(ctx, adminListen, p.DecisionsHandler()); err == nil {
+						metricsURL = "http://" + admin + "/metrics"
+					} else {
+						_ = p.Close()
+					}
+				}
 				if err != nil {
 					stopPlanner()
 					if cp != nil {
@@ -201,7 +212,7 @@ there, a max_tokens=1 leg to a prefill worker whose KV blocks the decode worker 
 				} else {
 					fmt.Fprintf(out, "kvrelay up: proxy and %s on loopback (Ctrl-C stops them)\n\n", what)
 				}
-				fmt.Fprintf(out, "proxy     openai http://%s/v1  metrics http://%s/metrics  policy %s\n", p.Addr(), p.Addr(), policy)
+				fmt.Fprintf(out, "proxy     openai http://%s/v1  metrics %s  policy %s\n", p.Addr(), metricsURL, policy)
 				if mode == upModeDisagg {
 					how := fmt.Sprintf("prefill on a prefill worker when more than %d prompt tokens are uncached on the decode worker", disaggThreshold)
 					if disaggThreshold < 0 {
@@ -256,6 +267,8 @@ there, a max_tokens=1 leg to a prefill worker whose KV blocks the decode worker 
 	fs.StringVar(&xdsListen, "xds-listen", "127.0.0.1:18000", "the control plane's xDS address")
 	fs.StringVar(&apiListen, "api-listen", "127.0.0.1:18080", "the control plane's operator API address")
 	fs.StringVar(&dataDir, "data-dir", "", "the control plane's data directory (default: a temporary one, removed on exit)")
+	fs.StringVar(&adminListen, "admin-listen", "127.0.0.1:0", "the proxy's admin address: /metrics, /debug/decisions, /debug/latency, pprof (default: a free loopback port, printed)")
+	fs.BoolVar(&exposeHeaders, "expose-worker-header", false, "add x-kvrelay-worker and x-kvrelay-route to the proxy's answers (reveals topology)")
 	fs.StringVar(&tokenFile, "api-token-file", "", "file holding the bearer token that changes through the operator API need (default: up generates one into the data directory's api-token and prints where)")
 	fs.BoolVar(&static, "static", false, "no control plane: the proxy routes alone over static upstreams")
 	fs.DurationVar(&drainTimeout, "drain-timeout", proxy.DefaultConfig().DrainTimeout, "on SIGINT or SIGTERM, how long the proxy lets requests in flight finish before everything stops (a second signal stops at once)")

@@ -43,7 +43,7 @@ func TestUpPlannerScalesUpAndDown(t *testing.T) {
 	if err := p.Save(profile); err != nil {
 		t.Fatal(err)
 	}
-	pr, stop := startUp(t, "--workers", "1", "--speedup-ratio", "20", "--num-gpu-blocks", "4096",
+	pr, stop := startUp(t, "--expose-worker-header", "--workers", "1", "--speedup-ratio", "20", "--num-gpu-blocks", "4096",
 		"--planner", "--planner-profile", profile, "--planner-max", "2",
 		"--planner-interval", "2s", "--planner-load-interval", "500ms", "--planner-cooldown", "3s")
 

@@ -291,6 +291,12 @@ func (cc *clientConn) handle() {
 			cc.methodNotAllowed()
 			return
 		}
+		if !s.loopback {
+			// Metrics name every worker and cost a scrape's work: clients reach them on the
+			// admin listener only, unless the client port is local anyway.
+			cc.errorReply(404, "/metrics is served on the proxy's admin listener", "", "")
+			return
+		}
 		cc.reply(200, "text/plain; version=0.0.4; charset=utf-8", s.gatherMetrics())
 		return
 	case "/v1/models":

@@ -158,6 +158,9 @@ func (s *Server) WorkerModels() []WorkerModelJSON {
 // DecisionsHandler serves, for the proxy's admin listener, GET /debug/decisions (the
 // sampled decisions of a predicting policy, newest first; ?n= bounds them) and
 // GET /debug/latency (each worker's latency model).
+//
+// It also serves GET /metrics: the admin listener is where metrics live (the client port
+// answers /metrics only while it listens on loopback).
 func (s *Server) DecisionsHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /debug/decisions", func(w http.ResponseWriter, r *http.Request) {
@@ -166,6 +169,10 @@ func (s *Server) DecisionsHandler() http.Handler {
 	})
 	mux.HandleFunc("GET /debug/latency", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, s.WorkerModels())
+	})
+	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+		_, _ = w.Write(s.gatherMetrics())
 	})
 	return mux
 }

@@ -11,6 +11,7 @@ import (
 	"maps"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strconv"
 	"strings"
@@ -1017,5 +1018,26 @@ func TestValidationAgreesWithEngine(t *testing.T) {
 		if a, b := direct.Header.Get("Content-Type"), via.Header.Get("Content-Type"); strings.HasPrefix(a, "text/event-stream") != strings.HasPrefix(b, "text/event-stream") {
 			t.Errorf("%q: engine answered %s, proxy %s", body, a, b)
 		}
+	}
+}
+
+// A proxy whose client listener is not loopback-only answers /metrics on its admin handler
+// only; one on loopback answers it on the client port too.
+func TestMetricsOffTheClientPort(t *testing.T) {
+	w := startWorker(t, nil)
+	p := startProxy(t, []string{w.URL()}, func(cfg *proxy.Config) { cfg.Listen = "0.0.0.0:0" })
+	_, port, _ := net.SplitHostPort(p.Addr())
+	code, body := get(t, "http://127.0.0.1:"+port+"/metrics")
+	if code != 404 || strings.Contains(body, "kvrelay_proxy_") {
+		t.Fatalf("/metrics on a wildcard client port: %d %.200s", code, body)
+	}
+	admin := httptest.NewServer(p.DecisionsHandler())
+	defer admin.Close()
+	if code, body := get(t, admin.URL+"/metrics"); code != 200 || !strings.Contains(body, "kvrelay_proxy_queue_depth") {
+		t.Fatalf("/metrics on the admin handler: %d %.200s", code, body)
+	}
+	local := startProxy(t, []string{w.URL()}, nil)
+	if code, body := get(t, "http://"+local.Addr()+"/metrics"); code != 200 || !strings.Contains(body, "kvrelay_proxy_") {
+		t.Fatalf("/metrics on a loopback client port: %d", code)
 	}
 }

@@ -38,17 +38,19 @@ import (
 type Server struct {
 	gnet.BuiltinEventEngine
 
-	cfg     Config
-	log     *slog.Logger
-	limits  http1.Limits
-	metrics *metrics
-	index   *prefix.Approx
-	kv      *route.Router                     // chat and text completions
-	load    *route.Router                     // embeddings and responses: by load
-	workers atomic.Pointer[[]*workerState]    // by route.Worker.Index
-	codecs  atomic.Pointer[map[string]*codec] // by model; "" is the default
-	models  atomic.Pointer[[]byte]            // the /v1/models body
-	queue   *admissionQueue
+	cfg    Config
+	log    *slog.Logger
+	limits http1.Limits
+	// loopback: the client listener is on a loopback address, so /metrics answers there too.
+	loopback bool
+	metrics  *metrics
+	index    *prefix.Approx
+	kv       *route.Router                     // chat and text completions
+	load     *route.Router                     // embeddings and responses: by load
+	workers  atomic.Pointer[[]*workerState]    // by route.Worker.Index
+	codecs   atomic.Pointer[map[string]*codec] // by model; "" is the default
+	models   atomic.Pointer[[]byte]            // the /v1/models body
+	queue    *admissionQueue
 	// decisions keeps sampled routing decisions of a predicting policy (explain.go).
 	decisions decisionLog
 	xds       *xdsState // nil without a control plane
@@ -88,14 +90,15 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	s := &Server{
-		cfg:     cfg,
-		log:     log,
-		limits:  http1.Limits{MaxHeadBytes: cfg.MaxHeaderBytes, MaxBodyBytes: cfg.MaxBodyBytes},
-		metrics: newMetrics(),
-		index:   prefix.NewApprox(prefix.ApproxConfig{MaxBlocks: cfg.IndexBlocks, TTL: cfg.IndexTTL}),
-		boot:    make(chan struct{}),
-		done:    make(chan error, 1),
-		loops:   map[gnet.EventLoop]*loop{},
+		cfg:      cfg,
+		log:      log,
+		loopback: loopbackListen(cfg.Listen),
+		limits:   http1.Limits{MaxHeadBytes: cfg.MaxHeaderBytes, MaxBodyBytes: cfg.MaxBodyBytes},
+		metrics:  newMetrics(),
+		index:    prefix.NewApprox(prefix.ApproxConfig{MaxBlocks: cfg.IndexBlocks, TTL: cfg.IndexTTL}),
+		boot:     make(chan struct{}),
+		done:     make(chan error, 1),
+		loops:    map[gnet.EventLoop]*loop{},
 	}
 	s.codecs.Store(&map[string]*codec{})
 	s.workers.Store(&[]*workerState{})
@@ -588,4 +591,18 @@ func newCodec(model, tokSpec, tmplSpec string, cacheTokens int) (*codec, error) 
 		return nil, fmt.Errorf("loading the codec of %q: %w", model, err)
 	}
 	return &codec{tok: tokenizer.NewSegmentCache(cd.Tokenizer, cacheTokens, 64), tmpl: cd.Template}, nil
+}
+
+// loopbackListen reports whether a listen address binds only loopback: localhost or a
+// loopback IP, not a wildcard.
+func loopbackListen(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
