@@ -142,6 +142,10 @@ type Config struct {
 	ConnectTimeout  time.Duration `yaml:"connect_timeout"`
 	UpstreamTimeout time.Duration `yaml:"upstream_timeout"`
 	DrainTimeout    time.Duration `yaml:"drain_timeout"`
+	// ClientStallTimeout cuts off a streamed answer's client that takes nothing of what the
+	// proxy holds for it (past its high-water mark) for this long, and cancels the engine
+	// request, freeing its slot and KV.
+	ClientStallTimeout time.Duration `yaml:"client_stall_timeout"`
 	// Retries is how many other workers a request may try after a connect failure or a 5xx
 	// before its first byte.
 	Retries int `yaml:"retries"`
@@ -192,6 +196,7 @@ func DefaultConfig() Config {
 		ConnectTimeout:      3 * time.Second,
 		UpstreamTimeout:     10 * time.Minute,
 		DrainTimeout:        30 * time.Second,
+		ClientStallTimeout:  30 * time.Second,
 		Retries:             2,
 		EjectAfter:          3,
 		EjectFor:            10 * time.Second,
@@ -277,7 +282,7 @@ func (c *Config) Validate() error {
 		return bad("max body bytes must be positive")
 	case c.Retries < 0 || c.EjectAfter < 1 || c.QueueSize < 0:
 		return bad("retries and queue size must not be negative, eject_after must be at least 1")
-	case c.ReadTimeout <= 0 || c.IdleTimeout <= 0 || c.ConnectTimeout <= 0 || c.UpstreamTimeout <= 0 || c.QueueTimeout <= 0 || c.DrainTimeout <= 0:
+	case c.ReadTimeout <= 0 || c.IdleTimeout <= 0 || c.ConnectTimeout <= 0 || c.UpstreamTimeout <= 0 || c.QueueTimeout <= 0 || c.DrainTimeout <= 0 || c.ClientStallTimeout <= 0:
 		return bad("timeouts must be positive")
 	case c.MaxBufferedResponse < 64<<10:
 		return bad("max buffered response %d is under 64 KiB", c.MaxBufferedResponse)

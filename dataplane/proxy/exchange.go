@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"strconv"
+	"time"
 
 	"github.com/kvrelay/kvrelay/dataplane/http1"
 	"github.com/kvrelay/kvrelay/dataplane/oai"
@@ -57,6 +58,7 @@ type exchange struct {
 	chunked  bool // re-chunking the body to the client
 	untilEOF bool // the client's body ends when the connection closes
 	paused   bool
+	pausedAt int64 // when forwarding last paused for the client
 	flushing bool // forwarding what a closed engine connection left, past highWater
 	tokens   int
 }
@@ -327,6 +329,7 @@ func (ex *exchange) observe(data []byte, now int64) {
 func (ex *exchange) pause(up *upstream) {
 	if !ex.paused {
 		ex.paused = true
+		ex.pausedAt = ex.cc.lp.now
 		ex.cc.srv.paused.Add(1)
 	}
 }
@@ -571,6 +574,17 @@ func (ex *exchange) tick(now int64, cfg *Config) {
 	if ex.paused && ex.cc.c.OutboundBuffered() < lowWater && up.c != nil {
 		ex.resume()
 		ex.data(up)
+		return
+	}
+	if ex.paused && now-ex.pausedAt > int64(cfg.ClientStallTimeout) {
+		// The client has not taken what was held for it for the whole stall timeout: it is
+		// gone or stuck, and the engine's slot and KV must not wait on it.
+		cc := ex.cc
+		cc.srv.metrics.aborted.WithLabelValues("slow_client").Inc()
+		cc.srv.log.Debug("client stalled; request cancelled", "worker", ex.ws.w.ID, "stalled", time.Duration(now-ex.pausedAt))
+		ex.abort()
+		cc.state = stClosing
+		_ = cc.c.Close()
 	}
 }
 

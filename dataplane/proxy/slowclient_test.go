@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -141,5 +142,47 @@ func TestSlowClientGetsAnswerAfterEngineCloses(t *testing.T) {
 				t.Fatalf("client got %d bytes, the engine sent %d", total, size)
 			}
 		})
+	}
+}
+
+// TestNeverReadingClientFreesTheEngine: a client that stops reading a slow, endless stream
+// (a real engine's tokens: too few bytes to pass MaxBufferedResponse soon) is cut off after
+// the stall timeout, and the engine's connection is closed, which cancels its request.
+func TestNeverReadingClientFreesTheEngine(t *testing.T) {
+	engineGone := make(chan struct{})
+	payload := strings.Repeat("y", 4000)
+	url := fakeEngine(t, func(conn net.Conn, _ *bufio.Reader, _ *http.Request) {
+		io.WriteString(conn, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+		for i := 0; ; i++ {
+			ev := fmt.Sprintf(`data: {"choices":[{"index":0,"delta":{"content":"%d %s"}}]}`+"\n\n", i, payload)
+			conn.SetWriteDeadline(time.Now().Add(20 * time.Second))
+			if _, err := fmt.Fprintf(conn, "%x\r\n%s\r\n", len(ev), ev); err != nil {
+				close(engineGone)
+				return
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+	})
+	p := startProxy(t, []string{url}, func(cfg *proxy.Config) {
+		cfg.MaxBufferedResponse = 64 << 20
+		cfg.ClientStallTimeout = 300 * time.Millisecond
+	})
+	d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
+		return rc.Control(func(fd uintptr) { _ = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096) })
+	}}
+	conn, err := d.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	body := chatBody("s", "u", 1, true)
+	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	select {
+	case <-engineGone:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the engine still streams to a client that stopped reading 5 s ago")
+	}
+	if _, m := get(t, "http://"+p.Addr()+"/metrics"); !strings.Contains(m, `kvrelay_proxy_aborted_requests_total{reason="slow_client"} 1`) {
+		t.Error("the cut-off was not counted as slow_client")
 	}
 }
