@@ -146,6 +146,15 @@ type Config struct {
 	// proxy holds for it (past its high-water mark) for this long, and cancels the engine
 	// request, freeing its slot and KV.
 	ClientStallTimeout time.Duration `yaml:"client_stall_timeout"`
+	// FirstByteTimeout is how long an engine may take to start answering a request it was
+	// sent: ten times the request's predicted TTFT (latency policy) when that is longer,
+	// never past UpstreamTimeout. The request then tries another worker; a worker that sent
+	// nothing on any connection for as long is taken out for EjectFor at once (it has
+	// stopped answering: hung, or frozen).
+	FirstByteTimeout time.Duration `yaml:"first_byte_timeout"`
+	// StreamIdleTimeout ends an answer the engine has sent nothing more of for this long: the
+	// worker is taken out at once and the client's stream ends with an error event.
+	StreamIdleTimeout time.Duration `yaml:"stream_idle_timeout"`
 	// Retries is how many other workers a request may try after a connect failure or a 5xx
 	// before its first byte.
 	Retries int `yaml:"retries"`
@@ -197,6 +206,8 @@ func DefaultConfig() Config {
 		UpstreamTimeout:     10 * time.Minute,
 		DrainTimeout:        30 * time.Second,
 		ClientStallTimeout:  30 * time.Second,
+		FirstByteTimeout:    30 * time.Second,
+		StreamIdleTimeout:   30 * time.Second,
 		Retries:             2,
 		EjectAfter:          3,
 		EjectFor:            10 * time.Second,
@@ -282,7 +293,7 @@ func (c *Config) Validate() error {
 		return bad("max body bytes must be positive")
 	case c.Retries < 0 || c.EjectAfter < 1 || c.QueueSize < 0:
 		return bad("retries and queue size must not be negative, eject_after must be at least 1")
-	case c.ReadTimeout <= 0 || c.IdleTimeout <= 0 || c.ConnectTimeout <= 0 || c.UpstreamTimeout <= 0 || c.QueueTimeout <= 0 || c.DrainTimeout <= 0 || c.ClientStallTimeout <= 0:
+	case c.ReadTimeout <= 0 || c.IdleTimeout <= 0 || c.ConnectTimeout <= 0 || c.UpstreamTimeout <= 0 || c.QueueTimeout <= 0 || c.DrainTimeout <= 0 || c.ClientStallTimeout <= 0 || c.FirstByteTimeout <= 0 || c.StreamIdleTimeout <= 0:
 		return bad("timeouts must be positive")
 	case c.MaxBufferedResponse < 64<<10:
 		return bad("max buffered response %d is under 64 KiB", c.MaxBufferedResponse)

@@ -50,17 +50,20 @@ type exchange struct {
 
 	out []byte // the request as sent upstream
 
-	start    int64 // the request was complete
-	sentAt   int64
-	active   bool
-	headSent bool
-	status   int
-	chunked  bool // re-chunking the body to the client
-	untilEOF bool // the client's body ends when the connection closes
-	paused   bool
-	pausedAt int64 // when forwarding last paused for the client
-	flushing bool // forwarding what a closed engine connection left, past highWater
-	tokens   int
+	start  int64 // the request was complete
+	sentAt int64
+	// firstByteBy is when the engine must have started answering (FirstByteTimeout);
+	// lastByteAt when it last sent anything (StreamIdleTimeout).
+	firstByteBy, lastByteAt int64
+	active                  bool
+	headSent                bool
+	status                  int
+	chunked                 bool // re-chunking the body to the client
+	untilEOF                bool // the client's body ends when the connection closes
+	paused                  bool
+	pausedAt                int64 // when forwarding last paused for the client
+	flushing                bool  // forwarding what a closed engine connection left, past highWater
+	tokens                  int
 }
 
 // begin resets the exchange for a request routed to ws.
@@ -97,6 +100,13 @@ func (ex *exchange) send() {
 	b = append(b, body...)
 	ex.out = b
 	ex.sentAt = cc.lp.now
+	ex.lastByteAt = cc.lp.now
+	cfg := &cc.srv.cfg
+	wait := cfg.FirstByteTimeout
+	if cc.dec.HasPrediction {
+		wait = max(wait, time.Duration(10*cc.dec.Prediction.TTFT*float64(time.Second)))
+	}
+	ex.firstByteBy = cc.lp.now + int64(min(wait, cfg.UpstreamTimeout))
 	if up := cc.lp.take(w); up != nil {
 		ex.up = up
 		up.attach(ex, true)
@@ -112,6 +122,10 @@ func (ex *exchange) data(up *upstream) {
 	cc := ex.cc
 	buf, _ := up.c.Peek(-1)
 	now := cc.lp.now
+	if len(buf) > 0 {
+		ex.lastByteAt = now
+		ex.ws.w.Heard(now)
+	}
 	out := cc.lp.wbuf[:0]
 	consumed := 0
 	finished := false
@@ -337,6 +351,7 @@ func (ex *exchange) pause(up *upstream) {
 func (ex *exchange) resume() {
 	if ex.paused {
 		ex.paused = false
+		ex.lastByteAt = ex.cc.lp.now // the engine was held back, not silent
 		ex.cc.srv.paused.Add(-1)
 	}
 }
@@ -478,10 +493,19 @@ func (ex *exchange) fail(up *upstream, kind int) {
 	switch {
 	case kind == failStatus && ex.suspect == nil:
 		ex.suspect = ws // blamed if another worker answers without a 5xx
+	case kind == failTimeout && cc.lp.now-ws.w.LastHeard() > int64(s.cfg.FirstByteTimeout):
+		// A worker silent on every connection for the whole timeout has stopped answering
+		// (hung, frozen): it is out at once, not after EjectAfter requests each waited the
+		// timeout on it. One that streams to others is busy: only this request moves.
+		if ws.w.Failed(cc.lp.now, 1, s.cfg.EjectFor) {
+			ws.m.ejections.Inc()
+			s.log.Warn("worker ejected: it stopped answering", "worker", ws.w.ID, "for", s.cfg.EjectFor)
+		}
+	case kind == failTimeout:
 	case kind != failProtocol:
 		ex.blame(ws)
 	}
-	if kind != failTimeout && ex.canRetry() {
+	if ex.canRetry() {
 		ex.attempts++
 		s.metrics.retries.Inc()
 		ws.m.inflight.Dec()
@@ -567,7 +591,11 @@ func (ex *exchange) tick(now int64, cfg *Config) {
 	if up == nil || !ex.active {
 		return
 	}
-	if !up.headDone && now-ex.sentAt > int64(cfg.UpstreamTimeout) {
+	if !up.headDone && now > ex.firstByteBy {
+		ex.fail(up, failTimeout)
+		return
+	}
+	if up.headDone && !ex.paused && now-ex.lastByteAt > int64(cfg.StreamIdleTimeout) {
 		ex.fail(up, failTimeout)
 		return
 	}

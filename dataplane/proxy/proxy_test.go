@@ -1041,3 +1041,47 @@ func TestMetricsOffTheClientPort(t *testing.T) {
 		t.Fatalf("/metrics on a loopback client port: %d", code)
 	}
 }
+
+// A worker that streams to one client but does not start answering another within the
+// first-byte timeout is busy, not hung: the request moves to another worker and the busy
+// one stays in rotation.
+func TestFirstByteTimeoutMovesWithoutEjectingABusyWorker(t *testing.T) {
+	busyURL := fakeEngine(t, func(conn net.Conn, _ *bufio.Reader, req *http.Request) {
+		body, _ := io.ReadAll(req.Body)
+		if !bytes.Contains(body, []byte(`"stream":true`)) {
+			time.Sleep(3 * time.Second) // queued behind the stream: no answer in time
+			return
+		}
+		io.WriteString(conn, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+		for range 60 {
+			ev := `data: {"id":"x","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"t"},"finish_reason":null}]}` + "\n\n"
+			if _, err := fmt.Fprintf(conn, "%x\r\n%s\r\n", len(ev), ev); err != nil {
+				return
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		io.WriteString(conn, "0\r\n\r\n")
+	})
+	good := startWorker(t, nil)
+	p := startProxy(t, []string{busyURL, good.URL()}, func(cfg *proxy.Config) {
+		cfg.Policy = "round-robin"
+		cfg.FirstByteTimeout = 300 * time.Millisecond
+		cfg.EjectAfter = 5
+	})
+	base := "http://" + p.Addr()
+	resp, err := http.Post(base+"/v1/chat/completions", "application/json", strings.NewReader(chatBody("s", "u", 60, true)))
+	if err != nil || resp.Header.Get("x-kvrelay-worker") != "w0" {
+		t.Fatalf("the stream went to %q (%v), want w0", resp.Header.Get("x-kvrelay-worker"), err)
+	}
+	defer resp.Body.Close()
+	go io.Copy(io.Discard, resp.Body)
+	for i := range 4 {
+		r, body := post(t, base+"/v1/chat/completions", chatBody("s", fmt.Sprintf("q%d", i), 2, false))
+		if r.StatusCode != 200 || r.Header.Get("x-kvrelay-worker") != "w1" {
+			t.Fatalf("request %d: %d from %q: %s", i, r.StatusCode, r.Header.Get("x-kvrelay-worker"), body)
+		}
+	}
+	if ws := p.Workers(); !ws[0].EjectedUntil().IsZero() {
+		t.Fatal("a worker streaming to another client was ejected as hung")
+	}
+}

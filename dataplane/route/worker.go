@@ -60,6 +60,7 @@ type Worker struct {
 	rateNanos  float64
 
 	ejectedUntil atomic.Int64 // unix nanos
+	lastHeard    atomic.Int64 // when the worker last sent bytes (Heard)
 	failures     atomic.Int32
 	draining     atomic.Bool
 
@@ -241,6 +242,17 @@ func (w *Worker) EjectedUntil() time.Time {
 	}
 	return time.Time{}
 }
+
+// Heard records that the worker sent bytes at now (the proxy's clock); LastHeard is when it
+// last did, 0 before it ever has. A worker silent on every connection is hung, not busy.
+func (w *Worker) Heard(now int64) {
+	if w.lastHeard.Load() < now {
+		w.lastHeard.Store(now)
+	}
+}
+
+// LastHeard is when the worker last sent bytes (see Heard).
+func (w *Worker) LastHeard() int64 { return w.lastHeard.Load() }
 
 // EjectedFor is how long from now (on the clock Failed was given) the worker stays ejected,
 // 0 when it is not.

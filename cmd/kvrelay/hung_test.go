@@ -1,0 +1,127 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kvrelay/kvrelay/dataplane/proxy"
+)
+
+// startSimProcess runs `kvrelay sim` as a process of its own (this test binary stands in
+// for kvrelay) and returns it with its base URL.
+func startSimProcess(t *testing.T, args ...string) (*exec.Cmd, string) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], append([]string{"sim", "--listen", "127.0.0.1:0"}, args...)...)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGCONT)
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	sc := bufio.NewScanner(stdout)
+	re := regexp.MustCompile(`openai (http://127\.0\.0\.1:\d+)/v1`)
+	for sc.Scan() {
+		if m := re.FindStringSubmatch(sc.Text()); m != nil {
+			go io.Copy(io.Discard, stdout)
+			return cmd, m[1]
+		}
+	}
+	t.Fatal("the sim printed no address")
+	return nil, ""
+}
+
+// A worker process frozen with SIGSTOP: requests routed to it get their first byte from
+// another worker within the first-byte timeout (and the worker is out at once, so the
+// ones after it do not wait at all); a stream it was serving ends with an error event after
+// the stream idle timeout instead of hanging.
+func TestFrozenWorkerIsRoutedAround(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts worker processes")
+	}
+	frozen, urlA := startSimProcess(t, "--speedup-ratio", "2")
+	_, urlB := startSimProcess(t, "--speedup-ratio", "2")
+	cfg := proxy.DefaultConfig()
+	cfg.Listen = "127.0.0.1:0"
+	cfg.Policy = "round-robin"
+	cfg.ExposeWorkerHeader = true
+	cfg.Upstreams = []proxy.Upstream{{ID: "a", URL: urlA}, {ID: "b", URL: urlB}}
+	cfg.FirstByteTimeout = 500 * time.Millisecond
+	cfg.StreamIdleTimeout = 700 * time.Millisecond
+	cfg.EjectFor = time.Minute
+	p, err := startProxy(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	base := "http://" + p.Addr()
+
+	// A stream on a: it freezes mid-answer.
+	var stream *http.Response
+	for stream == nil {
+		resp, err := http.Post(base+"/v1/chat/completions", "application/json", strings.NewReader(
+			`{"model":"gpt-oss-120b","messages":[{"role":"user","content":"count"}],"max_tokens":4000,"ignore_eos":true,"stream":true}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.Header.Get("x-kvrelay-worker") == "a" {
+			stream = resp
+		} else {
+			resp.Body.Close()
+		}
+	}
+	defer stream.Body.Close()
+	br := bufio.NewReader(stream.Body)
+	if _, err := br.ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+	if err := frozen.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	frozenAt := time.Now()
+	for i := range 6 {
+		t0 := time.Now()
+		resp, err := (&http.Client{Timeout: 10 * time.Second}).Post(base+"/v1/chat/completions", "application/json", strings.NewReader(
+			`{"model":"gpt-oss-120b","messages":[{"role":"user","content":"hi"}],"max_tokens":2}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || resp.Header.Get("x-kvrelay-worker") != "b" {
+			t.Fatalf("request %d with a frozen: %d from %q: %s", i, resp.StatusCode, resp.Header.Get("x-kvrelay-worker"), body)
+		}
+		if d := time.Since(t0); d > 3*time.Second {
+			t.Fatalf("request %d took %v with a frozen", i, d)
+		}
+	}
+	rest, err := io.ReadAll(br)
+	if err != nil {
+		t.Fatalf("the frozen worker's stream did not end cleanly: %v", err)
+	}
+	if !strings.Contains(string(rest), `"error"`) || !strings.HasSuffix(string(rest), "data: [DONE]\n\n") {
+		t.Fatalf("the frozen worker's stream ended without an error event: %.300s", rest)
+	}
+	if d := time.Since(frozenAt); d > 5*time.Second {
+		t.Fatalf("the frozen stream took %v to end", d)
+	}
+	for _, w := range p.Workers() {
+		if w.ID == "a" && w.EjectedUntil().IsZero() {
+			t.Error("the frozen worker was not taken out")
+		}
+	}
+}
