@@ -937,3 +937,63 @@ func TestPushedLoadFadesWithoutTheControlPlane(t *testing.T) {
 		t.Error("kvrelay_proxy_xds_load_stale never said the load was stale")
 	}
 }
+
+// The loopback operator API answers only requests whose Host is loopback (a page on another
+// name rebound to 127.0.0.1 gets nothing), sends no CORS headers, and counts and logs what
+// it refuses by reason.
+func TestOperatorAPIRefusesForeignHosts(t *testing.T) {
+	c := newCluster(t, 1)
+	api := "http://" + c.cp.APIAddr()
+	do := func(host, path, token string) *http.Response {
+		req, _ := http.NewRequest("GET", api+path, nil)
+		if host != "" {
+			req.Host = host
+		}
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		req.Header.Set("Origin", "http://evil.example")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp
+	}
+	for _, host := range []string{"evil.example:" + strings.Split(c.cp.APIAddr(), ":")[1], "evil.example", "10.0.0.1"} {
+		if r := do(host, "/v1/workers", ""); r.StatusCode != http.StatusMisdirectedRequest {
+			t.Errorf("Host %s: %d, want 421", host, r.StatusCode)
+		}
+	}
+	for _, host := range []string{"", "localhost:1234", "127.0.0.1"} {
+		r := do(host, "/v1/workers", "")
+		if r.StatusCode != 200 {
+			t.Errorf("Host %q: %d, want 200", host, r.StatusCode)
+		}
+		for k := range r.Header {
+			if strings.HasPrefix(strings.ToLower(k), "access-control-") {
+				t.Errorf("CORS header %s sent", k)
+			}
+		}
+	}
+	if r := do("", "/v1/workers/w0/drain", "wrong"); r.StatusCode == 200 {
+		t.Fatal("a GET drain with a wrong token succeeded")
+	}
+	req, _ := http.NewRequest("POST", api+"/v1/workers/w0/drain", nil)
+	req.Header.Set("Authorization", "Bearer wrong")
+	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != 401 {
+		t.Fatalf("drain with a wrong token: %v %v", err, resp)
+	}
+	resp, err := http.Get(api + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{`kvrelay_controlplane_api_rejected_total{reason="host"} 3`, `kvrelay_controlplane_api_rejected_total{reason="unauthenticated"} 1`} {
+		if !strings.Contains(string(m), want) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -478,14 +479,51 @@ func policyResource(p registry.Policy) *xdsv1.RoutingPolicy {
 // apiHandler serves the operator API, JSON over HTTP and gRPC on one port, and /metrics.
 // Reads are open when the API listens on loopback; mutations need the bearer token.
 func (s *Server) apiHandler() http.Handler {
-	opts := api.Options{Token: s.opts.APIToken, OpenReads: isLoopback(s.apiLis.Addr())}
+	rejected := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvrelay_controlplane_api_rejected_total", Help: "Operator API requests refused, by reason (host: a Host header that is not this loopback API's; unauthenticated; no_token).",
+	}, []string{"reason"})
+	for _, r := range []string{"host", "unauthenticated", "no_token"} {
+		rejected.WithLabelValues(r)
+	}
+	s.metrics.MustRegister(rejected)
+	reject := func(reason string, r *http.Request) {
+		rejected.WithLabelValues(reason).Inc()
+		s.log.Debug("operator API request refused", "reason", reason, "method", r.Method, "path", r.URL.Path, "host", r.Host, "remote", r.RemoteAddr)
+	}
+	loopback := isLoopback(s.apiLis.Addr())
+	opts := api.Options{Token: s.opts.APIToken, OpenReads: loopback, OnReject: reject}
 	s.apiGRPC = grpc.NewServer()
 	api.Register(s.apiGRPC, operator{s}, opts)
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(s.metrics, promhttp.HandlerOpts{}))
 	mux.Handle("/v1/planner/", s.plannerRoute(opts))
 	mux.Handle("/", api.Handler(operator{s}, opts))
-	return api.Mux(s.apiGRPC, mux)
+	var h http.Handler = api.Mux(s.apiGRPC, mux)
+	if loopback {
+		h = loopbackHostOnly(h, reject)
+	}
+	return h
+}
+
+// loopbackHostOnly refuses requests whose Host is not a loopback address or localhost: reads
+// of a loopback API need no token, and a web page must not reach them through a DNS name
+// rebound to 127.0.0.1 (its requests carry that name as Host).
+func loopbackHostOnly(h http.Handler, reject func(string, *http.Request)) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		host := r.Host
+		if hp, _, err := net.SplitHostPort(host); err == nil {
+			host = hp
+		}
+		ip := net.ParseIP(strings.Trim(host, "[]"))
+		if !strings.EqualFold(host, "localhost") && (ip == nil || !ip.IsLoopback()) {
+			reject("host", r)
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusMisdirectedRequest)
+			_, _ = w.Write([]byte(`{"error":{"code":"PERMISSION_DENIED","message":"this operator API listens on loopback and answers only Host: localhost or a loopback address"}}` + "\n"))
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 func isLoopback(a net.Addr) bool {

@@ -69,6 +69,9 @@ type Options struct {
 	// AllowUnauthenticated serves every call without a token when Token is empty; without
 	// it, an API with no token refuses what would need one. For tests and trusted sandboxes.
 	AllowUnauthenticated bool
+	// OnReject, when set, hears of every call refused for its credentials, with the reason
+	// ("unauthenticated" for a missing or wrong token, "no_token" when none is configured).
+	OnReject func(reason string, r *http.Request)
 }
 
 // errNoToken is the refusal of an API started without a token.
