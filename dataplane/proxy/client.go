@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net/url"
 	"strconv"
 	"time"
 	"unsafe"
@@ -305,6 +306,14 @@ func (cc *clientConn) handle() {
 			return
 		}
 		cc.reply(200, "application/json", *s.models.Load())
+		return
+	}
+	if id, ok := bytes.CutPrefix(path, []byte("/v1/models/")); ok && len(id) > 0 {
+		if !get {
+			cc.methodNotAllowed()
+			return
+		}
+		cc.modelObject(string(id))
 		return
 	}
 	cc.kind, cc.model = 0, ""
@@ -663,6 +672,28 @@ func (cc *clientConn) recordPlacement(w *route.Worker, overlap int) prefix.Recei
 	r := s.index.RecordAt(cc.lp.now, w.Index, cc.rreq.Hashes, overlap)
 	w.SetCachedBlocks(s.index.Blocks(w.Index))
 	return r
+}
+
+// modelObject answers GET /v1/models/{id} as OpenAI does: the model object, or 404
+// model_not_found. The id may be escaped (Qwen%2FQwen3-8B) or not (Qwen/Qwen3-8B).
+func (cc *clientConn) modelObject(id string) {
+	if u, err := url.PathUnescape(id); err == nil {
+		id = u
+	}
+	var list struct {
+		Data []json.RawMessage `json:"data"`
+	}
+	_ = json.Unmarshal(*cc.srv.models.Load(), &list)
+	for _, m := range list.Data {
+		var probe struct {
+			ID string `json:"id"`
+		}
+		if json.Unmarshal(m, &probe) == nil && probe.ID == id {
+			cc.reply(200, "application/json", m)
+			return
+		}
+	}
+	cc.errorReply(404, "The model `"+id+"` does not exist.", "model", "model_not_found")
 }
 
 // methodNotAllowed answers a known path asked with the wrong method.

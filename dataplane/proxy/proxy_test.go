@@ -198,6 +198,13 @@ func TestOpenAISDKThroughProxy(t *testing.T) {
 	if err != nil || len(models.Data) != 1 || models.Data[0].ID != model {
 		t.Fatalf("models: %v %+v", err, models)
 	}
+	if m, err := client.Models.Get(ctx, model); err != nil || m.ID != model || m.Object != "model" {
+		t.Fatalf("models.get: %v %+v", err, m)
+	}
+	_, err = client.Models.Get(ctx, "no-such-model")
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != 404 || apiErr.Code != "model_not_found" {
+		t.Fatalf("models.get of an unknown model: %v", err)
+	}
 }
 
 func TestSamePrefixSameWorkerSpreadAcrossPrefixes(t *testing.T) {
