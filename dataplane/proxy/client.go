@@ -308,6 +308,17 @@ func (cc *clientConn) handle() {
 		cc.reply(200, "application/json", *s.models.Load())
 		return
 	}
+	if id, ok := bytes.CutPrefix(path, []byte("/v1/responses/")); ok && len(id) > 0 {
+		id, cancel := bytes.CutSuffix(id, []byte("/cancel"))
+		switch {
+		case cancel && !bytes.Equal(cc.method, []byte("POST")),
+			!cancel && !get && !bytes.Equal(cc.method, []byte("DELETE")):
+			cc.methodNotAllowed()
+			return
+		}
+		cc.storedResponse(id)
+		return
+	}
 	if id, ok := bytes.CutPrefix(path, []byte("/v1/models/")); ok && len(id) > 0 {
 		if !get {
 			cc.methodNotAllowed()
@@ -400,6 +411,9 @@ func (cc *clientConn) prepare() error {
 	cc.spec.want = o.Hints.SpeculativePrefill && cc.kind == oai.ChatCompletions
 	if o.Hints.HasOSL {
 		r.OSL = o.Hints.OSL
+	}
+	if cc.kind == oai.Responses && len(o.PreviousResponseID) > 0 {
+		cc.pinResponse(unsafeString(o.PreviousResponseID))
 	}
 	switch {
 	case len(cc.session) > 0:
@@ -594,6 +608,13 @@ func (cc *clientConn) route(retry bool) {
 			cc.decideAt = 0
 		}
 	}
+	if cc.rreq.Pin != "" && !retry {
+		if cc.rreq.Pinned {
+			s.metrics.affinity.WithLabelValues("pinned").Inc()
+		} else {
+			s.metrics.affinity.WithLabelValues("fallback").Inc()
+		}
+	}
 	if err != nil {
 		cc.routeFailed(err, retry, "worker")
 		return
@@ -672,6 +693,51 @@ func (cc *clientConn) recordPlacement(w *route.Worker, overlap int) prefix.Recei
 	r := s.index.RecordAt(cc.lp.now, w.Index, cc.rreq.Hashes, overlap)
 	w.SetCachedBlocks(s.index.Blocks(w.Index))
 	return r
+}
+
+// pinResponse pins the request to the worker that served stored response id, if this proxy
+// saw it (counted unknown otherwise: it routes as any other).
+func (cc *clientConn) pinResponse(id string) {
+	if w, ok := cc.srv.responses.get(id, cc.lp.now); ok {
+		cc.rreq.Pin = w
+		return
+	}
+	cc.srv.metrics.affinity.WithLabelValues("unknown").Inc()
+}
+
+// storedResponse serves GET and DELETE /v1/responses/{id} (and POST …/{id}/cancel) from the
+// worker that served the response: 404 as OpenAI answers when this proxy does not know it.
+func (cc *clientConn) storedResponse(id []byte) {
+	s := cc.srv
+	if s.draining.Load() {
+		cc.keepAlive = false
+		cc.errorReplyHeader(503, "the proxy is shutting down", "", "", retryAfterHeader(1))
+		return
+	}
+	worker, ok := s.responses.get(string(id), cc.lp.now)
+	if !ok {
+		s.metrics.affinity.WithLabelValues("unknown").Inc()
+		cc.errorReply(404, "Response with id '"+string(id)+"' not found.", "", "")
+		return
+	}
+	var model string
+	for _, w := range s.load.Pool().Workers {
+		if w.ID == worker {
+			model = w.Model
+		}
+	}
+	cc.kind = oai.Responses
+	cc.oreq = oai.Request{}
+	cc.oreq.Model = []byte(model)
+	cc.model = s.modelLabel(cc.oreq.Model)
+	cc.arrived = cc.lp.now
+	cc.qitem = nil
+	cc.pd.on, cc.pd.decodeBody, cc.pd.fallback = false, nil, false
+	cc.spec.want = false
+	cc.rreq.Reset()
+	cc.rreq.Model = model
+	cc.rreq.Pin, cc.rreq.PinOnly = worker, true // no other worker has the response
+	cc.route(false)
 }
 
 // modelObject answers GET /v1/models/{id} as OpenAI does: the model object, or 404

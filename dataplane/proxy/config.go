@@ -155,6 +155,11 @@ type Config struct {
 	// StreamIdleTimeout ends an answer the engine has sent nothing more of for this long: the
 	// worker is taken out at once and the client's stream ends with an error event.
 	StreamIdleTimeout time.Duration `yaml:"stream_idle_timeout"`
+	// ResponseAffinity remembers up to this many stored Responses API responses (which
+	// worker served each, for ResponseTTL), so that previous_response_id and GET
+	// /v1/responses/{id} reach the engine holding them; 0 turns it off.
+	ResponseAffinity int           `yaml:"response_affinity"`
+	ResponseTTL      time.Duration `yaml:"response_ttl"`
 	// Retries is how many other workers a request may try after a connect failure or a 5xx
 	// before its first byte.
 	Retries int `yaml:"retries"`
@@ -208,6 +213,8 @@ func DefaultConfig() Config {
 		ClientStallTimeout:  30 * time.Second,
 		FirstByteTimeout:    30 * time.Second,
 		StreamIdleTimeout:   30 * time.Second,
+		ResponseAffinity:    100000,
+		ResponseTTL:         time.Hour,
 		Retries:             2,
 		EjectAfter:          3,
 		EjectFor:            10 * time.Second,

@@ -62,8 +62,12 @@ type exchange struct {
 	untilEOF                bool // the client's body ends when the connection closes
 	paused                  bool
 	pausedAt                int64 // when forwarding last paused for the client
-	flushing                bool  // forwarding what a closed engine connection left, past highWater
-	tokens                  int
+	// respHead gathers the start of a Responses API answer until its id is found
+	// (respDone), to remember which worker holds the stored response.
+	respHead []byte
+	respDone bool
+	flushing bool // forwarding what a closed engine connection left, past highWater
+	tokens   int
 }
 
 // begin resets the exchange for a request routed to ws.
@@ -76,6 +80,7 @@ func (ex *exchange) begin(cc *clientConn, ws *workerState) {
 	ex.ws = ws
 	ex.active = true
 	ex.headSent, ex.status, ex.chunked, ex.untilEOF, ex.paused, ex.tokens = false, 0, false, false, false, 0
+	ex.respHead, ex.respDone = ex.respHead[:0], cc.kind != oai.Responses
 	cc.mm = cc.srv.metrics.forModel(cc.model)
 	cc.obs.ITL = cc.mm.itl
 	cc.obs.Reset(oai.ModeAuto, ex.start)
@@ -318,6 +323,9 @@ func (ex *exchange) payload(out, data []byte) []byte {
 // observe reads metrics off the payload and keeps the worker's load current.
 func (ex *exchange) observe(data []byte, now int64) {
 	cc := ex.cc
+	if !ex.respDone {
+		ex.noteResponseID(data)
+	}
 	if cc.spec.want && len(cc.spec.answer)+len(data) <= maxSpeculativeAnswer {
 		cc.spec.answer = append(cc.spec.answer, data...)
 	}
@@ -336,6 +344,22 @@ func (ex *exchange) observe(data []byte, now int64) {
 		}
 		ex.tokens = n
 		ex.usage.Generated(n)
+	}
+}
+
+// noteResponseID looks for the id of a Responses API answer in its first bytes and
+// remembers the worker that stored it.
+func (ex *exchange) noteResponseID(data []byte) {
+	if ex.status != 200 {
+		ex.respDone = true
+		return
+	}
+	ex.respHead = append(ex.respHead, data[:min(len(data), maxRespIDScan-len(ex.respHead))]...)
+	if id, ok := responseID(ex.respHead); ok {
+		ex.cc.srv.responses.put(id, ex.ws.w.ID, ex.cc.lp.now)
+		ex.respDone = true
+	} else if len(ex.respHead) >= maxRespIDScan {
+		ex.respDone = true
 	}
 }
 

@@ -33,6 +33,7 @@ type metrics struct {
 	ejections       *prometheus.CounterVec // worker
 	retries         prometheus.Counter
 	poisoned        prometheus.Counter
+	affinity        *prometheus.CounterVec // outcome: pinned, fallback, unknown
 	refused         *prometheus.CounterVec // field
 	inflight        *prometheus.GaugeVec   // worker
 	routed          *prometheus.CounterVec // worker, mode
@@ -122,6 +123,9 @@ func newMetrics() *metrics {
 		poisoned: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kvrelay_proxy_poisoned_requests_total", Help: "Requests that got a 5xx from two workers: the client got the second, and neither worker was blamed for it.",
 		}),
+		affinity: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvrelay_proxy_response_affinity_total", Help: "Responses API requests naming a stored response (previous_response_id, GET/DELETE /v1/responses/{id}), by outcome: pinned to the worker that holds it; fallback, that worker gone or unhealthy; unknown, a response this proxy did not see.",
+		}, []string{"outcome"}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvrelay_proxy_refused_fields_total", Help: "Requests refused (400) for carrying a field only kvrelay may set, by field.",
 		}, []string{"field"}),
@@ -170,9 +174,12 @@ func newMetrics() *metrics {
 	reg.MustRegister(m.ttftPredErr, m.ttftPredRel, m.ttftPredBias)
 	m.models.Store(&map[string]*modelMetrics{})
 	reg.MustRegister(m.requests, m.ttft, m.itl, m.e2e, m.decision, m.predicted, m.reported, m.promptBlocks,
-		m.predictionErr, m.queueDepth, m.queued, m.upstreamErrs, m.ejections, m.retries, m.poisoned, m.refused, m.inflight, m.routed,
+		m.predictionErr, m.queueDepth, m.queued, m.upstreamErrs, m.ejections, m.retries, m.poisoned, m.affinity, m.refused, m.inflight, m.routed,
 		m.aborted, m.draining, m.remoteFallbacks, m.disagg, m.prefillSeconds, m.prefillInflight, m.prefillFailures, m.speculative)
 	m.refused.WithLabelValues("kv_transfer_params")
+	for _, o := range []string{"pinned", "fallback", "unknown"} {
+		m.affinity.WithLabelValues(o)
+	}
 	for i, n := range stageNames {
 		m.stages[i] = m.decision.WithLabelValues(n)
 	}

@@ -43,14 +43,16 @@ type Server struct {
 	limits http1.Limits
 	// loopback: the client listener is on a loopback address, so /metrics answers there too.
 	loopback bool
-	metrics  *metrics
-	index    *prefix.Approx
-	kv       *route.Router                     // chat and text completions
-	load     *route.Router                     // embeddings and responses: by load
-	workers  atomic.Pointer[[]*workerState]    // by route.Worker.Index
-	codecs   atomic.Pointer[map[string]*codec] // by model; "" is the default
-	models   atomic.Pointer[[]byte]            // the /v1/models body
-	queue    *admissionQueue
+	// responses: which worker served each stored Responses API response.
+	responses *respTable
+	metrics   *metrics
+	index     *prefix.Approx
+	kv        *route.Router                     // chat and text completions
+	load      *route.Router                     // embeddings and responses: by load
+	workers   atomic.Pointer[[]*workerState]    // by route.Worker.Index
+	codecs    atomic.Pointer[map[string]*codec] // by model; "" is the default
+	models    atomic.Pointer[[]byte]            // the /v1/models body
+	queue     *admissionQueue
 	// decisions keeps sampled routing decisions of a predicting policy (explain.go).
 	decisions decisionLog
 	xds       *xdsState // nil without a control plane
@@ -90,15 +92,16 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	s := &Server{
-		cfg:      cfg,
-		log:      log,
-		loopback: loopbackListen(cfg.Listen),
-		limits:   http1.Limits{MaxHeadBytes: cfg.MaxHeaderBytes, MaxBodyBytes: cfg.MaxBodyBytes},
-		metrics:  newMetrics(),
-		index:    prefix.NewApprox(prefix.ApproxConfig{MaxBlocks: cfg.IndexBlocks, TTL: cfg.IndexTTL}),
-		boot:     make(chan struct{}),
-		done:     make(chan error, 1),
-		loops:    map[gnet.EventLoop]*loop{},
+		cfg:       cfg,
+		log:       log,
+		loopback:  loopbackListen(cfg.Listen),
+		responses: newRespTable(cfg.ResponseAffinity, cfg.ResponseTTL),
+		limits:    http1.Limits{MaxHeadBytes: cfg.MaxHeaderBytes, MaxBodyBytes: cfg.MaxBodyBytes},
+		metrics:   newMetrics(),
+		index:     prefix.NewApprox(prefix.ApproxConfig{MaxBlocks: cfg.IndexBlocks, TTL: cfg.IndexTTL}),
+		boot:      make(chan struct{}),
+		done:      make(chan error, 1),
+		loops:     map[gnet.EventLoop]*loop{},
 	}
 	s.codecs.Store(&map[string]*codec{})
 	s.workers.Store(&[]*workerState{})

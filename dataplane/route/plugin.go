@@ -41,6 +41,13 @@ type Request struct {
 	// SessionID asks for the worker that served the session before. It may alias a buffer
 	// the caller reuses once Route returns; the router copies what it keeps.
 	SessionID string
+	// Pin names the worker (by ID) that must serve the request, if it is eligible by model,
+	// role and health, whatever its load: it holds state the request refers to (a stored
+	// response, under previous_response_id). Route sets Pinned when it honoured it.
+	Pin    string
+	Pinned bool
+	// PinOnly makes Route fail with ErrNoWorker rather than route a pinned request elsewhere.
+	PinOnly bool
 	// Exclude lists workers (by Index) already tried for this request.
 	Exclude []int
 	// Role is the pool the request is routed in: RoleBoth (workers serving whole requests,

@@ -300,7 +300,7 @@ type Decision struct {
 	Worker *Worker
 	// Overlap is the chosen worker's cached prompt blocks, BestOverlap the best of any.
 	Overlap, BestOverlap float64
-	// Mode says which rule decided: "cost", "spread", "session" or the picker's name.
+	// Mode says which rule decided: "cost", "spread", "session", "slo", "affinity" (Request.Pin) or the picker's name.
 	Mode string
 	// Match and Score are the time spent matching the index and scoring, when the request
 	// asked to be timed.
@@ -378,6 +378,17 @@ func (r *Router) Route(req *Request, d *Decision) error {
 	}
 	if len(cur) == 0 {
 		return ErrNoWorker
+	}
+	if req.Pin != "" {
+		for _, w := range cur {
+			if w.ID == req.Pin {
+				d.Worker, d.Mode, req.Pinned = w, "affinity", true
+				return nil
+			}
+		}
+		if req.PinOnly {
+			return ErrNoWorker
+		}
 	}
 	if policy.Busy != (BusyFilter{}) {
 		req.scratch = policy.Busy.Filter(req, cur, req.scratch[:0])
