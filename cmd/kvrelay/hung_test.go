@@ -13,6 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+
 	"github.com/kvrelay/kvrelay/dataplane/proxy"
 )
 
@@ -123,5 +126,73 @@ func TestFrozenWorkerIsRoutedAround(t *testing.T) {
 		if w.ID == "a" && w.EjectedUntil().IsZero() {
 			t.Error("the frozen worker was not taken out")
 		}
+	}
+}
+
+// A worker killed after 20 of 100 streamed tokens costs the client nothing: the proxy
+// continues the answer on the other worker, and the official SDK sees one stream of 100
+// tokens, one id, usage counting 100, no error; once per stream (migration_limit 1).
+func TestStreamMigratesWhenItsWorkerDies(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts worker processes")
+	}
+	simA, urlA := startSimProcess(t, "--speedup-ratio", "1")
+	simB, urlB := startSimProcess(t, "--speedup-ratio", "1")
+	procs := map[string]*exec.Cmd{"a": simA, "b": simB}
+	cfg := proxy.DefaultConfig()
+	cfg.Listen = "127.0.0.1:0"
+	cfg.Policy = "round-robin"
+	cfg.ExposeWorkerHeader = true
+	cfg.Upstreams = []proxy.Upstream{{ID: "a", URL: urlA}, {ID: "b", URL: urlB}}
+	p, err := startProxy(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	client := openai.NewClient(option.WithBaseURL("http://"+p.Addr()+"/v1"), option.WithAPIKey("k"), option.WithMaxRetries(0))
+	var hresp *http.Response
+	stream := client.Chat.Completions.NewStreaming(context.Background(), openai.ChatCompletionNewParams{
+		Model:         "gpt-oss-120b",
+		Messages:      []openai.ChatCompletionMessageParamUnion{openai.UserMessage("count for me")},
+		MaxTokens:     openai.Int(100),
+		StreamOptions: openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)},
+	}, option.WithJSONSet("ignore_eos", true), option.WithResponseInto(&hresp))
+	var acc openai.ChatCompletionAccumulator
+	ids := map[string]bool{}
+	content, killed := 0, ""
+	for stream.Next() {
+		c := stream.Current()
+		acc.AddChunk(c)
+		ids[c.ID] = true
+		for _, ch := range c.Choices {
+			if ch.Delta.Content != "" {
+				content++
+			}
+		}
+		if content == 20 && killed == "" {
+			killed = hresp.Header.Get("x-kvrelay-worker")
+			_ = procs[killed].Process.Kill()
+		}
+	}
+	if err := stream.Err(); err != nil {
+		t.Fatalf("the stream failed after %d chunks (worker %s killed): %v", content, killed, err)
+	}
+	if killed == "" {
+		t.Fatal("no worker was killed")
+	}
+	if content != 100 || acc.Usage.CompletionTokens != 100 || len(ids) != 1 {
+		t.Fatalf("the client got %d content chunks, usage %+v, ids %v; want 100, 100, one id", content, acc.Usage, ids)
+	}
+	if words := len(strings.Fields(acc.Choices[0].Message.Content)); words < 95 {
+		t.Fatalf("the answer has %d words: %q", words, acc.Choices[0].Message.Content)
+	}
+	resp, err := http.Get("http://" + p.Addr() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(m), `kvrelay_proxy_migrations_total{outcome="continued"} 1`) {
+		t.Error("the migration was not counted")
 	}
 }

@@ -65,6 +65,7 @@ type clientConn struct {
 	hdrPrio   int
 	hasPrio   bool
 	hdrOSL    int
+	noMigrate bool    // x-kvrelay-migrate: off
 	sloTTFT   float64 // x-slo-ttft-ms, 0 when absent
 	sloTPOT   float64 // x-slo-tpot-ms
 
@@ -221,6 +222,7 @@ func (cc *clientConn) captureHead() {
 	cc.session = append(cc.session[:0], r.SessionID...)
 	cc.hdrPrio, cc.hasPrio = atoi(r.Priority)
 	cc.hdrOSL, _ = atoi(r.OSL)
+	cc.noMigrate = bytes.EqualFold(bytes.TrimSpace(r.Header.Get("x-kvrelay-migrate")), []byte("off"))
 	cc.sloTTFT, cc.sloTPOT = millis(r.SLOTTFT), millis(r.SLOTPOT)
 }
 
@@ -629,6 +631,13 @@ func (cc *clientConn) route(retry bool) {
 // queue when every eligible worker is busy; otherwise it gets 502 after failed attempts
 // (retry), 503 when no healthy worker serves its model. what names the workers asked.
 func (cc *clientConn) routeFailed(err error, retry bool, what string) {
+	if cc.ex.mig.leg {
+		// No worker to continue a migrating stream on: it ends as its engine left it.
+		cc.ex.mig.leg, cc.ex.mig.ok = false, false
+		cc.srv.metrics.migrations.WithLabelValues("failed").Inc()
+		cc.ex.truncated()
+		return
+	}
 	switch {
 	case errors.Is(err, route.ErrBusy):
 		cc.enqueue()
@@ -670,8 +679,10 @@ func (cc *clientConn) start(w *route.Worker) {
 		ex.predicted = overlap
 		ex.usage.BeginAt(cc.lp.now, w, cc.rreq.PromptTokens, overlap*s.cfg.BlockSize, cc.rreq.OSL)
 		// A streamed answer's first chunk is its first token: only those teach the
-		// worker's latency model.
-		ex.usage.Predicted(&cc.dec, cc.prio, cc.oreq.Stream)
+		// worker's latency model (not a migrated stream's continuation).
+		if !ex.mig.leg {
+			ex.usage.Predicted(&cc.dec, cc.prio, cc.oreq.Stream)
+		}
 	} else {
 		ex.usage.BeginAt(cc.lp.now, w, cc.rreq.PromptTokens, 0, 0)
 	}

@@ -158,8 +158,12 @@ type Config struct {
 	// ResponseAffinity remembers up to this many stored Responses API responses (which
 	// worker served each, for ResponseTTL), so that previous_response_id and GET
 	// /v1/responses/{id} reach the engine holding them; 0 turns it off.
-	ResponseAffinity int           `yaml:"response_affinity"`
-	ResponseTTL      time.Duration `yaml:"response_ttl"`
+	ResponseAffinity int `yaml:"response_affinity"`
+	// MigrationLimit is how many times a streamed completion whose engine fails after the
+	// first token continues on another worker (0: never); a request opts out with the
+	// header x-kvrelay-migrate: off.
+	MigrationLimit int           `yaml:"migration_limit"`
+	ResponseTTL    time.Duration `yaml:"response_ttl"`
 	// Retries is how many other workers a request may try after a connect failure or a 5xx
 	// before its first byte.
 	Retries int `yaml:"retries"`
@@ -214,6 +218,7 @@ func DefaultConfig() Config {
 		FirstByteTimeout:    30 * time.Second,
 		StreamIdleTimeout:   30 * time.Second,
 		ResponseAffinity:    100000,
+		MigrationLimit:      1,
 		ResponseTTL:         time.Hour,
 		Retries:             2,
 		EjectAfter:          3,

@@ -68,6 +68,7 @@ type exchange struct {
 	respDone bool
 	flushing bool // forwarding what a closed engine connection left, past highWater
 	tokens   int
+	mig      migration
 }
 
 // begin resets the exchange for a request routed to ws.
@@ -79,8 +80,15 @@ func (ex *exchange) begin(cc *clientConn, ws *workerState) {
 	}
 	ex.ws = ws
 	ex.active = true
+	if ex.mig.leg {
+		// A continuation: the client's response (head, chunking, what it was sent) goes on.
+		ex.untilEOF, ex.paused = false, false
+		return
+	}
 	ex.headSent, ex.status, ex.chunked, ex.untilEOF, ex.paused, ex.tokens = false, 0, false, false, false, 0
 	ex.respHead, ex.respDone = ex.respHead[:0], cc.kind != oai.Responses
+	m := &ex.mig
+	*m = migration{ok: cc.migratable(), raw: m.raw[:0], tail: m.tail[:0], pend: m.pend[:0]}
 	cc.mm = cc.srv.metrics.forModel(cc.model)
 	cc.obs.ITL = cc.mm.itl
 	cc.obs.Reset(oai.ModeAuto, ex.start)
@@ -93,6 +101,9 @@ func (ex *exchange) send() {
 	body := cc.body
 	if cc.pd.decodeBody != nil {
 		body = cc.pd.decodeBody
+	}
+	if ex.mig.leg {
+		body = ex.mig.body
 	}
 	if cc.srv.cfg.ForwardPriority && cc.prio != 0 && (cc.kind == oai.ChatCompletions || cc.kind == oai.Completions) {
 		// vLLM runs lower priority values first; kvrelay's hints say higher is more urgent.
@@ -156,6 +167,20 @@ func (ex *exchange) data(up *upstream) {
 				ex.fail(up, failStatus)
 				return
 			}
+			if ex.mig.leg {
+				if up.resp.StatusCode != 200 {
+					// The continuation was refused: end the stream as the first engine left it.
+					cc.lp.wbuf = out
+					ex.mig.leg, ex.mig.ok = false, false
+					up.detach()
+					up.kill()
+					ex.truncated()
+					return
+				}
+				up.remaining = up.resp.ContentLength
+				up.scan.Reset(upstreamLimits)
+				continue
+			}
 			if sus := ex.suspect; sus != nil {
 				ex.suspect = nil
 				if up.resp.StatusCode >= 500 {
@@ -179,6 +204,7 @@ func (ex *exchange) data(up *upstream) {
 		rest := buf[consumed:]
 		switch up.resp.Body {
 		case http1.BodyLength:
+			ex.mig.ok = false // not a stream
 			n := int(min(up.remaining, int64(len(rest))))
 			out = append(out, rest[:n]...)
 			ex.observe(rest[:n], now)
@@ -194,16 +220,14 @@ func (ex *exchange) data(up *upstream) {
 			}
 			consumed += n
 			if len(data) > 0 {
-				out = ex.payload(out, data)
-				ex.observe(data, now)
+				out = ex.forward(out, data, now)
 			}
 			finished = done
 			if n == 0 && !done {
 				consumed = len(buf) // cannot happen with non-empty input; guards the loop
 			}
 		default: // until close
-			out = ex.payload(out, rest)
-			ex.observe(rest, now)
+			out = ex.forward(out, rest, now)
 			consumed = len(buf)
 		}
 	}
@@ -313,6 +337,22 @@ func eqFold(b []byte, s string) bool {
 }
 
 // payload appends body bytes in the client's framing.
+// forward passes body bytes on to the client: as they are, in whole events while the
+// stream may still migrate, or rewritten into the original stream's events on a
+// continuation.
+func (ex *exchange) forward(out, data []byte, now int64) []byte {
+	switch {
+	case ex.mig.leg:
+		return ex.continueEvents(out, data, now)
+	case ex.mig.ok || len(ex.mig.tail) > 0:
+		out = ex.forwardEvents(out, data)
+	default:
+		out = ex.payload(out, data)
+	}
+	ex.observe(data, now)
+	return out
+}
+
 func (ex *exchange) payload(out, data []byte) []byte {
 	if ex.chunked {
 		return http1.AppendChunk(out, data)
@@ -383,6 +423,14 @@ func (ex *exchange) resume() {
 // complete ends a response the engine finished.
 func (ex *exchange) complete(up *upstream) {
 	cc := ex.cc
+	if m := &ex.mig; len(m.tail) > 0 || len(m.pend) > 0 {
+		// An answer that did not end on an event boundary: pass its end on as it is.
+		out := ex.payload(cc.lp.wbuf[:0], m.tail)
+		out = ex.payload(out, m.pend)
+		_, _ = cc.c.Write(out)
+		m.tail, m.pend = m.tail[:0], m.pend[:0]
+	}
+	ex.mig.leg = false
 	if ex.chunked {
 		_, _ = cc.c.Write(http1.AppendLastChunk(cc.lp.wbuf[:0]))
 	}
@@ -565,6 +613,10 @@ func (ex *exchange) blame(ws *workerState) {
 // cannot be completed and the connection closes.
 func (ex *exchange) truncated() {
 	cc := ex.cc
+	if ex.migrate() {
+		return
+	}
+	ex.mig.leg = false
 	cc.srv.metrics.aborted.WithLabelValues("upstream_died").Inc()
 	if ex.chunked && cc.obs.Result().Mode == oai.ModeSSE {
 		ev := cc.lp.wbuf[:0]
@@ -582,6 +634,17 @@ func (ex *exchange) truncated() {
 	cc.keepAlive = false
 	cc.state = stClosing
 	_ = cc.c.Close()
+}
+
+// endStream ends a stream whose engine had sent all but its [DONE].
+func (ex *exchange) endStream() {
+	cc := ex.cc
+	ev := append(cc.lp.wbuf[:0], "data: [DONE]\n\n"...)
+	out := http1.AppendChunk(make([]byte, 0, len(ev)+16), ev)
+	out = http1.AppendLastChunk(out)
+	_, _ = cc.c.Write(out)
+	ex.finish()
+	cc.done()
 }
 
 // upstreamClosed handles the engine closing the connection during the exchange.

@@ -34,6 +34,7 @@ type metrics struct {
 	retries         prometheus.Counter
 	poisoned        prometheus.Counter
 	affinity        *prometheus.CounterVec // outcome: pinned, fallback, unknown
+	migrations      *prometheus.CounterVec // outcome: continued, completed, failed
 	refused         *prometheus.CounterVec // field
 	inflight        *prometheus.GaugeVec   // worker
 	routed          *prometheus.CounterVec // worker, mode
@@ -126,6 +127,9 @@ func newMetrics() *metrics {
 		affinity: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvrelay_proxy_response_affinity_total", Help: "Responses API requests naming a stored response (previous_response_id, GET/DELETE /v1/responses/{id}), by outcome: pinned to the worker that holds it; fallback, that worker gone or unhealthy; unknown, a response this proxy did not see.",
 		}, []string{"outcome"}),
+		migrations: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvrelay_proxy_migrations_total", Help: "Streams whose engine failed after the first token, by outcome: continued on another worker; completed (only the end was missing); failed (could not migrate: the client got an error event).",
+		}, []string{"outcome"}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvrelay_proxy_refused_fields_total", Help: "Requests refused (400) for carrying a field only kvrelay may set, by field.",
 		}, []string{"field"}),
@@ -174,11 +178,14 @@ func newMetrics() *metrics {
 	reg.MustRegister(m.ttftPredErr, m.ttftPredRel, m.ttftPredBias)
 	m.models.Store(&map[string]*modelMetrics{})
 	reg.MustRegister(m.requests, m.ttft, m.itl, m.e2e, m.decision, m.predicted, m.reported, m.promptBlocks,
-		m.predictionErr, m.queueDepth, m.queued, m.upstreamErrs, m.ejections, m.retries, m.poisoned, m.affinity, m.refused, m.inflight, m.routed,
+		m.predictionErr, m.queueDepth, m.queued, m.upstreamErrs, m.ejections, m.retries, m.poisoned, m.affinity, m.migrations, m.refused, m.inflight, m.routed,
 		m.aborted, m.draining, m.remoteFallbacks, m.disagg, m.prefillSeconds, m.prefillInflight, m.prefillFailures, m.speculative)
 	m.refused.WithLabelValues("kv_transfer_params")
 	for _, o := range []string{"pinned", "fallback", "unknown"} {
 		m.affinity.WithLabelValues(o)
+	}
+	for _, o := range []string{"continued", "completed", "failed"} {
+		m.migrations.WithLabelValues(o)
 	}
 	for i, n := range stageNames {
 		m.stages[i] = m.decision.WithLabelValues(n)
