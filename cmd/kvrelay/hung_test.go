@@ -50,8 +50,8 @@ func startSimProcess(t *testing.T, args ...string) (*exec.Cmd, string) {
 
 // A worker process frozen with SIGSTOP: requests routed to it get their first byte from
 // another worker within the first-byte timeout (and the worker is out at once, so the
-// ones after it do not wait at all); a stream it was serving ends with an error event after
-// the stream idle timeout instead of hanging.
+// ones after it do not wait at all); a stream it was serving goes silent, and after the
+// stream idle timeout continues on the other worker (migration) instead of hanging.
 func TestFrozenWorkerIsRoutedAround(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts worker processes")
@@ -77,7 +77,7 @@ func TestFrozenWorkerIsRoutedAround(t *testing.T) {
 	var stream *http.Response
 	for stream == nil {
 		resp, err := http.Post(base+"/v1/chat/completions", "application/json", strings.NewReader(
-			`{"model":"gpt-oss-120b","messages":[{"role":"user","content":"count"}],"max_tokens":4000,"ignore_eos":true,"stream":true}`))
+			`{"model":"gpt-oss-120b","messages":[{"role":"user","content":"count"}],"max_tokens":200,"ignore_eos":true,"stream":true}`))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -116,10 +116,10 @@ func TestFrozenWorkerIsRoutedAround(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the frozen worker's stream did not end cleanly: %v", err)
 	}
-	if !strings.Contains(string(rest), `"error"`) || !strings.HasSuffix(string(rest), "data: [DONE]\n\n") {
-		t.Fatalf("the frozen worker's stream ended without an error event: %.300s", rest)
+	if strings.Contains(string(rest), `"error"`) || !strings.HasSuffix(string(rest), "data: [DONE]\n\n") || strings.Count(string(rest), `"content":`) < 195 {
+		t.Fatalf("the frozen worker's stream did not continue whole elsewhere: %.300s … %d bytes", rest, len(rest))
 	}
-	if d := time.Since(frozenAt); d > 5*time.Second {
+	if d := time.Since(frozenAt); d > 8*time.Second {
 		t.Fatalf("the frozen stream took %v to end", d)
 	}
 	for _, w := range p.Workers() {
