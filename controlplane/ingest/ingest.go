@@ -466,7 +466,10 @@ func (f *follower) catchUp(ctx context.Context) {
 }
 
 // replay fetches the batches [from, until) from the worker's replay endpoint and applies
-// them; it reports whether it got all of them.
+// them, all or none: it reports whether the engine still held every one of them, in order
+// (a batch it never buffered, or dropped, leaves a hole no later batch makes good). From 0
+// (the control plane started after the engine) the engine's buffer may begin later, but
+// must run unbroken from there to until.
 func (f *follower) replay(from, until uint64) bool {
 	st := f.s.stats
 	st.Replays.Add(1)
@@ -476,16 +479,32 @@ func (f *follower) replay(from, until uint64) bool {
 	if err != nil {
 		f.m.lg.Warn("kv event replay failed", "worker", f.s.ep.WorkerID, "err", err)
 	}
-	complete := len(got) > 0 && got[0].Seq == from
-	for i := range got {
-		if got[i].Seq >= until {
-			break
+	n := 0
+	for n < len(got) && got[n].Seq < until {
+		n++
+	}
+	if n == 0 {
+		return false
+	}
+	want := from
+	if from == 0 {
+		want = got[0].Seq
+	}
+	for i := range n {
+		if got[i].Seq != want {
+			return false
 		}
+		want++
+	}
+	if want != until {
+		return false
+	}
+	for i := range n {
 		f.apply(&got[i].Batch)
 		st.ReplayedBatches.Add(1)
 		f.last = got[i].Seq
 	}
-	return complete || (from == 0 && len(got) > 0)
+	return true
 }
 
 // apply changes the index and journals the changes, under the manager's apply lock.

@@ -178,8 +178,8 @@ type Publisher struct {
 
 	ringMu sync.Mutex
 	ring   []ringEntry
-	ringAt int // index of the oldest entry when full
-	nextSq uint64
+	ringAt int    // index of the oldest entry when full
+	nextSq uint64 // the next batch's sequence number (under mu)
 
 	published, dropped, sent, sendErrors, bytes atomic.Uint64
 	replays, replayed, badReplays               atomic.Uint64
@@ -323,6 +323,10 @@ func (p *Publisher) Publish(b *Batch) error {
 	p.tmp = Batch{}
 	buf := make([]byte, 8+len(p.scratch))
 	copy(buf[8:], p.scratch)
+	// Numbered here, as the batch is produced (vLLM numbers its batches so too): a batch
+	// dropped for a full queue leaves a gap subscribers see, and replay cannot fill.
+	binary.BigEndian.PutUint64(buf[:8], p.nextSq)
+	p.nextSq++
 	select {
 	case p.queue <- buf:
 		p.published.Add(1)
@@ -334,17 +338,13 @@ func (p *Publisher) Publish(b *Batch) error {
 	}
 }
 
-// send is the sender goroutine: it numbers queued batches, hands them to the PUB socket and
-// keeps them for replay, until Close closes the queue and it is drained.
+// send is the sender goroutine: it hands queued batches to the PUB socket and keeps them for
+// replay, until Close closes the queue and it is drained.
 func (p *Publisher) send() {
 	defer p.wg.Done()
 	defer close(p.sendDone)
 	for buf := range p.queue {
-		p.ringMu.Lock()
-		seq := p.nextSq
-		p.nextSq++
-		p.ringMu.Unlock()
-		binary.BigEndian.PutUint64(buf[:8], seq)
+		seq := binary.BigEndian.Uint64(buf[:8])
 		// zmq4 queues the message and writes it later from its own goroutine, so the
 		// frames must stay untouched: buf is never written again.
 		msg := zmq4.NewMsgFrom(p.topic, buf[:8:8], buf[8:])
