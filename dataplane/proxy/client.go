@@ -65,9 +65,11 @@ type clientConn struct {
 	hdrPrio   int
 	hasPrio   bool
 	hdrOSL    int
-	noMigrate bool    // x-kvrelay-migrate: off
-	sloTTFT   float64 // x-slo-ttft-ms, 0 when absent
-	sloTPOT   float64 // x-slo-tpot-ms
+	// headScanned is how much of a head still arriving was searched for its end.
+	headScanned int
+	noMigrate   bool    // x-kvrelay-migrate: off
+	sloTTFT     float64 // x-slo-ttft-ms, 0 when absent
+	sloTPOT     float64 // x-slo-tpot-ms
 
 	// The OpenAI request and the routing input derived from it.
 	parser oai.Parser
@@ -141,9 +143,17 @@ func (cc *clientConn) traffic() gnet.Action {
 		if len(buf) == 0 {
 			return gnet.None
 		}
+		parsed := false
 		if cc.state == stIdle {
 			if cc.readStart == 0 {
 				cc.readStart = now
+			}
+			// A head sent a few bytes at a time is parsed once it is whole (or too large),
+			// not again from its start at every read: only the new bytes are searched for
+			// its end.
+			if len(buf) < cc.srv.cfg.MaxHeaderBytes && !headEnded(buf, cc.headScanned) {
+				cc.headScanned = len(buf)
+				return gnet.None
 			}
 			n, err := http1.ParseRequest(buf, &cc.req, cc.srv.limits)
 			if err != nil {
@@ -151,25 +161,43 @@ func (cc *clientConn) traffic() gnet.Action {
 				return gnet.None
 			}
 			if n == 0 {
+				cc.headScanned = len(buf)
 				return gnet.None
 			}
+			cc.headScanned = 0
 			cc.headLen, cc.bodyOff, cc.body = n, n, cc.body[:0]
 			cc.sent100 = false
 			cc.chunked.Reset(cc.srv.limits)
 			cc.state = stBody
-		} else if _, err := http1.ParseRequest(buf, &cc.req, cc.srv.limits); err != nil {
-			// The head was complete before; parse it again to re-alias this Peek.
-			cc.protoError(err)
-			return gnet.None
+			parsed = true
+		}
+		// The head's slices alias the buffer of the read that parsed it: parsed again to
+		// re-alias this Peek, but only once the body is whole (a body sent a byte at a time
+		// does not parse the head at every read).
+		reparse := func() bool {
+			if parsed {
+				return true
+			}
+			if _, err := http1.ParseRequest(buf, &cc.req, cc.srv.limits); err != nil {
+				cc.protoError(err)
+				return false
+			}
+			return true
 		}
 		consumed := 0
 		switch cc.req.Body {
 		case http1.BodyNone:
+			if !reparse() {
+				return gnet.None
+			}
 			consumed = cc.headLen
 		case http1.BodyLength:
 			need := cc.headLen + int(cc.req.ContentLength)
 			if len(buf) < need {
 				cc.continue100()
+				return gnet.None
+			}
+			if !reparse() {
 				return gnet.None
 			}
 			cc.body = append(cc.body[:0], buf[cc.headLen:need]...)
@@ -185,12 +213,33 @@ func (cc *clientConn) traffic() gnet.Action {
 				cc.continue100()
 				return gnet.None
 			}
+			if !reparse() {
+				return gnet.None
+			}
 			consumed = cc.bodyOff
 		}
 		cc.captureHead()
 		_, _ = cc.c.Discard(consumed)
 		cc.readStart = 0
 		cc.handle()
+	}
+}
+
+// headEnded reports whether buf holds the blank line that ends a request head (CRLF CRLF,
+// or bare LFs, which the parser accepts too), searching from near from: the bytes before it
+// were searched already.
+func headEnded(buf []byte, from int) bool {
+	i := min(max(from-2, 0), len(buf))
+	for {
+		k := bytes.IndexByte(buf[i:], '\n')
+		if k < 0 {
+			return false
+		}
+		j := i + k
+		if j >= 1 && buf[j-1] == '\n' || j >= 2 && buf[j-1] == '\r' && buf[j-2] == '\n' {
+			return true
+		}
+		i = j + 1
 	}
 }
 

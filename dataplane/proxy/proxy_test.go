@@ -1092,3 +1092,32 @@ func TestFirstByteTimeoutMovesWithoutEjectingABusyWorker(t *testing.T) {
 		t.Fatal("a worker streaming to another client was ejected as hung")
 	}
 }
+
+// A request whose head and body arrive a few bytes at a time is parsed once whole and served.
+func TestTrickledRequest(t *testing.T) {
+	w := startWorker(t, nil)
+	p := startProxy(t, []string{w.URL()}, nil)
+	conn, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.(*net.TCPConn).SetNoDelay(true)
+	body := chatBody("s", "u", 2, false)
+	req := fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	for i := 0; i < len(req); i += 3 {
+		if _, err := conn.Write([]byte(req[i:min(i+3, len(req))])); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(200 * time.Microsecond)
+	}
+	conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 || !bytes.Contains(b, []byte(`"completion_tokens":2`)) {
+		t.Fatalf("trickled request: %d %s", resp.StatusCode, b)
+	}
+}

@@ -3,8 +3,10 @@ package proxy_test
 import (
 	"net"
 	"net/http"
+	"os/exec"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -56,4 +58,44 @@ func BenchmarkSSEChunkLatency(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkTrickledHead: the proxy's CPU time (user + system of this process; the client is
+// another process, python3) for a request head of 60 KiB that arrives a byte at a time, each
+// byte its own TCP segment and read. Reported as cpu-ms/head.
+func BenchmarkTrickledHead(b *testing.B) {
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		b.Skip("no python3 for the trickling client")
+	}
+	p := startProxy(b, []string{"http://127.0.0.1:1"}, func(cfg *proxy.Config) {
+		cfg.MaxHeaderBytes, cfg.ReadTimeout = 64<<10, 5*time.Minute
+	})
+	const client = `
+import socket, sys, time
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * (60 << 10) + b"\r\nContent-Length: 0\r\n\r\n"
+for i in range(len(head)):
+    s.send(head[i:i+1])
+    time.sleep(0.00002)
+s.settimeout(30)
+s.recv(1)
+`
+	_, port, _ := net.SplitHostPort(p.Addr())
+	var cpu time.Duration
+	for b.Loop() {
+		before := cpuTime()
+		if out, err := exec.Command(py, "-c", client, port).CombinedOutput(); err != nil {
+			b.Fatalf("client: %v %s", err, out)
+		}
+		cpu += cpuTime() - before
+	}
+	b.ReportMetric(float64(cpu.Milliseconds())/float64(b.N), "cpu-ms/head")
+}
+
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
