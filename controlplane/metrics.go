@@ -15,6 +15,7 @@ type collector struct {
 	journalNext, journalSent, journalSnapshots   *prometheus.Desc
 	proxies, pushes, pushedResources, acks       *prometheus.Desc
 	nacks, loadReporters, workers, policyVersion *prometheus.Desc
+	unknownLoads                                 *prometheus.Desc
 }
 
 func newCollector(s *Server) *collector {
@@ -41,6 +42,7 @@ func newCollector(s *Server) *collector {
 		acks:             d("xds_acks_total", "ADS responses acknowledged by proxies."),
 		nacks:            d("xds_nacks_total", "ADS responses refused by proxies."),
 		loadReporters:    d("load_reporters", "Proxies whose in-flight load report is live."),
+		unknownLoads:     d("load_report_unknown_workers_total", "Load report entries dropped for naming a worker that is not published."),
 		workers:          d("workers", "Workers in the registry, by health.", "state"),
 		policyVersion:    d("policy_version", "Version of the routing policy pushed to proxies."),
 	}
@@ -103,5 +105,6 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	k(c.acks, xs.ACKs)
 	k(c.nacks, xs.NACKs)
 	g(c.loadReporters, float64(xs.LoadReporters))
+	k(c.unknownLoads, xs.UnknownWorkerLoads)
 	g(c.policyVersion, float64(s.reg.Policy().Version))
 }

@@ -499,6 +499,9 @@ func startReporter(t *testing.T, addr, node string) *reporter {
 
 func TestLoadReportsMerge(t *testing.T) {
 	srv := server.New(server.Options{ReportInterval: 10 * time.Millisecond})
+	if err := srv.SetWorkers([]*xdsv1.Worker{worker("w1", 8001), worker("w2", 8002)}); err != nil {
+		t.Fatal(err)
+	}
 	cp := startControlPlane(t, "127.0.0.1:0", srv)
 	r1 := startReporter(t, cp.addr, "proxy-1")
 	r2 := startReporter(t, cp.addr, "proxy-2")
@@ -599,5 +602,29 @@ func TestRunEndsWithContext(t *testing.T) {
 	}
 	if d := time.Since(start); d > 2*time.Second {
 		t.Fatalf("Run took %v to stop", d)
+	}
+}
+
+// A load report naming workers the control plane never published adds nothing to the
+// store (65,536 of them added 94 MB); entries for published workers still merge.
+func TestLoadReportsIgnoreUnknownWorkers(t *testing.T) {
+	srv := server.New(server.Options{ReportInterval: 10 * time.Millisecond})
+	if err := srv.SetWorkers([]*xdsv1.Worker{worker("w1", 8001)}); err != nil {
+		t.Fatal(err)
+	}
+	cp := startControlPlane(t, "127.0.0.1:0", srv)
+	r := startReporter(t, cp.addr, "proxy-x")
+	loads := []*xdsv1.WorkerLoad{{WorkerId: "w1", Inflight: 1, PrefillTokens: 5, DecodeBlocks: 1}}
+	for i := range 20000 {
+		loads = append(loads, &xdsv1.WorkerLoad{WorkerId: fmt.Sprintf("ghost-%d", i), Inflight: 1})
+	}
+	r.set(loads...)
+	want := map[string]server.WorkerLoad{"w1": {Inflight: 1, PrefillTokens: 5, DecodeBlocks: 1}}
+	waitUntil(t, "merged load", func() bool { return equalLoads(srv.Merged(), want) })
+	if n := srv.Stats().UnknownWorkerLoads; n < 20000 {
+		t.Fatalf("%d unknown worker entries counted, want at least 20000", n)
+	}
+	if got := srv.NodeLoad("proxy-x"); len(got) != 1 {
+		t.Fatalf("the node's stored load has %d workers, want 1", len(got))
 	}
 }

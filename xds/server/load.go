@@ -75,6 +75,10 @@ type loadStore struct {
 
 	mu    sync.Mutex
 	nodes map[string]*nodeReport
+	// known is the published workers' ids: reports on others are dropped (counted in
+	// unknown), so that a report cannot grow the store past the fleet.
+	known   atomic.Pointer[map[string]struct{}]
+	unknown atomic.Uint64
 }
 
 type nodeReport struct {
@@ -102,10 +106,19 @@ func (l *loadStore) signal() {
 
 // put records node's report from stream.
 func (l *loadStore) put(node string, stream uint64, r *xdsv1.LoadReport) {
-	loads := make(map[string]WorkerLoad, len(r.GetWorkers()))
+	known := l.known.Load()
+	loads := make(map[string]WorkerLoad, min(len(r.GetWorkers()), 1024))
 	for _, w := range r.GetWorkers() {
 		id := w.GetWorkerId()
 		if id == "" {
+			continue
+		}
+		if known == nil {
+			l.unknown.Add(1)
+			continue
+		}
+		if _, ok := (*known)[id]; !ok {
+			l.unknown.Add(1)
 			continue
 		}
 		wl := WorkerLoad{Inflight: w.GetInflight(), PrefillTokens: w.GetPrefillTokens(), DecodeBlocks: w.GetDecodeBlocks()}

@@ -103,6 +103,9 @@ type Stats struct {
 	LastNACK map[string]NACK
 	// LoadReporters is the number of nodes whose load report is live.
 	LoadReporters int
+	// UnknownWorkerLoads counts load report entries dropped for naming a worker that is not
+	// published (a proxy cannot report load on a worker it was not given).
+	UnknownWorkerLoads uint64
 }
 
 // Server is the control plane's xDS server: kvrelay's resources over delta ADS (one
@@ -325,6 +328,11 @@ func (s *Server) publishLocked(upsert []*xdsv1.Worker, remove []string) error {
 	for _, id := range gone {
 		delete(s.published, id)
 	}
+	known := make(map[string]struct{}, len(s.published))
+	for id := range s.published {
+		known[id] = struct{}{}
+	}
+	s.load.known.Store(&known)
 	// The cache holds the new state even when notifying a watch fails.
 	if err := s.workers.UpdateResources(changed, gone); err != nil {
 		return fmt.Errorf("publishing %d changed and %d removed workers: %w", len(changed), len(gone), err)
@@ -392,6 +400,7 @@ func (s *Server) Stats() Stats {
 	st.ACKs = s.acks.Load()
 	st.NACKs = s.nacks.Load()
 	st.LoadReporters = s.load.reporters()
+	st.UnknownWorkerLoads = s.load.unknown.Load()
 	return st
 }
 
