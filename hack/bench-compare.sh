@@ -140,7 +140,7 @@ SESSIONS=${SESSIONS:-900}
 RATE=${RATE:-8}
 SESSION_IDS=${SESSION_IDS:-false}
 AGENTIC_SPEEDUP=${AGENTIC_SPEEDUP:-0.5}
-POLICIES=${POLICIES:-kv,round-robin,least-loaded,random}
+POLICIES=${POLICIES:-latency,kv,round-robin,least-loaded,random}
 what=${1:-all}
 go build -o bin/kvrelay ./cmd/kvrelay
 arrival=$(python3 -c "print($ENGINE_SPEEDUP * $LOAD)")
