@@ -20,9 +20,9 @@ import (
 // replay socket, vLLM's protocol) that loses batches on the PUB socket, and whose replay
 // buffer holds only what keep says.
 type gapPublisher struct {
-	pub, router zmq4.Socket
-	mu          sync.Mutex
-	buffered    map[uint64][]byte // seq → payload the replay socket can still serve
+	pub, router  zmq4.Socket
+	mu           sync.Mutex
+	buffered     map[uint64][]byte // seq → payload the replay socket can still serve
 	pubEP, repEP string
 }
 
