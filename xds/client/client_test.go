@@ -11,6 +11,9 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/kvrelay/kvrelay/xds"
@@ -626,5 +629,56 @@ func TestLoadReportsIgnoreUnknownWorkers(t *testing.T) {
 	}
 	if got := srv.NodeLoad("proxy-x"); len(got) != 1 {
 		t.Fatalf("the node's stored load has %d workers, want 1", len(got))
+	}
+}
+
+// One peer may hold MaxStreamsPerPeer streams open; the next is refused with
+// RESOURCE_EXHAUSTED until one closes.
+func TestStreamsPerPeerAreBounded(t *testing.T) {
+	srv := server.New(server.Options{MaxStreamsPerPeer: 3})
+	cp := startControlPlane(t, "127.0.0.1:0", srv)
+	conn, err := grpc.NewClient(cp.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	open := func(ctx context.Context) error {
+		st, err := xdsv1.NewLoadReportingClient(conn).Report(ctx)
+		if err != nil {
+			return err
+		}
+		if err := st.Send(&xdsv1.LoadReport{NodeId: "n", Seq: 1}); err != nil {
+			return err
+		}
+		_, err = st.Recv()
+		return err
+	}
+	var cancels []context.CancelFunc
+	for i := range 3 {
+		ctx, cancel := context.WithCancel(context.Background())
+		cancels = append(cancels, cancel)
+		if err := open(ctx); err != nil {
+			t.Fatalf("stream %d: %v", i, err)
+		}
+	}
+	if err := open(context.Background()); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("a fourth stream: %v, want RESOURCE_EXHAUSTED", err)
+	}
+	cancels[0]()
+	waitUntil(t, "a stream slot", func() bool {
+		ctx, cancel := context.WithCancel(context.Background())
+		err := open(ctx)
+		if err != nil {
+			cancel()
+			return false
+		}
+		cancels = append(cancels, cancel)
+		return true
+	})
+	for _, c := range cancels {
+		c()
+	}
+	if srv.Stats().RefusedStreams == 0 {
+		t.Fatal("refusals not counted")
 	}
 }

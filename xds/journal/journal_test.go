@@ -247,3 +247,43 @@ func TestUnreadableBatchIsNacked(t *testing.T) {
 		t.Fatalf("nacks %d", c.Stats().Nacks)
 	}
 }
+
+// A proxy that opens a journal stream and never reads it is cut off once the server has
+// waited SendTimeout to send it anything (its flow-control window full), instead of holding
+// the server's memory for as long as it stays connected.
+func TestNonReadingStreamIsCutOff(t *testing.T) {
+	src := &source{log: NewLog(1 << 20)}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := NewServer(src.log, src, ServerOptions{SendTimeout: 300 * time.Millisecond})
+	g := grpc.NewServer()
+	xdsv1.RegisterIndexJournalServer(g, srv)
+	go g.Serve(lis)
+	defer g.Stop()
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	st, err := xdsv1.NewIndexJournalClient(conn).Stream(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Send(&xdsv1.JournalAck{NodeId: "mute", Epoch: src.log.Epoch()}); err != nil {
+		t.Fatal(err)
+	}
+	// Far more changes than the flow-control windows between the two hold.
+	for i := range 200 {
+		cs := make([]Change, 4096)
+		for j := range cs {
+			cs[j] = Change{Seq: uint64(i*4096 + j + 1), Slot: 1, Op: Stored}
+		}
+		src.apply(cs...)
+	}
+	eventually(t, "the mute stream cut off", func() bool {
+		s := srv.Stats()
+		return s.SlowStreams > 0 && !s.Nodes["mute"].Connected
+	})
+}

@@ -29,6 +29,13 @@ type ServerOptions struct {
 	// started closes it once its index has caught up with the engines (replay), so that
 	// proxies resyncing after a restart are not sent a snapshot of an index still empty.
 	Ready <-chan struct{}
+	// SendTimeout ends a stream whose proxy has not taken a message for this long (its
+	// flow-control window full: it does not read); it reconnects and gets a snapshot
+	// (default 30 s).
+	SendTimeout time.Duration
+	// MaxSnapshots bounds the snapshots built at once (default 4): each holds a copy of
+	// the whole index until it is sent.
+	MaxSnapshots int
 }
 
 // Server streams a Log to proxies: the IndexJournal service. It is safe for concurrent use;
@@ -43,6 +50,8 @@ type Server struct {
 	nodes map[string]*NodeState
 
 	snapshots, batches, changes atomic.Uint64
+	slow                        atomic.Uint64 // streams ended for not reading
+	snapSem                     chan struct{}
 }
 
 // NodeState is what the server knows of one subscribed proxy.
@@ -64,18 +73,26 @@ func NewServer(log *Log, snap Snapshotter, opts ServerOptions) *Server {
 	if opts.SnapshotBatch <= 0 {
 		opts.SnapshotBatch = 65536
 	}
-	return &Server{log: log, snap: snap, opts: opts, nodes: map[string]*NodeState{}}
+	if opts.SendTimeout <= 0 {
+		opts.SendTimeout = 30 * time.Second
+	}
+	if opts.MaxSnapshots <= 0 {
+		opts.MaxSnapshots = 4
+	}
+	return &Server{log: log, snap: snap, opts: opts, nodes: map[string]*NodeState{}, snapSem: make(chan struct{}, opts.MaxSnapshots)}
 }
 
 // Stats are the server's counters.
 type Stats struct {
 	Snapshots, Batches, Changes uint64
-	Nodes                       map[string]NodeState
+	// SlowStreams counts streams ended because their proxy stopped reading.
+	SlowStreams uint64
+	Nodes       map[string]NodeState
 }
 
 // Stats returns the counters and every node's state.
 func (s *Server) Stats() Stats {
-	st := Stats{Snapshots: s.snapshots.Load(), Batches: s.batches.Load(), Changes: s.changes.Load(), Nodes: map[string]NodeState{}}
+	st := Stats{Snapshots: s.snapshots.Load(), Batches: s.batches.Load(), Changes: s.changes.Load(), SlowStreams: s.slow.Load(), Nodes: map[string]NodeState{}}
 	s.mu.Lock()
 	for id, n := range s.nodes {
 		st.Nodes[id] = *n
@@ -190,13 +207,29 @@ func (s *Server) Stream(stream xdsv1.IndexJournal_StreamServer) error {
 		}
 		b := &xdsv1.JournalBatch{Epoch: s.log.Epoch(), Offset: next, Next: to}
 		appendChanges(b, buf)
-		if err := stream.Send(b); err != nil {
+		if err := s.send(stream, b); err != nil {
 			return err
 		}
 		next = to
 		s.batches.Add(1)
 		s.changes.Add(uint64(len(buf)))
 		s.update(n, func(n *NodeState) { n.Sent = to })
+	}
+}
+
+// send sends b, or gives up with ResourceExhausted once the proxy has taken nothing for
+// SendTimeout: returning from the handler then ends the stream, which releases the send.
+func (s *Server) send(stream xdsv1.IndexJournal_StreamServer, b *xdsv1.JournalBatch) error {
+	done := make(chan error, 1)
+	go func() { done <- stream.Send(b) }()
+	t := time.NewTimer(s.opts.SendTimeout)
+	defer t.Stop()
+	select {
+	case err := <-done:
+		return err
+	case <-t.C:
+		s.slow.Add(1)
+		return status.Errorf(codes.ResourceExhausted, "journal stream: the proxy took nothing for %v", s.opts.SendTimeout)
 	}
 }
 
@@ -208,6 +241,12 @@ func (s *Server) inRing(off uint64) bool {
 // sendSnapshot sends the whole index (reset first, done last) and returns the offset the
 // stream continues from.
 func (s *Server) sendSnapshot(stream xdsv1.IndexJournal_StreamServer) (uint64, error) {
+	select {
+	case s.snapSem <- struct{}{}:
+		defer func() { <-s.snapSem }()
+	case <-stream.Context().Done():
+		return 0, stream.Context().Err()
+	}
 	next := s.log.Next()
 	var entries []Change
 	s.snap.Each(func(seq uint64, slot int, tier blockset.Tier) {
@@ -218,7 +257,7 @@ func (s *Server) sendSnapshot(stream xdsv1.IndexJournal_StreamServer) (uint64, e
 		end := min(i+s.opts.SnapshotBatch, len(entries))
 		b := &xdsv1.JournalBatch{Epoch: s.log.Epoch(), Offset: next, Next: next, Reset_: i == 0, SnapshotDone: end == len(entries)}
 		appendChanges(b, entries[i:end])
-		if err := stream.Send(b); err != nil {
+		if err := s.send(stream, b); err != nil {
 			return next, fmt.Errorf("sending index snapshot: %w", err)
 		}
 		if end == len(entries) {

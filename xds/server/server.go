@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
@@ -52,7 +53,15 @@ type Options struct {
 	// GRPCOptions are appended to the gRPC server's options (after kvrelay's keepalive
 	// settings, so they may override them).
 	GRPCOptions []grpc.ServerOption
+	// MaxStreamsPerPeer bounds the streams (ADS, load reports, index journal) one peer
+	// address may hold open at once (default DefaultMaxStreamsPerPeer); more are refused
+	// with RESOURCE_EXHAUSTED.
+	MaxStreamsPerPeer int
 }
+
+// DefaultMaxStreamsPerPeer is Options.MaxStreamsPerPeer's default: a proxy opens three
+// streams, and a host may run a few proxies.
+const DefaultMaxStreamsPerPeer = 64
 
 func (o Options) withDefaults() Options {
 	if o.ReportInterval <= 0 {
@@ -63,6 +72,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.ShutdownGrace <= 0 {
 		o.ShutdownGrace = DefaultShutdownGrace
+	}
+	if o.MaxStreamsPerPeer <= 0 {
+		o.MaxStreamsPerPeer = DefaultMaxStreamsPerPeer
 	}
 	return o
 }
@@ -106,6 +118,8 @@ type Stats struct {
 	// UnknownWorkerLoads counts load report entries dropped for naming a worker that is not
 	// published (a proxy cannot report load on a worker it was not given).
 	UnknownWorkerLoads uint64
+	// RefusedStreams counts streams refused for their peer's MaxStreamsPerPeer.
+	RefusedStreams uint64
 }
 
 // Server is the control plane's xDS server: kvrelay's resources over delta ADS (one
@@ -130,7 +144,11 @@ type Server struct {
 
 	// pubMu serialises publications and guards published and publishedPolicy: the
 	// resources last handed to the caches (never modified once published).
-	pubMu           sync.Mutex
+	pubMu sync.Mutex
+	// peerStreams counts each peer host's open streams (limitStreams).
+	peerMu          sync.Mutex
+	peerStreams     map[string]int
+	refusedStreams  atomic.Uint64
 	published       map[string]*xdsv1.Worker
 	publishedPolicy *xdsv1.RoutingPolicy
 
@@ -149,15 +167,16 @@ func New(opts Options) *Server {
 	opts = opts.withDefaults()
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Server{
-		opts:      opts,
-		ctx:       ctx,
-		cancel:    cancel,
-		workers:   cache.NewLinearCache(xds.WorkerType),
-		policy:    cache.NewLinearCache(xds.PolicyType),
-		published: make(map[string]*xdsv1.Worker),
-		nodes:     make(map[int64]string),
-		proxies:   make(map[string]int),
-		lastNACK:  make(map[string]NACK),
+		opts:        opts,
+		ctx:         ctx,
+		cancel:      cancel,
+		workers:     cache.NewLinearCache(xds.WorkerType),
+		policy:      cache.NewLinearCache(xds.PolicyType),
+		published:   make(map[string]*xdsv1.Worker),
+		nodes:       make(map[int64]string),
+		proxies:     make(map[string]int),
+		lastNACK:    make(map[string]NACK),
+		peerStreams: make(map[string]int),
 	}
 	s.load = newLoadStore(opts.ReportStaleAfter, time.Now)
 	mux := &cache.MuxCache{
@@ -177,6 +196,7 @@ func New(opts Options) *Server {
 			Time:    30 * time.Second,
 			Timeout: 10 * time.Second,
 		}),
+		grpc.ChainStreamInterceptor(s.limitStreams),
 	}, opts.GRPCOptions...)
 	s.grpc = grpc.NewServer(gopts...)
 	discovery.RegisterAggregatedDiscoveryServiceServer(s.grpc, &ads{
@@ -401,6 +421,7 @@ func (s *Server) Stats() Stats {
 	st.NACKs = s.nacks.Load()
 	st.LoadReporters = s.load.reporters()
 	st.UnknownWorkerLoads = s.load.unknown.Load()
+	st.RefusedStreams = s.refusedStreams.Load()
 	return st
 }
 
@@ -504,3 +525,31 @@ var (
 	_ delta.Callbacks                            = callbacks{}
 	_ discovery.AggregatedDiscoveryServiceServer = (*ads)(nil)
 )
+
+// limitStreams refuses a stream past its peer's MaxStreamsPerPeer: clients that open streams
+// and never read them cannot hold the server's memory without bound.
+func (s *Server) limitStreams(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	host := "unknown"
+	if p, ok := peer.FromContext(ss.Context()); ok && p.Addr != nil {
+		host = p.Addr.String()
+		if h, _, err := net.SplitHostPort(host); err == nil {
+			host = h
+		}
+	}
+	s.peerMu.Lock()
+	if s.peerStreams[host] >= s.opts.MaxStreamsPerPeer {
+		s.peerMu.Unlock()
+		s.refusedStreams.Add(1)
+		return status.Errorf(codes.ResourceExhausted, "%s holds %d streams open, the most this control plane allows one peer", host, s.opts.MaxStreamsPerPeer)
+	}
+	s.peerStreams[host]++
+	s.peerMu.Unlock()
+	defer func() {
+		s.peerMu.Lock()
+		if s.peerStreams[host]--; s.peerStreams[host] <= 0 {
+			delete(s.peerStreams, host)
+		}
+		s.peerMu.Unlock()
+	}()
+	return handler(srv, ss)
+}
