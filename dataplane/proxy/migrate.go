@@ -52,19 +52,41 @@ func (cc *clientConn) migratable() bool {
 func (ex *exchange) forwardEvents(out, data []byte) []byte {
 	m := &ex.mig
 	m.tail = append(m.tail, data...)
-	k := bytes.LastIndex(m.tail, []byte("\n\n"))
-	if k < 0 {
+	end := eventsEnd(m.tail)
+	if end == 0 {
+		if len(m.tail) > maxHeldEvent {
+			// Not an event stream this proxy can cut into events: pass it on, unmigratable.
+			m.ok = false
+			out = ex.payload(out, m.tail)
+			m.tail = m.tail[:0]
+		}
 		return out
 	}
-	whole := m.tail[:k+2]
+	whole := m.tail[:end]
 	if m.ok && len(m.raw)+len(whole) <= maxMigrationRecord {
 		m.raw = append(m.raw, whole...)
 	} else {
 		m.ok = false
 	}
 	out = ex.payload(out, whole)
-	m.tail = append(m.tail[:0], m.tail[k+2:]...)
+	m.tail = append(m.tail[:0], m.tail[end:]...)
 	return out
+}
+
+// maxHeldEvent bounds the bytes of one event held back from the client.
+const maxHeldEvent = 64 << 10
+
+// eventsEnd is the length of b's whole events: up to the last blank line ("\n\n" or
+// "\r\n\r\n"), 0 when b holds none.
+func eventsEnd(b []byte) int {
+	end := 0
+	if k := bytes.LastIndex(b, []byte("\n\n")); k >= 0 {
+		end = k + 2
+	}
+	if k := bytes.LastIndex(b, []byte("\n\r\n")); k >= 0 && k+3 > end {
+		end = k + 3
+	}
+	return end
 }
 
 // sseEvent is what migration reads of a streamed chunk.
@@ -108,7 +130,7 @@ func (ex *exchange) migrate() bool {
 	cc := ex.cc
 	s := cc.srv
 	m := &ex.mig
-	if !m.ok || !ex.headSent || ex.status != 200 || m.legs >= s.cfg.MigrationLimit {
+	if !m.ok || !ex.headSent || ex.status != 200 || m.legs >= s.cfg.MigrationLimit || cc.pd.on {
 		if m.ok {
 			s.metrics.migrations.WithLabelValues("failed").Inc()
 		}
@@ -221,15 +243,24 @@ func (ex *exchange) continueEvents(out, data []byte, now int64) []byte {
 	m.pend = append(m.pend, data...)
 	for {
 		k := bytes.Index(m.pend, []byte("\n\n"))
+		n := 2
+		if j := bytes.Index(m.pend, []byte("\n\r\n")); j >= 0 && (k < 0 || j < k) {
+			k, n = j, 3
+		}
 		if k < 0 {
+			if len(m.pend) > maxHeldEvent {
+				out = ex.payload(out, m.pend)
+				ex.observe(m.pend, now)
+				m.pend = m.pend[:0]
+			}
 			return out
 		}
-		ev := m.pend[:k+2]
+		ev := m.pend[:k+n]
 		if re, keep := m.rewrite(ev); keep {
 			out = ex.payload(out, re)
 			ex.observe(re, now)
 		}
-		m.pend = append(m.pend[:0], m.pend[k+2:]...)
+		m.pend = append(m.pend[:0], m.pend[k+n:]...)
 	}
 }
 

@@ -1121,3 +1121,37 @@ func TestTrickledRequest(t *testing.T) {
 		t.Fatalf("trickled request: %d %s", resp.StatusCode, b)
 	}
 }
+
+// A stream that may migrate is forwarded in whole events, and events framed with CRLF are
+// whole events too: the client gets each as the engine sends it, not at the end.
+func TestMigratableStreamForwardsEventsAsTheyCome(t *testing.T) {
+	release := make(chan struct{})
+	url := fakeEngine(t, func(conn net.Conn, _ *bufio.Reader, _ *http.Request) {
+		io.WriteString(conn, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+		ev := "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"},\"finish_reason\":null}]}\r\n\r\n"
+		fmt.Fprintf(conn, "%x\r\n%s\r\n", len(ev), ev)
+		<-release
+		end := "data: [DONE]\r\n\r\n"
+		fmt.Fprintf(conn, "%x\r\n%s\r\n0\r\n\r\n", len(end), end)
+	})
+	p := startProxy(t, []string{url}, nil)
+	resp, err := http.Post("http://"+p.Addr()+"/v1/chat/completions", "application/json", strings.NewReader(chatBody("s", "u", 5, true)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	got := make(chan string, 1)
+	go func() {
+		line, _ := bufio.NewReader(resp.Body).ReadString('\n')
+		got <- line
+	}()
+	select {
+	case line := <-got:
+		if !strings.Contains(line, `"content":"hi"`) {
+			t.Fatalf("first line %q", line)
+		}
+	case <-time.After(3 * time.Second):
+		t.Fatal("the first event was held back")
+	}
+	close(release)
+}
