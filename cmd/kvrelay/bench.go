@@ -208,6 +208,7 @@ Without --setups, --mode with --workers (agg) or --prefill-workers and --decode-
 	fs.Float64Var(&cc.OverlapWeight, "overlap-weight", 0, "override the kv policy's overlap weight (0: the default)")
 	fs.Float64Var(&cc.QueueWeight, "queue-weight", 0, "override the kv policy's queue weight (0: the default)")
 	fs.Float64Var(&cc.ComputeWeight, "compute-weight", -1, "override the latency policy's compute weight (negative: the default)")
+	fs.Float64Var(&cc.BatchWeight, "batch-weight", 0, "the proxy's --batch-weight under the latency policy (0: off)")
 	fs.Float64Var(&engineSpeedup, "engine-speedup", 0, "divide the simulated engines' step times by this (default: --speedup; lower raises the load by --speedup/--engine-speedup)")
 	return cmd
 }

@@ -76,7 +76,9 @@ type ClusterConfig struct {
 	// CacheThreshold, OverlapWeight and QueueWeight override the kv policy's when positive,
 	// ComputeWeight the latency policy's when not negative.
 	CacheThreshold, OverlapWeight, QueueWeight float64
-	ComputeWeight                              float64
+	// BatchWeight, when above 0, is the proxy's --batch-weight (latency policy).
+	BatchWeight   float64
+	ComputeWeight float64
 }
 
 // DefaultClusterConfig is 8 gpt-oss-120b workers with vLLM's defaults behind the default
@@ -240,6 +242,9 @@ func StartCluster(ctx context.Context, cfg ClusterConfig) (*Cluster, error) {
 	}
 	if cfg.QueueWeight > 0 {
 		pc.QueueWeight = cfg.QueueWeight
+	}
+	if cfg.BatchWeight > 0 {
+		pc.BatchWeight = cfg.BatchWeight // the proxy's own: not part of the pushed policy
 	}
 	if cfg.ComputeWeight >= 0 {
 		pc.ComputeWeight = cfg.ComputeWeight
