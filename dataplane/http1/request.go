@@ -71,6 +71,7 @@ type Request struct {
 	OSL           []byte // x-kvrelay-osl
 	SLOTTFT       []byte // x-slo-ttft-ms
 	SLOTPOT       []byte // x-slo-tpot-ms
+	Migrate       []byte // x-kvrelay-migrate
 
 	// Header holds every header field line, in order.
 	Header HeaderList
@@ -81,7 +82,7 @@ func (r *Request) reset() {
 	r.ProtoMinor, r.Body, r.ContentLength = 0, BodyNone, 0
 	r.KeepAlive, r.Expect100 = false, false
 	r.ContentType, r.Authorization, r.RequestID, r.SessionID, r.Priority, r.OSL = nil, nil, nil, nil, nil, nil
-	r.SLOTTFT, r.SLOTPOT = nil, nil
+	r.SLOTTFT, r.SLOTPOT, r.Migrate = nil, nil, nil
 	r.Header.n = 0
 }
 
@@ -468,8 +469,13 @@ func (r *Request) field(f *framing, name, value []byte) code {
 			return f.contentLength(value)
 		}
 	case 17:
-		if equalFold(name, "transfer-encoding") {
+		switch {
+		case equalFold(name, "transfer-encoding"):
 			f.transferEncoding(value)
+		case equalFold(name, "x-kvrelay-migrate"):
+			if r.Migrate == nil {
+				r.Migrate = value
+			}
 		}
 	case 18:
 		if equalFold(name, "x-kvrelay-priority") {

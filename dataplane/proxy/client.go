@@ -271,7 +271,7 @@ func (cc *clientConn) captureHead() {
 	cc.session = append(cc.session[:0], r.SessionID...)
 	cc.hdrPrio, cc.hasPrio = atoi(r.Priority)
 	cc.hdrOSL, _ = atoi(r.OSL)
-	cc.noMigrate = bytes.EqualFold(bytes.TrimSpace(r.Header.Get("x-kvrelay-migrate")), []byte("off"))
+	cc.noMigrate = bytes.EqualFold(bytes.TrimSpace(r.Migrate), []byte("off"))
 	cc.sloTTFT, cc.sloTPOT = millis(r.SLOTTFT), millis(r.SLOTPOT)
 }
 

@@ -51,25 +51,33 @@ func (cc *clientConn) migratable() bool {
 // rebuild the request from; out is the client's pending output.
 func (ex *exchange) forwardEvents(out, data []byte) []byte {
 	m := &ex.mig
-	m.tail = append(m.tail, data...)
-	end := eventsEnd(m.tail)
+	buf := data
+	if len(m.tail) > 0 {
+		// Only an event split across reads is gathered; the usual whole-event read is not
+		// copied on its way.
+		m.tail = append(m.tail, data...)
+		buf = m.tail
+	}
+	end := eventsEnd(buf)
 	if end == 0 {
-		if len(m.tail) > maxHeldEvent {
+		if len(buf) > maxHeldEvent {
 			// Not an event stream this proxy can cut into events: pass it on, unmigratable.
 			m.ok = false
-			out = ex.payload(out, m.tail)
+			out = ex.payload(out, buf)
 			m.tail = m.tail[:0]
+		} else if len(m.tail) == 0 {
+			m.tail = append(m.tail, data...)
 		}
 		return out
 	}
-	whole := m.tail[:end]
+	whole := buf[:end]
 	if m.ok && len(m.raw)+len(whole) <= maxMigrationRecord {
 		m.raw = append(m.raw, whole...)
 	} else {
 		m.ok = false
 	}
 	out = ex.payload(out, whole)
-	m.tail = append(m.tail[:0], m.tail[end:]...)
+	m.tail = append(m.tail[:0], buf[end:]...)
 	return out
 }
 

@@ -1155,3 +1155,51 @@ func TestMigratableStreamForwardsEventsAsTheyCome(t *testing.T) {
 	}
 	close(release)
 }
+
+// A stream whose engine dies migrates once (its events cut whole even when one arrives in
+// two reads), unless the request says x-kvrelay-migrate: off.
+func TestMigrationOptOut(t *testing.T) {
+	dying := func() string {
+		return fakeEngine(t, func(conn net.Conn, _ *bufio.Reader, _ *http.Request) {
+			io.WriteString(conn, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+			ev := `data: {"id":"x","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":null}]}` + "\n\n"
+			for i := range 3 {
+				if i == 1 { // this event arrives in two reads
+					fmt.Fprintf(conn, "%x\r\n%s\r\n", 20, ev[:20])
+					time.Sleep(20 * time.Millisecond)
+					fmt.Fprintf(conn, "%x\r\n%s\r\n", len(ev)-20, ev[20:])
+				} else {
+					fmt.Fprintf(conn, "%x\r\n%s\r\n", len(ev), ev)
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			conn.Close()
+		})
+	}
+	p := startProxy(t, []string{dying(), dying()}, func(cfg *proxy.Config) { cfg.Policy = "round-robin" })
+	for _, tc := range []struct {
+		header string
+		chunks int
+	}{{"", 6}, {"off", 3}} {
+		req, _ := http.NewRequest("POST", "http://"+p.Addr()+"/v1/chat/completions", strings.NewReader(chatBody("s", "u", 10, true)))
+		if tc.header != "" {
+			req.Header.Set("x-kvrelay-migrate", tc.header)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := bytes.Count(body, []byte(`"content":"hi"`)); n != tc.chunks || !bytes.Contains(body, []byte(`"error"`)) {
+			t.Fatalf("x-kvrelay-migrate %q: %d chunks, want %d, then an error event: %s", tc.header, n, tc.chunks, body)
+		}
+	}
+	_, m := get(t, "http://"+p.Addr()+"/metrics")
+	if v := metricValue(t, m, `kvrelay_proxy_migrations_total{outcome="continued"}`); v != 1 {
+		t.Errorf("continued %v, want 1: the opted-out stream must not migrate", v)
+	}
+}
