@@ -264,29 +264,8 @@ upstreams:
 // drains before the engines behind it stop, and up returns once the stream is done.
 func TestUpStopKeepsStreamsInFlight(t *testing.T) {
 	pr, stop := startUp(t, "--static", "--workers", "1", "--speedup-ratio", "1", "--drain-timeout", "20s")
-	sc := bufio.NewScanner(pr)
-	curl := regexp.MustCompile(`curl -s (\S+) `)
-	var url string
-	for sc.Scan() {
-		if m := curl.FindStringSubmatch(sc.Text()); m != nil {
-			url = m[1]
-			break
-		}
-	}
-	if url == "" {
-		t.Fatal("up printed no curl line")
-	}
-	go io.Copy(io.Discard, pr)
-	resp, err := http.Post(url, "application/json", strings.NewReader(
-		`{"model":"gpt-oss-120b","messages":[{"role":"user","content":"count"}],"max_tokens":60,"ignore_eos":true,"stream":true}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	br := bufio.NewReader(resp.Body)
-	if _, err := br.ReadString('\n'); err != nil {
-		t.Fatal(err)
-	}
+	url := upURL(t, pr)
+	br := startStream(t, url, 60)
 	stopped := make(chan struct{})
 	go func() { stop(30 * time.Second); close(stopped) }()
 	rest, err := io.ReadAll(br)
@@ -315,29 +294,8 @@ func TestUpSecondSignalStopsAtOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cmd.Process.Kill()
-	sc := bufio.NewScanner(stdout)
-	curl := regexp.MustCompile(`curl -s (\S+) `)
-	var url string
-	for sc.Scan() {
-		if m := curl.FindStringSubmatch(sc.Text()); m != nil {
-			url = m[1]
-			break
-		}
-	}
-	if url == "" {
-		t.Fatal("up printed no curl line")
-	}
-	go io.Copy(io.Discard, stdout)
-	resp, err := http.Post(url, "application/json", strings.NewReader(
-		`{"model":"gpt-oss-120b","messages":[{"role":"user","content":"count"}],"max_tokens":5000,"ignore_eos":true,"stream":true}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	br := bufio.NewReader(resp.Body)
-	if _, err := br.ReadString('\n'); err != nil {
-		t.Fatal(err)
-	}
+	url := upURL(t, stdout)
+	br := startStream(t, url, 5000)
 	if err := cmd.Process.Signal(os.Interrupt); err != nil {
 		t.Fatal(err)
 	}
@@ -454,4 +412,37 @@ func TestUpHeadersOptInAndAdminMetrics(t *testing.T) {
 	if mr.StatusCode != 200 || !strings.Contains(string(m), `kvrelay_proxy_requests_total{code="200"`) {
 		t.Fatalf("admin metrics: %d %.300s", mr.StatusCode, m)
 	}
+}
+
+// upURL reads what `kvrelay up` prints up to its curl line and returns the URL there; the
+// rest of the output is drained in the background.
+func upURL(t *testing.T, out io.Reader) string {
+	t.Helper()
+	sc := bufio.NewScanner(out)
+	curl := regexp.MustCompile(`curl -s (\S+) `)
+	for sc.Scan() {
+		if m := curl.FindStringSubmatch(sc.Text()); m != nil {
+			go io.Copy(io.Discard, out)
+			return m[1]
+		}
+	}
+	t.Fatal("up printed no curl line")
+	return ""
+}
+
+// startStream posts a streamed chat completion of maxTokens tokens (ignore_eos) to url and
+// returns its body once the first line has arrived; the body closes with the test.
+func startStream(t *testing.T, url string, maxTokens int) *bufio.Reader {
+	t.Helper()
+	resp, err := http.Post(url, "application/json", strings.NewReader(fmt.Sprintf(
+		`{"model":"gpt-oss-120b","messages":[{"role":"user","content":"count"}],"max_tokens":%d,"ignore_eos":true,"stream":true}`, maxTokens)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { resp.Body.Close() })
+	br := bufio.NewReader(resp.Body)
+	if _, err := br.ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+	return br
 }
