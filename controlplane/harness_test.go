@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"regexp"
 	"sort"
 	"strconv"
@@ -25,6 +26,8 @@ import (
 	"github.com/kvrelay/kvrelay/ebpf"
 	"github.com/kvrelay/kvrelay/engines/kvevents"
 	"github.com/kvrelay/kvrelay/engines/sim"
+	"github.com/kvrelay/kvrelay/xds/auth"
+	"github.com/kvrelay/kvrelay/xds/auth/authtest"
 )
 
 const model = "gpt-oss-120b"
@@ -49,6 +52,7 @@ type cluster struct {
 	xds     string
 	proxies []*proxy.Server
 	warmed  map[int]map[int]bool // worker index → the families warmed on it
+	xdsAuth auth.ServerConfig    // what the control plane asks of proxies
 }
 
 // workerSpeedup is the simulated workers' speedup ratio (tests that need requests to last
@@ -89,7 +93,13 @@ func startWorkers(t *testing.T, n int, roles ...sim.Role) []*sim.Worker {
 
 func newCluster(t *testing.T, nworkers int) *cluster {
 	t.Helper()
-	c := &cluster{t: t, workers: startWorkers(t, nworkers), dataDir: t.TempDir()}
+	return newClusterWith(t, nworkers, auth.ServerConfig{})
+}
+
+// newClusterWith is newCluster with a control plane that checks xDS credentials.
+func newClusterWith(t *testing.T, nworkers int, xdsAuth auth.ServerConfig) *cluster {
+	t.Helper()
+	c := &cluster{t: t, workers: startWorkers(t, nworkers), dataDir: t.TempDir(), xdsAuth: xdsAuth}
 	for i, w := range c.workers {
 		c.specs = append(c.specs, registry.Worker{
 			ID: "w" + strconv.Itoa(i), URL: w.URL(), BlockSize: 16, Engine: "sim",
@@ -104,6 +114,7 @@ func (c *cluster) startControlPlane(xdsAddr string) {
 	c.t.Helper()
 	cp, err := controlplane.New(controlplane.Options{
 		XDSListen:      xdsAddr,
+		XDSAuth:        c.xdsAuth,
 		APIListen:      "127.0.0.1:0",
 		DataDir:        c.dataDir,
 		Workers:        c.specs,
@@ -994,6 +1005,72 @@ func TestOperatorAPIRefusesForeignHosts(t *testing.T) {
 	for _, want := range []string{`kvrelay_controlplane_api_rejected_total{reason="host"} 3`, `kvrelay_controlplane_api_rejected_total{reason="unauthenticated"} 1`} {
 		if !strings.Contains(string(m), want) {
 			t.Errorf("metrics lack %s", want)
+		}
+	}
+}
+
+// TestProxiesNeedTheirCredentials: behind a control plane that checks mutual TLS and
+// tokens, a proxy with its own certificate and token routes; a proxy without credentials,
+// one with a wrong token, and one claiming another proxy's node id get no workers, and the
+// control plane counts each refusal.
+func TestProxiesNeedTheirCredentials(t *testing.T) {
+	dir := t.TempDir()
+	ca, err := authtest.NewCA(dir, "fleet")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cpPair, err := ca.Issue("cp", "control-plane", "127.0.0.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	write := func(name, s string) string {
+		path := filepath.Join(dir, name)
+		if err := os.WriteFile(path, []byte(s), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	tokens := write("tokens", "edge-a token-for-edge-a-0123456789\nedge-b token-for-edge-b-0123456789\n")
+	c := newClusterWith(t, 2, auth.ServerConfig{CertFile: cpPair.CertFile, KeyFile: cpPair.KeyFile, ClientCAFile: ca.CertFile, TokensFile: tokens})
+	creds := func(node, token string) func(*proxy.Config) {
+		pair, err := ca.Issue(node, node)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return func(cfg *proxy.Config) {
+			cfg.NodeID = node
+			cfg.XDSSyncTimeout = 300 * time.Millisecond
+			cfg.XDSAuth = auth.ClientConfig{CAFile: ca.CertFile, CertFile: pair.CertFile, KeyFile: pair.KeyFile}
+			if token != "" {
+				cfg.XDSAuth.TokenFile = write(node+"-token", token)
+			}
+		}
+	}
+	good := c.addProxyWith(c.xds, creds("edge-a", "token-for-edge-a-0123456789"))
+	plain := c.addProxyWith(c.xds, func(cfg *proxy.Config) { cfg.NodeID = "edge-a"; cfg.XDSSyncTimeout = 300 * time.Millisecond })
+	noToken := c.addProxyWith(c.xds, creds("edge-c", ""))
+	wrongToken := c.addProxyWith(c.xds, creds("edge-d", "token-nobody-was-ever-given-01"))
+	impostor := c.addProxyWith(c.xds, creds("edge-b2", "token-for-edge-a-0123456789"))
+	waitWorkers(t, good, 2)
+	if r := chat(t, "http://"+good.Addr(), "You are terse.", "hello"); r.status != 200 {
+		t.Fatalf("chat through the proxy with credentials: %d %s", r.status, r.body)
+	}
+	time.Sleep(500 * time.Millisecond)
+	for name, p := range map[string]*proxy.Server{"plaintext": plain, "no token": noToken, "wrong token": wrongToken, "another node's token": impostor} {
+		if n := len(p.Workers()); n != 0 {
+			t.Errorf("proxy with %s got %d workers", name, n)
+		}
+	}
+	resp, err := http.Get("http://" + c.cp.APIAddr() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, reason := range []string{"no_token", "bad_token", "wrong_node"} {
+		re := regexp.MustCompile(`kvrelay_controlplane_xds_refused_streams_total\{reason="` + reason + `"\} ([1-9][0-9]*)`)
+		if !re.Match(m) {
+			t.Errorf("no refusal counted for %s", reason)
 		}
 	}
 }

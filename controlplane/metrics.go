@@ -15,7 +15,7 @@ type collector struct {
 	journalNext, journalSent, journalSnapshots   *prometheus.Desc
 	proxies, pushes, pushedResources, acks       *prometheus.Desc
 	nacks, loadReporters, workers, policyVersion *prometheus.Desc
-	unknownLoads                                 *prometheus.Desc
+	unknownLoads, refusedStreams                 *prometheus.Desc
 }
 
 func newCollector(s *Server) *collector {
@@ -43,6 +43,7 @@ func newCollector(s *Server) *collector {
 		nacks:            d("xds_nacks_total", "ADS responses refused by proxies."),
 		loadReporters:    d("load_reporters", "Proxies whose in-flight load report is live."),
 		unknownLoads:     d("load_report_unknown_workers_total", "Load report entries dropped for naming a worker that is not published."),
+		refusedStreams:   d("xds_refused_streams_total", "xDS streams refused, by reason (no_token, bad_token, wrong_node: a node id the credential was not issued for, bad_cert, too_many: the peer's stream limit).", "reason"),
 		workers:          d("workers", "Workers in the registry, by health.", "state"),
 		policyVersion:    d("policy_version", "Version of the routing policy pushed to proxies."),
 	}
@@ -106,5 +107,9 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	k(c.nacks, xs.NACKs)
 	g(c.loadReporters, float64(xs.LoadReporters))
 	k(c.unknownLoads, xs.UnknownWorkerLoads)
+	k(c.refusedStreams, xs.RefusedStreams, "too_many")
+	for reason, n := range s.xdsAuth.Refused() {
+		k(c.refusedStreams, n, reason)
+	}
 	g(c.policyVersion, float64(s.reg.Policy().Version))
 }

@@ -30,6 +30,7 @@ import (
 	"github.com/kvrelay/kvrelay/engines/vllm"
 	"github.com/kvrelay/kvrelay/xds"
 	xdsv1 "github.com/kvrelay/kvrelay/xds/api/v1"
+	"github.com/kvrelay/kvrelay/xds/auth"
 	"github.com/kvrelay/kvrelay/xds/journal"
 	xdsserver "github.com/kvrelay/kvrelay/xds/server"
 )
@@ -38,6 +39,9 @@ import (
 type Options struct {
 	// XDSListen serves proxies: delta ADS, the index journal and load reports.
 	XDSListen string
+	// XDSAuth is what the xDS listener asks of proxies (TLS, client certificates, bearer
+	// tokens). Without credentials it must listen on loopback, or set XDSAuth.Insecure.
+	XDSAuth auth.ServerConfig
 	// APIListen serves the operator API (JSON over HTTP and gRPC) and /metrics.
 	APIListen string
 	// DataDir holds the registry and policies (bbolt).
@@ -119,6 +123,7 @@ type Server struct {
 	ingest  *ingest.Manager
 	view    *loadview.View
 	xds     *xdsserver.Server
+	xdsAuth *auth.Server
 	metrics *prometheus.Registry
 
 	xdsLis, apiLis net.Listener
@@ -166,6 +171,10 @@ func New(opts Options) (*Server, error) {
 	if opts.DataDir == "" {
 		return nil, errors.New("control plane: --data-dir is required")
 	}
+	xdsAuth, err := auth.NewServer(opts.XDSAuth, opts.XDSListen, opts.Logger)
+	if err != nil {
+		return nil, fmt.Errorf("control plane: %w", err)
+	}
 	store, err := registry.Open(opts.DataDir)
 	if err != nil {
 		return nil, err
@@ -181,7 +190,7 @@ func New(opts Options) (*Server, error) {
 			return nil, fmt.Errorf("control plane: %w", err)
 		}
 	}
-	s := &Server{opts: opts, log: opts.Logger, store: store, reg: reg, metrics: prometheus.NewRegistry()}
+	s := &Server{opts: opts, log: opts.Logger, store: store, reg: reg, metrics: prometheus.NewRegistry(), xdsAuth: xdsAuth}
 	s.index = kvindex.New()
 	s.journal = journal.NewLog(opts.JournalRing)
 	s.ready = make(chan struct{})
@@ -204,7 +213,7 @@ func New(opts Options) (*Server, error) {
 		KernelWaiting: gate(opts.KernelWaiting), KernelLatencyWaiting: gate(opts.KernelLatencyWaiting)})
 	// Proxies' streams (ADS, journal, load) live as long as the proxy: a graceful stop would
 	// only wait out its grace, and proxies reconnect to the next control plane by themselves.
-	s.xds = xdsserver.New(xdsserver.Options{ShutdownGrace: 100 * time.Millisecond})
+	s.xds = xdsserver.New(xdsserver.Options{ShutdownGrace: 100 * time.Millisecond, GRPCOptions: s.xdsAuth.Options()})
 	xdsv1.RegisterIndexJournalServer(s.xds.GRPC(), s.jserver)
 	s.metrics.MustRegister(s.view, newCollector(s))
 	return s, nil

@@ -85,6 +85,11 @@ worker claims are dropped and counted (kvrelay_controlplane_ingest_unclaimed_tot
 	}
 	fs := cmd.Flags()
 	fs.StringVar(&opts.XDSListen, "xds-listen", "127.0.0.1:18000", "address proxies connect to (delta ADS, index journal, load reports)")
+	fs.StringVar(&opts.XDSAuth.CertFile, "xds-cert", "", "the xDS listener's certificate (PEM, with --xds-key): proxies connect over TLS; read again when it changes")
+	fs.StringVar(&opts.XDSAuth.KeyFile, "xds-key", "", "key (PEM) of --xds-cert")
+	fs.StringVar(&opts.XDSAuth.ClientCAFile, "xds-client-ca", "", "CA (PEM) that signs proxies' certificates: mutual TLS, and a proxy may claim only a node id its certificate names (common name, DNS or URI SAN)")
+	fs.StringVar(&opts.XDSAuth.TokensFile, "xds-tokens-file", "", "proxies' bearer tokens, one \"<node-id> <token>\" a line: a stream without one is refused, and a token's holder may claim only its node id (read again when it changes)")
+	fs.BoolVar(&opts.XDSAuth.Insecure, "xds-insecure", false, "serve xDS on an address other than loopback without TLS and proxy credentials")
 	fs.StringVar(&opts.APIListen, "api-listen", "127.0.0.1:18080", "operator API (JSON over HTTP and gRPC) and /metrics")
 	fs.StringVar(&opts.DataDir, "data-dir", "", "directory for the registry and policies (required)")
 	addEBPFFlags(fs, &ebpfF, ebpfCgroupOwn)

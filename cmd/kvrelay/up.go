@@ -21,6 +21,7 @@ import (
 	"github.com/kvrelay/kvrelay/dataplane/route"
 	"github.com/kvrelay/kvrelay/ebpf"
 	"github.com/kvrelay/kvrelay/engines/sim"
+	"github.com/kvrelay/kvrelay/xds/auth"
 )
 
 // Deployment modes of `kvrelay up`.
@@ -55,6 +56,7 @@ func newUpCmd() *cobra.Command {
 		proxyListen     string
 		policy          string
 		xdsListen       string
+		xdsInsecure     bool
 		apiListen       string
 		dataDir         string
 		static          bool
@@ -163,10 +165,11 @@ there, a max_tokens=1 leg to a prefill worker whose KV blocks the decode worker 
 						t := int64(disaggThreshold)
 						threshold = &t
 					}
-					if cp, tokenPath, err = startUpControlPlane(ctx, uws, probes, model, f.engine.BlockSize, xdsListen, apiListen, dataDir, tokenFile, policy, threshold); err != nil {
+					if cp, tokenPath, err = startUpControlPlane(ctx, uws, probes, model, f.engine.BlockSize, xdsListen, xdsInsecure, apiListen, dataDir, tokenFile, policy, threshold); err != nil {
 						return nil, err
 					}
 					pc.XDS = cp.XDSAddr()
+					pc.XDSAuth.Insecure = xdsInsecure
 					pc.NodeID = "up-proxy"
 				}
 				stopPlanner, err := pf.start(ctx, out, upPlannerEnv{cp: cp, workers: uws, model: model, blockSize: f.engine.BlockSize, gpuBlocks: gpuBlocks, speedup: speedup, host: host})
@@ -264,7 +267,8 @@ there, a max_tokens=1 leg to a prefill worker whose KV blocks the decode worker 
 	fs.IntVar(&gpuBlocks, "num-gpu-blocks", 16384, "KV cache blocks per worker")
 	fs.StringVar(&proxyListen, "proxy-listen", "127.0.0.1:8080", "the proxy's address")
 	fs.StringVar(&policy, "policy", route.PolicyDefault, "the routing policy")
-	fs.StringVar(&xdsListen, "xds-listen", "127.0.0.1:18000", "the control plane's xDS address")
+	fs.StringVar(&xdsListen, "xds-listen", "127.0.0.1:18000", "the control plane's xDS address (beyond loopback only with --xds-insecure: up configures no xDS credentials)")
+	fs.BoolVar(&xdsInsecure, "xds-insecure", false, "let --xds-listen be an address other than loopback, plaintext and open to anyone who reaches it")
 	fs.StringVar(&apiListen, "api-listen", "127.0.0.1:18080", "the control plane's operator API address")
 	fs.StringVar(&dataDir, "data-dir", "", "the control plane's data directory (default: a temporary one, removed on exit)")
 	fs.StringVar(&adminListen, "admin-listen", "127.0.0.1:0", "the proxy's admin address: /metrics, /debug/decisions, /debug/latency, pprof (default: a free loopback port, printed)")
@@ -319,9 +323,10 @@ func printUpWorkers(out io.Writer, ws []upWorker) {
 // control plane closes. The probes' accept queues and first-byte latencies feed its load
 // view while the policy's kernel_load_signals is on (`kvrelay ctl policy set
 // --kernel-load-signals`): up's proxy runs in this process, so the probes time its requests.
-func startUpControlPlane(ctx context.Context, ws []upWorker, probes *ebpf.Collector, model string, blockSize int, xdsListen, apiListen, dataDir, tokenFile, policy string, disaggThreshold *int64) (cp *controlplane.Server, tokenPath string, err error) {
+func startUpControlPlane(ctx context.Context, ws []upWorker, probes *ebpf.Collector, model string, blockSize int, xdsListen string, xdsInsecure bool, apiListen, dataDir, tokenFile, policy string, disaggThreshold *int64) (cp *controlplane.Server, tokenPath string, err error) {
 	opts := controlplane.Options{
 		XDSListen: xdsListen,
+		XDSAuth:   auth.ServerConfig{Insecure: xdsInsecure},
 		APIListen: apiListen,
 		DataDir:   dataDir,
 		Logger:    slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),

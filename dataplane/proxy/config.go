@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvrelay/kvrelay/dataplane/http1"
 	"github.com/kvrelay/kvrelay/dataplane/route"
+	"github.com/kvrelay/kvrelay/xds/auth"
 )
 
 // Tokenizer modes besides a tokenizer spec (see engines/tokenizer.New).
@@ -62,7 +63,13 @@ type Config struct {
 	// the routing policy and the KV index replica come from the control plane, and
 	// Upstreams must be empty.
 	XDS string `yaml:"xds"`
-	// NodeID names this proxy to the control plane (default: hostname-pid).
+	// XDSAuth is how the proxy proves itself to the control plane: TLS (the control
+	// plane's CA, a client certificate) and a bearer token. Without TLS the xDS address must
+	// be loopback, or XDSAuth.Insecure set.
+	XDSAuth auth.ClientConfig `yaml:"xds_auth"`
+	// NodeID names this proxy to the control plane (default: hostname-pid). A control plane
+	// that checks credentials accepts only the node id the proxy's token or certificate was
+	// issued for.
 	NodeID string `yaml:"node_id"`
 	// XDSSyncTimeout bounds how long Start waits for the control plane's first workers;
 	// past it the proxy serves anyway (503 until workers arrive).

@@ -128,7 +128,11 @@ func (s *Server) setupXDS(ctx context.Context) error {
 	}
 	s.setModels(pool)
 
-	conn, err := client.Dial(s.cfg.XDS)
+	creds, err := s.cfg.XDSAuth.DialOptions(s.cfg.XDS, s.log)
+	if err != nil {
+		return err
+	}
+	conn, err := client.Dial(s.cfg.XDS, creds...)
 	if err != nil {
 		return err
 	}
