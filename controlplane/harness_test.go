@@ -59,6 +59,10 @@ type cluster struct {
 // lower it for their own cluster).
 var workerSpeedup = 50.0
 
+// workerLoRAs are the LoRA adapters the simulated workers serve (tests that need some set
+// it for their own cluster).
+var workerLoRAs []string
+
 func startWorkers(t *testing.T, n int, roles ...sim.Role) []*sim.Worker {
 	t.Helper()
 	codec, err := codecOnce()
@@ -71,6 +75,7 @@ func startWorkers(t *testing.T, n int, roles ...sim.Role) []*sim.Worker {
 			Events: kvevents.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"}}
 		cfg.Engine.NumGPUBlocks = 4096
 		cfg.Engine.Timing.Speedup = workerSpeedup
+		cfg.Engine.LoRAModules = workerLoRAs
 		if i := len(ws); i < len(roles) {
 			cfg.Engine.Role = roles[i]
 		}
@@ -103,7 +108,7 @@ func newClusterWith(t *testing.T, nworkers int, xdsAuth auth.ServerConfig) *clus
 	for i, w := range c.workers {
 		c.specs = append(c.specs, registry.Worker{
 			ID: "w" + strconv.Itoa(i), URL: w.URL(), BlockSize: 16, Engine: "sim",
-			KVEvents: w.EventsEndpoint(), KVEventsReplay: w.ReplayEndpoint(),
+			KVEvents: w.EventsEndpoint(), KVEventsReplay: w.ReplayEndpoint(), LoRAModules: workerLoRAs,
 		})
 	}
 	c.startControlPlane("127.0.0.1:0")
@@ -185,18 +190,29 @@ func waitWorkers(t *testing.T, p *proxy.Server, n int) {
 }
 
 type reply struct {
-	status int
-	worker string
-	cached int
-	body   string
+	status   int
+	worker   string
+	cached   int
+	body     string
+	decision string // x-kvrelay-decision, when the proxy exposes it
 }
 
 func chat(t *testing.T, base string, system, user string) reply {
 	t.Helper()
-	body, _ := json.Marshal(map[string]any{
+	return chatAs(t, base, model, "", system, user)
+}
+
+// chatAs is chat naming a model (or LoRA adapter) and a cache salt ("": none).
+func chatAs(t *testing.T, base, model, salt, system, user string) reply {
+	t.Helper()
+	req := map[string]any{
 		"model": model, "max_tokens": 4,
 		"messages": []map[string]string{{"role": "system", "content": system}, {"role": "user", "content": user}},
-	})
+	}
+	if salt != "" {
+		req["cache_salt"] = salt
+	}
+	body, _ := json.Marshal(req)
 	resp, err := http.Post(base+"/v1/chat/completions", "application/json", bytes.NewReader(body))
 	if err != nil {
 		return reply{body: err.Error()}
@@ -211,7 +227,8 @@ func chat(t *testing.T, base string, system, user string) reply {
 		} `json:"usage"`
 	}
 	_ = json.Unmarshal(b, &out)
-	return reply{status: resp.StatusCode, worker: resp.Header.Get("x-kvrelay-worker"), cached: out.Usage.PromptTokensDetails.CachedTokens, body: string(b)}
+	return reply{status: resp.StatusCode, worker: resp.Header.Get("x-kvrelay-worker"), cached: out.Usage.PromptTokensDetails.CachedTokens,
+		body: string(b), decision: resp.Header.Get("x-kvrelay-decision")}
 }
 
 func family(f int) string {
@@ -1071,6 +1088,67 @@ func TestProxiesNeedTheirCredentials(t *testing.T) {
 		re := regexp.MustCompile(`kvrelay_controlplane_xds_refused_streams_total\{reason="` + reason + `"\} ([1-9][0-9]*)`)
 		if !re.Match(m) {
 			t.Errorf("no refusal counted for %s", reason)
+		}
+	}
+}
+
+// TestExtraKeysMatchThroughTheIndex: salted and LoRA prompts, warmed on one worker each
+// straight at the engines, are found in the control plane's index (the engines' extra_keys
+// folded by the proxy's rule) by a proxy that never saw them, and reach that worker with a
+// cache hit; the same prompt plain, under another salt or under the base model matches no
+// block of its family anywhere (only the chat template's opening blocks, which every prompt
+// under the same keys shares).
+func TestExtraKeysMatchThroughTheIndex(t *testing.T) {
+	workerLoRAs = []string{"sql-lora"}
+	t.Cleanup(func() { workerLoRAs = nil })
+	c := newCluster(t, 3)
+	p := c.addProxyWith(c.xds, func(cfg *proxy.Config) { cfg.ExposeDecisionHeader = true })
+	waitWorkers(t, p, 3)
+	warm := []struct {
+		model, salt string
+		family      int
+	}{{model, "tenant-a", 0}, {"sql-lora", "", 1}, {model, "", 2}}
+	c.warmed = map[int]map[int]bool{}
+	for i, w := range warm {
+		c.warmed[i] = map[int]bool{w.family: true}
+		if r := chatAs(t, c.workers[i].URL(), w.model, w.salt, family(w.family), "warm"); r.status != 200 {
+			t.Fatalf("warming %+v: %d %s", w, r.status, r.body)
+		}
+	}
+	c.waitBlocks(3 * 150)
+	base := "http://" + p.Addr()
+	for i, w := range warm {
+		r := chatAs(t, base, w.model, w.salt, family(w.family), "again")
+		if want := "w" + strconv.Itoa(i); r.status != 200 || r.worker != want || r.cached == 0 {
+			t.Errorf("%+v: status %d worker %q cached %d, want %s with cached tokens (decision %s)", w, r.status, r.worker, r.cached, want, r.decision)
+		}
+		time.Sleep(150 * time.Millisecond) // its load reported and gone before the next
+	}
+	cachedRe := regexp.MustCompile(`cached=([0-9]+)`)
+	for _, alias := range []struct {
+		what, model, salt string
+		family            int
+	}{
+		{"the salted prompt plain", model, "", 0},
+		{"the salted prompt under another salt", model, "tenant-b", 0},
+		{"the LoRA prompt under the base model", model, "", 1},
+		{"the plain prompt salted", model, "tenant-a", 2},
+		{"the plain prompt under the adapter", "sql-lora", "", 2},
+	} {
+		r := chatAs(t, base, alias.model, alias.salt, family(alias.family), "alias")
+		if r.status != 200 || r.decision == "" {
+			t.Fatalf("%s: status %d, decision %q: %s", alias.what, r.status, r.decision, r.body)
+		}
+		// A family's prompt is about 180 blocks; the template's opening is 5.
+		const shared = 10
+		for _, m := range cachedRe.FindAllStringSubmatch(r.decision, -1) {
+			if n, _ := strconv.Atoi(m[1]); n >= shared {
+				t.Errorf("%s matched its family's blocks: %s", alias.what, r.decision)
+				break
+			}
+		}
+		if r.cached >= shared*16 {
+			t.Errorf("%s got %d cached tokens from %s", alias.what, r.cached, r.worker)
 		}
 	}
 }

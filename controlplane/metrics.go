@@ -66,6 +66,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	k(c.indexEvents, is.Cleared, "cleared")
 	k(c.indexEvents, is.Orphans, "orphan")
 	k(c.indexEvents, is.Unknown, "unknown")
+	k(c.indexEvents, is.BadExtraKeys, "bad_extra_keys")
 	states := s.view.Snapshot()
 	healthy, unhealthy, draining := 0, 0, 0
 	for _, w := range s.reg.Workers() {

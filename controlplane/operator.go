@@ -42,6 +42,7 @@ func (o operator) worker(w registry.Worker) *operatorv1.Worker {
 			KvEvents: w.KVEvents, KvEventsBind: w.KVEventsBind, KvEventsTopic: w.KVEventsTopic, KvEventsReplay: w.KVEventsReplay,
 			Metrics: w.Metrics, Engine: w.Engine, Source: w.Source,
 			MaxNumSeqs: uint32(w.MaxNumSeqs), MaxNumBatchedTokens: uint32(w.MaxNumBatchedTokens),
+			LoraModules: w.LoRAModules,
 		},
 		Status: &operatorv1.WorkerStatus{
 			Healthy: st.Healthy, Draining: w.Draining,
@@ -94,6 +95,7 @@ func (o operator) UpsertWorker(_ context.Context, spec *operatorv1.WorkerSpec) (
 		KVEvents: spec.GetKvEvents(), KVEventsBind: spec.GetKvEventsBind(), KVEventsTopic: spec.GetKvEventsTopic(), KVEventsReplay: spec.GetKvEventsReplay(),
 		Metrics: spec.GetMetrics(), Engine: spec.GetEngine(),
 		MaxNumSeqs: int(min(spec.GetMaxNumSeqs(), 1<<31-1)), MaxNumBatchedTokens: int(min(spec.GetMaxNumBatchedTokens(), 1<<31-1)),
+		LoRAModules: spec.GetLoraModules(),
 	}.WithDefaults()
 	if err := o.s.reg.Upsert(w); err != nil {
 		return nil, apiErr(err)

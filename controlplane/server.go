@@ -441,6 +441,7 @@ func (s *Server) workerResources() []*xdsv1.Worker {
 			Draining:            w.Draining,
 			MaxNumSeqs:          uint32(w.MaxNumSeqs),
 			MaxNumBatchedTokens: uint32(w.MaxNumBatchedTokens),
+			LoraAdapters:        w.LoRAModules,
 		}
 		if res.Model == "" {
 			res.Model = st.Model.ID

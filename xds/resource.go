@@ -43,6 +43,8 @@ const (
 	MaxBlockSize = 1 << 16
 	// MaxSlot bounds a worker's slot in the index journal (slots are dense, one per worker).
 	MaxSlot = 1 << 16
+	// MaxLoRAAdapters bounds the LoRA adapters one worker lists.
+	MaxLoRAAdapters = 256
 	// MaxWeight bounds the routing policy's overlap weight.
 	MaxWeight = 1e6
 	// MaxTemperature bounds the routing policy's sampling temperature.
@@ -210,6 +212,17 @@ func ValidateWorker(w *xdsv1.Worker) error {
 	}
 	if w.GetSlot() >= MaxSlot {
 		return fail("slot %d not below %d", w.GetSlot(), MaxSlot)
+	}
+	if n := len(w.GetLoraAdapters()); n > MaxLoRAAdapters {
+		return fail("%d LoRA adapters, above %d", n, MaxLoRAAdapters)
+	}
+	for _, a := range w.GetLoraAdapters() {
+		if err := checkName("LoRA adapter", a, true); err != nil {
+			return fail("%v", err)
+		}
+		if a == w.GetModel() {
+			return fail("LoRA adapter %q is the worker's model", a)
+		}
 	}
 	if l := w.GetLoad(); l != nil {
 		if u := l.GetKvUsage(); math.IsNaN(u) || u < 0 || u > 1 {

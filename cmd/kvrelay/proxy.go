@@ -208,6 +208,12 @@ func parseUpstream(v string) (proxy.Upstream, error) {
 			u.Capacity = n
 		case "role":
 			u.Role = val
+		case "lora-modules":
+			for _, a := range strings.Split(val, ";") {
+				if a = strings.TrimSpace(a); a != "" {
+					u.LoRAModules = append(u.LoRAModules, a)
+				}
+			}
 		case "block-size", "block_size", "max-num-seqs", "max-num-batched-tokens":
 			n, err := strconv.Atoi(val)
 			if err != nil {

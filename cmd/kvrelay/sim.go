@@ -21,6 +21,7 @@ import (
 type simFlags struct {
 	listen           string
 	workers          int
+	loras            []string
 	tokenizer        string
 	chatTemplate     string
 	eventsEndpoint   string
@@ -76,6 +77,7 @@ checked) and waits the modelled transfer time (--kv-bytes-per-token bytes per to
 	fs.StringVar(&f.listen, "listen", "127.0.0.1:8001", "address of the first worker's OpenAI API")
 	fs.StringVar(&e.Model, "model", e.Model, "model name served (also picks the default tokenizer and chat template)")
 	fs.IntVar(&f.workers, "workers", 1, "number of workers in this process, on consecutive ports")
+	fs.StringSliceVar(&f.loras, "lora-modules", nil, "LoRA adapters served beside --model, as vLLM's name=path (the path is not read; repeat or comma-separate): a request naming one is keyed apart from the base model's blocks")
 	fs.IntVar(&e.BlockSize, "block-size", e.BlockSize, "tokens per KV cache block")
 	fs.IntVar(&e.NumGPUBlocks, "num-gpu-blocks", e.NumGPUBlocks, "KV cache blocks per worker")
 	fs.IntVar(&e.MaxNumSeqs, "max-num-seqs", e.MaxNumSeqs, "maximum sequences in a batch")
@@ -126,6 +128,10 @@ func (f *simFlags) workerConfigs() ([]sim.WorkerConfig, error) {
 		e.EngineHashBytes = true
 	default:
 		return nil, fmt.Errorf("--kv-block-hash must be int or bytes, got %q", f.blockHash)
+	}
+	for _, m := range f.loras {
+		name, _, _ := strings.Cut(m, "=")
+		e.LoRAModules = append(e.LoRAModules, name)
 	}
 	if err := e.Validate(); err != nil {
 		return nil, err

@@ -50,6 +50,9 @@ type Stats struct {
 	Orphans, Unknown uint64
 	// SkippedGroups counts events for KV cache groups other than full attention.
 	SkippedGroups uint64
+	// BadExtraKeys counts blocks whose extra_keys entry did not decode (keyed so that they
+	// match no request).
+	BadExtraKeys uint64
 }
 
 type worker struct {
@@ -205,15 +208,23 @@ func (x *Index) lookupParent(w *worker, key uint64) (uint64, bool) {
 	return 0, false
 }
 
-// extraKeys returns the bytes folded into block i's local hash: the LoRA adapter and the
-// block's extra keys (cache salt, multimodal hashes), as the proxy folds them.
+// extraKeys returns the bytes folded into block i's local hash, by blockhash's one rule:
+// the block's extra_keys entry (adapter, multimodal inputs, the first block's cache salt) in
+// canonical form; an engine that sends no extra_keys but names a LoRA adapter keys every
+// block with the adapter alone. An entry that does not decode gets a key no request has.
 func (x *Index) extraKeys(ev *kvevents.Event, i int) []byte {
 	x.scratch = x.scratch[:0]
-	if ev.LoraName != "" {
-		x.scratch = append(x.scratch, ev.LoraName...)
-	}
-	if ev.HasExtraKeys && i < len(ev.ExtraKeys) && ev.ExtraKeys[i] != nil {
-		x.scratch = append(x.scratch, ev.ExtraKeys[i]...)
+	switch {
+	case ev.HasExtraKeys && i < len(ev.ExtraKeys) && ev.ExtraKeys[i] != nil:
+		v, err := ev.ExtraKeys[i].Decode()
+		if err != nil {
+			x.stats.BadExtraKeys++
+			return append(x.scratch, '?')
+		}
+		x.scratch = blockhash.AppendKey(x.scratch, v)
+	case !ev.HasExtraKeys && ev.LoraName != "":
+		k := blockhash.Keys{LoRA: ev.LoraName}
+		x.scratch = k.Block(x.scratch, 0)
 	}
 	if len(x.scratch) == 0 {
 		return nil

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/kvrelay/kvrelay/engines"
+	"github.com/kvrelay/kvrelay/engines/blockhash"
 	"github.com/kvrelay/kvrelay/engines/sim"
 	"github.com/kvrelay/kvrelay/engines/vllm"
 )
@@ -28,7 +29,7 @@ func BenchmarkScrape(b *testing.B) {
 		for j := range prompt {
 			prompt[j] = uint32(j + 1)
 		}
-		r, err := eng.NewRequest(fmt.Sprint(i), prompt, nil, sim.Params{MaxTokens: 32})
+		r, err := eng.NewRequest(fmt.Sprint(i), prompt, blockhash.Keys{}, sim.Params{MaxTokens: 32})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kvrelay/kvrelay/engines"
+	"github.com/kvrelay/kvrelay/engines/blockhash"
 	"github.com/kvrelay/kvrelay/engines/sim"
 )
 
@@ -46,7 +47,7 @@ func TestFollowsSimulatedWorkers(t *testing.T) {
 		for j := range prompt {
 			prompt[j] = uint32(1000*i + j + 1)
 		}
-		r, err := eng.NewRequest(fmt.Sprintf("r%d", i), prompt, nil, sim.Params{MaxTokens: 100_000, IgnoreEOS: true})
+		r, err := eng.NewRequest(fmt.Sprintf("r%d", i), prompt, blockhash.Keys{}, sim.Params{MaxTokens: 100_000, IgnoreEOS: true})
 		if err != nil {
 			t.Fatal(err)
 		}

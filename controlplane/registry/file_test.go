@@ -28,7 +28,7 @@ func TestLoadFile(t *testing.T) {
 		{ID: "d0", URL: "http://10.0.1.11:30000", Role: RoleDecode,
 			Metrics: "http://10.0.1.11:30000/metrics", Engine: "sglang", Source: SourceFile},
 	}
-	if !slices.Equal(ws, want) {
+	if !slices.EqualFunc(ws, want, Worker.Equal) {
 		t.Fatalf("LoadFile:\n got %+v\nwant %+v", ws, want)
 	}
 }
@@ -130,7 +130,7 @@ func FuzzParseWorkers(f *testing.F) {
 				t.Fatalf("ParseWorker(%q): %v", w.String(), err)
 			}
 			back.Source, back.Draining = w.Source, w.Draining
-			if back != w {
+			if !back.Equal(w) {
 				t.Fatalf("flag form %q of a file worker:\n got %+v\nwant %+v", w.String(), back, w)
 			}
 		}
@@ -148,7 +148,7 @@ func FuzzParseWorkers(f *testing.F) {
 		if len(again) == 0 {
 			again = nil
 		}
-		if !slices.Equal(ws, again) {
+		if !slices.EqualFunc(ws, again, Worker.Equal) {
 			t.Fatalf("round trip through %q:\n got %+v\nwant %+v", out, again, ws)
 		}
 	})

@@ -87,7 +87,7 @@ func TestWatchEndpointSlices(t *testing.T) {
 	want := Worker{ID: "vllm-0", URL: "http://10.0.0.1:8000", Model: "openai/gpt-oss-20b", Role: RoleDecode,
 		BlockSize: 16, KVEvents: "tcp://10.0.0.1:5557", KVEventsReplay: "tcp://10.0.0.1:5558",
 		Metrics: "http://10.0.0.1:8000/metrics", Engine: "vllm", Source: SourceK8s}
-	if w0 != want {
+	if !w0.Equal(want) {
 		t.Fatalf("vllm-0:\n got %+v\nwant %+v", w0, want)
 	}
 	// vllm-1 from Kubernetes is hidden by the flag's; removing it there is not possible here.

@@ -154,7 +154,7 @@ func (r *Registry) Upsert(w Worker) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	api := r.sources[sourceIndex(SourceAPI)]
-	if old, ok := api[w.ID]; ok && old == w {
+	if old, ok := api[w.ID]; ok && old.Equal(w) {
 		return nil
 	}
 	if r.store != nil {
@@ -271,7 +271,7 @@ func (r *Registry) replace(src string, ws map[string]Worker) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	i := sourceIndex(src)
-	if maps.Equal(r.sources[i], ws) {
+	if maps.EqualFunc(r.sources[i], ws, Worker.Equal) {
 		return false
 	}
 	r.sources[i] = ws
@@ -325,7 +325,7 @@ func (r *Registry) rebuildLocked() bool {
 	}
 	slices.SortFunc(eff, func(a, b Worker) int { return cmp.Compare(a.ID, b.ID) })
 	r.shadowed = shadowed
-	if slices.Equal(eff, r.effective) {
+	if slices.EqualFunc(eff, r.effective, Worker.Equal) {
 		return false
 	}
 	r.effective = eff

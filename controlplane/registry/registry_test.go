@@ -303,7 +303,7 @@ func TestRegistryRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := r.Workers(); !slices.Equal(got, before) {
+	if got := r.Workers(); !slices.EqualFunc(got, before, Worker.Equal) {
 		t.Fatalf("Workers() after restart:\n got %+v\nwant %+v", got, before)
 	}
 	if got, want := summary(r.Workers()), "a1:api:drained f1:flag:drained"; got != want {

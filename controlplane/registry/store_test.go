@@ -63,7 +63,7 @@ func TestStoreReopen(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := []Worker{a, b}; !slices.Equal(ws, want) {
+	if want := []Worker{a, b}; !slices.EqualFunc(ws, want, Worker.Equal) {
 		t.Fatalf("Workers() after reopen:\n got %+v\nwant %+v", ws, want)
 	}
 	drains, err := s.Drains()

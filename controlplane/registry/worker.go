@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -80,11 +81,25 @@ type Worker struct {
 	// predicts queueing from them.
 	MaxNumSeqs          int `yaml:"max-num-seqs,omitempty" json:"max-num-seqs,omitempty"`
 	MaxNumBatchedTokens int `yaml:"max-num-batched-tokens,omitempty" json:"max-num-batched-tokens,omitempty"`
+	// LoRAModules are the LoRA adapters the engine serves beside Model (vLLM's
+	// --lora-modules names; in the flag form separated by ';'): proxies send requests naming
+	// one to the workers that list it, and key its blocks by the adapter.
+	LoRAModules []string `yaml:"lora-modules,omitempty" json:"lora-modules,omitempty"`
 	// Draining keeps new requests away from the worker. Registry.SetDraining overrides it.
 	Draining bool `yaml:"draining,omitempty" json:"draining,omitempty"`
 	// Source is where the worker came from (SourceFlag, …). It is set by the registry and
 	// is not part of the flag form, the file or the stored record.
 	Source string `yaml:"-" json:"-"`
+}
+
+// maxLoRAModules bounds the adapters one worker lists (what a proxy accepts).
+const maxLoRAModules = xds.MaxLoRAAdapters
+
+// Equal reports whether w and o are the same worker in every field.
+func (w Worker) Equal(o Worker) bool {
+	a, b := w, o
+	a.LoRAModules, b.LoRAModules = nil, nil
+	return reflect.DeepEqual(a, b) && slices.Equal(w.LoRAModules, o.LoRAModules)
 }
 
 // Flag-form keys, in the order String writes them.
@@ -102,14 +117,16 @@ const (
 	keyEngine         = "engine"
 	keyMaxNumSeqs     = "max-num-seqs"
 	keyMaxBatched     = "max-num-batched-tokens"
+	keyLoRAModules    = "lora-modules"
 )
 
 var flagKeys = []string{keyID, keyURL, keyModel, keyRole, keyBlockSize, keyKVEvents,
-	keyKVEventsBind, keyKVEventsTopic, keyKVEventsReplay, keyMetrics, keyEngine, keyMaxNumSeqs, keyMaxBatched}
+	keyKVEventsBind, keyKVEventsTopic, keyKVEventsReplay, keyMetrics, keyEngine, keyMaxNumSeqs, keyMaxBatched, keyLoRAModules}
 
 // ParseWorker parses the `--worker` flag form: comma-separated key=value pairs with the keys
 // id, url, model, role, block-size, kv-events, kv-events-bind, kv-events-topic,
-// kv-events-replay, metrics, engine, max-num-seqs and max-num-batched-tokens. Spaces around keys and values are dropped, empty pairs are skipped, a value may
+// kv-events-replay, metrics, engine, max-num-seqs, max-num-batched-tokens and lora-modules
+// (adapter names separated by ';'). Spaces around keys and values are dropped, empty pairs are skipped, a value may
 // contain '=' but not ','. id and url are required. The result has its defaults filled in
 // (WithDefaults), is valid, and has Source SourceFlag. Errors wrap ErrInvalid.
 func ParseWorker(s string) (Worker, error) {
@@ -174,6 +191,12 @@ func parseWorker(s string) (Worker, error) {
 			w.Metrics = v
 		case keyEngine:
 			w.Engine = v
+		case keyLoRAModules:
+			for name := range strings.SplitSeq(v, ";") {
+				if name = strings.TrimSpace(name); name != "" {
+					w.LoRAModules = append(w.LoRAModules, name)
+				}
+			}
 		}
 	}
 	if w.ID == "" {
@@ -231,6 +254,7 @@ func (w Worker) String() string {
 	if w.MaxNumBatchedTokens != 0 {
 		add(keyMaxBatched, strconv.Itoa(w.MaxNumBatchedTokens))
 	}
+	add(keyLoRAModules, strings.Join(w.LoRAModules, ";"))
 	return b.String()
 }
 
@@ -287,6 +311,22 @@ func (w Worker) validate() error {
 	}
 	if strings.ContainsFunc(w.Model, unicode.IsSpace) {
 		return fmt.Errorf("model %q has a space", w.Model)
+	}
+	if len(w.LoRAModules) > maxLoRAModules {
+		return fmt.Errorf("%d lora-modules: at most %d", len(w.LoRAModules), maxLoRAModules)
+	}
+	for i, a := range w.LoRAModules {
+		if err := checkText(keyLoRAModules, a); err != nil {
+			return err
+		}
+		switch {
+		case a == "" || strings.ContainsFunc(a, unicode.IsSpace) || strings.ContainsAny(a, ",;"):
+			return fmt.Errorf("lora-modules: adapter %q must be non-empty, without spaces, ',' or ';'", a)
+		case a == w.Model:
+			return fmt.Errorf("lora-modules: adapter %q is the worker's model", a)
+		case slices.Contains(w.LoRAModules[:i], a):
+			return fmt.Errorf("lora-modules: adapter %q given twice", a)
+		}
 	}
 	switch w.Role {
 	case "", RoleBoth, RolePrefill, RoleDecode:

@@ -2,6 +2,7 @@ package registry
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 
@@ -60,11 +61,11 @@ func TestParseWorker(t *testing.T) {
 			if err != nil {
 				t.Fatalf("ParseWorker(%q): %v", tt.in, err)
 			}
-			if got != tt.want {
+			if !got.Equal(tt.want) {
 				t.Fatalf("ParseWorker(%q)\n got %+v\nwant %+v", tt.in, got, tt.want)
 			}
 			back, err := ParseWorker(got.String())
-			if err != nil || back != got {
+			if err != nil || !back.Equal(got) {
 				t.Fatalf("ParseWorker(%q) = %+v, %v; want %+v", got.String(), back, err, got)
 			}
 		})
@@ -187,8 +188,27 @@ func FuzzParseWorker(f *testing.F) {
 		if err != nil {
 			t.Fatalf("ParseWorker(%q) (String of %q): %v", w.String(), s, err)
 		}
-		if back != w {
+		if !back.Equal(w) {
 			t.Fatalf("round trip of %q via %q:\n got %+v\nwant %+v", s, w.String(), back, w)
 		}
 	})
+}
+
+func TestLoRAModulesFlagForm(t *testing.T) {
+	w, err := ParseWorker("id=w1,url=http://h:1,model=base,lora-modules=sql-lora; chat-lora")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(w.LoRAModules, []string{"sql-lora", "chat-lora"}) {
+		t.Fatalf("lora-modules %v", w.LoRAModules)
+	}
+	back, err := ParseWorker(w.String())
+	if err != nil || !back.Equal(w) {
+		t.Fatalf("round trip of %q: %+v %v", w.String(), back, err)
+	}
+	for _, bad := range []string{"lora-modules=base", "lora-modules=a;a", "lora-modules=a b"} {
+		if _, err := ParseWorker("id=w1,url=http://h:1,model=base," + bad); err == nil {
+			t.Errorf("%s accepted", bad)
+		}
+	}
 }

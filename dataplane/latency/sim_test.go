@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvrelay/kvrelay/engines/blockhash"
 	"github.com/kvrelay/kvrelay/engines/sim"
 )
 
@@ -63,7 +64,7 @@ func TestQueueWaitMatchesSimulator(t *testing.T) {
 			for i := range s.prompt {
 				toks = append(toks, uint32(next*7919+i+100))
 			}
-			r, err := e.NewRequest("r", toks, nil, sim.Params{MaxTokens: s.out, IgnoreEOS: true})
+			r, err := e.NewRequest("r", toks, blockhash.Keys{}, sim.Params{MaxTokens: s.out, IgnoreEOS: true})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"net/url"
+	"slices"
 	"strconv"
 	"time"
 	"unsafe"
@@ -82,7 +83,8 @@ type clientConn struct {
 	text   []byte // the rendered prompt, reused
 	hasher blockhash.Hasher
 	msgs   []tokenizer.Message
-	extra  []byte
+	extra  []byte         // the multimodal identifiers keys.MM points into
+	keys   blockhash.Keys // this request's blocks' extra keys
 	prio   int
 
 	ex    exchange
@@ -516,22 +518,30 @@ func (cc *clientConn) prepare() error {
 	return nil
 }
 
-// hashTokens turns cc.toks into the prompt's block chain, folding the cache salt and any
-// non-text parts into every block, as engines fold them into their block hashes.
+// hashTokens turns cc.toks into the prompt's block chain with each block's extra keys
+// (blockhash.Keys, as vLLM keys its blocks): the LoRA adapter the request names, its
+// non-text parts, and on the first block its cache salt.
 func (cc *clientConn) hashTokens() {
 	s := cc.srv
 	o := &cc.oreq
 	r := &cc.rreq
 	t1 := cc.clock()
-	cc.extra = cc.extra[:0]
-	if len(o.CacheSalt) > 0 {
-		cc.extra = append(cc.extra, o.CacheSalt...)
+	k := &cc.keys
+	k.LoRA, k.Salt, k.MM = "", o.CacheSalt, k.MM[:0]
+	if _, ok := s.kv.Pool().Adapter(unsafeString(o.Model)); ok {
+		k.LoRA = unsafeString(o.Model)
 	}
+	cc.extra = slices.Grow(cc.extra[:0], 16*len(o.Parts))
 	for _, p := range o.Parts {
-		cc.extra = append(cc.extra, p.Raw...)
+		// A part's identifier is the hash of its JSON: the same image sent again keys
+		// the same blocks; an engine's own identifiers never match it.
+		start := len(cc.extra)
+		h := xxh3.Hash128(p.Raw).Bytes()
+		cc.extra = append(cc.extra, h[:]...)
+		k.MM = append(k.MM, cc.extra[start:len(cc.extra):len(cc.extra)])
 	}
 	r.PromptTokens = len(cc.toks) + cc.extraTokens
-	r.Hashes = cc.hasher.AppendSeq(r.Hashes[:0], cc.toks, s.cfg.BlockSize, cc.extra)
+	r.Hashes = cc.hasher.AppendSeqKeys(r.Hashes[:0], 0, false, cc.toks, s.cfg.BlockSize, k, 0)
 	cc.stage(stageHash, t1)
 }
 

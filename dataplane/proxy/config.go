@@ -43,6 +43,9 @@ type Upstream struct {
 	// predicts queueing from them.
 	MaxNumSeqs          int `yaml:"max_num_seqs"`
 	MaxNumBatchedTokens int `yaml:"max_num_batched_tokens"`
+	// LoRAModules are the LoRA adapters it serves beside Model (vLLM's --lora-modules
+	// names); empty with an empty Model means ask the engine, whose /v1/models lists them.
+	LoRAModules []string `yaml:"lora_modules"`
 }
 
 // Disaggregation modes (Config.Disagg).

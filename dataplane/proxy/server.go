@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"runtime"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -25,6 +26,7 @@ import (
 	"github.com/kvrelay/kvrelay/dataplane/prefix"
 	"github.com/kvrelay/kvrelay/dataplane/route"
 	"github.com/kvrelay/kvrelay/engines/tokenizer"
+	"github.com/kvrelay/kvrelay/xds"
 )
 
 // Server is the edge proxy: a gnet engine whose event loops own client connections and,
@@ -226,20 +228,23 @@ func (s *Server) setup(ctx context.Context) error {
 		if id == "" {
 			id = host
 		}
-		model := u.Model
+		model, loras := u.Model, u.LoRAModules
 		if model == "" {
-			m, err := discoverModel(ctx, u.URL, s.cfg.ConnectTimeout)
+			m, l, err := discoverModel(ctx, u.URL, s.cfg.ConnectTimeout)
 			if err != nil {
 				s.log.Warn("upstream model unknown; it will be offered every model", "worker", id, "err", err)
 			}
 			model = m
+			if len(loras) == 0 {
+				loras = l
+			}
 		}
 		bs := u.BlockSize
 		if bs == 0 {
 			bs = s.cfg.BlockSize
 		}
 		role, _ := ParseRole(u.Role) // Validate checked it
-		ws[i] = &route.Worker{ID: id, URL: "http://" + host, Addr: host, Model: model, BlockSize: bs, Capacity: u.Capacity, Role: role,
+		ws[i] = &route.Worker{ID: id, URL: "http://" + host, Addr: host, Model: model, LoRAs: loras, BlockSize: bs, Capacity: u.Capacity, Role: role,
 			Engine: latency.Engine{MaxNumSeqs: u.MaxNumSeqs, MaxBatchedTokens: u.MaxNumBatchedTokens}}
 	}
 	pool := route.NewPool(ws)
@@ -469,27 +474,35 @@ func (s *Server) ticker() {
 }
 
 // discoverModel asks an engine which model it serves.
-func discoverModel(ctx context.Context, base string, timeout time.Duration) (string, error) {
+func discoverModel(ctx context.Context, base string, timeout time.Duration) (model string, loras []string, err error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/v1/models", nil)
 	if err != nil {
-		return "", fmt.Errorf("asking %s for its model: %w", base, err)
+		return "", nil, fmt.Errorf("asking %s for its model: %w", base, err)
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return "", fmt.Errorf("asking %s for its model: %w", base, err)
+		return "", nil, fmt.Errorf("asking %s for its model: %w", base, err)
 	}
 	defer resp.Body.Close()
 	var list struct {
 		Data []struct {
-			ID string `json:"id"`
+			ID     string  `json:"id"`
+			Parent *string `json:"parent"`
 		} `json:"data"`
 	}
 	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&list); err != nil || len(list.Data) == 0 {
-		return "", fmt.Errorf("asking %s for its model: no model in the answer (status %d)", base, resp.StatusCode)
+		return "", nil, fmt.Errorf("asking %s for its model: no model in the answer (status %d)", base, resp.StatusCode)
 	}
-	return list.Data[0].ID, nil
+	// vLLM lists the base model first, then each LoRA adapter with the base as its parent.
+	model = list.Data[0].ID
+	for _, m := range list.Data[1:] {
+		if m.Parent != nil && *m.Parent == model && m.ID != model && !slices.Contains(loras, m.ID) && len(loras) < xds.MaxLoRAAdapters {
+			loras = append(loras, m.ID)
+		}
+	}
+	return model, loras, nil
 }
 
 // modelsBody is the /v1/models answer listing the models the pool serves.
@@ -522,7 +535,7 @@ func (s *Server) buildCodecs(pool *route.Pool) error {
 	}
 	models := append([]string{""}, pool.Models()...)
 	for _, m := range models {
-		if next[m] != nil {
+		if _, adapter := pool.Adapter(m); next[m] != nil || adapter {
 			continue
 		}
 		c, err := newCodec(m, s.cfg.Tokenizer, s.cfg.ChatTemplate, s.cfg.TokenCacheTokens)
@@ -530,6 +543,12 @@ func (s *Server) buildCodecs(pool *route.Pool) error {
 			return err
 		}
 		next[m] = c
+	}
+	// A LoRA adapter tokenizes as its base model.
+	for _, m := range models {
+		if base, ok := pool.Adapter(m); ok && next[base] != nil {
+			next[m] = next[base]
+		}
 	}
 	s.codecs.Store(&next)
 	return nil

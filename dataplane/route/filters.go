@@ -1,5 +1,7 @@
 package route
 
+import "slices"
+
 // ModelFilter keeps workers that serve the requested model (or any model).
 type ModelFilter struct{}
 
@@ -7,7 +9,7 @@ func (ModelFilter) Name() string { return "model" }
 
 func (ModelFilter) Filter(req *Request, in, out []*Worker) []*Worker {
 	for _, w := range in {
-		if w.Model == "" || req.Model == "" || w.Model == req.Model {
+		if w.Model == "" || req.Model == "" || w.Model == req.Model || slices.Contains(w.LoRAs, req.Model) {
 			out = append(out, w)
 		}
 	}

@@ -208,8 +208,10 @@ type Pool struct {
 	models  []string
 	size    int
 	// roles[model] has bit 1<<RolePrefill when a prefill worker serves model, 1<<RoleDecode
-	// for a decode worker ("" for workers that serve any model).
+	// for a decode worker ("" for workers that serve any model); adapters count as models.
 	roles map[string]uint8
+	// adapters maps each LoRA adapter to the base model of the first worker listing it.
+	adapters map[string]string
 }
 
 // NewPool numbers ws (setting each Index) and returns the pool. The pool owns ws.
@@ -236,9 +238,33 @@ func NewPoolIndexed(ws []*Worker) *Pool {
 			seen[w.Model] = true
 			p.models = append(p.models, w.Model)
 		}
+		for _, a := range w.LoRAs {
+			p.roles[a] |= 1 << w.Role
+			if p.adapters == nil {
+				p.adapters = map[string]string{}
+			}
+			if _, ok := p.adapters[a]; !ok {
+				p.adapters[a] = w.Model
+			}
+		}
+	}
+	for a := range p.adapters {
+		if seen[a] { // a base model somewhere: not an adapter
+			delete(p.adapters, a)
+			continue
+		}
+		seen[a] = true
+		p.models = append(p.models, a)
 	}
 	sort.Strings(p.models)
 	return p
+}
+
+// Adapter reports whether model is a LoRA adapter of the pool (a name some worker lists
+// among its LoRAs and none serves as its model) and, if so, the base model it adapts.
+func (p *Pool) Adapter(model string) (base string, ok bool) {
+	base, ok = p.adapters[model]
+	return base, ok
 }
 
 // attachModels ties every worker of ws to the latency model of its model and role: the one
@@ -275,7 +301,8 @@ func (p *Pool) Size() int { return p.size }
 // Worker returns the worker with the given id, or nil.
 func (p *Pool) Worker(id string) *Worker { return p.byID[id] }
 
-// Models returns the distinct models the pool serves, sorted. The slice must not be altered.
+// Models returns the distinct models and LoRA adapters the pool serves, sorted. The slice
+// must not be altered.
 func (p *Pool) Models() []string { return p.models }
 
 // Serves reports whether some worker serves model (a worker without a model serves any).
@@ -285,7 +312,8 @@ func (p *Pool) Serves(model string) bool {
 			return true
 		}
 	}
-	return false
+	_, ok := p.adapters[model]
+	return ok
 }
 
 // Disaggregated reports whether the pool has both prefill-role and decode-role workers for

@@ -32,6 +32,9 @@ type Worker struct {
 	URL, Addr string
 	// Model is the model the worker serves; "" serves any.
 	Model string
+	// LoRAs are the LoRA adapters the worker serves beside Model: a request naming one is
+	// routed among the workers that list it, its blocks keyed by the adapter.
+	LoRAs []string
 	Role  Role
 	// BlockSize is the engine's KV block size in tokens.
 	BlockSize int

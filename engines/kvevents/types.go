@@ -3,6 +3,7 @@ package kvevents
 import (
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"strconv"
 
 	"github.com/vmihailenco/msgpack/v5"
@@ -82,6 +83,12 @@ type RawValue []byte
 func (v RawValue) Decode() (any, error) {
 	if v == nil {
 		return nil, nil
+	}
+	// Walk it with the bounded reader first: msgpack's own decoder preallocates what a
+	// length prefix claims, so a few bytes claiming a huge array would exhaust memory.
+	r := reader{b: v}
+	if err := r.skip(1); err != nil || r.off != len(v) {
+		return nil, fmt.Errorf("%w: extra_keys entry is not one well-formed msgpack value", ErrMalformed)
 	}
 	var out any
 	if err := msgpack.Unmarshal(v, &out); err != nil {

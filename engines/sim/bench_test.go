@@ -13,6 +13,7 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 
+	"github.com/kvrelay/kvrelay/engines/blockhash"
 	"github.com/kvrelay/kvrelay/engines/kvevents"
 )
 
@@ -86,7 +87,7 @@ func runFleet(b *testing.B, workers, seqs int, mode string, window time.Duration
 		wg.Add(1)
 		go func() { defer wg.Done(); _ = e.Run(ctx) }()
 		for s := range seqs {
-			r, err := e.NewRequest("r", prompt(256, uint32(i*1000+s+1)), nil, Params{MaxTokens: 4000, IgnoreEOS: true})
+			r, err := e.NewRequest("r", prompt(256, uint32(i*1000+s+1)), blockhash.Keys{}, Params{MaxTokens: 4000, IgnoreEOS: true})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -201,7 +202,7 @@ func BenchmarkStep(b *testing.B) {
 	next := uint32(1)
 	topUp := func() {
 		for len(e.running)+e.waiting.len() < 256 {
-			r, _ := e.NewRequest("r", prompt(256, next), nil, Params{MaxTokens: 512, IgnoreEOS: true})
+			r, _ := e.NewRequest("r", prompt(256, next), blockhash.Keys{}, Params{MaxTokens: 512, IgnoreEOS: true})
 			next++
 			e.Submit(r)
 			e.drain(c.now)

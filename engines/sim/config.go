@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -51,6 +52,10 @@ type Config struct {
 	EngineHashBytes bool
 	// MaxRequestBytes bounds a request body; larger bodies get 413.
 	MaxRequestBytes int64
+	// LoRAModules names the LoRA adapters served beside Model (vLLM's --lora-modules): a
+	// request naming one as its model is answered by the base model, and its blocks are
+	// keyed by the adapter's name, apart from the base model's.
+	LoRAModules []string
 
 	// KV transfer (roles prefill and decode only).
 
@@ -191,6 +196,14 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: speedup ratio %g must be positive", ErrInvalidConfig, c.Timing.Speedup)
 	case c.MaxRequestBytes <= 0:
 		return fmt.Errorf("%w: max request bytes %d must be positive", ErrInvalidConfig, c.MaxRequestBytes)
+	}
+	for i, name := range c.LoRAModules {
+		switch {
+		case name == "" || name == c.Model:
+			return fmt.Errorf("%w: LoRA adapter name %q must be non-empty and differ from the model", ErrInvalidConfig, name)
+		case slices.Contains(c.LoRAModules[:i], name):
+			return fmt.Errorf("%w: LoRA adapter %q given twice", ErrInvalidConfig, name)
+		}
 	}
 	switch {
 	case c.Role == RoleBoth:

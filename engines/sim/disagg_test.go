@@ -20,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvrelay/kvrelay/engines/blockhash"
 	"github.com/kvrelay/kvrelay/nixl"
 )
 
@@ -708,13 +709,13 @@ func TestSlotContent(t *testing.T) {
 	e, _, _ := newTestEngine(t, nil)
 	p := prompt(40, 1)
 	h := e.mustHashes(t, p)
-	keys := blockKeys(nil, p, h, 16, nil, 0, 3)
+	keys := blockKeys(nil, p, h, 16, &blockhash.Keys{}, 0, 3)
 	if keys[0] != h[0] || keys[1] != h[1] || len(keys) != 3 || slices.Contains(h, keys[2]) {
 		t.Fatalf("keys %x, hashes %x", keys, h)
 	}
 	q := slices.Clone(p)
 	q[39]++
-	if blockKeys(nil, q, h, 16, nil, 2, 3)[0] == keys[2] || blockKeys(nil, p, h, 16, []byte("salt"), 2, 3)[0] == keys[2] {
+	if blockKeys(nil, q, h, 16, &blockhash.Keys{}, 2, 3)[0] == keys[2] || blockKeys(nil, p, h, 16, &blockhash.Keys{LoRA: "adapter"}, 2, 3)[0] == keys[2] {
 		t.Fatal("a partial block's key ignores its tokens or extra keys")
 	}
 }

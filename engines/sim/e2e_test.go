@@ -454,3 +454,139 @@ func TestDisaggOpenAISDK(t *testing.T) {
 		t.Fatalf("pull from a stopped prefill worker: %v", err)
 	}
 }
+
+// TestLoRAAndSaltKeysInEvents: a completion naming a LoRA adapter with a cache salt is
+// answered under the adapter's name, its blocks are published with lora_name and, per
+// block, vLLM's extra_keys tuple (adapter, and the salt on the first block); hashing the
+// events' tokens with those keys by blockhash's rule gives the chain the proxy computes
+// for the request; a plain completion's blocks carry no keys. /v1/models lists the adapter
+// under the base model.
+func TestLoRAAndSaltKeysInEvents(t *testing.T) {
+	w := run(t, func(c *sim.WorkerConfig) {
+		c.Engine.LoRAModules = []string{"sql-lora"}
+		c.Events = kvevents.PublisherConfig{Endpoint: "tcp://127.0.0.1:0"}
+	})
+	sub, err := kvevents.NewSubscriber(kvevents.SubscriberConfig{Endpoint: w.EventsEndpoint()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var col collector
+	go sub.Run(ctx, col.emit)
+	select {
+	case <-sub.Ready():
+	case <-time.After(5 * time.Second):
+		t.Fatal("subscriber did not connect")
+	}
+	time.Sleep(200 * time.Millisecond)
+
+	resp, err := http.Get(w.URL() + "/v1/models")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var models struct {
+		Data []struct {
+			ID     string  `json:"id"`
+			Parent *string `json:"parent"`
+		} `json:"data"`
+	}
+	_ = json.NewDecoder(resp.Body).Decode(&models)
+	resp.Body.Close()
+	if len(models.Data) != 2 || models.Data[1].ID != "sql-lora" || models.Data[1].Parent == nil || *models.Data[1].Parent != "gpt-oss-120b" {
+		t.Fatalf("/v1/models: %+v", models.Data)
+	}
+
+	prompt := longSystemPrompt(40)
+	complete := func(model, salt string) string {
+		body, _ := json.Marshal(map[string]any{"model": model, "prompt": prompt, "max_tokens": 1, "cache_salt": salt})
+		resp, err := http.Post(w.URL()+"/v1/completions", "application/json", strings.NewReader(string(body)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var out struct {
+			Model string `json:"model"`
+		}
+		_ = json.NewDecoder(resp.Body).Decode(&out)
+		if resp.StatusCode != 200 {
+			t.Fatalf("%s: status %d", model, resp.StatusCode)
+		}
+		return out.Model
+	}
+	if got := complete("sql-lora", "tenant-a"); got != "sql-lora" {
+		t.Errorf("an adapter's completion names model %q", got)
+	}
+	ids := tokenize(t, w.URL(), prompt)
+	keys := blockhash.Keys{LoRA: "sql-lora", Salt: []byte("tenant-a")}
+	var h blockhash.Hasher
+	want := h.AppendSeqKeys(nil, 0, false, ids, 16, &keys, 0)
+
+	var got []uint64
+	deadline := time.Now().Add(5 * time.Second)
+	for len(got) < len(want) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d keyed blocks published", len(got), len(want))
+		}
+		time.Sleep(20 * time.Millisecond)
+		got = got[:0]
+		_, batches := col.snapshot()
+		block := 0
+		var parent uint64
+		for _, b := range batches {
+			for _, ev := range b.Events {
+				if ev.Kind != kvevents.BlockStored {
+					continue
+				}
+				if ev.LoraName != "sql-lora" || !ev.HasExtraKeys || len(ev.ExtraKeys) != len(ev.BlockHashes) {
+					t.Fatalf("stored event: lora_name %q, extra_keys %v for %d blocks", ev.LoraName, ev.ExtraKeys, len(ev.BlockHashes))
+				}
+				for i := range ev.BlockHashes {
+					v, err := ev.ExtraKeys[i].Decode()
+					if err != nil {
+						t.Fatal(err)
+					}
+					tuple, _ := v.([]any)
+					wantLen := 1
+					if block == 0 {
+						wantLen = 2
+					}
+					if len(tuple) != wantLen || tuple[0] != "sql-lora" || (block == 0 && tuple[1] != "tenant-a") {
+						t.Fatalf("block %d extra_keys %v", block, v)
+					}
+					local := h.Local(ev.TokenIDs[i*16:(i+1)*16], blockhash.AppendKey(nil, v))
+					seq := local
+					if block > 0 {
+						seq = blockhash.Chain(parent, local)
+					}
+					got = append(got, seq)
+					parent = seq
+					block++
+				}
+			}
+		}
+	}
+	if !slices.Equal(got[:len(want)], want) {
+		t.Fatal("the chain rebuilt from the events' keys differs from the request's")
+	}
+
+	complete("gpt-oss-120b", "")
+	time.Sleep(300 * time.Millisecond)
+	_, batches := col.snapshot()
+	plain := 0
+	for _, b := range batches {
+		for _, ev := range b.Events {
+			if ev.Kind == kvevents.BlockStored && ev.LoraName == "" {
+				plain++
+				for _, k := range ev.ExtraKeys {
+					if k != nil {
+						t.Fatalf("a plain block carries extra keys %v", k)
+					}
+				}
+			}
+		}
+	}
+	if plain == 0 {
+		t.Fatal("the plain completion stored no blocks (or they carry the adapter)")
+	}
+}

@@ -36,6 +36,10 @@ type CacheEvent struct {
 	HasParent bool
 	// Tokens are the tokens of the stored blocks, len(Hashes)·block size of them.
 	Tokens []uint32
+	// Keys are the stored blocks' extra keys (nil: none), First the index in their request
+	// of the first stored block (the cache salt keys block 0 only).
+	Keys  *blockhash.Keys
+	First int
 }
 
 // EventSink receives the cache changes of every engine step, in the order they happened. It is
@@ -155,9 +159,10 @@ func (e *Engine) pullDone(j *pullJob) {
 func (e *Engine) Config() Config { return e.cfg }
 
 // NewRequest validates a prompt against the engine's limits and prepares a request for
-// Submit. extra is folded into every block hash (a cache salt or adapter name). It may be
-// called from any goroutine; the prompt slice is retained.
-func (e *Engine) NewRequest(id string, prompt []uint32, extra []byte, p Params) (*Request, error) {
+// Submit. keys are its blocks' extra keys (adapter, cache salt), hashed into them and
+// published with them as vLLM does. It may be called from any goroutine; the prompt slice
+// is retained, keys are copied.
+func (e *Engine) NewRequest(id string, prompt []uint32, keys blockhash.Keys, p Params) (*Request, error) {
 	maxLen := e.cfg.MaxModelLen
 	if len(prompt) == 0 {
 		return nil, fmt.Errorf("%w: the prompt is empty", ErrInvalidRequest)
@@ -189,10 +194,13 @@ func (e *Engine) NewRequest(id string, prompt []uint32, extra []byte, p Params) 
 		heapIndex: -1,
 	}
 	copy(r.tokens, prompt)
+	r.keys = blockhash.Keys{LoRA: keys.LoRA, Salt: slices.Clone(keys.Salt)}
+	for _, m := range keys.MM {
+		r.keys.MM = append(r.keys.MM, slices.Clone(m))
+	}
 	var h blockhash.Hasher
-	r.hashes = h.AppendSeq(make([]uint64, 0, (len(prompt)+maxTokens)/bs+1), prompt, bs, extra)
+	r.hashes = h.AppendSeqKeys(make([]uint64, 0, (len(prompt)+maxTokens)/bs+1), 0, false, prompt, bs, &r.keys, 0)
 	r.maxTokens, r.maxOut = maxTokens, maxTokens
-	r.extra = append([]byte(nil), extra...)
 	if !p.IgnoreEOS {
 		r.maxOut = min(maxTokens, max(p.MinTokens, naturalLength(r.hashes, prompt)))
 	}
@@ -796,7 +804,10 @@ func (e *Engine) storeBlocks(r *Request) {
 
 func (e *Engine) storedRun(r *Request, from, to int) {
 	bs := e.cfg.BlockSize
-	ev := CacheEvent{Kind: BlocksStored, Hashes: r.hashes[from:to], Tokens: r.tokens[from*bs : to*bs]}
+	ev := CacheEvent{Kind: BlocksStored, Hashes: r.hashes[from:to], Tokens: r.tokens[from*bs : to*bs], First: from}
+	if !r.keys.Empty() {
+		ev.Keys = &r.keys
+	}
 	if from > 0 {
 		ev.Parent, ev.HasParent = r.hashes[from-1], true
 	}
@@ -815,7 +826,7 @@ func (e *Engine) extendHashes(r *Request) {
 	if b > 0 {
 		parent = r.hashes[b-1]
 	}
-	r.hashes = e.hasher.Continue(r.hashes, parent, b > 0, r.tokens[b*bs:(b+1)*bs], bs, r.extra)
+	r.hashes = e.hasher.AppendSeqKeys(r.hashes, parent, b > 0, r.tokens[b*bs:(b+1)*bs], bs, &r.keys, b)
 }
 
 func (e *Engine) finish(r *Request, reason FinishReason, now time.Time) {
@@ -875,7 +886,7 @@ func (e *Engine) hold(r *Request, now time.Time) bool {
 	}
 	bs := e.cfg.BlockSize
 	nPrompt := min(len(r.blocks), (r.promptLen+bs-1)/bs)
-	keys := blockKeys(make([]uint64, 0, nPrompt), r.tokens[:r.promptLen], r.hashes, bs, r.extra, 0, nPrompt)
+	keys := blockKeys(make([]uint64, 0, nPrompt), r.tokens[:r.promptLen], r.hashes, bs, &r.keys, 0, nPrompt)
 	blocks := append([]int32(nil), r.blocks...)
 	if !e.kv.pin(blocks[:nPrompt], keys) {
 		e.metrics.kvConflict()
@@ -983,7 +994,7 @@ func (e *Engine) admitPull(r *Request) bool {
 		params:   r.kvPull,
 		local:    append([]int32(nil), r.blocks[hit:end]...),
 		remote:   remote,
-		keys:     blockKeys(make([]uint64, 0, end-hit), r.tokens[:r.promptLen], r.hashes, bs, r.extra, hit, end),
+		keys:     blockKeys(make([]uint64, 0, end-hit), r.tokens[:r.promptLen], r.hashes, bs, &r.keys, hit, end),
 		modelled: e.cfg.ModelledTransfer(end - hit),
 		start:    time.Now(),
 		done:     e.pullDone,

@@ -5,6 +5,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/kvrelay/kvrelay/engines/blockhash"
 )
 
 // recorder is an EventSink that keeps copies of everything it is given.
@@ -83,7 +85,7 @@ func prompt(n int, seed uint32) []uint32 {
 
 func submit(t *testing.T, e *Engine, toks []uint32, p Params) *Request {
 	t.Helper()
-	r, err := e.NewRequest("r", toks, nil, p)
+	r, err := e.NewRequest("r", toks, blockhash.Keys{}, p)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -199,7 +201,7 @@ func TestEvictionIsLRUTailFirst(t *testing.T) {
 
 func (e *Engine) mustHashes(t *testing.T, p []uint32) []uint64 {
 	t.Helper()
-	r, err := e.NewRequest("h", p, nil, Params{MaxTokens: 1})
+	r, err := e.NewRequest("h", p, blockhash.Keys{}, Params{MaxTokens: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -343,7 +345,7 @@ func TestNewRequestLimits(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := e.NewRequest("x", prompt(tc.prompt, 1), nil, tc.p)
+			_, err := e.NewRequest("x", prompt(tc.prompt, 1), blockhash.Keys{}, tc.p)
 			if (err == nil) != tc.ok {
 				t.Fatalf("err = %v, want ok=%v", err, tc.ok)
 			}

@@ -4,8 +4,10 @@ import (
 	"encoding/binary"
 	"time"
 
+	"github.com/vmihailenco/msgpack/v5"
 	"github.com/zeebo/xxh3"
 
+	"github.com/kvrelay/kvrelay/engines/blockhash"
 	"github.com/kvrelay/kvrelay/engines/kvevents"
 )
 
@@ -70,8 +72,15 @@ func (a *eventAdapter) CacheEvents(at time.Time, evs []CacheEvent) {
 		out := kvevents.Event{BlockHashes: hashes[start:len(hashes):len(hashes)]}
 		switch ev.Kind {
 		case BlocksStored:
-			for len(a.extra) < len(ev.Hashes) {
-				a.extra = append(a.extra, nil)
+			extra := a.plain(len(ev.Hashes))
+			if k := ev.Keys; k != nil {
+				// As vLLM: one tuple per block, (adapter, multimodal inputs, the cache salt on
+				// the request's first block), and the adapter's name in lora_name.
+				extra = make([]kvevents.RawValue, len(ev.Hashes))
+				for j := range extra {
+					extra[j] = vllmExtraKeys(k, ev.First+j)
+				}
+				out.LoraName = k.LoRA
 			}
 			out.Kind = kvevents.BlockStored
 			if ev.HasParent {
@@ -80,7 +89,7 @@ func (a *eventAdapter) CacheEvents(at time.Time, evs []CacheEvent) {
 			out.TokenIDs = ev.Tokens
 			out.BlockSize = a.blockSize
 			out.Medium = "GPU"
-			out.ExtraKeys, out.HasExtraKeys = a.extra[:len(ev.Hashes)], true
+			out.ExtraKeys, out.HasExtraKeys = extra, true
 			out.GroupIdx, out.HasGroupIdx = 0, true
 			out.KVCacheSpecKind = "full_attention"
 		case BlocksRemoved:
@@ -99,4 +108,36 @@ func (a *eventAdapter) CacheEvents(at time.Time, evs []CacheEvent) {
 	// A full queue drops the batch; the publisher counts it and the gap in seq tells
 	// subscribers to replay.
 	_ = a.pub.Publish(&a.batch)
+}
+
+// plain returns n nil extra-keys entries (blocks without keys), reused across batches.
+func (a *eventAdapter) plain(n int) []kvevents.RawValue {
+	for len(a.extra) < n {
+		a.extra = append(a.extra, nil)
+	}
+	return a.extra[:n]
+}
+
+// vllmExtraKeys is block i's extra_keys entry as vLLM publishes it: a tuple (msgpack array)
+// of the adapter's name, the multimodal identifiers and, on block 0, the cache salt; nil
+// when the block has none of them.
+func vllmExtraKeys(k *blockhash.Keys, i int) kvevents.RawValue {
+	var keys []string
+	if k.LoRA != "" {
+		keys = append(keys, k.LoRA)
+	}
+	for _, m := range k.MM {
+		keys = append(keys, string(m))
+	}
+	if i == 0 && len(k.Salt) > 0 {
+		keys = append(keys, string(k.Salt))
+	}
+	if len(keys) == 0 {
+		return nil
+	}
+	b, err := msgpack.Marshal(keys)
+	if err != nil {
+		return nil
+	}
+	return b
 }

@@ -515,13 +515,15 @@ func (c *kvConnector) classify(job *pullJob, err error) *transferError {
 // blockKeys appends the content keys of blocks [from, to) of a prompt: a full block's is
 // its sequence hash, the last partial block's the hash it would have if it were full
 // (blockhash's definition applied to the tokens it has).
-func blockKeys(dst []uint64, prompt []uint32, hashes []uint64, blockSize int, extra []byte, from, to int) []uint64 {
+func blockKeys(dst []uint64, prompt []uint32, hashes []uint64, blockSize int, keys *blockhash.Keys, from, to int) []uint64 {
 	var h blockhash.Hasher
+	var extra []byte
 	for i := from; i < to; i++ {
 		if i < len(hashes) && (i+1)*blockSize <= len(prompt) {
 			dst = append(dst, hashes[i])
 			continue
 		}
+		extra = keys.Block(extra[:0], i)
 		local := h.Local(prompt[i*blockSize:min(len(prompt), (i+1)*blockSize)], extra)
 		if i > 0 {
 			local = blockhash.Chain(hashes[i-1], local)

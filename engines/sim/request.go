@@ -4,6 +4,8 @@ import (
 	"context"
 	"sync"
 	"time"
+
+	"github.com/kvrelay/kvrelay/engines/blockhash"
 )
 
 // FinishReason says why a request stopped producing tokens.
@@ -49,7 +51,7 @@ type Request struct {
 	promptLen   int
 	maxTokens   int // the output cap: max_tokens, or what the model length leaves
 	maxOut      int // where the output ends: maxTokens, or earlier at the natural end of text
-	extra       []byte
+	keys        blockhash.Keys
 	hashes      []uint64 // sequence hashes of every full block of tokens
 	blocks      []int32
 	numComputed int

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -16,6 +17,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/kvrelay/kvrelay/engines/blockhash"
 )
 
 // Server is the OpenAI-compatible HTTP API of one simulated worker, shaped like vLLM's:
@@ -117,10 +120,18 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *apiE
 }
 
 func (s *Server) checkModel(model string) *apiError {
-	if model != "" && model != s.model {
+	if model != "" && model != s.model && !slices.Contains(s.eng.cfg.LoRAModules, model) {
 		return &apiError{status: http.StatusNotFound, typ: "NotFoundError", message: "The model `" + model + "` does not exist.", param: "model"}
 	}
 	return nil
+}
+
+// adapter is the LoRA adapter a request names as its model, or "".
+func (s *Server) adapter(model string) string {
+	if model != s.model && slices.Contains(s.eng.cfg.LoRAModules, model) {
+		return model
+	}
+	return ""
 }
 
 // encode turns a decoded request into prompt token ids.
@@ -206,11 +217,8 @@ func (s *Server) complete(w http.ResponseWriter, hr *http.Request, chat bool) {
 		prefix = "chatcmpl-"
 	}
 	id := prefix + s.idBase + strconv.FormatUint(s.ids.Add(1), 16)
-	var extra []byte
-	if req.CacheSalt != "" {
-		extra = []byte(req.CacheSalt)
-	}
-	r, err := s.eng.NewRequest(id, prompt, extra, Params{
+	keys := blockhash.Keys{LoRA: s.adapter(req.Model), Salt: []byte(req.CacheSalt)}
+	r, err := s.eng.NewRequest(id, prompt, keys, Params{
 		MaxTokens: req.maxTokens(),
 		MinTokens: int(req.MinTokens),
 		IgnoreEOS: bool(req.IgnoreEOS),
@@ -227,7 +235,10 @@ func (s *Server) complete(w http.ResponseWriter, hr *http.Request, chat bool) {
 		}
 	}
 	s.eng.Submit(r)
-	rs := responseState{s: s, r: r, chat: chat, kv: kvp != nil}
+	rs := responseState{s: s, r: r, chat: chat, kv: kvp != nil, model: s.model}
+	if keys.LoRA != "" {
+		rs.model = keys.LoRA // vLLM answers with the adapter's name
+	}
 	if req.Stream {
 		rs.usage = req.StreamOptions != nil && bool(req.StreamOptions.IncludeUsage)
 		s.stream(w, hr.Context(), &rs)
@@ -244,6 +255,7 @@ type responseState struct {
 	usage bool
 	kv    bool // the request carried kv_transfer_params: the response carries the field too
 	toks  []uint32
+	model string // the served model or LoRA adapter the request named
 }
 
 // wait blocks until the request has output past what was already read, or has finished, or
@@ -295,7 +307,7 @@ func (s *Server) respond(w http.ResponseWriter, ctx context.Context, rs *respons
 	} else {
 		b = append(b, `,"object":"text_completion"`...)
 	}
-	b = s.appendHead(b)
+	b = s.appendHead(b, rs.model)
 	if rs.chat {
 		b = append(b, `,"choices":[{"index":0,"message":{"role":"assistant","content":`...)
 		b = s.appendText(b, rs.toks)
@@ -451,14 +463,14 @@ func (s *Server) appendObject(b []byte, rs *responseState) []byte {
 	} else {
 		b = append(b, `,"object":"text_completion"`...)
 	}
-	return s.appendHead(b)
+	return s.appendHead(b, rs.model)
 }
 
-func (s *Server) appendHead(b []byte) []byte {
+func (s *Server) appendHead(b []byte, model string) []byte {
 	b = append(b, `,"created":`...)
 	b = strconv.AppendInt(b, s.created, 10)
 	b = append(b, `,"model":`...)
-	return appendJSONString(b, s.model)
+	return appendJSONString(b, model)
 }
 
 // appendChunk appends one SSE event. For chat, delta is either raw JSON members or, when
@@ -528,7 +540,19 @@ func (s *Server) models(w http.ResponseWriter, _ *http.Request) {
 	b = appendJSONString(b, s.model)
 	b = append(b, `,"parent":null,"max_model_len":`...)
 	b = strconv.AppendInt(b, int64(s.eng.cfg.MaxModelLen), 10)
-	b = append(b, "}]}\n"...)
+	b = append(b, '}')
+	for _, name := range s.eng.cfg.LoRAModules { // as vLLM lists --lora-modules
+		b = append(b, `,{"id":`...)
+		b = appendJSONString(b, name)
+		b = append(b, `,"object":"model","created":`...)
+		b = strconv.AppendInt(b, s.created, 10)
+		b = append(b, `,"owned_by":"vllm","root":`...)
+		b = appendJSONString(b, "/adapters/"+name)
+		b = append(b, `,"parent":`...)
+		b = appendJSONString(b, s.model)
+		b = append(b, `,"max_model_len":null}`...)
+	}
+	b = append(b, "]}\n"...)
 	w.Header().Set("Content-Type", "application/json")
 	_, _ = w.Write(b)
 }

@@ -61,8 +61,11 @@ type WorkerSpec struct {
 	// queueing from them.
 	MaxNumSeqs          uint32 `protobuf:"varint,13,opt,name=max_num_seqs,json=maxNumSeqs,proto3" json:"max_num_seqs,omitempty"`
 	MaxNumBatchedTokens uint32 `protobuf:"varint,14,opt,name=max_num_batched_tokens,json=maxNumBatchedTokens,proto3" json:"max_num_batched_tokens,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// lora_modules are the LoRA adapters the engine serves beside model (vLLM's
+	// --lora-modules names).
+	LoraModules   []string `protobuf:"bytes,15,rep,name=lora_modules,json=loraModules,proto3" json:"lora_modules,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *WorkerSpec) Reset() {
@@ -191,6 +194,13 @@ func (x *WorkerSpec) GetMaxNumBatchedTokens() uint32 {
 		return x.MaxNumBatchedTokens
 	}
 	return 0
+}
+
+func (x *WorkerSpec) GetLoraModules() []string {
+	if x != nil {
+		return x.LoraModules
+	}
+	return nil
 }
 
 // BlockCounts counts indexed KV blocks per tier.
@@ -1510,7 +1520,7 @@ var File_operator_proto protoreflect.FileDescriptor
 
 const file_operator_proto_rawDesc = "" +
 	"\n" +
-	"\x0eoperator.proto\x12\x13kvrelay.operator.v1\"\xad\x03\n" +
+	"\x0eoperator.proto\x12\x13kvrelay.operator.v1\"\xd0\x03\n" +
 	"\n" +
 	"WorkerSpec\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x10\n" +
@@ -1529,7 +1539,8 @@ const file_operator_proto_rawDesc = "" +
 	"\x0fkv_events_topic\x18\f \x01(\tR\rkvEventsTopic\x12 \n" +
 	"\fmax_num_seqs\x18\r \x01(\rR\n" +
 	"maxNumSeqs\x123\n" +
-	"\x16max_num_batched_tokens\x18\x0e \x01(\rR\x13maxNumBatchedTokens\"E\n" +
+	"\x16max_num_batched_tokens\x18\x0e \x01(\rR\x13maxNumBatchedTokens\x12!\n" +
+	"\flora_modules\x18\x0f \x03(\tR\vloraModules\"E\n" +
 	"\vBlockCounts\x12\x10\n" +
 	"\x03gpu\x18\x01 \x01(\x04R\x03gpu\x12\x10\n" +
 	"\x03cpu\x18\x02 \x01(\x04R\x03cpu\x12\x12\n" +

@@ -104,8 +104,12 @@ type Worker struct {
 	// latency policy predicts queueing from them.
 	MaxNumSeqs          uint32 `protobuf:"varint,12,opt,name=max_num_seqs,json=maxNumSeqs,proto3" json:"max_num_seqs,omitempty"`
 	MaxNumBatchedTokens uint32 `protobuf:"varint,13,opt,name=max_num_batched_tokens,json=maxNumBatchedTokens,proto3" json:"max_num_batched_tokens,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// lora_adapters are the LoRA adapters the engine serves beside model (vLLM's
+	// --lora-modules): requests naming one go to the workers that list it, their blocks keyed
+	// by the adapter's name.
+	LoraAdapters  []string `protobuf:"bytes,14,rep,name=lora_adapters,json=loraAdapters,proto3" json:"lora_adapters,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Worker) Reset() {
@@ -227,6 +231,13 @@ func (x *Worker) GetMaxNumBatchedTokens() uint32 {
 		return x.MaxNumBatchedTokens
 	}
 	return 0
+}
+
+func (x *Worker) GetLoraAdapters() []string {
+	if x != nil {
+		return x.LoraAdapters
+	}
+	return nil
 }
 
 // Load is what the control plane knows of a worker's load: the engine's own metrics and the
@@ -908,7 +919,7 @@ var File_kvrelay_proto protoreflect.FileDescriptor
 
 const file_kvrelay_proto_rawDesc = "" +
 	"\n" +
-	"\rkvrelay.proto\x12\x0ekvrelay.xds.v1\"\x95\x03\n" +
+	"\rkvrelay.proto\x12\x0ekvrelay.xds.v1\"\xba\x03\n" +
 	"\x06Worker\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x10\n" +
 	"\x03url\x18\x02 \x01(\tR\x03url\x12\x14\n" +
@@ -925,7 +936,8 @@ const file_kvrelay_proto_rawDesc = "" +
 	"\x04load\x18\v \x01(\v2\x14.kvrelay.xds.v1.LoadR\x04load\x12 \n" +
 	"\fmax_num_seqs\x18\f \x01(\rR\n" +
 	"maxNumSeqs\x123\n" +
-	"\x16max_num_batched_tokens\x18\r \x01(\rR\x13maxNumBatchedTokens\"\xa0\x02\n" +
+	"\x16max_num_batched_tokens\x18\r \x01(\rR\x13maxNumBatchedTokens\x12#\n" +
+	"\rlora_adapters\x18\x0e \x03(\tR\floraAdapters\"\xa0\x02\n" +
 	"\x04Load\x12\x18\n" +
 	"\arunning\x18\x01 \x01(\rR\arunning\x12\x18\n" +
 	"\awaiting\x18\x02 \x01(\rR\awaiting\x12\x19\n" +
