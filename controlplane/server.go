@@ -442,6 +442,7 @@ func (s *Server) workerResources() []*xdsv1.Worker {
 			MaxNumSeqs:          uint32(w.MaxNumSeqs),
 			MaxNumBatchedTokens: uint32(w.MaxNumBatchedTokens),
 			LoraAdapters:        w.LoRAModules,
+			MaxModelLen:         uint32(min(max(st.Model.MaxModelLen, 0), 1<<31-1)),
 		}
 		if res.Model == "" {
 			res.Model = st.Model.ID

@@ -214,7 +214,7 @@ func parseUpstream(v string) (proxy.Upstream, error) {
 					u.LoRAModules = append(u.LoRAModules, a)
 				}
 			}
-		case "block-size", "block_size", "max-num-seqs", "max-num-batched-tokens":
+		case "block-size", "block_size", "max-num-seqs", "max-num-batched-tokens", "max-model-len":
 			n, err := strconv.Atoi(val)
 			if err != nil {
 				return u, fmt.Errorf("--upstream %q: %s %q is not a number", v, k, val)
@@ -224,6 +224,8 @@ func parseUpstream(v string) (proxy.Upstream, error) {
 				u.MaxNumSeqs = n
 			case "max-num-batched-tokens":
 				u.MaxNumBatchedTokens = n
+			case "max-model-len":
+				u.MaxModelLen = n
 			default:
 				u.BlockSize = n
 			}

@@ -36,6 +36,10 @@ const (
 	numFields
 )
 
+// Release drops what p holds of the last body it parsed (the body itself, its request), so
+// that their memory can go; p stays usable.
+func (p *Parser) Release() { p.b, p.req, p.keybuf, p.spans = nil, nil, nil, nil }
+
 // Parser parses OpenAI request bodies. The zero value is ready to use; it keeps scratch
 // buffers between calls, so one Parser per connection (or per event loop) parses without
 // allocating once warmed up. A Parser is not safe for concurrent use.

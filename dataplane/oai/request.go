@@ -187,6 +187,10 @@ func roundToInt(f float64) int {
 	return int(math.Round(f))
 }
 
+// Release drops r's buffers, for a caller done with an exceptionally large body that would
+// otherwise keep their capacity until a much smaller body comes.
+func (r *Request) Release() { *r = Request{} }
+
 // retainLimit is the text buffer capacity a Request keeps whatever the next body's size.
 const retainLimit = 256 << 10
 

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -29,7 +30,7 @@ const (
 	stBody                  // head parsed, waiting for the body
 	stQueued                // waiting in the admission queue
 	stForward               // an exchange with an engine is in progress
-	stTokenize              // waiting for a remote tokenizer
+	stTokenize              // waiting for a remote tokenizer or a large prompt's tokenization
 	stPrefill               // waiting for the prefill leg of a disaggregated request
 	stClosing               // answered with an error; closing
 )
@@ -51,9 +52,15 @@ type clientConn struct {
 	req     http1.Request
 	headLen int
 	bodyOff int
-	sent100 bool
-	chunked http1.ChunkedDecoder
-	body    []byte
+	// streamed is set for a request whose head was copied to headBuf (req aliases it) and
+	// taken out of the inbound buffer, so that its body moves into body as it arrives: the
+	// inbound buffer then never holds more than one read, where keeping a large body there
+	// until it was whole made every read copy all of it again.
+	streamed bool
+	headBuf  []byte
+	sent100  bool
+	chunked  http1.ChunkedDecoder
+	body     []byte
 
 	// What the request head said, copied before the head's bytes are discarded.
 	method    []byte
@@ -114,6 +121,10 @@ type clientConn struct {
 	lingerUntil int64
 }
 
+// streamBodyBytes is the Content-Length from which a body moves out of the inbound buffer
+// as it arrives (clientConn.streamed); smaller bodies are copied once, whole.
+const streamBodyBytes = 64 << 10
+
 // lingerFor bounds how long a connection drains a refused body before closing.
 const lingerFor = 5e9
 
@@ -172,12 +183,29 @@ func (cc *clientConn) traffic() gnet.Action {
 			cc.chunked.Reset(cc.srv.limits)
 			cc.state = stBody
 			parsed = true
+			cc.streamed = cc.req.Body == http1.BodyChunked || cc.req.Body == http1.BodyLength && cc.req.ContentLength >= streamBodyBytes
+			if cc.streamed {
+				cc.headBuf = append(cc.headBuf[:0], buf[:n]...)
+				if _, err := http1.ParseRequest(cc.headBuf, &cc.req, cc.srv.limits); err != nil {
+					cc.protoError(err)
+					return gnet.None
+				}
+				if cc.req.Body == http1.BodyLength {
+					cc.body = slices.Grow(cc.body, int(cc.req.ContentLength))
+				}
+				cc.discard(n)
+				cc.headLen, cc.bodyOff = 0, 0
+				if buf, _ = cc.c.Peek(-1); len(buf) == 0 {
+					cc.continue100()
+					return gnet.None
+				}
+			}
 		}
 		// The head's slices alias the buffer of the read that parsed it: parsed again to
 		// re-alias this Peek, but only once the body is whole (a body sent a byte at a time
 		// does not parse the head at every read).
 		reparse := func() bool {
-			if parsed {
+			if parsed || cc.streamed {
 				return true
 			}
 			if _, err := http1.ParseRequest(buf, &cc.req, cc.srv.limits); err != nil {
@@ -194,6 +222,16 @@ func (cc *clientConn) traffic() gnet.Action {
 			}
 			consumed = cc.headLen
 		case http1.BodyLength:
+			if cc.streamed {
+				take := min(int(cc.req.ContentLength)-len(cc.body), len(buf))
+				cc.body = append(cc.body, buf[:take]...)
+				cc.discard(take)
+				if len(cc.body) < int(cc.req.ContentLength) {
+					cc.continue100()
+					return gnet.None
+				}
+				break
+			}
 			need := cc.headLen + int(cc.req.ContentLength)
 			if len(buf) < need {
 				cc.continue100()
@@ -211,6 +249,9 @@ func (cc *clientConn) traffic() gnet.Action {
 				cc.protoError(err)
 				return gnet.None
 			}
+			// The decoded bytes are in body: they leave the inbound buffer.
+			cc.discard(cc.bodyOff)
+			cc.bodyOff = 0
 			if !done {
 				cc.continue100()
 				return gnet.None
@@ -221,9 +262,16 @@ func (cc *clientConn) traffic() gnet.Action {
 			consumed = cc.bodyOff
 		}
 		cc.captureHead()
-		_, _ = cc.c.Discard(consumed)
+		cc.discard(consumed)
 		cc.readStart = 0
 		cc.handle()
+	}
+}
+
+// discard drops the first n inbound bytes; n ≤ 0 drops none (gnet's Discard drops all then).
+func (cc *clientConn) discard(n int) {
+	if n > 0 {
+		_, _ = cc.c.Discard(n)
 	}
 }
 
@@ -404,7 +452,40 @@ func (cc *clientConn) handle() {
 	cc.qitem = nil
 	t0 := cc.clock()
 	cc.decideAt = t0
-	if err := cc.parser.Parse(cc.body, kind, &cc.oreq); err != nil {
+	if len(cc.body) >= offLoopBytes {
+		cc.parseOffLoop(kind, t0)
+		return
+	}
+	cc.parsed(cc.parser.Parse(cc.body, kind, &cc.oreq), t0)
+}
+
+// parseOffLoop parses a large body on a goroutine (one of tokenizeSlots), the connection in
+// stTokenize meanwhile, and resumes the request on its loop.
+func (cc *clientConn) parseOffLoop(kind oai.Kind, t0 int64) {
+	s := cc.srv
+	s.metrics.offLoop.Inc()
+	cc.state = stTokenize
+	lp := cc.lp
+	go func() {
+		s.tokenizeSlots <- struct{}{}
+		err := cc.parser.Parse(cc.body, kind, &cc.oreq)
+		<-s.tokenizeSlots
+		_ = lp.el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
+			if cc.state != stTokenize {
+				return nil // the client left
+			}
+			cc.lp.now = nanotime()
+			cc.state = stIdle
+			cc.parsed(err, t0)
+			return nil
+		}))
+	}()
+}
+
+// parsed continues a request once its body is parsed: checks, routing input, routing.
+func (cc *clientConn) parsed(err error, t0 int64) {
+	s := cc.srv
+	if err != nil {
 		cc.parseError(err)
 		return
 	}
@@ -435,6 +516,10 @@ func (cc *clientConn) handle() {
 		}
 		if errors.Is(err, errNoTokenizer) {
 			cc.errorReplyHeader(503, err.Error(), "", "no_worker", cc.noWorkerRetryAfter())
+			return
+		}
+		if limit, ok := err.(contextLengthError); ok {
+			cc.refuseTooLong(int(limit))
 			return
 		}
 		cc.errorReply(400, err.Error(), "messages", "")
@@ -504,18 +589,84 @@ func (cc *clientConn) prepare() error {
 		cc.estimate(text)
 		cc.stage(stageTokenize, t0)
 		return nil
-	case cc.kind == oai.Completions:
-		cc.toks = cd.tok.AppendEncode(cc.toks, unsafeString(o.Prompt))
 	default:
-		text, err := cc.promptText(cd)
-		if err != nil {
-			return err
+		text := unsafeString(o.Prompt)
+		if cc.kind != oai.Completions {
+			var err error
+			if text, err = cc.promptText(cd); err != nil {
+				return err
+			}
 		}
-		cc.toks = cd.tok.AppendEncode(cc.toks, text)
+		limit := s.kv.Pool().MaxModelLen(r.Model)
+		if len(text) >= offLoopBytes {
+			cc.tokenizeOffLoop(cd, text, limit, t0)
+			return errPending
+		}
+		var ok bool
+		if cc.toks, ok = tokenizer.AppendEncodeLimit(cd.tok, cc.toks, text, limit); !ok {
+			return contextLengthError(limit)
+		}
+	}
+	if limit := s.kv.Pool().MaxModelLen(r.Model); limit > 0 && len(cc.toks) > limit {
+		return contextLengthError(limit) // prompt token ids
 	}
 	cc.stage(stageTokenize, t0)
 	cc.hashTokens()
 	return nil
+}
+
+// offLoopBytes is the prompt size from which tokenizing moves off the event loop: about 15
+// ms of BPE, long enough to delay every other connection of the loop noticeably.
+const offLoopBytes = 256 << 10
+
+// contextLengthError is a prompt longer than the model's context, refused as vLLM refuses
+// it (400) but before the whole prompt is tokenized or any engine sees it.
+type contextLengthError int
+
+func (e contextLengthError) Error() string {
+	return fmt.Sprintf("This model's maximum context length is %d tokens. However, your request has more input tokens than that. Please reduce the length of the input messages.", int(e))
+}
+
+// tokenizeOffLoop tokenizes a large prompt on a goroutine, at most tokenizeSlots at once,
+// and resumes the request on its loop. text aliases the connection's buffers, which nothing
+// on the loop changes while it is in stTokenize (a client that leaves abandons them).
+func (cc *clientConn) tokenizeOffLoop(cd *codec, text string, limit int, t0 int64) {
+	s := cc.srv
+	s.metrics.offLoop.Inc()
+	cc.state = stTokenize
+	cc.tokStart = t0
+	lp := cc.lp
+	go func() {
+		s.tokenizeSlots <- struct{}{}
+		toks, ok := tokenizer.AppendEncodeLimit(cd.tok, nil, text, limit)
+		<-s.tokenizeSlots
+		_ = lp.el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
+			if cc.state != stTokenize {
+				return nil // the client left
+			}
+			cc.lp.now = nanotime()
+			cc.state = stIdle
+			if !ok {
+				cc.refuseTooLong(limit)
+				return nil
+			}
+			cc.toks = toks
+			cc.stage(stageTokenize, cc.tokStart)
+			cc.hashTokens()
+			cc.route(false)
+			return nil
+		}))
+	}()
+}
+
+// refuseTooLong answers a prompt longer than every worker of its model takes.
+func (cc *clientConn) refuseTooLong(limit int) {
+	cc.srv.metrics.tooLong.Inc()
+	param := "messages"
+	if cc.kind == oai.Completions {
+		param = "prompt"
+	}
+	cc.errorReply(400, contextLengthError(limit).Error(), param, "context_length_exceeded")
 }
 
 // hashTokens turns cc.toks into the prompt's block chain with each block's extra keys
@@ -912,8 +1063,33 @@ func (cc *clientConn) done() {
 	}
 	cc.state = stIdle
 	cc.lastActive = cc.lp.now
+	cc.shrink()
 	if cc.c.InboundBuffered() > 0 {
 		_ = cc.c.Wake(nil)
+	}
+}
+
+// Buffers a request grew past these sizes are dropped when it ends, so that a connection
+// that once carried a huge prompt does not keep its memory for the rest of its life.
+const (
+	keepBufBytes = 4 << 20
+	keepToks     = 1 << 20
+)
+
+func (cc *clientConn) shrink() {
+	if cap(cc.body) > keepBufBytes || cap(cc.text) > keepBufBytes {
+		// The parsed request and the rendered messages point into them too.
+		cc.body, cc.text = nil, nil
+		cc.oreq.Release()
+		cc.parser.Release()
+		clear(cc.msgs[:cap(cc.msgs)])
+		cc.msgs = nil
+	}
+	if cap(cc.toks) > keepToks {
+		cc.toks = nil
+	}
+	if cap(cc.rreq.Hashes) > keepToks/16 {
+		cc.rreq.Hashes = nil
 	}
 }
 

@@ -46,6 +46,10 @@ type Upstream struct {
 	// LoRAModules are the LoRA adapters it serves beside Model (vLLM's --lora-modules
 	// names); empty with an empty Model means ask the engine, whose /v1/models lists them.
 	LoRAModules []string `yaml:"lora_modules"`
+	// MaxModelLen is its context length in tokens (vLLM's --max-model-len; 0: unknown, or
+	// asked of the engine with Model): longer prompts are refused with 400 before any
+	// engine sees them.
+	MaxModelLen int `yaml:"max_model_len"`
 }
 
 // Disaggregation modes (Config.Disagg).
@@ -298,6 +302,9 @@ func (c *Config) Validate() error {
 		ids[id] = true
 		if _, err := ParseRole(u.Role); err != nil {
 			return bad("upstream %q: %v", id, err)
+		}
+		if u.MaxModelLen < 0 {
+			return bad("upstream %s: max_model_len %d is negative", u.URL, u.MaxModelLen)
 		}
 		if u.MaxNumSeqs < 0 || u.MaxNumBatchedTokens < 0 {
 			return bad("upstream %q: max_num_seqs and max_num_batched_tokens must not be negative", id)

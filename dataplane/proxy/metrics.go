@@ -41,6 +41,8 @@ type metrics struct {
 	aborted         *prometheus.CounterVec // reason: client_gone, slow_client, upstream_died
 	draining        prometheus.Gauge
 	remoteFallbacks prometheus.Counter
+	offLoop         prometheus.Counter     // prompts tokenized off the event loop
+	tooLong         prometheus.Counter     // prompts refused past the model's context length
 	disagg          *prometheus.CounterVec // path: local, remote, fallback
 	prefillSeconds  prometheus.Histogram
 	prefillInflight prometheus.Gauge
@@ -148,6 +150,12 @@ func newMetrics() *metrics {
 		remoteFallbacks: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kvrelay_proxy_remote_tokenize_failures_total", Help: "Prompts an engine's /tokenize could not tokenize, routed on an estimate instead.",
 		}),
+		offLoop: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvrelay_proxy_off_loop_steps_total", Help: "Steps of large requests (parsing the body, tokenizing the prompt) run on a goroutine of their own instead of the event loop, which serves other connections meanwhile.",
+		}),
+		tooLong: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvrelay_proxy_context_length_exceeded_total", Help: "Prompts refused (400) for holding more tokens than any worker of their model takes, found before tokenizing them whole.",
+		}),
 		disagg: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvrelay_proxy_disagg_requests_total", Help: "Requests of disaggregated pools, by path: remote (prefill worker, KV pulled by the decode worker), local (prefilled on the decode worker: short uncached part or prefill pool busy), fallback (the prefill leg or a decode worker failed).",
 		}, []string{"path"}),
@@ -179,7 +187,7 @@ func newMetrics() *metrics {
 	m.models.Store(&map[string]*modelMetrics{})
 	reg.MustRegister(m.requests, m.ttft, m.itl, m.e2e, m.decision, m.predicted, m.reported, m.promptBlocks,
 		m.predictionErr, m.queueDepth, m.queued, m.upstreamErrs, m.ejections, m.retries, m.poisoned, m.affinity, m.migrations, m.refused, m.inflight, m.routed,
-		m.aborted, m.draining, m.remoteFallbacks, m.disagg, m.prefillSeconds, m.prefillInflight, m.prefillFailures, m.speculative)
+		m.aborted, m.draining, m.remoteFallbacks, m.offLoop, m.tooLong, m.disagg, m.prefillSeconds, m.prefillInflight, m.prefillFailures, m.speculative)
 	m.refused.WithLabelValues("kv_transfer_params")
 	for _, o := range []string{"pinned", "fallback", "unknown"} {
 		m.affinity.WithLabelValues(o)

@@ -59,8 +59,11 @@ type Server struct {
 	decisions decisionLog
 	xds       *xdsState // nil without a control plane
 	remote    *remoteTokenizer
-	pdClient  *pdClient // prefill legs of disaggregated requests
-	pdSet     atomic.Pointer[disaggSettings]
+	// tokenizeSlots bounds the large prompts tokenized off the event loops at once (and the
+	// memory their ids take): half the CPUs, at least one.
+	tokenizeSlots chan struct{}
+	pdClient      *pdClient // prefill legs of disaggregated requests
+	pdSet         atomic.Pointer[disaggSettings]
 
 	eng      gnet.Engine
 	addr     string
@@ -110,6 +113,7 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 	s.models.Store(new([]byte))
 	s.queue = newAdmissionQueue(cfg.QueueSize, s.metrics)
 	s.remote = newRemoteTokenizer(cfg.ConnectTimeout+5*time.Second, cfg.TokenCacheTokens)
+	s.tokenizeSlots = make(chan struct{}, max(1, runtime.GOMAXPROCS(0)/2))
 	for result, c := range map[string]*atomic.Uint64{"hit": &s.remote.hits, "prefix": &s.remote.prefixHits, "miss": &s.remote.misses} {
 		s.metrics.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "kvrelay_proxy_remote_tokenize_total", ConstLabels: prometheus.Labels{"result": result},
@@ -228,9 +232,9 @@ func (s *Server) setup(ctx context.Context) error {
 		if id == "" {
 			id = host
 		}
-		model, loras := u.Model, u.LoRAModules
+		model, loras, maxLen := u.Model, u.LoRAModules, u.MaxModelLen
 		if model == "" {
-			m, l, err := discoverModel(ctx, u.URL, s.cfg.ConnectTimeout)
+			m, l, n, err := discoverModel(ctx, u.URL, s.cfg.ConnectTimeout)
 			if err != nil {
 				s.log.Warn("upstream model unknown; it will be offered every model", "worker", id, "err", err)
 			}
@@ -238,13 +242,16 @@ func (s *Server) setup(ctx context.Context) error {
 			if len(loras) == 0 {
 				loras = l
 			}
+			if maxLen == 0 {
+				maxLen = n
+			}
 		}
 		bs := u.BlockSize
 		if bs == 0 {
 			bs = s.cfg.BlockSize
 		}
 		role, _ := ParseRole(u.Role) // Validate checked it
-		ws[i] = &route.Worker{ID: id, URL: "http://" + host, Addr: host, Model: model, LoRAs: loras, BlockSize: bs, Capacity: u.Capacity, Role: role,
+		ws[i] = &route.Worker{ID: id, URL: "http://" + host, Addr: host, Model: model, LoRAs: loras, MaxModelLen: maxLen, BlockSize: bs, Capacity: u.Capacity, Role: role,
 			Engine: latency.Engine{MaxNumSeqs: u.MaxNumSeqs, MaxBatchedTokens: u.MaxNumBatchedTokens}}
 	}
 	pool := route.NewPool(ws)
@@ -474,35 +481,36 @@ func (s *Server) ticker() {
 }
 
 // discoverModel asks an engine which model it serves.
-func discoverModel(ctx context.Context, base string, timeout time.Duration) (model string, loras []string, err error) {
+func discoverModel(ctx context.Context, base string, timeout time.Duration) (model string, loras []string, maxLen int, err error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/v1/models", nil)
 	if err != nil {
-		return "", nil, fmt.Errorf("asking %s for its model: %w", base, err)
+		return "", nil, 0, fmt.Errorf("asking %s for its model: %w", base, err)
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return "", nil, fmt.Errorf("asking %s for its model: %w", base, err)
+		return "", nil, 0, fmt.Errorf("asking %s for its model: %w", base, err)
 	}
 	defer resp.Body.Close()
 	var list struct {
 		Data []struct {
-			ID     string  `json:"id"`
-			Parent *string `json:"parent"`
+			ID          string  `json:"id"`
+			Parent      *string `json:"parent"`
+			MaxModelLen int     `json:"max_model_len"`
 		} `json:"data"`
 	}
 	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&list); err != nil || len(list.Data) == 0 {
-		return "", nil, fmt.Errorf("asking %s for its model: no model in the answer (status %d)", base, resp.StatusCode)
+		return "", nil, 0, fmt.Errorf("asking %s for its model: no model in the answer (status %d)", base, resp.StatusCode)
 	}
 	// vLLM lists the base model first, then each LoRA adapter with the base as its parent.
-	model = list.Data[0].ID
+	model, maxLen = list.Data[0].ID, min(max(list.Data[0].MaxModelLen, 0), 1<<30)
 	for _, m := range list.Data[1:] {
 		if m.Parent != nil && *m.Parent == model && m.ID != model && !slices.Contains(loras, m.ID) && len(loras) < xds.MaxLoRAAdapters {
 			loras = append(loras, m.ID)
 		}
 	}
-	return model, loras, nil
+	return model, loras, maxLen, nil
 }
 
 // modelsBody is the /v1/models answer listing the models the pool serves.

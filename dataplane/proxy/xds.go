@@ -231,7 +231,8 @@ func (s *Server) applyXDS(workers []*xdsv1.Worker, policy *xdsv1.RoutingPolicy) 
 		host := upstreamHost(res.GetUrl())
 		cand := &route.Worker{
 			ID: id, Index: pos, URL: "http://" + host, Addr: host, Model: res.GetModel(), LoRAs: slices.Clone(res.GetLoraAdapters()),
-			Role: route.Role(res.GetRole()), BlockSize: s.cfg.BlockSize, Capacity: int(res.GetCapacityBlocks()),
+			MaxModelLen: int(min(res.GetMaxModelLen(), 1<<30)),
+			Role:        route.Role(res.GetRole()), BlockSize: s.cfg.BlockSize, Capacity: int(res.GetCapacityBlocks()),
 			Engine: latency.Engine{MaxNumSeqs: int(min(res.GetMaxNumSeqs(), 1<<30)), MaxBatchedTokens: int(min(res.GetMaxNumBatchedTokens(), 1<<30))},
 		}
 		// A worker whose identity is unchanged keeps its Worker: its load and connections.
@@ -339,7 +340,7 @@ func (s *Server) applyXDS(workers []*xdsv1.Worker, policy *xdsv1.RoutingPolicy) 
 // sameIdentity reports whether two workers are the same engine to route to.
 func sameIdentity(a, b *route.Worker) bool {
 	return a.ID == b.ID && a.URL == b.URL && a.Model == b.Model && a.Role == b.Role && a.BlockSize == b.BlockSize && a.Capacity == b.Capacity &&
-		a.Engine == b.Engine && slices.Equal(a.LoRAs, b.LoRAs)
+		a.Engine == b.Engine && slices.Equal(a.LoRAs, b.LoRAs) && a.MaxModelLen == b.MaxModelLen
 }
 
 // ownSent is this proxy's share of a pushed load on worker id: what it reported for id in

@@ -212,6 +212,8 @@ type Pool struct {
 	roles map[string]uint8
 	// adapters maps each LoRA adapter to the base model of the first worker listing it.
 	adapters map[string]string
+	// maxLen[model] is the longest context among its workers, -1 when one is unknown.
+	maxLen map[string]int
 }
 
 // NewPool numbers ws (setting each Index) and returns the pool. The pool owns ws.
@@ -227,7 +229,7 @@ func NewPool(ws []*Worker) *Pool {
 // slices indexed by a position that never changes while the worker lives. Indexes must be
 // distinct and not negative; there may be holes. The pool owns ws.
 func NewPoolIndexed(ws []*Worker) *Pool {
-	p := &Pool{Workers: ws, byID: make(map[string]*Worker, len(ws)), roles: map[string]uint8{}}
+	p := &Pool{Workers: ws, byID: make(map[string]*Worker, len(ws)), roles: map[string]uint8{}, maxLen: map[string]int{}}
 	attachModels(ws)
 	seen := map[string]bool{}
 	for _, w := range ws {
@@ -238,7 +240,9 @@ func NewPoolIndexed(ws []*Worker) *Pool {
 			seen[w.Model] = true
 			p.models = append(p.models, w.Model)
 		}
+		p.noteMaxLen(w.Model, w.MaxModelLen)
 		for _, a := range w.LoRAs {
+			p.noteMaxLen(a, w.MaxModelLen)
 			p.roles[a] |= 1 << w.Role
 			if p.adapters == nil {
 				p.adapters = map[string]string{}
@@ -258,6 +262,33 @@ func NewPoolIndexed(ws []*Worker) *Pool {
 	}
 	sort.Strings(p.models)
 	return p
+}
+
+func (p *Pool) noteMaxLen(model string, n int) {
+	if n <= 0 {
+		n = -1
+	}
+	if cur, ok := p.maxLen[model]; !ok || (cur >= 0 && (n < 0 || n > cur)) {
+		p.maxLen[model] = n
+	}
+}
+
+// MaxModelLen is the longest context in tokens of the workers that serve model, 0 when one
+// of them (or one serving any model) does not say: a longer prompt fits on none of them.
+func (p *Pool) MaxModelLen(model string) int {
+	n, ok := p.maxLen[model]
+	a, anyOK := p.maxLen[""] // workers that serve any model
+	switch {
+	case !ok && !anyOK:
+		return 0
+	case !ok:
+		n = a
+	case anyOK && (n < 0 || a < 0):
+		n = -1
+	case anyOK:
+		n = max(n, a)
+	}
+	return max(n, 0)
 }
 
 // Adapter reports whether model is a LoRA adapter of the pool (a name some worker lists

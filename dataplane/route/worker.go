@@ -35,7 +35,9 @@ type Worker struct {
 	// LoRAs are the LoRA adapters the worker serves beside Model: a request naming one is
 	// routed among the workers that list it, its blocks keyed by the adapter.
 	LoRAs []string
-	Role  Role
+	// MaxModelLen is the engine's context length in tokens (0: unknown).
+	MaxModelLen int
+	Role        Role
 	// BlockSize is the engine's KV block size in tokens.
 	BlockSize int
 	// Capacity is the engine's KV cache size in blocks, 0 when unknown.

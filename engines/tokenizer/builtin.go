@@ -142,5 +142,6 @@ func buildTiktoken(name string, specials []addedToken) (*bpeTokenizer, error) {
 		t.addedText[s.id] = s.content
 		t.vocabSize = max(t.vocabSize, int(s.id)+1)
 	}
+	t.maxBytes = longestToken(t) // tiktoken: no normaliser, specials match their text exactly
 	return t, nil
 }

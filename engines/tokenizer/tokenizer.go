@@ -78,6 +78,8 @@ type bpeTokenizer struct {
 	self         *selfMemo
 	// cache remembers the BPE of short multi-token pieces.
 	cache *pieceCache
+	// maxBytes bounds the bytes of text one id stands for (maxTokenBytes; 0: unknown).
+	maxBytes int
 }
 
 // preStep is one pre-tokenizer of a HuggingFace Sequence.

@@ -107,7 +107,10 @@ type Worker struct {
 	// lora_adapters are the LoRA adapters the engine serves beside model (vLLM's
 	// --lora-modules): requests naming one go to the workers that list it, their blocks keyed
 	// by the adapter's name.
-	LoraAdapters  []string `protobuf:"bytes,14,rep,name=lora_adapters,json=loraAdapters,proto3" json:"lora_adapters,omitempty"`
+	LoraAdapters []string `protobuf:"bytes,14,rep,name=lora_adapters,json=loraAdapters,proto3" json:"lora_adapters,omitempty"`
+	// max_model_len is the engine's context length in tokens (its /v1/models max_model_len;
+	// 0: unknown): proxies refuse longer prompts at once, as the engine would.
+	MaxModelLen   uint32 `protobuf:"varint,15,opt,name=max_model_len,json=maxModelLen,proto3" json:"max_model_len,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -238,6 +241,13 @@ func (x *Worker) GetLoraAdapters() []string {
 		return x.LoraAdapters
 	}
 	return nil
+}
+
+func (x *Worker) GetMaxModelLen() uint32 {
+	if x != nil {
+		return x.MaxModelLen
+	}
+	return 0
 }
 
 // Load is what the control plane knows of a worker's load: the engine's own metrics and the
@@ -919,7 +929,7 @@ var File_kvrelay_proto protoreflect.FileDescriptor
 
 const file_kvrelay_proto_rawDesc = "" +
 	"\n" +
-	"\rkvrelay.proto\x12\x0ekvrelay.xds.v1\"\xba\x03\n" +
+	"\rkvrelay.proto\x12\x0ekvrelay.xds.v1\"\xde\x03\n" +
 	"\x06Worker\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x10\n" +
 	"\x03url\x18\x02 \x01(\tR\x03url\x12\x14\n" +
@@ -937,7 +947,8 @@ const file_kvrelay_proto_rawDesc = "" +
 	"\fmax_num_seqs\x18\f \x01(\rR\n" +
 	"maxNumSeqs\x123\n" +
 	"\x16max_num_batched_tokens\x18\r \x01(\rR\x13maxNumBatchedTokens\x12#\n" +
-	"\rlora_adapters\x18\x0e \x03(\tR\floraAdapters\"\xa0\x02\n" +
+	"\rlora_adapters\x18\x0e \x03(\tR\floraAdapters\x12\"\n" +
+	"\rmax_model_len\x18\x0f \x01(\rR\vmaxModelLen\"\xa0\x02\n" +
 	"\x04Load\x12\x18\n" +
 	"\arunning\x18\x01 \x01(\rR\arunning\x12\x18\n" +
 	"\awaiting\x18\x02 \x01(\rR\awaiting\x12\x19\n" +
