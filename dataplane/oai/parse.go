@@ -1,6 +1,7 @@
 package oai
 
 import (
+	"bytes"
 	"math"
 	"strconv"
 )
@@ -170,6 +171,15 @@ func (p *Parser) top() error {
 			err = p.integer(&r.EnginePriority, &r.HasEnginePriority, "priority")
 		case "kv_transfer_params":
 			err = p.raw(&r.KVTransferParams)
+		case "logprobs", "top_logprobs":
+			var v []byte
+			if err = p.raw(&v); err == nil {
+				switch string(bytes.TrimSpace(v)) {
+				case "", "null", "false", "0":
+				default:
+					r.Logprobs = true
+				}
+			}
 		case "cache_salt":
 			p.begin(fCacheSalt)
 			err = p.str(&r.CacheSalt, "cache_salt")

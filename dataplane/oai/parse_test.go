@@ -665,3 +665,30 @@ func TestParseMatchesPython(t *testing.T) {
 		t.Fatalf("only %d vectors", n)
 	}
 }
+
+func TestParseLogprobs(t *testing.T) {
+	msgs := `"messages":[{"role":"user","content":"say \"logprobs\": true"}]`
+	for body, want := range map[string]bool{
+		`{"model":"m",` + msgs + `}`:                          false,
+		`{"model":"m",` + msgs + `,"logprobs":false}`:         false,
+		`{"model":"m",` + msgs + `,"logprobs":null}`:          false,
+		`{"model":"m",` + msgs + `,"logprobs":true}`:          true,
+		`{"model":"m",` + msgs + `,"top_logprobs":3}`:         true,
+		`{"model":"m",` + msgs + `,"top_logprobs":0}`:         false,
+		`{"model":"m","prompt":"x","logprobs":5}`:             true,
+		`{"model":"m","prompt":"x","logprobs":0,"echo":true}`: false,
+	} {
+		kind := ChatCompletions
+		if !strings.Contains(body, "messages") {
+			kind = Completions
+		}
+		var p Parser
+		var r Request
+		if err := p.Parse([]byte(body), kind, &r); err != nil {
+			t.Fatalf("%s: %v", body, err)
+		}
+		if r.Logprobs != want {
+			t.Errorf("%s: Logprobs %v, want %v", body, r.Logprobs, want)
+		}
+	}
+}

@@ -129,7 +129,10 @@ type Request struct {
 	AddGenerationPrompt  bool   // add_generation_prompt; true when absent
 	ContinueFinalMessage bool
 	CacheSalt            []byte
-	ChatTemplateKwargs   []byte // raw JSON of chat_template_kwargs
+	// Logprobs is set when the request asks for log probabilities (logprobs or
+	// top_logprobs present and not null, false or 0).
+	Logprobs           bool
+	ChatTemplateKwargs []byte // raw JSON of chat_template_kwargs
 
 	// Completions prompt and Embeddings input. A batch holds NumPrompts prompts; Prompt or
 	// PromptTokens holds the first one (the proxy rejects a batch or routes by its first).

@@ -44,7 +44,7 @@ func (cc *clientConn) migratable() bool {
 	if cc.kind != oai.ChatCompletions && cc.kind != oai.Completions {
 		return false
 	}
-	return !bytes.Contains(cc.body, []byte(`"logprobs"`)) && !bytes.Contains(cc.body, []byte(`"top_logprobs"`))
+	return !o.Logprobs
 }
 
 // forward passes the payload of a migratable stream on in whole events, keeping a copy to
