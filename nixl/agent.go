@@ -309,8 +309,8 @@ func (a *Agent) RegisterHostMem(m *HostMem, opts ...RegisterOption) (*Region, er
 	return reg, err
 }
 
-// RegisterDeviceMem registers size bytes of device memory at ptr on device devID. Builds
-// without device support return ErrDeviceMemoryUnavailable.
+// RegisterDeviceMem registers size bytes of device memory at ptr on device devID. This
+// package has no device support, so it returns ErrDeviceMemoryUnavailable.
 func (a *Agent) RegisterDeviceMem(devID uint32, ptr uintptr, size uint64, opts ...RegisterOption) (*Region, error) {
 	if size == 0 {
 		return nil, fmt.Errorf("registering empty device memory: %w", ErrInvalidDesc)

@@ -14,8 +14,8 @@ type MemType uint8
 const (
 	// DRAM is host memory.
 	DRAM MemType = iota
-	// VRAM is accelerator memory; DevID names the device. It needs a build with device
-	// support (the nixl_cuda tag); otherwise it is rejected with ErrDeviceMemoryUnavailable.
+	// VRAM is accelerator memory; DevID names the device. This package has no device
+	// support and rejects it with ErrDeviceMemoryUnavailable.
 	VRAM
 )
 

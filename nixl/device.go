@@ -1,11 +1,9 @@
-//go:build !nixl_cuda
-
 package nixl
 
-// deviceRegion is the device-memory state of a VRAM region. This build has no device
-// support: a build that adds it (the nixl_cuda tag) supplies deviceRegion and
-// registerDevice together, with staging copies between device and host for the TCP
-// backend, and leaves callers unchanged.
+// deviceRegion is the device-memory state of a VRAM region. The package has no device
+// support, and no build tag adds it: this file is the seam where it would go, replacing
+// deviceRegion, deviceSupport and registerDevice together (with staging copies between
+// device and host for the TCP backend) and leaving callers unchanged.
 type deviceRegion struct{}
 
 // deviceSupport reports whether this build can register and move device memory.

@@ -43,6 +43,5 @@
 // peer fails its transfers with ErrPeerGone, a slow one with ErrTimeout; see errors.go for
 // the full list. Every error is matched with errors.Is.
 //
-// Device (VRAM) memory needs a build with device support; this build rejects it with
-// ErrDeviceMemoryUnavailable.
+// Device (VRAM) memory is not supported: it is rejected with ErrDeviceMemoryUnavailable.
 package nixl

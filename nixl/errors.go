@@ -28,8 +28,9 @@ var (
 	// address range that overflows.
 	ErrInvalidDesc = errors.New("nixl: invalid descriptor")
 	// ErrDeviceMemoryUnavailable is returned when device (VRAM) memory is registered or
-	// addressed by a build without device support (see the nixl_cuda build tag).
-	ErrDeviceMemoryUnavailable = errors.New("nixl: device memory is not available in this build (build with -tags nixl_cuda)")
+	// addressed: this package moves host memory only (device.go is where device support
+	// would go).
+	ErrDeviceMemoryUnavailable = errors.New("nixl: device (VRAM) memory is not supported: this nixl moves host memory only; register host memory and stage device data through it")
 	// ErrOverlap is returned when a region being registered overlaps a registered one.
 	ErrOverlap = errors.New("nixl: region overlaps a registered region")
 	// ErrRegionInUse is returned by HostMem.Free while the memory is still registered.
