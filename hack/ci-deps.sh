@@ -1,8 +1,18 @@
 #!/usr/bin/env bash
-# Installs what the interoperability tests use beyond Go, when this machine can: Debian's
-# python3-zmq and python3-msgpack (real libzmq and an independent msgpack). The tests that
-# need them skip without them, so a failed install is reported and not fatal.
+# Installs what the tests use beyond Go, when this machine can: a C compiler (gcc: the race
+# detector needs cgo) and Debian's python3-zmq and python3-msgpack (real libzmq and an
+# independent msgpack for the interoperability tests). Without them `make test` runs without
+# -race and the interop tests skip, so a failed install is reported and not fatal.
 set -u
+if ! command -v "${CC:-gcc}" >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    (apt-get update -qq && apt-get install -y -qq gcc libc6-dev) >/dev/null 2>&1 \
+      && echo "ci-deps: installed gcc" \
+      || echo "ci-deps: could not install gcc; make test will run without the race detector"
+  else
+    echo "ci-deps: no C compiler and no way to install one; make test will run without the race detector"
+  fi
+fi
 py=/usr/bin/python3
 if [ -x "$py" ] && "$py" -c 'import zmq, msgpack' 2>/dev/null; then
   exit 0
