@@ -1,5 +1,5 @@
 // Command kvrelay is the single kvrelay binary: the simulated engine, the embedded local
-// deployment, and (as they land) the proxy, control plane, benchmark and operator tools.
+// deployment, the proxy, the control plane, the benchmark and the operator tools.
 package main
 
 import (
@@ -34,6 +34,6 @@ func newRootCmd() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newSimCmd(), newUpCmd(), newProxyCmd(), newControlPlaneCmd(), newBenchCmd(), newCtlCmd(), newProfileCmd())
+	root.AddCommand(newSimCmd(), newUpCmd(), newProxyCmd(), newControlPlaneCmd(), newBenchCmd(), newCtlCmd(), newProfileCmd(), newVersionCmd())
 	return root
 }
