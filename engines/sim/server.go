@@ -235,7 +235,7 @@ func (s *Server) complete(w http.ResponseWriter, hr *http.Request, chat bool) {
 		}
 	}
 	s.eng.Submit(r)
-	rs := responseState{s: s, r: r, chat: chat, kv: kvp != nil, model: s.model}
+	rs := responseState{s: s, r: r, chat: chat, kv: kvp != nil, model: s.model, created: time.Now().Unix()}
 	if keys.LoRA != "" {
 		rs.model = keys.LoRA // vLLM answers with the adapter's name
 	}
@@ -249,13 +249,14 @@ func (s *Server) complete(w http.ResponseWriter, hr *http.Request, chat bool) {
 
 // responseState is what one response writer needs about its request.
 type responseState struct {
-	s     *Server
-	r     *Request
-	chat  bool
-	usage bool
-	kv    bool // the request carried kv_transfer_params: the response carries the field too
-	toks  []uint32
-	model string // the served model or LoRA adapter the request named
+	s       *Server
+	r       *Request
+	chat    bool
+	usage   bool
+	kv      bool // the request carried kv_transfer_params: the response carries the field too
+	toks    []uint32
+	model   string // the served model or LoRA adapter the request named
+	created int64  // Unix seconds when the request came
 }
 
 // wait blocks until the request has output past what was already read, or has finished, or
@@ -307,7 +308,7 @@ func (s *Server) respond(w http.ResponseWriter, ctx context.Context, rs *respons
 	} else {
 		b = append(b, `,"object":"text_completion"`...)
 	}
-	b = s.appendHead(b, rs.model)
+	b = appendHead(b, rs)
 	if rs.chat {
 		b = append(b, `,"choices":[{"index":0,"message":{"role":"assistant","content":`...)
 		b = s.appendText(b, rs.toks)
@@ -463,14 +464,16 @@ func (s *Server) appendObject(b []byte, rs *responseState) []byte {
 	} else {
 		b = append(b, `,"object":"text_completion"`...)
 	}
-	return s.appendHead(b, rs.model)
+	return appendHead(b, rs)
 }
 
-func (s *Server) appendHead(b []byte, model string) []byte {
+// appendHead appends a response's created time (when its request came, as vLLM stamps it)
+// and model.
+func appendHead(b []byte, rs *responseState) []byte {
 	b = append(b, `,"created":`...)
-	b = strconv.AppendInt(b, s.created, 10)
+	b = strconv.AppendInt(b, rs.created, 10)
 	b = append(b, `,"model":`...)
-	return appendJSONString(b, model)
+	return appendJSONString(b, rs.model)
 }
 
 // appendChunk appends one SSE event. For chat, delta is either raw JSON members or, when

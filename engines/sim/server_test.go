@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"hash/fnv"
 	"io"
 	"net/http"
@@ -377,5 +378,25 @@ func TestWorkerPublishesEvents(t *testing.T) {
 	})
 	if w.EventsEndpoint() == "" || strings.HasSuffix(w.EventsEndpoint(), ":0") {
 		t.Fatalf("events endpoint %q", w.EventsEndpoint())
+	}
+}
+
+// TestCreatedIsTheRequestsTime: a completion's created is when its request came, not when
+// the server started.
+func TestCreatedIsTheRequestsTime(t *testing.T) {
+	w := startWorker(t, nil)
+	w.srv.created -= 3600 // as if it had served for an hour
+	for _, stream := range []bool{false, true} {
+		body := fmt.Sprintf(`{"model":"gpt-oss-120b","max_tokens":2,"stream":%v,"messages":[{"role":"user","content":"hi"}]}`, stream)
+		_, b := post(t, w.URL()+"/v1/chat/completions", body)
+		i := bytes.Index(b, []byte(`"created":`))
+		if i < 0 {
+			t.Fatalf("no created in %s", b)
+		}
+		var created int64
+		fmt.Sscanf(string(b[i+len(`"created":`):]), "%d", &created)
+		if d := time.Now().Unix() - created; d < 0 || d > 2 {
+			t.Errorf("stream %v: created is %d s old", stream, d)
+		}
 	}
 }
