@@ -47,7 +47,8 @@ generate: ## regenerate committed generated code and test fixtures that need no 
 	$(GO) generate ./...
 
 .PHONY: verify
-verify: ## fail on unformatted code, vet findings or generated code that drifted
+verify: ## fail on unformatted code, vet findings, imports across layers or generated code that drifted
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
+	./hack/verify-layers.sh
 	./hack/verify-generated.sh

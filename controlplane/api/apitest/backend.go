@@ -33,8 +33,8 @@ type Backend struct {
 func New(workers ...*operatorv1.Worker) *Backend {
 	b := &Backend{
 		workers: map[string]*operatorv1.Worker{},
-		policy: &operatorv1.Policy{Version: 1, Policy: "kv", OverlapWeight: 64, QueueWeight: 2, CacheThreshold: 0.1,
-			TierWeights: []float64{1, 0.75, 0.25}, BusyKvFraction: 0.95},
+		policy: &operatorv1.Policy{Version: 1, Policy: policy.KV, OverlapWeight: policy.DefaultOverlapWeight, QueueWeight: policy.DefaultQueueWeight,
+			CacheThreshold: policy.DefaultCacheThreshold, TierWeights: policy.DefaultTierWeights(), BusyKvFraction: 0.95},
 		index: &operatorv1.Index{},
 	}
 	for _, w := range workers {
