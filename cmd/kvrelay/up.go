@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -11,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -130,7 +132,7 @@ there, a max_tokens=1 leg to a prefill worker whose KV blocks the decode worker 
 				cfgs[i].Engine.Role = roles[i]
 			}
 			ctx := cmd.Context()
-			return runWorkers(ctx, cmd.OutOrStdout(), cfgs, func(ctx context.Context, out io.Writer, ws []*sim.Worker) (func() error, error) {
+			return portsHint(runWorkers(ctx, cmd.OutOrStdout(), cfgs, func(ctx context.Context, out io.Writer, ws []*sim.Worker) (func() error, error) {
 				uws := upWorkers(ws, roles)
 				probes, err := startUpEBPF(ctx, ebpfF, uws, mode)
 				if err != nil {
@@ -248,7 +250,7 @@ there, a max_tokens=1 leg to a prefill worker whose KV blocks the decode worker 
 					defer probes.Close()
 					return p.Run(ctx)
 				}, nil
-			})
+			}))
 		},
 	}
 	fs := cmd.Flags()
@@ -315,6 +317,15 @@ func printUpWorkers(out io.Writer, ws []upWorker) {
 		}
 		fmt.Fprintln(out, line)
 	}
+}
+
+// portsHint adds to a port already in use what to do: `kvrelay up` takes fixed ports by
+// default, so a second one (or anything else on them) needs its own.
+func portsHint(err error) error {
+	if !errors.Is(err, syscall.EADDRINUSE) {
+		return err
+	}
+	return fmt.Errorf("%w\n(another kvrelay up, or something else, holds that port: give this one other ports with --base-port, --kv-events-base-port, --kv-events-replay-base-port, --kv-transfer-base-port, --proxy-listen, --xds-listen and --api-listen)", err)
 }
 
 // startUpControlPlane starts the control plane of `kvrelay up` over the simulated workers,
