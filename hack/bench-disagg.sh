@@ -43,7 +43,7 @@ for rate in $RATES; do
   echo "== rate $rate requests/s: $SETUPS" >&2
   bin/kvrelay bench compare --setups "$SETUPS" --disagg-threshold "$THRESHOLD" \
     --workload "fixed:isl=$ISL,osl=$OSL,requests=$REQUESTS" --rate "$rate" --seed "$SEED" \
-    --speedup "$SPEEDUP" --num-gpu-blocks "$BLOCKS" \
+    --replay-speedup "$SPEEDUP" --num-gpu-blocks "$BLOCKS" \
     --kv-bytes-scale "$KV_BYTES_SCALE" --kv-transfer-bandwidth "$KV_BANDWIDTH" \
     --slo-ttft "$SLO_TTFT" --slo-itl "$SLO_ITL" --out "$OUT/rate-$rate" | tee "$OUT/rate-$rate.log"
 done

@@ -55,7 +55,8 @@ func (f *benchFlags) register(fs *pflag.FlagSet) {
 	fs.IntVar(&f.opts.Concurrency, "concurrency", 0, "keep at most this many requests in flight (closed loop)")
 	fs.DurationVar(&f.opts.Duration, "duration", 0, "stop sending after this long")
 	fs.IntVar(&f.opts.Requests, "requests", 0, "stop after this many requests")
-	fs.Float64Var(&f.opts.Speedup, "speedup", 1, "divide arrival and think times (and, in compare, the engines' step times)")
+	fs.Float64Var(&f.opts.Speedup, "replay-speedup", 1, "divide the workload's arrival and think times by this (in compare also the engines' step times, unless --speedup-ratio)")
+	deprecatedAlias(fs, "speedup", "replay-speedup")
 	fs.Float64Var(&f.opts.TimeScale, "time-scale", 1, "multiply measured times before summarising: the target engines' speedup, to report in their own time (compare sets it to the engine speedup)")
 }
 
@@ -123,7 +124,7 @@ uncached prompt reaches --disagg-threshold tokens prefill remotely, the others o
 decode worker) or conditional@T:P+D (threshold T). For example
 
   kvrelay bench compare --setups agg:4,disagg:2+2,conditional:2+2 \
-    --workload fixed:isl=3000,osl=150,requests=300 --rate 4 --speedup 4
+    --workload fixed:isl=3000,osl=150,requests=300 --rate 4 --replay-speedup 4
 
 Without --setups, --mode with --workers (agg) or --prefill-workers and --decode-workers
 (disagg, conditional) describes the one cluster every policy runs on.`,
@@ -209,7 +210,8 @@ Without --setups, --mode with --workers (agg) or --prefill-workers and --decode-
 	fs.Float64Var(&cc.QueueWeight, "queue-weight", 0, "override the kv policy's queue weight (0: the default)")
 	fs.Float64Var(&cc.ComputeWeight, "compute-weight", -1, "override the latency policy's compute weight (negative: the default)")
 	fs.Float64Var(&cc.BatchWeight, "batch-weight", 0, "the proxy's --batch-weight under the latency policy (0: off)")
-	fs.Float64Var(&engineSpeedup, "engine-speedup", 0, "divide the simulated engines' step times by this (default: --speedup; lower raises the load by --speedup/--engine-speedup)")
+	fs.Float64Var(&engineSpeedup, "speedup-ratio", 0, "divide the simulated engines' step times by this, as kvrelay sim --speedup-ratio (default: --replay-speedup; lower raises the load by --replay-speedup/--speedup-ratio)")
+	deprecatedAlias(fs, "engine-speedup", "speedup-ratio")
 	return cmd
 }
 

@@ -39,7 +39,7 @@ type cpPlannerFlags struct {
 
 func (f *cpPlannerFlags) register(fs *pflag.FlagSet) {
 	fs.BoolVar(&f.enabled, "planner", false, "run the SLA planner: size the worker pools to meet --planner-ttft and --planner-itl (see --planner-actuator)")
-	fs.StringVar(&f.profile, "planner-profile", "", "planner: the workers' profile (kvrelay profile --out; required with --planner)")
+	fs.StringVar(&f.profile, "planner-profile", "", "planner: the workers' profile (kvrelay profile --file; required with --planner)")
 	fs.StringVar(&f.actuator, "planner-actuator", actuatorKube, "planner: what changes the fleet: kube (scale --planner-deployment through the scale subresource), local (start and stop kvrelay sim processes on this machine) or dry-run (decide and report only)")
 	fs.StringArrayVar(&f.deployments, "planner-deployment", nil, "planner: POOL=DEPLOYMENT, the Deployment (or resource with a scale subresource) of a pool: both=vllm, or prefill=… and decode=… (kube; with dry-run, read for the pools' sizes)")
 	fs.StringVar(&f.namespace, "planner-namespace", "", "planner: namespace of the Deployments (default: --k8s-namespace)")
@@ -98,7 +98,7 @@ func (f *cpPlannerFlags) parsePools() (map[planner.Pool]string, error) {
 func (f *cpPlannerFlags) build(env plannerEnv) (p *planner.Planner, close func() error, err error) {
 	close = func() error { return nil }
 	if f.profile == "" {
-		return nil, close, fmt.Errorf("--planner needs --planner-profile (measure a worker with kvrelay profile --out)")
+		return nil, close, fmt.Errorf("--planner needs --planner-profile (measure a worker with kvrelay profile --file)")
 	}
 	prof, err := planner.LoadProfile(f.profile)
 	if err != nil {

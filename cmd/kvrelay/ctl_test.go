@@ -129,6 +129,15 @@ func TestCtlJSONOutput(t *testing.T) {
 	if err := protojson.Unmarshal([]byte(out), &l); err != nil || len(l.Workers) != 2 || l.Workers[0].Status.Ingest.Events != 4321 {
 		t.Errorf("workers -o json: %v %v", &l, err)
 	}
+	// 64-bit counters are JSON numbers (protojson would write strings), in field order.
+	out, _ = runCtl(t, ts, "index", "-o", "json")
+	var idx map[string]any
+	if err := json.Unmarshal([]byte(out), &idx); err != nil {
+		t.Fatal(err)
+	}
+	if n, ok := idx["total_blocks"].(float64); !ok || n != 123 {
+		t.Errorf("index -o json: total_blocks %#v, want the number 123:\n%s", idx["total_blocks"], out)
+	}
 }
 
 func TestCtlMutationsNeedTheToken(t *testing.T) {

@@ -44,6 +44,7 @@ func (f *plannerFlags) register(fs *pflag.FlagSet, targetsHelp string) {
 	fs.StringVar(&f.predictor, "planner-predictor", d.Predictor, "planner: load predictor: constant, holt-winters, kalman, or auto (whichever forecast the held-back recent history best)")
 	fs.IntVar(&f.season, "planner-season", d.Season, "planner: Holt-Winters season, in intervals")
 	fs.BoolVar(&f.dryRun, "planner-dry-run", false, "planner: decide and report only, never change the fleet")
+	_ = fs.MarkDeprecated("planner-dry-run", "use --planner-actuator dry-run")
 	fs.DurationVar(&f.cooldown, "planner-cooldown", d.ScaleDownCooldown, "planner: no scale-down of a pool this long after it changed")
 	fs.DurationVar(&f.downWindow, "planner-scale-down-window", d.ScaleDownWindow, "planner: scale down only to the largest size wanted within this window (0: the cool-down)")
 	fs.Float64Var(&f.hysteresis, "planner-hysteresis", d.Hysteresis, "planner: scale down only when the need with this margin fits fewer replicas")

@@ -15,11 +15,15 @@ import (
 )
 
 // upPlannerFlags are `kvrelay up`'s --planner flags.
-type upPlannerFlags struct{ plannerFlags }
+type upPlannerFlags struct {
+	plannerFlags
+	actuator string
+}
 
 func (f *upPlannerFlags) register(fs *pflag.FlagSet) {
 	fs.BoolVar(&f.enabled, "planner", false, "run the SLA planner: it adds and removes simulated worker processes (kvrelay sim) to meet --planner-ttft and --planner-itl; the workers up starts are each pool's minimum")
-	fs.StringVar(&f.profile, "planner-profile", "", "planner: the workers' profile (kvrelay profile --out); default: measure the first worker at start")
+	fs.StringVar(&f.actuator, "planner-actuator", actuatorLocal, "planner: what changes the fleet: local (start and stop kvrelay sim processes) or dry-run (decide and report only)")
+	fs.StringVar(&f.profile, "planner-profile", "", "planner: the workers' profile (kvrelay profile --file); default: measure the first worker at start")
 	f.plannerFlags.register(fs, ", in the engines' own time (divided by --speedup-ratio)")
 }
 
@@ -42,6 +46,13 @@ func (f *upPlannerFlags) start(ctx context.Context, out io.Writer, env upPlanner
 	}
 	if env.cp == nil {
 		return nil, fmt.Errorf("--planner needs the control plane: drop --static")
+	}
+	switch f.actuator {
+	case actuatorLocal:
+	case actuatorDryRun:
+		f.dryRun = true
+	default:
+		return nil, fmt.Errorf("--planner-actuator must be %s or %s, got %q", actuatorLocal, actuatorDryRun, f.actuator)
 	}
 	log := f.logger()
 	fixed := map[planner.Pool]int{}

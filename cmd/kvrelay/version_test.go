@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/spf13/cobra"
 )
 
 func TestVersion(t *testing.T) {
@@ -44,5 +46,37 @@ func TestUpPortInUseSaysWhatToDo(t *testing.T) {
 	err = root.Execute()
 	if err == nil || !strings.Contains(err.Error(), "address already in use") || !strings.Contains(err.Error(), "--base-port") {
 		t.Fatalf("up on a port in use: %v", err)
+	}
+}
+
+// TestDeprecatedSpellingsStillWork: each renamed flag's old spelling sets the new one.
+func TestDeprecatedSpellingsStillWork(t *testing.T) {
+	for _, c := range []struct {
+		cmd          *cobra.Command
+		old, new, v  string
+		wantInChange string
+	}{
+		{newSimCmd(), "max-request-bytes", "max-body-bytes", "12345", "12345"},
+		{newBenchCmd(), "speedup", "replay-speedup", "3", "3"},
+		{newProfileCmd(), "out", "file", "p.json", "p.json"},
+	} {
+		fs := c.cmd.Flags()
+		if c.cmd.Name() == "bench" {
+			// The bench flags live on its run and compare subcommands.
+			for _, sub := range c.cmd.Commands() {
+				if sub.Name() == "compare" {
+					fs = sub.Flags()
+				}
+			}
+		}
+		if err := fs.Parse([]string{"--" + c.old, c.v}); err != nil {
+			t.Fatalf("%s --%s: %v", c.cmd.Name(), c.old, err)
+		}
+		if got := fs.Lookup(c.new).Value.String(); got != c.wantInChange {
+			t.Errorf("%s --%s %s: --%s is %q", c.cmd.Name(), c.old, c.v, c.new, got)
+		}
+		if fs.Lookup(c.old).Deprecated == "" {
+			t.Errorf("%s --%s is not marked deprecated", c.cmd.Name(), c.old)
+		}
 	}
 }

@@ -24,9 +24,10 @@ const (
 // PoolLimits bound one pool.
 type PoolLimits struct {
 	// Min and Max replicas (Max 0: no maximum but the GPU budget).
-	Min, Max int
+	Min int `json:"min"`
+	Max int `json:"max"`
 	// GPUs per replica, for the budget (0 counts as 1).
-	GPUs int
+	GPUs int `json:"gpus"`
 }
 
 func (l PoolLimits) gpus() int { return max(l.GPUs, 1) }
