@@ -18,9 +18,14 @@ help: ## show this help
 	@if [ -t 1 ]; then c='\033[36m'; r='\033[0m'; else c=; r=; fi; \
 	awk -v c="$$c" -v r="$$r" 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %s%-10s%s %s\n", c, $$1, r, $$2}' $(MAKEFILE_LIST)
 
+# bin/kvrelay is built without the ELF symbol table and DWARF (-s -w, a quarter of the file;
+# panics and pprof still name functions and lines) and with module-relative file names
+# (-trimpath). `make build LDFLAGS=` keeps the symbols, for perf or a debugger.
+LDFLAGS ?= -s -w
+
 .PHONY: build
-build: ## build bin/kvrelay
-	$(GO) build -o $(BIN) ./cmd/kvrelay
+build: ## build bin/kvrelay (stripped; LDFLAGS= keeps symbols)
+	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/kvrelay
 
 .PHONY: run
 run: build ## start the embedded default (kvrelay up) on loopback; Ctrl-C stops it
