@@ -2,9 +2,9 @@
 // SVG and PNG.
 //
 // It needs no plotting library. A report's figures are a few lines or bars, ticks, a grid, a
-// legend and labels, and the plotting library they used to be drawn with linked twelve
-// embedded fonts (4.4 MB) and PDF, EPS and TeX back ends into every kvrelay binary, the
-// proxy's included. SVG text names a font family and leaves the glyphs to the viewer; PNG
+// legend and labels, while gonum/plot's init alone links twelve embedded fonts (4.4 MB) and
+// PDF, EPS and TeX back ends into the binary that imports it, and kvrelay has one binary,
+// the proxy's. SVG text names a font family and leaves the glyphs to the viewer; PNG
 // text is set in Go Regular (golang.org/x/image/font/gofont/goregular, 130 KB), the one font
 // embedded, which also measures text for the layout of both.
 //
