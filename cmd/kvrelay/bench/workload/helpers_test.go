@@ -25,16 +25,19 @@ func testTokenizer(tb testing.TB) tokenizer.Tokenizer {
 	return tokVal
 }
 
-// tracePath returns the Mooncake conversation trace shared beside the repository, skipping
-// the test where it is absent.
+// repoRoot is the repository's root, four levels above this package.
+var repoRoot = filepath.Join("..", "..", "..", "..")
+
+// tracePath returns the Mooncake conversation trace the repository ships (DefaultTrace), or
+// $KVRELAY_MOONCAKE_TRACE.
 func tracePath(tb testing.TB) string {
 	tb.Helper()
-	p := filepath.Join("..", "..", "..", "..", "..", "shared", "traces", "mooncake-conversation.jsonl")
+	p := filepath.Join(repoRoot, DefaultTrace)
 	if env := os.Getenv("KVRELAY_MOONCAKE_TRACE"); env != "" {
 		p = env
 	}
 	if _, err := os.Stat(p); err != nil {
-		tb.Skipf("Mooncake trace not found (%v); set KVRELAY_MOONCAKE_TRACE", err)
+		tb.Fatalf("Mooncake trace: %v", err)
 	}
 	return p
 }

@@ -3,7 +3,6 @@ package workload
 import (
 	"fmt"
 	"math"
-	"os"
 	"testing"
 )
 
@@ -90,12 +89,7 @@ func TestIdealMooncake(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	recs, err := ReadTrace(f, n, 512)
-	f.Close()
+	recs, err := readTraceFile(path, n, 512)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,6 +2,7 @@ package workload
 
 import (
 	"bufio"
+	"compress/gzip"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,8 +14,13 @@ import (
 	"time"
 )
 
+// DefaultTrace is the mooncake workload's default path: the Mooncake conversation trace the
+// repository ships (hack/traces/README.md), relative to the repository's root. A path ending
+// in .gz is read through gzip.
+const DefaultTrace = "hack/traces/mooncake-conversation.jsonl.gz"
+
 var mooncakeParams = []param{
-	{"path", "../shared/traces/mooncake-conversation.jsonl", "the Mooncake JSONL trace"},
+	{"path", DefaultTrace, "the Mooncake JSONL trace (.gz: gzipped)"},
 	{"requests", "0", "take the first N lines (0: all)"},
 	{"block", "512", "tokens of text per hash_id (a multiple of 16); the partial last block scales alike"},
 	{"trace_block", "512", "tokens per hash_id in the trace"},
@@ -201,14 +207,9 @@ func buildMooncake(p *params, seed uint64, v *vocab, _ Tokenizer) (*Workload, er
 	if block%16 != 0 {
 		return nil, fmt.Errorf("parsing workload mooncake: %w: block=%d: want a multiple of 16", ErrSpec, block)
 	}
-	f, err := os.Open(path)
+	recs, err := readTraceFile(path, limit, trace)
 	if err != nil {
-		return nil, fmt.Errorf("opening trace (set path=): %w", err)
-	}
-	defer f.Close()
-	recs, err := ReadTrace(f, limit, trace)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
+		return nil, err
 	}
 	m := newMooncakeText(v, seed, block, trace)
 	w := &Workload{Open: make([]Request, len(recs))}
@@ -229,6 +230,34 @@ func buildMooncake(p *params, seed uint64, v *vocab, _ Tokenizer) (*Workload, er
 	}
 	slices.SortStableFunc(w.Open, func(a, b Request) int { return cmpDuration(a.At, b.At) })
 	return w, nil
+}
+
+// readTraceFile reads a trace file, gunzipping a .gz one. A missing file's error says how to
+// name another: the default path holds only from the repository's root.
+func readTraceFile(path string, limit, traceBlock int) ([]TraceRecord, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		hint := "give the trace with --workload mooncake:path=FILE or --workload FILE"
+		if path == DefaultTrace {
+			hint = "the default trace is relative to the kvrelay repository's root: run from there, or " + hint
+		}
+		return nil, fmt.Errorf("opening trace: %w (%s)", err, hint)
+	}
+	defer f.Close()
+	var r io.Reader = f
+	if strings.HasSuffix(path, ".gz") {
+		zr, err := gzip.NewReader(f)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		defer zr.Close()
+		r = zr
+	}
+	recs, err := ReadTrace(r, limit, traceBlock)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return recs, nil
 }
 
 func cmpDuration(a, b time.Duration) int {

@@ -2,9 +2,12 @@ package workload
 
 import (
 	"bytes"
+	"compress/gzip"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -163,12 +166,7 @@ func TestMooncakeRealTrace(t *testing.T) {
 			if testing.Short() && tc.block == 512 {
 				t.Skip("short")
 			}
-			f, err := os.Open(path)
-			if err != nil {
-				t.Fatal(err)
-			}
-			recs, err := ReadTrace(f, tc.requests, 512)
-			f.Close()
+			recs, err := readTraceFile(path, tc.requests, 512)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -274,5 +272,92 @@ func TestReadTraceErrors(t *testing.T) {
 	}
 	if _, err := ReadTrace(strings.NewReader(`{"timestamp":0,"input_length":10,"output_length":1,"hash_ids":[-1]}`), 0, 512); !errors.Is(err, ErrSpec) {
 		t.Errorf("error %v is not ErrSpec", err)
+	}
+}
+
+// TestDefaultTrace checks that the mooncake workload's default path names the trace the
+// repository ships, from the repository's root, and that it is the whole conversation trace.
+func TestDefaultTrace(t *testing.T) {
+	tok := testTokenizer(t)
+	root, err := filepath.Abs(repoRoot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(root, "go.mod")); err != nil {
+		t.Fatalf("repository root %s: %v", root, err)
+	}
+	t.Chdir(root)
+	w, err := Parse("mooncake:requests=20", 1, tok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(w.Open) != 20 || !strings.Contains(w.Spec, "path="+DefaultTrace) {
+		t.Errorf("%d requests, spec %q", len(w.Open), w.Spec)
+	}
+	recs, err := readTraceFile(DefaultTrace, 0, 512)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(recs) != 12031 { // hack/traces/README.md
+		t.Errorf("%d records, want 12031", len(recs))
+	}
+}
+
+// TestTraceFileErrors checks that a trace that cannot be read says what to do: a missing
+// file names the flag, a missing default also says where it is looked for.
+func TestTraceFileErrors(t *testing.T) {
+	tok := testTokenizer(t)
+	dir := t.TempDir()
+	line := `{"timestamp":0,"input_length":10,"output_length":1,"hash_ids":[1]}` + "\n"
+	var gz bytes.Buffer
+	zw := gzip.NewWriter(&gz)
+	zw.Write([]byte(line + line))
+	zw.Close()
+	for name, data := range map[string][]byte{
+		"plain.jsonl":     []byte(line + line),
+		"zipped.jsonl.gz": gz.Bytes(),
+		"cut.jsonl.gz":    gz.Bytes()[:gz.Len()-6],
+		"notgz.jsonl.gz":  []byte(line),
+	} {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Chdir(dir)
+	cases := []struct {
+		name, spec string
+		requests   int      // when the spec parses
+		want       []string // in the error otherwise
+		notExist   bool
+	}{
+		{name: "plain", spec: "mooncake:path=plain.jsonl", requests: 2},
+		{name: "gzipped", spec: "mooncake:path=zipped.jsonl.gz", requests: 2},
+		{name: "bare gzipped path", spec: "zipped.jsonl.gz", requests: 2},
+		{name: "missing file", spec: "mooncake:path=nothere.jsonl", want: []string{"nothere.jsonl", "--workload mooncake:path=FILE"}, notExist: true},
+		{name: "missing default", spec: "mooncake", want: []string{DefaultTrace, "repository's root", "--workload mooncake:path=FILE"}, notExist: true},
+		{name: "truncated gzip", spec: "mooncake:path=cut.jsonl.gz", want: []string{"cut.jsonl.gz", "unexpected EOF"}},
+		{name: "not gzip", spec: "mooncake:path=notgz.jsonl.gz", want: []string{"notgz.jsonl.gz", "gzip"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			w, err := Parse(tc.spec, 1, tok)
+			if tc.want == nil {
+				if err != nil || len(w.Open) != tc.requests {
+					t.Fatalf("Parse: %v", err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatal("no error")
+			}
+			for _, s := range tc.want {
+				if !strings.Contains(err.Error(), s) {
+					t.Errorf("error %q does not mention %q", err, s)
+				}
+			}
+			if got := errors.Is(err, fs.ErrNotExist); got != tc.notExist {
+				t.Errorf("errors.Is(%v, fs.ErrNotExist) = %v", err, got)
+			}
+		})
 	}
 }

@@ -139,7 +139,7 @@ func Names() []string {
 //	prefix-groups:groups=16,prompt=2048,user=64,requests=400,rate=20,osl=64
 //	multi-turn:sessions=32,turns=8,system=1024,user=48,osl=128,think=2s
 //	agentic:sessions=8,preamble=6000,rounds=6,tool=400,subagents=2,reasoning=256,osl=128
-//	mooncake:path=../shared/traces/mooncake-conversation.jsonl,requests=2000,block=512
+//	mooncake:path=hack/traces/mooncake-conversation.jsonl.gz,requests=2000,block=512
 //	fixed:isl=3000,osl=150,requests=200,rate=2
 //
 // Every parameter is optional; an unknown parameter is an error; a key given twice takes its
