@@ -67,6 +67,7 @@ type config struct {
 	lockPath       string
 	exactTok       string
 	policyArgs     []string // extra policy flags for the kv and latency routers
+	proxyArgs      []string // extra kvrelay proxy flags for the kv and latency routers
 	approxTok      string
 	settle         time.Duration
 	runTimeout     time.Duration
@@ -82,7 +83,7 @@ func main() {
 
 func run() error {
 	cfg := &config{numEngines: 4}
-	var engines, routers, policyArgs string
+	var engines, routers, policyArgs, proxyArgs string
 	flag.IntVar(&cfg.runs, "runs", 3, "rounds; each runs every engine kind with every router, interleaved")
 	flag.StringVar(&engines, "engines", strings.Join(allEngines, ","), "engine kinds: llmd (llm-d-inference-sim), kvrelay (kvrelay sim)")
 	flag.StringVar(&routers, "routers", strings.Join(allRouters, ","), "routers to compare (ratio row: latency-exact ÷ epp-precise)")
@@ -100,6 +101,7 @@ func run() error {
 	flag.StringVar(&cfg.exactTok, "exact-tokenizer", "remote", "kvrelay proxy --tokenizer on the exact index (kv-exact, latency-exact)")
 	flag.StringVar(&cfg.approxTok, "approx-tokenizer", "", "kvrelay proxy --tokenizer on the approximate index (default: by model, o200k_base + ChatML for Qwen)")
 	flag.StringVar(&policyArgs, "kvrelay-policy-flags", "", "extra policy flags for the kv-* and latency-* routers (space-separated, e.g. \"--busy-prefill-tokens 4096\"): given to `kvrelay ctl policy set` for the exact ones and to `kvrelay proxy` for the approximate ones; default none: the policies' defaults")
+	flag.StringVar(&proxyArgs, "kvrelay-proxy-flags", "", "extra `kvrelay proxy` flags for the kv-* and latency-* routers, exact and approximate alike (space-separated, e.g. \"--batch-weight 0.05\"): proxy-side settings the control plane's policy does not carry")
 	flag.DurationVar(&cfg.settle, "settle", 2*time.Second, "wait after the router is ready, before the load starts")
 	flag.DurationVar(&cfg.runTimeout, "run-timeout", 8*time.Minute, "longest one benchmark run may take")
 	flag.DurationVar(&cfg.requestTimeout, "request-timeout", 2*time.Minute, "longest one request may take")
@@ -113,6 +115,7 @@ func run() error {
 		return fmt.Errorf("unexpected arguments %q", flag.Args())
 	}
 	cfg.policyArgs = strings.Fields(policyArgs)
+	cfg.proxyArgs = strings.Fields(proxyArgs)
 	var err error
 	if cfg.engines, err = parseList(engines, allEngines, "--engines"); err != nil {
 		return err

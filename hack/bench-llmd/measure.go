@@ -63,6 +63,9 @@ func runOne(ctx context.Context, cfg *config, run int, engine, router string, lo
 	if len(cfg.policyArgs) > 0 && kvrelayPolicy(router) != "round-robin" && !isEPP(router) {
 		rr.Notes = append(rr.Notes, "policy flags: "+strings.Join(cfg.policyArgs, " "))
 	}
+	if len(cfg.proxyArgs) > 0 && kvrelayPolicy(router) != "round-robin" && !isEPP(router) {
+		rr.Notes = append(rr.Notes, "proxy flags: "+strings.Join(cfg.proxyArgs, " "))
+	}
 	dir := filepath.Join(cfg.out, "runs", fmt.Sprintf("run%d", run), engine, router)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		rr.Err = err.Error()

@@ -288,6 +288,7 @@ func (s *stack) startKVRelayApprox(ctx context.Context) error {
 	args := append(s.proxyCommon(), "--policy", kvrelayPolicy(s.router))
 	if s.router != routerRoundRobin {
 		args = append(args, s.cfg.policyArgs...)
+		args = append(args, s.cfg.proxyArgs...)
 	}
 	if s.cfg.approxTok != "" {
 		args = append(args, "--tokenizer", s.cfg.approxTok)
@@ -357,6 +358,7 @@ func (s *stack) startKVRelayExact(ctx context.Context) error {
 	}
 
 	args = append(s.proxyCommon(), "--xds", addr(s.p.cpXDS))
+	args = append(args, s.cfg.proxyArgs...)
 	if s.cfg.exactTok != "" {
 		args = append(args, "--tokenizer", s.cfg.exactTok)
 	}
