@@ -192,3 +192,52 @@ func sortDurations(d []time.Duration) {
 		}
 	}
 }
+
+// TestMultimodalPartsKeyTheirBlocks: an image in the prompt keys every block, so a
+// conversation with an image follows the worker that holds that conversation with that
+// image, and neither the same text without it nor with another image matches its blocks.
+func TestMultimodalPartsKeyTheirBlocks(t *testing.T) {
+	s := decisionServer(t, 4)
+	cc := &clientConn{srv: s, lp: newLoop(s, nil), kind: oai.ChatCompletions}
+	withImage := func(url string) []byte {
+		var m map[string]any
+		_ = json.Unmarshal(chat8k("what is in the picture?"), &m)
+		msgs := m["messages"].([]any)
+		user := msgs[1].(map[string]any)
+		user["content"] = []any{
+			map[string]any{"type": "text", "text": "what is in the picture?"},
+			map[string]any{"type": "image_url", "image_url": map[string]any{"url": url}},
+		}
+		b, _ := json.Marshal(m)
+		return b
+	}
+	hashes := func(body []byte) []uint64 {
+		cc.body = body
+		decide(t, cc)
+		return append([]uint64(nil), cc.rreq.Hashes...)
+	}
+	cat, plain, dog := hashes(withImage("https://example.com/cat.png")), hashes(chat8k("what is in the picture?")), hashes(withImage("https://example.com/dog.png"))
+	if len(cat) < 400 {
+		t.Fatalf("%d blocks", len(cat))
+	}
+	for i := range min(len(cat), len(plain), len(dog)) {
+		if cat[i] == plain[i] || cat[i] == dog[i] {
+			t.Fatalf("block %d of the prompt with an image aliases the plain one or another image's", i)
+		}
+	}
+	// The image's conversation, recorded on one worker, follows it there.
+	cc.body = withImage("https://example.com/cat.png")
+	decide(t, cc)
+	first := cc.dec.Worker
+	s.index.Record(first.Index, cc.rreq.Hashes, 0)
+	cc.body = withImage("https://example.com/cat.png")
+	decide(t, cc)
+	if cc.dec.Worker != first || cc.dec.Overlap < float64(len(cc.rreq.Hashes)-2) {
+		t.Fatalf("the same image and prompt went to %s (overlap %v of %d), want %s", cc.dec.Worker.ID, cc.dec.Overlap, len(cc.rreq.Hashes), first.ID)
+	}
+	cc.body = chat8k("what is in the picture?")
+	decide(t, cc)
+	if cc.dec.Overlap != 0 {
+		t.Fatalf("the plain prompt matched %v blocks of the image's", cc.dec.Overlap)
+	}
+}
