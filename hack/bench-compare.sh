@@ -53,7 +53,7 @@ if [ "$what" = capacity ]; then
   for load in ${LOADS:-5 6 7 8 9}; do
     bin/kvrelay bench compare --workers 8 --policies round-robin \
       --workload "mooncake:path=$TRACE,requests=2000" --num-gpu-blocks "${BLOCKS:-131072}" \
-      --speedup "$(python3 -c "print($ENGINE_SPEEDUP * $load)")" --engine-speedup "$ENGINE_SPEEDUP" \
+      --replay-speedup "$(python3 -c "print($ENGINE_SPEEDUP * $load)")" --speedup-ratio "$ENGINE_SPEEDUP" \
       --out "$OUT/capacity/load-$load"
   done
   python3 - "$OUT/capacity" "$TRACE" ${LOADS:-5 6 7 8 9} <<'EOF'
@@ -80,13 +80,13 @@ if [ "$what" = agentic-capacity ]; then
   if [ "$counts" = saturate ]; then
     bin/kvrelay bench compare --workers 8 --policies round-robin \
       --workload "agentic:sessions=2000,rate=40,session_ids=$SESSION_IDS${AGENTIC_OPTS:+,$AGENTIC_OPTS}" --requests 16000 \
-      --num-gpu-blocks "${BLOCKS:-65536}" --speedup "$AGENTIC_SPEEDUP" --engine-speedup "$AGENTIC_SPEEDUP" \
+      --num-gpu-blocks "${BLOCKS:-65536}" --replay-speedup "$AGENTIC_SPEEDUP" --speedup-ratio "$AGENTIC_SPEEDUP" \
       --out "$OUT/agentic-capacity"
   else
     for n in $counts; do
       bin/kvrelay bench compare --workers 8 --policies round-robin \
         --workload "agentic:sessions=$n,rate=$RATE,session_ids=$SESSION_IDS${AGENTIC_OPTS:+,$AGENTIC_OPTS}" ${REQUESTS:+--requests $REQUESTS} \
-        --num-gpu-blocks "${BLOCKS:-65536}" --speedup "$AGENTIC_SPEEDUP" --engine-speedup "$AGENTIC_SPEEDUP" \
+        --num-gpu-blocks "${BLOCKS:-65536}" --replay-speedup "$AGENTIC_SPEEDUP" --speedup-ratio "$AGENTIC_SPEEDUP" \
         --out "$OUT/agentic-capacity/sessions-$n"
     done
     python3 - "$OUT/agentic-capacity" $counts <<'EOF'
@@ -105,11 +105,11 @@ if [ "$what" = mooncake ] || [ "$what" = all ]; then
   bin/kvrelay bench compare --workers 8 --policies "$POLICIES" \
     --workload "mooncake:path=$TRACE,requests=2000" --num-gpu-blocks "${BLOCKS:-131072}" \
     ${OVERLAP_WEIGHT:+--overlap-weight $OVERLAP_WEIGHT} ${QUEUE_WEIGHT:+--queue-weight $QUEUE_WEIGHT} ${COMPUTE_WEIGHT:+--compute-weight $COMPUTE_WEIGHT} ${CACHE_THRESHOLD:+--cache-threshold $CACHE_THRESHOLD} \
-    --speedup "$arrival" --engine-speedup "$ENGINE_SPEEDUP" --out "$OUT/mooncake"
+    --replay-speedup "$arrival" --speedup-ratio "$ENGINE_SPEEDUP" --out "$OUT/mooncake"
 fi
 if [ "$what" = agentic ] || [ "$what" = all ]; then
   bin/kvrelay bench compare --workers 8 --policies "$POLICIES" \
     --workload "agentic:sessions=$SESSIONS,rate=$RATE,session_ids=$SESSION_IDS${AGENTIC_OPTS:+,$AGENTIC_OPTS}" ${REQUESTS:+--requests $REQUESTS} --num-gpu-blocks "${BLOCKS:-65536}" \
     ${OVERLAP_WEIGHT:+--overlap-weight $OVERLAP_WEIGHT} ${QUEUE_WEIGHT:+--queue-weight $QUEUE_WEIGHT} ${COMPUTE_WEIGHT:+--compute-weight $COMPUTE_WEIGHT} ${CACHE_THRESHOLD:+--cache-threshold $CACHE_THRESHOLD} \
-    --speedup "$AGENTIC_SPEEDUP" --engine-speedup "$AGENTIC_SPEEDUP" --out "$OUT/agentic"
+    --replay-speedup "$AGENTIC_SPEEDUP" --speedup-ratio "$AGENTIC_SPEEDUP" --out "$OUT/agentic"
 fi
