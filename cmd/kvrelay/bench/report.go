@@ -1,10 +1,9 @@
 package bench
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
-	"io"
+	"image/color"
 	"math"
 	"os"
 	"path/filepath"
@@ -13,7 +12,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kvrelay/kvrelay/cmd/kvrelay/bench/chart"
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/plotutil"
+	"gonum.org/v1/plot/vg"
 )
 
 // Table renders results side by side as Markdown: one row per figure, one column per run,
@@ -183,11 +185,8 @@ func Write(dir string, rs []*Result, header string) error {
 	return writePlots(dir, rs)
 }
 
-// Plots are 960×600 pixels, as PNG and as SVG.
-const plotW, plotH = 960, 600
-
 func writePlots(dir string, rs []*Result) error {
-	plots := map[string]*chart.Chart{
+	plots := map[string]*plot.Plot{
 		"ttft_cdf": cdfPlot("Time to first token", "TTFT (s)", rs, func(r *Record) []time.Duration { return []time.Duration{r.TTFT} }),
 		"itl_cdf":  cdfPlot("Inter-token latency", "gap between tokens (s)", rs, func(r *Record) []time.Duration { return r.ITL }),
 		"hit_rate": hitPlot(rs),
@@ -198,23 +197,11 @@ func writePlots(dir string, rs []*Result) error {
 		}
 	}
 	for name, p := range plots {
-		if err := savePlot(filepath.Join(dir, name+".png"), p.PNG); err != nil {
-			return err
+		for _, ext := range []string{".png", ".svg"} {
+			if err := p.Save(8*vg.Inch, 5*vg.Inch, filepath.Join(dir, name+ext)); err != nil {
+				return fmt.Errorf("writing plot %s: %w", name+ext, err)
+			}
 		}
-		if err := savePlot(filepath.Join(dir, name+".svg"), p.SVG); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func savePlot(path string, render func(w io.Writer, width, height int) error) error {
-	var b bytes.Buffer
-	if err := render(&b, plotW, plotH); err != nil {
-		return fmt.Errorf("writing plot %s: %w", filepath.Base(path), err)
-	}
-	if err := os.WriteFile(path, b.Bytes(), 0o644); err != nil {
-		return fmt.Errorf("writing plot %s: %w", filepath.Base(path), err)
 	}
 	return nil
 }
@@ -230,8 +217,13 @@ func safeName(s string) string {
 
 // cdfPlot draws, per run, the empirical CDF of the values pick takes from successful
 // requests.
-func cdfPlot(title, xlabel string, rs []*Result, pick func(*Record) []time.Duration) *chart.Chart {
-	p := &chart.Chart{Title: title, XLabel: xlabel, YLabel: "fraction of samples", FixY: true, YMin: 0, YMax: 1}
+func cdfPlot(title, xlabel string, rs []*Result, pick func(*Record) []time.Duration) *plot.Plot {
+	p := plot.New()
+	p.Title.Text = title
+	p.X.Label.Text = xlabel
+	p.Y.Label.Text = "fraction of samples"
+	p.Y.Min, p.Y.Max = 0, 1
+	p.Legend.Top = false
 	for i, r := range rs {
 		var v []float64
 		for _, rec := range r.Records {
@@ -246,35 +238,55 @@ func cdfPlot(title, xlabel string, rs []*Result, pick func(*Record) []time.Durat
 		}
 		slices.Sort(v)
 		step := max(1, len(v)/2000) // at most ~2000 points per line
-		var pts []chart.Point
+		var pts plotter.XYs
 		for j := 0; j < len(v); j += step {
-			pts = append(pts, chart.Point{X: v[j], Y: float64(j+1) / float64(len(v))})
+			pts = append(pts, plotter.XY{X: v[j], Y: float64(j+1) / float64(len(v))})
 		}
-		pts = append(pts, chart.Point{X: v[len(v)-1], Y: 1})
-		p.Lines = append(p.Lines, chart.Line{Label: r.Label, Points: pts, Color: chart.Color(i), Dash: chart.Dashes(i / 7)})
+		pts = append(pts, plotter.XY{X: v[len(v)-1], Y: 1})
+		l, err := plotter.NewLine(pts)
+		if err != nil {
+			continue
+		}
+		l.Color = plotutil.Color(i)
+		l.Width = vg.Points(1.5)
+		p.Add(l)
+		p.Legend.Add(r.Label, l)
 	}
+	p.Add(plotter.NewGrid())
 	return p
 }
 
 // hitPlot draws the measured and the ideal prefix hit rate of each run.
-func hitPlot(rs []*Result) *chart.Chart {
-	p := &chart.Chart{
-		Title: "Prefix cache hit rate", YLabel: "cached prompt tokens / prompt tokens",
-		FixY: true, YMin: 0, YMax: 1, LegendTop: true,
+func hitPlot(rs []*Result) *plot.Plot {
+	p := plot.New()
+	p.Title.Text = "Prefix cache hit rate"
+	p.Y.Label.Text = "cached prompt tokens / prompt tokens"
+	p.Y.Min, p.Y.Max = 0, 1
+	measured, ideal := make(plotter.Values, len(rs)), make(plotter.Values, len(rs))
+	names := make([]string, len(rs))
+	for i, r := range rs {
+		measured[i], ideal[i], names[i] = r.Summary.HitRate, r.Summary.IdealHitRate, r.Label
 	}
-	measured := chart.Bars{Label: "measured", Color: chart.Color(0)}
-	ideal := chart.Bars{Label: "ideal (unbounded cache)", Color: chart.Gray}
-	for _, r := range rs {
-		p.Categories = append(p.Categories, r.Label)
-		measured.Values = append(measured.Values, r.Summary.HitRate)
-		ideal.Values = append(ideal.Values, r.Summary.IdealHitRate)
+	w := vg.Points(18)
+	if b, err := plotter.NewBarChart(measured, w); err == nil {
+		b.Color = plotutil.Color(0)
+		b.Offset = -w / 2
+		p.Add(b)
+		p.Legend.Add("measured", b)
 	}
-	p.Bars = []chart.Bars{measured, ideal}
+	if b, err := plotter.NewBarChart(ideal, w); err == nil {
+		b.Color = color.Gray{Y: 170}
+		b.Offset = w / 2
+		p.Add(b)
+		p.Legend.Add("ideal (unbounded cache)", b)
+	}
+	p.Legend.Top = true
+	p.NominalX(names...)
 	return p
 }
 
 // loadPlot draws each worker's requests per time window over the run.
-func loadPlot(r *Result) *chart.Chart {
+func loadPlot(r *Result) *plot.Plot {
 	share := r.Summary.Share
 	if len(share) == 0 {
 		return nil
@@ -290,17 +302,25 @@ func loadPlot(r *Result) *chart.Chart {
 		ids = append(ids, id)
 	}
 	sort.Strings(ids)
-	p := &chart.Chart{
-		Title:  "Requests per worker over time (" + r.Label + ")",
-		XLabel: "time since start (s)", YLabel: "requests sent in the window",
-	}
+	p := plot.New()
+	p.Title.Text = "Requests per worker over time (" + r.Label + ")"
+	p.X.Label.Text = "time since start (s)"
+	p.Y.Label.Text = "requests sent in the window"
 	for i, id := range ids {
-		pts := make([]chart.Point, len(share))
+		pts := make(plotter.XYs, len(share))
 		for j, w := range share {
-			pts[j] = chart.Point{X: w.Start.Seconds(), Y: float64(w.Workers[id])}
+			pts[j] = plotter.XY{X: w.Start.Seconds(), Y: float64(w.Workers[id])}
 		}
-		p.Lines = append(p.Lines, chart.Line{Label: id, Points: pts, Color: chart.Color(i), Dash: chart.Dashes(i / 7)})
+		l, err := plotter.NewLine(pts)
+		if err != nil {
+			continue
+		}
+		l.Color = plotutil.Color(i)
+		l.Dashes = plotutil.Dashes(i / 7)
+		p.Add(l)
+		p.Legend.Add(id, l)
 	}
+	p.Add(plotter.NewGrid())
 	return p
 }
 
