@@ -22,10 +22,12 @@ help: ## show this help
 # panics and pprof still name functions and lines) and with module-relative file names
 # (-trimpath). `make build LDFLAGS=` keeps the symbols, for perf or a debugger.
 LDFLAGS ?= -s -w
+# kvrelay version names the commit built (GOFLAGS leaves the VCS stamp out).
+COMMIT := $(shell git rev-parse --short=12 HEAD 2>/dev/null)
 
 .PHONY: build
 build: ## build bin/kvrelay (stripped; LDFLAGS= keeps symbols)
-	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/kvrelay
+	$(GO) build -trimpath -ldflags '$(LDFLAGS) -X main.commit=$(COMMIT)' -o $(BIN) ./cmd/kvrelay
 
 .PHONY: run
 run: build ## start the embedded default (kvrelay up) on loopback; Ctrl-C stops it
