@@ -16,6 +16,7 @@ type collector struct {
 	proxies, pushes, pushedResources, acks       *prometheus.Desc
 	nacks, loadReporters, workers, policyVersion *prometheus.Desc
 	unknownLoads, refusedStreams                 *prometheus.Desc
+	journalDropped, xdsDropped                   *prometheus.Desc
 }
 
 func newCollector(s *Server) *collector {
@@ -44,6 +45,8 @@ func newCollector(s *Server) *collector {
 		loadReporters:    d("load_reporters", "Proxies whose in-flight load report is live."),
 		unknownLoads:     d("load_report_unknown_workers_total", "Load report entries dropped for naming a worker that is not published."),
 		refusedStreams:   d("xds_refused_streams_total", "xDS streams refused, by reason (no_token, bad_token, wrong_node: a node id the credential was not issued for, bad_cert, too_many: the peer's stream limit).", "reason"),
+		journalDropped:   d("journal_dropped_streams_total", "Index journal streams ended by the control plane, by reason (send_timeout: the proxy took nothing for 30 s, ack_timeout: it left a batch unacknowledged for 30 s); the proxy reconnects and resumes or resnapshots.", "reason"),
+		xdsDropped:       d("xds_dropped_streams_total", "ADS streams ended by the control plane, by reason (send_timeout: the proxy took no response for 30 s).", "reason"),
 		workers:          d("workers", "Workers in the registry, by health.", "state"),
 		policyVersion:    d("policy_version", "Version of the routing policy pushed to proxies."),
 	}
@@ -100,6 +103,8 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	js := s.jserver.Stats()
 	k(c.journalSent, js.Changes)
 	k(c.journalSnapshots, js.Snapshots)
+	k(c.journalDropped, js.SlowStreams, "send_timeout")
+	k(c.journalDropped, js.UnackedStreams, "ack_timeout")
 	xs := s.xds.Stats()
 	g(c.proxies, float64(len(xs.Proxies)))
 	k(c.pushes, xs.Pushes)
@@ -109,6 +114,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	g(c.loadReporters, float64(xs.LoadReporters))
 	k(c.unknownLoads, xs.UnknownWorkerLoads)
 	k(c.refusedStreams, xs.RefusedStreams, "too_many")
+	k(c.xdsDropped, xs.SlowStreams, "send_timeout")
 	for reason, n := range s.xdsAuth.Refused() {
 		k(c.refusedStreams, n, reason)
 	}

@@ -2,6 +2,7 @@ package journal
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"sync"
 	"testing"
@@ -257,7 +258,9 @@ func TestNonReadingStreamIsCutOff(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := NewServer(src.log, src, ServerOptions{SendTimeout: 300 * time.Millisecond})
+	// MaxUnacked out of the way: its client's window could take up to it, and Send would
+	// not block.
+	srv := NewServer(src.log, src, ServerOptions{SendTimeout: 300 * time.Millisecond, MaxUnacked: 1 << 30})
 	g := grpc.NewServer()
 	xdsv1.RegisterIndexJournalServer(g, srv)
 	go g.Serve(lis)
@@ -286,4 +289,177 @@ func TestNonReadingStreamIsCutOff(t *testing.T) {
 		s := srv.Stats()
 		return s.SlowStreams > 0 && !s.Nodes["mute"].Connected
 	})
+}
+
+// serveServer serves srv on a loopback port until the test ends.
+func serveServer(t *testing.T, srv *Server) string {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer()
+	xdsv1.RegisterIndexJournalServer(g, srv)
+	go g.Serve(lis)
+	t.Cleanup(g.Stop)
+	return lis.Addr().String()
+}
+
+// dialWindow connects to addr with the given HTTP/2 windows (static: no BDP growth).
+func dialWindow(t *testing.T, addr string, window int32) *grpc.ClientConn {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithInitialWindowSize(window), grpc.WithInitialConnWindowSize(window))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+// fill appends n batches of 8192 stored blocks to src.
+func fill(src *source, n int) {
+	for i := range n {
+		cs := make([]Change, 8192)
+		for j := range cs {
+			cs[j] = Change{Seq: uint64(i*8192 + j + 1), Slot: uint32(j % 4), Op: Stored}
+		}
+		src.apply(cs...)
+	}
+}
+
+// However large a window a proxy grants, the server stops sending once MaxUnacked bytes wait
+// for acks, and goes on as they come: a proxy that reads nothing holds that much in flight,
+// not the whole ring (8 MB here, all of which its 1 GiB window would take).
+func TestUnackedBytesAreBounded(t *testing.T) {
+	src := &source{log: NewLog(1 << 20)}
+	fill(src, 100)
+	const maxUnacked = 64 << 10
+	srv := NewServer(src.log, src, ServerOptions{MaxUnacked: maxUnacked})
+	conn := dialWindow(t, serveServer(t, srv), 1<<30)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	st, err := xdsv1.NewIndexJournalClient(conn).Stream(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Send(&xdsv1.JournalAck{NodeId: "lazy", Epoch: src.log.Epoch()}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the first batches", func() bool { return srv.Stats().Changes > 0 })
+	time.Sleep(500 * time.Millisecond) // the proxy reads nothing for a while
+	// A change takes 9 to 11 bytes; one batch (8192) may go past the bound.
+	if sent, most := srv.Stats().Changes, uint64(maxUnacked/8+8192); sent > most {
+		t.Fatalf("%d changes sent unacknowledged, want at most %d", sent, most)
+	}
+	// Once it reads and acknowledges, the rest follows on the same stream.
+	for next := uint64(0); next < src.log.Next(); {
+		b, err := st.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b.Offset != next {
+			t.Fatalf("batch at %d, want %d", b.Offset, next)
+		}
+		next = b.Next
+		if err := st.Send(&xdsv1.JournalAck{NodeId: "lazy", Epoch: b.Epoch, Next: next}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// A stream whose proxy leaves a batch unacknowledged for AckTimeout is ended, even when its
+// window takes all the server sends (Send never blocks, so SendTimeout cannot tell); a proxy
+// that applies and acknowledges as it reads, snapshot included, keeps its stream.
+func TestUnacknowledgingStreamIsCutOff(t *testing.T) {
+	src := &source{log: NewLog(1 << 20)}
+	for i := range 50 {
+		src.apply(Change{Seq: uint64(i + 1), Slot: 1, Op: Stored})
+	}
+	srv := NewServer(src.log, src, ServerOptions{AckTimeout: 300 * time.Millisecond, SnapshotBatch: 7})
+	addr := serveServer(t, srv)
+	m := &mirror{}
+	c, done := follow(t, addr, m)
+	defer done()
+	st, err := xdsv1.NewIndexJournalClient(dialWindow(t, addr, 1<<30)).Stream(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Send(&xdsv1.JournalAck{NodeId: "mute"}); err != nil { // a snapshot, then changes
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(time.Second)
+	for i := 0; time.Now().Before(deadline); i++ {
+		src.apply(Change{Seq: uint64(1000 + i), Slot: 2, Op: Stored})
+		time.Sleep(10 * time.Millisecond)
+	}
+	eventually(t, "the mute stream cut off", func() bool {
+		s := srv.Stats()
+		return s.UnackedStreams == 1 && !s.Nodes["mute"].Connected
+	})
+	eventually(t, "the replica", func() bool { return same(m.entries(), entries(src.Each)) })
+	if s := c.Stats(); s.Streams != 1 || srv.Stats().SlowStreams != 0 {
+		t.Fatalf("the acknowledging proxy opened %d streams, %d cut off for not reading", s.Streams, srv.Stats().SlowStreams)
+	}
+}
+
+// Streams that need a snapshot at about the same time share one copy of the index, and
+// streams that take theirs slowly (they do not read) hold up no one: with MaxSnapshots 1, a
+// proxy that connects after four that never read still syncs at once.
+func TestSnapshotsAreShared(t *testing.T) {
+	src := &source{log: NewLog(1024)}
+	cs := make([]Change, 20000) // about 200 KB: more than the mute streams' windows
+	for i := range cs {
+		cs[i] = Change{Seq: uint64(i + 1), Slot: uint32(i % 3), Op: Stored}
+	}
+	src.apply(cs...)
+	srv := NewServer(src.log, src, ServerOptions{SnapshotBatch: 500, MaxSnapshots: 1, SendTimeout: time.Minute})
+	addr := serveServer(t, srv)
+	conn := dialWindow(t, addr, 64<<10)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	for i := range 4 {
+		st, err := xdsv1.NewIndexJournalClient(conn).Stream(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := st.Send(&xdsv1.JournalAck{NodeId: fmt.Sprintf("mute-%d", i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, "four snapshots under way", func() bool { return srv.Stats().Snapshots == 4 })
+	m := &mirror{}
+	c, done := follow(t, addr, m)
+	defer done()
+	eventually(t, "the late proxy's sync", c.Synced)
+	if !same(m.entries(), entries(src.Each)) {
+		t.Fatal("the late proxy's replica differs")
+	}
+	if s := srv.Stats(); s.Snapshots != 5 || s.SnapshotsBuilt != 1 {
+		t.Fatalf("%d snapshots sent from %d copies of the index, want 5 from 1", s.Snapshots, s.SnapshotsBuilt)
+	}
+}
+
+// The server keeps a node's state while it has a stream open, so node ids that come and go
+// do not accumulate.
+func TestNodesAreForgotten(t *testing.T) {
+	src := &source{log: NewLog(1024)}
+	src.apply(Change{Seq: 1, Op: Stored})
+	srv := NewServer(src.log, src, ServerOptions{})
+	conn := dialWindow(t, serveServer(t, srv), 1<<20)
+	for i := range 50 {
+		ctx, cancel := context.WithCancel(context.Background())
+		st, err := xdsv1.NewIndexJournalClient(conn).Stream(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := st.Send(&xdsv1.JournalAck{NodeId: fmt.Sprintf("n%d", i)}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.Recv(); err != nil {
+			t.Fatal(err)
+		}
+		cancel()
+	}
+	eventually(t, "no node left", func() bool { return len(srv.Stats().Nodes) == 0 })
 }

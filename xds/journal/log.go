@@ -7,6 +7,11 @@
 // so a snapshot that already reflects some changes past its offset converges once those are
 // replayed: the last change to each entry wins. A replica too far behind for the Log's ring,
 // or one whose control plane restarted (a new epoch), starts over from a new snapshot.
+//
+// The server sends a stream at most ServerOptions.MaxUnacked bytes ahead of the proxy's
+// acknowledgements and ends a stream that takes nothing (SendTimeout) or acknowledges nothing
+// (AckTimeout) for 30 s; the proxy reconnects and resumes, or resnapshots. Snapshots are
+// built once and shared by the streams that need one at about the same time.
 package journal
 
 import (

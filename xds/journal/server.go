@@ -2,7 +2,6 @@ package journal
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -10,6 +9,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	xdsv1 "github.com/kvrelay/kvrelay/xds/api/v1"
 	"github.com/kvrelay/kvrelay/xds/blockset"
@@ -33,10 +33,29 @@ type ServerOptions struct {
 	// flow-control window full: it does not read); it reconnects and gets a snapshot
 	// (default 30 s).
 	SendTimeout time.Duration
-	// MaxSnapshots bounds the snapshots built at once (default 4): each holds a copy of
-	// the whole index until it is sent.
+	// MaxSnapshots bounds the snapshots held at once (default 4), each a copy of the whole
+	// index. A snapshot is built once and shared by every stream that needs one while fewer
+	// than SnapshotBatch changes have followed it, so proxies resyncing together (a control
+	// plane restart) cost one copy, and streams that do not read cannot queue the others
+	// behind them.
 	MaxSnapshots int
+	// MaxUnacked bounds the bytes a stream may have sent that its proxy has not yet
+	// acknowledged (default DefaultMaxUnacked): past it the server sends nothing more until
+	// acks come. However large the HTTP/2 windows a proxy grants, what sits in buffers between
+	// the two (the server's, the kernels', the proxy's) stays within MaxUnacked plus a
+	// snapshot. A snapshot counts once sent: changes follow once the proxy has acknowledged
+	// enough of it.
+	MaxUnacked int
+	// AckTimeout ends a stream whose proxy has left a batch unacknowledged for this long
+	// (default 30 s): it does not read, or reads without applying. It reconnects and resumes,
+	// or gets a snapshot.
+	AckTimeout time.Duration
 }
+
+// DefaultMaxUnacked is ServerOptions.MaxUnacked's default: about 400,000 changes, seconds
+// of the heaviest event rates, where a proxy that applies as it reads has a few batches in
+// flight.
+const DefaultMaxUnacked = 4 << 20
 
 // Server streams a Log to proxies: the IndexJournal service. It is safe for concurrent use;
 // each stream runs on its own gRPC goroutine plus one that reads the proxy's acks.
@@ -49,17 +68,29 @@ type Server struct {
 	mu    sync.Mutex
 	nodes map[string]*NodeState
 
-	snapshots, batches, changes atomic.Uint64
-	slow                        atomic.Uint64 // streams ended for not reading
-	snapSem                     chan struct{}
+	// snapMu guards the snapshots: cur, the newest (shared while fresh), how many are held
+	// (alive, with the one being built), and snapWake, closed and replaced when one is built
+	// or let go.
+	snapMu   sync.Mutex
+	cur      *snapshot
+	alive    int
+	building bool
+	snapWake chan struct{}
+
+	snapshots, built, batches, changes atomic.Uint64
+	slow                               atomic.Uint64 // streams ended for not reading
+	unacked                            atomic.Uint64 // streams ended for not acknowledging
 }
 
-// NodeState is what the server knows of one subscribed proxy.
+// NodeState is what the server knows of one subscribed proxy, kept while it has a stream
+// open.
 type NodeState struct {
 	// Sent and Acked are the offsets after the last change sent and acknowledged.
 	Sent, Acked uint64
 	Nacks       uint64
 	Connected   bool
+
+	streams int
 }
 
 // NewServer serves log, taking snapshots from snap.
@@ -79,20 +110,33 @@ func NewServer(log *Log, snap Snapshotter, opts ServerOptions) *Server {
 	if opts.MaxSnapshots <= 0 {
 		opts.MaxSnapshots = 4
 	}
-	return &Server{log: log, snap: snap, opts: opts, nodes: map[string]*NodeState{}, snapSem: make(chan struct{}, opts.MaxSnapshots)}
+	if opts.MaxUnacked <= 0 {
+		opts.MaxUnacked = DefaultMaxUnacked
+	}
+	if opts.AckTimeout <= 0 {
+		opts.AckTimeout = 30 * time.Second
+	}
+	return &Server{log: log, snap: snap, opts: opts, nodes: map[string]*NodeState{}, snapWake: make(chan struct{})}
 }
 
 // Stats are the server's counters.
 type Stats struct {
-	Snapshots, Batches, Changes uint64
-	// SlowStreams counts streams ended because their proxy stopped reading.
-	SlowStreams uint64
-	Nodes       map[string]NodeState
+	// Snapshots counts snapshots sent, SnapshotsBuilt the copies of the index taken for
+	// them.
+	Snapshots, SnapshotsBuilt, Batches, Changes uint64
+	// SlowStreams counts streams ended because their proxy took nothing for SendTimeout;
+	// UnackedStreams those ended because it left a batch unacknowledged for AckTimeout.
+	SlowStreams, UnackedStreams uint64
+	// Nodes holds the state of each node with a stream open.
+	Nodes map[string]NodeState
 }
 
-// Stats returns the counters and every node's state.
+// Stats returns the counters and every connected node's state.
 func (s *Server) Stats() Stats {
-	st := Stats{Snapshots: s.snapshots.Load(), Batches: s.batches.Load(), Changes: s.changes.Load(), SlowStreams: s.slow.Load(), Nodes: map[string]NodeState{}}
+	st := Stats{
+		Snapshots: s.snapshots.Load(), SnapshotsBuilt: s.built.Load(), Batches: s.batches.Load(), Changes: s.changes.Load(),
+		SlowStreams: s.slow.Load(), UnackedStreams: s.unacked.Load(), Nodes: map[string]NodeState{},
+	}
 	s.mu.Lock()
 	for id, n := range s.nodes {
 		st.Nodes[id] = *n
@@ -101,7 +145,8 @@ func (s *Server) Stats() Stats {
 	return st
 }
 
-func (s *Server) node(id string) *NodeState {
+// connect returns the state of node id, counting one more stream of it.
+func (s *Server) connect(id string) *NodeState {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	n, ok := s.nodes[id]
@@ -109,7 +154,19 @@ func (s *Server) node(id string) *NodeState {
 		n = &NodeState{}
 		s.nodes[id] = n
 	}
+	n.streams++
+	n.Connected = true
 	return n
+}
+
+// disconnect counts one stream of node id less, forgetting the node after its last: node ids
+// that come and go do not accumulate.
+func (s *Server) disconnect(id string, n *NodeState) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if n.streams--; n.streams <= 0 {
+		delete(s.nodes, id)
+	}
 }
 
 func (s *Server) update(n *NodeState, f func(*NodeState)) {
@@ -135,10 +192,10 @@ func (s *Server) Stream(stream xdsv1.IndexJournal_StreamServer) error {
 			return ctx.Err()
 		}
 	}
-	n := s.node(first.NodeId)
-	s.update(n, func(n *NodeState) { n.Connected = true })
-	defer s.update(n, func(n *NodeState) { n.Connected = false })
+	n := s.connect(first.NodeId)
+	defer s.disconnect(first.NodeId, n)
 
+	w := newWindow()
 	resync := make(chan struct{}, 1)
 	ackErr := make(chan error, 1)
 	go func() {
@@ -156,40 +213,64 @@ func (s *Server) Stream(stream xdsv1.IndexJournal_StreamServer) error {
 				}
 				continue
 			}
+			w.ack()
 			s.update(n, func(n *NodeState) { n.Acked = a.Next })
 		}
 	}()
 
 	next := first.Next
 	if first.Epoch != s.log.Epoch() || !s.inRing(next) {
-		if next, err = s.sendSnapshot(stream); err != nil {
+		if next, err = s.sendSnapshot(stream, w); err != nil {
 			return err
 		}
 	}
-	buf := make([]Change, 0, s.opts.MaxBatch)
+	var buf []Change // grows to the batches this stream sends, at most MaxBatch
+	deadline := time.NewTimer(time.Hour)
+	defer deadline.Stop()
+	linger := time.NewTimer(time.Hour)
+	defer linger.Stop()
 	for {
+		// Wait for changes, or, with MaxUnacked outstanding, for acks; either way for no
+		// longer than AckTimeout after the oldest batch the proxy has not acknowledged.
+		unacked, oldest, waiting := w.state()
+		var overdue <-chan time.Time
+		if waiting {
+			deadline.Reset(time.Until(oldest.Add(s.opts.AckTimeout)))
+			overdue = deadline.C
+		}
+		var changes, acked <-chan struct{}
+		if unacked < uint64(s.opts.MaxUnacked) {
+			changes = s.log.Wait(next)
+		} else {
+			acked = w.acked
+		}
 		select {
 		case <-ctx.Done():
 			return nil
-		case err := <-ackErr:
-			if errors.Is(err, context.Canceled) || status.Code(err) == codes.Canceled {
-				return nil
-			}
-			return nil // the proxy closed its side: the stream is over
+		case <-ackErr:
+			return nil // the proxy closed its side (or the stream broke): it is over
 		case <-resync:
-			if next, err = s.sendSnapshot(stream); err != nil {
+			w.reset() // a proxy that NACKed acknowledges nothing until the next snapshot
+			if next, err = s.sendSnapshot(stream, w); err != nil {
 				return err
 			}
 			continue
-		case <-s.log.Wait(next):
+		case <-acked:
+			continue
+		case <-overdue:
+			if _, oldest, waiting := w.state(); waiting && time.Since(oldest) >= s.opts.AckTimeout {
+				s.unacked.Add(1)
+				return status.Errorf(codes.ResourceExhausted, "journal stream: the proxy acknowledged nothing for %v", s.opts.AckTimeout)
+			}
+			continue // acks came meanwhile
+		case <-changes:
 		}
 		// Let a burst accumulate into one message, unless it is already full.
 		if s.log.Next()-next < uint64(s.opts.MaxBatch) {
-			t := time.NewTimer(s.opts.Linger)
+			linger.Reset(s.opts.Linger)
 			select {
-			case <-t.C:
+			case <-linger.C:
 			case <-ctx.Done():
-				t.Stop()
 				return nil
 			}
 		}
@@ -197,7 +278,7 @@ func (s *Server) Stream(stream xdsv1.IndexJournal_StreamServer) error {
 		var to uint64
 		buf, to, ok = s.log.Read(buf[:0], next, s.opts.MaxBatch)
 		if !ok {
-			if next, err = s.sendSnapshot(stream); err != nil {
+			if next, err = s.sendSnapshot(stream, w); err != nil {
 				return err
 			}
 			continue
@@ -207,9 +288,11 @@ func (s *Server) Stream(stream xdsv1.IndexJournal_StreamServer) error {
 		}
 		b := &xdsv1.JournalBatch{Epoch: s.log.Epoch(), Offset: next, Next: to}
 		appendChanges(b, buf)
+		w.push(proto.Size(b), true) // before sending: the ack may come before Send returns
 		if err := s.send(stream, b); err != nil {
 			return err
 		}
+		w.sent()
 		next = to
 		s.batches.Add(1)
 		s.changes.Add(uint64(len(buf)))
@@ -217,11 +300,83 @@ func (s *Server) Stream(stream xdsv1.IndexJournal_StreamServer) error {
 	}
 }
 
-// send sends b, or gives up with ResourceExhausted once the proxy has taken nothing for
-// SendTimeout: returning from the handler then ends the stream, which releases the send.
-func (s *Server) send(stream xdsv1.IndexJournal_StreamServer, b *xdsv1.JournalBatch) error {
+// window is one stream's acknowledgement accounting. The proxy acknowledges every change
+// batch and the last batch of each snapshot, in order; these are the points, and each ack
+// pops the oldest one. The Stream goroutine pushes, the ack goroutine pops.
+type window struct {
+	mu     sync.Mutex
+	total  uint64  // bytes sent (or being sent) on the stream
+	done   uint64  // bytes up to the last acknowledged point
+	points []point // not yet acknowledged, oldest first
+	// acked is signalled (a buffer of one, so signals coalesce) after each ack.
+	acked chan struct{}
+}
+
+type point struct {
+	end uint64    // total at this point
+	at  time.Time // when its batch was sent
+}
+
+func newWindow() *window { return &window{acked: make(chan struct{}, 1)} }
+
+// push counts a batch of n bytes about to be sent; acked says the proxy acknowledges it.
+func (w *window) push(n int, acked bool) {
+	w.mu.Lock()
+	w.total += uint64(n)
+	if acked {
+		w.points = append(w.points, point{end: w.total, at: time.Now()})
+	}
+	w.mu.Unlock()
+}
+
+// sent dates the newest point, if not yet acknowledged, from now: its Send has returned.
+func (w *window) sent() {
+	w.mu.Lock()
+	if len(w.points) > 0 && w.points[len(w.points)-1].end == w.total {
+		w.points[len(w.points)-1].at = time.Now()
+	}
+	w.mu.Unlock()
+}
+
+// ack pops the oldest point; an ack for nothing is ignored.
+func (w *window) ack() {
+	w.mu.Lock()
+	if len(w.points) > 0 {
+		w.done = w.points[0].end
+		w.points = w.points[1:]
+	}
+	w.mu.Unlock()
+	select {
+	case w.acked <- struct{}{}:
+	default:
+	}
+}
+
+// reset forgets the points: the proxy will not acknowledge them.
+func (w *window) reset() {
+	w.mu.Lock()
+	w.done = w.total
+	w.points = nil
+	w.mu.Unlock()
+}
+
+// state returns the bytes not yet acknowledged and, if a point is waiting, when the oldest
+// was sent.
+func (w *window) state() (unacked uint64, oldest time.Time, waiting bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.points) == 0 {
+		return w.total - w.done, time.Time{}, false
+	}
+	return w.total - w.done, w.points[0].at, true
+}
+
+// send sends b (a *xdsv1.JournalBatch, or a snapshot's *encodedBatch), or gives up with
+// ResourceExhausted once the proxy has taken nothing for SendTimeout: returning from the
+// handler then ends the stream, which releases the send.
+func (s *Server) send(stream xdsv1.IndexJournal_StreamServer, b any) error {
 	done := make(chan error, 1)
-	go func() { done <- stream.Send(b) }()
+	go func() { done <- stream.SendMsg(b) }()
 	t := time.NewTimer(s.opts.SendTimeout)
 	defer t.Stop()
 	select {
@@ -238,30 +393,130 @@ func (s *Server) inRing(off uint64) bool {
 	return ok
 }
 
-// sendSnapshot sends the whole index (reset first, done last) and returns the offset the
-// stream continues from.
-func (s *Server) sendSnapshot(stream xdsv1.IndexJournal_StreamServer) (uint64, error) {
-	select {
-	case s.snapSem <- struct{}{}:
-		defer func() { <-s.snapSem }()
-	case <-stream.Context().Done():
-		return 0, stream.Context().Err()
+// snapshot is the whole index as of offset next, in batches (reset on the first, done on
+// the last) that every stream sending it shares and none modifies.
+type snapshot struct {
+	next    uint64
+	batches []*encodedBatch
+	refs    int // streams sending it, under Server.snapMu
+}
+
+// encodedBatch is a snapshot batch with its encoding. A gRPC codec that honours EncodedProto
+// (the xDS port's, xds/server.Encoded) sends those bytes to every stream as they are; any
+// other marshals the batch.
+type encodedBatch struct {
+	*xdsv1.JournalBatch
+	raw []byte
+}
+
+// EncodedProto returns the batch's protobuf encoding.
+func (b *encodedBatch) EncodedProto() []byte { return b.raw }
+
+// sendSnapshot sends a snapshot and returns the offset the stream continues from.
+func (s *Server) sendSnapshot(stream xdsv1.IndexJournal_StreamServer, w *window) (uint64, error) {
+	snap, err := s.acquireSnapshot(stream.Context())
+	if err != nil {
+		return 0, err
 	}
-	next := s.log.Next()
-	var entries []Change
-	s.snap.Each(func(seq uint64, slot int, tier blockset.Tier) {
-		entries = append(entries, Change{Seq: seq, Slot: uint32(slot), Tier: tier, Op: Stored})
-	})
+	defer s.releaseSnapshot(snap)
 	s.snapshots.Add(1)
-	for i := 0; ; i += s.opts.SnapshotBatch {
-		end := min(i+s.opts.SnapshotBatch, len(entries))
-		b := &xdsv1.JournalBatch{Epoch: s.log.Epoch(), Offset: next, Next: next, Reset_: i == 0, SnapshotDone: end == len(entries)}
-		appendChanges(b, entries[i:end])
+	for i, b := range snap.batches {
+		w.push(len(b.raw), i == len(snap.batches)-1)
 		if err := s.send(stream, b); err != nil {
-			return next, fmt.Errorf("sending index snapshot: %w", err)
-		}
-		if end == len(entries) {
-			return next, nil
+			return snap.next, fmt.Errorf("sending index snapshot: %w", err)
 		}
 	}
+	w.sent()
+	return snap.next, nil
+}
+
+// acquireSnapshot returns a snapshot to send, counted in its refs: the newest if fewer than
+// SnapshotBatch changes have followed it (replaying them costs less than one more snapshot
+// message), else a new one once fewer than MaxSnapshots are held, else the newest if the
+// ring still holds its offset (more to replay, but correct), else it waits for one to be
+// let go.
+func (s *Server) acquireSnapshot(ctx context.Context) (*snapshot, error) {
+	for {
+		s.snapMu.Lock()
+		cur := s.cur
+		fresh := cur != nil && s.inRing(cur.next) && s.log.Next()-cur.next <= uint64(s.opts.SnapshotBatch)
+		switch {
+		case fresh, !s.building && s.alive >= s.opts.MaxSnapshots && cur != nil && s.inRing(cur.next):
+			cur.refs++
+			s.snapMu.Unlock()
+			return cur, nil
+		case !s.building && s.alive < s.opts.MaxSnapshots:
+			s.building = true
+			s.alive++
+			s.snapMu.Unlock()
+			snap, err := s.build()
+			s.snapMu.Lock()
+			s.building = false
+			if err != nil {
+				s.alive--
+			} else {
+				snap.refs = 1
+				s.cur = snap
+			}
+			s.wakeLocked()
+			s.snapMu.Unlock()
+			return snap, err
+		}
+		wake := s.snapWake // a build under way, or MaxSnapshots held
+		s.snapMu.Unlock()
+		select {
+		case <-wake:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// releaseSnapshot lets go of snap; the last stream to let go frees it.
+func (s *Server) releaseSnapshot(snap *snapshot) {
+	s.snapMu.Lock()
+	defer s.snapMu.Unlock()
+	if snap.refs--; snap.refs > 0 {
+		return
+	}
+	s.alive--
+	if s.cur == snap {
+		s.cur = nil
+	}
+	s.wakeLocked()
+}
+
+func (s *Server) wakeLocked() {
+	close(s.snapWake)
+	s.snapWake = make(chan struct{})
+}
+
+// build copies the index into snapshot batches of SnapshotBatch entries and encodes them.
+func (s *Server) build() (*snapshot, error) {
+	next := s.log.Next()
+	var bs []*xdsv1.JournalBatch
+	var b *xdsv1.JournalBatch
+	s.snap.Each(func(seq uint64, slot int, tier blockset.Tier) {
+		if b == nil || len(b.Seq) == s.opts.SnapshotBatch {
+			b = &xdsv1.JournalBatch{Epoch: s.log.Epoch(), Offset: next, Next: next}
+			bs = append(bs, b)
+		}
+		b.Seq = append(b.Seq, seq)
+		b.At = append(b.At, pack(Change{Seq: seq, Slot: uint32(slot), Tier: tier, Op: Stored}))
+	})
+	if len(bs) == 0 {
+		bs = append(bs, &xdsv1.JournalBatch{Epoch: s.log.Epoch(), Offset: next, Next: next})
+	}
+	bs[0].Reset_ = true
+	bs[len(bs)-1].SnapshotDone = true
+	snap := &snapshot{next: next, batches: make([]*encodedBatch, len(bs))}
+	for i, b := range bs {
+		raw, err := proto.Marshal(b)
+		if err != nil {
+			return nil, fmt.Errorf("encoding an index snapshot: %w", err)
+		}
+		snap.batches[i] = &encodedBatch{JournalBatch: b, raw: raw}
+	}
+	s.built.Add(1)
+	return snap, nil
 }

@@ -23,4 +23,12 @@
 // SetWorkers diffs against what was published (proto.Equal) and hands the cache one change
 // set, so a push costs what changed. The LoadReporting service keeps each node's latest
 // report until its stream ends or it goes stale, and Merged sums them per worker.
+//
+// What a client can make the server hold is bounded: a peer address holds at most
+// MaxStreamsPerPeer streams and one connection twice as many (the transport refuses more);
+// the receive windows are static (256 KiB a stream, 1 MiB a connection), so a stream whose
+// handler has stopped reading parks no more; an ADS stream whose proxy takes no response for
+// SendTimeout is ended (go-control-plane queues at most one response per type, the next
+// only after an ACK); load reports name only published workers. The index journal bounds
+// its own streams (xds/journal: SendTimeout, MaxUnacked, AckTimeout, shared snapshots).
 package server

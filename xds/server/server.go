@@ -55,9 +55,29 @@ type Options struct {
 	GRPCOptions []grpc.ServerOption
 	// MaxStreamsPerPeer bounds the streams (ADS, load reports, index journal) one peer
 	// address may hold open at once (default DefaultMaxStreamsPerPeer); more are refused
-	// with RESOURCE_EXHAUSTED.
+	// with RESOURCE_EXHAUSTED. One connection may carry twice as many, refused or not
+	// (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS); its transport refuses streams past that.
 	MaxStreamsPerPeer int
+	// SendTimeout ends an ADS stream whose proxy has not taken a response for this long
+	// (its flow-control window full: it does not read), instead of holding the response for
+	// as long as the connection lives (default DefaultSendTimeout).
+	SendTimeout time.Duration
 }
+
+// DefaultSendTimeout is Options.SendTimeout's default, the same as the index journal's.
+const DefaultSendTimeout = 30 * time.Second
+
+// Flow-control windows of the xDS port: what a client may send the server before its
+// handler reads it. They are static, which turns off grpc-go's dynamic windows: those grow
+// with the bandwidth-delay product up to 16 MiB a stream, and an ADS stream whose handler is
+// blocked sending to a proxy that does not read stops reading its requests, so a client
+// could park that much in each of its streams (5 to 8 MiB at a 2 ms round trip). Proxies
+// send acks, subscriptions and load reports: a 256 KiB window passes a report on a thousand
+// workers in one round trip.
+const (
+	streamWindow = 256 << 10
+	connWindow   = 1 << 20
+)
 
 // DefaultMaxStreamsPerPeer is Options.MaxStreamsPerPeer's default: a proxy opens three
 // streams, and a host may run a few proxies.
@@ -75,6 +95,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.MaxStreamsPerPeer <= 0 {
 		o.MaxStreamsPerPeer = DefaultMaxStreamsPerPeer
+	}
+	if o.SendTimeout <= 0 {
+		o.SendTimeout = DefaultSendTimeout
 	}
 	return o
 }
@@ -120,6 +143,9 @@ type Stats struct {
 	UnknownWorkerLoads uint64
 	// RefusedStreams counts streams refused for their peer's MaxStreamsPerPeer.
 	RefusedStreams uint64
+	// SlowStreams counts ADS streams ended because their proxy took nothing for
+	// SendTimeout.
+	SlowStreams uint64
 }
 
 // Server is the control plane's xDS server: kvrelay's resources over delta ADS (one
@@ -160,6 +186,7 @@ type Server struct {
 
 	pushes, pushedResources, pushedRemovals atomic.Uint64
 	acks, nacks                             atomic.Uint64
+	slowStreams                             atomic.Uint64
 }
 
 // New builds a Server; it starts nothing.
@@ -197,10 +224,22 @@ func New(opts Options) *Server {
 			Timeout: 10 * time.Second,
 		}),
 		grpc.ChainStreamInterceptor(s.limitStreams),
+		// Without a limit, one connection that does not read could open streams without end,
+		// each refused by limitStreams but held until its refusal is written: 300,000 of them
+		// took 1 GB. With one, the transport refuses the excess, and stops reading a
+		// connection whose refusals pile up. It is twice the per-peer cap, so that a client
+		// opening one stream too many is told RESOURCE_EXHAUSTED by limitStreams rather than
+		// left waiting by its own transport.
+		grpc.MaxConcurrentStreams(uint32(2 * opts.MaxStreamsPerPeer)),
+		grpc.InitialWindowSize(streamWindow),
+		grpc.InitialConnWindowSize(connWindow),
+		grpc.ForceServerCodecV2(newCodec()), // protobuf, Encoded messages sent as they are
 	}, opts.GRPCOptions...)
 	s.grpc = grpc.NewServer(gopts...)
 	discovery.RegisterAggregatedDiscoveryServiceServer(s.grpc, &ads{
-		delta: delta.NewServer(ctx, mux, callbacks{s}),
+		delta:   delta.NewServer(ctx, mux, callbacks{s}),
+		timeout: opts.SendTimeout,
+		slow:    &s.slowStreams,
 	})
 	xdsv1.RegisterLoadReportingServer(s.grpc, &loadService{s: s})
 	return s
@@ -422,6 +461,7 @@ func (s *Server) Stats() Stats {
 	st.LoadReporters = s.load.reporters()
 	st.UnknownWorkerLoads = s.load.unknown.Load()
 	st.RefusedStreams = s.refusedStreams.Load()
+	st.SlowStreams = s.slowStreams.Load()
 	return st
 }
 
@@ -429,11 +469,38 @@ func (s *Server) Stats() Stats {
 // world is refused: it cannot tell a proxy that a worker was removed.
 type ads struct {
 	discovery.UnimplementedAggregatedDiscoveryServiceServer
-	delta delta.Server
+	delta   delta.Server
+	timeout time.Duration
+	slow    *atomic.Uint64
 }
 
-func (a *ads) DeltaAggregatedResources(st grpc.BidiStreamingServer[discovery.DeltaDiscoveryRequest, discovery.DeltaDiscoveryResponse]) error {
-	return a.delta.DeltaStreamHandler(st, resource.AnyType)
+type deltaStream = grpc.BidiStreamingServer[discovery.DeltaDiscoveryRequest, discovery.DeltaDiscoveryResponse]
+
+func (a *ads) DeltaAggregatedResources(st deltaStream) error {
+	return a.delta.DeltaStreamHandler(timedStream{st, a}, resource.AnyType)
+}
+
+// timedStream gives up a Send that waits SendTimeout: the delta server then returns, which
+// ends the stream and releases the Send. go-control-plane sends a proxy one response per
+// type and the next only after its ACK, so a stream that does not read holds no more than
+// that; this bounds for how long.
+type timedStream struct {
+	deltaStream
+	a *ads
+}
+
+func (t timedStream) Send(resp *discovery.DeltaDiscoveryResponse) error {
+	done := make(chan error, 1)
+	go func() { done <- t.deltaStream.Send(resp) }()
+	timer := time.NewTimer(t.a.timeout)
+	defer timer.Stop()
+	select {
+	case err := <-done:
+		return err
+	case <-timer.C:
+		t.a.slow.Add(1)
+		return status.Errorf(codes.ResourceExhausted, "delta ADS: the proxy took nothing for %v", t.a.timeout)
+	}
 }
 
 func (a *ads) StreamAggregatedResources(grpc.BidiStreamingServer[discovery.DiscoveryRequest, discovery.DiscoveryResponse]) error {
