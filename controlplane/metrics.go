@@ -15,7 +15,7 @@ type collector struct {
 	journalNext, journalSent, journalSnapshots   *prometheus.Desc
 	proxies, pushes, pushedResources, acks       *prometheus.Desc
 	nacks, loadReporters, workers, policyVersion *prometheus.Desc
-	unknownLoads, refusedStreams                 *prometheus.Desc
+	unknownLoads, refusedStreams, refusedConns   *prometheus.Desc
 	journalDropped, xdsDropped                   *prometheus.Desc
 }
 
@@ -44,6 +44,7 @@ func newCollector(s *Server) *collector {
 		nacks:            d("xds_nacks_total", "ADS responses refused by proxies."),
 		loadReporters:    d("load_reporters", "Proxies whose in-flight load report is live."),
 		unknownLoads:     d("load_report_unknown_workers_total", "Load report entries dropped for naming a worker that is not published."),
+		refusedConns:     d("xds_refused_connections_total", "xDS connections closed at once for a peer host already holding 32."),
 		refusedStreams:   d("xds_refused_streams_total", "xDS streams refused, by reason (no_token, bad_token, wrong_node: a node id the credential was not issued for, bad_cert, too_many: the peer's stream limit).", "reason"),
 		journalDropped:   d("journal_dropped_streams_total", "Index journal streams ended by the control plane, by reason (send_timeout: the proxy took nothing for 30 s, ack_timeout: it left a batch unacknowledged for 30 s); the proxy reconnects and resumes or resnapshots.", "reason"),
 		xdsDropped:       d("xds_dropped_streams_total", "ADS streams ended by the control plane, by reason (send_timeout: the proxy took no response for 30 s).", "reason"),
@@ -114,6 +115,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	g(c.loadReporters, float64(xs.LoadReporters))
 	k(c.unknownLoads, xs.UnknownWorkerLoads)
 	k(c.refusedStreams, xs.RefusedStreams, "too_many")
+	k(c.refusedConns, xs.RefusedConns)
 	k(c.xdsDropped, xs.SlowStreams, "send_timeout")
 	for reason, n := range s.xdsAuth.Refused() {
 		k(c.refusedStreams, n, reason)

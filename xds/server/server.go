@@ -58,11 +58,18 @@ type Options struct {
 	// with RESOURCE_EXHAUSTED. One connection may carry twice as many, refused or not
 	// (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS); its transport refuses streams past that.
 	MaxStreamsPerPeer int
+	// MaxConnsPerPeer bounds the connections one peer host may hold open at once (default
+	// DefaultMaxConnsPerPeer); more are closed as soon as they are accepted.
+	MaxConnsPerPeer int
 	// SendTimeout ends an ADS stream whose proxy has not taken a response for this long
 	// (its flow-control window full: it does not read), instead of holding the response for
 	// as long as the connection lives (default DefaultSendTimeout).
 	SendTimeout time.Duration
 }
+
+// keepaliveTimeout is how long a pinged peer has to answer, and the TCP user timeout of
+// its connection.
+const keepaliveTimeout = 10 * time.Second
 
 // DefaultSendTimeout is Options.SendTimeout's default, the same as the index journal's.
 const DefaultSendTimeout = 30 * time.Second
@@ -83,6 +90,10 @@ const (
 // streams, and a host may run a few proxies.
 const DefaultMaxStreamsPerPeer = 64
 
+// DefaultMaxConnsPerPeer is Options.MaxConnsPerPeer's default: a proxy holds one
+// connection, a host runs a few proxies and reconnecting ones overlap their old connection.
+const DefaultMaxConnsPerPeer = 32
+
 func (o Options) withDefaults() Options {
 	if o.ReportInterval <= 0 {
 		o.ReportInterval = DefaultReportInterval
@@ -95,6 +106,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.MaxStreamsPerPeer <= 0 {
 		o.MaxStreamsPerPeer = DefaultMaxStreamsPerPeer
+	}
+	if o.MaxConnsPerPeer <= 0 {
+		o.MaxConnsPerPeer = DefaultMaxConnsPerPeer
 	}
 	if o.SendTimeout <= 0 {
 		o.SendTimeout = DefaultSendTimeout
@@ -143,6 +157,8 @@ type Stats struct {
 	UnknownWorkerLoads uint64
 	// RefusedStreams counts streams refused for their peer's MaxStreamsPerPeer.
 	RefusedStreams uint64
+	// RefusedConns counts connections closed for their peer's MaxConnsPerPeer.
+	RefusedConns uint64
 	// SlowStreams counts ADS streams ended because their proxy took nothing for
 	// SendTimeout.
 	SlowStreams uint64
@@ -175,6 +191,7 @@ type Server struct {
 	peerMu          sync.Mutex
 	peerStreams     map[string]int
 	refusedStreams  atomic.Uint64
+	refusedConns    atomic.Uint64
 	published       map[string]*xdsv1.Worker
 	publishedPolicy *xdsv1.RoutingPolicy
 
@@ -221,7 +238,7 @@ func New(opts Options) *Server {
 		}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{
 			Time:    30 * time.Second,
-			Timeout: 10 * time.Second,
+			Timeout: keepaliveTimeout,
 		}),
 		grpc.ChainStreamInterceptor(s.limitStreams),
 		// Without a limit, one connection that does not read could open streams without end,
@@ -267,6 +284,7 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 		s.load.reapLoop(s.ctx)
 	}()
 	errc := make(chan error, 1)
+	lis = newPeerListener(lis, s.opts.MaxConnsPerPeer, keepaliveTimeout, &s.refusedConns)
 	go func() { errc <- s.grpc.Serve(lis) }() // ends with Stop or GracefulStop below
 
 	var err error
@@ -461,6 +479,7 @@ func (s *Server) Stats() Stats {
 	st.LoadReporters = s.load.reporters()
 	st.UnknownWorkerLoads = s.load.unknown.Load()
 	st.RefusedStreams = s.refusedStreams.Load()
+	st.RefusedConns = s.refusedConns.Load()
 	st.SlowStreams = s.slowStreams.Load()
 	return st
 }

@@ -3,6 +3,7 @@ package server_test
 import (
 	"bufio"
 	"context"
+	"errors"
 	"encoding/binary"
 	"fmt"
 	"io"
@@ -362,4 +363,58 @@ func TestJournalSnapshotIsSharedOnXDSPort(t *testing.T) {
 	if st := jsrv.Stats(); st.Snapshots != proxies || st.SnapshotsBuilt >= proxies {
 		t.Fatalf("%d snapshots sent from %d copies of the index", st.Snapshots, st.SnapshotsBuilt)
 	}
+}
+
+// TestConnectionsPerPeerAreBounded: past MaxConnsPerPeer a host's connections are closed as
+// soon as they are accepted, counted, and its place comes back when one of its own closes;
+// the connections it holds keep working.
+func TestConnectionsPerPeerAreBounded(t *testing.T) {
+	srv := server.New(server.Options{MaxConnsPerPeer: 3, ShutdownGrace: 50 * time.Millisecond})
+	addr := serve(t, srv)
+	var held []net.Conn
+	for range 3 {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		held = append(held, c)
+	}
+	closedByServer := func(c net.Conn) bool {
+		_ = c.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
+		var b [64]byte
+		for {
+			if _, err := c.Read(b[:]); err != nil {
+				var ne net.Error
+				return !(errors.As(err, &ne) && ne.Timeout())
+			}
+		}
+	}
+	extra, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer extra.Close()
+	if !closedByServer(extra) {
+		t.Fatal("a fourth connection from the host was kept")
+	}
+	waitUntil(t, "the refusal to be counted", func() bool { return srv.Stats().RefusedConns == 1 })
+	if closedByServer(held[0]) {
+		t.Fatal("a connection within the limit was closed")
+	}
+	held[1].Close()
+	// Its place comes back: a new connection is served (a gRPC client gets an answer).
+	waitUntil(t, "a place to come back", func() bool {
+		conn := dial(t, addr, 1<<16)
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		defer cancel()
+		st, err := xdsv1.NewLoadReportingClient(conn).Report(ctx)
+		if err != nil {
+			return false
+		}
+		_ = st.Send(&xdsv1.LoadReport{NodeId: "p", Seq: 1})
+		_, err = st.Recv()
+		conn.Close()
+		return err == nil
+	})
 }
