@@ -195,6 +195,8 @@ func (s *Server) Stream(stream xdsv1.IndexJournal_StreamServer) error {
 	n := s.connect(first.NodeId)
 	defer s.disconnect(first.NodeId, n)
 
+	out := newSender(stream)
+	defer out.close()
 	w := newWindow()
 	resync := make(chan struct{}, 1)
 	ackErr := make(chan error, 1)
@@ -220,7 +222,7 @@ func (s *Server) Stream(stream xdsv1.IndexJournal_StreamServer) error {
 
 	next := first.Next
 	if first.Epoch != s.log.Epoch() || !s.inRing(next) {
-		if next, err = s.sendSnapshot(stream, w); err != nil {
+		if next, err = s.sendSnapshot(out, w); err != nil {
 			return err
 		}
 	}
@@ -251,7 +253,7 @@ func (s *Server) Stream(stream xdsv1.IndexJournal_StreamServer) error {
 			return nil // the proxy closed its side (or the stream broke): it is over
 		case <-resync:
 			w.reset() // a proxy that NACKed acknowledges nothing until the next snapshot
-			if next, err = s.sendSnapshot(stream, w); err != nil {
+			if next, err = s.sendSnapshot(out, w); err != nil {
 				return err
 			}
 			continue
@@ -278,7 +280,7 @@ func (s *Server) Stream(stream xdsv1.IndexJournal_StreamServer) error {
 		var to uint64
 		buf, to, ok = s.log.Read(buf[:0], next, s.opts.MaxBatch)
 		if !ok {
-			if next, err = s.sendSnapshot(stream, w); err != nil {
+			if next, err = s.sendSnapshot(out, w); err != nil {
 				return err
 			}
 			continue
@@ -289,7 +291,7 @@ func (s *Server) Stream(stream xdsv1.IndexJournal_StreamServer) error {
 		b := &xdsv1.JournalBatch{Epoch: s.log.Epoch(), Offset: next, Next: to}
 		appendChanges(b, buf)
 		w.push(proto.Size(b), true) // before sending: the ack may come before Send returns
-		if err := s.send(stream, b); err != nil {
+		if err := s.send(out, b); err != nil {
 			return err
 		}
 		w.sent()
@@ -371,16 +373,38 @@ func (w *window) state() (unacked uint64, oldest time.Time, waiting bool) {
 	return w.total - w.done, w.points[0].at, true
 }
 
+// sender sends a stream's messages on a goroutine of its own, one for the life of the
+// stream, so that a send can be given up on without starting a goroutine per message.
+type sender struct {
+	stream xdsv1.IndexJournal_StreamServer
+	in     chan any
+	done   chan error
+}
+
+func newSender(stream xdsv1.IndexJournal_StreamServer) *sender {
+	sd := &sender{stream: stream, in: make(chan any), done: make(chan error, 1)}
+	go func() {
+		for b := range sd.in {
+			sd.done <- stream.SendMsg(b)
+		}
+	}()
+	return sd
+}
+
+// close ends the goroutine once its send in progress, if any, returns (the stream's end
+// releases it).
+func (sd *sender) close() { close(sd.in) }
+
 // send sends b (a *xdsv1.JournalBatch, or a snapshot's *encodedBatch), or gives up with
 // ResourceExhausted once the proxy has taken nothing for SendTimeout: returning from the
-// handler then ends the stream, which releases the send.
-func (s *Server) send(stream xdsv1.IndexJournal_StreamServer, b any) error {
-	done := make(chan error, 1)
-	go func() { done <- stream.SendMsg(b) }()
+// handler then ends the stream, which releases the send. After it gives up, out takes no
+// more messages.
+func (s *Server) send(out *sender, b any) error {
+	out.in <- b
 	t := time.NewTimer(s.opts.SendTimeout)
 	defer t.Stop()
 	select {
-	case err := <-done:
+	case err := <-out.done:
 		return err
 	case <-t.C:
 		s.slow.Add(1)
@@ -413,8 +437,8 @@ type encodedBatch struct {
 func (b *encodedBatch) EncodedProto() []byte { return b.raw }
 
 // sendSnapshot sends a snapshot and returns the offset the stream continues from.
-func (s *Server) sendSnapshot(stream xdsv1.IndexJournal_StreamServer, w *window) (uint64, error) {
-	snap, err := s.acquireSnapshot(stream.Context())
+func (s *Server) sendSnapshot(out *sender, w *window) (uint64, error) {
+	snap, err := s.acquireSnapshot(out.stream.Context())
 	if err != nil {
 		return 0, err
 	}
@@ -422,7 +446,7 @@ func (s *Server) sendSnapshot(stream xdsv1.IndexJournal_StreamServer, w *window)
 	s.snapshots.Add(1)
 	for i, b := range snap.batches {
 		w.push(len(b.raw), i == len(snap.batches)-1)
-		if err := s.send(stream, b); err != nil {
+		if err := s.send(out, b); err != nil {
 			return snap.next, fmt.Errorf("sending index snapshot: %w", err)
 		}
 	}
