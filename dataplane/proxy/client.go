@@ -881,6 +881,7 @@ func (cc *clientConn) start(w *route.Worker) {
 	s := cc.srv
 	ws := s.workerState(w)
 	ws.m.routedBy(cc.dec.Mode).Inc()
+	s.observeRegret(&cc.dec)
 	ex := &cc.ex
 	ex.begin(cc, ws)
 	ex.receipt, ex.recorded = prefix.Receipt{}, false // recorded at the first token (recordCached)

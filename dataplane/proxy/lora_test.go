@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/kvrelay/kvrelay/dataplane/proxy"
@@ -70,5 +71,29 @@ func TestLoRAAdaptersRouteToTheirWorkers(t *testing.T) {
 	}
 	if !seen["plain"] || !seen["adapted"] {
 		t.Errorf("plain requests reached %v, want both workers", seen)
+	}
+}
+
+// TestRoutingRegretIsExported: every routed request adds to the regret histograms of the
+// policy routing it (a static proxy's version is "local"); a repeat of a prompt its worker
+// holds regrets nothing.
+func TestRoutingRegretIsExported(t *testing.T) {
+	c := startCluster(t, 2, func(cfg *proxy.Config) { cfg.Policy = "kv" }, nil)
+	for range 3 {
+		if r, b := post(t, c.base+"/v1/chat/completions", chatBody(family(1), "again", 2, false)); r.StatusCode != 200 {
+			t.Fatalf("%d %s", r.StatusCode, b)
+		}
+	}
+	_, m := get(t, c.base+"/metrics")
+	for _, want := range []string{
+		`kvrelay_proxy_routing_regret_blocks_count{policy="kv",policy_version="local"} 3`,
+		`kvrelay_proxy_routing_regret_blocks_sum{policy="kv",policy_version="local"} 0`,
+		// The first, on an empty index, went by the spread rule; the repeats by cost.
+		`kvrelay_proxy_routing_cost_gap_count{policy="kv",policy_version="local"} 2`,
+		`kvrelay_proxy_routing_cost_gap_sum{policy="kv",policy_version="local"} 0`,
+	} {
+		if !strings.Contains(m, want) {
+			t.Errorf("metrics lack %s", want)
+		}
 	}
 }

@@ -27,6 +27,8 @@ type metrics struct {
 	reported        *prometheus.CounterVec   // worker: prompt blocks the engine reported cached
 	promptBlocks    *prometheus.CounterVec   // worker: prompt blocks routed
 	predictionErr   prometheus.Histogram     // |reported − predicted| blocks per request
+	regretBlocks    *prometheus.HistogramVec // policy, policy_version: achievable − achieved blocks
+	costGap         *prometheus.HistogramVec // policy, policy_version: chosen − cheapest cost
 	queueDepth      prometheus.Gauge
 	queued          *prometheus.CounterVec // outcome: dispatched, rejected, timeout, abandoned
 	upstreamErrs    *prometheus.CounterVec // worker, kind
@@ -108,6 +110,14 @@ func newMetrics() *metrics {
 			Name: "kvrelay_proxy_prefix_prediction_error_blocks", Help: "Absolute difference between predicted and reported cached prompt blocks, per request.",
 			Buckets: []float64{0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 1024},
 		}),
+		regretBlocks: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "kvrelay_proxy_routing_regret_blocks", Help: "Routing regret per decision: the most cached prompt blocks any worker that could take the request had, less those of the worker chosen, by policy and policy version (0 for policies that do not match prompts).",
+			Buckets: []float64{0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096},
+		}, []string{"policy", "policy_version"}),
+		costGap: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "kvrelay_proxy_routing_cost_gap", Help: "Per decision by cost: the chosen worker's cost less the cheapest candidate's, in the policy's units (latency: seconds of predicted TTFT; kv: blocks), by policy and policy version.",
+			Buckets: append([]float64{0}, prometheus.ExponentialBuckets(0.001, 4, 11)...),
+		}, []string{"policy", "policy_version"}),
 		queueDepth: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "kvrelay_proxy_queue_depth", Help: "Requests waiting in the admission queue for a worker under its busy thresholds.",
 		}),
@@ -183,7 +193,7 @@ func newMetrics() *metrics {
 	m.ttftPredBias = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvrelay_proxy_ttft_predictions_total", Help: "Streamed requests with a TTFT prediction, by whether it was under or over the actual TTFT.",
 	}, []string{"worker", "side"})
-	reg.MustRegister(m.ttftPredErr, m.ttftPredRel, m.ttftPredBias)
+	reg.MustRegister(m.ttftPredErr, m.ttftPredRel, m.ttftPredBias, m.regretBlocks, m.costGap)
 	m.models.Store(&map[string]*modelMetrics{})
 	reg.MustRegister(m.requests, m.ttft, m.itl, m.e2e, m.decision, m.predicted, m.reported, m.promptBlocks,
 		m.predictionErr, m.queueDepth, m.queued, m.upstreamErrs, m.ejections, m.retries, m.poisoned, m.affinity, m.migrations, m.refused, m.inflight, m.routed,

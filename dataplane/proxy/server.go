@@ -59,6 +59,7 @@ type Server struct {
 	decisions decisionLog
 	xds       *xdsState // nil without a control plane
 	remote    *remoteTokenizer
+	regret    atomic.Pointer[regretObs]
 	// tokenizeSlots bounds the large prompts tokenized off the event loops at once (and the
 	// memory their ids take): half the CPUs, at least one.
 	tokenizeSlots chan struct{}
@@ -277,6 +278,9 @@ func (s *Server) buildRouters(pool *route.Pool, index prefix.Index) error {
 	if s.kv, err = route.NewRouter(s.cfg.routeConfig(), pool, index); err != nil {
 		return err
 	}
+	// A static proxy's policy has no version: it is "local". Under a control plane the
+	// pushed version replaces it (applyXDS).
+	s.setRegretLabels(s.cfg.routeConfig().Policy, "local")
 	if s.load, err = route.NewRouter(loadConfig(s.cfg.routeConfig()), pool, nil); err != nil {
 		return err
 	}
@@ -560,6 +564,29 @@ func (s *Server) buildCodecs(pool *route.Pool) error {
 	}
 	s.codecs.Store(&next)
 	return nil
+}
+
+// regretObs are the routing regret histograms of the policy routing now.
+type regretObs struct{ blocks, gap prometheus.Observer }
+
+// setRegretLabels points the regret histograms at policy and version.
+func (s *Server) setRegretLabels(policy, version string) {
+	s.regret.Store(&regretObs{
+		blocks: s.metrics.regretBlocks.WithLabelValues(policy, version),
+		gap:    s.metrics.costGap.WithLabelValues(policy, version),
+	})
+}
+
+// observeRegret records what the decision d gave up.
+func (s *Server) observeRegret(d *route.Decision) {
+	o := s.regret.Load()
+	if o == nil {
+		return
+	}
+	o.blocks.Observe(max(d.Achievable-d.Overlap, 0))
+	if d.HasCost {
+		o.gap.Observe(max(d.CostGap, 0))
+	}
 }
 
 // codecFor returns the codec of model, or the default one.

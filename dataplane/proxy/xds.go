@@ -123,6 +123,7 @@ func (s *Server) setupXDS(ctx context.Context) error {
 	if err := s.buildRouters(pool, prefix.NewOverlay(x.replica, s.index)); err != nil {
 		return err
 	}
+	s.setRegretLabels(s.cfg.routeConfig().Policy, "0") // until the control plane's policy arrives
 	if err := s.buildCodecs(pool); err != nil {
 		return err
 	}
@@ -307,6 +308,7 @@ func (s *Server) applyXDS(workers []*xdsv1.Worker, policy *xdsv1.RoutingPolicy) 
 			s.log.Error("pushed routing policy not applied", "version", policy.GetVersion(), "err", err)
 		} else {
 			x.policyVersion = policy.GetVersion()
+			s.setRegretLabels(cfg.Policy, strconv.FormatUint(x.policyVersion, 10))
 			if tw := policy.GetTierWeights(); len(tw) > 0 {
 				w := blockset.DefaultWeights
 				copy(w[:], tw)

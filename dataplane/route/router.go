@@ -359,6 +359,15 @@ type Decision struct {
 	Worker *Worker
 	// Overlap is the chosen worker's cached prompt blocks, BestOverlap the best of any.
 	Overlap, BestOverlap float64
+	// Achievable is the most cached prompt blocks among the workers that could take the
+	// request (past the filters and the busy thresholds): Achievable − Overlap is the
+	// decision's routing regret in blocks.
+	Achievable float64
+	// CostGap is, for a decision by cost, the chosen worker's cost less the cheapest
+	// candidate's, in the policy's units (seconds for latency, blocks for kv): what
+	// sampling, ties, sessions' stickiness or the spread rule gave up (HasCost).
+	CostGap float64
+	HasCost bool
 	// Mode says which rule decided: "cost", "spread", "session", "slo", "affinity" (Request.Pin) or the picker's name.
 	Mode string
 	// Match and Score are the time spent matching the index and scoring, when the request
@@ -457,6 +466,12 @@ func (r *Router) Route(req *Request, d *Decision) error {
 		}
 	}
 	ws := cur
+	defer func() {
+		// Over the workers that could take it, whichever rule decided.
+		for _, w := range ws {
+			d.Achievable = max(d.Achievable, req.Overlap(w))
+		}
+	}()
 
 	if policy.UsesIndex && r.index != nil && len(req.Hashes) > 0 {
 		var t0 time.Time
@@ -518,6 +533,11 @@ func (r *Router) Route(req *Request, d *Decision) error {
 			d.Mode = "slo"
 		}
 		i = policy.Picker.Pick(req, ws, req.costs)
+		cheapest := req.costs[0]
+		for _, c := range req.costs[1:len(ws)] {
+			cheapest = min(cheapest, c)
+		}
+		d.CostGap, d.HasCost = req.costs[i]-cheapest, true
 	default:
 		i, d.Mode = policy.Picker.Pick(req, ws, nil), policy.Picker.Name()
 	}

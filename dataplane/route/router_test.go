@@ -599,3 +599,49 @@ func TestSpreadFollowsTheBacklogNotThePendingTokens(t *testing.T) {
 			w.ID, ws[0].PrefillTokens(), ws[1].PrefillTokens())
 	}
 }
+
+// TestDecisionRegret: a decision says the most blocks any candidate held (achievable) and,
+// by cost, how much dearer its pick was than the cheapest: nothing for a cheapest pick, the
+// difference when sampling chose another.
+func TestDecisionRegret(t *testing.T) {
+	r, idx := newRouter(t, Config{Policy: PolicyKV, Temperature: 1}, 2)
+	hashes, n := promptChain(1, 1, 50, 0)
+	idx.Record(0, hashes, 0)
+	idx.Record(1, hashes[:45], 0)
+	var req Request
+	req.Hashes, req.PromptTokens = hashes, n
+	var d Decision
+	seen := [2]bool{}
+	for range 2000 {
+		if err := r.Route(&req, &d); err != nil {
+			t.Fatal(err)
+		}
+		if d.Achievable != 50 || !d.HasCost {
+			t.Fatalf("achievable %v, has cost %v; want 50 and true", d.Achievable, d.HasCost)
+		}
+		switch d.Worker.Index {
+		case 0:
+			if d.CostGap != 0 || d.Achievable-d.Overlap != 0 {
+				t.Fatalf("the cheapest, best-cached pick has a cost gap %v and regret %v", d.CostGap, d.Achievable-d.Overlap)
+			}
+		case 1:
+			if d.CostGap <= 0 || d.Achievable-d.Overlap != 5 {
+				t.Fatalf("the dearer pick has a cost gap %v and regret %v; want > 0 and 5", d.CostGap, d.Achievable-d.Overlap)
+			}
+		}
+		seen[d.Worker.Index] = true
+	}
+	if !seen[0] || !seen[1] {
+		t.Fatalf("sampling never picked both workers: %v", seen)
+	}
+	// A worker kept out by the busy thresholds is not achievable.
+	rb, idxb := newRouter(t, Config{Policy: PolicyKV, Busy: BusyFilter{MaxPrefillTokens: 100}}, 2)
+	idxb.Record(0, hashes, 0)
+	rb.pool.Load().Workers[0].prefillTokens.Store(5000)
+	if err := rb.Route(&req, &d); err != nil {
+		t.Fatal(err)
+	}
+	if d.Worker.Index != 1 || d.Achievable != 0 {
+		t.Fatalf("with the cached worker busy: picked %d, achievable %v; want 1 and 0", d.Worker.Index, d.Achievable)
+	}
+}
