@@ -245,6 +245,9 @@ func DefaultConfig() Config {
 
 func (c *Config) routeConfig() route.Config {
 	return route.Config{
+		// DefaultConfig sets every weight and the YAML file and flags change them: a zero
+		// here was asked for.
+		Explicit:         true,
 		Policy:           c.Policy,
 		OverlapWeight:    c.OverlapWeight,
 		QueueWeight:      c.QueueWeight,

@@ -72,6 +72,10 @@ const (
 type Config struct {
 	// Policy is one of PolicyNames; default PolicyDefault (latency).
 	Policy string
+	// Explicit says every weight and threshold is as given, a zero included, as in a
+	// policy whose fields all come set (the control plane's, a proxy's config): without it
+	// a zero OverlapWeight, QueueWeight or CacheThreshold means the default.
+	Explicit bool
 	// OverlapWeight is the kv cost of one prompt block the worker would have to compute,
 	// against DefaultDecodeWeight for a KV block held by running requests (default
 	// DefaultOverlapWeight).
@@ -106,6 +110,13 @@ type Config struct {
 func (c Config) withDefaults() Config {
 	if c.Policy == "" {
 		c.Policy = policy.Default
+	}
+	if c.Explicit {
+		// A zero weight or threshold is the operator's zero.
+		if c.SessionTTL == 0 {
+			c.SessionTTL = policy.DefaultSessionTTL
+		}
+		return c
 	}
 	if c.OverlapWeight == 0 {
 		c.OverlapWeight = DefaultOverlapWeight

@@ -645,3 +645,30 @@ func TestDecisionRegret(t *testing.T) {
 		t.Fatalf("with the cached worker busy: picked %d, achievable %v; want 1 and 0", d.Worker.Index, d.Achievable)
 	}
 }
+
+// TestExplicitZeroIsZero: in an explicit config (a pushed policy, a proxy's) a zero overlap
+// weight is load-only routing, not the default weight; elsewhere a zero still means the
+// default.
+func TestExplicitZeroIsZero(t *testing.T) {
+	hashes, n := promptChain(1, 1, 50, 0)
+	for _, c := range []struct {
+		explicit bool
+		want     int // worker index
+	}{{false, 0}, {true, 1}} {
+		r, idx := newRouter(t, Config{Policy: PolicyKV, Explicit: c.explicit, QueueWeight: 8, CacheThreshold: 0.1}, 2)
+		idx.Record(0, hashes, 0)
+		r.pool.Load().Workers[0].decodeBlocks.Store(40) // the cached worker holds some decodes
+		var req Request
+		req.Hashes, req.PromptTokens = hashes, n
+		var d Decision
+		if err := r.Route(&req, &d); err != nil {
+			t.Fatal(err)
+		}
+		if d.Worker.Index != c.want {
+			t.Errorf("explicit %v, overlap weight 0: picked w%d, want w%d", c.explicit, d.Worker.Index, c.want)
+		}
+	}
+	if cfg := (Config{Explicit: true}).withDefaults(); cfg.OverlapWeight != 0 || cfg.CacheThreshold != 0 || cfg.SessionTTL == 0 || cfg.Policy == "" {
+		t.Errorf("explicit defaults: %+v", cfg)
+	}
+}
