@@ -477,12 +477,6 @@ func (r *Router) Route(req *Request, d *Decision) error {
 		}
 	}
 	ws := cur
-	defer func() {
-		// Over the workers that could take it, whichever rule decided.
-		for _, w := range ws {
-			d.Achievable = max(d.Achievable, req.Overlap(w))
-		}
-	}()
 
 	if policy.UsesIndex && r.index != nil && len(req.Hashes) > 0 {
 		var t0 time.Time
@@ -499,6 +493,12 @@ func (r *Router) Route(req *Request, d *Decision) error {
 		req.best = 0
 	}
 	d.BestOverlap = req.best
+	// Over the workers that could take it, whichever rule decides.
+	if req.best > 0 {
+		for _, w := range ws {
+			d.Achievable = max(d.Achievable, req.Overlap(w))
+		}
+	}
 
 	if req.SessionID != "" && !policy.Predicts {
 		if id, ok := r.sessions.get(req.SessionID); ok {

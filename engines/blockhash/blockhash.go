@@ -223,6 +223,9 @@ func (h *Hasher) AppendSeqKeys(dst []uint64, parent uint64, hasParent bool, toke
 	if blockSize <= 0 {
 		return dst
 	}
+	if k.Empty() {
+		return h.Continue(dst, parent, hasParent, tokens, blockSize, nil)
+	}
 	for i := 0; i+blockSize <= len(tokens); i += blockSize {
 		h.extra = k.Block(h.extra[:0], first+i/blockSize)
 		local := h.Local(tokens[i:i+blockSize], h.extra)
