@@ -289,6 +289,22 @@ func ValidatePolicy(p *xdsv1.RoutingPolicy) error {
 			return fail("%v", err)
 		}
 	}
+	if err := checkRange("candidate share", p.GetCandidateShare(), 0, 1); err != nil {
+		return fail("%v", err)
+	}
+	if c := p.GetCandidate(); c != nil {
+		if c.GetCandidate() != nil {
+			return fail("its candidate has a candidate")
+		}
+		if c.GetVersion() == p.GetVersion() {
+			return fail("its candidate has the same version %d", c.GetVersion())
+		}
+		if err := ValidatePolicy(c); err != nil {
+			return fail("candidate: %v", err)
+		}
+	} else if p.GetCandidateShare() > 0 || p.GetShadow() {
+		return fail("a candidate share or shadow without a candidate")
+	}
 	return nil
 }
 

@@ -118,6 +118,26 @@ func TestValidatePolicy(t *testing.T) {
 		{"default", func(*xdsv1.RoutingPolicy) {}, true},
 		{"zero means defaults", func(p *xdsv1.RoutingPolicy) { proto.Reset(p) }, true},
 		{"sampling", func(p *xdsv1.RoutingPolicy) { p.Temperature = 0.7 }, true},
+		{"canary", func(p *xdsv1.RoutingPolicy) {
+			p.Candidate = &xdsv1.RoutingPolicy{Version: p.Version + 1, Policy: "round-robin"}
+			p.CandidateShare = 0.25
+		}, true},
+		{"shadow", func(p *xdsv1.RoutingPolicy) {
+			p.Candidate = &xdsv1.RoutingPolicy{Version: p.Version + 1, Policy: "kv"}
+			p.Shadow = true
+		}, true},
+		{"share without a candidate", func(p *xdsv1.RoutingPolicy) { p.CandidateShare = 0.5 }, false},
+		{"share above 1", func(p *xdsv1.RoutingPolicy) {
+			p.Candidate = &xdsv1.RoutingPolicy{Version: p.Version + 1}
+			p.CandidateShare = 1.5
+		}, false},
+		{"candidate of a candidate", func(p *xdsv1.RoutingPolicy) {
+			p.Candidate = &xdsv1.RoutingPolicy{Version: p.Version + 1, Candidate: &xdsv1.RoutingPolicy{Version: p.Version + 2}}
+		}, false},
+		{"candidate of the same version", func(p *xdsv1.RoutingPolicy) { p.Candidate = &xdsv1.RoutingPolicy{Version: p.Version} }, false},
+		{"invalid candidate", func(p *xdsv1.RoutingPolicy) {
+			p.Candidate = &xdsv1.RoutingPolicy{Version: p.Version + 1, CacheThreshold: 2}
+		}, false},
 		{"two tiers", func(p *xdsv1.RoutingPolicy) { p.TierWeights = []float64{1, 0.5} }, true},
 		{"busy thresholds", func(p *xdsv1.RoutingPolicy) { p.BusyKvFraction = 0.95; p.BusyPrefillTokens = 1 << 20 }, true},
 		{"negative overlap weight", func(p *xdsv1.RoutingPolicy) { p.OverlapWeight = -1 }, false},

@@ -92,6 +92,7 @@ type clientConn struct {
 	msgs   []tokenizer.Message
 	extra  []byte         // the multimodal identifiers keys.MM points into
 	keys   blockhash.Keys // this request's blocks' extra keys
+	arm    *armSeries     // the policy version that routed this request
 	prio   int
 
 	ex    exchange
@@ -793,6 +794,14 @@ func (cc *clientConn) route(retry bool) {
 		cc.routeDisagg(retry) // sets the routing time itself
 		return
 	}
+	// During a rollout the candidate policy routes its share of the requests.
+	cc.arm = s.stableArm.Load()
+	var cand *candidate
+	if router == s.kv {
+		if router, cand = cc.armFor(s.kv); cand != nil {
+			cc.arm = cand.arm
+		}
+	}
 	// Route at this event's time: a request may be routed again well after it was parsed
 	// (released from the admission queue, retried after a failure, tokenized remotely).
 	cc.rreq.Now = cc.lp.now
@@ -833,6 +842,9 @@ func (cc *clientConn) route(retry bool) {
 	}
 	if cc.timed && cc.dec.HasPrediction {
 		s.decisions.record(cc, &cc.dec)
+	}
+	if cand == nil && router == s.kv && !retry {
+		cc.shadowPick(&cc.dec)
 	}
 	cc.start(cc.dec.Worker)
 }
@@ -881,7 +893,7 @@ func (cc *clientConn) start(w *route.Worker) {
 	s := cc.srv
 	ws := s.workerState(w)
 	ws.m.routedBy(cc.dec.Mode).Inc()
-	s.observeRegret(&cc.dec)
+	s.observeRegret(cc.arm, &cc.dec)
 	ex := &cc.ex
 	ex.begin(cc, ws)
 	ex.receipt, ex.recorded = prefix.Receipt{}, false // recorded at the first token (recordCached)

@@ -16,6 +16,8 @@ import (
 type loop struct {
 	srv  *Server
 	el   gnet.EventLoop
+	// shadowReq is the scratch request of shadow decisions (rollout.go).
+	shadowReq route.Request
 	idle [][]*upstream // by worker index
 	// clients is an intrusive list of this loop's client connections, for housekeeping.
 	clients clientConn

@@ -29,6 +29,10 @@ type metrics struct {
 	predictionErr   prometheus.Histogram     // |reported − predicted| blocks per request
 	regretBlocks    *prometheus.HistogramVec // policy, policy_version: achievable − achieved blocks
 	costGap         *prometheus.HistogramVec // policy, policy_version: chosen − cheapest cost
+	armTTFT         *prometheus.HistogramVec // policy_version
+	armRequests     *prometheus.CounterVec   // policy_version, outcome
+	shadow          *prometheus.CounterVec   // result
+	shadowOverlap   *prometheus.HistogramVec // arm
 	queueDepth      prometheus.Gauge
 	queued          *prometheus.CounterVec // outcome: dispatched, rejected, timeout, abandoned
 	upstreamErrs    *prometheus.CounterVec // worker, kind
@@ -118,6 +122,20 @@ func newMetrics() *metrics {
 			Name: "kvrelay_proxy_routing_cost_gap", Help: "Per decision by cost: the chosen worker's cost less the cheapest candidate's, in the policy's units (latency: seconds of predicted TTFT; kv: blocks), by policy and policy version.",
 			Buckets: append([]float64{0}, prometheus.ExponentialBuckets(0.001, 4, 11)...),
 		}, []string{"policy", "policy_version"}),
+		armTTFT: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "kvrelay_proxy_policy_ttft_seconds", Help: "Time to first token of chat and text completions by the routing policy version that routed them (a rollout's stable and candidate arms).",
+			Buckets: prometheus.ExponentialBuckets(0.005, 2, 14),
+		}, []string{"policy_version"}),
+		armRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvrelay_proxy_policy_requests_total", Help: "Answered chat and text completions by the routing policy version that routed them and outcome (ok: 2xx, error: the rest).",
+		}, []string{"policy_version", "outcome"}),
+		shadow: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvrelay_proxy_shadow_decisions_total", Help: "Requests a rollout's candidate policy decided in shadow beside the stable one, by result: agree (same worker), disagree, no_pick.",
+		}, []string{"result"}),
+		shadowOverlap: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "kvrelay_proxy_shadow_overlap_blocks", Help: "In shadow, the cached prompt blocks of the worker each arm picked (the stable pick is the one served).",
+			Buckets: []float64{0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096},
+		}, []string{"arm"}),
 		queueDepth: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "kvrelay_proxy_queue_depth", Help: "Requests waiting in the admission queue for a worker under its busy thresholds.",
 		}),
@@ -193,7 +211,7 @@ func newMetrics() *metrics {
 	m.ttftPredBias = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvrelay_proxy_ttft_predictions_total", Help: "Streamed requests with a TTFT prediction, by whether it was under or over the actual TTFT.",
 	}, []string{"worker", "side"})
-	reg.MustRegister(m.ttftPredErr, m.ttftPredRel, m.ttftPredBias, m.regretBlocks, m.costGap)
+	reg.MustRegister(m.ttftPredErr, m.ttftPredRel, m.ttftPredBias, m.regretBlocks, m.costGap, m.armTTFT, m.armRequests, m.shadow, m.shadowOverlap)
 	m.models.Store(&map[string]*modelMetrics{})
 	reg.MustRegister(m.requests, m.ttft, m.itl, m.e2e, m.decision, m.predicted, m.reported, m.promptBlocks,
 		m.predictionErr, m.queueDepth, m.queued, m.upstreamErrs, m.ejections, m.retries, m.poisoned, m.affinity, m.migrations, m.refused, m.inflight, m.routed,

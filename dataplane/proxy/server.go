@@ -59,7 +59,10 @@ type Server struct {
 	decisions decisionLog
 	xds       *xdsState // nil without a control plane
 	remote    *remoteTokenizer
-	regret    atomic.Pointer[regretObs]
+	// stableArm are the series of the policy routing now; cand a rollout's candidate beside
+	// it (rollout.go).
+	stableArm atomic.Pointer[armSeries]
+	cand      atomic.Pointer[candidate]
 	// tokenizeSlots bounds the large prompts tokenized off the event loops at once (and the
 	// memory their ids take): half the CPUs, at least one.
 	tokenizeSlots chan struct{}
@@ -566,26 +569,22 @@ func (s *Server) buildCodecs(pool *route.Pool) error {
 	return nil
 }
 
-// regretObs are the routing regret histograms of the policy routing now.
+// regretObs are a policy version's routing regret histograms.
 type regretObs struct{ blocks, gap prometheus.Observer }
 
-// setRegretLabels points the regret histograms at policy and version.
+// setRegretLabels points the stable policy's series at policy and version.
 func (s *Server) setRegretLabels(policy, version string) {
-	s.regret.Store(&regretObs{
-		blocks: s.metrics.regretBlocks.WithLabelValues(policy, version),
-		gap:    s.metrics.costGap.WithLabelValues(policy, version),
-	})
+	s.stableArm.Store(s.newArmSeries(policy, version))
 }
 
-// observeRegret records what the decision d gave up.
-func (s *Server) observeRegret(d *route.Decision) {
-	o := s.regret.Load()
-	if o == nil {
+// observeRegret records what the decision d gave up, under the arm that made it.
+func (s *Server) observeRegret(a *armSeries, d *route.Decision) {
+	if a == nil {
 		return
 	}
-	o.blocks.Observe(max(d.Achievable-d.Overlap, 0))
+	a.regret.blocks.Observe(max(d.Achievable-d.Overlap, 0))
 	if d.HasCost {
-		o.gap.Observe(max(d.CostGap, 0))
+		a.regret.gap.Observe(max(d.CostGap, 0))
 	}
 }
 

@@ -38,6 +38,7 @@ type xdsState struct {
 	journal  *journal.Client
 	reporter *client.Reporter
 	replica  *prefix.Replica
+	index    prefix.Index // the replica overlaid with this proxy's recent decisions
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup
 
@@ -120,7 +121,8 @@ func (s *Server) setupXDS(ctx context.Context) error {
 	s.index = prefix.NewApprox(prefix.ApproxConfig{MaxBlocks: s.cfg.IndexBlocks, TTL: s.cfg.RecentTTL})
 	x := &xdsState{replica: prefix.NewReplica(blockset.DefaultWeights), pos: map[string]int{}, pushed: map[string]pushedLoad{}, nodeID: nodeID}
 	pool := route.NewPoolIndexed(nil)
-	if err := s.buildRouters(pool, prefix.NewOverlay(x.replica, s.index)); err != nil {
+	x.index = prefix.NewOverlay(x.replica, s.index)
+	if err := s.buildRouters(pool, x.index); err != nil {
 		return err
 	}
 	s.setRegretLabels(s.cfg.routeConfig().Policy, "0") // until the control plane's policy arrives
@@ -281,28 +283,14 @@ func (s *Server) applyXDS(workers []*xdsv1.Worker, policy *xdsv1.RoutingPolicy) 
 	s.setModels(pool)
 	s.kv.SetPool(pool)
 	s.load.SetPool(pool)
+	if policy != nil {
+		s.applyCandidate(pool, x.index, policy)
+	} else if c := s.cand.Load(); c != nil {
+		c.router.SetPool(pool)
+	}
 
 	if policy != nil && policy.GetVersion() != x.policyVersion {
-		cfg := s.cfg.routeConfig()
-		cfg.Policy = policy.GetPolicy()
-		cfg.OverlapWeight = policy.GetOverlapWeight()
-		cfg.QueueWeight = policy.GetQueueWeight()
-		cfg.Temperature = policy.GetTemperature()
-		if policy.ComputeWeight != nil {
-			cfg.ComputeWeight = policy.GetComputeWeight()
-		}
-		if policy.BackgroundWeight != nil {
-			cfg.BackgroundWeight = policy.GetBackgroundWeight()
-		}
-		cfg.CacheThreshold = policy.GetCacheThreshold()
-		cfg.Busy = route.BusyFilter{
-			MaxPrefillTokens: int64(policy.GetBusyPrefillTokens()),
-			MaxDecodeBlocks:  int64(policy.GetBusyDecodeBlocks()),
-			MaxKVFraction:    policy.GetBusyKvFraction(),
-		}
-		if ttl := policy.GetSessionTtlMs(); ttl > 0 {
-			cfg.SessionTTL = time.Duration(ttl) * time.Millisecond
-		}
+		cfg := policyConfig(s.cfg.routeConfig(), policy)
 		if err := s.kv.SetPolicy(cfg); err != nil {
 			// xds.ValidatePolicy passed it, so this is a policy this proxy does not know.
 			s.log.Error("pushed routing policy not applied", "version", policy.GetVersion(), "err", err)
@@ -337,6 +325,31 @@ func (s *Server) applyXDS(workers []*xdsv1.Worker, policy *xdsv1.RoutingPolicy) 
 			}
 		}
 	}
+}
+
+// policyConfig is base with the routing settings of a pushed policy.
+func policyConfig(base route.Config, p *xdsv1.RoutingPolicy) route.Config {
+	cfg := base
+	cfg.Policy = p.GetPolicy()
+	cfg.OverlapWeight = p.GetOverlapWeight()
+	cfg.QueueWeight = p.GetQueueWeight()
+	cfg.Temperature = p.GetTemperature()
+	if p.ComputeWeight != nil {
+		cfg.ComputeWeight = p.GetComputeWeight()
+	}
+	if p.BackgroundWeight != nil {
+		cfg.BackgroundWeight = p.GetBackgroundWeight()
+	}
+	cfg.CacheThreshold = p.GetCacheThreshold()
+	cfg.Busy = route.BusyFilter{
+		MaxPrefillTokens: int64(p.GetBusyPrefillTokens()),
+		MaxDecodeBlocks:  int64(p.GetBusyDecodeBlocks()),
+		MaxKVFraction:    p.GetBusyKvFraction(),
+	}
+	if ttl := p.GetSessionTtlMs(); ttl > 0 {
+		cfg.SessionTTL = time.Duration(ttl) * time.Millisecond
+	}
+	return cfg
 }
 
 // sameIdentity reports whether two workers are the same engine to route to.

@@ -83,6 +83,19 @@ type Request struct {
 	candidates []*Worker
 }
 
+// CopyInputs makes dst the same request as r for another router: every input field (the
+// slices shared, read-only to the router) and none of r's scratch, which stays r's. A
+// shadow decision routes dst without disturbing what r's decision left for its caller.
+func (r *Request) CopyInputs(dst *Request) {
+	keep := Request{overlap: dst.overlap, eligible: dst.eligible, scratch: dst.scratch, costs: dst.costs, preds: dst.preds}
+	*dst = Request{
+		Model: r.Model, Hashes: r.Hashes, PromptTokens: r.PromptTokens, Priority: r.Priority, OSL: r.OSL,
+		SessionID: r.SessionID, Pin: r.Pin, PinOnly: r.PinOnly, Exclude: r.Exclude, Role: r.Role, Now: r.Now,
+		SLOTTFT: r.SLOTTFT, SLOTPOT: r.SLOTPOT,
+		overlap: keep.overlap, eligible: keep.eligible, scratch: keep.scratch, costs: keep.costs, preds: keep.preds,
+	}
+}
+
 // Reset prepares r for a new request, keeping its scratch space.
 func (r *Request) Reset() {
 	*r = Request{

@@ -387,8 +387,16 @@ type RoutingPolicy struct {
 	// once more per interactive request on the worker. Unset, the proxy's own.
 	ComputeWeight    *float64 `protobuf:"fixed64,14,opt,name=compute_weight,json=computeWeight,proto3,oneof" json:"compute_weight,omitempty"`
 	BackgroundWeight *float64 `protobuf:"fixed64,15,opt,name=background_weight,json=backgroundWeight,proto3,oneof" json:"background_weight,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// candidate, when set, is the policy a rollout is trying beside this one (the stable
+	// policy): candidate_share of the requests, chosen by a stable hash of their session (or
+	// of their prompt's first block), route with it and the rest with this one, so that a
+	// conversation never alternates between the two; with shadow every request routes with
+	// this one and the candidate's pick is only recorded. A candidate has no candidate.
+	Candidate      *RoutingPolicy `protobuf:"bytes,16,opt,name=candidate,proto3" json:"candidate,omitempty"`
+	CandidateShare float64        `protobuf:"fixed64,17,opt,name=candidate_share,json=candidateShare,proto3" json:"candidate_share,omitempty"`
+	Shadow         bool           `protobuf:"varint,18,opt,name=shadow,proto3" json:"shadow,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *RoutingPolicy) Reset() {
@@ -524,6 +532,27 @@ func (x *RoutingPolicy) GetBackgroundWeight() float64 {
 		return *x.BackgroundWeight
 	}
 	return 0
+}
+
+func (x *RoutingPolicy) GetCandidate() *RoutingPolicy {
+	if x != nil {
+		return x.Candidate
+	}
+	return nil
+}
+
+func (x *RoutingPolicy) GetCandidateShare() float64 {
+	if x != nil {
+		return x.CandidateShare
+	}
+	return 0
+}
+
+func (x *RoutingPolicy) GetShadow() bool {
+	if x != nil {
+		return x.Shadow
+	}
+	return false
 }
 
 type JournalAck struct {
@@ -957,7 +986,7 @@ const file_kvrelay_proto_rawDesc = "" +
 	"\rdecode_blocks\x18\x05 \x01(\x04R\fdecodeBlocks\x12\x1a\n" +
 	"\binflight\x18\x06 \x01(\rR\binflight\x12,\n" +
 	"\x12observed_unix_nano\x18\a \x01(\x03R\x10observedUnixNano\x123\n" +
-	"\areports\x18\b \x03(\v2\x19.kvrelay.xds.v1.ReportSeqR\areports\"\x8b\x05\n" +
+	"\areports\x18\b \x03(\v2\x19.kvrelay.xds.v1.ReportSeqR\areports\"\x89\x06\n" +
 	"\rRoutingPolicy\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\x12\x16\n" +
 	"\x06policy\x18\x02 \x01(\tR\x06policy\x12%\n" +
@@ -974,7 +1003,10 @@ const file_kvrelay_proto_rawDesc = "" +
 	"\x06disagg\x18\f \x01(\tR\x06disagg\x12.\n" +
 	"\x10disagg_threshold\x18\r \x01(\x03H\x00R\x0fdisaggThreshold\x88\x01\x01\x12*\n" +
 	"\x0ecompute_weight\x18\x0e \x01(\x01H\x01R\rcomputeWeight\x88\x01\x01\x120\n" +
-	"\x11background_weight\x18\x0f \x01(\x01H\x02R\x10backgroundWeight\x88\x01\x01B\x13\n" +
+	"\x11background_weight\x18\x0f \x01(\x01H\x02R\x10backgroundWeight\x88\x01\x01\x12;\n" +
+	"\tcandidate\x18\x10 \x01(\v2\x1d.kvrelay.xds.v1.RoutingPolicyR\tcandidate\x12'\n" +
+	"\x0fcandidate_share\x18\x11 \x01(\x01R\x0ecandidateShare\x12\x16\n" +
+	"\x06shadow\x18\x12 \x01(\bR\x06shadowB\x13\n" +
 	"\x11_disagg_thresholdB\x11\n" +
 	"\x0f_compute_weightB\x14\n" +
 	"\x12_background_weight\"p\n" +
@@ -1049,16 +1081,17 @@ var file_kvrelay_proto_depIdxs = []int32{
 	0, // 0: kvrelay.xds.v1.Worker.role:type_name -> kvrelay.xds.v1.Role
 	2, // 1: kvrelay.xds.v1.Worker.load:type_name -> kvrelay.xds.v1.Load
 	7, // 2: kvrelay.xds.v1.Load.reports:type_name -> kvrelay.xds.v1.ReportSeq
-	8, // 3: kvrelay.xds.v1.LoadReport.workers:type_name -> kvrelay.xds.v1.WorkerLoad
-	4, // 4: kvrelay.xds.v1.IndexJournal.Stream:input_type -> kvrelay.xds.v1.JournalAck
-	6, // 5: kvrelay.xds.v1.LoadReporting.Report:input_type -> kvrelay.xds.v1.LoadReport
-	5, // 6: kvrelay.xds.v1.IndexJournal.Stream:output_type -> kvrelay.xds.v1.JournalBatch
-	9, // 7: kvrelay.xds.v1.LoadReporting.Report:output_type -> kvrelay.xds.v1.LoadReportAck
-	6, // [6:8] is the sub-list for method output_type
-	4, // [4:6] is the sub-list for method input_type
-	4, // [4:4] is the sub-list for extension type_name
-	4, // [4:4] is the sub-list for extension extendee
-	0, // [0:4] is the sub-list for field type_name
+	3, // 3: kvrelay.xds.v1.RoutingPolicy.candidate:type_name -> kvrelay.xds.v1.RoutingPolicy
+	8, // 4: kvrelay.xds.v1.LoadReport.workers:type_name -> kvrelay.xds.v1.WorkerLoad
+	4, // 5: kvrelay.xds.v1.IndexJournal.Stream:input_type -> kvrelay.xds.v1.JournalAck
+	6, // 6: kvrelay.xds.v1.LoadReporting.Report:input_type -> kvrelay.xds.v1.LoadReport
+	5, // 7: kvrelay.xds.v1.IndexJournal.Stream:output_type -> kvrelay.xds.v1.JournalBatch
+	9, // 8: kvrelay.xds.v1.LoadReporting.Report:output_type -> kvrelay.xds.v1.LoadReportAck
+	7, // [7:9] is the sub-list for method output_type
+	5, // [5:7] is the sub-list for method input_type
+	5, // [5:5] is the sub-list for extension type_name
+	5, // [5:5] is the sub-list for extension extendee
+	0, // [0:5] is the sub-list for field type_name
 }
 
 func init() { file_kvrelay_proto_init() }

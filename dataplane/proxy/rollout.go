@@ -1,0 +1,141 @@
+package proxy
+
+import (
+	"encoding/binary"
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/zeebo/xxh3"
+
+	"github.com/kvrelay/kvrelay/dataplane/prefix"
+	"github.com/kvrelay/kvrelay/dataplane/route"
+	xdsv1 "github.com/kvrelay/kvrelay/xds/api/v1"
+)
+
+// A rollout's candidate policy, pushed beside the stable one (RoutingPolicy.candidate):
+// requests whose split fraction falls below its share route with it, the rest with the
+// stable policy; in shadow, all route with the stable policy and the candidate's pick is
+// only recorded. Each arm's requests are counted and timed under its policy version.
+
+// Arms of a rollout.
+const (
+	armStable = iota
+	armCandidate
+)
+
+// candidate is the candidate policy's router and its series.
+type candidate struct {
+	router  *route.Router
+	version uint64
+	share   float64
+	shadow  bool
+	arm     *armSeries
+}
+
+// armSeries are one policy version's series.
+type armSeries struct {
+	version string
+	regret  *regretObs
+	ttft    prometheus.Observer
+	ok, bad prometheus.Counter // answers 2xx, other
+}
+
+func (s *Server) newArmSeries(policy, version string) *armSeries {
+	return &armSeries{
+		version: version,
+		regret: &regretObs{
+			blocks: s.metrics.regretBlocks.WithLabelValues(policy, version),
+			gap:    s.metrics.costGap.WithLabelValues(policy, version),
+		},
+		ttft: s.metrics.armTTFT.WithLabelValues(version),
+		ok:   s.metrics.armRequests.WithLabelValues(version, "ok"),
+		bad:  s.metrics.armRequests.WithLabelValues(version, "error"),
+	}
+}
+
+// applyCandidate follows the pushed policy's candidate: a new one gets its own router over
+// pool (sharing the workers, their load and the index with the stable router), a changed
+// share or shadow applies at once, none removes it.
+func (s *Server) applyCandidate(pool *route.Pool, index prefix.Index, p *xdsv1.RoutingPolicy) {
+	c := p.GetCandidate()
+	cur := s.cand.Load()
+	if c == nil {
+		if cur != nil {
+			s.cand.Store(nil)
+			s.log.Info("rollout candidate removed", "version", cur.version)
+		}
+		return
+	}
+	if cur != nil && cur.version == c.GetVersion() {
+		cur.router.SetPool(pool)
+		if cur.share != p.GetCandidateShare() || cur.shadow != p.GetShadow() {
+			next := *cur
+			next.share, next.shadow = p.GetCandidateShare(), p.GetShadow()
+			s.cand.Store(&next)
+			s.log.Info("rollout candidate share", "version", next.version, "share", next.share, "shadow", next.shadow)
+		}
+		return
+	}
+	cfg := policyConfig(s.cfg.routeConfig(), c)
+	r, err := route.NewRouter(cfg, pool, index)
+	if err != nil {
+		s.log.Error("rollout candidate not applied", "version", c.GetVersion(), "err", err)
+		s.cand.Store(nil)
+		return
+	}
+	s.cand.Store(&candidate{router: r, version: c.GetVersion(), share: p.GetCandidateShare(), shadow: p.GetShadow(),
+		arm: s.newArmSeries(cfg.Policy, strconv.FormatUint(c.GetVersion(), 10))})
+	s.log.Info("rollout candidate applied", "version", c.GetVersion(), "policy", cfg.Policy, "share", p.GetCandidateShare(), "shadow", p.GetShadow())
+}
+
+// splitFraction places a request in [0, 1) by a hash of what keeps a conversation
+// together: its session id, else its prompt's first block, else its model and the start of
+// its body. Every proxy and every restart places it alike.
+func (cc *clientConn) splitFraction() float64 {
+	var h uint64
+	switch r := &cc.rreq; {
+	case r.SessionID != "":
+		h = xxh3.HashString(r.SessionID)
+	case len(r.Hashes) > 0:
+		var b [8]byte
+		binary.LittleEndian.PutUint64(b[:], r.Hashes[0])
+		h = xxh3.Hash(b[:])
+	default:
+		h = xxh3.Hash(append(append([]byte(nil), cc.oreq.Model...), cc.body[:min(len(cc.body), 1024)]...))
+	}
+	return float64(h>>11) / (1 << 53)
+}
+
+// armFor picks the router of a request: the candidate's for its share of requests, else
+// stable.
+func (cc *clientConn) armFor(stable *route.Router) (*route.Router, *candidate) {
+	c := cc.srv.cand.Load()
+	if c == nil || c.shadow || c.share <= 0 || cc.splitFraction() >= c.share {
+		return stable, nil
+	}
+	return c.router, c
+}
+
+// shadowPick records, in shadow, what the candidate would have picked beside the stable
+// decision d.
+func (cc *clientConn) shadowPick(d *route.Decision) {
+	c := cc.srv.cand.Load()
+	if c == nil || !c.shadow {
+		return
+	}
+	m := cc.srv.metrics
+	sr := &cc.lp.shadowReq
+	cc.rreq.CopyInputs(sr)
+	var cd route.Decision
+	if err := c.router.Route(sr, &cd); err != nil {
+		m.shadow.WithLabelValues("no_pick").Inc()
+		return
+	}
+	if cd.Worker == d.Worker {
+		m.shadow.WithLabelValues("agree").Inc()
+	} else {
+		m.shadow.WithLabelValues("disagree").Inc()
+	}
+	m.shadowOverlap.WithLabelValues("stable").Observe(d.Overlap)
+	m.shadowOverlap.WithLabelValues("candidate").Observe(cd.Overlap)
+}

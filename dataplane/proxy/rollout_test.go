@@ -1,0 +1,123 @@
+package proxy
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"math"
+	"strconv"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/kvrelay/kvrelay/dataplane/oai"
+	xdsv1 "github.com/kvrelay/kvrelay/xds/api/v1"
+)
+
+// rolloutServer is a proxy fed only by applyXDS, with two workers.
+func rolloutServer(t *testing.T) (*Server, []*xdsv1.Worker) {
+	t.Helper()
+	cfg := DefaultConfig()
+	cfg.Listen = "127.0.0.1:0"
+	cfg.XDS = "127.0.0.1:1" // nothing answers: only applyXDS feeds the proxy
+	cfg.XDSSyncTimeout = 0
+	s, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.setupXDS(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.stopXDS)
+	return s, []*xdsv1.Worker{
+		{Id: "w0", Url: "http://127.0.0.1:20000", Model: "gpt-oss-120b", Healthy: true},
+		{Id: "w1", Url: "http://127.0.0.1:20001", Model: "gpt-oss-120b", Healthy: true, Slot: 1},
+	}
+}
+
+// armOf routes a chat of session id and returns the policy version that routed it.
+func armOf(t *testing.T, s *Server, session string) string {
+	t.Helper()
+	cc := &clientConn{srv: s, lp: newLoop(s, nil), kind: oai.ChatCompletions}
+	cc.body = chat8k("q " + session)
+	cc.session = []byte(session)
+	if err := cc.parser.Parse(cc.body, oai.ChatCompletions, &cc.oreq); err != nil {
+		t.Fatal(err)
+	}
+	if err := cc.prepare(); err != nil {
+		t.Fatal(err)
+	}
+	router, cand := cc.armFor(s.kv)
+	cc.arm = s.stableArm.Load()
+	if cand != nil {
+		cc.arm = cand.arm
+	}
+	if err := router.Route(&cc.rreq, &cc.dec); err != nil {
+		t.Fatal(err)
+	}
+	if cand == nil {
+		cc.shadowPick(&cc.dec)
+	}
+	return cc.arm.version
+}
+
+// TestCandidateTakesItsShare: a pushed candidate routes its share of the sessions, each
+// session always with the same policy and alike on every proxy; a changed share applies at
+// once, and a removed candidate sends everything back to stable.
+func TestCandidateTakesItsShare(t *testing.T) {
+	s, ws := rolloutServer(t)
+	other, _ := rolloutServer(t)
+	stable := &xdsv1.RoutingPolicy{Version: 7, Policy: "kv", OverlapWeight: 64, QueueWeight: 8, CacheThreshold: 0.1}
+	with := func(share float64, shadow bool) *xdsv1.RoutingPolicy {
+		p := &xdsv1.RoutingPolicy{Version: 7, Policy: "kv", OverlapWeight: 64, QueueWeight: 8, CacheThreshold: 0.1,
+			Candidate:      &xdsv1.RoutingPolicy{Version: 8, Policy: "round-robin"},
+			CandidateShare: share, Shadow: shadow}
+		return p
+	}
+	count := func(s *Server) (cand int, arms []string) {
+		for i := range 400 {
+			a := armOf(t, s, "session-"+strconv.Itoa(i))
+			arms = append(arms, a)
+			if a == "8" {
+				cand++
+			}
+		}
+		return cand, arms
+	}
+	s.applyXDS(ws, stable)
+	if n, _ := count(s); n != 0 {
+		t.Fatalf("%d requests routed by a candidate before there was one", n)
+	}
+	for _, share := range []float64{0.25, 0.5} {
+		s.applyXDS(ws, with(share, false))
+		other.applyXDS(ws, with(share, false))
+		n, arms := count(s)
+		if got := float64(n) / 400; math.Abs(got-share) > 0.08 {
+			t.Errorf("share %v: the candidate routed %v of the sessions", share, got)
+		}
+		_, again := count(s)
+		_, elsewhere := count(other)
+		for i := range arms {
+			if arms[i] != again[i] || arms[i] != elsewhere[i] {
+				t.Fatalf("share %v: session %d went to %s, then %s, and %s on another proxy", share, i, arms[i], again[i], elsewhere[i])
+			}
+		}
+	}
+	// In shadow every request is stable's, and the candidate's picks are recorded.
+	s.applyXDS(ws, with(0.5, true))
+	if n, _ := count(s); n != 0 {
+		t.Fatalf("in shadow %d requests were routed by the candidate", n)
+	}
+	agree := testutil.ToFloat64(s.metrics.shadow.WithLabelValues("agree"))
+	disagree := testutil.ToFloat64(s.metrics.shadow.WithLabelValues("disagree"))
+	if agree+disagree != 400 || disagree == 0 {
+		t.Fatalf("shadow decisions: %v agree, %v disagree; want 400 in all, some apart (round-robin against kv)", agree, disagree)
+	}
+	s.applyXDS(ws, stable)
+	if s.cand.Load() != nil {
+		t.Fatal("the candidate stayed after the rollout ended")
+	}
+	if n, _ := count(s); n != 0 {
+		t.Fatalf("%d requests routed by a removed candidate", n)
+	}
+}
