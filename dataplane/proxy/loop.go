@@ -14,11 +14,11 @@ import (
 // that loop's goroutine: the client connections it owns, its pools of idle upstream
 // connections (one per worker) and scratch buffers.
 type loop struct {
-	srv  *Server
-	el   gnet.EventLoop
+	srv *Server
+	el  gnet.EventLoop
 	// shadowReq is the scratch request of shadow decisions (rollout.go).
 	shadowReq route.Request
-	idle [][]*upstream // by worker index
+	idle      [][]*upstream // by worker index
 	// clients is an intrusive list of this loop's client connections, for housekeeping.
 	clients clientConn
 	wbuf    []byte

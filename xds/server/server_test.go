@@ -3,8 +3,8 @@ package server_test
 import (
 	"bufio"
 	"context"
-	"errors"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"net"
