@@ -1152,3 +1152,88 @@ func TestExtraKeysMatchThroughTheIndex(t *testing.T) {
 		}
 	}
 }
+
+// TestRolloutReachesProxies: a candidate set through the operator API reaches the proxies
+// with its own version and routes its share (all of it here), measured under that version;
+// an unchanged candidate keeps its version when the stable policy changes; aborting sends
+// every request back to the stable policy, and promoting makes the candidate stable under
+// a new version.
+func TestRolloutReachesProxies(t *testing.T) {
+	c := newCluster(t, 2)
+	p := c.addProxy(c.xds)
+	waitWorkers(t, p, 2)
+	base := "http://" + p.Addr()
+	stable := `"policy":"kv","overlap_weight":64,"queue_weight":8,"cache_threshold":0.1,"busy_kv_fraction":0.95,"tier_weights":[1,0.75,0.25]`
+	candidate := strings.Replace(stable, `"overlap_weight":64`, `"overlap_weight":0`, 1)
+	code, got := c.api("PUT", "/v1/policy", `{`+stable+`,"candidate":{`+candidate+`},"candidate_share":1}`, true)
+	if code != 200 {
+		t.Fatalf("starting a rollout: %d %v", code, got)
+	}
+	ver := jsonUint(got["version"])
+	cand, _ := got["candidate"].(map[string]any)
+	if cand == nil || jsonUint(cand["version"]) <= ver || cand["overlap_weight"] != nil && cand["overlap_weight"].(float64) != 0 {
+		t.Fatalf("stored rollout: %v", got)
+	}
+	cv := jsonUint(cand["version"])
+	waitPolicy(t, p, ver)
+	metric := func(v uint64) string {
+		return `kvrelay_proxy_policy_requests_total{outcome="ok",policy_version="` + strconv.FormatUint(v, 10) + `"}`
+	}
+	count := func(v uint64) int {
+		resp, err := http.Get(base + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		for line := range strings.SplitSeq(string(b), "\n") {
+			if rest, ok := strings.CutPrefix(line, metric(v)+" "); ok {
+				n, _ := strconv.Atoi(rest)
+				return n
+			}
+		}
+		return 0
+	}
+	for i := range 3 {
+		if r := chat(t, base, family(i), "rollout"); r.status != 200 {
+			t.Fatalf("chat: %d %s", r.status, r.body)
+		}
+	}
+	if n := count(cv); n != 3 {
+		t.Fatalf("the candidate (version %d) routed %d of 3 requests at share 1", cv, n)
+	}
+	// The stable policy changes; the candidate, unchanged, keeps its version.
+	code, got = c.api("PUT", "/v1/policy", `{`+stable+`,"temperature":0.5,"candidate":{`+candidate+`},"candidate_share":1}`, true)
+	if code != 200 || jsonUint(got["candidate"].(map[string]any)["version"]) != cv {
+		t.Fatalf("changing the stable policy: %d %v, want the candidate at version %d", code, got, cv)
+	}
+	// Abort: all back to stable.
+	code, got = c.api("PUT", "/v1/policy", `{`+stable+`}`, true)
+	if code != 200 || got["candidate"] != nil {
+		t.Fatalf("aborting: %d %v", code, got)
+	}
+	sv := jsonUint(got["version"])
+	waitPolicy(t, p, sv)
+	if r := chat(t, base, family(9), "after"); r.status != 200 {
+		t.Fatalf("chat: %d %s", r.status, r.body)
+	}
+	if count(sv) != 1 || count(cv) != 3 {
+		t.Fatalf("after the abort: stable version %d routed %d, candidate %d routed %d; want 1 and 3", sv, count(sv), cv, count(cv))
+	}
+	// A share or shadow without a candidate is refused.
+	if code, _ := c.api("PUT", "/v1/policy", `{`+stable+`,"candidate_share":0.5}`, true); code != 400 {
+		t.Fatalf("a share without a candidate: %d, want 400", code)
+	}
+}
+
+// jsonUint reads a 64-bit integer of a protojson body (a string there) or a JSON number.
+func jsonUint(v any) uint64 {
+	switch x := v.(type) {
+	case string:
+		n, _ := strconv.ParseUint(x, 10, 64)
+		return n
+	case float64:
+		return uint64(x)
+	}
+	return 0
+}

@@ -117,7 +117,17 @@ func (o operator) SetDraining(_ context.Context, id string, draining bool) (*ope
 }
 
 func policyMessage(p registry.Policy) *operatorv1.Policy {
-	r := policyResource(p)
+	m := routingMessage(p)
+	if p.Candidate != nil {
+		m.Candidate = routingMessage(*p.Candidate)
+		m.CandidateShare, m.Shadow = p.CandidateShare, p.Shadow
+	}
+	return m
+}
+
+// routingMessage is the routing part of a stored policy (no candidate).
+func routingMessage(p registry.Policy) *operatorv1.Policy {
+	r := routingResource(p)
 	return &operatorv1.Policy{
 		Version: r.Version, Policy: r.Policy, OverlapWeight: r.OverlapWeight, Temperature: r.Temperature,
 		CacheThreshold: r.CacheThreshold, TierWeights: r.TierWeights, BusyPrefillTokens: r.BusyPrefillTokens,
@@ -133,6 +143,27 @@ func (o operator) GetPolicy(context.Context) (*operatorv1.Policy, error) {
 }
 
 func (o operator) SetPolicy(_ context.Context, m *operatorv1.Policy) (*operatorv1.Policy, error) {
+	p := storedPolicy(m)
+	if c := m.GetCandidate(); c != nil {
+		if c.GetCandidate() != nil || c.GetCandidateShare() != 0 || c.GetShadow() {
+			return nil, apiErr(fmt.Errorf("%w: policy: the candidate has a candidate, share or shadow of its own", registry.ErrInvalid))
+		}
+		cp := storedPolicy(c)
+		p.Candidate = &cp
+		p.CandidateShare, p.Shadow = m.GetCandidateShare(), m.GetShadow()
+	} else {
+		p.CandidateShare, p.Shadow = m.GetCandidateShare(), m.GetShadow() // refused without a candidate
+	}
+	got, err := o.s.reg.SetPolicy(p)
+	if err != nil {
+		return nil, apiErr(err)
+	}
+	return policyMessage(got), nil
+}
+
+// storedPolicy is the routing part of an API policy (no candidate; versions are the
+// registry's to assign).
+func storedPolicy(m *operatorv1.Policy) registry.Policy {
 	p := registry.Policy{
 		Name: m.GetPolicy(), OverlapWeight: m.GetOverlapWeight(), QueueWeight: m.GetQueueWeight(),
 		Disagg: m.GetDisagg(), DisaggThreshold: m.DisaggThreshold, KernelLoadSignals: m.GetKernelLoadSignals(),
@@ -142,11 +173,7 @@ func (o operator) SetPolicy(_ context.Context, m *operatorv1.Policy) (*operatorv
 		BusyKVFraction: m.GetBusyKvFraction(), SessionTTL: time.Duration(m.GetSessionTtlMs()) * time.Millisecond,
 		ComputeWeight: m.ComputeWeight, BackgroundWeight: m.BackgroundWeight,
 	}
-	got, err := o.s.reg.SetPolicy(p)
-	if err != nil {
-		return nil, apiErr(err)
-	}
-	return policyMessage(got), nil
+	return p
 }
 
 func (o operator) GetIndex(context.Context) (*operatorv1.Index, error) {

@@ -468,6 +468,16 @@ func (s *Server) workerResources() []*xdsv1.Worker {
 
 // policyResource turns a stored policy into its xDS resource.
 func policyResource(p registry.Policy) *xdsv1.RoutingPolicy {
+	r := routingResource(p)
+	if p.Candidate != nil {
+		r.Candidate = routingResource(*p.Candidate)
+		r.CandidateShare, r.Shadow = p.CandidateShare, p.Shadow
+	}
+	return r
+}
+
+// routingResource is the routing part of a stored policy (no candidate).
+func routingResource(p registry.Policy) *xdsv1.RoutingPolicy {
 	return &xdsv1.RoutingPolicy{
 		Version:           p.Version,
 		Policy:            p.Name,

@@ -288,7 +288,7 @@ result as a new version, which the control plane pushes to every proxy.`,
 	fs.DurationVar(&sessionTTL, "session-ttl", 0, "how long session affinity lasts (e.g. 10m)")
 	fs.Float64Var(&computeWeight, "compute-weight", 0, "latency policy: the request's own prefill time weighed again beside its predicted TTFT")
 	fs.Float64Var(&backgroundWeight, "background-weight", 0, "latency policy: a background request's prefill time weighed once more per interactive request on the worker")
-	cmd.AddCommand(set)
+	cmd.AddCommand(set, ctlRolloutCmd(o))
 	return cmd
 }
 
@@ -401,6 +401,16 @@ func ctlPolicyTable(w io.Writer, p *operatorv1.Policy) {
 		{"background_weight", optionalText(p.BackgroundWeight)},
 	} {
 		fmt.Fprintf(tw, "%s\t%s\n", row[0], row[1])
+	}
+	if c := p.Candidate; c != nil {
+		mode := "share " + f(p.CandidateShare)
+		if p.Shadow {
+			mode = "shadow"
+		}
+		fmt.Fprintf(tw, "candidate\tversion %d, %s, %s\n", c.Version, c.Policy, mode)
+		fmt.Fprintf(tw, "candidate_overlap_weight\t%s\n", f(c.OverlapWeight))
+		fmt.Fprintf(tw, "candidate_queue_weight\t%s\n", f(c.QueueWeight))
+		fmt.Fprintf(tw, "candidate_cache_threshold\t%s\n", f(c.CacheThreshold))
 	}
 	tw.Flush()
 }

@@ -387,3 +387,24 @@ func TestCtlParseWorkerSpec(t *testing.T) {
 		})
 	}
 }
+
+// TestCandidateFromFile: a candidate file changes only the fields it names, a zero
+// included, and may not carry rollout fields of its own.
+func TestCandidateFromFile(t *testing.T) {
+	stable := &operatorv1.Policy{Version: 4, Policy: "kv", OverlapWeight: 64, QueueWeight: 8, CacheThreshold: 0.1, TierWeights: []float64{1, 0.75, 0.25}}
+	c, err := candidateFrom(stable, []byte("overlap_weight: 0\ntemperature: 0.5\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.OverlapWeight != 0 || c.Temperature != 0.5 || c.QueueWeight != 8 || c.Policy != "kv" || len(c.TierWeights) != 3 || c.Version != 0 {
+		t.Fatalf("candidate %v", c)
+	}
+	if _, err := candidateFrom(stable, []byte(`{"policy": "round-robin"}`)); err != nil {
+		t.Fatalf("a JSON candidate: %v", err)
+	}
+	for _, bad := range []string{"candidate_share: 0.5", "shadow: true", "overlap_weight: [1", "no_such_field: 1"} {
+		if _, err := candidateFrom(stable, []byte(bad)); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}

@@ -1,6 +1,7 @@
 package registry
 
 import (
+	"encoding/json"
 	"fmt"
 	"math"
 	"slices"
@@ -68,6 +69,14 @@ type Policy struct {
 	// request once more per interactive request on the worker (unset: the proxies' own).
 	ComputeWeight    *float64 `json:"compute_weight,omitempty"`
 	BackgroundWeight *float64 `json:"background_weight,omitempty"`
+	// Candidate, when set, is a rollout's candidate beside this (stable) policy: it routes
+	// CandidateShare of the requests (in [0, 1]); with Shadow it routes none and proxies
+	// record its picks. It has no candidate of its own. Its Version comes from the same
+	// counter as the stable one's, so every version names one policy: SetPolicy gives a
+	// new or changed candidate the next version, keeps an unchanged one's.
+	Candidate      *Policy `json:"candidate,omitempty"`
+	CandidateShare float64 `json:"candidate_share,omitempty"`
+	Shadow         bool    `json:"shadow,omitempty"`
 }
 
 // DefaultPolicy is the policy served until an operator sets one, version 1: latency
@@ -138,6 +147,21 @@ func (p Policy) validate() error {
 			}
 		}
 	}
+	if err := checkRange("candidate share", p.CandidateShare, 0, 1); err != nil {
+		return err
+	}
+	switch c := p.Candidate; {
+	case c == nil && (p.CandidateShare > 0 || p.Shadow):
+		return fmt.Errorf("a candidate share or shadow without a candidate")
+	case c != nil && c.Candidate != nil:
+		return fmt.Errorf("the candidate has a candidate")
+	case c != nil && (c.CandidateShare != 0 || c.Shadow):
+		return fmt.Errorf("the candidate has a share or shadow of its own")
+	case c != nil:
+		if err := c.validate(); err != nil {
+			return fmt.Errorf("candidate: %w", err)
+		}
+	}
 	return nil
 }
 
@@ -154,7 +178,27 @@ func (p Policy) clone() Policy {
 	p.ComputeWeight = clonePtr(p.ComputeWeight)
 	p.BackgroundWeight = clonePtr(p.BackgroundWeight)
 	p.DisaggThreshold = clonePtr(p.DisaggThreshold)
+	if p.Candidate != nil {
+		c := p.Candidate.clone()
+		p.Candidate = &c
+	}
 	return p
+}
+
+// latest is the largest version p and its candidate use.
+func (p Policy) latest() uint64 {
+	if p.Candidate != nil {
+		return max(p.Version, p.Candidate.Version)
+	}
+	return p.Version
+}
+
+// sameRouting reports whether a and b route alike: every field but the version.
+func sameRouting(a, b Policy) bool {
+	a.Version, b.Version = 0, 0
+	x, _ := json.Marshal(a)
+	y, _ := json.Marshal(b)
+	return string(x) == string(y)
 }
 
 func clonePtr[T any](v *T) *T {
@@ -176,6 +220,16 @@ func nextPolicy(cur, p Policy) (Policy, error) {
 		return Policy{}, fmt.Errorf("%w: the policy is at version %d, not %d", ErrVersionConflict, cur.Version, p.Version)
 	}
 	p = p.clone()
-	p.Version = cur.Version + 1
+	next := cur.latest() + 1
+	p.Version = next
+	if c := p.Candidate; c != nil {
+		// The candidate keeps its version while it routes as before; a new or changed one
+		// is the next policy after this one.
+		if old := cur.Candidate; old != nil && sameRouting(*old, *c) {
+			c.Version = old.Version
+		} else {
+			c.Version = next + 1
+		}
+	}
 	return p, nil
 }

@@ -572,8 +572,15 @@ type Policy struct {
 	// compute_weight and background_weight tune the latency policy (unset: the proxies' own).
 	ComputeWeight    *float64 `protobuf:"fixed64,15,opt,name=compute_weight,json=computeWeight,proto3,oneof" json:"compute_weight,omitempty"`
 	BackgroundWeight *float64 `protobuf:"fixed64,16,opt,name=background_weight,json=backgroundWeight,proto3,oneof" json:"background_weight,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// candidate, when set, is a rollout's candidate policy (it carries no candidate of its
+	// own): candidate_share of the requests route with it, the rest with this one; with
+	// shadow all route with this one and the candidate's picks are only recorded. Its
+	// version is assigned by the control plane (0 in a request asks for a new one).
+	Candidate      *Policy `protobuf:"bytes,17,opt,name=candidate,proto3" json:"candidate,omitempty"`
+	CandidateShare float64 `protobuf:"fixed64,18,opt,name=candidate_share,json=candidateShare,proto3" json:"candidate_share,omitempty"`
+	Shadow         bool    `protobuf:"varint,19,opt,name=shadow,proto3" json:"shadow,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Policy) Reset() {
@@ -716,6 +723,27 @@ func (x *Policy) GetBackgroundWeight() float64 {
 		return *x.BackgroundWeight
 	}
 	return 0
+}
+
+func (x *Policy) GetCandidate() *Policy {
+	if x != nil {
+		return x.Candidate
+	}
+	return nil
+}
+
+func (x *Policy) GetCandidateShare() float64 {
+	if x != nil {
+		return x.CandidateShare
+	}
+	return 0
+}
+
+func (x *Policy) GetShadow() bool {
+	if x != nil {
+		return x.Shadow
+	}
+	return false
 }
 
 // WorkerBlocks is one worker's share of the index.
@@ -1567,7 +1595,7 @@ const file_operator_proto_rawDesc = "" +
 	" \x01(\x03R\x10observedUnixNano\"x\n" +
 	"\x06Worker\x123\n" +
 	"\x04spec\x18\x01 \x01(\v2\x1f.kvrelay.operator.v1.WorkerSpecR\x04spec\x129\n" +
-	"\x06status\x18\x02 \x01(\v2!.kvrelay.operator.v1.WorkerStatusR\x06status\"\xb4\x05\n" +
+	"\x06status\x18\x02 \x01(\v2!.kvrelay.operator.v1.WorkerStatusR\x06status\"\xb0\x06\n" +
 	"\x06Policy\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\x12\x16\n" +
 	"\x06policy\x18\x02 \x01(\tR\x06policy\x12%\n" +
@@ -1585,7 +1613,10 @@ const file_operator_proto_rawDesc = "" +
 	"\x10disagg_threshold\x18\r \x01(\x03H\x00R\x0fdisaggThreshold\x88\x01\x01\x12.\n" +
 	"\x13kernel_load_signals\x18\x0e \x01(\bR\x11kernelLoadSignals\x12*\n" +
 	"\x0ecompute_weight\x18\x0f \x01(\x01H\x01R\rcomputeWeight\x88\x01\x01\x120\n" +
-	"\x11background_weight\x18\x10 \x01(\x01H\x02R\x10backgroundWeight\x88\x01\x01B\x13\n" +
+	"\x11background_weight\x18\x10 \x01(\x01H\x02R\x10backgroundWeight\x88\x01\x01\x129\n" +
+	"\tcandidate\x18\x11 \x01(\v2\x1b.kvrelay.operator.v1.PolicyR\tcandidate\x12'\n" +
+	"\x0fcandidate_share\x18\x12 \x01(\x01R\x0ecandidateShare\x12\x16\n" +
+	"\x06shadow\x18\x13 \x01(\bR\x06shadowB\x13\n" +
 	"\x11_disagg_thresholdB\x11\n" +
 	"\x0f_compute_weightB\x14\n" +
 	"\x12_background_weight\"l\n" +
@@ -1684,38 +1715,39 @@ var file_operator_proto_depIdxs = []int32{
 	2,  // 1: kvrelay.operator.v1.WorkerStatus.ingest:type_name -> kvrelay.operator.v1.IngestStats
 	0,  // 2: kvrelay.operator.v1.Worker.spec:type_name -> kvrelay.operator.v1.WorkerSpec
 	3,  // 3: kvrelay.operator.v1.Worker.status:type_name -> kvrelay.operator.v1.WorkerStatus
-	1,  // 4: kvrelay.operator.v1.WorkerBlocks.blocks:type_name -> kvrelay.operator.v1.BlockCounts
-	6,  // 5: kvrelay.operator.v1.Index.workers:type_name -> kvrelay.operator.v1.WorkerBlocks
-	8,  // 6: kvrelay.operator.v1.Proxy.last_nack:type_name -> kvrelay.operator.v1.Nack
-	4,  // 7: kvrelay.operator.v1.ListWorkersResponse.workers:type_name -> kvrelay.operator.v1.Worker
-	0,  // 8: kvrelay.operator.v1.UpsertWorkerRequest.spec:type_name -> kvrelay.operator.v1.WorkerSpec
-	5,  // 9: kvrelay.operator.v1.SetPolicyRequest.policy:type_name -> kvrelay.operator.v1.Policy
-	9,  // 10: kvrelay.operator.v1.ListProxiesResponse.proxies:type_name -> kvrelay.operator.v1.Proxy
-	10, // 11: kvrelay.operator.v1.Operator.ListWorkers:input_type -> kvrelay.operator.v1.ListWorkersRequest
-	12, // 12: kvrelay.operator.v1.Operator.GetWorker:input_type -> kvrelay.operator.v1.GetWorkerRequest
-	13, // 13: kvrelay.operator.v1.Operator.UpsertWorker:input_type -> kvrelay.operator.v1.UpsertWorkerRequest
-	14, // 14: kvrelay.operator.v1.Operator.RemoveWorker:input_type -> kvrelay.operator.v1.RemoveWorkerRequest
-	16, // 15: kvrelay.operator.v1.Operator.Drain:input_type -> kvrelay.operator.v1.DrainRequest
-	17, // 16: kvrelay.operator.v1.Operator.Undrain:input_type -> kvrelay.operator.v1.UndrainRequest
-	18, // 17: kvrelay.operator.v1.Operator.GetPolicy:input_type -> kvrelay.operator.v1.GetPolicyRequest
-	19, // 18: kvrelay.operator.v1.Operator.SetPolicy:input_type -> kvrelay.operator.v1.SetPolicyRequest
-	20, // 19: kvrelay.operator.v1.Operator.GetIndex:input_type -> kvrelay.operator.v1.GetIndexRequest
-	21, // 20: kvrelay.operator.v1.Operator.ListProxies:input_type -> kvrelay.operator.v1.ListProxiesRequest
-	11, // 21: kvrelay.operator.v1.Operator.ListWorkers:output_type -> kvrelay.operator.v1.ListWorkersResponse
-	4,  // 22: kvrelay.operator.v1.Operator.GetWorker:output_type -> kvrelay.operator.v1.Worker
-	4,  // 23: kvrelay.operator.v1.Operator.UpsertWorker:output_type -> kvrelay.operator.v1.Worker
-	15, // 24: kvrelay.operator.v1.Operator.RemoveWorker:output_type -> kvrelay.operator.v1.RemoveWorkerResponse
-	4,  // 25: kvrelay.operator.v1.Operator.Drain:output_type -> kvrelay.operator.v1.Worker
-	4,  // 26: kvrelay.operator.v1.Operator.Undrain:output_type -> kvrelay.operator.v1.Worker
-	5,  // 27: kvrelay.operator.v1.Operator.GetPolicy:output_type -> kvrelay.operator.v1.Policy
-	5,  // 28: kvrelay.operator.v1.Operator.SetPolicy:output_type -> kvrelay.operator.v1.Policy
-	7,  // 29: kvrelay.operator.v1.Operator.GetIndex:output_type -> kvrelay.operator.v1.Index
-	22, // 30: kvrelay.operator.v1.Operator.ListProxies:output_type -> kvrelay.operator.v1.ListProxiesResponse
-	21, // [21:31] is the sub-list for method output_type
-	11, // [11:21] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	5,  // 4: kvrelay.operator.v1.Policy.candidate:type_name -> kvrelay.operator.v1.Policy
+	1,  // 5: kvrelay.operator.v1.WorkerBlocks.blocks:type_name -> kvrelay.operator.v1.BlockCounts
+	6,  // 6: kvrelay.operator.v1.Index.workers:type_name -> kvrelay.operator.v1.WorkerBlocks
+	8,  // 7: kvrelay.operator.v1.Proxy.last_nack:type_name -> kvrelay.operator.v1.Nack
+	4,  // 8: kvrelay.operator.v1.ListWorkersResponse.workers:type_name -> kvrelay.operator.v1.Worker
+	0,  // 9: kvrelay.operator.v1.UpsertWorkerRequest.spec:type_name -> kvrelay.operator.v1.WorkerSpec
+	5,  // 10: kvrelay.operator.v1.SetPolicyRequest.policy:type_name -> kvrelay.operator.v1.Policy
+	9,  // 11: kvrelay.operator.v1.ListProxiesResponse.proxies:type_name -> kvrelay.operator.v1.Proxy
+	10, // 12: kvrelay.operator.v1.Operator.ListWorkers:input_type -> kvrelay.operator.v1.ListWorkersRequest
+	12, // 13: kvrelay.operator.v1.Operator.GetWorker:input_type -> kvrelay.operator.v1.GetWorkerRequest
+	13, // 14: kvrelay.operator.v1.Operator.UpsertWorker:input_type -> kvrelay.operator.v1.UpsertWorkerRequest
+	14, // 15: kvrelay.operator.v1.Operator.RemoveWorker:input_type -> kvrelay.operator.v1.RemoveWorkerRequest
+	16, // 16: kvrelay.operator.v1.Operator.Drain:input_type -> kvrelay.operator.v1.DrainRequest
+	17, // 17: kvrelay.operator.v1.Operator.Undrain:input_type -> kvrelay.operator.v1.UndrainRequest
+	18, // 18: kvrelay.operator.v1.Operator.GetPolicy:input_type -> kvrelay.operator.v1.GetPolicyRequest
+	19, // 19: kvrelay.operator.v1.Operator.SetPolicy:input_type -> kvrelay.operator.v1.SetPolicyRequest
+	20, // 20: kvrelay.operator.v1.Operator.GetIndex:input_type -> kvrelay.operator.v1.GetIndexRequest
+	21, // 21: kvrelay.operator.v1.Operator.ListProxies:input_type -> kvrelay.operator.v1.ListProxiesRequest
+	11, // 22: kvrelay.operator.v1.Operator.ListWorkers:output_type -> kvrelay.operator.v1.ListWorkersResponse
+	4,  // 23: kvrelay.operator.v1.Operator.GetWorker:output_type -> kvrelay.operator.v1.Worker
+	4,  // 24: kvrelay.operator.v1.Operator.UpsertWorker:output_type -> kvrelay.operator.v1.Worker
+	15, // 25: kvrelay.operator.v1.Operator.RemoveWorker:output_type -> kvrelay.operator.v1.RemoveWorkerResponse
+	4,  // 26: kvrelay.operator.v1.Operator.Drain:output_type -> kvrelay.operator.v1.Worker
+	4,  // 27: kvrelay.operator.v1.Operator.Undrain:output_type -> kvrelay.operator.v1.Worker
+	5,  // 28: kvrelay.operator.v1.Operator.GetPolicy:output_type -> kvrelay.operator.v1.Policy
+	5,  // 29: kvrelay.operator.v1.Operator.SetPolicy:output_type -> kvrelay.operator.v1.Policy
+	7,  // 30: kvrelay.operator.v1.Operator.GetIndex:output_type -> kvrelay.operator.v1.Index
+	22, // 31: kvrelay.operator.v1.Operator.ListProxies:output_type -> kvrelay.operator.v1.ListProxiesResponse
+	22, // [22:32] is the sub-list for method output_type
+	12, // [12:22] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_operator_proto_init() }
