@@ -1202,6 +1202,24 @@ func TestRolloutReachesProxies(t *testing.T) {
 	if n := count(cv); n != 3 {
 		t.Fatalf("the candidate (version %d) routed %d of 3 requests at share 1", cv, n)
 	}
+	// The proxies' reports carry each arm to the control plane.
+	want := `kvrelay_controlplane_policy_requests_total{outcome="ok",policy_version="` + strconv.FormatUint(cv, 10) + `"} 3`
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		resp, err := http.Get("http://" + c.cp.APIAddr() + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if strings.Contains(string(b), want) && strings.Contains(string(b), `kvrelay_controlplane_policy_ttft_p90_seconds{policy_version="`+strconv.FormatUint(cv, 10)+`"}`) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("control plane metrics lack %s", want)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	// The stable policy changes; the candidate, unchanged, keeps its version.
 	code, got = c.api("PUT", "/v1/policy", `{`+stable+`,"temperature":0.5,"candidate":{`+candidate+`},"candidate_share":1}`, true)
 	if code != 200 || jsonUint(got["candidate"].(map[string]any)["version"]) != cv {

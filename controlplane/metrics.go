@@ -1,7 +1,12 @@
 package controlplane
 
 import (
+	"math"
+	"strconv"
+
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvrelay/kvrelay/controlplane/rollout"
 )
 
 // collector exposes the control plane's state as Prometheus metrics, read at scrape time.
@@ -16,6 +21,7 @@ type collector struct {
 	proxies, pushes, pushedResources, acks       *prometheus.Desc
 	nacks, loadReporters, workers, policyVersion *prometheus.Desc
 	unknownLoads, refusedStreams, refusedConns   *prometheus.Desc
+	armRequests, armTTFTP90, armHitRate          *prometheus.Desc
 	journalDropped, xdsDropped                   *prometheus.Desc
 }
 
@@ -44,6 +50,9 @@ func newCollector(s *Server) *collector {
 		nacks:            d("xds_nacks_total", "ADS responses refused by proxies."),
 		loadReporters:    d("load_reporters", "Proxies whose in-flight load report is live."),
 		unknownLoads:     d("load_report_unknown_workers_total", "Load report entries dropped for naming a worker that is not published."),
+		armRequests:      d("policy_requests_total", "Chat and text completions the proxies answered, by the routing policy version that routed them and outcome (ok: 2xx, error), summed over the proxies reporting now.", "policy_version", "outcome"),
+		armTTFTP90:       d("policy_ttft_p90_seconds", "TTFT p90 of the requests each routing policy version routed, over the proxies reporting now (a rollout's stable and candidate arms).", "policy_version"),
+		armHitRate:       d("policy_prefix_hit_rate", "Share of prompt blocks engines reported cached, of the requests each routing policy version routed.", "policy_version"),
 		refusedConns:     d("xds_refused_connections_total", "xDS connections closed at once for a peer host already holding 32."),
 		refusedStreams:   d("xds_refused_streams_total", "xDS streams refused, by reason (no_token, bad_token, wrong_node: a node id the credential was not issued for, bad_cert, too_many: the peer's stream limit).", "reason"),
 		journalDropped:   d("journal_dropped_streams_total", "Index journal streams ended by the control plane, by reason (send_timeout: the proxy took nothing for 30 s, ack_timeout: it left a batch unacknowledged for 30 s); the proxy reconnects and resumes or resnapshots.", "reason"),
@@ -116,6 +125,17 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	k(c.unknownLoads, xs.UnknownWorkerLoads)
 	k(c.refusedStreams, xs.RefusedStreams, "too_many")
 	k(c.refusedConns, xs.RefusedConns)
+	for v, a := range s.xds.Arms() {
+		ver := strconv.FormatUint(v, 10)
+		k(c.armRequests, a.Requests-min(a.Errors, a.Requests), ver, "ok")
+		k(c.armRequests, a.Errors, ver, "error")
+		if q := (rollout.Histogram{Bounds: a.TTFTBounds, Counts: a.TTFTCounts}).Quantile(0.9); !math.IsNaN(q) {
+			g(c.armTTFTP90, q, ver)
+		}
+		if a.PromptBlocks > 0 {
+			g(c.armHitRate, float64(a.CachedBlocks)/float64(a.PromptBlocks), ver)
+		}
+	}
 	k(c.xdsDropped, xs.SlowStreams, "send_timeout")
 	for reason, n := range s.xdsAuth.Refused() {
 		k(c.refusedStreams, n, reason)

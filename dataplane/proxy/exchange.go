@@ -483,22 +483,20 @@ func (ex *exchange) finish() {
 	ex.resume()
 	now := cc.lp.now
 	res := cc.obs.Result()
-	if ttft, ok := res.TTFT(); ok {
+	ttft, hasTTFT := res.TTFT()
+	if hasTTFT {
 		cc.mm.ttft.Observe(seconds(ttft))
-		if cc.arm != nil && (cc.kind == oai.ChatCompletions || cc.kind == oai.Completions) {
-			cc.arm.ttft.Observe(seconds(ttft))
-		}
 	}
 	status := ex.status
 	if status == 0 {
 		status = 502
 	}
 	if a := cc.arm; a != nil && (cc.kind == oai.ChatCompletions || cc.kind == oai.Completions) {
-		if status >= 200 && status < 300 {
-			a.ok.Inc()
-		} else {
-			a.bad.Inc()
+		cached, prompt := 0, 0
+		if res.Usage.HasCached {
+			cached, prompt = int(res.Usage.CachedTokens)/s.cfg.BlockSize, len(cc.rreq.Hashes)
 		}
+		a.observe(status, seconds(ttft), hasTTFT, cached, prompt)
 	}
 	s.metrics.requestOf(cc.mm, cc.model, cc.kind, status)
 	cc.mm.e2e[cc.kind].Observe(seconds(now - ex.start))

@@ -124,7 +124,7 @@ func newMetrics() *metrics {
 		}, []string{"policy", "policy_version"}),
 		armTTFT: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "kvrelay_proxy_policy_ttft_seconds", Help: "Time to first token of chat and text completions by the routing policy version that routed them (a rollout's stable and candidate arms).",
-			Buckets: prometheus.ExponentialBuckets(0.005, 2, 14),
+			Buckets: armTTFTBounds[:],
 		}, []string{"policy_version"}),
 		armRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvrelay_proxy_policy_requests_total", Help: "Answered chat and text completions by the routing policy version that routed them and outcome (ok: 2xx, error: the rest).",

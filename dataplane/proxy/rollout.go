@@ -3,6 +3,7 @@ package proxy
 import (
 	"encoding/binary"
 	"strconv"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/zeebo/xxh3"
@@ -32,16 +33,75 @@ type candidate struct {
 	arm     *armSeries
 }
 
-// armSeries are one policy version's series.
+// armSeries are one policy version's series, and the same figures as counters for the load
+// reports (ArmReport).
 type armSeries struct {
 	version string
 	regret  *regretObs
 	ttft    prometheus.Observer
 	ok, bad prometheus.Counter // answers 2xx, other
+
+	num              uint64 // the version; 0 for a static proxy's policy
+	requests, errors atomic.Uint64
+	ttftCounts       [len(armTTFTBounds) + 1]atomic.Uint64
+	cached, prompt   atomic.Uint64
+}
+
+// armTTFTBounds are the TTFT buckets of each arm, in its histogram and its reports.
+var armTTFTBounds = [...]float64{0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96}
+
+// observe records one answered request of the arm: its status, its TTFT when it had a
+// first token, and, when the engine reported its cache, the prompt blocks cached of those
+// it had.
+func (a *armSeries) observe(status int, ttft float64, hasTTFT bool, cached, prompt int) {
+	a.requests.Add(1)
+	if status >= 200 && status < 300 {
+		a.ok.Inc()
+	} else {
+		a.errors.Add(1)
+		a.bad.Inc()
+	}
+	if hasTTFT {
+		a.ttft.Observe(ttft)
+		i := 0
+		for i < len(armTTFTBounds) && ttft > armTTFTBounds[i] {
+			i++
+		}
+		a.ttftCounts[i].Add(1)
+	}
+	if prompt > 0 {
+		a.cached.Add(uint64(max(min(cached, prompt), 0)))
+		a.prompt.Add(uint64(prompt))
+	}
+}
+
+// report is the arm's figures for a load report.
+func (a *armSeries) report() *xdsv1.ArmReport {
+	r := &xdsv1.ArmReport{PolicyVersion: a.num, Requests: a.requests.Load(), Errors: a.errors.Load(),
+		TtftBounds: armTTFTBounds[:], TtftCounts: make([]uint64, len(a.ttftCounts)),
+		CachedBlocks: a.cached.Load(), PromptBlocks: a.prompt.Load()}
+	for i := range a.ttftCounts {
+		r.TtftCounts[i] = a.ttftCounts[i].Load()
+	}
+	return r
+}
+
+// armReports are the figures of the arms routing now, for a load report.
+func (s *Server) armReports() []*xdsv1.ArmReport {
+	var out []*xdsv1.ArmReport
+	if a := s.stableArm.Load(); a != nil && a.num != 0 {
+		out = append(out, a.report())
+	}
+	if c := s.cand.Load(); c != nil {
+		out = append(out, c.arm.report())
+	}
+	return out
 }
 
 func (s *Server) newArmSeries(policy, version string) *armSeries {
+	num, _ := strconv.ParseUint(version, 10, 64)
 	return &armSeries{
+		num:     num,
 		version: version,
 		regret: &regretObs{
 			blocks: s.metrics.regretBlocks.WithLabelValues(policy, version),

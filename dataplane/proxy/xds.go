@@ -153,7 +153,7 @@ func (s *Server) setupXDS(ctx context.Context) error {
 		NodeID:  nodeID,
 		OnError: func(err error) { s.log.Debug("index journal stream ended", "err", err) },
 	})
-	x.reporter, err = client.NewReporter(conn, client.ReporterOptions{NodeID: nodeID, Snapshot: s.ownLoad, Interval: 100 * time.Millisecond})
+	x.reporter, err = client.NewReporter(conn, client.ReporterOptions{NodeID: nodeID, Snapshot: s.ownLoad, Arms: s.armReports, Interval: 100 * time.Millisecond})
 	if err != nil {
 		conn.Close()
 		return err

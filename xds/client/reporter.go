@@ -29,6 +29,9 @@ type ReporterOptions struct {
 	// from Run's goroutine once per interval; the result is only read, and not after the
 	// next call.
 	Snapshot func(seq uint64) []*xdsv1.WorkerLoad
+	// Arms, when set, returns the figures of the routing policy versions the proxy routes
+	// with (LoadReport.arms), called beside Snapshot.
+	Arms func() []*xdsv1.ArmReport
 	// Interval is how often to report until the control plane names its interval (default
 	// DefaultReportInterval).
 	Interval time.Duration
@@ -140,6 +143,9 @@ func (r *Reporter) stream(ctx context.Context) (healthy bool, err error) {
 	send := func() error {
 		r.seq++
 		rep := &xdsv1.LoadReport{NodeId: r.opts.NodeID, Seq: r.seq, Workers: r.opts.Snapshot(r.seq)}
+		if r.opts.Arms != nil {
+			rep.Arms = r.opts.Arms()
+		}
 		if err := st.Send(rep); err != nil {
 			return fmt.Errorf("sending load report: %w", err)
 		}

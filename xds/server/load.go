@@ -58,6 +58,35 @@ func (s *Server) MergedReports() (map[string]WorkerLoad, []*xdsv1.ReportSeq) {
 	return s.load.mergedReports()
 }
 
+// Arms sums the live reports' arms by policy version: each arm's figures over the proxies
+// that route with it (histograms with other bounds than the first proxy's are left out).
+func (s *Server) Arms() map[uint64]Arm { return s.load.arms() }
+
+func (l *loadStore) arms() map[uint64]Arm {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := map[uint64]Arm{}
+	for _, r := range l.nodes {
+		for _, a := range r.arms {
+			sum, ok := out[a.Version]
+			if !ok {
+				sum = Arm{Version: a.Version, TTFTBounds: a.TTFTBounds, TTFTCounts: make([]uint64, len(a.TTFTCounts))}
+			}
+			sum.Requests = satAdd(sum.Requests, a.Requests)
+			sum.Errors = satAdd(sum.Errors, a.Errors)
+			sum.CachedBlocks = satAdd(sum.CachedBlocks, a.CachedBlocks)
+			sum.PromptBlocks = satAdd(sum.PromptBlocks, a.PromptBlocks)
+			if slices.Equal(sum.TTFTBounds, a.TTFTBounds) {
+				for i, c := range a.TTFTCounts {
+					sum.TTFTCounts[i] = satAdd(sum.TTFTCounts[i], c)
+				}
+			}
+			out[a.Version] = sum
+		}
+	}
+	return out
+}
+
 // NodeLoad returns the latest live report of one node, or nil. The map is the caller's.
 func (s *Server) NodeLoad(nodeID string) map[string]WorkerLoad { return s.load.node(nodeID) }
 
@@ -86,6 +115,41 @@ type nodeReport struct {
 	seq    uint64 // the report's own number (LoadReport.seq)
 	at     time.Time
 	loads  map[string]WorkerLoad
+	arms   []Arm
+}
+
+// Arm is what the proxies saw of the requests one routing policy version routed,
+// cumulative (ArmReport): a rollout compares the stable and candidate arms.
+type Arm struct {
+	Version          uint64
+	Requests, Errors uint64
+	// TTFTCounts[i] counts first tokens within TTFTBounds[i] seconds; the last entry, one
+	// past the bounds, those above.
+	TTFTBounds                 []float64
+	TTFTCounts                 []uint64
+	CachedBlocks, PromptBlocks uint64
+}
+
+// maxArms bounds the arms kept of one report (a proxy routes with two at most).
+const maxArms = 4
+
+// armsOf validates a report's arms: at most maxArms, versioned, with increasing finite
+// bounds and one count more than bounds (at most 64); the others are dropped.
+func armsOf(r *xdsv1.LoadReport) []Arm {
+	var out []Arm
+	for _, a := range r.GetArms() {
+		b, c := a.GetTtftBounds(), a.GetTtftCounts()
+		ok := a.GetPolicyVersion() != 0 && len(b) <= 64 && len(c) == len(b)+1 && len(out) < maxArms
+		for i := 0; ok && i < len(b); i++ {
+			ok = !math.IsNaN(b[i]) && !math.IsInf(b[i], 0) && (i == 0 || b[i] > b[i-1])
+		}
+		if !ok {
+			continue
+		}
+		out = append(out, Arm{Version: a.GetPolicyVersion(), Requests: a.GetRequests(), Errors: a.GetErrors(),
+			TTFTBounds: slices.Clone(b), TTFTCounts: slices.Clone(c), CachedBlocks: a.GetCachedBlocks(), PromptBlocks: a.GetPromptBlocks()})
+	}
+	return out
 }
 
 func newLoadStore(staleAfter time.Duration, now func() time.Time) *loadStore {
@@ -131,7 +195,7 @@ func (l *loadStore) put(node string, stream uint64, r *xdsv1.LoadReport) {
 	l.mu.Lock()
 	prev := l.nodes[node]
 	same := prev != nil && now.Sub(prev.at) < l.staleAfter && maps.Equal(prev.loads, loads)
-	l.nodes[node] = &nodeReport{stream: stream, seq: r.GetSeq(), at: now, loads: loads}
+	l.nodes[node] = &nodeReport{stream: stream, seq: r.GetSeq(), at: now, loads: loads, arms: armsOf(r)}
 	l.mu.Unlock()
 	if !same {
 		l.signal()

@@ -418,3 +418,42 @@ func TestConnectionsPerPeerAreBounded(t *testing.T) {
 		return err == nil
 	})
 }
+
+// TestArmsAreSummedAcrossProxies: each proxy's arm figures are summed by policy version;
+// malformed arms (no version, unordered bounds, counts not one past the bounds) are dropped.
+func TestArmsAreSummedAcrossProxies(t *testing.T) {
+	srv := server.New(server.Options{ShutdownGrace: 50 * time.Millisecond})
+	if err := srv.SetWorkers(workers(1, 0)); err != nil {
+		t.Fatal(err)
+	}
+	addr := serve(t, srv)
+	conn := dial(t, addr, 1<<16)
+	arm := func(v uint64, n uint64) *xdsv1.ArmReport {
+		return &xdsv1.ArmReport{PolicyVersion: v, Requests: n, Errors: 1, TtftBounds: []float64{0.1, 1}, TtftCounts: []uint64{n - 1, 1, 0}, CachedBlocks: 9 * n, PromptBlocks: 10 * n}
+	}
+	for i, node := range []string{"a", "b"} {
+		st, err := xdsv1.NewLoadReportingClient(conn).Report(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		rep := &xdsv1.LoadReport{NodeId: node, Seq: 1, Arms: []*xdsv1.ArmReport{
+			arm(7, uint64(10*(i+1))), arm(8, 5),
+			{PolicyVersion: 0, Requests: 99, TtftCounts: []uint64{1}},
+			{PolicyVersion: 9, Requests: 99, TtftBounds: []float64{1, 0.5}, TtftCounts: []uint64{1, 1, 1}},
+			{PolicyVersion: 9, Requests: 99, TtftBounds: []float64{1}, TtftCounts: []uint64{1}},
+		}}
+		if err := st.Send(rep); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.Recv(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = st.CloseSend() })
+	}
+	waitUntil(t, "both reports", func() bool { return srv.Arms()[7].Requests == 30 })
+	arms := srv.Arms()
+	a7, a8 := arms[7], arms[8]
+	if a7.Errors != 2 || a7.PromptBlocks != 300 || a7.TTFTCounts[0] != 28 || a8.Requests != 10 || len(arms) != 2 {
+		t.Fatalf("arms %+v", arms)
+	}
+}

@@ -732,7 +732,10 @@ type LoadReport struct {
 	NodeId  string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
 	Workers []*WorkerLoad          `protobuf:"bytes,2,rep,name=workers,proto3" json:"workers,omitempty"`
 	// seq numbers a proxy's reports, increasing (from 1) for the life of its process.
-	Seq           uint64 `protobuf:"varint,3,opt,name=seq,proto3" json:"seq,omitempty"`
+	Seq uint64 `protobuf:"varint,3,opt,name=seq,proto3" json:"seq,omitempty"`
+	// arms are the proxy's figures per routing policy version it routes with now (the stable
+	// policy and, during a rollout, the candidate), cumulative for the process's life.
+	Arms          []*ArmReport `protobuf:"bytes,4,rep,name=arms,proto3" json:"arms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -788,6 +791,112 @@ func (x *LoadReport) GetSeq() uint64 {
 	return 0
 }
 
+func (x *LoadReport) GetArms() []*ArmReport {
+	if x != nil {
+		return x.Arms
+	}
+	return nil
+}
+
+// ArmReport is what one proxy saw of the chat and text completions one policy version
+// routed.
+type ArmReport struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	PolicyVersion uint64                 `protobuf:"varint,1,opt,name=policy_version,json=policyVersion,proto3" json:"policy_version,omitempty"`
+	Requests      uint64                 `protobuf:"varint,2,opt,name=requests,proto3" json:"requests,omitempty"`
+	// errors are the answers other than 2xx.
+	Errors uint64 `protobuf:"varint,3,opt,name=errors,proto3" json:"errors,omitempty"`
+	// ttft_counts[i] counts first tokens within ttft_bounds[i] seconds (above
+	// ttft_bounds[i-1]); its last entry, one past the bounds, those above the last bound.
+	TtftBounds []float64 `protobuf:"fixed64,4,rep,packed,name=ttft_bounds,json=ttftBounds,proto3" json:"ttft_bounds,omitempty"`
+	TtftCounts []uint64  `protobuf:"varint,5,rep,packed,name=ttft_counts,json=ttftCounts,proto3" json:"ttft_counts,omitempty"`
+	// cached_blocks and prompt_blocks are the prompt blocks engines reported cached, of those
+	// the answers reported: the arm's prefix hit rate.
+	CachedBlocks  uint64 `protobuf:"varint,6,opt,name=cached_blocks,json=cachedBlocks,proto3" json:"cached_blocks,omitempty"`
+	PromptBlocks  uint64 `protobuf:"varint,7,opt,name=prompt_blocks,json=promptBlocks,proto3" json:"prompt_blocks,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ArmReport) Reset() {
+	*x = ArmReport{}
+	mi := &file_kvrelay_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ArmReport) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ArmReport) ProtoMessage() {}
+
+func (x *ArmReport) ProtoReflect() protoreflect.Message {
+	mi := &file_kvrelay_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ArmReport.ProtoReflect.Descriptor instead.
+func (*ArmReport) Descriptor() ([]byte, []int) {
+	return file_kvrelay_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *ArmReport) GetPolicyVersion() uint64 {
+	if x != nil {
+		return x.PolicyVersion
+	}
+	return 0
+}
+
+func (x *ArmReport) GetRequests() uint64 {
+	if x != nil {
+		return x.Requests
+	}
+	return 0
+}
+
+func (x *ArmReport) GetErrors() uint64 {
+	if x != nil {
+		return x.Errors
+	}
+	return 0
+}
+
+func (x *ArmReport) GetTtftBounds() []float64 {
+	if x != nil {
+		return x.TtftBounds
+	}
+	return nil
+}
+
+func (x *ArmReport) GetTtftCounts() []uint64 {
+	if x != nil {
+		return x.TtftCounts
+	}
+	return nil
+}
+
+func (x *ArmReport) GetCachedBlocks() uint64 {
+	if x != nil {
+		return x.CachedBlocks
+	}
+	return 0
+}
+
+func (x *ArmReport) GetPromptBlocks() uint64 {
+	if x != nil {
+		return x.PromptBlocks
+	}
+	return 0
+}
+
 // ReportSeq names the report of one proxy that a pushed load includes.
 type ReportSeq struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -799,7 +908,7 @@ type ReportSeq struct {
 
 func (x *ReportSeq) Reset() {
 	*x = ReportSeq{}
-	mi := &file_kvrelay_proto_msgTypes[6]
+	mi := &file_kvrelay_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -811,7 +920,7 @@ func (x *ReportSeq) String() string {
 func (*ReportSeq) ProtoMessage() {}
 
 func (x *ReportSeq) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[6]
+	mi := &file_kvrelay_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -824,7 +933,7 @@ func (x *ReportSeq) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportSeq.ProtoReflect.Descriptor instead.
 func (*ReportSeq) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{6}
+	return file_kvrelay_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ReportSeq) GetNodeId() string {
@@ -853,7 +962,7 @@ type WorkerLoad struct {
 
 func (x *WorkerLoad) Reset() {
 	*x = WorkerLoad{}
-	mi := &file_kvrelay_proto_msgTypes[7]
+	mi := &file_kvrelay_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -865,7 +974,7 @@ func (x *WorkerLoad) String() string {
 func (*WorkerLoad) ProtoMessage() {}
 
 func (x *WorkerLoad) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[7]
+	mi := &file_kvrelay_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -878,7 +987,7 @@ func (x *WorkerLoad) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerLoad.ProtoReflect.Descriptor instead.
 func (*WorkerLoad) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{7}
+	return file_kvrelay_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *WorkerLoad) GetWorkerId() string {
@@ -919,7 +1028,7 @@ type LoadReportAck struct {
 
 func (x *LoadReportAck) Reset() {
 	*x = LoadReportAck{}
-	mi := &file_kvrelay_proto_msgTypes[8]
+	mi := &file_kvrelay_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -931,7 +1040,7 @@ func (x *LoadReportAck) String() string {
 func (*LoadReportAck) ProtoMessage() {}
 
 func (x *LoadReportAck) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[8]
+	mi := &file_kvrelay_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -944,7 +1053,7 @@ func (x *LoadReportAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadReportAck.ProtoReflect.Descriptor instead.
 func (*LoadReportAck) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{8}
+	return file_kvrelay_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *LoadReportAck) GetIntervalMs() uint32 {
@@ -1024,12 +1133,23 @@ const file_kvrelay_proto_rawDesc = "" +
 	"\x05reset\x18\x04 \x01(\bR\x05reset\x12#\n" +
 	"\rsnapshot_done\x18\x05 \x01(\bR\fsnapshotDone\x12\x10\n" +
 	"\x03seq\x18\x06 \x03(\x06R\x03seq\x12\x0e\n" +
-	"\x02at\x18\a \x03(\rR\x02at\"m\n" +
+	"\x02at\x18\a \x03(\rR\x02at\"\x9c\x01\n" +
 	"\n" +
 	"LoadReport\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x124\n" +
 	"\aworkers\x18\x02 \x03(\v2\x1a.kvrelay.xds.v1.WorkerLoadR\aworkers\x12\x10\n" +
-	"\x03seq\x18\x03 \x01(\x04R\x03seq\"6\n" +
+	"\x03seq\x18\x03 \x01(\x04R\x03seq\x12-\n" +
+	"\x04arms\x18\x04 \x03(\v2\x19.kvrelay.xds.v1.ArmReportR\x04arms\"\xf2\x01\n" +
+	"\tArmReport\x12%\n" +
+	"\x0epolicy_version\x18\x01 \x01(\x04R\rpolicyVersion\x12\x1a\n" +
+	"\brequests\x18\x02 \x01(\x04R\brequests\x12\x16\n" +
+	"\x06errors\x18\x03 \x01(\x04R\x06errors\x12\x1f\n" +
+	"\vttft_bounds\x18\x04 \x03(\x01R\n" +
+	"ttftBounds\x12\x1f\n" +
+	"\vttft_counts\x18\x05 \x03(\x04R\n" +
+	"ttftCounts\x12#\n" +
+	"\rcached_blocks\x18\x06 \x01(\x04R\fcachedBlocks\x12#\n" +
+	"\rprompt_blocks\x18\a \x01(\x04R\fpromptBlocks\"6\n" +
 	"\tReportSeq\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\"\x91\x01\n" +
@@ -1064,7 +1184,7 @@ func file_kvrelay_proto_rawDescGZIP() []byte {
 }
 
 var file_kvrelay_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_kvrelay_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_kvrelay_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_kvrelay_proto_goTypes = []any{
 	(Role)(0),             // 0: kvrelay.xds.v1.Role
 	(*Worker)(nil),        // 1: kvrelay.xds.v1.Worker
@@ -1073,25 +1193,27 @@ var file_kvrelay_proto_goTypes = []any{
 	(*JournalAck)(nil),    // 4: kvrelay.xds.v1.JournalAck
 	(*JournalBatch)(nil),  // 5: kvrelay.xds.v1.JournalBatch
 	(*LoadReport)(nil),    // 6: kvrelay.xds.v1.LoadReport
-	(*ReportSeq)(nil),     // 7: kvrelay.xds.v1.ReportSeq
-	(*WorkerLoad)(nil),    // 8: kvrelay.xds.v1.WorkerLoad
-	(*LoadReportAck)(nil), // 9: kvrelay.xds.v1.LoadReportAck
+	(*ArmReport)(nil),     // 7: kvrelay.xds.v1.ArmReport
+	(*ReportSeq)(nil),     // 8: kvrelay.xds.v1.ReportSeq
+	(*WorkerLoad)(nil),    // 9: kvrelay.xds.v1.WorkerLoad
+	(*LoadReportAck)(nil), // 10: kvrelay.xds.v1.LoadReportAck
 }
 var file_kvrelay_proto_depIdxs = []int32{
-	0, // 0: kvrelay.xds.v1.Worker.role:type_name -> kvrelay.xds.v1.Role
-	2, // 1: kvrelay.xds.v1.Worker.load:type_name -> kvrelay.xds.v1.Load
-	7, // 2: kvrelay.xds.v1.Load.reports:type_name -> kvrelay.xds.v1.ReportSeq
-	3, // 3: kvrelay.xds.v1.RoutingPolicy.candidate:type_name -> kvrelay.xds.v1.RoutingPolicy
-	8, // 4: kvrelay.xds.v1.LoadReport.workers:type_name -> kvrelay.xds.v1.WorkerLoad
-	4, // 5: kvrelay.xds.v1.IndexJournal.Stream:input_type -> kvrelay.xds.v1.JournalAck
-	6, // 6: kvrelay.xds.v1.LoadReporting.Report:input_type -> kvrelay.xds.v1.LoadReport
-	5, // 7: kvrelay.xds.v1.IndexJournal.Stream:output_type -> kvrelay.xds.v1.JournalBatch
-	9, // 8: kvrelay.xds.v1.LoadReporting.Report:output_type -> kvrelay.xds.v1.LoadReportAck
-	7, // [7:9] is the sub-list for method output_type
-	5, // [5:7] is the sub-list for method input_type
-	5, // [5:5] is the sub-list for extension type_name
-	5, // [5:5] is the sub-list for extension extendee
-	0, // [0:5] is the sub-list for field type_name
+	0,  // 0: kvrelay.xds.v1.Worker.role:type_name -> kvrelay.xds.v1.Role
+	2,  // 1: kvrelay.xds.v1.Worker.load:type_name -> kvrelay.xds.v1.Load
+	8,  // 2: kvrelay.xds.v1.Load.reports:type_name -> kvrelay.xds.v1.ReportSeq
+	3,  // 3: kvrelay.xds.v1.RoutingPolicy.candidate:type_name -> kvrelay.xds.v1.RoutingPolicy
+	9,  // 4: kvrelay.xds.v1.LoadReport.workers:type_name -> kvrelay.xds.v1.WorkerLoad
+	7,  // 5: kvrelay.xds.v1.LoadReport.arms:type_name -> kvrelay.xds.v1.ArmReport
+	4,  // 6: kvrelay.xds.v1.IndexJournal.Stream:input_type -> kvrelay.xds.v1.JournalAck
+	6,  // 7: kvrelay.xds.v1.LoadReporting.Report:input_type -> kvrelay.xds.v1.LoadReport
+	5,  // 8: kvrelay.xds.v1.IndexJournal.Stream:output_type -> kvrelay.xds.v1.JournalBatch
+	10, // 9: kvrelay.xds.v1.LoadReporting.Report:output_type -> kvrelay.xds.v1.LoadReportAck
+	8,  // [8:10] is the sub-list for method output_type
+	6,  // [6:8] is the sub-list for method input_type
+	6,  // [6:6] is the sub-list for extension type_name
+	6,  // [6:6] is the sub-list for extension extendee
+	0,  // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_kvrelay_proto_init() }
@@ -1106,7 +1228,7 @@ func file_kvrelay_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvrelay_proto_rawDesc), len(file_kvrelay_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   9,
+			NumMessages:   10,
 			NumExtensions: 0,
 			NumServices:   2,
 		},
