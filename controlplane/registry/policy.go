@@ -30,7 +30,9 @@ func PolicyNames() []string { return policy.Names() }
 // Policy is the routing policy every proxy applies. Its fields mirror the xDS
 // RoutingPolicy resource; zero busy thresholds turn those thresholds off.
 type Policy struct {
-	// Version grows by one with every change (Registry.SetPolicy assigns it).
+	// Version names the way this policy routes: Registry.SetPolicy gives a changed policy
+	// the next number and keeps it for a change that leaves the routing as it was (the
+	// rollout's share, say).
 	Version uint64 `json:"version"`
 	// Name is the router policy, one of PolicyNames.
 	Name string `json:"name"`
@@ -220,16 +222,27 @@ func nextPolicy(cur, p Policy) (Policy, error) {
 		return Policy{}, fmt.Errorf("%w: the policy is at version %d, not %d", ErrVersionConflict, cur.Version, p.Version)
 	}
 	p = p.clone()
+	// A version names one way of routing: the stable policy and the candidate each keep
+	// theirs while they route as before (a rollout's share moving changes neither), and a
+	// new or changed one takes the next number.
 	next := cur.latest() + 1
-	p.Version = next
+	if sameRouting(stableOf(cur), stableOf(p)) && cur.Version != 0 {
+		p.Version = cur.Version
+	} else {
+		p.Version, next = next, next+1
+	}
 	if c := p.Candidate; c != nil {
-		// The candidate keeps its version while it routes as before; a new or changed one
-		// is the next policy after this one.
 		if old := cur.Candidate; old != nil && sameRouting(*old, *c) {
 			c.Version = old.Version
 		} else {
-			c.Version = next + 1
+			c.Version = next
 		}
 	}
 	return p, nil
+}
+
+// stableOf is p without its rollout.
+func stableOf(p Policy) Policy {
+	p.Candidate, p.CandidateShare, p.Shadow = nil, 0, false
+	return p
 }

@@ -312,7 +312,12 @@ func TestRegistryRestart(t *testing.T) {
 	if got := r.Policy(); got.Version != 2 || got.Temperature != 0.2 {
 		t.Fatalf("Policy() after restart = %+v", got)
 	}
-	got, err := r.SetPolicy(r.Policy())
+	again := r.Policy()
+	if got, err := r.SetPolicy(again); err != nil || got.Version != 2 {
+		t.Fatalf("setting the policy as it is after restart = %+v, %v; want version 2 kept", got, err)
+	}
+	again.Temperature = 0.3
+	got, err := r.SetPolicy(again)
 	if err != nil || got.Version != 3 {
 		t.Fatalf("SetPolicy after restart = %+v, %v; want version 3", got, err)
 	}
@@ -398,6 +403,7 @@ func TestRegistryConcurrent(t *testing.T) {
 				}
 				p := r.Policy()
 				p.Version = 0
+				p.Temperature = float64(g*100+i+1) / 1000 // each set a change: a new version
 				if _, err := r.SetPolicy(p); err != nil {
 					t.Error(err)
 				}
@@ -412,5 +418,43 @@ func TestRegistryConcurrent(t *testing.T) {
 	wg.Wait()
 	if v := r.Policy().Version; v != 1+4*20 {
 		t.Fatalf("policy version %d after 80 sets, want 81", v)
+	}
+}
+
+// TestRolloutVersions: a candidate takes the version after the stable one; moving its share
+// or turning shadow on changes neither version; changing the candidate gives it a new one;
+// a candidate's own candidate, or a share without a candidate, is refused.
+func TestRolloutVersions(t *testing.T) {
+	r, err := New(nil, nil, discard())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := r.Policy()
+	cand := p
+	cand.OverlapWeight = 0
+	p.Candidate, p.CandidateShare = &cand, 0.05
+	got, err := r.SetPolicy(p)
+	if err != nil || got.Version != 1 || got.Candidate.Version != 2 {
+		t.Fatalf("start: %+v, %v; want stable 1 kept, candidate 2", got, err)
+	}
+	p.CandidateShare, p.Shadow = 0.5, false
+	if got, err = r.SetPolicy(p); err != nil || got.Version != 1 || got.Candidate.Version != 2 {
+		t.Fatalf("share moved: %+v, %v", got, err)
+	}
+	cand.Temperature = 0.5
+	if got, err = r.SetPolicy(p); err != nil || got.Version != 1 || got.Candidate.Version != 3 {
+		t.Fatalf("candidate changed: %+v, %v; want candidate 3", got, err)
+	}
+	bad := p
+	inner := cand
+	inner.Candidate = &cand
+	bad.Candidate = &inner
+	if _, err := r.SetPolicy(bad); err == nil {
+		t.Error("a candidate's candidate accepted")
+	}
+	bad = r.Policy()
+	bad.Candidate, bad.CandidateShare = nil, 0.5
+	if _, err := r.SetPolicy(bad); err == nil {
+		t.Error("a share without a candidate accepted")
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"slices"
 	"strconv"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -93,6 +94,7 @@ type clientConn struct {
 	extra  []byte         // the multimodal identifiers keys.MM points into
 	keys   blockhash.Keys // this request's blocks' extra keys
 	arm    *armSeries     // the policy version that routed this request
+	gone   atomic.Bool    // the client closed: its off-loop work is dropped
 	prio   int
 
 	ex    exchange
@@ -192,7 +194,9 @@ func (cc *clientConn) traffic() gnet.Action {
 					return gnet.None
 				}
 				if cc.req.Body == http1.BodyLength {
-					cc.body = slices.Grow(cc.body, int(cc.req.ContentLength))
+					// Room for what has come, not for what the head claims: a few bytes of
+					// head must not reserve the whole body before it arrives.
+					cc.body = slices.Grow(cc.body, min(int(cc.req.ContentLength), max(len(buf)-n, 0)+streamBodyBytes))
 				}
 				cc.discard(n)
 				cc.headLen, cc.bodyOff = 0, 0
@@ -429,7 +433,7 @@ func (cc *clientConn) handle() {
 		cc.modelObject(string(id))
 		return
 	}
-	cc.kind, cc.model = 0, ""
+	cc.kind, cc.model, cc.arm = 0, "", nil
 	kind := oai.KindForPath(path)
 	if kind == 0 {
 		cc.errorReply(404, "no route for "+string(cc.method)+" "+string(path), "", "")
@@ -467,11 +471,16 @@ func (cc *clientConn) parseOffLoop(kind oai.Kind, t0 int64) {
 	s.metrics.offLoop.Inc()
 	cc.state = stTokenize
 	lp := cc.lp
+	s.inflight.Add(1) // a graceful stop waits for it, until the request starts or ends
 	go func() {
+		var err error
 		s.tokenizeSlots <- struct{}{}
-		err := cc.parser.Parse(cc.body, kind, &cc.oreq)
+		if !cc.gone.Load() {
+			err = cc.parser.Parse(cc.body, kind, &cc.oreq)
+		}
 		<-s.tokenizeSlots
-		_ = lp.el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
+		if lp.el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
+			defer s.inflight.Add(-1)
 			if cc.state != stTokenize {
 				return nil // the client left
 			}
@@ -479,7 +488,9 @@ func (cc *clientConn) parseOffLoop(kind oai.Kind, t0 int64) {
 			cc.state = stIdle
 			cc.parsed(err, t0)
 			return nil
-		}))
+		})) != nil {
+			s.inflight.Add(-1) // the loop has stopped
+		}
 	}()
 }
 
@@ -560,7 +571,7 @@ func (cc *clientConn) prepare() error {
 	case len(o.Hints.SessionID) > 0:
 		r.SessionID = unsafeString(o.Hints.SessionID)
 	}
-	if (cc.kind != oai.ChatCompletions && cc.kind != oai.Completions) || !s.kv.Policy().UsesIndex {
+	if (cc.kind != oai.ChatCompletions && cc.kind != oai.Completions) || !s.usesIndex() {
 		// Nothing to match against an index: the prompt's length is all routing needs.
 		r.PromptTokens = (o.TextBytes + bytesPerToken - 1) / bytesPerToken
 		if o.PromptIsTokens {
@@ -637,11 +648,17 @@ func (cc *clientConn) tokenizeOffLoop(cd *codec, text string, limit int, t0 int6
 	cc.state = stTokenize
 	cc.tokStart = t0
 	lp := cc.lp
+	s.inflight.Add(1) // a graceful stop waits for it, until the request starts or ends
 	go func() {
+		var toks []uint32
+		ok := true
 		s.tokenizeSlots <- struct{}{}
-		toks, ok := tokenizer.AppendEncodeLimit(cd.tok, nil, text, limit)
+		if !cc.gone.Load() {
+			toks, ok = tokenizer.AppendEncodeLimit(cd.tok, nil, text, limit)
+		}
 		<-s.tokenizeSlots
-		_ = lp.el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
+		if lp.el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
+			defer s.inflight.Add(-1)
 			if cc.state != stTokenize {
 				return nil // the client left
 			}
@@ -656,7 +673,9 @@ func (cc *clientConn) tokenizeOffLoop(cd *codec, text string, limit int, t0 int6
 			cc.hashTokens()
 			cc.route(false)
 			return nil
-		}))
+		})) != nil {
+			s.inflight.Add(-1) // the loop has stopped
+		}
 	}()
 }
 
@@ -790,12 +809,15 @@ func (cc *clientConn) route(retry bool) {
 	if cc.kind != oai.ChatCompletions && cc.kind != oai.Completions {
 		router = s.load
 	}
+	cc.arm = nil
+	if cc.kind == oai.ChatCompletions || cc.kind == oai.Completions {
+		cc.arm = s.stableArm.Load()
+	}
 	if router == s.kv && (cc.pd.on || cc.disaggFor(router.Pool())) {
-		cc.routeDisagg(retry) // sets the routing time itself
+		cc.routeDisagg(retry) // sets the routing time itself; the stable policy's arm
 		return
 	}
 	// During a rollout the candidate policy routes its share of the requests.
-	cc.arm = s.stableArm.Load()
 	var cand *candidate
 	if router == s.kv {
 		if router, cand = cc.armFor(s.kv); cand != nil {
@@ -1015,6 +1037,7 @@ func (cc *clientConn) parseError(err error) {
 // at once (closing the engine connection makes the engine free the request's KV blocks), a
 // queued request leaves the queue.
 func (cc *clientConn) closed() {
+	cc.gone.Store(true) // off-loop work for this connection stops where it can
 	cc.lp.unlinkClient(cc)
 	if cc.state == stQueued {
 		cc.srv.queue.remove(cc)

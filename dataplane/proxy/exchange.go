@@ -497,6 +497,7 @@ func (ex *exchange) finish() {
 			cached, prompt = int(res.Usage.CachedTokens)/s.cfg.BlockSize, len(cc.rreq.Hashes)
 		}
 		a.observe(status, seconds(ttft), hasTTFT, cached, prompt)
+		cc.arm = nil // counted once
 	}
 	s.metrics.requestOf(cc.mm, cc.model, cc.kind, status)
 	cc.mm.e2e[cc.kind].Observe(seconds(now - ex.start))

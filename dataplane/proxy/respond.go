@@ -45,6 +45,12 @@ func (cc *clientConn) errorReplyHeader(status int, msg, param, code, extra strin
 		cc.ex.finish()
 	} else if cc.kind != 0 {
 		cc.srv.metrics.request(cc.modelOrUnknown(), cc.kind, status)
+		// Refused before any worker answered (queue full, timed out, no worker): the
+		// routing policy's arm counts it too.
+		if a := cc.arm; a != nil {
+			a.observe(status, 0, false, 0, 0)
+			cc.arm = nil
+		}
 	}
 	body := appendErrorJSON(nil, status, msg, param, code)
 	cc.replyHeader(status, "application/json", body, extra)

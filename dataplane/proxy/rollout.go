@@ -36,6 +36,7 @@ type candidate struct {
 // armSeries are one policy version's series, and the same figures as counters for the load
 // reports (ArmReport).
 type armSeries struct {
+	policy  string
 	version string
 	regret  *regretObs
 	ttft    prometheus.Observer
@@ -86,6 +87,25 @@ func (a *armSeries) report() *xdsv1.ArmReport {
 	return r
 }
 
+// retire drops the series of an arm no policy routes with any more, unless live (the
+// arm routing now under another role) carries the same version.
+func (s *Server) retire(a *armSeries, live ...*armSeries) {
+	if a == nil {
+		return
+	}
+	for _, l := range live {
+		if l != nil && l.version == a.version {
+			return
+		}
+	}
+	m := s.metrics
+	m.regretBlocks.DeleteLabelValues(a.policy, a.version)
+	m.costGap.DeleteLabelValues(a.policy, a.version)
+	m.armTTFT.DeleteLabelValues(a.version)
+	m.armRequests.DeleteLabelValues(a.version, "ok")
+	m.armRequests.DeleteLabelValues(a.version, "error")
+}
+
 // armReports are the figures of the arms routing now, for a load report.
 func (s *Server) armReports() []*xdsv1.ArmReport {
 	var out []*xdsv1.ArmReport
@@ -101,6 +121,7 @@ func (s *Server) armReports() []*xdsv1.ArmReport {
 func (s *Server) newArmSeries(policy, version string) *armSeries {
 	num, _ := strconv.ParseUint(version, 10, 64)
 	return &armSeries{
+		policy:  policy,
 		num:     num,
 		version: version,
 		regret: &regretObs{
@@ -122,6 +143,7 @@ func (s *Server) applyCandidate(pool *route.Pool, index prefix.Index, p *xdsv1.R
 	if c == nil {
 		if cur != nil {
 			s.cand.Store(nil)
+			s.retire(cur.arm, s.stableArm.Load())
 			s.log.Info("rollout candidate removed", "version", cur.version)
 		}
 		return
@@ -145,6 +167,9 @@ func (s *Server) applyCandidate(pool *route.Pool, index prefix.Index, p *xdsv1.R
 	}
 	s.cand.Store(&candidate{router: r, version: c.GetVersion(), share: p.GetCandidateShare(), shadow: p.GetShadow(),
 		arm: s.newArmSeries(cfg.Policy, strconv.FormatUint(c.GetVersion(), 10))})
+	if cur != nil {
+		s.retire(cur.arm, s.stableArm.Load())
+	}
 	s.log.Info("rollout candidate applied", "version", c.GetVersion(), "policy", cfg.Policy, "share", p.GetCandidateShare(), "shadow", p.GetShadow())
 }
 
@@ -164,6 +189,16 @@ func (cc *clientConn) splitFraction() float64 {
 		h = xxh3.Hash(append(append([]byte(nil), cc.oreq.Model...), cc.body[:min(len(cc.body), 1024)]...))
 	}
 	return float64(h>>11) / (1 << 53)
+}
+
+// usesIndex reports whether a policy routing now matches prompts against the index: the
+// stable one, or a rollout's candidate (which must see the cache to be judged on it).
+func (s *Server) usesIndex() bool {
+	if s.kv.Policy().UsesIndex {
+		return true
+	}
+	c := s.cand.Load()
+	return c != nil && c.router.Policy().UsesIndex
 }
 
 // armFor picks the router of a request: the candidate's for its share of requests, else

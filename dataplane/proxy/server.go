@@ -574,7 +574,12 @@ type regretObs struct{ blocks, gap prometheus.Observer }
 
 // setRegretLabels points the stable policy's series at policy and version.
 func (s *Server) setRegretLabels(policy, version string) {
-	s.stableArm.Store(s.newArmSeries(policy, version))
+	old := s.stableArm.Swap(s.newArmSeries(policy, version))
+	var cand *armSeries
+	if c := s.cand.Load(); c != nil {
+		cand = c.arm
+	}
+	s.retire(old, s.stableArm.Load(), cand)
 }
 
 // observeRegret records what the decision d gave up, under the arm that made it.
