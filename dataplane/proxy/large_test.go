@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -142,4 +143,32 @@ func TestLargeBodiesStreamInAndPipeline(t *testing.T) {
 	}
 	read("the large request of a pipelined pair")
 	read("the small request pipelined behind it")
+}
+
+// TestClaimedBodySizeIsNotReserved: heads claiming 30 MB bodies that never come cost the
+// proxy what arrived, not what was claimed.
+func TestClaimedBodySizeIsNotReserved(t *testing.T) {
+	p := startProxy(t, []string{"http://127.0.0.1:1"}, func(c *proxy.Config) { c.MaxBodyBytes = 32 << 20 })
+	runtime.GC()
+	var before runtime.MemStats
+	runtime.ReadMemStats(&before)
+	var conns []net.Conn
+	for range 8 {
+		c, err := net.Dial("tcp", p.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if _, err := io.WriteString(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 31457280\r\n\r\n{"); err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+	}
+	time.Sleep(300 * time.Millisecond) // the proxy reads the heads
+	var after runtime.MemStats
+	runtime.ReadMemStats(&after)
+	if grew := int64(after.HeapAlloc) - int64(before.HeapAlloc); grew > 32<<20 {
+		t.Fatalf("8 heads claiming 30 MB each grew the heap by %d MB", grew>>20)
+	}
+	_ = conns
 }

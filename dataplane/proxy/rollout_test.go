@@ -121,3 +121,34 @@ func TestCandidateTakesItsShare(t *testing.T) {
 		t.Fatalf("%d requests routed by a removed candidate", n)
 	}
 }
+
+// TestCacheAwareCandidateBesideLoadOnlyStable: a kv candidate beside a round-robin stable
+// policy sees the prompt's blocks (the proxy hashes them for it) and so the cache.
+func TestCacheAwareCandidateBesideLoadOnlyStable(t *testing.T) {
+	s, ws := rolloutServer(t)
+	s.applyXDS(ws, &xdsv1.RoutingPolicy{Version: 3, Policy: "round-robin",
+		Candidate: &xdsv1.RoutingPolicy{Version: 4, Policy: "kv", OverlapWeight: 64, QueueWeight: 8, CacheThreshold: 0.1}, CandidateShare: 1})
+	cc := &clientConn{srv: s, lp: newLoop(s, nil), kind: oai.ChatCompletions}
+	cc.body = chat8k("q")
+	if err := cc.parser.Parse(cc.body, oai.ChatCompletions, &cc.oreq); err != nil {
+		t.Fatal(err)
+	}
+	if err := cc.prepare(); err != nil {
+		t.Fatal(err)
+	}
+	if len(cc.rreq.Hashes) < 400 {
+		t.Fatalf("%d prompt blocks hashed for the kv candidate", len(cc.rreq.Hashes))
+	}
+	w1 := s.kv.Pool().Worker("w1")
+	s.index.Record(w1.Index, cc.rreq.Hashes, 0)
+	router, cand := cc.armFor(s.kv)
+	if cand == nil {
+		t.Fatal("share 1 left the request with the stable policy")
+	}
+	if err := router.Route(&cc.rreq, &cc.dec); err != nil {
+		t.Fatal(err)
+	}
+	if cc.dec.Worker != w1 || cc.dec.Overlap < float64(len(cc.rreq.Hashes)-2) {
+		t.Fatalf("the kv candidate picked %s with overlap %v, want w1 holding the prompt", cc.dec.Worker.ID, cc.dec.Overlap)
+	}
+}
