@@ -183,6 +183,8 @@ func (p *Parser) top() error {
 		case "cache_salt":
 			p.begin(fCacheSalt)
 			err = p.str(&r.CacheSalt, "cache_salt")
+		case "user":
+			err = p.raw(&r.User)
 		case "nvext":
 			p.begin(fNvext)
 			err = p.nvext()

@@ -129,6 +129,9 @@ type Request struct {
 	AddGenerationPrompt  bool   // add_generation_prompt; true when absent
 	ContinueFinalMessage bool
 	CacheSalt            []byte
+	// User is the raw JSON of the request's user field (OpenAI's end-user id), nil when
+	// absent: what keeps one user's requests together where no session id does.
+	User []byte
 	// Logprobs is set when the request asks for log probabilities (logprobs or
 	// top_logprobs present and not null, false or 0).
 	Logprobs           bool

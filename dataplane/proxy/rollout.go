@@ -174,16 +174,20 @@ func (s *Server) applyCandidate(pool *route.Pool, index prefix.Index, p *xdsv1.R
 }
 
 // splitFraction places a request in [0, 1) by a hash of what keeps a conversation
-// together: its session id, else its prompt's first block, else its model and the start of
-// its body. Every proxy and every restart places it alike.
+// together: its session id, else its user, else the chain hash of its prompt's first
+// splitBlocks blocks (past the chat template's opening, which every prompt shares, and
+// unchanged as a conversation grows), else its model and the start of its body. Every
+// proxy and every restart places it alike.
 func (cc *clientConn) splitFraction() float64 {
 	var h uint64
 	switch r := &cc.rreq; {
 	case r.SessionID != "":
 		h = xxh3.HashString(r.SessionID)
+	case len(cc.oreq.User) > 0 && string(cc.oreq.User) != "null":
+		h = xxh3.Hash(cc.oreq.User)
 	case len(r.Hashes) > 0:
 		var b [8]byte
-		binary.LittleEndian.PutUint64(b[:], r.Hashes[0])
+		binary.LittleEndian.PutUint64(b[:], r.Hashes[min(len(r.Hashes), splitBlocks)-1])
 		h = xxh3.Hash(b[:])
 	default:
 		h = xxh3.Hash(append(append([]byte(nil), cc.oreq.Model...), cc.body[:min(len(cc.body), 1024)]...))
@@ -200,6 +204,10 @@ func (s *Server) usesIndex() bool {
 	c := s.cand.Load()
 	return c != nil && c.router.Policy().UsesIndex
 }
+
+// splitBlocks is how many leading prompt blocks name a conversation for the split: 512
+// tokens at vLLM's block size, enough to reach into any system prompt.
+const splitBlocks = 32
 
 // armFor picks the router of a request: the candidate's for its share of requests, else
 // stable.

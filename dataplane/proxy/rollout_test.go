@@ -152,3 +152,42 @@ func TestCacheAwareCandidateBesideLoadOnlyStable(t *testing.T) {
 		t.Fatalf("the kv candidate picked %s with overlap %v, want w1 holding the prompt", cc.dec.Worker.ID, cc.dec.Overlap)
 	}
 }
+
+// TestSplitWithoutSessions: without session ids, conversations split by their system
+// prompt (past the template's opening every prompt shares), a conversation's later turns
+// stay on its arm, and the user field keeps one user's requests together.
+func TestSplitWithoutSessions(t *testing.T) {
+	s, ws := rolloutServer(t)
+	s.applyXDS(ws, &xdsv1.RoutingPolicy{Version: 7, Policy: "kv", OverlapWeight: 64, QueueWeight: 8, CacheThreshold: 0.1,
+		Candidate: &xdsv1.RoutingPolicy{Version: 8, Policy: "round-robin"}, CandidateShare: 0.5})
+	fraction := func(body []byte) float64 {
+		cc := &clientConn{srv: s, lp: newLoop(s, nil), kind: oai.ChatCompletions}
+		cc.body = body
+		if err := cc.parser.Parse(cc.body, oai.ChatCompletions, &cc.oreq); err != nil {
+			t.Fatal(err)
+		}
+		if err := cc.prepare(); err != nil {
+			t.Fatal(err)
+		}
+		return cc.splitFraction()
+	}
+	below := 0
+	for f := range 40 {
+		prefix := "family " + strconv.Itoa(f) + " "
+		a, b := fraction(chat8kWith(prefix, "first turn")), fraction(chat8kWith(prefix, "a later turn"))
+		if a != b {
+			t.Fatalf("family %d: its turns split at %v and %v", f, a, b)
+		}
+		if a < 0.5 {
+			below++
+		}
+	}
+	if below < 10 || below > 30 {
+		t.Fatalf("%d of 40 system prompts below the split at 0.5: the template's opening decides", below)
+	}
+	u1 := []byte(`{"model":"gpt-oss-120b","user":"alice","messages":[{"role":"user","content":"one"}]}`)
+	u2 := []byte(`{"model":"gpt-oss-120b","user":"alice","messages":[{"role":"user","content":"something else entirely"}]}`)
+	if fraction(u1) != fraction(u2) {
+		t.Fatal("one user's requests split apart")
+	}
+}
