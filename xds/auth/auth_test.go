@@ -362,3 +362,35 @@ func copyFile(t *testing.T, from, to string) {
 		must(t, os.Rename(to+".tmp", to))
 	}
 }
+
+// TestWithdrawnTokenEndsOpenStreams: a stream opened with a token that is then removed from
+// the tokens file is refused at its next message.
+func TestWithdrawnTokenEndsOpenStreams(t *testing.T) {
+	dir := t.TempDir()
+	tokens := writeFile(t, filepath.Join(dir, "tokens"), "proxy-a "+tokenA+"\nproxy-b "+tokenB+"\n")
+	addr, a := serve(t, auth.ServerConfig{TokensFile: tokens})
+	conn := dial(t, addr, auth.ClientConfig{TokenFile: writeFile(t, filepath.Join(dir, "a"), tokenA)})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	st, err := xdsv1.NewLoadReportingClient(conn).Report(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Send(&xdsv1.LoadReport{NodeId: "proxy-a", Seq: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, tokens, "proxy-b "+tokenB+"\n")
+	time.Sleep(1100 * time.Millisecond)
+	_ = st.Send(&xdsv1.LoadReport{NodeId: "proxy-a", Seq: 2})
+	_, err = st.Recv()
+	for err == nil {
+		_, err = st.Recv()
+	}
+	wantCode(t, "a load report after the token was withdrawn", err, codes.Unauthenticated)
+	if a.Refused()["revoked"] != 1 {
+		t.Errorf("refusals %v, want revoked 1", a.Refused())
+	}
+}

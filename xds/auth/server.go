@@ -60,7 +60,7 @@ type Server struct {
 	tokens  *watched[tokenTable]
 	summary string
 
-	noToken, badToken, wrongNode, badCert atomic.Uint64
+	noToken, badToken, wrongNode, badCert, revoked atomic.Uint64
 }
 
 // NewServer checks cfg for a listener on listen (host:port) and loads its files. It refuses
@@ -131,13 +131,15 @@ func NewServer(cfg ServerConfig, listen string, log *slog.Logger) (*Server, erro
 func (s *Server) Summary() string { return s.summary }
 
 // Refused counts the streams refused, by reason: no_token, bad_token, wrong_node (a node id
-// the credential does not carry), bad_cert (a verified certificate naming no node).
+// the credential does not carry), bad_cert (a verified certificate naming no node), revoked
+// (an open stream whose token was withdrawn).
 func (s *Server) Refused() map[string]uint64 {
 	return map[string]uint64{
 		"no_token":   s.noToken.Load(),
 		"bad_token":  s.badToken.Load(),
 		"wrong_node": s.wrongNode.Load(),
 		"bad_cert":   s.badCert.Load(),
+		"revoked":    s.revoked.Load(),
 	}
 }
 
@@ -175,6 +177,7 @@ func (s *Server) tlsConfig() *tls.Config {
 type identity struct {
 	via   string // "token" or "certificate"
 	nodes []string
+	token [sha256.Size]byte // the token's hash, when via a token
 }
 
 func (id *identity) may(node string) bool { return id == nil || slices.Contains(id.nodes, node) }
@@ -191,12 +194,13 @@ func (s *Server) authenticate(ctx context.Context) (*identity, error) {
 		if err != nil {
 			return nil, status.Error(codes.Unavailable, "xDS tokens unreadable")
 		}
-		node, ok := table[sha256.Sum256([]byte(tok))]
+		h := sha256.Sum256([]byte(tok))
+		node, ok := table[h]
 		if !ok {
 			s.badToken.Add(1)
 			return nil, status.Error(codes.Unauthenticated, "xDS bearer token not recognised")
 		}
-		return &identity{via: "token", nodes: []string{node}}, nil
+		return &identity{via: "token", nodes: []string{node}, token: h}, nil
 	}
 	if s.clients != nil {
 		names := certNames(ctx)
@@ -270,8 +274,18 @@ func (s *Server) stream(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo,
 	return err
 }
 
-// check refuses a message that claims a node id id does not carry.
+// check refuses a message that claims a node id id does not carry, or that comes on a
+// stream whose token has since been withdrawn from the tokens file (so that revoking a
+// proxy's token ends its open streams at their next message, not only its new ones).
 func (s *Server) check(id *identity, m any) error {
+	if id != nil && id.via == "token" && s.tokens != nil {
+		if table, err := s.tokens.get(); err == nil {
+			if node, ok := table[id.token]; !ok || node != id.nodes[0] {
+				s.revoked.Add(1)
+				return status.Error(codes.Unauthenticated, "xDS bearer token withdrawn")
+			}
+		}
+	}
 	node := claimedNode(m)
 	if node == "" || id.may(node) {
 		return nil
