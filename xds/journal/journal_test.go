@@ -9,7 +9,9 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
 	xdsv1 "github.com/kvrelay/kvrelay/xds/api/v1"
 	"github.com/kvrelay/kvrelay/xds/blockset"
@@ -462,4 +464,60 @@ func TestNodesAreForgotten(t *testing.T) {
 		cancel()
 	}
 	eventually(t, "no node left", func() bool { return len(srv.Stats().Nodes) == 0 })
+}
+
+// TestSlowSnapshotReaderIsCutOff: a proxy that takes each snapshot batch just inside the
+// send timeout, but the snapshot as a whole far slower than SnapshotMinRate, is cut off.
+func TestSlowSnapshotReaderIsCutOff(t *testing.T) {
+	src := &source{log: NewLog(1 << 20)}
+	for i := range 100 {
+		cs := make([]Change, 4096)
+		for j := range cs {
+			cs[j] = Change{Seq: uint64(i*4096 + j + 1), Slot: 1, Op: Stored}
+		}
+		src.apply(cs...)
+	}
+	srv := NewServer(src.log, src, ServerOptions{SendTimeout: 400 * time.Millisecond, MaxUnacked: 1 << 30, SnapshotMinRate: 16 << 20})
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer(grpc.InitialWindowSize(64<<10), grpc.InitialConnWindowSize(64<<10))
+	xdsv1.RegisterIndexJournalServer(g, srv)
+	go g.Serve(lis)
+	defer g.Stop()
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	st, err := xdsv1.NewIndexJournalClient(conn).Stream(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Send(&xdsv1.JournalAck{NodeId: "slow"}); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	var got int
+	for {
+		if _, err := st.Recv(); err != nil {
+			if status.Code(err) != codes.ResourceExhausted {
+				t.Fatalf("after %d batches: %v, want ResourceExhausted", got, err)
+			}
+			if testing.Verbose() {
+				t.Logf("cut off after %d batches, %v: %v", got, time.Since(start), err)
+			}
+			break
+		}
+		got++
+		if time.Since(start) > 30*time.Second {
+			t.Fatalf("a reader taking %d batches in %v was never cut off", got, time.Since(start))
+		}
+		time.Sleep(250 * time.Millisecond) // inside SendTimeout each time
+	}
+	if srv.Stats().SlowStreams == 0 {
+		t.Fatal("the slow snapshot reader was not counted")
+	}
 }

@@ -46,11 +46,20 @@ type ServerOptions struct {
 	// snapshot. A snapshot counts once sent: changes follow once the proxy has acknowledged
 	// enough of it.
 	MaxUnacked int
+	// SnapshotMinRate is the slowest a proxy may take a snapshot, in bytes per second
+	// (default DefaultSnapshotMinRate): one sent slower than that, SendTimeout beyond its
+	// size at this rate, is ended, so that a proxy taking one batch just inside every
+	// SendTimeout cannot hold a snapshot (and its place among MaxSnapshots) for hours.
+	SnapshotMinRate int
 	// AckTimeout ends a stream whose proxy has left a batch unacknowledged for this long
 	// (default 30 s): it does not read, or reads without applying. It reconnects and resumes,
 	// or gets a snapshot.
 	AckTimeout time.Duration
 }
+
+// DefaultSnapshotMinRate is ServerOptions.SnapshotMinRate's default: 1 MiB/s, a
+// hundredth of what a proxy on the same network takes.
+const DefaultSnapshotMinRate = 1 << 20
 
 // DefaultMaxUnacked is ServerOptions.MaxUnacked's default: about 400,000 changes, seconds
 // of the heaviest event rates, where a proxy that applies as it reads has a few batches in
@@ -106,6 +115,9 @@ func NewServer(log *Log, snap Snapshotter, opts ServerOptions) *Server {
 	}
 	if opts.SendTimeout <= 0 {
 		opts.SendTimeout = 30 * time.Second
+	}
+	if opts.SnapshotMinRate <= 0 {
+		opts.SnapshotMinRate = DefaultSnapshotMinRate
 	}
 	if opts.MaxSnapshots <= 0 {
 		opts.MaxSnapshots = 4
@@ -444,7 +456,16 @@ func (s *Server) sendSnapshot(out *sender, w *window) (uint64, error) {
 	}
 	defer s.releaseSnapshot(snap)
 	s.snapshots.Add(1)
+	size := 0
+	for _, b := range snap.batches {
+		size += len(b.raw)
+	}
+	deadline := time.Now().Add(s.opts.SendTimeout + time.Duration(float64(size)/float64(s.opts.SnapshotMinRate)*float64(time.Second)))
 	for i, b := range snap.batches {
+		if time.Now().After(deadline) {
+			s.slow.Add(1)
+			return snap.next, status.Errorf(codes.ResourceExhausted, "journal stream: the proxy took the %d-byte snapshot slower than %d bytes/s", size, s.opts.SnapshotMinRate)
+		}
 		w.push(len(b.raw), i == len(snap.batches)-1)
 		if err := s.send(out, b); err != nil {
 			return snap.next, fmt.Errorf("sending index snapshot: %w", err)
