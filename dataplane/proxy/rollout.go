@@ -229,6 +229,7 @@ func (cc *clientConn) shadowPick(d *route.Decision) {
 	m := cc.srv.metrics
 	sr := &cc.lp.shadowReq
 	cc.rreq.CopyInputs(sr)
+	sr.DryRun = true // the candidate binds no session to a worker that never served it
 	var cd route.Decision
 	if err := c.router.Route(sr, &cd); err != nil {
 		m.shadow.WithLabelValues("no_pick").Inc()

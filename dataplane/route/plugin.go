@@ -65,6 +65,9 @@ type Request struct {
 	// goes to the worker predicted to meet it with the most headroom, and gets ErrSLO when
 	// none is.
 	SLOTTFT, SLOTPOT float64
+	// DryRun routes without leaving a trace in the router (no session bound): a shadow
+	// decision that serves nothing.
+	DryRun bool
 
 	// Filled by Match: overlap[w] is the blocks of Hashes worker w caches.
 	overlap []float64

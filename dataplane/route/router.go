@@ -506,7 +506,9 @@ func (r *Router) Route(req *Request, d *Decision) error {
 				if w.ID == id {
 					d.Worker, d.Mode = w, "session"
 					d.Overlap = req.Overlap(w)
-					r.sessions.put(req.SessionID, w.ID)
+					if !req.DryRun {
+						r.sessions.put(req.SessionID, w.ID)
+					}
 					return nil
 				}
 			}
@@ -561,7 +563,9 @@ func (r *Router) Route(req *Request, d *Decision) error {
 		d.Prediction, d.HasPrediction = req.preds[i], true
 	}
 	if req.SessionID != "" && !policy.Predicts {
-		r.sessions.put(req.SessionID, ws[i].ID)
+		if !req.DryRun {
+			r.sessions.put(req.SessionID, ws[i].ID)
+		}
 	}
 	return nil
 }

@@ -672,3 +672,25 @@ func TestExplicitZeroIsZero(t *testing.T) {
 		t.Errorf("explicit defaults: %+v", cfg)
 	}
 }
+
+// TestDryRunBindsNoSession: a dry-run decision (a shadow pick) leaves no session binding.
+func TestDryRunBindsNoSession(t *testing.T) {
+	r, _ := newRouter(t, Config{Policy: PolicyKV}, 4)
+	var req Request
+	req.Hashes, req.PromptTokens = promptChain(1, 1, 4, 0)
+	req.SessionID, req.DryRun = "s1", true
+	var d Decision
+	if err := r.Route(&req, &d); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := r.sessions.get("s1"); ok {
+		t.Fatal("a dry-run decision bound its session")
+	}
+	req.DryRun = false
+	if err := r.Route(&req, &d); err != nil {
+		t.Fatal(err)
+	}
+	if id, ok := r.sessions.get("s1"); !ok || id != d.Worker.ID {
+		t.Fatalf("a real decision bound %q, %v; want %s", id, ok, d.Worker.ID)
+	}
+}
