@@ -116,6 +116,11 @@ func TestLatencyLowOverlapSpreads(t *testing.T) {
 			t.Fatalf("prompt %d: mode %q, want spread", g, d.Mode)
 		}
 		seen[d.Worker.ID]++
+		// In flight while the next ones route, as a proxy counts them: without that every
+		// idle worker ties and the pick among them is random.
+		u := &Usage{}
+		u.Begin(d.Worker, req.PromptTokens, 0, 0)
+		defer u.End()
 	}
 	if len(seen) < 3 {
 		t.Fatalf("8 new prompts went to %v, want them spread over idle workers", seen)
