@@ -20,6 +20,7 @@ package blockhash
 import (
 	"encoding/binary"
 	"math"
+	"reflect"
 	"slices"
 
 	"github.com/zeebo/xxh3"
@@ -67,10 +68,20 @@ func (h *Hasher) AppendSeq(dst []uint64, tokens []uint32, blockSize int, extra [
 // following a chain whose last hash is parent (hasParent false means tokens start the
 // sequence). It lets callers extend a chain block by block as tokens arrive.
 func (h *Hasher) Continue(dst []uint64, parent uint64, hasParent bool, tokens []uint32, blockSize int, extra []byte) []uint64 {
+	return h.chain(dst, parent, hasParent, tokens, blockSize, extra, nil, 0)
+}
+
+// chain appends the sequence hashes of tokens' full blocks, each folding extra or, with k,
+// its own extra keys (block first+j of its request).
+func (h *Hasher) chain(dst []uint64, parent uint64, hasParent bool, tokens []uint32, blockSize int, extra []byte, k *Keys, first int) []uint64 {
 	if blockSize <= 0 {
 		return dst
 	}
 	for i := 0; i+blockSize <= len(tokens); i += blockSize {
+		if k != nil {
+			h.extra = k.Block(h.extra[:0], first+i/blockSize)
+			extra = h.extra
+		}
 		local := h.Local(tokens[i:i+blockSize], extra)
 		seq := local
 		if hasParent {
@@ -154,12 +165,6 @@ func appendElem(dst []byte, v any) []byte {
 			return append(dst, 'b', 1)
 		}
 		return append(dst, 'b', 0)
-	case int64:
-		return binary.LittleEndian.AppendUint64(append(dst, 'i'), uint64(x))
-	case uint64:
-		return binary.LittleEndian.AppendUint64(append(dst, 'i'), x)
-	case int8, int16, int32, int, uint8, uint16, uint32, uint:
-		return appendElem(dst, toInt64(x))
 	case float32:
 		return appendElem(dst, float64(x))
 	case float64:
@@ -187,29 +192,14 @@ func appendElem(dst []byte, v any) []byte {
 		}
 		return dst
 	}
-	return append(dst, '?')
-}
-
-func toInt64(v any) int64 {
-	switch x := v.(type) {
-	case int8:
-		return int64(x)
-	case int16:
-		return int64(x)
-	case int32:
-		return int64(x)
-	case int:
-		return int64(x)
-	case uint8:
-		return int64(x)
-	case uint16:
-		return int64(x)
-	case uint32:
-		return int64(x)
-	case uint:
-		return int64(x)
+	// Integers of every width (msgpack decodes each at its own) render alike.
+	switch rv := reflect.ValueOf(v); {
+	case rv.CanInt():
+		return binary.LittleEndian.AppendUint64(append(dst, 'i'), uint64(rv.Int()))
+	case rv.CanUint():
+		return binary.LittleEndian.AppendUint64(append(dst, 'i'), rv.Uint())
 	}
-	return 0
+	return append(dst, '?')
 }
 
 func appendStr[S string | []byte](dst []byte, s S) []byte {
@@ -220,21 +210,8 @@ func appendStr[S string | []byte](dst []byte, s S) []byte {
 // AppendSeqKeys is AppendSeq with each block's extra keys from k; first is the index of
 // tokens' first block in its request (0 unless continuing a chain, as Continue).
 func (h *Hasher) AppendSeqKeys(dst []uint64, parent uint64, hasParent bool, tokens []uint32, blockSize int, k *Keys, first int) []uint64 {
-	if blockSize <= 0 {
-		return dst
-	}
 	if k.Empty() {
-		return h.Continue(dst, parent, hasParent, tokens, blockSize, nil)
+		k = nil // plain blocks: nothing to render per block
 	}
-	for i := 0; i+blockSize <= len(tokens); i += blockSize {
-		h.extra = k.Block(h.extra[:0], first+i/blockSize)
-		local := h.Local(tokens[i:i+blockSize], h.extra)
-		seq := local
-		if hasParent {
-			seq = Chain(parent, local)
-		}
-		dst = append(dst, seq)
-		parent, hasParent = seq, true
-	}
-	return dst
+	return h.chain(dst, parent, hasParent, tokens, blockSize, nil, k, first)
 }

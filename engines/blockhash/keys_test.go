@@ -43,6 +43,12 @@ func TestKeysAreVLLMs(t *testing.T) {
 			t.Errorf("block %d: vLLM's %v renders %q, the request's keys %q", c.block, c.vllm, got, want)
 		}
 	}
+	five := string(blockhash.AppendKey(nil, int64(5)))
+	for _, v := range []any{int8(5), int16(5), int32(5), 5, uint8(5), uint16(5), uint32(5), uint(5), uint64(5)} {
+		if got := string(blockhash.AppendKey(nil, v)); got != five {
+			t.Errorf("%T 5 renders %q, int64 5 %q", v, got, five)
+		}
+	}
 	if got := blockhash.AppendKey(nil, decoded(t, nil)); len(got) != 0 {
 		t.Errorf("None renders %q", got)
 	}
