@@ -464,19 +464,26 @@ func (cc *clientConn) handle() {
 	cc.parsed(cc.parser.Parse(cc.body, kind, &cc.oreq), t0)
 }
 
-// parseOffLoop parses a large body on a goroutine (one of tokenizeSlots), the connection in
-// stTokenize meanwhile, and resumes the request on its loop.
+// parseOffLoop parses a large body off the event loop and continues the request on it.
 func (cc *clientConn) parseOffLoop(kind oai.Kind, t0 int64) {
+	var err error
+	cc.offLoop(func() { err = cc.parser.Parse(cc.body, kind, &cc.oreq) }, func() { cc.parsed(err, t0) })
+}
+
+// offLoop runs work on a goroutine (one of tokenizeSlots), the connection in stTokenize
+// meanwhile, and then resume on the connection's loop, unless the client left. work is
+// skipped for a client already gone. The request counts as in flight for a graceful stop
+// until resume has run (and started it) or the loop has stopped.
+func (cc *clientConn) offLoop(work, resume func()) {
 	s := cc.srv
 	s.metrics.offLoop.Inc()
 	cc.state = stTokenize
 	lp := cc.lp
-	s.inflight.Add(1) // a graceful stop waits for it, until the request starts or ends
+	s.inflight.Add(1)
 	go func() {
-		var err error
 		s.tokenizeSlots <- struct{}{}
 		if !cc.gone.Load() {
-			err = cc.parser.Parse(cc.body, kind, &cc.oreq)
+			work()
 		}
 		<-s.tokenizeSlots
 		if lp.el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
@@ -486,7 +493,7 @@ func (cc *clientConn) parseOffLoop(kind oai.Kind, t0 int64) {
 			}
 			cc.lp.now = nanotime()
 			cc.state = stIdle
-			cc.parsed(err, t0)
+			resume()
 			return nil
 		})) != nil {
 			s.inflight.Add(-1) // the loop has stopped
@@ -643,40 +650,19 @@ func (e contextLengthError) Error() string {
 // and resumes the request on its loop. text aliases the connection's buffers, which nothing
 // on the loop changes while it is in stTokenize (a client that leaves abandons them).
 func (cc *clientConn) tokenizeOffLoop(cd *codec, text string, limit int, t0 int64) {
-	s := cc.srv
-	s.metrics.offLoop.Inc()
-	cc.state = stTokenize
 	cc.tokStart = t0
-	lp := cc.lp
-	s.inflight.Add(1) // a graceful stop waits for it, until the request starts or ends
-	go func() {
-		var toks []uint32
-		ok := true
-		s.tokenizeSlots <- struct{}{}
-		if !cc.gone.Load() {
-			toks, ok = tokenizer.AppendEncodeLimit(cd.tok, nil, text, limit)
+	var toks []uint32
+	ok := true
+	cc.offLoop(func() { toks, ok = tokenizer.AppendEncodeLimit(cd.tok, nil, text, limit) }, func() {
+		if !ok {
+			cc.refuseTooLong(limit)
+			return
 		}
-		<-s.tokenizeSlots
-		if lp.el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
-			defer s.inflight.Add(-1)
-			if cc.state != stTokenize {
-				return nil // the client left
-			}
-			cc.lp.now = nanotime()
-			cc.state = stIdle
-			if !ok {
-				cc.refuseTooLong(limit)
-				return nil
-			}
-			cc.toks = toks
-			cc.stage(stageTokenize, cc.tokStart)
-			cc.hashTokens()
-			cc.route(false)
-			return nil
-		})) != nil {
-			s.inflight.Add(-1) // the loop has stopped
-		}
-	}()
+		cc.toks = toks
+		cc.stage(stageTokenize, cc.tokStart)
+		cc.hashTokens()
+		cc.route(false)
+	})
 }
 
 // refuseTooLong answers a prompt longer than every worker of its model takes.
