@@ -212,64 +212,54 @@ result as a new version, which the control plane pushes to every proxy.`,
 			if !changed {
 				return errors.New("policy set: nothing to change (see --help for the flags)")
 			}
-			c, err := o.client(cmd)
-			if err != nil {
-				return err
-			}
-			var p operatorv1.Policy
-			if err := c.call(cmd.Context(), http.MethodGet, "/v1/policy", nil, &p); err != nil {
-				return err
-			}
-			if fs.Changed("policy") {
-				p.Policy = policy
-			}
-			if fs.Changed("overlap-weight") {
-				p.OverlapWeight = overlap
-			}
-			if fs.Changed("kernel-load-signals") {
-				p.KernelLoadSignals = kernelSignals
-			}
-			if fs.Changed("disagg") {
-				p.Disagg = disagg
-			}
-			if fs.Changed("disagg-threshold") {
-				p.DisaggThreshold = &disaggThreshold
-			}
-			if fs.Changed("queue-weight") {
-				p.QueueWeight = queue
-			}
-			if fs.Changed("temperature") {
-				p.Temperature = temperature
-			}
-			if fs.Changed("cache-threshold") {
-				p.CacheThreshold = threshold
-			}
-			if fs.Changed("tier-weights") {
-				p.TierWeights = tierWeights
-			}
-			if fs.Changed("busy-prefill-tokens") {
-				p.BusyPrefillTokens = busyPrefill
-			}
-			if fs.Changed("busy-decode-blocks") {
-				p.BusyDecodeBlocks = busyDecode
-			}
-			if fs.Changed("busy-kv-fraction") {
-				p.BusyKvFraction = busyKV
-			}
-			if fs.Changed("session-ttl") {
-				p.SessionTtlMs = sessionTTL.Milliseconds()
-			}
-			if fs.Changed("compute-weight") {
-				p.ComputeWeight = &computeWeight
-			}
-			if fs.Changed("background-weight") {
-				p.BackgroundWeight = &backgroundWeight
-			}
-			var stored operatorv1.Policy
-			if err := c.call(cmd.Context(), http.MethodPut, "/v1/policy", &p, &stored); err != nil {
-				return err
-			}
-			return c.print(&stored, func(w io.Writer) { ctlPolicyTable(w, &stored) })
+			return ctlUpdatePolicy(cmd, o, func(p *operatorv1.Policy) error {
+				if fs.Changed("policy") {
+					p.Policy = policy
+				}
+				if fs.Changed("overlap-weight") {
+					p.OverlapWeight = overlap
+				}
+				if fs.Changed("kernel-load-signals") {
+					p.KernelLoadSignals = kernelSignals
+				}
+				if fs.Changed("disagg") {
+					p.Disagg = disagg
+				}
+				if fs.Changed("disagg-threshold") {
+					p.DisaggThreshold = &disaggThreshold
+				}
+				if fs.Changed("queue-weight") {
+					p.QueueWeight = queue
+				}
+				if fs.Changed("temperature") {
+					p.Temperature = temperature
+				}
+				if fs.Changed("cache-threshold") {
+					p.CacheThreshold = threshold
+				}
+				if fs.Changed("tier-weights") {
+					p.TierWeights = tierWeights
+				}
+				if fs.Changed("busy-prefill-tokens") {
+					p.BusyPrefillTokens = busyPrefill
+				}
+				if fs.Changed("busy-decode-blocks") {
+					p.BusyDecodeBlocks = busyDecode
+				}
+				if fs.Changed("busy-kv-fraction") {
+					p.BusyKvFraction = busyKV
+				}
+				if fs.Changed("session-ttl") {
+					p.SessionTtlMs = sessionTTL.Milliseconds()
+				}
+				if fs.Changed("compute-weight") {
+					p.ComputeWeight = &computeWeight
+				}
+				if fs.Changed("background-weight") {
+					p.BackgroundWeight = &backgroundWeight
+				}
+				return nil
+			})
 		},
 	}
 	fs := set.Flags()
@@ -290,6 +280,27 @@ result as a new version, which the control plane pushes to every proxy.`,
 	fs.Float64Var(&backgroundWeight, "background-weight", 0, "latency policy: a background request's prefill time weighed once more per interactive request on the worker")
 	cmd.AddCommand(set, ctlRolloutCmd(o))
 	return cmd
+}
+
+// ctlUpdatePolicy reads the current policy, lets change edit it, stores the result as the
+// next version and prints what the control plane stored.
+func ctlUpdatePolicy(cmd *cobra.Command, o *ctlOptions, change func(p *operatorv1.Policy) error) error {
+	c, err := o.client(cmd)
+	if err != nil {
+		return err
+	}
+	var p operatorv1.Policy
+	if err := c.call(cmd.Context(), http.MethodGet, "/v1/policy", nil, &p); err != nil {
+		return err
+	}
+	if err := change(&p); err != nil {
+		return err
+	}
+	var stored operatorv1.Policy
+	if err := c.call(cmd.Context(), http.MethodPut, "/v1/policy", &p, &stored); err != nil {
+		return err
+	}
+	return c.print(&stored, func(w io.Writer) { ctlPolicyTable(w, &stored) })
 }
 
 // ctlGlobalFlags are ctl's persistent flags, which do not count as changes to a policy.

@@ -3,8 +3,6 @@ package main
 import (
 	"encoding/json"
 	"fmt"
-	"io"
-	"net/http"
 	"os"
 
 	"github.com/spf13/cobra"
@@ -31,24 +29,6 @@ shadow they route every request with the stable policy and record the candidate'
 		share  float64
 		shadow bool
 	)
-	update := func(cmd *cobra.Command, change func(p *operatorv1.Policy) error) error {
-		c, err := o.client(cmd)
-		if err != nil {
-			return err
-		}
-		var p operatorv1.Policy
-		if err := c.call(cmd.Context(), http.MethodGet, "/v1/policy", nil, &p); err != nil {
-			return err
-		}
-		if err := change(&p); err != nil {
-			return err
-		}
-		var stored operatorv1.Policy
-		if err := c.call(cmd.Context(), http.MethodPut, "/v1/policy", &p, &stored); err != nil {
-			return err
-		}
-		return c.print(&stored, func(w io.Writer) { ctlPolicyTable(w, &stored) })
-	}
 	start := &cobra.Command{
 		Use:   "start --candidate-file FILE",
 		Short: "Start a rollout: the candidate is the stable policy with the fields FILE sets",
@@ -60,7 +40,7 @@ shadow they route every request with the stable policy and record the candidate'
 			if err != nil {
 				return fmt.Errorf("reading --candidate-file: %w", err)
 			}
-			return update(cmd, func(p *operatorv1.Policy) error {
+			return ctlUpdatePolicy(cmd, o, func(p *operatorv1.Policy) error {
 				cand, err := candidateFrom(p, data)
 				if err != nil {
 					return fmt.Errorf("--candidate-file %s: %w", file, err)
@@ -79,7 +59,7 @@ shadow they route every request with the stable policy and record the candidate'
 		Short: "Change the running rollout's share or shadow",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return update(cmd, func(p *operatorv1.Policy) error {
+			return ctlUpdatePolicy(cmd, o, func(p *operatorv1.Policy) error {
 				if p.Candidate == nil {
 					return fmt.Errorf("no rollout is running (ctl policy rollout start)")
 				}
@@ -100,7 +80,7 @@ shadow they route every request with the stable policy and record the candidate'
 		Short: "End the rollout with the candidate as the stable policy, for every request",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return update(cmd, func(p *operatorv1.Policy) error {
+			return ctlUpdatePolicy(cmd, o, func(p *operatorv1.Policy) error {
 				if p.Candidate == nil {
 					return fmt.Errorf("no rollout is running")
 				}
@@ -117,7 +97,7 @@ shadow they route every request with the stable policy and record the candidate'
 		Short: "End the rollout: every request routes with the stable policy again",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return update(cmd, func(p *operatorv1.Policy) error {
+			return ctlUpdatePolicy(cmd, o, func(p *operatorv1.Policy) error {
 				if p.Candidate == nil {
 					return fmt.Errorf("no rollout is running")
 				}
