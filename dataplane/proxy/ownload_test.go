@@ -3,13 +3,11 @@ package proxy
 import (
 	"bytes"
 	"context"
-	"io"
 	"log/slog"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/kvrelay/kvrelay/dataplane/oai"
 	"github.com/kvrelay/kvrelay/dataplane/route"
 	xdsv1 "github.com/kvrelay/kvrelay/xds/api/v1"
 )
@@ -106,35 +104,13 @@ func TestPushedPolicyOverridesAreLogged(t *testing.T) {
 // TestPushedZeroWeightIsZero: a pushed overlap_weight of 0 makes the proxy route by load
 // alone (before, the proxy took a zero for "unset" and used the default weight).
 func TestPushedZeroWeightIsZero(t *testing.T) {
-	cfg := DefaultConfig()
-	cfg.Listen = "127.0.0.1:0"
-	cfg.XDS = "127.0.0.1:1" // nothing answers: only applyXDS feeds the proxy
-	cfg.XDSSyncTimeout = 0
-	s, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.setupXDS(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(s.stopXDS)
-	ws := []*xdsv1.Worker{
-		{Id: "w0", Url: "http://127.0.0.1:20000", Model: "gpt-oss-120b", Healthy: true},
-		{Id: "w1", Url: "http://127.0.0.1:20001", Model: "gpt-oss-120b", Healthy: true, Slot: 1},
-	}
+	s, ws := rolloutServer(t)
 	for _, c := range []struct {
 		weight float64
 		want   string
 	}{{64, "w0"}, {0, "w1"}} {
 		s.applyXDS(ws, &xdsv1.RoutingPolicy{Version: uint64(10 + c.weight), Policy: "kv", OverlapWeight: c.weight, QueueWeight: 8, CacheThreshold: 0.1})
-		cc := &clientConn{srv: s, lp: newLoop(s, nil), kind: oai.ChatCompletions}
-		cc.body = chat8k("q")
-		if err := cc.parser.Parse(cc.body, oai.ChatCompletions, &cc.oreq); err != nil {
-			t.Fatal(err)
-		}
-		if err := cc.prepare(); err != nil {
-			t.Fatal(err)
-		}
+		cc := preparedConn(t, s, chat8k("q"), "")
 		pool := s.kv.Pool()
 		w0 := pool.Worker("w0")
 		s.index.Record(w0.Index, cc.rreq.Hashes, 0) // w0 holds the prompt …

@@ -35,18 +35,28 @@ func rolloutServer(t *testing.T) (*Server, []*xdsv1.Worker) {
 	}
 }
 
-// armOf routes a chat of session id and returns the policy version that routed it.
-func armOf(t *testing.T, s *Server, session string) string {
+// preparedConn is a connection whose chat body (with session, "" for none) has been parsed
+// and turned into routing input, as the request path does before it routes.
+func preparedConn(t *testing.T, s *Server, body []byte, session string) *clientConn {
 	t.Helper()
 	cc := &clientConn{srv: s, lp: newLoop(s, nil), kind: oai.ChatCompletions}
-	cc.body = chat8k("q " + session)
-	cc.session = []byte(session)
+	cc.body = body
+	if session != "" {
+		cc.session = []byte(session)
+	}
 	if err := cc.parser.Parse(cc.body, oai.ChatCompletions, &cc.oreq); err != nil {
 		t.Fatal(err)
 	}
 	if err := cc.prepare(); err != nil {
 		t.Fatal(err)
 	}
+	return cc
+}
+
+// armOf routes a chat of session id and returns the policy version that routed it.
+func armOf(t *testing.T, s *Server, session string) string {
+	t.Helper()
+	cc := preparedConn(t, s, chat8k("q "+session), session)
 	router, cand := cc.armFor(s.kv)
 	cc.arm = s.stableArm.Load()
 	if cand != nil {
@@ -128,14 +138,7 @@ func TestCacheAwareCandidateBesideLoadOnlyStable(t *testing.T) {
 	s, ws := rolloutServer(t)
 	s.applyXDS(ws, &xdsv1.RoutingPolicy{Version: 3, Policy: "round-robin",
 		Candidate: &xdsv1.RoutingPolicy{Version: 4, Policy: "kv", OverlapWeight: 64, QueueWeight: 8, CacheThreshold: 0.1}, CandidateShare: 1})
-	cc := &clientConn{srv: s, lp: newLoop(s, nil), kind: oai.ChatCompletions}
-	cc.body = chat8k("q")
-	if err := cc.parser.Parse(cc.body, oai.ChatCompletions, &cc.oreq); err != nil {
-		t.Fatal(err)
-	}
-	if err := cc.prepare(); err != nil {
-		t.Fatal(err)
-	}
+	cc := preparedConn(t, s, chat8k("q"), "")
 	if len(cc.rreq.Hashes) < 400 {
 		t.Fatalf("%d prompt blocks hashed for the kv candidate", len(cc.rreq.Hashes))
 	}
@@ -160,17 +163,7 @@ func TestSplitWithoutSessions(t *testing.T) {
 	s, ws := rolloutServer(t)
 	s.applyXDS(ws, &xdsv1.RoutingPolicy{Version: 7, Policy: "kv", OverlapWeight: 64, QueueWeight: 8, CacheThreshold: 0.1,
 		Candidate: &xdsv1.RoutingPolicy{Version: 8, Policy: "round-robin"}, CandidateShare: 0.5})
-	fraction := func(body []byte) float64 {
-		cc := &clientConn{srv: s, lp: newLoop(s, nil), kind: oai.ChatCompletions}
-		cc.body = body
-		if err := cc.parser.Parse(cc.body, oai.ChatCompletions, &cc.oreq); err != nil {
-			t.Fatal(err)
-		}
-		if err := cc.prepare(); err != nil {
-			t.Fatal(err)
-		}
-		return cc.splitFraction()
-	}
+	fraction := func(body []byte) float64 { return preparedConn(t, s, body, "").splitFraction() }
 	below := 0
 	for f := range 40 {
 		prefix := "family " + strconv.Itoa(f) + " "
