@@ -196,6 +196,25 @@ func TestOutputRetokenizes(t *testing.T) {
 	}
 }
 
+// subscribe follows w's KV events until the test ends, once the subscription has reached
+// the publisher.
+func subscribe(t *testing.T, w *sim.Worker) (*collector, *kvevents.Subscriber) {
+	t.Helper()
+	sub, err := kvevents.NewSubscriber(kvevents.SubscriberConfig{Endpoint: w.EventsEndpoint()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	col := &collector{}
+	go sub.Run(t.Context(), col.emit)
+	select {
+	case <-sub.Ready():
+	case <-time.After(5 * time.Second):
+		t.Fatal("subscriber did not connect")
+	}
+	time.Sleep(200 * time.Millisecond) // let the subscription reach the publisher
+	return col, sub
+}
+
 type collector struct {
 	mu      sync.Mutex
 	seqs    []uint64
@@ -252,20 +271,8 @@ func TestKVEventsOverZMQ(t *testing.T) {
 				c.Engine.EngineHashBytes = tc.asBytes
 				c.Events = kvevents.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", Format: tc.format}
 			})
-			sub, err := kvevents.NewSubscriber(kvevents.SubscriberConfig{Endpoint: w.EventsEndpoint()})
-			if err != nil {
-				t.Fatal(err)
-			}
-			ctx, cancel := context.WithCancel(context.Background())
-			defer cancel()
-			var col collector
-			go sub.Run(ctx, col.emit)
-			select {
-			case <-sub.Ready():
-			case <-time.After(5 * time.Second):
-				t.Fatal("subscriber did not connect")
-			}
-			time.Sleep(200 * time.Millisecond) // let the subscription reach the publisher
+			col, sub := subscribe(t, w)
+			ctx := t.Context()
 
 			client := openai.NewClient(option.WithBaseURL(w.URL()+"/v1"), option.WithAPIKey("unused"), option.WithMaxRetries(0))
 			promptA, promptB := longSystemPrompt(100), "Different: "+longSystemPrompt(100)[3:]
@@ -466,20 +473,7 @@ func TestLoRAAndSaltKeysInEvents(t *testing.T) {
 		c.Engine.LoRAModules = []string{"sql-lora"}
 		c.Events = kvevents.PublisherConfig{Endpoint: "tcp://127.0.0.1:0"}
 	})
-	sub, err := kvevents.NewSubscriber(kvevents.SubscriberConfig{Endpoint: w.EventsEndpoint()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var col collector
-	go sub.Run(ctx, col.emit)
-	select {
-	case <-sub.Ready():
-	case <-time.After(5 * time.Second):
-		t.Fatal("subscriber did not connect")
-	}
-	time.Sleep(200 * time.Millisecond)
+	col, _ := subscribe(t, w)
 
 	resp, err := http.Get(w.URL() + "/v1/models")
 	if err != nil {
