@@ -470,28 +470,9 @@ func TestNodesAreForgotten(t *testing.T) {
 // send timeout, but the snapshot as a whole far slower than SnapshotMinRate, is cut off.
 func TestSlowSnapshotReaderIsCutOff(t *testing.T) {
 	src := &source{log: NewLog(1 << 20)}
-	for i := range 100 {
-		cs := make([]Change, 4096)
-		for j := range cs {
-			cs[j] = Change{Seq: uint64(i*4096 + j + 1), Slot: 1, Op: Stored}
-		}
-		src.apply(cs...)
-	}
+	fill(src, 50)
 	srv := NewServer(src.log, src, ServerOptions{SendTimeout: 400 * time.Millisecond, MaxUnacked: 1 << 30, SnapshotMinRate: 16 << 20})
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := grpc.NewServer(grpc.InitialWindowSize(64<<10), grpc.InitialConnWindowSize(64<<10))
-	xdsv1.RegisterIndexJournalServer(g, srv)
-	go g.Serve(lis)
-	defer g.Stop()
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := dialWindow(t, serveServer(t, srv), 64<<10)
 	st, err := xdsv1.NewIndexJournalClient(conn).Stream(context.Background())
 	if err != nil {
 		t.Fatal(err)
