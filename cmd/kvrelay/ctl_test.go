@@ -408,3 +408,18 @@ func TestCandidateFromFile(t *testing.T) {
 		}
 	}
 }
+
+// FuzzCandidateFrom: any candidate file is read or refused without panicking, and what is
+// read carries no rollout of its own.
+func FuzzCandidateFrom(f *testing.F) {
+	f.Add([]byte("overlap_weight: 0\n"))
+	f.Add([]byte(`{"policy": "kv", "tier_weights": [1, 0.5]}`))
+	f.Add([]byte("candidate: {}\n"))
+	stable := &operatorv1.Policy{Version: 2, Policy: "kv", OverlapWeight: 64}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		c, err := candidateFrom(stable, data)
+		if err == nil && (c.Candidate != nil || c.CandidateShare != 0 || c.Shadow || c.Version != 0) {
+			t.Fatalf("candidate %v", c)
+		}
+	})
+}

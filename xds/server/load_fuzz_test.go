@@ -1,0 +1,39 @@
+package server
+
+import (
+	"math"
+	"testing"
+
+	"google.golang.org/protobuf/proto"
+
+	xdsv1 "github.com/kvrelay/kvrelay/xds/api/v1"
+)
+
+// FuzzArmsOf: any load report a proxy sends yields arms that are versioned, at most
+// maxArms, with increasing finite bounds and one count more than bounds.
+func FuzzArmsOf(f *testing.F) {
+	ok, _ := proto.Marshal(&xdsv1.LoadReport{NodeId: "a", Arms: []*xdsv1.ArmReport{
+		{PolicyVersion: 3, Requests: 10, TtftBounds: []float64{0.1, 1}, TtftCounts: []uint64{5, 4, 1}}}})
+	f.Add(ok)
+	f.Add([]byte{0x22, 0x02, 0x08, 0x01})
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		var r xdsv1.LoadReport
+		if proto.Unmarshal(raw, &r) != nil {
+			return
+		}
+		arms := armsOf(&r)
+		if len(arms) > maxArms {
+			t.Fatalf("%d arms kept", len(arms))
+		}
+		for _, a := range arms {
+			if a.Version == 0 || len(a.TTFTCounts) != len(a.TTFTBounds)+1 {
+				t.Fatalf("arm %+v kept", a)
+			}
+			for i, b := range a.TTFTBounds {
+				if math.IsNaN(b) || math.IsInf(b, 0) || i > 0 && b <= a.TTFTBounds[i-1] {
+					t.Fatalf("bounds %v kept", a.TTFTBounds)
+				}
+			}
+		}
+	})
+}
