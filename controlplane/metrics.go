@@ -23,6 +23,9 @@ type collector struct {
 	unknownLoads, refusedStreams, refusedConns   *prometheus.Desc
 	armRequests, armTTFTP90, armHitRate          *prometheus.Desc
 	journalDropped, xdsDropped                   *prometheus.Desc
+	rolloutState, rolloutStep, rolloutShare      *prometheus.Desc
+	stepRequests, stepTTFTP90, stepHitRate       *prometheus.Desc
+	stepErrorRate                                *prometheus.Desc
 }
 
 func newCollector(s *Server) *collector {
@@ -59,6 +62,13 @@ func newCollector(s *Server) *collector {
 		xdsDropped:       d("xds_dropped_streams_total", "ADS streams ended by the control plane, by reason (send_timeout: the proxy took no response for 30 s).", "reason"),
 		workers:          d("workers", "Workers in the registry, by health.", "state"),
 		policyVersion:    d("policy_version", "Version of the routing policy pushed to proxies."),
+		rolloutState:     d("rollout_state", "1 for the state the latest policy rollout is in, 0 for the others (shadow, canary, paused, promoted, rolled_back, aborted).", "state"),
+		rolloutStep:      d("rollout_step", "Step the latest policy rollout is at (index into its steps, -1 in shadow)."),
+		rolloutShare:     d("rollout_candidate_share", "Share of the requests the latest rollout's candidate routes now."),
+		stepRequests:     d("rollout_step_requests", "Requests each arm (stable, candidate) answered in the running rollout step so far.", "arm"),
+		stepTTFTP90:      d("rollout_step_ttft_p90_seconds", "TTFT p90 of each arm in the running rollout step so far.", "arm"),
+		stepHitRate:      d("rollout_step_prefix_hit_rate", "Prefix hit rate of each arm in the running rollout step so far.", "arm"),
+		stepErrorRate:    d("rollout_step_error_rate", "Share of non-2xx answers of each arm in the running rollout step so far.", "arm"),
 	}
 }
 
@@ -141,4 +151,29 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		k(c.refusedStreams, n, reason)
 	}
 	g(c.policyVersion, float64(s.reg.Policy().Version))
+	if rec, cur, err := s.rollouts.latest(); err == nil {
+		for _, st := range []string{rollout.StateShadow, rollout.StateCanary, rollout.StatePaused, rollout.StatePromoted, rollout.StateRolledBack, rollout.StateAborted} {
+			g(c.rolloutState, b2f(rec.R.State == st), st)
+		}
+		share, _ := rec.R.Share()
+		g(c.rolloutStep, float64(rec.R.Step))
+		g(c.rolloutShare, share)
+		if !rec.R.Done() {
+			g(c.stepRequests, float64(cur.StableRequests), "stable")
+			g(c.stepRequests, float64(cur.CandidateRequests), "candidate")
+			g(c.stepTTFTP90, cur.StableTTFTP90, "stable")
+			g(c.stepTTFTP90, cur.CandidateTTFTP90, "candidate")
+			g(c.stepHitRate, cur.StableHitRate, "stable")
+			g(c.stepHitRate, cur.CandidateHitRate, "candidate")
+			g(c.stepErrorRate, cur.StableErrorRate, "stable")
+			g(c.stepErrorRate, cur.CandidateErrorRate, "candidate")
+		}
+	}
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/kvrelay/kvrelay/controlplane/api"
 	operatorv1 "github.com/kvrelay/kvrelay/controlplane/api/v1"
 	"github.com/kvrelay/kvrelay/controlplane/registry"
+	"github.com/kvrelay/kvrelay/controlplane/rollout"
 )
 
 // operator implements the operator API over the control plane.
@@ -154,11 +155,120 @@ func (o operator) SetPolicy(_ context.Context, m *operatorv1.Policy) (*operatorv
 	} else {
 		p.CandidateShare, p.Shadow = m.GetCandidateShare(), m.GetShadow() // refused without a candidate
 	}
-	got, err := o.s.reg.SetPolicy(p)
+	got, err := o.s.rollouts.setPolicy(p)
 	if err != nil {
 		return nil, apiErr(err)
 	}
 	return policyMessage(got), nil
+}
+
+func (o operator) StartRollout(_ context.Context, c *operatorv1.Policy, m *operatorv1.RolloutSpec) (*operatorv1.Rollout, error) {
+	spec, err := rolloutSpec(m)
+	if err != nil {
+		return nil, err
+	}
+	rec, err := o.s.rollouts.start(storedPolicy(c), spec)
+	if err != nil {
+		return nil, apiErr(err)
+	}
+	return rolloutMessage(rec, rollout.Result{}), nil
+}
+
+func (o operator) GetRollout(context.Context) (*operatorv1.Rollout, error) {
+	rec, cur, err := o.s.rollouts.latest()
+	if err != nil {
+		return nil, apiErr(err)
+	}
+	return rolloutMessage(rec, cur), nil
+}
+
+func (o operator) ControlRollout(_ context.Context, action string) (*operatorv1.Rollout, error) {
+	if _, err := o.s.rollouts.control(action); err != nil {
+		return nil, apiErr(err)
+	}
+	return o.GetRollout(context.Background())
+}
+
+func (o operator) PolicyHistory(_ context.Context, limit int) ([]*operatorv1.PolicyChange, error) {
+	h, err := o.s.reg.PolicyHistory(limit)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]*operatorv1.PolicyChange, len(h))
+	for i, c := range h {
+		out[i] = &operatorv1.PolicyChange{Policy: policyMessage(c.Policy), UnixMs: c.At.UnixMilli(), Cause: c.Cause}
+	}
+	return out, nil
+}
+
+// rolloutSpec is the spec an API request asks for: the defaults (rollout.DefaultSpec) for
+// its unset fields, and a step timeout of five step durations when only the duration is
+// set.
+func rolloutSpec(m *operatorv1.RolloutSpec) (rollout.Spec, error) {
+	s := rollout.DefaultSpec()
+	ms := func(v int64) time.Duration { return time.Duration(v) * time.Millisecond }
+	if m.GetShadowMs() < 0 || m.GetStepDurationMs() < 0 || m.GetStepTimeoutMs() < 0 {
+		return s, fmt.Errorf("%w: rollout: negative duration", api.ErrInvalid)
+	}
+	s.Shadow = ms(m.GetShadowMs())
+	if len(m.GetSteps()) > 0 {
+		s.Steps = m.GetSteps()
+	}
+	if m.GetStepDurationMs() > 0 {
+		s.StepDuration, s.StepTimeout = ms(m.GetStepDurationMs()), 5*ms(m.GetStepDurationMs())
+	}
+	if m.GetStepTimeoutMs() > 0 {
+		s.StepTimeout = ms(m.GetStepTimeoutMs())
+	}
+	if m.GetMinRequests() > 0 {
+		s.MinRequests = m.GetMinRequests()
+	}
+	for dst, v := range map[*float64]*float64{&s.MaxTTFTP90Ratio: m.MaxTtftP90Ratio, &s.MaxErrorRateDelta: m.MaxErrorRateDelta,
+		&s.MaxHitRateDrop: m.MaxHitRateDrop, &s.Alpha: m.Alpha} {
+		if v != nil {
+			*dst = *v
+		}
+	}
+	if err := s.Validate(); err != nil {
+		return s, fmt.Errorf("%w: %w", api.ErrInvalid, err)
+	}
+	return s, nil
+}
+
+// rolloutMessage is a rollout for the API, with cur the running step's figures so far.
+func rolloutMessage(rec *rolloutRecord, cur rollout.Result) *operatorv1.Rollout {
+	r := rec.R
+	ms := func(t time.Time) int64 {
+		if t.IsZero() {
+			return 0
+		}
+		return t.UnixMilli()
+	}
+	share, shadow := r.Share()
+	sp := r.Spec
+	ratio, delta, drop, alpha := sp.MaxTTFTP90Ratio, sp.MaxErrorRateDelta, sp.MaxHitRateDrop, sp.Alpha
+	out := &operatorv1.Rollout{Id: rec.ID, State: r.State, Step: int32(r.Step), Share: share, Shadow: shadow,
+		StableVersion: rec.StableVersion, CandidateVersion: rec.Candidate.Version, Candidate: routingMessage(rec.Candidate),
+		Spec: &operatorv1.RolloutSpec{ShadowMs: sp.Shadow.Milliseconds(), Steps: sp.Steps, StepDurationMs: sp.StepDuration.Milliseconds(),
+			MinRequests: sp.MinRequests, StepTimeoutMs: sp.StepTimeout.Milliseconds(),
+			MaxTtftP90Ratio: &ratio, MaxErrorRateDelta: &delta, MaxHitRateDrop: &drop, Alpha: &alpha},
+		StartedUnixMs: ms(rec.Started), StepStartedUnixMs: ms(r.StepStart), EndedUnixMs: ms(rec.Ended), Reason: rec.Reason}
+	step := func(x rollout.Result) *operatorv1.RolloutStep {
+		return &operatorv1.RolloutStep{Step: int32(x.Step), Share: x.Share, Verdict: x.Verdict, Reason: x.Reason,
+			StableRequests: x.StableRequests, CandidateRequests: x.CandidateRequests,
+			StableTtftP50: x.StableTTFTP50, CandidateTtftP50: x.CandidateTTFTP50, StableTtftP90: x.StableTTFTP90, CandidateTtftP90: x.CandidateTTFTP90,
+			StableErrorRate: x.StableErrorRate, CandidateErrorRate: x.CandidateErrorRate, StableHitRate: x.StableHitRate, CandidateHitRate: x.CandidateHitRate,
+			ShadowPicks: x.ShadowPicks, ShadowDisagreement: x.ShadowDisagreement, ShadowStableOverlap: x.ShadowStableOverlap,
+			ShadowCandidateOverlap: x.ShadowCandidateOverlap, ShadowStableLoad: x.ShadowStableLoad, ShadowCandidateLoad: x.ShadowCandidateLoad,
+			StartUnixMs: ms(x.Start), EndUnixMs: ms(x.End)}
+	}
+	for _, x := range r.Results {
+		out.Steps = append(out.Steps, step(x))
+	}
+	if !r.Done() {
+		out.Current = step(cur)
+	}
+	return out
 }
 
 // storedPolicy is the routing part of an API policy (no candidate; versions are the

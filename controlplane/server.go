@@ -72,6 +72,8 @@ type Options struct {
 	// PublishInterval bounds how often worker resources are republished when load changes
 	// (default 50 ms).
 	PublishInterval time.Duration
+	// RolloutInterval is how often a running rollout's step is judged (default 1 s).
+	RolloutInterval time.Duration
 	// LoadRefresh is the longest the workers go unpublished while the control plane runs
 	// (default 1 s): each publish carries every worker's latest observation time, so a
 	// proxy can tell a steady load from a control plane that stopped (its pushed load then
@@ -145,6 +147,8 @@ type Server struct {
 	rate      float64
 
 	planner atomic.Pointer[http.Handler] // SetPlanner's, served under /v1/planner/
+
+	rollouts *rollouts
 }
 
 // CatchUpTimeout bounds how long a starting control plane holds proxies' index streams while
@@ -158,6 +162,9 @@ func New(opts Options) (*Server, error) {
 	}
 	if opts.ScrapeInterval <= 0 {
 		opts.ScrapeInterval = loadview.DefaultInterval
+	}
+	if opts.RolloutInterval <= 0 {
+		opts.RolloutInterval = time.Second
 	}
 	if opts.LoadRefresh <= 0 {
 		opts.LoadRefresh = time.Second
@@ -215,6 +222,10 @@ func New(opts Options) (*Server, error) {
 	// only wait out its grace, and proxies reconnect to the next control plane by themselves.
 	s.xds = xdsserver.New(xdsserver.Options{ShutdownGrace: 100 * time.Millisecond, GRPCOptions: s.xdsAuth.Options()})
 	xdsv1.RegisterIndexJournalServer(s.xds.GRPC(), s.jserver)
+	if s.rollouts, err = s.loadRollout(); err != nil {
+		store.Close()
+		return nil, err
+	}
 	s.metrics.MustRegister(s.view, newCollector(s))
 	return s, nil
 }
@@ -233,9 +244,11 @@ func (s *Server) Start(ctx context.Context) error {
 	}
 	runCtx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
+	s.rollouts.resume()
 	s.reconcile()
 	s.publish(true)
-	s.wg.Add(3)
+	s.wg.Add(4)
+	go func() { defer s.wg.Done(); s.runRollouts(runCtx) }()
 	go func() { defer s.wg.Done(); s.awaitCatchUp(runCtx) }()
 	go func() { defer s.wg.Done(); _ = s.xds.Serve(runCtx, s.xdsLis) }()
 	go func() { defer s.wg.Done(); s.loop(runCtx) }()

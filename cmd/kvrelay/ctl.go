@@ -278,7 +278,7 @@ result as a new version, which the control plane pushes to every proxy.`,
 	fs.DurationVar(&sessionTTL, "session-ttl", 0, "how long session affinity lasts (e.g. 10m)")
 	fs.Float64Var(&computeWeight, "compute-weight", 0, "latency policy: the request's own prefill time weighed again beside its predicted TTFT")
 	fs.Float64Var(&backgroundWeight, "background-weight", 0, "latency policy: a background request's prefill time weighed once more per interactive request on the worker")
-	cmd.AddCommand(set, ctlRolloutCmd(o))
+	cmd.AddCommand(set, ctlRolloutCmd(o), ctlHistoryCmd(o))
 	return cmd
 }
 

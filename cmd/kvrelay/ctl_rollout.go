@@ -3,36 +3,48 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
+	"strconv"
+	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
 	"go.yaml.in/yaml/v3"
 	"google.golang.org/protobuf/encoding/protojson"
-	"google.golang.org/protobuf/proto"
 
 	operatorv1 "github.com/kvrelay/kvrelay/controlplane/api/v1"
 )
 
-// ctlRolloutCmd is `kvrelay ctl policy rollout`: a candidate policy beside the stable one,
-// routing a share of the requests (or none, in shadow) until it is promoted or aborted.
+// ctlRolloutCmd is `kvrelay ctl policy rollout`: a candidate policy tried beside the
+// stable one, in shadow and then on growing shares of the requests, each step judged
+// against the stable policy by the control plane, promoted or rolled back by itself.
 func ctlRolloutCmd(o *ctlOptions) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "rollout",
-		Short: "Try a candidate routing policy on a share of the requests, then promote or abort it",
+		Short: "Roll a candidate routing policy out step by step, judged against the stable one",
 		Long: `rollout puts a candidate policy beside the stable one. Proxies route the candidate's share
-of the requests with it, each session (or prompt) always with the same policy, and measure
-both under their versions (kvrelay_proxy_policy_ttft_seconds{policy_version}, ...); in
-shadow they route every request with the stable policy and record the candidate's picks.`,
+of the requests with it, each session (or prompt) always with the same policy, and report
+both arms (kvrelay_proxy_policy_ttft_seconds{policy_version}, ...); in shadow they route
+every request with the stable policy and record the candidate's picks. The control plane
+judges each step over its interval (TTFT p90 with a rank test, error rate, prefix hit
+rate): a pass moves to the next share, a fail rolls back at once, too few requests wait
+up to the step timeout and then roll back; after the last step the candidate becomes the
+stable policy.`,
 	}
 	var (
-		file   string
-		share  float64
-		shadow bool
+		file                   string
+		shadow, stepDur, stepT time.Duration
+		steps                  []float64
+		minReq                 uint64
+		ratio, errDelta, drop  float64
+		alpha                  float64
 	)
 	start := &cobra.Command{
 		Use:   "start --candidate-file FILE",
 		Short: "Start a rollout: the candidate is the stable policy with the fields FILE sets",
-		Example: `  kvrelay ctl policy rollout start --candidate-file candidate.yaml --share 0.05
+		Example: `  kvrelay ctl policy rollout start --candidate-file candidate.yaml --shadow 5m --steps 5,25,50,100 --step-duration 2m
   # candidate.yaml, in the form ctl policy -o json prints:  overlap_weight: 0`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -40,73 +52,169 @@ shadow they route every request with the stable policy and record the candidate'
 			if err != nil {
 				return fmt.Errorf("reading --candidate-file: %w", err)
 			}
-			return ctlUpdatePolicy(cmd, o, func(p *operatorv1.Policy) error {
-				cand, err := candidateFrom(p, data)
-				if err != nil {
-					return fmt.Errorf("--candidate-file %s: %w", file, err)
+			c, err := o.client(cmd)
+			if err != nil {
+				return err
+			}
+			var p operatorv1.Policy
+			if err := c.call(cmd.Context(), http.MethodGet, "/v1/policy", nil, &p); err != nil {
+				return err
+			}
+			cand, err := candidateFrom(&p, data)
+			if err != nil {
+				return fmt.Errorf("--candidate-file %s: %w", file, err)
+			}
+			spec := &operatorv1.RolloutSpec{ShadowMs: shadow.Milliseconds(), StepDurationMs: stepDur.Milliseconds(),
+				StepTimeoutMs: stepT.Milliseconds(), MinRequests: minReq}
+			for _, pct := range steps {
+				if !(pct > 0 && pct <= 100) {
+					return fmt.Errorf("--steps %v: each a percentage in (0, 100]", steps)
 				}
-				p.Candidate, p.CandidateShare, p.Shadow = cand, share, shadow
-				return nil
-			})
+				spec.Steps = append(spec.Steps, pct/100)
+			}
+			fs := cmd.Flags()
+			for name, v := range map[string]**float64{"max-ttft-p90-ratio": &spec.MaxTtftP90Ratio, "max-error-rate-delta": &spec.MaxErrorRateDelta,
+				"max-hit-rate-drop": &spec.MaxHitRateDrop, "alpha": &spec.Alpha} {
+				if fs.Changed(name) {
+					x, _ := fs.GetFloat64(name)
+					*v = &x
+				}
+			}
+			var r operatorv1.Rollout
+			if err := c.call(cmd.Context(), http.MethodPost, "/v1/rollout", &operatorv1.StartRolloutRequest{Candidate: cand, Spec: spec}, &r); err != nil {
+				return err
+			}
+			return c.print(&r, func(w io.Writer) { ctlRolloutTable(w, &r) })
 		},
 	}
-	start.Flags().StringVar(&file, "candidate-file", "", "YAML or JSON file of the candidate's fields that differ from the stable policy (a whole policy will do)")
-	start.Flags().Float64Var(&share, "share", 0, "share of the requests the candidate routes, in [0, 1]")
-	start.Flags().BoolVar(&shadow, "shadow", false, "route every request with the stable policy and only record the candidate's picks")
+	fs := start.Flags()
+	fs.StringVar(&file, "candidate-file", "", "YAML or JSON file of the candidate's fields that differ from the stable policy (a whole policy will do)")
+	fs.DurationVar(&shadow, "shadow", 0, "run the candidate in shadow this long first (0: no shadow step)")
+	fs.Float64SliceVar(&steps, "steps", nil, "the candidate's shares of the requests, in percent, increasing (default 5,25,50,100)")
+	fs.DurationVar(&stepDur, "step-duration", 0, "least time each step runs (default 2m)")
+	fs.DurationVar(&stepT, "step-timeout", 0, "most time a step waits for its requests before it rolls back (default 5 step durations)")
+	fs.Uint64Var(&minReq, "min-requests", 0, "least requests of each arm a step must see (default 200)")
+	fs.Float64Var(&ratio, "max-ttft-p90-ratio", 1.10, "a step fails when the candidate's TTFT p90 exceeds this times the stable one's and the rank test agrees")
+	fs.Float64Var(&errDelta, "max-error-rate-delta", 0.005, "a step fails when the candidate's error rate exceeds the stable one's by more than this")
+	fs.Float64Var(&drop, "max-hit-rate-drop", 0.02, "a step fails when the candidate's prefix hit rate falls short of the stable one's by more than this")
+	fs.Float64Var(&alpha, "alpha", 0.001, "significance level of the rank test on TTFT")
 	_ = start.MarkFlagRequired("candidate-file")
-	set := &cobra.Command{
-		Use:   "set",
-		Short: "Change the running rollout's share or shadow",
+	status := &cobra.Command{
+		Use:   "status",
+		Short: "Show the running or latest rollout: its state and each step's figures per arm",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return ctlUpdatePolicy(cmd, o, func(p *operatorv1.Policy) error {
-				if p.Candidate == nil {
-					return fmt.Errorf("no rollout is running (ctl policy rollout start)")
+			c, err := o.client(cmd)
+			if err != nil {
+				return err
+			}
+			var r operatorv1.Rollout
+			if err := c.call(cmd.Context(), http.MethodGet, "/v1/rollout", nil, &r); err != nil {
+				return err
+			}
+			return c.print(&r, func(w io.Writer) { ctlRolloutTable(w, &r) })
+		},
+	}
+	cmd.AddCommand(start, status)
+	for _, a := range []struct{ name, short string }{
+		{"pause", "Hold the rollout at its step (proxies keep the split)"},
+		{"resume", "Continue a paused rollout, its step's clock moved by the time paused"},
+		{"promote", "End the rollout now with the candidate as the stable policy"},
+		{"abort", "End the rollout now: every request routes with the stable policy again"},
+	} {
+		cmd.AddCommand(&cobra.Command{
+			Use: a.name, Short: a.short, Args: cobra.NoArgs,
+			RunE: func(cmd *cobra.Command, _ []string) error {
+				c, err := o.client(cmd)
+				if err != nil {
+					return err
 				}
-				if cmd.Flags().Changed("share") {
-					p.CandidateShare = share
+				var r operatorv1.Rollout
+				if err := c.call(cmd.Context(), http.MethodPost, "/v1/rollout/"+a.name, nil, &r); err != nil {
+					return err
 				}
-				if cmd.Flags().Changed("shadow") {
-					p.Shadow = shadow
+				return c.print(&r, func(w io.Writer) { ctlRolloutTable(w, &r) })
+			},
+		})
+	}
+	return cmd
+}
+
+// ctlRolloutTable prints a rollout: its state, then a row per judged step and one for the
+// running step so far.
+func ctlRolloutTable(w io.Writer, r *operatorv1.Rollout) {
+	pct := func(x float64) string { return strconv.FormatFloat(100*x, 'f', 1, 64) + "%" }
+	msec := func(x float64) string { return strconv.FormatFloat(1e3*x, 'f', 0, 64) + "ms" }
+	fmt.Fprintf(w, "rollout %d: %s, stable version %d, candidate version %d", r.Id, r.State, r.StableVersion, r.CandidateVersion)
+	switch {
+	case r.Shadow:
+		fmt.Fprint(w, ", in shadow")
+	case r.State == "canary" || r.State == "paused":
+		fmt.Fprintf(w, ", candidate share %s", pct(r.Share))
+	}
+	fmt.Fprintln(w)
+	if r.Reason != "" {
+		fmt.Fprintf(w, "reason: %s\n", r.Reason)
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "STEP\tSHARE\tVERDICT\tREQUESTS s/c\tTTFT P50 s/c\tTTFT P90 s/c\tERRORS s/c\tHIT RATE s/c\tREASON")
+	row := func(x *operatorv1.RolloutStep, verdict string) {
+		name, reason := strconv.Itoa(int(x.Step)+1), x.Reason
+		if x.Step < 0 {
+			name = "shadow"
+			if x.ShadowPicks > 0 {
+				reason = fmt.Sprintf("disagreed on %s of %d picks; overlap %.1f against %.1f blocks, load %.1f against %.1f (candidate, stable)",
+					pct(x.ShadowDisagreement), x.ShadowPicks, x.ShadowCandidateOverlap, x.ShadowStableOverlap, x.ShadowCandidateLoad, x.ShadowStableLoad)
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d\t%s/%s\t%s/%s\t%s/%s\t%s/%s\t%s\n", name, pct(x.Share), verdict,
+			x.StableRequests, x.CandidateRequests, msec(x.StableTtftP50), msec(x.CandidateTtftP50), msec(x.StableTtftP90), msec(x.CandidateTtftP90),
+			pct(x.StableErrorRate), pct(x.CandidateErrorRate), pct(x.StableHitRate), pct(x.CandidateHitRate), reason)
+	}
+	for _, x := range r.Steps {
+		row(x, x.Verdict)
+	}
+	if x := r.Current; x != nil {
+		row(x, "running")
+	}
+	tw.Flush()
+}
+
+// ctlHistoryCmd is `kvrelay ctl policy history`: the policy's changes, the latest first.
+func ctlHistoryCmd(o *ctlOptions) *cobra.Command {
+	var limit uint32
+	cmd := &cobra.Command{
+		Use:   "history",
+		Short: "List the routing policy's changes, the latest first, with what made each",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := o.client(cmd)
+			if err != nil {
+				return err
+			}
+			var h operatorv1.PolicyHistoryResponse
+			if err := c.call(cmd.Context(), http.MethodGet, fmt.Sprintf("/v1/policy/history?limit=%d", limit), nil, &h); err != nil {
+				return err
+			}
+			return c.print(&h, func(w io.Writer) {
+				tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+				fmt.Fprintln(tw, "TIME\tVERSION\tPOLICY\tOVERLAP\tQUEUE\tCANDIDATE\tCAUSE")
+				for _, ch := range h.Changes {
+					p, cand := ch.Policy, "-"
+					if c := p.GetCandidate(); c != nil {
+						cand = fmt.Sprintf("v%d %s share %g", c.Version, c.Policy, p.CandidateShare)
+						if p.Shadow {
+							cand = fmt.Sprintf("v%d %s shadow", c.Version, c.Policy)
+						}
+					}
+					fmt.Fprintf(tw, "%s\t%d\t%s\t%g\t%g\t%s\t%s\n", time.UnixMilli(ch.UnixMs).UTC().Format(time.RFC3339),
+						p.GetVersion(), p.GetPolicy(), p.GetOverlapWeight(), p.GetQueueWeight(), cand, ch.Cause)
 				}
-				return nil
+				tw.Flush()
 			})
 		},
 	}
-	set.Flags().Float64Var(&share, "share", 0, "share of the requests the candidate routes, in [0, 1]")
-	set.Flags().BoolVar(&shadow, "shadow", false, "route every request with the stable policy and only record the candidate's picks")
-	promote := &cobra.Command{
-		Use:   "promote",
-		Short: "End the rollout with the candidate as the stable policy, for every request",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return ctlUpdatePolicy(cmd, o, func(p *operatorv1.Policy) error {
-				if p.Candidate == nil {
-					return fmt.Errorf("no rollout is running")
-				}
-				c := p.Candidate
-				proto.Reset(p)
-				proto.Merge(p, c) // the registry gives it the next version
-				p.Candidate, p.CandidateShare, p.Shadow = nil, 0, false
-				return nil
-			})
-		},
-	}
-	abort := &cobra.Command{
-		Use:   "abort",
-		Short: "End the rollout: every request routes with the stable policy again",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return ctlUpdatePolicy(cmd, o, func(p *operatorv1.Policy) error {
-				if p.Candidate == nil {
-					return fmt.Errorf("no rollout is running")
-				}
-				p.Candidate, p.CandidateShare, p.Shadow = nil, 0, false
-				return nil
-			})
-		},
-	}
-	cmd.AddCommand(start, set, promote, abort)
+	cmd.Flags().Uint32Var(&limit, "limit", 50, "most changes to list")
 	return cmd
 }
 

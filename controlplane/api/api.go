@@ -42,7 +42,25 @@ type Backend interface {
 	SetPolicy(ctx context.Context, p *operatorv1.Policy) (*operatorv1.Policy, error)
 	GetIndex(ctx context.Context) (*operatorv1.Index, error)
 	ListProxies(ctx context.Context) ([]*operatorv1.Proxy, error)
+	// StartRollout starts a rollout of the candidate (its version cleared) as spec says
+	// (ErrConflict while one runs); GetRollout returns the running or latest rollout
+	// (ErrNotFound when none ever ran); ControlRollout applies one of RolloutActions.
+	StartRollout(ctx context.Context, candidate *operatorv1.Policy, spec *operatorv1.RolloutSpec) (*operatorv1.Rollout, error)
+	GetRollout(ctx context.Context) (*operatorv1.Rollout, error)
+	ControlRollout(ctx context.Context, action string) (*operatorv1.Rollout, error)
+	// PolicyHistory returns at most limit (> 0) changes of the policy, the latest first.
+	PolicyHistory(ctx context.Context, limit int) ([]*operatorv1.PolicyChange, error)
 }
+
+// RolloutActions are the actions ControlRollout takes.
+var RolloutActions = []string{"pause", "resume", "promote", "abort"}
+
+// DefaultHistoryLimit is the number of policy changes PolicyHistory returns when the request
+// names none; MaxHistoryLimit the most it returns.
+const (
+	DefaultHistoryLimit = 50
+	MaxHistoryLimit     = 1000
+)
 
 // Errors a Backend wraps so that clients get the right status; test with errors.Is.
 var (

@@ -451,6 +451,16 @@ func (b errBackend) SetPolicy(context.Context, *operatorv1.Policy) (*operatorv1.
 }
 func (b errBackend) GetIndex(context.Context) (*operatorv1.Index, error)      { return nil, b.err }
 func (b errBackend) ListProxies(context.Context) ([]*operatorv1.Proxy, error) { return nil, b.err }
+func (b errBackend) StartRollout(context.Context, *operatorv1.Policy, *operatorv1.RolloutSpec) (*operatorv1.Rollout, error) {
+	return nil, b.err
+}
+func (b errBackend) GetRollout(context.Context) (*operatorv1.Rollout, error) { return nil, b.err }
+func (b errBackend) ControlRollout(context.Context, string) (*operatorv1.Rollout, error) {
+	return nil, b.err
+}
+func (b errBackend) PolicyHistory(context.Context, int) ([]*operatorv1.PolicyChange, error) {
+	return nil, b.err
+}
 
 func TestErrorMapping(t *testing.T) {
 	tests := []struct {

@@ -15,6 +15,10 @@
 //	POST   /v1/workers/{id}/undrain  Worker
 //	GET    /v1/policy                Policy
 //	PUT    /v1/policy                body Policy → Policy with its new version
+//	GET    /v1/policy/history        PolicyHistoryResponse, the latest first (?limit=N)
+//	POST   /v1/rollout               body StartRolloutRequest → Rollout
+//	GET    /v1/rollout               Rollout, the running or latest one
+//	POST   /v1/rollout/{action}      Rollout; action pause, resume, promote or abort
 //	GET    /v1/index                 Index
 //	GET    /v1/proxies               ListProxiesResponse
 //	GET    /healthz                  {"status":"ok"}, never authenticated

@@ -95,4 +95,20 @@ func (s *grpcServer) ListProxies(ctx context.Context, _ *operatorv1.ListProxiesR
 	return call(s, ctx, false, func() (*operatorv1.ListProxiesResponse, error) { return s.ops.listProxies(ctx) })
 }
 
+func (s *grpcServer) StartRollout(ctx context.Context, req *operatorv1.StartRolloutRequest) (*operatorv1.Rollout, error) {
+	return call(s, ctx, true, func() (*operatorv1.Rollout, error) { return s.ops.startRollout(ctx, req) })
+}
+
+func (s *grpcServer) GetRollout(ctx context.Context, _ *operatorv1.GetRolloutRequest) (*operatorv1.Rollout, error) {
+	return call(s, ctx, false, func() (*operatorv1.Rollout, error) { return s.ops.getRollout(ctx) })
+}
+
+func (s *grpcServer) ControlRollout(ctx context.Context, req *operatorv1.ControlRolloutRequest) (*operatorv1.Rollout, error) {
+	return call(s, ctx, true, func() (*operatorv1.Rollout, error) { return s.ops.controlRollout(ctx, req.GetAction()) })
+}
+
+func (s *grpcServer) PolicyHistory(ctx context.Context, req *operatorv1.PolicyHistoryRequest) (*operatorv1.PolicyHistoryResponse, error) {
+	return call(s, ctx, false, func() (*operatorv1.PolicyHistoryResponse, error) { return s.ops.policyHistory(ctx, req.GetLimit()) })
+}
+
 var _ operatorv1.OperatorServer = (*grpcServer)(nil)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 
 	"google.golang.org/grpc/codes"
@@ -74,6 +75,35 @@ func Handler(b Backend, opts Options) http.Handler {
 				return nil, err
 			}
 			return h.ops.setPolicy(ctx, p)
+		}},
+	}))
+	mux.HandleFunc("/v1/policy/history", h.methods(map[string]route{
+		http.MethodGet: {read: true, fn: func(ctx context.Context, r *http.Request) (proto.Message, error) {
+			var limit uint64
+			if v := r.URL.Query().Get("limit"); v != "" {
+				var err error
+				if limit, err = strconv.ParseUint(v, 10, 32); err != nil {
+					return nil, invalidf("limit %q: want a non-negative integer", v)
+				}
+			}
+			return h.ops.policyHistory(ctx, uint32(limit))
+		}},
+	}))
+	mux.HandleFunc("/v1/rollout", h.methods(map[string]route{
+		http.MethodGet: {read: true, fn: func(ctx context.Context, _ *http.Request) (proto.Message, error) {
+			return h.ops.getRollout(ctx)
+		}},
+		http.MethodPost: {fn: func(ctx context.Context, r *http.Request) (proto.Message, error) {
+			req := new(operatorv1.StartRolloutRequest)
+			if err := decodeBody(r, req); err != nil {
+				return nil, err
+			}
+			return h.ops.startRollout(ctx, req)
+		}},
+	}))
+	mux.HandleFunc("/v1/rollout/{action}", h.methods(map[string]route{
+		http.MethodPost: {fn: func(ctx context.Context, r *http.Request) (proto.Message, error) {
+			return h.ops.controlRollout(ctx, r.PathValue("action"))
 		}},
 	}))
 	mux.HandleFunc("/v1/index", h.methods(map[string]route{

@@ -79,6 +79,45 @@ func (o ops) listProxies(ctx context.Context) (*operatorv1.ListProxiesResponse, 
 	return &operatorv1.ListProxiesResponse{Proxies: dropNil(ps)}, nil
 }
 
+func (o ops) startRollout(ctx context.Context, req *operatorv1.StartRolloutRequest) (*operatorv1.Rollout, error) {
+	c := req.GetCandidate()
+	if c == nil {
+		return nil, invalidf("missing candidate policy")
+	}
+	if c.GetCandidate() != nil || c.GetCandidateShare() != 0 || c.GetShadow() {
+		return nil, invalidf("the candidate has a candidate, share or shadow of its own")
+	}
+	c.Version = 0
+	spec := req.GetSpec()
+	if spec == nil {
+		spec = &operatorv1.RolloutSpec{}
+	}
+	return orEmpty(o.b.StartRollout(ctx, c, spec))
+}
+
+func (o ops) getRollout(ctx context.Context) (*operatorv1.Rollout, error) {
+	return orEmpty(o.b.GetRollout(ctx))
+}
+
+func (o ops) controlRollout(ctx context.Context, action string) (*operatorv1.Rollout, error) {
+	if !slices.Contains(RolloutActions, action) {
+		return nil, invalidf("rollout action %q: want one of %v", action, RolloutActions)
+	}
+	return orEmpty(o.b.ControlRollout(ctx, action))
+}
+
+func (o ops) policyHistory(ctx context.Context, limit uint32) (*operatorv1.PolicyHistoryResponse, error) {
+	n := int(min(limit, MaxHistoryLimit))
+	if n == 0 {
+		n = DefaultHistoryLimit
+	}
+	cs, err := o.b.PolicyHistory(ctx, n)
+	if err != nil {
+		return nil, err
+	}
+	return &operatorv1.PolicyHistoryResponse{Changes: dropNil(cs)}, nil
+}
+
 // orEmpty passes a Backend's result on, a new T in place of a nil one.
 func orEmpty[T any, P interface{ *T }](m P, err error) (P, error) {
 	if err != nil {

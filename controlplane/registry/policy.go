@@ -79,6 +79,10 @@ type Policy struct {
 	Candidate      *Policy `json:"candidate,omitempty"`
 	CandidateShare float64 `json:"candidate_share,omitempty"`
 	Shadow         bool    `json:"shadow,omitempty"`
+	// Issued is the highest version ever given out (kept by SetPolicy, which ignores the
+	// caller's), so that a version stays one policy's even after a candidate that had it
+	// was dropped.
+	Issued uint64 `json:"issued,omitempty"`
 }
 
 // DefaultPolicy is the policy served until an operator sets one, version 1: latency
@@ -195,9 +199,9 @@ func (p Policy) latest() uint64 {
 	return p.Version
 }
 
-// sameRouting reports whether a and b route alike: every field but the version.
+// sameRouting reports whether a and b route alike: every field but the versions.
 func sameRouting(a, b Policy) bool {
-	a.Version, b.Version = 0, 0
+	a.Version, b.Version, a.Issued, b.Issued = 0, 0, 0, 0
 	x, _ := json.Marshal(a)
 	y, _ := json.Marshal(b)
 	return string(x) == string(y)
@@ -223,12 +227,16 @@ func nextPolicy(cur, p Policy) (Policy, error) {
 	}
 	p = p.clone()
 	// A version names one way of routing: the stable policy and the candidate each keep
-	// theirs while they route as before (a rollout's share moving changes neither), and a
-	// new or changed one takes the next number.
-	next := cur.latest() + 1
-	if sameRouting(stableOf(cur), stableOf(p)) && cur.Version != 0 {
+	// theirs while they route as before (a rollout's share moving changes neither; a
+	// promoted candidate keeps its own as the stable one), and a new or changed one takes
+	// the next number never given out.
+	next := max(cur.latest(), cur.Issued) + 1
+	switch {
+	case sameRouting(stableOf(cur), stableOf(p)) && cur.Version != 0:
 		p.Version = cur.Version
-	} else {
+	case cur.Candidate != nil && p.Candidate == nil && sameRouting(*cur.Candidate, stableOf(p)):
+		p.Version = cur.Candidate.Version
+	default:
 		p.Version, next = next, next+1
 	}
 	if c := p.Candidate; c != nil {
@@ -238,6 +246,7 @@ func nextPolicy(cur, p Policy) (Policy, error) {
 			c.Version = next
 		}
 	}
+	p.Issued = max(cur.Issued, p.latest())
 	return p, nil
 }
 

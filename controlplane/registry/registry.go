@@ -8,6 +8,7 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"time"
 )
 
 // precedence lists the sources from the one that wins a shared id to the one that loses.
@@ -48,6 +49,7 @@ type Registry struct {
 	sources   [len(precedence)]map[string]Worker // by precedence index, then id
 	drains    map[string]bool                    // explicit settings by id
 	policy    Policy
+	history   []PolicyChange      // without a store
 	effective []Worker            // resolved, drains applied, sorted by id
 	shadowed  map[string][]string // id → sources hidden by the winner, for logging news only
 	stats     Stats
@@ -234,17 +236,28 @@ func (r *Registry) Policy() Policy {
 // before it is applied. A non-zero p.Version must be the current version (the one the
 // caller read and edited), else ErrVersionConflict; zero skips the check. It returns the
 // policy as set.
-func (r *Registry) SetPolicy(p Policy) (Policy, error) {
+func (r *Registry) SetPolicy(p Policy) (Policy, error) { return r.ChangePolicy(p, "api") }
+
+// ChangePolicy is SetPolicy with the cause its history entry records ("api", "rollout 3
+// promoted", ...).
+func (r *Registry) ChangePolicy(p Policy, cause string) (Policy, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var (
 		next Policy
 		err  error
 	)
+	now := time.Now()
 	if r.store != nil {
-		next, err = r.store.SetPolicy(p)
+		next, err = r.store.SetPolicy(p, cause, now)
 	} else {
 		next, err = nextPolicy(r.policy, p)
+		if err == nil {
+			r.history = append(r.history, PolicyChange{Policy: next.clone(), At: now, Cause: cause})
+			if len(r.history) > MaxHistory {
+				r.history = slices.Delete(r.history, 0, len(r.history)-MaxHistory)
+			}
+		}
 	}
 	if err != nil {
 		return Policy{}, err
@@ -252,6 +265,20 @@ func (r *Registry) SetPolicy(p Policy) (Policy, error) {
 	r.policy = next
 	r.notify()
 	return next.clone(), nil
+}
+
+// PolicyHistory returns at most limit changes of the policy, the latest first.
+func (r *Registry) PolicyHistory(limit int) ([]PolicyChange, error) {
+	if r.store != nil {
+		return r.store.PolicyHistory(limit)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []PolicyChange
+	for i := len(r.history) - 1; i >= 0 && len(out) < limit; i-- {
+		out = append(out, r.history[i])
+	}
+	return out, nil
 }
 
 // Changes returns a channel that receives after every change to the workers, the drains or

@@ -1,6 +1,7 @@
 package registry
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -15,11 +16,24 @@ const FileName = "kvrelay.db"
 
 // Bucket names and keys in the database.
 var (
-	bucketWorkers = []byte("workers") // id → JSON Worker (API workers only)
-	bucketDrains  = []byte("drains")  // id → 1 (drained) or 0 (undrained)
-	bucketPolicy  = []byte("policy")  // keyCurrent → JSON Policy
+	bucketWorkers = []byte("workers")        // id → JSON Worker (API workers only)
+	bucketDrains  = []byte("drains")         // id → 1 (drained) or 0 (undrained)
+	bucketPolicy  = []byte("policy")         // keyCurrent → JSON Policy
+	bucketHistory = []byte("policy_history") // big-endian sequence → JSON PolicyChange
+	bucketRollout = []byte("rollouts")       // big-endian rollout id → the rollout's JSON
 	keyCurrent    = []byte("current")
 )
+
+// MaxHistory is the number of policy changes a store keeps; older ones are dropped.
+const MaxHistory = 1000
+
+// PolicyChange is one change of the routing policy: the policy as it became, when, and by
+// what ("api", "rollout 3 rolled_back", ...).
+type PolicyChange struct {
+	Policy Policy    `json:"policy"`
+	At     time.Time `json:"at"`
+	Cause  string    `json:"cause"`
+}
 
 // Store persists what the control plane must keep across restarts: the workers added through
 // the operator API, explicit drain settings and the routing policy. It is a bbolt database
@@ -41,7 +55,7 @@ func Open(dir string) (*Store, error) {
 		return nil, fmt.Errorf("opening store %s (is another kvrelay using it?): %w", path, err)
 	}
 	err = db.Update(func(tx *bbolt.Tx) error {
-		for _, b := range [][]byte{bucketWorkers, bucketDrains, bucketPolicy} {
+		for _, b := range [][]byte{bucketWorkers, bucketDrains, bucketPolicy, bucketHistory, bucketRollout} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return fmt.Errorf("creating bucket %s: %w", b, err)
 			}
@@ -169,10 +183,10 @@ func (s *Store) Policy() (Policy, error) {
 	return p, nil
 }
 
-// SetPolicy validates p, gives it the next version (the stored one plus one) and stores it,
-// in one transaction. A non-zero p.Version must be the stored version (ErrVersionConflict
-// otherwise). It returns the policy as stored.
-func (s *Store) SetPolicy(p Policy) (Policy, error) {
+// SetPolicy validates p, gives it its version (see Registry.SetPolicy) and stores it with
+// its history entry (cause, at), in one transaction. A non-zero p.Version must be the
+// stored version (ErrVersionConflict otherwise). It returns the policy as stored.
+func (s *Store) SetPolicy(p Policy, cause string, at time.Time) (Policy, error) {
 	var next Policy
 	err := s.db.Update(func(tx *bbolt.Tx) error {
 		cur, err := currentPolicy(tx)
@@ -186,7 +200,10 @@ func (s *Store) SetPolicy(p Policy) (Policy, error) {
 		if err != nil {
 			return fmt.Errorf("encoding policy: %w", err)
 		}
-		return tx.Bucket(bucketPolicy).Put(keyCurrent, v)
+		if err := tx.Bucket(bucketPolicy).Put(keyCurrent, v); err != nil {
+			return err
+		}
+		return appendHistory(tx.Bucket(bucketHistory), PolicyChange{Policy: next, At: at, Cause: cause})
 	})
 	if err != nil {
 		return Policy{}, fmt.Errorf("setting policy: %w", err)
@@ -204,4 +221,70 @@ func currentPolicy(tx *bbolt.Tx) (Policy, error) {
 		return Policy{}, fmt.Errorf("decoding stored policy: %w", err)
 	}
 	return p, nil
+}
+
+// appendHistory adds c under the next sequence number and drops the entries past MaxHistory.
+func appendHistory(b *bbolt.Bucket, c PolicyChange) error {
+	seq, err := b.NextSequence()
+	if err != nil {
+		return err
+	}
+	v, err := json.Marshal(c)
+	if err != nil {
+		return fmt.Errorf("encoding policy change: %w", err)
+	}
+	if err := b.Put(binary.BigEndian.AppendUint64(nil, seq), v); err != nil {
+		return err
+	}
+	if seq > MaxHistory {
+		return b.Delete(binary.BigEndian.AppendUint64(nil, seq-MaxHistory))
+	}
+	return nil
+}
+
+// PolicyHistory returns at most limit policy changes, the latest first.
+func (s *Store) PolicyHistory(limit int) ([]PolicyChange, error) {
+	var out []PolicyChange
+	err := s.db.View(func(tx *bbolt.Tx) error {
+		c := tx.Bucket(bucketHistory).Cursor()
+		for k, v := c.Last(); k != nil && len(out) < limit; k, v = c.Prev() {
+			var pc PolicyChange
+			if err := json.Unmarshal(v, &pc); err != nil {
+				return fmt.Errorf("decoding policy change %x: %w", k, err)
+			}
+			out = append(out, pc)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("reading policy history: %w", err)
+	}
+	return out, nil
+}
+
+// PutRollout stores a rollout's record (the control plane's JSON) under its id.
+func (s *Store) PutRollout(id uint64, record []byte) error {
+	err := s.db.Update(func(tx *bbolt.Tx) error {
+		return tx.Bucket(bucketRollout).Put(binary.BigEndian.AppendUint64(nil, id), record)
+	})
+	if err != nil {
+		return fmt.Errorf("storing rollout %d: %w", id, err)
+	}
+	return nil
+}
+
+// LastRollout returns the record of the rollout with the highest id, nil if none was
+// stored.
+func (s *Store) LastRollout() ([]byte, error) {
+	var out []byte
+	err := s.db.View(func(tx *bbolt.Tx) error {
+		if _, v := tx.Bucket(bucketRollout).Cursor().Last(); v != nil {
+			out = append([]byte(nil), v...)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("reading rollouts: %w", err)
+	}
+	return out, nil
 }

@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"slices"
 	"testing"
+	"time"
 )
 
 func openStore(t *testing.T, dir string) *Store {
@@ -46,13 +47,19 @@ func TestStoreReopen(t *testing.T) {
 	var last Policy
 	for range 3 {
 		var err error
-		if last, err = s.SetPolicy(p); err != nil {
+		if last, err = s.SetPolicy(p, "api", time.Unix(1, 0)); err != nil {
 			t.Fatal(err)
 		}
 	}
 	// The first set changed the policy (version 2); setting it again as it is keeps that.
 	if last.Version != 2 {
 		t.Fatalf("third SetPolicy of one policy gave version %d, want 2 (default is 1)", last.Version)
+	}
+	if err := s.PutRollout(1, []byte(`{"r":1}`)); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.PutRollout(2, []byte(`{"r":2}`)); err != nil {
+		t.Fatal(err)
 	}
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
@@ -85,9 +92,35 @@ func TestStoreReopen(t *testing.T) {
 		t.Fatalf("Policy() after reopen = %+v, want session at version 2", got)
 	}
 	p.Temperature = 0.5 // a change: the version after the stored one
-	next, err := s.SetPolicy(p)
+	next, err := s.SetPolicy(p, "rollout 2 promoted", time.Unix(2, 0))
 	if err != nil || next.Version != 3 {
 		t.Fatalf("SetPolicy after reopen = %+v, %v; want version 3", next, err)
+	}
+	// Every set is in the history, the latest first, across the reopen.
+	h, err := s.PolicyHistory(10)
+	if err != nil || len(h) != 4 || h[0].Policy.Version != 3 || h[0].Cause != "rollout 2 promoted" || h[3].Policy.Version != 2 || !h[3].At.Equal(time.Unix(1, 0)) {
+		t.Fatalf("PolicyHistory = %+v, %v", h, err)
+	}
+	if rec, err := s.LastRollout(); err != nil || string(rec) != `{"r":2}` {
+		t.Fatalf("LastRollout = %s, %v", rec, err)
+	}
+}
+
+// TestStoreHistoryIsBounded: the history keeps the last MaxHistory changes.
+func TestStoreHistoryIsBounded(t *testing.T) {
+	s := openStore(t, t.TempDir())
+	defer s.Close()
+	p := DefaultPolicy()
+	p.Version = 0
+	for i := range MaxHistory + 5 {
+		p.Temperature = float64(i%2) / 2
+		if _, err := s.SetPolicy(p, "api", time.Unix(int64(i), 0)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h, err := s.PolicyHistory(2 * MaxHistory)
+	if err != nil || len(h) != MaxHistory || !h[0].At.Equal(time.Unix(MaxHistory+4, 0)) || !h[MaxHistory-1].At.Equal(time.Unix(5, 0)) {
+		t.Fatalf("history of %d entries from %v to %v, %v", len(h), h[0].At, h[len(h)-1].At, err)
 	}
 }
 
@@ -108,12 +141,12 @@ func TestStoreSetPolicyRefuses(t *testing.T) {
 	defer s.Close()
 	bad := DefaultPolicy()
 	bad.CacheThreshold = 2
-	if _, err := s.SetPolicy(bad); !errors.Is(err, ErrInvalid) {
+	if _, err := s.SetPolicy(bad, "api", time.Now()); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("SetPolicy(invalid) = %v, want ErrInvalid", err)
 	}
 	stale := DefaultPolicy()
 	stale.Version = 9
-	if _, err := s.SetPolicy(stale); !errors.Is(err, ErrVersionConflict) {
+	if _, err := s.SetPolicy(stale, "api", time.Now()); !errors.Is(err, ErrVersionConflict) {
 		t.Fatalf("SetPolicy(stale) = %v, want ErrVersionConflict", err)
 	}
 	if p, _ := s.Policy(); p.Version != 1 {

@@ -89,6 +89,17 @@ type Arm struct {
 	Requests, Errors           uint64
 	TTFT                       Histogram // seconds
 	CachedBlocks, PromptBlocks uint64
+	// Shadow is the candidate's decisions in shadow (its arm only).
+	Shadow Shadow
+}
+
+// Shadow is what a candidate decided in shadow beside the stable policy: its decisions,
+// those that picked another worker, and the sums over them of each pick's cached prompt
+// blocks and of its worker's load.
+type Shadow struct {
+	Picks, Disagreements                   uint64
+	StableOverlapBlocks, CandOverlapBlocks uint64
+	StableLoad, CandLoad                   uint64
 }
 
 // clone copies a's histogram, which the caller goes on updating.
@@ -104,8 +115,11 @@ func (a Arm) sub(b Arm) Arm {
 		}
 		return 0
 	}
+	sa, sb := a.Shadow, b.Shadow
 	return Arm{Requests: d(a.Requests, b.Requests), Errors: d(a.Errors, b.Errors), TTFT: a.TTFT.Sub(b.TTFT),
-		CachedBlocks: d(a.CachedBlocks, b.CachedBlocks), PromptBlocks: d(a.PromptBlocks, b.PromptBlocks)}
+		CachedBlocks: d(a.CachedBlocks, b.CachedBlocks), PromptBlocks: d(a.PromptBlocks, b.PromptBlocks),
+		Shadow: Shadow{d(sa.Picks, sb.Picks), d(sa.Disagreements, sb.Disagreements), d(sa.StableOverlapBlocks, sb.StableOverlapBlocks),
+			d(sa.CandOverlapBlocks, sb.CandOverlapBlocks), d(sa.StableLoad, sb.StableLoad), d(sa.CandLoad, sb.CandLoad)}}
 }
 
 func rate(n, d uint64) float64 {
@@ -122,31 +136,45 @@ type Result struct {
 	Verdict string  `json:"verdict"`
 	Reason  string  `json:"reason"`
 	// Each arm's figures over the step (TTFT in seconds).
-	StableRequests     uint64    `json:"stable_requests"`
-	CandidateRequests  uint64    `json:"candidate_requests"`
-	StableTTFTP90      float64   `json:"stable_ttft_p90"`
-	CandidateTTFTP90   float64   `json:"candidate_ttft_p90"`
-	StableErrorRate    float64   `json:"stable_error_rate"`
-	CandidateErrorRate float64   `json:"candidate_error_rate"`
-	StableHitRate      float64   `json:"stable_hit_rate"`
-	CandidateHitRate   float64   `json:"candidate_hit_rate"`
-	Start              time.Time `json:"start"`
-	End                time.Time `json:"end"`
+	StableRequests     uint64  `json:"stable_requests"`
+	CandidateRequests  uint64  `json:"candidate_requests"`
+	StableTTFTP50      float64 `json:"stable_ttft_p50"`
+	CandidateTTFTP50   float64 `json:"candidate_ttft_p50"`
+	StableTTFTP90      float64 `json:"stable_ttft_p90"`
+	CandidateTTFTP90   float64 `json:"candidate_ttft_p90"`
+	StableErrorRate    float64 `json:"stable_error_rate"`
+	CandidateErrorRate float64 `json:"candidate_error_rate"`
+	StableHitRate      float64 `json:"stable_hit_rate"`
+	CandidateHitRate   float64 `json:"candidate_hit_rate"`
+	// In shadow: the candidate's decisions, the share of them that picked another worker
+	// than the stable policy, and each arm's mean cached prompt blocks and worker load at
+	// its picks.
+	ShadowPicks            uint64    `json:"shadow_picks,omitempty"`
+	ShadowDisagreement     float64   `json:"shadow_disagreement,omitempty"`
+	ShadowStableOverlap    float64   `json:"shadow_stable_overlap,omitempty"`
+	ShadowCandidateOverlap float64   `json:"shadow_candidate_overlap,omitempty"`
+	ShadowStableLoad       float64   `json:"shadow_stable_load,omitempty"`
+	ShadowCandidateLoad    float64   `json:"shadow_candidate_load,omitempty"`
+	Start                  time.Time `json:"start"`
+	End                    time.Time `json:"end"`
 }
 
-// Rollout is one rollout's state. It is not safe for concurrent use.
+// Rollout is one rollout's state; its JSON form is what the control plane persists. It is
+// not safe for concurrent use.
 type Rollout struct {
-	Spec  Spec
-	State string
+	Spec  Spec   `json:"spec"`
+	State string `json:"state"`
 	// Step is the canary step running (index into Spec.Steps; -1 in shadow).
-	Step      int
-	StepStart time.Time
-	// paused keeps the state to go back to on Resume; pausedAt shifts the step's clock.
-	resumeTo string
-	pausedAt time.Time
-	// base is each arm's cumulative figures when the step started.
-	baseStable, baseCand Arm
-	Results              []Result
+	Step      int       `json:"step"`
+	StepStart time.Time `json:"step_start"`
+	// ResumeTo keeps, while paused, the state to go back to on Resume; PausedAt shifts the
+	// step's clock.
+	ResumeTo string    `json:"resume_to,omitempty"`
+	PausedAt time.Time `json:"paused_at,omitzero"`
+	// BaseStable and BaseCandidate are each arm's cumulative figures when the step started.
+	BaseStable    Arm      `json:"base_stable"`
+	BaseCandidate Arm      `json:"base_candidate"`
+	Results       []Result `json:"results"`
 }
 
 // New starts a rollout at now, in shadow if the spec has a shadow step; stable and cand
@@ -155,7 +183,7 @@ func New(spec Spec, now time.Time, stable, cand Arm) (*Rollout, error) {
 	if err := spec.Validate(); err != nil {
 		return nil, err
 	}
-	r := &Rollout{Spec: spec, State: StateCanary, StepStart: now, baseStable: stable.clone(), baseCand: cand.clone()}
+	r := &Rollout{Spec: spec, State: StateCanary, StepStart: now, BaseStable: stable.clone(), BaseCandidate: cand.clone()}
 	if spec.Shadow > 0 {
 		r.State, r.Step = StateShadow, -1
 	}
@@ -170,7 +198,7 @@ func (r *Rollout) Share() (share float64, shadow bool) {
 	case StateCanary:
 		return r.Spec.Steps[r.Step], false
 	case StatePaused:
-		if r.resumeTo == StateShadow {
+		if r.ResumeTo == StateShadow {
 			return 0, true
 		}
 		return r.Spec.Steps[r.Step], false
@@ -197,14 +225,16 @@ func (r *Rollout) Advance(now time.Time, stable, cand Arm) bool {
 		if elapsed < r.Spec.Shadow {
 			return false
 		}
-		r.Results = append(r.Results, Result{Step: -1, Verdict: Pass, Reason: "shadow ran its time", Start: r.StepStart, End: now})
+		res := r.Current(stable, cand)
+		res.Start, res.End, res.Verdict, res.Reason = r.StepStart, now, Pass, "shadow ran its time"
+		r.Results = append(r.Results, res)
 		r.next(now, stable, cand)
 		return true
 	}
 	if elapsed < r.Spec.StepDuration {
 		return false
 	}
-	res := r.judge(stable.sub(r.baseStable), cand.sub(r.baseCand))
+	res := r.judge(stable.sub(r.BaseStable), cand.sub(r.BaseCandidate))
 	res.Start, res.End, res.Step, res.Share = r.StepStart, now, r.Step, r.Spec.Steps[r.Step]
 	switch {
 	case res.Verdict == Inconclusive && elapsed < r.Spec.StepTimeout:
@@ -229,16 +259,55 @@ func (r *Rollout) next(now time.Time, stable, cand Arm) {
 		r.State, r.Step = StatePromoted, min(r.Step, len(r.Spec.Steps)-1)
 		return
 	}
-	r.State, r.StepStart, r.baseStable, r.baseCand = StateCanary, now, stable.clone(), cand.clone()
+	r.State, r.StepStart, r.BaseStable, r.BaseCandidate = StateCanary, now, stable.clone(), cand.clone()
+}
+
+// Current is the running step's figures so far, not judged (Verdict empty), from each arm's
+// cumulative figures now.
+func (r *Rollout) Current(stable, cand Arm) Result {
+	res := figures(stable.sub(r.BaseStable), cand.sub(r.BaseCandidate))
+	res.Step, res.Start = r.Step, r.StepStart
+	if r.Step >= 0 && r.Step < len(r.Spec.Steps) {
+		res.Share = r.Spec.Steps[r.Step]
+	}
+	return res
+}
+
+// Rebase restarts the step's figures from each arm's cumulative figures now, for an arm
+// whose sums fell (a proxy restarted and its counts began again).
+func (r *Rollout) Rebase(stable, cand Arm) {
+	if stable.Requests < r.BaseStable.Requests {
+		r.BaseStable = stable.clone()
+	}
+	if cand.Requests < r.BaseCandidate.Requests {
+		r.BaseCandidate = cand.clone()
+	}
+}
+
+// figures are both arms' figures over a step, shadow ones included.
+func figures(stable, cand Arm) Result {
+	sh := cand.Shadow
+	mean := func(sum uint64) float64 { return rate(sum, sh.Picks) }
+	q := func(h Histogram, p float64) float64 { // 0 without observations: results are JSON
+		if v := h.Quantile(p); !math.IsNaN(v) {
+			return v
+		}
+		return 0
+	}
+	return Result{StableRequests: stable.Requests, CandidateRequests: cand.Requests,
+		StableTTFTP50: q(stable.TTFT, 0.5), CandidateTTFTP50: q(cand.TTFT, 0.5),
+		StableTTFTP90: q(stable.TTFT, 0.9), CandidateTTFTP90: q(cand.TTFT, 0.9),
+		StableErrorRate: rate(stable.Errors, stable.Requests), CandidateErrorRate: rate(cand.Errors, cand.Requests),
+		StableHitRate: rate(stable.CachedBlocks, stable.PromptBlocks), CandidateHitRate: rate(cand.CachedBlocks, cand.PromptBlocks),
+		ShadowPicks: sh.Picks, ShadowDisagreement: mean(sh.Disagreements),
+		ShadowStableOverlap: mean(sh.StableOverlapBlocks), ShadowCandidateOverlap: mean(sh.CandOverlapBlocks),
+		ShadowStableLoad: mean(sh.StableLoad), ShadowCandidateLoad: mean(sh.CandLoad)}
 }
 
 // judge compares the arms over one step.
 func (r *Rollout) judge(stable, cand Arm) Result {
 	s := r.Spec
-	res := Result{StableRequests: stable.Requests, CandidateRequests: cand.Requests,
-		StableTTFTP90: stable.TTFT.Quantile(0.9), CandidateTTFTP90: cand.TTFT.Quantile(0.9),
-		StableErrorRate: rate(stable.Errors, stable.Requests), CandidateErrorRate: rate(cand.Errors, cand.Requests),
-		StableHitRate: rate(stable.CachedBlocks, stable.PromptBlocks), CandidateHitRate: rate(cand.CachedBlocks, cand.PromptBlocks)}
+	res := figures(stable, cand)
 	if stable.Requests < s.MinRequests || cand.Requests < s.MinRequests {
 		res.Verdict, res.Reason = Inconclusive, fmt.Sprintf("%d stable and %d candidate requests, %d needed of each", stable.Requests, cand.Requests, s.MinRequests)
 		return res
@@ -248,7 +317,7 @@ func (r *Rollout) judge(stable, cand Arm) Result {
 		res.Verdict, res.Reason = Fail, fmt.Sprintf("error rate %.2f%% against %.2f%%", 100*res.CandidateErrorRate, 100*res.StableErrorRate)
 	case stable.PromptBlocks > 0 && cand.PromptBlocks > 0 && res.CandidateHitRate < res.StableHitRate-s.MaxHitRateDrop:
 		res.Verdict, res.Reason = Fail, fmt.Sprintf("prefix hit rate %.1f%% against %.1f%%", 100*res.CandidateHitRate, 100*res.StableHitRate)
-	case !math.IsNaN(res.CandidateTTFTP90) && res.CandidateTTFTP90 > s.MaxTTFTP90Ratio*res.StableTTFTP90 && Slower(stable.TTFT, cand.TTFT, s.Alpha):
+	case cand.TTFT.Total() > 0 && stable.TTFT.Total() > 0 && res.CandidateTTFTP90 > s.MaxTTFTP90Ratio*res.StableTTFTP90 && Slower(stable.TTFT, cand.TTFT, s.Alpha):
 		res.Verdict, res.Reason = Fail, fmt.Sprintf("TTFT p90 %.0f ms against %.0f ms (×%.2f, and slower by the rank test)", 1e3*res.CandidateTTFTP90, 1e3*res.StableTTFTP90, res.CandidateTTFTP90/res.StableTTFTP90)
 	default:
 		res.Verdict, res.Reason = Pass, "within every threshold"
@@ -262,7 +331,7 @@ func (r *Rollout) Pause(now time.Time) error {
 	if r.State != StateShadow && r.State != StateCanary {
 		return fmt.Errorf("rollout is %s, not running", r.State)
 	}
-	r.resumeTo, r.State, r.pausedAt = r.State, StatePaused, now
+	r.ResumeTo, r.State, r.PausedAt = r.State, StatePaused, now
 	return nil
 }
 
@@ -270,8 +339,9 @@ func (r *Rollout) Resume(now time.Time) error {
 	if r.State != StatePaused {
 		return fmt.Errorf("rollout is %s, not paused", r.State)
 	}
-	r.State = r.resumeTo
-	r.StepStart = r.StepStart.Add(now.Sub(r.pausedAt))
+	r.State, r.ResumeTo = r.ResumeTo, ""
+	r.StepStart = r.StepStart.Add(now.Sub(r.PausedAt))
+	r.PausedAt = time.Time{}
 	return nil
 }
 

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"encoding/binary"
+	"math"
 	"strconv"
 	"sync/atomic"
 
@@ -46,7 +47,21 @@ type armSeries struct {
 	requests, errors atomic.Uint64
 	ttftCounts       [len(armTTFTBounds) + 1]atomic.Uint64
 	cached, prompt   atomic.Uint64
+	// In shadow: decisions, disagreements, and the sums of each pick's overlap and worker
+	// load (in the order of the shadow constants).
+	shadowSums [shadowFields]atomic.Uint64
 }
+
+// The shadow sums of an arm, in armSeries.shadowSums.
+const (
+	shadowPicks = iota
+	shadowDisagree
+	shadowStableOverlap
+	shadowCandOverlap
+	shadowStableLoad
+	shadowCandLoad
+	shadowFields
+)
 
 // armTTFTBounds are the TTFT buckets of each arm, in its histogram and its reports.
 var armTTFTBounds = [...]float64{0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96}
@@ -80,7 +95,10 @@ func (a *armSeries) observe(status int, ttft float64, hasTTFT bool, cached, prom
 func (a *armSeries) report() *xdsv1.ArmReport {
 	r := &xdsv1.ArmReport{PolicyVersion: a.num, Requests: a.requests.Load(), Errors: a.errors.Load(),
 		TtftBounds: armTTFTBounds[:], TtftCounts: make([]uint64, len(a.ttftCounts)),
-		CachedBlocks: a.cached.Load(), PromptBlocks: a.prompt.Load()}
+		CachedBlocks: a.cached.Load(), PromptBlocks: a.prompt.Load(),
+		ShadowPicks: a.shadowSums[shadowPicks].Load(), ShadowDisagreements: a.shadowSums[shadowDisagree].Load(),
+		ShadowStableOverlapBlocks: a.shadowSums[shadowStableOverlap].Load(), ShadowCandidateOverlapBlocks: a.shadowSums[shadowCandOverlap].Load(),
+		ShadowStableLoad: a.shadowSums[shadowStableLoad].Load(), ShadowCandidateLoad: a.shadowSums[shadowCandLoad].Load()}
 	for i := range a.ttftCounts {
 		r.TtftCounts[i] = a.ttftCounts[i].Load()
 	}
@@ -235,11 +253,20 @@ func (cc *clientConn) shadowPick(d *route.Decision) {
 		m.shadow.WithLabelValues("no_pick").Inc()
 		return
 	}
+	sums := &c.arm.shadowSums
+	sums[shadowPicks].Add(1)
 	if cd.Worker == d.Worker {
 		m.shadow.WithLabelValues("agree").Inc()
 	} else {
 		m.shadow.WithLabelValues("disagree").Inc()
+		sums[shadowDisagree].Add(1)
 	}
 	m.shadowOverlap.WithLabelValues("stable").Observe(d.Overlap)
 	m.shadowOverlap.WithLabelValues("candidate").Observe(cd.Overlap)
+	sums[shadowStableOverlap].Add(uint64(math.Round(max(d.Overlap, 0))))
+	sums[shadowCandOverlap].Add(uint64(math.Round(max(cd.Overlap, 0))))
+	if d.Worker != nil && cd.Worker != nil {
+		sums[shadowStableLoad].Add(uint64(max(d.Worker.Load(), 0)))
+		sums[shadowCandLoad].Add(uint64(max(cd.Worker.Load(), 0)))
+	}
 }

@@ -123,6 +123,16 @@ func TestCandidateTakesItsShare(t *testing.T) {
 	if agree+disagree != 400 || disagree == 0 {
 		t.Fatalf("shadow decisions: %v agree, %v disagree; want 400 in all, some apart (round-robin against kv)", agree, disagree)
 	}
+	// The load report carries the same counts for the control plane's analysis.
+	var rep *xdsv1.ArmReport
+	for _, a := range s.armReports() {
+		if a.GetPolicyVersion() == 8 {
+			rep = a
+		}
+	}
+	if rep.GetShadowPicks() != 400 || float64(rep.GetShadowDisagreements()) != disagree {
+		t.Fatalf("reported shadow picks %d, disagreements %d; want 400 and %v", rep.GetShadowPicks(), rep.GetShadowDisagreements(), disagree)
+	}
 	s.applyXDS(ws, stable)
 	if s.cand.Load() != nil {
 		t.Fatal("the candidate stayed after the rollout ended")

@@ -36,9 +36,13 @@ const (
 // learned per model and worker), plus ComputeWeight times the engine time its uncached
 // tokens take there (Prediction.Compute: the token-proportional part, not the per-step
 // costs it shares with the requests in its steps), plus, for a background request,
-// BackgroundWeight times that per interactive request on the worker. Costs are in seconds. It also keeps each candidate's prediction in the request
-// (Request.Candidates) for the Decision and for explanations.
-type PredictedTTFT struct{ ComputeWeight, BackgroundWeight, BatchWeight float64 }
+// BackgroundWeight times that per interactive request on the worker. Costs are in seconds.
+// It also keeps each candidate's prediction in the request (Request.Candidates) for the
+// Decision and for explanations. CacheCredit is the share of each worker's cached prompt
+// blocks the prediction counts as cached, in [0, 1]: the policy's overlap weight over its
+// default (1 at the default or above; 0 predicts every worker as caching nothing, so load
+// alone decides).
+type PredictedTTFT struct{ ComputeWeight, BackgroundWeight, BatchWeight, CacheCredit float64 }
 
 func (PredictedTTFT) Name() string { return "predicted-ttft" }
 
@@ -62,6 +66,7 @@ func (s PredictedTTFT) Score(req *Request, ws []*Worker, costs []float64) {
 		if req.flat {
 			overlap = req.flatOverlap
 		}
+		overlap *= s.CacheCredit
 		uncached := max(float64(req.PromptTokens)-overlap*float64(bs), 0)
 		st := latency.State{Requests: int(w.Load()), Backlog: float64(w.PrefillBacklog(now)), KVUsage: w.KVInUse(), OSL: osl}
 		p := &req.preds[i]

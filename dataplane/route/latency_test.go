@@ -303,3 +303,36 @@ func TestLatencyBatchWeightSpreadsDecodes(t *testing.T) {
 		})
 	}
 }
+
+// TestLatencyOverlapWeightCreditsTheCache: under the latency policy the overlap weight is
+// the share of the cache the prediction credits: at its default the worker holding the
+// prompt wins although busier; at an explicit 0 the cache counts for nothing and the idle
+// worker wins.
+func TestLatencyOverlapWeightCreditsTheCache(t *testing.T) {
+	for _, tc := range []struct {
+		weight float64
+		home   bool
+	}{{DefaultOverlapWeight, true}, {0, false}} {
+		r, ws, cache := latencyRouter(t, 2, 8)
+		cfg := Config{Policy: PolicyLatency, Explicit: true, OverlapWeight: tc.weight, QueueWeight: DefaultQueueWeight,
+			CacheThreshold: DefaultCacheThreshold, ComputeWeight: DefaultComputeWeight, BackgroundWeight: DefaultBackgroundWeight}
+		if err := r.SetPolicy(cfg); err != nil {
+			t.Fatal(err)
+		}
+		hashes, n := promptChain(1, 1, 250, 4)
+		cache(ws[0], hashes[:250])
+		us := busy(ws[0], 1)
+		var req Request
+		req.Model, req.Hashes, req.PromptTokens = "m", hashes, n
+		var d Decision
+		if err := r.Route(&req, &d); err != nil {
+			t.Fatal(err)
+		}
+		for _, u := range us {
+			u.End()
+		}
+		if got := d.Worker == ws[0]; got != tc.home {
+			t.Fatalf("overlap weight %v: went to %s, want the cache's worker %v", tc.weight, d.Worker.ID, tc.home)
+		}
+	}
+}

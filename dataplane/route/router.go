@@ -78,7 +78,8 @@ type Config struct {
 	Explicit bool
 	// OverlapWeight is the kv cost of one prompt block the worker would have to compute,
 	// against DefaultDecodeWeight for a KV block held by running requests (default
-	// DefaultOverlapWeight).
+	// DefaultOverlapWeight). Under the latency policy, its share of the default (at most 1)
+	// is the share of a worker's cached blocks the prediction credits: 0 is load-only.
 	OverlapWeight float64
 	// QueueWeight is the kv cost of one block of the worker's prefill backlog, the uncached
 	// prompt tokens it still has to compute before a new request's (default
@@ -193,7 +194,8 @@ func NewPolicy(cfg Config) (*Policy, error) {
 		p.CacheThreshold = cfg.CacheThreshold
 	case PolicyLatency:
 		p.UsesIndex, p.Predicts = true, true
-		p.Scorers = []Scorer{PredictedTTFT{ComputeWeight: cfg.ComputeWeight, BackgroundWeight: cfg.BackgroundWeight, BatchWeight: cfg.BatchWeight}}
+		credit := min(cfg.OverlapWeight/DefaultOverlapWeight, 1)
+		p.Scorers = []Scorer{PredictedTTFT{ComputeWeight: cfg.ComputeWeight, BackgroundWeight: cfg.BackgroundWeight, BatchWeight: cfg.BatchWeight, CacheCredit: credit}}
 		p.Picker = LatencyPick{Temperature: cfg.Temperature}
 		p.CacheThreshold = cfg.CacheThreshold
 	case PolicyRoundRobin:

@@ -76,6 +76,7 @@ func (l *loadStore) arms() map[uint64]Arm {
 			sum.Errors = satAdd(sum.Errors, a.Errors)
 			sum.CachedBlocks = satAdd(sum.CachedBlocks, a.CachedBlocks)
 			sum.PromptBlocks = satAdd(sum.PromptBlocks, a.PromptBlocks)
+			sum.Shadow = sum.Shadow.add(a.Shadow)
 			if slices.Equal(sum.TTFTBounds, a.TTFTBounds) {
 				for i, c := range a.TTFTCounts {
 					sum.TTFTCounts[i] = satAdd(sum.TTFTCounts[i], c)
@@ -128,6 +129,23 @@ type Arm struct {
 	TTFTBounds                 []float64
 	TTFTCounts                 []uint64
 	CachedBlocks, PromptBlocks uint64
+	// Shadow is the candidate's shadow sums (ArmReport.shadow_*).
+	Shadow Shadow
+}
+
+// Shadow is what a candidate in shadow decided beside the stable policy: its decisions,
+// those that picked another worker, and the sums over them of each pick's cached prompt
+// blocks and of its worker's load.
+type Shadow struct {
+	Picks, Disagreements                   uint64
+	StableOverlapBlocks, CandOverlapBlocks uint64
+	StableLoad, CandLoad                   uint64
+}
+
+func (s Shadow) add(o Shadow) Shadow {
+	return Shadow{satAdd(s.Picks, o.Picks), satAdd(s.Disagreements, o.Disagreements),
+		satAdd(s.StableOverlapBlocks, o.StableOverlapBlocks), satAdd(s.CandOverlapBlocks, o.CandOverlapBlocks),
+		satAdd(s.StableLoad, o.StableLoad), satAdd(s.CandLoad, o.CandLoad)}
 }
 
 // maxArms bounds the arms kept of one report (a proxy routes with two at most).
@@ -147,7 +165,9 @@ func armsOf(r *xdsv1.LoadReport) []Arm {
 			continue
 		}
 		out = append(out, Arm{Version: a.GetPolicyVersion(), Requests: a.GetRequests(), Errors: a.GetErrors(),
-			TTFTBounds: slices.Clone(b), TTFTCounts: slices.Clone(c), CachedBlocks: a.GetCachedBlocks(), PromptBlocks: a.GetPromptBlocks()})
+			TTFTBounds: slices.Clone(b), TTFTCounts: slices.Clone(c), CachedBlocks: a.GetCachedBlocks(), PromptBlocks: a.GetPromptBlocks(),
+			Shadow: Shadow{a.GetShadowPicks(), a.GetShadowDisagreements(), a.GetShadowStableOverlapBlocks(),
+				a.GetShadowCandidateOverlapBlocks(), a.GetShadowStableLoad(), a.GetShadowCandidateLoad()}})
 	}
 	return out
 }

@@ -429,7 +429,8 @@ func TestArmsAreSummedAcrossProxies(t *testing.T) {
 	addr := serve(t, srv)
 	conn := dial(t, addr, 1<<16)
 	arm := func(v uint64, n uint64) *xdsv1.ArmReport {
-		return &xdsv1.ArmReport{PolicyVersion: v, Requests: n, Errors: 1, TtftBounds: []float64{0.1, 1}, TtftCounts: []uint64{n - 1, 1, 0}, CachedBlocks: 9 * n, PromptBlocks: 10 * n}
+		return &xdsv1.ArmReport{PolicyVersion: v, Requests: n, Errors: 1, TtftBounds: []float64{0.1, 1}, TtftCounts: []uint64{n - 1, 1, 0}, CachedBlocks: 9 * n, PromptBlocks: 10 * n,
+			ShadowPicks: n, ShadowDisagreements: 1, ShadowCandidateOverlapBlocks: 3 * n}
 	}
 	for i, node := range []string{"a", "b"} {
 		st, err := xdsv1.NewLoadReportingClient(conn).Report(context.Background())
@@ -453,7 +454,8 @@ func TestArmsAreSummedAcrossProxies(t *testing.T) {
 	waitUntil(t, "both reports", func() bool { return srv.Arms()[7].Requests == 30 })
 	arms := srv.Arms()
 	a7, a8 := arms[7], arms[8]
-	if a7.Errors != 2 || a7.PromptBlocks != 300 || a7.TTFTCounts[0] != 28 || a8.Requests != 10 || len(arms) != 2 {
+	if a7.Errors != 2 || a7.PromptBlocks != 300 || a7.TTFTCounts[0] != 28 || a8.Requests != 10 || len(arms) != 2 ||
+		a7.Shadow.Picks != 30 || a7.Shadow.Disagreements != 2 || a7.Shadow.CandOverlapBlocks != 90 {
 		t.Fatalf("arms %+v", arms)
 	}
 }

@@ -27,6 +27,8 @@ type Backend struct {
 	index   *operatorv1.Index
 	proxies []*operatorv1.Proxy
 	calls   []string
+	rollout *operatorv1.Rollout
+	history []*operatorv1.PolicyChange
 }
 
 // New returns a Backend holding copies of workers and the default policy (version 1).
@@ -169,7 +171,69 @@ func (b *Backend) SetPolicy(_ context.Context, p *operatorv1.Policy) (*operatorv
 	p = proto.CloneOf(p)
 	p.Version = b.policy.Version + 1
 	b.policy = p
+	b.history = append(b.history, &operatorv1.PolicyChange{Policy: proto.CloneOf(p), UnixMs: int64(len(b.history) + 1), Cause: "api"})
 	return proto.CloneOf(p), nil
+}
+
+// StartRollout records a rollout of the candidate in its first state (shadow with a shadow
+// step, else canary at the first step); it is judged by nothing and moves only by
+// ControlRollout.
+func (b *Backend) StartRollout(_ context.Context, c *operatorv1.Policy, spec *operatorv1.RolloutSpec) (*operatorv1.Rollout, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.called("StartRollout %s", c.GetPolicy())
+	if r := b.rollout; r != nil && (r.State == "shadow" || r.State == "canary" || r.State == "paused") {
+		return nil, fmt.Errorf("%w: rollout %d is %s", api.ErrConflict, r.Id, r.State)
+	}
+	r := &operatorv1.Rollout{Id: b.rollout.GetId() + 1, State: "canary", StableVersion: b.policy.Version,
+		CandidateVersion: b.policy.Version + 1, Candidate: proto.CloneOf(c), Spec: proto.CloneOf(spec)}
+	r.Candidate.Version = r.CandidateVersion
+	if spec.GetShadowMs() > 0 {
+		r.State, r.Step, r.Shadow = "shadow", -1, true
+	} else if len(spec.GetSteps()) > 0 {
+		r.Share = spec.GetSteps()[0]
+	}
+	b.rollout = r
+	return proto.CloneOf(r), nil
+}
+
+func (b *Backend) GetRollout(context.Context) (*operatorv1.Rollout, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.called("GetRollout")
+	if b.rollout == nil {
+		return nil, fmt.Errorf("%w: no rollout has run", api.ErrNotFound)
+	}
+	return proto.CloneOf(b.rollout), nil
+}
+
+// ControlRollout moves the rollout: pause, resume (to canary), promote, abort.
+func (b *Backend) ControlRollout(_ context.Context, action string) (*operatorv1.Rollout, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.called("ControlRollout %s", action)
+	r := b.rollout
+	if r == nil {
+		return nil, fmt.Errorf("%w: no rollout has run", api.ErrNotFound)
+	}
+	next := map[string]string{"pause": "paused", "resume": "canary", "promote": "promoted", "abort": "aborted"}[action]
+	if r.State == "promoted" || r.State == "aborted" || r.State == "rolled_back" {
+		return nil, fmt.Errorf("%w: rollout %d already %s", api.ErrConflict, r.Id, r.State)
+	}
+	r.State = next
+	return proto.CloneOf(r), nil
+}
+
+// PolicyHistory lists the policies SetPolicy stored, the latest first.
+func (b *Backend) PolicyHistory(_ context.Context, limit int) ([]*operatorv1.PolicyChange, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.called("PolicyHistory %d", limit)
+	var out []*operatorv1.PolicyChange
+	for i := len(b.history) - 1; i >= 0 && len(out) < limit; i-- {
+		out = append(out, proto.CloneOf(b.history[i]))
+	}
+	return out, nil
 }
 
 func (b *Backend) GetIndex(context.Context) (*operatorv1.Index, error) {

@@ -1544,6 +1544,787 @@ func (x *ListProxiesResponse) GetProxies() []*Proxy {
 	return nil
 }
 
+// RolloutSpec is how a rollout runs and judges its steps; an unset field takes its default
+// (steps 5, 25, 50, 100 %, two minutes and 200 requests of each arm per step, a step timeout
+// of five step durations, candidate TTFT p90 at most 1.10 × stable, error rate at most
+// stable + 0.5 %, prefix hit rate at least stable − 2 points, rank test at 0.001).
+type RolloutSpec struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// shadow_ms is how long the candidate runs in shadow first (0: no shadow step).
+	ShadowMs int64 `protobuf:"varint,1,opt,name=shadow_ms,json=shadowMs,proto3" json:"shadow_ms,omitempty"`
+	// steps are the candidate's shares of the requests, increasing within (0, 1]; a share of
+	// 1 is the promotion.
+	Steps             []float64 `protobuf:"fixed64,2,rep,packed,name=steps,proto3" json:"steps,omitempty"`
+	StepDurationMs    int64     `protobuf:"varint,3,opt,name=step_duration_ms,json=stepDurationMs,proto3" json:"step_duration_ms,omitempty"`
+	MinRequests       uint64    `protobuf:"varint,4,opt,name=min_requests,json=minRequests,proto3" json:"min_requests,omitempty"`
+	StepTimeoutMs     int64     `protobuf:"varint,5,opt,name=step_timeout_ms,json=stepTimeoutMs,proto3" json:"step_timeout_ms,omitempty"`
+	MaxTtftP90Ratio   *float64  `protobuf:"fixed64,6,opt,name=max_ttft_p90_ratio,json=maxTtftP90Ratio,proto3,oneof" json:"max_ttft_p90_ratio,omitempty"`
+	MaxErrorRateDelta *float64  `protobuf:"fixed64,7,opt,name=max_error_rate_delta,json=maxErrorRateDelta,proto3,oneof" json:"max_error_rate_delta,omitempty"`
+	MaxHitRateDrop    *float64  `protobuf:"fixed64,8,opt,name=max_hit_rate_drop,json=maxHitRateDrop,proto3,oneof" json:"max_hit_rate_drop,omitempty"`
+	Alpha             *float64  `protobuf:"fixed64,9,opt,name=alpha,proto3,oneof" json:"alpha,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *RolloutSpec) Reset() {
+	*x = RolloutSpec{}
+	mi := &file_operator_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RolloutSpec) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RolloutSpec) ProtoMessage() {}
+
+func (x *RolloutSpec) ProtoReflect() protoreflect.Message {
+	mi := &file_operator_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RolloutSpec.ProtoReflect.Descriptor instead.
+func (*RolloutSpec) Descriptor() ([]byte, []int) {
+	return file_operator_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *RolloutSpec) GetShadowMs() int64 {
+	if x != nil {
+		return x.ShadowMs
+	}
+	return 0
+}
+
+func (x *RolloutSpec) GetSteps() []float64 {
+	if x != nil {
+		return x.Steps
+	}
+	return nil
+}
+
+func (x *RolloutSpec) GetStepDurationMs() int64 {
+	if x != nil {
+		return x.StepDurationMs
+	}
+	return 0
+}
+
+func (x *RolloutSpec) GetMinRequests() uint64 {
+	if x != nil {
+		return x.MinRequests
+	}
+	return 0
+}
+
+func (x *RolloutSpec) GetStepTimeoutMs() int64 {
+	if x != nil {
+		return x.StepTimeoutMs
+	}
+	return 0
+}
+
+func (x *RolloutSpec) GetMaxTtftP90Ratio() float64 {
+	if x != nil && x.MaxTtftP90Ratio != nil {
+		return *x.MaxTtftP90Ratio
+	}
+	return 0
+}
+
+func (x *RolloutSpec) GetMaxErrorRateDelta() float64 {
+	if x != nil && x.MaxErrorRateDelta != nil {
+		return *x.MaxErrorRateDelta
+	}
+	return 0
+}
+
+func (x *RolloutSpec) GetMaxHitRateDrop() float64 {
+	if x != nil && x.MaxHitRateDrop != nil {
+		return *x.MaxHitRateDrop
+	}
+	return 0
+}
+
+func (x *RolloutSpec) GetAlpha() float64 {
+	if x != nil && x.Alpha != nil {
+		return *x.Alpha
+	}
+	return 0
+}
+
+// RolloutStep is one step's figures for each arm (TTFT in seconds, rates in [0, 1]): a
+// judged step with its verdict, or the running one so far (verdict empty).
+type RolloutStep struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// step indexes RolloutSpec.steps; -1 is the shadow step.
+	Step  int32   `protobuf:"varint,1,opt,name=step,proto3" json:"step,omitempty"`
+	Share float64 `protobuf:"fixed64,2,opt,name=share,proto3" json:"share,omitempty"`
+	// verdict is pass, fail or inconclusive; reason says why.
+	Verdict            string  `protobuf:"bytes,3,opt,name=verdict,proto3" json:"verdict,omitempty"`
+	Reason             string  `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	StableRequests     uint64  `protobuf:"varint,5,opt,name=stable_requests,json=stableRequests,proto3" json:"stable_requests,omitempty"`
+	CandidateRequests  uint64  `protobuf:"varint,6,opt,name=candidate_requests,json=candidateRequests,proto3" json:"candidate_requests,omitempty"`
+	StableTtftP50      float64 `protobuf:"fixed64,7,opt,name=stable_ttft_p50,json=stableTtftP50,proto3" json:"stable_ttft_p50,omitempty"`
+	CandidateTtftP50   float64 `protobuf:"fixed64,8,opt,name=candidate_ttft_p50,json=candidateTtftP50,proto3" json:"candidate_ttft_p50,omitempty"`
+	StableTtftP90      float64 `protobuf:"fixed64,9,opt,name=stable_ttft_p90,json=stableTtftP90,proto3" json:"stable_ttft_p90,omitempty"`
+	CandidateTtftP90   float64 `protobuf:"fixed64,10,opt,name=candidate_ttft_p90,json=candidateTtftP90,proto3" json:"candidate_ttft_p90,omitempty"`
+	StableErrorRate    float64 `protobuf:"fixed64,11,opt,name=stable_error_rate,json=stableErrorRate,proto3" json:"stable_error_rate,omitempty"`
+	CandidateErrorRate float64 `protobuf:"fixed64,12,opt,name=candidate_error_rate,json=candidateErrorRate,proto3" json:"candidate_error_rate,omitempty"`
+	StableHitRate      float64 `protobuf:"fixed64,13,opt,name=stable_hit_rate,json=stableHitRate,proto3" json:"stable_hit_rate,omitempty"`
+	CandidateHitRate   float64 `protobuf:"fixed64,14,opt,name=candidate_hit_rate,json=candidateHitRate,proto3" json:"candidate_hit_rate,omitempty"`
+	// In shadow: the candidate's decisions, the share of them that picked another worker than
+	// the stable policy, and each arm's mean cached prompt blocks and worker load at its picks.
+	ShadowPicks            uint64  `protobuf:"varint,15,opt,name=shadow_picks,json=shadowPicks,proto3" json:"shadow_picks,omitempty"`
+	ShadowDisagreement     float64 `protobuf:"fixed64,16,opt,name=shadow_disagreement,json=shadowDisagreement,proto3" json:"shadow_disagreement,omitempty"`
+	ShadowStableOverlap    float64 `protobuf:"fixed64,17,opt,name=shadow_stable_overlap,json=shadowStableOverlap,proto3" json:"shadow_stable_overlap,omitempty"`
+	ShadowCandidateOverlap float64 `protobuf:"fixed64,18,opt,name=shadow_candidate_overlap,json=shadowCandidateOverlap,proto3" json:"shadow_candidate_overlap,omitempty"`
+	ShadowStableLoad       float64 `protobuf:"fixed64,19,opt,name=shadow_stable_load,json=shadowStableLoad,proto3" json:"shadow_stable_load,omitempty"`
+	ShadowCandidateLoad    float64 `protobuf:"fixed64,20,opt,name=shadow_candidate_load,json=shadowCandidateLoad,proto3" json:"shadow_candidate_load,omitempty"`
+	StartUnixMs            int64   `protobuf:"varint,21,opt,name=start_unix_ms,json=startUnixMs,proto3" json:"start_unix_ms,omitempty"`
+	EndUnixMs              int64   `protobuf:"varint,22,opt,name=end_unix_ms,json=endUnixMs,proto3" json:"end_unix_ms,omitempty"`
+	unknownFields          protoimpl.UnknownFields
+	sizeCache              protoimpl.SizeCache
+}
+
+func (x *RolloutStep) Reset() {
+	*x = RolloutStep{}
+	mi := &file_operator_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RolloutStep) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RolloutStep) ProtoMessage() {}
+
+func (x *RolloutStep) ProtoReflect() protoreflect.Message {
+	mi := &file_operator_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RolloutStep.ProtoReflect.Descriptor instead.
+func (*RolloutStep) Descriptor() ([]byte, []int) {
+	return file_operator_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *RolloutStep) GetStep() int32 {
+	if x != nil {
+		return x.Step
+	}
+	return 0
+}
+
+func (x *RolloutStep) GetShare() float64 {
+	if x != nil {
+		return x.Share
+	}
+	return 0
+}
+
+func (x *RolloutStep) GetVerdict() string {
+	if x != nil {
+		return x.Verdict
+	}
+	return ""
+}
+
+func (x *RolloutStep) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *RolloutStep) GetStableRequests() uint64 {
+	if x != nil {
+		return x.StableRequests
+	}
+	return 0
+}
+
+func (x *RolloutStep) GetCandidateRequests() uint64 {
+	if x != nil {
+		return x.CandidateRequests
+	}
+	return 0
+}
+
+func (x *RolloutStep) GetStableTtftP50() float64 {
+	if x != nil {
+		return x.StableTtftP50
+	}
+	return 0
+}
+
+func (x *RolloutStep) GetCandidateTtftP50() float64 {
+	if x != nil {
+		return x.CandidateTtftP50
+	}
+	return 0
+}
+
+func (x *RolloutStep) GetStableTtftP90() float64 {
+	if x != nil {
+		return x.StableTtftP90
+	}
+	return 0
+}
+
+func (x *RolloutStep) GetCandidateTtftP90() float64 {
+	if x != nil {
+		return x.CandidateTtftP90
+	}
+	return 0
+}
+
+func (x *RolloutStep) GetStableErrorRate() float64 {
+	if x != nil {
+		return x.StableErrorRate
+	}
+	return 0
+}
+
+func (x *RolloutStep) GetCandidateErrorRate() float64 {
+	if x != nil {
+		return x.CandidateErrorRate
+	}
+	return 0
+}
+
+func (x *RolloutStep) GetStableHitRate() float64 {
+	if x != nil {
+		return x.StableHitRate
+	}
+	return 0
+}
+
+func (x *RolloutStep) GetCandidateHitRate() float64 {
+	if x != nil {
+		return x.CandidateHitRate
+	}
+	return 0
+}
+
+func (x *RolloutStep) GetShadowPicks() uint64 {
+	if x != nil {
+		return x.ShadowPicks
+	}
+	return 0
+}
+
+func (x *RolloutStep) GetShadowDisagreement() float64 {
+	if x != nil {
+		return x.ShadowDisagreement
+	}
+	return 0
+}
+
+func (x *RolloutStep) GetShadowStableOverlap() float64 {
+	if x != nil {
+		return x.ShadowStableOverlap
+	}
+	return 0
+}
+
+func (x *RolloutStep) GetShadowCandidateOverlap() float64 {
+	if x != nil {
+		return x.ShadowCandidateOverlap
+	}
+	return 0
+}
+
+func (x *RolloutStep) GetShadowStableLoad() float64 {
+	if x != nil {
+		return x.ShadowStableLoad
+	}
+	return 0
+}
+
+func (x *RolloutStep) GetShadowCandidateLoad() float64 {
+	if x != nil {
+		return x.ShadowCandidateLoad
+	}
+	return 0
+}
+
+func (x *RolloutStep) GetStartUnixMs() int64 {
+	if x != nil {
+		return x.StartUnixMs
+	}
+	return 0
+}
+
+func (x *RolloutStep) GetEndUnixMs() int64 {
+	if x != nil {
+		return x.EndUnixMs
+	}
+	return 0
+}
+
+// Rollout is a rollout of a candidate routing policy and where it is.
+type Rollout struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// id numbers the rollouts of this control plane's store.
+	Id uint64 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	// state is shadow, canary, paused, promoted, rolled_back or aborted.
+	State string `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"`
+	// step indexes spec.steps (-1 in shadow); share and shadow are what proxies do now.
+	Step              int32        `protobuf:"varint,3,opt,name=step,proto3" json:"step,omitempty"`
+	Share             float64      `protobuf:"fixed64,4,opt,name=share,proto3" json:"share,omitempty"`
+	Shadow            bool         `protobuf:"varint,5,opt,name=shadow,proto3" json:"shadow,omitempty"`
+	StableVersion     uint64       `protobuf:"varint,6,opt,name=stable_version,json=stableVersion,proto3" json:"stable_version,omitempty"`
+	CandidateVersion  uint64       `protobuf:"varint,7,opt,name=candidate_version,json=candidateVersion,proto3" json:"candidate_version,omitempty"`
+	Candidate         *Policy      `protobuf:"bytes,8,opt,name=candidate,proto3" json:"candidate,omitempty"`
+	Spec              *RolloutSpec `protobuf:"bytes,9,opt,name=spec,proto3" json:"spec,omitempty"`
+	StartedUnixMs     int64        `protobuf:"varint,10,opt,name=started_unix_ms,json=startedUnixMs,proto3" json:"started_unix_ms,omitempty"`
+	StepStartedUnixMs int64        `protobuf:"varint,11,opt,name=step_started_unix_ms,json=stepStartedUnixMs,proto3" json:"step_started_unix_ms,omitempty"`
+	EndedUnixMs       int64        `protobuf:"varint,12,opt,name=ended_unix_ms,json=endedUnixMs,proto3" json:"ended_unix_ms,omitempty"`
+	// steps are the judged steps in order; current the running step's figures so far.
+	Steps   []*RolloutStep `protobuf:"bytes,13,rep,name=steps,proto3" json:"steps,omitempty"`
+	Current *RolloutStep   `protobuf:"bytes,14,opt,name=current,proto3" json:"current,omitempty"`
+	// reason says why an ended rollout ended.
+	Reason        string `protobuf:"bytes,15,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Rollout) Reset() {
+	*x = Rollout{}
+	mi := &file_operator_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Rollout) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Rollout) ProtoMessage() {}
+
+func (x *Rollout) ProtoReflect() protoreflect.Message {
+	mi := &file_operator_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Rollout.ProtoReflect.Descriptor instead.
+func (*Rollout) Descriptor() ([]byte, []int) {
+	return file_operator_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *Rollout) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *Rollout) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *Rollout) GetStep() int32 {
+	if x != nil {
+		return x.Step
+	}
+	return 0
+}
+
+func (x *Rollout) GetShare() float64 {
+	if x != nil {
+		return x.Share
+	}
+	return 0
+}
+
+func (x *Rollout) GetShadow() bool {
+	if x != nil {
+		return x.Shadow
+	}
+	return false
+}
+
+func (x *Rollout) GetStableVersion() uint64 {
+	if x != nil {
+		return x.StableVersion
+	}
+	return 0
+}
+
+func (x *Rollout) GetCandidateVersion() uint64 {
+	if x != nil {
+		return x.CandidateVersion
+	}
+	return 0
+}
+
+func (x *Rollout) GetCandidate() *Policy {
+	if x != nil {
+		return x.Candidate
+	}
+	return nil
+}
+
+func (x *Rollout) GetSpec() *RolloutSpec {
+	if x != nil {
+		return x.Spec
+	}
+	return nil
+}
+
+func (x *Rollout) GetStartedUnixMs() int64 {
+	if x != nil {
+		return x.StartedUnixMs
+	}
+	return 0
+}
+
+func (x *Rollout) GetStepStartedUnixMs() int64 {
+	if x != nil {
+		return x.StepStartedUnixMs
+	}
+	return 0
+}
+
+func (x *Rollout) GetEndedUnixMs() int64 {
+	if x != nil {
+		return x.EndedUnixMs
+	}
+	return 0
+}
+
+func (x *Rollout) GetSteps() []*RolloutStep {
+	if x != nil {
+		return x.Steps
+	}
+	return nil
+}
+
+func (x *Rollout) GetCurrent() *RolloutStep {
+	if x != nil {
+		return x.Current
+	}
+	return nil
+}
+
+func (x *Rollout) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+type StartRolloutRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// candidate is the whole candidate policy (kvrelay ctl merges a file of changed fields
+	// into the stable policy); its version is assigned.
+	Candidate     *Policy      `protobuf:"bytes,1,opt,name=candidate,proto3" json:"candidate,omitempty"`
+	Spec          *RolloutSpec `protobuf:"bytes,2,opt,name=spec,proto3" json:"spec,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StartRolloutRequest) Reset() {
+	*x = StartRolloutRequest{}
+	mi := &file_operator_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StartRolloutRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StartRolloutRequest) ProtoMessage() {}
+
+func (x *StartRolloutRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_operator_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StartRolloutRequest.ProtoReflect.Descriptor instead.
+func (*StartRolloutRequest) Descriptor() ([]byte, []int) {
+	return file_operator_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *StartRolloutRequest) GetCandidate() *Policy {
+	if x != nil {
+		return x.Candidate
+	}
+	return nil
+}
+
+func (x *StartRolloutRequest) GetSpec() *RolloutSpec {
+	if x != nil {
+		return x.Spec
+	}
+	return nil
+}
+
+type GetRolloutRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetRolloutRequest) Reset() {
+	*x = GetRolloutRequest{}
+	mi := &file_operator_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetRolloutRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetRolloutRequest) ProtoMessage() {}
+
+func (x *GetRolloutRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_operator_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetRolloutRequest.ProtoReflect.Descriptor instead.
+func (*GetRolloutRequest) Descriptor() ([]byte, []int) {
+	return file_operator_proto_rawDescGZIP(), []int{27}
+}
+
+type ControlRolloutRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// action is pause, resume, promote (to 100 % at once) or abort (back to stable).
+	Action        string `protobuf:"bytes,1,opt,name=action,proto3" json:"action,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ControlRolloutRequest) Reset() {
+	*x = ControlRolloutRequest{}
+	mi := &file_operator_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ControlRolloutRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ControlRolloutRequest) ProtoMessage() {}
+
+func (x *ControlRolloutRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_operator_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ControlRolloutRequest.ProtoReflect.Descriptor instead.
+func (*ControlRolloutRequest) Descriptor() ([]byte, []int) {
+	return file_operator_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *ControlRolloutRequest) GetAction() string {
+	if x != nil {
+		return x.Action
+	}
+	return ""
+}
+
+// PolicyChange is one change of the routing policy: the policy as it became, when, and by
+// what ("api", or "rollout <id> <state>").
+type PolicyChange struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Policy        *Policy                `protobuf:"bytes,1,opt,name=policy,proto3" json:"policy,omitempty"`
+	UnixMs        int64                  `protobuf:"varint,2,opt,name=unix_ms,json=unixMs,proto3" json:"unix_ms,omitempty"`
+	Cause         string                 `protobuf:"bytes,3,opt,name=cause,proto3" json:"cause,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PolicyChange) Reset() {
+	*x = PolicyChange{}
+	mi := &file_operator_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PolicyChange) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PolicyChange) ProtoMessage() {}
+
+func (x *PolicyChange) ProtoReflect() protoreflect.Message {
+	mi := &file_operator_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PolicyChange.ProtoReflect.Descriptor instead.
+func (*PolicyChange) Descriptor() ([]byte, []int) {
+	return file_operator_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *PolicyChange) GetPolicy() *Policy {
+	if x != nil {
+		return x.Policy
+	}
+	return nil
+}
+
+func (x *PolicyChange) GetUnixMs() int64 {
+	if x != nil {
+		return x.UnixMs
+	}
+	return 0
+}
+
+func (x *PolicyChange) GetCause() string {
+	if x != nil {
+		return x.Cause
+	}
+	return ""
+}
+
+type PolicyHistoryRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// limit is the most changes returned, the latest first (0: 50).
+	Limit         uint32 `protobuf:"varint,1,opt,name=limit,proto3" json:"limit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PolicyHistoryRequest) Reset() {
+	*x = PolicyHistoryRequest{}
+	mi := &file_operator_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PolicyHistoryRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PolicyHistoryRequest) ProtoMessage() {}
+
+func (x *PolicyHistoryRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_operator_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PolicyHistoryRequest.ProtoReflect.Descriptor instead.
+func (*PolicyHistoryRequest) Descriptor() ([]byte, []int) {
+	return file_operator_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *PolicyHistoryRequest) GetLimit() uint32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+type PolicyHistoryResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Changes       []*PolicyChange        `protobuf:"bytes,1,rep,name=changes,proto3" json:"changes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PolicyHistoryResponse) Reset() {
+	*x = PolicyHistoryResponse{}
+	mi := &file_operator_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PolicyHistoryResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PolicyHistoryResponse) ProtoMessage() {}
+
+func (x *PolicyHistoryResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_operator_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PolicyHistoryResponse.ProtoReflect.Descriptor instead.
+func (*PolicyHistoryResponse) Descriptor() ([]byte, []int) {
+	return file_operator_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *PolicyHistoryResponse) GetChanges() []*PolicyChange {
+	if x != nil {
+		return x.Changes
+	}
+	return nil
+}
+
 var File_operator_proto protoreflect.FileDescriptor
 
 const file_operator_proto_rawDesc = "" +
@@ -1659,7 +2440,76 @@ const file_operator_proto_rawDesc = "" +
 	"\x0fGetIndexRequest\"\x14\n" +
 	"\x12ListProxiesRequest\"K\n" +
 	"\x13ListProxiesResponse\x124\n" +
-	"\aproxies\x18\x01 \x03(\v2\x1a.kvrelay.operator.v1.ProxyR\aproxies2\xe1\x06\n" +
+	"\aproxies\x18\x01 \x03(\v2\x1a.kvrelay.operator.v1.ProxyR\aproxies\"\xb8\x03\n" +
+	"\vRolloutSpec\x12\x1b\n" +
+	"\tshadow_ms\x18\x01 \x01(\x03R\bshadowMs\x12\x14\n" +
+	"\x05steps\x18\x02 \x03(\x01R\x05steps\x12(\n" +
+	"\x10step_duration_ms\x18\x03 \x01(\x03R\x0estepDurationMs\x12!\n" +
+	"\fmin_requests\x18\x04 \x01(\x04R\vminRequests\x12&\n" +
+	"\x0fstep_timeout_ms\x18\x05 \x01(\x03R\rstepTimeoutMs\x120\n" +
+	"\x12max_ttft_p90_ratio\x18\x06 \x01(\x01H\x00R\x0fmaxTtftP90Ratio\x88\x01\x01\x124\n" +
+	"\x14max_error_rate_delta\x18\a \x01(\x01H\x01R\x11maxErrorRateDelta\x88\x01\x01\x12.\n" +
+	"\x11max_hit_rate_drop\x18\b \x01(\x01H\x02R\x0emaxHitRateDrop\x88\x01\x01\x12\x19\n" +
+	"\x05alpha\x18\t \x01(\x01H\x03R\x05alpha\x88\x01\x01B\x15\n" +
+	"\x13_max_ttft_p90_ratioB\x17\n" +
+	"\x15_max_error_rate_deltaB\x14\n" +
+	"\x12_max_hit_rate_dropB\b\n" +
+	"\x06_alpha\"\x89\a\n" +
+	"\vRolloutStep\x12\x12\n" +
+	"\x04step\x18\x01 \x01(\x05R\x04step\x12\x14\n" +
+	"\x05share\x18\x02 \x01(\x01R\x05share\x12\x18\n" +
+	"\averdict\x18\x03 \x01(\tR\averdict\x12\x16\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\x12'\n" +
+	"\x0fstable_requests\x18\x05 \x01(\x04R\x0estableRequests\x12-\n" +
+	"\x12candidate_requests\x18\x06 \x01(\x04R\x11candidateRequests\x12&\n" +
+	"\x0fstable_ttft_p50\x18\a \x01(\x01R\rstableTtftP50\x12,\n" +
+	"\x12candidate_ttft_p50\x18\b \x01(\x01R\x10candidateTtftP50\x12&\n" +
+	"\x0fstable_ttft_p90\x18\t \x01(\x01R\rstableTtftP90\x12,\n" +
+	"\x12candidate_ttft_p90\x18\n" +
+	" \x01(\x01R\x10candidateTtftP90\x12*\n" +
+	"\x11stable_error_rate\x18\v \x01(\x01R\x0fstableErrorRate\x120\n" +
+	"\x14candidate_error_rate\x18\f \x01(\x01R\x12candidateErrorRate\x12&\n" +
+	"\x0fstable_hit_rate\x18\r \x01(\x01R\rstableHitRate\x12,\n" +
+	"\x12candidate_hit_rate\x18\x0e \x01(\x01R\x10candidateHitRate\x12!\n" +
+	"\fshadow_picks\x18\x0f \x01(\x04R\vshadowPicks\x12/\n" +
+	"\x13shadow_disagreement\x18\x10 \x01(\x01R\x12shadowDisagreement\x122\n" +
+	"\x15shadow_stable_overlap\x18\x11 \x01(\x01R\x13shadowStableOverlap\x128\n" +
+	"\x18shadow_candidate_overlap\x18\x12 \x01(\x01R\x16shadowCandidateOverlap\x12,\n" +
+	"\x12shadow_stable_load\x18\x13 \x01(\x01R\x10shadowStableLoad\x122\n" +
+	"\x15shadow_candidate_load\x18\x14 \x01(\x01R\x13shadowCandidateLoad\x12\"\n" +
+	"\rstart_unix_ms\x18\x15 \x01(\x03R\vstartUnixMs\x12\x1e\n" +
+	"\vend_unix_ms\x18\x16 \x01(\x03R\tendUnixMs\"\xbf\x04\n" +
+	"\aRollout\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x14\n" +
+	"\x05state\x18\x02 \x01(\tR\x05state\x12\x12\n" +
+	"\x04step\x18\x03 \x01(\x05R\x04step\x12\x14\n" +
+	"\x05share\x18\x04 \x01(\x01R\x05share\x12\x16\n" +
+	"\x06shadow\x18\x05 \x01(\bR\x06shadow\x12%\n" +
+	"\x0estable_version\x18\x06 \x01(\x04R\rstableVersion\x12+\n" +
+	"\x11candidate_version\x18\a \x01(\x04R\x10candidateVersion\x129\n" +
+	"\tcandidate\x18\b \x01(\v2\x1b.kvrelay.operator.v1.PolicyR\tcandidate\x124\n" +
+	"\x04spec\x18\t \x01(\v2 .kvrelay.operator.v1.RolloutSpecR\x04spec\x12&\n" +
+	"\x0fstarted_unix_ms\x18\n" +
+	" \x01(\x03R\rstartedUnixMs\x12/\n" +
+	"\x14step_started_unix_ms\x18\v \x01(\x03R\x11stepStartedUnixMs\x12\"\n" +
+	"\rended_unix_ms\x18\f \x01(\x03R\vendedUnixMs\x126\n" +
+	"\x05steps\x18\r \x03(\v2 .kvrelay.operator.v1.RolloutStepR\x05steps\x12:\n" +
+	"\acurrent\x18\x0e \x01(\v2 .kvrelay.operator.v1.RolloutStepR\acurrent\x12\x16\n" +
+	"\x06reason\x18\x0f \x01(\tR\x06reason\"\x86\x01\n" +
+	"\x13StartRolloutRequest\x129\n" +
+	"\tcandidate\x18\x01 \x01(\v2\x1b.kvrelay.operator.v1.PolicyR\tcandidate\x124\n" +
+	"\x04spec\x18\x02 \x01(\v2 .kvrelay.operator.v1.RolloutSpecR\x04spec\"\x13\n" +
+	"\x11GetRolloutRequest\"/\n" +
+	"\x15ControlRolloutRequest\x12\x16\n" +
+	"\x06action\x18\x01 \x01(\tR\x06action\"r\n" +
+	"\fPolicyChange\x123\n" +
+	"\x06policy\x18\x01 \x01(\v2\x1b.kvrelay.operator.v1.PolicyR\x06policy\x12\x17\n" +
+	"\aunix_ms\x18\x02 \x01(\x03R\x06unixMs\x12\x14\n" +
+	"\x05cause\x18\x03 \x01(\tR\x05cause\",\n" +
+	"\x14PolicyHistoryRequest\x12\x14\n" +
+	"\x05limit\x18\x01 \x01(\rR\x05limit\"T\n" +
+	"\x15PolicyHistoryResponse\x12;\n" +
+	"\achanges\x18\x01 \x03(\v2!.kvrelay.operator.v1.PolicyChangeR\achanges2\xd1\t\n" +
 	"\bOperator\x12`\n" +
 	"\vListWorkers\x12'.kvrelay.operator.v1.ListWorkersRequest\x1a(.kvrelay.operator.v1.ListWorkersResponse\x12O\n" +
 	"\tGetWorker\x12%.kvrelay.operator.v1.GetWorkerRequest\x1a\x1b.kvrelay.operator.v1.Worker\x12U\n" +
@@ -1670,7 +2520,12 @@ const file_operator_proto_rawDesc = "" +
 	"\tGetPolicy\x12%.kvrelay.operator.v1.GetPolicyRequest\x1a\x1b.kvrelay.operator.v1.Policy\x12O\n" +
 	"\tSetPolicy\x12%.kvrelay.operator.v1.SetPolicyRequest\x1a\x1b.kvrelay.operator.v1.Policy\x12L\n" +
 	"\bGetIndex\x12$.kvrelay.operator.v1.GetIndexRequest\x1a\x1a.kvrelay.operator.v1.Index\x12`\n" +
-	"\vListProxies\x12'.kvrelay.operator.v1.ListProxiesRequest\x1a(.kvrelay.operator.v1.ListProxiesResponseB;Z9github.com/kvrelay/kvrelay/controlplane/api/v1;operatorv1b\x06proto3"
+	"\vListProxies\x12'.kvrelay.operator.v1.ListProxiesRequest\x1a(.kvrelay.operator.v1.ListProxiesResponse\x12V\n" +
+	"\fStartRollout\x12(.kvrelay.operator.v1.StartRolloutRequest\x1a\x1c.kvrelay.operator.v1.Rollout\x12R\n" +
+	"\n" +
+	"GetRollout\x12&.kvrelay.operator.v1.GetRolloutRequest\x1a\x1c.kvrelay.operator.v1.Rollout\x12Z\n" +
+	"\x0eControlRollout\x12*.kvrelay.operator.v1.ControlRolloutRequest\x1a\x1c.kvrelay.operator.v1.Rollout\x12f\n" +
+	"\rPolicyHistory\x12).kvrelay.operator.v1.PolicyHistoryRequest\x1a*.kvrelay.operator.v1.PolicyHistoryResponseB;Z9github.com/kvrelay/kvrelay/controlplane/api/v1;operatorv1b\x06proto3"
 
 var (
 	file_operator_proto_rawDescOnce sync.Once
@@ -1684,31 +2539,40 @@ func file_operator_proto_rawDescGZIP() []byte {
 	return file_operator_proto_rawDescData
 }
 
-var file_operator_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
+var file_operator_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
 var file_operator_proto_goTypes = []any{
-	(*WorkerSpec)(nil),           // 0: kvrelay.operator.v1.WorkerSpec
-	(*BlockCounts)(nil),          // 1: kvrelay.operator.v1.BlockCounts
-	(*IngestStats)(nil),          // 2: kvrelay.operator.v1.IngestStats
-	(*WorkerStatus)(nil),         // 3: kvrelay.operator.v1.WorkerStatus
-	(*Worker)(nil),               // 4: kvrelay.operator.v1.Worker
-	(*Policy)(nil),               // 5: kvrelay.operator.v1.Policy
-	(*WorkerBlocks)(nil),         // 6: kvrelay.operator.v1.WorkerBlocks
-	(*Index)(nil),                // 7: kvrelay.operator.v1.Index
-	(*Nack)(nil),                 // 8: kvrelay.operator.v1.Nack
-	(*Proxy)(nil),                // 9: kvrelay.operator.v1.Proxy
-	(*ListWorkersRequest)(nil),   // 10: kvrelay.operator.v1.ListWorkersRequest
-	(*ListWorkersResponse)(nil),  // 11: kvrelay.operator.v1.ListWorkersResponse
-	(*GetWorkerRequest)(nil),     // 12: kvrelay.operator.v1.GetWorkerRequest
-	(*UpsertWorkerRequest)(nil),  // 13: kvrelay.operator.v1.UpsertWorkerRequest
-	(*RemoveWorkerRequest)(nil),  // 14: kvrelay.operator.v1.RemoveWorkerRequest
-	(*RemoveWorkerResponse)(nil), // 15: kvrelay.operator.v1.RemoveWorkerResponse
-	(*DrainRequest)(nil),         // 16: kvrelay.operator.v1.DrainRequest
-	(*UndrainRequest)(nil),       // 17: kvrelay.operator.v1.UndrainRequest
-	(*GetPolicyRequest)(nil),     // 18: kvrelay.operator.v1.GetPolicyRequest
-	(*SetPolicyRequest)(nil),     // 19: kvrelay.operator.v1.SetPolicyRequest
-	(*GetIndexRequest)(nil),      // 20: kvrelay.operator.v1.GetIndexRequest
-	(*ListProxiesRequest)(nil),   // 21: kvrelay.operator.v1.ListProxiesRequest
-	(*ListProxiesResponse)(nil),  // 22: kvrelay.operator.v1.ListProxiesResponse
+	(*WorkerSpec)(nil),            // 0: kvrelay.operator.v1.WorkerSpec
+	(*BlockCounts)(nil),           // 1: kvrelay.operator.v1.BlockCounts
+	(*IngestStats)(nil),           // 2: kvrelay.operator.v1.IngestStats
+	(*WorkerStatus)(nil),          // 3: kvrelay.operator.v1.WorkerStatus
+	(*Worker)(nil),                // 4: kvrelay.operator.v1.Worker
+	(*Policy)(nil),                // 5: kvrelay.operator.v1.Policy
+	(*WorkerBlocks)(nil),          // 6: kvrelay.operator.v1.WorkerBlocks
+	(*Index)(nil),                 // 7: kvrelay.operator.v1.Index
+	(*Nack)(nil),                  // 8: kvrelay.operator.v1.Nack
+	(*Proxy)(nil),                 // 9: kvrelay.operator.v1.Proxy
+	(*ListWorkersRequest)(nil),    // 10: kvrelay.operator.v1.ListWorkersRequest
+	(*ListWorkersResponse)(nil),   // 11: kvrelay.operator.v1.ListWorkersResponse
+	(*GetWorkerRequest)(nil),      // 12: kvrelay.operator.v1.GetWorkerRequest
+	(*UpsertWorkerRequest)(nil),   // 13: kvrelay.operator.v1.UpsertWorkerRequest
+	(*RemoveWorkerRequest)(nil),   // 14: kvrelay.operator.v1.RemoveWorkerRequest
+	(*RemoveWorkerResponse)(nil),  // 15: kvrelay.operator.v1.RemoveWorkerResponse
+	(*DrainRequest)(nil),          // 16: kvrelay.operator.v1.DrainRequest
+	(*UndrainRequest)(nil),        // 17: kvrelay.operator.v1.UndrainRequest
+	(*GetPolicyRequest)(nil),      // 18: kvrelay.operator.v1.GetPolicyRequest
+	(*SetPolicyRequest)(nil),      // 19: kvrelay.operator.v1.SetPolicyRequest
+	(*GetIndexRequest)(nil),       // 20: kvrelay.operator.v1.GetIndexRequest
+	(*ListProxiesRequest)(nil),    // 21: kvrelay.operator.v1.ListProxiesRequest
+	(*ListProxiesResponse)(nil),   // 22: kvrelay.operator.v1.ListProxiesResponse
+	(*RolloutSpec)(nil),           // 23: kvrelay.operator.v1.RolloutSpec
+	(*RolloutStep)(nil),           // 24: kvrelay.operator.v1.RolloutStep
+	(*Rollout)(nil),               // 25: kvrelay.operator.v1.Rollout
+	(*StartRolloutRequest)(nil),   // 26: kvrelay.operator.v1.StartRolloutRequest
+	(*GetRolloutRequest)(nil),     // 27: kvrelay.operator.v1.GetRolloutRequest
+	(*ControlRolloutRequest)(nil), // 28: kvrelay.operator.v1.ControlRolloutRequest
+	(*PolicyChange)(nil),          // 29: kvrelay.operator.v1.PolicyChange
+	(*PolicyHistoryRequest)(nil),  // 30: kvrelay.operator.v1.PolicyHistoryRequest
+	(*PolicyHistoryResponse)(nil), // 31: kvrelay.operator.v1.PolicyHistoryResponse
 }
 var file_operator_proto_depIdxs = []int32{
 	1,  // 0: kvrelay.operator.v1.WorkerStatus.blocks:type_name -> kvrelay.operator.v1.BlockCounts
@@ -1723,31 +2587,47 @@ var file_operator_proto_depIdxs = []int32{
 	0,  // 9: kvrelay.operator.v1.UpsertWorkerRequest.spec:type_name -> kvrelay.operator.v1.WorkerSpec
 	5,  // 10: kvrelay.operator.v1.SetPolicyRequest.policy:type_name -> kvrelay.operator.v1.Policy
 	9,  // 11: kvrelay.operator.v1.ListProxiesResponse.proxies:type_name -> kvrelay.operator.v1.Proxy
-	10, // 12: kvrelay.operator.v1.Operator.ListWorkers:input_type -> kvrelay.operator.v1.ListWorkersRequest
-	12, // 13: kvrelay.operator.v1.Operator.GetWorker:input_type -> kvrelay.operator.v1.GetWorkerRequest
-	13, // 14: kvrelay.operator.v1.Operator.UpsertWorker:input_type -> kvrelay.operator.v1.UpsertWorkerRequest
-	14, // 15: kvrelay.operator.v1.Operator.RemoveWorker:input_type -> kvrelay.operator.v1.RemoveWorkerRequest
-	16, // 16: kvrelay.operator.v1.Operator.Drain:input_type -> kvrelay.operator.v1.DrainRequest
-	17, // 17: kvrelay.operator.v1.Operator.Undrain:input_type -> kvrelay.operator.v1.UndrainRequest
-	18, // 18: kvrelay.operator.v1.Operator.GetPolicy:input_type -> kvrelay.operator.v1.GetPolicyRequest
-	19, // 19: kvrelay.operator.v1.Operator.SetPolicy:input_type -> kvrelay.operator.v1.SetPolicyRequest
-	20, // 20: kvrelay.operator.v1.Operator.GetIndex:input_type -> kvrelay.operator.v1.GetIndexRequest
-	21, // 21: kvrelay.operator.v1.Operator.ListProxies:input_type -> kvrelay.operator.v1.ListProxiesRequest
-	11, // 22: kvrelay.operator.v1.Operator.ListWorkers:output_type -> kvrelay.operator.v1.ListWorkersResponse
-	4,  // 23: kvrelay.operator.v1.Operator.GetWorker:output_type -> kvrelay.operator.v1.Worker
-	4,  // 24: kvrelay.operator.v1.Operator.UpsertWorker:output_type -> kvrelay.operator.v1.Worker
-	15, // 25: kvrelay.operator.v1.Operator.RemoveWorker:output_type -> kvrelay.operator.v1.RemoveWorkerResponse
-	4,  // 26: kvrelay.operator.v1.Operator.Drain:output_type -> kvrelay.operator.v1.Worker
-	4,  // 27: kvrelay.operator.v1.Operator.Undrain:output_type -> kvrelay.operator.v1.Worker
-	5,  // 28: kvrelay.operator.v1.Operator.GetPolicy:output_type -> kvrelay.operator.v1.Policy
-	5,  // 29: kvrelay.operator.v1.Operator.SetPolicy:output_type -> kvrelay.operator.v1.Policy
-	7,  // 30: kvrelay.operator.v1.Operator.GetIndex:output_type -> kvrelay.operator.v1.Index
-	22, // 31: kvrelay.operator.v1.Operator.ListProxies:output_type -> kvrelay.operator.v1.ListProxiesResponse
-	22, // [22:32] is the sub-list for method output_type
-	12, // [12:22] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	5,  // 12: kvrelay.operator.v1.Rollout.candidate:type_name -> kvrelay.operator.v1.Policy
+	23, // 13: kvrelay.operator.v1.Rollout.spec:type_name -> kvrelay.operator.v1.RolloutSpec
+	24, // 14: kvrelay.operator.v1.Rollout.steps:type_name -> kvrelay.operator.v1.RolloutStep
+	24, // 15: kvrelay.operator.v1.Rollout.current:type_name -> kvrelay.operator.v1.RolloutStep
+	5,  // 16: kvrelay.operator.v1.StartRolloutRequest.candidate:type_name -> kvrelay.operator.v1.Policy
+	23, // 17: kvrelay.operator.v1.StartRolloutRequest.spec:type_name -> kvrelay.operator.v1.RolloutSpec
+	5,  // 18: kvrelay.operator.v1.PolicyChange.policy:type_name -> kvrelay.operator.v1.Policy
+	29, // 19: kvrelay.operator.v1.PolicyHistoryResponse.changes:type_name -> kvrelay.operator.v1.PolicyChange
+	10, // 20: kvrelay.operator.v1.Operator.ListWorkers:input_type -> kvrelay.operator.v1.ListWorkersRequest
+	12, // 21: kvrelay.operator.v1.Operator.GetWorker:input_type -> kvrelay.operator.v1.GetWorkerRequest
+	13, // 22: kvrelay.operator.v1.Operator.UpsertWorker:input_type -> kvrelay.operator.v1.UpsertWorkerRequest
+	14, // 23: kvrelay.operator.v1.Operator.RemoveWorker:input_type -> kvrelay.operator.v1.RemoveWorkerRequest
+	16, // 24: kvrelay.operator.v1.Operator.Drain:input_type -> kvrelay.operator.v1.DrainRequest
+	17, // 25: kvrelay.operator.v1.Operator.Undrain:input_type -> kvrelay.operator.v1.UndrainRequest
+	18, // 26: kvrelay.operator.v1.Operator.GetPolicy:input_type -> kvrelay.operator.v1.GetPolicyRequest
+	19, // 27: kvrelay.operator.v1.Operator.SetPolicy:input_type -> kvrelay.operator.v1.SetPolicyRequest
+	20, // 28: kvrelay.operator.v1.Operator.GetIndex:input_type -> kvrelay.operator.v1.GetIndexRequest
+	21, // 29: kvrelay.operator.v1.Operator.ListProxies:input_type -> kvrelay.operator.v1.ListProxiesRequest
+	26, // 30: kvrelay.operator.v1.Operator.StartRollout:input_type -> kvrelay.operator.v1.StartRolloutRequest
+	27, // 31: kvrelay.operator.v1.Operator.GetRollout:input_type -> kvrelay.operator.v1.GetRolloutRequest
+	28, // 32: kvrelay.operator.v1.Operator.ControlRollout:input_type -> kvrelay.operator.v1.ControlRolloutRequest
+	30, // 33: kvrelay.operator.v1.Operator.PolicyHistory:input_type -> kvrelay.operator.v1.PolicyHistoryRequest
+	11, // 34: kvrelay.operator.v1.Operator.ListWorkers:output_type -> kvrelay.operator.v1.ListWorkersResponse
+	4,  // 35: kvrelay.operator.v1.Operator.GetWorker:output_type -> kvrelay.operator.v1.Worker
+	4,  // 36: kvrelay.operator.v1.Operator.UpsertWorker:output_type -> kvrelay.operator.v1.Worker
+	15, // 37: kvrelay.operator.v1.Operator.RemoveWorker:output_type -> kvrelay.operator.v1.RemoveWorkerResponse
+	4,  // 38: kvrelay.operator.v1.Operator.Drain:output_type -> kvrelay.operator.v1.Worker
+	4,  // 39: kvrelay.operator.v1.Operator.Undrain:output_type -> kvrelay.operator.v1.Worker
+	5,  // 40: kvrelay.operator.v1.Operator.GetPolicy:output_type -> kvrelay.operator.v1.Policy
+	5,  // 41: kvrelay.operator.v1.Operator.SetPolicy:output_type -> kvrelay.operator.v1.Policy
+	7,  // 42: kvrelay.operator.v1.Operator.GetIndex:output_type -> kvrelay.operator.v1.Index
+	22, // 43: kvrelay.operator.v1.Operator.ListProxies:output_type -> kvrelay.operator.v1.ListProxiesResponse
+	25, // 44: kvrelay.operator.v1.Operator.StartRollout:output_type -> kvrelay.operator.v1.Rollout
+	25, // 45: kvrelay.operator.v1.Operator.GetRollout:output_type -> kvrelay.operator.v1.Rollout
+	25, // 46: kvrelay.operator.v1.Operator.ControlRollout:output_type -> kvrelay.operator.v1.Rollout
+	31, // 47: kvrelay.operator.v1.Operator.PolicyHistory:output_type -> kvrelay.operator.v1.PolicyHistoryResponse
+	34, // [34:48] is the sub-list for method output_type
+	20, // [20:34] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_operator_proto_init() }
@@ -1756,13 +2636,14 @@ func file_operator_proto_init() {
 		return
 	}
 	file_operator_proto_msgTypes[5].OneofWrappers = []any{}
+	file_operator_proto_msgTypes[23].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_operator_proto_rawDesc), len(file_operator_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   23,
+			NumMessages:   32,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -26,16 +26,20 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Operator_ListWorkers_FullMethodName  = "/kvrelay.operator.v1.Operator/ListWorkers"
-	Operator_GetWorker_FullMethodName    = "/kvrelay.operator.v1.Operator/GetWorker"
-	Operator_UpsertWorker_FullMethodName = "/kvrelay.operator.v1.Operator/UpsertWorker"
-	Operator_RemoveWorker_FullMethodName = "/kvrelay.operator.v1.Operator/RemoveWorker"
-	Operator_Drain_FullMethodName        = "/kvrelay.operator.v1.Operator/Drain"
-	Operator_Undrain_FullMethodName      = "/kvrelay.operator.v1.Operator/Undrain"
-	Operator_GetPolicy_FullMethodName    = "/kvrelay.operator.v1.Operator/GetPolicy"
-	Operator_SetPolicy_FullMethodName    = "/kvrelay.operator.v1.Operator/SetPolicy"
-	Operator_GetIndex_FullMethodName     = "/kvrelay.operator.v1.Operator/GetIndex"
-	Operator_ListProxies_FullMethodName  = "/kvrelay.operator.v1.Operator/ListProxies"
+	Operator_ListWorkers_FullMethodName    = "/kvrelay.operator.v1.Operator/ListWorkers"
+	Operator_GetWorker_FullMethodName      = "/kvrelay.operator.v1.Operator/GetWorker"
+	Operator_UpsertWorker_FullMethodName   = "/kvrelay.operator.v1.Operator/UpsertWorker"
+	Operator_RemoveWorker_FullMethodName   = "/kvrelay.operator.v1.Operator/RemoveWorker"
+	Operator_Drain_FullMethodName          = "/kvrelay.operator.v1.Operator/Drain"
+	Operator_Undrain_FullMethodName        = "/kvrelay.operator.v1.Operator/Undrain"
+	Operator_GetPolicy_FullMethodName      = "/kvrelay.operator.v1.Operator/GetPolicy"
+	Operator_SetPolicy_FullMethodName      = "/kvrelay.operator.v1.Operator/SetPolicy"
+	Operator_GetIndex_FullMethodName       = "/kvrelay.operator.v1.Operator/GetIndex"
+	Operator_ListProxies_FullMethodName    = "/kvrelay.operator.v1.Operator/ListProxies"
+	Operator_StartRollout_FullMethodName   = "/kvrelay.operator.v1.Operator/StartRollout"
+	Operator_GetRollout_FullMethodName     = "/kvrelay.operator.v1.Operator/GetRollout"
+	Operator_ControlRollout_FullMethodName = "/kvrelay.operator.v1.Operator/ControlRollout"
+	Operator_PolicyHistory_FullMethodName  = "/kvrelay.operator.v1.Operator/PolicyHistory"
 )
 
 // OperatorClient is the client API for Operator service.
@@ -61,6 +65,14 @@ type OperatorClient interface {
 	SetPolicy(ctx context.Context, in *SetPolicyRequest, opts ...grpc.CallOption) (*Policy, error)
 	GetIndex(ctx context.Context, in *GetIndexRequest, opts ...grpc.CallOption) (*Index, error)
 	ListProxies(ctx context.Context, in *ListProxiesRequest, opts ...grpc.CallOption) (*ListProxiesResponse, error)
+	// StartRollout starts a rollout of a candidate policy (FailedPrecondition while one
+	// runs); GetRollout returns the running or latest one (NotFound if none ever ran);
+	// ControlRollout pauses, resumes, promotes or aborts it.
+	StartRollout(ctx context.Context, in *StartRolloutRequest, opts ...grpc.CallOption) (*Rollout, error)
+	GetRollout(ctx context.Context, in *GetRolloutRequest, opts ...grpc.CallOption) (*Rollout, error)
+	ControlRollout(ctx context.Context, in *ControlRolloutRequest, opts ...grpc.CallOption) (*Rollout, error)
+	// PolicyHistory lists the policy's changes, the latest first.
+	PolicyHistory(ctx context.Context, in *PolicyHistoryRequest, opts ...grpc.CallOption) (*PolicyHistoryResponse, error)
 }
 
 type operatorClient struct {
@@ -171,6 +183,46 @@ func (c *operatorClient) ListProxies(ctx context.Context, in *ListProxiesRequest
 	return out, nil
 }
 
+func (c *operatorClient) StartRollout(ctx context.Context, in *StartRolloutRequest, opts ...grpc.CallOption) (*Rollout, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Rollout)
+	err := c.cc.Invoke(ctx, Operator_StartRollout_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *operatorClient) GetRollout(ctx context.Context, in *GetRolloutRequest, opts ...grpc.CallOption) (*Rollout, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Rollout)
+	err := c.cc.Invoke(ctx, Operator_GetRollout_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *operatorClient) ControlRollout(ctx context.Context, in *ControlRolloutRequest, opts ...grpc.CallOption) (*Rollout, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Rollout)
+	err := c.cc.Invoke(ctx, Operator_ControlRollout_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *operatorClient) PolicyHistory(ctx context.Context, in *PolicyHistoryRequest, opts ...grpc.CallOption) (*PolicyHistoryResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PolicyHistoryResponse)
+	err := c.cc.Invoke(ctx, Operator_PolicyHistory_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // OperatorServer is the server API for Operator service.
 // All implementations must embed UnimplementedOperatorServer
 // for forward compatibility.
@@ -194,6 +246,14 @@ type OperatorServer interface {
 	SetPolicy(context.Context, *SetPolicyRequest) (*Policy, error)
 	GetIndex(context.Context, *GetIndexRequest) (*Index, error)
 	ListProxies(context.Context, *ListProxiesRequest) (*ListProxiesResponse, error)
+	// StartRollout starts a rollout of a candidate policy (FailedPrecondition while one
+	// runs); GetRollout returns the running or latest one (NotFound if none ever ran);
+	// ControlRollout pauses, resumes, promotes or aborts it.
+	StartRollout(context.Context, *StartRolloutRequest) (*Rollout, error)
+	GetRollout(context.Context, *GetRolloutRequest) (*Rollout, error)
+	ControlRollout(context.Context, *ControlRolloutRequest) (*Rollout, error)
+	// PolicyHistory lists the policy's changes, the latest first.
+	PolicyHistory(context.Context, *PolicyHistoryRequest) (*PolicyHistoryResponse, error)
 	mustEmbedUnimplementedOperatorServer()
 }
 
@@ -233,6 +293,18 @@ func (UnimplementedOperatorServer) GetIndex(context.Context, *GetIndexRequest) (
 }
 func (UnimplementedOperatorServer) ListProxies(context.Context, *ListProxiesRequest) (*ListProxiesResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListProxies not implemented")
+}
+func (UnimplementedOperatorServer) StartRollout(context.Context, *StartRolloutRequest) (*Rollout, error) {
+	return nil, status.Error(codes.Unimplemented, "method StartRollout not implemented")
+}
+func (UnimplementedOperatorServer) GetRollout(context.Context, *GetRolloutRequest) (*Rollout, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetRollout not implemented")
+}
+func (UnimplementedOperatorServer) ControlRollout(context.Context, *ControlRolloutRequest) (*Rollout, error) {
+	return nil, status.Error(codes.Unimplemented, "method ControlRollout not implemented")
+}
+func (UnimplementedOperatorServer) PolicyHistory(context.Context, *PolicyHistoryRequest) (*PolicyHistoryResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method PolicyHistory not implemented")
 }
 func (UnimplementedOperatorServer) mustEmbedUnimplementedOperatorServer() {}
 func (UnimplementedOperatorServer) testEmbeddedByValue()                  {}
@@ -435,6 +507,78 @@ func _Operator_ListProxies_Handler(srv interface{}, ctx context.Context, dec fun
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Operator_StartRollout_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(StartRolloutRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(OperatorServer).StartRollout(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Operator_StartRollout_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(OperatorServer).StartRollout(ctx, req.(*StartRolloutRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Operator_GetRollout_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetRolloutRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(OperatorServer).GetRollout(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Operator_GetRollout_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(OperatorServer).GetRollout(ctx, req.(*GetRolloutRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Operator_ControlRollout_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ControlRolloutRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(OperatorServer).ControlRollout(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Operator_ControlRollout_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(OperatorServer).ControlRollout(ctx, req.(*ControlRolloutRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Operator_PolicyHistory_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PolicyHistoryRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(OperatorServer).PolicyHistory(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Operator_PolicyHistory_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(OperatorServer).PolicyHistory(ctx, req.(*PolicyHistoryRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Operator_ServiceDesc is the grpc.ServiceDesc for Operator service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -481,6 +625,22 @@ var Operator_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListProxies",
 			Handler:    _Operator_ListProxies_Handler,
+		},
+		{
+			MethodName: "StartRollout",
+			Handler:    _Operator_StartRollout_Handler,
+		},
+		{
+			MethodName: "GetRollout",
+			Handler:    _Operator_GetRollout_Handler,
+		},
+		{
+			MethodName: "ControlRollout",
+			Handler:    _Operator_ControlRollout_Handler,
+		},
+		{
+			MethodName: "PolicyHistory",
+			Handler:    _Operator_PolicyHistory_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -812,10 +812,20 @@ type ArmReport struct {
 	TtftCounts []uint64  `protobuf:"varint,5,rep,packed,name=ttft_counts,json=ttftCounts,proto3" json:"ttft_counts,omitempty"`
 	// cached_blocks and prompt_blocks are the prompt blocks engines reported cached, of those
 	// the answers reported: the arm's prefix hit rate.
-	CachedBlocks  uint64 `protobuf:"varint,6,opt,name=cached_blocks,json=cachedBlocks,proto3" json:"cached_blocks,omitempty"`
-	PromptBlocks  uint64 `protobuf:"varint,7,opt,name=prompt_blocks,json=promptBlocks,proto3" json:"prompt_blocks,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	CachedBlocks uint64 `protobuf:"varint,6,opt,name=cached_blocks,json=cachedBlocks,proto3" json:"cached_blocks,omitempty"`
+	PromptBlocks uint64 `protobuf:"varint,7,opt,name=prompt_blocks,json=promptBlocks,proto3" json:"prompt_blocks,omitempty"`
+	// In shadow (the candidate's arm only): the requests the candidate decided beside the
+	// stable policy, those where it picked another worker, and over them the sums of each
+	// pick's cached prompt blocks and of its worker's load (requests in flight and queued) at
+	// the decision.
+	ShadowPicks                  uint64 `protobuf:"varint,8,opt,name=shadow_picks,json=shadowPicks,proto3" json:"shadow_picks,omitempty"`
+	ShadowDisagreements          uint64 `protobuf:"varint,9,opt,name=shadow_disagreements,json=shadowDisagreements,proto3" json:"shadow_disagreements,omitempty"`
+	ShadowStableOverlapBlocks    uint64 `protobuf:"varint,10,opt,name=shadow_stable_overlap_blocks,json=shadowStableOverlapBlocks,proto3" json:"shadow_stable_overlap_blocks,omitempty"`
+	ShadowCandidateOverlapBlocks uint64 `protobuf:"varint,11,opt,name=shadow_candidate_overlap_blocks,json=shadowCandidateOverlapBlocks,proto3" json:"shadow_candidate_overlap_blocks,omitempty"`
+	ShadowStableLoad             uint64 `protobuf:"varint,12,opt,name=shadow_stable_load,json=shadowStableLoad,proto3" json:"shadow_stable_load,omitempty"`
+	ShadowCandidateLoad          uint64 `protobuf:"varint,13,opt,name=shadow_candidate_load,json=shadowCandidateLoad,proto3" json:"shadow_candidate_load,omitempty"`
+	unknownFields                protoimpl.UnknownFields
+	sizeCache                    protoimpl.SizeCache
 }
 
 func (x *ArmReport) Reset() {
@@ -893,6 +903,48 @@ func (x *ArmReport) GetCachedBlocks() uint64 {
 func (x *ArmReport) GetPromptBlocks() uint64 {
 	if x != nil {
 		return x.PromptBlocks
+	}
+	return 0
+}
+
+func (x *ArmReport) GetShadowPicks() uint64 {
+	if x != nil {
+		return x.ShadowPicks
+	}
+	return 0
+}
+
+func (x *ArmReport) GetShadowDisagreements() uint64 {
+	if x != nil {
+		return x.ShadowDisagreements
+	}
+	return 0
+}
+
+func (x *ArmReport) GetShadowStableOverlapBlocks() uint64 {
+	if x != nil {
+		return x.ShadowStableOverlapBlocks
+	}
+	return 0
+}
+
+func (x *ArmReport) GetShadowCandidateOverlapBlocks() uint64 {
+	if x != nil {
+		return x.ShadowCandidateOverlapBlocks
+	}
+	return 0
+}
+
+func (x *ArmReport) GetShadowStableLoad() uint64 {
+	if x != nil {
+		return x.ShadowStableLoad
+	}
+	return 0
+}
+
+func (x *ArmReport) GetShadowCandidateLoad() uint64 {
+	if x != nil {
+		return x.ShadowCandidateLoad
 	}
 	return 0
 }
@@ -1139,7 +1191,7 @@ const file_kvrelay_proto_rawDesc = "" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x124\n" +
 	"\aworkers\x18\x02 \x03(\v2\x1a.kvrelay.xds.v1.WorkerLoadR\aworkers\x12\x10\n" +
 	"\x03seq\x18\x03 \x01(\x04R\x03seq\x12-\n" +
-	"\x04arms\x18\x04 \x03(\v2\x19.kvrelay.xds.v1.ArmReportR\x04arms\"\xf2\x01\n" +
+	"\x04arms\x18\x04 \x03(\v2\x19.kvrelay.xds.v1.ArmReportR\x04arms\"\xb2\x04\n" +
 	"\tArmReport\x12%\n" +
 	"\x0epolicy_version\x18\x01 \x01(\x04R\rpolicyVersion\x12\x1a\n" +
 	"\brequests\x18\x02 \x01(\x04R\brequests\x12\x16\n" +
@@ -1149,7 +1201,14 @@ const file_kvrelay_proto_rawDesc = "" +
 	"\vttft_counts\x18\x05 \x03(\x04R\n" +
 	"ttftCounts\x12#\n" +
 	"\rcached_blocks\x18\x06 \x01(\x04R\fcachedBlocks\x12#\n" +
-	"\rprompt_blocks\x18\a \x01(\x04R\fpromptBlocks\"6\n" +
+	"\rprompt_blocks\x18\a \x01(\x04R\fpromptBlocks\x12!\n" +
+	"\fshadow_picks\x18\b \x01(\x04R\vshadowPicks\x121\n" +
+	"\x14shadow_disagreements\x18\t \x01(\x04R\x13shadowDisagreements\x12?\n" +
+	"\x1cshadow_stable_overlap_blocks\x18\n" +
+	" \x01(\x04R\x19shadowStableOverlapBlocks\x12E\n" +
+	"\x1fshadow_candidate_overlap_blocks\x18\v \x01(\x04R\x1cshadowCandidateOverlapBlocks\x12,\n" +
+	"\x12shadow_stable_load\x18\f \x01(\x04R\x10shadowStableLoad\x122\n" +
+	"\x15shadow_candidate_load\x18\r \x01(\x04R\x13shadowCandidateLoad\"6\n" +
 	"\tReportSeq\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\"\x91\x01\n" +

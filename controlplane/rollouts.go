@@ -1,0 +1,312 @@
+package controlplane
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/kvrelay/kvrelay/controlplane/api"
+	"github.com/kvrelay/kvrelay/controlplane/registry"
+	"github.com/kvrelay/kvrelay/controlplane/rollout"
+	xdsserver "github.com/kvrelay/kvrelay/xds/server"
+)
+
+// A rollout takes the fleet from the stable routing policy to a candidate through the
+// steps of package rollout: the controller below starts it, feeds the state machine the
+// arms the proxies report (summed by the xDS server), persists every transition in the
+// store, and makes the registry's policy carry what the state asks (the candidate, its
+// share, shadow; the candidate alone once promoted; the stable policy alone once rolled
+// back or aborted), which the xDS server pushes to every proxy. Proxies keep the last
+// assignment while the control plane is away; the rollout moves only here.
+
+// rolloutRecord is one rollout as the store keeps it.
+type rolloutRecord struct {
+	ID uint64 `json:"id"`
+	// Candidate is the candidate's routing, with the version the registry gave it.
+	Candidate     registry.Policy  `json:"candidate"`
+	StableVersion uint64           `json:"stable_version"`
+	Started       time.Time        `json:"started"`
+	Ended         time.Time        `json:"ended,omitzero"`
+	Reason        string           `json:"reason,omitempty"`
+	R             *rollout.Rollout `json:"rollout"`
+}
+
+// errRolloutNotFound is GetRollout's answer before any rollout ran.
+var errRolloutNotFound = errors.New("no rollout has run: kvrelay ctl policy rollout start")
+
+// rollouts is the control plane's rollout controller. Its methods are safe for concurrent
+// use.
+type rollouts struct {
+	s   *Server
+	now func() time.Time
+	// settle is how long after the control plane starts the rollout waits for every
+	// proxy's load report before it judges (a partial sum would look like proxies that
+	// restarted).
+	settle time.Duration
+
+	mu      sync.Mutex
+	cur     *rolloutRecord // the running or latest rollout; nil before the first
+	started time.Time
+}
+
+// loadRollout reads the latest rollout from the store.
+func (s *Server) loadRollout() (*rollouts, error) {
+	c := &rollouts{s: s, now: time.Now, settle: 3 * time.Second}
+	data, err := s.store.LastRollout()
+	if err != nil || data == nil {
+		return c, err
+	}
+	var rec rolloutRecord
+	if err := json.Unmarshal(data, &rec); err != nil || rec.R == nil {
+		return nil, fmt.Errorf("control plane: decoding the stored rollout: %v", err)
+	}
+	c.cur = &rec
+	return c, nil
+}
+
+// setPolicy is an operator's change of the policy, refused while a rollout runs (it would
+// change the arms under the analysis; pause, promote or abort it first).
+func (c *rollouts) setPolicy(p registry.Policy) (registry.Policy, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cur != nil && !c.cur.R.Done() {
+		return registry.Policy{}, fmt.Errorf("%w: rollout %d is %s: promote or abort it before changing the policy", api.ErrConflict, c.cur.ID, c.cur.R.State)
+	}
+	return c.s.reg.SetPolicy(p)
+}
+
+// start begins a rollout of cand (its routing; versions are assigned) as spec says.
+func (c *rollouts) start(cand registry.Policy, spec rollout.Spec) (*rolloutRecord, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cur != nil && !c.cur.R.Done() {
+		return nil, fmt.Errorf("%w: rollout %d is %s: promote or abort it first", api.ErrConflict, c.cur.ID, c.cur.R.State)
+	}
+	now := c.now()
+	r, err := rollout.New(spec, now, rollout.Arm{}, rollout.Arm{})
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", api.ErrInvalid, err)
+	}
+	id := uint64(1)
+	if c.cur != nil {
+		id = c.cur.ID + 1
+	}
+	pol := c.s.reg.Policy()
+	p := stable(pol)
+	cand.Candidate, cand.CandidateShare, cand.Shadow, cand.Version = nil, 0, false, 0
+	p.Candidate = &cand
+	p.CandidateShare, p.Shadow = r.Share()
+	got, err := c.s.reg.ChangePolicy(p, fmt.Sprintf("rollout %d started", id))
+	if err != nil {
+		return nil, err
+	}
+	if got.Candidate.Version == got.Version {
+		return nil, fmt.Errorf("%w: the candidate routes as the stable policy does", api.ErrInvalid)
+	}
+	arms := c.s.xds.Arms()
+	r.BaseStable, r.BaseCandidate = armOf(arms, got.Version), armOf(arms, got.Candidate.Version)
+	rec := &rolloutRecord{ID: id, Candidate: *got.Candidate, StableVersion: got.Version, Started: now, R: r}
+	if err := c.persist(rec); err != nil {
+		return nil, err
+	}
+	c.cur = rec
+	c.s.log.Info("rollout started", "id", id, "stable", got.Version, "candidate", got.Candidate.Version, "state", r.State, "steps", spec.Steps)
+	return rec, nil
+}
+
+// stable is p without a candidate, at p's version (so that a concurrent change conflicts).
+func stable(p registry.Policy) registry.Policy {
+	p.Candidate, p.CandidateShare, p.Shadow = nil, 0, false
+	return p
+}
+
+// armOf is the summed arm of one policy version as the state machine takes it.
+func armOf(arms map[uint64]xdsserver.Arm, version uint64) rollout.Arm {
+	a, ok := arms[version]
+	if !ok {
+		return rollout.Arm{}
+	}
+	return rollout.Arm{Requests: a.Requests, Errors: a.Errors, CachedBlocks: a.CachedBlocks, PromptBlocks: a.PromptBlocks,
+		TTFT:   rollout.Histogram{Bounds: a.TTFTBounds, Counts: a.TTFTCounts},
+		Shadow: rollout.Shadow(a.Shadow)}
+}
+
+// tick judges the running step with the arms reported now, and applies a transition.
+func (c *rollouts) tick() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	rec := c.cur
+	if rec == nil || (rec.R.State != rollout.StateShadow && rec.R.State != rollout.StateCanary) {
+		return
+	}
+	now := c.now()
+	if now.Sub(c.started) < c.settle {
+		return
+	}
+	arms := c.s.xds.Arms()
+	if _, ok := arms[rec.StableVersion]; !ok {
+		return // no proxy reports the stable arm: nothing to judge on
+	}
+	st, ca := armOf(arms, rec.StableVersion), armOf(arms, rec.Candidate.Version)
+	rec.R.Rebase(st, ca)
+	if !rec.R.Advance(now, st, ca) {
+		return
+	}
+	if rec.R.Done() {
+		rec.Ended = now
+		switch res := rec.R.Results; {
+		case rec.R.State == rollout.StatePromoted:
+			rec.Reason = "every step passed"
+		case len(res) > 0:
+			rec.Reason = fmt.Sprintf("step %d (%.0f%%) failed: %s", res[len(res)-1].Step+1, 100*res[len(res)-1].Share, res[len(res)-1].Reason)
+		}
+	}
+	c.s.log.Info("rollout moved", "id", rec.ID, "state", rec.R.State, "step", rec.R.Step, "reason", rec.Reason)
+	c.commit(rec)
+}
+
+// commit persists rec and makes the policy follow it; failures are logged, and the next
+// apply (a later transition, or the next start of the control plane) retries.
+func (c *rollouts) commit(rec *rolloutRecord) {
+	if err := c.persist(rec); err != nil {
+		c.s.log.Error("rollout not persisted", "id", rec.ID, "err", err)
+	}
+	if err := c.apply(rec); err != nil {
+		c.s.log.Error("rollout not applied to the policy", "id", rec.ID, "state", rec.R.State, "err", err)
+	}
+}
+
+func (c *rollouts) persist(rec *rolloutRecord) error {
+	data, err := json.Marshal(rec)
+	if err != nil {
+		return fmt.Errorf("encoding rollout %d: %w", rec.ID, err)
+	}
+	return c.s.store.PutRollout(rec.ID, data)
+}
+
+// apply makes the registry's policy carry what rec's state asks, if it does not already.
+// An ended rollout changes the policy only while the policy still carries its candidate
+// (an operator's later change stands).
+func (c *rollouts) apply(rec *rolloutRecord) error {
+	pol := c.s.reg.Policy()
+	ours := pol.Candidate != nil && pol.Candidate.Version == rec.Candidate.Version
+	cause := fmt.Sprintf("rollout %d %s", rec.ID, rec.R.State)
+	var p registry.Policy
+	switch rec.R.State {
+	case rollout.StatePromoted:
+		if !ours {
+			return nil
+		}
+		p = *pol.Candidate
+		p.Version = pol.Version
+	case rollout.StateRolledBack, rollout.StateAborted:
+		if !ours {
+			return nil
+		}
+		p = stable(pol)
+	default:
+		share, shadow := rec.R.Share()
+		if ours && pol.CandidateShare == share && pol.Shadow == shadow {
+			return nil
+		}
+		p = stable(pol)
+		cand := rec.Candidate
+		p.Candidate, p.CandidateShare, p.Shadow = &cand, share, shadow
+	}
+	_, err := c.s.reg.ChangePolicy(p, cause)
+	return err
+}
+
+// control applies an operator's action: pause, resume, promote or abort.
+func (c *rollouts) control(action string) (*rolloutRecord, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	rec := c.cur
+	if rec == nil {
+		return nil, fmt.Errorf("%w: %w", api.ErrNotFound, errRolloutNotFound)
+	}
+	now := c.now()
+	var err error
+	switch action {
+	case "pause":
+		err = rec.R.Pause(now)
+	case "resume":
+		err = rec.R.Resume(now)
+	case "promote":
+		err = rec.R.Promote()
+	case "abort":
+		err = rec.R.Abort()
+	default:
+		err = fmt.Errorf("unknown action %q", action)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w: rollout %d: %w", api.ErrConflict, rec.ID, err)
+	}
+	if rec.R.Done() {
+		rec.Ended, rec.Reason = now, action+"d by an operator"
+		if action == "abort" {
+			rec.Reason = "aborted by an operator"
+		}
+	}
+	c.s.log.Info("rollout "+action, "id", rec.ID, "state", rec.R.State)
+	c.commit(rec)
+	return rec, nil
+}
+
+// latest returns a copy of the running or latest rollout and its running step's figures
+// so far.
+func (c *rollouts) latest() (*rolloutRecord, rollout.Result, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cur == nil {
+		return nil, rollout.Result{}, fmt.Errorf("%w: %w", api.ErrNotFound, errRolloutNotFound)
+	}
+	data, err := json.Marshal(c.cur)
+	if err != nil {
+		return nil, rollout.Result{}, err
+	}
+	var rec rolloutRecord
+	if err := json.Unmarshal(data, &rec); err != nil {
+		return nil, rollout.Result{}, err
+	}
+	var cur rollout.Result
+	if !rec.R.Done() {
+		arms := c.s.xds.Arms()
+		cur = rec.R.Current(armOf(arms, rec.StableVersion), armOf(arms, rec.Candidate.Version))
+	}
+	return &rec, cur, nil
+}
+
+// resume reconciles the policy with the stored rollout when the control plane starts
+// (a transition persisted just before a crash may not have reached the policy).
+func (c *rollouts) resume() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.started = c.now()
+	if c.cur == nil {
+		return
+	}
+	if err := c.apply(c.cur); err != nil {
+		c.s.log.Error("stored rollout not applied to the policy", "id", c.cur.ID, "err", err)
+	}
+	if !c.cur.R.Done() {
+		c.s.log.Info("rollout resumed", "id", c.cur.ID, "state", c.cur.R.State, "step", c.cur.R.Step)
+	}
+}
+
+// runRollouts judges the running rollout every RolloutInterval until ctx ends.
+func (s *Server) runRollouts(ctx context.Context) {
+	t := time.NewTicker(s.opts.RolloutInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			s.rollouts.tick()
+		}
+	}
+}
