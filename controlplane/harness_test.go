@@ -53,6 +53,7 @@ type cluster struct {
 	proxies []*proxy.Server
 	warmed  map[int]map[int]bool // worker index → the families warmed on it
 	xdsAuth auth.ServerConfig    // what the control plane asks of proxies
+	cpOpts  func(*controlplane.Options)
 }
 
 // workerSpeedup is the simulated workers' speedup ratio (tests that need requests to last
@@ -106,18 +107,21 @@ func newClusterWith(t *testing.T, nworkers int, xdsAuth auth.ServerConfig) *clus
 	t.Helper()
 	c := &cluster{t: t, workers: startWorkers(t, nworkers), dataDir: t.TempDir(), xdsAuth: xdsAuth}
 	for i, w := range c.workers {
-		c.specs = append(c.specs, registry.Worker{
-			ID: "w" + strconv.Itoa(i), URL: w.URL(), BlockSize: 16, Engine: "sim",
-			KVEvents: w.EventsEndpoint(), KVEventsReplay: w.ReplayEndpoint(), LoRAModules: workerLoRAs,
-		})
+		c.specs = append(c.specs, specOf(i, w.URL(), w.EventsEndpoint(), w.ReplayEndpoint()))
 	}
 	c.startControlPlane("127.0.0.1:0")
 	return c
 }
 
+// specOf is the registry entry of the harness's i-th simulated worker.
+func specOf(i int, url, events, replay string) registry.Worker {
+	return registry.Worker{ID: "w" + strconv.Itoa(i), URL: url, BlockSize: 16, Engine: "sim",
+		KVEvents: events, KVEventsReplay: replay, LoRAModules: workerLoRAs}
+}
+
 func (c *cluster) startControlPlane(xdsAddr string) {
 	c.t.Helper()
-	cp, err := controlplane.New(controlplane.Options{
+	opts := controlplane.Options{
 		XDSListen:      xdsAddr,
 		XDSAuth:        c.xdsAuth,
 		APIListen:      "127.0.0.1:0",
@@ -127,7 +131,11 @@ func (c *cluster) startControlPlane(xdsAddr string) {
 		LoadRefresh:    100 * time.Millisecond,
 		APIToken:       "secret",
 		Logger:         quiet(),
-	})
+	}
+	if c.cpOpts != nil {
+		c.cpOpts(&opts)
+	}
+	cp, err := controlplane.New(opts)
 	if err != nil {
 		c.t.Fatal(err)
 	}

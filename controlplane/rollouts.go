@@ -42,10 +42,7 @@ var errRolloutNotFound = errors.New("no rollout has run: kvrelay ctl policy roll
 type rollouts struct {
 	s   *Server
 	now func() time.Time
-	// settle is how long after the control plane starts the rollout waits for every
-	// proxy's load report before it judges (a partial sum would look like proxies that
-	// restarted).
-	settle time.Duration
+	settle time.Duration // Options.RolloutSettle
 
 	mu      sync.Mutex
 	cur     *rolloutRecord // the running or latest rollout; nil before the first
@@ -54,7 +51,7 @@ type rollouts struct {
 
 // loadRollout reads the latest rollout from the store.
 func (s *Server) loadRollout() (*rollouts, error) {
-	c := &rollouts{s: s, now: time.Now, settle: 3 * time.Second}
+	c := &rollouts{s: s, now: time.Now, settle: s.opts.RolloutSettle}
 	data, err := s.store.LastRollout()
 	if err != nil || data == nil {
 		return c, err

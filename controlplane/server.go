@@ -72,8 +72,10 @@ type Options struct {
 	// PublishInterval bounds how often worker resources are republished when load changes
 	// (default 50 ms).
 	PublishInterval time.Duration
-	// RolloutInterval is how often a running rollout's step is judged (default 1 s).
-	RolloutInterval time.Duration
+	// RolloutInterval is how often a running rollout's step is judged (default 1 s);
+	// RolloutSettle how long after a start it waits for every proxy's load report before
+	// it judges (default 3 s; a partial sum would look like proxies that restarted).
+	RolloutInterval, RolloutSettle time.Duration
 	// LoadRefresh is the longest the workers go unpublished while the control plane runs
 	// (default 1 s): each publish carries every worker's latest observation time, so a
 	// proxy can tell a steady load from a control plane that stopped (its pushed load then
@@ -165,6 +167,9 @@ func New(opts Options) (*Server, error) {
 	}
 	if opts.RolloutInterval <= 0 {
 		opts.RolloutInterval = time.Second
+	}
+	if opts.RolloutSettle <= 0 {
+		opts.RolloutSettle = 3 * time.Second
 	}
 	if opts.LoadRefresh <= 0 {
 		opts.LoadRefresh = time.Second

@@ -296,8 +296,8 @@ func ValidatePolicy(p *xdsv1.RoutingPolicy) error {
 		if c.GetCandidate() != nil {
 			return fail("its candidate has a candidate")
 		}
-		if c.GetVersion() == p.GetVersion() {
-			return fail("its candidate has the same version %d", c.GetVersion())
+		if c.GetVersion() == 0 || c.GetVersion() == p.GetVersion() {
+			return fail("its candidate has version %d: it needs its own, not 0 and not the stable one's", c.GetVersion())
 		}
 		if err := ValidatePolicy(c); err != nil {
 			return fail("candidate: %v", err)

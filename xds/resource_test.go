@@ -135,6 +135,7 @@ func TestValidatePolicy(t *testing.T) {
 			p.Candidate = &xdsv1.RoutingPolicy{Version: p.Version + 1, Candidate: &xdsv1.RoutingPolicy{Version: p.Version + 2}}
 		}, false},
 		{"candidate of the same version", func(p *xdsv1.RoutingPolicy) { p.Candidate = &xdsv1.RoutingPolicy{Version: p.Version} }, false},
+		{"candidate of version 0", func(p *xdsv1.RoutingPolicy) { p.Candidate = &xdsv1.RoutingPolicy{Version: 0, Policy: "kv"} }, false},
 		{"invalid candidate", func(p *xdsv1.RoutingPolicy) {
 			p.Candidate = &xdsv1.RoutingPolicy{Version: p.Version + 1, CacheThreshold: 2}
 		}, false},

@@ -11,8 +11,8 @@ import (
 	"github.com/kvrelay/kvrelay/controlplane/api/apitest"
 )
 
-// FuzzRequestBody feeds arbitrary bodies to the two routes that decode one (a worker spec,
-// a policy): the handler never panics, answers 200, 400, 409 or 413, and always with JSON.
+// FuzzRequestBody feeds arbitrary bodies to the routes that decode one (a worker spec, a
+// policy, a rollout): the handler never panics, answers 200, 400, 409 or 413, and always with JSON.
 func FuzzRequestBody(f *testing.F) {
 	for _, seed := range []string{
 		`{"url": "http://127.0.0.1:8005", "kv_events": "tcp://127.0.0.1:5565", "engine": "sim", "block_size": 16}`,
@@ -22,26 +22,32 @@ func FuzzRequestBody(f *testing.F) {
 		`{"version": "18446744073709551615", "policy": "session"}`,
 		`{"overlap_weight": "NaN", "temperature": "Infinity"}`,
 		`{`, `null`, `[]`, `{"id": 1}`, "{\"url\": \"\xff\"}", `{"block_size": 4294967296}`,
+		`{"candidate": {"policy": "kv", "overlap_weight": 0}, "spec": {"steps": [0.25, 1], "step_duration_ms": "20000", "min_requests": 40}}`,
+		`{"candidate": {"candidate": {}}, "spec": {"shadow_ms": -1, "alpha": "NaN"}}`,
 	} {
-		f.Add(false, []byte(seed))
-		f.Add(true, []byte(seed))
+		for route := range uint8(3) {
+			f.Add(route, []byte(seed))
+		}
 	}
 	h := api.Handler(apitest.New(), api.Options{AllowUnauthenticated: true})
-	f.Fuzz(func(t *testing.T, policy bool, body []byte) {
-		path := "/v1/workers/w9"
-		if policy {
+	f.Fuzz(func(t *testing.T, route uint8, body []byte) {
+		method, path := http.MethodPut, "/v1/workers/w9"
+		switch route % 3 {
+		case 1:
 			path = "/v1/policy"
+		case 2:
+			method, path = http.MethodPost, "/v1/rollout"
 		}
-		req := httptest.NewRequest(http.MethodPut, path, bytes.NewReader(body))
+		req := httptest.NewRequest(method, path, bytes.NewReader(body))
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, req)
 		switch rec.Code {
 		case 200, 400, 409, 413:
 		default:
-			t.Fatalf("PUT %s %q: status %d: %s", path, body, rec.Code, rec.Body)
+			t.Fatalf("%s %s %q: status %d: %s", method, path, body, rec.Code, rec.Body)
 		}
 		if !json.Valid(rec.Body.Bytes()) {
-			t.Fatalf("PUT %s %q: invalid JSON response: %s", path, body, rec.Body)
+			t.Fatalf("%s %s %q: invalid JSON response: %s", method, path, body, rec.Body)
 		}
 	})
 }

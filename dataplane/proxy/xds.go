@@ -218,6 +218,7 @@ func (s *Server) applyXDS(workers []*xdsv1.Worker, policy *xdsv1.RoutingPolicy) 
 	defer x.mu.Unlock()
 	x.updates++
 
+	workers = lastOfEachID(workers)
 	states := append([]*workerState(nil), *s.workers.Load()...)
 	present := make([]*route.Worker, 0, len(workers))
 	var slots []int
@@ -352,6 +353,26 @@ func policyConfig(base route.Config, p *xdsv1.RoutingPolicy) route.Config {
 	return cfg
 }
 
+// lastOfEachID is workers with only the last resource of each id (xDS names a resource by
+// its id, so a push holds one; a malformed one holding two must not give one slot two
+// workers).
+func lastOfEachID(workers []*xdsv1.Worker) []*xdsv1.Worker {
+	last := make(map[string]int, len(workers))
+	for i, w := range workers {
+		last[w.GetId()] = i
+	}
+	if len(last) == len(workers) {
+		return workers
+	}
+	out := make([]*xdsv1.Worker, 0, len(last))
+	for i, w := range workers {
+		if last[w.GetId()] == i {
+			out = append(out, w)
+		}
+	}
+	return out
+}
+
 // sameIdentity reports whether two workers are the same engine to route to.
 func sameIdentity(a, b *route.Worker) bool {
 	return a.ID == b.ID && a.URL == b.URL && a.Model == b.Model && a.Role == b.Role && a.BlockSize == b.BlockSize && a.Capacity == b.Capacity &&
@@ -427,6 +448,11 @@ type XDSStats struct {
 	// Blocks is the number of distinct blocks in the index replica.
 	Blocks        int
 	PolicyVersion uint64
+	// CandidateVersion is a rollout's candidate policy routing beside it (0: none), with its
+	// share of the requests, or in shadow.
+	CandidateVersion uint64
+	CandidateShare   float64
+	Shadow           bool
 }
 
 // XDSStats returns the proxy's control-plane counters.
@@ -438,7 +464,11 @@ func (s *Server) XDSStats() (XDSStats, bool) {
 	x.mu.Lock()
 	v := x.policyVersion
 	x.mu.Unlock()
-	return XDSStats{ADS: x.ads.Stats(), Journal: x.journal.Stats(), Reports: x.reporter.Sent(), Blocks: x.replica.Len(), PolicyVersion: v}, true
+	st := XDSStats{ADS: x.ads.Stats(), Journal: x.journal.Stats(), Reports: x.reporter.Sent(), Blocks: x.replica.Len(), PolicyVersion: v}
+	if c := s.cand.Load(); c != nil {
+		st.CandidateVersion, st.CandidateShare, st.Shadow = c.version, c.share, c.shadow
+	}
+	return st, true
 }
 
 // Replica returns the proxy's index replica (nil without a control plane).

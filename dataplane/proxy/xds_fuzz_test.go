@@ -20,6 +20,9 @@ func FuzzApplyXDS(f *testing.F) {
 		Load: &xdsv1.Load{Running: 2, Waiting: 1, KvUsage: 0.5, PrefillTokens: 100, DecodeBlocks: 7}})
 	p, _ := proto.Marshal(&xdsv1.RoutingPolicy{Version: 2, Policy: "kv", OverlapWeight: 1, CacheThreshold: 0.3, TierWeights: []float64{1, 0.5, 0.25}})
 	f.Add(w, p, w)
+	rollout, _ := proto.Marshal(&xdsv1.RoutingPolicy{Version: 2, Policy: "kv", OverlapWeight: 1,
+		Candidate: &xdsv1.RoutingPolicy{Version: 3, Policy: "latency"}, CandidateShare: 0.25, Shadow: true})
+	f.Add(w, rollout, w)
 	f.Add([]byte{0x0a, 0x02, 'w', '2', 0x12, 0x05, 'h', 't', 't', 'p', ':'}, []byte{0x08, 0xff, 0x01}, []byte{})
 	f.Add([]byte{0x40, 0xff, 0xff, 0xff, 0xff, 0x0f}, []byte{0x12, 0x03, 'b', 'a', 'd'}, []byte{0x0a, 0x00})
 
@@ -63,5 +66,9 @@ func FuzzApplyXDS(f *testing.F) {
 		}
 		overlap := make([]float64, pool.Size())
 		s.Replica().Match([]uint64{1, 2, 3}, overlap)
+		// An applied candidate routes only a share in [0, 1] under its own version.
+		if c := s.cand.Load(); c != nil && (!(c.share >= 0 && c.share <= 1) || c.version == 0) {
+			t.Fatalf("candidate applied with share %v, version %d", c.share, c.version)
+		}
 	})
 }

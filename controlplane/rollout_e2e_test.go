@@ -1,0 +1,224 @@
+package controlplane_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvrelay/kvrelay/controlplane"
+)
+
+// rolloutCluster is a cluster of n workers and two proxies whose control plane judges a
+// rollout every 100 ms and settles 300 ms after a start.
+func rolloutCluster(t *testing.T, n int) (*cluster, []string) {
+	t.Helper()
+	c := &cluster{t: t, workers: startWorkers(t, n), dataDir: t.TempDir(), cpOpts: func(o *controlplane.Options) {
+		o.RolloutInterval, o.RolloutSettle = 100*time.Millisecond, 300*time.Millisecond
+	}}
+	for i, w := range c.workers {
+		c.specs = append(c.specs, specOf(i, w.URL(), w.EventsEndpoint(), w.ReplayEndpoint()))
+	}
+	c.startControlPlane("127.0.0.1:0")
+	var bases []string
+	for range 2 {
+		p := c.addProxy(c.xds)
+		waitWorkers(t, p, n)
+		bases = append(bases, "http://"+p.Addr())
+	}
+	return c, bases
+}
+
+// conversations sends, until stop closes, conversations of four turns over a fresh long
+// system prompt each, from one user per conversation (so each stays on one arm), through
+// the proxies in turn; they count what failed.
+func conversations(t *testing.T, bases []string, stop chan struct{}, failed *int64, mu *sync.Mutex) *sync.WaitGroup {
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for conv := 0; ; conv++ {
+				f := 1000*g + conv
+				for turn := range 4 {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					body, _ := json.Marshal(map[string]any{"model": model, "max_tokens": 4, "user": fmt.Sprintf("user-%d", f),
+						"messages": []map[string]string{{"role": "system", "content": family(f)}, {"role": "user", "content": fmt.Sprintf("turn %d", turn)}}})
+					resp, err := http.Post(bases[(f+turn)%len(bases)]+"/v1/chat/completions", "application/json", bytes.NewReader(body))
+					if err == nil {
+						resp.Body.Close()
+					}
+					if err != nil || resp.StatusCode != 200 {
+						mu.Lock()
+						*failed++
+						mu.Unlock()
+					}
+				}
+			}
+		}()
+	}
+	return &wg
+}
+
+// waitRollout polls the rollout until it ends and returns it.
+func (c *cluster) waitRollout(within time.Duration) map[string]any {
+	c.t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		code, r := c.api("GET", "/v1/rollout", "", true)
+		if code != 200 {
+			c.t.Fatalf("GET /v1/rollout: %d %v", code, r)
+		}
+		switch r["state"] {
+		case "promoted", "rolled_back", "aborted":
+			return r
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("the rollout did not end within %v: %v", within, r)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestRolloutRollsBackACacheBlindCandidate: a candidate that ignores the cache (latency
+// policy, overlap weight 0) is tried on half the conversations after a shadow step, loses
+// prefix hits against the stable policy, and is rolled back by the control plane alone;
+// the shadow step saw it pick workers holding less of the prompt, and the policy is the
+// stable one again everywhere.
+func TestRolloutRollsBackACacheBlindCandidate(t *testing.T) {
+	c, bases := rolloutCluster(t, 3)
+	_, before := c.api("GET", "/v1/policy", "", true)
+	var failed int64
+	var mu sync.Mutex
+	stop := make(chan struct{})
+	wg := conversations(t, bases, stop, &failed, &mu)
+	defer func() { close(stop); wg.Wait() }()
+	code, r := c.api("POST", "/v1/rollout", `{"candidate": {"policy": "latency", "overlap_weight": 0, "queue_weight": 8, "cache_threshold": 0.1, "tier_weights": [1, 0.75, 0.25]},
+		"spec": {"shadow_ms": 1500, "steps": [0.5, 1], "step_duration_ms": 1500, "min_requests": 15, "step_timeout_ms": 30000}}`, true)
+	if code != 200 || r["state"] != "shadow" {
+		t.Fatalf("starting: %d %v", code, r)
+	}
+	// While it runs the policy cannot be changed under it.
+	if code, _ := c.api("PUT", "/v1/policy", `{"policy": "round-robin"}`, true); code != 409 {
+		t.Fatalf("a policy change during a rollout: %d, want 409", code)
+	}
+	r = c.waitRollout(60 * time.Second)
+	steps, _ := r["steps"].([]any)
+	if r["state"] != "rolled_back" || len(steps) != 2 {
+		t.Fatalf("the cache-blind candidate ended %v after %d steps: %v", r["state"], len(steps), r)
+	}
+	sh, canary := steps[0].(map[string]any), steps[1].(map[string]any)
+	if jsonUint(sh["shadow_picks"]) == 0 || num(sh["shadow_candidate_overlap"]) >= num(sh["shadow_stable_overlap"]) || num(sh["shadow_disagreement"]) == 0 {
+		t.Fatalf("shadow step: %v; want the candidate's picks to hold less of the prompts", sh)
+	}
+	if canary["verdict"] != "fail" || num(canary["candidate_hit_rate"]) >= num(canary["stable_hit_rate"]) {
+		t.Fatalf("canary step: %v", canary)
+	}
+	_, after := c.api("GET", "/v1/policy", "", true)
+	if after["candidate"] != nil || after["version"] != before["version"] || num(after["overlap_weight"]) != num(before["overlap_weight"]) {
+		t.Fatalf("after the rollback the policy is %v, was %v", after, before)
+	}
+	for _, p := range c.proxies {
+		waitPolicy(t, p, jsonUint(after["version"]))
+	}
+	_, h := c.api("GET", "/v1/policy/history?limit=2", "", true)
+	changes, _ := h["changes"].([]any)
+	if len(changes) != 2 || changes[0].(map[string]any)["cause"] != "rollout 1 rolled_back" {
+		t.Fatalf("history: %v", h)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if failed != 0 {
+		t.Fatalf("%d requests failed during the rollout", failed)
+	}
+}
+
+// TestRolloutPromotesABetterCandidate: against a round-robin stable policy the cache-aware
+// default wins its step and becomes the stable policy under its own version.
+func TestRolloutPromotesABetterCandidate(t *testing.T) {
+	c, bases := rolloutCluster(t, 3)
+	if code, r := c.api("PUT", "/v1/policy", `{"policy": "round-robin"}`, true); code != 200 {
+		t.Fatalf("setting the stable policy: %d %v", code, r)
+	}
+	var failed int64
+	var mu sync.Mutex
+	stop := make(chan struct{})
+	wg := conversations(t, bases, stop, &failed, &mu)
+	defer func() { close(stop); wg.Wait() }()
+	code, r := c.api("POST", "/v1/rollout", `{"candidate": {"policy": "latency", "overlap_weight": 64, "queue_weight": 8, "cache_threshold": 0.1, "tier_weights": [1, 0.75, 0.25]},
+		"spec": {"steps": [0.5, 1], "step_duration_ms": 1500, "min_requests": 15, "step_timeout_ms": 30000}}`, true)
+	if code != 200 || r["state"] != "canary" || num(r["share"]) != 0.5 {
+		t.Fatalf("starting: %d %v", code, r)
+	}
+	cv := jsonUint(r["candidate_version"])
+	r = c.waitRollout(60 * time.Second)
+	if r["state"] != "promoted" {
+		t.Fatalf("the better candidate ended %v: %v", r["state"], r)
+	}
+	_, p := c.api("GET", "/v1/policy", "", true)
+	if p["policy"] != "latency" || jsonUint(p["version"]) != cv || p["candidate"] != nil {
+		t.Fatalf("after the promotion the policy is %v, want latency at the candidate's version %d", p, cv)
+	}
+	for _, px := range c.proxies {
+		waitPolicy(t, px, cv)
+	}
+}
+
+// TestRolloutSurvivesAControlPlaneRestart: a control plane closed mid-rollout leaves the
+// proxies on the split; the next one, on the same store, resumes the rollout at its step,
+// and an abort then sends every request back to the stable policy.
+func TestRolloutSurvivesAControlPlaneRestart(t *testing.T) {
+	c, _ := rolloutCluster(t, 2)
+	code, r := c.api("POST", "/v1/rollout", `{"candidate": {"policy": "round-robin"}, "spec": {"steps": [0.25, 1], "step_duration_ms": 600000, "step_timeout_ms": 600000}}`, true)
+	if code != 200 {
+		t.Fatalf("starting: %d %v", code, r)
+	}
+	sv, cv := jsonUint(r["stable_version"]), jsonUint(r["candidate_version"])
+	waitPolicy(t, c.proxies[0], sv)
+	addr := c.xds
+	if err := c.cp.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// Without the control plane the proxies keep the candidate and its share.
+	time.Sleep(300 * time.Millisecond)
+	if st, _ := c.proxies[0].XDSStats(); st.PolicyVersion != sv || st.CandidateVersion != cv || st.CandidateShare != 0.25 {
+		t.Fatalf("without the control plane the proxy follows %+v, want policy %d with candidate %d at 0.25", st, sv, cv)
+	}
+	c.startControlPlane(addr)
+	code, r = c.api("GET", "/v1/rollout", "", true)
+	if code != 200 || r["state"] != "canary" || jsonUint(r["id"]) != 1 || num(r["share"]) != 0.25 || jsonUint(r["candidate_version"]) != cv {
+		t.Fatalf("after the restart: %d %v", code, r)
+	}
+	if code, r = c.api("POST", "/v1/rollout/abort", "", true); code != 200 || r["state"] != "aborted" {
+		t.Fatalf("abort: %d %v", code, r)
+	}
+	if code, r = c.api("POST", "/v1/rollout/resume", "", true); code != 409 {
+		t.Fatalf("resuming an aborted rollout: %d %v, want 409", code, r)
+	}
+	_, p := c.api("GET", "/v1/policy", "", true)
+	if p["candidate"] != nil || jsonUint(p["version"]) != sv {
+		t.Fatalf("after the abort the policy is %v", p)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if st, _ := c.proxies[0].XDSStats(); st.CandidateVersion == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the proxy kept the aborted candidate")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func num(v any) float64 {
+	f, _ := v.(float64)
+	return f
+}

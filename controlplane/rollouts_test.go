@@ -1,0 +1,60 @@
+package controlplane
+
+import (
+	"errors"
+	"math"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/kvrelay/kvrelay/controlplane/api"
+	operatorv1 "github.com/kvrelay/kvrelay/controlplane/api/v1"
+)
+
+// TestRolloutSpecDefaults: unset fields take the defaults, a step duration alone brings a
+// step timeout of five, and what cannot work is an invalid request.
+func TestRolloutSpecDefaults(t *testing.T) {
+	s, err := rolloutSpec(&operatorv1.RolloutSpec{Steps: []float64{0.25, 0.5, 1}, StepDurationMs: 20000, MinRequests: 40})
+	if err != nil || s.StepDuration != 20*time.Second || s.StepTimeout != 100*time.Second || s.MinRequests != 40 || s.MaxTTFTP90Ratio != 1.10 || len(s.Steps) != 3 {
+		t.Fatalf("spec %+v, %v", s, err)
+	}
+	zero := 0.0
+	if s, err = rolloutSpec(&operatorv1.RolloutSpec{MaxHitRateDrop: &zero}); err != nil || s.MaxHitRateDrop != 0 || s.StepDuration != 2*time.Minute {
+		t.Fatalf("an explicit zero threshold: %+v, %v", s, err)
+	}
+	for _, bad := range []*operatorv1.RolloutSpec{{Steps: []float64{0.5, 0.25}}, {StepDurationMs: -1}, {StepDurationMs: 60000, StepTimeoutMs: 1000}, {Alpha: new(0.9)}} {
+		if _, err := rolloutSpec(bad); !errors.Is(err, api.ErrInvalid) {
+			t.Errorf("%v: %v, want invalid", bad, err)
+		}
+	}
+}
+
+// FuzzRolloutSpec: any spec an API body can carry is taken or refused as invalid, and a
+// taken one has increasing shares in (0, 1] and finite, ordered durations.
+func FuzzRolloutSpec(f *testing.F) {
+	f.Add([]byte(`{"steps": [0.05, 0.25, 0.5, 1], "step_duration_ms": "120000", "min_requests": "200"}`))
+	f.Add([]byte(`{"shadow_ms": "9223372036854775807", "step_timeout_ms": "1", "alpha": 0.5}`))
+	f.Add([]byte(`{"steps": ["NaN"], "max_ttft_p90_ratio": "Infinity"}`))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		var m operatorv1.RolloutSpec
+		if protojson.Unmarshal(body, &m) != nil {
+			return
+		}
+		s, err := rolloutSpec(&m)
+		if err != nil {
+			if !errors.Is(err, api.ErrInvalid) {
+				t.Fatalf("%s: %v is not an invalid request", body, err)
+			}
+			return
+		}
+		for i, v := range s.Steps {
+			if !(v > 0 && v <= 1) || i > 0 && v <= s.Steps[i-1] {
+				t.Fatalf("%s: steps %v", body, s.Steps)
+			}
+		}
+		if s.StepDuration <= 0 || s.StepTimeout < s.StepDuration || math.IsNaN(s.Alpha) {
+			t.Fatalf("%s: spec %+v", body, s)
+		}
+	})
+}
