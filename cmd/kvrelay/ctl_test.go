@@ -396,7 +396,8 @@ func TestCandidateFromFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.OverlapWeight != 0 || c.Temperature != 0.5 || c.QueueWeight != 8 || c.Policy != "kv" || len(c.TierWeights) != 3 || c.Version != 0 {
+	if c.OverlapWeight != 0 || c.Temperature != 0.5 || c.QueueWeight != 8 || c.Policy != "kv" || len(c.TierWeights) != 3 || c.Version != 0 ||
+		c.ComputeWeight != nil || c.DisaggThreshold != nil { // unset in the stable policy, unset in the candidate
 		t.Fatalf("candidate %v", c)
 	}
 	if _, err := candidateFrom(stable, []byte(`{"policy": "round-robin"}`)); err != nil {
@@ -422,4 +423,66 @@ func FuzzCandidateFrom(f *testing.F) {
 			t.Fatalf("candidate %v", c)
 		}
 	})
+}
+
+// TestCtlRollout: start sends the candidate (the stable policy with the file's fields) and
+// the spec, percentages as shares and unset thresholds left to the control plane; status
+// prints the state and -o json a top-level state; the actions reach the backend; history
+// lists the changes, the latest first.
+func TestCtlRollout(t *testing.T) {
+	b := ctlFleet()
+	ts := ctlServer(t, b, api.Options{Token: ctlTestToken})
+	tok := ctlTokenFile(t, ctlTestToken)
+	cand := filepath.Join(t.TempDir(), "candidate.yaml")
+	if err := os.WriteFile(cand, []byte("overlap_weight: 0\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := runCtl(t, ts, "policy", "rollout", "status", "--token-file", tok); err == nil || !strings.Contains(err.Error(), "no rollout has run") {
+		t.Fatalf("status before any rollout: %v\n%s", err, out)
+	}
+	if out, err := runCtl(t, ts, "policy", "rollout", "start", "--candidate-file", cand, "--steps", "25,50,150", "--token-file", tok); err == nil || !strings.Contains(err.Error(), "--steps") {
+		t.Fatalf("a step past 100%%: %v\n%s", err, out)
+	}
+	out, err := runCtl(t, ts, "policy", "rollout", "start", "--candidate-file", cand, "--steps", "25,50,100",
+		"--step-duration", "20s", "--min-requests", "40", "--max-hit-rate-drop", "0", "-o", "json", "--token-file", tok)
+	if err != nil {
+		t.Fatal(err, out)
+	}
+	var r operatorv1.Rollout
+	if err := protojson.Unmarshal([]byte(out), &r); err != nil {
+		t.Fatal(err, out)
+	}
+	sp := r.GetSpec()
+	if r.State != "canary" || r.Candidate.GetOverlapWeight() != 0 || r.Candidate.GetPolicy() != "kv" || r.Candidate.GetQueueWeight() == 0 ||
+		!slices.Equal(sp.GetSteps(), []float64{0.25, 0.5, 1}) || sp.GetStepDurationMs() != 20000 || sp.GetMinRequests() != 40 ||
+		sp.MaxHitRateDrop == nil || *sp.MaxHitRateDrop != 0 || sp.MaxTtftP90Ratio != nil {
+		t.Fatalf("started %v", &r)
+	}
+	out, err = runCtl(t, ts, "policy", "rollout", "status", "-o", "json", "--token-file", tok)
+	var st map[string]any
+	if err != nil || json.Unmarshal([]byte(out), &st) != nil || st["state"] != "canary" {
+		t.Fatalf("status -o json: %v\n%s", err, out)
+	}
+	if out, err = runCtl(t, ts, "policy", "rollout", "pause", "--token-file", tok); err != nil || !strings.Contains(out, "rollout 1: paused") {
+		t.Fatalf("pause: %v\n%s", err, out)
+	}
+	if out, err = runCtl(t, ts, "policy", "rollout", "abort", "--token-file", tok); err != nil || !strings.Contains(out, "aborted") {
+		t.Fatalf("abort: %v\n%s", err, out)
+	}
+	if out, err = runCtl(t, ts, "policy", "rollout", "resume", "--token-file", tok); err == nil || !strings.Contains(err.Error(), "409") {
+		t.Fatalf("resume after abort: %v\n%s", err, out)
+	}
+	if !slices.Contains(b.Calls(), "ControlRollout pause") || !slices.Contains(b.Calls(), "ControlRollout abort") {
+		t.Fatalf("calls %v", b.Calls())
+	}
+	for _, temp := range []string{"0.25", "0.5"} {
+		if out, err := runCtl(t, ts, "policy", "set", "--temperature", temp, "--token-file", tok); err != nil {
+			t.Fatal(err, out)
+		}
+	}
+	out, err = runCtl(t, ts, "policy", "history", "--limit", "1", "--token-file", tok)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if err != nil || len(lines) != 2 || !strings.HasPrefix(lines[0], "TIME") || !strings.Contains(lines[1], " 3 ") || !strings.HasSuffix(lines[1], "api") {
+		t.Fatalf("history: %v\n%s", err, out)
+	}
 }

@@ -68,8 +68,8 @@ func jsonMessage(m protoreflect.Message) object {
 				return true
 			})
 			o.vals = append(o.vals, mm)
-		case fd.HasPresence() && !m.Has(fd) && fd.Kind() == protoreflect.MessageKind:
-			o.vals = append(o.vals, nil)
+		case fd.HasPresence() && !m.Has(fd) && (fd.Kind() == protoreflect.MessageKind || fd.ContainingOneof() != nil):
+			o.vals = append(o.vals, nil) // an absent message or optional field: null, not a zero that would read as set
 		default:
 			o.vals = append(o.vals, jsonScalar(fd, v))
 		}

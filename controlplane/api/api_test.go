@@ -222,6 +222,20 @@ func TestHTTPRoutes(t *testing.T) {
 				}
 			}},
 		{name: "set invalid policy", method: "PUT", path: "/v1/policy", tok: token, want: 400, body: `{"policy": "best"}`},
+		{name: "rollout before any", method: "GET", path: "/v1/rollout", want: 404},
+		{name: "start rollout needs a token", method: "POST", path: "/v1/rollout", want: 401, body: `{"candidate": {"policy": "kv"}}`},
+		{name: "start rollout without a candidate", method: "POST", path: "/v1/rollout", tok: token, want: 400, body: `{"spec": {}}`},
+		{name: "start rollout with a nested candidate", method: "POST", path: "/v1/rollout", tok: token, want: 400,
+			body: `{"candidate": {"policy": "kv", "candidate": {"policy": "kv"}}}`},
+		{name: "start rollout", method: "POST", path: "/v1/rollout", tok: token, want: 200,
+			body: `{"candidate": {"version": "9", "policy": "kv", "overlap_weight": 0}, "spec": {"steps": [0.25, 1]}}`,
+			check: func(t *testing.T, r response, b *apitest.Backend) {
+				if x := unmarshal(t, r, &operatorv1.Rollout{}); x.State != "canary" || x.Share != 0.25 || x.Candidate.GetVersion() == 9 {
+					t.Errorf("rollout: %v", x)
+				}
+			}},
+		{name: "unknown rollout action", method: "POST", path: "/v1/rollout/rewind", tok: token, want: 400},
+		{name: "history, bad limit", method: "GET", path: "/v1/policy/history?limit=-1", want: 400},
 		{name: "set policy, wrong type", method: "PUT", path: "/v1/policy", tok: token, want: 400, body: `{"overlap_weight": "heavy"}`},
 		{name: "index", method: "GET", path: "/v1/index", want: 200, check: func(t *testing.T, r response, _ *apitest.Backend) {
 			x := unmarshal(t, r, &operatorv1.Index{})
@@ -504,6 +518,16 @@ func TestErrorMapping(t *testing.T) {
 				}, "PUT", "/v1/policy", `{"policy": "kv"}`},
 				{"GetIndex", func() error { _, err := c.GetIndex(ctx, &operatorv1.GetIndexRequest{}); return err }, "GET", "/v1/index", ""},
 				{"ListProxies", func() error { _, err := c.ListProxies(ctx, &operatorv1.ListProxiesRequest{}); return err }, "GET", "/v1/proxies", ""},
+				{"StartRollout", func() error {
+					_, err := c.StartRollout(ctx, &operatorv1.StartRolloutRequest{Candidate: &operatorv1.Policy{Policy: "kv"}})
+					return err
+				}, "POST", "/v1/rollout", `{"candidate": {"policy": "kv"}}`},
+				{"GetRollout", func() error { _, err := c.GetRollout(ctx, &operatorv1.GetRolloutRequest{}); return err }, "GET", "/v1/rollout", ""},
+				{"ControlRollout", func() error {
+					_, err := c.ControlRollout(ctx, &operatorv1.ControlRolloutRequest{Action: "pause"})
+					return err
+				}, "POST", "/v1/rollout/pause", ""},
+				{"PolicyHistory", func() error { _, err := c.PolicyHistory(ctx, &operatorv1.PolicyHistoryRequest{}); return err }, "GET", "/v1/policy/history", ""},
 			}
 			for _, call := range calls {
 				err := call.grpc()

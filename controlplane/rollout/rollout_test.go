@@ -1,6 +1,7 @@
 package rollout
 
 import (
+	"encoding/json"
 	"math"
 	"math/rand/v2"
 	"strings"
@@ -270,5 +271,50 @@ func TestFalseRollbackRate(t *testing.T) {
 	t.Logf("false rollbacks: %d of 500 neutral rollouts", rollbacks)
 	if rollbacks > 5 {
 		t.Fatalf("%d of 500 neutral rollouts rolled back", rollbacks)
+	}
+}
+
+// TestPersistedRolloutResumes: a rollout written out as JSON mid-step, paused, and read
+// back goes on exactly as the one kept in memory (the control plane's store after a
+// restart).
+func TestPersistedRolloutResumes(t *testing.T) {
+	spec := DefaultSpec()
+	spec.Shadow = time.Minute
+	f := &fleet{rng: rand.New(rand.NewPCG(7, 7)), stableMedian: 0.2, candMedian: 0.2, candHitRate: 0.9}
+	now := time.Unix(1_800_000_000, 0)
+	a, err := New(spec, now, f.stable, f.cand)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.serve(300, 0)
+	now = now.Add(2 * time.Minute)
+	a.Advance(now, f.stable, f.cand) // the shadow step ends: canary at 5 %
+	f.serve(285, 15)
+	if err := a.Pause(now.Add(30 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	data, err := json.Marshal(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b Rollout
+	if err := json.Unmarshal(data, &b); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []*Rollout{a, &b} {
+		if err := r.Resume(now.Add(time.Minute)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 40 {
+		f.serve(270, 30)
+		now = now.Add(10 * time.Second)
+		ca, cb := a.Advance(now, f.stable, f.cand), b.Advance(now, f.stable, f.cand)
+		if ca != cb || a.State != b.State || a.Step != b.Step || !a.StepStart.Equal(b.StepStart) || len(a.Results) != len(b.Results) {
+			t.Fatalf("tick %d: in memory %s step %d (%v), persisted %s step %d (%v)", i, a.State, a.Step, ca, b.State, b.Step, cb)
+		}
+	}
+	if a.Results[0].Step != -1 || len(a.Results) < 2 {
+		t.Fatalf("results %+v", a.Results)
 	}
 }
