@@ -40,8 +40,8 @@ var errRolloutNotFound = errors.New("no rollout has run: kvrelay ctl policy roll
 // rollouts is the control plane's rollout controller. Its methods are safe for concurrent
 // use.
 type rollouts struct {
-	s   *Server
-	now func() time.Time
+	s      *Server
+	now    func() time.Time
 	settle time.Duration // Options.RolloutSettle
 
 	mu      sync.Mutex
