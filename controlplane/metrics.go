@@ -25,7 +25,7 @@ type collector struct {
 	journalDropped, xdsDropped                   *prometheus.Desc
 	rolloutState, rolloutStep, rolloutShare      *prometheus.Desc
 	stepRequests, stepTTFTP90, stepHitRate       *prometheus.Desc
-	stepErrorRate                                *prometheus.Desc
+	stepErrorRate, stepITLP90                    *prometheus.Desc
 }
 
 func newCollector(s *Server) *collector {
@@ -68,6 +68,7 @@ func newCollector(s *Server) *collector {
 		stepRequests:     d("rollout_step_requests", "Requests each arm (stable, candidate) answered in the running rollout step so far.", "arm"),
 		stepTTFTP90:      d("rollout_step_ttft_p90_seconds", "TTFT p90 of each arm in the running rollout step so far.", "arm"),
 		stepHitRate:      d("rollout_step_prefix_hit_rate", "Prefix hit rate of each arm in the running rollout step so far.", "arm"),
+		stepITLP90:       d("rollout_step_itl_p90_seconds", "Inter-token latency p90 of each arm in the running rollout step so far.", "arm"),
 		stepErrorRate:    d("rollout_step_error_rate", "Share of non-2xx answers of each arm in the running rollout step so far.", "arm"),
 	}
 }
@@ -165,6 +166,8 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			g(c.stepTTFTP90, cur.CandidateTTFTP90, "candidate")
 			g(c.stepHitRate, cur.StableHitRate, "stable")
 			g(c.stepHitRate, cur.CandidateHitRate, "candidate")
+			g(c.stepITLP90, cur.StableITLP90, "stable")
+			g(c.stepITLP90, cur.CandidateITLP90, "candidate")
 			g(c.stepErrorRate, cur.StableErrorRate, "stable")
 			g(c.stepErrorRate, cur.CandidateErrorRate, "candidate")
 		}

@@ -223,7 +223,7 @@ func rolloutSpec(m *operatorv1.RolloutSpec) (rollout.Spec, error) {
 	if m.GetMinRequests() > 0 {
 		s.MinRequests = m.GetMinRequests()
 	}
-	for dst, v := range map[*float64]*float64{&s.MaxTTFTP90Ratio: m.MaxTtftP90Ratio, &s.MaxErrorRateDelta: m.MaxErrorRateDelta,
+	for dst, v := range map[*float64]*float64{&s.MaxTTFTP90Ratio: m.MaxTtftP90Ratio, &s.MaxITLP90Ratio: m.MaxItlP90Ratio, &s.MaxErrorRateDelta: m.MaxErrorRateDelta,
 		&s.MaxHitRateDrop: m.MaxHitRateDrop, &s.Alpha: m.Alpha} {
 		if v != nil {
 			*dst = *v
@@ -246,12 +246,12 @@ func rolloutMessage(rec *rolloutRecord, cur rollout.Result) *operatorv1.Rollout 
 	}
 	share, shadow := r.Share()
 	sp := r.Spec
-	ratio, delta, drop, alpha := sp.MaxTTFTP90Ratio, sp.MaxErrorRateDelta, sp.MaxHitRateDrop, sp.Alpha
+	ratio, itl, delta, drop, alpha := sp.MaxTTFTP90Ratio, sp.MaxITLP90Ratio, sp.MaxErrorRateDelta, sp.MaxHitRateDrop, sp.Alpha
 	out := &operatorv1.Rollout{Id: rec.ID, State: r.State, Step: int32(r.Step), Share: share, Shadow: shadow,
 		StableVersion: rec.StableVersion, CandidateVersion: rec.Candidate.Version, Candidate: routingMessage(rec.Candidate),
 		Spec: &operatorv1.RolloutSpec{ShadowMs: sp.Shadow.Milliseconds(), Steps: sp.Steps, StepDurationMs: sp.StepDuration.Milliseconds(),
 			MinRequests: sp.MinRequests, StepTimeoutMs: sp.StepTimeout.Milliseconds(),
-			MaxTtftP90Ratio: &ratio, MaxErrorRateDelta: &delta, MaxHitRateDrop: &drop, Alpha: &alpha},
+			MaxTtftP90Ratio: &ratio, MaxItlP90Ratio: &itl, MaxErrorRateDelta: &delta, MaxHitRateDrop: &drop, Alpha: &alpha},
 		StartedUnixMs: ms(rec.Started), StepStartedUnixMs: ms(r.StepStart), EndedUnixMs: ms(rec.Ended), Reason: rec.Reason}
 	step := func(x rollout.Result) *operatorv1.RolloutStep {
 		return &operatorv1.RolloutStep{Step: int32(x.Step), Share: x.Share, Verdict: x.Verdict, Reason: x.Reason,
@@ -260,6 +260,10 @@ func rolloutMessage(rec *rolloutRecord, cur rollout.Result) *operatorv1.Rollout 
 			StableErrorRate: x.StableErrorRate, CandidateErrorRate: x.CandidateErrorRate, StableHitRate: x.StableHitRate, CandidateHitRate: x.CandidateHitRate,
 			ShadowPicks: x.ShadowPicks, ShadowDisagreement: x.ShadowDisagreement, ShadowStableOverlap: x.ShadowStableOverlap,
 			ShadowCandidateOverlap: x.ShadowCandidateOverlap, ShadowStableLoad: x.ShadowStableLoad, ShadowCandidateLoad: x.ShadowCandidateLoad,
+			StableItlP50: x.StableITLP50, CandidateItlP50: x.CandidateITLP50, StableItlP90: x.StableITLP90, CandidateItlP90: x.CandidateITLP90,
+			StableServerErrorRate: x.StableServerErrorRate, CandidateServerErrorRate: x.CandidateServerErrorRate,
+			StableRejectionRate: x.StableRejectionRate, CandidateRejectionRate: x.CandidateRejectionRate,
+			StableRegretBlocks: x.StableRegret, CandidateRegretBlocks: x.CandidateRegret,
 			StartUnixMs: ms(x.Start), EndUnixMs: ms(x.End)}
 	}
 	for _, x := range r.Results {

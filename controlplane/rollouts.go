@@ -128,7 +128,9 @@ func armOf(arms map[uint64]xdsserver.Arm, version uint64) rollout.Arm {
 	}
 	return rollout.Arm{Requests: a.Requests, Errors: a.Errors, CachedBlocks: a.CachedBlocks, PromptBlocks: a.PromptBlocks,
 		TTFT:   rollout.Histogram{Bounds: a.TTFTBounds, Counts: a.TTFTCounts},
-		Shadow: rollout.Shadow(a.Shadow)}
+		Shadow: rollout.Shadow(a.Shadow), Rejections: a.Rejections, ServerErrors: a.ServerErrors,
+		ITL:       rollout.Histogram{Bounds: a.ITLBounds, Counts: a.ITLCounts},
+		Decisions: a.Decisions, RegretBlocks: a.RegretBlocks}
 }
 
 // tick judges the running step with the arms reported now, and applies a transition.

@@ -38,7 +38,8 @@ stable policy.`,
 		shadow, stepDur, stepT time.Duration
 		steps                  []float64
 		minReq                 uint64
-		ratio, errDelta, drop  float64
+		ratio, itl, errDelta   float64
+		drop                   float64
 		alpha                  float64
 	)
 	start := &cobra.Command{
@@ -73,7 +74,7 @@ stable policy.`,
 				spec.Steps = append(spec.Steps, pct/100)
 			}
 			fs := cmd.Flags()
-			for name, v := range map[string]**float64{"max-ttft-p90-ratio": &spec.MaxTtftP90Ratio, "max-error-rate-delta": &spec.MaxErrorRateDelta,
+			for name, v := range map[string]**float64{"max-ttft-p90-ratio": &spec.MaxTtftP90Ratio, "max-itl-p90-ratio": &spec.MaxItlP90Ratio, "max-error-rate-delta": &spec.MaxErrorRateDelta,
 				"max-hit-rate-drop": &spec.MaxHitRateDrop, "alpha": &spec.Alpha} {
 				if fs.Changed(name) {
 					x, _ := fs.GetFloat64(name)
@@ -95,6 +96,7 @@ stable policy.`,
 	fs.DurationVar(&stepT, "step-timeout", 0, "most time a step waits for its requests before it rolls back (default 5 step durations)")
 	fs.Uint64Var(&minReq, "min-requests", 0, "least requests of each arm a step must see (default 200)")
 	fs.Float64Var(&ratio, "max-ttft-p90-ratio", 1.10, "a step fails when the candidate's TTFT p90 exceeds this times the stable one's and the rank test agrees")
+	fs.Float64Var(&itl, "max-itl-p90-ratio", 1.10, "the same test on the gaps between streamed tokens (0: not judged)")
 	fs.Float64Var(&errDelta, "max-error-rate-delta", 0.005, "a step fails when the candidate's error rate exceeds the stable one's by more than this")
 	fs.Float64Var(&drop, "max-hit-rate-drop", 0.02, "a step fails when the candidate's prefix hit rate falls short of the stable one's by more than this")
 	fs.Float64Var(&alpha, "alpha", 0.001, "significance level of the rank test on TTFT")
@@ -157,7 +159,7 @@ func ctlRolloutTable(w io.Writer, r *operatorv1.Rollout) {
 		fmt.Fprintf(w, "reason: %s\n", r.Reason)
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "STEP\tSHARE\tVERDICT\tREQUESTS s/c\tTTFT P50 s/c\tTTFT P90 s/c\tERRORS s/c\tHIT RATE s/c\tREASON")
+	fmt.Fprintln(tw, "STEP\tSHARE\tVERDICT\tREQUESTS s/c\tTTFT P50 s/c\tTTFT P90 s/c\tITL P90 s/c\tERRORS s/c\tREJECTED s/c\tHIT RATE s/c\tREGRET s/c\tREASON")
 	row := func(x *operatorv1.RolloutStep, verdict string) {
 		name, reason := strconv.Itoa(int(x.Step)+1), x.Reason
 		if x.Step < 0 {
@@ -167,9 +169,11 @@ func ctlRolloutTable(w io.Writer, r *operatorv1.Rollout) {
 					pct(x.ShadowDisagreement), x.ShadowPicks, x.ShadowCandidateOverlap, x.ShadowStableOverlap, x.ShadowCandidateLoad, x.ShadowStableLoad)
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d\t%s/%s\t%s/%s\t%s/%s\t%s/%s\t%s\n", name, pct(x.Share), verdict,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d\t%s/%s\t%s/%s\t%.1f/%.1fms\t%s/%s\t%s/%s\t%s/%s\t%.1f/%.1f\t%s\n", name, pct(x.Share), verdict,
 			x.StableRequests, x.CandidateRequests, msec(x.StableTtftP50), msec(x.CandidateTtftP50), msec(x.StableTtftP90), msec(x.CandidateTtftP90),
-			pct(x.StableErrorRate), pct(x.CandidateErrorRate), pct(x.StableHitRate), pct(x.CandidateHitRate), reason)
+			1e3*x.StableItlP90, 1e3*x.CandidateItlP90, pct(x.StableErrorRate), pct(x.CandidateErrorRate),
+			pct(x.StableRejectionRate), pct(x.CandidateRejectionRate), pct(x.StableHitRate), pct(x.CandidateHitRate),
+			x.StableRegretBlocks, x.CandidateRegretBlocks, reason)
 	}
 	for _, x := range r.Steps {
 		row(x, x.Verdict)

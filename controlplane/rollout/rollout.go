@@ -48,7 +48,9 @@ type Spec struct {
 	// and the rank test says it is slower, when its error rate exceeds the stable one's by
 	// more than MaxErrorRateDelta, or its prefix hit rate falls short by more than
 	// MaxHitRateDrop.
-	MaxTTFTP90Ratio   float64
+	MaxTTFTP90Ratio float64
+	// MaxITLP90Ratio is the same test on the gaps between content chunks (0: not judged).
+	MaxITLP90Ratio    float64
 	MaxErrorRateDelta float64
 	MaxHitRateDrop    float64
 	// Alpha is the rank test's significance level.
@@ -60,7 +62,7 @@ type Spec struct {
 // 0.5 %, hit rate at least stable − 2 points, the rank test at 0.1 % (one-sided): a step fails on latency only when its p90 is past the ratio and the whole distribution is shifted beyond doubt.
 func DefaultSpec() Spec {
 	return Spec{Steps: []float64{0.05, 0.25, 0.5, 1}, StepDuration: 2 * time.Minute, MinRequests: 200, StepTimeout: 10 * time.Minute,
-		MaxTTFTP90Ratio: 1.10, MaxErrorRateDelta: 0.005, MaxHitRateDrop: 0.02, Alpha: 0.001}
+		MaxTTFTP90Ratio: 1.10, MaxITLP90Ratio: 1.10, MaxErrorRateDelta: 0.005, MaxHitRateDrop: 0.02, Alpha: 0.001}
 }
 
 // Validate reports the first setting that cannot work.
@@ -70,7 +72,7 @@ func (s Spec) Validate() error {
 		return errors.New("rollout: no steps")
 	case s.StepDuration <= 0 || s.StepTimeout < s.StepDuration:
 		return fmt.Errorf("rollout: step duration %v must be positive and no longer than the step timeout %v", s.StepDuration, s.StepTimeout)
-	case s.MaxTTFTP90Ratio < 1 || s.MaxErrorRateDelta < 0 || s.MaxHitRateDrop < 0 || !(s.Alpha > 0 && s.Alpha < 0.5):
+	case !(s.MaxTTFTP90Ratio >= 1) || !(s.MaxITLP90Ratio == 0 || s.MaxITLP90Ratio >= 1) || !(s.MaxErrorRateDelta >= 0) || !(s.MaxHitRateDrop >= 0) || !(s.Alpha > 0 && s.Alpha < 0.5):
 		return errors.New("rollout: thresholds out of range (TTFT ratio ≥ 1, deltas ≥ 0, alpha in (0, 0.5))")
 	case s.Shadow < 0:
 		return errors.New("rollout: negative shadow duration")
@@ -91,6 +93,11 @@ type Arm struct {
 	CachedBlocks, PromptBlocks uint64
 	// Shadow is the candidate's decisions in shadow (its arm only).
 	Shadow Shadow
+	// Rejections (429, 503) and ServerErrors (5xx) are among Errors.
+	Rejections, ServerErrors uint64
+	ITL                      Histogram // gaps between content chunks, seconds
+	// Decisions are the requests the policy placed, RegretBlocks their summed regret.
+	Decisions, RegretBlocks uint64
 }
 
 // Shadow is what a candidate decided in shadow beside the stable policy: its decisions,
@@ -105,6 +112,7 @@ type Shadow struct {
 // clone copies a's histogram, which the caller goes on updating.
 func (a Arm) clone() Arm {
 	a.TTFT.Counts = slices.Clone(a.TTFT.Counts)
+	a.ITL.Counts = slices.Clone(a.ITL.Counts)
 	return a
 }
 
@@ -119,7 +127,9 @@ func (a Arm) sub(b Arm) Arm {
 	return Arm{Requests: d(a.Requests, b.Requests), Errors: d(a.Errors, b.Errors), TTFT: a.TTFT.Sub(b.TTFT),
 		CachedBlocks: d(a.CachedBlocks, b.CachedBlocks), PromptBlocks: d(a.PromptBlocks, b.PromptBlocks),
 		Shadow: Shadow{d(sa.Picks, sb.Picks), d(sa.Disagreements, sb.Disagreements), d(sa.StableOverlapBlocks, sb.StableOverlapBlocks),
-			d(sa.CandOverlapBlocks, sb.CandOverlapBlocks), d(sa.StableLoad, sb.StableLoad), d(sa.CandLoad, sb.CandLoad)}}
+			d(sa.CandOverlapBlocks, sb.CandOverlapBlocks), d(sa.StableLoad, sb.StableLoad), d(sa.CandLoad, sb.CandLoad)},
+		Rejections: d(a.Rejections, b.Rejections), ServerErrors: d(a.ServerErrors, b.ServerErrors), ITL: a.ITL.Sub(b.ITL),
+		Decisions: d(a.Decisions, b.Decisions), RegretBlocks: d(a.RegretBlocks, b.RegretBlocks)}
 }
 
 func rate(n, d uint64) float64 {
@@ -146,6 +156,18 @@ type Result struct {
 	CandidateErrorRate float64 `json:"candidate_error_rate"`
 	StableHitRate      float64 `json:"stable_hit_rate"`
 	CandidateHitRate   float64 `json:"candidate_hit_rate"`
+	StableITLP50       float64 `json:"stable_itl_p50"`
+	CandidateITLP50    float64 `json:"candidate_itl_p50"`
+	StableITLP90       float64 `json:"stable_itl_p90"`
+	CandidateITLP90    float64 `json:"candidate_itl_p90"`
+	// 5xx answers and rejections (429, 503) as shares of each arm's requests; each arm's
+	// mean routing regret in blocks.
+	StableServerErrorRate    float64 `json:"stable_server_error_rate"`
+	CandidateServerErrorRate float64 `json:"candidate_server_error_rate"`
+	StableRejectionRate      float64 `json:"stable_rejection_rate"`
+	CandidateRejectionRate   float64 `json:"candidate_rejection_rate"`
+	StableRegret             float64 `json:"stable_regret_blocks"`
+	CandidateRegret          float64 `json:"candidate_regret_blocks"`
 	// In shadow: the candidate's decisions, the share of them that picked another worker
 	// than the stable policy, and each arm's mean cached prompt blocks and worker load at
 	// its picks.
@@ -299,6 +321,11 @@ func figures(stable, cand Arm) Result {
 		StableTTFTP90: q(stable.TTFT, 0.9), CandidateTTFTP90: q(cand.TTFT, 0.9),
 		StableErrorRate: rate(stable.Errors, stable.Requests), CandidateErrorRate: rate(cand.Errors, cand.Requests),
 		StableHitRate: rate(stable.CachedBlocks, stable.PromptBlocks), CandidateHitRate: rate(cand.CachedBlocks, cand.PromptBlocks),
+		StableITLP50: q(stable.ITL, 0.5), CandidateITLP50: q(cand.ITL, 0.5),
+		StableITLP90: q(stable.ITL, 0.9), CandidateITLP90: q(cand.ITL, 0.9),
+		StableServerErrorRate: rate(stable.ServerErrors, stable.Requests), CandidateServerErrorRate: rate(cand.ServerErrors, cand.Requests),
+		StableRejectionRate: rate(stable.Rejections, stable.Requests), CandidateRejectionRate: rate(cand.Rejections, cand.Requests),
+		StableRegret: rate(stable.RegretBlocks, stable.Decisions), CandidateRegret: rate(cand.RegretBlocks, cand.Decisions),
 		ShadowPicks: sh.Picks, ShadowDisagreement: mean(sh.Disagreements),
 		ShadowStableOverlap: mean(sh.StableOverlapBlocks), ShadowCandidateOverlap: mean(sh.CandOverlapBlocks),
 		ShadowStableLoad: mean(sh.StableLoad), ShadowCandidateLoad: mean(sh.CandLoad)}
@@ -319,6 +346,8 @@ func (r *Rollout) judge(stable, cand Arm) Result {
 		res.Verdict, res.Reason = Fail, fmt.Sprintf("prefix hit rate %.1f%% against %.1f%%", 100*res.CandidateHitRate, 100*res.StableHitRate)
 	case cand.TTFT.Total() > 0 && stable.TTFT.Total() > 0 && res.CandidateTTFTP90 > s.MaxTTFTP90Ratio*res.StableTTFTP90 && Slower(stable.TTFT, cand.TTFT, s.Alpha):
 		res.Verdict, res.Reason = Fail, fmt.Sprintf("TTFT p90 %.0f ms against %.0f ms (×%.2f, and slower by the rank test)", 1e3*res.CandidateTTFTP90, 1e3*res.StableTTFTP90, res.CandidateTTFTP90/res.StableTTFTP90)
+	case s.MaxITLP90Ratio > 0 && cand.ITL.Total() > 0 && stable.ITL.Total() > 0 && res.CandidateITLP90 > s.MaxITLP90Ratio*res.StableITLP90 && Slower(stable.ITL, cand.ITL, s.Alpha):
+		res.Verdict, res.Reason = Fail, fmt.Sprintf("ITL p90 %.1f ms against %.1f ms (×%.2f, and slower by the rank test)", 1e3*res.CandidateITLP90, 1e3*res.StableITLP90, res.CandidateITLP90/res.StableITLP90)
 	default:
 		res.Verdict, res.Reason = Pass, "within every threshold"
 	}

@@ -101,6 +101,7 @@ type clientConn struct {
 	pd    pdState
 	spec  specState
 	obs   oai.Observer
+	itl   armITL // the Observer's ITL sink while the request has an arm
 	mm    *modelMetrics
 	timed bool // this request's decision stages are timed (sampled)
 

@@ -91,6 +91,10 @@ func (ex *exchange) begin(cc *clientConn, ws *workerState) {
 	*m = migration{ok: cc.migratable(), raw: m.raw[:0], tail: m.tail[:0], pend: m.pend[:0]}
 	cc.mm = cc.srv.metrics.forModel(cc.model)
 	cc.obs.ITL = cc.mm.itl
+	if cc.arm != nil {
+		cc.itl = armITL{model: cc.mm.itl, arm: cc.arm}
+		cc.obs.ITL = &cc.itl
+	}
 	cc.obs.Reset(oai.ModeAuto, ex.start)
 }
 

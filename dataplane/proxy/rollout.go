@@ -47,6 +47,11 @@ type armSeries struct {
 	requests, errors atomic.Uint64
 	ttftCounts       [len(armTTFTBounds) + 1]atomic.Uint64
 	cached, prompt   atomic.Uint64
+	// rejected counts 429 and 503 answers, server5xx those of 500 and above.
+	rejected, server5xx atomic.Uint64
+	itlCounts           [len(armITLBounds) + 1]atomic.Uint64
+	// decisions placed, and the sum of their regret in blocks.
+	decisions, regretSum atomic.Uint64
 	// In shadow: decisions, disagreements, and the sums of each pick's overlap and worker
 	// load (in the order of the shadow constants).
 	shadowSums [shadowFields]atomic.Uint64
@@ -63,27 +68,54 @@ const (
 	shadowFields
 )
 
-// armTTFTBounds are the TTFT buckets of each arm, in its histogram and its reports.
-var armTTFTBounds = [...]float64{0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96}
+// armTTFTBounds are the TTFT buckets of each arm, in its histogram and its reports;
+// armITLBounds those of the gaps between its content chunks.
+var (
+	armTTFTBounds = [...]float64{0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96}
+	armITLBounds  = [...]float64{0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512, 1.024}
+)
+
+// bucket is the index of v's bucket among bounds (len(bounds): above the last).
+func bucket(bounds []float64, v float64) int {
+	i := 0
+	for i < len(bounds) && v > bounds[i] {
+		i++
+	}
+	return i
+}
+
+// armITL passes each inter-token gap to the model's histogram and to the request's arm.
+type armITL struct {
+	model prometheus.Observer
+	arm   *armSeries
+}
+
+func (t *armITL) Observe(v float64) {
+	t.model.Observe(v)
+	t.arm.itlCounts[bucket(armITLBounds[:], v)].Add(1)
+}
 
 // observe records one answered request of the arm: its status, its TTFT when it had a
 // first token, and, when the engine reported its cache, the prompt blocks cached of those
 // it had.
 func (a *armSeries) observe(status int, ttft float64, hasTTFT bool, cached, prompt int) {
 	a.requests.Add(1)
-	if status >= 200 && status < 300 {
+	switch {
+	case status >= 200 && status < 300:
 		a.ok.Inc()
-	} else {
+	default:
 		a.errors.Add(1)
 		a.bad.Inc()
+		if status == 429 || status == 503 {
+			a.rejected.Add(1)
+		}
+		if status >= 500 {
+			a.server5xx.Add(1)
+		}
 	}
 	if hasTTFT {
 		a.ttft.Observe(ttft)
-		i := 0
-		for i < len(armTTFTBounds) && ttft > armTTFTBounds[i] {
-			i++
-		}
-		a.ttftCounts[i].Add(1)
+		a.ttftCounts[bucket(armTTFTBounds[:], ttft)].Add(1)
 	}
 	if prompt > 0 {
 		a.cached.Add(uint64(max(min(cached, prompt), 0)))
@@ -98,9 +130,15 @@ func (a *armSeries) report() *xdsv1.ArmReport {
 		CachedBlocks: a.cached.Load(), PromptBlocks: a.prompt.Load(),
 		ShadowPicks: a.shadowSums[shadowPicks].Load(), ShadowDisagreements: a.shadowSums[shadowDisagree].Load(),
 		ShadowStableOverlapBlocks: a.shadowSums[shadowStableOverlap].Load(), ShadowCandidateOverlapBlocks: a.shadowSums[shadowCandOverlap].Load(),
-		ShadowStableLoad: a.shadowSums[shadowStableLoad].Load(), ShadowCandidateLoad: a.shadowSums[shadowCandLoad].Load()}
+		ShadowStableLoad: a.shadowSums[shadowStableLoad].Load(), ShadowCandidateLoad: a.shadowSums[shadowCandLoad].Load(),
+		Rejections: a.rejected.Load(), ServerErrors: a.server5xx.Load(),
+		ItlBounds: armITLBounds[:], ItlCounts: make([]uint64, len(a.itlCounts)),
+		Decisions: a.decisions.Load(), RegretBlocks: a.regretSum.Load()}
 	for i := range a.ttftCounts {
 		r.TtftCounts[i] = a.ttftCounts[i].Load()
+	}
+	for i := range a.itlCounts {
+		r.ItlCounts[i] = a.itlCounts[i].Load()
 	}
 	return r
 }

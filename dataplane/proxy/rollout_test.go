@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/kvrelay/kvrelay/dataplane/oai"
+	"github.com/kvrelay/kvrelay/dataplane/route"
 	xdsv1 "github.com/kvrelay/kvrelay/xds/api/v1"
 )
 
@@ -192,5 +193,33 @@ func TestSplitWithoutSessions(t *testing.T) {
 	u2 := []byte(`{"model":"gpt-oss-120b","user":"alice","messages":[{"role":"user","content":"something else entirely"}]}`)
 	if fraction(u1) != fraction(u2) {
 		t.Fatal("one user's requests split apart")
+	}
+}
+
+// TestArmReportCountsEveryFigure: an arm's report carries its answers by kind (errors,
+// rejections, 5xx), its TTFT and inter-token gaps in their buckets, and its decisions'
+// regret.
+func TestArmReportCountsEveryFigure(t *testing.T) {
+	s, _ := rolloutServer(t)
+	a := s.newArmSeries("kv", "5")
+	for _, st := range []int{200, 200, 429, 503, 500, 400} {
+		a.observe(st, 0.03, st == 200, 3, 4)
+	}
+	itl := armITL{model: s.metrics.itl.WithLabelValues("m"), arm: a}
+	for _, gap := range []float64{0.0005, 0.003, 0.003, 5} {
+		itl.Observe(gap)
+	}
+	s.observeRegret(a, &route.Decision{Achievable: 10, Overlap: 4})
+	s.observeRegret(a, &route.Decision{Achievable: 2, Overlap: 2})
+	r := a.report()
+	if r.PolicyVersion != 5 || r.Requests != 6 || r.Errors != 4 || r.Rejections != 2 || r.ServerErrors != 2 ||
+		r.TtftCounts[bucket(armTTFTBounds[:], 0.03)] != 2 || r.CachedBlocks != 18 || r.PromptBlocks != 24 {
+		t.Fatalf("report %v", r)
+	}
+	if len(r.ItlCounts) != len(r.ItlBounds)+1 || r.ItlCounts[0] != 1 || r.ItlCounts[2] != 2 || r.ItlCounts[len(r.ItlBounds)] != 1 {
+		t.Fatalf("ITL counts %v over %v", r.ItlCounts, r.ItlBounds)
+	}
+	if r.Decisions != 2 || r.RegretBlocks != 6 {
+		t.Fatalf("%d decisions, %d blocks of regret; want 2 and 6", r.Decisions, r.RegretBlocks)
 	}
 }

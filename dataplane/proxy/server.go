@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"runtime"
@@ -587,7 +588,10 @@ func (s *Server) observeRegret(a *armSeries, d *route.Decision) {
 	if a == nil {
 		return
 	}
-	a.regret.blocks.Observe(max(d.Achievable-d.Overlap, 0))
+	r := max(d.Achievable-d.Overlap, 0)
+	a.regret.blocks.Observe(r)
+	a.decisions.Add(1)
+	a.regretSum.Add(uint64(math.Round(r)))
 	if d.HasCost {
 		a.regret.gap.Observe(max(d.CostGap, 0))
 	}

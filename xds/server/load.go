@@ -77,6 +77,18 @@ func (l *loadStore) arms() map[uint64]Arm {
 			sum.CachedBlocks = satAdd(sum.CachedBlocks, a.CachedBlocks)
 			sum.PromptBlocks = satAdd(sum.PromptBlocks, a.PromptBlocks)
 			sum.Shadow = sum.Shadow.add(a.Shadow)
+			sum.Rejections = satAdd(sum.Rejections, a.Rejections)
+			sum.ServerErrors = satAdd(sum.ServerErrors, a.ServerErrors)
+			sum.Decisions = satAdd(sum.Decisions, a.Decisions)
+			sum.RegretBlocks = satAdd(sum.RegretBlocks, a.RegretBlocks)
+			switch {
+			case sum.ITLBounds == nil && len(a.ITLBounds) > 0:
+				sum.ITLBounds, sum.ITLCounts = a.ITLBounds, slices.Clone(a.ITLCounts)
+			case slices.Equal(sum.ITLBounds, a.ITLBounds):
+				for i, c := range a.ITLCounts {
+					sum.ITLCounts[i] = satAdd(sum.ITLCounts[i], c)
+				}
+			}
 			if slices.Equal(sum.TTFTBounds, a.TTFTBounds) {
 				for i, c := range a.TTFTCounts {
 					sum.TTFTCounts[i] = satAdd(sum.TTFTCounts[i], c)
@@ -131,6 +143,14 @@ type Arm struct {
 	CachedBlocks, PromptBlocks uint64
 	// Shadow is the candidate's shadow sums (ArmReport.shadow_*).
 	Shadow Shadow
+	// Rejections are its 429 and 503 answers, ServerErrors those of 500 and above.
+	Rejections, ServerErrors uint64
+	// ITLCounts[i] counts gaps between content chunks within ITLBounds[i] seconds (none
+	// from a proxy that reports no gaps).
+	ITLBounds []float64
+	ITLCounts []uint64
+	// Decisions are the requests its policy placed, RegretBlocks their summed regret.
+	Decisions, RegretBlocks uint64
 }
 
 // Shadow is what a candidate in shadow decided beside the stable policy: its decisions,
@@ -157,19 +177,29 @@ func armsOf(r *xdsv1.LoadReport) []Arm {
 	var out []Arm
 	for _, a := range r.GetArms() {
 		b, c := a.GetTtftBounds(), a.GetTtftCounts()
-		ok := a.GetPolicyVersion() != 0 && len(b) <= 64 && len(c) == len(b)+1 && len(out) < maxArms
-		for i := 0; ok && i < len(b); i++ {
-			ok = !math.IsNaN(b[i]) && !math.IsInf(b[i], 0) && (i == 0 || b[i] > b[i-1])
-		}
+		ib, ic := a.GetItlBounds(), a.GetItlCounts()
+		ok := a.GetPolicyVersion() != 0 && len(out) < maxArms && buckets(b, c) && (len(ib)+len(ic) == 0 || buckets(ib, ic))
 		if !ok {
 			continue
 		}
 		out = append(out, Arm{Version: a.GetPolicyVersion(), Requests: a.GetRequests(), Errors: a.GetErrors(),
 			TTFTBounds: slices.Clone(b), TTFTCounts: slices.Clone(c), CachedBlocks: a.GetCachedBlocks(), PromptBlocks: a.GetPromptBlocks(),
 			Shadow: Shadow{a.GetShadowPicks(), a.GetShadowDisagreements(), a.GetShadowStableOverlapBlocks(),
-				a.GetShadowCandidateOverlapBlocks(), a.GetShadowStableLoad(), a.GetShadowCandidateLoad()}})
+				a.GetShadowCandidateOverlapBlocks(), a.GetShadowStableLoad(), a.GetShadowCandidateLoad()},
+			Rejections: a.GetRejections(), ServerErrors: a.GetServerErrors(), ITLBounds: slices.Clone(ib), ITLCounts: slices.Clone(ic),
+			Decisions: a.GetDecisions(), RegretBlocks: a.GetRegretBlocks()})
 	}
 	return out
+}
+
+// buckets reports whether bounds (at most 64, finite, increasing) and counts (one more)
+// make a histogram.
+func buckets(bounds []float64, counts []uint64) bool {
+	ok := len(bounds) <= 64 && len(counts) == len(bounds)+1
+	for i := 0; ok && i < len(bounds); i++ {
+		ok = !math.IsNaN(bounds[i]) && !math.IsInf(bounds[i], 0) && (i == 0 || bounds[i] > bounds[i-1])
+	}
+	return ok
 }
 
 func newLoadStore(staleAfter time.Duration, now func() time.Time) *loadStore {

@@ -430,7 +430,8 @@ func TestArmsAreSummedAcrossProxies(t *testing.T) {
 	conn := dial(t, addr, 1<<16)
 	arm := func(v uint64, n uint64) *xdsv1.ArmReport {
 		return &xdsv1.ArmReport{PolicyVersion: v, Requests: n, Errors: 1, TtftBounds: []float64{0.1, 1}, TtftCounts: []uint64{n - 1, 1, 0}, CachedBlocks: 9 * n, PromptBlocks: 10 * n,
-			ShadowPicks: n, ShadowDisagreements: 1, ShadowCandidateOverlapBlocks: 3 * n}
+			ShadowPicks: n, ShadowDisagreements: 1, ShadowCandidateOverlapBlocks: 3 * n,
+			Rejections: 1, ServerErrors: 1, ItlBounds: []float64{0.01}, ItlCounts: []uint64{n, 1}, Decisions: n, RegretBlocks: 2}
 	}
 	for i, node := range []string{"a", "b"} {
 		st, err := xdsv1.NewLoadReportingClient(conn).Report(context.Background())
@@ -455,7 +456,8 @@ func TestArmsAreSummedAcrossProxies(t *testing.T) {
 	arms := srv.Arms()
 	a7, a8 := arms[7], arms[8]
 	if a7.Errors != 2 || a7.PromptBlocks != 300 || a7.TTFTCounts[0] != 28 || a8.Requests != 10 || len(arms) != 2 ||
-		a7.Shadow.Picks != 30 || a7.Shadow.Disagreements != 2 || a7.Shadow.CandOverlapBlocks != 90 {
+		a7.Shadow.Picks != 30 || a7.Shadow.Disagreements != 2 || a7.Shadow.CandOverlapBlocks != 90 ||
+		a7.Rejections != 2 || a7.ServerErrors != 2 || a7.ITLCounts[0] != 30 || a7.ITLCounts[1] != 2 || a7.Decisions != 30 || a7.RegretBlocks != 4 {
 		t.Fatalf("arms %+v", arms)
 	}
 }

@@ -1562,8 +1562,11 @@ type RolloutSpec struct {
 	MaxErrorRateDelta *float64  `protobuf:"fixed64,7,opt,name=max_error_rate_delta,json=maxErrorRateDelta,proto3,oneof" json:"max_error_rate_delta,omitempty"`
 	MaxHitRateDrop    *float64  `protobuf:"fixed64,8,opt,name=max_hit_rate_drop,json=maxHitRateDrop,proto3,oneof" json:"max_hit_rate_drop,omitempty"`
 	Alpha             *float64  `protobuf:"fixed64,9,opt,name=alpha,proto3,oneof" json:"alpha,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// max_itl_p90_ratio fails a step whose candidate inter-token latency p90 exceeds this
+	// times the stable one's and the rank test agrees (default 1.10).
+	MaxItlP90Ratio *float64 `protobuf:"fixed64,10,opt,name=max_itl_p90_ratio,json=maxItlP90Ratio,proto3,oneof" json:"max_itl_p90_ratio,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *RolloutSpec) Reset() {
@@ -1659,6 +1662,13 @@ func (x *RolloutSpec) GetAlpha() float64 {
 	return 0
 }
 
+func (x *RolloutSpec) GetMaxItlP90Ratio() float64 {
+	if x != nil && x.MaxItlP90Ratio != nil {
+		return *x.MaxItlP90Ratio
+	}
+	return 0
+}
+
 // RolloutStep is one step's figures for each arm (TTFT in seconds, rates in [0, 1]): a
 // judged step with its verdict, or the running one so far (verdict empty).
 type RolloutStep struct {
@@ -1689,8 +1699,21 @@ type RolloutStep struct {
 	ShadowCandidateLoad    float64 `protobuf:"fixed64,20,opt,name=shadow_candidate_load,json=shadowCandidateLoad,proto3" json:"shadow_candidate_load,omitempty"`
 	StartUnixMs            int64   `protobuf:"varint,21,opt,name=start_unix_ms,json=startUnixMs,proto3" json:"start_unix_ms,omitempty"`
 	EndUnixMs              int64   `protobuf:"varint,22,opt,name=end_unix_ms,json=endUnixMs,proto3" json:"end_unix_ms,omitempty"`
-	unknownFields          protoimpl.UnknownFields
-	sizeCache              protoimpl.SizeCache
+	StableItlP50           float64 `protobuf:"fixed64,23,opt,name=stable_itl_p50,json=stableItlP50,proto3" json:"stable_itl_p50,omitempty"`
+	CandidateItlP50        float64 `protobuf:"fixed64,24,opt,name=candidate_itl_p50,json=candidateItlP50,proto3" json:"candidate_itl_p50,omitempty"`
+	StableItlP90           float64 `protobuf:"fixed64,25,opt,name=stable_itl_p90,json=stableItlP90,proto3" json:"stable_itl_p90,omitempty"`
+	CandidateItlP90        float64 `protobuf:"fixed64,26,opt,name=candidate_itl_p90,json=candidateItlP90,proto3" json:"candidate_itl_p90,omitempty"`
+	// 5xx answers and rejections (429, 503) of each arm, as shares of its requests.
+	StableServerErrorRate    float64 `protobuf:"fixed64,27,opt,name=stable_server_error_rate,json=stableServerErrorRate,proto3" json:"stable_server_error_rate,omitempty"`
+	CandidateServerErrorRate float64 `protobuf:"fixed64,28,opt,name=candidate_server_error_rate,json=candidateServerErrorRate,proto3" json:"candidate_server_error_rate,omitempty"`
+	StableRejectionRate      float64 `protobuf:"fixed64,29,opt,name=stable_rejection_rate,json=stableRejectionRate,proto3" json:"stable_rejection_rate,omitempty"`
+	CandidateRejectionRate   float64 `protobuf:"fixed64,30,opt,name=candidate_rejection_rate,json=candidateRejectionRate,proto3" json:"candidate_rejection_rate,omitempty"`
+	// Routing regret: each arm's mean cached prompt blocks the best eligible worker held
+	// beyond the chosen one.
+	StableRegretBlocks    float64 `protobuf:"fixed64,31,opt,name=stable_regret_blocks,json=stableRegretBlocks,proto3" json:"stable_regret_blocks,omitempty"`
+	CandidateRegretBlocks float64 `protobuf:"fixed64,32,opt,name=candidate_regret_blocks,json=candidateRegretBlocks,proto3" json:"candidate_regret_blocks,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
 }
 
 func (x *RolloutStep) Reset() {
@@ -1873,6 +1896,76 @@ func (x *RolloutStep) GetStartUnixMs() int64 {
 func (x *RolloutStep) GetEndUnixMs() int64 {
 	if x != nil {
 		return x.EndUnixMs
+	}
+	return 0
+}
+
+func (x *RolloutStep) GetStableItlP50() float64 {
+	if x != nil {
+		return x.StableItlP50
+	}
+	return 0
+}
+
+func (x *RolloutStep) GetCandidateItlP50() float64 {
+	if x != nil {
+		return x.CandidateItlP50
+	}
+	return 0
+}
+
+func (x *RolloutStep) GetStableItlP90() float64 {
+	if x != nil {
+		return x.StableItlP90
+	}
+	return 0
+}
+
+func (x *RolloutStep) GetCandidateItlP90() float64 {
+	if x != nil {
+		return x.CandidateItlP90
+	}
+	return 0
+}
+
+func (x *RolloutStep) GetStableServerErrorRate() float64 {
+	if x != nil {
+		return x.StableServerErrorRate
+	}
+	return 0
+}
+
+func (x *RolloutStep) GetCandidateServerErrorRate() float64 {
+	if x != nil {
+		return x.CandidateServerErrorRate
+	}
+	return 0
+}
+
+func (x *RolloutStep) GetStableRejectionRate() float64 {
+	if x != nil {
+		return x.StableRejectionRate
+	}
+	return 0
+}
+
+func (x *RolloutStep) GetCandidateRejectionRate() float64 {
+	if x != nil {
+		return x.CandidateRejectionRate
+	}
+	return 0
+}
+
+func (x *RolloutStep) GetStableRegretBlocks() float64 {
+	if x != nil {
+		return x.StableRegretBlocks
+	}
+	return 0
+}
+
+func (x *RolloutStep) GetCandidateRegretBlocks() float64 {
+	if x != nil {
+		return x.CandidateRegretBlocks
 	}
 	return 0
 }
@@ -2440,7 +2533,7 @@ const file_operator_proto_rawDesc = "" +
 	"\x0fGetIndexRequest\"\x14\n" +
 	"\x12ListProxiesRequest\"K\n" +
 	"\x13ListProxiesResponse\x124\n" +
-	"\aproxies\x18\x01 \x03(\v2\x1a.kvrelay.operator.v1.ProxyR\aproxies\"\xb8\x03\n" +
+	"\aproxies\x18\x01 \x03(\v2\x1a.kvrelay.operator.v1.ProxyR\aproxies\"\xfe\x03\n" +
 	"\vRolloutSpec\x12\x1b\n" +
 	"\tshadow_ms\x18\x01 \x01(\x03R\bshadowMs\x12\x14\n" +
 	"\x05steps\x18\x02 \x03(\x01R\x05steps\x12(\n" +
@@ -2450,11 +2543,15 @@ const file_operator_proto_rawDesc = "" +
 	"\x12max_ttft_p90_ratio\x18\x06 \x01(\x01H\x00R\x0fmaxTtftP90Ratio\x88\x01\x01\x124\n" +
 	"\x14max_error_rate_delta\x18\a \x01(\x01H\x01R\x11maxErrorRateDelta\x88\x01\x01\x12.\n" +
 	"\x11max_hit_rate_drop\x18\b \x01(\x01H\x02R\x0emaxHitRateDrop\x88\x01\x01\x12\x19\n" +
-	"\x05alpha\x18\t \x01(\x01H\x03R\x05alpha\x88\x01\x01B\x15\n" +
+	"\x05alpha\x18\t \x01(\x01H\x03R\x05alpha\x88\x01\x01\x12.\n" +
+	"\x11max_itl_p90_ratio\x18\n" +
+	" \x01(\x01H\x04R\x0emaxItlP90Ratio\x88\x01\x01B\x15\n" +
 	"\x13_max_ttft_p90_ratioB\x17\n" +
 	"\x15_max_error_rate_deltaB\x14\n" +
 	"\x12_max_hit_rate_dropB\b\n" +
-	"\x06_alpha\"\x89\a\n" +
+	"\x06_alphaB\x14\n" +
+	"\x12_max_itl_p90_ratio\"\xfd\n" +
+	"\n" +
 	"\vRolloutStep\x12\x12\n" +
 	"\x04step\x18\x01 \x01(\x05R\x04step\x12\x14\n" +
 	"\x05share\x18\x02 \x01(\x01R\x05share\x12\x18\n" +
@@ -2478,7 +2575,17 @@ const file_operator_proto_rawDesc = "" +
 	"\x12shadow_stable_load\x18\x13 \x01(\x01R\x10shadowStableLoad\x122\n" +
 	"\x15shadow_candidate_load\x18\x14 \x01(\x01R\x13shadowCandidateLoad\x12\"\n" +
 	"\rstart_unix_ms\x18\x15 \x01(\x03R\vstartUnixMs\x12\x1e\n" +
-	"\vend_unix_ms\x18\x16 \x01(\x03R\tendUnixMs\"\xbf\x04\n" +
+	"\vend_unix_ms\x18\x16 \x01(\x03R\tendUnixMs\x12$\n" +
+	"\x0estable_itl_p50\x18\x17 \x01(\x01R\fstableItlP50\x12*\n" +
+	"\x11candidate_itl_p50\x18\x18 \x01(\x01R\x0fcandidateItlP50\x12$\n" +
+	"\x0estable_itl_p90\x18\x19 \x01(\x01R\fstableItlP90\x12*\n" +
+	"\x11candidate_itl_p90\x18\x1a \x01(\x01R\x0fcandidateItlP90\x127\n" +
+	"\x18stable_server_error_rate\x18\x1b \x01(\x01R\x15stableServerErrorRate\x12=\n" +
+	"\x1bcandidate_server_error_rate\x18\x1c \x01(\x01R\x18candidateServerErrorRate\x122\n" +
+	"\x15stable_rejection_rate\x18\x1d \x01(\x01R\x13stableRejectionRate\x128\n" +
+	"\x18candidate_rejection_rate\x18\x1e \x01(\x01R\x16candidateRejectionRate\x120\n" +
+	"\x14stable_regret_blocks\x18\x1f \x01(\x01R\x12stableRegretBlocks\x126\n" +
+	"\x17candidate_regret_blocks\x18  \x01(\x01R\x15candidateRegretBlocks\"\xbf\x04\n" +
 	"\aRollout\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12\x12\n" +

@@ -824,8 +824,20 @@ type ArmReport struct {
 	ShadowCandidateOverlapBlocks uint64 `protobuf:"varint,11,opt,name=shadow_candidate_overlap_blocks,json=shadowCandidateOverlapBlocks,proto3" json:"shadow_candidate_overlap_blocks,omitempty"`
 	ShadowStableLoad             uint64 `protobuf:"varint,12,opt,name=shadow_stable_load,json=shadowStableLoad,proto3" json:"shadow_stable_load,omitempty"`
 	ShadowCandidateLoad          uint64 `protobuf:"varint,13,opt,name=shadow_candidate_load,json=shadowCandidateLoad,proto3" json:"shadow_candidate_load,omitempty"`
-	unknownFields                protoimpl.UnknownFields
-	sizeCache                    protoimpl.SizeCache
+	// rejections are the answers 429 and 503 (a full queue, no worker); server_errors those
+	// of 500 and above.
+	Rejections   uint64 `protobuf:"varint,14,opt,name=rejections,proto3" json:"rejections,omitempty"`
+	ServerErrors uint64 `protobuf:"varint,15,opt,name=server_errors,json=serverErrors,proto3" json:"server_errors,omitempty"`
+	// itl_counts[i] counts gaps between content chunks within itl_bounds[i] seconds, as
+	// ttft_counts does first tokens.
+	ItlBounds []float64 `protobuf:"fixed64,16,rep,packed,name=itl_bounds,json=itlBounds,proto3" json:"itl_bounds,omitempty"`
+	ItlCounts []uint64  `protobuf:"varint,17,rep,packed,name=itl_counts,json=itlCounts,proto3" json:"itl_counts,omitempty"`
+	// decisions are the requests the arm's policy placed, regret_blocks the sum over them of
+	// the cached prompt blocks the best eligible worker held beyond the chosen one.
+	Decisions     uint64 `protobuf:"varint,18,opt,name=decisions,proto3" json:"decisions,omitempty"`
+	RegretBlocks  uint64 `protobuf:"varint,19,opt,name=regret_blocks,json=regretBlocks,proto3" json:"regret_blocks,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ArmReport) Reset() {
@@ -945,6 +957,48 @@ func (x *ArmReport) GetShadowStableLoad() uint64 {
 func (x *ArmReport) GetShadowCandidateLoad() uint64 {
 	if x != nil {
 		return x.ShadowCandidateLoad
+	}
+	return 0
+}
+
+func (x *ArmReport) GetRejections() uint64 {
+	if x != nil {
+		return x.Rejections
+	}
+	return 0
+}
+
+func (x *ArmReport) GetServerErrors() uint64 {
+	if x != nil {
+		return x.ServerErrors
+	}
+	return 0
+}
+
+func (x *ArmReport) GetItlBounds() []float64 {
+	if x != nil {
+		return x.ItlBounds
+	}
+	return nil
+}
+
+func (x *ArmReport) GetItlCounts() []uint64 {
+	if x != nil {
+		return x.ItlCounts
+	}
+	return nil
+}
+
+func (x *ArmReport) GetDecisions() uint64 {
+	if x != nil {
+		return x.Decisions
+	}
+	return 0
+}
+
+func (x *ArmReport) GetRegretBlocks() uint64 {
+	if x != nil {
+		return x.RegretBlocks
 	}
 	return 0
 }
@@ -1191,7 +1245,7 @@ const file_kvrelay_proto_rawDesc = "" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x124\n" +
 	"\aworkers\x18\x02 \x03(\v2\x1a.kvrelay.xds.v1.WorkerLoadR\aworkers\x12\x10\n" +
 	"\x03seq\x18\x03 \x01(\x04R\x03seq\x12-\n" +
-	"\x04arms\x18\x04 \x03(\v2\x19.kvrelay.xds.v1.ArmReportR\x04arms\"\xb2\x04\n" +
+	"\x04arms\x18\x04 \x03(\v2\x19.kvrelay.xds.v1.ArmReportR\x04arms\"\xf8\x05\n" +
 	"\tArmReport\x12%\n" +
 	"\x0epolicy_version\x18\x01 \x01(\x04R\rpolicyVersion\x12\x1a\n" +
 	"\brequests\x18\x02 \x01(\x04R\brequests\x12\x16\n" +
@@ -1208,7 +1262,17 @@ const file_kvrelay_proto_rawDesc = "" +
 	" \x01(\x04R\x19shadowStableOverlapBlocks\x12E\n" +
 	"\x1fshadow_candidate_overlap_blocks\x18\v \x01(\x04R\x1cshadowCandidateOverlapBlocks\x12,\n" +
 	"\x12shadow_stable_load\x18\f \x01(\x04R\x10shadowStableLoad\x122\n" +
-	"\x15shadow_candidate_load\x18\r \x01(\x04R\x13shadowCandidateLoad\"6\n" +
+	"\x15shadow_candidate_load\x18\r \x01(\x04R\x13shadowCandidateLoad\x12\x1e\n" +
+	"\n" +
+	"rejections\x18\x0e \x01(\x04R\n" +
+	"rejections\x12#\n" +
+	"\rserver_errors\x18\x0f \x01(\x04R\fserverErrors\x12\x1d\n" +
+	"\n" +
+	"itl_bounds\x18\x10 \x03(\x01R\titlBounds\x12\x1d\n" +
+	"\n" +
+	"itl_counts\x18\x11 \x03(\x04R\titlCounts\x12\x1c\n" +
+	"\tdecisions\x18\x12 \x01(\x04R\tdecisions\x12#\n" +
+	"\rregret_blocks\x18\x13 \x01(\x04R\fregretBlocks\"6\n" +
 	"\tReportSeq\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\"\x91\x01\n" +
