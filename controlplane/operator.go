@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"time"
 
 	"github.com/kvrelay/kvrelay/controlplane/api"
 	operatorv1 "github.com/kvrelay/kvrelay/controlplane/api/v1"
 	"github.com/kvrelay/kvrelay/controlplane/registry"
 	"github.com/kvrelay/kvrelay/controlplane/rollout"
+	"github.com/kvrelay/kvrelay/xds/policy"
 )
 
 // operator implements the operator API over the control plane.
@@ -136,6 +138,7 @@ func routingMessage(p registry.Policy) *operatorv1.Policy {
 		QueueWeight: r.QueueWeight, Disagg: r.Disagg, DisaggThreshold: r.DisaggThreshold,
 		KernelLoadSignals: p.KernelLoadSignals,
 		ComputeWeight:     r.ComputeWeight, BackgroundWeight: r.BackgroundWeight,
+		Profile: profileMessage(p.Profile),
 	}
 }
 
@@ -287,7 +290,45 @@ func storedPolicy(m *operatorv1.Policy) registry.Policy {
 		BusyKVFraction: m.GetBusyKvFraction(), SessionTTL: time.Duration(m.GetSessionTtlMs()) * time.Millisecond,
 		ComputeWeight: m.ComputeWeight, BackgroundWeight: m.BackgroundWeight,
 	}
+	if pr := m.GetProfile(); pr != nil {
+		plugin := func(pl *operatorv1.Plugin) policy.Plugin {
+			return policy.Plugin{Name: pl.GetName(), Weight: pl.GetWeight(), Params: maps.Clone(pl.GetParams())}
+		}
+		prof := &policy.Profile{Picker: plugin(pr.GetPicker())}
+		for _, f := range pr.GetFilters() {
+			prof.Filters = append(prof.Filters, plugin(f))
+		}
+		for _, s := range pr.GetScorers() {
+			prof.Scorers = append(prof.Scorers, plugin(s))
+		}
+		if sp := pr.GetSpread(); sp != nil {
+			v := plugin(sp)
+			prof.Spread = &v
+		}
+		p.Profile = prof
+	}
 	return p
+}
+
+// profileMessage is a stored profile for the API (nil for none).
+func profileMessage(p *policy.Profile) *operatorv1.Profile {
+	if p == nil {
+		return nil
+	}
+	plugin := func(pl policy.Plugin) *operatorv1.Plugin {
+		return &operatorv1.Plugin{Name: pl.Name, Weight: pl.Weight, Params: maps.Clone(pl.Params)}
+	}
+	m := &operatorv1.Profile{Picker: plugin(p.Picker)}
+	for _, f := range p.Filters {
+		m.Filters = append(m.Filters, plugin(f))
+	}
+	for _, s := range p.Scorers {
+		m.Scorers = append(m.Scorers, plugin(s))
+	}
+	if p.Spread != nil {
+		m.Spread = plugin(*p.Spread)
+	}
+	return m
 }
 
 func (o operator) GetIndex(context.Context) (*operatorv1.Index, error) {

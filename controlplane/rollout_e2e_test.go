@@ -5,11 +5,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/kvrelay/kvrelay/controlplane"
+	"github.com/kvrelay/kvrelay/dataplane/route"
 )
 
 // rolloutCluster is a cluster of n workers and two proxies whose control plane judges a
@@ -221,4 +223,43 @@ func TestRolloutSurvivesAControlPlaneRestart(t *testing.T) {
 func num(v any) float64 {
 	f, _ := v.(float64)
 	return f
+}
+
+// TestProfilePolicyReachesProxies: a policy given as a profile (filters, a weighted load
+// scorer, a picker) is validated against the program's plugin registry, pushed, and built
+// by the proxies, which route with it; one naming a plugin nobody registered is refused by
+// the control plane, and one a proxy cannot build never replaces the policy it has.
+func TestProfilePolicyReachesProxies(t *testing.T) {
+	c := &cluster{t: t, workers: startWorkers(t, 2), dataDir: t.TempDir(), cpOpts: func(o *controlplane.Options) {
+		o.ValidateProfile = route.Builtins().Validate
+	}}
+	for i, w := range c.workers {
+		c.specs = append(c.specs, specOf(i, w.URL(), w.EventsEndpoint(), w.ReplayEndpoint()))
+	}
+	c.startControlPlane("127.0.0.1:0")
+	p := c.addProxy(c.xds)
+	waitWorkers(t, p, 2)
+	code, got := c.api("PUT", "/v1/policy", `{"policy": "custom", "profile": {"filters": [{"name": "model"}, {"name": "health"}],
+		"scorers": [{"name": "load", "weight": 2}], "picker": {"name": "min-cost", "params": {"temperature": 0}}}}`, true)
+	if code != 200 {
+		t.Fatalf("setting a profile: %d %v", code, got)
+	}
+	waitPolicy(t, p, jsonUint(got["version"]))
+	if pol := p.RoutingPolicy(); pol.Name != "custom" || len(pol.Scorers) != 1 || pol.Scorers[0].Name() != "load" || pol.Picker.Name() != "min-cost" {
+		t.Fatalf("the proxy routes with %+v", pol)
+	}
+	if r := chat(t, "http://"+p.Addr(), family(1), "profile"); r.status != 200 {
+		t.Fatalf("chat under the profile: %d %s", r.status, r.body)
+	}
+	code, bad := c.api("PUT", "/v1/policy", `{"policy": "custom", "profile": {"scorers": [{"name": "gpu-temperature", "weight": 1}], "picker": {"name": "min-cost"}}}`, true)
+	if msg := fmt.Sprint(bad); code != 400 || !strings.Contains(msg, `no scorer \"gpu-temperature\"`) && !strings.Contains(msg, `no scorer "gpu-temperature"`) {
+		t.Fatalf("an unknown scorer: %d %v", code, bad)
+	}
+	if code, bad = c.api("PUT", "/v1/policy", `{"policy": "kv", "profile": {"picker": {"name": "random"}}}`, true); code != 400 {
+		t.Fatalf("a profile under a built-in name: %d %v", code, bad)
+	}
+	_, now := c.api("GET", "/v1/policy", "", true)
+	if now["version"] != got["version"] {
+		t.Fatalf("a refused profile changed the policy: %v", now)
+	}
 }

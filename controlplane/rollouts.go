@@ -72,7 +72,26 @@ func (c *rollouts) setPolicy(p registry.Policy) (registry.Policy, error) {
 	if c.cur != nil && !c.cur.R.Done() {
 		return registry.Policy{}, fmt.Errorf("%w: rollout %d is %s: promote or abort it before changing the policy", api.ErrConflict, c.cur.ID, c.cur.R.State)
 	}
+	if err := c.s.checkProfiles(p); err != nil {
+		return registry.Policy{}, err
+	}
 	return c.s.reg.SetPolicy(p)
+}
+
+// checkProfiles refuses a policy, or candidate, whose profile the proxies cannot build.
+func (s *Server) checkProfiles(p registry.Policy) error {
+	v := s.opts.ValidateProfile
+	if v == nil {
+		return nil
+	}
+	for what, q := range map[string]*registry.Policy{"policy": &p, "candidate": p.Candidate} {
+		if q != nil && q.Profile != nil {
+			if err := v(*q.Profile); err != nil {
+				return fmt.Errorf("%w: %s: %w", api.ErrInvalid, what, err)
+			}
+		}
+	}
+	return nil
 }
 
 // start begins a rollout of cand (its routing; versions are assigned) as spec says.
@@ -96,6 +115,9 @@ func (c *rollouts) start(cand registry.Policy, spec rollout.Spec) (*rolloutRecor
 	cand.Candidate, cand.CandidateShare, cand.Shadow, cand.Version = nil, 0, false, 0
 	p.Candidate = &cand
 	p.CandidateShare, p.Shadow = r.Share()
+	if err := c.s.checkProfiles(p); err != nil {
+		return nil, err
+	}
 	got, err := c.s.reg.ChangePolicy(p, fmt.Sprintf("rollout %d started", id))
 	if err != nil {
 		return nil, err

@@ -32,6 +32,7 @@ import (
 	xdsv1 "github.com/kvrelay/kvrelay/xds/api/v1"
 	"github.com/kvrelay/kvrelay/xds/auth"
 	"github.com/kvrelay/kvrelay/xds/journal"
+	"github.com/kvrelay/kvrelay/xds/policy"
 	xdsserver "github.com/kvrelay/kvrelay/xds/server"
 )
 
@@ -72,6 +73,10 @@ type Options struct {
 	// PublishInterval bounds how often worker resources are republished when load changes
 	// (default 50 ms).
 	PublishInterval time.Duration
+	// ValidateProfile, when set, refuses a policy profile the proxies cannot build (the
+	// program's plugin registry: route.Registry.Validate) before it is stored and pushed;
+	// unset, proxies are left to refuse it.
+	ValidateProfile func(policy.Profile) error
 	// RolloutInterval is how often a running rollout's step is judged (default 1 s);
 	// RolloutSettle how long after a start it waits for every proxy's load report before
 	// it judges (default 3 s; a partial sum would look like proxies that restarted).
@@ -512,6 +517,7 @@ func routingResource(p registry.Policy) *xdsv1.RoutingPolicy {
 		SessionTtlMs:      p.SessionTTL.Milliseconds(),
 		ComputeWeight:     p.ComputeWeight,
 		BackgroundWeight:  p.BackgroundWeight,
+		Profile:           xds.ProfileResource(p.Profile),
 	}
 }
 

@@ -3,6 +3,7 @@ package xds
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"net"
 	"net/url"
@@ -46,7 +47,7 @@ const (
 	// MaxLoRAAdapters bounds the LoRA adapters one worker lists.
 	MaxLoRAAdapters = 256
 	// MaxWeight bounds the routing policy's overlap weight.
-	MaxWeight = 1e6
+	MaxWeight = policy.MaxWeight
 	// MaxTemperature bounds the routing policy's sampling temperature.
 	MaxTemperature = 1e3
 	// MaxSessionTTLMillis bounds how long a session may stay bound to a worker: one week.
@@ -292,6 +293,16 @@ func ValidatePolicy(p *xdsv1.RoutingPolicy) error {
 	if err := checkRange("candidate share", p.GetCandidateShare(), 0, 1); err != nil {
 		return fail("%v", err)
 	}
+	switch prof := p.GetProfile(); {
+	case prof == nil && p.GetPolicy() == policy.Custom:
+		return fail("policy %s without a profile", policy.Custom)
+	case prof != nil && p.GetPolicy() != policy.Custom:
+		return fail("a profile under policy %q: a profile is policy %s", p.GetPolicy(), policy.Custom)
+	case prof != nil:
+		if err := ProfileOf(prof).Check(); err != nil {
+			return fail("%v", err)
+		}
+	}
 	if c := p.GetCandidate(); c != nil {
 		if c.GetCandidate() != nil {
 			return fail("its candidate has a candidate")
@@ -370,4 +381,47 @@ func checkURL(raw string) error {
 		return fmt.Errorf("url %q: bad host %q", raw, u.Hostname())
 	}
 	return nil
+}
+
+// ProfileOf is the profile a resource carries (nil for none).
+func ProfileOf(m *xdsv1.Profile) *policy.Profile {
+	if m == nil {
+		return nil
+	}
+	plugin := func(pl *xdsv1.Plugin) policy.Plugin {
+		return policy.Plugin{Name: pl.GetName(), Weight: pl.GetWeight(), Params: maps.Clone(pl.GetParams())}
+	}
+	p := &policy.Profile{Picker: plugin(m.GetPicker())}
+	for _, f := range m.GetFilters() {
+		p.Filters = append(p.Filters, plugin(f))
+	}
+	for _, s := range m.GetScorers() {
+		p.Scorers = append(p.Scorers, plugin(s))
+	}
+	if sp := m.GetSpread(); sp != nil {
+		v := plugin(sp)
+		p.Spread = &v
+	}
+	return p
+}
+
+// ProfileResource is p as a resource's profile (nil for none).
+func ProfileResource(p *policy.Profile) *xdsv1.Profile {
+	if p == nil {
+		return nil
+	}
+	plugin := func(pl policy.Plugin) *xdsv1.Plugin {
+		return &xdsv1.Plugin{Name: pl.Name, Weight: pl.Weight, Params: maps.Clone(pl.Params)}
+	}
+	m := &xdsv1.Profile{Picker: plugin(p.Picker)}
+	for _, f := range p.Filters {
+		m.Filters = append(m.Filters, plugin(f))
+	}
+	for _, s := range p.Scorers {
+		m.Scorers = append(m.Scorers, plugin(s))
+	}
+	if p.Spread != nil {
+		m.Spread = plugin(*p.Spread)
+	}
+	return m
 }

@@ -134,6 +134,9 @@ func runControlPlane(ctx context.Context, out io.Writer, opts controlplane.Optio
 			return 0, false
 		}
 	}
+	if opts.ValidateProfile == nil {
+		opts.ValidateProfile = routingPlugins().Validate
+	}
 	cp, err := controlplane.New(opts)
 	if err != nil {
 		return err

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/url"
 	"os"
@@ -19,11 +20,13 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+	"go.yaml.in/yaml/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
 	operatorv1 "github.com/kvrelay/kvrelay/controlplane/api/v1"
 	"github.com/kvrelay/kvrelay/controlplane/registry"
+	xdspolicy "github.com/kvrelay/kvrelay/xds/policy"
 )
 
 // ctlTokenEnv holds the operator API token when --token-file is not given.
@@ -184,7 +187,7 @@ func ctlPolicyCmd(o *ctlOptions) *cobra.Command {
 		},
 	}
 	var (
-		policy                                         string
+		policy, profileFile                            string
 		disagg                                         string
 		disaggThreshold                                int64
 		kernelSignals                                  bool
@@ -215,6 +218,16 @@ result as a new version, which the control plane pushes to every proxy.`,
 			return ctlUpdatePolicy(cmd, o, func(p *operatorv1.Policy) error {
 				if fs.Changed("policy") {
 					p.Policy = policy
+					if policy != xdspolicy.Custom {
+						p.Profile = nil // a built-in name routes by its preset
+					}
+				}
+				if fs.Changed("profile-file") {
+					prof, err := readProfile(profileFile)
+					if err != nil {
+						return err
+					}
+					p.Policy, p.Profile = xdspolicy.Custom, prof
 				}
 				if fs.Changed("overlap-weight") {
 					p.OverlapWeight = overlap
@@ -264,6 +277,7 @@ result as a new version, which the control plane pushes to every proxy.`,
 	}
 	fs := set.Flags()
 	fs.StringVar(&policy, "policy", "", "routing policy: "+strings.Join(registry.PolicyNames(), ", "))
+	fs.StringVar(&profileFile, "profile-file", "", "YAML or JSON file of a policy profile (filters, scorers, picker, spread: see kvrelay ctl policy -o json of a custom policy); sets the policy to custom")
 	fs.Float64Var(&overlap, "overlap-weight", 0, "KV cost of a prompt block the worker must compute (a block held by decodes costs 1)")
 	fs.BoolVar(&kernelSignals, "kernel-load-signals", false, "count connections waiting in a worker's accept queue, and the requests its recent first-byte latency implies, as waiting load (eBPF, where the control plane runs the probes)")
 	fs.StringVar(&disagg, "disagg", "", "auto (split requests into prefill and decode legs when the pool has both roles) or off")
@@ -413,6 +427,35 @@ func ctlPolicyTable(w io.Writer, p *operatorv1.Policy) {
 	} {
 		fmt.Fprintf(tw, "%s\t%s\n", row[0], row[1])
 	}
+	if pr := p.Profile; pr != nil {
+		plugin := func(pl *operatorv1.Plugin) string {
+			out := pl.GetName()
+			if pl.GetWeight() != 0 {
+				out += "×" + f(pl.GetWeight())
+			}
+			var params []string
+			for _, k := range slices.Sorted(maps.Keys(pl.GetParams())) {
+				params = append(params, k+"="+f(pl.GetParams()[k]))
+			}
+			if len(params) > 0 {
+				out += "(" + strings.Join(params, ",") + ")"
+			}
+			return out
+		}
+		var filters, scorers []string
+		for _, x := range pr.Filters {
+			filters = append(filters, plugin(x))
+		}
+		for _, x := range pr.Scorers {
+			scorers = append(scorers, plugin(x))
+		}
+		fmt.Fprintf(tw, "profile_filters\t%s\n", strings.Join(filters, " "))
+		fmt.Fprintf(tw, "profile_scorers\t%s\n", strings.Join(scorers, " "))
+		fmt.Fprintf(tw, "profile_picker\t%s\n", plugin(pr.Picker))
+		if pr.Spread != nil {
+			fmt.Fprintf(tw, "profile_spread\t%s\n", plugin(pr.Spread))
+		}
+	}
 	if c := p.Candidate; c != nil {
 		mode := "share " + f(p.CandidateShare)
 		if p.Shadow {
@@ -551,4 +594,26 @@ func disaggThresholdText(t *int64) string {
 		return "proxy default"
 	}
 	return strconv.FormatInt(*t, 10)
+}
+
+// readProfile reads a policy profile from a YAML or JSON file (the form ctl policy -o json
+// prints under "profile"; unknown fields are refused).
+func readProfile(path string) (*operatorv1.Profile, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("reading --profile-file: %w", err)
+	}
+	var doc any
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		return nil, fmt.Errorf("--profile-file %s: %w", path, err)
+	}
+	js, err := json.Marshal(doc)
+	if err != nil {
+		return nil, fmt.Errorf("--profile-file %s: %w", path, err)
+	}
+	var p operatorv1.Profile
+	if err := protojson.Unmarshal(js, &p); err != nil {
+		return nil, fmt.Errorf("--profile-file %s: %w", path, err)
+	}
+	return &p, nil
 }

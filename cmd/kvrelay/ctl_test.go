@@ -486,3 +486,28 @@ func TestCtlRollout(t *testing.T) {
 		t.Fatalf("history: %v\n%s", err, out)
 	}
 }
+
+// TestCtlPolicyProfile: --profile-file sets a custom policy from YAML, the table shows its
+// plugins, and --policy with a built-in name drops the profile again.
+func TestCtlPolicyProfile(t *testing.T) {
+	ts := ctlServer(t, ctlFleet(), api.Options{Token: ctlTestToken})
+	tok := ctlTokenFile(t, ctlTestToken)
+	f := filepath.Join(t.TempDir(), "profile.yaml")
+	if err := os.WriteFile(f, []byte("filters: [{name: model}, {name: health}]\nscorers:\n  - {name: prefill, weight: 1, params: {overlap_weight: 32}}\n  - {name: load, weight: 4}\npicker: {name: min-cost}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := runCtl(t, ts, "policy", "set", "--profile-file", f, "--token-file", tok)
+	if err != nil || !strings.Contains(out, "custom") || !strings.Contains(out, "prefill×1(overlap_weight=32) load×4") {
+		t.Fatalf("set --profile-file: %v\n%s", err, out)
+	}
+	out, err = runCtl(t, ts, "policy", "set", "--policy", "kv", "-o", "json", "--token-file", tok)
+	var p map[string]any
+	if err != nil || json.Unmarshal([]byte(out), &p) != nil || p["policy"] != "kv" || p["profile"] != nil {
+		t.Fatalf("back to kv: %v\n%s", err, out)
+	}
+	bad := filepath.Join(t.TempDir(), "bad.yaml")
+	_ = os.WriteFile(bad, []byte("scorer: [{name: load}]\n"), 0o600)
+	if out, err := runCtl(t, ts, "policy", "set", "--profile-file", bad, "--token-file", tok); err == nil {
+		t.Fatalf("a misspelt field was taken:\n%s", out)
+	}
+}

@@ -294,6 +294,9 @@ func startProxy(ctx context.Context, cfg proxy.Config) (*proxy.Server, error) {
 // and before it serves any connection (proxy.Server.OnListen).
 func startProxyWith(ctx context.Context, cfg proxy.Config, onListen func(*proxy.Server)) (*proxy.Server, error) {
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	if cfg.Plugins == nil {
+		cfg.Plugins = routingPlugins()
+	}
 	p, err := proxy.New(cfg, log)
 	if err != nil {
 		return nil, err

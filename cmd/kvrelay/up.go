@@ -145,6 +145,7 @@ there, a max_tokens=1 leg to a prefill worker whose KV blocks the decode worker 
 					}
 				}()
 				pc := proxy.DefaultConfig()
+				pc.Plugins = routingPlugins()
 				pc.Listen = proxyListen
 				pc.Policy = policy
 				pc.ExposeWorkerHeader = exposeHeaders
@@ -341,6 +342,8 @@ func startUpControlPlane(ctx context.Context, ws []upWorker, probes *ebpf.Collec
 		APIListen: apiListen,
 		DataDir:   dataDir,
 		Logger:    slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		// The proxy up starts builds profiles with the same registry.
+		ValidateProfile: routingPlugins().Validate,
 	}
 	if probes != nil {
 		opts.KernelWaiting, opts.KernelLatencyWaiting = probes.AcceptQueue, probes.FirstByteWaiting

@@ -79,6 +79,9 @@ type Policy struct {
 	Candidate      *Policy `json:"candidate,omitempty"`
 	CandidateShare float64 `json:"candidate_share,omitempty"`
 	Shadow         bool    `json:"shadow,omitempty"`
+	// Profile, with Name policy.Custom, is the policy as data: filters, scorers and picker
+	// by the names of the proxies' plugin registry (xds/policy.Profile).
+	Profile *policy.Profile `json:"profile,omitempty"`
 	// Issued is the highest version ever given out (kept by SetPolicy, which ignores the
 	// caller's), so that a version stays one policy's even after a candidate that had it
 	// was dropped.
@@ -114,8 +117,17 @@ func (p Policy) Validate() error {
 }
 
 func (p Policy) validate() error {
-	if !slices.Contains(PolicyNames(), p.Name) {
-		return fmt.Errorf("name %q: want one of %s", p.Name, strings.Join(PolicyNames(), ", "))
+	switch {
+	case p.Profile != nil && p.Name != policy.Custom:
+		return fmt.Errorf("a profile under name %q: a profile is policy %s", p.Name, policy.Custom)
+	case p.Profile != nil:
+		if err := p.Profile.Check(); err != nil {
+			return err
+		}
+	case p.Name == policy.Custom:
+		return fmt.Errorf("policy %s without a profile", policy.Custom)
+	case !slices.Contains(PolicyNames(), p.Name):
+		return fmt.Errorf("name %q: want one of %s, or %s with a profile", p.Name, strings.Join(PolicyNames(), ", "), policy.Custom)
 	}
 	if err := checkRange("overlap weight", p.OverlapWeight, 0, xds.MaxWeight); err != nil {
 		return err
@@ -184,6 +196,10 @@ func (p Policy) clone() Policy {
 	p.ComputeWeight = clonePtr(p.ComputeWeight)
 	p.BackgroundWeight = clonePtr(p.BackgroundWeight)
 	p.DisaggThreshold = clonePtr(p.DisaggThreshold)
+	if p.Profile != nil {
+		c := p.Profile.Clone()
+		p.Profile = &c
+	}
 	if p.Candidate != nil {
 		c := p.Candidate.clone()
 		p.Candidate = &c

@@ -63,6 +63,9 @@ const (
 
 // Config configures a proxy. Field names are those of the YAML file (--config).
 type Config struct {
+	// Plugins resolves the routing plugins a pushed profile names (nil: route.Builtins). The
+	// program sets it; it has no YAML form.
+	Plugins *route.Registry `yaml:"-"`
 	// Listen is the client-facing address.
 	Listen    string     `yaml:"listen"`
 	Upstreams []Upstream `yaml:"upstreams"`
@@ -248,6 +251,7 @@ func (c *Config) routeConfig() route.Config {
 		// DefaultConfig sets every weight and the YAML file and flags change them: a zero
 		// here was asked for.
 		Explicit:         true,
+		Plugins:          c.Plugins,
 		Policy:           c.Policy,
 		OverlapWeight:    c.OverlapWeight,
 		QueueWeight:      c.QueueWeight,

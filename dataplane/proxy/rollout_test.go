@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"math"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -221,5 +222,28 @@ func TestArmReportCountsEveryFigure(t *testing.T) {
 	}
 	if r.Decisions != 2 || r.RegretBlocks != 6 {
 		t.Fatalf("%d decisions, %d blocks of regret; want 2 and 6", r.Decisions, r.RegretBlocks)
+	}
+}
+
+// TestProxyRefusesProfilesItCannotBuild: a pushed profile, or a candidate's, naming a
+// plugin this proxy's registry lacks is refused (the xDS client NACKs it); one it can build
+// passes and routes.
+func TestProxyRefusesProfilesItCannotBuild(t *testing.T) {
+	s, ws := rolloutServer(t)
+	good := &xdsv1.Profile{Scorers: []*xdsv1.Plugin{{Name: "load", Weight: 1}}, Picker: &xdsv1.Plugin{Name: "min-cost"}}
+	bad := &xdsv1.Profile{Scorers: []*xdsv1.Plugin{{Name: "gpu-temperature", Weight: 1}}, Picker: &xdsv1.Plugin{Name: "min-cost"}}
+	if err := s.checkPolicy(&xdsv1.RoutingPolicy{Version: 2, Policy: "custom", Profile: bad}); err == nil || !strings.Contains(err.Error(), "gpu-temperature") {
+		t.Fatalf("an unknown scorer: %v", err)
+	}
+	if err := s.checkPolicy(&xdsv1.RoutingPolicy{Version: 2, Policy: "kv", Candidate: &xdsv1.RoutingPolicy{Version: 3, Policy: "custom", Profile: bad}}); err == nil {
+		t.Fatal("a candidate with an unknown scorer passed")
+	}
+	p := &xdsv1.RoutingPolicy{Version: 2, Policy: "custom", Profile: good}
+	if err := s.checkPolicy(p); err != nil {
+		t.Fatal(err)
+	}
+	s.applyXDS(ws, p)
+	if pol := s.RoutingPolicy(); pol.Name != "custom" || pol.Scorers[0].Name() != "load" {
+		t.Fatalf("routing with %+v", pol)
 	}
 }

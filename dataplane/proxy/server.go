@@ -298,6 +298,7 @@ func loadConfig(cfg route.Config) route.Config {
 	if cfg.Policy != route.PolicyRoundRobin && cfg.Policy != route.PolicyRandom {
 		cfg.Policy = route.PolicyLeastLoaded
 	}
+	cfg.Profile = nil // a profile's scorers weigh prompts; these requests have none
 	return cfg
 }
 
@@ -317,6 +318,10 @@ func (s *Server) Addr() string { return s.addr }
 
 // Workers returns the workers, in configuration order.
 func (s *Server) Workers() []*route.Worker { return s.kv.Pool().Workers }
+
+// RoutingPolicy is the policy the proxy routes chat and text completions with now (its
+// filters, scorers and picker).
+func (s *Server) RoutingPolicy() *route.Policy { return s.kv.Policy() }
 
 // Run serves until ctx ends, then drains and stops. It returns what stopped the engine.
 func (s *Server) Run(ctx context.Context) error {

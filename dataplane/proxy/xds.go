@@ -19,6 +19,7 @@ import (
 	"github.com/kvrelay/kvrelay/dataplane/latency"
 	"github.com/kvrelay/kvrelay/dataplane/prefix"
 	"github.com/kvrelay/kvrelay/dataplane/route"
+	"github.com/kvrelay/kvrelay/xds"
 	xdsv1 "github.com/kvrelay/kvrelay/xds/api/v1"
 	"github.com/kvrelay/kvrelay/xds/blockset"
 	"github.com/kvrelay/kvrelay/xds/client"
@@ -144,6 +145,7 @@ func (s *Server) setupXDS(ctx context.Context) error {
 		NodeID:         nodeID,
 		OnUpdate:       s.applyXDS,
 		ValidateWorker: s.checkWorker,
+		ValidatePolicy: s.checkPolicy,
 	})
 	if err != nil {
 		conn.Close()
@@ -342,6 +344,7 @@ func policyConfig(base route.Config, p *xdsv1.RoutingPolicy) route.Config {
 		cfg.BackgroundWeight = p.GetBackgroundWeight()
 	}
 	cfg.CacheThreshold = p.GetCacheThreshold()
+	cfg.Profile = xds.ProfileOf(p.GetProfile())
 	cfg.Busy = route.BusyFilter{
 		MaxPrefillTokens: int64(p.GetBusyPrefillTokens()),
 		MaxDecodeBlocks:  int64(p.GetBusyDecodeBlocks()),
@@ -351,6 +354,20 @@ func policyConfig(base route.Config, p *xdsv1.RoutingPolicy) route.Config {
 		cfg.SessionTTL = time.Duration(ttl) * time.Millisecond
 	}
 	return cfg
+}
+
+// checkPolicy refuses (NACKs) a pushed policy, or its candidate, that this proxy cannot
+// build: a profile naming a plugin its registry lacks, or a parameter one does not take.
+func (s *Server) checkPolicy(p *xdsv1.RoutingPolicy) error {
+	if err := policyConfig(s.cfg.routeConfig(), p).Validate(); err != nil {
+		return err
+	}
+	if c := p.GetCandidate(); c != nil {
+		if err := policyConfig(s.cfg.routeConfig(), c).Validate(); err != nil {
+			return fmt.Errorf("candidate: %w", err)
+		}
+	}
+	return nil
 }
 
 // lastOfEachID is workers with only the last resource of each id (xDS names a resource by

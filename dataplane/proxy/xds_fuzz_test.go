@@ -13,7 +13,7 @@ import (
 
 // FuzzApplyXDS feeds arbitrary Worker and RoutingPolicy resources through what the proxy's
 // xDS client does with a push: decode and validate (xds.DecodeWorker/DecodePolicy plus the
-// proxy's own checks), then apply what passes to a live proxy's routing state. Nothing may
+// proxy's own checks, profiles built against its registry included), then apply what passes to a live proxy's routing state. Nothing may
 // panic, and a worker that is applied must be routable state the pool can hold.
 func FuzzApplyXDS(f *testing.F) {
 	w, _ := proto.Marshal(&xdsv1.Worker{Id: "w1", Url: "http://127.0.0.1:8001", Model: "m", BlockSize: 16, Slot: 3, Healthy: true,
@@ -23,6 +23,10 @@ func FuzzApplyXDS(f *testing.F) {
 	rollout, _ := proto.Marshal(&xdsv1.RoutingPolicy{Version: 2, Policy: "kv", OverlapWeight: 1,
 		Candidate: &xdsv1.RoutingPolicy{Version: 3, Policy: "latency"}, CandidateShare: 0.25, Shadow: true})
 	f.Add(w, rollout, w)
+	custom, _ := proto.Marshal(&xdsv1.RoutingPolicy{Version: 4, Policy: "custom", Profile: &xdsv1.Profile{
+		Filters: []*xdsv1.Plugin{{Name: "model"}}, Scorers: []*xdsv1.Plugin{{Name: "prefill", Weight: 1, Params: map[string]float64{"overlap_weight": 8}}},
+		Picker: &xdsv1.Plugin{Name: "min-cost"}, Spread: &xdsv1.Plugin{Name: "least-prefill"}}})
+	f.Add(w, custom, w)
 	f.Add([]byte{0x0a, 0x02, 'w', '2', 0x12, 0x05, 'h', 't', 't', 'p', ':'}, []byte{0x08, 0xff, 0x01}, []byte{})
 	f.Add([]byte{0x40, 0xff, 0xff, 0xff, 0xff, 0x0f}, []byte{0x12, 0x03, 'b', 'a', 'd'}, []byte{0x0a, 0x00})
 
@@ -53,7 +57,7 @@ func FuzzApplyXDS(f *testing.F) {
 			workers = append(workers, w)
 		}
 		var policy *xdsv1.RoutingPolicy
-		if p, err := xds.DecodePolicy(xds.PolicyName, &anypb.Any{TypeUrl: xds.PolicyType, Value: pol}); err == nil {
+		if p, err := xds.DecodePolicy(xds.PolicyName, &anypb.Any{TypeUrl: xds.PolicyType, Value: pol}); err == nil && s.checkPolicy(p) == nil {
 			policy = p
 		}
 		s.applyXDS(workers, policy)

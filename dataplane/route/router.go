@@ -106,10 +106,18 @@ type Config struct {
 	// SessionTTL is how long a session stays bound to its worker after its last request
 	// (default 30 minutes).
 	SessionTTL time.Duration
+	// Profile, when set, is the policy as data (Policy is then policy.Custom, the default
+	// with a profile): its filters, scorers and picker instead of a built-in name's. Plugins
+	// resolves it and the built-in names' presets (nil: Builtins).
+	Profile *policy.Profile
+	Plugins *Registry
 }
 
 func (c Config) withDefaults() Config {
-	if c.Policy == "" {
+	switch {
+	case c.Policy == "" && c.Profile != nil:
+		c.Policy = policy.Custom
+	case c.Policy == "":
 		c.Policy = policy.Default
 	}
 	if c.Explicit {
@@ -137,6 +145,9 @@ func (c Config) withDefaults() Config {
 // Validate reports the first setting that cannot work.
 func (c Config) Validate() error {
 	c = c.withDefaults()
+	if c.Profile != nil && c.Policy != policy.Custom {
+		return fmt.Errorf("a profile is policy %s, not %s", policy.Custom, c.Policy)
+	}
 	if _, err := NewPolicy(c); err != nil {
 		return err
 	}
@@ -177,39 +188,22 @@ type Policy struct {
 	CacheThreshold float64
 }
 
-// NewPolicy builds the policy cfg names.
+// NewPolicy builds the policy cfg names (its Preset) or, for a Profile, the one it
+// describes, with cfg's registry of plugins (Builtins when none).
 func NewPolicy(cfg Config) (*Policy, error) {
 	cfg = cfg.withDefaults()
-	p := &Policy{
-		Name:    cfg.Policy,
-		Filters: []Filter{ModelFilter{}, RoleFilter{}, HealthFilter{}},
-		Busy:    cfg.Busy,
+	reg := cfg.Plugins
+	if reg == nil {
+		reg = Builtins()
 	}
-	switch cfg.Policy {
-	case PolicyKV:
-		p.UsesIndex = true
-		p.Scorers = []Scorer{PrefillCost{Weight: cfg.OverlapWeight, QueueWeight: cfg.QueueWeight}, DecodeCost{Weight: DefaultDecodeWeight}}
-		p.Picker = MinCost{Temperature: cfg.Temperature}
-		p.Spread = LeastPrefill{}
-		p.CacheThreshold = cfg.CacheThreshold
-	case PolicyLatency:
-		p.UsesIndex, p.Predicts = true, true
-		credit := min(cfg.OverlapWeight/DefaultOverlapWeight, 1)
-		p.Scorers = []Scorer{PredictedTTFT{ComputeWeight: cfg.ComputeWeight, BackgroundWeight: cfg.BackgroundWeight, BatchWeight: cfg.BatchWeight, CacheCredit: credit}}
-		p.Picker = LatencyPick{Temperature: cfg.Temperature}
-		p.CacheThreshold = cfg.CacheThreshold
-	case PolicyRoundRobin:
-		p.Picker = &RoundRobin{}
-	case PolicyLeastLoaded, PolicySession:
-		p.Picker = LeastLoaded{}
-	case PolicyRandom:
-		p.Picker = Random{}
-	case PolicyPowerOfTwo:
-		p.Picker = PowerOfTwo{}
-	default:
-		return nil, fmt.Errorf("unknown routing policy %q (want one of %v)", cfg.Policy, PolicyNames())
+	if cfg.Profile != nil {
+		return reg.Build(*cfg.Profile, cfg)
 	}
-	return p, nil
+	prof, err := Preset(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return reg.Build(prof, cfg)
 }
 
 // Pool is an immutable set of workers. Replacing a worker's identity means a new Pool; load

@@ -18,8 +18,9 @@ import (
 
 // Backend is an in-memory api.Backend. Workers upserted through it get Source "api"; only
 // those can be removed (others: api.ErrConflict), as in the control plane. Specs need an
-// http:// URL, and policies a known name and non-negative weights (api.ErrInvalid). It is
-// safe for concurrent use; what it returns are copies.
+// http:// URL, and policies a known name (custom with a profile, and only then) and
+// non-negative weights (api.ErrInvalid). It is safe for concurrent use; what it returns are
+// copies.
 type Backend struct {
 	mu      sync.Mutex
 	workers map[string]*operatorv1.Worker
@@ -162,7 +163,7 @@ func (b *Backend) SetPolicy(_ context.Context, p *operatorv1.Policy) (*operatorv
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.called("SetPolicy %s", p.GetPolicy())
-	if !slices.Contains(policy.Names(), p.GetPolicy()) {
+	if custom := p.GetPolicy() == policy.Custom; custom != (p.GetProfile() != nil) || !custom && !slices.Contains(policy.Names(), p.GetPolicy()) {
 		return nil, fmt.Errorf("%w: unknown policy %q", api.ErrInvalid, p.GetPolicy())
 	}
 	if p.GetOverlapWeight() < 0 || p.GetTemperature() < 0 {

@@ -541,9 +541,9 @@ type Policy struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// version increases with every change. Output only: SetPolicy returns the new one.
 	Version uint64 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
-	// policy names the routing policy: kv (KV-aware cost, the default), latency (the lowest
-	// predicted time to first token), round-robin, least-loaded, random, power-of-two or
-	// session.
+	// policy names the routing policy: latency (the lowest predicted time to first token,
+	// the default), kv (KV-aware cost), round-robin, least-loaded, random, power-of-two,
+	// session, or custom (with a profile).
 	Policy        string  `protobuf:"bytes,2,opt,name=policy,proto3" json:"policy,omitempty"`
 	OverlapWeight float64 `protobuf:"fixed64,3,opt,name=overlap_weight,json=overlapWeight,proto3" json:"overlap_weight,omitempty"`
 	Temperature   float64 `protobuf:"fixed64,4,opt,name=temperature,proto3" json:"temperature,omitempty"`
@@ -579,8 +579,12 @@ type Policy struct {
 	Candidate      *Policy `protobuf:"bytes,17,opt,name=candidate,proto3" json:"candidate,omitempty"`
 	CandidateShare float64 `protobuf:"fixed64,18,opt,name=candidate_share,json=candidateShare,proto3" json:"candidate_share,omitempty"`
 	Shadow         bool    `protobuf:"varint,19,opt,name=shadow,proto3" json:"shadow,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// profile, with policy "custom", is the policy as data: filters, scorers with weights and
+	// parameters, and a picker, by the names of the proxies' plugin registry; the control
+	// plane refuses one that does not build. The built-in policy names are presets of it.
+	Profile       *Profile `protobuf:"bytes,20,opt,name=profile,proto3" json:"profile,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Policy) Reset() {
@@ -746,6 +750,143 @@ func (x *Policy) GetShadow() bool {
 	return false
 }
 
+func (x *Policy) GetProfile() *Profile {
+	if x != nil {
+		return x.Profile
+	}
+	return nil
+}
+
+// Profile is a routing policy as data.
+type Profile struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Filters       []*Plugin              `protobuf:"bytes,1,rep,name=filters,proto3" json:"filters,omitempty"`
+	Scorers       []*Plugin              `protobuf:"bytes,2,rep,name=scorers,proto3" json:"scorers,omitempty"`
+	Picker        *Plugin                `protobuf:"bytes,3,opt,name=picker,proto3" json:"picker,omitempty"`
+	Spread        *Plugin                `protobuf:"bytes,4,opt,name=spread,proto3" json:"spread,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Profile) Reset() {
+	*x = Profile{}
+	mi := &file_operator_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Profile) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Profile) ProtoMessage() {}
+
+func (x *Profile) ProtoReflect() protoreflect.Message {
+	mi := &file_operator_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Profile.ProtoReflect.Descriptor instead.
+func (*Profile) Descriptor() ([]byte, []int) {
+	return file_operator_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *Profile) GetFilters() []*Plugin {
+	if x != nil {
+		return x.Filters
+	}
+	return nil
+}
+
+func (x *Profile) GetScorers() []*Plugin {
+	if x != nil {
+		return x.Scorers
+	}
+	return nil
+}
+
+func (x *Profile) GetPicker() *Plugin {
+	if x != nil {
+		return x.Picker
+	}
+	return nil
+}
+
+func (x *Profile) GetSpread() *Plugin {
+	if x != nil {
+		return x.Spread
+	}
+	return nil
+}
+
+// Plugin is one filter, scorer or picker of a profile.
+type Plugin struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Weight        float64                `protobuf:"fixed64,2,opt,name=weight,proto3" json:"weight,omitempty"`
+	Params        map[string]float64     `protobuf:"bytes,3,rep,name=params,proto3" json:"params,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"fixed64,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Plugin) Reset() {
+	*x = Plugin{}
+	mi := &file_operator_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Plugin) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Plugin) ProtoMessage() {}
+
+func (x *Plugin) ProtoReflect() protoreflect.Message {
+	mi := &file_operator_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Plugin.ProtoReflect.Descriptor instead.
+func (*Plugin) Descriptor() ([]byte, []int) {
+	return file_operator_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *Plugin) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Plugin) GetWeight() float64 {
+	if x != nil {
+		return x.Weight
+	}
+	return 0
+}
+
+func (x *Plugin) GetParams() map[string]float64 {
+	if x != nil {
+		return x.Params
+	}
+	return nil
+}
+
 // WorkerBlocks is one worker's share of the index.
 type WorkerBlocks struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -758,7 +899,7 @@ type WorkerBlocks struct {
 
 func (x *WorkerBlocks) Reset() {
 	*x = WorkerBlocks{}
-	mi := &file_operator_proto_msgTypes[6]
+	mi := &file_operator_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -770,7 +911,7 @@ func (x *WorkerBlocks) String() string {
 func (*WorkerBlocks) ProtoMessage() {}
 
 func (x *WorkerBlocks) ProtoReflect() protoreflect.Message {
-	mi := &file_operator_proto_msgTypes[6]
+	mi := &file_operator_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -783,7 +924,7 @@ func (x *WorkerBlocks) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerBlocks.ProtoReflect.Descriptor instead.
 func (*WorkerBlocks) Descriptor() ([]byte, []int) {
-	return file_operator_proto_rawDescGZIP(), []int{6}
+	return file_operator_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *WorkerBlocks) GetId() string {
@@ -825,7 +966,7 @@ type Index struct {
 
 func (x *Index) Reset() {
 	*x = Index{}
-	mi := &file_operator_proto_msgTypes[7]
+	mi := &file_operator_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -837,7 +978,7 @@ func (x *Index) String() string {
 func (*Index) ProtoMessage() {}
 
 func (x *Index) ProtoReflect() protoreflect.Message {
-	mi := &file_operator_proto_msgTypes[7]
+	mi := &file_operator_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -850,7 +991,7 @@ func (x *Index) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Index.ProtoReflect.Descriptor instead.
 func (*Index) Descriptor() ([]byte, []int) {
-	return file_operator_proto_rawDescGZIP(), []int{7}
+	return file_operator_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Index) GetTotalBlocks() uint64 {
@@ -900,7 +1041,7 @@ type Nack struct {
 
 func (x *Nack) Reset() {
 	*x = Nack{}
-	mi := &file_operator_proto_msgTypes[8]
+	mi := &file_operator_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -912,7 +1053,7 @@ func (x *Nack) String() string {
 func (*Nack) ProtoMessage() {}
 
 func (x *Nack) ProtoReflect() protoreflect.Message {
-	mi := &file_operator_proto_msgTypes[8]
+	mi := &file_operator_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -925,7 +1066,7 @@ func (x *Nack) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Nack.ProtoReflect.Descriptor instead.
 func (*Nack) Descriptor() ([]byte, []int) {
-	return file_operator_proto_rawDescGZIP(), []int{8}
+	return file_operator_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Nack) GetTypeUrl() string {
@@ -963,7 +1104,7 @@ type Proxy struct {
 
 func (x *Proxy) Reset() {
 	*x = Proxy{}
-	mi := &file_operator_proto_msgTypes[9]
+	mi := &file_operator_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -975,7 +1116,7 @@ func (x *Proxy) String() string {
 func (*Proxy) ProtoMessage() {}
 
 func (x *Proxy) ProtoReflect() protoreflect.Message {
-	mi := &file_operator_proto_msgTypes[9]
+	mi := &file_operator_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -988,7 +1129,7 @@ func (x *Proxy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Proxy.ProtoReflect.Descriptor instead.
 func (*Proxy) Descriptor() ([]byte, []int) {
-	return file_operator_proto_rawDescGZIP(), []int{9}
+	return file_operator_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Proxy) GetNodeId() string {
@@ -1020,7 +1161,7 @@ type ListWorkersRequest struct {
 
 func (x *ListWorkersRequest) Reset() {
 	*x = ListWorkersRequest{}
-	mi := &file_operator_proto_msgTypes[10]
+	mi := &file_operator_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1032,7 +1173,7 @@ func (x *ListWorkersRequest) String() string {
 func (*ListWorkersRequest) ProtoMessage() {}
 
 func (x *ListWorkersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_operator_proto_msgTypes[10]
+	mi := &file_operator_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1045,7 +1186,7 @@ func (x *ListWorkersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkersRequest.ProtoReflect.Descriptor instead.
 func (*ListWorkersRequest) Descriptor() ([]byte, []int) {
-	return file_operator_proto_rawDescGZIP(), []int{10}
+	return file_operator_proto_rawDescGZIP(), []int{12}
 }
 
 type ListWorkersResponse struct {
@@ -1057,7 +1198,7 @@ type ListWorkersResponse struct {
 
 func (x *ListWorkersResponse) Reset() {
 	*x = ListWorkersResponse{}
-	mi := &file_operator_proto_msgTypes[11]
+	mi := &file_operator_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1069,7 +1210,7 @@ func (x *ListWorkersResponse) String() string {
 func (*ListWorkersResponse) ProtoMessage() {}
 
 func (x *ListWorkersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_operator_proto_msgTypes[11]
+	mi := &file_operator_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1082,7 +1223,7 @@ func (x *ListWorkersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkersResponse.ProtoReflect.Descriptor instead.
 func (*ListWorkersResponse) Descriptor() ([]byte, []int) {
-	return file_operator_proto_rawDescGZIP(), []int{11}
+	return file_operator_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ListWorkersResponse) GetWorkers() []*Worker {
@@ -1101,7 +1242,7 @@ type GetWorkerRequest struct {
 
 func (x *GetWorkerRequest) Reset() {
 	*x = GetWorkerRequest{}
-	mi := &file_operator_proto_msgTypes[12]
+	mi := &file_operator_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1113,7 +1254,7 @@ func (x *GetWorkerRequest) String() string {
 func (*GetWorkerRequest) ProtoMessage() {}
 
 func (x *GetWorkerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_operator_proto_msgTypes[12]
+	mi := &file_operator_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1126,7 +1267,7 @@ func (x *GetWorkerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetWorkerRequest.ProtoReflect.Descriptor instead.
 func (*GetWorkerRequest) Descriptor() ([]byte, []int) {
-	return file_operator_proto_rawDescGZIP(), []int{12}
+	return file_operator_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *GetWorkerRequest) GetId() string {
@@ -1145,7 +1286,7 @@ type UpsertWorkerRequest struct {
 
 func (x *UpsertWorkerRequest) Reset() {
 	*x = UpsertWorkerRequest{}
-	mi := &file_operator_proto_msgTypes[13]
+	mi := &file_operator_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1157,7 +1298,7 @@ func (x *UpsertWorkerRequest) String() string {
 func (*UpsertWorkerRequest) ProtoMessage() {}
 
 func (x *UpsertWorkerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_operator_proto_msgTypes[13]
+	mi := &file_operator_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1170,7 +1311,7 @@ func (x *UpsertWorkerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpsertWorkerRequest.ProtoReflect.Descriptor instead.
 func (*UpsertWorkerRequest) Descriptor() ([]byte, []int) {
-	return file_operator_proto_rawDescGZIP(), []int{13}
+	return file_operator_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *UpsertWorkerRequest) GetSpec() *WorkerSpec {
@@ -1189,7 +1330,7 @@ type RemoveWorkerRequest struct {
 
 func (x *RemoveWorkerRequest) Reset() {
 	*x = RemoveWorkerRequest{}
-	mi := &file_operator_proto_msgTypes[14]
+	mi := &file_operator_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1201,7 +1342,7 @@ func (x *RemoveWorkerRequest) String() string {
 func (*RemoveWorkerRequest) ProtoMessage() {}
 
 func (x *RemoveWorkerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_operator_proto_msgTypes[14]
+	mi := &file_operator_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1214,7 +1355,7 @@ func (x *RemoveWorkerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveWorkerRequest.ProtoReflect.Descriptor instead.
 func (*RemoveWorkerRequest) Descriptor() ([]byte, []int) {
-	return file_operator_proto_rawDescGZIP(), []int{14}
+	return file_operator_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *RemoveWorkerRequest) GetId() string {
@@ -1232,7 +1373,7 @@ type RemoveWorkerResponse struct {
 
 func (x *RemoveWorkerResponse) Reset() {
 	*x = RemoveWorkerResponse{}
-	mi := &file_operator_proto_msgTypes[15]
+	mi := &file_operator_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1244,7 +1385,7 @@ func (x *RemoveWorkerResponse) String() string {
 func (*RemoveWorkerResponse) ProtoMessage() {}
 
 func (x *RemoveWorkerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_operator_proto_msgTypes[15]
+	mi := &file_operator_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1257,7 +1398,7 @@ func (x *RemoveWorkerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveWorkerResponse.ProtoReflect.Descriptor instead.
 func (*RemoveWorkerResponse) Descriptor() ([]byte, []int) {
-	return file_operator_proto_rawDescGZIP(), []int{15}
+	return file_operator_proto_rawDescGZIP(), []int{17}
 }
 
 type DrainRequest struct {
@@ -1269,7 +1410,7 @@ type DrainRequest struct {
 
 func (x *DrainRequest) Reset() {
 	*x = DrainRequest{}
-	mi := &file_operator_proto_msgTypes[16]
+	mi := &file_operator_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1281,7 +1422,7 @@ func (x *DrainRequest) String() string {
 func (*DrainRequest) ProtoMessage() {}
 
 func (x *DrainRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_operator_proto_msgTypes[16]
+	mi := &file_operator_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1294,7 +1435,7 @@ func (x *DrainRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainRequest.ProtoReflect.Descriptor instead.
 func (*DrainRequest) Descriptor() ([]byte, []int) {
-	return file_operator_proto_rawDescGZIP(), []int{16}
+	return file_operator_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *DrainRequest) GetId() string {
@@ -1313,7 +1454,7 @@ type UndrainRequest struct {
 
 func (x *UndrainRequest) Reset() {
 	*x = UndrainRequest{}
-	mi := &file_operator_proto_msgTypes[17]
+	mi := &file_operator_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1325,7 +1466,7 @@ func (x *UndrainRequest) String() string {
 func (*UndrainRequest) ProtoMessage() {}
 
 func (x *UndrainRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_operator_proto_msgTypes[17]
+	mi := &file_operator_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1338,7 +1479,7 @@ func (x *UndrainRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UndrainRequest.ProtoReflect.Descriptor instead.
 func (*UndrainRequest) Descriptor() ([]byte, []int) {
-	return file_operator_proto_rawDescGZIP(), []int{17}
+	return file_operator_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *UndrainRequest) GetId() string {
@@ -1356,7 +1497,7 @@ type GetPolicyRequest struct {
 
 func (x *GetPolicyRequest) Reset() {
 	*x = GetPolicyRequest{}
-	mi := &file_operator_proto_msgTypes[18]
+	mi := &file_operator_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1368,7 +1509,7 @@ func (x *GetPolicyRequest) String() string {
 func (*GetPolicyRequest) ProtoMessage() {}
 
 func (x *GetPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_operator_proto_msgTypes[18]
+	mi := &file_operator_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1381,7 +1522,7 @@ func (x *GetPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPolicyRequest.ProtoReflect.Descriptor instead.
 func (*GetPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_operator_proto_rawDescGZIP(), []int{18}
+	return file_operator_proto_rawDescGZIP(), []int{20}
 }
 
 type SetPolicyRequest struct {
@@ -1393,7 +1534,7 @@ type SetPolicyRequest struct {
 
 func (x *SetPolicyRequest) Reset() {
 	*x = SetPolicyRequest{}
-	mi := &file_operator_proto_msgTypes[19]
+	mi := &file_operator_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1405,7 +1546,7 @@ func (x *SetPolicyRequest) String() string {
 func (*SetPolicyRequest) ProtoMessage() {}
 
 func (x *SetPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_operator_proto_msgTypes[19]
+	mi := &file_operator_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1418,7 +1559,7 @@ func (x *SetPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetPolicyRequest.ProtoReflect.Descriptor instead.
 func (*SetPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_operator_proto_rawDescGZIP(), []int{19}
+	return file_operator_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *SetPolicyRequest) GetPolicy() *Policy {
@@ -1436,7 +1577,7 @@ type GetIndexRequest struct {
 
 func (x *GetIndexRequest) Reset() {
 	*x = GetIndexRequest{}
-	mi := &file_operator_proto_msgTypes[20]
+	mi := &file_operator_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1448,7 +1589,7 @@ func (x *GetIndexRequest) String() string {
 func (*GetIndexRequest) ProtoMessage() {}
 
 func (x *GetIndexRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_operator_proto_msgTypes[20]
+	mi := &file_operator_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1461,7 +1602,7 @@ func (x *GetIndexRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetIndexRequest.ProtoReflect.Descriptor instead.
 func (*GetIndexRequest) Descriptor() ([]byte, []int) {
-	return file_operator_proto_rawDescGZIP(), []int{20}
+	return file_operator_proto_rawDescGZIP(), []int{22}
 }
 
 type ListProxiesRequest struct {
@@ -1472,7 +1613,7 @@ type ListProxiesRequest struct {
 
 func (x *ListProxiesRequest) Reset() {
 	*x = ListProxiesRequest{}
-	mi := &file_operator_proto_msgTypes[21]
+	mi := &file_operator_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1484,7 +1625,7 @@ func (x *ListProxiesRequest) String() string {
 func (*ListProxiesRequest) ProtoMessage() {}
 
 func (x *ListProxiesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_operator_proto_msgTypes[21]
+	mi := &file_operator_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1497,7 +1638,7 @@ func (x *ListProxiesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProxiesRequest.ProtoReflect.Descriptor instead.
 func (*ListProxiesRequest) Descriptor() ([]byte, []int) {
-	return file_operator_proto_rawDescGZIP(), []int{21}
+	return file_operator_proto_rawDescGZIP(), []int{23}
 }
 
 type ListProxiesResponse struct {
@@ -1509,7 +1650,7 @@ type ListProxiesResponse struct {
 
 func (x *ListProxiesResponse) Reset() {
 	*x = ListProxiesResponse{}
-	mi := &file_operator_proto_msgTypes[22]
+	mi := &file_operator_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1521,7 +1662,7 @@ func (x *ListProxiesResponse) String() string {
 func (*ListProxiesResponse) ProtoMessage() {}
 
 func (x *ListProxiesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_operator_proto_msgTypes[22]
+	mi := &file_operator_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1534,7 +1675,7 @@ func (x *ListProxiesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProxiesResponse.ProtoReflect.Descriptor instead.
 func (*ListProxiesResponse) Descriptor() ([]byte, []int) {
-	return file_operator_proto_rawDescGZIP(), []int{22}
+	return file_operator_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ListProxiesResponse) GetProxies() []*Proxy {
@@ -1571,7 +1712,7 @@ type RolloutSpec struct {
 
 func (x *RolloutSpec) Reset() {
 	*x = RolloutSpec{}
-	mi := &file_operator_proto_msgTypes[23]
+	mi := &file_operator_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1583,7 +1724,7 @@ func (x *RolloutSpec) String() string {
 func (*RolloutSpec) ProtoMessage() {}
 
 func (x *RolloutSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_operator_proto_msgTypes[23]
+	mi := &file_operator_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1596,7 +1737,7 @@ func (x *RolloutSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RolloutSpec.ProtoReflect.Descriptor instead.
 func (*RolloutSpec) Descriptor() ([]byte, []int) {
-	return file_operator_proto_rawDescGZIP(), []int{23}
+	return file_operator_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *RolloutSpec) GetShadowMs() int64 {
@@ -1718,7 +1859,7 @@ type RolloutStep struct {
 
 func (x *RolloutStep) Reset() {
 	*x = RolloutStep{}
-	mi := &file_operator_proto_msgTypes[24]
+	mi := &file_operator_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1730,7 +1871,7 @@ func (x *RolloutStep) String() string {
 func (*RolloutStep) ProtoMessage() {}
 
 func (x *RolloutStep) ProtoReflect() protoreflect.Message {
-	mi := &file_operator_proto_msgTypes[24]
+	mi := &file_operator_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1743,7 +1884,7 @@ func (x *RolloutStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RolloutStep.ProtoReflect.Descriptor instead.
 func (*RolloutStep) Descriptor() ([]byte, []int) {
-	return file_operator_proto_rawDescGZIP(), []int{24}
+	return file_operator_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *RolloutStep) GetStep() int32 {
@@ -1999,7 +2140,7 @@ type Rollout struct {
 
 func (x *Rollout) Reset() {
 	*x = Rollout{}
-	mi := &file_operator_proto_msgTypes[25]
+	mi := &file_operator_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2011,7 +2152,7 @@ func (x *Rollout) String() string {
 func (*Rollout) ProtoMessage() {}
 
 func (x *Rollout) ProtoReflect() protoreflect.Message {
-	mi := &file_operator_proto_msgTypes[25]
+	mi := &file_operator_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2024,7 +2165,7 @@ func (x *Rollout) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Rollout.ProtoReflect.Descriptor instead.
 func (*Rollout) Descriptor() ([]byte, []int) {
-	return file_operator_proto_rawDescGZIP(), []int{25}
+	return file_operator_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *Rollout) GetId() uint64 {
@@ -2144,7 +2285,7 @@ type StartRolloutRequest struct {
 
 func (x *StartRolloutRequest) Reset() {
 	*x = StartRolloutRequest{}
-	mi := &file_operator_proto_msgTypes[26]
+	mi := &file_operator_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2156,7 +2297,7 @@ func (x *StartRolloutRequest) String() string {
 func (*StartRolloutRequest) ProtoMessage() {}
 
 func (x *StartRolloutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_operator_proto_msgTypes[26]
+	mi := &file_operator_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2169,7 +2310,7 @@ func (x *StartRolloutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartRolloutRequest.ProtoReflect.Descriptor instead.
 func (*StartRolloutRequest) Descriptor() ([]byte, []int) {
-	return file_operator_proto_rawDescGZIP(), []int{26}
+	return file_operator_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *StartRolloutRequest) GetCandidate() *Policy {
@@ -2194,7 +2335,7 @@ type GetRolloutRequest struct {
 
 func (x *GetRolloutRequest) Reset() {
 	*x = GetRolloutRequest{}
-	mi := &file_operator_proto_msgTypes[27]
+	mi := &file_operator_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2206,7 +2347,7 @@ func (x *GetRolloutRequest) String() string {
 func (*GetRolloutRequest) ProtoMessage() {}
 
 func (x *GetRolloutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_operator_proto_msgTypes[27]
+	mi := &file_operator_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2219,7 +2360,7 @@ func (x *GetRolloutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRolloutRequest.ProtoReflect.Descriptor instead.
 func (*GetRolloutRequest) Descriptor() ([]byte, []int) {
-	return file_operator_proto_rawDescGZIP(), []int{27}
+	return file_operator_proto_rawDescGZIP(), []int{29}
 }
 
 type ControlRolloutRequest struct {
@@ -2232,7 +2373,7 @@ type ControlRolloutRequest struct {
 
 func (x *ControlRolloutRequest) Reset() {
 	*x = ControlRolloutRequest{}
-	mi := &file_operator_proto_msgTypes[28]
+	mi := &file_operator_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2244,7 +2385,7 @@ func (x *ControlRolloutRequest) String() string {
 func (*ControlRolloutRequest) ProtoMessage() {}
 
 func (x *ControlRolloutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_operator_proto_msgTypes[28]
+	mi := &file_operator_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2257,7 +2398,7 @@ func (x *ControlRolloutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlRolloutRequest.ProtoReflect.Descriptor instead.
 func (*ControlRolloutRequest) Descriptor() ([]byte, []int) {
-	return file_operator_proto_rawDescGZIP(), []int{28}
+	return file_operator_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ControlRolloutRequest) GetAction() string {
@@ -2280,7 +2421,7 @@ type PolicyChange struct {
 
 func (x *PolicyChange) Reset() {
 	*x = PolicyChange{}
-	mi := &file_operator_proto_msgTypes[29]
+	mi := &file_operator_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2292,7 +2433,7 @@ func (x *PolicyChange) String() string {
 func (*PolicyChange) ProtoMessage() {}
 
 func (x *PolicyChange) ProtoReflect() protoreflect.Message {
-	mi := &file_operator_proto_msgTypes[29]
+	mi := &file_operator_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2305,7 +2446,7 @@ func (x *PolicyChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PolicyChange.ProtoReflect.Descriptor instead.
 func (*PolicyChange) Descriptor() ([]byte, []int) {
-	return file_operator_proto_rawDescGZIP(), []int{29}
+	return file_operator_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *PolicyChange) GetPolicy() *Policy {
@@ -2339,7 +2480,7 @@ type PolicyHistoryRequest struct {
 
 func (x *PolicyHistoryRequest) Reset() {
 	*x = PolicyHistoryRequest{}
-	mi := &file_operator_proto_msgTypes[30]
+	mi := &file_operator_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2351,7 +2492,7 @@ func (x *PolicyHistoryRequest) String() string {
 func (*PolicyHistoryRequest) ProtoMessage() {}
 
 func (x *PolicyHistoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_operator_proto_msgTypes[30]
+	mi := &file_operator_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2364,7 +2505,7 @@ func (x *PolicyHistoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PolicyHistoryRequest.ProtoReflect.Descriptor instead.
 func (*PolicyHistoryRequest) Descriptor() ([]byte, []int) {
-	return file_operator_proto_rawDescGZIP(), []int{30}
+	return file_operator_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *PolicyHistoryRequest) GetLimit() uint32 {
@@ -2383,7 +2524,7 @@ type PolicyHistoryResponse struct {
 
 func (x *PolicyHistoryResponse) Reset() {
 	*x = PolicyHistoryResponse{}
-	mi := &file_operator_proto_msgTypes[31]
+	mi := &file_operator_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2395,7 +2536,7 @@ func (x *PolicyHistoryResponse) String() string {
 func (*PolicyHistoryResponse) ProtoMessage() {}
 
 func (x *PolicyHistoryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_operator_proto_msgTypes[31]
+	mi := &file_operator_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2408,7 +2549,7 @@ func (x *PolicyHistoryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PolicyHistoryResponse.ProtoReflect.Descriptor instead.
 func (*PolicyHistoryResponse) Descriptor() ([]byte, []int) {
-	return file_operator_proto_rawDescGZIP(), []int{31}
+	return file_operator_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *PolicyHistoryResponse) GetChanges() []*PolicyChange {
@@ -2469,7 +2610,7 @@ const file_operator_proto_rawDesc = "" +
 	" \x01(\x03R\x10observedUnixNano\"x\n" +
 	"\x06Worker\x123\n" +
 	"\x04spec\x18\x01 \x01(\v2\x1f.kvrelay.operator.v1.WorkerSpecR\x04spec\x129\n" +
-	"\x06status\x18\x02 \x01(\v2!.kvrelay.operator.v1.WorkerStatusR\x06status\"\xb0\x06\n" +
+	"\x06status\x18\x02 \x01(\v2!.kvrelay.operator.v1.WorkerStatusR\x06status\"\xe8\x06\n" +
 	"\x06Policy\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\x12\x16\n" +
 	"\x06policy\x18\x02 \x01(\tR\x06policy\x12%\n" +
@@ -2490,10 +2631,23 @@ const file_operator_proto_rawDesc = "" +
 	"\x11background_weight\x18\x10 \x01(\x01H\x02R\x10backgroundWeight\x88\x01\x01\x129\n" +
 	"\tcandidate\x18\x11 \x01(\v2\x1b.kvrelay.operator.v1.PolicyR\tcandidate\x12'\n" +
 	"\x0fcandidate_share\x18\x12 \x01(\x01R\x0ecandidateShare\x12\x16\n" +
-	"\x06shadow\x18\x13 \x01(\bR\x06shadowB\x13\n" +
+	"\x06shadow\x18\x13 \x01(\bR\x06shadow\x126\n" +
+	"\aprofile\x18\x14 \x01(\v2\x1c.kvrelay.operator.v1.ProfileR\aprofileB\x13\n" +
 	"\x11_disagg_thresholdB\x11\n" +
 	"\x0f_compute_weightB\x14\n" +
-	"\x12_background_weight\"l\n" +
+	"\x12_background_weight\"\xe1\x01\n" +
+	"\aProfile\x125\n" +
+	"\afilters\x18\x01 \x03(\v2\x1b.kvrelay.operator.v1.PluginR\afilters\x125\n" +
+	"\ascorers\x18\x02 \x03(\v2\x1b.kvrelay.operator.v1.PluginR\ascorers\x123\n" +
+	"\x06picker\x18\x03 \x01(\v2\x1b.kvrelay.operator.v1.PluginR\x06picker\x123\n" +
+	"\x06spread\x18\x04 \x01(\v2\x1b.kvrelay.operator.v1.PluginR\x06spread\"\xb0\x01\n" +
+	"\x06Plugin\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
+	"\x06weight\x18\x02 \x01(\x01R\x06weight\x12?\n" +
+	"\x06params\x18\x03 \x03(\v2'.kvrelay.operator.v1.Plugin.ParamsEntryR\x06params\x1a9\n" +
+	"\vParamsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\"l\n" +
 	"\fWorkerBlocks\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04slot\x18\x02 \x01(\rR\x04slot\x128\n" +
@@ -2646,7 +2800,7 @@ func file_operator_proto_rawDescGZIP() []byte {
 	return file_operator_proto_rawDescData
 }
 
-var file_operator_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
+var file_operator_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
 var file_operator_proto_goTypes = []any{
 	(*WorkerSpec)(nil),            // 0: kvrelay.operator.v1.WorkerSpec
 	(*BlockCounts)(nil),           // 1: kvrelay.operator.v1.BlockCounts
@@ -2654,32 +2808,35 @@ var file_operator_proto_goTypes = []any{
 	(*WorkerStatus)(nil),          // 3: kvrelay.operator.v1.WorkerStatus
 	(*Worker)(nil),                // 4: kvrelay.operator.v1.Worker
 	(*Policy)(nil),                // 5: kvrelay.operator.v1.Policy
-	(*WorkerBlocks)(nil),          // 6: kvrelay.operator.v1.WorkerBlocks
-	(*Index)(nil),                 // 7: kvrelay.operator.v1.Index
-	(*Nack)(nil),                  // 8: kvrelay.operator.v1.Nack
-	(*Proxy)(nil),                 // 9: kvrelay.operator.v1.Proxy
-	(*ListWorkersRequest)(nil),    // 10: kvrelay.operator.v1.ListWorkersRequest
-	(*ListWorkersResponse)(nil),   // 11: kvrelay.operator.v1.ListWorkersResponse
-	(*GetWorkerRequest)(nil),      // 12: kvrelay.operator.v1.GetWorkerRequest
-	(*UpsertWorkerRequest)(nil),   // 13: kvrelay.operator.v1.UpsertWorkerRequest
-	(*RemoveWorkerRequest)(nil),   // 14: kvrelay.operator.v1.RemoveWorkerRequest
-	(*RemoveWorkerResponse)(nil),  // 15: kvrelay.operator.v1.RemoveWorkerResponse
-	(*DrainRequest)(nil),          // 16: kvrelay.operator.v1.DrainRequest
-	(*UndrainRequest)(nil),        // 17: kvrelay.operator.v1.UndrainRequest
-	(*GetPolicyRequest)(nil),      // 18: kvrelay.operator.v1.GetPolicyRequest
-	(*SetPolicyRequest)(nil),      // 19: kvrelay.operator.v1.SetPolicyRequest
-	(*GetIndexRequest)(nil),       // 20: kvrelay.operator.v1.GetIndexRequest
-	(*ListProxiesRequest)(nil),    // 21: kvrelay.operator.v1.ListProxiesRequest
-	(*ListProxiesResponse)(nil),   // 22: kvrelay.operator.v1.ListProxiesResponse
-	(*RolloutSpec)(nil),           // 23: kvrelay.operator.v1.RolloutSpec
-	(*RolloutStep)(nil),           // 24: kvrelay.operator.v1.RolloutStep
-	(*Rollout)(nil),               // 25: kvrelay.operator.v1.Rollout
-	(*StartRolloutRequest)(nil),   // 26: kvrelay.operator.v1.StartRolloutRequest
-	(*GetRolloutRequest)(nil),     // 27: kvrelay.operator.v1.GetRolloutRequest
-	(*ControlRolloutRequest)(nil), // 28: kvrelay.operator.v1.ControlRolloutRequest
-	(*PolicyChange)(nil),          // 29: kvrelay.operator.v1.PolicyChange
-	(*PolicyHistoryRequest)(nil),  // 30: kvrelay.operator.v1.PolicyHistoryRequest
-	(*PolicyHistoryResponse)(nil), // 31: kvrelay.operator.v1.PolicyHistoryResponse
+	(*Profile)(nil),               // 6: kvrelay.operator.v1.Profile
+	(*Plugin)(nil),                // 7: kvrelay.operator.v1.Plugin
+	(*WorkerBlocks)(nil),          // 8: kvrelay.operator.v1.WorkerBlocks
+	(*Index)(nil),                 // 9: kvrelay.operator.v1.Index
+	(*Nack)(nil),                  // 10: kvrelay.operator.v1.Nack
+	(*Proxy)(nil),                 // 11: kvrelay.operator.v1.Proxy
+	(*ListWorkersRequest)(nil),    // 12: kvrelay.operator.v1.ListWorkersRequest
+	(*ListWorkersResponse)(nil),   // 13: kvrelay.operator.v1.ListWorkersResponse
+	(*GetWorkerRequest)(nil),      // 14: kvrelay.operator.v1.GetWorkerRequest
+	(*UpsertWorkerRequest)(nil),   // 15: kvrelay.operator.v1.UpsertWorkerRequest
+	(*RemoveWorkerRequest)(nil),   // 16: kvrelay.operator.v1.RemoveWorkerRequest
+	(*RemoveWorkerResponse)(nil),  // 17: kvrelay.operator.v1.RemoveWorkerResponse
+	(*DrainRequest)(nil),          // 18: kvrelay.operator.v1.DrainRequest
+	(*UndrainRequest)(nil),        // 19: kvrelay.operator.v1.UndrainRequest
+	(*GetPolicyRequest)(nil),      // 20: kvrelay.operator.v1.GetPolicyRequest
+	(*SetPolicyRequest)(nil),      // 21: kvrelay.operator.v1.SetPolicyRequest
+	(*GetIndexRequest)(nil),       // 22: kvrelay.operator.v1.GetIndexRequest
+	(*ListProxiesRequest)(nil),    // 23: kvrelay.operator.v1.ListProxiesRequest
+	(*ListProxiesResponse)(nil),   // 24: kvrelay.operator.v1.ListProxiesResponse
+	(*RolloutSpec)(nil),           // 25: kvrelay.operator.v1.RolloutSpec
+	(*RolloutStep)(nil),           // 26: kvrelay.operator.v1.RolloutStep
+	(*Rollout)(nil),               // 27: kvrelay.operator.v1.Rollout
+	(*StartRolloutRequest)(nil),   // 28: kvrelay.operator.v1.StartRolloutRequest
+	(*GetRolloutRequest)(nil),     // 29: kvrelay.operator.v1.GetRolloutRequest
+	(*ControlRolloutRequest)(nil), // 30: kvrelay.operator.v1.ControlRolloutRequest
+	(*PolicyChange)(nil),          // 31: kvrelay.operator.v1.PolicyChange
+	(*PolicyHistoryRequest)(nil),  // 32: kvrelay.operator.v1.PolicyHistoryRequest
+	(*PolicyHistoryResponse)(nil), // 33: kvrelay.operator.v1.PolicyHistoryResponse
+	nil,                           // 34: kvrelay.operator.v1.Plugin.ParamsEntry
 }
 var file_operator_proto_depIdxs = []int32{
 	1,  // 0: kvrelay.operator.v1.WorkerStatus.blocks:type_name -> kvrelay.operator.v1.BlockCounts
@@ -2687,54 +2844,60 @@ var file_operator_proto_depIdxs = []int32{
 	0,  // 2: kvrelay.operator.v1.Worker.spec:type_name -> kvrelay.operator.v1.WorkerSpec
 	3,  // 3: kvrelay.operator.v1.Worker.status:type_name -> kvrelay.operator.v1.WorkerStatus
 	5,  // 4: kvrelay.operator.v1.Policy.candidate:type_name -> kvrelay.operator.v1.Policy
-	1,  // 5: kvrelay.operator.v1.WorkerBlocks.blocks:type_name -> kvrelay.operator.v1.BlockCounts
-	6,  // 6: kvrelay.operator.v1.Index.workers:type_name -> kvrelay.operator.v1.WorkerBlocks
-	8,  // 7: kvrelay.operator.v1.Proxy.last_nack:type_name -> kvrelay.operator.v1.Nack
-	4,  // 8: kvrelay.operator.v1.ListWorkersResponse.workers:type_name -> kvrelay.operator.v1.Worker
-	0,  // 9: kvrelay.operator.v1.UpsertWorkerRequest.spec:type_name -> kvrelay.operator.v1.WorkerSpec
-	5,  // 10: kvrelay.operator.v1.SetPolicyRequest.policy:type_name -> kvrelay.operator.v1.Policy
-	9,  // 11: kvrelay.operator.v1.ListProxiesResponse.proxies:type_name -> kvrelay.operator.v1.Proxy
-	5,  // 12: kvrelay.operator.v1.Rollout.candidate:type_name -> kvrelay.operator.v1.Policy
-	23, // 13: kvrelay.operator.v1.Rollout.spec:type_name -> kvrelay.operator.v1.RolloutSpec
-	24, // 14: kvrelay.operator.v1.Rollout.steps:type_name -> kvrelay.operator.v1.RolloutStep
-	24, // 15: kvrelay.operator.v1.Rollout.current:type_name -> kvrelay.operator.v1.RolloutStep
-	5,  // 16: kvrelay.operator.v1.StartRolloutRequest.candidate:type_name -> kvrelay.operator.v1.Policy
-	23, // 17: kvrelay.operator.v1.StartRolloutRequest.spec:type_name -> kvrelay.operator.v1.RolloutSpec
-	5,  // 18: kvrelay.operator.v1.PolicyChange.policy:type_name -> kvrelay.operator.v1.Policy
-	29, // 19: kvrelay.operator.v1.PolicyHistoryResponse.changes:type_name -> kvrelay.operator.v1.PolicyChange
-	10, // 20: kvrelay.operator.v1.Operator.ListWorkers:input_type -> kvrelay.operator.v1.ListWorkersRequest
-	12, // 21: kvrelay.operator.v1.Operator.GetWorker:input_type -> kvrelay.operator.v1.GetWorkerRequest
-	13, // 22: kvrelay.operator.v1.Operator.UpsertWorker:input_type -> kvrelay.operator.v1.UpsertWorkerRequest
-	14, // 23: kvrelay.operator.v1.Operator.RemoveWorker:input_type -> kvrelay.operator.v1.RemoveWorkerRequest
-	16, // 24: kvrelay.operator.v1.Operator.Drain:input_type -> kvrelay.operator.v1.DrainRequest
-	17, // 25: kvrelay.operator.v1.Operator.Undrain:input_type -> kvrelay.operator.v1.UndrainRequest
-	18, // 26: kvrelay.operator.v1.Operator.GetPolicy:input_type -> kvrelay.operator.v1.GetPolicyRequest
-	19, // 27: kvrelay.operator.v1.Operator.SetPolicy:input_type -> kvrelay.operator.v1.SetPolicyRequest
-	20, // 28: kvrelay.operator.v1.Operator.GetIndex:input_type -> kvrelay.operator.v1.GetIndexRequest
-	21, // 29: kvrelay.operator.v1.Operator.ListProxies:input_type -> kvrelay.operator.v1.ListProxiesRequest
-	26, // 30: kvrelay.operator.v1.Operator.StartRollout:input_type -> kvrelay.operator.v1.StartRolloutRequest
-	27, // 31: kvrelay.operator.v1.Operator.GetRollout:input_type -> kvrelay.operator.v1.GetRolloutRequest
-	28, // 32: kvrelay.operator.v1.Operator.ControlRollout:input_type -> kvrelay.operator.v1.ControlRolloutRequest
-	30, // 33: kvrelay.operator.v1.Operator.PolicyHistory:input_type -> kvrelay.operator.v1.PolicyHistoryRequest
-	11, // 34: kvrelay.operator.v1.Operator.ListWorkers:output_type -> kvrelay.operator.v1.ListWorkersResponse
-	4,  // 35: kvrelay.operator.v1.Operator.GetWorker:output_type -> kvrelay.operator.v1.Worker
-	4,  // 36: kvrelay.operator.v1.Operator.UpsertWorker:output_type -> kvrelay.operator.v1.Worker
-	15, // 37: kvrelay.operator.v1.Operator.RemoveWorker:output_type -> kvrelay.operator.v1.RemoveWorkerResponse
-	4,  // 38: kvrelay.operator.v1.Operator.Drain:output_type -> kvrelay.operator.v1.Worker
-	4,  // 39: kvrelay.operator.v1.Operator.Undrain:output_type -> kvrelay.operator.v1.Worker
-	5,  // 40: kvrelay.operator.v1.Operator.GetPolicy:output_type -> kvrelay.operator.v1.Policy
-	5,  // 41: kvrelay.operator.v1.Operator.SetPolicy:output_type -> kvrelay.operator.v1.Policy
-	7,  // 42: kvrelay.operator.v1.Operator.GetIndex:output_type -> kvrelay.operator.v1.Index
-	22, // 43: kvrelay.operator.v1.Operator.ListProxies:output_type -> kvrelay.operator.v1.ListProxiesResponse
-	25, // 44: kvrelay.operator.v1.Operator.StartRollout:output_type -> kvrelay.operator.v1.Rollout
-	25, // 45: kvrelay.operator.v1.Operator.GetRollout:output_type -> kvrelay.operator.v1.Rollout
-	25, // 46: kvrelay.operator.v1.Operator.ControlRollout:output_type -> kvrelay.operator.v1.Rollout
-	31, // 47: kvrelay.operator.v1.Operator.PolicyHistory:output_type -> kvrelay.operator.v1.PolicyHistoryResponse
-	34, // [34:48] is the sub-list for method output_type
-	20, // [20:34] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	6,  // 5: kvrelay.operator.v1.Policy.profile:type_name -> kvrelay.operator.v1.Profile
+	7,  // 6: kvrelay.operator.v1.Profile.filters:type_name -> kvrelay.operator.v1.Plugin
+	7,  // 7: kvrelay.operator.v1.Profile.scorers:type_name -> kvrelay.operator.v1.Plugin
+	7,  // 8: kvrelay.operator.v1.Profile.picker:type_name -> kvrelay.operator.v1.Plugin
+	7,  // 9: kvrelay.operator.v1.Profile.spread:type_name -> kvrelay.operator.v1.Plugin
+	34, // 10: kvrelay.operator.v1.Plugin.params:type_name -> kvrelay.operator.v1.Plugin.ParamsEntry
+	1,  // 11: kvrelay.operator.v1.WorkerBlocks.blocks:type_name -> kvrelay.operator.v1.BlockCounts
+	8,  // 12: kvrelay.operator.v1.Index.workers:type_name -> kvrelay.operator.v1.WorkerBlocks
+	10, // 13: kvrelay.operator.v1.Proxy.last_nack:type_name -> kvrelay.operator.v1.Nack
+	4,  // 14: kvrelay.operator.v1.ListWorkersResponse.workers:type_name -> kvrelay.operator.v1.Worker
+	0,  // 15: kvrelay.operator.v1.UpsertWorkerRequest.spec:type_name -> kvrelay.operator.v1.WorkerSpec
+	5,  // 16: kvrelay.operator.v1.SetPolicyRequest.policy:type_name -> kvrelay.operator.v1.Policy
+	11, // 17: kvrelay.operator.v1.ListProxiesResponse.proxies:type_name -> kvrelay.operator.v1.Proxy
+	5,  // 18: kvrelay.operator.v1.Rollout.candidate:type_name -> kvrelay.operator.v1.Policy
+	25, // 19: kvrelay.operator.v1.Rollout.spec:type_name -> kvrelay.operator.v1.RolloutSpec
+	26, // 20: kvrelay.operator.v1.Rollout.steps:type_name -> kvrelay.operator.v1.RolloutStep
+	26, // 21: kvrelay.operator.v1.Rollout.current:type_name -> kvrelay.operator.v1.RolloutStep
+	5,  // 22: kvrelay.operator.v1.StartRolloutRequest.candidate:type_name -> kvrelay.operator.v1.Policy
+	25, // 23: kvrelay.operator.v1.StartRolloutRequest.spec:type_name -> kvrelay.operator.v1.RolloutSpec
+	5,  // 24: kvrelay.operator.v1.PolicyChange.policy:type_name -> kvrelay.operator.v1.Policy
+	31, // 25: kvrelay.operator.v1.PolicyHistoryResponse.changes:type_name -> kvrelay.operator.v1.PolicyChange
+	12, // 26: kvrelay.operator.v1.Operator.ListWorkers:input_type -> kvrelay.operator.v1.ListWorkersRequest
+	14, // 27: kvrelay.operator.v1.Operator.GetWorker:input_type -> kvrelay.operator.v1.GetWorkerRequest
+	15, // 28: kvrelay.operator.v1.Operator.UpsertWorker:input_type -> kvrelay.operator.v1.UpsertWorkerRequest
+	16, // 29: kvrelay.operator.v1.Operator.RemoveWorker:input_type -> kvrelay.operator.v1.RemoveWorkerRequest
+	18, // 30: kvrelay.operator.v1.Operator.Drain:input_type -> kvrelay.operator.v1.DrainRequest
+	19, // 31: kvrelay.operator.v1.Operator.Undrain:input_type -> kvrelay.operator.v1.UndrainRequest
+	20, // 32: kvrelay.operator.v1.Operator.GetPolicy:input_type -> kvrelay.operator.v1.GetPolicyRequest
+	21, // 33: kvrelay.operator.v1.Operator.SetPolicy:input_type -> kvrelay.operator.v1.SetPolicyRequest
+	22, // 34: kvrelay.operator.v1.Operator.GetIndex:input_type -> kvrelay.operator.v1.GetIndexRequest
+	23, // 35: kvrelay.operator.v1.Operator.ListProxies:input_type -> kvrelay.operator.v1.ListProxiesRequest
+	28, // 36: kvrelay.operator.v1.Operator.StartRollout:input_type -> kvrelay.operator.v1.StartRolloutRequest
+	29, // 37: kvrelay.operator.v1.Operator.GetRollout:input_type -> kvrelay.operator.v1.GetRolloutRequest
+	30, // 38: kvrelay.operator.v1.Operator.ControlRollout:input_type -> kvrelay.operator.v1.ControlRolloutRequest
+	32, // 39: kvrelay.operator.v1.Operator.PolicyHistory:input_type -> kvrelay.operator.v1.PolicyHistoryRequest
+	13, // 40: kvrelay.operator.v1.Operator.ListWorkers:output_type -> kvrelay.operator.v1.ListWorkersResponse
+	4,  // 41: kvrelay.operator.v1.Operator.GetWorker:output_type -> kvrelay.operator.v1.Worker
+	4,  // 42: kvrelay.operator.v1.Operator.UpsertWorker:output_type -> kvrelay.operator.v1.Worker
+	17, // 43: kvrelay.operator.v1.Operator.RemoveWorker:output_type -> kvrelay.operator.v1.RemoveWorkerResponse
+	4,  // 44: kvrelay.operator.v1.Operator.Drain:output_type -> kvrelay.operator.v1.Worker
+	4,  // 45: kvrelay.operator.v1.Operator.Undrain:output_type -> kvrelay.operator.v1.Worker
+	5,  // 46: kvrelay.operator.v1.Operator.GetPolicy:output_type -> kvrelay.operator.v1.Policy
+	5,  // 47: kvrelay.operator.v1.Operator.SetPolicy:output_type -> kvrelay.operator.v1.Policy
+	9,  // 48: kvrelay.operator.v1.Operator.GetIndex:output_type -> kvrelay.operator.v1.Index
+	24, // 49: kvrelay.operator.v1.Operator.ListProxies:output_type -> kvrelay.operator.v1.ListProxiesResponse
+	27, // 50: kvrelay.operator.v1.Operator.StartRollout:output_type -> kvrelay.operator.v1.Rollout
+	27, // 51: kvrelay.operator.v1.Operator.GetRollout:output_type -> kvrelay.operator.v1.Rollout
+	27, // 52: kvrelay.operator.v1.Operator.ControlRollout:output_type -> kvrelay.operator.v1.Rollout
+	33, // 53: kvrelay.operator.v1.Operator.PolicyHistory:output_type -> kvrelay.operator.v1.PolicyHistoryResponse
+	40, // [40:54] is the sub-list for method output_type
+	26, // [26:40] is the sub-list for method input_type
+	26, // [26:26] is the sub-list for extension type_name
+	26, // [26:26] is the sub-list for extension extendee
+	0,  // [0:26] is the sub-list for field type_name
 }
 
 func init() { file_operator_proto_init() }
@@ -2743,14 +2906,14 @@ func file_operator_proto_init() {
 		return
 	}
 	file_operator_proto_msgTypes[5].OneofWrappers = []any{}
-	file_operator_proto_msgTypes[23].OneofWrappers = []any{}
+	file_operator_proto_msgTypes[25].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_operator_proto_rawDesc), len(file_operator_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   32,
+			NumMessages:   35,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -395,8 +395,12 @@ type RoutingPolicy struct {
 	Candidate      *RoutingPolicy `protobuf:"bytes,16,opt,name=candidate,proto3" json:"candidate,omitempty"`
 	CandidateShare float64        `protobuf:"fixed64,17,opt,name=candidate_share,json=candidateShare,proto3" json:"candidate_share,omitempty"`
 	Shadow         bool           `protobuf:"varint,18,opt,name=shadow,proto3" json:"shadow,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// profile, with policy "custom", is the policy as data: the filters, scorers and picker
+	// the proxy builds from its registry of plugins (a proxy refuses a profile naming a
+	// plugin it does not have). The built-in policy names are presets of this form.
+	Profile       *Profile `protobuf:"bytes,19,opt,name=profile,proto3" json:"profile,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RoutingPolicy) Reset() {
@@ -555,6 +559,146 @@ func (x *RoutingPolicy) GetShadow() bool {
 	return false
 }
 
+func (x *RoutingPolicy) GetProfile() *Profile {
+	if x != nil {
+		return x.Profile
+	}
+	return nil
+}
+
+// Profile is a routing policy as data (xds/policy.Profile).
+type Profile struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Filters []*Plugin              `protobuf:"bytes,1,rep,name=filters,proto3" json:"filters,omitempty"`
+	Scorers []*Plugin              `protobuf:"bytes,2,rep,name=scorers,proto3" json:"scorers,omitempty"`
+	Picker  *Plugin                `protobuf:"bytes,3,opt,name=picker,proto3" json:"picker,omitempty"`
+	// spread, when set, picks instead of the scorers and picker when no worker caches the
+	// policy's cache threshold of the prompt more than another.
+	Spread        *Plugin `protobuf:"bytes,4,opt,name=spread,proto3" json:"spread,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Profile) Reset() {
+	*x = Profile{}
+	mi := &file_kvrelay_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Profile) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Profile) ProtoMessage() {}
+
+func (x *Profile) ProtoReflect() protoreflect.Message {
+	mi := &file_kvrelay_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Profile.ProtoReflect.Descriptor instead.
+func (*Profile) Descriptor() ([]byte, []int) {
+	return file_kvrelay_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *Profile) GetFilters() []*Plugin {
+	if x != nil {
+		return x.Filters
+	}
+	return nil
+}
+
+func (x *Profile) GetScorers() []*Plugin {
+	if x != nil {
+		return x.Scorers
+	}
+	return nil
+}
+
+func (x *Profile) GetPicker() *Plugin {
+	if x != nil {
+		return x.Picker
+	}
+	return nil
+}
+
+func (x *Profile) GetSpread() *Plugin {
+	if x != nil {
+		return x.Spread
+	}
+	return nil
+}
+
+// Plugin is one filter, scorer or picker: its registered name, a scorer's weight, and
+// named parameters.
+type Plugin struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Weight        float64                `protobuf:"fixed64,2,opt,name=weight,proto3" json:"weight,omitempty"`
+	Params        map[string]float64     `protobuf:"bytes,3,rep,name=params,proto3" json:"params,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"fixed64,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Plugin) Reset() {
+	*x = Plugin{}
+	mi := &file_kvrelay_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Plugin) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Plugin) ProtoMessage() {}
+
+func (x *Plugin) ProtoReflect() protoreflect.Message {
+	mi := &file_kvrelay_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Plugin.ProtoReflect.Descriptor instead.
+func (*Plugin) Descriptor() ([]byte, []int) {
+	return file_kvrelay_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *Plugin) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Plugin) GetWeight() float64 {
+	if x != nil {
+		return x.Weight
+	}
+	return 0
+}
+
+func (x *Plugin) GetParams() map[string]float64 {
+	if x != nil {
+		return x.Params
+	}
+	return nil
+}
+
 type JournalAck struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	NodeId string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
@@ -570,7 +714,7 @@ type JournalAck struct {
 
 func (x *JournalAck) Reset() {
 	*x = JournalAck{}
-	mi := &file_kvrelay_proto_msgTypes[3]
+	mi := &file_kvrelay_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -582,7 +726,7 @@ func (x *JournalAck) String() string {
 func (*JournalAck) ProtoMessage() {}
 
 func (x *JournalAck) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[3]
+	mi := &file_kvrelay_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -595,7 +739,7 @@ func (x *JournalAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JournalAck.ProtoReflect.Descriptor instead.
 func (*JournalAck) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{3}
+	return file_kvrelay_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *JournalAck) GetNodeId() string {
@@ -650,7 +794,7 @@ type JournalBatch struct {
 
 func (x *JournalBatch) Reset() {
 	*x = JournalBatch{}
-	mi := &file_kvrelay_proto_msgTypes[4]
+	mi := &file_kvrelay_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -662,7 +806,7 @@ func (x *JournalBatch) String() string {
 func (*JournalBatch) ProtoMessage() {}
 
 func (x *JournalBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[4]
+	mi := &file_kvrelay_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -675,7 +819,7 @@ func (x *JournalBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JournalBatch.ProtoReflect.Descriptor instead.
 func (*JournalBatch) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{4}
+	return file_kvrelay_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *JournalBatch) GetEpoch() uint64 {
@@ -742,7 +886,7 @@ type LoadReport struct {
 
 func (x *LoadReport) Reset() {
 	*x = LoadReport{}
-	mi := &file_kvrelay_proto_msgTypes[5]
+	mi := &file_kvrelay_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -754,7 +898,7 @@ func (x *LoadReport) String() string {
 func (*LoadReport) ProtoMessage() {}
 
 func (x *LoadReport) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[5]
+	mi := &file_kvrelay_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -767,7 +911,7 @@ func (x *LoadReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadReport.ProtoReflect.Descriptor instead.
 func (*LoadReport) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{5}
+	return file_kvrelay_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *LoadReport) GetNodeId() string {
@@ -842,7 +986,7 @@ type ArmReport struct {
 
 func (x *ArmReport) Reset() {
 	*x = ArmReport{}
-	mi := &file_kvrelay_proto_msgTypes[6]
+	mi := &file_kvrelay_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -854,7 +998,7 @@ func (x *ArmReport) String() string {
 func (*ArmReport) ProtoMessage() {}
 
 func (x *ArmReport) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[6]
+	mi := &file_kvrelay_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -867,7 +1011,7 @@ func (x *ArmReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ArmReport.ProtoReflect.Descriptor instead.
 func (*ArmReport) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{6}
+	return file_kvrelay_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ArmReport) GetPolicyVersion() uint64 {
@@ -1014,7 +1158,7 @@ type ReportSeq struct {
 
 func (x *ReportSeq) Reset() {
 	*x = ReportSeq{}
-	mi := &file_kvrelay_proto_msgTypes[7]
+	mi := &file_kvrelay_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1026,7 +1170,7 @@ func (x *ReportSeq) String() string {
 func (*ReportSeq) ProtoMessage() {}
 
 func (x *ReportSeq) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[7]
+	mi := &file_kvrelay_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1039,7 +1183,7 @@ func (x *ReportSeq) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportSeq.ProtoReflect.Descriptor instead.
 func (*ReportSeq) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{7}
+	return file_kvrelay_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ReportSeq) GetNodeId() string {
@@ -1068,7 +1212,7 @@ type WorkerLoad struct {
 
 func (x *WorkerLoad) Reset() {
 	*x = WorkerLoad{}
-	mi := &file_kvrelay_proto_msgTypes[8]
+	mi := &file_kvrelay_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1080,7 +1224,7 @@ func (x *WorkerLoad) String() string {
 func (*WorkerLoad) ProtoMessage() {}
 
 func (x *WorkerLoad) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[8]
+	mi := &file_kvrelay_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1093,7 +1237,7 @@ func (x *WorkerLoad) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerLoad.ProtoReflect.Descriptor instead.
 func (*WorkerLoad) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{8}
+	return file_kvrelay_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *WorkerLoad) GetWorkerId() string {
@@ -1134,7 +1278,7 @@ type LoadReportAck struct {
 
 func (x *LoadReportAck) Reset() {
 	*x = LoadReportAck{}
-	mi := &file_kvrelay_proto_msgTypes[9]
+	mi := &file_kvrelay_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1146,7 +1290,7 @@ func (x *LoadReportAck) String() string {
 func (*LoadReportAck) ProtoMessage() {}
 
 func (x *LoadReportAck) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[9]
+	mi := &file_kvrelay_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1159,7 +1303,7 @@ func (x *LoadReportAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadReportAck.ProtoReflect.Descriptor instead.
 func (*LoadReportAck) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{9}
+	return file_kvrelay_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *LoadReportAck) GetIntervalMs() uint32 {
@@ -1201,7 +1345,7 @@ const file_kvrelay_proto_rawDesc = "" +
 	"\rdecode_blocks\x18\x05 \x01(\x04R\fdecodeBlocks\x12\x1a\n" +
 	"\binflight\x18\x06 \x01(\rR\binflight\x12,\n" +
 	"\x12observed_unix_nano\x18\a \x01(\x03R\x10observedUnixNano\x123\n" +
-	"\areports\x18\b \x03(\v2\x19.kvrelay.xds.v1.ReportSeqR\areports\"\x89\x06\n" +
+	"\areports\x18\b \x03(\v2\x19.kvrelay.xds.v1.ReportSeqR\areports\"\xbc\x06\n" +
 	"\rRoutingPolicy\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\x12\x16\n" +
 	"\x06policy\x18\x02 \x01(\tR\x06policy\x12%\n" +
@@ -1221,10 +1365,23 @@ const file_kvrelay_proto_rawDesc = "" +
 	"\x11background_weight\x18\x0f \x01(\x01H\x02R\x10backgroundWeight\x88\x01\x01\x12;\n" +
 	"\tcandidate\x18\x10 \x01(\v2\x1d.kvrelay.xds.v1.RoutingPolicyR\tcandidate\x12'\n" +
 	"\x0fcandidate_share\x18\x11 \x01(\x01R\x0ecandidateShare\x12\x16\n" +
-	"\x06shadow\x18\x12 \x01(\bR\x06shadowB\x13\n" +
+	"\x06shadow\x18\x12 \x01(\bR\x06shadow\x121\n" +
+	"\aprofile\x18\x13 \x01(\v2\x17.kvrelay.xds.v1.ProfileR\aprofileB\x13\n" +
 	"\x11_disagg_thresholdB\x11\n" +
 	"\x0f_compute_weightB\x14\n" +
-	"\x12_background_weight\"p\n" +
+	"\x12_background_weight\"\xcd\x01\n" +
+	"\aProfile\x120\n" +
+	"\afilters\x18\x01 \x03(\v2\x16.kvrelay.xds.v1.PluginR\afilters\x120\n" +
+	"\ascorers\x18\x02 \x03(\v2\x16.kvrelay.xds.v1.PluginR\ascorers\x12.\n" +
+	"\x06picker\x18\x03 \x01(\v2\x16.kvrelay.xds.v1.PluginR\x06picker\x12.\n" +
+	"\x06spread\x18\x04 \x01(\v2\x16.kvrelay.xds.v1.PluginR\x06spread\"\xab\x01\n" +
+	"\x06Plugin\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
+	"\x06weight\x18\x02 \x01(\x01R\x06weight\x12:\n" +
+	"\x06params\x18\x03 \x03(\v2\".kvrelay.xds.v1.Plugin.ParamsEntryR\x06params\x1a9\n" +
+	"\vParamsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\"p\n" +
 	"\n" +
 	"JournalAck\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x14\n" +
@@ -1307,36 +1464,45 @@ func file_kvrelay_proto_rawDescGZIP() []byte {
 }
 
 var file_kvrelay_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_kvrelay_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_kvrelay_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_kvrelay_proto_goTypes = []any{
 	(Role)(0),             // 0: kvrelay.xds.v1.Role
 	(*Worker)(nil),        // 1: kvrelay.xds.v1.Worker
 	(*Load)(nil),          // 2: kvrelay.xds.v1.Load
 	(*RoutingPolicy)(nil), // 3: kvrelay.xds.v1.RoutingPolicy
-	(*JournalAck)(nil),    // 4: kvrelay.xds.v1.JournalAck
-	(*JournalBatch)(nil),  // 5: kvrelay.xds.v1.JournalBatch
-	(*LoadReport)(nil),    // 6: kvrelay.xds.v1.LoadReport
-	(*ArmReport)(nil),     // 7: kvrelay.xds.v1.ArmReport
-	(*ReportSeq)(nil),     // 8: kvrelay.xds.v1.ReportSeq
-	(*WorkerLoad)(nil),    // 9: kvrelay.xds.v1.WorkerLoad
-	(*LoadReportAck)(nil), // 10: kvrelay.xds.v1.LoadReportAck
+	(*Profile)(nil),       // 4: kvrelay.xds.v1.Profile
+	(*Plugin)(nil),        // 5: kvrelay.xds.v1.Plugin
+	(*JournalAck)(nil),    // 6: kvrelay.xds.v1.JournalAck
+	(*JournalBatch)(nil),  // 7: kvrelay.xds.v1.JournalBatch
+	(*LoadReport)(nil),    // 8: kvrelay.xds.v1.LoadReport
+	(*ArmReport)(nil),     // 9: kvrelay.xds.v1.ArmReport
+	(*ReportSeq)(nil),     // 10: kvrelay.xds.v1.ReportSeq
+	(*WorkerLoad)(nil),    // 11: kvrelay.xds.v1.WorkerLoad
+	(*LoadReportAck)(nil), // 12: kvrelay.xds.v1.LoadReportAck
+	nil,                   // 13: kvrelay.xds.v1.Plugin.ParamsEntry
 }
 var file_kvrelay_proto_depIdxs = []int32{
 	0,  // 0: kvrelay.xds.v1.Worker.role:type_name -> kvrelay.xds.v1.Role
 	2,  // 1: kvrelay.xds.v1.Worker.load:type_name -> kvrelay.xds.v1.Load
-	8,  // 2: kvrelay.xds.v1.Load.reports:type_name -> kvrelay.xds.v1.ReportSeq
+	10, // 2: kvrelay.xds.v1.Load.reports:type_name -> kvrelay.xds.v1.ReportSeq
 	3,  // 3: kvrelay.xds.v1.RoutingPolicy.candidate:type_name -> kvrelay.xds.v1.RoutingPolicy
-	9,  // 4: kvrelay.xds.v1.LoadReport.workers:type_name -> kvrelay.xds.v1.WorkerLoad
-	7,  // 5: kvrelay.xds.v1.LoadReport.arms:type_name -> kvrelay.xds.v1.ArmReport
-	4,  // 6: kvrelay.xds.v1.IndexJournal.Stream:input_type -> kvrelay.xds.v1.JournalAck
-	6,  // 7: kvrelay.xds.v1.LoadReporting.Report:input_type -> kvrelay.xds.v1.LoadReport
-	5,  // 8: kvrelay.xds.v1.IndexJournal.Stream:output_type -> kvrelay.xds.v1.JournalBatch
-	10, // 9: kvrelay.xds.v1.LoadReporting.Report:output_type -> kvrelay.xds.v1.LoadReportAck
-	8,  // [8:10] is the sub-list for method output_type
-	6,  // [6:8] is the sub-list for method input_type
-	6,  // [6:6] is the sub-list for extension type_name
-	6,  // [6:6] is the sub-list for extension extendee
-	0,  // [0:6] is the sub-list for field type_name
+	4,  // 4: kvrelay.xds.v1.RoutingPolicy.profile:type_name -> kvrelay.xds.v1.Profile
+	5,  // 5: kvrelay.xds.v1.Profile.filters:type_name -> kvrelay.xds.v1.Plugin
+	5,  // 6: kvrelay.xds.v1.Profile.scorers:type_name -> kvrelay.xds.v1.Plugin
+	5,  // 7: kvrelay.xds.v1.Profile.picker:type_name -> kvrelay.xds.v1.Plugin
+	5,  // 8: kvrelay.xds.v1.Profile.spread:type_name -> kvrelay.xds.v1.Plugin
+	13, // 9: kvrelay.xds.v1.Plugin.params:type_name -> kvrelay.xds.v1.Plugin.ParamsEntry
+	11, // 10: kvrelay.xds.v1.LoadReport.workers:type_name -> kvrelay.xds.v1.WorkerLoad
+	9,  // 11: kvrelay.xds.v1.LoadReport.arms:type_name -> kvrelay.xds.v1.ArmReport
+	6,  // 12: kvrelay.xds.v1.IndexJournal.Stream:input_type -> kvrelay.xds.v1.JournalAck
+	8,  // 13: kvrelay.xds.v1.LoadReporting.Report:input_type -> kvrelay.xds.v1.LoadReport
+	7,  // 14: kvrelay.xds.v1.IndexJournal.Stream:output_type -> kvrelay.xds.v1.JournalBatch
+	12, // 15: kvrelay.xds.v1.LoadReporting.Report:output_type -> kvrelay.xds.v1.LoadReportAck
+	14, // [14:16] is the sub-list for method output_type
+	12, // [12:14] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_kvrelay_proto_init() }
@@ -1351,7 +1517,7 @@ func file_kvrelay_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvrelay_proto_rawDesc), len(file_kvrelay_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   10,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   2,
 		},
