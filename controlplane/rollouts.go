@@ -152,7 +152,8 @@ func armOf(arms map[uint64]xdsserver.Arm, version uint64) rollout.Arm {
 		TTFT:   rollout.Histogram{Bounds: a.TTFTBounds, Counts: a.TTFTCounts},
 		Shadow: rollout.Shadow(a.Shadow), Rejections: a.Rejections, ServerErrors: a.ServerErrors,
 		ITL:       rollout.Histogram{Bounds: a.ITLBounds, Counts: a.ITLCounts},
-		Decisions: a.Decisions, RegretBlocks: a.RegretBlocks}
+		Decisions: a.Decisions, RegretBlocks: a.RegretBlocks,
+		Hits: rollout.Histogram{Bounds: a.HitBounds, Counts: a.HitCounts}}
 }
 
 // tick judges the running step with the arms reported now, and applies a transition.

@@ -46,8 +46,9 @@ type Spec struct {
 	StepTimeout  time.Duration
 	// A step fails when the candidate's TTFT p90 exceeds MaxTTFTP90Ratio × the stable one's
 	// and the rank test says it is slower, when its error rate exceeds the stable one's by
-	// more than MaxErrorRateDelta, or its prefix hit rate falls short by more than
-	// MaxHitRateDrop.
+	// more than MaxErrorRateDelta, or when its prefix hit rate falls short by more than
+	// MaxHitRateDrop and the rank test says its requests' hit ratios are lower (when both
+	// arms report them).
 	MaxTTFTP90Ratio float64
 	// MaxITLP90Ratio is the same test on the gaps between content chunks (0: not judged).
 	MaxITLP90Ratio    float64
@@ -98,6 +99,8 @@ type Arm struct {
 	ITL                      Histogram // gaps between content chunks, seconds
 	// Decisions are the requests the policy placed, RegretBlocks their summed regret.
 	Decisions, RegretBlocks uint64
+	// Hits is the distribution of the requests' shares of prompt blocks cached.
+	Hits Histogram
 }
 
 // Shadow is what a candidate decided in shadow beside the stable policy: its decisions,
@@ -113,6 +116,7 @@ type Shadow struct {
 func (a Arm) clone() Arm {
 	a.TTFT.Counts = slices.Clone(a.TTFT.Counts)
 	a.ITL.Counts = slices.Clone(a.ITL.Counts)
+	a.Hits.Counts = slices.Clone(a.Hits.Counts)
 	return a
 }
 
@@ -129,7 +133,7 @@ func (a Arm) sub(b Arm) Arm {
 		Shadow: Shadow{d(sa.Picks, sb.Picks), d(sa.Disagreements, sb.Disagreements), d(sa.StableOverlapBlocks, sb.StableOverlapBlocks),
 			d(sa.CandOverlapBlocks, sb.CandOverlapBlocks), d(sa.StableLoad, sb.StableLoad), d(sa.CandLoad, sb.CandLoad)},
 		Rejections: d(a.Rejections, b.Rejections), ServerErrors: d(a.ServerErrors, b.ServerErrors), ITL: a.ITL.Sub(b.ITL),
-		Decisions: d(a.Decisions, b.Decisions), RegretBlocks: d(a.RegretBlocks, b.RegretBlocks)}
+		Decisions: d(a.Decisions, b.Decisions), RegretBlocks: d(a.RegretBlocks, b.RegretBlocks), Hits: a.Hits.Sub(b.Hits)}
 }
 
 func rate(n, d uint64) float64 {
@@ -342,8 +346,12 @@ func (r *Rollout) judge(stable, cand Arm) Result {
 	switch {
 	case res.CandidateErrorRate > res.StableErrorRate+s.MaxErrorRateDelta:
 		res.Verdict, res.Reason = Fail, fmt.Sprintf("error rate %.2f%% against %.2f%%", 100*res.CandidateErrorRate, 100*res.StableErrorRate)
-	case stable.PromptBlocks > 0 && cand.PromptBlocks > 0 && res.CandidateHitRate < res.StableHitRate-s.MaxHitRateDrop:
+	case stable.PromptBlocks > 0 && cand.PromptBlocks > 0 && res.CandidateHitRate < res.StableHitRate-s.MaxHitRateDrop &&
+		(cand.Hits.Total() == 0 || stable.Hits.Total() == 0 || Slower(cand.Hits, stable.Hits, s.Alpha)):
 		res.Verdict, res.Reason = Fail, fmt.Sprintf("prefix hit rate %.1f%% against %.1f%%", 100*res.CandidateHitRate, 100*res.StableHitRate)
+		if cand.Hits.Total() > 0 && stable.Hits.Total() > 0 {
+			res.Reason += " (and requests' hit ratios lower by the rank test)"
+		}
 	case cand.TTFT.Total() > 0 && stable.TTFT.Total() > 0 && res.CandidateTTFTP90 > s.MaxTTFTP90Ratio*res.StableTTFTP90 && Slower(stable.TTFT, cand.TTFT, s.Alpha):
 		res.Verdict, res.Reason = Fail, fmt.Sprintf("TTFT p90 %.0f ms against %.0f ms (×%.2f, and slower by the rank test)", 1e3*res.CandidateTTFTP90, 1e3*res.StableTTFTP90, res.CandidateTTFTP90/res.StableTTFTP90)
 	case s.MaxITLP90Ratio > 0 && cand.ITL.Total() > 0 && stable.ITL.Total() > 0 && res.CandidateITLP90 > s.MaxITLP90Ratio*res.StableITLP90 && Slower(stable.ITL, cand.ITL, s.Alpha):

@@ -318,3 +318,34 @@ func TestPersistedRolloutResumes(t *testing.T) {
 		t.Fatalf("results %+v", a.Results)
 	}
 }
+
+// TestHitRateDropNeedsTheRankTest: a block-weighted hit rate that falls by more than the
+// threshold only because the candidate drew longer prompts passes when the requests' hit
+// ratios are alike; a candidate whose requests hit less fails.
+func TestHitRateDropNeedsTheRankTest(t *testing.T) {
+	hb := []float64{0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.99}
+	hits := func(low, high uint64) Histogram {
+		c := make([]uint64, len(hb)+1)
+		c[2], c[10] = low, high // ratios in (0.1, 0.2] and (0.9, 0.99]
+		return Histogram{Bounds: hb, Counts: c}
+	}
+	ttft := Histogram{Bounds: bounds, Counts: make([]uint64, len(bounds)+1)}
+	ttft.Counts[3] = 1000
+	stable := Arm{Requests: 1000, TTFT: ttft, PromptBlocks: 100000, CachedBlocks: 55000, Hits: hits(500, 500)}
+	spec := DefaultSpec()
+	r := &Rollout{Spec: spec}
+	// Same per-request ratios, the low-hit half of the candidate's prompts longer: 52%.
+	alike := Arm{Requests: 1000, TTFT: ttft, PromptBlocks: 100000, CachedBlocks: 52000, Hits: hits(500, 500)}
+	if res := r.judge(stable, alike); res.Verdict != Pass {
+		t.Fatalf("alike requests: %s (%s)", res.Verdict, res.Reason)
+	}
+	worse := Arm{Requests: 1000, TTFT: ttft, PromptBlocks: 100000, CachedBlocks: 40000, Hits: hits(650, 350)}
+	if res := r.judge(stable, worse); res.Verdict != Fail || !strings.Contains(res.Reason, "rank test") {
+		t.Fatalf("fewer hits: %s (%s)", res.Verdict, res.Reason)
+	}
+	// Without ratios (an older proxy) the threshold alone decides.
+	alike.Hits, stable.Hits = Histogram{}, Histogram{}
+	if res := r.judge(stable, alike); res.Verdict != Fail {
+		t.Fatalf("without ratios: %s (%s)", res.Verdict, res.Reason)
+	}
+}

@@ -50,6 +50,7 @@ type armSeries struct {
 	// rejected counts 429 and 503 answers, server5xx those of 500 and above.
 	rejected, server5xx atomic.Uint64
 	itlCounts           [len(armITLBounds) + 1]atomic.Uint64
+	hitCounts           [len(armHitBounds) + 1]atomic.Uint64
 	// decisions placed, and the sum of their regret in blocks.
 	decisions, regretSum atomic.Uint64
 	// In shadow: decisions, disagreements, and the sums of each pick's overlap and worker
@@ -73,6 +74,9 @@ const (
 var (
 	armTTFTBounds = [...]float64{0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96}
 	armITLBounds  = [...]float64{0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512, 1.024}
+	// armHitBounds bucket each request's share of prompt blocks cached; above the last, a
+	// whole-prompt hit.
+	armHitBounds = [...]float64{0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.99}
 )
 
 // bucket is the index of v's bucket among bounds (len(bounds): above the last).
@@ -118,8 +122,10 @@ func (a *armSeries) observe(status int, ttft float64, hasTTFT bool, cached, prom
 		a.ttftCounts[bucket(armTTFTBounds[:], ttft)].Add(1)
 	}
 	if prompt > 0 {
-		a.cached.Add(uint64(max(min(cached, prompt), 0)))
+		c := max(min(cached, prompt), 0)
+		a.cached.Add(uint64(c))
 		a.prompt.Add(uint64(prompt))
+		a.hitCounts[bucket(armHitBounds[:], float64(c)/float64(prompt))].Add(1)
 	}
 }
 
@@ -133,12 +139,16 @@ func (a *armSeries) report() *xdsv1.ArmReport {
 		ShadowStableLoad: a.shadowSums[shadowStableLoad].Load(), ShadowCandidateLoad: a.shadowSums[shadowCandLoad].Load(),
 		Rejections: a.rejected.Load(), ServerErrors: a.server5xx.Load(),
 		ItlBounds: armITLBounds[:], ItlCounts: make([]uint64, len(a.itlCounts)),
-		Decisions: a.decisions.Load(), RegretBlocks: a.regretSum.Load()}
+		Decisions: a.decisions.Load(), RegretBlocks: a.regretSum.Load(),
+		HitBounds: armHitBounds[:], HitCounts: make([]uint64, len(a.hitCounts))}
 	for i := range a.ttftCounts {
 		r.TtftCounts[i] = a.ttftCounts[i].Load()
 	}
 	for i := range a.itlCounts {
 		r.ItlCounts[i] = a.itlCounts[i].Load()
+	}
+	for i := range a.hitCounts {
+		r.HitCounts[i] = a.hitCounts[i].Load()
 	}
 	return r
 }

@@ -220,6 +220,9 @@ func TestArmReportCountsEveryFigure(t *testing.T) {
 	if len(r.ItlCounts) != len(r.ItlBounds)+1 || r.ItlCounts[0] != 1 || r.ItlCounts[2] != 2 || r.ItlCounts[len(r.ItlBounds)] != 1 {
 		t.Fatalf("ITL counts %v over %v", r.ItlCounts, r.ItlBounds)
 	}
+	if len(r.HitCounts) != len(r.HitBounds)+1 || r.HitCounts[bucket(armHitBounds[:], 0.75)] != 6 {
+		t.Fatalf("hit ratio counts %v", r.HitCounts)
+	}
 	if r.Decisions != 2 || r.RegretBlocks != 6 {
 		t.Fatalf("%d decisions, %d blocks of regret; want 2 and 6", r.Decisions, r.RegretBlocks)
 	}

@@ -81,14 +81,8 @@ func (l *loadStore) arms() map[uint64]Arm {
 			sum.ServerErrors = satAdd(sum.ServerErrors, a.ServerErrors)
 			sum.Decisions = satAdd(sum.Decisions, a.Decisions)
 			sum.RegretBlocks = satAdd(sum.RegretBlocks, a.RegretBlocks)
-			switch {
-			case sum.ITLBounds == nil && len(a.ITLBounds) > 0:
-				sum.ITLBounds, sum.ITLCounts = a.ITLBounds, slices.Clone(a.ITLCounts)
-			case slices.Equal(sum.ITLBounds, a.ITLBounds):
-				for i, c := range a.ITLCounts {
-					sum.ITLCounts[i] = satAdd(sum.ITLCounts[i], c)
-				}
-			}
+			sum.ITLBounds, sum.ITLCounts = addHistogram(sum.ITLBounds, sum.ITLCounts, a.ITLBounds, a.ITLCounts)
+			sum.HitBounds, sum.HitCounts = addHistogram(sum.HitBounds, sum.HitCounts, a.HitBounds, a.HitCounts)
 			if slices.Equal(sum.TTFTBounds, a.TTFTBounds) {
 				for i, c := range a.TTFTCounts {
 					sum.TTFTCounts[i] = satAdd(sum.TTFTCounts[i], c)
@@ -151,6 +145,9 @@ type Arm struct {
 	ITLCounts []uint64
 	// Decisions are the requests its policy placed, RegretBlocks their summed regret.
 	Decisions, RegretBlocks uint64
+	// HitCounts[i] counts requests whose cached share of the prompt was within HitBounds[i].
+	HitBounds []float64
+	HitCounts []uint64
 }
 
 // Shadow is what a candidate in shadow decided beside the stable policy: its decisions,
@@ -178,7 +175,9 @@ func armsOf(r *xdsv1.LoadReport) []Arm {
 	for _, a := range r.GetArms() {
 		b, c := a.GetTtftBounds(), a.GetTtftCounts()
 		ib, ic := a.GetItlBounds(), a.GetItlCounts()
-		ok := a.GetPolicyVersion() != 0 && len(out) < maxArms && buckets(b, c) && (len(ib)+len(ic) == 0 || buckets(ib, ic))
+		hb, hc := a.GetHitBounds(), a.GetHitCounts()
+		ok := a.GetPolicyVersion() != 0 && len(out) < maxArms && buckets(b, c) && (len(ib)+len(ic) == 0 || buckets(ib, ic)) &&
+			(len(hb)+len(hc) == 0 || buckets(hb, hc))
 		if !ok {
 			continue
 		}
@@ -187,9 +186,23 @@ func armsOf(r *xdsv1.LoadReport) []Arm {
 			Shadow: Shadow{a.GetShadowPicks(), a.GetShadowDisagreements(), a.GetShadowStableOverlapBlocks(),
 				a.GetShadowCandidateOverlapBlocks(), a.GetShadowStableLoad(), a.GetShadowCandidateLoad()},
 			Rejections: a.GetRejections(), ServerErrors: a.GetServerErrors(), ITLBounds: slices.Clone(ib), ITLCounts: slices.Clone(ic),
-			Decisions: a.GetDecisions(), RegretBlocks: a.GetRegretBlocks()})
+			Decisions: a.GetDecisions(), RegretBlocks: a.GetRegretBlocks(), HitBounds: slices.Clone(hb), HitCounts: slices.Clone(hc)})
 	}
 	return out
+}
+
+// addHistogram adds the histogram (b, c) to the sum (sb, sc): the first one taken as it is
+// (copied), later ones with the same bounds added, others left out.
+func addHistogram(sb []float64, sc []uint64, b []float64, c []uint64) ([]float64, []uint64) {
+	switch {
+	case sb == nil && len(b) > 0:
+		return b, slices.Clone(c)
+	case slices.Equal(sb, b):
+		for i, n := range c {
+			sc[i] = satAdd(sc[i], n)
+		}
+	}
+	return sb, sc
 }
 
 // buckets reports whether bounds (at most 64, finite, increasing) and counts (one more)

@@ -978,8 +978,12 @@ type ArmReport struct {
 	ItlCounts []uint64  `protobuf:"varint,17,rep,packed,name=itl_counts,json=itlCounts,proto3" json:"itl_counts,omitempty"`
 	// decisions are the requests the arm's policy placed, regret_blocks the sum over them of
 	// the cached prompt blocks the best eligible worker held beyond the chosen one.
-	Decisions     uint64 `protobuf:"varint,18,opt,name=decisions,proto3" json:"decisions,omitempty"`
-	RegretBlocks  uint64 `protobuf:"varint,19,opt,name=regret_blocks,json=regretBlocks,proto3" json:"regret_blocks,omitempty"`
+	Decisions    uint64 `protobuf:"varint,18,opt,name=decisions,proto3" json:"decisions,omitempty"`
+	RegretBlocks uint64 `protobuf:"varint,19,opt,name=regret_blocks,json=regretBlocks,proto3" json:"regret_blocks,omitempty"`
+	// hit_counts[i] counts answered requests whose share of prompt blocks cached was within
+	// hit_bounds[i] (above hit_bounds[i-1]): the spread of hit rates behind cached_blocks.
+	HitBounds     []float64 `protobuf:"fixed64,20,rep,packed,name=hit_bounds,json=hitBounds,proto3" json:"hit_bounds,omitempty"`
+	HitCounts     []uint64  `protobuf:"varint,21,rep,packed,name=hit_counts,json=hitCounts,proto3" json:"hit_counts,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1145,6 +1149,20 @@ func (x *ArmReport) GetRegretBlocks() uint64 {
 		return x.RegretBlocks
 	}
 	return 0
+}
+
+func (x *ArmReport) GetHitBounds() []float64 {
+	if x != nil {
+		return x.HitBounds
+	}
+	return nil
+}
+
+func (x *ArmReport) GetHitCounts() []uint64 {
+	if x != nil {
+		return x.HitCounts
+	}
+	return nil
 }
 
 // ReportSeq names the report of one proxy that a pushed load includes.
@@ -1402,7 +1420,7 @@ const file_kvrelay_proto_rawDesc = "" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x124\n" +
 	"\aworkers\x18\x02 \x03(\v2\x1a.kvrelay.xds.v1.WorkerLoadR\aworkers\x12\x10\n" +
 	"\x03seq\x18\x03 \x01(\x04R\x03seq\x12-\n" +
-	"\x04arms\x18\x04 \x03(\v2\x19.kvrelay.xds.v1.ArmReportR\x04arms\"\xf8\x05\n" +
+	"\x04arms\x18\x04 \x03(\v2\x19.kvrelay.xds.v1.ArmReportR\x04arms\"\xb6\x06\n" +
 	"\tArmReport\x12%\n" +
 	"\x0epolicy_version\x18\x01 \x01(\x04R\rpolicyVersion\x12\x1a\n" +
 	"\brequests\x18\x02 \x01(\x04R\brequests\x12\x16\n" +
@@ -1429,7 +1447,11 @@ const file_kvrelay_proto_rawDesc = "" +
 	"\n" +
 	"itl_counts\x18\x11 \x03(\x04R\titlCounts\x12\x1c\n" +
 	"\tdecisions\x18\x12 \x01(\x04R\tdecisions\x12#\n" +
-	"\rregret_blocks\x18\x13 \x01(\x04R\fregretBlocks\"6\n" +
+	"\rregret_blocks\x18\x13 \x01(\x04R\fregretBlocks\x12\x1d\n" +
+	"\n" +
+	"hit_bounds\x18\x14 \x03(\x01R\thitBounds\x12\x1d\n" +
+	"\n" +
+	"hit_counts\x18\x15 \x03(\x04R\thitCounts\"6\n" +
 	"\tReportSeq\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\"\x91\x01\n" +
