@@ -4,13 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"time"
+
+	"google.golang.org/protobuf/proto"
 
 	"github.com/kvrelay/kvrelay/controlplane/api"
 	operatorv1 "github.com/kvrelay/kvrelay/controlplane/api/v1"
 	"github.com/kvrelay/kvrelay/controlplane/registry"
 	"github.com/kvrelay/kvrelay/controlplane/rollout"
+	"github.com/kvrelay/kvrelay/xds"
+	xdsv1 "github.com/kvrelay/kvrelay/xds/api/v1"
 	"github.com/kvrelay/kvrelay/xds/policy"
 )
 
@@ -291,21 +294,7 @@ func storedPolicy(m *operatorv1.Policy) registry.Policy {
 		ComputeWeight: m.ComputeWeight, BackgroundWeight: m.BackgroundWeight,
 	}
 	if pr := m.GetProfile(); pr != nil {
-		plugin := func(pl *operatorv1.Plugin) policy.Plugin {
-			return policy.Plugin{Name: pl.GetName(), Weight: pl.GetWeight(), Params: maps.Clone(pl.GetParams())}
-		}
-		prof := &policy.Profile{Picker: plugin(pr.GetPicker())}
-		for _, f := range pr.GetFilters() {
-			prof.Filters = append(prof.Filters, plugin(f))
-		}
-		for _, s := range pr.GetScorers() {
-			prof.Scorers = append(prof.Scorers, plugin(s))
-		}
-		if sp := pr.GetSpread(); sp != nil {
-			v := plugin(sp)
-			prof.Spread = &v
-		}
-		p.Profile = prof
+		p.Profile = xds.ProfileOf(sameWire(pr, new(xdsv1.Profile)))
 	}
 	return p
 }
@@ -315,20 +304,21 @@ func profileMessage(p *policy.Profile) *operatorv1.Profile {
 	if p == nil {
 		return nil
 	}
-	plugin := func(pl policy.Plugin) *operatorv1.Plugin {
-		return &operatorv1.Plugin{Name: pl.Name, Weight: pl.Weight, Params: maps.Clone(pl.Params)}
+	return sameWire(xds.ProfileResource(p), new(operatorv1.Profile))
+}
+
+// sameWire copies from into to, two messages of one wire form: the operator API's Profile
+// and the xDS resource's are field for field the same, so one conversion (package xds)
+// serves both. It returns the zero T (nil) for a message that does not marshal (invalid
+// UTF-8, which neither API's decoder lets in): a custom policy without its profile, which
+// validation refuses.
+func sameWire[T proto.Message](from proto.Message, to T) T {
+	var zero T
+	b, err := proto.Marshal(from)
+	if err != nil || proto.Unmarshal(b, to) != nil {
+		return zero
 	}
-	m := &operatorv1.Profile{Picker: plugin(p.Picker)}
-	for _, f := range p.Filters {
-		m.Filters = append(m.Filters, plugin(f))
-	}
-	for _, s := range p.Scorers {
-		m.Scorers = append(m.Scorers, plugin(s))
-	}
-	if p.Spread != nil {
-		m.Spread = plugin(*p.Spread)
-	}
-	return m
+	return to
 }
 
 func (o operator) GetIndex(context.Context) (*operatorv1.Index, error) {

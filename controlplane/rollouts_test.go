@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/kvrelay/kvrelay/controlplane/api"
 	operatorv1 "github.com/kvrelay/kvrelay/controlplane/api/v1"
@@ -57,4 +58,26 @@ func FuzzRolloutSpec(f *testing.F) {
 			t.Fatalf("%s: spec %+v", body, s)
 		}
 	})
+}
+
+// TestProfileWireForm: a profile crosses from the operator API to the store and back, and
+// to the xDS resource, unchanged: the two APIs' Profile messages keep one wire form.
+func TestProfileWireForm(t *testing.T) {
+	in := &operatorv1.Profile{
+		Filters: []*operatorv1.Plugin{{Name: "model"}, {Name: "health"}},
+		Scorers: []*operatorv1.Plugin{{Name: "prefill", Weight: 2, Params: map[string]float64{"overlap_weight": 32, "queue_weight": 4}}},
+		Picker:  &operatorv1.Plugin{Name: "min-cost", Params: map[string]float64{"temperature": 0.5}},
+		Spread:  &operatorv1.Plugin{Name: "least-prefill"},
+	}
+	p := storedPolicy(&operatorv1.Policy{Policy: "custom", Profile: in})
+	if p.Profile == nil || len(p.Profile.Scorers) != 1 || p.Profile.Scorers[0].Params["queue_weight"] != 4 || p.Profile.Spread == nil {
+		t.Fatalf("stored %+v", p.Profile)
+	}
+	if out := profileMessage(p.Profile); !proto.Equal(in, out) {
+		t.Fatalf("back from the store: %v, want %v", out, in)
+	}
+	r := routingResource(p).GetProfile()
+	if r.GetPicker().GetParams()["temperature"] != 0.5 || len(r.GetFilters()) != 2 || r.GetSpread().GetName() != "least-prefill" {
+		t.Fatalf("pushed %v", r)
+	}
 }
