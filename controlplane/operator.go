@@ -173,11 +173,10 @@ func (o operator) StartRollout(_ context.Context, c *operatorv1.Policy, m *opera
 	if err != nil {
 		return nil, err
 	}
-	rec, err := o.s.rollouts.start(storedPolicy(c), spec)
-	if err != nil {
+	if _, err := o.s.rollouts.start(storedPolicy(c), spec); err != nil {
 		return nil, apiErr(err)
 	}
-	return rolloutMessage(rec, rollout.Result{}), nil
+	return o.GetRollout(context.Background())
 }
 
 func (o operator) GetRollout(context.Context) (*operatorv1.Rollout, error) {

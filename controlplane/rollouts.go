@@ -47,6 +47,7 @@ type rollouts struct {
 	mu      sync.Mutex
 	cur     *rolloutRecord // the running or latest rollout; nil before the first
 	started time.Time
+	warned  time.Time // the last "no reports" warning
 }
 
 // loadRollout reads the latest rollout from the store.
@@ -170,7 +171,13 @@ func (c *rollouts) tick() {
 	}
 	arms := c.s.xds.Arms()
 	if _, ok := arms[rec.StableVersion]; !ok {
-		return // no proxy reports the stable arm: nothing to judge on
+		// No proxy reports the stable arm (none connected, or their load reports went
+		// stale): nothing to judge on, and the step waits.
+		if now.Sub(c.warned) >= time.Minute {
+			c.warned = now
+			c.s.log.Warn("rollout waits: no proxy reports the stable policy's requests", "id", rec.ID, "state", rec.R.State, "stable", rec.StableVersion)
+		}
+		return
 	}
 	st, ca := armOf(arms, rec.StableVersion), armOf(arms, rec.Candidate.Version)
 	rec.R.Rebase(st, ca)

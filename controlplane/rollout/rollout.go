@@ -262,6 +262,7 @@ func (r *Rollout) Advance(now time.Time, stable, cand Arm) bool {
 	}
 	res := r.judge(stable.sub(r.BaseStable), cand.sub(r.BaseCandidate))
 	res.Start, res.End, res.Step, res.Share = r.StepStart, now, r.Step, r.Spec.Steps[r.Step]
+	res.clearShadow()
 	switch {
 	case res.Verdict == Inconclusive && elapsed < r.Spec.StepTimeout:
 		return false // wait for more requests
@@ -293,6 +294,9 @@ func (r *Rollout) next(now time.Time, stable, cand Arm) {
 func (r *Rollout) Current(stable, cand Arm) Result {
 	res := figures(stable.sub(r.BaseStable), cand.sub(r.BaseCandidate))
 	res.Step, res.Start = r.Step, r.StepStart
+	if r.Step >= 0 {
+		res.clearShadow() // picks proxies made in shadow before the step's share reached them
+	}
 	if r.Step >= 0 && r.Step < len(r.Spec.Steps) {
 		res.Share = r.Spec.Steps[r.Step]
 	}
@@ -308,6 +312,12 @@ func (r *Rollout) Rebase(stable, cand Arm) {
 	if cand.Requests < r.BaseCandidate.Requests {
 		r.BaseCandidate = cand.clone()
 	}
+}
+
+// clearShadow drops the shadow figures from a canary step's result.
+func (res *Result) clearShadow() {
+	res.ShadowPicks, res.ShadowDisagreement, res.ShadowStableOverlap, res.ShadowCandidateOverlap = 0, 0, 0, 0
+	res.ShadowStableLoad, res.ShadowCandidateLoad = 0, 0
 }
 
 // figures are both arms' figures over a step, shadow ones included.

@@ -309,10 +309,19 @@ func (cc *clientConn) shadowPick(d *route.Decision) {
 		m.shadow.WithLabelValues("disagree").Inc()
 		sums[shadowDisagree].Add(1)
 	}
-	m.shadowOverlap.WithLabelValues("stable").Observe(d.Overlap)
-	m.shadowOverlap.WithLabelValues("candidate").Observe(cd.Overlap)
-	sums[shadowStableOverlap].Add(uint64(math.Round(max(d.Overlap, 0))))
-	sums[shadowCandOverlap].Add(uint64(math.Round(max(cd.Overlap, 0))))
+	// Each pick's cached blocks come from whichever policy matched the prompt against the
+	// index: one that does not (round-robin, say) has no overlap of its own to report.
+	so, co := d.Overlap, cd.Overlap
+	switch stableMatched, candMatched := cc.srv.kv.Policy().UsesIndex, c.router.Policy().UsesIndex; {
+	case !stableMatched && candMatched:
+		so = sr.Overlap(d.Worker)
+	case stableMatched && !candMatched:
+		co = cc.rreq.Overlap(cd.Worker)
+	}
+	m.shadowOverlap.WithLabelValues("stable").Observe(so)
+	m.shadowOverlap.WithLabelValues("candidate").Observe(co)
+	sums[shadowStableOverlap].Add(uint64(math.Round(max(so, 0))))
+	sums[shadowCandOverlap].Add(uint64(math.Round(max(co, 0))))
 	if d.Worker != nil && cd.Worker != nil {
 		sums[shadowStableLoad].Add(uint64(max(d.Worker.Load(), 0)))
 		sums[shadowCandLoad].Add(uint64(max(cd.Worker.Load(), 0)))

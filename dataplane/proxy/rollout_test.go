@@ -250,3 +250,27 @@ func TestProxyRefusesProfilesItCannotBuild(t *testing.T) {
 		t.Fatalf("routing with %+v", pol)
 	}
 }
+
+// TestShadowOverlapBesideALoadOnlyStable: in shadow beside a stable policy that does not
+// match prompts (round-robin), the stable picks' cached blocks come from the candidate's
+// match, so they count what the chosen workers hold instead of nothing.
+func TestShadowOverlapBesideALoadOnlyStable(t *testing.T) {
+	s, ws := rolloutServer(t)
+	s.applyXDS(ws, &xdsv1.RoutingPolicy{Version: 3, Policy: "round-robin",
+		Candidate: &xdsv1.RoutingPolicy{Version: 4, Policy: "kv", OverlapWeight: 64, QueueWeight: 8, CacheThreshold: 0.1}, Shadow: true})
+	body := chat8k("q")
+	cc := preparedConn(t, s, body, "")
+	s.index.Record(s.kv.Pool().Worker("w1").Index, cc.rreq.Hashes, 0)
+	for range 4 { // round-robin picks w1 for two of them
+		cc := preparedConn(t, s, body, "")
+		if err := s.kv.Route(&cc.rreq, &cc.dec); err != nil {
+			t.Fatal(err)
+		}
+		cc.shadowPick(&cc.dec)
+	}
+	sums := &s.cand.Load().arm.shadowSums
+	blocks := uint64(len(cc.rreq.Hashes))
+	if st, ca := sums[shadowStableOverlap].Load(), sums[shadowCandOverlap].Load(); st < blocks || ca < 3*blocks || sums[shadowPicks].Load() != 4 {
+		t.Fatalf("shadow overlap sums: stable %d, candidate %d over %d picks; want the stable picks of w1 counted (%d blocks each)", st, ca, sums[shadowPicks].Load(), blocks)
+	}
+}
