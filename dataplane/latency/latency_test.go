@@ -336,3 +336,31 @@ func BenchmarkPredict(b *testing.B) {
 		w.Predict(e, State{Requests: 9, Backlog: 4000}, 3000, &p)
 	}
 }
+
+// TestSlotWait: the slot frees when the oldest running request's occupancy runs out; each
+// request queued ahead takes the next free slot for a whole occupancy; slots of requests
+// nobody here knows count half of it, prefilling ones all of it.
+func TestSlotWait(t *testing.T) {
+	for _, tc := range []struct {
+		name                string
+		seqs, queued        int
+		ages                []float64
+		prefilling, unknown int
+		want                float64
+	}{
+		{"the oldest ends first", 2, 0, []float64{1.0, 0.2}, 0, 0, 0.2},
+		{"one queued ahead takes it", 2, 1, []float64{1.0, 0.2}, 0, 0, 1.0},
+		{"two ahead", 2, 2, []float64{1.0, 0.2}, 0, 0, 1.4},
+		{"a prefilling request holds its slot the whole occupancy", 2, 0, []float64{0.2}, 1, 0, 1.0},
+		{"another proxy's request, half", 2, 0, nil, 0, 2, 0.6},
+		{"an occupancy past its mean ends now", 1, 0, []float64{3}, 0, 0, 0},
+	} {
+		got, ok := SlotWait(tc.seqs, tc.queued, tc.ages, tc.prefilling, tc.unknown, 1.2)
+		if !ok || math.Abs(got-tc.want) > 1e-9 {
+			t.Errorf("%s: %v (%v), want %v", tc.name, got, ok, tc.want)
+		}
+	}
+	if _, ok := SlotWait(256, 0, nil, 0, 0, 1); ok {
+		t.Error("256 slots followed one by one")
+	}
+}

@@ -60,6 +60,11 @@ type State struct {
 	// OSL is the output tokens expected of the request (and, for Slowdown, of those running),
 	// 0 when unknown.
 	OSL float64
+	// SlotWait, when HasSlotWait, is the wait for a sequence slot as the caller worked it
+	// out from the requests it knows running there (Worker.SlotWait), in place of the
+	// mean-residual estimate FeatSlotWait otherwise takes.
+	SlotWait    float64
+	HasSlotWait bool
 }
 
 // Features of a candidate request on a worker, in seconds, as the prior computes them: the
@@ -236,6 +241,62 @@ func (w *Worker) Init(m *Model) {
 // Model returns the shared model.
 func (w *Worker) Model() *Model { return w.m }
 
+// Occupancy is how long a request holds its slot on the worker once its first token has
+// come, seconds (learned from its requests; the prior's until then).
+func (w *Worker) Occupancy() float64 { return load(&w.occBit) }
+
+// maxSlotSim bounds the slots SlotWait follows one by one; a larger engine takes the
+// mean-residual estimate.
+const maxSlotSim = 64
+
+// SlotWait is the wait for a sequence slot of a request arriving at a worker running seqs
+// requests with queued more waiting ahead of it: the slots free as their requests end —
+// those whose first token came `decoding` seconds ago (ages) after the occupancy less that,
+// the others (prefilling, or another proxy's) after the whole occupancy, or half of it for
+// ones nobody here knows (unknown of them) — and each freed slot goes to the next request
+// in line, which holds it the occupancy. ok is false when seqs is beyond what it follows.
+func SlotWait(seqs, queued int, ages []float64, prefilling, unknown int, occ float64) (wait float64, ok bool) {
+	if seqs <= 0 || seqs > maxSlotSim || queued < 0 {
+		return 0, false
+	}
+	var free [maxSlotSim]float64
+	n := 0
+	for _, a := range ages {
+		if n == seqs {
+			break
+		}
+		free[n] = max(occ-a, 0)
+		n++
+	}
+	for ; n < seqs && prefilling > 0; prefilling-- {
+		free[n] = occ
+		n++
+	}
+	for ; n < seqs && unknown > 0; unknown-- {
+		free[n] = occ / 2
+		n++
+	}
+	for ; n < seqs; n++ {
+		free[n] = 0 // a slot nobody holds
+	}
+	slots := free[:seqs]
+	for range queued {
+		i := argmin(slots)
+		slots[i] += occ
+	}
+	return slots[argmin(slots)], true
+}
+
+func argmin(s []float64) int {
+	best := 0
+	for i, v := range s {
+		if v < s[best] {
+			best = i
+		}
+	}
+	return best
+}
+
 // MaxNumSeqs is the concurrency limit: e's when known, else what reports taught.
 func (w *Worker) MaxNumSeqs(e *Engine) int {
 	if e.MaxNumSeqs > 0 {
@@ -272,7 +333,10 @@ func (w *Worker) Predict(e *Engine, st State, uncached float64, p *Prediction) {
 	do := decode*steps(st.Backlog+u, budget) - dq
 	slot, busy := 0.0, 0.0
 	if seqs > 0 {
-		if st.Requests >= seqs {
+		switch {
+		case st.Requests >= seqs && st.HasSlotWait:
+			slot = max(st.SlotWait, 0)
+		case st.Requests >= seqs:
 			slot = float64(st.Requests-seqs+1) * load(&w.occBit) / float64(seqs+1)
 		}
 		busy = float64(min(st.Requests, seqs)) / float64(seqs)

@@ -60,6 +60,7 @@ func (s PredictedTTFT) Score(req *Request, ws []*Worker, costs []float64) {
 			osl = DefaultOSL
 		}
 	}
+	var agesBuf [64]float64
 	for i, w := range ws {
 		bs := max(w.BlockSize, 1)
 		overlap := req.Overlap(w)
@@ -69,6 +70,13 @@ func (s PredictedTTFT) Score(req *Request, ws []*Worker, costs []float64) {
 		overlap *= s.CacheCredit
 		uncached := max(float64(req.PromptTokens)-overlap*float64(bs), 0)
 		st := latency.State{Requests: int(w.Load()), Backlog: float64(w.PrefillBacklog(now)), KVUsage: w.KVInUse(), OSL: osl}
+		if seqs := w.Latency().MaxNumSeqs(&w.Engine); seqs > 0 && st.Requests >= seqs {
+			// A full worker: the wait for a slot from when each of its requests we know
+			// got its first token, not from the mean.
+			ages := w.DecodingAges(now, agesBuf[:0])
+			own := int(w.Inflight())
+			st.SlotWait, st.HasSlotWait = latency.SlotWait(seqs, st.Requests-seqs, ages, max(own-len(ages), 0), max(st.Requests-own, 0), w.Latency().Occupancy())
+		}
 		p := &req.preds[i]
 		w.Latency().Predict(&w.Engine, st, uncached, p)
 		c := p.TTFT + s.ComputeWeight*p.Compute + s.BatchWeight*p.Slowdown

@@ -2,9 +2,11 @@ package route
 
 import (
 	"errors"
+	"math"
 	"testing"
 
 	"github.com/kvrelay/kvrelay/dataplane/clock"
+	"github.com/kvrelay/kvrelay/dataplane/latency"
 )
 
 func latencyRouter(t *testing.T, n, seqs int) (*Router, []*Worker, func(w *Worker, hashes []uint64)) {
@@ -334,5 +336,49 @@ func TestLatencyOverlapWeightCreditsTheCache(t *testing.T) {
 		if got := d.Worker == ws[0]; got != tc.home {
 			t.Fatalf("overlap weight %v: went to %s, want the cache's worker %v", tc.weight, d.Worker.ID, tc.home)
 		}
+	}
+}
+
+// TestLatencySlotWaitFollowsRunningRequests: of two full workers holding the prompt alike,
+// the one whose running requests got their first tokens long ago frees a slot sooner, and
+// the prediction says so: the request goes there, and its predicted wait is the rest of
+// the oldest request's occupancy, not the mean.
+func TestLatencySlotWaitFollowsRunningRequests(t *testing.T) {
+	r, ws, cache := latencyRouter(t, 2, 2)
+	hashes, n := promptChain(1, 1, 250, 4)
+	cache(ws[0], hashes[:250])
+	cache(ws[1], hashes[:250])
+	occ := ws[0].Latency().Occupancy()
+	now := Now()
+	var us []*Usage
+	for i, w := range ws {
+		for j := range 2 {
+			u := &Usage{}
+			u.BeginAt(now-int64(2*occ*1e9), w, 100, 100, 0)
+			// w0's requests are nearly done; w1's have just begun decoding.
+			age := 0.05 * occ
+			if i == 0 {
+				age = (0.9 + 0.05*float64(j)) * occ
+			}
+			u.FirstTokenAt(now - int64(age*1e9))
+			us = append(us, u)
+		}
+	}
+	defer func() {
+		for _, u := range us {
+			u.End()
+		}
+	}()
+	var req Request
+	req.Model, req.Hashes, req.PromptTokens, req.Now = "m", hashes, n, now
+	var d Decision
+	if err := r.Route(&req, &d); err != nil {
+		t.Fatal(err)
+	}
+	if d.Worker != ws[0] {
+		t.Fatalf("went to %s, want w0 whose requests end first", d.Worker.ID)
+	}
+	if want := 0.05 * occ; math.Abs(d.Prediction.X[latency.FeatSlotWait]-want) > 1e-3 {
+		t.Fatalf("slot wait feature %v, want the oldest request's remaining %v", d.Prediction.X[latency.FeatSlotWait], want)
 	}
 }

@@ -2,6 +2,7 @@ package route
 
 import (
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -63,6 +64,9 @@ type Worker struct {
 	lastFirst  int64   // when the last of this proxy's requests here got its first token
 	rateTokens float64 // decayed sums of prefill tokens and the time they took
 	rateNanos  float64
+	// decoding holds when each of this proxy's requests here that is past its first token
+	// got it (Clock times), for the slot wait (DecodingAges); guarded by bl.
+	decoding []int64
 
 	ejectedUntil atomic.Int64 // unix nanos
 	lastHeard    atomic.Int64 // when the worker last sent bytes (Heard)
@@ -376,10 +380,12 @@ func (u *Usage) FirstTokenAt(now int64) {
 		u.ttft = float64(now-u.begun) / 1e9
 		w.Latency().ObserveTTFT(&u.pred.X, u.ttft)
 	}
+	w.bl.Lock()
+	w.decoding = append(w.decoding, now)
 	if u.prefillTokens == 0 {
+		w.bl.Unlock()
 		return
 	}
-	w.bl.Lock()
 	if took := now - max(u.begun, w.lastFirst); took > 0 {
 		w.rateTokens = w.rateTokens*rateDecay + float64(u.prefillTokens)
 		w.rateNanos = w.rateNanos*rateDecay + float64(took)
@@ -436,10 +442,34 @@ func (u *Usage) End() {
 	u.w.inflight.Add(-1)
 	u.w.prefillTokens.Add(-u.prefillTokens)
 	u.w.decodeBlocks.Add(-u.decodeBlocks)
+	if u.firstAt != 0 {
+		w := u.w
+		w.bl.Lock()
+		if i := slices.Index(w.decoding, u.firstAt); i >= 0 {
+			last := len(w.decoding) - 1
+			w.decoding[i] = w.decoding[last]
+			w.decoding = w.decoding[:last]
+		}
+		w.bl.Unlock()
+	}
 	if u.interactive {
 		u.w.interactive.Add(-1)
 	}
 	*u = Usage{}
+}
+
+// DecodingAges appends to dst, for each of this proxy's requests on w past its first token
+// (at most cap(dst) of them), the seconds since that token came at now, and returns it.
+func (w *Worker) DecodingAges(now int64, dst []float64) []float64 {
+	w.bl.Lock()
+	defer w.bl.Unlock()
+	for _, at := range w.decoding {
+		if len(dst) == cap(dst) {
+			break
+		}
+		dst = append(dst, float64(now-at)/1e9)
+	}
+	return dst
 }
 
 // Worker is the worker the usage is accounted on, nil after End.
