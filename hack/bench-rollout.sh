@@ -34,7 +34,8 @@
 # (flock -o) for the whole run, as kvrelay's other benchmarks do. About 14 minutes on 2 CPUs.
 #
 # Settings (environment):
-#   OUT [out/bench-rollout]   MEASURE ["1 2 2b 3 5"] which measurements (4 comes with 1, 2, 2b)
+#   OUT [out/bench-rollout]   MEASURE ["1 1m 2 2b 3 5"] which measurements (4 comes with 1, 2,
+#     2b; 1m is 1 under the Mooncake trace of hack/traces, replayed SPEEDUP times faster)
 #   STEP [20s] step duration   MIN_REQ [40] least requests per arm and step
 #   SHADOW [20s]   STEPS [25,50,100]   STEP_TIMEOUT [2m]   NEUTRAL_RUNS [10]
 #   RATE [0.4] agentic sessions started per second of workload time (× SPEEDUP per second of
@@ -54,7 +55,7 @@ if [ "${KVRELAY_BENCH_ROLLOUT_LOCKED:-}" != 1 ]; then
 fi
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out/bench-rollout}
-MEASURE=${MEASURE:-1 2 2b 3 5}
+MEASURE=${MEASURE:-1 1m 2 2b 3 5}
 STEP=${STEP:-20s}
 MIN_REQ=${MIN_REQ:-40}
 SHADOW=${SHADOW:-20s}
@@ -147,7 +148,7 @@ traffic() {
   local name=$1 secs=$2
   local sessions
   sessions=$(python3 -c "import math; print(math.ceil($RATE * $SPEEDUP * $secs) + 50)")
-  "$BIN" bench run --target "http://127.0.0.1:$PROXY/v1" --workload "agentic:sessions=$sessions,rate=$RATE" \
+  "$BIN" bench run --target "http://127.0.0.1:$PROXY/v1" --workload "${TRAFFIC_WORKLOAD:-agentic:sessions=$sessions,rate=$RATE}" \
     --duration "${secs}s" --replay-speedup "$SPEEDUP" --out "$OUT/traffic-$name" >"$OUT/logs/$name-bench.log" 2>&1 &
   TRAFFIC_PID=$!
   PIDS+=($TRAFFIC_PID)
@@ -229,6 +230,20 @@ if want 1; then
   # a change of the policy is refused while the rollout runs
   if ctl policy set --policy latency >>"$OUT/logs/ctl.log" 2>&1; then echo refused=no >"$OUT/m1-set.env"; else echo refused=yes >"$OUT/m1-set.env"; fi
   wait_done "$OUT/m1-bad.json" $ROLLOUT_MAX
+  stop $TRAFFIC_PID
+  stop $UP_PID
+fi
+
+# --- 1m: the same bad candidate under the Mooncake trace (no session ids: the split goes by
+# the prompt's first blocks) ------------------------------------------------------------------
+if want 1m; then
+  log "1m: bad candidate (overlap_weight: 0) under the Mooncake trace, shadow $SHADOW"
+  up m1m
+  echo "overlap_weight: 0" >"$OUT/m1m-candidate.yaml"
+  TRAFFIC_WORKLOAD=mooncake traffic m1m $((WARMUP + SHADOW_S + NSTEPS * STEP_S + 60))
+  sleep "$WARMUP"
+  rollout_start "$OUT/m1m-candidate.yaml" --shadow "$SHADOW"
+  wait_done "$OUT/m1m-bad.json" $ROLLOUT_MAX
   stop $TRAFFIC_PID
   stop $UP_PID
 fi
@@ -416,6 +431,16 @@ if m1:
                  + (f" at {name(last)}" if last and m1["state"] == "rolled_back" else "")
                  + f", decided {dur(m1):.1f} s after the start (shadow {(sh['end_unix_ms'] - sh['start_unix_ms']) / 1e3 if sh else 0:.1f} s, then {canary_s:.1f} s in the failing step)"
                  + (f"; {arms(last)}" if last else "") + f"; reason: {m1['reason']}; policy set during the rollout refused: {refused}")
+m1m = load("m1m-bad.json")
+if m1m:
+    row("1m bad (Mooncake)", "", m1m)
+    last = canary(m1m)[-1] if canary(m1m) else None
+    sh = shadow(m1m)
+    lines.append(f"1m bad candidate under the Mooncake trace: {m1m['state']}"
+                 + (f" at {name(last)}" if last and m1m["state"] == "rolled_back" else "")
+                 + f", decided {dur(m1m):.1f} s after the start"
+                 + (f"; shadow disagreement {pct(sh['shadow_disagreement'])} of {sh['shadow_picks']} picks, mean overlap cand {sh['shadow_candidate_overlap']:.0f} vs stable {sh['shadow_stable_overlap']:.0f} blocks" if sh else "")
+                 + (f"; {arms(last)}" if last else "") + f"; reason: {m1m['reason']}")
 if m2:
     row("2 good", "", m2)
     parts = "; ".join(f"{name(s)} {s['verdict']}: {arms(s)}" for s in canary(m2))

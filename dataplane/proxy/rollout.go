@@ -271,9 +271,12 @@ func (s *Server) usesIndex() bool {
 	return c != nil && c.router.Policy().UsesIndex
 }
 
-// splitBlocks is how many leading prompt blocks name a conversation for the split: 512
-// tokens at vLLM's block size, enough to reach into any system prompt.
-const splitBlocks = 32
+// splitBlocks is how many leading prompt blocks name a conversation for the split: 1,024
+// tokens at vLLM's block size. A fleet's prompts often share their first few hundred
+// tokens (a chat template's opening, one system prompt: the Mooncake trace's requests all
+// share their first 512), so the split must reach past them to tell conversations apart,
+// while a conversation's later turns still share the whole depth with its first.
+const splitBlocks = 64
 
 // armFor picks the router of a request: the candidate's for its share of requests, else
 // stable.

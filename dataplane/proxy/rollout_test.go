@@ -190,6 +190,18 @@ func TestSplitWithoutSessions(t *testing.T) {
 	if below < 10 || below > 30 {
 		t.Fatalf("%d of 40 system prompts below the split at 0.5: the template's opening decides", below)
 	}
+	// Prompts that share their first 600 tokens (one system prompt for the whole fleet)
+	// still split by what follows.
+	shared := strings.Repeat("every conversation starts with these words ", 100)
+	below = 0
+	for f := range 40 {
+		if fraction(chat8kWith(shared+"family "+strconv.Itoa(f)+" ", "first turn")) < 0.5 {
+			below++
+		}
+	}
+	if below < 10 || below > 30 {
+		t.Fatalf("%d of 40 conversations behind one shared system prompt below the split at 0.5", below)
+	}
 	u1 := []byte(`{"model":"gpt-oss-120b","user":"alice","messages":[{"role":"user","content":"one"}]}`)
 	u2 := []byte(`{"model":"gpt-oss-120b","user":"alice","messages":[{"role":"user","content":"something else entirely"}]}`)
 	if fraction(u1) != fraction(u2) {
