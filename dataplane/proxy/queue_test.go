@@ -24,7 +24,10 @@ func TestQueueKeepAliveRequestsOwnDeadline(t *testing.T) {
 		cfg.QueueTimeout = timeout
 	}, func(w *sim.WorkerConfig) { w.Engine.Timing.Speedup = 0.05 }) // ~0.1 s a decode step
 	hold := func(tokens int) *http.Response {
-		resp, err := http.Post(c.base+"/v1/chat/completions", "application/json", strings.NewReader(chatBody("hold", "the worker", tokens, true)))
+		// ignore_eos: a natural stop depends on the prompt, whose chat template carries
+		// today's date, so without it the hold ended early on some days.
+		body := strings.Replace(chatBody("hold", "the worker", tokens, true), `{`, `{"ignore_eos":true,`, 1)
+		resp, err := http.Post(c.base+"/v1/chat/completions", "application/json", strings.NewReader(body))
 		if err != nil {
 			t.Fatal(err)
 		}
