@@ -90,7 +90,8 @@ func (c *cluster) waitRollout(within time.Duration) map[string]any {
 }
 
 // TestRolloutRollsBackACacheBlindCandidate: a candidate that ignores the cache (latency
-// policy, overlap weight 0) is tried on half the conversations after a shadow step, loses
+// policy, overlap weight 0) is tried on half the conversations after a shadow step (at
+// least 40 requests of each arm, the rank tests at 0.01 for a short step), loses
 // prefix hits against the stable policy, and is rolled back by the control plane alone;
 // the shadow step saw it pick workers holding less of the prompt, and the policy is the
 // stable one again everywhere.
@@ -103,7 +104,7 @@ func TestRolloutRollsBackACacheBlindCandidate(t *testing.T) {
 	wg := conversations(t, bases, stop, &failed, &mu)
 	defer func() { close(stop); wg.Wait() }()
 	code, r := c.api("POST", "/v1/rollout", `{"candidate": {"policy": "latency", "overlap_weight": 0, "queue_weight": 8, "cache_threshold": 0.1, "tier_weights": [1, 0.75, 0.25]},
-		"spec": {"shadow_ms": 1500, "steps": [0.5, 1], "step_duration_ms": 1500, "min_requests": 15, "step_timeout_ms": 30000}}`, true)
+		"spec": {"shadow_ms": 1500, "steps": [0.5, 1], "step_duration_ms": 2500, "min_requests": 40, "step_timeout_ms": 30000, "alpha": 0.01}}`, true)
 	if code != 200 || r["state"] != "shadow" {
 		t.Fatalf("starting: %d %v", code, r)
 	}
