@@ -99,7 +99,7 @@ stable policy.`,
 	fs.Float64Var(&itl, "max-itl-p90-ratio", 1.10, "the same test on the gaps between streamed tokens (0: not judged)")
 	fs.Float64Var(&errDelta, "max-error-rate-delta", 0.005, "a step fails when the candidate's error rate exceeds the stable one's by more than this")
 	fs.Float64Var(&drop, "max-hit-rate-drop", 0.02, "a step fails when the candidate's prefix hit rate falls short of the stable one's by more than this")
-	fs.Float64Var(&alpha, "alpha", 0.001, "significance level of the rank test on TTFT")
+	fs.Float64Var(&alpha, "alpha", 0.001, "significance level of the rank tests (TTFT, ITL, per-request hit ratios)")
 	_ = start.MarkFlagRequired("candidate-file")
 	status := &cobra.Command{
 		Use:   "status",
