@@ -31,7 +31,7 @@
 # Prints one summary line per measurement (also in $OUT/summary.txt), writes the per-step
 # table to $OUT/results.md, every rollout's final status (ctl policy rollout status -o json)
 # to $OUT/*.json and the processes' logs to $OUT/logs/. Holds /tmp/kvrelay-bench.lock
-# (flock -o) for the whole run, as kvrelay's other benchmarks do. About 14 minutes on 2 CPUs.
+# (flock -o) for the whole run, as kvrelay's other benchmarks do. About 17 minutes on 2 CPUs.
 #
 # Settings (environment):
 #   OUT [out/bench-rollout]   MEASURE ["1 1m 2 2b 3 5"] which measurements (4 comes with 1, 2,
