@@ -258,6 +258,7 @@ func (s *stack) collect(rr *runResult) {
 		return
 	}
 	fams := saveScrape(s.routerMetrics, filepath.Join(s.dir, "proxy-metrics.txt"))
+	saveGet("http://"+addr(s.p.gatewayAdmin)+"/debug/latency", filepath.Join(s.dir, "proxy-latency-model.json"))
 	const dec = "kvrelay_proxy_decision_seconds"
 	q, c := histQuantile(fams, dec, map[string]string{"stage": "total"}, 0.5)
 	rr.PickP50, rr.PickSamples = q*1e3, int(c)

@@ -9,6 +9,7 @@ import (
 	"os"
 	"sort"
 	"strings"
+	"time"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
@@ -54,6 +55,20 @@ func saveScrape(url, path string) map[string]*dto.MetricFamily {
 		return nil
 	}
 	return fams
+}
+
+// saveGet writes what GET url answers (the proxy's learned latency model, say) to path; a
+// failure leaves no file.
+func saveGet(url, path string) {
+	c := http.Client{Timeout: 5 * time.Second}
+	resp, err := c.Get(url)
+	if err != nil {
+		return
+	}
+	defer resp.Body.Close()
+	if b, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20)); err == nil && resp.StatusCode == http.StatusOK {
+		_ = os.WriteFile(path, b, 0o644)
+	}
 }
 
 // labelsMatch reports whether m carries every label of want.

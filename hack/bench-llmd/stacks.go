@@ -273,7 +273,9 @@ func (s *stack) startEPP(ctx context.Context) error {
 
 // proxyCommon are the flags every kvrelay proxy of the comparison runs with.
 func (s *stack) proxyCommon() []string {
-	return []string{"proxy", "--listen", addr(s.p.router), "--expose-worker-header", "--ebpf", "off"}
+	// The proxy's admin listener takes the gateway's admin port (kvrelay's stacks run no
+	// gateway): its learned latency models are saved after each run.
+	return []string{"proxy", "--listen", addr(s.p.router), "--admin-listen", addr(s.p.gatewayAdmin), "--expose-worker-header", "--ebpf", "off"}
 }
 
 func (s *stack) engineKind() string {
