@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 	"go.yaml.in/yaml/v3"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 
 	operatorv1 "github.com/kvrelay/kvrelay/controlplane/api/v1"
 )
@@ -81,11 +82,7 @@ stable policy.`,
 					*v = &x
 				}
 			}
-			var r operatorv1.Rollout
-			if err := c.call(cmd.Context(), http.MethodPost, "/v1/rollout", &operatorv1.StartRolloutRequest{Candidate: cand, Spec: spec}, &r); err != nil {
-				return err
-			}
-			return c.print(&r, func(w io.Writer) { ctlRolloutTable(w, &r) })
+			return c.rollout(cmd, http.MethodPost, "/v1/rollout", &operatorv1.StartRolloutRequest{Candidate: cand, Spec: spec})
 		},
 	}
 	fs := start.Flags()
@@ -110,11 +107,7 @@ stable policy.`,
 			if err != nil {
 				return err
 			}
-			var r operatorv1.Rollout
-			if err := c.call(cmd.Context(), http.MethodGet, "/v1/rollout", nil, &r); err != nil {
-				return err
-			}
-			return c.print(&r, func(w io.Writer) { ctlRolloutTable(w, &r) })
+			return c.rollout(cmd, http.MethodGet, "/v1/rollout", nil)
 		},
 	}
 	cmd.AddCommand(start, status)
@@ -131,15 +124,20 @@ stable policy.`,
 				if err != nil {
 					return err
 				}
-				var r operatorv1.Rollout
-				if err := c.call(cmd.Context(), http.MethodPost, "/v1/rollout/"+a.name, nil, &r); err != nil {
-					return err
-				}
-				return c.print(&r, func(w io.Writer) { ctlRolloutTable(w, &r) })
+				return c.rollout(cmd, http.MethodPost, "/v1/rollout/"+a.name, nil)
 			},
 		})
 	}
 	return cmd
+}
+
+// rollout calls a rollout route of the API and prints the rollout it answers.
+func (c *ctlClient) rollout(cmd *cobra.Command, method, path string, body proto.Message) error {
+	var r operatorv1.Rollout
+	if err := c.call(cmd.Context(), method, path, body, &r); err != nil {
+		return err
+	}
+	return c.print(&r, func(w io.Writer) { ctlRolloutTable(w, &r) })
 }
 
 // ctlRolloutTable prints a rollout: its state, then a row per judged step and one for the
