@@ -293,14 +293,10 @@ func (c *rollouts) latest() (*rolloutRecord, rollout.Result, error) {
 	if c.cur == nil {
 		return nil, rollout.Result{}, fmt.Errorf("%w: %w", api.ErrNotFound, errRolloutNotFound)
 	}
-	data, err := json.Marshal(c.cur)
-	if err != nil {
-		return nil, rollout.Result{}, err
-	}
-	var rec rolloutRecord
-	if err := json.Unmarshal(data, &rec); err != nil {
-		return nil, rollout.Result{}, err
-	}
+	// The candidate policy is never changed once recorded (apply hands the registry a
+	// copy), so the record's copy may share its slices.
+	rec := *c.cur
+	rec.R = c.cur.R.Clone()
 	var cur rollout.Result
 	if !rec.R.Done() {
 		arms := c.s.xds.Arms()

@@ -216,6 +216,15 @@ func New(spec Spec, now time.Time, stable, cand Arm) (*Rollout, error) {
 	return r, nil
 }
 
+// Clone returns a copy of r that shares nothing it changes.
+func (r *Rollout) Clone() *Rollout {
+	c := *r
+	c.Spec.Steps = slices.Clone(r.Spec.Steps)
+	c.BaseStable, c.BaseCandidate = r.BaseStable.clone(), r.BaseCandidate.clone()
+	c.Results = slices.Clone(r.Results)
+	return &c
+}
+
 // Share is what proxies should do now: the candidate's share, and whether in shadow.
 func (r *Rollout) Share() (share float64, shadow bool) {
 	switch r.State {

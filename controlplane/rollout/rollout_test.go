@@ -349,3 +349,14 @@ func TestHitRateDropNeedsTheRankTest(t *testing.T) {
 		t.Fatalf("without ratios: %s (%s)", res.Verdict, res.Reason)
 	}
 }
+
+// TestCloneSharesNothing: a clone's steps, results and step bases are its own.
+func TestCloneSharesNothing(t *testing.T) {
+	h := Histogram{Bounds: bounds, Counts: make([]uint64, len(bounds)+1)}
+	r := &Rollout{Spec: Spec{Steps: []float64{0.5, 1}}, BaseStable: Arm{TTFT: h}, BaseCandidate: Arm{TTFT: Histogram{Bounds: bounds, Counts: make([]uint64, len(bounds)+1)}}, Results: []Result{{Step: 0}}}
+	c := r.Clone()
+	c.Spec.Steps[0], c.Results[0].Step, c.BaseStable.TTFT.Counts[0], c.BaseCandidate.TTFT.Counts[0] = 0.25, 7, 9, 9
+	if r.Spec.Steps[0] != 0.5 || r.Results[0].Step != 0 || r.BaseStable.TTFT.Counts[0] != 0 || r.BaseCandidate.TTFT.Counts[0] != 0 {
+		t.Fatalf("the clone's changes reached the original: %+v", r)
+	}
+}
