@@ -112,7 +112,7 @@ func (c *rollouts) start(cand registry.Policy, spec rollout.Spec) (*rolloutRecor
 		id = c.cur.ID + 1
 	}
 	pol := c.s.reg.Policy()
-	p := stable(pol)
+	p := pol.Stable() // at the policy's version, so that a concurrent change conflicts
 	cand.Candidate, cand.CandidateShare, cand.Shadow, cand.Version = nil, 0, false, 0
 	p.Candidate = &cand
 	p.CandidateShare, p.Shadow = r.Share()
@@ -135,12 +135,6 @@ func (c *rollouts) start(cand registry.Policy, spec rollout.Spec) (*rolloutRecor
 	c.cur = rec
 	c.s.log.Info("rollout started", "id", id, "stable", got.Version, "candidate", got.Candidate.Version, "state", r.State, "steps", spec.Steps)
 	return rec, nil
-}
-
-// stable is p without a candidate, at p's version (so that a concurrent change conflicts).
-func stable(p registry.Policy) registry.Policy {
-	p.Candidate, p.CandidateShare, p.Shadow = nil, 0, false
-	return p
 }
 
 // armOf is the summed arm of one policy version as the state machine takes it.
@@ -235,13 +229,13 @@ func (c *rollouts) apply(rec *rolloutRecord) error {
 		if !ours {
 			return nil
 		}
-		p = stable(pol)
+		p = pol.Stable()
 	default:
 		share, shadow := rec.R.Share()
 		if ours && pol.CandidateShare == share && pol.Shadow == shadow {
 			return nil
 		}
-		p = stable(pol)
+		p = pol.Stable()
 		cand := rec.Candidate
 		p.Candidate, p.CandidateShare, p.Shadow = &cand, share, shadow
 	}

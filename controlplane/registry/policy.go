@@ -248,9 +248,9 @@ func nextPolicy(cur, p Policy) (Policy, error) {
 	// the next number never given out.
 	next := max(cur.latest(), cur.Issued) + 1
 	switch {
-	case sameRouting(stableOf(cur), stableOf(p)) && cur.Version != 0:
+	case sameRouting(cur.Stable(), p.Stable()) && cur.Version != 0:
 		p.Version = cur.Version
-	case cur.Candidate != nil && p.Candidate == nil && sameRouting(*cur.Candidate, stableOf(p)):
+	case cur.Candidate != nil && p.Candidate == nil && sameRouting(*cur.Candidate, p.Stable()):
 		p.Version = cur.Candidate.Version
 	default:
 		p.Version, next = next, next+1
@@ -266,8 +266,8 @@ func nextPolicy(cur, p Policy) (Policy, error) {
 	return p, nil
 }
 
-// stableOf is p without its rollout.
-func stableOf(p Policy) Policy {
+// Stable is p without its rollout (candidate, share, shadow), at p's version.
+func (p Policy) Stable() Policy {
 	p.Candidate, p.CandidateShare, p.Shadow = nil, 0, false
 	return p
 }
