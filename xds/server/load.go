@@ -68,10 +68,8 @@ func (l *loadStore) arms() map[uint64]Arm {
 	out := map[uint64]Arm{}
 	for _, r := range l.nodes {
 		for _, a := range r.arms {
-			sum, ok := out[a.Version]
-			if !ok {
-				sum = Arm{Version: a.Version, TTFTBounds: a.TTFTBounds, TTFTCounts: make([]uint64, len(a.TTFTCounts))}
-			}
+			sum := out[a.Version]
+			sum.Version = a.Version
 			sum.Requests = satAdd(sum.Requests, a.Requests)
 			sum.Errors = satAdd(sum.Errors, a.Errors)
 			sum.CachedBlocks = satAdd(sum.CachedBlocks, a.CachedBlocks)
@@ -83,11 +81,7 @@ func (l *loadStore) arms() map[uint64]Arm {
 			sum.RegretBlocks = satAdd(sum.RegretBlocks, a.RegretBlocks)
 			sum.ITLBounds, sum.ITLCounts = addHistogram(sum.ITLBounds, sum.ITLCounts, a.ITLBounds, a.ITLCounts)
 			sum.HitBounds, sum.HitCounts = addHistogram(sum.HitBounds, sum.HitCounts, a.HitBounds, a.HitCounts)
-			if slices.Equal(sum.TTFTBounds, a.TTFTBounds) {
-				for i, c := range a.TTFTCounts {
-					sum.TTFTCounts[i] = satAdd(sum.TTFTCounts[i], c)
-				}
-			}
+			sum.TTFTBounds, sum.TTFTCounts = addHistogram(sum.TTFTBounds, sum.TTFTCounts, a.TTFTBounds, a.TTFTCounts)
 			out[a.Version] = sum
 		}
 	}
@@ -191,13 +185,13 @@ func armsOf(r *xdsv1.LoadReport) []Arm {
 	return out
 }
 
-// addHistogram adds the histogram (b, c) to the sum (sb, sc): the first one taken as it is
-// (copied), later ones with the same bounds added, others left out.
+// addHistogram adds the histogram (b, c) to the sum (sb, sc): the first one with counts
+// taken as it is (copied), later ones with the same bounds added, others left out.
 func addHistogram(sb []float64, sc []uint64, b []float64, c []uint64) ([]float64, []uint64) {
 	switch {
-	case sb == nil && len(b) > 0:
+	case sc == nil && len(c) > 0:
 		return b, slices.Clone(c)
-	case slices.Equal(sb, b):
+	case sc != nil && slices.Equal(sb, b) && len(sc) == len(c):
 		for i, n := range c {
 			sc[i] = satAdd(sc[i], n)
 		}

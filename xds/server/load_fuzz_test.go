@@ -3,6 +3,7 @@ package server
 import (
 	"math"
 	"testing"
+	"time"
 
 	"google.golang.org/protobuf/proto"
 
@@ -10,12 +11,16 @@ import (
 )
 
 // FuzzArmsOf: any load report a proxy sends yields arms that are versioned, at most
-// maxArms, with increasing finite bounds and one count more than bounds.
+// maxArms, with increasing finite bounds and one count more than bounds, and two proxies
+// sending it sum without a panic.
 func FuzzArmsOf(f *testing.F) {
 	ok, _ := proto.Marshal(&xdsv1.LoadReport{NodeId: "a", Arms: []*xdsv1.ArmReport{
 		{PolicyVersion: 3, Requests: 10, TtftBounds: []float64{0.1, 1}, TtftCounts: []uint64{5, 4, 1}}}})
 	f.Add(ok)
 	f.Add([]byte{0x22, 0x02, 0x08, 0x01})
+	noGaps, _ := proto.Marshal(&xdsv1.LoadReport{NodeId: "a", Arms: []*xdsv1.ArmReport{
+		{PolicyVersion: 3, TtftCounts: []uint64{1}, ItlCounts: []uint64{2}, HitCounts: []uint64{3}}}})
+	f.Add(noGaps)
 	f.Fuzz(func(t *testing.T, raw []byte) {
 		var r xdsv1.LoadReport
 		if proto.Unmarshal(raw, &r) != nil {
@@ -33,6 +38,14 @@ func FuzzArmsOf(f *testing.F) {
 				if math.IsNaN(b) || math.IsInf(b, 0) || i > 0 && b <= a.TTFTBounds[i-1] {
 					t.Fatalf("bounds %v kept", a.TTFTBounds)
 				}
+			}
+		}
+		l := newLoadStore(time.Minute, time.Now)
+		l.put("a", 1, &r)
+		l.put("b", 2, &r)
+		for v, a := range l.arms() {
+			if len(a.TTFTCounts) != len(a.TTFTBounds)+1 || len(a.ITLCounts) > 0 && len(a.ITLCounts) != len(a.ITLBounds)+1 {
+				t.Fatalf("summed arm %d: %+v", v, a)
 			}
 		}
 	})
