@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 
@@ -162,9 +161,7 @@ func unknown[P any](kind, name string, m map[string]P) error {
 }
 
 func params(kind string, pl policy.Plugin, accepted []string) error {
-	keys := slices.Collect(maps.Keys(pl.Params))
-	sort.Strings(keys)
-	for _, k := range keys {
+	for _, k := range slices.Sorted(maps.Keys(pl.Params)) {
 		if !slices.Contains(accepted, k) {
 			return fmt.Errorf("profile: %s %s takes no parameter %q (it takes %v)", kind, pl.Name, k, accepted)
 		}
@@ -178,12 +175,12 @@ func params(kind string, pl policy.Plugin, accepted []string) error {
 // min-cost and latency (param temperature), least-loaded, least-prefill, round-robin,
 // random and power-of-two. A scorer's weight multiplies its cost.
 func RegisterBuiltins(r *Registry) {
-	stateless := func(f Filter) FilterPlugin {
+	fixedFilter := func(f Filter) FilterPlugin {
 		return FilterPlugin{New: func(Params) (Filter, error) { return f, nil }}
 	}
-	r.Filter("model", stateless(ModelFilter{}))
-	r.Filter("role", stateless(RoleFilter{}))
-	r.Filter("health", stateless(HealthFilter{}))
+	r.Filter("model", fixedFilter(ModelFilter{}))
+	r.Filter("role", fixedFilter(RoleFilter{}))
+	r.Filter("health", fixedFilter(HealthFilter{}))
 	r.Scorer("prefill", ScorerPlugin{Params: []string{"overlap_weight", "queue_weight"}, UsesIndex: true,
 		New: func(w float64, p Params) (Scorer, error) {
 			return PrefillCost{Weight: w * p.Get("overlap_weight", DefaultOverlapWeight), QueueWeight: w * p.Get("queue_weight", DefaultQueueWeight)}, nil
@@ -211,16 +208,16 @@ func RegisterBuiltins(r *Registry) {
 			return mk(t), nil
 		}}
 	}
-	stateless2 := func(mk func() Picker) PickerPlugin {
+	noParams := func(mk func() Picker) PickerPlugin {
 		return PickerPlugin{New: func(Params) (Picker, error) { return mk(), nil }}
 	}
 	r.Picker("min-cost", temperature(func(t float64) Picker { return MinCost{Temperature: t} }))
 	r.Picker("latency", temperature(func(t float64) Picker { return LatencyPick{Temperature: t} }))
-	r.Picker("least-loaded", stateless2(func() Picker { return LeastLoaded{} }))
-	r.Picker("least-prefill", stateless2(func() Picker { return LeastPrefill{} }))
-	r.Picker("round-robin", stateless2(func() Picker { return &RoundRobin{} })) // its own counter per policy
-	r.Picker("random", stateless2(func() Picker { return Random{} }))
-	r.Picker("power-of-two", stateless2(func() Picker { return PowerOfTwo{} }))
+	r.Picker("least-loaded", noParams(func() Picker { return LeastLoaded{} }))
+	r.Picker("least-prefill", noParams(func() Picker { return LeastPrefill{} }))
+	r.Picker("round-robin", noParams(func() Picker { return &RoundRobin{} })) // its own counter per policy
+	r.Picker("random", noParams(func() Picker { return Random{} }))
+	r.Picker("power-of-two", noParams(func() Picker { return PowerOfTwo{} }))
 }
 
 // maxTemperature bounds a picker's temperature (xds.MaxTemperature).
