@@ -9,7 +9,6 @@ import (
 	"os"
 	"sort"
 	"strings"
-	"time"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
@@ -24,17 +23,9 @@ func scrape(url string) (map[string]*dto.MetricFamily, error) {
 
 // scrapeRaw also returns the text, to keep beside the results.
 func scrapeRaw(url string) (map[string]*dto.MetricFamily, []byte, error) {
-	resp, err := httpClient.Get(url)
+	body, err := get(url)
 	if err != nil {
-		return nil, nil, err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return nil, nil, err
-	}
-	if resp.StatusCode != http.StatusOK {
-		return nil, body, fmt.Errorf("GET %s: %s", url, resp.Status)
+		return nil, body, err
 	}
 	p := expfmt.NewTextParser(model.UTF8Validation)
 	fams, err := p.TextToMetricFamilies(bytes.NewReader(body))
@@ -57,16 +48,27 @@ func saveScrape(url, path string) map[string]*dto.MetricFamily {
 	return fams
 }
 
+// get returns what GET url answers; a status other than 200 is an error beside the body.
+func get(url string) ([]byte, error) {
+	resp, err := httpClient.Get(url)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return body, fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	return body, nil
+}
+
 // saveGet writes what GET url answers (the proxy's learned latency model, say) to path; a
 // failure leaves no file.
 func saveGet(url, path string) {
-	c := http.Client{Timeout: 5 * time.Second}
-	resp, err := c.Get(url)
-	if err != nil {
-		return
-	}
-	defer resp.Body.Close()
-	if b, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20)); err == nil && resp.StatusCode == http.StatusOK {
+	if b, err := get(url); err == nil {
 		_ = os.WriteFile(path, b, 0o644)
 	}
 }
