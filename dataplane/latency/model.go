@@ -61,7 +61,7 @@ type State struct {
 	// 0 when unknown.
 	OSL float64
 	// SlotWait, when HasSlotWait, is the wait for a sequence slot as the caller worked it
-	// out from the requests it knows running there (Worker.SlotWait), in place of the
+	// out from the requests it knows running there (func SlotWait), in place of the
 	// mean-residual estimate FeatSlotWait otherwise takes.
 	SlotWait    float64
 	HasSlotWait bool
@@ -245,9 +245,9 @@ func (w *Worker) Model() *Model { return w.m }
 // come, seconds (learned from its requests; the prior's until then).
 func (w *Worker) Occupancy() float64 { return load(&w.occBit) }
 
-// maxSlotSim bounds the slots SlotWait follows one by one; a larger engine takes the
-// mean-residual estimate.
-const maxSlotSim = 64
+// MaxSlotSim bounds the slots SlotWait follows one by one (and the ages it needs); a
+// larger engine takes the mean-residual estimate.
+const MaxSlotSim = 64
 
 // SlotWait is the wait for a sequence slot of a request arriving at a worker running seqs
 // requests with queued more waiting ahead of it: the slots free as their requests end —
@@ -256,10 +256,10 @@ const maxSlotSim = 64
 // ones nobody here knows (unknown of them) — and each freed slot goes to the next request
 // in line, which holds it the occupancy. ok is false when seqs is beyond what it follows.
 func SlotWait(seqs, queued int, ages []float64, prefilling, unknown int, occ float64) (wait float64, ok bool) {
-	if seqs <= 0 || seqs > maxSlotSim || queued < 0 {
+	if seqs <= 0 || seqs > MaxSlotSim || queued < 0 {
 		return 0, false
 	}
-	var free [maxSlotSim]float64
+	var free [MaxSlotSim]float64 // a slot nobody holds is free now
 	n := 0
 	for _, a := range ages {
 		if n == seqs {
@@ -275,9 +275,6 @@ func SlotWait(seqs, queued int, ages []float64, prefilling, unknown int, occ flo
 	for ; n < seqs && unknown > 0; unknown-- {
 		free[n] = occ / 2
 		n++
-	}
-	for ; n < seqs; n++ {
-		free[n] = 0 // a slot nobody holds
 	}
 	slots := free[:seqs]
 	for range queued {

@@ -60,7 +60,7 @@ func (s PredictedTTFT) Score(req *Request, ws []*Worker, costs []float64) {
 			osl = DefaultOSL
 		}
 	}
-	var agesBuf [64]float64
+	var agesBuf [latency.MaxSlotSim]float64
 	for i, w := range ws {
 		bs := max(w.BlockSize, 1)
 		overlap := req.Overlap(w)
