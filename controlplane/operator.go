@@ -173,7 +173,7 @@ func (o operator) StartRollout(_ context.Context, c *operatorv1.Policy, m *opera
 	if err != nil {
 		return nil, err
 	}
-	if _, err := o.s.rollouts.start(storedPolicy(c), spec); err != nil {
+	if err := o.s.rollouts.start(storedPolicy(c), spec); err != nil {
 		return nil, apiErr(err)
 	}
 	return o.GetRollout(context.Background())
@@ -188,7 +188,7 @@ func (o operator) GetRollout(context.Context) (*operatorv1.Rollout, error) {
 }
 
 func (o operator) ControlRollout(_ context.Context, action string) (*operatorv1.Rollout, error) {
-	if _, err := o.s.rollouts.control(action); err != nil {
+	if err := o.s.rollouts.control(action); err != nil {
 		return nil, apiErr(err)
 	}
 	return o.GetRollout(context.Background())

@@ -58,8 +58,11 @@ func (s *Server) loadRollout() (*rollouts, error) {
 		return c, err
 	}
 	var rec rolloutRecord
-	if err := json.Unmarshal(data, &rec); err != nil || rec.R == nil {
-		return nil, fmt.Errorf("control plane: decoding the stored rollout: %v", err)
+	if err := json.Unmarshal(data, &rec); err != nil {
+		return nil, fmt.Errorf("control plane: decoding the stored rollout: %w", err)
+	}
+	if rec.R == nil {
+		return nil, fmt.Errorf("control plane: the stored rollout %d has no state", rec.ID)
 	}
 	c.cur = &rec
 	return c, nil
@@ -96,16 +99,16 @@ func (s *Server) checkProfiles(p registry.Policy) error {
 }
 
 // start begins a rollout of cand (its routing; versions are assigned) as spec says.
-func (c *rollouts) start(cand registry.Policy, spec rollout.Spec) (*rolloutRecord, error) {
+func (c *rollouts) start(cand registry.Policy, spec rollout.Spec) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.cur != nil && !c.cur.R.Done() {
-		return nil, fmt.Errorf("%w: rollout %d is %s: promote or abort it first", api.ErrConflict, c.cur.ID, c.cur.R.State)
+		return fmt.Errorf("%w: rollout %d is %s: promote or abort it first", api.ErrConflict, c.cur.ID, c.cur.R.State)
 	}
 	now := c.now()
 	r, err := rollout.New(spec, now, rollout.Arm{}, rollout.Arm{})
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", api.ErrInvalid, err)
+		return fmt.Errorf("%w: %w", api.ErrInvalid, err)
 	}
 	id := uint64(1)
 	if c.cur != nil {
@@ -117,24 +120,24 @@ func (c *rollouts) start(cand registry.Policy, spec rollout.Spec) (*rolloutRecor
 	p.Candidate = &cand
 	p.CandidateShare, p.Shadow = r.Share()
 	if err := c.s.checkProfiles(p); err != nil {
-		return nil, err
+		return err
 	}
 	got, err := c.s.reg.ChangePolicy(p, fmt.Sprintf("rollout %d started", id))
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if got.Candidate.Version == got.Version {
-		return nil, fmt.Errorf("%w: the candidate routes as the stable policy does", api.ErrInvalid)
+		return fmt.Errorf("%w: the candidate routes as the stable policy does", api.ErrInvalid)
 	}
 	arms := c.s.xds.Arms()
 	r.BaseStable, r.BaseCandidate = armOf(arms, got.Version), armOf(arms, got.Candidate.Version)
 	rec := &rolloutRecord{ID: id, Candidate: *got.Candidate, StableVersion: got.Version, Started: now, R: r}
 	if err := c.persist(rec); err != nil {
-		return nil, err
+		return err
 	}
 	c.cur = rec
 	c.s.log.Info("rollout started", "id", id, "stable", got.Version, "candidate", got.Candidate.Version, "state", r.State, "steps", spec.Steps)
-	return rec, nil
+	return nil
 }
 
 // armOf is the summed arm of one policy version as the state machine takes it.
@@ -244,12 +247,12 @@ func (c *rollouts) apply(rec *rolloutRecord) error {
 }
 
 // control applies an operator's action: pause, resume, promote or abort.
-func (c *rollouts) control(action string) (*rolloutRecord, error) {
+func (c *rollouts) control(action string) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	rec := c.cur
 	if rec == nil {
-		return nil, fmt.Errorf("%w: %w", api.ErrNotFound, errRolloutNotFound)
+		return fmt.Errorf("%w: %w", api.ErrNotFound, errRolloutNotFound)
 	}
 	now := c.now()
 	var err error
@@ -266,17 +269,14 @@ func (c *rollouts) control(action string) (*rolloutRecord, error) {
 		err = fmt.Errorf("unknown action %q", action)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("%w: rollout %d: %w", api.ErrConflict, rec.ID, err)
+		return fmt.Errorf("%w: rollout %d: %w", api.ErrConflict, rec.ID, err)
 	}
 	if rec.R.Done() {
-		rec.Ended, rec.Reason = now, action+"d by an operator"
-		if action == "abort" {
-			rec.Reason = "aborted by an operator"
-		}
+		rec.Ended, rec.Reason = now, rec.R.State+" by an operator"
 	}
 	c.s.log.Info("rollout "+action, "id", rec.ID, "state", rec.R.State)
 	c.commit(rec)
-	return rec, nil
+	return nil
 }
 
 // latest returns a copy of the running or latest rollout and its running step's figures
