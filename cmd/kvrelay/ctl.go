@@ -596,24 +596,33 @@ func disaggThresholdText(t *int64) string {
 	return strconv.FormatInt(*t, 10)
 }
 
-// readProfile reads a policy profile from a YAML or JSON file (the form ctl policy -o json
-// prints under "profile"; unknown fields are refused).
+// readProfile reads a policy profile from a YAML or JSON file (parseProfile).
 func readProfile(path string) (*operatorv1.Profile, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("reading --profile-file: %w", err)
 	}
-	var doc any
-	if err := yaml.Unmarshal(data, &doc); err != nil {
-		return nil, fmt.Errorf("--profile-file %s: %w", path, err)
-	}
-	js, err := json.Marshal(doc)
+	p, err := parseProfile(data)
 	if err != nil {
 		return nil, fmt.Errorf("--profile-file %s: %w", path, err)
 	}
+	return p, nil
+}
+
+// parseProfile reads a policy profile in YAML or JSON, the form ctl policy -o json prints
+// under "profile"; unknown fields are refused.
+func parseProfile(data []byte) (*operatorv1.Profile, error) {
+	var doc any
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		return nil, err
+	}
+	js, err := json.Marshal(doc)
+	if err != nil {
+		return nil, err
+	}
 	var p operatorv1.Profile
 	if err := protojson.Unmarshal(js, &p); err != nil {
-		return nil, fmt.Errorf("--profile-file %s: %w", path, err)
+		return nil, err
 	}
 	return &p, nil
 }

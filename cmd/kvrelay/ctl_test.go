@@ -511,3 +511,20 @@ func TestCtlPolicyProfile(t *testing.T) {
 		t.Fatalf("a misspelt field was taken:\n%s", out)
 	}
 }
+
+// FuzzParseProfile: any profile file is read or refused without panicking, and what is
+// read marshals back.
+func FuzzParseProfile(f *testing.F) {
+	f.Add([]byte("filters: [{name: model}]\nscorers: [{name: load, weight: 2, params: {x: 1}}]\npicker: {name: min-cost}\n"))
+	f.Add([]byte(`{"picker": {"name": "random"}, "spread": {"name": "least-prefill"}}`))
+	f.Add([]byte("scorers: {a: 1}\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		p, err := parseProfile(data)
+		if err != nil {
+			return
+		}
+		if _, err := protojson.Marshal(p); err != nil {
+			t.Fatalf("%q read as %v, which does not marshal: %v", data, p, err)
+		}
+	})
+}
