@@ -3,6 +3,7 @@ package controlplane
 import (
 	"errors"
 	"math"
+	"strings"
 	"testing"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 
 	"github.com/kvrelay/kvrelay/controlplane/api"
 	operatorv1 "github.com/kvrelay/kvrelay/controlplane/api/v1"
+	"github.com/kvrelay/kvrelay/controlplane/registry"
 )
 
 // TestRolloutSpecDefaults: unset fields take the defaults, a step duration alone brings a
@@ -79,5 +81,29 @@ func TestProfileWireForm(t *testing.T) {
 	r := routingResource(p).GetProfile()
 	if r.GetPicker().GetParams()["temperature"] != 0.5 || len(r.GetFilters()) != 2 || r.GetSpread().GetName() != "least-prefill" {
 		t.Fatalf("pushed %v", r)
+	}
+}
+
+// TestBadStoredRolloutFailsTheStart: a stored rollout that cannot be read (not JSON, or no
+// state) stops the control plane from starting rather than resuming nothing.
+func TestBadStoredRolloutFailsTheStart(t *testing.T) {
+	for _, rec := range []string{`{`, `{"id": 3}`} {
+		dir := t.TempDir()
+		st, err := registry.Open(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := st.PutRollout(3, []byte(rec)); err != nil {
+			t.Fatal(err)
+		}
+		st.Close()
+		s, err := New(Options{DataDir: dir, XDSListen: "127.0.0.1:0"})
+		if err == nil {
+			s.Close()
+			t.Fatalf("stored rollout %s: the control plane started", rec)
+		}
+		if !strings.Contains(err.Error(), "stored rollout") {
+			t.Fatalf("stored rollout %s: %v", rec, err)
+		}
 	}
 }
