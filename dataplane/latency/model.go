@@ -68,8 +68,12 @@ type State struct {
 }
 
 // Features of a candidate request on a worker, in seconds, as the prior computes them: the
-// TTFT model is θ₀ + θ₁·SlotWait + θ₂·Queue + θ₃·Prefill + θ₄·LoadedPrefill + θ₅·Decode.
+// TTFT model is θ₀·Step + θ₆·LoadedStep + θ₁·SlotWait + θ₂·Queue + θ₃·Prefill +
+// θ₄·LoadedPrefill + θ₅·Decode.
 const (
+	// FeatBias is the per-step constant of the prior curve (C), once: the step the
+	// request's first token comes out of, whatever its prompt. Engines learn θ₀ as their
+	// per-request overhead in multiples of it, apart from what each token costs.
 	FeatBias = iota
 	// FeatSlotWait is the wait for a free sequence slot when the worker runs MaxNumSeqs
 	// requests already: the requests ahead of this one for a slot, each freeing one after
@@ -81,7 +85,8 @@ const (
 	// prefills one after another (vLLM, SGLang) learns θ₂ near θ₃; one that runs them side
 	// by side learns it near 0.
 	FeatQueue
-	// FeatPrefill is what the request's own uncached tokens add to that compute.
+	// FeatPrefill is what the request's own uncached tokens add to that compute, less the
+	// first step's constant that FeatBias carries.
 	FeatPrefill
 	// FeatLoadedPrefill is FeatPrefill times the share of the worker's sequence slots in
 	// use (0 when its limit is unknown): engines whose prefill slows as their batch fills
@@ -90,15 +95,18 @@ const (
 	// FeatDecode is the decode step of the running batch that each of those prefill steps
 	// also takes, at the model's learned step time (θ₅ near 1).
 	FeatDecode
+	// FeatLoadedBias is FeatBias times the share of the slots in use: the per-request
+	// overhead's growth with the batch (θ₆), as FeatLoadedPrefill is the tokens'.
+	FeatLoadedBias
 	numFeat
 )
 
 // Prediction is what the model says of a candidate.
 type Prediction struct {
 	X Vec // the features, kept to learn from the outcome
-	// TTFT is the predicted time to first token in seconds: Queue (bias, slot wait and the
-	// backlog's prefill) plus Prefill (what the request's own uncached tokens add to it,
-	// the steps they start included).
+	// TTFT is the predicted time to first token in seconds: Queue (slot wait and the
+	// backlog's prefill) plus Prefill (the request's own step overhead and what its
+	// uncached tokens add, the steps they start included).
 	TTFT, Queue, Prefill float64
 	// Compute is the engine time the request's uncached tokens take, apart from the per-step
 	// costs it shares with the requests in the same steps: what placing it there costs
@@ -150,8 +158,8 @@ func (m *Model) Init() {
 	// multiplier is known to a factor of ten or so, the slot wait's to a factor of three,
 	// the bias to ~10 ms; the decode step to ~20 ms, its growth per sequence to ~5 ms and
 	// from an empty to a full cache to ~50 ms.
-	m.ttft = RLS{Lambda: 0.995, OutlierK: 4, Lo: Vec{0, 0.01, 0, 0.001, 0, 0}, Hi: Vec{10, 100, 100, 100, 100, 10}}
-	m.ttft.Init(numFeat, Vec{0, 1, 1, 1, 0, 1}, Vec{0.01, 10, 10, 100, 1, 1})
+	m.ttft = RLS{Lambda: 0.995, OutlierK: 4, Lo: Vec{0, 0.01, 0, 0.001, 0, 0, 0}, Hi: Vec{100, 100, 100, 100, 100, 10, 100}}
+	m.ttft.Init(numFeat, Vec{1, 1, 1, 1, 0, 1, 0}, Vec{10, 10, 10, 100, 1, 1, 10})
 	m.itl = RLS{Lambda: 0.995, OutlierK: 4, Lo: Vec{1e-4, 0, 0}, Hi: Vec{5, 1, 5}}
 	m.itl.Init(3, Vec{priorITL, 0, 0}, Vec{0.04, 0.0025, 0.25})
 	m.publishLocked()
@@ -324,8 +332,13 @@ func (w *Worker) Predict(e *Engine, st State, uncached float64, p *Prediction) {
 	}
 	speed := load(&w.speed)
 	u := max(uncached, 0)
+	step := curve.C / 1000
 	queue := speed * chunked(st.Backlog, budget, curve)
 	own := speed*chunked(st.Backlog+u, budget, curve) - queue
+	if st.Backlog <= 0 && u > 0 {
+		// The first step's constant is FeatBias's.
+		own = max(own-speed*step, 0)
+	}
 	dq := decode * steps(st.Backlog, budget)
 	do := decode*steps(st.Backlog+u, budget) - dq
 	slot, busy := 0.0, 0.0
@@ -338,13 +351,13 @@ func (w *Worker) Predict(e *Engine, st State, uncached float64, p *Prediction) {
 		}
 		busy = float64(min(st.Requests, seqs)) / float64(seqs)
 	}
-	p.X = Vec{1, slot, queue, own, own * busy, dq + do}
+	p.X = Vec{step, slot, queue, own, own * busy, dq + do, step * busy}
 	var th [numFeat]float64
 	for i := range th {
 		th[i] = load(&m.theta[i])
 	}
-	p.Queue = th[0] + th[1]*slot + th[2]*queue + th[5]*dq
-	p.Prefill = (th[3]+th[4]*busy)*own + th[5]*do
+	p.Queue = th[1]*slot + th[2]*queue + th[5]*dq
+	p.Prefill = (th[0]+th[6]*busy)*step + (th[3]+th[4]*busy)*own + th[5]*do
 	p.TTFT = p.Queue + p.Prefill
 	p.Compute = (th[3] + th[4]*busy) * speed * curve.TokenSeconds(u)
 	p.ITL = m.ITL(batch+1, st.KVUsage)
@@ -456,10 +469,9 @@ func (w *Worker) ObserveReport(running, waiting int) {
 
 // Stats is a snapshot of a worker's model for operators.
 type Stats struct {
-	// Theta are the shared TTFT coefficients (bias in seconds, the others multiples of their
-	// features: slot wait, queue, prefill, prefill under load, decode steps), ITL the shared
-	// decode step:
-	// base, per sequence, per unit of KV usage, in seconds.
+	// Theta are the shared TTFT coefficients, multiples of their features (indexed by the
+	// Feat constants), ITL the shared decode step: base, per sequence, per unit of KV
+	// usage, in seconds.
 	Theta Vec
 	ITL   [3]float64
 	// Speed is the worker's prefill time against its model's (1: as the model says),

@@ -115,9 +115,11 @@ func (s *Server) Decisions(n int) []DecisionJSON {
 // WorkerModelJSON is one worker's latency model as DecisionsHandler serves it.
 type WorkerModelJSON struct {
 	Worker string `json:"worker"`
-	// Coefficients of the TTFT model its model's workers share: bias (s); slot wait, queue,
-	// prefill and prefill under load (each a multiple of its feature's seconds).
-	Bias          float64 `json:"bias_s"`
+	// Coefficients of the TTFT model its model's workers share, each a multiple of its
+	// feature's seconds: the per-request step overhead idle (bias) and its growth with the
+	// share of slots in use (loaded_bias), slot wait, queue, prefill and prefill under load.
+	Bias          float64 `json:"bias"`
+	LoadedBias    float64 `json:"loaded_bias"`
 	SlotWait      float64 `json:"slot_wait"`
 	Queue         float64 `json:"queue"`
 	Prefill       float64 `json:"prefill"`
@@ -146,7 +148,7 @@ func (s *Server) WorkerModels() []WorkerModelJSON {
 		st := w.Latency().Stats()
 		out = append(out, WorkerModelJSON{
 			Worker: w.ID, Bias: st.Theta[latency.FeatBias], SlotWait: st.Theta[latency.FeatSlotWait], Queue: st.Theta[latency.FeatQueue],
-			Prefill: st.Theta[latency.FeatPrefill], LoadedPrefill: st.Theta[latency.FeatLoadedPrefill],
+			Prefill: st.Theta[latency.FeatPrefill], LoadedPrefill: st.Theta[latency.FeatLoadedPrefill], LoadedBias: st.Theta[latency.FeatLoadedBias],
 			ITLBase: st.ITL[0], ITLPerSeq: st.ITL[1], ITLPerKV: st.ITL[2], Speed: st.Speed, Occupancy: st.Occupancy,
 			Observations: st.Observations, ModelObservations: st.ModelObservations, Decodes: st.Decodes,
 			MaxNumSeqs: w.Latency().MaxNumSeqs(&w.Engine),
