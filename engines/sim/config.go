@@ -46,7 +46,10 @@ type Config struct {
 	EnablePrefixCaching bool
 	SchedulingPolicy    SchedulingPolicy
 	Role                Role
-	Timing              Timing
+	// Timing is the polynomial step-time model, and its Speedup scales every modelled
+	// time; StepModel, when set, prices each step in its place (see Batch).
+	Timing    Timing
+	StepModel StepModel
 	// EngineHashBytes makes the engine's own block hashes 32-byte strings instead of uint64s
 	// (the --kv-block-hash bytes mode), as engines configured with a bytes hash report them.
 	EngineHashBytes bool

@@ -77,6 +77,7 @@ type Engine struct {
 	waiting waitQueue
 	running []*Request
 	sched   []scheduled
+	batch   Batch // the planned step's composition
 	events  []CacheEvent
 	hasher  blockhash.Hasher
 	ends    []pendingEnd
@@ -92,17 +93,6 @@ type Engine struct {
 	// stalls and stalledNS count the times a busy engine fell more than maxLag behind its
 	// modelled clock, and the time it lost (see Stalled).
 	stalls, stalledNS atomic.Int64
-}
-
-type heldEntry struct {
-	r      *Request
-	expiry time.Time
-}
-
-type scheduled struct {
-	r       *Request
-	n       int
-	prefill bool
 }
 
 // ErrInvalidRequest wraps every reason NewRequest refuses a prompt; the message is meant for
@@ -130,29 +120,6 @@ func NewEngine(cfg Config, filler []uint32, sink EventSink, metrics *Metrics) (*
 		loading: make(map[*Request]bool),
 	}
 	return e, nil
-}
-
-// HeldKV returns how many finished requests keep their blocks for a remote decode, and how
-// many blocks that is. It is safe to call from any goroutine.
-func (e *Engine) HeldKV() (requests, blocks int) {
-	return int(e.heldRequests.Load()), int(e.heldBlocks.Load())
-}
-
-// releaseHeld frees the blocks held for the named requests: their decoders have read them.
-// It is safe to call from any goroutine.
-func (e *Engine) releaseHeld(ids []string) {
-	e.mu.Lock()
-	e.releases = append(e.releases, ids...)
-	e.mu.Unlock()
-	e.poke()
-}
-
-// pullDone hands a finished pull back to the scheduler goroutine.
-func (e *Engine) pullDone(j *pullJob) {
-	e.mu.Lock()
-	e.pulls = append(e.pulls, j)
-	e.mu.Unlock()
-	e.poke()
 }
 
 // Config returns the engine's configuration.
@@ -292,12 +259,12 @@ func (e *Engine) StepAt(now time.Time) (end time.Time, busy bool) {
 		return now, false
 	}
 	e.planAt = now
-	prefill, decodes := e.plan()
+	e.plan()
 	e.publishLoad()
 	if len(e.sched) == 0 {
 		return now, false
 	}
-	end = now.Add(e.cfg.Timing.Step(prefill, decodes, e.pool.usage()))
+	end = now.Add(e.stepTime())
 	e.apply(end)
 	e.publishLoad()
 	return end, true
@@ -338,7 +305,7 @@ func (e *Engine) Run(ctx context.Context) error {
 			continue
 		}
 		e.planAt = time.Now()
-		prefill, decodes := e.plan()
+		e.plan()
 		e.publishLoad()
 		if len(e.sched) == 0 {
 			// Nothing fits (every running request was preempted for lack of blocks, which
@@ -351,7 +318,7 @@ func (e *Engine) Run(ctx context.Context) error {
 				continue
 			}
 		}
-		d := e.cfg.Timing.Step(prefill, decodes, e.pool.usage())
+		d := e.stepTime()
 		clock = e.catchUp(clock, time.Now(), busy).Add(d)
 		busy = true
 		for wait := time.Until(clock); wait > 0; wait = time.Until(clock) {
@@ -498,370 +465,12 @@ func (e *Engine) abort(r *Request, now time.Time) {
 	e.publishLoad()
 }
 
-// plan chooses this step's work, vLLM v1 style: running requests first, each with as many
-// tokens as it still has to compute within the step's token budget (chunked prefill),
-// preempting the least urgent running request when blocks run out; then waiting requests,
-// starting from their longest cached prefix, while sequences, budget and blocks allow. It
-// returns the new prefill tokens and the decoding sequences of the step.
-func (e *Engine) plan() (prefill, decodes int) {
-	e.sched = e.sched[:0]
-	e.events = e.events[:0]
-	e.pool.removed = e.pool.removed[:0]
-	budget := e.cfg.MaxNumBatchedTokens
-	bs := e.cfg.BlockSize
-	preempted := false
-	for i := 0; i < len(e.running) && budget > 0; {
-		r := e.running[i]
-		n := min(len(r.tokens)-r.numComputed, budget)
-		if n <= 0 {
-			i++
-			continue
-		}
-		ok := true
-		for !e.grow(r, (r.numComputed+n+bs-1)/bs) {
-			victim := e.victim()
-			preempted = true
-			budget += e.unschedule(victim)
-			if e.preempt(victim) < i {
-				i-- // an earlier request left e.running: r moved down one place
-			}
-			if victim == r {
-				ok = false
-				break
-			}
-		}
-		if !ok {
-			continue // r left e.running; index i now holds the next request
-		}
-		e.sched = append(e.sched, scheduled{r: r, n: n})
-		r.scheduled = true
-		budget -= n
-		i++
+// stepTime is the modelled wall time of the planned step (e.batch).
+func (e *Engine) stepTime() time.Duration {
+	if e.cfg.StepModel != nil {
+		return e.cfg.StepModel.Step(&e.batch)
 	}
-	// Requests whose prompt KV was pulled go first: they hold every block they need (the
-	// prompt's, allocated when the pull started), so they never wait behind a request that
-	// does not fit.
-	for !preempted && budget > 0 && len(e.running) < e.cfg.MaxNumSeqs && len(e.ready) > 0 {
-		r := e.ready[0]
-		e.ready = e.ready[1:]
-		n := min(len(r.tokens)-r.numComputed, budget)
-		if !e.grow(r, (r.numComputed+n+bs-1)/bs) {
-			e.ready = append([]*Request{r}, e.ready...) // cannot happen: n ends within the prompt
-			break
-		}
-		r.state = stateRunning
-		e.running = append(e.running, r)
-		e.sched = append(e.sched, scheduled{r: r, n: n})
-		r.scheduled = true
-		budget -= n
-	}
-	for !preempted && budget > 0 && len(e.running) < e.cfg.MaxNumSeqs && e.waiting.len() > 0 {
-		r := e.waiting.peek()
-		if r.kvPull != nil && e.kv != nil && !r.admitted {
-			if !e.admitPull(r) {
-				break
-			}
-			continue
-		}
-		hit := 0
-		full := len(r.hashes)
-		if full*bs == len(r.tokens) {
-			full-- // the last token is always computed, to produce the next one
-		}
-		if full > 0 {
-			hit = e.pool.hits(r.hashes[:full])
-		}
-		computed := hit * bs
-		n := min(len(r.tokens)-computed, budget)
-		need := (computed+n+bs-1)/bs - hit
-		if !e.pool.canTake(r.hashes, hit, need) {
-			break
-		}
-		e.waiting.pop()
-		for _, h := range r.hashes[:hit] {
-			r.blocks = e.pool.take(r.blocks, h)
-		}
-		for range need {
-			r.blocks, _ = e.pool.allocate(r.blocks)
-		}
-		r.numComputed, r.numStored = computed, hit
-		if !r.admitted {
-			r.admitted = true
-			r.scheduledAt = e.planAt
-			r.mu.Lock()
-			r.cached = computed
-			r.mu.Unlock()
-			e.metrics.admitted(r.promptLen, computed)
-		}
-		r.state = stateRunning
-		e.running = append(e.running, r)
-		e.sched = append(e.sched, scheduled{r: r, n: n})
-		r.scheduled = true
-		budget -= n
-	}
-	if len(e.pool.removed) > 0 {
-		e.events = append(e.events, CacheEvent{Kind: BlocksRemoved, Hashes: e.pool.removed})
-	}
-	for i := range e.sched {
-		s := &e.sched[i]
-		r := s.r
-		// A one-token step of a request whose prompt KV was pulled computes as a decode: it
-		// only produces the first token (vLLM recomputes the last prompt token the same way).
-		if s.n == 1 && r.numComputed == len(r.tokens)-1 && (len(r.tokens) > r.promptLen || r.pulled) {
-			decodes++
-		} else {
-			s.prefill = true
-			prefill += s.n
-		}
-	}
-	return prefill, decodes
-}
-
-// grow makes r hold at least want blocks, allocating from the free queue.
-func (e *Engine) grow(r *Request, want int) bool {
-	for len(r.blocks) < want {
-		var ok bool
-		if r.blocks, ok = e.pool.allocate(r.blocks); !ok {
-			return false
-		}
-	}
-	return true
-}
-
-// victim picks the running request to preempt: the last admitted under FCFS, the least urgent
-// (highest priority value, latest arrival) under the priority policy.
-func (e *Engine) victim() *Request {
-	v := e.running[len(e.running)-1]
-	if e.waiting.byPriority {
-		for _, r := range e.running {
-			if e.waiting.less(v, r) {
-				v = r
-			}
-		}
-	}
-	return v
-}
-
-// unschedule removes r from this step's plan if it was already in it and returns the tokens it
-// had been given.
-func (e *Engine) unschedule(r *Request) int {
-	if !r.scheduled {
-		return 0
-	}
-	for i, s := range e.sched {
-		if s.r == r {
-			e.sched = append(e.sched[:i], e.sched[i+1:]...)
-			r.scheduled = false
-			return s.n
-		}
-	}
-	return 0
-}
-
-// preempt frees all of r's blocks and returns it to the waiting queue; it recomputes from its
-// longest cached prefix when scheduled again (vLLM's recompute preemption). It returns the
-// index r had in e.running.
-func (e *Engine) preempt(r *Request) int {
-	at := -1
-	for i, x := range e.running {
-		if x == r {
-			e.running = append(e.running[:i], e.running[i+1:]...)
-			at = i
-			break
-		}
-	}
-	e.pool.free(r.blocks)
-	r.blocks = r.blocks[:0]
-	r.numComputed, r.numStored = 0, 0
-	r.pulled = false
-	r.state = stateWaiting
-	e.waiting.pushFront(r)
-	e.metrics.preempted()
-	return at
-}
-
-// apply completes the planned step at time now: computed tokens advance, newly full blocks
-// enter the prefix cache, every sequence whose tokens are all computed samples one more, and
-// requests that reached their end finish.
-func (e *Engine) apply(now time.Time) {
-	bs := e.cfg.BlockSize
-	// Count the step's tokens before any client is woken, so a client that scrapes the
-	// metrics after its response sees them.
-	generated := 0
-	for _, s := range e.sched {
-		if s.r.scheduled && s.r.numComputed+s.n >= len(s.r.tokens) {
-			generated++
-		}
-	}
-	e.metrics.step(generated)
-	for _, s := range e.sched {
-		r := s.r
-		if !r.scheduled {
-			continue // aborted during the step
-		}
-		r.scheduled = false
-		r.numComputed += s.n
-		e.storeBlocks(r)
-		if r.numComputed < len(r.tokens) {
-			continue // a chunk of a longer prefill
-		}
-		out := len(r.tokens) - r.promptLen
-		tok := e.filler[(int(r.seqNo)+out)%len(e.filler)]
-		r.tokens = append(r.tokens, tok)
-		if len(r.tokens)%bs == 0 {
-			e.extendHashes(r)
-		}
-		if out == 0 {
-			e.metrics.firstToken(now.Sub(r.arrival))
-			if !r.scheduledAt.IsZero() {
-				e.metrics.queueAndPrefill(r.scheduledAt.Sub(r.arrival), now.Sub(r.scheduledAt))
-			}
-		} else {
-			e.metrics.interToken(now.Sub(r.lastTokenAt))
-		}
-		r.lastTokenAt = now
-		if out+1 >= r.maxOut {
-			reason := FinishStop
-			if out+1 >= r.maxTokens {
-				reason = FinishLength
-			}
-			if !(r.kvDecode && reason == FinishLength && e.hold(r, now)) {
-				e.pool.free(r.blocks)
-			}
-			r.blocks = r.blocks[:0]
-			// The last token and the end reach the client in one update, after the step's
-			// metrics: a streaming client always sees the finish reason on the last token's
-			// chunk, and one that scrapes after its response finds the gauges updated.
-			e.finishWith(r, reason, now)
-			e.ends = append(e.ends, pendingEnd{r: r, tok: tok, reason: reason})
-			continue
-		}
-		r.mu.Lock()
-		r.out = append(r.out, tok)
-		if len(r.out) == 1 {
-			r.firstTok = now
-		}
-		r.mu.Unlock()
-		r.signal()
-	}
-	if len(e.ends) > 0 {
-		live := e.running[:0]
-		for _, r := range e.running {
-			if r.state == stateRunning {
-				live = append(live, r)
-			}
-		}
-		clear(e.running[len(live):])
-		e.running = live
-	}
-	e.emit(now)
-	e.publishLoad()
-	for i, p := range e.ends {
-		p.r.mu.Lock()
-		p.r.out = append(p.r.out, p.tok)
-		if len(p.r.out) == 1 {
-			p.r.firstTok = now
-		}
-		p.r.done, p.r.reason = true, p.reason
-		p.r.mu.Unlock()
-		p.r.signal()
-		e.ends[i] = pendingEnd{}
-	}
-	e.ends = e.ends[:0]
-}
-
-// pendingEnd is a request that finished in the step being applied, with its last token, to
-// hand to its client once the step's bookkeeping is done.
-type pendingEnd struct {
-	r      *Request
-	tok    uint32
-	reason FinishReason
-}
-
-// storeBlocks registers r's newly computed full blocks in the prefix cache and records the
-// BlockStored events for those that became the cached copy.
-func (e *Engine) storeBlocks(r *Request) {
-	bs := e.cfg.BlockSize
-	full := min(r.numComputed/bs, len(r.hashes))
-	start := -1
-	for b := r.numStored; b < full; b++ {
-		if e.pool.store(r.blocks[b], r.hashes[b]) {
-			if start < 0 {
-				start = b
-			}
-			continue
-		}
-		if start >= 0 {
-			e.storedRun(r, start, b)
-			start = -1
-		}
-	}
-	if start >= 0 {
-		e.storedRun(r, start, full)
-	}
-	r.numStored = max(r.numStored, full)
-}
-
-func (e *Engine) storedRun(r *Request, from, to int) {
-	bs := e.cfg.BlockSize
-	ev := CacheEvent{Kind: BlocksStored, Hashes: r.hashes[from:to], Tokens: r.tokens[from*bs : to*bs], First: from}
-	if !r.keys.Empty() {
-		ev.Keys = &r.keys
-	}
-	if from > 0 {
-		ev.Parent, ev.HasParent = r.hashes[from-1], true
-	}
-	e.events = append(e.events, ev)
-}
-
-// extendHashes appends the sequence hash of r's last block, which the token just sampled
-// completed.
-func (e *Engine) extendHashes(r *Request) {
-	bs := e.cfg.BlockSize
-	b := len(r.tokens)/bs - 1
-	if b != len(r.hashes) {
-		return
-	}
-	var parent uint64
-	if b > 0 {
-		parent = r.hashes[b-1]
-	}
-	r.hashes = e.hasher.AppendSeqKeys(r.hashes, parent, b > 0, r.tokens[b*bs:(b+1)*bs], bs, &r.keys, b)
-}
-
-func (e *Engine) finish(r *Request, reason FinishReason, now time.Time) {
-	if e.finishWith(r, reason, now) {
-		r.mu.Lock()
-		r.done, r.reason = true, reason
-		r.mu.Unlock()
-		r.signal()
-	}
-}
-
-// finishWith does the engine's part of finishing r and reports whether it did (r had not
-// finished yet); the caller tells the client.
-func (e *Engine) finishWith(r *Request, reason FinishReason, now time.Time) bool {
-	if r.state == stateFinished {
-		return false
-	}
-	r.state = stateFinished
-	r.scheduled = false
-	// Metrics first: a client that scrapes them after its response must find the request.
-	switch reason {
-	case FinishAborted:
-		e.metrics.aborted()
-	case FinishError:
-	default:
-		e.metrics.finished(r, reason, now)
-	}
-	return true
-}
-
-func (e *Engine) emit(now time.Time) {
-	if len(e.events) > 0 && e.sink != nil {
-		e.sink.CacheEvents(now, e.events)
-	}
-	e.events = e.events[:0]
+	return e.cfg.Timing.Step(&e.batch)
 }
 
 func (e *Engine) publishLoad() {
@@ -871,174 +480,4 @@ func (e *Engine) publishLoad() {
 	u := e.pool.usage()
 	e.usageBits.Store(math.Float64bits(u))
 	e.metrics.load(len(e.running), waiting, u)
-}
-
-// hold keeps a finished prefill-leg request's blocks for its remote decode, as vLLM's
-// NixlConnector delays freeing them: the prompt blocks' slots are pinned for their content,
-// and the blocks stay referenced until the decoder's notification or the timeout. It
-// reports false, leaving the caller to free the blocks, when the request cannot be held.
-func (e *Engine) hold(r *Request, now time.Time) bool {
-	if e.kv == nil || len(r.blocks) == 0 {
-		return false
-	}
-	if _, dup := e.held[r.ID]; dup {
-		return false
-	}
-	bs := e.cfg.BlockSize
-	nPrompt := min(len(r.blocks), (r.promptLen+bs-1)/bs)
-	keys := blockKeys(make([]uint64, 0, nPrompt), r.tokens[:r.promptLen], r.hashes, bs, &r.keys, 0, nPrompt)
-	blocks := append([]int32(nil), r.blocks...)
-	if !e.kv.pin(blocks[:nPrompt], keys) {
-		e.metrics.kvConflict()
-		return false
-	}
-	r.mu.Lock()
-	r.kvHeld = &heldKV{blocks: blocks, keys: keys}
-	r.mu.Unlock()
-	e.held[r.ID] = r
-	e.holdQ = append(e.holdQ, heldEntry{r: r, expiry: now.Add(e.cfg.KVTransferTimeout)})
-	e.heldRequests.Add(1)
-	e.heldBlocks.Add(int64(len(blocks)))
-	e.metrics.kvHeld(len(blocks), "")
-	return true
-}
-
-// unhold frees the blocks r kept for its remote decode; by is what freed them.
-func (e *Engine) unhold(r *Request, by string) {
-	delete(e.held, r.ID)
-	h := r.kvHeld // written by hold on this goroutine
-	e.kv.unpin(h.blocks[:len(h.keys)])
-	e.pool.free(h.blocks)
-	e.heldRequests.Add(-1)
-	e.heldBlocks.Add(-int64(len(h.blocks)))
-	e.metrics.kvHeld(-len(h.blocks), by)
-	e.publishLoad()
-}
-
-// expireHolds frees the blocks of held requests whose decoder did not read them in time.
-func (e *Engine) expireHolds(now time.Time) {
-	n := 0
-	for n < len(e.holdQ) && !e.holdQ[n].expiry.After(now) {
-		if r := e.holdQ[n].r; e.held[r.ID] == r {
-			e.unhold(r, "timeout")
-		}
-		n++
-	}
-	if n > 0 {
-		rest := copy(e.holdQ, e.holdQ[n:])
-		clear(e.holdQ[rest:])
-		e.holdQ = e.holdQ[:rest]
-	}
-	// Entries released by notification linger until they expire; drop them when they are
-	// most of the queue.
-	if len(e.holdQ) > 64 && len(e.holdQ) > 2*len(e.held) {
-		live := e.holdQ[:0]
-		for _, h := range e.holdQ {
-			if e.held[h.r.ID] == h.r {
-				live = append(live, h)
-			}
-		}
-		clear(e.holdQ[len(live):])
-		e.holdQ = live
-	}
-}
-
-// nextExpiry is when the oldest held request times out, zero when none is held.
-func (e *Engine) nextExpiry() time.Time {
-	for _, h := range e.holdQ {
-		if e.held[h.r.ID] == h.r {
-			return h.expiry
-		}
-	}
-	return time.Time{}
-}
-
-// admitPull admits a decode-leg request as vLLM's NixlConnector does: it takes the prompt's
-// cached prefix, allocates blocks for the rest of the prompt and starts pulling the remote
-// blocks the prefix cache lacks; the request waits (stateLoading) until the pull reports
-// back. It reports false when the blocks are not there yet.
-func (e *Engine) admitPull(r *Request) bool {
-	bs := e.cfg.BlockSize
-	nPrompt := (r.promptLen + bs - 1) / bs
-	full := len(r.hashes)
-	if full*bs == len(r.tokens) {
-		full--
-	}
-	hit := 0
-	if full > 0 {
-		hit = e.pool.hits(r.hashes[:full])
-	}
-	if !e.pool.canTake(r.hashes, hit, nPrompt-hit) {
-		return false
-	}
-	e.waiting.pop()
-	for _, h := range r.hashes[:hit] {
-		r.blocks = e.pool.take(r.blocks, h)
-	}
-	for range nPrompt - hit {
-		r.blocks, _ = e.pool.allocate(r.blocks)
-	}
-	r.numComputed, r.numStored = hit*bs, hit
-	r.admitted = true
-	r.scheduledAt = e.planAt
-	e.metrics.admitted(r.promptLen, hit*bs)
-	// Remote block i holds prompt block i; pull those the prefix cache lacks (none when the
-	// remote list is no longer than the cached prefix).
-	end := max(hit, min(len(r.kvPull.RemoteBlockIDs), nPrompt))
-	var remote []int
-	if end > hit {
-		remote = r.kvPull.RemoteBlockIDs[hit:end]
-	}
-	job := &pullJob{
-		r:        r,
-		params:   r.kvPull,
-		local:    append([]int32(nil), r.blocks[hit:end]...),
-		remote:   remote,
-		keys:     blockKeys(make([]uint64, 0, end-hit), r.tokens[:r.promptLen], r.hashes, bs, &r.keys, hit, end),
-		modelled: e.cfg.ModelledTransfer(end - hit),
-		start:    time.Now(),
-		done:     e.pullDone,
-	}
-	r.state = stateLoading
-	e.loading[r] = true
-	e.kv.startPull(job)
-	r.pullCancel = job.cancel
-	return true
-}
-
-// pulled finishes a pull on the scheduler goroutine: the pulled blocks become computed (and
-// enter the prefix cache) and the request waits to compute the rest, or the request fails.
-func (e *Engine) pulled(j *pullJob, now time.Time) {
-	r := j.r
-	delete(e.loading, r)
-	if r.state != stateLoading { // aborted (or shut down) while the pull ran
-		e.pool.free(r.blocks)
-		r.blocks = r.blocks[:0]
-		e.publishLoad()
-		return
-	}
-	if j.err != nil {
-		e.pool.free(r.blocks)
-		r.blocks = r.blocks[:0]
-		r.mu.Lock()
-		r.failure = j.err
-		r.mu.Unlock()
-		e.finish(r, FinishError, now)
-		e.publishLoad()
-		return
-	}
-	bs := e.cfg.BlockSize
-	// As vLLM does once remote KV arrived: everything pulled counts as computed except the
-	// prompt's last token, which is recomputed to produce the first output token.
-	computed := min(max(r.numComputed, (r.numStored+len(j.local))*bs), r.promptLen-1)
-	r.numComputed = computed
-	e.storeBlocks(r)
-	e.emit(now)
-	r.pulled = true
-	r.mu.Lock()
-	r.cached = computed
-	r.mu.Unlock()
-	r.state = stateReady
-	e.ready = append(e.ready, r)
-	e.publishLoad()
 }

@@ -56,7 +56,7 @@ func newTestEngine(t *testing.T, mut func(*Config)) (*Engine, *recorder, *vclock
 func (c *vclock) step() (d time.Duration, prefill, decodes int) {
 	c.e.drain(c.now)
 	prefill, decodes = c.e.plan()
-	d = c.e.cfg.Timing.Step(prefill, decodes, c.e.pool.usage())
+	d = c.e.stepTime()
 	c.now = c.now.Add(d)
 	c.e.apply(c.now)
 	c.steps++
@@ -447,7 +447,7 @@ func TestIdleStartNotBackdated(t *testing.T) {
 	start := time.Now()
 	awaitFinished(t, submit(t, e, prompt(n, 2), Params{MaxTokens: 1, IgnoreEOS: true}), 30*time.Second)
 	// One prefill step of n tokens; a slow host only adds to it.
-	if took, want := time.Since(start), e.cfg.Timing.Step(n, 0, 0); took < want {
+	if took, want := time.Since(start), e.cfg.Timing.StepTime(n, 0, 0); took < want {
 		t.Errorf("a %d-token prompt on an idle engine took %v, under its modelled prefill of %v", n, took, want)
 	}
 }
@@ -475,4 +475,54 @@ func waitFinished(r *Request) <-chan struct{} {
 		}
 	}()
 	return ch
+}
+
+// stepRecorder is a StepModel that prices every step at a fixed time and keeps what it saw.
+type stepRecorder struct {
+	d       time.Duration
+	batches []Batch
+}
+
+func (s *stepRecorder) Step(b *Batch) time.Duration {
+	c := *b
+	c.Prefill = slices.Clone(b.Prefill)
+	s.batches = append(s.batches, c)
+	return s.d
+}
+
+// TestStepModelReplacesTiming: a Config.StepModel prices every step in place of the
+// polynomial, and sees each step's composition: prefill chunks with their context, then
+// decodes.
+func TestStepModelReplacesTiming(t *testing.T) {
+	model := &stepRecorder{d: 7 * time.Millisecond}
+	e, _, _ := newTestEngine(t, func(c *Config) { c.StepModel = model; c.MaxNumBatchedTokens = 64 })
+	submit(t, e, prompt(100, 1), Params{MaxTokens: 3, IgnoreEOS: true})
+	now := time.Unix(1000, 0)
+	for range 10 {
+		end, busy := e.StepAt(now)
+		if !busy {
+			break
+		}
+		if end.Sub(now) != model.d {
+			t.Fatalf("step took %v, want the model's %v", end.Sub(now), model.d)
+		}
+		now = end
+	}
+	want := []Batch{
+		{Prefill: []Chunk{{Tokens: 64, Context: 0}}, PrefillTokens: 64},
+		{Prefill: []Chunk{{Tokens: 36, Context: 64}}, PrefillTokens: 36},
+		{Decodes: 1, DecodeContext: 100},
+		{Decodes: 1, DecodeContext: 101},
+	}
+	if len(model.batches) != len(want) {
+		t.Fatalf("model saw %d steps %+v, want %d", len(model.batches), model.batches, len(want))
+	}
+	for i, b := range model.batches {
+		if len(b.Prefill) == 0 {
+			b.Prefill = nil
+		}
+		if !slices.Equal(b.Prefill, want[i].Prefill) || b.PrefillTokens != want[i].PrefillTokens || b.Decodes != want[i].Decodes || b.DecodeContext != want[i].DecodeContext {
+			t.Errorf("step %d: %+v, want %+v", i, b, want[i])
+		}
+	}
 }

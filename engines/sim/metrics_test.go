@@ -72,7 +72,7 @@ func TestQueueAndPrefillTimes(t *testing.T) {
 	if qsum < wantQueue*0.99 || qsum > wantQueue*1.01 {
 		t.Fatalf("queue time sum %.4f s, want about %.4f (the second waited for the first)", qsum, wantQueue)
 	}
-	onePrefill := cfg.Timing.Step(1000, 0, 0).Seconds()
+	onePrefill := cfg.Timing.StepTime(1000, 0, 0).Seconds()
 	if psum < 2*onePrefill*0.99 || psum > 2*onePrefill*1.01+0.01 {
 		t.Fatalf("prefill time sum %.4f s, want about 2 × %.4f", psum, onePrefill)
 	}

@@ -44,10 +44,10 @@ func (m Timing) DecodeMS(p float64) float64 {
 	return max(m.DecodeMin, m.DecodeA*p*p+m.DecodeB*p+m.DecodeC)
 }
 
-// Step returns the wall time of a step that computes prefillTokens new prefill tokens while
-// decodes sequences each decode one token, at KV usage fraction p: prefill(T) + decode(p),
-// either term absent when the step has none of that work, divided by the speedup.
-func (m Timing) Step(prefillTokens, decodes int, p float64) time.Duration {
+// StepTime returns the wall time of a step that computes prefillTokens new prefill tokens
+// while decodes sequences each decode one token, at KV usage fraction p: prefill(T) +
+// decode(p), either term absent when the step has none of that work, divided by the speedup.
+func (m Timing) StepTime(prefillTokens, decodes int, p float64) time.Duration {
 	ms := m.PrefillMS(prefillTokens)
 	if decodes > 0 {
 		ms += m.DecodeMS(p)
@@ -57,4 +57,41 @@ func (m Timing) Step(prefillTokens, decodes int, p float64) time.Duration {
 		s = 1
 	}
 	return time.Duration(ms / s * float64(time.Millisecond))
+}
+
+// Batch is what one scheduler step computes, as a StepModel prices it.
+type Batch struct {
+	// Prefill are the step's prefill chunks, one per request computing prompt tokens.
+	Prefill []Chunk
+	// PrefillTokens is the new prefill tokens of the step, summed over Prefill.
+	PrefillTokens int
+	// Decodes is the sequences that each decode one token; DecodeContext the tokens their
+	// KV caches hold before the step, summed.
+	Decodes, DecodeContext int
+	// KVUsage is the fraction of GPU KV blocks in use.
+	KVUsage float64
+	// Onboard is the time the blocks this step's requests brought back from host memory or
+	// disk take to reach GPU memory; engines overlap it with the step's compute, layer by
+	// layer.
+	Onboard time.Duration
+}
+
+// Chunk is one request's part of a step's prefill: Tokens new tokens computed over Context
+// tokens already in its KV cache.
+type Chunk struct{ Tokens, Context int }
+
+// StepModel prices a scheduler step: the wall time of computing b. The engine's plan()
+// builds b from the batch it scheduled; a calibrated or context-length-aware model replaces
+// the polynomial Timing through Config.StepModel without touching the scheduler.
+type StepModel interface {
+	Step(b *Batch) time.Duration
+}
+
+var _ StepModel = Timing{}
+
+// Step is the polynomial model's price of b: StepTime of its prefill tokens and decodes,
+// or the onboarding time when that is longer (the transfer of layer i+1 overlaps the
+// compute of layer i, so the slower of the two sets the step).
+func (m Timing) Step(b *Batch) time.Duration {
+	return max(m.StepTime(b.PrefillTokens, b.Decodes, b.KVUsage), b.Onboard)
 }

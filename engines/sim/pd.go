@@ -1,0 +1,207 @@
+package sim
+
+// The scheduler's side of the KV connector (kvconn.go): a prefill-leg request's blocks held
+// for its remote decode, and a decode-leg request's blocks pulled before it runs. Everything
+// here runs on the engine's Run goroutine unless it says otherwise.
+
+import (
+	"time"
+)
+
+type heldEntry struct {
+	r      *Request
+	expiry time.Time
+}
+
+// HeldKV returns how many finished requests keep their blocks for a remote decode, and how
+// many blocks that is. It is safe to call from any goroutine.
+func (e *Engine) HeldKV() (requests, blocks int) {
+	return int(e.heldRequests.Load()), int(e.heldBlocks.Load())
+}
+
+// releaseHeld frees the blocks held for the named requests: their decoders have read them.
+// It is safe to call from any goroutine.
+func (e *Engine) releaseHeld(ids []string) {
+	e.mu.Lock()
+	e.releases = append(e.releases, ids...)
+	e.mu.Unlock()
+	e.poke()
+}
+
+// pullDone hands a finished pull back to the scheduler goroutine.
+func (e *Engine) pullDone(j *pullJob) {
+	e.mu.Lock()
+	e.pulls = append(e.pulls, j)
+	e.mu.Unlock()
+	e.poke()
+}
+
+// hold keeps a finished prefill-leg request's blocks for its remote decode, as vLLM's
+// NixlConnector delays freeing them: the prompt blocks' slots are pinned for their content,
+// and the blocks stay referenced until the decoder's notification or the timeout. It
+// reports false, leaving the caller to free the blocks, when the request cannot be held.
+func (e *Engine) hold(r *Request, now time.Time) bool {
+	if e.kv == nil || len(r.blocks) == 0 {
+		return false
+	}
+	if _, dup := e.held[r.ID]; dup {
+		return false
+	}
+	bs := e.cfg.BlockSize
+	nPrompt := min(len(r.blocks), (r.promptLen+bs-1)/bs)
+	keys := blockKeys(make([]uint64, 0, nPrompt), r.tokens[:r.promptLen], r.hashes, bs, &r.keys, 0, nPrompt)
+	blocks := append([]int32(nil), r.blocks...)
+	if !e.kv.pin(blocks[:nPrompt], keys) {
+		e.metrics.kvConflict()
+		return false
+	}
+	r.mu.Lock()
+	r.kvHeld = &heldKV{blocks: blocks, keys: keys}
+	r.mu.Unlock()
+	e.held[r.ID] = r
+	e.holdQ = append(e.holdQ, heldEntry{r: r, expiry: now.Add(e.cfg.KVTransferTimeout)})
+	e.heldRequests.Add(1)
+	e.heldBlocks.Add(int64(len(blocks)))
+	e.metrics.kvHeld(len(blocks), "")
+	return true
+}
+
+// unhold frees the blocks r kept for its remote decode; by is what freed them.
+func (e *Engine) unhold(r *Request, by string) {
+	delete(e.held, r.ID)
+	h := r.kvHeld // written by hold on this goroutine
+	e.kv.unpin(h.blocks[:len(h.keys)])
+	e.pool.free(h.blocks)
+	e.heldRequests.Add(-1)
+	e.heldBlocks.Add(-int64(len(h.blocks)))
+	e.metrics.kvHeld(-len(h.blocks), by)
+	e.publishLoad()
+}
+
+// expireHolds frees the blocks of held requests whose decoder did not read them in time.
+func (e *Engine) expireHolds(now time.Time) {
+	n := 0
+	for n < len(e.holdQ) && !e.holdQ[n].expiry.After(now) {
+		if r := e.holdQ[n].r; e.held[r.ID] == r {
+			e.unhold(r, "timeout")
+		}
+		n++
+	}
+	if n > 0 {
+		rest := copy(e.holdQ, e.holdQ[n:])
+		clear(e.holdQ[rest:])
+		e.holdQ = e.holdQ[:rest]
+	}
+	// Entries released by notification linger until they expire; drop them when they are
+	// most of the queue.
+	if len(e.holdQ) > 64 && len(e.holdQ) > 2*len(e.held) {
+		live := e.holdQ[:0]
+		for _, h := range e.holdQ {
+			if e.held[h.r.ID] == h.r {
+				live = append(live, h)
+			}
+		}
+		clear(e.holdQ[len(live):])
+		e.holdQ = live
+	}
+}
+
+// nextExpiry is when the oldest held request times out, zero when none is held.
+func (e *Engine) nextExpiry() time.Time {
+	for _, h := range e.holdQ {
+		if e.held[h.r.ID] == h.r {
+			return h.expiry
+		}
+	}
+	return time.Time{}
+}
+
+// admitPull admits a decode-leg request as vLLM's NixlConnector does: it takes the prompt's
+// cached prefix, allocates blocks for the rest of the prompt and starts pulling the remote
+// blocks the prefix cache lacks; the request waits (stateLoading) until the pull reports
+// back. It reports false when the blocks are not there yet.
+func (e *Engine) admitPull(r *Request) bool {
+	bs := e.cfg.BlockSize
+	nPrompt := (r.promptLen + bs - 1) / bs
+	full := len(r.hashes)
+	if full*bs == len(r.tokens) {
+		full--
+	}
+	hit := 0
+	if full > 0 {
+		hit = e.pool.hits(r.hashes[:full])
+	}
+	if !e.pool.canTake(r.hashes, hit, nPrompt-hit) {
+		return false
+	}
+	e.waiting.pop()
+	for _, h := range r.hashes[:hit] {
+		r.blocks = e.pool.take(r.blocks, h)
+	}
+	for range nPrompt - hit {
+		r.blocks, _ = e.pool.allocate(r.blocks)
+	}
+	r.numComputed, r.numStored = hit*bs, hit
+	r.admitted = true
+	r.scheduledAt = e.planAt
+	e.metrics.admitted(r.promptLen, hit*bs)
+	// Remote block i holds prompt block i; pull those the prefix cache lacks (none when the
+	// remote list is no longer than the cached prefix).
+	end := max(hit, min(len(r.kvPull.RemoteBlockIDs), nPrompt))
+	var remote []int
+	if end > hit {
+		remote = r.kvPull.RemoteBlockIDs[hit:end]
+	}
+	job := &pullJob{
+		r:        r,
+		params:   r.kvPull,
+		local:    append([]int32(nil), r.blocks[hit:end]...),
+		remote:   remote,
+		keys:     blockKeys(make([]uint64, 0, end-hit), r.tokens[:r.promptLen], r.hashes, bs, &r.keys, hit, end),
+		modelled: e.cfg.ModelledTransfer(end - hit),
+		start:    time.Now(),
+		done:     e.pullDone,
+	}
+	r.state = stateLoading
+	e.loading[r] = true
+	e.kv.startPull(job)
+	r.pullCancel = job.cancel
+	return true
+}
+
+// pulled finishes a pull on the scheduler goroutine: the pulled blocks become computed (and
+// enter the prefix cache) and the request waits to compute the rest, or the request fails.
+func (e *Engine) pulled(j *pullJob, now time.Time) {
+	r := j.r
+	delete(e.loading, r)
+	if r.state != stateLoading { // aborted (or shut down) while the pull ran
+		e.pool.free(r.blocks)
+		r.blocks = r.blocks[:0]
+		e.publishLoad()
+		return
+	}
+	if j.err != nil {
+		e.pool.free(r.blocks)
+		r.blocks = r.blocks[:0]
+		r.mu.Lock()
+		r.failure = j.err
+		r.mu.Unlock()
+		e.finish(r, FinishError, now)
+		e.publishLoad()
+		return
+	}
+	bs := e.cfg.BlockSize
+	// As vLLM does once remote KV arrived: everything pulled counts as computed except the
+	// prompt's last token, which is recomputed to produce the first output token.
+	computed := min(max(r.numComputed, (r.numStored+len(j.local))*bs), r.promptLen-1)
+	r.numComputed = computed
+	e.storeBlocks(r)
+	e.emit(now)
+	r.pulled = true
+	r.mu.Lock()
+	r.cached = computed
+	r.mu.Unlock()
+	r.state = stateReady
+	e.ready = append(e.ready, r)
+	e.publishLoad()
+}
