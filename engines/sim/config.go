@@ -35,6 +35,27 @@ const (
 	Priority SchedulingPolicy = "priority"
 )
 
+// Eviction is how the GPU tier chooses the cached block a new allocation evicts.
+type Eviction string
+
+// EvictLRU evicts the least recently freed block (vLLM's policy). EvictWORM evicts by class:
+// ephemeral blocks (generated output a chat client re-renders rather than reads back) first,
+// then by recency with reuse counting double, pinned blocks last.
+const (
+	EvictLRU  Eviction = "lru"
+	EvictWORM Eviction = "worm"
+)
+
+// Offload is when a block is copied to the host tier.
+type Offload string
+
+// OffloadOnStore copies every block to host memory as it is stored (write-through, as vLLM's
+// offloading connector does); OffloadOnEvict only when the GPU tier evicts it.
+const (
+	OffloadOnStore Offload = "store"
+	OffloadOnEvict Offload = "evict"
+)
+
 // Config describes one simulated worker. Field names follow vLLM's engine arguments.
 type Config struct {
 	Model               string
@@ -59,6 +80,29 @@ type Config struct {
 	// request naming one as its model is answered by the base model, and its blocks are
 	// keyed by the adapter's name, apart from the base model's.
 	LoRAModules []string
+
+	// KV block management below and within the GPU tier.
+
+	// Eviction is how the GPU tier picks the cached block to evict (default EvictLRU).
+	Eviction Eviction
+	// MaxPinnedFraction caps the blocks pinned at once, as a share of NumGPUBlocks.
+	MaxPinnedFraction float64
+	// CPUOffloadBlocks is the host-memory tier's capacity in blocks (G2; 0: none).
+	CPUOffloadBlocks int
+	// DiskOffloadDir and DiskOffloadBlocks give the disk tier (G3): a directory holding a
+	// file per block, and its capacity in blocks (either unset: none). DiskFsync syncs every
+	// block file as it is written.
+	DiskOffloadDir    string
+	DiskOffloadBlocks int
+	DiskFsync         bool
+	// OffloadOn is when blocks are copied to host (default OffloadOnStore).
+	OffloadOn Offload
+	// DiskAdmitMinHits is the reuses a block needs before it is written to disk.
+	DiskAdmitMinHits int
+	// HostBandwidth is the modelled host→GPU bandwidth of onboarding, bytes per second;
+	// DiskBandwidth the floor of a disk block's onboarding (its real read time counts when
+	// slower).
+	HostBandwidth, DiskBandwidth float64
 
 	// KV transfer (roles prefill and decode only).
 
@@ -102,6 +146,12 @@ func DefaultConfig() Config {
 		KVBytesScale:        1.0 / 64,
 		KVTransferTimeout:   30 * time.Second,
 		KVRegionMaxBytes:    512 << 20,
+		Eviction:            EvictLRU,
+		MaxPinnedFraction:   0.5,
+		OffloadOn:           OffloadOnStore,
+		DiskAdmitMinHits:    2,
+		HostBandwidth:       25e9, // PCIe 5 x16, host to device
+		DiskBandwidth:       5e9,  // one NVMe drive
 	}
 }
 
@@ -207,6 +257,30 @@ func (c *Config) Validate() error {
 		case slices.Contains(c.LoRAModules[:i], name):
 			return fmt.Errorf("%w: LoRA adapter %q given twice", ErrInvalidConfig, name)
 		}
+	}
+	switch c.Eviction {
+	case "", EvictLRU, EvictWORM:
+	default:
+		return fmt.Errorf("%w: eviction %q is not lru or worm", ErrInvalidConfig, c.Eviction)
+	}
+	switch c.OffloadOn {
+	case "", OffloadOnStore, OffloadOnEvict:
+	default:
+		return fmt.Errorf("%w: offload on %q is not store or evict", ErrInvalidConfig, c.OffloadOn)
+	}
+	switch {
+	case !(c.MaxPinnedFraction >= 0 && c.MaxPinnedFraction <= 1):
+		return fmt.Errorf("%w: max pinned fraction %g must be in [0, 1]", ErrInvalidConfig, c.MaxPinnedFraction)
+	case c.CPUOffloadBlocks < 0 || c.DiskOffloadBlocks < 0:
+		return fmt.Errorf("%w: offload tier capacities must not be negative", ErrInvalidConfig)
+	case (c.DiskOffloadDir == "") != (c.DiskOffloadBlocks == 0):
+		return fmt.Errorf("%w: a disk tier needs both a directory and a capacity in blocks", ErrInvalidConfig)
+	case c.DiskAdmitMinHits < 0:
+		return fmt.Errorf("%w: disk admit min hits %d must not be negative", ErrInvalidConfig, c.DiskAdmitMinHits)
+	case (c.CPUOffloadBlocks > 0 || c.DiskOffloadBlocks > 0) && c.KVBytesPerToken <= 0:
+		return fmt.Errorf("%w: offload tiers need kv bytes per token to price onboarding", ErrInvalidConfig)
+	case c.HostBandwidth < 0 || c.DiskBandwidth < 0 || math.IsInf(c.HostBandwidth, 0) || math.IsInf(c.DiskBandwidth, 0) || math.IsNaN(c.HostBandwidth) || math.IsNaN(c.DiskBandwidth):
+		return fmt.Errorf("%w: host and disk bandwidths must be finite and not negative", ErrInvalidConfig)
 	}
 	switch {
 	case c.Role == RoleBoth:

@@ -31,6 +31,8 @@ type CacheEvent struct {
 	Kind CacheEventKind
 	// Hashes are the blocks stored (a chain, in order) or removed.
 	Hashes []uint64
+	// Medium is the tier: MediumGPU, MediumCPU or MediumDISK ("" reads as GPU).
+	Medium string
 	// Parent is the hash of the block before the first stored one, when there is one.
 	Parent    uint64
 	HasParent bool
@@ -74,6 +76,7 @@ type Engine struct {
 	// Owned by the Run goroutine.
 	planAt  time.Time // when the step being planned starts
 	pool    *blockPool
+	kvm     *blockManager // the pool and the tiers below it
 	waiting waitQueue
 	running []*Request
 	sched   []scheduled
@@ -119,6 +122,11 @@ func NewEngine(cfg Config, filler []uint32, sink EventSink, metrics *Metrics) (*
 		held:    make(map[string]*Request),
 		loading: make(map[*Request]bool),
 	}
+	kvm, err := newBlockManager(&e.cfg, e.pool, metrics, &e.events)
+	if err != nil {
+		return nil, err
+	}
+	e.kvm = kvm
 	return e, nil
 }
 
@@ -429,7 +437,7 @@ func (e *Engine) drain(now time.Time) {
 	clear(pulls)
 	e.expireHolds(now)
 	for _, c := range resets {
-		ok := e.pool.reset()
+		ok := e.kvm.reset()
 		if ok {
 			e.events = append(e.events[:0], CacheEvent{Kind: AllBlocksCleared})
 			e.emit(now)

@@ -55,6 +55,7 @@ func newTestEngine(t *testing.T, mut func(*Config)) (*Engine, *recorder, *vclock
 // step runs one scheduler step and returns its modelled duration and what it computed.
 func (c *vclock) step() (d time.Duration, prefill, decodes int) {
 	c.e.drain(c.now)
+	c.e.planAt = c.now
 	prefill, decodes = c.e.plan()
 	d = c.e.stepTime()
 	c.now = c.now.Add(d)

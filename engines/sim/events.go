@@ -88,13 +88,13 @@ func (a *eventAdapter) CacheEvents(at time.Time, evs []CacheEvent) {
 			}
 			out.TokenIDs = ev.Tokens
 			out.BlockSize = a.blockSize
-			out.Medium = "GPU"
+			out.Medium = mediumOf(ev.Medium)
 			out.ExtraKeys, out.HasExtraKeys = extra, true
 			out.GroupIdx, out.HasGroupIdx = 0, true
 			out.KVCacheSpecKind = "full_attention"
 		case BlocksRemoved:
 			out.Kind = kvevents.BlockRemoved
-			out.Medium = "GPU"
+			out.Medium = mediumOf(ev.Medium)
 			out.GroupIdx, out.HasGroupIdx = 0, true
 		case AllBlocksCleared:
 			out = kvevents.Event{Kind: kvevents.AllBlocksCleared}
@@ -108,6 +108,13 @@ func (a *eventAdapter) CacheEvents(at time.Time, evs []CacheEvent) {
 	// A full queue drops the batch; the publisher counts it and the gap in seq tells
 	// subscribers to replay.
 	_ = a.pub.Publish(&a.batch)
+}
+
+func mediumOf(m string) string {
+	if m == "" {
+		return MediumGPU
+	}
+	return m
 }
 
 // plain returns n nil extra-keys entries (blocks without keys), reused across batches.

@@ -23,6 +23,14 @@ type Metrics struct {
 	queueTime, prefillTime  prometheus.Histogram
 	reqPrompt, reqGen       prometheus.Histogram
 	kv                      *kvMetrics // nil in role both
+
+	// The block manager's tiers.
+	tierTokens                    *prometheus.CounterVec
+	externalQueries, externalHits prometheus.Counter
+	offloads, evictions, diskErrs *prometheus.CounterVec
+	diskReadBytes, diskWriteBytes prometheus.Counter
+	pinnedBlocks                  prometheus.Gauge
+	pinsRefused                   prometheus.Counter
 }
 
 // kvMetrics are the KV transfer metrics of a prefill or decode worker: vLLM's NixlConnector
@@ -73,6 +81,19 @@ func NewMetrics(cfg Config) *Metrics {
 		prefillTime:  f.histogram("vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.", e2eBuckets),
 		reqPrompt:    f.histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.", tokenBuckets(cfg.MaxModelLen)),
 		reqGen:       f.histogram("vllm:request_generation_tokens", "Number of generation tokens processed.", tokenBuckets(cfg.MaxModelLen)),
+	}
+	m.externalQueries = f.counter("vllm:external_prefix_cache_queries_total", "External prefix cache queries from KV connector cross-instance cache sharing, in terms of number of queried tokens.")
+	m.externalHits = f.counter("vllm:external_prefix_cache_hits_total", "External prefix cache hits from KV connector cross-instance cache sharing, in terms of number of cached tokens.")
+	m.diskReadBytes = f.counter("kvrelay_sim_kv_disk_read_bytes_total", "Bytes read back from the disk tier's block files.")
+	m.diskWriteBytes = f.counter("kvrelay_sim_kv_disk_written_bytes_total", "Bytes written to the disk tier's block files.")
+	m.pinnedBlocks = f.gauge("kvrelay_sim_kv_pinned_blocks", "Blocks pinned now (nvext.cache_control), in any tier.")
+	m.pinsRefused = f.counter("kvrelay_sim_kv_pins_refused_total", "Pins refused because --max-pinned-fraction of the GPU tier was pinned.")
+	m.tierTokens = f.counterVec("kvrelay_sim_cached_tokens_by_tier_total", "Prompt tokens found cached, by the tier that held them (GPU, CPU, DISK).", "tier")
+	m.offloads = f.counterVec("kvrelay_sim_kv_offloaded_blocks_total", "Blocks copied down to a tier (CPU, DISK).", "tier")
+	m.evictions = f.counterVec("kvrelay_sim_kv_gpu_evictions_total", "Cached blocks the GPU tier evicted, by class (ephemeral, once, reused, pinned).", "class")
+	m.diskErrs = f.counterVec("kvrelay_sim_kv_disk_errors_total", "Disk tier failures, by kind (write: the block stays off disk; read, checksum: a miss, the file removed).", "kind")
+	for _, t := range []string{MediumGPU, MediumCPU, MediumDISK} {
+		m.tierTokens.WithLabelValues(t)
 	}
 	m.success = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "vllm:request_success_total", Help: "Count of successfully processed requests.", ConstLabels: labels,
@@ -327,5 +348,70 @@ func (m *Metrics) kvUnknownNotif() {
 func (m *Metrics) kvConflict() {
 	if m != nil && m.kv != nil {
 		m.kv.conflicts.Inc()
+	}
+}
+
+func (f factory) counterVec(name, help, label string) *prometheus.CounterVec {
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: f.labels}, []string{label})
+	f.reg.MustRegister(c)
+	return c
+}
+
+func (m *Metrics) tierHit(medium string, tokens int) {
+	if m == nil {
+		return
+	}
+	m.tierTokens.WithLabelValues(medium).Add(float64(tokens))
+	if medium != MediumGPU {
+		m.externalHits.Add(float64(tokens))
+	}
+}
+
+// externalQuery counts the prompt tokens a request asked the tiers below the GPU for.
+func (m *Metrics) externalQuery(tokens int) {
+	if m != nil {
+		m.externalQueries.Add(float64(tokens))
+	}
+}
+
+func (m *Metrics) offloaded(medium string) {
+	if m != nil {
+		m.offloads.WithLabelValues(medium).Inc()
+	}
+}
+
+func (m *Metrics) evicted(class string) {
+	if m != nil {
+		m.evictions.WithLabelValues(class).Inc()
+	}
+}
+
+func (m *Metrics) diskRead(n int) {
+	if m != nil {
+		m.diskReadBytes.Add(float64(n))
+	}
+}
+
+func (m *Metrics) diskWritten(n int) {
+	if m != nil {
+		m.diskWriteBytes.Add(float64(n))
+	}
+}
+
+func (m *Metrics) diskError(kind string) {
+	if m != nil {
+		m.diskErrs.WithLabelValues(kind).Inc()
+	}
+}
+
+func (m *Metrics) pinRefused() {
+	if m != nil {
+		m.pinsRefused.Inc()
+	}
+}
+
+func (m *Metrics) pins(n int) {
+	if m != nil {
+		m.pinnedBlocks.Set(float64(n))
 	}
 }

@@ -33,6 +33,15 @@ type Params struct {
 	// Priority orders the waiting queue under the priority policy; lower runs first (vLLM's
 	// convention).
 	Priority int
+	// PinTTL, when positive, pins the request's prompt blocks for that long (Dynamo's
+	// nvext.cache_control {"type": "ephemeral", "ttl": "5m"}): evicted last, renewed on
+	// every hit, within Config.MaxPinnedFraction.
+	PinTTL time.Duration
+	// EphemeralOutput marks the blocks holding only generated tokens as ephemeral: a chat
+	// client re-renders its history rather than sending the output back token for token
+	// (a harmony client drops the analysis channel), so nobody reads them again. EvictWORM
+	// evicts them first and never offloads them.
+	EphemeralOutput bool
 }
 
 // Request is one generation submitted to an Engine. The engine's scheduler goroutine owns the

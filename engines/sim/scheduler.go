@@ -25,6 +25,7 @@ func (e *Engine) plan() (prefill, decodes int) {
 	e.sched = e.sched[:0]
 	e.batch.Onboard = 0
 	e.events = e.events[:0]
+	e.kvm.setClock(e.planAt)
 	e.pool.removed = e.pool.removed[:0]
 	budget := e.cfg.MaxNumBatchedTokens
 	bs := e.cfg.BlockSize
@@ -88,17 +89,20 @@ func (e *Engine) plan() (prefill, decodes int) {
 			full-- // the last token is always computed, to produce the next one
 		}
 		if full > 0 {
-			hit = e.pool.hits(r.hashes[:full])
+			hit = e.kvm.lookup(r.hashes[:full])
 		}
 		computed := hit * bs
 		n := min(len(r.tokens)-computed, budget)
 		need := (computed+n+bs-1)/bs - hit
-		if !e.pool.canTake(r.hashes, hit, need) {
+		if !e.kvm.canAdmit(r.hashes, hit, need) {
 			break
 		}
 		e.waiting.pop()
-		for _, h := range r.hashes[:hit] {
-			r.blocks = e.pool.take(r.blocks, h)
+		if got := e.kvm.admit(r, hit, &e.batch.Onboard); got < hit {
+			// A block below the GPU could not be read back: compute from there.
+			hit, computed = got, got*bs
+			n = min(len(r.tokens)-computed, budget)
+			need = (computed+n+bs-1)/bs - hit
 		}
 		for range need {
 			r.blocks, _ = e.pool.allocate(r.blocks)
@@ -118,8 +122,8 @@ func (e *Engine) plan() (prefill, decodes int) {
 		r.scheduled = true
 		budget -= n
 	}
-	if len(e.pool.removed) > 0 {
-		e.events = append(e.events, CacheEvent{Kind: BlocksRemoved, Hashes: e.pool.removed})
+	if removed := e.kvm.evicted(e.pool.removed); len(removed) > 0 {
+		e.events = append(e.events, CacheEvent{Kind: BlocksRemoved, Medium: MediumGPU, Hashes: removed})
 	}
 	b := &e.batch
 	*b = Batch{Prefill: b.Prefill[:0], Onboard: b.Onboard}
@@ -310,6 +314,7 @@ func (e *Engine) storeBlocks(r *Request) {
 	start := -1
 	for b := r.numStored; b < full; b++ {
 		if e.pool.store(r.blocks[b], r.hashes[b]) {
+			e.kvm.stored(r, b, r.blocks[b])
 			if start < 0 {
 				start = b
 			}
@@ -324,11 +329,14 @@ func (e *Engine) storeBlocks(r *Request) {
 		e.storedRun(r, start, full)
 	}
 	r.numStored = max(r.numStored, full)
+	if len(e.kvm.through) > 0 {
+		e.kvm.writeThrough()
+	}
 }
 
 func (e *Engine) storedRun(r *Request, from, to int) {
 	bs := e.cfg.BlockSize
-	ev := CacheEvent{Kind: BlocksStored, Hashes: r.hashes[from:to], Tokens: r.tokens[from*bs : to*bs], First: from}
+	ev := CacheEvent{Kind: BlocksStored, Medium: MediumGPU, Hashes: r.hashes[from:to], Tokens: r.tokens[from*bs : to*bs], First: from}
 	if !r.keys.Empty() {
 		ev.Keys = &r.keys
 	}

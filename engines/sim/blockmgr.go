@@ -1,0 +1,507 @@
+package sim
+
+import (
+	"errors"
+	"slices"
+	"time"
+
+	"github.com/kvrelay/kvrelay/engines/blockhash"
+)
+
+// blockManager is the KV block manager the scheduler asks for memory: the GPU pool (G1, a
+// blockPool) and, when configured, host memory (G2) and disk (G3) below it, with the
+// eviction classes and pins of Config.Eviction. A block is found by its sequence hash in
+// whichever tier holds it; one found below the GPU is brought back (onboarded) into a GPU
+// block at a cost the step model charges. Blocks move down as Config.OffloadOn says —
+// copied to host as they are stored, or when the GPU evicts them — and from host to disk when
+// host evicts them, if they were reused at least Config.DiskAdmitMinHits times (one-shot
+// blocks do not wear the disk). Every move is a KV event of its tier (medium GPU, CPU or
+// DISK); a block moving down is stored below before it is removed above, so an index that
+// follows the events never loses it in between.
+//
+// A blockManager is owned by its engine's scheduler goroutine.
+type blockManager struct {
+	cfg     *Config
+	pool    *blockPool
+	host    *lowerTier // nil: no host tier
+	disk    *lowerTier // nil: no disk tier
+	metrics *Metrics
+
+	// meta describes every block some tier holds, when tiers or pins are in use (tiered).
+	meta    map[uint64]*blockMeta
+	tiered  bool
+	now     int64 // scheduler clock, Unix nanoseconds
+	events  *[]CacheEvent
+	pinList []uint64 // hashes pinned (some lapsed, swept by expirePins)
+	through []uint64 // stored on the GPU, to copy to host (writeThrough)
+	pinned  int      // hashes pinned now
+	maxPins int
+	nextPin int64 // earliest pin expiry, 0 when none
+}
+
+// blockMeta is what a tier needs of a block beyond its hash: its tokens, parent and keys for
+// the events that announce it in another tier, and its reuse and pin.
+type blockMeta struct {
+	tokens    []uint32
+	parent    uint64
+	hasParent bool
+	keys      *blockhash.Keys // nil: none
+	first     int             // its index in the request that stored it
+	hits      int32           // requests that found it cached, in any tier
+	ephemeral bool
+	// pinUntil is when its pin lapses (Unix ns; 0: not pinned), pinTTL what a hit renews.
+	pinUntil, pinTTL int64
+}
+
+func newBlockManager(cfg *Config, pool *blockPool, metrics *Metrics, events *[]CacheEvent) (*blockManager, error) {
+	m := &blockManager{cfg: cfg, pool: pool, metrics: metrics, events: events}
+	pool.eviction = cfg.Eviction
+	if cfg.CPUOffloadBlocks > 0 {
+		m.host = newLowerTier(MediumCPU, cfg.CPUOffloadBlocks)
+	}
+	if cfg.DiskOffloadDir != "" && cfg.DiskOffloadBlocks > 0 {
+		d, err := newDiskTier(cfg.DiskOffloadDir, cfg.DiskOffloadBlocks, cfg.SlotBytes(), cfg.DiskFsync)
+		if err != nil {
+			return nil, err
+		}
+		m.disk = d
+	}
+	m.tiered = m.host != nil || m.disk != nil || cfg.Eviction == EvictWORM
+	if m.tiered {
+		m.meta = make(map[uint64]*blockMeta, cfg.NumGPUBlocks)
+		m.maxPins = int(cfg.MaxPinnedFraction * float64(cfg.NumGPUBlocks))
+		pool.pinned = m.isPinned
+	}
+	return m, nil
+}
+
+// setClock sets the scheduler clock for the step being planned and lets lapsed pins go.
+func (m *blockManager) setClock(now time.Time) {
+	m.now = now.UnixNano()
+	m.pool.now = m.now
+	if m.nextPin != 0 && m.now >= m.nextPin {
+		m.expirePins()
+	}
+}
+
+func (m *blockManager) isPinned(h uint64) bool {
+	b := m.meta[h]
+	return b != nil && b.pinUntil > m.now
+}
+
+// lookup counts the leading hashes some tier holds: the blocks a request can reuse, G1's
+// referenced, the others onboarded.
+func (m *blockManager) lookup(hashes []uint64) int {
+	if !m.pool.prefixCaching {
+		return 0
+	}
+	if !m.tiered || (m.host == nil && m.disk == nil) {
+		return m.pool.hits(hashes)
+	}
+	for i, h := range hashes {
+		if _, ok := m.pool.cached[h]; ok {
+			continue
+		}
+		if (m.host != nil && m.host.has(h)) || (m.disk != nil && m.disk.has(h)) {
+			continue
+		}
+		return i
+	}
+	return len(hashes)
+}
+
+// canAdmit reports whether the first hit blocks of hashes (found by lookup) and nNew more can
+// be had: GPU hits sitting in a free queue leave it, and each block onboarded from below
+// takes a free one, as each new block does.
+func (m *blockManager) canAdmit(hashes []uint64, hit, nNew int) bool {
+	avail, need := m.pool.numFree, nNew
+	for _, h := range hashes[:hit] {
+		id, ok := m.pool.cached[h]
+		switch {
+		case !ok:
+			need++
+		case m.pool.blocks[id].ref == 0:
+			avail--
+		}
+	}
+	return need <= avail
+}
+
+// admit gives r its first hit blocks: the GPU's referenced, the others allocated and loaded
+// from host or disk (and stored in the GPU tier, with their events). It returns how many it
+// gave, fewer than hit when a disk block could not be read back (the request computes the
+// rest), and adds the onboarding time to *onboard. Pins are renewed on every block hit, and a
+// request asking for a pin pins what it found.
+func (m *blockManager) admit(r *Request, hit int, onboard *time.Duration) int {
+	var hostBlocks, diskBlocks int
+	var diskRead time.Duration
+	if !r.admitted && (m.host != nil || m.disk != nil) {
+		m.metrics.externalQuery(r.promptLen)
+	}
+	got := 0
+	evStart := -1
+	flush := func(to int) {
+		if evStart >= 0 {
+			m.storedEvent(r, evStart, to, MediumGPU)
+			evStart = -1
+		}
+	}
+	for i, h := range r.hashes[:hit] {
+		if _, ok := m.pool.cached[h]; ok {
+			flush(i)
+			r.blocks = m.pool.take(r.blocks, h)
+			m.hit(h, MediumGPU)
+			got++
+			continue
+		}
+		medium := MediumCPU
+		if m.host == nil || !m.host.has(h) {
+			medium = MediumDISK
+			start := time.Now()
+			n, err := m.disk.read(h)
+			diskRead += time.Since(start)
+			m.metrics.diskRead(n)
+			if err != nil {
+				m.diskFailed(h, err)
+				break
+			}
+			diskBlocks++
+		} else {
+			hostBlocks++
+		}
+		var ok bool
+		if r.blocks, ok = m.pool.allocate(r.blocks); !ok {
+			break // cannot happen: canAdmit counted it
+		}
+		m.pool.store(r.blocks[len(r.blocks)-1], h)
+		if evStart < 0 {
+			evStart = i
+		}
+		m.hit(h, medium)
+		got++
+	}
+	flush(got)
+	*onboard += m.onboardTime(hostBlocks, diskBlocks, diskRead)
+	if r.Params.PinTTL > 0 {
+		for _, h := range r.hashes[:got] {
+			m.pin(h, r.Params.PinTTL)
+		}
+	}
+	return got
+}
+
+// onboardTime is the modelled time of bringing blocks back to GPU memory: host blocks at
+// Config.HostBandwidth, disk blocks at the real read time or Config.DiskBandwidth, whichever
+// is slower, the modelled bytes (Config.KVBytesPerToken) scaled by the speedup.
+func (m *blockManager) onboardTime(host, disk int, diskRead time.Duration) time.Duration {
+	if host == 0 && disk == 0 {
+		return 0
+	}
+	s := m.cfg.Timing.Speedup
+	if s <= 0 {
+		s = 1
+	}
+	blockBytes := float64(m.cfg.BlockSize) * float64(m.cfg.KVBytesPerToken)
+	var d time.Duration
+	if host > 0 && m.cfg.HostBandwidth > 0 {
+		d += time.Duration(float64(host) * blockBytes / m.cfg.HostBandwidth / s * float64(time.Second))
+	}
+	if disk > 0 {
+		floor := time.Duration(0)
+		if m.cfg.DiskBandwidth > 0 {
+			floor = time.Duration(float64(disk) * blockBytes / m.cfg.DiskBandwidth / s * float64(time.Second))
+		}
+		d += max(diskRead, floor)
+	}
+	return d
+}
+
+// hit counts a reuse of h found in medium, renews its pin, and (offloading on store) writes a
+// block that reached the disk's admission count through to disk.
+func (m *blockManager) hit(h uint64, medium string) {
+	m.metrics.tierHit(medium, m.cfg.BlockSize)
+	if !m.tiered {
+		return
+	}
+	b := m.meta[h]
+	if b == nil {
+		return
+	}
+	b.hits++
+	if b.pinUntil > m.now {
+		b.pinUntil = max(b.pinUntil, m.now+b.pinTTL)
+	}
+	if m.host != nil {
+		m.host.touch(h)
+	}
+	if m.disk != nil {
+		m.disk.touch(h)
+		if m.cfg.OffloadOn == OffloadOnStore && !b.ephemeral && !m.disk.has(h) && int(b.hits) >= m.cfg.DiskAdmitMinHits {
+			m.toDisk(h, b)
+		}
+	}
+}
+
+// stored records that r's block b became the GPU's cached copy in block id: its metadata,
+// its class, a pin when r asks for one, and a copy on host when offloading on store.
+func (m *blockManager) stored(r *Request, b int, id int32) {
+	if !m.tiered {
+		return
+	}
+	h := r.hashes[b]
+	bs := m.cfg.BlockSize
+	meta := m.meta[h]
+	if meta == nil {
+		meta = &blockMeta{tokens: slices.Clone(r.tokens[b*bs : (b+1)*bs]), first: b}
+		if b > 0 {
+			meta.parent, meta.hasParent = r.hashes[b-1], true
+		}
+		if !r.keys.Empty() {
+			meta.keys = &r.keys
+		}
+		m.meta[h] = meta
+	}
+	if b*bs >= r.promptLen && r.Params.EphemeralOutput && !meta.pinned(m.now) {
+		meta.ephemeral = true
+		m.pool.blocks[id].ephemeral = true
+	}
+	if r.Params.PinTTL > 0 && (b+1)*bs <= r.promptLen {
+		m.pin(h, r.Params.PinTTL)
+	}
+	if m.host != nil && m.cfg.OffloadOn == OffloadOnStore && !meta.ephemeral && !m.host.has(h) {
+		m.through = append(m.through, h)
+	}
+}
+
+// writeThrough copies to host the blocks stored since the last call (offloading on store),
+// once the caller has published their GPU store.
+func (m *blockManager) writeThrough() {
+	for _, h := range m.through {
+		if b := m.meta[h]; b != nil && !m.host.has(h) {
+			m.toHost(h, b)
+		}
+	}
+	m.through = m.through[:0]
+}
+
+func (b *blockMeta) pinned(now int64) bool { return b.pinUntil > now }
+
+// evicted moves the blocks the GPU tier just evicted down where they belong — a pinned block
+// always to host, any other but an ephemeral one when offloading on eviction — before the
+// caller publishes their removal from the GPU, forgets those no tier holds, and returns the
+// hashes to publish as removed from the GPU (those not cached there again since).
+func (m *blockManager) evicted(hashes []uint64) []uint64 {
+	if !m.tiered {
+		return hashes
+	}
+	out := hashes[:0]
+	for _, h := range hashes {
+		if _, back := m.pool.cached[h]; back {
+			continue // onboarded again in the same step
+		}
+		out = append(out, h)
+		b := m.meta[h]
+		if b == nil {
+			continue
+		}
+		m.metrics.evicted(b.class(m.now))
+		if m.host != nil && !m.host.has(h) && !b.ephemeral && (m.cfg.OffloadOn == OffloadOnEvict || b.pinned(m.now)) {
+			m.toHost(h, b)
+		}
+		m.forget(h, b)
+	}
+	return out
+}
+
+func (b *blockMeta) class(now int64) string {
+	switch {
+	case b.ephemeral:
+		return "ephemeral"
+	case b.pinned(now):
+		return "pinned"
+	case b.hits > 0:
+		return "reused"
+	}
+	return "once"
+}
+
+// forget drops h's metadata when no tier holds it.
+func (m *blockManager) forget(h uint64, b *blockMeta) {
+	if _, ok := m.pool.cached[h]; ok {
+		return
+	}
+	if (m.host != nil && m.host.has(h)) || (m.disk != nil && m.disk.has(h)) {
+		return
+	}
+	if b.pinned(m.now) {
+		m.pinned--
+	}
+	delete(m.meta, h)
+}
+
+// toHost copies h to host memory, making room by evicting host's least recently used
+// unpinned block (to disk if it earned it).
+func (m *blockManager) toHost(h uint64, b *blockMeta) {
+	for m.host.len() >= m.host.capacity {
+		v, ok := m.host.victim(m.isPinned)
+		if !ok {
+			return
+		}
+		vb := m.meta[v]
+		if m.disk != nil && vb != nil && !m.disk.has(v) && (int(vb.hits) >= m.cfg.DiskAdmitMinHits || vb.pinned(m.now)) {
+			m.toDisk(v, vb)
+		}
+		m.host.drop(v)
+		m.removedEvent(v, MediumCPU)
+		if vb != nil {
+			m.forget(v, vb)
+		}
+	}
+	m.host.add(h)
+	m.metaEvent(h, b, MediumCPU)
+	m.metrics.offloaded(MediumCPU)
+}
+
+// toDisk writes h to the disk tier, evicting its least recently used unpinned block when
+// full. A write that fails (a full disk) leaves h off disk, counted.
+func (m *blockManager) toDisk(h uint64, b *blockMeta) {
+	for m.disk.len() >= m.disk.capacity {
+		v, ok := m.disk.victim(m.isPinned)
+		if !ok {
+			return
+		}
+		m.disk.drop(v)
+		m.removedEvent(v, MediumDISK)
+		if vb := m.meta[v]; vb != nil {
+			m.forget(v, vb)
+		}
+	}
+	n, err := m.disk.write(h)
+	if err != nil {
+		m.metrics.diskError("write")
+		return
+	}
+	m.metrics.diskWritten(n)
+	m.disk.add(h)
+	m.metaEvent(h, b, MediumDISK)
+	m.metrics.offloaded(MediumDISK)
+}
+
+// diskFailed handles a disk block that could not be read back: a miss, counted, its file
+// removed and its removal published.
+func (m *blockManager) diskFailed(h uint64, err error) {
+	reason := "read"
+	if errors.Is(err, errCorrupt) {
+		reason = "checksum"
+	}
+	m.metrics.diskError(reason)
+	m.disk.drop(h)
+	m.removedEvent(h, MediumDISK)
+	if b := m.meta[h]; b != nil {
+		m.forget(h, b)
+	}
+}
+
+// pin pins h for ttl, or renews its pin; a new pin beyond Config.MaxPinnedFraction of the GPU
+// tier is refused (counted), so that pins cannot starve running requests.
+func (m *blockManager) pin(h uint64, ttl time.Duration) {
+	b := m.meta[h]
+	if b == nil || b.ephemeral {
+		return
+	}
+	until := m.now + int64(ttl)
+	if b.pinned(m.now) {
+		b.pinUntil, b.pinTTL = max(b.pinUntil, until), max(b.pinTTL, int64(ttl))
+		return
+	}
+	if m.pinned >= m.maxPins {
+		m.metrics.pinRefused()
+		return
+	}
+	b.pinUntil, b.pinTTL = until, int64(ttl)
+	m.pinned++
+	m.pinList = append(m.pinList, h)
+	if m.nextPin == 0 || until < m.nextPin {
+		m.nextPin = until
+	}
+	m.pool.repin(h)
+	m.metrics.pins(m.pinned)
+}
+
+// expirePins lets lapsed pins go: their GPU blocks rejoin their class's free queue.
+func (m *blockManager) expirePins() {
+	live := m.pinList[:0]
+	m.nextPin = 0
+	lapsed := false
+	for _, h := range m.pinList {
+		b := m.meta[h]
+		if b == nil || b.pinUntil == 0 {
+			continue
+		}
+		if b.pinUntil <= m.now {
+			b.pinUntil = 0
+			m.pinned--
+			lapsed = true
+			continue
+		}
+		live = append(live, h)
+		if m.nextPin == 0 || b.pinUntil < m.nextPin {
+			m.nextPin = b.pinUntil
+		}
+	}
+	clear(m.pinList[len(live):])
+	m.pinList = live
+	if lapsed {
+		m.pool.requeue()
+	}
+	m.metrics.pins(m.pinned)
+}
+
+// reset forgets every block of every tier, as ResetPrefixCache does; false (and nothing
+// done) while requests hold GPU blocks.
+func (m *blockManager) reset() bool {
+	if !m.pool.reset() {
+		return false
+	}
+	if m.host != nil {
+		m.host.clear()
+	}
+	if m.disk != nil {
+		m.disk.clear()
+	}
+	if m.tiered {
+		clear(m.meta)
+		m.pinList, m.pinned, m.nextPin = m.pinList[:0], 0, 0
+	}
+	return true
+}
+
+// storedEvent appends the BlockStored event of r's blocks [from, to) in medium.
+func (m *blockManager) storedEvent(r *Request, from, to int, medium string) {
+	bs := m.cfg.BlockSize
+	ev := CacheEvent{Kind: BlocksStored, Medium: medium, Hashes: r.hashes[from:to], Tokens: r.tokens[from*bs : to*bs], First: from}
+	if !r.keys.Empty() {
+		ev.Keys = &r.keys
+	}
+	if from > 0 {
+		ev.Parent, ev.HasParent = r.hashes[from-1], true
+	}
+	*m.events = append(*m.events, ev)
+}
+
+// metaEvent appends the BlockStored event of one block in medium, from its metadata.
+func (m *blockManager) metaEvent(h uint64, b *blockMeta, medium string) {
+	*m.events = append(*m.events, CacheEvent{
+		Kind: BlocksStored, Medium: medium, Hashes: []uint64{h}, Tokens: b.tokens,
+		Parent: b.parent, HasParent: b.hasParent, Keys: b.keys, First: b.first,
+	})
+}
+
+func (m *blockManager) removedEvent(h uint64, medium string) {
+	evs := *m.events
+	if n := len(evs); n > 0 && evs[n-1].Kind == BlocksRemoved && evs[n-1].Medium == medium {
+		evs[n-1].Hashes = append(evs[n-1].Hashes, h)
+		return
+	}
+	*m.events = append(evs, CacheEvent{Kind: BlocksRemoved, Medium: medium, Hashes: []uint64{h}})
+}
