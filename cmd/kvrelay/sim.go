@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/url"
+	"path/filepath"
 	"strconv"
 	"strings"
 
@@ -37,6 +38,10 @@ type simFlags struct {
 	kvListen         string
 	kvAdvertiseHost  string
 	kvBackends       string
+	eviction         string
+	offloadOn        string
+	hostBandwidth    string
+	diskBandwidth    string
 	engine           sim.Config
 }
 
@@ -105,6 +110,16 @@ checked) and waits the modelled transfer time (--kv-bytes-per-token bytes per to
 	fs.DurationVar(&e.KVTransferTimeout, "kv-transfer-timeout", e.KVTransferTimeout, "how long a prefill worker keeps a request's blocks for its decode worker to read (vLLM's VLLM_NIXL_ABORT_REQUEST_TIMEOUT); also bounds one pull")
 	fs.StringVar(&f.kvBackends, "kv-transfer-backends", "", "nixl backends in order of preference, e.g. tcp or shm,tcp (default: shared memory with same-host peers, then TCP)")
 	fs.Int64Var(&e.KVRegionMaxBytes, "kv-region-max-bytes", e.KVRegionMaxBytes, "cap of a worker's KV transfer region; beyond it block ids share slots modulo the slot count")
+	fs.StringVar(&f.eviction, "eviction", string(sim.EvictLRU), "how the GPU tier evicts cached blocks: lru, or worm (generated chat output first, reused blocks outrank once-seen ones of the same age, pinned last)")
+	fs.Float64Var(&e.MaxPinnedFraction, "max-pinned-fraction", e.MaxPinnedFraction, "most of the GPU tier that nvext.cache_control pins may hold")
+	fs.IntVar(&e.CPUOffloadBlocks, "cpu-offload-blocks", 0, "capacity of the host-memory KV tier in blocks (0: none)")
+	fs.StringVar(&e.DiskOffloadDir, "disk-offload-dir", "", "directory of the disk KV tier, a file per block (each worker of the process in its own worker-N subdirectory)")
+	fs.IntVar(&e.DiskOffloadBlocks, "disk-offload-blocks", 0, "capacity of the disk KV tier in blocks")
+	fs.BoolVar(&e.DiskFsync, "disk-fsync", false, "fsync every block file the disk tier writes")
+	fs.StringVar(&f.offloadOn, "offload-on", string(sim.OffloadOnStore), "when blocks are copied to host: store (write-through) or evict")
+	fs.IntVar(&e.DiskAdmitMinHits, "disk-admit-min-hits", e.DiskAdmitMinHits, "reuses a block needs before it is written to disk")
+	fs.StringVar(&f.hostBandwidth, "host-bandwidth", "25GB/s", "modelled host→GPU bandwidth of onboarding a block from the host tier")
+	fs.StringVar(&f.diskBandwidth, "disk-bandwidth", "5GB/s", "floor of onboarding from disk: a block takes its real read time or its modelled bytes at this bandwidth, whichever is longer")
 	return cmd
 }
 
@@ -122,6 +137,13 @@ func (f *simFlags) workerConfigs() ([]sim.WorkerConfig, error) {
 	}
 	if e.KVBytesScale, err = sim.ParseScale(f.kvScale); err != nil {
 		return nil, fmt.Errorf("--kv-bytes-scale: %w", err)
+	}
+	e.Eviction, e.OffloadOn = sim.Eviction(f.eviction), sim.Offload(f.offloadOn)
+	if e.HostBandwidth, err = sim.ParseBandwidth(f.hostBandwidth); err != nil {
+		return nil, fmt.Errorf("--host-bandwidth: %w", err)
+	}
+	if e.DiskBandwidth, err = sim.ParseBandwidth(f.diskBandwidth); err != nil {
+		return nil, fmt.Errorf("--disk-bandwidth: %w", err)
 	}
 	switch f.blockHash {
 	case "int":
@@ -152,6 +174,9 @@ func (f *simFlags) workerConfigs() ([]sim.WorkerConfig, error) {
 			return nil, fmt.Errorf("--listen: %w", err)
 		}
 		c := sim.WorkerConfig{Engine: e, Listen: listen, Codec: codec, KVTransferAdvertiseHost: f.kvAdvertiseHost}
+		if e.DiskOffloadDir != "" && f.workers > 1 {
+			c.Engine.DiskOffloadDir = filepath.Join(e.DiskOffloadDir, fmt.Sprintf("worker-%d", i))
+		}
 		for _, b := range strings.Split(f.kvBackends, ",") {
 			if b = strings.TrimSpace(b); b != "" {
 				c.KVTransferBackends = append(c.KVTransferBackends, nixl.BackendKind(b))

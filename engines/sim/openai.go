@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
+	"time"
 	"unicode/utf8"
 )
 
@@ -30,6 +31,70 @@ type completionRequest struct {
 	AddGenerationPrompt  *laxBool        `json:"add_generation_prompt"`
 	ContinueFinalMessage laxBool         `json:"continue_final_message"`
 	KVTransferParams     json.RawMessage `json:"kv_transfer_params"`
+	NVExt                *struct {
+		// CacheControl is Dynamo's pin: {"type": "ephemeral", "ttl": "5m"} keeps the
+		// request's prompt blocks (evicted last) for ttl after their last hit.
+		CacheControl *struct {
+			Type string          `json:"type"`
+			TTL  json.RawMessage `json:"ttl"`
+		} `json:"cache_control"`
+		AgentHints *struct {
+			// EphemeralOutput says the client will not send this answer back token for
+			// token (it keeps only part of it, or re-renders it): its generated blocks are
+			// ephemeral to the GPU tier's WORM eviction.
+			EphemeralOutput laxBool `json:"ephemeral_output"`
+		} `json:"agent_hints"`
+	} `json:"nvext"`
+}
+
+// defaultPinTTL is the pin of a cache_control without a ttl (Anthropic's and Dynamo's 5m).
+const defaultPinTTL = 5 * time.Minute
+
+// pinTTL reads nvext.cache_control: 0 when absent; the ttl as a Go duration ("5m", "1h",
+// "90s") or a number of seconds; a 400 for another type or a ttl that is not positive.
+func (r *completionRequest) pinTTL() (time.Duration, *apiError) {
+	if r.NVExt == nil || r.NVExt.CacheControl == nil {
+		return 0, nil
+	}
+	cc := r.NVExt.CacheControl
+	bad := func(format string, args ...any) *apiError {
+		e := badRequest("nvext.cache_control: "+format, args...)
+		e.param = "nvext.cache_control"
+		return e
+	}
+	if cc.Type != "ephemeral" {
+		return 0, bad("type must be \"ephemeral\", got %q", cc.Type)
+	}
+	raw := bytes.TrimSpace(cc.TTL)
+	if len(raw) == 0 || string(raw) == "null" {
+		return defaultPinTTL, nil
+	}
+	var d time.Duration
+	var str string
+	var secs float64
+	switch {
+	case json.Unmarshal(raw, &str) == nil:
+		var err error
+		if d, err = time.ParseDuration(str); err != nil {
+			return 0, bad("ttl %q is not a duration like 5m or 1h", str)
+		}
+	case json.Unmarshal(raw, &secs) == nil:
+		if secs > 1e9 {
+			return 0, bad("ttl %v seconds is too long", secs)
+		}
+		d = time.Duration(secs * float64(time.Second))
+	default:
+		return 0, bad("ttl must be a duration string or a number of seconds")
+	}
+	if d <= 0 {
+		return 0, bad("ttl must be positive")
+	}
+	return d, nil
+}
+
+// ephemeralOutput reports nvext.agent_hints.ephemeral_output.
+func (r *completionRequest) ephemeralOutput() bool {
+	return r.NVExt != nil && r.NVExt.AgentHints != nil && bool(r.NVExt.AgentHints.EphemeralOutput)
 }
 
 // chatMessage is one OpenAI message; content is a string, an array of parts or null.
@@ -108,6 +173,9 @@ func decodeRequest(body []byte, chat bool) (*completionRequest, error) {
 	}
 	if req.MinTokens < 0 {
 		return nil, &apiError{status: 400, typ: "BadRequestError", message: "min_tokens must be at least 0", param: "min_tokens"}
+	}
+	if _, aerr := req.pinTTL(); aerr != nil {
+		return nil, aerr
 	}
 	return &req, nil
 }

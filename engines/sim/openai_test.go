@@ -2,7 +2,9 @@ package sim
 
 import (
 	"encoding/json"
+	"errors"
 	"testing"
+	"time"
 	"unicode/utf8"
 )
 
@@ -92,6 +94,8 @@ func FuzzDecodeRequest(f *testing.F) {
 		`{"prompt":"x"} trailing`,
 		`{not json`,
 		`{"messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"1"}]}]}`,
+		`{"prompt":"x","nvext":{"cache_control":{"type":"ephemeral","ttl":"5m"},"agent_hints":{"ephemeral_output":true}}}`,
+		`{"prompt":"x","nvext":{"cache_control":{"type":"ephemeral","ttl":-3}}}`,
 	} {
 		f.Add([]byte(seed), true)
 		f.Add([]byte(seed), false)
@@ -106,6 +110,9 @@ func FuzzDecodeRequest(f *testing.F) {
 		}
 		if req.maxTokens() < 0 || req.MinTokens < 0 {
 			t.Fatal("accepted a negative token count")
+		}
+		if d, aerr := req.pinTTL(); aerr != nil || d < 0 {
+			t.Fatalf("accepted a pin it cannot read: %v, %v", d, aerr)
 		}
 		if chat {
 			for _, m := range req.Messages {
@@ -164,4 +171,38 @@ func FuzzScanIDs(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestCacheControlPin: nvext.cache_control reads as a pin of its ttl (5m when absent);
+// another type or a ttl that is not a positive duration is a 400 naming the field.
+func TestCacheControlPin(t *testing.T) {
+	for _, tc := range []struct {
+		nvext string
+		want  time.Duration
+		ok    bool
+	}{
+		{`{}`, 0, true},
+		{`{"cache_control":{"type":"ephemeral"}}`, 5 * time.Minute, true},
+		{`{"cache_control":{"type":"ephemeral","ttl":"1h"}}`, time.Hour, true},
+		{`{"cache_control":{"type":"ephemeral","ttl":90}}`, 90 * time.Second, true},
+		{`{"cache_control":{"type":"persistent","ttl":"5m"}}`, 0, false},
+		{`{"cache_control":{"type":"ephemeral","ttl":"soon"}}`, 0, false},
+		{`{"cache_control":{"type":"ephemeral","ttl":"-5m"}}`, 0, false},
+		{`{"cache_control":{"type":"ephemeral","ttl":[1]}}`, 0, false},
+	} {
+		req, err := decodeRequest([]byte(`{"prompt":"x","nvext":`+tc.nvext+`}`), false)
+		if !tc.ok {
+			var ae *apiError
+			if !errors.As(err, &ae) || ae.status != 400 || ae.param != "nvext.cache_control" {
+				t.Errorf("%s: got %v, want a 400 on nvext.cache_control", tc.nvext, err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", tc.nvext, err)
+		}
+		if d, _ := req.pinTTL(); d != tc.want {
+			t.Errorf("%s: pin %v, want %v", tc.nvext, d, tc.want)
+		}
+	}
 }

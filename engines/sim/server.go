@@ -218,11 +218,14 @@ func (s *Server) complete(w http.ResponseWriter, hr *http.Request, chat bool) {
 	}
 	id := prefix + s.idBase + strconv.FormatUint(s.ids.Add(1), 16)
 	keys := blockhash.Keys{LoRA: s.adapter(req.Model), Salt: []byte(req.CacheSalt)}
+	pin, _ := req.pinTTL() // checked by decodeRequest
 	r, err := s.eng.NewRequest(id, prompt, keys, Params{
-		MaxTokens: req.maxTokens(),
-		MinTokens: int(req.MinTokens),
-		IgnoreEOS: bool(req.IgnoreEOS),
-		Priority:  int(req.Priority),
+		MaxTokens:       req.maxTokens(),
+		MinTokens:       int(req.MinTokens),
+		IgnoreEOS:       bool(req.IgnoreEOS),
+		Priority:        int(req.Priority),
+		PinTTL:          pin,
+		EphemeralOutput: req.ephemeralOutput(),
 	})
 	if err != nil {
 		writeError(w, badRequest("%s", strings.TrimPrefix(err.Error(), ErrInvalidRequest.Error()+": ")))
