@@ -48,7 +48,8 @@ func (o operator) worker(w registry.Worker) *operatorv1.Worker {
 			KvEvents: w.KVEvents, KvEventsBind: w.KVEventsBind, KvEventsTopic: w.KVEventsTopic, KvEventsReplay: w.KVEventsReplay,
 			Metrics: w.Metrics, Engine: w.Engine, Source: w.Source,
 			MaxNumSeqs: uint32(w.MaxNumSeqs), MaxNumBatchedTokens: uint32(w.MaxNumBatchedTokens),
-			LoraModules: w.LoRAModules,
+			LoraModules:     w.LoRAModules,
+			KvBytesPerToken: uint64(w.KVBytesPerToken), HostBandwidth: w.HostBandwidth, DiskBandwidth: w.DiskBandwidth,
 		},
 		Status: &operatorv1.WorkerStatus{
 			Healthy: st.Healthy, Draining: w.Draining,
@@ -101,7 +102,8 @@ func (o operator) UpsertWorker(_ context.Context, spec *operatorv1.WorkerSpec) (
 		KVEvents: spec.GetKvEvents(), KVEventsBind: spec.GetKvEventsBind(), KVEventsTopic: spec.GetKvEventsTopic(), KVEventsReplay: spec.GetKvEventsReplay(),
 		Metrics: spec.GetMetrics(), Engine: spec.GetEngine(),
 		MaxNumSeqs: int(min(spec.GetMaxNumSeqs(), 1<<31-1)), MaxNumBatchedTokens: int(min(spec.GetMaxNumBatchedTokens(), 1<<31-1)),
-		LoRAModules: spec.GetLoraModules(),
+		LoRAModules:     spec.GetLoraModules(),
+		KVBytesPerToken: int(min(spec.GetKvBytesPerToken(), 1<<31-1)), HostBandwidth: spec.GetHostBandwidth(), DiskBandwidth: spec.GetDiskBandwidth(),
 	}.WithDefaults()
 	if err := o.s.reg.Upsert(w); err != nil {
 		return nil, apiErr(err)

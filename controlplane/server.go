@@ -465,6 +465,7 @@ func (s *Server) workerResources() []*xdsv1.Worker {
 			MaxNumSeqs:          uint32(w.MaxNumSeqs),
 			MaxNumBatchedTokens: uint32(w.MaxNumBatchedTokens),
 			LoraAdapters:        w.LoRAModules,
+			KvTiers:             kvTiers(w),
 			MaxModelLen:         uint32(min(max(st.Model.MaxModelLen, 0), 1<<31-1)),
 		}
 		if res.Model == "" {
@@ -618,3 +619,11 @@ func (s *Server) View() *loadview.View { return s.view }
 // Registerer is the registry behind the operator API's /metrics: callers register extra
 // collectors on it (the eBPF probes' metrics, for one). Safe for concurrent use.
 func (s *Server) Registerer() prometheus.Registerer { return s.metrics }
+
+// kvTiers is a worker's offloading tiers as xDS says them, nil when it advertises none.
+func kvTiers(w registry.Worker) *xdsv1.KVTiers {
+	if w.KVBytesPerToken <= 0 && w.HostBandwidth <= 0 && w.DiskBandwidth <= 0 {
+		return nil
+	}
+	return &xdsv1.KVTiers{KvBytesPerToken: uint64(w.KVBytesPerToken), HostBandwidth: w.HostBandwidth, DiskBandwidth: w.DiskBandwidth}
+}

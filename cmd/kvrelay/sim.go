@@ -138,12 +138,22 @@ func (f *simFlags) workerConfigs() ([]sim.WorkerConfig, error) {
 	if e.KVBytesScale, err = sim.ParseScale(f.kvScale); err != nil {
 		return nil, fmt.Errorf("--kv-bytes-scale: %w", err)
 	}
-	e.Eviction, e.OffloadOn = sim.Eviction(f.eviction), sim.Offload(f.offloadOn)
-	if e.HostBandwidth, err = sim.ParseBandwidth(f.hostBandwidth); err != nil {
-		return nil, fmt.Errorf("--host-bandwidth: %w", err)
+	// Callers that build simFlags without its flags (kvrelay up) keep the engine's defaults.
+	if f.eviction != "" {
+		e.Eviction = sim.Eviction(f.eviction)
 	}
-	if e.DiskBandwidth, err = sim.ParseBandwidth(f.diskBandwidth); err != nil {
-		return nil, fmt.Errorf("--disk-bandwidth: %w", err)
+	if f.offloadOn != "" {
+		e.OffloadOn = sim.Offload(f.offloadOn)
+	}
+	if f.hostBandwidth != "" {
+		if e.HostBandwidth, err = sim.ParseBandwidth(f.hostBandwidth); err != nil {
+			return nil, fmt.Errorf("--host-bandwidth: %w", err)
+		}
+	}
+	if f.diskBandwidth != "" {
+		if e.DiskBandwidth, err = sim.ParseBandwidth(f.diskBandwidth); err != nil {
+			return nil, fmt.Errorf("--disk-bandwidth: %w", err)
+		}
 	}
 	switch f.blockHash {
 	case "int":

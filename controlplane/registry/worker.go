@@ -3,6 +3,7 @@ package registry
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"net/url"
 	"reflect"
@@ -85,6 +86,13 @@ type Worker struct {
 	// --lora-modules names; in the flag form separated by ';'): proxies send requests naming
 	// one to the workers that list it, and key its blocks by the adapter.
 	LoRAModules []string `yaml:"lora-modules,omitempty" json:"lora-modules,omitempty"`
+	// KVBytesPerToken, HostBandwidth and DiskBandwidth describe the engine's KV offloading
+	// tiers (bytes of KV per token; host→GPU and disk→GPU bytes per second, in the flag form
+	// "25GB/s"), 0 when unknown: the latency policy prices bringing blocks back from host
+	// memory and disk with them, and falls back on the policy's tier weights without.
+	KVBytesPerToken int     `yaml:"kv-bytes-per-token,omitempty" json:"kv-bytes-per-token,omitempty"`
+	HostBandwidth   float64 `yaml:"host-bandwidth,omitempty" json:"host-bandwidth,omitempty"`
+	DiskBandwidth   float64 `yaml:"disk-bandwidth,omitempty" json:"disk-bandwidth,omitempty"`
 	// Draining keeps new requests away from the worker. Registry.SetDraining overrides it.
 	Draining bool `yaml:"draining,omitempty" json:"draining,omitempty"`
 	// Source is where the worker came from (SourceFlag, …). It is set by the registry and
@@ -118,15 +126,20 @@ const (
 	keyMaxNumSeqs     = "max-num-seqs"
 	keyMaxBatched     = "max-num-batched-tokens"
 	keyLoRAModules    = "lora-modules"
+	keyKVBytes        = "kv-bytes-per-token"
+	keyHostBandwidth  = "host-bandwidth"
+	keyDiskBandwidth  = "disk-bandwidth"
 )
 
 var flagKeys = []string{keyID, keyURL, keyModel, keyRole, keyBlockSize, keyKVEvents,
-	keyKVEventsBind, keyKVEventsTopic, keyKVEventsReplay, keyMetrics, keyEngine, keyMaxNumSeqs, keyMaxBatched, keyLoRAModules}
+	keyKVEventsBind, keyKVEventsTopic, keyKVEventsReplay, keyMetrics, keyEngine, keyMaxNumSeqs, keyMaxBatched, keyLoRAModules,
+	keyKVBytes, keyHostBandwidth, keyDiskBandwidth}
 
 // ParseWorker parses the `--worker` flag form: comma-separated key=value pairs with the keys
 // id, url, model, role, block-size, kv-events, kv-events-bind, kv-events-topic,
-// kv-events-replay, metrics, engine, max-num-seqs, max-num-batched-tokens and lora-modules
-// (adapter names separated by ';'). Spaces around keys and values are dropped, empty pairs are skipped, a value may
+// kv-events-replay, metrics, engine, max-num-seqs, max-num-batched-tokens, lora-modules
+// (adapter names separated by ';'), kv-bytes-per-token, host-bandwidth and disk-bandwidth
+// (a bandwidth like 25GB/s). Spaces around keys and values are dropped, empty pairs are skipped, a value may
 // contain '=' but not ','. id and url are required. The result has its defaults filled in
 // (WithDefaults), is valid, and has Source SourceFlag. Errors wrap ErrInvalid.
 func ParseWorker(s string) (Worker, error) {
@@ -166,7 +179,17 @@ func parseWorker(s string) (Worker, error) {
 			w.Model = v
 		case keyRole:
 			w.Role = v
-		case keyBlockSize, keyMaxNumSeqs, keyMaxBatched:
+		case keyHostBandwidth, keyDiskBandwidth:
+			bw, err := engines.ParseBandwidth(v)
+			if err != nil {
+				return Worker{}, fmt.Errorf("%w: %s: %v", ErrInvalid, k, err)
+			}
+			if k == keyHostBandwidth {
+				w.HostBandwidth = bw
+			} else {
+				w.DiskBandwidth = bw
+			}
+		case keyBlockSize, keyMaxNumSeqs, keyMaxBatched, keyKVBytes:
 			n, err := strconv.Atoi(v)
 			if err != nil {
 				return Worker{}, fmt.Errorf("%w: %s %q is not an integer", ErrInvalid, k, v)
@@ -176,6 +199,8 @@ func parseWorker(s string) (Worker, error) {
 				w.BlockSize = n
 			case keyMaxNumSeqs:
 				w.MaxNumSeqs = n
+			case keyKVBytes:
+				w.KVBytesPerToken = n
 			default:
 				w.MaxNumBatchedTokens = n
 			}
@@ -255,6 +280,15 @@ func (w Worker) String() string {
 		add(keyMaxBatched, strconv.Itoa(w.MaxNumBatchedTokens))
 	}
 	add(keyLoRAModules, strings.Join(w.LoRAModules, ";"))
+	if w.KVBytesPerToken != 0 {
+		add(keyKVBytes, strconv.Itoa(w.KVBytesPerToken))
+	}
+	if w.HostBandwidth != 0 {
+		add(keyHostBandwidth, engines.FormatBandwidth(w.HostBandwidth))
+	}
+	if w.DiskBandwidth != 0 {
+		add(keyDiskBandwidth, engines.FormatBandwidth(w.DiskBandwidth))
+	}
 	return b.String()
 }
 
@@ -338,6 +372,14 @@ func (w Worker) validate() error {
 	}
 	if w.MaxNumSeqs < 0 || w.MaxNumSeqs > maxLimit || w.MaxNumBatchedTokens < 0 || w.MaxNumBatchedTokens > maxLimit {
 		return fmt.Errorf("max-num-seqs %d and max-num-batched-tokens %d must be within [0, %d]", w.MaxNumSeqs, w.MaxNumBatchedTokens, maxLimit)
+	}
+	if w.KVBytesPerToken < 0 || w.KVBytesPerToken > maxLimit {
+		return fmt.Errorf("kv-bytes-per-token %d must be within [0, %d]", w.KVBytesPerToken, maxLimit)
+	}
+	for _, bw := range []float64{w.HostBandwidth, w.DiskBandwidth} {
+		if !(bw >= 0) || math.IsInf(bw, 0) {
+			return fmt.Errorf("host-bandwidth %g and disk-bandwidth %g must be finite and not negative", w.HostBandwidth, w.DiskBandwidth)
+		}
 	}
 	if w.KVEvents != "" && w.KVEventsBind != "" {
 		return errors.New("both kv-events (dial) and kv-events-bind (bind) are set; choose one")

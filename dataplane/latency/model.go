@@ -42,6 +42,29 @@ type Engine struct {
 	MaxBatchedTokens int
 	// Curve is the prior of the worker's prefill time; the zero value is DefaultCurve.
 	Curve Curve
+	// KVBytesPerToken, HostBandwidth and DiskBandwidth (bytes per second, host or disk to
+	// GPU) price bringing back the cached blocks a worker keeps in host memory or on disk;
+	// zero is unknown, and the index's tier weights stand in for the price.
+	KVBytesPerToken              float64
+	HostBandwidth, DiskBandwidth float64
+}
+
+// Onboards reports whether the engine's onboarding from host memory or disk can be priced.
+func (e *Engine) Onboards() bool {
+	return e.KVBytesPerToken > 0 && (e.HostBandwidth > 0 || e.DiskBandwidth > 0)
+}
+
+// OnboardSeconds is the time of bringing host and disk tokens' KV back to GPU memory (a tier
+// of unknown bandwidth costs nothing here: its blocks are not counted as cached).
+func (e *Engine) OnboardSeconds(host, disk float64) float64 {
+	var s float64
+	if host > 0 && e.HostBandwidth > 0 {
+		s += host * e.KVBytesPerToken / e.HostBandwidth
+	}
+	if disk > 0 && e.DiskBandwidth > 0 {
+		s += disk * e.KVBytesPerToken / e.DiskBandwidth
+	}
+	return s
 }
 
 // DefaultBatchedTokens is the step budget assumed when a worker's is not known (vLLM's
@@ -65,6 +88,10 @@ type State struct {
 	// mean-residual estimate FeatSlotWait otherwise takes.
 	SlotWait    float64
 	HasSlotWait bool
+	// Onboard is the time the request's cached blocks in host memory or on disk take to
+	// come back to GPU memory (Engine.OnboardSeconds). Engines overlap it with the prefill,
+	// layer by layer: the slower of the two sets the request's own time.
+	Onboard float64
 }
 
 // Features of a candidate request on a worker, in seconds, as the prior computes them: the
@@ -339,6 +366,7 @@ func (w *Worker) Predict(e *Engine, st State, uncached float64, p *Prediction) {
 		// The first step's constant is FeatBias's.
 		own = max(own-speed*step, 0)
 	}
+	own = max(own, st.Onboard)
 	dq := decode * steps(st.Backlog, budget)
 	do := decode*steps(st.Backlog+u, budget) - dq
 	slot, busy := 0.0, 0.0

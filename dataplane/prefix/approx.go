@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/kvrelay/kvrelay/dataplane/clock"
+	"github.com/kvrelay/kvrelay/xds/blockset"
 )
 
 // Index answers the router's one question: how much of a prompt's block chain each worker
@@ -14,6 +15,14 @@ type Index interface {
 	// each block weighted by its storage tier (1 for GPU memory), for every w < len(overlap).
 	// It returns the largest overlap. It must not retain hashes or overlap.
 	Match(hashes []uint64, overlap []float64) float64
+}
+
+// TierIndex is an Index that also tells what each worker's matched run holds below GPU memory
+// (host memory and disk), so that a caller can price onboarding those blocks instead of
+// weighting them. lower, when not nil, is as long as overlap.
+type TierIndex interface {
+	Index
+	MatchTiers(hashes []uint64, overlap []float64, lower []blockset.Lower) float64
 }
 
 // TimedIndex is an Index whose answer depends on the time (entries expire): MatchAt is Match

@@ -20,18 +20,19 @@ type Replica struct {
 	next    *blockset.Set // a snapshot being received, swapped in when complete
 	weights blockset.Weights
 	slots   []int     // pool position → slot (-1: none)
-	pool    sync.Pool // []float64 scratch for concurrent Match calls
+	pool    sync.Pool // *scratch for concurrent Match calls
 }
 
 var (
 	_ Index                = (*Replica)(nil)
+	_ TierIndex            = (*Replica)(nil)
 	_ journal.SnapshotSink = (*Replica)(nil)
 )
 
 // NewReplica returns an empty replica scoring tiers with w.
 func NewReplica(w blockset.Weights) *Replica {
 	r := &Replica{weights: w}
-	r.pool.New = func() any { s := make([]float64, 0, 64); return &s }
+	r.pool.New = func() any { return &scratch{overlap: make([]float64, 0, 64)} }
 	return r
 }
 
@@ -96,8 +97,15 @@ func (r *Replica) Len() int {
 
 // Match implements Index: overlap[i] is the tier-weighted prefix the pool's worker i holds.
 func (r *Replica) Match(hashes []uint64, overlap []float64) float64 {
+	return r.MatchTiers(hashes, overlap, nil)
+}
+
+// MatchTiers implements TierIndex: Match, and lower[i] (when lower is not nil, as long as
+// overlap) what worker i's run holds below GPU memory.
+func (r *Replica) MatchTiers(hashes []uint64, overlap []float64, lower []blockset.Lower) float64 {
 	clear(overlap)
-	sp := r.pool.Get().(*[]float64)
+	clear(lower)
+	sp := r.pool.Get().(*scratch)
 	defer r.pool.Put(sp)
 	r.mu.RLock()
 	defer r.mu.RUnlock()
@@ -108,19 +116,33 @@ func (r *Replica) Match(hashes []uint64, overlap []float64) float64 {
 	if maxSlot < 0 {
 		return 0
 	}
-	bySlot := *sp
-	if cap(bySlot) < maxSlot+1 {
-		bySlot = make([]float64, maxSlot+1)
+	if cap(sp.overlap) < maxSlot+1 {
+		sp.overlap = make([]float64, maxSlot+1)
 	}
-	bySlot = bySlot[:maxSlot+1]
-	*sp = bySlot
-	r.set.Match(hashes, bySlot, r.weights)
+	bySlot := sp.overlap[:maxSlot+1]
+	var lowerBySlot []blockset.Lower
+	if lower != nil {
+		if cap(sp.lower) < maxSlot+1 {
+			sp.lower = make([]blockset.Lower, maxSlot+1)
+		}
+		lowerBySlot = sp.lower[:maxSlot+1]
+	}
+	r.set.MatchTiers(hashes, bySlot, lowerBySlot, r.weights)
 	best := 0.0
 	for i, s := range r.slots {
 		if i < len(overlap) && s >= 0 {
 			overlap[i] = bySlot[s]
 			best = max(best, overlap[i])
+			if lower != nil && i < len(lower) {
+				lower[i] = lowerBySlot[s]
+			}
 		}
 	}
 	return best
+}
+
+// scratch is one Match call's per-slot space.
+type scratch struct {
+	overlap []float64
+	lower   []blockset.Lower
 }

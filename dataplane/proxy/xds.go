@@ -241,6 +241,10 @@ func (s *Server) applyXDS(workers []*xdsv1.Worker, policy *xdsv1.RoutingPolicy) 
 			Role:        route.Role(res.GetRole()), BlockSize: s.cfg.BlockSize, Capacity: int(res.GetCapacityBlocks()),
 			Engine: latency.Engine{MaxNumSeqs: int(min(res.GetMaxNumSeqs(), 1<<30)), MaxBatchedTokens: int(min(res.GetMaxNumBatchedTokens(), 1<<30))},
 		}
+		if t := res.GetKvTiers(); t != nil && t.GetKvBytesPerToken() <= 1<<30 && bandwidthOK(t.GetHostBandwidth()) && bandwidthOK(t.GetDiskBandwidth()) {
+			cand.Engine.KVBytesPerToken = float64(t.GetKvBytesPerToken())
+			cand.Engine.HostBandwidth, cand.Engine.DiskBandwidth = t.GetHostBandwidth(), t.GetDiskBandwidth()
+		}
 		// A worker whose identity is unchanged keeps its Worker: its load and connections.
 		st := states[pos]
 		switch {
@@ -548,3 +552,6 @@ func (c *xdsCollector) Collect(ch chan<- prometheus.Metric) {
 	k(c.streams, st.ADS.Streams+st.Journal.Streams)
 	k(c.report, st.Reports)
 }
+
+// bandwidthOK reports whether an advertised bandwidth is usable: finite and not negative.
+func bandwidthOK(v float64) bool { return v >= 0 && !math.IsInf(v, 0) }

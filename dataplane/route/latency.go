@@ -64,12 +64,27 @@ func (s PredictedTTFT) Score(req *Request, ws []*Worker, costs []float64) {
 	for i, w := range ws {
 		bs := max(w.BlockSize, 1)
 		overlap := req.Overlap(w)
+		onboard := 0.0
 		if req.flat {
 			overlap = req.flatOverlap
+		} else if lw, ok := req.Lower(w); ok && (lw.Host > 0 || lw.Disk > 0) && w.Engine.Onboards() {
+			// The worker says how fast its host memory and disk give blocks back: count
+			// those blocks as cached and price bringing them back, instead of the tier
+			// weights (a tier of unknown bandwidth: its blocks are computed).
+			gpu := overlap + lw.Deficit - lw.Host - lw.Disk
+			host, disk := lw.Host, lw.Disk
+			if w.Engine.HostBandwidth <= 0 {
+				host = 0
+			}
+			if w.Engine.DiskBandwidth <= 0 {
+				disk = 0
+			}
+			overlap = gpu + host + disk
+			onboard = w.Engine.OnboardSeconds(host*float64(bs)*s.CacheCredit, disk*float64(bs)*s.CacheCredit)
 		}
 		overlap *= s.CacheCredit
 		uncached := max(float64(req.PromptTokens)-overlap*float64(bs), 0)
-		st := latency.State{Requests: int(w.Load()), Backlog: float64(w.PrefillBacklog(now)), KVUsage: w.KVInUse(), OSL: osl}
+		st := latency.State{Requests: int(w.Load()), Backlog: float64(w.PrefillBacklog(now)), KVUsage: w.KVInUse(), OSL: osl, Onboard: onboard}
 		if seqs := w.Latency().MaxNumSeqs(&w.Engine); seqs > 0 && st.Requests >= seqs {
 			// A full worker: the wait for a slot from when each of its requests we know
 			// got its first token, not from the mean.

@@ -7,6 +7,9 @@ import (
 
 	"github.com/kvrelay/kvrelay/dataplane/clock"
 	"github.com/kvrelay/kvrelay/dataplane/latency"
+	"github.com/kvrelay/kvrelay/dataplane/prefix"
+	"github.com/kvrelay/kvrelay/xds/blockset"
+	"github.com/kvrelay/kvrelay/xds/journal"
 )
 
 func latencyRouter(t *testing.T, n, seqs int) (*Router, []*Worker, func(w *Worker, hashes []uint64)) {
@@ -380,5 +383,76 @@ func TestLatencySlotWaitFollowsRunningRequests(t *testing.T) {
 	}
 	if want := 0.05 * occ; math.Abs(d.Prediction.X[latency.FeatSlotWait]-want) > 1e-3 {
 		t.Fatalf("slot wait feature %v, want the oldest request's remaining %v", d.Prediction.X[latency.FeatSlotWait], want)
+	}
+}
+
+// TestLatencyPricesOnboarding: a worker whose matched run sits in host memory or on disk is
+// priced by the time those blocks take to come back at the bandwidths it advertises: a
+// 16,000-token context on host (47 ms at 25 GB/s) beats recomputing it on an idle worker;
+// on a slow disk (2.4 s at 0.5 GB/s) it does not, nor from a tier whose bandwidth the worker
+// does not advertise. With nothing advertised the tier weights stand in (a disk block counts
+// a quarter, so 250 of the 1000 blocks still draw the request home).
+func TestLatencyPricesOnboarding(t *testing.T) {
+	for _, tc := range []struct {
+		name           string
+		tier           blockset.Tier
+		host, disk     float64
+		home           bool
+		onboardAtLeast float64
+	}{
+		{"host at 25 GB/s", blockset.Host, 25e9, 0, true, 0.04},
+		{"disk at 0.5 GB/s", blockset.Disk, 0, 0.5e9, false, 0},
+		{"disk, only host bandwidth advertised", blockset.Disk, 25e9, 0, false, 0},
+		{"disk, nothing advertised", blockset.Disk, 0, 0, true, 0},
+		{"host, nothing advertised", blockset.Host, 0, 0, true, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rep := prefix.NewReplica(blockset.DefaultWeights)
+			rep.SetSlots([]int{0, 1, 2})
+			r, err := NewRouter(Config{Policy: PolicyLatency, ComputeWeight: DefaultComputeWeight, BackgroundWeight: DefaultBackgroundWeight}, NewPool(workers(3)), rep)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ws := r.Pool().Workers
+			for _, w := range ws {
+				w.Engine.MaxNumSeqs = 8
+			}
+			if tc.host > 0 || tc.disk > 0 {
+				ws[0].Engine.KVBytesPerToken = 73728
+				ws[0].Engine.HostBandwidth, ws[0].Engine.DiskBandwidth = tc.host, tc.disk
+			}
+			hashes, n := promptChain(1, 1, 1000, 2)
+			var cs []journal.Change
+			for _, h := range hashes[:1000] {
+				cs = append(cs, journal.Change{Seq: h, Slot: 0, Tier: tc.tier, Op: journal.Stored})
+			}
+			rep.Apply(cs)
+			// Both workers busy alike, so that the tie-break by load does not decide.
+			for _, w := range ws {
+				for _, u := range busy(w, 1) {
+					defer u.End()
+				}
+			}
+			var req Request
+			req.Model, req.Hashes, req.PromptTokens = "m", hashes, n
+			var d Decision
+			if err := r.Route(&req, &d); err != nil {
+				t.Fatal(err)
+			}
+			cands, preds := req.Candidates()
+			for i, w := range cands {
+				t.Logf("%s: TTFT %.3f s, features %v", w.ID, preds[i].TTFT, preds[i].X)
+			}
+			if got := d.Worker == ws[0]; got != tc.home {
+				t.Fatalf("went to %s, want the holder %v", d.Worker.ID, tc.home)
+			}
+			if tc.onboardAtLeast > 0 {
+				for i, w := range cands {
+					if w == ws[0] && preds[i].X[latency.FeatPrefill] < tc.onboardAtLeast {
+						t.Fatalf("holder's own prefill %.3f s does not include the %.3f s of onboarding", preds[i].X[latency.FeatPrefill], tc.onboardAtLeast)
+					}
+				}
+			}
+		})
 	}
 }

@@ -1,6 +1,9 @@
 package route
 
-import "github.com/kvrelay/kvrelay/dataplane/latency"
+import (
+	"github.com/kvrelay/kvrelay/dataplane/latency"
+	"github.com/kvrelay/kvrelay/xds/blockset"
+)
 
 // Filter removes the workers that must not serve a request. It appends the workers of in
 // that pass to out (a caller-owned slice, reset by the caller) and returns it. Filters run on
@@ -71,7 +74,10 @@ type Request struct {
 
 	// Filled by Match: overlap[w] is the blocks of Hashes worker w caches.
 	overlap []float64
-	best    float64
+	// lower is what each worker's matched run holds below GPU memory, when the policy
+	// predicts latency and the index can tell (prefix.TierIndex); nil otherwise.
+	lower []blockset.Lower
+	best  float64
 	// flat, set by the router when no worker caches CacheThreshold of the prompt more than
 	// another, has PredictedTTFT count flatOverlap (the least any candidate caches) for every
 	// worker: what separates them then is load, not cache.
@@ -105,6 +111,7 @@ func (r *Request) Reset() {
 		Hashes:   r.Hashes[:0],
 		Exclude:  r.Exclude[:0],
 		overlap:  r.overlap[:0],
+		lower:    r.lower[:0],
 		eligible: r.eligible[:0],
 		scratch:  r.scratch[:0],
 		costs:    r.costs[:0],
@@ -136,6 +143,15 @@ func (r *Request) Overlap(w *Worker) float64 {
 		return 0
 	}
 	return r.overlap[w.Index]
+}
+
+// Lower is what worker w's matched run holds below GPU memory, ok false when the match did
+// not tell.
+func (r *Request) Lower(w *Worker) (l blockset.Lower, ok bool) {
+	if w == nil || r.lower == nil || w.Index >= len(r.lower) {
+		return blockset.Lower{}, false
+	}
+	return r.lower[w.Index], true
 }
 
 // BestOverlap is the largest overlap any worker had.

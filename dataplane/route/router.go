@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvrelay/kvrelay/dataplane/latency"
 	"github.com/kvrelay/kvrelay/dataplane/prefix"
+	"github.com/kvrelay/kvrelay/xds/blockset"
 	"github.com/kvrelay/kvrelay/xds/policy"
 )
 
@@ -480,7 +481,16 @@ func (r *Router) Route(req *Request, d *Decision) error {
 			t0 = time.Now()
 		}
 		req.overlap = growFloat(req.overlap, pool.size)
-		req.best = prefix.MatchAt(r.index, req.Hashes, req.overlap, req.Now)
+		if ti, ok := r.index.(prefix.TierIndex); ok && policy.Predicts {
+			if cap(req.lower) < pool.size {
+				req.lower = make([]blockset.Lower, pool.size)
+			}
+			req.lower = req.lower[:pool.size]
+			req.best = ti.MatchTiers(req.Hashes, req.overlap, req.lower)
+		} else {
+			req.lower = nil
+			req.best = prefix.MatchAt(r.index, req.Hashes, req.overlap, req.Now)
+		}
 		if req.Timed {
 			d.Match = time.Since(t0)
 		}

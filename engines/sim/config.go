@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/kvrelay/kvrelay/engines"
 )
 
 // Role is what a worker does in a disaggregated deployment.
@@ -155,6 +157,22 @@ func DefaultConfig() Config {
 	}
 }
 
+// Tiers is what the worker advertises of its offloading tiers for routing: KV bytes per token
+// and the host and disk bandwidths of the tiers it has (0 for a tier it lacks; all zero
+// without tiers).
+func (c *Config) Tiers() (kvBytesPerToken int, host, disk float64) {
+	if c.CPUOffloadBlocks > 0 {
+		host = c.HostBandwidth
+	}
+	if c.DiskOffloadDir != "" && c.DiskOffloadBlocks > 0 {
+		disk = c.DiskBandwidth
+	}
+	if host == 0 && disk == 0 {
+		return 0, 0, 0
+	}
+	return c.KVBytesPerToken, host, disk
+}
+
 // SlotBytes is the size of one KV block's slot in the transfer region: the bytes really
 // stored and moved per block.
 func (c *Config) SlotBytes() int {
@@ -206,26 +224,8 @@ func ParseScale(s string) (float64, error) {
 	return v, nil
 }
 
-// ParseBandwidth reads a bandwidth in bytes per second: a number with a decimal unit
-// ("800MB/s", "50GB/s", "1.6TB/s", "/s" optional) or a bare number of GB/s ("50").
-func ParseBandwidth(s string) (float64, error) {
-	t := strings.TrimSuffix(strings.TrimSpace(s), "/s")
-	mult := 1e9
-	for _, u := range []struct {
-		suffix string
-		mult   float64
-	}{{"TB", 1e12}, {"GB", 1e9}, {"MB", 1e6}, {"KB", 1e3}, {"kB", 1e3}, {"B", 1}} {
-		if strings.HasSuffix(t, u.suffix) {
-			t, mult = strings.TrimSpace(strings.TrimSuffix(t, u.suffix)), u.mult
-			break
-		}
-	}
-	v, err := strconv.ParseFloat(t, 64)
-	if err != nil || !(v > 0) || math.IsInf(v, 0) {
-		return 0, fmt.Errorf("bandwidth %q is not a positive number of GB/s or a size per second like 800MB/s", s)
-	}
-	return v * mult, nil
-}
+// ParseBandwidth reads a bandwidth in bytes per second (engines.ParseBandwidth).
+func ParseBandwidth(s string) (float64, error) { return engines.ParseBandwidth(s) }
 
 // ErrInvalidConfig is wrapped by every error Validate returns.
 var ErrInvalidConfig = errors.New("invalid simulated engine config")

@@ -198,14 +198,31 @@ func (s *Set) Entries() int {
 // slot holds (a block held in several tiers counts at its fastest), for every slot <
 // len(overlap), and returns the largest overlap. It allocates nothing.
 func (s *Set) Match(hashes []uint64, overlap []float64, wt Weights) float64 {
+	return s.MatchTiers(hashes, overlap, nil, wt)
+}
+
+// Lower is what a slot's run holds below GPU memory: its blocks whose fastest copy is in host
+// memory and on disk. The run is overlap + Deficit blocks long, Deficit being what the tier
+// weights took off those blocks.
+type Lower struct{ Host, Disk, Deficit float64 }
+
+// MatchTiers is Match that also fills lower[slot] (when lower is not nil; it must be as long
+// as overlap) with what the slot's run holds below GPU memory, so that a caller can price
+// bringing those blocks back instead of weighting them.
+func (s *Set) MatchTiers(hashes []uint64, overlap []float64, lower []Lower, wt Weights) float64 {
 	clear(overlap)
+	clear(lower)
 	best := 0.0
 	for k, sh := range s.shards {
 		base := 64 * k
 		if base >= len(overlap) {
 			break
 		}
-		best = max(best, sh.match(hashes, overlap[base:min(base+64, len(overlap))], wt))
+		var lw []Lower
+		if lower != nil {
+			lw = lower[base:min(base+64, len(overlap))]
+		}
+		best = max(best, sh.match(hashes, overlap[base:min(base+64, len(overlap))], lw, wt))
 	}
 	return best
 }
@@ -213,12 +230,13 @@ func (s *Set) Match(hashes []uint64, overlap []float64, wt Weights) float64 {
 // match walks the chain for one shard. A slot's run lasts while it holds each next block in
 // any tier; within the run, blocks outside GPU memory count at their tier's weight, which
 // costs work only for the rare blocks that are not in GPU memory.
-func (sh *shard) match(hashes []uint64, overlap []float64, wt Weights) float64 {
+func (sh *shard) match(hashes []uint64, overlap []float64, lower []Lower, wt Weights) float64 {
 	active := ^uint64(0)
 	if len(overlap) < 64 {
 		active = uint64(1)<<len(overlap) - 1
 	}
 	var deficit [64]float64
+	var slow [64]Lower // host and disk blocks of each run, when lower is wanted
 	n := 0
 	for n < len(hashes) && active != 0 {
 		h := hashes[n]
@@ -235,16 +253,19 @@ func (sh *shard) match(hashes []uint64, overlap []float64, wt Weights) float64 {
 			break
 		}
 		if left := active &^ held; left != 0 {
-			closeRuns(left, n, overlap, &deficit)
+			closeRuns(left, n, overlap, &deficit, lower, &slow)
 		}
 		active = held
-		if slow := active &^ gpu; slow != 0 {
+		if below := active &^ gpu; below != 0 {
 			host := sh.tiers[Host][h]
-			for b := slow; b != 0; b &= b - 1 {
+			for b := below; b != 0; b &= b - 1 {
 				i := bits.TrailingZeros64(b)
 				w := wt[Disk]
 				if host&(1<<i) != 0 {
 					w = wt[Host]
+					slow[i].Host++
+				} else {
+					slow[i].Disk++
 				}
 				deficit[i] += 1 - w
 			}
@@ -252,7 +273,7 @@ func (sh *shard) match(hashes []uint64, overlap []float64, wt Weights) float64 {
 		n++
 	}
 	if active != 0 {
-		closeRuns(active, n, overlap, &deficit)
+		closeRuns(active, n, overlap, &deficit, lower, &slow)
 	}
 	best := 0.0
 	for _, o := range overlap {
@@ -262,10 +283,13 @@ func (sh *shard) match(hashes []uint64, overlap []float64, wt Weights) float64 {
 }
 
 // closeRuns ends the runs of the slots in set at length n.
-func closeRuns(set uint64, n int, overlap []float64, deficit *[64]float64) {
+func closeRuns(set uint64, n int, overlap []float64, deficit *[64]float64, lower []Lower, slow *[64]Lower) {
 	for b := set; b != 0; b &= b - 1 {
 		if i := bits.TrailingZeros64(b); i < len(overlap) {
 			overlap[i] = float64(n) - deficit[i]
+			if lower != nil {
+				lower[i] = Lower{Host: slow[i].Host, Disk: slow[i].Disk, Deficit: deficit[i]}
+			}
 		}
 	}
 }

@@ -82,3 +82,39 @@ func TestTierOf(t *testing.T) {
 		}
 	}
 }
+
+// TestMatchTiersReportsLowerBlocks: a run's blocks whose fastest copy is below GPU memory are
+// counted per tier, beside the weighted overlap, and the run length is overlap + Deficit.
+func TestMatchTiersReportsLowerBlocks(t *testing.T) {
+	var s Set
+	hs := []uint64{10, 11, 12, 13, 14}
+	// Slot 0: 10, 11 on GPU, 12 on host, 13 on disk and host (host is faster), 14 on disk.
+	s.Add(10, 0, GPU)
+	s.Add(11, 0, GPU)
+	s.Add(12, 0, Host)
+	s.Add(13, 0, Disk)
+	s.Add(13, 0, Host)
+	s.Add(14, 0, Disk)
+	// Slot 70 (second shard): 10 on disk, then nothing.
+	s.Add(10, 70, Disk)
+	wt := Weights{1, 0.75, 0.25}
+	overlap := make([]float64, 71)
+	lower := make([]Lower, 71)
+	best := s.MatchTiers(hs, overlap, lower, wt)
+	if want := 2 + 0.75 + 0.75 + 0.25; overlap[0] != want || best != want {
+		t.Fatalf("slot 0 overlap %v (best %v), want %v", overlap[0], best, want)
+	}
+	if l := lower[0]; l.Host != 2 || l.Disk != 1 || overlap[0]+l.Deficit != 5 {
+		t.Fatalf("slot 0 lower %+v, want 2 host, 1 disk, a run of 5", l)
+	}
+	if l := lower[70]; l.Disk != 1 || l.Host != 0 || overlap[70] != 0.25 {
+		t.Fatalf("slot 70 lower %+v overlap %v, want 1 disk block at 0.25", l, overlap[70])
+	}
+	if lower[1] != (Lower{}) {
+		t.Fatalf("an empty slot has %+v below GPU", lower[1])
+	}
+	plain := make([]float64, 71)
+	if s.Match(hs, plain, wt); plain[0] != overlap[0] {
+		t.Fatalf("Match %v differs from MatchTiers %v", plain[0], overlap[0])
+	}
+}

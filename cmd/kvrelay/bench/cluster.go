@@ -283,11 +283,14 @@ func StartCluster(ctx context.Context, cfg ClusterConfig) (*Cluster, error) {
 			go func() { defer c.wg.Done(); _ = w.Run(runCtx) }()
 			id := p.prefix + strconv.Itoa(i)
 			c.info = append(c.info, WorkerInfo{ID: id, Role: p.role, URL: w.URL(), KVTransfer: w.KVTransferAddr(), EngineID: w.EngineID()})
+			kvBytes, host, disk := ec.Tiers()
 			pc.Upstreams = append(pc.Upstreams, proxy.Upstream{ID: id, URL: w.URL(), Model: cfg.Model, Capacity: cfg.NumGPUBlocks, Role: string(p.role),
-				MaxNumSeqs: ec.MaxNumSeqs, MaxNumBatchedTokens: ec.MaxNumBatchedTokens})
+				MaxNumSeqs: ec.MaxNumSeqs, MaxNumBatchedTokens: ec.MaxNumBatchedTokens,
+				KVBytesPerToken: kvBytes, HostBandwidth: host, DiskBandwidth: disk})
 			specs = append(specs, registry.Worker{ID: id, URL: w.URL(), Model: cfg.Model, Role: string(p.role), BlockSize: cfg.BlockSize,
 				KVEvents: w.EventsEndpoint(), KVEventsReplay: w.ReplayEndpoint(), Engine: "sim",
-				MaxNumSeqs: ec.MaxNumSeqs, MaxNumBatchedTokens: ec.MaxNumBatchedTokens})
+				MaxNumSeqs: ec.MaxNumSeqs, MaxNumBatchedTokens: ec.MaxNumBatchedTokens,
+				KVBytesPerToken: kvBytes, HostBandwidth: host, DiskBandwidth: disk})
 		}
 	}
 	if !cfg.Static {

@@ -63,9 +63,15 @@ type WorkerSpec struct {
 	MaxNumBatchedTokens uint32 `protobuf:"varint,14,opt,name=max_num_batched_tokens,json=maxNumBatchedTokens,proto3" json:"max_num_batched_tokens,omitempty"`
 	// lora_modules are the LoRA adapters the engine serves beside model (vLLM's
 	// --lora-modules names).
-	LoraModules   []string `protobuf:"bytes,15,rep,name=lora_modules,json=loraModules,proto3" json:"lora_modules,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	LoraModules []string `protobuf:"bytes,15,rep,name=lora_modules,json=loraModules,proto3" json:"lora_modules,omitempty"`
+	// kv_bytes_per_token, host_bandwidth and disk_bandwidth (bytes per second) describe the
+	// engine's KV offloading tiers, when known: the latency policy prices bringing blocks
+	// back from host memory and disk with them.
+	KvBytesPerToken uint64  `protobuf:"varint,16,opt,name=kv_bytes_per_token,json=kvBytesPerToken,proto3" json:"kv_bytes_per_token,omitempty"`
+	HostBandwidth   float64 `protobuf:"fixed64,17,opt,name=host_bandwidth,json=hostBandwidth,proto3" json:"host_bandwidth,omitempty"`
+	DiskBandwidth   float64 `protobuf:"fixed64,18,opt,name=disk_bandwidth,json=diskBandwidth,proto3" json:"disk_bandwidth,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *WorkerSpec) Reset() {
@@ -201,6 +207,27 @@ func (x *WorkerSpec) GetLoraModules() []string {
 		return x.LoraModules
 	}
 	return nil
+}
+
+func (x *WorkerSpec) GetKvBytesPerToken() uint64 {
+	if x != nil {
+		return x.KvBytesPerToken
+	}
+	return 0
+}
+
+func (x *WorkerSpec) GetHostBandwidth() float64 {
+	if x != nil {
+		return x.HostBandwidth
+	}
+	return 0
+}
+
+func (x *WorkerSpec) GetDiskBandwidth() float64 {
+	if x != nil {
+		return x.DiskBandwidth
+	}
+	return 0
 }
 
 // BlockCounts counts indexed KV blocks per tier.
@@ -2563,7 +2590,7 @@ var File_operator_proto protoreflect.FileDescriptor
 
 const file_operator_proto_rawDesc = "" +
 	"\n" +
-	"\x0eoperator.proto\x12\x13kvrelay.operator.v1\"\xd0\x03\n" +
+	"\x0eoperator.proto\x12\x13kvrelay.operator.v1\"\xcb\x04\n" +
 	"\n" +
 	"WorkerSpec\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x10\n" +
@@ -2583,7 +2610,10 @@ const file_operator_proto_rawDesc = "" +
 	"\fmax_num_seqs\x18\r \x01(\rR\n" +
 	"maxNumSeqs\x123\n" +
 	"\x16max_num_batched_tokens\x18\x0e \x01(\rR\x13maxNumBatchedTokens\x12!\n" +
-	"\flora_modules\x18\x0f \x03(\tR\vloraModules\"E\n" +
+	"\flora_modules\x18\x0f \x03(\tR\vloraModules\x12+\n" +
+	"\x12kv_bytes_per_token\x18\x10 \x01(\x04R\x0fkvBytesPerToken\x12%\n" +
+	"\x0ehost_bandwidth\x18\x11 \x01(\x01R\rhostBandwidth\x12%\n" +
+	"\x0edisk_bandwidth\x18\x12 \x01(\x01R\rdiskBandwidth\"E\n" +
 	"\vBlockCounts\x12\x10\n" +
 	"\x03gpu\x18\x01 \x01(\x04R\x03gpu\x12\x10\n" +
 	"\x03cpu\x18\x02 \x01(\x04R\x03cpu\x12\x12\n" +

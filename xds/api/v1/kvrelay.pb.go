@@ -110,7 +110,10 @@ type Worker struct {
 	LoraAdapters []string `protobuf:"bytes,14,rep,name=lora_adapters,json=loraAdapters,proto3" json:"lora_adapters,omitempty"`
 	// max_model_len is the engine's context length in tokens (its /v1/models max_model_len;
 	// 0: unknown): proxies refuse longer prompts at once, as the engine would.
-	MaxModelLen   uint32 `protobuf:"varint,15,opt,name=max_model_len,json=maxModelLen,proto3" json:"max_model_len,omitempty"`
+	MaxModelLen uint32 `protobuf:"varint,15,opt,name=max_model_len,json=maxModelLen,proto3" json:"max_model_len,omitempty"`
+	// kv_tiers says how fast the engine brings back KV blocks it keeps below GPU memory
+	// (unset: unknown, and the routing policy's tier weights price those blocks).
+	KvTiers       *KVTiers `protobuf:"bytes,16,opt,name=kv_tiers,json=kvTiers,proto3" json:"kv_tiers,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -250,6 +253,76 @@ func (x *Worker) GetMaxModelLen() uint32 {
 	return 0
 }
 
+func (x *Worker) GetKvTiers() *KVTiers {
+	if x != nil {
+		return x.KvTiers
+	}
+	return nil
+}
+
+// KVTiers describes an engine's KV offloading tiers for pricing onboarding: the bytes of KV
+// per token and the host→GPU and disk→GPU bandwidths in bytes per second (0: no such tier,
+// or unknown).
+type KVTiers struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	KvBytesPerToken uint64                 `protobuf:"varint,1,opt,name=kv_bytes_per_token,json=kvBytesPerToken,proto3" json:"kv_bytes_per_token,omitempty"`
+	HostBandwidth   float64                `protobuf:"fixed64,2,opt,name=host_bandwidth,json=hostBandwidth,proto3" json:"host_bandwidth,omitempty"`
+	DiskBandwidth   float64                `protobuf:"fixed64,3,opt,name=disk_bandwidth,json=diskBandwidth,proto3" json:"disk_bandwidth,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *KVTiers) Reset() {
+	*x = KVTiers{}
+	mi := &file_kvrelay_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KVTiers) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KVTiers) ProtoMessage() {}
+
+func (x *KVTiers) ProtoReflect() protoreflect.Message {
+	mi := &file_kvrelay_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KVTiers.ProtoReflect.Descriptor instead.
+func (*KVTiers) Descriptor() ([]byte, []int) {
+	return file_kvrelay_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *KVTiers) GetKvBytesPerToken() uint64 {
+	if x != nil {
+		return x.KvBytesPerToken
+	}
+	return 0
+}
+
+func (x *KVTiers) GetHostBandwidth() float64 {
+	if x != nil {
+		return x.HostBandwidth
+	}
+	return 0
+}
+
+func (x *KVTiers) GetDiskBandwidth() float64 {
+	if x != nil {
+		return x.DiskBandwidth
+	}
+	return 0
+}
+
 // Load is what the control plane knows of a worker's load: the engine's own metrics and the
 // requests every proxy reports in flight on it.
 type Load struct {
@@ -273,7 +346,7 @@ type Load struct {
 
 func (x *Load) Reset() {
 	*x = Load{}
-	mi := &file_kvrelay_proto_msgTypes[1]
+	mi := &file_kvrelay_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -285,7 +358,7 @@ func (x *Load) String() string {
 func (*Load) ProtoMessage() {}
 
 func (x *Load) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[1]
+	mi := &file_kvrelay_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -298,7 +371,7 @@ func (x *Load) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Load.ProtoReflect.Descriptor instead.
 func (*Load) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{1}
+	return file_kvrelay_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *Load) GetRunning() uint32 {
@@ -405,7 +478,7 @@ type RoutingPolicy struct {
 
 func (x *RoutingPolicy) Reset() {
 	*x = RoutingPolicy{}
-	mi := &file_kvrelay_proto_msgTypes[2]
+	mi := &file_kvrelay_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -417,7 +490,7 @@ func (x *RoutingPolicy) String() string {
 func (*RoutingPolicy) ProtoMessage() {}
 
 func (x *RoutingPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[2]
+	mi := &file_kvrelay_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -430,7 +503,7 @@ func (x *RoutingPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RoutingPolicy.ProtoReflect.Descriptor instead.
 func (*RoutingPolicy) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{2}
+	return file_kvrelay_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *RoutingPolicy) GetVersion() uint64 {
@@ -581,7 +654,7 @@ type Profile struct {
 
 func (x *Profile) Reset() {
 	*x = Profile{}
-	mi := &file_kvrelay_proto_msgTypes[3]
+	mi := &file_kvrelay_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -593,7 +666,7 @@ func (x *Profile) String() string {
 func (*Profile) ProtoMessage() {}
 
 func (x *Profile) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[3]
+	mi := &file_kvrelay_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -606,7 +679,7 @@ func (x *Profile) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Profile.ProtoReflect.Descriptor instead.
 func (*Profile) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{3}
+	return file_kvrelay_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Profile) GetFilters() []*Plugin {
@@ -650,7 +723,7 @@ type Plugin struct {
 
 func (x *Plugin) Reset() {
 	*x = Plugin{}
-	mi := &file_kvrelay_proto_msgTypes[4]
+	mi := &file_kvrelay_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -662,7 +735,7 @@ func (x *Plugin) String() string {
 func (*Plugin) ProtoMessage() {}
 
 func (x *Plugin) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[4]
+	mi := &file_kvrelay_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -675,7 +748,7 @@ func (x *Plugin) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Plugin.ProtoReflect.Descriptor instead.
 func (*Plugin) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{4}
+	return file_kvrelay_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Plugin) GetName() string {
@@ -714,7 +787,7 @@ type JournalAck struct {
 
 func (x *JournalAck) Reset() {
 	*x = JournalAck{}
-	mi := &file_kvrelay_proto_msgTypes[5]
+	mi := &file_kvrelay_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -726,7 +799,7 @@ func (x *JournalAck) String() string {
 func (*JournalAck) ProtoMessage() {}
 
 func (x *JournalAck) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[5]
+	mi := &file_kvrelay_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -739,7 +812,7 @@ func (x *JournalAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JournalAck.ProtoReflect.Descriptor instead.
 func (*JournalAck) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{5}
+	return file_kvrelay_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *JournalAck) GetNodeId() string {
@@ -794,7 +867,7 @@ type JournalBatch struct {
 
 func (x *JournalBatch) Reset() {
 	*x = JournalBatch{}
-	mi := &file_kvrelay_proto_msgTypes[6]
+	mi := &file_kvrelay_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -806,7 +879,7 @@ func (x *JournalBatch) String() string {
 func (*JournalBatch) ProtoMessage() {}
 
 func (x *JournalBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[6]
+	mi := &file_kvrelay_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -819,7 +892,7 @@ func (x *JournalBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JournalBatch.ProtoReflect.Descriptor instead.
 func (*JournalBatch) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{6}
+	return file_kvrelay_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *JournalBatch) GetEpoch() uint64 {
@@ -886,7 +959,7 @@ type LoadReport struct {
 
 func (x *LoadReport) Reset() {
 	*x = LoadReport{}
-	mi := &file_kvrelay_proto_msgTypes[7]
+	mi := &file_kvrelay_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -898,7 +971,7 @@ func (x *LoadReport) String() string {
 func (*LoadReport) ProtoMessage() {}
 
 func (x *LoadReport) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[7]
+	mi := &file_kvrelay_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -911,7 +984,7 @@ func (x *LoadReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadReport.ProtoReflect.Descriptor instead.
 func (*LoadReport) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{7}
+	return file_kvrelay_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *LoadReport) GetNodeId() string {
@@ -990,7 +1063,7 @@ type ArmReport struct {
 
 func (x *ArmReport) Reset() {
 	*x = ArmReport{}
-	mi := &file_kvrelay_proto_msgTypes[8]
+	mi := &file_kvrelay_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1002,7 +1075,7 @@ func (x *ArmReport) String() string {
 func (*ArmReport) ProtoMessage() {}
 
 func (x *ArmReport) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[8]
+	mi := &file_kvrelay_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1015,7 +1088,7 @@ func (x *ArmReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ArmReport.ProtoReflect.Descriptor instead.
 func (*ArmReport) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{8}
+	return file_kvrelay_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ArmReport) GetPolicyVersion() uint64 {
@@ -1176,7 +1249,7 @@ type ReportSeq struct {
 
 func (x *ReportSeq) Reset() {
 	*x = ReportSeq{}
-	mi := &file_kvrelay_proto_msgTypes[9]
+	mi := &file_kvrelay_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1188,7 +1261,7 @@ func (x *ReportSeq) String() string {
 func (*ReportSeq) ProtoMessage() {}
 
 func (x *ReportSeq) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[9]
+	mi := &file_kvrelay_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1201,7 +1274,7 @@ func (x *ReportSeq) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportSeq.ProtoReflect.Descriptor instead.
 func (*ReportSeq) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{9}
+	return file_kvrelay_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ReportSeq) GetNodeId() string {
@@ -1230,7 +1303,7 @@ type WorkerLoad struct {
 
 func (x *WorkerLoad) Reset() {
 	*x = WorkerLoad{}
-	mi := &file_kvrelay_proto_msgTypes[10]
+	mi := &file_kvrelay_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1242,7 +1315,7 @@ func (x *WorkerLoad) String() string {
 func (*WorkerLoad) ProtoMessage() {}
 
 func (x *WorkerLoad) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[10]
+	mi := &file_kvrelay_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1255,7 +1328,7 @@ func (x *WorkerLoad) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerLoad.ProtoReflect.Descriptor instead.
 func (*WorkerLoad) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{10}
+	return file_kvrelay_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *WorkerLoad) GetWorkerId() string {
@@ -1296,7 +1369,7 @@ type LoadReportAck struct {
 
 func (x *LoadReportAck) Reset() {
 	*x = LoadReportAck{}
-	mi := &file_kvrelay_proto_msgTypes[11]
+	mi := &file_kvrelay_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1308,7 +1381,7 @@ func (x *LoadReportAck) String() string {
 func (*LoadReportAck) ProtoMessage() {}
 
 func (x *LoadReportAck) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[11]
+	mi := &file_kvrelay_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1321,7 +1394,7 @@ func (x *LoadReportAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadReportAck.ProtoReflect.Descriptor instead.
 func (*LoadReportAck) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{11}
+	return file_kvrelay_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *LoadReportAck) GetIntervalMs() uint32 {
@@ -1335,7 +1408,7 @@ var File_kvrelay_proto protoreflect.FileDescriptor
 
 const file_kvrelay_proto_rawDesc = "" +
 	"\n" +
-	"\rkvrelay.proto\x12\x0ekvrelay.xds.v1\"\xde\x03\n" +
+	"\rkvrelay.proto\x12\x0ekvrelay.xds.v1\"\x92\x04\n" +
 	"\x06Worker\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x10\n" +
 	"\x03url\x18\x02 \x01(\tR\x03url\x12\x14\n" +
@@ -1354,7 +1427,12 @@ const file_kvrelay_proto_rawDesc = "" +
 	"maxNumSeqs\x123\n" +
 	"\x16max_num_batched_tokens\x18\r \x01(\rR\x13maxNumBatchedTokens\x12#\n" +
 	"\rlora_adapters\x18\x0e \x03(\tR\floraAdapters\x12\"\n" +
-	"\rmax_model_len\x18\x0f \x01(\rR\vmaxModelLen\"\xa0\x02\n" +
+	"\rmax_model_len\x18\x0f \x01(\rR\vmaxModelLen\x122\n" +
+	"\bkv_tiers\x18\x10 \x01(\v2\x17.kvrelay.xds.v1.KVTiersR\akvTiers\"\x84\x01\n" +
+	"\aKVTiers\x12+\n" +
+	"\x12kv_bytes_per_token\x18\x01 \x01(\x04R\x0fkvBytesPerToken\x12%\n" +
+	"\x0ehost_bandwidth\x18\x02 \x01(\x01R\rhostBandwidth\x12%\n" +
+	"\x0edisk_bandwidth\x18\x03 \x01(\x01R\rdiskBandwidth\"\xa0\x02\n" +
 	"\x04Load\x12\x18\n" +
 	"\arunning\x18\x01 \x01(\rR\arunning\x12\x18\n" +
 	"\awaiting\x18\x02 \x01(\rR\awaiting\x12\x19\n" +
@@ -1486,45 +1564,47 @@ func file_kvrelay_proto_rawDescGZIP() []byte {
 }
 
 var file_kvrelay_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_kvrelay_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_kvrelay_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_kvrelay_proto_goTypes = []any{
 	(Role)(0),             // 0: kvrelay.xds.v1.Role
 	(*Worker)(nil),        // 1: kvrelay.xds.v1.Worker
-	(*Load)(nil),          // 2: kvrelay.xds.v1.Load
-	(*RoutingPolicy)(nil), // 3: kvrelay.xds.v1.RoutingPolicy
-	(*Profile)(nil),       // 4: kvrelay.xds.v1.Profile
-	(*Plugin)(nil),        // 5: kvrelay.xds.v1.Plugin
-	(*JournalAck)(nil),    // 6: kvrelay.xds.v1.JournalAck
-	(*JournalBatch)(nil),  // 7: kvrelay.xds.v1.JournalBatch
-	(*LoadReport)(nil),    // 8: kvrelay.xds.v1.LoadReport
-	(*ArmReport)(nil),     // 9: kvrelay.xds.v1.ArmReport
-	(*ReportSeq)(nil),     // 10: kvrelay.xds.v1.ReportSeq
-	(*WorkerLoad)(nil),    // 11: kvrelay.xds.v1.WorkerLoad
-	(*LoadReportAck)(nil), // 12: kvrelay.xds.v1.LoadReportAck
-	nil,                   // 13: kvrelay.xds.v1.Plugin.ParamsEntry
+	(*KVTiers)(nil),       // 2: kvrelay.xds.v1.KVTiers
+	(*Load)(nil),          // 3: kvrelay.xds.v1.Load
+	(*RoutingPolicy)(nil), // 4: kvrelay.xds.v1.RoutingPolicy
+	(*Profile)(nil),       // 5: kvrelay.xds.v1.Profile
+	(*Plugin)(nil),        // 6: kvrelay.xds.v1.Plugin
+	(*JournalAck)(nil),    // 7: kvrelay.xds.v1.JournalAck
+	(*JournalBatch)(nil),  // 8: kvrelay.xds.v1.JournalBatch
+	(*LoadReport)(nil),    // 9: kvrelay.xds.v1.LoadReport
+	(*ArmReport)(nil),     // 10: kvrelay.xds.v1.ArmReport
+	(*ReportSeq)(nil),     // 11: kvrelay.xds.v1.ReportSeq
+	(*WorkerLoad)(nil),    // 12: kvrelay.xds.v1.WorkerLoad
+	(*LoadReportAck)(nil), // 13: kvrelay.xds.v1.LoadReportAck
+	nil,                   // 14: kvrelay.xds.v1.Plugin.ParamsEntry
 }
 var file_kvrelay_proto_depIdxs = []int32{
 	0,  // 0: kvrelay.xds.v1.Worker.role:type_name -> kvrelay.xds.v1.Role
-	2,  // 1: kvrelay.xds.v1.Worker.load:type_name -> kvrelay.xds.v1.Load
-	10, // 2: kvrelay.xds.v1.Load.reports:type_name -> kvrelay.xds.v1.ReportSeq
-	3,  // 3: kvrelay.xds.v1.RoutingPolicy.candidate:type_name -> kvrelay.xds.v1.RoutingPolicy
-	4,  // 4: kvrelay.xds.v1.RoutingPolicy.profile:type_name -> kvrelay.xds.v1.Profile
-	5,  // 5: kvrelay.xds.v1.Profile.filters:type_name -> kvrelay.xds.v1.Plugin
-	5,  // 6: kvrelay.xds.v1.Profile.scorers:type_name -> kvrelay.xds.v1.Plugin
-	5,  // 7: kvrelay.xds.v1.Profile.picker:type_name -> kvrelay.xds.v1.Plugin
-	5,  // 8: kvrelay.xds.v1.Profile.spread:type_name -> kvrelay.xds.v1.Plugin
-	13, // 9: kvrelay.xds.v1.Plugin.params:type_name -> kvrelay.xds.v1.Plugin.ParamsEntry
-	11, // 10: kvrelay.xds.v1.LoadReport.workers:type_name -> kvrelay.xds.v1.WorkerLoad
-	9,  // 11: kvrelay.xds.v1.LoadReport.arms:type_name -> kvrelay.xds.v1.ArmReport
-	6,  // 12: kvrelay.xds.v1.IndexJournal.Stream:input_type -> kvrelay.xds.v1.JournalAck
-	8,  // 13: kvrelay.xds.v1.LoadReporting.Report:input_type -> kvrelay.xds.v1.LoadReport
-	7,  // 14: kvrelay.xds.v1.IndexJournal.Stream:output_type -> kvrelay.xds.v1.JournalBatch
-	12, // 15: kvrelay.xds.v1.LoadReporting.Report:output_type -> kvrelay.xds.v1.LoadReportAck
-	14, // [14:16] is the sub-list for method output_type
-	12, // [12:14] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	3,  // 1: kvrelay.xds.v1.Worker.load:type_name -> kvrelay.xds.v1.Load
+	2,  // 2: kvrelay.xds.v1.Worker.kv_tiers:type_name -> kvrelay.xds.v1.KVTiers
+	11, // 3: kvrelay.xds.v1.Load.reports:type_name -> kvrelay.xds.v1.ReportSeq
+	4,  // 4: kvrelay.xds.v1.RoutingPolicy.candidate:type_name -> kvrelay.xds.v1.RoutingPolicy
+	5,  // 5: kvrelay.xds.v1.RoutingPolicy.profile:type_name -> kvrelay.xds.v1.Profile
+	6,  // 6: kvrelay.xds.v1.Profile.filters:type_name -> kvrelay.xds.v1.Plugin
+	6,  // 7: kvrelay.xds.v1.Profile.scorers:type_name -> kvrelay.xds.v1.Plugin
+	6,  // 8: kvrelay.xds.v1.Profile.picker:type_name -> kvrelay.xds.v1.Plugin
+	6,  // 9: kvrelay.xds.v1.Profile.spread:type_name -> kvrelay.xds.v1.Plugin
+	14, // 10: kvrelay.xds.v1.Plugin.params:type_name -> kvrelay.xds.v1.Plugin.ParamsEntry
+	12, // 11: kvrelay.xds.v1.LoadReport.workers:type_name -> kvrelay.xds.v1.WorkerLoad
+	10, // 12: kvrelay.xds.v1.LoadReport.arms:type_name -> kvrelay.xds.v1.ArmReport
+	7,  // 13: kvrelay.xds.v1.IndexJournal.Stream:input_type -> kvrelay.xds.v1.JournalAck
+	9,  // 14: kvrelay.xds.v1.LoadReporting.Report:input_type -> kvrelay.xds.v1.LoadReport
+	8,  // 15: kvrelay.xds.v1.IndexJournal.Stream:output_type -> kvrelay.xds.v1.JournalBatch
+	13, // 16: kvrelay.xds.v1.LoadReporting.Report:output_type -> kvrelay.xds.v1.LoadReportAck
+	15, // [15:17] is the sub-list for method output_type
+	13, // [13:15] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_kvrelay_proto_init() }
@@ -1532,14 +1612,14 @@ func file_kvrelay_proto_init() {
 	if File_kvrelay_proto != nil {
 		return
 	}
-	file_kvrelay_proto_msgTypes[2].OneofWrappers = []any{}
+	file_kvrelay_proto_msgTypes[3].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvrelay_proto_rawDesc), len(file_kvrelay_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   13,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   2,
 		},
