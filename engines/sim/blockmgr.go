@@ -505,3 +505,19 @@ func (m *blockManager) removedEvent(h uint64, medium string) {
 	}
 	*m.events = append(evs, CacheEvent{Kind: BlocksRemoved, Medium: medium, Hashes: []uint64{h}})
 }
+
+// EachBlock calls fn for every block some tier of the engine holds, by its sequence hash
+// (package blockhash) and medium. It reads the scheduler's state: call it only from the
+// goroutine that drives StepAt, between steps, never while Run runs.
+func (e *Engine) EachBlock(fn func(seq uint64, medium string)) {
+	for h := range e.pool.cached {
+		fn(h, MediumGPU)
+	}
+	for _, t := range []*lowerTier{e.kvm.host, e.kvm.disk} {
+		if t != nil {
+			for h := range t.entries {
+				fn(h, t.medium)
+			}
+		}
+	}
+}

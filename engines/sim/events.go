@@ -40,6 +40,19 @@ type batchPublisher interface {
 	Publish(b *kvevents.Batch) error
 }
 
+// PublishFunc publishes a batch of KV events; it must copy what it keeps.
+type PublishFunc func(b *kvevents.Batch) error
+
+// Publish implements the adapter's publisher.
+func (f PublishFunc) Publish(b *kvevents.Batch) error { return f(b) }
+
+// NewEventSink returns the EventSink a Worker gives its engine: each step's cache events as
+// one vLLM KV event batch (the engine's opaque block hashes, 32-byte ones when asBytes),
+// handed to publish on the engine goroutine.
+func NewEventSink(publish PublishFunc, blockSize int, asBytes bool) EventSink {
+	return &eventAdapter{pub: publish, blockSize: blockSize, asBytes: asBytes}
+}
+
 // eventAdapter turns an engine's cache events into vLLM KV event batches, one batch per step,
 // with the engine's opaque block hashes. It runs on the engine goroutine and reuses its
 // buffers; the publisher copies what it is given.
