@@ -210,6 +210,12 @@ Without --setups, --mode with --workers (agg) or --prefill-workers and --decode-
 	fs.Float64Var(&cc.QueueWeight, "queue-weight", 0, "override the kv policy's queue weight (0: the default)")
 	fs.Float64Var(&cc.ComputeWeight, "compute-weight", -1, "override the latency policy's compute weight (negative: the default)")
 	fs.Float64Var(&cc.BatchWeight, "batch-weight", 0, "the proxy's --batch-weight under the latency policy (0: off)")
+	fs.StringVar((*string)(&cc.Tiers.Eviction), "eviction", "", "the simulated engines' GPU-tier eviction: lru (default) or worm")
+	fs.IntVar(&cc.Tiers.CPUOffloadBlocks, "cpu-offload-blocks", 0, "host-memory KV tier of each simulated engine, in blocks (0: none)")
+	fs.IntVar(&cc.Tiers.DiskBlocks, "disk-offload-blocks", 0, "disk KV tier of each simulated engine, in blocks, its files under a temporary directory (0: none)")
+	fs.StringVar((*string)(&cc.Tiers.OffloadOn), "offload-on", "", "when the simulated engines copy blocks to host: store (default) or evict")
+	fs.IntVar(&cc.Tiers.DiskAdmitMinHits, "disk-admit-min-hits", 0, "reuses a block needs before the disk tier takes it (0: the simulator's default, 2)")
+	fs.Float64Var(&cc.Tiers.MaxPinnedFraction, "max-pinned-fraction", 0, "most of the GPU tier pins may hold (0: the simulator's default, 0.5)")
 	fs.Float64Var(&engineSpeedup, "speedup-ratio", 0, "divide the simulated engines' step times by this, as kvrelay sim --speedup-ratio (default: --replay-speedup; lower raises the load by --replay-speedup/--speedup-ratio)")
 	deprecatedAlias(fs, "engine-speedup", "speedup-ratio")
 	return cmd

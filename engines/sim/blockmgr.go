@@ -3,6 +3,7 @@ package sim
 import (
 	"errors"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvrelay/kvrelay/engines/blockhash"
@@ -37,6 +38,48 @@ type blockManager struct {
 	pinned  int      // hashes pinned now
 	maxPins int
 	nextPin int64 // earliest pin expiry, 0 when none
+
+	stats tierCounters
+}
+
+// tierCounters are the block manager's totals, read from any goroutine (Engine.TierStats).
+type tierCounters struct {
+	promptTokens, cachedTokens atomic.Int64
+	byTier                     [3]atomic.Int64 // cached tokens found in GPU, CPU, DISK
+	diskRead, diskWritten      atomic.Int64
+	offloaded                  [2]atomic.Int64 // blocks copied to CPU, DISK
+}
+
+// TierStats are an engine's KV totals since it started: prompt tokens admitted and those
+// found cached, by the tier that held them, and the disk tier's traffic.
+type TierStats struct {
+	PromptTokens, CachedTokens int64
+	// CachedByTier is indexed GPU, CPU, DISK.
+	CachedByTier                [3]int64
+	DiskReadBytes, DiskWritten  int64
+	OffloadedCPU, OffloadedDisk int64
+}
+
+// TierStats returns the engine's KV totals. It is safe to call from any goroutine.
+func (e *Engine) TierStats() TierStats {
+	c := &e.kvm.stats
+	s := TierStats{PromptTokens: c.promptTokens.Load(), CachedTokens: c.cachedTokens.Load(),
+		DiskReadBytes: c.diskRead.Load(), DiskWritten: c.diskWritten.Load(),
+		OffloadedCPU: c.offloaded[0].Load(), OffloadedDisk: c.offloaded[1].Load()}
+	for i := range s.CachedByTier {
+		s.CachedByTier[i] = c.byTier[i].Load()
+	}
+	return s
+}
+
+func tierIndex(medium string) int {
+	switch medium {
+	case MediumCPU:
+		return 1
+	case MediumDISK:
+		return 2
+	}
+	return 0
 }
 
 // blockMeta is what a tier needs of a block beyond its hash: its tokens, parent and keys for
@@ -161,6 +204,7 @@ func (m *blockManager) admit(r *Request, hit int, onboard *time.Duration) int {
 			n, err := m.disk.read(h)
 			diskRead += time.Since(start)
 			m.metrics.diskRead(n)
+			m.stats.diskRead.Add(int64(n))
 			if err != nil {
 				m.diskFailed(h, err)
 				break
@@ -220,6 +264,7 @@ func (m *blockManager) onboardTime(host, disk int, diskRead time.Duration) time.
 // block that reached the disk's admission count through to disk.
 func (m *blockManager) hit(h uint64, medium string) {
 	m.metrics.tierHit(medium, m.cfg.BlockSize)
+	m.stats.byTier[tierIndex(medium)].Add(int64(m.cfg.BlockSize))
 	if !m.tiered {
 		return
 	}
@@ -360,6 +405,7 @@ func (m *blockManager) toHost(h uint64, b *blockMeta) {
 	m.host.add(h)
 	m.metaEvent(h, b, MediumCPU)
 	m.metrics.offloaded(MediumCPU)
+	m.stats.offloaded[0].Add(1)
 }
 
 // toDisk writes h to the disk tier, evicting its least recently used unpinned block when
@@ -382,6 +428,8 @@ func (m *blockManager) toDisk(h uint64, b *blockMeta) {
 		return
 	}
 	m.metrics.diskWritten(n)
+	m.stats.diskWritten.Add(int64(n))
+	m.stats.offloaded[1].Add(1)
 	m.disk.add(h)
 	m.metaEvent(h, b, MediumDISK)
 	m.metrics.offloaded(MediumDISK)

@@ -145,6 +145,8 @@ func (e *Engine) admitPull(r *Request) bool {
 	r.admitted = true
 	r.scheduledAt = e.planAt
 	e.metrics.admitted(r.promptLen, hit*bs)
+	e.kvm.stats.promptTokens.Add(int64(r.promptLen))
+	e.kvm.stats.cachedTokens.Add(int64(hit * bs))
 	// Remote block i holds prompt block i; pull those the prefix cache lacks (none when the
 	// remote list is no longer than the cached prefix).
 	end := max(hit, min(len(r.kvPull.RemoteBlockIDs), nPrompt))

@@ -115,6 +115,8 @@ func (e *Engine) plan() (prefill, decodes int) {
 			r.cached = computed
 			r.mu.Unlock()
 			e.metrics.admitted(r.promptLen, computed)
+			e.kvm.stats.promptTokens.Add(int64(r.promptLen))
+			e.kvm.stats.cachedTokens.Add(int64(computed))
 		}
 		r.state = stateRunning
 		e.running = append(e.running, r)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -79,6 +80,37 @@ type ClusterConfig struct {
 	// BatchWeight, when above 0, is the proxy's --batch-weight (latency policy).
 	BatchWeight   float64
 	ComputeWeight float64
+	// Tiers configures the engines' KV block manager below and within the GPU tier.
+	Tiers TierConfig
+}
+
+// TierConfig is the simulated engines' KV block manager: eviction policy and pins of the GPU
+// tier, and the host and disk tiers below it (capacities in blocks; 0: none). Each engine's
+// disk tier lives in its own directory under a temporary one the cluster removes.
+type TierConfig struct {
+	Eviction                     sim.Eviction
+	CPUOffloadBlocks, DiskBlocks int
+	OffloadOn                    sim.Offload
+	// DiskAdmitMinHits, MaxPinnedFraction and the bandwidths: 0 is the simulator's default.
+	DiskAdmitMinHits             int
+	MaxPinnedFraction            float64
+	HostBandwidth, DiskBandwidth float64
+}
+
+// Describe names the tiers, e.g. "G1 lru", "G1+G2(32768)+G3(131072) worm".
+func (t TierConfig) Describe() string {
+	s := "G1"
+	if t.CPUOffloadBlocks > 0 {
+		s += fmt.Sprintf("+G2(%d)", t.CPUOffloadBlocks)
+	}
+	if t.DiskBlocks > 0 {
+		s += fmt.Sprintf("+G3(%d)", t.DiskBlocks)
+	}
+	ev := t.Eviction
+	if ev == "" {
+		ev = sim.EvictLRU
+	}
+	return s + " " + string(ev)
 }
 
 // DefaultClusterConfig is 8 gpt-oss-120b workers with vLLM's defaults behind the default
@@ -138,6 +170,27 @@ func (cfg ClusterConfig) engineConfig(role sim.Role) sim.Config {
 	}
 	if cfg.KVTransferBandwidth > 0 {
 		ec.KVTransferBandwidth = cfg.KVTransferBandwidth
+	}
+	t := cfg.Tiers
+	if t.Eviction != "" {
+		ec.Eviction = t.Eviction
+	}
+	if t.OffloadOn != "" {
+		ec.OffloadOn = t.OffloadOn
+	}
+	ec.CPUOffloadBlocks = t.CPUOffloadBlocks
+	ec.DiskOffloadBlocks = t.DiskBlocks // the directory is the cluster's, per engine
+	if t.DiskAdmitMinHits > 0 {
+		ec.DiskAdmitMinHits = t.DiskAdmitMinHits
+	}
+	if t.MaxPinnedFraction > 0 {
+		ec.MaxPinnedFraction = t.MaxPinnedFraction
+	}
+	if t.HostBandwidth > 0 {
+		ec.HostBandwidth = t.HostBandwidth
+	}
+	if t.DiskBandwidth > 0 {
+		ec.DiskBandwidth = t.DiskBandwidth
 	}
 	return ec
 }
@@ -210,6 +263,7 @@ type Cluster struct {
 	cp      *controlplane.Server
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
+	diskDir string // the engines' disk tiers, removed by Close
 }
 
 var codecs sync.Map // model → sim.Codec, loaded once per process
@@ -261,6 +315,15 @@ func StartCluster(ctx context.Context, cfg ClusterConfig) (*Cluster, error) {
 	for _, p := range []pool{{sim.RoleBoth, both, "w"}, {sim.RolePrefill, prefill, "p"}, {sim.RoleDecode, decode, "d"}} {
 		for i := range p.n {
 			ec := cfg.engineConfig(p.role)
+			if ec.DiskOffloadBlocks > 0 {
+				if c.diskDir == "" {
+					if c.diskDir, err = os.MkdirTemp("", "kvrelay-bench-disk-"); err != nil {
+						c.Close()
+						return nil, fmt.Errorf("starting cluster: %w", err)
+					}
+				}
+				ec.DiskOffloadDir = filepath.Join(c.diskDir, p.prefix+strconv.Itoa(i))
+			}
 			wc := sim.WorkerConfig{Engine: ec, Listen: "127.0.0.1:0", Codec: codec}
 			if p.role != sim.RoleBoth {
 				wc.KVTransferListen = "127.0.0.1:0"
@@ -392,7 +455,28 @@ func (c *Cluster) Close() error {
 	for _, w := range c.workers {
 		_ = w.Close()
 	}
+	if c.diskDir != "" {
+		_ = os.RemoveAll(c.diskDir)
+	}
 	return err
+}
+
+// TierStats sums the engines' KV totals (sim.Engine.TierStats).
+func (c *Cluster) TierStats() sim.TierStats {
+	var s sim.TierStats
+	for _, w := range c.workers {
+		t := w.Engine().TierStats()
+		s.PromptTokens += t.PromptTokens
+		s.CachedTokens += t.CachedTokens
+		for i := range s.CachedByTier {
+			s.CachedByTier[i] += t.CachedByTier[i]
+		}
+		s.DiskReadBytes += t.DiskReadBytes
+		s.DiskWritten += t.DiskWritten
+		s.OffloadedCPU += t.OffloadedCPU
+		s.OffloadedDisk += t.OffloadedDisk
+	}
+	return s
 }
 
 // Setup is one cluster of a comparison: a mode and its pools.

@@ -143,6 +143,7 @@ func Compare(ctx context.Context, co CompareOptions, tok workload.Tokenizer) ([]
 		res, err := Measure(ctx, run.label, opts, w, co.Seed, co.SLO, cc.BlockSize)
 		opts.Progress.Stop()
 		lost, engines := cl.EngineStall()
+		ts := cl.TierStats()
 		cerr := cl.Close()
 		if err != nil {
 			return out, fmt.Errorf("%s: %w", run.label, err)
@@ -152,6 +153,12 @@ func Compare(ctx context.Context, co CompareOptions, tok workload.Tokenizer) ([]
 		}
 		res.Setup, res.Policy, res.Cluster = run.setup, run.policy, cc.Describe()
 		res.Summary.Engines = engines
+		if cc.Tiers != (TierConfig{}) && ts.PromptTokens > 0 {
+			p := float64(ts.PromptTokens)
+			res.Summary.Tiers = &TierSummary{Setup: cc.Tiers.Describe(),
+				HitGPU: float64(ts.CachedByTier[0]) / p, HitCPU: float64(ts.CachedByTier[1]) / p, HitDisk: float64(ts.CachedByTier[2]) / p,
+				Uncached: ts.PromptTokens - ts.CachedTokens, DiskWritten: ts.DiskWritten, DiskRead: ts.DiskReadBytes}
+		}
 		// Summary.Wall is in the engines' time (scaled by the speedup); lost is wall time.
 		if wall := float64(res.Summary.Wall) / cc.Speedup; engines > 0 && wall > 0 {
 			res.Summary.EngineStall = float64(lost) / (float64(engines) * wall)

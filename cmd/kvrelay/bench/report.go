@@ -119,6 +119,25 @@ func Table(rs []*Result) string {
 			{"TTFT predicted under measured", pred(func(p *PredictionError) float64 { return p.Under }), pct},
 		}...)
 	}
+	if slices.ContainsFunc(rs, func(r *Result) bool { return r.Summary.Tiers != nil }) {
+		tier := func(f func(t *TierSummary) float64) func(s *Summary) float64 {
+			return func(s *Summary) float64 {
+				if s.Tiers == nil {
+					return math.NaN()
+				}
+				return f(s.Tiers)
+			}
+		}
+		mb := func(v float64) string { return fmt.Sprintf("%.1f MB", v/1e6) }
+		rows = append(rows, []row{
+			{"hit rate GPU tier", tier(func(t *TierSummary) float64 { return t.HitGPU }), pct},
+			{"hit rate host tier", tier(func(t *TierSummary) float64 { return t.HitCPU }), pct},
+			{"hit rate disk tier", tier(func(t *TierSummary) float64 { return t.HitDisk }), pct},
+			{"uncached prefill tokens", tier(func(t *TierSummary) float64 { return float64(t.Uncached) }), num},
+			{"disk written", tier(func(t *TierSummary) float64 { return float64(t.DiskWritten) }), mb},
+			{"disk read", tier(func(t *TierSummary) float64 { return float64(t.DiskRead) }), mb},
+		}...)
+	}
 	if slices.ContainsFunc(rs, func(r *Result) bool { return r.Summary.Engines > 0 }) {
 		rows = append(rows, row{"engine stall", func(s *Summary) float64 { return s.EngineStall }, pct})
 	}

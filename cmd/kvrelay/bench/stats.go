@@ -109,6 +109,26 @@ type Summary struct {
 	// asks for. Every latency of such a run is inflated by it.
 	Engines     int     `json:"engines,omitempty"`
 	EngineStall float64 `json:"engine_stall,omitempty"`
+	// Tiers are the simulated engines' KV totals when they run tiers below the GPU or a
+	// non-default eviction (bench compare only).
+	Tiers *TierSummary `json:"kv_tiers,omitempty"`
+}
+
+// TierSummary is where a run's cached prompt tokens came from and what the disk tier moved,
+// from the engines' own counts.
+type TierSummary struct {
+	// Setup names the tiers ("G1+G2(32768) worm").
+	Setup string `json:"setup"`
+	// HitGPU, HitCPU and HitDisk are the shares of prompt tokens found cached in each tier;
+	// Uncached the prompt tokens computed.
+	HitGPU   float64 `json:"hit_gpu"`
+	HitCPU   float64 `json:"hit_cpu"`
+	HitDisk  float64 `json:"hit_disk"`
+	Uncached int64   `json:"uncached_tokens"`
+	// DiskWritten and DiskRead are the bytes the disk tier's files took and gave back
+	// (the modelled bytes × --kv-bytes-scale).
+	DiskWritten int64 `json:"disk_written_bytes"`
+	DiskRead    int64 `json:"disk_read_bytes"`
 }
 
 // StallWarning is the share of engine time lost past which a run's latencies say more about

@@ -28,6 +28,9 @@ var agenticParams = []param{
 	{"sub_priority", "-1", "nvext.agent_hints.priority of subagent calls"},
 	{"toolcalls", "true", "send tool calls as assistant tool_calls and results as tool messages; false: both as plain text (assistant and user messages)"},
 	{"session_ids", "true", "send each session's id (nvext.session_id, x-session-id), which binds it to a worker; false: a client that names no session"},
+	{"preambles", "1", "distinct shared preambles (system messages of preamble tokens each), session i using preamble i mod preambles"},
+	{"pin", "0s", "send nvext.cache_control {\"type\": \"ephemeral\", \"ttl\": pin} with every call (0: never), pinning its prompt on engines that understand it"},
+	{"ephemeral", "true", "send nvext.agent_hints.ephemeral_output with calls that generate reasoning (never sent back: their generated blocks are never read again)"},
 }
 
 // agentConfig is shared, read-only, by every session of an agentic workload.
@@ -35,7 +38,7 @@ type agentConfig struct {
 	tok                                 Tokenizer
 	v                                   *vocab
 	seed                                uint64
-	preamble                            string
+	preambles                           []string
 	task, turns, rounds, tool           int
 	subagents, subTask, subRounds, fork int
 	reasoning, osl                      int
@@ -44,6 +47,8 @@ type agentConfig struct {
 	priority, subPriority               int
 	toolCalls                           bool
 	anonymous                           bool // session_ids=false
+	pin                                 time.Duration
+	ephemeral                           bool
 }
 
 // buildAgentic: sessions of an agent harness. Each session starts from the shared preamble and
@@ -74,7 +79,10 @@ func buildAgentic(p *params, seed uint64, v *vocab, tok Tokenizer) (*Workload, e
 		toolCalls:   p.bool("toolcalls"),
 		anonymous:   !p.bool("session_ids"),
 		rate:        p.float("rate", 0, 1e6),
+		pin:         p.duration("pin"),
+		ephemeral:   p.bool("ephemeral"),
 	}
+	nPreambles := p.int("preambles", 1, 64)
 	preamble := p.int("preamble", 1, 1<<22)
 	sessions := p.int("sessions", 0, 1<<20)
 	if p.err != nil {
@@ -84,10 +92,18 @@ func buildAgentic(p *params, seed uint64, v *vocab, tok Tokenizer) (*Workload, e
 		return nil, fmt.Errorf("parsing workload agentic: %w: subagents need rounds >= 1 (they are forked by a tool call)", ErrSpec)
 	}
 	c.fork = c.rounds / 2
-	var err error
-	c.preamble, err = exactText(tok, v, newRNG(seed, streamPreamble), preambleHeader(), preamble)
-	if err != nil {
-		return nil, fmt.Errorf("building the agent preamble: %w", err)
+	for k := range nPreambles {
+		// The first preamble is the one a single-preamble workload always had; the others
+		// are other agents' (another first line), so they share no block with it.
+		r, header := newRNG(seed, streamPreamble), preambleHeader()
+		if k > 0 {
+			r, header = newRNG(seed, streamPreamble, uint64(k)), fmt.Sprintf("Agent profile %d.\n", k)+header
+		}
+		pre, err := exactText(tok, v, r, header, preamble)
+		if err != nil {
+			return nil, fmt.Errorf("building the agent preamble: %w", err)
+		}
+		c.preambles = append(c.preambles, pre)
 	}
 	w := &Workload{Sessions: make([]Session, sessions)}
 	arrivals := newRNG(seed, streamSessionArrivals)
@@ -210,7 +226,7 @@ func (s *agentSession) Next(prev string) (Request, bool) {
 	if !s.started {
 		s.started = true
 		s.history = []Message{
-			{Role: "system", Content: c.preamble},
+			{Role: "system", Content: c.preambles[s.idx%len(c.preambles)]},
 			{Role: "user", Content: c.v.text(s.r, c.task)},
 		}
 		at := s.r.exp(c.think)
@@ -282,17 +298,19 @@ func (s *agentSession) toolOutput(name string) string {
 // request is a model call of any session.
 func (c *agentConfig) request(session, tag string, at time.Duration, history []Message, priority int) Request {
 	return Request{
-		At:          at,
-		Session:     session,
-		Chat:        true,
-		Messages:    slices.Clip(history),
-		MaxTokens:   c.reasoning + c.osl,
-		IgnoreEOS:   true,
-		Priority:    priority,
-		HasPriority: true,
-		OSL:         c.reasoning + c.osl,
-		Tag:         tag,
-		Anonymous:   c.anonymous,
+		At:              at,
+		Session:         session,
+		Chat:            true,
+		Messages:        slices.Clip(history),
+		MaxTokens:       c.reasoning + c.osl,
+		IgnoreEOS:       true,
+		Priority:        priority,
+		HasPriority:     true,
+		OSL:             c.reasoning + c.osl,
+		Tag:             tag,
+		Anonymous:       c.anonymous,
+		PinTTL:          c.pin,
+		EphemeralOutput: c.ephemeral && c.reasoning > 0,
 	}
 }
 

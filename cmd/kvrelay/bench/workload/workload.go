@@ -63,6 +63,11 @@ type Request struct {
 	HasPriority bool
 	// OSL is sent as nvext.agent_hints.osl when > 0: the output length the client expects.
 	OSL int
+	// PinTTL, when positive, is sent as nvext.cache_control {"type": "ephemeral", "ttl"}:
+	// keep the prompt's KV that long after its last use. EphemeralOutput is sent as
+	// nvext.agent_hints.ephemeral_output: the answer will not come back token for token.
+	PinTTL          time.Duration
+	EphemeralOutput bool
 	// Tag names the request's class for per-class reporting: "trace", "group", "chat",
 	// "interactive", "tool", "subagent", "fixed".
 	Tag string

@@ -431,3 +431,35 @@ func TestAgenticAnonymousSessions(t *testing.T) {
 		}
 	}
 }
+
+// TestAgenticPreamblesPinsAndEphemeralOutput: preambles=2 alternates two distinct system
+// messages across sessions; pin sends nvext.cache_control with its ttl; calls that generate
+// reasoning say their output is ephemeral, unless ephemeral=false.
+func TestAgenticPreamblesPinsAndEphemeralOutput(t *testing.T) {
+	const spec = "agentic:sessions=4,preamble=400,task=6,rounds=1,subagents=0,tool=8,reasoning=4,osl=6,preambles=2,pin=5m"
+	w, err := Parse(spec, 5, testTokenizer(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reqs := drive(t, w, wordAnswers(t), true)
+	system := map[string]string{}
+	for i, r := range reqs {
+		system[r.Session] = r.Messages[0].Content
+		body := string(r.Body("m", true))
+		if !strings.Contains(body, `"cache_control":{"type":"ephemeral","ttl":"5m0s"}`) || !strings.Contains(body, `"ephemeral_output":true`) {
+			t.Fatalf("request %d lacks its pin or ephemeral output: %s", i, body)
+		}
+	}
+	if system["agent-0"] == system["agent-1"] || system["agent-0"] != system["agent-2"] || system["agent-1"] != system["agent-3"] {
+		t.Fatal("sessions do not alternate between two distinct preambles")
+	}
+	w, err = Parse(strings.Replace(spec, ",preambles=2,pin=5m", ",ephemeral=false", 1), 5, testTokenizer(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range drive(t, w, wordAnswers(t), true) {
+		if body := string(r.Body("m", true)); strings.Contains(body, "cache_control") || strings.Contains(body, "ephemeral_output") {
+			t.Fatalf("request %d pins or marks its output without being asked: %s", i, body)
+		}
+	}
+}

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Measures the simulated engines' KV block manager under cache pressure: one fresh local
+# cluster per tier setup (WORKERS simulated workers, a control plane following their KV
+# events, a proxy on the latency policy), each given the identical agentic request stream,
+# then one table. Results (results.json, results.md per setup; table.md) go under $OUT
+# (default bench-results/kvbm).
+#
+#   hack/bench-kvbm.sh
+#
+# The workload: SESSIONS agentic sessions arriving at RATE per second, two 6000-token shared
+# preambles, growing contexts (tool rounds), reasoning in every call (never sent back, so
+# marked ephemeral), forked subagents; G1 sized so that the live working set is several times
+# the fleet's GPU memory.
+#
+# Setups (SETUPS, space-separated names, default all of them, in this order):
+#   g1-lru        G1 only, LRU (the engines' default)
+#   g1-worm       G1 only, WORM eviction and pins (the workload pins its prompts for PIN)
+#   g2-lru        G1 + G2 (host, G2_BLOCKS), LRU
+#   g3-lru        G1 + G2 + G3 (disk, G3_BLOCKS), LRU
+#   g3-worm       G1 + G2 + G3, WORM and pins
+#
+# Settings (environment): WORKERS (4), G1_BLOCKS (2048 blocks of 16 tokens per worker),
+# G2_BLOCKS (2 × G1), G3_BLOCKS (8 × G1), SESSIONS (160), RATE (2 sessions/s), PIN (5m),
+# SPEEDUP (0.5: the engines' step times divided by it, arrivals at the same factor),
+# AGENTIC_OPTS (extra workload parameters), SEED (1).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-bench-results/kvbm}
+WORKERS=${WORKERS:-4}
+G1_BLOCKS=${G1_BLOCKS:-2048}
+G2_BLOCKS=${G2_BLOCKS:-$((2 * G1_BLOCKS))}
+G3_BLOCKS=${G3_BLOCKS:-$((8 * G1_BLOCKS))}
+SESSIONS=${SESSIONS:-160}
+RATE=${RATE:-2}
+PIN=${PIN:-5m}
+SPEEDUP=${SPEEDUP:-0.5}
+SEED=${SEED:-1}
+SETUPS=${SETUPS:-g1-lru g1-worm g2-lru g3-lru g3-worm}
+base="agentic:sessions=$SESSIONS,rate=$RATE,preamble=6000,preambles=2,task=200,turns=2,rounds=4,tool=400,subagents=2,sub_task=100,sub_rounds=2,reasoning=256,osl=128,think=5s,tool_time=300ms,session_ids=false"
+[ -n "${AGENTIC_OPTS:-}" ] && base="$base,$AGENTIC_OPTS"
+go build -o bin/kvrelay ./cmd/kvrelay
+mkdir -p "$OUT"
+
+run() { # name, extra workload params, bench flags...
+  local name=$1 wl=$2
+  shift 2
+  echo "== $name" >&2
+  flock -o /tmp/kvrelay-bench.lock bin/kvrelay bench compare --workers "$WORKERS" --policies latency \
+    --workload "$base$wl" --seed "$SEED" --num-gpu-blocks "$G1_BLOCKS" \
+    --replay-speedup "$SPEEDUP" --speedup-ratio "$SPEEDUP" --out "$OUT/$name" "$@" >/dev/null
+}
+
+for s in $SETUPS; do
+  case $s in
+    g1-lru) run g1-lru "" --eviction lru ;;
+    g1-worm) run g1-worm ",pin=$PIN" --eviction worm ;;
+    g2-lru) run g2-lru "" --eviction lru --cpu-offload-blocks "$G2_BLOCKS" ;;
+    g3-lru) run g3-lru "" --eviction lru --cpu-offload-blocks "$G2_BLOCKS" --disk-offload-blocks "$G3_BLOCKS" ;;
+    g3-worm) run g3-worm ",pin=$PIN" --eviction worm --cpu-offload-blocks "$G2_BLOCKS" --disk-offload-blocks "$G3_BLOCKS" ;;
+    *) echo "unknown setup $s" >&2; exit 2 ;;
+  esac
+done
+
+python3 - "$OUT" "$WORKERS" "$G1_BLOCKS" "$G2_BLOCKS" "$G3_BLOCKS" $SETUPS <<'EOF' | tee "$OUT/table.md"
+import json, os, sys
+out, workers, g1, g2, g3, setups = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6:]
+rows = {}
+for s in setups:
+    p = os.path.join(out, s, "results.json")
+    if os.path.exists(p):
+        rows[s] = json.load(open(p))[0]["summary"]
+print(f"{workers} workers, G1 {g1} blocks each, G2 {g2}, G3 {g3} (16-token blocks); latency policy; times in the engines' own time")
+print()
+print("| setup | hit rate | GPU | host | disk | uncached prefill tokens | TTFT p50 | TTFT p90 | ITL p50 | goodput/s | disk written | disk read |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+for s, r in rows.items():
+    t = r.get("kv_tiers") or {}
+    pct = lambda v: f"{100 * v:.1f}%"
+    print(f"| {t.get('setup', s)} | {pct(r['hit_rate'])} | {pct(t.get('hit_gpu', 0))} | {pct(t.get('hit_cpu', 0))} | {pct(t.get('hit_disk', 0))} "
+          f"| {t.get('uncached_tokens', 0):,} | {r['ttft']['p50_ns'] / 1e6:.0f} ms | {r['ttft']['p90_ns'] / 1e6:.0f} ms | {r['itl']['p50_ns'] / 1e6:.1f} ms "
+          f"| {r['goodput_per_s']:.2f} | {t.get('disk_written_bytes', 0) / 1e6:.1f} MB | {t.get('disk_read_bytes', 0) / 1e6:.1f} MB |")
+print()
+def ratio(name, a, b, f):
+    if a in rows and b in rows and f(rows[b]) > 0:
+        print(f"- {name}: ×{f(rows[a]) / f(rows[b]):.2f}")
+gpu = lambda r: (r.get("kv_tiers") or {}).get("hit_gpu", 0)
+p90 = lambda r: r["ttft"]["p90_ns"]
+ratio("G1 hit rate, WORM + pins ÷ LRU (G1 only)", "g1-worm", "g1-lru", gpu)
+ratio("TTFT p90, G1 only ÷ G1 + G2 (LRU)", "g1-lru", "g2-lru", p90)
+ratio("TTFT p90, G1 + G2 ÷ G1 + G2 + G3 (LRU)", "g2-lru", "g3-lru", p90)
+ratio("TTFT p90, LRU ÷ WORM + pins (G1 + G2 + G3)", "g3-lru", "g3-worm", p90)
+EOF
