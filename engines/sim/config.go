@@ -106,7 +106,14 @@ type Config struct {
 	// slower).
 	HostBandwidth, DiskBandwidth float64
 
-	// KV transfer (roles prefill and decode only).
+	// PeerFetch gives a worker of role both a KV connector too, for blocks any worker can
+	// fetch: it exports its cached prefixes to peers (POST /kvrelay/kv/export) and, told to
+	// by kv_transfer_params {"kvrelay_peer_fetch": "http://holder"}, pulls a prompt's
+	// prefix from the holder instead of computing it, computing it after all when the pull
+	// fails.
+	PeerFetch bool
+
+	// KV transfer (roles prefill and decode, or PeerFetch).
 
 	// KVBytesPerToken is the size of one token's KV cache in the modelled model: it sets
 	// the modelled transfer time of a pulled block (block size × this / bandwidth).
@@ -283,7 +290,7 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: host and disk bandwidths must be finite and not negative", ErrInvalidConfig)
 	}
 	switch {
-	case c.Role == RoleBoth:
+	case c.Role == RoleBoth && !c.PeerFetch:
 		// No KV connector: the transfer settings are unused.
 	case c.KVBytesPerToken <= 0:
 		return fmt.Errorf("%w: kv bytes per token %d must be positive", ErrInvalidConfig, c.KVBytesPerToken)

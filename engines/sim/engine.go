@@ -67,14 +67,17 @@ type Engine struct {
 	resets   []chan bool
 	releases []string   // request ids whose held blocks a decoder has read
 	pulls    []*pullJob // finished pulls
+	exports  []*exportJob
 	wake     chan struct{}
 	nextSeq  uint64
 
-	// kv is the KV connector of a prefill or decode worker, nil in role both.
+	// kv is the KV connector of a prefill or decode worker (or of one with PeerFetch), nil
+	// otherwise.
 	kv *kvConnector
 
 	// Owned by the Run goroutine.
-	planAt  time.Time // when the step being planned starts
+	planAt    time.Time // when the step being planned starts
+	exportSeq uint64    // exports so far, for their leases
 	pool    *blockPool
 	kvm     *blockManager // the pool and the tiers below it
 	waiting waitQueue
@@ -405,6 +408,13 @@ func (e *Engine) shutdown() {
 	for _, c := range resets {
 		c <- false
 	}
+	e.mu.Lock()
+	exports := e.exports
+	e.exports = nil
+	e.mu.Unlock()
+	for _, j := range exports {
+		j.reply <- exported{}
+	}
 	e.publishLoad()
 }
 
@@ -412,9 +422,9 @@ func (e *Engine) shutdown() {
 func (e *Engine) drain(now time.Time) {
 	e.mu.Lock()
 	inbox, aborts, resets := e.inbox, e.aborts, e.resets
-	releases, pulls := e.releases, e.pulls
+	releases, pulls, exports := e.releases, e.pulls, e.exports
 	e.inbox, e.aborts, e.resets = e.inbox[len(inbox):], e.aborts[len(aborts):], e.resets[len(resets):]
-	e.releases, e.pulls = e.releases[len(releases):], e.pulls[len(pulls):]
+	e.releases, e.pulls, e.exports = e.releases[len(releases):], e.pulls[len(pulls):], e.exports[len(exports):]
 	e.mu.Unlock()
 	for _, r := range inbox {
 		r.state = stateWaiting
@@ -436,6 +446,10 @@ func (e *Engine) drain(now time.Time) {
 	}
 	clear(pulls)
 	e.expireHolds(now)
+	for _, j := range exports {
+		e.export(j, now)
+	}
+	clear(exports)
 	for _, c := range resets {
 		ok := e.kvm.reset()
 		if ok {

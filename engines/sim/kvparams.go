@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"math"
 	"net"
+	"net/url"
 	"strconv"
 	"strings"
 )
@@ -29,6 +30,9 @@ type kvTransferParams struct {
 	RemoteHost      string
 	RemotePort      int
 	TPSize          int
+	// PeerFetch is kvrelay's peer fetch: the holder's base URL (http://host:port) whose
+	// cached prefix of the prompt this worker pulls before computing the rest.
+	PeerFetch string
 }
 
 // parseKVTransferParams checks and decodes kv_transfer_params. It returns nil, nil when the
@@ -104,6 +108,18 @@ func parseKVTransferParams(raw json.RawMessage, maxBlocks int) (*kvTransferParam
 			return nil, bad("%s", err.message)
 		}
 		p.RemoteBlockIDs = ids
+	}
+	if v, ok := has("kvrelay_peer_fetch"); ok {
+		if v[0] != '"' || json.Unmarshal(v, &p.PeerFetch) != nil {
+			return nil, bad("kvrelay_peer_fetch must be a string")
+		}
+		u, err := url.Parse(p.PeerFetch)
+		if err != nil || u.Scheme != "http" || u.Host == "" || (u.Path != "" && u.Path != "/") || len(p.PeerFetch) > 1024 {
+			return nil, bad("kvrelay_peer_fetch %q is not http://host:port", p.PeerFetch)
+		}
+		if p.DoRemoteDecode || p.DoRemotePrefill {
+			return nil, bad("kvrelay_peer_fetch cannot go with do_remote_decode or do_remote_prefill")
+		}
 	}
 	if p.DoRemoteDecode && p.DoRemotePrefill {
 		return nil, bad("do_remote_decode and do_remote_prefill cannot both be true")

@@ -182,6 +182,10 @@ func (e *Engine) pulled(j *pullJob, now time.Time) {
 		e.publishLoad()
 		return
 	}
+	if j.err != nil && r.peerFetch {
+		e.peerFallback(r)
+		return
+	}
 	if j.err != nil {
 		e.pool.free(r.blocks)
 		r.blocks = r.blocks[:0]
@@ -191,6 +195,9 @@ func (e *Engine) pulled(j *pullJob, now time.Time) {
 		e.finish(r, FinishError, now)
 		e.publishLoad()
 		return
+	}
+	if r.peerFetch {
+		e.metrics.peerFetch("pulled")
 	}
 	bs := e.cfg.BlockSize
 	// As vLLM does once remote KV arrived: everything pulled counts as computed except the

@@ -80,6 +80,8 @@ type Request struct {
 	// decode); cancels the pull.
 	pulled     bool
 	pullCancel context.CancelFunc
+	// peerFetch: kvPull is a peer fetch, whose failure falls back to computing the prompt.
+	peerFetch bool
 
 	// Output, shared with the client under mu.
 	mu       sync.Mutex

@@ -27,7 +27,7 @@ import (
 // the engine, whose scheduler goroutine produces the tokens they stream.
 type Server struct {
 	eng     *Engine
-	kv      *kvConnector // nil in role both
+	kv      *kvConnector // nil in role both without PeerFetch
 	codec   Codec
 	metrics *Metrics
 	model   string
@@ -36,6 +36,7 @@ type Server struct {
 	idBase  string
 	ids     atomic.Uint64
 	bufs    sync.Pool
+	peers   *http.Client // asks holders for their prefixes (peer fetch)
 }
 
 // NewServer builds the API of eng. text maps each output token id to its text.
@@ -52,6 +53,7 @@ func NewServer(eng *Engine, codec Codec, metrics *Metrics, text map[uint32]strin
 		created: time.Now().Unix(),
 		idBase:  hex.EncodeToString(b[:]),
 		bufs:    sync.Pool{New: func() any { b := make([]byte, 0, 4096); return &b }},
+		peers:   &http.Client{Transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 16}},
 	}
 }
 
@@ -67,6 +69,9 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("POST /v1/completions/render", func(w http.ResponseWriter, r *http.Request) { s.render(w, r, false) })
 	mux.HandleFunc("POST /detokenize", s.detokenize)
 	mux.HandleFunc("POST /reset_prefix_cache", s.resetPrefixCache)
+	if s.kv != nil {
+		mux.HandleFunc("POST /kvrelay/kv/export", s.exportKV)
+	}
 	if s.metrics != nil {
 		mux.Handle("GET /metrics", promhttp.HandlerFor(s.metrics.Registry(), promhttp.HandlerOpts{}))
 	}
@@ -230,6 +235,14 @@ func (s *Server) complete(w http.ResponseWriter, hr *http.Request, chat bool) {
 	if err != nil {
 		writeError(w, badRequest("%s", strings.TrimPrefix(err.Error(), ErrInvalidRequest.Error()+": ")))
 		return
+	}
+	if kvp != nil && kvp.PeerFetch != "" {
+		// A peer fetch: the prefix comes from the holder if it still has it; the response
+		// says nothing of it.
+		if pp := s.fetchFrom(hr.Context(), strings.TrimSuffix(kvp.PeerFetch, "/"), r); pp != nil {
+			r.kvPull, r.peerFetch = pp, true
+		}
+		kvp = nil
 	}
 	if kvp != nil {
 		r.kvDecode = kvp.DoRemoteDecode
@@ -442,22 +455,27 @@ func (rs *responseState) publishKV() []byte {
 		rs.s.eng.releaseHeld([]string{rs.r.ID})
 		return []byte("null")
 	}
-	b := make([]byte, 0, 256+8*len(held.blocks))
+	return kv.appendParams(make([]byte, 0, 256+8*len(held.blocks)), held.blocks, rs.r.ID)
+}
+
+// appendParams appends the kv_transfer_params that let a peer READ held blocks: NixlConnector's
+// decode-leg object naming them, this engine and the held request id.
+func (c *kvConnector) appendParams(b []byte, blocks []int32, id string) []byte {
 	b = append(b, `{"do_remote_prefill":true,"do_remote_decode":false,"remote_block_ids":[`...)
-	for i, id := range held.blocks {
+	for i, blk := range blocks {
 		if i > 0 {
 			b = append(b, ',')
 		}
-		b = strconv.AppendInt(b, int64(id), 10)
+		b = strconv.AppendInt(b, int64(blk), 10)
 	}
 	b = append(b, `],"remote_engine_id":`...)
-	b = appendJSONString(b, kv.engineID)
+	b = appendJSONString(b, c.engineID)
 	b = append(b, `,"remote_request_id":`...)
-	b = appendJSONString(b, rs.r.ID)
+	b = appendJSONString(b, id)
 	b = append(b, `,"remote_host":`...)
-	b = appendJSONString(b, kv.host)
+	b = appendJSONString(b, c.host)
 	b = append(b, `,"remote_port":`...)
-	b = strconv.AppendInt(b, int64(kv.port), 10)
+	b = strconv.AppendInt(b, int64(c.port), 10)
 	return append(b, `,"tp_size":1}`...)
 }
 

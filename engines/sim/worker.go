@@ -84,7 +84,7 @@ func NewWorker(cfg WorkerConfig) (*Worker, error) {
 	if w.eng, err = NewEngine(cfg.Engine, ids, sink, w.metrics); err != nil {
 		return nil, fmt.Errorf("building worker: %w", err)
 	}
-	if r := cfg.Engine.Role; r == RolePrefill || r == RoleDecode {
+	if r := cfg.Engine.Role; r == RolePrefill || r == RoleDecode || cfg.Engine.PeerFetch {
 		if cfg.EngineID == "" {
 			cfg.EngineID = newEngineID()
 			w.cfg.EngineID = cfg.EngineID

@@ -1,0 +1,203 @@
+package sim
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"time"
+)
+
+// Peer fetch: blocks are immutable once stored, so any worker that caches a prefix can give
+// it to another. A worker with Config.PeerFetch exports its cached prefixes over its KV
+// connector — the exporter pins the blocks for KVTransferTimeout, fills their slots and
+// answers with NixlConnector's kv_transfer_params naming them, exactly as a prefill worker
+// answers a prefill leg — and, told by kv_transfer_params {"kvrelay_peer_fetch": URL},
+// asks the worker at URL for its prompt's prefix, pulls it as a decode leg pulls a prefill
+// worker's blocks, checks it, stores it (announcing it in its KV events) and computes only
+// the rest. Any failure (the holder gone, slow, holding less by now, a checksum) costs
+// only time: the request computes what it could not fetch.
+
+// exportJob asks the scheduler goroutine for the cached prefix of hashes, held for a peer.
+type exportJob struct {
+	hashes []uint64
+	reply  chan exported
+}
+
+// exported is a prefix held for a peer: its lease (the held request's id, which the peer's
+// READ notification names), block ids and content keys. Empty when nothing is cached.
+type exported struct {
+	lease  string
+	blocks []int32
+	keys   []uint64
+}
+
+// Export holds the longest prefix of hashes (kvrelay sequence hashes) that the GPU tier
+// caches for a peer to read, as a prefill worker holds a finished prefill leg's blocks. It
+// waits for the scheduler goroutine, so Run must be running.
+func (e *Engine) Export(ctx context.Context, hashes []uint64) (exported, error) {
+	j := &exportJob{hashes: hashes, reply: make(chan exported, 1)}
+	e.mu.Lock()
+	e.exports = append(e.exports, j)
+	e.mu.Unlock()
+	e.poke()
+	select {
+	case x := <-j.reply:
+		return x, nil
+	case <-ctx.Done():
+		return exported{}, fmt.Errorf("exporting KV blocks: %w", ctx.Err())
+	}
+}
+
+// export runs an exportJob on the scheduler goroutine.
+func (e *Engine) export(j *exportJob, now time.Time) {
+	if e.kv == nil {
+		j.reply <- exported{}
+		return
+	}
+	n := 0
+	for n < len(j.hashes) {
+		if _, ok := e.pool.cached[j.hashes[n]]; !ok {
+			break
+		}
+		n++
+	}
+	if n == 0 {
+		j.reply <- exported{}
+		return
+	}
+	bs := e.cfg.BlockSize
+	e.exportSeq++
+	r := &Request{
+		ID:        "kvrelay-export-" + strconv.FormatUint(e.exportSeq, 16),
+		promptLen: n * bs,
+		tokens:    make([]uint32, n*bs), // only full blocks: their keys are their hashes
+		hashes:    append([]uint64(nil), j.hashes[:n]...),
+		notify:    make(chan struct{}, 1),
+		heapIndex: -1,
+	}
+	for _, h := range r.hashes {
+		id := e.pool.cached[h]
+		e.pool.ref(id)
+		r.blocks = append(r.blocks, id)
+	}
+	if !e.hold(r, now) {
+		e.pool.free(r.blocks)
+		j.reply <- exported{}
+		return
+	}
+	e.metrics.peerExported(n)
+	j.reply <- exported{lease: r.ID, blocks: r.kvHeld.blocks, keys: r.kvHeld.keys}
+}
+
+// peerFallback returns a peer-fetch request whose pull failed to the head of the waiting
+// queue, to compute its prompt from its own cache: the client sees only a slower answer.
+func (e *Engine) peerFallback(r *Request) {
+	e.pool.free(r.blocks)
+	r.blocks = r.blocks[:0]
+	r.numComputed, r.numStored = 0, 0
+	r.kvPull, r.pulled = nil, false
+	r.state = stateWaiting
+	e.waiting.pushFront(r)
+	e.metrics.peerFetch("fallback")
+	e.publishLoad()
+}
+
+// exportRequest is the body of POST /kvrelay/kv/export.
+type exportRequest struct {
+	BlockHashes []uint64 `json:"block_hashes"`
+}
+
+// exportKV serves POST /kvrelay/kv/export on a worker with a KV connector: the cached prefix
+// of the given block hashes (kvrelay's sequence hashes), held for the caller to READ, as
+// {"kv_transfer_params": {...}} in NixlConnector's decode-leg form, or null when the worker
+// caches none of it.
+func (s *Server) exportKV(w http.ResponseWriter, hr *http.Request) {
+	body, aerr := s.readBody(w, hr)
+	if aerr != nil {
+		writeError(w, aerr)
+		return
+	}
+	var req exportRequest
+	if err := json.Unmarshal(body, &req); err != nil {
+		writeError(w, badRequest("the request body is not {\"block_hashes\": [integers]}: %v", err))
+		return
+	}
+	if n := len(req.BlockHashes); n > s.eng.cfg.NumGPUBlocks {
+		writeError(w, badRequest("%d block hashes: more than the %d blocks this engine has", n, s.eng.cfg.NumGPUBlocks))
+		return
+	}
+	ctx, cancel := context.WithTimeout(hr.Context(), s.eng.cfg.KVTransferTimeout)
+	defer cancel()
+	x, err := s.eng.Export(ctx, req.BlockHashes)
+	if err != nil {
+		writeError(w, &apiError{status: http.StatusServiceUnavailable, typ: "ServiceUnavailableError", message: err.Error()})
+		return
+	}
+	b := []byte(`{"kv_transfer_params":`)
+	switch {
+	case x.lease == "":
+		b = append(b, "null"...)
+	case !s.kv.publish(x.blocks[:len(x.keys)], x.keys):
+		s.eng.releaseHeld([]string{x.lease})
+		b = append(b, "null"...)
+	default:
+		b = s.kv.appendParams(b, x.blocks, x.lease)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(append(b, '}'))
+}
+
+// maxExportResponse bounds an export's answer.
+const maxExportResponse = 8 << 20
+
+// peerFetchTimeout bounds asking a holder for its prefix (the pull itself has
+// KVTransferTimeout).
+const peerFetchTimeout = 2 * time.Second
+
+// fetchFrom asks the worker at holder for r's prompt prefix and returns the decode-leg
+// parameters that pull it, nil when there is nothing to pull (counted by outcome).
+func (s *Server) fetchFrom(ctx context.Context, holder string, r *Request) *kvTransferParams {
+	full := (r.promptLen - 1) / s.eng.cfg.BlockSize // blocks wholly before the last prompt token
+	if full <= 0 {
+		s.metrics.peerFetch("none")
+		return nil
+	}
+	body, _ := json.Marshal(exportRequest{BlockHashes: r.hashes[:full]})
+	ctx, cancel := context.WithTimeout(ctx, min(peerFetchTimeout, s.eng.cfg.KVTransferTimeout))
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, holder+"/kvrelay/kv/export", bytes.NewReader(body))
+	if err != nil {
+		s.metrics.peerFetch("export_failed")
+		return nil
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := s.peers.Do(req)
+	if err != nil {
+		s.metrics.peerFetch("export_failed")
+		return nil
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, maxExportResponse))
+	if err != nil || resp.StatusCode != http.StatusOK {
+		s.metrics.peerFetch("export_failed")
+		return nil
+	}
+	var out struct {
+		Params json.RawMessage `json:"kv_transfer_params"`
+	}
+	if json.Unmarshal(data, &out) != nil {
+		s.metrics.peerFetch("export_failed")
+		return nil
+	}
+	bs := s.eng.cfg.BlockSize
+	p, aerr := parseKVTransferParams(out.Params, (s.eng.cfg.MaxModelLen+bs-1)/bs)
+	if aerr != nil || p == nil || !p.DoRemotePrefill || len(p.RemoteBlockIDs) == 0 {
+		s.metrics.peerFetch("none")
+		return nil
+	}
+	return p
+}

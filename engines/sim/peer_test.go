@@ -1,0 +1,131 @@
+package sim
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// peerBody is a chat request that fetches its prefix from holder.
+func peerBody(prompt, holder string) string {
+	return `{"messages":[{"role":"user","content":` + strconv.Quote(prompt) + `}],"max_tokens":4,` +
+		`"kv_transfer_params":{"kvrelay_peer_fetch":` + strconv.Quote(holder) + `}}`
+}
+
+func chatUsage(t *testing.T, w *Worker, body string) usage {
+	t.Helper()
+	code, b := post(t, w.URL()+"/v1/chat/completions", body)
+	if code != 200 {
+		t.Fatalf("%d %s", code, b)
+	}
+	var r pdResponse
+	if err := json.Unmarshal(b, &r); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(b), "kv_transfer_params") {
+		t.Fatalf("a peer fetch's answer names kv_transfer_params: %s", b)
+	}
+	return r.Usage
+}
+
+// TestPeerFetchPullsTheHoldersPrefix: a worker told to fetch from the worker that caches the
+// prompt pulls that prefix over nixl (checked), stores it and computes only the rest; the
+// holder frees what it held once read; the fetched blocks are the fetcher's cache after.
+func TestPeerFetchPullsTheHoldersPrefix(t *testing.T) {
+	mut := func(c *WorkerConfig) { c.Engine.PeerFetch = true; c.Engine.NumGPUBlocks = 1024 }
+	holder, fetcher := startWorker(t, mut), startWorker(t, mut)
+	prompt := "peer " + longText(640) // ~40 blocks
+	first := chatUsage(t, holder, `{"messages":[{"role":"user","content":`+strconv.Quote(prompt)+`}],"max_tokens":2}`)
+	got := chatUsage(t, fetcher, peerBody(prompt, holder.URL()))
+	if got.PromptTokens != first.PromptTokens || got.PromptTokensDetails.CachedTokens < first.PromptTokens-16 {
+		t.Fatalf("fetched request cached %d of %d tokens, want all but the last block's", got.PromptTokensDetails.CachedTokens, got.PromptTokens)
+	}
+	if n := metric(t, fetcher, "kvrelay_sim_kv_peer_fetches_total", `result="pulled"`); n != 1 {
+		t.Fatalf("%v fetches pulled, want 1", n)
+	}
+	if n := metric(t, holder, "kvrelay_sim_kv_peer_exports_total", ""); n != 1 {
+		t.Fatalf("holder exported %v prefixes, want 1", n)
+	}
+	eventually(t, "the holder to free the exported blocks", func() bool {
+		reqs, _ := holder.Engine().HeldKV()
+		return reqs == 0
+	})
+	// The fetcher caches the prompt now: a plain request hits.
+	again := chatUsage(t, fetcher, `{"messages":[{"role":"user","content":`+strconv.Quote(prompt)+`}],"max_tokens":2}`)
+	if again.PromptTokensDetails.CachedTokens < first.PromptTokens-16 {
+		t.Fatalf("after the fetch the fetcher caches %d tokens", again.PromptTokensDetails.CachedTokens)
+	}
+}
+
+// TestPeerFetchFallsBack: whatever goes wrong with the holder — it caches nothing, it does not
+// answer, it dies between answering and the read — the request computes its prompt and
+// answers as if it had not been told to fetch.
+func TestPeerFetchFallsBack(t *testing.T) {
+	mut := func(c *WorkerConfig) { c.Engine.PeerFetch = true; c.Engine.NumGPUBlocks = 1024 }
+	fetcher := startWorker(t, mut)
+	prompt := "fallback " + longText(320)
+
+	t.Run("holder caches nothing", func(t *testing.T) {
+		empty := startWorker(t, mut)
+		if u := chatUsage(t, fetcher, peerBody(prompt+" a", empty.URL())); u.PromptTokensDetails.CachedTokens != 0 {
+			t.Fatalf("cached %d", u.PromptTokensDetails.CachedTokens)
+		}
+		if n := metric(t, fetcher, "kvrelay_sim_kv_peer_fetches_total", `result="none"`); n != 1 {
+			t.Fatalf("%v fetches found nothing, want 1", n)
+		}
+	})
+	t.Run("holder does not answer", func(t *testing.T) {
+		dead := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(500) }))
+		defer dead.Close()
+		chatUsage(t, fetcher, peerBody(prompt+" b", dead.URL))
+		if n := metric(t, fetcher, "kvrelay_sim_kv_peer_fetches_total", `result="export_failed"`); n != 1 {
+			t.Fatalf("%v failed exports, want 1", n)
+		}
+	})
+	t.Run("holder dies before the read", func(t *testing.T) {
+		holder := startWorker(t, mut)
+		p := prompt + " c"
+		chatUsage(t, holder, `{"messages":[{"role":"user","content":`+strconv.Quote(p)+`}],"max_tokens":2}`)
+		// A front that relays the export, then stops the holder before answering: the
+		// fetcher gets valid parameters for blocks nobody can read any more.
+		var once sync.Once
+		front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			resp, err := http.Post(holder.URL()+r.URL.Path, "application/json", r.Body)
+			if err != nil {
+				w.WriteHeader(502)
+				return
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			once.Do(func() { _ = holder.Close() })
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = w.Write(b)
+		}))
+		defer front.Close()
+		u := chatUsage(t, fetcher, peerBody(p, front.URL))
+		if u.CompletionTokens != 4 {
+			t.Fatalf("answer %+v", u)
+		}
+		if n := metric(t, fetcher, "kvrelay_sim_kv_peer_fetches_total", `result="fallback"`); n != 1 {
+			t.Fatalf("%v fallbacks, want 1", n)
+		}
+	})
+}
+
+// TestExportRefusesBadBodies: the export endpoint answers a clear 400 to what it cannot read.
+func TestExportRefusesBadBodies(t *testing.T) {
+	w := startWorker(t, func(c *WorkerConfig) { c.Engine.PeerFetch = true; c.Engine.NumGPUBlocks = 64 })
+	for _, body := range []string{`{`, `{"block_hashes":"x"}`, `{"block_hashes":[` + strings.Repeat("1,", 64) + `1]}`} {
+		if code, b := post(t, w.URL()+"/kvrelay/kv/export", body); code != 400 || !strings.Contains(string(b), `"error"`) {
+			t.Errorf("%.40s: %d %s", body, code, b)
+		}
+	}
+	if code, b := post(t, w.URL()+"/kvrelay/kv/export", `{"block_hashes":[1,2,3]}`); code != 200 || string(b) != `{"kv_transfer_params":null}` {
+		t.Fatalf("export of uncached blocks: %d %s", code, b)
+	}
+}
