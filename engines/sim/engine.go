@@ -78,19 +78,19 @@ type Engine struct {
 	// Owned by the Run goroutine.
 	planAt    time.Time // when the step being planned starts
 	exportSeq uint64    // exports so far, for their leases
-	pool    *blockPool
-	kvm     *blockManager // the pool and the tiers below it
-	waiting waitQueue
-	running []*Request
-	sched   []scheduled
-	batch   Batch // the planned step's composition
-	events  []CacheEvent
-	hasher  blockhash.Hasher
-	ends    []pendingEnd
-	held    map[string]*Request // finished requests keeping their blocks for a remote decode
-	holdQ   []heldEntry         // the same, in order of expiry (the timeout is fixed)
-	loading map[*Request]bool   // requests waiting for a pull
-	ready   []*Request          // requests whose pull finished, waiting to be scheduled
+	pool      *blockPool
+	kvm       *blockManager // the pool and the tiers below it
+	waiting   waitQueue
+	running   []*Request
+	sched     []scheduled
+	batch     Batch // the planned step's composition
+	events    []CacheEvent
+	hasher    blockhash.Hasher
+	ends      []pendingEnd
+	held      map[string]*Request // finished requests keeping their blocks for a remote decode
+	holdQ     []heldEntry         // the same, in order of expiry (the timeout is fixed)
+	loading   map[*Request]bool   // requests waiting for a pull
+	ready     []*Request          // requests whose pull finished, waiting to be scheduled
 
 	numRunning, numWaiting atomic.Int64
 	usageBits              atomic.Uint64
