@@ -49,7 +49,7 @@ func (o operator) worker(w registry.Worker) *operatorv1.Worker {
 			Metrics: w.Metrics, Engine: w.Engine, Source: w.Source,
 			MaxNumSeqs: uint32(w.MaxNumSeqs), MaxNumBatchedTokens: uint32(w.MaxNumBatchedTokens),
 			LoraModules:     w.LoRAModules,
-			KvBytesPerToken: uint64(w.KVBytesPerToken), HostBandwidth: w.HostBandwidth, DiskBandwidth: w.DiskBandwidth,
+			KvBytesPerToken: uint64(w.KVBytesPerToken), HostBandwidth: w.HostBandwidth, DiskBandwidth: w.DiskBandwidth, PeerBandwidth: w.PeerBandwidth,
 		},
 		Status: &operatorv1.WorkerStatus{
 			Healthy: st.Healthy, Draining: w.Draining,
@@ -103,7 +103,7 @@ func (o operator) UpsertWorker(_ context.Context, spec *operatorv1.WorkerSpec) (
 		Metrics: spec.GetMetrics(), Engine: spec.GetEngine(),
 		MaxNumSeqs: int(min(spec.GetMaxNumSeqs(), 1<<31-1)), MaxNumBatchedTokens: int(min(spec.GetMaxNumBatchedTokens(), 1<<31-1)),
 		LoRAModules:     spec.GetLoraModules(),
-		KVBytesPerToken: int(min(spec.GetKvBytesPerToken(), 1<<31-1)), HostBandwidth: spec.GetHostBandwidth(), DiskBandwidth: spec.GetDiskBandwidth(),
+		KVBytesPerToken: int(min(spec.GetKvBytesPerToken(), 1<<31-1)), HostBandwidth: spec.GetHostBandwidth(), DiskBandwidth: spec.GetDiskBandwidth(), PeerBandwidth: spec.GetPeerBandwidth(),
 	}.WithDefaults()
 	if err := o.s.reg.Upsert(w); err != nil {
 		return nil, apiErr(err)

@@ -215,6 +215,7 @@ Without --setups, --mode with --workers (agg) or --prefill-workers and --decode-
 	fs.IntVar(&cc.Tiers.DiskBlocks, "disk-offload-blocks", 0, "disk KV tier of each simulated engine, in blocks, its files under a temporary directory (0: none)")
 	fs.StringVar((*string)(&cc.Tiers.OffloadOn), "offload-on", "", "when the simulated engines copy blocks to host: store (default) or evict")
 	fs.IntVar(&cc.Tiers.DiskAdmitMinHits, "disk-admit-min-hits", 0, "reuses a block needs before the disk tier takes it (0: the simulator's default, 2)")
+	fs.BoolVar(&cc.Tiers.PeerFetch, "peer-fetch", false, "the simulated engines pull prefixes their peers cache when the latency policy predicts it beats computing them")
 	fs.Float64Var(&cc.Tiers.MaxPinnedFraction, "max-pinned-fraction", 0, "most of the GPU tier pins may hold (0: the simulator's default, 0.5)")
 	fs.Float64Var(&engineSpeedup, "speedup-ratio", 0, "divide the simulated engines' step times by this, as kvrelay sim --speedup-ratio (default: --replay-speedup; lower raises the load by --replay-speedup/--speedup-ratio)")
 	deprecatedAlias(fs, "engine-speedup", "speedup-ratio")

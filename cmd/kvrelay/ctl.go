@@ -487,7 +487,7 @@ func parseCtlWorkerSpec(s string) (*operatorv1.WorkerSpec, error) {
 	return &operatorv1.WorkerSpec{Id: w.ID, Url: w.URL, Model: w.Model, Role: w.Role, BlockSize: uint32(w.BlockSize),
 		KvEvents: w.KVEvents, KvEventsBind: w.KVEventsBind, KvEventsTopic: w.KVEventsTopic, KvEventsReplay: w.KVEventsReplay, Metrics: w.Metrics,
 		Engine: w.Engine, MaxNumSeqs: uint32(w.MaxNumSeqs), MaxNumBatchedTokens: uint32(w.MaxNumBatchedTokens), LoraModules: w.LoRAModules,
-		KvBytesPerToken: uint64(w.KVBytesPerToken), HostBandwidth: w.HostBandwidth, DiskBandwidth: w.DiskBandwidth}, nil
+		KvBytesPerToken: uint64(w.KVBytesPerToken), HostBandwidth: w.HostBandwidth, DiskBandwidth: w.DiskBandwidth, PeerBandwidth: w.PeerBandwidth}, nil
 }
 
 // ctlClient calls the operator API over HTTP.

@@ -65,7 +65,7 @@ decisions with every candidate's prediction (/debug/decisions), each worker's la
 	fs.StringVar(&configPath, "config", "", "YAML file with the proxy's settings")
 	addEBPFFlags(fs, &ebpfF, ebpfCgroupDial)
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "client-facing address")
-	fs.StringArrayVar(&upstreams, "upstream", nil, "an engine: URL or id=,url=,model=,capacity=,role=,max-num-seqs=,kv-bytes-per-token=,host-bandwidth=,disk-bandwidth= (repeat for each)")
+	fs.StringArrayVar(&upstreams, "upstream", nil, "an engine: URL or id=,url=,model=,capacity=,role=,max-num-seqs=,kv-bytes-per-token=,host-bandwidth=,disk-bandwidth=,peer-bandwidth= (repeat for each)")
 	fs.StringVar(&cfg.XDS, "xds", "", "control plane's xDS address (host:port): workers, load, policy and KV index come from it (no --upstream)")
 	fs.StringVar(&cfg.NodeID, "node-id", "", "this proxy's name to the control plane (default hostname-pid; with credentials, the node id its token or certificate was issued for)")
 	fs.StringVar(&cfg.XDSAuth.CAFile, "xds-ca", "", "CA certificate (PEM) that verifies the control plane's: the xDS connection is TLS")
@@ -215,15 +215,18 @@ func parseUpstream(v string) (proxy.Upstream, error) {
 					u.LoRAModules = append(u.LoRAModules, a)
 				}
 			}
-		case "host-bandwidth", "disk-bandwidth":
+		case "host-bandwidth", "disk-bandwidth", "peer-bandwidth":
 			bw, err := engines.ParseBandwidth(val)
 			if err != nil {
 				return u, fmt.Errorf("--upstream %q: %s: %v", v, k, err)
 			}
-			if strings.TrimSpace(k) == "host-bandwidth" {
+			switch strings.TrimSpace(k) {
+			case "host-bandwidth":
 				u.HostBandwidth = bw
-			} else {
+			case "disk-bandwidth":
 				u.DiskBandwidth = bw
+			default:
+				u.PeerBandwidth = bw
 			}
 		case "block-size", "block_size", "max-num-seqs", "max-num-batched-tokens", "max-model-len", "kv-bytes-per-token":
 			n, err := strconv.Atoi(val)

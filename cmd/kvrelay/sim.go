@@ -116,6 +116,7 @@ checked) and waits the modelled transfer time (--kv-bytes-per-token bytes per to
 	fs.StringVar(&e.DiskOffloadDir, "disk-offload-dir", "", "directory of the disk KV tier, a file per block (each worker of the process in its own worker-N subdirectory)")
 	fs.IntVar(&e.DiskOffloadBlocks, "disk-offload-blocks", 0, "capacity of the disk KV tier in blocks")
 	fs.BoolVar(&e.DiskFsync, "disk-fsync", false, "fsync every block file the disk tier writes")
+	fs.BoolVar(&e.PeerFetch, "kv-peer-fetch", false, "give a worker of role both a KV connector: it exports its cached prefixes (POST /kvrelay/kv/export) and pulls a prompt's prefix from the peer kv_transfer_params {\"kvrelay_peer_fetch\": URL} names")
 	fs.StringVar(&f.offloadOn, "offload-on", string(sim.OffloadOnStore), "when blocks are copied to host: store (write-through) or evict")
 	fs.IntVar(&e.DiskAdmitMinHits, "disk-admit-min-hits", e.DiskAdmitMinHits, "reuses a block needs before it is written to disk")
 	fs.StringVar(&f.hostBandwidth, "host-bandwidth", "25GB/s", "modelled host→GPU bandwidth of onboarding a block from the host tier")
@@ -192,7 +193,7 @@ func (f *simFlags) workerConfigs() ([]sim.WorkerConfig, error) {
 				c.KVTransferBackends = append(c.KVTransferBackends, nixl.BackendKind(b))
 			}
 		}
-		if e.Role != sim.RoleBoth {
+		if e.Role != sim.RoleBoth || e.PeerFetch {
 			if c.KVTransferListen, err = offsetHostPort(f.kvListen, i); err != nil {
 				return nil, fmt.Errorf("--kv-transfer-listen: %w", err)
 			}

@@ -364,12 +364,12 @@ func startUpControlPlane(ctx context.Context, ws []upWorker, probes *ebpf.Collec
 	}
 	for _, u := range ws {
 		ec := u.w.Engine().Config()
-		kvBytes, host, disk := ec.Tiers()
+		kvBytes, host, disk, peer := ec.Tiers()
 		opts.Workers = append(opts.Workers, registry.Worker{
 			ID: u.id, URL: u.w.URL(), Model: model, Role: string(u.role), BlockSize: blockSize,
 			KVEvents: u.w.EventsEndpoint(), KVEventsReplay: u.w.ReplayEndpoint(), Engine: "sim",
 			MaxNumSeqs: ec.MaxNumSeqs, MaxNumBatchedTokens: ec.MaxNumBatchedTokens,
-			KVBytesPerToken: kvBytes, HostBandwidth: host, DiskBandwidth: disk,
+			KVBytesPerToken: kvBytes, HostBandwidth: host, DiskBandwidth: disk, PeerBandwidth: peer,
 		})
 	}
 	cp, err = controlplane.New(opts)

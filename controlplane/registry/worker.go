@@ -93,6 +93,10 @@ type Worker struct {
 	KVBytesPerToken int     `yaml:"kv-bytes-per-token,omitempty" json:"kv-bytes-per-token,omitempty"`
 	HostBandwidth   float64 `yaml:"host-bandwidth,omitempty" json:"host-bandwidth,omitempty"`
 	DiskBandwidth   float64 `yaml:"disk-bandwidth,omitempty" json:"disk-bandwidth,omitempty"`
+	// PeerBandwidth is how fast the engine pulls a prefix another worker caches (kvrelay's
+	// peer fetch, the simulated engine's --kv-peer-fetch); 0: it cannot, and the latency
+	// policy never asks it to.
+	PeerBandwidth float64 `yaml:"peer-bandwidth,omitempty" json:"peer-bandwidth,omitempty"`
 	// Draining keeps new requests away from the worker. Registry.SetDraining overrides it.
 	Draining bool `yaml:"draining,omitempty" json:"draining,omitempty"`
 	// Source is where the worker came from (SourceFlag, …). It is set by the registry and
@@ -129,17 +133,18 @@ const (
 	keyKVBytes        = "kv-bytes-per-token"
 	keyHostBandwidth  = "host-bandwidth"
 	keyDiskBandwidth  = "disk-bandwidth"
+	keyPeerBandwidth  = "peer-bandwidth"
 )
 
 var flagKeys = []string{keyID, keyURL, keyModel, keyRole, keyBlockSize, keyKVEvents,
 	keyKVEventsBind, keyKVEventsTopic, keyKVEventsReplay, keyMetrics, keyEngine, keyMaxNumSeqs, keyMaxBatched, keyLoRAModules,
-	keyKVBytes, keyHostBandwidth, keyDiskBandwidth}
+	keyKVBytes, keyHostBandwidth, keyDiskBandwidth, keyPeerBandwidth}
 
 // ParseWorker parses the `--worker` flag form: comma-separated key=value pairs with the keys
 // id, url, model, role, block-size, kv-events, kv-events-bind, kv-events-topic,
 // kv-events-replay, metrics, engine, max-num-seqs, max-num-batched-tokens, lora-modules
-// (adapter names separated by ';'), kv-bytes-per-token, host-bandwidth and disk-bandwidth
-// (a bandwidth like 25GB/s). Spaces around keys and values are dropped, empty pairs are skipped, a value may
+// (adapter names separated by ';'), kv-bytes-per-token, host-bandwidth, disk-bandwidth and
+// peer-bandwidth (a bandwidth like 25GB/s). Spaces around keys and values are dropped, empty pairs are skipped, a value may
 // contain '=' but not ','. id and url are required. The result has its defaults filled in
 // (WithDefaults), is valid, and has Source SourceFlag. Errors wrap ErrInvalid.
 func ParseWorker(s string) (Worker, error) {
@@ -179,15 +184,18 @@ func parseWorker(s string) (Worker, error) {
 			w.Model = v
 		case keyRole:
 			w.Role = v
-		case keyHostBandwidth, keyDiskBandwidth:
+		case keyHostBandwidth, keyDiskBandwidth, keyPeerBandwidth:
 			bw, err := engines.ParseBandwidth(v)
 			if err != nil {
 				return Worker{}, fmt.Errorf("%w: %s: %v", ErrInvalid, k, err)
 			}
-			if k == keyHostBandwidth {
+			switch k {
+			case keyHostBandwidth:
 				w.HostBandwidth = bw
-			} else {
+			case keyDiskBandwidth:
 				w.DiskBandwidth = bw
+			default:
+				w.PeerBandwidth = bw
 			}
 		case keyBlockSize, keyMaxNumSeqs, keyMaxBatched, keyKVBytes:
 			n, err := strconv.Atoi(v)
@@ -289,6 +297,9 @@ func (w Worker) String() string {
 	if w.DiskBandwidth != 0 {
 		add(keyDiskBandwidth, engines.FormatBandwidth(w.DiskBandwidth))
 	}
+	if w.PeerBandwidth != 0 {
+		add(keyPeerBandwidth, engines.FormatBandwidth(w.PeerBandwidth))
+	}
 	return b.String()
 }
 
@@ -376,9 +387,9 @@ func (w Worker) validate() error {
 	if w.KVBytesPerToken < 0 || w.KVBytesPerToken > maxLimit {
 		return fmt.Errorf("kv-bytes-per-token %d must be within [0, %d]", w.KVBytesPerToken, maxLimit)
 	}
-	for _, bw := range []float64{w.HostBandwidth, w.DiskBandwidth} {
+	for _, bw := range []float64{w.HostBandwidth, w.DiskBandwidth, w.PeerBandwidth} {
 		if !(bw >= 0) || math.IsInf(bw, 0) {
-			return fmt.Errorf("host-bandwidth %g and disk-bandwidth %g must be finite and not negative", w.HostBandwidth, w.DiskBandwidth)
+			return fmt.Errorf("host-bandwidth %g, disk-bandwidth %g and peer-bandwidth %g must be finite and not negative", w.HostBandwidth, w.DiskBandwidth, w.PeerBandwidth)
 		}
 	}
 	if w.KVEvents != "" && w.KVEventsBind != "" {

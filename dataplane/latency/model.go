@@ -47,6 +47,9 @@ type Engine struct {
 	// zero is unknown, and the index's tier weights stand in for the price.
 	KVBytesPerToken              float64
 	HostBandwidth, DiskBandwidth float64
+	// PeerBandwidth is how fast the worker pulls a prefix another worker caches (peer
+	// fetch), bytes per second; 0: it cannot.
+	PeerBandwidth float64
 }
 
 // Onboards reports whether the engine's onboarding from host memory or disk can be priced.
@@ -142,6 +145,9 @@ type Prediction struct {
 	Compute float64
 	// ITL is the predicted time between tokens once this request runs.
 	ITL float64
+	// Fetch is the time pulling the prompt's prefix from a peer takes, when the router chose
+	// that over computing it (then in Queue and TTFT; 0 otherwise).
+	Fetch float64
 	// Slowdown is the decode time (seconds, summed over requests) that running this request
 	// here adds beyond what it would take alone: its own OSL tokens at the batch's step
 	// time instead of a lone request's, and the running requests' remaining tokens one

@@ -49,6 +49,9 @@ type clientConn struct {
 	lastActive int64
 	readStart  int64
 
+	// fetchBody is the body of a request whose worker pulls its prefix from a peer.
+	fetchBody []byte
+
 	// Parsing.
 	req     http1.Request
 	headLen int
@@ -913,7 +916,9 @@ func (cc *clientConn) start(w *route.Worker) {
 		// A streamed answer's first chunk is its first token: only those teach the
 		// worker's latency model (not a migrated stream's continuation).
 		if !ex.mig.leg {
-			ex.usage.Predicted(&cc.dec, cc.prio, cc.oreq.Stream)
+			// A request that fetches its prefix from a peer teaches nothing: its TTFT holds a
+			// transfer the model's features do not.
+			ex.usage.Predicted(&cc.dec, cc.prio, cc.oreq.Stream && cc.dec.PeerFetch == nil)
 		}
 	} else {
 		ex.usage.BeginAt(cc.lp.now, w, cc.rreq.PromptTokens, 0, 0)

@@ -56,6 +56,9 @@ type Upstream struct {
 	KVBytesPerToken int     `yaml:"kv_bytes_per_token"`
 	HostBandwidth   float64 `yaml:"host_bandwidth"`
 	DiskBandwidth   float64 `yaml:"disk_bandwidth"`
+	// PeerBandwidth is how fast it pulls a prefix another worker caches (kvrelay's peer
+	// fetch); 0: it cannot.
+	PeerBandwidth float64 `yaml:"peer_bandwidth"`
 }
 
 // Disaggregation modes (Config.Disagg).
@@ -319,8 +322,8 @@ func (c *Config) Validate() error {
 		if u.MaxModelLen < 0 {
 			return bad("upstream %s: max_model_len %d is negative", u.URL, u.MaxModelLen)
 		}
-		if u.KVBytesPerToken < 0 || !bandwidthOK(u.HostBandwidth) || !bandwidthOK(u.DiskBandwidth) {
-			return bad("upstream %q: kv_bytes_per_token, host_bandwidth and disk_bandwidth must be finite and not negative", id)
+		if u.KVBytesPerToken < 0 || !bandwidthOK(u.HostBandwidth) || !bandwidthOK(u.DiskBandwidth) || !bandwidthOK(u.PeerBandwidth) {
+			return bad("upstream %q: kv_bytes_per_token, host_bandwidth, disk_bandwidth and peer_bandwidth must be finite and not negative", id)
 		}
 		if u.MaxNumSeqs < 0 || u.MaxNumBatchedTokens < 0 {
 			return bad("upstream %q: max_num_seqs and max_num_batched_tokens must not be negative", id)

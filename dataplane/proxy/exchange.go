@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"encoding/json"
 	"strconv"
 	"time"
 
@@ -108,6 +109,12 @@ func (ex *exchange) send() {
 	}
 	if ex.mig.leg {
 		body = ex.mig.body
+	}
+	if h := cc.dec.PeerFetch; h != nil && cc.pd.decodeBody == nil && !ex.mig.leg && h != w {
+		// The worker pulls the prefix h caches (kvrelay's peer fetch) instead of computing it.
+		cc.fetchBody = oai.AppendWithRawField(cc.fetchBody[:0], body, "kv_transfer_params", peerFetchParams(h.URL))
+		body = cc.fetchBody
+		cc.srv.metrics.peerFetches.Inc()
 	}
 	if cc.srv.cfg.ForwardPriority && cc.prio != 0 && (cc.kind == oai.ChatCompletions || cc.kind == oai.Completions) {
 		// vLLM runs lower priority values first; kvrelay's hints say higher is more urgent.
@@ -737,4 +744,11 @@ func appendRouteHeader(out []byte, d *route.Decision) []byte {
 		out = strconv.AppendFloat(out, d.Prediction.TTFT*1e3, 'f', 1, 64)
 	}
 	return append(out, "\r\n"...)
+}
+
+// peerFetchParams is the kv_transfer_params telling a worker to pull the prompt's prefix
+// from the worker at url.
+func peerFetchParams(url string) []byte {
+	b, _ := json.Marshal(map[string]string{"kvrelay_peer_fetch": url})
+	return b
 }

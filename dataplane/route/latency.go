@@ -29,6 +29,10 @@ const (
 	DefaultBatchWeight = 0
 	// DefaultOSL is the output length assumed for Slowdown when a request states none.
 	DefaultOSL = 128
+	// MinPeerFetchTokens is the least a peer must cache beyond a worker for fetching from it
+	// to be considered; PeerFetchOverhead what asking it costs beside the transfer.
+	MinPeerFetchTokens = 512
+	PeerFetchOverhead  = 0.002
 )
 
 // PredictedTTFT is the latency policy's scorer: each worker's predicted time to first token
@@ -61,6 +65,19 @@ func (s PredictedTTFT) Score(req *Request, ws []*Worker, costs []float64) {
 		}
 	}
 	var agesBuf [latency.MaxSlotSim]float64
+	// The candidates caching most of the prompt: the peers a worker that can fetch would
+	// fetch from (the best, or for the best itself the second).
+	first, second := -1, -1
+	for i, w := range ws {
+		o := req.Overlap(w)
+		switch {
+		case first < 0 || o > req.Overlap(ws[first]):
+			first, second = i, first
+		case second < 0 || o > req.Overlap(ws[second]):
+			second = i
+		}
+	}
+	req.fetch = req.fetch[:0]
 	for i, w := range ws {
 		bs := max(w.BlockSize, 1)
 		overlap := req.Overlap(w)
@@ -94,12 +111,39 @@ func (s PredictedTTFT) Score(req *Request, ws []*Worker, costs []float64) {
 		}
 		p := &req.preds[i]
 		w.Latency().Predict(&w.Engine, st, uncached, p)
-		c := p.TTFT + s.ComputeWeight*p.Compute + s.BatchWeight*p.Slowdown
-		if req.Priority < 0 {
-			c += s.BackgroundWeight * p.Compute * float64(w.Interactive())
+		c := s.cost(req, w, p)
+		req.fetch = append(req.fetch, nil)
+		if h := first; h >= 0 && !req.flat && w.Engine.PeerBandwidth > 0 && w.Engine.KVBytesPerToken > 0 {
+			if h == i {
+				h = second
+			}
+			// Pull what the peer caches beyond this worker instead of computing it, when
+			// that is predicted cheaper: the subagent whose context is on a busy parent.
+			if h >= 0 {
+				gain := (req.Overlap(ws[h]) - overlap) * float64(bs) * s.CacheCredit
+				if gain >= MinPeerFetchTokens {
+					var alt latency.Prediction
+					w.Latency().Predict(&w.Engine, st, max(uncached-gain, 0), &alt)
+					alt.Fetch = gain*w.Engine.KVBytesPerToken/w.Engine.PeerBandwidth + PeerFetchOverhead
+					alt.Queue += alt.Fetch
+					alt.TTFT += alt.Fetch
+					if ca := s.cost(req, w, &alt); ca < c {
+						*p, c, req.fetch[i] = alt, ca, ws[h]
+					}
+				}
+			}
 		}
 		costs[i] += c
 	}
+}
+
+// cost is the policy's cost of prediction p on w.
+func (s PredictedTTFT) cost(req *Request, w *Worker, p *latency.Prediction) float64 {
+	c := p.TTFT + s.ComputeWeight*p.Compute + s.BatchWeight*p.Slowdown
+	if req.Priority < 0 {
+		c += s.BackgroundWeight * p.Compute * float64(w.Interactive())
+	}
+	return c
 }
 
 // LatencyPick picks the cheapest worker by predicted latency. Costs within tieSeconds or
@@ -168,6 +212,9 @@ func meetSLO(req *Request, ws []*Worker, costs []float64) int {
 			continue
 		}
 		ws[n], costs[n], req.preds[n] = ws[i], -head, p
+		if i < len(req.fetch) {
+			req.fetch[n] = req.fetch[i]
+		}
 		n++
 	}
 	return n

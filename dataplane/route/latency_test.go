@@ -456,3 +456,44 @@ func TestLatencyPricesOnboarding(t *testing.T) {
 		})
 	}
 }
+
+// TestLatencyPeerFetch: the worker holding a 16,000-token context is at its limit; an idle
+// worker that can pull from peers is told to fetch it (23 ms at 50 GB/s against about 340 ms
+// of prefill), one that cannot recomputes it or waits; a few hundred tokens are not worth a
+// fetch.
+func TestLatencyPeerFetch(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		peerBW float64
+		blocks int
+		fetch  bool
+	}{
+		{"fetch", 50e9, 1000, true},
+		{"cannot fetch", 0, 1000, false},
+		{"too little to fetch", 50e9, 20, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r, ws, cache := latencyRouter(t, 2, 1)
+			for _, w := range ws {
+				w.Engine.KVBytesPerToken, w.Engine.PeerBandwidth = 73728, tc.peerBW
+			}
+			hashes, n := promptChain(1, 1, tc.blocks, 4)
+			cache(ws[0], hashes[:tc.blocks])
+			for _, u := range busy(ws[0], 1) {
+				defer u.End()
+			}
+			var req Request
+			req.Model, req.Hashes, req.PromptTokens = "m", hashes, n
+			var d Decision
+			if err := r.Route(&req, &d); err != nil {
+				t.Fatal(err)
+			}
+			if got := d.PeerFetch != nil; got != tc.fetch {
+				t.Fatalf("peer fetch %v (to %s from %v), want %v; prediction %+v", got, d.Worker.ID, d.PeerFetch, tc.fetch, d.Prediction)
+			}
+			if tc.fetch && (d.Worker != ws[1] || d.PeerFetch != ws[0] || d.Prediction.Fetch <= 0 || d.Prediction.Fetch > 0.05) {
+				t.Fatalf("went to %s fetching from %v in %.3f s, want w1 from w0 in about 24 ms", d.Worker.ID, d.PeerFetch, d.Prediction.Fetch)
+			}
+		})
+	}
+}

@@ -77,6 +77,9 @@ type Request struct {
 	// lower is what each worker's matched run holds below GPU memory, when the policy
 	// predicts latency and the index can tell (prefix.TierIndex); nil otherwise.
 	lower []blockset.Lower
+	// fetch is, per candidate of the last latency scoring, the peer it would pull the
+	// prompt's prefix from (nil: it computes it).
+	fetch []*Worker
 	best  float64
 	// flat, set by the router when no worker caches CacheThreshold of the prompt more than
 	// another, has PredictedTTFT count flatOverlap (the least any candidate caches) for every
@@ -112,6 +115,7 @@ func (r *Request) Reset() {
 		Exclude:  r.Exclude[:0],
 		overlap:  r.overlap[:0],
 		lower:    r.lower[:0],
+		fetch:    r.fetch[:0],
 		eligible: r.eligible[:0],
 		scratch:  r.scratch[:0],
 		costs:    r.costs[:0],

@@ -385,6 +385,9 @@ type Decision struct {
 	// (HasPrediction).
 	Prediction    latency.Prediction
 	HasPrediction bool
+	// PeerFetch, when not nil, is the worker to pull the prompt's prefix from: the chosen
+	// worker is predicted to answer sooner pulling what PeerFetch caches than computing it.
+	PeerFetch *Worker
 }
 
 // Router routes requests over the current pool with one policy. It is safe for concurrent
@@ -567,6 +570,9 @@ func (r *Router) Route(req *Request, d *Decision) error {
 	d.Overlap = req.Overlap(ws[i])
 	if policy.Predicts && i < len(req.preds) {
 		d.Prediction, d.HasPrediction = req.preds[i], true
+		if i < len(req.fetch) {
+			d.PeerFetch = req.fetch[i]
+		}
 	}
 	if req.SessionID != "" && !policy.Predicts {
 		if !req.DryRun {

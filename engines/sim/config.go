@@ -164,20 +164,23 @@ func DefaultConfig() Config {
 	}
 }
 
-// Tiers is what the worker advertises of its offloading tiers for routing: KV bytes per token
-// and the host and disk bandwidths of the tiers it has (0 for a tier it lacks; all zero
-// without tiers).
-func (c *Config) Tiers() (kvBytesPerToken int, host, disk float64) {
+// Tiers is what the worker advertises of its offloading tiers for routing: KV bytes per token,
+// the host and disk bandwidths of the tiers it has and, with PeerFetch, the bandwidth it
+// pulls peers' prefixes at (0 for what it lacks; all zero without any).
+func (c *Config) Tiers() (kvBytesPerToken int, host, disk, peer float64) {
 	if c.CPUOffloadBlocks > 0 {
 		host = c.HostBandwidth
 	}
 	if c.DiskOffloadDir != "" && c.DiskOffloadBlocks > 0 {
 		disk = c.DiskBandwidth
 	}
-	if host == 0 && disk == 0 {
-		return 0, 0, 0
+	if c.PeerFetch {
+		peer = c.KVTransferBandwidth
 	}
-	return c.KVBytesPerToken, host, disk
+	if host == 0 && disk == 0 && peer == 0 {
+		return 0, 0, 0, 0
+	}
+	return c.KVBytesPerToken, host, disk, peer
 }
 
 // SlotBytes is the size of one KV block's slot in the transfer region: the bytes really

@@ -95,6 +95,9 @@ type TierConfig struct {
 	DiskAdmitMinHits             int
 	MaxPinnedFraction            float64
 	HostBandwidth, DiskBandwidth float64
+	// PeerFetch lets the engines pull a prefix a peer caches (sim.Config.PeerFetch); the
+	// proxy then weighs fetching against computing it.
+	PeerFetch bool
 }
 
 // Describe names the tiers, e.g. "G1 lru", "G1+G2(32768)+G3(131072) worm".
@@ -110,7 +113,11 @@ func (t TierConfig) Describe() string {
 	if ev == "" {
 		ev = sim.EvictLRU
 	}
-	return s + " " + string(ev)
+	s += " " + string(ev)
+	if t.PeerFetch {
+		s += " + peer fetch"
+	}
+	return s
 }
 
 // DefaultClusterConfig is 8 gpt-oss-120b workers with vLLM's defaults behind the default
@@ -192,6 +199,7 @@ func (cfg ClusterConfig) engineConfig(role sim.Role) sim.Config {
 	if t.DiskBandwidth > 0 {
 		ec.DiskBandwidth = t.DiskBandwidth
 	}
+	ec.PeerFetch = t.PeerFetch
 	return ec
 }
 
@@ -325,7 +333,7 @@ func StartCluster(ctx context.Context, cfg ClusterConfig) (*Cluster, error) {
 				ec.DiskOffloadDir = filepath.Join(c.diskDir, p.prefix+strconv.Itoa(i))
 			}
 			wc := sim.WorkerConfig{Engine: ec, Listen: "127.0.0.1:0", Codec: codec}
-			if p.role != sim.RoleBoth {
+			if p.role != sim.RoleBoth || ec.PeerFetch {
 				wc.KVTransferListen = "127.0.0.1:0"
 			}
 			if !cfg.Static {
@@ -346,14 +354,14 @@ func StartCluster(ctx context.Context, cfg ClusterConfig) (*Cluster, error) {
 			go func() { defer c.wg.Done(); _ = w.Run(runCtx) }()
 			id := p.prefix + strconv.Itoa(i)
 			c.info = append(c.info, WorkerInfo{ID: id, Role: p.role, URL: w.URL(), KVTransfer: w.KVTransferAddr(), EngineID: w.EngineID()})
-			kvBytes, host, disk := ec.Tiers()
+			kvBytes, host, disk, peer := ec.Tiers()
 			pc.Upstreams = append(pc.Upstreams, proxy.Upstream{ID: id, URL: w.URL(), Model: cfg.Model, Capacity: cfg.NumGPUBlocks, Role: string(p.role),
 				MaxNumSeqs: ec.MaxNumSeqs, MaxNumBatchedTokens: ec.MaxNumBatchedTokens,
-				KVBytesPerToken: kvBytes, HostBandwidth: host, DiskBandwidth: disk})
+				KVBytesPerToken: kvBytes, HostBandwidth: host, DiskBandwidth: disk, PeerBandwidth: peer})
 			specs = append(specs, registry.Worker{ID: id, URL: w.URL(), Model: cfg.Model, Role: string(p.role), BlockSize: cfg.BlockSize,
 				KVEvents: w.EventsEndpoint(), KVEventsReplay: w.ReplayEndpoint(), Engine: "sim",
 				MaxNumSeqs: ec.MaxNumSeqs, MaxNumBatchedTokens: ec.MaxNumBatchedTokens,
-				KVBytesPerToken: kvBytes, HostBandwidth: host, DiskBandwidth: disk})
+				KVBytesPerToken: kvBytes, HostBandwidth: host, DiskBandwidth: disk, PeerBandwidth: peer})
 		}
 	}
 	if !cfg.Static {

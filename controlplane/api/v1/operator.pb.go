@@ -70,8 +70,11 @@ type WorkerSpec struct {
 	KvBytesPerToken uint64  `protobuf:"varint,16,opt,name=kv_bytes_per_token,json=kvBytesPerToken,proto3" json:"kv_bytes_per_token,omitempty"`
 	HostBandwidth   float64 `protobuf:"fixed64,17,opt,name=host_bandwidth,json=hostBandwidth,proto3" json:"host_bandwidth,omitempty"`
 	DiskBandwidth   float64 `protobuf:"fixed64,18,opt,name=disk_bandwidth,json=diskBandwidth,proto3" json:"disk_bandwidth,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// peer_bandwidth is how fast the engine pulls a prefix from a peer (kvrelay's peer fetch;
+	// 0: it cannot).
+	PeerBandwidth float64 `protobuf:"fixed64,19,opt,name=peer_bandwidth,json=peerBandwidth,proto3" json:"peer_bandwidth,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *WorkerSpec) Reset() {
@@ -226,6 +229,13 @@ func (x *WorkerSpec) GetHostBandwidth() float64 {
 func (x *WorkerSpec) GetDiskBandwidth() float64 {
 	if x != nil {
 		return x.DiskBandwidth
+	}
+	return 0
+}
+
+func (x *WorkerSpec) GetPeerBandwidth() float64 {
+	if x != nil {
+		return x.PeerBandwidth
 	}
 	return 0
 }
@@ -2590,7 +2600,7 @@ var File_operator_proto protoreflect.FileDescriptor
 
 const file_operator_proto_rawDesc = "" +
 	"\n" +
-	"\x0eoperator.proto\x12\x13kvrelay.operator.v1\"\xcb\x04\n" +
+	"\x0eoperator.proto\x12\x13kvrelay.operator.v1\"\xf2\x04\n" +
 	"\n" +
 	"WorkerSpec\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x10\n" +
@@ -2613,7 +2623,8 @@ const file_operator_proto_rawDesc = "" +
 	"\flora_modules\x18\x0f \x03(\tR\vloraModules\x12+\n" +
 	"\x12kv_bytes_per_token\x18\x10 \x01(\x04R\x0fkvBytesPerToken\x12%\n" +
 	"\x0ehost_bandwidth\x18\x11 \x01(\x01R\rhostBandwidth\x12%\n" +
-	"\x0edisk_bandwidth\x18\x12 \x01(\x01R\rdiskBandwidth\"E\n" +
+	"\x0edisk_bandwidth\x18\x12 \x01(\x01R\rdiskBandwidth\x12%\n" +
+	"\x0epeer_bandwidth\x18\x13 \x01(\x01R\rpeerBandwidth\"E\n" +
 	"\vBlockCounts\x12\x10\n" +
 	"\x03gpu\x18\x01 \x01(\x04R\x03gpu\x12\x10\n" +
 	"\x03cpu\x18\x02 \x01(\x04R\x03cpu\x12\x12\n" +

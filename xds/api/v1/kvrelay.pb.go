@@ -268,8 +268,11 @@ type KVTiers struct {
 	KvBytesPerToken uint64                 `protobuf:"varint,1,opt,name=kv_bytes_per_token,json=kvBytesPerToken,proto3" json:"kv_bytes_per_token,omitempty"`
 	HostBandwidth   float64                `protobuf:"fixed64,2,opt,name=host_bandwidth,json=hostBandwidth,proto3" json:"host_bandwidth,omitempty"`
 	DiskBandwidth   float64                `protobuf:"fixed64,3,opt,name=disk_bandwidth,json=diskBandwidth,proto3" json:"disk_bandwidth,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// peer_bandwidth is how fast the engine pulls a prefix from another worker that caches it
+	// (kvrelay's peer fetch; 0: it cannot).
+	PeerBandwidth float64 `protobuf:"fixed64,4,opt,name=peer_bandwidth,json=peerBandwidth,proto3" json:"peer_bandwidth,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *KVTiers) Reset() {
@@ -319,6 +322,13 @@ func (x *KVTiers) GetHostBandwidth() float64 {
 func (x *KVTiers) GetDiskBandwidth() float64 {
 	if x != nil {
 		return x.DiskBandwidth
+	}
+	return 0
+}
+
+func (x *KVTiers) GetPeerBandwidth() float64 {
+	if x != nil {
+		return x.PeerBandwidth
 	}
 	return 0
 }
@@ -1428,11 +1438,12 @@ const file_kvrelay_proto_rawDesc = "" +
 	"\x16max_num_batched_tokens\x18\r \x01(\rR\x13maxNumBatchedTokens\x12#\n" +
 	"\rlora_adapters\x18\x0e \x03(\tR\floraAdapters\x12\"\n" +
 	"\rmax_model_len\x18\x0f \x01(\rR\vmaxModelLen\x122\n" +
-	"\bkv_tiers\x18\x10 \x01(\v2\x17.kvrelay.xds.v1.KVTiersR\akvTiers\"\x84\x01\n" +
+	"\bkv_tiers\x18\x10 \x01(\v2\x17.kvrelay.xds.v1.KVTiersR\akvTiers\"\xab\x01\n" +
 	"\aKVTiers\x12+\n" +
 	"\x12kv_bytes_per_token\x18\x01 \x01(\x04R\x0fkvBytesPerToken\x12%\n" +
 	"\x0ehost_bandwidth\x18\x02 \x01(\x01R\rhostBandwidth\x12%\n" +
-	"\x0edisk_bandwidth\x18\x03 \x01(\x01R\rdiskBandwidth\"\xa0\x02\n" +
+	"\x0edisk_bandwidth\x18\x03 \x01(\x01R\rdiskBandwidth\x12%\n" +
+	"\x0epeer_bandwidth\x18\x04 \x01(\x01R\rpeerBandwidth\"\xa0\x02\n" +
 	"\x04Load\x12\x18\n" +
 	"\arunning\x18\x01 \x01(\rR\arunning\x12\x18\n" +
 	"\awaiting\x18\x02 \x01(\rR\awaiting\x12\x19\n" +
