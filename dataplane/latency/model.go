@@ -139,9 +139,8 @@ type Prediction struct {
 	// uncached tokens add, the steps they start included).
 	TTFT, Queue, Prefill float64
 	// Compute is the engine time the request's uncached tokens take, apart from the per-step
-	// costs it shares with the requests in the same steps, as far as the requests after it
-	// on the worker wait for it (the backlog coefficient θ₂, at most the prefill's): what
-	// placing it there costs everyone after it.
+	// costs it shares with the requests in the same steps: what placing it there costs
+	// everyone after it on the worker.
 	Compute float64
 	// ITL is the predicted time between tokens once this request runs.
 	ITL float64
@@ -394,12 +393,7 @@ func (w *Worker) Predict(e *Engine, st State, uncached float64, p *Prediction) {
 	p.Queue = th[1]*slot + th[2]*queue + th[5]*dq
 	p.Prefill = (th[0]+th[6]*busy)*step + (th[3]+th[4]*busy)*own + th[5]*do
 	p.TTFT = p.Queue + p.Prefill
-	// What the request's tokens cost the requests after it there is their compute as far as
-	// those wait for it: the backlog's coefficient (θ₂), at most the prefill's. An engine
-	// that prefills one request after another learns θ₂ near θ₃ and charges it all; one
-	// that runs prefills side by side (θ₂ near 0) charges little, its later requests slowed
-	// only by the load, which the prediction already has.
-	p.Compute = min(th[2], th[3]+th[4]*busy) * speed * curve.TokenSeconds(u)
+	p.Compute = (th[3] + th[4]*busy) * speed * curve.TokenSeconds(u)
 	p.ITL = m.ITL(batch+1, st.KVUsage)
 	p.Slowdown = 0
 	if st.OSL > 0 && (seqs <= 0 || st.Requests < seqs) {
