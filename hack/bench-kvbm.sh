@@ -18,8 +18,14 @@
 #   g2-lru        G1 + G2 (host, G2_BLOCKS), LRU
 #   g3-lru        G1 + G2 + G3 (disk, G3_BLOCKS), LRU
 #   g3-worm       G1 + G2 + G3, WORM and pins
+#   g3-fetch      the above with peer fetch (a worker pulls a prefix a peer caches when the
+#                 latency policy predicts that beats computing it)
+#   cold, cold-fetch  the subagent cold start: COLD_SESSIONS sessions whose forked
+#                 subagents start from a COLD_CONTEXT-token context (G1 only, LRU), without
+#                 and with peer fetch; their first calls are tagged "fork"
 #
 # Settings (environment): WORKERS (4), G1_BLOCKS (2048 blocks of 16 tokens per worker),
+# COLD_CONTEXT (16000 tokens), COLD_SESSIONS (24, at most 64: one preamble each),
 # G2_BLOCKS (2 × G1), G3_BLOCKS (8 × G1), SESSIONS (160), RATE (2 sessions/s), PIN (5m),
 # SPEEDUP (0.5: the engines' step times divided by it, arrivals at the same factor),
 # AGENTIC_OPTS (extra workload parameters), SEED (1).
@@ -35,28 +41,38 @@ RATE=${RATE:-2}
 PIN=${PIN:-5m}
 SPEEDUP=${SPEEDUP:-0.5}
 SEED=${SEED:-1}
-SETUPS=${SETUPS:-g1-lru g1-worm g2-lru g3-lru g3-worm}
+SETUPS=${SETUPS:-g1-lru g1-worm g2-lru g3-lru g3-worm g3-fetch cold cold-fetch}
+COLD_CONTEXT=${COLD_CONTEXT:-16000}
+COLD_SESSIONS=${COLD_SESSIONS:-24}
 base="agentic:sessions=$SESSIONS,rate=$RATE,preamble=6000,preambles=2,task=200,turns=2,rounds=4,tool=400,subagents=2,sub_task=100,sub_rounds=2,reasoning=256,osl=128,think=5s,tool_time=300ms,session_ids=false"
 [ -n "${AGENTIC_OPTS:-}" ] && base="$base,$AGENTIC_OPTS"
 go build -o bin/kvrelay ./cmd/kvrelay
 mkdir -p "$OUT"
 
-run() { # name, extra workload params, bench flags...
+run() { # name, workload, bench flags...
   local name=$1 wl=$2
   shift 2
   echo "== $name" >&2
   flock -o /tmp/kvrelay-bench.lock bin/kvrelay bench compare --workers "$WORKERS" --policies latency \
-    --workload "$base$wl" --seed "$SEED" --num-gpu-blocks "$G1_BLOCKS" \
-    --replay-speedup "$SPEEDUP" --speedup-ratio "$SPEEDUP" --out "$OUT/$name" "$@" >/dev/null
+    --workload "$wl" --seed "$SEED" --replay-speedup "$SPEEDUP" --speedup-ratio "$SPEEDUP" \
+    --out "$OUT/$name" "$@" >/dev/null
 }
+# The cold start: few sessions, each with a context of its own (a preamble per session) and
+# forking 4 subagents from it at its first tool round, on workers running 2 sequences at
+# once (the parent's worker is full when they fork), GPU memory ample (no eviction): only
+# where the context is matters.
+cold="agentic:sessions=$COLD_SESSIONS,rate=0.5,preamble=$COLD_CONTEXT,preambles=$COLD_SESSIONS,task=200,turns=1,rounds=2,tool=400,subagents=4,sub_task=100,sub_rounds=1,reasoning=64,osl=64,think=1s,tool_time=300ms,session_ids=false"
 
 for s in $SETUPS; do
   case $s in
-    g1-lru) run g1-lru "" --eviction lru ;;
-    g1-worm) run g1-worm ",pin=$PIN" --eviction worm ;;
-    g2-lru) run g2-lru "" --eviction lru --cpu-offload-blocks "$G2_BLOCKS" ;;
-    g3-lru) run g3-lru "" --eviction lru --cpu-offload-blocks "$G2_BLOCKS" --disk-offload-blocks "$G3_BLOCKS" ;;
-    g3-worm) run g3-worm ",pin=$PIN" --eviction worm --cpu-offload-blocks "$G2_BLOCKS" --disk-offload-blocks "$G3_BLOCKS" ;;
+    g1-lru) run g1-lru "$base" --num-gpu-blocks "$G1_BLOCKS" --eviction lru ;;
+    g1-worm) run g1-worm "$base,pin=$PIN" --num-gpu-blocks "$G1_BLOCKS" --eviction worm ;;
+    g2-lru) run g2-lru "$base" --num-gpu-blocks "$G1_BLOCKS" --eviction lru --cpu-offload-blocks "$G2_BLOCKS" ;;
+    g3-lru) run g3-lru "$base" --num-gpu-blocks "$G1_BLOCKS" --eviction lru --cpu-offload-blocks "$G2_BLOCKS" --disk-offload-blocks "$G3_BLOCKS" ;;
+    g3-worm) run g3-worm "$base,pin=$PIN" --num-gpu-blocks "$G1_BLOCKS" --eviction worm --cpu-offload-blocks "$G2_BLOCKS" --disk-offload-blocks "$G3_BLOCKS" ;;
+    g3-fetch) run g3-fetch "$base,pin=$PIN" --num-gpu-blocks "$G1_BLOCKS" --eviction worm --cpu-offload-blocks "$G2_BLOCKS" --disk-offload-blocks "$G3_BLOCKS" --peer-fetch ;;
+    cold) run cold "$cold" --num-gpu-blocks 65536 --max-num-seqs 2 --eviction lru ;;
+    cold-fetch) run cold-fetch "$cold" --num-gpu-blocks 65536 --max-num-seqs 2 --eviction lru --peer-fetch ;;
     *) echo "unknown setup $s" >&2; exit 2 ;;
   esac
 done
@@ -71,14 +87,15 @@ for s in setups:
         rows[s] = json.load(open(p))[0]["summary"]
 print(f"{workers} workers, G1 {g1} blocks each, G2 {g2}, G3 {g3} (16-token blocks); latency policy; times in the engines' own time")
 print()
-print("| setup | hit rate | GPU | host | disk | uncached prefill tokens | TTFT p50 | TTFT p90 | ITL p50 | goodput/s | disk written | disk read |")
-print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+print("| setup | hit rate | GPU | host | disk | uncached prefill tokens | TTFT p50 | TTFT p90 | ITL p50 | goodput/s | fork TTFT p50 | disk written | disk read |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 for s, r in rows.items():
     t = r.get("kv_tiers") or {}
     pct = lambda v: f"{100 * v:.1f}%"
-    print(f"| {t.get('setup', s)} | {pct(r['hit_rate'])} | {pct(t.get('hit_gpu', 0))} | {pct(t.get('hit_cpu', 0))} | {pct(t.get('hit_disk', 0))} "
+    fork = (r.get("tags") or {}).get("fork", {}).get("p50_ns", 0) / 1e6
+    print(f"| {s}: {t.get('setup', '')} | {pct(r['hit_rate'])} | {pct(t.get('hit_gpu', 0))} | {pct(t.get('hit_cpu', 0))} | {pct(t.get('hit_disk', 0))} "
           f"| {t.get('uncached_tokens', 0):,} | {r['ttft']['p50_ns'] / 1e6:.0f} ms | {r['ttft']['p90_ns'] / 1e6:.0f} ms | {r['itl']['p50_ns'] / 1e6:.1f} ms "
-          f"| {r['goodput_per_s']:.2f} | {t.get('disk_written_bytes', 0) / 1e6:.1f} MB | {t.get('disk_read_bytes', 0) / 1e6:.1f} MB |")
+          f"| {r['goodput_per_s']:.2f} | {fork:.0f} ms | {t.get('disk_written_bytes', 0) / 1e6:.1f} MB | {t.get('disk_read_bytes', 0) / 1e6:.1f} MB |")
 print()
 def ratio(name, a, b, f):
     if a in rows and b in rows and f(rows[b]) > 0:
@@ -89,4 +106,6 @@ ratio("G1 hit rate, WORM + pins ÷ LRU (G1 only)", "g1-worm", "g1-lru", gpu)
 ratio("TTFT p90, G1 only ÷ G1 + G2 (LRU)", "g1-lru", "g2-lru", p90)
 ratio("TTFT p90, G1 + G2 ÷ G1 + G2 + G3 (LRU)", "g2-lru", "g3-lru", p90)
 ratio("TTFT p90, LRU ÷ WORM + pins (G1 + G2 + G3)", "g3-lru", "g3-worm", p90)
+fork = lambda r: (r.get("tags") or {}).get("fork", {}).get("p50_ns", 0)
+ratio("fork TTFT p50, recompute ÷ peer fetch (cold start)", "cold", "cold-fetch", fork)
 EOF

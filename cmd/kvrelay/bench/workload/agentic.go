@@ -434,7 +434,11 @@ func (s *subagentSession) Next(prev string) (Request, bool) {
 }
 
 func (s *subagentSession) request(at time.Duration) Request {
-	req := s.c.request(s.id, "subagent", at, s.history, s.c.subPriority)
+	tag := "subagent"
+	if s.call == 0 {
+		tag = "fork" // a subagent's first call: the parent's context, on whichever worker
+	}
+	req := s.c.request(s.id, tag, at, s.history, s.c.subPriority)
 	s.pending = nil
 	if s.call < s.c.subRounds {
 		name, args := randomCall(s.c.v, s.r)

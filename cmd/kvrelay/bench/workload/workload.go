@@ -69,7 +69,7 @@ type Request struct {
 	PinTTL          time.Duration
 	EphemeralOutput bool
 	// Tag names the request's class for per-class reporting: "trace", "group", "chat",
-	// "interactive", "tool", "subagent", "fixed".
+	// "interactive", "tool", "fork" (a subagent's first call), "subagent", "fixed".
 	Tag string
 	// Spawn lists sessions to start once this request has been answered: subagents forked
 	// from the conversation. Each runs its own closed loop, and its first Next receives this

@@ -220,7 +220,7 @@ func TestAgentic(t *testing.T) {
 					if r.Priority != prio || r.Depth != 0 || strings.Contains(r.Session, "/") {
 						t.Errorf("request %d (%s, %s): priority %d, want %d", i, r.Tag, r.Session, r.Priority, prio)
 					}
-				case "subagent":
+				case "subagent", "fork":
 					if r.Priority != subPrio || r.Depth != 1 || !strings.Contains(r.Session, "/sub-") {
 						t.Errorf("request %d (subagent %s): priority %d, want %d", i, r.Session, r.Priority, subPrio)
 					}
@@ -251,7 +251,7 @@ func TestAgentic(t *testing.T) {
 				}
 				// A subagent starts from the spawning request's messages.
 				if len(r.Spawn) > 0 {
-					if len(r.Spawn) != subagents || r.Tag == "subagent" {
+					if len(r.Spawn) != subagents || r.Tag == "subagent" || r.Tag == "fork" {
 						t.Errorf("request %d spawns %d sessions", i, len(r.Spawn))
 					}
 					for k := range r.Spawn {
@@ -274,13 +274,13 @@ func TestAgentic(t *testing.T) {
 					t.Error("preamble lacks the tools list")
 				}
 			}
-			if tags["interactive"] != sessions*turns || tags["subagent"] != sessions*subagents*(subRounds+1) {
+			if tags["interactive"] != sessions*turns || tags["fork"] != sessions*subagents || tags["subagent"] != sessions*subagents*subRounds {
 				t.Errorf("tags %v", tags)
 			}
 			// Subagent reports come back to the parent as the results of its task calls.
 			if subagents > 0 {
 				for _, r := range reqs {
-					if r.Tag != "subagent" || !strings.HasSuffix(r.Session, "/sub-0") {
+					if (r.Tag != "subagent" && r.Tag != "fork") || !strings.HasSuffix(r.Session, "/sub-0") {
 						continue
 					}
 					if _, ok := last[r.Session]; !ok {
