@@ -166,41 +166,30 @@ func (cfg ClusterConfig) engineConfig(role sim.Role) sim.Config {
 	}
 	ec.NumGPUBlocks = cfg.NumGPUBlocks
 	ec.BlockSize = cfg.BlockSize
-	if cfg.MaxModelLen > 0 {
-		ec.MaxModelLen = cfg.MaxModelLen
-	}
-	if cfg.MaxNumSeqs > 0 {
-		ec.MaxNumSeqs = cfg.MaxNumSeqs
-	}
-	if cfg.KVBytesScale > 0 {
-		ec.KVBytesScale = cfg.KVBytesScale
-	}
-	if cfg.KVTransferBandwidth > 0 {
-		ec.KVTransferBandwidth = cfg.KVTransferBandwidth
-	}
+	// Zero settings keep the simulator's defaults.
+	override(&ec.MaxModelLen, cfg.MaxModelLen)
+	override(&ec.MaxNumSeqs, cfg.MaxNumSeqs)
+	override(&ec.KVBytesScale, cfg.KVBytesScale)
+	override(&ec.KVTransferBandwidth, cfg.KVTransferBandwidth)
 	t := cfg.Tiers
-	if t.Eviction != "" {
-		ec.Eviction = t.Eviction
-	}
-	if t.OffloadOn != "" {
-		ec.OffloadOn = t.OffloadOn
-	}
+	override(&ec.Eviction, t.Eviction)
+	override(&ec.OffloadOn, t.OffloadOn)
 	ec.CPUOffloadBlocks = t.CPUOffloadBlocks
 	ec.DiskOffloadBlocks = t.DiskBlocks // the directory is the cluster's, per engine
-	if t.DiskAdmitMinHits > 0 {
-		ec.DiskAdmitMinHits = t.DiskAdmitMinHits
-	}
-	if t.MaxPinnedFraction > 0 {
-		ec.MaxPinnedFraction = t.MaxPinnedFraction
-	}
-	if t.HostBandwidth > 0 {
-		ec.HostBandwidth = t.HostBandwidth
-	}
-	if t.DiskBandwidth > 0 {
-		ec.DiskBandwidth = t.DiskBandwidth
-	}
+	override(&ec.DiskAdmitMinHits, t.DiskAdmitMinHits)
+	override(&ec.MaxPinnedFraction, t.MaxPinnedFraction)
+	override(&ec.HostBandwidth, t.HostBandwidth)
+	override(&ec.DiskBandwidth, t.DiskBandwidth)
 	ec.PeerFetch = t.PeerFetch
 	return ec
+}
+
+// override sets *dst to v unless v is its type's zero value.
+func override[T comparable](dst *T, v T) {
+	var zero T
+	if v != zero {
+		*dst = v
+	}
 }
 
 // prefillModel is the prefill time model of the cluster's engines in mode agg, where a
