@@ -24,7 +24,7 @@
 #                 subagents start from a COLD_CONTEXT-token context (G1 only, LRU), without
 #                 and with peer fetch; their first calls are tagged "fork"
 #
-# Settings (environment): WORKERS (4), G1_BLOCKS (8192 blocks of 16 tokens per worker),
+# Settings (environment): WORKERS (4), G1_BLOCKS (4096 blocks of 16 tokens per worker),
 # COLD_CONTEXT (16000 tokens), COLD_SESSIONS (24, at most 64: one preamble each),
 # G2_BLOCKS (2 × G1), G3_BLOCKS (8 × G1), SESSIONS (200), RATE (2 sessions/s), PIN (5m),
 # SPEEDUP (1: the engines' step times divided by it, arrivals at the same factor),
@@ -33,7 +33,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench-results/kvbm}
 WORKERS=${WORKERS:-4}
-G1_BLOCKS=${G1_BLOCKS:-8192}
+G1_BLOCKS=${G1_BLOCKS:-4096}
 G2_BLOCKS=${G2_BLOCKS:-$((2 * G1_BLOCKS))}
 G3_BLOCKS=${G3_BLOCKS:-$((8 * G1_BLOCKS))}
 SESSIONS=${SESSIONS:-200}
