@@ -72,15 +72,8 @@ func (e *Engine) TierStats() TierStats {
 	return s
 }
 
-func tierIndex(medium string) int {
-	switch medium {
-	case MediumCPU:
-		return 1
-	case MediumDISK:
-		return 2
-	}
-	return 0
-}
+// tierMedia are the media of TierStats.CachedByTier's indices.
+var tierMedia = [3]string{MediumGPU, MediumCPU, MediumDISK}
 
 // blockMeta is what a tier needs of a block beyond its hash: its tokens, parent and keys for
 // the events that announce it in another tier, and its reuse and pin.
@@ -189,17 +182,17 @@ func (m *blockManager) admit(r *Request, hit int, onboard *time.Duration) int {
 			evStart = -1
 		}
 	}
+	gpuBlocks := 0
 	for i, h := range r.hashes[:hit] {
 		if _, ok := m.pool.cached[h]; ok {
 			flush(i)
 			r.blocks = m.pool.take(r.blocks, h)
-			m.hit(h, MediumGPU)
+			m.hit(h)
+			gpuBlocks++
 			got++
 			continue
 		}
-		medium := MediumCPU
 		if m.host == nil || !m.host.has(h) {
-			medium = MediumDISK
 			start := time.Now()
 			n, err := m.disk.read(h)
 			diskRead += time.Since(start)
@@ -221,10 +214,16 @@ func (m *blockManager) admit(r *Request, hit int, onboard *time.Duration) int {
 		if evStart < 0 {
 			evStart = i
 		}
-		m.hit(h, medium)
+		m.hit(h)
 		got++
 	}
 	flush(got)
+	for t, n := range [3]int{gpuBlocks, hostBlocks, diskBlocks} {
+		if n > 0 {
+			m.metrics.tierHit(tierMedia[t], n*m.cfg.BlockSize)
+			m.stats.byTier[t].Add(int64(n * m.cfg.BlockSize))
+		}
+	}
 	*onboard += m.onboardTime(hostBlocks, diskBlocks, diskRead)
 	if r.Params.PinTTL > 0 {
 		for _, h := range r.hashes[:got] {
@@ -260,11 +259,9 @@ func (m *blockManager) onboardTime(host, disk int, diskRead time.Duration) time.
 	return d
 }
 
-// hit counts a reuse of h found in medium, renews its pin, and (offloading on store) writes a
-// block that reached the disk's admission count through to disk.
-func (m *blockManager) hit(h uint64, medium string) {
-	m.metrics.tierHit(medium, m.cfg.BlockSize)
-	m.stats.byTier[tierIndex(medium)].Add(int64(m.cfg.BlockSize))
+// hit counts a reuse of h, renews its pin, and (offloading on store) writes a block that
+// reached the disk's admission count through to disk.
+func (m *blockManager) hit(h uint64) {
 	if !m.tiered {
 		return
 	}

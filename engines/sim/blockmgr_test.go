@@ -118,6 +118,9 @@ func TestOffloadOnEvictAndOnboard(t *testing.T) {
 	if _, _, _, cached := result(r); cached != 48 {
 		t.Fatalf("cached %d tokens, want 48 (3 blocks from host)", cached)
 	}
+	if st := e.TierStats(); st.CachedByTier != [3]int64{0, 48, 0} || st.OffloadedCPU == 0 {
+		t.Fatalf("tier stats %+v: want 48 tokens found on host, blocks offloaded", st)
+	}
 	checkViews(t, e, rec)
 }
 
