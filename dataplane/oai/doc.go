@@ -8,7 +8,8 @@
 // or /v1/responses (Kind) into a reused Request: the model, messages (or prompt, input and
 // instructions), stream and stream_options.include_usage, output limits, sampling fields the
 // router looks at, chat template switches, cache_salt, kv_transfer_params, vLLM's top-level
-// priority and Dynamo's nvext (agent_hints and session_id). Unknown fields are skipped.
+// priority and Dynamo's nvext (agent_hints, session_id and cache_control). Unknown fields are
+// skipped.
 //
 // The proxy tokenizes the text it reads and must see exactly what the engine sees, so the
 // scanner reproduces what vLLM and SGLang get from FastAPI: Python's json.loads (strict mode)

@@ -240,6 +240,7 @@ var fuzzSeeds = []string{
 	"\xef\xbb\xbf{\"model\":\"m\",\"messages\":[{\"role\":\"u\",\"content\":\"\\u0000\"}]}",
 	`{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":-1,"max_tokens":1e3}`,
 	`[1,2,{"x":"y"}]`,
+	`{"model":"m","prompt":"x","nvext":{"cache_control":{"type":"ephemeral","ttl":"5m"},"agent_hints":{"osl":3}}}`,
 	`{"model":"m","prompt":[0, 1 ,22,	333,4444,2147483647,1.0,1e2]}`,
 	`{"model":"m","messages":[{"role":"user","content":"x\q"}]}`,
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"math"
 	"strconv"
+	"time"
 )
 
 // field identifies a top-level field for per-field error slots: when a key repeats, the later
@@ -964,6 +965,8 @@ func (p *Parser) nvext() error {
 			err = p.agentHints(h)
 		case "session_id":
 			err = p.str(&h.SessionID, "nvext.session_id")
+		case "cache_control":
+			err = p.cacheControl(h)
 		default:
 			err = p.skipValue(2)
 		}
@@ -973,9 +976,76 @@ func (p *Parser) nvext() error {
 	}
 }
 
+// defaultPinTTL is a cache_control pin's ttl when it names none (Dynamo's and Anthropic's).
+const defaultPinTTL = 5 * time.Minute
+
+// maxPinTTL bounds a pin kvrelay believes.
+const maxPinTTL = 24 * time.Hour
+
+// cacheControl reads nvext.cache_control into h.PinTTL: type "ephemeral" with a ttl that is
+// a Go duration string ("5m") or a number of seconds, 5m when absent. Anything else leaves
+// no pin; only a type or ttl of a JSON type no engine reads (not a string; a ttl neither a
+// string nor a number) is an error.
+func (p *Parser) cacheControl(h *Hints) error {
+	h.PinTTL = 0
+	ok, err := p.object("nvext.cache_control")
+	if !ok || err != nil {
+		return err
+	}
+	var typ, ttl []byte
+	var secs float64
+	hasSecs, hasTTL := false, false
+	first := true
+	for {
+		key, ok, err := p.nextKey(&first)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			break
+		}
+		switch string(key) {
+		case "type":
+			err = p.str(&typ, "nvext.cache_control.type")
+		case "ttl":
+			c, perr := p.peek()
+			if perr != nil {
+				return perr
+			}
+			hasTTL = true
+			if c == '"' || c == 'n' {
+				err = p.str(&ttl, "nvext.cache_control.ttl")
+			} else {
+				err = p.float(&secs, &hasSecs, "nvext.cache_control.ttl")
+			}
+		default:
+			err = p.skipValue(3)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if string(typ) != "ephemeral" {
+		return nil
+	}
+	d := defaultPinTTL
+	switch {
+	case hasSecs:
+		d = time.Duration(min(secs, maxPinTTL.Seconds()) * float64(time.Second))
+	case hasTTL && ttl != nil:
+		if d, err = time.ParseDuration(string(ttl)); err != nil {
+			return nil
+		}
+	}
+	if d > 0 {
+		h.PinTTL = min(d, maxPinTTL)
+	}
+	return nil
+}
+
 func (p *Parser) agentHints(h *Hints) error {
-	sid := h.SessionID
-	*h = Hints{SessionID: sid}
+	sid, pin := h.SessionID, h.PinTTL
+	*h = Hints{SessionID: sid, PinTTL: pin}
 	ok, err := p.object("nvext.agent_hints")
 	if !ok || err != nil {
 		return err

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 func parse(t testing.TB, kind Kind, body string) (*Request, error) {
@@ -416,6 +417,8 @@ func TestParseErrors(t *testing.T) {
 		{"agent_hints not an object", ChatCompletions, `{"model":"m",` + msgs + `,"nvext":{"agent_hints":1}}`, ErrInvalidRequest, "nvext.agent_hints", "must be an object"},
 		{"hint priority a word", ChatCompletions, `{"model":"m",` + msgs + `,"nvext":{"agent_hints":{"priority":"high"}}}`, ErrInvalidRequest, "nvext.agent_hints.priority", "must be a number"},
 		{"hint osl negative", ChatCompletions, `{"model":"m",` + msgs + `,"nvext":{"agent_hints":{"osl":-1}}}`, ErrInvalidRequest, "nvext.agent_hints.osl", "at least 0"},
+		{"cache_control type a number", ChatCompletions, `{"model":"m",` + msgs + `,"nvext":{"cache_control":{"type":1}}}`, ErrInvalidRequest, "nvext.cache_control.type", "must be a string"},
+		{"cache_control ttl a list", ChatCompletions, `{"model":"m",` + msgs + `,"nvext":{"cache_control":{"type":"ephemeral","ttl":[]}}}`, ErrInvalidRequest, "nvext.cache_control.ttl", "must be a number"},
 		{"hint speculative_prefill a list", ChatCompletions, `{"model":"m",` + msgs + `,"nvext":{"agent_hints":{"speculative_prefill":[]}}}`, ErrInvalidRequest, "nvext.agent_hints.speculative_prefill", "must be a boolean"},
 		{"priority fractional", ChatCompletions, `{"model":"m",` + msgs + `,"priority":0.5}`, ErrInvalidRequest, "priority", "must be an integer"},
 		{"cache_salt a number", ChatCompletions, `{"model":"m",` + msgs + `,"cache_salt":1}`, ErrInvalidRequest, "cache_salt", "must be a string"},
@@ -689,6 +692,39 @@ func TestParseLogprobs(t *testing.T) {
 		}
 		if r.Logprobs != want {
 			t.Errorf("%s: Logprobs %v, want %v", body, r.Logprobs, want)
+		}
+	}
+}
+
+// TestCacheControlPin: nvext.cache_control reads as a pin of its ttl (a duration or seconds,
+// 5m when absent, at most a day), whichever order it comes in beside agent_hints; a type or
+// ttl kvrelay does not read leaves no pin and no error (the engine decides).
+func TestCacheControlPin(t *testing.T) {
+	for _, tc := range []struct {
+		nvext string
+		want  time.Duration
+	}{
+		{`{"cache_control":{"type":"ephemeral","ttl":"1h"}}`, time.Hour},
+		{`{"cache_control":{"type":"ephemeral"}}`, 5 * time.Minute},
+		{`{"cache_control":{"type":"ephemeral","ttl":90},"agent_hints":{"osl":4}}`, 90 * time.Second},
+		{`{"agent_hints":{"osl":4},"cache_control":{"ttl":"2m","type":"ephemeral"}}`, 2 * time.Minute},
+		{`{"cache_control":{"type":"ephemeral","ttl":"100h"}}`, 24 * time.Hour},
+		{`{"cache_control":{"type":"persistent","ttl":"5m"}}`, 0},
+		{`{"cache_control":{"type":"ephemeral","ttl":"soon"}}`, 0},
+		{`{"cache_control":{"type":"ephemeral","ttl":-5}}`, 0},
+		{`{"cache_control":null}`, 0},
+	} {
+		var p Parser
+		var r Request
+		body := `{"model":"m","messages":[{"role":"user","content":"x"}],"nvext":` + tc.nvext + `}`
+		if err := p.Parse([]byte(body), ChatCompletions, &r); err != nil {
+			t.Fatalf("%s: %v", tc.nvext, err)
+		}
+		if r.Hints.PinTTL != tc.want {
+			t.Errorf("%s: pin %v, want %v", tc.nvext, r.Hints.PinTTL, tc.want)
+		}
+		if strings.Contains(tc.nvext, "osl") && r.Hints.OSL != 4 {
+			t.Errorf("%s: osl %d lost beside the pin", tc.nvext, r.Hints.OSL)
 		}
 	}
 }

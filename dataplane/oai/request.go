@@ -1,6 +1,9 @@
 package oai
 
-import "math"
+import (
+	"math"
+	"time"
+)
 
 // Kind is the OpenAI endpoint a body was posted to; it selects which fields Parse reads.
 type Kind uint8
@@ -94,6 +97,11 @@ type Hints struct {
 	SpeculativePrefill bool
 	// SessionID is nvext.session_id (read-only; see Request for aliasing).
 	SessionID []byte
+	// PinTTL is nvext.cache_control {"type": "ephemeral", "ttl": ...} (Dynamo's pin): the
+	// engine keeps the prompt's blocks that long after their last use (5m when the ttl is
+	// absent). 0 without a pin, or for a type or ttl kvrelay does not read (the engine
+	// decides what to make of those).
+	PinTTL time.Duration
 }
 
 // Request is what Parse extracts from one OpenAI request body. A Request is reused: Parse

@@ -259,7 +259,7 @@ func (a *Approx) touch(h uint64, w uint16, now uint32) {
 	oldest := -1
 	for i := range e.slot[:e.n] {
 		if e.slot[i].worker == w {
-			e.slot[i].touch = now
+			e.slot[i].touch = max(e.slot[i].touch, now) // a pin's later touch stays
 			return
 		}
 		if oldest < 0 || e.slot[i].touch < e.slot[oldest].touch {
@@ -369,8 +369,48 @@ func (a *Approx) CorrectAt(now int64, hashes []uint64, r Receipt, cachedBlocks i
 	for len(a.horizon) <= w {
 		a.horizon = append(a.horizon, 0)
 	}
-	if r.prevTouch > a.horizon[w] {
-		a.horizon[w] = r.prevTouch
+	// A pin's touch lies ahead; the horizon never does (it would bury what is recorded
+	// next). The blocks the engine had lost, computed again now, are cached but no longer
+	// pinned.
+	t := ticks(now)
+	if hz := min(r.prevTouch, t-1); hz > a.horizon[w] {
+		a.horizon[w] = hz
+	}
+	for _, h := range hashes[cachedBlocks:r.predicted] {
+		if idx, ok := a.slots[h]; ok {
+			e := &a.ents[idx]
+			for i := range e.slot[:e.n] {
+				if int(e.slot[i].worker) == w {
+					e.slot[i].touch = min(e.slot[i].touch, t)
+				}
+			}
+		}
+	}
+}
+
+// PinAt records that worker w keeps the blocks of hashes (recorded there already) for ttl
+// after now, a time of day from package clock's Now (0: read the clock), as an engine keeps
+// a prompt pinned by nvext.cache_control: they stay matched past the index's TTL, and past
+// the evictions a smaller cached_tokens implies, until the pin lapses.
+func (a *Approx) PinAt(now int64, w int, hashes []uint64, ttl time.Duration) {
+	extra := int64(ttl/tick) - a.ttl
+	if w < 0 || w > 0xffff || extra <= 0 {
+		return
+	}
+	until := uint32(min(int64(ticks(now))+extra, 1<<32-1))
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, h := range hashes {
+		idx, ok := a.slots[h]
+		if !ok {
+			continue
+		}
+		e := &a.ents[idx]
+		for i := range e.slot[:e.n] {
+			if int(e.slot[i].worker) == w {
+				e.slot[i].touch = max(e.slot[i].touch, until)
+			}
+		}
 	}
 }
 

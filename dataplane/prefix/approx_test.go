@@ -271,3 +271,40 @@ func TestMatchPastASharedPrefix(t *testing.T) {
 		}
 	}
 }
+
+// TestPinOutlivesTTL: a pinned prompt stays matched past the index's TTL until its pin
+// lapses, and past the evictions a smaller cached_tokens on that worker implies; a worker
+// reporting it lost pinned blocks unpins them.
+func TestPinOutlivesTTL(t *testing.T) {
+	a := NewApprox(ApproxConfig{MaxBlocks: 1024, TTL: time.Second})
+	pinned, other := chain(1, 1, 8, 8), chain(2, 2, 8, 8)
+	now := clock.Now()
+	a.RecordAt(now, 0, pinned, 0)
+	a.PinAt(now, 0, pinned, 5*time.Second)
+	a.RecordAt(now, 0, other, 0)
+	overlap := make([]float64, 1)
+	at := func(d time.Duration) int64 { return now + int64(d) }
+	if got := a.MatchAt(pinned, overlap, at(3*time.Second)); got != 8 {
+		t.Fatalf("pinned prompt 3 s on (TTL 1 s, pin 5 s): %v blocks", got)
+	}
+	if got := a.MatchAt(other, overlap, at(3*time.Second)); got != 0 {
+		t.Fatalf("unpinned prompt past the TTL: %v blocks", got)
+	}
+	if got := a.MatchAt(pinned, overlap, at(6500*time.Millisecond)); got != 0 {
+		t.Fatalf("pinned prompt after its pin lapsed: %v blocks", got)
+	}
+	// A later plain hit does not shorten the pin.
+	a.RecordAt(at(time.Second), 0, pinned, 8)
+	if got := a.MatchAt(pinned, overlap, at(4*time.Second)); got != 8 {
+		t.Fatalf("a plain hit shortened the pin: %v blocks", got)
+	}
+	// The worker says it kept 2 of 8: the rest is no longer pinned (only cached from now).
+	r := a.RecordAt(at(2*time.Second), 0, pinned, 8)
+	a.CorrectAt(at(2*time.Second), pinned, r, 2)
+	if got := a.MatchAt(pinned, overlap, at(2500*time.Millisecond)); got != 8 {
+		t.Fatalf("just computed again, the prompt is cached: %v blocks", got)
+	}
+	if got := a.MatchAt(pinned, overlap, at(4*time.Second)); got != 2 {
+		t.Fatalf("after the engine lost 6 pinned blocks they expire by the TTL: %v blocks, want the 2 it kept", got)
+	}
+}

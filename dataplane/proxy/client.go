@@ -939,6 +939,10 @@ func (cc *clientConn) recordPlacement(w *route.Worker, overlap int) prefix.Recei
 	}
 	s := cc.srv
 	r := s.index.RecordAt(cc.lp.now, w.Index, cc.rreq.Hashes, overlap)
+	if ttl := cc.oreq.Hints.PinTTL; ttl > 0 {
+		// The engine keeps a pinned prompt: so does the index (sticky pinned prefixes).
+		s.index.PinAt(cc.lp.now, w.Index, cc.rreq.Hashes, ttl)
+	}
 	w.SetCachedBlocks(s.index.Blocks(w.Index))
 	return r
 }
