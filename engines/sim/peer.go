@@ -35,8 +35,8 @@ type exported struct {
 	keys   []uint64
 }
 
-// Export holds the longest prefix of hashes (kvrelay sequence hashes) that the GPU tier
-// caches for a peer to read, as a prefill worker holds a finished prefill leg's blocks. It
+// Export holds the longest prefix of hashes (kvrelay sequence hashes) that the GPU or the host
+// tier caches for a peer to read (host blocks brought back into GPU blocks first), as a prefill worker holds a finished prefill leg's blocks. It
 // waits for the scheduler goroutine, so Run must be running.
 func (e *Engine) Export(ctx context.Context, hashes []uint64) (exported, error) {
 	j := &exportJob{hashes: hashes, reply: make(chan exported, 1)}
@@ -58,13 +58,35 @@ func (e *Engine) export(j *exportJob, now time.Time) {
 		j.reply <- exported{}
 		return
 	}
+	// The leading blocks the GPU tier caches, and those the host tier holds brought back
+	// into GPU blocks (announced as stored there), up to the first block neither has.
+	var ids []int32
+	e.events = e.events[:0]
+	e.pool.removed = e.pool.removed[:0]
+	e.kvm.setClock(now)
 	n := 0
-	for n < len(j.hashes) {
-		if _, ok := e.pool.cached[j.hashes[n]]; !ok {
+	for ; n < len(j.hashes); n++ {
+		h := j.hashes[n]
+		if id, ok := e.pool.cached[h]; ok {
+			e.pool.ref(id)
+			ids = append(ids, id)
+			continue
+		}
+		meta := e.kvm.meta[h]
+		if e.kvm.host == nil || !e.kvm.host.has(h) || meta == nil {
 			break
 		}
-		n++
+		var ok bool
+		if ids, ok = e.pool.allocate(ids); !ok {
+			break
+		}
+		e.pool.store(ids[len(ids)-1], h)
+		e.kvm.metaEvent(h, meta, MediumGPU)
 	}
+	if removed := e.kvm.evicted(e.pool.removed); len(removed) > 0 {
+		e.events = append(e.events, CacheEvent{Kind: BlocksRemoved, Medium: MediumGPU, Hashes: removed})
+	}
+	e.emit(now)
 	if n == 0 {
 		j.reply <- exported{}
 		return
@@ -76,13 +98,9 @@ func (e *Engine) export(j *exportJob, now time.Time) {
 		promptLen: n * bs,
 		tokens:    make([]uint32, n*bs), // only full blocks: their keys are their hashes
 		hashes:    append([]uint64(nil), j.hashes[:n]...),
+		blocks:    ids,
 		notify:    make(chan struct{}, 1),
 		heapIndex: -1,
-	}
-	for _, h := range r.hashes {
-		id := e.pool.cached[h]
-		e.pool.ref(id)
-		r.blocks = append(r.blocks, id)
 	}
 	if !e.hold(r, now) {
 		e.pool.free(r.blocks)

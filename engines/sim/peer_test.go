@@ -129,3 +129,27 @@ func TestExportRefusesBadBodies(t *testing.T) {
 		t.Fatalf("export of uncached blocks: %d %s", code, b)
 	}
 }
+
+// TestPeerFetchFromHostTier: a prefix the holder keeps only in host memory is brought back
+// into its GPU blocks (announced) and fetched from there.
+func TestPeerFetchFromHostTier(t *testing.T) {
+	holder := startWorker(t, func(c *WorkerConfig) {
+		c.Engine.PeerFetch, c.Engine.NumGPUBlocks, c.Engine.CPUOffloadBlocks = true, 64, 256
+	})
+	fetcher := startWorker(t, func(c *WorkerConfig) { c.Engine.PeerFetch, c.Engine.NumGPUBlocks = true, 1024 })
+	prompt := "host " + longText(480) // ~30 blocks
+	chatUsage(t, holder, `{"messages":[{"role":"user","content":`+strconv.Quote(prompt)+`}],"max_tokens":2}`)
+	// Another prompt of 57 blocks pushes it out of the holder's 64 GPU blocks (write-through kept it
+	// on host).
+	chatUsage(t, holder, `{"messages":[{"role":"user","content":`+strconv.Quote("other "+longText(900))+`}],"max_tokens":2}`)
+	if n := metric(t, holder, "kvrelay_sim_kv_gpu_evictions_total", ""); n < 20 {
+		t.Fatalf("the holder evicted %v blocks: most of the prompt is still on its GPU", n)
+	}
+	got := chatUsage(t, fetcher, peerBody(prompt, holder.URL()))
+	if got.PromptTokensDetails.CachedTokens < got.PromptTokens-32 {
+		t.Fatalf("fetched %d of %d tokens from the holder's host tier", got.PromptTokensDetails.CachedTokens, got.PromptTokens)
+	}
+	if n := metric(t, fetcher, "kvrelay_sim_kv_peer_fetches_total", `result="pulled"`); n != 1 {
+		t.Fatalf("%v fetches pulled", n)
+	}
+}
