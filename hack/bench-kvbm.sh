@@ -7,7 +7,7 @@
 #
 #   hack/bench-kvbm.sh
 #
-# The workload: SESSIONS agentic sessions arriving at RATE per second, two 6000-token shared
+# The workload: SESSIONS agentic sessions arriving at RATE per second, two 2000-token shared
 # preambles, growing contexts (tool rounds), reasoning in every call (never sent back, so
 # marked ephemeral), forked subagents; G1 sized so that the live working set is several times
 # the fleet's GPU memory.
@@ -24,27 +24,27 @@
 #                 subagents start from a COLD_CONTEXT-token context (G1 only, LRU), without
 #                 and with peer fetch; their first calls are tagged "fork"
 #
-# Settings (environment): WORKERS (4), G1_BLOCKS (8192 blocks of 16 tokens per worker),
+# Settings (environment): WORKERS (4), G1_BLOCKS (2048 blocks of 16 tokens per worker),
 # COLD_CONTEXT (16000 tokens), COLD_SESSIONS (24, at most 64: one preamble each),
-# G2_BLOCKS (2 × G1), G3_BLOCKS (8 × G1), SESSIONS (120), RATE (1.2 sessions/s), PIN (5m),
+# G2_BLOCKS (2 × G1), G3_BLOCKS (8 × G1), SESSIONS (80), RATE (1.6 sessions/s), PIN (5m),
 # SPEEDUP (1: the engines' step times divided by it, arrivals at the same factor),
 # AGENTIC_OPTS (extra workload parameters), SEED (1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench-results/kvbm}
 WORKERS=${WORKERS:-4}
-G1_BLOCKS=${G1_BLOCKS:-8192}
+G1_BLOCKS=${G1_BLOCKS:-2048}
 G2_BLOCKS=${G2_BLOCKS:-$((2 * G1_BLOCKS))}
 G3_BLOCKS=${G3_BLOCKS:-$((8 * G1_BLOCKS))}
-SESSIONS=${SESSIONS:-120}
-RATE=${RATE:-1.2}
+SESSIONS=${SESSIONS:-80}
+RATE=${RATE:-1.6}
 PIN=${PIN:-5m}
 SPEEDUP=${SPEEDUP:-1}
 SEED=${SEED:-1}
 SETUPS=${SETUPS:-g1-lru g1-worm g2-lru g3-lru g3-worm g3-fetch cold cold-fetch}
 COLD_CONTEXT=${COLD_CONTEXT:-16000}
 COLD_SESSIONS=${COLD_SESSIONS:-24}
-base="agentic:sessions=$SESSIONS,rate=$RATE,preamble=6000,preambles=2,task=200,turns=3,rounds=3,tool=400,subagents=2,sub_task=100,sub_rounds=2,reasoning=128,osl=64,think=40s,tool_time=300ms,session_ids=false"
+base="agentic:sessions=$SESSIONS,rate=$RATE,preamble=2000,preambles=2,task=200,turns=3,rounds=3,tool=400,subagents=2,sub_task=100,sub_rounds=2,reasoning=128,osl=64,think=25s,tool_time=300ms,session_ids=false"
 [ -n "${AGENTIC_OPTS:-}" ] && base="$base,$AGENTIC_OPTS"
 go build -o bin/kvrelay ./cmd/kvrelay
 mkdir -p "$OUT"
