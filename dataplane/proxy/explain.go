@@ -117,13 +117,15 @@ type WorkerModelJSON struct {
 	Worker string `json:"worker"`
 	// Coefficients of the TTFT model its model's workers share, each a multiple of its
 	// feature's seconds: the per-request step overhead idle (bias) and its growth with the
-	// share of slots in use (loaded_bias), slot wait, queue, prefill and prefill under load.
+	// share of slots in use (loaded_bias), slot wait, queue, prefill, prefill under load and
+	// the decode steps beside the prefill (decode).
 	Bias          float64 `json:"bias"`
 	LoadedBias    float64 `json:"loaded_bias"`
 	SlotWait      float64 `json:"slot_wait"`
 	Queue         float64 `json:"queue"`
 	Prefill       float64 `json:"prefill"`
 	LoadedPrefill float64 `json:"loaded_prefill"`
+	Decode        float64 `json:"decode"`
 	// ITL = ITLBase + ITLPerSeq × batch size + ITLPerKV × KV usage, seconds (shared).
 	ITLBase   float64 `json:"itl_base_s"`
 	ITLPerSeq float64 `json:"itl_per_seq_s"`
@@ -149,6 +151,7 @@ func (s *Server) WorkerModels() []WorkerModelJSON {
 		out = append(out, WorkerModelJSON{
 			Worker: w.ID, Bias: st.Theta[latency.FeatBias], SlotWait: st.Theta[latency.FeatSlotWait], Queue: st.Theta[latency.FeatQueue],
 			Prefill: st.Theta[latency.FeatPrefill], LoadedPrefill: st.Theta[latency.FeatLoadedPrefill], LoadedBias: st.Theta[latency.FeatLoadedBias],
+			Decode:  st.Theta[latency.FeatDecode],
 			ITLBase: st.ITL[0], ITLPerSeq: st.ITL[1], ITLPerKV: st.ITL[2], Speed: st.Speed, Occupancy: st.Occupancy,
 			Observations: st.Observations, ModelObservations: st.ModelObservations, Decodes: st.Decodes,
 			MaxNumSeqs: w.Latency().MaxNumSeqs(&w.Engine),

@@ -431,6 +431,18 @@ func (c *Cluster) EngineStall() (lost time.Duration, engines int) {
 	return lost, len(c.workers)
 }
 
+// LatencyModels returns the proxy's learned latency models (nil under a policy that predicts
+// nothing, where they stay at their priors unused).
+func (c *Cluster) LatencyModels() []proxy.WorkerModelJSON {
+	ms := c.proxy.WorkerModels()
+	for _, m := range ms {
+		if m.ModelObservations > 0 {
+			return ms
+		}
+	}
+	return nil
+}
+
 // Target is the proxy's OpenAI base URL.
 func (c *Cluster) Target() string { return "http://" + c.proxy.Addr() + "/v1" }
 

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/kvrelay/kvrelay/cmd/kvrelay/bench/workload"
+	"github.com/kvrelay/kvrelay/dataplane/proxy"
 	"github.com/kvrelay/kvrelay/dataplane/route"
 	"github.com/kvrelay/kvrelay/engines/tokenizer"
 )
@@ -23,6 +24,9 @@ type Result struct {
 	Seed     uint64    `json:"seed"`
 	Summary  Summary   `json:"summary"`
 	Records  []*Record `json:"-"`
+	// LatencyModels are the proxy's learned latency models at the end of a compare run
+	// under a predicting policy (its /debug/latency).
+	LatencyModels []proxy.WorkerModelJSON `json:"latency_models,omitempty"`
 }
 
 // Measure runs w against opts.Target and summarises it, the ideal hit rate computed with the
@@ -144,6 +148,7 @@ func Compare(ctx context.Context, co CompareOptions, tok workload.Tokenizer) ([]
 		opts.Progress.Stop()
 		lost, engines := cl.EngineStall()
 		ts := cl.TierStats()
+		models := cl.LatencyModels()
 		cerr := cl.Close()
 		if err != nil {
 			return out, fmt.Errorf("%s: %w", run.label, err)
@@ -153,6 +158,7 @@ func Compare(ctx context.Context, co CompareOptions, tok workload.Tokenizer) ([]
 		}
 		res.Setup, res.Policy, res.Cluster = run.setup, run.policy, cc.Describe()
 		res.Summary.Engines = engines
+		res.LatencyModels = models
 		if cc.Tiers != (TierConfig{}) && ts.PromptTokens > 0 {
 			p := float64(ts.PromptTokens)
 			res.Summary.Tiers = &TierSummary{Setup: cc.Tiers.Describe(),
