@@ -531,7 +531,14 @@ func (ex *exchange) finish() {
 		ex.ws.m.inflight.Dec()
 	}
 	if ex.status == 200 {
-		ex.usage.CompletedAt(now, ex.tokens)
+		// The tokens the engine reports generating, where it reports usage: an engine that
+		// sends several tokens in one event under load (so fewer events than tokens) would
+		// otherwise read as a slow decode.
+		out := ex.tokens
+		if u := cc.obs.Result().Usage; u.Has && u.CompletionTokens > int64(out) {
+			out = int(min(u.CompletionTokens, 1<<30))
+		}
+		ex.usage.CompletedAt(now, out)
 	}
 	ex.usage.End()
 	s.inflight.Add(-1)
