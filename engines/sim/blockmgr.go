@@ -219,7 +219,9 @@ func (m *blockManager) admit(r *Request, hit int, onboard *time.Duration) int {
 	}
 	flush(got)
 	for t, n := range [3]int{gpuBlocks, hostBlocks, diskBlocks} {
-		if n > 0 {
+		// Counted once per request, as its cached tokens are: not again when a preempted
+		// request comes back.
+		if n > 0 && !r.admitted {
 			m.metrics.tierHit(tierMedia[t], n*m.cfg.BlockSize)
 			m.stats.byTier[t].Add(int64(n * m.cfg.BlockSize))
 		}
