@@ -389,8 +389,8 @@ func TestLatencySlotWaitFollowsRunningRequests(t *testing.T) {
 // TestLatencyPricesOnboarding: a worker whose matched run sits in host memory or on disk is
 // priced by the time those blocks take to come back at the bandwidths it advertises: a
 // 16,000-token context on host (47 ms at 25 GB/s) beats recomputing it on an idle worker;
-// on a slow disk (2.4 s at 0.5 GB/s) it does not, nor from a tier whose bandwidth the worker
-// does not advertise. With nothing advertised the tier weights stand in (a disk block counts
+// on a slow disk (2.4 s at 0.5 GB/s) it does not, and a tier whose bandwidth the worker does
+// not advertise earns no credit (the holder predicts as an idle worker). With nothing advertised the tier weights stand in (a disk block counts
 // a quarter, so 250 of the 1000 blocks still draw the request home).
 func TestLatencyPricesOnboarding(t *testing.T) {
 	for _, tc := range []struct {
@@ -402,7 +402,7 @@ func TestLatencyPricesOnboarding(t *testing.T) {
 	}{
 		{"host at 25 GB/s", blockset.Host, 25e9, 0, true, 0.04},
 		{"disk at 0.5 GB/s", blockset.Disk, 0, 0.5e9, false, 0},
-		{"disk, only host bandwidth advertised", blockset.Disk, 25e9, 0, false, 0},
+		{"disk, only host bandwidth advertised", blockset.Disk, 25e9, 0, false, -1}, // no credit: a tie
 		{"disk, nothing advertised", blockset.Disk, 0, 0, true, 0},
 		{"host, nothing advertised", blockset.Host, 0, 0, true, 0},
 	} {
@@ -442,6 +442,15 @@ func TestLatencyPricesOnboarding(t *testing.T) {
 			cands, preds := req.Candidates()
 			for i, w := range cands {
 				t.Logf("%s: TTFT %.3f s, features %v", w.ID, preds[i].TTFT, preds[i].X)
+			}
+			if tc.onboardAtLeast < 0 {
+				// The holder's disk blocks count for nothing: it predicts as the others do.
+				for i := range cands {
+					if preds[i].TTFT != preds[0].TTFT {
+						t.Fatalf("%s predicts %.3f s, %s %.3f s: want them alike", cands[i].ID, preds[i].TTFT, cands[0].ID, preds[0].TTFT)
+					}
+				}
+				return
 			}
 			if got := d.Worker == ws[0]; got != tc.home {
 				t.Fatalf("went to %s, want the holder %v", d.Worker.ID, tc.home)
