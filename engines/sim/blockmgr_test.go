@@ -181,23 +181,36 @@ func TestWriteThroughAndDiskAdmission(t *testing.T) {
 	checkViews(t, e, rec)
 }
 
-// TestCorruptDiskBlockIsAMiss: a block file whose bytes are wrong is a miss — counted, its
-// file removed, its removal published — and the request computes from there.
-func TestCorruptDiskBlockIsAMiss(t *testing.T) {
+// smallDiskEngine has 10 GPU blocks, 4 on host and 64 on disk, every block admitted to disk.
+func smallDiskEngine(t *testing.T) (*Engine, *recorder, *vclock) {
+	t.Helper()
 	dir := t.TempDir()
-	e, rec, c := newTestEngine(t, func(cfg *Config) {
+	return newTestEngine(t, func(cfg *Config) {
 		cfg.NumGPUBlocks = 10
 		cfg.CPUOffloadBlocks = 4
 		cfg.DiskOffloadDir, cfg.DiskOffloadBlocks = dir, 64
 		cfg.DiskAdmitMinHits = 0
 	})
-	a := prompt(64, 1)
-	submit(t, e, a, Params{MaxTokens: 1, IgnoreEOS: true})
-	c.runUntilIdle(t, 100)
+}
+
+// pushDown runs four other 64-token prompts, which push what came before below the GPU and
+// host tiers of a smallDiskEngine.
+func pushDown(t *testing.T, e *Engine, c *vclock) {
+	t.Helper()
 	for seed := uint32(2); seed < 6; seed++ {
 		submit(t, e, prompt(64, seed), Params{MaxTokens: 1, IgnoreEOS: true})
 		c.runUntilIdle(t, 100)
 	}
+}
+
+// TestCorruptDiskBlockIsAMiss: a block file whose bytes are wrong is a miss — counted, its
+// file removed, its removal published — and the request computes from there.
+func TestCorruptDiskBlockIsAMiss(t *testing.T) {
+	e, rec, c := smallDiskEngine(t)
+	a := prompt(64, 1)
+	submit(t, e, a, Params{MaxTokens: 1, IgnoreEOS: true})
+	c.runUntilIdle(t, 100)
+	pushDown(t, e, c)
 	h := e.mustHashes(t, a)
 	if !e.kvm.disk.has(h[1]) || e.kvm.host.has(h[1]) {
 		t.Fatal("block 1 of the first prompt is not on disk alone: the test does not push it down")
@@ -231,13 +244,7 @@ func TestFullDiskKeepsBlockOff(t *testing.T) {
 	if _, err := os.Stat("/dev/full"); err != nil {
 		t.Skip("no /dev/full to make a full disk with")
 	}
-	dir := t.TempDir()
-	e, rec, c := newTestEngine(t, func(cfg *Config) {
-		cfg.NumGPUBlocks = 10
-		cfg.CPUOffloadBlocks = 4
-		cfg.DiskOffloadDir, cfg.DiskOffloadBlocks = dir, 64
-		cfg.DiskAdmitMinHits = 0
-	})
+	e, rec, c := smallDiskEngine(t)
 	a := prompt(64, 1)
 	h := e.mustHashes(t, a)
 	for _, x := range h {
@@ -247,10 +254,7 @@ func TestFullDiskKeepsBlockOff(t *testing.T) {
 	}
 	submit(t, e, a, Params{MaxTokens: 1, IgnoreEOS: true})
 	c.runUntilIdle(t, 100)
-	for seed := uint32(2); seed < 6; seed++ {
-		submit(t, e, prompt(64, seed), Params{MaxTokens: 1, IgnoreEOS: true})
-		c.runUntilIdle(t, 100)
-	}
+	pushDown(t, e, c)
 	for _, x := range h[:4] {
 		if e.kvm.disk.has(x) || eventIndex(rec, BlocksStored, MediumDISK, x) >= 0 {
 			t.Fatalf("block %x announced on a full disk", x)
