@@ -199,19 +199,6 @@ func (p *blockPool) hits(hashes []uint64) int {
 	return len(hashes)
 }
 
-// canTake reports whether the first nHit cached blocks of hashes can be taken and nNew more
-// allocated: taking a cached block that sits in the free queue removes it from what new
-// allocations can use.
-func (p *blockPool) canTake(hashes []uint64, nHit, nNew int) bool {
-	avail := p.numFree
-	for _, h := range hashes[:nHit] {
-		if p.blocks[p.cached[h]].ref == 0 {
-			avail--
-		}
-	}
-	return nNew <= avail
-}
-
 // take references the cached block of hash h and appends its id to dst.
 func (p *blockPool) take(dst []int32, h uint64) []int32 {
 	id := p.cached[h]

@@ -131,7 +131,7 @@ func (e *Engine) admitPull(r *Request) bool {
 	if full > 0 {
 		hit = e.pool.hits(r.hashes[:full])
 	}
-	if !e.pool.canTake(r.hashes, hit, nPrompt-hit) {
+	if !e.kvm.canAdmit(r.hashes, hit, nPrompt-hit) {
 		return false
 	}
 	e.waiting.pop()
