@@ -236,7 +236,10 @@ func (sh *shard) match(hashes []uint64, overlap []float64, lower []Lower, wt Wei
 		active = uint64(1)<<len(overlap) - 1
 	}
 	var deficit [64]float64
-	var slow [64]Lower // host and disk blocks of each run, when lower is wanted
+	var slow *[64]Lower // host and disk blocks of each run, only when lower is wanted
+	if lower != nil {
+		slow = new([64]Lower)
+	}
 	n := 0
 	for n < len(hashes) && active != 0 {
 		h := hashes[n]
@@ -253,7 +256,7 @@ func (sh *shard) match(hashes []uint64, overlap []float64, lower []Lower, wt Wei
 			break
 		}
 		if left := active &^ held; left != 0 {
-			closeRuns(left, n, overlap, &deficit, lower, &slow)
+			closeRuns(left, n, overlap, &deficit, lower, slow)
 		}
 		active = held
 		if below := active &^ gpu; below != 0 {
@@ -261,10 +264,13 @@ func (sh *shard) match(hashes []uint64, overlap []float64, lower []Lower, wt Wei
 			for b := below; b != 0; b &= b - 1 {
 				i := bits.TrailingZeros64(b)
 				w := wt[Disk]
-				if host&(1<<i) != 0 {
+				switch {
+				case host&(1<<i) != 0:
 					w = wt[Host]
-					slow[i].Host++
-				} else {
+					if slow != nil {
+						slow[i].Host++
+					}
+				case slow != nil:
 					slow[i].Disk++
 				}
 				deficit[i] += 1 - w
@@ -273,7 +279,7 @@ func (sh *shard) match(hashes []uint64, overlap []float64, lower []Lower, wt Wei
 		n++
 	}
 	if active != 0 {
-		closeRuns(active, n, overlap, &deficit, lower, &slow)
+		closeRuns(active, n, overlap, &deficit, lower, slow)
 	}
 	best := 0.0
 	for _, o := range overlap {
