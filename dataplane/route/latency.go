@@ -66,15 +66,18 @@ func (s PredictedTTFT) Score(req *Request, ws []*Worker, costs []float64) {
 	}
 	var agesBuf [latency.MaxSlotSim]float64
 	// The candidates caching most of the prompt: the peers a worker that can fetch would
-	// fetch from (the best, or for the best itself the second).
+	// fetch from (the best, or for the best itself the second); found at the first worker
+	// that can fetch, so that fleets without peer fetch pay nothing for it.
 	first, second := -1, -1
-	for i, w := range ws {
-		o := req.Overlap(w)
-		switch {
-		case first < 0 || o > req.Overlap(ws[first]):
-			first, second = i, first
-		case second < 0 || o > req.Overlap(ws[second]):
-			second = i
+	holders := func() {
+		for i, w := range ws {
+			o := req.Overlap(w)
+			switch {
+			case first < 0 || o > req.Overlap(ws[first]):
+				first, second = i, first
+			case second < 0 || o > req.Overlap(ws[second]):
+				second = i
+			}
 		}
 	}
 	req.fetch = req.fetch[:0]
@@ -113,7 +116,11 @@ func (s PredictedTTFT) Score(req *Request, ws []*Worker, costs []float64) {
 		w.Latency().Predict(&w.Engine, st, uncached, p)
 		c := s.cost(req, w, p)
 		req.fetch = append(req.fetch, nil)
-		if h := first; h >= 0 && !req.flat && w.Engine.PeerBandwidth > 0 && w.Engine.KVBytesPerToken > 0 {
+		if !req.flat && w.Engine.PeerBandwidth > 0 && w.Engine.KVBytesPerToken > 0 {
+			if first < 0 {
+				holders()
+			}
+			h := first
 			if h == i {
 				h = second
 			}
