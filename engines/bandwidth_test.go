@@ -5,6 +5,19 @@ import (
 	"testing"
 )
 
+func TestParseBandwidth(t *testing.T) {
+	for in, want := range map[string]float64{"50": 50e9, "50GB/s": 50e9, "800MB/s": 800e6, "1.6TB/s": 1.6e12, "12 GB": 12e9, "100B/s": 100} {
+		if got, err := ParseBandwidth(in); err != nil || got != want {
+			t.Errorf("ParseBandwidth(%q) = %v, %v", in, got, err)
+		}
+	}
+	for _, in := range []string{"0", "-5GB/s", "fast", "", "Inf"} {
+		if _, err := ParseBandwidth(in); err == nil {
+			t.Errorf("ParseBandwidth(%q) accepted", in)
+		}
+	}
+}
+
 func TestFormatBandwidth(t *testing.T) {
 	for v, want := range map[float64]string{25e9: "25GB/s", 800e6: "800MB/s", 1.6e12: "1.6TB/s", 512: "512B/s"} {
 		if got := FormatBandwidth(v); got != want {

@@ -13,6 +13,7 @@ import (
 	"github.com/kvrelay/kvrelay/cmd/kvrelay/bench"
 	"github.com/kvrelay/kvrelay/cmd/kvrelay/bench/workload"
 	"github.com/kvrelay/kvrelay/dataplane/route"
+	"github.com/kvrelay/kvrelay/engines"
 	"github.com/kvrelay/kvrelay/engines/sim"
 	"github.com/kvrelay/kvrelay/engines/tokenizer"
 )
@@ -140,7 +141,7 @@ Without --setups, --mode with --workers (agg) or --prefill-workers and --decode-
 			if cc.KVBytesScale, err = sim.ParseScale(kvScale); err != nil {
 				return fmt.Errorf("--kv-bytes-scale: %w", err)
 			}
-			if cc.KVTransferBandwidth, err = sim.ParseBandwidth(kvBandwidth); err != nil {
+			if cc.KVTransferBandwidth, err = engines.ParseBandwidth(kvBandwidth); err != nil {
 				return fmt.Errorf("--kv-transfer-bandwidth: %w", err)
 			}
 			tok, err := f.tokenizerFor(cc.Model)

@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/kvrelay/kvrelay/engines"
 	"github.com/kvrelay/kvrelay/engines/kvevents"
 	"github.com/kvrelay/kvrelay/engines/sim"
 	"github.com/kvrelay/kvrelay/nixl"
@@ -133,7 +134,7 @@ func (f *simFlags) workerConfigs() ([]sim.WorkerConfig, error) {
 	e.Role = sim.Role(f.role)
 	e.SchedulingPolicy = sim.SchedulingPolicy(f.schedulingPolicy)
 	var err error
-	if e.KVTransferBandwidth, err = sim.ParseBandwidth(f.kvBandwidth); err != nil {
+	if e.KVTransferBandwidth, err = engines.ParseBandwidth(f.kvBandwidth); err != nil {
 		return nil, fmt.Errorf("--kv-transfer-bandwidth: %w", err)
 	}
 	if e.KVBytesScale, err = sim.ParseScale(f.kvScale); err != nil {
@@ -147,12 +148,12 @@ func (f *simFlags) workerConfigs() ([]sim.WorkerConfig, error) {
 		e.OffloadOn = sim.Offload(f.offloadOn)
 	}
 	if f.hostBandwidth != "" {
-		if e.HostBandwidth, err = sim.ParseBandwidth(f.hostBandwidth); err != nil {
+		if e.HostBandwidth, err = engines.ParseBandwidth(f.hostBandwidth); err != nil {
 			return nil, fmt.Errorf("--host-bandwidth: %w", err)
 		}
 	}
 	if f.diskBandwidth != "" {
-		if e.DiskBandwidth, err = sim.ParseBandwidth(f.diskBandwidth); err != nil {
+		if e.DiskBandwidth, err = engines.ParseBandwidth(f.diskBandwidth); err != nil {
 			return nil, fmt.Errorf("--disk-bandwidth: %w", err)
 		}
 	}

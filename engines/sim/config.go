@@ -8,8 +8,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/kvrelay/kvrelay/engines"
 )
 
 // Role is what a worker does in a disaggregated deployment.
@@ -233,9 +231,6 @@ func ParseScale(s string) (float64, error) {
 	}
 	return v, nil
 }
-
-// ParseBandwidth reads a bandwidth in bytes per second (engines.ParseBandwidth).
-func ParseBandwidth(s string) (float64, error) { return engines.ParseBandwidth(s) }
 
 // ErrInvalidConfig is wrapped by every error Validate returns.
 var ErrInvalidConfig = errors.New("invalid simulated engine config")
