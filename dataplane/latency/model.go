@@ -162,14 +162,14 @@ type Prediction struct {
 type Model struct {
 	mu   sync.Mutex
 	ttft RLS // features above
-	itl  RLS // [1, batch size, KV usage]
+	dec  decodeTable
 	// resid is the decayed mean log of observed over predicted prefill time across the
 	// model's workers: a worker's speed moves by how far its own stray from it, so the
 	// speeds say how the workers differ and the coefficients how fast they are together.
 	resid float64
 
 	theta [numFeat]atomic.Uint64 // published coefficients, float64 bits
-	itlCo [3]atomic.Uint64
+	decP  decodePub
 	ttftN atomic.Int64
 	itlN  atomic.Int64
 }
@@ -182,19 +182,18 @@ const (
 	priorOutput = 128
 )
 
-// Init resets the model to its prior: prefill takes the curve's time, a decode step priorITL.
+// Init resets the model to its prior: prefill takes the curve's time, a decode step priorITL
+// at every batch size.
 func (m *Model) Init() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	// Both fits are on relative error (observations are divided by their prediction), so
-	// the prior variances are over a relative noise variance of about 0.1²: the prefill
-	// multiplier is known to a factor of ten or so, the slot wait's to a factor of three,
-	// the bias to ~10 ms; the decode step to ~20 ms, its growth per sequence to ~5 ms and
-	// from an empty to a full cache to ~50 ms.
+	// The fit is on relative error (observations are divided by their prediction), so the
+	// prior variances are over a relative noise variance of about 0.1²: the prefill
+	// multiplier is known to a factor of ten or so, the slot wait's to a factor of three.
 	m.ttft = RLS{Lambda: 0.995, OutlierK: 4, Lo: Vec{0, 0.01, 0, 0.001, 0, 0, 0}, Hi: Vec{100, 100, 100, 100, 100, 10, 100}}
 	m.ttft.Init(numFeat, Vec{1, 1, 1, 1, 0, 1, 0}, Vec{10, 10, 10, 100, 1, 1, 10})
-	m.itl = RLS{Lambda: 0.995, OutlierK: 4, Lo: Vec{1e-4, 0, 0}, Hi: Vec{5, 1, 5}}
-	m.itl.Init(3, Vec{priorITL, 0, 0}, Vec{0.04, 0.0025, 0.25})
+	m.dec = decodeTable{}
+	m.decP.init()
 	m.publishLocked()
 }
 
@@ -202,18 +201,15 @@ func (m *Model) publishLocked() {
 	for i := range numFeat {
 		m.theta[i].Store(math.Float64bits(m.ttft.Theta[i]))
 	}
-	for i := range m.itlCo {
-		m.itlCo[i].Store(math.Float64bits(m.itl.Theta[i]))
-	}
 	m.ttftN.Store(int64(m.ttft.Count()))
-	m.itlN.Store(int64(m.itl.Count()))
+	m.itlN.Store(int64(m.dec.count))
 }
 
 func load(a *atomic.Uint64) float64 { return math.Float64frombits(a.Load()) }
 
 // ITL predicts the time between tokens at batch size b and KV usage kv.
 func (m *Model) ITL(b int, kv float64) float64 {
-	return load(&m.itlCo[0]) + load(&m.itlCo[1])*float64(b) + load(&m.itlCo[2])*kv
+	return m.decP.step(b, kv)
 }
 
 // minScale floors the scale observations are divided by, so a near-zero prediction does
@@ -241,10 +237,9 @@ func (m *Model) observeTTFT(x *Vec, ttft float64) {
 func (m *Model) observeITL(batch int, kv, itl float64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	x := Vec{1, float64(batch), kv}
-	xs, ys := relative(&m.itl, &x, itl)
-	m.itl.Update(&xs, ys)
-	m.publishLocked()
+	m.dec.observe(&m.decP, batch, kv, itl)
+	m.dec.publish(&m.decP)
+	m.itlN.Store(int64(m.dec.count))
 }
 
 // Worker is one worker's part of the latency model: its speed against the Model it shares
@@ -504,10 +499,11 @@ func (w *Worker) ObserveReport(running, waiting int) {
 // Stats is a snapshot of a worker's model for operators.
 type Stats struct {
 	// Theta are the shared TTFT coefficients, multiples of their features (indexed by the
-	// Feat constants), ITL the shared decode step: base, per sequence, per unit of KV
-	// usage, in seconds.
-	Theta Vec
-	ITL   [3]float64
+	// Feat constants); Decode the shared decode step at the batch sizes requests taught
+	// (with an empty cache), DecodeKV its multipliers with the cache half full and full.
+	Theta    Vec
+	Decode   []DecodePoint
+	DecodeKV [numKV - 1]float64
 	// Speed is the worker's prefill time against its model's (1: as the model says),
 	// Occupancy how long a request holds its slot there, seconds.
 	Speed, Occupancy float64
@@ -524,8 +520,15 @@ func (w *Worker) Stats() Stats {
 	for i := range numFeat {
 		s.Theta[i] = load(&m.theta[i])
 	}
-	for i := range s.ITL {
-		s.ITL[i] = load(&m.itlCo[i])
+	m.mu.Lock()
+	for i, n := range m.dec.n {
+		if n > 0 {
+			s.Decode = append(s.Decode, DecodePoint{Batch: int(decodeSizes[i]), Seconds: load(&m.decP.t[i]), Observations: n})
+		}
+	}
+	m.mu.Unlock()
+	for i := range s.DecodeKV {
+		s.DecodeKV[i] = load(&m.decP.kv[i+1])
 	}
 	s.Speed, s.Occupancy = load(&w.speed), load(&w.occBit)
 	s.Observations, s.ModelObservations, s.Decodes = w.obs.Load(), m.ttftN.Load(), m.itlN.Load()

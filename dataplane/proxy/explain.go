@@ -126,10 +126,10 @@ type WorkerModelJSON struct {
 	Prefill       float64 `json:"prefill"`
 	LoadedPrefill float64 `json:"loaded_prefill"`
 	Decode        float64 `json:"decode"`
-	// ITL = ITLBase + ITLPerSeq × batch size + ITLPerKV × KV usage, seconds (shared).
-	ITLBase   float64 `json:"itl_base_s"`
-	ITLPerSeq float64 `json:"itl_per_seq_s"`
-	ITLPerKV  float64 `json:"itl_per_kv_s"`
+	// ITL is the shared decode step at the batch sizes requests taught, with an empty
+	// cache; ITLKV its multipliers with the cache half full and full.
+	ITL   []DecodePointJSON `json:"itl"`
+	ITLKV [2]float64        `json:"itl_kv_multipliers"`
 	// Speed is the worker's prefill time against its model's; Occupancy how long a request
 	// holds its slot there, seconds.
 	Speed     float64 `json:"speed"`
@@ -143,6 +143,21 @@ type WorkerModelJSON struct {
 	MaxNumSeqs        int   `json:"max_num_seqs"`
 }
 
+// DecodePointJSON is one batch size of a decode step table.
+type DecodePointJSON struct {
+	Batch        int     `json:"batch"`
+	Seconds      float64 `json:"seconds"`
+	Observations int     `json:"observations"`
+}
+
+func decodePoints(ps []latency.DecodePoint) []DecodePointJSON {
+	out := make([]DecodePointJSON, len(ps))
+	for i, p := range ps {
+		out[i] = DecodePointJSON(p)
+	}
+	return out
+}
+
 // WorkerModels returns every worker's latency model.
 func (s *Server) WorkerModels() []WorkerModelJSON {
 	var out []WorkerModelJSON
@@ -152,7 +167,7 @@ func (s *Server) WorkerModels() []WorkerModelJSON {
 			Worker: w.ID, Bias: st.Theta[latency.FeatBias], SlotWait: st.Theta[latency.FeatSlotWait], Queue: st.Theta[latency.FeatQueue],
 			Prefill: st.Theta[latency.FeatPrefill], LoadedPrefill: st.Theta[latency.FeatLoadedPrefill], LoadedBias: st.Theta[latency.FeatLoadedBias],
 			Decode:  st.Theta[latency.FeatDecode],
-			ITLBase: st.ITL[0], ITLPerSeq: st.ITL[1], ITLPerKV: st.ITL[2], Speed: st.Speed, Occupancy: st.Occupancy,
+			ITL: decodePoints(st.Decode), ITLKV: st.DecodeKV, Speed: st.Speed, Occupancy: st.Occupancy,
 			Observations: st.Observations, ModelObservations: st.ModelObservations, Decodes: st.Decodes,
 			MaxNumSeqs: w.Latency().MaxNumSeqs(&w.Engine),
 		})
