@@ -1264,3 +1264,33 @@ func jsonUint(v any) uint64 {
 	}
 	return 0
 }
+
+// /readyz answers 503 while the replica's subscribers catch up with the engines and 200 once
+// its index is whole (or CatchUpTimeout passed), without a token.
+func TestReadyzFollowsCatchUp(t *testing.T) {
+	c := &cluster{t: t, dataDir: t.TempDir()}
+	// An engine whose KV event and replay endpoints answer nobody: its subscriber never
+	// catches up.
+	c.specs = []registry.Worker{{ID: "w0", URL: "http://127.0.0.1:9", BlockSize: 16, Engine: "sim", KVEvents: "tcp://127.0.0.1:9", KVEventsReplay: "tcp://127.0.0.1:9"}}
+	started := time.Now()
+	c.startControlPlane("127.0.0.1:0")
+	if code, out := c.api("GET", "/readyz", "", false); code != 503 || out["status"] != "catching_up" {
+		t.Fatalf("readyz at start: %d %v, want 503 catching_up", code, out)
+	}
+	for {
+		code, out := c.api("GET", "/readyz", "", false)
+		if code == 200 {
+			if out["status"] != "ready" || out["role"] != "leader" {
+				t.Fatalf("readyz: %v", out)
+			}
+			break
+		}
+		if time.Since(started) > controlplane.CatchUpTimeout+2*time.Second {
+			t.Fatalf("readyz still %d %v after the catch-up timeout", code, out)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if d := time.Since(started); d < controlplane.CatchUpTimeout-500*time.Millisecond {
+		t.Fatalf("ready after %s though its engine never answered (catch-up timeout %s)", d, controlplane.CatchUpTimeout)
+	}
+}

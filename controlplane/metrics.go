@@ -26,6 +26,7 @@ type collector struct {
 	rolloutState, rolloutStep, rolloutShare      *prometheus.Desc
 	stepRequests, stepTTFTP90, stepHitRate       *prometheus.Desc
 	stepErrorRate, stepITLP90                    *prometheus.Desc
+	leading, leaderTerms                         *prometheus.Desc
 }
 
 func newCollector(s *Server) *collector {
@@ -34,6 +35,8 @@ func newCollector(s *Server) *collector {
 	}
 	return &collector{
 		s:                s,
+		leading:          d("leader", "1 while this replica leads the control plane (makes changes: the operator API's writes, rollout steps, the planner's scaling), 0 while it follows."),
+		leaderTerms:      d("leader_terms_total", "Times this replica started leading."),
 		indexBlocks:      d("index_blocks", "Distinct KV blocks in the global index."),
 		workerBlocks:     d("index_worker_blocks", "KV blocks the index holds for a worker, by tier.", "worker", "tier"),
 		indexEvents:      d("index_block_events_total", "Block events applied to the index, by kind.", "kind"),
@@ -84,6 +87,12 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), l...)
 	}
 	g(c.indexBlocks, float64(s.index.Len()))
+	lead := 0.0
+	if s.opts.Leader.Leading() {
+		lead = 1
+	}
+	g(c.leading, lead)
+	k(c.leaderTerms, uint64(s.opts.Leader.Terms()))
 	is := s.index.Stats()
 	k(c.indexEvents, is.Stored, "stored")
 	k(c.indexEvents, is.Removed, "removed")

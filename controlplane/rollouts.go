@@ -325,7 +325,11 @@ func (s *Server) runRollouts(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			s.rollouts.tick()
+			// Only the leader steps a rollout; a follower's view waits for the rollout
+			// the leader writes.
+			if s.opts.Leader.Leading() {
+				s.rollouts.tick()
+			}
 		}
 	}
 }

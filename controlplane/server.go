@@ -22,6 +22,7 @@ import (
 	"github.com/kvrelay/kvrelay/controlplane/api"
 	"github.com/kvrelay/kvrelay/controlplane/ingest"
 	"github.com/kvrelay/kvrelay/controlplane/kvindex"
+	"github.com/kvrelay/kvrelay/controlplane/leader"
 	"github.com/kvrelay/kvrelay/controlplane/loadview"
 	"github.com/kvrelay/kvrelay/controlplane/registry"
 	"github.com/kvrelay/kvrelay/engines"
@@ -88,6 +89,11 @@ type Options struct {
 	LoadRefresh time.Duration
 	// K8s, when set, adds a worker per ready endpoint of the EndpointSlices it selects.
 	K8s *K8sSource
+	// Leader, when set, elects the replica of several that makes changes: Start campaigns
+	// with it, and while this replica follows it refuses the operator API's writes (naming
+	// the leader) and holds the rollout controller's steps. It still ingests every event
+	// and serves proxies. Nil: this control plane is alone and makes every change.
+	Leader *leader.Elector
 	// RemoveDataDir removes DataDir on Close (kvrelay up's temporary one).
 	RemoveDataDir bool
 	Logger        *slog.Logger
@@ -257,7 +263,8 @@ func (s *Server) Start(ctx context.Context) error {
 	s.rollouts.resume()
 	s.reconcile()
 	s.publish(true)
-	s.wg.Add(4)
+	s.wg.Add(5)
+	go func() { defer s.wg.Done(); s.opts.Leader.Run(runCtx) }()
 	go func() { defer s.wg.Done(); s.runRollouts(runCtx) }()
 	go func() { defer s.wg.Done(); s.awaitCatchUp(runCtx) }()
 	go func() { defer s.wg.Done(); _ = s.xds.Serve(runCtx, s.xdsLis) }()
@@ -526,9 +533,9 @@ func routingResource(p registry.Policy) *xdsv1.RoutingPolicy {
 // Reads are open when the API listens on loopback; mutations need the bearer token.
 func (s *Server) apiHandler() http.Handler {
 	rejected := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "kvrelay_controlplane_api_rejected_total", Help: "Operator API requests refused, by reason (host: a Host header that is not this loopback API's; unauthenticated; no_token).",
+		Name: "kvrelay_controlplane_api_rejected_total", Help: "Operator API requests refused, by reason (host: a Host header that is not this loopback API's; unauthenticated; no_token; not_leader: a change sent to a replica that follows).",
 	}, []string{"reason"})
-	for _, r := range []string{"host", "unauthenticated", "no_token"} {
+	for _, r := range []string{"host", "unauthenticated", "no_token", "not_leader"} {
 		rejected.WithLabelValues(r)
 	}
 	s.metrics.MustRegister(rejected)
@@ -538,10 +545,14 @@ func (s *Server) apiHandler() http.Handler {
 	}
 	loopback := isLoopback(s.apiLis.Addr())
 	opts := api.Options{Token: s.opts.APIToken, OpenReads: loopback, OnReject: reject}
+	if s.opts.Leader != nil {
+		opts.Leader = s.opts.Leader.Check
+	}
 	s.apiGRPC = grpc.NewServer()
 	api.Register(s.apiGRPC, operator{s}, opts)
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(s.metrics, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /readyz", s.readyz)
 	mux.Handle("/v1/planner/", s.plannerRoute(opts))
 	mux.Handle("/", api.Handler(operator{s}, opts))
 	var h http.Handler = api.Mux(s.apiGRPC, mux)
@@ -549,6 +560,25 @@ func (s *Server) apiHandler() http.Handler {
 		h = loopbackHostOnly(h, reject)
 	}
 	return h
+}
+
+// readyz answers 200 once ingestion has caught up with the engines after a start (the
+// replica's index is whole: a proxy may take its snapshot), 503 before. It is open, as
+// /healthz is: a kubelet's readiness probe carries no token. The body says whether this
+// replica leads.
+func (s *Server) readyz(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	role := "leader"
+	if !s.opts.Leader.Leading() {
+		role = "follower"
+	}
+	select {
+	case <-s.ready:
+		fmt.Fprintf(w, "{\"status\":\"ready\",\"role\":%q,\"leader\":%q}\n", role, s.opts.Leader.Leader())
+	default:
+		w.WriteHeader(http.StatusServiceUnavailable)
+		fmt.Fprintf(w, "{\"status\":\"catching_up\",\"role\":%q}\n", role)
+	}
 }
 
 // loopbackHostOnly refuses requests whose Host is not a loopback address or localhost: reads

@@ -11,12 +11,14 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"golang.org/x/sync/errgroup"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/kvrelay/kvrelay/controlplane"
+	"github.com/kvrelay/kvrelay/controlplane/leader"
 	"github.com/kvrelay/kvrelay/controlplane/registry"
 	"github.com/kvrelay/kvrelay/ebpf"
 )
@@ -33,6 +35,7 @@ func newControlPlaneCmd() *cobra.Command {
 		ebpfF     ebpfFlags
 		ebpfLoad  bool
 		pf        cpPlannerFlags
+		lf        leaderFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "controlplane",
@@ -80,6 +83,13 @@ worker claims are dropped and counted (kvrelay_controlplane_ingest_unclaimed_tot
 				opts.K8s = src
 			}
 			opts.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+			if lf.enabled {
+				e, err := lf.build(kubeconf, k8sNS, opts.Logger)
+				if err != nil {
+					return err
+				}
+				opts.Leader = e
+			}
 			return runControlPlane(cmd.Context(), cmd.OutOrStdout(), opts, ebpfF, ebpfLoad, cpPlanner{flags: &pf, kubeconfig: kubeconf, namespace: k8sNS})
 		},
 	}
@@ -103,6 +113,7 @@ worker claims are dropped and counted (kvrelay_controlplane_ingest_unclaimed_tot
 	fs.StringVar(&k8sTmpl, "k8s-worker", "engine=vllm", "fields of discovered workers, in --worker form without id and url (e.g. engine=vllm,kv-events=tcp://*:5557)")
 	fs.StringVar(&kubeconf, "kubeconfig", "", "kubeconfig file (default: in-cluster configuration)")
 	pf.register(fs)
+	lf.register(fs)
 	_ = cmd.MarkFlagRequired("data-dir")
 	return cmd
 }
@@ -166,8 +177,12 @@ func runControlPlane(ctx context.Context, out io.Writer, opts controlplane.Optio
 	if pl.flags == nil || !pl.flags.enabled {
 		return cp.Run(ctx)
 	}
-	p, closeAct, err := pl.flags.build(plannerEnv{reg: cp.Registry(), namespace: pl.namespace, log: pl.flags.logger(),
-		kube: func() (kubernetes.Interface, error) { return kubeClient(pl.kubeconfig) }})
+	env := plannerEnv{reg: cp.Registry(), namespace: pl.namespace, log: pl.flags.logger(),
+		kube: func() (kubernetes.Interface, error) { return kubeClient(pl.kubeconfig) }}
+	if opts.Leader != nil {
+		env.leader = opts.Leader.Check
+	}
+	p, closeAct, err := pl.flags.build(env)
 	if err == nil {
 		if err = cp.SetPlanner(p.Handler(), p.Collector()); err != nil {
 			_ = closeAct()
@@ -198,6 +213,9 @@ func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes configuration: %w", err)
 	}
+	// A call to an API server that stopped answering fails instead of hanging a watch
+	// restart, a scale or the Lease's release on shutdown.
+	cfg.Timeout = kubeTimeout
 	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes client: %w", err)
@@ -217,4 +235,48 @@ func k8sSource(kubeconfig, namespace, selector, tmpl string) (*controlplane.K8sS
 		return nil, fmt.Errorf("--k8s-worker: %w", err)
 	}
 	return &controlplane.K8sSource{Client: client, Namespace: namespace, Selector: selector, Template: w}, nil
+}
+
+// kubeTimeout bounds each Kubernetes API call (watches are bounded by their own timeouts).
+const kubeTimeout = 10 * time.Second
+
+// leaderFlags are the control plane's --leader-elect flags.
+type leaderFlags struct {
+	enabled             bool
+	namespace, name, id string
+	lease, renew, retry time.Duration
+}
+
+func (f *leaderFlags) register(fs *pflag.FlagSet) {
+	fs.BoolVar(&f.enabled, "leader-elect", false, "run as one of several replicas: only the one holding a coordination.k8s.io Lease makes changes (operator API writes, rollout steps, planner scaling); the others ingest, index and serve proxies, and refuse writes naming the leader")
+	fs.StringVar(&f.namespace, "leader-elect-namespace", "", "namespace of the Lease (default: $POD_NAMESPACE, else --k8s-namespace)")
+	fs.StringVar(&f.name, "leader-elect-lease", "kvrelay-controlplane", "name of the Lease, the same for every replica of one control plane")
+	fs.StringVar(&f.id, "leader-elect-identity", "", "this replica's name in the Lease (default: $POD_NAME, else the host name)")
+	fs.DurationVar(&f.lease, "leader-elect-lease-duration", leader.DefaultLeaseDuration, "how long followers wait, after the leader last renewed, before one takes over")
+	fs.DurationVar(&f.renew, "leader-elect-renew-deadline", leader.DefaultRenewDeadline, "how long the leader keeps trying to renew before it stops leading (less than the lease duration)")
+	fs.DurationVar(&f.retry, "leader-elect-retry-period", leader.DefaultRetryPeriod, "how often replicas try to take or renew the Lease")
+}
+
+// build makes the elector from the flags and the Kubernetes client's configuration.
+func (f *leaderFlags) build(kubeconfig, defaultNS string, log *slog.Logger) (*leader.Elector, error) {
+	if f.renew >= f.lease || f.retry >= f.renew {
+		return nil, fmt.Errorf("--leader-elect: want retry period (%s) < renew deadline (%s) < lease duration (%s)", f.retry, f.renew, f.lease)
+	}
+	client, err := kubeClient(kubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("--leader-elect: %w", err)
+	}
+	ns := f.namespace
+	if ns == "" {
+		ns = os.Getenv("POD_NAMESPACE")
+	}
+	if ns == "" {
+		ns = defaultNS
+	}
+	id := f.id
+	if id == "" {
+		id = os.Getenv("POD_NAME")
+	}
+	return leader.New(leader.Config{Client: client, Namespace: ns, Name: f.name, Identity: id,
+		LeaseDuration: f.lease, RenewDeadline: f.renew, RetryPeriod: f.retry, Logger: log})
 }

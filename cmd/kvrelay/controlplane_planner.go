@@ -61,6 +61,8 @@ type plannerEnv struct {
 	kube      func() (kubernetes.Interface, error)
 	namespace string // --k8s-namespace
 	log       *slog.Logger
+	// leader, when set, says whether this control plane replica may scale (--leader-elect).
+	leader func() error
 }
 
 // parsePools returns the pools to size and, for kube, each pool's Deployment.
@@ -117,6 +119,7 @@ func (f *cpPlannerFlags) build(env plannerEnv) (p *planner.Planner, close func()
 	}
 	f.config(&cfg, 1)
 	cfg.Logger = env.log
+	cfg.Leader = env.leader
 	ns := f.namespace
 	if ns == "" {
 		ns = env.namespace

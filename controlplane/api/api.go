@@ -90,6 +90,11 @@ type Options struct {
 	// OnReject, when set, hears of every call refused for its credentials, with the reason
 	// ("unauthenticated" for a missing or wrong token, "no_token" when none is configured).
 	OnReject func(reason string, r *http.Request)
+	// Leader, when set, is asked before each authorized call that changes state: a replica
+	// that does not lead answers its error (wrapping leader.ErrNotLeader, naming the
+	// leader) as gRPC Unavailable, HTTP 503, and OnReject hears "not_leader". Unset: this
+	// replica makes every change.
+	Leader func() error
 }
 
 // errNoToken is the refusal of an API started without a token.
@@ -113,7 +118,7 @@ func (a *authorizer) check(authorization string, mutating bool) *Error {
 	}
 	if a.opts.Token == "" {
 		if a.opts.AllowUnauthenticated {
-			return nil
+			return a.lead(mutating)
 		}
 		return &Error{Code: codes.PermissionDenied, Message: errNoToken}
 	}
@@ -126,7 +131,30 @@ func (a *authorizer) check(authorization string, mutating bool) *Error {
 	if subtle.ConstantTimeCompare(sum[:], a.sum[:]) != 1 {
 		return &Error{Code: codes.Unauthenticated, Message: "invalid bearer token"}
 	}
+	return a.lead(mutating)
+}
+
+// lead refuses a change on a replica that does not lead. It comes after the token check:
+// who leads is not told to callers without credentials.
+func (a *authorizer) lead(mutating bool) *Error {
+	if !mutating || a.opts.Leader == nil {
+		return nil
+	}
+	if err := a.opts.Leader(); err != nil {
+		return &Error{Code: codes.Unavailable, Message: err.Error()}
+	}
 	return nil
+}
+
+// rejectReason is OnReject's reason for a refusal by check.
+func rejectReason(e *Error) string {
+	switch e.Code {
+	case codes.Unauthenticated:
+		return "unauthenticated"
+	case codes.Unavailable:
+		return "not_leader"
+	}
+	return "no_token"
 }
 
 // Error is an API error with its gRPC code; it is what clients of both transports see.

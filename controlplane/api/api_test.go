@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 
@@ -647,5 +648,49 @@ func TestNilResults(t *testing.T) {
 	}
 	if _, err := c.Drain(t.Context(), &operatorv1.DrainRequest{Id: "w"}); err != nil {
 		t.Error(err)
+	}
+}
+
+// A replica that follows serves reads and refuses changes, over both transports, naming the
+// leader; a wrong token is refused as before, without saying who leads.
+func TestFollowerRefusesChanges(t *testing.T) {
+	leading := false
+	var rejected []string
+	opts := api.Options{Token: token, OpenReads: true, OnReject: func(reason string, _ *http.Request) { rejected = append(rejected, reason) },
+		Leader: func() error {
+			if leading {
+				return nil
+			}
+			return errors.New("not the leader: control plane replica cp-1 follows cp-0, which makes every change")
+		}}
+	b := fleet()
+	ts := serve(t, b, opts)
+	if r := do(t, ts, "GET", "/v1/workers", "", ""); r.status != 200 {
+		t.Fatalf("read on a follower: %d %s", r.status, r.body)
+	}
+	r := do(t, ts, "POST", "/v1/workers/w1/drain", "", token)
+	if r.status != http.StatusServiceUnavailable {
+		t.Fatalf("change on a follower: %d %s", r.status, r.body)
+	}
+	if msg, code := errorOf(t, r); code != "unavailable" || !strings.Contains(msg, "cp-0") {
+		t.Fatalf("refusal %q (%s) does not name the leader", msg, code)
+	}
+	if r := do(t, ts, "POST", "/v1/workers/w1/drain", "", "wrong"); r.status != 401 || strings.Contains(r.body, "cp-0") {
+		t.Fatalf("wrong token on a follower: %d %s", r.status, r.body)
+	}
+	if !slices.Equal(rejected, []string{"not_leader", "unauthenticated"}) {
+		t.Fatalf("rejections %v", rejected)
+	}
+	c := grpcClient(t, ts)
+	_, err := c.Drain(withToken(t.Context(), token), &operatorv1.DrainRequest{Id: "w1"})
+	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "cp-0") {
+		t.Fatalf("gRPC change on a follower: %v", err)
+	}
+	if w, _ := b.GetWorker(t.Context(), "w1"); w.Status.GetDraining() {
+		t.Fatal("a follower drained the worker")
+	}
+	leading = true
+	if r := do(t, ts, "POST", "/v1/workers/w1/drain", "", token); r.status != 200 {
+		t.Fatalf("change once leading: %d %s", r.status, r.body)
 	}
 }

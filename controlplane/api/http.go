@@ -153,13 +153,11 @@ func (h *httpHandler) methods(routes map[string]route) http.HandlerFunc {
 		}
 		if !rt.open {
 			if e := h.auth.check(r.Header.Get("Authorization"), !rt.read); e != nil {
-				reason := "no_token"
 				if e.Code == codes.Unauthenticated {
 					w.Header().Set("WWW-Authenticate", `Bearer realm="kvrelay"`)
-					reason = "unauthenticated"
 				}
 				if f := h.auth.opts.OnReject; f != nil {
-					f(reason, r)
+					f(rejectReason(e), r)
 				}
 				writeError(w, e)
 				return

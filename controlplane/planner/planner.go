@@ -79,6 +79,10 @@ type Config struct {
 	DisableLoadMode bool
 	// DryRun decides and records without actuating.
 	DryRun bool
+	// Leader, when set, is asked before each change: while it answers an error (a control
+	// plane replica that follows another), the planner decides and records as in a dry
+	// run, with the error as the reason, and the leader's planner acts.
+	Leader func() error
 	// ScaleAttempts and ScaleBackoff retry a failed actuation within one decision (the next
 	// decision retries again).
 	ScaleAttempts int
@@ -875,12 +879,22 @@ func (p *Planner) decide(ctx context.Context, now time.Time, pool Pool, mode str
 	if to != st.current {
 		if p.cfg.DryRun {
 			d.Reason += " (dry run: not applied)"
+		} else if err := p.leads(); err != nil {
+			d.Reason += " (not applied: " + err.Error() + ")"
 		} else {
 			p.actuate(ctx, now, st, pool, &d)
 		}
 	}
 	p.record(d)
 	return d
+}
+
+// leads returns nil where this planner may act.
+func (p *Planner) leads() error {
+	if p.cfg.Leader == nil {
+		return nil
+	}
+	return p.cfg.Leader()
 }
 
 // actuate calls the actuator with retries; a failure is kept as pending and retried at the

@@ -330,6 +330,29 @@ func TestDryRunDecidesOnly(t *testing.T) {
 	}
 }
 
+// A planner on a control plane replica that follows decides, records why it did not act,
+// and leaves the pools alone until its replica leads.
+func TestFollowerDecidesOnly(t *testing.T) {
+	cfg := disaggConfig()
+	follower := errors.New("not the leader: control plane replica cp-1 follows cp-0")
+	var lead error = follower
+	cfg.Leader = func() error { return lead }
+	act := &plannertest.Actuator{Sizes: map[planner.Pool]int{planner.PoolPrefill: 1, planner.PoolDecode: 1}}
+	p, err := planner.New(cfg, nil, act)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ds := p.Step(context.Background(), obs(time.Unix(1000, 0), 30, 1000, 100))
+	if ds[1].To != 6 || ds[1].Applied || !strings.Contains(ds[1].Reason, "cp-0") || act.Sizes[planner.PoolDecode] != 1 {
+		t.Fatalf("follower's decision %+v, sizes %v", ds[1], act.Sizes)
+	}
+	lead = nil
+	ds = p.Step(context.Background(), obs(time.Unix(1060, 0), 30, 1000, 100))
+	if !ds[1].Applied || act.Sizes[planner.PoolDecode] != 6 {
+		t.Fatalf("leader's decision %+v, sizes %v", ds[1], act.Sizes)
+	}
+}
+
 // bothConfig is an aggregated pool of 1 to 20 on knownProfile: at 1000 in and 100 out
 // tokens a request needs 1000/15000 + 100/500 = 0.2667 replica-seconds, so 3.75 req/s is
 // one replica.
