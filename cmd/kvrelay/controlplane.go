@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
 
 	"github.com/kvrelay/kvrelay/controlplane"
 	"github.com/kvrelay/kvrelay/controlplane/leader"
@@ -83,6 +84,8 @@ worker claims are dropped and counted (kvrelay_controlplane_ingest_unclaimed_tot
 				opts.K8s = src
 			}
 			opts.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+			// client-go (discovery, leader election) logs through klog: into the same log.
+			klog.SetSlogLogger(opts.Logger)
 			if lf.enabled {
 				e, err := lf.build(kubeconf, k8sNS, opts.Logger)
 				if err != nil {
