@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kvrelay/kvrelay/controlplane/api"
@@ -110,12 +111,16 @@ func DefaultAdapters() engines.Adapters {
 	}
 }
 
-// K8sSource discovers workers from Kubernetes EndpointSlices (see
-// registry.Registry.WatchEndpointSlices for how an endpoint becomes a worker).
+// K8sSource discovers workers from Kubernetes: the EndpointSlices that Selector picks (see
+// registry.Registry.WatchEndpointSlices for how an endpoint becomes a worker) or, with
+// InferencePool set, the pods of that Gateway API InferencePool in Namespace
+// (registry.Registry.WatchInferencePool; Dynamic reads the pool).
 type K8sSource struct {
-	Client    kubernetes.Interface
-	Namespace string
-	Selector  string
+	Client        kubernetes.Interface
+	Dynamic       dynamic.Interface
+	Namespace     string
+	Selector      string
+	InferencePool string
 	// Template gives the fields endpoints do not: engine, model, KV event port, ...
 	Template registry.Worker
 }
@@ -273,8 +278,14 @@ func (s *Server) Start(ctx context.Context) error {
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
-			if err := s.reg.WatchEndpointSlices(runCtx, k.Client, k.Namespace, k.Selector, k.Template); err != nil && runCtx.Err() == nil {
-				s.log.Error("watching Kubernetes EndpointSlices stopped", "err", err)
+			var err error
+			if k.InferencePool != "" {
+				err = s.reg.WatchInferencePool(runCtx, k.Client, k.Dynamic, k.Namespace, k.InferencePool, k.Template)
+			} else {
+				err = s.reg.WatchEndpointSlices(runCtx, k.Client, k.Namespace, k.Selector, k.Template)
+			}
+			if err != nil && runCtx.Err() == nil {
+				s.log.Error("Kubernetes discovery stopped", "err", err)
 			}
 		}()
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"golang.org/x/sync/errgroup"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -31,6 +32,7 @@ func newControlPlaneCmd() *cobra.Command {
 		tokenFile string
 		k8sNS     string
 		k8sSel    string
+		k8sPool   string
 		k8sTmpl   string
 		kubeconf  string
 		ebpfF     ebpfFlags
@@ -76,8 +78,11 @@ worker claims are dropped and counted (kvrelay_controlplane_ingest_unclaimed_tot
 					return fmt.Errorf("--api-token-file %s is empty", tokenFile)
 				}
 			}
-			if k8sSel != "" {
-				src, err := k8sSource(kubeconf, k8sNS, k8sSel, k8sTmpl)
+			if k8sSel != "" && k8sPool != "" {
+				return fmt.Errorf("--k8s-selector and --k8s-inference-pool: choose one way to discover workers")
+			}
+			if k8sSel != "" || k8sPool != "" {
+				src, err := k8sSource(kubeconf, k8sNS, k8sSel, k8sPool, k8sTmpl)
 				if err != nil {
 					return err
 				}
@@ -112,7 +117,8 @@ worker claims are dropped and counted (kvrelay_controlplane_ingest_unclaimed_tot
 	fs.StringVar(&tokenFile, "api-token-file", "", "file holding the bearer token that mutating operator calls need")
 	fs.DurationVar(&opts.ScrapeInterval, "scrape-interval", 100*time.Millisecond, "how often each worker's metrics are read")
 	fs.StringVar(&k8sSel, "k8s-selector", "", "discover workers from the Kubernetes EndpointSlices with this label selector (e.g. app=vllm)")
-	fs.StringVar(&k8sNS, "k8s-namespace", "default", "namespace of the EndpointSlices")
+	fs.StringVar(&k8sPool, "k8s-inference-pool", "", "discover workers from the pods of this Gateway API InferencePool (inference.networking.k8s.io/v1) in --k8s-namespace: its selector and target ports; a pod's llm-d.ai/role label sets its role and its kvrelay.io/worker annotation (--worker form without id and url) the rest")
+	fs.StringVar(&k8sNS, "k8s-namespace", "default", "namespace of the EndpointSlices or the InferencePool")
 	fs.StringVar(&k8sTmpl, "k8s-worker", "engine=vllm", "fields of discovered workers, in --worker form without id and url (e.g. engine=vllm,kv-events=tcp://*:5557)")
 	fs.StringVar(&kubeconf, "kubeconfig", "", "kubeconfig file (default: in-cluster configuration)")
 	pf.register(fs)
@@ -204,6 +210,19 @@ func runControlPlane(ctx context.Context, out io.Writer, opts controlplane.Optio
 
 // kubeClient is a Kubernetes client from a kubeconfig file, or in-cluster without one.
 func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
+	cfg, err := kubeConfig(kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client: %w", err)
+	}
+	return client, nil
+}
+
+// kubeConfig is the client configuration from a kubeconfig file, or in-cluster without one.
+func kubeConfig(kubeconfig string) (*rest.Config, error) {
 	var (
 		cfg *rest.Config
 		err error
@@ -216,31 +235,35 @@ func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes configuration: %w", err)
 	}
-	// A call to an API server that stopped answering fails instead of hanging a watch
-	// restart, a scale or the Lease's release on shutdown.
-	cfg.Timeout = kubeTimeout
+	return cfg, nil
+}
+
+// k8sSource builds the discovery of `--k8s-selector` (EndpointSlices) or
+// `--k8s-inference-pool`.
+func k8sSource(kubeconfig, namespace, selector, pool, tmpl string) (*controlplane.K8sSource, error) {
+	cfg, err := kubeConfig(kubeconfig)
+	if err != nil {
+		return nil, err
+	}
 	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes client: %w", err)
 	}
-	return client, nil
-}
-
-// k8sSource builds the EndpointSlice discovery of `--k8s-selector`.
-func k8sSource(kubeconfig, namespace, selector, tmpl string) (*controlplane.K8sSource, error) {
-	client, err := kubeClient(kubeconfig)
-	if err != nil {
-		return nil, err
+	var dyn dynamic.Interface
+	if pool != "" {
+		if dyn, err = dynamic.NewForConfig(cfg); err != nil {
+			return nil, fmt.Errorf("kubernetes client: %w", err)
+		}
 	}
 	// The template reuses the --worker syntax; id and url are placeholders it ignores.
 	w, err := registry.ParseWorker("id=template,url=http://template:80," + tmpl)
 	if err != nil {
 		return nil, fmt.Errorf("--k8s-worker: %w", err)
 	}
-	return &controlplane.K8sSource{Client: client, Namespace: namespace, Selector: selector, Template: w}, nil
+	return &controlplane.K8sSource{Client: client, Dynamic: dyn, Namespace: namespace, Selector: selector, InferencePool: pool, Template: w}, nil
 }
 
-// kubeTimeout bounds each Kubernetes API call (watches are bounded by their own timeouts).
+// kubeTimeout bounds each Lease call of the leader election.
 const kubeTimeout = 10 * time.Second
 
 // leaderFlags are the control plane's --leader-elect flags.
@@ -265,9 +288,17 @@ func (f *leaderFlags) build(kubeconfig, defaultNS string, log *slog.Logger) (*le
 	if f.renew >= f.lease || f.retry >= f.renew {
 		return nil, fmt.Errorf("--leader-elect: want retry period (%s) < renew deadline (%s) < lease duration (%s)", f.retry, f.renew, f.lease)
 	}
-	client, err := kubeClient(kubeconfig)
+	cfg, err := kubeConfig(kubeconfig)
 	if err != nil {
 		return nil, fmt.Errorf("--leader-elect: %w", err)
+	}
+	// Every Lease call is short: one to an API server that stopped answering fails in time
+	// for the renew deadline, and the release on shutdown does not hang. (Not on the
+	// discovery client's config: it would cut its watches.)
+	cfg.Timeout = min(kubeTimeout, f.renew/2)
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("--leader-elect: kubernetes client: %w", err)
 	}
 	ns := f.namespace
 	if ns == "" {

@@ -157,6 +157,26 @@ func ParseWorker(s string) (Worker, error) {
 
 func parseWorker(s string) (Worker, error) {
 	var w Worker
+	if err := applyPairs(&w, s); err != nil {
+		return Worker{}, err
+	}
+	if w.ID == "" {
+		return Worker{}, fmt.Errorf("%w: missing id", ErrInvalid)
+	}
+	if w.URL == "" {
+		return Worker{}, fmt.Errorf("%w: worker %q: missing url", ErrInvalid, w.ID)
+	}
+	w = w.WithDefaults()
+	w.Source = SourceFlag
+	if err := w.Validate(); err != nil {
+		return Worker{}, err
+	}
+	return w, nil
+}
+
+// applyPairs sets the fields that s, comma-separated key=value pairs of the flag form,
+// names on w, leaving the others as they are.
+func applyPairs(w *Worker, s string) error {
 	seen := make(map[string]bool, len(flagKeys))
 	for pair := range strings.SplitSeq(s, ",") {
 		pair = strings.TrimSpace(pair)
@@ -165,14 +185,14 @@ func parseWorker(s string) (Worker, error) {
 		}
 		k, v, ok := strings.Cut(pair, "=")
 		if !ok {
-			return Worker{}, fmt.Errorf("%w: %q is not key=value", ErrInvalid, pair)
+			return fmt.Errorf("%w: %q is not key=value", ErrInvalid, pair)
 		}
 		k, v = strings.TrimSpace(k), strings.TrimSpace(v)
 		if !slices.Contains(flagKeys, k) {
-			return Worker{}, fmt.Errorf("%w: unknown key %q (known: %s)", ErrInvalid, k, strings.Join(flagKeys, ", "))
+			return fmt.Errorf("%w: unknown key %q (known: %s)", ErrInvalid, k, strings.Join(flagKeys, ", "))
 		}
 		if seen[k] {
-			return Worker{}, fmt.Errorf("%w: key %q given twice", ErrInvalid, k)
+			return fmt.Errorf("%w: key %q given twice", ErrInvalid, k)
 		}
 		seen[k] = true
 		switch k {
@@ -187,7 +207,7 @@ func parseWorker(s string) (Worker, error) {
 		case keyHostBandwidth, keyDiskBandwidth, keyPeerBandwidth:
 			bw, err := engines.ParseBandwidth(v)
 			if err != nil {
-				return Worker{}, fmt.Errorf("%w: %s: %v", ErrInvalid, k, err)
+				return fmt.Errorf("%w: %s: %v", ErrInvalid, k, err)
 			}
 			switch k {
 			case keyHostBandwidth:
@@ -200,7 +220,7 @@ func parseWorker(s string) (Worker, error) {
 		case keyBlockSize, keyMaxNumSeqs, keyMaxBatched, keyKVBytes:
 			n, err := strconv.Atoi(v)
 			if err != nil {
-				return Worker{}, fmt.Errorf("%w: %s %q is not an integer", ErrInvalid, k, v)
+				return fmt.Errorf("%w: %s %q is not an integer", ErrInvalid, k, v)
 			}
 			switch k {
 			case keyBlockSize:
@@ -225,25 +245,17 @@ func parseWorker(s string) (Worker, error) {
 		case keyEngine:
 			w.Engine = v
 		case keyLoRAModules:
+			// A fresh list: the key replaces what w had (a template's, for a pod).
+			var mods []string
 			for name := range strings.SplitSeq(v, ";") {
 				if name = strings.TrimSpace(name); name != "" {
-					w.LoRAModules = append(w.LoRAModules, name)
+					mods = append(mods, name)
 				}
 			}
+			w.LoRAModules = mods
 		}
 	}
-	if w.ID == "" {
-		return Worker{}, fmt.Errorf("%w: missing id", ErrInvalid)
-	}
-	if w.URL == "" {
-		return Worker{}, fmt.Errorf("%w: worker %q: missing url", ErrInvalid, w.ID)
-	}
-	w = w.WithDefaults()
-	w.Source = SourceFlag
-	if err := w.Validate(); err != nil {
-		return Worker{}, err
-	}
-	return w, nil
+	return nil
 }
 
 // String returns w in the flag form that ParseWorker reads. Empty fields and fields at their
