@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the tests use beyond Go, when this machine can: a C compiler (gcc: the race
-# detector needs cgo) and Debian's python3-zmq and python3-msgpack (real libzmq and an
-# independent msgpack for the interoperability tests). Without them `make test` runs without
+# detector needs cgo), helm (hack/helm.sh) and Debian's python3-zmq and python3-msgpack (real
+# libzmq and an independent msgpack for the interoperability tests). Without them `make test` runs without
 # -race and the interop tests skip, so a failed install is reported and not fatal.
 set -u
 if ! command -v "${CC:-gcc}" >/dev/null 2>&1; then
@@ -13,6 +13,8 @@ if ! command -v "${CC:-gcc}" >/dev/null 2>&1; then
     echo "ci-deps: no C compiler and no way to install one; make test will run without the race detector"
   fi
 fi
+# helm for the chart's tests (built once with go install into a cache).
+"$(dirname "$0")/helm.sh" >/dev/null || echo "ci-deps: could not build helm; the chart tests will skip"
 py=/usr/bin/python3
 if [ -x "$py" ] && "$py" -c 'import zmq, msgpack' 2>/dev/null; then
   exit 0

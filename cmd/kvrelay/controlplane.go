@@ -241,6 +241,10 @@ func kubeConfig(kubeconfig string) (*rest.Config, error) {
 // k8sSource builds the discovery of `--k8s-selector` (EndpointSlices) or
 // `--k8s-inference-pool`.
 func k8sSource(kubeconfig, namespace, selector, pool, tmpl string) (*controlplane.K8sSource, error) {
+	w, err := registry.ParseTemplate(tmpl)
+	if err != nil {
+		return nil, fmt.Errorf("--k8s-worker: %w", err)
+	}
 	cfg, err := kubeConfig(kubeconfig)
 	if err != nil {
 		return nil, err
@@ -254,11 +258,6 @@ func k8sSource(kubeconfig, namespace, selector, pool, tmpl string) (*controlplan
 		if dyn, err = dynamic.NewForConfig(cfg); err != nil {
 			return nil, fmt.Errorf("kubernetes client: %w", err)
 		}
-	}
-	// The template reuses the --worker syntax; id and url are placeholders it ignores.
-	w, err := registry.ParseWorker("id=template,url=http://template:80," + tmpl)
-	if err != nil {
-		return nil, fmt.Errorf("--k8s-worker: %w", err)
 	}
 	return &controlplane.K8sSource{Client: client, Dynamic: dyn, Namespace: namespace, Selector: selector, InferencePool: pool, Template: w}, nil
 }

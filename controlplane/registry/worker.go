@@ -174,6 +174,23 @@ func parseWorker(s string) (Worker, error) {
 	return w, nil
 }
 
+// ParseTemplate reads the fields that discovered workers share, in the flag form without id
+// and url (engine=vllm,kv-events=tcp://*:5557,...). Endpoint hosts are not checked here: the
+// discovery replaces them by each worker's address (and checks the result).
+func ParseTemplate(s string) (Worker, error) {
+	var w Worker
+	if err := applyPairs(&w, s); err != nil {
+		return Worker{}, fmt.Errorf("parsing worker template %q: %w", s, err)
+	}
+	if w.ID != "" || w.URL != "" {
+		return Worker{}, fmt.Errorf("parsing worker template %q: %w: id and url come from each discovered address", s, ErrInvalid)
+	}
+	if _, err := newSliceTemplate(w); err != nil {
+		return Worker{}, fmt.Errorf("parsing worker template %q: %w", s, err)
+	}
+	return w, nil
+}
+
 // applyPairs sets the fields that s, comma-separated key=value pairs of the flag form,
 // names on w, leaving the others as they are.
 func applyPairs(w *Worker, s string) error {

@@ -221,3 +221,15 @@ func TestLoRAModulesFlagForm(t *testing.T) {
 		}
 	}
 }
+
+func TestParseTemplate(t *testing.T) {
+	w, err := ParseTemplate("engine=sglang,kv-events=tcp://*:5557,max-num-seqs=32,role=decode")
+	if err != nil || w.Engine != "sglang" || w.KVEvents != "tcp://*:5557" || w.MaxNumSeqs != 32 || w.Role != RoleDecode {
+		t.Fatalf("ParseTemplate = %+v, %v", w, err)
+	}
+	for _, bad := range []string{"id=x", "url=http://a:1", "kv-events=tcp://*:port", "role=sideways", "nope=1", "kv-events-topic=t"} {
+		if _, err := ParseTemplate(bad); !errors.Is(err, ErrInvalid) {
+			t.Errorf("ParseTemplate(%q) = %v, want ErrInvalid", bad, err)
+		}
+	}
+}

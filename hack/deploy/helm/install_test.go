@@ -1,0 +1,484 @@
+//go:build linux
+
+package helm_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/kvrelay/kvrelay/internal/kubetest"
+)
+
+// engines is the namespace of the engines' EndpointSlices (and Deployments) in TestInstall,
+// apart from the release's, as where one control plane serves a namespace of engines.
+const engines = "engines"
+
+// TestInstall installs the chart on a real kube-apiserver (no controller-manager, scheduler
+// or kubelet: the Deployments' pods never start), checks the objects it made, exercises its
+// RBAC as the control plane's ServiceAccount, runs the control plane and a proxy here with
+// the installed Deployments' arguments and that ServiceAccount's credentials, and upgrades
+// the release.
+func TestInstall(t *testing.T) {
+	needHelm(t)
+	env := kubetest.Start(t)
+	cs := env.Clientset(t)
+	ctx := t.Context()
+
+	// The template tests render for the release hack/kube-testenv builds: this one.
+	kv, err := kubeVersion()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, err := cs.Discovery().ServerVersion(); err != nil || v.GitVersion != kv {
+		t.Fatalf("kube-apiserver version %v (%v); the template tests render for %s", v, err, kv)
+	}
+
+	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: engines}}, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create namespace %s: %v", engines, err)
+	}
+	values := valuesFile(t, "discovery: {namespace: "+engines+"}\n")
+	kubeconfig := env.Kubeconfig(t)
+	begin := time.Now()
+	helm(t, "install", release, chart, "--namespace", namespace, "--create-namespace", "--kubeconfig", kubeconfig, "-f", values)
+	t.Logf("helm install in %v", time.Since(begin).Round(time.Millisecond))
+
+	checkInstalled(t, cs)
+	sec, err := cs.CoreV1().Secrets(namespace).Get(ctx, tokenSecret, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("get API token secret: %v", err)
+	}
+	token := string(sec.Data["token"])
+	if len(token) != 32 {
+		t.Fatalf("generated API token %q, want 32 characters", token)
+	}
+
+	sa := "system:serviceaccount:" + namespace + ":" + cpName
+	saGroups := []string{"system:serviceaccounts", "system:serviceaccounts:" + namespace}
+	t.Run("rbac", func(t *testing.T) { checkRBAC(t, cs, env.ClientsetFor(t, sa, saGroups...)) })
+	t.Run("run", func(t *testing.T) {
+		runInstalled(t, cs, env.KubeconfigFor(t, sa, saGroups...), token)
+	})
+
+	t.Run("upgrade", func(t *testing.T) {
+		helm(t, "upgrade", release, chart, "--namespace", namespace, "--kubeconfig", kubeconfig, "-f", values, "--set", "proxy.policy=kv")
+		sec, err := cs.CoreV1().Secrets(namespace).Get(ctx, tokenSecret, metav1.GetOptions{})
+		if err != nil {
+			t.Fatalf("get API token secret: %v", err)
+		}
+		if got := string(sec.Data["token"]); got != token {
+			t.Errorf("API token after upgrade %q, was %q", got, token)
+		}
+		d, err := cs.AppsV1().Deployments(namespace).Get(ctx, proxyName, metav1.GetOptions{})
+		if err != nil {
+			t.Fatalf("get proxy deployment: %v", err)
+		}
+		wantArgs(t, container(t, d, "proxy"), "--policy=kv")
+	})
+}
+
+// checkInstalled checks that helm made every object the chart renders by default, the
+// discovery Role and RoleBinding in the engines' namespace.
+func checkInstalled(t *testing.T, cs *kubernetes.Clientset) {
+	t.Helper()
+	ctx := t.Context()
+	gets := []struct {
+		kind, ns, name string
+		get            func(ctx context.Context, name string, o metav1.GetOptions) error
+	}{
+		{"Deployment", namespace, cpName, dropObj(cs.AppsV1().Deployments(namespace).Get)},
+		{"Deployment", namespace, proxyName, dropObj(cs.AppsV1().Deployments(namespace).Get)},
+		{"Service", namespace, cpName, dropObj(cs.CoreV1().Services(namespace).Get)},
+		{"Service", namespace, proxyName, dropObj(cs.CoreV1().Services(namespace).Get)},
+		{"Service", namespace, proxyAdmin, dropObj(cs.CoreV1().Services(namespace).Get)},
+		{"ServiceAccount", namespace, cpName, dropObj(cs.CoreV1().ServiceAccounts(namespace).Get)},
+		{"Role", namespace, cpName, dropObj(cs.RbacV1().Roles(namespace).Get)},
+		{"RoleBinding", namespace, cpName, dropObj(cs.RbacV1().RoleBindings(namespace).Get)},
+		{"Role", engines, discoveryRBAC, dropObj(cs.RbacV1().Roles(engines).Get)},
+		{"RoleBinding", engines, discoveryRBAC, dropObj(cs.RbacV1().RoleBindings(engines).Get)},
+		{"PodDisruptionBudget", namespace, cpName, dropObj(cs.PolicyV1().PodDisruptionBudgets(namespace).Get)},
+		{"PodDisruptionBudget", namespace, proxyName, dropObj(cs.PolicyV1().PodDisruptionBudgets(namespace).Get)},
+		{"HorizontalPodAutoscaler", namespace, proxyName, dropObj(cs.AutoscalingV2().HorizontalPodAutoscalers(namespace).Get)},
+		{"Secret", namespace, tokenSecret, dropObj(cs.CoreV1().Secrets(namespace).Get)},
+	}
+	for _, g := range gets {
+		if err := g.get(ctx, g.name, metav1.GetOptions{}); err != nil {
+			t.Errorf("%s %s/%s: %v", g.kind, g.ns, g.name, err)
+		}
+	}
+	cp, err := cs.AppsV1().Deployments(namespace).Get(ctx, cpName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := cp.Spec.Replicas; r == nil || *r != 2 {
+		t.Errorf("control plane replicas %v, want 2", r)
+	}
+	wantArgs(t, container(t, cp, "controlplane"), "--leader-elect", "--k8s-namespace="+engines)
+}
+
+// dropObj drops a typed Get's object.
+func dropObj[T any](get func(context.Context, string, metav1.GetOptions) (T, error)) func(context.Context, string, metav1.GetOptions) error {
+	return func(ctx context.Context, name string, o metav1.GetOptions) error {
+		_, err := get(ctx, name, o)
+		return err
+	}
+}
+
+// checkRBAC checks, as the control plane's ServiceAccount (sa), that the chart's Roles allow
+// what the control plane does (the Lease in its namespace; EndpointSlices and the planner's
+// scaling in the engines') and nothing beside.
+func checkRBAC(t *testing.T, admin, sa *kubernetes.Clientset) {
+	ctx := t.Context()
+	// The authorizer's informers see helm's bindings a moment after they are stored.
+	eventually(t, 10*time.Second, func() error {
+		_, err := sa.DiscoveryV1().EndpointSlices(engines).List(ctx, metav1.ListOptions{})
+		return err
+	})
+	leases := sa.CoordinationV1().Leases(namespace)
+	lease, err := leases.Create(ctx, &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Name: "rbac-check"},
+		Spec:       coordinationv1.LeaseSpec{HolderIdentity: new("a")},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("create lease: %v", err)
+	}
+	lease.Spec.HolderIdentity = new("b")
+	if _, err := leases.Update(ctx, lease, metav1.UpdateOptions{}); err != nil {
+		t.Errorf("update lease: %v", err)
+	}
+	if _, err := leases.Get(ctx, "rbac-check", metav1.GetOptions{}); err != nil {
+		t.Errorf("get lease: %v", err)
+	}
+
+	// The planner's kube actuator: scale a Deployment of the engines and read its pods.
+	podLabels := map[string]string{"app": "vllm"}
+	if _, err := admin.AppsV1().Deployments(engines).Create(ctx, &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Name: "vllm"},
+		Spec: appsv1.DeploymentSpec{
+			Replicas: new(int32(1)),
+			Selector: &metav1.LabelSelector{MatchLabels: podLabels},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: podLabels},
+				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "vllm", Image: "vllm:test"}}},
+			},
+		},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create engines deployment: %v", err)
+	}
+	deployments := sa.AppsV1().Deployments(engines)
+	scale, err := deployments.GetScale(ctx, "vllm", metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("get scale: %v", err)
+	}
+	scale.Spec.Replicas = 2
+	if _, err := deployments.UpdateScale(ctx, "vllm", scale, metav1.UpdateOptions{}); err != nil {
+		t.Errorf("update scale: %v", err)
+	}
+	if _, err := deployments.Get(ctx, "vllm", metav1.GetOptions{}); err != nil {
+		t.Errorf("get deployment: %v", err)
+	}
+	if _, err := sa.CoreV1().Pods(engines).List(ctx, metav1.ListOptions{}); err != nil {
+		t.Errorf("list pods: %v", err)
+	}
+
+	for what, err := range map[string]error{
+		"list secrets":                         errOnly(sa.CoreV1().Secrets(namespace).List(ctx, metav1.ListOptions{})),
+		"create a lease in the engines' space": errOnly(sa.CoordinationV1().Leases(engines).Create(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "x"}}, metav1.CreateOptions{})),
+		"list endpointslices of the release":   errOnly(sa.DiscoveryV1().EndpointSlices(namespace).List(ctx, metav1.ListOptions{})),
+		"delete the engines' deployment":       deployments.Delete(ctx, "vllm", metav1.DeleteOptions{}),
+		"delete the lease":                     leases.Delete(ctx, "rbac-check", metav1.DeleteOptions{}),
+	} {
+		if !apierrors.IsForbidden(err) {
+			t.Errorf("%s: got %v, want forbidden", what, err)
+		}
+	}
+}
+
+// errOnly drops a typed call's object.
+func errOnly[T any](_ T, err error) error { return err }
+
+// runInstalled runs the control plane and then a proxy with the arguments and environment
+// of the installed Deployments, moved to loopback ports and temporary files, the control
+// plane as its ServiceAccount (kubeconfig): it must take the Lease, follow the EndpointSlices
+// in the engines' namespace, and see the proxy under its pod's name.
+func runInstalled(t *testing.T, cs *kubernetes.Clientset, kubeconfig, token string) {
+	ctx := t.Context()
+	bin, err := kvrelayBin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	tokenFile := filepath.Join(dir, "token")
+	if err := os.WriteFile(tokenFile, []byte(token), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	cpDep, err := cs.AppsV1().Deployments(namespace).Get(ctx, cpName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cpPod := cpName + "-6d4cf56db6-x7k2p"
+	apiAddr, xdsAddr := loopback(t), loopback(t)
+	c := container(t, cpDep, "controlplane")
+	cpEnv := podEnv(t, c, cpPod)
+	cpArgs := localArgs(t, c.Args, cpEnv, map[string]string{
+		"--data-dir":       filepath.Join(dir, "data"),
+		"--api-token-file": tokenFile,
+		"--api-listen":     apiAddr,
+		"--xds-listen":     xdsAddr,
+	})
+	// eBPF off: this test may run as root, where --ebpf auto would attach the probes.
+	cpArgs = append(cpArgs, "--kubeconfig="+kubeconfig, "--ebpf=off")
+	cp := startProc(t, "controlplane", bin, cpEnv, cpArgs)
+	api := "http://" + apiAddr
+	eventually(t, 30*time.Second, func() error { return cp.check(get(ctx, api+"/readyz", "", "\"ready\"")) })
+
+	lease := argValue(c, "--leader-elect-lease")
+	eventually(t, 20*time.Second, func() error {
+		l, err := cs.CoordinationV1().Leases(namespace).Get(ctx, lease, metav1.GetOptions{})
+		if err != nil {
+			return cp.check(err)
+		}
+		if h := l.Spec.HolderIdentity; h == nil || *h != cpPod {
+			return cp.check(fmt.Errorf("lease %s held by %v, want %s", lease, h, cpPod))
+		}
+		return nil
+	})
+
+	// The informer, as the ServiceAccount, sees a slice in the engines' namespace. A slice
+	// without a port makes no worker (no address is dialed: the API server refuses loopback
+	// ones, and nothing else may be a target here) and a warning that names it.
+	if _, err := cs.DiscoveryV1().EndpointSlices(engines).Create(ctx, &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Name: "vllm-1", Labels: map[string]string{"app": "vllm", discoveryv1.LabelServiceName: "vllm"}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{"192.0.2.7"}}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create endpointslice: %v", err)
+	}
+	eventually(t, 20*time.Second, func() error {
+		if out := cp.log.String(); !strings.Contains(out, "slice="+engines+"/vllm-1") {
+			return cp.check(fmt.Errorf("the control plane has not seen EndpointSlice %s/vllm-1:\n%s", engines, out))
+		}
+		return nil
+	})
+	if out := cp.log.String(); strings.Contains(out, "forbidden") {
+		t.Errorf("the control plane was refused a Kubernetes call:\n%s", out)
+	}
+
+	pxDep, err := cs.AppsV1().Deployments(namespace).Get(ctx, proxyName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pxPod := proxyName + "-7f9b8c6d5-q4w8z"
+	listen := loopback(t)
+	pc := container(t, pxDep, "proxy")
+	pxEnv := podEnv(t, pc, pxPod)
+	pxArgs := localArgs(t, pc.Args, pxEnv, map[string]string{
+		"--xds":          xdsAddr,
+		"--listen":       listen,
+		"--admin-listen": loopback(t),
+	})
+	px := startProc(t, "proxy", bin, pxEnv, append(pxArgs, "--ebpf=off"))
+	eventually(t, 30*time.Second, func() error { return px.check(get(ctx, "http://"+listen+"/health", "", "ok")) })
+	// --node-id=$(POD_NAME): the control plane knows the proxy by its pod's name.
+	eventually(t, 20*time.Second, func() error { return px.check(get(ctx, api+"/v1/proxies", token, pxPod)) })
+}
+
+// podEnv is the environment the kubelet would give c in pod: the downward API's fields of
+// the chart resolved for a pod of that name in the release's namespace.
+func podEnv(t *testing.T, c *corev1.Container, pod string) []string {
+	t.Helper()
+	var env []string
+	for _, e := range c.Env {
+		v := e.Value
+		switch src := e.ValueFrom; {
+		case src == nil:
+		case src.FieldRef != nil && src.FieldRef.FieldPath == "metadata.name":
+			v = pod
+		case src.FieldRef != nil && src.FieldRef.FieldPath == "metadata.namespace":
+			v = namespace
+		case src.ResourceFieldRef != nil && src.ResourceFieldRef.Resource == "requests.cpu":
+			// The kubelet rounds the request up to whole units of the divisor, 1 CPU.
+			v = strconv.FormatInt(c.Resources.Requests.Cpu().Value(), 10)
+		default:
+			t.Fatalf("%s: env %s from %+v, which the test does not resolve", c.Name, e.Name, src)
+		}
+		env = append(env, e.Name+"="+v)
+	}
+	return env
+}
+
+// localArgs returns args with $(VAR) expanded from env, as the kubelet does, and the value
+// of each flag in set replaced; every one of them must be there.
+func localArgs(t *testing.T, args, env []string, set map[string]string) []string {
+	t.Helper()
+	var pairs []string
+	for _, kv := range env {
+		name, v, _ := strings.Cut(kv, "=")
+		pairs = append(pairs, "$("+name+")", v)
+	}
+	expand := strings.NewReplacer(pairs...)
+	out := make([]string, 0, len(args))
+	seen := map[string]bool{}
+	for _, a := range args {
+		a = expand.Replace(a)
+		if flag, _, ok := strings.Cut(a, "="); ok {
+			if v, ok := set[flag]; ok {
+				a = flag + "=" + v
+				seen[flag] = true
+			}
+		}
+		out = append(out, a)
+	}
+	for flag := range set {
+		if !seen[flag] {
+			t.Fatalf("args %q lack %s", args, flag)
+		}
+	}
+	return out
+}
+
+// proc is a kvrelay process the test started.
+type proc struct {
+	name string
+	log  *syncBuffer
+	done chan struct{} // closed when it has exited
+	err  error
+}
+
+// check returns err, or that the process exited (its output with it), or nil.
+func (p *proc) check(err error) error {
+	select {
+	case <-p.done:
+		return stopErr{fmt.Errorf("%s exited (%v):\n%s", p.name, p.err, p.log)}
+	default:
+		return err
+	}
+}
+
+// stopErr ends eventually at once.
+type stopErr struct{ error }
+
+// startProc runs bin with args and env (besides this process's). t.Cleanup stops it with
+// SIGTERM, as the kubelet does (the control plane then releases its Lease), and logs its
+// output when t failed.
+func startProc(t *testing.T, name, bin string, env, args []string) *proc {
+	t.Helper()
+	p := &proc{name: name, log: new(syncBuffer), done: make(chan struct{})}
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Stdout, cmd.Stderr = p.log, p.log
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("starting %s: %v", name, err)
+	}
+	go func() { p.err = cmd.Wait(); close(p.done) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-p.done:
+		case <-time.After(15 * time.Second):
+			_ = cmd.Process.Kill()
+			<-p.done
+		}
+		if t.Failed() {
+			t.Logf("%s %q output:\n%s", name, args, p.log)
+		}
+	})
+	return p
+}
+
+// syncBuffer is a process's output, read while the process writes it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+// get returns nil when url answers 200 with a body holding each of want, else why not. A
+// token, when given, goes as the bearer.
+func get(ctx context.Context, url, token string, want ...string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: %s: %s", url, resp.Status, body)
+	}
+	for _, w := range want {
+		if !bytes.Contains(body, []byte(w)) {
+			return fmt.Errorf("GET %s: %s lacks %q", url, body, w)
+		}
+	}
+	return nil
+}
+
+// eventually calls f until it returns nil, failing t with its last error after d or at once
+// on a stopErr.
+func eventually(t *testing.T, d time.Duration, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		err := f()
+		if err == nil {
+			return
+		}
+		if _, stop := err.(stopErr); stop || time.Now().After(deadline) {
+			t.Fatal(err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// freePort returns a loopback TCP port nothing listens on now.
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+func loopback(t *testing.T) string { return "127.0.0.1:" + strconv.Itoa(freePort(t)) }
