@@ -1,0 +1,114 @@
+package controlplane_test
+
+import (
+	"context"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// serviceRelay plays a Kubernetes Service in front of control plane replicas: each
+// connection goes to the first backend that accepts it.
+func serviceRelay(t *testing.T, backends ...string) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			var up net.Conn
+			for _, b := range backends {
+				if up, err = net.DialTimeout("tcp", b, time.Second); err == nil {
+					break
+				}
+			}
+			if up == nil {
+				conn.Close()
+				continue
+			}
+			go func() { _, _ = up.(*net.TCPConn).ReadFrom(conn); up.Close() }()
+			go func() { _, _ = conn.(*net.TCPConn).ReadFrom(up); conn.Close() }()
+		}
+	}()
+	return ln.Addr().String()
+}
+
+// Two control plane replicas follow the same engines and each keeps the whole index; the
+// proxies reach them through one address. When the replica a proxy follows dies, the proxy
+// moves to the other, takes a fresh snapshot of its index (another journal's epoch: never
+// mixed with the first's), and no request fails meanwhile.
+func TestReplicaDeathMovesProxies(t *testing.T) {
+	c := newCluster(t, 4)
+	a := c.cp
+	// The second replica: the same engines, its own data directory.
+	c2 := &cluster{t: t, workers: c.workers, specs: c.specs, dataDir: t.TempDir()}
+	c2.startControlPlane("127.0.0.1:0")
+	b := c2.cp
+	svc := serviceRelay(t, a.XDSAddr(), b.XDSAddr())
+	p := c.addProxy(svc)
+	waitWorkers(t, p, 4)
+	c.warm(4)
+	c.waitBlocks(4 * 150)
+	c2.warmed = c.warmed
+	c2.waitBlocks(4 * 150)
+	before, _ := p.XDSStats()
+
+	// Requests all along, from two clients: none may fail.
+	var sent, failed atomic.Int64
+	ctx, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for g := range 2 {
+		wg.Go(func() {
+			for i := 0; ctx.Err() == nil; i++ {
+				f := (i + g) % 4
+				r := chat(t, "http://"+p.Addr(), family(f), "request "+strconv.Itoa(i))
+				sent.Add(1)
+				if r.status != 200 {
+					failed.Add(1)
+					t.Errorf("family %d during the failover: status %d: %s", f, r.status, r.body)
+				}
+			}
+		})
+	}
+	time.Sleep(300 * time.Millisecond)
+	killed := time.Now()
+	_ = a.Close()
+
+	// The proxy follows b: new ADS and journal streams, and its replica rebuilt from b's
+	// snapshot holds b's index.
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		st, _ := p.XDSStats()
+		_, js := b.Journal()
+		if st.ADS.Streams > before.ADS.Streams && st.Journal.Streams > before.Journal.Streams && js.Stats().Snapshots > 0 &&
+			st.Journal.Synced && p.Replica().Len() >= b.Index().Len() {
+			t.Logf("proxy moved to the other replica in %s: %+v", time.Since(killed).Round(time.Millisecond), st.Journal)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the proxy did not move to the other replica: %+v (before %+v), replica %d blocks, b's index %d", st, before, p.Replica().Len(), b.Index().Len())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(300 * time.Millisecond)
+	stop()
+	wg.Wait()
+	if sent.Load() < 20 || failed.Load() != 0 {
+		t.Fatalf("%d of %d requests failed across the failover", failed.Load(), sent.Load())
+	}
+	// Routing still follows the index: each family goes to the worker that caches it.
+	for f := range 4 {
+		if r := chat(t, "http://"+p.Addr(), family(f), "after the failover"); r.status != 200 || r.worker != "w"+strconv.Itoa(f) {
+			t.Fatalf("after the failover, family %d: status %d worker %q\nproxy's workers: %s", f, r.status, r.worker, workerStates(p))
+		}
+	}
+}
