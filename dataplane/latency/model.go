@@ -393,10 +393,13 @@ func (w *Worker) Predict(e *Engine, st State, uncached float64, p *Prediction) {
 	p.Slowdown = 0
 	if st.OSL > 0 && (seqs <= 0 || st.Requests < seqs) {
 		// Only a request that joins the running batch slows it; one that waits for a slot
-		// pays the slot wait instead.
-		if slope := p.ITL - m.ITL(batch, st.KVUsage); slope > 0 {
-			p.Slowdown = slope * float64(batch) * 1.5 * st.OSL
-		}
+		// pays the slot wait instead. Its own tokens at this batch's step rather than a lone
+		// request's (the step's level: on a concave curve far more than its slope times the
+		// batch), and the running requests' remaining tokens, half an OSL each, one request
+		// slower.
+		own := st.OSL * max(p.ITL-m.ITL(1, st.KVUsage), 0)
+		others := float64(batch) * 0.5 * st.OSL * max(p.ITL-m.ITL(batch, st.KVUsage), 0)
+		p.Slowdown = own + others
 	}
 }
 
