@@ -166,8 +166,8 @@ func (s *Server) WorkerModels() []WorkerModelJSON {
 		out = append(out, WorkerModelJSON{
 			Worker: w.ID, Bias: st.Theta[latency.FeatBias], SlotWait: st.Theta[latency.FeatSlotWait], Queue: st.Theta[latency.FeatQueue],
 			Prefill: st.Theta[latency.FeatPrefill], LoadedPrefill: st.Theta[latency.FeatLoadedPrefill], LoadedBias: st.Theta[latency.FeatLoadedBias],
-			Decode:  st.Theta[latency.FeatDecode],
-			ITL: decodePoints(st.Decode), ITLKV: st.DecodeKV, Speed: st.Speed, Occupancy: st.Occupancy,
+			Decode: st.Theta[latency.FeatDecode],
+			ITL:    decodePoints(st.Decode), ITLKV: st.DecodeKV, Speed: st.Speed, Occupancy: st.Occupancy,
 			Observations: st.Observations, ModelObservations: st.ModelObservations, Decodes: st.Decodes,
 			MaxNumSeqs: w.Latency().MaxNumSeqs(&w.Engine),
 		})
