@@ -210,7 +210,7 @@ Without --setups, --mode with --workers (agg) or --prefill-workers and --decode-
 	fs.Float64Var(&cc.OverlapWeight, "overlap-weight", 0, "override the kv policy's overlap weight (0: the default)")
 	fs.Float64Var(&cc.QueueWeight, "queue-weight", 0, "override the kv policy's queue weight (0: the default)")
 	fs.Float64Var(&cc.ComputeWeight, "compute-weight", -1, "override the latency policy's compute weight (negative: the default)")
-	fs.Float64Var(&cc.BatchWeight, "batch-weight", 0, "the proxy's --batch-weight under the latency policy (0: off)")
+	fs.Float64Var(&cc.BatchWeight, "batch-weight", -1, "the proxy's --batch-weight under the latency policy (negative: the proxy's default; 0: off)")
 	fs.StringVar((*string)(&cc.Tiers.Eviction), "eviction", "", "the simulated engines' GPU-tier eviction: lru (default) or worm")
 	fs.IntVar(&cc.Tiers.CPUOffloadBlocks, "cpu-offload-blocks", 0, "host-memory KV tier of each simulated engine, in blocks (0: none)")
 	fs.IntVar(&cc.Tiers.DiskBlocks, "disk-offload-blocks", 0, "disk KV tier of each simulated engine, in blocks, its files under a temporary directory (0: none)")

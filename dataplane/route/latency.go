@@ -24,9 +24,12 @@ const (
 	// least.
 	DefaultBackgroundWeight = 1
 	// DefaultBatchWeight weighs Prediction.Slowdown, the decode time a request's joining a
-	// worker's running batch adds to that batch and to itself. At 0 only TTFT and compute
-	// decide.
-	DefaultBatchWeight = 0
+	// worker's running batch adds to that batch and to itself. Without it a policy that
+	// sees only TTFT crowds decodes onto the workers holding shared prefixes (agentic
+	// bench-compare: goodput 37.4 against kv's 44.0 req/s); at 0.05 it matches kv's goodput
+	// and beats its TTFT, and costs nothing measurable on the Mooncake trace or llm-d's
+	// simulators. 0 turns it off.
+	DefaultBatchWeight = 0.05
 	// DefaultOSL is the output length assumed for Slowdown when a request states none.
 	DefaultOSL = 128
 	// MinPeerFetchTokens is the least a peer must cache beyond a worker for fetching from it

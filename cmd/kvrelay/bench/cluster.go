@@ -77,7 +77,7 @@ type ClusterConfig struct {
 	// CacheThreshold, OverlapWeight and QueueWeight override the kv policy's when positive,
 	// ComputeWeight the latency policy's when not negative.
 	CacheThreshold, OverlapWeight, QueueWeight float64
-	// BatchWeight, when above 0, is the proxy's --batch-weight (latency policy).
+	// BatchWeight, when not negative, is the proxy's --batch-weight (latency policy).
 	BatchWeight   float64
 	ComputeWeight float64
 	// Tiers configures the engines' KV block manager below and within the GPU tier.
@@ -127,7 +127,7 @@ func DefaultClusterConfig() ClusterConfig {
 	return ClusterConfig{
 		Workers: 8, Model: d.Model, Policy: route.PolicyDefault,
 		NumGPUBlocks: d.NumGPUBlocks, BlockSize: d.BlockSize, MaxModelLen: d.MaxModelLen, MaxNumSeqs: d.MaxNumSeqs,
-		Mode: ModeAgg, ComputeWeight: -1,
+		Mode: ModeAgg, ComputeWeight: -1, BatchWeight: -1,
 	}
 }
 
@@ -294,7 +294,7 @@ func StartCluster(ctx context.Context, cfg ClusterConfig) (*Cluster, error) {
 	if cfg.QueueWeight > 0 {
 		pc.QueueWeight = cfg.QueueWeight
 	}
-	if cfg.BatchWeight > 0 {
+	if cfg.BatchWeight >= 0 {
 		pc.BatchWeight = cfg.BatchWeight // the proxy's own: not part of the pushed policy
 	}
 	if cfg.ComputeWeight >= 0 {
