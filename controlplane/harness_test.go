@@ -412,15 +412,37 @@ func workerStates(p *proxy.Server) string {
 	return sb.String()
 }
 
-// delayRelay forwards TCP connections to target, holding every chunk for delay in each
-// direction: a control plane 50 ms away.
-func delayRelay(t *testing.T, target string, delay time.Duration) string {
+// relay listens on loopback and joins each connection it accepts to one that dial makes,
+// copying each direction with pipe (which closes its dst when src ends).
+func relay(t *testing.T, dial func() (net.Conn, error), pipe func(dst, src net.Conn)) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			up, err := dial()
+			if err != nil {
+				conn.Close()
+				continue
+			}
+			go pipe(up, conn)
+			go pipe(conn, up)
+		}
+	}()
+	return ln.Addr().String()
+}
+
+// delayRelay forwards TCP connections to target, holding every chunk for delay in each
+// direction: a control plane 50 ms away.
+func delayRelay(t *testing.T, target string, delay time.Duration) string {
+	t.Helper()
 	pipe := func(dst, src net.Conn) {
 		type chunk struct {
 			at time.Time
@@ -448,22 +470,7 @@ func delayRelay(t *testing.T, target string, delay time.Duration) string {
 			}
 		}
 	}
-	go func() {
-		for {
-			conn, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			up, err := net.Dial("tcp", target)
-			if err != nil {
-				conn.Close()
-				continue
-			}
-			go pipe(up, conn)
-			go pipe(conn, up)
-		}
-	}()
-	return ln.Addr().String()
+	return relay(t, func() (net.Conn, error) { return net.Dial("tcp", target) }, pipe)
 }
 
 func TestNoControlPlaneCallOnTheRequestPath(t *testing.T) {

@@ -2,6 +2,7 @@ package controlplane_test
 
 import (
 	"context"
+	"io"
 	"net"
 	"strconv"
 	"sync"
@@ -14,32 +15,15 @@ import (
 // connection goes to the first backend that accepts it.
 func serviceRelay(t *testing.T, backends ...string) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			conn, err := ln.Accept()
-			if err != nil {
-				return
+	dial := func() (up net.Conn, err error) {
+		for _, b := range backends {
+			if up, err = net.DialTimeout("tcp", b, time.Second); err == nil {
+				return up, nil
 			}
-			var up net.Conn
-			for _, b := range backends {
-				if up, err = net.DialTimeout("tcp", b, time.Second); err == nil {
-					break
-				}
-			}
-			if up == nil {
-				conn.Close()
-				continue
-			}
-			go func() { _, _ = up.(*net.TCPConn).ReadFrom(conn); up.Close() }()
-			go func() { _, _ = conn.(*net.TCPConn).ReadFrom(up); conn.Close() }()
 		}
-	}()
-	return ln.Addr().String()
+		return nil, err
+	}
+	return relay(t, dial, func(dst, src net.Conn) { _, _ = io.Copy(dst, src); dst.Close() })
 }
 
 // Two control plane replicas follow the same engines and each keeps the whole index; the

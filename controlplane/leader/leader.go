@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -54,9 +53,6 @@ type Elector struct {
 	leading atomic.Bool
 	holder  atomic.Pointer[string]
 	terms   atomic.Int64 // times this replica started leading
-
-	mu   sync.Mutex
-	subs []chan<- bool
 }
 
 // New builds an elector; Run campaigns.
@@ -104,14 +100,13 @@ func New(cfg Config) (*Elector, error) {
 		Callbacks: leaderelection.LeaderCallbacks{
 			OnStartedLeading: func(context.Context) {
 				e.terms.Add(1)
-				e.set(true)
+				e.leading.Store(true)
 				cfg.Logger.Info("leading the control plane", "lease", cfg.Namespace+"/"+cfg.Name, "identity", cfg.Identity)
 			},
 			OnStoppedLeading: func() {
-				if e.leading.Load() {
+				if e.leading.Swap(false) {
 					cfg.Logger.Warn("stopped leading the control plane", "lease", cfg.Namespace+"/"+cfg.Name, "identity", cfg.Identity)
 				}
-				e.set(false)
 			},
 			OnNewLeader: func(id string) {
 				e.holder.Store(&id)
@@ -137,37 +132,12 @@ func (e *Elector) Run(ctx context.Context) {
 	}
 	for ctx.Err() == nil {
 		e.le.Run(ctx)
-		e.set(false)
+		e.leading.Store(false)
 		select {
 		case <-ctx.Done():
 		case <-time.After(e.cfg.RetryPeriod):
 		}
 	}
-}
-
-func (e *Elector) set(v bool) {
-	if e.leading.Swap(v) == v {
-		return
-	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	for _, c := range e.subs {
-		select {
-		case c <- v:
-		default:
-		}
-	}
-}
-
-// Notify sends on c (without blocking: give it a buffer) each time this replica starts
-// (true) or stops (false) leading.
-func (e *Elector) Notify(c chan<- bool) {
-	if e == nil {
-		return
-	}
-	e.mu.Lock()
-	e.subs = append(e.subs, c)
-	e.mu.Unlock()
 }
 
 // Leading reports whether this replica leads now. The nil Elector always does.

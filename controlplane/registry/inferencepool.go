@@ -54,7 +54,7 @@ func (r *Registry) WatchInferencePool(ctx context.Context, client kubernetes.Int
 	if namespace == "" || name == "" {
 		return fmt.Errorf("watching an InferencePool: %w: namespace and name are required", ErrInvalid)
 	}
-	pw := &poolWatch{r: r, ctx: ctx, client: client, namespace: namespace, name: name, base: t.w, tmpls: map[string]poolTemplate{}}
+	pw := &poolWatch{r: r, client: client, namespace: namespace, name: name, base: t.w, tmpls: map[string]poolTemplate{}}
 	factory := dynamicinformer.NewFilteredDynamicSharedInformerFactory(dyn, 0, namespace,
 		func(o *metav1.ListOptions) { o.FieldSelector = "metadata.name=" + name })
 	inf := factory.ForResource(InferencePoolResource).Informer()
@@ -129,7 +129,6 @@ type poolTemplate struct {
 // its pods. Pool and pod events come from different goroutines: mu serialises them.
 type poolWatch struct {
 	r               *Registry
-	ctx             context.Context
 	client          kubernetes.Interface
 	namespace, name string
 	base            Worker
@@ -251,7 +250,6 @@ func (pw *poolWatch) template(pod *corev1.Pod) (sliceTemplate, error) {
 		return c.t, c.err
 	}
 	w := pw.base
-	var err error
 	switch role {
 	case "":
 	case "prefill-decode":
@@ -259,15 +257,7 @@ func (pw *poolWatch) template(pod *corev1.Pod) (sliceTemplate, error) {
 	default:
 		w.Role = role
 	}
-	if ann != "" {
-		if err = applyPairs(&w, ann); err == nil && (w.ID != "" || w.URL != "") {
-			err = fmt.Errorf("%w: %s sets id or url; a pod's workers take its name and address", ErrInvalid, WorkerAnnotation)
-		}
-	}
-	var t sliceTemplate
-	if err == nil {
-		t, err = newSliceTemplate(w)
-	}
+	t, err := overlay(w, ann)
 	if err != nil {
 		err = fmt.Errorf("label %s=%q, annotation %s=%q: %w", RoleLabel, role, WorkerAnnotation, ann, err)
 	}

@@ -178,17 +178,25 @@ func parseWorker(s string) (Worker, error) {
 // and url (engine=vllm,kv-events=tcp://*:5557,...). Endpoint hosts are not checked here: the
 // discovery replaces them by each worker's address (and checks the result).
 func ParseTemplate(s string) (Worker, error) {
-	var w Worker
-	if err := applyPairs(&w, s); err != nil {
+	t, err := overlay(Worker{}, s)
+	if err != nil {
 		return Worker{}, fmt.Errorf("parsing worker template %q: %w", s, err)
+	}
+	return t.w, nil
+}
+
+// overlay sets the fields s names (the flag form without id and url) over base and makes
+// the template discovered addresses fill in: the --k8s-worker template over nothing, a
+// pod's annotation over the pool's template.
+func overlay(base Worker, s string) (sliceTemplate, error) {
+	w := base
+	if err := applyPairs(&w, s); err != nil {
+		return sliceTemplate{}, err
 	}
 	if w.ID != "" || w.URL != "" {
-		return Worker{}, fmt.Errorf("parsing worker template %q: %w: id and url come from each discovered address", s, ErrInvalid)
+		return sliceTemplate{}, fmt.Errorf("%w: id and url come from each discovered address", ErrInvalid)
 	}
-	if _, err := newSliceTemplate(w); err != nil {
-		return Worker{}, fmt.Errorf("parsing worker template %q: %w", s, err)
-	}
-	return w, nil
+	return newSliceTemplate(w)
 }
 
 // applyPairs sets the fields that s, comma-separated key=value pairs of the flag form,

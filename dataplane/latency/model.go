@@ -398,7 +398,7 @@ func (w *Worker) Predict(e *Engine, st State, uncached float64, p *Prediction) {
 		// batch), and the running requests' remaining tokens, half an OSL each, one request
 		// slower.
 		own := st.OSL * max(p.ITL-m.ITL(1, st.KVUsage), 0)
-		others := float64(batch) * 0.5 * st.OSL * max(p.ITL-m.ITL(batch, st.KVUsage), 0)
+		others := float64(batch) * 0.5 * st.OSL * max(p.ITL-decode, 0) // decode: ITL(batch), 0 for none
 		p.Slowdown = own + others
 	}
 }

@@ -39,10 +39,6 @@ import (
 	"k8s.io/client-go/rest"
 )
 
-// release is the Kubernetes release whose kube-apiserver hack/kube-testenv/go.mod builds; the
-// cache is keyed by it. A test checks that the two agree.
-const release = "v1.37.2"
-
 // adminToken is the static bearer token of the user "admin" in group system:masters.
 const adminToken = "kubetest-admin"
 
@@ -60,7 +56,7 @@ type Env struct {
 
 // BinDir is where Start looks for etcd and kube-apiserver: $KVRELAY_KUBE_BIN if set, else
 // the cache hack/kube-testenv.sh fills,
-// ${KVRELAY_KUBE_CACHE:-$HOME/.cache/kvrelay/kube}/<release>/bin.
+// ${KVRELAY_KUBE_CACHE:-$HOME/.cache/kvrelay/kube}/<Release>/bin.
 func BinDir() string {
 	if dir := os.Getenv("KVRELAY_KUBE_BIN"); dir != "" {
 		return dir
@@ -70,7 +66,7 @@ func BinDir() string {
 		home, _ := os.UserHomeDir() // "" then: the binaries are not found and the test skips
 		cache = filepath.Join(home, ".cache", "kvrelay", "kube")
 	}
-	return filepath.Join(cache, release, "bin")
+	return filepath.Join(cache, Release, "bin")
 }
 
 // Start runs etcd and kube-apiserver for t and returns once the API server's /readyz
@@ -82,7 +78,7 @@ func Start(t testing.TB) *Env {
 	etcdBin, apiBin := filepath.Join(bin, "etcd"), filepath.Join(bin, "kube-apiserver")
 	for _, p := range []string{etcdBin, apiBin} {
 		if _, err := os.Stat(p); err != nil {
-			msg := fmt.Sprintf("kubetest: no %s: run hack/kube-testenv.sh to install etcd and build kube-apiserver %s, or set KVRELAY_KUBE_BIN", p, release)
+			msg := fmt.Sprintf("kubetest: no %s: run hack/kube-testenv.sh to install etcd and build kube-apiserver %s, or set KVRELAY_KUBE_BIN", p, Release)
 			if os.Getenv("KVRELAY_KUBE_REQUIRE") != "" {
 				t.Fatal(msg)
 			}
@@ -139,7 +135,7 @@ func Start(t testing.TB) *Env {
 		t.Fatalf("kubetest: HTTP client: %v", err)
 	}
 	waitFor(t, api, hc, e.host+"/readyz")
-	t.Logf("kubetest: kube-apiserver %s ready at %s in %v", release, e.host, time.Since(begin).Round(time.Millisecond))
+	t.Logf("kubetest: kube-apiserver %s ready at %s in %v", Release, e.host, time.Since(begin).Round(time.Millisecond))
 	return e
 }
 

@@ -18,7 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 )
 
-// The cache Start looks in is keyed by release, so release must be the version that
+// The cache Start looks in is keyed by Release, so Release must be the version that
 // hack/kube-testenv/go.mod builds. This runs without the binaries.
 func TestReleaseMatchesWrapper(t *testing.T) {
 	gomod, err := os.ReadFile("../../hack/kube-testenv/go.mod")
@@ -29,8 +29,8 @@ func TestReleaseMatchesWrapper(t *testing.T) {
 	if m == nil {
 		t.Fatal("hack/kube-testenv/go.mod requires no k8s.io/kubernetes")
 	}
-	if got := string(m[1]); got != release {
-		t.Fatalf("hack/kube-testenv/go.mod builds k8s.io/kubernetes %s; kubetest.release is %s", got, release)
+	if got := string(m[1]); got != Release {
+		t.Fatalf("hack/kube-testenv/go.mod builds k8s.io/kubernetes %s; kubetest.Release is %s", got, Release)
 	}
 }
 

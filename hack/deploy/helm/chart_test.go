@@ -24,6 +24,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/yaml"
+
+	"github.com/kvrelay/kvrelay/internal/kubetest"
 )
 
 // helmVersion is the helm hack/helm.sh installs; TestHelmScriptVersion keeps the two equal.
@@ -108,20 +110,6 @@ func valuesFile(t testing.TB, values string) string {
 	return p
 }
 
-// kubeVersion is the release of the kube-apiserver internal/kubetest runs (the one
-// hack/kube-testenv/go.mod builds): templates are rendered for that cluster.
-var kubeVersion = sync.OnceValues(func() (string, error) {
-	gomod, err := os.ReadFile("../../kube-testenv/go.mod")
-	if err != nil {
-		return "", err
-	}
-	m := regexp.MustCompile(`(?m)^\s*k8s\.io/kubernetes (v\S+)$`).FindSubmatch(gomod)
-	if m == nil {
-		return "", errors.New("hack/kube-testenv/go.mod requires no k8s.io/kubernetes")
-	}
-	return string(m[1]), nil
-})
-
 // objects are the documents of a render, each as JSON, by "Kind/namespace/name".
 type objects map[string][]byte
 
@@ -138,11 +126,7 @@ func render(t testing.TB, values string) objects {
 
 func renderErr(t testing.TB, values string) (objects, error) {
 	t.Helper()
-	kv, err := kubeVersion()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := runHelm(t, "template", release, chart, "--namespace", namespace, "--kube-version", kv,
+	out, err := runHelm(t, "template", release, chart, "--namespace", namespace, "--kube-version", kubetest.Release,
 		"-f", valuesFile(t, values))
 	if err != nil {
 		return nil, err
@@ -699,11 +683,7 @@ func TestLint(t *testing.T) {
 	needHelm(t)
 	for _, tc := range templateCases {
 		t.Run(tc.name, func(t *testing.T) {
-			kv, err := kubeVersion()
-			if err != nil {
-				t.Fatal(err)
-			}
-			helm(t, "lint", "--strict", chart, "--namespace", namespace, "--kube-version", kv, "-f", valuesFile(t, tc.values))
+			helm(t, "lint", "--strict", chart, "--namespace", namespace, "--kube-version", kubetest.Release, "-f", valuesFile(t, tc.values))
 		})
 	}
 }
