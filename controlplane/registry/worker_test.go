@@ -233,3 +233,27 @@ func TestParseTemplate(t *testing.T) {
 		}
 	}
 }
+
+// FuzzParseTemplate: any --k8s-worker value is read or refused with ErrInvalid, and one read
+// makes a valid worker at any address.
+func FuzzParseTemplate(f *testing.F) {
+	for _, s := range []string{"engine=vllm,kv-events=tcp://*:5557", "role=decode,max-num-seqs=64,lora-modules=a;b", "id=x", "kv-events=tcp://*:x", ""} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		w, err := ParseTemplate(s)
+		if err != nil {
+			if !errors.Is(err, ErrInvalid) {
+				t.Fatalf("ParseTemplate(%q): error %v does not wrap ErrInvalid", s, err)
+			}
+			return
+		}
+		tmpl, err := newSliceTemplate(w)
+		if err != nil {
+			t.Fatalf("ParseTemplate(%q) = %+v, which makes no template: %v", s, w, err)
+		}
+		if _, err := tmpl.worker("w", "10.0.0.1", 8000); err != nil {
+			t.Fatalf("ParseTemplate(%q) makes an invalid worker: %v", s, err)
+		}
+	})
+}
