@@ -167,3 +167,20 @@ func TestControlPlanePlannerDryRunFromRegistry(t *testing.T) {
 		t.Errorf("decisions %+v: want dry-run decisions from prefill 1, decode 2", ds)
 	}
 }
+
+// --leader-elect's durations must nest (retry < renew deadline < lease), as client-go's
+// elector needs; the command says so before it reads any Kubernetes configuration.
+func TestLeaderFlagsRefuseBadDurations(t *testing.T) {
+	for _, f := range []leaderFlags{
+		{lease: 10 * time.Second, renew: 10 * time.Second, retry: time.Second},
+		{lease: 15 * time.Second, renew: 10 * time.Second, retry: 10 * time.Second},
+	} {
+		if _, err := f.build("/nonexistent/kubeconfig", "default", nil); err == nil || !strings.Contains(err.Error(), "retry period") {
+			t.Errorf("build(%+v) = %v, want the durations refused", f, err)
+		}
+	}
+	f := leaderFlags{lease: 15 * time.Second, renew: 10 * time.Second, retry: 2 * time.Second}
+	if _, err := f.build("/nonexistent/kubeconfig", "default", nil); err == nil || strings.Contains(err.Error(), "retry period") {
+		t.Errorf("good durations: %v, want only the missing kubeconfig refused", err)
+	}
+}
