@@ -1,8 +1,10 @@
 package latency
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sort"
 	"testing"
 
@@ -362,5 +364,80 @@ func TestSlotWait(t *testing.T) {
 	}
 	if _, ok := SlotWait(256, 0, nil, 0, 0, 1); ok {
 		t.Error("256 slots followed one by one")
+	}
+}
+
+// TestRLSRecoversAtBounds: features that move together (the first step's constant, the
+// decode step beside the prefill, the step's share that grows as the batch fills), a
+// coefficient the fit drives onto its bound, and a stretch of observations five times too
+// slow (an engine stalled for a while). Clamping a coefficient without moving the others
+// with it leaves the fit believing it moved and makes it run away; projected in the fit's
+// own metric it comes back to the truth once the stall is over.
+func TestRLSRecoversAtBounds(t *testing.T) {
+	for _, stall := range []float64{5, 0.5} {
+		t.Run(fmt.Sprintf("×%g", stall), func(t *testing.T) {
+			var m Model
+			m.Init()
+			rng := rand.New(rand.NewPCG(3, 4))
+			truth := Vec{2.7, 0, 1.4, 1.9, 0.4, 1, 1.5}
+			batch := 30.0
+			var errs, dec []float64
+			const n = 6000
+			for i := range n {
+				batch = min(max(batch+rng.NormFloat64(), 4), 60)
+				step := 0.0165
+				x := Vec{step, 0, 0.01 * rng.ExpFloat64(), 0.012 * rng.ExpFloat64(), 0, 0.0165 + 0.00025*batch + 0.001*rng.NormFloat64(), step * batch / 256}
+				x[FeatLoadedPrefill] = x[FeatPrefill] * batch / 256
+				var y float64
+				for j := range numFeat {
+					y += truth[j] * x[j]
+				}
+				y *= math.Exp(0.15 * rng.NormFloat64())
+				if i >= 2000 && i < 2300 {
+					y *= stall
+				}
+				var p float64
+				for j := range numFeat {
+					p += load(&m.theta[j]) * x[j]
+				}
+				if i >= n-1000 {
+					errs = append(errs, math.Abs(p-y)/y)
+				}
+				dec = append(dec, (p-y)/y)
+				if i%600 == 599 {
+					slices.Sort(dec)
+					t.Logf("observations %d–%d: median relative error %+.2f, θ %.3f", i-599, i, dec[len(dec)/2], m.ttft.Theta[:numFeat])
+					dec = dec[:0]
+				}
+				m.observeTTFT(&x, y)
+			}
+			slices.Sort(errs)
+			if e := errs[len(errs)/2]; e > 0.15 {
+				t.Errorf("median relative error over the last 1000 observations %.2f, want ≤ 0.15 (θ %.3f)", e, m.ttft.Theta[:numFeat])
+			}
+		})
+	}
+}
+
+// TestRLSBoundedSolution: where the data want a coefficient past its bound, the fit is the
+// least-squares solution with it at the bound (the others refitted without it), not the free
+// solution with that coefficient clamped.
+func TestRLSBoundedSolution(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	r := RLS{Lambda: 1, Lo: Vec{0, 0}, Hi: Vec{10, 10}}
+	r.Init(2, Vec{1, 1}, Vec{1e6, 1e6})
+	var sxx, sxy float64
+	for range 2000 {
+		// x₁ moves with x₀, and y falls with x₁: the free fit wants θ₁ < 0.
+		a := rng.Float64()
+		x := Vec{a, a + 0.3*rng.Float64()}
+		y := 2*x[0] - 0.5*x[1]
+		r.Update(&x, y)
+		sxx += x[0] * x[0]
+		sxy += x[0] * y
+	}
+	want := sxy / sxx // θ₀ alone, θ₁ held at 0
+	if r.Theta[1] != 0 || math.Abs(r.Theta[0]-want) > 1e-3 {
+		t.Fatalf("θ = %.4f, want [%.4f 0]", r.Theta[:2], want)
 	}
 }
