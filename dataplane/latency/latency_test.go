@@ -296,7 +296,8 @@ func TestPredictSlotWait(t *testing.T) {
 }
 
 // Slowdown is what joining the running batch costs in decode time: none on an idle worker,
-// growing with the batch, none for a request that waits for a slot, and none without an OSL.
+// growing with the batch, for a request that waits for a slot only the running requests'
+// wait behind its prefill, and none without an OSL.
 func TestPredictSlowdown(t *testing.T) {
 	w := newWorker()
 	for range 200 { // an engine whose step grows 5 ms per running request
@@ -311,11 +312,16 @@ func TestPredictSlowdown(t *testing.T) {
 	w.Predict(e, State{Requests: 3, OSL: 64, KVUsage: 0.2}, 100, &three)
 	w.Predict(e, State{Requests: 4, OSL: 64, KVUsage: 0.2}, 100, &full)
 	w.Predict(e, State{Requests: 3, KVUsage: 0.2}, 100, &unknown)
-	if idle.Slowdown != 0 || full.Slowdown != 0 || unknown.Slowdown != 0 {
-		t.Fatalf("slowdown idle %v, full %v, no OSL %v: want 0", idle.Slowdown, full.Slowdown, unknown.Slowdown)
+	if idle.Slowdown != 0 || unknown.Slowdown != 0 {
+		t.Fatalf("slowdown idle %v, no OSL %v: want 0", idle.Slowdown, unknown.Slowdown)
 	}
-	// 5 ms a token more for 3 running requests' 32 tokens left and this one's 64: 1.44 s.
-	if want := 0.005 * 3 * 1.5 * 64; math.Abs(three.Slowdown-want) > 0.1*want || !(two.Slowdown < three.Slowdown) {
+	// Waiting for a slot, it only holds up the 4 running requests while it prefills.
+	if want := 4 * full.Compute; full.Compute <= 0 || math.Abs(full.Slowdown-want) > 1e-12 {
+		t.Fatalf("slowdown of a request waiting for a slot %v, want 4 × its compute %v", full.Slowdown, full.Compute)
+	}
+	// 5 ms a token more for 3 running requests' 32 tokens left and this one's 64: 1.44 s,
+	// and the 3 running requests' wait behind its 100 tokens' prefill.
+	if want := 0.005*3*1.5*64 + 3*three.Compute; math.Abs(three.Slowdown-want) > 0.1*want || !(two.Slowdown < three.Slowdown) {
 		t.Fatalf("slowdown with 2 and 3 running: %v, %v; want about %v for 3", two.Slowdown, three.Slowdown, want)
 	}
 }

@@ -149,9 +149,12 @@ type Prediction struct {
 	Fetch float64
 	// Slowdown is the decode time (seconds, summed over requests) that running this request
 	// here adds beyond what it would take alone: its own OSL tokens at the batch's step
-	// time instead of a lone request's, and the running requests' remaining tokens one
-	// request slower each (State.OSL of them, half of OSL left on average). Engines whose
-	// step grows with the batch pay it; it is what an even spread saves.
+	// time instead of a lone request's, the running requests' remaining tokens one request
+	// slower each (State.OSL of them, half of OSL left on average), and the running
+	// requests' wait behind its prefill (each of them decodes in the steps that compute it:
+	// Compute once per running request). Engines whose step grows with the batch pay the
+	// first two; every engine that batches prefills with decodes pays the third. It is what
+	// an even spread saves.
 	Slowdown float64
 }
 
@@ -400,6 +403,12 @@ func (w *Worker) Predict(e *Engine, st State, uncached float64, p *Prediction) {
 		own := st.OSL * max(p.ITL-m.ITL(1, st.KVUsage), 0)
 		others := float64(batch) * 0.5 * st.OSL * max(p.ITL-decode, 0) // decode: ITL(batch), 0 for none
 		p.Slowdown = own + others
+	}
+	if st.OSL > 0 {
+		// The requests running while it prefills each wait out its compute, joined or
+		// queued for a slot alike (a long prompt on a worker full of decodes stalls every
+		// one of their streams).
+		p.Slowdown += float64(batch) * p.Compute
 	}
 }
 
