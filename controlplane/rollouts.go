@@ -53,9 +53,19 @@ type rollouts struct {
 // loadRollout reads the latest rollout from the store.
 func (s *Server) loadRollout() (*rollouts, error) {
 	c := &rollouts{s: s, now: time.Now, settle: s.opts.RolloutSettle}
+	rec, err := s.storedRollout()
+	if err != nil {
+		return nil, err
+	}
+	c.cur = rec
+	return c, nil
+}
+
+// storedRollout is the latest rollout in the store, nil when none ran.
+func (s *Server) storedRollout() (*rolloutRecord, error) {
 	data, err := s.store.LastRollout()
 	if err != nil || data == nil {
-		return c, err
+		return nil, err
 	}
 	var rec rolloutRecord
 	if err := json.Unmarshal(data, &rec); err != nil {
@@ -64,8 +74,22 @@ func (s *Server) loadRollout() (*rollouts, error) {
 	if rec.R == nil {
 		return nil, fmt.Errorf("control plane: the stored rollout %d has no state", rec.ID)
 	}
-	c.cur = &rec
-	return c, nil
+	return &rec, nil
+}
+
+// reload takes the latest rollout from a store the leader writes: a follower shows what the
+// leader does, and a new leader goes on from where the last one left it.
+func (c *rollouts) reload() {
+	rec, err := c.s.storedRollout()
+	if err != nil {
+		c.s.log.Error("stored rollout not read", "err", err)
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if rec != nil {
+		c.cur = rec
+	}
 }
 
 // setPolicy is an operator's change of the policy, refused while a rollout runs (it would
@@ -320,14 +344,23 @@ func (c *rollouts) resume() {
 func (s *Server) runRollouts(ctx context.Context) {
 	t := time.NewTicker(s.opts.RolloutInterval)
 	defer t.Stop()
+	leading := s.opts.Leader.Leading() // a control plane alone leads from the start
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 			// Only the leader steps a rollout; a follower's view waits for the rollout
-			// the leader writes.
-			if s.opts.Leader.Leading() {
+			// the leader writes. A replica that has just become the leader goes on from
+			// the stored rollout, its step's figures gathered anew from now, and applies a
+			// policy edited in Kubernetes while no one led.
+			now := s.opts.Leader.Leading()
+			if now && !leading {
+				s.rollouts.reload()
+				s.rollouts.resume()
+				s.stateChanged()
+			}
+			if leading = now; leading {
 				s.rollouts.tick()
 			}
 		}

@@ -47,8 +47,14 @@ type Options struct {
 	XDSAuth auth.ServerConfig
 	// APIListen serves the operator API (JSON over HTTP and gRPC) and /metrics.
 	APIListen string
-	// DataDir holds the registry and policies (bbolt).
+	// DataDir holds the registry and policies (bbolt), unless Store is set.
 	DataDir string
+	// Store, when set, keeps the API workers, drains, the policy and the rollouts instead of
+	// a bbolt database in DataDir: a registry.KubeStore shares them between replicas (each
+	// replica's registry follows the resources; the leader reconciles a policy edited in
+	// Kubernetes and steps rollouts from where the previous leader left them). The server
+	// closes it.
+	Store registry.Backend
 	// Workers come from flags; WorkersFile is a YAML file reloaded when it changes.
 	Workers     []registry.Worker
 	WorkersFile string
@@ -133,9 +139,11 @@ type K8sSource struct {
 // the listeners and starts the goroutines; Run waits for the context and stops; Close stops
 // at once.
 type Server struct {
-	opts    Options
-	log     *slog.Logger
-	store   *registry.Store
+	opts  Options
+	log   *slog.Logger
+	store registry.Backend
+	// stateCh receives when a shared Store's resources changed (coalesced).
+	stateCh chan struct{}
 	reg     *registry.Registry
 	index   *kvindex.Index
 	journal *journal.Log
@@ -196,16 +204,23 @@ func New(opts Options) (*Server, error) {
 	if opts.Adapters == nil {
 		opts.Adapters = DefaultAdapters()
 	}
-	if opts.DataDir == "" {
+	if opts.DataDir == "" && opts.Store == nil {
 		return nil, errors.New("control plane: --data-dir is required")
 	}
 	xdsAuth, err := auth.NewServer(opts.XDSAuth, opts.XDSListen, opts.Logger)
 	if err != nil {
+		if opts.Store != nil {
+			opts.Store.Close()
+		}
 		return nil, fmt.Errorf("control plane: %w", err)
 	}
-	store, err := registry.Open(opts.DataDir)
-	if err != nil {
-		return nil, err
+	store := opts.Store
+	if store == nil {
+		bolt, err := registry.Open(opts.DataDir)
+		if err != nil {
+			return nil, err
+		}
+		store = bolt
 	}
 	reg, err := registry.New(store, opts.Workers, opts.Logger)
 	if err != nil {
@@ -218,7 +233,7 @@ func New(opts Options) (*Server, error) {
 			return nil, fmt.Errorf("control plane: %w", err)
 		}
 	}
-	s := &Server{opts: opts, log: opts.Logger, store: store, reg: reg, metrics: prometheus.NewRegistry(), xdsAuth: xdsAuth}
+	s := &Server{opts: opts, log: opts.Logger, store: store, reg: reg, metrics: prometheus.NewRegistry(), xdsAuth: xdsAuth, stateCh: make(chan struct{}, 1)}
 	s.index = kvindex.New()
 	s.journal = journal.NewLog(opts.JournalRing)
 	s.ready = make(chan struct{})
@@ -265,9 +280,16 @@ func (s *Server) Start(ctx context.Context) error {
 	}
 	runCtx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
-	s.rollouts.resume()
+	if s.opts.Leader.Leading() {
+		s.rollouts.resume()
+	}
 	s.reconcile()
 	s.publish(true)
+	if ks, ok := s.store.(*registry.KubeStore); ok {
+		ks.OnChange(s.stateChanged)
+		s.wg.Add(1)
+		go func() { defer s.wg.Done(); s.followState(runCtx, ks) }()
+	}
 	s.wg.Add(5)
 	go func() { defer s.wg.Done(); s.opts.Leader.Run(runCtx) }()
 	go func() { defer s.wg.Done(); s.runRollouts(runCtx) }()
@@ -318,6 +340,38 @@ func (s *Server) APIAddr() string {
 	return s.apiLis.Addr().String()
 }
 
+// stateChanged notes that the shared store's resources changed (the KubeStore's watch).
+func (s *Server) stateChanged() {
+	select {
+	case s.stateCh <- struct{}{}:
+	default:
+	}
+}
+
+// followState keeps the registry and the rollout controller on the shared store until ctx
+// ends: after each change every replica reloads the registry (which pushes what changed to
+// its proxies); the leader applies a policy edited in Kubernetes, a follower takes the
+// rollout the leader wrote.
+func (s *Server) followState(ctx context.Context, ks *registry.KubeStore) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.stateCh:
+		}
+		if s.opts.Leader.Leading() {
+			if _, err := ks.Reconcile("kubernetes", time.Now()); err != nil {
+				s.log.Error("policy edited in Kubernetes not applied", "store", ks.Where(), "err", err)
+			}
+		} else {
+			s.rollouts.reload()
+		}
+		if err := s.reg.Reload(); err != nil {
+			s.log.Error("shared state not reloaded", "store", ks.Where(), "err", err)
+		}
+	}
+}
+
 // Run serves until ctx ends, then stops.
 func (s *Server) Run(ctx context.Context) error {
 	<-ctx.Done()
@@ -340,7 +394,7 @@ func (s *Server) Close() error {
 		s.ingest.Close()
 		s.view.Close()
 		s.store.Close()
-		if s.opts.RemoveDataDir {
+		if s.opts.RemoveDataDir && s.opts.DataDir != "" {
 			_ = os.RemoveAll(s.opts.DataDir)
 		}
 	})

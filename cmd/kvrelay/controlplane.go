@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -39,6 +40,7 @@ func newControlPlaneCmd() *cobra.Command {
 		ebpfLoad  bool
 		pf        cpPlannerFlags
 		lf        leaderFlags
+		sf        storeFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "controlplane",
@@ -98,6 +100,9 @@ worker claims are dropped and counted (kvrelay_controlplane_ingest_unclaimed_tot
 				}
 				opts.Leader = e
 			}
+			if err := sf.build(&opts, kubeconf, k8sNS); err != nil {
+				return err
+			}
 			return runControlPlane(cmd.Context(), cmd.OutOrStdout(), opts, ebpfF, ebpfLoad, cpPlanner{flags: &pf, kubeconfig: kubeconf, namespace: k8sNS})
 		},
 	}
@@ -109,7 +114,7 @@ worker claims are dropped and counted (kvrelay_controlplane_ingest_unclaimed_tot
 	fs.StringVar(&opts.XDSAuth.TokensFile, "xds-tokens-file", "", "proxies' bearer tokens, one \"<node-id> <token>\" a line: a stream without one is refused, and a token's holder may claim only its node id (read again when it changes)")
 	fs.BoolVar(&opts.XDSAuth.Insecure, "xds-insecure", false, "serve xDS on an address other than loopback without TLS and proxy credentials")
 	fs.StringVar(&opts.APIListen, "api-listen", "127.0.0.1:18080", "operator API (JSON over HTTP and gRPC) and /metrics")
-	fs.StringVar(&opts.DataDir, "data-dir", "", "directory for the registry and policies (required)")
+	fs.StringVar(&opts.DataDir, "data-dir", "", "directory for the registry and policies (required unless --store kubernetes)")
 	addEBPFFlags(fs, &ebpfF, ebpfCgroupOwn)
 	fs.BoolVar(&ebpfLoad, "ebpf-load-signals", false, "always count connections waiting in a worker's accept queue (eBPF listen_queue probe) and the requests its recent first-byte latency implies (first_byte probe) as waiting requests in its load (otherwise: while the routing policy's kernel_load_signals is on)")
 	fs.StringArrayVar(&workers, "worker", nil, "a worker: id=,url=,kv-events=,engine=,... (repeat for each)")
@@ -123,7 +128,7 @@ worker claims are dropped and counted (kvrelay_controlplane_ingest_unclaimed_tot
 	fs.StringVar(&kubeconf, "kubeconfig", "", "kubeconfig file (default: in-cluster configuration)")
 	pf.register(fs)
 	lf.register(fs)
-	_ = cmd.MarkFlagRequired("data-dir")
+	sf.register(fs)
 	return cmd
 }
 
@@ -260,6 +265,55 @@ func k8sSource(kubeconfig, namespace, selector, pool, tmpl string) (*controlplan
 		}
 	}
 	return &controlplane.K8sSource{Client: client, Dynamic: dyn, Namespace: namespace, Selector: selector, InferencePool: pool, Template: w}, nil
+}
+
+// storeFlags are the control plane's --store flags.
+type storeFlags struct {
+	kind, namespace, name string
+}
+
+func (f *storeFlags) register(fs *pflag.FlagSet) {
+	fs.StringVar(&f.kind, "store", "bolt", "where the API workers, drain settings, routing policy and rollouts live: bolt (a database in --data-dir, one process) or kubernetes (kvrelay.io custom resources that every replica watches and the leader writes; the chart's CRDs must be installed)")
+	fs.StringVar(&f.namespace, "store-namespace", "", "namespace of the kvrelay.io resources with --store kubernetes (default: $POD_NAMESPACE, else --k8s-namespace)")
+	fs.StringVar(&f.name, "store-name", "kvrelay", "name of this control plane's resources with --store kubernetes (its KvrelayPolicy; the others' prefix and kvrelay.io/control-plane label), the same for every replica")
+}
+
+// storeTimeout bounds how long a starting control plane waits to list its resources.
+const storeTimeout = 30 * time.Second
+
+// build sets opts.Store for --store kubernetes, and checks --data-dir for bolt.
+func (f *storeFlags) build(opts *controlplane.Options, kubeconfig, defaultNS string) error {
+	switch f.kind {
+	case "bolt":
+		if opts.DataDir == "" {
+			return errors.New("--data-dir is required (or --store kubernetes)")
+		}
+		return nil
+	case "kubernetes":
+	default:
+		return fmt.Errorf("--store %q: want bolt or kubernetes", f.kind)
+	}
+	cfg, err := kubeConfig(kubeconfig)
+	if err != nil {
+		return fmt.Errorf("--store kubernetes: %w", err)
+	}
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return fmt.Errorf("--store kubernetes: kubernetes client: %w", err)
+	}
+	ns := f.namespace
+	if ns == "" {
+		ns = os.Getenv("POD_NAMESPACE")
+	}
+	if ns == "" {
+		ns = defaultNS
+	}
+	st, err := registry.OpenKube(dyn, ns, f.name, storeTimeout, opts.Logger)
+	if err != nil {
+		return fmt.Errorf("--store kubernetes: %w", err)
+	}
+	opts.Store = st
+	return nil
 }
 
 // kubeTimeout bounds each Lease call of the leader election.

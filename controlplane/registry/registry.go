@@ -41,7 +41,7 @@ func where(src string) string {
 // precedence), applies drain settings, and holds the routing policy. Its methods are safe
 // for concurrent use.
 type Registry struct {
-	store   *Store // nil: memory only
+	store   Backend // nil: memory only
 	log     *slog.Logger
 	changes chan struct{}
 
@@ -73,7 +73,7 @@ type Stats struct {
 // all of it in memory only. Invalid or duplicate flag workers are errors; stored workers
 // that no longer validate are logged and skipped (they stay in the store). A nil log
 // means slog.Default(). New starts no goroutine.
-func New(store *Store, flags []Worker, log *slog.Logger) (*Registry, error) {
+func New(store Backend, flags []Worker, log *slog.Logger) (*Registry, error) {
 	if log == nil {
 		log = slog.Default()
 	}
@@ -101,28 +101,61 @@ func New(store *Store, flags []Worker, log *slog.Logger) (*Registry, error) {
 		fl[w.ID] = w
 	}
 	if store != nil {
-		api, err := store.Workers()
-		if err != nil {
-			return nil, fmt.Errorf("new registry: %w", err)
-		}
-		m := r.sources[sourceIndex(SourceAPI)]
-		for _, w := range api {
-			w = w.WithDefaults()
-			if err := w.Validate(); err != nil {
-				log.Warn("skipping a stored worker that is no longer valid", "id", w.ID, "err", err)
-				continue
-			}
-			m[w.ID] = w
-		}
-		if r.drains, err = store.Drains(); err != nil {
-			return nil, fmt.Errorf("new registry: %w", err)
-		}
-		if r.policy, err = store.Policy(); err != nil {
+		if err := r.loadLocked(); err != nil {
 			return nil, fmt.Errorf("new registry: %w", err)
 		}
 	}
 	r.rebuildLocked()
 	return r, nil
+}
+
+// loadLocked reads the API workers, the drains and the policy from the store. Stored workers
+// that no longer validate are logged and skipped.
+func (r *Registry) loadLocked() error {
+	api, err := r.store.Workers()
+	if err != nil {
+		return err
+	}
+	m := map[string]Worker{}
+	for _, w := range api {
+		w = w.WithDefaults()
+		if err := w.Validate(); err != nil {
+			r.log.Warn("skipping a stored worker that is no longer valid", "id", w.ID, "err", err)
+			continue
+		}
+		m[w.ID] = w
+	}
+	drains, err := r.store.Drains()
+	if err != nil {
+		return err
+	}
+	pol, err := r.store.Policy()
+	if err != nil {
+		return err
+	}
+	r.sources[sourceIndex(SourceAPI)], r.drains, r.policy = m, drains, pol
+	return nil
+}
+
+// Reload reads what the store keeps (API workers, drains, the policy) again, for a store
+// that other replicas write (KubeStore), and notifies Changes when any of it changed. On
+// an error the registry stays as it was.
+func (r *Registry) Reload() error {
+	if r.store == nil {
+		return nil
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	oldAPI, oldDrains, oldPolicy := r.sources[sourceIndex(SourceAPI)], r.drains, r.policy
+	if err := r.loadLocked(); err != nil {
+		r.sources[sourceIndex(SourceAPI)], r.drains, r.policy = oldAPI, oldDrains, oldPolicy
+		return fmt.Errorf("reloading the registry: %w", err)
+	}
+	rebuilt := r.rebuildLocked()
+	if rebuilt || !samePolicy(oldPolicy, r.policy) {
+		r.notify()
+	}
+	return nil
 }
 
 // Workers returns every worker, one per id, sorted by id, with explicit drain settings

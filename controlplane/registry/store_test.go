@@ -23,6 +23,14 @@ func TestStoreReopen(t *testing.T) {
 	if got, want := s.Path(), filepath.Join(dir, FileName); got != want {
 		t.Errorf("Path() = %q, want %q", got, want)
 	}
+	s.Close()
+	testBackendReopen(t, func() Backend { return openStore(t, dir) })
+}
+
+// testBackendReopen: what a Backend stores is there when it is opened again, and its
+// policy versions and history go on from where they were.
+func testBackendReopen(t *testing.T, open func() Backend) {
+	s := open()
 	a := Worker{ID: "a", URL: "http://h:1", Role: RoleDecode, Engine: "sim", Metrics: "http://h:1/metrics", Source: SourceAPI}
 	b := Worker{ID: "b", URL: "http://h:2", KVEvents: "tcp://h:5557", Role: RoleBoth, Engine: "vllm", Metrics: "http://h:2/metrics", Source: SourceAPI}
 	for _, w := range []Worker{b, a, {ID: "gone", URL: "http://h:3"}} {
@@ -65,7 +73,7 @@ func TestStoreReopen(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	s = openStore(t, dir)
+	s = open()
 	defer s.Close()
 	ws, err := s.Workers()
 	if err != nil {
@@ -110,6 +118,10 @@ func TestStoreReopen(t *testing.T) {
 func TestStoreHistoryIsBounded(t *testing.T) {
 	s := openStore(t, t.TempDir())
 	defer s.Close()
+	testBackendHistory(t, s, MaxHistory)
+}
+
+func testBackendHistory(t *testing.T, s Backend, MaxHistory int) {
 	p := DefaultPolicy()
 	p.Version = 0
 	for i := range MaxHistory + 5 {
@@ -119,7 +131,7 @@ func TestStoreHistoryIsBounded(t *testing.T) {
 		}
 	}
 	h, err := s.PolicyHistory(2 * MaxHistory)
-	if err != nil || len(h) != MaxHistory || !h[0].At.Equal(time.Unix(MaxHistory+4, 0)) || !h[MaxHistory-1].At.Equal(time.Unix(5, 0)) {
+	if err != nil || len(h) != MaxHistory || !h[0].At.Equal(time.Unix(int64(MaxHistory+4), 0)) || !h[MaxHistory-1].At.Equal(time.Unix(5, 0)) {
 		t.Fatalf("history of %d entries from %v to %v, %v", len(h), h[0].At, h[len(h)-1].At, err)
 	}
 }
@@ -127,6 +139,10 @@ func TestStoreHistoryIsBounded(t *testing.T) {
 func TestStoreDefaultPolicy(t *testing.T) {
 	s := openStore(t, t.TempDir())
 	defer s.Close()
+	testBackendDefaultPolicy(t, s)
+}
+
+func testBackendDefaultPolicy(t *testing.T, s Backend) {
 	p, err := s.Policy()
 	if err != nil {
 		t.Fatal(err)
@@ -139,6 +155,10 @@ func TestStoreDefaultPolicy(t *testing.T) {
 func TestStoreSetPolicyRefuses(t *testing.T) {
 	s := openStore(t, t.TempDir())
 	defer s.Close()
+	testBackendRefuses(t, s)
+}
+
+func testBackendRefuses(t *testing.T, s Backend) {
 	bad := DefaultPolicy()
 	bad.CacheThreshold = 2
 	if _, err := s.SetPolicy(bad, "api", time.Now()); !errors.Is(err, ErrInvalid) {

@@ -384,7 +384,7 @@ var templateCases = []struct {
 				t.Errorf("control plane replicas %v, want 2", r)
 			}
 			c := container(t, &cp, "controlplane")
-			wantArgs(t, c, "controlplane", "--leader-elect", "--leader-elect-lease=kvrelay-controlplane",
+			wantArgs(t, c, "controlplane", "--store=kubernetes", "--store-name=r1-kvrelay", "--leader-elect", "--leader-elect-lease=kvrelay-controlplane",
 				"--xds-listen=0.0.0.0:18000", "--xds-insecure", "--api-listen=0.0.0.0:18080",
 				"--k8s-namespace=llm", "--k8s-selector=app=vllm", "--k8s-worker=engine=vllm,kv-events=tcp://*:5557")
 			for env, field := range map[string]string{"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"} {
@@ -394,9 +394,7 @@ var templateCases = []struct {
 			}
 			probe(t, "control plane readiness", c.ReadinessProbe, "/readyz", "api")
 			probe(t, "control plane liveness", c.LivenessProbe, "/healthz", "api")
-			if m := mountOf(t, &cp, c, argValue(c, "--data-dir")); m.EmptyDir == nil {
-				t.Errorf("--data-dir is on volume %+v, want an emptyDir", m)
-			}
+			noArgs(t, c, "--data-dir")
 			if m := mountOf(t, &cp, c, argValue(c, "--api-token-file")); m.Secret == nil || m.Secret.SecretName != tokenSecret {
 				t.Errorf("--api-token-file is on volume %+v, want Secret %s", m.VolumeSource, tokenSecret)
 			}
@@ -467,6 +465,7 @@ var templateCases = []struct {
 controlplane:
   replicas: 1
   leaderElection: {enabled: false}
+  store: bolt
 `,
 		check: func(t *testing.T, o objects) {
 			var cp appsv1.Deployment
@@ -474,7 +473,12 @@ controlplane:
 			if r := cp.Spec.Replicas; r == nil || *r != 1 {
 				t.Errorf("control plane replicas %v, want 1", r)
 			}
-			noArgs(t, container(t, &cp, "controlplane"), "--leader-elect")
+			c := container(t, &cp, "controlplane")
+			noArgs(t, c, "--leader-elect")
+			noArgs(t, c, "--store")
+			if m := mountOf(t, &cp, c, argValue(c, "--data-dir")); m.EmptyDir == nil {
+				t.Errorf("--data-dir is on volume %+v, want an emptyDir", m)
+			}
 			for _, kind := range []string{"Role", "RoleBinding", "PodDisruptionBudget"} {
 				if o.get(t, kind, namespace, cpName, new(map[string]any)) {
 					t.Errorf("%s %s rendered for one replica without leader election", kind, cpName)
@@ -706,6 +710,20 @@ func TestTemplateRefusesReplicasWithoutLeader(t *testing.T) {
 	_, err := renderErr(t, "controlplane: {replicas: 2, leaderElection: {enabled: false}}\n")
 	if err == nil || !strings.Contains(err.Error(), "controlplane.leaderElection.enabled") {
 		t.Fatalf("render of 2 replicas without leader election: %v; want it refused", err)
+	}
+}
+
+// Replicas that each keep their own bbolt state would each route by their own policy, and a
+// store the control plane does not know is a typo: the chart refuses both.
+func TestTemplateRefusesReplicasWithoutSharedState(t *testing.T) {
+	needHelm(t)
+	for values, want := range map[string]string{
+		"controlplane: {replicas: 2, store: bolt}\n": "controlplane.store kubernetes",
+		"controlplane: {store: etcd}\n":              "want kubernetes or bolt",
+	} {
+		if _, err := renderErr(t, values); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("render of %q: %v; want it refused (%s)", values, err, want)
+		}
 	}
 }
 

@@ -25,8 +25,11 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/kvrelay/kvrelay/controlplane/registry"
 	"github.com/kvrelay/kvrelay/internal/kubetest"
 )
 
@@ -74,7 +77,7 @@ func TestInstall(t *testing.T) {
 	saGroups := []string{"system:serviceaccounts", "system:serviceaccounts:" + namespace}
 	t.Run("rbac", func(t *testing.T) { checkRBAC(t, cs, env.ClientsetFor(t, sa, saGroups...)) })
 	t.Run("run", func(t *testing.T) {
-		runInstalled(t, cs, env.KubeconfigFor(t, sa, saGroups...), token)
+		runInstalled(t, env, cs, env.KubeconfigFor(t, sa, saGroups...), token)
 	})
 
 	t.Run("upgrade", func(t *testing.T) {
@@ -218,7 +221,7 @@ func errOnly[T any](_ T, err error) error { return err }
 // of the installed Deployments, moved to loopback ports and temporary files, the control
 // plane as its ServiceAccount (kubeconfig): it must take the Lease, follow the EndpointSlices
 // in the engines' namespace, and see the proxy under its pod's name.
-func runInstalled(t *testing.T, cs *kubernetes.Clientset, kubeconfig, token string) {
+func runInstalled(t *testing.T, env *kubetest.Env, cs *kubernetes.Clientset, kubeconfig, token string) {
 	ctx := t.Context()
 	bin, err := kvrelayBin()
 	if err != nil {
@@ -239,7 +242,6 @@ func runInstalled(t *testing.T, cs *kubernetes.Clientset, kubeconfig, token stri
 	c := container(t, cpDep, "controlplane")
 	cpEnv := podEnv(t, c, cpPod)
 	cpArgs := localArgs(t, c.Args, cpEnv, map[string]string{
-		"--data-dir":       filepath.Join(dir, "data"),
 		"--api-token-file": tokenFile,
 		"--api-listen":     apiAddr,
 		"--xds-listen":     xdsAddr,
@@ -299,6 +301,32 @@ func runInstalled(t *testing.T, cs *kubernetes.Clientset, kubeconfig, token stri
 	eventually(t, 30*time.Second, func() error { return px.check(get(ctx, "http://"+listen+"/health", "", "ok")) })
 	// --node-id=$(POD_NAME): the control plane knows the proxy by its pod's name.
 	eventually(t, 20*time.Second, func() error { return px.check(get(ctx, api+"/v1/proxies", token, pxPod)) })
+
+	// The state lives in the release's KvrelayPolicy (--store kubernetes): a policy set
+	// through the operator API, as the ServiceAccount, is there.
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPut, api+"/v1/policy", strings.NewReader(`{"policy": "round-robin"}`))
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("PUT /v1/policy: %d %s\n%s", resp.StatusCode, body, cp.log.String())
+	}
+	dyn, err := dynamic.NewForConfig(env.Config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	storeName := argValue(c, "--store-name")
+	u, err := dyn.Resource(registry.PolicyResource).Namespace(namespace).Get(ctx, storeName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("the release's KvrelayPolicy: %v", err)
+	}
+	if name, _, _ := unstructured.NestedString(u.Object, "status", "policy", "name"); name != "round-robin" {
+		t.Fatalf("KvrelayPolicy %s status.policy.name %q, want round-robin", storeName, name)
+	}
 }
 
 // podEnv is the environment the kubelet would give c in pod: the downward API's fields of

@@ -1,0 +1,163 @@
+//go:build linux
+
+package controlplane_test
+
+import (
+	"context"
+	"io"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/klog/v2"
+
+	"github.com/kvrelay/kvrelay/controlplane"
+	"github.com/kvrelay/kvrelay/controlplane/leader"
+	"github.com/kvrelay/kvrelay/controlplane/registry"
+	"github.com/kvrelay/kvrelay/internal/kubetest"
+)
+
+// TestLeaderHandoverSharesState: two control-plane replicas on a real API server, their
+// state in kvrelay.io resources (--store kubernetes) and a Lease electing the leader, one
+// proxy behind a Service relay. The follower refuses writes and shows what the leader
+// wrote: the policy, a running rollout. The leader is stopped under traffic: the follower
+// takes over within the Lease duration, goes on with the rollout the old leader started
+// (and can abort it), and no request through the proxy fails.
+func TestLeaderHandoverSharesState(t *testing.T) {
+	env := kubetest.Start(t)
+	klog.SetOutput(io.Discard)
+	klog.LogToStderr(false)
+	env.InstallCRDs(t, "../hack/deploy/helm/kvrelay/crds/kvrelay.io.yaml")
+	cs := env.Clientset(t)
+	if _, err := cs.CoreV1().Namespaces().Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "kvrelay"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	dyn, err := dynamic.NewForConfig(env.Config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	const lease = 3 * time.Second
+	workers := startWorkers(t, 4)
+	var specs []registry.Worker
+	for i, w := range workers {
+		specs = append(specs, specOf(i, w.URL(), w.EventsEndpoint(), w.ReplayEndpoint()))
+	}
+	type replica struct {
+		c *cluster
+		e *leader.Elector
+	}
+	start := func(id string) replica {
+		e, err := leader.New(leader.Config{Client: cs, Namespace: "kvrelay", Name: "kvrelay-controlplane", Identity: id,
+			LeaseDuration: lease, RenewDeadline: 2 * time.Second, RetryPeriod: 250 * time.Millisecond, Logger: quiet()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, err := registry.OpenKube(dyn, "kvrelay", "kvrelay", 10*time.Second, quiet())
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := &cluster{t: t, workers: workers, specs: specs, cpOpts: func(o *controlplane.Options) {
+			o.Store, o.Leader, o.RolloutInterval = st, e, 100*time.Millisecond
+		}}
+		c.startControlPlane("127.0.0.1:0")
+		return replica{c, e}
+	}
+	a, b := start("cp-0"), start("cp-1")
+	deadline := time.Now().Add(2 * lease)
+	for !a.e.Leading() && !b.e.Leading() {
+		if time.Now().After(deadline) {
+			t.Fatal("no replica leads")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	lead, follow := a, b
+	if b.e.Leading() {
+		lead, follow = b, a
+	}
+	p := lead.c.addProxy(serviceRelay(t, a.c.cp.XDSAddr(), b.c.cp.XDSAddr()))
+	waitWorkers(t, p, 4)
+
+	// Writes go to the leader; the follower refuses them and shows the leader's.
+	if code, out := follow.c.api("PUT", "/v1/policy", `{"policy": "round-robin"}`, true); code != 503 {
+		t.Fatalf("the follower took a policy change: %d %v", code, out)
+	}
+	code, out := lead.c.api("PUT", "/v1/policy", `{"policy": "kv", "overlap_weight": 32, "queue_weight": 4, "cache_threshold": 0.2, "tier_weights": [1, 0.75, 0.25]}`, true)
+	if code != 200 {
+		t.Fatalf("PUT /v1/policy on the leader: %d %v", code, out)
+	}
+	version := jsonUint(out["version"])
+	waitPolicy(t, p, version)
+	eventually := func(what string, within time.Duration, ok func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(within)
+		for !ok() {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not within %s", what, within)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	eventually("the follower has the leader's policy", 5*time.Second, func() bool {
+		_, got := follow.c.api("GET", "/v1/policy", "", true)
+		return jsonUint(got["version"]) == version && num(got["overlap_weight"]) == 32
+	})
+	// A rollout whose shadow step outlasts the test.
+	code, out = lead.c.api("POST", "/v1/rollout", `{"candidate": {"policy": "latency", "overlap_weight": 64, "queue_weight": 8, "cache_threshold": 0.1, "tier_weights": [1, 0.75, 0.25]},
+		"spec": {"shadow_ms": 600000, "steps": [0.5, 1], "step_duration_ms": 600000, "min_requests": 40}}`, true)
+	if code != 200 || out["state"] != "shadow" {
+		t.Fatalf("starting a rollout: %d %v", code, out)
+	}
+	rolloutID := jsonUint(out["id"])
+	eventually("the follower shows the leader's rollout", 5*time.Second, func() bool {
+		code, got := follow.c.api("GET", "/v1/rollout", "", true)
+		return code == 200 && jsonUint(got["id"]) == rolloutID && got["state"] == "shadow"
+	})
+
+	// Requests all along, from two clients: none may fail.
+	var sent, failed atomic.Int64
+	ctx, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for g := range 2 {
+		wg.Go(func() {
+			for i := 0; ctx.Err() == nil; i++ {
+				r := chat(t, "http://"+p.Addr(), family((i+g)%4), "request "+strconv.Itoa(i))
+				sent.Add(1)
+				if r.status != 200 {
+					failed.Add(1)
+					t.Errorf("during the handover: status %d: %s", r.status, r.body)
+				}
+			}
+		})
+	}
+	time.Sleep(300 * time.Millisecond)
+	stopped := time.Now()
+	_ = lead.c.cp.Close()
+	eventually("the follower takes over", lease+time.Second, follow.e.Leading)
+	t.Logf("leadership moved %s after the leader stopped (lease %s)", time.Since(stopped).Round(time.Millisecond), lease)
+
+	// The new leader goes on with the rollout and the policy the old one left.
+	eventually("the new leader resumes the rollout", 5*time.Second, func() bool {
+		code, got := follow.c.api("GET", "/v1/rollout", "", true)
+		return code == 200 && jsonUint(got["id"]) == rolloutID && got["state"] == "shadow"
+	})
+	if code, out := follow.c.api("POST", "/v1/rollout/abort", "", true); code != 200 || out["state"] != "aborted" {
+		t.Fatalf("aborting the rollout on the new leader: %d %v", code, out)
+	}
+	_, pol := follow.c.api("GET", "/v1/policy", "", true)
+	if pol["candidate"] != nil || jsonUint(pol["version"]) != version || num(pol["overlap_weight"]) != 32 {
+		t.Fatalf("after the abort the policy is %v, want the stable one at version %d", pol, version)
+	}
+	waitPolicy(t, p, version)
+	time.Sleep(300 * time.Millisecond)
+	stop()
+	wg.Wait()
+	if sent.Load() < 20 || failed.Load() != 0 {
+		t.Fatalf("%d of %d requests failed across the handover", failed.Load(), sent.Load())
+	}
+	t.Logf("%d requests through the handover, none failed", sent.Load())
+}

@@ -1,0 +1,673 @@
+package registry
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
+	"k8s.io/client-go/tools/cache"
+)
+
+// The custom resources a KubeStore keeps the control plane's state in (group kvrelay.io,
+// version v1alpha1; their definitions are the Helm chart's crds/). Every resource of one
+// control plane carries StoreLabel with its name, so several control planes may share a
+// namespace.
+var (
+	PolicyResource  = schema.GroupVersionResource{Group: "kvrelay.io", Version: "v1alpha1", Resource: "kvrelaypolicies"}
+	RolloutResource = schema.GroupVersionResource{Group: "kvrelay.io", Version: "v1alpha1", Resource: "kvrelayrollouts"}
+	WorkerResource  = schema.GroupVersionResource{Group: "kvrelay.io", Version: "v1alpha1", Resource: "kvrelayworkers"}
+)
+
+// StoreLabel names the control plane a resource belongs to.
+const StoreLabel = "kvrelay.io/control-plane"
+
+// MaxKubeHistory is the number of policy changes a KubeStore keeps in its KvrelayPolicy's
+// status (an object must stay well under etcd's size limit).
+const MaxKubeHistory = 100
+
+// ErrNotSynced: the store's watches have not listed their resources within the time given.
+var ErrNotSynced = errors.New("kubernetes store: resources not listed in time")
+
+// Backend keeps what the control plane must keep across restarts and share between its
+// replicas: the workers added through the operator API, explicit drain settings, the
+// routing policy with its history, and the rollouts. Store (bbolt, one process) and
+// KubeStore (custom resources, every replica) implement it.
+type Backend interface {
+	Workers() ([]Worker, error)
+	PutWorker(w Worker) error
+	DeleteWorker(id string) error
+	Drains() (map[string]bool, error)
+	SetDrain(id string, draining bool) error
+	ClearDrain(id string) error
+	Policy() (Policy, error)
+	SetPolicy(p Policy, cause string, at time.Time) (Policy, error)
+	PolicyHistory(limit int) ([]PolicyChange, error)
+	PutRollout(id uint64, record []byte) error
+	LastRollout() ([]byte, error)
+	Close() error
+}
+
+var (
+	_ Backend = (*Store)(nil)
+	_ Backend = (*KubeStore)(nil)
+)
+
+// KubeStore is a Backend in Kubernetes custom resources, for control planes of several
+// replicas: each replica watches them and reads from its watch cache, the leader writes.
+//
+//   - KvrelayPolicy <name>: spec.policy is the policy wanted, status.policy the policy in
+//     force with the versions the control plane gave it, status.observedGeneration the spec
+//     it answers, status.history the latest changes, status.error why a spec was refused.
+//     The operator API writes both; a spec edited by other means (kubectl, a GitOps tool)
+//     takes effect when the leader reconciles it (Reconcile): until then every replica keeps
+//     status.policy.
+//   - KvrelayWorker <name>-<id>: spec.id, spec.worker (an API worker) and spec.draining (an
+//     explicit drain, for a worker of any source); one resource holds either or both.
+//   - KvrelayRollout <name>-<rollout id>: spec.id and spec.record, the rollout controller's
+//     record of one rollout (its state machine included), written at every step.
+//
+// Writes go to the API server with optimistic concurrency and into the watch cache at once,
+// so a read after a write sees it. OnChange's callback runs after every change the watches
+// deliver, this replica's own writes included. A KubeStore is safe for concurrent use.
+type KubeStore struct {
+	dyn       dynamic.Interface
+	namespace string
+	name      string
+	log       *slog.Logger
+	factory   dynamicinformer.DynamicSharedInformerFactory
+	policies  cache.SharedIndexInformer
+	workers   cache.SharedIndexInformer
+	rollouts  cache.SharedIndexInformer
+	cancel    context.CancelFunc
+
+	mu       sync.Mutex // serialises writes
+	onChange func()
+	cbMu     sync.Mutex
+}
+
+// OpenKube watches the custom resources of control plane name in namespace and returns once
+// they are listed (at most within timeout: ErrNotSynced). Close stops the watches.
+func OpenKube(dyn dynamic.Interface, namespace, name string, timeout time.Duration, log *slog.Logger) (*KubeStore, error) {
+	if dyn == nil || namespace == "" || name == "" {
+		return nil, fmt.Errorf("kubernetes store: %w: a client, a namespace and a name are required", ErrInvalid)
+	}
+	if errs := validName(name); errs != "" {
+		return nil, fmt.Errorf("kubernetes store: %w: name %q: %s", ErrInvalid, name, errs)
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &KubeStore{dyn: dyn, namespace: namespace, name: name, log: log, cancel: cancel}
+	s.factory = dynamicinformer.NewFilteredDynamicSharedInformerFactory(dyn, 0, namespace,
+		func(o *metav1.ListOptions) { o.LabelSelector = StoreLabel + "=" + name })
+	s.policies = s.factory.ForResource(PolicyResource).Informer()
+	s.workers = s.factory.ForResource(WorkerResource).Informer()
+	s.rollouts = s.factory.ForResource(RolloutResource).Informer()
+	h := cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { s.changed() },
+		UpdateFunc: func(a, b any) { s.changed() },
+		DeleteFunc: func(any) { s.changed() },
+	}
+	for _, inf := range []cache.SharedIndexInformer{s.policies, s.workers, s.rollouts} {
+		if _, err := inf.AddEventHandler(h); err != nil {
+			cancel()
+			return nil, fmt.Errorf("kubernetes store: %w", err)
+		}
+	}
+	s.factory.Start(ctx.Done())
+	wait, wcancel := context.WithTimeout(ctx, timeout)
+	defer wcancel()
+	if !cache.WaitForCacheSync(wait.Done(), s.policies.HasSynced, s.workers.HasSynced, s.rollouts.HasSynced) {
+		cancel()
+		s.factory.Shutdown()
+		return nil, fmt.Errorf("%w (%s in namespace %s: are the kvrelay.io CRDs installed, and may this service account list them?)", ErrNotSynced, timeout, namespace)
+	}
+	log.Info("state in Kubernetes", "namespace", namespace, "control_plane", name)
+	return s, nil
+}
+
+// OnChange sets the function called after each change the watches see; nil clears it. It
+// runs on the watch's goroutine: keep it short.
+func (s *KubeStore) OnChange(f func()) {
+	s.cbMu.Lock()
+	s.onChange = f
+	s.cbMu.Unlock()
+}
+
+func (s *KubeStore) changed() {
+	s.cbMu.Lock()
+	f := s.onChange
+	s.cbMu.Unlock()
+	if f != nil {
+		f()
+	}
+}
+
+// Close stops the watches.
+func (s *KubeStore) Close() error {
+	s.cancel()
+	s.factory.Shutdown()
+	return nil
+}
+
+// Where names the store in logs and errors.
+func (s *KubeStore) Where() string { return s.namespace + "/" + s.name }
+
+var dnsUnsafe = regexp.MustCompile(`[^a-z0-9-]+`)
+
+// validName says why name cannot prefix resource names ("" when it can).
+func validName(name string) string {
+	if len(name) > 40 {
+		return "longer than 40 characters"
+	}
+	if dnsUnsafe.MatchString(name) || strings.HasPrefix(name, "-") || strings.HasSuffix(name, "-") {
+		return "not a DNS label (lower-case letters, digits, '-')"
+	}
+	return ""
+}
+
+// workerName is the KvrelayWorker resource for worker id: the id when it is a DNS label,
+// else its safe characters and a hash of it.
+func (s *KubeStore) workerName(id string) string {
+	safe := strings.Trim(dnsUnsafe.ReplaceAllString(strings.ToLower(id), "-"), "-")
+	if safe != id || len(s.name)+1+len(safe) > 253 {
+		sum := sha256.Sum256([]byte(id))
+		safe = strings.Trim(safe[:min(len(safe), 180)], "-") + "-" + hex.EncodeToString(sum[:5])
+	}
+	return s.name + "-" + strings.TrimPrefix(safe, "-")
+}
+
+func (s *KubeStore) rolloutName(id uint64) string { return s.name + "-" + strconv.FormatUint(id, 10) }
+
+func (s *KubeStore) client(r schema.GroupVersionResource) dynamic.ResourceInterface {
+	return s.dyn.Resource(r).Namespace(s.namespace)
+}
+
+// newObject is a resource of this control plane, kind and name, with spec.
+func (s *KubeStore) newObject(kind, name string, spec map[string]any) *unstructured.Unstructured {
+	return &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "kvrelay.io/v1alpha1",
+		"kind":       kind,
+		"metadata":   map[string]any{"name": name, "namespace": s.namespace, "labels": map[string]any{StoreLabel: s.name}},
+		"spec":       spec,
+	}}
+}
+
+// cached returns the watch cache's object name of inf (nil if none).
+func (s *KubeStore) cached(inf cache.SharedIndexInformer, name string) *unstructured.Unstructured {
+	o, ok, err := inf.GetStore().GetByKey(s.namespace + "/" + name)
+	if err != nil || !ok {
+		return nil
+	}
+	u, _ := o.(*unstructured.Unstructured)
+	return u
+}
+
+// remember puts what the API server answered a write with into the watch cache, so the next
+// read sees the write (the watch brings the same object again).
+func remember(inf cache.SharedIndexInformer, u *unstructured.Unstructured) {
+	if u != nil {
+		_ = inf.GetStore().Update(u)
+	}
+}
+
+// field decodes obj's field at path (JSON through the unstructured map) into out; a missing
+// field leaves out alone and is no error.
+func field(obj map[string]any, out any, path ...string) (bool, error) {
+	v, ok, err := unstructured.NestedFieldNoCopy(obj, path...)
+	if err != nil || !ok || v == nil {
+		return false, err
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return false, err
+	}
+	return true, json.Unmarshal(b, out)
+}
+
+// asMap is v as the unstructured form of its JSON.
+func asMap(v any) (any, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
+	var m any
+	err = json.Unmarshal(b, &m)
+	return m, err
+}
+
+// kubeWorker is a KvrelayWorker's spec.
+type kubeWorker struct {
+	ID       string  `json:"id"`
+	Worker   *Worker `json:"worker,omitempty"`
+	Draining *bool   `json:"draining,omitempty"`
+}
+
+func (s *KubeStore) workerSpecs() ([]kubeWorker, error) {
+	var out []kubeWorker
+	for _, o := range s.workers.GetStore().List() {
+		u, ok := o.(*unstructured.Unstructured)
+		if !ok {
+			continue
+		}
+		var kw kubeWorker
+		if _, err := field(u.Object, &kw, "spec"); err != nil {
+			return nil, fmt.Errorf("decoding KvrelayWorker %s: %w", u.GetName(), err)
+		}
+		if kw.ID == "" {
+			s.log.Warn("skipping a KvrelayWorker without spec.id", "name", u.GetName())
+			continue
+		}
+		out = append(out, kw)
+	}
+	return out, nil
+}
+
+// Workers returns the API workers, sorted by id, with Source SourceAPI; not validated.
+func (s *KubeStore) Workers() ([]Worker, error) {
+	specs, err := s.workerSpecs()
+	if err != nil {
+		return nil, fmt.Errorf("reading workers: %w", err)
+	}
+	var ws []Worker
+	for _, kw := range specs {
+		if kw.Worker != nil {
+			w := *kw.Worker
+			w.ID, w.Source = kw.ID, SourceAPI
+			ws = append(ws, w)
+		}
+	}
+	slices.SortFunc(ws, func(a, b Worker) int { return strings.Compare(a.ID, b.ID) })
+	return ws, nil
+}
+
+// Drains returns the explicit drain settings by worker id.
+func (s *KubeStore) Drains() (map[string]bool, error) {
+	specs, err := s.workerSpecs()
+	if err != nil {
+		return nil, fmt.Errorf("reading drains: %w", err)
+	}
+	drains := map[string]bool{}
+	for _, kw := range specs {
+		if kw.Draining != nil {
+			drains[kw.ID] = *kw.Draining
+		}
+	}
+	return drains, nil
+}
+
+// editWorker applies edit to the spec of worker id's resource (a fresh one when there is
+// none), then creates, updates or, when the spec holds neither a worker nor a drain,
+// deletes it; a conflict with another writer is retried on a fresh read.
+func (s *KubeStore) editWorker(id string, edit func(*kubeWorker)) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	name := s.workerName(id)
+	c := s.client(WorkerResource)
+	for attempt := 0; ; attempt++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err := func() error {
+			cur, err := c.Get(ctx, name, metav1.GetOptions{})
+			if apierrors.IsNotFound(err) {
+				cur, err = nil, nil
+			}
+			if err != nil {
+				return err
+			}
+			kw := kubeWorker{ID: id}
+			if cur != nil {
+				if _, err := field(cur.Object, &kw, "spec"); err != nil {
+					return fmt.Errorf("decoding KvrelayWorker %s: %w", name, err)
+				}
+				kw.ID = id
+			}
+			edit(&kw)
+			if kw.Worker != nil {
+				w := *kw.Worker
+				w.ID, w.Source = "", ""
+				kw.Worker = &w
+			}
+			if kw.Worker == nil && kw.Draining == nil {
+				if cur == nil {
+					return nil
+				}
+				rv := cur.GetResourceVersion()
+				err := c.Delete(ctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{ResourceVersion: &rv}})
+				if err == nil || apierrors.IsNotFound(err) {
+					_ = s.workers.GetStore().Delete(cur)
+					return nil
+				}
+				return err
+			}
+			spec, err := asMap(kw)
+			if err != nil {
+				return err
+			}
+			if cur == nil {
+				out, err := c.Create(ctx, s.newObject("KvrelayWorker", name, spec.(map[string]any)), metav1.CreateOptions{})
+				remember(s.workers, out)
+				return err
+			}
+			cur.Object["spec"] = spec
+			out, err := c.Update(ctx, cur, metav1.UpdateOptions{})
+			remember(s.workers, out)
+			return err
+		}()
+		cancel()
+		if (apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err)) && attempt < 5 {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("writing KvrelayWorker %s/%s: %w", s.namespace, name, err)
+		}
+		return nil
+	}
+}
+
+// PutWorker stores w (by its id), replacing any worker stored with that id.
+func (s *KubeStore) PutWorker(w Worker) error {
+	return s.editWorker(w.ID, func(kw *kubeWorker) { kw.Worker = &w })
+}
+
+// DeleteWorker deletes the worker stored with id, if any (its drain setting stays).
+func (s *KubeStore) DeleteWorker(id string) error {
+	return s.editWorker(id, func(kw *kubeWorker) { kw.Worker = nil })
+}
+
+// SetDrain records that worker id is drained (or explicitly not).
+func (s *KubeStore) SetDrain(id string, draining bool) error {
+	return s.editWorker(id, func(kw *kubeWorker) { kw.Draining = &draining })
+}
+
+// ClearDrain forgets worker id's drain setting.
+func (s *KubeStore) ClearDrain(id string) error {
+	return s.editWorker(id, func(kw *kubeWorker) { kw.Draining = nil })
+}
+
+// kubePolicyStatus is a KvrelayPolicy's status.
+type kubePolicyStatus struct {
+	Policy             *Policy        `json:"policy,omitempty"`
+	ObservedGeneration int64          `json:"observedGeneration,omitempty"`
+	History            []PolicyChange `json:"history,omitempty"`
+	Error              string         `json:"error,omitempty"`
+}
+
+func policyStatus(u *unstructured.Unstructured) (kubePolicyStatus, error) {
+	var st kubePolicyStatus
+	if u == nil {
+		return st, nil
+	}
+	if _, err := field(u.Object, &st, "status"); err != nil {
+		return st, fmt.Errorf("decoding KvrelayPolicy %s status: %w", u.GetName(), err)
+	}
+	return st, nil
+}
+
+// Policy returns the policy in force (status.policy), DefaultPolicy if none was ever set.
+func (s *KubeStore) Policy() (Policy, error) {
+	st, err := policyStatus(s.cached(s.policies, s.name))
+	if err != nil {
+		return Policy{}, err
+	}
+	if st.Policy == nil {
+		return DefaultPolicy(), nil
+	}
+	return *st.Policy, nil
+}
+
+// PolicyHistory returns at most limit policy changes, the latest first.
+func (s *KubeStore) PolicyHistory(limit int) ([]PolicyChange, error) {
+	st, err := policyStatus(s.cached(s.policies, s.name))
+	if err != nil {
+		return nil, err
+	}
+	var out []PolicyChange
+	for i := len(st.History) - 1; i >= 0 && len(out) < limit; i-- {
+		out = append(out, st.History[i])
+	}
+	return out, nil
+}
+
+// SetPolicy validates p, gives it its version (see Registry.SetPolicy) and makes it the
+// wanted and the applied policy, with its history entry. A non-zero p.Version must be the
+// applied version (ErrVersionConflict otherwise).
+func (s *KubeStore) SetPolicy(p Policy, cause string, at time.Time) (Policy, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	next, err := s.applyPolicy(func(cur Policy, _ *unstructured.Unstructured) (Policy, bool, error) {
+		n, err := nextPolicy(cur, p)
+		return n, true, err
+	}, cause, at)
+	if err != nil {
+		return Policy{}, fmt.Errorf("setting policy: %w", err)
+	}
+	return next, nil
+}
+
+// Reconcile applies a KvrelayPolicy spec that was edited outside the control plane (its
+// generation ahead of status.observedGeneration), with cause; a spec that does not validate
+// is refused in status.error and the applied policy stays. It reports whether the policy
+// changed. Only the leader calls it.
+func (s *KubeStore) Reconcile(cause string, at time.Time) (bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	cached := s.cached(s.policies, s.name)
+	if cached == nil {
+		return false, nil
+	}
+	if st, err := policyStatus(cached); err == nil && st.ObservedGeneration >= cached.GetGeneration() {
+		return false, nil
+	}
+	changed := false
+	_, err := s.applyPolicy(func(cur Policy, obj *unstructured.Unstructured) (Policy, bool, error) {
+		var want Policy
+		if _, err := field(obj.Object, &want, "spec", "policy"); err != nil {
+			return cur, false, fmt.Errorf("%w: spec.policy: %w", ErrInvalid, err)
+		}
+		want.Version = 0 // the control plane gives versions
+		n, err := nextPolicy(cur, want)
+		if err != nil {
+			return cur, false, err
+		}
+		changed = !samePolicy(n, cur)
+		return n, false, nil
+	}, cause, at)
+	return changed, err
+}
+
+func samePolicy(a, b Policy) bool {
+	x, _ := json.Marshal(a)
+	y, _ := json.Marshal(b)
+	return string(x) == string(y)
+}
+
+// applyPolicy reads the KvrelayPolicy from the API server, lets next compute the policy to
+// apply from the applied one (and whether the spec becomes it), writes the spec if asked and
+// then the status, retrying on conflicts. A policy next refuses as invalid on a spec edit is
+// recorded in status.error. Called with s.mu held.
+func (s *KubeStore) applyPolicy(next func(cur Policy, obj *unstructured.Unstructured) (Policy, bool, error), cause string, at time.Time) (Policy, error) {
+	c := s.client(PolicyResource)
+	for attempt := 0; ; attempt++ {
+		var out Policy
+		err := func() error {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			obj, err := c.Get(ctx, s.name, metav1.GetOptions{})
+			if apierrors.IsNotFound(err) {
+				if obj, err = c.Create(ctx, s.newObject("KvrelayPolicy", s.name, map[string]any{}), metav1.CreateOptions{}); err != nil {
+					return err
+				}
+			} else if err != nil {
+				return err
+			}
+			st, err := policyStatus(obj)
+			if err != nil {
+				return err
+			}
+			cur := DefaultPolicy()
+			if st.Policy != nil {
+				cur = *st.Policy
+			}
+			pol, writeSpec, err := next(cur, obj)
+			if err != nil {
+				if !writeSpec && errors.Is(err, ErrInvalid) {
+					// A spec edited outside the control plane that does not validate: say
+					// so where its author looks, and keep the policy in force.
+					st.Error = err.Error()
+					st.ObservedGeneration = obj.GetGeneration()
+					if err := s.writePolicyStatus(ctx, obj, st); err != nil {
+						return err
+					}
+					out = cur
+					return nil
+				}
+				return errPolicy{err}
+			}
+			if writeSpec {
+				want := pol.clone()
+				spec, err := asMap(want)
+				if err != nil {
+					return err
+				}
+				if err := unstructured.SetNestedField(obj.Object, spec, "spec", "policy"); err != nil {
+					return err
+				}
+				if obj, err = c.Update(ctx, obj, metav1.UpdateOptions{}); err != nil {
+					return err
+				}
+			}
+			// Every set through the API is recorded (as the bbolt Store does); an edit
+			// applied, when it changed the policy.
+			if writeSpec || !samePolicy(pol, cur) {
+				st.History = append(st.History, PolicyChange{Policy: pol, At: at, Cause: cause})
+				if len(st.History) > MaxKubeHistory {
+					st.History = slices.Delete(st.History, 0, len(st.History)-MaxKubeHistory)
+				}
+			}
+			st.Policy, st.ObservedGeneration, st.Error = &pol, obj.GetGeneration(), ""
+			if err := s.writePolicyStatus(ctx, obj, st); err != nil {
+				return err
+			}
+			out = pol
+			return nil
+		}()
+		var pe errPolicy
+		switch {
+		case errors.As(err, &pe):
+			return Policy{}, pe.err
+		case apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err):
+			if attempt < 5 {
+				continue
+			}
+		}
+		if err != nil {
+			return Policy{}, fmt.Errorf("writing KvrelayPolicy %s/%s: %w", s.namespace, s.name, err)
+		}
+		return out, nil
+	}
+}
+
+// errPolicy carries the policy's own refusal (invalid, version conflict) through the retry
+// loop unwrapped.
+type errPolicy struct{ err error }
+
+func (e errPolicy) Error() string { return e.err.Error() }
+
+func (s *KubeStore) writePolicyStatus(ctx context.Context, obj *unstructured.Unstructured, st kubePolicyStatus) error {
+	m, err := asMap(st)
+	if err != nil {
+		return err
+	}
+	obj = obj.DeepCopy()
+	obj.Object["status"] = m
+	out, err := s.client(PolicyResource).UpdateStatus(ctx, obj, metav1.UpdateOptions{})
+	remember(s.policies, out)
+	return err
+}
+
+// kubeRollout is a KvrelayRollout's spec.
+type kubeRollout struct {
+	ID     uint64          `json:"id"`
+	Record json.RawMessage `json:"record"`
+}
+
+// PutRollout stores a rollout's record (the control plane's JSON) under its id.
+func (s *KubeStore) PutRollout(id uint64, record []byte) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !json.Valid(record) {
+		return fmt.Errorf("storing rollout %d: %w: the record is not JSON", id, ErrInvalid)
+	}
+	spec, err := asMap(kubeRollout{ID: id, Record: record})
+	if err != nil {
+		return fmt.Errorf("storing rollout %d: %w", id, err)
+	}
+	name := s.rolloutName(id)
+	c := s.client(RolloutResource)
+	for attempt := 0; ; attempt++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err := func() error {
+			cur, err := c.Get(ctx, name, metav1.GetOptions{})
+			if apierrors.IsNotFound(err) {
+				out, err := c.Create(ctx, s.newObject("KvrelayRollout", name, spec.(map[string]any)), metav1.CreateOptions{})
+				remember(s.rollouts, out)
+				return err
+			}
+			if err != nil {
+				return err
+			}
+			cur.Object["spec"] = spec
+			out, err := c.Update(ctx, cur, metav1.UpdateOptions{})
+			remember(s.rollouts, out)
+			return err
+		}()
+		cancel()
+		if (apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err)) && attempt < 5 {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("storing rollout %d in KvrelayRollout %s/%s: %w", id, s.namespace, name, err)
+		}
+		return nil
+	}
+}
+
+// LastRollout returns the record of the rollout with the highest id, nil if none was
+// stored.
+func (s *KubeStore) LastRollout() ([]byte, error) {
+	var best *kubeRollout
+	for _, o := range s.rollouts.GetStore().List() {
+		u, ok := o.(*unstructured.Unstructured)
+		if !ok {
+			continue
+		}
+		var kr kubeRollout
+		if _, err := field(u.Object, &kr, "spec"); err != nil {
+			return nil, fmt.Errorf("decoding KvrelayRollout %s: %w", u.GetName(), err)
+		}
+		if best == nil || kr.ID > best.ID {
+			best = &kr
+		}
+	}
+	if best == nil || len(best.Record) == 0 {
+		return nil, nil
+	}
+	return slices.Clone([]byte(best.Record)), nil
+}

@@ -1,0 +1,230 @@
+package registry
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/dynamic"
+
+	"github.com/kvrelay/kvrelay/internal/kubetest"
+)
+
+// crdFile is the chart's definition of the kvrelay.io resources, which the tests install.
+const crdFile = "../../hack/deploy/helm/kvrelay/crds/kvrelay.io.yaml"
+
+// kubeStoreEnv starts an API server with the kvrelay.io CRDs and a namespace "kvrelay".
+func kubeStoreEnv(t *testing.T) dynamic.Interface {
+	t.Helper()
+	env := kubetest.Start(t)
+	env.InstallCRDs(t, crdFile)
+	if _, err := env.Clientset(t).CoreV1().Namespaces().Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "kvrelay"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	dyn, err := dynamic.NewForConfig(env.Config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dyn
+}
+
+func openKube(t *testing.T, dyn dynamic.Interface, name string) *KubeStore {
+	t.Helper()
+	s, err := OpenKube(dyn, "kvrelay", name, 10*time.Second, discard())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// TestKubeStore runs the Backend tests that the bbolt Store passes against custom resources
+// in a real API server, each on a control plane of its own name in one namespace.
+func TestKubeStore(t *testing.T) {
+	dyn := kubeStoreEnv(t)
+	t.Run("reopen", func(t *testing.T) {
+		testBackendReopen(t, func() Backend { return openKube(t, dyn, "reopen") })
+	})
+	t.Run("default policy", func(t *testing.T) {
+		s := openKube(t, dyn, "default")
+		defer s.Close()
+		testBackendDefaultPolicy(t, s)
+	})
+	t.Run("refuses", func(t *testing.T) {
+		s := openKube(t, dyn, "refuses")
+		defer s.Close()
+		testBackendRefuses(t, s)
+	})
+	t.Run("history", func(t *testing.T) {
+		s := openKube(t, dyn, "history")
+		defer s.Close()
+		testBackendHistory(t, s, MaxKubeHistory)
+	})
+	t.Run("worker ids", func(t *testing.T) {
+		// Ids that are not DNS labels get resources of their own all the same.
+		s := openKube(t, dyn, "ids")
+		defer s.Close()
+		ids := []string{"Worker_1", "worker-1", "w/1", "a.b:8000", strings.Repeat("x", 300)}
+		for _, id := range ids {
+			if err := s.PutWorker(Worker{ID: id, URL: "http://h:1"}); err != nil {
+				t.Fatalf("PutWorker(%q): %v", id, err)
+			}
+		}
+		ws, err := s.Workers()
+		if err != nil || len(ws) != len(ids) {
+			t.Fatalf("Workers() = %d workers, %v; want %d", len(ws), err, len(ids))
+		}
+	})
+	t.Run("not installed", func(t *testing.T) {
+		if _, err := OpenKube(dyn, "kvrelay", "Not-A-Label", time.Second, discard()); !errors.Is(err, ErrInvalid) {
+			t.Fatalf("OpenKube with a bad name = %v, want ErrInvalid", err)
+		}
+	})
+}
+
+// TestKubeStoreReplicas: two control-plane replicas on one KubeStore state. What the leader
+// writes through its registry reaches the other's registry through the watch; a policy
+// edited with kubectl (the spec alone) takes effect when the leader reconciles it, with the
+// next version and a history entry, and one that does not validate is refused in the
+// resource's status while the policy in force stays.
+func TestKubeStoreReplicas(t *testing.T) {
+	dyn := kubeStoreEnv(t)
+	type replica struct {
+		store *KubeStore
+		reg   *Registry
+		news  atomic.Int64
+	}
+	open := func() *replica {
+		r := &replica{store: openKube(t, dyn, "kvrelay")}
+		t.Cleanup(func() { r.store.Close() })
+		var err error
+		if r.reg, err = New(r.store, nil, discard()); err != nil {
+			t.Fatal(err)
+		}
+		r.store.OnChange(func() {
+			if err := r.reg.Reload(); err != nil {
+				t.Errorf("Reload: %v", err)
+			}
+			r.news.Add(1)
+		})
+		return r
+	}
+	leader, follower := open(), open()
+	eventually := func(what string, ok func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for !ok() {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not within 10 s", what)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+
+	w := Worker{ID: "vllm-0", URL: "http://10.0.0.1:8000", Engine: "vllm", Model: "m"}
+	if err := leader.reg.Upsert(w); err != nil {
+		t.Fatal(err)
+	}
+	if err := leader.reg.SetDraining("vllm-0", true); err != nil {
+		t.Fatal(err)
+	}
+	eventually("the follower sees the API worker, drained", func() bool {
+		got, ok := follower.reg.Get("vllm-0")
+		return ok && got.URL == w.URL && got.Draining
+	})
+	p := DefaultPolicy()
+	p.Name, p.Temperature = PolicySession, 0.25
+	set, err := leader.reg.SetPolicy(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually("the follower has the leader's policy", func() bool {
+		got := follower.reg.Policy()
+		return got.Version == set.Version && got.Name == PolicySession && got.Temperature == 0.25
+	})
+	if h, err := follower.reg.PolicyHistory(10); err != nil || len(h) == 0 || h[0].Policy.Version != set.Version {
+		t.Fatalf("the follower's history = %+v, %v", h, err)
+	}
+
+	// kubectl edit: spec.policy.temperature 0.5. Nothing changes until the leader
+	// reconciles; then both have it, at the next version.
+	policies := dyn.Resource(PolicyResource).Namespace("kvrelay")
+	// edit changes spec.policy as kubectl would and waits until the leader's watch has it.
+	edit := func(f func(pol map[string]any)) {
+		t.Helper()
+		u, err := policies.Get(t.Context(), "kvrelay", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pol, _, _ := unstructured.NestedMap(u.Object, "spec", "policy")
+		f(pol)
+		if err := unstructured.SetNestedMap(u.Object, pol, "spec", "policy"); err != nil {
+			t.Fatal(err)
+		}
+		if u, err = policies.Update(t.Context(), u, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		eventually("the leader's watch has the edit", func() bool {
+			c := leader.store.cached(leader.store.policies, "kvrelay")
+			return c != nil && c.GetGeneration() >= u.GetGeneration()
+		})
+	}
+	before := follower.news.Load()
+	edit(func(pol map[string]any) { pol["temperature"] = 0.5 })
+	eventually("the follower hears of the edit", func() bool { return follower.news.Load() > before })
+	if got := follower.reg.Policy(); got.Temperature != 0.25 {
+		t.Fatalf("an edit no leader applied is in force: %+v", got)
+	}
+	reconcile := func() bool {
+		t.Helper()
+		changed, err := leader.store.Reconcile("kubernetes", time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return changed
+	}
+	if !reconcile() {
+		t.Fatal("Reconcile of a changed spec reported no change")
+	}
+	eventually("both have the edited policy at the next version", func() bool {
+		a, b := leader.reg.Policy(), follower.reg.Policy()
+		return a.Temperature == 0.5 && b.Temperature == 0.5 && b.Version == set.Version+1 && a.Version == b.Version
+	})
+	if h, _ := follower.reg.PolicyHistory(1); len(h) != 1 || h[0].Cause != "kubernetes" {
+		t.Fatalf("history after the edit: %+v", h)
+	}
+
+	// An edit that does not validate: refused in status.error, the policy stays.
+	edit(func(pol map[string]any) { pol["cache_threshold"] = 2.0 })
+	if reconcile() {
+		t.Fatal("an invalid spec changed the policy")
+	}
+	u, err := policies.Get(context.Background(), "kvrelay", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if msg, _, _ := unstructured.NestedString(u.Object, "status", "error"); !strings.Contains(msg, "cache_threshold") && !strings.Contains(msg, "cache threshold") {
+		t.Fatalf("status.error = %q, want the refusal", msg)
+	}
+	if got := follower.reg.Policy(); got.Temperature != 0.5 || got.Version != set.Version+1 {
+		t.Fatalf("after a refused edit the policy is %+v", got)
+	}
+
+	// Removing the worker through the leader's API removes it on the follower; its drain
+	// setting goes with it (no other source has the id).
+	if err := leader.reg.Remove("vllm-0"); err != nil {
+		t.Fatal(err)
+	}
+	eventually("the follower drops the removed worker", func() bool {
+		_, ok := follower.reg.Get("vllm-0")
+		return !ok
+	})
+	if ws, err := follower.store.Workers(); err != nil || len(ws) != 0 {
+		t.Fatalf("stored workers after Remove: %v, %v", ws, err)
+	}
+}
