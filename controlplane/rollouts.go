@@ -266,8 +266,18 @@ func (c *rollouts) apply(rec *rolloutRecord) error {
 		cand := rec.Candidate
 		p.Candidate, p.CandidateShare, p.Shadow = &cand, share, shadow
 	}
-	_, err := c.s.reg.ChangePolicy(p, cause)
-	return err
+	next, err := c.s.reg.ChangePolicy(p, cause)
+	if err != nil {
+		return err
+	}
+	if nc := next.Candidate; nc != nil && nc.Version != rec.Candidate.Version {
+		// The candidate went back in under a new version (the policy had lost it: an
+		// operator's change, or a leader that stopped between the rollout's write and the
+		// policy's): the rollout follows it, or its arms and its end would miss it.
+		rec.Candidate.Version = nc.Version
+		return c.persist(rec)
+	}
+	return nil
 }
 
 // control applies an operator's action: pause, resume, promote or abort.
@@ -356,6 +366,16 @@ func (s *Server) runRollouts(ctx context.Context) {
 			// policy edited in Kubernetes while no one led.
 			now := s.opts.Leader.Leading()
 			if now && !leading {
+				// Act on the state as the API server has it, not as far as this replica's
+				// watch has got: the last leader's final writes may still be on their way.
+				if ks, ok := s.store.(*registry.KubeStore); ok {
+					if err := ks.Refresh(ctx); err != nil {
+						s.log.Error("shared state not read afresh on taking the lead", "store", ks.Where(), "err", err)
+					}
+					if err := s.reg.Reload(); err != nil {
+						s.log.Error("shared state not reloaded", "store", ks.Where(), "err", err)
+					}
+				}
 				s.rollouts.reload()
 				s.rollouts.resume()
 				s.stateChanged()

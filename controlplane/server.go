@@ -162,6 +162,8 @@ type Server struct {
 
 	mu        sync.Mutex
 	published int64 // unix nanos of the last worker publication
+	// observed is, per worker, the engine load last published and when it was first read.
+	observed map[string]observedLoad
 
 	// ready is closed when ingestion has caught up with the engines after a start.
 	ready chan struct{}
@@ -504,6 +506,13 @@ func (s *Server) publish(force bool) bool {
 	return true
 }
 
+// observedLoad is an engine's load as published, and when it was first read so.
+type observedLoad struct {
+	running, waiting uint32
+	kv               float64
+	at               int64
+}
+
 // sincePublished is the time since the workers were last published.
 func (s *Server) sincePublished() time.Duration {
 	s.mu.Lock()
@@ -516,8 +525,12 @@ func (s *Server) sincePublished() time.Duration {
 func (s *Server) workerResources() []*xdsv1.Worker {
 	ws := s.reg.Workers()
 	states := s.view.Snapshot()
-	inflight, reports := s.xds.MergedReports()
+	inflight, epochs := s.xds.MergedEpochs()
 	out := make([]*xdsv1.Worker, 0, len(ws))
+	if s.observed == nil {
+		s.observed = map[string]observedLoad{}
+	}
+	seen := make(map[string]bool, len(ws))
 	for _, w := range ws {
 		st := states[w.ID]
 		role, _ := xds.ParseRole(w.Role)
@@ -546,10 +559,20 @@ func (s *Server) workerResources() []*xdsv1.Worker {
 		if res.BlockSize == 0 {
 			res.BlockSize = uint32(st.BlockSize)
 		}
-		l := &xdsv1.Load{Running: uint32(st.Load.Running), Waiting: uint32(st.Load.Waiting), KvUsage: st.Load.KVUsage, Reports: reports}
+		l := &xdsv1.Load{Running: uint32(st.Load.Running), Waiting: uint32(st.Load.Waiting), KvUsage: st.Load.KVUsage, Epoch: epochs[w.ID]}
 		if !st.ObservedAt.IsZero() {
-			l.ObservedUnixNano = st.ObservedAt.UnixNano()
+			// The time of the reading that first said what the engine says now: a worker
+			// whose metrics stay put is not sent again for a fresh timestamp.
+			o := observedLoad{running: l.Running, waiting: l.Waiting, kv: l.KvUsage}
+			if prev, ok := s.observed[w.ID]; ok && prev.running == o.running && prev.waiting == o.waiting && prev.kv == o.kv {
+				o.at = prev.at
+			} else {
+				o.at = st.ObservedAt.UnixNano()
+				s.observed[w.ID] = o
+			}
+			l.ObservedUnixNano = o.at
 		}
+		seen[w.ID] = true
 		if in, ok := inflight[w.ID]; ok {
 			l.Inflight = uint32(min(in.Inflight, 1<<31))
 			l.PrefillTokens = in.PrefillTokens
@@ -557,6 +580,11 @@ func (s *Server) workerResources() []*xdsv1.Worker {
 		}
 		res.Load = l
 		out = append(out, res)
+	}
+	for id := range s.observed {
+		if !seen[id] {
+			delete(s.observed, id)
+		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Id < out[j].Id })
 	return out

@@ -96,9 +96,76 @@ type KubeStore struct {
 	rollouts  cache.SharedIndexInformer
 	cancel    context.CancelFunc
 
+	// newer holds, per resource, what this replica knows of objects beyond its watch
+	// cache: its own writes and Refresh's reads, until the watch has caught up with them.
+	newer map[schema.GroupVersionResource]*kubeOverlay
+
 	mu       sync.Mutex // serialises writes
 	onChange func()
 	cbMu     sync.Mutex
+}
+
+// kubeOverlay is what a replica knows of a resource's objects that its watch cache may not
+// show yet, by namespace/name: the object (nil: deleted) and the resourceVersion of that
+// knowledge. A cached object at that version or later replaces it: reads never go back to
+// an older state (the watch delivering an earlier write after this replica's later one).
+type kubeOverlay struct {
+	mu   sync.Mutex
+	objs map[string]kubeOverlaid
+}
+
+type kubeOverlaid struct {
+	obj *unstructured.Unstructured // nil: deleted
+	rv  uint64
+}
+
+// rvOf is u's resourceVersion as a number (etcd's revision), 0 when it is not one (then the
+// kubeOverlay keeps nothing of it and the cache alone answers).
+func rvOf(u *unstructured.Unstructured) uint64 {
+	if u == nil {
+		return 0
+	}
+	v, _ := strconv.ParseUint(u.GetResourceVersion(), 10, 64)
+	return v
+}
+
+// note records obj (nil: deleted) as known at version rv for key.
+func (o *kubeOverlay) note(key string, obj *unstructured.Unstructured, rv uint64) {
+	if rv == 0 {
+		return
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if cur, ok := o.objs[key]; !ok || rv > cur.rv {
+		o.objs[key] = kubeOverlaid{obj, rv}
+	}
+}
+
+// resolve is the newest of cached (the watch cache's object for key, nil if none) and what
+// the kubeOverlay knows.
+func (o *kubeOverlay) resolve(key string, cached *unstructured.Unstructured) *unstructured.Unstructured {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	cur, ok := o.objs[key]
+	if !ok {
+		return cached
+	}
+	if crv := rvOf(cached); crv >= cur.rv {
+		delete(o.objs, key) // the watch has caught up
+		return cached
+	}
+	return cur.obj
+}
+
+// keys are the keys the kubeOverlay holds.
+func (o *kubeOverlay) keys() []string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	out := make([]string, 0, len(o.objs))
+	for k := range o.objs {
+		out = append(out, k)
+	}
+	return out
 }
 
 // OpenKube watches the custom resources of control plane name in namespace and returns once
@@ -114,7 +181,10 @@ func OpenKube(dyn dynamic.Interface, namespace, name string, timeout time.Durati
 		log = slog.Default()
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &KubeStore{dyn: dyn, namespace: namespace, name: name, log: log, cancel: cancel}
+	s := &KubeStore{dyn: dyn, namespace: namespace, name: name, log: log, cancel: cancel, newer: map[schema.GroupVersionResource]*kubeOverlay{}}
+	for _, r := range []schema.GroupVersionResource{PolicyResource, WorkerResource, RolloutResource} {
+		s.newer[r] = &kubeOverlay{objs: map[string]kubeOverlaid{}}
+	}
 	s.factory = dynamicinformer.NewFilteredDynamicSharedInformerFactory(dyn, 0, namespace,
 		func(o *metav1.ListOptions) { o.LabelSelector = StoreLabel + "=" + name })
 	s.policies = s.factory.ForResource(PolicyResource).Informer()
@@ -167,6 +237,38 @@ func (s *KubeStore) Close() error {
 	return nil
 }
 
+// Refresh reads every resource of the store from the API server into the watch cache,
+// for a replica about to act on them (one that has just become the leader): the watch may
+// not have delivered the last writes yet. The watch then goes on from there.
+func (s *KubeStore) Refresh(ctx context.Context) error {
+	for _, x := range []struct {
+		inf cache.SharedIndexInformer
+		res schema.GroupVersionResource
+	}{{s.policies, PolicyResource}, {s.workers, WorkerResource}, {s.rollouts, RolloutResource}} {
+		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		list, err := s.client(x.res).List(ctx, metav1.ListOptions{LabelSelector: StoreLabel + "=" + s.name})
+		cancel()
+		if err != nil {
+			return fmt.Errorf("refreshing %s: %w", x.res.Resource, err)
+		}
+		ov := s.newer[x.res]
+		listed := map[string]bool{}
+		for i := range list.Items {
+			u := &list.Items[i]
+			key := u.GetNamespace() + "/" + u.GetName()
+			listed[key] = true
+			ov.note(key, u, rvOf(u))
+		}
+		listRV, _ := strconv.ParseUint(list.GetResourceVersion(), 10, 64)
+		for _, key := range x.inf.GetStore().ListKeys() {
+			if !listed[key] {
+				ov.note(key, nil, listRV) // gone since the watch said otherwise
+			}
+		}
+	}
+	return nil
+}
+
 // Where names the store in logs and errors.
 func (s *KubeStore) Where() string { return s.namespace + "/" + s.name }
 
@@ -210,21 +312,56 @@ func (s *KubeStore) newObject(kind, name string, spec map[string]any) *unstructu
 	}}
 }
 
-// cached returns the watch cache's object name of inf (nil if none).
-func (s *KubeStore) cached(inf cache.SharedIndexInformer, name string) *unstructured.Unstructured {
-	o, ok, err := inf.GetStore().GetByKey(s.namespace + "/" + name)
-	if err != nil || !ok {
-		return nil
+// informer is the watch of resource r.
+func (s *KubeStore) informer(r schema.GroupVersionResource) cache.SharedIndexInformer {
+	switch r {
+	case PolicyResource:
+		return s.policies
+	case WorkerResource:
+		return s.workers
 	}
-	u, _ := o.(*unstructured.Unstructured)
-	return u
+	return s.rollouts
 }
 
-// remember puts what the API server answered a write with into the watch cache, so the next
-// read sees the write (the watch brings the same object again).
-func remember(inf cache.SharedIndexInformer, u *unstructured.Unstructured) {
+// cached returns the newest object name of resource r this replica knows of (nil if none):
+// the watch cache's, or its own later write.
+func (s *KubeStore) cached(r schema.GroupVersionResource, name string) *unstructured.Unstructured {
+	key := s.namespace + "/" + name
+	var u *unstructured.Unstructured
+	if o, ok, err := s.informer(r).GetStore().GetByKey(key); err == nil && ok {
+		u, _ = o.(*unstructured.Unstructured)
+	}
+	return s.newer[r].resolve(key, u)
+}
+
+// list returns the newest objects of resource r this replica knows of.
+func (s *KubeStore) list(r schema.GroupVersionResource) []*unstructured.Unstructured {
+	byKey := map[string]*unstructured.Unstructured{}
+	for _, o := range s.informer(r).GetStore().List() {
+		if u, ok := o.(*unstructured.Unstructured); ok {
+			byKey[u.GetNamespace()+"/"+u.GetName()] = u
+		}
+	}
+	ov := s.newer[r]
+	for _, key := range ov.keys() {
+		if _, ok := byKey[key]; !ok {
+			byKey[key] = nil
+		}
+	}
+	out := make([]*unstructured.Unstructured, 0, len(byKey))
+	for key, u := range byKey {
+		if u = ov.resolve(key, u); u != nil {
+			out = append(out, u)
+		}
+	}
+	return out
+}
+
+// remember records what the API server answered a write of resource r with, so that the
+// next read sees the write whatever the watch has delivered yet.
+func (s *KubeStore) remember(r schema.GroupVersionResource, u *unstructured.Unstructured) {
 	if u != nil {
-		_ = inf.GetStore().Update(u)
+		s.newer[r].note(u.GetNamespace()+"/"+u.GetName(), u, rvOf(u))
 	}
 }
 
@@ -262,11 +399,7 @@ type kubeWorker struct {
 
 func (s *KubeStore) workerSpecs() ([]kubeWorker, error) {
 	var out []kubeWorker
-	for _, o := range s.workers.GetStore().List() {
-		u, ok := o.(*unstructured.Unstructured)
-		if !ok {
-			continue
-		}
+	for _, u := range s.list(WorkerResource) {
 		var kw kubeWorker
 		if _, err := field(u.Object, &kw, "spec"); err != nil {
 			return nil, fmt.Errorf("decoding KvrelayWorker %s: %w", u.GetName(), err)
@@ -351,7 +484,8 @@ func (s *KubeStore) editWorker(id string, edit func(*kubeWorker)) error {
 				rv := cur.GetResourceVersion()
 				err := c.Delete(ctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{ResourceVersion: &rv}})
 				if err == nil || apierrors.IsNotFound(err) {
-					_ = s.workers.GetStore().Delete(cur)
+					// Deleted after the version we read: a later read must not show it.
+					s.newer[WorkerResource].note(cur.GetNamespace()+"/"+name, nil, rvOf(cur)+1)
 					return nil
 				}
 				return err
@@ -362,12 +496,12 @@ func (s *KubeStore) editWorker(id string, edit func(*kubeWorker)) error {
 			}
 			if cur == nil {
 				out, err := c.Create(ctx, s.newObject("KvrelayWorker", name, spec.(map[string]any)), metav1.CreateOptions{})
-				remember(s.workers, out)
+				s.remember(WorkerResource, out)
 				return err
 			}
 			cur.Object["spec"] = spec
 			out, err := c.Update(ctx, cur, metav1.UpdateOptions{})
-			remember(s.workers, out)
+			s.remember(WorkerResource, out)
 			return err
 		}()
 		cancel()
@@ -422,7 +556,7 @@ func policyStatus(u *unstructured.Unstructured) (kubePolicyStatus, error) {
 
 // Policy returns the policy in force (status.policy), DefaultPolicy if none was ever set.
 func (s *KubeStore) Policy() (Policy, error) {
-	st, err := policyStatus(s.cached(s.policies, s.name))
+	st, err := policyStatus(s.cached(PolicyResource, s.name))
 	if err != nil {
 		return Policy{}, err
 	}
@@ -434,7 +568,7 @@ func (s *KubeStore) Policy() (Policy, error) {
 
 // PolicyHistory returns at most limit policy changes, the latest first.
 func (s *KubeStore) PolicyHistory(limit int) ([]PolicyChange, error) {
-	st, err := policyStatus(s.cached(s.policies, s.name))
+	st, err := policyStatus(s.cached(PolicyResource, s.name))
 	if err != nil {
 		return nil, err
 	}
@@ -468,7 +602,7 @@ func (s *KubeStore) SetPolicy(p Policy, cause string, at time.Time) (Policy, err
 func (s *KubeStore) Reconcile(cause string, at time.Time) (bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	cached := s.cached(s.policies, s.name)
+	cached := s.cached(PolicyResource, s.name)
 	if cached == nil {
 		return false, nil
 	}
@@ -598,7 +732,7 @@ func (s *KubeStore) writePolicyStatus(ctx context.Context, obj *unstructured.Uns
 	obj = obj.DeepCopy()
 	obj.Object["status"] = m
 	out, err := s.client(PolicyResource).UpdateStatus(ctx, obj, metav1.UpdateOptions{})
-	remember(s.policies, out)
+	s.remember(PolicyResource, out)
 	return err
 }
 
@@ -627,7 +761,7 @@ func (s *KubeStore) PutRollout(id uint64, record []byte) error {
 			cur, err := c.Get(ctx, name, metav1.GetOptions{})
 			if apierrors.IsNotFound(err) {
 				out, err := c.Create(ctx, s.newObject("KvrelayRollout", name, spec.(map[string]any)), metav1.CreateOptions{})
-				remember(s.rollouts, out)
+				s.remember(RolloutResource, out)
 				return err
 			}
 			if err != nil {
@@ -635,7 +769,7 @@ func (s *KubeStore) PutRollout(id uint64, record []byte) error {
 			}
 			cur.Object["spec"] = spec
 			out, err := c.Update(ctx, cur, metav1.UpdateOptions{})
-			remember(s.rollouts, out)
+			s.remember(RolloutResource, out)
 			return err
 		}()
 		cancel()
@@ -653,11 +787,7 @@ func (s *KubeStore) PutRollout(id uint64, record []byte) error {
 // stored.
 func (s *KubeStore) LastRollout() ([]byte, error) {
 	var best *kubeRollout
-	for _, o := range s.rollouts.GetStore().List() {
-		u, ok := o.(*unstructured.Unstructured)
-		if !ok {
-			continue
-		}
+	for _, u := range s.list(RolloutResource) {
 		var kr kubeRollout
 		if _, err := field(u.Object, &kr, "spec"); err != nil {
 			return nil, fmt.Errorf("decoding KvrelayRollout %s: %w", u.GetName(), err)

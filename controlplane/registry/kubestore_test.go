@@ -170,7 +170,7 @@ func TestKubeStoreReplicas(t *testing.T) {
 			t.Fatal(err)
 		}
 		eventually("the leader's watch has the edit", func() bool {
-			c := leader.store.cached(leader.store.policies, "kvrelay")
+			c := leader.store.cached(PolicyResource, "kvrelay")
 			return c != nil && c.GetGeneration() >= u.GetGeneration()
 		})
 	}
@@ -226,5 +226,39 @@ func TestKubeStoreReplicas(t *testing.T) {
 	})
 	if ws, err := follower.store.Workers(); err != nil || len(ws) != 0 {
 		t.Fatalf("stored workers after Remove: %v, %v", ws, err)
+	}
+}
+
+// The overlay answers with the newest state this replica knows: its own write until the
+// watch cache shows that version or a later one, never an earlier object the watch delivers
+// after it, and a deletion until the cache has caught up with it.
+func TestKubeOverlay(t *testing.T) {
+	obj := func(rv string) *unstructured.Unstructured {
+		u := &unstructured.Unstructured{Object: map[string]any{}}
+		u.SetResourceVersion(rv)
+		return u
+	}
+	o := &kubeOverlay{objs: map[string]kubeOverlaid{}}
+	o.note("ns/a", obj("12"), 12)
+	if got := o.resolve("ns/a", obj("10")); got.GetResourceVersion() != "12" {
+		t.Fatalf("an older cached object won over this replica's write: %s", got.GetResourceVersion())
+	}
+	o.note("ns/a", obj("11"), 11) // an older read does not replace a newer write
+	if got := o.resolve("ns/a", nil); got.GetResourceVersion() != "12" {
+		t.Fatalf("got %s, want the write at 12", got.GetResourceVersion())
+	}
+	if got := o.resolve("ns/a", obj("13")); got.GetResourceVersion() != "13" || len(o.keys()) != 0 {
+		t.Fatalf("the cache caught up: got %s, overlay %v", got.GetResourceVersion(), o.keys())
+	}
+	o.note("ns/b", nil, 21) // deleted after version 20
+	if got := o.resolve("ns/b", obj("20")); got != nil {
+		t.Fatalf("a deleted object came back from the cache: %v", got)
+	}
+	if got := o.resolve("ns/b", obj("25")); got == nil {
+		t.Fatal("an object made again after the deletion is hidden")
+	}
+	o.note("ns/c", obj("x"), rvOf(obj("x"))) // not a number: the cache alone answers
+	if len(o.keys()) != 0 {
+		t.Fatalf("an unnumbered version was kept: %v", o.keys())
 	}
 }

@@ -24,8 +24,8 @@ func TestOwnSentBySeq(t *testing.T) {
 	put(1, 1600)
 	put(2, 3200)
 	put(3, 0)
-	names := func(seq uint64) []*xdsv1.ReportSeq {
-		return []*xdsv1.ReportSeq{{NodeId: "edge-a", Seq: 90}, {NodeId: "edge-b", Seq: seq}, {NodeId: "edge-c", Seq: 7}}
+	names := func(seq uint64) *xdsv1.Load {
+		return &xdsv1.Load{Reports: []*xdsv1.ReportSeq{{NodeId: "edge-a", Seq: 90}, {NodeId: "edge-b", Seq: seq}, {NodeId: "edge-c", Seq: 7}}}
 	}
 	if got := x.ownSent("w1", names(2)); got.prefill != 3200 || got.decode != 200 {
 		t.Fatalf("report 2: %+v", got)
@@ -43,11 +43,48 @@ func TestOwnSentBySeq(t *testing.T) {
 	if got := x.ownSent("w1", names(2)); got.prefill != int64(last) {
 		t.Fatalf("forgotten report 2: %+v, want the latest (%d)", got, last)
 	}
-	if got := x.ownSent("w1", names(0)[:1]); got != (ownSent{}) {
+	if got := x.ownSent("w1", &xdsv1.Load{Reports: names(0).Reports[:1]}); got != (ownSent{}) {
 		t.Fatalf("a load naming no report of this proxy: %+v", got)
 	}
 	if got := x.ownSent("w1", nil); got != (ownSent{}) {
 		t.Fatalf("a load naming no reports: %+v", got)
+	}
+}
+
+// A pushed load that names its merge (Load.epoch) takes out the report the load stream said
+// that merge includes; one of a merge older than the proxy remembers, the latest merge's
+// (its shares have not changed since); one of a merge not heard of yet, the latest report.
+// A new load stream forgets the merges of the last.
+func TestOwnSentByEpoch(t *testing.T) {
+	x := &xdsState{nodeID: "edge-b"}
+	put := func(seq uint64, prefill int64) {
+		r := &x.sent[seq%sentReports]
+		r.seq, r.loads, x.last = seq, map[string]ownSent{"w1": {prefill: prefill}}, seq
+	}
+	put(1, 100)
+	put(2, 200)
+	put(3, 300)
+	x.noteIncluded(1000, 1)
+	x.noteIncluded(1001, 2)
+	at := func(e uint64) int64 { return x.ownSent("w1", &xdsv1.Load{Epoch: e}).prefill }
+	if got := at(1000); got != 100 {
+		t.Fatalf("merge 1000 includes report 1: took out %d", got)
+	}
+	if got := at(1001); got != 200 {
+		t.Fatalf("merge 1001 includes report 2: took out %d", got)
+	}
+	if got := at(1002); got != 300 {
+		t.Fatalf("a merge not heard of: took out %d, want the latest report's 300", got)
+	}
+	for e := uint64(1002); e < 1002+sentReports; e++ {
+		x.noteIncluded(e, 2)
+	}
+	if got := at(1000); got != 200 {
+		t.Fatalf("a forgotten merge: took out %d, want the latest merge's 200", got)
+	}
+	x.noteIncluded(0, 0)
+	if got := at(1001); got != 300 {
+		t.Fatalf("after a new stream: took out %d, want the latest report's 300", got)
 	}
 }
 

@@ -52,14 +52,21 @@ type xdsState struct {
 	pushed map[string]pushedLoad
 	stale  atomic.Int64
 
-	// sent holds this proxy's last load reports, per worker, by seq: a pushed load names the
-	// report of each proxy its fleet-wide sums include (Load.reports), and the router takes
-	// exactly that share out (it counts its current load itself).
-	nodeID string
-	sentMu sync.Mutex
-	sent   [sentReports]sentReport // ring by seq
-	last   uint64                  // the latest report's seq
+	// sent holds this proxy's last load reports, per worker, by seq: a pushed load's
+	// fleet-wide sums include one report of this proxy, and the router takes exactly that
+	// share out (it counts its current load itself). The load names its merge (Load.epoch)
+	// and the load stream said which report each merge includes (included, a ring by
+	// epoch); a control plane without epochs names the report in the load (Load.reports).
+	nodeID   string
+	sentMu   sync.Mutex
+	sent     [sentReports]sentReport // ring by seq
+	last     uint64                  // the latest report's seq
+	included [sentReports]inclusion  // ring by epoch
+	newest   inclusion               // the latest merge heard of
 }
+
+// inclusion is the control plane's word that merge epoch includes this proxy's report seq.
+type inclusion struct{ epoch, seq uint64 }
 
 // sentReports is how many recent reports the proxy remembers: 6.4 s at the 100 ms interval,
 // far past the push lag. A pushed load naming an older one falls back to the latest (a
@@ -155,7 +162,7 @@ func (s *Server) setupXDS(ctx context.Context) error {
 		NodeID:  nodeID,
 		OnError: func(err error) { s.log.Debug("index journal stream ended", "err", err) },
 	})
-	x.reporter, err = client.NewReporter(conn, client.ReporterOptions{NodeID: nodeID, Snapshot: s.ownLoad, Arms: s.armReports, Interval: 100 * time.Millisecond})
+	x.reporter, err = client.NewReporter(conn, client.ReporterOptions{NodeID: nodeID, Snapshot: s.ownLoad, Arms: s.armReports, Included: x.noteIncluded, Interval: 100 * time.Millisecond})
 	if err != nil {
 		conn.Close()
 		return err
@@ -258,7 +265,7 @@ func (s *Server) applyXDS(workers []*xdsv1.Worker, policy *xdsv1.RoutingPolicy) 
 		}
 		w := st.w
 		w.SetDraining(res.GetDraining() || !res.GetHealthy())
-		rep := reportedLoad(x.ownSent(id, res.GetLoad().GetReports()), res.GetLoad())
+		rep := reportedLoad(x.ownSent(id, res.GetLoad()), res.GetLoad())
 		w.SetReported(rep)
 		x.pushed[id] = pushedLoad{w: w, r: rep, at: nanotime()}
 		present = append(present, w)
@@ -404,21 +411,53 @@ func sameIdentity(a, b *route.Worker) bool {
 // ownSent is this proxy's share of a pushed load on worker id: what it reported for id in
 // the report reports names for its node, nothing when reports does not name it (the sums
 // include none of its requests), its latest report when that one is no longer remembered.
-func (x *xdsState) ownSent(id string, reports []*xdsv1.ReportSeq) ownSent {
-	i, ok := slices.BinarySearchFunc(reports, x.nodeID, func(r *xdsv1.ReportSeq, node string) int {
-		return strings.Compare(r.GetNodeId(), node)
-	})
-	if !ok {
-		return ownSent{}
-	}
-	seq := reports[i].GetSeq()
+func (x *xdsState) ownSent(id string, l *xdsv1.Load) ownSent {
 	x.sentMu.Lock()
 	defer x.sentMu.Unlock()
+	var seq uint64
+	if e := l.GetEpoch(); e != 0 {
+		switch in := x.included[e%sentReports]; {
+		case in.epoch == e:
+			seq = in.seq
+		case x.newest.epoch > e:
+			// No proxy's share of the worker changed since its merge, so this proxy's
+			// share in the latest merge is the one its sums hold.
+			seq = x.newest.seq
+		default:
+			// Its merge's word has not come yet: the latest report is the likeliest.
+			seq = x.last
+		}
+	} else {
+		reports := l.GetReports()
+		i, ok := slices.BinarySearchFunc(reports, x.nodeID, func(r *xdsv1.ReportSeq, node string) int {
+			return strings.Compare(r.GetNodeId(), node)
+		})
+		if !ok {
+			return ownSent{}
+		}
+		seq = reports[i].GetSeq()
+	}
 	r := &x.sent[seq%sentReports]
 	if r.seq != seq || seq == 0 {
 		r = &x.sent[x.last%sentReports]
 	}
 	return r.loads[id]
+}
+
+// noteIncluded records the load stream's word that merge epoch includes report seq; (0, 0)
+// forgets every merge heard of (a new stream, perhaps to another replica).
+func (x *xdsState) noteIncluded(epoch, seq uint64) {
+	x.sentMu.Lock()
+	defer x.sentMu.Unlock()
+	if epoch == 0 {
+		x.included, x.newest = [sentReports]inclusion{}, inclusion{}
+		return
+	}
+	in := inclusion{epoch, seq}
+	x.included[epoch%sentReports] = in
+	if epoch > x.newest.epoch {
+		x.newest = in
+	}
 }
 
 // reportedLoad turns a pushed load into the router's Reported, taking out of the fleet-wide

@@ -32,6 +32,12 @@ type ReporterOptions struct {
 	// Arms, when set, returns the figures of the routing policy versions the proxy routes
 	// with (LoadReport.arms), called beside Snapshot.
 	Arms func() []*xdsv1.ArmReport
+	// Included, when set, hears each merge of the proxies' reports that the control plane
+	// tells this proxy of (LoadReportAck epoch and included_seq): pushed loads of that
+	// Load.epoch include this proxy's report seq. It is called with (0, 0) when a stream
+	// opens, for merges of another stream (another replica) are not this one's. Called from
+	// the stream's receiving goroutine.
+	Included func(epoch, seq uint64)
 	// Interval is how often to report until the control plane names its interval (default
 	// DefaultReportInterval).
 	Interval time.Duration
@@ -120,12 +126,18 @@ func (r *Reporter) stream(ctx context.Context) (healthy bool, err error) {
 
 	intervals := make(chan time.Duration, 1)
 	recvDone := make(chan error, 1)
+	if r.opts.Included != nil {
+		r.opts.Included(0, 0)
+	}
 	go func() { // ends when Recv fails, at the latest when stream returns and cancels sctx
 		for {
 			ack, err := st.Recv()
 			if err != nil {
 				recvDone <- err
 				return
+			}
+			if ack.GetEpoch() != 0 && r.opts.Included != nil {
+				r.opts.Included(ack.GetEpoch(), ack.GetIncludedSeq())
 			}
 			d := clampInterval(time.Duration(ack.GetIntervalMs()) * time.Millisecond)
 			select { // keep only the latest interval

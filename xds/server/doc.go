@@ -23,6 +23,13 @@
 // SetWorkers diffs against what was published (proto.Equal) and hands the cache one change
 // set, so a push costs what changed. The LoadReporting service keeps each node's latest
 // report until its stream ends or it goes stale, and Merged sums them per worker.
+// MergedEpochs numbers each merge: a worker's Load.epoch is the merge in which any proxy's
+// share of it last changed, and each proxy hears on its load stream which of its reports a
+// merge includes, so that it takes exactly its own share out of the sums. A worker's load
+// thus costs the same whatever the number of proxies, and one whose shares stay put is not
+// sent again: for 1,000 workers and 100 proxies, a push is 60 KB a proxy when each report
+// changes 1 % of its shares and 119 KB when every worker changes, against 1.5 MB when every
+// worker named every proxy's report (BenchmarkLoadPush).
 //
 // What a client can make the server hold is bounded: a peer address holds at most
 // MaxStreamsPerPeer streams and one connection twice as many (the transport refuses more);

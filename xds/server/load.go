@@ -2,8 +2,10 @@ package server
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"io"
 	"maps"
 	"math"
@@ -52,10 +54,21 @@ func satAdd(a, b uint64) uint64 {
 func (s *Server) Merged() map[string]WorkerLoad { return s.load.merged() }
 
 // MergedReports is Merged together with the report of each node it sums (node id and the
-// report's seq, sorted by node id), taken at the same instant, for the Load.reports field:
-// with it each proxy takes exactly its own share out of the pushed sums.
+// report's seq, sorted by node id), taken at the same instant, for the Load.reports field of
+// control planes without epochs. MergedEpochs replaces it.
 func (s *Server) MergedReports() (map[string]WorkerLoad, []*xdsv1.ReportSeq) {
 	return s.load.mergedReports()
+}
+
+// MergedEpochs is Merged as one numbered merge (Load.epoch): the sums, and for each worker
+// the merge in which any proxy's share of it last changed (absent: no proxy has any). Each
+// node whose report the merge includes is told so on its load stream, before this returns,
+// so that it takes its own share out of the pushed sums: one small message per proxy and
+// merge instead of every proxy's report on every worker (queued on each stream before this
+// returns, so it usually arrives before the workers it is for), and a worker whose sums and
+// shares stay put keeps its epoch and is not sent again.
+func (s *Server) MergedEpochs() (map[string]WorkerLoad, map[string]uint64) {
+	return s.load.mergedEpochs()
 }
 
 // Arms sums the live reports' arms by policy version: each arm's figures over the proxies
@@ -105,11 +118,25 @@ type loadStore struct {
 
 	mu    sync.Mutex
 	nodes map[string]*nodeReport
+	// epoch numbers the merges of MergedEpochs; shares holds, per worker, a hash of the
+	// proxies' shares the last merge summed and the merge it last changed in; acks the load
+	// streams' mailboxes for the inclusions they send (by stream id).
+	epoch  uint64
+	seed   maphash.Seed
+	shares map[string]workerShares
+	acks   map[uint64]chan inclusion
 	// known is the published workers' ids: reports on others are dropped (counted in
 	// unknown), so that a report cannot grow the store past the fleet.
 	known   atomic.Pointer[map[string]struct{}]
 	unknown atomic.Uint64
 }
+
+// workerShares is what MergedEpochs remembers of a worker: the hash of the (node, share)
+// pairs it summed, and the merge in which that last changed.
+type workerShares struct{ hash, epoch uint64 }
+
+// inclusion is one merge's word to one node: its report seq is in merge epoch.
+type inclusion struct{ epoch, seq uint64 }
 
 type nodeReport struct {
 	stream uint64 // the stream that sent it: only that stream's end drops it
@@ -215,7 +242,78 @@ func newLoadStore(staleAfter time.Duration, now func() time.Time) *loadStore {
 		now:        now,
 		changed:    make(chan struct{}, 1),
 		nodes:      make(map[string]*nodeReport),
+		// Epochs start from the clock, so that a proxy that moves to another replica does
+		// not take that replica's merges for the ones it knew.
+		epoch:  uint64(max(now().UnixMicro(), 0)),
+		seed:   maphash.MakeSeed(),
+		shares: make(map[string]workerShares),
+		acks:   make(map[uint64]chan inclusion),
 	}
+}
+
+// subscribe gives stream a mailbox for the merges that include its node's report.
+func (l *loadStore) subscribe(stream uint64) <-chan inclusion {
+	ch := make(chan inclusion, 1)
+	l.mu.Lock()
+	l.acks[stream] = ch
+	l.mu.Unlock()
+	return ch
+}
+
+func (l *loadStore) unsubscribe(stream uint64) {
+	l.mu.Lock()
+	delete(l.acks, stream)
+	l.mu.Unlock()
+}
+
+func (l *loadStore) mergedEpochs() (map[string]WorkerLoad, map[string]uint64) {
+	cutoff := l.now().Add(-l.staleAfter)
+	out := make(map[string]WorkerLoad)
+	hashes := make(map[string]uint64)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.epoch++
+	var h maphash.Hash
+	h.SetSeed(l.seed)
+	var buf [20]byte
+	for node, r := range l.nodes {
+		if r.at.Before(cutoff) {
+			continue
+		}
+		for id, wl := range r.loads {
+			out[id] = out[id].add(wl)
+			h.Reset()
+			h.WriteString(node)
+			binary.LittleEndian.PutUint32(buf[0:], wl.Inflight)
+			binary.LittleEndian.PutUint64(buf[4:], wl.PrefillTokens)
+			binary.LittleEndian.PutUint64(buf[12:], wl.DecodeBlocks)
+			h.Write(buf[:])
+			hashes[id] += h.Sum64() // a sum: independent of the nodes' order
+		}
+		if ch := l.acks[r.stream]; ch != nil {
+			// Only the latest merge matters: replace one the stream has not sent yet.
+			select {
+			case <-ch:
+			default:
+			}
+			ch <- inclusion{l.epoch, r.seq}
+		}
+	}
+	epochs := make(map[string]uint64, len(hashes))
+	for id, hv := range hashes {
+		ws, ok := l.shares[id]
+		if !ok || ws.hash != hv {
+			ws = workerShares{hv, l.epoch}
+			l.shares[id] = ws
+		}
+		epochs[id] = ws.epoch
+	}
+	for id := range l.shares {
+		if _, ok := hashes[id]; !ok {
+			delete(l.shares, id) // no shares left: nothing to take out
+		}
+	}
+	return out, epochs
 }
 
 func (l *loadStore) signal() {
@@ -388,14 +486,21 @@ func (ls *loadService) Report(st grpc.BidiStreamingServer[xdsv1.LoadReport, xdsv
 		}
 	}()
 
-	ack := &xdsv1.LoadReportAck{IntervalMs: uint32(min(s.opts.ReportInterval.Milliseconds(), math.MaxUint32))}
-	if ack.IntervalMs == 0 {
-		ack.IntervalMs = 1
+	interval := uint32(min(s.opts.ReportInterval.Milliseconds(), math.MaxUint32))
+	if interval == 0 {
+		interval = 1
 	}
+	ack := &xdsv1.LoadReportAck{IntervalMs: interval}
+	included := s.load.subscribe(id)
+	defer s.load.unsubscribe(id)
 	for {
 		select {
 		case <-s.ctx.Done():
 			return status.Error(codes.Unavailable, "control plane stopping")
+		case in := <-included:
+			if err := st.Send(&xdsv1.LoadReportAck{IntervalMs: interval, Epoch: in.epoch, IncludedSeq: in.seq}); err != nil {
+				return fmt.Errorf("telling the proxy its report's merge: %w", err)
+			}
 		case err := <-recvErr:
 			if errors.Is(err, io.EOF) {
 				return nil

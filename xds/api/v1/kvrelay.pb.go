@@ -348,8 +348,15 @@ type Load struct {
 	// observed_unix_nano is when the engine's metrics were read.
 	ObservedUnixNano int64 `protobuf:"varint,7,opt,name=observed_unix_nano,json=observedUnixNano,proto3" json:"observed_unix_nano,omitempty"`
 	// reports name, per proxy, the load report whose in-flight requests the sums above
-	// include (sorted by node id), so that a proxy takes out exactly its own share.
-	Reports       []*ReportSeq `protobuf:"bytes,8,rep,name=reports,proto3" json:"reports,omitempty"`
+	// include (sorted by node id), so that a proxy takes out exactly its own share. Control
+	// planes that set epoch leave it empty: a proxy uses it only without an epoch.
+	Reports []*ReportSeq `protobuf:"bytes,8,rep,name=reports,proto3" json:"reports,omitempty"`
+	// epoch is the control plane's merge of the proxies' reports that the in-flight sums above
+	// come from: the last merge in which any proxy's share of this worker changed, so that a
+	// worker whose sums and shares stay put is not sent again. Each proxy learns which of its
+	// reports a merge includes from its load stream (LoadReportAck.included_seq), one pair
+	// per merge instead of every proxy's on every worker. 0: see reports.
+	Epoch         uint64 `protobuf:"varint,9,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -438,6 +445,13 @@ func (x *Load) GetReports() []*ReportSeq {
 		return x.Reports
 	}
 	return nil
+}
+
+func (x *Load) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
 }
 
 // RoutingPolicy is the routing configuration every proxy applies. Resource name: "default".
@@ -1372,7 +1386,13 @@ func (x *WorkerLoad) GetDecodeBlocks() uint64 {
 type LoadReportAck struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// interval_ms is how often the control plane wants reports.
-	IntervalMs    uint32 `protobuf:"varint,1,opt,name=interval_ms,json=intervalMs,proto3" json:"interval_ms,omitempty"`
+	IntervalMs uint32 `protobuf:"varint,1,opt,name=interval_ms,json=intervalMs,proto3" json:"interval_ms,omitempty"`
+	// epoch and included_seq, sent after each merge of the reports the workers' loads are
+	// published from (before those workers): merge epoch includes this proxy's report
+	// included_seq (0: none of its reports). Load.epoch names the merge a worker's sums come
+	// from.
+	Epoch         uint64 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	IncludedSeq   uint64 `protobuf:"varint,3,opt,name=included_seq,json=includedSeq,proto3" json:"included_seq,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1414,6 +1434,20 @@ func (x *LoadReportAck) GetIntervalMs() uint32 {
 	return 0
 }
 
+func (x *LoadReportAck) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *LoadReportAck) GetIncludedSeq() uint64 {
+	if x != nil {
+		return x.IncludedSeq
+	}
+	return 0
+}
+
 var File_kvrelay_proto protoreflect.FileDescriptor
 
 const file_kvrelay_proto_rawDesc = "" +
@@ -1443,7 +1477,7 @@ const file_kvrelay_proto_rawDesc = "" +
 	"\x12kv_bytes_per_token\x18\x01 \x01(\x04R\x0fkvBytesPerToken\x12%\n" +
 	"\x0ehost_bandwidth\x18\x02 \x01(\x01R\rhostBandwidth\x12%\n" +
 	"\x0edisk_bandwidth\x18\x03 \x01(\x01R\rdiskBandwidth\x12%\n" +
-	"\x0epeer_bandwidth\x18\x04 \x01(\x01R\rpeerBandwidth\"\xa0\x02\n" +
+	"\x0epeer_bandwidth\x18\x04 \x01(\x01R\rpeerBandwidth\"\xb6\x02\n" +
 	"\x04Load\x12\x18\n" +
 	"\arunning\x18\x01 \x01(\rR\arunning\x12\x18\n" +
 	"\awaiting\x18\x02 \x01(\rR\awaiting\x12\x19\n" +
@@ -1452,7 +1486,8 @@ const file_kvrelay_proto_rawDesc = "" +
 	"\rdecode_blocks\x18\x05 \x01(\x04R\fdecodeBlocks\x12\x1a\n" +
 	"\binflight\x18\x06 \x01(\rR\binflight\x12,\n" +
 	"\x12observed_unix_nano\x18\a \x01(\x03R\x10observedUnixNano\x123\n" +
-	"\areports\x18\b \x03(\v2\x19.kvrelay.xds.v1.ReportSeqR\areports\"\xbc\x06\n" +
+	"\areports\x18\b \x03(\v2\x19.kvrelay.xds.v1.ReportSeqR\areports\x12\x14\n" +
+	"\x05epoch\x18\t \x01(\x04R\x05epoch\"\xbc\x06\n" +
 	"\rRoutingPolicy\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\x12\x16\n" +
 	"\x06policy\x18\x02 \x01(\tR\x06policy\x12%\n" +
@@ -1549,10 +1584,12 @@ const file_kvrelay_proto_rawDesc = "" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x1a\n" +
 	"\binflight\x18\x02 \x01(\rR\binflight\x12%\n" +
 	"\x0eprefill_tokens\x18\x03 \x01(\x04R\rprefillTokens\x12#\n" +
-	"\rdecode_blocks\x18\x04 \x01(\x04R\fdecodeBlocks\"0\n" +
+	"\rdecode_blocks\x18\x04 \x01(\x04R\fdecodeBlocks\"i\n" +
 	"\rLoadReportAck\x12\x1f\n" +
 	"\vinterval_ms\x18\x01 \x01(\rR\n" +
-	"intervalMs*8\n" +
+	"intervalMs\x12\x14\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12!\n" +
+	"\fincluded_seq\x18\x03 \x01(\x04R\vincludedSeq*8\n" +
 	"\x04Role\x12\r\n" +
 	"\tROLE_BOTH\x10\x00\x12\x10\n" +
 	"\fROLE_PREFILL\x10\x01\x12\x0f\n" +
