@@ -3,11 +3,7 @@
 package controlplane_test
 
 import (
-	"context"
 	"io"
-	"strconv"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -119,21 +115,7 @@ func TestLeaderHandoverSharesState(t *testing.T) {
 	})
 
 	// Requests all along, from two clients: none may fail.
-	var sent, failed atomic.Int64
-	ctx, stop := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	for g := range 2 {
-		wg.Go(func() {
-			for i := 0; ctx.Err() == nil; i++ {
-				r := chat(t, "http://"+p.Addr(), family((i+g)%4), "request "+strconv.Itoa(i))
-				sent.Add(1)
-				if r.status != 200 {
-					failed.Add(1)
-					t.Errorf("during the handover: status %d: %s", r.status, r.body)
-				}
-			}
-		})
-	}
+	stop := clients(t, "http://"+p.Addr(), "the handover")
 	time.Sleep(300 * time.Millisecond)
 	stopped := time.Now()
 	_ = lead.c.cp.Close()
@@ -154,10 +136,9 @@ func TestLeaderHandoverSharesState(t *testing.T) {
 	}
 	waitPolicy(t, p, version)
 	time.Sleep(300 * time.Millisecond)
-	stop()
-	wg.Wait()
-	if sent.Load() < 20 || failed.Load() != 0 {
-		t.Fatalf("%d of %d requests failed across the handover", failed.Load(), sent.Load())
+	sent, failed := stop()
+	if sent < 20 || failed != 0 {
+		t.Fatalf("%d of %d requests failed across the handover", failed, sent)
 	}
-	t.Logf("%d requests through the handover, none failed", sent.Load())
+	t.Logf("%d requests through the handover, none failed", sent)
 }

@@ -47,22 +47,7 @@ func TestReplicaDeathMovesProxies(t *testing.T) {
 	before, _ := p.XDSStats()
 
 	// Requests all along, from two clients: none may fail.
-	var sent, failed atomic.Int64
-	ctx, stop := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	for g := range 2 {
-		wg.Go(func() {
-			for i := 0; ctx.Err() == nil; i++ {
-				f := (i + g) % 4
-				r := chat(t, "http://"+p.Addr(), family(f), "request "+strconv.Itoa(i))
-				sent.Add(1)
-				if r.status != 200 {
-					failed.Add(1)
-					t.Errorf("family %d during the failover: status %d: %s", f, r.status, r.body)
-				}
-			}
-		})
-	}
+	stop := clients(t, "http://"+p.Addr(), "the failover")
 	time.Sleep(300 * time.Millisecond)
 	killed := time.Now()
 	_ = a.Close()
@@ -84,15 +69,41 @@ func TestReplicaDeathMovesProxies(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	time.Sleep(300 * time.Millisecond)
-	stop()
-	wg.Wait()
-	if sent.Load() < 20 || failed.Load() != 0 {
-		t.Fatalf("%d of %d requests failed across the failover", failed.Load(), sent.Load())
+	if sent, failed := stop(); sent < 20 || failed != 0 {
+		t.Fatalf("%d of %d requests failed across the failover", failed, sent)
 	}
 	// Routing still follows the index: each family goes to the worker that caches it.
 	for f := range 4 {
 		if r := chat(t, "http://"+p.Addr(), family(f), "after the failover"); r.status != 200 || r.worker != "w"+strconv.Itoa(f) {
 			t.Fatalf("after the failover, family %d: status %d worker %q\nproxy's workers: %s", f, r.status, r.worker, workerStates(p))
 		}
+	}
+}
+
+// clients sends chat requests through the proxy at base from two clients, each cycling
+// through the four prompt families, until stop; a request that is not answered 200 is a
+// test error naming what the requests run across. stop returns how many were sent and how
+// many of them failed.
+func clients(t *testing.T, base, across string) (stop func() (sent, failed int64)) {
+	var nsent, nfailed atomic.Int64
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for g := range 2 {
+		wg.Go(func() {
+			for i := 0; ctx.Err() == nil; i++ {
+				f := (i + g) % 4
+				r := chat(t, base, family(f), "request "+strconv.Itoa(i))
+				nsent.Add(1)
+				if r.status != 200 {
+					nfailed.Add(1)
+					t.Errorf("family %d during %s: status %d: %s", f, across, r.status, r.body)
+				}
+			}
+		})
+	}
+	return func() (int64, int64) {
+		cancel()
+		wg.Wait()
+		return nsent.Load(), nfailed.Load()
 	}
 }

@@ -454,64 +454,72 @@ func (s *KubeStore) editWorker(id string, edit func(*kubeWorker)) error {
 	defer s.mu.Unlock()
 	name := s.workerName(id)
 	c := s.client(WorkerResource)
-	for attempt := 0; ; attempt++ {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		err := func() error {
-			cur, err := c.Get(ctx, name, metav1.GetOptions{})
-			if apierrors.IsNotFound(err) {
-				cur, err = nil, nil
+	err := write(func(ctx context.Context) error {
+		cur, err := c.Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			cur, err = nil, nil
+		}
+		if err != nil {
+			return err
+		}
+		kw := kubeWorker{ID: id}
+		if cur != nil {
+			if _, err := field(cur.Object, &kw, "spec"); err != nil {
+				return fmt.Errorf("decoding KvrelayWorker %s: %w", name, err)
 			}
-			if err != nil {
-				return err
-			}
-			kw := kubeWorker{ID: id}
-			if cur != nil {
-				if _, err := field(cur.Object, &kw, "spec"); err != nil {
-					return fmt.Errorf("decoding KvrelayWorker %s: %w", name, err)
-				}
-				kw.ID = id
-			}
-			edit(&kw)
-			if kw.Worker != nil {
-				w := *kw.Worker
-				w.ID, w.Source = "", ""
-				kw.Worker = &w
-			}
-			if kw.Worker == nil && kw.Draining == nil {
-				if cur == nil {
-					return nil
-				}
-				rv := cur.GetResourceVersion()
-				err := c.Delete(ctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{ResourceVersion: &rv}})
-				if err == nil || apierrors.IsNotFound(err) {
-					// Deleted after the version we read: a later read must not show it.
-					s.newer[WorkerResource].note(cur.GetNamespace()+"/"+name, nil, rvOf(cur)+1)
-					return nil
-				}
-				return err
-			}
-			spec, err := asMap(kw)
-			if err != nil {
-				return err
-			}
+			kw.ID = id
+		}
+		edit(&kw)
+		if kw.Worker != nil {
+			w := *kw.Worker
+			w.ID, w.Source = "", ""
+			kw.Worker = &w
+		}
+		if kw.Worker == nil && kw.Draining == nil {
 			if cur == nil {
-				out, err := c.Create(ctx, s.newObject("KvrelayWorker", name, spec.(map[string]any)), metav1.CreateOptions{})
-				s.remember(WorkerResource, out)
-				return err
+				return nil
 			}
-			cur.Object["spec"] = spec
-			out, err := c.Update(ctx, cur, metav1.UpdateOptions{})
+			rv := cur.GetResourceVersion()
+			err := c.Delete(ctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{ResourceVersion: &rv}})
+			if err == nil || apierrors.IsNotFound(err) {
+				// Deleted after the version we read: a later read must not show it.
+				s.newer[WorkerResource].note(cur.GetNamespace()+"/"+name, nil, rvOf(cur)+1)
+				return nil
+			}
+			return err
+		}
+		spec, err := asMap(kw)
+		if err != nil {
+			return err
+		}
+		if cur == nil {
+			out, err := c.Create(ctx, s.newObject("KvrelayWorker", name, spec.(map[string]any)), metav1.CreateOptions{})
 			s.remember(WorkerResource, out)
 			return err
-		}()
+		}
+		cur.Object["spec"] = spec
+		out, err := c.Update(ctx, cur, metav1.UpdateOptions{})
+		s.remember(WorkerResource, out)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("writing KvrelayWorker %s/%s: %w", s.namespace, name, err)
+	}
+	return nil
+}
+
+// write runs one read-modify-write against the API server, each try within its own 10 s,
+// again on a fresh read when another writer got there first (a conflict, or a create that
+// lost the race), at most five times more.
+func write(try func(ctx context.Context) error) error {
+	for attempt := 0; ; attempt++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err := try(ctx)
 		cancel()
 		if (apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err)) && attempt < 5 {
 			continue
 		}
-		if err != nil {
-			return fmt.Errorf("writing KvrelayWorker %s/%s: %w", s.namespace, name, err)
-		}
-		return nil
+		return err
 	}
 }
 
@@ -638,88 +646,79 @@ func samePolicy(a, b Policy) bool {
 // recorded in status.error. Called with s.mu held.
 func (s *KubeStore) applyPolicy(next func(cur Policy, obj *unstructured.Unstructured) (Policy, bool, error), cause string, at time.Time) (Policy, error) {
 	c := s.client(PolicyResource)
-	for attempt := 0; ; attempt++ {
-		var out Policy
-		err := func() error {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			obj, err := c.Get(ctx, s.name, metav1.GetOptions{})
-			if apierrors.IsNotFound(err) {
-				if obj, err = c.Create(ctx, s.newObject("KvrelayPolicy", s.name, map[string]any{}), metav1.CreateOptions{}); err != nil {
-					return err
-				}
-			} else if err != nil {
+	var out Policy
+	err := write(func(ctx context.Context) error {
+		obj, err := c.Get(ctx, s.name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			if obj, err = c.Create(ctx, s.newObject("KvrelayPolicy", s.name, map[string]any{}), metav1.CreateOptions{}); err != nil {
 				return err
 			}
-			st, err := policyStatus(obj)
-			if err != nil {
-				return err
-			}
-			cur := DefaultPolicy()
-			if st.Policy != nil {
-				cur = *st.Policy
-			}
-			pol, writeSpec, err := next(cur, obj)
-			if err != nil {
-				if !writeSpec && errors.Is(err, ErrInvalid) {
-					// A spec edited outside the control plane that does not validate: say
-					// so where its author looks, and keep the policy in force.
-					st.Error = err.Error()
-					st.ObservedGeneration = obj.GetGeneration()
-					if err := s.writePolicyStatus(ctx, obj, st); err != nil {
-						return err
-					}
-					out = cur
-					return nil
-				}
-				return errPolicy{err}
-			}
-			if writeSpec {
-				want := pol.clone()
-				spec, err := asMap(want)
-				if err != nil {
-					return err
-				}
-				if err := unstructured.SetNestedField(obj.Object, spec, "spec", "policy"); err != nil {
-					return err
-				}
-				if obj, err = c.Update(ctx, obj, metav1.UpdateOptions{}); err != nil {
-					return err
-				}
-			}
-			// Every set through the API is recorded (as the bbolt Store does); an edit
-			// applied, when it changed the policy.
-			if writeSpec || !samePolicy(pol, cur) {
-				st.History = append(st.History, PolicyChange{Policy: pol, At: at, Cause: cause})
-				if len(st.History) > MaxKubeHistory {
-					st.History = slices.Delete(st.History, 0, len(st.History)-MaxKubeHistory)
-				}
-			}
-			st.Policy, st.ObservedGeneration, st.Error = &pol, obj.GetGeneration(), ""
-			if err := s.writePolicyStatus(ctx, obj, st); err != nil {
-				return err
-			}
-			out = pol
-			return nil
-		}()
-		var pe errPolicy
-		switch {
-		case errors.As(err, &pe):
-			return Policy{}, pe.err
-		case apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err):
-			if attempt < 5 {
-				continue
-			}
+		} else if err != nil {
+			return err
 		}
+		st, err := policyStatus(obj)
 		if err != nil {
-			return Policy{}, fmt.Errorf("writing KvrelayPolicy %s/%s: %w", s.namespace, s.name, err)
+			return err
 		}
-		return out, nil
+		cur := DefaultPolicy()
+		if st.Policy != nil {
+			cur = *st.Policy
+		}
+		pol, writeSpec, err := next(cur, obj)
+		if err != nil {
+			if !writeSpec && errors.Is(err, ErrInvalid) {
+				// A spec edited outside the control plane that does not validate: say
+				// so where its author looks, and keep the policy in force.
+				st.Error = err.Error()
+				st.ObservedGeneration = obj.GetGeneration()
+				if err := s.writePolicyStatus(ctx, obj, st); err != nil {
+					return err
+				}
+				out = cur
+				return nil
+			}
+			return errPolicy{err}
+		}
+		if writeSpec {
+			want := pol.clone()
+			spec, err := asMap(want)
+			if err != nil {
+				return err
+			}
+			if err := unstructured.SetNestedField(obj.Object, spec, "spec", "policy"); err != nil {
+				return err
+			}
+			if obj, err = c.Update(ctx, obj, metav1.UpdateOptions{}); err != nil {
+				return err
+			}
+		}
+		// Every set through the API is recorded (as the bbolt Store does); an edit
+		// applied, when it changed the policy.
+		if writeSpec || !samePolicy(pol, cur) {
+			st.History = append(st.History, PolicyChange{Policy: pol, At: at, Cause: cause})
+			if len(st.History) > MaxKubeHistory {
+				st.History = slices.Delete(st.History, 0, len(st.History)-MaxKubeHistory)
+			}
+		}
+		st.Policy, st.ObservedGeneration, st.Error = &pol, obj.GetGeneration(), ""
+		if err := s.writePolicyStatus(ctx, obj, st); err != nil {
+			return err
+		}
+		out = pol
+		return nil
+	})
+	var pe errPolicy
+	switch {
+	case errors.As(err, &pe):
+		return Policy{}, pe.err
+	case err != nil:
+		return Policy{}, fmt.Errorf("writing KvrelayPolicy %s/%s: %w", s.namespace, s.name, err)
 	}
+	return out, nil
 }
 
-// errPolicy carries the policy's own refusal (invalid, version conflict) through the retry
-// loop unwrapped.
+// errPolicy carries the policy's own refusal (invalid, version conflict) through write's
+// retries unwrapped.
 type errPolicy struct{ err error }
 
 func (e errPolicy) Error() string { return e.err.Error() }
@@ -755,32 +754,25 @@ func (s *KubeStore) PutRollout(id uint64, record []byte) error {
 	}
 	name := s.rolloutName(id)
 	c := s.client(RolloutResource)
-	for attempt := 0; ; attempt++ {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		err := func() error {
-			cur, err := c.Get(ctx, name, metav1.GetOptions{})
-			if apierrors.IsNotFound(err) {
-				out, err := c.Create(ctx, s.newObject("KvrelayRollout", name, spec.(map[string]any)), metav1.CreateOptions{})
-				s.remember(RolloutResource, out)
-				return err
-			}
-			if err != nil {
-				return err
-			}
-			cur.Object["spec"] = spec
-			out, err := c.Update(ctx, cur, metav1.UpdateOptions{})
+	err = write(func(ctx context.Context) error {
+		cur, err := c.Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			out, err := c.Create(ctx, s.newObject("KvrelayRollout", name, spec.(map[string]any)), metav1.CreateOptions{})
 			s.remember(RolloutResource, out)
 			return err
-		}()
-		cancel()
-		if (apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err)) && attempt < 5 {
-			continue
 		}
 		if err != nil {
-			return fmt.Errorf("storing rollout %d in KvrelayRollout %s/%s: %w", id, s.namespace, name, err)
+			return err
 		}
-		return nil
+		cur.Object["spec"] = spec
+		out, err := c.Update(ctx, cur, metav1.UpdateOptions{})
+		s.remember(RolloutResource, out)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("storing rollout %d in KvrelayRollout %s/%s: %w", id, s.namespace, name, err)
 	}
+	return nil
 }
 
 // LastRollout returns the record of the rollout with the highest id, nil if none was

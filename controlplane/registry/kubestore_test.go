@@ -115,16 +115,6 @@ func TestKubeStoreReplicas(t *testing.T) {
 		return r
 	}
 	leader, follower := open(), open()
-	eventually := func(what string, ok func() bool) {
-		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for !ok() {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: not within 10 s", what)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-	}
 
 	w := Worker{ID: "vllm-0", URL: "http://10.0.0.1:8000", Engine: "vllm", Model: "m"}
 	if err := leader.reg.Upsert(w); err != nil {
@@ -133,7 +123,7 @@ func TestKubeStoreReplicas(t *testing.T) {
 	if err := leader.reg.SetDraining("vllm-0", true); err != nil {
 		t.Fatal(err)
 	}
-	eventually("the follower sees the API worker, drained", func() bool {
+	eventually(t, "the follower sees the API worker, drained", func() bool {
 		got, ok := follower.reg.Get("vllm-0")
 		return ok && got.URL == w.URL && got.Draining
 	})
@@ -143,7 +133,7 @@ func TestKubeStoreReplicas(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually("the follower has the leader's policy", func() bool {
+	eventually(t, "the follower has the leader's policy", func() bool {
 		got := follower.reg.Policy()
 		return got.Version == set.Version && got.Name == PolicySession && got.Temperature == 0.25
 	})
@@ -169,14 +159,14 @@ func TestKubeStoreReplicas(t *testing.T) {
 		if u, err = policies.Update(t.Context(), u, metav1.UpdateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		eventually("the leader's watch has the edit", func() bool {
+		eventually(t, "the leader's watch has the edit", func() bool {
 			c := leader.store.cached(PolicyResource, "kvrelay")
 			return c != nil && c.GetGeneration() >= u.GetGeneration()
 		})
 	}
 	before := follower.news.Load()
 	edit(func(pol map[string]any) { pol["temperature"] = 0.5 })
-	eventually("the follower hears of the edit", func() bool { return follower.news.Load() > before })
+	eventually(t, "the follower hears of the edit", func() bool { return follower.news.Load() > before })
 	if got := follower.reg.Policy(); got.Temperature != 0.25 {
 		t.Fatalf("an edit no leader applied is in force: %+v", got)
 	}
@@ -191,7 +181,7 @@ func TestKubeStoreReplicas(t *testing.T) {
 	if !reconcile() {
 		t.Fatal("Reconcile of a changed spec reported no change")
 	}
-	eventually("both have the edited policy at the next version", func() bool {
+	eventually(t, "both have the edited policy at the next version", func() bool {
 		a, b := leader.reg.Policy(), follower.reg.Policy()
 		return a.Temperature == 0.5 && b.Temperature == 0.5 && b.Version == set.Version+1 && a.Version == b.Version
 	})
@@ -220,7 +210,7 @@ func TestKubeStoreReplicas(t *testing.T) {
 	if err := leader.reg.Remove("vllm-0"); err != nil {
 		t.Fatal(err)
 	}
-	eventually("the follower drops the removed worker", func() bool {
+	eventually(t, "the follower drops the removed worker", func() bool {
 		_, ok := follower.reg.Get("vllm-0")
 		return !ok
 	})
