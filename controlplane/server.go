@@ -78,6 +78,10 @@ type Options struct {
 	JournalRing int
 	// JournalLinger trades freshness for fewer journal messages (default 2 ms).
 	JournalLinger time.Duration
+	// JournalSent, when set, also hears each journal batch's freshness (what
+	// kvrelay_controlplane_journal_freshness_seconds observes: from its oldest change's KV
+	// event arriving here to its send on a proxy's stream), from the streams' goroutines.
+	JournalSent func(age time.Duration)
 	// PublishInterval bounds how often worker resources are republished when load changes
 	// (default 50 ms).
 	PublishInterval time.Duration
@@ -239,7 +243,18 @@ func New(opts Options) (*Server, error) {
 	s.index = kvindex.New()
 	s.journal = journal.NewLog(opts.JournalRing)
 	s.ready = make(chan struct{})
-	s.jserver = journal.NewServer(s.journal, s.index, journal.ServerOptions{Linger: opts.JournalLinger, Ready: s.ready})
+	fresh := prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "kvrelay_controlplane_journal_freshness_seconds",
+		Help:    "Per index journal batch sent to a proxy: from the arrival here of the KV event behind its oldest change to the batch's send on the proxy's stream.",
+		Buckets: []float64{.0005, .001, .002, .003, .005, .0075, .01, .015, .02, .03, .05, .075, .1, .2, .5, 1, 2, 5},
+	})
+	sent := func(age time.Duration) {
+		fresh.Observe(age.Seconds())
+		if opts.JournalSent != nil {
+			opts.JournalSent(age)
+		}
+	}
+	s.jserver = journal.NewServer(s.journal, s.index, journal.ServerOptions{Linger: opts.JournalLinger, Ready: s.ready, Sent: sent})
 	s.ingest = ingest.NewManager(s.index, s.journal, opts.Logger)
 	// The kernel's signals count while the routing policy's kernel_load_signals is on, or
 	// always with KernelWaitingAlways.
@@ -264,7 +279,7 @@ func New(opts Options) (*Server, error) {
 		store.Close()
 		return nil, err
 	}
-	s.metrics.MustRegister(s.view, newCollector(s))
+	s.metrics.MustRegister(s.view, newCollector(s), fresh)
 	return s, nil
 }
 
@@ -291,6 +306,10 @@ func (s *Server) Start(ctx context.Context) error {
 		ks.OnChange(s.stateChanged)
 		s.wg.Add(1)
 		go func() { defer s.wg.Done(); s.followState(runCtx, ks) }()
+		if s.opts.Leader != nil {
+			s.wg.Add(1)
+			go func() { defer s.wg.Done(); s.shareArmsLoop(runCtx, ks) }()
+		}
 	}
 	s.wg.Add(5)
 	go func() { defer s.wg.Done(); s.opts.Leader.Run(runCtx) }()

@@ -408,7 +408,8 @@ func (f *follower) emit(seq uint64, b *kvevents.Batch) {
 		return
 	}
 	st := f.s.stats
-	st.LastEventUnixNano.Store(time.Now().UnixNano())
+	now := time.Now().UnixNano()
+	st.LastEventUnixNano.Store(now)
 	switch {
 	case f.fresh && seq <= f.last:
 		return // already applied from the replay
@@ -417,7 +418,7 @@ func (f *follower) emit(seq uint64, b *kvevents.Batch) {
 		// buffers for replay rebuilds the index from before this batch.
 		f.started = true
 		if seq > 0 && f.s.ep.Replay != "" {
-			f.replay(0, seq)
+			f.replay(0, seq, now)
 		}
 	case seq <= f.last:
 		// The sequence went back: the engine restarted and its cache is empty.
@@ -425,7 +426,7 @@ func (f *follower) emit(seq uint64, b *kvevents.Batch) {
 		f.m.drop(f.s.ep.WorkerID, false)
 	case seq > f.last+1:
 		st.Gaps.Add(1)
-		if f.s.ep.Replay == "" || !f.replay(f.last+1, seq) {
+		if f.s.ep.Replay == "" || !f.replay(f.last+1, seq, now) {
 			// Lost for good: what the index holds for this worker can no longer be
 			// trusted. Start over from the events that come next.
 			st.Stale.Add(1)
@@ -434,7 +435,7 @@ func (f *follower) emit(seq uint64, b *kvevents.Batch) {
 		}
 	}
 	f.fresh = false
-	f.apply(b)
+	f.apply(b, now)
 	f.last = seq
 }
 
@@ -447,6 +448,7 @@ func (f *follower) catchUp(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	got, err := kvevents.Replay(ctx, f.s.ep.Replay, 0)
+	now := time.Now().UnixNano()
 	if err != nil {
 		f.m.lg.Debug("kv event replay at start failed; the index follows new events", "worker", f.s.ep.WorkerID, "err", err)
 	}
@@ -459,18 +461,19 @@ func (f *follower) catchUp(ctx context.Context) {
 		if f.started && got[i].Seq <= f.last {
 			continue
 		}
-		f.apply(&got[i].Batch)
+		f.apply(&got[i].Batch, now)
 		st.ReplayedBatches.Add(1)
 		f.last, f.started, f.fresh = got[i].Seq, true, true
 	}
 }
 
 // replay fetches the batches [from, until) from the worker's replay endpoint and applies
-// them, all or none: it reports whether the engine still held every one of them, in order
+// them, all or none, as arrived with the live batch at (unix nanoseconds) that showed them
+// missing: it reports whether the engine still held every one of them, in order
 // (a batch it never buffered, or dropped, leaves a hole no later batch makes good). From 0
 // (the control plane started after the engine) the engine's buffer may begin later, but
 // must run unbroken from there to until.
-func (f *follower) replay(from, until uint64) bool {
+func (f *follower) replay(from, until uint64, at int64) bool {
 	st := f.s.stats
 	st.Replays.Add(1)
 	ctx, cancel := context.WithTimeout(f.m.ctx, 2*time.Second)
@@ -500,15 +503,16 @@ func (f *follower) replay(from, until uint64) bool {
 		return false
 	}
 	for i := range n {
-		f.apply(&got[i].Batch)
+		f.apply(&got[i].Batch, at)
 		st.ReplayedBatches.Add(1)
 		f.last = got[i].Seq
 	}
 	return true
 }
 
-// apply changes the index and journals the changes, under the manager's apply lock.
-func (f *follower) apply(b *kvevents.Batch) {
+// apply changes the index and journals the changes, arrived at unix nanosecond at, under
+// the manager's apply lock.
+func (f *follower) apply(b *kvevents.Batch, at int64) {
 	m := f.m
 	m.apply.Lock()
 	defer m.apply.Unlock()
@@ -528,7 +532,7 @@ func (f *follower) apply(b *kvevents.Batch) {
 		}
 		f.changes = append(f.changes, journal.Change{Seq: c.Seq, Slot: slot, Tier: c.Tier, Op: op})
 	}
-	m.log.Append(f.changes...)
+	m.log.AppendAt(at, f.changes...)
 }
 
 // String describes the stats for logs.

@@ -191,9 +191,9 @@ func waitSubscribed(ws []*synthWorker, timeout time.Duration) error {
 	return nil
 }
 
-// runEnginesChild is the engine process: it prints the workers as JSON, publishes on
-// "start", prints what it published as JSON (records in -out) and keeps its sockets open
-// until stdin ends.
+// runEnginesChild is the engine process: it prints the workers as JSON; on each "start" it
+// publishes and prints what it published as JSON (records in -out); it keeps its sockets
+// open until stdin ends.
 func runEnginesChild(f flags) error {
 	batch, sample := synthParams(f)
 	ws, specs, err := newSynthWorkers(f, uint64(1)<<uint(sample)-1)
@@ -208,10 +208,22 @@ func runEnginesChild(f flags) error {
 	b, _ := json.Marshal(specs)
 	fmt.Println(string(b))
 	in := bufio.NewReader(os.Stdin)
-	if l, err := in.ReadString('\n'); err != nil || l != "start\n" {
-		return nil
+	for {
+		if l, err := in.ReadString('\n'); err != nil || l != "start\n" {
+			return nil
+		}
+		b, _ = json.Marshal(publishOnce(f, ws, batch))
+		fmt.Println(string(b))
 	}
+}
+
+// publishOnce is one load of the engine process: -rate for -duration, once every engine
+// has a subscriber; the records go to -out.
+func publishOnce(f flags, ws []*synthWorker, batch int) engineResult {
 	var r engineResult
+	for _, w := range ws {
+		w.stored, w.removed, w.messages, w.failed, w.recs = 0, 0, 0, 0, w.recs[:0]
+	}
 	if err := waitSubscribed(ws, 15*time.Second); err != nil {
 		r.Error = err.Error()
 	} else {
@@ -235,10 +247,7 @@ func runEnginesChild(f flags) error {
 			r.Error = err.Error()
 		}
 	}
-	b, _ = json.Marshal(r)
-	fmt.Println(string(b))
-	_, _ = io.Copy(io.Discard, in)
-	return nil
+	return r
 }
 
 func writeRecs(path string, recs []pubRec) error {

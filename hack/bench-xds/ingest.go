@@ -107,7 +107,7 @@ func runIngest(f flags, res *results) error {
 		local.wg.Wait()
 		for i, s := range local.subs {
 			st := s.snapshot().minus(localBefore[i])
-			st.arrivals = s.sink.recs
+			st.arrivals = s.sink.take()
 			subs = append(subs, st)
 		}
 	}

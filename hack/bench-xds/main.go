@@ -7,6 +7,7 @@
 //	go run ./hack/bench-xds -mode herding   -proxies 4 -workers 8 -requests 800
 //	go run ./hack/bench-xds -mode cpkill    -proxies 2 -workers 4 -duration 20s
 //	go run ./hack/bench-xds -mode precision
+//	go run ./hack/bench-xds -mode scale     -rate 100000 -proxies 100 -workers 1000 -replicas 2
 //
 // Results are printed as plain "key=value" lines, one per measurement; -json prints them
 // as one JSON object instead. See README.md for what each mode measures and how.
@@ -46,6 +47,12 @@ type flags struct {
 	cpuProfile  string
 	timeline    bool
 
+	// scale mode
+	replicas      int
+	reportWorkers int
+	scrape        time.Duration
+	specsFile     string
+
 	// child ("subscribe") mode
 	xds      string
 	outFile  string
@@ -54,7 +61,7 @@ type flags struct {
 
 func main() {
 	var f flags
-	flag.StringVar(&f.mode, "mode", "", "freshness | pushcost | herding | cpkill | precision")
+	flag.StringVar(&f.mode, "mode", "", "freshness | pushcost | herding | cpkill | precision | scale")
 	flag.Float64Var(&f.rate, "rate", 100000, "freshness, pushcost: BlockStored events per second, all workers together")
 	flag.IntVar(&f.proxies, "proxies", 0, "proxies (journal subscribers in freshness/pushcost); 0 = the mode's default")
 	flag.IntVar(&f.workers, "workers", 0, "workers (synthetic publishers or simulated engines); 0 = the mode's default")
@@ -71,6 +78,10 @@ func main() {
 	flag.StringVar(&f.sharing, "sharing", "on,off", "herding: in-flight load sharing settings to run, in order; precision: off runs the xds proxy without load reports")
 	flag.Float64Var(&f.speedup, "speedup", 20, "herding, cpkill, precision: simulated engine speedup")
 	flag.BoolVar(&f.timeline, "timeline", false, "freshness: also print p50/p99 per second of publish time")
+	flag.IntVar(&f.replicas, "replicas", 2, "scale: control-plane replicas (each a process ingesting every engine and serving xDS)")
+	flag.IntVar(&f.reportWorkers, "report-workers", 100, "scale: workers each proxy reports in-flight load for (a tenth of them changing every report)")
+	flag.DurationVar(&f.scrape, "scrape", time.Second, "scale: the replicas' metrics scrape interval per worker")
+	flag.StringVar(&f.specsFile, "specs", "", "replica: the workers, as JSON; not for direct use")
 	flag.StringVar(&f.cpuProfile, "cpuprofile", "", "write this process's CPU profile to the file")
 	// The child process's flags (mode "subscribe"); not for direct use.
 	flag.StringVar(&f.xds, "xds", "", "subscribe: the control plane's xDS address")
@@ -93,7 +104,7 @@ func main() {
 	}
 	var err error
 	res := &results{}
-	if f.mode != "subscribe" && f.mode != "engines" {
+	if f.mode != "subscribe" && f.mode != "engines" && f.mode != "replica" && f.mode != "sinks" {
 		res.add("host", "cpus", runtime.NumCPU(), "loadavg_at_start", loadavg())
 	}
 	switch f.mode {
@@ -104,6 +115,22 @@ func main() {
 			f.duration = 10 * time.Second
 		}
 		err = runIngest(f, res)
+	case "scale":
+		defaults(&f.proxies, 100)
+		defaults(&f.workers, 1000)
+		if f.duration == 0 {
+			f.duration = 15 * time.Second
+		}
+		err = runScale(f, res)
+	case "replica", "sinks":
+		run := runReplicaChild
+		if f.mode == "sinks" {
+			run = runSinksChild
+		}
+		if err := run(f); err != nil {
+			log.Fatal(err)
+		}
+		return
 	case "engines":
 		if err := runEnginesChild(f); err != nil {
 			log.Fatal(err)

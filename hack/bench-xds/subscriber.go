@@ -43,27 +43,51 @@ type subscriber struct {
 
 // timingSink applies changes to a prefix.Replica exactly as the proxy does, then stamps the
 // sampled Stored changes with the time Apply returned (the block is visible to Match from
-// then on). It is called from the journal client's goroutine only.
+// then on). Without a replica (r nil) it is a counting sink: it stamps and counts only. It
+// is called from the journal client's goroutine only.
 type timingSink struct {
-	r       *prefix.Replica
-	mask    uint64
+	r    *prefix.Replica
+	mask uint64
+	// recs are the sampled arrivals not yet taken (take), under mu.
+	mu      sync.Mutex
 	recs    []pubRec
 	stored  atomic.Uint64
 	removed atomic.Uint64
 	resets  atomic.Uint64
+	// snapshotAt is when the latest snapshot was complete (unix nanoseconds).
+	snapshotAt atomic.Int64
+}
+
+// take returns the arrivals recorded since the last take.
+func (s *timingSink) take() []pubRec {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := s.recs
+	s.recs = nil
+	return out
 }
 
 func (s *timingSink) Reset() {
 	s.resets.Add(1)
-	s.r.Reset()
+	if s.r != nil {
+		s.r.Reset()
+	}
 }
 
-func (s *timingSink) SnapshotDone() { s.r.SnapshotDone() }
+func (s *timingSink) SnapshotDone() {
+	if s.r != nil {
+		s.r.SnapshotDone()
+	}
+	s.snapshotAt.Store(time.Now().UnixNano())
+}
 
 func (s *timingSink) Apply(cs []journal.Change) {
-	s.r.Apply(cs)
+	if s.r != nil {
+		s.r.Apply(cs)
+	}
 	now := time.Now().UnixNano()
 	var st, rm uint64
+	s.mu.Lock()
 	for _, c := range cs {
 		switch c.Op {
 		case journal.Stored:
@@ -75,6 +99,7 @@ func (s *timingSink) Apply(cs []journal.Change) {
 			rm++
 		}
 	}
+	s.mu.Unlock()
 	s.stored.Add(st)
 	s.removed.Add(rm)
 }
@@ -114,9 +139,9 @@ func (b *byteCounter) HandleRPC(ctx context.Context, s stats.RPCStats) {
 func (b *byteCounter) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context { return ctx }
 func (b *byteCounter) HandleConn(context.Context, stats.ConnStats)                       {}
 
-func newSubscriber(xds, node string, mask uint64) (*subscriber, error) {
+func newSubscriber(xds, node string, mask uint64, opts ...grpc.DialOption) (*subscriber, error) {
 	bc := &byteCounter{}
-	conn, err := client.Dial(xds, grpc.WithStatsHandler(bc))
+	conn, err := client.Dial(xds, append([]grpc.DialOption{grpc.WithStatsHandler(bc)}, opts...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -210,8 +235,15 @@ func (s *subscriber) snapshot() subStats {
 		Stored:      s.sink.stored.Load(), Removed: s.sink.removed.Load(), Resets: s.sink.resets.Load(),
 		Applied: js.Applied, Batches: js.Batches, Nacks: js.Nacks, Streams: js.Streams,
 		ADSResponses:  as.Responses,
-		ReplicaBlocks: s.sink.r.Len(),
+		ReplicaBlocks: s.replicaLen(),
 	}
+}
+
+func (s *subscriber) replicaLen() int {
+	if s.sink.r == nil {
+		return 0
+	}
+	return s.sink.r.Len()
 }
 
 func (a subStats) minus(b subStats) subStats {
@@ -294,7 +326,7 @@ func writeArrivals(path string, ss *subscribers) error {
 		if i > 0 {
 			p = path + "." + strconv.Itoa(i)
 		}
-		if err := writeRecs(p, s.sink.recs); err != nil {
+		if err := writeRecs(p, s.sink.take()); err != nil {
 			return err
 		}
 	}

@@ -502,3 +502,67 @@ func TestSlowSnapshotReaderIsCutOff(t *testing.T) {
 		t.Fatal("the slow snapshot reader was not counted")
 	}
 }
+
+// The log remembers when each append's changes arrived, for its last logMarks appends, and
+// answers for any offset among them; older offsets and offsets not yet written are unknown.
+func TestLogArrivedAt(t *testing.T) {
+	l := NewLog(1 << 16)
+	if _, ok := l.ArrivedAt(0); ok {
+		t.Fatal("an empty log knows an arrival")
+	}
+	l.AppendAt(100, Change{Seq: 1}, Change{Seq: 2}, Change{Seq: 3}) // offsets 0-2
+	l.AppendAt(200, Change{Seq: 4})                                 // 3
+	l.AppendAt(300, Change{Seq: 5}, Change{Seq: 6})                 // 4-5
+	for off, want := range []int64{100, 100, 100, 200, 300, 300} {
+		if at, ok := l.ArrivedAt(uint64(off)); !ok || at != want {
+			t.Errorf("offset %d: arrived %d, %v; want %d", off, at, ok, want)
+		}
+	}
+	if _, ok := l.ArrivedAt(6); ok {
+		t.Error("an offset not yet written has an arrival")
+	}
+	for i := range logMarks {
+		l.AppendAt(int64(1000+i), Change{Seq: uint64(10 + i)}) // offsets 6 … 6+logMarks-1
+	}
+	if _, ok := l.ArrivedAt(5); ok {
+		t.Error("an offset older than the kept marks has an arrival")
+	}
+	if at, ok := l.ArrivedAt(6); ok {
+		t.Errorf("offset 6 is the oldest mark's, whose start is forgotten: arrived %d", at)
+	}
+	if at, ok := l.ArrivedAt(7); !ok || at != 1001 {
+		t.Errorf("offset 7: arrived %d, %v; want 1001", at, ok)
+	}
+	last := uint64(6 + logMarks - 1)
+	if at, ok := l.ArrivedAt(last); !ok || at != int64(1000+logMarks-1) {
+		t.Errorf("offset %d: arrived %d, %v", last, at, ok)
+	}
+}
+
+// Each change batch a stream sends reports how long ago its oldest change arrived.
+func TestServerReportsFreshness(t *testing.T) {
+	src := &source{log: NewLog(1024)}
+	var mu sync.Mutex
+	var ages []time.Duration
+	srv := NewServer(src.log, src, ServerOptions{Sent: func(age time.Duration) {
+		mu.Lock()
+		ages = append(ages, age)
+		mu.Unlock()
+	}})
+	addr := serveServer(t, srv)
+	m := &mirror{}
+	c, stop := follow(t, addr, m)
+	defer stop()
+	eventually(t, "the first snapshot", c.Synced)
+	src.set.Add(1, 0, 0)
+	src.log.AppendAt(time.Now().Add(-40*time.Millisecond).UnixNano(), Change{Seq: 1, Op: Stored})
+	eventually(t, "the change applied", func() bool { return len(m.entries()) == 1 })
+	mu.Lock()
+	defer mu.Unlock()
+	if len(ages) != 1 {
+		t.Fatalf("%d freshness reports for one batch (snapshots report none): %v", len(ages), ages)
+	}
+	if ages[0] < 40*time.Millisecond || ages[0] > 5*time.Second {
+		t.Errorf("a change that arrived 40 ms before it was appended is reported %v old", ages[0])
+	}
+}

@@ -16,7 +16,9 @@ package journal
 
 import (
 	"math/rand/v2"
+	"sort"
 	"sync"
+	"time"
 
 	"github.com/kvrelay/kvrelay/xds/blockset"
 )
@@ -56,7 +58,23 @@ type Log struct {
 	first uint64 // offset of the oldest change still in the ring
 	next  uint64 // offset the next change gets
 	wake  chan struct{}
+	// marks are when the most recent appends' changes arrived, oldest first from
+	// marks[nmarks%len]: what ArrivedAt answers from.
+	marks  []mark
+	nmarks uint64
 }
+
+// mark says that the changes before offset end arrived at unix nanosecond at (and after the
+// previous mark's end).
+type mark struct {
+	end uint64
+	at  int64
+}
+
+// logMarks is how many appends' arrival times a Log keeps: at the heaviest event rates
+// (100,000 events a second in messages of 16, one append each) a second of them, more than
+// a stream that keeps up lags.
+const logMarks = 8192
 
 // DefaultRing is how many changes a Log keeps for replicas that fall behind.
 const DefaultRing = 1 << 20
@@ -66,14 +84,19 @@ func NewLog(ring int) *Log {
 	if ring <= 0 {
 		ring = DefaultRing
 	}
-	return &Log{epoch: rand.Uint64() | 1, ring: make([]Change, ring), wake: make(chan struct{})}
+	return &Log{epoch: rand.Uint64() | 1, ring: make([]Change, ring), wake: make(chan struct{}), marks: make([]mark, logMarks)}
 }
 
 // Epoch identifies this log; it changes when the control plane restarts.
 func (l *Log) Epoch() uint64 { return l.epoch }
 
-// Append adds changes, in order.
-func (l *Log) Append(cs ...Change) {
+// Append adds changes, in order, arrived now.
+func (l *Log) Append(cs ...Change) { l.AppendAt(time.Now().UnixNano(), cs...) }
+
+// AppendAt adds changes, in order, that arrived at the control plane at unix nanosecond at
+// (the engine's message that caused them): the journal server measures from it how fresh
+// what it sends is.
+func (l *Log) AppendAt(at int64, cs ...Change) {
 	if len(cs) == 0 {
 		return
 	}
@@ -85,6 +108,8 @@ func (l *Log) Append(cs ...Change) {
 	if l.next-l.first > uint64(len(l.ring)) {
 		l.first = l.next - uint64(len(l.ring))
 	}
+	l.marks[l.nmarks%uint64(len(l.marks))] = mark{end: l.next, at: at}
+	l.nmarks++
 	w := l.wake
 	l.wake = make(chan struct{})
 	l.mu.Unlock()
@@ -112,6 +137,26 @@ func (l *Log) Read(dst []Change, from uint64, max int) (out []Change, next uint6
 		dst = append(dst, l.ring[(from+i)%uint64(len(l.ring))])
 	}
 	return dst, from + n, true
+}
+
+// ArrivedAt returns when the change at offset off arrived at the control plane (unix
+// nanoseconds), while the log still remembers it: the last logMarks appends.
+func (l *Log) ArrivedAt(off uint64) (int64, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := min(l.nmarks, uint64(len(l.marks)))
+	oldest := l.nmarks - n
+	at := func(i uint64) mark { return l.marks[(oldest+i)%uint64(len(l.marks))] }
+	if n == 0 || off >= l.next {
+		return 0, false
+	}
+	// The first mark whose end is past off; the mark before it must end at or before off
+	// (else off is older than what is kept).
+	i := uint64(sort.Search(int(n), func(i int) bool { return at(uint64(i)).end > off }))
+	if i == 0 && oldest > 0 {
+		return 0, false
+	}
+	return at(i).at, true
 }
 
 // Wait returns a channel that is closed when changes after from exist (at once if they

@@ -55,6 +55,11 @@ type ServerOptions struct {
 	// (default 30 s): it does not read, or reads without applying. It reconnects and resumes,
 	// or gets a snapshot.
 	AckTimeout time.Duration
+	// Sent, when set, hears for each batch of changes a stream has sent how long ago its
+	// oldest change arrived at the control plane (Log.AppendAt), once the proxy's connection
+	// has taken it: the journal's freshness, event to every proxy's stream. Called from the
+	// streams' goroutines; it must not block.
+	Sent func(age time.Duration)
 }
 
 // DefaultSnapshotMinRate is ServerOptions.SnapshotMinRate's default: 1 MiB/s, a
@@ -307,6 +312,11 @@ func (s *Server) Stream(stream xdsv1.IndexJournal_StreamServer) error {
 			return err
 		}
 		w.sent()
+		if s.opts.Sent != nil {
+			if at, ok := s.log.ArrivedAt(next); ok {
+				s.opts.Sent(time.Duration(time.Now().UnixNano() - at))
+			}
+		}
 		next = to
 		s.batches.Add(1)
 		s.changes.Add(uint64(len(buf)))
