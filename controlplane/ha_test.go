@@ -18,13 +18,17 @@ import (
 	"github.com/kvrelay/kvrelay/internal/kubetest"
 )
 
-// TestLeaderHandoverSharesState: two control-plane replicas on a real API server, their
-// state in kvrelay.io resources (--store kubernetes) and a Lease electing the leader, one
-// proxy behind a Service relay. The follower refuses writes and shows what the leader
-// wrote: the policy, a running rollout. The leader is stopped under traffic: the follower
-// takes over within the Lease duration, goes on with the rollout the old leader started
-// (and can abort it), and no request through the proxy fails.
-func TestLeaderHandoverSharesState(t *testing.T) {
+// haReplica is one control-plane replica of haPair.
+type haReplica struct {
+	c *cluster
+	e *leader.Elector
+}
+
+// haPair starts two control-plane replicas on a real API server, their state in kvrelay.io
+// resources and a Lease (of duration lease) electing the leader, over four simulated
+// workers, and returns them once one leads: the leader first.
+func haPair(t *testing.T, lease time.Duration) (lead, follow haReplica) {
+	t.Helper()
 	env := kubetest.Start(t)
 	klog.SetOutput(io.Discard)
 	klog.LogToStderr(false)
@@ -37,17 +41,12 @@ func TestLeaderHandoverSharesState(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	const lease = 3 * time.Second
 	workers := startWorkers(t, 4)
 	var specs []registry.Worker
 	for i, w := range workers {
 		specs = append(specs, specOf(i, w.URL(), w.EventsEndpoint(), w.ReplayEndpoint()))
 	}
-	type replica struct {
-		c *cluster
-		e *leader.Elector
-	}
-	start := func(id string) replica {
+	start := func(id string) haReplica {
 		e, err := leader.New(leader.Config{Client: cs, Namespace: "kvrelay", Name: "kvrelay-controlplane", Identity: id,
 			LeaseDuration: lease, RenewDeadline: 2 * time.Second, RetryPeriod: 250 * time.Millisecond, Logger: quiet()})
 		if err != nil {
@@ -61,7 +60,7 @@ func TestLeaderHandoverSharesState(t *testing.T) {
 			o.Store, o.Leader, o.RolloutInterval = st, e, 100*time.Millisecond
 		}}
 		c.startControlPlane("127.0.0.1:0")
-		return replica{c, e}
+		return haReplica{c, e}
 	}
 	a, b := start("cp-0"), start("cp-1")
 	deadline := time.Now().Add(2 * lease)
@@ -71,11 +70,22 @@ func TestLeaderHandoverSharesState(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	lead, follow := a, b
 	if b.e.Leading() {
-		lead, follow = b, a
+		return b, a
 	}
-	p := lead.c.addProxy(serviceRelay(t, a.c.cp.XDSAddr(), b.c.cp.XDSAddr()))
+	return a, b
+}
+
+// TestLeaderHandoverSharesState: two control-plane replicas on a real API server, their
+// state in kvrelay.io resources (--store kubernetes) and a Lease electing the leader, one
+// proxy behind a Service relay. The follower refuses writes and shows what the leader
+// wrote: the policy, a running rollout. The leader is stopped under traffic: the follower
+// takes over within the Lease duration, goes on with the rollout the old leader started
+// (and can abort it), and no request through the proxy fails.
+func TestLeaderHandoverSharesState(t *testing.T) {
+	const lease = 3 * time.Second
+	lead, follow := haPair(t, lease)
+	p := lead.c.addProxy(serviceRelay(t, lead.c.cp.XDSAddr(), follow.c.cp.XDSAddr()))
 	waitWorkers(t, p, 4)
 
 	// Writes go to the leader; the follower refuses them and shows the leader's.
@@ -141,4 +151,42 @@ func TestLeaderHandoverSharesState(t *testing.T) {
 		t.Fatalf("%d of %d requests failed across the handover", failed, sent)
 	}
 	t.Logf("%d requests through the handover, none failed", sent)
+}
+
+// TestReplicasShareArms: a proxy that follows the follower reports its rollout figures
+// there; the leader judges the rollout with them (the follower shares its proxies' arms in a
+// ConfigMap), and the follower shows the same step figures.
+func TestReplicasShareArms(t *testing.T) {
+	lead, follow := haPair(t, 3*time.Second)
+	p := follow.c.addProxy(follow.c.cp.XDSAddr())
+	waitWorkers(t, p, 4)
+	code, out := lead.c.api("POST", "/v1/rollout", `{"candidate": {"policy": "latency", "overlap_weight": 64, "queue_weight": 8, "cache_threshold": 0.1, "tier_weights": [1, 0.75, 0.25]},
+		"spec": {"shadow_ms": 600000, "steps": [0.5, 1], "step_duration_ms": 600000, "min_requests": 40}}`, true)
+	if code != 200 || out["state"] != "shadow" {
+		t.Fatalf("starting a rollout: %d %v", code, out)
+	}
+	stop := clients(t, "http://"+p.Addr(), "the rollout")
+	stableRequests := func(r haReplica) uint64 {
+		code, got := r.c.api("GET", "/v1/rollout", "", true)
+		cur, _ := got["current"].(map[string]any)
+		if code != 200 || cur == nil {
+			return 0
+		}
+		return jsonUint(cur["stable_requests"])
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for stableRequests(lead) < 20 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the leader counts %d stable requests of the follower's proxy", stableRequests(lead))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	sent, failed := stop()
+	if failed != 0 {
+		t.Fatalf("%d of %d requests failed", failed, sent)
+	}
+	if n := stableRequests(follow); n < 20 {
+		t.Fatalf("the follower shows %d stable requests", n)
+	}
+	t.Logf("the leader judges the rollout on %d requests it heard of from the follower (%d sent)", stableRequests(lead), sent)
 }

@@ -153,7 +153,7 @@ func (c *rollouts) start(cand registry.Policy, spec rollout.Spec) error {
 	if got.Candidate.Version == got.Version {
 		return fmt.Errorf("%w: the candidate routes as the stable policy does", api.ErrInvalid)
 	}
-	arms := c.s.xds.Arms()
+	arms := c.s.arms()
 	r.BaseStable, r.BaseCandidate = armOf(arms, got.Version), armOf(arms, got.Candidate.Version)
 	rec := &rolloutRecord{ID: id, Candidate: *got.Candidate, StableVersion: got.Version, Started: now, R: r}
 	if err := c.persist(rec); err != nil {
@@ -180,17 +180,23 @@ func armOf(arms map[uint64]xdsserver.Arm, version uint64) rollout.Arm {
 
 // tick judges the running step with the arms reported now, and applies a transition.
 func (c *rollouts) tick() {
+	running := func(rec *rolloutRecord) bool {
+		return rec != nil && (rec.R.State == rollout.StateShadow || rec.R.State == rollout.StateCanary)
+	}
+	c.mu.Lock()
+	idle := !running(c.cur) || c.now().Sub(c.started) < c.settle
+	c.mu.Unlock()
+	if idle {
+		return
+	}
+	arms := c.s.arms() // other replicas' shares are read without the lock
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	rec := c.cur
-	if rec == nil || (rec.R.State != rollout.StateShadow && rec.R.State != rollout.StateCanary) {
+	if !running(rec) {
 		return
 	}
 	now := c.now()
-	if now.Sub(c.started) < c.settle {
-		return
-	}
-	arms := c.s.xds.Arms()
 	if _, ok := arms[rec.StableVersion]; !ok {
 		// No proxy reports the stable arm (none connected, or their load reports went
 		// stale): nothing to judge on, and the step waits.
@@ -327,7 +333,7 @@ func (c *rollouts) latest() (*rolloutRecord, rollout.Result, error) {
 	rec.R = c.cur.R.Clone()
 	var cur rollout.Result
 	if !rec.R.Done() {
-		arms := c.s.xds.Arms()
+		arms := c.s.arms()
 		cur = rec.R.Current(armOf(arms, rec.StableVersion), armOf(arms, rec.Candidate.Version))
 	}
 	return &rec, cur, nil

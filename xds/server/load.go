@@ -73,14 +73,30 @@ func (s *Server) MergedEpochs() (map[string]WorkerLoad, map[string]uint64) {
 
 // Arms sums the live reports' arms by policy version: each arm's figures over the proxies
 // that route with it (histograms with other bounds than the first proxy's are left out).
-func (s *Server) Arms() map[uint64]Arm { return s.load.arms() }
+func (s *Server) Arms() map[uint64]Arm { return SumArms(s.load.nodeArms()) }
 
-func (l *loadStore) arms() map[uint64]Arm {
+// NodeArms returns each live proxy's latest arms by node id: what a replica shares with
+// the leader, which sums them with its own proxies' (SumArms). The slices are the caller's
+// to read, not to modify.
+func (s *Server) NodeArms() map[string][]Arm { return s.load.nodeArms() }
+
+func (l *loadStore) nodeArms() map[string][]Arm {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	out := make(map[string][]Arm, len(l.nodes))
+	for id, r := range l.nodes {
+		if len(r.arms) > 0 {
+			out[id] = r.arms
+		}
+	}
+	return out
+}
+
+// SumArms sums the arms of several proxies by policy version (Arms).
+func SumArms(nodes map[string][]Arm) map[uint64]Arm {
 	out := map[uint64]Arm{}
-	for _, r := range l.nodes {
-		for _, a := range r.arms {
+	for _, arms := range nodes {
+		for _, a := range arms {
 			sum := out[a.Version]
 			sum.Version = a.Version
 			sum.Requests = satAdd(sum.Requests, a.Requests)

@@ -43,7 +43,7 @@ func FuzzArmsOf(f *testing.F) {
 		l := newLoadStore(time.Minute, time.Now)
 		l.put("a", 1, &r)
 		l.put("b", 2, &r)
-		for v, a := range l.arms() {
+		for v, a := range SumArms(l.nodeArms()) {
 			if len(a.TTFTCounts) != len(a.TTFTBounds)+1 || len(a.ITLCounts) > 0 && len(a.ITLCounts) != len(a.ITLBounds)+1 {
 				t.Fatalf("summed arm %d: %+v", v, a)
 			}

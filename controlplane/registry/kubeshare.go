@@ -1,0 +1,72 @@
+package registry
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+)
+
+// ShareLabel marks the ConfigMaps in which replicas share what only they see (their
+// proxies' rollout figures) with the leader; its value names what is shared.
+const ShareLabel = "kvrelay.io/share"
+
+var configMaps = schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}
+
+// shareName is the ConfigMap holding replica's share of what.
+func (s *KubeStore) shareName(what, replica string) string {
+	return s.workerName(what + "-" + replica)
+}
+
+// PutShare stores this replica's share of what (data, a JSON document) in a ConfigMap of
+// this control plane, <name>-<what>-<replica>, labelled with StoreLabel and ShareLabel, for
+// the leader to read (Shares). Unlike the other resources it is not watched: the leader
+// lists the shares when it needs them.
+func (s *KubeStore) PutShare(what, replica string, data []byte) error {
+	name := s.shareName(what, replica)
+	c := s.dyn.Resource(configMaps).Namespace(s.namespace)
+	return write(func(ctx context.Context) error {
+		cur, err := c.Get(ctx, name, metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+			obj := &unstructured.Unstructured{Object: map[string]any{
+				"apiVersion": "v1", "kind": "ConfigMap",
+				"metadata": map[string]any{"name": name, "namespace": s.namespace,
+					"labels":      map[string]any{StoreLabel: s.name, ShareLabel: what},
+					"annotations": map[string]any{"kvrelay.io/replica": replica}},
+				"data": map[string]any{what + ".json": string(data)},
+			}}
+			_, err = c.Create(ctx, obj, metav1.CreateOptions{})
+			return err
+		case err != nil:
+			return err
+		}
+		cur.Object["data"] = map[string]any{what + ".json": string(data)}
+		_, err = c.Update(ctx, cur, metav1.UpdateOptions{})
+		return err
+	})
+}
+
+// Shares lists every replica's share of what (PutShare), by replica.
+func (s *KubeStore) Shares(ctx context.Context, what string) (map[string][]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	l, err := s.dyn.Resource(configMaps).Namespace(s.namespace).List(ctx, metav1.ListOptions{
+		LabelSelector: StoreLabel + "=" + s.name + "," + ShareLabel + "=" + what})
+	if err != nil {
+		return nil, fmt.Errorf("listing the replicas' %s shares in %s: %w", what, s.namespace, err)
+	}
+	out := map[string][]byte{}
+	for _, u := range l.Items {
+		replica := u.GetAnnotations()["kvrelay.io/replica"]
+		data, _, _ := unstructured.NestedString(u.Object, "data", what+".json")
+		if replica != "" {
+			out[replica] = []byte(data)
+		}
+	}
+	return out, nil
+}
