@@ -144,6 +144,9 @@ type Prediction struct {
 	Compute float64
 	// ITL is the predicted time between tokens once this request runs.
 	ITL float64
+	// Wait is the part of Queue that is the wait for a sequence slot (0 when the worker has
+	// one free).
+	Wait float64
 	// Fetch is the time pulling the prompt's prefix from a peer takes, when the router chose
 	// that over computing it (then in Queue and TTFT; 0 otherwise).
 	Fetch float64
@@ -388,7 +391,8 @@ func (w *Worker) Predict(e *Engine, st State, uncached float64, p *Prediction) {
 	for i := range th {
 		th[i] = load(&m.theta[i])
 	}
-	p.Queue = th[1]*slot + th[2]*queue + th[5]*dq
+	p.Wait = th[1] * slot
+	p.Queue = p.Wait + th[2]*queue + th[5]*dq
 	p.Prefill = (th[0]+th[6]*busy)*step + (th[3]+th[4]*busy)*own + th[5]*do
 	p.TTFT = p.Queue + p.Prefill
 	p.Compute = (th[3] + th[4]*busy) * speed * curve.TokenSeconds(u)

@@ -115,7 +115,10 @@ type Config struct {
 	BackgroundWeight float64 `yaml:"background_weight"`
 	// BatchWeight weighs the decode slowdown a request's joining a worker's batch causes
 	// (route.PredictedTTFT); not part of the pushed policy.
-	BatchWeight    float64       `yaml:"batch_weight"`
+	BatchWeight float64 `yaml:"batch_weight"`
+	// WaitWeight weighs a request's wait for a sequence slot once more beside its TTFT
+	// (route.PredictedTTFT); not part of the pushed policy.
+	WaitWeight     float64       `yaml:"wait_weight"`
 	CacheThreshold float64       `yaml:"cache_threshold"`
 	SessionTTL     time.Duration `yaml:"session_ttl"`
 	// Busy thresholds per worker: uncached prompt tokens still prefilling, KV blocks held,
@@ -220,6 +223,7 @@ func DefaultConfig() Config {
 		ComputeWeight:       route.DefaultComputeWeight,
 		BackgroundWeight:    route.DefaultBackgroundWeight,
 		BatchWeight:         route.DefaultBatchWeight,
+		WaitWeight:          route.DefaultWaitWeight,
 		SessionTTL:          30 * time.Minute,
 		BusyPrefillTokens:   0,
 		BlockSize:           16,
@@ -268,6 +272,7 @@ func (c *Config) routeConfig() route.Config {
 		ComputeWeight:    c.ComputeWeight,
 		BackgroundWeight: c.BackgroundWeight,
 		BatchWeight:      c.BatchWeight,
+		WaitWeight:       c.WaitWeight,
 		CacheThreshold:   c.CacheThreshold,
 		SessionTTL:       c.SessionTTL,
 		Busy: route.BusyFilter{

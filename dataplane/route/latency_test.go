@@ -506,3 +506,53 @@ func TestLatencyPeerFetch(t *testing.T) {
 		})
 	}
 }
+
+// TestLatencyWaitWeightUsesFreeSlots: a worker whose slots are all taken and that caches
+// part of the prompt, against an idle one that caches none of it. Without the wait weight
+// the request queues there as soon as its wait is shorter than computing what that worker
+// caches; with it, only for a larger share of the prompt: for some cache sizes the weight
+// sends the request to the free slots, and never the other way round.
+func TestLatencyWaitWeightUsesFreeSlots(t *testing.T) {
+	home := func(weight float64, cached int) (bool, latency.Prediction) {
+		r, idx := newRouter(t, Config{Policy: PolicyLatency, ComputeWeight: DefaultComputeWeight, BackgroundWeight: DefaultBackgroundWeight, WaitWeight: weight}, 2)
+		ws := r.Pool().Workers
+		for _, w := range ws {
+			w.Engine.MaxNumSeqs = 2
+		}
+		hashes, n := promptChain(5, 5, 500, 4)
+		idx.Record(ws[0].Index, hashes[:cached], 0)
+		now := Now()
+		occ := ws[0].Latency().Occupancy()
+		for j := range 2 { // both slots taken, the first to free one in 80 ms
+			u := &Usage{}
+			u.BeginAt(now-int64(2*occ*1e9), ws[0], 100, 100, 0)
+			u.FirstTokenAt(now - int64((occ-0.08-0.02*float64(j))*1e9))
+			defer u.End()
+		}
+		var req Request
+		req.Model, req.Hashes, req.PromptTokens, req.Now = "m", hashes, n, now
+		var d Decision
+		if err := r.Route(&req, &d); err != nil {
+			t.Fatal(err)
+		}
+		_, preds := req.Candidates()
+		return d.Worker == ws[0], preds[0]
+	}
+	moved := 0
+	for cached := 25; cached <= 500; cached += 25 {
+		h0, p := home(0, cached)
+		h1, _ := home(1, cached)
+		if p.Wait <= 0 {
+			t.Fatalf("%d blocks cached: the full worker predicts no wait: %+v", cached, p)
+		}
+		if h1 && !h0 {
+			t.Fatalf("%d blocks cached: the wait weight sent the request to the full worker", cached)
+		}
+		if h0 && !h1 {
+			moved++
+		}
+	}
+	if moved == 0 {
+		t.Fatal("the wait weight never sent a request to the free slots")
+	}
+}

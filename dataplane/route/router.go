@@ -96,6 +96,9 @@ type Config struct {
 	// BatchWeight weighs the decode slowdown a request's joining a batch causes (latency
 	// policy; default DefaultBatchWeight).
 	BatchWeight float64
+	// WaitWeight weighs the wait for a sequence slot once more (latency policy; default
+	// DefaultWaitWeight).
+	WaitWeight float64
 	// CacheThreshold: when no worker caches this share of the prompt's blocks more than the
 	// worker that caches least (a new prompt, or one whose only cached part is a system
 	// prompt every worker holds), the kv policy spreads instead, to the worker with the least
@@ -161,8 +164,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("temperature %g must not be negative", c.Temperature)
 	case c.CacheThreshold < 0 || c.CacheThreshold > 1:
 		return fmt.Errorf("cache threshold %g must be within [0, 1]", c.CacheThreshold)
-	case !(c.ComputeWeight >= 0 && c.ComputeWeight <= 1e6) || !(c.BackgroundWeight >= 0 && c.BackgroundWeight <= 1e6) || !(c.BatchWeight >= 0 && c.BatchWeight <= 1e6):
-		return fmt.Errorf("compute weight %g, background weight %g and batch weight %g must be within [0, 1e6]", c.ComputeWeight, c.BackgroundWeight, c.BatchWeight)
+	case !(c.ComputeWeight >= 0 && c.ComputeWeight <= 1e6) || !(c.BackgroundWeight >= 0 && c.BackgroundWeight <= 1e6) || !(c.BatchWeight >= 0 && c.BatchWeight <= 1e6) || !(c.WaitWeight >= 0 && c.WaitWeight <= 1e6):
+		return fmt.Errorf("compute weight %g, background weight %g, batch weight %g and wait weight %g must be within [0, 1e6]", c.ComputeWeight, c.BackgroundWeight, c.BatchWeight, c.WaitWeight)
 	}
 	return nil
 }
