@@ -451,7 +451,7 @@ func runSinksChild(f flags) error {
 		go func() { defer wg.Done(); _ = rep.Run(ctx) }()
 	}
 	ss := &subscribers{subs: subs, cancel: cancel}
-	if err := ss.waitSynced(60 * time.Second); err != nil {
+	if err := ss.waitSynced(180 * time.Second); err != nil {
 		return err
 	}
 	fmt.Println("ready")
