@@ -6,9 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"time"
@@ -22,10 +20,8 @@ type engineSide struct {
 	specs []registry.Worker
 	ws    []*synthWorker // in process
 
-	cmd   *exec.Cmd // child
-	stdin io.WriteCloser
-	out   *bufio.Reader
-	file  string
+	proc *child // child
+	file string
 }
 
 // engineResult is what the engines published during the run.
@@ -81,34 +77,17 @@ func startEngines(f flags, dir string) (*engineSide, error) {
 		}
 		return &engineSide{ws: ws, specs: specs}, nil
 	}
-	exe, err := os.Executable()
-	if err != nil {
-		return nil, err
-	}
 	e := &engineSide{file: filepath.Join(dir, "published.bin")}
-	e.cmd = exec.Command(exe, "-mode", "engines", "-workers", strconv.Itoa(f.workers), "-rate", fmt.Sprint(f.rate),
+	c, err := startChildMode("the engine process", "-mode", "engines", "-workers", strconv.Itoa(f.workers), "-rate", fmt.Sprint(f.rate),
 		"-batch", strconv.Itoa(f.batch), "-sample", strconv.Itoa(f.sample), "-max-blocks", strconv.Itoa(f.maxBlocks),
 		"-duration", f.duration.String(), "-out", e.file)
-	e.cmd.Stderr = os.Stderr
-	if e.stdin, err = e.cmd.StdinPipe(); err != nil {
-		return nil, err
-	}
-	stdout, err := e.cmd.StdoutPipe()
 	if err != nil {
 		return nil, err
 	}
-	if err := e.cmd.Start(); err != nil {
-		return nil, err
-	}
-	e.out = bufio.NewReaderSize(stdout, 1<<20)
-	l, err := e.out.ReadString('\n')
-	if err != nil {
+	e.proc = c
+	if err := json.Unmarshal([]byte(c.ready), &e.specs); err != nil {
 		e.close()
-		return nil, fmt.Errorf("the engine process did not start: %w", err)
-	}
-	if err := json.Unmarshal([]byte(l), &e.specs); err != nil {
-		e.close()
-		return nil, fmt.Errorf("the engine process said %q", l)
+		return nil, fmt.Errorf("the engine process said %q", c.ready)
 	}
 	return e, nil
 }
@@ -139,12 +118,9 @@ func (e *engineSide) run(f flags) (engineResult, error) {
 		return r, nil
 	}
 	var r engineResult
-	if _, err := io.WriteString(e.stdin, "start\n"); err != nil {
-		return r, err
-	}
-	l, err := e.out.ReadString('\n')
+	l, err := e.proc.ask("start")
 	if err != nil {
-		return r, fmt.Errorf("reading the engine process's result: %w", err)
+		return r, err
 	}
 	if err := json.Unmarshal([]byte(l), &r); err != nil {
 		return r, fmt.Errorf("the engine process said %q", l)
@@ -164,16 +140,8 @@ func (e *engineSide) close() {
 	for _, w := range e.ws {
 		w.close()
 	}
-	if e.cmd != nil && e.cmd.Process != nil && e.cmd.ProcessState == nil {
-		e.stdin.Close()
-		done := make(chan struct{})
-		go func() { _ = e.cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(5 * time.Second):
-			_ = e.cmd.Process.Kill()
-			<-done
-		}
+	if e.proc != nil {
+		e.proc.close()
 	}
 }
 

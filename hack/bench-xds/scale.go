@@ -303,6 +303,22 @@ func (c *child) ask(q string) (string, error) {
 	return strings.TrimSpace(l), nil
 }
 
+// close ends the child's stdin and waits up to 5 s for it to exit, then kills it.
+func (c *child) close() {
+	if c.cmd.Process == nil || c.cmd.ProcessState != nil {
+		return
+	}
+	c.inF.Close()
+	done := make(chan struct{})
+	go func() { _ = c.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		_ = c.cmd.Process.Kill()
+		<-done
+	}
+}
+
 func (c *child) kill() {
 	if c.cmd.Process != nil && c.cmd.ProcessState == nil {
 		_ = c.cmd.Process.Kill()
@@ -423,7 +439,6 @@ func runSinksChild(f flags) error {
 	defer cancel()
 	var wg sync.WaitGroup
 	var subs []*subscriber
-	var reporters []*client.Reporter
 	for i := range f.proxies {
 		r := manual.NewBuilderWithScheme("replicas" + strconv.Itoa(i))
 		var as []resolver.Address
@@ -444,7 +459,6 @@ func runSinksChild(f flags) error {
 		if err != nil {
 			return err
 		}
-		reporters = append(reporters, rep)
 		wg.Add(3)
 		go func() { defer wg.Done(); _ = s.ads.Run(ctx) }()
 		go func() { defer wg.Done(); _ = s.jc.Run(ctx, s.sink) }()
