@@ -1,11 +1,13 @@
 package loadview
 
 import (
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -38,6 +40,7 @@ type fakeEngine struct {
 	inFlight atomic.Int32
 	maxIn    atomic.Int32
 	modelReq atomic.Int32
+	peers    sync.Map // the client addresses seen: one per connection
 }
 
 func newFakeEngine(t *testing.T, metrics func(http.ResponseWriter)) *fakeEngine {
@@ -46,6 +49,7 @@ func newFakeEngine(t *testing.T, metrics func(http.ResponseWriter)) *fakeEngine 
 	f.setMetrics(metrics)
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, r *http.Request) {
+		f.peers.Store(r.RemoteAddr, true)
 		n := f.inFlight.Add(1)
 		defer f.inFlight.Add(-1)
 		for m := f.maxIn.Load(); n > m && !f.maxIn.CompareAndSwap(m, n); m = f.maxIn.Load() {
@@ -439,5 +443,43 @@ func TestNowStampsStates(t *testing.T) {
 	}
 	if ids := v.IDs(); len(ids) != 1 || ids[0] != "w" {
 		t.Errorf("IDs %v", ids)
+	}
+}
+
+// TestPollsReuseConnectionsAcrossAFleet polls more workers than a default transport keeps
+// idle connections for (100 in all): after the first polls, no poll may dial again.
+func TestPollsReuseConnectionsAcrossAFleet(t *testing.T) {
+	const n = 120
+	var targets []Target
+	var fakes []*fakeEngine
+	for i := range n {
+		f := newFakeEngine(t, body(vllmBody))
+		fakes = append(fakes, f)
+		targets = append(targets, Target{ID: fmt.Sprintf("w%d", i), URL: f.URL, Engine: engines.KindVLLM})
+	}
+	opts := testOptions()
+	opts.Interval = 50 * time.Millisecond
+	v := newView(t, opts)
+	v.Sync(targets)
+	scrapes := func(min uint64) bool {
+		for _, tg := range targets {
+			if st := v.Stats()[tg.ID]; st.Scrapes < min {
+				return false
+			}
+		}
+		return true
+	}
+	eventually(t, 20*time.Second, "every worker scraped twice", func() bool { return scrapes(2) })
+	dials := func() int {
+		c := 0
+		for _, f := range fakes {
+			f.peers.Range(func(any, any) bool { c++; return true })
+		}
+		return c
+	}
+	before := dials()
+	eventually(t, 20*time.Second, "every worker scraped 5 times more", func() bool { return scrapes(7) })
+	if d := dials() - before; d > n/20 {
+		t.Errorf("%d connections dialled in 5 polls of %d workers after the first (%d before)", d, n, before)
 	}
 }

@@ -45,6 +45,7 @@ type flags struct {
 	sharing     string
 	speedup     float64
 	cpuProfile  string
+	profileFor  time.Duration
 	timeline    bool
 
 	// scale mode
@@ -82,7 +83,8 @@ func main() {
 	flag.IntVar(&f.reportWorkers, "report-workers", 100, "scale: workers each proxy reports in-flight load for (a tenth of them changing every report)")
 	flag.DurationVar(&f.scrape, "scrape", time.Second, "scale: the replicas' metrics scrape interval per worker")
 	flag.StringVar(&f.specsFile, "specs", "", "replica: the workers, as JSON; not for direct use")
-	flag.StringVar(&f.cpuProfile, "cpuprofile", "", "write this process's CPU profile to the file")
+	flag.StringVar(&f.cpuProfile, "cpuprofile", "", "write this process's CPU profile to the file (scale: each child's to FILE.<child>)")
+	flag.DurationVar(&f.profileFor, "cpuprofile-for", 0, "end the CPU profile after this long instead of at exit (a child that is killed leaves one)")
 	// The child process's flags (mode "subscribe"); not for direct use.
 	flag.StringVar(&f.xds, "xds", "", "subscribe: the control plane's xDS address")
 	flag.StringVar(&f.outFile, "out", "", "subscribe: file for the arrival records")
@@ -99,6 +101,9 @@ func main() {
 		}
 		if err := pprof.StartCPUProfile(fh); err != nil {
 			log.Fatal(err)
+		}
+		if f.profileFor > 0 {
+			time.AfterFunc(f.profileFor, pprof.StopCPUProfile)
 		}
 		defer pprof.StopCPUProfile()
 	}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -60,17 +61,19 @@ func runScale(f flags, res *results) error {
 	}()
 	var addrs []string
 	for i := range f.replicas {
-		r, err := startChildMode(fmt.Sprintf("replica %d", i), "-mode", "replica", "-specs", specsFile,
-			"-scrape", f.scrape.String(), "-linger", f.linger.String(), "-out", filepath.Join(dir, "ages-"+strconv.Itoa(i)))
+		r, err := startChildMode(fmt.Sprintf("replica %d", i), append(childProfile(f, "replica"+strconv.Itoa(i)),
+			"-mode", "replica", "-specs", specsFile,
+			"-scrape", f.scrape.String(), "-linger", f.linger.String(), "-out", filepath.Join(dir, "ages-"+strconv.Itoa(i)))...)
 		if err != nil {
 			return err
 		}
 		reps = append(reps, r)
 		addrs = append(addrs, r.ready)
 	}
-	sinks, err := startChildMode("proxies", "-mode", "sinks", "-xds", strings.Join(addrs, ","), "-proxies", strconv.Itoa(f.proxies),
+	sinks, err := startChildMode("proxies", append(childProfile(f, "proxies"),
+		"-mode", "sinks", "-xds", strings.Join(addrs, ","), "-proxies", strconv.Itoa(f.proxies),
 		"-workers", strconv.Itoa(f.workers), "-report-workers", strconv.Itoa(f.reportWorkers), "-sample", strconv.Itoa(sample),
-		"-out", filepath.Join(dir, "arrivals"))
+		"-out", filepath.Join(dir, "arrivals"))...)
 	if err != nil {
 		return err
 	}
@@ -213,6 +216,15 @@ func runScale(f flags, res *results) error {
 		"converged_p50", p50, "converged_p99", p99, "converged_all", mx, "target_all", "5s",
 		"what", "kill->journal snapshot complete and ADS stream up on another replica")
 	return nil
+}
+
+// childProfile passes -cpuprofile on to a child as FILE.name, so that each process of the
+// scale mode leaves its own profile (a replica that is killed leaves none).
+func childProfile(f flags, name string) []string {
+	if f.cpuProfile == "" {
+		return nil
+	}
+	return []string{"-cpuprofile", f.cpuProfile + "." + name, "-cpuprofile-for", f.profileFor.String()}
 }
 
 // replicaStats is what a replica child reports for the window since its last report.
@@ -448,7 +460,8 @@ func runSinksChild(f flags) error {
 		r.InitialState(resolver.State{Addresses: as})
 		node := "proxy-" + strconv.Itoa(i)
 		s, err := newSubscriber(r.Scheme()+":///replicas", node, mask, grpc.WithResolvers(r),
-			grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"pick_first":{}}]}`))
+			grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"pick_first":{}}]}`),
+			grpc.WithContextDialer(proxyDialer(i)))
 		if err != nil {
 			return err
 		}
@@ -501,6 +514,17 @@ func runSinksChild(f flags) error {
 	cancel()
 	wg.Wait()
 	return nil
+}
+
+// proxyDialer dials from a loopback address of proxy i's own (127.0.1.0/24 and on), as proxies
+// on their own pods would: the replicas bound the connections one host holds
+// (xds/server.DefaultMaxConnsPerPeer), and 100 proxies from 127.0.0.1 would pass it.
+func proxyDialer(i int) func(context.Context, string) (net.Conn, error) {
+	src := &net.TCPAddr{IP: net.IPv4(127, 0, byte(1+i/250), byte(1+i%250))}
+	return func(ctx context.Context, addr string) (net.Conn, error) {
+		d := net.Dialer{LocalAddr: src}
+		return d.DialContext(ctx, "tcp", addr)
+	}
 }
 
 // converge polls every millisecond until each proxy that followed replica 0 (proxy i with
