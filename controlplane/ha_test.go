@@ -70,10 +70,18 @@ func haPair(t *testing.T, lease time.Duration) (lead, follow haReplica) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	lead, follow = a, b
 	if b.e.Leading() {
-		return b, a
+		lead, follow = b, a
 	}
-	return a, b
+	// The leader takes changes once it has taken over (read the shared state afresh).
+	for !lead.c.cp.Acting() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s leads but never took over", lead.e.Identity())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return lead, follow
 }
 
 // TestLeaderHandoverSharesState: two control-plane replicas on a real API server, their
@@ -137,8 +145,15 @@ func TestLeaderHandoverSharesState(t *testing.T) {
 		code, got := follow.c.api("GET", "/v1/rollout", "", true)
 		return code == 200 && jsonUint(got["id"]) == rolloutID && got["state"] == "shadow"
 	})
-	if code, out := follow.c.api("POST", "/v1/rollout/abort", "", true); code != 200 || out["state"] != "aborted" {
-		t.Fatalf("aborting the rollout on the new leader: %d %v", code, out)
+	// It takes changes once it has taken over; until then it answers 503, as a follower.
+	var abortCode int
+	var abortOut map[string]any
+	eventually("the new leader takes the abort", 5*time.Second, func() bool {
+		abortCode, abortOut = follow.c.api("POST", "/v1/rollout/abort", "", true)
+		return abortCode != 503
+	})
+	if abortCode != 200 || abortOut["state"] != "aborted" {
+		t.Fatalf("aborting the rollout on the new leader: %d %v", abortCode, abortOut)
 	}
 	_, pol := follow.c.api("GET", "/v1/policy", "", true)
 	if pol["candidate"] != nil || jsonUint(pol["version"]) != version || num(pol["overlap_weight"]) != 32 {

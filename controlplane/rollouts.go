@@ -248,7 +248,10 @@ func (c *rollouts) persist(rec *rolloutRecord) error {
 // (an operator's later change stands).
 func (c *rollouts) apply(rec *rolloutRecord) error {
 	pol := c.s.reg.Policy()
-	ours := pol.Candidate != nil && pol.Candidate.Version == rec.Candidate.Version
+	// The policy carries this rollout's candidate under the version recorded, or under
+	// another one when it went back in anew (below) and the record read since is older than
+	// that: the candidate's routing, not only its number, says it is ours.
+	ours := pol.Candidate != nil && (pol.Candidate.Version == rec.Candidate.Version || registry.SameRouting(*pol.Candidate, rec.Candidate))
 	cause := fmt.Sprintf("rollout %d %s", rec.ID, rec.R.State)
 	var p registry.Policy
 	switch rec.R.State {
@@ -385,6 +388,9 @@ func (s *Server) runRollouts(ctx context.Context) {
 				s.rollouts.reload()
 				s.rollouts.resume()
 				s.stateChanged()
+			}
+			if s.opts.Leader != nil {
+				s.acting.Store(now)
 			}
 			if leading = now; leading {
 				s.rollouts.tick()

@@ -107,3 +107,42 @@ func TestBadStoredRolloutFailsTheStart(t *testing.T) {
 		}
 	}
 }
+
+// TestAbortFindsACandidateUnderANewVersion: a rollout whose candidate went back into the
+// policy under a new version, heard of by a replica through an older record (a store read
+// behind the write), still takes its candidate out of the policy when it ends.
+func TestAbortFindsACandidateUnderANewVersion(t *testing.T) {
+	s, err := New(Options{DataDir: t.TempDir(), XDSListen: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	c := s.rollouts
+	cand := registry.Policy{Name: "latency", OverlapWeight: 64, QueueWeight: 8, CacheThreshold: 0.1, TierWeights: []float64{1, 0.75, 0.25}}
+	spec, err := rolloutSpec(&operatorv1.RolloutSpec{ShadowMs: 600000, Steps: []float64{0.5, 1}, StepDurationMs: 600000, MinRequests: 40})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.start(cand, spec); err != nil {
+		t.Fatal(err)
+	}
+	recorded := c.cur.Candidate.Version
+	// The policy loses the candidate (a leader stopped between the rollout's write and the
+	// policy's); applying the rollout puts it back under the next version.
+	if _, err := s.reg.ChangePolicy(s.reg.Policy().Stable(), "test"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.apply(c.cur); err != nil {
+		t.Fatal(err)
+	}
+	if v := s.reg.Policy().Candidate.Version; v == recorded {
+		t.Fatalf("the candidate went back in at its old version %d", v)
+	}
+	c.cur.Candidate.Version = recorded // the older record
+	if err := c.control("abort"); err != nil {
+		t.Fatal(err)
+	}
+	if pol := s.reg.Policy(); pol.Candidate != nil {
+		t.Fatalf("after the abort the policy still carries candidate version %d", pol.Candidate.Version)
+	}
+}

@@ -148,6 +148,11 @@ type Server struct {
 	store registry.Backend
 	// stateCh receives when a shared Store's resources changed (coalesced).
 	stateCh chan struct{}
+	// acting is set while this replica leads and has taken over: read the shared state
+	// afresh and resumed the rollout (runRollouts). Between winning the Lease and that, it
+	// refuses changes as a follower does, or an operator's change could land before the
+	// takeover and be undone by it.
+	acting  atomic.Bool
 	reg     *registry.Registry
 	index   *kvindex.Index
 	journal *journal.Log
@@ -300,6 +305,7 @@ func (s *Server) Start(ctx context.Context) error {
 	if s.opts.Leader.Leading() {
 		s.rollouts.resume()
 	}
+	s.acting.Store(s.opts.Leader == nil) // an elected replica acts once it has taken over
 	s.reconcile()
 	s.publish(true)
 	if ks, ok := s.store.(*registry.KubeStore); ok {
@@ -360,6 +366,10 @@ func (s *Server) APIAddr() string {
 	}
 	return s.apiLis.Addr().String()
 }
+
+// Acting reports whether this replica makes changes: it has no elector, or it leads and
+// has taken over from the last leader (read the shared state afresh, resumed the rollout).
+func (s *Server) Acting() bool { return s.acting.Load() }
 
 // stateChanged notes that the shared store's resources changed (the KubeStore's watch).
 func (s *Server) stateChanged() {
@@ -657,8 +667,16 @@ func (s *Server) apiHandler() http.Handler {
 	}
 	loopback := isLoopback(s.apiLis.Addr())
 	opts := api.Options{Token: s.opts.APIToken, OpenReads: loopback, OnReject: reject}
-	if s.opts.Leader != nil {
-		opts.Leader = s.opts.Leader.Check
+	if e := s.opts.Leader; e != nil {
+		opts.Leader = func() error {
+			if err := e.Check(); err != nil {
+				return err
+			}
+			if !s.acting.Load() {
+				return fmt.Errorf("%w: control plane replica %s has just taken the lead and is reading the shared state; retry in a moment", leader.ErrNotLeader, e.Identity())
+			}
+			return nil
+		}
 	}
 	s.apiGRPC = grpc.NewServer()
 	api.Register(s.apiGRPC, operator{s}, opts)

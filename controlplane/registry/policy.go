@@ -215,8 +215,8 @@ func (p Policy) latest() uint64 {
 	return p.Version
 }
 
-// sameRouting reports whether a and b route alike: every field but the versions.
-func sameRouting(a, b Policy) bool {
+// SameRouting reports whether a and b route alike: every field but the versions.
+func SameRouting(a, b Policy) bool {
 	a.Version, b.Version, a.Issued, b.Issued = 0, 0, 0, 0
 	x, _ := json.Marshal(a)
 	y, _ := json.Marshal(b)
@@ -248,15 +248,15 @@ func nextPolicy(cur, p Policy) (Policy, error) {
 	// the next number never given out.
 	next := max(cur.latest(), cur.Issued) + 1
 	switch {
-	case sameRouting(cur.Stable(), p.Stable()) && cur.Version != 0:
+	case SameRouting(cur.Stable(), p.Stable()) && cur.Version != 0:
 		p.Version = cur.Version
-	case cur.Candidate != nil && p.Candidate == nil && sameRouting(*cur.Candidate, p.Stable()):
+	case cur.Candidate != nil && p.Candidate == nil && SameRouting(*cur.Candidate, p.Stable()):
 		p.Version = cur.Candidate.Version
 	default:
 		p.Version, next = next, next+1
 	}
 	if c := p.Candidate; c != nil {
-		if old := cur.Candidate; old != nil && sameRouting(*old, *c) {
+		if old := cur.Candidate; old != nil && SameRouting(*old, *c) {
 			c.Version = old.Version
 		} else {
 			c.Version = next
