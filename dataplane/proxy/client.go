@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"math"
 	"net/url"
 	"slices"
@@ -15,13 +14,11 @@ import (
 	"unsafe"
 
 	"github.com/panjf2000/gnet/v2"
-	"github.com/zeebo/xxh3"
 
 	"github.com/kvrelay/kvrelay/dataplane/http1"
 	"github.com/kvrelay/kvrelay/dataplane/oai"
 	"github.com/kvrelay/kvrelay/dataplane/prefix"
 	"github.com/kvrelay/kvrelay/dataplane/route"
-	"github.com/kvrelay/kvrelay/engines/blockhash"
 	"github.com/kvrelay/kvrelay/engines/tokenizer"
 )
 
@@ -40,9 +37,11 @@ const (
 // request needs: parsing state, the parsed request, routing scratch space and the exchange
 // with the engine. It lives on its loop's goroutine; nothing in it is shared.
 type clientConn struct {
+	// input is the request's routing input and what derives it (input.go); its srv is the
+	// connection's proxy.
+	input
 	c          gnet.Conn
 	lp         *loop
-	srv        *Server
 	next, prev *clientConn
 
 	state      uint8
@@ -66,47 +65,28 @@ type clientConn struct {
 	chunked  http1.ChunkedDecoder
 	body     []byte
 
-	// What the request head said, copied before the head's bytes are discarded.
+	// What the request head said, copied before the head's bytes are discarded (the
+	// routing hints among it are input's).
 	method    []byte
 	target    []byte
 	path      []byte
 	keepAlive bool
 	proto10   bool
 	fwd       []byte // forwarded header lines
-	session   []byte
-	hdrPrio   int
-	hasPrio   bool
-	hdrOSL    int
 	// headScanned is how much of a head still arriving was searched for its end.
 	headScanned int
-	noMigrate   bool    // x-kvrelay-migrate: off
-	sloTTFT     float64 // x-slo-ttft-ms, 0 when absent
-	sloTPOT     float64 // x-slo-tpot-ms
+	noMigrate   bool // x-kvrelay-migrate: off
 
-	// The OpenAI request and the routing input derived from it.
-	parser oai.Parser
-	oreq   oai.Request
-	kind   oai.Kind
-	model  string
-	rreq   route.Request
-	dec    route.Decision
-	toks   []uint32
-	text   []byte // the rendered prompt, reused
-	hasher blockhash.Hasher
-	msgs   []tokenizer.Message
-	extra  []byte         // the multimodal identifiers keys.MM points into
-	keys   blockhash.Keys // this request's blocks' extra keys
-	arm    *armSeries     // the policy version that routed this request
-	gone   atomic.Bool    // the client closed: its off-loop work is dropped
-	prio   int
+	dec  route.Decision
+	arm  *armSeries  // the policy version that routed this request
+	gone atomic.Bool // the client closed: its off-loop work is dropped
 
-	ex    exchange
-	pd    pdState
-	spec  specState
-	obs   oai.Observer
-	itl   armITL // the Observer's ITL sink while the request has an arm
-	mm    *modelMetrics
-	timed bool // this request's decision stages are timed (sampled)
+	ex   exchange
+	pd   pdState
+	spec specState
+	obs  oai.Observer
+	itl  armITL // the Observer's ITL sink while the request has an arm
+	mm   *modelMetrics
 
 	queuedAt int64
 	qitem    *queueItem
@@ -114,12 +94,6 @@ type clientConn struct {
 	// decideAt when its routing began, for the total decision time of a timed request.
 	arrived  int64
 	decideAt int64
-	tokStart int64 // when a timed request's remote tokenization began
-	// convKeys are the request's conversation keys for the remote tokenizer's cache;
-	// extraTokens the estimated tokens of messages past a cached conversation prefix, which
-	// routing counts beside the prefix's.
-	convKeys    []xxh3.Uint128
-	extraTokens int
 
 	// A connection answered with an error while the client is still sending (a body over the
 	// limit) reads and drops what comes until lingerLeft bytes or lingerUntil, so the client
@@ -533,9 +507,19 @@ func (cc *clientConn) parsed(err error, t0 int64) {
 	cc.model = s.modelLabel(cc.oreq.Model)
 	cc.pd.on, cc.pd.decodeBody, cc.pd.fallback = false, nil, false
 	cc.spec.want, cc.spec.answer = false, cc.spec.answer[:0]
-	if err := cc.prepare(); err != nil {
+	cc.spec.want = cc.oreq.Hints.SpeculativePrefill && cc.kind == oai.ChatCompletions
+	err = cc.prepare()
+	if err == nil && cc.kind == oai.Responses && len(cc.oreq.PreviousResponseID) > 0 {
+		cc.pinResponse(unsafeString(cc.oreq.PreviousResponseID))
+	}
+	if err != nil {
 		if errors.Is(err, errPending) {
-			return // resumes in remoteDone
+			cc.fetchRemote() // resumes in remoteDone
+			return
+		}
+		if errors.Is(err, errLarge) {
+			cc.tokenizeOffLoop(cc.large.cd, cc.large.text, cc.large.limit, cc.large.t0)
+			return
 		}
 		if errors.Is(err, errNoTokenizer) {
 			cc.errorReplyHeader(503, err.Error(), "", "no_worker", cc.noWorkerRetryAfter())
@@ -549,105 +533,6 @@ func (cc *clientConn) parsed(err error, t0 int64) {
 		return
 	}
 	cc.route(false)
-}
-
-// prepare turns the parsed request into routing input: priority, expected output length,
-// session, and for completions the prompt's token ids and block hashes.
-func (cc *clientConn) prepare() error {
-	s := cc.srv
-	o := &cc.oreq
-	r := &cc.rreq
-	r.Reset()
-	r.Timed = cc.timed // Now is set by route, at each routing attempt's event
-	r.Model = unsafeString(o.Model)
-	cc.prio = 0
-	if p, ok := o.Priority(); ok {
-		cc.prio = p
-	} else if cc.hasPrio {
-		cc.prio = cc.hdrPrio
-	}
-	r.Priority = cc.prio
-	r.OSL = cc.hdrOSL
-	r.SLOTPOT = cc.sloTPOT / 1e3
-	cc.spec.want = o.Hints.SpeculativePrefill && cc.kind == oai.ChatCompletions
-	if o.Hints.HasOSL {
-		r.OSL = o.Hints.OSL
-	}
-	if cc.kind == oai.Responses && len(o.PreviousResponseID) > 0 {
-		cc.pinResponse(unsafeString(o.PreviousResponseID))
-	}
-	switch {
-	case len(cc.session) > 0:
-		r.SessionID = unsafeString(cc.session)
-	case len(o.Hints.SessionID) > 0:
-		r.SessionID = unsafeString(o.Hints.SessionID)
-	}
-	if (cc.kind != oai.ChatCompletions && cc.kind != oai.Completions) || !s.usesIndex() {
-		// Nothing to match against an index: the prompt's length is all routing needs.
-		r.PromptTokens = (o.TextBytes + bytesPerToken - 1) / bytesPerToken
-		if o.PromptIsTokens {
-			r.PromptTokens = len(o.PromptTokens)
-		}
-		return nil
-	}
-	cd := s.codecFor(o.Model)
-	t0 := cc.clock()
-	cc.toks = cc.toks[:0]
-	cc.extraTokens = 0
-	switch {
-	case cc.kind == oai.Completions && o.PromptIsTokens:
-		for _, t := range o.PromptTokens {
-			cc.toks = append(cc.toks, uint32(t))
-		}
-	case cd.mode == TokenizerRemote:
-		cc.tokStart = t0
-		if err := cc.tokenizeRemote(); err != nil {
-			return err // errPending: it resumes in remoteDone
-		}
-	case cd.mode == TokenizerEstimate:
-		text, err := cc.promptText(cd)
-		if err != nil {
-			return err
-		}
-		cc.estimate(text)
-		cc.stage(stageTokenize, t0)
-		return nil
-	default:
-		text := unsafeString(o.Prompt)
-		if cc.kind != oai.Completions {
-			var err error
-			if text, err = cc.promptText(cd); err != nil {
-				return err
-			}
-		}
-		limit := s.kv.Pool().MaxModelLen(r.Model)
-		if len(text) >= offLoopBytes {
-			cc.tokenizeOffLoop(cd, text, limit, t0)
-			return errPending
-		}
-		var ok bool
-		if cc.toks, ok = tokenizer.AppendEncodeLimit(cd.tok, cc.toks, text, limit); !ok {
-			return contextLengthError(limit)
-		}
-	}
-	if limit := s.kv.Pool().MaxModelLen(r.Model); limit > 0 && len(cc.toks) > limit {
-		return contextLengthError(limit) // prompt token ids
-	}
-	cc.stage(stageTokenize, t0)
-	cc.hashTokens()
-	return nil
-}
-
-// offLoopBytes is the prompt size from which tokenizing moves off the event loop: about 15
-// ms of BPE, long enough to delay every other connection of the loop noticeably.
-const offLoopBytes = 256 << 10
-
-// contextLengthError is a prompt longer than the model's context, refused as vLLM refuses
-// it (400) but before the whole prompt is tokenized or any engine sees it.
-type contextLengthError int
-
-func (e contextLengthError) Error() string {
-	return fmt.Sprintf("This model's maximum context length is %d tokens. However, your request has more input tokens than that. Please reduce the length of the input messages.", int(e))
 }
 
 // tokenizeOffLoop tokenizes a large prompt on a goroutine, at most tokenizeSlots at once,
@@ -677,118 +562,6 @@ func (cc *clientConn) refuseTooLong(limit int) {
 		param = "prompt"
 	}
 	cc.errorReply(400, contextLengthError(limit).Error(), param, "context_length_exceeded")
-}
-
-// hashTokens turns cc.toks into the prompt's block chain with each block's extra keys
-// (blockhash.Keys, as vLLM keys its blocks): the LoRA adapter the request names, its
-// non-text parts, and on the first block its cache salt.
-func (cc *clientConn) hashTokens() {
-	s := cc.srv
-	o := &cc.oreq
-	r := &cc.rreq
-	t1 := cc.clock()
-	k := &cc.keys
-	k.LoRA, k.Salt, k.MM = "", o.CacheSalt, k.MM[:0]
-	if _, ok := s.kv.Pool().Adapter(unsafeString(o.Model)); ok {
-		k.LoRA = unsafeString(o.Model)
-	}
-	cc.extra = slices.Grow(cc.extra[:0], 16*len(o.Parts))
-	for _, p := range o.Parts {
-		// A part's identifier is the hash of its JSON: the same image sent again keys
-		// the same blocks; an engine's own identifiers never match it.
-		start := len(cc.extra)
-		h := xxh3.Hash128(p.Raw).Bytes()
-		cc.extra = append(cc.extra, h[:]...)
-		k.MM = append(k.MM, cc.extra[start:len(cc.extra):len(cc.extra)])
-	}
-	r.PromptTokens = len(cc.toks) + cc.extraTokens
-	r.Hashes = cc.hasher.AppendSeqKeys(r.Hashes[:0], 0, false, cc.toks, s.cfg.BlockSize, k, 0)
-	cc.stage(stageHash, t1)
-}
-
-// clock reads the time for a sampled stage measurement (0 when this request is not timed).
-func (cc *clientConn) clock() int64 {
-	if !cc.timed {
-		return 0
-	}
-	return nanotime()
-}
-
-// stage records the time since t0 for a sampled request.
-func (cc *clientConn) stage(st int, t0 int64) {
-	if cc.timed {
-		cc.srv.metrics.stages[st].Observe(seconds(nanotime() - t0))
-	}
-}
-
-// promptText renders the chat messages with the model's template, into cc.text when the
-// template can. The strings handed to the template alias the request body and the parser's
-// buffer, both alive for this call; the returned string may alias cc.text and is valid until
-// the next request.
-func (cc *clientConn) promptText(cd *codec) (string, error) {
-	o := &cc.oreq
-	if cc.kind == oai.Completions {
-		return unsafeString(o.Prompt), nil
-	}
-	if cd.tmpl == nil {
-		return "", errors.New("no chat template for this model")
-	}
-	cc.msgs = cc.msgs[:0]
-	for i := range o.Messages {
-		m := &o.Messages[i]
-		cc.msgs = append(cc.msgs, tokenizer.Message{
-			Role:       unsafeString(m.Role),
-			Content:    unsafeString(m.Content),
-			Name:       unsafeString(m.Name),
-			ToolCallID: unsafeString(m.ToolCallID),
-			Reasoning:  unsafeString(m.Reasoning),
-		})
-		if len(m.ToolCalls) > 0 {
-			// An agent's assistant turns carry their function calls, which the template
-			// renders (and a tool message after one needs). Decoded in place: a local
-			// Message whose field escaped would cost every message an allocation.
-			if err := json.Unmarshal(m.ToolCalls, &cc.msgs[len(cc.msgs)-1].ToolCalls); err != nil {
-				return "", fmt.Errorf("messages[%d].tool_calls: %w", i, err)
-			}
-		}
-	}
-	opts := tokenizer.RenderOptions{AddGenerationPrompt: o.AddGenerationPrompt && !o.ContinueFinalMessage}
-	if len(o.Tools) > 0 {
-		opts.Tools = o.Tools
-	}
-	if len(o.ReasoningEffort) > 0 {
-		opts.ReasoningEffort = unsafeString(o.ReasoningEffort)
-	}
-	if ar, ok := cd.tmpl.(tokenizer.AppendRenderer); ok {
-		text, err := ar.AppendRender(cc.text[:0], cc.msgs, opts)
-		cc.text = text
-		if err != nil {
-			return "", err
-		}
-		return unsafeString(text), nil
-	}
-	return cd.tmpl.Render(cc.msgs, opts)
-}
-
-// estimateBytes is the block of text hashed as one block in estimate mode: block size
-// tokens at about four bytes each.
-const bytesPerToken = 4
-
-func (cc *clientConn) estimate(text string) {
-	r := &cc.rreq
-	bs := cc.srv.cfg.BlockSize
-	r.PromptTokens = (len(text) + bytesPerToken - 1) / bytesPerToken
-	chunk := bs * bytesPerToken
-	var parent uint64
-	for i := 0; i+chunk <= len(text); i += chunk {
-		local := cc.hasher.Local(nil, unsafeBytes(text[i:i+chunk]))
-		h := local
-		if i > 0 {
-			h = blockhash.Chain(parent, local)
-		}
-		r.Hashes = append(r.Hashes, h)
-		parent = h
-	}
 }
 
 // route picks a worker and starts the exchange, or queues the request when every worker is

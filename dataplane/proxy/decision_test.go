@@ -85,7 +85,7 @@ func fillIndex(s *Server, n int) {
 
 func TestDecisionFollowsThePrefix(t *testing.T) {
 	s := decisionServer(t, 8)
-	cc := &clientConn{srv: s, lp: newLoop(s, nil), kind: oai.ChatCompletions}
+	cc := &clientConn{input: input{srv: s, kind: oai.ChatCompletions}, lp: newLoop(s, nil)}
 	cc.body = chat8k("first question")
 	decide(t, cc)
 	if cc.rreq.PromptTokens < 8000 || len(cc.rreq.Hashes) != cc.rreq.PromptTokens/16 {
@@ -109,7 +109,7 @@ func TestDecisionAllocations(t *testing.T) {
 
 func testDecisionAllocations(t *testing.T, policy string) {
 	s := decisionServer(t, 64, policy)
-	cc := &clientConn{srv: s, lp: newLoop(s, nil), kind: oai.ChatCompletions}
+	cc := &clientConn{input: input{srv: s, kind: oai.ChatCompletions}, lp: newLoop(s, nil)}
 	cc.body = chat8k("warm")
 	decide(t, cc)
 	// Hash, match and score allocate nothing, and neither does the whole decision once the
@@ -155,7 +155,7 @@ func benchmarkDecision8k(b *testing.B, policy string) {
 	}
 	for _, mode := range []string{"warm", "cold"} {
 		b.Run(prefix+mode, func(b *testing.B) {
-			cc := &clientConn{srv: s, lp: newLoop(s, nil), kind: oai.ChatCompletions}
+			cc := &clientConn{input: input{srv: s, kind: oai.ChatCompletions}, lp: newLoop(s, nil)}
 			cc.body = chat8k("warm-up")
 			decide(b, cc)
 			s.index.Record(cc.dec.Worker.Index, cc.rreq.Hashes, 0)
@@ -198,7 +198,7 @@ func sortDurations(d []time.Duration) {
 // image, and neither the same text without it nor with another image matches its blocks.
 func TestMultimodalPartsKeyTheirBlocks(t *testing.T) {
 	s := decisionServer(t, 4)
-	cc := &clientConn{srv: s, lp: newLoop(s, nil), kind: oai.ChatCompletions}
+	cc := &clientConn{input: input{srv: s, kind: oai.ChatCompletions}, lp: newLoop(s, nil)}
 	withImage := func(url string) []byte {
 		var m map[string]any
 		_ = json.Unmarshal(chat8k("what is in the picture?"), &m)

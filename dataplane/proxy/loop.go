@@ -39,7 +39,7 @@ func newLoop(s *Server, el gnet.EventLoop) *loop {
 }
 
 func (lp *loop) newClient(c gnet.Conn) *clientConn {
-	cc := &clientConn{c: c, lp: lp, srv: lp.srv, lastActive: lp.now}
+	cc := &clientConn{input: input{srv: lp.srv}, c: c, lp: lp, lastActive: lp.now}
 	cc.ex.cc = cc
 	cc.obs.Reset(0, 0)
 	cc.next, cc.prev = lp.clients.next, &lp.clients

@@ -207,52 +207,75 @@ func (rt *remoteTokenizer) fetch(ctx context.Context, w *route.Worker, body []by
 	return out.Tokens, nil
 }
 
+// remotePending is a remote tokenization input.prepare left to its caller: the body to
+// post to worker w's /tokenize, and the cache keys its answer goes under.
+type remotePending struct {
+	w         *route.Worker
+	key, conv xxh3.Uint128
+	body      []byte
+}
+
 // tokenizeRemote gets the request's ids from the cache, or routes it at once on the cached
-// tokens of its conversation so far while fetching its own in the background, or starts
-// fetching them and returns errPending; the fetch resumes the request on its loop.
-func (cc *clientConn) tokenizeRemote() error {
-	s := cc.srv
-	body, err := tokenizeBody(&cc.oreq, cc.kind)
+// tokens of its conversation so far while fetching its own in the background, or leaves the
+// fetch in in.pend and returns errPending.
+func (in *input) tokenizeRemote() error {
+	s := in.srv
+	body, err := tokenizeBody(&in.oreq, in.kind)
 	if err != nil {
 		return err
 	}
 	key := xxh3.Hash128(body)
 	if ids, ok := s.remote.get(key); ok {
 		s.remote.hits.Add(1)
-		cc.toks = append(cc.toks[:0], ids...)
+		in.toks = append(in.toks[:0], ids...)
 		return nil
 	}
 	var conv xxh3.Uint128
-	if cc.kind == oai.ChatCompletions {
-		cc.convKeys = conversationKeys(cc.convKeys[:0], &cc.oreq)
-		conv = cc.convKeys[len(cc.convKeys)-1]
+	if in.kind == oai.ChatCompletions {
+		in.convKeys = conversationKeys(in.convKeys[:0], &in.oreq)
+		conv = in.convKeys[len(in.convKeys)-1]
 	}
-	w := s.remote.pick(s.kv.Pool(), unsafeString(cc.oreq.Model))
+	w := s.remote.pick(s.kv.Pool(), unsafeString(in.oreq.Model))
 	if w == nil {
 		return errNoTokenizer
 	}
-	if ids, covered := s.remote.longestPrefix(cc.convKeys); covered > 0 {
+	if ids, covered := s.remote.longestPrefix(in.convKeys); covered > 0 {
 		s.remote.prefixHits.Add(1)
-		cc.toks = append(cc.toks[:0], ids...)
+		in.toks = append(in.toks[:0], ids...)
 		// The messages past the prefix are new: their length is all routing needs of them.
 		rest := 0
-		for i := covered; i < len(cc.oreq.Messages); i++ {
-			rest += len(cc.oreq.Messages[i].Content) + len(cc.oreq.Messages[i].ToolCalls)
+		for i := covered; i < len(in.oreq.Messages); i++ {
+			rest += len(in.oreq.Messages[i].Content) + len(in.oreq.Messages[i].ToolCalls)
 		}
-		cc.extraTokens = (rest + bytesPerToken - 1) / bytesPerToken
+		in.extraTokens = (rest + bytesPerToken - 1) / bytesPerToken
 		s.remote.background(w, key, conv, body)
 		return nil
 	}
 	s.remote.misses.Add(1)
+	in.pend = remotePending{w: w, key: key, conv: conv, body: body}
+	return errPending
+}
+
+// fetchPending asks in.pend's worker for the ids, and caches them.
+func (in *input) fetchPending() ([]uint32, error) {
+	s := in.srv
+	ctx, cancel := context.WithTimeout(context.Background(), s.remote.client.Timeout)
+	defer cancel()
+	p := in.pend
+	ids, err := s.remote.fetch(ctx, p.w, p.body)
+	if err == nil {
+		s.remote.store(p.key, p.conv, ids)
+	}
+	return ids, err
+}
+
+// fetchRemote fetches the ids prepare left pending on a goroutine and resumes the request on
+// its loop with them (remoteDone).
+func (cc *clientConn) fetchRemote() {
 	cc.state = stTokenize
 	lp := cc.lp
 	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), s.remote.client.Timeout)
-		defer cancel()
-		ids, err := s.remote.fetch(ctx, w, body)
-		if err == nil {
-			s.remote.store(key, conv, ids)
-		}
+		ids, err := cc.fetchPending()
 		_ = lp.el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
 			if cc.state != stTokenize {
 				return nil // the client left
@@ -263,7 +286,6 @@ func (cc *clientConn) tokenizeRemote() error {
 			return nil
 		}))
 	}()
-	return errPending
 }
 
 // background fetches a request's ids for later turns, unless that fetch is under way or
@@ -291,24 +313,32 @@ func (rt *remoteTokenizer) background(w *route.Worker, key, conv xxh3.Uint128, b
 
 var errNoTokenizer = errors.New("no healthy worker to tokenize the prompt")
 
-// remoteDone continues a request whose remote tokenization ended: with the ids, or, when the
-// engine could not tokenize, by estimating from the prompt's text.
-func (cc *clientConn) remoteDone(ids []uint32, err error) {
-	s := cc.srv
+// remoteResult goes on with a remote tokenization's answer: the ids, hashed, or, when the
+// engine could not tokenize, an estimate from the prompt's text.
+func (in *input) remoteResult(ids []uint32, err error) error {
+	s := in.srv
 	if err != nil {
 		s.log.Warn("remote tokenization failed; estimating from text", "err", err)
 		s.metrics.remoteFallbacks.Inc()
-		text, terr := cc.promptText(s.codecFor(cc.oreq.Model))
+		text, terr := in.promptText(s.codecFor(in.oreq.Model))
 		if terr != nil {
-			cc.errorReply(400, terr.Error(), "messages", "")
-			return
+			return terr
 		}
-		cc.estimate(text)
-	} else {
-		cc.toks = append(cc.toks[:0], ids...)
-		// The round trip is the tokenize stage of this request's decision.
-		cc.stage(stageTokenize, cc.tokStart)
-		cc.hashTokens()
+		in.estimate(text)
+		return nil
+	}
+	in.toks = append(in.toks[:0], ids...)
+	// The round trip is the tokenize stage of this request's decision.
+	in.stage(stageTokenize, in.tokStart)
+	in.hashTokens()
+	return nil
+}
+
+// remoteDone continues a request whose remote tokenization ended.
+func (cc *clientConn) remoteDone(ids []uint32, err error) {
+	if err := cc.remoteResult(ids, err); err != nil {
+		cc.errorReply(400, err.Error(), "messages", "")
+		return
 	}
 	cc.route(false)
 }

@@ -34,7 +34,7 @@ func TestRemoteTokenizeMatchesLocal(t *testing.T) {
 	defer w.Close()
 
 	s := decisionServer(t, 1)
-	cc := &clientConn{srv: s, lp: newLoop(s, nil), kind: oai.ChatCompletions}
+	cc := &clientConn{input: input{srv: s, kind: oai.ChatCompletions}, lp: newLoop(s, nil)}
 	cc.body = []byte(`{"model":"gpt-oss-120b","messages":[{"role":"system","content":"Be brief. Answer in French."},{"role":"user","content":"Quelle heure est-il ? 🕰️"},{"role":"assistant","content":"Il est midi."},{"role":"user","content":"Merci"}]}`)
 	decide(t, cc)
 	local := slices.Clone(cc.toks)
@@ -78,7 +78,7 @@ func startTokenizer(t *testing.T) *sim.Worker {
 func TestRemoteTokenizeToolCalls(t *testing.T) {
 	w := startTokenizer(t)
 	s := decisionServer(t, 1)
-	cc := &clientConn{srv: s, lp: newLoop(s, nil), kind: oai.ChatCompletions}
+	cc := &clientConn{input: input{srv: s, kind: oai.ChatCompletions}, lp: newLoop(s, nil)}
 	cc.body = []byte(`{"model":"gpt-oss-120b","reasoning_effort":"high","tools":[{"type":"function","function":{"name":"read_file","parameters":{"type":"object","properties":{"path":{"type":"string"}}}}}],` +
 		`"messages":[{"role":"system","content":"You are a coding agent."},{"role":"user","content":"Fix the bug."},` +
 		`{"role":"assistant","content":"Reading it.","tool_calls":[{"id":"call_1","type":"function","function":{"name":"read_file","arguments":"{\"path\":\"main.go\"}"}}]},` +
@@ -120,7 +120,7 @@ func TestRemoteTokenizeConversationPrefix(t *testing.T) {
 		`{"role":"assistant","content":"It looks fine."},{"role":"user","content":"And util.go?"}]}`
 
 	fetchInto := func(body string) (*clientConn, []uint32) {
-		cc := &clientConn{srv: s, lp: newLoop(s, nil), kind: oai.ChatCompletions}
+		cc := &clientConn{input: input{srv: s, kind: oai.ChatCompletions}, lp: newLoop(s, nil)}
 		cc.body = []byte(body)
 		if err := cc.parser.Parse(cc.body, oai.ChatCompletions, &cc.oreq); err != nil {
 			t.Fatal(err)
@@ -142,7 +142,7 @@ func TestRemoteTokenizeConversationPrefix(t *testing.T) {
 	s.remote.cache, s.remote.order, s.remote.tokens = map[xxh3.Uint128][]uint32{}, nil, 0
 	fetchInto(turn1) // only the first turn is known again
 
-	cc := &clientConn{srv: s, lp: newLoop(s, nil), kind: oai.ChatCompletions}
+	cc := &clientConn{input: input{srv: s, kind: oai.ChatCompletions}, lp: newLoop(s, nil)}
 	cc.body = []byte(turn2)
 	if err := cc.parser.Parse(cc.body, oai.ChatCompletions, &cc.oreq); err != nil {
 		t.Fatal(err)

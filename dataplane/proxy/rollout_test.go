@@ -41,7 +41,7 @@ func rolloutServer(t *testing.T) (*Server, []*xdsv1.Worker) {
 // and turned into routing input, as the request path does before it routes.
 func preparedConn(t *testing.T, s *Server, body []byte, session string) *clientConn {
 	t.Helper()
-	cc := &clientConn{srv: s, lp: newLoop(s, nil), kind: oai.ChatCompletions}
+	cc := &clientConn{input: input{srv: s, kind: oai.ChatCompletions}, lp: newLoop(s, nil)}
 	cc.body = body
 	if session != "" {
 		cc.session = []byte(session)
