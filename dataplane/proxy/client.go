@@ -583,7 +583,7 @@ func (cc *clientConn) route(retry bool) {
 	// During a rollout the candidate policy routes its share of the requests.
 	var cand *candidate
 	if router == s.kv {
-		if router, cand = cc.armFor(s.kv); cand != nil {
+		if router, cand = cc.armFor(s.kv, cc.body); cand != nil {
 			cc.arm = cand.arm
 		}
 	}
@@ -626,10 +626,10 @@ func (cc *clientConn) route(retry bool) {
 		return
 	}
 	if cc.timed && cc.dec.HasPrediction {
-		s.decisions.record(cc, &cc.dec)
+		s.decisions.record(&cc.input, cc.lp.now, &cc.dec)
 	}
 	if cand == nil && router == s.kv && !retry {
-		cc.shadowPick(&cc.dec)
+		cc.shadowPick(&cc.lp.shadowReq, &cc.dec)
 	}
 	cc.start(cc.dec.Worker)
 }
@@ -699,25 +699,6 @@ func (cc *clientConn) start(w *route.Worker) {
 	ws.m.inflight.Inc()
 	cc.state = stForward
 	ex.send()
-}
-
-// recordPlacement records in the proxy's own index that w holds the prompt's blocks, of
-// which it cached overlap already, and returns the receipt that corrects the record from the
-// cached_tokens the engine reports. The index is shared by every loop behind one lock; a
-// prompt without a full block (and every prompt under a policy without an index) changes
-// nothing in it.
-func (cc *clientConn) recordPlacement(w *route.Worker, overlap int) prefix.Receipt {
-	if len(cc.rreq.Hashes) == 0 {
-		return prefix.Receipt{}
-	}
-	s := cc.srv
-	r := s.index.RecordAt(cc.lp.now, w.Index, cc.rreq.Hashes, overlap)
-	if ttl := cc.oreq.Hints.PinTTL; ttl > 0 {
-		// The engine keeps a pinned prompt: so does the index (sticky pinned prefixes).
-		s.index.PinAt(cc.lp.now, w.Index, cc.rreq.Hashes, ttl)
-	}
-	w.SetCachedBlocks(s.index.Blocks(w.Index))
-	return r
 }
 
 // pinResponse pins the request to the worker that served stored response id, if this proxy

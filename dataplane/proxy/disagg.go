@@ -63,10 +63,10 @@ type disaggSettings struct {
 	threshold int
 }
 
-// disaggFor reports whether cc's request goes through the disaggregated path.
-func (cc *clientConn) disaggFor(pool *route.Pool) bool {
-	return cc.srv.pdSet.Load().mode != DisaggOff && (cc.kind == oai.ChatCompletions || cc.kind == oai.Completions) &&
-		pool.Disaggregated(unsafeString(cc.oreq.Model))
+// disaggFor reports whether in's request goes through the disaggregated path.
+func (in *input) disaggFor(pool *route.Pool) bool {
+	return in.srv.pdSet.Load().mode != DisaggOff && (in.kind == oai.ChatCompletions || in.kind == oai.Completions) &&
+		pool.Disaggregated(unsafeString(in.oreq.Model))
 }
 
 // routeDisagg routes a request of a disaggregated pool: a decode worker by load, a prefill
@@ -142,7 +142,7 @@ func (cc *clientConn) prefill(p *route.Worker, overlap int) {
 		cc.localPrefill(cc.dec.Worker, pathFallback)
 		return
 	}
-	cc.recordPlacement(p, overlap) // the prefill worker caches the prompt now
+	cc.recordPlacement(p, overlap, cc.lp.now) // the prefill worker caches the prompt now
 	pd.usage.BeginAt(cc.lp.now, p, cc.rreq.PromptTokens, overlap*s.cfg.BlockSize, 0)
 	pd.startedAt = cc.lp.now
 	s.inflight.Add(1) // a graceful stop waits for the leg

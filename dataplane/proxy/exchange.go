@@ -7,7 +7,6 @@ import (
 
 	"github.com/kvrelay/kvrelay/dataplane/http1"
 	"github.com/kvrelay/kvrelay/dataplane/oai"
-	"github.com/kvrelay/kvrelay/dataplane/prefix"
 	"github.com/kvrelay/kvrelay/dataplane/route"
 )
 
@@ -33,16 +32,13 @@ var upstreamLimits = http1.Limits{MaxBodyBytes: -1}
 // exchange is one request's round trip to an engine, possibly over several attempts. It
 // lives in its clientConn and is reused.
 type exchange struct {
+	// tally is the request's load, learning and metrics on its worker (tally.go).
+	tally
 	cc *clientConn
-	ws *workerState
 	up *upstream
 
-	usage     route.Usage
-	receipt   prefix.Receipt
-	predicted int
-	recorded  bool // the prompt's blocks went into the proxy's index (receipt is valid)
-	attempts  int
-	stale     bool // a reused idle connection failed before any byte: one free retry
+	attempts int
+	stale    bool // a reused idle connection failed before any byte: one free retry
 	// suspect is the worker an earlier attempt of this request got a 5xx from. It is blamed
 	// (counts towards its ejection) only once another worker answers the request without
 	// one: a request that gets a 5xx from two workers is the likely cause itself, so the
@@ -51,7 +47,6 @@ type exchange struct {
 
 	out []byte // the request as sent upstream
 
-	start  int64 // the request was complete
 	sentAt int64
 	// firstByteBy is when the engine must have started answering (FirstByteTimeout);
 	// lastByteAt when it last sent anything (StreamIdleTimeout).
@@ -68,7 +63,6 @@ type exchange struct {
 	respHead []byte
 	respDone bool
 	flushing bool // forwarding what a closed engine connection left, past highWater
-	tokens   int
 	mig      migration
 }
 
@@ -304,7 +298,7 @@ func (ex *exchange) head(out []byte, r *http1.Response) []byte {
 		out = appendRouteHeader(out, &cc.dec)
 	}
 	if cc.srv.cfg.ExposeDecisionHeader && cc.dec.HasPrediction {
-		out = appendDecisionHeader(out, cc)
+		out = appendDecisionHeader(out, &cc.rreq, cc.dec.Worker)
 	}
 	return http1.AppendEndHead(out)
 }
@@ -380,22 +374,7 @@ func (ex *exchange) observe(data []byte, now int64) {
 	if cc.spec.want && len(cc.spec.answer)+len(data) <= maxSpeculativeAnswer {
 		cc.spec.answer = append(cc.spec.answer, data...)
 	}
-	before := cc.obs.Result().Chunks
-	cc.obs.Feed(data, now)
-	if n := cc.obs.Result().Chunks; n != before {
-		if before == 0 {
-			ex.usage.FirstTokenAt(now)
-			if pred, actual, ok := ex.usage.TTFTPrediction(); ok {
-				ex.ws.m.prediction(pred, actual)
-			}
-			ex.recordCached()
-			// The worker's prefill is done: a request waiting for a worker under its busy
-			// prefill threshold may fit now.
-			cc.srv.queue.release(cc.srv)
-		}
-		ex.tokens = n
-		ex.usage.Generated(n)
-	}
+	ex.feed(&cc.input, &cc.obs, data, now)
 }
 
 // noteResponseID looks for the id of a Responses API answer in its first bytes and
@@ -454,7 +433,7 @@ func (ex *exchange) complete(up *upstream) {
 	}
 	ex.ws.w.Succeeded()
 	if ex.status == 200 {
-		ex.recordCached() // a response without content chunks ends its prefill here
+		ex.recordCached(&cc.input, cc.lp.now) // a response without content chunks ends its prefill here
 	}
 	if cc.spec.want && ex.status == 200 {
 		cc.speculativePrefill(ex.ws.w)
@@ -466,23 +445,6 @@ func (ex *exchange) complete(up *upstream) {
 	cc.done()
 }
 
-// recordCached records in the proxy's own index, once per request, that its worker now
-// caches the prompt's blocks: when its prefill is done (the first token), not when it was
-// routed. Until then the blocks are being computed, and an engine does not share blocks
-// still being computed: a second request with the same prompt sent there meanwhile computes
-// them again, so counting them as cached would send a burst of a new prefix (an agent's
-// preamble on a cold worker) to one worker, all of it computed once per request, instead of
-// spreading it.
-func (ex *exchange) recordCached() {
-	cc := ex.cc
-	w := ex.usage.Worker()
-	if ex.recorded || w == nil || (cc.kind != oai.ChatCompletions && cc.kind != oai.Completions) {
-		return
-	}
-	ex.receipt = cc.recordPlacement(w, ex.predicted)
-	ex.recorded = len(cc.rreq.Hashes) > 0
-}
-
 // finish records the request's metrics and releases what it held.
 func (ex *exchange) finish() {
 	cc := ex.cc
@@ -492,55 +454,8 @@ func (ex *exchange) finish() {
 	}
 	ex.active = false
 	ex.resume()
-	now := cc.lp.now
-	res := cc.obs.Result()
-	ttft, hasTTFT := res.TTFT()
-	if hasTTFT {
-		cc.mm.ttft.Observe(seconds(ttft))
-	}
-	status := ex.status
-	if status == 0 {
-		status = 502
-	}
-	if a := cc.arm; a != nil && (cc.kind == oai.ChatCompletions || cc.kind == oai.Completions) {
-		cached, prompt := 0, 0
-		if res.Usage.HasCached {
-			cached, prompt = int(res.Usage.CachedTokens)/s.cfg.BlockSize, len(cc.rreq.Hashes)
-		}
-		a.observe(status, seconds(ttft), hasTTFT, cached, prompt)
-		cc.arm = nil // counted once
-	}
-	s.metrics.requestOf(cc.mm, cc.model, cc.kind, status)
-	cc.mm.e2e[cc.kind].Observe(seconds(now - ex.start))
-	if ex.ws != nil && (cc.kind == oai.ChatCompletions || cc.kind == oai.Completions) && res.Usage.HasCached {
-		bs := s.cfg.BlockSize
-		cached := int(res.Usage.CachedTokens) / bs
-		ex.ws.m.predicted.Add(float64(ex.predicted))
-		ex.ws.m.reported.Add(float64(cached))
-		ex.ws.m.promptBlocks.Add(float64(len(cc.rreq.Hashes)))
-		diff := cached - ex.predicted
-		if diff < 0 {
-			diff = -diff
-		}
-		s.metrics.predictionErr.Observe(float64(diff))
-		if ex.recorded {
-			s.index.CorrectAt(now, cc.rreq.Hashes, ex.receipt, cached)
-		}
-	}
-	if ex.usage.Worker() != nil {
-		ex.ws.m.inflight.Dec()
-	}
-	if ex.status == 200 {
-		// The tokens the engine reports generating, where it reports usage: an engine that
-		// sends several tokens in one event under load (so fewer events than tokens) would
-		// otherwise read as a slow decode.
-		out := ex.tokens
-		if u := cc.obs.Result().Usage; u.Has && u.CompletionTokens > int64(out) {
-			out = int(min(u.CompletionTokens, 1<<30))
-		}
-		ex.usage.CompletedAt(now, out)
-	}
-	ex.usage.End()
+	ex.settle(&cc.input, cc.arm, cc.mm, cc.obs.Result(), ex.status, cc.lp.now)
+	cc.arm = nil // counted once
 	s.inflight.Add(-1)
 	s.queue.release(s)
 }

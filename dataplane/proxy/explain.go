@@ -42,18 +42,18 @@ type candidateRecord struct {
 	pred    latency.Prediction
 }
 
-// record copies the decision of cc's request and its candidates.
-func (l *decisionLog) record(cc *clientConn, d *route.Decision) {
-	ws, preds := cc.rreq.Candidates()
+// record copies the decision d of in's request, made at now, and its candidates.
+func (l *decisionLog) record(in *input, now int64, d *route.Decision) {
+	ws, preds := in.rreq.Candidates()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	r := &l.ring[l.next%decisionLogSize]
 	l.next++
-	r.at, r.model, r.promptTokens, r.priority = cc.lp.now, cc.model, cc.rreq.PromptTokens, cc.prio
-	r.sloTTFT, r.mode, r.worker = cc.sloTTFT/1e3, d.Mode, d.Worker.ID
+	r.at, r.model, r.promptTokens, r.priority = now, in.model, in.rreq.PromptTokens, in.prio
+	r.sloTTFT, r.mode, r.worker = in.sloTTFT/1e3, d.Mode, d.Worker.ID
 	r.candidates = r.candidates[:0]
 	for i, w := range ws {
-		r.candidates = append(r.candidates, candidateRecord{worker: w.ID, overlap: cc.rreq.Overlap(w), load: w.Load(), pred: preds[i]})
+		r.candidates = append(r.candidates, candidateRecord{worker: w.ID, overlap: in.rreq.Overlap(w), load: w.Load(), pred: preds[i]})
 	}
 }
 
@@ -208,12 +208,19 @@ func writeJSON(w http.ResponseWriter, v any) {
 // predicted TTFT, queue and prefill in milliseconds and its cached blocks, the chosen one
 // first, as "w1 ttft=41.2 queue=3.1 prefill=38.1 cached=375, w0 ttft=…". Exposed with
 // ExposeDecisionHeader.
-func appendDecisionHeader(out []byte, cc *clientConn) []byte {
-	ws, preds := cc.rreq.Candidates()
-	if len(ws) == 0 {
+func appendDecisionHeader(out []byte, r *route.Request, chosen *route.Worker) []byte {
+	if ws, _ := r.Candidates(); len(ws) == 0 {
 		return out
 	}
 	out = append(out, "x-kvrelay-decision: "...)
+	out = appendDecision(out, r, chosen)
+	return append(out, "\r\n"...)
+}
+
+// appendDecision writes the candidates of r's last decision as x-kvrelay-decision carries
+// them, chosen first.
+func appendDecision(out []byte, r *route.Request, chosen *route.Worker) []byte {
+	ws, preds := r.Candidates()
 	first := true
 	one := func(i int) {
 		if !first {
@@ -229,9 +236,8 @@ func appendDecisionHeader(out []byte, cc *clientConn) []byte {
 		out = append(out, " prefill="...)
 		out = strconv.AppendFloat(out, p.Prefill*1e3, 'f', 1, 64)
 		out = append(out, " cached="...)
-		out = strconv.AppendInt(out, int64(cc.rreq.Overlap(ws[i])), 10)
+		out = strconv.AppendInt(out, int64(r.Overlap(ws[i])), 10)
 	}
-	chosen := cc.dec.Worker
 	for i, w := range ws {
 		if w == chosen {
 			one(i)
@@ -242,5 +248,5 @@ func appendDecisionHeader(out []byte, cc *clientConn) []byte {
 			one(i)
 		}
 	}
-	return append(out, "\r\n"...)
+	return out
 }

@@ -244,19 +244,19 @@ func (s *Server) applyCandidate(pool *route.Pool, index prefix.Index, p *xdsv1.R
 // splitBlocks blocks (past the chat template's opening, which every prompt shares, and
 // unchanged as a conversation grows), else its model and the start of its body. Every
 // proxy and every restart places it alike.
-func (cc *clientConn) splitFraction() float64 {
+func (in *input) splitFraction(body []byte) float64 {
 	var h uint64
-	switch r := &cc.rreq; {
+	switch r := &in.rreq; {
 	case r.SessionID != "":
 		h = xxh3.HashString(r.SessionID)
-	case len(cc.oreq.User) > 0 && string(cc.oreq.User) != "null":
-		h = xxh3.Hash(cc.oreq.User)
+	case len(in.oreq.User) > 0 && string(in.oreq.User) != "null":
+		h = xxh3.Hash(in.oreq.User)
 	case len(r.Hashes) > 0:
 		var b [8]byte
 		binary.LittleEndian.PutUint64(b[:], r.Hashes[min(len(r.Hashes), splitBlocks)-1])
 		h = xxh3.Hash(b[:])
 	default:
-		h = xxh3.Hash(append(append([]byte(nil), cc.oreq.Model...), cc.body[:min(len(cc.body), 1024)]...))
+		h = xxh3.Hash(append(append([]byte(nil), in.oreq.Model...), body[:min(len(body), 1024)]...))
 	}
 	return float64(h>>11) / (1 << 53)
 }
@@ -280,24 +280,23 @@ const splitBlocks = 64
 
 // armFor picks the router of a request: the candidate's for its share of requests, else
 // stable.
-func (cc *clientConn) armFor(stable *route.Router) (*route.Router, *candidate) {
-	c := cc.srv.cand.Load()
-	if c == nil || c.shadow || c.share <= 0 || cc.splitFraction() >= c.share {
+func (in *input) armFor(stable *route.Router, body []byte) (*route.Router, *candidate) {
+	c := in.srv.cand.Load()
+	if c == nil || c.shadow || c.share <= 0 || in.splitFraction(body) >= c.share {
 		return stable, nil
 	}
 	return c.router, c
 }
 
 // shadowPick records, in shadow, what the candidate would have picked beside the stable
-// decision d.
-func (cc *clientConn) shadowPick(d *route.Decision) {
-	c := cc.srv.cand.Load()
+// decision d, routing the scratch request sr.
+func (in *input) shadowPick(sr *route.Request, d *route.Decision) {
+	c := in.srv.cand.Load()
 	if c == nil || !c.shadow {
 		return
 	}
-	m := cc.srv.metrics
-	sr := &cc.lp.shadowReq
-	cc.rreq.CopyInputs(sr)
+	m := in.srv.metrics
+	in.rreq.CopyInputs(sr)
 	sr.DryRun = true // the candidate binds no session to a worker that never served it
 	var cd route.Decision
 	if err := c.router.Route(sr, &cd); err != nil {
@@ -315,11 +314,11 @@ func (cc *clientConn) shadowPick(d *route.Decision) {
 	// Each pick's cached blocks come from whichever policy matched the prompt against the
 	// index: one that does not (round-robin, say) has no overlap of its own to report.
 	so, co := d.Overlap, cd.Overlap
-	switch stableMatched, candMatched := cc.srv.kv.Policy().UsesIndex, c.router.Policy().UsesIndex; {
+	switch stableMatched, candMatched := in.srv.kv.Policy().UsesIndex, c.router.Policy().UsesIndex; {
 	case !stableMatched && candMatched:
 		so = sr.Overlap(d.Worker)
 	case stableMatched && !candMatched:
-		co = cc.rreq.Overlap(cd.Worker)
+		co = in.rreq.Overlap(cd.Worker)
 	}
 	m.shadowOverlap.WithLabelValues("stable").Observe(so)
 	m.shadowOverlap.WithLabelValues("candidate").Observe(co)

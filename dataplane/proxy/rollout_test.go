@@ -59,7 +59,7 @@ func preparedConn(t *testing.T, s *Server, body []byte, session string) *clientC
 func armOf(t *testing.T, s *Server, session string) string {
 	t.Helper()
 	cc := preparedConn(t, s, chat8k("q "+session), session)
-	router, cand := cc.armFor(s.kv)
+	router, cand := cc.armFor(s.kv, cc.body)
 	cc.arm = s.stableArm.Load()
 	if cand != nil {
 		cc.arm = cand.arm
@@ -68,7 +68,7 @@ func armOf(t *testing.T, s *Server, session string) string {
 		t.Fatal(err)
 	}
 	if cand == nil {
-		cc.shadowPick(&cc.dec)
+		cc.shadowPick(&cc.lp.shadowReq, &cc.dec)
 	}
 	return cc.arm.version
 }
@@ -156,7 +156,7 @@ func TestCacheAwareCandidateBesideLoadOnlyStable(t *testing.T) {
 	}
 	w1 := s.kv.Pool().Worker("w1")
 	s.index.Record(w1.Index, cc.rreq.Hashes, 0)
-	router, cand := cc.armFor(s.kv)
+	router, cand := cc.armFor(s.kv, cc.body)
 	if cand == nil {
 		t.Fatal("share 1 left the request with the stable policy")
 	}
@@ -175,7 +175,7 @@ func TestSplitWithoutSessions(t *testing.T) {
 	s, ws := rolloutServer(t)
 	s.applyXDS(ws, &xdsv1.RoutingPolicy{Version: 7, Policy: "kv", OverlapWeight: 64, QueueWeight: 8, CacheThreshold: 0.1,
 		Candidate: &xdsv1.RoutingPolicy{Version: 8, Policy: "round-robin"}, CandidateShare: 0.5})
-	fraction := func(body []byte) float64 { return preparedConn(t, s, body, "").splitFraction() }
+	fraction := func(body []byte) float64 { return preparedConn(t, s, body, "").splitFraction(body) }
 	below := 0
 	for f := range 40 {
 		prefix := "family " + strconv.Itoa(f) + " "
@@ -278,7 +278,7 @@ func TestShadowOverlapBesideALoadOnlyStable(t *testing.T) {
 		if err := s.kv.Route(&cc.rreq, &cc.dec); err != nil {
 			t.Fatal(err)
 		}
-		cc.shadowPick(&cc.dec)
+		cc.shadowPick(&cc.lp.shadowReq, &cc.dec)
 	}
 	sums := &s.cand.Load().arm.shadowSums
 	blocks := uint64(len(cc.rreq.Hashes))
