@@ -34,6 +34,6 @@ func newRootCmd() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newSimCmd(), newUpCmd(), newProxyCmd(), newControlPlaneCmd(), newBenchCmd(), newCtlCmd(), newProfileCmd(), newVersionCmd())
+	root.AddCommand(newSimCmd(), newUpCmd(), newProxyCmd(), newEPPCmd(), newControlPlaneCmd(), newBenchCmd(), newCtlCmd(), newProfileCmd(), newVersionCmd())
 	return root
 }

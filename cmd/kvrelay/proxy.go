@@ -66,6 +66,25 @@ decisions with every candidate's prediction (/debug/decisions), each worker's la
 	addEBPFFlags(fs, &ebpfF, ebpfCgroupDial)
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "client-facing address")
 	fs.StringArrayVar(&upstreams, "upstream", nil, "an engine: URL or id=,url=,model=,capacity=,role=,max-num-seqs=,kv-bytes-per-token=,host-bandwidth=,disk-bandwidth=,peer-bandwidth= (repeat for each)")
+	addRoutingFlags(fs, &cfg)
+	fs.BoolVar(&cfg.ExposeWorkerHeader, "expose-worker-header", false, "add x-kvrelay-worker to responses (reveals topology)")
+	fs.BoolVar(&cfg.ExposeDecisionHeader, "expose-decision-header", false, "latency policy: add x-kvrelay-decision (every candidate's predicted TTFT, queue, prefill, cached blocks) to responses")
+	fs.IntVar(&cfg.Retries, "retries", cfg.Retries, "other workers tried after a failure before the first byte")
+	fs.DurationVar(&cfg.FirstByteTimeout, "first-byte-timeout", cfg.FirstByteTimeout, "an engine that has not started answering within this (or ten times the predicted TTFT, if longer) is taken out and the request tries another")
+	fs.DurationVar(&cfg.StreamIdleTimeout, "stream-idle-timeout", cfg.StreamIdleTimeout, "an answer the engine sends nothing more of for this long ends with an error event, and the engine is taken out")
+	fs.DurationVar(&cfg.ClientStallTimeout, "client-stall-timeout", cfg.ClientStallTimeout, "cut off a client that takes nothing of its streamed answer for this long, cancelling the engine request")
+	fs.IntVar(&cfg.EventLoops, "event-loops", 0, "gnet event loops, each on its own thread (0: GOMAXPROCS-1, at least one)")
+	fs.StringVar(&adminAddr, "admin-listen", "127.0.0.1:0", "serve /metrics, sampled routing decisions (/debug/decisions), latency models (/debug/latency) and Go's pprof on this address (default: a free loopback port, printed at start; empty: off). The client port answers /metrics too while it listens on loopback")
+	fs.StringVar(&adminAddr, "debug-addr", "", "deprecated spelling of --admin-listen")
+	_ = fs.MarkDeprecated("debug-addr", "use --admin-listen")
+	return cmd
+}
+
+// addRoutingFlags adds to fs the flags of the routing core that kvrelay proxy and kvrelay
+// epp share: where workers come from (a control plane or --upstream, added by each command),
+// the policy and its weights, tokenization, disaggregation, the busy thresholds and the
+// admission queue.
+func addRoutingFlags(fs *pflag.FlagSet, cfg *proxy.Config) {
 	fs.StringVar(&cfg.XDS, "xds", "", "control plane's xDS address (host:port): workers, load, policy and KV index come from it (no --upstream)")
 	fs.StringVar(&cfg.NodeID, "node-id", "", "this proxy's name to the control plane (default hostname-pid; with credentials, the node id its token or certificate was issued for)")
 	fs.StringVar(&cfg.XDSAuth.CAFile, "xds-ca", "", "CA certificate (PEM) that verifies the control plane's: the xDS connection is TLS")
@@ -79,7 +98,6 @@ decisions with every candidate's prediction (/debug/decisions), each worker's la
 	fs.IntVar(&cfg.BlockSize, "block-size", cfg.BlockSize, "engines' KV block size in tokens")
 	fs.StringVar(&cfg.Tokenizer, "tokenizer", "", "o200k_harmony, o200k_base, cl100k_base, a tokenizer.json path, remote or estimate (default: by model)")
 	fs.StringVar(&cfg.ChatTemplate, "chat-template", "", "harmony, chatml, llama3, or a tokenizer_config.json / .jinja path (default: by model)")
-	fs.BoolVar(&cfg.ExposeWorkerHeader, "expose-worker-header", false, "add x-kvrelay-worker to responses (reveals topology)")
 	fs.BoolVar(&cfg.ForwardPriority, "forward-priority", false, "send priority hints to engines as their own priority field (vLLM needs --scheduling-policy priority)")
 	fs.Float64Var(&cfg.OverlapWeight, "overlap-weight", cfg.OverlapWeight, "KV cost of a prompt block the worker must compute (a block held by decodes costs 1)")
 	fs.Float64Var(&cfg.QueueWeight, "queue-weight", cfg.QueueWeight, "KV cost of a block of the worker's prefill backlog (uncached tokens it still has to compute)")
@@ -88,7 +106,6 @@ decisions with every candidate's prediction (/debug/decisions), each worker's la
 	fs.Float64Var(&cfg.BackgroundWeight, "background-weight", cfg.BackgroundWeight, "latency policy: a request with a priority below 0 weighs its prefill time once more per interactive request on the worker")
 	fs.Float64Var(&cfg.WaitWeight, "wait-weight", cfg.WaitWeight, "latency policy: weight of a request's wait for a sequence slot, again beside its predicted TTFT (0, the default: off; applies under --xds too)")
 	fs.Float64Var(&cfg.BatchWeight, "batch-weight", cfg.BatchWeight, "latency policy: weight of the decode time a request's joining a worker's running batch adds to that batch and itself (0: off; applies under --xds too)")
-	fs.BoolVar(&cfg.ExposeDecisionHeader, "expose-decision-header", false, "latency policy: add x-kvrelay-decision (every candidate's predicted TTFT, queue, prefill, cached blocks) to responses")
 	fs.Float64Var(&cfg.CacheThreshold, "cache-threshold", cfg.CacheThreshold, "below this cached share of the prompt, spread by load")
 	fs.StringVar(&cfg.Disagg, "disagg", cfg.Disagg, "auto (split requests into prefill and decode legs when the pool has both roles) or off")
 	fs.IntVar(&cfg.DisaggThreshold, "disagg-threshold", cfg.DisaggThreshold, "prompts whose part the decode worker does not cache is at most this many tokens prefill on the decode worker (negative: always remotely)")
@@ -98,17 +115,8 @@ decisions with every candidate's prediction (/debug/decisions), each worker's la
 	fs.Int64Var(&cfg.BusyDecodeBlocks, "busy-decode-blocks", 0, "a worker holding more KV blocks takes no new request (0: off; under --xds the control plane's policy wins)")
 	fs.IntVar(&cfg.QueueSize, "queue-size", cfg.QueueSize, "requests that may wait for a worker under its busy thresholds")
 	fs.DurationVar(&cfg.QueueTimeout, "queue-timeout", cfg.QueueTimeout, "how long a request may wait in the queue")
-	fs.IntVar(&cfg.Retries, "retries", cfg.Retries, "other workers tried after a failure before the first byte")
 	fs.Int64Var(&cfg.MaxBodyBytes, "max-body-bytes", cfg.MaxBodyBytes, "largest request body (larger gets 413)")
 	fs.DurationVar(&cfg.DrainTimeout, "drain-timeout", cfg.DrainTimeout, "how long a stop waits for requests in flight")
-	fs.DurationVar(&cfg.FirstByteTimeout, "first-byte-timeout", cfg.FirstByteTimeout, "an engine that has not started answering within this (or ten times the predicted TTFT, if longer) is taken out and the request tries another")
-	fs.DurationVar(&cfg.StreamIdleTimeout, "stream-idle-timeout", cfg.StreamIdleTimeout, "an answer the engine sends nothing more of for this long ends with an error event, and the engine is taken out")
-	fs.DurationVar(&cfg.ClientStallTimeout, "client-stall-timeout", cfg.ClientStallTimeout, "cut off a client that takes nothing of its streamed answer for this long, cancelling the engine request")
-	fs.IntVar(&cfg.EventLoops, "event-loops", 0, "gnet event loops, each on its own thread (0: GOMAXPROCS-1, at least one)")
-	fs.StringVar(&adminAddr, "admin-listen", "127.0.0.1:0", "serve /metrics, sampled routing decisions (/debug/decisions), latency models (/debug/latency) and Go's pprof on this address (default: a free loopback port, printed at start; empty: off). The client port answers /metrics too while it listens on loopback")
-	fs.StringVar(&adminAddr, "debug-addr", "", "deprecated spelling of --admin-listen")
-	_ = fs.MarkDeprecated("debug-addr", "use --admin-listen")
-	return cmd
 }
 
 // proxyConfig layers the YAML file under the flags that were set explicitly.

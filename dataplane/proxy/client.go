@@ -790,7 +790,7 @@ func (cc *clientConn) closed() {
 	cc.gone.Store(true) // off-loop work for this connection stops where it can
 	cc.lp.unlinkClient(cc)
 	if cc.state == stQueued {
-		cc.srv.queue.remove(cc)
+		cc.srv.queue.remove(&cc.qitem)
 		cc.srv.metrics.queued.WithLabelValues("abandoned").Inc()
 	}
 	if cc.state == stPrefill {

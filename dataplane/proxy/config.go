@@ -76,7 +76,12 @@ type Config struct {
 	// program sets it; it has no YAML form.
 	Plugins *route.Registry `yaml:"-"`
 	// Listen is the client-facing address.
-	Listen    string     `yaml:"listen"`
+	Listen string `yaml:"listen"`
+	// PickOnly runs the proxy without a client listener (Listen is ignored): requests
+	// come through Server.Pick, from an endpoint picker in front of which a gateway carries
+	// them (kvrelay epp). Everything else (workers, index, policy, load, the latency models,
+	// the admission queue) works as for a proxy.
+	PickOnly  bool       `yaml:"-"`
 	Upstreams []Upstream `yaml:"upstreams"`
 	// XDS is the control plane's xDS address (host:port). With it the workers, their load,
 	// the routing policy and the KV index replica come from the control plane, and
@@ -291,7 +296,7 @@ func (c *Config) Validate() error {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...))
 	}
-	if c.Listen == "" {
+	if c.Listen == "" && !c.PickOnly {
 		return bad("listen address is empty")
 	}
 	switch {

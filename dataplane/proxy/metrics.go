@@ -43,6 +43,7 @@ type metrics struct {
 	migrations      *prometheus.CounterVec // outcome: continued, completed, failed
 	refused         *prometheus.CounterVec // field
 	peerFetches     prometheus.Counter     // requests told to pull their prefix from a peer
+	pickFallbacks   prometheus.Counter     // picks a gateway served from a fallback endpoint
 	inflight        *prometheus.GaugeVec   // worker
 	routed          *prometheus.CounterVec // worker, mode
 	aborted         *prometheus.CounterVec // reason: client_gone, slow_client, upstream_died
@@ -161,6 +162,10 @@ func newMetrics() *metrics {
 		migrations: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvrelay_proxy_migrations_total", Help: "Streams whose engine failed after the first token, by outcome: continued on another worker; completed (only the end was missing); failed (could not migrate: the client got an error event).",
 		}, []string{"outcome"}),
+		pickFallbacks: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvrelay_proxy_pick_fallbacks_total",
+			Help: "Picks of the endpoint picker that the gateway served from another endpoint than the picked one (a fallback down the list); their load moved there.",
+		}),
 		peerFetches: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kvrelay_proxy_peer_fetches_total", Help: "Requests sent to a worker told to pull their prompt's prefix from the peer that caches it (peer fetch) instead of computing it.",
 		}),
@@ -215,7 +220,7 @@ func newMetrics() *metrics {
 	m.ttftPredBias = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvrelay_proxy_ttft_predictions_total", Help: "Streamed requests with a TTFT prediction, by whether it was under or over the actual TTFT.",
 	}, []string{"worker", "side"})
-	reg.MustRegister(m.peerFetches)
+	reg.MustRegister(m.peerFetches, m.pickFallbacks)
 	reg.MustRegister(m.ttftPredErr, m.ttftPredRel, m.ttftPredBias, m.regretBlocks, m.costGap, m.armTTFT, m.armRequests, m.shadow, m.shadowOverlap)
 	m.models.Store(&map[string]*modelMetrics{})
 	reg.MustRegister(m.requests, m.ttft, m.itl, m.e2e, m.decision, m.predicted, m.reported, m.promptBlocks,

@@ -53,7 +53,7 @@ func retryAfterHeader(secs int) string {
 }
 
 type queueItem struct {
-	cc       *clientConn
+	w        waiter
 	prio     int
 	seq      uint64
 	deadline int64
@@ -63,39 +63,51 @@ type queueItem struct {
 	slo bool
 }
 
+// waiter is a request waiting in the admission queue: a client connection of the proxy,
+// resumed on its loop, or a pick of the endpoint picker, resumed on its stream's goroutine.
+// Both methods are called without the queue's lock, from any goroutine.
+type waiter interface {
+	// wake re-routes the request the queue released; it is the waiter's item it.
+	wake(it *queueItem)
+	// late answers the request whose item it waited past its deadline.
+	late(it *queueItem)
+}
+
 func newAdmissionQueue(max int, m *metrics) *admissionQueue {
 	return &admissionQueue{max: max, m: m}
 }
 
-// push queues cc's request; false when the queue is full. slo marks a request waiting for
-// a worker that meets its latency targets.
-func (q *admissionQueue) push(cc *clientConn, deadline int64, slo bool) bool {
+// push queues w's request at priority prio; false when the queue is full. *item is w's
+// place in line: nil for a request new to the queue (push sets it), kept for one queued again
+// (it keeps its place among equals). slo marks a request waiting for a worker that meets its
+// latency targets.
+func (q *admissionQueue) push(w waiter, item **queueItem, prio int, deadline int64, slo bool) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if len(q.items) >= q.max {
 		return false
 	}
-	it := cc.qitem
+	it := *item
 	if it == nil {
 		q.seq++
-		it = &queueItem{cc: cc, seq: q.seq}
-		cc.qitem = it
+		it = &queueItem{w: w, seq: q.seq}
+		*item = it
 	}
-	it.prio, it.deadline, it.slo = cc.prio, deadline, slo
+	it.prio, it.deadline, it.slo = prio, deadline, slo
 	heap.Push(&q.items, it)
 	q.n.Store(int64(len(q.items)))
 	q.m.queueDepth.Set(float64(len(q.items)))
 	return true
 }
 
-// remove takes cc's request out of the queue, if it is there.
-func (q *admissionQueue) remove(cc *clientConn) {
+// remove takes the request whose place is *item out of the queue, if it is there.
+func (q *admissionQueue) remove(item **queueItem) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if it := cc.qitem; it != nil && it.index >= 0 && it.index < len(q.items) && q.items[it.index] == it {
+	if it := *item; it != nil && it.index >= 0 && it.index < len(q.items) && q.items[it.index] == it {
 		heap.Remove(&q.items, it.index)
 	}
-	cc.qitem = nil
+	*item = nil
 	q.n.Store(int64(len(q.items)))
 	q.m.queueDepth.Set(float64(len(q.items)))
 }
@@ -126,14 +138,7 @@ func (q *admissionQueue) release(*Server) {
 	q.n.Store(int64(len(q.items)))
 	q.m.queueDepth.Set(float64(len(q.items)))
 	q.mu.Unlock()
-	cc := it.cc
-	_ = cc.lp.el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
-		if cc.state == stQueued && cc.qitem == it {
-			cc.lp.now = nanotime()
-			cc.dequeued()
-		}
-		return nil
-	}))
+	it.w.wake(it)
 }
 
 // expire answers requests that waited past their deadline with 503, and nudges the queue in
@@ -159,20 +164,7 @@ func (q *admissionQueue) expire(now int64) {
 	q.m.queueDepth.Set(float64(n))
 	q.mu.Unlock()
 	for _, it := range late {
-		cc := it.cc
-		_ = cc.lp.el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
-			if cc.state == stQueued && cc.qitem == it {
-				cc.lp.now = nanotime()
-				cc.qitem = nil
-				if it.slo {
-					cc.sloRefused()
-					return nil
-				}
-				q.m.queued.WithLabelValues("timeout").Inc()
-				cc.errorReplyHeader(503, "no worker had capacity within the queue timeout", "", "queue_timeout", q.retryAfter(cc.lp.now))
-			}
-			return nil
-		}))
+		it.w.late(it)
 	}
 	if n > 0 {
 		q.release(nil)
@@ -185,7 +177,7 @@ func (cc *clientConn) enqueue() {
 	if cc.qitem == nil {
 		cc.queuedAt = cc.lp.now // first time in the queue; re-queues keep their deadline
 	}
-	if !s.queue.push(cc, cc.queuedAt+int64(s.cfg.QueueTimeout), false) {
+	if !s.queue.push(cc, &cc.qitem, cc.prio, cc.queuedAt+int64(s.cfg.QueueTimeout), false) {
 		s.metrics.queued.WithLabelValues("rejected").Inc()
 		if cc.ex.active {
 			cc.ex.status = 429
@@ -211,7 +203,7 @@ func (cc *clientConn) enqueueSLO() {
 		cc.queuedAt = cc.lp.now
 	}
 	deadline := min(cc.queuedAt+int64(s.cfg.QueueTimeout), cc.arrived+int64(cc.sloTTFT*1e6))
-	if !s.queue.push(cc, deadline, true) {
+	if !s.queue.push(cc, &cc.qitem, cc.prio, deadline, true) {
 		cc.sloRefused()
 		return
 	}
@@ -228,6 +220,36 @@ func (cc *clientConn) sloRefused() {
 	}
 	cc.qitem = nil
 	cc.errorReplyHeader(429, "no worker is predicted to meet the request's latency targets (x-slo-ttft-ms, x-slo-tpot-ms)", "", "slo_unmet", s.queue.retryAfter(cc.lp.now))
+}
+
+// wake implements waiter: the request is re-routed on its loop.
+func (cc *clientConn) wake(it *queueItem) {
+	_ = cc.lp.el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
+		if cc.state == stQueued && cc.qitem == it {
+			cc.lp.now = nanotime()
+			cc.dequeued()
+		}
+		return nil
+	}))
+}
+
+// late implements waiter: the request is answered 429 (its latency targets passed) or
+// 503 (the queue timeout did), on its loop.
+func (cc *clientConn) late(it *queueItem) {
+	s := cc.srv
+	_ = cc.lp.el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
+		if cc.state == stQueued && cc.qitem == it {
+			cc.lp.now = nanotime()
+			cc.qitem = nil
+			if it.slo {
+				cc.sloRefused()
+				return nil
+			}
+			s.metrics.queued.WithLabelValues("timeout").Inc()
+			cc.errorReplyHeader(503, "no worker had capacity within the queue timeout", "", "queue_timeout", s.queue.retryAfter(cc.lp.now))
+		}
+		return nil
+	}))
 }
 
 // dequeued re-routes a request the queue released.

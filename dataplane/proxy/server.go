@@ -136,6 +136,14 @@ func (s *Server) Start(ctx context.Context) error {
 	if err := s.setup(ctx); err != nil {
 		return fmt.Errorf("starting proxy: %w", err)
 	}
+	if s.cfg.PickOnly {
+		// No listener, no event loops: picks run on their callers' goroutines.
+		close(s.boot)
+		s.stopTick = make(chan struct{})
+		s.tickWG.Add(1)
+		go s.ticker()
+		return nil
+	}
 	nloops := eventLoops(s.cfg.EventLoops)
 	lock := lockLoops()
 	if lock {
@@ -326,6 +334,11 @@ func (s *Server) RoutingPolicy() *route.Policy { return s.kv.Policy() }
 
 // Run serves until ctx ends, then drains and stops. It returns what stopped the engine.
 func (s *Server) Run(ctx context.Context) error {
+	if s.cfg.PickOnly {
+		<-ctx.Done()
+		s.Drain(s.cfg.DrainTimeout)
+		return s.Close()
+	}
 	select {
 	case err := <-s.done:
 		s.stopTicker()
@@ -362,6 +375,9 @@ func (s *Server) Close() error {
 	case <-s.boot:
 	default:
 		return nil // never started
+	}
+	if s.cfg.PickOnly {
+		return nil
 	}
 	// gnet's Stop polls for the end every 500 ms; gnet.Run returning says it sooner.
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
