@@ -168,16 +168,21 @@ func (s PredictedTTFT) cost(req *Request, w *Worker, p *latency.Prediction) floa
 }
 
 // LatencyPick picks the cheapest worker by predicted latency. Costs within tieSeconds or
-// tieShare of the cheapest count as equal: among those the pick goes to the fewest requests,
-// then the least KV in use (so that distinct new prefixes land on distinct caches), then a
-// random one. With Temperature > 0 it samples a softmax over normalised costs instead
-// (MinCost).
+// tieShare of the cheapest count as equal: among those, a worker caching tieCacheShare of the
+// prompt more than another goes first (a model that has learned prefill to be nearly free
+// predicts every worker alike, and the cache should still keep a prompt where it is), then
+// the fewest requests, then the least KV in use (so that distinct new prefixes land on
+// distinct caches), then a random one. With Temperature > 0 it samples a softmax over
+// normalised costs instead (MinCost).
 type LatencyPick struct{ Temperature float64 }
 
 // Ties: predictions closer than this are within the model's own noise.
 const (
 	tieSeconds = 0.002
 	tieShare   = 0.02
+	// tieCacheShare is the share of the prompt's blocks by which one tied worker must cache
+	// more than another to go first (the spread rule's default cache threshold).
+	tieCacheShare = 0.1
 )
 
 func (LatencyPick) Name() string { return "latency" }
@@ -191,10 +196,17 @@ func (p LatencyPick) Pick(req *Request, ws []*Worker, costs []float64) int {
 		lo = min(lo, c)
 	}
 	tol := max(tieSeconds, tieShare*max(lo, 0))
+	cached := 0.0 // the most any tied worker caches
+	for i, c := range costs {
+		if c <= lo+tol {
+			cached = max(cached, req.Overlap(ws[i]))
+		}
+	}
+	floor := cached - tieCacheShare*float64(req.PromptBlocks(ws[0].BlockSize))
 	best, seen := -1, 0
 	var bk loadKey
 	for i, c := range costs {
-		if c > lo+tol {
+		if c > lo+tol || req.Overlap(ws[i]) < floor {
 			continue
 		}
 		k := loadKey{load: ws[i].Load(), kv: ws[i].KVInUse()}

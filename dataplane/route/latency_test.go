@@ -556,3 +556,31 @@ func TestLatencyWaitWeightUsesFreeSlots(t *testing.T) {
 		t.Fatal("the wait weight never sent a request to the free slots")
 	}
 }
+
+// TestLatencyPickTiesKeepTheCache: among costs the model cannot tell apart, a worker caching
+// a tenth of the prompt more than another goes first, whatever its load; among workers
+// caching alike, the less loaded one.
+func TestLatencyPickTiesKeepTheCache(t *testing.T) {
+	_, ws, _ := latencyRouter(t, 3, 4)
+	for _, u := range busy(ws[0], 2) {
+		defer u.End()
+	}
+	costs := []float64{0.0100, 0.0101, 0.0102} // within tieSeconds of each other
+	for _, tc := range []struct {
+		name    string
+		overlap []float64
+		want    int
+	}{
+		{"the busy worker caches the prompt", []float64{130, 0, 5}, 0},
+		{"caches alike: the idle ones", []float64{3, 0, 5}, -1},
+		{"two cache it: the idle one of them", []float64{130, 0, 128}, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req := Request{PromptTokens: 131 * 16, overlap: tc.overlap}
+			got := LatencyPick{}.Pick(&req, ws, costs)
+			if tc.want >= 0 && got != tc.want || tc.want < 0 && got == 0 {
+				t.Fatalf("picked w%d", got)
+			}
+		})
+	}
+}

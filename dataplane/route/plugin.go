@@ -143,7 +143,7 @@ func (r *Request) clock() int64 {
 
 // Overlap is the number of prompt blocks worker w caches, as the last match found.
 func (r *Request) Overlap(w *Worker) float64 {
-	if w == nil || w.Index >= len(r.overlap) {
+	if r == nil || w == nil || w.Index >= len(r.overlap) {
 		return 0
 	}
 	return r.overlap[w.Index]
