@@ -25,6 +25,7 @@ type eppFlags struct {
 	listen, healthListen, metricsListen string
 	fallbacks                           int
 	emitScores, exposeDecision          bool
+	conformance                         bool
 	objectives                          []string
 }
 
@@ -88,6 +89,7 @@ Under a control plane the pushed policy wins over --policy and its weights.`,
 	fs.IntVar(&f.fallbacks, "fallbacks", 0, "endpoints listed after the picked one, best first, for a gateway that retries down the list")
 	fs.BoolVar(&f.emitScores, "emit-scores", false, "add x-gateway-destination-endpoint-scores (each candidate's predicted TTFT in ms, lower is better) to the pick's metadata")
 	fs.BoolVar(&f.exposeDecision, "expose-decision-header", false, "add x-kvrelay-worker and x-kvrelay-decision (every candidate's prediction) to answers that pass through")
+	fs.BoolVar(&f.conformance, "conformance", false, "for the Gateway API Inference Extension's conformance suite only: honour test-epp-endpoint-selection and answer x-conformance-test-served-endpoint")
 	fs.StringArrayVar(&f.objectives, "objective", nil, "an inference objective's priority, NAME=PRIORITY (higher is more urgent; below 0 sheddable; repeat for each)")
 	return cmd
 }
@@ -116,7 +118,7 @@ func runEPP(ctx context.Context, out io.Writer, cfg proxy.Config, f eppFlags, ob
 	defer p.Close()
 	svc := epp.New(p, epp.Options{
 		Fallbacks: f.fallbacks, EmitScores: f.emitScores, ExposeDecision: f.exposeDecision,
-		Objectives: objectives, MaxBodyBytes: int(min(cfg.MaxBodyBytes, 1<<30)), Registerer: p.Registerer(),
+		Objectives: objectives, Conformance: f.conformance, MaxBodyBytes: int(min(cfg.MaxBodyBytes, 1<<30)), Registerer: p.Registerer(),
 		Logger: eppLogger(),
 	})
 	ln, err := net.Listen("tcp", f.listen)

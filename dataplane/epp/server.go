@@ -40,6 +40,10 @@ const (
 	// ObjectiveHeader and ObjectiveHeaderOld name the request's inference objective.
 	ObjectiveHeader    = "x-llm-d-inference-objective"
 	ObjectiveHeaderOld = "x-gateway-inference-objective"
+	// ConformanceSelectHeader and ConformanceServedHeader are the conformance suite's
+	// (Options.Conformance).
+	ConformanceSelectHeader = "test-epp-endpoint-selection"
+	ConformanceServedHeader = "x-conformance-test-served-endpoint"
 	// WorkerHeader and DecisionHeader go on the response with Options.ExposeDecision: the
 	// picked worker's id, and every candidate's prediction.
 	WorkerHeader   = "x-kvrelay-worker"
@@ -76,6 +80,13 @@ type Options struct {
 	// that reads as an integer is that priority; any other counts as unknown and routes at
 	// the request's own priority.
 	Objectives map[string]int
+	// Conformance turns on what the Gateway API Inference Extension's conformance suite
+	// asks of a picker beside the protocol (as its reference lightweight picker does): the
+	// request header test-epp-endpoint-selection (comma-separated IPs or ip:port) restricts
+	// the candidates, all of them when it names none, and the response header
+	// x-conformance-test-served-endpoint repeats the endpoint the gateway reports as having
+	// served. For test environments only.
+	Conformance bool
 	// MaxBodyBytes bounds a request body the picker reassembles (default 64 MiB); a larger
 	// one gets 413.
 	MaxBodyBytes int

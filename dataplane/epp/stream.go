@@ -142,10 +142,24 @@ func (st *stream) decide() (bool, error) {
 			s.m.objective.WithLabelValues("unknown").Inc()
 		}
 	}
+	selected := false
+	if sel := st.header[ConformanceSelectHeader]; s.opts.Conformance && sel != "" && !st.hasSubset {
+		for _, e := range strings.Split(sel, ",") {
+			if e = strings.TrimSpace(e); e != "" {
+				r.Subset = append(r.Subset, e)
+			}
+		}
+		r.HasSubset, selected = true, true
+	}
 	p, err := s.picker.Pick(st.ctx, r)
+	var pe *proxy.PickError
+	if selected && errors.As(err, &pe) && pe.Status == 503 {
+		// The conformance header named no known endpoint: every one is a candidate.
+		r.Subset, r.HasSubset = nil, false
+		p, err = s.picker.Pick(st.ctx, r)
+	}
 	s.m.pickTime.Observe(pickSeconds(t0))
 	if err != nil {
-		var pe *proxy.PickError
 		if !errors.As(err, &pe) {
 			pe = &proxy.PickError{Status: 500, Message: err.Error()}
 		}
@@ -279,8 +293,12 @@ func (st *stream) immediate(pe *proxy.PickError) error {
 func (st *stream) responseHeaders(req *extproc.ProcessingRequest, h *extproc.HttpHeaders) error {
 	st.headDone = true
 	var set []*corev3.HeaderValueOption
+	served := servedEndpoint(req)
+	if st.s.opts.Conformance && served != "" {
+		set = append(set, headerOption(ConformanceServedHeader, served))
+	}
 	if p := st.pick; p != nil {
-		p.Served(servedEndpoint(req))
+		p.Served(served)
 		code := 0
 		for _, hv := range h.GetHeaders().GetHeaders() {
 			if hv.GetKey() == ":status" {

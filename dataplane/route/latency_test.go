@@ -584,3 +584,28 @@ func TestLatencyPickTiesKeepTheCache(t *testing.T) {
 		})
 	}
 }
+
+// TestSpreadRuleCountsOnlyCandidates: the worker holding the prompt is out of the running
+// (excluded: a retry, or a gateway's subset hint), and the others cache nothing useful of
+// it: the request spreads by load and KV rather than being priced as if one of them cached
+// it, so it goes to the one holding least.
+func TestSpreadRuleCountsOnlyCandidates(t *testing.T) {
+	r, ws, cache := latencyRouter(t, 3, 4)
+	hashes, n := promptChain(2, 1, 250, 4)
+	cache(ws[0], hashes[:250])
+	cache(ws[1], hashes[:1]) // a template block: no useful share
+	other, _ := promptChain(3, 1, 200, 4)
+	cache(ws[1], other) // and a full cache of another prompt
+	ws[0].SetCachedBlocks(250)
+	ws[1].SetCachedBlocks(201)
+	var req Request
+	req.Model, req.Hashes, req.PromptTokens = "m", hashes, n
+	req.Exclude = append(req.Exclude, ws[0].Index)
+	var d Decision
+	if err := r.Route(&req, &d); err != nil {
+		t.Fatal(err)
+	}
+	if d.Mode != "spread" || d.Worker != ws[2] {
+		t.Fatalf("mode %s, worker %s; want spread to w2 (w1 holds another prompt)", d.Mode, d.Worker.ID)
+	}
+}

@@ -505,7 +505,9 @@ func (r *Router) Route(req *Request, d *Decision) error {
 		req.best = 0
 	}
 	d.BestOverlap = req.best
-	// Over the workers that could take it, whichever rule decides.
+	// Over the workers that could take it, whichever rule decides: the spread rule below
+	// asks whether any of them (not a worker filtered out: busy, excluded, of another role)
+	// caches a useful share more than another.
 	if req.best > 0 {
 		for _, w := range ws {
 			d.Achievable = max(d.Achievable, req.Overlap(w))
@@ -533,14 +535,14 @@ func (r *Router) Route(req *Request, d *Decision) error {
 	}
 	var i int
 	switch {
-	case policy.Spread != nil && req.best-leastOverlap(req, ws) < policy.CacheThreshold*float64(req.PromptBlocks(ws[0].BlockSize)):
+	case policy.Spread != nil && d.Achievable-leastOverlap(req, ws) < policy.CacheThreshold*float64(req.PromptBlocks(ws[0].BlockSize)):
 		i, d.Mode = policy.Spread.Pick(req, ws, nil), "spread"
 	case len(policy.Scorers) > 0:
 		d.Mode = "cost"
 		req.flat = false
 		if policy.Predicts && policy.CacheThreshold > 0 {
 			lo := leastOverlap(req, ws)
-			if req.best-lo < policy.CacheThreshold*float64(req.PromptBlocks(ws[0].BlockSize)) {
+			if d.Achievable-lo < policy.CacheThreshold*float64(req.PromptBlocks(ws[0].BlockSize)) {
 				req.flat, req.flatOverlap, d.Mode = true, lo, "spread"
 			}
 		}
