@@ -186,7 +186,7 @@ func run() error {
 			return err
 		}
 	}
-	if slices.ContainsFunc(cfg.routers, isEPP) {
+	if slices.ContainsFunc(cfg.routers, behindGateway) {
 		cfg.gatewayBin = filepath.Join(cfg.out, "bin", "llmd-gateway")
 		if err := goBuild(ctx, cfg.root, cfg.gatewayBin, "./hack/bench-llmd/gateway"); err != nil {
 			return err

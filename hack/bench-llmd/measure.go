@@ -211,7 +211,7 @@ func (s *stack) engineIndex(worker string) int {
 // collect reads the routers' decision times and counters after the run, and keeps their
 // metrics in the run's directory.
 func (s *stack) collect(rr *runResult) {
-	if isEPP(s.router) {
+	if behindGateway(s.router) {
 		var picks struct {
 			PickNS []int64 `json:"pick_ns"`
 		}
@@ -235,6 +235,14 @@ func (s *stack) collect(rr *runResult) {
 		}
 		rr.PickSource = "gateway: ext_proc request phase (stream open to routing decision)"
 		fams := saveScrape(s.routerMetrics, filepath.Join(s.dir, "epp-metrics.txt"))
+		if isKEPP(s.router) {
+			saveGet("http://"+addr(s.p.eppMetrics)+"/debug/latency", filepath.Join(s.dir, "proxy-latency-model.json"))
+			if sum, n := histSumCount(fams, "kvrelay_epp_pick_seconds", nil); n > 0 {
+				rr.Extra["kvrelay_epp_pick_mean_ms"] = sum / float64(n) * 1e3
+			}
+			rr.Routed = routedByMode(fams)
+			return
+		}
 		// Means (sum / count): these histograms' lowest buckets (0.1 ms, 5 ms) hold nearly
 		// every observation, so their interpolated quantiles say little.
 		if n := findFamily(fams, "llm_d_epp_scheduler_e2e_duration_seconds", "scheduler_e2e_duration_seconds"); n != "" {

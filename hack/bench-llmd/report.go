@@ -137,19 +137,28 @@ func table(cfg *config, results []*runResult) string {
 				floors = append(floors, r.FloorP50)
 			}
 		}
-		// kvrelay's latency policy on its exact index against llm-d's precise picker, run by run.
-		var r50, r90 []float64
-		for _, a := range byCell[[2]string{engine, routerLatencyExact}] {
-			for _, e := range byCell[[2]string{engine, routerEPPPrecise}] {
-				if a.Run == e.Run && a.Err == "" && e.Err == "" && e.TTFTP50 > 0 && e.TTFTP90 > 0 {
-					r50 = append(r50, a.TTFTP50/e.TTFTP50)
-					r90 = append(r90, a.TTFTP90/e.TTFTP90)
+		// kvrelay's latency policy on its exact index (as a proxy, and as an endpoint picker
+		// behind the same gateway) against llm-d's precise picker, run by run.
+		for _, ours := range []string{routerLatencyExact, routerKEPPExact} {
+			var r50, r90, hit, pick []float64
+			for _, a := range byCell[[2]string{engine, ours}] {
+				for _, e := range byCell[[2]string{engine, routerEPPPrecise}] {
+					if a.Run == e.Run && a.Err == "" && e.Err == "" && e.TTFTP50 > 0 && e.TTFTP90 > 0 {
+						r50 = append(r50, a.TTFTP50/e.TTFTP50)
+						r90 = append(r90, a.TTFTP90/e.TTFTP90)
+						if e.HitRate > 0 {
+							hit = append(hit, a.HitRate/e.HitRate)
+						}
+						if e.PickP50 > 0 {
+							pick = append(pick, a.PickP50/e.PickP50)
+						}
+					}
 				}
 			}
-		}
-		if len(r50) > 0 {
-			fmt.Fprintf(&b, "| **latency-exact ÷ epp-precise** | %s | %s | | | | | | |\n",
-				statOf(r50).cell(ratio), statOf(r90).cell(ratio))
+			if len(r50) > 0 {
+				fmt.Fprintf(&b, "| **%s ÷ epp-precise** | %s | %s | | | %s | | %s | |\n", ours,
+					statOf(r50).cell(ratio), statOf(r90).cell(ratio), statOf(hit).cell(ratio), statOf(pick).cell(ratio))
+			}
 		}
 		b.WriteString("\n")
 		if f := statOf(floors); f.n > 0 {

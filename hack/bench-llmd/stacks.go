@@ -30,11 +30,22 @@ const (
 	routerKVApprox      = "kv-approx"
 	routerLatencyExact  = "latency-exact"
 	routerLatencyApprox = "latency-approx"
+	// kvrelay's endpoint picker (kvrelay epp, the latency policy) behind the same gateway
+	// as llm-d's.
+	routerKEPPExact  = "kvrelay-epp-exact"
+	routerKEPPApprox = "kvrelay-epp-approx"
 )
 
-var allRouters = []string{routerEPPPrecise, routerEPPApprox, routerRoundRobin, routerKVExact, routerKVApprox, routerLatencyExact, routerLatencyApprox}
+var allRouters = []string{routerEPPPrecise, routerEPPApprox, routerRoundRobin, routerKVExact, routerKVApprox, routerLatencyExact, routerLatencyApprox, routerKEPPExact, routerKEPPApprox}
 
+// isEPP reports whether router is llm-d's endpoint picker.
 func isEPP(router string) bool { return strings.HasPrefix(router, "epp-") }
+
+// isKEPP reports whether router is kvrelay's endpoint picker.
+func isKEPP(router string) bool { return strings.HasPrefix(router, "kvrelay-epp-") }
+
+// behindGateway reports whether router is an endpoint picker behind the Envoy stand-in.
+func behindGateway(router string) bool { return isEPP(router) || isKEPP(router) }
 
 func isExact(router string) bool { return strings.HasSuffix(router, "-exact") }
 
@@ -45,7 +56,7 @@ func kvrelayPolicy(router string) string {
 		return "round-robin"
 	case routerKVExact, routerKVApprox:
 		return "kv"
-	case routerLatencyExact, routerLatencyApprox:
+	case routerLatencyExact, routerLatencyApprox, routerKEPPExact, routerKEPPApprox:
 		return "latency"
 	}
 	return ""
@@ -109,6 +120,8 @@ func (s *stack) up(ctx context.Context) error {
 	switch {
 	case isEPP(s.router):
 		err = s.startEPP(ctx)
+	case isKEPP(s.router):
+		err = s.startKVRelayEPP(ctx)
 	case isExact(s.router):
 		err = s.startKVRelayExact(ctx)
 	default:
@@ -259,6 +272,11 @@ func (s *stack) startEPP(ctx context.Context) error {
 	if err := waitTCP(ctx, addr(s.p.eppGRPC), epp, 30*time.Second); err != nil {
 		return err
 	}
+	return s.startGateway(ctx)
+}
+
+// startGateway starts the Envoy stand-in in front of the picker on the EPP port.
+func (s *stack) startGateway(ctx context.Context) error {
 	gw, err := procs.start(s.dir, "gateway", nil, s.cfg.gatewayBin, "--listen", addr(s.p.router),
 		"--epp", addr(s.p.eppGRPC), "--admin-listen", addr(s.p.gatewayAdmin))
 	if err != nil {
@@ -269,6 +287,61 @@ func (s *stack) startEPP(ctx context.Context) error {
 		return err
 	}
 	return waitHTTP(ctx, s.gatewayPicks, gw, 30*time.Second)
+}
+
+// startKVRelayEPP runs kvrelay epp (the latency policy) behind the gateway: on the control
+// plane's index with the engines' tokenization (exact), or on its own approximate index.
+func (s *stack) startKVRelayEPP(ctx context.Context) error {
+	args := []string{"epp", "--listen", addr(s.p.eppGRPC), "--health-listen", addr(s.p.eppHealth),
+		"--metrics-listen", addr(s.p.eppMetrics)}
+	if isExact(s.router) {
+		if _, err := s.startControlPlane(ctx); err != nil {
+			return err
+		}
+		args = append(args, "--xds", addr(s.p.cpXDS))
+		if s.cfg.exactTok != "" {
+			args = append(args, "--tokenizer", s.cfg.exactTok)
+		}
+	} else {
+		args = append(args, "--policy", kvrelayPolicy(s.router))
+		args = append(args, s.cfg.policyArgs...)
+		if s.cfg.approxTok != "" {
+			args = append(args, "--tokenizer", s.cfg.approxTok)
+		}
+		for i, port := range s.p.engines {
+			args = append(args, "--upstream", fmt.Sprintf("id=%s,url=http://%s,model=%s,capacity=%d,max-num-seqs=%d",
+				s.engineID(i), addr(port), s.cfg.model, engineBlocks, engineMaxSeqs))
+		}
+	}
+	args = append(args, s.cfg.proxyArgs...)
+	epp, err := procs.start(s.dir, "kvrelay-epp", nil, s.cfg.kvrelayBin, args...)
+	if err != nil {
+		return err
+	}
+	s.routerMetrics = "http://" + addr(s.p.eppMetrics) + "/metrics"
+	if err := waitHTTP(ctx, s.routerMetrics, epp, 30*time.Second); err != nil {
+		return err
+	}
+	want := float64(len(s.p.engines))
+	err = waitFor(ctx, epp, 30*time.Second, "kvrelay epp following its workers", func() bool {
+		fams, err := scrape(s.routerMetrics)
+		if err != nil {
+			return false
+		}
+		if !isExact(s.router) {
+			return true
+		}
+		conn, _ := gaugeSum(fams, "kvrelay_proxy_xds_connected")
+		ws, _ := gaugeSum(fams, "kvrelay_proxy_xds_workers")
+		return conn == 1 && ws >= want
+	})
+	if err != nil {
+		return err
+	}
+	if err := waitTCP(ctx, addr(s.p.eppGRPC), epp, 30*time.Second); err != nil {
+		return err
+	}
+	return s.startGateway(ctx)
 }
 
 // proxyCommon are the flags every kvrelay proxy of the comparison runs with.
@@ -307,59 +380,14 @@ func (s *stack) startKVRelayApprox(ctx context.Context) error {
 	return waitHTTP(ctx, "http://"+addr(s.p.router)+"/v1/models", px, 30*time.Second)
 }
 
-// startKVRelayExact runs the control plane (the engines' KV events on one bound endpoint,
-// told apart by topic), sets the policy, then the proxy on the control plane's index.
+// startKVRelayExact runs the control plane, then the proxy on the control plane's index.
 func (s *stack) startKVRelayExact(ctx context.Context) error {
-	tok := make([]byte, 16)
-	_, _ = rand.Read(tok)
-	tokFile := filepath.Join(s.dir, "api-token")
-	if err := os.WriteFile(tokFile, []byte(hex.EncodeToString(tok)), 0o600); err != nil {
-		return err
-	}
-	dataDir := filepath.Join(s.dir, "cp-data")
-	if err := os.MkdirAll(dataDir, 0o755); err != nil {
-		return err
-	}
-	args := []string{"controlplane", "--xds-listen", addr(s.p.cpXDS), "--api-listen", addr(s.p.cpAPI),
-		"--data-dir", dataDir, "--api-token-file", tokFile, "--ebpf", "off"}
-	for i, port := range s.p.engines {
-		args = append(args, "--worker", fmt.Sprintf("id=%s,url=http://%s,model=%s,block-size=%d,kv-events-bind=%s,engine=%s,max-num-seqs=%d",
-			s.engineID(i), addr(port), s.cfg.model, blockSize, s.p.zmqEndpoint(), s.engineKind(), engineMaxSeqs))
-	}
-	cp, err := procs.start(s.dir, "controlplane", nil, s.cfg.kvrelayBin, args...)
+	version, err := s.startControlPlane(ctx)
 	if err != nil {
 		return err
 	}
-	s.cpMetrics = "http://" + addr(s.p.cpAPI) + "/metrics"
-	if err := waitHTTP(ctx, s.cpMetrics, cp, 30*time.Second); err != nil {
-		return err
-	}
-	policy := kvrelayPolicy(s.router)
-	out, err := s.ctl(ctx, tokFile, append([]string{"policy", "set", "--policy", policy}, s.cfg.policyArgs...)...)
-	if err != nil {
-		return fmt.Errorf("kvrelay ctl policy set --policy %s: %v: %s", policy, err, out)
-	}
-	out, err = s.ctl(ctx, tokFile, "-o", "json", "policy")
-	if err != nil {
-		return fmt.Errorf("kvrelay ctl policy: %v: %s", err, out)
-	}
-	version := policyVersion(out)
-	// Every worker registered and healthy (its metrics scraped) before the proxy starts.
 	want := len(s.p.engines)
-	var last string
-	err = waitFor(ctx, cp, 30*time.Second, "control plane workers healthy", func() bool {
-		out, err := s.ctl(ctx, tokFile, "-o", "json", "workers")
-		if err != nil {
-			return false
-		}
-		last = out
-		return countHealthy(out) >= want
-	})
-	if err != nil {
-		return fmt.Errorf("%v; last `kvrelay ctl workers -o json`: %s", err, last)
-	}
-
-	args = append(s.proxyCommon(), "--xds", addr(s.p.cpXDS))
+	args := append(s.proxyCommon(), "--xds", addr(s.p.cpXDS))
 	args = append(args, s.cfg.proxyArgs...)
 	if s.cfg.exactTok != "" {
 		args = append(args, "--tokenizer", s.cfg.exactTok)
@@ -383,6 +411,61 @@ func (s *stack) startKVRelayExact(ctx context.Context) error {
 		pv, _ := gaugeSum(fams, "kvrelay_proxy_xds_policy_version")
 		return conn == 1 && ws >= float64(want) && pv >= version
 	})
+}
+
+// startControlPlane runs the control plane (the engines' KV events on one bound endpoint,
+// told apart by topic), sets the router's policy and waits until every worker is healthy;
+// it returns the policy's version.
+func (s *stack) startControlPlane(ctx context.Context) (float64, error) {
+	tok := make([]byte, 16)
+	_, _ = rand.Read(tok)
+	tokFile := filepath.Join(s.dir, "api-token")
+	if err := os.WriteFile(tokFile, []byte(hex.EncodeToString(tok)), 0o600); err != nil {
+		return 0, err
+	}
+	dataDir := filepath.Join(s.dir, "cp-data")
+	if err := os.MkdirAll(dataDir, 0o755); err != nil {
+		return 0, err
+	}
+	args := []string{"controlplane", "--xds-listen", addr(s.p.cpXDS), "--api-listen", addr(s.p.cpAPI),
+		"--data-dir", dataDir, "--api-token-file", tokFile, "--ebpf", "off"}
+	for i, port := range s.p.engines {
+		args = append(args, "--worker", fmt.Sprintf("id=%s,url=http://%s,model=%s,block-size=%d,kv-events-bind=%s,engine=%s,max-num-seqs=%d",
+			s.engineID(i), addr(port), s.cfg.model, blockSize, s.p.zmqEndpoint(), s.engineKind(), engineMaxSeqs))
+	}
+	cp, err := procs.start(s.dir, "controlplane", nil, s.cfg.kvrelayBin, args...)
+	if err != nil {
+		return 0, err
+	}
+	s.cpMetrics = "http://" + addr(s.p.cpAPI) + "/metrics"
+	if err := waitHTTP(ctx, s.cpMetrics, cp, 30*time.Second); err != nil {
+		return 0, err
+	}
+	policy := kvrelayPolicy(s.router)
+	out, err := s.ctl(ctx, tokFile, append([]string{"policy", "set", "--policy", policy}, s.cfg.policyArgs...)...)
+	if err != nil {
+		return 0, fmt.Errorf("kvrelay ctl policy set --policy %s: %v: %s", policy, err, out)
+	}
+	out, err = s.ctl(ctx, tokFile, "-o", "json", "policy")
+	if err != nil {
+		return 0, fmt.Errorf("kvrelay ctl policy: %v: %s", err, out)
+	}
+	version := policyVersion(out)
+	// Every worker registered and healthy (its metrics scraped) before the proxy starts.
+	want := len(s.p.engines)
+	var last string
+	err = waitFor(ctx, cp, 30*time.Second, "control plane workers healthy", func() bool {
+		out, err := s.ctl(ctx, tokFile, "-o", "json", "workers")
+		if err != nil {
+			return false
+		}
+		last = out
+		return countHealthy(out) >= want
+	})
+	if err != nil {
+		return 0, fmt.Errorf("%v; last `kvrelay ctl workers -o json`: %s", err, last)
+	}
+	return version, nil
 }
 
 func (s *stack) ctl(ctx context.Context, tokFile string, args ...string) (string, error) {
