@@ -26,6 +26,7 @@ import (
 	"github.com/kvrelay/kvrelay/ebpf"
 	"github.com/kvrelay/kvrelay/engines/kvevents"
 	"github.com/kvrelay/kvrelay/engines/sim"
+	"github.com/kvrelay/kvrelay/engines/sim/simtest"
 	"github.com/kvrelay/kvrelay/xds/auth"
 	"github.com/kvrelay/kvrelay/xds/auth/authtest"
 )
@@ -80,19 +81,7 @@ func startWorkers(t *testing.T, n int, roles ...sim.Role) []*sim.Worker {
 		if i := len(ws); i < len(roles) {
 			cfg.Engine.Role = roles[i]
 		}
-		w, err := sim.NewWorker(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		if err := w.Start(ctx); err != nil {
-			cancel()
-			t.Fatal(err)
-		}
-		done := make(chan struct{})
-		go func() { _ = w.Run(ctx); close(done) }()
-		t.Cleanup(func() { cancel(); <-done; w.Close() })
-		ws = append(ws, w)
+		ws = append(ws, simtest.Start(t, cfg))
 	}
 	return ws
 }

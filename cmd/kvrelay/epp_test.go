@@ -18,6 +18,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/kvrelay/kvrelay/engines/sim"
+	"github.com/kvrelay/kvrelay/engines/sim/simtest"
 	"github.com/kvrelay/kvrelay/internal/extprocgw"
 )
 
@@ -31,16 +32,7 @@ func TestEPPCommand(t *testing.T) {
 	}
 	cfg := sim.WorkerConfig{Engine: sim.DefaultConfig(), Listen: "127.0.0.1:0", Codec: codec}
 	cfg.Engine.Timing.Speedup = 100
-	w, err := sim.NewWorker(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	wctx, wcancel := context.WithCancel(context.Background())
-	if err := w.Start(wctx); err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = w.Run(wctx) }()
-	t.Cleanup(func() { wcancel(); w.Close() })
+	w := simtest.Start(t, cfg)
 
 	bad := newRootCmd()
 	bad.SetArgs([]string{"epp", "--upstream", w.URL(), "--objective", "chat"})

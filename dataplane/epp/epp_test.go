@@ -30,6 +30,7 @@ import (
 	"github.com/kvrelay/kvrelay/dataplane/epp"
 	"github.com/kvrelay/kvrelay/dataplane/proxy"
 	"github.com/kvrelay/kvrelay/engines/sim"
+	"github.com/kvrelay/kvrelay/engines/sim/simtest"
 	"github.com/kvrelay/kvrelay/internal/extprocgw"
 )
 
@@ -50,19 +51,7 @@ func startWorker(t testing.TB, mut func(*sim.WorkerConfig)) *sim.Worker {
 	if mut != nil {
 		mut(&cfg)
 	}
-	w, err := sim.NewWorker(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	if err := w.Start(ctx); err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() { _ = w.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done; w.Close() })
-	return w
+	return simtest.Start(t, cfg)
 }
 
 // env is an endpoint picker over simulated engines: the routing core in PickOnly mode, the

@@ -604,22 +604,10 @@ func (cc *clientConn) route(retry bool) {
 		cc.rreq.Role = route.RoleDecode
 		err = router.Route(&cc.rreq, &cc.dec)
 	}
-	if cc.dec.Match > 0 {
-		s.metrics.stages[stageMatch].Observe(cc.dec.Match.Seconds())
-	}
-	if cc.timed {
-		s.metrics.stages[stageScore].Observe(cc.dec.Score.Seconds())
-		if !retry && cc.decideAt != 0 {
-			cc.stage(stageTotal, cc.decideAt)
-			cc.decideAt = 0
-		}
-	}
-	if cc.rreq.Pin != "" && !retry {
-		if cc.rreq.Pinned {
-			s.metrics.affinity.WithLabelValues("pinned").Inc()
-		} else {
-			s.metrics.affinity.WithLabelValues("fallback").Inc()
-		}
+	cc.observeRoute(&cc.dec, !retry)
+	if cc.timed && !retry && cc.decideAt != 0 {
+		cc.stage(stageTotal, cc.decideAt)
+		cc.decideAt = 0
 	}
 	if err != nil {
 		cc.routeFailed(err, retry, "worker")

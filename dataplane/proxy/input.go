@@ -284,3 +284,22 @@ func (in *input) estimate(text string) {
 		parent = h
 	}
 }
+
+// observeRoute records a routing attempt's match and (timed) score stages and, for a first
+// attempt (first), whether a pinned request got its worker.
+func (in *input) observeRoute(d *route.Decision, first bool) {
+	m := in.srv.metrics
+	if d.Match > 0 {
+		m.stages[stageMatch].Observe(d.Match.Seconds())
+	}
+	if in.timed {
+		m.stages[stageScore].Observe(d.Score.Seconds())
+	}
+	if in.rreq.Pin != "" && first {
+		if in.rreq.Pinned {
+			m.affinity.WithLabelValues("pinned").Inc()
+		} else {
+			m.affinity.WithLabelValues("fallback").Inc()
+		}
+	}
+}

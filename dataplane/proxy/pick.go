@@ -289,19 +289,7 @@ func (p *Pick) decide(arrived int64) error {
 		in.rreq.Role = route.RoleDecode
 		err = router.Route(&in.rreq, &p.dec)
 	}
-	if p.dec.Match > 0 {
-		s.metrics.stages[stageMatch].Observe(p.dec.Match.Seconds())
-	}
-	if in.timed {
-		s.metrics.stages[stageScore].Observe(p.dec.Score.Seconds())
-	}
-	if in.rreq.Pin != "" {
-		if in.rreq.Pinned {
-			s.metrics.affinity.WithLabelValues("pinned").Inc()
-		} else {
-			s.metrics.affinity.WithLabelValues("fallback").Inc()
-		}
-	}
+	in.observeRoute(&p.dec, true)
 	if err != nil {
 		if errors.Is(err, route.ErrBusy) || errors.Is(err, route.ErrSLO) {
 			return err

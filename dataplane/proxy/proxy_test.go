@@ -26,6 +26,7 @@ import (
 	"github.com/kvrelay/kvrelay/dataplane/proxy"
 	"github.com/kvrelay/kvrelay/dataplane/route"
 	"github.com/kvrelay/kvrelay/engines/sim"
+	"github.com/kvrelay/kvrelay/engines/sim/simtest"
 )
 
 const model = "gpt-oss-120b"
@@ -51,19 +52,7 @@ func startWorker(t *testing.T, mut func(*sim.WorkerConfig)) *sim.Worker {
 	if mut != nil {
 		mut(&cfg)
 	}
-	w, err := sim.NewWorker(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	if err := w.Start(ctx); err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() { _ = w.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done; w.Close() })
-	return w
+	return simtest.Start(t, cfg)
 }
 
 // startProxy runs a proxy in front of the given upstream URLs.
