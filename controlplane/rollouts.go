@@ -359,42 +359,57 @@ func (c *rollouts) resume() {
 	}
 }
 
-// runRollouts judges the running rollout every RolloutInterval until ctx ends.
+// runRollouts judges the running rollout every RolloutInterval until ctx ends, and takes
+// over as soon as this replica wins the lead (checked every leadCheck).
 func (s *Server) runRollouts(ctx context.Context) {
 	t := time.NewTicker(s.opts.RolloutInterval)
 	defer t.Stop()
+	lead := time.NewTicker(leadCheck)
+	defer lead.Stop()
 	leading := s.opts.Leader.Leading() // a control plane alone leads from the start
 	for {
+		judge := false
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			// Only the leader steps a rollout; a follower's view waits for the rollout
-			// the leader writes. A replica that has just become the leader goes on from
-			// the stored rollout, its step's figures gathered anew from now, and applies a
-			// policy edited in Kubernetes while no one led.
-			now := s.opts.Leader.Leading()
-			if now && !leading {
-				// Act on the state as the API server has it, not as far as this replica's
-				// watch has got: the last leader's final writes may still be on their way.
-				if ks, ok := s.store.(*registry.KubeStore); ok {
-					if err := ks.Refresh(ctx); err != nil {
-						s.log.Error("shared state not read afresh on taking the lead", "store", ks.Where(), "err", err)
-					}
-					if err := s.reg.Reload(); err != nil {
-						s.log.Error("shared state not reloaded", "store", ks.Where(), "err", err)
-					}
-				}
-				s.rollouts.reload()
-				s.rollouts.resume()
-				s.stateChanged()
-			}
-			if s.opts.Leader != nil {
-				s.acting.Store(now)
-			}
-			if leading = now; leading {
-				s.rollouts.tick()
-			}
+			judge = true
+		case <-lead.C:
+		}
+		// Only the leader steps a rollout; a follower's view waits for the rollout the
+		// leader writes. A replica that has just become the leader goes on from the stored
+		// rollout, its step's figures gathered anew from now, and applies a policy edited
+		// in Kubernetes while no one led.
+		now := s.opts.Leader.Leading()
+		if now && !leading {
+			s.takeOver(ctx)
+		}
+		if s.opts.Leader != nil {
+			s.acting.Store(now)
+		}
+		if leading = now; leading && judge {
+			s.rollouts.tick()
 		}
 	}
+}
+
+// leadCheck is how often a replica looks whether it has won the lead: the takeover, and so
+// the operator API's writes, wait at most this long after the Lease is won.
+const leadCheck = 50 * time.Millisecond
+
+// takeOver acts on the shared state as the API server has it, not as far as this replica's
+// watch has got (the last leader's final writes may still be on their way), and resumes the
+// stored rollout.
+func (s *Server) takeOver(ctx context.Context) {
+	if ks, ok := s.store.(*registry.KubeStore); ok {
+		if err := ks.Refresh(ctx); err != nil {
+			s.log.Error("shared state not read afresh on taking the lead", "store", ks.Where(), "err", err)
+		}
+		if err := s.reg.Reload(); err != nil {
+			s.log.Error("shared state not reloaded", "store", ks.Where(), "err", err)
+		}
+	}
+	s.rollouts.reload()
+	s.rollouts.resume()
+	s.stateChanged()
 }
