@@ -12,7 +12,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -36,22 +35,10 @@ import (
 
 const model = "gpt-oss-120b"
 
-var codecOnce = sync.OnceValues(func() (sim.Codec, error) { return sim.NewCodec(model, "", "") })
-
 // startWorker runs one simulated engine for the test's lifetime.
 func startWorker(t testing.TB, mut func(*sim.WorkerConfig)) *sim.Worker {
 	t.Helper()
-	codec, err := codecOnce()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := sim.WorkerConfig{Engine: sim.DefaultConfig(), Listen: "127.0.0.1:0", Codec: codec}
-	cfg.Engine.NumGPUBlocks = 8192
-	cfg.Engine.Timing.Speedup = 50
-	if mut != nil {
-		mut(&cfg)
-	}
-	return simtest.Start(t, cfg)
+	return simtest.Worker(t, model, mut)
 }
 
 // env is an endpoint picker over simulated engines: the routing core in PickOnly mode, the
