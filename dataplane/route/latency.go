@@ -65,6 +65,7 @@ type PredictedTTFT struct {
 func (PredictedTTFT) Name() string { return "predicted-ttft" }
 
 func (s PredictedTTFT) Score(req *Request, ws []*Worker, costs []float64) {
+	req.creditsCache = s.CacheCredit > 0
 	now := req.clock()
 	if cap(req.preds) < len(ws) {
 		req.preds = make([]latency.Prediction, len(ws))
@@ -168,8 +169,8 @@ func (s PredictedTTFT) cost(req *Request, w *Worker, p *latency.Prediction) floa
 }
 
 // LatencyPick picks the cheapest worker by predicted latency. Costs within tieSeconds or
-// tieShare of the cheapest count as equal: among those, a worker caching tieCacheShare of the
-// prompt more than another goes first (a model that has learned prefill to be nearly free
+// tieShare of the cheapest count as equal: among those, under a scoring that credits the
+// cache, a worker caching tieCacheShare of the prompt more than another goes first (a model that has learned prefill to be nearly free
 // predicts every worker alike, and the cache should still keep a prompt where it is), then
 // the fewest requests, then the least KV in use (so that distinct new prefixes land on
 // distinct caches), then a random one. With Temperature > 0 it samples a softmax over
@@ -203,6 +204,9 @@ func (p LatencyPick) Pick(req *Request, ws []*Worker, costs []float64) int {
 		}
 	}
 	floor := cached - tieCacheShare*float64(req.PromptBlocks(ws[0].BlockSize))
+	if !req.creditsCache {
+		floor = 0 // a cache-blind policy: load alone breaks ties
+	}
 	best, seen := -1, 0
 	var bk loadKey
 	for i, c := range costs {

@@ -576,7 +576,7 @@ func TestLatencyPickTiesKeepTheCache(t *testing.T) {
 		{"two cache it: the idle one of them", []float64{130, 0, 128}, 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			req := Request{PromptTokens: 131 * 16, overlap: tc.overlap}
+			req := Request{PromptTokens: 131 * 16, overlap: tc.overlap, creditsCache: true}
 			got := LatencyPick{}.Pick(&req, ws, costs)
 			if tc.want >= 0 && got != tc.want || tc.want < 0 && got == 0 {
 				t.Fatalf("picked w%d", got)

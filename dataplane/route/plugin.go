@@ -81,6 +81,10 @@ type Request struct {
 	// prompt's prefix from (nil: it computes it).
 	fetch []*Worker
 	best  float64
+	// creditsCache, set by a latency scoring that counts cached blocks (CacheCredit above
+	// 0), lets LatencyPick break near-ties by the cache; a cache-blind policy leaves ties
+	// to load alone.
+	creditsCache bool
 	// flat, set by the router when no worker caches CacheThreshold of the prompt more than
 	// another, has PredictedTTFT count flatOverlap (the least any candidate caches) for every
 	// worker: what separates them then is load, not cache.
