@@ -26,6 +26,7 @@ import (
 	"github.com/kvrelay/kvrelay/controlplane/leader"
 	"github.com/kvrelay/kvrelay/controlplane/loadview"
 	"github.com/kvrelay/kvrelay/controlplane/registry"
+	"github.com/kvrelay/kvrelay/controlplane/ui"
 	"github.com/kvrelay/kvrelay/engines"
 	"github.com/kvrelay/kvrelay/engines/sglang"
 	"github.com/kvrelay/kvrelay/engines/trtllm"
@@ -186,6 +187,8 @@ type Server struct {
 	planner atomic.Pointer[http.Handler] // SetPlanner's, served under /v1/planner/
 
 	rollouts *rollouts
+	// console keeps the proxies' sampled decisions for the operator console (console.go).
+	console *console
 }
 
 // CatchUpTimeout bounds how long a starting control plane holds proxies' index streams while
@@ -278,7 +281,8 @@ func New(opts Options) (*Server, error) {
 		KernelWaiting: gate(opts.KernelWaiting), KernelLatencyWaiting: gate(opts.KernelLatencyWaiting)})
 	// Proxies' streams (ADS, journal, load) live as long as the proxy: a graceful stop would
 	// only wait out its grace, and proxies reconnect to the next control plane by themselves.
-	s.xds = xdsserver.New(xdsserver.Options{ShutdownGrace: 100 * time.Millisecond, GRPCOptions: s.xdsAuth.Options()})
+	s.console = newConsole()
+	s.xds = xdsserver.New(xdsserver.Options{ShutdownGrace: 100 * time.Millisecond, GRPCOptions: s.xdsAuth.Options(), OnDecisions: s.console.add})
 	xdsv1.RegisterIndexJournalServer(s.xds.GRPC(), s.jserver)
 	if s.rollouts, err = s.loadRollout(); err != nil {
 		store.Close()
@@ -684,6 +688,11 @@ func (s *Server) apiHandler() http.Handler {
 	mux.Handle("/metrics", promhttp.HandlerFor(s.metrics, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /readyz", s.readyz)
 	mux.Handle("/v1/planner/", s.plannerRoute(opts))
+	s.consoleRoutes(mux, opts)
+	// The operator console's page: its data comes from the endpoints above, under their
+	// read rule; the page itself holds none.
+	mux.Handle("/ui/", ui.Handler("/ui/"))
+	mux.Handle("/ui", http.RedirectHandler("/ui/", http.StatusMovedPermanently))
 	mux.Handle("/", api.Handler(operator{s}, opts))
 	var h http.Handler = api.Mux(s.apiGRPC, mux)
 	if loopback {

@@ -65,7 +65,7 @@ or from $` + ctlTokenEnv + `; reads need it too unless the control plane listens
 	pf.StringVarP(&o.output, "output", "o", "table", "output format: table or json")
 	pf.DurationVar(&o.timeout, "timeout", 10*time.Second, "how long a call may take")
 	cmd.AddCommand(ctlWorkersCmd(o), ctlDrainCmd(o, true), ctlDrainCmd(o, false), ctlPolicyCmd(o),
-		ctlIndexCmd(o), ctlProxiesCmd(o))
+		ctlIndexCmd(o), ctlProxiesCmd(o), ctlDecisionsCmd(o), ctlPrefixesCmd(o))
 	return cmd
 }
 
@@ -533,17 +533,41 @@ func (o *ctlOptions) client(cmd *cobra.Command) (*ctlClient, error) {
 // call sends body (if any) as JSON and decodes the answer into out; an error answer becomes
 // an error carrying the control plane's message.
 func (c *ctlClient) call(ctx context.Context, method, path string, body, out proto.Message) error {
+	data, err := c.do(ctx, method, path, body)
+	if err != nil {
+		return err
+	}
+	if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(data, out); err != nil {
+		return fmt.Errorf("%s %s: decoding the answer: %w", method, path, err)
+	}
+	return nil
+}
+
+// getJSON reads path's plain JSON answer (the console's endpoints) into out.
+func (c *ctlClient) getJSON(ctx context.Context, path string, out any) error {
+	data, err := c.do(ctx, http.MethodGet, path, nil)
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(data, out); err != nil {
+		return fmt.Errorf("GET %s: decoding the answer: %w", path, err)
+	}
+	return nil
+}
+
+// do makes one call and returns the body of a 2xx answer, or the API's error.
+func (c *ctlClient) do(ctx context.Context, method, path string, body proto.Message) ([]byte, error) {
 	var rd io.Reader
 	if body != nil {
 		data, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(body)
 		if err != nil {
-			return fmt.Errorf("encoding the request: %w", err)
+			return nil, fmt.Errorf("encoding the request: %w", err)
 		}
 		rd = bytes.NewReader(data)
 	}
 	req, err := http.NewRequestWithContext(ctx, method, c.base+path, rd)
 	if err != nil {
-		return fmt.Errorf("%s %s: %w", method, path, err)
+		return nil, fmt.Errorf("%s %s: %w", method, path, err)
 	}
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
@@ -554,26 +578,23 @@ func (c *ctlClient) call(ctx context.Context, method, path string, body, out pro
 	}
 	resp, err := c.client.Do(req)
 	if err != nil {
-		return fmt.Errorf("calling the control plane's API: %w", err)
+		return nil, fmt.Errorf("calling the control plane's API: %w", err)
 	}
 	defer resp.Body.Close()
 	data, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
 	if err != nil {
-		return fmt.Errorf("%s %s: reading the answer: %w", method, path, err)
+		return nil, fmt.Errorf("%s %s: reading the answer: %w", method, path, err)
 	}
 	if resp.StatusCode/100 != 2 {
 		var e struct {
 			Error struct{ Message, Code string }
 		}
 		if json.Unmarshal(data, &e) == nil && e.Error.Message != "" {
-			return fmt.Errorf("%s %s: %s (%d %s)", method, path, e.Error.Message, resp.StatusCode, e.Error.Code)
+			return nil, fmt.Errorf("%s %s: %s (%d %s)", method, path, e.Error.Message, resp.StatusCode, e.Error.Code)
 		}
-		return fmt.Errorf("%s %s: %s: %.200s", method, path, resp.Status, bytes.TrimSpace(data))
+		return nil, fmt.Errorf("%s %s: %s: %.200s", method, path, resp.Status, bytes.TrimSpace(data))
 	}
-	if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(data, out); err != nil {
-		return fmt.Errorf("%s %s: decoding the answer: %w", method, path, err)
-	}
-	return nil
+	return data, nil
 }
 
 // print writes m as JSON with -o json, else as table writes it.

@@ -228,6 +228,7 @@ there, a max_tokens=1 leg to a prefill worker whose KV blocks the decode worker 
 				}
 				if cp != nil {
 					fmt.Fprintf(out, "control   xds %s  api http://%s  token %s  (kvrelay ctl --api %s --token-file %s workers)\n", cp.XDSAddr(), cp.APIAddr(), tokenPath, cp.APIAddr(), tokenPath)
+					fmt.Fprintf(out, "console   http://%s/ui/\n", cp.APIAddr())
 				}
 				if mode == upModeDisagg {
 					printUpWorkers(out, uws)

@@ -411,7 +411,7 @@ func (cc *clientConn) handle() {
 		cc.modelObject(string(id))
 		return
 	}
-	cc.kind, cc.model, cc.arm = 0, "", nil
+	cc.kind, cc.model, cc.arm, cc.decID = 0, "", nil, 0
 	kind := oai.KindForPath(path)
 	if kind == 0 {
 		cc.errorReply(404, "no route for "+string(cc.method)+" "+string(path), "", "")
@@ -613,8 +613,8 @@ func (cc *clientConn) route(retry bool) {
 		cc.routeFailed(err, retry, "worker")
 		return
 	}
-	if cc.timed && cc.dec.HasPrediction {
-		s.decisions.record(&cc.input, cc.lp.now, &cc.dec)
+	if cc.timed {
+		cc.decID = s.decisions.record(&cc.input, cc.lp.now, &cc.dec, cc.arm)
 	}
 	if cand == nil && router == s.kv && !retry {
 		cc.shadowPick(&cc.lp.shadowReq, &cc.dec)

@@ -8,31 +8,48 @@ import (
 	"time"
 
 	"github.com/kvrelay/kvrelay/dataplane/latency"
+	"github.com/kvrelay/kvrelay/dataplane/oai"
 	"github.com/kvrelay/kvrelay/dataplane/route"
+	xdsv1 "github.com/kvrelay/kvrelay/xds/api/v1"
 )
 
-// decisionLog keeps the last decisionLogSize sampled routing decisions of a predicting
-// policy, each with every candidate's prediction, for operators to see why a request went
-// where it did (DecisionsHandler). Loops record into it under its mutex; its slots and their
+// decisionLog keeps the last decisionLogSize sampled routing decisions (one request in
+// timedEvery), each with every candidate's figures and, once the answer ends, how it went:
+// for operators to see why a request went where it did (DecisionsHandler), and for the
+// control plane's console, to which the load reporter passes each completed one once
+// (reportDecisions). Loops and picks record into it under its mutex; its slots and their
 // candidate slices are reused, so recording allocates only while they grow.
 type decisionLog struct {
 	mu   sync.Mutex
 	ring [decisionLogSize]decisionRecord
-	next uint64 // records written
+	next uint64 // records written; a record's id is its position plus one
 }
 
 // decisionLogSize bounds the decisions kept.
 const decisionLogSize = 256
 
 type decisionRecord struct {
-	at           int64 // unix nanos
+	id           uint64
+	at           int64 // unix nanos, when it was routed
 	model        string
 	promptTokens int
 	priority     int
 	sloTTFT      float64
 	mode         string
 	worker       string
+	version      uint64 // the policy version that routed it (0: a static proxy's)
+	overlap      float64
+	achievable   float64
 	candidates   []candidateRecord
+	prefixHash   uint64
+	prefixBlocks int
+	// The answer, once done: its status, TTFT and mean inter-token gap (seconds, 0 when
+	// none), the prompt tokens the engine reported cached; reported once sent to the
+	// control plane.
+	done, reported bool
+	status         int
+	ttft, itl      float64
+	cached         int
 }
 
 type candidateRecord struct {
@@ -42,23 +59,100 @@ type candidateRecord struct {
 	pred    latency.Prediction
 }
 
-// record copies the decision d of in's request, made at now, and its candidates.
-func (l *decisionLog) record(in *input, now int64, d *route.Decision) {
+// prefixBlocks is how far into a prompt its prefix hash reaches (decisionRecord.prefixHash):
+// 1,024 tokens at vLLM's block size, as the rollout's split.
+const prefixBlocks = splitBlocks
+
+// record copies the decision d of in's request, made at now by arm's policy, and its
+// candidates, and returns its id (for complete).
+func (l *decisionLog) record(in *input, now int64, d *route.Decision, arm *armSeries) uint64 {
 	ws, preds := in.rreq.Candidates()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	r := &l.ring[l.next%decisionLogSize]
 	l.next++
+	r.id, r.done, r.reported, r.status, r.ttft, r.itl, r.cached = l.next, false, false, 0, 0, 0, 0
 	r.at, r.model, r.promptTokens, r.priority = now, in.model, in.rreq.PromptTokens, in.prio
 	r.sloTTFT, r.mode, r.worker = in.sloTTFT/1e3, d.Mode, d.Worker.ID
+	r.version = 0
+	if arm != nil {
+		r.version = arm.num
+	}
+	r.overlap, r.achievable = d.Overlap, max(d.Achievable, d.Overlap)
+	r.prefixHash, r.prefixBlocks = 0, 0
+	if h := in.rreq.Hashes; len(h) > 0 {
+		r.prefixBlocks = min(len(h), prefixBlocks)
+		r.prefixHash = h[r.prefixBlocks-1]
+	}
 	r.candidates = r.candidates[:0]
+	if len(ws) == 0 {
+		// A policy that predicts nothing: the picked worker alone.
+		r.candidates = append(r.candidates, candidateRecord{worker: d.Worker.ID, overlap: d.Overlap, load: d.Worker.Load()})
+	}
 	for i, w := range ws {
 		r.candidates = append(r.candidates, candidateRecord{worker: w.ID, overlap: in.rreq.Overlap(w), load: w.Load(), pred: preds[i]})
 	}
+	return r.id
 }
+
+// complete records how decision id's answer went, if the decision is still kept.
+func (l *decisionLog) complete(id uint64, status int, res *oai.Observation) {
+	if id == 0 {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	r := &l.ring[(id-1)%decisionLogSize]
+	if r.id != id || r.done {
+		return
+	}
+	r.done, r.status = true, status
+	if ns, ok := res.TTFT(); ok {
+		r.ttft = seconds(ns)
+	}
+	if res.Chunks > 1 {
+		r.itl = seconds(res.ITLSum) / float64(res.Chunks-1)
+	}
+	if res.Usage.HasCached {
+		r.cached = int(min(res.Usage.CachedTokens, 1<<30))
+	}
+}
+
+// reportDecisions returns the completed decisions not yet reported, oldest first, at most
+// maxReportDecisions, and marks them reported: the load reporter's share for the control
+// plane. It runs on the reporter's goroutine.
+func (l *decisionLog) reportDecisions() []*xdsv1.DecisionSample {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []*xdsv1.DecisionSample
+	first := l.next - min(l.next, decisionLogSize)
+	for i := first; i < l.next && len(out) < maxReportDecisions; i++ {
+		r := &l.ring[i%decisionLogSize]
+		if !r.done || r.reported {
+			continue
+		}
+		r.reported = true
+		ds := &xdsv1.DecisionSample{
+			Id: r.id, UnixMs: r.at / 1e6, Model: r.model, PromptTokens: uint32(min(r.promptTokens, 1<<31)), Priority: int32(max(min(r.priority, 1<<30), -1<<30)),
+			Mode: r.mode, Worker: r.worker, PolicyVersion: r.version, OverlapBlocks: r.overlap, AchievableBlocks: r.achievable,
+			Status: uint32(max(r.status, 0)), Ttft: r.ttft, Itl: r.itl, CachedTokens: uint32(r.cached),
+			PrefixHash: r.prefixHash, PrefixBlocks: uint32(r.prefixBlocks),
+		}
+		for _, c := range r.candidates {
+			ds.Candidates = append(ds.Candidates, &xdsv1.CandidateSample{Worker: c.worker, CachedBlocks: c.overlap, Requests: c.load,
+				Ttft: c.pred.TTFT, Queue: c.pred.Queue, Prefill: c.pred.Prefill})
+		}
+		out = append(out, ds)
+	}
+	return out
+}
+
+// maxReportDecisions bounds the decisions one load report carries.
+const maxReportDecisions = 32
 
 // DecisionJSON is one sampled decision as DecisionsHandler serves it; times in milliseconds.
 type DecisionJSON struct {
+	ID           uint64          `json:"id"`
 	Time         time.Time       `json:"time"`
 	Model        string          `json:"model"`
 	PromptTokens int             `json:"prompt_tokens"`
@@ -66,7 +160,15 @@ type DecisionJSON struct {
 	SLOTTFTMs    float64         `json:"slo_ttft_ms,omitempty"`
 	Mode         string          `json:"mode"`
 	Worker       string          `json:"worker"`
+	RegretBlocks float64         `json:"regret_blocks"`
 	Candidates   []CandidateJSON `json:"candidates"`
+	// The answer, once it ended: its status, TTFT and mean inter-token latency, and the
+	// prompt tokens the engine reported cached.
+	Done         bool    `json:"done"`
+	Status       int     `json:"status,omitempty"`
+	TTFTMs       float64 `json:"ttft_ms,omitempty"`
+	ITLMs        float64 `json:"itl_ms,omitempty"`
+	CachedTokens int     `json:"cached_tokens,omitempty"`
 }
 
 // CandidateJSON is one candidate worker of a decision and what the model predicted for it.
@@ -97,8 +199,9 @@ func (s *Server) Decisions(n int) []DecisionJSON {
 	out := make([]DecisionJSON, 0, n)
 	for i := range n {
 		r := &l.ring[(l.next-1-uint64(i))%decisionLogSize]
-		d := DecisionJSON{Time: time.Unix(0, r.at), Model: r.model, PromptTokens: r.promptTokens, Priority: r.priority,
-			SLOTTFTMs: r.sloTTFT * 1e3, Mode: r.mode, Worker: r.worker}
+		d := DecisionJSON{ID: r.id, Time: time.Unix(0, r.at), Model: r.model, PromptTokens: r.promptTokens, Priority: r.priority,
+			SLOTTFTMs: r.sloTTFT * 1e3, Mode: r.mode, Worker: r.worker, RegretBlocks: r.achievable - r.overlap,
+			Done: r.done, Status: r.status, TTFTMs: r.ttft * 1e3, ITLMs: r.itl * 1e3, CachedTokens: r.cached}
 		for _, c := range r.candidates {
 			d.Candidates = append(d.Candidates, CandidateJSON{
 				Worker: c.worker, CachedBlocks: c.overlap, Requests: c.load,

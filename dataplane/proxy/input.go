@@ -49,8 +49,9 @@ type input struct {
 	extra    []byte         // the multimodal identifiers keys.MM points into
 	keys     blockhash.Keys // this request's blocks' extra keys
 	prio     int
-	timed    bool  // this request's decision stages are timed (sampled)
-	tokStart int64 // when a timed request's tokenization began
+	timed    bool   // this request's decision stages are timed (sampled)
+	decID    uint64 // its sampled decision in the server's decisionLog (0: none)
+	tokStart int64  // when a timed request's tokenization began
 	// convKeys are the request's conversation keys for the remote tokenizer's cache;
 	// extraTokens the estimated tokens of messages past a cached conversation prefix, which
 	// routing counts beside the prefix's.

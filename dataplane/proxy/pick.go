@@ -110,7 +110,7 @@ func (p *Pick) reset(s *Server) {
 	in := &p.in
 	in.srv, in.inline = s, true
 	in.kind, in.model, in.session, in.hasPrio, in.hdrPrio, in.hdrOSL, in.sloTTFT, in.sloTPOT = 0, "", in.session[:0], false, 0, 0, 0, 0
-	in.timed = pickSeq.Add(1)%timedEvery == 1
+	in.timed, in.decID = pickSeq.Add(1)%timedEvery == 1, 0
 	p.t = tally{}
 	p.dec, p.arm, p.mm, p.prefiller, p.queued = route.Decision{}, nil, nil, nil, nil
 	p.status, p.begun, p.finished, p.subset, p.mutated = 0, false, false, false, false
@@ -296,8 +296,8 @@ func (p *Pick) decide(arrived int64) error {
 		}
 		return p.noWorker()
 	}
-	if in.timed && p.dec.HasPrediction {
-		s.decisions.record(in, now, &p.dec)
+	if in.timed {
+		in.decID = s.decisions.record(in, now, &p.dec, p.arm)
 	}
 	if cand == nil && router == s.kv {
 		in.shadowPick(&p.alt, &p.dec)

@@ -102,6 +102,10 @@ func (t *tally) settle(in *input, arm *armSeries, mm *modelMetrics, res *oai.Obs
 	if t.usage.Worker() != nil {
 		t.ws.m.inflight.Dec()
 	}
+	if in.decID != 0 {
+		s.decisions.complete(in.decID, status, res)
+		in.decID = 0
+	}
 	if status == 200 {
 		// The tokens the engine reports generating, where it reports usage: an engine that
 		// sends several tokens in one event under load (so fewer events than tokens) would

@@ -162,7 +162,7 @@ func (s *Server) setupXDS(ctx context.Context) error {
 		NodeID:  nodeID,
 		OnError: func(err error) { s.log.Debug("index journal stream ended", "err", err) },
 	})
-	x.reporter, err = client.NewReporter(conn, client.ReporterOptions{NodeID: nodeID, Snapshot: s.ownLoad, Arms: s.armReports, Included: x.noteIncluded, Interval: 100 * time.Millisecond})
+	x.reporter, err = client.NewReporter(conn, client.ReporterOptions{NodeID: nodeID, Snapshot: s.ownLoad, Arms: s.armReports, Decisions: s.decisions.reportDecisions, Included: x.noteIncluded, Interval: 100 * time.Millisecond})
 	if err != nil {
 		conn.Close()
 		return err

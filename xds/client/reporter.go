@@ -32,6 +32,10 @@ type ReporterOptions struct {
 	// Arms, when set, returns the figures of the routing policy versions the proxy routes
 	// with (LoadReport.arms), called beside Snapshot.
 	Arms func() []*xdsv1.ArmReport
+	// Decisions, when set, returns the sampled decisions to send with the report
+	// (LoadReport.decisions): each once, called beside Snapshot. A report that fails to go
+	// out loses them (they are a sample).
+	Decisions func() []*xdsv1.DecisionSample
 	// Included, when set, hears each merge of the proxies' reports that the control plane
 	// tells this proxy of (LoadReportAck epoch and included_seq): pushed loads of that
 	// Load.epoch include this proxy's report seq. It is called with (0, 0) when a stream
@@ -155,6 +159,9 @@ func (r *Reporter) stream(ctx context.Context) (healthy bool, err error) {
 	send := func() error {
 		r.seq++
 		rep := &xdsv1.LoadReport{NodeId: r.opts.NodeID, Seq: r.seq, Workers: r.opts.Snapshot(r.seq)}
+		if r.opts.Decisions != nil {
+			rep.Decisions = r.opts.Decisions()
+		}
 		if r.opts.Arms != nil {
 			rep.Arms = r.opts.Arms()
 		}

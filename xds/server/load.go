@@ -202,6 +202,49 @@ func (s Shadow) add(o Shadow) Shadow {
 		satAdd(s.StableLoad, o.StableLoad), satAdd(s.CandLoad, o.CandLoad)}
 }
 
+// MaxReportDecisions bounds the decision samples taken of one report, and
+// maxSampleCandidates the candidates of one sample.
+const (
+	MaxReportDecisions  = 64
+	maxSampleCandidates = 64
+	maxSampleString     = 256
+)
+
+// DecisionsOf returns the decision samples of a report that are whole: at most
+// MaxReportDecisions, each with a worker, names no longer than 256 bytes, finite figures,
+// and at most 64 candidates (the rest dropped); the others are left out.
+func DecisionsOf(r *xdsv1.LoadReport) []*xdsv1.DecisionSample {
+	var out []*xdsv1.DecisionSample
+	for _, d := range r.GetDecisions() {
+		if len(out) == MaxReportDecisions {
+			break
+		}
+		ok := d.GetWorker() != "" && len(d.GetWorker()) <= maxSampleString && len(d.GetModel()) <= maxSampleString && len(d.GetMode()) <= maxSampleString &&
+			finite(d.GetOverlapBlocks(), d.GetAchievableBlocks(), d.GetTtft(), d.GetItl())
+		if !ok {
+			continue
+		}
+		cs := d.GetCandidates()
+		if len(cs) > maxSampleCandidates {
+			d.Candidates = cs[:maxSampleCandidates]
+		}
+		d.Candidates = slices.DeleteFunc(d.Candidates, func(c *xdsv1.CandidateSample) bool {
+			return c.GetWorker() == "" || len(c.GetWorker()) > maxSampleString || !finite(c.GetCachedBlocks(), c.GetTtft(), c.GetQueue(), c.GetPrefill())
+		})
+		out = append(out, d)
+	}
+	return out
+}
+
+func finite(vs ...float64) bool {
+	for _, v := range vs {
+		if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
+			return false
+		}
+	}
+	return true
+}
+
 // maxArms bounds the arms kept of one report (a proxy routes with two at most).
 const maxArms = 4
 
@@ -533,6 +576,11 @@ func (ls *loadService) Report(st grpc.BidiStreamingServer[xdsv1.LoadReport, xdsv
 			}
 			node = r.GetNodeId()
 			s.load.put(node, id, r)
+			if f := s.opts.OnDecisions; f != nil && len(r.GetDecisions()) > 0 {
+				if ds := DecisionsOf(r); len(ds) > 0 {
+					f(node, ds)
+				}
+			}
 			if err := st.Send(ack); err != nil {
 				return fmt.Errorf("acknowledging load report: %w", err)
 			}

@@ -50,3 +50,34 @@ func FuzzArmsOf(f *testing.F) {
 		}
 	})
 }
+
+// FuzzDecisionsOf: any decoded report's decision samples are kept only whole (a worker,
+// bounded names, finite non-negative figures, at most MaxReportDecisions of at most 64
+// candidates each, every candidate named and finite), without a panic.
+func FuzzDecisionsOf(f *testing.F) {
+	ok, _ := proto.Marshal(&xdsv1.LoadReport{NodeId: "a", Decisions: []*xdsv1.DecisionSample{
+		{Id: 1, Worker: "w0", Mode: "cost", OverlapBlocks: 3, Ttft: 0.05, Candidates: []*xdsv1.CandidateSample{{Worker: "w0", CachedBlocks: 3}, {Worker: "w1"}}}}})
+	f.Add(ok)
+	bad, _ := proto.Marshal(&xdsv1.LoadReport{NodeId: "a", Decisions: []*xdsv1.DecisionSample{{Worker: "", Ttft: math.NaN()}, {Worker: "w", Itl: -1}}})
+	f.Add(bad)
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		var r xdsv1.LoadReport
+		if proto.Unmarshal(raw, &r) != nil {
+			return
+		}
+		ds := DecisionsOf(&r)
+		if len(ds) > MaxReportDecisions {
+			t.Fatalf("%d decisions kept", len(ds))
+		}
+		for _, d := range ds {
+			if d.GetWorker() == "" || len(d.GetWorker()) > maxSampleString || !finite(d.GetOverlapBlocks(), d.GetAchievableBlocks(), d.GetTtft(), d.GetItl()) || len(d.GetCandidates()) > maxSampleCandidates {
+				t.Fatalf("decision %v kept", d)
+			}
+			for _, c := range d.GetCandidates() {
+				if c.GetWorker() == "" || !finite(c.GetCachedBlocks(), c.GetTtft(), c.GetQueue(), c.GetPrefill()) {
+					t.Fatalf("candidate %v kept", c)
+				}
+			}
+		}
+	})
+}

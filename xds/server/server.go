@@ -65,6 +65,10 @@ type Options struct {
 	// (its flow-control window full: it does not read), instead of holding the response for
 	// as long as the connection lives (default DefaultSendTimeout).
 	SendTimeout time.Duration
+	// OnDecisions, when set, hears the sampled routing decisions each load report carries
+	// (LoadReport.decisions: at most MaxReportDecisions, each checked by DecisionsOf), from
+	// the report's stream goroutine.
+	OnDecisions func(node string, ds []*xdsv1.DecisionSample)
 }
 
 // keepaliveTimeout is how long a pinged peer has to answer, and the TCP user timeout of

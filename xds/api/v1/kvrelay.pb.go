@@ -976,7 +976,11 @@ type LoadReport struct {
 	Seq uint64 `protobuf:"varint,3,opt,name=seq,proto3" json:"seq,omitempty"`
 	// arms are the proxy's figures per routing policy version it routes with now (the stable
 	// policy and, during a rollout, the candidate), cumulative for the process's life.
-	Arms          []*ArmReport `protobuf:"bytes,4,rep,name=arms,proto3" json:"arms,omitempty"`
+	Arms []*ArmReport `protobuf:"bytes,4,rep,name=arms,proto3" json:"arms,omitempty"`
+	// decisions are a sample of the routing decisions whose answers ended since the last
+	// report (one request in eight, at most 32 a report), each with every candidate's figures
+	// and the answer's: what the operator console shows and explains.
+	Decisions     []*DecisionSample `protobuf:"bytes,5,rep,name=decisions,proto3" json:"decisions,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1039,6 +1043,282 @@ func (x *LoadReport) GetArms() []*ArmReport {
 	return nil
 }
 
+func (x *LoadReport) GetDecisions() []*DecisionSample {
+	if x != nil {
+		return x.Decisions
+	}
+	return nil
+}
+
+// DecisionSample is one routing decision a proxy made and how its request went.
+type DecisionSample struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// id names the request within its proxy (unique for the proxy's life).
+	Id           uint64 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	UnixMs       int64  `protobuf:"varint,2,opt,name=unix_ms,json=unixMs,proto3" json:"unix_ms,omitempty"` // when it was routed
+	Model        string `protobuf:"bytes,3,opt,name=model,proto3" json:"model,omitempty"`
+	PromptTokens uint32 `protobuf:"varint,4,opt,name=prompt_tokens,json=promptTokens,proto3" json:"prompt_tokens,omitempty"`
+	Priority     int32  `protobuf:"varint,5,opt,name=priority,proto3" json:"priority,omitempty"`
+	// mode says which rule decided: cost, spread, session, slo, affinity or a picker's name.
+	Mode          string `protobuf:"bytes,6,opt,name=mode,proto3" json:"mode,omitempty"`
+	Worker        string `protobuf:"bytes,7,opt,name=worker,proto3" json:"worker,omitempty"`
+	PolicyVersion uint64 `protobuf:"varint,8,opt,name=policy_version,json=policyVersion,proto3" json:"policy_version,omitempty"`
+	// overlap_blocks are the prompt blocks the picked worker cached, achievable_blocks the
+	// most any candidate did: their difference is the decision's regret.
+	OverlapBlocks    float64            `protobuf:"fixed64,9,opt,name=overlap_blocks,json=overlapBlocks,proto3" json:"overlap_blocks,omitempty"`
+	AchievableBlocks float64            `protobuf:"fixed64,10,opt,name=achievable_blocks,json=achievableBlocks,proto3" json:"achievable_blocks,omitempty"`
+	Candidates       []*CandidateSample `protobuf:"bytes,11,rep,name=candidates,proto3" json:"candidates,omitempty"`
+	// The answer: its status, time to first token and mean inter-token latency in seconds (0:
+	// none), the prompt tokens the engine reported cached and its prompt's length.
+	Status       uint32  `protobuf:"varint,12,opt,name=status,proto3" json:"status,omitempty"`
+	Ttft         float64 `protobuf:"fixed64,13,opt,name=ttft,proto3" json:"ttft,omitempty"`
+	Itl          float64 `protobuf:"fixed64,14,opt,name=itl,proto3" json:"itl,omitempty"`
+	CachedTokens uint32  `protobuf:"varint,15,opt,name=cached_tokens,json=cachedTokens,proto3" json:"cached_tokens,omitempty"`
+	// prefix_hash is the chain hash of the prompt's blocks up to its first 64 (or all of
+	// them, when fewer) and prefix_blocks how many that is: requests sharing it share that
+	// prefix, the console's hottest prefixes.
+	PrefixHash    uint64 `protobuf:"fixed64,16,opt,name=prefix_hash,json=prefixHash,proto3" json:"prefix_hash,omitempty"`
+	PrefixBlocks  uint32 `protobuf:"varint,17,opt,name=prefix_blocks,json=prefixBlocks,proto3" json:"prefix_blocks,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DecisionSample) Reset() {
+	*x = DecisionSample{}
+	mi := &file_kvrelay_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DecisionSample) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DecisionSample) ProtoMessage() {}
+
+func (x *DecisionSample) ProtoReflect() protoreflect.Message {
+	mi := &file_kvrelay_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DecisionSample.ProtoReflect.Descriptor instead.
+func (*DecisionSample) Descriptor() ([]byte, []int) {
+	return file_kvrelay_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *DecisionSample) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *DecisionSample) GetUnixMs() int64 {
+	if x != nil {
+		return x.UnixMs
+	}
+	return 0
+}
+
+func (x *DecisionSample) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *DecisionSample) GetPromptTokens() uint32 {
+	if x != nil {
+		return x.PromptTokens
+	}
+	return 0
+}
+
+func (x *DecisionSample) GetPriority() int32 {
+	if x != nil {
+		return x.Priority
+	}
+	return 0
+}
+
+func (x *DecisionSample) GetMode() string {
+	if x != nil {
+		return x.Mode
+	}
+	return ""
+}
+
+func (x *DecisionSample) GetWorker() string {
+	if x != nil {
+		return x.Worker
+	}
+	return ""
+}
+
+func (x *DecisionSample) GetPolicyVersion() uint64 {
+	if x != nil {
+		return x.PolicyVersion
+	}
+	return 0
+}
+
+func (x *DecisionSample) GetOverlapBlocks() float64 {
+	if x != nil {
+		return x.OverlapBlocks
+	}
+	return 0
+}
+
+func (x *DecisionSample) GetAchievableBlocks() float64 {
+	if x != nil {
+		return x.AchievableBlocks
+	}
+	return 0
+}
+
+func (x *DecisionSample) GetCandidates() []*CandidateSample {
+	if x != nil {
+		return x.Candidates
+	}
+	return nil
+}
+
+func (x *DecisionSample) GetStatus() uint32 {
+	if x != nil {
+		return x.Status
+	}
+	return 0
+}
+
+func (x *DecisionSample) GetTtft() float64 {
+	if x != nil {
+		return x.Ttft
+	}
+	return 0
+}
+
+func (x *DecisionSample) GetItl() float64 {
+	if x != nil {
+		return x.Itl
+	}
+	return 0
+}
+
+func (x *DecisionSample) GetCachedTokens() uint32 {
+	if x != nil {
+		return x.CachedTokens
+	}
+	return 0
+}
+
+func (x *DecisionSample) GetPrefixHash() uint64 {
+	if x != nil {
+		return x.PrefixHash
+	}
+	return 0
+}
+
+func (x *DecisionSample) GetPrefixBlocks() uint32 {
+	if x != nil {
+		return x.PrefixBlocks
+	}
+	return 0
+}
+
+// CandidateSample is one candidate worker of a decision: its cached prompt blocks, its load
+// and, under a policy that predicts, its predicted TTFT split into queue and prefill
+// (seconds).
+type CandidateSample struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Worker        string                 `protobuf:"bytes,1,opt,name=worker,proto3" json:"worker,omitempty"`
+	CachedBlocks  float64                `protobuf:"fixed64,2,opt,name=cached_blocks,json=cachedBlocks,proto3" json:"cached_blocks,omitempty"`
+	Requests      int64                  `protobuf:"varint,3,opt,name=requests,proto3" json:"requests,omitempty"`
+	Ttft          float64                `protobuf:"fixed64,4,opt,name=ttft,proto3" json:"ttft,omitempty"`
+	Queue         float64                `protobuf:"fixed64,5,opt,name=queue,proto3" json:"queue,omitempty"`
+	Prefill       float64                `protobuf:"fixed64,6,opt,name=prefill,proto3" json:"prefill,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CandidateSample) Reset() {
+	*x = CandidateSample{}
+	mi := &file_kvrelay_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CandidateSample) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CandidateSample) ProtoMessage() {}
+
+func (x *CandidateSample) ProtoReflect() protoreflect.Message {
+	mi := &file_kvrelay_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CandidateSample.ProtoReflect.Descriptor instead.
+func (*CandidateSample) Descriptor() ([]byte, []int) {
+	return file_kvrelay_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *CandidateSample) GetWorker() string {
+	if x != nil {
+		return x.Worker
+	}
+	return ""
+}
+
+func (x *CandidateSample) GetCachedBlocks() float64 {
+	if x != nil {
+		return x.CachedBlocks
+	}
+	return 0
+}
+
+func (x *CandidateSample) GetRequests() int64 {
+	if x != nil {
+		return x.Requests
+	}
+	return 0
+}
+
+func (x *CandidateSample) GetTtft() float64 {
+	if x != nil {
+		return x.Ttft
+	}
+	return 0
+}
+
+func (x *CandidateSample) GetQueue() float64 {
+	if x != nil {
+		return x.Queue
+	}
+	return 0
+}
+
+func (x *CandidateSample) GetPrefill() float64 {
+	if x != nil {
+		return x.Prefill
+	}
+	return 0
+}
+
 // ArmReport is what one proxy saw of the chat and text completions one policy version
 // routed.
 type ArmReport struct {
@@ -1087,7 +1367,7 @@ type ArmReport struct {
 
 func (x *ArmReport) Reset() {
 	*x = ArmReport{}
-	mi := &file_kvrelay_proto_msgTypes[9]
+	mi := &file_kvrelay_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1099,7 +1379,7 @@ func (x *ArmReport) String() string {
 func (*ArmReport) ProtoMessage() {}
 
 func (x *ArmReport) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[9]
+	mi := &file_kvrelay_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1112,7 +1392,7 @@ func (x *ArmReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ArmReport.ProtoReflect.Descriptor instead.
 func (*ArmReport) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{9}
+	return file_kvrelay_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ArmReport) GetPolicyVersion() uint64 {
@@ -1273,7 +1553,7 @@ type ReportSeq struct {
 
 func (x *ReportSeq) Reset() {
 	*x = ReportSeq{}
-	mi := &file_kvrelay_proto_msgTypes[10]
+	mi := &file_kvrelay_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1285,7 +1565,7 @@ func (x *ReportSeq) String() string {
 func (*ReportSeq) ProtoMessage() {}
 
 func (x *ReportSeq) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[10]
+	mi := &file_kvrelay_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1298,7 +1578,7 @@ func (x *ReportSeq) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportSeq.ProtoReflect.Descriptor instead.
 func (*ReportSeq) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{10}
+	return file_kvrelay_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ReportSeq) GetNodeId() string {
@@ -1327,7 +1607,7 @@ type WorkerLoad struct {
 
 func (x *WorkerLoad) Reset() {
 	*x = WorkerLoad{}
-	mi := &file_kvrelay_proto_msgTypes[11]
+	mi := &file_kvrelay_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1339,7 +1619,7 @@ func (x *WorkerLoad) String() string {
 func (*WorkerLoad) ProtoMessage() {}
 
 func (x *WorkerLoad) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[11]
+	mi := &file_kvrelay_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1352,7 +1632,7 @@ func (x *WorkerLoad) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerLoad.ProtoReflect.Descriptor instead.
 func (*WorkerLoad) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{11}
+	return file_kvrelay_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *WorkerLoad) GetWorkerId() string {
@@ -1399,7 +1679,7 @@ type LoadReportAck struct {
 
 func (x *LoadReportAck) Reset() {
 	*x = LoadReportAck{}
-	mi := &file_kvrelay_proto_msgTypes[12]
+	mi := &file_kvrelay_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1411,7 +1691,7 @@ func (x *LoadReportAck) String() string {
 func (*LoadReportAck) ProtoMessage() {}
 
 func (x *LoadReportAck) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[12]
+	mi := &file_kvrelay_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1424,7 +1704,7 @@ func (x *LoadReportAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadReportAck.ProtoReflect.Descriptor instead.
 func (*LoadReportAck) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{12}
+	return file_kvrelay_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *LoadReportAck) GetIntervalMs() uint32 {
@@ -1538,13 +1818,43 @@ const file_kvrelay_proto_rawDesc = "" +
 	"\x05reset\x18\x04 \x01(\bR\x05reset\x12#\n" +
 	"\rsnapshot_done\x18\x05 \x01(\bR\fsnapshotDone\x12\x10\n" +
 	"\x03seq\x18\x06 \x03(\x06R\x03seq\x12\x0e\n" +
-	"\x02at\x18\a \x03(\rR\x02at\"\x9c\x01\n" +
+	"\x02at\x18\a \x03(\rR\x02at\"\xda\x01\n" +
 	"\n" +
 	"LoadReport\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x124\n" +
 	"\aworkers\x18\x02 \x03(\v2\x1a.kvrelay.xds.v1.WorkerLoadR\aworkers\x12\x10\n" +
 	"\x03seq\x18\x03 \x01(\x04R\x03seq\x12-\n" +
-	"\x04arms\x18\x04 \x03(\v2\x19.kvrelay.xds.v1.ArmReportR\x04arms\"\xb6\x06\n" +
+	"\x04arms\x18\x04 \x03(\v2\x19.kvrelay.xds.v1.ArmReportR\x04arms\x12<\n" +
+	"\tdecisions\x18\x05 \x03(\v2\x1e.kvrelay.xds.v1.DecisionSampleR\tdecisions\"\xa1\x04\n" +
+	"\x0eDecisionSample\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x17\n" +
+	"\aunix_ms\x18\x02 \x01(\x03R\x06unixMs\x12\x14\n" +
+	"\x05model\x18\x03 \x01(\tR\x05model\x12#\n" +
+	"\rprompt_tokens\x18\x04 \x01(\rR\fpromptTokens\x12\x1a\n" +
+	"\bpriority\x18\x05 \x01(\x05R\bpriority\x12\x12\n" +
+	"\x04mode\x18\x06 \x01(\tR\x04mode\x12\x16\n" +
+	"\x06worker\x18\a \x01(\tR\x06worker\x12%\n" +
+	"\x0epolicy_version\x18\b \x01(\x04R\rpolicyVersion\x12%\n" +
+	"\x0eoverlap_blocks\x18\t \x01(\x01R\roverlapBlocks\x12+\n" +
+	"\x11achievable_blocks\x18\n" +
+	" \x01(\x01R\x10achievableBlocks\x12?\n" +
+	"\n" +
+	"candidates\x18\v \x03(\v2\x1f.kvrelay.xds.v1.CandidateSampleR\n" +
+	"candidates\x12\x16\n" +
+	"\x06status\x18\f \x01(\rR\x06status\x12\x12\n" +
+	"\x04ttft\x18\r \x01(\x01R\x04ttft\x12\x10\n" +
+	"\x03itl\x18\x0e \x01(\x01R\x03itl\x12#\n" +
+	"\rcached_tokens\x18\x0f \x01(\rR\fcachedTokens\x12\x1f\n" +
+	"\vprefix_hash\x18\x10 \x01(\x06R\n" +
+	"prefixHash\x12#\n" +
+	"\rprefix_blocks\x18\x11 \x01(\rR\fprefixBlocks\"\xae\x01\n" +
+	"\x0fCandidateSample\x12\x16\n" +
+	"\x06worker\x18\x01 \x01(\tR\x06worker\x12#\n" +
+	"\rcached_blocks\x18\x02 \x01(\x01R\fcachedBlocks\x12\x1a\n" +
+	"\brequests\x18\x03 \x01(\x03R\brequests\x12\x12\n" +
+	"\x04ttft\x18\x04 \x01(\x01R\x04ttft\x12\x14\n" +
+	"\x05queue\x18\x05 \x01(\x01R\x05queue\x12\x18\n" +
+	"\aprefill\x18\x06 \x01(\x01R\aprefill\"\xb6\x06\n" +
 	"\tArmReport\x12%\n" +
 	"\x0epolicy_version\x18\x01 \x01(\x04R\rpolicyVersion\x12\x1a\n" +
 	"\brequests\x18\x02 \x01(\x04R\brequests\x12\x16\n" +
@@ -1612,47 +1922,51 @@ func file_kvrelay_proto_rawDescGZIP() []byte {
 }
 
 var file_kvrelay_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_kvrelay_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_kvrelay_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_kvrelay_proto_goTypes = []any{
-	(Role)(0),             // 0: kvrelay.xds.v1.Role
-	(*Worker)(nil),        // 1: kvrelay.xds.v1.Worker
-	(*KVTiers)(nil),       // 2: kvrelay.xds.v1.KVTiers
-	(*Load)(nil),          // 3: kvrelay.xds.v1.Load
-	(*RoutingPolicy)(nil), // 4: kvrelay.xds.v1.RoutingPolicy
-	(*Profile)(nil),       // 5: kvrelay.xds.v1.Profile
-	(*Plugin)(nil),        // 6: kvrelay.xds.v1.Plugin
-	(*JournalAck)(nil),    // 7: kvrelay.xds.v1.JournalAck
-	(*JournalBatch)(nil),  // 8: kvrelay.xds.v1.JournalBatch
-	(*LoadReport)(nil),    // 9: kvrelay.xds.v1.LoadReport
-	(*ArmReport)(nil),     // 10: kvrelay.xds.v1.ArmReport
-	(*ReportSeq)(nil),     // 11: kvrelay.xds.v1.ReportSeq
-	(*WorkerLoad)(nil),    // 12: kvrelay.xds.v1.WorkerLoad
-	(*LoadReportAck)(nil), // 13: kvrelay.xds.v1.LoadReportAck
-	nil,                   // 14: kvrelay.xds.v1.Plugin.ParamsEntry
+	(Role)(0),               // 0: kvrelay.xds.v1.Role
+	(*Worker)(nil),          // 1: kvrelay.xds.v1.Worker
+	(*KVTiers)(nil),         // 2: kvrelay.xds.v1.KVTiers
+	(*Load)(nil),            // 3: kvrelay.xds.v1.Load
+	(*RoutingPolicy)(nil),   // 4: kvrelay.xds.v1.RoutingPolicy
+	(*Profile)(nil),         // 5: kvrelay.xds.v1.Profile
+	(*Plugin)(nil),          // 6: kvrelay.xds.v1.Plugin
+	(*JournalAck)(nil),      // 7: kvrelay.xds.v1.JournalAck
+	(*JournalBatch)(nil),    // 8: kvrelay.xds.v1.JournalBatch
+	(*LoadReport)(nil),      // 9: kvrelay.xds.v1.LoadReport
+	(*DecisionSample)(nil),  // 10: kvrelay.xds.v1.DecisionSample
+	(*CandidateSample)(nil), // 11: kvrelay.xds.v1.CandidateSample
+	(*ArmReport)(nil),       // 12: kvrelay.xds.v1.ArmReport
+	(*ReportSeq)(nil),       // 13: kvrelay.xds.v1.ReportSeq
+	(*WorkerLoad)(nil),      // 14: kvrelay.xds.v1.WorkerLoad
+	(*LoadReportAck)(nil),   // 15: kvrelay.xds.v1.LoadReportAck
+	nil,                     // 16: kvrelay.xds.v1.Plugin.ParamsEntry
 }
 var file_kvrelay_proto_depIdxs = []int32{
 	0,  // 0: kvrelay.xds.v1.Worker.role:type_name -> kvrelay.xds.v1.Role
 	3,  // 1: kvrelay.xds.v1.Worker.load:type_name -> kvrelay.xds.v1.Load
 	2,  // 2: kvrelay.xds.v1.Worker.kv_tiers:type_name -> kvrelay.xds.v1.KVTiers
-	11, // 3: kvrelay.xds.v1.Load.reports:type_name -> kvrelay.xds.v1.ReportSeq
+	13, // 3: kvrelay.xds.v1.Load.reports:type_name -> kvrelay.xds.v1.ReportSeq
 	4,  // 4: kvrelay.xds.v1.RoutingPolicy.candidate:type_name -> kvrelay.xds.v1.RoutingPolicy
 	5,  // 5: kvrelay.xds.v1.RoutingPolicy.profile:type_name -> kvrelay.xds.v1.Profile
 	6,  // 6: kvrelay.xds.v1.Profile.filters:type_name -> kvrelay.xds.v1.Plugin
 	6,  // 7: kvrelay.xds.v1.Profile.scorers:type_name -> kvrelay.xds.v1.Plugin
 	6,  // 8: kvrelay.xds.v1.Profile.picker:type_name -> kvrelay.xds.v1.Plugin
 	6,  // 9: kvrelay.xds.v1.Profile.spread:type_name -> kvrelay.xds.v1.Plugin
-	14, // 10: kvrelay.xds.v1.Plugin.params:type_name -> kvrelay.xds.v1.Plugin.ParamsEntry
-	12, // 11: kvrelay.xds.v1.LoadReport.workers:type_name -> kvrelay.xds.v1.WorkerLoad
-	10, // 12: kvrelay.xds.v1.LoadReport.arms:type_name -> kvrelay.xds.v1.ArmReport
-	7,  // 13: kvrelay.xds.v1.IndexJournal.Stream:input_type -> kvrelay.xds.v1.JournalAck
-	9,  // 14: kvrelay.xds.v1.LoadReporting.Report:input_type -> kvrelay.xds.v1.LoadReport
-	8,  // 15: kvrelay.xds.v1.IndexJournal.Stream:output_type -> kvrelay.xds.v1.JournalBatch
-	13, // 16: kvrelay.xds.v1.LoadReporting.Report:output_type -> kvrelay.xds.v1.LoadReportAck
-	15, // [15:17] is the sub-list for method output_type
-	13, // [13:15] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	16, // 10: kvrelay.xds.v1.Plugin.params:type_name -> kvrelay.xds.v1.Plugin.ParamsEntry
+	14, // 11: kvrelay.xds.v1.LoadReport.workers:type_name -> kvrelay.xds.v1.WorkerLoad
+	12, // 12: kvrelay.xds.v1.LoadReport.arms:type_name -> kvrelay.xds.v1.ArmReport
+	10, // 13: kvrelay.xds.v1.LoadReport.decisions:type_name -> kvrelay.xds.v1.DecisionSample
+	11, // 14: kvrelay.xds.v1.DecisionSample.candidates:type_name -> kvrelay.xds.v1.CandidateSample
+	7,  // 15: kvrelay.xds.v1.IndexJournal.Stream:input_type -> kvrelay.xds.v1.JournalAck
+	9,  // 16: kvrelay.xds.v1.LoadReporting.Report:input_type -> kvrelay.xds.v1.LoadReport
+	8,  // 17: kvrelay.xds.v1.IndexJournal.Stream:output_type -> kvrelay.xds.v1.JournalBatch
+	15, // 18: kvrelay.xds.v1.LoadReporting.Report:output_type -> kvrelay.xds.v1.LoadReportAck
+	17, // [17:19] is the sub-list for method output_type
+	15, // [15:17] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_kvrelay_proto_init() }
@@ -1667,7 +1981,7 @@ func file_kvrelay_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvrelay_proto_rawDesc), len(file_kvrelay_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   14,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   2,
 		},
