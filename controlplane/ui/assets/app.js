@@ -213,14 +213,20 @@ async function loadPrefixes() {
 
 // --- decisions -----------------------------------------------------------------------
 
+let loadingDecisions = false;
+
 async function loadDecisions() {
+  if (loadingDecisions) return; // the next fleet event asks again
+  loadingDecisions = true;
   try {
     const r = await getJSON("/v1/decisions?n=100&since=" + lastDecision);
+    const have = new Set(decisions.map((d) => d.id));
+    for (const d of r.decisions.reverse()) if (!have.has(d.id)) decisions.unshift(d);
     lastDecision = Math.max(lastDecision, num(r.last));
-    for (const d of r.decisions.reverse()) decisions.unshift(d);
     decisions.length = Math.min(decisions.length, maxDecisionRows);
     renderDecisions();
   } catch (e) { /* shown by the event stream's status */ }
+  finally { loadingDecisions = false; }
 }
 
 function renderDecisions() {
