@@ -345,10 +345,19 @@ func (s *Server) fleet(ctx context.Context) FleetView {
 		v.Workers = append(v.Workers, out)
 	}
 	ps, _ := o.ListProxies(ctx)
+	reports := s.xds.NodeReports()
 	pm := make([]json.RawMessage, 0, len(ps))
 	for _, p := range ps {
 		b, _ := consoleJSON.Marshal(p)
-		pm = append(pm, b)
+		var m map[string]any
+		_ = json.Unmarshal(b, &m)
+		if r, ok := reports[p.GetNodeId()]; ok {
+			// How long ago its latest load report came, and the policy versions it routes with.
+			m["report_age_s"] = math.Round(time.Since(r.At).Seconds()*10) / 10
+			m["policy_versions"] = r.Versions
+		}
+		out, _ := json.Marshal(m)
+		pm = append(pm, out)
 	}
 	v.Proxies, _ = json.Marshal(pm)
 	if p, err := o.GetPolicy(ctx); err == nil {

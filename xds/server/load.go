@@ -80,6 +80,29 @@ func (s *Server) Arms() map[uint64]Arm { return SumArms(s.load.nodeArms()) }
 // to read, not to modify.
 func (s *Server) NodeArms() map[string][]Arm { return s.load.nodeArms() }
 
+// NodeReport is what the latest load report of a proxy says of it: when it came and the
+// routing policy versions the proxy routes with (its arms').
+type NodeReport struct {
+	At       time.Time
+	Versions []uint64
+}
+
+// NodeReports returns each live proxy's latest report by node id. The map is the caller's.
+func (s *Server) NodeReports() map[string]NodeReport {
+	l := s.load
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make(map[string]NodeReport, len(l.nodes))
+	for id, r := range l.nodes {
+		nr := NodeReport{At: r.at}
+		for _, a := range r.arms {
+			nr.Versions = append(nr.Versions, a.Version)
+		}
+		out[id] = nr
+	}
+	return out
+}
+
 func (l *loadStore) nodeArms() map[string][]Arm {
 	l.mu.Lock()
 	defer l.mu.Unlock()

@@ -139,11 +139,13 @@ function renderFleet(f) {
   }
   const pb = $("#proxies tbody");
   pb.textContent = "";
-  for (const p of JSON.parse(JSON.stringify(f.proxies || []))) {
+  for (const p of f.proxies || []) {
     const tr = document.createElement("tr");
     tr.dataset.proxy = p.node_id;
     cell(tr, p.node_id);
     cell(tr, String(num(p.streams)), "num");
+    cell(tr, (p.policy_versions || []).join(", ") || "–");
+    cell(tr, p.report_age_s === undefined ? "–" : p.report_age_s + " s ago", "num");
     cell(tr, p.last_nack ? p.last_nack.reason : "–");
     pb.appendChild(tr);
   }
@@ -288,7 +290,10 @@ async function loadPlanner() {
     $("#planner-summary").textContent = e.status === 404 ? "No planner runs in this control plane." : "Planner unavailable.";
     return;
   }
-  const pools = Object.entries(st.replicas || {}).map(([p, n]) => p + " " + n).join(", ");
+  // Per pool: the replicas running now, and the target of the planner's latest decision.
+  const target = {};
+  for (const d of st.decisions || []) target[d.pool] = d.to;
+  const pools = Object.entries(st.replicas || {}).map(([p, n]) => p + " " + n + (target[p] !== undefined ? " (target " + target[p] + ")" : "")).join(", ");
   $("#planner-summary").textContent = "Targets TTFT " + st.ttft_target_ms + " ms, ITL " + st.itl_target_ms +
     " ms; every " + st.interval + (st.dry_run ? " (dry run)" : "") + "; replicas now: " + (pools || "–") + ".";
   plannerRate.length = 0;
