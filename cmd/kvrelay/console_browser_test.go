@@ -164,9 +164,19 @@ func TestConsoleInBrowser(t *testing.T) {
 	}
 	// A drained worker shows drained.
 	drained := workers.Workers[1].Spec.ID
-	if code, b := apiCall("POST", "/v1/workers/"+drained+"/drain", "{}"); code != 200 {
-		t.Fatalf("drain %s: %d %s", drained, code, b)
+	ctl := func(args ...string) {
+		t.Helper()
+		cmd := newCtlCmd()
+		cmd.SilenceErrors = true
+		var out strings.Builder
+		cmd.SetOut(&out)
+		cmd.SetErr(&out)
+		cmd.SetArgs(append(args, "--api", api, "--token-file", tokenPath))
+		if err := cmd.ExecuteContext(t.Context()); err != nil {
+			t.Fatalf("ctl %v: %v\n%s", args, err, out.String())
+		}
 	}
+	ctl("drain", drained)
 	waitJS("the drained worker shown drained", fmt.Sprintf(`!!document.querySelector('#workers tr[data-worker=%q][data-state="draining"]')`, drained), 5*time.Second)
 	if code, b := apiCall("POST", "/v1/workers/"+drained+"/undrain", "{}"); code != 200 {
 		t.Fatalf("undrain %s: %d %s", drained, code, b)
@@ -203,6 +213,10 @@ func TestConsoleInBrowser(t *testing.T) {
 		}
 	}
 	waitJS("the planner's scale-up shown", `[...document.querySelectorAll('#planner-decisions tbody tr')].some(r => /2 → 3|1 → 2/.test(r.textContent))`, 10*time.Second)
+	waitJS("the replica chart reaching the scaled-up count", `(() => {
+		const tos = [...document.querySelectorAll('#planner-decisions tbody tr')].map(r => /(\d+) → (\d+)/.exec(r.textContent)).filter(Boolean).map(m => Number(m[2]));
+		return tos.length > 0 && Number(document.querySelector('#chart-replicas').dataset.max) >= Math.max(...tos);
+	})()`, 10*time.Second)
 
 	// A rollout: abort refused without the token, done with it.
 	if code, b := apiCall("POST", "/v1/rollout", `{"candidate": {"policy": "round-robin"}, "spec": {"shadow_ms": 600000, "steps": [0.5, 1], "step_duration_ms": 600000}}`); code != 200 {

@@ -78,6 +78,8 @@ function chart(svg, lines) {
     pl.setAttribute("class", "s" + i);
     svg.appendChild(pl);
   });
+  svg.dataset.max = String(hi);
+  svg.dataset.last = lines.length && lines[0].length ? String(lines[0][lines[0].length - 1]) : "";
   const t = document.createElementNS("http://www.w3.org/2000/svg", "text");
   t.setAttribute("x", "4");
   t.setAttribute("y", "11");
@@ -298,14 +300,17 @@ async function loadPlanner() {
     " ms; every " + st.interval + (st.dry_run ? " (dry run)" : "") + "; replicas now: " + (pools || "–") + ".";
   plannerRate.length = 0;
   plannerPred.length = 0;
+  const replicas = [];
   const seen = new Set();
   for (const d of st.decisions || []) {
     if (seen.has(d.seq)) continue;
     seen.add(d.seq);
     plannerRate.push(d.inputs.request_rate);
     plannerPred.push(d.inputs.predicted_rate);
+    replicas.push(d.to);
   }
   chart($("#chart-planner"), [plannerRate.slice(-seriesLen), plannerPred.slice(-seriesLen)]);
+  chart($("#chart-replicas"), [replicas.slice(-seriesLen)]);
   const tb = $("#planner-decisions tbody");
   tb.textContent = "";
   for (const d of (st.decisions || []).filter((d) => d.from !== d.to).slice(-20).reverse()) {
