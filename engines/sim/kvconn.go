@@ -47,6 +47,7 @@ type kvConnector struct {
 	regionName string
 	metrics    *Metrics
 	backends   []nixl.BackendKind // nil: nixl's default
+	peers      *http.Client       // asks holders for their prefixes (peer fetch)
 
 	mem    *nixl.HostMem
 	agent  *nixl.Agent
@@ -88,6 +89,7 @@ func newKVConnector(cfg Config, engineID, listen, advertiseHost string, m *Metri
 		metrics:   m,
 		dials:     make(map[string]*sync.Mutex),
 		ctx:       context.Background(),
+		peers:     &http.Client{Transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 16}},
 	}
 	c.regionName = fmt.Sprintf("%s block_size=%d slot_bytes=%d", kvRegionPrefix, cfg.BlockSize, c.slotBytes)
 	return c
@@ -344,6 +346,7 @@ type pullJob struct {
 	modelled time.Duration
 	start    time.Time
 	done     func(*pullJob)
+	parent   context.Context // the pull's context's parent; nil: the connector's
 
 	dest   []int
 	cancel context.CancelFunc
@@ -353,7 +356,11 @@ type pullJob struct {
 // startPull reserves destination slots and starts the pull; job.done runs when it is over
 // (from another goroutine, or at once when no slots are free).
 func (c *kvConnector) startPull(job *pullJob) {
-	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.KVTransferTimeout)
+	parent := job.parent
+	if parent == nil {
+		parent = c.ctx
+	}
+	ctx, cancel := context.WithTimeout(parent, c.cfg.KVTransferTimeout)
 	job.cancel = cancel
 	if len(job.local) > 0 {
 		if job.dest = c.reserve(job.local); job.dest == nil {

@@ -119,7 +119,9 @@ func (e *Engine) nextExpiry() time.Time {
 // admitPull admits a decode-leg request as vLLM's NixlConnector does: it takes the prompt's
 // cached prefix, allocates blocks for the rest of the prompt and starts pulling the remote
 // blocks the prefix cache lacks; the request waits (stateLoading) until the pull reports
-// back. It reports false when the blocks are not there yet.
+// back. It reports false when the blocks are not there yet. A peer fetch (r.peerHolder) is
+// admitted alike, and asks its holder for the blocks it lacks only then, so the holder
+// holds them for the transfer alone, not while this request queues.
 func (e *Engine) admitPull(r *Request) bool {
 	bs := e.cfg.BlockSize
 	nPrompt := (r.promptLen + bs - 1) / bs
@@ -147,6 +149,12 @@ func (e *Engine) admitPull(r *Request) bool {
 	e.metrics.admitted(r.promptLen, hit*bs)
 	e.kvm.stats.promptTokens.Add(int64(r.promptLen))
 	e.kvm.stats.cachedTokens.Add(int64(hit * bs))
+	r.state = stateLoading
+	e.loading[r] = true
+	if r.peerHolder != "" {
+		e.askHolder(r, hit, full)
+		return true
+	}
 	// Remote block i holds prompt block i; pull those the prefix cache lacks (none when the
 	// remote list is no longer than the cached prefix).
 	end := max(hit, min(len(r.kvPull.RemoteBlockIDs), nPrompt))
@@ -164,8 +172,6 @@ func (e *Engine) admitPull(r *Request) bool {
 		start:    time.Now(),
 		done:     e.pullDone,
 	}
-	r.state = stateLoading
-	e.loading[r] = true
 	e.kv.startPull(job)
 	r.pullCancel = job.cancel
 	return true
@@ -176,14 +182,22 @@ func (e *Engine) admitPull(r *Request) bool {
 func (e *Engine) pulled(j *pullJob, now time.Time) {
 	r := j.r
 	delete(e.loading, r)
+	if r.pullCancel != nil {
+		r.pullCancel() // a peer fetch's: its ask and pull are over
+		r.pullCancel = nil
+	}
 	if r.state != stateLoading { // aborted (or shut down) while the pull ran
 		e.pool.free(r.blocks)
 		r.blocks = r.blocks[:0]
 		e.publishLoad()
 		return
 	}
+	if r.peerHolder != "" && j.err == nil && j.params == nil {
+		e.peerFallback(r, false) // the holder did not answer, or held nothing
+		return
+	}
 	if j.err != nil && r.peerFetch {
-		e.peerFallback(r)
+		e.peerFallback(r, true)
 		return
 	}
 	if j.err != nil {

@@ -111,17 +111,53 @@ func (e *Engine) export(j *exportJob, now time.Time) {
 	j.reply <- exported{lease: r.ID, blocks: r.kvHeld.blocks, keys: r.kvHeld.keys}
 }
 
-// peerFallback returns a peer-fetch request whose pull failed to the head of the waiting
-// queue, to compute its prompt from its own cache: the client sees only a slower answer.
-func (e *Engine) peerFallback(r *Request) {
+// peerFallback returns a peer-fetch request whose pull failed, or whose holder had nothing
+// to give, to the head of the waiting queue, to compute its prompt from its own cache: the
+// client sees only a slower answer. A failed pull counts as a fallback (a holder that did
+// not answer or held nothing was counted when it was asked).
+func (e *Engine) peerFallback(r *Request, pullFailed bool) {
 	e.pool.free(r.blocks)
 	r.blocks = r.blocks[:0]
 	r.numComputed, r.numStored = 0, 0
-	r.kvPull, r.pulled = nil, false
+	r.kvPull, r.pulled, r.peerHolder, r.peerFetch = nil, false, "", false
 	r.state = stateWaiting
 	e.waiting.pushFront(r)
-	e.metrics.peerFetch("fallback")
+	if pullFailed {
+		e.metrics.peerFetch("fallback")
+	}
 	e.publishLoad()
+}
+
+// askHolder, on the scheduler goroutine, asks r's holder for prompt blocks [hit, full) —
+// r is admitted, its blocks allocated, and loading — then pulls what the holder gives into
+// the blocks after hit; the rest of the prompt is computed. The answer comes back through
+// pullDone: a pull's outcome, or no params when there is nothing to pull.
+func (e *Engine) askHolder(r *Request, hit, full int) {
+	bs := e.cfg.BlockSize
+	hashes := append([]uint64(nil), r.hashes[hit:full]...)
+	local := append([]int32(nil), r.blocks[hit:full]...)
+	keys := blockKeys(make([]uint64, 0, full-hit), r.tokens[:r.promptLen], r.hashes, bs, &r.keys, hit, full)
+	ctx, cancel := context.WithCancel(e.kv.ctx)
+	r.pullCancel = cancel
+	holder := r.peerHolder
+	e.kv.wg.Add(1)
+	go func() {
+		defer e.kv.wg.Done()
+		job := &pullJob{r: r, start: time.Now(), done: e.pullDone}
+		p := e.kv.fetchFrom(ctx, holder, hashes)
+		if p == nil || ctx.Err() != nil {
+			e.pullDone(job)
+			return
+		}
+		// The holder gave the leading blocks of what was asked, remote block i holding
+		// asked block i.
+		n := min(len(p.RemoteBlockIDs), len(hashes))
+		r.peerFetch = true
+		job.params, job.local, job.remote, job.keys = p, local[:n], p.RemoteBlockIDs[:n], keys[:n]
+		job.modelled = e.cfg.ModelledTransfer(n)
+		job.parent = ctx // an abort cancels the pull too
+		e.kv.startPull(job)
+	}()
 }
 
 // exportRequest is the body of POST /kvrelay/kv/export.
@@ -176,45 +212,45 @@ const maxExportResponse = 8 << 20
 // KVTransferTimeout).
 const peerFetchTimeout = 2 * time.Second
 
-// fetchFrom asks the worker at holder for r's prompt prefix and returns the decode-leg
-// parameters that pull it, nil when there is nothing to pull (counted by outcome).
-func (s *Server) fetchFrom(ctx context.Context, holder string, r *Request) *kvTransferParams {
-	full := (r.promptLen - 1) / s.eng.cfg.BlockSize // blocks wholly before the last prompt token
-	if full <= 0 {
-		s.metrics.peerFetch("none")
+// fetchFrom asks the worker at holder for the blocks of hashes (a suffix of a prompt's
+// sequence hashes: what this worker does not cache) and returns the decode-leg parameters
+// that pull them, nil when there is nothing to pull (counted by outcome).
+func (c *kvConnector) fetchFrom(ctx context.Context, holder string, hashes []uint64) *kvTransferParams {
+	if len(hashes) == 0 {
+		c.metrics.peerFetch("none")
 		return nil
 	}
-	body, _ := json.Marshal(exportRequest{BlockHashes: r.hashes[:full]})
-	ctx, cancel := context.WithTimeout(ctx, min(peerFetchTimeout, s.eng.cfg.KVTransferTimeout))
+	body, _ := json.Marshal(exportRequest{BlockHashes: hashes})
+	ctx, cancel := context.WithTimeout(ctx, min(peerFetchTimeout, c.cfg.KVTransferTimeout))
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, holder+"/kvrelay/kv/export", bytes.NewReader(body))
 	if err != nil {
-		s.metrics.peerFetch("export_failed")
+		c.metrics.peerFetch("export_failed")
 		return nil
 	}
 	req.Header.Set("Content-Type", "application/json")
-	resp, err := s.peers.Do(req)
+	resp, err := c.peers.Do(req)
 	if err != nil {
-		s.metrics.peerFetch("export_failed")
+		c.metrics.peerFetch("export_failed")
 		return nil
 	}
 	defer resp.Body.Close()
 	data, err := io.ReadAll(io.LimitReader(resp.Body, maxExportResponse))
 	if err != nil || resp.StatusCode != http.StatusOK {
-		s.metrics.peerFetch("export_failed")
+		c.metrics.peerFetch("export_failed")
 		return nil
 	}
 	var out struct {
 		Params json.RawMessage `json:"kv_transfer_params"`
 	}
 	if json.Unmarshal(data, &out) != nil {
-		s.metrics.peerFetch("export_failed")
+		c.metrics.peerFetch("export_failed")
 		return nil
 	}
-	bs := s.eng.cfg.BlockSize
-	p, aerr := parseKVTransferParams(out.Params, (s.eng.cfg.MaxModelLen+bs-1)/bs)
+	bs := c.cfg.BlockSize
+	p, aerr := parseKVTransferParams(out.Params, (c.cfg.MaxModelLen+bs-1)/bs)
 	if aerr != nil || p == nil || !p.DoRemotePrefill || len(p.RemoteBlockIDs) == 0 {
-		s.metrics.peerFetch("none")
+		c.metrics.peerFetch("none")
 		return nil
 	}
 	return p

@@ -82,14 +82,14 @@ func TestPeerFetchFallsBack(t *testing.T) {
 	t.Run("holder does not answer", func(t *testing.T) {
 		dead := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(500) }))
 		defer dead.Close()
-		chatUsage(t, fetcher, peerBody(prompt+" b", dead.URL))
+		chatUsage(t, fetcher, peerBody("b "+prompt, dead.URL)) // nothing of it cached here
 		if n := metric(t, fetcher, "kvrelay_sim_kv_peer_fetches_total", `result="export_failed"`); n != 1 {
 			t.Fatalf("%v failed exports, want 1", n)
 		}
 	})
 	t.Run("holder dies before the read", func(t *testing.T) {
 		holder := startWorker(t, mut)
-		p := prompt + " c"
+		p := "c " + prompt
 		chatUsage(t, holder, `{"messages":[{"role":"user","content":`+strconv.Quote(p)+`}],"max_tokens":2}`)
 		// A front that relays the export, then stops the holder before answering: the
 		// fetcher gets valid parameters for blocks nobody can read any more.
@@ -151,5 +151,27 @@ func TestPeerFetchFromHostTier(t *testing.T) {
 	}
 	if n := metric(t, fetcher, "kvrelay_sim_kv_peer_fetches_total", `result="pulled"`); n != 1 {
 		t.Fatalf("%v fetches pulled", n)
+	}
+}
+
+// TestPeerFetchAsksOnlyForWhatItLacks: a fetcher that caches the first half of a prompt asks
+// the holder for the blocks after it alone, so the holder holds (and the transfer carries)
+// only those.
+func TestPeerFetchAsksOnlyForWhatItLacks(t *testing.T) {
+	mut := func(c *WorkerConfig) { c.Engine.PeerFetch = true; c.Engine.NumGPUBlocks = 1024 }
+	holder, fetcher := startWorker(t, mut), startWorker(t, mut)
+	half := "lacks " + longText(320)
+	prompt := half + " " + longText(320)
+	chatUsage(t, holder, `{"messages":[{"role":"user","content":`+strconv.Quote(prompt)+`}],"max_tokens":2}`)
+	mine := chatUsage(t, fetcher, `{"messages":[{"role":"user","content":`+strconv.Quote(half)+`}],"max_tokens":2}`)
+	got := chatUsage(t, fetcher, peerBody(prompt, holder.URL()))
+	if got.PromptTokensDetails.CachedTokens < got.PromptTokens-16 {
+		t.Fatalf("fetched request cached %d of %d tokens", got.PromptTokensDetails.CachedTokens, got.PromptTokens)
+	}
+	exported := metric(t, holder, "kvrelay_sim_kv_peer_exported_blocks_total", "")
+	whole := float64((got.PromptTokens - 1) / 16)
+	own := float64(mine.PromptTokens / 16)
+	if exported <= 0 || exported > whole-own+2 {
+		t.Fatalf("holder exported %v blocks; the prompt has %v whole blocks and the fetcher cached about %v", exported, whole, own)
 	}
 }

@@ -80,8 +80,11 @@ type Request struct {
 	// decode); cancels the pull.
 	pulled     bool
 	pullCancel context.CancelFunc
-	// peerFetch: kvPull is a peer fetch, whose failure falls back to computing the prompt.
-	peerFetch bool
+	// peerHolder is the base URL of the worker to fetch the prompt's prefix from (peer
+	// fetch), asked when the request is admitted; peerFetch marks a pull as one, whose
+	// failure falls back to computing the prompt.
+	peerHolder string
+	peerFetch  bool
 
 	// Output, shared with the client under mu.
 	mu       sync.Mutex

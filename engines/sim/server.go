@@ -36,7 +36,6 @@ type Server struct {
 	idBase  string
 	ids     atomic.Uint64
 	bufs    sync.Pool
-	peers   *http.Client // asks holders for their prefixes (peer fetch)
 }
 
 // NewServer builds the API of eng. text maps each output token id to its text.
@@ -53,7 +52,6 @@ func NewServer(eng *Engine, codec Codec, metrics *Metrics, text map[uint32]strin
 		created: time.Now().Unix(),
 		idBase:  hex.EncodeToString(b[:]),
 		bufs:    sync.Pool{New: func() any { b := make([]byte, 0, 4096); return &b }},
-		peers:   &http.Client{Transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 16}},
 	}
 }
 
@@ -237,10 +235,10 @@ func (s *Server) complete(w http.ResponseWriter, hr *http.Request, chat bool) {
 		return
 	}
 	if kvp != nil && kvp.PeerFetch != "" {
-		// A peer fetch: the prefix comes from the holder if it still has it; the response
-		// says nothing of it.
-		if pp := s.fetchFrom(hr.Context(), strings.TrimSuffix(kvp.PeerFetch, "/"), r); pp != nil {
-			r.kvPull, r.peerFetch = pp, true
+		// A peer fetch: the prefix comes from the holder, asked once the request is
+		// admitted, if it still has it; the response says nothing of it.
+		if s.eng.kv != nil {
+			r.peerHolder = strings.TrimSuffix(kvp.PeerFetch, "/")
 		}
 		kvp = nil
 	}
