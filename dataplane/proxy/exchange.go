@@ -648,7 +648,8 @@ func (ex *exchange) tick(now int64, cfg *Config) {
 // appendRouteHeader writes x-kvrelay-route: how the worker was chosen ("cost", "spread",
 // "session", "slo", a picker's name), the prompt blocks it caches and the most any worker
 // cached, and under a predicting policy the chosen worker's predicted TTFT, as
-// "cost; overlap=12; best=12; ttft_ms=41.2". Exposed with x-kvrelay-worker, for debugging
+// "cost; overlap=12; best=12; ttft_ms=41.2", and "; fetch=w2" when the worker is told to
+// pull the prompt's prefix from a peer. Exposed with x-kvrelay-worker, for debugging
 // placement.
 func appendRouteHeader(out []byte, d *route.Decision) []byte {
 	out = append(out, "x-kvrelay-route: "...)
@@ -665,12 +666,16 @@ func appendRouteHeader(out []byte, d *route.Decision) []byte {
 		out = append(out, "; ttft_ms="...)
 		out = strconv.AppendFloat(out, d.Prediction.TTFT*1e3, 'f', 1, 64)
 	}
+	if h := d.PeerFetch; h != nil && h != d.Worker {
+		out = append(out, "; fetch="...)
+		out = append(out, h.ID...)
+	}
 	return append(out, "\r\n"...)
 }
 
 // peerFetchParams is the kv_transfer_params telling a worker to pull the prompt's prefix
 // from the worker at url.
 func peerFetchParams(url string) []byte {
-	b, _ := json.Marshal(map[string]string{"kvrelay_peer_fetch": url})
-	return b
+	q, _ := json.Marshal(url)
+	return append(append([]byte(`{"kvrelay_peer_fetch":`), q...), '}')
 }

@@ -60,6 +60,9 @@ func TestPeerFetchThroughProxy(t *testing.T) {
 	if w := resp.Header.Get("x-kvrelay-worker"); w == holder {
 		t.Fatalf("the subagent waited for the busy holder %s", holder)
 	}
+	if r := resp.Header.Get("x-kvrelay-route"); !strings.HasSuffix(r, "; fetch="+holder) {
+		t.Fatalf("x-kvrelay-route %q does not name the holder %s it fetched from", r, holder)
+	}
 	var out struct {
 		Usage struct {
 			PromptTokens        int `json:"prompt_tokens"`
