@@ -141,7 +141,9 @@ func (s PredictedTTFT) Score(req *Request, ws []*Worker, costs []float64) {
 			}
 			// Pull what the peer caches beyond this worker instead of computing it, when
 			// that is predicted cheaper: the subagent whose context is on a busy parent.
-			if h >= 0 {
+			// Only onto a worker with room for the prompt's blocks: a fetch takes them all
+			// before any of it runs, and an engine without them computes instead.
+			if h >= 0 && roomFor(w, req.PromptBlocks(bs)-int(overlap)) {
 				gain := (req.Overlap(ws[h]) - overlap) * float64(bs) * s.CacheCredit
 				if gain >= MinPeerFetchTokens {
 					var alt latency.Prediction
@@ -157,6 +159,15 @@ func (s PredictedTTFT) Score(req *Request, ws []*Worker, costs []float64) {
 		}
 		costs[i] += c
 	}
+}
+
+// roomFor reports whether w has blocks free (not held by requests) for n more, as far as
+// its reported KV usage and capacity say; true when it does not say.
+func roomFor(w *Worker, n int) bool {
+	if w.Capacity <= 0 {
+		return true
+	}
+	return float64(n) <= (1-w.KVInUse())*float64(w.Capacity)
 }
 
 // cost is the policy's cost of prediction p on w.

@@ -469,22 +469,29 @@ func TestLatencyPricesOnboarding(t *testing.T) {
 // TestLatencyPeerFetch: the worker holding a 16,000-token context is at its limit; an idle
 // worker that can pull from peers is told to fetch it (23 ms at 50 GB/s against about 340 ms
 // of prefill), one that cannot recomputes it or waits; a few hundred tokens are not worth a
-// fetch.
+// fetch, nor is fetching onto a worker whose free blocks cannot take the prompt.
 func TestLatencyPeerFetch(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		peerBW float64
 		blocks int
+		usage  float64 // the idle worker's reported KV usage, of 4,096 blocks
 		fetch  bool
 	}{
-		{"fetch", 50e9, 1000, true},
-		{"cannot fetch", 0, 1000, false},
-		{"too little to fetch", 50e9, 20, false},
+		{"fetch", 50e9, 1000, 0, true},
+		{"cannot fetch", 0, 1000, 0, false},
+		{"too little to fetch", 50e9, 20, 0, false},
+		{"room for the prompt", 50e9, 1000, 0.7, true},
+		{"no room for the prompt", 50e9, 1000, 0.8, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r, ws, cache := latencyRouter(t, 2, 1)
 			for _, w := range ws {
 				w.Engine.KVBytesPerToken, w.Engine.PeerBandwidth = 73728, tc.peerBW
+				w.Capacity = 4096
+			}
+			if tc.usage > 0 {
+				ws[1].SetReported(&Reported{Running: 1, KVUsage: tc.usage})
 			}
 			hashes, n := promptChain(1, 1, tc.blocks, 4)
 			cache(ws[0], hashes[:tc.blocks])

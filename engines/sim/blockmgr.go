@@ -48,7 +48,16 @@ type tierCounters struct {
 	byTier                     [3]atomic.Int64 // cached tokens found in GPU, CPU, DISK
 	diskRead, diskWritten      atomic.Int64
 	offloaded                  [2]atomic.Int64 // blocks copied to CPU, DISK
+	peerFetches                [numPeerOutcomes]atomic.Int64
 }
+
+// The outcomes of a request told to fetch its prefix from a peer (TierStats.PeerFetches).
+const (
+	PeerPulled   = iota // pulled what the holder gave
+	PeerFallback        // the holder gave nothing, did not answer, or the pull failed: computed
+	PeerNoRoom          // not enough free blocks for the prompt when it came up: computed
+	numPeerOutcomes
+)
 
 // TierStats are an engine's KV totals since it started: prompt tokens admitted and those
 // found cached, by the tier that held them, and the disk tier's traffic.
@@ -58,6 +67,8 @@ type TierStats struct {
 	CachedByTier                [3]int64
 	DiskReadBytes, DiskWritten  int64
 	OffloadedCPU, OffloadedDisk int64
+	// PeerFetches counts peer fetches by outcome: PeerPulled, PeerFallback, PeerNoRoom.
+	PeerFetches [numPeerOutcomes]int64
 }
 
 // TierStats returns the engine's KV totals. It is safe to call from any goroutine.
@@ -68,6 +79,9 @@ func (e *Engine) TierStats() TierStats {
 		OffloadedCPU: c.offloaded[0].Load(), OffloadedDisk: c.offloaded[1].Load()}
 	for i := range s.CachedByTier {
 		s.CachedByTier[i] = c.byTier[i].Load()
+	}
+	for i := range s.PeerFetches {
+		s.PeerFetches[i] = c.peerFetches[i].Load()
 	}
 	return s
 }

@@ -95,7 +95,7 @@ func NewMetrics(cfg Config) *Metrics {
 	m.offloads = f.counterVec("kvrelay_sim_kv_offloaded_blocks_total", "Blocks copied down to a tier (CPU, DISK).", "tier")
 	m.evictions = f.counterVec("kvrelay_sim_kv_gpu_evictions_total", "Cached blocks the GPU tier evicted, by class (ephemeral, once, reused, pinned).", "class")
 	m.diskErrs = f.counterVec("kvrelay_sim_kv_disk_errors_total", "Disk tier failures, by kind (write: the block stays off disk; read, checksum: a miss, the file removed).", "kind")
-	m.peerFetches = f.counterVec("kvrelay_sim_kv_peer_fetches_total", "Requests told to fetch their prefix from a peer, by outcome (pulled, fallback: the pull failed and the prompt was computed, export_failed: the holder did not answer, none: it held nothing of the prompt).", "result")
+	m.peerFetches = f.counterVec("kvrelay_sim_kv_peer_fetches_total", "Requests told to fetch their prefix from a peer, by outcome (pulled, fallback: the pull failed and the prompt was computed, export_failed: the holder did not answer, none: it held nothing of the prompt, no_room: too few free blocks for the prompt when it came up, so it was computed).", "result")
 	m.peerExports = f.counter("kvrelay_sim_kv_peer_exports_total", "Prefixes held for a peer to fetch.")
 	m.peerExportedBlocks = f.counter("kvrelay_sim_kv_peer_exported_blocks_total", "Blocks held for peers to fetch.")
 	for _, t := range []string{MediumGPU, MediumCPU, MediumDISK} {

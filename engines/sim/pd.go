@@ -121,7 +121,9 @@ func (e *Engine) nextExpiry() time.Time {
 // blocks the prefix cache lacks; the request waits (stateLoading) until the pull reports
 // back. It reports false when the blocks are not there yet. A peer fetch (r.peerHolder) is
 // admitted alike, and asks its holder for the blocks it lacks only then, so the holder
-// holds them for the transfer alone, not while this request queues.
+// holds them for the transfer alone, not while this request queues; when the blocks are
+// not there it drops the fetch, reporting true with the request left at the head of the
+// queue for the caller to admit as a plain one.
 func (e *Engine) admitPull(r *Request) bool {
 	bs := e.cfg.BlockSize
 	nPrompt := (r.promptLen + bs - 1) / bs
@@ -134,6 +136,15 @@ func (e *Engine) admitPull(r *Request) bool {
 		hit = e.pool.hits(r.hashes[:full])
 	}
 	if !e.kvm.canAdmit(r.hashes, hit, nPrompt-hit) {
+		if r.peerHolder != "" {
+			// A fetch would hold the whole prompt's blocks before any of it ran: with no room
+			// for them now, the request computes its prompt as any other does, chunk by
+			// chunk, rather than wait at the head of the queue (the caller admits it next).
+			r.peerHolder = ""
+			e.kvm.stats.peerFetches[PeerNoRoom].Add(1)
+			e.metrics.peerFetch("no_room")
+			return true
+		}
 		return false
 	}
 	e.waiting.pop()
@@ -193,10 +204,12 @@ func (e *Engine) pulled(j *pullJob, now time.Time) {
 		return
 	}
 	if r.peerHolder != "" && j.err == nil && j.params == nil {
+		e.kvm.stats.peerFetches[PeerFallback].Add(1)
 		e.peerFallback(r, false) // the holder did not answer, or held nothing
 		return
 	}
 	if j.err != nil && r.peerFetch {
+		e.kvm.stats.peerFetches[PeerFallback].Add(1)
 		e.peerFallback(r, true)
 		return
 	}
@@ -212,6 +225,7 @@ func (e *Engine) pulled(j *pullJob, now time.Time) {
 	}
 	if r.peerFetch {
 		e.metrics.peerFetch("pulled")
+		e.kvm.stats.peerFetches[PeerPulled].Add(1)
 	}
 	bs := e.cfg.BlockSize
 	// As vLLM does once remote KV arrived: everything pulled counts as computed except the

@@ -1,6 +1,8 @@
 package sim
 
 import (
+	"bufio"
+	"context"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -173,5 +175,67 @@ func TestPeerFetchAsksOnlyForWhatItLacks(t *testing.T) {
 	own := float64(mine.PromptTokens / 16)
 	if exported <= 0 || exported > whole-own+2 {
 		t.Fatalf("holder exported %v blocks; the prompt has %v whole blocks and the fetcher cached about %v", exported, whole, own)
+	}
+}
+
+// TestPeerFetchWithoutRoomComputes: a fetch whose prompt's blocks are not free when it comes
+// up does not wait at the head of the queue for all of them: it is computed as any request
+// is, and counted (no_room).
+func TestPeerFetchWithoutRoomComputes(t *testing.T) {
+	holder := startWorker(t, func(c *WorkerConfig) { c.Engine.PeerFetch = true; c.Engine.NumGPUBlocks = 1024 })
+	fetcher := startWorker(t, func(c *WorkerConfig) {
+		c.Engine.PeerFetch = true
+		c.Engine.NumGPUBlocks = 64
+		c.Engine.Timing.Speedup = 1
+	})
+	prompt := "room " + longText(480) // ~30 blocks
+	chatUsage(t, holder, `{"messages":[{"role":"user","content":`+strconv.Quote(prompt)+`}],"max_tokens":2}`)
+	// A long stream holds about 40 of the fetcher's 64 blocks.
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "POST", fetcher.URL()+"/v1/chat/completions",
+		strings.NewReader(`{"messages":[{"role":"user","content":`+strconv.Quote("busy "+longText(640))+`}],"max_tokens":200,"ignore_eos":true,"stream":true}`))
+	req.Header.Set("Content-Type", "application/json")
+	long, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer long.Body.Close()
+	if long.StatusCode != 200 {
+		t.Fatalf("the long stream: %d", long.StatusCode)
+	}
+	if _, err := bufio.NewReader(long.Body).ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+	type answer struct {
+		status int
+		body   []byte
+		err    error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		resp, err := http.Post(fetcher.URL()+"/v1/chat/completions", "application/json", strings.NewReader(peerBody(prompt, holder.URL())))
+		if err != nil {
+			done <- answer{err: err}
+			return
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		done <- answer{resp.StatusCode, b, err}
+	}()
+	eventually(t, "the fetch dropped for want of room", func() bool {
+		return metric(t, fetcher, "kvrelay_sim_kv_peer_fetches_total", `result="no_room"`) == 1
+	})
+	cancel() // the stream ends; the request computes its prompt
+	a := <-done
+	var r pdResponse
+	if a.err != nil || a.status != 200 || json.Unmarshal(a.body, &r) != nil {
+		t.Fatalf("the fetch request: %d %s %v", a.status, a.body, a.err)
+	}
+	if u := r.Usage; u.CompletionTokens != 4 || u.PromptTokensDetails.CachedTokens != 0 {
+		t.Fatalf("answer %+v: want 4 tokens, nothing cached here", r.Usage)
+	}
+	if st := fetcher.Engine().TierStats(); st.PeerFetches != [numPeerOutcomes]int64{PeerNoRoom: 1} {
+		t.Fatalf("peer fetch outcomes %v", st.PeerFetches)
 	}
 }

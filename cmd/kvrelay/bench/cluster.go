@@ -484,6 +484,9 @@ func (c *Cluster) TierStats() sim.TierStats {
 		s.DiskWritten += t.DiskWritten
 		s.OffloadedCPU += t.OffloadedCPU
 		s.OffloadedDisk += t.OffloadedDisk
+		for i := range s.PeerFetches {
+			s.PeerFetches[i] += t.PeerFetches[i]
+		}
 	}
 	return s
 }

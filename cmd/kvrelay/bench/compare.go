@@ -9,6 +9,7 @@ import (
 	"github.com/kvrelay/kvrelay/cmd/kvrelay/bench/workload"
 	"github.com/kvrelay/kvrelay/dataplane/proxy"
 	"github.com/kvrelay/kvrelay/dataplane/route"
+	"github.com/kvrelay/kvrelay/engines/sim"
 	"github.com/kvrelay/kvrelay/engines/tokenizer"
 )
 
@@ -163,7 +164,8 @@ func Compare(ctx context.Context, co CompareOptions, tok workload.Tokenizer) ([]
 			p := float64(ts.PromptTokens)
 			res.Summary.Tiers = &TierSummary{Setup: cc.Tiers.Describe(),
 				HitGPU: float64(ts.CachedByTier[0]) / p, HitCPU: float64(ts.CachedByTier[1]) / p, HitDisk: float64(ts.CachedByTier[2]) / p,
-				Uncached: ts.PromptTokens - ts.CachedTokens, DiskWritten: ts.DiskWritten, DiskRead: ts.DiskReadBytes}
+				Uncached: ts.PromptTokens - ts.CachedTokens, DiskWritten: ts.DiskWritten, DiskRead: ts.DiskReadBytes,
+				FetchPulled: ts.PeerFetches[sim.PeerPulled], FetchFallback: ts.PeerFetches[sim.PeerFallback], FetchNoRoom: ts.PeerFetches[sim.PeerNoRoom]}
 		}
 		// Summary.Wall is in the engines' time (scaled by the speedup); lost is wall time.
 		if wall := float64(res.Summary.Wall) / cc.Speedup; engines > 0 && wall > 0 {

@@ -129,6 +129,11 @@ type TierSummary struct {
 	// (the modelled bytes × --kv-bytes-scale).
 	DiskWritten int64 `json:"disk_written_bytes"`
 	DiskRead    int64 `json:"disk_read_bytes"`
+	// Peer fetches by outcome: the prefix pulled, computed after the holder failed or held
+	// nothing, computed for want of free blocks.
+	FetchPulled   int64 `json:"peer_fetch_pulled,omitempty"`
+	FetchFallback int64 `json:"peer_fetch_fallback,omitempty"`
+	FetchNoRoom   int64 `json:"peer_fetch_no_room,omitempty"`
 }
 
 // StallWarning is the share of engine time lost past which a run's latencies say more about
