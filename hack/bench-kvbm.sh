@@ -22,10 +22,14 @@
 #                 latency policy predicts that beats computing it)
 #   cold, cold-fetch  the subagent cold start: COLD_SESSIONS sessions whose forked
 #                 subagents start from a COLD_CONTEXT-token context (G1 only, LRU), without
-#                 and with peer fetch; their first calls are tagged "fork"
+#                 and with peer fetch; their first calls are tagged "fork". Both rows move
+#                 COLD_KV_SCALE (1/512) of the modelled KV bytes for real: at the simulators'
+#                 default 1/64 a fork's 19 MB of loopback copies and checksums take about
+#                 130 ms of this machine's CPU, five times the 24 ms the modelled 50 GB/s
+#                 transfer takes, and the comparison would measure the copy, not the design
 #
 # Settings (environment): WORKERS (4), G1_BLOCKS (2048 blocks of 16 tokens per worker),
-# COLD_CONTEXT (16000 tokens), COLD_SESSIONS (24, at most 64: one preamble each),
+# COLD_CONTEXT (16000 tokens), COLD_SESSIONS (24, at most 64: one preamble each), COLD_KV_SCALE (1/512),
 # G2_BLOCKS (2 × G1), G3_BLOCKS (8 × G1), SESSIONS (80), RATE (1.6 sessions/s), PIN (5m),
 # SPEEDUP (1: the engines' step times divided by it, arrivals at the same factor),
 # AGENTIC_OPTS (extra workload parameters), SEED (1).
@@ -44,6 +48,7 @@ SEED=${SEED:-1}
 SETUPS=${SETUPS:-g1-lru g1-worm g2-lru g3-lru g3-worm g3-fetch cold cold-fetch}
 COLD_CONTEXT=${COLD_CONTEXT:-16000}
 COLD_SESSIONS=${COLD_SESSIONS:-24}
+COLD_KV_SCALE=${COLD_KV_SCALE:-1/512}
 base="agentic:sessions=$SESSIONS,rate=$RATE,preamble=2000,preambles=2,task=200,turns=3,rounds=3,tool=400,subagents=2,sub_task=100,sub_rounds=2,reasoning=128,osl=64,think=25s,tool_time=300ms,session_ids=false"
 [ -n "${AGENTIC_OPTS:-}" ] && base="$base,$AGENTIC_OPTS"
 go build -o bin/kvrelay ./cmd/kvrelay
@@ -71,8 +76,8 @@ for s in $SETUPS; do
     g3-lru) run g3-lru "$base" --num-gpu-blocks "$G1_BLOCKS" --eviction lru --cpu-offload-blocks "$G2_BLOCKS" --disk-offload-blocks "$G3_BLOCKS" ;;
     g3-worm) run g3-worm "$base,pin=$PIN" --num-gpu-blocks "$G1_BLOCKS" --eviction worm --cpu-offload-blocks "$G2_BLOCKS" --disk-offload-blocks "$G3_BLOCKS" ;;
     g3-fetch) run g3-fetch "$base,pin=$PIN" --num-gpu-blocks "$G1_BLOCKS" --eviction worm --cpu-offload-blocks "$G2_BLOCKS" --disk-offload-blocks "$G3_BLOCKS" --peer-fetch ;;
-    cold) run cold "$cold" --num-gpu-blocks 65536 --max-num-seqs 2 --eviction lru ;;
-    cold-fetch) run cold-fetch "$cold" --num-gpu-blocks 65536 --max-num-seqs 2 --eviction lru --peer-fetch ;;
+    cold) run cold "$cold" --num-gpu-blocks 65536 --max-num-seqs 2 --eviction lru --kv-bytes-scale "$COLD_KV_SCALE" ;;
+    cold-fetch) run cold-fetch "$cold" --num-gpu-blocks 65536 --max-num-seqs 2 --eviction lru --peer-fetch --kv-bytes-scale "$COLD_KV_SCALE" ;;
     *) echo "unknown setup $s" >&2; exit 2 ;;
   esac
 done
@@ -109,4 +114,18 @@ ratio("TTFT p90, G1 + G2 ÷ G1 + G2 + G3 (LRU)", "g2-lru", "g3-lru", p90)
 ratio("TTFT p90, LRU ÷ WORM + pins (G1 + G2 + G3)", "g3-lru", "g3-worm", p90)
 fork = lambda r: (r.get("tags") or {}).get("fork", {}).get("p50_ns", 0)
 ratio("fork TTFT p50, recompute ÷ peer fetch (cold start)", "cold", "cold-fetch", fork)
+# The target's comparison: a fork computing its context on a worker that caches (almost)
+# none of it, against a fork told to fetch it.
+def forks(setup, keep):
+    p = os.path.join(out, setup, "results.json")
+    if not os.path.exists(p):
+        return []
+    v = sorted(r["ttft_ns"] for r in json.load(open(p))[0]["records"]
+               if r.get("tag") == "fork" and r.get("status") == 200 and keep(r))
+    return v
+recompute = forks("cold", lambda r: r["cached_tokens"] < r["prompt_tokens"] / 10)
+fetched = forks("cold-fetch", lambda r: "fetch=" in (r.get("route") or ""))
+if recompute and fetched:
+    med = lambda v: v[len(v) // 2]
+    print(f"- fork TTFT p50, computed on a worker caching under a tenth of it ({len(recompute)} forks, {med(recompute) / 1e6:.0f} ms) ÷ fetched ({len(fetched)}, {med(fetched) / 1e6:.0f} ms): ×{med(recompute) / med(fetched):.2f}")
 EOF

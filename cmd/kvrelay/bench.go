@@ -201,7 +201,7 @@ Without --setups, --mode with --workers (agg) or --prefill-workers and --decode-
 	fs.IntVar(&cc.PrefillWorkers, "prefill-workers", 0, "prefill workers in modes disagg and conditional (default: half of --workers)")
 	fs.IntVar(&cc.DecodeWorkers, "decode-workers", 0, "decode workers in modes disagg and conditional (default: the other half of --workers)")
 	fs.IntVar(&cc.DisaggThreshold, "disagg-threshold", bench.DefaultDisaggThreshold, "conditional mode: a request prefills on a prefill worker when more of its prompt tokens than this are not cached on its decode worker")
-	fs.StringVar(&kvScale, "kv-bytes-scale", "1/64", "prefill/decode workers: share of the modelled KV bytes really stored and moved over loopback (lower spares the machine; the modelled transfer time stays)")
+	fs.StringVar(&kvScale, "kv-bytes-scale", "1/64", "prefill/decode and peer-fetching workers: share of the modelled KV bytes really stored and moved over loopback (lower spares the machine; the modelled transfer time stays)")
 	fs.StringVar(&kvBandwidth, "kv-transfer-bandwidth", "50GB/s", "prefill/decode workers: modelled P→D KV transfer bandwidth")
 	fs.IntVar(&cc.NumGPUBlocks, "num-gpu-blocks", cc.NumGPUBlocks, "KV blocks per simulated worker")
 	fs.IntVar(&cc.MaxNumSeqs, "max-num-seqs", cc.MaxNumSeqs, "sequences per batch of each simulated worker")
