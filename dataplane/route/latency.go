@@ -80,18 +80,25 @@ func (s PredictedTTFT) Score(req *Request, ws []*Worker, costs []float64) {
 		}
 	}
 	var agesBuf [latency.MaxSlotSim]float64
-	// The candidates caching most of the prompt: the peers a worker that can fetch would
-	// fetch from (the best, or for the best itself the second); found at the first worker
-	// that can fetch, so that fleets without peer fetch pay nothing for it.
-	first, second := -1, -1
+	// The workers caching most of the prompt: the peers a worker that can fetch would fetch
+	// from (the best, or for the best itself the second), among the candidates and those
+	// only the busy filter took out; found at the first worker that can fetch, so that
+	// fleets without peer fetch pay nothing for it.
+	var first, second *Worker
+	found := false
 	holders := func() {
-		for i, w := range ws {
+		found = true
+		pool := ws
+		if len(req.holders) > 0 {
+			pool = req.holders
+		}
+		for _, w := range pool {
 			o := req.Overlap(w)
 			switch {
-			case first < 0 || o > req.Overlap(ws[first]):
-				first, second = i, first
-			case second < 0 || o > req.Overlap(ws[second]):
-				second = i
+			case first == nil || o > req.Overlap(first):
+				first, second = w, first
+			case second == nil || o > req.Overlap(second):
+				second = w
 			}
 		}
 	}
@@ -132,19 +139,19 @@ func (s PredictedTTFT) Score(req *Request, ws []*Worker, costs []float64) {
 		c := s.cost(req, w, p)
 		req.fetch = append(req.fetch, nil)
 		if !req.flat && w.Engine.PeerBandwidth > 0 && w.Engine.KVBytesPerToken > 0 {
-			if first < 0 {
+			if !found {
 				holders()
 			}
 			h := first
-			if h == i {
+			if h == w {
 				h = second
 			}
 			// Pull what the peer caches beyond this worker instead of computing it, when
 			// that is predicted cheaper: the subagent whose context is on a busy parent.
 			// Only onto a worker with room for the prompt's blocks: a fetch takes them all
 			// before any of it runs, and an engine without them computes instead.
-			if h >= 0 && roomFor(w, req.PromptBlocks(bs)-int(overlap)) {
-				gain := (req.Overlap(ws[h]) - overlap) * float64(bs) * s.CacheCredit
+			if h != nil && roomFor(w, req.PromptBlocks(bs)-int(overlap)) {
+				gain := (req.Overlap(h) - overlap) * float64(bs) * s.CacheCredit
 				if gain >= MinPeerFetchTokens {
 					var alt latency.Prediction
 					w.Latency().Predict(&w.Engine, st, max(uncached-gain, 0), &alt)
@@ -152,13 +159,23 @@ func (s PredictedTTFT) Score(req *Request, ws []*Worker, costs []float64) {
 					alt.Queue += alt.Fetch
 					alt.TTFT += alt.Fetch
 					if ca := s.cost(req, w, &alt); ca < c {
-						*p, c, req.fetch[i] = alt, ca, ws[h]
+						*p, c, req.fetch[i] = alt, ca, h
 					}
 				}
 			}
 		}
 		costs[i] += c
 	}
+}
+
+// canFetch reports whether any of ws can pull a prefix from a peer.
+func canFetch(ws []*Worker) bool {
+	for _, w := range ws {
+		if w.Engine.PeerBandwidth > 0 && w.Engine.KVBytesPerToken > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // roomFor reports whether w has blocks free (not held by requests) for n more, as far as

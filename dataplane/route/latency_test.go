@@ -616,3 +616,29 @@ func TestSpreadRuleCountsOnlyCandidates(t *testing.T) {
 		t.Fatalf("mode %s, worker %s; want spread to w2 (w1 holds another prompt)", d.Mode, d.Worker.ID)
 	}
 }
+
+// TestLatencyPeerFetchFromBusyHolder: the worker holding the context is past the busy
+// filter's threshold, so it takes no new request, but its blocks can still be read: the
+// request goes to an idle worker told to fetch them from it.
+func TestLatencyPeerFetchFromBusyHolder(t *testing.T) {
+	r, idx := newRouter(t, Config{Policy: PolicyLatency, ComputeWeight: DefaultComputeWeight, BackgroundWeight: DefaultBackgroundWeight,
+		Busy: BusyFilter{MaxPrefillTokens: 4000}}, 2)
+	ws := r.Pool().Workers
+	for _, w := range ws {
+		w.Engine.MaxNumSeqs, w.Engine.KVBytesPerToken, w.Engine.PeerBandwidth = 1, 73728, 50e9
+	}
+	hashes, n := promptChain(1, 1, 1000, 4)
+	idx.Record(ws[0].Index, hashes, 0)
+	var u Usage
+	u.Begin(ws[0], 8000, 100, 0) // 8,000 tokens still to prefill: past the threshold
+	defer u.End()
+	var req Request
+	req.Model, req.Hashes, req.PromptTokens = "m", hashes, n
+	var d Decision
+	if err := r.Route(&req, &d); err != nil {
+		t.Fatal(err)
+	}
+	if d.Worker != ws[1] || d.PeerFetch != ws[0] {
+		t.Fatalf("went to %s fetching from %v, want w1 fetching from the busy w0", d.Worker.ID, d.PeerFetch)
+	}
+}

@@ -80,7 +80,10 @@ type Request struct {
 	// fetch is, per candidate of the last latency scoring, the peer it would pull the
 	// prompt's prefix from (nil: it computes it).
 	fetch []*Worker
-	best  float64
+	// holders are the workers a peer fetch may pull from: the candidates and those the busy
+	// filter took out (their blocks can still be read); nil: the candidates alone.
+	holders []*Worker
+	best    float64
 	// creditsCache, set by a latency scoring that counts cached blocks (CacheCredit above
 	// 0), lets LatencyPick break near-ties by the cache; a cache-blind policy leaves ties
 	// to load alone.
@@ -120,6 +123,7 @@ func (r *Request) Reset() {
 		overlap:  r.overlap[:0],
 		lower:    r.lower[:0],
 		fetch:    r.fetch[:0],
+		holders:  r.holders[:0],
 		eligible: r.eligible[:0],
 		scratch:  r.scratch[:0],
 		costs:    r.costs[:0],

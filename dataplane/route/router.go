@@ -472,7 +472,12 @@ func (r *Router) Route(req *Request, d *Decision) error {
 			return ErrNoWorker
 		}
 	}
+	req.holders = req.holders[:0]
 	if policy.Busy != (BusyFilter{}) {
+		if policy.Predicts {
+			// A worker too busy to take the request can still give its cached blocks.
+			req.holders = append(req.holders, cur...)
+		}
 		req.scratch = policy.Busy.Filter(req, cur, req.scratch[:0])
 		cur, req.scratch, req.eligible = req.scratch, req.eligible[:0], req.scratch
 		if len(cur) == 0 {
@@ -513,6 +518,12 @@ func (r *Router) Route(req *Request, d *Decision) error {
 			d.Achievable = max(d.Achievable, req.Overlap(w))
 		}
 	}
+	// What a candidate can have cached: more than it caches itself when it can fetch from
+	// a worker the busy filter took out.
+	reach := d.Achievable
+	if req.best > reach && len(req.holders) > len(ws) && canFetch(ws) {
+		reach = req.best
+	}
 
 	if req.SessionID != "" && !policy.Predicts {
 		if id, ok := r.sessions.get(req.SessionID); ok {
@@ -535,14 +546,14 @@ func (r *Router) Route(req *Request, d *Decision) error {
 	}
 	var i int
 	switch {
-	case policy.Spread != nil && d.Achievable-leastOverlap(req, ws) < policy.CacheThreshold*float64(req.PromptBlocks(ws[0].BlockSize)):
+	case policy.Spread != nil && reach-leastOverlap(req, ws) < policy.CacheThreshold*float64(req.PromptBlocks(ws[0].BlockSize)):
 		i, d.Mode = policy.Spread.Pick(req, ws, nil), "spread"
 	case len(policy.Scorers) > 0:
 		d.Mode = "cost"
 		req.flat = false
 		if policy.Predicts && policy.CacheThreshold > 0 {
 			lo := leastOverlap(req, ws)
-			if d.Achievable-lo < policy.CacheThreshold*float64(req.PromptBlocks(ws[0].BlockSize)) {
+			if reach-lo < policy.CacheThreshold*float64(req.PromptBlocks(ws[0].BlockSize)) {
 				req.flat, req.flatOverlap, d.Mode = true, lo, "spread"
 			}
 		}
