@@ -164,19 +164,9 @@ func TestConsoleInBrowser(t *testing.T) {
 	}
 	// A drained worker shows drained.
 	drained := workers.Workers[1].Spec.ID
-	ctl := func(args ...string) {
-		t.Helper()
-		cmd := newCtlCmd()
-		cmd.SilenceErrors = true
-		var out strings.Builder
-		cmd.SetOut(&out)
-		cmd.SetErr(&out)
-		cmd.SetArgs(append(args, "--api", api, "--token-file", tokenPath))
-		if err := cmd.ExecuteContext(t.Context()); err != nil {
-			t.Fatalf("ctl %v: %v\n%s", args, err, out.String())
-		}
+	if out, err := runCtlAt(t, api, "drain", drained, "--token-file", tokenPath); err != nil {
+		t.Fatalf("kvrelay ctl drain %s: %v\n%s", drained, err, out)
 	}
-	ctl("drain", drained)
 	waitJS("the drained worker shown drained", fmt.Sprintf(`!!document.querySelector('#workers tr[data-worker=%q][data-state="draining"]')`, drained), 5*time.Second)
 	if code, b := apiCall("POST", "/v1/workers/"+drained+"/undrain", "{}"); code != 200 {
 		t.Fatalf("undrain %s: %d %s", drained, code, b)

@@ -51,12 +51,18 @@ func ctlServer(t *testing.T, b api.Backend, opts api.Options) *httptest.Server {
 // runCtl runs `kvrelay ctl args... --api ts` and returns what it printed.
 func runCtl(t *testing.T, ts *httptest.Server, args ...string) (string, error) {
 	t.Helper()
+	return runCtlAt(t, ts.URL, args...)
+}
+
+// runCtlAt runs kvrelay ctl against the operator API at api.
+func runCtlAt(t *testing.T, api string, args ...string) (string, error) {
+	t.Helper()
 	cmd := newCtlCmd()
 	cmd.SilenceErrors = true
 	var out bytes.Buffer
 	cmd.SetOut(&out)
 	cmd.SetErr(&out)
-	cmd.SetArgs(append(args, "--api", ts.URL))
+	cmd.SetArgs(append(args, "--api", api))
 	err := cmd.ExecuteContext(t.Context())
 	return out.String(), err
 }

@@ -34,6 +34,17 @@ func busy(w *Worker, n int) []*Usage {
 	return us
 }
 
+// routeChain routes a request of model "m" for the prompt of hashes and n tokens.
+func routeChain(t *testing.T, r *Router, hashes []uint64, n int) (*Request, Decision) {
+	t.Helper()
+	req := &Request{Model: "m", Hashes: hashes, PromptTokens: n}
+	var d Decision
+	if err := r.Route(req, &d); err != nil {
+		t.Fatal(err)
+	}
+	return req, d
+}
+
 // TestLatencyAvoidsFullWorker: the worker that holds a long prefix but runs its max_num_seqs
 // already would make a new request wait for a slot longer than its prefill elsewhere takes,
 // so the request goes elsewhere; below its limit the same worker keeps it.
@@ -54,12 +65,7 @@ func TestLatencyAvoidsFullWorker(t *testing.T) {
 			for _, u := range busy(ws[0], tc.inflight) {
 				defer u.End()
 			}
-			var req Request
-			req.Model, req.Hashes, req.PromptTokens = "m", hashes, n
-			var d Decision
-			if err := r.Route(&req, &d); err != nil {
-				t.Fatal(err)
-			}
+			req, d := routeChain(t, r, hashes, n)
 			if !d.HasPrediction || d.Prediction.TTFT <= 0 {
 				t.Fatalf("no prediction in %+v", d)
 			}
@@ -152,23 +158,18 @@ func TestLatencySLO(t *testing.T) {
 	for _, u := range busy(ws[0], 2) {
 		defer u.End()
 	}
-	var req Request
-	req.Model, req.Hashes, req.PromptTokens = "m", hashes, n
-	var d Decision
-	if err := r.Route(&req, &d); err != nil {
-		t.Fatal(err)
-	}
+	req, d := routeChain(t, r, hashes, n)
 	best := d.Prediction.TTFT
 	req.SLOTTFT = best * 1.5
-	if err := r.Route(&req, &d); err != nil || d.Worker != ws[1] || d.Mode != "slo" {
+	if err := r.Route(req, &d); err != nil || d.Worker != ws[1] || d.Mode != "slo" {
 		t.Fatalf("with a reachable target: %v, %s mode %s", err, d.Worker.ID, d.Mode)
 	}
 	req.SLOTTFT = best / 10
-	if err := r.Route(&req, &d); !errors.Is(err, ErrSLO) {
+	if err := r.Route(req, &d); !errors.Is(err, ErrSLO) {
 		t.Fatalf("with an unreachable target: %v, want ErrSLO", err)
 	}
 	req.SLOTTFT, req.SLOTPOT = 0, 1e-6
-	if err := r.Route(&req, &d); !errors.Is(err, ErrSLO) {
+	if err := r.Route(req, &d); !errors.Is(err, ErrSLO) {
 		t.Fatalf("with an unreachable TPOT target: %v, want ErrSLO", err)
 	}
 }
@@ -433,12 +434,7 @@ func TestLatencyPricesOnboarding(t *testing.T) {
 					defer u.End()
 				}
 			}
-			var req Request
-			req.Model, req.Hashes, req.PromptTokens = "m", hashes, n
-			var d Decision
-			if err := r.Route(&req, &d); err != nil {
-				t.Fatal(err)
-			}
+			req, d := routeChain(t, r, hashes, n)
 			cands, preds := req.Candidates()
 			for i, w := range cands {
 				t.Logf("%s: TTFT %.3f s, features %v", w.ID, preds[i].TTFT, preds[i].X)
@@ -498,12 +494,7 @@ func TestLatencyPeerFetch(t *testing.T) {
 			for _, u := range busy(ws[0], 1) {
 				defer u.End()
 			}
-			var req Request
-			req.Model, req.Hashes, req.PromptTokens = "m", hashes, n
-			var d Decision
-			if err := r.Route(&req, &d); err != nil {
-				t.Fatal(err)
-			}
+			_, d := routeChain(t, r, hashes, n)
 			if got := d.PeerFetch != nil; got != tc.fetch {
 				t.Fatalf("peer fetch %v (to %s from %v), want %v; prediction %+v", got, d.Worker.ID, d.PeerFetch, tc.fetch, d.Prediction)
 			}
@@ -632,12 +623,7 @@ func TestLatencyPeerFetchFromBusyHolder(t *testing.T) {
 	var u Usage
 	u.Begin(ws[0], 8000, 100, 0) // 8,000 tokens still to prefill: past the threshold
 	defer u.End()
-	var req Request
-	req.Model, req.Hashes, req.PromptTokens = "m", hashes, n
-	var d Decision
-	if err := r.Route(&req, &d); err != nil {
-		t.Fatal(err)
-	}
+	_, d := routeChain(t, r, hashes, n)
 	if d.Worker != ws[1] || d.PeerFetch != ws[0] {
 		t.Fatalf("went to %s fetching from %v, want w1 fetching from the busy w0", d.Worker.ID, d.PeerFetch)
 	}
