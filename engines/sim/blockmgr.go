@@ -49,6 +49,7 @@ type tierCounters struct {
 	diskRead, diskWritten      atomic.Int64
 	offloaded                  [2]atomic.Int64 // blocks copied to CPU, DISK
 	peerFetches                [numPeerOutcomes]atomic.Int64
+	onboardSkipped             atomic.Int64 // lower-tier hit blocks computed for want of GPU room
 }
 
 // The outcomes of a request told to fetch its prefix from a peer (TierStats.PeerFetches).
@@ -69,6 +70,9 @@ type TierStats struct {
 	OffloadedCPU, OffloadedDisk int64
 	// PeerFetches counts peer fetches by outcome: PeerPulled, PeerFallback, PeerNoRoom.
 	PeerFetches [numPeerOutcomes]int64
+	// OnboardSkipped counts host or disk hit blocks computed instead of brought back, for
+	// want of free GPU blocks when their request came up.
+	OnboardSkipped int64
 }
 
 // TierStats returns the engine's KV totals. It is safe to call from any goroutine.
@@ -83,6 +87,7 @@ func (e *Engine) TierStats() TierStats {
 	for i := range s.PeerFetches {
 		s.PeerFetches[i] = c.peerFetches[i].Load()
 	}
+	s.OnboardSkipped = c.onboardSkipped.Load()
 	return s
 }
 
@@ -158,6 +163,37 @@ func (m *blockManager) lookup(hashes []uint64) int {
 		return i
 	}
 	return len(hashes)
+}
+
+// fitting returns the longest prefix of r's first hit blocks (found by lookup, which
+// canAdmit refused) that canAdmit takes with the next chunk of at most budget tokens after
+// it, counting the lower-tier blocks it leaves to be computed; -1 when none does, or when
+// all hit blocks are on the GPU (then the request waits for blocks, as vLLM's does).
+func (m *blockManager) fitting(r *Request, hit, budget int) int {
+	if m.host == nil && m.disk == nil {
+		return -1
+	}
+	bs := m.cfg.BlockSize
+	fits := func(h int) bool {
+		n := min(len(r.tokens)-h*bs, budget)
+		return m.canAdmit(r.hashes, h, (h*bs+n+bs-1)/bs-h)
+	}
+	gpu := m.pool.hits(r.hashes[:hit])
+	if gpu == hit || !fits(gpu) {
+		return -1
+	}
+	lo, hi := gpu, hit-1 // fits(lo); hit itself does not
+	for lo < hi {
+		mid := (lo + hi + 1) / 2
+		if fits(mid) {
+			lo = mid
+		} else {
+			hi = mid - 1
+		}
+	}
+	m.stats.onboardSkipped.Add(int64(hit - lo))
+	m.metrics.onboardSkipped(hit - lo)
+	return lo
 }
 
 // canAdmit reports whether the first hit blocks of hashes (found by lookup) and nNew more can

@@ -354,3 +354,48 @@ func TestPinsLastRenewedAndCapped(t *testing.T) {
 		t.Fatalf("%d pins counted after all lapsed", e.kvm.pinned)
 	}
 }
+
+// TestOnboardWhatFits: a prompt whose blocks wait in host memory comes up while a running
+// request holds most of the GPU. Bringing all of them back does not fit; the engine brings
+// back the longest prefix that fits beside the prompt's next chunk and computes the rest,
+// instead of waiting for the running request to end.
+func TestOnboardWhatFits(t *testing.T) {
+	e, rec, c := newTestEngine(t, func(cfg *Config) {
+		cfg.NumGPUBlocks = 16
+		cfg.CPUOffloadBlocks = 64
+		cfg.MaxNumBatchedTokens = 32 // chunks of 2 blocks
+	})
+	a := prompt(128, 1) // 8 blocks; 7 can hit (the last holds the last token)
+	submit(t, e, a, Params{MaxTokens: 1, IgnoreEOS: true})
+	c.runUntilIdle(t, 100)
+	for seed := uint32(2); seed < 5; seed++ { // push a out of the GPU; it stays on host
+		submit(t, e, prompt(128, seed), Params{MaxTokens: 1, IgnoreEOS: true})
+		c.runUntilIdle(t, 100)
+	}
+	for _, h := range e.mustHashes(t, a)[:7] {
+		if _, ok := e.pool.cached[h]; ok {
+			t.Fatalf("block %x of a still on the GPU: the test does not evict", h)
+		}
+	}
+	long := submit(t, e, prompt(128, 9), Params{MaxTokens: 40, IgnoreEOS: true}) // 8 blocks, growing to 11
+	for range 8 {
+		c.step()
+	}
+	if _, done, _, _ := result(long); done {
+		t.Fatal("the long request finished before a came up")
+	}
+	r := submit(t, e, a, Params{MaxTokens: 1, IgnoreEOS: true})
+	c.step()
+	if r.state == stateWaiting {
+		t.Fatalf("a waits for all 7 of its host blocks to fit: %d free", e.pool.numFree)
+	}
+	c.runUntilIdle(t, 200)
+	_, done, _, cached := result(r)
+	if !done || cached <= 0 || cached >= 112 {
+		t.Fatalf("a done %v with %d tokens cached: want some of its 112 brought back, not all", done, cached)
+	}
+	if st := e.TierStats(); st.OnboardSkipped != int64((112-cached)/16) {
+		t.Fatalf("%d blocks counted as skipped, want %d", st.OnboardSkipped, (112-cached)/16)
+	}
+	checkViews(t, e, rec)
+}

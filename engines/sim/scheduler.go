@@ -95,7 +95,16 @@ func (e *Engine) plan() (prefill, decodes int) {
 		n := min(len(r.tokens)-computed, budget)
 		need := (computed+n+bs-1)/bs - hit
 		if !e.kvm.canAdmit(r.hashes, hit, need) {
-			break
+			// Blocks below the GPU come back all at once, before any of the prompt runs:
+			// without room for all of them, bring back the longest prefix that fits and
+			// compute the rest, chunk by chunk (SGLang's HiCache likewise recomputes what it
+			// has no room to load back), rather than wait at the head of the queue.
+			if hit = e.kvm.fitting(r, hit, budget); hit < 0 {
+				break
+			}
+			computed = hit * bs
+			n = min(len(r.tokens)-computed, budget)
+			need = (computed+n+bs-1)/bs - hit
 		}
 		e.waiting.pop()
 		if got := e.kvm.admit(r, hit, &e.batch.Onboard); got < hit {

@@ -134,6 +134,8 @@ type TierSummary struct {
 	FetchPulled   int64 `json:"peer_fetch_pulled,omitempty"`
 	FetchFallback int64 `json:"peer_fetch_fallback,omitempty"`
 	FetchNoRoom   int64 `json:"peer_fetch_no_room,omitempty"`
+	// OnboardSkipped is the host and disk hit blocks computed for want of GPU room.
+	OnboardSkipped int64 `json:"onboard_skipped_blocks,omitempty"`
 }
 
 // StallWarning is the share of engine time lost past which a run's latencies say more about
