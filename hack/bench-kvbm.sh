@@ -15,6 +15,7 @@
 # Setups (SETUPS, space-separated names, default all of them, in this order):
 #   g1-lru        G1 only, LRU (the engines' default)
 #   g1-worm       G1 only, WORM eviction and pins (the workload pins its prompts for PIN)
+#   g1-worm-nopin G1 only, WORM eviction, no pins (not in the default list)
 #   g2-lru        G1 + G2 (host, G2_BLOCKS), LRU
 #   g3-lru        G1 + G2 + G3 (disk, G3_BLOCKS), LRU
 #   g3-worm       G1 + G2 + G3, WORM and pins
@@ -72,6 +73,7 @@ for s in $SETUPS; do
   case $s in
     g1-lru) run g1-lru "$base" --num-gpu-blocks "$G1_BLOCKS" --eviction lru ;;
     g1-worm) run g1-worm "$base,pin=$PIN" --num-gpu-blocks "$G1_BLOCKS" --eviction worm ;;
+    g1-worm-nopin) run g1-worm-nopin "$base,pin=0s" --num-gpu-blocks "$G1_BLOCKS" --eviction worm ;;
     g2-lru) run g2-lru "$base" --num-gpu-blocks "$G1_BLOCKS" --eviction lru --cpu-offload-blocks "$G2_BLOCKS" ;;
     g3-lru) run g3-lru "$base" --num-gpu-blocks "$G1_BLOCKS" --eviction lru --cpu-offload-blocks "$G2_BLOCKS" --disk-offload-blocks "$G3_BLOCKS" ;;
     g3-worm) run g3-worm "$base,pin=$PIN" --num-gpu-blocks "$G1_BLOCKS" --eviction worm --cpu-offload-blocks "$G2_BLOCKS" --disk-offload-blocks "$G3_BLOCKS" ;;
@@ -109,6 +111,7 @@ def ratio(name, a, b, f):
 gpu = lambda r: (r.get("kv_tiers") or {}).get("hit_gpu", 0)
 p90 = lambda r: r["ttft"]["p90_ns"]
 ratio("G1 hit rate, WORM + pins ÷ LRU (G1 only)", "g1-worm", "g1-lru", gpu)
+ratio("G1 hit rate, WORM without pins ÷ LRU (G1 only)", "g1-worm-nopin", "g1-lru", gpu)
 ratio("TTFT p90, G1 only ÷ G1 + G2 (LRU)", "g1-lru", "g2-lru", p90)
 ratio("TTFT p90, G1 + G2 ÷ G1 + G2 + G3 (LRU)", "g2-lru", "g3-lru", p90)
 ratio("TTFT p90, LRU ÷ WORM + pins (G1 + G2 + G3)", "g3-lru", "g3-worm", p90)
