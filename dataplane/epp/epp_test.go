@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -228,11 +229,15 @@ type decision struct {
 func (r *raw) request(path string, hdr map[string]string, body []byte, chunk int, meta *corev3.Metadata) decision {
 	t := r.t
 	t.Helper()
-	send := func(m *extproc.ProcessingRequest) {
+	// send reports false when the picker has already ended the stream (an immediate
+	// response to what came before: gRPC's Send then returns io.EOF and Recv has the answer).
+	send := func(m *extproc.ProcessingRequest) bool {
 		t.Helper()
-		if err := r.st.Send(m); err != nil {
+		err := r.st.Send(m)
+		if err != nil && !errors.Is(err, io.EOF) {
 			t.Fatalf("send: %v", err)
 		}
+		return err == nil
 	}
 	send(&extproc.ProcessingRequest{
 		Request:         &extproc.ProcessingRequest_RequestHeaders{RequestHeaders: &extproc.HttpHeaders{Headers: headerMap(path, hdr, len(body)), EndOfStream: len(body) == 0}},
@@ -299,7 +304,9 @@ func (r *raw) request(path string, hdr map[string]string, body []byte, chunk int
 		if chunk <= 0 {
 			end = len(body)
 		}
-		send(&extproc.ProcessingRequest{Request: &extproc.ProcessingRequest_RequestBody{RequestBody: &extproc.HttpBody{Body: body[off:end], EndOfStream: end == len(body)}}, MetadataContext: meta})
+		if !send(&extproc.ProcessingRequest{Request: &extproc.ProcessingRequest_RequestBody{RequestBody: &extproc.HttpBody{Body: body[off:end], EndOfStream: end == len(body)}}, MetadataContext: meta}) {
+			break
+		}
 		off = end
 	}
 	m := recv()
