@@ -17,8 +17,6 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
-
-	"github.com/kvrelay/kvrelay/controlplane/planner"
 )
 
 // chromium finds the browser for the console's tests: $KVRELAY_CHROMIUM, else Debian's
@@ -53,14 +51,7 @@ func TestConsoleInBrowser(t *testing.T) {
 		t.Skip("starts worker processes and a browser")
 	}
 	browser := chromium(t)
-	p := &planner.Profile{Version: planner.ProfileVersion,
-		Prefill: []planner.PrefillPoint{{ISL: 600, Concurrency: 1, TTFTMs: 300, Throughput: 2000}},
-		Decode:  []planner.DecodePoint{{Context: 600, Concurrency: 8, ITLMs: 10, Throughput: 800}},
-	}
-	profile := t.TempDir() + "/profile.json"
-	if err := p.Save(profile); err != nil {
-		t.Fatal(err)
-	}
+	profile := burstProfile(t)
 	pr, stop := startUp(t, "--expose-worker-header", "--workers", "2", "--speedup-ratio", "20", "--num-gpu-blocks", "4096",
 		"--planner", "--planner-profile", profile, "--planner-max", "3",
 		"--planner-interval", "2s", "--planner-load-interval", "500ms", "--planner-cooldown", "3s")

@@ -26,15 +26,11 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// `kvrelay up --planner` end to end: a burst of long prompts makes the planner start a
-// second worker process, which registers and takes requests; when the traffic stops, the
-// planner drains it and stops it again.
-func TestUpPlannerScalesUpAndDown(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts worker processes")
-	}
-	// A replica prefills 2000 tokens/s: a burst of 24 prompts of ~600 tokens within a load
-	// interval needs several.
+// burstProfile saves a planner profile in which a replica prefills 2000 tokens/s, so that a
+// burst of 24 prompts of ~600 tokens within a load interval needs several, and returns its
+// path.
+func burstProfile(t *testing.T) string {
+	t.Helper()
 	p := &planner.Profile{Version: planner.ProfileVersion,
 		Prefill: []planner.PrefillPoint{{ISL: 600, Concurrency: 1, TTFTMs: 300, Throughput: 2000}},
 		Decode:  []planner.DecodePoint{{Context: 600, Concurrency: 8, ITLMs: 10, Throughput: 800}},
@@ -43,6 +39,17 @@ func TestUpPlannerScalesUpAndDown(t *testing.T) {
 	if err := p.Save(profile); err != nil {
 		t.Fatal(err)
 	}
+	return profile
+}
+
+// `kvrelay up --planner` end to end: a burst of long prompts makes the planner start a
+// second worker process, which registers and takes requests; when the traffic stops, the
+// planner drains it and stops it again.
+func TestUpPlannerScalesUpAndDown(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts worker processes")
+	}
+	profile := burstProfile(t)
 	pr, stop := startUp(t, "--expose-worker-header", "--workers", "1", "--speedup-ratio", "20", "--num-gpu-blocks", "4096",
 		"--planner", "--planner-profile", profile, "--planner-max", "2",
 		"--planner-interval", "2s", "--planner-load-interval", "500ms", "--planner-cooldown", "3s")

@@ -1,7 +1,6 @@
 package ingest
 
 import (
-	"context"
 	"net"
 	"strings"
 	"testing"
@@ -11,6 +10,7 @@ import (
 	"github.com/kvrelay/kvrelay/engines/blockhash"
 	"github.com/kvrelay/kvrelay/engines/kvevents"
 	"github.com/kvrelay/kvrelay/engines/sim"
+	"github.com/kvrelay/kvrelay/engines/sim/simtest"
 	"github.com/kvrelay/kvrelay/xds/journal"
 )
 
@@ -28,27 +28,11 @@ func freePort(t *testing.T) string {
 // to endpoint with the given topic.
 func startConnectingSim(t *testing.T, listen, endpoint, topic string) *sim.Worker {
 	t.Helper()
-	codec, err := sim.NewCodec("gpt-oss-120b", "", "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := sim.WorkerConfig{Engine: sim.DefaultConfig(), Listen: listen, Codec: codec,
-		Events: kvevents.PublisherConfig{Endpoint: endpoint, Connect: true, Topic: topic}}
-	cfg.Engine.NumGPUBlocks = 4096
-	cfg.Engine.Timing.Speedup = 50
-	w, err := sim.NewWorker(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	if err := w.Start(ctx); err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() { _ = w.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done; w.Close() })
-	return w
+	return simtest.Worker(t, "gpt-oss-120b", func(cfg *sim.WorkerConfig) {
+		cfg.Listen = listen
+		cfg.Events = kvevents.PublisherConfig{Endpoint: endpoint, Connect: true, Topic: topic}
+		cfg.Engine.NumGPUBlocks = 4096
+	})
 }
 
 // TestSharedBoundEndpoint: four engines' publishers connect to one endpoint the control

@@ -18,41 +18,19 @@ import (
 	"github.com/kvrelay/kvrelay/engines/blockhash"
 	"github.com/kvrelay/kvrelay/engines/kvevents"
 	"github.com/kvrelay/kvrelay/engines/sim"
+	"github.com/kvrelay/kvrelay/engines/sim/simtest"
 )
 
 // run starts a worker with the real gpt-oss codec on loopback for the test's lifetime.
 func run(t *testing.T, mut func(*sim.WorkerConfig)) *sim.Worker {
 	t.Helper()
-	codec, err := sim.NewCodec("gpt-oss-120b", "", "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := sim.WorkerConfig{Engine: sim.DefaultConfig(), Listen: "127.0.0.1:0", Codec: codec}
-	cfg.Engine.NumGPUBlocks = 4096
-	cfg.Engine.Timing.Speedup = 20
-	if mut != nil {
-		mut(&cfg)
-	}
-	w, err := sim.NewWorker(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	if err := w.Start(ctx); err != nil {
-		cancel()
-		w.Close()
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("worker: %v", err)
+	return simtest.Worker(t, "gpt-oss-120b", func(cfg *sim.WorkerConfig) {
+		cfg.Engine.NumGPUBlocks = 4096
+		cfg.Engine.Timing.Speedup = 20
+		if mut != nil {
+			mut(cfg)
 		}
-		w.Close()
 	})
-	return w
 }
 
 func longSystemPrompt(n int) string {

@@ -11,7 +11,7 @@ import (
 )
 
 // Start runs a worker of cfg for t's lifetime: built, started and running, stopped and
-// closed when t's cleanups run.
+// closed when t's cleanups run, which report an error its run ended with.
 func Start(t testing.TB, cfg sim.WorkerConfig) *sim.Worker {
 	t.Helper()
 	w, err := sim.NewWorker(cfg)
@@ -21,12 +21,18 @@ func Start(t testing.TB, cfg sim.WorkerConfig) *sim.Worker {
 	ctx, cancel := context.WithCancel(context.Background())
 	if err := w.Start(ctx); err != nil {
 		cancel()
-		w.Close()
+		_ = w.Close()
 		t.Fatal(err)
 	}
-	done := make(chan struct{})
-	go func() { _ = w.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done; w.Close() })
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("simulated worker: %v", err)
+		}
+		_ = w.Close()
+	})
 	return w
 }
 

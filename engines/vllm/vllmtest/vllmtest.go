@@ -4,13 +4,13 @@
 package vllmtest
 
 import (
-	"context"
 	"hash/fnv"
 	"strings"
 	"sync"
 	"testing"
 
 	"github.com/kvrelay/kvrelay/engines/sim"
+	"github.com/kvrelay/kvrelay/engines/sim/simtest"
 )
 
 // WordCodec is a sim.Codec in which every space-separated word (with its leading space) is one
@@ -84,24 +84,5 @@ func StartSim(t testing.TB, mut func(*sim.WorkerConfig)) *sim.Worker {
 	if mut != nil {
 		mut(&cfg)
 	}
-	w, err := sim.NewWorker(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	if err := w.Start(ctx); err != nil {
-		cancel()
-		_ = w.Close()
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("simulated worker: %v", err)
-		}
-		_ = w.Close()
-	})
-	return w
+	return simtest.Start(t, cfg)
 }
