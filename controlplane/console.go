@@ -1,6 +1,7 @@
 package controlplane
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"math"
@@ -108,7 +109,7 @@ func (c *console) evictColdest(now time.Time) {
 	for k, p := range c.prefixes {
 		all = append(all, kh{k, decayed(p.hits, p.at, now)})
 	}
-	slices.SortFunc(all, func(a, b kh) int { return cmpFloat(a.h, b.h) })
+	slices.SortFunc(all, func(a, b kh) int { return cmp.Compare(a.h, b.h) })
 	for _, e := range all[:max(len(all)/10, 1)] {
 		delete(c.prefixes, e.k)
 	}
@@ -116,16 +117,6 @@ func (c *console) evictColdest(now time.Time) {
 
 func decayed(hits float64, at, now time.Time) float64 {
 	return hits * math.Exp2(-now.Sub(at).Seconds()/prefixHalfLife.Seconds())
-}
-
-func cmpFloat(a, b float64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // wait returns a channel closed when the next decision arrives.
@@ -300,7 +291,7 @@ func (c *console) hottest(n int) []PrefixView {
 		}
 		out = append(out, PrefixView{Prefix: strconv.FormatUint(k.hash, 16), Blocks: p.blocks, Model: k.model, Hits: math.Round(h*10) / 10, Workers: copyCounts(p.workers)})
 	}
-	slices.SortFunc(out, func(a, b PrefixView) int { return cmpFloat(b.Hits, a.Hits) })
+	slices.SortFunc(out, func(a, b PrefixView) int { return cmp.Compare(b.Hits, a.Hits) })
 	return out[:min(n, len(out))]
 }
 

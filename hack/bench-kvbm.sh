@@ -88,12 +88,13 @@ python3 - "$OUT" "$WORKERS" "$G1_BLOCKS" "$G2_BLOCKS" "$G3_BLOCKS" $SETUPS <<'EO
 import json, os, sys
 out, workers, g1, g2, g3, setups = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6:]
 rows = {}
+records = {}
 later = {}  # TTFT p90 of the calls after each session's first (whose context no cache holds yet)
 for s in setups:
     p = os.path.join(out, s, "results.json")
     if os.path.exists(p):
         res = json.load(open(p))[0]
-        rows[s] = res["summary"]
+        rows[s], records[s] = res["summary"], res["records"]
         first = {}
         for r in sorted(res["records"], key=lambda r: r["start_ns"]):
             first.setdefault(r.get("session"), r["seq"])
@@ -129,12 +130,8 @@ ratio("fork TTFT p50, recompute ÷ peer fetch (cold start)", "cold", "cold-fetch
 # The target's comparison: a fork computing its context on a worker that caches (almost)
 # none of it, against a fork told to fetch it.
 def forks(setup, keep):
-    p = os.path.join(out, setup, "results.json")
-    if not os.path.exists(p):
-        return []
-    v = sorted(r["ttft_ns"] for r in json.load(open(p))[0]["records"]
-               if r.get("tag") == "fork" and r.get("status") == 200 and keep(r))
-    return v
+    return sorted(r["ttft_ns"] for r in records.get(setup, [])
+                  if r.get("tag") == "fork" and r.get("status") == 200 and keep(r))
 recompute = forks("cold", lambda r: r["cached_tokens"] < r["prompt_tokens"] / 10)
 fetched = forks("cold-fetch", lambda r: "fetch=" in (r.get("route") or ""))
 if recompute and fetched:

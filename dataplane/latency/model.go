@@ -57,6 +57,11 @@ func (e *Engine) Onboards() bool {
 	return e.KVBytesPerToken > 0 && (e.HostBandwidth > 0 || e.DiskBandwidth > 0)
 }
 
+// Fetches reports whether the engine pulls prefixes from peers at a known price.
+func (e *Engine) Fetches() bool {
+	return e.PeerBandwidth > 0 && e.KVBytesPerToken > 0
+}
+
 // OnboardSeconds is the time of bringing host and disk tokens' KV back to GPU memory (a tier
 // of unknown bandwidth costs nothing here: its blocks are not counted as cached).
 func (e *Engine) OnboardSeconds(host, disk float64) float64 {

@@ -3,6 +3,7 @@ package route
 import (
 	"errors"
 	"math/rand/v2"
+	"slices"
 
 	"github.com/kvrelay/kvrelay/dataplane/latency"
 )
@@ -138,7 +139,7 @@ func (s PredictedTTFT) Score(req *Request, ws []*Worker, costs []float64) {
 		w.Latency().Predict(&w.Engine, st, uncached, p)
 		c := s.cost(req, w, p)
 		req.fetch = append(req.fetch, nil)
-		if !req.flat && w.Engine.PeerBandwidth > 0 && w.Engine.KVBytesPerToken > 0 {
+		if !req.flat && w.Engine.Fetches() {
 			if !found {
 				holders()
 			}
@@ -170,12 +171,7 @@ func (s PredictedTTFT) Score(req *Request, ws []*Worker, costs []float64) {
 
 // canFetch reports whether any of ws can pull a prefix from a peer.
 func canFetch(ws []*Worker) bool {
-	for _, w := range ws {
-		if w.Engine.PeerBandwidth > 0 && w.Engine.KVBytesPerToken > 0 {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(ws, func(w *Worker) bool { return w.Engine.Fetches() })
 }
 
 // roomFor reports whether w has blocks free (not held by requests) for n more, as far as

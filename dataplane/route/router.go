@@ -474,7 +474,7 @@ func (r *Router) Route(req *Request, d *Decision) error {
 	}
 	req.holders = req.holders[:0]
 	if policy.Busy != (BusyFilter{}) {
-		if policy.Predicts {
+		if policy.Predicts && canFetch(cur) {
 			// A worker too busy to take the request can still give its cached blocks.
 			req.holders = append(req.holders, cur...)
 		}
