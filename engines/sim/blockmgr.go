@@ -49,14 +49,16 @@ type tierCounters struct {
 	diskRead, diskWritten      atomic.Int64
 	offloaded                  [2]atomic.Int64 // blocks copied to CPU, DISK
 	peerFetches                [numPeerOutcomes]atomic.Int64
+	peerTokens                 atomic.Int64 // prompt tokens pulled from peers
 	onboardSkipped             atomic.Int64 // lower-tier hit blocks computed for want of GPU room
 }
 
 // The outcomes of a request told to fetch its prefix from a peer (TierStats.PeerFetches).
 const (
 	PeerPulled   = iota // pulled what the holder gave
+	PeerPartial         // room for only part of the prompt when it came up: pulled its leading blocks, computed the rest
 	PeerFallback        // the holder gave nothing, did not answer, or the pull failed: computed
-	PeerNoRoom          // not enough free blocks for the prompt when it came up: computed
+	PeerNoRoom          // not enough free blocks for a block more than computing takes: computed
 	numPeerOutcomes
 )
 
@@ -68,8 +70,11 @@ type TierStats struct {
 	CachedByTier                [3]int64
 	DiskReadBytes, DiskWritten  int64
 	OffloadedCPU, OffloadedDisk int64
-	// PeerFetches counts peer fetches by outcome: PeerPulled, PeerFallback, PeerNoRoom.
+	// PeerFetches counts peer fetches by outcome: PeerPulled, PeerPartial, PeerFallback,
+	// PeerNoRoom; PeerTokens, the prompt tokens they pulled (cached, but in no tier of this
+	// engine's when the request came: not in CachedTokens).
 	PeerFetches [numPeerOutcomes]int64
+	PeerTokens  int64
 	// OnboardSkipped counts host or disk hit blocks computed instead of brought back, for
 	// want of free GPU blocks when their request came up.
 	OnboardSkipped int64
@@ -87,6 +92,7 @@ func (e *Engine) TierStats() TierStats {
 	for i := range s.PeerFetches {
 		s.PeerFetches[i] = c.peerFetches[i].Load()
 	}
+	s.PeerTokens = c.peerTokens.Load()
 	s.OnboardSkipped = c.onboardSkipped.Load()
 	return s
 }

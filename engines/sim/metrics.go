@@ -97,7 +97,7 @@ func NewMetrics(cfg Config) *Metrics {
 	m.evictions = f.counterVec("kvrelay_sim_kv_gpu_evictions_total", "Cached blocks the GPU tier evicted, by class (ephemeral, once, reused, pinned).", "class")
 	m.diskErrs = f.counterVec("kvrelay_sim_kv_disk_errors_total", "Disk tier failures, by kind (write: the block stays off disk; read, checksum: a miss, the file removed).", "kind")
 	m.onboardSkips = f.counter("kvrelay_sim_kv_onboard_skipped_blocks_total", "Blocks found in host memory or on disk but computed instead of brought back: their request came up without free GPU blocks for all of them.")
-	m.peerFetches = f.counterVec("kvrelay_sim_kv_peer_fetches_total", "Requests told to fetch their prefix from a peer, by outcome (pulled, fallback: the pull failed and the prompt was computed, export_failed: the holder did not answer, none: it held nothing of the prompt, no_room: too few free blocks for the prompt when it came up, so it was computed).", "result")
+	m.peerFetches = f.counterVec("kvrelay_sim_kv_peer_fetches_total", "Requests told to fetch their prefix from a peer, by outcome (pulled, partial: room for only the prompt's leading blocks, pulled, the rest computed, fallback: the pull failed and the prompt was computed, export_failed: the holder did not answer, none: it held nothing of the prompt, no_room: no free block for a fetch beside the prompt's next chunk when it came up, so it was computed).", "result")
 	m.peerExports = f.counter("kvrelay_sim_kv_peer_exports_total", "Prefixes held for a peer to fetch.")
 	m.peerExportedBlocks = f.counter("kvrelay_sim_kv_peer_exported_blocks_total", "Blocks held for peers to fetch.")
 	for _, t := range []string{MediumGPU, MediumCPU, MediumDISK} {

@@ -121,10 +121,13 @@ func (e *Engine) nextExpiry() time.Time {
 // blocks the prefix cache lacks; the request waits (stateLoading) until the pull reports
 // back. It reports false when the blocks are not there yet. A peer fetch (r.peerHolder) is
 // admitted alike, and asks its holder for the blocks it lacks only then, so the holder
-// holds them for the transfer alone, not while this request queues; when the blocks are
-// not there it drops the fetch, reporting true with the request left at the head of the
-// queue for the caller to admit as a plain one.
-func (e *Engine) admitPull(r *Request) bool {
+// holds them for the transfer alone, not while this request queues. A fetch takes the
+// blocks it pulls before any of the prompt runs: without room for all of them it pulls the
+// leading blocks that fit beside the next chunk of at most budget tokens and computes the
+// rest; without room for even one it drops the fetch, reporting true with the request left
+// at the head of the queue for the caller to admit as a plain one; and without room for
+// that chunk either it waits, as a plain request would (false).
+func (e *Engine) admitPull(r *Request, budget int) bool {
 	bs := e.cfg.BlockSize
 	nPrompt := (r.promptLen + bs - 1) / bs
 	full := len(r.hashes)
@@ -135,31 +138,40 @@ func (e *Engine) admitPull(r *Request) bool {
 	if full > 0 {
 		hit = e.pool.hits(r.hashes[:full])
 	}
-	if !e.kvm.canAdmit(r.hashes, hit, nPrompt-hit) {
-		if r.peerHolder != "" {
-			// A fetch would hold the whole prompt's blocks before any of it ran: with no room
-			// for them now, the request computes its prompt as any other does, chunk by
-			// chunk, rather than wait at the head of the queue (the caller admits it next).
+	alloc := nPrompt - hit // blocks allocated now, after the cached prefix
+	if !e.kvm.canAdmit(r.hashes, hit, alloc) {
+		if r.peerHolder == "" {
+			return false
+		}
+		k := e.fetchFitting(r, hit, full, budget)
+		switch k {
+		case -1: // no room for its next chunk either: it waits, as a plain request would
+			return false
+		case 0:
+			// No room for a block more than computing the prompt takes: the request computes
+			// it as any other does, chunk by chunk, rather than wait at the head of the
+			// queue (the caller admits it next).
 			r.peerHolder = ""
 			e.kvm.stats.peerFetches[PeerNoRoom].Add(1)
 			e.metrics.peerFetch("no_room")
 			return true
 		}
-		return false
+		alloc, full, r.peerPartial = k, hit+k, true
 	}
 	e.waiting.pop()
 	for _, h := range r.hashes[:hit] {
 		r.blocks = e.pool.take(r.blocks, h)
+		e.kvm.hit(h)
 	}
-	for range nPrompt - hit {
+	for range alloc {
 		r.blocks, _ = e.pool.allocate(r.blocks)
 	}
 	r.numComputed, r.numStored = hit*bs, hit
 	r.admitted = true
 	r.scheduledAt = e.planAt
-	e.metrics.admitted(r.promptLen, hit*bs)
-	e.kvm.stats.promptTokens.Add(int64(r.promptLen))
-	e.kvm.stats.cachedTokens.Add(int64(hit * bs))
+	if r.peerHolder == "" {
+		e.countAdmitted(r, hit*bs, 0)
+	} // a peer fetch counts when its pull ends: what it found and pulled, or (falling back) as a plain request
 	r.state = stateLoading
 	e.loading[r] = true
 	if r.peerHolder != "" {
@@ -186,6 +198,42 @@ func (e *Engine) admitPull(r *Request) bool {
 	e.kv.startPull(job)
 	r.pullCancel = job.cancel
 	return true
+}
+
+// countAdmitted counts an admitted prompt, once: gpu of its tokens found in the GPU tier, and
+// peer pulled from a peer.
+func (e *Engine) countAdmitted(r *Request, gpu, peer int) {
+	e.metrics.admitted(r.promptLen, gpu+peer)
+	st := &e.kvm.stats
+	st.promptTokens.Add(int64(r.promptLen))
+	st.cachedTokens.Add(int64(gpu))
+	st.peerTokens.Add(int64(peer))
+	if gpu > 0 {
+		e.metrics.tierHit(MediumGPU, gpu)
+		st.byTier[0].Add(int64(gpu))
+	}
+}
+
+// fetchFitting returns how many of the blocks [hit, full) that r's prompt lacks (hit: its
+// cached prefix) a fetch can take now with room left for the next chunk of at most budget
+// tokens after them: the most, 0 when not one, -1 when not even the chunk after hit has room
+// (a plain request would wait for blocks there).
+func (e *Engine) fetchFitting(r *Request, hit, full, budget int) int {
+	bs := e.cfg.BlockSize
+	fits := func(k int) bool {
+		n := min(r.promptLen-(hit+k)*bs, budget)
+		return e.kvm.canAdmit(r.hashes, hit, k+(n+bs-1)/bs)
+	}
+	lo, hi := -1, full-hit // fits(lo), or lo is -1
+	for lo < hi {
+		mid := (lo + hi + 1) / 2
+		if fits(mid) {
+			lo = mid
+		} else {
+			hi = mid - 1
+		}
+	}
+	return lo
 }
 
 // pulled finishes a pull on the scheduler goroutine: the pulled blocks become computed (and
@@ -223,21 +271,39 @@ func (e *Engine) pulled(j *pullJob, now time.Time) {
 		e.publishLoad()
 		return
 	}
-	if r.peerFetch {
-		e.metrics.peerFetch("pulled")
-		e.kvm.stats.peerFetches[PeerPulled].Add(1)
-	}
 	bs := e.cfg.BlockSize
 	// As vLLM does once remote KV arrived: everything pulled counts as computed except the
 	// prompt's last token, which is recomputed to produce the first output token.
 	computed := min(max(r.numComputed, (r.numStored+len(j.local))*bs), r.promptLen-1)
+	if r.peerFetch {
+		if r.peerPartial {
+			e.metrics.peerFetch("partial")
+			e.kvm.stats.peerFetches[PeerPartial].Add(1)
+		} else {
+			e.metrics.peerFetch("pulled")
+			e.kvm.stats.peerFetches[PeerPulled].Add(1)
+		}
+		e.countAdmitted(r, r.numComputed, computed-r.numComputed)
+	}
 	r.numComputed = computed
 	e.storeBlocks(r)
 	e.emit(now)
-	r.pulled = true
 	r.mu.Lock()
 	r.cached = computed
 	r.mu.Unlock()
+	if r.peerPartial {
+		// The rest of the prompt is computed as any prompt is, chunk by chunk: the request
+		// goes back to the head of the queue, where what it pulled is a cached prefix.
+		e.pool.free(r.blocks)
+		r.blocks = r.blocks[:0]
+		r.numComputed, r.numStored = 0, 0
+		r.peerHolder, r.peerFetch, r.peerPartial = "", false, false
+		r.state = stateWaiting
+		e.waiting.pushFront(r)
+		e.publishLoad()
+		return
+	}
+	r.pulled = true
 	r.state = stateReady
 	e.ready = append(e.ready, r)
 	e.publishLoad()

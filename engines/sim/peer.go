@@ -119,7 +119,8 @@ func (e *Engine) peerFallback(r *Request, pullFailed bool) {
 	e.pool.free(r.blocks)
 	r.blocks = r.blocks[:0]
 	r.numComputed, r.numStored = 0, 0
-	r.kvPull, r.pulled, r.peerHolder, r.peerFetch = nil, false, "", false
+	r.kvPull, r.pulled, r.peerHolder, r.peerFetch, r.peerPartial = nil, false, "", false, false
+	r.admitted = false // not counted yet: it is, as the plain request it now is
 	r.state = stateWaiting
 	e.waiting.pushFront(r)
 	if pullFailed {

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/kvrelay/kvrelay/engines/blockhash"
 )
 
 // peerBody is a chat request that fetches its prefix from holder.
@@ -71,10 +73,12 @@ func TestPeerFetchFallsBack(t *testing.T) {
 	mut := func(c *WorkerConfig) { c.Engine.PeerFetch = true; c.Engine.NumGPUBlocks = 1024 }
 	fetcher := startWorker(t, mut)
 	prompt := "fallback " + longText(320)
+	sent := 0 // prompt tokens
 
 	t.Run("holder caches nothing", func(t *testing.T) {
 		empty := startWorker(t, mut)
-		if u := chatUsage(t, fetcher, peerBody(prompt+" a", empty.URL())); u.PromptTokensDetails.CachedTokens != 0 {
+		u := chatUsage(t, fetcher, peerBody(prompt+" a", empty.URL()))
+		if sent += u.PromptTokens; u.PromptTokensDetails.CachedTokens != 0 {
 			t.Fatalf("cached %d", u.PromptTokensDetails.CachedTokens)
 		}
 		if n := metric(t, fetcher, "kvrelay_sim_kv_peer_fetches_total", `result="none"`); n != 1 {
@@ -84,7 +88,7 @@ func TestPeerFetchFallsBack(t *testing.T) {
 	t.Run("holder does not answer", func(t *testing.T) {
 		dead := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(500) }))
 		defer dead.Close()
-		chatUsage(t, fetcher, peerBody("b "+prompt, dead.URL)) // nothing of it cached here
+		sent += chatUsage(t, fetcher, peerBody("b "+prompt, dead.URL)).PromptTokens // nothing of it cached here
 		if n := metric(t, fetcher, "kvrelay_sim_kv_peer_fetches_total", `result="export_failed"`); n != 1 {
 			t.Fatalf("%v failed exports, want 1", n)
 		}
@@ -110,13 +114,17 @@ func TestPeerFetchFallsBack(t *testing.T) {
 		}))
 		defer front.Close()
 		u := chatUsage(t, fetcher, peerBody(p, front.URL))
-		if u.CompletionTokens != 4 {
+		if sent += u.PromptTokens; u.CompletionTokens != 4 {
 			t.Fatalf("answer %+v", u)
 		}
 		if n := metric(t, fetcher, "kvrelay_sim_kv_peer_fetches_total", `result="fallback"`); n != 1 {
 			t.Fatalf("%v fallbacks, want 1", n)
 		}
 	})
+	// Each request falling back is counted once, as the plain request it became.
+	if st := fetcher.Engine().TierStats(); st.PromptTokens != int64(sent) || st.PeerTokens != 0 {
+		t.Fatalf("fetcher's totals %+v, %d prompt tokens sent", st, sent)
+	}
 }
 
 // TestExportRefusesBadBodies: the export endpoint answers a clear 400 to what it cannot read.
@@ -176,21 +184,30 @@ func TestPeerFetchAsksOnlyForWhatItLacks(t *testing.T) {
 	if exported <= 0 || exported > whole-own+2 {
 		t.Fatalf("holder exported %v blocks; the prompt has %v whole blocks and the fetcher cached about %v", exported, whole, own)
 	}
+	// Counted once, by where each cached token came from: the fetcher's GPU, then the peer.
+	st := fetcher.Engine().TierStats()
+	gpu := st.CachedByTier[0] - int64(mine.PromptTokensDetails.CachedTokens)
+	if st.PromptTokens != int64(mine.PromptTokens+got.PromptTokens) || gpu <= 0 || gpu+st.PeerTokens != int64(got.PromptTokensDetails.CachedTokens) || st.CachedTokens != st.CachedByTier[0] {
+		t.Fatalf("fetcher's totals %+v: the fetch found %d tokens on the GPU, pulled %d, answered %d cached",
+			st, gpu, st.PeerTokens, got.PromptTokensDetails.CachedTokens)
+	}
 }
 
-// TestPeerFetchWithoutRoomComputes: a fetch whose prompt's blocks are not free when it comes
-// up does not wait at the head of the queue for all of them: it is computed as any request
-// is, and counted (no_room).
-func TestPeerFetchWithoutRoomComputes(t *testing.T) {
+// fetchWhileBusy sends a fetch of prompt from holder to a fetcher of 64 blocks (with mut) while
+// a long stream holds about 40 of them, ends the stream once cond holds, and returns the
+// fetch's answer.
+func fetchWhileBusy(t *testing.T, mut func(*Config), prompt string, cond func(fetcher *Worker) bool) (*Worker, usage) {
+	t.Helper()
 	holder := startWorker(t, func(c *WorkerConfig) { c.Engine.PeerFetch = true; c.Engine.NumGPUBlocks = 1024 })
 	fetcher := startWorker(t, func(c *WorkerConfig) {
 		c.Engine.PeerFetch = true
 		c.Engine.NumGPUBlocks = 64
 		c.Engine.Timing.Speedup = 1
+		if mut != nil {
+			mut(&c.Engine)
+		}
 	})
-	prompt := "room " + longText(480) // ~30 blocks
 	chatUsage(t, holder, `{"messages":[{"role":"user","content":`+strconv.Quote(prompt)+`}],"max_tokens":2}`)
-	// A long stream holds about 40 of the fetcher's 64 blocks.
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, "POST", fetcher.URL()+"/v1/chat/completions",
@@ -223,19 +240,79 @@ func TestPeerFetchWithoutRoomComputes(t *testing.T) {
 		b, err := io.ReadAll(resp.Body)
 		done <- answer{resp.StatusCode, b, err}
 	}()
-	eventually(t, "the fetch dropped for want of room", func() bool {
-		return metric(t, fetcher, "kvrelay_sim_kv_peer_fetches_total", `result="no_room"`) == 1
-	})
-	cancel() // the stream ends; the request computes its prompt
+	eventually(t, "the fetch to come up", func() bool { return cond(fetcher) })
+	cancel() // the stream ends and frees its blocks
 	a := <-done
 	var r pdResponse
 	if a.err != nil || a.status != 200 || json.Unmarshal(a.body, &r) != nil {
 		t.Fatalf("the fetch request: %d %s %v", a.status, a.body, a.err)
 	}
-	if u := r.Usage; u.CompletionTokens != 4 || u.PromptTokensDetails.CachedTokens != 0 {
-		t.Fatalf("answer %+v: want 4 tokens, nothing cached here", r.Usage)
+	if r.Usage.CompletionTokens != 4 {
+		t.Fatalf("answer %+v: want 4 tokens", r.Usage)
 	}
-	if st := fetcher.Engine().TierStats(); st.PeerFetches != [numPeerOutcomes]int64{PeerNoRoom: 1} {
+	return fetcher, r.Usage
+}
+
+// TestPeerFetchWaitsForRoomAsComputingWould: a fetch that comes up with room for neither its
+// blocks nor its prompt's first chunk waits, as a plain request would, and pulls them all
+// once the stream holding the blocks ends.
+func TestPeerFetchWaitsForRoomAsComputingWould(t *testing.T) {
+	prompt := "room " + longText(480) // ~30 blocks, one chunk
+	fetcher, u := fetchWhileBusy(t, nil, prompt, func(f *Worker) bool {
+		return metric(t, f, "vllm:num_requests_waiting", "") == 1
+	})
+	if want := min(u.PromptTokens/16*16, u.PromptTokens-1); u.PromptTokensDetails.CachedTokens != want {
+		t.Fatalf("answer %+v: want all %d tokens of full blocks (but the last token) pulled", u, want)
+	}
+	if st := fetcher.Engine().TierStats(); st.PeerFetches != [numPeerOutcomes]int64{PeerPulled: 1} || st.PeerTokens != int64(u.PromptTokensDetails.CachedTokens) {
+		t.Fatalf("peer fetch outcomes %v, %d tokens pulled", st.PeerFetches, st.PeerTokens)
+	}
+}
+
+// TestPeerFetchPullsWhatFits: a fetch with room for part of its prompt beside the next
+// chunk pulls the leading blocks that fit and computes the rest.
+func TestPeerFetchPullsWhatFits(t *testing.T) {
+	prompt := "room " + longText(480) // ~30 blocks, in chunks of 4
+	fetcher, u := fetchWhileBusy(t, func(c *Config) { c.MaxNumBatchedTokens = 64 }, prompt, func(f *Worker) bool {
+		return metric(t, f, "kvrelay_sim_kv_peer_fetches_total", `result="partial"`) == 1
+	})
+	st := fetcher.Engine().TierStats()
+	if c := u.PromptTokensDetails.CachedTokens; c <= 0 || c >= u.PromptTokens-16 || c%16 != 0 || st.PeerTokens != int64(c) {
+		t.Fatalf("answer %+v, %d tokens pulled: want a part of the prompt pulled, in whole blocks", u, st.PeerTokens)
+	}
+	if st.PeerFetches != [numPeerOutcomes]int64{PeerPartial: 1} {
 		t.Fatalf("peer fetch outcomes %v", st.PeerFetches)
+	}
+}
+
+// TestFetchFitting: how much of a prompt a fetch takes by the blocks free: all it lacks, the
+// most that leave room for the next chunk, none (the fetch is dropped and the prompt
+// computed), or not even the chunk (the request waits).
+func TestFetchFitting(t *testing.T) {
+	e, _, _ := newTestEngine(t, func(cfg *Config) {
+		cfg.NumGPUBlocks = 64
+		cfg.MaxNumBatchedTokens = 64 // chunks of 4 blocks
+	})
+	r, err := e.NewRequest("f", prompt(480, 7), blockhash.Keys{}, Params{MaxTokens: 1}) // 30 blocks, 29 fetchable
+	if err != nil {
+		t.Fatal(err)
+	}
+	var held []int32
+	for _, tc := range []struct{ free, want int }{{64, 29}, {30, 29}, {29, 25}, {10, 6}, {3, -1}, {4, 0}} {
+		e.pool.free(held)
+		held = held[:0]
+		for e.pool.numFree > tc.free {
+			held, _ = e.pool.allocate(held)
+		}
+		if got := e.fetchFitting(r, 0, 29, 64); got != tc.want {
+			t.Errorf("%d blocks free: fetch %d, want %d", tc.free, got, tc.want)
+		}
+	}
+	// With none beyond the chunk (the last case), the fetch is dropped and the request
+	// admitted as a plain one.
+	r.peerHolder = "http://127.0.0.1:1"
+	e.waiting.push(r)
+	if !e.admitPull(r, 64) || r.peerHolder != "" || e.waiting.peek() != r || e.TierStats().PeerFetches[PeerNoRoom] != 1 {
+		t.Fatalf("no room for a fetch: admitted %v, holder %q", r.admitted, r.peerHolder)
 	}
 }

@@ -82,9 +82,11 @@ type Request struct {
 	pullCancel context.CancelFunc
 	// peerHolder is the base URL of the worker to fetch the prompt's prefix from (peer
 	// fetch), asked when the request is admitted; peerFetch marks a pull as one, whose
-	// failure falls back to computing the prompt.
-	peerHolder string
-	peerFetch  bool
+	// failure falls back to computing the prompt; peerPartial, one that asks for only the
+	// leading blocks there was room for.
+	peerHolder  string
+	peerFetch   bool
+	peerPartial bool
 
 	// Output, shared with the client under mu.
 	mu       sync.Mutex

@@ -78,7 +78,7 @@ func (e *Engine) plan() (prefill, decodes int) {
 	for !preempted && budget > 0 && len(e.running) < e.cfg.MaxNumSeqs && e.waiting.len() > 0 {
 		r := e.waiting.peek()
 		if (r.kvPull != nil || r.peerHolder != "") && e.kv != nil && !r.admitted {
-			if !e.admitPull(r) {
+			if !e.admitPull(r, budget) {
 				break
 			}
 			continue

@@ -487,6 +487,7 @@ func (c *Cluster) TierStats() sim.TierStats {
 		for i := range s.PeerFetches {
 			s.PeerFetches[i] += t.PeerFetches[i]
 		}
+		s.PeerTokens += t.PeerTokens
 		s.OnboardSkipped += t.OnboardSkipped
 	}
 	return s

@@ -164,8 +164,10 @@ func Compare(ctx context.Context, co CompareOptions, tok workload.Tokenizer) ([]
 			p := float64(ts.PromptTokens)
 			res.Summary.Tiers = &TierSummary{Setup: cc.Tiers.Describe(),
 				HitGPU: float64(ts.CachedByTier[0]) / p, HitCPU: float64(ts.CachedByTier[1]) / p, HitDisk: float64(ts.CachedByTier[2]) / p,
-				Uncached: ts.PromptTokens - ts.CachedTokens, DiskWritten: ts.DiskWritten, DiskRead: ts.DiskReadBytes,
-				FetchPulled: ts.PeerFetches[sim.PeerPulled], FetchFallback: ts.PeerFetches[sim.PeerFallback], FetchNoRoom: ts.PeerFetches[sim.PeerNoRoom],
+				HitPeer:  float64(ts.PeerTokens) / p,
+				Uncached: ts.PromptTokens - ts.CachedTokens - ts.PeerTokens, DiskWritten: ts.DiskWritten, DiskRead: ts.DiskReadBytes,
+				FetchPulled: ts.PeerFetches[sim.PeerPulled], FetchPartial: ts.PeerFetches[sim.PeerPartial],
+				FetchFallback: ts.PeerFetches[sim.PeerFallback], FetchNoRoom: ts.PeerFetches[sim.PeerNoRoom],
 				OnboardSkipped: ts.OnboardSkipped}
 		}
 		// Summary.Wall is in the engines' time (scaled by the speedup); lost is wall time.

@@ -133,6 +133,7 @@ func Table(rs []*Result) string {
 			{"hit rate GPU tier", tier(func(t *TierSummary) float64 { return t.HitGPU }), pct},
 			{"hit rate host tier", tier(func(t *TierSummary) float64 { return t.HitCPU }), pct},
 			{"hit rate disk tier", tier(func(t *TierSummary) float64 { return t.HitDisk }), pct},
+			{"pulled from peers", tier(func(t *TierSummary) float64 { return t.HitPeer }), pct},
 			{"uncached prefill tokens", tier(func(t *TierSummary) float64 { return float64(t.Uncached) }), num},
 			{"disk written", tier(func(t *TierSummary) float64 { return float64(t.DiskWritten) }), mb},
 			{"disk read", tier(func(t *TierSummary) float64 { return float64(t.DiskRead) }), mb},

@@ -119,19 +119,22 @@ type Summary struct {
 type TierSummary struct {
 	// Setup names the tiers ("G1+G2(32768) worm").
 	Setup string `json:"setup"`
-	// HitGPU, HitCPU and HitDisk are the shares of prompt tokens found cached in each tier;
-	// Uncached the prompt tokens computed.
+	// HitGPU, HitCPU and HitDisk are the shares of prompt tokens found cached in each tier,
+	// HitPeer those pulled from a peer; Uncached the prompt tokens computed.
 	HitGPU   float64 `json:"hit_gpu"`
 	HitCPU   float64 `json:"hit_cpu"`
 	HitDisk  float64 `json:"hit_disk"`
+	HitPeer  float64 `json:"hit_peer,omitempty"`
 	Uncached int64   `json:"uncached_tokens"`
 	// DiskWritten and DiskRead are the bytes the disk tier's files took and gave back
 	// (the modelled bytes × --kv-bytes-scale).
 	DiskWritten int64 `json:"disk_written_bytes"`
 	DiskRead    int64 `json:"disk_read_bytes"`
-	// Peer fetches by outcome: the prefix pulled, computed after the holder failed or held
-	// nothing, computed for want of free blocks.
+	// Peer fetches by outcome: the prefix pulled, its leading blocks pulled and the rest
+	// computed for want of free blocks, computed after the holder failed or held nothing,
+	// computed for want of free blocks.
 	FetchPulled   int64 `json:"peer_fetch_pulled,omitempty"`
+	FetchPartial  int64 `json:"peer_fetch_partial,omitempty"`
 	FetchFallback int64 `json:"peer_fetch_fallback,omitempty"`
 	FetchNoRoom   int64 `json:"peer_fetch_no_room,omitempty"`
 	// OnboardSkipped is the host and disk hit blocks computed for want of GPU room.
