@@ -490,6 +490,27 @@ func (m *blockManager) toDisk(h uint64, b *blockMeta) {
 	m.metrics.offloaded(MediumDISK)
 }
 
+// readable reports whether the host or disk tier holds h so that it can be given to a peer:
+// a disk block is read back (its real read time and bytes counted) and checked first.
+func (m *blockManager) readable(h uint64) bool {
+	if m.host != nil && m.host.has(h) {
+		m.host.touch(h)
+		return true
+	}
+	if m.disk == nil || !m.disk.has(h) {
+		return false
+	}
+	n, err := m.disk.read(h)
+	m.metrics.diskRead(n)
+	m.stats.diskRead.Add(int64(n))
+	if err != nil {
+		m.diskFailed(h, err) // a miss, announced
+		return false
+	}
+	m.disk.touch(h)
+	return true
+}
+
 // diskFailed handles a disk block that could not be read back: a miss, counted, its file
 // removed and its removal published.
 func (m *blockManager) diskFailed(h uint64, err error) {

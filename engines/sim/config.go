@@ -193,6 +193,18 @@ func (c *Config) RegionSlots() int {
 	return int(min(int64(c.NumGPUBlocks), max(1, c.KVRegionMaxBytes/int64(c.SlotBytes()))))
 }
 
+// StagingSlots is the number of transfer-region slots after the RegionSlots of the GPU
+// blocks through which a worker with PeerFetch gives peers the blocks its host or disk tier
+// holds, without taking GPU blocks for them (NIXL reads a KV block manager's host tier, in
+// pinned host memory, directly): as many as RegionSlots, none without PeerFetch or a tier
+// below the GPU.
+func (c *Config) StagingSlots() int {
+	if !c.PeerFetch || (c.CPUOffloadBlocks <= 0 && c.DiskOffloadBlocks <= 0) {
+		return 0
+	}
+	return c.RegionSlots()
+}
+
 // ModelledTransfer is the modelled wall time of moving n KV blocks from a prefill to a
 // decode worker: n × block size × KVBytesPerToken at KVTransferBandwidth, divided by the
 // timing speedup.

@@ -78,6 +78,7 @@ type Engine struct {
 	// Owned by the Run goroutine.
 	planAt    time.Time // when the step being planned starts
 	exportSeq uint64    // exports so far, for their leases
+	staging   []int32   // free staging block ids (exported lower-tier blocks), see stage
 	pool      *blockPool
 	kvm       *blockManager // the pool and the tiers below it
 	waiting   waitQueue
@@ -130,6 +131,9 @@ func NewEngine(cfg Config, filler []uint32, sink EventSink, metrics *Metrics) (*
 		return nil, err
 	}
 	e.kvm = kvm
+	for j := cfg.StagingSlots() - 1; j >= 0; j-- {
+		e.staging = append(e.staging, int32(cfg.NumGPUBlocks+j))
+	}
 	return e, nil
 }
 

@@ -43,7 +43,9 @@ type kvConnector struct {
 	listen     string
 	advertise  string
 	slotBytes  int
-	slots      int
+	slots      int // gpuSlots, then the staging slots (Config.StagingSlots)
+	gpuSlots   int
+	numGPU     int // block ids from numGPU on name staging slots
 	regionName string
 	metrics    *Metrics
 	backends   []nixl.BackendKind // nil: nixl's default
@@ -85,7 +87,9 @@ func newKVConnector(cfg Config, engineID, listen, advertiseHost string, m *Metri
 		listen:    listen,
 		advertise: advertiseHost,
 		slotBytes: cfg.SlotBytes(),
-		slots:     cfg.RegionSlots(),
+		slots:     cfg.RegionSlots() + cfg.StagingSlots(),
+		gpuSlots:  cfg.RegionSlots(),
+		numGPU:    cfg.NumGPUBlocks,
 		metrics:   m,
 		dials:     make(map[string]*sync.Mutex),
 		ctx:       context.Background(),
@@ -203,8 +207,14 @@ func (c *kvConnector) close() error {
 	return nil
 }
 
-// slot is where block id b lives: b itself, or b mod slots when the region is capped.
-func (c *kvConnector) slot(b int32) int { return int(b) % c.slots }
+// slot is where block id b lives: b itself, or b mod the GPU slots when the region is
+// capped; from numGPU on, b names staging slot b - numGPU, after the GPU slots.
+func (c *kvConnector) slot(b int32) int {
+	if int(b) >= c.numGPU {
+		return c.gpuSlots + int(b) - c.numGPU
+	}
+	return int(b) % c.gpuSlots
+}
 
 // pin reserves the slots of a held request's prompt blocks for the content keys, and fails
 // (pinning nothing) when a slot is pinned for other content or being pulled into, which
@@ -270,8 +280,8 @@ func (c *kvConnector) publish(blocks []int32, keys []uint64) bool {
 }
 
 // reserve picks the destination slots of a pull into local blocks: each block's own slot,
-// or when the region is capped and that slot is taken, any free one. It returns nil when
-// there are not enough free slots.
+// or when the region is capped and that slot is taken, any free GPU slot (the staging
+// slots are the engine's to give). It returns nil when there are not enough free slots.
 func (c *kvConnector) reserve(blocks []int32) []int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -284,10 +294,10 @@ func (c *kvConnector) reserve(blocks []int32) []int {
 	for i, b := range blocks {
 		s := c.slot(b)
 		if !free(s) {
-			for next < c.slots && !free(next) {
+			for next < c.gpuSlots && !free(next) {
 				next++
 			}
-			if next == c.slots {
+			if next == c.gpuSlots {
 				for _, d := range dest[:i] {
 					c.busy[d] = false
 				}

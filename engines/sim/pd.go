@@ -71,7 +71,7 @@ func (e *Engine) unhold(r *Request, by string) {
 	delete(e.held, r.ID)
 	h := r.kvHeld // written by hold on this goroutine
 	e.kv.unpin(h.blocks[:len(h.keys)])
-	e.pool.free(h.blocks)
+	e.freeBlocks(h.blocks)
 	e.heldRequests.Add(-1)
 	e.heldBlocks.Add(-int64(len(h.blocks)))
 	e.metrics.kvHeld(-len(h.blocks), by)

@@ -15,7 +15,8 @@ import (
 // it to another. A worker with Config.PeerFetch exports its cached prefixes over its KV
 // connector — the exporter pins the blocks for KVTransferTimeout, fills their slots and
 // answers with NixlConnector's kv_transfer_params naming them, exactly as a prefill worker
-// answers a prefill leg — and, told by kv_transfer_params {"kvrelay_peer_fetch": URL},
+// answers a prefill leg; blocks its host or disk tier holds go through staging slots of the
+// region, taking none of its GPU blocks — and, told by kv_transfer_params {"kvrelay_peer_fetch": URL},
 // asks the worker at URL for its prompt's prefix, pulls it as a decode leg pulls a prefill
 // worker's blocks, checks it, stores it (announcing it in its KV events) and computes only
 // the rest. Any failure (the holder gone, slow, holding less by now, a checksum) costs
@@ -35,9 +36,10 @@ type exported struct {
 	keys   []uint64
 }
 
-// Export holds the longest prefix of hashes (kvrelay sequence hashes) that the GPU or the host
-// tier caches for a peer to read (host blocks brought back into GPU blocks first), as a prefill worker holds a finished prefill leg's blocks. It
-// waits for the scheduler goroutine, so Run must be running.
+// Export holds the longest prefix of hashes (kvrelay sequence hashes) that this worker caches
+// for a peer to read, as a prefill worker holds a finished prefill leg's blocks: GPU blocks
+// referenced, host and disk blocks through staging slots (see stage). It waits for the
+// scheduler goroutine, so Run must be running.
 func (e *Engine) Export(ctx context.Context, hashes []uint64) (exported, error) {
 	j := &exportJob{hashes: hashes, reply: make(chan exported, 1)}
 	e.mu.Lock()
@@ -58,11 +60,8 @@ func (e *Engine) export(j *exportJob, now time.Time) {
 		j.reply <- exported{}
 		return
 	}
-	// The leading blocks the GPU tier caches, and those the host tier holds brought back
-	// into GPU blocks (announced as stored there), up to the first block neither has.
 	var ids []int32
 	e.events = e.events[:0]
-	e.pool.removed = e.pool.removed[:0]
 	e.kvm.setClock(now)
 	n := 0
 	for ; n < len(j.hashes); n++ {
@@ -72,21 +71,13 @@ func (e *Engine) export(j *exportJob, now time.Time) {
 			ids = append(ids, id)
 			continue
 		}
-		meta := e.kvm.meta[h]
-		if e.kvm.host == nil || !e.kvm.host.has(h) || meta == nil {
+		id, ok := e.stage(h)
+		if !ok {
 			break
 		}
-		var ok bool
-		if ids, ok = e.pool.allocate(ids); !ok {
-			break
-		}
-		e.pool.store(ids[len(ids)-1], h)
-		e.kvm.metaEvent(h, meta, MediumGPU)
+		ids = append(ids, id)
 	}
-	if removed := e.kvm.evicted(e.pool.removed); len(removed) > 0 {
-		e.events = append(e.events, CacheEvent{Kind: BlocksRemoved, Medium: MediumGPU, Hashes: removed})
-	}
-	e.emit(now)
+	e.emit(now) // a disk block that failed its read is gone
 	if n == 0 {
 		j.reply <- exported{}
 		return
@@ -103,12 +94,44 @@ func (e *Engine) export(j *exportJob, now time.Time) {
 		heapIndex: -1,
 	}
 	if !e.hold(r, now) {
-		e.pool.free(r.blocks)
+		e.freeBlocks(r.blocks)
 		j.reply <- exported{}
 		return
 	}
 	e.metrics.peerExported(n)
 	j.reply <- exported{lease: r.ID, blocks: r.kvHeld.blocks, keys: r.kvHeld.keys}
+}
+
+// stage gives block h, held by the host or disk tier, a staging slot to be read from and
+// returns the slot's block id (see kvConnector.slot); false when neither tier holds it, its
+// file cannot be read back or fails its checksum (then it is dropped from the disk tier),
+// or every staging slot is taken. A block below the GPU thus reaches a peer without taking
+// one of this worker's GPU blocks, which a busy worker, the usual holder, has none of.
+func (e *Engine) stage(h uint64) (int32, bool) {
+	if len(e.staging) == 0 || !e.kvm.readable(h) {
+		return 0, false
+	}
+	id := e.staging[len(e.staging)-1]
+	e.staging = e.staging[:len(e.staging)-1]
+	return id, true
+}
+
+// freeBlocks frees held blocks: GPU blocks to the pool, staging slots to the engine.
+func (e *Engine) freeBlocks(ids []int32) {
+	n := e.cfg.NumGPUBlocks
+	gpu := ids[:0:0]
+	for _, id := range ids {
+		if int(id) >= n {
+			e.staging = append(e.staging, id)
+		} else {
+			gpu = append(gpu, id)
+		}
+	}
+	if len(gpu) == len(ids) {
+		e.pool.free(ids)
+		return
+	}
+	e.pool.free(gpu)
 }
 
 // peerFallback returns a peer-fetch request whose pull failed, or whose holder had nothing

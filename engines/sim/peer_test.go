@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -140,27 +141,47 @@ func TestExportRefusesBadBodies(t *testing.T) {
 	}
 }
 
-// TestPeerFetchFromHostTier: a prefix the holder keeps only in host memory is brought back
-// into its GPU blocks (announced) and fetched from there.
-func TestPeerFetchFromHostTier(t *testing.T) {
+// TestPeerFetchFromABusyHoldersLowerTiers: a holder whose GPU blocks a long stream holds
+// gives the prompt it keeps in its host and disk tiers through staging slots.
+func TestPeerFetchFromABusyHoldersLowerTiers(t *testing.T) {
 	holder := startWorker(t, func(c *WorkerConfig) {
-		c.Engine.PeerFetch, c.Engine.NumGPUBlocks, c.Engine.CPUOffloadBlocks = true, 64, 256
+		c.Engine.PeerFetch, c.Engine.NumGPUBlocks, c.Engine.CPUOffloadBlocks = true, 64, 8
+		c.Engine.DiskOffloadDir, c.Engine.DiskOffloadBlocks, c.Engine.DiskAdmitMinHits = t.TempDir(), 256, 0
+		c.Engine.Timing.Speedup = 1
 	})
 	fetcher := startWorker(t, func(c *WorkerConfig) { c.Engine.PeerFetch, c.Engine.NumGPUBlocks = true, 1024 })
 	prompt := "host " + longText(480) // ~30 blocks
 	chatUsage(t, holder, `{"messages":[{"role":"user","content":`+strconv.Quote(prompt)+`}],"max_tokens":2}`)
-	// Another prompt of 57 blocks pushes it out of the holder's 64 GPU blocks (write-through kept it
-	// on host).
+	// Another prompt of 57 blocks pushes it out of the holder's 64 GPU blocks and 8 host
+	// blocks (write-through kept it on disk).
 	chatUsage(t, holder, `{"messages":[{"role":"user","content":`+strconv.Quote("other "+longText(900))+`}],"max_tokens":2}`)
 	if n := metric(t, holder, "kvrelay_sim_kv_gpu_evictions_total", ""); n < 20 {
 		t.Fatalf("the holder evicted %v blocks: most of the prompt is still on its GPU", n)
 	}
+	// A long stream holds about 40 of the holder's GPU blocks, more than the 30 the prompt
+	// would need there.
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "POST", holder.URL()+"/v1/chat/completions",
+		strings.NewReader(`{"messages":[{"role":"user","content":`+strconv.Quote("busy "+longText(640))+`}],"max_tokens":200,"ignore_eos":true,"stream":true}`))
+	req.Header.Set("Content-Type", "application/json")
+	long, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer long.Body.Close()
+	if _, err := bufio.NewReader(long.Body).ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
 	got := chatUsage(t, fetcher, peerBody(prompt, holder.URL()))
 	if got.PromptTokensDetails.CachedTokens < got.PromptTokens-32 {
-		t.Fatalf("fetched %d of %d tokens from the holder's host tier", got.PromptTokensDetails.CachedTokens, got.PromptTokens)
+		t.Fatalf("fetched %d of %d tokens from the holder's host and disk tiers", got.PromptTokensDetails.CachedTokens, got.PromptTokens)
 	}
 	if n := metric(t, fetcher, "kvrelay_sim_kv_peer_fetches_total", `result="pulled"`); n != 1 {
 		t.Fatalf("%v fetches pulled", n)
+	}
+	if n := metric(t, holder, "kvrelay_sim_kv_disk_read_bytes_total", ""); n <= 0 {
+		t.Fatal("the holder read nothing from disk")
 	}
 }
 
@@ -314,5 +335,72 @@ func TestFetchFitting(t *testing.T) {
 	e.waiting.push(r)
 	if !e.admitPull(r, 64) || r.peerHolder != "" || e.waiting.peek() != r || e.TierStats().PeerFetches[PeerNoRoom] != 1 {
 		t.Fatalf("no room for a fetch: admitted %v, holder %q", r.admitted, r.peerHolder)
+	}
+}
+
+// TestExportStagesLowerTierBlocks: a holder gives a peer the blocks its host and disk tiers
+// hold through staging slots of its KV region, taking none of its GPU blocks, frees the slots
+// when the lease ends, and stops at a disk block that fails its checksum (a miss, announced).
+func TestExportStagesLowerTierBlocks(t *testing.T) {
+	dir := t.TempDir()
+	e, rec, c := newTestEngine(t, func(cfg *Config) {
+		cfg.NumGPUBlocks, cfg.CPUOffloadBlocks = 10, 4
+		cfg.DiskOffloadDir, cfg.DiskOffloadBlocks, cfg.DiskAdmitMinHits = dir, 64, 0
+		cfg.PeerFetch = true
+	})
+	kv := newKVConnector(e.cfg, newEngineID(), "", "", nil)
+	if err := kv.start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = kv.close() })
+	e.kv = kv
+	a := prompt(64, 1)
+	submit(t, e, a, Params{MaxTokens: 1, IgnoreEOS: true})
+	c.runUntilIdle(t, 100)
+	pushDown(t, e, c)
+	h := e.mustHashes(t, a)[:3]
+	for _, x := range h {
+		if _, ok := e.pool.cached[x]; ok || !e.kvm.disk.has(x) {
+			t.Fatal("the prompt is not below the GPU, on disk: the test does not push it down")
+		}
+	}
+	export := func() exported {
+		j := &exportJob{hashes: h, reply: make(chan exported, 1)}
+		e.export(j, c.now)
+		return <-j.reply
+	}
+	free, staging := e.pool.numFree, len(e.staging)
+	x := export()
+	if len(x.blocks) != 3 || e.pool.numFree != free || len(e.staging) != staging-3 {
+		t.Fatalf("exported blocks %v, %d GPU blocks free (was %d): want 3 staged, no GPU block taken", x.blocks, e.pool.numFree, free)
+	}
+	if !kv.publish(x.blocks, x.keys) {
+		t.Fatal("publishing the staged blocks failed")
+	}
+	buf := kv.mem.Bytes()
+	for i, b := range x.blocks {
+		s := kv.slot(b)
+		if s < kv.gpuSlots || !checkSlot(buf[s*kv.slotBytes:(s+1)*kv.slotBytes], x.keys[i]) {
+			t.Fatalf("block %d: slot %d does not hold its content", i, s)
+		}
+	}
+	e.unhold(e.held[x.lease], "read")
+	if len(e.staging) != staging || e.pool.numFree != free {
+		t.Fatalf("after the read: %d staging slots free, want %d; %d GPU blocks free, want %d", len(e.staging), staging, e.pool.numFree, free)
+	}
+	f := e.kvm.disk.path(h[1])
+	b, err := os.ReadFile(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[3] ^= 0xff
+	if err := os.WriteFile(f, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if x := export(); len(x.blocks) != 1 {
+		t.Fatalf("exported %d blocks past a corrupt one, want 1", len(x.blocks))
+	}
+	if eventIndex(rec, BlocksRemoved, MediumDISK, h[1]) < 0 {
+		t.Fatal("the corrupt block's removal from disk was not published")
 	}
 }

@@ -457,14 +457,15 @@ func (rs *responseState) publishKV() []byte {
 }
 
 // appendParams appends the kv_transfer_params that let a peer READ held blocks: NixlConnector's
-// decode-leg object naming them, this engine and the held request id.
+// decode-leg object naming their slots (their block ids, unless the region is capped or a
+// block is staged), this engine and the held request id.
 func (c *kvConnector) appendParams(b []byte, blocks []int32, id string) []byte {
 	b = append(b, `{"do_remote_prefill":true,"do_remote_decode":false,"remote_block_ids":[`...)
 	for i, blk := range blocks {
 		if i > 0 {
 			b = append(b, ',')
 		}
-		b = strconv.AppendInt(b, int64(blk), 10)
+		b = strconv.AppendInt(b, int64(c.slot(blk)), 10) // what a reader finds at slot × slot bytes
 	}
 	b = append(b, `],"remote_engine_id":`...)
 	b = appendJSONString(b, c.engineID)
