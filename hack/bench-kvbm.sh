@@ -32,6 +32,8 @@
 # Settings (environment): WORKERS (4), G1_BLOCKS (2048 blocks of 16 tokens per worker),
 # COLD_CONTEXT (16000 tokens), COLD_SESSIONS (24, at most 64: one preamble each), COLD_KV_SCALE (1/512),
 # G2_BLOCKS (2 × G1), G3_BLOCKS (8 × G1), SESSIONS (80), RATE (1.6 sessions/s), PIN (5m),
+# KV_SCALE (the share of the modelled KV bytes the other rows move for real, to disk and
+# between peers; the simulators' default 1/64),
 # SPEEDUP (1: the engines' step times divided by it, arrivals at the same factor),
 # AGENTIC_OPTS (extra workload parameters), SEED (1).
 set -euo pipefail
@@ -50,6 +52,7 @@ SETUPS=${SETUPS:-g1-lru g1-worm g2-lru g3-lru g3-worm g3-fetch cold cold-fetch}
 COLD_CONTEXT=${COLD_CONTEXT:-16000}
 COLD_SESSIONS=${COLD_SESSIONS:-24}
 COLD_KV_SCALE=${COLD_KV_SCALE:-1/512}
+KV_SCALE=${KV_SCALE:-1/64}
 base="agentic:sessions=$SESSIONS,rate=$RATE,preamble=2000,preambles=2,task=200,turns=3,rounds=3,tool=400,subagents=2,sub_task=100,sub_rounds=2,reasoning=128,osl=64,think=25s,tool_time=300ms,session_ids=false"
 [ -n "${AGENTIC_OPTS:-}" ] && base="$base,$AGENTIC_OPTS"
 go build -o bin/kvrelay ./cmd/kvrelay
@@ -61,7 +64,7 @@ run() { # name, workload, bench flags...
   echo "== $name" >&2
   flock -o /tmp/kvrelay-bench.lock bin/kvrelay bench compare --workers "$WORKERS" --policies latency \
     --workload "$wl" --seed "$SEED" --replay-speedup "$SPEEDUP" --speedup-ratio "$SPEEDUP" \
-    --out "$OUT/$name" "$@" >/dev/null
+    --out "$OUT/$name" --kv-bytes-scale "$KV_SCALE" "$@" >/dev/null
 }
 # The cold start: few sessions, each with a context of its own (a preamble per session) and
 # forking 4 subagents from it at its first tool round, on workers running 2 sequences at

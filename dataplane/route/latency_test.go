@@ -465,7 +465,8 @@ func TestLatencyPricesOnboarding(t *testing.T) {
 // TestLatencyPeerFetch: the worker holding a 16,000-token context is at its limit; an idle
 // worker that can pull from peers is told to fetch it (23 ms at 50 GB/s against about 340 ms
 // of prefill), one that cannot recomputes it or waits; a few hundred tokens are not worth a
-// fetch, nor is fetching onto a worker whose free blocks cannot take the prompt.
+// fetch, nor is fetching onto a worker whose free blocks cannot take the prompt, nor a fetch
+// that saves less than the copy it leaves costs (PeerFetchCopyCost: half the prefill).
 func TestLatencyPeerFetch(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
@@ -479,6 +480,8 @@ func TestLatencyPeerFetch(t *testing.T) {
 		{"too little to fetch", 50e9, 20, 0, false},
 		{"room for the prompt", 50e9, 1000, 0.7, true},
 		{"no room for the prompt", 50e9, 1000, 0.8, false},
+		{"fetch at 10 GB/s", 10e9, 1000, 0, true},
+		{"fetch at 2 GB/s: it saves less than the copy costs", 2e9, 1000, 0, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r, ws, cache := latencyRouter(t, 2, 1)
@@ -498,8 +501,9 @@ func TestLatencyPeerFetch(t *testing.T) {
 			if got := d.PeerFetch != nil; got != tc.fetch {
 				t.Fatalf("peer fetch %v (to %s from %v), want %v; prediction %+v", got, d.Worker.ID, d.PeerFetch, tc.fetch, d.Prediction)
 			}
-			if tc.fetch && (d.Worker != ws[1] || d.PeerFetch != ws[0] || d.Prediction.Fetch <= 0 || d.Prediction.Fetch > 0.05) {
-				t.Fatalf("went to %s fetching from %v in %.3f s, want w1 from w0 in about 24 ms", d.Worker.ID, d.PeerFetch, d.Prediction.Fetch)
+			want := float64(tc.blocks*16*73728)/tc.peerBW + PeerFetchOverhead
+			if tc.fetch && (d.Worker != ws[1] || d.PeerFetch != ws[0] || math.Abs(d.Prediction.Fetch-want) > 0.1*want) {
+				t.Fatalf("went to %s fetching from %v in %.3f s, want w1 from w0 in %.3f s", d.Worker.ID, d.PeerFetch, d.Prediction.Fetch, want)
 			}
 		})
 	}
