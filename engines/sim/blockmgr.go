@@ -3,6 +3,7 @@ package sim
 import (
 	"errors"
 	"slices"
+	"sort"
 	"sync/atomic"
 	"time"
 
@@ -188,15 +189,8 @@ func (m *blockManager) fitting(r *Request, hit, budget int) int {
 	if gpu == hit || !fits(gpu) {
 		return -1
 	}
-	lo, hi := gpu, hit-1 // fits(lo); hit itself does not
-	for lo < hi {
-		mid := (lo + hi + 1) / 2
-		if fits(mid) {
-			lo = mid
-		} else {
-			hi = mid - 1
-		}
-	}
+	// The last that fits: fits(gpu) holds, fits(hit) does not, and fits is monotone.
+	lo := gpu + sort.Search(hit-gpu, func(i int) bool { return !fits(gpu + i) }) - 1
 	m.stats.onboardSkipped.Add(int64(hit - lo))
 	m.metrics.onboardSkipped(hit - lo)
 	return lo

@@ -203,6 +203,21 @@ func pushDown(t *testing.T, e *Engine, c *vclock) {
 	}
 }
 
+// corruptBlockFile flips a byte of the disk tier's file of block h and returns its path.
+func corruptBlockFile(t *testing.T, e *Engine, h uint64) string {
+	t.Helper()
+	f := e.kvm.disk.path(h)
+	b, err := os.ReadFile(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[3] ^= 0xff
+	if err := os.WriteFile(f, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
 // TestCorruptDiskBlockIsAMiss: a block file whose bytes are wrong is a miss — counted, its
 // file removed, its removal published — and the request computes from there.
 func TestCorruptDiskBlockIsAMiss(t *testing.T) {
@@ -215,15 +230,7 @@ func TestCorruptDiskBlockIsAMiss(t *testing.T) {
 	if !e.kvm.disk.has(h[1]) || e.kvm.host.has(h[1]) {
 		t.Fatal("block 1 of the first prompt is not on disk alone: the test does not push it down")
 	}
-	f := e.kvm.disk.path(h[1])
-	b, err := os.ReadFile(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b[3] ^= 0xff
-	if err := os.WriteFile(f, b, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	f := corruptBlockFile(t, e, h[1])
 	r := submit(t, e, a, Params{MaxTokens: 1, IgnoreEOS: true})
 	c.runUntilIdle(t, 100)
 	if _, _, _, cached := result(r); cached != 16 {

@@ -5,6 +5,7 @@ package sim
 // here runs on the engine's Run goroutine unless it says otherwise.
 
 import (
+	"sort"
 	"time"
 )
 
@@ -224,16 +225,7 @@ func (e *Engine) fetchFitting(r *Request, hit, full, budget int) int {
 		n := min(r.promptLen-(hit+k)*bs, budget)
 		return e.kvm.canAdmit(r.hashes, hit, k+(n+bs-1)/bs)
 	}
-	lo, hi := -1, full-hit // fits(lo), or lo is -1
-	for lo < hi {
-		mid := (lo + hi + 1) / 2
-		if fits(mid) {
-			lo = mid
-		} else {
-			hi = mid - 1
-		}
-	}
-	return lo
+	return sort.Search(full-hit+1, func(k int) bool { return !fits(k) }) - 1 // fits is monotone
 }
 
 // pulled finishes a pull on the scheduler goroutine: the pulled blocks become computed (and

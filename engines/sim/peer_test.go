@@ -7,7 +7,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -160,19 +159,7 @@ func TestPeerFetchFromABusyHoldersLowerTiers(t *testing.T) {
 	}
 	// A long stream holds about 40 of the holder's GPU blocks, more than the 30 the prompt
 	// would need there.
-	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, "POST", holder.URL()+"/v1/chat/completions",
-		strings.NewReader(`{"messages":[{"role":"user","content":`+strconv.Quote("busy "+longText(640))+`}],"max_tokens":200,"ignore_eos":true,"stream":true}`))
-	req.Header.Set("Content-Type", "application/json")
-	long, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer long.Body.Close()
-	if _, err := bufio.NewReader(long.Body).ReadString('\n'); err != nil {
-		t.Fatal(err)
-	}
+	longStream(t, holder)
 	got := chatUsage(t, fetcher, peerBody(prompt, holder.URL()))
 	if got.PromptTokensDetails.CachedTokens < got.PromptTokens-32 {
 		t.Fatalf("fetched %d of %d tokens from the holder's host and disk tiers", got.PromptTokensDetails.CachedTokens, got.PromptTokens)
@@ -214,6 +201,30 @@ func TestPeerFetchAsksOnlyForWhatItLacks(t *testing.T) {
 	}
 }
 
+// longStream starts a streamed request on w that holds about 40 blocks of 16 tokens for 200
+// output tokens, returns once its first chunk came, and returns what ends it (also called at
+// the test's end).
+func longStream(t *testing.T, w *Worker) context.CancelFunc {
+	t.Helper()
+	ctx, cancel := context.WithCancel(t.Context())
+	req, _ := http.NewRequestWithContext(ctx, "POST", w.URL()+"/v1/chat/completions",
+		strings.NewReader(`{"messages":[{"role":"user","content":`+strconv.Quote("busy "+longText(640))+`}],"max_tokens":200,"ignore_eos":true,"stream":true}`))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cancel(); resp.Body.Close() })
+	if resp.StatusCode != 200 {
+		t.Fatalf("the long stream: %d", resp.StatusCode)
+	}
+	if _, err := bufio.NewReader(resp.Body).ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+	return cancel
+}
+
 // fetchWhileBusy sends a fetch of prompt from holder to a fetcher of 64 blocks (with mut) while
 // a long stream holds about 40 of them, ends the stream once cond holds, and returns the
 // fetch's answer.
@@ -229,22 +240,7 @@ func fetchWhileBusy(t *testing.T, mut func(*Config), prompt string, cond func(fe
 		}
 	})
 	chatUsage(t, holder, `{"messages":[{"role":"user","content":`+strconv.Quote(prompt)+`}],"max_tokens":2}`)
-	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, "POST", fetcher.URL()+"/v1/chat/completions",
-		strings.NewReader(`{"messages":[{"role":"user","content":`+strconv.Quote("busy "+longText(640))+`}],"max_tokens":200,"ignore_eos":true,"stream":true}`))
-	req.Header.Set("Content-Type", "application/json")
-	long, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer long.Body.Close()
-	if long.StatusCode != 200 {
-		t.Fatalf("the long stream: %d", long.StatusCode)
-	}
-	if _, err := bufio.NewReader(long.Body).ReadString('\n'); err != nil {
-		t.Fatal(err)
-	}
+	cancel := longStream(t, fetcher)
 	type answer struct {
 		status int
 		body   []byte
@@ -388,15 +384,7 @@ func TestExportStagesLowerTierBlocks(t *testing.T) {
 	if len(e.staging) != staging || e.pool.numFree != free {
 		t.Fatalf("after the read: %d staging slots free, want %d; %d GPU blocks free, want %d", len(e.staging), staging, e.pool.numFree, free)
 	}
-	f := e.kvm.disk.path(h[1])
-	b, err := os.ReadFile(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b[3] ^= 0xff
-	if err := os.WriteFile(f, b, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	corruptBlockFile(t, e, h[1])
 	if x := export(); len(x.blocks) != 1 {
 		t.Fatalf("exported %d blocks past a corrupt one, want 1", len(x.blocks))
 	}
