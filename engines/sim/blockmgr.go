@@ -268,13 +268,10 @@ func (m *blockManager) admit(r *Request, hit int, onboard *time.Duration) int {
 		got++
 	}
 	flush(got)
-	for t, n := range [3]int{gpuBlocks, hostBlocks, diskBlocks} {
+	if !r.admitted {
 		// Counted once per request, as its cached tokens are: not again when a preempted
 		// request comes back.
-		if n > 0 && !r.admitted {
-			m.metrics.tierHit(tierMedia[t], n*m.cfg.BlockSize)
-			m.stats.byTier[t].Add(int64(n * m.cfg.BlockSize))
-		}
+		m.countHits([3]int{gpuBlocks, hostBlocks, diskBlocks})
 	}
 	*onboard += m.onboardTime(hostBlocks, diskBlocks, diskRead)
 	if r.Params.PinTTL > 0 {
@@ -283,6 +280,17 @@ func (m *blockManager) admit(r *Request, hit int, onboard *time.Duration) int {
 		}
 	}
 	return got
+}
+
+// countHits counts a request's cached blocks by the tier that held them (indexed as
+// TierStats.CachedByTier).
+func (m *blockManager) countHits(blocks [3]int) {
+	for t, n := range blocks {
+		if n > 0 {
+			m.metrics.tierHit(tierMedia[t], n*m.cfg.BlockSize)
+			m.stats.byTier[t].Add(int64(n * m.cfg.BlockSize))
+		}
+	}
 }
 
 // onboardTime is the modelled time of bringing blocks back to GPU memory: host blocks at

@@ -172,6 +172,7 @@ func (e *Engine) admitPull(r *Request, budget int) bool {
 	r.scheduledAt = e.planAt
 	if r.peerHolder == "" {
 		e.countAdmitted(r, hit*bs, 0)
+		e.kvm.countHits([3]int{hit})
 	} // a peer fetch counts when its pull ends: what it found and pulled, or (falling back) as a plain request
 	r.state = stateLoading
 	e.loading[r] = true
@@ -201,18 +202,14 @@ func (e *Engine) admitPull(r *Request, budget int) bool {
 	return true
 }
 
-// countAdmitted counts an admitted prompt, once: gpu of its tokens found in the GPU tier, and
-// peer pulled from a peer.
-func (e *Engine) countAdmitted(r *Request, gpu, peer int) {
-	e.metrics.admitted(r.promptLen, gpu+peer)
+// countAdmitted counts an admitted prompt, once: cached of its tokens found in this engine's
+// tiers (counted by tier with blockManager.countHits), and peer pulled from a peer.
+func (e *Engine) countAdmitted(r *Request, cached, peer int) {
+	e.metrics.admitted(r.promptLen, cached+peer)
 	st := &e.kvm.stats
 	st.promptTokens.Add(int64(r.promptLen))
-	st.cachedTokens.Add(int64(gpu))
+	st.cachedTokens.Add(int64(cached))
 	st.peerTokens.Add(int64(peer))
-	if gpu > 0 {
-		e.metrics.tierHit(MediumGPU, gpu)
-		st.byTier[0].Add(int64(gpu))
-	}
 }
 
 // fetchFitting returns how many of the blocks [hit, full) that r's prompt lacks (hit: its
@@ -276,6 +273,7 @@ func (e *Engine) pulled(j *pullJob, now time.Time) {
 			e.kvm.stats.peerFetches[PeerPulled].Add(1)
 		}
 		e.countAdmitted(r, r.numComputed, computed-r.numComputed)
+		e.kvm.countHits([3]int{r.numStored})
 	}
 	r.numComputed = computed
 	e.storeBlocks(r)
@@ -286,13 +284,7 @@ func (e *Engine) pulled(j *pullJob, now time.Time) {
 	if r.peerPartial {
 		// The rest of the prompt is computed as any prompt is, chunk by chunk: the request
 		// goes back to the head of the queue, where what it pulled is a cached prefix.
-		e.pool.free(r.blocks)
-		r.blocks = r.blocks[:0]
-		r.numComputed, r.numStored = 0, 0
-		r.peerHolder, r.peerFetch, r.peerPartial = "", false, false
-		r.state = stateWaiting
-		e.waiting.pushFront(r)
-		e.publishLoad()
+		e.requeue(r)
 		return
 	}
 	r.pulled = true

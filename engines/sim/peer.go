@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"time"
 )
@@ -118,18 +119,19 @@ func (e *Engine) stage(h uint64) (int32, bool) {
 
 // freeBlocks frees held blocks: GPU blocks to the pool, staging slots to the engine.
 func (e *Engine) freeBlocks(ids []int32) {
-	n := e.cfg.NumGPUBlocks
-	gpu := ids[:0:0]
+	n := int32(e.cfg.NumGPUBlocks)
+	staged := func(id int32) bool { return id >= n }
+	if !slices.ContainsFunc(ids, staged) {
+		e.pool.free(ids) // a prefill leg's, or an export of GPU blocks alone
+		return
+	}
+	gpu := make([]int32, 0, len(ids))
 	for _, id := range ids {
-		if int(id) >= n {
+		if staged(id) {
 			e.staging = append(e.staging, id)
 		} else {
 			gpu = append(gpu, id)
 		}
-	}
-	if len(gpu) == len(ids) {
-		e.pool.free(ids)
-		return
 	}
 	e.pool.free(gpu)
 }
@@ -139,16 +141,22 @@ func (e *Engine) freeBlocks(ids []int32) {
 // client sees only a slower answer. A failed pull counts as a fallback (a holder that did
 // not answer or held nothing was counted when it was asked).
 func (e *Engine) peerFallback(r *Request, pullFailed bool) {
+	r.admitted = false // not counted yet: it is, as the plain request it now is
+	if pullFailed {
+		e.metrics.peerFetch("fallback")
+	}
+	e.requeue(r)
+}
+
+// requeue returns an admitted peer-fetch request to the head of the waiting queue as a
+// plain request, its blocks freed (what it pulled stays cached there).
+func (e *Engine) requeue(r *Request) {
 	e.pool.free(r.blocks)
 	r.blocks = r.blocks[:0]
 	r.numComputed, r.numStored = 0, 0
 	r.kvPull, r.pulled, r.peerHolder, r.peerFetch, r.peerPartial = nil, false, "", false, false
-	r.admitted = false // not counted yet: it is, as the plain request it now is
 	r.state = stateWaiting
 	e.waiting.pushFront(r)
-	if pullFailed {
-		e.metrics.peerFetch("fallback")
-	}
 	e.publishLoad()
 }
 

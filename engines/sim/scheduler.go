@@ -123,9 +123,7 @@ func (e *Engine) plan() (prefill, decodes int) {
 			r.mu.Lock()
 			r.cached = computed
 			r.mu.Unlock()
-			e.metrics.admitted(r.promptLen, computed)
-			e.kvm.stats.promptTokens.Add(int64(r.promptLen))
-			e.kvm.stats.cachedTokens.Add(int64(computed))
+			e.countAdmitted(r, computed, 0) // by tier in kvm.admit
 		}
 		r.state = stateRunning
 		e.running = append(e.running, r)
