@@ -336,7 +336,8 @@ func TestFetchFitting(t *testing.T) {
 
 // TestExportStagesLowerTierBlocks: a holder gives a peer the blocks its host and disk tiers
 // hold through staging slots of its KV region, taking none of its GPU blocks, frees the slots
-// when the lease ends, and stops at a disk block that fails its checksum (a miss, announced).
+// when the lease ends, and stops where the staging slots run out and at a disk block that
+// fails its checksum (a miss, announced).
 func TestExportStagesLowerTierBlocks(t *testing.T) {
 	dir := t.TempDir()
 	e, rec, c := newTestEngine(t, func(cfg *Config) {
@@ -384,6 +385,15 @@ func TestExportStagesLowerTierBlocks(t *testing.T) {
 	if len(e.staging) != staging || e.pool.numFree != free {
 		t.Fatalf("after the read: %d staging slots free, want %d; %d GPU blocks free, want %d", len(e.staging), staging, e.pool.numFree, free)
 	}
+	// With one staging slot free, the export ends after the block it staged.
+	spare := e.staging[1:]
+	e.staging = e.staging[:1]
+	if x := export(); len(x.blocks) != 1 {
+		t.Fatalf("exported %d blocks through one free staging slot, want 1", len(x.blocks))
+	} else {
+		e.unhold(e.held[x.lease], "read")
+	}
+	e.staging = append(e.staging, spare...)
 	corruptBlockFile(t, e, h[1])
 	if x := export(); len(x.blocks) != 1 {
 		t.Fatalf("exported %d blocks past a corrupt one, want 1", len(x.blocks))
