@@ -54,8 +54,9 @@ generate: ## regenerate committed generated code and test fixtures that need no 
 	$(GO) generate ./...
 
 .PHONY: verify
-verify: ## fail on unformatted code, vet findings, imports across layers or generated code that drifted
+verify: ## fail on unformatted code, vet findings, imports across layers, generated code that drifted, or tracked build outputs, big files and machine paths
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
 	./hack/verify-layers.sh
+	$(GO) run ./hack/verify-tree
 	./hack/verify-generated.sh

@@ -7,8 +7,7 @@
 #   LLMD_EPP=out/peers/bin/epp LLMD_SIM=out/peers/bin/llm-d-inference-sim go run ./hack/bench-llmd
 #
 # Sources: LLMD_ROUTER_SRC / LLMD_SIM_SRC, each a git directory (bare or not) or a plain
-# checkout; by default the local mirrors under /work/.mirror when they exist, else a shallow
-# clone from GitHub. LLMD_ROUTER_REF / LLMD_SIM_REF pick the commit (default HEAD; a checkout's
+# checkout; without them, a shallow clone from GitHub. LLMD_ROUTER_REF / LLMD_SIM_REF pick the commit (default HEAD; a checkout's
 # committed HEAD, not its uncommitted edits). Each is exported into a temporary tree and built
 # with CGO_ENABLED=0, as both projects' Dockerfiles do (no build tag needed: the simulator's
 # default build is pure Go; the harness runs it with --force-dummy-tokenizer).
@@ -27,8 +26,6 @@ mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
 work=$(mktemp -d "${TMPDIR:-/tmp}/build-llmd.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 export CGO_ENABLED=0
-
-mirror() { [ -d "/work/.mirror/llm-d+$1/repo" ] && echo "/work/.mirror/llm-d+$1/repo" || true; }
 
 # export_tree SRC REPO REF DEST: write REF of SRC (or a fresh clone of llm-d/REPO) into DEST
 # and print its commit ("plain-checkout" for a directory that is no git repository).
@@ -59,8 +56,8 @@ export_tree() {
   echo "$commit"
 }
 
-router_src=${LLMD_ROUTER_SRC:-$(mirror llm-d-router)}
-sim_src=${LLMD_SIM_SRC:-$(mirror llm-d-inference-sim)}
+router_src=${LLMD_ROUTER_SRC:-}
+sim_src=${LLMD_SIM_SRC:-}
 
 echo "== llm-d-router (${router_src:-clone}) =="
 router_commit=$(export_tree "$router_src" llm-d-router "${LLMD_ROUTER_REF:-HEAD}" "$work/router")
