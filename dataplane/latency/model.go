@@ -11,8 +11,10 @@ import (
 // workers' real times sit from it.
 type Curve struct{ A, B, C float64 }
 
-// DefaultCurve is ARCHITECTURE.md's fit for a vLLM server (gpt-oss-120b on one H200), the
-// simulated engine's default step time at speedup 1.
+// DefaultCurve is the simulated engine's default prefill step time at speedup 1
+// (sim.DefaultTiming). Its coefficients are an assumption, not a fit kvrelay measured on
+// any GPU (docs/timing-model.md says where they come from); Model learns each worker's
+// departure from it.
 func DefaultCurve() Curve { return Curve{A: 4.209989e-7, B: 1.518344e-2, C: 16.50142} }
 
 // StepSeconds is the time of a step computing t new prefill tokens (0 for none).
