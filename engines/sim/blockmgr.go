@@ -36,6 +36,7 @@ type blockManager struct {
 	events  *[]CacheEvent
 	pinList []uint64 // hashes pinned (some lapsed, swept by expirePins)
 	through []uint64 // stored on the GPU, to copy to host (writeThrough)
+	src     []uint8  // admit's scratch: the tier of each hit block
 	pinned  int      // hashes pinned now
 	maxPins int
 	nextPin int64 // earliest pin expiry, 0 when none
@@ -213,67 +214,100 @@ func (m *blockManager) canAdmit(hashes []uint64, hit, nNew int) bool {
 	return need <= avail
 }
 
-// admit gives r its first hit blocks: the GPU's referenced, the others allocated and loaded
-// from host or disk (and stored in the GPU tier, with their events). It returns how many it
-// gave, fewer than hit when a disk block could not be read back (the request computes the
-// rest), and adds the onboarding time to *onboard. Pins are renewed on every block hit, and a
-// request asking for a pin pins what it found.
+// admit gives r its first hit blocks (found by lookup, which canAdmit accepted): the GPU's
+// referenced, the others allocated and loaded from host or disk (and stored in the GPU tier,
+// with their events). It returns how many it gave, fewer than hit when a disk block could not
+// be read back (the request computes the rest), and adds the onboarding time to *onboard.
+// Pins are renewed on every block hit, and a request asking for a pin pins what it found.
+//
+// As vLLM's allocate_slots touches a request's computed blocks before it allocates any new
+// one, admit first finds every hit block's tier (reading disk blocks back), then references
+// the GPU hits, and only then allocates for the blocks it brings back: an allocation evicts
+// the block at the head of the free queue, which may be a GPU hit later in the prefix.
 func (m *blockManager) admit(r *Request, hit int, onboard *time.Duration) int {
-	var hostBlocks, diskBlocks int
-	var diskRead time.Duration
 	if !r.admitted && (m.host != nil || m.disk != nil) {
 		m.metrics.externalQuery(r.promptLen)
 	}
-	got := 0
+	// Where each block is: tierGPU, tierHost or tierDisk (indices of TierStats.CachedByTier).
+	src := m.src[:0]
+	var diskRead time.Duration
+	got := hit
+	for i, h := range r.hashes[:hit] {
+		if _, ok := m.pool.cached[h]; ok {
+			src = append(src, tierGPU)
+			continue
+		}
+		if m.host != nil && m.host.has(h) {
+			src = append(src, tierHost)
+			continue
+		}
+		if m.disk == nil || !m.disk.has(h) {
+			got = i // lookup found it: cannot happen, as nothing evicts between the two
+			break
+		}
+		start := time.Now()
+		n, err := m.disk.read(h)
+		diskRead += time.Since(start)
+		m.metrics.diskRead(n)
+		m.stats.diskRead.Add(int64(n))
+		if err != nil {
+			m.diskFailed(h, err)
+			got = i
+			break
+		}
+		src = append(src, tierDisk)
+	}
+	m.src = src
+	for i, h := range r.hashes[:got] {
+		if src[i] == tierGPU {
+			r.blocks = m.pool.take(r.blocks, h)
+		} else {
+			r.blocks = append(r.blocks, noBlock) // allocated below
+		}
+	}
+	base := len(r.blocks) - got
+	for i, h := range r.hashes[:got] {
+		if src[i] == tierGPU {
+			continue
+		}
+		id, ok := m.pool.allocOne()
+		if !ok {
+			// canAdmit counted this block: cannot happen. Compute from here, returning the
+			// GPU hits taken after it.
+			m.pool.free(slices.DeleteFunc(r.blocks[base+i+1:], func(id int32) bool { return id == noBlock }))
+			r.blocks = r.blocks[:base+i]
+			got = i
+			break
+		}
+		r.blocks[base+i] = id
+		m.pool.store(id, h)
+	}
+	var blocks [3]int
 	evStart := -1
-	flush := func(to int) {
-		if evStart >= 0 {
-			m.storedEvent(r, evStart, to, MediumGPU)
+	for i := range got {
+		blocks[src[i]]++
+		switch {
+		case src[i] != tierGPU && evStart < 0:
+			evStart = i
+		case src[i] == tierGPU && evStart >= 0:
+			m.storedEvent(r, evStart, i, MediumGPU)
 			evStart = -1
 		}
 	}
-	gpuBlocks := 0
-	for i, h := range r.hashes[:hit] {
-		if _, ok := m.pool.cached[h]; ok {
-			flush(i)
-			r.blocks = m.pool.take(r.blocks, h)
-			m.hit(h)
-			gpuBlocks++
-			got++
-			continue
-		}
-		if m.host == nil || !m.host.has(h) {
-			start := time.Now()
-			n, err := m.disk.read(h)
-			diskRead += time.Since(start)
-			m.metrics.diskRead(n)
-			m.stats.diskRead.Add(int64(n))
-			if err != nil {
-				m.diskFailed(h, err)
-				break
-			}
-			diskBlocks++
-		} else {
-			hostBlocks++
-		}
-		var ok bool
-		if r.blocks, ok = m.pool.allocate(r.blocks); !ok {
-			break // cannot happen: canAdmit counted it
-		}
-		m.pool.store(r.blocks[len(r.blocks)-1], h)
-		if evStart < 0 {
-			evStart = i
-		}
-		m.hit(h)
-		got++
+	if evStart >= 0 {
+		m.storedEvent(r, evStart, got, MediumGPU)
 	}
-	flush(got)
+	// Every block is on the GPU now: a hit that writes a block through to disk, evicting
+	// another there, cannot make this prefix lose one.
+	for _, h := range r.hashes[:got] {
+		m.hit(h)
+	}
 	if !r.admitted {
 		// Counted once per request, as its cached tokens are: not again when a preempted
 		// request comes back.
-		m.countHits([3]int{gpuBlocks, hostBlocks, diskBlocks})
+		m.countHits(blocks)
 	}
-	*onboard += m.onboardTime(hostBlocks, diskBlocks, diskRead)
+	*onboard += m.onboardTime(blocks[tierHost], blocks[tierDisk], diskRead)
 	if r.Params.PinTTL > 0 {
 		for _, h := range r.hashes[:got] {
 			m.pin(h, r.Params.PinTTL)
@@ -281,6 +315,13 @@ func (m *blockManager) admit(r *Request, hit int, onboard *time.Duration) int {
 	}
 	return got
 }
+
+// The tiers, as TierStats.CachedByTier indexes them.
+const (
+	tierGPU = iota
+	tierHost
+	tierDisk
+)
 
 // countHits counts a request's cached blocks by the tier that held them (indexed as
 // TierStats.CachedByTier).

@@ -218,9 +218,19 @@ func (p *blockPool) ref(id int32) {
 // allocate takes the block at the head of the free queue, evicting its cached hash, and
 // appends its id to dst. It returns false when no block is free.
 func (p *blockPool) allocate(dst []int32) ([]int32, bool) {
+	id, ok := p.allocOne()
+	if !ok {
+		return dst, false
+	}
+	return append(dst, id), true
+}
+
+// allocOne takes the block at the head of the free queue, evicting its cached hash, and
+// returns its id; false when no block is free.
+func (p *blockPool) allocOne() (int32, bool) {
 	id := p.victim()
 	if id == noBlock {
-		return dst, false
+		return noBlock, false
 	}
 	p.unlink(id)
 	b := &p.blocks[id]
@@ -232,7 +242,7 @@ func (p *blockPool) allocate(dst []int32) ([]int32, bool) {
 		p.removed = append(p.removed, b.hash)
 	}
 	b.ref, b.ephemeral, b.hits = 1, false, 0
-	return append(dst, id), true
+	return id, true
 }
 
 // free drops one reference from each block, last block first; blocks nobody holds join the
