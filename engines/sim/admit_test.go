@@ -43,9 +43,9 @@ func TestAdmitKeepsLaterGPUHits(t *testing.T) {
 			// then frees its own behind the rest: [0, 2, ...].
 			submit(t, e, prompt(64, 2), Params{MaxTokens: 1, IgnoreEOS: true})
 			c.runUntilIdle(t, 10)
-			if !e.onGPU(h[0]) || e.onGPU(h[1]) || !e.kvm.host.has(h[1]) || !e.onGPU(h[2]) {
+			if !e.kvm.onGPU(h[0]) || e.kvm.onGPU(h[1]) || !e.kvm.host.has(h[1]) || !e.kvm.onGPU(h[2]) {
 				t.Fatalf("prefix not [GPU, host, GPU]: on GPU %v %v %v, block 1 on host %v: the test does not set up its case",
-					e.onGPU(h[0]), e.onGPU(h[1]), e.onGPU(h[2]), e.kvm.host.has(h[1]))
+					e.kvm.onGPU(h[0]), e.kvm.onGPU(h[1]), e.kvm.onGPU(h[2]), e.kvm.host.has(h[1]))
 			}
 			r := submit(t, e, p, Params{MaxTokens: 1, IgnoreEOS: true})
 			c.runUntilIdle(t, 10)
@@ -57,17 +57,11 @@ func TestAdmitKeepsLaterGPUHits(t *testing.T) {
 					st.CachedByTier, st.DiskReadBytes)
 			}
 			for i, x := range h[:3] {
-				if !e.onGPU(x) {
+				if !e.kvm.onGPU(x) {
 					t.Errorf("block %d of the prefix left the GPU", i)
 				}
 			}
 			checkViews(t, e, rec)
 		})
 	}
-}
-
-// onGPU reports whether the GPU tier caches h.
-func (e *Engine) onGPU(h uint64) bool {
-	_, ok := e.pool.cached[h]
-	return ok
 }
