@@ -448,15 +448,35 @@ func (r *Router) SetPolicy(cfg Config) error {
 
 // Route picks the worker for req and fills d. It returns ErrNoWorker when no worker can
 // serve the request and ErrBusy when all that could are busy.
+//
+// Before any of the policy's filters, the router itself keeps only the workers that may take
+// a request at all: healthy ones (not draining, not ejected) that req.Exclude does not name
+// (the workers a retry already tried, or those outside a gateway's endpoint subset). No
+// profile can route around that. It copies them into req's candidate buffers, so that no
+// filter, scorer or picker ever sees (or could alter) the pool's own slice.
 func (r *Router) Route(req *Request, d *Decision) error {
 	*d = Decision{}
 	req.preds = req.preds[:0]
 	pool := r.pool.Load()
 	policy := r.policy.Load()
-	cur := pool.Workers
+	now := req.Now
+	if now == 0 {
+		now = Now()
+	}
+	if n := len(pool.Workers); cap(req.eligible) < n || cap(req.scratch) < n {
+		// Once per request buffer and pool size: no filter's output outgrows them.
+		req.eligible, req.scratch = make([]*Worker, 0, n), make([]*Worker, 0, n)
+	}
+	req.eligible = admissible(req, pool.Workers, now, req.eligible[:0])
+	cur := req.eligible
 	for _, f := range policy.Filters {
-		req.scratch = f.Filter(req, cur, req.scratch[:0])
-		cur, req.scratch, req.eligible = req.scratch, req.eligible[:0], req.scratch
+		out := f.Filter(req, cur, req.scratch[:0])
+		if !sameArray(out, req.scratch) {
+			// A filter that returned its input (or a slice of its own): copy, so that the
+			// two buffers stay apart and the next filter never writes the slice it reads.
+			out = append(req.scratch[:0], out...)
+		}
+		cur, req.scratch, req.eligible = out, req.eligible[:0], out
 	}
 	if len(cur) == 0 {
 		return ErrNoWorker
@@ -562,6 +582,9 @@ func (r *Router) Route(req *Request, d *Decision) error {
 			s.Score(req, ws, req.costs)
 		}
 		if policy.Predicts && (req.SLOTTFT > 0 || req.SLOTPOT > 0) {
+			if len(req.preds) != len(ws) {
+				return errNoPredictions
+			}
 			n := meetSLO(req, ws, req.costs)
 			if n == 0 {
 				return ErrSLO
@@ -596,6 +619,30 @@ func (r *Router) Route(req *Request, d *Decision) error {
 		}
 	}
 	return nil
+}
+
+// admissible appends to out the workers of ws that may take req at now: healthy (not
+// draining, not ejected) and not named by req.Exclude. It is the router's own filter, ahead
+// of every policy's.
+func admissible(req *Request, ws []*Worker, now int64, out []*Worker) []*Worker {
+next:
+	for _, w := range ws {
+		if !w.Healthy(now) {
+			continue
+		}
+		for _, x := range req.Exclude {
+			if x == w.Index {
+				continue next
+			}
+		}
+		out = append(out, w)
+	}
+	return out
+}
+
+// sameArray reports whether a and b share their first element's backing array.
+func sameArray(a, b []*Worker) bool {
+	return cap(a) > 0 && cap(b) > 0 && &a[:1][0] == &b[:1][0]
 }
 
 // leastOverlap is the fewest prompt blocks any of ws caches: what every worker offers
