@@ -4,8 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"sort"
-	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -416,7 +414,7 @@ func NewRouter(cfg Config, pool *Pool, index prefix.Index) (*Router, error) {
 	r := &Router{index: index}
 	r.policy.Store(p)
 	r.sessions.ttl.Store(int64(cfg.SessionTTL))
-	r.sessions.m = make(map[string]*session)
+	r.sessions.init(maxSessions)
 	r.pool.Store(pool)
 	return r, nil
 }
@@ -546,13 +544,13 @@ func (r *Router) Route(req *Request, d *Decision) error {
 	}
 
 	if req.SessionID != "" && !policy.Predicts {
-		if id, ok := r.sessions.get(req.SessionID); ok {
+		if id, ok := r.sessions.get(req.SessionID, now); ok {
 			for _, w := range ws {
 				if w.ID == id {
 					d.Worker, d.Mode = w, "session"
 					d.Overlap = req.Overlap(w)
 					if !req.DryRun {
-						r.sessions.put(req.SessionID, w.ID)
+						r.sessions.put(req.SessionID, w.ID, now)
 					}
 					return nil
 				}
@@ -615,7 +613,7 @@ func (r *Router) Route(req *Request, d *Decision) error {
 	}
 	if req.SessionID != "" && !policy.Predicts {
 		if !req.DryRun {
-			r.sessions.put(req.SessionID, ws[i].ID)
+			r.sessions.put(req.SessionID, ws[i].ID, now)
 		}
 	}
 	return nil
@@ -653,54 +651,4 @@ func leastOverlap(req *Request, ws []*Worker) float64 {
 		lo = min(lo, req.Overlap(w))
 	}
 	return lo
-}
-
-// sessions binds session ids to worker ids for a TTL after each use. Ids may alias a buffer
-// the caller reuses (the proxy's read buffer): the table keeps its own copy of each key, and
-// an update writes through the entry's pointer, because assigning to an existing string key
-// would store the caller's string in its place.
-type sessions struct {
-	mu  sync.Mutex
-	ttl atomic.Int64 // nanoseconds
-	m   map[string]*session
-}
-
-type session struct {
-	worker  string
-	expires int64
-}
-
-// maxSessions bounds the table; past it, expired sessions are swept before adding more.
-const maxSessions = 1 << 20
-
-func (s *sessions) get(id string) (string, bool) {
-	now := Now()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	e, ok := s.m[id]
-	if !ok || e.expires < now {
-		return "", false
-	}
-	return e.worker, true
-}
-
-func (s *sessions) put(id, worker string) {
-	now := Now()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if e, ok := s.m[id]; ok {
-		e.worker, e.expires = worker, now+s.ttl.Load()
-		return
-	}
-	if len(s.m) >= maxSessions {
-		for k, e := range s.m {
-			if e.expires < now {
-				delete(s.m, k)
-			}
-		}
-		if len(s.m) >= maxSessions {
-			return // full of live sessions: this one goes unbound
-		}
-	}
-	s.m[strings.Clone(id)] = &session{worker: worker, expires: now + s.ttl.Load()}
 }
