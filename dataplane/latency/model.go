@@ -201,8 +201,8 @@ type fit struct {
 // sequence lock over atomics. The writer (holding Model.mu) makes seq odd, stores the fit,
 // and makes seq even again; a reader keeps what it read only when seq was the same even
 // number before and after, and tries again otherwise. A reader that keeps losing to writers
-// takes Model.mu and reads the learners' copy, so it never spins for long behind a writer
-// that was descheduled mid-store.
+// takes Model.mu, under which no writer publishes, and reads once more: it never spins for
+// long behind a writer descheduled mid-store.
 type pubFit struct {
 	seq   atomic.Uint64
 	theta [numFeat]atomic.Uint64 // float64 bits, as the fields of fit
@@ -246,6 +246,43 @@ func (p *pubFit) load(f *fit) bool {
 	return p.seq.Load() == s
 }
 
+// view is what one prediction reads of a fit: the coefficients, the decode step at an
+// empty cache at the batch sizes it prices, and the KV multipliers.
+type view struct {
+	theta [numFeat]float64
+	step  [3]float64
+	kv    [numKV]float64
+}
+
+// bucket is a batch size's place in the decode table (bucketOf).
+type bucket struct {
+	lo, hi int
+	w      float64
+}
+
+// loadView reads into v the part of p a prediction at the batch sizes of bs needs and
+// reports whether no writer published meanwhile.
+func (p *pubFit) loadView(bs *[3]bucket, v *view) bool {
+	s := p.seq.Load()
+	if s&1 != 0 {
+		return false
+	}
+	for i := range v.theta {
+		v.theta[i] = load(&p.theta[i])
+	}
+	for j, b := range bs {
+		t := load(&p.step[b.lo])
+		if b.hi != b.lo {
+			t += b.w * (load(&p.step[b.hi]) - t)
+		}
+		v.step[j] = t
+	}
+	for i := range v.kv {
+		v.kv[i] = load(&p.kv[i])
+	}
+	return p.seq.Load() == s
+}
+
 // fit copies the published fit into f.
 func (m *Model) fit(f *fit) {
 	for range readTries {
@@ -254,8 +291,26 @@ func (m *Model) fit(f *fit) {
 		}
 	}
 	m.mu.Lock()
-	*f = m.cur
+	m.pub.load(f) // no writer publishes while m.mu is held
 	m.mu.Unlock()
+}
+
+// view reads the published fit's part a prediction at the batch sizes of bs needs into v.
+func (m *Model) view(bs *[3]bucket, v *view) {
+	for range readTries {
+		if m.pub.loadView(bs, v) {
+			return
+		}
+	}
+	m.mu.Lock()
+	m.pub.loadView(bs, v)
+	m.mu.Unlock()
+}
+
+// kvMul is the view's decode step multiplier at KV usage kv (as fit.decodeStep has it).
+func (v *view) kvMul(kv float64) float64 {
+	k, x := kvKnots(kv)
+	return v.kv[k] + x*(v.kv[k+1]-v.kv[k])
 }
 
 // Priors, in seconds.
@@ -441,11 +496,18 @@ func (w *Worker) Predict(e *Engine, st State, uncached float64, p *Prediction) {
 	if seqs > 0 {
 		batch = min(batch, seqs)
 	}
-	var f fit // one fit for the whole prediction
-	m.fit(&f)
+	// One fit for the whole prediction: the decode step at this batch, with this request
+	// and alone.
+	var bs [3]bucket
+	for j, b := range [3]int{batch, batch + 1, 1} {
+		bs[j].lo, bs[j].hi, bs[j].w = bucketOf(float64(b))
+	}
+	var f view
+	m.view(&bs, &f)
+	kvMul := f.kvMul(st.KVUsage)
 	decode := 0.0
 	if batch > 0 {
-		decode = f.decodeStep(batch, st.KVUsage)
+		decode = f.step[0] * kvMul
 	}
 	speed := load(&w.speed)
 	u := max(uncached, 0)
@@ -476,7 +538,7 @@ func (w *Worker) Predict(e *Engine, st State, uncached float64, p *Prediction) {
 	p.Prefill = (th[0]+th[6]*busy)*step + (th[3]+th[4]*busy)*own + th[5]*do
 	p.TTFT = p.Queue + p.Prefill
 	p.Compute = (th[3] + th[4]*busy) * speed * curve.TokenSeconds(u)
-	p.ITL = f.decodeStep(batch+1, st.KVUsage)
+	p.ITL = f.step[1] * kvMul
 	p.Slowdown = 0
 	if st.OSL > 0 && (seqs <= 0 || st.Requests < seqs) {
 		// Only a request that joins the running batch slows it; one that waits for a slot
@@ -484,7 +546,7 @@ func (w *Worker) Predict(e *Engine, st State, uncached float64, p *Prediction) {
 		// request's (the step's level: on a concave curve far more than its slope times the
 		// batch), and the running requests' remaining tokens, half an OSL each, one request
 		// slower.
-		own := st.OSL * max(p.ITL-f.decodeStep(1, st.KVUsage), 0)
+		own := st.OSL * max(p.ITL-f.step[2]*kvMul, 0)
 		others := float64(batch) * 0.5 * st.OSL * max(p.ITL-decode, 0) // decode: ITL(batch), 0 for none
 		p.Slowdown = own + others
 	}

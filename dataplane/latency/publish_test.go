@@ -1,6 +1,7 @@
 package latency
 
 import (
+	"math"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -96,18 +97,35 @@ func TestPredictionReadsOneFit(t *testing.T) {
 }
 
 // TestReaderBehindAStalledWriter: a reader that finds a publication under way whenever it
-// looks (a writer descheduled mid-store) takes the model's mutex and reads the learners'
-// copy instead of spinning: the fit last published whole.
+// looks (a writer descheduled mid-store) waits for the model's mutex, which the writer
+// holds, instead of spinning, and reads the fit that writer published, whole.
 func TestReaderBehindAStalledWriter(t *testing.T) {
 	var m Model
 	m.Init()
-	a := uniformFit(1, 0.01, 1)
+	a, b := uniformFit(1, 0.01, 1), uniformFit(2, 0.03, 1.5)
 	setFit(&m, a)
+	m.mu.Lock()
 	m.pub.seq.Add(1) // a writer between its first and last store
-	defer m.pub.seq.Add(1)
-	var f fit
-	m.fit(&f)
-	if f != *a {
-		t.Fatalf("read %+v, want the published %+v", f, *a)
+	m.pub.theta[0].Store(math.Float64bits(b.theta[0]))
+	got := make(chan fit)
+	go func() {
+		var f fit
+		m.fit(&f)
+		got <- f
+	}()
+	m.cur = *b
+	for i := range b.theta {
+		m.pub.theta[i].Store(math.Float64bits(b.theta[i]))
+	}
+	for i := range b.step {
+		m.pub.step[i].Store(math.Float64bits(b.step[i]))
+	}
+	for i := range b.kv {
+		m.pub.kv[i].Store(math.Float64bits(b.kv[i]))
+	}
+	m.pub.seq.Add(1)
+	m.mu.Unlock()
+	if f := <-got; f != *b {
+		t.Fatalf("read %+v, want the fit published %+v", f, *b)
 	}
 }
