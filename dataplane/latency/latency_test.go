@@ -402,9 +402,11 @@ func TestRLSRecoversAtBounds(t *testing.T) {
 				if i >= 2000 && i < 2300 {
 					y *= stall
 				}
+				var f fit
+				m.fit(&f)
 				var p float64
 				for j := range numFeat {
-					p += load(&m.theta[j]) * x[j]
+					p += f.theta[j] * x[j]
 				}
 				if i >= n-1000 {
 					errs = append(errs, math.Abs(p-y)/y)

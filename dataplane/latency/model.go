@@ -171,7 +171,8 @@ type Prediction struct {
 // Model is the latency model of the workers that serve one model, learned from all of them:
 // the TTFT coefficients over the prior's features and the decode step time against batch
 // size and KV usage. Worker adds each worker's own speed, slot occupancy and limits. Its
-// predictions read only atomics; learning takes its mutex. Call Init before use.
+// predictions read only atomics, one published fit at a time; learning takes its mutex.
+// Call Init before use.
 type Model struct {
 	mu   sync.Mutex
 	ttft RLS // features above
@@ -180,11 +181,138 @@ type Model struct {
 	// model's workers: a worker's speed moves by how far its own stray from it, so the
 	// speeds say how the workers differ and the coefficients how fast they are together.
 	resid float64
+	// cur is the fit last published, the learners' own copy (guarded by mu); pub is what
+	// predictions read.
+	cur fit
+	pub pubFit
 
-	theta [numFeat]atomic.Uint64 // published coefficients, float64 bits
-	decP  decodePub
 	ttftN atomic.Int64
 	itlN  atomic.Int64
+}
+
+// fit is one published state of a Model: the TTFT coefficients and the decode table
+// together. A prediction reads one fit whole, never the coefficients of one beside the
+// decode steps (or half the coefficients) of another.
+type fit struct {
+	theta [numFeat]float64
+	step  [numDecode]float64 // decode step time per batch bucket at an empty cache, seconds
+	kv    [numKV]float64     // decode step multiplier per KV knot
+}
+
+// pubFit publishes a fit to readers on every event loop without locks or allocation: a
+// sequence lock over atomics. The writer (holding Model.mu) makes seq odd, stores the fit,
+// and makes seq even again; a reader keeps what it read only when seq was the same even
+// number before and after, and tries again otherwise. A reader that keeps losing to writers
+// takes Model.mu, under which no writer publishes, and reads once more: it never spins for
+// long behind a writer descheduled mid-store.
+type pubFit struct {
+	seq   atomic.Uint64
+	theta [numFeat]atomic.Uint64 // float64 bits, as the fields of fit
+	step  [numDecode]atomic.Uint64
+	kv    [numKV]atomic.Uint64
+}
+
+// readTries is how often a reader tries the sequence lock before it takes the mutex.
+const readTries = 4
+
+// store publishes f. The caller holds Model.mu (the only writer).
+func (p *pubFit) store(f *fit) {
+	p.seq.Add(1)
+	for i := range f.theta {
+		p.theta[i].Store(math.Float64bits(f.theta[i]))
+	}
+	for i := range f.step {
+		p.step[i].Store(math.Float64bits(f.step[i]))
+	}
+	for i := range f.kv {
+		p.kv[i].Store(math.Float64bits(f.kv[i]))
+	}
+	p.seq.Add(1)
+}
+
+// load copies p into f and reports whether no writer published meanwhile.
+func (p *pubFit) load(f *fit) bool {
+	s := p.seq.Load()
+	if s&1 != 0 {
+		return false
+	}
+	for i := range f.theta {
+		f.theta[i] = load(&p.theta[i])
+	}
+	for i := range f.step {
+		f.step[i] = load(&p.step[i])
+	}
+	for i := range f.kv {
+		f.kv[i] = load(&p.kv[i])
+	}
+	return p.seq.Load() == s
+}
+
+// view is what one prediction reads of a fit: the coefficients, the decode step at an
+// empty cache at the batch sizes it prices, and the KV multipliers.
+type view struct {
+	theta [numFeat]float64
+	step  [3]float64
+	kv    [numKV]float64
+}
+
+// bucket is a batch size's place in the decode table (bucketOf).
+type bucket struct {
+	lo, hi int
+	w      float64
+}
+
+// loadView reads into v the part of p a prediction at the batch sizes of bs needs and
+// reports whether no writer published meanwhile.
+func (p *pubFit) loadView(bs *[3]bucket, v *view) bool {
+	s := p.seq.Load()
+	if s&1 != 0 {
+		return false
+	}
+	for i := range v.theta {
+		v.theta[i] = load(&p.theta[i])
+	}
+	for j, b := range bs {
+		t := load(&p.step[b.lo])
+		if b.hi != b.lo {
+			t += b.w * (load(&p.step[b.hi]) - t)
+		}
+		v.step[j] = t
+	}
+	for i := range v.kv {
+		v.kv[i] = load(&p.kv[i])
+	}
+	return p.seq.Load() == s
+}
+
+// fit copies the published fit into f.
+func (m *Model) fit(f *fit) {
+	for range readTries {
+		if m.pub.load(f) {
+			return
+		}
+	}
+	m.mu.Lock()
+	m.pub.load(f) // no writer publishes while m.mu is held
+	m.mu.Unlock()
+}
+
+// view reads the published fit's part a prediction at the batch sizes of bs needs into v.
+func (m *Model) view(bs *[3]bucket, v *view) {
+	for range readTries {
+		if m.pub.loadView(bs, v) {
+			return
+		}
+	}
+	m.mu.Lock()
+	m.pub.loadView(bs, v)
+	m.mu.Unlock()
+}
+
+// kvMul is the view's decode step multiplier at KV usage kv (as fit.decodeStep has it).
+func (v *view) kvMul(kv float64) float64 {
+	k, x := kvKnots(kv)
+	return v.kv[k] + x*(v.kv[k+1]-v.kv[k])
 }
 
 // Priors, in seconds.
@@ -206,14 +334,15 @@ func (m *Model) Init() {
 	m.ttft = RLS{Lambda: 0.995, OutlierK: 4, Lo: Vec{0, 0.01, 0, 0.001, 0, 0, 0}, Hi: Vec{100, 100, 100, 100, 100, 10, 100}}
 	m.ttft.Init(numFeat, Vec{1, 1, 1, 1, 0, 1, 0}, Vec{10, 10, 10, 100, 1, 1, 10})
 	m.dec = decodeTable{}
-	m.decP.init()
+	m.cur.initDecode()
 	m.publishLocked()
 }
 
+// publishLocked publishes the current coefficients with the decode table in m.cur, as one
+// fit. The caller holds m.mu.
 func (m *Model) publishLocked() {
-	for i := range numFeat {
-		m.theta[i].Store(math.Float64bits(m.ttft.Theta[i]))
-	}
+	copy(m.cur.theta[:], m.ttft.Theta[:numFeat])
+	m.pub.store(&m.cur)
 	m.ttftN.Store(int64(m.ttft.Count()))
 	m.itlN.Store(int64(m.dec.count))
 }
@@ -222,7 +351,9 @@ func load(a *atomic.Uint64) float64 { return math.Float64frombits(a.Load()) }
 
 // ITL predicts the time between tokens at batch size b and KV usage kv.
 func (m *Model) ITL(b int, kv float64) float64 {
-	return m.decP.step(b, kv)
+	var f fit
+	m.fit(&f)
+	return f.decodeStep(b, kv)
 }
 
 // minScale floors the scale observations are divided by, so a near-zero prediction does
@@ -250,9 +381,9 @@ func (m *Model) observeTTFT(x *Vec, ttft float64) {
 func (m *Model) observeITL(batch int, kv, itl float64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.dec.observe(&m.decP, batch, kv, itl)
-	m.dec.publish(&m.decP)
-	m.itlN.Store(int64(m.dec.count))
+	m.dec.observe(&m.cur, batch, kv, itl)
+	m.dec.publish(&m.cur)
+	m.publishLocked()
 }
 
 // Worker is one worker's part of the latency model: its speed against the Model it shares
@@ -367,9 +498,18 @@ func (w *Worker) Predict(e *Engine, st State, uncached float64, p *Prediction) {
 	if seqs > 0 {
 		batch = min(batch, seqs)
 	}
+	// One fit for the whole prediction: the decode step at this batch, with this request
+	// and alone.
+	var bs [3]bucket
+	for j, b := range [3]int{batch, batch + 1, 1} {
+		bs[j].lo, bs[j].hi, bs[j].w = bucketOf(float64(b))
+	}
+	var f view
+	m.view(&bs, &f)
+	kvMul := f.kvMul(st.KVUsage)
 	decode := 0.0
 	if batch > 0 {
-		decode = m.ITL(batch, st.KVUsage)
+		decode = f.step[0] * kvMul
 	}
 	speed := load(&w.speed)
 	u := max(uncached, 0)
@@ -394,16 +534,13 @@ func (w *Worker) Predict(e *Engine, st State, uncached float64, p *Prediction) {
 		busy = float64(min(st.Requests, seqs)) / float64(seqs)
 	}
 	p.X = Vec{step, slot, queue, own, own * busy, dq + do, step * busy}
-	var th [numFeat]float64
-	for i := range th {
-		th[i] = load(&m.theta[i])
-	}
+	th := &f.theta
 	p.Wait = th[1] * slot
 	p.Queue = p.Wait + th[2]*queue + th[5]*dq
 	p.Prefill = (th[0]+th[6]*busy)*step + (th[3]+th[4]*busy)*own + th[5]*do
 	p.TTFT = p.Queue + p.Prefill
 	p.Compute = (th[3] + th[4]*busy) * speed * curve.TokenSeconds(u)
-	p.ITL = m.ITL(batch+1, st.KVUsage)
+	p.ITL = f.step[1] * kvMul
 	p.Slowdown = 0
 	if st.OSL > 0 && (seqs <= 0 || st.Requests < seqs) {
 		// Only a request that joins the running batch slows it; one that waits for a slot
@@ -411,7 +548,7 @@ func (w *Worker) Predict(e *Engine, st State, uncached float64, p *Prediction) {
 		// request's (the step's level: on a concave curve far more than its slope times the
 		// batch), and the running requests' remaining tokens, half an OSL each, one request
 		// slower.
-		own := st.OSL * max(p.ITL-m.ITL(1, st.KVUsage), 0)
+		own := st.OSL * max(p.ITL-f.step[2]*kvMul, 0)
 		others := float64(batch) * 0.5 * st.OSL * max(p.ITL-decode, 0) // decode: ITL(batch), 0 for none
 		p.Slowdown = own + others
 	}
@@ -460,13 +597,15 @@ func (w *Worker) ObserveTTFT(x *Vec, ttft float64) {
 	}
 	m := w.m
 	w.obs.Add(1)
+	var f fit
+	m.fit(&f)
+	th := &f.theta
 	var pred float64
 	for i := range numFeat {
-		pred += load(&m.theta[i]) * x[i]
+		pred += th[i] * x[i]
 	}
 	// The speed scales the compute features only, not the decode steps beside them.
-	prefill := load(&m.theta[FeatQueue])*x[FeatQueue] + load(&m.theta[FeatPrefill])*x[FeatPrefill] +
-		load(&m.theta[FeatLoadedPrefill])*x[FeatLoadedPrefill]
+	prefill := th[FeatQueue]*x[FeatQueue] + th[FeatPrefill]*x[FeatPrefill] + th[FeatLoadedPrefill]*x[FeatLoadedPrefill]
 	if prefill > 0.5*pred && prefill > minScale {
 		// The prefill's share of what was observed, as far as the other terms predicted
 		// theirs, against its prediction (which the current speed already scaled).
@@ -540,19 +679,16 @@ type Stats struct {
 func (w *Worker) Stats() Stats {
 	m := w.m
 	var s Stats
-	for i := range numFeat {
-		s.Theta[i] = load(&m.theta[i])
-	}
 	m.mu.Lock()
+	f := m.cur
 	for i, n := range m.dec.n {
 		if n > 0 {
-			s.Decode = append(s.Decode, DecodePoint{Batch: int(decodeSizes[i]), Seconds: load(&m.decP.t[i]), Observations: n})
+			s.Decode = append(s.Decode, DecodePoint{Batch: int(decodeSizes[i]), Seconds: f.step[i], Observations: n})
 		}
 	}
 	m.mu.Unlock()
-	for i := range s.DecodeKV {
-		s.DecodeKV[i] = load(&m.decP.kv[i+1])
-	}
+	copy(s.Theta[:], f.theta[:])
+	copy(s.DecodeKV[:], f.kv[1:])
 	s.Speed, s.Occupancy = load(&w.speed), load(&w.occBit)
 	s.Observations, s.ModelObservations, s.Decodes = w.obs.Load(), m.ttftN.Load(), m.itlN.Load()
 	s.MaxNumSeqs = w.seqs.Load()

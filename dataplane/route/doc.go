@@ -1,6 +1,9 @@
 // Package route chooses the worker for each request: a chain of filters (which workers may
 // serve it at all), scorers (what each remaining worker would cost) and a picker (which one
-// wins), run by a Router over an immutable snapshot of the pool.
+// wins), run by a Router over an immutable snapshot of the pool. Before any policy's filters
+// the Router keeps only the workers that are healthy (not draining, not ejected) and that
+// the request does not exclude (tried already, or outside a gateway's endpoint subset), and
+// it hands the plugins its own copy of them, never the pool's slice.
 //
 // The plugins are small values behind three interfaces, Filter, Scorer and Picker. A Policy
 // is a composition of them: the preset of a built-in name (Preset; NewPolicy builds it) or

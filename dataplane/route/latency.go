@@ -12,6 +12,21 @@ import (
 // them. The caller queues the request or refuses it (429).
 var ErrSLO = errors.New("no worker is predicted to meet the request's latency targets")
 
+// errNoPredictions: a policy marked as predicting scored a request with latency targets
+// without predicting every candidate. Registry.Build refuses such a policy, so this is a
+// safeguard, not a state a proxy reaches.
+var errNoPredictions = errors.New("routing a request with latency targets: the policy's scorers predicted no latency for its candidates")
+
+// predictor is a scorer that fills the request's latency predictions (Request.Candidates)
+// for every worker it scores, as a policy that Predicts needs: what the SLO rule and the
+// Decision's Prediction read. Only PredictedTTFT does.
+type predictor interface {
+	Scorer
+	fillsPredictions()
+}
+
+func (PredictedTTFT) fillsPredictions() {}
+
 // Defaults of the latency policy.
 const (
 	// DefaultComputeWeight weighs the engine time of the request's uncached tokens beside its
@@ -291,6 +306,7 @@ func meetSLO(req *Request, ws []*Worker, costs []float64) int {
 }
 
 var (
-	_ Scorer = PredictedTTFT{}
-	_ Picker = LatencyPick{}
+	_ Scorer    = PredictedTTFT{}
+	_ predictor = PredictedTTFT{}
+	_ Picker    = LatencyPick{}
 )

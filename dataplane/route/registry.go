@@ -24,7 +24,9 @@ func (p Params) Get(name string, def float64) float64 {
 // FilterPlugin, ScorerPlugin and PickerPlugin are what a Registry knows of a plugin: how to
 // build it from its parameters (each in Params, the only ones it accepts) and, for a
 // scorer, its weight; and whether a scorer needs the prompt matched against the index
-// (UsesIndex) or predicts latency (Predicts, see Policy).
+// (UsesIndex) or predicts latency (Predicts, see Policy). A scorer registered with Predicts
+// must fill the request's latency predictions, as PredictedTTFT does; Build refuses one
+// that builds anything else.
 type (
 	FilterPlugin struct {
 		Params []string
@@ -116,6 +118,9 @@ func (r *Registry) Build(p policy.Profile, cfg Config) (*Policy, error) {
 		if err != nil {
 			return nil, fmt.Errorf("profile: scorer %s: %w", s.Name, err)
 		}
+		if _, ok := v.(predictor); pl.Predicts && !ok {
+			return nil, fmt.Errorf("profile: scorer %s is registered as predicting latency, but its %T fills no latency predictions (only predicted-ttft's PredictedTTFT does)", s.Name, v)
+		}
 		out.Scorers = append(out.Scorers, v)
 		out.UsesIndex = out.UsesIndex || pl.UsesIndex
 		out.Predicts = out.Predicts || pl.Predicts
@@ -169,7 +174,8 @@ func params(kind string, pl policy.Plugin, accepted []string) error {
 	return nil
 }
 
-// RegisterBuiltins registers kvrelay's own plugins: the filters model, role and health; the
+// RegisterBuiltins registers kvrelay's own plugins: the filters model, role and health (which
+// repeats what the router applies to every profile, so a profile may name it or not); the
 // scorers prefill (params overlap_weight, queue_weight), decode, load and predicted-ttft
 // (params compute_weight, background_weight, batch_weight, wait_weight, cache_credit); the pickers
 // min-cost and latency (param temperature), least-loaded, least-prefill, round-robin,
@@ -232,10 +238,11 @@ var Builtins = sync.OnceValue(func() *Registry {
 })
 
 // Preset is the profile of a built-in policy name with cfg's weights: what NewPolicy builds.
-// Every name routes through the same filters (model, role, health).
+// Every name routes through the same filters (model, role), after the router's own
+// (health and exclusions, see Router.Route).
 func Preset(cfg Config) (policy.Profile, error) {
 	cfg = cfg.withDefaults()
-	p := policy.Profile{Filters: []policy.Plugin{{Name: "model"}, {Name: "role"}, {Name: "health"}}}
+	p := policy.Profile{Filters: []policy.Plugin{{Name: "model"}, {Name: "role"}}}
 	switch cfg.Policy {
 	case PolicyKV:
 		p.Scorers = []policy.Plugin{
