@@ -97,6 +97,15 @@ type Config struct {
 	// WaitWeight weighs the wait for a sequence slot once more (latency policy; default
 	// DefaultWaitWeight).
 	WaitWeight float64
+	// TailWeight weighs the prediction's spread (Prediction.Spread) beside its mean: the
+	// latency policy routes on TTFT + TailWeight·σ, so a worker whose predictions have
+	// been unreliable, or whose wait is a guess, needs a clearer lead to win (latency
+	// policy; default DefaultTailWeight).
+	TailWeight float64
+	// BalanceWeight weighs the slots a request takes from a worker that has few
+	// (Prediction.Hold × Prediction.Scarcity): the wait or cache miss it leaves the next
+	// requests that want that worker (latency policy; default DefaultBalanceWeight).
+	BalanceWeight float64
 	// CacheThreshold: when no worker caches this share of the prompt's blocks more than the
 	// worker that caches least (a new prompt, or one whose only cached part is a system
 	// prompt every worker holds), the kv policy spreads instead, to the worker with the least
@@ -164,6 +173,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("cache threshold %g must be within [0, 1]", c.CacheThreshold)
 	case !(c.ComputeWeight >= 0 && c.ComputeWeight <= 1e6) || !(c.BackgroundWeight >= 0 && c.BackgroundWeight <= 1e6) || !(c.BatchWeight >= 0 && c.BatchWeight <= 1e6) || !(c.WaitWeight >= 0 && c.WaitWeight <= 1e6):
 		return fmt.Errorf("compute weight %g, background weight %g, batch weight %g and wait weight %g must be within [0, 1e6]", c.ComputeWeight, c.BackgroundWeight, c.BatchWeight, c.WaitWeight)
+	case !(c.TailWeight >= 0 && c.TailWeight <= 1e6) || !(c.BalanceWeight >= 0 && c.BalanceWeight <= 1e6):
+		return fmt.Errorf("tail weight %g and balance weight %g must be within [0, 1e6]", c.TailWeight, c.BalanceWeight)
 	}
 	return nil
 }

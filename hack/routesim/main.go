@@ -9,6 +9,7 @@ package main
 import (
 	"flag"
 	"fmt"
+	"math"
 	"os"
 	"slices"
 	"strconv"
@@ -40,18 +41,67 @@ func main() {
 		seqs     = flag.Int("max-num-seqs", 4, "each engine's request slots")
 		blocks   = flag.Int("blocks", 1024, "each engine's KV cache in blocks")
 		speedup  = flag.Float64("sim-speedup", 0.5, "sim engines' --speedup-ratio")
+		perTok   = flag.Duration("per-token", 60*time.Microsecond, "llmd engines' prefill time per uncached token")
+		factor   = flag.Float64("load-factor", 2, "llmd engines' time factor under load")
 		tellSeqs = flag.Bool("tell-seqs", false, "tell the router each engine's max-num-seqs")
 		extra    = flag.String("extra", "", "route.Config overrides: compute_weight=1,batch_weight=0.05,...")
 		verbose  = flag.Bool("v", false, "per-worker counts and prediction errors")
+		caseName = flag.String("case", "", "run one matrix case (name/kind) with the flags' policies and seeds, verbose")
+		matrix   = flag.String("matrix", "", "run the case matrix (substring of case/kind to select; 'all' for every case) instead of one fleet")
+		save     = flag.String("save", "", "matrix: save every policy's runs to this JSON file")
+		against  = flag.String("against", "", "matrix: compare the first policy with the runs saved in this file")
+		dump     = flag.Int("dump", 0, "print the N slowest requests of each run")
 	)
 	flag.Parse()
-	if *spec == "" {
-		*spec = agenticLLMD
-		if *kind == "sim" {
-			*spec = agenticSim
+	if *matrix != "" {
+		var ss []uint64
+		for _, x := range strings.Split(*seeds, ",") {
+			v, _ := strconv.ParseUint(x, 10, 64)
+			ss = append(ss, v)
+		}
+		only := *matrix
+		if only == "all" {
+			only = ""
+		}
+		runMatrix(strings.Split(*policies, ","), ss, only, *extra, *save, *against)
+		return
+	}
+	// The fleet: a matrix case, or the engines the flags describe.
+	c := mcase{name: "flags", kind: fleetsim.Kind(*kind), n: *n, spec: *spec, speedup: 1}
+	switch {
+	case *caseName != "":
+		found := false
+		for _, mc := range cases() {
+			if mc.name+"/"+string(mc.kind) == *caseName {
+				c, found = mc, true
+			}
+		}
+		if !found {
+			fmt.Fprintf(os.Stderr, "no case %q\n", *caseName)
+			os.Exit(2)
+		}
+	case *kind == "sim":
+		if c.spec == "" {
+			c.spec = agenticSim
+		}
+		c.engine = func(int) fleetsim.EngineSpec {
+			cfg := sim.DefaultConfig()
+			cfg.MaxNumSeqs, cfg.NumGPUBlocks, cfg.MaxModelLen = *seqs, *blocks, 32768
+			cfg.Timing.Speedup = *speedup
+			return fleetsim.EngineSpec{Kind: fleetsim.KindSim, Sim: cfg}
+		}
+	default:
+		if c.spec == "" {
+			c.spec = agenticLLMD
+		}
+		c.engine = func(int) fleetsim.EngineSpec {
+			cfg := fleetsim.BenchLLMD()
+			cfg.MaxNumSeqs, cfg.CacheBlocks, cfg.PrefillPerToken, cfg.LoadFactor = *seqs, *blocks, *perTok, *factor
+			return fleetsim.EngineSpec{Kind: fleetsim.KindLLMD, LLMD: cfg}
 		}
 	}
-	fmt.Printf("%s engines ×%d, %s, exact=%v\n", *kind, *n, *spec, *exact)
+	*spec = c.spec
+	fmt.Printf("%s engines ×%d, %s, exact=%v\n", c.kind, c.n, c.spec, *exact)
 	fmt.Printf("%-14s %-5s %8s %8s %8s %8s %6s %7s %7s  %s\n", "policy", "seed", "p50", "p90", "p99", "e2e50", "hit", "err50", "err90", "per worker")
 	for _, pol := range strings.Split(*policies, ",") {
 		var p50s, p90s, p99s []time.Duration
@@ -64,10 +114,8 @@ func main() {
 				os.Exit(1)
 			}
 			// The proxy's defaults (dataplane/proxy.DefaultConfig).
-			rc := route.Config{Policy: pol, Explicit: true, OverlapWeight: route.DefaultOverlapWeight, QueueWeight: route.DefaultQueueWeight,
-				CacheThreshold: route.DefaultCacheThreshold, ComputeWeight: route.DefaultComputeWeight, BackgroundWeight: route.DefaultBackgroundWeight,
-				BatchWeight: route.DefaultBatchWeight, WaitWeight: route.DefaultWaitWeight}
-			cfg := fleetsim.Config{Model: *model, Workload: w, Exact: *exact, Seed: seed, Routing: rc}
+			rc := proxyDefaults(pol)
+			cfg := fleetsim.Config{Model: *model, Workload: w, Exact: *exact, Seed: seed, Routing: rc, Explain: *dump > 0 || *verbose}
 			if err := applyExtra(&cfg.Routing, *extra); err != nil {
 				fmt.Fprintln(os.Stderr, err)
 				os.Exit(2)
@@ -78,18 +126,9 @@ func main() {
 			if *tellSeqs {
 				cfg.Workers = func(_ int, w *route.Worker) { w.Engine.MaxNumSeqs = *seqs }
 			}
-			for range *n {
-				switch *kind {
-				case "llmd":
-					c := fleetsim.BenchLLMD()
-					c.MaxNumSeqs, c.CacheBlocks = *seqs, *blocks
-					cfg.Engines = append(cfg.Engines, fleetsim.EngineSpec{Kind: fleetsim.KindLLMD, LLMD: c})
-				case "sim":
-					c := sim.DefaultConfig()
-					c.MaxNumSeqs, c.NumGPUBlocks, c.MaxModelLen = *seqs, *blocks, 32768
-					c.Timing.Speedup = *speedup
-					cfg.Engines = append(cfg.Engines, fleetsim.EngineSpec{Kind: fleetsim.KindSim, Sim: c})
-				}
+			cfg.Speedup = c.speedup
+			for i := range c.n {
+				cfg.Engines = append(cfg.Engines, c.engine(i))
 			}
 			t0 := time.Now()
 			res, err := fleetsim.Run(cfg)
@@ -102,11 +141,83 @@ func main() {
 			fmt.Printf("%-14s %-5d %8s %8s %8s %8s %5.1f%% %6.1f%% %6.1f%%  %v (%d req, %v wall)\n", pol, seed, ms(s.TTFTP50), ms(s.TTFTP90), ms(s.TTFTP99), ms(s.E2EP50),
 				100*s.HitRate, 100*s.PredErrP50, 100*s.PredErrP90, s.PerWorker, s.Requests, time.Since(t0).Round(time.Millisecond))
 			if *verbose {
+				var dec, tt float64
+				var nd int
+				for _, r := range res.Records {
+					if r.Err == "" {
+						dec += (r.E2E - r.TTFT).Seconds()
+						tt += r.TTFT.Seconds()
+						nd++
+					}
+				}
+				type agg struct {
+					n          int
+					sumLog, sq float64
+				}
+				var gq, gf agg
+				for i, r := range res.Records {
+					if r.Err != "" || r.Predict <= 0 || r.TTFT <= 0 || i < len(res.Records)/5 {
+						continue
+					}
+					l := math.Log(float64(r.TTFT) / float64(r.Predict))
+					g := &gf
+					if r.PredQ > r.Predict/2 {
+						g = &gq
+					}
+					g.n++
+					g.sumLog += l
+					g.sq += l * l
+				}
+				for _, x := range []struct {
+					name string
+					g    agg
+				}{{"queued", gq}, {"fresh", gf}} {
+					if x.g.n > 0 {
+						m := x.g.sumLog / float64(x.g.n)
+						fmt.Printf("    %s: n=%d bias exp(mean log)=%.2f sd(log)=%.2f\n", x.name, x.g.n, math.Exp(m), math.Sqrt(max(x.g.sq/float64(x.g.n)-m*m, 0)))
+					}
+				}
+				hist := map[int64]int{}
+				for _, r := range res.Records {
+					if len(r.Candidates) == 0 {
+						continue
+					}
+					lo, chosen := int64(1<<40), int64(0)
+					for _, c := range r.Candidates {
+						lo = min(lo, c.Load)
+						if c.Worker == r.Worker {
+							chosen = c.Load
+						}
+					}
+					hist[chosen-lo]++
+					if chosen-lo >= 3 && *dump < 0 {
+						fmt.Printf("    #%d at %.2fs w%d ttft %s pred %s mode %s:", r.Seq, r.Start.Seconds(), r.Worker, ms(r.TTFT), ms(r.Predict), r.Mode)
+						for _, c := range r.Candidates {
+							fmt.Printf(" [w%d load %d pred %s ov %.0f]", c.Worker, c.Load, ms(c.TTFT), c.Overlap)
+						}
+						fmt.Println()
+					}
+				}
+				fmt.Printf("    chosen load above the least: %v\n", hist)
+				for i, m := range res.Models {
+					fmt.Printf("    w%d: seqs %d (low %d) sigma q %.2f f %.2f speed %.2f occ %.2f theta %.2f\n", i, m.MaxNumSeqs, m.SeqsLow, m.SigmaQueued, m.SigmaFresh, m.Speed, m.Occupancy, m.Theta)
+				}
+				fmt.Printf("    mean decode %.0f ms, mean ttft %.0f ms, span %.1fs\n", 1000*dec/float64(nd), 1000*tt/float64(nd), res.Duration.Seconds())
 				modes := map[string]int{}
 				for _, r := range res.Records {
 					modes[r.Mode]++
 				}
 				fmt.Printf("    modes %v\n", modes)
+			}
+			if *dump > 0 {
+				recs := slices.Clone(res.Records)
+				slices.SortFunc(recs, func(a, b fleetsim.Record) int { return int(b.TTFT - a.TTFT) })
+				for _, r := range recs[:min(*dump, len(recs))] {
+					fmt.Printf("    #%d %-11s at %7.2fs w%d ttft %6s pred %6s prompt %5d cached %5d overlap %4.0f mode %s\n", r.Seq, r.Tag, r.Start.Seconds(), r.Worker, ms(r.TTFT), ms(r.Predict), r.Prompt, r.Cached, r.Overlap, r.Mode)
+					for _, c := range r.Candidates {
+						fmt.Printf("        w%d pred %6s queue %6s load %d (engine %d+%d) overlap %4.0f\n", c.Worker, ms(c.TTFT), ms(c.Queue), c.Load, c.Running, c.Wait, c.Overlap)
+					}
+				}
 			}
 		}
 		fmt.Printf("%-14s %-5s %8s %8s %8s\n", pol, "med", ms(med(p50s)), ms(med(p90s)), ms(med(p99s)))
@@ -142,6 +253,10 @@ func applyExtra(c *route.Config, extra string) error {
 			c.BackgroundWeight = f
 		case "cache_threshold":
 			c.CacheThreshold = f
+		case "tail_weight":
+			c.TailWeight = f
+		case "balance_weight":
+			c.BalanceWeight = f
 		case "overlap_weight":
 			c.OverlapWeight = f
 		default:

@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvrelay/kvrelay/cmd/kvrelay/bench/workload"
 	"github.com/kvrelay/kvrelay/dataplane/clock"
+	"github.com/kvrelay/kvrelay/dataplane/latency"
 	"github.com/kvrelay/kvrelay/dataplane/route"
 	"github.com/kvrelay/kvrelay/engines/blockhash"
 	"github.com/kvrelay/kvrelay/engines/sim"
@@ -65,6 +66,8 @@ type Config struct {
 	MaxRequests int
 	// Seed drives the llm-d engines' noise.
 	Seed uint64
+	// Explain keeps every candidate's prediction in each record.
+	Explain bool
 }
 
 // Record is one request's outcome.
@@ -81,8 +84,21 @@ type Record struct {
 	Mode     string        // the router's rule (Decision.Mode)
 	Overlap  float64       // the cached blocks the router counted on its worker
 	Predict  time.Duration // the predicted TTFT (0 without a prediction)
+	PredQ    time.Duration // the queue part of Predict
 	Err      string
 	Requeued int // times it waited for a worker (every one busy)
+	// Candidates are, under a predicting policy, each candidate's prediction at the
+	// decision, when Config.Explain asks for them.
+	Candidates []Candidate
+}
+
+// Candidate is one worker's figures at a decision.
+type Candidate struct {
+	Worker        int
+	TTFT, Queue   time.Duration
+	Load          int64
+	Overlap       float64
+	Running, Wait int // the engine's at the decision
 }
 
 // Result is a replay's outcome.
@@ -92,6 +108,8 @@ type Result struct {
 	Duration time.Duration
 	// PerWorker counts the requests each engine served.
 	PerWorker []int
+	// Models are the router's latency models of the workers at the end.
+	Models []latency.Stats
 }
 
 // fleet is one replay's state; everything runs on the caller's goroutine.
@@ -221,6 +239,9 @@ func Run(cfg Config) (*Result, error) {
 		return nil, errors.Join(fl.errs...)
 	}
 	res := &Result{Records: fl.recs, PerWorker: make([]int, len(ws))}
+	for _, w := range ws {
+		res.Models = append(res.Models, w.Latency().Stats())
+	}
 	var first, last int64 = math.MaxInt64, 0
 	for _, r := range fl.recs {
 		first = min(first, int64(r.Start))
@@ -381,6 +402,15 @@ func (fl *fleet) dispatch(f *flight) {
 	f.overlap = d.Overlap
 	if d.HasPrediction {
 		rec.Predict = time.Duration(d.Prediction.TTFT * 1e9)
+		rec.PredQ = time.Duration(d.Prediction.Queue * 1e9)
+	}
+	if fl.cfg.Explain {
+		ws, preds := rr.Candidates()
+		for i, w := range ws {
+			run, wait, _ := fl.eng[w.Index].load()
+			rec.Candidates = append(rec.Candidates, Candidate{Worker: w.Index, TTFT: time.Duration(preds[i].TTFT * 1e9), Queue: time.Duration(preds[i].Queue * 1e9),
+				Load: w.Load(), Overlap: rr.Overlap(w), Running: run, Wait: wait})
+		}
 	}
 	f.usage.BeginAt(fl.tod(), d.Worker, len(f.tokens), int(d.Overlap)*fl.cfg.BlockSize, f.req.OSL)
 	f.usage.Predicted(&d, rr.Priority, true)
