@@ -34,6 +34,9 @@ type kind struct {
 const agenticCommon = "preamble=6000,task=200,turns=1,rounds=5,tool=250,subagents=2,sub_task=100,sub_rounds=2," +
 	"reasoning=32,osl=32,tool_time=300ms,session_ids=false"
 
+// agenticQuick shrinks an agentic row for --quick: three short sessions starting at once.
+const agenticQuick = ",sessions=3,rate=2,rounds=2,subagents=1,sub_rounds=1"
+
 // Mooncake LOAD (hack/bench-compare.sh): how many times faster than the engines run the
 // trace arrives, with 8 engines of the kvrelay sim's defaults at --speedup-ratio 0.5
 // (arrival speed-up 0.5 × LOAD). The suite runs 4 engines, so it halves the speed-up to give
@@ -75,11 +78,13 @@ func suite() []row {
 	mixed := def
 	mixed.Blocks = 2048
 
+	// 1536 blocks, e3 768: the half cache still holds the longest prompt (about 9K tokens).
 	hetero := def
+	hetero.Blocks = 1536
 	hetero.Overrides = map[int]bh.Override{1: {Slowdown: 2}, 2: {KVScale: 0.5}}
 
-	const longSpec = "multi-turn:sessions=12,rate=0.3,system=32000,systems=12,user=12000,turns=6,osl=32,think=1s,session_ids=false"
-	const burstSpec = "prefix-groups:groups=16,prompt=3000,user=200,osl=64,zipf=1,burst=3,burst_period=20s"
+	const longSpec = "multi-turn:sessions=10,rate=0.4,system=32000,systems=10,user=12000,turns=5,osl=32,think=1s,session_ids=false"
+	const burstSpec = "prefix-groups:groups=16,prompt=3000,user=200,osl=64,zipf=1,burst=3,burst_period=15s"
 
 	return []row{
 		{
@@ -88,8 +93,8 @@ func suite() []row {
 				"finding each session's growing tail (tool rounds, subagent forks) on the engine that ran it last, against " +
 				"spreading load over 4 × 4 slots whose queues decide TTFT. bench-llmd's default workload, fewer sessions.",
 			kinds: map[string]kind{
-				bh.EngineLLMD:    {spec: "agentic:sessions=24,rate=0.6," + agenticCommon, quick: ",sessions=3", fleet: def},
-				bh.EngineKVRelay: {spec: "agentic:sessions=11,rate=0.25," + agenticCommon, quick: ",sessions=2", fleet: def},
+				bh.EngineLLMD:    {spec: "agentic:sessions=24,rate=0.6," + agenticCommon, quick: agenticQuick, fleet: def},
+				bh.EngineKVRelay: {spec: "agentic:sessions=9,rate=0.3," + agenticCommon, quick: agenticQuick, fleet: def},
 			},
 		},
 		{
@@ -100,34 +105,34 @@ func suite() []row {
 				"so every misplaced call pays for it.",
 			kinds: map[string]kind{
 				bh.EngineLLMD: {spec: "agentic:sessions=24,rate=0.5,preambles=8,preamble=6000,task=200,turns=1,rounds=3,tool=250,subagents=1,sub_task=100,sub_rounds=1,reasoning=0,osl=32,tool_time=300ms,session_ids=false",
-					quick: ",sessions=3", fleet: expensive, note: "llm-d prefill 150 µs a token"},
-				bh.EngineKVRelay: {spec: "agentic:sessions=14,rate=0.25,preambles=8,preamble=6000,task=200,turns=1,rounds=3,tool=250,subagents=1,sub_task=100,sub_rounds=1,reasoning=0,osl=32,tool_time=300ms,session_ids=false",
-					quick: ",sessions=2", fleet: expensive, note: "kvrelay sim at --speedup-ratio 0.25"},
+					quick: agenticQuick, fleet: expensive, note: "llm-d prefill 150 µs a token"},
+				bh.EngineKVRelay: {spec: "agentic:sessions=12,rate=0.3,preambles=8,preamble=6000,task=200,turns=1,rounds=3,tool=250,subagents=1,sub_task=100,sub_rounds=1,reasoning=0,osl=32,tool_time=300ms,session_ids=false",
+					quick: agenticQuick, fleet: expensive, note: "kvrelay sim at --speedup-ratio 0.25"},
 			},
 		},
 		mooncakeRow(6, moonLLMD, moonKV),
 		mooncakeRow(7, moonLLMD, moonKV),
 		{
 			name: "long-context",
-			stresses: "Twelve conversations of their own (no shared prefix) growing from 44K to about 104K tokens over 6 turns, on " +
+			stresses: "Ten conversations of their own (no shared prefix) growing from 44K to about 92K tokens over 5 turns, on " +
 				"engines of 16384 blocks (262K tokens, 2-3 conversations at their peak): keeping a conversation where its " +
 				"context is cached saves seconds of prefill, and on the kvrelay sim (attention terms on) a step's cost is " +
 				"mostly attention over the cached context, so long-context requests sharing an engine slow each other. " +
 				"llm-d's simulator is linear in the uncached tokens (60 µs each) and has no context-length term.",
 			kinds: map[string]kind{
-				bh.EngineLLMD:    {spec: longSpec, quick: ",sessions=2,turns=2,system=8000,user=2000", fleet: long},
-				bh.EngineKVRelay: {spec: longSpec, quick: ",sessions=2,turns=2,system=8000,user=2000", fleet: long, note: "kvrelay sim at speedup 1 with --prefill-attention-ms 0.0012 --decode-attention-ms 0.05"},
+				bh.EngineLLMD:    {spec: longSpec, quick: ",sessions=2,rate=2,turns=2,system=8000,user=2000", fleet: long},
+				bh.EngineKVRelay: {spec: longSpec, quick: ",sessions=2,rate=2,turns=2,system=8000,user=2000", fleet: long, note: "kvrelay sim at speedup 1 with --prefill-attention-ms 0.0012 --decode-attention-ms 0.05"},
 			},
 		},
 		{
 			name: "bursty",
-			stresses: "Requests on 16 shared 3000-token system prompts (zipf 1: a few popular) arriving on/off: 6.7 s at three " +
-				"times the mean rate, then 13.3 s of quiet. During a burst the fleet is over capacity: a router that herds " +
+			stresses: "Requests on 16 shared 3000-token system prompts (zipf 1: a few popular) arriving on/off: 5 s at three " +
+				"times the mean rate, then 10 s of quiet. During a burst the fleet is over capacity: a router that herds " +
 				"requests onto the engines caching their prompt builds long queues there; one that spreads them pays " +
 				"prefill; the quiet parts drain what was queued.",
 			kinds: map[string]kind{
-				bh.EngineLLMD:    {spec: burstSpec + ",requests=300,rate=6", quick: ",requests=12", fleet: def},
-				bh.EngineKVRelay: {spec: burstSpec + ",requests=140,rate=2.5", quick: ",requests=8", fleet: def},
+				bh.EngineLLMD:    {spec: burstSpec + ",requests=180,rate=3.5", quick: ",requests=12", fleet: def},
+				bh.EngineKVRelay: {spec: burstSpec + ",requests=80,rate=1.5", quick: ",requests=8", fleet: def},
 			},
 		},
 		{
@@ -144,11 +149,11 @@ func suite() []row {
 		{
 			name: "hetero",
 			stresses: "agentic-shared's sessions on a heterogeneous fleet: e2 runs at half speed (every step, or every latency, " +
-				"twice as long) and e3 has half the KV cache (512 blocks). A router that treats the engines alike overloads " +
+				"twice as long) and e3 has half the KV cache (768 blocks of the others' 1536). A router that treats the engines alike overloads " +
 				"e2 and thrashes e3's cache; one that learns what each engine does sends them less.",
 			kinds: map[string]kind{
-				bh.EngineLLMD:    {spec: "agentic:sessions=22,rate=0.55," + agenticCommon, quick: ",sessions=3", fleet: hetero},
-				bh.EngineKVRelay: {spec: "agentic:sessions=10,rate=0.22," + agenticCommon, quick: ",sessions=2", fleet: hetero},
+				bh.EngineLLMD:    {spec: "agentic:sessions=22,rate=0.55," + agenticCommon, quick: agenticQuick, fleet: hetero},
+				bh.EngineKVRelay: {spec: "agentic:sessions=7,rate=0.3," + agenticCommon, quick: agenticQuick, fleet: hetero},
 			},
 		},
 	}
