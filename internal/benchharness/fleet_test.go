@@ -145,3 +145,17 @@ func TestStat(t *testing.T) {
 		t.Error("router table wrong")
 	}
 }
+
+// TestFloorBelowTTFT: a request's floor is at most its TTFT, so the floor's p50 must be at
+// most the TTFT p50 as kvrelay bench takes it (nearest rank), even on four requests, where
+// interpolating between the middle two would put it above.
+func TestFloorBelowTTFT(t *testing.T) {
+	floors := []float64{275, 275, 76, 76}
+	ttfts := []float64{309, 296, 93, 100}
+	if f, tt := NearestRank(floors, 0.5), NearestRank(ttfts, 0.5); f > tt || tt != 100 {
+		t.Errorf("floor p50 %v above TTFT p50 %v", f, tt)
+	}
+	if q := Quantile(floors, 0.5); q != 175.5 {
+		t.Errorf("Quantile = %v", q)
+	}
+}

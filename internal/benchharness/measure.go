@@ -219,7 +219,9 @@ func summarize(rr *RunResult, res *bench.Result, s *stack, fleet Fleet) {
 		cached := min(max(r.CachedTokens, r.IdealCached), r.PromptTokens)
 		floor = append(floor, fleet.FloorMS(rr.Engine, r.PromptTokens-cached, cached))
 	}
-	rr.FloorP50 = Quantile(floor, 0.5)
+	// Nearest rank, as kvrelay bench takes the TTFT percentiles: each request's floor is at
+	// most its TTFT, so the floor's p50 is at most the TTFT p50 on any number of requests.
+	rr.FloorP50 = NearestRank(floor, 0.5)
 }
 
 // engineIndex maps an x-kvrelay-worker value (a kvrelay worker id, or the gateway's
@@ -339,6 +341,18 @@ func routedByMode(fams map[string]*dto.MetricFamily) string {
 	}
 	slices.Sort(parts)
 	return strings.Join(parts, " ")
+}
+
+// NearestRank is the q-quantile of xs by nearest rank (kvrelay bench's definition); NaN
+// for none.
+func NearestRank(xs []float64, q float64) float64 {
+	if len(xs) == 0 {
+		return math.NaN()
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	i := int(math.Ceil(q*float64(len(s)))) - 1
+	return s[min(max(i, 0), len(s)-1)]
 }
 
 // Quantile is the q-quantile of xs by linear interpolation; NaN for none.
