@@ -82,6 +82,9 @@ if [ -n "$pin" ] && ! go mod download "$router_mod@$pin" >/dev/null 2>&1; then
 fi
 go build -trimpath -buildvcs=false -ldflags "-s -w" -o "$OUT/llm-d-inference-sim" ./cmd/llm-d-inference-sim
 
+# The commits, for the harnesses' result headers (internal/benchharness.BinaryVersion).
+printf 'epp llm-d-router %s\nllm-d-inference-sim llm-d-inference-sim %s\n' "$router_commit" "$sim_commit" > "$OUT/versions.txt"
+
 cat <<EOF
 built:
   $OUT/epp                  llm-d-router $router_commit

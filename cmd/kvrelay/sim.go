@@ -91,6 +91,8 @@ checked) and waits the modelled transfer time (--kv-bytes-per-token bytes per to
 	fs.IntVar(&e.MaxModelLen, "max-model-len", e.MaxModelLen, "maximum prompt plus output length")
 	fs.BoolVar(&e.EnablePrefixCaching, "enable-prefix-caching", e.EnablePrefixCaching, "reuse cached KV blocks of shared prefixes")
 	fs.Float64Var(&e.Timing.Speedup, "speedup-ratio", e.Timing.Speedup, "divide every modelled step time by this")
+	fs.Float64Var(&e.Timing.PrefillAttention, "prefill-attention-ms", e.Timing.PrefillAttention, "attention cost of prefill: milliseconds per new token per 1000 tokens it attends to (its cached context and the chunk's earlier tokens); 0: prefill cost independent of context")
+	fs.Float64Var(&e.Timing.DecodeAttention, "decode-attention-ms", e.Timing.DecodeAttention, "attention cost of decode: milliseconds per 1000 tokens of context summed over a step's decoding sequences; 0: decode cost independent of context")
 	fs.StringVar(&f.schedulingPolicy, "scheduling-policy", string(sim.FCFS), "fcfs or priority (lower request priority values run first)")
 	fs.StringVar(&f.role, "role", string(sim.RoleBoth), "both, prefill or decode")
 	fs.Int64Var(&e.MaxRequestBytes, "max-body-bytes", e.MaxRequestBytes, "largest request body accepted (larger gets 413)")

@@ -264,6 +264,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: max model len %d must be positive", ErrInvalidConfig, c.MaxModelLen)
 	case c.Timing.Speedup <= 0:
 		return fmt.Errorf("%w: speedup ratio %g must be positive", ErrInvalidConfig, c.Timing.Speedup)
+	case c.Timing.PrefillAttention < 0 || c.Timing.DecodeAttention < 0:
+		return fmt.Errorf("%w: attention costs (prefill %g, decode %g ms per 1000 tokens) must not be negative", ErrInvalidConfig, c.Timing.PrefillAttention, c.Timing.DecodeAttention)
 	case c.MaxRequestBytes <= 0:
 		return fmt.Errorf("%w: max request bytes %d must be positive", ErrInvalidConfig, c.MaxRequestBytes)
 	}

@@ -4,9 +4,10 @@ import "time"
 
 // Timing is the step-time model of a simulated engine: how long one scheduler step takes on
 // the modelled GPU, from what the step computes: a prefill cost quadratic in the new prefill
-// tokens of the step, a decode cost a function of the KV cache usage fraction. The default
-// coefficients are an assumption, not a measurement of a GPU (docs/timing-model.md says where
-// they come from).
+// tokens of the step, a decode cost a function of the KV cache usage fraction, and optional
+// attention terms (without them a step's cost does not depend on the context its tokens
+// attend to). The default coefficients are an assumption, not a measurement of a GPU
+// (docs/timing-model.md says where they come from); the attention terms are off by default.
 //
 // A Timing is a value; it is safe to copy and to use from any goroutine.
 type Timing struct {
@@ -16,11 +17,21 @@ type Timing struct {
 	// DecodeA, DecodeB and DecodeC give a step with decoding sequences a decode cost of
 	// max(DecodeMin, A·p² + B·p + C) milliseconds, p being the KV usage fraction.
 	DecodeA, DecodeB, DecodeC, DecodeMin float64
+	// PrefillAttention is the attention cost of prefill in milliseconds per new token per
+	// 1000 tokens it attends to: a chunk of T new tokens over C tokens already in its KV
+	// cache costs PrefillAttention · T · (C + (T+1)/2) / 1000 (causal: the i-th new token
+	// attends to the C cached tokens and the i before it). 0: no attention term.
+	PrefillAttention float64
+	// DecodeAttention is the attention cost of decode in milliseconds per 1000 tokens of
+	// context, summed over the step's decoding sequences (Batch.DecodeContext): reading
+	// their KV caches. 0: no attention term.
+	DecodeAttention float64
 	// Speedup divides every step time (the engine's --speedup-ratio). Values ≤ 0 mean 1.
 	Speedup float64
 }
 
-// DefaultTiming returns the default model (docs/timing-model.md) at speedup 1.
+// DefaultTiming returns the default model (docs/timing-model.md) at speedup 1, without
+// attention terms.
 func DefaultTiming() Timing {
 	return Timing{
 		PrefillA: 4.209989e-7, PrefillB: 1.518344e-2, PrefillC: 16.50142,
@@ -43,6 +54,34 @@ func (m Timing) PrefillMS(t int) float64 {
 // before the speedup.
 func (m Timing) DecodeMS(p float64) float64 {
 	return max(m.DecodeMin, m.DecodeA*p*p+m.DecodeB*p+m.DecodeC)
+}
+
+// AttentionMS is the modelled attention cost in milliseconds, before the speedup, of a step
+// whose prefill chunks are chunks and whose decoding sequences hold decodeContext tokens of
+// context in all; 0 when both attention coefficients are 0.
+func (m Timing) AttentionMS(chunks []Chunk, decodeContext int) float64 {
+	var ms float64
+	if m.PrefillAttention > 0 {
+		for _, c := range chunks {
+			if c.Tokens > 0 {
+				ms += m.PrefillAttention * float64(c.Tokens) * (float64(max(c.Context, 0)) + float64(c.Tokens+1)/2) / 1000
+			}
+		}
+	}
+	if m.DecodeAttention > 0 && decodeContext > 0 {
+		ms += m.DecodeAttention * float64(decodeContext) / 1000
+	}
+	return ms
+}
+
+// PrefillChunkMS is the modelled cost in milliseconds, before the speedup, of a step that
+// computes only tokens new prefill tokens over context tokens already cached: PrefillMS plus
+// the prefill attention term.
+func (m Timing) PrefillChunkMS(tokens, context int) float64 {
+	if tokens <= 0 {
+		return 0
+	}
+	return m.PrefillMS(tokens) + m.AttentionMS([]Chunk{{Tokens: tokens, Context: context}}, 0)
 }
 
 // StepTime returns the wall time of a step that computes prefillTokens new prefill tokens
@@ -90,9 +129,22 @@ type StepModel interface {
 
 var _ StepModel = Timing{}
 
-// Step is the polynomial model's price of b: StepTime of its prefill tokens and decodes,
-// or the onboarding time when that is longer (the transfer of layer i+1 overlaps the
-// compute of layer i, so the slower of the two sets the step).
+// Step is the polynomial model's price of b: StepTime of its prefill tokens and decodes plus
+// the attention terms over its chunks' and decodes' context (none at their default 0), or
+// the onboarding time when that is longer (the transfer of layer i+1 overlaps the compute of
+// layer i, so the slower of the two sets the step).
 func (m Timing) Step(b *Batch) time.Duration {
-	return max(m.StepTime(b.PrefillTokens, b.Decodes, b.KVUsage), b.Onboard)
+	d := m.StepTime(b.PrefillTokens, b.Decodes, b.KVUsage)
+	if m.PrefillAttention > 0 || m.DecodeAttention > 0 {
+		decodeContext := 0
+		if b.Decodes > 0 {
+			decodeContext = b.DecodeContext
+		}
+		s := m.Speedup
+		if s <= 0 {
+			s = 1
+		}
+		d += time.Duration(m.AttentionMS(b.Prefill, decodeContext) / s * float64(time.Millisecond))
+	}
+	return max(d, b.Onboard)
 }

@@ -5,79 +5,20 @@ import (
 	"math"
 	"slices"
 	"strings"
+
+	bh "github.com/kvrelay/kvrelay/internal/benchharness"
 )
 
-// stat is a per-run value's median and range over the runs that measured it.
-type stat struct {
-	med, lo, hi float64
-	n           int
-}
-
-func statOf(xs []float64) stat {
-	var v []float64
-	for _, x := range xs {
-		if !math.IsNaN(x) && !math.IsInf(x, 0) {
-			v = append(v, x)
-		}
-	}
-	if len(v) == 0 {
-		return stat{med: math.NaN(), lo: math.NaN(), hi: math.NaN()}
-	}
-	slices.Sort(v)
-	return stat{med: quantile(v, 0.5), lo: v[0], hi: v[len(v)-1], n: len(v)}
-}
-
-// num formats a value with three significant digits or so.
-func num(v float64) string {
-	switch a := math.Abs(v); {
-	case math.IsNaN(v):
-		return "–"
-	case a >= 100:
-		return fmt.Sprintf("%.0f", v)
-	case a >= 10:
-		return fmt.Sprintf("%.1f", v)
-	case a >= 1:
-		return fmt.Sprintf("%.2f", v)
-	default:
-		return fmt.Sprintf("%.3f", v)
-	}
-}
-
-func pct(v float64) string {
-	if math.IsNaN(v) {
-		return "–"
-	}
-	return fmt.Sprintf("%.1f%%", 100*v)
-}
-
-// cell is "median [min–max]", the range left out for a single run.
-func (s stat) cell(f func(float64) string) string {
-	if s.n == 0 {
-		return "–"
-	}
-	if s.n == 1 || f(s.lo) == f(s.hi) {
-		return f(s.med)
-	}
-	return fmt.Sprintf("%s [%s–%s]", f(s.med), f(s.lo), f(s.hi))
-}
-
-func ratio(v float64) string {
-	if math.IsNaN(v) {
-		return "–"
-	}
-	return fmt.Sprintf("×%.2f", v)
-}
-
 // table renders the comparison: per engine kind, one row per router.
-func table(cfg *config, results []*runResult) string {
+func table(cfg *config, results []*bh.RunResult) string {
 	var b strings.Builder
-	byCell := map[[2]string][]*runResult{}
+	byCell := map[[2]string][]*bh.RunResult{}
 	for _, r := range results {
 		k := [2]string{r.Engine, r.Router}
 		byCell[k] = append(byCell[k], r)
 	}
 	for _, engine := range cfg.engines {
-		fmt.Fprintf(&b, "### engines: %s — %s\n\nWorkload `%s`.\n\n", engine, engineDescription(cfg, engine), canonicalSpec(cfg.workloadFor(engine), cfg.seed))
+		fmt.Fprintf(&b, "### engines: %s — %s\n\nWorkload `%s`.\n\n", engine, cfg.fleet.Describe(engine, cfg.Model), canonicalSpec(cfg.workloadFor(engine), cfg.Seed))
 		b.WriteString("| router | TTFT p50 (ms) | TTFT p90 (ms) | TTFT p99 (ms) | E2E p50 (ms) | prefix hit | requests per engine | pick p50 (ms) | ok |\n")
 		b.WriteString("|---|---:|---:|---:|---:|---:|:---:|---:|---:|\n")
 		var floors []float64
@@ -86,7 +27,7 @@ func table(cfg *config, results []*runResult) string {
 			if len(rs) == 0 {
 				continue
 			}
-			var good []*runResult
+			var good []*bh.RunResult
 			var errs []string
 			for _, r := range rs {
 				if r.Err != "" {
@@ -99,21 +40,21 @@ func table(cfg *config, results []*runResult) string {
 				fmt.Fprintf(&b, "| %s | failed (notes below) | | | | | | | 0 (%d of %d runs failed) |\n", router, len(errs), len(rs))
 				continue
 			}
-			col := func(f func(*runResult) float64) stat {
+			col := func(f func(*bh.RunResult) float64) bh.Stat {
 				xs := make([]float64, len(good))
 				for i, r := range good {
 					xs[i] = f(r)
 				}
-				return statOf(xs)
+				return bh.StatOf(xs)
 			}
-			per := make([]string, cfg.numEngines)
+			per := make([]string, cfg.fleet.Engines)
 			for i := range per {
-				per[i] = fmt.Sprintf("%.0f", col(func(r *runResult) float64 {
+				per[i] = fmt.Sprintf("%.0f", col(func(r *bh.RunResult) float64 {
 					if i < len(r.PerEngine) {
 						return float64(r.PerEngine[i])
 					}
 					return math.NaN()
-				}).med)
+				}).Med)
 			}
 			ok, total := 0, 0
 			for _, r := range rs {
@@ -125,13 +66,13 @@ func table(cfg *config, results []*runResult) string {
 				okCell += fmt.Sprintf(" (%d of %d runs failed)", len(errs), len(rs))
 			}
 			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", router,
-				col(func(r *runResult) float64 { return r.TTFTP50 }).cell(num),
-				col(func(r *runResult) float64 { return r.TTFTP90 }).cell(num),
-				col(func(r *runResult) float64 { return r.TTFTP99 }).cell(num),
-				col(func(r *runResult) float64 { return r.E2EP50 }).cell(num),
-				col(func(r *runResult) float64 { return r.HitRate }).cell(pct),
+				col(func(r *bh.RunResult) float64 { return r.TTFTP50 }).Cell(bh.Num),
+				col(func(r *bh.RunResult) float64 { return r.TTFTP90 }).Cell(bh.Num),
+				col(func(r *bh.RunResult) float64 { return r.TTFTP99 }).Cell(bh.Num),
+				col(func(r *bh.RunResult) float64 { return r.E2EP50 }).Cell(bh.Num),
+				col(func(r *bh.RunResult) float64 { return r.HitRate }).Cell(bh.Pct),
 				strings.Join(per, "/"),
-				col(func(r *runResult) float64 { return r.PickP50 }).cell(num),
+				col(func(r *bh.RunResult) float64 { return r.PickP50 }).Cell(bh.Num),
 				okCell)
 			for _, r := range good {
 				floors = append(floors, r.FloorP50)
@@ -139,10 +80,10 @@ func table(cfg *config, results []*runResult) string {
 		}
 		// kvrelay's latency policy on its exact index (as a proxy, and as an endpoint picker
 		// behind the same gateway) against llm-d's precise picker, run by run.
-		for _, ours := range []string{routerLatencyExact, routerKEPPExact} {
+		for _, ours := range []string{bh.RouterLatencyExact, bh.RouterKEPPExact} {
 			var r50, r90, hit, pick []float64
 			for _, a := range byCell[[2]string{engine, ours}] {
-				for _, e := range byCell[[2]string{engine, routerEPPPrecise}] {
+				for _, e := range byCell[[2]string{engine, bh.RouterEPPPrecise}] {
 					if a.Run == e.Run && a.Err == "" && e.Err == "" && e.TTFTP50 > 0 && e.TTFTP90 > 0 {
 						r50 = append(r50, a.TTFTP50/e.TTFTP50)
 						r90 = append(r90, a.TTFTP90/e.TTFTP90)
@@ -157,17 +98,17 @@ func table(cfg *config, results []*runResult) string {
 			}
 			if len(r50) > 0 {
 				fmt.Fprintf(&b, "| **%s ÷ epp-precise** | %s | %s | | | %s | | %s | |\n", ours,
-					statOf(r50).cell(ratio), statOf(r90).cell(ratio), statOf(hit).cell(ratio), statOf(pick).cell(ratio))
+					bh.StatOf(r50).Cell(bh.Ratio), bh.StatOf(r90).Cell(bh.Ratio), bh.StatOf(hit).Cell(bh.Ratio), bh.StatOf(pick).Cell(bh.Ratio))
 			}
 		}
 		b.WriteString("\n")
-		if f := statOf(floors); f.n > 0 {
-			if engine == engineLLMD {
+		if f := bh.StatOf(floors); f.N > 0 {
+			if engine == bh.EngineLLMD {
 				fmt.Fprintf(&b, "llm-d simulator TTFT floor p50: %s ms — per request 25 ms + 60 µs × the prompt tokens an unbounded prefix cache shared by all engines would not hold (counted in the simulator's own tokens), no queueing, no load factor; median [range] over %s.\n\n",
-					f.cell(num), runsPhrase(f.n))
+					f.Cell(bh.Num), runsPhrase(f.N))
 			} else {
 				fmt.Fprintf(&b, "kvrelay simulator TTFT floor p50: %s ms — per request the simulator's prefill model (%.3g ms for 6000 tokens at --speedup-ratio %g) on the prompt tokens an unbounded shared prefix cache would not hold, no queueing; median [range] over %s.\n\n",
-					f.cell(num), bench6000(cfg), cfg.kvSpeedup, runsPhrase(f.n))
+					f.Cell(bh.Num), cfg.fleet.FloorMS(bh.EngineKVRelay, 6000, 0), cfg.fleet.Sim.Speedup, runsPhrase(f.N))
 			}
 		}
 	}
@@ -175,7 +116,7 @@ func table(cfg *config, results []*runResult) string {
 }
 
 // details is one row per run with the figures behind the table and the extras.
-func details(results []*runResult) string {
+func details(results []*bh.RunResult) string {
 	var b strings.Builder
 	b.WriteString("| run | engines | router | ok | wall (s) | TTFT p50 | p90 | p99 | E2E p50 | hit | ideal hit | shared-LRU hit | per engine | pick p50 (ms, samples) | floor p50 | extra |\n")
 	b.WriteString("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|---:|---:|---|\n")
@@ -195,15 +136,15 @@ func details(results []*runResult) string {
 		}
 		slices.Sort(keys)
 		for _, k := range keys {
-			extra = append(extra, fmt.Sprintf("%s=%s", k, num(r.Extra[k])))
+			extra = append(extra, fmt.Sprintf("%s=%s", k, bh.Num(r.Extra[k])))
 		}
 		if r.Routed != "" {
 			extra = append(extra, "routed: "+r.Routed)
 		}
 		fmt.Fprintf(&b, "| %d | %s | %s | %d/%d | %.0f | %s | %s | %s | %s | %s | %s | %s | %s | %s (%d) | %s | %s |\n",
-			r.Run, r.Engine, r.Router, r.OK, r.Requests, r.WallS, num(r.TTFTP50), num(r.TTFTP90), num(r.TTFTP99),
-			num(r.E2EP50), pct(r.HitRate), pct(r.IdealHitRate), pct(r.LRUHitRate), strings.Join(per, "/"),
-			num(r.PickP50), r.PickSamples, num(r.FloorP50), strings.Join(extra, " "))
+			r.Run, r.Engine, r.Router, r.OK, r.Requests, r.WallS, bh.Num(r.TTFTP50), bh.Num(r.TTFTP90), bh.Num(r.TTFTP99),
+			bh.Num(r.E2EP50), bh.Pct(r.HitRate), bh.Pct(r.IdealHitRate), bh.Pct(r.LRUHitRate), strings.Join(per, "/"),
+			bh.Num(r.PickP50), r.PickSamples, bh.Num(r.FloorP50), strings.Join(extra, " "))
 	}
 	return b.String()
 }
@@ -218,11 +159,4 @@ func runsPhrase(n int) string {
 func mdEscape(s string) string {
 	s = strings.ReplaceAll(s, "|", `\|`)
 	return strings.ReplaceAll(s, "\n", " ")
-}
-
-func engineDescription(cfg *config, engine string) string {
-	if engine == engineLLMD {
-		return fmt.Sprintf("4 × llm-d-inference-sim (%s, dummy tokenizer, max-num-seqs 4, KV cache 1024 blocks of 16, per-token latency: 25 ms + 60 µs per uncached prompt token, ITL 15 ms, up to ×2 under load)", cfg.model)
-	}
-	return fmt.Sprintf("4 × kvrelay sim (%s, ChatML + o200k_base, max-num-seqs 4, 1024 blocks of 16, --speedup-ratio %g: 6000 uncached tokens prefill in %.0f ms)", cfg.model, cfg.kvSpeedup, bench6000(cfg))
 }

@@ -9,7 +9,7 @@ import (
 	"time"
 )
 
-var agenticParams = []param{
+var agenticOwnParams = []param{
 	{"sessions", "8", "interactive agent sessions"},
 	{"rate", "0", "sessions starting per second (Poisson), each sending its first request as it starts; 0: every session starts at time 0 and sends its first request after a think time"},
 	{"preamble", "6000", "tokens of the system message (instructions and the tools list), the same in every session"},
@@ -32,6 +32,8 @@ var agenticParams = []param{
 	{"pin", "0s", "send nvext.cache_control {\"type\": \"ephemeral\", \"ttl\": pin} with every call (0: never), pinning its prompt on engines that understand it"},
 	{"ephemeral", "true", "send nvext.agent_hints.ephemeral_output with calls that generate reasoning (never sent back: their generated blocks are never read again)"},
 }
+
+var agenticParams = append(agenticOwnParams, burstParams...)
 
 // agentConfig is shared, read-only, by every session of an agentic workload.
 type agentConfig struct {
@@ -85,8 +87,14 @@ func buildAgentic(p *params, seed uint64, v *vocab, tok Tokenizer) (*Workload, e
 	nPreambles := p.int("preambles", 1, 64)
 	preamble := p.int("preamble", 1, 1<<22)
 	sessions := p.int("sessions", 0, 1<<20)
+	b := burstOf(p)
 	if p.err != nil {
 		return nil, p.err
+	}
+	if c.rate == 0 {
+		if err := b.needRate("agentic"); err != nil {
+			return nil, err
+		}
 	}
 	if c.subagents > 0 && c.rounds == 0 {
 		return nil, fmt.Errorf("parsing workload agentic: %w: subagents need rounds >= 1 (they are forked by a tool call)", ErrSpec)
@@ -117,7 +125,7 @@ func buildAgentic(p *params, seed uint64, v *vocab, tok Tokenizer) (*Workload, e
 			idx:   i,
 			id:    fmt.Sprintf("agent-%d", i),
 			r:     newRNG(seed, streamAgentic, uint64(i)),
-			start: at,
+			start: b.at(at),
 		}
 	}
 	return w, nil

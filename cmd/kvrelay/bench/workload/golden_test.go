@@ -24,6 +24,9 @@ var goldenCases = []struct {
 	{"agentic", "agentic:sessions=2,preamble=40,task=6,turns=2,rounds=2,tool=8,subagents=2,sub_task=5,sub_rounds=1,reasoning=4,osl=6", 1},
 	{"fixed", "fixed:isl=20,osl=5,requests=4,rate=3,hints=true", 1},
 	{"fixed-text", "fixed:isl=9,osl=3,requests=3,rate=50,chat=false", 2},
+	{"prefix-groups-burst", "prefix-groups:groups=2,prompt=12,user=4,requests=6,rate=5,osl=8,burst=3,burst_period=1s", 1},
+	{"multi-turn-rate", "multi-turn:sessions=2,turns=2,system=10,systems=2,user=5,osl=6,think=1s,rate=2,session_ids=false", 1},
+	{"mixed", "mixed:users=2,user_rate=2,turns=2,system=10,user=5,osl=6,think=1s,rag=3,rag_rate=2,rag_system=8,docs=2,doc=20,question=5,rag_osl=6", 1},
 	{"agentic-text", "agentic:sessions=1,preamble=400,task=6,turns=1,rounds=3,tool=8,subagents=1,sub_task=5,sub_rounds=1,reasoning=4,osl=6,toolcalls=false", 2},
 }
 

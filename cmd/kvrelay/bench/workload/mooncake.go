@@ -41,6 +41,11 @@ const (
 	streamFixed
 	streamFixedPrompt
 	streamSessionArrivals
+	streamChatArrivals
+	streamMixedChat
+	streamMixedRAG
+	streamMixedDoc
+	streamMixedPrompt
 )
 
 // TraceRecord is one line of a Mooncake trace.

@@ -2,7 +2,7 @@ package workload
 
 import "time"
 
-var prefixGroupParams = []param{
+var prefixGroupOwnParams = []param{
 	{"groups", "16", "number of shared system prompts"},
 	{"prompt", "2048", "tokens of each system prompt"},
 	{"user", "64", "tokens of each request's random user message"},
@@ -13,8 +13,10 @@ var prefixGroupParams = []param{
 	{"hints", "false", "send osl as nvext.agent_hints.osl"},
 }
 
+var prefixGroupParams = append(prefixGroupOwnParams, burstParams...)
+
 // buildPrefixGroups: each request is [system: one of G prompts, user: U fresh words], sent at
-// Poisson arrival times. Group g's prompt starts with the words spelling g, so distinct groups
+// Poisson arrival times (on/off with burst). Group g's prompt starts with the words spelling g, so distinct groups
 // differ within their first tokens.
 func buildPrefixGroups(p *params, seed uint64, v *vocab, _ Tokenizer) (*Workload, error) {
 	groups := p.int("groups", 1, 1<<20)
@@ -25,6 +27,7 @@ func buildPrefixGroups(p *params, seed uint64, v *vocab, _ Tokenizer) (*Workload
 	osl := p.int("osl", 1, 1<<22)
 	skew := p.float("zipf", 0, 100)
 	hints := p.bool("hints")
+	b := burstOf(p)
 	if p.err != nil {
 		return nil, p.err
 	}
@@ -41,7 +44,7 @@ func buildPrefixGroups(p *params, seed uint64, v *vocab, _ Tokenizer) (*Workload
 		at += r.exp(mean)
 		g := r.pick(cdf)
 		req := &w.Open[i]
-		req.At = at
+		req.At = b.at(at)
 		req.Chat = true
 		req.Messages = []Message{
 			{Role: "system", Content: systems[g]},

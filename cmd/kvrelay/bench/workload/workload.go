@@ -69,7 +69,7 @@ type Request struct {
 	PinTTL          time.Duration
 	EphemeralOutput bool
 	// Tag names the request's class for per-class reporting: "trace", "group", "chat",
-	// "interactive", "tool", "fork" (a subagent's first call), "subagent", "fixed".
+	// "interactive", "tool", "fork" (a subagent's first call), "subagent", "fixed", "rag".
 	Tag string
 	// Spawn lists sessions to start once this request has been answered: subagents forked
 	// from the conversation. Each runs its own closed loop, and its first Next receives this
@@ -91,8 +91,8 @@ type Session interface {
 
 // Workload is a generated set of requests.
 type Workload struct {
-	// Name is the workload kind: "mooncake", "prefix-groups", "multi-turn", "agentic" or
-	// "fixed".
+	// Name is the workload kind: "mooncake", "prefix-groups", "multi-turn", "agentic",
+	// "fixed" or "mixed".
 	Name string
 	// Spec is the canonical spec with every parameter, defaults included, so that a result
 	// file names exactly what was run (Parse(Spec, seed, tok) regenerates the same workload).
@@ -131,11 +131,12 @@ var generators = map[string]generator{
 	"multi-turn":    {multiTurnParams, buildMultiTurn},
 	"agentic":       {agenticParams, buildAgentic},
 	"fixed":         {fixedParams, buildFixed},
+	"mixed":         {mixedParams, buildMixed},
 }
 
 // Names returns the built-in workload names.
 func Names() []string {
-	return []string{"mooncake", "prefix-groups", "multi-turn", "agentic", "fixed"}
+	return []string{"mooncake", "prefix-groups", "multi-turn", "agentic", "fixed", "mixed"}
 }
 
 // Parse builds a workload from a spec: a path to a Mooncake JSONL trace, or a built-in name
@@ -146,6 +147,7 @@ func Names() []string {
 //	agentic:sessions=8,preamble=6000,rounds=6,tool=400,subagents=2,reasoning=256,osl=128
 //	mooncake:path=hack/traces/mooncake-conversation.jsonl.gz,requests=2000,block=512
 //	fixed:isl=3000,osl=150,requests=200,rate=2
+//	mixed:users=200,user_rate=4,rag=60,rag_rate=1,docs=8,doc=6000
 //
 // Every parameter is optional; an unknown parameter is an error; a key given twice takes its
 // last value, so a caller may append overrides. Durations are Go durations ("2s", "150ms") or

@@ -1,4 +1,4 @@
-package main
+package benchharness
 
 import (
 	"context"
@@ -16,16 +16,34 @@ import (
 
 	"github.com/kvrelay/kvrelay/cmd/kvrelay/bench"
 	"github.com/kvrelay/kvrelay/cmd/kvrelay/bench/workload"
-	"github.com/kvrelay/kvrelay/engines/sim"
 	"github.com/kvrelay/kvrelay/engines/tokenizer"
 )
 
-// runResult is what one run of one router on one engine kind measured. Times in ms.
-type runResult struct {
-	Run    int    `json:"run"`
-	Engine string `json:"engine"`
-	Router string `json:"router"`
-	Err    string `json:"error,omitempty"`
+// Run names one run: which round, workload, engines and router, and where its files go.
+type Run struct {
+	// Round is the round the run belongs to (1…).
+	Round int
+	// Workload names the workload in the results (a suite row; "" for a harness with one).
+	Workload string
+	// Spec is the `kvrelay bench` workload spec.
+	Spec string
+	// Speedup divides the workload's arrival and think times (bench.Options.Speedup; 0 is 1).
+	Speedup float64
+	// Engine is the engine kind, Router the router.
+	Engine, Router string
+	// Fleet describes the engines.
+	Fleet Fleet
+	// Dir holds the run's logs, metrics and raw results.
+	Dir string
+}
+
+// RunResult is what one run of one router on one engine kind measured. Times in ms.
+type RunResult struct {
+	Run      int    `json:"run"`
+	Workload string `json:"workload,omitempty"`
+	Engine   string `json:"engine"`
+	Router   string `json:"router"`
+	Err      string `json:"error,omitempty"`
 
 	Requests int            `json:"requests"`
 	OK       int            `json:"ok"`
@@ -39,16 +57,19 @@ type runResult struct {
 
 	HitRate      float64 `json:"hit_rate"`       // Σ cached / Σ prompt tokens, from usage
 	IdealHitRate float64 `json:"ideal_hit_rate"` // one unbounded cache shared by all engines
-	LRUHitRate   float64 `json:"lru_hit_rate"`   // one LRU of the cluster's 4096 blocks
+	LRUHitRate   float64 `json:"lru_hit_rate"`   // one LRU of the fleet's blocks
 
-	PerEngine []int `json:"per_engine"` // requests answered by each engine, e1..e4
+	PerEngine []int `json:"per_engine"` // requests answered by each engine, e1, e2, …
 	Unknown   int   `json:"unknown_worker,omitempty"`
 
-	// PickP50 is the router's decision time per request, tokenization included: the
-	// gateway's ext_proc request phase (EPP), or kvrelay_proxy_decision_seconds{stage="total"}.
+	// PickP50 is the router's decision time per request, tokenization included, measured on
+	// the client side of the routing hop: the gateway's ext_proc request phase (EPP, kvrelay
+	// epp), or kvrelay_proxy_decision_seconds{stage="total"} (kvrelay proxy, in process).
 	PickP50     float64 `json:"pick_p50_ms"`
 	PickSamples int     `json:"pick_samples"`
 	PickSource  string  `json:"pick_source"`
+	// Hop is the hop the router adds between client and engine.
+	Hop string `json:"hop"`
 
 	FloorP50 float64 `json:"ttft_floor_p50_ms"` // the engines' own prefill under ideal caching, no wait
 
@@ -57,51 +78,61 @@ type runResult struct {
 	Notes  []string           `json:"notes,omitempty"`
 }
 
-// runOne brings up a fresh stack, replays the workload against it, and tears it down.
-func runOne(ctx context.Context, cfg *config, run int, engine, router string, logw io.Writer) *runResult {
-	rr := &runResult{Run: run, Engine: engine, Router: router, Extra: map[string]float64{}}
-	if len(cfg.policyArgs) > 0 && kvrelayPolicy(router) != "round-robin" && !isEPP(router) {
-		rr.Notes = append(rr.Notes, "policy flags: "+strings.Join(cfg.policyArgs, " "))
+// RunOne brings up a fresh stack for run, replays the workload against it, and tears it
+// down. A failure is recorded in the result's Err, never returned.
+func RunOne(ctx context.Context, cfg *Config, run Run, logw io.Writer) *RunResult {
+	engine, router := run.Engine, run.Router
+	rr := &RunResult{Run: run.Round, Workload: run.Workload, Engine: engine, Router: router, Hop: RouterHop(router), Extra: map[string]float64{}}
+	if len(cfg.PolicyArgs) > 0 && !isBaseline(router) && !IsEPP(router) {
+		rr.Notes = append(rr.Notes, "policy flags: "+strings.Join(cfg.PolicyArgs, " "))
 	}
-	if len(cfg.proxyArgs) > 0 && kvrelayPolicy(router) != "round-robin" && !isEPP(router) {
-		rr.Notes = append(rr.Notes, "proxy flags: "+strings.Join(cfg.proxyArgs, " "))
+	if len(cfg.ProxyArgs) > 0 && !isBaseline(router) && !IsEPP(router) {
+		rr.Notes = append(rr.Notes, "proxy flags: "+strings.Join(cfg.ProxyArgs, " "))
 	}
-	dir := filepath.Join(cfg.out, "runs", fmt.Sprintf("run%d", run), engine, router)
+	if err := run.Fleet.Validate(); err != nil {
+		rr.Err = err.Error()
+		return rr
+	}
+	dir := run.Dir
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		rr.Err = err.Error()
 		return rr
 	}
 	defer procs.stopAll(10 * time.Second)
 
-	p := newPorts(cfg.portBase, cfg.numEngines)
+	p := newPorts(cfg.PortBase, run.Fleet.Engines)
 	if err := waitPortsFree(ctx, p.all(), 60*time.Second); err != nil {
 		rr.Err = err.Error()
 		return rr
 	}
-	s := &stack{cfg: cfg, engine: engine, router: router, dir: dir, p: p}
+	s := &stack{cfg: cfg, fleet: run.Fleet, engine: engine, router: router, dir: dir, p: p}
 	if err := s.up(ctx); err != nil {
 		rr.Err = "starting: " + err.Error()
 		return rr
 	}
 
-	tok, err := benchTokenizer(cfg.model)
+	tok, err := benchTokenizer(cfg.Model)
 	if err != nil {
 		rr.Err = err.Error()
 		return rr
 	}
-	w, err := workload.Parse(cfg.workloadFor(engine), cfg.seed, tok)
+	w, err := workload.Parse(run.Spec, cfg.Seed, tok)
 	if err != nil {
 		rr.Err = err.Error()
 		return rr
+	}
+	label := fmt.Sprintf("run %d %s/%s", run.Round, engine, router)
+	if run.Workload != "" {
+		label = fmt.Sprintf("run %d %s %s/%s", run.Round, run.Workload, engine, router)
 	}
 	target := "http://" + addr(p.router) + "/v1"
 	opts := bench.Options{
-		Target: target, Model: cfg.model, CacheBlocks: cfg.numEngines * engineBlocks,
-		RequestTimeout: cfg.requestTimeout,
-		Progress:       bench.NewProgress(logw, fmt.Sprintf("run %d %s/%s", run, engine, router), len(w.Open)),
+		Target: target, Model: cfg.Model, CacheBlocks: run.Fleet.TotalBlocks(),
+		RequestTimeout: cfg.RequestTimeout, Speedup: run.Speedup,
+		Progress: bench.NewProgress(logw, label, len(w.Open)),
 	}
-	rctx, cancel := context.WithTimeout(ctx, cfg.runTimeout)
-	res, err := bench.Measure(rctx, router, opts, w, cfg.seed, bench.DefaultSLO, blockSize)
+	rctx, cancel := context.WithTimeout(ctx, cfg.RunTimeout)
+	res, err := bench.Measure(rctx, router, opts, w, cfg.Seed, bench.DefaultSLO, run.Fleet.BlockSize)
 	cancel()
 	opts.Progress.Stop()
 	if err != nil {
@@ -121,20 +152,24 @@ func runOne(ctx context.Context, cfg *config, run int, engine, router string, lo
 		}
 	}
 	// The router's CPU time over the whole run: EPP, gateway and render sidecar, or the proxy
-	// and control plane. On a 2-core host every process competes with the others.
+	// and control plane. On a small host every process competes with the others.
 	rr.Extra["cpu_router_s"] = routerCPU
 	rr.Extra["cpu_engines_s"] = engineCPU
 
-	if engine == engineLLMD {
+	if engine == EngineLLMD {
 		// Count the ideal in the simulator's own (dummy) tokens.
 		base, _ := tokenizer.New(tokenizer.O200kBase)
-		res.Summary.IdealHitRate, res.Summary.LRUHitRate = bench.HitBounds(res.Records, newLLMDCodec(base), blockSize, opts.CacheBlocks)
+		res.Summary.IdealHitRate, res.Summary.LRUHitRate = bench.HitBounds(res.Records, newLLMDCodec(base), run.Fleet.BlockSize, opts.CacheBlocks)
 	}
-	header := fmt.Sprintf("kvrelay hack/bench-llmd: run %d, engines %s, router %s; %s against %s (seed %d)", run, engine, router, w.Spec, target, cfg.seed)
+	name := cfg.Name
+	if name == "" {
+		name = "benchharness"
+	}
+	header := fmt.Sprintf("kvrelay %s: %s; %s against %s (seed %d)", name, label, w.Spec, target, cfg.Seed)
 	if err := bench.Write(dir, []*bench.Result{res}, header); err != nil {
 		rr.Notes = append(rr.Notes, "writing results: "+err.Error())
 	}
-	summarize(rr, res, s, cfg)
+	summarize(rr, res, s, run.Fleet)
 	if b, err := json.MarshalIndent(rr, "", "  "); err == nil {
 		_ = os.WriteFile(filepath.Join(dir, "summary.json"), b, 0o644)
 	}
@@ -148,17 +183,15 @@ func benchTokenizer(model string) (tokenizer.Tokenizer, error) {
 	return tokenizer.New(spec)
 }
 
-func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
-
 // summarize fills rr from the bench result.
-func summarize(rr *runResult, res *bench.Result, s *stack, cfg *config) {
+func summarize(rr *RunResult, res *bench.Result, s *stack, fleet Fleet) {
 	sum := res.Summary
 	rr.Requests, rr.OK, rr.Failed = sum.Requests, sum.OK, sum.Failed
 	rr.WallS = sum.Wall.Seconds()
 	rr.TTFTP50, rr.TTFTP90, rr.TTFTP99 = ms(sum.TTFT.P50), ms(sum.TTFT.P90), ms(sum.TTFT.P99)
 	rr.E2EP50 = ms(sum.E2E.P50)
 	rr.HitRate, rr.IdealHitRate, rr.LRUHitRate = sum.HitRate, sum.IdealHitRate, sum.LRUHitRate
-	rr.PerEngine = make([]int, cfg.numEngines)
+	rr.PerEngine = make([]int, fleet.Engines)
 	for _, r := range res.Records {
 		if !r.OK() {
 			continue
@@ -176,25 +209,19 @@ func summarize(rr *runResult, res *bench.Result, s *stack, cfg *config) {
 		rr.Notes = append(rr.Notes, fmt.Sprintf("%d requests rejected with 429", sum.Rejected))
 	}
 
-	// TTFT floor: each successful request's own prefill on an idle engine with what the ideal
-	// cache (or, where more, the engine) held, no queue, no load factor.
+	// TTFT floor: each successful request's own prefill on an idle full-speed engine with
+	// what the ideal cache (or, where more, the engine) held, no queue, no load factor.
 	var floor []float64
-	var kvModel bench.PrefillModel
-	if rr.Engine == engineKVRelay {
-		kvModel = bench.PrefillModel{Timing: sim.DefaultTiming(), ChunkTokens: 8192}
-	}
 	for _, r := range res.Records {
 		if !r.OK() {
 			continue
 		}
-		uncached := max(r.PromptTokens-max(r.CachedTokens, r.IdealCached), 0)
-		if rr.Engine == engineLLMD {
-			floor = append(floor, ms(llmdPrefillOverhead+time.Duration(uncached)*llmdPrefillPerToken))
-		} else {
-			floor = append(floor, ms(kvModel.Time(uncached))/cfg.kvSpeedup)
-		}
+		cached := min(max(r.CachedTokens, r.IdealCached), r.PromptTokens)
+		floor = append(floor, fleet.FloorMS(rr.Engine, r.PromptTokens-cached, cached))
 	}
-	rr.FloorP50 = quantile(floor, 0.5)
+	// Nearest rank, as kvrelay bench takes the TTFT percentiles: each request's floor is at
+	// most its TTFT, so the floor's p50 is at most the TTFT p50 on any number of requests.
+	rr.FloorP50 = NearestRank(floor, 0.5)
 }
 
 // engineIndex maps an x-kvrelay-worker value (a kvrelay worker id, or the gateway's
@@ -210,8 +237,8 @@ func (s *stack) engineIndex(worker string) int {
 
 // collect reads the routers' decision times and counters after the run, and keeps their
 // metrics in the run's directory.
-func (s *stack) collect(rr *runResult) {
-	if behindGateway(s.router) {
+func (s *stack) collect(rr *RunResult) {
+	if BehindGateway(s.router) {
 		var picks struct {
 			PickNS []int64 `json:"pick_ns"`
 		}
@@ -225,7 +252,7 @@ func (s *stack) collect(rr *runResult) {
 		for i, ns := range picks.PickNS {
 			ds[i] = float64(ns) / 1e6
 		}
-		rr.PickP50, rr.PickSamples = quantile(ds, 0.5), len(ds)
+		rr.PickP50, rr.PickSamples = Quantile(ds, 0.5), len(ds)
 		if len(ds) > 0 {
 			var sum float64
 			for _, d := range ds {
@@ -233,9 +260,9 @@ func (s *stack) collect(rr *runResult) {
 			}
 			rr.Extra["pick_mean_ms"] = sum / float64(len(ds))
 		}
-		rr.PickSource = "gateway: ext_proc request phase (stream open to routing decision)"
+		rr.PickSource = PickPoint(s.router)
 		fams := saveScrape(s.routerMetrics, filepath.Join(s.dir, "epp-metrics.txt"))
-		if isKEPP(s.router) {
+		if IsKEPP(s.router) {
 			saveGet("http://"+addr(s.p.eppMetrics)+"/debug/latency", filepath.Join(s.dir, "proxy-latency-model.json"))
 			if sum, n := histSumCount(fams, "kvrelay_epp_pick_seconds", nil); n > 0 {
 				rr.Extra["kvrelay_epp_pick_mean_ms"] = sum / float64(n) * 1e3
@@ -270,7 +297,7 @@ func (s *stack) collect(rr *runResult) {
 	const dec = "kvrelay_proxy_decision_seconds"
 	q, c := histQuantile(fams, dec, map[string]string{"stage": "total"}, 0.5)
 	rr.PickP50, rr.PickSamples = q*1e3, int(c)
-	rr.PickSource = `kvrelay_proxy_decision_seconds{stage="total"} (histogram, 1 in 8 requests)`
+	rr.PickSource = PickPoint(s.router)
 	if sum, n := histSumCount(fams, dec, map[string]string{"stage": "total"}); n > 0 {
 		rr.Extra["pick_mean_ms"] = sum / float64(n) * 1e3
 	}
@@ -316,8 +343,20 @@ func routedByMode(fams map[string]*dto.MetricFamily) string {
 	return strings.Join(parts, " ")
 }
 
-// quantile is the q-quantile of xs by linear interpolation; NaN for none.
-func quantile(xs []float64, q float64) float64 {
+// NearestRank is the q-quantile of xs by nearest rank (kvrelay bench's definition); NaN
+// for none.
+func NearestRank(xs []float64, q float64) float64 {
+	if len(xs) == 0 {
+		return math.NaN()
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	i := int(math.Ceil(q*float64(len(s)))) - 1
+	return s[min(max(i, 0), len(s)-1)]
+}
+
+// Quantile is the q-quantile of xs by linear interpolation; NaN for none.
+func Quantile(xs []float64, q float64) float64 {
 	if len(xs) == 0 {
 		return math.NaN()
 	}

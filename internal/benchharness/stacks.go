@@ -1,4 +1,4 @@
-package main
+package benchharness
 
 import (
 	"context"
@@ -13,56 +13,9 @@ import (
 	"time"
 )
 
-// Engine kinds.
-const (
-	engineLLMD    = "llmd"
-	engineKVRelay = "kvrelay"
-)
-
-var allEngines = []string{engineLLMD, engineKVRelay}
-
-// Routers, in the order every run goes through them.
-const (
-	routerEPPPrecise    = "epp-precise"
-	routerEPPApprox     = "epp-approx"
-	routerRoundRobin    = "round-robin"
-	routerKVExact       = "kv-exact"
-	routerKVApprox      = "kv-approx"
-	routerLatencyExact  = "latency-exact"
-	routerLatencyApprox = "latency-approx"
-	// kvrelay's endpoint picker (kvrelay epp, the latency policy) behind the same gateway
-	// as llm-d's.
-	routerKEPPExact  = "kvrelay-epp-exact"
-	routerKEPPApprox = "kvrelay-epp-approx"
-)
-
-var allRouters = []string{routerEPPPrecise, routerEPPApprox, routerRoundRobin, routerKVExact, routerKVApprox, routerLatencyExact, routerLatencyApprox, routerKEPPExact, routerKEPPApprox}
-
-// isEPP reports whether router is llm-d's endpoint picker.
-func isEPP(router string) bool { return strings.HasPrefix(router, "epp-") }
-
-// isKEPP reports whether router is kvrelay's endpoint picker.
-func isKEPP(router string) bool { return strings.HasPrefix(router, "kvrelay-epp-") }
-
-// behindGateway reports whether router is an endpoint picker behind the Envoy stand-in.
-func behindGateway(router string) bool { return isEPP(router) || isKEPP(router) }
-
-func isExact(router string) bool { return strings.HasSuffix(router, "-exact") }
-
-// kvrelayPolicy is the kvrelay routing policy a router runs.
-func kvrelayPolicy(router string) string {
-	switch router {
-	case routerRoundRobin:
-		return "round-robin"
-	case routerKVExact, routerKVApprox:
-		return "kv"
-	case routerLatencyExact, routerLatencyApprox, routerKEPPExact, routerKEPPApprox:
-		return "latency"
-	}
-	return ""
-}
-
-// ports is where one run's processes listen, all on 127.0.0.1.
+// ports is where one run's processes listen, all on 127.0.0.1: engines base+1…base+9,
+// the render sidecar +10, the router +80 (and its admin +81), the picker +90…92, KV events
+// +100, the control plane +200/201.
 type ports struct {
 	engines             []int
 	render              int // EPP precise's tokenizer sidecar (not an endpoint)
@@ -99,7 +52,8 @@ func addr(port int) string { return fmt.Sprintf("127.0.0.1:%d", port) }
 
 // stack is one run's processes: engines and a router.
 type stack struct {
-	cfg    *config
+	cfg    *Config
+	fleet  Fleet
 	engine string
 	router string
 	dir    string // the run's log directory
@@ -118,11 +72,11 @@ func (s *stack) up(ctx context.Context) error {
 	}
 	var err error
 	switch {
-	case isEPP(s.router):
+	case IsEPP(s.router):
 		err = s.startEPP(ctx)
-	case isKEPP(s.router):
+	case IsKEPP(s.router):
 		err = s.startKVRelayEPP(ctx)
-	case isExact(s.router):
+	case IsExact(s.router):
 		err = s.startKVRelayExact(ctx)
 	default:
 		err = s.startKVRelayApprox(ctx)
@@ -134,7 +88,7 @@ func (s *stack) up(ctx context.Context) error {
 	select {
 	case <-ctx.Done():
 		return ctx.Err()
-	case <-time.After(s.cfg.settle):
+	case <-time.After(s.cfg.Settle):
 	}
 	if dead := procs.dead(); len(dead) > 0 {
 		return fmt.Errorf("%s", strings.Join(dead, "; "))
@@ -142,26 +96,10 @@ func (s *stack) up(ctx context.Context) error {
 	return nil
 }
 
-// llmdTiming is the llm-d simulator's latency model: an 8B-class model on one fast GPU.
-// TTFT = 25ms + 60µs × uncached prompt tokens; ITL 15ms; both ×(1 + (running-1)/3) up to 2×.
-var llmdTiming = []string{
-	"--latency-calculator", "per-token", "--prefill-overhead", "25ms", "--prefill-time-per-token", "60us",
-	"--prefill-time-std-dev", "2ms", "--inter-token-latency", "15ms", "--inter-token-latency-std-dev", "1ms",
-	"--time-factor-under-load", "2.0",
-}
-
-const (
-	llmdPrefillOverhead = 25 * time.Millisecond
-	llmdPrefillPerToken = 60 * time.Microsecond
-	engineBlocks        = 1024 // KV cache blocks per engine (both kinds)
-	engineMaxSeqs       = 4
-	blockSize           = 16
-)
-
 func (s *stack) engineID(i int) string { return fmt.Sprintf("e%d", i+1) }
 
 func (s *stack) topic(port int) string {
-	return fmt.Sprintf("kv@127.0.0.1:%d@%s", port, s.cfg.model)
+	return fmt.Sprintf("kv@127.0.0.1:%d@%s", port, s.cfg.Model)
 }
 
 func (s *stack) startEngines(ctx context.Context) error {
@@ -170,19 +108,10 @@ func (s *stack) startEngines(ctx context.Context) error {
 		var p *proc
 		var err error
 		name := "engine-" + s.engineID(i)
-		if s.engine == engineLLMD {
-			args := []string{"--port", fmt.Sprint(port), "--model", s.cfg.model, "--force-dummy-tokenizer",
-				"--max-num-seqs", fmt.Sprint(engineMaxSeqs), "--max-model-len", "32768",
-				"--enable-kvcache", "--kv-cache-size", fmt.Sprint(engineBlocks), "--block-size", fmt.Sprint(blockSize),
-				"--zmq-endpoint", s.p.zmqEndpoint(), "--event-batch-size", "16"}
-			args = append(args, llmdTiming...)
-			p, err = procs.start(s.dir, name, []string{"POD_IP=127.0.0.1"}, s.cfg.simBin, args...)
+		if s.engine == EngineLLMD {
+			p, err = procs.start(s.dir, name, []string{"POD_IP=127.0.0.1"}, s.cfg.SimBin, s.fleet.LLMDArgs(i, port, s.cfg.Model, s.p.zmqEndpoint())...)
 		} else {
-			p, err = procs.start(s.dir, name, nil, s.cfg.kvrelayBin, "sim",
-				"--listen", addr(port), "--model", s.cfg.model,
-				"--max-num-seqs", fmt.Sprint(engineMaxSeqs), "--num-gpu-blocks", fmt.Sprint(engineBlocks),
-				"--block-size", fmt.Sprint(blockSize), "--speedup-ratio", fmt.Sprint(s.cfg.kvSpeedup),
-				"--kv-events-endpoint", s.p.zmqEndpoint(), "--kv-events-connect", "--kv-events-topic", s.topic(port))
+			p, err = procs.start(s.dir, name, nil, s.cfg.KVRelayBin, s.fleet.SimArgs(i, addr(port), s.cfg.Model, s.p.zmqEndpoint(), s.topic(port))...)
 		}
 		if err != nil {
 			return err
@@ -211,12 +140,12 @@ func (s *stack) startEPP(ctx context.Context) error {
 	if err := os.WriteFile(epFile, []byte(eps.String()), 0o644); err != nil {
 		return err
 	}
-	tmpl, err := os.ReadFile(filepath.Join(s.cfg.root, "hack/bench-llmd", "epp-"+mode+".yaml"))
+	tmpl, err := os.ReadFile(filepath.Join(s.cfg.Root, "hack/bench-llmd", "epp-"+mode+".yaml"))
 	if err != nil {
 		return err
 	}
 	renderURL := "http://" + addr(s.p.render)
-	conf := strings.NewReplacer("@ENDPOINTS_FILE@", epFile, "@MODEL@", s.cfg.model,
+	conf := strings.NewReplacer("@ENDPOINTS_FILE@", epFile, "@MODEL@", s.cfg.Model,
 		"@RENDER_URL@", renderURL, "@ZMQ_ENDPOINT@", s.p.zmqEndpoint()).Replace(string(tmpl))
 	confFile := filepath.Join(s.dir, "epp.yaml")
 	if err := os.WriteFile(confFile, []byte(conf), 0o644); err != nil {
@@ -224,13 +153,13 @@ func (s *stack) startEPP(ctx context.Context) error {
 	}
 	if mode == "precise" {
 		var rp *proc
-		if s.engine == engineLLMD {
-			rp, err = procs.start(s.dir, "render", []string{"POD_IP=127.0.0.1"}, s.cfg.simBin,
-				"--port", fmt.Sprint(s.p.render), "--model", s.cfg.model, "--force-dummy-tokenizer",
-				"--max-model-len", "32768")
+		if s.engine == EngineLLMD {
+			rp, err = procs.start(s.dir, "render", []string{"POD_IP=127.0.0.1"}, s.cfg.SimBin,
+				"--port", fmt.Sprint(s.p.render), "--model", s.cfg.Model, "--force-dummy-tokenizer",
+				"--max-model-len", fmt.Sprint(s.fleet.MaxModelLen))
 		} else {
-			rp, err = procs.start(s.dir, "render", nil, s.cfg.kvrelayBin, "sim",
-				"--listen", addr(s.p.render), "--model", s.cfg.model)
+			rp, err = procs.start(s.dir, "render", nil, s.cfg.KVRelayBin, "sim",
+				"--listen", addr(s.p.render), "--model", s.cfg.Model, "--max-model-len", fmt.Sprint(s.fleet.MaxModelLen))
 		}
 		if err != nil {
 			return err
@@ -239,7 +168,7 @@ func (s *stack) startEPP(ctx context.Context) error {
 			return err
 		}
 	}
-	epp, err := procs.start(s.dir, "epp", nil, s.cfg.eppBin, "--config-file", confFile,
+	epp, err := procs.start(s.dir, "epp", nil, s.cfg.EPPBin, "--config-file", confFile,
 		"--pool-name", "llmd-bench", "--pool-namespace", "bench",
 		"--grpc-port", fmt.Sprint(s.p.eppGRPC), "--grpc-health-port", fmt.Sprint(s.p.eppHealth),
 		"--metrics-port", fmt.Sprint(s.p.eppMetrics), "--secure-serving=false",
@@ -277,7 +206,7 @@ func (s *stack) startEPP(ctx context.Context) error {
 
 // startGateway starts the Envoy stand-in in front of the picker on the EPP port.
 func (s *stack) startGateway(ctx context.Context) error {
-	gw, err := procs.start(s.dir, "gateway", nil, s.cfg.gatewayBin, "--listen", addr(s.p.router),
+	gw, err := procs.start(s.dir, "gateway", nil, s.cfg.GatewayBin, "--listen", addr(s.p.router),
 		"--epp", addr(s.p.eppGRPC), "--admin-listen", addr(s.p.gatewayAdmin))
 	if err != nil {
 		return err
@@ -294,27 +223,24 @@ func (s *stack) startGateway(ctx context.Context) error {
 func (s *stack) startKVRelayEPP(ctx context.Context) error {
 	args := []string{"epp", "--listen", addr(s.p.eppGRPC), "--health-listen", addr(s.p.eppHealth),
 		"--metrics-listen", addr(s.p.eppMetrics)}
-	if isExact(s.router) {
+	if IsExact(s.router) {
 		if _, err := s.startControlPlane(ctx); err != nil {
 			return err
 		}
 		args = append(args, "--xds", addr(s.p.cpXDS))
-		if s.cfg.exactTok != "" {
-			args = append(args, "--tokenizer", s.cfg.exactTok)
+		if s.cfg.ExactTok != "" {
+			args = append(args, "--tokenizer", s.cfg.ExactTok)
 		}
 	} else {
-		args = append(args, "--policy", kvrelayPolicy(s.router))
-		args = append(args, s.cfg.policyArgs...)
-		if s.cfg.approxTok != "" {
-			args = append(args, "--tokenizer", s.cfg.approxTok)
+		args = append(args, "--policy", KVRelayPolicy(s.router))
+		args = append(args, s.cfg.PolicyArgs...)
+		if s.cfg.ApproxTok != "" {
+			args = append(args, "--tokenizer", s.cfg.ApproxTok)
 		}
-		for i, port := range s.p.engines {
-			args = append(args, "--upstream", fmt.Sprintf("id=%s,url=http://%s,model=%s,capacity=%d,max-num-seqs=%d",
-				s.engineID(i), addr(port), s.cfg.model, engineBlocks, engineMaxSeqs))
-		}
+		args = append(args, s.upstreams()...)
 	}
-	args = append(args, s.cfg.proxyArgs...)
-	epp, err := procs.start(s.dir, "kvrelay-epp", nil, s.cfg.kvrelayBin, args...)
+	args = append(args, s.cfg.ProxyArgs...)
+	epp, err := procs.start(s.dir, "kvrelay-epp", nil, s.cfg.KVRelayBin, args...)
 	if err != nil {
 		return err
 	}
@@ -328,7 +254,7 @@ func (s *stack) startKVRelayEPP(ctx context.Context) error {
 		if err != nil {
 			return false
 		}
-		if !isExact(s.router) {
+		if !IsExact(s.router) {
 			return true
 		}
 		conn, _ := gaugeSum(fams, "kvrelay_proxy_xds_connected")
@@ -351,28 +277,39 @@ func (s *stack) proxyCommon() []string {
 	return []string{"proxy", "--listen", addr(s.p.router), "--admin-listen", addr(s.p.gatewayAdmin), "--expose-worker-header", "--ebpf", "off"}
 }
 
+// upstreams are the --upstream flags of a kvrelay router without a control plane: each
+// engine's id, URL, model and KV cache size in blocks, which llm-d's EPP reads from the
+// engines' vllm:cache_config_info. No scheduler limits (max-num-seqs, token budget): the
+// EPP is not told them either, so kvrelay has to learn them from the engines.
+func (s *stack) upstreams() []string {
+	var args []string
+	for i, port := range s.p.engines {
+		args = append(args, "--upstream", fmt.Sprintf("id=%s,url=http://%s,model=%s,capacity=%d",
+			s.engineID(i), addr(port), s.cfg.Model, s.fleet.blocks(i)))
+	}
+	return args
+}
+
 func (s *stack) engineKind() string {
-	if s.engine == engineLLMD {
+	if s.engine == EngineLLMD {
 		return "vllm"
 	}
 	return "sim"
 }
 
-// startKVRelayApprox runs the proxy alone on its own approximate prefix index.
+// startKVRelayApprox runs the proxy alone: on its own approximate prefix index (kv,
+// latency), or as a baseline (round-robin, least-request).
 func (s *stack) startKVRelayApprox(ctx context.Context) error {
-	args := append(s.proxyCommon(), "--policy", kvrelayPolicy(s.router))
-	if s.router != routerRoundRobin {
-		args = append(args, s.cfg.policyArgs...)
-		args = append(args, s.cfg.proxyArgs...)
+	args := append(s.proxyCommon(), "--policy", KVRelayPolicy(s.router))
+	if !isBaseline(s.router) {
+		args = append(args, s.cfg.PolicyArgs...)
+		args = append(args, s.cfg.ProxyArgs...)
 	}
-	if s.cfg.approxTok != "" {
-		args = append(args, "--tokenizer", s.cfg.approxTok)
+	if s.cfg.ApproxTok != "" {
+		args = append(args, "--tokenizer", s.cfg.ApproxTok)
 	}
-	for i, port := range s.p.engines {
-		args = append(args, "--upstream", fmt.Sprintf("id=%s,url=http://%s,model=%s,capacity=%d,max-num-seqs=%d",
-			s.engineID(i), addr(port), s.cfg.model, engineBlocks, engineMaxSeqs))
-	}
-	px, err := procs.start(s.dir, "proxy", nil, s.cfg.kvrelayBin, args...)
+	args = append(args, s.upstreams()...)
+	px, err := procs.start(s.dir, "proxy", nil, s.cfg.KVRelayBin, args...)
 	if err != nil {
 		return err
 	}
@@ -388,11 +325,11 @@ func (s *stack) startKVRelayExact(ctx context.Context) error {
 	}
 	want := len(s.p.engines)
 	args := append(s.proxyCommon(), "--xds", addr(s.p.cpXDS))
-	args = append(args, s.cfg.proxyArgs...)
-	if s.cfg.exactTok != "" {
-		args = append(args, "--tokenizer", s.cfg.exactTok)
+	args = append(args, s.cfg.ProxyArgs...)
+	if s.cfg.ExactTok != "" {
+		args = append(args, "--tokenizer", s.cfg.ExactTok)
 	}
-	px, err := procs.start(s.dir, "proxy", nil, s.cfg.kvrelayBin, args...)
+	px, err := procs.start(s.dir, "proxy", nil, s.cfg.KVRelayBin, args...)
 	if err != nil {
 		return err
 	}
@@ -429,11 +366,13 @@ func (s *stack) startControlPlane(ctx context.Context) (float64, error) {
 	}
 	args := []string{"controlplane", "--xds-listen", addr(s.p.cpXDS), "--api-listen", addr(s.p.cpAPI),
 		"--data-dir", dataDir, "--api-token-file", tokFile, "--ebpf", "off"}
+	// Each worker's id, URL, model, block size (the EPP's precise index is told it too) and
+	// KV event endpoint; no scheduler limits (see upstreams).
 	for i, port := range s.p.engines {
-		args = append(args, "--worker", fmt.Sprintf("id=%s,url=http://%s,model=%s,block-size=%d,kv-events-bind=%s,engine=%s,max-num-seqs=%d",
-			s.engineID(i), addr(port), s.cfg.model, blockSize, s.p.zmqEndpoint(), s.engineKind(), engineMaxSeqs))
+		args = append(args, "--worker", fmt.Sprintf("id=%s,url=http://%s,model=%s,block-size=%d,kv-events-bind=%s,engine=%s",
+			s.engineID(i), addr(port), s.cfg.Model, s.fleet.BlockSize, s.p.zmqEndpoint(), s.engineKind()))
 	}
-	cp, err := procs.start(s.dir, "controlplane", nil, s.cfg.kvrelayBin, args...)
+	cp, err := procs.start(s.dir, "controlplane", nil, s.cfg.KVRelayBin, args...)
 	if err != nil {
 		return 0, err
 	}
@@ -441,8 +380,8 @@ func (s *stack) startControlPlane(ctx context.Context) (float64, error) {
 	if err := waitHTTP(ctx, s.cpMetrics, cp, 30*time.Second); err != nil {
 		return 0, err
 	}
-	policy := kvrelayPolicy(s.router)
-	out, err := s.ctl(ctx, tokFile, append([]string{"policy", "set", "--policy", policy}, s.cfg.policyArgs...)...)
+	policy := KVRelayPolicy(s.router)
+	out, err := s.ctl(ctx, tokFile, append([]string{"policy", "set", "--policy", policy}, s.cfg.PolicyArgs...)...)
 	if err != nil {
 		return 0, fmt.Errorf("kvrelay ctl policy set --policy %s: %v: %s", policy, err, out)
 	}
@@ -472,7 +411,7 @@ func (s *stack) ctl(ctx context.Context, tokFile string, args ...string) (string
 	cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
 	full := append([]string{"ctl", "--api", addr(s.p.cpAPI), "--token-file", tokFile}, args...)
-	out, err := exec.CommandContext(cctx, s.cfg.kvrelayBin, full...).CombinedOutput()
+	out, err := exec.CommandContext(cctx, s.cfg.KVRelayBin, full...).CombinedOutput()
 	return strings.TrimSpace(string(out)), err
 }
 
@@ -508,4 +447,10 @@ func policyVersion(out string) float64 {
 	}
 	f, _ := v.Version.Float64()
 	return f
+}
+
+// isBaseline reports whether router is a kvrelay proxy running a load-balancing baseline,
+// which takes no policy flags.
+func isBaseline(router string) bool {
+	return router == RouterRoundRobin || router == RouterLeastRequest
 }

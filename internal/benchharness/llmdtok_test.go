@@ -1,13 +1,15 @@
-package main
+package benchharness
 
 import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -23,7 +25,16 @@ func TestLLMDCodec(t *testing.T) {
 	if bin == "" {
 		t.Skip("LLMD_SIM not set")
 	}
-	const port = "22301"
+	// A free loopback port (KVRELAY_TEST_PORT overrides).
+	port := os.Getenv("KVRELAY_TEST_PORT")
+	if port == "" {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port = strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
+		l.Close()
+	}
 	cmd := exec.Command(bin, "--port", port, "--model", "Qwen/Qwen3-8B", "--force-dummy-tokenizer", "--max-model-len", "32768")
 	cmd.Env = append(os.Environ(), "POD_IP=127.0.0.1")
 	if err := cmd.Start(); err != nil {

@@ -1,4 +1,4 @@
-package main
+package benchharness
 
 import (
 	"hash/fnv"
