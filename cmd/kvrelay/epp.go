@@ -116,6 +116,7 @@ func runEPP(ctx context.Context, out io.Writer, cfg proxy.Config, f eppFlags, ob
 		return err
 	}
 	defer p.Close()
+	scrapeEngines(ctx, cfg, p)
 	svc := epp.New(p, epp.Options{
 		Fallbacks: f.fallbacks, EmitScores: f.emitScores, ExposeDecision: f.exposeDecision,
 		Objectives: objectives, Conformance: f.conformance, MaxBodyBytes: int(min(cfg.MaxBodyBytes, 1<<30)), Registerer: p.Registerer(),

@@ -20,8 +20,10 @@ import (
 
 	"github.com/kvrelay/kvrelay/dataplane/proxy"
 	"github.com/kvrelay/kvrelay/dataplane/route"
+	"github.com/kvrelay/kvrelay/dataplane/telemetry"
 	"github.com/kvrelay/kvrelay/ebpf"
 	"github.com/kvrelay/kvrelay/engines"
+	"github.com/kvrelay/kvrelay/engines/vllm"
 )
 
 func newProxyCmd() *cobra.Command {
@@ -93,6 +95,7 @@ func addRoutingFlags(fs *pflag.FlagSet, cfg *proxy.Config) {
 	fs.StringVar(&cfg.XDSAuth.ServerName, "xds-server-name", "", "name the control plane's certificate must carry (default: the --xds host)")
 	fs.StringVar(&cfg.XDSAuth.TokenFile, "xds-token-file", "", "file holding this proxy's bearer token for the control plane (read again when it changes)")
 	fs.BoolVar(&cfg.XDSAuth.Insecure, "xds-insecure", false, "allow a plaintext xDS connection to an address other than loopback")
+	fs.BoolVar(&cfg.EngineMetrics, "engine-metrics", cfg.EngineMetrics, "without --xds, poll each upstream's /metrics (vLLM's names) every 100 ms for its running and waiting requests and KV usage, which routing counts and learns each engine's concurrency limit from")
 	fs.DurationVar(&cfg.LoadStaleAfter, "load-stale-after", cfg.LoadStaleAfter, "under --xds, a worker's pushed load older than this fades to the proxy's own view over as long again")
 	fs.StringVar(&cfg.Policy, "policy", cfg.Policy, "routing policy: "+strings.Join(route.PolicyNames(), ", ")+" (under --xds the control plane's policy wins)")
 	fs.IntVar(&cfg.BlockSize, "block-size", cfg.BlockSize, "engines' KV block size in tokens")
@@ -299,6 +302,7 @@ func runProxy(ctx context.Context, out io.Writer, cfg proxy.Config, ebpfF ebpfFl
 		_ = probes.Close()
 		return err
 	}
+	scrapeEngines(ctx, cfg, p)
 	if cfg.XDS != "" {
 		fmt.Fprintf(out, "kvrelay proxy on http://%s/v1 → workers from the control plane at %s (%d now)\n", p.Addr(), cfg.XDS, len(p.Workers()))
 	} else {
@@ -314,6 +318,17 @@ func runProxy(ctx context.Context, out io.Writer, cfg proxy.Config, ebpfF ebpfFl
 		fmt.Fprintf(out, "admin on http://%s (/metrics, /debug/decisions, /debug/latency, /debug/pprof/)\n", addr)
 	}
 	return p.Run(ctx)
+}
+
+// scrapeEngines polls the engines' metrics for p's router until ctx ends, when p runs
+// without a control plane and cfg.EngineMetrics asks for it.
+func scrapeEngines(ctx context.Context, cfg proxy.Config, p *proxy.Server) {
+	if cfg.XDS != "" || !cfg.EngineMetrics {
+		return
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	s := &telemetry.Scraper{Workers: p.Workers, Adapter: vllm.New(), Log: log.With("component", "engine-metrics")}
+	go func() { _ = s.Run(ctx) }()
 }
 
 func startProxy(ctx context.Context, cfg proxy.Config) (*proxy.Server, error) {

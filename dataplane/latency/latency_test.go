@@ -155,7 +155,7 @@ func teach(w *Worker, eng syntheticEngine, rng *rand.Rand, n int) {
 	for i := range n {
 		st, u := stateFor(eng, rng)
 		for range 3 { // a control plane reports every 100 ms, a few times over a request
-			w.ObserveReport(min(st.Requests, eng.seqs), max(0, st.Requests-eng.seqs), 0.5)
+			w.ObserveReport(min(st.Requests, eng.seqs), max(0, st.Requests-eng.seqs))
 		}
 		var p Prediction
 		w.Predict(e, st, u, &p)
@@ -244,25 +244,24 @@ func learnEngine(t *testing.T, eng syntheticEngine) *Worker {
 
 // TestLimitFromReports: the concurrency limit is the most requests a worker runs, once
 // requests are seen waiting beside that many confirmLimit times; waits beside fewer (the
-// step's token budget), or with the KV cache full, teach nothing; running more unlearns it.
+// step's token budget, a full cache) teach nothing; running more unlearns it.
 func TestLimitFromReports(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
-		reports [][3]float64 // running, waiting, KV usage
+		reports [][2]int // running, waiting
 		want    int
 	}{
-		{"confirmed", [][3]float64{{2, 0, 0.3}, {4, 0, 0.5}, {4, 2, 0.5}, {4, 1, 0.6}, {4, 3, 0.6}}, 4},
-		{"not yet confirmed", [][3]float64{{4, 0, 0.5}, {4, 2, 0.5}, {4, 1, 0.6}}, 0},
-		{"waits beside fewer", [][3]float64{{9, 0, 0.5}, {4, 2, 0.5}, {5, 1, 0.6}, {7, 3, 0.6}, {6, 1, 0.4}}, 0},
-		{"cache full", [][3]float64{{4, 2, 0.95}, {4, 1, 0.97}, {4, 3, 0.99}}, 0},
-		{"unlearned by more running", [][3]float64{{4, 2, 0.5}, {4, 1, 0.5}, {4, 3, 0.5}, {6, 0, 0.5}}, 0},
-		{"relearned higher", [][3]float64{{4, 2, 0.5}, {4, 1, 0.5}, {4, 3, 0.5}, {8, 1, 0.5}, {8, 2, 0.5}, {8, 1, 0.5}}, 8},
+		{"confirmed", [][2]int{{2, 0}, {4, 0}, {4, 2}, {4, 1}, {4, 3}}, 4},
+		{"not yet confirmed", [][2]int{{4, 0}, {4, 2}, {4, 1}}, 0},
+		{"waits beside fewer", [][2]int{{9, 0}, {4, 2}, {5, 1}, {7, 3}, {6, 1}, {8, 2}}, 0},
+		{"unlearned by more running", [][2]int{{4, 2}, {4, 1}, {4, 3}, {6, 0}}, 0},
+		{"relearned higher", [][2]int{{4, 2}, {4, 1}, {4, 3}, {8, 1}, {8, 2}, {8, 1}}, 8},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, ws := newWorkers(1)
 			w := ws[0]
 			for _, r := range tc.reports {
-				w.ObserveReport(int(r[0]), int(r[1]), r[2])
+				w.ObserveReport(r[0], r[1])
 			}
 			if got := w.MaxNumSeqs(&Engine{}); got != tc.want {
 				t.Fatalf("limit %d, want %d (most running %d)", got, tc.want, w.SeqsLow())

@@ -803,16 +803,17 @@ func (w *Worker) ObserveDecode(batch int, kv, itl, held float64) {
 }
 
 // ObserveReport learns the concurrency limit from an engine's report of its running and
-// waiting requests and KV usage (0 to 1). The most requests it was seen to run is a lower
-// bound of its limit; requests waiting while it runs exactly that many, its KV cache not
-// full, confirm it as the limit once seen confirmLimit times. A wait beside fewer running
-// is the step's token budget or the cache holding requests back, not the slots, and says
-// nothing of where they end; more running than a learned limit unlearns it.
-func (w *Worker) ObserveReport(running, waiting int, kv float64) {
+// waiting requests. The most requests it was seen to run is a lower
+// bound of its limit; requests waiting while it runs exactly that many confirm it as the
+// limit once seen confirmLimit times. A wait beside fewer running is the step's token
+// budget or a full cache holding requests back, not the slots, and says nothing of where
+// they end (a cache that holds requests back at one count again and again acts as a limit
+// there, and is learned as one); more running than a learned limit unlearns it.
+func (w *Worker) ObserveReport(running, waiting int) {
 	if running <= 0 {
 		return
 	}
-	w.observeRunning(int64(running), waiting > 0 && kv < kvFull)
+	w.observeRunning(int64(running), waiting > 0)
 }
 
 // observeRunning learns from a report that the worker ran n requests, full saying another
@@ -838,12 +839,9 @@ func (w *Worker) observeRunning(n int64, full bool) {
 	}
 }
 
-// kvFull is the KV usage from which a wait is the cache's, not the slots'; confirmLimit how
-// often requests must be seen waiting at the most a worker runs for that to be its limit.
-const (
-	kvFull       = 0.9
-	confirmLimit = 3
-)
+// confirmLimit is how often requests must be seen waiting at the most a worker runs for
+// that to be its limit.
+const confirmLimit = 3
 
 // Stats is a snapshot of a worker's model for operators.
 type Stats struct {

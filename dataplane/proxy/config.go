@@ -104,6 +104,11 @@ type Config struct {
 	// away does not leave a worker looking busy forever. A running control plane republishes
 	// at least every second.
 	LoadStaleAfter time.Duration `yaml:"load_stale_after"`
+	// EngineMetrics, without a control plane, has the command that runs the proxy poll each
+	// upstream's Prometheus metrics (package dataplane/telemetry) for its running and waiting
+	// requests and KV usage, as a control plane's load view would: the router then sees the
+	// load other clients put on the engines, and learns each one's concurrency limit.
+	EngineMetrics bool `yaml:"engine_metrics"`
 	// RecentTTL is how long, with a control plane, the proxy remembers where it routed a
 	// prompt on its own, until the engine's KV events say so (see prefix.Overlay).
 	RecentTTL time.Duration `yaml:"recent_ttl"`
@@ -247,6 +252,7 @@ func DefaultConfig() Config {
 		IndexTTL:            120 * time.Second,
 		XDSSyncTimeout:      5 * time.Second,
 		LoadStaleAfter:      3 * time.Second,
+		EngineMetrics:       true,
 		RecentTTL:           10 * time.Second,
 		MaxHeaderBytes:      http1.DefaultMaxHeadBytes,
 		MaxBodyBytes:        http1.DefaultMaxBodyBytes,

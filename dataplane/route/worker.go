@@ -123,7 +123,7 @@ func (w *Worker) SetReported(r *Reported) {
 	w.ownAtReport.Store(w.inflight.Load())
 	w.reported.Store(r)
 	if r != nil {
-		w.Latency().ObserveReport(r.Running, r.Waiting, r.KVUsage)
+		w.Latency().ObserveReport(r.Running, r.Waiting)
 	}
 }
 
