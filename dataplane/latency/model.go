@@ -225,6 +225,9 @@ type Model struct {
 
 	ttftN atomic.Int64
 	itlN  atomic.Int64
+	// seqs is the concurrency limit last learned of one of the model's workers, which its
+	// others are taken to share until their own reports say otherwise (0: none learned).
+	seqs atomic.Int64
 }
 
 // fit is one published state of a Model: the TTFT coefficients and the decode table
@@ -373,6 +376,7 @@ func (m *Model) Init() {
 	m.dec = decodeTable{}
 	m.cur.initDecode()
 	m.publishLocked()
+	m.seqs.Store(0)
 }
 
 // publishLocked publishes the current coefficients with the decode table in m.cur, as one
@@ -448,6 +452,9 @@ type Worker struct {
 	seqs    atomic.Int64
 	seqsLow atomic.Int64
 	obs     atomic.Int64
+	// lastObs is when the worker last taught its model a first token (the router's clock,
+	// 0: never).
+	lastObs atomic.Int64
 	// limitMu serialises learning the limit; confirms counts the waits seen at seqsLow.
 	limitMu  sync.Mutex
 	confirms int
@@ -508,6 +515,7 @@ func (w *Worker) Init(m *Model) {
 	w.seqs.Store(0)
 	w.seqsLow.Store(0)
 	w.obs.Store(0)
+	w.lastObs.Store(0)
 	w.limitMu.Lock()
 	w.confirms = 0
 	w.limitMu.Unlock()
@@ -569,14 +577,27 @@ func argmin(s []float64) int {
 	return best
 }
 
-// MaxNumSeqs is the concurrency limit: e's when known, else what reports and waits taught
-// (ObserveReport); 0 while unknown.
+// MaxNumSeqs is the concurrency limit: e's when known, else what reports taught
+// (ObserveReport), else the limit learned of another worker of its model, unless this one
+// was seen to run more; 0 while unknown. The workers of one model in one role are deployed
+// alike, so one that has not been saturated yet is taken to have its peers' limit, rather
+// than none (which would make it look free, and fill it past its slots).
 func (w *Worker) MaxNumSeqs(e *Engine) int {
 	if e.MaxNumSeqs > 0 {
 		return e.MaxNumSeqs
 	}
-	return int(w.seqs.Load())
+	if n := w.seqs.Load(); n > 0 {
+		return int(n)
+	}
+	if n := w.m.seqs.Load(); n > 0 && n >= w.seqsLow.Load() {
+		return int(n)
+	}
+	return 0
 }
+
+// LastObserved is when the worker last taught its model a first token, on the clock its
+// observations were stamped with (ObserveTTFTAt); 0 when it never has.
+func (w *Worker) LastObserved() int64 { return w.lastObs.Load() }
 
 // SeqsLow is the most requests the worker was seen to run: a lower bound of its concurrency
 // limit.
@@ -736,9 +757,15 @@ const (
 // ObserveTTFT learns from a request predicted as p whose first token came ttft seconds after
 // it was sent: the shared model's coefficients, where the prediction was mostly prefill the
 // worker's speed, and the worker's record of its prediction errors.
-func (w *Worker) ObserveTTFT(p *Prediction, ttft float64) {
+func (w *Worker) ObserveTTFT(p *Prediction, ttft float64) { w.ObserveTTFTAt(0, p, ttft) }
+
+// ObserveTTFTAt is ObserveTTFT at now, the caller's clock in nanoseconds (LastObserved).
+func (w *Worker) ObserveTTFTAt(now int64, p *Prediction, ttft float64) {
 	if math.IsNaN(ttft) || math.IsInf(ttft, 0) || ttft <= 0 {
 		return
+	}
+	if now != 0 {
+		w.lastObs.Store(now)
 	}
 	x := &p.X
 	m := w.m
@@ -836,6 +863,7 @@ func (w *Worker) observeRunning(n int64, full bool) {
 	}
 	if w.confirms >= confirmLimit && w.seqs.Load() <= 0 {
 		w.seqs.Store(w.seqsLow.Load())
+		w.m.seqs.Store(w.seqsLow.Load())
 	}
 }
 

@@ -59,6 +59,8 @@ const (
 	// DefaultBalanceWeight weighs Prediction.Hold × Prediction.Scarcity: a request that
 	// takes a worker's last free slot is charged the time it will hold it.
 	DefaultBalanceWeight = 1
+	// DefaultExplore is the share of decisions that explore (LatencyPick.Explore): one in 64.
+	DefaultExplore = 1.0 / 64
 	// DefaultOSL is the output length assumed for Slowdown when a request states none.
 	DefaultOSL = 128
 	// MinPeerFetchTokens is the least a peer must cache beyond a worker for fetching from it
@@ -232,7 +234,21 @@ func (s PredictedTTFT) cost(req *Request, w *Worker, p *latency.Prediction) floa
 // the fewest requests, then the least KV in use (so that distinct new prefixes land on
 // distinct caches), then a random one. With Temperature > 0 it samples a softmax over
 // normalised costs instead (MinCost).
-type LatencyPick struct{ Temperature float64 }
+//
+// With Explore > 0, that share of the decisions picks at random among the candidates whose
+// cost is within exploreShare of the cheapest's and whose model has learned nothing for
+// exploreStale, when there are any: a worker that once looked slow and has not been chosen
+// since is tried again, so that what its model learns of it (its speed, its errors) does
+// not come only from the times it looked best.
+type LatencyPick struct{ Temperature, Explore float64 }
+
+// exploreShare bounds how much worse than the cheapest an explored candidate may be
+// predicted (exploring costs at most that share of a decision's latency); exploreStale is how
+// long a worker's model must have gone without an observation to be explored.
+const (
+	exploreShare = 0.25
+	exploreStale = int64(10e9)
+)
 
 // Ties: predictions closer than this are within the model's own noise.
 const (
@@ -252,6 +268,21 @@ func (p LatencyPick) Pick(req *Request, ws []*Worker, costs []float64) int {
 	lo := costs[0]
 	for _, c := range costs[1:] {
 		lo = min(lo, c)
+	}
+	if p.Explore > 0 && len(ws) > 1 && rand.Float64() < p.Explore {
+		now := req.clock()
+		pick, seen := -1, 0
+		for i, c := range costs {
+			last := ws[i].Latency().LastObserved()
+			if c <= lo+exploreShare*max(lo, 0) && last != 0 && now-last > exploreStale {
+				if seen++; rand.IntN(seen) == 0 {
+					pick = i
+				}
+			}
+		}
+		if pick >= 0 {
+			return pick
+		}
 	}
 	tol := max(tieSeconds, tieShare*max(lo, 0))
 	cached := 0.0 // the most any tied worker caches

@@ -147,6 +147,16 @@ func (r *Request) Candidates() ([]*Worker, []latency.Prediction) {
 	return r.candidates, r.preds
 }
 
+// Costs returns the cost each candidate of the last scoring had (Candidates' order), lower
+// being better, in the policy's units; nil before any scoring. The slice belongs to the
+// request and changes at its next Route.
+func (r *Request) Costs() []float64 {
+	if len(r.preds) == 0 || len(r.costs) < len(r.preds) {
+		return nil
+	}
+	return r.costs[:len(r.preds)]
+}
+
 // clock is the router's Clock at the request: at Now when the caller gave it.
 func (r *Request) clock() int64 {
 	if r == nil {

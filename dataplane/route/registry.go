@@ -220,7 +220,16 @@ func RegisterBuiltins(r *Registry) {
 		return PickerPlugin{New: func(Params) (Picker, error) { return mk(), nil }}
 	}
 	r.Picker("min-cost", temperature(func(t float64) Picker { return MinCost{Temperature: t} }))
-	r.Picker("latency", temperature(func(t float64) Picker { return LatencyPick{Temperature: t} }))
+	r.Picker("latency", PickerPlugin{Params: []string{"temperature", "explore"}, New: func(p Params) (Picker, error) {
+		t, e := p.Get("temperature", 0), p.Get("explore", DefaultExplore)
+		if t > maxTemperature {
+			return nil, fmt.Errorf("temperature %g above %g", t, float64(maxTemperature))
+		}
+		if !(e >= 0 && e <= 1) {
+			return nil, fmt.Errorf("explore %g outside [0, 1]", e)
+		}
+		return LatencyPick{Temperature: t, Explore: e}, nil
+	}})
 	r.Picker("least-loaded", noParams(func() Picker { return LeastLoaded{} }))
 	r.Picker("least-prefill", noParams(func() Picker { return LeastPrefill{} }))
 	r.Picker("round-robin", noParams(func() Picker { return &RoundRobin{} })) // its own counter per policy

@@ -388,7 +388,7 @@ func (u *Usage) FirstTokenAt(now int64) {
 	u.firstAt = now
 	if u.hasPred && u.learn {
 		u.ttft = float64(now-u.begun) / 1e9
-		w.Latency().ObserveTTFT(&u.pred, u.ttft)
+		w.Latency().ObserveTTFTAt(now, &u.pred, u.ttft)
 	}
 	w.bl.Lock()
 	w.decoding = append(w.decoding, now)

@@ -193,7 +193,7 @@ func main() {
 					if chosen-lo >= 3 && *dump < 0 {
 						fmt.Printf("    #%d at %.2fs w%d ttft %s pred %s mode %s:", r.Seq, r.Start.Seconds(), r.Worker, ms(r.TTFT), ms(r.Predict), r.Mode)
 						for _, c := range r.Candidates {
-							fmt.Printf(" [w%d load %d pred %s ov %.0f]", c.Worker, c.Load, ms(c.TTFT), c.Overlap)
+							fmt.Printf(" [w%d load %d pred %s cost %.0f ov %.0f]", c.Worker, c.Load, ms(c.TTFT), c.Cost*1000, c.Overlap)
 						}
 						fmt.Println()
 					}

@@ -95,6 +95,7 @@ type Record struct {
 // Candidate is one worker's figures at a decision.
 type Candidate struct {
 	Worker        int
+	Cost          float64
 	TTFT, Queue   time.Duration
 	Load          int64
 	Overlap       float64
@@ -406,9 +407,14 @@ func (fl *fleet) dispatch(f *flight) {
 	}
 	if fl.cfg.Explain {
 		ws, preds := rr.Candidates()
+		costs := rr.Costs()
 		for i, w := range ws {
 			run, wait, _ := fl.eng[w.Index].load()
-			rec.Candidates = append(rec.Candidates, Candidate{Worker: w.Index, TTFT: time.Duration(preds[i].TTFT * 1e9), Queue: time.Duration(preds[i].Queue * 1e9),
+			var c float64
+			if i < len(costs) {
+				c = costs[i]
+			}
+			rec.Candidates = append(rec.Candidates, Candidate{Worker: w.Index, Cost: c, TTFT: time.Duration(preds[i].TTFT * 1e9), Queue: time.Duration(preds[i].Queue * 1e9),
 				Load: w.Load(), Overlap: rr.Overlap(w), Running: run, Wait: wait})
 		}
 	}
