@@ -84,7 +84,7 @@ func newHotPath(tb testing.TB, policy string) *hotPath {
 		request: []byte(hotRequest), response: []byte(hotResponse)}
 	h.lp.now = nanotime()
 	h.cc = h.lp.newClient(h.client)
-	h.up = &upstream{lp: h.lp, w: s.kv.Pool().Workers[0], c: h.engine}
+	h.up = &upstream{lp: h.lp, w: s.core.Pool().Workers[0], c: h.engine}
 	h.lp.putIdle(h.up)
 	return h
 }
