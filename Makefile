@@ -54,9 +54,10 @@ generate: ## regenerate committed generated code and test fixtures that need no 
 	$(GO) generate ./...
 
 .PHONY: verify
-verify: ## fail on unformatted code, vet findings, imports across layers, generated code that drifted, or tracked build outputs, big files and machine paths
+verify: ## fail on unformatted code, vet findings, imports across layers, generated code that drifted, tracked build outputs, big files and machine paths, or stale design citations and package docs
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
 	./hack/verify-layers.sh
 	$(GO) run ./hack/verify-tree
+	$(GO) run ./hack/verify-docs
 	./hack/verify-generated.sh

@@ -1,5 +1,11 @@
-// Package controlplane will hold kvrelay's control plane: the worker registry and discovery,
-// KV event ingestion into the global prefix index, the fleet's load view, the policy store,
-// the planner, canary rollout, the operator API and persistence. It pushes routing state to
-// proxies through package xds and never imports the data plane.
+// Package controlplane is kvrelay's control plane: a Server that runs the worker registry
+// and policy store (registry), one KV event subscriber per worker feeding the global prefix
+// index and its journal (ingest, kvindex), the fleet's load view (loadview), the rollout
+// controller that steps a candidate routing policy through package rollout, the operator
+// API (api) with its console (ui) and the planner's routes (planner runs beside it, attached
+// with SetPlanner), and the xDS server that pushes workers, the policy and the index to
+// proxies (package xds). Several replicas may run: every one ingests every engine's events
+// and serves proxies, and the one that package leader elects makes the changes.
+//
+// It never imports the data plane: what both planes share sits below them in package xds.
 package controlplane

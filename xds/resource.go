@@ -67,7 +67,7 @@ func NewWorker(id, rawURL, model string) *xdsv1.Worker {
 
 // DefaultPolicy returns the routing policy a control plane serves until an operator sets
 // one: policy.Default (latency) with package policy's defaults (overlap, queue and cache threshold),
-// greedy pick, ARCHITECTURE.md's tier weights (GPU 1, host 0.75, disk 0.25), sessions kept
+// greedy pick, tier weights GPU 1, host 0.75, disk 0.25 (docs/routing-cost.md), sessions kept
 // 30 minutes.
 func DefaultPolicy() *xdsv1.RoutingPolicy {
 	return &xdsv1.RoutingPolicy{

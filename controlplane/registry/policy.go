@@ -90,7 +90,7 @@ type Policy struct {
 
 // DefaultPolicy is the policy served until an operator sets one, version 1: latency
 // (policy.Default) with package policy's default weights and cache threshold, greedy pick
-// (temperature 0), tier weights GPU 1, host 0.75, disk 0.25 (ARCHITECTURE.md's, the same as
+// (temperature 0), tier weights GPU 1, host 0.75, disk 0.25 (docs/routing-cost.md; the same as
 // xds.DefaultPolicy), no busy thresholds, sessions kept 30 minutes.
 func DefaultPolicy() Policy {
 	return Policy{

@@ -33,7 +33,8 @@ func testRouteConfig(policy string) route.Config {
 		Explicit: true, Policy: policy,
 		OverlapWeight: route.DefaultOverlapWeight, QueueWeight: route.DefaultQueueWeight, CacheThreshold: route.DefaultCacheThreshold,
 		ComputeWeight: route.DefaultComputeWeight, BackgroundWeight: route.DefaultBackgroundWeight,
-		BatchWeight: route.DefaultBatchWeight, WaitWeight: route.DefaultWaitWeight, SessionTTL: 30 * time.Minute,
+		BatchWeight: route.DefaultBatchWeight, WaitWeight: route.DefaultWaitWeight,
+		TailWeight: route.DefaultTailWeight, BalanceWeight: route.DefaultBalanceWeight, SessionTTL: 30 * time.Minute,
 	}
 }
 

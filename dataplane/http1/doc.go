@@ -1,6 +1,7 @@
-// Package http1 frames HTTP/1.1 for kvrelay's edge proxy (ARCHITECTURE.md, "Request path",
-// steps 1 and 6): incremental, allocation-free parsing of request and response heads,
-// chunked bodies, and the writers for the heads and chunks the proxy sends.
+// Package http1 frames HTTP/1.1 for kvrelay's edge proxy (the top-level README's "One
+// request, folder by folder", steps 1 and 5): incremental, allocation-free parsing of request
+// and response heads, chunked bodies, and the writers for the heads and chunks the proxy
+// sends.
 //
 // The proxy runs on gnet event loops. In OnTraffic it peeks the connection's inbound
 // bytes, asks this package whether a complete message is there, and discards only what

@@ -1,9 +1,6 @@
 package latency
 
-import (
-	"math"
-	"sync/atomic"
-)
+import "math"
 
 // The decode step against batch size is a table, not a line: one learned step time per
 // batch size up to 16, then per bucket of sizes, read by linear interpolation between
@@ -55,12 +52,6 @@ type decodeTable struct {
 	count int
 }
 
-// decodePub is the published table, read by predictions without locks.
-type decodePub struct {
-	t  [numDecode]atomic.Uint64 // step time per bucket, seconds, float64 bits
-	kv [numKV]atomic.Uint64     // multiplier per knot, float64 bits
-}
-
 // kvKnots returns the knots around KV usage kv and the weight of the upper one.
 func kvKnots(kv float64) (lo int, w float64) {
 	x := min(max(kv, 0), 1) * (numKV - 1)
@@ -92,27 +83,29 @@ func bucketOf(b float64) (lo, hi int, w float64) {
 	return numDecode - 1, numDecode - 1, 0
 }
 
-func (p *decodePub) init() {
-	for i := range p.t {
-		p.t[i].Store(math.Float64bits(priorITL))
+// initDecode sets f's decode table to the prior: priorITL at every batch size, whatever the
+// cache holds.
+func (f *fit) initDecode() {
+	for i := range f.step {
+		f.step[i] = priorITL
 	}
-	for i := range p.kv {
-		p.kv[i].Store(math.Float64bits(1))
+	for i := range f.kv {
+		f.kv[i] = 1
 	}
 }
 
-// step is the published decode step at batch size b and KV usage kv.
-func (p *decodePub) step(b int, kv float64) float64 {
+// decodeStep is f's decode step at batch size b and KV usage kv.
+func (f *fit) decodeStep(b int, kv float64) float64 {
 	lo, hi, w := bucketOf(float64(b))
-	t := load(&p.t[lo])
+	t := f.step[lo]
 	if hi != lo {
-		t += w * (load(&p.t[hi]) - t)
+		t += w * (f.step[hi] - t)
 	}
 	// Linear between the knots' multipliers: near enough the log-linear curve the knots
 	// learn, without an exponential on every prediction.
-	k, f := kvKnots(kv)
-	lk := load(&p.kv[k])
-	return t * (lk + f*(load(&p.kv[k+1])-lk))
+	k, x := kvKnots(kv)
+	lk := f.kv[k]
+	return t * (lk + x*(f.kv[k+1]-lk))
 }
 
 // logKV is the learned log multiplier at KV usage kv.
@@ -121,12 +114,13 @@ func (d *decodeTable) logKV(kv float64) float64 {
 	return d.logK[k] + f*(d.logK[k+1]-d.logK[k])
 }
 
-// observe learns a request's mean step itl at batch size b and KV usage kv.
-func (d *decodeTable) observe(pub *decodePub, b int, kv, itl float64) {
+// observe learns a request's mean step itl at batch size b and KV usage kv; pub is the fit
+// last published.
+func (d *decodeTable) observe(pub *fit, b int, kv, itl float64) {
 	y := math.Log(min(max(itl, minITL), maxITL))
 	// The multiplier learns what the published table (the buckets' view at an empty
 	// cache) leaves unexplained, split between the knots around kv.
-	r := y - math.Log(pub.step(b, 0)) - d.logKV(kv)
+	r := y - math.Log(pub.decodeStep(b, 0)) - d.logKV(kv)
 	k, f := kvKnots(kv)
 	for j, wj := range [2]float64{1 - f, f} {
 		j += k
@@ -174,8 +168,8 @@ func (d *decodeTable) learn(i int, y, weight float64) {
 	d.n[i]++
 }
 
-// publish stores the monotone, filled table.
-func (d *decodeTable) publish(pub *decodePub) {
+// publish sets pub's decode table to the monotone, filled table.
+func (d *decodeTable) publish(pub *fit) {
 	var v, wt [numDecode]float64
 	var idx [numDecode]int
 	k := 0
@@ -186,7 +180,7 @@ func (d *decodeTable) publish(pub *decodePub) {
 		}
 	}
 	if k == 0 {
-		pub.init()
+		pub.initDecode()
 		return
 	}
 	isotonic(v[:k], wt[:k])
@@ -210,10 +204,10 @@ func (d *decodeTable) publish(pub *decodePub) {
 		}
 	}
 	for i := range numDecode {
-		pub.t[i].Store(math.Float64bits(math.Exp(out[i])))
+		pub.step[i] = math.Exp(out[i])
 	}
 	for j := range numKV {
-		pub.kv[j].Store(math.Float64bits(math.Exp(d.logK[j])))
+		pub.kv[j] = math.Exp(d.logK[j])
 	}
 }
 

@@ -5,7 +5,8 @@
 // from what the worker actually did.
 //
 // The router (dataplane/route) keeps one Model per worker. Predict runs on the proxy's event
-// loops for every candidate of every request and reads only atomics; ObserveTTFT and
-// ObserveDecode run when a request's first token arrives and when it finishes, and take the
-// model's mutex. Nothing here allocates.
+// loops for every candidate of every request and reads only atomics: one published fit of
+// the model, whole, through a sequence lock. ObserveTTFT and ObserveDecode run when a
+// request's first token arrives and when it finishes, take the model's mutex and publish the
+// new fit. Nothing here allocates.
 package latency

@@ -100,7 +100,7 @@ func TestLearnsLLMDSimulator(t *testing.T) {
 		}
 		sort.Slice(firsts, func(a, b int) bool { return firsts[a].first < firsts[b].first })
 		for _, r := range firsts {
-			w.ObserveTTFT(&r.pred.X, r.first-r.arrive)
+			w.ObserveTTFT(&r.pred, r.first-r.arrive)
 			r.taught = true
 		}
 		e.advance(now, observe)

@@ -11,8 +11,10 @@ import (
 // workers' real times sit from it.
 type Curve struct{ A, B, C float64 }
 
-// DefaultCurve is ARCHITECTURE.md's fit for a vLLM server (gpt-oss-120b on one H200), the
-// simulated engine's default step time at speedup 1.
+// DefaultCurve is the simulated engine's default prefill step time at speedup 1
+// (sim.DefaultTiming). Its coefficients are an assumption, not a fit kvrelay measured on
+// any GPU (docs/timing-model.md says where they come from); Model learns each worker's
+// departure from it.
 func DefaultCurve() Curve { return Curve{A: 4.209989e-7, B: 1.518344e-2, C: 16.50142} }
 
 // StepSeconds is the time of a step computing t new prefill tokens (0 for none).
@@ -100,6 +102,9 @@ type State struct {
 	// come back to GPU memory (Engine.OnboardSeconds). Engines overlap it with the prefill,
 	// layer by layer: the slower of the two sets the request's own time.
 	Onboard float64
+	// Cached is the prompt tokens cached ahead of the uncached ones: the context its new
+	// tokens attend to (FeatAttention).
+	Cached float64
 }
 
 // Features of a candidate request on a worker, in seconds, as the prior computes them: the
@@ -133,8 +138,21 @@ const (
 	// FeatLoadedBias is FeatBias times the share of the slots in use: the per-request
 	// overhead's growth with the batch (θ₆), as FeatLoadedPrefill is the tokens'.
 	FeatLoadedBias
+	// FeatAttention is attention over the context: each new token attends to the cached
+	// prefix and to the new tokens before it, u·(cached + u/2) token pairs, priced so that at
+	// attentionContext tokens of context a token costs its linear price again (the shape of
+	// FlashAttention's cost for an 8B-class model). Its coefficient starts at 0 (the prior
+	// curve prices a step by its new tokens alone) and grows where long cached contexts
+	// prefill slower than short ones: the shape is fit from what the engines do.
+	FeatAttention
 	numFeat
 )
+
+// attentionContext is the context, in tokens, at which FeatAttention prices a token's
+// attention at its linear cost (the curve's B): for a model of d_model 4096 and 32 layers,
+// attention's 4·d·L FLOPs per token pair against 2·8·10⁹ per token cross at about 30,000
+// tokens. It scales the feature; the learned coefficient sets what it is worth.
+const attentionContext = 32768
 
 // Prediction is what the model says of a candidate.
 type Prediction struct {
@@ -164,12 +182,34 @@ type Prediction struct {
 	// first two; every engine that batches prefills with decodes pays the third. It is what
 	// an even spread saves.
 	Slowdown float64
+	// Spread is the prediction's uncertainty in seconds, one standard deviation of TTFT:
+	// the queue's and the prefill's parts each times the relative error the worker's recent
+	// predictions of that kind showed (its own record, pooled with a prior that weighs as
+	// much as priorResidualN observations, so a worker with little data counts as unsure).
+	Spread float64
+	// Hold is how long the request is expected to hold a sequence slot on the worker: its
+	// TTFT and its expected output at the batch's step time.
+	Hold float64
+	// Busy is the share of the worker's sequence slots in use before the request (the
+	// requests on it over its limit, at most 1; without a known limit, n/(n+1) for n
+	// requests): the share of its compute that delays someone else.
+	Busy float64
+	// Scarcity is how scarce the worker's slots become with the request: 1/(free+1) for
+	// free slots left after it, 0 without a known limit (a cache that fills is no slot
+	// limit: it shows in the decode step and the KV usage instead). Taking a worker's last
+	// slots leaves the next requests that want it a wait, or a cache miss elsewhere.
+	Scarcity float64
+	// Ahead is the requests on the worker at the prediction (State.Requests), and KV its KV
+	// usage then, kept to learn the worker's concurrency limit from the outcome.
+	Ahead int
+	KV    float64
 }
 
 // Model is the latency model of the workers that serve one model, learned from all of them:
 // the TTFT coefficients over the prior's features and the decode step time against batch
 // size and KV usage. Worker adds each worker's own speed, slot occupancy and limits. Its
-// predictions read only atomics; learning takes its mutex. Call Init before use.
+// predictions read only atomics, one published fit at a time; learning takes its mutex.
+// Call Init before use.
 type Model struct {
 	mu   sync.Mutex
 	ttft RLS // features above
@@ -178,11 +218,138 @@ type Model struct {
 	// model's workers: a worker's speed moves by how far its own stray from it, so the
 	// speeds say how the workers differ and the coefficients how fast they are together.
 	resid float64
+	// cur is the fit last published, the learners' own copy (guarded by mu); pub is what
+	// predictions read.
+	cur fit
+	pub pubFit
 
-	theta [numFeat]atomic.Uint64 // published coefficients, float64 bits
-	decP  decodePub
 	ttftN atomic.Int64
 	itlN  atomic.Int64
+}
+
+// fit is one published state of a Model: the TTFT coefficients and the decode table
+// together. A prediction reads one fit whole, never the coefficients of one beside the
+// decode steps (or half the coefficients) of another.
+type fit struct {
+	theta [numFeat]float64
+	step  [numDecode]float64 // decode step time per batch bucket at an empty cache, seconds
+	kv    [numKV]float64     // decode step multiplier per KV knot
+}
+
+// pubFit publishes a fit to readers on every event loop without locks or allocation: a
+// sequence lock over atomics. The writer (holding Model.mu) makes seq odd, stores the fit,
+// and makes seq even again; a reader keeps what it read only when seq was the same even
+// number before and after, and tries again otherwise. A reader that keeps losing to writers
+// takes Model.mu, under which no writer publishes, and reads once more: it never spins for
+// long behind a writer descheduled mid-store.
+type pubFit struct {
+	seq   atomic.Uint64
+	theta [numFeat]atomic.Uint64 // float64 bits, as the fields of fit
+	step  [numDecode]atomic.Uint64
+	kv    [numKV]atomic.Uint64
+}
+
+// readTries is how often a reader tries the sequence lock before it takes the mutex.
+const readTries = 4
+
+// store publishes f. The caller holds Model.mu (the only writer).
+func (p *pubFit) store(f *fit) {
+	p.seq.Add(1)
+	for i := range f.theta {
+		p.theta[i].Store(math.Float64bits(f.theta[i]))
+	}
+	for i := range f.step {
+		p.step[i].Store(math.Float64bits(f.step[i]))
+	}
+	for i := range f.kv {
+		p.kv[i].Store(math.Float64bits(f.kv[i]))
+	}
+	p.seq.Add(1)
+}
+
+// load copies p into f and reports whether no writer published meanwhile.
+func (p *pubFit) load(f *fit) bool {
+	s := p.seq.Load()
+	if s&1 != 0 {
+		return false
+	}
+	for i := range f.theta {
+		f.theta[i] = load(&p.theta[i])
+	}
+	for i := range f.step {
+		f.step[i] = load(&p.step[i])
+	}
+	for i := range f.kv {
+		f.kv[i] = load(&p.kv[i])
+	}
+	return p.seq.Load() == s
+}
+
+// view is what one prediction reads of a fit: the coefficients, the decode step at an
+// empty cache at the batch sizes it prices, and the KV multipliers.
+type view struct {
+	theta [numFeat]float64
+	step  [3]float64
+	kv    [numKV]float64
+}
+
+// bucket is a batch size's place in the decode table (bucketOf).
+type bucket struct {
+	lo, hi int
+	w      float64
+}
+
+// loadView reads into v the part of p a prediction at the batch sizes of bs needs and
+// reports whether no writer published meanwhile.
+func (p *pubFit) loadView(bs *[3]bucket, v *view) bool {
+	s := p.seq.Load()
+	if s&1 != 0 {
+		return false
+	}
+	for i := range v.theta {
+		v.theta[i] = load(&p.theta[i])
+	}
+	for j, b := range bs {
+		t := load(&p.step[b.lo])
+		if b.hi != b.lo {
+			t += b.w * (load(&p.step[b.hi]) - t)
+		}
+		v.step[j] = t
+	}
+	for i := range v.kv {
+		v.kv[i] = load(&p.kv[i])
+	}
+	return p.seq.Load() == s
+}
+
+// fit copies the published fit into f.
+func (m *Model) fit(f *fit) {
+	for range readTries {
+		if m.pub.load(f) {
+			return
+		}
+	}
+	m.mu.Lock()
+	m.pub.load(f) // no writer publishes while m.mu is held
+	m.mu.Unlock()
+}
+
+// view reads the published fit's part a prediction at the batch sizes of bs needs into v.
+func (m *Model) view(bs *[3]bucket, v *view) {
+	for range readTries {
+		if m.pub.loadView(bs, v) {
+			return
+		}
+	}
+	m.mu.Lock()
+	m.pub.loadView(bs, v)
+	m.mu.Unlock()
+}
+
+// kvMul is the view's decode step multiplier at KV usage kv (as fit.decodeStep has it).
+func (v *view) kvMul(kv float64) float64 {
+	k, x := kvKnots(kv)
+	return v.kv[k] + x*(v.kv[k+1]-v.kv[k])
 }
 
 // Priors, in seconds.
@@ -201,17 +368,18 @@ func (m *Model) Init() {
 	// The fit is on relative error (observations are divided by their prediction), so the
 	// prior variances are over a relative noise variance of about 0.1²: the prefill
 	// multiplier is known to a factor of ten or so, the slot wait's to a factor of three.
-	m.ttft = RLS{Lambda: 0.995, OutlierK: 4, Lo: Vec{0, 0.01, 0, 0.001, 0, 0, 0}, Hi: Vec{100, 100, 100, 100, 100, 10, 100}}
-	m.ttft.Init(numFeat, Vec{1, 1, 1, 1, 0, 1, 0}, Vec{10, 10, 10, 100, 1, 1, 10})
+	m.ttft = RLS{Lambda: 0.995, OutlierK: 4, Lo: Vec{0, 0.01, 0, 0.001, 0, 0, 0, 0}, Hi: Vec{100, 100, 100, 100, 100, 10, 100, 100}}
+	m.ttft.Init(numFeat, Vec{1, 1, 1, 1, 0, 1, 0, 0}, Vec{10, 10, 10, 100, 1, 1, 10, 10})
 	m.dec = decodeTable{}
-	m.decP.init()
+	m.cur.initDecode()
 	m.publishLocked()
 }
 
+// publishLocked publishes the current coefficients with the decode table in m.cur, as one
+// fit. The caller holds m.mu.
 func (m *Model) publishLocked() {
-	for i := range numFeat {
-		m.theta[i].Store(math.Float64bits(m.ttft.Theta[i]))
-	}
+	copy(m.cur.theta[:], m.ttft.Theta[:numFeat])
+	m.pub.store(&m.cur)
 	m.ttftN.Store(int64(m.ttft.Count()))
 	m.itlN.Store(int64(m.dec.count))
 }
@@ -220,7 +388,9 @@ func load(a *atomic.Uint64) float64 { return math.Float64frombits(a.Load()) }
 
 // ITL predicts the time between tokens at batch size b and KV usage kv.
 func (m *Model) ITL(b int, kv float64) float64 {
-	return m.decP.step(b, kv)
+	var f fit
+	m.fit(&f)
+	return f.decodeStep(b, kv)
 }
 
 // minScale floors the scale observations are divided by, so a near-zero prediction does
@@ -248,9 +418,9 @@ func (m *Model) observeTTFT(x *Vec, ttft float64) {
 func (m *Model) observeITL(batch int, kv, itl float64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.dec.observe(&m.decP, batch, kv, itl)
-	m.dec.publish(&m.decP)
-	m.itlN.Store(int64(m.dec.count))
+	m.dec.observe(&m.cur, batch, kv, itl)
+	m.dec.publish(&m.cur)
+	m.publishLocked()
 }
 
 // Worker is one worker's part of the latency model: its speed against the Model it shares
@@ -266,11 +436,62 @@ type Worker struct {
 	occ      float64
 	nOcc     int
 
+	// res are the worker's recent prediction errors, queued and fresh (guarded by mu), and
+	// sigma their published relative errors, float64 bits.
+	res   [2]residuals
+	sigma [2]atomic.Uint64
+
 	speed  atomic.Uint64 // exp(logSpeed), float64 bits
 	occBit atomic.Uint64
-	// seqs is MaxNumSeqs learned from reports (running while requests wait), 0 unknown.
-	seqs atomic.Int64
-	obs  atomic.Int64
+	// seqs is MaxNumSeqs learned from reports and waits (observeRunning), 0 unknown; seqsLow
+	// the most requests the worker was seen to run (a lower bound while seqs is unknown).
+	seqs    atomic.Int64
+	seqsLow atomic.Int64
+	obs     atomic.Int64
+	// limitMu serialises learning the limit; confirms counts the waits seen at seqsLow.
+	limitMu  sync.Mutex
+	confirms int
+}
+
+// Kinds of prediction whose errors a worker keeps apart: mostly queue (a slot wait or a
+// backlog ahead), or mostly the request's own prefill.
+const (
+	resQueued = iota
+	resFresh
+)
+
+// residuals is a decayed record of a worker's prediction errors of one kind: the mean of
+// log(observed/predicted) and of its square over about 1/(1−residualDecay) observations.
+type residuals struct {
+	n, mean, sq float64
+}
+
+// Residual priors: the relative error a prediction of each kind is taken to have until the
+// worker's own record says otherwise, and how many observations the prior weighs as. A slot
+// wait depends on when running requests end, which the router sees only in part; a prefill
+// on an engine's free slot is nearly deterministic.
+const (
+	residualDecay  = 0.98
+	priorResidualN = 8
+	priorSigmaQ    = 0.5
+	priorSigmaF    = 0.25
+	// maxSigma bounds the relative error a record may claim.
+	maxSigma = 2.0
+)
+
+// add records the log error l and returns the record's relative error pooled with prior.
+func (r *residuals) add(l, prior float64) float64 {
+	r.n = residualDecay*r.n + 1
+	a := 1 / r.n
+	r.mean += a * (l - r.mean)
+	r.sq += a * (l*l - r.sq)
+	return r.sigma(prior)
+}
+
+// sigma is the record's root mean square error pooled with the prior's.
+func (r *residuals) sigma(prior float64) float64 {
+	v := (priorResidualN*prior*prior + r.n*r.sq) / (priorResidualN + r.n)
+	return min(math.Sqrt(max(v, 0)), maxSigma)
 }
 
 // Init ties the worker to the model of its workers and resets its own state.
@@ -278,11 +499,18 @@ func (w *Worker) Init(m *Model) {
 	w.m = m
 	w.mu.Lock()
 	w.logSpeed, w.occ, w.nOcc = 0, priorITL*priorOutput, 0
+	w.res = [2]residuals{}
 	w.mu.Unlock()
 	w.speed.Store(math.Float64bits(1))
 	w.occBit.Store(math.Float64bits(w.occ))
+	w.sigma[resQueued].Store(math.Float64bits(priorSigmaQ))
+	w.sigma[resFresh].Store(math.Float64bits(priorSigmaF))
 	w.seqs.Store(0)
+	w.seqsLow.Store(0)
 	w.obs.Store(0)
+	w.limitMu.Lock()
+	w.confirms = 0
+	w.limitMu.Unlock()
 }
 
 // Model returns the shared model.
@@ -341,13 +569,18 @@ func argmin(s []float64) int {
 	return best
 }
 
-// MaxNumSeqs is the concurrency limit: e's when known, else what reports taught.
+// MaxNumSeqs is the concurrency limit: e's when known, else what reports and waits taught
+// (ObserveReport); 0 while unknown.
 func (w *Worker) MaxNumSeqs(e *Engine) int {
 	if e.MaxNumSeqs > 0 {
 		return e.MaxNumSeqs
 	}
 	return int(w.seqs.Load())
 }
+
+// SeqsLow is the most requests the worker was seen to run: a lower bound of its concurrency
+// limit.
+func (w *Worker) SeqsLow() int { return int(w.seqsLow.Load()) }
 
 // Predict fills p for a request with uncached prompt tokens on the worker in state st.
 func (w *Worker) Predict(e *Engine, st State, uncached float64, p *Prediction) {
@@ -365,9 +598,18 @@ func (w *Worker) Predict(e *Engine, st State, uncached float64, p *Prediction) {
 	if seqs > 0 {
 		batch = min(batch, seqs)
 	}
+	// One fit for the whole prediction: the decode step at this batch, with this request
+	// and alone.
+	var bs [3]bucket
+	for j, b := range [3]int{batch, batch + 1, 1} {
+		bs[j].lo, bs[j].hi, bs[j].w = bucketOf(float64(b))
+	}
+	var f view
+	m.view(&bs, &f)
+	kvMul := f.kvMul(st.KVUsage)
 	decode := 0.0
 	if batch > 0 {
-		decode = m.ITL(batch, st.KVUsage)
+		decode = f.step[0] * kvMul
 	}
 	speed := load(&w.speed)
 	u := max(uncached, 0)
@@ -379,6 +621,9 @@ func (w *Worker) Predict(e *Engine, st State, uncached float64, p *Prediction) {
 		own = max(own-speed*step, 0)
 	}
 	own = max(own, st.Onboard)
+	// The tokens' part of the own prefill, without the steps' constants: what Compute is.
+	tokens := speed * (chunkedTokens(st.Backlog+u, budget, curve) - chunkedTokens(st.Backlog, budget, curve))
+	attn := speed * curve.B / 1000 * u * (max(st.Cached, 0) + u/2) / attentionContext
 	dq := decode * steps(st.Backlog, budget)
 	do := decode*steps(st.Backlog+u, budget) - dq
 	slot, busy := 0.0, 0.0
@@ -391,17 +636,14 @@ func (w *Worker) Predict(e *Engine, st State, uncached float64, p *Prediction) {
 		}
 		busy = float64(min(st.Requests, seqs)) / float64(seqs)
 	}
-	p.X = Vec{step, slot, queue, own, own * busy, dq + do, step * busy}
-	var th [numFeat]float64
-	for i := range th {
-		th[i] = load(&m.theta[i])
-	}
+	p.X = Vec{step, slot, queue, own, own * busy, dq + do, step * busy, attn}
+	th := &f.theta
 	p.Wait = th[1] * slot
 	p.Queue = p.Wait + th[2]*queue + th[5]*dq
-	p.Prefill = (th[0]+th[6]*busy)*step + (th[3]+th[4]*busy)*own + th[5]*do
+	p.Prefill = (th[0]+th[6]*busy)*step + (th[3]+th[4]*busy)*own + th[5]*do + th[7]*attn
 	p.TTFT = p.Queue + p.Prefill
-	p.Compute = (th[3] + th[4]*busy) * speed * curve.TokenSeconds(u)
-	p.ITL = m.ITL(batch+1, st.KVUsage)
+	p.Compute = (th[3]+th[4]*busy)*tokens + th[7]*attn
+	p.ITL = f.step[1] * kvMul
 	p.Slowdown = 0
 	if st.OSL > 0 && (seqs <= 0 || st.Requests < seqs) {
 		// Only a request that joins the running batch slows it; one that waits for a slot
@@ -409,7 +651,7 @@ func (w *Worker) Predict(e *Engine, st State, uncached float64, p *Prediction) {
 		// request's (the step's level: on a concave curve far more than its slope times the
 		// batch), and the running requests' remaining tokens, half an OSL each, one request
 		// slower.
-		own := st.OSL * max(p.ITL-m.ITL(1, st.KVUsage), 0)
+		own := st.OSL * max(p.ITL-f.step[2]*kvMul, 0)
 		others := float64(batch) * 0.5 * st.OSL * max(p.ITL-decode, 0) // decode: ITL(batch), 0 for none
 		p.Slowdown = own + others
 	}
@@ -419,6 +661,37 @@ func (w *Worker) Predict(e *Engine, st State, uncached float64, p *Prediction) {
 		// one of their streams).
 		p.Slowdown += float64(batch) * p.Compute
 	}
+	p.Ahead = st.Requests
+	// How busy the worker is: its compute delays others in that share; a worker with free
+	// slots and nothing queued delays nobody now.
+	n := float64(st.Requests)
+	switch {
+	case seqs > 0:
+		p.Busy = min(n/float64(seqs), 1)
+	default:
+		p.Busy = n / (n + 1)
+	}
+	p.Scarcity = 0
+	if seqs > 0 {
+		free := max(seqs-st.Requests-1, 0)
+		p.Scarcity = 1 / float64(free+1)
+	}
+	p.KV = st.KVUsage
+	osl := st.OSL
+	if osl <= 0 {
+		osl = priorOutput
+	}
+	p.Hold = p.TTFT + osl*p.ITL
+	// Uncertainty: the queue's part and the prefill's each at the relative error the
+	// worker's predictions of that kind have shown. Past its known limit's certainty (a
+	// limit only guessed from what it ran), a slot wait may come that nobody predicted.
+	sq, sf := load(&w.sigma[resQueued]), load(&w.sigma[resFresh])
+	p.Spread = p.Queue*sq + p.Prefill*sf
+	if low := w.SeqsLow(); seqs <= 0 && low > 0 && st.Requests >= low {
+		// Past the most it was seen to run, and its limit unknown: a slot wait may come that
+		// nobody predicted, as long as the first of its running requests takes to end.
+		p.Spread += 0.5 * load(&w.occBit) / float64(low+1)
+	}
 }
 
 // steps is the prefill steps t tokens take at budget tokens a step.
@@ -427,6 +700,17 @@ func steps(t, budget float64) float64 {
 		return 0
 	}
 	return math.Ceil(t / budget)
+}
+
+// chunkedTokens is chunked without the steps' constants: the part of computing t prefill
+// tokens that grows with the tokens.
+func chunkedTokens(t, budget float64, c Curve) float64 {
+	if t <= 0 {
+		return 0
+	}
+	full := math.Floor(t / budget)
+	rem := t - full*budget
+	return full*c.TokenSeconds(budget) + c.TokenSeconds(rem)
 }
 
 // chunked is the prior's time to compute t prefill tokens in steps of at most budget tokens.
@@ -449,22 +733,37 @@ const (
 	maxLogSpeed = 1.0986122886681098 // ln 3
 )
 
-// ObserveTTFT learns from a request predicted with features x whose first token came ttft
-// seconds after it was sent: the shared model's coefficients and, where the prediction was
-// mostly prefill, the worker's speed.
-func (w *Worker) ObserveTTFT(x *Vec, ttft float64) {
+// ObserveTTFT learns from a request predicted as p whose first token came ttft seconds after
+// it was sent: the shared model's coefficients, where the prediction was mostly prefill the
+// worker's speed, and the worker's record of its prediction errors.
+func (w *Worker) ObserveTTFT(p *Prediction, ttft float64) {
 	if math.IsNaN(ttft) || math.IsInf(ttft, 0) || ttft <= 0 {
 		return
 	}
+	x := &p.X
 	m := w.m
 	w.obs.Add(1)
+	var f fit
+	m.fit(&f)
+	th := &f.theta
 	var pred float64
 	for i := range numFeat {
-		pred += load(&m.theta[i]) * x[i]
+		pred += th[i] * x[i]
+	}
+	if p.TTFT > minScale {
+		kind, prior := resFresh, priorSigmaF
+		if p.Queue > p.Prefill {
+			kind, prior = resQueued, priorSigmaQ
+		}
+		l := min(max(math.Log(ttft/p.TTFT), -3), 3)
+		w.mu.Lock()
+		sigma := w.res[kind].add(l, prior)
+		w.mu.Unlock()
+		w.sigma[kind].Store(math.Float64bits(sigma))
 	}
 	// The speed scales the compute features only, not the decode steps beside them.
-	prefill := load(&m.theta[FeatQueue])*x[FeatQueue] + load(&m.theta[FeatPrefill])*x[FeatPrefill] +
-		load(&m.theta[FeatLoadedPrefill])*x[FeatLoadedPrefill]
+	prefill := th[FeatQueue]*x[FeatQueue] + th[FeatPrefill]*x[FeatPrefill] + th[FeatLoadedPrefill]*x[FeatLoadedPrefill] +
+		th[FeatAttention]*x[FeatAttention]
 	if prefill > 0.5*pred && prefill > minScale {
 		// The prefill's share of what was observed, as far as the other terms predicted
 		// theirs, against its prediction (which the current speed already scaled).
@@ -503,19 +802,48 @@ func (w *Worker) ObserveDecode(batch int, kv, itl, held float64) {
 	}
 }
 
-// ObserveReport learns the concurrency limit from an engine's report: while requests wait,
-// the running ones fill every slot (or the KV cache, which makes this a lower bound).
-func (w *Worker) ObserveReport(running, waiting int) {
-	if waiting <= 0 || running <= 0 {
+// ObserveReport learns the concurrency limit from an engine's report of its running and
+// waiting requests and KV usage (0 to 1). The most requests it was seen to run is a lower
+// bound of its limit; requests waiting while it runs exactly that many, its KV cache not
+// full, confirm it as the limit once seen confirmLimit times. A wait beside fewer running
+// is the step's token budget or the cache holding requests back, not the slots, and says
+// nothing of where they end; more running than a learned limit unlearns it.
+func (w *Worker) ObserveReport(running, waiting int, kv float64) {
+	if running <= 0 {
 		return
 	}
-	for {
-		cur := w.seqs.Load()
-		if int64(running) <= cur || w.seqs.CompareAndSwap(cur, int64(running)) {
-			return
+	w.observeRunning(int64(running), waiting > 0 && kv < kvFull)
+}
+
+// observeRunning learns from a report that the worker ran n requests, full saying another
+// was held back for want of a slot.
+func (w *Worker) observeRunning(n int64, full bool) {
+	w.limitMu.Lock()
+	defer w.limitMu.Unlock()
+	switch low := w.seqsLow.Load(); {
+	case n > low:
+		w.seqsLow.Store(n)
+		w.confirms = 0
+		if s := w.seqs.Load(); s > 0 && n > s {
+			w.seqs.Store(0) // it runs more than we took for its limit
 		}
+		if full {
+			w.confirms = 1
+		}
+	case n == low && full:
+		w.confirms++
+	}
+	if w.confirms >= confirmLimit && w.seqs.Load() <= 0 {
+		w.seqs.Store(w.seqsLow.Load())
 	}
 }
+
+// kvFull is the KV usage from which a wait is the cache's, not the slots'; confirmLimit how
+// often requests must be seen waiting at the most a worker runs for that to be its limit.
+const (
+	kvFull       = 0.9
+	confirmLimit = 3
+)
 
 // Stats is a snapshot of a worker's model for operators.
 type Stats struct {
@@ -531,28 +859,32 @@ type Stats struct {
 	// Observations counts the TTFTs this worker taught; ModelObservations and Decodes
 	// those its model learned from across its workers.
 	Observations, ModelObservations, Decodes int64
-	MaxNumSeqs                               int64
+	// MaxNumSeqs is the concurrency limit learned (0: unknown), SeqsLow the most requests
+	// seen running with none waiting.
+	MaxNumSeqs, SeqsLow int64
+	// SigmaQueued and SigmaFresh are the relative errors of the worker's recent predictions
+	// that were mostly queue and mostly its own prefill.
+	SigmaQueued, SigmaFresh float64
 }
 
 // Stats returns the worker's current model.
 func (w *Worker) Stats() Stats {
 	m := w.m
 	var s Stats
-	for i := range numFeat {
-		s.Theta[i] = load(&m.theta[i])
-	}
 	m.mu.Lock()
+	f := m.cur
 	for i, n := range m.dec.n {
 		if n > 0 {
-			s.Decode = append(s.Decode, DecodePoint{Batch: int(decodeSizes[i]), Seconds: load(&m.decP.t[i]), Observations: n})
+			s.Decode = append(s.Decode, DecodePoint{Batch: int(decodeSizes[i]), Seconds: f.step[i], Observations: n})
 		}
 	}
 	m.mu.Unlock()
-	for i := range s.DecodeKV {
-		s.DecodeKV[i] = load(&m.decP.kv[i+1])
-	}
+	copy(s.Theta[:], f.theta[:])
+	copy(s.DecodeKV[:], f.kv[1:])
 	s.Speed, s.Occupancy = load(&w.speed), load(&w.occBit)
 	s.Observations, s.ModelObservations, s.Decodes = w.obs.Load(), m.ttftN.Load(), m.itlN.Load()
 	s.MaxNumSeqs = w.seqs.Load()
+	s.SeqsLow = w.seqsLow.Load()
+	s.SigmaQueued, s.SigmaFresh = load(&w.sigma[resQueued]), load(&w.sigma[resFresh])
 	return s
 }

@@ -3,7 +3,7 @@ package latency
 import "math"
 
 // MaxDim is the most features an RLS fits.
-const MaxDim = 7
+const MaxDim = 8
 
 // Vec is a feature or coefficient vector; an RLS of dimension n uses its first n entries.
 type Vec [MaxDim]float64

@@ -88,7 +88,7 @@ func TestQueueWaitMatchesSimulator(t *testing.T) {
 			out, done, _, _ := s.r.Output(nil, 0)
 			if len(out) > 0 && s.first.IsZero() {
 				s.first = now
-				w.ObserveTTFT(&s.pred.X, now.Sub(s.sent).Seconds())
+				w.ObserveTTFT(&s.pred, now.Sub(s.sent).Seconds())
 			}
 			if done {
 				s.done = true

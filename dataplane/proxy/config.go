@@ -124,7 +124,11 @@ type Config struct {
 	BatchWeight float64 `yaml:"batch_weight"`
 	// WaitWeight weighs a request's wait for a sequence slot once more beside its TTFT
 	// (route.PredictedTTFT); not part of the pushed policy.
-	WaitWeight     float64       `yaml:"wait_weight"`
+	WaitWeight float64 `yaml:"wait_weight"`
+	// TailWeight weighs the spread of a prediction beside its mean and BalanceWeight the
+	// slots a request takes from a worker short of them (route.Config; latency policy).
+	TailWeight     float64       `yaml:"tail_weight"`
+	BalanceWeight  float64       `yaml:"balance_weight"`
 	CacheThreshold float64       `yaml:"cache_threshold"`
 	SessionTTL     time.Duration `yaml:"session_ttl"`
 	// Busy thresholds per worker: uncached prompt tokens still prefilling, KV blocks held,
@@ -230,6 +234,8 @@ func DefaultConfig() Config {
 		BackgroundWeight:    route.DefaultBackgroundWeight,
 		BatchWeight:         route.DefaultBatchWeight,
 		WaitWeight:          route.DefaultWaitWeight,
+		TailWeight:          route.DefaultTailWeight,
+		BalanceWeight:       route.DefaultBalanceWeight,
 		SessionTTL:          30 * time.Minute,
 		BusyPrefillTokens:   0,
 		BlockSize:           16,
@@ -279,6 +285,8 @@ func (c *Config) routeConfig() route.Config {
 		BackgroundWeight: c.BackgroundWeight,
 		BatchWeight:      c.BatchWeight,
 		WaitWeight:       c.WaitWeight,
+		TailWeight:       c.TailWeight,
+		BalanceWeight:    c.BalanceWeight,
 		CacheThreshold:   c.CacheThreshold,
 		SessionTTL:       c.SessionTTL,
 		Busy: route.BusyFilter{

@@ -16,8 +16,10 @@ func (ModelFilter) Filter(req *Request, in, out []*Worker) []*Worker {
 	return out
 }
 
-// HealthFilter drops draining workers, ejected workers and workers already tried for this
-// request.
+// HealthFilter drops draining workers, ejected workers and workers req.Exclude names. The
+// router applies the same rule to every request before any policy's filters (Router.Route),
+// so in a profile it changes nothing; it stays registered so that profiles naming it keep
+// building.
 type HealthFilter struct{}
 
 func (HealthFilter) Name() string { return "health" }

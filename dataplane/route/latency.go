@@ -12,6 +12,21 @@ import (
 // them. The caller queues the request or refuses it (429).
 var ErrSLO = errors.New("no worker is predicted to meet the request's latency targets")
 
+// errNoPredictions: a policy marked as predicting scored a request with latency targets
+// without predicting every candidate. Registry.Build refuses such a policy, so this is a
+// safeguard, not a state a proxy reaches.
+var errNoPredictions = errors.New("routing a request with latency targets: the policy's scorers predicted no latency for its candidates")
+
+// predictor is a scorer that fills the request's latency predictions (Request.Candidates)
+// for every worker it scores, as a policy that Predicts needs: what the SLO rule and the
+// Decision's Prediction read. Only PredictedTTFT does.
+type predictor interface {
+	Scorer
+	fillsPredictions()
+}
+
+func (PredictedTTFT) fillsPredictions() {}
+
 // Defaults of the latency policy.
 const (
 	// DefaultComputeWeight weighs the engine time of the request's uncached tokens beside its
@@ -38,6 +53,12 @@ const (
 	// p90 were 138 [112–166] / 723 [589–808] ms against 102 [100–195] / 541 [504–913]
 	// without it, within the rounds' spread and no better.
 	DefaultWaitWeight = 0
+	// DefaultTailWeight weighs Prediction.Spread beside the predicted TTFT: the policy
+	// routes on TTFT + 1·σ, about the 84th percentile of the prediction.
+	DefaultTailWeight = 1
+	// DefaultBalanceWeight weighs Prediction.Hold × Prediction.Scarcity: a request that
+	// takes a worker's last free slot is charged the time it will hold it.
+	DefaultBalanceWeight = 1
 	// DefaultOSL is the output length assumed for Slowdown when a request states none.
 	DefaultOSL = 128
 	// MinPeerFetchTokens is the least a peer must cache beyond a worker for fetching from it
@@ -69,6 +90,7 @@ const (
 // alone decides).
 type PredictedTTFT struct {
 	ComputeWeight, BackgroundWeight, BatchWeight, WaitWeight, CacheCredit float64
+	TailWeight, BalanceWeight                                             float64
 }
 
 func (PredictedTTFT) Name() string { return "predicted-ttft" }
@@ -135,7 +157,8 @@ func (s PredictedTTFT) Score(req *Request, ws []*Worker, costs []float64) {
 		}
 		overlap *= s.CacheCredit
 		uncached := max(float64(req.PromptTokens)-overlap*float64(bs), 0)
-		st := latency.State{Requests: int(w.Load()), Backlog: float64(w.PrefillBacklog(now)), KVUsage: w.KVInUse(), OSL: osl, Onboard: onboard}
+		st := latency.State{Requests: int(w.Load()), Backlog: float64(w.PrefillBacklog(now)), KVUsage: w.KVInUse(), OSL: osl, Onboard: onboard,
+			Cached: min(overlap*float64(bs), float64(req.PromptTokens))}
 		if seqs := w.Latency().MaxNumSeqs(&w.Engine); seqs > 0 && st.Requests >= seqs {
 			// A full worker: the wait for a slot from when each of its requests we know
 			// got its first token, not from the mean.
@@ -194,7 +217,8 @@ func roomFor(w *Worker, n int) bool {
 
 // cost is the policy's cost of prediction p on w.
 func (s PredictedTTFT) cost(req *Request, w *Worker, p *latency.Prediction) float64 {
-	c := p.TTFT + s.ComputeWeight*p.Compute + s.BatchWeight*p.Slowdown + s.WaitWeight*p.Wait
+	c := p.TTFT + s.TailWeight*p.Spread + s.ComputeWeight*p.Busy*p.Compute + s.BatchWeight*p.Slowdown + s.WaitWeight*p.Wait +
+		s.BalanceWeight*p.Hold*p.Scarcity
 	if req.Priority < 0 {
 		c += s.BackgroundWeight * p.Compute * float64(w.Interactive())
 	}
@@ -291,6 +315,7 @@ func meetSLO(req *Request, ws []*Worker, costs []float64) int {
 }
 
 var (
-	_ Scorer = PredictedTTFT{}
-	_ Picker = LatencyPick{}
+	_ Scorer    = PredictedTTFT{}
+	_ predictor = PredictedTTFT{}
+	_ Picker    = LatencyPick{}
 )

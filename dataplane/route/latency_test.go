@@ -263,19 +263,19 @@ func TestLatencyShortPromptPrefersIdle(t *testing.T) {
 	}
 }
 
-// With a batch weight, a request whose cache saving on a worker is small goes to an idle
+// With a batch weight, a request whose cache saving on a worker is moderate goes to an idle
 // worker rather than join that worker's running batch (an engine whose step grows with the
-// batch); a large saving still wins.
+// batch); a long prompt cached there still wins.
 func TestLatencyBatchWeightSpreadsDecodes(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		weight float64
-		cached int // of 500 blocks, on w0
+		cached int // of max(500, cached) blocks, on w0
 		home   bool
 	}{
-		{"no weight, small saving", 0, 100, true},
-		{"weight, small saving", 0.1, 100, false},
-		{"weight, large saving", 0.1, 500, true},
+		{"no weight, half cached", 0, 250, true},
+		{"weight, half cached", 0.1, 250, false},
+		{"weight, long prompt cached", 0.1, 2000, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r, idx := newRouter(t, Config{Policy: PolicyLatency, ComputeWeight: DefaultComputeWeight, BackgroundWeight: DefaultBackgroundWeight, BatchWeight: tc.weight}, 2)
@@ -288,7 +288,7 @@ func TestLatencyBatchWeightSpreadsDecodes(t *testing.T) {
 					ws[0].Latency().ObserveDecode(b, 0.1, 0.010+0.005*float64(b), 1)
 				}
 			}
-			hashes, n := promptChain(3, 3, 500, 4)
+			hashes, n := promptChain(3, 3, max(500, tc.cached), 4)
 			idx.Record(ws[0].Index, hashes[:tc.cached], 0)
 			for _, u := range busy(ws[0], 3) {
 				defer u.End()

@@ -44,14 +44,17 @@ type Request struct {
 	// SessionID asks for the worker that served the session before. It may alias a buffer
 	// the caller reuses once Route returns; the router copies what it keeps.
 	SessionID string
-	// Pin names the worker (by ID) that must serve the request, if it is eligible by model,
-	// role and health, whatever its load: it holds state the request refers to (a stored
-	// response, under previous_response_id). Route sets Pinned when it honoured it.
+	// Pin names the worker (by ID) that must serve the request, if it is eligible (healthy,
+	// not excluded, past the policy's filters), whatever its load: it holds state the request
+	// refers to (a stored response, under previous_response_id). Route sets Pinned when it
+	// honoured it.
 	Pin    string
 	Pinned bool
 	// PinOnly makes Route fail with ErrNoWorker rather than route a pinned request elsewhere.
 	PinOnly bool
-	// Exclude lists workers (by Index) already tried for this request.
+	// Exclude lists workers (by Index) the request must not go to: those already tried for
+	// it, and those outside a gateway's endpoint subset. The router drops them before any
+	// policy's filters, whatever the policy.
 	Exclude []int
 	// Role is the pool the request is routed in: RoleBoth (workers serving whole requests,
 	// the zero value), or RolePrefill / RoleDecode for one leg of a disaggregated request.
@@ -94,6 +97,9 @@ type Request struct {
 	flat        bool
 	flatOverlap float64
 
+	// eligible and scratch are the router's two candidate buffers: the router copies the
+	// pool's admissible workers into one, and each filter reads one and writes the other.
+	// Neither is ever the pool's own slice, which the router never hands to a plugin.
 	eligible []*Worker
 	scratch  []*Worker
 	costs    []float64

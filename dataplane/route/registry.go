@@ -24,7 +24,9 @@ func (p Params) Get(name string, def float64) float64 {
 // FilterPlugin, ScorerPlugin and PickerPlugin are what a Registry knows of a plugin: how to
 // build it from its parameters (each in Params, the only ones it accepts) and, for a
 // scorer, its weight; and whether a scorer needs the prompt matched against the index
-// (UsesIndex) or predicts latency (Predicts, see Policy).
+// (UsesIndex) or predicts latency (Predicts, see Policy). A scorer registered with Predicts
+// must fill the request's latency predictions, as PredictedTTFT does; Build refuses one
+// that builds anything else.
 type (
 	FilterPlugin struct {
 		Params []string
@@ -116,6 +118,9 @@ func (r *Registry) Build(p policy.Profile, cfg Config) (*Policy, error) {
 		if err != nil {
 			return nil, fmt.Errorf("profile: scorer %s: %w", s.Name, err)
 		}
+		if _, ok := v.(predictor); pl.Predicts && !ok {
+			return nil, fmt.Errorf("profile: scorer %s is registered as predicting latency, but its %T fills no latency predictions (only predicted-ttft's PredictedTTFT does)", s.Name, v)
+		}
 		out.Scorers = append(out.Scorers, v)
 		out.UsesIndex = out.UsesIndex || pl.UsesIndex
 		out.Predicts = out.Predicts || pl.Predicts
@@ -169,9 +174,11 @@ func params(kind string, pl policy.Plugin, accepted []string) error {
 	return nil
 }
 
-// RegisterBuiltins registers kvrelay's own plugins: the filters model, role and health; the
+// RegisterBuiltins registers kvrelay's own plugins: the filters model, role and health (which
+// repeats what the router applies to every profile, so a profile may name it or not); the
 // scorers prefill (params overlap_weight, queue_weight), decode, load and predicted-ttft
-// (params compute_weight, background_weight, batch_weight, wait_weight, cache_credit); the pickers
+// (params compute_weight, background_weight, batch_weight, wait_weight, tail_weight,
+// balance_weight, cache_credit); the pickers
 // min-cost and latency (param temperature), least-loaded, least-prefill, round-robin,
 // random and power-of-two. A scorer's weight multiplies its cost.
 func RegisterBuiltins(r *Registry) {
@@ -187,7 +194,7 @@ func RegisterBuiltins(r *Registry) {
 		}})
 	r.Scorer("decode", ScorerPlugin{New: func(w float64, _ Params) (Scorer, error) { return DecodeCost{Weight: w}, nil }})
 	r.Scorer("load", ScorerPlugin{New: func(w float64, _ Params) (Scorer, error) { return LoadCost{Weight: w}, nil }})
-	r.Scorer("predicted-ttft", ScorerPlugin{Params: []string{"compute_weight", "background_weight", "batch_weight", "wait_weight", "cache_credit"}, UsesIndex: true, Predicts: true,
+	r.Scorer("predicted-ttft", ScorerPlugin{Params: []string{"compute_weight", "background_weight", "batch_weight", "wait_weight", "tail_weight", "balance_weight", "cache_credit"}, UsesIndex: true, Predicts: true,
 		New: func(w float64, p Params) (Scorer, error) {
 			if w != 1 {
 				return nil, fmt.Errorf("weight %g: a latency prediction is in seconds and takes weight 1 (tune it with its parameters)", w)
@@ -197,7 +204,8 @@ func RegisterBuiltins(r *Registry) {
 				return nil, fmt.Errorf("cache_credit %g outside [0, 1]", credit)
 			}
 			return PredictedTTFT{ComputeWeight: p.Get("compute_weight", DefaultComputeWeight), BackgroundWeight: p.Get("background_weight", DefaultBackgroundWeight),
-				BatchWeight: p.Get("batch_weight", DefaultBatchWeight), WaitWeight: p.Get("wait_weight", DefaultWaitWeight), CacheCredit: credit}, nil
+				BatchWeight: p.Get("batch_weight", DefaultBatchWeight), WaitWeight: p.Get("wait_weight", DefaultWaitWeight), CacheCredit: credit,
+				TailWeight: p.Get("tail_weight", DefaultTailWeight), BalanceWeight: p.Get("balance_weight", DefaultBalanceWeight)}, nil
 		}})
 	temperature := func(mk func(t float64) Picker) PickerPlugin {
 		return PickerPlugin{Params: []string{"temperature"}, New: func(p Params) (Picker, error) {
@@ -232,10 +240,11 @@ var Builtins = sync.OnceValue(func() *Registry {
 })
 
 // Preset is the profile of a built-in policy name with cfg's weights: what NewPolicy builds.
-// Every name routes through the same filters (model, role, health).
+// Every name routes through the same filters (model, role), after the router's own
+// (health and exclusions, see Router.Route).
 func Preset(cfg Config) (policy.Profile, error) {
 	cfg = cfg.withDefaults()
-	p := policy.Profile{Filters: []policy.Plugin{{Name: "model"}, {Name: "role"}, {Name: "health"}}}
+	p := policy.Profile{Filters: []policy.Plugin{{Name: "model"}, {Name: "role"}}}
 	switch cfg.Policy {
 	case PolicyKV:
 		p.Scorers = []policy.Plugin{
@@ -247,7 +256,8 @@ func Preset(cfg Config) (policy.Profile, error) {
 	case PolicyLatency:
 		p.Scorers = []policy.Plugin{{Name: "predicted-ttft", Weight: 1, Params: map[string]float64{
 			"compute_weight": cfg.ComputeWeight, "background_weight": cfg.BackgroundWeight, "batch_weight": cfg.BatchWeight,
-			"wait_weight": cfg.WaitWeight, "cache_credit": min(cfg.OverlapWeight/DefaultOverlapWeight, 1)}}}
+			"wait_weight": cfg.WaitWeight, "tail_weight": cfg.TailWeight, "balance_weight": cfg.BalanceWeight,
+			"cache_credit": min(cfg.OverlapWeight/DefaultOverlapWeight, 1)}}}
 		p.Picker = policy.Plugin{Name: "latency", Params: map[string]float64{"temperature": cfg.Temperature}}
 	case PolicyRoundRobin:
 		p.Picker = policy.Plugin{Name: "round-robin"}

@@ -1,6 +1,7 @@
 package route
 
 import (
+	"errors"
 	"strings"
 	"testing"
 
@@ -26,13 +27,13 @@ func TestPresetsAreProfiles(t *testing.T) {
 		return b.String()
 	}
 	for name, want := range map[string]string{
-		PolicyKV:          "model role health | prefill decode | min-cost / least-prefill",
-		PolicyLatency:     "model role health | predicted-ttft | latency",
-		PolicyRoundRobin:  "model role health | | round-robin",
-		PolicyLeastLoaded: "model role health | | least-loaded",
-		PolicySession:     "model role health | | least-loaded",
-		PolicyRandom:      "model role health | | random",
-		PolicyPowerOfTwo:  "model role health | | power-of-two",
+		PolicyKV:          "model role | prefill decode | min-cost / least-prefill",
+		PolicyLatency:     "model role | predicted-ttft | latency",
+		PolicyRoundRobin:  "model role | | round-robin",
+		PolicyLeastLoaded: "model role | | least-loaded",
+		PolicySession:     "model role | | least-loaded",
+		PolicyRandom:      "model role | | random",
+		PolicyPowerOfTwo:  "model role | | power-of-two",
 	} {
 		p, err := NewPolicy(Config{Policy: name, Explicit: true, OverlapWeight: 32, QueueWeight: 4, Temperature: 0.5, CacheThreshold: 0.2})
 		if err != nil {
@@ -136,5 +137,63 @@ func (kvUsage) Name() string { return "kv-usage" }
 func (s kvUsage) Score(_ *Request, ws []*Worker, costs []float64) {
 	for i, w := range ws {
 		costs[i] += s.w * w.KVInUse()
+	}
+}
+
+// TestPredictingScorerMustPredict: a scorer registered as predicting latency whose scorer
+// fills no predictions is refused when its profile is built (validated by a control plane,
+// pushed to a proxy), so that no request with latency targets meets a policy that cannot
+// judge them.
+func TestPredictingScorerMustPredict(t *testing.T) {
+	reg := NewRegistry()
+	RegisterBuiltins(reg)
+	reg.Scorer("guessed-ttft", ScorerPlugin{Predicts: true, New: func(w float64, _ Params) (Scorer, error) { return LoadCost{Weight: w}, nil }})
+	prof := policy.Profile{Scorers: []policy.Plugin{{Name: "guessed-ttft", Weight: 1}}, Picker: policy.Plugin{Name: "latency"}}
+	const want = "scorer guessed-ttft is registered as predicting latency, but its route.LoadCost fills no latency predictions"
+	if err := reg.Validate(prof); err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("validate: %v, want %q", err, want)
+	}
+	r, err := NewRouter(Config{Profile: &prof, Plugins: reg}, NewPool(workers(3)), nil)
+	if err == nil {
+		// What a proxy that took the profile would do with the first request that has a
+		// target.
+		req := &Request{Model: "m", PromptTokens: 100, SLOTTFT: 1}
+		var d Decision
+		err := r.Route(req, &d)
+		t.Fatalf("a router was built on the profile (a request with a TTFT target got %v)", err)
+	}
+	if !strings.Contains(err.Error(), want) {
+		t.Fatalf("new router: %v, want %q", err, want)
+	}
+}
+
+// fakePredictor passes for a predicting scorer (it embeds PredictedTTFT) but scores like
+// LoadCost and predicts nothing.
+type fakePredictor struct{ PredictedTTFT }
+
+func (fakePredictor) Score(req *Request, ws []*Worker, costs []float64) {
+	LoadCost{Weight: 1}.Score(req, ws, costs)
+}
+
+// TestSLOWithoutPredictionsIsAnError: a predicting policy whose scorer left no predictions
+// (one that only looks like PredictedTTFT) makes a request with latency targets an error,
+// not a panic; one without targets routes by its costs.
+func TestSLOWithoutPredictionsIsAnError(t *testing.T) {
+	reg := NewRegistry()
+	RegisterBuiltins(reg)
+	reg.Scorer("fake-ttft", ScorerPlugin{Predicts: true, New: func(float64, Params) (Scorer, error) { return fakePredictor{}, nil }})
+	prof := policy.Profile{Scorers: []policy.Plugin{{Name: "fake-ttft", Weight: 1}}, Picker: policy.Plugin{Name: "min-cost"}}
+	r, err := NewRouter(Config{Profile: &prof, Plugins: reg}, NewPool(workers(3)), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := &Request{Model: "m", PromptTokens: 100}
+	var d Decision
+	if err := r.Route(req, &d); err != nil || d.HasPrediction {
+		t.Fatalf("without a target: %v, prediction %v", err, d.HasPrediction)
+	}
+	req.SLOTTFT = 1
+	if err := r.Route(req, &d); !errors.Is(err, errNoPredictions) {
+		t.Fatalf("with a target: %v, want errNoPredictions", err)
 	}
 }

@@ -4,8 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"sort"
-	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -99,6 +97,15 @@ type Config struct {
 	// WaitWeight weighs the wait for a sequence slot once more (latency policy; default
 	// DefaultWaitWeight).
 	WaitWeight float64
+	// TailWeight weighs the prediction's spread (Prediction.Spread) beside its mean: the
+	// latency policy routes on TTFT + TailWeight·σ, so a worker whose predictions have
+	// been unreliable, or whose wait is a guess, needs a clearer lead to win (latency
+	// policy; default DefaultTailWeight).
+	TailWeight float64
+	// BalanceWeight weighs the slots a request takes from a worker that has few
+	// (Prediction.Hold × Prediction.Scarcity): the wait or cache miss it leaves the next
+	// requests that want that worker (latency policy; default DefaultBalanceWeight).
+	BalanceWeight float64
 	// CacheThreshold: when no worker caches this share of the prompt's blocks more than the
 	// worker that caches least (a new prompt, or one whose only cached part is a system
 	// prompt every worker holds), the kv policy spreads instead, to the worker with the least
@@ -166,6 +173,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("cache threshold %g must be within [0, 1]", c.CacheThreshold)
 	case !(c.ComputeWeight >= 0 && c.ComputeWeight <= 1e6) || !(c.BackgroundWeight >= 0 && c.BackgroundWeight <= 1e6) || !(c.BatchWeight >= 0 && c.BatchWeight <= 1e6) || !(c.WaitWeight >= 0 && c.WaitWeight <= 1e6):
 		return fmt.Errorf("compute weight %g, background weight %g, batch weight %g and wait weight %g must be within [0, 1e6]", c.ComputeWeight, c.BackgroundWeight, c.BatchWeight, c.WaitWeight)
+	case !(c.TailWeight >= 0 && c.TailWeight <= 1e6) || !(c.BalanceWeight >= 0 && c.BalanceWeight <= 1e6):
+		return fmt.Errorf("tail weight %g and balance weight %g must be within [0, 1e6]", c.TailWeight, c.BalanceWeight)
 	}
 	return nil
 }
@@ -416,7 +425,7 @@ func NewRouter(cfg Config, pool *Pool, index prefix.Index) (*Router, error) {
 	r := &Router{index: index}
 	r.policy.Store(p)
 	r.sessions.ttl.Store(int64(cfg.SessionTTL))
-	r.sessions.m = make(map[string]*session)
+	r.sessions.init(maxSessions)
 	r.pool.Store(pool)
 	return r, nil
 }
@@ -448,15 +457,35 @@ func (r *Router) SetPolicy(cfg Config) error {
 
 // Route picks the worker for req and fills d. It returns ErrNoWorker when no worker can
 // serve the request and ErrBusy when all that could are busy.
+//
+// Before any of the policy's filters, the router itself keeps only the workers that may take
+// a request at all: healthy ones (not draining, not ejected) that req.Exclude does not name
+// (the workers a retry already tried, or those outside a gateway's endpoint subset). No
+// profile can route around that. It copies them into req's candidate buffers, so that no
+// filter, scorer or picker ever sees (or could alter) the pool's own slice.
 func (r *Router) Route(req *Request, d *Decision) error {
 	*d = Decision{}
 	req.preds = req.preds[:0]
 	pool := r.pool.Load()
 	policy := r.policy.Load()
-	cur := pool.Workers
+	now := req.Now
+	if now == 0 {
+		now = Now()
+	}
+	if n := len(pool.Workers); cap(req.eligible) < n || cap(req.scratch) < n {
+		// Once per request buffer and pool size: no filter's output outgrows them.
+		req.eligible, req.scratch = make([]*Worker, 0, n), make([]*Worker, 0, n)
+	}
+	req.eligible = admissible(req, pool.Workers, now, req.eligible[:0])
+	cur := req.eligible
 	for _, f := range policy.Filters {
-		req.scratch = f.Filter(req, cur, req.scratch[:0])
-		cur, req.scratch, req.eligible = req.scratch, req.eligible[:0], req.scratch
+		out := f.Filter(req, cur, req.scratch[:0])
+		if !sameArray(out, req.scratch) {
+			// A filter that returned its input (or a slice of its own): copy, so that the
+			// two buffers stay apart and the next filter never writes the slice it reads.
+			out = append(req.scratch[:0], out...)
+		}
+		cur, req.scratch, req.eligible = out, req.eligible[:0], out
 	}
 	if len(cur) == 0 {
 		return ErrNoWorker
@@ -526,13 +555,13 @@ func (r *Router) Route(req *Request, d *Decision) error {
 	}
 
 	if req.SessionID != "" && !policy.Predicts {
-		if id, ok := r.sessions.get(req.SessionID); ok {
+		if id, ok := r.sessions.get(req.SessionID, now); ok {
 			for _, w := range ws {
 				if w.ID == id {
 					d.Worker, d.Mode = w, "session"
 					d.Overlap = req.Overlap(w)
 					if !req.DryRun {
-						r.sessions.put(req.SessionID, w.ID)
+						r.sessions.put(req.SessionID, w.ID, now)
 					}
 					return nil
 				}
@@ -562,6 +591,9 @@ func (r *Router) Route(req *Request, d *Decision) error {
 			s.Score(req, ws, req.costs)
 		}
 		if policy.Predicts && (req.SLOTTFT > 0 || req.SLOTPOT > 0) {
+			if len(req.preds) != len(ws) {
+				return errNoPredictions
+			}
 			n := meetSLO(req, ws, req.costs)
 			if n == 0 {
 				return ErrSLO
@@ -592,10 +624,34 @@ func (r *Router) Route(req *Request, d *Decision) error {
 	}
 	if req.SessionID != "" && !policy.Predicts {
 		if !req.DryRun {
-			r.sessions.put(req.SessionID, ws[i].ID)
+			r.sessions.put(req.SessionID, ws[i].ID, now)
 		}
 	}
 	return nil
+}
+
+// admissible appends to out the workers of ws that may take req at now: healthy (not
+// draining, not ejected) and not named by req.Exclude. It is the router's own filter, ahead
+// of every policy's.
+func admissible(req *Request, ws []*Worker, now int64, out []*Worker) []*Worker {
+next:
+	for _, w := range ws {
+		if !w.Healthy(now) {
+			continue
+		}
+		for _, x := range req.Exclude {
+			if x == w.Index {
+				continue next
+			}
+		}
+		out = append(out, w)
+	}
+	return out
+}
+
+// sameArray reports whether a and b share their first element's backing array.
+func sameArray(a, b []*Worker) bool {
+	return cap(a) > 0 && cap(b) > 0 && &a[:1][0] == &b[:1][0]
 }
 
 // leastOverlap is the fewest prompt blocks any of ws caches: what every worker offers
@@ -606,54 +662,4 @@ func leastOverlap(req *Request, ws []*Worker) float64 {
 		lo = min(lo, req.Overlap(w))
 	}
 	return lo
-}
-
-// sessions binds session ids to worker ids for a TTL after each use. Ids may alias a buffer
-// the caller reuses (the proxy's read buffer): the table keeps its own copy of each key, and
-// an update writes through the entry's pointer, because assigning to an existing string key
-// would store the caller's string in its place.
-type sessions struct {
-	mu  sync.Mutex
-	ttl atomic.Int64 // nanoseconds
-	m   map[string]*session
-}
-
-type session struct {
-	worker  string
-	expires int64
-}
-
-// maxSessions bounds the table; past it, expired sessions are swept before adding more.
-const maxSessions = 1 << 20
-
-func (s *sessions) get(id string) (string, bool) {
-	now := Now()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	e, ok := s.m[id]
-	if !ok || e.expires < now {
-		return "", false
-	}
-	return e.worker, true
-}
-
-func (s *sessions) put(id, worker string) {
-	now := Now()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if e, ok := s.m[id]; ok {
-		e.worker, e.expires = worker, now+s.ttl.Load()
-		return
-	}
-	if len(s.m) >= maxSessions {
-		for k, e := range s.m {
-			if e.expires < now {
-				delete(s.m, k)
-			}
-		}
-		if len(s.m) >= maxSessions {
-			return // full of live sessions: this one goes unbound
-		}
-	}
-	s.m[strings.Clone(id)] = &session{worker: worker, expires: now + s.ttl.Load()}
 }

@@ -683,14 +683,14 @@ func TestDryRunBindsNoSession(t *testing.T) {
 	if err := r.Route(&req, &d); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := r.sessions.get("s1"); ok {
+	if _, ok := r.sessions.get("s1", Now()); ok {
 		t.Fatal("a dry-run decision bound its session")
 	}
 	req.DryRun = false
 	if err := r.Route(&req, &d); err != nil {
 		t.Fatal(err)
 	}
-	if id, ok := r.sessions.get("s1"); !ok || id != d.Worker.ID {
+	if id, ok := r.sessions.get("s1", Now()); !ok || id != d.Worker.ID {
 		t.Fatalf("a real decision bound %q, %v; want %s", id, ok, d.Worker.ID)
 	}
 }

@@ -53,6 +53,9 @@ type Worker struct {
 	decodeBlocks  atomic.Int64
 	cachedBlocks  atomic.Int64
 	reported      atomic.Pointer[Reported]
+	// ownAtReport is this proxy's requests in flight on the worker when the last report
+	// arrived: the report's running and waiting counts beyond them are other proxies'.
+	ownAtReport atomic.Int64
 
 	// The prefill backlog model (PrefillBacklog): this proxy's uncached tokens still to
 	// compute, backlog tokens at backlogAt, drained at the learned rate (float64 bits,
@@ -113,12 +116,14 @@ type Reported struct {
 	DecodeBlocks  int
 }
 
-// SetReported replaces the engine-reported load; nil clears it. A report of requests waiting
-// teaches the latency model the engine's concurrency limit.
+// SetReported replaces the engine-reported load; nil clears it. A report teaches the latency
+// model the engine's concurrency limit: at least what runs, and what runs while requests
+// wait.
 func (w *Worker) SetReported(r *Reported) {
+	w.ownAtReport.Store(w.inflight.Load())
 	w.reported.Store(r)
-	if r != nil && r.Waiting > 0 {
-		w.Latency().ObserveReport(r.Running, r.Waiting)
+	if r != nil {
+		w.Latency().ObserveReport(r.Running, r.Waiting, r.KVUsage)
 	}
 }
 
@@ -202,12 +207,17 @@ func (w *Worker) DecodeBlocks() int64 {
 	return n
 }
 
-// Load is the number of requests on the worker: this proxy's in flight, or the engine's
-// running plus waiting when it reports more.
+// Load is the number of requests on the worker: this proxy's in flight now, plus the
+// engine's running and waiting requests that were not this proxy's when it last reported.
+// A report is up to a load interval old; this proxy's own count is current, so a request of
+// its own that finished since is gone at once, and one it sent since counts at once, where
+// the report alone would hold the worker's load where it was.
 func (w *Worker) Load() int64 {
 	n := w.inflight.Load()
-	if r := w.reported.Load(); r != nil && int64(r.Running+r.Waiting) > n {
-		n = int64(r.Running + r.Waiting)
+	if r := w.reported.Load(); r != nil {
+		if others := int64(r.Running+r.Waiting) - w.ownAtReport.Load(); others > 0 {
+			n += others
+		}
 	}
 	return n
 }
@@ -378,7 +388,7 @@ func (u *Usage) FirstTokenAt(now int64) {
 	u.firstAt = now
 	if u.hasPred && u.learn {
 		u.ttft = float64(now-u.begun) / 1e9
-		w.Latency().ObserveTTFT(&u.pred.X, u.ttft)
+		w.Latency().ObserveTTFT(&u.pred, u.ttft)
 	}
 	w.bl.Lock()
 	w.decoding = append(w.decoding, now)

@@ -1,5 +1,6 @@
 // Package blockhash computes the prefix-chained block hashes that the proxy, the control plane
-// and the simulated engine share (ARCHITECTURE.md, "Block hashing").
+// and the simulated engine share (docs/block-hashing.md: the design, and where the seed and
+// the block size come from).
 //
 // Only full blocks are hashed. For block i of a token sequence,
 //

@@ -1,4 +1,4 @@
-// Package kvevents speaks vLLM's KV cache event protocol (ARCHITECTURE.md, "KV events"): the
+// Package kvevents speaks vLLM's KV cache event protocol (docs/kv-events.md): the
 // msgpack encoding of event batches, a ZMQ publisher like vLLM's ZmqEventPublisher (used by
 // the simulated engine, engines/sim), and a ZMQ subscriber with a replay client (used by the
 // control plane to follow vLLM, SGLang and simulated engines).

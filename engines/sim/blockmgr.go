@@ -1,33 +1,52 @@
 package sim
 
 import (
-	"errors"
 	"slices"
 	"sort"
-	"sync/atomic"
 	"time"
 
-	"github.com/kvrelay/kvrelay/engines/blockhash"
+	"github.com/kvrelay/kvrelay/engines/sim/internal/blockpool"
 )
 
-// blockManager is the KV block manager the scheduler asks for memory: the GPU pool (G1, a
-// blockPool) and, when configured, host memory (G2) and disk (G3) below it, with the
-// eviction classes and pins of Config.Eviction. A block is found by its sequence hash in
-// whichever tier holds it; one found below the GPU is brought back (onboarded) into a GPU
-// block at a cost the step model charges. Blocks move down as Config.OffloadOn says —
-// copied to host as they are stored, or when the GPU evicts them — and from host to disk when
-// host evicts them, if they were reused at least Config.DiskAdmitMinHits times (one-shot
-// blocks do not wear the disk). Every move is a KV event of its tier (medium GPU, CPU or
-// DISK); a block moving down is stored below before it is removed above, so an index that
-// follows the events never loses it in between.
+// blockManager owns the engine's KV block memory, as vLLM's KVCacheManager does: the GPU
+// tier (G1, a blockpool.Pool), the staging slots through which a peer reads blocks of the
+// tiers below, and, when configured, host memory (G2) and disk (G3) below the GPU, with the
+// eviction classes and pins of Config.Eviction. It is the only code that allocates, frees,
+// caches, references or evicts a block, and the only code that writes a request's block
+// table (Request.blocks). The others ask it:
+//
+//   - the scheduler (scheduler.go) for a prompt's cached prefix (lookup, canAdmit, fitting),
+//     for that prefix and room for the next tokens (admit, allocateSlots), to cache the
+//     blocks a step computed (cacheBlocks) and to give a request's blocks back (free), each
+//     step between beginStep and endStep (which publishes the step's evictions);
+//   - the KV connector's side (pd.go, peer.go): a decode leg or peer fetch takes its cached
+//     prefix (gpuHits, takeCached) and allocates the blocks it pulls into (allocateSlots); a
+//     finished prefill leg's blocks pass to its hold (detach) until the decoder read them
+//     (release); a peer export holds a cached prefix (exportPrefix, stage), released alike.
+//
+// They read Request.blocks, to name block ids to the KV connector, and never write it.
+// TestBlockOwnership fails when a file outside blockmgr*.go touches the pool, the staging
+// slots or a block table, or calls a blockManager method outside this API; the pool's free
+// queues and block table are package blockpool's own, out of the engine's reach.
+//
+// A block is found by its sequence hash in whichever tier holds it; one found below the GPU
+// is brought back (onboarded) into a GPU block at a cost the step model charges. Blocks move
+// down as Config.OffloadOn says — copied to host as they are stored, or when the GPU evicts
+// them — and from host to disk when host evicts them, if they were reused at least
+// Config.DiskAdmitMinHits times (one-shot blocks do not wear the disk). Every move is a KV
+// event of its tier (medium GPU, CPU or DISK); a block moving down is stored below before it
+// is removed above, so an index that follows the events never loses it in between.
 //
 // A blockManager is owned by its engine's scheduler goroutine.
 type blockManager struct {
 	cfg     *Config
-	pool    *blockPool
+	pool    *blockpool.Pool
 	host    *lowerTier // nil: no host tier
 	disk    *lowerTier // nil: no disk tier
 	metrics *Metrics
+	// staging are the free staging slots, by block id (Config.NumGPUBlocks on): a host or
+	// disk block exported to a peer is read from one (see stage).
+	staging []int32
 
 	// meta describes every block some tier holds, when tiers or pins are in use (tiered).
 	meta    map[uint64]*blockMeta
@@ -36,6 +55,7 @@ type blockManager struct {
 	events  *[]CacheEvent
 	pinList []uint64 // hashes pinned (some lapsed, swept by expirePins)
 	through []uint64 // stored on the GPU, to copy to host (writeThrough)
+	src     []uint8  // admit's scratch: the tier of each hit block
 	pinned  int      // hashes pinned now
 	maxPins int
 	nextPin int64 // earliest pin expiry, 0 when none
@@ -43,81 +63,25 @@ type blockManager struct {
 	stats tierCounters
 }
 
-// tierCounters are the block manager's totals, read from any goroutine (Engine.TierStats).
-type tierCounters struct {
-	promptTokens, cachedTokens atomic.Int64
-	byTier                     [3]atomic.Int64 // cached tokens found in GPU, CPU, DISK
-	diskRead, diskWritten      atomic.Int64
-	offloaded                  [2]atomic.Int64 // blocks copied to CPU, DISK
-	peerFetches                [numPeerOutcomes]atomic.Int64
-	peerTokens                 atomic.Int64 // prompt tokens pulled from peers
-	onboardSkipped             atomic.Int64 // lower-tier hit blocks computed for want of GPU room
-}
+// noBlock stands for a block id not allocated yet.
+const noBlock int32 = -1
 
-// The outcomes of a request told to fetch its prefix from a peer (TierStats.PeerFetches).
-const (
-	PeerPulled   = iota // pulled what the holder gave
-	PeerPartial         // room for only part of the prompt when it came up: pulled its leading blocks, computed the rest
-	PeerFallback        // the holder gave nothing, did not answer, or the pull failed: computed
-	PeerNoRoom          // not enough free blocks for a block more than computing takes: computed
-	numPeerOutcomes
-)
-
-// TierStats are an engine's KV totals since it started: prompt tokens admitted and those
-// found cached, by the tier that held them, and the disk tier's traffic.
-type TierStats struct {
-	PromptTokens, CachedTokens int64
-	// CachedByTier is indexed GPU, CPU, DISK.
-	CachedByTier                [3]int64
-	DiskReadBytes, DiskWritten  int64
-	OffloadedCPU, OffloadedDisk int64
-	// PeerFetches counts peer fetches by outcome: PeerPulled, PeerPartial, PeerFallback,
-	// PeerNoRoom; PeerTokens, the prompt tokens they pulled (cached, but in no tier of this
-	// engine's when the request came: not in CachedTokens).
-	PeerFetches [numPeerOutcomes]int64
-	PeerTokens  int64
-	// OnboardSkipped counts host or disk hit blocks computed instead of brought back, for
-	// want of free GPU blocks when their request came up.
-	OnboardSkipped int64
-}
-
-// TierStats returns the engine's KV totals. It is safe to call from any goroutine.
-func (e *Engine) TierStats() TierStats {
-	c := &e.kvm.stats
-	s := TierStats{PromptTokens: c.promptTokens.Load(), CachedTokens: c.cachedTokens.Load(),
-		DiskReadBytes: c.diskRead.Load(), DiskWritten: c.diskWritten.Load(),
-		OffloadedCPU: c.offloaded[0].Load(), OffloadedDisk: c.offloaded[1].Load()}
-	for i := range s.CachedByTier {
-		s.CachedByTier[i] = c.byTier[i].Load()
+// newBlockManager builds the block memory of cfg: its GPU pool, staging slots and tiers. The
+// events it makes are appended to *events.
+func newBlockManager(cfg *Config, metrics *Metrics, events *[]CacheEvent) (*blockManager, error) {
+	policy := blockpool.LRU
+	if cfg.Eviction == EvictWORM {
+		policy = blockpool.WORM
 	}
-	for i := range s.PeerFetches {
-		s.PeerFetches[i] = c.peerFetches[i].Load()
+	m := &blockManager{
+		cfg:     cfg,
+		pool:    blockpool.New(cfg.NumGPUBlocks, cfg.EnablePrefixCaching, policy),
+		metrics: metrics,
+		events:  events,
 	}
-	s.PeerTokens = c.peerTokens.Load()
-	s.OnboardSkipped = c.onboardSkipped.Load()
-	return s
-}
-
-// tierMedia are the media of TierStats.CachedByTier's indices.
-var tierMedia = [3]string{MediumGPU, MediumCPU, MediumDISK}
-
-// blockMeta is what a tier needs of a block beyond its hash: its tokens, parent and keys for
-// the events that announce it in another tier, and its reuse and pin.
-type blockMeta struct {
-	tokens    []uint32
-	parent    uint64
-	hasParent bool
-	keys      *blockhash.Keys // nil: none
-	first     int             // its index in the request that stored it
-	hits      int32           // requests that found it cached, in any tier
-	ephemeral bool
-	// pinUntil is when its pin lapses (Unix ns; 0: not pinned), pinTTL what a hit renews.
-	pinUntil, pinTTL int64
-}
-
-func newBlockManager(cfg *Config, pool *blockPool, metrics *Metrics, events *[]CacheEvent) (*blockManager, error) {
-	m := &blockManager{cfg: cfg, pool: pool, metrics: metrics, events: events}
-	pool.eviction = cfg.Eviction
+	for j := cfg.StagingSlots() - 1; j >= 0; j-- {
+		m.staging = append(m.staging, int32(cfg.NumGPUBlocks+j))
+	}
 	if cfg.CPUOffloadBlocks > 0 {
 		m.host = newLowerTier(MediumCPU, cfg.CPUOffloadBlocks)
 	}
@@ -132,7 +96,7 @@ func newBlockManager(cfg *Config, pool *blockPool, metrics *Metrics, events *[]C
 	if m.tiered {
 		m.meta = make(map[uint64]*blockMeta, cfg.NumGPUBlocks)
 		m.maxPins = int(cfg.MaxPinnedFraction * float64(cfg.NumGPUBlocks))
-		pool.pinned = m.isPinned
+		m.pool.SetPinned(m.isPinned)
 	}
 	return m, nil
 }
@@ -140,28 +104,53 @@ func newBlockManager(cfg *Config, pool *blockPool, metrics *Metrics, events *[]C
 // setClock sets the scheduler clock for the step being planned and lets lapsed pins go.
 func (m *blockManager) setClock(now time.Time) {
 	m.now = now.UnixNano()
-	m.pool.now = m.now
+	m.pool.SetClock(m.now)
 	if m.nextPin != 0 && m.now >= m.nextPin {
 		m.expirePins()
 	}
 }
 
-func (m *blockManager) isPinned(h uint64) bool {
-	b := m.meta[h]
-	return b != nil && b.pinUntil > m.now
+// beginStep starts planning a step at now: the clock of pins and eviction ages is set, and
+// the step's evictions are collected from here to endStep.
+func (m *blockManager) beginStep(now time.Time) {
+	m.setClock(now)
+	m.pool.ClearEvicted()
+}
+
+// endStep moves the blocks the step's allocations evicted from the GPU down where they belong
+// (see evicted) and appends their removal from the GPU to the events.
+func (m *blockManager) endStep() {
+	if removed := m.evicted(m.pool.Evicted()); len(removed) > 0 {
+		*m.events = append(*m.events, CacheEvent{Kind: BlocksRemoved, Medium: MediumGPU, Hashes: removed})
+	}
+}
+
+// usage is the fraction of GPU blocks in use, vLLM's kv_cache_usage_perc.
+func (m *blockManager) usage() float64 { return m.pool.Usage() }
+
+// numUsed is the number of GPU blocks some request or hold references.
+func (m *blockManager) numUsed() int { return m.pool.NumUsed() }
+
+// numFree is the number of GPU blocks nothing references (cached or not).
+func (m *blockManager) numFree() int { return m.pool.NumFree() }
+
+// onGPU reports whether the GPU tier caches h.
+func (m *blockManager) onGPU(h uint64) bool {
+	_, ok := m.pool.Cached(h)
+	return ok
 }
 
 // lookup counts the leading hashes some tier holds: the blocks a request can reuse, G1's
 // referenced, the others onboarded.
 func (m *blockManager) lookup(hashes []uint64) int {
-	if !m.pool.prefixCaching {
+	if !m.pool.PrefixCaching() {
 		return 0
 	}
 	if !m.tiered || (m.host == nil && m.disk == nil) {
-		return m.pool.hits(hashes)
+		return m.pool.Hits(hashes)
 	}
 	for i, h := range hashes {
-		if _, ok := m.pool.cached[h]; ok {
+		if m.onGPU(h) {
 			continue
 		}
 		if (m.host != nil && m.host.has(h)) || (m.disk != nil && m.disk.has(h)) {
@@ -185,7 +174,7 @@ func (m *blockManager) fitting(r *Request, hit, budget int) int {
 		n := min(len(r.tokens)-h*bs, budget)
 		return m.canAdmit(r.hashes, h, (h*bs+n+bs-1)/bs-h)
 	}
-	gpu := m.pool.hits(r.hashes[:hit])
+	gpu := m.pool.Hits(r.hashes[:hit])
 	if gpu == hit || !fits(gpu) {
 		return -1
 	}
@@ -200,80 +189,113 @@ func (m *blockManager) fitting(r *Request, hit, budget int) int {
 // be had: GPU hits sitting in a free queue leave it, and each block onboarded from below
 // takes a free one, as each new block does.
 func (m *blockManager) canAdmit(hashes []uint64, hit, nNew int) bool {
-	avail, need := m.pool.numFree, nNew
+	avail, need := m.pool.NumFree(), nNew
 	for _, h := range hashes[:hit] {
-		id, ok := m.pool.cached[h]
+		id, ok := m.pool.Cached(h)
 		switch {
 		case !ok:
 			need++
-		case m.pool.blocks[id].ref == 0:
+		case !m.pool.InUse(id):
 			avail--
 		}
 	}
 	return need <= avail
 }
 
-// admit gives r its first hit blocks: the GPU's referenced, the others allocated and loaded
-// from host or disk (and stored in the GPU tier, with their events). It returns how many it
-// gave, fewer than hit when a disk block could not be read back (the request computes the
-// rest), and adds the onboarding time to *onboard. Pins are renewed on every block hit, and a
-// request asking for a pin pins what it found.
+// admit gives r its first hit blocks (found by lookup, which canAdmit accepted): the GPU's
+// referenced, the others allocated and loaded from host or disk (and stored in the GPU tier,
+// with their events). It returns how many it gave, fewer than hit when a disk block could not
+// be read back (the request computes the rest), and adds the onboarding time to *onboard.
+// Pins are renewed on every block hit, and a request asking for a pin pins what it found.
+//
+// As vLLM's allocate_slots touches a request's computed blocks before it allocates any new
+// one, admit first finds every hit block's tier (reading disk blocks back), then references
+// the GPU hits, and only then allocates for the blocks it brings back: an allocation evicts
+// the block at the head of the free queue, which may be a GPU hit later in the prefix.
 func (m *blockManager) admit(r *Request, hit int, onboard *time.Duration) int {
-	var hostBlocks, diskBlocks int
-	var diskRead time.Duration
 	if !r.admitted && (m.host != nil || m.disk != nil) {
 		m.metrics.externalQuery(r.promptLen)
 	}
-	got := 0
+	// Where each block is: tierGPU, tierHost or tierDisk (indices of TierStats.CachedByTier).
+	src := m.src[:0]
+	var diskRead time.Duration
+	got := hit
+	for i, h := range r.hashes[:hit] {
+		if m.onGPU(h) {
+			src = append(src, tierGPU)
+			continue
+		}
+		if m.host != nil && m.host.has(h) {
+			src = append(src, tierHost)
+			continue
+		}
+		if m.disk == nil || !m.disk.has(h) {
+			got = i // lookup found it: cannot happen, as nothing evicts between the two
+			break
+		}
+		start := time.Now()
+		n, err := m.disk.read(h)
+		diskRead += time.Since(start)
+		m.metrics.diskRead(n)
+		m.stats.diskRead.Add(int64(n))
+		if err != nil {
+			m.diskFailed(h, err)
+			got = i
+			break
+		}
+		src = append(src, tierDisk)
+	}
+	m.src = src
+	for i, h := range r.hashes[:got] {
+		if src[i] == tierGPU {
+			r.blocks = append(r.blocks, m.pool.Take(h))
+		} else {
+			r.blocks = append(r.blocks, noBlock) // allocated below
+		}
+	}
+	base := len(r.blocks) - got
+	for i, h := range r.hashes[:got] {
+		if src[i] == tierGPU {
+			continue
+		}
+		id, ok := m.pool.Allocate()
+		if !ok {
+			// canAdmit counted this block: cannot happen. Compute from here, returning the
+			// GPU hits taken after it.
+			m.pool.Free(slices.DeleteFunc(r.blocks[base+i+1:], func(id int32) bool { return id == noBlock }))
+			r.blocks = r.blocks[:base+i]
+			got = i
+			break
+		}
+		r.blocks[base+i] = id
+		m.pool.Store(id, h)
+	}
+	var blocks [3]int
 	evStart := -1
-	flush := func(to int) {
-		if evStart >= 0 {
-			m.storedEvent(r, evStart, to, MediumGPU)
+	for i := range got {
+		blocks[src[i]]++
+		switch {
+		case src[i] != tierGPU && evStart < 0:
+			evStart = i
+		case src[i] == tierGPU && evStart >= 0:
+			m.storedEvent(r, evStart, i, MediumGPU)
 			evStart = -1
 		}
 	}
-	gpuBlocks := 0
-	for i, h := range r.hashes[:hit] {
-		if _, ok := m.pool.cached[h]; ok {
-			flush(i)
-			r.blocks = m.pool.take(r.blocks, h)
-			m.hit(h)
-			gpuBlocks++
-			got++
-			continue
-		}
-		if m.host == nil || !m.host.has(h) {
-			start := time.Now()
-			n, err := m.disk.read(h)
-			diskRead += time.Since(start)
-			m.metrics.diskRead(n)
-			m.stats.diskRead.Add(int64(n))
-			if err != nil {
-				m.diskFailed(h, err)
-				break
-			}
-			diskBlocks++
-		} else {
-			hostBlocks++
-		}
-		var ok bool
-		if r.blocks, ok = m.pool.allocate(r.blocks); !ok {
-			break // cannot happen: canAdmit counted it
-		}
-		m.pool.store(r.blocks[len(r.blocks)-1], h)
-		if evStart < 0 {
-			evStart = i
-		}
-		m.hit(h)
-		got++
+	if evStart >= 0 {
+		m.storedEvent(r, evStart, got, MediumGPU)
 	}
-	flush(got)
+	// Every block is on the GPU now: a hit that writes a block through to disk, evicting
+	// another there, cannot make this prefix lose one.
+	for _, h := range r.hashes[:got] {
+		m.hit(h)
+	}
 	if !r.admitted {
 		// Counted once per request, as its cached tokens are: not again when a preempted
 		// request comes back.
-		m.countHits([3]int{gpuBlocks, hostBlocks, diskBlocks})
+		m.countHits(blocks)
 	}
-	*onboard += m.onboardTime(hostBlocks, diskBlocks, diskRead)
+	*onboard += m.onboardTime(blocks[tierHost], blocks[tierDisk], diskRead)
 	if r.Params.PinTTL > 0 {
 		for _, h := range r.hashes[:got] {
 			m.pin(h, r.Params.PinTTL)
@@ -282,311 +304,133 @@ func (m *blockManager) admit(r *Request, hit int, onboard *time.Duration) int {
 	return got
 }
 
-// countHits counts a request's cached blocks by the tier that held them (indexed as
-// TierStats.CachedByTier).
-func (m *blockManager) countHits(blocks [3]int) {
-	for t, n := range blocks {
-		if n > 0 {
-			m.metrics.tierHit(tierMedia[t], n*m.cfg.BlockSize)
-			m.stats.byTier[t].Add(int64(n * m.cfg.BlockSize))
-		}
+// gpuHits counts the leading hashes the GPU tier caches: the prefix takeCached takes.
+func (m *blockManager) gpuHits(hashes []uint64) int { return m.pool.Hits(hashes) }
+
+// takeCached gives r, which holds no block, its first hit blocks, cached on the GPU (counted
+// by gpuHits): each referenced, its reuse counted and its pin renewed.
+func (m *blockManager) takeCached(r *Request, hit int) {
+	for _, h := range r.hashes[:hit] {
+		r.blocks = append(r.blocks, m.pool.Take(h))
+		m.hit(h)
 	}
 }
 
-// onboardTime is the modelled time of bringing blocks back to GPU memory: host blocks at
-// Config.HostBandwidth, disk blocks at the real read time or Config.DiskBandwidth, whichever
-// is slower, the modelled bytes (Config.KVBytesPerToken) scaled by the speedup.
-func (m *blockManager) onboardTime(host, disk int, diskRead time.Duration) time.Duration {
-	if host == 0 && disk == 0 {
-		return 0
-	}
-	s := m.cfg.Timing.Speedup
-	if s <= 0 {
-		s = 1
-	}
-	blockBytes := float64(m.cfg.BlockSize) * float64(m.cfg.KVBytesPerToken)
-	var d time.Duration
-	if host > 0 && m.cfg.HostBandwidth > 0 {
-		d += time.Duration(float64(host) * blockBytes / m.cfg.HostBandwidth / s * float64(time.Second))
-	}
-	if disk > 0 {
-		floor := time.Duration(0)
-		if m.cfg.DiskBandwidth > 0 {
-			floor = time.Duration(float64(disk) * blockBytes / m.cfg.DiskBandwidth / s * float64(time.Second))
-		}
-		d += max(diskRead, floor)
-	}
-	return d
-}
-
-// hit counts a reuse of h, renews its pin, and (offloading on store) writes a block that
-// reached the disk's admission count through to disk.
-func (m *blockManager) hit(h uint64) {
-	if !m.tiered {
-		return
-	}
-	b := m.meta[h]
-	if b == nil {
-		return
-	}
-	b.hits++
-	if b.pinUntil > m.now {
-		b.pinUntil = max(b.pinUntil, m.now+b.pinTTL)
-	}
-	if m.host != nil {
-		m.host.touch(h)
-	}
-	if m.disk != nil {
-		m.disk.touch(h)
-		if m.cfg.OffloadOn == OffloadOnStore && !b.ephemeral && !m.disk.has(h) && int(b.hits) >= m.cfg.DiskAdmitMinHits {
-			m.toDisk(h, b)
-		}
-	}
-}
-
-// stored records that r's block b became the GPU's cached copy in block id: its metadata,
-// its class, a pin when r asks for one, and a copy on host when offloading on store.
-func (m *blockManager) stored(r *Request, b int, id int32) {
-	if !m.tiered {
-		return
-	}
-	h := r.hashes[b]
-	bs := m.cfg.BlockSize
-	meta := m.meta[h]
-	if meta == nil {
-		meta = &blockMeta{tokens: slices.Clone(r.tokens[b*bs : (b+1)*bs]), first: b}
-		if b > 0 {
-			meta.parent, meta.hasParent = r.hashes[b-1], true
-		}
-		if !r.keys.Empty() {
-			meta.keys = &r.keys
-		}
-		m.meta[h] = meta
-	}
-	if b*bs >= r.promptLen && r.Params.EphemeralOutput && !meta.pinned(m.now) {
-		meta.ephemeral = true
-		m.pool.blocks[id].ephemeral = true
-	}
-	if r.Params.PinTTL > 0 && (b+1)*bs <= r.promptLen {
-		m.pin(h, r.Params.PinTTL)
-	}
-	if m.host != nil && m.cfg.OffloadOn == OffloadOnStore && !meta.ephemeral && !m.host.has(h) {
-		m.through = append(m.through, h)
-	}
-}
-
-// writeThrough copies to host the blocks stored since the last call (offloading on store),
-// once the caller has published their GPU store.
-func (m *blockManager) writeThrough() {
-	for _, h := range m.through {
-		if b := m.meta[h]; b != nil && !m.host.has(h) {
-			m.toHost(h, b)
-		}
-	}
-	m.through = m.through[:0]
-}
-
-func (b *blockMeta) pinned(now int64) bool { return b.pinUntil > now }
-
-// evicted moves the blocks the GPU tier just evicted down where they belong — a pinned block
-// always to host, any other but an ephemeral one when offloading on eviction — before the
-// caller publishes their removal from the GPU, forgets those no tier holds, and returns the
-// hashes to publish as removed from the GPU (those not cached there again since).
-func (m *blockManager) evicted(hashes []uint64) []uint64 {
-	if !m.tiered {
-		return hashes
-	}
-	out := hashes[:0]
-	for _, h := range hashes {
-		if _, back := m.pool.cached[h]; back {
-			continue // onboarded again in the same step
-		}
-		out = append(out, h)
-		b := m.meta[h]
-		if b == nil {
-			continue
-		}
-		m.metrics.evicted(b.class(m.now))
-		if m.host != nil && !m.host.has(h) && !b.ephemeral && (m.cfg.OffloadOn == OffloadOnEvict || b.pinned(m.now)) {
-			m.toHost(h, b)
-		}
-		m.forget(h, b)
-	}
-	return out
-}
-
-func (b *blockMeta) class(now int64) string {
-	switch {
-	case b.ephemeral:
-		return "ephemeral"
-	case b.pinned(now):
-		return "pinned"
-	case b.hits > 0:
-		return "reused"
-	}
-	return "once"
-}
-
-// forget drops h's metadata when no tier holds it.
-func (m *blockManager) forget(h uint64, b *blockMeta) {
-	if _, ok := m.pool.cached[h]; ok {
-		return
-	}
-	if (m.host != nil && m.host.has(h)) || (m.disk != nil && m.disk.has(h)) {
-		return
-	}
-	if b.pinned(m.now) {
-		m.pinned--
-	}
-	delete(m.meta, h)
-}
-
-// toHost copies h to host memory, making room by evicting host's least recently used
-// unpinned block (to disk if it earned it).
-func (m *blockManager) toHost(h uint64, b *blockMeta) {
-	for m.host.len() >= m.host.capacity {
-		v, ok := m.host.victim(m.isPinned)
+// allocateSlots makes r hold at least want blocks, allocating new ones from the free queues,
+// as vLLM's allocate_slots does; false when the pool runs out first (r keeps those it got).
+// An allocation evicts what the block cached: endStep publishes it.
+func (m *blockManager) allocateSlots(r *Request, want int) bool {
+	for len(r.blocks) < want {
+		id, ok := m.pool.Allocate()
 		if !ok {
-			return
+			return false
 		}
-		vb := m.meta[v]
-		if m.disk != nil && vb != nil && !m.disk.has(v) && (int(vb.hits) >= m.cfg.DiskAdmitMinHits || vb.pinned(m.now)) {
-			m.toDisk(v, vb)
-		}
-		m.host.drop(v)
-		m.removedEvent(v, MediumCPU)
-		if vb != nil {
-			m.forget(v, vb)
-		}
+		r.blocks = append(r.blocks, id)
 	}
-	m.host.add(h)
-	m.metaEvent(h, b, MediumCPU)
-	m.metrics.offloaded(MediumCPU)
-	m.stats.offloaded[0].Add(1)
-}
-
-// toDisk writes h to the disk tier, evicting its least recently used unpinned block when
-// full. A write that fails (a full disk) leaves h off disk, counted.
-func (m *blockManager) toDisk(h uint64, b *blockMeta) {
-	for m.disk.len() >= m.disk.capacity {
-		v, ok := m.disk.victim(m.isPinned)
-		if !ok {
-			return
-		}
-		m.disk.drop(v)
-		m.removedEvent(v, MediumDISK)
-		if vb := m.meta[v]; vb != nil {
-			m.forget(v, vb)
-		}
-	}
-	n, err := m.disk.write(h)
-	if err != nil {
-		m.metrics.diskError("write")
-		return
-	}
-	m.metrics.diskWritten(n)
-	m.stats.diskWritten.Add(int64(n))
-	m.stats.offloaded[1].Add(1)
-	m.disk.add(h)
-	m.metaEvent(h, b, MediumDISK)
-	m.metrics.offloaded(MediumDISK)
-}
-
-// readable reports whether the host or disk tier holds h so that it can be given to a peer:
-// a disk block is read back (its real read time and bytes counted) and checked first.
-func (m *blockManager) readable(h uint64) bool {
-	if m.host != nil && m.host.has(h) {
-		m.host.touch(h)
-		return true
-	}
-	if m.disk == nil || !m.disk.has(h) {
-		return false
-	}
-	n, err := m.disk.read(h)
-	m.metrics.diskRead(n)
-	m.stats.diskRead.Add(int64(n))
-	if err != nil {
-		m.diskFailed(h, err) // a miss, announced
-		return false
-	}
-	m.disk.touch(h)
 	return true
 }
 
-// diskFailed handles a disk block that could not be read back: a miss, counted, its file
-// removed and its removal published.
-func (m *blockManager) diskFailed(h uint64, err error) {
-	reason := "read"
-	if errors.Is(err, errCorrupt) {
-		reason = "checksum"
+// cacheBlocks caches r's newly computed full blocks, as vLLM's cache_full_blocks does: each
+// becomes the GPU's cached copy of its hash unless another block already is one (then it
+// stays anonymous), announced in BlockStored events, and, offloading on store, is copied to
+// host after.
+func (m *blockManager) cacheBlocks(r *Request) {
+	bs := m.cfg.BlockSize
+	full := min(r.numComputed/bs, len(r.hashes))
+	start := -1
+	for b := r.numStored; b < full; b++ {
+		if m.pool.Store(r.blocks[b], r.hashes[b]) {
+			m.stored(r, b, r.blocks[b])
+			if start < 0 {
+				start = b
+			}
+			continue
+		}
+		if start >= 0 {
+			m.storedEvent(r, start, b, MediumGPU)
+			start = -1
+		}
 	}
-	m.metrics.diskError(reason)
-	m.disk.drop(h)
-	m.removedEvent(h, MediumDISK)
-	if b := m.meta[h]; b != nil {
-		m.forget(h, b)
+	if start >= 0 {
+		m.storedEvent(r, start, full, MediumGPU)
+	}
+	r.numStored = max(r.numStored, full)
+	if len(m.through) > 0 {
+		m.writeThrough()
 	}
 }
 
-// pin pins h for ttl, or renews its pin; a new pin beyond Config.MaxPinnedFraction of the GPU
-// tier is refused (counted), so that pins cannot starve running requests.
-func (m *blockManager) pin(h uint64, ttl time.Duration) {
-	b := m.meta[h]
-	if b == nil || b.ephemeral {
-		return
-	}
-	until := m.now + int64(ttl)
-	if b.pinned(m.now) {
-		b.pinUntil, b.pinTTL = max(b.pinUntil, until), max(b.pinTTL, int64(ttl))
-		return
-	}
-	if m.pinned >= m.maxPins {
-		m.metrics.pinRefused()
-		return
-	}
-	b.pinUntil, b.pinTTL = until, int64(ttl)
-	m.pinned++
-	m.pinList = append(m.pinList, h)
-	if m.nextPin == 0 || until < m.nextPin {
-		m.nextPin = until
-	}
-	m.pool.repin(h)
-	m.metrics.pins(m.pinned)
+// free gives back every block r holds, GPU blocks last first (the tail of a chain is evicted
+// before its head; the cached ones stay findable until then), staging slots to the free
+// ones, and empties r's block table.
+func (m *blockManager) free(r *Request) {
+	m.release(r.blocks)
+	r.blocks = r.blocks[:0]
 }
 
-// expirePins lets lapsed pins go: their GPU blocks rejoin their class's free queue.
-func (m *blockManager) expirePins() {
-	live := m.pinList[:0]
-	m.nextPin = 0
-	lapsed := false
-	for _, h := range m.pinList {
-		b := m.meta[h]
-		if b == nil || b.pinUntil == 0 {
-			continue
-		}
-		if b.pinUntil <= m.now {
-			b.pinUntil = 0
-			m.pinned--
-			lapsed = true
-			continue
-		}
-		live = append(live, h)
-		if m.nextPin == 0 || b.pinUntil < m.nextPin {
-			m.nextPin = b.pinUntil
+// detach hands r's blocks, still referenced, to the caller and empties r's block table: a
+// finished prefill leg's blocks held for its decoder, or a prefix held for a peer. The caller
+// gives them back with release.
+func (m *blockManager) detach(r *Request) []int32 {
+	ids := slices.Clone(r.blocks)
+	r.blocks = r.blocks[:0]
+	return ids
+}
+
+// release gives back blocks held apart from a request (see detach): GPU blocks to the pool,
+// last first, staging slots to the free ones.
+func (m *blockManager) release(ids []int32) {
+	n := int32(m.cfg.NumGPUBlocks)
+	staged := func(id int32) bool { return id >= n }
+	if !slices.ContainsFunc(ids, staged) {
+		m.pool.Free(ids) // a request's, a prefill leg's, or an export of GPU blocks alone
+		return
+	}
+	gpu := make([]int32, 0, len(ids))
+	for _, id := range ids {
+		if staged(id) {
+			m.staging = append(m.staging, id)
+		} else {
+			gpu = append(gpu, id)
 		}
 	}
-	clear(m.pinList[len(live):])
-	m.pinList = live
-	if lapsed {
-		m.pool.requeue()
+	m.pool.Free(gpu)
+}
+
+// exportPrefix holds for a peer the longest prefix of hashes that some tier of this engine
+// holds, as the blocks of r (which holds none): GPU blocks referenced, host and disk blocks
+// each through a staging slot (see stage). It returns the prefix's length in blocks.
+func (m *blockManager) exportPrefix(r *Request, hashes []uint64) int {
+	for n, h := range hashes {
+		id, ok := m.pool.Cached(h)
+		if ok {
+			m.pool.Ref(id)
+		} else if id, ok = m.stage(h); !ok {
+			return n
+		}
+		r.blocks = append(r.blocks, id)
 	}
-	m.metrics.pins(m.pinned)
+	return len(hashes)
+}
+
+// stage gives block h, held by the host or disk tier, a staging slot to be read from and
+// returns the slot's block id (see kvConnector.slot); false when neither tier holds it, its
+// file cannot be read back or fails its checksum (then it is dropped from the disk tier),
+// or every staging slot is taken. A block below the GPU thus reaches a peer without taking
+// one of this worker's GPU blocks, which a busy worker, the usual holder, has none of.
+func (m *blockManager) stage(h uint64) (int32, bool) {
+	if len(m.staging) == 0 || !m.readable(h) {
+		return 0, false
+	}
+	id := m.staging[len(m.staging)-1]
+	m.staging = m.staging[:len(m.staging)-1]
+	return id, true
 }
 
 // reset forgets every block of every tier, as ResetPrefixCache does; false (and nothing
 // done) while requests hold GPU blocks.
 func (m *blockManager) reset() bool {
-	if !m.pool.reset() {
+	if !m.pool.Reset() {
 		return false
 	}
 	if m.host != nil {
@@ -636,9 +480,7 @@ func (m *blockManager) removedEvent(h uint64, medium string) {
 // (package blockhash) and medium. It reads the scheduler's state: call it only from the
 // goroutine that drives StepAt, between steps, never while Run runs.
 func (e *Engine) EachBlock(fn func(seq uint64, medium string)) {
-	for h := range e.pool.cached {
-		fn(h, MediumGPU)
-	}
+	e.kvm.pool.Each(func(h uint64) { fn(h, MediumGPU) })
 	for _, t := range []*lowerTier{e.kvm.host, e.kvm.disk} {
 		if t != nil {
 			for h := range t.entries {

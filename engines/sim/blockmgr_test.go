@@ -34,9 +34,7 @@ func tierView(rec *recorder) map[string]map[uint64]bool {
 // engineView is what the engine's tiers really hold.
 func engineView(e *Engine) map[string]map[uint64]bool {
 	view := map[string]map[uint64]bool{MediumGPU: {}, MediumCPU: {}, MediumDISK: {}}
-	for h := range e.pool.cached {
-		view[MediumGPU][h] = true
-	}
+	e.kvm.pool.Each(func(h uint64) { view[MediumGPU][h] = true })
 	for _, t := range []*lowerTier{e.kvm.host, e.kvm.disk} {
 		if t == nil {
 			continue
@@ -93,7 +91,7 @@ func TestOffloadOnEvictAndOnboard(t *testing.T) {
 	}
 	aHashes := e.mustHashes(t, a)
 	for _, h := range aHashes[:4] {
-		if _, ok := e.pool.cached[h]; ok {
+		if e.kvm.onGPU(h) {
 			t.Fatalf("block %x of the first prompt still on the GPU: the test does not evict", h)
 		}
 		stored, removed := eventIndex(rec, BlocksStored, MediumCPU, h), eventIndex(rec, BlocksRemoved, MediumGPU, h)
@@ -169,7 +167,7 @@ func TestWriteThroughAndDiskAdmission(t *testing.T) {
 	checkViews(t, e, rec)
 	// The hot prompt comes back from disk (its GPU and host copies are gone).
 	for _, h := range hotHashes[:3] {
-		if _, ok := e.pool.cached[h]; ok || e.kvm.host.has(h) {
+		if e.kvm.onGPU(h) || e.kvm.host.has(h) {
 			t.Fatalf("hot block %x still above disk: the test does not push it down", h)
 		}
 	}
@@ -290,7 +288,7 @@ func TestWORMEvictsEphemeralFirst(t *testing.T) {
 			c.runUntilIdle(t, 100)
 			kept := 0
 			for _, h := range e.mustHashes(t, old) {
-				if _, ok := e.pool.cached[h]; ok {
+				if e.kvm.onGPU(h) {
 					kept++
 				}
 			}
@@ -333,7 +331,7 @@ func TestPinsLastRenewedAndCapped(t *testing.T) {
 	// token, always computed).
 	cachedCount := func() (n int) {
 		for _, h := range ph[:3] {
-			if _, ok := e.pool.cached[h]; ok {
+			if e.kvm.onGPU(h) {
 				n++
 			}
 		}
@@ -380,7 +378,7 @@ func TestOnboardWhatFits(t *testing.T) {
 		c.runUntilIdle(t, 100)
 	}
 	for _, h := range e.mustHashes(t, a)[:7] {
-		if _, ok := e.pool.cached[h]; ok {
+		if e.kvm.onGPU(h) {
 			t.Fatalf("block %x of a still on the GPU: the test does not evict", h)
 		}
 	}
@@ -394,7 +392,7 @@ func TestOnboardWhatFits(t *testing.T) {
 	r := submit(t, e, a, Params{MaxTokens: 1, IgnoreEOS: true})
 	c.step()
 	if r.state == stateWaiting {
-		t.Fatalf("a waits for all 7 of its host blocks to fit: %d free", e.pool.numFree)
+		t.Fatalf("a waits for all 7 of its host blocks to fit: %d free", e.kvm.numFree())
 	}
 	c.runUntilIdle(t, 200)
 	_, done, _, cached := result(r)

@@ -27,5 +27,12 @@
 //     for an unresolvable remote_host, 500 for a checksum mismatch; the response of a decode
 //     leg carries kv_transfer_params: null.
 //
+// # KV blocks
+//
+// One block manager owns the engine's KV blocks, as vLLM's KVCacheManager does: the GPU pool
+// (package internal/blockpool), the host and disk tiers below it, and the staging slots
+// through which a peer reads blocks of those tiers. The scheduler and the KV connector ask it
+// for blocks, give them back through it, and never touch the pool or a block table.
+//
 // See README.md for the flags, the slot layout and the metrics.
 package sim

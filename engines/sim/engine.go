@@ -76,11 +76,9 @@ type Engine struct {
 	kv *kvConnector
 
 	// Owned by the Run goroutine.
-	planAt    time.Time // when the step being planned starts
-	exportSeq uint64    // exports so far, for their leases
-	staging   []int32   // free staging block ids (exported lower-tier blocks), see stage
-	pool      *blockPool
-	kvm       *blockManager // the pool and the tiers below it
+	planAt    time.Time     // when the step being planned starts
+	exportSeq uint64        // exports so far, for their leases
+	kvm       *blockManager // the KV block memory: the one owner of every block
 	waiting   waitQueue
 	running   []*Request
 	sched     []scheduled
@@ -121,19 +119,15 @@ func NewEngine(cfg Config, filler []uint32, sink EventSink, metrics *Metrics) (*
 		metrics: metrics,
 		filler:  filler,
 		wake:    make(chan struct{}, 1),
-		pool:    newBlockPool(cfg.NumGPUBlocks, cfg.BlockSize, cfg.EnablePrefixCaching),
 		waiting: waitQueue{byPriority: cfg.SchedulingPolicy == Priority},
 		held:    make(map[string]*Request),
 		loading: make(map[*Request]bool),
 	}
-	kvm, err := newBlockManager(&e.cfg, e.pool, metrics, &e.events)
+	kvm, err := newBlockManager(&e.cfg, metrics, &e.events)
 	if err != nil {
 		return nil, err
 	}
 	e.kvm = kvm
-	for j := cfg.StagingSlots() - 1; j >= 0; j-- {
-		e.staging = append(e.staging, int32(cfg.NumGPUBlocks+j))
-	}
 	return e, nil
 }
 
@@ -473,11 +467,9 @@ func (e *Engine) abort(r *Request, now time.Time) {
 		r.pullCancel()
 	case stateReady:
 		e.ready = slices.DeleteFunc(e.ready, func(x *Request) bool { return x == r })
-		e.pool.free(r.blocks)
-		r.blocks = r.blocks[:0]
+		e.kvm.free(r)
 	case stateRunning:
-		e.pool.free(r.blocks)
-		r.blocks = r.blocks[:0]
+		e.kvm.free(r)
 		for i, x := range e.running {
 			if x == r {
 				e.running = append(e.running[:i], e.running[i+1:]...)
@@ -503,7 +495,7 @@ func (e *Engine) publishLoad() {
 	waiting := e.waiting.len() + len(e.loading) + len(e.ready) // vLLM counts WAITING_FOR_REMOTE_KVS as waiting
 	e.numRunning.Store(int64(len(e.running)))
 	e.numWaiting.Store(int64(waiting))
-	u := e.pool.usage()
+	u := e.kvm.usage()
 	e.usageBits.Store(math.Float64bits(u))
 	e.metrics.load(len(e.running), waiting, u)
 }

@@ -286,8 +286,8 @@ func TestPreemptionRecomputesAndCompletes(t *testing.T) {
 	if got := counterValue(t, m.preemptions); got == 0 {
 		t.Fatal("a cache too small for every request at once must preempt")
 	}
-	if e.pool.numUsed() != 0 {
-		t.Fatalf("%d blocks still held after every request finished", e.pool.numUsed())
+	if e.kvm.numUsed() != 0 {
+		t.Fatalf("%d blocks still held after every request finished", e.kvm.numUsed())
 	}
 }
 
@@ -313,13 +313,13 @@ func TestAbortFreesBlocks(t *testing.T) {
 	r := submit(t, e, prompt(300, 9), Params{MaxTokens: 1000, IgnoreEOS: true})
 	c.step()
 	c.step()
-	if e.pool.numUsed() == 0 {
+	if e.kvm.numUsed() == 0 {
 		t.Fatal("a running request holds blocks")
 	}
 	e.Abort(r)
 	e.drain(c.now)
-	if e.pool.numUsed() != 0 || len(e.running) != 0 {
-		t.Fatalf("abort left %d blocks and %d running", e.pool.numUsed(), len(e.running))
+	if e.kvm.numUsed() != 0 || len(e.running) != 0 {
+		t.Fatalf("abort left %d blocks and %d running", e.kvm.numUsed(), len(e.running))
 	}
 	if _, done, reason, _ := result(r); !done || reason != FinishAborted {
 		t.Fatalf("aborted request: done=%v reason=%s", done, reason)

@@ -39,8 +39,9 @@ func (e *Engine) pullDone(j *pullJob) {
 
 // hold keeps a finished prefill-leg request's blocks for its remote decode, as vLLM's
 // NixlConnector delays freeing them: the prompt blocks' slots are pinned for their content,
-// and the blocks stay referenced until the decoder's notification or the timeout. It
-// reports false, leaving the caller to free the blocks, when the request cannot be held.
+// and the blocks stay referenced until the decoder's notification or the timeout: they pass
+// from r to the hold (blockManager.detach). It reports false, leaving the caller to free
+// r's blocks, when the request cannot be held.
 func (e *Engine) hold(r *Request, now time.Time) bool {
 	if e.kv == nil || len(r.blocks) == 0 {
 		return false
@@ -51,11 +52,11 @@ func (e *Engine) hold(r *Request, now time.Time) bool {
 	bs := e.cfg.BlockSize
 	nPrompt := min(len(r.blocks), (r.promptLen+bs-1)/bs)
 	keys := blockKeys(make([]uint64, 0, nPrompt), r.tokens[:r.promptLen], r.hashes, bs, &r.keys, 0, nPrompt)
-	blocks := append([]int32(nil), r.blocks...)
-	if !e.kv.pin(blocks[:nPrompt], keys) {
+	if !e.kv.pin(r.blocks[:nPrompt], keys) {
 		e.metrics.kvConflict()
 		return false
 	}
+	blocks := e.kvm.detach(r)
 	r.mu.Lock()
 	r.kvHeld = &heldKV{blocks: blocks, keys: keys}
 	r.mu.Unlock()
@@ -72,7 +73,7 @@ func (e *Engine) unhold(r *Request, by string) {
 	delete(e.held, r.ID)
 	h := r.kvHeld // written by hold on this goroutine
 	e.kv.unpin(h.blocks[:len(h.keys)])
-	e.freeBlocks(h.blocks)
+	e.kvm.release(h.blocks)
 	e.heldRequests.Add(-1)
 	e.heldBlocks.Add(-int64(len(h.blocks)))
 	e.metrics.kvHeld(-len(h.blocks), by)
@@ -137,7 +138,7 @@ func (e *Engine) admitPull(r *Request, budget int) bool {
 	}
 	hit := 0
 	if full > 0 {
-		hit = e.pool.hits(r.hashes[:full])
+		hit = e.kvm.gpuHits(r.hashes[:full])
 	}
 	alloc := nPrompt - hit // blocks allocated now, after the cached prefix
 	if !e.kvm.canAdmit(r.hashes, hit, alloc) {
@@ -160,13 +161,8 @@ func (e *Engine) admitPull(r *Request, budget int) bool {
 		alloc, full, r.peerPartial = k, hit+k, true
 	}
 	e.waiting.pop()
-	for _, h := range r.hashes[:hit] {
-		r.blocks = e.pool.take(r.blocks, h)
-		e.kvm.hit(h)
-	}
-	for range alloc {
-		r.blocks, _ = e.pool.allocate(r.blocks)
-	}
+	e.kvm.takeCached(r, hit)
+	e.kvm.allocateSlots(r, hit+alloc) // canAdmit counted them
 	r.numComputed, r.numStored = hit*bs, hit
 	r.admitted = true
 	r.scheduledAt = e.planAt
@@ -235,8 +231,7 @@ func (e *Engine) pulled(j *pullJob, now time.Time) {
 		r.pullCancel = nil
 	}
 	if r.state != stateLoading { // aborted (or shut down) while the pull ran
-		e.pool.free(r.blocks)
-		r.blocks = r.blocks[:0]
+		e.kvm.free(r)
 		e.publishLoad()
 		return
 	}
@@ -251,8 +246,7 @@ func (e *Engine) pulled(j *pullJob, now time.Time) {
 		return
 	}
 	if j.err != nil {
-		e.pool.free(r.blocks)
-		r.blocks = r.blocks[:0]
+		e.kvm.free(r)
 		r.mu.Lock()
 		r.failure = j.err
 		r.mu.Unlock()
@@ -276,7 +270,7 @@ func (e *Engine) pulled(j *pullJob, now time.Time) {
 		e.kvm.countHits([3]int{r.numStored})
 	}
 	r.numComputed = computed
-	e.storeBlocks(r)
+	e.kvm.cacheBlocks(r)
 	e.emit(now)
 	r.mu.Lock()
 	r.cached = computed

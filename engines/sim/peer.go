@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"slices"
 	"strconv"
 	"time"
 )
@@ -39,8 +38,8 @@ type exported struct {
 
 // Export holds the longest prefix of hashes (kvrelay sequence hashes) that this worker caches
 // for a peer to read, as a prefill worker holds a finished prefill leg's blocks: GPU blocks
-// referenced, host and disk blocks through staging slots (see stage). It waits for the
-// scheduler goroutine, so Run must be running.
+// referenced, host and disk blocks through staging slots (blockManager.exportPrefix). It
+// waits for the scheduler goroutine, so Run must be running.
 func (e *Engine) Export(ctx context.Context, hashes []uint64) (exported, error) {
 	j := &exportJob{hashes: hashes, reply: make(chan exported, 1)}
 	e.mu.Lock()
@@ -61,23 +60,10 @@ func (e *Engine) export(j *exportJob, now time.Time) {
 		j.reply <- exported{}
 		return
 	}
-	var ids []int32
 	e.events = e.events[:0]
 	e.kvm.setClock(now)
-	n := 0
-	for ; n < len(j.hashes); n++ {
-		h := j.hashes[n]
-		if id, ok := e.pool.cached[h]; ok {
-			e.pool.ref(id)
-			ids = append(ids, id)
-			continue
-		}
-		id, ok := e.stage(h)
-		if !ok {
-			break
-		}
-		ids = append(ids, id)
-	}
+	r := &Request{notify: make(chan struct{}, 1), heapIndex: -1}
+	n := e.kvm.exportPrefix(r, j.hashes)
 	e.emit(now) // a disk block that failed its read is gone
 	if n == 0 {
 		j.reply <- exported{}
@@ -85,55 +71,17 @@ func (e *Engine) export(j *exportJob, now time.Time) {
 	}
 	bs := e.cfg.BlockSize
 	e.exportSeq++
-	r := &Request{
-		ID:        "kvrelay-export-" + strconv.FormatUint(e.exportSeq, 16),
-		promptLen: n * bs,
-		tokens:    make([]uint32, n*bs), // only full blocks: their keys are their hashes
-		hashes:    append([]uint64(nil), j.hashes[:n]...),
-		blocks:    ids,
-		notify:    make(chan struct{}, 1),
-		heapIndex: -1,
-	}
+	r.ID = "kvrelay-export-" + strconv.FormatUint(e.exportSeq, 16)
+	r.promptLen = n * bs
+	r.tokens = make([]uint32, n*bs) // only full blocks: their keys are their hashes
+	r.hashes = append([]uint64(nil), j.hashes[:n]...)
 	if !e.hold(r, now) {
-		e.freeBlocks(r.blocks)
+		e.kvm.free(r)
 		j.reply <- exported{}
 		return
 	}
 	e.metrics.peerExported(n)
 	j.reply <- exported{lease: r.ID, blocks: r.kvHeld.blocks, keys: r.kvHeld.keys}
-}
-
-// stage gives block h, held by the host or disk tier, a staging slot to be read from and
-// returns the slot's block id (see kvConnector.slot); false when neither tier holds it, its
-// file cannot be read back or fails its checksum (then it is dropped from the disk tier),
-// or every staging slot is taken. A block below the GPU thus reaches a peer without taking
-// one of this worker's GPU blocks, which a busy worker, the usual holder, has none of.
-func (e *Engine) stage(h uint64) (int32, bool) {
-	if len(e.staging) == 0 || !e.kvm.readable(h) {
-		return 0, false
-	}
-	id := e.staging[len(e.staging)-1]
-	e.staging = e.staging[:len(e.staging)-1]
-	return id, true
-}
-
-// freeBlocks frees held blocks: GPU blocks to the pool, staging slots to the engine.
-func (e *Engine) freeBlocks(ids []int32) {
-	n := int32(e.cfg.NumGPUBlocks)
-	staged := func(id int32) bool { return id >= n }
-	if !slices.ContainsFunc(ids, staged) {
-		e.pool.free(ids) // a prefill leg's, or an export of GPU blocks alone
-		return
-	}
-	gpu := make([]int32, 0, len(ids))
-	for _, id := range ids {
-		if staged(id) {
-			e.staging = append(e.staging, id)
-		} else {
-			gpu = append(gpu, id)
-		}
-	}
-	e.pool.free(gpu)
 }
 
 // peerFallback returns a peer-fetch request whose pull failed, or whose holder had nothing
@@ -151,8 +99,7 @@ func (e *Engine) peerFallback(r *Request, pullFailed bool) {
 // requeue returns an admitted peer-fetch request to the head of the waiting queue as a
 // plain request, its blocks freed (what it pulled stays cached there).
 func (e *Engine) requeue(r *Request) {
-	e.pool.free(r.blocks)
-	r.blocks = r.blocks[:0]
+	e.kvm.free(r)
 	r.numComputed, r.numStored = 0, 0
 	r.kvPull, r.pulled, r.peerHolder, r.peerFetch, r.peerPartial = nil, false, "", false, false
 	r.state = stateWaiting

@@ -314,13 +314,10 @@ func TestFetchFitting(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var held []int32
+	hog := &Request{} // holds the blocks that are not free
 	for _, tc := range []struct{ free, want int }{{64, 29}, {30, 29}, {29, 25}, {10, 6}, {3, -1}, {4, 0}} {
-		e.pool.free(held)
-		held = held[:0]
-		for e.pool.numFree > tc.free {
-			held, _ = e.pool.allocate(held)
-		}
+		e.kvm.free(hog)
+		e.kvm.allocateSlots(hog, e.kvm.numFree()-tc.free)
 		if got := e.fetchFitting(r, 0, 29, 64); got != tc.want {
 			t.Errorf("%d blocks free: fetch %d, want %d", tc.free, got, tc.want)
 		}
@@ -357,7 +354,7 @@ func TestExportStagesLowerTierBlocks(t *testing.T) {
 	pushDown(t, e, c)
 	h := e.mustHashes(t, a)[:3]
 	for _, x := range h {
-		if _, ok := e.pool.cached[x]; ok || !e.kvm.disk.has(x) {
+		if e.kvm.onGPU(x) || !e.kvm.disk.has(x) {
 			t.Fatal("the prompt is not below the GPU, on disk: the test does not push it down")
 		}
 	}
@@ -366,10 +363,10 @@ func TestExportStagesLowerTierBlocks(t *testing.T) {
 		e.export(j, c.now)
 		return <-j.reply
 	}
-	free, staging := e.pool.numFree, len(e.staging)
+	free, staging := e.kvm.numFree(), len(e.kvm.staging)
 	x := export()
-	if len(x.blocks) != 3 || e.pool.numFree != free || len(e.staging) != staging-3 {
-		t.Fatalf("exported blocks %v, %d GPU blocks free (was %d): want 3 staged, no GPU block taken", x.blocks, e.pool.numFree, free)
+	if len(x.blocks) != 3 || e.kvm.numFree() != free || len(e.kvm.staging) != staging-3 {
+		t.Fatalf("exported blocks %v, %d GPU blocks free (was %d): want 3 staged, no GPU block taken", x.blocks, e.kvm.numFree(), free)
 	}
 	if !kv.publish(x.blocks, x.keys) {
 		t.Fatal("publishing the staged blocks failed")
@@ -382,18 +379,18 @@ func TestExportStagesLowerTierBlocks(t *testing.T) {
 		}
 	}
 	e.unhold(e.held[x.lease], "read")
-	if len(e.staging) != staging || e.pool.numFree != free {
-		t.Fatalf("after the read: %d staging slots free, want %d; %d GPU blocks free, want %d", len(e.staging), staging, e.pool.numFree, free)
+	if len(e.kvm.staging) != staging || e.kvm.numFree() != free {
+		t.Fatalf("after the read: %d staging slots free, want %d; %d GPU blocks free, want %d", len(e.kvm.staging), staging, e.kvm.numFree(), free)
 	}
 	// With one staging slot free, the export ends after the block it staged.
-	spare := e.staging[1:]
-	e.staging = e.staging[:1]
+	spare := e.kvm.staging[1:]
+	e.kvm.staging = e.kvm.staging[:1]
 	if x := export(); len(x.blocks) != 1 {
 		t.Fatalf("exported %d blocks through one free staging slot, want 1", len(x.blocks))
 	} else {
 		e.unhold(e.held[x.lease], "read")
 	}
-	e.staging = append(e.staging, spare...)
+	e.kvm.staging = append(e.kvm.staging, spare...)
 	corruptBlockFile(t, e, h[1])
 	if x := export(); len(x.blocks) != 1 {
 		t.Fatalf("exported %d blocks past a corrupt one, want 1", len(x.blocks))

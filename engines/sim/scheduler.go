@@ -25,8 +25,7 @@ func (e *Engine) plan() (prefill, decodes int) {
 	e.sched = e.sched[:0]
 	e.batch.Onboard = 0
 	e.events = e.events[:0]
-	e.kvm.setClock(e.planAt)
-	e.pool.removed = e.pool.removed[:0]
+	e.kvm.beginStep(e.planAt)
 	budget := e.cfg.MaxNumBatchedTokens
 	bs := e.cfg.BlockSize
 	preempted := false
@@ -38,7 +37,7 @@ func (e *Engine) plan() (prefill, decodes int) {
 			continue
 		}
 		ok := true
-		for !e.grow(r, (r.numComputed+n+bs-1)/bs) {
+		for !e.kvm.allocateSlots(r, (r.numComputed+n+bs-1)/bs) {
 			victim := e.victim()
 			preempted = true
 			budget += e.unschedule(victim)
@@ -65,7 +64,7 @@ func (e *Engine) plan() (prefill, decodes int) {
 		r := e.ready[0]
 		e.ready = e.ready[1:]
 		n := min(len(r.tokens)-r.numComputed, budget)
-		if !e.grow(r, (r.numComputed+n+bs-1)/bs) {
+		if !e.kvm.allocateSlots(r, (r.numComputed+n+bs-1)/bs) {
 			e.ready = append([]*Request{r}, e.ready...) // cannot happen: n ends within the prompt
 			break
 		}
@@ -113,9 +112,7 @@ func (e *Engine) plan() (prefill, decodes int) {
 			n = min(len(r.tokens)-computed, budget)
 			need = (computed+n+bs-1)/bs - hit
 		}
-		for range need {
-			r.blocks, _ = e.pool.allocate(r.blocks)
-		}
+		e.kvm.allocateSlots(r, hit+need) // canAdmit counted them
 		r.numComputed, r.numStored = computed, hit
 		if !r.admitted {
 			r.admitted = true
@@ -131,9 +128,7 @@ func (e *Engine) plan() (prefill, decodes int) {
 		r.scheduled = true
 		budget -= n
 	}
-	if removed := e.kvm.evicted(e.pool.removed); len(removed) > 0 {
-		e.events = append(e.events, CacheEvent{Kind: BlocksRemoved, Medium: MediumGPU, Hashes: removed})
-	}
+	e.kvm.endStep()
 	b := &e.batch
 	*b = Batch{Prefill: b.Prefill[:0], Onboard: b.Onboard}
 	for i := range e.sched {
@@ -150,19 +145,8 @@ func (e *Engine) plan() (prefill, decodes int) {
 			b.Prefill = append(b.Prefill, Chunk{Tokens: s.n, Context: r.numComputed})
 		}
 	}
-	b.PrefillTokens, b.Decodes, b.KVUsage = prefill, decodes, e.pool.usage()
+	b.PrefillTokens, b.Decodes, b.KVUsage = prefill, decodes, e.kvm.usage()
 	return prefill, decodes
-}
-
-// grow makes r hold at least want blocks, allocating from the free queue.
-func (e *Engine) grow(r *Request, want int) bool {
-	for len(r.blocks) < want {
-		var ok bool
-		if r.blocks, ok = e.pool.allocate(r.blocks); !ok {
-			return false
-		}
-	}
-	return true
 }
 
 // victim picks the running request to preempt: the last admitted under FCFS, the least urgent
@@ -207,8 +191,7 @@ func (e *Engine) preempt(r *Request) int {
 			break
 		}
 	}
-	e.pool.free(r.blocks)
-	r.blocks = r.blocks[:0]
+	e.kvm.free(r)
 	r.numComputed, r.numStored = 0, 0
 	r.pulled = false
 	r.state = stateWaiting
@@ -238,7 +221,7 @@ func (e *Engine) apply(now time.Time) {
 		}
 		r.scheduled = false
 		r.numComputed += s.n
-		e.storeBlocks(r)
+		e.kvm.cacheBlocks(r)
 		if r.numComputed < len(r.tokens) {
 			continue // a chunk of a longer prefill
 		}
@@ -263,9 +246,8 @@ func (e *Engine) apply(now time.Time) {
 				reason = FinishLength
 			}
 			if !(r.kvDecode && reason == FinishLength && e.hold(r, now)) {
-				e.pool.free(r.blocks)
+				e.kvm.free(r)
 			}
-			r.blocks = r.blocks[:0]
 			// The last token and the end reach the client in one update, after the step's
 			// metrics: a streaming client always sees the finish reason on the last token's
 			// chunk, and one that scrapes after its response finds the gauges updated.
@@ -313,46 +295,6 @@ type pendingEnd struct {
 	r      *Request
 	tok    uint32
 	reason FinishReason
-}
-
-// storeBlocks registers r's newly computed full blocks in the prefix cache and records the
-// BlockStored events for those that became the cached copy.
-func (e *Engine) storeBlocks(r *Request) {
-	bs := e.cfg.BlockSize
-	full := min(r.numComputed/bs, len(r.hashes))
-	start := -1
-	for b := r.numStored; b < full; b++ {
-		if e.pool.store(r.blocks[b], r.hashes[b]) {
-			e.kvm.stored(r, b, r.blocks[b])
-			if start < 0 {
-				start = b
-			}
-			continue
-		}
-		if start >= 0 {
-			e.storedRun(r, start, b)
-			start = -1
-		}
-	}
-	if start >= 0 {
-		e.storedRun(r, start, full)
-	}
-	r.numStored = max(r.numStored, full)
-	if len(e.kvm.through) > 0 {
-		e.kvm.writeThrough()
-	}
-}
-
-func (e *Engine) storedRun(r *Request, from, to int) {
-	bs := e.cfg.BlockSize
-	ev := CacheEvent{Kind: BlocksStored, Medium: MediumGPU, Hashes: r.hashes[from:to], Tokens: r.tokens[from*bs : to*bs], First: from}
-	if !r.keys.Empty() {
-		ev.Keys = &r.keys
-	}
-	if from > 0 {
-		ev.Parent, ev.HasParent = r.hashes[from-1], true
-	}
-	e.events = append(e.events, ev)
 }
 
 // extendHashes appends the sequence hash of r's last block, which the token just sampled

@@ -3,9 +3,10 @@ package sim
 import "time"
 
 // Timing is the step-time model of a simulated engine: how long one scheduler step takes on
-// the modelled GPU, from what the step computes. The defaults are ARCHITECTURE.md's fit for a
-// vLLM server (prefill cost quadratic in the new prefill tokens of the step; decode cost a
-// function of the KV cache usage fraction).
+// the modelled GPU, from what the step computes: a prefill cost quadratic in the new prefill
+// tokens of the step, a decode cost a function of the KV cache usage fraction. The default
+// coefficients are an assumption, not a measurement of a GPU (docs/timing-model.md says where
+// they come from).
 //
 // A Timing is a value; it is safe to copy and to use from any goroutine.
 type Timing struct {
@@ -19,7 +20,7 @@ type Timing struct {
 	Speedup float64
 }
 
-// DefaultTiming returns the model of ARCHITECTURE.md at speedup 1.
+// DefaultTiming returns the default model (docs/timing-model.md) at speedup 1.
 func DefaultTiming() Timing {
 	return Timing{
 		PrefillA: 4.209989e-7, PrefillB: 1.518344e-2, PrefillC: 16.50142,

@@ -39,7 +39,7 @@ type Finding struct {
 func (f Finding) String() string { return f.Path + ": " + f.Reason }
 
 // machinePath matches an absolute path into one machine's home or workspace folders
-// (/home/alice/..., /root/..., /work/..., /Users/alice/...). Paths below /tmp, /var, /usr,
+// (a folder below /home/alice, /root, /work or /Users/alice). Paths below /tmp, /var, /usr,
 // /etc or /sys describe a system, not a machine's owner, and are allowed.
 var machinePath = regexp.MustCompile(`(^|[^A-Za-z0-9._~-])/(home|root|work|Users)/[A-Za-z0-9._+-]+/`)
 

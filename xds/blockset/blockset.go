@@ -40,7 +40,8 @@ func TierOf(medium string) Tier {
 // Weights scale a cached block by its tier when overlaps are scored.
 type Weights [NumTiers]float64
 
-// DefaultWeights are ARCHITECTURE.md's: GPU 1, host 0.75, disk 0.25.
+// DefaultWeights are GPU 1, host 0.75, disk 0.25: NVIDIA Dynamo's router's defaults
+// (docs/routing-cost.md).
 var DefaultWeights = Weights(policy.DefaultTierWeights())
 
 // Set is a set of (block, slot, tier) entries.

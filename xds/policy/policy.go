@@ -32,8 +32,8 @@ func Names() []string {
 }
 
 // Defaults of the kv policy's weights (cost per KV block), of the spread rule's cache
-// threshold, and of sessions. See dataplane/route for what each weighs and how they were
-// measured.
+// threshold, and of sessions. docs/routing-cost.md says what each weighs and which were
+// measured (the weights) and which are assumptions (the threshold, the session TTL).
 const (
 	DefaultOverlapWeight  = 64
 	DefaultQueueWeight    = 8
@@ -43,5 +43,5 @@ const (
 )
 
 // DefaultTierWeights weigh a cached block by the tier it sits in: GPU, host memory, disk
-// (ARCHITECTURE.md). The returned slice is new on each call.
+// (docs/routing-cost.md). The returned slice is new on each call.
 func DefaultTierWeights() []float64 { return []float64{1, 0.75, 0.25} }

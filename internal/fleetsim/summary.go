@@ -1,0 +1,69 @@
+package fleetsim
+
+import (
+	"slices"
+	"time"
+)
+
+// Summary condenses a replay's records.
+type Summary struct {
+	Requests, Errors int
+	// TTFT percentiles of the requests that got a first token.
+	TTFTP50, TTFTP90, TTFTP99 time.Duration
+	E2EP50                    time.Duration
+	// HitRate is Σ cached prompt tokens / Σ prompt tokens, as engines report them.
+	HitRate float64
+	// PredErrP50 and PredErrP90 are the median and 90th percentile of |predicted − actual| /
+	// actual TTFT over the requests routed with a prediction (0 without any).
+	PredErrP50, PredErrP90 float64
+	PerWorker              []int
+}
+
+// Summarize summarises res, skipping the first skip records (warm-up) for the prediction
+// error only.
+func Summarize(res *Result, skip int) Summary {
+	var s Summary
+	var ttft, e2e []time.Duration
+	var errs []float64
+	var cached, prompt int
+	for i, r := range res.Records {
+		s.Requests++
+		if r.Err != "" {
+			s.Errors++
+			continue
+		}
+		ttft = append(ttft, r.TTFT)
+		e2e = append(e2e, r.E2E)
+		cached += r.Cached
+		prompt += r.Prompt
+		if r.Predict > 0 && r.TTFT > 0 && i >= skip {
+			d := float64(r.Predict - r.TTFT)
+			if d < 0 {
+				d = -d
+			}
+			errs = append(errs, d/float64(r.TTFT))
+		}
+	}
+	s.TTFTP50, s.TTFTP90, s.TTFTP99 = pct(ttft, 0.5), pct(ttft, 0.9), pct(ttft, 0.99)
+	s.E2EP50 = pct(e2e, 0.5)
+	if prompt > 0 {
+		s.HitRate = float64(cached) / float64(prompt)
+	}
+	if len(errs) > 0 {
+		slices.Sort(errs)
+		s.PredErrP50 = errs[len(errs)/2]
+		s.PredErrP90 = errs[min(len(errs)*9/10, len(errs)-1)]
+	}
+	s.PerWorker = res.PerWorker
+	return s
+}
+
+func pct(v []time.Duration, q float64) time.Duration {
+	if len(v) == 0 {
+		return 0
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	i := int(q*float64(len(s))+0.5) - 1
+	return s[min(max(i, 0), len(s)-1)]
+}
