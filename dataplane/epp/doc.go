@@ -10,8 +10,9 @@
 // For each HTTP request the gateway opens a stream and sends the request's headers, then its
 // body (BUFFERED: whole, in one message, after the headers' answer; FULL_DUPLEX_STREAMED: in
 // chunks of any split, without waiting). Once the body is whole the picker asks the
-// proxy's routing core for a pick (dataplane/proxy.Server.Pick: parse, tokenize, match,
-// score, pick, waiting in the admission queue while every worker is busy) and answers with
+// routing core for a pick (dataplane/decide, Core.Pick: parse, tokenize, match, score, pick,
+// waiting in the admission queue while every worker is busy, as for a request the proxy
+// carries) and answers with
 // the header x-gateway-destination-endpoint and the dynamic metadata envoy.lb →
 // x-gateway-destination-endpoint carrying the same value: the picked endpoint (ip:port),
 // followed, with Options.Fallbacks, by the next best ones. The candidates may be restricted

@@ -15,7 +15,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/kvrelay/kvrelay/dataplane/proxy"
+	"github.com/kvrelay/kvrelay/dataplane/decide"
 )
 
 // The protocol's names (Gateway API Inference Extension, endpoint picker protocol v1).
@@ -50,10 +50,10 @@ const (
 	DecisionHeader = "x-kvrelay-decision"
 )
 
-// Picker routes requests: the proxy's routing core (*proxy.Server in PickOnly mode).
-// Called from every stream's goroutine at once.
+// Picker routes requests: the routing core (decide.Core.Pick) under its owner's lifecycle,
+// a *proxy.Server in PickOnly mode. Called from every stream's goroutine at once.
 type Picker interface {
-	Pick(ctx context.Context, r *proxy.PickRequest) (*proxy.Pick, error)
+	Pick(ctx context.Context, r *decide.PickRequest) (*decide.Pick, error)
 	// PickAny picks the least loaded healthy worker for a request without a body (none to
 	// route on), among subset when hasSubset.
 	PickAny(subset []string, hasSubset bool) (string, error)

@@ -13,7 +13,7 @@ import (
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/protobuf/types/known/structpb"
 
-	"github.com/kvrelay/kvrelay/dataplane/proxy"
+	"github.com/kvrelay/kvrelay/dataplane/decide"
 )
 
 // chunkBytes bounds the body a StreamedBodyResponse carries (as llm-d's picker does: under
@@ -36,7 +36,7 @@ type stream struct {
 	bodyStart time.Time // when the first body chunk came
 
 	decided  bool // the request phase has been answered with a destination
-	pick     *proxy.Pick
+	pick     *decide.Pick
 	headDone bool // the response's headers were answered
 }
 
@@ -99,7 +99,7 @@ func (st *stream) requestHeaders(h *extproc.HttpHeaders) (bool, error) {
 		return false, st.send(&extproc.ProcessingResponse{Response: &extproc.ProcessingResponse_RequestHeaders{RequestHeaders: &extproc.HeadersResponse{}}})
 	default:
 		// STREAMED (and GRPC) send headers upstream before the body could be routed on.
-		return true, st.immediate(&proxy.PickError{Status: 500, Code: "unsupported_body_mode",
+		return true, st.immediate(&decide.Refusal{Status: 500, Code: "unsupported_body_mode",
 			Message: "the endpoint picker needs the request body before the headers go upstream: configure request_body_mode BUFFERED or FULL_DUPLEX_STREAMED, not " + st.reqMode.String()})
 	}
 }
@@ -113,7 +113,7 @@ func (st *stream) requestBody(b *extproc.HttpBody) (bool, error) {
 		st.bodyStart = time.Now()
 	}
 	if len(st.body)+len(b.GetBody()) > st.s.opts.MaxBodyBytes {
-		return true, st.immediate(&proxy.PickError{Status: 413, Code: "request_too_large",
+		return true, st.immediate(&decide.Refusal{Status: 413, Code: "request_too_large",
 			Message: "the request body is larger than the endpoint picker takes (" + strconv.Itoa(st.s.opts.MaxBodyBytes) + " bytes)"})
 	}
 	st.body = append(st.body, b.GetBody()...)
@@ -133,7 +133,7 @@ func (st *stream) decide() (bool, error) {
 	if t0.IsZero() {
 		t0 = time.Now()
 	}
-	r := &proxy.PickRequest{Path: st.header[":path"], Header: st.header, Body: st.body, Subset: st.subset, HasSubset: st.hasSubset}
+	r := &decide.PickRequest{Path: st.header[":path"], Header: st.header, Body: st.body, Subset: st.subset, HasSubset: st.hasSubset}
 	if obj := firstOf(st.header, ObjectiveHeader, ObjectiveHeaderOld); obj != "" {
 		if p, ok := s.objectivePriority(obj); ok {
 			r.Priority, r.HasPriority = p, true
@@ -152,7 +152,7 @@ func (st *stream) decide() (bool, error) {
 		r.HasSubset, selected = true, true
 	}
 	p, err := s.picker.Pick(st.ctx, r)
-	var pe *proxy.PickError
+	var pe *decide.Refusal
 	if selected && errors.As(err, &pe) && pe.Status == 503 {
 		// The conformance header named no known endpoint: every one is a candidate.
 		r.Subset, r.HasSubset = nil, false
@@ -161,7 +161,7 @@ func (st *stream) decide() (bool, error) {
 	s.m.pickTime.Observe(pickSeconds(t0))
 	if err != nil {
 		if !errors.As(err, &pe) {
-			pe = &proxy.PickError{Status: 500, Message: err.Error()}
+			pe = &decide.Refusal{Status: 500, Message: err.Error()}
 		}
 		if st.hasSubset && pe.Status == 503 {
 			s.m.subset.WithLabelValues("empty").Inc()
@@ -220,9 +220,9 @@ func (st *stream) bodiless() (bool, error) {
 	st.decided = true
 	ep, err := s.picker.PickAny(st.subset, st.hasSubset)
 	if err != nil {
-		var pe *proxy.PickError
+		var pe *decide.Refusal
 		if !errors.As(err, &pe) {
-			pe = &proxy.PickError{Status: 503, Message: err.Error(), Code: "no_worker"}
+			pe = &decide.Refusal{Status: 503, Message: err.Error(), Code: "no_worker"}
 		}
 		return true, st.immediate(pe)
 	}
@@ -238,7 +238,7 @@ func (st *stream) bodiless() (bool, error) {
 
 // destinationMetadata is envoy.lb → x-gateway-destination-endpoint: dest, with the
 // candidates' scores when asked for.
-func (st *stream) destinationMetadata(dest string, p *proxy.Pick) *structpb.Struct {
+func (st *stream) destinationMetadata(dest string, p *decide.Pick) *structpb.Struct {
 	fields := map[string]*structpb.Value{DestinationKey: structpb.NewStringValue(dest)}
 	if st.s.opts.EmitScores && p != nil {
 		scores := map[string]*structpb.Value{}
@@ -271,7 +271,7 @@ func (st *stream) streamBody(body []byte, eos bool, wrap func(*extproc.CommonRes
 }
 
 // immediate answers the request with an error of its own instead of an endpoint.
-func (st *stream) immediate(pe *proxy.PickError) error {
+func (st *stream) immediate(pe *decide.Refusal) error {
 	st.s.m.picks.WithLabelValues(strconv.Itoa(pe.Status)).Inc()
 	set := []*corev3.HeaderValueOption{headerOption("content-type", "application/json")}
 	if pe.RetryAfter > 0 {

@@ -5,21 +5,18 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"math"
 	"net/url"
 	"slices"
 	"strconv"
 	"sync/atomic"
-	"time"
 	"unsafe"
 
 	"github.com/panjf2000/gnet/v2"
 
+	"github.com/kvrelay/kvrelay/dataplane/decide"
 	"github.com/kvrelay/kvrelay/dataplane/http1"
 	"github.com/kvrelay/kvrelay/dataplane/oai"
-	"github.com/kvrelay/kvrelay/dataplane/prefix"
 	"github.com/kvrelay/kvrelay/dataplane/route"
-	"github.com/kvrelay/kvrelay/engines/tokenizer"
 )
 
 // Client connection states.
@@ -37,9 +34,10 @@ const (
 // request needs: parsing state, the parsed request, routing scratch space and the exchange
 // with the engine. It lives on its loop's goroutine; nothing in it is shared.
 type clientConn struct {
-	// input is the request's routing input and what derives it (input.go); its srv is the
-	// connection's proxy.
-	input
+	// in is the request the connection carries, as the routing core decides it (package
+	// decide): its routing input, decision, wait for a worker and tally on its worker.
+	in         decide.Request
+	srv        *Server
 	c          gnet.Conn
 	lp         *loop
 	next, prev *clientConn
@@ -66,7 +64,7 @@ type clientConn struct {
 	body     []byte
 
 	// What the request head said, copied before the head's bytes are discarded (the
-	// routing hints among it are input's).
+	// routing hints among it are in's).
 	method    []byte
 	target    []byte
 	path      []byte
@@ -77,23 +75,11 @@ type clientConn struct {
 	headScanned int
 	noMigrate   bool // x-kvrelay-migrate: off
 
-	dec  route.Decision
-	arm  *armSeries  // the policy version that routed this request
 	gone atomic.Bool // the client closed: its off-loop work is dropped
 
 	ex   exchange
 	pd   pdState
 	spec specState
-	obs  oai.Observer
-	itl  armITL // the Observer's ITL sink while the request has an arm
-	mm   *modelMetrics
-
-	queuedAt int64
-	qitem    *queueItem
-	// arrived is when the request's body was complete (its latency targets count from it);
-	// decideAt when its routing began, for the total decision time of a timed request.
-	arrived  int64
-	decideAt int64
 
 	// A connection answered with an error while the client is still sending (a body over the
 	// limit) reads and drops what comes until lingerLeft bytes or lingerUntil, so the client
@@ -301,32 +287,8 @@ func (cc *clientConn) captureHead() {
 	cc.keepAlive = r.KeepAlive
 	cc.proto10 = r.ProtoMinor == 0
 	cc.fwd = http1.AppendForwardHeaders(cc.fwd[:0], r.Header.All(), http1.DefaultForwardHeaders)
-	cc.session = append(cc.session[:0], r.SessionID...)
-	cc.hdrPrio, cc.hasPrio = atoi(r.Priority)
-	cc.hdrOSL, _ = atoi(r.OSL)
+	cc.in.SetHints(r.SessionID, r.Priority, r.OSL, r.SLOTTFT, r.SLOTPOT)
 	cc.noMigrate = bytes.EqualFold(bytes.TrimSpace(r.Migrate), []byte("off"))
-	cc.sloTTFT, cc.sloTPOT = millis(r.SLOTTFT), millis(r.SLOTPOT)
-}
-
-// millis reads a latency target in milliseconds (x-slo-ttft-ms: 250, or 0.5); 0 when it is
-// absent, malformed, not positive or beyond a day.
-func millis(b []byte) float64 {
-	if len(b) == 0 || len(b) > 16 {
-		return 0
-	}
-	v, err := strconv.ParseFloat(string(b), 64)
-	if err != nil || !(v > 0 && v <= 86400e3) {
-		return 0
-	}
-	return v
-}
-
-func atoi(b []byte) (int, bool) {
-	if len(b) == 0 || len(b) > 12 {
-		return 0, false
-	}
-	n, err := strconv.Atoi(string(b))
-	return n, err == nil
 }
 
 // protoError answers a request that cannot be framed and closes the connection.
@@ -365,7 +327,7 @@ func (cc *clientConn) handle() {
 			cc.methodNotAllowed()
 			return
 		}
-		if s.draining.Load() {
+		if s.core.Draining() {
 			cc.reply(503, "application/json", []byte(`{"status":"draining"}`))
 			return
 		}
@@ -411,7 +373,7 @@ func (cc *clientConn) handle() {
 		cc.modelObject(string(id))
 		return
 	}
-	cc.kind, cc.model, cc.arm, cc.decID = 0, "", nil, 0
+	cc.in.Start(0, cc.lp.now, false)
 	kind := oai.KindForPath(path)
 	if kind == 0 {
 		cc.errorReply(404, "no route for "+string(cc.method)+" "+string(path), "", "")
@@ -421,31 +383,24 @@ func (cc *clientConn) handle() {
 		cc.methodNotAllowed()
 		return
 	}
-	if s.draining.Load() {
+	if s.core.Draining() {
 		cc.keepAlive = false
 		cc.errorReplyHeader(503, "the proxy is shutting down", "", "", retryAfterHeader(1))
 		return
 	}
-	cc.kind, cc.model = kind, ""
 	cc.lp.seq++
-	cc.timed = cc.lp.seq%timedEvery == 1
-	cc.arrived = cc.lp.now
-	// A new request: the queue item of the connection's last one (dequeued and served) is not
-	// its own, neither its deadline nor its place in line.
-	cc.qitem = nil
-	t0 := cc.clock()
-	cc.decideAt = t0
-	if len(cc.body) >= offLoopBytes {
-		cc.parseOffLoop(kind, t0)
+	cc.in.Start(kind, cc.lp.now, cc.lp.seq%decide.SampleEvery == 1)
+	if len(cc.body) >= decide.OffLoopBytes {
+		cc.parseOffLoop()
 		return
 	}
-	cc.parsed(cc.parser.Parse(cc.body, kind, &cc.oreq), t0)
+	cc.parsed(cc.in.Parse(cc.body))
 }
 
 // parseOffLoop parses a large body off the event loop and continues the request on it.
-func (cc *clientConn) parseOffLoop(kind oai.Kind, t0 int64) {
+func (cc *clientConn) parseOffLoop() {
 	var err error
-	cc.offLoop(func() { err = cc.parser.Parse(cc.body, kind, &cc.oreq) }, func() { cc.parsed(err, t0) })
+	cc.offLoop(func() { err = cc.in.Parse(cc.body) }, func() { cc.parsed(err) })
 }
 
 // offLoop runs work on a goroutine (one of tokenizeSlots), the connection in stTokenize
@@ -457,7 +412,7 @@ func (cc *clientConn) offLoop(work, resume func()) {
 	s.metrics.offLoop.Inc()
 	cc.state = stTokenize
 	lp := cc.lp
-	s.inflight.Add(1)
+	s.core.Enter()
 	go func() {
 		s.tokenizeSlots <- struct{}{}
 		if !cc.gone.Load() {
@@ -465,7 +420,7 @@ func (cc *clientConn) offLoop(work, resume func()) {
 		}
 		<-s.tokenizeSlots
 		if lp.el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
-			defer s.inflight.Add(-1)
+			defer s.core.Leave()
 			if cc.state != stTokenize {
 				return nil // the client left
 			}
@@ -474,158 +429,111 @@ func (cc *clientConn) offLoop(work, resume func()) {
 			resume()
 			return nil
 		})) != nil {
-			s.inflight.Add(-1) // the loop has stopped
+			s.core.Leave() // the loop has stopped
 		}
 	}()
 }
 
-// parsed continues a request once its body is parsed: checks, routing input, routing.
-func (cc *clientConn) parsed(err error, t0 int64) {
-	s := cc.srv
+// parsed continues a request once its body is parsed (err: it was not): checks, routing
+// input, routing.
+func (cc *clientConn) parsed(err error) {
+	r := &cc.in
+	if err == nil {
+		err = r.Validate()
+	}
 	if err != nil {
-		cc.parseError(err)
+		cc.refuse(err)
 		return
 	}
-	cc.stage(stageParse, t0)
-	if len(cc.oreq.Model) == 0 {
-		cc.errorReply(400, "you must provide a model parameter", "model", "")
-		return
-	}
-	if !s.kv.Pool().Serves(unsafeString(cc.oreq.Model)) {
-		cc.errorReply(404, "The model `"+string(cc.oreq.Model)+"` does not exist.", "model", "model_not_found")
-		return
-	}
-	if p := cc.oreq.KVTransferParams; len(p) > 0 && string(p) != "null" {
-		// The engines' KV connector parameters say where to pull or push KV blocks: only
-		// kvrelay's own prefill and decode legs may carry them, or a client could make an
-		// engine dial any host it names.
-		s.metrics.refused.WithLabelValues("kv_transfer_params").Inc()
-		s.log.Debug("refused a request carrying kv_transfer_params", "remote", cc.c.RemoteAddr())
-		cc.errorReply(400, "kv_transfer_params is set by kvrelay for its prefill and decode legs; requests may not carry it", "kv_transfer_params", "")
-		return
-	}
-	cc.model = s.modelLabel(cc.oreq.Model)
-	cc.pd.on, cc.pd.decodeBody, cc.pd.fallback = false, nil, false
+	cc.pd.decodeBody = nil
 	cc.spec.want, cc.spec.answer = false, cc.spec.answer[:0]
-	cc.spec.want = cc.oreq.Hints.SpeculativePrefill && cc.kind == oai.ChatCompletions
-	err = cc.prepare()
-	if err == nil && cc.kind == oai.Responses && len(cc.oreq.PreviousResponseID) > 0 {
-		cc.pinResponse(unsafeString(cc.oreq.PreviousResponseID))
+	o := r.OpenAI()
+	cc.spec.want = o.Hints.SpeculativePrefill && r.Kind() == oai.ChatCompletions
+	err = r.Prepare()
+	if err == nil && r.Kind() == oai.Responses && len(o.PreviousResponseID) > 0 {
+		cc.pinResponse(unsafeString(o.PreviousResponseID))
 	}
-	if err != nil {
-		if errors.Is(err, errPending) {
-			cc.fetchRemote() // resumes in remoteDone
-			return
-		}
-		if errors.Is(err, errLarge) {
-			cc.tokenizeOffLoop(cc.large.cd, cc.large.text, cc.large.limit, cc.large.t0)
-			return
-		}
-		if errors.Is(err, errNoTokenizer) {
-			cc.errorReplyHeader(503, err.Error(), "", "no_worker", cc.noWorkerRetryAfter())
-			return
-		}
-		if limit, ok := err.(contextLengthError); ok {
-			cc.refuseTooLong(int(limit))
-			return
-		}
-		cc.errorReply(400, err.Error(), "messages", "")
+	switch {
+	case err == nil:
+		cc.route(false)
+	case errors.Is(err, decide.ErrRemote):
+		cc.fetchRemote()
+	case errors.Is(err, decide.ErrLarge):
+		// Tokenized off the loop; the text aliases the connection's buffers, which nothing
+		// on the loop changes while it is in stTokenize (a client that leaves abandons them).
+		cc.offLoop(r.Work, cc.resumed)
+	default:
+		cc.refuse(err)
+	}
+}
+
+// fetchRemote asks a remote tokenizer for the prompt's ids on a goroutine of its own (a
+// round trip, not CPU: no tokenize slot) and resumes the request on its loop.
+func (cc *clientConn) fetchRemote() {
+	cc.state = stTokenize
+	lp := cc.lp
+	go func() {
+		cc.in.Work()
+		_ = lp.el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
+			if cc.state != stTokenize {
+				return nil // the client left
+			}
+			cc.lp.now = nanotime()
+			cc.state = stIdle
+			cc.resumed()
+			return nil
+		}))
+	}()
+}
+
+// resumed continues a request whose off-loop work ended.
+func (cc *clientConn) resumed() {
+	if err := cc.in.Resume(); err != nil {
+		cc.refuse(err)
 		return
 	}
 	cc.route(false)
 }
 
-// tokenizeOffLoop tokenizes a large prompt on a goroutine, at most tokenizeSlots at once,
-// and resumes the request on its loop. text aliases the connection's buffers, which nothing
-// on the loop changes while it is in stTokenize (a client that leaves abandons them).
-func (cc *clientConn) tokenizeOffLoop(cd *codec, text string, limit int, t0 int64) {
-	cc.tokStart = t0
-	var toks []uint32
-	ok := true
-	cc.offLoop(func() { toks, ok = tokenizer.AppendEncodeLimit(cd.tok, nil, text, limit) }, func() {
-		if !ok {
-			cc.refuseTooLong(limit)
-			return
-		}
-		cc.toks = toks
-		cc.stage(stageTokenize, cc.tokStart)
-		cc.hashTokens()
-		cc.route(false)
-	})
-}
-
-// refuseTooLong answers a prompt longer than every worker of its model takes.
-func (cc *clientConn) refuseTooLong(limit int) {
-	cc.srv.metrics.tooLong.Inc()
-	param := "messages"
-	if cc.kind == oai.Completions {
-		param = "prompt"
+// refuse answers a request the routing core refused (a *decide.Refusal).
+func (cc *clientConn) refuse(err error) {
+	var rf *decide.Refusal
+	if !errors.As(err, &rf) {
+		rf = &decide.Refusal{Status: 500, Message: err.Error()}
 	}
-	cc.errorReply(400, contextLengthError(limit).Error(), param, "context_length_exceeded")
+	extra := ""
+	if rf.RetryAfter > 0 {
+		extra = retryAfterHeader(rf.RetryAfter)
+	}
+	cc.errorReplyHeader(rf.Status, rf.Message, rf.Param, rf.Code, extra)
 }
 
-// route picks a worker and starts the exchange, or queues the request when every worker is
-// busy. retry is true when an earlier attempt failed before its first byte.
+// route has the routing core decide the request and starts the exchange (or, for a
+// disaggregated request, its prefill leg), or queues the request when every worker is busy.
+// retry is true when an earlier attempt failed before its first byte.
 func (cc *clientConn) route(retry bool) {
-	s := cc.srv
-	router := s.kv
-	if cc.kind != oai.ChatCompletions && cc.kind != oai.Completions {
-		router = s.load
+	r := &cc.in
+	if retry {
+		cc.pd.decodeBody = nil // a failed decode leg: the next decode worker prefills itself
 	}
-	cc.arm = nil
-	if cc.kind == oai.ChatCompletions || cc.kind == oai.Completions {
-		cc.arm = s.stableArm.Load()
-	}
-	if router == s.kv && (cc.pd.on || cc.disaggFor(router.Pool())) {
-		cc.routeDisagg(retry) // sets the routing time itself; the stable policy's arm
-		return
-	}
-	// During a rollout the candidate policy routes its share of the requests.
-	var cand *candidate
-	if router == s.kv {
-		if router, cand = cc.armFor(s.kv, cc.body); cand != nil {
-			cc.arm = cand.arm
-		}
-	}
-	// Route at this event's time: a request may be routed again well after it was parsed
-	// (released from the admission queue, retried after a failure, tokenized remotely).
-	cc.rreq.Now = cc.lp.now
-	if cc.sloTTFT > 0 {
-		// What is left of the TTFT target after the time already spent here.
-		cc.rreq.SLOTTFT = cc.sloTTFT/1e3 - seconds(cc.lp.now-cc.arrived)
-		if cc.rreq.SLOTTFT <= 0 {
-			cc.sloRefused()
+	switch err := r.Decide(cc.lp.now, retry); {
+	case err == nil:
+		if p := r.PrefillWorker(); p != nil {
+			cc.prefill(p)
 			return
 		}
+		cc.start()
+	case errors.Is(err, route.ErrBusy), errors.Is(err, route.ErrSLO), errors.Is(err, route.ErrNoWorker):
+		cc.routeFailed(err, retry)
+	default:
+		cc.refuse(err)
 	}
-	err := router.Route(&cc.rreq, &cc.dec)
-	if errors.Is(err, route.ErrNoWorker) && router == s.load && !retry && router.Pool().Disaggregated(unsafeString(cc.oreq.Model)) {
-		// Embeddings and responses in a disaggregated pool go to the decode workers.
-		cc.rreq.Role = route.RoleDecode
-		err = router.Route(&cc.rreq, &cc.dec)
-	}
-	cc.observeRoute(&cc.dec, !retry)
-	if cc.timed && !retry && cc.decideAt != 0 {
-		cc.stage(stageTotal, cc.decideAt)
-		cc.decideAt = 0
-	}
-	if err != nil {
-		cc.routeFailed(err, retry, "worker")
-		return
-	}
-	if cc.timed {
-		cc.decID = s.decisions.record(&cc.input, cc.lp.now, &cc.dec, cc.arm)
-	}
-	if cand == nil && router == s.kv && !retry {
-		cc.shadowPick(&cc.lp.shadowReq, &cc.dec)
-	}
-	cc.start(cc.dec.Worker)
 }
 
-// routeFailed answers a request the router could not place: it waits in the admission
+// routeFailed answers a request the core could not place: it waits in the admission
 // queue when every eligible worker is busy; otherwise it gets 502 after failed attempts
-// (retry), 503 when no healthy worker serves its model. what names the workers asked.
-func (cc *clientConn) routeFailed(err error, retry bool, what string) {
+// (retry), 503 when no healthy worker serves its model.
+func (cc *clientConn) routeFailed(err error, retry bool) {
 	if cc.ex.mig.leg {
 		// No worker to continue a migrating stream on: it ends as its engine left it.
 		cc.ex.mig.leg, cc.ex.mig.ok = false, false
@@ -633,58 +541,27 @@ func (cc *clientConn) routeFailed(err error, retry bool, what string) {
 		cc.ex.truncated()
 		return
 	}
+	what := "worker"
+	if cc.in.Disaggregated() {
+		what = "decode worker"
+	}
 	switch {
 	case errors.Is(err, route.ErrBusy):
-		cc.enqueue()
+		cc.enqueue(false)
 	case errors.Is(err, route.ErrSLO):
-		cc.enqueueSLO()
+		cc.enqueue(true)
 	case retry:
 		cc.errorReply(502, "every "+what+" that could serve the request failed", "", "upstream_error")
 	default:
-		cc.errorReplyHeader(503, "no healthy "+what+" serves model "+cc.model, "", "no_worker", cc.noWorkerRetryAfter())
+		cc.refuse(cc.in.NoWorker(what, cc.lp.now))
 	}
 }
 
-// noWorkerRetryAfter is the Retry-After for a request no worker can take: until the first
-// ejected worker of its model may be probed again, or a second when none is ejected (health
-// comes back with the next check or report).
-func (cc *clientConn) noWorkerRetryAfter() string {
-	soonest := time.Duration(0)
-	for _, w := range cc.srv.kv.Pool().Workers {
-		if w.Model != unsafeString(cc.oreq.Model) {
-			continue
-		}
-		if d := w.EjectedFor(cc.lp.now); d > 0 && (soonest == 0 || d < soonest) {
-			soonest = d
-		}
-	}
-	return retryAfterHeader(int(math.Ceil(soonest.Seconds())))
-}
-
-// start begins the exchange with worker w.
-func (cc *clientConn) start(w *route.Worker) {
-	s := cc.srv
-	ws := s.workerState(w)
-	ws.m.routedBy(cc.dec.Mode).Inc()
-	s.observeRegret(cc.arm, &cc.dec)
+// start begins the exchange with the decided worker.
+func (cc *clientConn) start() {
 	ex := &cc.ex
-	ex.begin(cc, ws)
-	ex.receipt, ex.recorded = prefix.Receipt{}, false // recorded at the first token (recordCached)
-	if cc.kind == oai.ChatCompletions || cc.kind == oai.Completions {
-		overlap := int(cc.dec.Overlap)
-		ex.predicted = overlap
-		ex.usage.BeginAt(cc.lp.now, w, cc.rreq.PromptTokens, overlap*s.cfg.BlockSize, cc.rreq.OSL)
-		// A streamed answer's first chunk is its first token: only those teach the
-		// worker's latency model (not a migrated stream's continuation).
-		if !ex.mig.leg {
-			// A request that fetches its prefix from a peer teaches nothing: its TTFT holds a
-			// transfer the model's features do not.
-			ex.usage.Predicted(&cc.dec, cc.prio, cc.oreq.Stream && cc.dec.PeerFetch == nil)
-		}
-	} else {
-		ex.usage.BeginAt(cc.lp.now, w, cc.rreq.PromptTokens, 0, 0)
-	}
-	ws.m.inflight.Inc()
+	ex.begin(cc)
+	cc.in.Dispatch(cc.lp.now, !ex.mig.leg)
 	cc.state = stForward
 	ex.send()
 }
@@ -693,44 +570,37 @@ func (cc *clientConn) start(w *route.Worker) {
 // saw it (counted unknown otherwise: it routes as any other).
 func (cc *clientConn) pinResponse(id string) {
 	if w, ok := cc.srv.responses.get(id, cc.lp.now); ok {
-		cc.rreq.Pin = w
+		cc.in.Pin(w)
 		return
 	}
-	cc.srv.metrics.affinity.WithLabelValues("unknown").Inc()
+	cc.srv.core.UnknownResponse()
 }
 
 // storedResponse serves GET and DELETE /v1/responses/{id} (and POST …/{id}/cancel) from the
 // worker that served the response: 404 as OpenAI answers when this proxy does not know it.
 func (cc *clientConn) storedResponse(id []byte) {
 	s := cc.srv
-	if s.draining.Load() {
+	if s.core.Draining() {
 		cc.keepAlive = false
 		cc.errorReplyHeader(503, "the proxy is shutting down", "", "", retryAfterHeader(1))
 		return
 	}
 	worker, ok := s.responses.get(string(id), cc.lp.now)
 	if !ok {
-		s.metrics.affinity.WithLabelValues("unknown").Inc()
+		s.core.UnknownResponse()
 		cc.errorReply(404, "Response with id '"+string(id)+"' not found.", "", "")
 		return
 	}
 	var model string
-	for _, w := range s.load.Pool().Workers {
+	for _, w := range s.core.Load().Pool().Workers {
 		if w.ID == worker {
 			model = w.Model
 		}
 	}
-	cc.kind = oai.Responses
-	cc.oreq = oai.Request{}
-	cc.oreq.Model = []byte(model)
-	cc.model = s.modelLabel(cc.oreq.Model)
-	cc.arrived = cc.lp.now
-	cc.qitem = nil
-	cc.pd.on, cc.pd.decodeBody, cc.pd.fallback = false, nil, false
+	cc.in.Start(oai.Responses, cc.lp.now, false)
+	cc.in.PinOnly(model, worker) // no other worker has the response
+	cc.pd.decodeBody = nil
 	cc.spec.want = false
-	cc.rreq.Reset()
-	cc.rreq.Model = model
-	cc.rreq.Pin, cc.rreq.PinOnly = worker, true // no other worker has the response
 	cc.route(false)
 }
 
@@ -761,16 +631,6 @@ func (cc *clientConn) methodNotAllowed() {
 	cc.errorReply(405, "method "+string(cc.method)+" is not allowed on "+string(cc.path), "", "")
 }
 
-// parseError answers an OpenAI body that does not parse or validate.
-func (cc *clientConn) parseError(err error) {
-	var pe *oai.Error
-	if errors.As(err, &pe) {
-		cc.errorReply(pe.Status(), pe.Message, pe.Param, pe.Code)
-		return
-	}
-	cc.errorReply(400, err.Error(), "", "")
-}
-
 // closed is called when the client connection closes: an exchange in progress is aborted
 // at once (closing the engine connection makes the engine free the request's KV blocks), a
 // queued request leaves the queue.
@@ -778,8 +638,7 @@ func (cc *clientConn) closed() {
 	cc.gone.Store(true) // off-loop work for this connection stops where it can
 	cc.lp.unlinkClient(cc)
 	if cc.state == stQueued {
-		cc.srv.queue.remove(&cc.qitem)
-		cc.srv.metrics.queued.WithLabelValues("abandoned").Inc()
+		cc.in.Abandon()
 	}
 	if cc.state == stPrefill {
 		cc.abortPrefill()
@@ -843,27 +702,12 @@ func (cc *clientConn) done() {
 	}
 }
 
-// Buffers a request grew past these sizes are dropped when it ends, so that a connection
-// that once carried a huge prompt does not keep its memory for the rest of its life.
-const (
-	keepBufBytes = 4 << 20
-	keepToks     = 1 << 20
-)
-
+// shrink drops the buffers a request grew past decide.KeepBytes when it ends, so that a
+// connection that once carried a huge prompt does not keep its memory for the rest of its
+// life (the parsed request and the rendered messages point into the body too).
 func (cc *clientConn) shrink() {
-	if cap(cc.body) > keepBufBytes || cap(cc.text) > keepBufBytes {
-		// The parsed request and the rendered messages point into them too.
-		cc.body, cc.text = nil, nil
-		cc.oreq.Release()
-		cc.parser.Release()
-		clear(cc.msgs[:cap(cc.msgs)])
-		cc.msgs = nil
-	}
-	if cap(cc.toks) > keepToks {
-		cc.toks = nil
-	}
-	if cap(cc.rreq.Hashes) > keepToks/16 {
-		cc.rreq.Hashes = nil
+	if cc.in.Shrink(cap(cc.body) > decide.KeepBytes) {
+		cc.body = nil
 	}
 }
 

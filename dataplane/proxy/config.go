@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvrelay/kvrelay/dataplane/decide"
 	"github.com/kvrelay/kvrelay/dataplane/http1"
 	"github.com/kvrelay/kvrelay/dataplane/route"
 	"github.com/kvrelay/kvrelay/xds/auth"
@@ -17,10 +18,10 @@ import (
 const (
 	// TokenizerRemote posts each prompt to a worker's /tokenize (chat messages as they are,
 	// so the engine applies its own template).
-	TokenizerRemote = "remote"
+	TokenizerRemote = decide.TokenizerRemote
 	// TokenizerEstimate counts about four bytes per token and hashes the rendered text in
 	// fixed byte blocks: approximate, but needs no tokenizer at all.
-	TokenizerEstimate = "estimate"
+	TokenizerEstimate = decide.TokenizerEstimate
 )
 
 // Upstream is one engine the proxy sends requests to.
@@ -65,9 +66,9 @@ type Upstream struct {
 const (
 	// DisaggAuto splits chat and text completions into a prefill leg and a decode leg
 	// whenever the pool has prefill-role and decode-role workers for the model.
-	DisaggAuto = "auto"
+	DisaggAuto = decide.DisaggAuto
 	// DisaggOff never splits: prefill and decode workers take no requests.
-	DisaggOff = "off"
+	DisaggOff = decide.DisaggOff
 )
 
 // Config configures a proxy. Field names are those of the YAML file (--config).
@@ -299,6 +300,32 @@ func (c *Config) routeConfig() route.Config {
 			MaxDecodeBlocks:  c.BusyDecodeBlocks,
 			MaxKVFraction:    c.BusyKVFraction,
 		},
+	}
+}
+
+// decideConfig is what the routing core takes of the proxy's configuration.
+func (c *Config) decideConfig() decide.Config {
+	indexTTL := c.IndexTTL
+	if c.XDS != "" {
+		// With a control plane, the proxy's own index only remembers recent decisions.
+		indexTTL = c.RecentTTL
+	}
+	return decide.Config{
+		BlockSize:        c.BlockSize,
+		Tokenizer:        c.Tokenizer,
+		ChatTemplate:     c.ChatTemplate,
+		TokenCacheTokens: c.TokenCacheTokens,
+		RemoteTimeout:    c.ConnectTimeout + 5*time.Second,
+		IndexBlocks:      c.IndexBlocks,
+		IndexTTL:         indexTTL,
+		QueueSize:        c.QueueSize,
+		QueueTimeout:     c.QueueTimeout,
+		Disagg:           c.Disagg,
+		DisaggThreshold:  c.DisaggThreshold,
+		DisaggMaxQueue:   c.DisaggMaxQueue,
+		EjectAfter:       c.EjectAfter,
+		EjectFor:         c.EjectFor,
+		ForwardPriority:  c.ForwardPriority,
 	}
 }
 

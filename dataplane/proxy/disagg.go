@@ -14,7 +14,6 @@ import (
 
 	"github.com/panjf2000/gnet/v2"
 
-	"github.com/kvrelay/kvrelay/dataplane/oai"
 	"github.com/kvrelay/kvrelay/dataplane/route"
 )
 
@@ -30,122 +29,42 @@ import (
 //     kv_transfer_params; the engine pulls the blocks (NIXL) and decodes, streaming to the
 //     client through the ordinary exchange.
 //
-// Conditional disaggregation: when the part of the prompt the decode worker does not cache
+// The routing core (decide.Request.Decide) chooses both workers and whether to split at all
+// (conditional disaggregation: when the part of the prompt the decode worker does not cache
 // is short (Config.DisaggThreshold), every prefill worker is busy, or the chosen one already
-// has more than Config.DisaggMaxQueue tokens to prefill, the decode worker prefills itself. A prefill leg that fails or times out falls back to that too; a decode
-// leg that fails before its first byte is retried on another decode worker, prefilling
-// there (the prefill worker frees the blocks nobody pulls after its own timeout).
-
-// Paths of a disaggregated request (kvrelay_proxy_disagg_requests_total{path}).
-const (
-	pathLocal    = "local"    // prefilled on the decode worker: short uncached part, or prefill pool busy
-	pathRemote   = "remote"   // prefilled on a prefill worker, KV pulled by the decode worker
-	pathFallback = "fallback" // the prefill leg failed; prefilled on the decode worker
-)
+// has more than Config.DisaggMaxQueue tokens to prefill, the decode worker prefills itself);
+// the proxy sends the legs. A prefill leg that fails or times out falls back to prefilling on
+// the decode worker too; a decode leg that fails before its first byte is retried on another
+// decode worker, prefilling there (the prefill worker frees the blocks nobody pulls after its
+// own timeout).
 
 // maxPrefillResponse bounds a prefill leg's answer (one token and kv_transfer_params).
 const maxPrefillResponse = 4 << 20
 
-// pdState is one request's disaggregation state, reset per request.
+// pdState is what the proxy keeps of a request's prefill leg, reset per request (the
+// routing core keeps its disaggregation decision, decide.Request).
 type pdState struct {
-	on         bool   // the request is routed across prefill and decode pools
 	decodeBody []byte // the decode leg's body (with kv_transfer_params); nil: local prefill
-	fallback   bool   // the prefill leg failed: prefill on the decode worker
 	cancel     context.CancelFunc
-	usage      route.Usage // the prefill leg's load on its worker
 	startedAt  int64
 }
 
-// disaggSettings are the disaggregation settings in force: the proxy's configuration, or
-// the routing policy's when a control plane sets them.
-type disaggSettings struct {
-	mode      string
-	threshold int
-}
-
-// disaggFor reports whether in's request goes through the disaggregated path.
-func (in *input) disaggFor(pool *route.Pool) bool {
-	return in.srv.pdSet.Load().mode != DisaggOff && (in.kind == oai.ChatCompletions || in.kind == oai.Completions) &&
-		pool.Disaggregated(unsafeString(in.oreq.Model))
-}
-
-// routeDisagg routes a request of a disaggregated pool: a decode worker by load, a prefill
-// worker KV-aware, and the choice between prefilling remotely and on the decode worker. A
-// retry (the decode leg failed before its first byte) prefills on the next decode worker.
-func (cc *clientConn) routeDisagg(retry bool) {
-	s := cc.srv
-	pd := &cc.pd
-	pd.on = true
-	if retry {
-		pd.decodeBody = nil // the decode leg failed: the next decode worker prefills itself
-	}
-	r := &cc.rreq
-	// Route at this event's time: routeDisagg runs from route (a request's first routing, a
-	// retry, a release from the admission queue) and again after the prefill leg's whole run.
-	r.Now = cc.lp.now
-	r.Role = route.RoleDecode
-	if err := s.load.Route(r, &cc.dec); err != nil {
-		cc.routeFailed(err, retry, "decode worker")
-		return
-	}
-	d := cc.dec.Worker
-	switch {
-	case retry || pd.fallback:
-		cc.localPrefill(d, pathFallback)
-		return
-	case pd.decodeBody != nil:
-		// Prefilled (this request waited for a decode worker after its prefill leg): the
-		// decode worker holds the prompt's blocks once it has pulled them.
-		cc.dec.Overlap = float64(len(r.Hashes))
-		s.metrics.disagg.WithLabelValues(pathRemote).Inc()
-		cc.start(d)
-		return
-	}
-	// The prefill pool, KV-aware; its match also tells what the decode worker caches.
-	r.Role = route.RolePrefill
-	var pdec route.Decision
-	perr := s.kv.Route(r, &pdec)
-	r.Role = route.RoleDecode
-	cc.dec.Overlap = r.Overlap(d)
-	cc.dec.BestOverlap = r.BestOverlap()
-	uncached := r.PromptTokens - int(cc.dec.Overlap)*max(d.BlockSize, 1)
-	th := s.pdSet.Load().threshold
-	if perr != nil || (th >= 0 && uncached <= th) {
-		cc.localPrefill(d, pathLocal)
-		return
-	}
-	if mq := s.cfg.DisaggMaxQueue; th >= 0 && mq > 0 && pdec.Worker.PrefillTokens() > mq {
-		// Conditional: the prefill pool is saturated (its least costly worker already has
-		// more than DisaggMaxQueue tokens to prefill); the decode worker prefills itself.
-		cc.localPrefill(d, pathLocal)
-		return
-	}
-	cc.prefill(pdec.Worker, int(pdec.Overlap))
-}
-
-// localPrefill sends the request whole to decode worker d.
-func (cc *clientConn) localPrefill(d *route.Worker, path string) {
-	cc.pd.decodeBody = nil
-	cc.srv.metrics.disagg.WithLabelValues(path).Inc()
-	cc.start(d)
-}
-
-// prefill starts the prefill leg on worker p off the event loop; the decode leg starts
-// when it ends (prefillDone).
-func (cc *clientConn) prefill(p *route.Worker, overlap int) {
+// prefill starts the prefill leg on worker p, which the core chose, off the event loop; the
+// decode leg is decided when it ends (prefillDone).
+func (cc *clientConn) prefill(p *route.Worker) {
 	s := cc.srv
 	pd := &cc.pd
 	body, err := prefillBody(cc.body)
 	if err != nil {
 		// The body parsed as an OpenAI request, so this cannot happen; prefill locally.
 		s.log.Warn("cannot build the prefill leg; prefilling on the decode worker", "err", err)
-		cc.localPrefill(cc.dec.Worker, pathFallback)
+		cc.in.PrefillDone(false)
+		cc.route(false)
 		return
 	}
-	cc.recordPlacement(p, overlap, cc.lp.now) // the prefill worker caches the prompt now
-	pd.usage.BeginAt(cc.lp.now, p, cc.rreq.PromptTokens, overlap*s.cfg.BlockSize, 0)
+	cc.in.HoldPrefill(cc.lp.now) // the prefill worker caches the prompt now
 	pd.startedAt = cc.lp.now
-	s.inflight.Add(1) // a graceful stop waits for the leg
+	s.core.Enter() // a graceful stop waits for the leg
 	s.metrics.prefillInflight.Inc()
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.PrefillTimeout)
 	pd.cancel = cancel
@@ -184,19 +103,19 @@ func (cc *clientConn) prefillDone(decodeBody []byte, err error) {
 	pd := &cc.pd
 	pd.cancel()
 	pd.cancel = nil
-	pd.usage.End()
-	s.inflight.Add(-1)
+	s.core.Leave()
 	s.metrics.prefillInflight.Dec()
 	s.metrics.prefillSeconds.Observe(seconds(cc.lp.now - pd.startedAt))
 	if err != nil {
 		s.metrics.prefillFailures.Inc()
 		s.log.Warn("prefill leg failed; prefilling on the decode worker", "err", err)
-		pd.fallback = true
+		pd.decodeBody = nil
 	} else {
 		pd.decodeBody = decodeBody
 	}
+	cc.in.PrefillDone(err == nil)
 	// The decode worker by load now, not when the prefill leg began.
-	cc.routeDisagg(false)
+	cc.route(false)
 }
 
 // abortPrefill ends a prefill leg whose client left.
@@ -207,8 +126,8 @@ func (cc *clientConn) abortPrefill() {
 	}
 	pd.cancel()
 	pd.cancel = nil
-	pd.usage.End()
-	cc.srv.inflight.Add(-1)
+	cc.in.ReleasePrefill()
+	cc.srv.core.Leave()
 	cc.srv.metrics.prefillInflight.Dec()
 	cc.srv.metrics.aborted.WithLabelValues("client_gone").Inc()
 }

@@ -1,19 +1,28 @@
 // Package proxy is kvrelay's edge proxy: an OpenAI-compatible HTTP/1.1 server on gnet event
-// loops that routes each request to the engine worker holding most of its prompt in KV cache
-// without overloading anyone, and streams the answer back.
+// loops that carries each request to the engine worker its routing core chose (package
+// decide: the worker holding most of its prompt in KV cache without overloading anyone) and
+// streams the answer back.
+//
+// The proxy carries; package decide decides. Here are the connections and their framing,
+// the exchange with engines and its failures (retries, ejection timeouts, migration of a
+// broken stream), the pools of upstream connections, the event loops, the prefill legs of
+// disaggregated requests, speculative prefill, Responses API stickiness, the xDS client that
+// keeps the routing core's workers and policies current, and the admin endpoints. A
+// request's input, tokenization, routing, admission, tally, decision record and rollout arm
+// are the routing core's, which the endpoint picker (package epp) shares.
 //
 // # Threading
 //
 // Each gnet event loop owns its client connections and, registered on the same loop through
 // EventLoop.Enroll, a pool of keep-alive connections to every worker. A request is framed
-// (package http1), parsed (package oai), rendered and tokenized with the model's own chat
-// template and tokenizer (engines/tokenizer, with a cache of repeated prompt segments), hashed
-// into a block chain (engines/blockhash), routed (package route over the prefix index of
-// package prefix) and written to an upstream connection, all on the loop goroutine; the
-// engine's response arrives on the same loop and is written to the client directly, chunk by
-// chunk, with no goroutine hand-off and no buffering of whole responses. Dialling a new
-// upstream connection is the only blocking step and runs on its own goroutine, which enrolls
-// the connection on the loop when it is up.
+// (package http1), decided (package decide: parsed by package oai, rendered and tokenized with
+// the model's own chat template and tokenizer, hashed into a block chain, routed by package
+// route over the prefix index of package prefix) and written to an upstream connection, all
+// on the loop goroutine; the engine's response arrives on the same loop and is written to
+// the client directly, chunk by chunk, with no goroutine hand-off and no buffering of whole
+// responses. Dialling a new upstream connection runs on its own goroutine, which enrolls the
+// connection on the loop when it is up; so do a large body's parse, a large prompt's
+// tokenization and a remote tokenizer's round trip, which resume the request on its loop.
 //
 // # Failure handling
 //

@@ -1,10 +1,10 @@
 package proxy
 
 import (
-	"encoding/json"
 	"strconv"
 	"time"
 
+	"github.com/kvrelay/kvrelay/dataplane/decide"
 	"github.com/kvrelay/kvrelay/dataplane/http1"
 	"github.com/kvrelay/kvrelay/dataplane/oai"
 	"github.com/kvrelay/kvrelay/dataplane/route"
@@ -32,8 +32,6 @@ var upstreamLimits = http1.Limits{MaxBodyBytes: -1}
 // exchange is one request's round trip to an engine, possibly over several attempts. It
 // lives in its clientConn and is reused.
 type exchange struct {
-	// tally is the request's load, learning and metrics on its worker (tally.go).
-	tally
 	cc *clientConn
 	up *upstream
 
@@ -43,10 +41,11 @@ type exchange struct {
 	// (counts towards its ejection) only once another worker answers the request without
 	// one: a request that gets a 5xx from two workers is the likely cause itself, so the
 	// second 5xx goes to the client and neither worker is blamed.
-	suspect *workerState
+	suspect *route.Worker
 
 	out []byte // the request as sent upstream
 
+	start  int64 // the request was complete
 	sentAt int64
 	// firstByteBy is when the engine must have started answering (FirstByteTimeout);
 	// lastByteAt when it last sent anything (StreamIdleTimeout).
@@ -66,37 +65,34 @@ type exchange struct {
 	mig      migration
 }
 
-// begin resets the exchange for a request routed to ws.
-func (ex *exchange) begin(cc *clientConn, ws *workerState) {
+// begin resets the exchange for a request the core decided, before its dispatch.
+func (ex *exchange) begin(cc *clientConn) {
 	if !ex.active {
 		ex.start = cc.lp.now
 		ex.attempts, ex.stale, ex.suspect = 0, false, nil
-		cc.srv.inflight.Add(1)
+		cc.srv.core.Enter()
 	}
-	ex.ws = ws
 	ex.active = true
 	if ex.mig.leg {
 		// A continuation: the client's response (head, chunking, what it was sent) goes on.
 		ex.untilEOF, ex.paused = false, false
 		return
 	}
-	ex.headSent, ex.status, ex.chunked, ex.untilEOF, ex.paused, ex.tokens = false, 0, false, false, false, 0
-	ex.respHead, ex.respDone = ex.respHead[:0], cc.kind != oai.Responses
+	ex.headSent, ex.status, ex.chunked, ex.untilEOF, ex.paused = false, 0, false, false, false
+	ex.respHead, ex.respDone = ex.respHead[:0], cc.in.Kind() != oai.Responses
 	m := &ex.mig
 	*m = migration{ok: cc.migratable(), raw: m.raw[:0], tail: m.tail[:0], pend: m.pend[:0]}
-	cc.mm = cc.srv.metrics.forModel(cc.model)
-	cc.obs.ITL = cc.mm.itl
-	if cc.arm != nil {
-		cc.itl = armITL{model: cc.mm.itl, arm: cc.arm}
-		cc.obs.ITL = &cc.itl
-	}
-	cc.obs.Reset(oai.ModeAuto, ex.start)
+	cc.in.Answer(ex.start)
 }
+
+// worker is the worker of the exchange's current attempt.
+func (ex *exchange) worker() *route.Worker { return ex.cc.in.Worker() }
 
 // send writes the request to a pooled connection of the worker, or dials one.
 func (ex *exchange) send() {
 	cc := ex.cc
-	w := ex.ws.w
+	w := ex.worker()
+	dec := cc.in.Decision()
 	body := cc.body
 	if cc.pd.decodeBody != nil {
 		body = cc.pd.decodeBody
@@ -104,15 +100,15 @@ func (ex *exchange) send() {
 	if ex.mig.leg {
 		body = ex.mig.body
 	}
-	if h := cc.dec.PeerFetch; h != nil && cc.pd.decodeBody == nil && !ex.mig.leg && h != w {
+	if h := dec.PeerFetch; h != nil && cc.pd.decodeBody == nil && !ex.mig.leg && h != w {
 		// The worker pulls the prefix h caches (kvrelay's peer fetch) instead of computing it.
-		cc.fetchBody = oai.AppendWithRawField(cc.fetchBody[:0], body, "kv_transfer_params", peerFetchParams(h.URL))
+		cc.fetchBody = oai.AppendWithRawField(cc.fetchBody[:0], body, "kv_transfer_params", decide.PeerFetchParams(h.URL))
 		body = cc.fetchBody
-		cc.srv.metrics.peerFetches.Inc()
+		cc.srv.core.PeerFetch()
 	}
-	if cc.srv.cfg.ForwardPriority && cc.prio != 0 && (cc.kind == oai.ChatCompletions || cc.kind == oai.Completions) {
+	if prio, kind := cc.in.Priority(), cc.in.Kind(); cc.srv.cfg.ForwardPriority && prio != 0 && (kind == oai.ChatCompletions || kind == oai.Completions) {
 		// vLLM runs lower priority values first; kvrelay's hints say higher is more urgent.
-		body = oai.AppendWithField(cc.lp.wbuf[:0], body, "priority", -cc.prio)
+		body = oai.AppendWithField(cc.lp.wbuf[:0], body, "priority", -prio)
 		cc.lp.wbuf = body
 	}
 	b := http1.AppendRequestHead(ex.out[:0], cc.method, cc.target, w.Addr, int64(len(body)))
@@ -124,8 +120,8 @@ func (ex *exchange) send() {
 	ex.lastByteAt = cc.lp.now
 	cfg := &cc.srv.cfg
 	wait := cfg.FirstByteTimeout
-	if cc.dec.HasPrediction {
-		wait = max(wait, time.Duration(10*cc.dec.Prediction.TTFT*float64(time.Second)))
+	if dec.HasPrediction {
+		wait = max(wait, time.Duration(10*dec.Prediction.TTFT*float64(time.Second)))
 	}
 	ex.firstByteBy = cc.lp.now + int64(min(wait, cfg.UpstreamTimeout))
 	if up := cc.lp.take(w); up != nil {
@@ -145,7 +141,7 @@ func (ex *exchange) data(up *upstream) {
 	now := cc.lp.now
 	if len(buf) > 0 {
 		ex.lastByteAt = now
-		ex.ws.w.Heard(now)
+		ex.worker().Heard(now)
 	}
 	out := cc.lp.wbuf[:0]
 	consumed := 0
@@ -287,18 +283,18 @@ func (ex *exchange) head(out []byte, r *http1.Response) []byte {
 	} else if length == http1.LengthChunked {
 		out = append(out, "Transfer-Encoding: chunked\r\n"...)
 	}
-	if cc.keepAlive && !cc.srv.draining.Load() {
+	if cc.keepAlive && !cc.srv.core.Draining() {
 		out = append(out, "Connection: keep-alive\r\n"...)
 	} else {
 		cc.keepAlive = false
 		out = append(out, "Connection: close\r\n"...)
 	}
 	if cc.srv.cfg.ExposeWorkerHeader {
-		out = http1.AppendHeader(out, "x-kvrelay-worker", ex.ws.w.ID)
-		out = appendRouteHeader(out, &cc.dec)
+		out = http1.AppendHeader(out, "x-kvrelay-worker", ex.worker().ID)
+		out = appendRouteHeader(out, cc.in.Decision())
 	}
-	if cc.srv.cfg.ExposeDecisionHeader && cc.dec.HasPrediction {
-		out = appendDecisionHeader(out, &cc.rreq, cc.dec.Worker)
+	if cc.srv.cfg.ExposeDecisionHeader && cc.in.Decision().HasPrediction {
+		out = appendDecisionHeader(out, &cc.in)
 	}
 	return http1.AppendEndHead(out)
 }
@@ -374,7 +370,7 @@ func (ex *exchange) observe(data []byte, now int64) {
 	if cc.spec.want && len(cc.spec.answer)+len(data) <= maxSpeculativeAnswer {
 		cc.spec.answer = append(cc.spec.answer, data...)
 	}
-	ex.feed(&cc.input, &cc.obs, data, now)
+	cc.in.Feed(data, now)
 }
 
 // noteResponseID looks for the id of a Responses API answer in its first bytes and
@@ -386,7 +382,7 @@ func (ex *exchange) noteResponseID(data []byte) {
 	}
 	ex.respHead = append(ex.respHead, data[:min(len(data), maxRespIDScan-len(ex.respHead))]...)
 	if id, ok := responseID(ex.respHead); ok {
-		ex.cc.srv.responses.put(id, ex.ws.w.ID, ex.cc.lp.now)
+		ex.cc.srv.responses.put(id, ex.worker().ID, ex.cc.lp.now)
 		ex.respDone = true
 	} else if len(ex.respHead) >= maxRespIDScan {
 		ex.respDone = true
@@ -431,12 +427,12 @@ func (ex *exchange) complete(up *upstream) {
 		up.state = upClosed
 		_ = up.c.Close()
 	}
-	ex.ws.w.Succeeded()
+	ex.worker().Succeeded()
 	if ex.status == 200 {
-		ex.recordCached(&cc.input, cc.lp.now) // a response without content chunks ends its prefill here
+		cc.in.RecordCached(cc.lp.now) // a response without content chunks ends its prefill here
 	}
 	if cc.spec.want && ex.status == 200 {
-		cc.speculativePrefill(ex.ws.w)
+		cc.speculativePrefill(ex.worker())
 	}
 	ex.finish()
 	if ex.untilEOF {
@@ -454,10 +450,8 @@ func (ex *exchange) finish() {
 	}
 	ex.active = false
 	ex.resume()
-	ex.settle(&cc.input, cc.arm, cc.mm, cc.obs.Result(), ex.status, cc.lp.now)
-	cc.arm = nil // counted once
-	s.inflight.Add(-1)
-	s.queue.release(s)
+	cc.in.Settle(ex.status, cc.lp.now)
+	s.core.Leave()
 }
 
 // abort ends the exchange because the client is gone or too slow: the engine connection is
@@ -485,7 +479,7 @@ func (ex *exchange) canRetry() bool {
 func (ex *exchange) fail(up *upstream, kind int) {
 	cc := ex.cc
 	s := cc.srv
-	ws := ex.ws
+	w := ex.worker()
 	up.detach()
 	up.kill()
 	if kind == failReset && up.reused && !up.gotBytes && !ex.stale && !ex.headSent {
@@ -494,37 +488,33 @@ func (ex *exchange) fail(up *upstream, kind int) {
 		ex.send()
 		return
 	}
+	um := s.metrics.forUpstream(w.ID)
 	switch kind {
 	case failConnect:
-		ws.m.connectErr.Inc()
+		um.connectErr.Inc()
 	case failStatus:
-		ws.m.statusErr.Inc()
+		um.statusErr.Inc()
 	case failTimeout:
-		ws.m.timeoutErr.Inc()
+		um.timeoutErr.Inc()
 	default:
-		ws.m.resetErr.Inc()
+		um.resetErr.Inc()
 	}
 	switch {
 	case kind == failStatus && ex.suspect == nil:
-		ex.suspect = ws // blamed if another worker answers without a 5xx
-	case kind == failTimeout && cc.lp.now-ws.w.LastHeard() > int64(s.cfg.FirstByteTimeout):
+		ex.suspect = w // blamed if another worker answers without a 5xx
+	case kind == failTimeout && cc.lp.now-w.LastHeard() > int64(s.cfg.FirstByteTimeout):
 		// A worker silent on every connection for the whole timeout has stopped answering
 		// (hung, frozen): it is out at once, not after EjectAfter requests each waited the
 		// timeout on it. One that streams to others is busy: only this request moves.
-		if ws.w.Failed(cc.lp.now, 1, s.cfg.EjectFor) {
-			ws.m.ejections.Inc()
-			s.log.Warn("worker ejected: it stopped answering", "worker", ws.w.ID, "for", s.cfg.EjectFor)
-		}
+		s.core.Blame(w, cc.lp.now, 1, "worker ejected: it stopped answering")
 	case kind == failTimeout:
 	case kind != failProtocol:
-		ex.blame(ws)
+		ex.blame(w)
 	}
 	if ex.canRetry() {
 		ex.attempts++
 		s.metrics.retries.Inc()
-		ws.m.inflight.Dec()
-		ex.usage.End()
-		cc.rreq.Exclude = append(cc.rreq.Exclude, ws.w.Index)
+		cc.in.Withdraw()
 		cc.route(true)
 		return
 	}
@@ -541,13 +531,10 @@ func (ex *exchange) fail(up *upstream, kind int) {
 	ex.truncated()
 }
 
-// blame counts a failure against ws, ejecting it after EjectAfter in a row.
-func (ex *exchange) blame(ws *workerState) {
+// blame counts a failure against w, ejecting it after EjectAfter in a row.
+func (ex *exchange) blame(w *route.Worker) {
 	s := ex.cc.srv
-	if ws.w.Failed(ex.cc.lp.now, s.cfg.EjectAfter, s.cfg.EjectFor) {
-		ws.m.ejections.Inc()
-		s.log.Warn("worker ejected after consecutive failures", "worker", ws.w.ID, "for", s.cfg.EjectFor)
-	}
+	s.core.Blame(w, ex.cc.lp.now, s.cfg.EjectAfter, "worker ejected after consecutive failures")
 }
 
 // truncated ends a response the engine stopped in the middle of: a stream gets an error
@@ -560,10 +547,10 @@ func (ex *exchange) truncated() {
 	}
 	ex.mig.leg = false
 	cc.srv.metrics.aborted.WithLabelValues("upstream_died").Inc()
-	if ex.chunked && cc.obs.Result().Mode == oai.ModeSSE {
+	if ex.chunked && cc.in.Result().Mode == oai.ModeSSE {
 		ev := cc.lp.wbuf[:0]
 		ev = append(ev, "data: "...)
-		ev = appendErrorJSON(ev, 502, "the engine stopped before the response was complete", "", "upstream_error")
+		ev = decide.AppendErrorJSON(ev, 502, "the engine stopped before the response was complete", "", "upstream_error")
 		ev = append(ev, "\n\ndata: [DONE]\n\n"...)
 		out := http1.AppendChunk(make([]byte, 0, len(ev)+16), ev)
 		out = http1.AppendLastChunk(out)
@@ -638,7 +625,7 @@ func (ex *exchange) tick(now int64, cfg *Config) {
 		// gone or stuck, and the engine's slot and KV must not wait on it.
 		cc := ex.cc
 		cc.srv.metrics.aborted.WithLabelValues("slow_client").Inc()
-		cc.srv.log.Debug("client stalled; request cancelled", "worker", ex.ws.w.ID, "stalled", time.Duration(now-ex.pausedAt))
+		cc.srv.log.Debug("client stalled; request cancelled", "worker", ex.worker().ID, "stalled", time.Duration(now-ex.pausedAt))
 		ex.abort()
 		cc.state = stClosing
 		_ = cc.c.Close()
@@ -673,9 +660,16 @@ func appendRouteHeader(out []byte, d *route.Decision) []byte {
 	return append(out, "\r\n"...)
 }
 
-// peerFetchParams is the kv_transfer_params telling a worker to pull the prompt's prefix
-// from the worker at url.
-func peerFetchParams(url string) []byte {
-	q, _ := json.Marshal(url)
-	return append(append([]byte(`{"kvrelay_peer_fetch":`), q...), '}')
+// appendDecisionHeader writes x-kvrelay-decision: every candidate of the request's decision
+// with its predicted TTFT, queue and prefill in milliseconds and its cached blocks, the
+// chosen one first, as "w1 ttft=41.2 queue=3.1 prefill=38.1 cached=375, w0 ttft=…";
+// nothing under a policy that predicts nothing. Exposed with ExposeDecisionHeader.
+func appendDecisionHeader(out []byte, r *decide.Request) []byte {
+	n := len(out)
+	out = append(out, "x-kvrelay-decision: "...)
+	m := len(out)
+	if out = r.AppendExplain(out); len(out) == m {
+		return out[:n]
+	}
+	return append(out, "\r\n"...)
 }

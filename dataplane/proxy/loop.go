@@ -16,7 +16,7 @@ import (
 type loop struct {
 	srv *Server
 	el  gnet.EventLoop
-	// shadowReq is the scratch request of shadow decisions (rollout.go).
+	// shadowReq is the scratch request of its requests' shadow picks (decide.Request.Init).
 	shadowReq route.Request
 	idle      [][]*upstream // by worker index
 	// clients is an intrusive list of this loop's client connections, for housekeeping.
@@ -25,12 +25,9 @@ type loop struct {
 	// now is the time of the event being handled, read once per event (the clock costs
 	// tens of nanoseconds a read on virtual machines, and a request reads it often).
 	now int64
-	// seq counts requests; one in timedEvery has its routing stages timed.
+	// seq counts requests; one in decide.SampleEvery has its decision timed and recorded.
 	seq uint64
 }
-
-// timedEvery samples the requests whose decision stages feed the decision_seconds histogram.
-const timedEvery = 8
 
 func newLoop(s *Server, el gnet.EventLoop) *loop {
 	lp := &loop{srv: s, el: el}
@@ -39,9 +36,9 @@ func newLoop(s *Server, el gnet.EventLoop) *loop {
 }
 
 func (lp *loop) newClient(c gnet.Conn) *clientConn {
-	cc := &clientConn{input: input{srv: lp.srv}, c: c, lp: lp, lastActive: lp.now}
+	cc := &clientConn{srv: lp.srv, c: c, lp: lp, lastActive: lp.now}
+	cc.in.Init(lp.srv.core, &lp.shadowReq, true)
 	cc.ex.cc = cc
-	cc.obs.Reset(0, 0)
 	cc.next, cc.prev = lp.clients.next, &lp.clients
 	lp.clients.next.prev = cc
 	lp.clients.next = cc

@@ -1,84 +1,35 @@
 package proxy
 
 import (
-	"strconv"
 	"sync"
-	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-
-	"github.com/kvrelay/kvrelay/dataplane/oai"
 )
 
-// metrics are the proxy's Prometheus metrics, all named kvrelay_proxy_*. Label values come
-// from bounded sets (configured models and workers, known routes, status codes) so series
-// cannot grow with client input. Per-request updates go through children resolved once per
-// label combination and cached, so the request path does not allocate.
+// metrics are the proxy's own Prometheus metrics, all named kvrelay_proxy_*: what carrying
+// requests costs and meets (engine failures, retries, migrations, cut-off streams, prefill
+// legs, off-loop steps). The routing core registers its own series (requests, TTFT,
+// decisions, the queue, workers' load) on the same registry. Label values come from bounded
+// sets (configured workers, known outcomes) so series cannot grow with client input.
 type metrics struct {
 	reg *prometheus.Registry
 
-	requests        *prometheus.CounterVec   // model, route, code
-	ttft            *prometheus.HistogramVec // model
-	itl             *prometheus.HistogramVec // model
-	e2e             *prometheus.HistogramVec // model, route
-	decision        *prometheus.HistogramVec // stage
-	predicted       *prometheus.CounterVec   // worker: prompt blocks the index predicted cached
-	reported        *prometheus.CounterVec   // worker: prompt blocks the engine reported cached
-	promptBlocks    *prometheus.CounterVec   // worker: prompt blocks routed
-	predictionErr   prometheus.Histogram     // |reported − predicted| blocks per request
-	regretBlocks    *prometheus.HistogramVec // policy, policy_version: achievable − achieved blocks
-	costGap         *prometheus.HistogramVec // policy, policy_version: chosen − cheapest cost
-	armTTFT         *prometheus.HistogramVec // policy_version
-	armRequests     *prometheus.CounterVec   // policy_version, outcome
-	shadow          *prometheus.CounterVec   // result
-	shadowOverlap   *prometheus.HistogramVec // arm
-	queueDepth      prometheus.Gauge
-	queued          *prometheus.CounterVec // outcome: dispatched, rejected, timeout, abandoned
 	upstreamErrs    *prometheus.CounterVec // worker, kind
-	ejections       *prometheus.CounterVec // worker
 	retries         prometheus.Counter
 	poisoned        prometheus.Counter
-	affinity        *prometheus.CounterVec // outcome: pinned, fallback, unknown
 	migrations      *prometheus.CounterVec // outcome: continued, completed, failed
-	refused         *prometheus.CounterVec // field
-	peerFetches     prometheus.Counter     // requests told to pull their prefix from a peer
-	pickFallbacks   prometheus.Counter     // picks a gateway served from a fallback endpoint
-	inflight        *prometheus.GaugeVec   // worker
-	routed          *prometheus.CounterVec // worker, mode
 	aborted         *prometheus.CounterVec // reason: client_gone, slow_client, upstream_died
 	draining        prometheus.Gauge
-	remoteFallbacks prometheus.Counter
-	offLoop         prometheus.Counter     // prompts tokenized off the event loop
-	tooLong         prometheus.Counter     // prompts refused past the model's context length
-	disagg          *prometheus.CounterVec // path: local, remote, fallback
+	offLoop         prometheus.Counter // prompts tokenized off the event loop
 	prefillSeconds  prometheus.Histogram
 	prefillInflight prometheus.Gauge
 	prefillFailures prometheus.Counter
-	speculative     *prometheus.CounterVec   // outcome: sent, failed, skipped
-	ttftPredErr     *prometheus.HistogramVec // worker: |actual − predicted| TTFT, seconds
-	ttftPredRel     *prometheus.HistogramVec // worker: the same over the actual TTFT
-	ttftPredBias    *prometheus.CounterVec   // worker, side: predictions under or over the actual
+	speculative     *prometheus.CounterVec // outcome: sent, failed, skipped
 
-	mu     sync.Mutex // serialises additions to models
-	models atomic.Pointer[map[string]*modelMetrics]
-	stages [numStages]prometheus.Observer
+	mu        sync.Mutex // guards upstreams
+	upstreams map[string]*upstreamMetrics
 }
-
-// Decision stages, timed separately.
-const (
-	stageParse = iota
-	stageTokenize
-	stageHash
-	stageMatch
-	stageScore
-	// stageTotal is the whole decision of a request, from its parsed body to its pick,
-	// remote tokenization included.
-	stageTotal
-	numStages
-)
-
-var stageNames = [numStages]string{"parse", "tokenize", "hash", "match", "score", "total"}
 
 func newMetrics() *metrics {
 	reg := prometheus.NewRegistry()
@@ -86,116 +37,27 @@ func newMetrics() *metrics {
 	latency := []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300}
 	m := &metrics{
 		reg: reg,
-		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "kvrelay_proxy_requests_total", Help: "Requests answered, by model, route and HTTP status code.",
-		}, []string{"model", "route", "code"}),
-		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "kvrelay_proxy_time_to_first_token_seconds", Help: "Time from a request's last byte to its first content token, as clients see it.", Buckets: latency,
-		}, []string{"model"}),
-		itl: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "kvrelay_proxy_inter_token_latency_seconds", Help: "Gaps between consecutive content chunks of streamed responses.",
-			Buckets: []float64{0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2.5},
-		}, []string{"model"}),
-		e2e: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "kvrelay_proxy_request_duration_seconds", Help: "Time from a request's last byte to its response's last byte.", Buckets: latency,
-		}, []string{"model", "route"}),
-		decision: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "kvrelay_proxy_decision_seconds", Help: "Time spent deciding where a request goes, by stage.",
-			Buckets: []float64{1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 1e-2, 0.1},
-		}, []string{"stage"}),
-		predicted: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "kvrelay_proxy_prefix_predicted_blocks_total", Help: "Prompt blocks the prefix index predicted the chosen worker had cached.",
-		}, []string{"worker"}),
-		reported: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "kvrelay_proxy_prefix_reported_blocks_total", Help: "Prompt blocks the engine reported cached (usage.prompt_tokens_details.cached_tokens).",
-		}, []string{"worker"}),
-		promptBlocks: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "kvrelay_proxy_prompt_blocks_total", Help: "Full prompt blocks of routed requests that reported usage.",
-		}, []string{"worker"}),
-		predictionErr: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "kvrelay_proxy_prefix_prediction_error_blocks", Help: "Absolute difference between predicted and reported cached prompt blocks, per request.",
-			Buckets: []float64{0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 1024},
-		}),
-		regretBlocks: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "kvrelay_proxy_routing_regret_blocks", Help: "Routing regret per decision: the most cached prompt blocks any worker that could take the request had, less those of the worker chosen, by policy and policy version (0 for policies that do not match prompts).",
-			Buckets: []float64{0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096},
-		}, []string{"policy", "policy_version"}),
-		costGap: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "kvrelay_proxy_routing_cost_gap", Help: "Per decision by cost: the chosen worker's cost less the cheapest candidate's, in the policy's units (latency: seconds of predicted TTFT; kv: blocks), by policy and policy version.",
-			Buckets: append([]float64{0}, prometheus.ExponentialBuckets(0.001, 4, 11)...),
-		}, []string{"policy", "policy_version"}),
-		armTTFT: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "kvrelay_proxy_policy_ttft_seconds", Help: "Time to first token of chat and text completions by the routing policy version that routed them (a rollout's stable and candidate arms).",
-			Buckets: armTTFTBounds[:],
-		}, []string{"policy_version"}),
-		armRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "kvrelay_proxy_policy_requests_total", Help: "Answered chat and text completions by the routing policy version that routed them and outcome (ok: 2xx, error: the rest).",
-		}, []string{"policy_version", "outcome"}),
-		shadow: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "kvrelay_proxy_shadow_decisions_total", Help: "Requests a rollout's candidate policy decided in shadow beside the stable one, by result: agree (same worker), disagree, no_pick.",
-		}, []string{"result"}),
-		shadowOverlap: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "kvrelay_proxy_shadow_overlap_blocks", Help: "In shadow, the cached prompt blocks of the worker each arm picked (the stable pick is the one served).",
-			Buckets: []float64{0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096},
-		}, []string{"arm"}),
-		queueDepth: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "kvrelay_proxy_queue_depth", Help: "Requests waiting in the admission queue for a worker under its busy thresholds.",
-		}),
-		queued: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "kvrelay_proxy_queue_requests_total", Help: "Requests that met the admission queue, by outcome.",
-		}, []string{"outcome"}),
 		upstreamErrs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvrelay_proxy_upstream_errors_total", Help: "Failures talking to engines, by worker and kind.",
 		}, []string{"worker", "kind"}),
-		ejections: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "kvrelay_proxy_worker_ejections_total", Help: "Times a worker was taken out of rotation after consecutive failures.",
-		}, []string{"worker"}),
 		retries: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kvrelay_proxy_retries_total", Help: "Requests sent again to another worker after a failure before their first byte.",
 		}),
 		poisoned: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kvrelay_proxy_poisoned_requests_total", Help: "Requests that got a 5xx from two workers: the client got the second, and neither worker was blamed for it.",
 		}),
-		affinity: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "kvrelay_proxy_response_affinity_total", Help: "Responses API requests naming a stored response (previous_response_id, GET/DELETE /v1/responses/{id}), by outcome: pinned to the worker that holds it; fallback, that worker gone or unhealthy; unknown, a response this proxy did not see.",
-		}, []string{"outcome"}),
 		migrations: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvrelay_proxy_migrations_total", Help: "Streams whose engine failed after the first token, by outcome: continued on another worker; completed (only the end was missing); failed (could not migrate: the client got an error event).",
 		}, []string{"outcome"}),
-		pickFallbacks: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "kvrelay_proxy_pick_fallbacks_total",
-			Help: "Picks of the endpoint picker that the gateway served from another endpoint than the picked one (a fallback down the list); their load moved there.",
-		}),
-		peerFetches: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "kvrelay_proxy_peer_fetches_total", Help: "Requests sent to a worker told to pull their prompt's prefix from the peer that caches it (peer fetch) instead of computing it.",
-		}),
-		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "kvrelay_proxy_refused_fields_total", Help: "Requests refused (400) for carrying a field only kvrelay may set, by field.",
-		}, []string{"field"}),
-		inflight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "kvrelay_proxy_inflight_requests", Help: "Requests this proxy has in flight, by worker.",
-		}, []string{"worker"}),
-		routed: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "kvrelay_proxy_routed_requests_total", Help: "Routing decisions, by worker and by the rule that decided (cost, spread, session, or a policy's picker).",
-		}, []string{"worker", "mode"}),
 		aborted: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvrelay_proxy_aborted_requests_total", Help: "Requests cut short, by reason.",
 		}, []string{"reason"}),
 		draining: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "kvrelay_proxy_draining", Help: "1 while the proxy drains before stopping.",
 		}),
-		remoteFallbacks: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "kvrelay_proxy_remote_tokenize_failures_total", Help: "Prompts an engine's /tokenize could not tokenize, routed on an estimate instead.",
-		}),
 		offLoop: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kvrelay_proxy_off_loop_steps_total", Help: "Steps of large requests (parsing the body, tokenizing the prompt) run on a goroutine of their own instead of the event loop, which serves other connections meanwhile.",
 		}),
-		tooLong: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "kvrelay_proxy_context_length_exceeded_total", Help: "Prompts refused (400) for holding more tokens than any worker of their model takes, found before tokenizing them whole.",
-		}),
-		disagg: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "kvrelay_proxy_disagg_requests_total", Help: "Requests of disaggregated pools, by path: remote (prefill worker, KV pulled by the decode worker), local (prefilled on the decode worker: short uncached part or prefill pool busy), fallback (the prefill leg or a decode worker failed).",
-		}, []string{"path"}),
 		prefillSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "kvrelay_proxy_prefill_leg_seconds", Help: "Duration of prefill legs (request to a prefill worker until its kv_transfer_params).", Buckets: latency,
 		}),
@@ -208,160 +70,37 @@ func newMetrics() *metrics {
 		speculative: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvrelay_proxy_speculative_prefills_total", Help: "Speculative prefills (agent hint speculative_prefill) of finished turns, by outcome: sent, failed, skipped (no answer to warm).",
 		}, []string{"outcome"}),
+		upstreams: map[string]*upstreamMetrics{},
 	}
-	m.ttftPredErr = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Name: "kvrelay_proxy_ttft_prediction_error_seconds", Help: "Absolute error of the latency policy's predicted time to first token (from dispatch), per streamed request.",
-		Buckets: []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10},
-	}, []string{"worker"})
-	m.ttftPredRel = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Name: "kvrelay_proxy_ttft_prediction_relative_error", Help: "Absolute error of the predicted time to first token over the actual one, per streamed request.",
-		Buckets: []float64{0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 2, 5, 10},
-	}, []string{"worker"})
-	m.ttftPredBias = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "kvrelay_proxy_ttft_predictions_total", Help: "Streamed requests with a TTFT prediction, by whether it was under or over the actual TTFT.",
-	}, []string{"worker", "side"})
-	reg.MustRegister(m.peerFetches, m.pickFallbacks)
-	reg.MustRegister(m.ttftPredErr, m.ttftPredRel, m.ttftPredBias, m.regretBlocks, m.costGap, m.armTTFT, m.armRequests, m.shadow, m.shadowOverlap)
-	m.models.Store(&map[string]*modelMetrics{})
-	reg.MustRegister(m.requests, m.ttft, m.itl, m.e2e, m.decision, m.predicted, m.reported, m.promptBlocks,
-		m.predictionErr, m.queueDepth, m.queued, m.upstreamErrs, m.ejections, m.retries, m.poisoned, m.affinity, m.migrations, m.refused, m.inflight, m.routed,
-		m.aborted, m.draining, m.remoteFallbacks, m.offLoop, m.tooLong, m.disagg, m.prefillSeconds, m.prefillInflight, m.prefillFailures, m.speculative)
-	m.refused.WithLabelValues("kv_transfer_params")
-	for _, o := range []string{"pinned", "fallback", "unknown"} {
-		m.affinity.WithLabelValues(o)
-	}
+	reg.MustRegister(m.upstreamErrs, m.retries, m.poisoned, m.migrations, m.aborted, m.draining, m.offLoop,
+		m.prefillSeconds, m.prefillInflight, m.prefillFailures, m.speculative)
 	for _, o := range []string{"continued", "completed", "failed"} {
 		m.migrations.WithLabelValues(o)
-	}
-	for i, n := range stageNames {
-		m.stages[i] = m.decision.WithLabelValues(n)
 	}
 	return m
 }
 
-// modelMetrics are one model's series, resolved once; the request path reaches them through
-// a copy-on-write map, without locks.
-type modelMetrics struct {
-	ttft, itl prometheus.Observer
-	e2e       [numRoutes]prometheus.Observer
-	ok        [numRoutes]prometheus.Counter // status 200
-	codes     [numRoutes]sync.Map           // other HTTP statuses → prometheus.Counter
+// upstreamMetrics are one worker's failure series, resolved once.
+type upstreamMetrics struct {
+	connectErr, resetErr, statusErr, timeoutErr prometheus.Counter
 }
 
-// numRoutes bounds oai.Kind values (1..4); index 0 is for requests that never got a kind.
-const numRoutes = 5
-
-func (m *metrics) forModel(model string) *modelMetrics {
-	if mm, ok := (*m.models.Load())[model]; ok {
-		return mm
-	}
+// forUpstream returns worker id's failure series, resolving them the first time (when the
+// worker joins, so that they read 0 from then on). Failures are rare: a lock is cheap here.
+func (m *metrics) forUpstream(id string) *upstreamMetrics {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	old := *m.models.Load()
-	if mm, ok := old[model]; ok {
-		return mm
+	um, ok := m.upstreams[id]
+	if !ok {
+		um = &upstreamMetrics{
+			connectErr: m.upstreamErrs.WithLabelValues(id, "connect"),
+			resetErr:   m.upstreamErrs.WithLabelValues(id, "reset"),
+			statusErr:  m.upstreamErrs.WithLabelValues(id, "status_5xx"),
+			timeoutErr: m.upstreamErrs.WithLabelValues(id, "timeout"),
+		}
+		m.upstreams[id] = um
 	}
-	mm := &modelMetrics{ttft: m.ttft.WithLabelValues(model), itl: m.itl.WithLabelValues(model)}
-	for k := 1; k < numRoutes; k++ {
-		mm.e2e[k] = m.e2e.WithLabelValues(model, oai.Kind(k).String())
-		mm.ok[k] = m.requests.WithLabelValues(model, oai.Kind(k).String(), "200")
-	}
-	next := make(map[string]*modelMetrics, len(old)+1)
-	for k, v := range old {
-		next[k] = v
-	}
-	next[model] = mm
-	m.models.Store(&next)
-	return mm
-}
-
-// request counts one answered request.
-func (m *metrics) request(model string, kind oai.Kind, code int) {
-	m.requestOf(m.forModel(model), model, kind, code)
-}
-
-// requestOf counts one answered request of model, whose series are mm.
-func (m *metrics) requestOf(mm *modelMetrics, model string, kind oai.Kind, code int) {
-	k := int(kind)
-	if k <= 0 || k >= numRoutes {
-		return
-	}
-	if code == 200 {
-		mm.ok[k].Inc()
-		return
-	}
-	if c, ok := mm.codes[k].Load(code); ok {
-		c.(prometheus.Counter).Inc()
-		return
-	}
-	c := m.requests.WithLabelValues(model, kind.String(), strconv.Itoa(code))
-	mm.codes[k].Store(code, c)
-	c.Inc()
-}
-
-// workerMetrics are one worker's series, resolved once.
-type workerMetrics struct {
-	predicted, reported, promptBlocks prometheus.Counter
-	connectErr, resetErr, statusErr   prometheus.Counter
-	timeoutErr                        prometheus.Counter
-	ejections                         prometheus.Counter
-	inflight                          prometheus.Gauge
-	cost, spread, session, picked     prometheus.Counter
-	slo                               prometheus.Counter
-	predErr, predRel                  prometheus.Observer
-	predUnder, predOver               prometheus.Counter
-}
-
-func (m *metrics) forWorker(id string) *workerMetrics {
-	return &workerMetrics{
-		predicted:    m.predicted.WithLabelValues(id),
-		reported:     m.reported.WithLabelValues(id),
-		promptBlocks: m.promptBlocks.WithLabelValues(id),
-		connectErr:   m.upstreamErrs.WithLabelValues(id, "connect"),
-		resetErr:     m.upstreamErrs.WithLabelValues(id, "reset"),
-		statusErr:    m.upstreamErrs.WithLabelValues(id, "status_5xx"),
-		timeoutErr:   m.upstreamErrs.WithLabelValues(id, "timeout"),
-		ejections:    m.ejections.WithLabelValues(id),
-		inflight:     m.inflight.WithLabelValues(id),
-		cost:         m.routed.WithLabelValues(id, "cost"),
-		spread:       m.routed.WithLabelValues(id, "spread"),
-		session:      m.routed.WithLabelValues(id, "session"),
-		picked:       m.routed.WithLabelValues(id, "pick"),
-		slo:          m.routed.WithLabelValues(id, "slo"),
-		predErr:      m.ttftPredErr.WithLabelValues(id),
-		predRel:      m.ttftPredRel.WithLabelValues(id),
-		predUnder:    m.ttftPredBias.WithLabelValues(id, "under"),
-		predOver:     m.ttftPredBias.WithLabelValues(id, "over"),
-	}
-}
-
-// prediction records how far a request's predicted TTFT was from what it took.
-func (wm *workerMetrics) prediction(predicted, actual float64) {
-	d := actual - predicted
-	if d > 0 {
-		wm.predUnder.Inc()
-	} else {
-		wm.predOver.Inc()
-		d = -d
-	}
-	wm.predErr.Observe(d)
-	if actual > 0 {
-		wm.predRel.Observe(d / actual)
-	}
-}
-
-func (wm *workerMetrics) routedBy(mode string) prometheus.Counter {
-	switch mode {
-	case "cost":
-		return wm.cost
-	case "spread":
-		return wm.spread
-	case "session":
-		return wm.session
-	case "slo":
-		return wm.slo
-	}
-	return wm.picked
+	return um
 }
 
 // Registerer is the registry behind the proxy's /metrics: callers register extra collectors

@@ -37,11 +37,11 @@ type migration struct {
 // migratable reports whether this request may migrate: a streamed chat or text completion
 // of one choice without logprobs, within the migration limit, not opted out.
 func (cc *clientConn) migratable() bool {
-	o := &cc.oreq
+	o := cc.in.OpenAI()
 	if cc.srv.cfg.MigrationLimit <= 0 || !o.Stream || o.N > 1 || cc.noMigrate {
 		return false
 	}
-	if cc.kind != oai.ChatCompletions && cc.kind != oai.Completions {
+	if k := cc.in.Kind(); k != oai.ChatCompletions && k != oai.Completions {
 		return false
 	}
 	return !o.Logprobs
@@ -138,7 +138,7 @@ func (ex *exchange) migrate() bool {
 	cc := ex.cc
 	s := cc.srv
 	m := &ex.mig
-	if !m.ok || !ex.headSent || ex.status != 200 || m.legs >= s.cfg.MigrationLimit || cc.pd.on {
+	if !m.ok || !ex.headSent || ex.status != 200 || m.legs >= s.cfg.MigrationLimit || cc.in.Disaggregated() {
 		if m.ok {
 			s.metrics.migrations.WithLabelValues("failed").Inc()
 		}
@@ -176,7 +176,7 @@ func (ex *exchange) migrate() bool {
 		ex.endStream()
 		return true
 	}
-	body, ok := continuation(cc.body, cc.kind, text, m.sent+sent)
+	body, ok := continuation(cc.body, cc.in.Kind(), text, m.sent+sent)
 	if !ok || m.id == nil {
 		s.metrics.migrations.WithLabelValues("failed").Inc()
 		return false
@@ -184,10 +184,7 @@ func (ex *exchange) migrate() bool {
 	m.body, m.sent, m.legs, m.leg, m.roleSeen, m.pend = body, m.sent+sent, m.legs+1, true, false, m.pend[:0]
 	m.raw, m.tail = m.raw[:0], m.tail[:0]
 	s.metrics.migrations.WithLabelValues("continued").Inc()
-	ws := ex.ws
-	ws.m.inflight.Dec()
-	ex.usage.End()
-	cc.rreq.Exclude = append(cc.rreq.Exclude, ws.w.Index)
+	cc.in.Withdraw()
 	ex.attempts++
 	cc.route(true)
 	return true

@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/kvrelay/kvrelay/dataplane/route"
 	xdsv1 "github.com/kvrelay/kvrelay/xds/api/v1"
@@ -88,31 +87,6 @@ func TestOwnSentByEpoch(t *testing.T) {
 	}
 }
 
-// Retry-After follows the queue's drain rate: the time to drain as many requests as wait,
-// plus one, at the recent gap between departures; a second without a recent rate; never
-// past a minute.
-func TestQueueRetryAfterFollowsDrainRate(t *testing.T) {
-	q := newAdmissionQueue(16, newMetrics())
-	now := nanotime()
-	if got := q.retryAfter(now); got != "Retry-After: 1\r\n" {
-		t.Fatalf("without a drain rate: %q", got)
-	}
-	for range 3 {
-		q.items = append(q.items, &queueItem{})
-	}
-	q.gap, q.lastOut = 2e9, now // one departure every 2 s
-	if got := q.retryAfter(now); got != "Retry-After: 8\r\n" {
-		t.Fatalf("3 waiting, 2 s apart: %q, want 8", got)
-	}
-	q.gap = 90e9
-	if got := q.retryAfter(now); got != "Retry-After: 60\r\n" {
-		t.Fatalf("a slow queue: %q, want the 60 s bound", got)
-	}
-	if got := q.retryAfter(now + int64(time.Minute)); got != "Retry-After: 1\r\n" {
-		t.Fatalf("a rate a minute old: %q, want 1", got)
-	}
-}
-
 // A pushed policy replaces the proxy's own policy flags, and the proxy says which.
 func TestPushedPolicyOverridesAreLogged(t *testing.T) {
 	var buf bytes.Buffer
@@ -147,17 +121,16 @@ func TestPushedZeroWeightIsZero(t *testing.T) {
 		want   string
 	}{{64, "w0"}, {0, "w1"}} {
 		s.applyXDS(ws, &xdsv1.RoutingPolicy{Version: uint64(10 + c.weight), Policy: "kv", OverlapWeight: c.weight, QueueWeight: 8, CacheThreshold: 0.1})
-		cc := preparedConn(t, s, chat8k("q"), "")
-		pool := s.kv.Pool()
-		w0 := pool.Worker("w0")
-		s.index.Record(w0.Index, cc.rreq.Hashes, 0) // w0 holds the prompt …
+		r := prepared(t, s, chat8k("q"))
+		w0 := s.core.Pool().Worker("w0")
+		s.core.Index().Record(w0.Index, r.BlockHashes(), 0) // w0 holds the prompt …
 		var u route.Usage
 		u.Begin(w0, 8000, 0, 64) // … and has another prompt to compute
-		if err := s.kv.Route(&cc.rreq, &cc.dec); err != nil {
+		if err := r.Decide(nanotime(), false); err != nil {
 			t.Fatal(err)
 		}
-		if cc.dec.Worker.ID != c.want {
-			t.Errorf("pushed overlap_weight %v: routed to %s, want %s", c.weight, cc.dec.Worker.ID, c.want)
+		if got := r.Decision().Worker.ID; got != c.want {
+			t.Errorf("pushed overlap_weight %v: routed to %s, want %s", c.weight, got, c.want)
 		}
 		u.End()
 	}

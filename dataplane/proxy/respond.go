@@ -2,10 +2,10 @@ package proxy
 
 import (
 	"bytes"
-	"encoding/json"
 
 	"github.com/prometheus/common/expfmt"
 
+	"github.com/kvrelay/kvrelay/dataplane/decide"
 	"github.com/kvrelay/kvrelay/dataplane/http1"
 )
 
@@ -15,7 +15,7 @@ func (cc *clientConn) reply(status int, contentType string, body []byte) {
 }
 
 func (cc *clientConn) replyHeader(status int, contentType string, body []byte, extra string) {
-	keep := cc.keepAlive && !cc.srv.draining.Load()
+	keep := cc.keepAlive && !cc.srv.core.Draining()
 	b := http1.AppendResponseHead(cc.lp.wbuf[:0], status, contentType, int64(len(body)), keep)
 	b = append(b, extra...)
 	b = http1.AppendEndHead(b)
@@ -43,72 +43,13 @@ func (cc *clientConn) errorReplyHeader(status int, msg, param, code, extra strin
 	if cc.ex.active {
 		cc.ex.status = status
 		cc.ex.finish()
-	} else if cc.kind != 0 {
-		cc.srv.metrics.request(cc.modelOrUnknown(), cc.kind, status)
+	} else {
 		// Refused before any worker answered (queue full, timed out, no worker): the
 		// routing policy's arm counts it too.
-		if a := cc.arm; a != nil {
-			a.observe(status, 0, false, 0, 0)
-			cc.arm = nil
-		}
+		cc.in.Refused(status)
 	}
-	body := appendErrorJSON(nil, status, msg, param, code)
+	body := decide.AppendErrorJSON(nil, status, msg, param, code)
 	cc.replyHeader(status, "application/json", body, extra)
-}
-
-func (cc *clientConn) modelOrUnknown() string {
-	if cc.model == "" {
-		return "unknown"
-	}
-	return cc.model
-}
-
-// appendErrorJSON appends {"error":{"message","type","param","code"}}. Errors are off the
-// fast path, so encoding/json does the escaping.
-func appendErrorJSON(dst []byte, status int, msg, param, code string) []byte {
-	type body struct {
-		Message string  `json:"message"`
-		Type    string  `json:"type"`
-		Param   *string `json:"param"`
-		Code    *string `json:"code"`
-	}
-	e := body{Message: msg, Type: errorType(status)}
-	if param != "" {
-		e.Param = &param
-	}
-	if code != "" {
-		e.Code = &code
-	}
-	b, _ := json.Marshal(struct {
-		Error body `json:"error"`
-	}{e})
-	return append(dst, b...)
-}
-
-// errorType is the OpenAI error type of a status.
-func errorType(status int) string {
-	switch {
-	case status == 401:
-		return "authentication_error"
-	case status == 404:
-		return "not_found_error"
-	case status == 429:
-		return "rate_limit_error"
-	case status >= 500:
-		return "server_error"
-	}
-	return "invalid_request_error"
-}
-
-// modelLabel is the metrics label of a requested model: one of the configured models, so
-// client input cannot create series.
-func (s *Server) modelLabel(model []byte) string {
-	for _, m := range s.kv.Pool().Models() {
-		if string(model) == m {
-			return m
-		}
-	}
-	return "other"
 }
 
 // gatherMetrics renders the registry in the text exposition format.

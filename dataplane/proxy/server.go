@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math"
 	"net"
 	"net/http"
 	"runtime"
@@ -19,14 +18,12 @@ import (
 
 	"github.com/panjf2000/gnet/v2"
 	"github.com/panjf2000/gnet/v2/pkg/netpoll"
-	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
 
+	"github.com/kvrelay/kvrelay/dataplane/decide"
 	"github.com/kvrelay/kvrelay/dataplane/http1"
 	"github.com/kvrelay/kvrelay/dataplane/latency"
-	"github.com/kvrelay/kvrelay/dataplane/prefix"
 	"github.com/kvrelay/kvrelay/dataplane/route"
-	"github.com/kvrelay/kvrelay/engines/tokenizer"
 	"github.com/kvrelay/kvrelay/xds"
 )
 
@@ -49,26 +46,15 @@ type Server struct {
 	// responses: which worker served each stored Responses API response.
 	responses *respTable
 	metrics   *metrics
-	index     *prefix.Approx
-	kv        *route.Router                     // chat and text completions
-	load      *route.Router                     // embeddings and responses: by load
-	workers   atomic.Pointer[[]*workerState]    // by route.Worker.Index
-	codecs    atomic.Pointer[map[string]*codec] // by model; "" is the default
-	models    atomic.Pointer[[]byte]            // the /v1/models body
-	queue     *admissionQueue
-	// decisions keeps sampled routing decisions of a predicting policy (explain.go).
-	decisions decisionLog
-	xds       *xdsState // nil without a control plane
-	remote    *remoteTokenizer
-	// stableArm are the series of the policy routing now; cand a rollout's candidate beside
-	// it (rollout.go).
-	stableArm atomic.Pointer[armSeries]
-	cand      atomic.Pointer[candidate]
+	// core decides every request (package decide): its input, tokenization, routing,
+	// admission, tally, decision record and rollout arm. The proxy carries them.
+	core   *decide.Core
+	models atomic.Pointer[[]byte] // the /v1/models body
+	xds    *xdsState              // nil without a control plane
 	// tokenizeSlots bounds the large prompts tokenized off the event loops at once (and the
 	// memory their ids take): half the CPUs, at least one.
 	tokenizeSlots chan struct{}
 	pdClient      *pdClient // prefill legs of disaggregated requests
-	pdSet         atomic.Pointer[disaggSettings]
 
 	eng      gnet.Engine
 	addr     string
@@ -78,18 +64,10 @@ type Server struct {
 	loopsMu  sync.Mutex
 	loops    map[gnet.EventLoop]*loop
 	loopList []*loop
-	draining atomic.Bool
-	inflight atomic.Int64 // exchanges in flight
 	paused   atomic.Int64 // streams paused for slow clients
 	stopTick chan struct{}
 	tickWG   sync.WaitGroup
 	closed   atomic.Bool
-}
-
-// workerState is the proxy's per-worker data beside the router's Worker.
-type workerState struct {
-	w *route.Worker
-	m *workerMetrics
 }
 
 // New builds a proxy from cfg. It validates the config and loads the tokenizers, but binds
@@ -108,25 +86,14 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 		responses: newRespTable(cfg.ResponseAffinity, cfg.ResponseTTL),
 		limits:    http1.Limits{MaxHeadBytes: cfg.MaxHeaderBytes, MaxBodyBytes: cfg.MaxBodyBytes},
 		metrics:   newMetrics(),
-		index:     prefix.NewApprox(prefix.ApproxConfig{MaxBlocks: cfg.IndexBlocks, TTL: cfg.IndexTTL}),
 		boot:      make(chan struct{}),
 		done:      make(chan error, 1),
 		loops:     map[gnet.EventLoop]*loop{},
 	}
-	s.codecs.Store(&map[string]*codec{})
-	s.workers.Store(&[]*workerState{})
+	s.core = decide.NewCore(cfg.decideConfig(), s.metrics.reg, log)
 	s.models.Store(new([]byte))
-	s.queue = newAdmissionQueue(cfg.QueueSize, s.metrics)
-	s.remote = newRemoteTokenizer(cfg.ConnectTimeout+5*time.Second, cfg.TokenCacheTokens)
 	s.tokenizeSlots = make(chan struct{}, max(1, runtime.GOMAXPROCS(0)/2))
-	for result, c := range map[string]*atomic.Uint64{"hit": &s.remote.hits, "prefix": &s.remote.prefixHits, "miss": &s.remote.misses} {
-		s.metrics.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Name: "kvrelay_proxy_remote_tokenize_total", ConstLabels: prometheus.Labels{"result": result},
-			Help: "Prompts tokenized by an engine's /tokenize, by how the cache served them: hit (the whole request), prefix (routed at once on its conversation's earlier tokens, its own fetched in the background) or miss (routed after the round trip).",
-		}, func() float64 { return float64(c.Load()) }))
-	}
 	s.pdClient = newPDClient(cfg.ConnectTimeout)
-	s.pdSet.Store(&disaggSettings{mode: cfg.Disagg, threshold: cfg.DisaggThreshold})
 	return s, nil
 }
 
@@ -269,46 +236,18 @@ func (s *Server) setup(ctx context.Context) error {
 				KVBytesPerToken: float64(u.KVBytesPerToken), HostBandwidth: u.HostBandwidth, DiskBandwidth: u.DiskBandwidth, PeerBandwidth: u.PeerBandwidth}}
 	}
 	pool := route.NewPool(ws)
-	if err := s.buildRouters(pool, s.index); err != nil {
+	// A static proxy's policy has no version: it is "local".
+	if err := s.core.Build(pool, s.core.Index(), s.cfg.routeConfig(), "local"); err != nil {
 		return err
 	}
-	states := make([]*workerState, len(ws))
+	states := make([]*decide.WorkerState, len(ws))
 	for i, w := range ws {
-		states[i] = &workerState{w: w, m: s.metrics.forWorker(w.ID)}
+		states[i] = s.core.NewWorkerState(w)
+		s.metrics.forUpstream(w.ID)
 	}
-	s.workers.Store(&states)
-	if err := s.buildCodecs(pool); err != nil {
-		return err
-	}
+	s.core.SetWorkers(states)
 	s.setModels(pool)
 	return nil
-}
-
-// buildRouters builds the router of chat and text completions over pool, matching prompts
-// against index, and the load-only router of the other routes.
-func (s *Server) buildRouters(pool *route.Pool, index prefix.Index) error {
-	var err error
-	if s.kv, err = route.NewRouter(s.cfg.routeConfig(), pool, index); err != nil {
-		return err
-	}
-	// A static proxy's policy has no version: it is "local". Under a control plane the
-	// pushed version replaces it (applyXDS).
-	s.setRegretLabels(s.cfg.routeConfig().Policy, "local")
-	if s.load, err = route.NewRouter(loadConfig(s.cfg.routeConfig()), pool, nil); err != nil {
-		return err
-	}
-	return nil
-}
-
-// loadConfig is the policy of the routes without a prompt to match (embeddings, responses)
-// beside the kv router's cfg: least loaded, except that baselines stay baselines on every
-// route.
-func loadConfig(cfg route.Config) route.Config {
-	if cfg.Policy != route.PolicyRoundRobin && cfg.Policy != route.PolicyRandom {
-		cfg.Policy = route.PolicyLeastLoaded
-	}
-	cfg.Profile = nil // a profile's scorers weigh prompts; these requests have none
-	return cfg
 }
 
 // setModels publishes the /v1/models body for pool.
@@ -317,20 +256,19 @@ func (s *Server) setModels(pool *route.Pool) {
 	s.models.Store(&b)
 }
 
-// workerState returns the proxy's state of worker w.
-func (s *Server) workerState(w *route.Worker) *workerState {
-	return (*s.workers.Load())[w.Index]
-}
-
 // Addr is the address the proxy listens on (the real port when configured with port 0).
 func (s *Server) Addr() string { return s.addr }
 
 // Workers returns the workers, in configuration order.
-func (s *Server) Workers() []*route.Worker { return s.kv.Pool().Workers }
+func (s *Server) Workers() []*route.Worker { return s.core.Pool().Workers }
 
 // RoutingPolicy is the policy the proxy routes chat and text completions with now (its
 // filters, scorers and picker).
-func (s *Server) RoutingPolicy() *route.Policy { return s.kv.Policy() }
+func (s *Server) RoutingPolicy() *route.Policy { return s.core.RoutingPolicy() }
+
+// Core is the proxy's routing core, which decides every request it carries (and every pick
+// of an endpoint picker over it).
+func (s *Server) Core() *decide.Core { return s.core }
 
 // Run serves until ctx ends, then drains and stops. It returns what stopped the engine.
 func (s *Server) Run(ctx context.Context) error {
@@ -352,14 +290,14 @@ func (s *Server) Run(ctx context.Context) error {
 // Drain stops taking requests (new ones get 503 with Connection: close, /health turns 503)
 // and waits up to timeout for those in flight to finish.
 func (s *Server) Drain(timeout time.Duration) {
-	s.draining.Store(true)
+	s.core.Drain()
 	s.metrics.draining.Set(1)
-	s.log.Info("draining", "inflight", s.inflight.Load())
+	s.log.Info("draining", "inflight", s.core.InFlight())
 	deadline := time.Now().Add(timeout)
-	for s.inflight.Load() > 0 && time.Now().Before(deadline) {
+	for s.core.InFlight() > 0 && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}
-	if n := s.inflight.Load(); n > 0 {
+	if n := s.core.InFlight(); n > 0 {
 		s.log.Warn("drain timed out; closing requests still in flight", "inflight", n)
 	}
 }
@@ -505,7 +443,7 @@ func (s *Server) ticker() {
 		for _, lp := range loops {
 			_ = lp.el.Execute(context.Background(), gnet.RunnableFunc(lp.housekeeping))
 		}
-		s.queue.expire(route.Now())
+		s.core.Expire(route.Now())
 		s.ageLoads(nanotime())
 	}
 }
@@ -562,72 +500,6 @@ func modelsBody(models []string, created int64) []byte {
 	return b
 }
 
-// buildCodecs loads the tokenizer and chat template of every model the pool serves that has
-// none yet, and publishes the codecs (copy on write: loops read them without a lock). Only
-// one goroutine at a time builds: Start, or the control plane's updates.
-func (s *Server) buildCodecs(pool *route.Pool) error {
-	old := *s.codecs.Load()
-	next := make(map[string]*codec, len(old)+len(pool.Models())+1)
-	for m, c := range old {
-		next[m] = c
-	}
-	models := append([]string{""}, pool.Models()...)
-	for _, m := range models {
-		if _, adapter := pool.Adapter(m); next[m] != nil || adapter {
-			continue
-		}
-		c, err := newCodec(m, s.cfg.Tokenizer, s.cfg.ChatTemplate, s.cfg.TokenCacheTokens)
-		if err != nil {
-			return err
-		}
-		next[m] = c
-	}
-	// A LoRA adapter tokenizes as its base model.
-	for _, m := range models {
-		if base, ok := pool.Adapter(m); ok && next[base] != nil {
-			next[m] = next[base]
-		}
-	}
-	s.codecs.Store(&next)
-	return nil
-}
-
-// regretObs are a policy version's routing regret histograms.
-type regretObs struct{ blocks, gap prometheus.Observer }
-
-// setRegretLabels points the stable policy's series at policy and version.
-func (s *Server) setRegretLabels(policy, version string) {
-	old := s.stableArm.Swap(s.newArmSeries(policy, version))
-	var cand *armSeries
-	if c := s.cand.Load(); c != nil {
-		cand = c.arm
-	}
-	s.retire(old, s.stableArm.Load(), cand)
-}
-
-// observeRegret records what the decision d gave up, under the arm that made it.
-func (s *Server) observeRegret(a *armSeries, d *route.Decision) {
-	if a == nil {
-		return
-	}
-	r := max(d.Achievable-d.Overlap, 0)
-	a.regret.blocks.Observe(r)
-	a.decisions.Add(1)
-	a.regretSum.Add(uint64(math.Round(r)))
-	if d.HasCost {
-		a.regret.gap.Observe(max(d.CostGap, 0))
-	}
-}
-
-// codecFor returns the codec of model, or the default one.
-func (s *Server) codecFor(model []byte) *codec {
-	codecs := *s.codecs.Load()
-	if c, ok := codecs[string(model)]; ok {
-		return c
-	}
-	return codecs[""]
-}
-
 // gnetLogger routes gnet's own logging into slog.
 type gnetLogger struct{ l *slog.Logger }
 
@@ -643,43 +515,6 @@ func (g gnetLogger) Fatalf(format string, args ...any) {
 	g.l.Error(fmt.Sprintf(format, args...), "component", "gnet")
 }
 
-// codec is one model's prompt pipeline in the proxy.
-type codec struct {
-	mode string // "" (in-process), TokenizerRemote or TokenizerEstimate
-	tok  tokenizer.Tokenizer
-	tmpl tokenizer.Template
-}
-
-func newCodec(model, tokSpec, tmplSpec string, cacheTokens int) (*codec, error) {
-	if tokSpec == TokenizerRemote || tokSpec == TokenizerEstimate {
-		// The template renders text to estimate from (remote mode falls back to estimating
-		// when an engine cannot tokenize).
-		c := &codec{mode: tokSpec}
-		_, defTmpl := tokenizer.ModelSpecs(model)
-		if tmplSpec == "" {
-			tmplSpec = defTmpl
-		}
-		t, err := tokenizer.NewTemplate(tmplSpec)
-		if err != nil {
-			return nil, fmt.Errorf("loading the chat template of %q: %w", model, err)
-		}
-		c.tmpl = t
-		return c, nil
-	}
-	defTok, defTmpl := tokenizer.ModelSpecs(model)
-	if tokSpec == "" {
-		tokSpec = defTok
-	}
-	if tmplSpec == "" {
-		tmplSpec = defTmpl
-	}
-	cd, err := tokenizer.NewCodec(tokSpec, tmplSpec)
-	if err != nil {
-		return nil, fmt.Errorf("loading the codec of %q: %w", model, err)
-	}
-	return &codec{tok: tokenizer.NewSegmentCache(cd.Tokenizer, cacheTokens, 64), tmpl: cd.Template}, nil
-}
-
 // loopbackListen reports whether a listen address binds only loopback: localhost or a
 // loopback IP, not a wildcard.
 func loopbackListen(addr string) bool {
@@ -692,4 +527,36 @@ func loopbackListen(addr string) bool {
 	}
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
+}
+
+// Pick decides r without carrying it (an endpoint picker's request, which its gateway
+// carries): see decide.Core.Pick.
+func (s *Server) Pick(ctx context.Context, r *decide.PickRequest) (*decide.Pick, error) {
+	return s.core.Pick(ctx, r)
+}
+
+// PickAny picks the least loaded healthy worker for a request without a body (nothing to
+// route on), among subset when hasSubset.
+func (s *Server) PickAny(subset []string, hasSubset bool) (string, error) {
+	return s.core.PickAny(subset, hasSubset)
+}
+
+// Draining reports whether the proxy is shutting down (Drain): new requests and picks are
+// refused.
+func (s *Server) Draining() bool { return s.core.Draining() }
+
+// Ready reports whether the proxy can pick: it has workers and, under a control plane, the
+// control plane's state has arrived.
+func (s *Server) Ready() bool {
+	if s.core.KV() == nil || s.core.Draining() {
+		return false
+	}
+	if x := s.xds; x != nil {
+		select {
+		case <-x.ads.Synced():
+		default:
+			return false
+		}
+	}
+	return len(s.core.Pool().Workers) > 0
 }

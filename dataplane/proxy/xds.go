@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 
+	"github.com/kvrelay/kvrelay/dataplane/decide"
 	"github.com/kvrelay/kvrelay/dataplane/latency"
 	"github.com/kvrelay/kvrelay/dataplane/prefix"
 	"github.com/kvrelay/kvrelay/dataplane/route"
@@ -125,16 +126,13 @@ func (s *Server) setupXDS(ctx context.Context) error {
 		host, _ := os.Hostname()
 		nodeID = host + "-" + strconv.Itoa(os.Getpid())
 	}
-	// With a control plane, the proxy's own index only remembers recent decisions.
-	s.index = prefix.NewApprox(prefix.ApproxConfig{MaxBlocks: s.cfg.IndexBlocks, TTL: s.cfg.RecentTTL})
+	// With a control plane, the core's own index only remembers recent decisions
+	// (Config.RecentTTL, decideConfig), overlaid on the replica.
 	x := &xdsState{replica: prefix.NewReplica(blockset.DefaultWeights), pos: map[string]int{}, pushed: map[string]pushedLoad{}, nodeID: nodeID}
 	pool := route.NewPoolIndexed(nil)
-	x.index = prefix.NewOverlay(x.replica, s.index)
-	if err := s.buildRouters(pool, x.index); err != nil {
-		return err
-	}
-	s.setRegretLabels(s.cfg.routeConfig().Policy, "0") // until the control plane's policy arrives
-	if err := s.buildCodecs(pool); err != nil {
+	x.index = prefix.NewOverlay(x.replica, s.core.Index())
+	// Policy version 0 until the control plane's policy arrives.
+	if err := s.core.Build(pool, x.index, s.cfg.routeConfig(), "0"); err != nil {
 		return err
 	}
 	s.setModels(pool)
@@ -162,7 +160,7 @@ func (s *Server) setupXDS(ctx context.Context) error {
 		NodeID:  nodeID,
 		OnError: func(err error) { s.log.Debug("index journal stream ended", "err", err) },
 	})
-	x.reporter, err = client.NewReporter(conn, client.ReporterOptions{NodeID: nodeID, Snapshot: s.ownLoad, Arms: s.armReports, Decisions: s.decisions.reportDecisions, Included: x.noteIncluded, Interval: 100 * time.Millisecond})
+	x.reporter, err = client.NewReporter(conn, client.ReporterOptions{NodeID: nodeID, Snapshot: s.ownLoad, Arms: s.core.ArmReports, Decisions: s.core.ReportDecisions, Included: x.noteIncluded, Interval: 100 * time.Millisecond})
 	if err != nil {
 		conn.Close()
 		return err
@@ -184,7 +182,7 @@ func (s *Server) setupXDS(ctx context.Context) error {
 		defer t.Stop()
 		select {
 		case <-x.ads.Synced():
-			s.log.Info("control plane synced", "xds", s.cfg.XDS, "node", nodeID, "workers", len(s.kv.Pool().Workers))
+			s.log.Info("control plane synced", "xds", s.cfg.XDS, "node", nodeID, "workers", len(s.core.Pool().Workers))
 		case <-t.C:
 			s.log.Warn("no answer from the control plane yet; serving 503 until workers arrive", "xds", s.cfg.XDS, "node", nodeID)
 		case <-ctx.Done():
@@ -228,7 +226,7 @@ func (s *Server) applyXDS(workers []*xdsv1.Worker, policy *xdsv1.RoutingPolicy) 
 	x.updates++
 
 	workers = lastOfEachID(workers)
-	states := append([]*workerState(nil), *s.workers.Load()...)
+	states := append([]*decide.WorkerState(nil), s.core.WorkerStates()...)
 	present := make([]*route.Worker, 0, len(workers))
 	var slots []int
 	for _, res := range workers {
@@ -257,13 +255,14 @@ func (s *Server) applyXDS(workers []*xdsv1.Worker, policy *xdsv1.RoutingPolicy) 
 		st := states[pos]
 		switch {
 		case st == nil:
-			st = &workerState{w: cand, m: s.metrics.forWorker(id)}
+			st = s.core.NewWorkerState(cand)
+			s.metrics.forUpstream(id)
 			states[pos] = st
-		case !sameIdentity(st.w, cand):
-			st = &workerState{w: cand, m: st.m}
+		case !sameIdentity(st.W, cand):
+			st = st.With(cand)
 			states[pos] = st
 		}
-		w := st.w
+		w := st.W
 		w.SetDraining(res.GetDraining() || !res.GetHealthy())
 		rep := reportedLoad(x.ownSent(id, res.GetLoad()), res.GetLoad())
 		w.SetReported(rep)
@@ -290,42 +289,36 @@ func (s *Server) applyXDS(workers []*xdsv1.Worker, policy *xdsv1.RoutingPolicy) 
 		slots = append(slots, -1)
 	}
 	// States first: a loop that sees the new pool must find every worker's state.
-	s.workers.Store(&states)
+	s.core.SetWorkers(states)
 	x.replica.SetSlots(slots)
-	if err := s.buildCodecs(pool); err != nil {
+	if err := s.core.BuildCodecs(pool); err != nil {
 		s.log.Error("loading the tokenizer of a pushed model; its prompts route by load", "err", err)
 	}
 	s.setModels(pool)
-	s.kv.SetPool(pool)
-	s.load.SetPool(pool)
+	s.core.SetPool(pool)
 	if policy != nil {
-		s.applyCandidate(pool, x.index, policy)
-	} else if c := s.cand.Load(); c != nil {
-		c.router.SetPool(pool)
+		s.core.ApplyCandidate(pool, x.index, s.candidateOf(policy))
 	}
 
 	if policy != nil && policy.GetVersion() != x.policyVersion {
 		cfg := policyConfig(s.cfg.routeConfig(), policy)
-		if err := s.kv.SetPolicy(cfg); err != nil {
+		mode, threshold := s.cfg.Disagg, s.cfg.DisaggThreshold
+		if m := policy.GetDisagg(); m != "" {
+			mode = m
+		}
+		if policy.DisaggThreshold != nil {
+			threshold = int(max(min(policy.GetDisaggThreshold(), math.MaxInt32), math.MinInt32))
+		}
+		if err := s.core.SetPolicy(cfg, policy.GetVersion(), mode, threshold); err != nil {
 			// xds.ValidatePolicy passed it, so this is a policy this proxy does not know.
 			s.log.Error("pushed routing policy not applied", "version", policy.GetVersion(), "err", err)
 		} else {
 			x.policyVersion = policy.GetVersion()
-			s.setRegretLabels(cfg.Policy, strconv.FormatUint(x.policyVersion, 10))
 			if tw := policy.GetTierWeights(); len(tw) > 0 {
 				w := blockset.DefaultWeights
 				copy(w[:], tw)
 				x.replica.SetWeights(w)
 			}
-			_ = s.load.SetPolicy(loadConfig(cfg))
-			pd := disaggSettings{mode: s.cfg.Disagg, threshold: s.cfg.DisaggThreshold}
-			if m := policy.GetDisagg(); m != "" {
-				pd.mode = m
-			}
-			if policy.DisaggThreshold != nil {
-				pd.threshold = int(max(min(policy.GetDisaggThreshold(), math.MaxInt32), math.MinInt32))
-			}
-			s.pdSet.Store(&pd)
 			s.log.Info("routing policy applied", "version", x.policyVersion, "policy", cfg.Policy)
 			// The pushed policy wins over the proxy's own flags; say so where they differ.
 			own := s.cfg.routeConfig()
@@ -340,6 +333,15 @@ func (s *Server) applyXDS(workers []*xdsv1.Worker, policy *xdsv1.RoutingPolicy) 
 			}
 		}
 	}
+}
+
+// candidateOf is the rollout candidate a pushed policy carries (nil: none).
+func (s *Server) candidateOf(p *xdsv1.RoutingPolicy) *decide.Candidate {
+	c := p.GetCandidate()
+	if c == nil {
+		return nil
+	}
+	return &decide.Candidate{Version: c.GetVersion(), Config: policyConfig(s.cfg.routeConfig(), c), Share: p.GetCandidateShare(), Shadow: p.GetShadow()}
 }
 
 // policyConfig is base with the routing settings of a pushed policy.
@@ -478,7 +480,7 @@ func reportedLoad(own ownSent, l *xdsv1.Load) *route.Reported {
 
 // ownLoad is the load report numbered seq: this proxy's requests in flight per worker.
 func (s *Server) ownLoad(seq uint64) []*xdsv1.WorkerLoad {
-	pool := s.kv.Pool()
+	pool := s.core.Pool()
 	out := make([]*xdsv1.WorkerLoad, 0, len(pool.Workers))
 	x := s.xds
 	x.sentMu.Lock()
@@ -526,8 +528,8 @@ func (s *Server) XDSStats() (XDSStats, bool) {
 	v := x.policyVersion
 	x.mu.Unlock()
 	st := XDSStats{ADS: x.ads.Stats(), Journal: x.journal.Stats(), Reports: x.reporter.Sent(), Blocks: x.replica.Len(), PolicyVersion: v}
-	if c := s.cand.Load(); c != nil {
-		st.CandidateVersion, st.CandidateShare, st.Shadow = c.version, c.share, c.shadow
+	if c, ok := s.core.CandidateStatus(); ok {
+		st.CandidateVersion, st.CandidateShare, st.Shadow = c.Version, c.Share, c.Shadow
 	}
 	return st, true
 }
@@ -584,7 +586,7 @@ func (c *xdsCollector) Collect(ch chan<- prometheus.Metric) {
 	g(c.connected, conn)
 	g(c.blocks, float64(st.Blocks))
 	g(c.policy, float64(st.PolicyVersion))
-	g(c.workers, float64(len(c.s.kv.Pool().Workers)))
+	g(c.workers, float64(len(c.s.core.Pool().Workers)))
 	g(c.stale, float64(c.s.xds.stale.Load()))
 	k(c.applied, st.Journal.Applied)
 	k(c.responses, st.ADS.Responses)

@@ -61,18 +61,18 @@ func FuzzApplyXDS(f *testing.F) {
 			policy = p
 		}
 		s.applyXDS(workers, policy)
-		pool := s.kv.Pool()
-		states := *s.workers.Load()
+		pool := s.core.Pool()
+		states := s.core.WorkerStates()
 		for _, w := range pool.Workers {
-			if w.Index >= len(states) || states[w.Index] == nil || states[w.Index].w != w {
+			if w.Index >= len(states) || states[w.Index] == nil || states[w.Index].W != w {
 				t.Fatalf("worker %s at %d has no state", w.ID, w.Index)
 			}
 		}
 		overlap := make([]float64, pool.Size())
 		s.Replica().Match([]uint64{1, 2, 3}, overlap)
 		// An applied candidate routes only a share in [0, 1] under its own version.
-		if c := s.cand.Load(); c != nil && (!(c.share >= 0 && c.share <= 1) || c.version == 0) {
-			t.Fatalf("candidate applied with share %v, version %d", c.share, c.version)
+		if c, ok := s.core.CandidateStatus(); ok && (!(c.Share >= 0 && c.Share <= 1) || c.Version == 0) {
+			t.Fatalf("candidate applied with share %v, version %d", c.Share, c.Version)
 		}
 	})
 }

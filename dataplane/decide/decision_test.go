@@ -1,39 +1,15 @@
-package proxy
+package decide
 
 import (
-	"context"
 	"encoding/json"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/kvrelay/kvrelay/dataplane/oai"
 	"github.com/kvrelay/kvrelay/dataplane/route"
 	"github.com/kvrelay/kvrelay/engines/blockhash"
 )
-
-// decisionServer is a proxy set up for routing only (no listener) over n workers, with the
-// given policy ("": the default).
-func decisionServer(tb testing.TB, n int, policy ...string) *Server {
-	tb.Helper()
-	cfg := DefaultConfig()
-	if len(policy) > 0 && policy[0] != "" {
-		cfg.Policy = policy[0]
-	}
-	for i := range n {
-		cfg.Upstreams = append(cfg.Upstreams, Upstream{ID: "w" + strconv.Itoa(i), URL: "http://127.0.0.1:" + strconv.Itoa(20000+i), Model: "gpt-oss-120b",
-			MaxNumSeqs: 8})
-	}
-	s, err := New(cfg, nil)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	if err := s.setup(context.Background()); err != nil {
-		tb.Fatal(err)
-	}
-	return s
-}
 
 // chat8k is a chat body whose system prompt renders to about 8k tokens.
 func chat8k(user string) []byte { return chat8kWith("", user) }
@@ -55,22 +31,22 @@ func chat8kWith(prefix, user string) []byte {
 	return b
 }
 
-// decide runs the request path up to the routing decision: parse, tokenize, hash, match,
-// score, pick.
-func decide(tb testing.TB, cc *clientConn) {
-	if err := cc.parser.Parse(cc.body, oai.ChatCompletions, &cc.oreq); err != nil {
+// decideBody runs the request path up to the routing decision: parse, tokenize, hash,
+// match, score, pick.
+func decideBody(tb testing.TB, r *Request, body []byte) {
+	if err := r.Parse(body); err != nil {
 		tb.Fatal(err)
 	}
-	if err := cc.prepare(); err != nil {
+	if err := r.Prepare(); err != nil {
 		tb.Fatal(err)
 	}
-	if err := cc.srv.kv.Route(&cc.rreq, &cc.dec); err != nil {
+	if err := r.c.kv.Route(&r.rreq, &r.dec); err != nil {
 		tb.Fatal(err)
 	}
 }
 
 // fillIndex records about n blocks spread over the workers.
-func fillIndex(s *Server, n int) {
+func fillIndex(s *Core, n int) {
 	toks := make([]uint32, 16*256)
 	var h blockhash.Hasher
 	var hashes []uint64
@@ -79,22 +55,20 @@ func fillIndex(s *Server, n int) {
 			toks[i] = uint32(g*7919 + i)
 		}
 		hashes = h.AppendSeq(hashes[:0], toks, 16, nil)
-		s.index.Record(g%len(*s.workers.Load()), hashes, 0)
+		s.index.Record(g%len(s.WorkerStates()), hashes, 0)
 	}
 }
 
 func TestDecisionFollowsThePrefix(t *testing.T) {
-	s := decisionServer(t, 8)
-	cc := &clientConn{input: input{srv: s, kind: oai.ChatCompletions}, lp: newLoop(s, nil)}
-	cc.body = chat8k("first question")
-	decide(t, cc)
+	s := decisionCore(t, 8)
+	cc := newChat(s)
+	decideBody(t, cc, chat8k("first question"))
 	if cc.rreq.PromptTokens < 8000 || len(cc.rreq.Hashes) != cc.rreq.PromptTokens/16 {
 		t.Fatalf("prompt %d tokens, %d blocks", cc.rreq.PromptTokens, len(cc.rreq.Hashes))
 	}
 	first := cc.dec.Worker
 	s.index.Record(first.Index, cc.rreq.Hashes, 0)
-	cc.body = chat8k("second question")
-	decide(t, cc)
+	decideBody(t, cc, chat8k("second question"))
 	if cc.dec.Worker != first || cc.dec.Mode != "cost" || cc.dec.Overlap < float64(len(cc.rreq.Hashes)-2) {
 		t.Fatalf("the shared 8k-token system prompt should follow %s: got %s (%s, overlap %v of %d)",
 			first.ID, cc.dec.Worker.ID, cc.dec.Mode, cc.dec.Overlap, len(cc.rreq.Hashes))
@@ -108,10 +82,10 @@ func TestDecisionAllocations(t *testing.T) {
 }
 
 func testDecisionAllocations(t *testing.T, policy string) {
-	s := decisionServer(t, 64, policy)
-	cc := &clientConn{input: input{srv: s, kind: oai.ChatCompletions}, lp: newLoop(s, nil)}
-	cc.body = chat8k("warm")
-	decide(t, cc)
+	s := decisionCore(t, 64, policy)
+	cc := newChat(s)
+	body := chat8k("warm")
+	decideBody(t, cc, body)
 	// Hash, match and score allocate nothing, and neither does the whole decision once the
 	// connection's buffers have grown and the token cache holds the prompt.
 	if a := leastAllocs(func() {
@@ -120,7 +94,7 @@ func testDecisionAllocations(t *testing.T, policy string) {
 	}); a != 0 {
 		t.Fatalf("hash+match+score allocates %.1f times", a)
 	}
-	if a := leastAllocs(func() { decide(t, cc) }); a != 0 {
+	if a := leastAllocs(func() { decideBody(t, cc, body) }); a != 0 {
 		t.Fatalf("the whole decision allocates %.1f times", a)
 	}
 }
@@ -147,7 +121,7 @@ func BenchmarkDecision8k(b *testing.B) {
 }
 
 func benchmarkDecision8k(b *testing.B, policy string) {
-	s := decisionServer(b, 64, policy)
+	s := decisionCore(b, 64, policy)
 	fillIndex(s, 1<<20)
 	prefix := ""
 	if policy != route.PolicyKV {
@@ -155,9 +129,9 @@ func benchmarkDecision8k(b *testing.B, policy string) {
 	}
 	for _, mode := range []string{"warm", "cold"} {
 		b.Run(prefix+mode, func(b *testing.B) {
-			cc := &clientConn{input: input{srv: s, kind: oai.ChatCompletions}, lp: newLoop(s, nil)}
-			cc.body = chat8k("warm-up")
-			decide(b, cc)
+			cc := newChat(s)
+			body := chat8k("warm-up")
+			decideBody(b, cc, body)
 			s.index.Record(cc.dec.Worker.Index, cc.rreq.Hashes, 0)
 			var lat []time.Duration
 			i := 0
@@ -165,10 +139,10 @@ func benchmarkDecision8k(b *testing.B, policy string) {
 			for b.Loop() {
 				i++
 				if mode == "cold" {
-					cc.body = chat8kWith(strconv.Itoa(i)+" ", "cold")
+					body = chat8kWith(strconv.Itoa(i)+" ", "cold")
 				}
 				t0 := time.Now()
-				decide(b, cc)
+				decideBody(b, cc, body)
 				lat = append(lat, time.Since(t0))
 			}
 			reportPercentiles(b, lat)
@@ -197,8 +171,8 @@ func sortDurations(d []time.Duration) {
 // conversation with an image follows the worker that holds that conversation with that
 // image, and neither the same text without it nor with another image matches its blocks.
 func TestMultimodalPartsKeyTheirBlocks(t *testing.T) {
-	s := decisionServer(t, 4)
-	cc := &clientConn{input: input{srv: s, kind: oai.ChatCompletions}, lp: newLoop(s, nil)}
+	s := decisionCore(t, 4)
+	cc := newChat(s)
 	withImage := func(url string) []byte {
 		var m map[string]any
 		_ = json.Unmarshal(chat8k("what is in the picture?"), &m)
@@ -212,8 +186,7 @@ func TestMultimodalPartsKeyTheirBlocks(t *testing.T) {
 		return b
 	}
 	hashes := func(body []byte) []uint64 {
-		cc.body = body
-		decide(t, cc)
+		decideBody(t, cc, body)
 		return append([]uint64(nil), cc.rreq.Hashes...)
 	}
 	cat, plain, dog := hashes(withImage("https://example.com/cat.png")), hashes(chat8k("what is in the picture?")), hashes(withImage("https://example.com/dog.png"))
@@ -226,17 +199,14 @@ func TestMultimodalPartsKeyTheirBlocks(t *testing.T) {
 		}
 	}
 	// The image's conversation, recorded on one worker, follows it there.
-	cc.body = withImage("https://example.com/cat.png")
-	decide(t, cc)
+	decideBody(t, cc, withImage("https://example.com/cat.png"))
 	first := cc.dec.Worker
 	s.index.Record(first.Index, cc.rreq.Hashes, 0)
-	cc.body = withImage("https://example.com/cat.png")
-	decide(t, cc)
+	decideBody(t, cc, withImage("https://example.com/cat.png"))
 	if cc.dec.Worker != first || cc.dec.Overlap < float64(len(cc.rreq.Hashes)-2) {
 		t.Fatalf("the same image and prompt went to %s (overlap %v of %d), want %s", cc.dec.Worker.ID, cc.dec.Overlap, len(cc.rreq.Hashes), first.ID)
 	}
-	cc.body = chat8k("what is in the picture?")
-	decide(t, cc)
+	decideBody(t, cc, chat8k("what is in the picture?"))
 	if cc.dec.Overlap != 0 {
 		t.Fatalf("the plain prompt matched %v blocks of the image's", cc.dec.Overlap)
 	}

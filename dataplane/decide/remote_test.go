@@ -1,4 +1,4 @@
-package proxy
+package decide
 
 import (
 	"context"
@@ -9,7 +9,6 @@ import (
 
 	"github.com/zeebo/xxh3"
 
-	"github.com/kvrelay/kvrelay/dataplane/oai"
 	"github.com/kvrelay/kvrelay/dataplane/route"
 	"github.com/kvrelay/kvrelay/engines/sim"
 )
@@ -33,10 +32,9 @@ func TestRemoteTokenizeMatchesLocal(t *testing.T) {
 	go w.Run(ctx)
 	defer w.Close()
 
-	s := decisionServer(t, 1)
-	cc := &clientConn{input: input{srv: s, kind: oai.ChatCompletions}, lp: newLoop(s, nil)}
-	cc.body = []byte(`{"model":"gpt-oss-120b","messages":[{"role":"system","content":"Be brief. Answer in French."},{"role":"user","content":"Quelle heure est-il ? 🕰️"},{"role":"assistant","content":"Il est midi."},{"role":"user","content":"Merci"}]}`)
-	decide(t, cc)
+	s := decisionCore(t, 1)
+	cc := newChat(s)
+	decideBody(t, cc, []byte(`{"model":"gpt-oss-120b","messages":[{"role":"system","content":"Be brief. Answer in French."},{"role":"user","content":"Quelle heure est-il ? 🕰️"},{"role":"assistant","content":"Il est midi."},{"role":"user","content":"Merci"}]}`))
 	local := slices.Clone(cc.toks)
 
 	body, err := tokenizeBody(&cc.oreq, cc.kind)
@@ -77,19 +75,19 @@ func startTokenizer(t *testing.T) *sim.Worker {
 // tokenizes remotely exactly as in process: the /tokenize body carries them.
 func TestRemoteTokenizeToolCalls(t *testing.T) {
 	w := startTokenizer(t)
-	s := decisionServer(t, 1)
-	cc := &clientConn{input: input{srv: s, kind: oai.ChatCompletions}, lp: newLoop(s, nil)}
-	cc.body = []byte(`{"model":"gpt-oss-120b","reasoning_effort":"high","tools":[{"type":"function","function":{"name":"read_file","parameters":{"type":"object","properties":{"path":{"type":"string"}}}}}],` +
+	s := decisionCore(t, 1)
+	cc := newChat(s)
+	body := []byte(`{"model":"gpt-oss-120b","reasoning_effort":"high","tools":[{"type":"function","function":{"name":"read_file","parameters":{"type":"object","properties":{"path":{"type":"string"}}}}}],` +
 		`"messages":[{"role":"system","content":"You are a coding agent."},{"role":"user","content":"Fix the bug."},` +
 		`{"role":"assistant","content":"Reading it.","tool_calls":[{"id":"call_1","type":"function","function":{"name":"read_file","arguments":"{\"path\":\"main.go\"}"}}]},` +
 		`{"role":"tool","tool_call_id":"call_1","content":"package main"}]}`)
-	decide(t, cc)
+	decideBody(t, cc, body)
 	local := slices.Clone(cc.toks)
-	body, err := tokenizeBody(&cc.oreq, cc.kind)
+	tb, err := tokenizeBody(&cc.oreq, cc.kind)
 	if err != nil {
 		t.Fatal(err)
 	}
-	remote, err := s.remote.fetch(context.Background(), &route.Worker{ID: "w", URL: w.URL()}, body)
+	remote, err := s.remote.fetch(context.Background(), &route.Worker{ID: "w", URL: w.URL()}, tb)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,25 +102,19 @@ func TestRemoteTokenizeToolCalls(t *testing.T) {
 // background for the turn after.
 func TestRemoteTokenizeConversationPrefix(t *testing.T) {
 	w := startTokenizer(t)
-	cfg := DefaultConfig()
+	cfg := testConfig()
 	cfg.Tokenizer = TokenizerRemote
-	cfg.Upstreams = []Upstream{{ID: "w0", URL: w.URL(), Model: "gpt-oss-120b"}}
-	s, err := New(cfg, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.setup(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	worker := testWorkers(1)[0]
+	worker.URL, worker.Addr = w.URL(), strings.TrimPrefix(w.URL(), "http://")
+	s := newTestCore(t, cfg, testRouteConfig(""), []*route.Worker{worker})
 	system := strings.Repeat("You review code carefully and explain every change. ", 60)
 	turn1 := `{"model":"gpt-oss-120b","messages":[{"role":"system","content":"` + system + `"},{"role":"user","content":"Review main.go"}]}`
 	turn2 := `{"model":"gpt-oss-120b","messages":[{"role":"system","content":"` + system + `"},{"role":"user","content":"Review main.go"},` +
 		`{"role":"assistant","content":"It looks fine."},{"role":"user","content":"And util.go?"}]}`
 
-	fetchInto := func(body string) (*clientConn, []uint32) {
-		cc := &clientConn{input: input{srv: s, kind: oai.ChatCompletions}, lp: newLoop(s, nil)}
-		cc.body = []byte(body)
-		if err := cc.parser.Parse(cc.body, oai.ChatCompletions, &cc.oreq); err != nil {
+	fetchInto := func(body string) (*Request, []uint32) {
+		cc := newChat(s)
+		if err := cc.Parse([]byte(body)); err != nil {
 			t.Fatal(err)
 		}
 		b, err := tokenizeBody(&cc.oreq, cc.kind)
@@ -142,12 +134,11 @@ func TestRemoteTokenizeConversationPrefix(t *testing.T) {
 	s.remote.cache, s.remote.order, s.remote.tokens = map[xxh3.Uint128][]uint32{}, nil, 0
 	fetchInto(turn1) // only the first turn is known again
 
-	cc := &clientConn{input: input{srv: s, kind: oai.ChatCompletions}, lp: newLoop(s, nil)}
-	cc.body = []byte(turn2)
-	if err := cc.parser.Parse(cc.body, oai.ChatCompletions, &cc.oreq); err != nil {
+	cc := newChat(s)
+	if err := cc.Parse([]byte(turn2)); err != nil {
 		t.Fatal(err)
 	}
-	if err := cc.prepare(); err != nil {
+	if err := cc.Prepare(); err != nil {
 		t.Fatalf("the second turn should route at once on the first turn's tokens: %v", err)
 	}
 	if s.remote.prefixHits.Load() != 1 || len(cc.toks) == 0 || !slices.Equal(cc.toks, full2[:len(cc.toks)]) {

@@ -1,4 +1,4 @@
-package proxy
+package decide
 
 import (
 	"encoding/binary"
@@ -155,7 +155,7 @@ func (a *armSeries) report() *xdsv1.ArmReport {
 
 // retire drops the series of an arm no policy routes with any more, unless live (the
 // arm routing now under another role) carries the same version.
-func (s *Server) retire(a *armSeries, live ...*armSeries) {
+func (c *Core) retire(a *armSeries, live ...*armSeries) {
 	if a == nil {
 		return
 	}
@@ -164,7 +164,7 @@ func (s *Server) retire(a *armSeries, live ...*armSeries) {
 			return
 		}
 	}
-	m := s.metrics
+	m := c.m
 	m.regretBlocks.DeleteLabelValues(a.policy, a.version)
 	m.costGap.DeleteLabelValues(a.policy, a.version)
 	m.armTTFT.DeleteLabelValues(a.version)
@@ -172,71 +172,115 @@ func (s *Server) retire(a *armSeries, live ...*armSeries) {
 	m.armRequests.DeleteLabelValues(a.version, "error")
 }
 
-// armReports are the figures of the arms routing now, for a load report.
-func (s *Server) armReports() []*xdsv1.ArmReport {
+// ArmReports are the figures of the arms routing now, for a load report.
+func (c *Core) ArmReports() []*xdsv1.ArmReport {
 	var out []*xdsv1.ArmReport
-	if a := s.stableArm.Load(); a != nil && a.num != 0 {
+	if a := c.stableArm.Load(); a != nil && a.num != 0 {
 		out = append(out, a.report())
 	}
-	if c := s.cand.Load(); c != nil {
-		out = append(out, c.arm.report())
+	if cand := c.cand.Load(); cand != nil {
+		out = append(out, cand.arm.report())
 	}
 	return out
 }
 
-func (s *Server) newArmSeries(policy, version string) *armSeries {
+func (c *Core) newArmSeries(policy, version string) *armSeries {
 	num, _ := strconv.ParseUint(version, 10, 64)
 	return &armSeries{
 		policy:  policy,
 		num:     num,
 		version: version,
 		regret: &regretObs{
-			blocks: s.metrics.regretBlocks.WithLabelValues(policy, version),
-			gap:    s.metrics.costGap.WithLabelValues(policy, version),
+			blocks: c.m.regretBlocks.WithLabelValues(policy, version),
+			gap:    c.m.costGap.WithLabelValues(policy, version),
 		},
-		ttft: s.metrics.armTTFT.WithLabelValues(version),
-		ok:   s.metrics.armRequests.WithLabelValues(version, "ok"),
-		bad:  s.metrics.armRequests.WithLabelValues(version, "error"),
+		ttft: c.m.armTTFT.WithLabelValues(version),
+		ok:   c.m.armRequests.WithLabelValues(version, "ok"),
+		bad:  c.m.armRequests.WithLabelValues(version, "error"),
 	}
 }
 
-// applyCandidate follows the pushed policy's candidate: a new one gets its own router over
-// pool (sharing the workers, their load and the index with the stable router), a changed
-// share or shadow applies at once, none removes it.
-func (s *Server) applyCandidate(pool *route.Pool, index prefix.Index, p *xdsv1.RoutingPolicy) {
-	c := p.GetCandidate()
-	cur := s.cand.Load()
-	if c == nil {
+// regretObs are a policy version's routing regret histograms.
+type regretObs struct{ blocks, gap prometheus.Observer }
+
+// setRegretLabels points the stable policy's series at policy and version.
+func (c *Core) setRegretLabels(policy, version string) {
+	old := c.stableArm.Swap(c.newArmSeries(policy, version))
+	var cand *armSeries
+	if cur := c.cand.Load(); cur != nil {
+		cand = cur.arm
+	}
+	c.retire(old, c.stableArm.Load(), cand)
+}
+
+// observeRegret records what the decision d gave up, under the arm that made it.
+func (c *Core) observeRegret(a *armSeries, d *route.Decision) {
+	if a == nil {
+		return
+	}
+	r := max(d.Achievable-d.Overlap, 0)
+	a.regret.blocks.Observe(r)
+	a.decisions.Add(1)
+	a.regretSum.Add(uint64(math.Round(r)))
+	if d.HasCost {
+		a.regret.gap.Observe(max(d.CostGap, 0))
+	}
+}
+
+// Candidate is a rollout's candidate policy: its version, routing settings, the share of
+// requests it routes, or whether it only decides in shadow beside the stable policy.
+type Candidate struct {
+	Version uint64
+	Config  route.Config
+	Share   float64
+	Shadow  bool
+}
+
+// CandidateStatus is the candidate routing now (ok false: none).
+func (c *Core) CandidateStatus() (cand Candidate, ok bool) {
+	cur := c.cand.Load()
+	if cur == nil {
+		return Candidate{}, false
+	}
+	return Candidate{Version: cur.version, Share: cur.share, Shadow: cur.shadow}, true
+}
+
+// ApplyCandidate follows a rollout's candidate policy (nil: none): a new one gets its own
+// router over pool, matching prompts against index (sharing the workers, their load and the
+// index with the stable router), a changed share or shadow applies at once, none removes
+// it. Its Config is only read for a version new to the core.
+func (c *Core) ApplyCandidate(pool *route.Pool, index prefix.Index, p *Candidate) {
+	cur := c.cand.Load()
+	if p == nil {
 		if cur != nil {
-			s.cand.Store(nil)
-			s.retire(cur.arm, s.stableArm.Load())
-			s.log.Info("rollout candidate removed", "version", cur.version)
+			c.cand.Store(nil)
+			c.retire(cur.arm, c.stableArm.Load())
+			c.log.Info("rollout candidate removed", "version", cur.version)
 		}
 		return
 	}
-	if cur != nil && cur.version == c.GetVersion() {
+	if cur != nil && cur.version == p.Version {
 		cur.router.SetPool(pool)
-		if cur.share != p.GetCandidateShare() || cur.shadow != p.GetShadow() {
+		if cur.share != p.Share || cur.shadow != p.Shadow {
 			next := *cur
-			next.share, next.shadow = p.GetCandidateShare(), p.GetShadow()
-			s.cand.Store(&next)
-			s.log.Info("rollout candidate share", "version", next.version, "share", next.share, "shadow", next.shadow)
+			next.share, next.shadow = p.Share, p.Shadow
+			c.cand.Store(&next)
+			c.log.Info("rollout candidate share", "version", next.version, "share", next.share, "shadow", next.shadow)
 		}
 		return
 	}
-	cfg := policyConfig(s.cfg.routeConfig(), c)
-	r, err := route.NewRouter(cfg, pool, index)
+	r, err := route.NewRouter(p.Config, pool, index)
 	if err != nil {
-		s.log.Error("rollout candidate not applied", "version", c.GetVersion(), "err", err)
-		s.cand.Store(nil)
+		c.log.Error("rollout candidate not applied", "version", p.Version, "err", err)
+		c.cand.Store(nil)
 		return
 	}
-	s.cand.Store(&candidate{router: r, version: c.GetVersion(), share: p.GetCandidateShare(), shadow: p.GetShadow(),
-		arm: s.newArmSeries(cfg.Policy, strconv.FormatUint(c.GetVersion(), 10))})
+	c.cand.Store(&candidate{router: r, version: p.Version, share: p.Share, shadow: p.Shadow,
+		arm: c.newArmSeries(p.Config.Policy, strconv.FormatUint(p.Version, 10))})
 	if cur != nil {
-		s.retire(cur.arm, s.stableArm.Load())
+		c.retire(cur.arm, c.stableArm.Load())
 	}
-	s.log.Info("rollout candidate applied", "version", c.GetVersion(), "policy", cfg.Policy, "share", p.GetCandidateShare(), "shadow", p.GetShadow())
+	c.log.Info("rollout candidate applied", "version", p.Version, "policy", p.Config.Policy, "share", p.Share, "shadow", p.Shadow)
 }
 
 // splitFraction places a request in [0, 1) by a hash of what keeps a conversation
@@ -244,31 +288,31 @@ func (s *Server) applyCandidate(pool *route.Pool, index prefix.Index, p *xdsv1.R
 // splitBlocks blocks (past the chat template's opening, which every prompt shares, and
 // unchanged as a conversation grows), else its model and the start of its body. Every
 // proxy and every restart places it alike.
-func (in *input) splitFraction(body []byte) float64 {
+func (r *Request) splitFraction() float64 {
 	var h uint64
-	switch r := &in.rreq; {
-	case r.SessionID != "":
-		h = xxh3.HashString(r.SessionID)
-	case len(in.oreq.User) > 0 && string(in.oreq.User) != "null":
-		h = xxh3.Hash(in.oreq.User)
-	case len(r.Hashes) > 0:
+	switch rr := &r.rreq; {
+	case rr.SessionID != "":
+		h = xxh3.HashString(rr.SessionID)
+	case len(r.oreq.User) > 0 && string(r.oreq.User) != "null":
+		h = xxh3.Hash(r.oreq.User)
+	case len(rr.Hashes) > 0:
 		var b [8]byte
-		binary.LittleEndian.PutUint64(b[:], r.Hashes[min(len(r.Hashes), splitBlocks)-1])
+		binary.LittleEndian.PutUint64(b[:], rr.Hashes[min(len(rr.Hashes), splitBlocks)-1])
 		h = xxh3.Hash(b[:])
 	default:
-		h = xxh3.Hash(append(append([]byte(nil), in.oreq.Model...), body[:min(len(body), 1024)]...))
+		h = xxh3.Hash(append(append([]byte(nil), r.oreq.Model...), r.body[:min(len(r.body), 1024)]...))
 	}
 	return float64(h>>11) / (1 << 53)
 }
 
 // usesIndex reports whether a policy routing now matches prompts against the index: the
 // stable one, or a rollout's candidate (which must see the cache to be judged on it).
-func (s *Server) usesIndex() bool {
-	if s.kv.Policy().UsesIndex {
+func (c *Core) usesIndex() bool {
+	if c.kv.Policy().UsesIndex {
 		return true
 	}
-	c := s.cand.Load()
-	return c != nil && c.router.Policy().UsesIndex
+	cand := c.cand.Load()
+	return cand != nil && cand.router.Policy().UsesIndex
 }
 
 // splitBlocks is how many leading prompt blocks name a conversation for the split: 1,024
@@ -280,23 +324,24 @@ const splitBlocks = 64
 
 // armFor picks the router of a request: the candidate's for its share of requests, else
 // stable.
-func (in *input) armFor(stable *route.Router, body []byte) (*route.Router, *candidate) {
-	c := in.srv.cand.Load()
-	if c == nil || c.shadow || c.share <= 0 || in.splitFraction(body) >= c.share {
+func (r *Request) armFor(stable *route.Router) (*route.Router, *candidate) {
+	c := r.c.cand.Load()
+	if c == nil || c.shadow || c.share <= 0 || r.splitFraction() >= c.share {
 		return stable, nil
 	}
 	return c.router, c
 }
 
 // shadowPick records, in shadow, what the candidate would have picked beside the stable
-// decision d, routing the scratch request sr.
-func (in *input) shadowPick(sr *route.Request, d *route.Decision) {
-	c := in.srv.cand.Load()
+// decision, routing the carrier's scratch request.
+func (r *Request) shadowPick() {
+	c := r.c.cand.Load()
 	if c == nil || !c.shadow {
 		return
 	}
-	m := in.srv.metrics
-	in.rreq.CopyInputs(sr)
+	sr, d := r.scratch, &r.dec
+	m := r.c.m
+	r.rreq.CopyInputs(sr)
 	sr.DryRun = true // the candidate binds no session to a worker that never served it
 	var cd route.Decision
 	if err := c.router.Route(sr, &cd); err != nil {
@@ -314,11 +359,11 @@ func (in *input) shadowPick(sr *route.Request, d *route.Decision) {
 	// Each pick's cached blocks come from whichever policy matched the prompt against the
 	// index: one that does not (round-robin, say) has no overlap of its own to report.
 	so, co := d.Overlap, cd.Overlap
-	switch stableMatched, candMatched := in.srv.kv.Policy().UsesIndex, c.router.Policy().UsesIndex; {
+	switch stableMatched, candMatched := r.c.kv.Policy().UsesIndex, c.router.Policy().UsesIndex; {
 	case !stableMatched && candMatched:
 		so = sr.Overlap(d.Worker)
 	case stableMatched && !candMatched:
-		co = in.rreq.Overlap(cd.Worker)
+		co = r.rreq.Overlap(cd.Worker)
 	}
 	m.shadowOverlap.WithLabelValues("stable").Observe(so)
 	m.shadowOverlap.WithLabelValues("candidate").Observe(co)

@@ -1,25 +1,21 @@
-package proxy
+package decide
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/panjf2000/gnet/v2"
 	"github.com/zeebo/xxh3"
 
 	"github.com/kvrelay/kvrelay/dataplane/oai"
 	"github.com/kvrelay/kvrelay/dataplane/route"
 )
-
-// errPending reports that a request's tokens come from a remote tokenizer: the request
-// resumes on its loop when they arrive.
-var errPending = errors.New("tokenization pending")
 
 // remoteTokenizer asks engines' /tokenize for prompt token ids (vLLM's API: chat messages
 // are posted as they are, so the engine applies its own chat template) and caches the
@@ -194,7 +190,7 @@ func (rt *remoteTokenizer) pick(pool *route.Pool, model string) *route.Worker {
 
 // fetch posts body to w's /tokenize and returns the ids.
 func (rt *remoteTokenizer) fetch(ctx context.Context, w *route.Worker, body []byte) ([]uint32, error) {
-	data, err := postJSON(ctx, rt.client, w.URL+"/tokenize", nil, body, 64<<20)
+	data, err := postJSON(ctx, rt.client, w.URL+"/tokenize", body, 64<<20)
 	if err != nil {
 		return nil, fmt.Errorf("tokenizing remotely on %s: %w", w.ID, err)
 	}
@@ -207,8 +203,8 @@ func (rt *remoteTokenizer) fetch(ctx context.Context, w *route.Worker, body []by
 	return out.Tokens, nil
 }
 
-// remotePending is a remote tokenization input.prepare left to its caller: the body to
-// post to worker w's /tokenize, and the cache keys its answer goes under.
+// remotePending is a remote tokenization Prepare left to Work: the body to post to worker
+// w's /tokenize, and the cache keys its answer goes under.
 type remotePending struct {
 	w         *route.Worker
 	key, conv xxh3.Uint128
@@ -217,75 +213,56 @@ type remotePending struct {
 
 // tokenizeRemote gets the request's ids from the cache, or routes it at once on the cached
 // tokens of its conversation so far while fetching its own in the background, or leaves the
-// fetch in in.pend and returns errPending.
-func (in *input) tokenizeRemote() error {
-	s := in.srv
-	body, err := tokenizeBody(&in.oreq, in.kind)
+// fetch in r.pend and returns ErrRemote.
+func (r *Request) tokenizeRemote() error {
+	c := r.c
+	body, err := tokenizeBody(&r.oreq, r.kind)
 	if err != nil {
 		return err
 	}
 	key := xxh3.Hash128(body)
-	if ids, ok := s.remote.get(key); ok {
-		s.remote.hits.Add(1)
-		in.toks = append(in.toks[:0], ids...)
+	if ids, ok := c.remote.get(key); ok {
+		c.remote.hits.Add(1)
+		r.toks = append(r.toks[:0], ids...)
 		return nil
 	}
 	var conv xxh3.Uint128
-	if in.kind == oai.ChatCompletions {
-		in.convKeys = conversationKeys(in.convKeys[:0], &in.oreq)
-		conv = in.convKeys[len(in.convKeys)-1]
+	if r.kind == oai.ChatCompletions {
+		r.convKeys = conversationKeys(r.convKeys[:0], &r.oreq)
+		conv = r.convKeys[len(r.convKeys)-1]
 	}
-	w := s.remote.pick(s.kv.Pool(), unsafeString(in.oreq.Model))
+	w := c.remote.pick(c.kv.Pool(), unsafeString(r.oreq.Model))
 	if w == nil {
 		return errNoTokenizer
 	}
-	if ids, covered := s.remote.longestPrefix(in.convKeys); covered > 0 {
-		s.remote.prefixHits.Add(1)
-		in.toks = append(in.toks[:0], ids...)
+	if ids, covered := c.remote.longestPrefix(r.convKeys); covered > 0 {
+		c.remote.prefixHits.Add(1)
+		r.toks = append(r.toks[:0], ids...)
 		// The messages past the prefix are new: their length is all routing needs of them.
 		rest := 0
-		for i := covered; i < len(in.oreq.Messages); i++ {
-			rest += len(in.oreq.Messages[i].Content) + len(in.oreq.Messages[i].ToolCalls)
+		for i := covered; i < len(r.oreq.Messages); i++ {
+			rest += len(r.oreq.Messages[i].Content) + len(r.oreq.Messages[i].ToolCalls)
 		}
-		in.extraTokens = (rest + bytesPerToken - 1) / bytesPerToken
-		s.remote.background(w, key, conv, body)
+		r.extraTokens = (rest + bytesPerToken - 1) / bytesPerToken
+		c.remote.background(w, key, conv, body)
 		return nil
 	}
-	s.remote.misses.Add(1)
-	in.pend = remotePending{w: w, key: key, conv: conv, body: body}
-	return errPending
+	c.remote.misses.Add(1)
+	r.pend = remotePending{w: w, key: key, conv: conv, body: body}
+	return ErrRemote
 }
 
-// fetchPending asks in.pend's worker for the ids, and caches them.
-func (in *input) fetchPending() ([]uint32, error) {
-	s := in.srv
-	ctx, cancel := context.WithTimeout(context.Background(), s.remote.client.Timeout)
+// fetchPending asks r.pend's worker for the ids, and caches them.
+func (r *Request) fetchPending() ([]uint32, error) {
+	c := r.c
+	ctx, cancel := context.WithTimeout(context.Background(), c.remote.client.Timeout)
 	defer cancel()
-	p := in.pend
-	ids, err := s.remote.fetch(ctx, p.w, p.body)
+	p := r.pend
+	ids, err := c.remote.fetch(ctx, p.w, p.body)
 	if err == nil {
-		s.remote.store(p.key, p.conv, ids)
+		c.remote.store(p.key, p.conv, ids)
 	}
 	return ids, err
-}
-
-// fetchRemote fetches the ids prepare left pending on a goroutine and resumes the request on
-// its loop with them (remoteDone).
-func (cc *clientConn) fetchRemote() {
-	cc.state = stTokenize
-	lp := cc.lp
-	go func() {
-		ids, err := cc.fetchPending()
-		_ = lp.el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
-			if cc.state != stTokenize {
-				return nil // the client left
-			}
-			cc.lp.now = nanotime()
-			cc.state = stIdle
-			cc.remoteDone(ids, err)
-			return nil
-		}))
-	}()
 }
 
 // background fetches a request's ids for later turns, unless that fetch is under way or
@@ -311,34 +288,52 @@ func (rt *remoteTokenizer) background(w *route.Worker, key, conv xxh3.Uint128, b
 	}()
 }
 
-var errNoTokenizer = errors.New("no healthy worker to tokenize the prompt")
-
 // remoteResult goes on with a remote tokenization's answer: the ids, hashed, or, when the
 // engine could not tokenize, an estimate from the prompt's text.
-func (in *input) remoteResult(ids []uint32, err error) error {
-	s := in.srv
+func (r *Request) remoteResult(ids []uint32, err error) error {
+	c := r.c
 	if err != nil {
-		s.log.Warn("remote tokenization failed; estimating from text", "err", err)
-		s.metrics.remoteFallbacks.Inc()
-		text, terr := in.promptText(s.codecFor(in.oreq.Model))
+		c.log.Warn("remote tokenization failed; estimating from text", "err", err)
+		c.m.remoteFallbacks.Inc()
+		text, terr := r.promptText(c.codecFor(r.oreq.Model))
 		if terr != nil {
 			return terr
 		}
-		in.estimate(text)
+		r.estimate(text)
 		return nil
 	}
-	in.toks = append(in.toks[:0], ids...)
+	r.toks = append(r.toks[:0], ids...)
 	// The round trip is the tokenize stage of this request's decision.
-	in.stage(stageTokenize, in.tokStart)
-	in.hashTokens()
+	r.stage(stageTokenize, r.tokStart)
+	r.hashTokens()
 	return nil
 }
 
-// remoteDone continues a request whose remote tokenization ended.
-func (cc *clientConn) remoteDone(ids []uint32, err error) {
-	if err := cc.remoteResult(ids, err); err != nil {
-		cc.errorReply(400, err.Error(), "messages", "")
-		return
+// postJSON posts a JSON body and returns the answer of a 200, of at most limit bytes; any
+// other status is an error quoting the start of the answer.
+func postJSON(ctx context.Context, c *http.Client, url string, body []byte, limit int64) ([]byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return nil, err
 	}
-	cc.route(false)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := c.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(data)) > limit {
+		return nil, fmt.Errorf("answer over %d bytes", limit)
+	}
+	if resp.StatusCode != http.StatusOK {
+		if len(data) > 200 {
+			data = append(data[:200:200], "…"...)
+		}
+		return nil, fmt.Errorf("status %d: %s", resp.StatusCode, data)
+	}
+	return data, nil
 }

@@ -1,0 +1,202 @@
+package decide
+
+import (
+	"encoding/json"
+	"errors"
+
+	"github.com/kvrelay/kvrelay/dataplane/oai"
+	"github.com/kvrelay/kvrelay/dataplane/route"
+)
+
+// Paths of a disaggregated request (kvrelay_proxy_disagg_requests_total{path}).
+const (
+	pathLocal    = "local"    // prefilled on the decode worker: short uncached part, or prefill pool busy
+	pathRemote   = "remote"   // prefilled on a prefill worker, KV pulled by the decode worker
+	pathFallback = "fallback" // the prefill leg failed; prefilled on the decode worker
+)
+
+// Decide decides where the prepared request goes now: the router of its route (by prompt
+// for chat and text completions, by load for the rest), with a rollout's candidate policy
+// for its share of the requests, within what is left of its TTFT target, across prefill
+// and decode pools when its model's pool is disaggregated, and with the candidate's pick
+// recorded beside the stable one in shadow. retry is true when an earlier attempt failed
+// before its answer began (the failed workers are left out, see Withdraw).
+//
+// It returns nil (Decision names the worker; PrefillWorker a disaggregated request's
+// prefill worker, if any), route.ErrBusy (every eligible worker is busy: Enqueue),
+// route.ErrSLO (none is predicted to meet its latency targets: Enqueue with slo),
+// route.ErrNoWorker (no healthy worker serves it), or a *Refusal (its TTFT target has
+// passed).
+func (r *Request) Decide(now int64, retry bool) error {
+	c := r.c
+	rr := &r.rreq
+	completion := r.kind == oai.ChatCompletions || r.kind == oai.Completions
+	router := c.kv
+	r.arm = nil
+	if completion {
+		r.arm = c.stableArm.Load()
+	} else {
+		router = c.load
+	}
+	disagg := completion && (r.pd.on || r.disaggFor(router.Pool()))
+	// During a rollout the candidate policy routes its share of the requests.
+	var cand *candidate
+	if completion && !disagg {
+		if router, cand = r.armFor(c.kv); cand != nil {
+			r.arm = cand.arm
+		}
+	}
+	// Decide at this attempt's time: a request may be decided again well after it was
+	// parsed (released from the admission queue, retried after a failure, tokenized
+	// remotely, prefilled).
+	rr.Now = now
+	if r.sloTTFT > 0 && !r.pd.prefilled {
+		// What is left of the TTFT target after the time already spent.
+		rr.SLOTTFT = r.sloTTFT/1e3 - seconds(now-r.arrived)
+		if rr.SLOTTFT <= 0 {
+			return r.sloUnmet(now)
+		}
+	}
+	if disagg {
+		return r.decideDisagg(now, retry)
+	}
+	err := router.Route(rr, &r.dec)
+	if errors.Is(err, route.ErrNoWorker) && router == c.load && !retry && router.Pool().Disaggregated(unsafeString(r.oreq.Model)) {
+		// Embeddings and responses in a disaggregated pool go to the decode workers.
+		rr.Role = route.RoleDecode
+		err = router.Route(rr, &r.dec)
+	}
+	r.observeRoute(!retry)
+	if r.timed && !retry && r.decideAt != 0 {
+		r.stage(stageTotal, r.decideAt)
+		r.decideAt = 0
+	}
+	if err != nil {
+		return err
+	}
+	if r.timed {
+		r.decID = c.decisions.record(r, now, &r.dec, r.arm)
+	}
+	if cand == nil && router == c.kv && !retry {
+		r.shadowPick()
+	}
+	return nil
+}
+
+// disaggFor reports whether r goes through the disaggregated path.
+func (r *Request) disaggFor(pool *route.Pool) bool {
+	return r.c.pdSet.Load().mode != DisaggOff && pool.Disaggregated(unsafeString(r.oreq.Model))
+}
+
+// decideDisagg decides a request of a disaggregated pool: a decode worker by load, a
+// prefill worker KV-aware, and the choice between prefilling there and on the decode
+// worker, which prefills itself when the prompt's part it does not cache is short, when no
+// prefill worker can take it, or when the one that could is saturated. A retry (the decode
+// leg failed before its answer began), and a request whose prefill leg failed, prefill on
+// the decode worker; one whose prefill leg succeeded goes to a decode worker, which pulls
+// the prompt's KV.
+func (r *Request) decideDisagg(now int64, retry bool) error {
+	c := r.c
+	pd := &r.pd
+	rr := &r.rreq
+	pd.on = true
+	if retry {
+		pd.prefilled = false // the decode leg failed: the next decode worker prefills itself
+	}
+	pd.prefill = nil
+	rr.Role = route.RoleDecode
+	if err := c.load.Route(rr, &r.dec); err != nil {
+		return err
+	}
+	d := r.dec.Worker
+	switch {
+	case retry || pd.fallback:
+		c.m.disagg.WithLabelValues(pathFallback).Inc()
+		return nil
+	case pd.prefilled:
+		// The decode worker holds the prompt's blocks once it has pulled them.
+		r.dec.Overlap = float64(len(rr.Hashes))
+		c.m.disagg.WithLabelValues(pathRemote).Inc()
+		return nil
+	}
+	// The prefill pool, KV-aware; its match also tells what the decode worker caches.
+	rr.Role = route.RolePrefill
+	var pdec route.Decision
+	perr := c.kv.Route(rr, &pdec)
+	rr.Role = route.RoleDecode
+	r.dec.Overlap = rr.Overlap(d)
+	r.dec.BestOverlap = rr.BestOverlap()
+	uncached := rr.PromptTokens - int(r.dec.Overlap)*max(d.BlockSize, 1)
+	th := c.pdSet.Load().threshold
+	// Conditional: with a threshold, a saturated prefill pool (its least costly worker
+	// already has more than DisaggMaxQueue tokens to prefill) leaves the decode worker to
+	// prefill itself.
+	if perr != nil || (th >= 0 && uncached <= th) ||
+		(th >= 0 && c.cfg.DisaggMaxQueue > 0 && pdec.Worker.PrefillTokens() > c.cfg.DisaggMaxQueue) {
+		c.m.disagg.WithLabelValues(pathLocal).Inc()
+		return nil
+	}
+	pd.prefill, pd.overlap = pdec.Worker, int(pdec.Overlap)
+	if !r.legs {
+		// The decode worker's side runs the prefill leg now.
+		c.m.disagg.WithLabelValues(pathRemote).Inc()
+		r.HoldPrefill(now)
+	}
+	return nil
+}
+
+// HoldPrefill books the prefill leg on the prefill worker Decide chose, at now: its load
+// there until the leg ends (PrefillDone) or the answer's first token, and the prompt's
+// blocks in the core's index, which the prefill worker caches from now.
+func (r *Request) HoldPrefill(now int64) {
+	pd := &r.pd
+	p := pd.prefill
+	r.recordPlacement(p, pd.overlap, now)
+	pd.pre.BeginAt(now, p, r.rreq.PromptTokens, pd.overlap*r.c.cfg.BlockSize, 0)
+}
+
+// PrefillDone ends a prefill leg the carrier sent: ok, the decode worker Decide picks next
+// pulls the prompt's KV; not ok, it prefills the prompt itself.
+func (r *Request) PrefillDone(ok bool) {
+	r.pd.pre.End()
+	r.pd.prefilled, r.pd.fallback = ok, !ok
+	r.pd.prefill = nil
+}
+
+// ReleasePrefill ends a prefill leg's hold without an outcome (its client left).
+func (r *Request) ReleasePrefill() { r.pd.pre.End() }
+
+// observeRoute records a routing attempt's match and (timed) score stages and, for a first
+// attempt (first), whether a pinned request got its worker.
+func (r *Request) observeRoute(first bool) {
+	m := r.c.m
+	d := &r.dec
+	if d.Match > 0 {
+		m.stages[stageMatch].Observe(d.Match.Seconds())
+	}
+	if r.timed {
+		m.stages[stageScore].Observe(d.Score.Seconds())
+	}
+	if r.rreq.Pin != "" && first {
+		if r.rreq.Pinned {
+			m.affinity.WithLabelValues("pinned").Inc()
+		} else {
+			m.affinity.WithLabelValues("fallback").Inc()
+		}
+	}
+}
+
+// NoWorker is the refusal of a request no healthy worker (named by what: "worker", "decode
+// worker", a pick's "worker of the gateway's endpoint subset") serves.
+func (r *Request) NoWorker(what string, now int64) *Refusal {
+	return &Refusal{Status: 503, Message: "no healthy " + what + " serves model " + r.model, Code: "no_worker",
+		RetryAfter: r.c.retryAfterNoWorker(unsafeString(r.oreq.Model), now)}
+}
+
+// PeerFetchParams is the kv_transfer_params telling a worker to pull the prompt's prefix
+// from the worker at url (the decision's PeerFetch): what a carrier puts in the body it
+// sends that worker.
+func PeerFetchParams(url string) []byte {
+	q, _ := json.Marshal(url)
+	return append(append([]byte(`{"kvrelay_peer_fetch":`), q...), '}')
+}

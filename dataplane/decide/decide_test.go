@@ -1,0 +1,161 @@
+package decide
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/kvrelay/kvrelay/dataplane/oai"
+	"github.com/kvrelay/kvrelay/dataplane/route"
+)
+
+// disaggCore is a routing core over a disaggregated pool: w0 and w1 prefill, w2 and w3
+// decode.
+func disaggCore(t *testing.T) *Core {
+	t.Helper()
+	ws := testWorkers(4)
+	ws[0].Role, ws[1].Role, ws[2].Role, ws[3].Role = route.RolePrefill, route.RolePrefill, route.RoleDecode, route.RoleDecode
+	return newTestCore(t, testConfig(), testRouteConfig("kv"), ws)
+}
+
+// disaggRequest is a prepared chat request of body on c; legs says its carrier sends the
+// prefill leg itself.
+func disaggRequest(t *testing.T, c *Core, body []byte, legs bool) *Request {
+	t.Helper()
+	r := &Request{}
+	r.Init(c, new(route.Request), legs)
+	r.Start(oai.ChatCompletions, nanotime(), false)
+	if err := r.Parse(body); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Prepare(); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func paths(c *Core) (local, remote, fallback float64) {
+	m := c.m.disagg
+	return testutil.ToFloat64(m.WithLabelValues(pathLocal)), testutil.ToFloat64(m.WithLabelValues(pathRemote)), testutil.ToFloat64(m.WithLabelValues(pathFallback))
+}
+
+// TestDecideDisaggregated: both carriers' disaggregated requests take one decision. A long
+// prompt gets a decode worker by load and a prefill worker; a pick's (no legs) is remote at
+// once and holds the prefill worker until its first token, a proxy's (legs) goes remote
+// once its leg succeeded, to a decode worker that then holds the whole prompt, and falls
+// back to prefilling on the decode worker when the leg failed. A short prompt prefills on the
+// decode worker.
+func TestDecideDisaggregated(t *testing.T) {
+	long := chat8k("a long prompt")
+	t.Run("pick", func(t *testing.T) {
+		c := disaggCore(t)
+		r := disaggRequest(t, c, long, false)
+		if err := r.Decide(nanotime(), false); err != nil {
+			t.Fatal(err)
+		}
+		p := r.PrefillWorker()
+		if p == nil || p.Role != route.RolePrefill || r.Decision().Worker.Role != route.RoleDecode || !r.Disaggregated() {
+			t.Fatalf("prefill %v, decode %v", p, r.Decision().Worker)
+		}
+		if _, remote, _ := paths(c); remote != 1 {
+			t.Fatalf("remote %v, want 1 at the decision", remote)
+		}
+		if p.Load() != 1 {
+			t.Fatalf("the prefill worker holds %d requests, want the leg's 1", p.Load())
+		}
+		r.Dispatch(nanotime(), true)
+		r.Answer(nanotime())
+		r.Feed([]byte(`data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}`+"\n\n"), nanotime())
+		if p.Load() != 0 {
+			t.Fatalf("the prefill worker still holds %d after the first token", p.Load())
+		}
+		r.Settle(200, nanotime())
+	})
+	t.Run("proxy", func(t *testing.T) {
+		c := disaggCore(t)
+		r := disaggRequest(t, c, long, true)
+		if err := r.Decide(nanotime(), false); err != nil {
+			t.Fatal(err)
+		}
+		p := r.PrefillWorker()
+		if p == nil {
+			t.Fatal("no prefill leg for a long prompt")
+		}
+		if _, remote, _ := paths(c); remote != 0 {
+			t.Fatalf("remote %v before the leg ran", remote)
+		}
+		r.HoldPrefill(nanotime())
+		if p.Load() != 1 {
+			t.Fatalf("the prefill worker holds %d during the leg", p.Load())
+		}
+		r.PrefillDone(true)
+		if p.Load() != 0 {
+			t.Fatalf("the prefill worker holds %d after the leg", p.Load())
+		}
+		if err := r.Decide(nanotime(), false); err != nil {
+			t.Fatal(err)
+		}
+		if r.PrefillWorker() != nil || r.Decision().Worker.Role != route.RoleDecode || r.Decision().Overlap != float64(len(r.BlockHashes())) {
+			t.Fatalf("after the leg: prefill %v, decode %v with overlap %v of %d", r.PrefillWorker(), r.Decision().Worker, r.Decision().Overlap, len(r.BlockHashes()))
+		}
+		if _, remote, _ := paths(c); remote != 1 {
+			t.Fatalf("remote %v after the decode leg's decision, want 1", remote)
+		}
+
+		failed := disaggRequest(t, c, long, true)
+		if err := failed.Decide(nanotime(), false); err != nil || failed.PrefillWorker() == nil {
+			t.Fatalf("%v, prefill %v", err, failed.PrefillWorker())
+		}
+		failed.HoldPrefill(nanotime())
+		failed.PrefillDone(false)
+		if err := failed.Decide(nanotime(), false); err != nil || failed.PrefillWorker() != nil {
+			t.Fatalf("after a failed leg: %v, prefill %v", err, failed.PrefillWorker())
+		}
+		if _, remote, fallback := paths(c); remote != 1 || fallback != 1 {
+			t.Fatalf("remote %v, fallback %v; want 1 and 1", remote, fallback)
+		}
+	})
+	t.Run("short", func(t *testing.T) {
+		c := disaggCore(t)
+		r := disaggRequest(t, c, []byte(`{"model":"gpt-oss-120b","messages":[{"role":"user","content":"hi"}]}`), false)
+		if err := r.Decide(nanotime(), false); err != nil {
+			t.Fatal(err)
+		}
+		if r.PrefillWorker() != nil || r.Decision().Worker.Role != route.RoleDecode {
+			t.Fatalf("a short prompt: prefill %v, decode %v", r.PrefillWorker(), r.Decision().Worker)
+		}
+		if local, _, _ := paths(c); local != 1 {
+			t.Fatalf("local %v, want 1", local)
+		}
+	})
+}
+
+// TestDecideRefusesAPassedTTFTTarget: a request whose TTFT target has passed by the time it
+// is decided is refused with 429, a disaggregated one before its prefill leg too.
+func TestDecideRefusesAPassedTTFTTarget(t *testing.T) {
+	for name, c := range map[string]*Core{"aggregated": decisionCore(t, 2), "disaggregated": disaggCore(t)} {
+		t.Run(name, func(t *testing.T) {
+			r := &Request{}
+			r.Init(c, new(route.Request), true)
+			r.Start(oai.ChatCompletions, nanotime()-int64(2e9), false) // complete 2 s ago
+			r.SetHints(nil, nil, nil, []byte("500"), nil)
+			if err := r.Parse(chat8k("late")); err != nil {
+				t.Fatal(err)
+			}
+			if err := r.Prepare(); err != nil {
+				t.Fatal(err)
+			}
+			var rf *Refusal
+			if err := r.Decide(nanotime(), false); !errors.As(err, &rf) || rf.Status != 429 || rf.Code != "slo_unmet" || rf.RetryAfter < 1 {
+				t.Fatalf("a request 2 s past its 500 ms TTFT target: %v", err)
+			}
+			if r.PrefillWorker() != nil {
+				t.Fatal("a refused request was given a prefill leg")
+			}
+		})
+	}
+}
