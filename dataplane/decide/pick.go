@@ -31,6 +31,12 @@ type PickRequest struct {
 	// inference objective's), over what its body and headers say.
 	Priority    int
 	HasPriority bool
+	// StreamedResponse says the gateway passes the answer to the pick piece by piece as
+	// the engine sends it (Envoy's FULL_DUPLEX_STREAMED response body mode): only then do
+	// the pieces' times say when its tokens came. An answer the gateway buffers (BUFFERED,
+	// or a gateway that does not say) arrives whole, and the pick learns nothing of the
+	// engine's latency from it and records no TTFT or inter-token gap (Request.Untimed).
+	StreamedResponse bool
 }
 
 // Pick is one request decided without being carried, from its decision to the end of its
@@ -39,8 +45,9 @@ type PickRequest struct {
 // the proxy learns from the answers it carries.
 //
 // A Pick is used from one goroutine at a time: the picker's stream, which Pick blocks while
-// the request waits for a worker. Finish must be called once the answer has passed, or the
-// stream ended; it is safe to call more than once.
+// the request waits for a worker. Finish must be called exactly once, when the answer has
+// passed or the stream ended: it returns the Pick to a pool, and the Pick must not be used
+// after it (a second Finish could end another request's pick).
 type Pick struct {
 	r    Request
 	body []byte        // the request as it goes to the worker
@@ -104,6 +111,9 @@ func (p *Pick) route(ctx context.Context, pr *PickRequest) error {
 		return refusal(404, "no route for "+path, "", "")
 	}
 	r.Start(kind, nanotime(), c.picks.Add(1)%SampleEvery == 1)
+	if !pr.StreamedResponse {
+		r.Untimed()
+	}
 	h := pr.Header
 	r.SetHints(unsafeBytes(h["x-session-id"]), unsafeBytes(h["x-kvrelay-priority"]), unsafeBytes(h["x-kvrelay-osl"]),
 		unsafeBytes(h["x-slo-ttft-ms"]), unsafeBytes(h["x-slo-tpot-ms"]))

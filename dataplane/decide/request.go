@@ -95,6 +95,9 @@ type Request struct {
 	obs oai.Observer
 	itl armITL // the Observer's ITL sink while the request has an arm
 	mm  *modelMetrics
+	// untimed: the answer's pieces reach the core at times that are not its tokens'
+	// (Untimed).
+	untimed bool
 }
 
 // pdState is a request's disaggregation: whether it goes across prefill and decode
@@ -168,7 +171,7 @@ func (r *Request) Init(c *Core, scratch *route.Request, legs bool) {
 // hints (SetHints) are the carrier's to set, before or after.
 func (r *Request) Start(kind oai.Kind, now int64, timed bool) {
 	r.kind, r.model, r.arm, r.decID = kind, "", nil, 0
-	r.timed = timed
+	r.timed, r.untimed = timed, false
 	r.arrived = now
 	// A new request: the queue item of the carrier's last one (dequeued and served) is not
 	// its own, neither its deadline nor its place in line.

@@ -38,16 +38,21 @@ func (r *Request) Dispatch(now int64, teach bool) {
 		overlap := int(r.dec.Overlap)
 		t.predicted = overlap
 		t.usage.BeginAt(now, w, r.rreq.PromptTokens, overlap*c.cfg.BlockSize, r.rreq.OSL)
-		if teach {
-			// A request that fetches its prefix from a peer teaches nothing: its TTFT holds a
-			// transfer the model's features do not.
-			t.usage.Predicted(&r.dec, r.prio, r.oreq.Stream && r.dec.PeerFetch == nil)
-		}
+		// A request that fetches its prefix from a peer teaches nothing: its TTFT holds a
+		// transfer the model's features do not. Nor does an answer whose chunks' times are
+		// not its tokens' (buffered by the gateway that carries it: Untimed).
+		t.usage.Predicted(&r.dec, r.prio, teach && !r.untimed && r.oreq.Stream && r.dec.PeerFetch == nil)
 	} else {
 		t.usage.BeginAt(now, w, r.rreq.PromptTokens, 0, 0)
 	}
 	ws.m.inflight.Inc()
 }
+
+// Untimed says that the request's answer reaches the core whole or in pieces whose times
+// are not its tokens' (a gateway that buffers the response before the picker sees it):
+// call it before Dispatch. Such an answer still ends the request's load and tells what the
+// engine cached, but teaches no latency model and records no TTFT or inter-token gap.
+func (r *Request) Untimed() { r.untimed = true }
 
 // Answer begins reading the request's answer, whose time counts from start (the carrier's
 // exchange began then): its model's series, its arm's inter-token gaps.
@@ -58,6 +63,9 @@ func (r *Request) Answer(start int64) {
 	if r.arm != nil {
 		r.itl = armITL{model: r.mm.itl, arm: r.arm}
 		r.obs.ITL = &r.itl
+	}
+	if r.untimed {
+		r.obs.ITL = nil // its gaps are the gateway's, not the engine's
 	}
 	r.obs.Reset(oai.ModeAuto, start)
 }
@@ -74,9 +82,11 @@ func (r *Request) Feed(data []byte, now int64) {
 		return
 	}
 	if before == 0 {
-		t.usage.FirstTokenAt(now)
-		if pred, actual, ok := t.usage.TTFTPrediction(); ok {
-			t.ws.m.prediction(pred, actual)
+		if !r.untimed {
+			t.usage.FirstTokenAt(now)
+			if pred, actual, ok := t.usage.TTFTPrediction(); ok {
+				t.ws.m.prediction(pred, actual)
+			}
 		}
 		r.RecordCached(now)
 		// The worker's prefill is done: a request waiting for a worker under its busy
@@ -127,6 +137,7 @@ func (r *Request) Settle(status int, now int64) {
 	res := r.obs.Result()
 	mm := r.mm
 	ttft, hasTTFT := res.TTFT()
+	hasTTFT = hasTTFT && !r.untimed
 	if hasTTFT {
 		mm.ttft.Observe(seconds(ttft))
 	}

@@ -764,7 +764,8 @@ func TestHealth(t *testing.T) {
 // Through a gateway (the Envoy stand-in) with real engines: the official OpenAI SDK streams
 // an answer, requests sharing a prompt go where it is cached (the picker learned it from
 // the answers passing through, with no control plane), and the latency model learns each
-// worker's TTFT from them.
+// worker's TTFT from them when the gateway streams the answers through, and nothing when it
+// buffers them (their arrival is not their first token).
 func TestThroughGateway(t *testing.T) {
 	for _, mode := range []filterv3.ProcessingMode_BodySendMode{filterv3.ProcessingMode_FULL_DUPLEX_STREAMED, filterv3.ProcessingMode_BUFFERED} {
 		t.Run(mode.String(), func(t *testing.T) {
@@ -815,8 +816,22 @@ func TestThroughGateway(t *testing.T) {
 				t.Fatalf("a shared prompt went to %v", workers)
 			}
 			waitIdle(t, e.core)
-			if observed := metricSum(t, e.core, "kvrelay_proxy_ttft_prediction_error_seconds_count"); observed == 0 {
-				t.Fatalf("no worker's latency model learned a TTFT from the streamed answer")
+			learned := metricSum(t, e.core, "kvrelay_proxy_ttft_prediction_error_seconds_count")
+			ttfts := metricSum(t, e.core, "kvrelay_proxy_time_to_first_token_seconds_count")
+			var models int64
+			for _, w := range e.core.Workers() {
+				models += w.Latency().Stats().ModelObservations
+			}
+			if mode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
+				if learned == 0 || ttfts == 0 || models == 0 {
+					t.Fatalf("streamed answers taught %v predictions, recorded %v TTFTs, %d model observations: want each above 0", learned, ttfts, models)
+				}
+				return
+			}
+			// A buffered answer reaches the picker whole: its arrival is not its first token,
+			// and nothing may be learned or recorded of its timing.
+			if learned != 0 || ttfts != 0 || models != 0 {
+				t.Fatalf("buffered answers taught %v predictions, recorded %v TTFTs, %d model observations: want none", learned, ttfts, models)
 			}
 		})
 	}

@@ -133,7 +133,8 @@ func (st *stream) decide() (bool, error) {
 	if t0.IsZero() {
 		t0 = time.Now()
 	}
-	r := &decide.PickRequest{Path: st.header[":path"], Header: st.header, Body: st.body, Subset: st.subset, HasSubset: st.hasSubset}
+	r := &decide.PickRequest{Path: st.header[":path"], Header: st.header, Body: st.body, Subset: st.subset, HasSubset: st.hasSubset,
+		StreamedResponse: st.respMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED || st.respMode == filterv3.ProcessingMode_STREAMED}
 	if obj := firstOf(st.header, ObjectiveHeader, ObjectiveHeaderOld); obj != "" {
 		if p, ok := s.objectivePriority(obj); ok {
 			r.Priority, r.HasPriority = p, true
