@@ -194,10 +194,10 @@ type Prediction struct {
 	// requests on it over its limit, at most 1; without a known limit, n/(n+1) for n
 	// requests): the share of its compute that delays someone else.
 	Busy float64
-	// Scarcity is how scarce the worker's slots become with the request: 1/(free+1) for
-	// free slots left after it, 0 without a known limit (a cache that fills is no slot
-	// limit: it shows in the decode step and the KV usage instead). Taking a worker's last
-	// slots leaves the next requests that want it a wait, or a cache miss elsewhere.
+	// Scarcity is how scarce the worker's slots become with the request: 1/((free+1)·seqs)
+	// for free slots left after it of seqs, 0 without a known limit. Taking a worker's last
+	// slots leaves the next requests that want it a wait (about a hold over seqs, until the
+	// first of its running requests ends), or a cache miss elsewhere.
 	Scarcity float64
 	// Ahead is the requests on the worker at the prediction (State.Requests), and KV its KV
 	// usage then, kept to learn the worker's concurrency limit from the outcome.
@@ -695,7 +695,7 @@ func (w *Worker) Predict(e *Engine, st State, uncached float64, p *Prediction) {
 	p.Scarcity = 0
 	if seqs > 0 {
 		free := max(seqs-st.Requests-1, 0)
-		p.Scarcity = 1 / float64(free+1)
+		p.Scarcity = 1 / float64((free+1)*seqs)
 	}
 	p.KV = st.KVUsage
 	osl := st.OSL

@@ -132,8 +132,11 @@ type Config struct {
 	WaitWeight float64 `yaml:"wait_weight"`
 	// TailWeight weighs the spread of a prediction beside its mean and BalanceWeight the
 	// slots a request takes from a worker short of them (route.Config; latency policy).
-	TailWeight     float64       `yaml:"tail_weight"`
-	BalanceWeight  float64       `yaml:"balance_weight"`
+	TailWeight    float64 `yaml:"tail_weight"`
+	BalanceWeight float64 `yaml:"balance_weight"`
+	// Explore is the share of the latency policy's decisions that try a worker its model
+	// has learned nothing of lately (route.Config.Explore).
+	Explore        float64       `yaml:"explore"`
 	CacheThreshold float64       `yaml:"cache_threshold"`
 	SessionTTL     time.Duration `yaml:"session_ttl"`
 	// Busy thresholds per worker: uncached prompt tokens still prefilling, KV blocks held,
@@ -241,6 +244,7 @@ func DefaultConfig() Config {
 		WaitWeight:          route.DefaultWaitWeight,
 		TailWeight:          route.DefaultTailWeight,
 		BalanceWeight:       route.DefaultBalanceWeight,
+		Explore:             route.DefaultExplore,
 		SessionTTL:          30 * time.Minute,
 		BusyPrefillTokens:   0,
 		BlockSize:           16,
@@ -293,6 +297,7 @@ func (c *Config) routeConfig() route.Config {
 		WaitWeight:       c.WaitWeight,
 		TailWeight:       c.TailWeight,
 		BalanceWeight:    c.BalanceWeight,
+		Explore:          c.Explore,
 		CacheThreshold:   c.CacheThreshold,
 		SessionTTL:       c.SessionTTL,
 		Busy: route.BusyFilter{

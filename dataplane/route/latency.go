@@ -57,8 +57,13 @@ const (
 	// routes on TTFT + 1·σ, about the 84th percentile of the prediction.
 	DefaultTailWeight = 1
 	// DefaultBalanceWeight weighs Prediction.Hold × Prediction.Scarcity: a request that
-	// takes a worker's last free slot is charged the time it will hold it.
-	DefaultBalanceWeight = 1
+	// takes the last free slot of a worker of four is charged half the time it will hold
+	// it, twice the wait its taking the slot leaves the next request there (the first of
+	// the four running requests to end frees one after a quarter of a hold, on average).
+	// Chosen on internal/fleetsim's replays of the routing suite's workloads (hack/routesim):
+	// 1 left agentic bursts queueing on the workers that held their sessions, 4 did no better
+	// than 2.
+	DefaultBalanceWeight = 2
 	// DefaultExplore is the share of decisions that explore (LatencyPick.Explore): one in 64.
 	DefaultExplore = 1.0 / 64
 	// DefaultOSL is the output length assumed for Slowdown when a request states none.

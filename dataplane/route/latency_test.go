@@ -632,3 +632,135 @@ func TestLatencyPeerFetchFromBusyHolder(t *testing.T) {
 		t.Fatalf("went to %s fetching from %v, want w1 fetching from the busy w0", d.Worker.ID, d.PeerFetch)
 	}
 }
+
+// latencyDefaults is the latency policy as kvrelay proxy runs it by default.
+func latencyDefaults() Config {
+	return Config{Policy: PolicyLatency, ComputeWeight: DefaultComputeWeight, BackgroundWeight: DefaultBackgroundWeight,
+		BatchWeight: DefaultBatchWeight, TailWeight: DefaultTailWeight, BalanceWeight: DefaultBalanceWeight}
+}
+
+// An idle worker that never got a shared preamble is not left idle while the workers that
+// hold it queue past what its cold prefill costs: its compute delays nobody (the compute
+// weight counts in the share a worker is busy). While the warm workers' queue is short, the
+// preamble's holders keep the request.
+func TestLatencyOpensAnIdleWorker(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		backlog  int // uncached prompt tokens queued on each warm worker
+		wantCold bool
+	}{
+		{"warm workers' queue is short", 1000, false},
+		{"warm workers queue past a cold prefill", 8000, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := latencyDefaults()
+			cfg.TailWeight, cfg.BalanceWeight = 0, 0 // the compute weight's share alone
+			r, idx := newRouter(t, cfg, 4)
+			ws := r.Pool().Workers
+			hashes, n := promptChain(5, 6, 375, 20) // a 6000-token preamble and a short task
+			for _, w := range ws {
+				w.Engine.MaxNumSeqs = 4
+			}
+			for _, w := range ws[:3] {
+				idx.Record(w.Index, hashes[:375], 0)
+				var u Usage
+				u.Begin(w, tc.backlog, 0, 0)
+				defer u.End()
+			}
+			req, d := routeChain(t, r, hashes, n)
+			if got := d.Worker == ws[3]; got != tc.wantCold {
+				cands, preds := req.Candidates()
+				for i, w := range cands {
+					t.Logf("%s: cost %.3f %+v", w.ID, req.Costs()[i], preds[i])
+				}
+				t.Fatalf("went to %s (cold %v), want cold %v", d.Worker.ID, got, tc.wantCold)
+			}
+		})
+	}
+}
+
+// With a balance weight, a request whose cache saving is small does not take the last free
+// slot of the worker that holds its session's tail when another worker that holds the
+// preamble has room: the next requests that want the full worker would wait. A request
+// whose whole prompt is cached there still goes there.
+func TestLatencyBalanceKeepsLastSlots(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		balance float64
+		tail    int // of the prompt's blocks beyond the shared preamble, cached on w0
+		home    bool
+	}{
+		{"no balance, session tail cached", 0, 60, true},
+		{"balance, session tail cached", DefaultBalanceWeight, 60, false},
+		{"balance, long prompt cached", DefaultBalanceWeight, 2000, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := latencyDefaults()
+			cfg.BalanceWeight = tc.balance
+			r, idx := newRouter(t, cfg, 2)
+			ws := r.Pool().Workers
+			for _, w := range ws {
+				w.Engine.MaxNumSeqs = 4
+				w.Latency().ObserveDecode(2, 0.3, 0.02, 2)
+			}
+			hashes, n := promptChain(7, 8, 100, tc.tail)
+			idx.Record(ws[0].Index, hashes, 0)       // preamble and tail
+			idx.Record(ws[1].Index, hashes[:100], 0) // the preamble only
+			for _, u := range busy(ws[0], 3) {
+				defer u.End()
+			}
+			for _, u := range busy(ws[1], 1) {
+				defer u.End()
+			}
+			req, d := routeChain(t, r, hashes, n)
+			if got := d.Worker == ws[0]; got != tc.home {
+				cands, preds := req.Candidates()
+				for i, w := range cands {
+					t.Logf("%s: cost %.3f %+v", w.ID, req.Costs()[i], preds[i])
+				}
+				t.Fatalf("went to %s, want home %v", d.Worker.ID, tc.home)
+			}
+		})
+	}
+}
+
+// With a tail weight, a worker whose recent predictions proved reliable wins over one
+// predicted a little sooner on the mean whose predictions were often far off; without it
+// the lower mean wins.
+func TestLatencyTailWeightPrefersReliable(t *testing.T) {
+	for _, tail := range []float64{0, DefaultTailWeight} {
+		cfg := latencyDefaults()
+		cfg.TailWeight, cfg.BalanceWeight = tail, 0
+		r, _ := newRouter(t, cfg, 2)
+		ws := r.Pool().Workers
+		hashes, n := promptChain(9, 9, 0, 200)
+		for i := range 60 {
+			// w0's first tokens come three times sooner or later than predicted; w1's
+			// a steady 15% late, so that w1 learns to predict itself slower.
+			for j, w := range ws {
+				var p latency.Prediction
+				w.Latency().Predict(&w.Engine, latency.State{}, float64(n), &p)
+				f := 1.15
+				if j == 0 {
+					f = 3.0
+					if i%2 == 0 {
+						f = 1 / f
+					}
+				}
+				w.Latency().ObserveTTFT(&p, p.TTFT*f)
+			}
+		}
+		picks := map[string]int{}
+		for range 20 {
+			_, d := routeChain(t, r, hashes, n)
+			picks[d.Worker.ID]++
+		}
+		want := ws[1].ID // the reliable one
+		if tail == 0 {
+			want = ws[0].ID // the lower mean
+		}
+		if picks[want] != 20 {
+			t.Fatalf("tail weight %v: picks %v, want every one on %s", tail, picks, want)
+		}
+	}
+}

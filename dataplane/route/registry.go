@@ -267,7 +267,7 @@ func Preset(cfg Config) (policy.Profile, error) {
 			"compute_weight": cfg.ComputeWeight, "background_weight": cfg.BackgroundWeight, "batch_weight": cfg.BatchWeight,
 			"wait_weight": cfg.WaitWeight, "tail_weight": cfg.TailWeight, "balance_weight": cfg.BalanceWeight,
 			"cache_credit": min(cfg.OverlapWeight/DefaultOverlapWeight, 1)}}}
-		p.Picker = policy.Plugin{Name: "latency", Params: map[string]float64{"temperature": cfg.Temperature}}
+		p.Picker = policy.Plugin{Name: "latency", Params: map[string]float64{"temperature": cfg.Temperature, "explore": cfg.Explore}}
 	case PolicyRoundRobin:
 		p.Picker = policy.Plugin{Name: "round-robin"}
 	case PolicyLeastLoaded, PolicySession:

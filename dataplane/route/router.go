@@ -106,6 +106,10 @@ type Config struct {
 	// (Prediction.Hold × Prediction.Scarcity): the wait or cache miss it leaves the next
 	// requests that want that worker (latency policy; default DefaultBalanceWeight).
 	BalanceWeight float64
+	// Explore is the share of decisions that try a worker whose model has learned nothing
+	// lately, when one is predicted within a quarter of the best (latency policy,
+	// LatencyPick.Explore; default DefaultExplore).
+	Explore float64
 	// CacheThreshold: when no worker caches this share of the prompt's blocks more than the
 	// worker that caches least (a new prompt, or one whose only cached part is a system
 	// prompt every worker holds), the kv policy spreads instead, to the worker with the least
@@ -173,6 +177,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("cache threshold %g must be within [0, 1]", c.CacheThreshold)
 	case !(c.ComputeWeight >= 0 && c.ComputeWeight <= 1e6) || !(c.BackgroundWeight >= 0 && c.BackgroundWeight <= 1e6) || !(c.BatchWeight >= 0 && c.BatchWeight <= 1e6) || !(c.WaitWeight >= 0 && c.WaitWeight <= 1e6):
 		return fmt.Errorf("compute weight %g, background weight %g, batch weight %g and wait weight %g must be within [0, 1e6]", c.ComputeWeight, c.BackgroundWeight, c.BatchWeight, c.WaitWeight)
+	case !(c.Explore >= 0 && c.Explore <= 1):
+		return fmt.Errorf("explore %g must be within [0, 1]", c.Explore)
 	case !(c.TailWeight >= 0 && c.TailWeight <= 1e6) || !(c.BalanceWeight >= 0 && c.BalanceWeight <= 1e6):
 		return fmt.Errorf("tail weight %g and balance weight %g must be within [0, 1e6]", c.TailWeight, c.BalanceWeight)
 	}

@@ -257,6 +257,8 @@ func applyExtra(c *route.Config, extra string) error {
 			c.TailWeight = f
 		case "balance_weight":
 			c.BalanceWeight = f
+		case "explore":
+			c.Explore = f
 		case "overlap_weight":
 			c.OverlapWeight = f
 		default:

@@ -68,7 +68,55 @@ func cases() []mcase {
 			c.NumGPUBlocks /= 2
 		}
 	}
+	llmdWith := func(perTok time.Duration, blocks, seqs int, mod func(i int, c *fleetsim.LLMDConfig)) func(int) fleetsim.EngineSpec {
+		return llmdEngine(perTok, blocks, func(i int, c *fleetsim.LLMDConfig) {
+			c.MaxNumSeqs = seqs
+			if mod != nil {
+				mod(i, c)
+			}
+		})
+	}
+	suiteHalf := func(i int, c *fleetsim.LLMDConfig) {
+		switch i {
+		case 1:
+			c.PrefillOverhead, c.PrefillPerToken, c.InterToken = 2*c.PrefillOverhead, 2*c.PrefillPerToken, 2*c.InterToken
+		case 2:
+			c.CacheBlocks /= 2
+		}
+	}
+	suiteHalfSim := func(i int, c *sim.Config) {
+		switch i {
+		case 1:
+			c.Timing.Speedup /= 2
+		case 2:
+			c.NumGPUBlocks /= 2
+		}
+	}
+	attn := func(_ int, c *sim.Config) { c.Timing.PrefillAttention, c.Timing.DecodeAttention = 0.0012, 0.05 }
+	const suiteAgentic = "agentic:preamble=6000,task=200,turns=1,rounds=5,tool=250,subagents=2,sub_task=100,sub_rounds=2,reasoning=32,osl=32,tool_time=300ms,session_ids=false"
+	const suitePreambles = "agentic:preambles=8,preamble=6000,task=200,turns=1,rounds=3,tool=250,subagents=1,sub_task=100,sub_rounds=1,reasoning=0,osl=32,tool_time=300ms,session_ids=false"
+	const suiteLong = "multi-turn:sessions=10,rate=0.4,system=32000,systems=10,user=12000,turns=5,osl=32,think=1s,session_ids=false"
+	const suiteBursty = "prefix-groups:groups=16,prompt=3000,user=200,osl=64,zipf=1,burst=3,burst_period=15s"
+	const suiteMixed = "mixed:turns=3,think=2s,docs=16,doc=6000,zipf=1"
 	return []mcase{
+		// The routing suite's rows (hack/bench-suite), as its --list gives them.
+		{"s-agentic-shared", fleetsim.KindLLMD, 4, suiteAgentic + ",sessions=24,rate=0.6", 1, llmdEngine(60*time.Microsecond, 1024, nil)},
+		{"s-agentic-shared", fleetsim.KindSim, 4, suiteAgentic + ",sessions=9,rate=0.3", 1, simEngine(4, 1024, 0.5, nil)},
+		{"s-agentic-preambles", fleetsim.KindLLMD, 4, suitePreambles + ",sessions=20,rate=0.45", 1, llmdEngine(150*time.Microsecond, 2048, nil)},
+		{"s-agentic-preambles", fleetsim.KindSim, 4, suitePreambles + ",sessions=12,rate=0.3", 1, simEngine(4, 2048, 0.25, nil)},
+		{"s-mooncake-load6", fleetsim.KindLLMD, 4, "mooncake:requests=220,block=512", 1.5, llmdWith(60*time.Microsecond, 131072, 16, nil)},
+		{"s-mooncake-load6", fleetsim.KindSim, 4, "mooncake:requests=220,block=512", 1.5, simEngine(256, 131072, 0.5, nil)},
+		{"s-mooncake-load7", fleetsim.KindLLMD, 4, "mooncake:requests=220,block=512", 1.75, llmdWith(60*time.Microsecond, 131072, 16, nil)},
+		{"s-mooncake-load7", fleetsim.KindSim, 4, "mooncake:requests=220,block=512", 1.75, simEngine(256, 131072, 0.5, nil)},
+		{"s-long-context", fleetsim.KindLLMD, 4, suiteLong, 1, llmdWith(60*time.Microsecond, 16384, 8, nil)},
+		{"s-long-context", fleetsim.KindSim, 4, suiteLong, 1, simEngine(8, 16384, 1, attn)},
+		{"s-bursty", fleetsim.KindLLMD, 4, suiteBursty + ",requests=130,rate=2.5", 1, llmdEngine(60*time.Microsecond, 1024, nil)},
+		{"s-bursty", fleetsim.KindSim, 4, suiteBursty + ",requests=80,rate=1.5", 1, simEngine(4, 1024, 0.5, nil)},
+		{"s-mixed", fleetsim.KindLLMD, 4, suiteMixed + ",users=70,user_rate=1.4,rag=35,rag_rate=0.7", 1, llmdEngine(60*time.Microsecond, 2048, nil)},
+		{"s-mixed", fleetsim.KindSim, 4, suiteMixed + ",users=50,user_rate=1,rag=22,rag_rate=0.45", 1, simEngine(4, 2048, 0.5, nil)},
+		{"s-hetero", fleetsim.KindLLMD, 4, suiteAgentic + ",sessions=16,rate=0.5", 1, llmdEngine(60*time.Microsecond, 1536, suiteHalf)},
+		{"s-hetero", fleetsim.KindSim, 4, suiteAgentic + ",sessions=7,rate=0.3", 1, simEngine(4, 1536, 0.5, suiteHalfSim)},
+		// Harder variants of the agentic rows, and the 8-engine Mooncake of bench-compare.
 		{"shared-cheap", fleetsim.KindLLMD, 4, agentic1 + ",sessions=40,rate=0.6", 1, llmdEngine(60*time.Microsecond, 1024, nil)},
 		{"shared-cheap", fleetsim.KindSim, 4, agentic1 + ",sessions=22,rate=0.25", 1, simEngine(4, 1024, 0.5, nil)},
 		{"preambles-dear", fleetsim.KindLLMD, 4, agentic1 + ",preambles=6,sessions=40,rate=0.3", 1, llmdEngine(300*time.Microsecond, 1024, nil)},
@@ -247,5 +295,5 @@ func median(v []float64) float64 {
 func proxyDefaults(pol string) route.Config {
 	return route.Config{Policy: pol, Explicit: true, OverlapWeight: route.DefaultOverlapWeight, QueueWeight: route.DefaultQueueWeight,
 		CacheThreshold: route.DefaultCacheThreshold, ComputeWeight: route.DefaultComputeWeight, BackgroundWeight: route.DefaultBackgroundWeight,
-		BatchWeight: route.DefaultBatchWeight, WaitWeight: route.DefaultWaitWeight, TailWeight: route.DefaultTailWeight, BalanceWeight: route.DefaultBalanceWeight}
+		BatchWeight: route.DefaultBatchWeight, WaitWeight: route.DefaultWaitWeight, TailWeight: route.DefaultTailWeight, BalanceWeight: route.DefaultBalanceWeight, Explore: route.DefaultExplore}
 }
