@@ -34,6 +34,7 @@ import (
 	"github.com/kvrelay/kvrelay/xds"
 	xdsv1 "github.com/kvrelay/kvrelay/xds/api/v1"
 	"github.com/kvrelay/kvrelay/xds/auth"
+	xdsclient "github.com/kvrelay/kvrelay/xds/client"
 	"github.com/kvrelay/kvrelay/xds/journal"
 	"github.com/kvrelay/kvrelay/xds/policy"
 	xdsserver "github.com/kvrelay/kvrelay/xds/server"
@@ -559,6 +560,9 @@ func (s *Server) workerResources() []*xdsv1.Worker {
 	ws := s.reg.Workers()
 	states := s.view.Snapshot()
 	inflight, epochs := s.xds.MergedEpochs()
+	// What the proxies learned of the workers' latency, pooled: a proxy that knows less
+	// starts from it. Pooled again at most as often as proxies send it.
+	fits := s.xds.PooledFits(xdsclient.DefaultFitsEvery)
 	out := make([]*xdsv1.Worker, 0, len(ws))
 	if s.observed == nil {
 		s.observed = map[string]observedLoad{}
@@ -589,6 +593,7 @@ func (s *Server) workerResources() []*xdsv1.Worker {
 		if res.Model == "" {
 			res.Model = st.Model.ID
 		}
+		res.Fit = xdsserver.FitFor(fits, res.Model, role, w.ID)
 		if res.BlockSize == 0 {
 			res.BlockSize = uint32(st.BlockSize)
 		}

@@ -524,6 +524,10 @@ func (w *Worker) Init(m *Model) {
 // Model returns the shared model.
 func (w *Worker) Model() *Model { return w.m }
 
+// Retie ties the worker to m in place of its model, keeping what it learned of itself. Only
+// for a worker no other goroutine uses yet (one joining a pool).
+func (w *Worker) Retie(m *Model) { w.m = m }
+
 // Occupancy is how long a request holds its slot on the worker once its first token has
 // come, seconds (learned from its requests; the prior's until then).
 func (w *Worker) Occupancy() float64 { return load(&w.occBit) }

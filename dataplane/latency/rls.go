@@ -285,3 +285,27 @@ func (r *RLS) Outliers() int { return r.outliers }
 
 // Scale is the running mean absolute residual.
 func (r *RLS) Scale() float64 { return r.scale }
+
+// priorOK reports whether theta is a possible centre of the prior: finite and within the
+// bounds.
+func (r *RLS) priorOK(theta *Vec) bool {
+	for i := range r.N {
+		v := theta[i]
+		if math.IsNaN(v) || math.IsInf(v, 0) || v < r.Lo[i] || v > r.Hi[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// SetPriorMean moves the prior's centre to theta, keeping its variances: the information
+// the prior lends the fit now pulls toward theta, and the fit is solved again. What the
+// observations taught stays.
+func (r *RLS) SetPriorMean(theta *Vec) {
+	for i := range r.N {
+		next := r.prior[i] * theta[i]
+		r.vec[i] += next - r.prior0[i]
+		r.prior0[i] = next
+	}
+	r.solve()
+}

@@ -160,7 +160,7 @@ func (s *Server) setupXDS(ctx context.Context) error {
 		NodeID:  nodeID,
 		OnError: func(err error) { s.log.Debug("index journal stream ended", "err", err) },
 	})
-	x.reporter, err = client.NewReporter(conn, client.ReporterOptions{NodeID: nodeID, Snapshot: s.ownLoad, Arms: s.core.ArmReports, Decisions: s.core.ReportDecisions, Included: x.noteIncluded, Interval: 100 * time.Millisecond})
+	x.reporter, err = client.NewReporter(conn, client.ReporterOptions{NodeID: nodeID, Snapshot: s.ownLoad, Arms: s.core.ArmReports, Decisions: s.core.ReportDecisions, Fits: s.latencyFits, Included: x.noteIncluded, Interval: 100 * time.Millisecond})
 	if err != nil {
 		conn.Close()
 		return err
@@ -296,6 +296,7 @@ func (s *Server) applyXDS(workers []*xdsv1.Worker, policy *xdsv1.RoutingPolicy) 
 	}
 	s.setModels(pool)
 	s.core.SetPool(pool)
+	shareFits(workers, present)
 	if policy != nil {
 		s.core.ApplyCandidate(pool, x.index, s.candidateOf(policy))
 	}
@@ -597,3 +598,60 @@ func (c *xdsCollector) Collect(ch chan<- prometheus.Metric) {
 
 // bandwidthOK reports whether an advertised bandwidth is usable: finite and not negative.
 func bandwidthOK(v float64) bool { return v >= 0 && !math.IsInf(v, 0) }
+
+// latencyFits is what this proxy's latency models learned of its workers, one fit per model
+// and role with each worker's own figures: sent to the control plane every few seconds
+// (LoadReport.fits), which pools every proxy's and pushes the pool back (Worker.fit).
+func (s *Server) latencyFits() []*xdsv1.LatencyFit {
+	byModel := map[*latency.Model]*xdsv1.LatencyFit{}
+	var out []*xdsv1.LatencyFit
+	for _, w := range s.Workers() {
+		m := w.Latency().Model()
+		f := byModel[m]
+		if f == nil {
+			mf := m.Fit()
+			if mf.TTFTObs == 0 && mf.DecodeObs == 0 {
+				continue // nothing learned of this model yet
+			}
+			f = &xdsv1.LatencyFit{Model: w.Model, Role: xdsv1.Role(w.Role), Theta: slices.Clone(mf.Theta[:latency.NumFeat]),
+				DecodeStep: slices.Clone(mf.DecodeStep[:]), DecodeKv: slices.Clone(mf.DecodeKV[:]),
+				TtftObservations: uint64(mf.TTFTObs), DecodeObservations: uint64(mf.DecodeObs)}
+			byModel[m] = f
+			out = append(out, f)
+		}
+		wf := w.Latency().Fit()
+		f.Workers = append(f.Workers, &xdsv1.WorkerFit{WorkerId: w.ID, Speed: wf.Speed, Occupancy: wf.Occupancy, MaxNumSeqs: uint32(max(wf.MaxNumSeqs, 0)),
+			SigmaQueued: wf.SigmaQueued, SigmaFresh: wf.SigmaFresh, Observations: uint64(max(wf.Obs, 0))})
+	}
+	return out
+}
+
+// shareFits hands the fleet's pooled latency fits (Worker.fit) to the workers' models: each
+// model once, and each worker its own figures. Fits whose tables are not this build's
+// lengths are ignored.
+func shareFits(workers []*xdsv1.Worker, present []*route.Worker) {
+	shared := map[*latency.Model]bool{}
+	for i, res := range workers {
+		f := res.GetFit()
+		if f == nil || i >= len(present) {
+			continue
+		}
+		w := present[i]
+		if m := w.Latency().Model(); !shared[m] && len(f.GetTheta()) == latency.NumFeat &&
+			len(f.GetDecodeStep()) == latency.NumDecode && len(f.GetDecodeKv()) == latency.NumKV {
+			shared[m] = true
+			var lf latency.Fit
+			copy(lf.Theta[:], f.GetTheta())
+			copy(lf.DecodeStep[:], f.GetDecodeStep())
+			copy(lf.DecodeKV[:], f.GetDecodeKv())
+			lf.TTFTObs, lf.DecodeObs = int64(min(f.GetTtftObservations(), 1<<62)), int64(min(f.GetDecodeObservations(), 1<<62))
+			m.Share(lf)
+		}
+		for _, wf := range f.GetWorkers() {
+			if wf.GetWorkerId() == w.ID {
+				w.Latency().Share(latency.WorkerFit{Speed: wf.GetSpeed(), Occupancy: wf.GetOccupancy(), MaxNumSeqs: int(min(wf.GetMaxNumSeqs(), 1<<20)),
+					SigmaQueued: wf.GetSigmaQueued(), SigmaFresh: wf.GetSigmaFresh(), Obs: int64(min(wf.GetObservations(), 1<<62))})
+			}
+		}
+	}
+}

@@ -764,3 +764,25 @@ func TestLatencyTailWeightPrefersReliable(t *testing.T) {
 		}
 	}
 }
+
+// A worker that learned something before it joined a pool (a report of its load, which the
+// proxy hands it before it builds the pool) still shares its model's latency model with the
+// pool's other workers of that model, and keeps what it learned of itself.
+func TestWorkersShareTheirModelAfterAReport(t *testing.T) {
+	ws := workers(3)
+	ws[0].SetReported(&Reported{Running: 4, Waiting: 0})
+	p := NewPool(ws)
+	m := ws[1].Latency().Model()
+	for _, w := range p.Workers {
+		if w.Latency().Model() != m {
+			t.Fatalf("%s has a latency model of its own", w.ID)
+		}
+	}
+	if got := ws[0].Latency().SeqsLow(); got != 4 {
+		t.Fatalf("the report's lesson was lost: most running %d, want 4", got)
+	}
+	// A pool of the same workers later keeps the model they share.
+	if NewPool(ws); ws[2].Latency().Model() != m {
+		t.Fatal("a new pool gave the workers another model")
+	}
+}

@@ -334,7 +334,7 @@ func attachModels(ws []*Worker) {
 	}
 	models := map[key]*latency.Model{}
 	for _, w := range ws {
-		if m := w.latModel.Load(); m != nil {
+		if m := w.latModel.Load(); m != nil && !w.latAlone.Load() {
 			if _, ok := models[key{w.Model, w.Role}]; !ok {
 				models[key{w.Model, w.Role}] = m
 			}

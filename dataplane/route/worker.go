@@ -81,25 +81,37 @@ type Worker struct {
 	lat      latency.Worker
 	latOnce  sync.Once
 	latModel atomic.Pointer[latency.Model]
+	latAlone atomic.Bool // latModel is the worker's own, not a pool's
 }
 
 // Latency returns the worker's latency model. A worker outside any pool gets a model of its
-// own.
+// own, until a pool ties it to its model's shared one (NewPool): what it learned alone
+// (from a report before it joined, say) of itself stays; what its lone model learned is
+// dropped.
 func (w *Worker) Latency() *latency.Worker {
 	w.attachModel(nil)
 	return &w.lat
 }
 
-// attachModel ties the worker to m (nil: a new model), unless it is tied already.
+// attachModel ties the worker to m (nil: a new model of its own), unless it is tied
+// already: to a model of its own, it is tied to m instead. A pool ties its workers before
+// it is published, while no other goroutine routes over them.
 func (w *Worker) attachModel(m *latency.Model) {
 	w.latOnce.Do(func() {
-		if m == nil {
+		alone := m == nil
+		if alone {
 			m = new(latency.Model)
 			m.Init()
 		}
 		w.lat.Init(m)
 		w.latModel.Store(m)
+		w.latAlone.Store(alone)
 	})
+	if m != nil && w.latAlone.Load() && w.latModel.Load() != m {
+		w.lat.Retie(m)
+		w.latModel.Store(m)
+		w.latAlone.Store(false)
+	}
 }
 
 // Interactive is the number of this proxy's requests on the worker with a priority above 0.

@@ -15,8 +15,10 @@ import (
 // Bounds on the report interval a control plane may ask for.
 const (
 	DefaultReportInterval = time.Second
-	minReportInterval     = 10 * time.Millisecond
-	maxReportInterval     = time.Minute
+	// DefaultFitsEvery is how often a proxy sends what its latency models learned.
+	DefaultFitsEvery  = 5 * time.Second
+	minReportInterval = 10 * time.Millisecond
+	maxReportInterval = time.Minute
 )
 
 // ReporterOptions configure a Reporter.
@@ -36,6 +38,11 @@ type ReporterOptions struct {
 	// (LoadReport.decisions): each once, called beside Snapshot. A report that fails to go
 	// out loses them (they are a sample).
 	Decisions func() []*xdsv1.DecisionSample
+	// Fits, when set, returns what the proxy's latency models learned (LoadReport.fits),
+	// called beside Snapshot at most every FitsEvery; the reports between carry none.
+	Fits func() []*xdsv1.LatencyFit
+	// FitsEvery is how often fits go out (default DefaultFitsEvery).
+	FitsEvery time.Duration
 	// Included, when set, hears each merge of the proxies' reports that the control plane
 	// tells this proxy of (LoadReportAck epoch and included_seq): pushed loads of that
 	// Load.epoch include this proxy's report seq. It is called with (0, 0) when a stream
@@ -59,6 +66,8 @@ type ReporterOptions struct {
 type Reporter struct {
 	conn grpc.ClientConnInterface
 	opts ReporterOptions
+	// fitsAt is when fits last went out (Run's goroutine only).
+	fitsAt time.Time
 
 	running  atomic.Bool
 	interval atomic.Int64 // nanoseconds
@@ -164,6 +173,15 @@ func (r *Reporter) stream(ctx context.Context) (healthy bool, err error) {
 		}
 		if r.opts.Arms != nil {
 			rep.Arms = r.opts.Arms()
+		}
+		if r.opts.Fits != nil {
+			every := r.opts.FitsEvery
+			if every <= 0 {
+				every = DefaultFitsEvery
+			}
+			if now := time.Now(); now.Sub(r.fitsAt) >= every {
+				rep.Fits, r.fitsAt = r.opts.Fits(), now
+			}
 		}
 		if err := st.Send(rep); err != nil {
 			return fmt.Errorf("sending load report: %w", err)

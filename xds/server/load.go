@@ -168,6 +168,11 @@ type loadStore struct {
 	// unknown), so that a report cannot grow the store past the fleet.
 	known   atomic.Pointer[map[string]struct{}]
 	unknown atomic.Uint64
+
+	// fitMu guards the pooled fits and when they were pooled (PooledFits).
+	fitMu    sync.Mutex
+	pooled   map[FitKey]*xdsv1.LatencyFit
+	pooledAt time.Time
 }
 
 // workerShares is what MergedEpochs remembers of a worker: the hash of the (node, share)
@@ -183,6 +188,9 @@ type nodeReport struct {
 	at     time.Time
 	loads  map[string]WorkerLoad
 	arms   []Arm
+	// fits are the latest latency fits the node sent (reports carry them every few
+	// seconds; those between keep the last).
+	fits []*xdsv1.LatencyFit
 }
 
 // Arm is what the proxies saw of the requests one routing policy version routed,
@@ -432,7 +440,11 @@ func (l *loadStore) put(node string, stream uint64, r *xdsv1.LoadReport) {
 	l.mu.Lock()
 	prev := l.nodes[node]
 	same := prev != nil && now.Sub(prev.at) < l.staleAfter && maps.Equal(prev.loads, loads)
-	l.nodes[node] = &nodeReport{stream: stream, seq: r.GetSeq(), at: now, loads: loads, arms: armsOf(r)}
+	fits := fitsOf(r)
+	if fits == nil && prev != nil && prev.stream == stream {
+		fits = prev.fits
+	}
+	l.nodes[node] = &nodeReport{stream: stream, seq: r.GetSeq(), at: now, loads: loads, arms: armsOf(r), fits: fits}
 	l.mu.Unlock()
 	if !same {
 		l.signal()

@@ -113,7 +113,11 @@ type Worker struct {
 	MaxModelLen uint32 `protobuf:"varint,15,opt,name=max_model_len,json=maxModelLen,proto3" json:"max_model_len,omitempty"`
 	// kv_tiers says how fast the engine brings back KV blocks it keeps below GPU memory
 	// (unset: unknown, and the routing policy's tier weights price those blocks).
-	KvTiers       *KVTiers `protobuf:"bytes,16,opt,name=kv_tiers,json=kvTiers,proto3" json:"kv_tiers,omitempty"`
+	KvTiers *KVTiers `protobuf:"bytes,16,opt,name=kv_tiers,json=kvTiers,proto3" json:"kv_tiers,omitempty"`
+	// fit is what the fleet's proxies have learned together of the worker's latency: the
+	// control plane pools their reports (LoadReport.fits), so that a proxy that knows less
+	// starts from it (unset: nothing learned yet).
+	Fit           *LatencyFit `protobuf:"bytes,17,opt,name=fit,proto3" json:"fit,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -260,6 +264,216 @@ func (x *Worker) GetKvTiers() *KVTiers {
 	return nil
 }
 
+func (x *Worker) GetFit() *LatencyFit {
+	if x != nil {
+		return x.Fit
+	}
+	return nil
+}
+
+// LatencyFit is a latency model's learning (dataplane/latency) of the workers of one model
+// in one role, or pooled over the proxies that route to them: the shared TTFT coefficients
+// and decode step table with how many observations taught them, and per worker what it
+// learned of that worker.
+type LatencyFit struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Model string                 `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
+	Role  Role                   `protobuf:"varint,2,opt,name=role,proto3,enum=kvrelay.xds.v1.Role" json:"role,omitempty"`
+	// theta are the TTFT coefficients (latency.Feat order), decode_step the decode step at
+	// each batch size of the table at an empty cache (seconds), decode_kv its multipliers
+	// by KV usage.
+	Theta              []float64    `protobuf:"fixed64,3,rep,packed,name=theta,proto3" json:"theta,omitempty"`
+	DecodeStep         []float64    `protobuf:"fixed64,4,rep,packed,name=decode_step,json=decodeStep,proto3" json:"decode_step,omitempty"`
+	DecodeKv           []float64    `protobuf:"fixed64,5,rep,packed,name=decode_kv,json=decodeKv,proto3" json:"decode_kv,omitempty"`
+	TtftObservations   uint64       `protobuf:"varint,6,opt,name=ttft_observations,json=ttftObservations,proto3" json:"ttft_observations,omitempty"`
+	DecodeObservations uint64       `protobuf:"varint,7,opt,name=decode_observations,json=decodeObservations,proto3" json:"decode_observations,omitempty"`
+	Workers            []*WorkerFit `protobuf:"bytes,8,rep,name=workers,proto3" json:"workers,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
+}
+
+func (x *LatencyFit) Reset() {
+	*x = LatencyFit{}
+	mi := &file_kvrelay_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LatencyFit) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LatencyFit) ProtoMessage() {}
+
+func (x *LatencyFit) ProtoReflect() protoreflect.Message {
+	mi := &file_kvrelay_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LatencyFit.ProtoReflect.Descriptor instead.
+func (*LatencyFit) Descriptor() ([]byte, []int) {
+	return file_kvrelay_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *LatencyFit) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *LatencyFit) GetRole() Role {
+	if x != nil {
+		return x.Role
+	}
+	return Role_ROLE_BOTH
+}
+
+func (x *LatencyFit) GetTheta() []float64 {
+	if x != nil {
+		return x.Theta
+	}
+	return nil
+}
+
+func (x *LatencyFit) GetDecodeStep() []float64 {
+	if x != nil {
+		return x.DecodeStep
+	}
+	return nil
+}
+
+func (x *LatencyFit) GetDecodeKv() []float64 {
+	if x != nil {
+		return x.DecodeKv
+	}
+	return nil
+}
+
+func (x *LatencyFit) GetTtftObservations() uint64 {
+	if x != nil {
+		return x.TtftObservations
+	}
+	return 0
+}
+
+func (x *LatencyFit) GetDecodeObservations() uint64 {
+	if x != nil {
+		return x.DecodeObservations
+	}
+	return 0
+}
+
+func (x *LatencyFit) GetWorkers() []*WorkerFit {
+	if x != nil {
+		return x.Workers
+	}
+	return nil
+}
+
+// WorkerFit is what a latency model learned of one worker: its prefill speed against its
+// model's, how long a request holds a slot there (seconds), its concurrency limit (0:
+// unknown), the relative error of its recent queued and fresh predictions, and how many
+// first tokens taught it.
+type WorkerFit struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	WorkerId      string                 `protobuf:"bytes,1,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
+	Speed         float64                `protobuf:"fixed64,2,opt,name=speed,proto3" json:"speed,omitempty"`
+	Occupancy     float64                `protobuf:"fixed64,3,opt,name=occupancy,proto3" json:"occupancy,omitempty"`
+	MaxNumSeqs    uint32                 `protobuf:"varint,4,opt,name=max_num_seqs,json=maxNumSeqs,proto3" json:"max_num_seqs,omitempty"`
+	SigmaQueued   float64                `protobuf:"fixed64,5,opt,name=sigma_queued,json=sigmaQueued,proto3" json:"sigma_queued,omitempty"`
+	SigmaFresh    float64                `protobuf:"fixed64,6,opt,name=sigma_fresh,json=sigmaFresh,proto3" json:"sigma_fresh,omitempty"`
+	Observations  uint64                 `protobuf:"varint,7,opt,name=observations,proto3" json:"observations,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WorkerFit) Reset() {
+	*x = WorkerFit{}
+	mi := &file_kvrelay_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WorkerFit) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WorkerFit) ProtoMessage() {}
+
+func (x *WorkerFit) ProtoReflect() protoreflect.Message {
+	mi := &file_kvrelay_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WorkerFit.ProtoReflect.Descriptor instead.
+func (*WorkerFit) Descriptor() ([]byte, []int) {
+	return file_kvrelay_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *WorkerFit) GetWorkerId() string {
+	if x != nil {
+		return x.WorkerId
+	}
+	return ""
+}
+
+func (x *WorkerFit) GetSpeed() float64 {
+	if x != nil {
+		return x.Speed
+	}
+	return 0
+}
+
+func (x *WorkerFit) GetOccupancy() float64 {
+	if x != nil {
+		return x.Occupancy
+	}
+	return 0
+}
+
+func (x *WorkerFit) GetMaxNumSeqs() uint32 {
+	if x != nil {
+		return x.MaxNumSeqs
+	}
+	return 0
+}
+
+func (x *WorkerFit) GetSigmaQueued() float64 {
+	if x != nil {
+		return x.SigmaQueued
+	}
+	return 0
+}
+
+func (x *WorkerFit) GetSigmaFresh() float64 {
+	if x != nil {
+		return x.SigmaFresh
+	}
+	return 0
+}
+
+func (x *WorkerFit) GetObservations() uint64 {
+	if x != nil {
+		return x.Observations
+	}
+	return 0
+}
+
 // KVTiers describes an engine's KV offloading tiers for pricing onboarding: the bytes of KV
 // per token and the host→GPU and disk→GPU bandwidths in bytes per second (0: no such tier,
 // or unknown).
@@ -277,7 +491,7 @@ type KVTiers struct {
 
 func (x *KVTiers) Reset() {
 	*x = KVTiers{}
-	mi := &file_kvrelay_proto_msgTypes[1]
+	mi := &file_kvrelay_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -289,7 +503,7 @@ func (x *KVTiers) String() string {
 func (*KVTiers) ProtoMessage() {}
 
 func (x *KVTiers) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[1]
+	mi := &file_kvrelay_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -302,7 +516,7 @@ func (x *KVTiers) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVTiers.ProtoReflect.Descriptor instead.
 func (*KVTiers) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{1}
+	return file_kvrelay_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *KVTiers) GetKvBytesPerToken() uint64 {
@@ -363,7 +577,7 @@ type Load struct {
 
 func (x *Load) Reset() {
 	*x = Load{}
-	mi := &file_kvrelay_proto_msgTypes[2]
+	mi := &file_kvrelay_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -375,7 +589,7 @@ func (x *Load) String() string {
 func (*Load) ProtoMessage() {}
 
 func (x *Load) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[2]
+	mi := &file_kvrelay_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -388,7 +602,7 @@ func (x *Load) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Load.ProtoReflect.Descriptor instead.
 func (*Load) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{2}
+	return file_kvrelay_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Load) GetRunning() uint32 {
@@ -502,7 +716,7 @@ type RoutingPolicy struct {
 
 func (x *RoutingPolicy) Reset() {
 	*x = RoutingPolicy{}
-	mi := &file_kvrelay_proto_msgTypes[3]
+	mi := &file_kvrelay_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -514,7 +728,7 @@ func (x *RoutingPolicy) String() string {
 func (*RoutingPolicy) ProtoMessage() {}
 
 func (x *RoutingPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[3]
+	mi := &file_kvrelay_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -527,7 +741,7 @@ func (x *RoutingPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RoutingPolicy.ProtoReflect.Descriptor instead.
 func (*RoutingPolicy) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{3}
+	return file_kvrelay_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *RoutingPolicy) GetVersion() uint64 {
@@ -678,7 +892,7 @@ type Profile struct {
 
 func (x *Profile) Reset() {
 	*x = Profile{}
-	mi := &file_kvrelay_proto_msgTypes[4]
+	mi := &file_kvrelay_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -690,7 +904,7 @@ func (x *Profile) String() string {
 func (*Profile) ProtoMessage() {}
 
 func (x *Profile) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[4]
+	mi := &file_kvrelay_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -703,7 +917,7 @@ func (x *Profile) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Profile.ProtoReflect.Descriptor instead.
 func (*Profile) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{4}
+	return file_kvrelay_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Profile) GetFilters() []*Plugin {
@@ -747,7 +961,7 @@ type Plugin struct {
 
 func (x *Plugin) Reset() {
 	*x = Plugin{}
-	mi := &file_kvrelay_proto_msgTypes[5]
+	mi := &file_kvrelay_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -759,7 +973,7 @@ func (x *Plugin) String() string {
 func (*Plugin) ProtoMessage() {}
 
 func (x *Plugin) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[5]
+	mi := &file_kvrelay_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -772,7 +986,7 @@ func (x *Plugin) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Plugin.ProtoReflect.Descriptor instead.
 func (*Plugin) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{5}
+	return file_kvrelay_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Plugin) GetName() string {
@@ -811,7 +1025,7 @@ type JournalAck struct {
 
 func (x *JournalAck) Reset() {
 	*x = JournalAck{}
-	mi := &file_kvrelay_proto_msgTypes[6]
+	mi := &file_kvrelay_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -823,7 +1037,7 @@ func (x *JournalAck) String() string {
 func (*JournalAck) ProtoMessage() {}
 
 func (x *JournalAck) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[6]
+	mi := &file_kvrelay_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -836,7 +1050,7 @@ func (x *JournalAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JournalAck.ProtoReflect.Descriptor instead.
 func (*JournalAck) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{6}
+	return file_kvrelay_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *JournalAck) GetNodeId() string {
@@ -891,7 +1105,7 @@ type JournalBatch struct {
 
 func (x *JournalBatch) Reset() {
 	*x = JournalBatch{}
-	mi := &file_kvrelay_proto_msgTypes[7]
+	mi := &file_kvrelay_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -903,7 +1117,7 @@ func (x *JournalBatch) String() string {
 func (*JournalBatch) ProtoMessage() {}
 
 func (x *JournalBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[7]
+	mi := &file_kvrelay_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -916,7 +1130,7 @@ func (x *JournalBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JournalBatch.ProtoReflect.Descriptor instead.
 func (*JournalBatch) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{7}
+	return file_kvrelay_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *JournalBatch) GetEpoch() uint64 {
@@ -980,14 +1194,18 @@ type LoadReport struct {
 	// decisions are a sample of the routing decisions whose answers ended since the last
 	// report (one request in eight, at most 32 a report), each with every candidate's figures
 	// and the answer's: what the operator console shows and explains.
-	Decisions     []*DecisionSample `protobuf:"bytes,5,rep,name=decisions,proto3" json:"decisions,omitempty"`
+	Decisions []*DecisionSample `protobuf:"bytes,5,rep,name=decisions,proto3" json:"decisions,omitempty"`
+	// fits are what the proxy's latency models have learned, one per model and role, sent
+	// every few seconds (absent from the reports between): the control plane pools them and
+	// pushes the pool back with the workers (Worker.fit).
+	Fits          []*LatencyFit `protobuf:"bytes,6,rep,name=fits,proto3" json:"fits,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *LoadReport) Reset() {
 	*x = LoadReport{}
-	mi := &file_kvrelay_proto_msgTypes[8]
+	mi := &file_kvrelay_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -999,7 +1217,7 @@ func (x *LoadReport) String() string {
 func (*LoadReport) ProtoMessage() {}
 
 func (x *LoadReport) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[8]
+	mi := &file_kvrelay_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1012,7 +1230,7 @@ func (x *LoadReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadReport.ProtoReflect.Descriptor instead.
 func (*LoadReport) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{8}
+	return file_kvrelay_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *LoadReport) GetNodeId() string {
@@ -1046,6 +1264,13 @@ func (x *LoadReport) GetArms() []*ArmReport {
 func (x *LoadReport) GetDecisions() []*DecisionSample {
 	if x != nil {
 		return x.Decisions
+	}
+	return nil
+}
+
+func (x *LoadReport) GetFits() []*LatencyFit {
+	if x != nil {
+		return x.Fits
 	}
 	return nil
 }
@@ -1085,7 +1310,7 @@ type DecisionSample struct {
 
 func (x *DecisionSample) Reset() {
 	*x = DecisionSample{}
-	mi := &file_kvrelay_proto_msgTypes[9]
+	mi := &file_kvrelay_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1097,7 +1322,7 @@ func (x *DecisionSample) String() string {
 func (*DecisionSample) ProtoMessage() {}
 
 func (x *DecisionSample) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[9]
+	mi := &file_kvrelay_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1110,7 +1335,7 @@ func (x *DecisionSample) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecisionSample.ProtoReflect.Descriptor instead.
 func (*DecisionSample) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{9}
+	return file_kvrelay_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *DecisionSample) GetId() uint64 {
@@ -1249,7 +1474,7 @@ type CandidateSample struct {
 
 func (x *CandidateSample) Reset() {
 	*x = CandidateSample{}
-	mi := &file_kvrelay_proto_msgTypes[10]
+	mi := &file_kvrelay_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1261,7 +1486,7 @@ func (x *CandidateSample) String() string {
 func (*CandidateSample) ProtoMessage() {}
 
 func (x *CandidateSample) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[10]
+	mi := &file_kvrelay_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1274,7 +1499,7 @@ func (x *CandidateSample) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CandidateSample.ProtoReflect.Descriptor instead.
 func (*CandidateSample) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{10}
+	return file_kvrelay_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *CandidateSample) GetWorker() string {
@@ -1367,7 +1592,7 @@ type ArmReport struct {
 
 func (x *ArmReport) Reset() {
 	*x = ArmReport{}
-	mi := &file_kvrelay_proto_msgTypes[11]
+	mi := &file_kvrelay_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1379,7 +1604,7 @@ func (x *ArmReport) String() string {
 func (*ArmReport) ProtoMessage() {}
 
 func (x *ArmReport) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[11]
+	mi := &file_kvrelay_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1392,7 +1617,7 @@ func (x *ArmReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ArmReport.ProtoReflect.Descriptor instead.
 func (*ArmReport) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{11}
+	return file_kvrelay_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ArmReport) GetPolicyVersion() uint64 {
@@ -1553,7 +1778,7 @@ type ReportSeq struct {
 
 func (x *ReportSeq) Reset() {
 	*x = ReportSeq{}
-	mi := &file_kvrelay_proto_msgTypes[12]
+	mi := &file_kvrelay_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1565,7 +1790,7 @@ func (x *ReportSeq) String() string {
 func (*ReportSeq) ProtoMessage() {}
 
 func (x *ReportSeq) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[12]
+	mi := &file_kvrelay_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1578,7 +1803,7 @@ func (x *ReportSeq) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportSeq.ProtoReflect.Descriptor instead.
 func (*ReportSeq) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{12}
+	return file_kvrelay_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ReportSeq) GetNodeId() string {
@@ -1607,7 +1832,7 @@ type WorkerLoad struct {
 
 func (x *WorkerLoad) Reset() {
 	*x = WorkerLoad{}
-	mi := &file_kvrelay_proto_msgTypes[13]
+	mi := &file_kvrelay_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1619,7 +1844,7 @@ func (x *WorkerLoad) String() string {
 func (*WorkerLoad) ProtoMessage() {}
 
 func (x *WorkerLoad) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[13]
+	mi := &file_kvrelay_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1632,7 +1857,7 @@ func (x *WorkerLoad) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerLoad.ProtoReflect.Descriptor instead.
 func (*WorkerLoad) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{13}
+	return file_kvrelay_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *WorkerLoad) GetWorkerId() string {
@@ -1679,7 +1904,7 @@ type LoadReportAck struct {
 
 func (x *LoadReportAck) Reset() {
 	*x = LoadReportAck{}
-	mi := &file_kvrelay_proto_msgTypes[14]
+	mi := &file_kvrelay_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1691,7 +1916,7 @@ func (x *LoadReportAck) String() string {
 func (*LoadReportAck) ProtoMessage() {}
 
 func (x *LoadReportAck) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[14]
+	mi := &file_kvrelay_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1704,7 +1929,7 @@ func (x *LoadReportAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadReportAck.ProtoReflect.Descriptor instead.
 func (*LoadReportAck) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{14}
+	return file_kvrelay_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *LoadReportAck) GetIntervalMs() uint32 {
@@ -1732,7 +1957,7 @@ var File_kvrelay_proto protoreflect.FileDescriptor
 
 const file_kvrelay_proto_rawDesc = "" +
 	"\n" +
-	"\rkvrelay.proto\x12\x0ekvrelay.xds.v1\"\x92\x04\n" +
+	"\rkvrelay.proto\x12\x0ekvrelay.xds.v1\"\xc0\x04\n" +
 	"\x06Worker\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x10\n" +
 	"\x03url\x18\x02 \x01(\tR\x03url\x12\x14\n" +
@@ -1752,7 +1977,29 @@ const file_kvrelay_proto_rawDesc = "" +
 	"\x16max_num_batched_tokens\x18\r \x01(\rR\x13maxNumBatchedTokens\x12#\n" +
 	"\rlora_adapters\x18\x0e \x03(\tR\floraAdapters\x12\"\n" +
 	"\rmax_model_len\x18\x0f \x01(\rR\vmaxModelLen\x122\n" +
-	"\bkv_tiers\x18\x10 \x01(\v2\x17.kvrelay.xds.v1.KVTiersR\akvTiers\"\xab\x01\n" +
+	"\bkv_tiers\x18\x10 \x01(\v2\x17.kvrelay.xds.v1.KVTiersR\akvTiers\x12,\n" +
+	"\x03fit\x18\x11 \x01(\v2\x1a.kvrelay.xds.v1.LatencyFitR\x03fit\"\xb3\x02\n" +
+	"\n" +
+	"LatencyFit\x12\x14\n" +
+	"\x05model\x18\x01 \x01(\tR\x05model\x12(\n" +
+	"\x04role\x18\x02 \x01(\x0e2\x14.kvrelay.xds.v1.RoleR\x04role\x12\x14\n" +
+	"\x05theta\x18\x03 \x03(\x01R\x05theta\x12\x1f\n" +
+	"\vdecode_step\x18\x04 \x03(\x01R\n" +
+	"decodeStep\x12\x1b\n" +
+	"\tdecode_kv\x18\x05 \x03(\x01R\bdecodeKv\x12+\n" +
+	"\x11ttft_observations\x18\x06 \x01(\x04R\x10ttftObservations\x12/\n" +
+	"\x13decode_observations\x18\a \x01(\x04R\x12decodeObservations\x123\n" +
+	"\aworkers\x18\b \x03(\v2\x19.kvrelay.xds.v1.WorkerFitR\aworkers\"\xe6\x01\n" +
+	"\tWorkerFit\x12\x1b\n" +
+	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x14\n" +
+	"\x05speed\x18\x02 \x01(\x01R\x05speed\x12\x1c\n" +
+	"\toccupancy\x18\x03 \x01(\x01R\toccupancy\x12 \n" +
+	"\fmax_num_seqs\x18\x04 \x01(\rR\n" +
+	"maxNumSeqs\x12!\n" +
+	"\fsigma_queued\x18\x05 \x01(\x01R\vsigmaQueued\x12\x1f\n" +
+	"\vsigma_fresh\x18\x06 \x01(\x01R\n" +
+	"sigmaFresh\x12\"\n" +
+	"\fobservations\x18\a \x01(\x04R\fobservations\"\xab\x01\n" +
 	"\aKVTiers\x12+\n" +
 	"\x12kv_bytes_per_token\x18\x01 \x01(\x04R\x0fkvBytesPerToken\x12%\n" +
 	"\x0ehost_bandwidth\x18\x02 \x01(\x01R\rhostBandwidth\x12%\n" +
@@ -1818,14 +2065,15 @@ const file_kvrelay_proto_rawDesc = "" +
 	"\x05reset\x18\x04 \x01(\bR\x05reset\x12#\n" +
 	"\rsnapshot_done\x18\x05 \x01(\bR\fsnapshotDone\x12\x10\n" +
 	"\x03seq\x18\x06 \x03(\x06R\x03seq\x12\x0e\n" +
-	"\x02at\x18\a \x03(\rR\x02at\"\xda\x01\n" +
+	"\x02at\x18\a \x03(\rR\x02at\"\x8a\x02\n" +
 	"\n" +
 	"LoadReport\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x124\n" +
 	"\aworkers\x18\x02 \x03(\v2\x1a.kvrelay.xds.v1.WorkerLoadR\aworkers\x12\x10\n" +
 	"\x03seq\x18\x03 \x01(\x04R\x03seq\x12-\n" +
 	"\x04arms\x18\x04 \x03(\v2\x19.kvrelay.xds.v1.ArmReportR\x04arms\x12<\n" +
-	"\tdecisions\x18\x05 \x03(\v2\x1e.kvrelay.xds.v1.DecisionSampleR\tdecisions\"\xa1\x04\n" +
+	"\tdecisions\x18\x05 \x03(\v2\x1e.kvrelay.xds.v1.DecisionSampleR\tdecisions\x12.\n" +
+	"\x04fits\x18\x06 \x03(\v2\x1a.kvrelay.xds.v1.LatencyFitR\x04fits\"\xa1\x04\n" +
 	"\x0eDecisionSample\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x17\n" +
 	"\aunix_ms\x18\x02 \x01(\x03R\x06unixMs\x12\x14\n" +
@@ -1922,51 +2170,57 @@ func file_kvrelay_proto_rawDescGZIP() []byte {
 }
 
 var file_kvrelay_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_kvrelay_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_kvrelay_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_kvrelay_proto_goTypes = []any{
 	(Role)(0),               // 0: kvrelay.xds.v1.Role
 	(*Worker)(nil),          // 1: kvrelay.xds.v1.Worker
-	(*KVTiers)(nil),         // 2: kvrelay.xds.v1.KVTiers
-	(*Load)(nil),            // 3: kvrelay.xds.v1.Load
-	(*RoutingPolicy)(nil),   // 4: kvrelay.xds.v1.RoutingPolicy
-	(*Profile)(nil),         // 5: kvrelay.xds.v1.Profile
-	(*Plugin)(nil),          // 6: kvrelay.xds.v1.Plugin
-	(*JournalAck)(nil),      // 7: kvrelay.xds.v1.JournalAck
-	(*JournalBatch)(nil),    // 8: kvrelay.xds.v1.JournalBatch
-	(*LoadReport)(nil),      // 9: kvrelay.xds.v1.LoadReport
-	(*DecisionSample)(nil),  // 10: kvrelay.xds.v1.DecisionSample
-	(*CandidateSample)(nil), // 11: kvrelay.xds.v1.CandidateSample
-	(*ArmReport)(nil),       // 12: kvrelay.xds.v1.ArmReport
-	(*ReportSeq)(nil),       // 13: kvrelay.xds.v1.ReportSeq
-	(*WorkerLoad)(nil),      // 14: kvrelay.xds.v1.WorkerLoad
-	(*LoadReportAck)(nil),   // 15: kvrelay.xds.v1.LoadReportAck
-	nil,                     // 16: kvrelay.xds.v1.Plugin.ParamsEntry
+	(*LatencyFit)(nil),      // 2: kvrelay.xds.v1.LatencyFit
+	(*WorkerFit)(nil),       // 3: kvrelay.xds.v1.WorkerFit
+	(*KVTiers)(nil),         // 4: kvrelay.xds.v1.KVTiers
+	(*Load)(nil),            // 5: kvrelay.xds.v1.Load
+	(*RoutingPolicy)(nil),   // 6: kvrelay.xds.v1.RoutingPolicy
+	(*Profile)(nil),         // 7: kvrelay.xds.v1.Profile
+	(*Plugin)(nil),          // 8: kvrelay.xds.v1.Plugin
+	(*JournalAck)(nil),      // 9: kvrelay.xds.v1.JournalAck
+	(*JournalBatch)(nil),    // 10: kvrelay.xds.v1.JournalBatch
+	(*LoadReport)(nil),      // 11: kvrelay.xds.v1.LoadReport
+	(*DecisionSample)(nil),  // 12: kvrelay.xds.v1.DecisionSample
+	(*CandidateSample)(nil), // 13: kvrelay.xds.v1.CandidateSample
+	(*ArmReport)(nil),       // 14: kvrelay.xds.v1.ArmReport
+	(*ReportSeq)(nil),       // 15: kvrelay.xds.v1.ReportSeq
+	(*WorkerLoad)(nil),      // 16: kvrelay.xds.v1.WorkerLoad
+	(*LoadReportAck)(nil),   // 17: kvrelay.xds.v1.LoadReportAck
+	nil,                     // 18: kvrelay.xds.v1.Plugin.ParamsEntry
 }
 var file_kvrelay_proto_depIdxs = []int32{
 	0,  // 0: kvrelay.xds.v1.Worker.role:type_name -> kvrelay.xds.v1.Role
-	3,  // 1: kvrelay.xds.v1.Worker.load:type_name -> kvrelay.xds.v1.Load
-	2,  // 2: kvrelay.xds.v1.Worker.kv_tiers:type_name -> kvrelay.xds.v1.KVTiers
-	13, // 3: kvrelay.xds.v1.Load.reports:type_name -> kvrelay.xds.v1.ReportSeq
-	4,  // 4: kvrelay.xds.v1.RoutingPolicy.candidate:type_name -> kvrelay.xds.v1.RoutingPolicy
-	5,  // 5: kvrelay.xds.v1.RoutingPolicy.profile:type_name -> kvrelay.xds.v1.Profile
-	6,  // 6: kvrelay.xds.v1.Profile.filters:type_name -> kvrelay.xds.v1.Plugin
-	6,  // 7: kvrelay.xds.v1.Profile.scorers:type_name -> kvrelay.xds.v1.Plugin
-	6,  // 8: kvrelay.xds.v1.Profile.picker:type_name -> kvrelay.xds.v1.Plugin
-	6,  // 9: kvrelay.xds.v1.Profile.spread:type_name -> kvrelay.xds.v1.Plugin
-	16, // 10: kvrelay.xds.v1.Plugin.params:type_name -> kvrelay.xds.v1.Plugin.ParamsEntry
-	14, // 11: kvrelay.xds.v1.LoadReport.workers:type_name -> kvrelay.xds.v1.WorkerLoad
-	12, // 12: kvrelay.xds.v1.LoadReport.arms:type_name -> kvrelay.xds.v1.ArmReport
-	10, // 13: kvrelay.xds.v1.LoadReport.decisions:type_name -> kvrelay.xds.v1.DecisionSample
-	11, // 14: kvrelay.xds.v1.DecisionSample.candidates:type_name -> kvrelay.xds.v1.CandidateSample
-	7,  // 15: kvrelay.xds.v1.IndexJournal.Stream:input_type -> kvrelay.xds.v1.JournalAck
-	9,  // 16: kvrelay.xds.v1.LoadReporting.Report:input_type -> kvrelay.xds.v1.LoadReport
-	8,  // 17: kvrelay.xds.v1.IndexJournal.Stream:output_type -> kvrelay.xds.v1.JournalBatch
-	15, // 18: kvrelay.xds.v1.LoadReporting.Report:output_type -> kvrelay.xds.v1.LoadReportAck
-	17, // [17:19] is the sub-list for method output_type
-	15, // [15:17] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	5,  // 1: kvrelay.xds.v1.Worker.load:type_name -> kvrelay.xds.v1.Load
+	4,  // 2: kvrelay.xds.v1.Worker.kv_tiers:type_name -> kvrelay.xds.v1.KVTiers
+	2,  // 3: kvrelay.xds.v1.Worker.fit:type_name -> kvrelay.xds.v1.LatencyFit
+	0,  // 4: kvrelay.xds.v1.LatencyFit.role:type_name -> kvrelay.xds.v1.Role
+	3,  // 5: kvrelay.xds.v1.LatencyFit.workers:type_name -> kvrelay.xds.v1.WorkerFit
+	15, // 6: kvrelay.xds.v1.Load.reports:type_name -> kvrelay.xds.v1.ReportSeq
+	6,  // 7: kvrelay.xds.v1.RoutingPolicy.candidate:type_name -> kvrelay.xds.v1.RoutingPolicy
+	7,  // 8: kvrelay.xds.v1.RoutingPolicy.profile:type_name -> kvrelay.xds.v1.Profile
+	8,  // 9: kvrelay.xds.v1.Profile.filters:type_name -> kvrelay.xds.v1.Plugin
+	8,  // 10: kvrelay.xds.v1.Profile.scorers:type_name -> kvrelay.xds.v1.Plugin
+	8,  // 11: kvrelay.xds.v1.Profile.picker:type_name -> kvrelay.xds.v1.Plugin
+	8,  // 12: kvrelay.xds.v1.Profile.spread:type_name -> kvrelay.xds.v1.Plugin
+	18, // 13: kvrelay.xds.v1.Plugin.params:type_name -> kvrelay.xds.v1.Plugin.ParamsEntry
+	16, // 14: kvrelay.xds.v1.LoadReport.workers:type_name -> kvrelay.xds.v1.WorkerLoad
+	14, // 15: kvrelay.xds.v1.LoadReport.arms:type_name -> kvrelay.xds.v1.ArmReport
+	12, // 16: kvrelay.xds.v1.LoadReport.decisions:type_name -> kvrelay.xds.v1.DecisionSample
+	2,  // 17: kvrelay.xds.v1.LoadReport.fits:type_name -> kvrelay.xds.v1.LatencyFit
+	13, // 18: kvrelay.xds.v1.DecisionSample.candidates:type_name -> kvrelay.xds.v1.CandidateSample
+	9,  // 19: kvrelay.xds.v1.IndexJournal.Stream:input_type -> kvrelay.xds.v1.JournalAck
+	11, // 20: kvrelay.xds.v1.LoadReporting.Report:input_type -> kvrelay.xds.v1.LoadReport
+	10, // 21: kvrelay.xds.v1.IndexJournal.Stream:output_type -> kvrelay.xds.v1.JournalBatch
+	17, // 22: kvrelay.xds.v1.LoadReporting.Report:output_type -> kvrelay.xds.v1.LoadReportAck
+	21, // [21:23] is the sub-list for method output_type
+	19, // [19:21] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_kvrelay_proto_init() }
@@ -1974,14 +2228,14 @@ func file_kvrelay_proto_init() {
 	if File_kvrelay_proto != nil {
 		return
 	}
-	file_kvrelay_proto_msgTypes[3].OneofWrappers = []any{}
+	file_kvrelay_proto_msgTypes[5].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvrelay_proto_rawDesc), len(file_kvrelay_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   16,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -1,0 +1,96 @@
+package controlplane_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"math"
+	"net/http"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/kvrelay/kvrelay/dataplane/latency"
+)
+
+// streamChat sends a streamed chat completion (what teaches a proxy's latency model) and
+// reads it to its end.
+func streamChat(t *testing.T, base, system, user string) {
+	t.Helper()
+	body, _ := json.Marshal(map[string]any{
+		"model": model, "max_tokens": 8, "stream": true,
+		"messages": []map[string]string{{"role": "system", "content": system}, {"role": "user", "content": user}},
+	})
+	resp, err := http.Post(base+"/v1/chat/completions", "application/json", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("streamed chat: %d", resp.StatusCode)
+	}
+}
+
+// TestProxiesShareWhatTheyLearn: what one proxy's latency model learns from the requests it
+// routes reaches the control plane in its load reports, is pooled, and is pushed back with
+// the workers: a proxy that starts later, and has routed nothing, predicts with the first
+// one's coefficients and knows each worker's speed, instead of starting from the prior.
+func TestProxiesShareWhatTheyLearn(t *testing.T) {
+	c := newCluster(t, 2)
+	p0 := c.addProxy(c.xds)
+	waitWorkers(t, p0, 2)
+	// Until the first proxy's model of the workers (as they are now: a worker whose model
+	// name arrives after it joined gets a model of that name afresh) has learned 20 first
+	// tokens.
+	var learned latency.Fit
+	for i := 0; learned.TTFTObs < 20; i++ {
+		if i == 400 {
+			t.Fatalf("the first proxy's model learned %d first tokens from %d requests", learned.TTFTObs, i)
+		}
+		streamChat(t, "http://"+p0.Addr(), family(i%6), "question "+strconv.Itoa(i))
+		learned = p0.Workers()[0].Latency().Model().Fit()
+	}
+	p1 := c.addProxy(c.xds)
+	waitWorkers(t, p1, 2)
+	// The fits go out every few seconds, and the pool is pushed with the workers' next
+	// update.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		got := p1.Workers()[0].Latency().Model().Fit()
+		if got.TTFTObs == 0 && near(got.Theta[:], learned.Theta[:]) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the second proxy's coefficients %v, want the first one's %v (its own first tokens: %d)", got.Theta, learned.Theta, got.TTFTObs)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	// And each worker's own figures, which the second proxy has seen nothing of.
+	for _, w := range p1.Workers() {
+		var first proxyWorkerFit
+		for _, w0 := range p0.Workers() {
+			if w0.ID == w.ID {
+				first = proxyWorkerFit(w0.Latency().Fit().Occupancy)
+			}
+		}
+		got := w.Latency().Fit()
+		if got.Obs != 0 || !near([]float64{got.Occupancy}, []float64{float64(first)}) {
+			t.Errorf("worker %s: the second proxy's occupancy %v (own first tokens %d), want the first one's %v", w.ID, got.Occupancy, got.Obs, float64(first))
+		}
+	}
+}
+
+// proxyWorkerFit is a worker's slot occupancy as one proxy learned it.
+type proxyWorkerFit float64
+
+// near reports whether a and b agree within the pool's rounding (two significant digits)
+// and the first proxy's learning since it reported.
+func near(a, b []float64) bool {
+	for i := range a {
+		if math.Abs(a[i]-b[i]) > 0.1*math.Max(math.Abs(b[i]), 0.01) {
+			return false
+		}
+	}
+	return true
+}
