@@ -219,7 +219,16 @@ func TestRolloutRollsBackACacheBlindCandidate(t *testing.T) {
 
 // TestRolloutPromotesABetterCandidate: against a round-robin stable policy the cache-aware
 // default wins its step and becomes the stable policy under its own version.
+//
+// The workers compute at the modelled speed (speedup 1), so that a prompt's uncached
+// prefill takes tens of milliseconds longer than a cached one and the candidate's TTFT is
+// lower for the cache it finds. At the harness's speedup of 50 that gain is about a
+// millisecond, under the scheduling noise of a loaded machine, where the candidate's
+// cache affinity (turns of a conversation queued on one worker) could leave its TTFT p90
+// above 1.10 × the stable one's with the rank test calling it slower, and the step failed.
 func TestRolloutPromotesABetterCandidate(t *testing.T) {
+	defer func(s float64) { workerSpeedup = s }(workerSpeedup)
+	workerSpeedup = 1
 	c, bases := rolloutCluster(t, 3, nil)
 	if code, r := c.api("PUT", "/v1/policy", `{"policy": "round-robin"}`, true); code != 200 {
 		t.Fatalf("setting the stable policy: %d %v", code, r)
