@@ -267,7 +267,19 @@ func TestRolloutSurvivesAControlPlaneRestart(t *testing.T) {
 		t.Fatalf("starting: %d %v", code, r)
 	}
 	sv, cv := jsonUint(r["stable_version"]), jsonUint(r["candidate_version"])
-	waitPolicy(t, c.proxies[0], sv)
+	// The proxy had the stable version before the rollout began: wait for the candidate
+	// itself, or the control plane may close before the proxy hears of it.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if st, _ := c.proxies[0].XDSStats(); st.PolicyVersion == sv && st.CandidateVersion == cv && st.CandidateShare == 0.25 {
+			break
+		}
+		if time.Now().After(deadline) {
+			st, _ := c.proxies[0].XDSStats()
+			t.Fatalf("the proxy never applied the rollout's split: %+v, want policy %d with candidate %d at 0.25", st, sv, cv)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	addr := c.xds
 	if err := c.cp.Close(); err != nil {
 		t.Fatal(err)
@@ -292,7 +304,7 @@ func TestRolloutSurvivesAControlPlaneRestart(t *testing.T) {
 	if p["candidate"] != nil || jsonUint(p["version"]) != sv {
 		t.Fatalf("after the abort the policy is %v", p)
 	}
-	deadline := time.Now().Add(10 * time.Second)
+	deadline = time.Now().Add(10 * time.Second)
 	for {
 		if st, _ := c.proxies[0].XDSStats(); st.CandidateVersion == 0 {
 			break
