@@ -133,8 +133,8 @@ func TestLeaderHandoverSharesState(t *testing.T) {
 	})
 
 	// Requests all along, from two clients: none may fail.
-	stop := clients(t, "http://"+p.Addr(), "the handover")
-	time.Sleep(300 * time.Millisecond)
+	load := clients(t, "http://"+p.Addr(), "the handover")
+	load.await(10, "before the leader stopped")
 	stopped := time.Now()
 	_ = lead.c.cp.Close()
 	eventually("the follower takes over", lease+time.Second, follow.e.Leading)
@@ -160,9 +160,9 @@ func TestLeaderHandoverSharesState(t *testing.T) {
 		t.Fatalf("after the abort the policy is %v, want the stable one at version %d", pol, version)
 	}
 	waitPolicy(t, p, version)
-	time.Sleep(300 * time.Millisecond)
-	sent, failed := stop()
-	if sent < 20 || failed != 0 {
+	load.await(10, "after the abort")
+	sent, failed := load.stop()
+	if failed != 0 {
 		t.Fatalf("%d of %d requests failed across the handover", failed, sent)
 	}
 	t.Logf("%d requests through the handover, none failed", sent)
@@ -180,7 +180,7 @@ func TestReplicasShareArms(t *testing.T) {
 	if code != 200 || out["state"] != "shadow" {
 		t.Fatalf("starting a rollout: %d %v", code, out)
 	}
-	stop := clients(t, "http://"+p.Addr(), "the rollout")
+	load := clients(t, "http://"+p.Addr(), "the rollout")
 	stableRequests := func(r haReplica) uint64 {
 		code, got := r.c.api("GET", "/v1/rollout", "", true)
 		cur, _ := got["current"].(map[string]any)
@@ -196,7 +196,7 @@ func TestReplicasShareArms(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	sent, failed := stop()
+	sent, failed := load.stop()
 	if failed != 0 {
 		t.Fatalf("%d of %d requests failed", failed, sent)
 	}

@@ -13,7 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -462,32 +462,47 @@ func delayRelay(t *testing.T, target string, delay time.Duration) string {
 	return relay(t, func() (net.Conn, error) { return net.Dial("tcp", target) }, pipe)
 }
 
+// TestNoControlPlaneCallOnTheRequestPath: a proxy whose control plane is 250 ms away (half a
+// second a round trip) serves requests as fast as one beside it. Requests alternate between
+// the two proxies, so that a loaded machine slows both alike, and the margin allowed is half
+// of what one round trip on the request path would add: the scheduling noise of a loaded
+// machine (a p90 tens of milliseconds apart between two runs of 100) stays well under it.
 func TestNoControlPlaneCallOnTheRequestPath(t *testing.T) {
+	const away = 250 * time.Millisecond
 	c := newCluster(t, 2)
 	near := c.addProxy(c.xds)
-	far := c.addProxy(delayRelay(t, c.xds, 50*time.Millisecond))
+	far := c.addProxy(delayRelay(t, c.xds, away))
 	waitWorkers(t, near, 2)
 	waitWorkers(t, far, 2)
-	latencies := func(p *proxy.Server) (p50, p90, p99 time.Duration) {
-		var ds []time.Duration
+	latencies := func() (ns, fs []time.Duration) {
 		for i := range 100 {
-			t0 := time.Now()
-			if r := chat(t, "http://"+p.Addr(), "short system prompt", "question "+strconv.Itoa(i)); r.status != 200 {
-				t.Fatalf("status %d: %s", r.status, r.body)
+			for _, p := range []*proxy.Server{near, far} {
+				t0 := time.Now()
+				if r := chat(t, "http://"+p.Addr(), "short system prompt", "question "+strconv.Itoa(i)); r.status != 200 {
+					t.Fatalf("status %d: %s", r.status, r.body)
+				}
+				if p == near {
+					ns = append(ns, time.Since(t0))
+				} else {
+					fs = append(fs, time.Since(t0))
+				}
 			}
-			ds = append(ds, time.Since(t0))
 		}
-		sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
+		return ns, fs
+	}
+	pct := func(ds []time.Duration) (p50, p90, p99 time.Duration) {
+		slices.Sort(ds)
 		return ds[len(ds)/2], ds[len(ds)*9/10], ds[len(ds)*99/100]
 	}
-	latencies(near) // warm both paths
-	latencies(far)
-	n50, n90, n99 := latencies(near)
-	f50, f90, f99 := latencies(far)
-	t.Logf("request latency: control plane near p50 %v p90 %v p99 %v; 50 ms away p50 %v p90 %v p99 %v", n50, n90, n99, f50, f90, f99)
-	// A control-plane round trip on the request path would add 100 ms to every request.
-	if f50 >= 25*time.Millisecond || f90 > n90+25*time.Millisecond {
-		t.Fatalf("a control plane 50 ms away slows requests: p50 %v p90 %v (near: %v, %v)", f50, f90, n50, n90)
+	latencies() // warm both paths
+	ns, fs := latencies()
+	n50, n90, n99 := pct(ns)
+	f50, f90, f99 := pct(fs)
+	t.Logf("request latency: control plane near p50 %v p90 %v p99 %v; %v away p50 %v p90 %v p99 %v", n50, n90, n99, away, f50, f90, f99)
+	// A control-plane round trip on the request path would add 2 × away to every request
+	// that made one.
+	if f50 > n50+away || f90 > n90+away {
+		t.Fatalf("a control plane %v away slows requests: p50 %v p90 %v (near: %v, %v)", away, f50, f90, n50, n90)
 	}
 }
 

@@ -49,8 +49,8 @@ func TestReplicaDeathMovesProxies(t *testing.T) {
 	before, _ := p.XDSStats()
 
 	// Requests all along, from two clients: none may fail.
-	stop := clients(t, "http://"+p.Addr(), "the failover")
-	time.Sleep(300 * time.Millisecond)
+	load := clients(t, "http://"+p.Addr(), "the failover")
+	load.await(10, "before the kill")
 	killed := time.Now()
 	_ = a.Close()
 
@@ -70,8 +70,8 @@ func TestReplicaDeathMovesProxies(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	time.Sleep(300 * time.Millisecond)
-	if sent, failed := stop(); sent < 20 || failed != 0 {
+	load.await(10, "after the move")
+	if sent, failed := load.stop(); failed != 0 {
 		t.Fatalf("%d of %d requests failed across the failover", failed, sent)
 	}
 	// Routing still follows the index: each family goes to a worker that caches its prompt
@@ -86,33 +86,56 @@ func TestReplicaDeathMovesProxies(t *testing.T) {
 }
 
 // clients sends chat requests through the proxy at base from two clients, each cycling
-// through the four prompt families, until stop; a request that is not answered 200 is a
-// test error naming what the requests run across. stop returns how many were sent and how
-// many of them failed.
-func clients(t *testing.T, base, across string) (stop func() (sent, failed int64)) {
-	var nsent, nfailed atomic.Int64
+// through the four prompt families, until stopped; a request that is not answered 200 is a
+// test error naming what the requests run across.
+func clients(t *testing.T, base, across string) *clientLoad {
 	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
+	l := &clientLoad{t: t, cancel: cancel}
 	// A test that fails before it stops them stops them on its way out, before the proxy
 	// they send to closes (cleanups run last registered first): a client must not report
 	// to a test that has ended.
-	t.Cleanup(func() { cancel(); wg.Wait() })
+	t.Cleanup(func() { cancel(); l.wg.Wait() })
 	for g := range 2 {
-		wg.Go(func() {
+		l.wg.Go(func() {
 			for i := 0; ctx.Err() == nil; i++ {
 				f := (i + g) % 4
 				r := chat(t, base, family(f), "request "+strconv.Itoa(i))
-				nsent.Add(1)
+				l.sent.Add(1)
 				if r.status != 200 {
-					nfailed.Add(1)
+					l.failed.Add(1)
 					t.Errorf("family %d during %s: status %d: %s", f, across, r.status, r.body)
 				}
 			}
 		})
 	}
-	return func() (int64, int64) {
-		cancel()
-		wg.Wait()
-		return nsent.Load(), nfailed.Load()
+	return l
+}
+
+// clientLoad is the requests of clients.
+type clientLoad struct {
+	t            *testing.T
+	sent, failed atomic.Int64 // answered, and of those not with 200
+	cancel       context.CancelFunc
+	wg           sync.WaitGroup
+}
+
+// await waits until the clients have had n more requests answered than when it was
+// called: requests on either side of an event, however fast a loaded machine serves them.
+func (l *clientLoad) await(n int64, when string) {
+	l.t.Helper()
+	const within = 30 * time.Second
+	target := l.sent.Load() + n
+	for deadline := time.Now().Add(within); l.sent.Load() < target; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			l.t.Fatalf("%d requests answered %s, not %d within %v", n-(target-l.sent.Load()), when, n, within)
+		}
 	}
+}
+
+// stop stops the clients and returns how many requests were answered and how many of
+// them failed.
+func (l *clientLoad) stop() (sent, failed int64) {
+	l.cancel()
+	l.wg.Wait()
+	return l.sent.Load(), l.failed.Load()
 }

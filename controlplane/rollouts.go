@@ -41,8 +41,8 @@ var errRolloutNotFound = errors.New("no rollout has run: kvrelay ctl policy roll
 // use.
 type rollouts struct {
 	s      *Server
-	now    func() time.Time
-	settle time.Duration // Options.RolloutSettle
+	now    func() time.Time // Options.RolloutClock
+	settle time.Duration    // Options.RolloutSettle
 
 	mu      sync.Mutex
 	cur     *rolloutRecord // the running or latest rollout; nil before the first
@@ -52,7 +52,7 @@ type rollouts struct {
 
 // loadRollout reads the latest rollout from the store.
 func (s *Server) loadRollout() (*rollouts, error) {
-	c := &rollouts{s: s, now: time.Now, settle: s.opts.RolloutSettle}
+	c := &rollouts{s: s, now: s.opts.RolloutClock, settle: s.opts.RolloutSettle}
 	rec, err := s.storedRollout()
 	if err != nil {
 		return nil, err

@@ -95,6 +95,12 @@ type Options struct {
 	// RolloutSettle how long after a start it waits for every proxy's load report before
 	// it judges (default 3 s; a partial sum would look like proxies that restarted).
 	RolloutInterval, RolloutSettle time.Duration
+	// RolloutClock is the rollout controller's clock (default time.Now): the time a step
+	// has run, the settle after a start, and the times a rollout records. Its ticks still
+	// come every RolloutInterval of real time. A test that advances a clock of its own ends
+	// each step after the requests it waited for, not after however many a loaded machine
+	// served in a stretch of wall time.
+	RolloutClock func() time.Time
 	// LoadRefresh is the longest the workers go unpublished while the control plane runs
 	// (default 1 s): each publish carries every worker's latest observation time, so a
 	// proxy can tell a steady load from a control plane that stopped (its pushed load then
@@ -209,6 +215,9 @@ func New(opts Options) (*Server, error) {
 	}
 	if opts.RolloutSettle <= 0 {
 		opts.RolloutSettle = 3 * time.Second
+	}
+	if opts.RolloutClock == nil {
+		opts.RolloutClock = time.Now
 	}
 	if opts.LoadRefresh <= 0 {
 		opts.LoadRefresh = time.Second

@@ -1029,29 +1029,44 @@ func TestMetricsOffTheClientPort(t *testing.T) {
 // A worker that streams to one client but does not start answering another within the
 // first-byte timeout is busy, not hung: the request moves to another worker and the busy
 // one stays in rotation.
+//
+// The busy worker streams an event every 20 ms until the test ends, and the first-byte
+// timeout is 1 s: the proxy reads the worker as silent (hung) only if it hears nothing of
+// the stream for 50 events' time, where a loaded machine stalled it past the 300 ms (six
+// events) allowed before. The stream has no fixed length, so it still flows at the fourth
+// request's timeout however slowly the requests go; the timeout also gives the good worker
+// time to start answering a moved request on a loaded machine.
 func TestFirstByteTimeoutMovesWithoutEjectingABusyWorker(t *testing.T) {
+	done := make(chan struct{})
 	busyURL := fakeEngine(t, func(conn net.Conn, _ *bufio.Reader, req *http.Request) {
 		body, _ := io.ReadAll(req.Body)
 		if !bytes.Contains(body, []byte(`"stream":true`)) {
-			time.Sleep(3 * time.Second) // queued behind the stream: no answer in time
+			<-done // queued behind the stream: no answer in time
 			return
 		}
 		io.WriteString(conn, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
-		for range 60 {
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				io.WriteString(conn, "0\r\n\r\n")
+				return
+			case <-tick.C:
+			}
 			ev := `data: {"id":"x","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"t"},"finish_reason":null}]}` + "\n\n"
 			if _, err := fmt.Fprintf(conn, "%x\r\n%s\r\n", len(ev), ev); err != nil {
 				return
 			}
-			time.Sleep(50 * time.Millisecond)
 		}
-		io.WriteString(conn, "0\r\n\r\n")
 	})
 	good := startWorker(t, nil)
 	p := startProxy(t, []string{busyURL, good.URL()}, func(cfg *proxy.Config) {
 		cfg.Policy = "round-robin"
-		cfg.FirstByteTimeout = 300 * time.Millisecond
+		cfg.FirstByteTimeout = time.Second
 		cfg.EjectAfter = 5
 	})
+	defer close(done) // before the cleanups close the engine and the proxy
 	base := "http://" + p.Addr()
 	resp, err := http.Post(base+"/v1/chat/completions", "application/json", strings.NewReader(chatBody("s", "u", 60, true)))
 	if err != nil || resp.Header.Get("x-kvrelay-worker") != "w0" {

@@ -148,19 +148,26 @@ func TestSlowClientGetsAnswerAfterEngineCloses(t *testing.T) {
 // TestNeverReadingClientFreesTheEngine: a client that stops reading a slow, endless stream
 // (a real engine's tokens: too few bytes to pass MaxBufferedResponse soon) is cut off after
 // the stall timeout, and the engine's connection is closed, which cancels its request.
+//
+// The proxy pauses the stream once the socket buffers towards the client are full (some
+// megabytes: about 2 s of this stream) and cuts it off ClientStallTimeout later. The engine
+// keeps its pace of 2 MB/s by the clock, an event every 2 ms caught up after an overslept
+// one, so that a loaded machine waking its loop late does not stretch the filling; and the
+// test gives it 20 s, where it allowed 5 s and a loaded machine took longer.
 func TestNeverReadingClientFreesTheEngine(t *testing.T) {
 	engineGone := make(chan struct{})
 	payload := strings.Repeat("y", 4000)
 	url := fakeEngine(t, func(conn net.Conn, _ *bufio.Reader, _ *http.Request) {
 		io.WriteString(conn, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+		start := time.Now()
 		for i := 0; ; i++ {
 			ev := fmt.Sprintf(`data: {"choices":[{"index":0,"delta":{"content":"%d %s"}}]}`+"\n\n", i, payload)
-			conn.SetWriteDeadline(time.Now().Add(20 * time.Second))
+			conn.SetWriteDeadline(time.Now().Add(30 * time.Second))
 			if _, err := fmt.Fprintf(conn, "%x\r\n%s\r\n", len(ev), ev); err != nil {
 				close(engineGone)
 				return
 			}
-			time.Sleep(2 * time.Millisecond)
+			time.Sleep(time.Until(start.Add(time.Duration(i+1) * 2 * time.Millisecond)))
 		}
 	})
 	p := startProxy(t, []string{url}, func(cfg *proxy.Config) {
@@ -179,8 +186,8 @@ func TestNeverReadingClientFreesTheEngine(t *testing.T) {
 	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
 	select {
 	case <-engineGone:
-	case <-time.After(5 * time.Second):
-		t.Fatal("the engine still streams to a client that stopped reading 5 s ago")
+	case <-time.After(20 * time.Second):
+		t.Fatal("the engine still streams to a client that stopped reading 20 s ago")
 	}
 	if _, m := get(t, "http://"+p.Addr()+"/metrics"); !strings.Contains(m, `kvrelay_proxy_aborted_requests_total{reason="slow_client"} 1`) {
 		t.Error("the cut-off was not counted as slow_client")

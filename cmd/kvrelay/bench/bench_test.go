@@ -270,7 +270,10 @@ func TestBreakdown(t *testing.T) {
 }
 
 // TestShortCompare runs bench compare end to end at high speedup: two policies, a fresh
-// local cluster each, the identical stream, results written.
+// local cluster each, the identical stream, results written. One client sends the stream
+// (concurrency 1), so that which worker a request finds idle or busy, and so where a
+// load-aware policy sends it, does not depend on how fast a loaded machine serves the ones
+// before it.
 func TestShortCompare(t *testing.T) {
 	tok, err := tokenizer.New("o200k_harmony")
 	if err != nil {
@@ -281,7 +284,7 @@ func TestShortCompare(t *testing.T) {
 	co := CompareOptions{
 		Workload: "prefix-groups:groups=3,prompt=256,user=16,requests=24,rate=10,osl=8",
 		Seed:     3, Policies: []string{"kv", "round-robin"}, Cluster: cc,
-		Run: Options{Speedup: 10}, SLO: DefaultSLO,
+		Run: Options{Speedup: 10, Concurrency: 1}, SLO: DefaultSLO,
 	}
 	rs, err := Compare(context.Background(), co, tok)
 	if err != nil {
@@ -311,11 +314,11 @@ func TestShortCompare(t *testing.T) {
 			t.Errorf("%s: no request has ideal cached tokens", r.Label)
 		}
 	}
-	// Three prefix groups on two workers: kv keeps each group on one worker. Under the race
-	// detector on a loaded machine a group's first requests may all arrive before its KV
-	// events reach the proxy, hence a little slack.
+	// Three prefix groups on two workers: kv keeps each group on the worker the proxy placed
+	// its first request on (its own record of the placement, before any KV event), where
+	// round-robin computes each group's prefix once on each worker.
 	t.Logf("hit rate kv %.2f round-robin %.2f", rs[0].Summary.HitRate, rs[1].Summary.HitRate)
-	if rs[0].Summary.HitRate < rs[1].Summary.HitRate-0.05 {
+	if rs[0].Summary.HitRate <= rs[1].Summary.HitRate {
 		t.Errorf("kv hit rate %.2f below round-robin's %.2f", rs[0].Summary.HitRate, rs[1].Summary.HitRate)
 	}
 	dir := t.TempDir()
