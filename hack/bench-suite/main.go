@@ -65,7 +65,7 @@ func run() error {
 	cfg.Name = "hack/bench-suite"
 	all := suite()
 	var workloads, engines, routers, policyArgs, proxyArgs string
-	var list bool
+	var list, summarizeOnly bool
 	flag.IntVar(&cfg.runs, "runs", 3, "rounds; each runs every workload on every engine kind with every router, interleaved")
 	flag.StringVar(&workloads, "workloads", strings.Join(rowNames(all), ","), "workloads of the suite to run")
 	flag.StringVar(&engines, "engines", strings.Join(bh.AllEngines, ","), "engine kinds: llmd (llm-d-inference-sim), kvrelay (kvrelay sim)")
@@ -73,6 +73,7 @@ func run() error {
 	flag.BoolVar(&cfg.resume, "resume", false, "skip the runs whose results --out already holds for the same workload, engines and kvrelay commit")
 	flag.BoolVar(&cfg.quick, "quick", false, "shrink every workload to a few requests (a smoke test of the harness, not a measurement; no summary under --results unless given)")
 	flag.BoolVar(&list, "list", false, "print the suite's workloads and settings, and exit")
+	flag.BoolVar(&summarizeOnly, "summarize", false, "run nothing: rebuild the summary from the completed runs --out holds (of one kvrelay commit), into --out and --results")
 	flag.StringVar(&cfg.Model, "model", "Qwen/Qwen3-8B", "model every engine serves")
 	flag.StringVar(&cfg.Out, "out", "out/bench-suite", "raw results, logs and metrics of every run (runs/<workload>/<engine>/<router>/round<N>/)")
 	flag.StringVar(&cfg.results, "results", "hack/bench-suite/results", "where the summary is written, in <date>-<commit>/ (empty: only --out)")
@@ -139,6 +140,9 @@ func run() error {
 	if list {
 		fmt.Print(describeSuite(cfg.rows))
 		return nil
+	}
+	if summarizeOnly {
+		return cfg.resummarize()
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
@@ -352,6 +356,76 @@ func checkRows(rows []row, seed uint64) error {
 				}
 			}
 		}
+	}
+	return nil
+}
+
+// resummarize rebuilds the summary from the completed runs in cfg.Out, as the suite would
+// have written it at their end: the kvrelay commit is the one the runs recorded, the peers'
+// versions and the wall time those of the summary the runs left in cfg.Out. Figures the
+// harness reads from a run's saved metrics (the latency model's prediction error) are read
+// again, so runs collected before the harness read them get them too.
+func (cfg *config) resummarize() error {
+	var prev Summary
+	b, err := os.ReadFile(filepath.Join(cfg.Out, "summary.json"))
+	if err != nil {
+		return fmt.Errorf("--summarize: %w (it names the peers' versions)", err)
+	}
+	if err := json.Unmarshal(b, &prev); err != nil {
+		return fmt.Errorf("--summarize: %s: %w", filepath.Join(cfg.Out, "summary.json"), err)
+	}
+	var results []*bh.RunResult
+	versions := map[string]bool{}
+	for _, rw := range cfg.rows {
+		for _, engine := range cfg.engines {
+			for _, router := range cfg.routers {
+				for round := 1; ; round++ {
+					r := cfg.runFor(round, rw, engine, router)
+					b, err := os.ReadFile(filepath.Join(r.Dir, "run.json"))
+					if err != nil {
+						break
+					}
+					var was runSpec
+					if json.Unmarshal(b, &was) != nil || was != specOf(r, was.Version) {
+						fmt.Fprintf(os.Stderr, "bench-suite: %s ran another spec or fleet; left out\n", r.Dir)
+						continue
+					}
+					var res bh.RunResult
+					b, err = os.ReadFile(filepath.Join(r.Dir, "summary.json"))
+					if err != nil || json.Unmarshal(b, &res) != nil {
+						continue // did not finish
+					}
+					if res.Extra == nil {
+						res.Extra = map[string]float64{}
+					}
+					if _, ok := res.Extra["ttft_rel_error_p50"]; !ok {
+						bh.PredictionErrorOf(r.Dir, res.Extra)
+					}
+					versions[was.Version] = true
+					results = append(results, &res)
+				}
+			}
+		}
+	}
+	if len(versions) != 1 {
+		return fmt.Errorf("--summarize: %d completed runs of %d kvrelay commits in %s; want one", len(results), len(versions), cfg.Out)
+	}
+	for v := range versions {
+		cfg.Version = v
+	}
+	cfg.peerVersion = prev.Versions
+	start := time.Now().Add(-time.Duration(prev.WallS * float64(time.Second)))
+	md, err := cfg.writeSummary(results, prev.Skipped, start, cfg.Out)
+	if err != nil {
+		return err
+	}
+	fmt.Print(md)
+	if cfg.results != "" {
+		dir := filepath.Join(cfg.results, time.Now().UTC().Format("2006-01-02")+"-"+cfg.Version)
+		if _, err := cfg.writeSummary(results, prev.Skipped, start, dir); err != nil {
+			return err
+		}
+		fmt.Fprintf(os.Stderr, "summary in %s\n", dir)
 	}
 	return nil
 }

@@ -149,3 +149,73 @@ func TestResume(t *testing.T) {
 		t.Fatal("a rerun kept the previous summary.json")
 	}
 }
+
+// TestResummarize: --summarize rebuilds the summary from the finished runs of one commit,
+// reads the latency model's prediction error from a run's saved proxy metrics, leaves out
+// unfinished runs, and refuses runs of two commits.
+func TestResummarize(t *testing.T) {
+	out := t.TempDir()
+	rows := suite()[:1]
+	cfg := &config{rows: rows, engines: []string{bh.EngineLLMD}, routers: []string{bh.RouterRoundRobin, defaultRouter}, runs: 1}
+	cfg.Out, cfg.Seed = out, 1
+	prev, _ := json.Marshal(Summary{Versions: map[string]string{"epp": "v9"}, WallS: 60})
+	if err := os.WriteFile(filepath.Join(out, "summary.json"), prev, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	finish := func(router string, round int, version string, res *bh.RunResult, metrics string) {
+		r := cfg.runFor(round, rows[0], bh.EngineLLMD, router)
+		if err := writeRunSpec(r, kind{}, version); err != nil {
+			t.Fatal(err)
+		}
+		if res != nil {
+			b, _ := json.Marshal(res)
+			if err := os.WriteFile(filepath.Join(r.Dir, "summary.json"), b, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if metrics != "" {
+			if err := os.WriteFile(filepath.Join(r.Dir, "proxy-metrics.txt"), []byte(metrics), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	const metrics = `# TYPE kvrelay_proxy_ttft_prediction_relative_error histogram
+kvrelay_proxy_ttft_prediction_relative_error_bucket{worker="e1",le="0.1"} 50
+kvrelay_proxy_ttft_prediction_relative_error_bucket{worker="e1",le="0.5"} 90
+kvrelay_proxy_ttft_prediction_relative_error_bucket{worker="e1",le="+Inf"} 100
+kvrelay_proxy_ttft_prediction_relative_error_sum 20
+kvrelay_proxy_ttft_prediction_relative_error_count 100
+`
+	finish(bh.RouterRoundRobin, 1, "abc", &bh.RunResult{Run: 1, Workload: rows[0].name, Engine: bh.EngineLLMD, Router: bh.RouterRoundRobin, OK: 2, Requests: 2, TTFTP50: 100, TTFTP90: 200, TTFTP99: 300, HitRate: 0.5}, "")
+	finish(defaultRouter, 1, "abc", &bh.RunResult{Run: 1, Workload: rows[0].name, Engine: bh.EngineLLMD, Router: defaultRouter, OK: 2, Requests: 2, TTFTP50: 90, TTFTP90: 150, TTFTP99: 330, HitRate: 0.6}, metrics)
+	finish(defaultRouter, 2, "abc", nil, "") // did not finish
+	cfg.results = ""
+	if err := cfg.resummarize(); err != nil {
+		t.Fatal(err)
+	}
+	var s Summary
+	b, _ := os.ReadFile(filepath.Join(out, "summary.json"))
+	if err := json.Unmarshal(b, &s); err != nil {
+		t.Fatal(err)
+	}
+	if s.Commit != "abc" || s.Versions["epp"] != "v9" || len(s.Cells) != 1 {
+		t.Fatalf("summary %+v", s)
+	}
+	c := s.Cells[0]
+	if v := c.VsBest["ttft_p90"]; v == nil || v.Best != bh.RouterRoundRobin || math.Abs(*v.Ratio.Median-0.75) > 1e-9 {
+		t.Fatalf("p90 against the best other: %+v", v)
+	}
+	for _, r := range c.Routers {
+		if r.Router == defaultRouter && (r.Runs != 1 || r.PredErrP50.N != 1 || math.Abs(*r.PredErrP50.Median-0.1) > 1e-9 || math.Abs(*r.PredErrP90.Median-0.5) > 1e-9) {
+			t.Fatalf("default router's prediction error: %+v %+v (runs %d)", r.PredErrP50, r.PredErrP90, r.Runs)
+		}
+	}
+	if md, _ := os.ReadFile(filepath.Join(out, "summary.md")); !strings.Contains(string(md), "10.0% / 50.0%") {
+		t.Fatalf("summary.md lacks the prediction error:\n%s", md)
+	}
+	// A finished run of another commit makes the summary ambiguous.
+	finish(defaultRouter, 2, "def", &bh.RunResult{Run: 2, Workload: rows[0].name, Engine: bh.EngineLLMD, Router: defaultRouter, OK: 2, Requests: 2}, "")
+	if err := cfg.resummarize(); err == nil || !strings.Contains(err.Error(), "2 kvrelay commits") {
+		t.Fatalf("runs of two commits: %v", err)
+	}
+}

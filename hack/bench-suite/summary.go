@@ -58,6 +58,11 @@ type RouterStats struct {
 	E2EP50     JStat  `json:"e2e_p50_ms"`
 	HitRate    JStat  `json:"hit_rate"`
 	PickP50    JStat  `json:"pick_p50_ms"`
+	// PredErrP50 and PredErrP90 are the latency model's |predicted − actual| / actual TTFT
+	// over each run (warm-up included), the median and 90th percentile of its streamed
+	// requests; absent for routers that predict nothing.
+	PredErrP50 JStat  `json:"prediction_rel_error_p50"`
+	PredErrP90 JStat  `json:"prediction_rel_error_p90"`
 	OK         int    `json:"ok"`
 	Requests   int    `json:"requests"`
 	Runs       int    `json:"runs"`
@@ -160,6 +165,16 @@ func summarize(rows []row, engines, routers []string, results []*bh.RunResult, s
 				st.E2EP50 = col(func(r *bh.RunResult) float64 { return r.E2EP50 })
 				st.HitRate = col(func(r *bh.RunResult) float64 { return r.HitRate })
 				st.PickP50 = col(func(r *bh.RunResult) float64 { return r.PickP50 })
+				extra := func(k string) func(*bh.RunResult) float64 {
+					return func(r *bh.RunResult) float64 {
+						if v, ok := r.Extra[k]; ok {
+							return v
+						}
+						return math.NaN()
+					}
+				}
+				st.PredErrP50 = col(extra("ttft_rel_error_p50"))
+				st.PredErrP90 = col(extra("ttft_rel_error_p90"))
 				c.Routers = append(c.Routers, st)
 			}
 			c.FloorP50 = jstat(bh.StatOf(floors))
@@ -278,7 +293,8 @@ func (s *Summary) Markdown(results []*bh.RunResult) string {
 	}
 	fmt.Fprintf(&b, "\n## %s ÷ the best other router\n\n", s.DefaultRouter)
 	fmt.Fprintf(&b, "Per workload and engine kind: kvrelay's default router (%s: the latency policy on the control plane's index of the engines' KV events) ÷ the other router with the best median at that figure (named), the ratio taken round by round, median [min–max]; below 1 is better for TTFT, above 1 for hit rate. ≈ marks a figure where the two routers' ranges over the rounds overlap: the rounds do not separate them.\n\n", s.DefaultRouter)
-	b.WriteString("| workload | engines | TTFT p50 | TTFT p90 | TTFT p99 | hit rate |\n|---|---|---|---|---|---|\n")
+	b.WriteString("The last column is the default's latency model against what happened: |predicted − actual| / actual TTFT of its streamed requests, p50 / p90 over each run, warm-up included (median over the rounds).\n\n")
+	b.WriteString("| workload | engines | TTFT p50 | TTFT p90 | TTFT p99 | hit rate | prediction error p50 / p90 |\n|---|---|---|---|---|---|---|\n")
 	for _, c := range s.Cells {
 		fmt.Fprintf(&b, "| %s | %s |", c.Workload, c.Engine)
 		for _, f := range figures {
@@ -293,7 +309,13 @@ func (s *Summary) Markdown(results []*bh.RunResult) string {
 			}
 			fmt.Fprintf(&b, " %s vs %s%s |", v.Ratio.stat().Cell(bh.Ratio), v.Best, flag)
 		}
-		b.WriteString("\n")
+		pe := " – |"
+		for _, r := range c.Routers {
+			if r.Router == s.DefaultRouter && r.PredErrP50.N > 0 {
+				pe = fmt.Sprintf(" %s / %s |", bh.Pct(*r.PredErrP50.Median), bh.Pct(*r.PredErrP90.Median))
+			}
+		}
+		b.WriteString(pe + "\n")
 	}
 	b.WriteString("\nCells of the tables below: median over the rounds [min–max]. TTFT and E2E from the client (kvrelay bench); hit rate = Σ cached / Σ prompt tokens from the engines' usage; pick p50 = the router's decision per request, tokenization included, measured on the client side of the routing hop (the gateway's clock around the ext_proc request phase for the endpoint pickers, the proxy's own decision total for kvrelay's proxy); hop = what the router adds between client and engine besides an HTTP proxy hop. TTFT floor: per request the engine's own prefill of what one unbounded prefix cache shared by the fleet would not hold, on an idle full-speed engine; no router beats it.\n\n")
 	for _, c := range s.Cells {

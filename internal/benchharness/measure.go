@@ -293,6 +293,7 @@ func (s *stack) collect(rr *RunResult) {
 		return
 	}
 	fams := saveScrape(s.routerMetrics, filepath.Join(s.dir, "proxy-metrics.txt"))
+	predictionError(fams, rr.Extra)
 	saveGet("http://"+addr(s.p.gatewayAdmin)+"/debug/latency", filepath.Join(s.dir, "proxy-latency-model.json"))
 	const dec = "kvrelay_proxy_decision_seconds"
 	q, c := histQuantile(fams, dec, map[string]string{"stage": "total"}, 0.5)

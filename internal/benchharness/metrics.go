@@ -7,6 +7,7 @@ import (
 	"math"
 	"net/http"
 	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 
@@ -197,4 +198,35 @@ func findFamily(fams map[string]*dto.MetricFamily, names ...string) string {
 		}
 	}
 	return ""
+}
+
+// ttftRelErr is the proxy's histogram of |predicted − actual| / actual TTFT, per streamed
+// request and worker.
+const ttftRelErr = "kvrelay_proxy_ttft_prediction_relative_error"
+
+// predictionError puts the latency model's relative TTFT error over the whole run, all
+// workers together, into extra: its p50 and p90 (interpolated within the histogram's
+// buckets) and how many predictions it covers. Nothing when the router predicted nothing.
+func predictionError(fams map[string]*dto.MetricFamily, extra map[string]float64) {
+	p50, n := histQuantile(fams, ttftRelErr, nil, 0.5)
+	if n == 0 {
+		return
+	}
+	p90, _ := histQuantile(fams, ttftRelErr, nil, 0.9)
+	extra["ttft_rel_error_p50"], extra["ttft_rel_error_p90"], extra["ttft_predictions"] = p50, p90, float64(n)
+}
+
+// PredictionErrorOf fills extra with the prediction error of a run's saved proxy metrics
+// (proxy-metrics.txt in its directory), for results collected before the harness read it.
+func PredictionErrorOf(dir string, extra map[string]float64) {
+	b, err := os.ReadFile(filepath.Join(dir, "proxy-metrics.txt"))
+	if err != nil {
+		return
+	}
+	tp := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := tp.TextToMetricFamilies(bytes.NewReader(b))
+	if err != nil {
+		return
+	}
+	predictionError(fams, extra)
 }
