@@ -7,17 +7,18 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 mod=github.com/kvrelay/kvrelay
 fail=0
-# check <packages> <forbidden import prefix> <why>
+# check <packages> <forbidden import prefix, under the module or (starting with ^) a full path pattern> <why>
 check() {
-  local bad
-  bad=$(go list -deps -f '{{.ImportPath}}' $1 | grep -E "^$mod/$2(/|$)" || true)
+  local bad pat="^$mod/$2(/|$)"
+  case "$2" in ^*) pat="$2";; esac
+  bad=$(go list -deps -f '{{.ImportPath}}' $1 | grep -E "$pat" || true)
   if [ -n "$bad" ]; then
     echo "layering: $1 imports $2 ($3):"
     echo "$bad" | sed 's/^/  /'
     # Name the direct importers, to say where to look.
     for p in $(go list $1); do
       for imp in $(go list -f '{{join .Imports " "}}' "$p"); do
-        case "$imp" in "$mod/$2"|"$mod/$2/"*) echo "  $p -> $imp";; esac
+        if echo "$imp" | grep -qE "$pat"; then echo "  $p -> $imp"; fi
       done
     done
     fail=1
@@ -29,5 +30,7 @@ check "./xds/..." dataplane "xds sits below both planes"
 check "./xds/..." controlplane "xds sits below both planes"
 check "./engines/..." dataplane "engines know nothing of routing"
 check "./engines/..." controlplane "engines know nothing of the control plane"
+check "./dataplane/decide/..." "dataplane/(proxy|epp|http1)" "a request is decided in one place and carried in another"
+check "./dataplane/decide/..." "^github.com/(panjf2000/gnet|envoyproxy/go-control-plane/envoy/(service|extensions/filters/http)/ext_proc)" "a decision knows no transport"
 check "./nixl/..." "(dataplane|controlplane|xds|engines|ebpf)" "nixl is a leaf"
 exit $fail
