@@ -215,7 +215,8 @@ func main() {
 				for _, r := range recs[:min(*dump, len(recs))] {
 					fmt.Printf("    #%d %-11s at %7.2fs w%d ttft %6s pred %6s prompt %5d cached %5d overlap %4.0f mode %s\n", r.Seq, r.Tag, r.Start.Seconds(), r.Worker, ms(r.TTFT), ms(r.Predict), r.Prompt, r.Cached, r.Overlap, r.Mode)
 					for _, c := range r.Candidates {
-						fmt.Printf("        w%d pred %6s queue %6s load %d (engine %d+%d) overlap %4.0f\n", c.Worker, ms(c.TTFT), ms(c.Queue), c.Load, c.Running, c.Wait, c.Overlap)
+						fmt.Printf("        w%d pred %6s queue %6s load %d (engine %d+%d) overlap %4.0f cost %5.0f: spread %4.0f slowdown %5.0f busy·compute %4.0f hold·scarcity %4.0f\n",
+							c.Worker, ms(c.TTFT), ms(c.Queue), c.Load, c.Running, c.Wait, c.Overlap, c.Cost*1e3, c.Spread*1e3, c.Slowdown*1e3, c.BusyCompute*1e3, c.HoldScarcity*1e3)
 					}
 				}
 			}

@@ -97,6 +97,10 @@ type Candidate struct {
 	Worker        int
 	Cost          float64
 	TTFT, Queue   time.Duration
+	// The prediction's other parts the latency policy's cost weighs: its spread, the decode
+	// slowdown of joining the batch, the compute it delays others by (busy share × compute)
+	// and the slot hold × scarcity, in seconds.
+	Spread, Slowdown, BusyCompute, HoldScarcity float64
 	Load          int64
 	Overlap       float64
 	Running, Wait int // the engine's at the decision
@@ -414,7 +418,9 @@ func (fl *fleet) dispatch(f *flight) {
 			if i < len(costs) {
 				c = costs[i]
 			}
-			rec.Candidates = append(rec.Candidates, Candidate{Worker: w.Index, Cost: c, TTFT: time.Duration(preds[i].TTFT * 1e9), Queue: time.Duration(preds[i].Queue * 1e9),
+			p := &preds[i]
+			rec.Candidates = append(rec.Candidates, Candidate{Worker: w.Index, Cost: c, TTFT: time.Duration(p.TTFT * 1e9), Queue: time.Duration(p.Queue * 1e9),
+				Spread: p.Spread, Slowdown: p.Slowdown, BusyCompute: p.Busy * p.Compute, HoldScarcity: p.Hold * p.Scarcity,
 				Load: w.Load(), Overlap: rr.Overlap(w), Running: run, Wait: wait})
 		}
 	}
