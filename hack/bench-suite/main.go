@@ -363,8 +363,8 @@ func checkRows(rows []row, seed uint64) error {
 // resummarize rebuilds the summary from the completed runs in cfg.Out, as the suite would
 // have written it at their end: the kvrelay commit is the one the runs recorded, the peers'
 // versions and the wall time those of the summary the runs left in cfg.Out. Figures the
-// harness reads from a run's saved metrics (the latency model's prediction error) are read
-// again, so runs collected before the harness read them get them too.
+// harness measures on a run's saved requests (the latency model's prediction error) are
+// measured again, so runs collected before the harness measured them get them too.
 func (cfg *config) resummarize() error {
 	var prev Summary
 	b, err := os.ReadFile(filepath.Join(cfg.Out, "summary.json"))

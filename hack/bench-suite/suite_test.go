@@ -151,8 +151,8 @@ func TestResume(t *testing.T) {
 }
 
 // TestResummarize: --summarize rebuilds the summary from the finished runs of one commit,
-// reads the latency model's prediction error from a run's saved proxy metrics, leaves out
-// unfinished runs, and refuses runs of two commits.
+// measures the latency model's prediction error after the warm-up on a run's saved
+// requests, leaves out unfinished runs, and refuses runs of two commits.
 func TestResummarize(t *testing.T) {
 	out := t.TempDir()
 	rows := suite()[:1]
@@ -162,7 +162,7 @@ func TestResummarize(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(out, "summary.json"), prev, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	finish := func(router string, round int, version string, res *bh.RunResult, metrics string) {
+	finish := func(router string, round int, version string, res *bh.RunResult, requests string) {
 		r := cfg.runFor(round, rows[0], bh.EngineLLMD, router)
 		if err := writeRunSpec(r, kind{}, version); err != nil {
 			t.Fatal(err)
@@ -173,19 +173,24 @@ func TestResummarize(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		if metrics != "" {
-			if err := os.WriteFile(filepath.Join(r.Dir, "proxy-metrics.txt"), []byte(metrics), 0o644); err != nil {
+		if requests != "" {
+			if err := os.WriteFile(filepath.Join(r.Dir, "results.json"), []byte(requests), 0o644); err != nil {
 				t.Fatal(err)
 			}
 		}
 	}
-	const metrics = `# TYPE kvrelay_proxy_ttft_prediction_relative_error histogram
-kvrelay_proxy_ttft_prediction_relative_error_bucket{worker="e1",le="0.1"} 50
-kvrelay_proxy_ttft_prediction_relative_error_bucket{worker="e1",le="0.5"} 90
-kvrelay_proxy_ttft_prediction_relative_error_bucket{worker="e1",le="+Inf"} 100
-kvrelay_proxy_ttft_prediction_relative_error_sum 20
-kvrelay_proxy_ttft_prediction_relative_error_count 100
-`
+	// 20 predicted requests, sent in order: the first two (the warm-up) 10× off, then
+	// errors of 0%, 10%, …, 170% (one each).
+	var recs []map[string]any
+	for i := range 20 {
+		pred := 100.0 * float64(1+max(i-2, 0)) / 10
+		if i < 2 {
+			pred = 1000
+		}
+		recs = append(recs, map[string]any{"seq": i, "status": 200, "ttft_ns": 100e6, "predicted_ttft_ns": int64(100e6 + pred*1e6 - 10e6)})
+	}
+	rj, _ := json.Marshal([]map[string]any{{"label": "latency", "records": recs}})
+	metrics := string(rj)
 	finish(bh.RouterRoundRobin, 1, "abc", &bh.RunResult{Run: 1, Workload: rows[0].name, Engine: bh.EngineLLMD, Router: bh.RouterRoundRobin, OK: 2, Requests: 2, TTFTP50: 100, TTFTP90: 200, TTFTP99: 300, HitRate: 0.5}, "")
 	finish(defaultRouter, 1, "abc", &bh.RunResult{Run: 1, Workload: rows[0].name, Engine: bh.EngineLLMD, Router: defaultRouter, OK: 2, Requests: 2, TTFTP50: 90, TTFTP90: 150, TTFTP99: 330, HitRate: 0.6}, metrics)
 	finish(defaultRouter, 2, "abc", nil, "") // did not finish
@@ -206,11 +211,11 @@ kvrelay_proxy_ttft_prediction_relative_error_count 100
 		t.Fatalf("p90 against the best other: %+v", v)
 	}
 	for _, r := range c.Routers {
-		if r.Router == defaultRouter && (r.Runs != 1 || r.PredErrP50.N != 1 || math.Abs(*r.PredErrP50.Median-0.1) > 1e-9 || math.Abs(*r.PredErrP90.Median-0.5) > 1e-9) {
+		if r.Router == defaultRouter && (r.Runs != 1 || r.PredErrP50.N != 1 || math.Abs(*r.PredErrP50.Median-0.85) > 1e-9 || math.Abs(*r.PredErrP90.Median-1.53) > 1e-9) {
 			t.Fatalf("default router's prediction error: %+v %+v (runs %d)", r.PredErrP50, r.PredErrP90, r.Runs)
 		}
 	}
-	if md, _ := os.ReadFile(filepath.Join(out, "summary.md")); !strings.Contains(string(md), "10.0% / 50.0%") {
+	if md, _ := os.ReadFile(filepath.Join(out, "summary.md")); !strings.Contains(string(md), "85.0% / 153.0%") {
 		t.Fatalf("summary.md lacks the prediction error:\n%s", md)
 	}
 	// A finished run of another commit makes the summary ambiguous.

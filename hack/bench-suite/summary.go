@@ -58,9 +58,9 @@ type RouterStats struct {
 	E2EP50     JStat  `json:"e2e_p50_ms"`
 	HitRate    JStat  `json:"hit_rate"`
 	PickP50    JStat  `json:"pick_p50_ms"`
-	// PredErrP50 and PredErrP90 are the latency model's |predicted − actual| / actual TTFT
-	// over each run (warm-up included), the median and 90th percentile of its streamed
-	// requests; absent for routers that predict nothing.
+	// PredErrP50 and PredErrP90 are the latency model's |predicted − actual| / actual TTFT,
+	// the median and 90th percentile over each run's predicted requests after the first
+	// tenth (bh.WarmupShare); absent for routers that predict nothing.
 	PredErrP50 JStat  `json:"prediction_rel_error_p50"`
 	PredErrP90 JStat  `json:"prediction_rel_error_p90"`
 	OK         int    `json:"ok"`
@@ -293,7 +293,7 @@ func (s *Summary) Markdown(results []*bh.RunResult) string {
 	}
 	fmt.Fprintf(&b, "\n## %s ÷ the best other router\n\n", s.DefaultRouter)
 	fmt.Fprintf(&b, "Per workload and engine kind: kvrelay's default router (%s: the latency policy on the control plane's index of the engines' KV events) ÷ the other router with the best median at that figure (named), the ratio taken round by round, median [min–max]; below 1 is better for TTFT, above 1 for hit rate. ≈ marks a figure where the two routers' ranges over the rounds overlap: the rounds do not separate them.\n\n", s.DefaultRouter)
-	b.WriteString("The last column is the default's latency model against what happened: |predicted − actual| / actual TTFT of its streamed requests, p50 / p90 over each run, warm-up included (median over the rounds).\n\n")
+	b.WriteString("The last column is the default's latency model against what happened: |predicted − actual| / actual TTFT of the requests it predicted, p50 / p90 over each run after its first tenth (the warm-up), median over the rounds.\n\n")
 	b.WriteString("| workload | engines | TTFT p50 | TTFT p90 | TTFT p99 | hit rate | prediction error p50 / p90 |\n|---|---|---|---|---|---|---|\n")
 	for _, c := range s.Cells {
 		fmt.Fprintf(&b, "| %s | %s |", c.Workload, c.Engine)

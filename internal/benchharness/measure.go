@@ -202,6 +202,7 @@ func summarize(rr *RunResult, res *bench.Result, s *stack, fleet Fleet) {
 			rr.Unknown++
 		}
 	}
+	predictionError(res.Records, rr.Extra)
 	if rr.Unknown > 0 {
 		rr.Notes = append(rr.Notes, fmt.Sprintf("%d successful requests without a known x-kvrelay-worker", rr.Unknown))
 	}
@@ -293,7 +294,6 @@ func (s *stack) collect(rr *RunResult) {
 		return
 	}
 	fams := saveScrape(s.routerMetrics, filepath.Join(s.dir, "proxy-metrics.txt"))
-	predictionError(fams, rr.Extra)
 	saveGet("http://"+addr(s.p.gatewayAdmin)+"/debug/latency", filepath.Join(s.dir, "proxy-latency-model.json"))
 	const dec = "kvrelay_proxy_decision_seconds"
 	q, c := histQuantile(fams, dec, map[string]string{"stage": "total"}, 0.5)

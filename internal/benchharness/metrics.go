@@ -2,14 +2,19 @@ package benchharness
 
 import (
 	"bytes"
+	"cmp"
+	"encoding/json"
 	"fmt"
 	"io"
 	"math"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
+
+	"github.com/kvrelay/kvrelay/cmd/kvrelay/bench"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
@@ -200,33 +205,49 @@ func findFamily(fams map[string]*dto.MetricFamily, names ...string) string {
 	return ""
 }
 
-// ttftRelErr is the proxy's histogram of |predicted − actual| / actual TTFT, per streamed
-// request and worker.
-const ttftRelErr = "kvrelay_proxy_ttft_prediction_relative_error"
+// WarmupShare is the share of a run's predicted requests, the first sent, that the
+// prediction error leaves out: the latency model learns the engines from them.
+const WarmupShare = 0.1
 
-// predictionError puts the latency model's relative TTFT error over the whole run, all
-// workers together, into extra: its p50 and p90 (interpolated within the histogram's
-// buckets) and how many predictions it covers. Nothing when the router predicted nothing.
-func predictionError(fams map[string]*dto.MetricFamily, extra map[string]float64) {
-	p50, n := histQuantile(fams, ttftRelErr, nil, 0.5)
-	if n == 0 {
+// predictionError puts the latency model's relative TTFT error into extra, over the
+// successful requests the router predicted (the x-kvrelay-route header's ttft_ms) after the
+// first WarmupShare of them: |predicted − actual| / actual, its p50 and p90, and how many
+// requests it covers. Nothing when the router predicted nothing.
+func predictionError(records []*bench.Record, extra map[string]float64) {
+	var preds []*bench.Record
+	for _, r := range records {
+		if r.OK() && r.PredictedTTFT > 0 && r.TTFT > 0 {
+			preds = append(preds, r)
+		}
+	}
+	slices.SortStableFunc(preds, func(a, b *bench.Record) int { return cmp.Compare(a.Seq, b.Seq) })
+	preds = preds[int(WarmupShare*float64(len(preds))):]
+	if len(preds) == 0 {
 		return
 	}
-	p90, _ := histQuantile(fams, ttftRelErr, nil, 0.9)
-	extra["ttft_rel_error_p50"], extra["ttft_rel_error_p90"], extra["ttft_predictions"] = p50, p90, float64(n)
+	errs := make([]float64, len(preds))
+	for i, r := range preds {
+		errs[i] = math.Abs(float64(r.PredictedTTFT-r.TTFT)) / float64(r.TTFT)
+	}
+	extra["ttft_rel_error_p50"], extra["ttft_rel_error_p90"], extra["ttft_predictions"] = Quantile(errs, 0.5), Quantile(errs, 0.9), float64(len(errs))
 }
 
-// PredictionErrorOf fills extra with the prediction error of a run's saved proxy metrics
-// (proxy-metrics.txt in its directory), for results collected before the harness read it.
+// PredictionErrorOf fills extra with the prediction error of the requests a run saved
+// (results.json in its directory), for results collected before the harness measured it.
 func PredictionErrorOf(dir string, extra map[string]float64) {
-	b, err := os.ReadFile(filepath.Join(dir, "proxy-metrics.txt"))
+	b, err := os.ReadFile(filepath.Join(dir, "results.json"))
 	if err != nil {
 		return
 	}
-	tp := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := tp.TextToMetricFamilies(bytes.NewReader(b))
-	if err != nil {
+	var runs []struct {
+		Records []*bench.Record `json:"records"`
+	}
+	if json.Unmarshal(b, &runs) != nil {
 		return
 	}
-	predictionError(fams, extra)
+	var all []*bench.Record
+	for _, r := range runs {
+		all = append(all, r.Records...)
+	}
+	predictionError(all, extra)
 }
