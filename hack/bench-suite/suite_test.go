@@ -224,3 +224,28 @@ func TestResummarize(t *testing.T) {
 		t.Fatalf("runs of two commits: %v", err)
 	}
 }
+
+// TestWorstCase: each router's worst median against the best router of each cell, and
+// where; a router missing from a cell is left out.
+func TestWorstCase(t *testing.T) {
+	st := func(v float64) JStat { return jstat(bh.Stat{Med: v, Lo: v, Hi: v, N: 1}) }
+	r := func(name string, p50, p90, p99 float64) *RouterStats {
+		return &RouterStats{Router: name, TTFTP50: st(p50), TTFTP90: st(p90), TTFTP99: st(p99)}
+	}
+	cells := []*Cell{
+		{Workload: "a", Engine: "llmd", Routers: []*RouterStats{r("x", 100, 200, 300), r("y", 150, 180, 600), r("z", 90, 500, 900)}},
+		{Workload: "b", Engine: "kvrelay", Routers: []*RouterStats{r("x", 100, 400, 300), r("y", 100, 200, 300)}},
+	}
+	got := worstCase(cells)
+	for _, want := range []string{
+		"| x | ×1.11 (a/llmd) | ×2.00 (b/kvrelay) | ×1.00 (a/llmd) |",
+		"| y | ×1.67 (a/llmd) | ×1.00 (a/llmd) | ×2.00 (a/llmd) |",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("missing %q in\n%s", want, got)
+		}
+	}
+	if strings.Contains(got, "| z |") {
+		t.Errorf("z ran on one cell of two:\n%s", got)
+	}
+}

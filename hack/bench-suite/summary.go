@@ -317,6 +317,7 @@ func (s *Summary) Markdown(results []*bh.RunResult) string {
 		}
 		b.WriteString(pe + "\n")
 	}
+	b.WriteString(worstCase(s.Cells))
 	b.WriteString("\nCells of the tables below: median over the rounds [min–max]. TTFT and E2E from the client (kvrelay bench); hit rate = Σ cached / Σ prompt tokens from the engines' usage; pick p50 = the router's decision per request, tokenization included, measured on the client side of the routing hop (the gateway's clock around the ext_proc request phase for the endpoint pickers, the proxy's own decision total for kvrelay's proxy); hop = what the router adds between client and engine besides an HTTP proxy hop. TTFT floor: per request the engine's own prefill of what one unbounded prefix cache shared by the fleet would not hold, on an idle full-speed engine; no router beats it.\n\n")
 	for _, c := range s.Cells {
 		fmt.Fprintf(&b, "## %s on %s engines\n\n%s\n\n", c.Workload, c.Engine, c.Stresses)
@@ -366,6 +367,63 @@ func (s *Summary) Markdown(results []*bh.RunResult) string {
 		b.WriteString("Notes:\n" + strings.Join(notes, "\n") + "\n")
 	}
 	return b.String()
+}
+
+// worstCase renders, for each router that ran on every workload and engine kind, its worst
+// median TTFT p50, p90 and p99 over the cells as a multiple of the best router's there (1
+// where it was the best): what choosing it as the default risks on a workload like the
+// suite's. Empty when fewer than two routers ran everywhere.
+func worstCase(cells []*Cell) string {
+	type worst struct {
+		ratio [3]float64
+		where [3]string
+		cells int
+	}
+	by := map[string]*worst{}
+	var order []string
+	for _, c := range cells {
+		for k, get := range []func(*RouterStats) JStat{
+			func(r *RouterStats) JStat { return r.TTFTP50 },
+			func(r *RouterStats) JStat { return r.TTFTP90 },
+			func(r *RouterStats) JStat { return r.TTFTP99 },
+		} {
+			best := math.Inf(1)
+			for _, r := range c.Routers {
+				if v := get(r); v.N > 0 && *v.Median > 0 {
+					best = min(best, *v.Median)
+				}
+			}
+			for _, r := range c.Routers {
+				v := get(r)
+				if v.N == 0 || math.IsInf(best, 1) {
+					continue
+				}
+				w := by[r.Router]
+				if w == nil {
+					w = &worst{}
+					by[r.Router] = w
+					order = append(order, r.Router)
+				}
+				if k == 0 {
+					w.cells++
+				}
+				if ratio := *v.Median / best; ratio > w.ratio[k] {
+					w.ratio[k], w.where[k] = ratio, c.Workload+"/"+c.Engine
+				}
+			}
+		}
+	}
+	var rows []string
+	for _, name := range order {
+		if w := by[name]; w.cells == len(cells) {
+			rows = append(rows, fmt.Sprintf("| %s | ×%.2f (%s) | ×%.2f (%s) | ×%.2f (%s) |", name, w.ratio[0], w.where[0], w.ratio[1], w.where[1], w.ratio[2], w.where[2]))
+		}
+	}
+	if len(rows) < 2 {
+		return ""
+	}
+	return "\nEach router's worst case over the workloads and engine kinds above: its median TTFT ÷ the best router's there (×1.00 where it was the best), and where.\n\n" +
+		"| router | worst TTFT p50 | worst TTFT p90 | worst TTFT p99 |\n|---|---|---|---|\n" + strings.Join(rows, "\n") + "\n"
 }
 
 // describeSuite is --list: each workload, what it stresses and its settings per kind.
