@@ -49,24 +49,24 @@ type Cell struct {
 
 // RouterStats is one router's figures over the rounds: median, min, max.
 type RouterStats struct {
-	Router     string `json:"router"`
-	Hop        string `json:"hop"`
-	PickPoint  string `json:"pick_measured_at"`
-	TTFTP50    JStat  `json:"ttft_p50_ms"`
-	TTFTP90    JStat  `json:"ttft_p90_ms"`
-	TTFTP99    JStat  `json:"ttft_p99_ms"`
-	E2EP50     JStat  `json:"e2e_p50_ms"`
-	HitRate    JStat  `json:"hit_rate"`
-	PickP50    JStat  `json:"pick_p50_ms"`
+	Router    string `json:"router"`
+	Hop       string `json:"hop"`
+	PickPoint string `json:"pick_measured_at"`
+	TTFTP50   JStat  `json:"ttft_p50_ms"`
+	TTFTP90   JStat  `json:"ttft_p90_ms"`
+	TTFTP99   JStat  `json:"ttft_p99_ms"`
+	E2EP50    JStat  `json:"e2e_p50_ms"`
+	HitRate   JStat  `json:"hit_rate"`
+	PickP50   JStat  `json:"pick_p50_ms"`
 	// PredErrP50 and PredErrP90 are the latency model's |predicted − actual| / actual TTFT,
 	// the median and 90th percentile over each run's predicted requests after the first
 	// tenth (bh.WarmupShare); absent for routers that predict nothing.
-	PredErrP50 JStat  `json:"prediction_rel_error_p50"`
-	PredErrP90 JStat  `json:"prediction_rel_error_p90"`
-	OK         int    `json:"ok"`
-	Requests   int    `json:"requests"`
-	Runs       int    `json:"runs"`
-	FailedRuns int    `json:"failed_runs,omitempty"`
+	PredErrP50 JStat `json:"prediction_rel_error_p50"`
+	PredErrP90 JStat `json:"prediction_rel_error_p90"`
+	OK         int   `json:"ok"`
+	Requests   int   `json:"requests"`
+	Runs       int   `json:"runs"`
+	FailedRuns int   `json:"failed_runs,omitempty"`
 }
 
 // Versus is the default router's figure ÷ the best other router's, round by round.

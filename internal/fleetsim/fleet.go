@@ -94,16 +94,16 @@ type Record struct {
 
 // Candidate is one worker's figures at a decision.
 type Candidate struct {
-	Worker        int
-	Cost          float64
-	TTFT, Queue   time.Duration
+	Worker      int
+	Cost        float64
+	TTFT, Queue time.Duration
 	// The prediction's other parts the latency policy's cost weighs: its spread, the decode
 	// slowdown of joining the batch, the compute it delays others by (busy share × compute)
 	// and the slot hold × scarcity, in seconds.
 	Spread, Slowdown, BusyCompute, HoldScarcity float64
-	Load          int64
-	Overlap       float64
-	Running, Wait int // the engine's at the decision
+	Load                                        int64
+	Overlap                                     float64
+	Running, Wait                               int // the engine's at the decision
 }
 
 // Result is a replay's outcome.
