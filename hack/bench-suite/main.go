@@ -313,30 +313,44 @@ func writeRunSpec(r bh.Run, _ kind, version string) error {
 // for the same spec, fleet and kvrelay commit; otherwise nil and why it does not count ("" when
 // there is nothing there).
 func loadDone(r bh.Run, version string) (*bh.RunResult, string) {
-	b, err := os.ReadFile(filepath.Join(r.Dir, "run.json"))
-	if err != nil {
-		return nil, ""
+	was, res, why := readRun(r.Dir)
+	if was == nil {
+		return nil, why
 	}
-	var was runSpec
-	if json.Unmarshal(b, &was) != nil {
-		return nil, "unreadable run.json"
-	}
-	if want := specOf(r, version); was != want {
+	if want := specOf(r, version); *was != want {
 		return nil, fmt.Sprintf("it ran %q at speed-up %g on kvrelay %s with other engines or settings", was.Spec, was.Speedup, was.Version)
 	}
-	b, err = os.ReadFile(filepath.Join(r.Dir, "summary.json"))
-	if err != nil {
-		return nil, "no summary.json: the run did not finish"
-	}
-	var res bh.RunResult
-	if err := json.Unmarshal(b, &res); err != nil {
-		return nil, "unreadable summary.json"
+	if res == nil {
+		return nil, why
 	}
 	if res.Err != "" || res.OK == 0 {
 		return nil, "it failed"
 	}
 	res.Notes = append(res.Notes, "kept from an earlier invocation (--resume)")
-	return &res, ""
+	return res, ""
+}
+
+// readRun reads what a run left in dir: what ran (run.json) and, once it finished, its result
+// (summary.json). was is nil when run.json is missing (why "") or unreadable; res is nil, with
+// why, when the run did not finish or its result is unreadable.
+func readRun(dir string) (was *runSpec, res *bh.RunResult, why string) {
+	b, err := os.ReadFile(filepath.Join(dir, "run.json"))
+	if err != nil {
+		return nil, nil, ""
+	}
+	was = &runSpec{}
+	if json.Unmarshal(b, was) != nil {
+		return nil, nil, "unreadable run.json"
+	}
+	b, err = os.ReadFile(filepath.Join(dir, "summary.json"))
+	if err != nil {
+		return was, nil, "no summary.json: the run did not finish"
+	}
+	res = &bh.RunResult{}
+	if err := json.Unmarshal(b, res); err != nil {
+		return was, nil, "unreadable summary.json"
+	}
+	return was, res, ""
 }
 
 // checkRows parses every workload spec of the rows (full and quick) and validates the fleets.
@@ -381,18 +395,15 @@ func (cfg *config) resummarize() error {
 			for _, router := range cfg.routers {
 				for round := 1; ; round++ {
 					r := cfg.runFor(round, rw, engine, router)
-					b, err := os.ReadFile(filepath.Join(r.Dir, "run.json"))
-					if err != nil {
+					was, res, why := readRun(r.Dir)
+					if was == nil && why == "" {
 						break
 					}
-					var was runSpec
-					if json.Unmarshal(b, &was) != nil || was != specOf(r, was.Version) {
+					if was == nil || *was != specOf(r, was.Version) {
 						fmt.Fprintf(os.Stderr, "bench-suite: %s ran another spec or fleet; left out\n", r.Dir)
 						continue
 					}
-					var res bh.RunResult
-					b, err = os.ReadFile(filepath.Join(r.Dir, "summary.json"))
-					if err != nil || json.Unmarshal(b, &res) != nil {
+					if res == nil {
 						continue // did not finish
 					}
 					if res.Extra == nil {
@@ -402,7 +413,7 @@ func (cfg *config) resummarize() error {
 						bh.PredictionErrorOf(r.Dir, res.Extra)
 					}
 					versions[was.Version] = true
-					results = append(results, &res)
+					results = append(results, res)
 				}
 			}
 		}
