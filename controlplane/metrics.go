@@ -100,11 +100,15 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	k(c.indexEvents, is.Orphans, "orphan")
 	k(c.indexEvents, is.Unknown, "unknown")
 	k(c.indexEvents, is.BadExtraKeys, "bad_extra_keys")
+	k(c.indexEvents, is.UnknownMedium, "unknown_medium")
+	k(c.indexEvents, is.Copies, "copy")
+	k(c.indexEvents, is.Placeholders, "placeholder")
+	k(c.indexEvents, is.PlaceholdersResolved, "placeholder_resolved")
 	states := s.view.Snapshot()
 	healthy, unhealthy, draining := 0, 0, 0
 	for _, w := range s.reg.Workers() {
 		b := s.index.Blocks(w.ID)
-		for t, name := range []string{"gpu", "cpu", "disk"} {
+		for t, name := range []string{"gpu", "cpu", "disk", "shared"} {
 			g(c.workerBlocks, float64(b[t]), w.ID, name)
 		}
 		if st := s.ingest.Stats(w.ID); st != nil {

@@ -52,8 +52,9 @@ const (
 	MaxTemperature = 1e3
 	// MaxSessionTTLMillis bounds how long a session may stay bound to a worker: one week.
 	MaxSessionTTLMillis = 7 * 24 * 3600 * 1000
-	// NumTiers is the number of KV storage tiers a policy may weigh: GPU, host, disk.
-	NumTiers = 3
+	// NumTiers is the number of KV storage tiers a policy may weigh: GPU, host, disk,
+	// shared storage.
+	NumTiers = 4
 )
 
 // ErrInvalid is wrapped by every error ValidateWorker and ValidatePolicy return.

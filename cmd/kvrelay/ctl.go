@@ -285,7 +285,7 @@ result as a new version, which the control plane pushes to every proxy.`,
 	fs.Float64Var(&queue, "queue-weight", 0, "KV cost of a block of the worker's prefill backlog (uncached tokens it still has to compute)")
 	fs.Float64Var(&temperature, "temperature", 0, "> 0 samples workers by a softmax over normalised costs")
 	fs.Float64Var(&threshold, "cache-threshold", 0, "below this cached share of the prompt, spread by load")
-	fs.Float64SliceVar(&tierWeights, "tier-weights", nil, "`gpu,host,disk` weights of a cached block in each tier (e.g. 1,0.75,0.25)")
+	fs.Float64SliceVar(&tierWeights, "tier-weights", nil, "`gpu,host,disk,shared` weights of a cached block in each tier (e.g. 1,0.75,0.25,0.2; a tier left out keeps its default)")
 	fs.Uint64Var(&busyPrefill, "busy-prefill-tokens", 0, "a worker with more uncached prompt tokens in flight takes no new request (0: off)")
 	fs.Uint64Var(&busyDecode, "busy-decode-blocks", 0, "a worker holding more KV blocks takes no new request (0: off)")
 	fs.Float64Var(&busyKV, "busy-kv-fraction", 0, "a worker using more of its KV cache takes no new request (0: off)")

@@ -21,13 +21,14 @@ const (
 	GPU      = blockset.GPU
 	Host     = blockset.Host
 	Disk     = blockset.Disk
+	Shared   = blockset.Shared
 	numTiers = blockset.NumTiers
 )
 
-// TierOf maps an event's medium to a tier.
-func TierOf(medium string) Tier { return blockset.TierOf(medium) }
+// TierOf maps an event's medium and locality to a tier; ok is false for an unknown medium.
+func TierOf(medium, locality string) (Tier, bool) { return blockset.TierOf(medium, locality) }
 
-// DefaultWeights are GPU 1, host 0.75, disk 0.25.
+// DefaultWeights are GPU 1, host 0.75, disk 0.25, shared storage 0.2.
 var DefaultWeights = blockset.DefaultWeights
 
 // Index is the global KV index. All methods are safe for concurrent use: ingestion takes a
@@ -53,13 +54,74 @@ type Stats struct {
 	// BadExtraKeys counts blocks whose extra_keys entry did not decode (keyed so that they
 	// match no request).
 	BadExtraKeys uint64
+	// UnknownMedium counts blocks stored or removed in a medium kvrelay does not know: not
+	// indexed (crediting them as GPU memory would promise hits the engine cannot give).
+	UnknownMedium uint64
+	// Copies counts stores of a block the same tier (and owner) already held: another
+	// physical copy, or an offload chunk announcing it again. Each needs its own removal.
+	Copies uint64
+	// Placeholders counts blocks announced without their tokens (an offload event naming
+	// one hash per chunk, block_size 0): Resolved when the worker had announced the same
+	// engine hash with its tokens in another tier, so the block is known; otherwise dropped
+	// (a hash alone cannot be matched to a prompt, and is never taken for a prefix).
+	Placeholders, PlaceholdersResolved uint64
 }
+
+// store is where a worker keeps copies of blocks: a tier, and in it the secondary tier that
+// owns them (vLLM's ownership: two offloading tiers of one medium evict independently).
+type store struct {
+	tier  Tier
+	owner string
+}
+
+// copies maps the engine's block hash to kvrelay's sequence hash for one store. extra counts
+// the copies of a block beyond the first (most blocks have one, so it stays small).
+type copies struct {
+	seq   map[uint64]uint64
+	extra map[uint64]uint32
+}
+
+func newCopies() *copies { return &copies{seq: map[uint64]uint64{}} }
 
 type worker struct {
 	id   string
 	slot int
-	// engine maps the engine's block hash to kvrelay's sequence hash, per tier.
-	engine [numTiers]map[uint64]uint64
+	// engine holds the worker's stores with no owner by tier, and owned ones in owned.
+	engine [numTiers]*copies
+	owned  map[store]*copies
+}
+
+// copiesOf returns the store's copies, creating them when create is set (nil otherwise).
+func (w *worker) copiesOf(st store, create bool) *copies {
+	if st.owner == "" {
+		return w.engine[st.tier]
+	}
+	c := w.owned[st]
+	if c == nil && create {
+		if w.owned == nil {
+			w.owned = map[store]*copies{}
+		}
+		c = newCopies()
+		w.owned[st] = c
+	}
+	return c
+}
+
+// holds reports whether any store of the tier other than except holds the engine block.
+func (w *worker) holds(tier Tier, key uint64, except *copies) bool {
+	if c := w.engine[tier]; c != except {
+		if _, ok := c.seq[key]; ok {
+			return true
+		}
+	}
+	for st, c := range w.owned {
+		if st.tier == tier && c != except {
+			if _, ok := c.seq[key]; ok {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // New returns an empty index.
@@ -88,7 +150,7 @@ func (x *Index) workerLocked(id string) *worker {
 	}
 	w := &worker{id: id, slot: slot}
 	for t := range w.engine {
-		w.engine[t] = map[uint64]uint64{}
+		w.engine[t] = newCopies()
 	}
 	if slot == len(x.slots) {
 		x.slots = append(x.slots, w)
@@ -163,18 +225,26 @@ func (x *Index) store(w *worker, ev *kvevents.Event, out []Change) []Change {
 		x.stats.SkippedGroups++
 		return out
 	}
-	bs := ev.BlockSize
 	n := len(ev.BlockHashes)
+	tier, ok := TierOf(ev.Medium, ev.Locality)
+	if !ok {
+		x.stats.UnknownMedium += uint64(n)
+		return out
+	}
+	cs := w.copiesOf(store{tier, ev.Ownership}, true)
+	bs := ev.BlockSize
 	if bs <= 0 || len(ev.TokenIDs) < n*bs {
+		if bs <= 0 || len(ev.TokenIDs) == 0 {
+			return x.placeholders(w, ev, tier, cs, out)
+		}
 		x.stats.Orphans += uint64(n)
 		return out
 	}
-	tier := TierOf(ev.Medium)
 	var parent uint64
 	hasParent := false
 	if ev.HasParent && !(ev.Parent.B == "" && ev.Parent.U == 0) {
 		// Some simulators send 0 for "no parent"; a real parent is found in the maps.
-		seq, ok := x.lookupParent(w, engineKey(ev.Parent))
+		seq, ok := x.lookupParent(w, cs, engineKey(ev.Parent))
 		if !ok {
 			x.stats.Orphans += uint64(n)
 			return out
@@ -188,20 +258,62 @@ func (x *Index) store(w *worker, ev *kvevents.Event, out []Change) []Change {
 		if hasParent {
 			seq = blockhash.Chain(parent, local)
 		}
-		if x.set.Add(seq, w.slot, tier) {
-			out = append(out, Change{Seq: seq, Tier: tier})
-		}
-		w.engine[tier][engineKey(ev.BlockHashes[i])] = seq
+		out = x.addCopy(w, tier, cs, engineKey(ev.BlockHashes[i]), seq, out)
 		parent, hasParent = seq, true
 		x.stats.Stored++
 	}
 	return out
 }
 
-// lookupParent finds the sequence hash of an engine block in any tier of the worker.
-func (x *Index) lookupParent(w *worker, key uint64) (uint64, bool) {
-	for t := range w.engine {
-		if seq, ok := w.engine[t][key]; ok {
+// addCopy records one more copy of the engine block key (kvrelay's seq) in the store.
+func (x *Index) addCopy(w *worker, tier Tier, cs *copies, key, seq uint64, out []Change) []Change {
+	if _, ok := cs.seq[key]; ok {
+		if cs.extra == nil {
+			cs.extra = map[uint64]uint32{}
+		}
+		cs.extra[key]++
+		x.stats.Copies++
+		return out
+	}
+	cs.seq[key] = seq
+	if x.set.Add(seq, w.slot, tier) {
+		out = append(out, Change{Seq: seq, Tier: tier})
+	}
+	return out
+}
+
+// placeholders indexes the blocks of a store event that carries hashes but no tokens: those
+// the worker announced with their tokens in another store are the same blocks, copied; the
+// rest cannot be matched to any prompt and are dropped.
+func (x *Index) placeholders(w *worker, ev *kvevents.Event, tier Tier, cs *copies, out []Change) []Change {
+	for _, h := range ev.BlockHashes {
+		x.stats.Placeholders++
+		key := engineKey(h)
+		seq, ok := x.lookupParent(w, nil, key)
+		if !ok {
+			continue
+		}
+		x.stats.PlaceholdersResolved++
+		out = x.addCopy(w, tier, cs, key, seq, out)
+	}
+	return out
+}
+
+// lookupParent finds the sequence hash of an engine block: in the store the event is for
+// first (first may be nil), then in any store of the worker.
+func (x *Index) lookupParent(w *worker, first *copies, key uint64) (uint64, bool) {
+	if first != nil {
+		if seq, ok := first.seq[key]; ok {
+			return seq, true
+		}
+	}
+	for _, c := range w.engine {
+		if seq, ok := c.seq[key]; ok {
+			return seq, true
+		}
+	}
+	for _, c := range w.owned {
+		if seq, ok := c.seq[key]; ok {
 			return seq, true
 		}
 	}
@@ -237,32 +349,54 @@ func (x *Index) remove(w *worker, ev *kvevents.Event, out []Change) []Change {
 		x.stats.SkippedGroups++
 		return out
 	}
-	tier := TierOf(ev.Medium)
+	tier, ok := TierOf(ev.Medium, ev.Locality)
+	if !ok {
+		x.stats.UnknownMedium += uint64(len(ev.BlockHashes))
+		return out
+	}
+	cs := w.copiesOf(store{tier, ev.Ownership}, false)
 	for _, h := range ev.BlockHashes {
 		k := engineKey(h)
-		seq, ok := w.engine[tier][k]
-		if !ok {
+		var seq uint64
+		if cs != nil {
+			seq, ok = cs.seq[k]
+		}
+		if cs == nil || !ok {
 			x.stats.Unknown++
 			continue
 		}
-		delete(w.engine[tier], k)
+		x.stats.Removed++
+		if n := cs.extra[k]; n > 0 {
+			// Another copy of the block stays.
+			if n == 1 {
+				delete(cs.extra, k)
+			} else {
+				cs.extra[k] = n - 1
+			}
+			continue
+		}
+		delete(cs.seq, k)
+		if w.holds(tier, k, cs) {
+			continue
+		}
 		if x.set.Remove(seq, w.slot, tier) {
 			out = append(out, Change{Seq: seq, Tier: tier, Removed: true})
 		}
-		x.stats.Removed++
+	}
+	if ev.Ownership != "" && cs != nil && len(cs.seq) == 0 {
+		delete(w.owned, store{tier, ev.Ownership})
 	}
 	return out
 }
 
 func (x *Index) clearLocked(w *worker, out []Change) []Change {
+	x.set.ClearSlot(w.slot, func(seq uint64, t Tier) {
+		out = append(out, Change{Seq: seq, Tier: t, Removed: true})
+	})
 	for t := range w.engine {
-		for _, seq := range w.engine[t] {
-			if x.set.Remove(seq, w.slot, Tier(t)) {
-				out = append(out, Change{Seq: seq, Tier: Tier(t), Removed: true})
-			}
-		}
-		w.engine[t] = map[uint64]uint64{}
+		w.engine[t] = newCopies()
 	}
+	w.owned = nil
 	return out
 }
 
@@ -298,8 +432,11 @@ func (x *Index) Blocks(id string) [numTiers]int {
 	defer x.mu.RUnlock()
 	var n [numTiers]int
 	if w, ok := x.workers[id]; ok {
-		for t := range w.engine {
-			n[t] = len(w.engine[t])
+		for t, c := range w.engine {
+			n[t] = len(c.seq)
+		}
+		for st, c := range w.owned {
+			n[st.tier] += len(c.seq)
 		}
 	}
 	return n

@@ -30,10 +30,8 @@ func TestTierViewFollowsSimulatedEngine(t *testing.T) {
 			cfg.DiskOffloadDir, cfg.DiskOffloadBlocks, cfg.DiskAdmitMinHits = t.TempDir(), 256, 1
 			cfg.OffloadOn, cfg.Eviction = tc.offload, tc.evict
 			x := New()
-			sink := sim.NewEventSink(func(b *kvevents.Batch) error {
-				x.Apply("w", b, nil)
-				return nil
-			}, cfg.BlockSize, false)
+			var step int
+			sink := sim.NewEventSink(liveCopies(t, x, &step), cfg.BlockSize, false)
 			e, err := sim.NewEngine(cfg, []uint32{7, 8, 9}, sink, nil)
 			if err != nil {
 				t.Fatal(err)
@@ -42,7 +40,7 @@ func TestTierViewFollowsSimulatedEngine(t *testing.T) {
 			now := time.Unix(1000, 0)
 			var reqs []*sim.Request
 			var prompts [][]uint32
-			for step := 0; step < 3000; step++ {
+			for step = 0; step < 3000; step++ {
 				if rng.IntN(4) == 0 && len(reqs) < 400 {
 					// A session prefix (one of 6) and a tail, or an earlier prompt grown by
 					// a turn (conversations come back); sometimes pinned.
@@ -89,6 +87,32 @@ func TestTierViewFollowsSimulatedEngine(t *testing.T) {
 				t.Fatalf("the workload never reached host (%d) or disk (%d): the test checks nothing below GPU", b[Host], b[Disk])
 			}
 		})
+	}
+}
+
+// liveCopies applies each batch to x after checking that the engine announces blocks as
+// vLLM does: the simulated engine keeps one copy of a block per tier, so it must not store a
+// block a tier holds before announcing that copy's removal (an index counting copies would
+// keep it forever).
+func liveCopies(t *testing.T, x *Index, step *int) func(b *kvevents.Batch) error {
+	live := map[[2]string]bool{}
+	return func(b *kvevents.Batch) error {
+		for _, ev := range b.Events {
+			for _, h := range ev.BlockHashes {
+				k := [2]string{ev.Medium, h.String()}
+				switch ev.Kind {
+				case kvevents.BlockStored:
+					if live[k] {
+						t.Errorf("step %d: block %s stored in %s again before its removal", *step, h, ev.Medium)
+					}
+					live[k] = true
+				case kvevents.BlockRemoved:
+					delete(live, k)
+				}
+			}
+		}
+		x.Apply("w", b, nil)
+		return nil
 	}
 }
 

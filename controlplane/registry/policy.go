@@ -45,8 +45,9 @@ type Policy struct {
 	// CacheThreshold is the share of a prompt's blocks the best overlap must reach for the
 	// cache to decide the pick, in [0, 1].
 	CacheThreshold float64 `json:"cache_threshold"`
-	// TierWeights weigh a cached block by where it is: GPU, host memory, disk; each in
-	// [0, 1], at most three.
+	// TierWeights weigh a cached block by where it is: GPU, host memory, the worker's own
+	// disk, storage shared by several workers; each in [0, 1], at most four. A tier left
+	// out keeps its default weight.
 	TierWeights []float64 `json:"tier_weights"`
 	// Busy thresholds per worker: uncached prompt tokens still prefilling, KV blocks held
 	// by decodes, share of the KV cache in use (in [0, 1]).
@@ -145,7 +146,7 @@ func (p Policy) validate() error {
 		return err
 	}
 	if len(p.TierWeights) > xds.NumTiers {
-		return fmt.Errorf("%d tier weights, at most %d (GPU, host, disk)", len(p.TierWeights), xds.NumTiers)
+		return fmt.Errorf("%d tier weights, at most %d (GPU, host, disk, shared storage)", len(p.TierWeights), xds.NumTiers)
 	}
 	for i, tw := range p.TierWeights {
 		if err := checkRange(fmt.Sprintf("tier weight %d", i), tw, 0, 1); err != nil {

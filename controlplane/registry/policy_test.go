@@ -54,7 +54,7 @@ func TestPolicyValidate(t *testing.T) {
 		{name: "negative temperature", edit: func(p *Policy) { p.Temperature = -0.5 }, wantErr: "temperature"},
 		{name: "threshold above 1", edit: func(p *Policy) { p.CacheThreshold = 1.5 }, wantErr: "cache threshold"},
 		{name: "kv fraction below 0", edit: func(p *Policy) { p.BusyKVFraction = -0.1 }, wantErr: "busy kv fraction"},
-		{name: "four tiers", edit: func(p *Policy) { p.TierWeights = []float64{1, 1, 1, 1} }, wantErr: "4 tier weights"},
+		{name: "five tiers", edit: func(p *Policy) { p.TierWeights = []float64{1, 1, 1, 1, 1} }, wantErr: "5 tier weights"},
 		{name: "tier above 1", edit: func(p *Policy) { p.TierWeights = []float64{1, 2} }, wantErr: "tier weight 1"},
 		{name: "negative ttl", edit: func(p *Policy) { p.SessionTTL = -time.Second }, wantErr: "session ttl"},
 		{name: "ttl over a week", edit: func(p *Policy) { p.SessionTTL = 8 * 24 * time.Hour }, wantErr: "session ttl"},

@@ -189,7 +189,7 @@ func (r *reader) event(e *Event) (bool, error) {
 	switch e.Kind {
 	case BlockRemoved:
 		*e = Event{Kind: BlockRemoved, BlockHashes: e.BlockHashes, Medium: e.Medium,
-			GroupIdx: e.GroupIdx, HasGroupIdx: e.HasGroupIdx,
+			GroupIdx: e.GroupIdx, HasGroupIdx: e.HasGroupIdx, Locality: e.Locality, Ownership: e.Ownership,
 			TokenIDs: e.TokenIDs[:0], ExtraKeys: e.ExtraKeys[:0]}
 	case AllBlocksCleared:
 		*e = Event{Kind: AllBlocksCleared, BlockHashes: e.BlockHashes[:0],
@@ -361,6 +361,20 @@ func (r *reader) field(e *Event, name string) error {
 			return nil
 		}
 		return r.skip(0)
+	case keyLocality, keyOwnership, keySessionID:
+		s, ok := r.tryOptStr()
+		if !ok {
+			return r.skip(0)
+		}
+		switch name {
+		case keyLocality:
+			e.Locality = intern(s)
+		case keyOwnership:
+			e.Ownership = intern(s)
+		default:
+			e.SessionID = string(s)
+		}
+		return nil
 	default:
 		err = r.skip(0)
 	}
@@ -379,6 +393,14 @@ func intern(s []byte) string {
 		return "CPU"
 	case "DISK":
 		return "DISK"
+	case "STORAGE":
+		return "STORAGE"
+	case "CPU_PINNED":
+		return "CPU_PINNED"
+	case "LOCAL":
+		return "LOCAL"
+	case "REMOTE":
+		return "REMOTE"
 	case "cpu":
 		return "cpu"
 	case "gpu":

@@ -20,6 +20,9 @@ const (
 	keyGroupIdx        = "group_idx"
 	keySpecKind        = "kv_cache_spec_kind"
 	keySlidingWindow   = "kv_cache_spec_sliding_window"
+	keyLocality        = "locality"
+	keyOwnership       = "ownership"
+	keySessionID       = "session_id"
 	keyBatchTS         = "ts"
 	keyBatchEvents     = "events"
 	keyBatchDPRank     = "data_parallel_rank"
@@ -85,6 +88,7 @@ func appendEventMap(dst []byte, e *Event) []byte {
 		if e.HasSlidingWindow {
 			n++
 		}
+		n += countStrs(e.Locality, e.Ownership, e.SessionID)
 		dst = appendMapHeader(dst, n)
 		dst = appendStr(dst, keyType)
 		dst = appendStr(dst, tagBlockStored)
@@ -118,11 +122,15 @@ func appendEventMap(dst []byte, e *Event) []byte {
 			dst = appendStr(dst, keySlidingWindow)
 			dst = appendInt(dst, int64(e.SlidingWindow))
 		}
+		dst = appendStrField(dst, keyLocality, e.Locality)
+		dst = appendStrField(dst, keyOwnership, e.Ownership)
+		dst = appendStrField(dst, keySessionID, e.SessionID)
 	case BlockRemoved:
 		n := 3
 		if e.HasGroupIdx {
 			n++
 		}
+		n += countStrs(e.Locality, e.Ownership)
 		dst = appendMapHeader(dst, n)
 		dst = appendStr(dst, keyType)
 		dst = appendStr(dst, tagBlockRemoved)
@@ -134,6 +142,8 @@ func appendEventMap(dst []byte, e *Event) []byte {
 			dst = appendStr(dst, keyGroupIdx)
 			dst = appendInt(dst, int64(e.GroupIdx))
 		}
+		dst = appendStrField(dst, keyLocality, e.Locality)
+		dst = appendStrField(dst, keyOwnership, e.Ownership)
 	case AllBlocksCleared:
 		dst = appendMapHeader(dst, 1)
 		dst = appendStr(dst, keyType)
@@ -146,7 +156,9 @@ func appendEventArray(dst []byte, e *Event) []byte {
 	switch e.Kind {
 	case BlockStored:
 		// Positions: 0 tag, 1 hashes, 2 parent, 3 tokens, 4 block_size, 5 lora_id, 6 medium,
-		// 7 lora_name, 8 extra_keys, 9 group_idx, 10 spec kind, 11 sliding window.
+		// 7 lora_name, 8 extra_keys, 9 group_idx, 10 spec kind, 11 sliding window. The
+		// fields engines added after they moved to maps (locality, ownership, session_id)
+		// have no position and are not written.
 		n := storedMinArrayLen
 		switch {
 		case e.HasSlidingWindow:
@@ -192,6 +204,8 @@ func appendEventArray(dst []byte, e *Event) []byte {
 			dst = appendInt(dst, int64(e.SlidingWindow))
 		}
 	case BlockRemoved:
+		// Positions: 0 tag, 1 hashes, 2 medium, 3 group_idx (locality and ownership: map
+		// events only).
 		n := removedMinArrayLen
 		switch {
 		case e.HasGroupIdx:
@@ -367,4 +381,24 @@ func appendMapHeader(dst []byte, n int) []byte {
 		return binary.BigEndian.AppendUint16(append(dst, 0xde), uint16(n))
 	}
 	return binary.BigEndian.AppendUint32(append(dst, 0xdf), uint32(n))
+}
+
+// countStrs counts the non-empty strings: the optional string fields a map event carries
+// (omitted when nil, as msgspec's omit_defaults does).
+func countStrs(ss ...string) int {
+	n := 0
+	for _, s := range ss {
+		if s != "" {
+			n++
+		}
+	}
+	return n
+}
+
+// appendStrField appends key and s to a map event when s is not empty.
+func appendStrField(dst []byte, key, s string) []byte {
+	if s == "" {
+		return dst
+	}
+	return appendStr(appendStr(dst, key), s)
 }

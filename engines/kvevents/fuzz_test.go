@@ -59,8 +59,12 @@ func FuzzDecodeBatch(f *testing.F) {
 			if err != nil {
 				t.Fatalf("decoding our %s re-encoding %x of %x: %v", format, enc, data, err)
 			}
-			if !sameBatch(&b, &again) {
-				t.Fatalf("%s round trip of %x\n got %+v\nwant %+v", format, data, again, b)
+			want := &b
+			if format == FormatArray {
+				want = withoutMapOnly(&b)
+			}
+			if !sameBatch(want, &again) {
+				t.Fatalf("%s round trip of %x\n got %+v\nwant %+v", format, data, again, *want)
 			}
 			var generic any
 			if err := msgpack.Unmarshal(enc, &generic); err != nil {

@@ -383,8 +383,9 @@ func (p *Publisher) tail(from uint64) []ringEntry {
 // serveReplay answers replay requests on the ROUTER socket until Close. A request is
 // [identity, "", start seq (8 bytes big-endian)] from a REQ or DEALER that frames like REQ
 // (vLLM's protocol), or [identity, start seq] from a bare DEALER. The answer is one message
-// per buffered batch with seq >= start, [identity, "", seq, payload], then
-// [identity, "", -1, ""]; the empty delimiter frame is left out when the request had none.
+// per buffered batch with seq >= start, [identity, "", topic, seq, payload], then
+// [identity, "", "", -1, ""], as vLLM answers since mid-2026; to a bare DEALER it is
+// [identity, seq, payload] and [identity, -1, ""], with neither delimiter nor topic.
 func (p *Publisher) serveReplay() {
 	defer p.wg.Done()
 	for {
@@ -411,18 +412,18 @@ func (p *Publisher) serveReplay() {
 		}
 		p.replays.Add(1)
 		for _, e := range p.tail(binary.BigEndian.Uint64(start)) {
-			if err := p.router.Send(replyMsg(id, delim, e.buf[:8:8], e.buf[8:])); err != nil {
+			if err := p.router.Send(replyMsg(id, delim, p.topic, e.buf[:8:8], e.buf[8:])); err != nil {
 				break
 			}
 			p.replayed.Add(1)
 		}
-		_ = p.router.Send(replyMsg(id, delim, endSeq[:], []byte{}))
+		_ = p.router.Send(replyMsg(id, delim, []byte{}, endSeq[:], []byte{}))
 	}
 }
 
-func replyMsg(id []byte, delim bool, seq, payload []byte) zmq4.Msg {
+func replyMsg(id []byte, delim bool, topic, seq, payload []byte) zmq4.Msg {
 	if delim {
-		return zmq4.NewMsgFrom(id, []byte{}, seq, payload)
+		return zmq4.NewMsgFrom(id, []byte{}, topic, seq, payload)
 	}
 	return zmq4.NewMsgFrom(id, seq, payload)
 }

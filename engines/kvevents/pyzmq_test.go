@@ -221,7 +221,7 @@ func TestPyzmqReplay(t *testing.T) {
 	defer cancel()
 
 	t.Run("libzmq DEALER and REQ against the go ROUTER", func(t *testing.T) {
-		pub := startPublisher(t, ctx, PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"})
+		pub := startPublisher(t, ctx, PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", Topic: "kv@sim"})
 		var want []any
 		for i := range 6 {
 			b := interopBatch(i)
@@ -235,12 +235,16 @@ func TestPyzmqReplay(t *testing.T) {
 		py := startPeer(t, ctx, "replay", pub.ReplayEndpoint(), "2")
 		for seq := 2; seq < 6; seq++ {
 			var got struct {
-				Seq   int `json:"seq"`
-				Batch any `json:"batch"`
+				Seq   int     `json:"seq"`
+				Topic *string `json:"topic"`
+				Batch any     `json:"batch"`
 			}
 			py.next(&got)
 			if got.Seq != seq || !reflect.DeepEqual(got.Batch, want[seq]) {
 				t.Fatalf("replayed %d: %v\nwant %d: %v", got.Seq, got.Batch, seq, want[seq])
+			}
+			if got.Topic == nil || *got.Topic != "kv@sim" {
+				t.Fatalf("replayed %d without the topic frame vLLM sends", got.Seq)
 			}
 		}
 		var end struct {
@@ -259,16 +263,24 @@ func TestPyzmqReplay(t *testing.T) {
 			Seq    int `json:"seq"`
 		}
 		req.next(&first)
-		if first.Frames != 2 || first.Seq != 4 {
+		if first.Frames != 3 || first.Seq != 4 {
 			t.Fatalf("REQ got %+v", first)
 		}
 		req.wait()
 	})
 
-	t.Run("go Replay against vLLM's ROUTER loop", func(t *testing.T) {
+	for _, mode := range []string{"router", "router-topic"} {
+		t.Run("go Replay against vLLM's ROUTER loop/"+mode, func(t *testing.T) { replayFromPython(t, ctx, mode) })
+	}
+}
+
+// replayFromPython runs Replay against the python peer's ROUTER in mode (router: vLLM's replay
+// before the topic frame; router-topic: after).
+func replayFromPython(t *testing.T, ctx context.Context, mode string) {
+	{
 		files, want := vectorFiles(t)
 		files, want = files[:4], want[:4]
-		py := startPeer(t, ctx, append([]string{"router"}, files...)...)
+		py := startPeer(t, ctx, append([]string{mode}, files...)...)
 		var ep struct {
 			Endpoint string `json:"endpoint"`
 		}
@@ -287,9 +299,12 @@ func TestPyzmqReplay(t *testing.T) {
 			if c := canonical(t, &r.Batch); !reflect.DeepEqual(c, want[1+i]) {
 				t.Fatalf("batch %d\n got %v\nwant %v", r.Seq, c, want[1+i])
 			}
+			if wantTopic := map[string]string{"router-topic": "kv@10.0.0.7:8000@Qwen/Qwen3-8B"}[mode]; r.Topic != wantTopic {
+				t.Fatalf("batch %d topic %q, want %q", r.Seq, r.Topic, wantTopic)
+			}
 		}
 		py.wait()
-	})
+	}
 }
 
 // TestPyzmqDecodesAppendBatch has python3-msgpack read random batches kvrelay encoded, in

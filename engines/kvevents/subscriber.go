@@ -244,16 +244,17 @@ func (s *Subscriber) Stats() SubscriberStats {
 	}
 }
 
-// Replayed is one batch returned by Replay.
+// Replayed is one batch returned by Replay, with the publisher's topic when it sent one.
 type Replayed struct {
 	Seq   uint64
+	Topic string
 	Batch Batch
 }
 
 // Replay asks the publisher's replay (ROUTER) socket at endpoint for every buffered batch
 // with seq >= from and returns them in order. It speaks vLLM's protocol from a DEALER socket:
-// it sends ["", from as 8 bytes big-endian] and reads ["", seq, payload] messages until the
-// one whose seq is -1. The publisher keeps only its most recent batches, so the first
+// it sends ["", from as 8 bytes big-endian] and reads ["", topic, seq, payload] messages (vLLM
+// since mid-2026) or ["", seq, payload] (earlier vLLM, SGLang) until the one whose seq is -1. The publisher keeps only its most recent batches, so the first
 // returned seq may be above from; the caller compares and treats the difference as lost.
 //
 // Replay dials with a short retry and gives up when ctx ends; give ctx a deadline. A payload
@@ -292,6 +293,10 @@ func Replay(ctx context.Context, endpoint string, from uint64) ([]Replayed, erro
 		if len(fr) > 0 && len(fr[0]) == 0 {
 			fr = fr[1:] // the empty delimiter
 		}
+		var topic []byte
+		if len(fr) == 3 {
+			topic, fr = fr[0], fr[1:]
+		}
 		if len(fr) != 2 || len(fr[0]) != 8 {
 			return out, fmt.Errorf("receiving kv event replay: %w: %d frames", ErrMalformed, len(msg.Frames))
 		}
@@ -303,7 +308,7 @@ func Replay(ctx context.Context, endpoint string, from uint64) ([]Replayed, erro
 		if err := DecodeBatchInto(&b, fr[1]); err != nil {
 			return out, fmt.Errorf("decoding replayed kv event batch %d: %w", seq, err)
 		}
-		out = append(out, Replayed{Seq: seq, Batch: b})
+		out = append(out, Replayed{Seq: seq, Topic: string(topic), Batch: b})
 	}
 }
 

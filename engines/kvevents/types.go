@@ -101,8 +101,8 @@ func (v RawValue) Decode() (any, error) {
 //
 //   - BlockStored: BlockHashes, Parent/HasParent, TokenIDs, BlockSize, LoraID/HasLoraID,
 //     Medium, LoraName, ExtraKeys/HasExtraKeys, GroupIdx/HasGroupIdx, KVCacheSpecKind,
-//     SlidingWindow/HasSlidingWindow, BigramTokens.
-//   - BlockRemoved: BlockHashes, Medium, GroupIdx/HasGroupIdx.
+//     SlidingWindow/HasSlidingWindow, BigramTokens, Locality, Ownership, SessionID.
+//   - BlockRemoved: BlockHashes, Medium, GroupIdx/HasGroupIdx, Locality, Ownership.
 //   - AllBlocksCleared: nothing.
 //
 // Optional wire fields that may be nil (Python None) have a Has flag; strings use "" for nil.
@@ -149,6 +149,18 @@ type Event struct {
 	// SlidingWindow is the group's window in tokens, for sliding-window groups.
 	SlidingWindow    int
 	HasSlidingWindow bool
+
+	// Locality, Ownership and SessionID exist only in map events (engines added them after
+	// they left the positional layout); FormatArray does not write them.
+	//
+	// Locality says who can read an offloaded block: "LOCAL" (this worker) or "REMOTE"
+	// (storage every worker that mounts it shares); "" when nil.
+	Locality string
+	// Ownership names the secondary tier that holds the block (vLLM's offloading tiers each
+	// evict their own copies); "" when nil.
+	Ownership string
+	// SessionID is the session the engine stored the block for, when it says; "" when nil.
+	SessionID string
 }
 
 // Batch is one published message: the events of one engine step.

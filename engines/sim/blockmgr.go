@@ -119,8 +119,21 @@ func (m *blockManager) beginStep(now time.Time) {
 
 // endStep moves the blocks the step's allocations evicted from the GPU down where they belong
 // (see evicted) and appends their removal from the GPU to the events.
-func (m *blockManager) endStep() {
-	if removed := m.evicted(m.pool.Evicted()); len(removed) > 0 {
+func (m *blockManager) endStep() { m.flushEvicted() }
+
+// flushEvicted appends the removal from the GPU of the blocks evicted since the last flush.
+// It runs before every event that stores blocks on the GPU as well as at the end of a step,
+// so that events keep the engine's order: a block evicted and cached again in one step is
+// removed, then stored, and an index that counts copies (vLLM announces each physical copy
+// and each eviction) ends holding it once.
+func (m *blockManager) flushEvicted() {
+	ev := m.pool.Evicted()
+	if len(ev) == 0 {
+		return
+	}
+	removed := m.evicted(slices.Clone(ev))
+	m.pool.ClearEvicted()
+	if len(removed) > 0 {
 		*m.events = append(*m.events, CacheEvent{Kind: BlocksRemoved, Medium: MediumGPU, Hashes: removed})
 	}
 }
@@ -448,6 +461,9 @@ func (m *blockManager) reset() bool {
 
 // storedEvent appends the BlockStored event of r's blocks [from, to) in medium.
 func (m *blockManager) storedEvent(r *Request, from, to int, medium string) {
+	if medium == MediumGPU {
+		m.flushEvicted()
+	}
 	bs := m.cfg.BlockSize
 	ev := CacheEvent{Kind: BlocksStored, Medium: medium, Hashes: r.hashes[from:to], Tokens: r.tokens[from*bs : to*bs], First: from}
 	if !r.keys.Empty() {

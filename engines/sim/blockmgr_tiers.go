@@ -206,17 +206,20 @@ func (b *blockMeta) pinned(now int64) bool { return b.pinUntil > now }
 // evicted moves the blocks the GPU tier just evicted down where they belong — a pinned block
 // always to host, any other but an ephemeral one when offloading on eviction — before the
 // caller publishes their removal from the GPU, forgets those no tier holds, and returns the
-// hashes to publish as removed from the GPU (those not cached there again since).
+// hashes to publish as removed from the GPU: all of them (one cached there again since was
+// announced after this removal).
 func (m *blockManager) evicted(hashes []uint64) []uint64 {
 	if !m.tiered {
 		return hashes
 	}
 	out := hashes[:0]
 	for _, h := range hashes {
-		if m.onGPU(h) {
-			continue // onboarded again in the same step
-		}
 		out = append(out, h)
+		if m.onGPU(h) {
+			// Cached again since (onboarded or recomputed in the same step): the evicted
+			// copy is gone, the new one was announced after this removal.
+			continue
+		}
 		b := m.meta[h]
 		if b == nil {
 			continue

@@ -108,7 +108,7 @@ def norm_fields(fields):
         "block_hashes": [], "parent": None, "token_ids": [], "bigram": False,
         "block_size": 0, "lora_id": None, "medium": None, "lora_name": None,
         "extra_keys": None, "group_idx": None, "kv_cache_spec_kind": None,
-        "sliding_window": None,
+        "sliding_window": None, "locality": None, "ownership": None, "session_id": None,
     }
     if "block_hashes" in fields:
         hs = fields["block_hashes"]
@@ -138,6 +138,9 @@ def norm_fields(fields):
         ev["kv_cache_spec_kind"], _ = opt_str(fields["kv_cache_spec_kind"], False)
     if "kv_cache_spec_sliding_window" in fields:
         ev["sliding_window"], _ = opt_int(fields["kv_cache_spec_sliding_window"], False)
+    for k in ("locality", "ownership", "session_id"):
+        if k in fields:
+            ev[k], _ = opt_str(fields[k], False)
     return ev
 
 
@@ -159,7 +162,8 @@ def norm_event(obj):
         return dict(type=tag, **ev)
     if tag == "BlockRemoved":
         return {"type": tag, "block_hashes": ev["block_hashes"], "medium": ev["medium"],
-                "group_idx": ev["group_idx"]}
+                "group_idx": ev["group_idx"], "locality": ev["locality"],
+                "ownership": ev["ownership"]}
     return {"type": tag}
 
 
@@ -184,7 +188,8 @@ def normalize(obj):
 # ---------------------------------------------------------------------------------------------
 
 def stored_map(hashes, parent, tokens, block_size, lora_id=None, medium="GPU", lora_name=None,
-               extra_keys=None, group_idx=None, spec_kind=None, window=None):
+               extra_keys=None, group_idx=None, spec_kind=None, window=None, locality=None,
+               ownership=None, session_id=None):
     m = {"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": parent,
          "token_ids": tokens, "block_size": block_size, "lora_id": lora_id, "medium": medium,
          "lora_name": lora_name}
@@ -196,13 +201,20 @@ def stored_map(hashes, parent, tokens, block_size, lora_id=None, medium="GPU", l
         m["kv_cache_spec_kind"] = spec_kind
     if window is not None:
         m["kv_cache_spec_sliding_window"] = window
+    for k, v in (("locality", locality), ("ownership", ownership), ("session_id", session_id)):
+        if v is not None:
+            m[k] = v
     return m
 
 
-def removed_map(hashes, medium="GPU", group_idx=None):
+def removed_map(hashes, medium="GPU", group_idx=None, locality=None, ownership=None):
     m = {"type": "BlockRemoved", "block_hashes": hashes, "medium": medium}
     if group_idx is not None:
         m["group_idx"] = group_idx
+    if locality is not None:
+        m["locality"] = locality
+    if ownership is not None:
+        m["ownership"] = ownership
     return m
 
 
@@ -253,6 +265,19 @@ VECTORS = [
                     lora_name="a-rather-long-adapter-name-of-forty-chars", group_idx=0),
          stored_map([SHA, SHA[::-1]], SHA, toks(5, 32), 16, medium="GPU"),
          removed_map([SHA], medium="GPU"),
+     ], 0]),
+    ("map_offload_tiers", "map",
+     "vLLM offloading: a GPU store for a session, its CPU copy, a shared fs tier's copy "
+     "(REMOTE, owned), a placeholder chunk (block_size 0, no tokens), per-tier removals",
+     [1800000000.5, [
+         stored_map([H1, H2], None, toks(13, 32), 16, extra_keys=[None, None], group_idx=0,
+                    spec_kind="full_attention", session_id="sess-42"),
+         stored_map([H1, H2], None, toks(13, 32), 16, medium="CPU", locality="LOCAL"),
+         stored_map([H1, H2], None, toks(13, 32), 16, medium="STORAGE", locality="REMOTE",
+                    ownership="fs"),
+         stored_map([H3], None, [], 0, medium="CPU", locality="LOCAL"),
+         removed_map([H2], medium="CPU", locality="LOCAL"),
+         removed_map([H1, H2], medium="STORAGE", locality="REMOTE", ownership="fs"),
      ], 0]),
     ("map_empty", "map", "a batch with no events",
      [0.0, [], 0]),

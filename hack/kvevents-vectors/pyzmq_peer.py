@@ -76,13 +76,17 @@ def main():
         s.connect(endpoint)
         s.send_multipart([b"", start.to_bytes(8, "big")])
         while True:
+            # vLLM since mid-2026: ["", topic, seq, payload]; before: ["", seq, payload].
             frames = s.recv_multipart()
-            assert len(frames) == 3 and frames[0] == b"", frames
-            if frames[1] == END_SEQ:
-                assert frames[2] == b"", frames
-                out({"end": True})
+            assert len(frames) in (3, 4) and frames[0] == b"", frames
+            topic = frames[1].decode() if len(frames) == 4 else None
+            seq, payload = frames[-2], frames[-1]
+            if seq == END_SEQ:
+                assert payload == b"", frames
+                out({"end": True, "topic": topic})
                 break
-            out({"seq": int.from_bytes(frames[1], "big"), "batch": normalize(unpack(frames[2]))})
+            out({"seq": int.from_bytes(seq, "big"), "topic": topic,
+                 "batch": normalize(unpack(payload))})
     elif mode == "replay-req":
         endpoint, start = args[0], int(args[1])
         s = ctx.socket(zmq.REQ)
@@ -90,8 +94,11 @@ def main():
         s.connect(endpoint)
         s.send(start.to_bytes(8, "big"))
         frames = s.recv_multipart()
-        out({"frames": len(frames), "seq": int.from_bytes(frames[0], "big", signed=True)})
-    elif mode == "router":
+        out({"frames": len(frames), "seq": int.from_bytes(frames[-2], "big", signed=True)})
+    elif mode in ("router", "router-topic"):
+        # router-topic answers as vLLM's ZmqEventPublisher does since mid-2026, with the
+        # topic frame; router as it did before.
+        topic = b"kv@10.0.0.7:8000@Qwen/Qwen3-8B" if mode == "router-topic" else None
         buf = []
         for i, f in enumerate(args):
             with open(f, "rb") as fh:
@@ -107,8 +114,14 @@ def main():
         start_seq = int.from_bytes(start_seq_bytes, "big")
         for seq, payload in buf:
             if seq >= start_seq:
-                s.send_multipart((client_id, b"", seq.to_bytes(8, "big"), payload))
-        s.send_multipart((client_id, b"", END_SEQ, b""))
+                if topic is None:
+                    s.send_multipart((client_id, b"", seq.to_bytes(8, "big"), payload))
+                else:
+                    s.send_multipart((client_id, b"", topic, seq.to_bytes(8, "big"), payload))
+        if topic is None:
+            s.send_multipart((client_id, b"", END_SEQ, b""))
+        else:
+            s.send_multipart((client_id, b"", b"", END_SEQ, b""))
         out({"served": start_seq})
     elif mode == "normalize":
         for f in args:

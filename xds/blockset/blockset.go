@@ -20,28 +20,56 @@ type Tier uint8
 
 // Tiers, from the fastest.
 const (
+	// GPU is the engine's own KV cache.
 	GPU Tier = iota
+	// Host is CPU memory the worker offloads to (vLLM's CPU tier, SGLang's CPU_PINNED).
 	Host
+	// Disk is storage of the worker's own (vLLM's STORAGE with locality LOCAL, a local fs
+	// tier, SGLang's DISK).
 	Disk
+	// Shared is storage that several workers mount (vLLM's STORAGE with locality REMOTE, an
+	// object store, SGLang's EXTERNAL L3): a block one worker wrote there, each of them can
+	// load.
+	Shared
 	NumTiers
 )
 
-// TierOf maps a KV event's medium to a tier; unknown media count as GPU memory.
-func TierOf(medium string) Tier {
+// TierOf maps a KV event's medium and locality to a tier. ok is false for a medium kvrelay
+// does not know: such a block must not be credited at all (crediting it as GPU memory would
+// promise a hit the engine cannot give). An empty medium is GPU memory (engines that predate
+// media send none). Locality "REMOTE" makes storage shared; object stores and SGLang's
+// external (L3) storage are shared unless the event says "LOCAL".
+func TierOf(medium, locality string) (t Tier, ok bool) {
 	switch medium {
-	case "CPU", "cpu", "CPU_TIER", "cpu_tier", "host", "HOST":
-		return Host
-	case "DISK", "disk", "LOCAL_DISK", "local_disk", "SSD", "ssd":
-		return Disk
+	case "", "GPU", "gpu", "cuda", "CUDA":
+		t = GPU
+	case "CPU", "cpu", "CPU_PINNED", "cpu_pinned", "CPU_TIER", "cpu_tier", "host", "HOST":
+		t = Host
+	case "STORAGE", "storage", "FS", "fs", "DISK", "disk", "LOCAL_DISK", "local_disk", "SSD", "ssd":
+		t = Disk
+	case "OBJ", "obj", "EXTERNAL", "external", "L3":
+		t = Shared
+	default:
+		return GPU, false
 	}
-	return GPU
+	switch locality {
+	case "REMOTE", "remote":
+		if t == Disk {
+			t = Shared
+		}
+	case "LOCAL", "local":
+		if t == Shared {
+			t = Disk
+		}
+	}
+	return t, true
 }
 
 // Weights scale a cached block by its tier when overlaps are scored.
 type Weights [NumTiers]float64
 
-// DefaultWeights are GPU 1, host 0.75, disk 0.25: NVIDIA Dynamo's router's defaults
-// (docs/routing-cost.md).
+// DefaultWeights are GPU 1, host 0.75, disk 0.25 (NVIDIA Dynamo's router's defaults) and
+// shared storage 0.2 (docs/routing-cost.md).
 var DefaultWeights = Weights(policy.DefaultTierWeights())
 
 // Set is a set of (block, slot, tier) entries.
@@ -179,6 +207,14 @@ func (sh *shard) distinct() int {
 			n++
 		}
 	}
+	for seq := range sh.tiers[Shared] {
+		_, g := sh.tiers[GPU][seq]
+		_, h := sh.tiers[Host][seq]
+		_, d := sh.tiers[Disk][seq]
+		if !g && !h && !d {
+			n++
+		}
+	}
 	return n
 }
 
@@ -203,9 +239,9 @@ func (s *Set) Match(hashes []uint64, overlap []float64, wt Weights) float64 {
 }
 
 // Lower is what a slot's run holds below GPU memory: its blocks whose fastest copy is in host
-// memory and on disk. The run is overlap + Deficit blocks long, Deficit being what the tier
-// weights took off those blocks.
-type Lower struct{ Host, Disk, Deficit float64 }
+// memory, on its own disk and in shared storage. The run is overlap + Deficit blocks long,
+// Deficit being what the tier weights took off those blocks.
+type Lower struct{ Host, Disk, Shared, Deficit float64 }
 
 // MatchTiers is Match that also fills lower[slot] (when lower is not nil; it must be as long
 // as overlap) with what the slot's run holds below GPU memory, so that a caller can price
@@ -252,6 +288,9 @@ func (sh *shard) match(hashes []uint64, overlap []float64, lower []Lower, wt Wei
 		if len(sh.tiers[Disk]) > 0 {
 			held |= sh.tiers[Disk][h]
 		}
+		if len(sh.tiers[Shared]) > 0 {
+			held |= sh.tiers[Shared][h]
+		}
 		held &= active
 		if held == 0 {
 			break
@@ -261,18 +300,26 @@ func (sh *shard) match(hashes []uint64, overlap []float64, lower []Lower, wt Wei
 		}
 		active = held
 		if below := active &^ gpu; below != 0 {
-			host := sh.tiers[Host][h]
+			host, disk := sh.tiers[Host][h], sh.tiers[Disk][h]
 			for b := below; b != 0; b &= b - 1 {
 				i := bits.TrailingZeros64(b)
-				w := wt[Disk]
+				var w float64
 				switch {
 				case host&(1<<i) != 0:
 					w = wt[Host]
 					if slow != nil {
 						slow[i].Host++
 					}
-				case slow != nil:
-					slow[i].Disk++
+				case disk&(1<<i) != 0:
+					w = wt[Disk]
+					if slow != nil {
+						slow[i].Disk++
+					}
+				default:
+					w = wt[Shared]
+					if slow != nil {
+						slow[i].Shared++
+					}
 				}
 				deficit[i] += 1 - w
 			}
@@ -295,7 +342,7 @@ func closeRuns(set uint64, n int, overlap []float64, deficit *[64]float64, lower
 		if i := bits.TrailingZeros64(b); i < len(overlap) {
 			overlap[i] = float64(n) - deficit[i]
 			if lower != nil {
-				lower[i] = Lower{Host: slow[i].Host, Disk: slow[i].Disk, Deficit: deficit[i]}
+				lower[i] = Lower{Host: slow[i].Host, Disk: slow[i].Disk, Shared: slow[i].Shared, Deficit: deficit[i]}
 			}
 		}
 	}

@@ -75,11 +75,62 @@ func TestMatchRunsAndWeights(t *testing.T) {
 	}
 }
 
+// TestTierOf: every medium vLLM and SGLang publish maps to its tier, locality makes storage
+// shared or local, and an unknown medium is refused rather than taken for GPU memory.
 func TestTierOf(t *testing.T) {
-	for medium, want := range map[string]Tier{"GPU": GPU, "": GPU, "CPU": Host, "cpu": Host, "DISK": Disk, "LOCAL_DISK": Disk, "weird": GPU} {
-		if got := TierOf(medium); got != want {
-			t.Errorf("TierOf(%q) = %d, want %d", medium, got, want)
+	for _, tc := range []struct {
+		medium, locality string
+		want             Tier
+		ok               bool
+	}{
+		{"", "", GPU, true},
+		{"GPU", "", GPU, true},
+		{"CPU", "", Host, true},             // vLLM's CPU offloading tier
+		{"CPU_PINNED", "", Host, true},      // SGLang HiCache L2
+		{"cpu", "LOCAL", Host, true},        // locality does not move host memory
+		{"CPU", "REMOTE", Host, true},       // nor does a REMOTE claim on it
+		{"STORAGE", "", Disk, true},         // vLLM v0.27+ secondary tier, locality unsaid
+		{"STORAGE", "LOCAL", Disk, true},    // a worker's own fs tier
+		{"STORAGE", "REMOTE", Shared, true}, // a volume every worker mounts
+		{"FS", "", Disk, true},              // vLLM v0.26's fs tier
+		{"FS", "REMOTE", Shared, true},
+		{"OBJ", "", Shared, true}, // v0.26's object store: shared unless said otherwise
+		{"OBJ", "LOCAL", Disk, true},
+		{"DISK", "", Disk, true}, // SGLang L3 on local disk
+		{"EXTERNAL", "", Shared, true},
+		{"LOCAL_DISK", "", Disk, true},
+		{"weird", "", GPU, false},
+		{"NVME_OF", "REMOTE", GPU, false},
+	} {
+		got, ok := TierOf(tc.medium, tc.locality)
+		if ok != tc.ok || (ok && got != tc.want) {
+			t.Errorf("TierOf(%q, %q) = %d, %v; want %d, %v", tc.medium, tc.locality, got, ok, tc.want, tc.ok)
 		}
+	}
+}
+
+// TestSharedTierExtendsRuns: a block only in shared storage continues a slot's run at the
+// shared weight and is reported apart from host and disk blocks.
+func TestSharedTierExtendsRuns(t *testing.T) {
+	var s Set
+	hs := []uint64{1, 2, 3, 4}
+	s.Add(1, 0, GPU)
+	s.Add(2, 0, Shared)
+	s.Add(3, 0, Disk)
+	s.Add(3, 0, Shared) // its own disk is the faster copy
+	s.Add(4, 0, Shared)
+	wt := Weights{1, 0.75, 0.25, 0.2}
+	overlap := make([]float64, 1)
+	lower := make([]Lower, 1)
+	s.MatchTiers(hs, overlap, lower, wt)
+	if want := 1 + 0.2 + 0.25 + 0.2; overlap[0] != want {
+		t.Fatalf("overlap %v, want %v", overlap[0], want)
+	}
+	if l := lower[0]; l.Shared != 2 || l.Disk != 1 || l.Host != 0 || overlap[0]+l.Deficit != 4 {
+		t.Fatalf("lower %+v", l)
+	}
+	if s.Len() != 4 {
+		t.Fatalf("Len %d, want 4 distinct blocks", s.Len())
 	}
 }
 
@@ -97,7 +148,7 @@ func TestMatchTiersReportsLowerBlocks(t *testing.T) {
 	s.Add(14, 0, Disk)
 	// Slot 70 (second shard): 10 on disk, then nothing.
 	s.Add(10, 70, Disk)
-	wt := Weights{1, 0.75, 0.25}
+	wt := Weights{1, 0.75, 0.25, 0.2}
 	overlap := make([]float64, 71)
 	lower := make([]Lower, 71)
 	best := s.MatchTiers(hs, overlap, lower, wt)

@@ -42,6 +42,7 @@ const (
 	DefaultSessionTTL     = 30 * time.Minute
 )
 
-// DefaultTierWeights weigh a cached block by the tier it sits in: GPU, host memory, disk
-// (docs/routing-cost.md). The returned slice is new on each call.
-func DefaultTierWeights() []float64 { return []float64{1, 0.75, 0.25} }
+// DefaultTierWeights weigh a cached block by the tier it sits in: GPU, host memory, the
+// worker's own disk, storage shared by several workers (docs/routing-cost.md). The returned
+// slice is new on each call.
+func DefaultTierWeights() []float64 { return []float64{1, 0.75, 0.25, 0.2} }

@@ -587,7 +587,8 @@ type Policy struct {
 	// cache_threshold is the share of a prompt's blocks below which the best overlap is not
 	// worth following and the pick goes by load.
 	CacheThreshold float64 `protobuf:"fixed64,5,opt,name=cache_threshold,json=cacheThreshold,proto3" json:"cache_threshold,omitempty"`
-	// tier_weights weigh a cached block in GPU memory, host memory and on disk.
+	// tier_weights weigh a cached block in GPU memory, host memory, on the worker's own disk
+	// and in storage several workers share; a tier left out keeps its default.
 	TierWeights       []float64 `protobuf:"fixed64,6,rep,packed,name=tier_weights,json=tierWeights,proto3" json:"tier_weights,omitempty"`
 	BusyPrefillTokens uint64    `protobuf:"varint,7,opt,name=busy_prefill_tokens,json=busyPrefillTokens,proto3" json:"busy_prefill_tokens,omitempty"`
 	BusyDecodeBlocks  uint64    `protobuf:"varint,8,opt,name=busy_decode_blocks,json=busyDecodeBlocks,proto3" json:"busy_decode_blocks,omitempty"`

@@ -677,7 +677,8 @@ type RoutingPolicy struct {
 	OverlapWeight  float64 `protobuf:"fixed64,3,opt,name=overlap_weight,json=overlapWeight,proto3" json:"overlap_weight,omitempty"`
 	Temperature    float64 `protobuf:"fixed64,4,opt,name=temperature,proto3" json:"temperature,omitempty"`
 	CacheThreshold float64 `protobuf:"fixed64,5,opt,name=cache_threshold,json=cacheThreshold,proto3" json:"cache_threshold,omitempty"`
-	// tier_weights are the weights of a cached block in GPU memory, host memory and on disk.
+	// tier_weights are the weights of a cached block in GPU memory, host memory, on the
+	// worker's own disk and in storage several workers share; a tier left out keeps its default.
 	TierWeights       []float64 `protobuf:"fixed64,6,rep,packed,name=tier_weights,json=tierWeights,proto3" json:"tier_weights,omitempty"`
 	BusyPrefillTokens uint64    `protobuf:"varint,7,opt,name=busy_prefill_tokens,json=busyPrefillTokens,proto3" json:"busy_prefill_tokens,omitempty"`
 	BusyDecodeBlocks  uint64    `protobuf:"varint,8,opt,name=busy_decode_blocks,json=busyDecodeBlocks,proto3" json:"busy_decode_blocks,omitempty"`

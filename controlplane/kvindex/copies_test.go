@@ -1,0 +1,123 @@
+package kvindex
+
+import (
+	"testing"
+
+	"github.com/kvrelay/kvrelay/engines/blockhash"
+	"github.com/kvrelay/kvrelay/engines/kvevents"
+)
+
+// removed builds a BlockRemoved event for blocks [from, from+n) of tag.
+func removed(tag uint64, from, n int, medium, locality, owner string) kvevents.Event {
+	return kvevents.Event{Kind: kvevents.BlockRemoved, Medium: medium, Locality: locality, Ownership: owner,
+		BlockHashes: engineHashes(tag, from, n, false)}
+}
+
+// run is the overlap of p's chain on worker id, tier weights all 1.
+func run(x *Index, id string, p []uint32) float64 {
+	overlap := make([]float64, len(x.Workers()))
+	x.Match(blockhash.Seq(p, 16, nil), overlap, Weights{1, 1, 1, 1})
+	return overlap[x.Slot(id)]
+}
+
+// TestCopiesAreCountedPerTierAndOwner follows vLLM's offloading: the CPU tier's store is a
+// copy (the GPU block stays until its own removal), overlapping offload chunks announce a
+// block again, two secondary tiers of one medium hold their own copies, and each copy leaves
+// with its own removal.
+func TestCopiesAreCountedPerTierAndOwner(t *testing.T) {
+	x := New()
+	p := prompt(1, 1, 4, 4)
+	x.Apply("w", batch(stored(p, 1, 0, 4, "GPU", false)), nil)
+	// Offload to CPU: the same engine hashes, a copy.
+	x.Apply("w", batch(stored(p, 1, 0, 4, "CPU", false)), nil)
+	// An overlapping chunk announces blocks 2-3 on CPU again.
+	x.Apply("w", batch(stored(p, 1, 2, 2, "CPU", false)), nil)
+	// Two storage tiers (ownership fs and obj, both local) take blocks 0-3.
+	for _, owner := range []string{"fs", "obj"} {
+		ev := stored(p, 1, 0, 4, "STORAGE", false)
+		ev.Locality, ev.Ownership = "LOCAL", owner
+		x.Apply("w", batch(ev), nil)
+	}
+	if b := x.Blocks("w"); b[GPU] != 4 || b[Host] != 4 || b[Disk] != 8 {
+		t.Fatalf("blocks %v, want 4 GPU, 4 host, 4+4 disk copies", b)
+	}
+	if st := x.Stats(); st.Copies != 2 {
+		t.Fatalf("copies %d, want the 2 re-announced blocks", st.Copies)
+	}
+	// GPU evicts everything: the run stays whole, from host memory.
+	if ch := x.Apply("w", batch(removed(1, 0, 4, "GPU", "", "")), nil); len(ch) != 4 {
+		t.Fatalf("GPU removal changed %v", ch)
+	}
+	if r := run(x, "w", p); r != 4 {
+		t.Fatalf("after the GPU eviction the run is %v, want 4 from the host copies", r)
+	}
+	// The CPU tier evicts blocks 2-3 once: the second announcement keeps them.
+	x.Apply("w", batch(removed(1, 2, 2, "CPU", "", "")), nil)
+	if b := x.Blocks("w"); b[Host] != 4 {
+		t.Fatalf("host blocks %d after one of two removals, want 4", b[Host])
+	}
+	x.Apply("w", batch(removed(1, 2, 2, "CPU", "", ""), removed(1, 0, 2, "CPU", "", "")), nil)
+	if b := x.Blocks("w"); b[Host] != 0 {
+		t.Fatalf("host blocks %d after every copy left", b[Host])
+	}
+	// The fs tier drops its copies; obj's keep the disk tier's run.
+	if ch := x.Apply("w", batch(removed(1, 0, 4, "STORAGE", "LOCAL", "fs")), nil); len(ch) != 0 {
+		t.Fatalf("removing fs's copies while obj holds them changed %v", ch)
+	}
+	if r := run(x, "w", p); r != 4 {
+		t.Fatalf("run %v after fs's eviction, want 4 from obj's copies", r)
+	}
+	if ch := x.Apply("w", batch(removed(1, 0, 4, "STORAGE", "LOCAL", "obj")), nil); len(ch) != 4 {
+		t.Fatalf("removing the last copies changed %v", ch)
+	}
+	if r := run(x, "w", p); r != 0 || x.Len() != 0 {
+		t.Fatalf("run %v, %d blocks after every copy left", r, x.Len())
+	}
+	// A removal of a block nobody announced is ignored and counted.
+	before := x.Stats().Unknown
+	x.Apply("w", batch(removed(1, 0, 1, "CPU", "", "")), nil)
+	if x.Stats().Unknown != before+1 {
+		t.Fatal("an unknown removal must be counted")
+	}
+}
+
+// TestUnknownMediumIsNotCredited: a block in a medium kvrelay does not know is counted and
+// left out, not credited as GPU memory.
+func TestUnknownMediumIsNotCredited(t *testing.T) {
+	x := New()
+	p := prompt(1, 1, 4, 4)
+	x.Apply("w", batch(stored(p, 1, 0, 4, "NVME_OF", false)), nil)
+	if x.Len() != 0 || x.Stats().UnknownMedium != 4 {
+		t.Fatalf("len %d, stats %+v", x.Len(), x.Stats())
+	}
+	x.Apply("w", batch(removed(1, 0, 4, "NVME_OF", "", "")), nil)
+	if x.Stats().UnknownMedium != 8 || x.Stats().Unknown != 0 {
+		t.Fatalf("stats %+v", x.Stats())
+	}
+}
+
+// TestPlaceholdersAreNeverTakenForPrefixes: an offload event without tokens (one hash per
+// chunk, block_size 0) indexes only blocks the worker announced with their tokens, and
+// nothing else.
+func TestPlaceholdersAreNeverTakenForPrefixes(t *testing.T) {
+	x := New()
+	p := prompt(1, 1, 8, 8)
+	x.Apply("w", batch(stored(p, 1, 0, 4, "GPU", false)), nil)
+	// A chunk of 4 blocks offloaded to CPU, named by its last block's hash; another chunk
+	// named by a hash the index never saw.
+	known := kvevents.Event{Kind: kvevents.BlockStored, Medium: "CPU", BlockHashes: engineHashes(1, 3, 1, false)}
+	unknown := kvevents.Event{Kind: kvevents.BlockStored, Medium: "CPU", BlockHashes: engineHashes(1, 7, 1, false)}
+	x.Apply("w", batch(known, unknown), nil)
+	st := x.Stats()
+	if st.Placeholders != 2 || st.PlaceholdersResolved != 1 || st.Orphans != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+	if b := x.Blocks("w"); b[Host] != 1 {
+		t.Fatalf("host blocks %d, want the one resolved placeholder", b[Host])
+	}
+	// GPU evicts blocks 0-3: the host holds block 3 alone, not a prefix.
+	x.Apply("w", batch(removed(1, 0, 4, "GPU", "", "")), nil)
+	if r := run(x, "w", p); r != 0 {
+		t.Fatalf("run %v: a placeholder was taken for a prefix", r)
+	}
+}
