@@ -104,6 +104,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	k(c.indexEvents, is.Copies, "copy")
 	k(c.indexEvents, is.Placeholders, "placeholder")
 	k(c.indexEvents, is.PlaceholdersResolved, "placeholder_resolved")
+	k(c.indexEvents, is.SharedExpired, "shared_expired")
 	states := s.view.Snapshot()
 	healthy, unhealthy, draining := 0, 0, 0
 	for _, w := range s.reg.Workers() {

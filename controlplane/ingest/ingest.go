@@ -193,17 +193,25 @@ func (m *Manager) stopLocked(id string, s *subscription, forget bool) {
 	m.drop(id, forget)
 }
 
-// drop removes a worker's blocks from the index and journals it.
+// drop removes a worker's blocks from the index and journals it: its slot cleared, then,
+// for a worker that stays, the blocks of the shared storage it mounts credited again.
 func (m *Manager) drop(id string, forget bool) {
 	m.apply.Lock()
 	defer m.apply.Unlock()
 	slot := m.index.Slot(id)
+	var changed []kvindex.Change
 	if forget {
-		m.index.RemoveWorker(id, nil)
+		changed = m.index.RemoveWorker(id, nil)
 	} else {
-		m.index.Clear(id, nil)
+		changed = m.index.Clear(id, nil)
 	}
-	m.log.Append(journal.Change{Slot: uint32(slot), Op: journal.Cleared})
+	cs := []journal.Change{{Slot: uint32(slot), Op: journal.Cleared}}
+	for _, c := range changed {
+		if !c.Removed {
+			cs = append(cs, journal.Change{Seq: c.Seq, Slot: uint32(c.Slot), Tier: c.Tier, Op: journal.Stored})
+		}
+	}
+	m.log.Append(cs...)
 }
 
 func (m *Manager) startLocked(ep Endpoint) {
@@ -523,14 +531,13 @@ func (f *follower) apply(b *kvevents.Batch, at int64) {
 	if len(f.changed) == 0 {
 		return
 	}
-	slot := uint32(m.index.Slot(f.s.ep.WorkerID))
 	f.changes = f.changes[:0]
 	for _, c := range f.changed {
 		op := journal.Stored
 		if c.Removed {
 			op = journal.Removed
 		}
-		f.changes = append(f.changes, journal.Change{Seq: c.Seq, Slot: slot, Tier: c.Tier, Op: op})
+		f.changes = append(f.changes, journal.Change{Seq: c.Seq, Slot: uint32(c.Slot), Tier: c.Tier, Op: op})
 	}
 	m.log.AppendAt(at, f.changes...)
 }

@@ -1,6 +1,7 @@
 package kvindex
 
 import (
+	"math"
 	"testing"
 
 	"github.com/kvrelay/kvrelay/engines/blockhash"
@@ -119,5 +120,107 @@ func TestPlaceholdersAreNeverTakenForPrefixes(t *testing.T) {
 	x.Apply("w", batch(removed(1, 0, 4, "GPU", "", "")), nil)
 	if r := run(x, "w", p); r != 0 {
 		t.Fatalf("run %v: a placeholder was taken for a prefix", r)
+	}
+}
+
+// remote builds a store of blocks [from, from+n) of p in shared storage owned by owner.
+func remote(p []uint32, tag uint64, from, n int, owner string) kvevents.Event {
+	ev := stored(p, tag, from, n, "STORAGE", false)
+	ev.Locality, ev.Ownership = "REMOTE", owner
+	return ev
+}
+
+// slotsOf collects the slots changes name for tier t, by whether they add or remove.
+func slotsOf(cs []Change, t Tier, removed bool) map[int]int {
+	m := map[int]int{}
+	for _, c := range cs {
+		if c.Tier == t && c.Removed == removed {
+			m[c.Slot]++
+		}
+	}
+	return m
+}
+
+// TestSharedStorageIsIndexedOnceForEveryMount: blocks one worker writes to storage several
+// workers mount (locality REMOTE) are credited to every worker that mounts it, leave all of
+// them together, outlive a worker's restart and removal, and stay apart from another owner's
+// storage.
+func TestSharedStorageIsIndexedOnceForEveryMount(t *testing.T) {
+	x := New()
+	p := prompt(1, 1, 6, 6)
+	q := prompt(2, 2, 4, 4)
+	a, b, c := x.Slot("a"), x.Slot("b"), x.Slot("c")
+	if ch := x.Apply("a", batch(remote(p, 1, 0, 6, "fs")), nil); len(slotsOf(ch, Shared, false)) != 1 || slotsOf(ch, Shared, false)[a] != 6 {
+		t.Fatalf("a's write changed %v", ch)
+	}
+	// b writes something else to the same storage: it mounts it, and gets a's blocks.
+	ch := x.Apply("b", batch(remote(q, 2, 0, 4, "fs")), nil)
+	if got := slotsOf(ch, Shared, false); got[b] != 6+4 || got[a] != 4 {
+		t.Fatalf("b's first write credited %v, want b 10 blocks and a 4", got)
+	}
+	// c writes to another owner's storage: it sees neither.
+	x.Apply("c", batch(remote(q, 3, 0, 4, "obj")), nil)
+	if r := run(x, "b", p); r != 6 {
+		t.Fatalf("b's run on a's prompt is %v, want 6 from shared storage", r)
+	}
+	if r := run(x, "c", p); r != 0 {
+		t.Fatalf("c's run on fs's blocks is %v, want 0", r)
+	}
+	overlap := make([]float64, 3)
+	x.Match(blockhash.Seq(p, 16, nil), overlap, DefaultWeights)
+	if math.Abs(overlap[a]-6*0.2) > 1e-9 || math.Abs(overlap[b]-6*0.2) > 1e-9 {
+		t.Fatalf("weighted overlap %v, want shared blocks at 0.2", overlap)
+	}
+	if bl := x.Blocks("b"); bl[Shared] != 10 || bl[GPU] != 0 {
+		t.Fatalf("b's blocks %v", bl)
+	}
+	// b's engine restarts: its own blocks go, the storage's stay credited.
+	x.Apply("b", batch(stored(q, 2, 0, 4, "GPU", false)), nil)
+	ch = x.Clear("b", nil)
+	if got := slotsOf(ch, Shared, false); got[b] != 10 {
+		t.Fatalf("Clear re-credited %v, want the storage's 10 blocks", got)
+	}
+	if r := run(x, "b", p); r != 6 {
+		t.Fatalf("after b's restart its run is %v, want 6", r)
+	}
+	// a leaves: the blocks it wrote stay in the storage b mounts.
+	x.RemoveWorker("a", nil)
+	if r := run(x, "b", p); r != 6 {
+		t.Fatalf("after a left b's run is %v, want 6", r)
+	}
+	// The storage evicting blocks 4-5 (announced by any mounting worker) takes them from b.
+	ev := kvevents.Event{Kind: kvevents.BlockRemoved, Medium: "STORAGE", Locality: "REMOTE", Ownership: "fs",
+		BlockHashes: engineHashes(1, 4, 2, false)}
+	ch = x.Apply("b", batch(ev), nil)
+	if got := slotsOf(ch, Shared, true); got[b] != 2 || len(got) != 1 {
+		t.Fatalf("the eviction removed %v", got)
+	}
+	if r := run(x, "b", p); r != 4 {
+		t.Fatalf("after the eviction b's run is %v, want 4", r)
+	}
+	_ = c
+}
+
+// TestSharedStorageForgetsOldestPastItsBound: shared tiers announce stores and never
+// deletions, so the index keeps at most MaxSharedBlocks per storage, forgetting the oldest,
+// and takes a block written again after that as new.
+func TestSharedStorageForgetsOldestPastItsBound(t *testing.T) {
+	x := New()
+	x.MaxSharedBlocks = 4
+	p := prompt(1, 1, 6, 6)
+	x.Apply("a", batch(remote(p, 1, 0, 6, "fs")), nil)
+	if st := x.Stats(); st.SharedExpired != 2 {
+		t.Fatalf("expired %d, want 2", st.SharedExpired)
+	}
+	if bl := x.Blocks("a"); bl[Shared] != 4 {
+		t.Fatalf("shared blocks %d, want 4", bl[Shared])
+	}
+	if r := run(x, "a", p); r != 0 {
+		t.Fatalf("run %v: the first blocks were forgotten, so no prefix starts", r)
+	}
+	// Written again, the first two blocks are new (and push out the next oldest).
+	x.Apply("a", batch(remote(p, 1, 0, 2, "fs")), nil)
+	if r := run(x, "a", p); r != 2 {
+		t.Fatalf("run %v after the rewrite, want 2", r)
 	}
 }

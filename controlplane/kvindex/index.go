@@ -1,6 +1,7 @@
 package kvindex
 
 import (
+	"slices"
 	"sync"
 
 	"github.com/zeebo/xxh3"
@@ -41,6 +42,26 @@ type Index struct {
 	hasher  blockhash.Hasher
 	scratch []byte
 	stats   Stats
+	// domains is the storage several workers share, by medium and owner; MaxSharedBlocks
+	// bounds the blocks each keeps (0: DefaultMaxSharedBlocks).
+	domains         map[string]*domain
+	MaxSharedBlocks int
+}
+
+// DefaultMaxSharedBlocks bounds the blocks the index keeps for one shared storage: vLLM's
+// fs and object tiers announce what they store and never what they delete, so the index
+// forgets the oldest first past this many (1M blocks of 16 tokens: 16M tokens, about 2 TB
+// of KV for an 8B-class model).
+const DefaultMaxSharedBlocks = 1 << 20
+
+// domain is one storage several workers mount (locality REMOTE): a block any of them wrote
+// there, every one of them can load, so the index keeps it once and credits it to each
+// worker that mounts it. A worker mounts a domain when it first writes to it.
+type domain struct {
+	copies *copies
+	refs   map[uint64]uint32 // kvrelay's seq → engine blocks naming it
+	order  []uint64          // seqs in the order they arrived, for MaxSharedBlocks
+	mounts []*worker
 }
 
 // Stats count what the index did.
@@ -65,6 +86,8 @@ type Stats struct {
 	// engine hash with its tokens in another tier, so the block is known; otherwise dropped
 	// (a hash alone cannot be matched to a prompt, and is never taken for a prefix).
 	Placeholders, PlaceholdersResolved uint64
+	// SharedExpired counts blocks of shared storage the index forgot past MaxSharedBlocks.
+	SharedExpired uint64
 }
 
 // store is where a worker keeps copies of blocks: a tier, and in it the secondary tier that
@@ -87,8 +110,9 @@ type worker struct {
 	id   string
 	slot int
 	// engine holds the worker's stores with no owner by tier, and owned ones in owned.
-	engine [numTiers]*copies
-	owned  map[store]*copies
+	engine  [numTiers]*copies
+	owned   map[store]*copies
+	domains []*domain // the shared storage it mounts
 }
 
 // copiesOf returns the store's copies, creating them when create is set (nil otherwise).
@@ -203,11 +227,13 @@ func (x *Index) Apply(id string, b *kvevents.Batch, out []Change) []Change {
 	return out
 }
 
-// Change is one block entering (or, Removed, leaving) a worker's tier.
+// Change is one block entering (or, Removed, leaving) the tier of the worker in Slot. A
+// worker's events change its own slot, and for shared storage every slot that mounts it.
 type Change struct {
 	Seq     uint64
 	Tier    Tier
 	Removed bool
+	Slot    int
 }
 
 // fullAttention reports whether an event belongs to the KV cache group kvrelay indexes.
@@ -231,9 +257,21 @@ func (x *Index) store(w *worker, ev *kvevents.Event, out []Change) []Change {
 		x.stats.UnknownMedium += uint64(n)
 		return out
 	}
-	cs := w.copiesOf(store{tier, ev.Ownership}, true)
+	var cs *copies
+	var d *domain
+	if tier == Shared {
+		d = x.domainOf(ev.Medium, ev.Ownership)
+		out = x.mount(w, d, out)
+		cs = d.copies
+	} else {
+		cs = w.copiesOf(store{tier, ev.Ownership}, true)
+	}
 	bs := ev.BlockSize
 	if bs <= 0 || len(ev.TokenIDs) < n*bs {
+		if d != nil && (bs <= 0 || len(ev.TokenIDs) == 0) {
+			x.stats.Placeholders += uint64(n) // a hash alone names no block of the peers'
+			return out
+		}
 		if bs <= 0 || len(ev.TokenIDs) == 0 {
 			return x.placeholders(w, ev, tier, cs, out)
 		}
@@ -258,7 +296,11 @@ func (x *Index) store(w *worker, ev *kvevents.Event, out []Change) []Change {
 		if hasParent {
 			seq = blockhash.Chain(parent, local)
 		}
-		out = x.addCopy(w, tier, cs, engineKey(ev.BlockHashes[i]), seq, out)
+		if d != nil {
+			out = x.addShared(d, engineKey(ev.BlockHashes[i]), seq, out)
+		} else {
+			out = x.addCopy(w, tier, cs, engineKey(ev.BlockHashes[i]), seq, out)
+		}
 		parent, hasParent = seq, true
 		x.stats.Stored++
 	}
@@ -277,9 +319,125 @@ func (x *Index) addCopy(w *worker, tier Tier, cs *copies, key, seq uint64, out [
 	}
 	cs.seq[key] = seq
 	if x.set.Add(seq, w.slot, tier) {
-		out = append(out, Change{Seq: seq, Tier: tier})
+		out = append(out, Change{Seq: seq, Tier: tier, Slot: w.slot})
 	}
 	return out
+}
+
+// domainOf returns the shared storage of a medium and owner, creating it.
+func (x *Index) domainOf(medium, owner string) *domain {
+	k := medium + "\x00" + owner
+	d := x.domains[k]
+	if d == nil {
+		if x.domains == nil {
+			x.domains = map[string]*domain{}
+		}
+		d = &domain{copies: newCopies(), refs: map[uint64]uint32{}}
+		x.domains[k] = d
+	}
+	return d
+}
+
+// mount makes w one of d's workers: every block d holds is credited to it.
+func (x *Index) mount(w *worker, d *domain, out []Change) []Change {
+	if slices.Contains(w.domains, d) {
+		return out
+	}
+	w.domains = append(w.domains, d)
+	d.mounts = append(d.mounts, w)
+	return x.creditDomain(w, d, out)
+}
+
+// creditDomain adds d's blocks to w's slot.
+func (x *Index) creditDomain(w *worker, d *domain, out []Change) []Change {
+	for seq := range d.refs {
+		if x.set.Add(seq, w.slot, Shared) {
+			out = append(out, Change{Seq: seq, Tier: Shared, Slot: w.slot})
+		}
+	}
+	return out
+}
+
+// addShared records one more engine block naming seq in shared storage d.
+func (x *Index) addShared(d *domain, key, seq uint64, out []Change) []Change {
+	cs := d.copies
+	if old, ok := cs.seq[key]; ok && d.refs[old] > 0 {
+		if cs.extra == nil {
+			cs.extra = map[uint64]uint32{}
+		}
+		cs.extra[key]++
+		x.stats.Copies++
+		return out
+	}
+	cs.seq[key] = seq
+	if d.refs[seq]++; d.refs[seq] > 1 {
+		return out
+	}
+	d.order = append(d.order, seq)
+	for _, m := range d.mounts {
+		if x.set.Add(seq, m.slot, Shared) {
+			out = append(out, Change{Seq: seq, Tier: Shared, Slot: m.slot})
+		}
+	}
+	limit := x.MaxSharedBlocks
+	if limit <= 0 {
+		limit = DefaultMaxSharedBlocks
+	}
+	for len(d.refs) > limit && len(d.order) > 0 {
+		old := d.order[0]
+		d.order = d.order[1:]
+		if _, ok := d.refs[old]; !ok {
+			continue // removed since
+		}
+		delete(d.refs, old)
+		x.stats.SharedExpired++
+		out = x.uncreditShared(d, old, out)
+	}
+	if len(d.order) > 2*limit {
+		// Removals left stale entries behind: keep the live ones, in order.
+		d.order = slices.DeleteFunc(d.order, func(s uint64) bool { _, ok := d.refs[s]; return !ok })
+	}
+	return out
+}
+
+// uncreditShared takes seq out of the shared tier of every worker mounting d.
+func (x *Index) uncreditShared(d *domain, seq uint64, out []Change) []Change {
+	for _, m := range d.mounts {
+		if x.set.Remove(seq, m.slot, Shared) {
+			out = append(out, Change{Seq: seq, Tier: Shared, Removed: true, Slot: m.slot})
+		}
+	}
+	return out
+}
+
+// removeShared applies the removal of engine block key from shared storage d.
+func (x *Index) removeShared(d *domain, key uint64, out []Change) []Change {
+	cs := d.copies
+	seq, ok := cs.seq[key]
+	if !ok {
+		x.stats.Unknown++
+		return out
+	}
+	x.stats.Removed++
+	if n := cs.extra[key]; n > 0 {
+		if n == 1 {
+			delete(cs.extra, key)
+		} else {
+			cs.extra[key] = n - 1
+		}
+		return out
+	}
+	delete(cs.seq, key)
+	n, live := d.refs[seq]
+	if !live {
+		return out // forgotten past MaxSharedBlocks already
+	}
+	if n > 1 {
+		d.refs[seq] = n - 1
+		return out
+	}
+	delete(d.refs, seq)
+	return x.uncreditShared(d, seq, out)
 }
 
 // placeholders indexes the blocks of a store event that carries hashes but no tokens: those
@@ -354,6 +512,17 @@ func (x *Index) remove(w *worker, ev *kvevents.Event, out []Change) []Change {
 		x.stats.UnknownMedium += uint64(len(ev.BlockHashes))
 		return out
 	}
+	if tier == Shared {
+		d := x.domains[ev.Medium+"\x00"+ev.Ownership]
+		for _, h := range ev.BlockHashes {
+			if d == nil {
+				x.stats.Unknown++
+				continue
+			}
+			out = x.removeShared(d, engineKey(h), out)
+		}
+		return out
+	}
 	cs := w.copiesOf(store{tier, ev.Ownership}, false)
 	for _, h := range ev.BlockHashes {
 		k := engineKey(h)
@@ -380,7 +549,7 @@ func (x *Index) remove(w *worker, ev *kvevents.Event, out []Change) []Change {
 			continue
 		}
 		if x.set.Remove(seq, w.slot, tier) {
-			out = append(out, Change{Seq: seq, Tier: tier, Removed: true})
+			out = append(out, Change{Seq: seq, Tier: tier, Removed: true, Slot: w.slot})
 		}
 	}
 	if ev.Ownership != "" && cs != nil && len(cs.seq) == 0 {
@@ -389,19 +558,25 @@ func (x *Index) remove(w *worker, ev *kvevents.Event, out []Change) []Change {
 	return out
 }
 
+// clearLocked drops the worker's own blocks. What the shared storage it mounts holds
+// outlives its engine: those blocks are credited to it again (Changes after the removals).
 func (x *Index) clearLocked(w *worker, out []Change) []Change {
 	x.set.ClearSlot(w.slot, func(seq uint64, t Tier) {
-		out = append(out, Change{Seq: seq, Tier: t, Removed: true})
+		out = append(out, Change{Seq: seq, Tier: t, Removed: true, Slot: w.slot})
 	})
 	for t := range w.engine {
 		w.engine[t] = newCopies()
 	}
 	w.owned = nil
+	for _, d := range w.domains {
+		out = x.creditDomain(w, d, out)
+	}
 	return out
 }
 
 // Clear drops every block of a worker (its engine restarted, or its events were lost and
-// cannot be replayed) and returns what it dropped.
+// cannot be replayed) and returns what it dropped, then the blocks of the shared storage it
+// mounts, credited again.
 func (x *Index) Clear(id string, removed []Change) []Change {
 	x.mu.Lock()
 	defer x.mu.Unlock()
@@ -412,7 +587,8 @@ func (x *Index) Clear(id string, removed []Change) []Change {
 	return x.clearLocked(w, removed)
 }
 
-// RemoveWorker drops a worker and its blocks and frees its slot.
+// RemoveWorker drops a worker and its blocks, unmounts its shared storage (whose blocks stay
+// for the other workers) and frees its slot.
 func (x *Index) RemoveWorker(id string, removed []Change) []Change {
 	x.mu.Lock()
 	defer x.mu.Unlock()
@@ -420,6 +596,10 @@ func (x *Index) RemoveWorker(id string, removed []Change) []Change {
 	if !ok {
 		return removed
 	}
+	for _, d := range w.domains {
+		d.mounts = slices.DeleteFunc(d.mounts, func(m *worker) bool { return m == w })
+	}
+	w.domains = nil
 	removed = x.clearLocked(w, removed)
 	delete(x.workers, id)
 	x.slots[w.slot] = nil
@@ -437,6 +617,9 @@ func (x *Index) Blocks(id string) [numTiers]int {
 		}
 		for st, c := range w.owned {
 			n[st.tier] += len(c.seq)
+		}
+		for _, d := range w.domains {
+			n[Shared] += len(d.refs)
 		}
 	}
 	return n
