@@ -49,13 +49,13 @@ func (o operator) worker(w registry.Worker) *operatorv1.Worker {
 			Metrics: w.Metrics, Engine: w.Engine, Source: w.Source,
 			MaxNumSeqs: uint32(w.MaxNumSeqs), MaxNumBatchedTokens: uint32(w.MaxNumBatchedTokens),
 			LoraModules:     w.LoRAModules,
-			KvBytesPerToken: uint64(w.KVBytesPerToken), HostBandwidth: w.HostBandwidth, DiskBandwidth: w.DiskBandwidth, PeerBandwidth: w.PeerBandwidth,
+			KvBytesPerToken: uint64(w.KVBytesPerToken), HostBandwidth: w.HostBandwidth, DiskBandwidth: w.DiskBandwidth, SharedBandwidth: w.SharedBandwidth, PeerBandwidth: w.PeerBandwidth,
 		},
 		Status: &operatorv1.WorkerStatus{
 			Healthy: st.Healthy, Draining: w.Draining,
 			Running: uint32(st.Load.Running), Waiting: uint32(st.Load.Waiting), KvUsage: st.Load.KVUsage,
 			Slot:   uint32(slot),
-			Blocks: &operatorv1.BlockCounts{Gpu: uint64(b[0]), Cpu: uint64(b[1]), Disk: uint64(b[2])},
+			Blocks: &operatorv1.BlockCounts{Gpu: uint64(b[0]), Cpu: uint64(b[1]), Disk: uint64(b[2]), Shared: uint64(b[3])},
 		},
 	}
 	if out.Spec.Model == "" {
@@ -103,7 +103,7 @@ func (o operator) UpsertWorker(_ context.Context, spec *operatorv1.WorkerSpec) (
 		Metrics: spec.GetMetrics(), Engine: spec.GetEngine(),
 		MaxNumSeqs: int(min(spec.GetMaxNumSeqs(), 1<<31-1)), MaxNumBatchedTokens: int(min(spec.GetMaxNumBatchedTokens(), 1<<31-1)),
 		LoRAModules:     spec.GetLoraModules(),
-		KVBytesPerToken: int(min(spec.GetKvBytesPerToken(), 1<<31-1)), HostBandwidth: spec.GetHostBandwidth(), DiskBandwidth: spec.GetDiskBandwidth(), PeerBandwidth: spec.GetPeerBandwidth(),
+		KVBytesPerToken: int(min(spec.GetKvBytesPerToken(), 1<<31-1)), HostBandwidth: spec.GetHostBandwidth(), DiskBandwidth: spec.GetDiskBandwidth(), SharedBandwidth: spec.GetSharedBandwidth(), PeerBandwidth: spec.GetPeerBandwidth(),
 	}.WithDefaults()
 	if err := o.s.reg.Upsert(w); err != nil {
 		return nil, apiErr(err)
@@ -336,7 +336,7 @@ func (o operator) GetIndex(context.Context) (*operatorv1.Index, error) {
 		}
 		b := s.index.Blocks(id)
 		out.Workers = append(out.Workers, &operatorv1.WorkerBlocks{Id: id, Slot: uint32(slot),
-			Blocks: &operatorv1.BlockCounts{Gpu: uint64(b[0]), Cpu: uint64(b[1]), Disk: uint64(b[2])}})
+			Blocks: &operatorv1.BlockCounts{Gpu: uint64(b[0]), Cpu: uint64(b[1]), Disk: uint64(b[2]), Shared: uint64(b[3])}})
 	}
 	return out, nil
 }

@@ -26,6 +26,7 @@ import (
 
 	operatorv1 "github.com/kvrelay/kvrelay/controlplane/api/v1"
 	"github.com/kvrelay/kvrelay/controlplane/registry"
+	"github.com/kvrelay/kvrelay/engines"
 	xdspolicy "github.com/kvrelay/kvrelay/xds/policy"
 )
 
@@ -338,10 +339,10 @@ func ctlIndexCmd(o *ctlOptions) *cobra.Command {
 				fmt.Fprintf(w, "blocks: %d  journal: epoch %d offset %d  ingest: %.1f block events/s\n\n",
 					x.TotalBlocks, x.JournalEpoch, x.JournalOffset, x.IngestRate)
 				tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-				fmt.Fprintln(tw, "ID\tSLOT\tGPU\tCPU\tDISK")
+				fmt.Fprintln(tw, "ID\tSLOT\tGPU\tCPU\tDISK\tSHARED")
 				for _, wb := range x.Workers {
 					b := wb.GetBlocks()
-					fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\n", wb.Id, wb.Slot, b.GetGpu(), b.GetCpu(), b.GetDisk())
+					fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\n", wb.Id, wb.Slot, b.GetGpu(), b.GetCpu(), b.GetDisk(), b.GetShared())
 				}
 				tw.Flush()
 			})
@@ -384,7 +385,7 @@ func ctlProxiesCmd(o *ctlOptions) *cobra.Command {
 
 func ctlWorkerTable(w io.Writer, workers ...*operatorv1.Worker) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tURL\tMODEL\tENGINE\tHEALTHY\tDRAINING\tRUNNING\tWAITING\tKV%\tBLOCKS\tEVENTS\tGAPS")
+	fmt.Fprintln(tw, "ID\tURL\tMODEL\tENGINE\tHEALTHY\tDRAINING\tRUNNING\tWAITING\tKV%\tBLOCKS\tTIERS\tEVENTS\tGAPS")
 	yesNo := map[bool]string{true: "yes", false: "no"}
 	for _, wk := range workers {
 		s, st := wk.GetSpec(), wk.GetStatus()
@@ -393,11 +394,28 @@ func ctlWorkerTable(w io.Writer, workers ...*operatorv1.Worker) {
 		if model == "" {
 			model = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%.0f\t%d\t%d\t%d\n", s.GetId(), s.GetUrl(), model,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%.0f\t%d\t%s\t%d\t%d\n", s.GetId(), s.GetUrl(), model,
 			s.GetEngine(), yesNo[st.GetHealthy()], yesNo[st.GetDraining()], st.GetRunning(), st.GetWaiting(),
-			100*st.GetKvUsage(), b.GetGpu()+b.GetCpu()+b.GetDisk(), st.GetIngest().GetEvents(), st.GetIngest().GetGaps())
+			100*st.GetKvUsage(), b.GetGpu()+b.GetCpu()+b.GetDisk()+b.GetShared(), ctlTiers(s), st.GetIngest().GetEvents(), st.GetIngest().GetGaps())
 	}
 	tw.Flush()
+}
+
+// ctlTiers is the worker's declared tier bandwidths, "host=25GB/s,disk=5GB/s", or "-".
+func ctlTiers(s *operatorv1.WorkerSpec) string {
+	var parts []string
+	for _, t := range []struct {
+		name string
+		bw   float64
+	}{{"host", s.GetHostBandwidth()}, {"disk", s.GetDiskBandwidth()}, {"shared", s.GetSharedBandwidth()}, {"peer", s.GetPeerBandwidth()}} {
+		if t.bw > 0 {
+			parts = append(parts, t.name+"="+engines.FormatBandwidth(t.bw))
+		}
+	}
+	if len(parts) == 0 {
+		return "-"
+	}
+	return strings.Join(parts, ",")
 }
 
 func ctlPolicyTable(w io.Writer, p *operatorv1.Policy) {
@@ -487,7 +505,7 @@ func parseCtlWorkerSpec(s string) (*operatorv1.WorkerSpec, error) {
 	return &operatorv1.WorkerSpec{Id: w.ID, Url: w.URL, Model: w.Model, Role: w.Role, BlockSize: uint32(w.BlockSize),
 		KvEvents: w.KVEvents, KvEventsBind: w.KVEventsBind, KvEventsTopic: w.KVEventsTopic, KvEventsReplay: w.KVEventsReplay, Metrics: w.Metrics,
 		Engine: w.Engine, MaxNumSeqs: uint32(w.MaxNumSeqs), MaxNumBatchedTokens: uint32(w.MaxNumBatchedTokens), LoraModules: w.LoRAModules,
-		KvBytesPerToken: uint64(w.KVBytesPerToken), HostBandwidth: w.HostBandwidth, DiskBandwidth: w.DiskBandwidth, PeerBandwidth: w.PeerBandwidth}, nil
+		KvBytesPerToken: uint64(w.KVBytesPerToken), HostBandwidth: w.HostBandwidth, DiskBandwidth: w.DiskBandwidth, SharedBandwidth: w.SharedBandwidth, PeerBandwidth: w.PeerBandwidth}, nil
 }
 
 // ctlClient calls the operator API over HTTP.

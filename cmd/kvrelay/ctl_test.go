@@ -24,9 +24,10 @@ const ctlTestToken = "ctl-test-token"
 func ctlFleet() *apitest.Backend {
 	b := apitest.New(
 		&operatorv1.Worker{
-			Spec: &operatorv1.WorkerSpec{Id: "w1", Url: "http://127.0.0.1:8001", Model: "gpt-oss-20b", Engine: "sim", Source: "flag"},
+			Spec: &operatorv1.WorkerSpec{Id: "w1", Url: "http://127.0.0.1:8001", Model: "gpt-oss-20b", Engine: "sim", Source: "flag",
+				KvBytesPerToken: 73728, HostBandwidth: 25e9, SharedBandwidth: 2e9},
 			Status: &operatorv1.WorkerStatus{Healthy: true, Running: 3, Waiting: 2, KvUsage: 0.42,
-				Blocks: &operatorv1.BlockCounts{Gpu: 100, Cpu: 20, Disk: 3},
+				Blocks: &operatorv1.BlockCounts{Gpu: 100, Cpu: 20, Disk: 3, Shared: 7},
 				Ingest: &operatorv1.IngestStats{Batches: 9, Events: 4321, Gaps: 2}},
 		},
 		&operatorv1.Worker{
@@ -88,9 +89,9 @@ func TestCtlWorkersTable(t *testing.T) {
 		t.Fatalf("want a header and 2 rows:\n%s", out)
 	}
 	for i, want := range [][]string{
-		{"ID", "URL", "MODEL", "ENGINE", "HEALTHY", "DRAINING", "RUNNING", "WAITING", "KV%", "BLOCKS", "EVENTS", "GAPS"},
-		{"w1", "http://127.0.0.1:8001", "gpt-oss-20b", "sim", "yes", "no", "3", "2", "42", "123", "4321", "2"},
-		{"w2", "http://127.0.0.1:8002", "-", "vllm", "no", "no", "0", "0", "0", "0", "0", "0"},
+		{"ID", "URL", "MODEL", "ENGINE", "HEALTHY", "DRAINING", "RUNNING", "WAITING", "KV%", "BLOCKS", "TIERS", "EVENTS", "GAPS"},
+		{"w1", "http://127.0.0.1:8001", "gpt-oss-20b", "sim", "yes", "no", "3", "2", "42", "130", "host=25GB/s,shared=2GB/s", "4321", "2"},
+		{"w2", "http://127.0.0.1:8002", "-", "vllm", "no", "no", "0", "0", "0", "0", "-", "0", "0"},
 	} {
 		if got := strings.Fields(lines[i]); strings.Join(got, " ") != strings.Join(want, " ") {
 			t.Errorf("line %d: %q, want %q", i, got, want)
@@ -288,7 +289,7 @@ func TestCtlIndexAndProxies(t *testing.T) {
 			t.Errorf("index lacks %q:\n%s", want, out)
 		}
 	}
-	if !strings.Contains(strings.Join(strings.Fields(out), " "), "w1 0 100 20 3 w2 1 0 0 0") {
+	if !strings.Contains(strings.Join(strings.Fields(out), " "), "ID SLOT GPU CPU DISK SHARED w1 0 100 20 3 0 w2 1 0 0 0 0") {
 		t.Errorf("index rows:\n%s", out)
 	}
 

@@ -93,6 +93,9 @@ type Worker struct {
 	KVBytesPerToken int     `yaml:"kv-bytes-per-token,omitempty" json:"kv-bytes-per-token,omitempty"`
 	HostBandwidth   float64 `yaml:"host-bandwidth,omitempty" json:"host-bandwidth,omitempty"`
 	DiskBandwidth   float64 `yaml:"disk-bandwidth,omitempty" json:"disk-bandwidth,omitempty"`
+	// SharedBandwidth is how fast the engine loads blocks from storage several workers
+	// mount (vLLM's fs or object tier with locality REMOTE) into GPU memory; 0 when unknown.
+	SharedBandwidth float64 `yaml:"shared-bandwidth,omitempty" json:"shared-bandwidth,omitempty"`
 	// PeerBandwidth is how fast the engine pulls a prefix another worker caches (kvrelay's
 	// peer fetch, the simulated engine's --kv-peer-fetch); 0: it cannot, and the latency
 	// policy never asks it to.
@@ -133,18 +136,19 @@ const (
 	keyKVBytes        = "kv-bytes-per-token"
 	keyHostBandwidth  = "host-bandwidth"
 	keyDiskBandwidth  = "disk-bandwidth"
+	keySharedBW       = "shared-bandwidth"
 	keyPeerBandwidth  = "peer-bandwidth"
 )
 
 var flagKeys = []string{keyID, keyURL, keyModel, keyRole, keyBlockSize, keyKVEvents,
 	keyKVEventsBind, keyKVEventsTopic, keyKVEventsReplay, keyMetrics, keyEngine, keyMaxNumSeqs, keyMaxBatched, keyLoRAModules,
-	keyKVBytes, keyHostBandwidth, keyDiskBandwidth, keyPeerBandwidth}
+	keyKVBytes, keyHostBandwidth, keyDiskBandwidth, keySharedBW, keyPeerBandwidth}
 
 // ParseWorker parses the `--worker` flag form: comma-separated key=value pairs with the keys
 // id, url, model, role, block-size, kv-events, kv-events-bind, kv-events-topic,
 // kv-events-replay, metrics, engine, max-num-seqs, max-num-batched-tokens, lora-modules
-// (adapter names separated by ';'), kv-bytes-per-token, host-bandwidth, disk-bandwidth and
-// peer-bandwidth (a bandwidth like 25GB/s). Spaces around keys and values are dropped, empty pairs are skipped, a value may
+// (adapter names separated by ';'), kv-bytes-per-token, host-bandwidth, disk-bandwidth,
+// shared-bandwidth and peer-bandwidth (a bandwidth like 25GB/s). Spaces around keys and values are dropped, empty pairs are skipped, a value may
 // contain '=' but not ','. id and url are required. The result has its defaults filled in
 // (WithDefaults), is valid, and has Source SourceFlag. Errors wrap ErrInvalid.
 func ParseWorker(s string) (Worker, error) {
@@ -229,7 +233,7 @@ func applyPairs(w *Worker, s string) error {
 			w.Model = v
 		case keyRole:
 			w.Role = v
-		case keyHostBandwidth, keyDiskBandwidth, keyPeerBandwidth:
+		case keyHostBandwidth, keyDiskBandwidth, keySharedBW, keyPeerBandwidth:
 			bw, err := engines.ParseBandwidth(v)
 			if err != nil {
 				return fmt.Errorf("%w: %s: %v", ErrInvalid, k, err)
@@ -239,6 +243,8 @@ func applyPairs(w *Worker, s string) error {
 				w.HostBandwidth = bw
 			case keyDiskBandwidth:
 				w.DiskBandwidth = bw
+			case keySharedBW:
+				w.SharedBandwidth = bw
 			default:
 				w.PeerBandwidth = bw
 			}
@@ -334,6 +340,9 @@ func (w Worker) String() string {
 	if w.DiskBandwidth != 0 {
 		add(keyDiskBandwidth, engines.FormatBandwidth(w.DiskBandwidth))
 	}
+	if w.SharedBandwidth != 0 {
+		add(keySharedBW, engines.FormatBandwidth(w.SharedBandwidth))
+	}
 	if w.PeerBandwidth != 0 {
 		add(keyPeerBandwidth, engines.FormatBandwidth(w.PeerBandwidth))
 	}
@@ -424,9 +433,9 @@ func (w Worker) validate() error {
 	if w.KVBytesPerToken < 0 || w.KVBytesPerToken > maxLimit {
 		return fmt.Errorf("kv-bytes-per-token %d must be within [0, %d]", w.KVBytesPerToken, maxLimit)
 	}
-	for _, bw := range []float64{w.HostBandwidth, w.DiskBandwidth, w.PeerBandwidth} {
+	for _, bw := range []float64{w.HostBandwidth, w.DiskBandwidth, w.SharedBandwidth, w.PeerBandwidth} {
 		if !(bw >= 0) || math.IsInf(bw, 0) {
-			return fmt.Errorf("host-bandwidth %g, disk-bandwidth %g and peer-bandwidth %g must be finite and not negative", w.HostBandwidth, w.DiskBandwidth, w.PeerBandwidth)
+			return fmt.Errorf("host-bandwidth %g, disk-bandwidth %g, shared-bandwidth %g and peer-bandwidth %g must be finite and not negative", w.HostBandwidth, w.DiskBandwidth, w.SharedBandwidth, w.PeerBandwidth)
 		}
 	}
 	if w.KVEvents != "" && w.KVEventsBind != "" {

@@ -32,9 +32,9 @@ func TestParseWorker(t *testing.T) {
 		},
 		{
 			name: "offloading tiers",
-			in:   "id=w1,url=http://h:1,kv-bytes-per-token=73728,host-bandwidth=25GB/s,disk-bandwidth=800MB/s",
+			in:   "id=w1,url=http://h:1,kv-bytes-per-token=73728,host-bandwidth=25GB/s,disk-bandwidth=800MB/s,shared-bandwidth=2GB/s",
 			want: Worker{ID: "w1", URL: "http://h:1", Role: RoleBoth, Engine: "vllm", Metrics: "http://h:1/metrics", Source: SourceFlag,
-				KVBytesPerToken: 73728, HostBandwidth: 25e9, DiskBandwidth: 800e6},
+				KVBytesPerToken: 73728, HostBandwidth: 25e9, DiskBandwidth: 800e6, SharedBandwidth: 2e9},
 		},
 		{
 			name: "bind with wildcard, spaces, trailing slash and empty pairs",
@@ -170,7 +170,7 @@ func FuzzParseWorker(f *testing.F) {
 		"id=w=2,url=http://h:1,model=a=b,kv-events=ipc:///tmp/kv.sock",
 		"id=w3,url=http://10.0.0.3:8000,model=m,kv-events-bind=tcp://*:5557,kv-events-topic=kv@10.0.0.3:8000@m",
 		"id=w4,url=http://h:1,max-num-seqs=4,max-num-batched-tokens=2048",
-		"id=w5,url=http://h:1,kv-bytes-per-token=73728,host-bandwidth=25GB/s,disk-bandwidth=1.5GB/s,peer-bandwidth=50GB/s",
+		"id=w5,url=http://h:1,kv-bytes-per-token=73728,host-bandwidth=25GB/s,disk-bandwidth=1.5GB/s,shared-bandwidth=2GB/s,peer-bandwidth=50GB/s",
 		"id=w1,url=http://h:1,metrics=http://h:1/metrics",
 		"id=w1,url=http://h:1,block-size=0",
 		"id=w1,url=http://h:1,model=é",

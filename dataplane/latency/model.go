@@ -44,11 +44,12 @@ type Engine struct {
 	MaxBatchedTokens int
 	// Curve is the prior of the worker's prefill time; the zero value is DefaultCurve.
 	Curve Curve
-	// KVBytesPerToken, HostBandwidth and DiskBandwidth (bytes per second, host or disk to
-	// GPU) price bringing back the cached blocks a worker keeps in host memory or on disk;
-	// zero is unknown, and the index's tier weights stand in for the price.
-	KVBytesPerToken              float64
-	HostBandwidth, DiskBandwidth float64
+	// KVBytesPerToken, HostBandwidth, DiskBandwidth and SharedBandwidth (bytes per second,
+	// host, disk or storage several workers mount to GPU) price bringing back the cached
+	// blocks a worker keeps in host memory, on disk or in shared storage; zero is unknown,
+	// and the index's tier weights stand in for the price.
+	KVBytesPerToken                               float64
+	HostBandwidth, DiskBandwidth, SharedBandwidth float64
 	// PeerBandwidth is how fast the worker pulls a prefix another worker caches (peer
 	// fetch), bytes per second; 0: it cannot.
 	PeerBandwidth float64
@@ -56,7 +57,7 @@ type Engine struct {
 
 // Onboards reports whether the engine's onboarding from host memory or disk can be priced.
 func (e *Engine) Onboards() bool {
-	return e.KVBytesPerToken > 0 && (e.HostBandwidth > 0 || e.DiskBandwidth > 0)
+	return e.KVBytesPerToken > 0 && (e.HostBandwidth > 0 || e.DiskBandwidth > 0 || e.SharedBandwidth > 0)
 }
 
 // Fetches reports whether the engine pulls prefixes from peers at a known price.
@@ -64,15 +65,19 @@ func (e *Engine) Fetches() bool {
 	return e.PeerBandwidth > 0 && e.KVBytesPerToken > 0
 }
 
-// OnboardSeconds is the time of bringing host and disk tokens' KV back to GPU memory (a tier
-// of unknown bandwidth costs nothing here: its blocks are not counted as cached).
-func (e *Engine) OnboardSeconds(host, disk float64) float64 {
+// OnboardSeconds is the time of bringing host, disk and shared storage tokens' KV into GPU
+// memory (a tier of unknown bandwidth costs nothing here: its blocks are not counted as
+// cached).
+func (e *Engine) OnboardSeconds(host, disk, shared float64) float64 {
 	var s float64
 	if host > 0 && e.HostBandwidth > 0 {
 		s += host * e.KVBytesPerToken / e.HostBandwidth
 	}
 	if disk > 0 && e.DiskBandwidth > 0 {
 		s += disk * e.KVBytesPerToken / e.DiskBandwidth
+	}
+	if shared > 0 && e.SharedBandwidth > 0 {
+		s += shared * e.KVBytesPerToken / e.SharedBandwidth
 	}
 	return s
 }

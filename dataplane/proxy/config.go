@@ -51,12 +51,14 @@ type Upstream struct {
 	// asked of the engine with Model): longer prompts are refused with 400 before any
 	// engine sees them.
 	MaxModelLen int `yaml:"max_model_len"`
-	// KVBytesPerToken, HostBandwidth and DiskBandwidth (bytes per second) describe its KV
-	// offloading tiers, 0 when unknown: the latency policy prices bringing blocks back from
-	// host memory and disk with them (the index's tier weights stand in without).
+	// KVBytesPerToken, HostBandwidth, DiskBandwidth and SharedBandwidth (bytes per second)
+	// describe its KV offloading tiers, 0 when unknown: the latency policy prices bringing
+	// blocks back from host memory, disk and storage several workers mount with them (the
+	// index's tier weights stand in without).
 	KVBytesPerToken int     `yaml:"kv_bytes_per_token"`
 	HostBandwidth   float64 `yaml:"host_bandwidth"`
 	DiskBandwidth   float64 `yaml:"disk_bandwidth"`
+	SharedBandwidth float64 `yaml:"shared_bandwidth"`
 	// PeerBandwidth is how fast it pulls a prefix another worker caches (kvrelay's peer
 	// fetch); 0: it cannot.
 	PeerBandwidth float64 `yaml:"peer_bandwidth"`
@@ -378,8 +380,8 @@ func (c *Config) Validate() error {
 		if u.MaxModelLen < 0 {
 			return bad("upstream %s: max_model_len %d is negative", u.URL, u.MaxModelLen)
 		}
-		if u.KVBytesPerToken < 0 || !bandwidthOK(u.HostBandwidth) || !bandwidthOK(u.DiskBandwidth) || !bandwidthOK(u.PeerBandwidth) {
-			return bad("upstream %q: kv_bytes_per_token, host_bandwidth, disk_bandwidth and peer_bandwidth must be finite and not negative", id)
+		if u.KVBytesPerToken < 0 || !bandwidthOK(u.HostBandwidth) || !bandwidthOK(u.DiskBandwidth) || !bandwidthOK(u.SharedBandwidth) || !bandwidthOK(u.PeerBandwidth) {
+			return bad("upstream %q: kv_bytes_per_token, host_bandwidth, disk_bandwidth, shared_bandwidth and peer_bandwidth must be finite and not negative", id)
 		}
 		if u.MaxNumSeqs < 0 || u.MaxNumBatchedTokens < 0 {
 			return bad("upstream %q: max_num_seqs and max_num_batched_tokens must not be negative", id)

@@ -246,9 +246,10 @@ func (s *Server) applyXDS(workers []*xdsv1.Worker, policy *xdsv1.RoutingPolicy) 
 			Role:        route.Role(res.GetRole()), BlockSize: s.cfg.BlockSize, Capacity: int(res.GetCapacityBlocks()),
 			Engine: latency.Engine{MaxNumSeqs: int(min(res.GetMaxNumSeqs(), 1<<30)), MaxBatchedTokens: int(min(res.GetMaxNumBatchedTokens(), 1<<30))},
 		}
-		if t := res.GetKvTiers(); t != nil && t.GetKvBytesPerToken() <= 1<<30 && bandwidthOK(t.GetHostBandwidth()) && bandwidthOK(t.GetDiskBandwidth()) && bandwidthOK(t.GetPeerBandwidth()) {
+		if t := res.GetKvTiers(); t != nil && t.GetKvBytesPerToken() <= 1<<30 && bandwidthOK(t.GetHostBandwidth()) && bandwidthOK(t.GetDiskBandwidth()) && bandwidthOK(t.GetSharedBandwidth()) && bandwidthOK(t.GetPeerBandwidth()) {
 			cand.Engine.KVBytesPerToken = float64(t.GetKvBytesPerToken())
 			cand.Engine.HostBandwidth, cand.Engine.DiskBandwidth = t.GetHostBandwidth(), t.GetDiskBandwidth()
+			cand.Engine.SharedBandwidth = t.GetSharedBandwidth()
 			cand.Engine.PeerBandwidth = t.GetPeerBandwidth()
 		}
 		// A worker whose identity is unchanged keeps its Worker: its load and connections.

@@ -147,20 +147,24 @@ func (s PredictedTTFT) Score(req *Request, ws []*Worker, costs []float64) {
 		onboard := 0.0
 		if req.flat {
 			overlap = req.flatOverlap
-		} else if lw, ok := req.Lower(w); ok && (lw.Host > 0 || lw.Disk > 0) && w.Engine.Onboards() {
-			// The worker says how fast its host memory and disk give blocks back: count
-			// those blocks as cached and price bringing them back, instead of the tier
-			// weights (a tier of unknown bandwidth: its blocks are computed).
-			gpu := overlap + lw.Deficit - lw.Host - lw.Disk
-			host, disk := lw.Host, lw.Disk
+		} else if lw, ok := req.Lower(w); ok && (lw.Host > 0 || lw.Disk > 0 || lw.Shared > 0) && w.Engine.Onboards() {
+			// The worker says how fast its host memory, disk and shared storage give blocks
+			// back: count those blocks as cached and price bringing them back, instead of
+			// the tier weights (a tier of unknown bandwidth: its blocks are computed).
+			gpu := overlap + lw.Deficit - lw.Host - lw.Disk - lw.Shared
+			host, disk, shared := lw.Host, lw.Disk, lw.Shared
 			if w.Engine.HostBandwidth <= 0 {
 				host = 0
 			}
 			if w.Engine.DiskBandwidth <= 0 {
 				disk = 0
 			}
-			overlap = gpu + host + disk
-			onboard = w.Engine.OnboardSeconds(host*float64(bs)*s.CacheCredit, disk*float64(bs)*s.CacheCredit)
+			if w.Engine.SharedBandwidth <= 0 {
+				shared = 0
+			}
+			overlap = gpu + host + disk + shared
+			tok := float64(bs) * s.CacheCredit
+			onboard = w.Engine.OnboardSeconds(host*tok, disk*tok, shared*tok)
 		}
 		overlap *= s.CacheCredit
 		uncached := max(float64(req.PromptTokens)-overlap*float64(bs), 0)

@@ -395,17 +395,22 @@ func TestLatencySlotWaitFollowsRunningRequests(t *testing.T) {
 // a quarter, so 250 of the 1000 blocks still draw the request home).
 func TestLatencyPricesOnboarding(t *testing.T) {
 	for _, tc := range []struct {
-		name           string
-		tier           blockset.Tier
-		host, disk     float64
-		home           bool
-		onboardAtLeast float64
+		name               string
+		tier               blockset.Tier
+		host, disk, shared float64
+		home               bool
+		onboardAtLeast     float64
 	}{
-		{"host at 25 GB/s", blockset.Host, 25e9, 0, true, 0.04},
-		{"disk at 0.5 GB/s", blockset.Disk, 0, 0.5e9, false, 0},
-		{"disk, only host bandwidth advertised", blockset.Disk, 25e9, 0, false, -1}, // no credit: a tie
-		{"disk, nothing advertised", blockset.Disk, 0, 0, true, 0},
-		{"host, nothing advertised", blockset.Host, 0, 0, true, 0},
+		{"host at 25 GB/s", blockset.Host, 25e9, 0, 0, true, 0.04},
+		{"disk at 0.5 GB/s", blockset.Disk, 0, 0.5e9, 0, false, 0},
+		{"disk, only host bandwidth advertised", blockset.Disk, 25e9, 0, 0, false, -1}, // no credit: a tie
+		{"disk, nothing advertised", blockset.Disk, 0, 0, 0, true, 0},
+		{"host, nothing advertised", blockset.Host, 0, 0, 0, true, 0},
+		// Shared storage at 10 GB/s: 118 ms to load beats about 340 ms of prefill; at
+		// 0.2 GB/s (6 s) it does not; without its bandwidth it earns no credit.
+		{"shared at 10 GB/s", blockset.Shared, 0, 0, 10e9, true, 0.1},
+		{"shared at 0.2 GB/s", blockset.Shared, 0, 0, 0.2e9, false, 0},
+		{"shared, only disk bandwidth advertised", blockset.Shared, 0, 25e9, 0, false, -1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rep := prefix.NewReplica(blockset.DefaultWeights)
@@ -418,9 +423,10 @@ func TestLatencyPricesOnboarding(t *testing.T) {
 			for _, w := range ws {
 				w.Engine.MaxNumSeqs = 8
 			}
-			if tc.host > 0 || tc.disk > 0 {
+			if tc.host > 0 || tc.disk > 0 || tc.shared > 0 {
 				ws[0].Engine.KVBytesPerToken = 73728
 				ws[0].Engine.HostBandwidth, ws[0].Engine.DiskBandwidth = tc.host, tc.disk
+				ws[0].Engine.SharedBandwidth = tc.shared
 			}
 			hashes, n := promptChain(1, 1, 1000, 2)
 			var cs []journal.Change

@@ -73,8 +73,11 @@ type WorkerSpec struct {
 	// peer_bandwidth is how fast the engine pulls a prefix from a peer (kvrelay's peer fetch;
 	// 0: it cannot).
 	PeerBandwidth float64 `protobuf:"fixed64,19,opt,name=peer_bandwidth,json=peerBandwidth,proto3" json:"peer_bandwidth,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// shared_bandwidth is how fast the engine loads blocks from storage several workers
+	// mount (bytes per second; 0: unknown).
+	SharedBandwidth float64 `protobuf:"fixed64,21,opt,name=shared_bandwidth,json=sharedBandwidth,proto3" json:"shared_bandwidth,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *WorkerSpec) Reset() {
@@ -240,12 +243,21 @@ func (x *WorkerSpec) GetPeerBandwidth() float64 {
 	return 0
 }
 
+func (x *WorkerSpec) GetSharedBandwidth() float64 {
+	if x != nil {
+		return x.SharedBandwidth
+	}
+	return 0
+}
+
 // BlockCounts counts indexed KV blocks per tier.
 type BlockCounts struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Gpu           uint64                 `protobuf:"varint,1,opt,name=gpu,proto3" json:"gpu,omitempty"`
-	Cpu           uint64                 `protobuf:"varint,2,opt,name=cpu,proto3" json:"cpu,omitempty"`
-	Disk          uint64                 `protobuf:"varint,3,opt,name=disk,proto3" json:"disk,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Gpu   uint64                 `protobuf:"varint,1,opt,name=gpu,proto3" json:"gpu,omitempty"`
+	Cpu   uint64                 `protobuf:"varint,2,opt,name=cpu,proto3" json:"cpu,omitempty"`
+	Disk  uint64                 `protobuf:"varint,3,opt,name=disk,proto3" json:"disk,omitempty"`
+	// shared counts the blocks of storage the worker mounts with others.
+	Shared        uint64 `protobuf:"varint,4,opt,name=shared,proto3" json:"shared,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -297,6 +309,13 @@ func (x *BlockCounts) GetCpu() uint64 {
 func (x *BlockCounts) GetDisk() uint64 {
 	if x != nil {
 		return x.Disk
+	}
+	return 0
+}
+
+func (x *BlockCounts) GetShared() uint64 {
+	if x != nil {
+		return x.Shared
 	}
 	return 0
 }
@@ -2601,7 +2620,7 @@ var File_operator_proto protoreflect.FileDescriptor
 
 const file_operator_proto_rawDesc = "" +
 	"\n" +
-	"\x0eoperator.proto\x12\x13kvrelay.operator.v1\"\xf2\x04\n" +
+	"\x0eoperator.proto\x12\x13kvrelay.operator.v1\"\x9d\x05\n" +
 	"\n" +
 	"WorkerSpec\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x10\n" +
@@ -2625,11 +2644,13 @@ const file_operator_proto_rawDesc = "" +
 	"\x12kv_bytes_per_token\x18\x10 \x01(\x04R\x0fkvBytesPerToken\x12%\n" +
 	"\x0ehost_bandwidth\x18\x11 \x01(\x01R\rhostBandwidth\x12%\n" +
 	"\x0edisk_bandwidth\x18\x12 \x01(\x01R\rdiskBandwidth\x12%\n" +
-	"\x0epeer_bandwidth\x18\x13 \x01(\x01R\rpeerBandwidth\"E\n" +
+	"\x0epeer_bandwidth\x18\x13 \x01(\x01R\rpeerBandwidth\x12)\n" +
+	"\x10shared_bandwidth\x18\x15 \x01(\x01R\x0fsharedBandwidth\"]\n" +
 	"\vBlockCounts\x12\x10\n" +
 	"\x03gpu\x18\x01 \x01(\x04R\x03gpu\x12\x10\n" +
 	"\x03cpu\x18\x02 \x01(\x04R\x03cpu\x12\x12\n" +
-	"\x04disk\x18\x03 \x01(\x04R\x04disk\"\xd0\x01\n" +
+	"\x04disk\x18\x03 \x01(\x04R\x04disk\x12\x16\n" +
+	"\x06shared\x18\x04 \x01(\x04R\x06shared\"\xd0\x01\n" +
 	"\vIngestStats\x12\x18\n" +
 	"\abatches\x18\x01 \x01(\x04R\abatches\x12\x16\n" +
 	"\x06events\x18\x02 \x01(\x04R\x06events\x12\x12\n" +

@@ -475,13 +475,14 @@ func (x *WorkerFit) GetObservations() uint64 {
 }
 
 // KVTiers describes an engine's KV offloading tiers for pricing onboarding: the bytes of KV
-// per token and the host→GPU and disk→GPU bandwidths in bytes per second (0: no such tier,
-// or unknown).
+// per token and the host→GPU, disk→GPU and shared storage→GPU bandwidths in bytes per
+// second (0: no such tier, or unknown).
 type KVTiers struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	KvBytesPerToken uint64                 `protobuf:"varint,1,opt,name=kv_bytes_per_token,json=kvBytesPerToken,proto3" json:"kv_bytes_per_token,omitempty"`
 	HostBandwidth   float64                `protobuf:"fixed64,2,opt,name=host_bandwidth,json=hostBandwidth,proto3" json:"host_bandwidth,omitempty"`
 	DiskBandwidth   float64                `protobuf:"fixed64,3,opt,name=disk_bandwidth,json=diskBandwidth,proto3" json:"disk_bandwidth,omitempty"`
+	SharedBandwidth float64                `protobuf:"fixed64,5,opt,name=shared_bandwidth,json=sharedBandwidth,proto3" json:"shared_bandwidth,omitempty"`
 	// peer_bandwidth is how fast the engine pulls a prefix from another worker that caches it
 	// (kvrelay's peer fetch; 0: it cannot).
 	PeerBandwidth float64 `protobuf:"fixed64,4,opt,name=peer_bandwidth,json=peerBandwidth,proto3" json:"peer_bandwidth,omitempty"`
@@ -536,6 +537,13 @@ func (x *KVTiers) GetHostBandwidth() float64 {
 func (x *KVTiers) GetDiskBandwidth() float64 {
 	if x != nil {
 		return x.DiskBandwidth
+	}
+	return 0
+}
+
+func (x *KVTiers) GetSharedBandwidth() float64 {
+	if x != nil {
+		return x.SharedBandwidth
 	}
 	return 0
 }
@@ -2000,11 +2008,12 @@ const file_kvrelay_proto_rawDesc = "" +
 	"\fsigma_queued\x18\x05 \x01(\x01R\vsigmaQueued\x12\x1f\n" +
 	"\vsigma_fresh\x18\x06 \x01(\x01R\n" +
 	"sigmaFresh\x12\"\n" +
-	"\fobservations\x18\a \x01(\x04R\fobservations\"\xab\x01\n" +
+	"\fobservations\x18\a \x01(\x04R\fobservations\"\xd6\x01\n" +
 	"\aKVTiers\x12+\n" +
 	"\x12kv_bytes_per_token\x18\x01 \x01(\x04R\x0fkvBytesPerToken\x12%\n" +
 	"\x0ehost_bandwidth\x18\x02 \x01(\x01R\rhostBandwidth\x12%\n" +
-	"\x0edisk_bandwidth\x18\x03 \x01(\x01R\rdiskBandwidth\x12%\n" +
+	"\x0edisk_bandwidth\x18\x03 \x01(\x01R\rdiskBandwidth\x12)\n" +
+	"\x10shared_bandwidth\x18\x05 \x01(\x01R\x0fsharedBandwidth\x12%\n" +
 	"\x0epeer_bandwidth\x18\x04 \x01(\x01R\rpeerBandwidth\"\xb6\x02\n" +
 	"\x04Load\x12\x18\n" +
 	"\arunning\x18\x01 \x01(\rR\arunning\x12\x18\n" +
