@@ -32,6 +32,7 @@ type simFlags struct {
 	eventsTopic      string
 	replayEndpoint   string
 	blockHash        string
+	offloadEvents    string
 	role             string
 	schedulingPolicy string
 	kvBandwidth      string
@@ -119,7 +120,8 @@ checked) and waits the modelled transfer time (--kv-bytes-per-token bytes per to
 	fs.StringVar(&e.DiskOffloadDir, "disk-offload-dir", "", "directory of the disk KV tier, a file per block (each worker of the process in its own worker-N subdirectory)")
 	fs.IntVar(&e.DiskOffloadBlocks, "disk-offload-blocks", 0, "capacity of the disk KV tier in blocks")
 	fs.BoolVar(&e.DiskFsync, "disk-fsync", false, "fsync every block file the disk tier writes")
-	fs.BoolVar(&e.PeerFetch, "kv-peer-fetch", false, "give a worker of role both a KV connector: it exports its cached prefixes (POST /kvrelay/kv/export) and pulls a prompt's prefix from the peer kv_transfer_params {\"kvrelay_peer_fetch\": URL} names")
+	fs.StringVar(&f.offloadEvents, "kv-offload-events", "self-describing", "how the host and disk tiers' stores are published: self-describing (tokens and parent, vLLM's self_describing_kv_events) or placeholder (the hash alone, block_size 0: vLLM's default)")
+	fs.BoolVar(&e.PeerFetch, "kv-peer-fetch", false, "give a worker of role both a KV connector: it exports its cached prefixes (POST /kvrelay/kv/export) and pulls a prompt's prefix from the peer kv_transfer_params {\"remote_kv_source\": {\"remote_host\", \"remote_port\"}} names (vLLM's p2p offloading parameter)")
 	fs.StringVar(&f.offloadOn, "offload-on", string(sim.OffloadOnStore), "when blocks are copied to host: store (write-through) or evict")
 	fs.IntVar(&e.DiskAdmitMinHits, "disk-admit-min-hits", e.DiskAdmitMinHits, "reuses a block needs before it is written to disk")
 	fs.StringVar(&f.hostBandwidth, "host-bandwidth", "25GB/s", "modelled host→GPU bandwidth of onboarding a block from the host tier")
@@ -158,6 +160,13 @@ func (f *simFlags) workerConfigs() ([]sim.WorkerConfig, error) {
 		if e.DiskBandwidth, err = engines.ParseBandwidth(f.diskBandwidth); err != nil {
 			return nil, fmt.Errorf("--disk-bandwidth: %w", err)
 		}
+	}
+	switch f.offloadEvents {
+	case "", "self-describing":
+	case "placeholder":
+		e.OffloadPlaceholders = true
+	default:
+		return nil, fmt.Errorf("--kv-offload-events must be self-describing or placeholder, got %q", f.offloadEvents)
 	}
 	switch f.blockHash {
 	case "int":

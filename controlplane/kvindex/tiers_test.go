@@ -16,12 +16,15 @@ import (
 // after every step that the index holds exactly the engine's blocks in each tier.
 func TestTierViewFollowsSimulatedEngine(t *testing.T) {
 	for _, tc := range []struct {
-		name    string
-		offload sim.Offload
-		evict   sim.Eviction
+		name         string
+		offload      sim.Offload
+		evict        sim.Eviction
+		placeholders bool
 	}{
-		{"write-through, lru", sim.OffloadOnStore, sim.EvictLRU},
-		{"on eviction, worm", sim.OffloadOnEvict, sim.EvictWORM},
+		{"write-through, lru", sim.OffloadOnStore, sim.EvictLRU, false},
+		{"on eviction, worm", sim.OffloadOnEvict, sim.EvictWORM, false},
+		{"write-through, lru, placeholders", sim.OffloadOnStore, sim.EvictLRU, true},
+		{"on eviction, worm, placeholders", sim.OffloadOnEvict, sim.EvictWORM, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := sim.DefaultConfig()
@@ -31,7 +34,7 @@ func TestTierViewFollowsSimulatedEngine(t *testing.T) {
 			cfg.OffloadOn, cfg.Eviction = tc.offload, tc.evict
 			x := New()
 			var step int
-			sink := sim.NewEventSink(liveCopies(t, x, &step), cfg.BlockSize, false)
+			sink := sim.NewEventSink(liveCopies(t, x, &step), cfg.BlockSize, false, tc.placeholders)
 			e, err := sim.NewEngine(cfg, []uint32{7, 8, 9}, sink, nil)
 			if err != nil {
 				t.Fatal(err)
@@ -76,7 +79,7 @@ func TestTierViewFollowsSimulatedEngine(t *testing.T) {
 				} else {
 					now = now.Add(50 * time.Millisecond)
 				}
-				checkTierView(t, x, e, step)
+				checkTierView(t, x, e, step, tc.placeholders)
 				if t.Failed() {
 					return
 				}
@@ -85,6 +88,9 @@ func TestTierViewFollowsSimulatedEngine(t *testing.T) {
 			t.Logf("index after the run: %d GPU, %d host, %d disk blocks; stats %+v", b[GPU], b[Host], b[Disk], x.Stats())
 			if b[Host] == 0 || b[Disk] == 0 {
 				t.Fatalf("the workload never reached host (%d) or disk (%d): the test checks nothing below GPU", b[Host], b[Disk])
+			}
+			if st := x.Stats(); tc.placeholders != (st.Placeholders > 0) || st.Placeholders < st.PlaceholdersResolved {
+				t.Fatalf("placeholders %v: stats %+v", tc.placeholders, st)
 			}
 		})
 	}
@@ -124,7 +130,10 @@ func randomTokens(rng *rand.Rand, n int) []uint32 {
 	return t
 }
 
-func checkTierView(t *testing.T, x *Index, e *sim.Engine, step int) {
+// checkTierView checks that the index holds exactly the engine's blocks in each tier; with
+// placeholders (lower tiers announced by hash alone), that it holds no block the engine does
+// not, and every block the engine holds on its GPU.
+func checkTierView(t *testing.T, x *Index, e *sim.Engine, step int, placeholders bool) {
 	t.Helper()
 	tiers := map[string]Tier{sim.MediumGPU: GPU, sim.MediumCPU: Host, sim.MediumDISK: Disk}
 	want := map[[2]uint64]bool{}
@@ -132,7 +141,7 @@ func checkTierView(t *testing.T, x *Index, e *sim.Engine, step int) {
 	got := map[[2]uint64]bool{}
 	x.Each(func(seq uint64, slot int, tier Tier) { got[[2]uint64{seq, uint64(tier)}] = true })
 	for k := range want {
-		if !got[k] {
+		if !got[k] && !(placeholders && Tier(k[1]) != GPU) {
 			t.Errorf("step %d: the engine holds %x in tier %d, the index does not", step, k[0], k[1])
 			return
 		}

@@ -1,8 +1,13 @@
 package decide
 
 import (
+	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"math/rand/v2"
+	"net"
+	"strconv"
 
 	"github.com/kvrelay/kvrelay/dataplane/oai"
 	"github.com/kvrelay/kvrelay/dataplane/route"
@@ -194,9 +199,21 @@ func (r *Request) NoWorker(what string, now int64) *Refusal {
 }
 
 // PeerFetchParams is the kv_transfer_params telling a worker to pull the prompt's prefix
-// from the worker at url (the decision's PeerFetch): what a carrier puts in the body it
-// sends that worker.
-func PeerFetchParams(url string) []byte {
-	q, _ := json.Marshal(url)
-	return append(append([]byte(`{"kvrelay_peer_fetch":`), q...), '}')
+// from the worker at addr (host:port; the decision's PeerFetch), in vLLM's p2p offloading
+// form, {"remote_kv_source": {"kv_request_id", "remote_host", "remote_port"}}, with a new
+// request id: what a carrier puts in the body it sends that worker.
+func PeerFetchParams(addr string) []byte {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		host, port = addr, "80"
+	}
+	if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+		port = "80"
+	}
+	var id [8]byte
+	binary.LittleEndian.PutUint64(id[:], rand.Uint64())
+	h, _ := json.Marshal(host)
+	b := append([]byte(`{"remote_kv_source":{"kv_request_id":"kvrelay-`), hex.EncodeToString(id[:])...)
+	b = append(append(append(b, `","remote_host":`...), h...), `,"remote_port":`...)
+	return append(append(b, port...), "}}"...)
 }

@@ -1,6 +1,7 @@
 package decide
 
 import (
+	"encoding/json"
 	"errors"
 	"testing"
 
@@ -157,5 +158,33 @@ func TestDecideRefusesAPassedTTFTTarget(t *testing.T) {
 				t.Fatal("a refused request was given a prefill leg")
 			}
 		})
+	}
+}
+
+// TestPeerFetchParams: the pull instruction is vLLM's remote_kv_source, with the peer's host
+// and numeric port and a fresh request id each time.
+func TestPeerFetchParams(t *testing.T) {
+	type source struct {
+		KVRequestID string `json:"kv_request_id"`
+		RemoteHost  string `json:"remote_host"`
+		RemotePort  int    `json:"remote_port"`
+	}
+	seen := map[string]bool{}
+	for addr, want := range map[string]source{
+		"10.0.0.7:8000": {RemoteHost: "10.0.0.7", RemotePort: 8000},
+		"[::1]:9":       {RemoteHost: "::1", RemotePort: 9},
+		"gpu-3:31000":   {RemoteHost: "gpu-3", RemotePort: 31000},
+	} {
+		var got struct {
+			Source source `json:"remote_kv_source"`
+		}
+		b := PeerFetchParams(addr)
+		if err := json.Unmarshal(b, &got); err != nil {
+			t.Fatalf("%s: %s: %v", addr, b, err)
+		}
+		if got.Source.RemoteHost != want.RemoteHost || got.Source.RemotePort != want.RemotePort || got.Source.KVRequestID == "" || seen[got.Source.KVRequestID] {
+			t.Fatalf("%s: %s", addr, b)
+		}
+		seen[got.Source.KVRequestID] = true
 	}
 }

@@ -174,6 +174,21 @@ func (m *blockManager) lookup(hashes []uint64) int {
 	return len(hashes)
 }
 
+// capLoad limits a lookup's hit blocks for a request that caps what it loads from host or
+// disk (Params.LimitLoad): the GPU's leading hits, then at most MaxLoadTokens worth of
+// blocks from below.
+func (m *blockManager) capLoad(r *Request, hit int) int {
+	if !r.Params.LimitLoad || hit == 0 {
+		return hit
+	}
+	gpu := m.pool.Hits(r.hashes[:hit])
+	capped := min(hit, gpu+r.Params.MaxLoadTokens/m.cfg.BlockSize)
+	if capped < hit && !r.admitted {
+		m.stats.loadCapped.Add(int64(hit - capped))
+	}
+	return capped
+}
+
 // fitting returns the longest prefix of r's first hit blocks (found by lookup, which
 // canAdmit refused) that canAdmit takes with the next chunk of at most budget tokens after
 // it, counting the lower-tier blocks it leaves to be computed; -1 when none does, or when

@@ -404,3 +404,11 @@ func TestOnboardWhatFits(t *testing.T) {
 	}
 	checkViews(t, e, rec)
 }
+
+// mediumOf is an engine cache event's medium, "" read as GPU.
+func mediumOf(m string) string {
+	if m == "" {
+		return MediumGPU
+	}
+	return m
+}

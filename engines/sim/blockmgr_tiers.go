@@ -22,6 +22,7 @@ type tierCounters struct {
 	peerFetches                [numPeerOutcomes]atomic.Int64
 	peerTokens                 atomic.Int64 // prompt tokens pulled from peers
 	onboardSkipped             atomic.Int64 // lower-tier hit blocks computed for want of GPU room
+	loadCapped                 atomic.Int64 // lower-tier hit blocks computed as max_load_tokens asked
 }
 
 // The outcomes of a request told to fetch its prefix from a peer (TierStats.PeerFetches).
@@ -47,8 +48,9 @@ type TierStats struct {
 	PeerFetches [numPeerOutcomes]int64
 	PeerTokens  int64
 	// OnboardSkipped counts host or disk hit blocks computed instead of brought back, for
-	// want of free GPU blocks when their request came up.
-	OnboardSkipped int64
+	// want of free GPU blocks when their request came up; LoadCapped, those computed because
+	// the request's max_load_tokens asked.
+	OnboardSkipped, LoadCapped int64
 }
 
 // TierStats returns the engine's KV totals. It is safe to call from any goroutine.
@@ -65,6 +67,7 @@ func (e *Engine) TierStats() TierStats {
 	}
 	s.PeerTokens = c.peerTokens.Load()
 	s.OnboardSkipped = c.onboardSkipped.Load()
+	s.LoadCapped = c.loadCapped.Load()
 	return s
 }
 

@@ -74,6 +74,11 @@ type Config struct {
 	// EngineHashBytes makes the engine's own block hashes 32-byte strings instead of uint64s
 	// (the --kv-block-hash bytes mode), as engines configured with a bytes hash report them.
 	EngineHashBytes bool
+	// OffloadPlaceholders publishes the host and disk tiers' stores as vLLM's offloading
+	// connector does without self_describing_kv_events: the block's hash alone, no tokens,
+	// block_size 0 (a subscriber places it only by a hash it saw with tokens on the GPU).
+	// Off, every store carries its tokens and parent (self_describing_kv_events on).
+	OffloadPlaceholders bool
 	// MaxRequestBytes bounds a request body; larger bodies get 413.
 	MaxRequestBytes int64
 	// LoRAModules names the LoRA adapters served beside Model (vLLM's --lora-modules): a
@@ -106,7 +111,7 @@ type Config struct {
 
 	// PeerFetch gives a worker of role both a KV connector too, for blocks any worker can
 	// fetch: it exports its cached prefixes to peers (POST /kvrelay/kv/export) and, told to
-	// by kv_transfer_params {"kvrelay_peer_fetch": "http://holder"}, pulls a prompt's
+	// by kv_transfer_params {"remote_kv_source": {...}} (vLLM's), pulls a prompt's
 	// prefix from the holder instead of computing it, computing it after all when the pull
 	// fails.
 	PeerFetch bool

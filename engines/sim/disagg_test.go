@@ -10,6 +10,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -517,6 +518,13 @@ func TestKVTransferParamsRejected(t *testing.T) {
 		"ids as object":        strings.Replace(ok, `[0,1]`, `{"0":1}`, 1),
 		"ids with trailing ,":  strings.Replace(ok, `[0,1]`, `[0,1,]`, 1),
 		"remote_port negative": strings.Replace(ok, `5600`, `-1`, 1),
+		"kv source not object": `{"remote_kv_source":"http://h:1"}`,
+		"kv source no host":    `{"remote_kv_source":{"kv_request_id":"x","remote_port":1}}`,
+		"kv source bad host":   `{"remote_kv_source":{"kv_request_id":"x","remote_host":"a/b","remote_port":1}}`,
+		"kv source port 0":     `{"remote_kv_source":{"kv_request_id":"x","remote_host":"h","remote_port":0}}`,
+		"kv source and P/D":    `{"do_remote_decode":true,"remote_kv_source":{"kv_request_id":"x","remote_host":"h","remote_port":1}}`,
+		"max load negative":    `{"max_load_tokens":-1}`,
+		"max load float":       `{"max_load_tokens":2.5}`,
 	}
 	names := make([]string, 0, len(cases))
 	for n := range cases {
@@ -552,6 +560,8 @@ func FuzzParseKVTransferParams(f *testing.F) {
 		`{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}`,
 		`{"do_remote_prefill":true,"do_remote_decode":false,"remote_block_ids":[0,1,2],"remote_engine_id":"e","remote_request_id":"r","remote_host":"127.0.0.1","remote_port":5600,"tp_size":1}`,
 		`{"remote_block_ids":[1e3]}`, `{"remote_port":1e2}`, `{"do_remote_prefill":true,"remote_block_ids":[0],"remote_host":"[::1]","remote_port":1,"remote_engine_id":"e","remote_request_id":"r"}`,
+		`{"remote_kv_source":{"kv_request_id":"p","remote_host":"10.0.0.2","remote_port":8000},"max_load_tokens":0}`,
+		`{"remote_kv_source":{"remote_host":"[::1]","remote_port":1}}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -576,6 +586,15 @@ func FuzzParseKVTransferParams(f *testing.F) {
 		}
 		if p.DoRemotePrefill && len(p.RemoteBlockIDs) > 0 && (p.RemoteHost == "" || p.RemotePort == 0 || p.RemoteEngineID == "" || p.RemoteRequestID == "") {
 			t.Fatalf("a pull without its address from %q", raw)
+		}
+		if p.PeerFetch != "" {
+			u, err := url.Parse(p.PeerFetch)
+			if err != nil || u.Scheme != "http" || u.Hostname() == "" || u.Port() == "" || u.Path != "" {
+				t.Fatalf("peer %q from %q is not http://host:port", p.PeerFetch, raw)
+			}
+		}
+		if p.HasMaxLoad && p.MaxLoadTokens < 0 {
+			t.Fatalf("negative max_load_tokens from %q", raw)
 		}
 	})
 }

@@ -48,9 +48,13 @@ func (f PublishFunc) Publish(b *kvevents.Batch) error { return f(b) }
 
 // NewEventSink returns the EventSink a Worker gives its engine: each step's cache events as
 // one vLLM KV event batch (the engine's opaque block hashes, 32-byte ones when asBytes),
-// handed to publish on the engine goroutine.
-func NewEventSink(publish PublishFunc, blockSize int, asBytes bool) EventSink {
-	return &eventAdapter{pub: publish, blockSize: blockSize, asBytes: asBytes}
+// handed to publish on the engine goroutine. The tiers are published as vLLM's offloading
+// connector publishes them: GPU, CPU with locality LOCAL, and the disk tier as STORAGE with
+// locality LOCAL, each store a copy with its own removal.
+// With placeholders, the host and disk tiers' stores carry the block's hash alone
+// (Config.OffloadPlaceholders).
+func NewEventSink(publish PublishFunc, blockSize int, asBytes bool, placeholders ...bool) EventSink {
+	return &eventAdapter{pub: publish, blockSize: blockSize, asBytes: asBytes, placeholders: len(placeholders) > 0 && placeholders[0]}
 }
 
 // eventAdapter turns an engine's cache events into vLLM KV event batches, one batch per step,
@@ -60,9 +64,11 @@ type eventAdapter struct {
 	pub       batchPublisher
 	blockSize int
 	asBytes   bool
-	batch     kvevents.Batch
-	hashes    []kvevents.Hash
-	extra     []kvevents.RawValue
+	// placeholders publishes lower tiers' stores without tokens (Config.OffloadPlaceholders).
+	placeholders bool
+	batch        kvevents.Batch
+	hashes       []kvevents.Hash
+	extra        []kvevents.RawValue
 }
 
 var _ EventSink = (*eventAdapter)(nil)
@@ -101,13 +107,18 @@ func (a *eventAdapter) CacheEvents(at time.Time, evs []CacheEvent) {
 			}
 			out.TokenIDs = ev.Tokens
 			out.BlockSize = a.blockSize
-			out.Medium = mediumOf(ev.Medium)
+			out.Medium, out.Locality = wireMedium(ev.Medium)
 			out.ExtraKeys, out.HasExtraKeys = extra, true
 			out.GroupIdx, out.HasGroupIdx = 0, true
 			out.KVCacheSpecKind = "full_attention"
+			if a.placeholders && out.Locality != "" {
+				// vLLM's _placeholder_stored: the hash, its group and locality.
+				out = kvevents.Event{Kind: kvevents.BlockStored, BlockHashes: out.BlockHashes, Medium: out.Medium,
+					Locality: out.Locality, GroupIdx: 0, HasGroupIdx: true}
+			}
 		case BlocksRemoved:
 			out.Kind = kvevents.BlockRemoved
-			out.Medium = mediumOf(ev.Medium)
+			out.Medium, out.Locality = wireMedium(ev.Medium)
 			out.GroupIdx, out.HasGroupIdx = 0, true
 		case AllBlocksCleared:
 			out = kvevents.Event{Kind: kvevents.AllBlocksCleared}
@@ -123,11 +134,16 @@ func (a *eventAdapter) CacheEvents(at time.Time, evs []CacheEvent) {
 	_ = a.pub.Publish(&a.batch)
 }
 
-func mediumOf(m string) string {
-	if m == "" {
-		return MediumGPU
+// wireMedium is the medium and locality vLLM's offloading connector publishes for a tier:
+// GPU; CPU, local; the disk tier as STORAGE, local (v0.27's name for its fs tier).
+func wireMedium(m string) (medium, locality string) {
+	switch m {
+	case "", MediumGPU:
+		return MediumGPU, ""
+	case MediumDISK:
+		return "STORAGE", "LOCAL"
 	}
-	return m
+	return m, "LOCAL"
 }
 
 // plain returns n nil extra-keys entries (blocks without keys), reused across batches.

@@ -30,9 +30,23 @@ type kvTransferParams struct {
 	RemoteHost      string
 	RemotePort      int
 	TPSize          int
-	// PeerFetch is kvrelay's peer fetch: the holder's base URL (http://host:port) whose
-	// cached prefix of the prompt this worker pulls before computing the rest.
+	// PeerFetch is the peer whose cached prefix of the prompt this worker pulls before
+	// computing the rest, as its base URL (http://host:port), from vLLM's p2p offloading
+	// parameter remote_kv_source {"kv_request_id", "remote_host", "remote_port"}. The
+	// simulated engine's peer transport is its HTTP server (POST /kvrelay/kv/export), so
+	// remote_port is that server's.
 	PeerFetch string
+	// MaxLoadTokens, when HasMaxLoad, caps the tokens loaded from offloading tiers beyond
+	// the prefix cached in GPU memory (vLLM's max_load_tokens; 0 recomputes them all).
+	MaxLoadTokens int
+	HasMaxLoad    bool
+}
+
+// remoteKVSource is vLLM's kv_transfer_params.remote_kv_source.
+type remoteKVSource struct {
+	KVRequestID string `json:"kv_request_id"`
+	RemoteHost  string `json:"remote_host"`
+	RemotePort  int64  `json:"remote_port"`
 }
 
 // parseKVTransferParams checks and decodes kv_transfer_params. It returns nil, nil when the
@@ -109,17 +123,31 @@ func parseKVTransferParams(raw json.RawMessage, maxBlocks int) (*kvTransferParam
 		}
 		p.RemoteBlockIDs = ids
 	}
-	if v, ok := has("kvrelay_peer_fetch"); ok {
-		if v[0] != '"' || json.Unmarshal(v, &p.PeerFetch) != nil {
-			return nil, bad("kvrelay_peer_fetch must be a string")
+	if v, ok := has("remote_kv_source"); ok {
+		var src remoteKVSource
+		if v[0] != '{' || json.Unmarshal(v, &src) != nil {
+			return nil, bad("remote_kv_source must be an object {kv_request_id, remote_host, remote_port}")
 		}
-		u, err := url.Parse(p.PeerFetch)
-		if err != nil || u.Scheme != "http" || u.Host == "" || (u.Path != "" && u.Path != "/") || len(p.PeerFetch) > 1024 {
-			return nil, bad("kvrelay_peer_fetch %q is not http://host:port", p.PeerFetch)
+		if src.RemoteHost == "" || len(src.RemoteHost) > 1024 || (strings.ContainsAny(src.RemoteHost, " \t\r\n/@?#[]") && net.ParseIP(strings.Trim(src.RemoteHost, "[]")) == nil) {
+			return nil, bad("remote_kv_source.remote_host %q is not a host name or IP address", src.RemoteHost)
+		}
+		if src.RemotePort < 1 || src.RemotePort > 65535 {
+			return nil, bad("remote_kv_source.remote_port must be an integer from 1 to 65535")
+		}
+		if len(src.KVRequestID) > 1024 {
+			return nil, bad("remote_kv_source.kv_request_id is longer than 1024 bytes")
 		}
 		if p.DoRemoteDecode || p.DoRemotePrefill {
-			return nil, bad("kvrelay_peer_fetch cannot go with do_remote_decode or do_remote_prefill")
+			return nil, bad("remote_kv_source cannot go with do_remote_decode or do_remote_prefill")
 		}
+		p.PeerFetch = (&url.URL{Scheme: "http", Host: net.JoinHostPort(strings.Trim(src.RemoteHost, "[]"), strconv.FormatInt(src.RemotePort, 10))}).String()
+	}
+	if v, ok := has("max_load_tokens"); ok {
+		n, err := strconv.ParseInt(string(v), 10, 64)
+		if err != nil || n < 0 || n > math.MaxInt32 {
+			return nil, bad("max_load_tokens must be an integer from 0 to 2^31-1")
+		}
+		p.MaxLoadTokens, p.HasMaxLoad = int(n), true
 	}
 	if p.DoRemoteDecode && p.DoRemotePrefill {
 		return nil, bad("do_remote_decode and do_remote_prefill cannot both be true")

@@ -25,7 +25,7 @@ func isBlockManagerFile(name string) bool { return strings.HasPrefix(filepath.Ba
 // blockManagerAPI are the blockManager fields and methods the rest of the engine may use.
 var blockManagerAPI = map[string]bool{
 	// The scheduler's.
-	"beginStep": true, "endStep": true, "lookup": true, "canAdmit": true, "fitting": true,
+	"beginStep": true, "endStep": true, "lookup": true, "capLoad": true, "canAdmit": true, "fitting": true,
 	"admit": true, "allocateSlots": true, "cacheBlocks": true, "free": true, "usage": true,
 	"reset": true,
 	// The KV connector's and the peer export's.

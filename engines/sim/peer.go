@@ -16,8 +16,9 @@ import (
 // connector — the exporter pins the blocks for KVTransferTimeout, fills their slots and
 // answers with NixlConnector's kv_transfer_params naming them, exactly as a prefill worker
 // answers a prefill leg; blocks its host or disk tier holds go through staging slots of the
-// region, taking none of its GPU blocks — and, told by kv_transfer_params {"kvrelay_peer_fetch": URL},
-// asks the worker at URL for its prompt's prefix, pulls it as a decode leg pulls a prefill
+// region, taking none of its GPU blocks — and, told by kv_transfer_params
+// {"remote_kv_source": {"remote_host", "remote_port"}} (vLLM's p2p offloading parameter),
+// asks the worker at that address for its prompt's prefix, pulls it as a decode leg pulls a prefill
 // worker's blocks, checks it, stores it (announcing it in its KV events) and computes only
 // the rest. Any failure (the holder gone, slow, holding less by now, a checksum) costs
 // only time: the request computes what it could not fetch.

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -15,10 +16,16 @@ import (
 	"github.com/kvrelay/kvrelay/engines/blockhash"
 )
 
-// peerBody is a chat request that fetches its prefix from holder.
+// peerBody is a chat request that fetches its prefix from holder (http://host:port), with
+// vLLM's remote_kv_source.
 func peerBody(prompt, holder string) string {
+	u, err := url.Parse(holder)
+	if err != nil {
+		panic(err)
+	}
 	return `{"messages":[{"role":"user","content":` + strconv.Quote(prompt) + `}],"max_tokens":4,` +
-		`"kv_transfer_params":{"kvrelay_peer_fetch":` + strconv.Quote(holder) + `}}`
+		`"kv_transfer_params":{"remote_kv_source":{"kv_request_id":"pull-1","remote_host":` + strconv.Quote(u.Hostname()) +
+		`,"remote_port":` + u.Port() + `}}}`
 }
 
 func chatUsage(t *testing.T, w *Worker, body string) usage {

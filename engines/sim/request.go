@@ -42,6 +42,12 @@ type Params struct {
 	// (a harmony client drops the analysis channel), so nobody reads them again. EvictWORM
 	// evicts them first and never offloads them.
 	EphemeralOutput bool
+	// LimitLoad caps at MaxLoadTokens the prompt tokens brought back from host memory or
+	// disk beyond the prefix cached in GPU memory (vLLM's kv_transfer_params
+	// max_load_tokens): the rest is computed. MaxLoadTokens 0 computes every block not on
+	// the GPU.
+	LimitLoad     bool
+	MaxLoadTokens int
 }
 
 // Request is one generation submitted to an Engine. The engine's scheduler goroutine owns the

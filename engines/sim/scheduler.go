@@ -88,7 +88,7 @@ func (e *Engine) plan() (prefill, decodes int) {
 			full-- // the last token is always computed, to produce the next one
 		}
 		if full > 0 {
-			hit = e.kvm.lookup(r.hashes[:full])
+			hit = e.kvm.capLoad(r, e.kvm.lookup(r.hashes[:full]))
 		}
 		computed := hit * bs
 		n := min(len(r.tokens)-computed, budget)

@@ -26,16 +26,19 @@ import (
 // /detokenize, /health, /metrics and /reset_prefix_cache. Handlers run on net/http's goroutines and hand requests to
 // the engine, whose scheduler goroutine produces the tokens they stream.
 type Server struct {
-	eng     *Engine
-	kv      *kvConnector // nil in role both without PeerFetch
-	codec   Codec
-	metrics *Metrics
-	model   string
-	text    map[uint32]string // filler token → its text; read-only after construction
-	created int64
-	idBase  string
-	ids     atomic.Uint64
-	bufs    sync.Pool
+	eng *Engine
+	kv  *kvConnector // nil in role both without PeerFetch
+	// offloads: the engine has a host or disk tier, so it reads max_load_tokens as vLLM's
+	// offloading connector does.
+	offloads bool
+	codec    Codec
+	metrics  *Metrics
+	model    string
+	text     map[uint32]string // filler token → its text; read-only after construction
+	created  int64
+	idBase   string
+	ids      atomic.Uint64
+	bufs     sync.Pool
 }
 
 // NewServer builds the API of eng. text maps each output token id to its text.
@@ -43,15 +46,16 @@ func NewServer(eng *Engine, codec Codec, metrics *Metrics, text map[uint32]strin
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	return &Server{
-		eng:     eng,
-		kv:      eng.kv,
-		codec:   codec,
-		metrics: metrics,
-		model:   eng.cfg.Model,
-		text:    text,
-		created: time.Now().Unix(),
-		idBase:  hex.EncodeToString(b[:]),
-		bufs:    sync.Pool{New: func() any { b := make([]byte, 0, 4096); return &b }},
+		eng:      eng,
+		kv:       eng.kv,
+		offloads: eng.cfg.CPUOffloadBlocks > 0 || eng.cfg.DiskOffloadBlocks > 0,
+		codec:    codec,
+		metrics:  metrics,
+		model:    eng.cfg.Model,
+		text:     text,
+		created:  time.Now().Unix(),
+		idBase:   hex.EncodeToString(b[:]),
+		bufs:     sync.Pool{New: func() any { b := make([]byte, 0, 4096); return &b }},
 	}
 }
 
@@ -202,13 +206,23 @@ func (s *Server) complete(w http.ResponseWriter, hr *http.Request, chat bool) {
 		return
 	}
 	var kvp *kvTransferParams
-	if s.kv != nil {
-		// Like vLLM, a worker without a KV connector (role both) ignores kv_transfer_params.
+	if s.kv != nil || s.offloads {
+		// Like vLLM, a worker without a KV connector (role both, no offloading tier)
+		// ignores kv_transfer_params.
 		bs := s.eng.cfg.BlockSize
 		if kvp, aerr = parseKVTransferParams(req.KVTransferParams, (s.eng.cfg.MaxModelLen+bs-1)/bs); aerr != nil {
 			writeError(w, aerr)
 			return
 		}
+	}
+	var limitLoad bool
+	var maxLoad int
+	if kvp != nil && kvp.HasMaxLoad {
+		limitLoad, maxLoad = true, kvp.MaxLoadTokens
+	}
+	if s.kv == nil && kvp != nil {
+		// An offloading connector alone acts on max_load_tokens only.
+		kvp = nil
 	}
 	prompt, aerr := s.encode(req, chat)
 	if aerr != nil {
@@ -229,10 +243,15 @@ func (s *Server) complete(w http.ResponseWriter, hr *http.Request, chat bool) {
 		Priority:        int(req.Priority),
 		PinTTL:          pin,
 		EphemeralOutput: req.ephemeralOutput(),
+		LimitLoad:       limitLoad,
+		MaxLoadTokens:   maxLoad,
 	})
 	if err != nil {
 		writeError(w, badRequest("%s", strings.TrimPrefix(err.Error(), ErrInvalidRequest.Error()+": ")))
 		return
+	}
+	if kvp != nil && kvp.HasMaxLoad && kvp.PeerFetch == "" && !kvp.DoRemoteDecode && !kvp.DoRemotePrefill {
+		kvp = nil // max_load_tokens alone: no transfer, and the response says nothing of it
 	}
 	if kvp != nil && kvp.PeerFetch != "" {
 		// A peer fetch: the prefix comes from the holder, asked once the request is

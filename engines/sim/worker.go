@@ -78,7 +78,7 @@ func NewWorker(cfg WorkerConfig) (*Worker, error) {
 		if err := cfg.Events.Validate(); err != nil {
 			return nil, fmt.Errorf("building worker: %w", err)
 		}
-		w.adapter = &eventAdapter{blockSize: cfg.Engine.BlockSize, asBytes: cfg.Engine.EngineHashBytes}
+		w.adapter = &eventAdapter{blockSize: cfg.Engine.BlockSize, asBytes: cfg.Engine.EngineHashBytes, placeholders: cfg.Engine.OffloadPlaceholders}
 		sink = w.adapter
 	}
 	if w.eng, err = NewEngine(cfg.Engine, ids, sink, w.metrics); err != nil {
