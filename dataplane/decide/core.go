@@ -260,6 +260,10 @@ func (c *Core) Blame(w *route.Worker, now int64, after int, why string) {
 // PeerFetch counts a request sent to a worker told to pull its prefix from a peer.
 func (c *Core) PeerFetch() { c.m.peerFetches.Inc() }
 
+// Recompute counts a request sent to a worker told to compute what it caches below GPU
+// memory rather than load it back.
+func (c *Core) Recompute() { c.m.recomputes.Inc() }
+
 // UnknownResponse counts a request naming a stored response its owner did not see.
 func (c *Core) UnknownResponse() { c.m.affinity.WithLabelValues("unknown").Inc() }
 

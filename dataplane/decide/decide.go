@@ -198,6 +198,11 @@ func (r *Request) NoWorker(what string, now int64) *Refusal {
 		RetryAfter: r.c.retryAfterNoWorker(unsafeString(r.oreq.Model), now)}
 }
 
+// RecomputeParams is the kv_transfer_params telling a worker to compute the prompt blocks it
+// caches below GPU memory rather than load them back (the decision's Recompute): vLLM's
+// max_load_tokens 0.
+var RecomputeParams = []byte(`{"max_load_tokens":0}`)
+
 // PeerFetchParams is the kv_transfer_params telling a worker to pull the prompt's prefix
 // from the worker at addr (host:port; the decision's PeerFetch), in vLLM's p2p offloading
 // form, {"remote_kv_source": {"kv_request_id", "remote_host", "remote_port"}}, with a new

@@ -37,6 +37,7 @@ type metrics struct {
 	affinity        *prometheus.CounterVec // outcome: pinned, fallback, unknown
 	refused         *prometheus.CounterVec // field
 	peerFetches     prometheus.Counter     // requests told to pull their prefix from a peer
+	recomputes      prometheus.Counter     // requests told to compute what their worker caches below GPU memory
 	pickFallbacks   prometheus.Counter     // picks a gateway served from a fallback endpoint
 	inflight        *prometheus.GaugeVec   // worker
 	routed          *prometheus.CounterVec // worker, mode
@@ -141,6 +142,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		peerFetches: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kvrelay_proxy_peer_fetches_total", Help: "Requests sent to a worker told to pull their prompt's prefix from the peer that caches it (peer fetch) instead of computing it.",
 		}),
+		recomputes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvrelay_proxy_recomputes_total", Help: "Requests sent to a worker told to compute the prompt blocks it caches below GPU memory rather than load them back (kv_transfer_params max_load_tokens 0), predicted sooner.",
+		}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvrelay_proxy_refused_fields_total", Help: "Requests refused (400) for carrying a field only kvrelay may set, by field.",
 		}, []string{"field"}),
@@ -173,7 +177,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	reg.MustRegister(m.requests, m.ttft, m.itl, m.e2e, m.decision, m.predicted, m.reported, m.promptBlocks, m.predictionErr,
 		m.regretBlocks, m.costGap, m.armTTFT, m.armRequests, m.shadow, m.shadowOverlap, m.queueDepth, m.queued, m.ejections,
-		m.affinity, m.refused, m.peerFetches, m.pickFallbacks, m.inflight, m.routed, m.remoteFallbacks, m.tooLong, m.disagg,
+		m.affinity, m.refused, m.peerFetches, m.recomputes, m.pickFallbacks, m.inflight, m.routed, m.remoteFallbacks, m.tooLong, m.disagg,
 		m.ttftPredErr, m.ttftPredRel, m.ttftPredBias)
 	m.models.Store(&map[string]*modelMetrics{})
 	m.refused.WithLabelValues("kv_transfer_params")

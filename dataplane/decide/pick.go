@@ -282,6 +282,10 @@ func (p *Pick) forwardBody(body []byte) []byte {
 		p.fwd = oai.AppendWithRawField(p.fwd[:0], body, "kv_transfer_params", PeerFetchParams(h.Addr))
 		body, p.mutated = p.fwd, true
 		c.PeerFetch()
+	} else if r.dec.Recompute && r.pd.prefill == nil {
+		p.fwd = oai.AppendWithRawField(p.fwd[:0], body, "kv_transfer_params", RecomputeParams)
+		body, p.mutated = p.fwd, true
+		c.Recompute()
 	}
 	if c.cfg.ForwardPriority && r.prio != 0 && (r.kind == oai.ChatCompletions || r.kind == oai.Completions) {
 		// vLLM runs lower priority values first; kvrelay's hints say higher is more urgent.

@@ -105,6 +105,11 @@ func (ex *exchange) send() {
 		cc.fetchBody = oai.AppendWithRawField(cc.fetchBody[:0], body, "kv_transfer_params", decide.PeerFetchParams(h.Addr))
 		body = cc.fetchBody
 		cc.srv.core.PeerFetch()
+	} else if dec.Recompute && cc.pd.decodeBody == nil && !ex.mig.leg {
+		// The worker computes what it caches below GPU memory instead of loading it.
+		cc.fetchBody = oai.AppendWithRawField(cc.fetchBody[:0], body, "kv_transfer_params", decide.RecomputeParams)
+		body = cc.fetchBody
+		cc.srv.core.Recompute()
 	}
 	if prio, kind := cc.in.Priority(), cc.in.Kind(); cc.srv.cfg.ForwardPriority && prio != 0 && (kind == oai.ChatCompletions || kind == oai.Completions) {
 		// vLLM runs lower priority values first; kvrelay's hints say higher is more urgent.
@@ -656,6 +661,9 @@ func appendRouteHeader(out []byte, d *route.Decision) []byte {
 	if h := d.PeerFetch; h != nil && h != d.Worker {
 		out = append(out, "; fetch="...)
 		out = append(out, h.ID...)
+	}
+	if d.Recompute {
+		out = append(out, "; load=0"...)
 	}
 	return append(out, "\r\n"...)
 }

@@ -141,10 +141,12 @@ func (s PredictedTTFT) Score(req *Request, ws []*Worker, costs []float64) {
 		}
 	}
 	req.fetch = req.fetch[:0]
+	req.recompute = req.recompute[:0]
 	for i, w := range ws {
 		bs := max(w.BlockSize, 1)
 		overlap := req.Overlap(w)
 		onboard := 0.0
+		gpuOnly := -1.0 // the overlap without the blocks to load back, when there are some
 		if req.flat {
 			overlap = req.flatOverlap
 		} else if lw, ok := req.Lower(w); ok && (lw.Host > 0 || lw.Disk > 0 || lw.Shared > 0) && w.Engine.Onboards() {
@@ -165,6 +167,9 @@ func (s PredictedTTFT) Score(req *Request, ws []*Worker, costs []float64) {
 			overlap = gpu + host + disk + shared
 			tok := float64(bs) * s.CacheCredit
 			onboard = w.Engine.OnboardSeconds(host*tok, disk*tok, shared*tok)
+			if onboard > 0 {
+				gpuOnly = gpu * s.CacheCredit
+			}
 		}
 		overlap *= s.CacheCredit
 		uncached := max(float64(req.PromptTokens)-overlap*float64(bs), 0)
@@ -180,6 +185,17 @@ func (s PredictedTTFT) Score(req *Request, ws []*Worker, costs []float64) {
 		p := &req.preds[i]
 		w.Latency().Predict(&w.Engine, st, uncached, p)
 		c := s.cost(req, w, p)
+		req.recompute = append(req.recompute, false)
+		if gpuOnly >= 0 {
+			// Computing what sits below GPU memory instead of loading it back: the engine
+			// is told so (max_load_tokens 0) when that is predicted cheaper.
+			alt, ast := latency.Prediction{}, st
+			ast.Onboard, ast.Cached = 0, min(gpuOnly*float64(bs), float64(req.PromptTokens))
+			w.Latency().Predict(&w.Engine, ast, max(float64(req.PromptTokens)-gpuOnly*float64(bs), 0), &alt)
+			if ca := s.cost(req, w, &alt); ca < c {
+				*p, c, req.recompute[i] = alt, ca, true
+			}
+		}
 		req.fetch = append(req.fetch, nil)
 		if !req.flat && w.Engine.Fetches() {
 			if !found {

@@ -390,7 +390,8 @@ func TestLatencySlotWaitFollowsRunningRequests(t *testing.T) {
 // TestLatencyPricesOnboarding: a worker whose matched run sits in host memory or on disk is
 // priced by the time those blocks take to come back at the bandwidths it advertises: a
 // 16,000-token context on host (47 ms at 25 GB/s) beats recomputing it on an idle worker;
-// on a slow disk (2.4 s at 0.5 GB/s) it does not, and a tier whose bandwidth the worker does
+// on a slow disk (2.4 s at 0.5 GB/s) it does not (the request goes elsewhere, or to the holder
+// told to compute instead: max_load_tokens 0), and a tier whose bandwidth the worker does
 // not advertise earns no credit (the holder predicts as an idle worker). With nothing advertised the tier weights stand in (a disk block counts
 // a quarter, so 250 of the 1000 blocks still draw the request home).
 func TestLatencyPricesOnboarding(t *testing.T) {
@@ -454,8 +455,14 @@ func TestLatencyPricesOnboarding(t *testing.T) {
 				}
 				return
 			}
-			if got := d.Worker == ws[0]; got != tc.home {
-				t.Fatalf("went to %s, want the holder %v", d.Worker.ID, tc.home)
+			if d.Recompute && d.Worker != ws[0] {
+				t.Fatalf("%s told to recompute blocks it does not hold below GPU", d.Worker.ID)
+			}
+			switch got := d.Worker == ws[0]; {
+			case !tc.home && got && !d.Recompute:
+				t.Fatalf("went to the holder to load its slow tier back, want another worker or a recompute (max_load_tokens 0)")
+			case tc.home && (!got || d.Recompute && tc.onboardAtLeast > 0):
+				t.Fatalf("went to %s (recompute %v), want the holder loading its blocks back", d.Worker.ID, d.Recompute)
 			}
 			if tc.onboardAtLeast > 0 {
 				for i, w := range cands {
@@ -790,5 +797,44 @@ func TestWorkersShareTheirModelAfterAReport(t *testing.T) {
 	// A pool of the same workers later keeps the model they share.
 	if NewPool(ws); ws[2].Latency().Model() != m {
 		t.Fatal("a new pool gave the workers another model")
+	}
+}
+
+// TestLatencyRecomputesASlowTier: the worker caching a context's first 200 blocks in GPU
+// memory and the next 800 on a slow disk (0.5 GB/s: 1.9 s to load) is the best place to
+// compute those 800 (a fifth of the prompt is cached there) rather than to load them: the
+// decision says Recompute, and its prediction is the recompute's.
+func TestLatencyRecomputesASlowTier(t *testing.T) {
+	rep := prefix.NewReplica(blockset.DefaultWeights)
+	rep.SetSlots([]int{0, 1, 2})
+	r, err := NewRouter(Config{Policy: PolicyLatency, ComputeWeight: DefaultComputeWeight, BackgroundWeight: DefaultBackgroundWeight}, NewPool(workers(3)), rep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ws := r.Pool().Workers
+	for _, w := range ws {
+		w.Engine.MaxNumSeqs = 8
+	}
+	ws[0].Engine.KVBytesPerToken, ws[0].Engine.DiskBandwidth = 73728, 0.5e9
+	hashes, n := promptChain(1, 1, 1000, 2)
+	var cs []journal.Change
+	for i, h := range hashes[:1000] {
+		tier := blockset.GPU
+		if i >= 200 {
+			tier = blockset.Disk
+		}
+		cs = append(cs, journal.Change{Seq: h, Slot: 0, Tier: tier, Op: journal.Stored})
+	}
+	rep.Apply(cs)
+	req, d := routeChain(t, r, hashes, n)
+	cands, preds := req.Candidates()
+	for i, w := range cands {
+		t.Logf("%s: TTFT %.3f s", w.ID, preds[i].TTFT)
+	}
+	if d.Worker != ws[0] || !d.Recompute {
+		t.Fatalf("went to %s, recompute %v: want the holder computing what its disk holds", d.Worker.ID, d.Recompute)
+	}
+	if d.Prediction.TTFT > 1 {
+		t.Fatalf("predicted %.3f s: the prediction is the load's, not the recompute's", d.Prediction.TTFT)
 	}
 }

@@ -83,6 +83,9 @@ type Request struct {
 	// fetch is, per candidate of the last latency scoring, the peer it would pull the
 	// prompt's prefix from (nil: it computes it).
 	fetch []*Worker
+	// recompute is, per candidate of the last latency scoring, whether it is predicted to
+	// answer sooner computing what it caches below GPU memory than loading it back.
+	recompute []bool
 	// holders are the workers a peer fetch may pull from: the candidates and those the busy
 	// filter took out (their blocks can still be read); nil: the candidates alone.
 	holders []*Worker
@@ -124,16 +127,17 @@ func (r *Request) CopyInputs(dst *Request) {
 // Reset prepares r for a new request, keeping its scratch space.
 func (r *Request) Reset() {
 	*r = Request{
-		Hashes:   r.Hashes[:0],
-		Exclude:  r.Exclude[:0],
-		overlap:  r.overlap[:0],
-		lower:    r.lower[:0],
-		fetch:    r.fetch[:0],
-		holders:  r.holders[:0],
-		eligible: r.eligible[:0],
-		scratch:  r.scratch[:0],
-		costs:    r.costs[:0],
-		preds:    r.preds[:0],
+		Hashes:    r.Hashes[:0],
+		Exclude:   r.Exclude[:0],
+		overlap:   r.overlap[:0],
+		lower:     r.lower[:0],
+		fetch:     r.fetch[:0],
+		recompute: r.recompute[:0],
+		holders:   r.holders[:0],
+		eligible:  r.eligible[:0],
+		scratch:   r.scratch[:0],
+		costs:     r.costs[:0],
+		preds:     r.preds[:0],
 	}
 }
 

@@ -406,6 +406,10 @@ type Decision struct {
 	// PeerFetch, when not nil, is the worker to pull the prompt's prefix from: the chosen
 	// worker is predicted to answer sooner pulling what PeerFetch caches than computing it.
 	PeerFetch *Worker
+	// Recompute: the chosen worker is predicted to answer sooner computing the prompt blocks
+	// it caches below GPU memory than loading them back (a slow disk, shared storage under
+	// load): it is told to load none (vLLM's kv_transfer_params max_load_tokens 0).
+	Recompute bool
 }
 
 // Router routes requests over the current pool with one policy. It is safe for concurrent
@@ -626,6 +630,9 @@ func (r *Router) Route(req *Request, d *Decision) error {
 		d.Prediction, d.HasPrediction = req.preds[i], true
 		if i < len(req.fetch) {
 			d.PeerFetch = req.fetch[i]
+		}
+		if i < len(req.recompute) {
+			d.Recompute = req.recompute[i] && d.PeerFetch == nil
 		}
 	}
 	if req.SessionID != "" && !policy.Predicts {
