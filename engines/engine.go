@@ -43,6 +43,12 @@ const (
 	KindSim Kind = "sim"
 )
 
+// Pins reports whether an engine of kind k keeps the blocks of a prompt a request pins
+// (Dynamo's nvext.cache_control) past its own eviction order: kvrelay's simulated engine
+// does; vLLM has no pin, and SGLang removed its pin call. An index credits a pin only on an
+// engine that keeps it.
+func (k Kind) Pins() bool { return k == KindSim }
+
 // Kinds lists the known kinds in a stable order (for help texts and errors).
 func Kinds() []Kind { return []Kind{KindVLLM, KindSGLang, KindTRTLLM, KindSim} }
 

@@ -67,7 +67,7 @@ decisions with every candidate's prediction (/debug/decisions), each worker's la
 	fs.StringVar(&configPath, "config", "", "YAML file with the proxy's settings")
 	addEBPFFlags(fs, &ebpfF, ebpfCgroupDial)
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "client-facing address")
-	fs.StringArrayVar(&upstreams, "upstream", nil, "an engine: URL or id=,url=,model=,capacity=,role=,max-num-seqs=,kv-bytes-per-token=,host-bandwidth=,disk-bandwidth=,shared-bandwidth=,peer-bandwidth= (repeat for each)")
+	fs.StringArrayVar(&upstreams, "upstream", nil, "an engine: URL or id=,url=,model=,capacity=,role=,engine=,max-num-seqs=,kv-bytes-per-token=,host-bandwidth=,disk-bandwidth=,shared-bandwidth=,peer-bandwidth= (repeat for each)")
 	addRoutingFlags(fs, &cfg)
 	fs.BoolVar(&cfg.ExposeWorkerHeader, "expose-worker-header", false, "add x-kvrelay-worker to responses (reveals topology)")
 	fs.BoolVar(&cfg.ExposeDecisionHeader, "expose-decision-header", false, "latency policy: add x-kvrelay-decision (every candidate's predicted TTFT, queue, prefill, cached blocks) to responses")
@@ -228,6 +228,8 @@ func parseUpstream(v string) (proxy.Upstream, error) {
 			u.Capacity = n
 		case "role":
 			u.Role = val
+		case "engine":
+			u.Engine = val
 		case "lora-modules":
 			for _, a := range strings.Split(val, ";") {
 				if a = strings.TrimSpace(a); a != "" {

@@ -159,7 +159,7 @@ there, a max_tokens=1 leg to a prefill worker whose KV blocks the decode worker 
 				var cp *controlplane.Server
 				if static {
 					for _, w := range uws {
-						pc.Upstreams = append(pc.Upstreams, proxy.Upstream{ID: w.id, URL: w.w.URL(), Model: model, Capacity: gpuBlocks, Role: string(w.role)})
+						pc.Upstreams = append(pc.Upstreams, proxy.Upstream{ID: w.id, URL: w.w.URL(), Model: model, Capacity: gpuBlocks, Role: string(w.role), Engine: "sim"})
 					}
 				} else {
 					var err error

@@ -221,8 +221,10 @@ func (r *Request) recordPlacement(w *route.Worker, overlap int, now int64) prefi
 	}
 	c := r.c
 	rc := c.index.RecordAt(now, w.Index, r.rreq.Hashes, overlap)
-	if ttl := r.oreq.Hints.PinTTL; ttl > 0 {
+	if ttl := r.oreq.Hints.PinTTL; ttl > 0 && w.Pins {
 		// The engine keeps a pinned prompt: so does the index (sticky pinned prefixes).
+		// An engine that does not pin evicts it in its own order, and the index must not
+		// credit it past that.
 		c.index.PinAt(now, w.Index, r.rreq.Hashes, ttl)
 	}
 	w.SetCachedBlocks(c.index.Blocks(w.Index))

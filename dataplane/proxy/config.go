@@ -5,12 +5,14 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/kvrelay/kvrelay/dataplane/decide"
 	"github.com/kvrelay/kvrelay/dataplane/http1"
 	"github.com/kvrelay/kvrelay/dataplane/route"
+	"github.com/kvrelay/kvrelay/engines"
 	"github.com/kvrelay/kvrelay/xds/auth"
 )
 
@@ -59,6 +61,9 @@ type Upstream struct {
 	HostBandwidth   float64 `yaml:"host_bandwidth"`
 	DiskBandwidth   float64 `yaml:"disk_bandwidth"`
 	SharedBandwidth float64 `yaml:"shared_bandwidth"`
+	// Engine is the engine kind (vllm, sglang, trtllm, sim; "" unknown): what it keeps of a
+	// pinned prompt (engines.Kind.Pins).
+	Engine string `yaml:"engine"`
 	// PeerBandwidth is how fast it pulls a prefix another worker caches (kvrelay's peer
 	// fetch); 0: it cannot.
 	PeerBandwidth float64 `yaml:"peer_bandwidth"`
@@ -374,6 +379,9 @@ func (c *Config) Validate() error {
 			return bad("upstream id %q appears twice", id)
 		}
 		ids[id] = true
+		if u.Engine != "" && !slices.Contains(engines.Kinds(), engines.Kind(u.Engine)) {
+			return bad("upstream %q: engine %q is not one of %v", id, u.Engine, engines.Kinds())
+		}
 		if _, err := ParseRole(u.Role); err != nil {
 			return bad("upstream %q: %v", id, err)
 		}

@@ -24,6 +24,7 @@ import (
 	"github.com/kvrelay/kvrelay/dataplane/http1"
 	"github.com/kvrelay/kvrelay/dataplane/latency"
 	"github.com/kvrelay/kvrelay/dataplane/route"
+	"github.com/kvrelay/kvrelay/engines"
 	"github.com/kvrelay/kvrelay/xds"
 )
 
@@ -233,7 +234,8 @@ func (s *Server) setup(ctx context.Context) error {
 		role, _ := ParseRole(u.Role) // Validate checked it
 		ws[i] = &route.Worker{ID: id, URL: "http://" + host, Addr: host, Model: model, LoRAs: loras, MaxModelLen: maxLen, BlockSize: bs, Capacity: u.Capacity, Role: role,
 			Engine: latency.Engine{MaxNumSeqs: u.MaxNumSeqs, MaxBatchedTokens: u.MaxNumBatchedTokens,
-				KVBytesPerToken: float64(u.KVBytesPerToken), HostBandwidth: u.HostBandwidth, DiskBandwidth: u.DiskBandwidth, SharedBandwidth: u.SharedBandwidth, PeerBandwidth: u.PeerBandwidth}}
+				KVBytesPerToken: float64(u.KVBytesPerToken), HostBandwidth: u.HostBandwidth, DiskBandwidth: u.DiskBandwidth, SharedBandwidth: u.SharedBandwidth, PeerBandwidth: u.PeerBandwidth},
+			Pins: engines.Kind(u.Engine).Pins()}
 	}
 	pool := route.NewPool(ws)
 	// A static proxy's policy has no version: it is "local".

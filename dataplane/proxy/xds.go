@@ -20,6 +20,7 @@ import (
 	"github.com/kvrelay/kvrelay/dataplane/latency"
 	"github.com/kvrelay/kvrelay/dataplane/prefix"
 	"github.com/kvrelay/kvrelay/dataplane/route"
+	"github.com/kvrelay/kvrelay/engines"
 	"github.com/kvrelay/kvrelay/xds"
 	xdsv1 "github.com/kvrelay/kvrelay/xds/api/v1"
 	"github.com/kvrelay/kvrelay/xds/blockset"
@@ -245,6 +246,7 @@ func (s *Server) applyXDS(workers []*xdsv1.Worker, policy *xdsv1.RoutingPolicy) 
 			MaxModelLen: int(min(res.GetMaxModelLen(), 1<<30)),
 			Role:        route.Role(res.GetRole()), BlockSize: s.cfg.BlockSize, Capacity: int(res.GetCapacityBlocks()),
 			Engine: latency.Engine{MaxNumSeqs: int(min(res.GetMaxNumSeqs(), 1<<30)), MaxBatchedTokens: int(min(res.GetMaxNumBatchedTokens(), 1<<30))},
+			Pins:   engines.Kind(res.GetEngine()).Pins(),
 		}
 		if t := res.GetKvTiers(); t != nil && t.GetKvBytesPerToken() <= 1<<30 && bandwidthOK(t.GetHostBandwidth()) && bandwidthOK(t.GetDiskBandwidth()) && bandwidthOK(t.GetSharedBandwidth()) && bandwidthOK(t.GetPeerBandwidth()) {
 			cand.Engine.KVBytesPerToken = float64(t.GetKvBytesPerToken())

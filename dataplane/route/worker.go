@@ -46,6 +46,9 @@ type Worker struct {
 	// Engine is what the latency policy knows of the engine's scheduler: its concurrency
 	// limit and step budget (zero: unknown; the limit is then learned from reports).
 	Engine latency.Engine
+	// Pins: the engine keeps a prompt a request pins (nvext.cache_control), so the proxy's
+	// own index may keep it matched for the pin's time (engines.Kind.Pins).
+	Pins bool
 
 	inflight      atomic.Int64
 	interactive   atomic.Int64 // this proxy's requests here with a priority above 0

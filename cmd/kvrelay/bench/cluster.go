@@ -344,7 +344,7 @@ func StartCluster(ctx context.Context, cfg ClusterConfig) (*Cluster, error) {
 			id := p.prefix + strconv.Itoa(i)
 			c.info = append(c.info, WorkerInfo{ID: id, Role: p.role, URL: w.URL(), KVTransfer: w.KVTransferAddr(), EngineID: w.EngineID()})
 			kvBytes, host, disk, peer := ec.Tiers()
-			pc.Upstreams = append(pc.Upstreams, proxy.Upstream{ID: id, URL: w.URL(), Model: cfg.Model, Capacity: cfg.NumGPUBlocks, Role: string(p.role),
+			pc.Upstreams = append(pc.Upstreams, proxy.Upstream{ID: id, URL: w.URL(), Model: cfg.Model, Capacity: cfg.NumGPUBlocks, Role: string(p.role), Engine: "sim",
 				MaxNumSeqs: ec.MaxNumSeqs, MaxNumBatchedTokens: ec.MaxNumBatchedTokens,
 				KVBytesPerToken: kvBytes, HostBandwidth: host, DiskBandwidth: disk, PeerBandwidth: peer})
 			specs = append(specs, registry.Worker{ID: id, URL: w.URL(), Model: cfg.Model, Role: string(p.role), BlockSize: cfg.BlockSize,
