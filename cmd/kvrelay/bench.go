@@ -214,6 +214,7 @@ Without --setups, --mode with --workers (agg) or --prefill-workers and --decode-
 	fs.StringVar((*string)(&cc.Tiers.Eviction), "eviction", "", "the simulated engines' GPU-tier eviction: lru (default) or worm")
 	fs.IntVar(&cc.Tiers.CPUOffloadBlocks, "cpu-offload-blocks", 0, "host-memory KV tier of each simulated engine, in blocks (0: none)")
 	fs.IntVar(&cc.Tiers.DiskBlocks, "disk-offload-blocks", 0, "disk KV tier of each simulated engine, in blocks, its files under a temporary directory (0: none)")
+	fs.BoolVar(&cc.Tiers.SharedDisk, "disk-offload-shared", false, "the disk tier is one directory every simulated engine mounts (shared storage): a block one engine wrote, each loads")
 	fs.StringVar((*string)(&cc.Tiers.OffloadOn), "offload-on", "", "when the simulated engines copy blocks to host: store (default) or evict")
 	fs.IntVar(&cc.Tiers.DiskAdmitMinHits, "disk-admit-min-hits", 0, "reuses a block needs before the disk tier takes it (0: the simulator's default, 2)")
 	fs.BoolVar(&cc.Tiers.PeerFetch, "peer-fetch", false, "the simulated engines pull prefixes their peers cache when the latency policy predicts it beats computing them")

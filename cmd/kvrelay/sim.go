@@ -120,6 +120,7 @@ checked) and waits the modelled transfer time (--kv-bytes-per-token bytes per to
 	fs.StringVar(&e.DiskOffloadDir, "disk-offload-dir", "", "directory of the disk KV tier, a file per block (each worker of the process in its own worker-N subdirectory)")
 	fs.IntVar(&e.DiskOffloadBlocks, "disk-offload-blocks", 0, "capacity of the disk KV tier in blocks")
 	fs.BoolVar(&e.DiskFsync, "disk-fsync", false, "fsync every block file the disk tier writes")
+	fs.BoolVar(&e.DiskShared, "disk-offload-shared", false, "the disk tier's directory is storage every worker mounts (one directory for all the process's workers; several processes may share it): a block any worker wrote there, every worker loads; published as vLLM's fs tier on shared storage (STORAGE, locality REMOTE)")
 	fs.StringVar(&f.offloadEvents, "kv-offload-events", "self-describing", "how the host and disk tiers' stores are published: self-describing (tokens and parent, vLLM's self_describing_kv_events) or placeholder (the hash alone, block_size 0: vLLM's default)")
 	fs.BoolVar(&e.PeerFetch, "kv-peer-fetch", false, "give a worker of role both a KV connector: it exports its cached prefixes (POST /kvrelay/kv/export) and pulls a prompt's prefix from the peer kv_transfer_params {\"remote_kv_source\": {\"remote_host\", \"remote_port\"}} names (vLLM's p2p offloading parameter)")
 	fs.StringVar(&f.offloadOn, "offload-on", string(sim.OffloadOnStore), "when blocks are copied to host: store (write-through) or evict")
@@ -197,7 +198,7 @@ func (f *simFlags) workerConfigs() ([]sim.WorkerConfig, error) {
 			return nil, fmt.Errorf("--listen: %w", err)
 		}
 		c := sim.WorkerConfig{Engine: e, Listen: listen, Codec: codec, KVTransferAdvertiseHost: f.kvAdvertiseHost}
-		if e.DiskOffloadDir != "" && f.workers > 1 {
+		if e.DiskOffloadDir != "" && f.workers > 1 && !e.DiskShared {
 			c.Engine.DiskOffloadDir = filepath.Join(e.DiskOffloadDir, fmt.Sprintf("worker-%d", i))
 		}
 		for _, b := range strings.Split(f.kvBackends, ",") {

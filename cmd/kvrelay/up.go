@@ -370,7 +370,7 @@ func startUpControlPlane(ctx context.Context, ws []upWorker, probes *ebpf.Collec
 			ID: u.id, URL: u.w.URL(), Model: model, Role: string(u.role), BlockSize: blockSize,
 			KVEvents: u.w.EventsEndpoint(), KVEventsReplay: u.w.ReplayEndpoint(), Engine: "sim",
 			MaxNumSeqs: ec.MaxNumSeqs, MaxNumBatchedTokens: ec.MaxNumBatchedTokens,
-			KVBytesPerToken: kvBytes, HostBandwidth: host, DiskBandwidth: disk, PeerBandwidth: peer,
+			KVBytesPerToken: kvBytes, HostBandwidth: host, DiskBandwidth: disk, SharedBandwidth: ec.SharedTier(), PeerBandwidth: peer,
 		})
 	}
 	cp, err = controlplane.New(opts)

@@ -86,7 +86,7 @@ func newBlockManager(cfg *Config, metrics *Metrics, events *[]CacheEvent) (*bloc
 		m.host = newLowerTier(MediumCPU, cfg.CPUOffloadBlocks)
 	}
 	if cfg.DiskOffloadDir != "" && cfg.DiskOffloadBlocks > 0 {
-		d, err := newDiskTier(cfg.DiskOffloadDir, cfg.DiskOffloadBlocks, cfg.SlotBytes(), cfg.DiskFsync)
+		d, err := newDiskTier(cfg.DiskOffloadDir, cfg.DiskOffloadBlocks, cfg.SlotBytes(), cfg.DiskFsync, cfg.DiskShared)
 		if err != nil {
 			return nil, err
 		}

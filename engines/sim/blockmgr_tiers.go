@@ -295,7 +295,7 @@ func (m *blockManager) toDisk(h uint64, b *blockMeta) {
 			return
 		}
 		m.disk.drop(v)
-		m.removedEvent(v, MediumDISK)
+		m.removedEvent(v, m.disk.medium)
 		if vb := m.meta[v]; vb != nil {
 			m.forget(v, vb)
 		}
@@ -309,7 +309,7 @@ func (m *blockManager) toDisk(h uint64, b *blockMeta) {
 	m.stats.diskWritten.Add(int64(n))
 	m.stats.offloaded[1].Add(1)
 	m.disk.add(h)
-	m.metaEvent(h, b, MediumDISK)
+	m.metaEvent(h, b, m.disk.medium)
 	m.metrics.offloaded(MediumDISK)
 }
 
@@ -343,7 +343,7 @@ func (m *blockManager) diskFailed(h uint64, err error) {
 	}
 	m.metrics.diskError(reason)
 	m.disk.drop(h)
-	m.removedEvent(h, MediumDISK)
+	m.removedEvent(h, m.disk.medium)
 	if b := m.meta[h]; b != nil {
 		m.forget(h, b)
 	}

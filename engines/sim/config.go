@@ -100,6 +100,12 @@ type Config struct {
 	DiskOffloadDir    string
 	DiskOffloadBlocks int
 	DiskFsync         bool
+	// DiskShared makes DiskOffloadDir storage several workers mount (a directory on one
+	// host standing for a shared volume): a block is there for every worker once any wrote
+	// it, each worker evicts only the files it wrote (DiskOffloadBlocks of them), and the
+	// tier is published as vLLM's fs tier on shared storage (STORAGE, locality REMOTE,
+	// ownership SharedOwner), loaded at DiskBandwidth.
+	DiskShared bool
 	// OffloadOn is when blocks are copied to host (default OffloadOnStore).
 	OffloadOn Offload
 	// DiskAdmitMinHits is the reuses a block needs before it is written to disk.
@@ -174,16 +180,25 @@ func (c *Config) Tiers() (kvBytesPerToken int, host, disk, peer float64) {
 	if c.CPUOffloadBlocks > 0 {
 		host = c.HostBandwidth
 	}
-	if c.DiskOffloadDir != "" && c.DiskOffloadBlocks > 0 {
+	if c.DiskOffloadDir != "" && c.DiskOffloadBlocks > 0 && !c.DiskShared {
 		disk = c.DiskBandwidth
 	}
 	if c.PeerFetch {
 		peer = c.KVTransferBandwidth
 	}
-	if host == 0 && disk == 0 && peer == 0 {
+	if host == 0 && disk == 0 && peer == 0 && c.SharedTier() == 0 {
 		return 0, 0, 0, 0
 	}
 	return c.KVBytesPerToken, host, disk, peer
+}
+
+// SharedTier is the bandwidth at which the engine loads blocks from storage it shares with
+// other workers (its disk tier with DiskShared), 0 without one.
+func (c *Config) SharedTier() float64 {
+	if c.DiskOffloadDir != "" && c.DiskOffloadBlocks > 0 && c.DiskShared {
+		return c.DiskBandwidth
+	}
+	return 0
 }
 
 // SlotBytes is the size of one KV block's slot in the transfer region: the bytes really

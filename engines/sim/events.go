@@ -108,17 +108,23 @@ func (a *eventAdapter) CacheEvents(at time.Time, evs []CacheEvent) {
 			out.TokenIDs = ev.Tokens
 			out.BlockSize = a.blockSize
 			out.Medium, out.Locality = wireMedium(ev.Medium)
+			if ev.Medium == MediumShared {
+				out.Ownership = SharedOwner
+			}
 			out.ExtraKeys, out.HasExtraKeys = extra, true
 			out.GroupIdx, out.HasGroupIdx = 0, true
 			out.KVCacheSpecKind = "full_attention"
 			if a.placeholders && out.Locality != "" {
 				// vLLM's _placeholder_stored: the hash, its group and locality.
 				out = kvevents.Event{Kind: kvevents.BlockStored, BlockHashes: out.BlockHashes, Medium: out.Medium,
-					Locality: out.Locality, GroupIdx: 0, HasGroupIdx: true}
+					Locality: out.Locality, Ownership: out.Ownership, GroupIdx: 0, HasGroupIdx: true}
 			}
 		case BlocksRemoved:
 			out.Kind = kvevents.BlockRemoved
 			out.Medium, out.Locality = wireMedium(ev.Medium)
+			if ev.Medium == MediumShared {
+				out.Ownership = SharedOwner
+			}
 			out.GroupIdx, out.HasGroupIdx = 0, true
 		case AllBlocksCleared:
 			out = kvevents.Event{Kind: kvevents.AllBlocksCleared}
@@ -142,9 +148,15 @@ func wireMedium(m string) (medium, locality string) {
 		return MediumGPU, ""
 	case MediumDISK:
 		return "STORAGE", "LOCAL"
+	case MediumShared:
+		return "STORAGE", "REMOTE"
 	}
 	return m, "LOCAL"
 }
+
+// SharedOwner is the ownership a shared disk tier's events carry: vLLM's name for its
+// filesystem tier.
+const SharedOwner = "fs"
 
 // plain returns n nil extra-keys entries (blocks without keys), reused across batches.
 func (a *eventAdapter) plain(n int) []kvevents.RawValue {

@@ -16,6 +16,9 @@ const (
 	MediumGPU  = "GPU"
 	MediumCPU  = "CPU"
 	MediumDISK = "DISK"
+	// MediumShared is the disk tier when its directory is storage several workers mount
+	// (Config.DiskShared): published as vLLM's STORAGE with locality REMOTE.
+	MediumShared = "SHARED"
 )
 
 // lowerTier is a tier below the GPU's: host memory (G2) or disk (G3). It holds blocks by
@@ -37,6 +40,9 @@ type lowerTier struct {
 	fsync     bool
 	slotBytes int
 	buf       []byte
+	// shared: dir is storage other workers write to as well: a block is held when its file
+	// is there, whoever wrote it; the tier evicts only the files it wrote (entries).
+	shared bool
 }
 
 type tierEntry struct {
@@ -49,22 +55,29 @@ func newLowerTier(medium string, capacity int) *lowerTier {
 }
 
 // newDiskTier opens dir for the disk tier, creating it; block files left there by an earlier
-// run are removed, since nothing indexes them (the engine's events start from empty).
-func newDiskTier(dir string, capacity, slotBytes int, fsync bool) (*lowerTier, error) {
+// run are removed, since nothing indexes them (the engine's events start from empty), unless
+// the directory is shared: other workers' blocks are theirs to remove.
+func newDiskTier(dir string, capacity, slotBytes int, fsync, shared bool) (*lowerTier, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("disk offload dir: %w", err)
 	}
-	old, err := filepath.Glob(filepath.Join(dir, "*.kvblock"))
-	if err != nil {
-		return nil, fmt.Errorf("disk offload dir: %w", err)
-	}
-	for _, f := range old {
-		if err := os.Remove(f); err != nil {
+	if !shared {
+		old, err := filepath.Glob(filepath.Join(dir, "*.kvblock"))
+		if err != nil {
 			return nil, fmt.Errorf("disk offload dir: %w", err)
 		}
+		for _, f := range old {
+			if err := os.Remove(f); err != nil {
+				return nil, fmt.Errorf("disk offload dir: %w", err)
+			}
+		}
 	}
-	t := newLowerTier(MediumDISK, capacity)
-	t.dir, t.fsync, t.slotBytes = dir, fsync, slotBytes
+	medium := MediumDISK
+	if shared {
+		medium = MediumShared
+	}
+	t := newLowerTier(medium, capacity)
+	t.dir, t.fsync, t.slotBytes, t.shared = dir, fsync, slotBytes, shared
 	t.buf = make([]byte, slotBytes+8)
 	return t, nil
 }
@@ -72,8 +85,14 @@ func newDiskTier(dir string, capacity, slotBytes int, fsync bool) (*lowerTier, e
 func (t *lowerTier) len() int { return len(t.entries) }
 
 func (t *lowerTier) has(h uint64) bool {
-	_, ok := t.entries[h]
-	return ok
+	if _, ok := t.entries[h]; ok {
+		return true
+	}
+	if t.shared {
+		_, err := os.Stat(t.path(h))
+		return err == nil
+	}
+	return false
 }
 
 func (t *lowerTier) unlink(e *tierEntry) {
@@ -129,10 +148,14 @@ func (t *lowerTier) add(h uint64) {
 	t.pushTail(e)
 }
 
-// drop forgets h and, on disk, removes its file.
+// drop forgets h and, on disk, removes its file (in a shared directory, a file another
+// worker wrote too: drop is for blocks that are gone or bad).
 func (t *lowerTier) drop(h uint64) {
 	e := t.entries[h]
 	if e == nil {
+		if t.shared {
+			_ = os.Remove(t.path(h))
+		}
 		return
 	}
 	t.unlink(e)
@@ -142,7 +165,8 @@ func (t *lowerTier) drop(h uint64) {
 	}
 }
 
-// clear forgets every block (and removes the disk tier's files).
+// clear forgets every block (and removes the disk tier's files: in a shared directory, the
+// ones this worker wrote).
 func (t *lowerTier) clear() {
 	for h := range t.entries {
 		t.drop(h)

@@ -98,6 +98,9 @@ type TierConfig struct {
 	// PeerFetch lets the engines pull a prefix a peer caches (sim.Config.PeerFetch); the
 	// proxy then weighs fetching against computing it.
 	PeerFetch bool
+	// SharedDisk makes the disk tier one directory every engine mounts (sim.Config
+	// DiskShared): DiskBlocks is then what each engine may write there.
+	SharedDisk bool
 }
 
 // Describe names the tiers, e.g. "G1 lru", "G1+G2(32768)+G3(131072) worm".
@@ -106,7 +109,9 @@ func (t TierConfig) Describe() string {
 	if t.CPUOffloadBlocks > 0 {
 		s += fmt.Sprintf("+G2(%d)", t.CPUOffloadBlocks)
 	}
-	if t.DiskBlocks > 0 {
+	if t.DiskBlocks > 0 && t.SharedDisk {
+		s += fmt.Sprintf("+shared G3(%d each)", t.DiskBlocks)
+	} else if t.DiskBlocks > 0 {
 		s += fmt.Sprintf("+G3(%d)", t.DiskBlocks)
 	}
 	ev := t.Eviction
@@ -181,6 +186,7 @@ func (cfg ClusterConfig) engineConfig(role sim.Role) sim.Config {
 	override(&ec.HostBandwidth, t.HostBandwidth)
 	override(&ec.DiskBandwidth, t.DiskBandwidth)
 	ec.PeerFetch = t.PeerFetch
+	ec.DiskShared = t.SharedDisk
 	return ec
 }
 
@@ -320,6 +326,9 @@ func StartCluster(ctx context.Context, cfg ClusterConfig) (*Cluster, error) {
 					}
 				}
 				ec.DiskOffloadDir = filepath.Join(c.diskDir, p.prefix+strconv.Itoa(i))
+				if ec.DiskShared {
+					ec.DiskOffloadDir = filepath.Join(c.diskDir, "shared")
+				}
 			}
 			wc := sim.WorkerConfig{Engine: ec, Listen: "127.0.0.1:0", Codec: codec}
 			if p.role != sim.RoleBoth || ec.PeerFetch {
@@ -346,11 +355,11 @@ func StartCluster(ctx context.Context, cfg ClusterConfig) (*Cluster, error) {
 			kvBytes, host, disk, peer := ec.Tiers()
 			pc.Upstreams = append(pc.Upstreams, proxy.Upstream{ID: id, URL: w.URL(), Model: cfg.Model, Capacity: cfg.NumGPUBlocks, Role: string(p.role), Engine: "sim",
 				MaxNumSeqs: ec.MaxNumSeqs, MaxNumBatchedTokens: ec.MaxNumBatchedTokens,
-				KVBytesPerToken: kvBytes, HostBandwidth: host, DiskBandwidth: disk, PeerBandwidth: peer})
+				KVBytesPerToken: kvBytes, HostBandwidth: host, DiskBandwidth: disk, SharedBandwidth: ec.SharedTier(), PeerBandwidth: peer})
 			specs = append(specs, registry.Worker{ID: id, URL: w.URL(), Model: cfg.Model, Role: string(p.role), BlockSize: cfg.BlockSize,
 				KVEvents: w.EventsEndpoint(), KVEventsReplay: w.ReplayEndpoint(), Engine: "sim",
 				MaxNumSeqs: ec.MaxNumSeqs, MaxNumBatchedTokens: ec.MaxNumBatchedTokens,
-				KVBytesPerToken: kvBytes, HostBandwidth: host, DiskBandwidth: disk, PeerBandwidth: peer})
+				KVBytesPerToken: kvBytes, HostBandwidth: host, DiskBandwidth: disk, SharedBandwidth: ec.SharedTier(), PeerBandwidth: peer})
 		}
 	}
 	if !cfg.Static {
