@@ -217,6 +217,7 @@ Without --setups, --mode with --workers (agg) or --prefill-workers and --decode-
 	fs.BoolVar(&cc.Tiers.SharedDisk, "disk-offload-shared", false, "the disk tier is one directory every simulated engine mounts (shared storage): a block one engine wrote, each loads")
 	fs.StringVar((*string)(&cc.Tiers.OffloadOn), "offload-on", "", "when the simulated engines copy blocks to host: store (default) or evict")
 	fs.IntVar(&cc.Tiers.DiskAdmitMinHits, "disk-admit-min-hits", 0, "reuses a block needs before the disk tier takes it (0: the simulator's default, 2)")
+	fs.StringVar(&cc.Onboard, "onboard", "", "latency policy: blocks a worker caches below GPU memory are weighed against computing them (weigh, the default), always loaded or never loaded")
 	fs.BoolVar(&cc.Tiers.PeerFetch, "peer-fetch", false, "the simulated engines pull prefixes their peers cache when the latency policy predicts it beats computing them")
 	fs.Float64Var(&cc.Tiers.MaxPinnedFraction, "max-pinned-fraction", 0, "most of the GPU tier pins may hold (0: the simulator's default, 0.5)")
 	fs.Float64Var(&engineSpeedup, "speedup-ratio", 0, "divide the simulated engines' step times by this, as kvrelay sim --speedup-ratio (default: --replay-speedup; lower raises the load by --replay-speedup/--speedup-ratio)")

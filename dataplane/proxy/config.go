@@ -143,7 +143,10 @@ type Config struct {
 	BalanceWeight float64 `yaml:"balance_weight"`
 	// Explore is the share of the latency policy's decisions that try a worker its model
 	// has learned nothing of lately (route.Config.Explore).
-	Explore        float64       `yaml:"explore"`
+	Explore float64 `yaml:"explore"`
+	// Onboard is how the latency policy treats blocks a worker caches below GPU memory:
+	// weigh (the default), always (load them) or never (compute them) (route.Config.Onboard).
+	Onboard        string        `yaml:"onboard"`
 	CacheThreshold float64       `yaml:"cache_threshold"`
 	SessionTTL     time.Duration `yaml:"session_ttl"`
 	// Busy thresholds per worker: uncached prompt tokens still prefilling, KV blocks held,
@@ -305,6 +308,7 @@ func (c *Config) routeConfig() route.Config {
 		TailWeight:       c.TailWeight,
 		BalanceWeight:    c.BalanceWeight,
 		Explore:          c.Explore,
+		Onboard:          c.Onboard,
 		CacheThreshold:   c.CacheThreshold,
 		SessionTTL:       c.SessionTTL,
 		Busy: route.BusyFilter{

@@ -98,7 +98,34 @@ const (
 type PredictedTTFT struct {
 	ComputeWeight, BackgroundWeight, BatchWeight, WaitWeight, CacheCredit float64
 	TailWeight, BalanceWeight                                             float64
+	// Onboard is what it does with the blocks a worker caches below GPU memory: 0 weighs
+	// loading them against computing them, onboardAlways loads them, onboardNever computes
+	// them (Config.Onboard).
+	Onboard int
 }
+
+// The latency policy's treatments of lower-tier blocks (Config.Onboard).
+const (
+	OnboardWeigh  = "weigh"
+	OnboardAlways = "always"
+	OnboardNever  = "never"
+)
+
+// onboardCode is Config.Onboard as the scorer's "onboard" parameter.
+func onboardCode(s string) float64 {
+	switch s {
+	case OnboardAlways:
+		return onboardAlways
+	case OnboardNever:
+		return onboardNever
+	}
+	return 0
+}
+
+const (
+	onboardAlways = 1
+	onboardNever  = 2
+)
 
 func (PredictedTTFT) Name() string { return "predicted-ttft" }
 
@@ -186,13 +213,13 @@ func (s PredictedTTFT) Score(req *Request, ws []*Worker, costs []float64) {
 		w.Latency().Predict(&w.Engine, st, uncached, p)
 		c := s.cost(req, w, p)
 		req.recompute = append(req.recompute, false)
-		if gpuOnly >= 0 {
+		if gpuOnly >= 0 && s.Onboard != onboardAlways {
 			// Computing what sits below GPU memory instead of loading it back: the engine
 			// is told so (max_load_tokens 0) when that is predicted cheaper.
 			alt, ast := latency.Prediction{}, st
 			ast.Onboard, ast.Cached = 0, min(gpuOnly*float64(bs), float64(req.PromptTokens))
 			w.Latency().Predict(&w.Engine, ast, max(float64(req.PromptTokens)-gpuOnly*float64(bs), 0), &alt)
-			if ca := s.cost(req, w, &alt); ca < c {
+			if ca := s.cost(req, w, &alt); ca < c || s.Onboard == onboardNever {
 				*p, c, req.recompute[i] = alt, ca, true
 			}
 		}

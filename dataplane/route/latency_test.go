@@ -838,3 +838,48 @@ func TestLatencyRecomputesASlowTier(t *testing.T) {
 		t.Fatalf("predicted %.3f s: the prediction is the load's, not the recompute's", d.Prediction.TTFT)
 	}
 }
+
+// TestLatencyOnboardSettings: Onboard always never tells a worker to recompute, even a slow
+// disk's blocks; never always does, even a fast host tier's.
+func TestLatencyOnboardSettings(t *testing.T) {
+	for _, tc := range []struct {
+		onboard   string
+		tier      blockset.Tier
+		recompute bool
+	}{
+		{OnboardAlways, blockset.Disk, false},
+		{OnboardNever, blockset.Host, true},
+		{OnboardWeigh, blockset.Host, false},
+		{OnboardWeigh, blockset.Disk, true},
+	} {
+		t.Run(tc.onboard, func(t *testing.T) {
+			rep := prefix.NewReplica(blockset.DefaultWeights)
+			rep.SetSlots([]int{0, 1})
+			r, err := NewRouter(Config{Policy: PolicyLatency, ComputeWeight: DefaultComputeWeight, BackgroundWeight: DefaultBackgroundWeight, Onboard: tc.onboard}, NewPool(workers(2)), rep)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ws := r.Pool().Workers
+			ws[0].Engine.KVBytesPerToken, ws[0].Engine.HostBandwidth, ws[0].Engine.DiskBandwidth = 73728, 25e9, 0.2e9
+			hashes, n := promptChain(1, 1, 1000, 2)
+			var cs []journal.Change
+			for i, h := range hashes[:1000] {
+				tier := blockset.GPU
+				if i >= 200 {
+					tier = tc.tier
+				}
+				cs = append(cs, journal.Change{Seq: h, Slot: 0, Tier: tier, Op: journal.Stored})
+			}
+			rep.Apply(cs)
+			_, d := routeChain(t, r, hashes, n)
+			// Told to load a slow disk back, the holder is the worse place: it may go
+			// elsewhere, but never with a recompute.
+			if (d.Worker != ws[0] && tc.onboard != OnboardAlways) || d.Recompute != tc.recompute {
+				t.Fatalf("went to %s, recompute %v; want w0, recompute %v", d.Worker.ID, d.Recompute, tc.recompute)
+			}
+		})
+	}
+	if _, err := NewRouter(Config{Policy: PolicyLatency, Onboard: "sometimes"}, NewPool(workers(1)), nil); err == nil {
+		t.Fatal("an unknown onboard setting was accepted")
+	}
+}

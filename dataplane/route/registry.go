@@ -194,7 +194,7 @@ func RegisterBuiltins(r *Registry) {
 		}})
 	r.Scorer("decode", ScorerPlugin{New: func(w float64, _ Params) (Scorer, error) { return DecodeCost{Weight: w}, nil }})
 	r.Scorer("load", ScorerPlugin{New: func(w float64, _ Params) (Scorer, error) { return LoadCost{Weight: w}, nil }})
-	r.Scorer("predicted-ttft", ScorerPlugin{Params: []string{"compute_weight", "background_weight", "batch_weight", "wait_weight", "tail_weight", "balance_weight", "cache_credit"}, UsesIndex: true, Predicts: true,
+	r.Scorer("predicted-ttft", ScorerPlugin{Params: []string{"compute_weight", "background_weight", "batch_weight", "wait_weight", "tail_weight", "balance_weight", "cache_credit", "onboard"}, UsesIndex: true, Predicts: true,
 		New: func(w float64, p Params) (Scorer, error) {
 			if w != 1 {
 				return nil, fmt.Errorf("weight %g: a latency prediction is in seconds and takes weight 1 (tune it with its parameters)", w)
@@ -203,9 +203,14 @@ func RegisterBuiltins(r *Registry) {
 			if credit > 1 {
 				return nil, fmt.Errorf("cache_credit %g outside [0, 1]", credit)
 			}
+			onboard := p.Get("onboard", 0)
+			if onboard != 0 && onboard != onboardAlways && onboard != onboardNever {
+				return nil, fmt.Errorf("onboard %g: want 0 (weigh loading against computing), %d (always load) or %d (never load)", onboard, onboardAlways, onboardNever)
+			}
 			return PredictedTTFT{ComputeWeight: p.Get("compute_weight", DefaultComputeWeight), BackgroundWeight: p.Get("background_weight", DefaultBackgroundWeight),
 				BatchWeight: p.Get("batch_weight", DefaultBatchWeight), WaitWeight: p.Get("wait_weight", DefaultWaitWeight), CacheCredit: credit,
-				TailWeight: p.Get("tail_weight", DefaultTailWeight), BalanceWeight: p.Get("balance_weight", DefaultBalanceWeight)}, nil
+				TailWeight: p.Get("tail_weight", DefaultTailWeight), BalanceWeight: p.Get("balance_weight", DefaultBalanceWeight),
+				Onboard: int(onboard)}, nil
 		}})
 	temperature := func(mk func(t float64) Picker) PickerPlugin {
 		return PickerPlugin{Params: []string{"temperature"}, New: func(p Params) (Picker, error) {
@@ -266,7 +271,7 @@ func Preset(cfg Config) (policy.Profile, error) {
 		p.Scorers = []policy.Plugin{{Name: "predicted-ttft", Weight: 1, Params: map[string]float64{
 			"compute_weight": cfg.ComputeWeight, "background_weight": cfg.BackgroundWeight, "batch_weight": cfg.BatchWeight,
 			"wait_weight": cfg.WaitWeight, "tail_weight": cfg.TailWeight, "balance_weight": cfg.BalanceWeight,
-			"cache_credit": min(cfg.OverlapWeight/DefaultOverlapWeight, 1)}}}
+			"cache_credit": min(cfg.OverlapWeight/DefaultOverlapWeight, 1), "onboard": onboardCode(cfg.Onboard)}}}
 		p.Picker = policy.Plugin{Name: "latency", Params: map[string]float64{"temperature": cfg.Temperature, "explore": cfg.Explore}}
 	case PolicyRoundRobin:
 		p.Picker = policy.Plugin{Name: "round-robin"}

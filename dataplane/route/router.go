@@ -110,6 +110,11 @@ type Config struct {
 	// lately, when one is predicted within a quarter of the best (latency policy,
 	// LatencyPick.Explore; default DefaultExplore).
 	Explore float64
+	// Onboard is how the latency policy treats a prompt's blocks a worker caches below GPU
+	// memory: OnboardWeigh ("" too) predicts loading them against computing them and takes the
+	// sooner (telling the worker max_load_tokens 0 when computing wins), OnboardAlways always
+	// loads them, OnboardNever always computes them.
+	Onboard string
 	// CacheThreshold: when no worker caches this share of the prompt's blocks more than the
 	// worker that caches least (a new prompt, or one whose only cached part is a system
 	// prompt every worker holds), the kv policy spreads instead, to the worker with the least
@@ -177,6 +182,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("cache threshold %g must be within [0, 1]", c.CacheThreshold)
 	case !(c.ComputeWeight >= 0 && c.ComputeWeight <= 1e6) || !(c.BackgroundWeight >= 0 && c.BackgroundWeight <= 1e6) || !(c.BatchWeight >= 0 && c.BatchWeight <= 1e6) || !(c.WaitWeight >= 0 && c.WaitWeight <= 1e6):
 		return fmt.Errorf("compute weight %g, background weight %g, batch weight %g and wait weight %g must be within [0, 1e6]", c.ComputeWeight, c.BackgroundWeight, c.BatchWeight, c.WaitWeight)
+	case c.Onboard != "" && c.Onboard != OnboardWeigh && c.Onboard != OnboardAlways && c.Onboard != OnboardNever:
+		return fmt.Errorf("onboard %q: want %s, %s or %s", c.Onboard, OnboardWeigh, OnboardAlways, OnboardNever)
 	case !(c.Explore >= 0 && c.Explore <= 1):
 		return fmt.Errorf("explore %g must be within [0, 1]", c.Explore)
 	case !(c.TailWeight >= 0 && c.TailWeight <= 1e6) || !(c.BalanceWeight >= 0 && c.BalanceWeight <= 1e6):

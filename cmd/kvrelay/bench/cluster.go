@@ -45,8 +45,10 @@ type ClusterConfig struct {
 	// in the other modes when PrefillWorkers and DecodeWorkers are not set.
 	Workers int
 	Model   string
-	// Policy is the proxy's routing policy.
-	Policy string
+	// Policy is the proxy's routing policy; Onboard its treatment of blocks below GPU memory
+	// (proxy.Config.Onboard).
+	Policy  string
+	Onboard string
 	// Speedup divides the simulated engines' step times.
 	Speedup      float64
 	NumGPUBlocks int
@@ -284,6 +286,7 @@ func StartCluster(ctx context.Context, cfg ClusterConfig) (*Cluster, error) {
 	pc := proxy.DefaultConfig()
 	pc.Listen = "127.0.0.1:0"
 	pc.Policy = cfg.Policy
+	pc.Onboard = cfg.Onboard
 	pc.ExposeWorkerHeader = true
 	pc.BlockSize = cfg.BlockSize
 	// One event loop: the engines, the control plane and the load generator share this
