@@ -21,6 +21,12 @@
 #   g3-worm       G1 + G2 + G3, WORM and pins
 #   g3-fetch      the above with peer fetch (a worker pulls a prefix a peer caches when the
 #                 latency policy predicts that beats computing it)
+#   g3-shared     G1 + G2 + a disk tier every worker mounts (shared storage, G3_BLOCKS
+#                 written by each worker), LRU: a block one worker offloaded, all load
+#   slow-weigh, slow-always, slow-never  G1 + G2 + G3 on a slow disk (SLOW_DISK, 0.5 GB/s):
+#                 the latency policy weighing loads against recomputes (max_load_tokens 0
+#                 when computing is sooner), always loading, never loading (not in the
+#                 default list)
 #   cold, cold-fetch  the subagent cold start: COLD_SESSIONS sessions whose forked
 #                 subagents start from a COLD_CONTEXT-token context (G1 only, LRU), without
 #                 and with peer fetch; their first calls are tagged "fork". Both rows move
@@ -48,7 +54,8 @@ RATE=${RATE:-1.6}
 PIN=${PIN:-5m}
 SPEEDUP=${SPEEDUP:-1}
 SEED=${SEED:-1}
-SETUPS=${SETUPS:-g1-lru g1-worm g2-lru g3-lru g3-worm g3-fetch cold cold-fetch}
+SETUPS=${SETUPS:-g1-lru g1-worm g2-lru g3-lru g3-worm g3-fetch g3-shared cold cold-fetch}
+SLOW_DISK=${SLOW_DISK:-500MB/s}
 COLD_CONTEXT=${COLD_CONTEXT:-16000}
 COLD_SESSIONS=${COLD_SESSIONS:-24}
 COLD_KV_SCALE=${COLD_KV_SCALE:-1/512}
@@ -81,6 +88,8 @@ for s in $SETUPS; do
     g3-lru) run g3-lru "$base" --num-gpu-blocks "$G1_BLOCKS" --eviction lru --cpu-offload-blocks "$G2_BLOCKS" --disk-offload-blocks "$G3_BLOCKS" ;;
     g3-worm) run g3-worm "$base,pin=$PIN" --num-gpu-blocks "$G1_BLOCKS" --eviction worm --cpu-offload-blocks "$G2_BLOCKS" --disk-offload-blocks "$G3_BLOCKS" ;;
     g3-fetch) run g3-fetch "$base,pin=$PIN" --num-gpu-blocks "$G1_BLOCKS" --eviction worm --cpu-offload-blocks "$G2_BLOCKS" --disk-offload-blocks "$G3_BLOCKS" --peer-fetch ;;
+    g3-shared) run g3-shared "$base" --num-gpu-blocks "$G1_BLOCKS" --eviction lru --cpu-offload-blocks "$G2_BLOCKS" --disk-offload-blocks "$G3_BLOCKS" --disk-offload-shared ;;
+    slow-weigh|slow-always|slow-never) run "$s" "$base" --num-gpu-blocks "$G1_BLOCKS" --eviction lru --cpu-offload-blocks "$G2_BLOCKS" --disk-offload-blocks "$G3_BLOCKS" --disk-bandwidth "$SLOW_DISK" --onboard "${s#slow-}" ;;
     cold) run cold "$cold" --num-gpu-blocks 65536 --max-num-seqs 2 --eviction lru --kv-bytes-scale "$COLD_KV_SCALE" ;;
     cold-fetch) run cold-fetch "$cold" --num-gpu-blocks 65536 --max-num-seqs 2 --eviction lru --peer-fetch --kv-bytes-scale "$COLD_KV_SCALE" ;;
     *) echo "unknown setup $s" >&2; exit 2 ;;
@@ -128,6 +137,13 @@ if "g1-lru" in later and later.get("g2-lru"):
     print(f"- TTFT p90 after each session's first call, G1 only ÷ G1 + G2 (LRU): ×{later['g1-lru'] / later['g2-lru']:.2f}")
 ratio("TTFT p90, G1 + G2 ÷ G1 + G2 + G3 (LRU)", "g2-lru", "g3-lru", p90)
 ratio("TTFT p90, LRU ÷ WORM + pins (G1 + G2 + G3)", "g3-lru", "g3-worm", p90)
+hit = lambda r: r["hit_rate"]
+p50 = lambda r: r["ttft"]["p50_ns"]
+ratio("hit rate, shared G3 ÷ each worker's own G3 (LRU)", "g3-shared", "g3-lru", hit)
+ratio("TTFT p90, own G3 ÷ shared G3 (LRU)", "g3-lru", "g3-shared", p90)
+for other in ("always", "never"):
+    ratio(f"TTFT p50, slow disk, {other} load ÷ weighed", f"slow-{other}", "slow-weigh", p50)
+    ratio(f"TTFT p90, slow disk, {other} load ÷ weighed", f"slow-{other}", "slow-weigh", p90)
 fork = lambda r: (r.get("tags") or {}).get("fork", {}).get("p50_ns", 0)
 ratio("fork TTFT p50, recompute ÷ peer fetch (cold start)", "cold", "cold-fetch", fork)
 # The target's comparison: a fork computing its context on a worker that caches (almost)

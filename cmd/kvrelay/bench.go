@@ -108,7 +108,7 @@ func newBenchRunCmd() *cobra.Command {
 func newBenchCompareCmd() *cobra.Command {
 	var f benchFlags
 	cc := bench.DefaultClusterConfig()
-	var policies, setups, kvScale, kvBandwidth string
+	var policies, setups, kvScale, kvBandwidth, diskBandwidth string
 	var engineSpeedup float64
 	cmd := &cobra.Command{
 		Use:   "compare",
@@ -143,6 +143,11 @@ Without --setups, --mode with --workers (agg) or --prefill-workers and --decode-
 			}
 			if cc.KVTransferBandwidth, err = engines.ParseBandwidth(kvBandwidth); err != nil {
 				return fmt.Errorf("--kv-transfer-bandwidth: %w", err)
+			}
+			if diskBandwidth != "" {
+				if cc.Tiers.DiskBandwidth, err = engines.ParseBandwidth(diskBandwidth); err != nil {
+					return fmt.Errorf("--disk-bandwidth: %w", err)
+				}
 			}
 			tok, err := f.tokenizerFor(cc.Model)
 			if err != nil {
@@ -216,6 +221,7 @@ Without --setups, --mode with --workers (agg) or --prefill-workers and --decode-
 	fs.IntVar(&cc.Tiers.DiskBlocks, "disk-offload-blocks", 0, "disk KV tier of each simulated engine, in blocks, its files under a temporary directory (0: none)")
 	fs.BoolVar(&cc.Tiers.SharedDisk, "disk-offload-shared", false, "the disk tier is one directory every simulated engine mounts (shared storage): a block one engine wrote, each loads")
 	fs.StringVar((*string)(&cc.Tiers.OffloadOn), "offload-on", "", "when the simulated engines copy blocks to host: store (default) or evict")
+	fs.StringVar(&diskBandwidth, "disk-bandwidth", "", "the simulated engines' disk (or shared) tier's modelled read bandwidth, e.g. 500MB/s (default: the simulator's, 5GB/s)")
 	fs.IntVar(&cc.Tiers.DiskAdmitMinHits, "disk-admit-min-hits", 0, "reuses a block needs before the disk tier takes it (0: the simulator's default, 2)")
 	fs.StringVar(&cc.Onboard, "onboard", "", "latency policy: blocks a worker caches below GPU memory are weighed against computing them (weigh, the default), always loaded or never loaded")
 	fs.BoolVar(&cc.Tiers.PeerFetch, "peer-fetch", false, "the simulated engines pull prefixes their peers cache when the latency policy predicts it beats computing them")
