@@ -21,6 +21,10 @@
 #   g3-worm       G1 + G2 + G3, WORM and pins
 #   g3-fetch      the above with peer fetch (a worker pulls a prefix a peer caches when the
 #                 latency policy predicts that beats computing it)
+#   g3-worm-nohint, g3-worm-learn  g3-worm without the client's ephemeral_output hint
+#                 (ephemeral=false), the engines left to WORM's classes alone, or learning
+#                 from what later requests resend that generated blocks are write-once
+#                 (--learn-write-once) (not in the default list)
 #   g3-shared     G1 + G2 + a disk tier every worker mounts (shared storage, G3_BLOCKS
 #                 written by each worker), LRU: a block one worker offloaded, all load
 #   slow-weigh, slow-always, slow-never  G1 + G2 + G3 on a slow disk (SLOW_DISK, 0.5 GB/s):
@@ -88,6 +92,8 @@ for s in $SETUPS; do
     g3-lru) run g3-lru "$base" --num-gpu-blocks "$G1_BLOCKS" --eviction lru --cpu-offload-blocks "$G2_BLOCKS" --disk-offload-blocks "$G3_BLOCKS" ;;
     g3-worm) run g3-worm "$base,pin=$PIN" --num-gpu-blocks "$G1_BLOCKS" --eviction worm --cpu-offload-blocks "$G2_BLOCKS" --disk-offload-blocks "$G3_BLOCKS" ;;
     g3-fetch) run g3-fetch "$base,pin=$PIN" --num-gpu-blocks "$G1_BLOCKS" --eviction worm --cpu-offload-blocks "$G2_BLOCKS" --disk-offload-blocks "$G3_BLOCKS" --peer-fetch ;;
+    g3-worm-nohint) run g3-worm-nohint "$base,pin=$PIN,ephemeral=false" --num-gpu-blocks "$G1_BLOCKS" --eviction worm --cpu-offload-blocks "$G2_BLOCKS" --disk-offload-blocks "$G3_BLOCKS" ;;
+    g3-worm-learn) run g3-worm-learn "$base,pin=$PIN,ephemeral=false" --num-gpu-blocks "$G1_BLOCKS" --eviction worm --learn-write-once --cpu-offload-blocks "$G2_BLOCKS" --disk-offload-blocks "$G3_BLOCKS" ;;
     g3-shared) run g3-shared "$base" --num-gpu-blocks "$G1_BLOCKS" --eviction lru --cpu-offload-blocks "$G2_BLOCKS" --disk-offload-blocks "$G3_BLOCKS" --disk-offload-shared ;;
     slow-weigh|slow-always|slow-never) run "$s" "$base" --num-gpu-blocks "$G1_BLOCKS" --eviction lru --cpu-offload-blocks "$G2_BLOCKS" --disk-offload-blocks "$G3_BLOCKS" --disk-bandwidth "$SLOW_DISK" --onboard "${s#slow-}" ;;
     cold) run cold "$cold" --num-gpu-blocks 65536 --max-num-seqs 2 --eviction lru --kv-bytes-scale "$COLD_KV_SCALE" ;;
@@ -138,6 +144,9 @@ if "g1-lru" in later and later.get("g2-lru"):
 ratio("TTFT p90, G1 + G2 ÷ G1 + G2 + G3 (LRU)", "g2-lru", "g3-lru", p90)
 ratio("TTFT p90, LRU ÷ WORM + pins (G1 + G2 + G3)", "g3-lru", "g3-worm", p90)
 hit = lambda r: r["hit_rate"]
+ratio("G1 hit rate, WORM learning write-once ÷ WORM without the hint (G1 + G2 + G3)", "g3-worm-learn", "g3-worm-nohint", gpu)
+ratio("G1 hit rate, WORM learning write-once ÷ WORM with the client's hint", "g3-worm-learn", "g3-worm", gpu)
+ratio("TTFT p90, LRU ÷ WORM learning write-once (G1 + G2 + G3)", "g3-lru", "g3-worm-learn", p90)
 p50 = lambda r: r["ttft"]["p50_ns"]
 ratio("hit rate, shared G3 ÷ each worker's own G3 (LRU)", "g3-shared", "g3-lru", hit)
 ratio("TTFT p90, own G3 ÷ shared G3 (LRU)", "g3-lru", "g3-shared", p90)

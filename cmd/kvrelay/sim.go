@@ -120,6 +120,7 @@ checked) and waits the modelled transfer time (--kv-bytes-per-token bytes per to
 	fs.StringVar(&e.DiskOffloadDir, "disk-offload-dir", "", "directory of the disk KV tier, a file per block (each worker of the process in its own worker-N subdirectory)")
 	fs.IntVar(&e.DiskOffloadBlocks, "disk-offload-blocks", 0, "capacity of the disk KV tier in blocks")
 	fs.BoolVar(&e.DiskFsync, "disk-fsync", false, "fsync every block file the disk tier writes")
+	fs.BoolVar(&e.LearnWriteOnce, "learn-write-once", false, "with --eviction worm: learn from what later requests resend whether generated blocks are write-once, and evict them first while they are (no client hint needed)")
 	fs.BoolVar(&e.DiskShared, "disk-offload-shared", false, "the disk tier's directory is storage every worker mounts (one directory for all the process's workers; several processes may share it): a block any worker wrote there, every worker loads; published as vLLM's fs tier on shared storage (STORAGE, locality REMOTE)")
 	fs.StringVar(&f.offloadEvents, "kv-offload-events", "self-describing", "how the host and disk tiers' stores are published: self-describing (tokens and parent, vLLM's self_describing_kv_events) or placeholder (the hash alone, block_size 0: vLLM's default)")
 	fs.BoolVar(&e.PeerFetch, "kv-peer-fetch", false, "give a worker of role both a KV connector: it exports its cached prefixes (POST /kvrelay/kv/export) and pulls a prompt's prefix from the peer kv_transfer_params {\"remote_kv_source\": {\"remote_host\", \"remote_port\"}} names (vLLM's p2p offloading parameter)")

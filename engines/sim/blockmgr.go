@@ -61,6 +61,8 @@ type blockManager struct {
 	nextPin int64 // earliest pin expiry, 0 when none
 
 	stats tierCounters
+	// writeOnce is what the engine learned of whether generated blocks are resent.
+	writeOnce writeOnceEstimate
 }
 
 // noBlock stands for a block id not allocated yet.

@@ -84,6 +84,9 @@ type blockMeta struct {
 	first     int             // its index in the request that stored it
 	hits      int32           // requests that found it cached, in any tier
 	ephemeral bool
+	// generated: the block holds only tokens its request generated (what
+	// Config.LearnWriteOnce learns from).
+	generated bool
 	// pinUntil is when its pin lapses (Unix ns; 0: not pinned), pinTTL what a hit renews.
 	pinUntil, pinTTL int64
 }
@@ -147,6 +150,9 @@ func (m *blockManager) hit(h uint64) {
 	if b == nil {
 		return
 	}
+	if b.generated && b.hits == 0 && !b.ephemeral {
+		m.writeOnce.observe(true)
+	}
 	b.hits++
 	if b.pinUntil > m.now {
 		b.pinUntil = max(b.pinUntil, m.now+b.pinTTL)
@@ -181,9 +187,12 @@ func (m *blockManager) stored(r *Request, b int, id int32) {
 		}
 		m.meta[h] = meta
 	}
-	if b*bs >= r.promptLen && r.Params.EphemeralOutput && !meta.pinned(m.now) {
-		meta.ephemeral = true
-		m.pool.MarkEphemeral(id)
+	if b*bs >= r.promptLen {
+		meta.generated = true
+		if !meta.pinned(m.now) && (r.Params.EphemeralOutput || m.learnedWriteOnce(r)) {
+			meta.ephemeral = true
+			m.pool.MarkEphemeral(id)
+		}
 	}
 	if r.Params.PinTTL > 0 && (b+1)*bs <= r.promptLen {
 		m.pin(h, r.Params.PinTTL)
@@ -228,6 +237,9 @@ func (m *blockManager) evicted(hashes []uint64) []uint64 {
 			continue
 		}
 		m.metrics.evicted(b.class(m.now))
+		if b.generated && b.hits == 0 && !b.ephemeral {
+			m.writeOnce.observe(false) // left the GPU unread
+		}
 		if m.host != nil && !m.host.has(h) && !b.ephemeral && (m.cfg.OffloadOn == OffloadOnEvict || b.pinned(m.now)) {
 			m.toHost(h, b)
 		}
@@ -402,4 +414,51 @@ func (m *blockManager) expirePins() {
 		m.pool.Requeue()
 	}
 	m.metrics.pins(m.pinned)
+}
+
+// Learning write-once output (Config.LearnWriteOnce).
+const (
+	// writeOnceShare is the share of generated blocks resent below which the engine takes
+	// generated blocks to be write-once; writeOnceMin the decayed observations it needs
+	// first; writeOnceProbe leaves one request in that many unmarked, to keep learning.
+	writeOnceShare = 0.1
+	writeOnceMin   = 64
+	writeOnceProbe = 16
+	// writeOnceDecay weighs older observations down, so a change of workload shows.
+	writeOnceDecay = 0.998
+)
+
+// writeOnceEstimate is the decayed count of generated blocks a later request resent, and of
+// those that left the GPU unread.
+type writeOnceEstimate struct{ resent, unread float64 }
+
+func (w *writeOnceEstimate) observe(resent bool) {
+	w.resent *= writeOnceDecay
+	w.unread *= writeOnceDecay
+	if resent {
+		w.resent++
+	} else {
+		w.unread++
+	}
+}
+
+// share is the estimated share of generated blocks resent, and whether it rests on enough
+// observations.
+func (w *writeOnceEstimate) share() (float64, bool) {
+	n := w.resent + w.unread
+	if n < writeOnceMin {
+		return 0, false
+	}
+	return w.resent / n, true
+}
+
+// learnedWriteOnce reports whether r's generated blocks are taken for write-once: the engine
+// learns it and its estimate says generated blocks are hardly ever resent, and r is not a
+// probe.
+func (m *blockManager) learnedWriteOnce(r *Request) bool {
+	if !m.cfg.LearnWriteOnce || m.cfg.Eviction != EvictWORM || r.seqNo%writeOnceProbe == 0 {
+		return false
+	}
+	s, ok := m.writeOnce.share()
+	return ok && s < writeOnceShare
 }

@@ -90,6 +90,12 @@ type Config struct {
 
 	// Eviction is how the GPU tier picks the cached block to evict (default EvictLRU).
 	Eviction Eviction
+	// LearnWriteOnce (under EvictWORM) makes the engine tell write-once output apart by
+	// itself, without the client's hint: it watches whether later requests resend the blocks
+	// it generated (a hit on one) or let them go unread, and while nearly none are resent
+	// (writeOnceShare of those seen) it marks a request's generated blocks ephemeral, but for
+	// one request in writeOnceProbe, which keeps the estimate honest.
+	LearnWriteOnce bool
 	// MaxPinnedFraction caps the blocks pinned at once, as a share of NumGPUBlocks.
 	MaxPinnedFraction float64
 	// CPUOffloadBlocks is the host-memory tier's capacity in blocks (G2; 0: none).

@@ -103,6 +103,8 @@ type TierConfig struct {
 	// SharedDisk makes the disk tier one directory every engine mounts (sim.Config
 	// DiskShared): DiskBlocks is then what each engine may write there.
 	SharedDisk bool
+	// LearnWriteOnce lets WORM engines learn write-once output (sim.Config.LearnWriteOnce).
+	LearnWriteOnce bool
 }
 
 // Describe names the tiers, e.g. "G1 lru", "G1+G2(32768)+G3(131072) worm".
@@ -121,6 +123,9 @@ func (t TierConfig) Describe() string {
 		ev = sim.EvictLRU
 	}
 	s += " " + string(ev)
+	if t.LearnWriteOnce {
+		s += " (learned write-once)"
+	}
 	if t.PeerFetch {
 		s += " + peer fetch"
 	}
@@ -189,6 +194,7 @@ func (cfg ClusterConfig) engineConfig(role sim.Role) sim.Config {
 	override(&ec.DiskBandwidth, t.DiskBandwidth)
 	ec.PeerFetch = t.PeerFetch
 	ec.DiskShared = t.SharedDisk
+	ec.LearnWriteOnce = t.LearnWriteOnce
 	return ec
 }
 
