@@ -126,7 +126,7 @@ function renderFleet(f) {
     cell(tr, String(num(st.waiting)), "num");
     cell(tr, pct(num(st.kv_usage)), "num");
     const b = st.blocks || {};
-    cell(tr, num(b.gpu) + " / " + num(b.cpu) + " / " + num(b.disk), "num");
+    cell(tr, num(b.gpu) + " / " + num(b.cpu) + " / " + num(b.disk) + " / " + num(b.shared), "num");
     cell(tr, fi.samples ? pct(fi.hit_rate) : "–", "num");
     cell(tr, ms(fi.ttft_p50_ms), "num");
     cell(tr, ms(fi.itl_p50_ms), "num");
@@ -173,7 +173,7 @@ function renderIndex(ix) {
   let most = 1;
   for (const w of ws) {
     const b = w.blocks || {};
-    most = Math.max(most, num(b.gpu) + num(b.cpu) + num(b.disk));
+    most = Math.max(most, num(b.gpu) + num(b.cpu) + num(b.disk) + num(b.shared));
   }
   for (const w of ws) {
     const b = w.blocks || {};
@@ -184,7 +184,7 @@ function renderIndex(ix) {
     name.textContent = w.id;
     const track = document.createElement("span");
     track.className = "track";
-    for (const [tier, v] of [["gpu", num(b.gpu)], ["host", num(b.cpu)], ["disk", num(b.disk)]]) {
+    for (const [tier, v] of [["gpu", num(b.gpu)], ["host", num(b.cpu)], ["disk", num(b.disk)], ["shared", num(b.shared)]]) {
       const seg = document.createElement("span");
       seg.className = tier;
       seg.style.width = (100 * v / most) + "%";
@@ -192,7 +192,7 @@ function renderIndex(ix) {
       track.appendChild(seg);
     }
     const label = document.createElement("span");
-    label.textContent = num(b.gpu) + " / " + num(b.cpu) + " / " + num(b.disk);
+    label.textContent = num(b.gpu) + " / " + num(b.cpu) + " / " + num(b.disk) + " / " + num(b.shared);
     row.append(name, track, label);
     bars.appendChild(row);
   }
