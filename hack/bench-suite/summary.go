@@ -17,18 +17,21 @@ import (
 // Summary is the suite's result: what ran where, and per workload and engine kind every
 // router's figures and kvrelay's default against the best other router.
 type Summary struct {
-	Commit        string            `json:"commit"`
-	Date          string            `json:"date"`
-	Machine       bh.Machine        `json:"machine"`
-	Versions      map[string]string `json:"versions"`
-	Model         string            `json:"model"`
-	Seed          uint64            `json:"seed"`
-	Rounds        int               `json:"rounds"`
-	Quick         bool              `json:"quick,omitempty"`
-	WallS         float64           `json:"wall_s"`
-	DefaultRouter string            `json:"default_router"`
-	Skipped       []string          `json:"skipped,omitempty"`
-	Cells         []*Cell           `json:"workloads"`
+	Commit   string            `json:"commit"`
+	Date     string            `json:"date"`
+	Machine  bh.Machine        `json:"machine"`
+	Versions map[string]string `json:"versions"`
+	Model    string            `json:"model"`
+	Seed     uint64            `json:"seed"`
+	Rounds   int               `json:"rounds"`
+	Quick    bool              `json:"quick,omitempty"`
+	WallS    float64           `json:"wall_s"`
+	// Runs is the number of finished runs summarized, LoadS the seconds their loads took.
+	Runs          int      `json:"runs"`
+	LoadS         float64  `json:"load_s"`
+	DefaultRouter string   `json:"default_router"`
+	Skipped       []string `json:"skipped,omitempty"`
+	Cells         []*Cell  `json:"workloads"`
 }
 
 // Cell is one workload on one engine kind.
@@ -252,13 +255,15 @@ func canonical(spec string, seed uint64) string {
 
 // writeSummary writes summary.json and summary.md into dir and returns the Markdown.
 func (cfg *config) writeSummary(results []*bh.RunResult, skipped []string, start time.Time, dir string) (string, error) {
-	rounds := 0
+	rounds, load := 0, 0.0
 	for _, r := range results {
 		rounds = max(rounds, r.Run)
+		load += r.WallS
 	}
 	s := &Summary{
 		Commit: cfg.Version, Date: time.Now().UTC().Format(time.RFC3339), Machine: bh.ThisMachine(), Versions: cfg.peerVersion,
 		Model: cfg.Model, Seed: cfg.Seed, Rounds: rounds, Quick: cfg.quick, WallS: time.Since(start).Seconds(),
+		Runs: len(results), LoadS: load,
 		DefaultRouter: defaultRouter, Skipped: skipped,
 		Cells: summarize(cfg.rows, cfg.engines, cfg.routers, results, cfg.Seed, cfg.quick),
 	}
@@ -286,8 +291,8 @@ func (s *Summary) Markdown(results []*bh.RunResult) string {
 		vs = append(vs, k+" "+v)
 	}
 	slices.Sort(vs)
-	fmt.Fprintf(&b, "Commit %s; %s; %s; model %s, seed %d, %d round(s) interleaved (round, workload, engine kind, router), fresh engines and router every run; %s of runs.\n",
-		s.Commit, s.Machine.String(), strings.Join(vs, ", "), s.Model, s.Seed, s.Rounds, time.Duration(s.WallS*float64(time.Second)).Round(time.Second))
+	fmt.Fprintf(&b, "Commit %s; %s; %s; model %s, seed %d; %d runs in up to %d interleaved round(s) (round, workload, engine kind, router: a figure without a range is one round's), fresh engines and router every run; %s of load.\n",
+		s.Commit, s.Machine.String(), strings.Join(vs, ", "), s.Model, s.Seed, s.Runs, s.Rounds, time.Duration(s.LoadS*float64(time.Second)).Round(time.Second))
 	if s.Quick {
 		b.WriteString("\n**--quick: every workload shrunk to a few requests. A smoke test of the harness, not a measurement.**\n")
 	}
