@@ -224,3 +224,22 @@ func TestSharedStorageForgetsOldestPastItsBound(t *testing.T) {
 		t.Fatalf("run %v after the rewrite, want 2", r)
 	}
 }
+
+// TestSharedPlaceholdersResolveThroughTheWriter: a placeholder store in shared storage (vLLM's
+// fs tier without self-describing events) names a block the writer announced with tokens on
+// its GPU: the block is indexed in the storage for every mount; an unknown hash is dropped.
+func TestSharedPlaceholdersResolveThroughTheWriter(t *testing.T) {
+	x := New()
+	p := prompt(1, 1, 4, 4)
+	x.Apply("b", batch(remote(prompt(2, 2, 1, 1), 9, 0, 1, "fs")), nil) // b mounts the storage
+	x.Apply("a", batch(stored(p, 1, 0, 4, "GPU", false)), nil)
+	ph := kvevents.Event{Kind: kvevents.BlockStored, Medium: "STORAGE", Locality: "REMOTE", Ownership: "fs",
+		BlockHashes: append(engineHashes(1, 0, 4, false), engineHashes(77, 0, 1, false)...)}
+	x.Apply("a", batch(ph), nil)
+	if st := x.Stats(); st.Placeholders != 5 || st.PlaceholdersResolved != 4 {
+		t.Fatalf("stats %+v", st)
+	}
+	if r := run(x, "b", p); r != 4 {
+		t.Fatalf("b's run %v, want the 4 blocks a wrote to the shared storage", r)
+	}
+}

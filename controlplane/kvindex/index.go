@@ -268,12 +268,8 @@ func (x *Index) store(w *worker, ev *kvevents.Event, out []Change) []Change {
 	}
 	bs := ev.BlockSize
 	if bs <= 0 || len(ev.TokenIDs) < n*bs {
-		if d != nil && (bs <= 0 || len(ev.TokenIDs) == 0) {
-			x.stats.Placeholders += uint64(n) // a hash alone names no block of the peers'
-			return out
-		}
 		if bs <= 0 || len(ev.TokenIDs) == 0 {
-			return x.placeholders(w, ev, tier, cs, out)
+			return x.placeholders(w, ev, tier, cs, d, out)
 		}
 		x.stats.Orphans += uint64(n)
 		return out
@@ -441,9 +437,9 @@ func (x *Index) removeShared(d *domain, key uint64, out []Change) []Change {
 }
 
 // placeholders indexes the blocks of a store event that carries hashes but no tokens: those
-// the worker announced with their tokens in another store are the same blocks, copied; the
-// rest cannot be matched to any prompt and are dropped.
-func (x *Index) placeholders(w *worker, ev *kvevents.Event, tier Tier, cs *copies, out []Change) []Change {
+// the worker announced with their tokens in another store are the same blocks, copied (into
+// shared storage d when not nil); the rest cannot be matched to any prompt and are dropped.
+func (x *Index) placeholders(w *worker, ev *kvevents.Event, tier Tier, cs *copies, d *domain, out []Change) []Change {
 	for _, h := range ev.BlockHashes {
 		x.stats.Placeholders++
 		key := engineKey(h)
@@ -452,7 +448,11 @@ func (x *Index) placeholders(w *worker, ev *kvevents.Event, tier Tier, cs *copie
 			continue
 		}
 		x.stats.PlaceholdersResolved++
-		out = x.addCopy(w, tier, cs, key, seq, out)
+		if d != nil {
+			out = x.addShared(d, key, seq, out)
+		} else {
+			out = x.addCopy(w, tier, cs, key, seq, out)
+		}
 	}
 	return out
 }
