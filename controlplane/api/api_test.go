@@ -207,7 +207,7 @@ func TestHTTPRoutes(t *testing.T) {
 		}},
 		{name: "drain missing worker", method: "POST", path: "/v1/workers/nope/drain", tok: token, want: 404},
 		{name: "get policy", method: "GET", path: "/v1/policy", want: 200, check: func(t *testing.T, r response, _ *apitest.Backend) {
-			if p := unmarshal(t, r, &operatorv1.Policy{}); p.Version != 1 || p.Policy != "kv" || len(p.TierWeights) != 3 {
+			if p := unmarshal(t, r, &operatorv1.Policy{}); p.Version != 1 || p.Policy != "kv" || len(p.TierWeights) != 4 {
 				t.Errorf("policy: %v", p)
 			}
 			if !strings.Contains(r.body, `"cache_threshold"`) || !strings.Contains(r.body, `"session_ttl_ms"`) {
