@@ -310,7 +310,11 @@ func (c *cluster) warm(families int) {
 
 func TestPrecisionThroughProxies(t *testing.T) {
 	c := newCluster(t, 4)
-	p0, p1 := c.addProxy(c.xds), c.addProxy(c.xds)
+	// No exploration: the proxies have learned nothing of the workers (the warm-up went to
+	// them directly), so every worker is a candidate for it, and one decision in 64 would
+	// try one at random.
+	noExplore := func(cfg *proxy.Config) { cfg.Explore = 0 }
+	p0, p1 := c.addProxyWith(c.xds, noExplore), c.addProxyWith(c.xds, noExplore)
 	waitWorkers(t, p0, 4)
 	waitWorkers(t, p1, 4)
 	c.warm(8)
