@@ -62,24 +62,8 @@ func TestFollowerSequenceHandling(t *testing.T) {
 		t.Fatalf("after a restart: %s, blocks %v", f.s.stats, idx.Blocks("w"))
 	}
 	// The journal replays into exactly the index's state.
-	var cs []journal.Change
-	cs, _, ok := log.Read(cs, 0, 1<<20)
-	if !ok {
-		t.Fatal("journal read")
-	}
-	live := map[uint64]bool{}
-	for _, c := range cs {
-		switch c.Op {
-		case journal.Stored:
-			live[c.Seq] = true
-		case journal.Removed:
-			delete(live, c.Seq)
-		case journal.Cleared:
-			clear(live)
-		}
-	}
-	if len(live) != idx.Len() {
-		t.Fatalf("journal replays to %d blocks, index has %d", len(live), idx.Len())
+	if n := checkJournalReplays(t, log, idx); n != idx.Len() {
+		t.Fatalf("the index holds %d entries for %d blocks of one worker", n, idx.Len())
 	}
 }
 

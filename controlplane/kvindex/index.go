@@ -106,6 +106,33 @@ type copies struct {
 
 func newCopies() *copies { return &copies{seq: map[uint64]uint64{}} }
 
+// addExtra counts one more copy of an engine block the store already holds.
+func (c *copies) addExtra(key uint64) {
+	if c.extra == nil {
+		c.extra = map[uint64]uint32{}
+	}
+	c.extra[key]++
+}
+
+// take drops one copy of the engine block key: its seq, and whether it was the last (the
+// store no longer holds the block); ok is false when the store does not hold it.
+func (c *copies) take(key uint64) (seq uint64, last, ok bool) {
+	if seq, ok = c.seq[key]; !ok {
+		return 0, false, false
+	}
+	if n := c.extra[key]; n > 0 {
+		// Another copy of the block stays.
+		if n == 1 {
+			delete(c.extra, key)
+		} else {
+			c.extra[key] = n - 1
+		}
+		return seq, false, true
+	}
+	delete(c.seq, key)
+	return seq, true, true
+}
+
 type worker struct {
 	id   string
 	slot int
@@ -306,10 +333,7 @@ func (x *Index) store(w *worker, ev *kvevents.Event, out []Change) []Change {
 // addCopy records one more copy of the engine block key (kvrelay's seq) in the store.
 func (x *Index) addCopy(w *worker, tier Tier, cs *copies, key, seq uint64, out []Change) []Change {
 	if _, ok := cs.seq[key]; ok {
-		if cs.extra == nil {
-			cs.extra = map[uint64]uint32{}
-		}
-		cs.extra[key]++
+		cs.addExtra(key)
 		x.stats.Copies++
 		return out
 	}
@@ -320,9 +344,12 @@ func (x *Index) addCopy(w *worker, tier Tier, cs *copies, key, seq uint64, out [
 	return out
 }
 
+// domainKey names the shared storage of a medium and owner in Index.domains.
+func domainKey(medium, owner string) string { return medium + "\x00" + owner }
+
 // domainOf returns the shared storage of a medium and owner, creating it.
 func (x *Index) domainOf(medium, owner string) *domain {
-	k := medium + "\x00" + owner
+	k := domainKey(medium, owner)
 	d := x.domains[k]
 	if d == nil {
 		if x.domains == nil {
@@ -358,10 +385,7 @@ func (x *Index) creditDomain(w *worker, d *domain, out []Change) []Change {
 func (x *Index) addShared(d *domain, key, seq uint64, out []Change) []Change {
 	cs := d.copies
 	if old, ok := cs.seq[key]; ok && d.refs[old] > 0 {
-		if cs.extra == nil {
-			cs.extra = map[uint64]uint32{}
-		}
-		cs.extra[key]++
+		cs.addExtra(key)
 		x.stats.Copies++
 		return out
 	}
@@ -408,22 +432,15 @@ func (x *Index) uncreditShared(d *domain, seq uint64, out []Change) []Change {
 
 // removeShared applies the removal of engine block key from shared storage d.
 func (x *Index) removeShared(d *domain, key uint64, out []Change) []Change {
-	cs := d.copies
-	seq, ok := cs.seq[key]
+	seq, last, ok := d.copies.take(key)
 	if !ok {
 		x.stats.Unknown++
 		return out
 	}
 	x.stats.Removed++
-	if n := cs.extra[key]; n > 0 {
-		if n == 1 {
-			delete(cs.extra, key)
-		} else {
-			cs.extra[key] = n - 1
-		}
+	if !last {
 		return out
 	}
-	delete(cs.seq, key)
 	n, live := d.refs[seq]
 	if !live {
 		return out // forgotten past MaxSharedBlocks already
@@ -513,7 +530,7 @@ func (x *Index) remove(w *worker, ev *kvevents.Event, out []Change) []Change {
 		return out
 	}
 	if tier == Shared {
-		d := x.domains[ev.Medium+"\x00"+ev.Ownership]
+		d := x.domains[domainKey(ev.Medium, ev.Ownership)]
 		for _, h := range ev.BlockHashes {
 			if d == nil {
 				x.stats.Unknown++
@@ -526,26 +543,17 @@ func (x *Index) remove(w *worker, ev *kvevents.Event, out []Change) []Change {
 	cs := w.copiesOf(store{tier, ev.Ownership}, false)
 	for _, h := range ev.BlockHashes {
 		k := engineKey(h)
-		var seq uint64
-		if cs != nil {
-			seq, ok = cs.seq[k]
+		if cs == nil {
+			x.stats.Unknown++
+			continue
 		}
-		if cs == nil || !ok {
+		seq, last, ok := cs.take(k)
+		if !ok {
 			x.stats.Unknown++
 			continue
 		}
 		x.stats.Removed++
-		if n := cs.extra[k]; n > 0 {
-			// Another copy of the block stays.
-			if n == 1 {
-				delete(cs.extra, k)
-			} else {
-				cs.extra[k] = n - 1
-			}
-			continue
-		}
-		delete(cs.seq, k)
-		if w.holds(tier, k, cs) {
+		if !last || w.holds(tier, k, cs) {
 			continue
 		}
 		if x.set.Remove(seq, w.slot, tier) {

@@ -805,27 +805,12 @@ func TestWorkersShareTheirModelAfterAReport(t *testing.T) {
 // compute those 800 (a fifth of the prompt is cached there) rather than to load them: the
 // decision says Recompute, and its prediction is the recompute's.
 func TestLatencyRecomputesASlowTier(t *testing.T) {
-	rep := prefix.NewReplica(blockset.DefaultWeights)
-	rep.SetSlots([]int{0, 1, 2})
-	r, err := NewRouter(Config{Policy: PolicyLatency, ComputeWeight: DefaultComputeWeight, BackgroundWeight: DefaultBackgroundWeight}, NewPool(workers(3)), rep)
-	if err != nil {
-		t.Fatal(err)
-	}
+	r, hashes, n := splitHolder(t, Config{Policy: PolicyLatency, ComputeWeight: DefaultComputeWeight, BackgroundWeight: DefaultBackgroundWeight}, 3, blockset.Disk)
 	ws := r.Pool().Workers
 	for _, w := range ws {
 		w.Engine.MaxNumSeqs = 8
 	}
 	ws[0].Engine.KVBytesPerToken, ws[0].Engine.DiskBandwidth = 73728, 0.5e9
-	hashes, n := promptChain(1, 1, 1000, 2)
-	var cs []journal.Change
-	for i, h := range hashes[:1000] {
-		tier := blockset.GPU
-		if i >= 200 {
-			tier = blockset.Disk
-		}
-		cs = append(cs, journal.Change{Seq: h, Slot: 0, Tier: tier, Op: journal.Stored})
-	}
-	rep.Apply(cs)
 	req, d := routeChain(t, r, hashes, n)
 	cands, preds := req.Candidates()
 	for i, w := range cands {
@@ -853,24 +838,9 @@ func TestLatencyOnboardSettings(t *testing.T) {
 		{OnboardWeigh, blockset.Disk, true},
 	} {
 		t.Run(tc.onboard, func(t *testing.T) {
-			rep := prefix.NewReplica(blockset.DefaultWeights)
-			rep.SetSlots([]int{0, 1})
-			r, err := NewRouter(Config{Policy: PolicyLatency, ComputeWeight: DefaultComputeWeight, BackgroundWeight: DefaultBackgroundWeight, Onboard: tc.onboard}, NewPool(workers(2)), rep)
-			if err != nil {
-				t.Fatal(err)
-			}
+			r, hashes, n := splitHolder(t, Config{Policy: PolicyLatency, ComputeWeight: DefaultComputeWeight, BackgroundWeight: DefaultBackgroundWeight, Onboard: tc.onboard}, 2, tc.tier)
 			ws := r.Pool().Workers
 			ws[0].Engine.KVBytesPerToken, ws[0].Engine.HostBandwidth, ws[0].Engine.DiskBandwidth = 73728, 25e9, 0.2e9
-			hashes, n := promptChain(1, 1, 1000, 2)
-			var cs []journal.Change
-			for i, h := range hashes[:1000] {
-				tier := blockset.GPU
-				if i >= 200 {
-					tier = tc.tier
-				}
-				cs = append(cs, journal.Change{Seq: h, Slot: 0, Tier: tier, Op: journal.Stored})
-			}
-			rep.Apply(cs)
 			_, d := routeChain(t, r, hashes, n)
 			// Told to load a slow disk back, the holder is the worse place: it may go
 			// elsewhere, but never with a recompute.
@@ -882,4 +852,32 @@ func TestLatencyOnboardSettings(t *testing.T) {
 	if _, err := NewRouter(Config{Policy: PolicyLatency, Onboard: "sometimes"}, NewPool(workers(1)), nil); err == nil {
 		t.Fatal("an unknown onboard setting was accepted")
 	}
+}
+
+// splitHolder is a router with cfg over n workers of which w0 caches a 1000-block context's
+// first 200 blocks in GPU memory and the other 800 in tier below; it returns the router and
+// the context's chain (hashes, tokens) as promptChain does.
+func splitHolder(t *testing.T, cfg Config, n int, below blockset.Tier) (*Router, []uint64, int) {
+	t.Helper()
+	rep := prefix.NewReplica(blockset.DefaultWeights)
+	slots := make([]int, n)
+	for i := range slots {
+		slots[i] = i
+	}
+	rep.SetSlots(slots)
+	r, err := NewRouter(cfg, NewPool(workers(n)), rep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hashes, tokens := promptChain(1, 1, 1000, 2)
+	var cs []journal.Change
+	for i, h := range hashes[:1000] {
+		tier := blockset.GPU
+		if i >= 200 {
+			tier = below
+		}
+		cs = append(cs, journal.Change{Seq: h, Slot: 0, Tier: tier, Op: journal.Stored})
+	}
+	rep.Apply(cs)
+	return r, hashes, tokens
 }

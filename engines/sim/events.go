@@ -107,10 +107,7 @@ func (a *eventAdapter) CacheEvents(at time.Time, evs []CacheEvent) {
 			}
 			out.TokenIDs = ev.Tokens
 			out.BlockSize = a.blockSize
-			out.Medium, out.Locality = wireMedium(ev.Medium)
-			if ev.Medium == MediumShared {
-				out.Ownership = SharedOwner
-			}
+			out.Medium, out.Locality, out.Ownership = wireMedium(ev.Medium)
 			out.ExtraKeys, out.HasExtraKeys = extra, true
 			out.GroupIdx, out.HasGroupIdx = 0, true
 			out.KVCacheSpecKind = "full_attention"
@@ -121,10 +118,7 @@ func (a *eventAdapter) CacheEvents(at time.Time, evs []CacheEvent) {
 			}
 		case BlocksRemoved:
 			out.Kind = kvevents.BlockRemoved
-			out.Medium, out.Locality = wireMedium(ev.Medium)
-			if ev.Medium == MediumShared {
-				out.Ownership = SharedOwner
-			}
+			out.Medium, out.Locality, out.Ownership = wireMedium(ev.Medium)
 			out.GroupIdx, out.HasGroupIdx = 0, true
 		case AllBlocksCleared:
 			out = kvevents.Event{Kind: kvevents.AllBlocksCleared}
@@ -140,18 +134,19 @@ func (a *eventAdapter) CacheEvents(at time.Time, evs []CacheEvent) {
 	_ = a.pub.Publish(&a.batch)
 }
 
-// wireMedium is the medium and locality vLLM's offloading connector publishes for a tier:
-// GPU; CPU, local; the disk tier as STORAGE, local (v0.27's name for its fs tier).
-func wireMedium(m string) (medium, locality string) {
+// wireMedium is the medium, locality and ownership vLLM's offloading connector publishes for
+// a tier: GPU; CPU, local; the disk tier as STORAGE, local (v0.27's name for its fs tier); a
+// shared disk tier as STORAGE, remote, owned by SharedOwner.
+func wireMedium(m string) (medium, locality, ownership string) {
 	switch m {
 	case "", MediumGPU:
-		return MediumGPU, ""
+		return MediumGPU, "", ""
 	case MediumDISK:
-		return "STORAGE", "LOCAL"
+		return "STORAGE", "LOCAL", ""
 	case MediumShared:
-		return "STORAGE", "REMOTE"
+		return "STORAGE", "REMOTE", SharedOwner
 	}
-	return m, "LOCAL"
+	return m, "LOCAL", ""
 }
 
 // SharedOwner is the ownership a shared disk tier's events carry: vLLM's name for its
