@@ -12,14 +12,28 @@ import (
 
 // TestPickTellsTheWorkerToRecompute: when the chosen worker caches the prompt's first blocks
 // in GPU memory and the rest on a disk too slow to load them back from, the body it gets
-// says so in vLLM's terms (kv_transfer_params max_load_tokens 0), and the proxy counts it.
+// says so in vLLM's terms (kv_transfer_params max_load_tokens 0), and the proxy counts it:
+// routing on the replica alone, and on the replica overlaid with the proxy's own recent
+// decisions, as a proxy fed by a control plane does.
 func TestPickTellsTheWorkerToRecompute(t *testing.T) {
+	for _, overlay := range []bool{false, true} {
+		t.Run(map[bool]string{false: "replica", true: "overlay"}[overlay], func(t *testing.T) {
+			testPickTellsTheWorkerToRecompute(t, overlay)
+		})
+	}
+}
+
+func testPickTellsTheWorkerToRecompute(t *testing.T, overlay bool) {
 	ws := testWorkers(3)
 	ws[0].Engine.KVBytesPerToken, ws[0].Engine.DiskBandwidth = 73728, 0.2e9
 	c := newTestCore(t, testConfig(), testRouteConfig("latency"), ws)
 	rep := prefix.NewReplica(blockset.DefaultWeights)
 	rep.SetSlots([]int{0, 1, 2})
-	if err := c.Build(c.Pool(), rep, testRouteConfig("latency"), "local"); err != nil {
+	var match prefix.Index = rep
+	if overlay {
+		match = prefix.NewOverlay(rep, c.Index())
+	}
+	if err := c.Build(c.Pool(), match, testRouteConfig("latency"), "local"); err != nil {
 		t.Fatal(err)
 	}
 	body := []byte(`{"model":"gpt-oss-120b","messages":[{"role":"user","content":"` + strings.Repeat("the context of a long task ", 1200) + `"}],"max_tokens":4}`)

@@ -25,6 +25,20 @@ type TierIndex interface {
 	MatchTiers(hashes []uint64, overlap []float64, lower []blockset.Lower) float64
 }
 
+// TimedTierIndex is a TierIndex whose answer depends on the time, as TimedIndex.
+type TimedTierIndex interface {
+	TierIndex
+	MatchTiersAt(hashes []uint64, overlap []float64, lower []blockset.Lower, now int64) float64
+}
+
+// MatchTiersAt is x.MatchTiers at now: x's MatchTiersAt when it has one.
+func MatchTiersAt(x TierIndex, hashes []uint64, overlap []float64, lower []blockset.Lower, now int64) float64 {
+	if t, ok := x.(TimedTierIndex); ok {
+		return t.MatchTiersAt(hashes, overlap, lower, now)
+	}
+	return x.MatchTiers(hashes, overlap, lower)
+}
+
 // TimedIndex is an Index whose answer depends on the time (entries expire): MatchAt is Match
 // at now, a time of day from package clock's Now that the caller has read already (0: read
 // the clock).

@@ -1,6 +1,10 @@
 package prefix
 
-import "sync"
+import (
+	"sync"
+
+	"github.com/kvrelay/kvrelay/xds/blockset"
+)
 
 // Overlay answers Match with the larger of two indexes' overlaps, worker by worker. A proxy
 // fed by a control plane overlays its Replica (what the engines said they stored) with a
@@ -13,7 +17,10 @@ type Overlay struct {
 	scratch         sync.Pool // *[]float64
 }
 
-var _ TimedIndex = (*Overlay)(nil)
+var (
+	_ TimedIndex     = (*Overlay)(nil)
+	_ TimedTierIndex = (*Overlay)(nil)
+)
 
 // NewOverlay returns primary overlaid with recent.
 func NewOverlay(primary, recent Index) *Overlay {
@@ -29,7 +36,28 @@ func (o *Overlay) Match(hashes []uint64, overlap []float64) float64 {
 
 // MatchAt implements TimedIndex: each index at now.
 func (o *Overlay) MatchAt(hashes []uint64, overlap []float64, now int64) float64 {
-	best := MatchAt(o.Primary, hashes, overlap, now)
+	return o.MatchTiersAt(hashes, overlap, nil, now)
+}
+
+// MatchTiers implements TierIndex: MatchTiersAt now.
+func (o *Overlay) MatchTiers(hashes []uint64, overlap []float64, lower []blockset.Lower) float64 {
+	return o.MatchTiersAt(hashes, overlap, lower, 0)
+}
+
+// MatchTiersAt implements TimedTierIndex: the primary's tiers (when it tells them) where its
+// overlap stands. A worker the recent decisions credit with more than the primary's whole
+// run (every tier counted) was sent the prompt since the engine last reported: it is
+// credited that run in GPU memory, where the prefill it is doing puts it. A worker the
+// primary credits a longer run than the recent decisions keeps the primary's answer.
+func (o *Overlay) MatchTiersAt(hashes []uint64, overlap []float64, lower []blockset.Lower, now int64) float64 {
+	var best float64
+	ti, tiers := o.Primary.(TierIndex)
+	if lower != nil && tiers {
+		best = MatchTiersAt(ti, hashes, overlap, lower, now)
+	} else {
+		clear(lower)
+		best = MatchAt(o.Primary, hashes, overlap, now)
+	}
 	sp := o.scratch.Get().(*[]float64)
 	defer o.scratch.Put(sp)
 	if cap(*sp) < len(overlap) {
@@ -40,9 +68,16 @@ func (o *Overlay) MatchAt(hashes []uint64, overlap []float64, now int64) float64
 		return best
 	}
 	for i, r := range recent {
-		if r > overlap[i] {
+		run := overlap[i]
+		if lower != nil {
+			run += lower[i].Deficit
+		}
+		if r > overlap[i] && r >= run {
 			overlap[i] = r
 			best = max(best, r)
+			if lower != nil {
+				lower[i] = blockset.Lower{}
+			}
 		}
 	}
 	return best

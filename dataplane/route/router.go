@@ -543,7 +543,7 @@ func (r *Router) Route(req *Request, d *Decision) error {
 				req.lower = make([]blockset.Lower, pool.size)
 			}
 			req.lower = req.lower[:pool.size]
-			req.best = ti.MatchTiers(req.Hashes, req.overlap, req.lower)
+			req.best = prefix.MatchTiersAt(ti, req.Hashes, req.overlap, req.lower, req.Now)
 		} else {
 			req.lower = nil
 			req.best = prefix.MatchAt(r.index, req.Hashes, req.overlap, req.Now)
