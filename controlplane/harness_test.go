@@ -152,6 +152,10 @@ func (c *cluster) addProxyWith(xds string, mut func(*proxy.Config)) *proxy.Serve
 	cfg.ExposeWorkerHeader = true
 	cfg.EventLoops = 1
 	cfg.XDSSyncTimeout = 10 * time.Second
+	// No exploration: these tests assert where requests go, and proxies that have learned
+	// nothing of the workers (warm-ups go to them directly) would send one decision in 64
+	// to a worker at random.
+	cfg.Explore = 0
 	if mut != nil {
 		mut(&cfg)
 	}
@@ -310,11 +314,7 @@ func (c *cluster) warm(families int) {
 
 func TestPrecisionThroughProxies(t *testing.T) {
 	c := newCluster(t, 4)
-	// No exploration: the proxies have learned nothing of the workers (the warm-up went to
-	// them directly), so every worker is a candidate for it, and one decision in 64 would
-	// try one at random.
-	noExplore := func(cfg *proxy.Config) { cfg.Explore = 0 }
-	p0, p1 := c.addProxyWith(c.xds, noExplore), c.addProxyWith(c.xds, noExplore)
+	p0, p1 := c.addProxy(c.xds), c.addProxy(c.xds)
 	waitWorkers(t, p0, 4)
 	waitWorkers(t, p1, 4)
 	c.warm(8)

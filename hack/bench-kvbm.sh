@@ -120,16 +120,19 @@ for s in setups:
         later[s] = v[int(0.9 * (len(v) - 1))] if v else 0
 print(f"{workers} workers, G1 {g1} blocks each, G2 {g2}, G3 {g3} (16-token blocks); latency policy; times in the engines' own time")
 print()
-print("| setup | hit rate | GPU | host | disk | peers | uncached prefill tokens | TTFT p50 | TTFT p90 | TTFT p90 after first calls | ITL p50 | goodput/s | fork TTFT p50 | fetches pulled / partly / fell back / no room | disk written | disk read |")
-print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+print("| setup | hit rate | GPU | host | disk | peers | uncached prefill tokens | TTFT p50 | TTFT p90 | TTFT p90 after first calls | ITL p50 | goodput/s | fork TTFT p50 | fetches pulled / partly / fell back / no room | told to recompute | disk written | disk read |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 for s, r in rows.items():
     t = r.get("kv_tiers") or {}
     pct = lambda v: f"{100 * v:.1f}%"
     fork = (r.get("tags") or {}).get("fork", {}).get("p50_ns", 0) / 1e6
+    # Requests the proxy told to compute what their worker holds below GPU memory
+    # (max_load_tokens 0), from each one's x-kvrelay-route.
+    recomputed = sum("load=0" in (x.get("route") or "") for x in records[s]) / max(len(records[s]), 1)
     print(f"| {s}: {t.get('setup', '')} | {pct(r['hit_rate'])} | {pct(t.get('hit_gpu', 0))} | {pct(t.get('hit_cpu', 0))} | {pct(t.get('hit_disk', 0))} | {pct(t.get('hit_peer', 0))} "
           f"| {t.get('uncached_tokens', 0):,} | {r['ttft']['p50_ns'] / 1e6:.0f} ms | {r['ttft']['p90_ns'] / 1e6:.0f} ms | {later[s] / 1e6:.0f} ms | {r['itl']['p50_ns'] / 1e6:.1f} ms "
           f"| {r['goodput_per_s']:.2f} | {fork:.0f} ms | {t.get('peer_fetch_pulled', 0)} / {t.get('peer_fetch_partial', 0)} / {t.get('peer_fetch_fallback', 0)} / {t.get('peer_fetch_no_room', 0)} "
-          f"| {t.get('disk_written_bytes', 0) / 1e6:.1f} MB | {t.get('disk_read_bytes', 0) / 1e6:.1f} MB |")
+          f"| {pct(recomputed)} | {t.get('disk_written_bytes', 0) / 1e6:.1f} MB | {t.get('disk_read_bytes', 0) / 1e6:.1f} MB |")
 print()
 def ratio(name, a, b, f):
     if a in rows and b in rows and f(rows[b]) > 0:
