@@ -295,7 +295,14 @@ func (e *Engine) Run(ctx context.Context) error {
 	defer e.shutdown()
 	var clock time.Time // when the current step ends
 	busy := false       // the last iteration ran a step: clock is the end of that step
+	stop := ctx.Done()
 	for {
+		// A busy engine behind its clock never waits below, so it looks here.
+		select {
+		case <-stop:
+			return nil
+		default:
+		}
 		e.drain(time.Now())
 		if len(e.running) == 0 && e.waiting.len() == 0 && len(e.ready) == 0 {
 			busy = false
