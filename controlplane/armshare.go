@@ -60,20 +60,20 @@ func (s *Server) shareArmsLoop(ctx context.Context, ks *registry.KubeStore) {
 	}
 }
 
-// arms sums every proxy's arms by policy version: those of the proxies connected here and,
-// with replicas in Kubernetes, those the other replicas shared within armShareMaxAge. A
-// proxy found in several (it moved from one replica to another) counts once, with the
-// figures of most requests (its arms are cumulative).
-func (s *Server) arms() map[uint64]xdsserver.Arm {
+// nodeArms is every proxy's arms by node id: those of the proxies connected here and, with
+// replicas in Kubernetes, those the other replicas shared within armShareMaxAge. A proxy
+// found in several (it moved from one replica to another) counts once, with the figures of
+// most requests (its arms are cumulative).
+func (s *Server) nodeArms() map[string][]xdsserver.Arm {
 	nodes := s.xds.NodeArms()
 	ks, ok := s.store.(*registry.KubeStore)
 	if !ok || s.opts.Leader == nil {
-		return xdsserver.SumArms(nodes)
+		return nodes
 	}
 	shares, err := ks.Shares(context.Background(), shareArms)
 	if err != nil {
 		s.log.Warn("rollout judged on this replica's proxies alone", "err", err)
-		return xdsserver.SumArms(nodes)
+		return nodes
 	}
 	nodes = maps.Clone(nodes)
 	for replica, b := range shares {
@@ -87,7 +87,7 @@ func (s *Server) arms() map[uint64]xdsserver.Arm {
 			}
 		}
 	}
-	return xdsserver.SumArms(nodes)
+	return nodes
 }
 
 func requests(arms []xdsserver.Arm) uint64 {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"google.golang.org/protobuf/proto"
@@ -231,10 +232,21 @@ func rolloutSpec(m *operatorv1.RolloutSpec) (rollout.Spec, error) {
 		s.MinRequests = m.GetMinRequests()
 	}
 	for dst, v := range map[*float64]*float64{&s.MaxTTFTP90Ratio: m.MaxTtftP90Ratio, &s.MaxITLP90Ratio: m.MaxItlP90Ratio, &s.MaxErrorRateDelta: m.MaxErrorRateDelta,
-		&s.MaxHitRateDrop: m.MaxHitRateDrop, &s.Alpha: m.Alpha} {
+		&s.MaxHitRateDrop: m.MaxHitRateDrop, &s.Alpha: m.Alpha, &s.MaxTTFTP50Ratio: m.MaxTtftP50Ratio, &s.FastAbortAlpha: m.FastAbortAlpha,
+		&s.MaxShadowOverlapDrop: m.MaxShadowOverlapDrop, &s.MaxShadowLoadRatio: m.MaxShadowLoadRatio, &s.MaxBaselineTTFTP90Ratio: m.MaxBaselineTtftP90Ratio} {
 		if v != nil {
 			*dst = *v
 		}
+	}
+	if m.GetMinGroups() > 0 {
+		s.MinGroups = int(min(m.GetMinGroups(), 1<<20))
+	}
+	if m.GetFastAbortErrors() > 0 {
+		s.FastAbortErrors = m.GetFastAbortErrors()
+	}
+	s.FailureLimit, s.InconclusiveLimit = int(min(m.GetFailureLimit(), 1<<20)), int(min(m.GetInconclusiveLimit(), 1<<20))
+	if m.GetOnInconclusive() != "" {
+		s.OnInconclusive = m.GetOnInconclusive()
 	}
 	if err := s.Validate(); err != nil {
 		return s, fmt.Errorf("%w: %w", api.ErrInvalid, err)
@@ -253,15 +265,19 @@ func rolloutMessage(rec *rolloutRecord, cur rollout.Result) *operatorv1.Rollout 
 	}
 	share, shadow := r.Share()
 	sp := r.Spec
-	ratio, itl, delta, drop, alpha := sp.MaxTTFTP90Ratio, sp.MaxITLP90Ratio, sp.MaxErrorRateDelta, sp.MaxHitRateDrop, sp.Alpha
 	out := &operatorv1.Rollout{Id: rec.ID, State: r.State, Step: int32(r.Step), Share: share, Shadow: shadow,
 		StableVersion: rec.StableVersion, CandidateVersion: rec.Candidate.Version, Candidate: routingMessage(rec.Candidate),
 		Spec: &operatorv1.RolloutSpec{ShadowMs: sp.Shadow.Milliseconds(), Steps: sp.Steps, StepDurationMs: sp.StepDuration.Milliseconds(),
 			MinRequests: sp.MinRequests, StepTimeoutMs: sp.StepTimeout.Milliseconds(),
-			MaxTtftP90Ratio: &ratio, MaxItlP90Ratio: &itl, MaxErrorRateDelta: &delta, MaxHitRateDrop: &drop, Alpha: &alpha},
+			MaxTtftP90Ratio: proto.Float64(sp.MaxTTFTP90Ratio), MaxItlP90Ratio: proto.Float64(sp.MaxITLP90Ratio), MaxErrorRateDelta: proto.Float64(sp.MaxErrorRateDelta),
+			MaxHitRateDrop: proto.Float64(sp.MaxHitRateDrop), Alpha: proto.Float64(sp.Alpha), MinGroups: uint32(sp.MinGroups),
+			MaxTtftP50Ratio: proto.Float64(sp.MaxTTFTP50Ratio), FailureLimit: uint32(sp.FailureLimit), InconclusiveLimit: uint32(sp.InconclusiveLimit),
+			OnInconclusive: sp.OnInconclusive, FastAbortAlpha: proto.Float64(sp.FastAbortAlpha), FastAbortErrors: sp.FastAbortErrors,
+			MaxShadowOverlapDrop: proto.Float64(sp.MaxShadowOverlapDrop), MaxShadowLoadRatio: proto.Float64(sp.MaxShadowLoadRatio),
+			MaxBaselineTtftP90Ratio: proto.Float64(sp.MaxBaselineTTFTP90Ratio)},
 		StartedUnixMs: ms(rec.Started), StepStartedUnixMs: ms(r.StepStart), EndedUnixMs: ms(rec.Ended), Reason: rec.Reason}
 	step := func(x rollout.Result) *operatorv1.RolloutStep {
-		return &operatorv1.RolloutStep{Step: int32(x.Step), Share: x.Share, Verdict: x.Verdict, Reason: x.Reason,
+		st := &operatorv1.RolloutStep{Step: int32(x.Step), Share: x.Share, Verdict: x.Verdict, Reason: x.Reason,
 			StableRequests: x.StableRequests, CandidateRequests: x.CandidateRequests,
 			StableTtftP50: x.StableTTFTP50, CandidateTtftP50: x.CandidateTTFTP50, StableTtftP90: x.StableTTFTP90, CandidateTtftP90: x.CandidateTTFTP90,
 			StableErrorRate: x.StableErrorRate, CandidateErrorRate: x.CandidateErrorRate, StableHitRate: x.StableHitRate, CandidateHitRate: x.CandidateHitRate,
@@ -271,15 +287,39 @@ func rolloutMessage(rec *rolloutRecord, cur rollout.Result) *operatorv1.Rollout 
 			StableServerErrorRate: x.StableServerErrorRate, CandidateServerErrorRate: x.CandidateServerErrorRate,
 			StableRejectionRate: x.StableRejectionRate, CandidateRejectionRate: x.CandidateRejectionRate,
 			StableRegretBlocks: x.StableRegret, CandidateRegretBlocks: x.CandidateRegret,
-			StartUnixMs: ms(x.Start), EndUnixMs: ms(x.End)}
+			StartUnixMs: ms(x.Start), EndUnixMs: ms(x.End),
+			StableRouterErrorRate: x.StableRouterErrorRate, CandidateRouterErrorRate: x.CandidateRouterErrorRate,
+			StableClientErrorRate: x.StableClientErrorRate, CandidateClientErrorRate: x.CandidateClientErrorRate,
+			StableClientGoneRate: x.StableClientGoneRate, CandidateClientGoneRate: x.CandidateClientGoneRate,
+			StableGroups: uint32(x.StableGroups), CandidateGroups: uint32(x.CandidateGroups)}
+		for _, c := range x.Checks {
+			st.Checks = append(st.Checks, &operatorv1.RolloutCheck{Metric: c.Metric, Stable: finite(c.Stable), Candidate: finite(c.Candidate),
+				Effect: finite(c.Effect), Bound: c.Bound, T: finite(c.T), Critical: finite(c.Critical), Beyond: c.Beyond, Failed: c.Failed})
+		}
+		return st
 	}
 	for _, x := range r.Results {
 		out.Steps = append(out.Steps, step(x))
 	}
 	if !r.Done() {
 		out.Current = step(cur)
+		out.Current.Suspect = r.Suspect
 	}
 	return out
+}
+
+// finite is v for JSON, an infinite or undefined figure (a test statistic with no spread)
+// as the largest float.
+func finite(v float64) float64 {
+	switch {
+	case math.IsNaN(v):
+		return 0
+	case math.IsInf(v, 1):
+		return math.MaxFloat64
+	case math.IsInf(v, -1):
+		return -math.MaxFloat64
+	}
+	return v
 }
 
 // storedPolicy is the routing part of an API policy (no candidate; versions are the

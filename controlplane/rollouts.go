@@ -48,7 +48,39 @@ type rollouts struct {
 	cur     *rolloutRecord // the running or latest rollout; nil before the first
 	started time.Time
 	warned  time.Time // the last "no reports" warning
+	// bases are each proxy's figures when the running step began, or when this replica
+	// first heard of the proxy in it (stepBases); history the stable policy's summed
+	// figures now and then, for the baseline of the next rollout.
+	bases   stepBases
+	history []armSnapshot
 }
+
+// stepBases are each proxy's arms (node id → policy version → cumulative figures) at the
+// start of one step of one rollout, or at this replica's first report of the proxy in the
+// step. A step's figures are the sum over proxies of what each served since its base: a
+// proxy that drops out and returns adds what it served meanwhile, never its history from
+// before the step, and one that restarted (its figures fell) counts from nothing.
+type stepBases struct {
+	id    uint64
+	step  int
+	start time.Time
+	nodes map[string]map[uint64]rollout.Arm
+}
+
+// armSnapshot is the stable policy's figures summed over the proxies at a time.
+type armSnapshot struct {
+	at      time.Time
+	version uint64
+	arm     rollout.Arm
+}
+
+// Baseline window: the stable policy's figures over up to baselineWindow before a rollout
+// (at least baselineMin of them), sampled every baselineEvery.
+const (
+	baselineWindow = 5 * time.Minute
+	baselineMin    = time.Minute
+	baselineEvery  = 10 * time.Second
+)
 
 // loadRollout reads the latest rollout from the store.
 func (s *Server) loadRollout() (*rollouts, error) {
@@ -153,9 +185,12 @@ func (c *rollouts) start(cand registry.Policy, spec rollout.Spec) error {
 	if got.Candidate.Version == got.Version {
 		return fmt.Errorf("%w: the candidate routes as the stable policy does", api.ErrInvalid)
 	}
-	arms := c.s.arms()
+	nodes := c.s.nodeArms()
+	arms := xdsserver.SumArms(nodes)
 	r.BaseStable, r.BaseCandidate = armOf(arms, got.Version), armOf(arms, got.Candidate.Version)
+	r.Baseline = c.baseline(now, got.Version, r.BaseStable)
 	rec := &rolloutRecord{ID: id, Candidate: *got.Candidate, StableVersion: got.Version, Started: now, R: r}
+	c.bases = newStepBases(rec, nodes)
 	if err := c.persist(rec); err != nil {
 		return err
 	}
@@ -175,28 +210,122 @@ func armOf(arms map[uint64]xdsserver.Arm, version uint64) rollout.Arm {
 		Shadow: rollout.Shadow(a.Shadow), Rejections: a.Rejections, ServerErrors: a.ServerErrors,
 		ITL:       rollout.Histogram{Bounds: a.ITLBounds, Counts: a.ITLCounts},
 		Decisions: a.Decisions, RegretBlocks: a.RegretBlocks,
-		Hits: rollout.Histogram{Bounds: a.HitBounds, Counts: a.HitCounts}}
+		Hits:         rollout.Histogram{Bounds: a.HitBounds, Counts: a.HitCounts},
+		RouterErrors: a.RouterErrors, ClientErrors: a.ClientErrors, ClientGone: a.ClientGone,
+		Groups: groupsOf(a.Groups)}
 }
 
-// tick judges the running step with the arms reported now, and applies a transition.
+// groupsOf is the conversation groups of a summed arm as the state machine takes them.
+func groupsOf(gs []xdsserver.ArmGroup) []rollout.Group {
+	out := make([]rollout.Group, len(gs))
+	for i, g := range gs {
+		out[i] = rollout.Group{ID: g.Group, Requests: g.Requests, RouterErrors: g.RouterErrors, ClientErrors: g.ClientErrors,
+			ClientGone: g.ClientGone, CachedBlocks: g.CachedBlocks, PromptBlocks: g.PromptBlocks, TTFT: g.TTFTCounts, ITL: g.ITLCounts}
+	}
+	return out
+}
+
+// newStepBases are the bases of rec's running step: every proxy's arms now.
+func newStepBases(rec *rolloutRecord, nodes map[string][]xdsserver.Arm) stepBases {
+	b := stepBases{id: rec.ID, step: rec.R.Step, start: rec.R.StepStart, nodes: map[string]map[uint64]rollout.Arm{}}
+	for node, arms := range nodes {
+		b.nodes[node] = map[uint64]rollout.Arm{}
+		for _, a := range arms {
+			b.nodes[node][a.Version] = armOf(map[uint64]xdsserver.Arm{a.Version: a}, a.Version)
+		}
+	}
+	return b
+}
+
+// stepArms are rec's two arms as cumulative figures whose growth since the step's bases is
+// what the proxies served in the step (stepBases): the bases rec keeps plus each proxy's
+// figures since its own base. Proxies first heard of now take their figures now as base.
+func (c *rollouts) stepArms(rec *rolloutRecord, nodes map[string][]xdsserver.Arm) (stable, cand rollout.Arm) {
+	r := rec.R
+	if b := &c.bases; b.id != rec.ID || b.step != r.Step || !b.start.Equal(r.StepStart) || b.nodes == nil {
+		*b = newStepBases(rec, nodes)
+	}
+	stable, cand = r.BaseStable, r.BaseCandidate
+	for node, arms := range nodes {
+		bases := c.bases.nodes[node]
+		if bases == nil {
+			bases = map[uint64]rollout.Arm{}
+			c.bases.nodes[node] = bases
+		}
+		for _, a := range arms {
+			if a.Version != rec.StableVersion && a.Version != rec.Candidate.Version {
+				continue
+			}
+			cur := armOf(map[uint64]xdsserver.Arm{a.Version: a}, a.Version)
+			base, ok := bases[a.Version]
+			switch {
+			case !ok:
+				bases[a.Version] = cur // first heard of in the step: from now on
+				continue
+			case cur.Requests < base.Requests:
+				base = rollout.Arm{} // restarted: all of it since
+				bases[a.Version] = base
+			}
+			if a.Version == rec.StableVersion {
+				stable = stable.Add(cur.Sub(base))
+			} else {
+				cand = cand.Add(cur.Sub(base))
+			}
+		}
+	}
+	return stable, cand
+}
+
+// record keeps the stable policy's summed figures every baselineEvery for baselineWindow.
+func (c *rollouts) record(now time.Time, arms map[uint64]xdsserver.Arm) {
+	if n := len(c.history); n > 0 && now.Sub(c.history[n-1].at) < baselineEvery {
+		return
+	}
+	v := c.s.reg.Policy().Version
+	if _, ok := arms[v]; !ok {
+		return
+	}
+	c.history = append(c.history, armSnapshot{at: now, version: v, arm: armOf(arms, v)})
+	for len(c.history) > 0 && now.Sub(c.history[0].at) > baselineWindow+baselineEvery {
+		c.history = c.history[1:]
+	}
+}
+
+// baseline is the stable policy version's figures from the oldest snapshot within
+// baselineWindow (at least baselineMin old) to cur; none without one.
+func (c *rollouts) baseline(now time.Time, version uint64, cur rollout.Arm) rollout.Arm {
+	for _, h := range c.history {
+		if h.version == version && now.Sub(h.at) <= baselineWindow+baselineEvery && now.Sub(h.at) >= baselineMin && cur.Requests >= h.arm.Requests {
+			return cur.Sub(h.arm)
+		}
+	}
+	return rollout.Arm{}
+}
+
+// tick judges the running step with the arms reported now, and applies a transition;
+// between rollouts it keeps the stable policy's recent figures for the next one's baseline.
 func (c *rollouts) tick() {
 	running := func(rec *rolloutRecord) bool {
 		return rec != nil && (rec.R.State == rollout.StateShadow || rec.R.State == rollout.StateCanary)
 	}
 	c.mu.Lock()
-	idle := !running(c.cur) || c.now().Sub(c.started) < c.settle
+	settling := c.now().Sub(c.started) < c.settle
+	idle := !running(c.cur) || settling
+	due := len(c.history) == 0 || c.now().Sub(c.history[len(c.history)-1].at) >= baselineEvery
 	c.mu.Unlock()
-	if idle {
+	if idle && (settling || !due) {
 		return
 	}
-	arms := c.s.arms() // other replicas' shares are read without the lock
+	nodes := c.s.nodeArms() // other replicas' shares are read without the lock
+	arms := xdsserver.SumArms(nodes)
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	now := c.now()
 	rec := c.cur
 	if !running(rec) {
+		c.record(now, arms)
 		return
 	}
-	now := c.now()
 	if _, ok := arms[rec.StableVersion]; !ok {
 		// No proxy reports the stable arm (none connected, or their load reports went
 		// stale): nothing to judge on, and the step waits.
@@ -206,10 +335,12 @@ func (c *rollouts) tick() {
 		}
 		return
 	}
-	st, ca := armOf(arms, rec.StableVersion), armOf(arms, rec.Candidate.Version)
-	rec.R.Rebase(st, ca)
+	st, ca := c.stepArms(rec, nodes)
 	if !rec.R.Advance(now, st, ca) {
 		return
+	}
+	if !rec.R.Done() {
+		c.bases = newStepBases(rec, nodes) // a new step (or the step again) from these figures
 	}
 	if rec.R.Done() {
 		rec.Ended = now
@@ -336,8 +467,15 @@ func (c *rollouts) latest() (*rolloutRecord, rollout.Result, error) {
 	rec.R = c.cur.R.Clone()
 	var cur rollout.Result
 	if !rec.R.Done() {
-		arms := c.s.arms()
-		cur = rec.R.Current(armOf(arms, rec.StableVersion), armOf(arms, rec.Candidate.Version))
+		nodes := c.s.nodeArms()
+		if c.s.opts.Leader.Leading() {
+			cur = rec.R.Current(c.stepArms(c.cur, nodes))
+		} else {
+			// A follower shows the step from the leader's bases and every proxy's figures
+			// summed (its own proxy bases would start when it was first asked).
+			arms := xdsserver.SumArms(nodes)
+			cur = rec.R.Current(armOf(arms, rec.StableVersion), armOf(arms, rec.Candidate.Version))
+		}
 	}
 	return &rec, cur, nil
 }

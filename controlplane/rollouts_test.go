@@ -13,6 +13,8 @@ import (
 	"github.com/kvrelay/kvrelay/controlplane/api"
 	operatorv1 "github.com/kvrelay/kvrelay/controlplane/api/v1"
 	"github.com/kvrelay/kvrelay/controlplane/registry"
+	"github.com/kvrelay/kvrelay/controlplane/rollout"
+	xdsserver "github.com/kvrelay/kvrelay/xds/server"
 )
 
 // TestRolloutSpecDefaults: unset fields take the defaults, a step duration alone brings a
@@ -144,5 +146,47 @@ func TestAbortFindsACandidateUnderANewVersion(t *testing.T) {
 	}
 	if pol := s.reg.Policy(); pol.Candidate != nil {
 		t.Fatalf("after the abort the policy still carries candidate version %d", pol.Candidate.Version)
+	}
+}
+
+// TestStepFiguresPerProxy: a step's figures are what each proxy served since the step
+// began. A proxy that drops out and comes back adds what it served meanwhile, not its
+// history from before the step; one that restarted counts from nothing; one first heard of
+// in the step counts from then.
+func TestStepFiguresPerProxy(t *testing.T) {
+	arm := func(v, n uint64) xdsserver.Arm {
+		return xdsserver.Arm{Version: v, Requests: n, RouterErrors: n / 10,
+			Groups: []xdsserver.ArmGroup{{Group: uint32(n % 7), Requests: n, RouterErrors: n / 10}}}
+	}
+	r, err := rollout.New(rollout.DefaultSpec(), time.Unix(1_800_000_000, 0), rollout.Arm{}, rollout.Arm{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &rolloutRecord{ID: 1, StableVersion: 1, Candidate: registry.Policy{Version: 2}, R: r}
+	c := &rollouts{}
+	nodes := map[string][]xdsserver.Arm{"a": {arm(1, 1000), arm(2, 100)}, "b": {arm(1, 5000), arm(2, 500)}}
+	r.BaseStable, r.BaseCandidate = armOf(xdsserver.SumArms(nodes), 1), armOf(xdsserver.SumArms(nodes), 2)
+	c.bases = newStepBases(rec, nodes)
+	step := func(nodes map[string][]xdsserver.Arm) (uint64, uint64) {
+		st, ca := c.stepArms(rec, nodes)
+		return st.Sub(r.BaseStable).Requests, ca.Sub(r.BaseCandidate).Requests
+	}
+	if s, k := step(map[string][]xdsserver.Arm{"a": {arm(1, 1100), arm(2, 110)}, "b": {arm(1, 5200), arm(2, 520)}}); s != 300 || k != 30 {
+		t.Fatalf("both proxies: %d stable, %d candidate requests in the step; want 300, 30", s, k)
+	}
+	// b drops out: its figures stop counting, a's go on.
+	if s, k := step(map[string][]xdsserver.Arm{"a": {arm(1, 1200), arm(2, 120)}}); s != 200 || k != 20 {
+		t.Fatalf("b away: %d, %d; want 200, 20", s, k)
+	}
+	// b returns having served 400 more: those count, its 5000 from before the step do not.
+	if s, k := step(map[string][]xdsserver.Arm{"a": {arm(1, 1200), arm(2, 120)}, "b": {arm(1, 5400), arm(2, 540)}}); s != 600 || k != 60 {
+		t.Fatalf("b back: %d, %d; want 600, 60", s, k)
+	}
+	// a restarts (its figures fall to 50): its 50 since count; c is new with 9000: from now.
+	if s, k := step(map[string][]xdsserver.Arm{"a": {arm(1, 50), arm(2, 5)}, "b": {arm(1, 5400), arm(2, 540)}, "c": {arm(1, 9000), arm(2, 900)}}); s != 450 || k != 45 {
+		t.Fatalf("a restarted, c new: %d, %d; want 450, 45", s, k)
+	}
+	if s, k := step(map[string][]xdsserver.Arm{"a": {arm(1, 60), arm(2, 6)}, "b": {arm(1, 5400), arm(2, 540)}, "c": {arm(1, 9100), arm(2, 910)}}); s != 560 || k != 56 {
+		t.Fatalf("later: %d, %d; want 560, 56", s, k)
 	}
 }

@@ -26,22 +26,31 @@ func ctlRolloutCmd(o *ctlOptions) *cobra.Command {
 		Use:   "rollout",
 		Short: "Roll a candidate routing policy out step by step, judged against the stable one",
 		Long: `rollout puts a candidate policy beside the stable one. Proxies route the candidate's share
-of the requests with it, each session (or prompt) always with the same policy, and report
-both arms (kvrelay_proxy_policy_ttft_seconds{policy_version}, ...); in shadow they route
-every request with the stable policy and record the candidate's picks. The control plane
-judges each step over its interval (TTFT p90 with a rank test, error rate, prefix hit
-rate): a pass moves to the next share, a fail rolls back at once, too few requests wait
-up to the step timeout and then roll back; after the last step the candidate becomes the
-stable policy.`,
+of the conversations with it (every request of a session, user or prompt with the same
+policy) and report both arms by conversation group; in shadow they route every request with
+the stable policy and record the candidate's picks. The control plane judges each step on
+conversation groups, not requests: TTFT p90 and p50, ITL p90, the router's error rate (5xx
+and broken streams; client errors and clients that left are shown apart) and the prefix hit
+rate, each failing only when worse than its bound and significant (Student's t on the
+groups). A step that passes moves on; one worse than a bound but not yet beyond doubt runs
+on until its figures double, up to its timeout; one that fails rolls back (or runs again,
+--failure-limit); one without enough conversations by its timeout pauses for an operator
+(--on-inconclusive rollback to roll back). A candidate whose router errors are unmistakable
+is rolled back within seconds; the shadow step fails on picks that cache less or load more;
+a stable arm slower than before the rollout (a candidate loading the workers both arms
+share) pauses it. After the last step the candidate becomes the stable policy.`,
 	}
 	var (
 		file                   string
 		shadow, stepDur, stepT time.Duration
 		steps                  []float64
 		minReq                 uint64
+		minGroups              uint32
 		ratio, itl, errDelta   float64
 		drop                   float64
 		alpha                  float64
+		failLimit, inconLimit  uint32
+		onIncon                string
 	)
 	start := &cobra.Command{
 		Use:   "start --candidate-file FILE",
@@ -67,7 +76,8 @@ stable policy.`,
 				return fmt.Errorf("--candidate-file %s: %w", file, err)
 			}
 			spec := &operatorv1.RolloutSpec{ShadowMs: shadow.Milliseconds(), StepDurationMs: stepDur.Milliseconds(),
-				StepTimeoutMs: stepT.Milliseconds(), MinRequests: minReq}
+				StepTimeoutMs: stepT.Milliseconds(), MinRequests: minReq, MinGroups: minGroups,
+				FailureLimit: failLimit, InconclusiveLimit: inconLimit, OnInconclusive: onIncon}
 			for _, pct := range steps {
 				if !(pct > 0 && pct <= 100) {
 					return fmt.Errorf("--steps %v: each a percentage in (0, 100]", steps)
@@ -76,7 +86,9 @@ stable policy.`,
 			}
 			fs := cmd.Flags()
 			for name, v := range map[string]**float64{"max-ttft-p90-ratio": &spec.MaxTtftP90Ratio, "max-itl-p90-ratio": &spec.MaxItlP90Ratio, "max-error-rate-delta": &spec.MaxErrorRateDelta,
-				"max-hit-rate-drop": &spec.MaxHitRateDrop, "alpha": &spec.Alpha} {
+				"max-hit-rate-drop": &spec.MaxHitRateDrop, "alpha": &spec.Alpha, "max-ttft-p50-ratio": &spec.MaxTtftP50Ratio,
+				"fast-abort-alpha": &spec.FastAbortAlpha, "max-shadow-overlap-drop": &spec.MaxShadowOverlapDrop,
+				"max-shadow-load-ratio": &spec.MaxShadowLoadRatio, "max-baseline-ttft-p90-ratio": &spec.MaxBaselineTtftP90Ratio} {
 				if fs.Changed(name) {
 					x, _ := fs.GetFloat64(name)
 					*v = &x
@@ -90,13 +102,22 @@ stable policy.`,
 	fs.DurationVar(&shadow, "shadow", 0, "run the candidate in shadow this long first (0: no shadow step)")
 	fs.Float64SliceVar(&steps, "steps", nil, "the candidate's shares of the requests, in percent, increasing (default 5,25,50,100)")
 	fs.DurationVar(&stepDur, "step-duration", 0, "least time each step runs (default 2m)")
-	fs.DurationVar(&stepT, "step-timeout", 0, "most time a step waits for its requests before it rolls back (default 5 step durations)")
-	fs.Uint64Var(&minReq, "min-requests", 0, "least requests of each arm a step must see (default 200)")
-	fs.Float64Var(&ratio, "max-ttft-p90-ratio", 1.10, "a step fails when the candidate's TTFT p90 exceeds this times the stable one's and the rank test agrees")
-	fs.Float64Var(&itl, "max-itl-p90-ratio", 1.10, "the same test on the gaps between streamed tokens (0: not judged)")
-	fs.Float64Var(&errDelta, "max-error-rate-delta", 0.005, "a step fails when the candidate's error rate exceeds the stable one's by more than this")
-	fs.Float64Var(&drop, "max-hit-rate-drop", 0.02, "a step fails when the candidate's prefix hit rate falls short of the stable one's by more than this")
-	fs.Float64Var(&alpha, "alpha", 0.001, "significance level of the rank tests (TTFT, ITL, per-request hit ratios)")
+	fs.DurationVar(&stepT, "step-timeout", 0, "most time a step runs: waiting for its conversations, or running on while a figure is worse than its bound but not yet beyond doubt (default 5 step durations)")
+	fs.Uint64Var(&minReq, "min-requests", 0, "least requests of each arm a step must see (default 30)")
+	fs.Uint32Var(&minGroups, "min-groups", 0, "least conversation groups of each arm a step must see (default 3)")
+	fs.Float64Var(&ratio, "max-ttft-p90-ratio", 1.10, "a step fails when the candidate's TTFT p90 exceeds this times the stable one's, significantly")
+	fs.Float64Var(new(float64), "max-ttft-p50-ratio", 1.10, "the same for the TTFT median (0: not judged)")
+	fs.Float64Var(&itl, "max-itl-p90-ratio", 1.10, "the same on the gaps between streamed tokens (0: not judged)")
+	fs.Float64Var(&errDelta, "max-error-rate-delta", 0.005, "a step fails when the candidate's router error rate (5xx, broken streams) exceeds the stable one's by more than this, significantly")
+	fs.Float64Var(&drop, "max-hit-rate-drop", 0.02, "a step fails when the candidate's prefix hit rate falls short of the stable one's by more than this, significantly")
+	fs.Float64Var(&alpha, "alpha", 0.0005, "significance level of each figure's test in a step (one-sided; shared among the step's looks)")
+	fs.Uint32Var(&failLimit, "failure-limit", 0, "failed steps run again before the rollout rolls back")
+	fs.Uint32Var(&inconLimit, "inconclusive-limit", 0, "inconclusive steps run again before --on-inconclusive applies")
+	fs.StringVar(&onIncon, "on-inconclusive", "", "what a step without enough conversations by its timeout does: pause (the default: an operator resumes, promotes or aborts) or rollback")
+	fs.Float64Var(new(float64), "fast-abort-alpha", 1e-5, "roll back at once a candidate whose router errors have less than this chance at the stable arm's rate (0: never)")
+	fs.Float64Var(new(float64), "max-shadow-overlap-drop", 0.25, "the shadow step fails when the candidate's picks cache this share fewer prompt blocks (0: not judged)")
+	fs.Float64Var(new(float64), "max-shadow-load-ratio", 2, "the shadow step fails when the candidate's picks carry this times the load (0: not judged)")
+	fs.Float64Var(new(float64), "max-baseline-ttft-p90-ratio", 1.25, "a step pauses when the stable arm's TTFT p90 exceeds this times its p90 before the rollout, significantly (0: not judged)")
 	_ = start.MarkFlagRequired("candidate-file")
 	status := &cobra.Command{
 		Use:   "status",
@@ -157,7 +178,7 @@ func ctlRolloutTable(w io.Writer, r *operatorv1.Rollout) {
 		fmt.Fprintf(w, "reason: %s\n", r.Reason)
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "STEP\tSHARE\tVERDICT\tREQUESTS s/c\tTTFT P50 s/c\tTTFT P90 s/c\tITL P90 s/c\tERRORS s/c\tREJECTED s/c\tHIT RATE s/c\tREGRET s/c\tREASON")
+	fmt.Fprintln(tw, "STEP\tSHARE\tVERDICT\tREQUESTS s/c\tGROUPS s/c\tTTFT P50 s/c\tTTFT P90 s/c\tITL P90 s/c\tROUTER ERRORS s/c\tCLIENT ERRORS s/c\tCLIENTS GONE s/c\tHIT RATE s/c\tREGRET s/c\tREASON")
 	row := func(x *operatorv1.RolloutStep, verdict string) {
 		name, reason := strconv.Itoa(int(x.Step)+1), x.Reason
 		if x.Step < 0 {
@@ -167,11 +188,15 @@ func ctlRolloutTable(w io.Writer, r *operatorv1.Rollout) {
 					pct(x.ShadowDisagreement), x.ShadowPicks, x.ShadowCandidateOverlap, x.ShadowStableOverlap, x.ShadowCandidateLoad, x.ShadowStableLoad)
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d\t%s/%s\t%s/%s\t%.1f/%.1fms\t%s/%s\t%s/%s\t%s/%s\t%.1f/%.1f\t%s\n", name, pct(x.Share), verdict,
-			x.StableRequests, x.CandidateRequests, msec(x.StableTtftP50), msec(x.CandidateTtftP50), msec(x.StableTtftP90), msec(x.CandidateTtftP90),
-			1e3*x.StableItlP90, 1e3*x.CandidateItlP90, pct(x.StableErrorRate), pct(x.CandidateErrorRate),
-			pct(x.StableRejectionRate), pct(x.CandidateRejectionRate), pct(x.StableHitRate), pct(x.CandidateHitRate),
-			x.StableRegretBlocks, x.CandidateRegretBlocks, reason)
+		if x.Suspect != "" {
+			reason = "running on: " + x.Suspect
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d\t%d/%d\t%s/%s\t%s/%s\t%.1f/%.1fms\t%s/%s\t%s/%s\t%s/%s\t%s/%s\t%.1f/%.1f\t%s\n", name, pct(x.Share), verdict,
+			x.StableRequests, x.CandidateRequests, x.StableGroups, x.CandidateGroups,
+			msec(x.StableTtftP50), msec(x.CandidateTtftP50), msec(x.StableTtftP90), msec(x.CandidateTtftP90),
+			1e3*x.StableItlP90, 1e3*x.CandidateItlP90, pct(x.StableRouterErrorRate), pct(x.CandidateRouterErrorRate),
+			pct(x.StableClientErrorRate), pct(x.CandidateClientErrorRate), pct(x.StableClientGoneRate), pct(x.CandidateClientGoneRate),
+			pct(x.StableHitRate), pct(x.CandidateHitRate), x.StableRegretBlocks, x.CandidateRegretBlocks, reason)
 	}
 	for _, x := range r.Steps {
 		row(x, x.Verdict)
@@ -180,6 +205,16 @@ func ctlRolloutTable(w io.Writer, r *operatorv1.Rollout) {
 		row(x, "running")
 	}
 	tw.Flush()
+	// The figures the last judged step was judged on.
+	if n := len(r.Steps); n > 0 && len(r.Steps[n-1].Checks) > 0 {
+		fmt.Fprintf(w, "\nstep %d judged on (stable, candidate, effect against its bound, t against its critical value):\n", r.Steps[n-1].Step+1)
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "FIGURE\tSTABLE\tCANDIDATE\tEFFECT\tBOUND\tT\tCRITICAL\tFAILED")
+		for _, c := range r.Steps[n-1].Checks {
+			fmt.Fprintf(tw, "%s\t%.4g\t%.4g\t%.3f\t%.3f\t%.2f\t%.2f\t%v\n", c.Metric, c.Stable, c.Candidate, c.Effect, c.Bound, c.T, c.Critical, c.Failed)
+		}
+		tw.Flush()
+	}
 }
 
 // ctlHistoryCmd is `kvrelay ctl policy history`: the policy's changes, the latest first.

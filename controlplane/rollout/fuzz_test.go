@@ -6,31 +6,40 @@ import (
 	"testing"
 )
 
-// FuzzAnalysis: histograms summed from proxies' reports, whatever their counts, give a
-// quantile within the bounds (or NaN when empty) and a rank test that never panics.
+// FuzzAnalysis: histograms and conversation groups summed from proxies' reports, whatever
+// their counts, give a quantile within the bounds (or NaN when empty) and a comparison that
+// never panics and never fails an arm against itself.
 func FuzzAnalysis(f *testing.F) {
 	f.Add([]byte{1, 0, 2, 0, 3, 0, 4, 0, 0, 0, 9, 0})
+	f.Add([]byte{255, 255, 0, 0, 0, 0, 7, 0, 1, 0, 0, 0, 255, 255, 3, 0, 0, 0, 9, 9})
 	f.Fuzz(func(t *testing.T, raw []byte) {
 		bounds := []float64{0.01, 0.1, 1, 10, 100}
 		a := Histogram{Bounds: bounds, Counts: make([]uint64, len(bounds)+1)}
-		b := Histogram{Bounds: bounds, Counts: make([]uint64, len(bounds)+1)}
-		for i := 0; i+2 <= len(raw) && i/2 < 2*len(a.Counts); i += 2 {
+		var groups []Group
+		for i := 0; i+2 <= len(raw); i += 2 {
 			c := uint64(binary.LittleEndian.Uint16(raw[i:]))
-			if j := i / 2; j < len(a.Counts) {
-				a.Counts[j] = c
-			} else {
-				b.Counts[j-len(a.Counts)] = c
+			j := (i / 2) % len(a.Counts)
+			a.Counts[j] += c
+			if j == 0 {
+				groups = append(groups, Group{ID: uint32(len(groups)), TTFT: make([]uint64, len(bounds)+1)})
 			}
+			g := &groups[len(groups)-1]
+			g.TTFT[j] += c
+			g.Requests += c
+			g.RouterErrors += c % 3
+			g.PromptBlocks += 10 * c
+			g.CachedBlocks += c * uint64(j)
 		}
-		for _, h := range []Histogram{a, b} {
-			q := h.Quantile(0.9)
-			if h.Total() == 0 != math.IsNaN(q) || !math.IsNaN(q) && (q < 0 || q > bounds[len(bounds)-1]) {
-				t.Fatalf("p90 %v of %v", q, h.Counts)
+		q := a.Quantile(0.9)
+		if a.Total() == 0 != math.IsNaN(q) || !math.IsNaN(q) && (q < 0 || q > bounds[len(bounds)-1]) {
+			t.Fatalf("p90 %v of %v", q, a.Counts)
+		}
+		s := DefaultSpec()
+		arm := Arm{TTFT: a, Groups: groups}
+		for _, c := range compare(s.metrics(), sampleOf(arm), sampleOf(arm), s.Alpha) {
+			if c.Failed || math.IsNaN(c.T) {
+				t.Fatalf("an arm against itself: %+v", c)
 			}
-		}
-		_ = Slower(a, b, 0.001)
-		if Slower(a, a, 0.001) {
-			t.Fatalf("%v slower than itself", a.Counts)
 		}
 	})
 }

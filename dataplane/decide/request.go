@@ -89,7 +89,10 @@ type Request struct {
 
 	dec route.Decision
 	arm *armSeries // the policy version that routed this request
-	pd  pdState
+	// group is its conversation group in the arm's figures (-1: not computed yet); end how
+	// its answer ended (end*).
+	group, end int
+	pd         pdState
 
 	t   tally
 	obs oai.Observer
@@ -171,6 +174,7 @@ func (r *Request) Init(c *Core, scratch *route.Request, legs bool) {
 // hints (SetHints) are the carrier's to set, before or after.
 func (r *Request) Start(kind oai.Kind, now int64, timed bool) {
 	r.kind, r.model, r.arm, r.decID = kind, "", nil, 0
+	r.group, r.end = -1, endAnswered
 	r.timed, r.untimed = timed, false
 	r.arrived = now
 	// A new request: the queue item of the carrier's last one (dequeued and served) is not

@@ -56,7 +56,31 @@ type armSeries struct {
 	// In shadow: decisions, disagreements, and the sums of each pick's overlap and worker
 	// load (in the order of the shadow constants).
 	shadowSums [shadowFields]atomic.Uint64
+	// routerErr counts the answers the routing is answerable for (5xx, broken streams),
+	// clientErr the 4xx other than 429, gone the requests whose client left first.
+	routerErr, clientErr, gone atomic.Uint64
+	// groups are the same figures split by conversation (armGroupOf).
+	groups [armGroups]armGroup
 }
+
+// armGroups is how many conversation groups an arm's figures are split into: enough
+// independent samples for a rollout's analysis to resample, few enough to report.
+const armGroups = 64
+
+// armGroup is one conversation group's figures in an arm.
+type armGroup struct {
+	requests, routerErr, clientErr, gone atomic.Uint64
+	cached, prompt                       atomic.Uint64
+	ttft                                 [len(armTTFTBounds) + 1]atomic.Uint64
+	itl                                  [len(armITLBounds) + 1]atomic.Uint64
+}
+
+// How an answered request ends, for its arm (Request.ClientGone, Request.Broken).
+const (
+	endAnswered = iota // by its status
+	endGone            // the client went away before its answer ended
+	endBroken          // its stream broke after its head: the router's failure
+)
 
 // The shadow sums of an arm, in armSeries.shadowSums.
 const (
@@ -88,22 +112,28 @@ func bucket(bounds []float64, v float64) int {
 	return i
 }
 
-// armITL passes each inter-token gap to the model's histogram and to the request's arm.
+// armITL passes each inter-token gap to the model's histogram and to the request's arm
+// and conversation group.
 type armITL struct {
 	model prometheus.Observer
 	arm   *armSeries
+	group int
 }
 
 func (t *armITL) Observe(v float64) {
 	t.model.Observe(v)
-	t.arm.itlCounts[bucket(armITLBounds[:], v)].Add(1)
+	b := bucket(armITLBounds[:], v)
+	t.arm.itlCounts[b].Add(1)
+	t.arm.groups[t.group].itl[b].Add(1)
 }
 
-// observe records one answered request of the arm: its status, its TTFT when it had a
-// first token, and, when the engine reported its cache, the prompt blocks cached of those
-// it had.
-func (a *armSeries) observe(status int, ttft float64, hasTTFT bool, cached, prompt int) {
+// observe records one answered request of the arm in its conversation group: its status
+// and how it ended (end*), its TTFT when it had a first token, and, when the engine
+// reported its cache, the prompt blocks cached of those it had.
+func (a *armSeries) observe(group, status, end int, ttft float64, hasTTFT bool, cached, prompt int) {
+	g := &a.groups[group]
 	a.requests.Add(1)
+	g.requests.Add(1)
 	switch {
 	case status >= 200 && status < 300:
 		a.ok.Inc()
@@ -117,14 +147,29 @@ func (a *armSeries) observe(status int, ttft float64, hasTTFT bool, cached, prom
 			a.server5xx.Add(1)
 		}
 	}
+	switch {
+	case end == endGone || status == 499:
+		a.gone.Add(1)
+		g.gone.Add(1)
+	case end == endBroken || status >= 500 || status == 429:
+		a.routerErr.Add(1)
+		g.routerErr.Add(1)
+	case status >= 400:
+		a.clientErr.Add(1)
+		g.clientErr.Add(1)
+	}
 	if hasTTFT {
+		b := bucket(armTTFTBounds[:], ttft)
 		a.ttft.Observe(ttft)
-		a.ttftCounts[bucket(armTTFTBounds[:], ttft)].Add(1)
+		a.ttftCounts[b].Add(1)
+		g.ttft[b].Add(1)
 	}
 	if prompt > 0 {
 		c := max(min(cached, prompt), 0)
 		a.cached.Add(uint64(c))
 		a.prompt.Add(uint64(prompt))
+		g.cached.Add(uint64(c))
+		g.prompt.Add(uint64(prompt))
 		a.hitCounts[bucket(armHitBounds[:], float64(c)/float64(prompt))].Add(1)
 	}
 }
@@ -149,6 +194,24 @@ func (a *armSeries) report() *xdsv1.ArmReport {
 	}
 	for i := range a.hitCounts {
 		r.HitCounts[i] = a.hitCounts[i].Load()
+	}
+	r.RouterErrors, r.ClientErrors, r.ClientGone = a.routerErr.Load(), a.clientErr.Load(), a.gone.Load()
+	for i := range a.groups {
+		g := &a.groups[i]
+		n := g.requests.Load()
+		if n == 0 {
+			continue
+		}
+		rg := &xdsv1.ArmGroup{Group: uint32(i), Requests: n, RouterErrors: g.routerErr.Load(), ClientErrors: g.clientErr.Load(),
+			ClientGone: g.gone.Load(), CachedBlocks: g.cached.Load(), PromptBlocks: g.prompt.Load(),
+			TtftCounts: make([]uint64, len(g.ttft)), ItlCounts: make([]uint64, len(g.itl))}
+		for j := range g.ttft {
+			rg.TtftCounts[j] = g.ttft[j].Load()
+		}
+		for j := range g.itl {
+			rg.ItlCounts[j] = g.itl[j].Load()
+		}
+		r.Groups = append(r.Groups, rg)
 	}
 	return r
 }
@@ -289,6 +352,18 @@ func (c *Core) ApplyCandidate(pool *route.Pool, index prefix.Index, p *Candidate
 // unchanged as a conversation grows), else its model and the start of its body. Every
 // proxy and every restart places it alike.
 func (r *Request) splitFraction() float64 {
+	return float64(r.splitHash()>>11) / (1 << 53)
+}
+
+// armGroupOf is the request's conversation group in its arm's figures: the low bits of the
+// hash whose high bits place it in the split, so that every request of a conversation
+// falls in one group on every proxy.
+func (r *Request) armGroupOf() int {
+	return int(r.splitHash() % armGroups)
+}
+
+// splitHash is the hash of what keeps the request's conversation together (splitFraction).
+func (r *Request) splitHash() uint64 {
 	var h uint64
 	switch rr := &r.rreq; {
 	case rr.SessionID != "":
@@ -302,7 +377,7 @@ func (r *Request) splitFraction() float64 {
 	default:
 		h = xxh3.Hash(append(append([]byte(nil), r.oreq.Model...), r.body[:min(len(r.body), 1024)]...))
 	}
-	return float64(h>>11) / (1 << 53)
+	return h
 }
 
 // usesIndex reports whether a policy routing now matches prompts against the index: the

@@ -2,6 +2,7 @@ package decide
 
 import (
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -150,18 +151,28 @@ func TestSplitWithoutSessions(t *testing.T) {
 	push(t, s, 7, pushed("kv", 64, 8, 0.1), &Candidate{Version: 8, Config: pushed("round-robin", 0, 0, 0), Share: 0.5})
 	fraction := func(body []byte) float64 { return prepared(t, s, body, "").splitFraction() }
 	below := 0
+	groups := map[int]bool{}
 	for f := range 40 {
 		prefix := "family " + strconv.Itoa(f) + " "
 		a, b := fraction(chat8kWith(prefix, "first turn")), fraction(chat8kWith(prefix, "a later turn"))
 		if a != b {
 			t.Fatalf("family %d: its turns split at %v and %v", f, a, b)
 		}
+		// A conversation's turns count in one group of its arm's figures too.
+		first, later := prepared(t, s, chat8kWith(prefix, "first turn"), ""), prepared(t, s, chat8kWith(prefix, "a later turn"), "")
+		if first.armGroupOf() != later.armGroupOf() {
+			t.Fatalf("family %d: its turns in groups %d and %d", f, first.armGroupOf(), later.armGroupOf())
+		}
+		groups[first.armGroupOf()] = true
 		if a < 0.5 {
 			below++
 		}
 	}
 	if below < 10 || below > 30 {
 		t.Fatalf("%d of 40 system prompts below the split at 0.5: the template's opening decides", below)
+	}
+	if len(groups) < 20 {
+		t.Fatalf("40 conversations in %d of %d groups", len(groups), armGroups)
 	}
 	// Prompts that share their first 600 tokens (one system prompt for the whole fleet)
 	// still split by what follows.
@@ -183,15 +194,32 @@ func TestSplitWithoutSessions(t *testing.T) {
 }
 
 // TestArmReportCountsEveryFigure: an arm's report carries its answers by kind (errors,
-// rejections, 5xx), its TTFT and inter-token gaps in their buckets, and its decisions'
-// regret.
+// rejections, 5xx; the routing's failures apart from the clients'), its TTFT and
+// inter-token gaps in their buckets, its decisions' regret, and the same figures by
+// conversation group.
 func TestArmReportCountsEveryFigure(t *testing.T) {
 	s := rolloutCore(t)
 	a := s.newArmSeries("kv", "5")
 	for _, st := range []int{200, 200, 429, 503, 500, 400} {
-		a.observe(st, 0.03, st == 200, 3, 4)
+		a.observe(7, st, endAnswered, 0.03, st == 200, 3, 4)
 	}
-	itl := armITL{model: s.m.itl.WithLabelValues("m"), arm: a}
+	a.observe(9, 200, endGone, 0.03, true, 0, 4)   // the client left mid-stream
+	a.observe(9, 499, endAnswered, 0, false, 0, 0) // before any answer (ext_proc)
+	a.observe(9, 200, endBroken, 0.03, true, 0, 4) // the stream broke: the router's failure
+	if r := a.report(); r.Requests != 9 || r.RouterErrors != 4 || r.ClientErrors != 1 || r.ClientGone != 2 || len(r.Groups) != 2 {
+		t.Fatalf("requests %d, router errors %d, client errors %d, gone %d, %d groups; want 9, 4, 1, 2, 2",
+			r.Requests, r.RouterErrors, r.ClientErrors, r.ClientGone, len(r.Groups))
+	} else if g := r.Groups[0]; g.Group != 7 || g.Requests != 6 || g.RouterErrors != 3 || g.ClientErrors != 1 || g.ClientGone != 0 ||
+		g.TtftCounts[bucket(armTTFTBounds[:], 0.03)] != 2 || g.CachedBlocks != 18 || g.PromptBlocks != 24 {
+		t.Fatalf("group %v", g)
+	} else if g := r.Groups[1]; g.Group != 9 || g.Requests != 3 || g.RouterErrors != 1 || g.ClientGone != 2 {
+		t.Fatalf("group %v", g)
+	}
+	a = s.newArmSeries("kv", "5")
+	for _, st := range []int{200, 200, 429, 503, 500, 400} {
+		a.observe(7, st, endAnswered, 0.03, st == 200, 3, 4)
+	}
+	itl := armITL{model: s.m.itl.WithLabelValues("m"), arm: a, group: 7}
 	for _, gap := range []float64{0.0005, 0.003, 0.003, 5} {
 		itl.Observe(gap)
 	}
@@ -204,6 +232,9 @@ func TestArmReportCountsEveryFigure(t *testing.T) {
 	}
 	if len(r.ItlCounts) != len(r.ItlBounds)+1 || r.ItlCounts[0] != 1 || r.ItlCounts[2] != 2 || r.ItlCounts[len(r.ItlBounds)] != 1 {
 		t.Fatalf("ITL counts %v over %v", r.ItlCounts, r.ItlBounds)
+	}
+	if len(r.Groups) != 1 || !slices.Equal(r.Groups[0].ItlCounts, r.ItlCounts) {
+		t.Fatalf("groups %v: want group 7 with the arm's gaps %v", r.Groups, r.ItlCounts)
 	}
 	if len(r.HitCounts) != len(r.HitBounds)+1 || r.HitCounts[bucket(armHitBounds[:], 0.75)] != 6 {
 		t.Fatalf("hit ratio counts %v", r.HitCounts)

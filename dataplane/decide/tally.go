@@ -54,6 +54,27 @@ func (r *Request) Dispatch(now int64, teach bool) {
 // engine cached, but teaches no latency model and records no TTFT or inter-token gap.
 func (r *Request) Untimed() { r.untimed = true }
 
+// ClientGone tells the core, before Settle, that the request's client went away before its
+// answer ended: its arm counts it apart from the routing's failures.
+func (r *Request) ClientGone() { r.end = endGone }
+
+// Broken tells the core, before Settle, that the request's answer broke after its head
+// reached the client (the engine's stream ended or failed midway): a failure of the
+// routing whatever its status says.
+func (r *Request) Broken() {
+	if r.end == endAnswered {
+		r.end = endBroken
+	}
+}
+
+// armGroup is the request's conversation group, computed once.
+func (r *Request) armGroup() int {
+	if r.group < 0 {
+		r.group = r.armGroupOf()
+	}
+	return r.group
+}
+
 // Answer begins reading the request's answer, whose time counts from start (the carrier's
 // exchange began then): its model's series, its arm's inter-token gaps.
 func (r *Request) Answer(start int64) {
@@ -61,7 +82,7 @@ func (r *Request) Answer(start int64) {
 	r.mm = r.c.m.forModel(r.model)
 	r.obs.ITL = r.mm.itl
 	if r.arm != nil {
-		r.itl = armITL{model: r.mm.itl, arm: r.arm}
+		r.itl = armITL{model: r.mm.itl, arm: r.arm, group: r.armGroup()}
 		r.obs.ITL = &r.itl
 	}
 	if r.untimed {
@@ -150,7 +171,7 @@ func (r *Request) Settle(status int, now int64) {
 		if res.Usage.HasCached {
 			cached, prompt = int(res.Usage.CachedTokens)/c.cfg.BlockSize, len(r.rreq.Hashes)
 		}
-		arm.observe(status, seconds(ttft), hasTTFT, cached, prompt)
+		arm.observe(r.armGroup(), status, r.end, seconds(ttft), hasTTFT, cached, prompt)
 	}
 	r.arm = nil // counted once
 	c.m.requestOf(mm, r.model, r.kind, status)
@@ -205,7 +226,7 @@ func (r *Request) Refused(status int) {
 	}
 	r.c.m.request(model, r.kind, status)
 	if a := r.arm; a != nil {
-		a.observe(status, 0, false, 0, 0)
+		a.observe(r.armGroup(), status, endAnswered, 0, false, 0, 0)
 		r.arm = nil
 	}
 }

@@ -460,11 +460,13 @@ func (ex *exchange) finish() {
 }
 
 // abort ends the exchange because the client is gone or too slow: the engine connection is
-// closed, which makes the engine abort the request and free its KV blocks.
+// closed, which makes the engine abort the request and free its KV blocks. Its arm counts
+// it as the client's doing.
 func (ex *exchange) abort() {
 	if !ex.active {
 		return
 	}
+	ex.cc.in.ClientGone()
 	if up := ex.up; up != nil {
 		up.detach()
 		up.kill()
@@ -552,6 +554,7 @@ func (ex *exchange) truncated() {
 	}
 	ex.mig.leg = false
 	cc.srv.metrics.aborted.WithLabelValues("upstream_died").Inc()
+	cc.in.Broken()
 	if ex.chunked && cc.in.Result().Mode == oai.ModeSSE {
 		ev := cc.lp.wbuf[:0]
 		ev = append(ev, "data: "...)

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -134,6 +135,11 @@ func SumArms(nodes map[string][]Arm) map[uint64]Arm {
 			sum.ITLBounds, sum.ITLCounts = addHistogram(sum.ITLBounds, sum.ITLCounts, a.ITLBounds, a.ITLCounts)
 			sum.HitBounds, sum.HitCounts = addHistogram(sum.HitBounds, sum.HitCounts, a.HitBounds, a.HitCounts)
 			sum.TTFTBounds, sum.TTFTCounts = addHistogram(sum.TTFTBounds, sum.TTFTCounts, a.TTFTBounds, a.TTFTCounts)
+			sum.RouterErrors, sum.ClientErrors = satAdd(sum.RouterErrors, a.RouterErrors), satAdd(sum.ClientErrors, a.ClientErrors)
+			sum.ClientGone = satAdd(sum.ClientGone, a.ClientGone)
+			if slices.Equal(sum.TTFTBounds, a.TTFTBounds) && (len(a.ITLBounds) == 0 || slices.Equal(sum.ITLBounds, a.ITLBounds)) {
+				sum.Groups = addGroups(sum.Groups, a.Groups)
+			}
 			out[a.Version] = sum
 		}
 	}
@@ -216,6 +222,76 @@ type Arm struct {
 	// HitCounts[i] counts requests whose cached share of the prompt was within HitBounds[i].
 	HitBounds []float64
 	HitCounts []uint64
+	// RouterErrors are the answers the routing is answerable for (5xx, broken streams),
+	// ClientErrors the 4xx other than 429, ClientGone the requests whose client left first.
+	RouterErrors, ClientErrors, ClientGone uint64
+	// Groups are the figures by conversation group (ArmReport.groups), sorted by group.
+	Groups []ArmGroup
+}
+
+// ArmGroup is one conversation group's figures in an arm; its histograms have the arm's
+// bounds (or none).
+type ArmGroup struct {
+	Group                                            uint32
+	Requests, RouterErrors, ClientErrors, ClientGone uint64
+	CachedBlocks, PromptBlocks                       uint64
+	TTFTCounts, ITLCounts                            []uint64
+}
+
+// MaxArmGroups bounds the conversation groups of an arm (their numbers too).
+const MaxArmGroups = 256
+
+// groupsOf validates an arm's groups: numbered below MaxArmGroups, each once, histograms
+// as long as the arm's (or empty); the others are dropped. The result is sorted by group.
+func groupsOf(a *xdsv1.ArmReport, ttftLen, itlLen int) []ArmGroup {
+	var out []ArmGroup
+	seen := map[uint32]bool{}
+	for _, g := range a.GetGroups() {
+		tc, ic := g.GetTtftCounts(), g.GetItlCounts()
+		if g.GetGroup() >= MaxArmGroups || seen[g.GetGroup()] || (len(tc) != 0 && len(tc) != ttftLen) || (len(ic) != 0 && len(ic) != itlLen) {
+			continue
+		}
+		seen[g.GetGroup()] = true
+		out = append(out, ArmGroup{Group: g.GetGroup(), Requests: g.GetRequests(), RouterErrors: g.GetRouterErrors(), ClientErrors: g.GetClientErrors(),
+			ClientGone: g.GetClientGone(), CachedBlocks: g.GetCachedBlocks(), PromptBlocks: g.GetPromptBlocks(),
+			TTFTCounts: slices.Clone(tc), ITLCounts: slices.Clone(ic)})
+	}
+	slices.SortFunc(out, func(x, y ArmGroup) int { return cmp.Compare(x.Group, y.Group) })
+	return out
+}
+
+// addGroups adds the groups b to the sum a (both sorted by group), histograms of other
+// lengths than the sum's left out.
+func addGroups(a, b []ArmGroup) []ArmGroup {
+	for _, g := range b {
+		i, found := slices.BinarySearchFunc(a, g.Group, func(x ArmGroup, n uint32) int { return cmp.Compare(x.Group, n) })
+		if !found {
+			g.TTFTCounts, g.ITLCounts = slices.Clone(g.TTFTCounts), slices.Clone(g.ITLCounts)
+			a = slices.Insert(a, i, g)
+			continue
+		}
+		s := &a[i]
+		s.Requests, s.RouterErrors = satAdd(s.Requests, g.Requests), satAdd(s.RouterErrors, g.RouterErrors)
+		s.ClientErrors, s.ClientGone = satAdd(s.ClientErrors, g.ClientErrors), satAdd(s.ClientGone, g.ClientGone)
+		s.CachedBlocks, s.PromptBlocks = satAdd(s.CachedBlocks, g.CachedBlocks), satAdd(s.PromptBlocks, g.PromptBlocks)
+		s.TTFTCounts = addCounts(s.TTFTCounts, g.TTFTCounts)
+		s.ITLCounts = addCounts(s.ITLCounts, g.ITLCounts)
+	}
+	return a
+}
+
+// addCounts adds c to the sum s (taken as it is when s is empty; left out when of another
+// length).
+func addCounts(s, c []uint64) []uint64 {
+	switch {
+	case len(s) == 0:
+		return slices.Clone(c)
+	case len(s) == len(c):
+		for i, n := range c {
+			s[i] = satAdd(s[i], n)
+		}
+	}
+	return s
 }
 
 // Shadow is what a candidate in shadow decided beside the stable policy: its decisions,
@@ -297,7 +373,9 @@ func armsOf(r *xdsv1.LoadReport) []Arm {
 			Shadow: Shadow{a.GetShadowPicks(), a.GetShadowDisagreements(), a.GetShadowStableOverlapBlocks(),
 				a.GetShadowCandidateOverlapBlocks(), a.GetShadowStableLoad(), a.GetShadowCandidateLoad()},
 			Rejections: a.GetRejections(), ServerErrors: a.GetServerErrors(), ITLBounds: slices.Clone(ib), ITLCounts: slices.Clone(ic),
-			Decisions: a.GetDecisions(), RegretBlocks: a.GetRegretBlocks(), HitBounds: slices.Clone(hb), HitCounts: slices.Clone(hc)})
+			Decisions: a.GetDecisions(), RegretBlocks: a.GetRegretBlocks(), HitBounds: slices.Clone(hb), HitCounts: slices.Clone(hc),
+			RouterErrors: a.GetRouterErrors(), ClientErrors: a.GetClientErrors(), ClientGone: a.GetClientGone(),
+			Groups: groupsOf(a, len(c), len(ic))})
 	}
 	return out
 }

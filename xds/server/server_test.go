@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"reflect"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -431,7 +432,15 @@ func TestArmsAreSummedAcrossProxies(t *testing.T) {
 	arm := func(v uint64, n uint64) *xdsv1.ArmReport {
 		return &xdsv1.ArmReport{PolicyVersion: v, Requests: n, Errors: 1, TtftBounds: []float64{0.1, 1}, TtftCounts: []uint64{n - 1, 1, 0}, CachedBlocks: 9 * n, PromptBlocks: 10 * n,
 			ShadowPicks: n, ShadowDisagreements: 1, ShadowCandidateOverlapBlocks: 3 * n,
-			Rejections: 1, ServerErrors: 1, ItlBounds: []float64{0.01}, ItlCounts: []uint64{n, 1}, Decisions: n, RegretBlocks: 2}
+			Rejections: 1, ServerErrors: 1, ItlBounds: []float64{0.01}, ItlCounts: []uint64{n, 1}, Decisions: n, RegretBlocks: 2,
+			RouterErrors: 1, ClientErrors: 2, ClientGone: 3,
+			Groups: []*xdsv1.ArmGroup{
+				{Group: 5, Requests: n - 1, RouterErrors: 1, TtftCounts: []uint64{n - 2, 1, 0}, ItlCounts: []uint64{n, 1}},
+				{Group: uint32(n), Requests: 1, ClientGone: 1, TtftCounts: []uint64{1, 0, 0}},
+				{Group: 5, Requests: 99},                           // again: dropped
+				{Group: 300, Requests: 99},                         // past MaxArmGroups: dropped
+				{Group: 6, Requests: 99, TtftCounts: []uint64{99}}, // histogram of another length: dropped
+			}}
 	}
 	for i, node := range []string{"a", "b"} {
 		st, err := xdsv1.NewLoadReportingClient(conn).Report(context.Background())
@@ -457,7 +466,18 @@ func TestArmsAreSummedAcrossProxies(t *testing.T) {
 	a7, a8 := arms[7], arms[8]
 	if a7.Errors != 2 || a7.PromptBlocks != 300 || a7.TTFTCounts[0] != 28 || a8.Requests != 10 || len(arms) != 2 ||
 		a7.Shadow.Picks != 30 || a7.Shadow.Disagreements != 2 || a7.Shadow.CandOverlapBlocks != 90 ||
-		a7.Rejections != 2 || a7.ServerErrors != 2 || a7.ITLCounts[0] != 30 || a7.ITLCounts[1] != 2 || a7.Decisions != 30 || a7.RegretBlocks != 4 {
+		a7.Rejections != 2 || a7.ServerErrors != 2 || a7.ITLCounts[0] != 30 || a7.ITLCounts[1] != 2 || a7.Decisions != 30 || a7.RegretBlocks != 4 ||
+		a7.RouterErrors != 2 || a7.ClientErrors != 4 || a7.ClientGone != 6 {
 		t.Fatalf("arms %+v", arms)
+	}
+	// Conversation groups summed by number across the proxies: group 5 from both, groups
+	// 10 and 20 (one conversation each) from one each.
+	want := []server.ArmGroup{
+		{Group: 5, Requests: 28, RouterErrors: 2, TTFTCounts: []uint64{26, 2, 0}, ITLCounts: []uint64{30, 2}},
+		{Group: 10, Requests: 1, ClientGone: 1, TTFTCounts: []uint64{1, 0, 0}},
+		{Group: 20, Requests: 1, ClientGone: 1, TTFTCounts: []uint64{1, 0, 0}},
+	}
+	if !reflect.DeepEqual(a7.Groups, want) {
+		t.Fatalf("arm 7's groups %+v, want %+v", a7.Groups, want)
 	}
 }

@@ -1761,10 +1761,33 @@ type RolloutSpec struct {
 	MaxHitRateDrop    *float64  `protobuf:"fixed64,8,opt,name=max_hit_rate_drop,json=maxHitRateDrop,proto3,oneof" json:"max_hit_rate_drop,omitempty"`
 	Alpha             *float64  `protobuf:"fixed64,9,opt,name=alpha,proto3,oneof" json:"alpha,omitempty"`
 	// max_itl_p90_ratio fails a step whose candidate inter-token latency p90 exceeds this
-	// times the stable one's and the rank test agrees (default 1.10).
+	// times the stable one's, significantly (default 1.10; 0: not judged).
 	MaxItlP90Ratio *float64 `protobuf:"fixed64,10,opt,name=max_itl_p90_ratio,json=maxItlP90Ratio,proto3,oneof" json:"max_itl_p90_ratio,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// min_groups is the least conversation groups with requests each arm needs for a
+	// verdict (default 3).
+	MinGroups uint32 `protobuf:"varint,11,opt,name=min_groups,json=minGroups,proto3" json:"min_groups,omitempty"`
+	// max_ttft_p50_ratio is max_ttft_p90_ratio for the median (default 1.10; 0: not judged).
+	MaxTtftP50Ratio *float64 `protobuf:"fixed64,12,opt,name=max_ttft_p50_ratio,json=maxTtftP50Ratio,proto3,oneof" json:"max_ttft_p50_ratio,omitempty"`
+	// failure_limit and inconclusive_limit are how many failed, or inconclusive, steps run
+	// again before the rollout rolls back or does what on_inconclusive says ("pause", the
+	// default, or "rollback").
+	FailureLimit      uint32 `protobuf:"varint,13,opt,name=failure_limit,json=failureLimit,proto3" json:"failure_limit,omitempty"`
+	InconclusiveLimit uint32 `protobuf:"varint,14,opt,name=inconclusive_limit,json=inconclusiveLimit,proto3" json:"inconclusive_limit,omitempty"`
+	OnInconclusive    string `protobuf:"bytes,15,opt,name=on_inconclusive,json=onInconclusive,proto3" json:"on_inconclusive,omitempty"`
+	// fast_abort_alpha rolls back at once a candidate with at least fast_abort_errors router
+	// errors whose chance at the stable arm's rate (+ max_error_rate_delta) is below it
+	// (defaults 1e-5 and 3; 0: no fast abort).
+	FastAbortAlpha  *float64 `protobuf:"fixed64,16,opt,name=fast_abort_alpha,json=fastAbortAlpha,proto3,oneof" json:"fast_abort_alpha,omitempty"`
+	FastAbortErrors uint64   `protobuf:"varint,17,opt,name=fast_abort_errors,json=fastAbortErrors,proto3" json:"fast_abort_errors,omitempty"`
+	// The shadow step fails on picks that cache this share fewer blocks (default 0.25), or
+	// whose workers carry this times the load (default 2); 0: not judged.
+	MaxShadowOverlapDrop *float64 `protobuf:"fixed64,18,opt,name=max_shadow_overlap_drop,json=maxShadowOverlapDrop,proto3,oneof" json:"max_shadow_overlap_drop,omitempty"`
+	MaxShadowLoadRatio   *float64 `protobuf:"fixed64,19,opt,name=max_shadow_load_ratio,json=maxShadowLoadRatio,proto3,oneof" json:"max_shadow_load_ratio,omitempty"`
+	// max_baseline_ttft_p90_ratio pauses a step whose stable arm's TTFT p90 passed this times
+	// its p90 before the rollout (default 1.25; 0: not judged).
+	MaxBaselineTtftP90Ratio *float64 `protobuf:"fixed64,20,opt,name=max_baseline_ttft_p90_ratio,json=maxBaselineTtftP90Ratio,proto3,oneof" json:"max_baseline_ttft_p90_ratio,omitempty"`
+	unknownFields           protoimpl.UnknownFields
+	sizeCache               protoimpl.SizeCache
 }
 
 func (x *RolloutSpec) Reset() {
@@ -1867,6 +1890,189 @@ func (x *RolloutSpec) GetMaxItlP90Ratio() float64 {
 	return 0
 }
 
+func (x *RolloutSpec) GetMinGroups() uint32 {
+	if x != nil {
+		return x.MinGroups
+	}
+	return 0
+}
+
+func (x *RolloutSpec) GetMaxTtftP50Ratio() float64 {
+	if x != nil && x.MaxTtftP50Ratio != nil {
+		return *x.MaxTtftP50Ratio
+	}
+	return 0
+}
+
+func (x *RolloutSpec) GetFailureLimit() uint32 {
+	if x != nil {
+		return x.FailureLimit
+	}
+	return 0
+}
+
+func (x *RolloutSpec) GetInconclusiveLimit() uint32 {
+	if x != nil {
+		return x.InconclusiveLimit
+	}
+	return 0
+}
+
+func (x *RolloutSpec) GetOnInconclusive() string {
+	if x != nil {
+		return x.OnInconclusive
+	}
+	return ""
+}
+
+func (x *RolloutSpec) GetFastAbortAlpha() float64 {
+	if x != nil && x.FastAbortAlpha != nil {
+		return *x.FastAbortAlpha
+	}
+	return 0
+}
+
+func (x *RolloutSpec) GetFastAbortErrors() uint64 {
+	if x != nil {
+		return x.FastAbortErrors
+	}
+	return 0
+}
+
+func (x *RolloutSpec) GetMaxShadowOverlapDrop() float64 {
+	if x != nil && x.MaxShadowOverlapDrop != nil {
+		return *x.MaxShadowOverlapDrop
+	}
+	return 0
+}
+
+func (x *RolloutSpec) GetMaxShadowLoadRatio() float64 {
+	if x != nil && x.MaxShadowLoadRatio != nil {
+		return *x.MaxShadowLoadRatio
+	}
+	return 0
+}
+
+func (x *RolloutSpec) GetMaxBaselineTtftP90Ratio() float64 {
+	if x != nil && x.MaxBaselineTtftP90Ratio != nil {
+		return *x.MaxBaselineTtftP90Ratio
+	}
+	return 0
+}
+
+// RolloutCheck is one judged figure of a step: each arm's value, the effect (candidate ÷
+// stable, or candidate − stable for rates), its bound, the test statistic and the critical
+// value it was judged against; failed when the effect passed its bound and t passed the
+// critical value. A metric named "baseline …" compares the stable arm with its figures
+// before the rollout.
+type RolloutCheck struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Metric        string                 `protobuf:"bytes,1,opt,name=metric,proto3" json:"metric,omitempty"`
+	Stable        float64                `protobuf:"fixed64,2,opt,name=stable,proto3" json:"stable,omitempty"`
+	Candidate     float64                `protobuf:"fixed64,3,opt,name=candidate,proto3" json:"candidate,omitempty"`
+	Effect        float64                `protobuf:"fixed64,4,opt,name=effect,proto3" json:"effect,omitempty"`
+	Bound         float64                `protobuf:"fixed64,5,opt,name=bound,proto3" json:"bound,omitempty"`
+	T             float64                `protobuf:"fixed64,6,opt,name=t,proto3" json:"t,omitempty"`
+	Critical      float64                `protobuf:"fixed64,7,opt,name=critical,proto3" json:"critical,omitempty"`
+	Beyond        bool                   `protobuf:"varint,8,opt,name=beyond,proto3" json:"beyond,omitempty"`
+	Failed        bool                   `protobuf:"varint,9,opt,name=failed,proto3" json:"failed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RolloutCheck) Reset() {
+	*x = RolloutCheck{}
+	mi := &file_operator_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RolloutCheck) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RolloutCheck) ProtoMessage() {}
+
+func (x *RolloutCheck) ProtoReflect() protoreflect.Message {
+	mi := &file_operator_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RolloutCheck.ProtoReflect.Descriptor instead.
+func (*RolloutCheck) Descriptor() ([]byte, []int) {
+	return file_operator_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *RolloutCheck) GetMetric() string {
+	if x != nil {
+		return x.Metric
+	}
+	return ""
+}
+
+func (x *RolloutCheck) GetStable() float64 {
+	if x != nil {
+		return x.Stable
+	}
+	return 0
+}
+
+func (x *RolloutCheck) GetCandidate() float64 {
+	if x != nil {
+		return x.Candidate
+	}
+	return 0
+}
+
+func (x *RolloutCheck) GetEffect() float64 {
+	if x != nil {
+		return x.Effect
+	}
+	return 0
+}
+
+func (x *RolloutCheck) GetBound() float64 {
+	if x != nil {
+		return x.Bound
+	}
+	return 0
+}
+
+func (x *RolloutCheck) GetT() float64 {
+	if x != nil {
+		return x.T
+	}
+	return 0
+}
+
+func (x *RolloutCheck) GetCritical() float64 {
+	if x != nil {
+		return x.Critical
+	}
+	return 0
+}
+
+func (x *RolloutCheck) GetBeyond() bool {
+	if x != nil {
+		return x.Beyond
+	}
+	return false
+}
+
+func (x *RolloutCheck) GetFailed() bool {
+	if x != nil {
+		return x.Failed
+	}
+	return false
+}
+
 // RolloutStep is one step's figures for each arm (TTFT in seconds, rates in [0, 1]): a
 // judged step with its verdict, or the running one so far (verdict empty).
 type RolloutStep struct {
@@ -1910,13 +2116,28 @@ type RolloutStep struct {
 	// beyond the chosen one.
 	StableRegretBlocks    float64 `protobuf:"fixed64,31,opt,name=stable_regret_blocks,json=stableRegretBlocks,proto3" json:"stable_regret_blocks,omitempty"`
 	CandidateRegretBlocks float64 `protobuf:"fixed64,32,opt,name=candidate_regret_blocks,json=candidateRegretBlocks,proto3" json:"candidate_regret_blocks,omitempty"`
-	unknownFields         protoimpl.UnknownFields
-	sizeCache             protoimpl.SizeCache
+	// The errors the routing is answerable for (5xx, broken streams), the clients' (4xx but
+	// 429) and the clients that left first, as shares of each arm's requests; the
+	// conversation groups each arm's requests fell in; the judged figures.
+	StableRouterErrorRate    float64         `protobuf:"fixed64,33,opt,name=stable_router_error_rate,json=stableRouterErrorRate,proto3" json:"stable_router_error_rate,omitempty"`
+	CandidateRouterErrorRate float64         `protobuf:"fixed64,34,opt,name=candidate_router_error_rate,json=candidateRouterErrorRate,proto3" json:"candidate_router_error_rate,omitempty"`
+	StableClientErrorRate    float64         `protobuf:"fixed64,35,opt,name=stable_client_error_rate,json=stableClientErrorRate,proto3" json:"stable_client_error_rate,omitempty"`
+	CandidateClientErrorRate float64         `protobuf:"fixed64,36,opt,name=candidate_client_error_rate,json=candidateClientErrorRate,proto3" json:"candidate_client_error_rate,omitempty"`
+	StableClientGoneRate     float64         `protobuf:"fixed64,37,opt,name=stable_client_gone_rate,json=stableClientGoneRate,proto3" json:"stable_client_gone_rate,omitempty"`
+	CandidateClientGoneRate  float64         `protobuf:"fixed64,38,opt,name=candidate_client_gone_rate,json=candidateClientGoneRate,proto3" json:"candidate_client_gone_rate,omitempty"`
+	StableGroups             uint32          `protobuf:"varint,39,opt,name=stable_groups,json=stableGroups,proto3" json:"stable_groups,omitempty"`
+	CandidateGroups          uint32          `protobuf:"varint,40,opt,name=candidate_groups,json=candidateGroups,proto3" json:"candidate_groups,omitempty"`
+	Checks                   []*RolloutCheck `protobuf:"bytes,41,rep,name=checks,proto3" json:"checks,omitempty"`
+	// suspect, on the running step: why it runs on past its duration (a figure worse than
+	// its bound, not yet beyond doubt).
+	Suspect       string `protobuf:"bytes,42,opt,name=suspect,proto3" json:"suspect,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RolloutStep) Reset() {
 	*x = RolloutStep{}
-	mi := &file_operator_proto_msgTypes[26]
+	mi := &file_operator_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1928,7 +2149,7 @@ func (x *RolloutStep) String() string {
 func (*RolloutStep) ProtoMessage() {}
 
 func (x *RolloutStep) ProtoReflect() protoreflect.Message {
-	mi := &file_operator_proto_msgTypes[26]
+	mi := &file_operator_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1941,7 +2162,7 @@ func (x *RolloutStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RolloutStep.ProtoReflect.Descriptor instead.
 func (*RolloutStep) Descriptor() ([]byte, []int) {
-	return file_operator_proto_rawDescGZIP(), []int{26}
+	return file_operator_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *RolloutStep) GetStep() int32 {
@@ -2168,6 +2389,76 @@ func (x *RolloutStep) GetCandidateRegretBlocks() float64 {
 	return 0
 }
 
+func (x *RolloutStep) GetStableRouterErrorRate() float64 {
+	if x != nil {
+		return x.StableRouterErrorRate
+	}
+	return 0
+}
+
+func (x *RolloutStep) GetCandidateRouterErrorRate() float64 {
+	if x != nil {
+		return x.CandidateRouterErrorRate
+	}
+	return 0
+}
+
+func (x *RolloutStep) GetStableClientErrorRate() float64 {
+	if x != nil {
+		return x.StableClientErrorRate
+	}
+	return 0
+}
+
+func (x *RolloutStep) GetCandidateClientErrorRate() float64 {
+	if x != nil {
+		return x.CandidateClientErrorRate
+	}
+	return 0
+}
+
+func (x *RolloutStep) GetStableClientGoneRate() float64 {
+	if x != nil {
+		return x.StableClientGoneRate
+	}
+	return 0
+}
+
+func (x *RolloutStep) GetCandidateClientGoneRate() float64 {
+	if x != nil {
+		return x.CandidateClientGoneRate
+	}
+	return 0
+}
+
+func (x *RolloutStep) GetStableGroups() uint32 {
+	if x != nil {
+		return x.StableGroups
+	}
+	return 0
+}
+
+func (x *RolloutStep) GetCandidateGroups() uint32 {
+	if x != nil {
+		return x.CandidateGroups
+	}
+	return 0
+}
+
+func (x *RolloutStep) GetChecks() []*RolloutCheck {
+	if x != nil {
+		return x.Checks
+	}
+	return nil
+}
+
+func (x *RolloutStep) GetSuspect() string {
+	if x != nil {
+		return x.Suspect
+	}
+	return ""
+}
+
 // Rollout is a rollout of a candidate routing policy and where it is.
 type Rollout struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2197,7 +2488,7 @@ type Rollout struct {
 
 func (x *Rollout) Reset() {
 	*x = Rollout{}
-	mi := &file_operator_proto_msgTypes[27]
+	mi := &file_operator_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2209,7 +2500,7 @@ func (x *Rollout) String() string {
 func (*Rollout) ProtoMessage() {}
 
 func (x *Rollout) ProtoReflect() protoreflect.Message {
-	mi := &file_operator_proto_msgTypes[27]
+	mi := &file_operator_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2222,7 +2513,7 @@ func (x *Rollout) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Rollout.ProtoReflect.Descriptor instead.
 func (*Rollout) Descriptor() ([]byte, []int) {
-	return file_operator_proto_rawDescGZIP(), []int{27}
+	return file_operator_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *Rollout) GetId() uint64 {
@@ -2342,7 +2633,7 @@ type StartRolloutRequest struct {
 
 func (x *StartRolloutRequest) Reset() {
 	*x = StartRolloutRequest{}
-	mi := &file_operator_proto_msgTypes[28]
+	mi := &file_operator_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2354,7 +2645,7 @@ func (x *StartRolloutRequest) String() string {
 func (*StartRolloutRequest) ProtoMessage() {}
 
 func (x *StartRolloutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_operator_proto_msgTypes[28]
+	mi := &file_operator_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2367,7 +2658,7 @@ func (x *StartRolloutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartRolloutRequest.ProtoReflect.Descriptor instead.
 func (*StartRolloutRequest) Descriptor() ([]byte, []int) {
-	return file_operator_proto_rawDescGZIP(), []int{28}
+	return file_operator_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *StartRolloutRequest) GetCandidate() *Policy {
@@ -2392,7 +2683,7 @@ type GetRolloutRequest struct {
 
 func (x *GetRolloutRequest) Reset() {
 	*x = GetRolloutRequest{}
-	mi := &file_operator_proto_msgTypes[29]
+	mi := &file_operator_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2404,7 +2695,7 @@ func (x *GetRolloutRequest) String() string {
 func (*GetRolloutRequest) ProtoMessage() {}
 
 func (x *GetRolloutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_operator_proto_msgTypes[29]
+	mi := &file_operator_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2417,7 +2708,7 @@ func (x *GetRolloutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRolloutRequest.ProtoReflect.Descriptor instead.
 func (*GetRolloutRequest) Descriptor() ([]byte, []int) {
-	return file_operator_proto_rawDescGZIP(), []int{29}
+	return file_operator_proto_rawDescGZIP(), []int{30}
 }
 
 type ControlRolloutRequest struct {
@@ -2430,7 +2721,7 @@ type ControlRolloutRequest struct {
 
 func (x *ControlRolloutRequest) Reset() {
 	*x = ControlRolloutRequest{}
-	mi := &file_operator_proto_msgTypes[30]
+	mi := &file_operator_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2442,7 +2733,7 @@ func (x *ControlRolloutRequest) String() string {
 func (*ControlRolloutRequest) ProtoMessage() {}
 
 func (x *ControlRolloutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_operator_proto_msgTypes[30]
+	mi := &file_operator_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2455,7 +2746,7 @@ func (x *ControlRolloutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlRolloutRequest.ProtoReflect.Descriptor instead.
 func (*ControlRolloutRequest) Descriptor() ([]byte, []int) {
-	return file_operator_proto_rawDescGZIP(), []int{30}
+	return file_operator_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ControlRolloutRequest) GetAction() string {
@@ -2478,7 +2769,7 @@ type PolicyChange struct {
 
 func (x *PolicyChange) Reset() {
 	*x = PolicyChange{}
-	mi := &file_operator_proto_msgTypes[31]
+	mi := &file_operator_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2490,7 +2781,7 @@ func (x *PolicyChange) String() string {
 func (*PolicyChange) ProtoMessage() {}
 
 func (x *PolicyChange) ProtoReflect() protoreflect.Message {
-	mi := &file_operator_proto_msgTypes[31]
+	mi := &file_operator_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2503,7 +2794,7 @@ func (x *PolicyChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PolicyChange.ProtoReflect.Descriptor instead.
 func (*PolicyChange) Descriptor() ([]byte, []int) {
-	return file_operator_proto_rawDescGZIP(), []int{31}
+	return file_operator_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *PolicyChange) GetPolicy() *Policy {
@@ -2537,7 +2828,7 @@ type PolicyHistoryRequest struct {
 
 func (x *PolicyHistoryRequest) Reset() {
 	*x = PolicyHistoryRequest{}
-	mi := &file_operator_proto_msgTypes[32]
+	mi := &file_operator_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2549,7 +2840,7 @@ func (x *PolicyHistoryRequest) String() string {
 func (*PolicyHistoryRequest) ProtoMessage() {}
 
 func (x *PolicyHistoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_operator_proto_msgTypes[32]
+	mi := &file_operator_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2562,7 +2853,7 @@ func (x *PolicyHistoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PolicyHistoryRequest.ProtoReflect.Descriptor instead.
 func (*PolicyHistoryRequest) Descriptor() ([]byte, []int) {
-	return file_operator_proto_rawDescGZIP(), []int{32}
+	return file_operator_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *PolicyHistoryRequest) GetLimit() uint32 {
@@ -2581,7 +2872,7 @@ type PolicyHistoryResponse struct {
 
 func (x *PolicyHistoryResponse) Reset() {
 	*x = PolicyHistoryResponse{}
-	mi := &file_operator_proto_msgTypes[33]
+	mi := &file_operator_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2593,7 +2884,7 @@ func (x *PolicyHistoryResponse) String() string {
 func (*PolicyHistoryResponse) ProtoMessage() {}
 
 func (x *PolicyHistoryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_operator_proto_msgTypes[33]
+	mi := &file_operator_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2606,7 +2897,7 @@ func (x *PolicyHistoryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PolicyHistoryResponse.ProtoReflect.Descriptor instead.
 func (*PolicyHistoryResponse) Descriptor() ([]byte, []int) {
-	return file_operator_proto_rawDescGZIP(), []int{33}
+	return file_operator_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *PolicyHistoryResponse) GetChanges() []*PolicyChange {
@@ -2750,7 +3041,7 @@ const file_operator_proto_rawDesc = "" +
 	"\x0fGetIndexRequest\"\x14\n" +
 	"\x12ListProxiesRequest\"K\n" +
 	"\x13ListProxiesResponse\x124\n" +
-	"\aproxies\x18\x01 \x03(\v2\x1a.kvrelay.operator.v1.ProxyR\aproxies\"\xfe\x03\n" +
+	"\aproxies\x18\x01 \x03(\v2\x1a.kvrelay.operator.v1.ProxyR\aproxies\"\xe0\b\n" +
 	"\vRolloutSpec\x12\x1b\n" +
 	"\tshadow_ms\x18\x01 \x01(\x03R\bshadowMs\x12\x14\n" +
 	"\x05steps\x18\x02 \x03(\x01R\x05steps\x12(\n" +
@@ -2762,13 +3053,38 @@ const file_operator_proto_rawDesc = "" +
 	"\x11max_hit_rate_drop\x18\b \x01(\x01H\x02R\x0emaxHitRateDrop\x88\x01\x01\x12\x19\n" +
 	"\x05alpha\x18\t \x01(\x01H\x03R\x05alpha\x88\x01\x01\x12.\n" +
 	"\x11max_itl_p90_ratio\x18\n" +
-	" \x01(\x01H\x04R\x0emaxItlP90Ratio\x88\x01\x01B\x15\n" +
+	" \x01(\x01H\x04R\x0emaxItlP90Ratio\x88\x01\x01\x12\x1d\n" +
+	"\n" +
+	"min_groups\x18\v \x01(\rR\tminGroups\x120\n" +
+	"\x12max_ttft_p50_ratio\x18\f \x01(\x01H\x05R\x0fmaxTtftP50Ratio\x88\x01\x01\x12#\n" +
+	"\rfailure_limit\x18\r \x01(\rR\ffailureLimit\x12-\n" +
+	"\x12inconclusive_limit\x18\x0e \x01(\rR\x11inconclusiveLimit\x12'\n" +
+	"\x0fon_inconclusive\x18\x0f \x01(\tR\x0eonInconclusive\x12-\n" +
+	"\x10fast_abort_alpha\x18\x10 \x01(\x01H\x06R\x0efastAbortAlpha\x88\x01\x01\x12*\n" +
+	"\x11fast_abort_errors\x18\x11 \x01(\x04R\x0ffastAbortErrors\x12:\n" +
+	"\x17max_shadow_overlap_drop\x18\x12 \x01(\x01H\aR\x14maxShadowOverlapDrop\x88\x01\x01\x126\n" +
+	"\x15max_shadow_load_ratio\x18\x13 \x01(\x01H\bR\x12maxShadowLoadRatio\x88\x01\x01\x12A\n" +
+	"\x1bmax_baseline_ttft_p90_ratio\x18\x14 \x01(\x01H\tR\x17maxBaselineTtftP90Ratio\x88\x01\x01B\x15\n" +
 	"\x13_max_ttft_p90_ratioB\x17\n" +
 	"\x15_max_error_rate_deltaB\x14\n" +
 	"\x12_max_hit_rate_dropB\b\n" +
 	"\x06_alphaB\x14\n" +
-	"\x12_max_itl_p90_ratio\"\xfd\n" +
-	"\n" +
+	"\x12_max_itl_p90_ratioB\x15\n" +
+	"\x13_max_ttft_p50_ratioB\x13\n" +
+	"\x11_fast_abort_alphaB\x1a\n" +
+	"\x18_max_shadow_overlap_dropB\x18\n" +
+	"\x16_max_shadow_load_ratioB\x1e\n" +
+	"\x1c_max_baseline_ttft_p90_ratio\"\xe4\x01\n" +
+	"\fRolloutCheck\x12\x16\n" +
+	"\x06metric\x18\x01 \x01(\tR\x06metric\x12\x16\n" +
+	"\x06stable\x18\x02 \x01(\x01R\x06stable\x12\x1c\n" +
+	"\tcandidate\x18\x03 \x01(\x01R\tcandidate\x12\x16\n" +
+	"\x06effect\x18\x04 \x01(\x01R\x06effect\x12\x14\n" +
+	"\x05bound\x18\x05 \x01(\x01R\x05bound\x12\f\n" +
+	"\x01t\x18\x06 \x01(\x01R\x01t\x12\x1a\n" +
+	"\bcritical\x18\a \x01(\x01R\bcritical\x12\x16\n" +
+	"\x06beyond\x18\b \x01(\bR\x06beyond\x12\x16\n" +
+	"\x06failed\x18\t \x01(\bR\x06failed\"\x86\x0f\n" +
 	"\vRolloutStep\x12\x12\n" +
 	"\x04step\x18\x01 \x01(\x05R\x04step\x12\x14\n" +
 	"\x05share\x18\x02 \x01(\x01R\x05share\x12\x18\n" +
@@ -2802,7 +3118,17 @@ const file_operator_proto_rawDesc = "" +
 	"\x15stable_rejection_rate\x18\x1d \x01(\x01R\x13stableRejectionRate\x128\n" +
 	"\x18candidate_rejection_rate\x18\x1e \x01(\x01R\x16candidateRejectionRate\x120\n" +
 	"\x14stable_regret_blocks\x18\x1f \x01(\x01R\x12stableRegretBlocks\x126\n" +
-	"\x17candidate_regret_blocks\x18  \x01(\x01R\x15candidateRegretBlocks\"\xbf\x04\n" +
+	"\x17candidate_regret_blocks\x18  \x01(\x01R\x15candidateRegretBlocks\x127\n" +
+	"\x18stable_router_error_rate\x18! \x01(\x01R\x15stableRouterErrorRate\x12=\n" +
+	"\x1bcandidate_router_error_rate\x18\" \x01(\x01R\x18candidateRouterErrorRate\x127\n" +
+	"\x18stable_client_error_rate\x18# \x01(\x01R\x15stableClientErrorRate\x12=\n" +
+	"\x1bcandidate_client_error_rate\x18$ \x01(\x01R\x18candidateClientErrorRate\x125\n" +
+	"\x17stable_client_gone_rate\x18% \x01(\x01R\x14stableClientGoneRate\x12;\n" +
+	"\x1acandidate_client_gone_rate\x18& \x01(\x01R\x17candidateClientGoneRate\x12#\n" +
+	"\rstable_groups\x18' \x01(\rR\fstableGroups\x12)\n" +
+	"\x10candidate_groups\x18( \x01(\rR\x0fcandidateGroups\x129\n" +
+	"\x06checks\x18) \x03(\v2!.kvrelay.operator.v1.RolloutCheckR\x06checks\x12\x18\n" +
+	"\asuspect\x18* \x01(\tR\asuspect\"\xbf\x04\n" +
 	"\aRollout\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12\x12\n" +
@@ -2863,7 +3189,7 @@ func file_operator_proto_rawDescGZIP() []byte {
 	return file_operator_proto_rawDescData
 }
 
-var file_operator_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
+var file_operator_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
 var file_operator_proto_goTypes = []any{
 	(*WorkerSpec)(nil),            // 0: kvrelay.operator.v1.WorkerSpec
 	(*BlockCounts)(nil),           // 1: kvrelay.operator.v1.BlockCounts
@@ -2891,15 +3217,16 @@ var file_operator_proto_goTypes = []any{
 	(*ListProxiesRequest)(nil),    // 23: kvrelay.operator.v1.ListProxiesRequest
 	(*ListProxiesResponse)(nil),   // 24: kvrelay.operator.v1.ListProxiesResponse
 	(*RolloutSpec)(nil),           // 25: kvrelay.operator.v1.RolloutSpec
-	(*RolloutStep)(nil),           // 26: kvrelay.operator.v1.RolloutStep
-	(*Rollout)(nil),               // 27: kvrelay.operator.v1.Rollout
-	(*StartRolloutRequest)(nil),   // 28: kvrelay.operator.v1.StartRolloutRequest
-	(*GetRolloutRequest)(nil),     // 29: kvrelay.operator.v1.GetRolloutRequest
-	(*ControlRolloutRequest)(nil), // 30: kvrelay.operator.v1.ControlRolloutRequest
-	(*PolicyChange)(nil),          // 31: kvrelay.operator.v1.PolicyChange
-	(*PolicyHistoryRequest)(nil),  // 32: kvrelay.operator.v1.PolicyHistoryRequest
-	(*PolicyHistoryResponse)(nil), // 33: kvrelay.operator.v1.PolicyHistoryResponse
-	nil,                           // 34: kvrelay.operator.v1.Plugin.ParamsEntry
+	(*RolloutCheck)(nil),          // 26: kvrelay.operator.v1.RolloutCheck
+	(*RolloutStep)(nil),           // 27: kvrelay.operator.v1.RolloutStep
+	(*Rollout)(nil),               // 28: kvrelay.operator.v1.Rollout
+	(*StartRolloutRequest)(nil),   // 29: kvrelay.operator.v1.StartRolloutRequest
+	(*GetRolloutRequest)(nil),     // 30: kvrelay.operator.v1.GetRolloutRequest
+	(*ControlRolloutRequest)(nil), // 31: kvrelay.operator.v1.ControlRolloutRequest
+	(*PolicyChange)(nil),          // 32: kvrelay.operator.v1.PolicyChange
+	(*PolicyHistoryRequest)(nil),  // 33: kvrelay.operator.v1.PolicyHistoryRequest
+	(*PolicyHistoryResponse)(nil), // 34: kvrelay.operator.v1.PolicyHistoryResponse
+	nil,                           // 35: kvrelay.operator.v1.Plugin.ParamsEntry
 }
 var file_operator_proto_depIdxs = []int32{
 	1,  // 0: kvrelay.operator.v1.WorkerStatus.blocks:type_name -> kvrelay.operator.v1.BlockCounts
@@ -2912,7 +3239,7 @@ var file_operator_proto_depIdxs = []int32{
 	7,  // 7: kvrelay.operator.v1.Profile.scorers:type_name -> kvrelay.operator.v1.Plugin
 	7,  // 8: kvrelay.operator.v1.Profile.picker:type_name -> kvrelay.operator.v1.Plugin
 	7,  // 9: kvrelay.operator.v1.Profile.spread:type_name -> kvrelay.operator.v1.Plugin
-	34, // 10: kvrelay.operator.v1.Plugin.params:type_name -> kvrelay.operator.v1.Plugin.ParamsEntry
+	35, // 10: kvrelay.operator.v1.Plugin.params:type_name -> kvrelay.operator.v1.Plugin.ParamsEntry
 	1,  // 11: kvrelay.operator.v1.WorkerBlocks.blocks:type_name -> kvrelay.operator.v1.BlockCounts
 	8,  // 12: kvrelay.operator.v1.Index.workers:type_name -> kvrelay.operator.v1.WorkerBlocks
 	10, // 13: kvrelay.operator.v1.Proxy.last_nack:type_name -> kvrelay.operator.v1.Nack
@@ -2920,47 +3247,48 @@ var file_operator_proto_depIdxs = []int32{
 	0,  // 15: kvrelay.operator.v1.UpsertWorkerRequest.spec:type_name -> kvrelay.operator.v1.WorkerSpec
 	5,  // 16: kvrelay.operator.v1.SetPolicyRequest.policy:type_name -> kvrelay.operator.v1.Policy
 	11, // 17: kvrelay.operator.v1.ListProxiesResponse.proxies:type_name -> kvrelay.operator.v1.Proxy
-	5,  // 18: kvrelay.operator.v1.Rollout.candidate:type_name -> kvrelay.operator.v1.Policy
-	25, // 19: kvrelay.operator.v1.Rollout.spec:type_name -> kvrelay.operator.v1.RolloutSpec
-	26, // 20: kvrelay.operator.v1.Rollout.steps:type_name -> kvrelay.operator.v1.RolloutStep
-	26, // 21: kvrelay.operator.v1.Rollout.current:type_name -> kvrelay.operator.v1.RolloutStep
-	5,  // 22: kvrelay.operator.v1.StartRolloutRequest.candidate:type_name -> kvrelay.operator.v1.Policy
-	25, // 23: kvrelay.operator.v1.StartRolloutRequest.spec:type_name -> kvrelay.operator.v1.RolloutSpec
-	5,  // 24: kvrelay.operator.v1.PolicyChange.policy:type_name -> kvrelay.operator.v1.Policy
-	31, // 25: kvrelay.operator.v1.PolicyHistoryResponse.changes:type_name -> kvrelay.operator.v1.PolicyChange
-	12, // 26: kvrelay.operator.v1.Operator.ListWorkers:input_type -> kvrelay.operator.v1.ListWorkersRequest
-	14, // 27: kvrelay.operator.v1.Operator.GetWorker:input_type -> kvrelay.operator.v1.GetWorkerRequest
-	15, // 28: kvrelay.operator.v1.Operator.UpsertWorker:input_type -> kvrelay.operator.v1.UpsertWorkerRequest
-	16, // 29: kvrelay.operator.v1.Operator.RemoveWorker:input_type -> kvrelay.operator.v1.RemoveWorkerRequest
-	18, // 30: kvrelay.operator.v1.Operator.Drain:input_type -> kvrelay.operator.v1.DrainRequest
-	19, // 31: kvrelay.operator.v1.Operator.Undrain:input_type -> kvrelay.operator.v1.UndrainRequest
-	20, // 32: kvrelay.operator.v1.Operator.GetPolicy:input_type -> kvrelay.operator.v1.GetPolicyRequest
-	21, // 33: kvrelay.operator.v1.Operator.SetPolicy:input_type -> kvrelay.operator.v1.SetPolicyRequest
-	22, // 34: kvrelay.operator.v1.Operator.GetIndex:input_type -> kvrelay.operator.v1.GetIndexRequest
-	23, // 35: kvrelay.operator.v1.Operator.ListProxies:input_type -> kvrelay.operator.v1.ListProxiesRequest
-	28, // 36: kvrelay.operator.v1.Operator.StartRollout:input_type -> kvrelay.operator.v1.StartRolloutRequest
-	29, // 37: kvrelay.operator.v1.Operator.GetRollout:input_type -> kvrelay.operator.v1.GetRolloutRequest
-	30, // 38: kvrelay.operator.v1.Operator.ControlRollout:input_type -> kvrelay.operator.v1.ControlRolloutRequest
-	32, // 39: kvrelay.operator.v1.Operator.PolicyHistory:input_type -> kvrelay.operator.v1.PolicyHistoryRequest
-	13, // 40: kvrelay.operator.v1.Operator.ListWorkers:output_type -> kvrelay.operator.v1.ListWorkersResponse
-	4,  // 41: kvrelay.operator.v1.Operator.GetWorker:output_type -> kvrelay.operator.v1.Worker
-	4,  // 42: kvrelay.operator.v1.Operator.UpsertWorker:output_type -> kvrelay.operator.v1.Worker
-	17, // 43: kvrelay.operator.v1.Operator.RemoveWorker:output_type -> kvrelay.operator.v1.RemoveWorkerResponse
-	4,  // 44: kvrelay.operator.v1.Operator.Drain:output_type -> kvrelay.operator.v1.Worker
-	4,  // 45: kvrelay.operator.v1.Operator.Undrain:output_type -> kvrelay.operator.v1.Worker
-	5,  // 46: kvrelay.operator.v1.Operator.GetPolicy:output_type -> kvrelay.operator.v1.Policy
-	5,  // 47: kvrelay.operator.v1.Operator.SetPolicy:output_type -> kvrelay.operator.v1.Policy
-	9,  // 48: kvrelay.operator.v1.Operator.GetIndex:output_type -> kvrelay.operator.v1.Index
-	24, // 49: kvrelay.operator.v1.Operator.ListProxies:output_type -> kvrelay.operator.v1.ListProxiesResponse
-	27, // 50: kvrelay.operator.v1.Operator.StartRollout:output_type -> kvrelay.operator.v1.Rollout
-	27, // 51: kvrelay.operator.v1.Operator.GetRollout:output_type -> kvrelay.operator.v1.Rollout
-	27, // 52: kvrelay.operator.v1.Operator.ControlRollout:output_type -> kvrelay.operator.v1.Rollout
-	33, // 53: kvrelay.operator.v1.Operator.PolicyHistory:output_type -> kvrelay.operator.v1.PolicyHistoryResponse
-	40, // [40:54] is the sub-list for method output_type
-	26, // [26:40] is the sub-list for method input_type
-	26, // [26:26] is the sub-list for extension type_name
-	26, // [26:26] is the sub-list for extension extendee
-	0,  // [0:26] is the sub-list for field type_name
+	26, // 18: kvrelay.operator.v1.RolloutStep.checks:type_name -> kvrelay.operator.v1.RolloutCheck
+	5,  // 19: kvrelay.operator.v1.Rollout.candidate:type_name -> kvrelay.operator.v1.Policy
+	25, // 20: kvrelay.operator.v1.Rollout.spec:type_name -> kvrelay.operator.v1.RolloutSpec
+	27, // 21: kvrelay.operator.v1.Rollout.steps:type_name -> kvrelay.operator.v1.RolloutStep
+	27, // 22: kvrelay.operator.v1.Rollout.current:type_name -> kvrelay.operator.v1.RolloutStep
+	5,  // 23: kvrelay.operator.v1.StartRolloutRequest.candidate:type_name -> kvrelay.operator.v1.Policy
+	25, // 24: kvrelay.operator.v1.StartRolloutRequest.spec:type_name -> kvrelay.operator.v1.RolloutSpec
+	5,  // 25: kvrelay.operator.v1.PolicyChange.policy:type_name -> kvrelay.operator.v1.Policy
+	32, // 26: kvrelay.operator.v1.PolicyHistoryResponse.changes:type_name -> kvrelay.operator.v1.PolicyChange
+	12, // 27: kvrelay.operator.v1.Operator.ListWorkers:input_type -> kvrelay.operator.v1.ListWorkersRequest
+	14, // 28: kvrelay.operator.v1.Operator.GetWorker:input_type -> kvrelay.operator.v1.GetWorkerRequest
+	15, // 29: kvrelay.operator.v1.Operator.UpsertWorker:input_type -> kvrelay.operator.v1.UpsertWorkerRequest
+	16, // 30: kvrelay.operator.v1.Operator.RemoveWorker:input_type -> kvrelay.operator.v1.RemoveWorkerRequest
+	18, // 31: kvrelay.operator.v1.Operator.Drain:input_type -> kvrelay.operator.v1.DrainRequest
+	19, // 32: kvrelay.operator.v1.Operator.Undrain:input_type -> kvrelay.operator.v1.UndrainRequest
+	20, // 33: kvrelay.operator.v1.Operator.GetPolicy:input_type -> kvrelay.operator.v1.GetPolicyRequest
+	21, // 34: kvrelay.operator.v1.Operator.SetPolicy:input_type -> kvrelay.operator.v1.SetPolicyRequest
+	22, // 35: kvrelay.operator.v1.Operator.GetIndex:input_type -> kvrelay.operator.v1.GetIndexRequest
+	23, // 36: kvrelay.operator.v1.Operator.ListProxies:input_type -> kvrelay.operator.v1.ListProxiesRequest
+	29, // 37: kvrelay.operator.v1.Operator.StartRollout:input_type -> kvrelay.operator.v1.StartRolloutRequest
+	30, // 38: kvrelay.operator.v1.Operator.GetRollout:input_type -> kvrelay.operator.v1.GetRolloutRequest
+	31, // 39: kvrelay.operator.v1.Operator.ControlRollout:input_type -> kvrelay.operator.v1.ControlRolloutRequest
+	33, // 40: kvrelay.operator.v1.Operator.PolicyHistory:input_type -> kvrelay.operator.v1.PolicyHistoryRequest
+	13, // 41: kvrelay.operator.v1.Operator.ListWorkers:output_type -> kvrelay.operator.v1.ListWorkersResponse
+	4,  // 42: kvrelay.operator.v1.Operator.GetWorker:output_type -> kvrelay.operator.v1.Worker
+	4,  // 43: kvrelay.operator.v1.Operator.UpsertWorker:output_type -> kvrelay.operator.v1.Worker
+	17, // 44: kvrelay.operator.v1.Operator.RemoveWorker:output_type -> kvrelay.operator.v1.RemoveWorkerResponse
+	4,  // 45: kvrelay.operator.v1.Operator.Drain:output_type -> kvrelay.operator.v1.Worker
+	4,  // 46: kvrelay.operator.v1.Operator.Undrain:output_type -> kvrelay.operator.v1.Worker
+	5,  // 47: kvrelay.operator.v1.Operator.GetPolicy:output_type -> kvrelay.operator.v1.Policy
+	5,  // 48: kvrelay.operator.v1.Operator.SetPolicy:output_type -> kvrelay.operator.v1.Policy
+	9,  // 49: kvrelay.operator.v1.Operator.GetIndex:output_type -> kvrelay.operator.v1.Index
+	24, // 50: kvrelay.operator.v1.Operator.ListProxies:output_type -> kvrelay.operator.v1.ListProxiesResponse
+	28, // 51: kvrelay.operator.v1.Operator.StartRollout:output_type -> kvrelay.operator.v1.Rollout
+	28, // 52: kvrelay.operator.v1.Operator.GetRollout:output_type -> kvrelay.operator.v1.Rollout
+	28, // 53: kvrelay.operator.v1.Operator.ControlRollout:output_type -> kvrelay.operator.v1.Rollout
+	34, // 54: kvrelay.operator.v1.Operator.PolicyHistory:output_type -> kvrelay.operator.v1.PolicyHistoryResponse
+	41, // [41:55] is the sub-list for method output_type
+	27, // [27:41] is the sub-list for method input_type
+	27, // [27:27] is the sub-list for extension type_name
+	27, // [27:27] is the sub-list for extension extendee
+	0,  // [0:27] is the sub-list for field type_name
 }
 
 func init() { file_operator_proto_init() }
@@ -2976,7 +3304,7 @@ func file_operator_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_operator_proto_rawDesc), len(file_operator_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   35,
+			NumMessages:   36,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

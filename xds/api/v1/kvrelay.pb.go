@@ -1593,8 +1593,21 @@ type ArmReport struct {
 	RegretBlocks uint64 `protobuf:"varint,19,opt,name=regret_blocks,json=regretBlocks,proto3" json:"regret_blocks,omitempty"`
 	// hit_counts[i] counts answered requests whose share of prompt blocks cached was within
 	// hit_bounds[i] (above hit_bounds[i-1]): the spread of hit rates behind cached_blocks.
-	HitBounds     []float64 `protobuf:"fixed64,20,rep,packed,name=hit_bounds,json=hitBounds,proto3" json:"hit_bounds,omitempty"`
-	HitCounts     []uint64  `protobuf:"varint,21,rep,packed,name=hit_counts,json=hitCounts,proto3" json:"hit_counts,omitempty"`
+	HitBounds []float64 `protobuf:"fixed64,20,rep,packed,name=hit_bounds,json=hitBounds,proto3" json:"hit_bounds,omitempty"`
+	HitCounts []uint64  `protobuf:"varint,21,rep,packed,name=hit_counts,json=hitCounts,proto3" json:"hit_counts,omitempty"`
+	// router_errors are the answers the routing is answerable for: 5xx from engines and from
+	// the proxy (timeouts and rejections included) and streams that broke after their head
+	// (answered 200, ended without their end). client_errors are the 4xx answers other than
+	// 429; client_gone the requests whose client went away before their answer ended (the
+	// proxy answered 499 or stopped streaming). errors above counts every non-2xx answer.
+	RouterErrors uint64 `protobuf:"varint,22,opt,name=router_errors,json=routerErrors,proto3" json:"router_errors,omitempty"`
+	ClientErrors uint64 `protobuf:"varint,23,opt,name=client_errors,json=clientErrors,proto3" json:"client_errors,omitempty"`
+	ClientGone   uint64 `protobuf:"varint,24,opt,name=client_gone,json=clientGone,proto3" json:"client_gone,omitempty"`
+	// groups split the arm's figures by conversation: a conversation (the hash the split
+	// places it by) falls in the same one of a fixed number of groups on every proxy, so a
+	// group sums whole conversations and groups are independent samples, which a rollout's
+	// analysis resamples. Only groups with requests are sent.
+	Groups        []*ArmGroup `protobuf:"bytes,25,rep,name=groups,proto3" json:"groups,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1776,6 +1789,144 @@ func (x *ArmReport) GetHitCounts() []uint64 {
 	return nil
 }
 
+func (x *ArmReport) GetRouterErrors() uint64 {
+	if x != nil {
+		return x.RouterErrors
+	}
+	return 0
+}
+
+func (x *ArmReport) GetClientErrors() uint64 {
+	if x != nil {
+		return x.ClientErrors
+	}
+	return 0
+}
+
+func (x *ArmReport) GetClientGone() uint64 {
+	if x != nil {
+		return x.ClientGone
+	}
+	return 0
+}
+
+func (x *ArmReport) GetGroups() []*ArmGroup {
+	if x != nil {
+		return x.Groups
+	}
+	return nil
+}
+
+// ArmGroup is one conversation group's figures in an arm (ArmReport.groups), cumulative;
+// its histograms have the arm's bounds.
+type ArmGroup struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Group         uint32                 `protobuf:"varint,1,opt,name=group,proto3" json:"group,omitempty"`
+	Requests      uint64                 `protobuf:"varint,2,opt,name=requests,proto3" json:"requests,omitempty"`
+	RouterErrors  uint64                 `protobuf:"varint,3,opt,name=router_errors,json=routerErrors,proto3" json:"router_errors,omitempty"`
+	ClientErrors  uint64                 `protobuf:"varint,4,opt,name=client_errors,json=clientErrors,proto3" json:"client_errors,omitempty"`
+	ClientGone    uint64                 `protobuf:"varint,5,opt,name=client_gone,json=clientGone,proto3" json:"client_gone,omitempty"`
+	CachedBlocks  uint64                 `protobuf:"varint,6,opt,name=cached_blocks,json=cachedBlocks,proto3" json:"cached_blocks,omitempty"`
+	PromptBlocks  uint64                 `protobuf:"varint,7,opt,name=prompt_blocks,json=promptBlocks,proto3" json:"prompt_blocks,omitempty"`
+	TtftCounts    []uint64               `protobuf:"varint,8,rep,packed,name=ttft_counts,json=ttftCounts,proto3" json:"ttft_counts,omitempty"`
+	ItlCounts     []uint64               `protobuf:"varint,9,rep,packed,name=itl_counts,json=itlCounts,proto3" json:"itl_counts,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ArmGroup) Reset() {
+	*x = ArmGroup{}
+	mi := &file_kvrelay_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ArmGroup) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ArmGroup) ProtoMessage() {}
+
+func (x *ArmGroup) ProtoReflect() protoreflect.Message {
+	mi := &file_kvrelay_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ArmGroup.ProtoReflect.Descriptor instead.
+func (*ArmGroup) Descriptor() ([]byte, []int) {
+	return file_kvrelay_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *ArmGroup) GetGroup() uint32 {
+	if x != nil {
+		return x.Group
+	}
+	return 0
+}
+
+func (x *ArmGroup) GetRequests() uint64 {
+	if x != nil {
+		return x.Requests
+	}
+	return 0
+}
+
+func (x *ArmGroup) GetRouterErrors() uint64 {
+	if x != nil {
+		return x.RouterErrors
+	}
+	return 0
+}
+
+func (x *ArmGroup) GetClientErrors() uint64 {
+	if x != nil {
+		return x.ClientErrors
+	}
+	return 0
+}
+
+func (x *ArmGroup) GetClientGone() uint64 {
+	if x != nil {
+		return x.ClientGone
+	}
+	return 0
+}
+
+func (x *ArmGroup) GetCachedBlocks() uint64 {
+	if x != nil {
+		return x.CachedBlocks
+	}
+	return 0
+}
+
+func (x *ArmGroup) GetPromptBlocks() uint64 {
+	if x != nil {
+		return x.PromptBlocks
+	}
+	return 0
+}
+
+func (x *ArmGroup) GetTtftCounts() []uint64 {
+	if x != nil {
+		return x.TtftCounts
+	}
+	return nil
+}
+
+func (x *ArmGroup) GetItlCounts() []uint64 {
+	if x != nil {
+		return x.ItlCounts
+	}
+	return nil
+}
+
 // ReportSeq names the report of one proxy that a pushed load includes.
 type ReportSeq struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1787,7 +1938,7 @@ type ReportSeq struct {
 
 func (x *ReportSeq) Reset() {
 	*x = ReportSeq{}
-	mi := &file_kvrelay_proto_msgTypes[14]
+	mi := &file_kvrelay_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1799,7 +1950,7 @@ func (x *ReportSeq) String() string {
 func (*ReportSeq) ProtoMessage() {}
 
 func (x *ReportSeq) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[14]
+	mi := &file_kvrelay_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1812,7 +1963,7 @@ func (x *ReportSeq) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportSeq.ProtoReflect.Descriptor instead.
 func (*ReportSeq) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{14}
+	return file_kvrelay_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ReportSeq) GetNodeId() string {
@@ -1841,7 +1992,7 @@ type WorkerLoad struct {
 
 func (x *WorkerLoad) Reset() {
 	*x = WorkerLoad{}
-	mi := &file_kvrelay_proto_msgTypes[15]
+	mi := &file_kvrelay_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1853,7 +2004,7 @@ func (x *WorkerLoad) String() string {
 func (*WorkerLoad) ProtoMessage() {}
 
 func (x *WorkerLoad) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[15]
+	mi := &file_kvrelay_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1866,7 +2017,7 @@ func (x *WorkerLoad) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerLoad.ProtoReflect.Descriptor instead.
 func (*WorkerLoad) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{15}
+	return file_kvrelay_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *WorkerLoad) GetWorkerId() string {
@@ -1913,7 +2064,7 @@ type LoadReportAck struct {
 
 func (x *LoadReportAck) Reset() {
 	*x = LoadReportAck{}
-	mi := &file_kvrelay_proto_msgTypes[16]
+	mi := &file_kvrelay_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1925,7 +2076,7 @@ func (x *LoadReportAck) String() string {
 func (*LoadReportAck) ProtoMessage() {}
 
 func (x *LoadReportAck) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[16]
+	mi := &file_kvrelay_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1938,7 +2089,7 @@ func (x *LoadReportAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadReportAck.ProtoReflect.Descriptor instead.
 func (*LoadReportAck) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{16}
+	return file_kvrelay_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *LoadReportAck) GetIntervalMs() uint32 {
@@ -2112,7 +2263,7 @@ const file_kvrelay_proto_rawDesc = "" +
 	"\brequests\x18\x03 \x01(\x03R\brequests\x12\x12\n" +
 	"\x04ttft\x18\x04 \x01(\x01R\x04ttft\x12\x14\n" +
 	"\x05queue\x18\x05 \x01(\x01R\x05queue\x12\x18\n" +
-	"\aprefill\x18\x06 \x01(\x01R\aprefill\"\xb6\x06\n" +
+	"\aprefill\x18\x06 \x01(\x01R\aprefill\"\xd3\a\n" +
 	"\tArmReport\x12%\n" +
 	"\x0epolicy_version\x18\x01 \x01(\x04R\rpolicyVersion\x12\x1a\n" +
 	"\brequests\x18\x02 \x01(\x04R\brequests\x12\x16\n" +
@@ -2143,7 +2294,25 @@ const file_kvrelay_proto_rawDesc = "" +
 	"\n" +
 	"hit_bounds\x18\x14 \x03(\x01R\thitBounds\x12\x1d\n" +
 	"\n" +
-	"hit_counts\x18\x15 \x03(\x04R\thitCounts\"6\n" +
+	"hit_counts\x18\x15 \x03(\x04R\thitCounts\x12#\n" +
+	"\rrouter_errors\x18\x16 \x01(\x04R\frouterErrors\x12#\n" +
+	"\rclient_errors\x18\x17 \x01(\x04R\fclientErrors\x12\x1f\n" +
+	"\vclient_gone\x18\x18 \x01(\x04R\n" +
+	"clientGone\x120\n" +
+	"\x06groups\x18\x19 \x03(\v2\x18.kvrelay.xds.v1.ArmGroupR\x06groups\"\xb1\x02\n" +
+	"\bArmGroup\x12\x14\n" +
+	"\x05group\x18\x01 \x01(\rR\x05group\x12\x1a\n" +
+	"\brequests\x18\x02 \x01(\x04R\brequests\x12#\n" +
+	"\rrouter_errors\x18\x03 \x01(\x04R\frouterErrors\x12#\n" +
+	"\rclient_errors\x18\x04 \x01(\x04R\fclientErrors\x12\x1f\n" +
+	"\vclient_gone\x18\x05 \x01(\x04R\n" +
+	"clientGone\x12#\n" +
+	"\rcached_blocks\x18\x06 \x01(\x04R\fcachedBlocks\x12#\n" +
+	"\rprompt_blocks\x18\a \x01(\x04R\fpromptBlocks\x12\x1f\n" +
+	"\vttft_counts\x18\b \x03(\x04R\n" +
+	"ttftCounts\x12\x1d\n" +
+	"\n" +
+	"itl_counts\x18\t \x03(\x04R\titlCounts\"6\n" +
 	"\tReportSeq\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\"\x91\x01\n" +
@@ -2180,7 +2349,7 @@ func file_kvrelay_proto_rawDescGZIP() []byte {
 }
 
 var file_kvrelay_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_kvrelay_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_kvrelay_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_kvrelay_proto_goTypes = []any{
 	(Role)(0),               // 0: kvrelay.xds.v1.Role
 	(*Worker)(nil),          // 1: kvrelay.xds.v1.Worker
@@ -2197,10 +2366,11 @@ var file_kvrelay_proto_goTypes = []any{
 	(*DecisionSample)(nil),  // 12: kvrelay.xds.v1.DecisionSample
 	(*CandidateSample)(nil), // 13: kvrelay.xds.v1.CandidateSample
 	(*ArmReport)(nil),       // 14: kvrelay.xds.v1.ArmReport
-	(*ReportSeq)(nil),       // 15: kvrelay.xds.v1.ReportSeq
-	(*WorkerLoad)(nil),      // 16: kvrelay.xds.v1.WorkerLoad
-	(*LoadReportAck)(nil),   // 17: kvrelay.xds.v1.LoadReportAck
-	nil,                     // 18: kvrelay.xds.v1.Plugin.ParamsEntry
+	(*ArmGroup)(nil),        // 15: kvrelay.xds.v1.ArmGroup
+	(*ReportSeq)(nil),       // 16: kvrelay.xds.v1.ReportSeq
+	(*WorkerLoad)(nil),      // 17: kvrelay.xds.v1.WorkerLoad
+	(*LoadReportAck)(nil),   // 18: kvrelay.xds.v1.LoadReportAck
+	nil,                     // 19: kvrelay.xds.v1.Plugin.ParamsEntry
 }
 var file_kvrelay_proto_depIdxs = []int32{
 	0,  // 0: kvrelay.xds.v1.Worker.role:type_name -> kvrelay.xds.v1.Role
@@ -2209,28 +2379,29 @@ var file_kvrelay_proto_depIdxs = []int32{
 	2,  // 3: kvrelay.xds.v1.Worker.fit:type_name -> kvrelay.xds.v1.LatencyFit
 	0,  // 4: kvrelay.xds.v1.LatencyFit.role:type_name -> kvrelay.xds.v1.Role
 	3,  // 5: kvrelay.xds.v1.LatencyFit.workers:type_name -> kvrelay.xds.v1.WorkerFit
-	15, // 6: kvrelay.xds.v1.Load.reports:type_name -> kvrelay.xds.v1.ReportSeq
+	16, // 6: kvrelay.xds.v1.Load.reports:type_name -> kvrelay.xds.v1.ReportSeq
 	6,  // 7: kvrelay.xds.v1.RoutingPolicy.candidate:type_name -> kvrelay.xds.v1.RoutingPolicy
 	7,  // 8: kvrelay.xds.v1.RoutingPolicy.profile:type_name -> kvrelay.xds.v1.Profile
 	8,  // 9: kvrelay.xds.v1.Profile.filters:type_name -> kvrelay.xds.v1.Plugin
 	8,  // 10: kvrelay.xds.v1.Profile.scorers:type_name -> kvrelay.xds.v1.Plugin
 	8,  // 11: kvrelay.xds.v1.Profile.picker:type_name -> kvrelay.xds.v1.Plugin
 	8,  // 12: kvrelay.xds.v1.Profile.spread:type_name -> kvrelay.xds.v1.Plugin
-	18, // 13: kvrelay.xds.v1.Plugin.params:type_name -> kvrelay.xds.v1.Plugin.ParamsEntry
-	16, // 14: kvrelay.xds.v1.LoadReport.workers:type_name -> kvrelay.xds.v1.WorkerLoad
+	19, // 13: kvrelay.xds.v1.Plugin.params:type_name -> kvrelay.xds.v1.Plugin.ParamsEntry
+	17, // 14: kvrelay.xds.v1.LoadReport.workers:type_name -> kvrelay.xds.v1.WorkerLoad
 	14, // 15: kvrelay.xds.v1.LoadReport.arms:type_name -> kvrelay.xds.v1.ArmReport
 	12, // 16: kvrelay.xds.v1.LoadReport.decisions:type_name -> kvrelay.xds.v1.DecisionSample
 	2,  // 17: kvrelay.xds.v1.LoadReport.fits:type_name -> kvrelay.xds.v1.LatencyFit
 	13, // 18: kvrelay.xds.v1.DecisionSample.candidates:type_name -> kvrelay.xds.v1.CandidateSample
-	9,  // 19: kvrelay.xds.v1.IndexJournal.Stream:input_type -> kvrelay.xds.v1.JournalAck
-	11, // 20: kvrelay.xds.v1.LoadReporting.Report:input_type -> kvrelay.xds.v1.LoadReport
-	10, // 21: kvrelay.xds.v1.IndexJournal.Stream:output_type -> kvrelay.xds.v1.JournalBatch
-	17, // 22: kvrelay.xds.v1.LoadReporting.Report:output_type -> kvrelay.xds.v1.LoadReportAck
-	21, // [21:23] is the sub-list for method output_type
-	19, // [19:21] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	15, // 19: kvrelay.xds.v1.ArmReport.groups:type_name -> kvrelay.xds.v1.ArmGroup
+	9,  // 20: kvrelay.xds.v1.IndexJournal.Stream:input_type -> kvrelay.xds.v1.JournalAck
+	11, // 21: kvrelay.xds.v1.LoadReporting.Report:input_type -> kvrelay.xds.v1.LoadReport
+	10, // 22: kvrelay.xds.v1.IndexJournal.Stream:output_type -> kvrelay.xds.v1.JournalBatch
+	18, // 23: kvrelay.xds.v1.LoadReporting.Report:output_type -> kvrelay.xds.v1.LoadReportAck
+	22, // [22:24] is the sub-list for method output_type
+	20, // [20:22] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_kvrelay_proto_init() }
@@ -2245,7 +2416,7 @@ func file_kvrelay_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvrelay_proto_rawDesc), len(file_kvrelay_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   18,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   2,
 		},
