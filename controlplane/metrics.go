@@ -25,7 +25,7 @@ type collector struct {
 	journalDropped, xdsDropped                   *prometheus.Desc
 	rolloutState, rolloutStep, rolloutShare      *prometheus.Desc
 	stepRequests, stepTTFTP90, stepHitRate       *prometheus.Desc
-	stepErrorRate, stepITLP90                    *prometheus.Desc
+	stepErrorRate, stepITLP90, stepRouterErrors  *prometheus.Desc
 	leading, leaderTerms                         *prometheus.Desc
 }
 
@@ -56,7 +56,7 @@ func newCollector(s *Server) *collector {
 		nacks:            d("xds_nacks_total", "ADS responses refused by proxies."),
 		loadReporters:    d("load_reporters", "Proxies whose in-flight load report is live."),
 		unknownLoads:     d("load_report_unknown_workers_total", "Load report entries dropped for naming a worker that is not published."),
-		armRequests:      d("policy_requests_total", "Chat and text completions the proxies answered, by the routing policy version that routed them and outcome (ok: 2xx, error), summed over the proxies reporting now.", "policy_version", "outcome"),
+		armRequests:      d("policy_requests_total", "Chat and text completions the proxies answered, by the routing policy version that routed them and outcome (ok: 2xx; router_error: 5xx, 429, broken streams; client_error: other 4xx; client_gone: the client left first), summed over the proxies reporting now.", "policy_version", "outcome"),
 		armTTFTP90:       d("policy_ttft_p90_seconds", "TTFT p90 of the requests each routing policy version routed, over the proxies reporting now (a rollout's stable and candidate arms).", "policy_version"),
 		armHitRate:       d("policy_prefix_hit_rate", "Share of prompt blocks engines reported cached, of the requests each routing policy version routed.", "policy_version"),
 		refusedConns:     d("xds_refused_connections_total", "xDS connections closed at once for a peer host already holding 32."),
@@ -73,6 +73,7 @@ func newCollector(s *Server) *collector {
 		stepHitRate:      d("rollout_step_prefix_hit_rate", "Prefix hit rate of each arm in the running rollout step so far.", "arm"),
 		stepITLP90:       d("rollout_step_itl_p90_seconds", "Inter-token latency p90 of each arm in the running rollout step so far.", "arm"),
 		stepErrorRate:    d("rollout_step_error_rate", "Share of non-2xx answers of each arm in the running rollout step so far.", "arm"),
+		stepRouterErrors: d("rollout_step_router_error_rate", "Share of each arm's answers in the running rollout step so far that the routing is answerable for (5xx, 429, broken streams).", "arm"),
 	}
 }
 
@@ -152,8 +153,11 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	k(c.refusedConns, xs.RefusedConns)
 	for v, a := range s.xds.Arms() {
 		ver := strconv.FormatUint(v, 10)
-		k(c.armRequests, a.Requests-min(a.Errors, a.Requests), ver, "ok")
-		k(c.armRequests, a.Errors, ver, "error")
+		bad := a.RouterErrors + a.ClientErrors + a.ClientGone
+		k(c.armRequests, a.Requests-min(bad, a.Requests), ver, "ok")
+		k(c.armRequests, a.RouterErrors, ver, "router_error")
+		k(c.armRequests, a.ClientErrors, ver, "client_error")
+		k(c.armRequests, a.ClientGone, ver, "client_gone")
 		if q := (rollout.Histogram{Bounds: a.TTFTBounds, Counts: a.TTFTCounts}).Quantile(0.9); !math.IsNaN(q) {
 			g(c.armTTFTP90, q, ver)
 		}
@@ -184,6 +188,8 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			g(c.stepITLP90, cur.CandidateITLP90, "candidate")
 			g(c.stepErrorRate, cur.StableErrorRate, "stable")
 			g(c.stepErrorRate, cur.CandidateErrorRate, "candidate")
+			g(c.stepRouterErrors, cur.StableRouterErrorRate, "stable")
+			g(c.stepRouterErrors, cur.CandidateRouterErrorRate, "candidate")
 		}
 	}
 }

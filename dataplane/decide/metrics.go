@@ -114,7 +114,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Buckets: armTTFTBounds[:],
 		}, []string{"policy_version"}),
 		armRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "kvrelay_proxy_policy_requests_total", Help: "Answered chat and text completions by the routing policy version that routed them and outcome (ok: 2xx, error: the rest).",
+			Name: "kvrelay_proxy_policy_requests_total", Help: "Answered chat and text completions by the routing policy version that routed them and outcome (ok: 2xx; router_error: 5xx, 429, streams that broke after their head; client_error: other 4xx; client_gone: the client left before its answer ended).",
 		}, []string{"policy_version", "outcome"}),
 		shadow: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvrelay_proxy_shadow_decisions_total", Help: "Requests a rollout's candidate policy decided in shadow beside the stable one, by result: agree (same worker), disagree, no_pick.",

@@ -41,7 +41,8 @@ type armSeries struct {
 	version string
 	regret  *regretObs
 	ttft    prometheus.Observer
-	ok, bad prometheus.Counter // answers 2xx, other
+	// outcomes count its answers: 2xx, the router's errors, the clients' errors, clients gone.
+	outcomes [4]prometheus.Counter
 
 	num              uint64 // the version; 0 for a static proxy's policy
 	requests, errors atomic.Uint64
@@ -74,6 +75,16 @@ type armGroup struct {
 	ttft                                 [len(armTTFTBounds) + 1]atomic.Uint64
 	itl                                  [len(armITLBounds) + 1]atomic.Uint64
 }
+
+// The outcomes of an arm's answers, in armSeries.outcomes and its series' outcome label.
+const (
+	outcomeOK = iota
+	outcomeRouterError
+	outcomeClientError
+	outcomeGone
+)
+
+var outcomeNames = [...]string{"ok", "router_error", "client_error", "client_gone"}
 
 // How an answered request ends, for its arm (Request.ClientGone, Request.Broken).
 const (
@@ -134,12 +145,8 @@ func (a *armSeries) observe(group, status, end int, ttft float64, hasTTFT bool, 
 	g := &a.groups[group]
 	a.requests.Add(1)
 	g.requests.Add(1)
-	switch {
-	case status >= 200 && status < 300:
-		a.ok.Inc()
-	default:
+	if status < 200 || status >= 300 {
 		a.errors.Add(1)
-		a.bad.Inc()
 		if status == 429 || status == 503 {
 			a.rejected.Add(1)
 		}
@@ -151,12 +158,17 @@ func (a *armSeries) observe(group, status, end int, ttft float64, hasTTFT bool, 
 	case end == endGone || status == 499:
 		a.gone.Add(1)
 		g.gone.Add(1)
+		a.outcomes[outcomeGone].Inc()
 	case end == endBroken || status >= 500 || status == 429:
 		a.routerErr.Add(1)
 		g.routerErr.Add(1)
+		a.outcomes[outcomeRouterError].Inc()
 	case status >= 400:
 		a.clientErr.Add(1)
 		g.clientErr.Add(1)
+		a.outcomes[outcomeClientError].Inc()
+	default:
+		a.outcomes[outcomeOK].Inc()
 	}
 	if hasTTFT {
 		b := bucket(armTTFTBounds[:], ttft)
@@ -231,8 +243,9 @@ func (c *Core) retire(a *armSeries, live ...*armSeries) {
 	m.regretBlocks.DeleteLabelValues(a.policy, a.version)
 	m.costGap.DeleteLabelValues(a.policy, a.version)
 	m.armTTFT.DeleteLabelValues(a.version)
-	m.armRequests.DeleteLabelValues(a.version, "ok")
-	m.armRequests.DeleteLabelValues(a.version, "error")
+	for _, o := range outcomeNames {
+		m.armRequests.DeleteLabelValues(a.version, o)
+	}
 }
 
 // ArmReports are the figures of the arms routing now, for a load report.
@@ -249,7 +262,7 @@ func (c *Core) ArmReports() []*xdsv1.ArmReport {
 
 func (c *Core) newArmSeries(policy, version string) *armSeries {
 	num, _ := strconv.ParseUint(version, 10, 64)
-	return &armSeries{
+	a := &armSeries{
 		policy:  policy,
 		num:     num,
 		version: version,
@@ -258,9 +271,11 @@ func (c *Core) newArmSeries(policy, version string) *armSeries {
 			gap:    c.m.costGap.WithLabelValues(policy, version),
 		},
 		ttft: c.m.armTTFT.WithLabelValues(version),
-		ok:   c.m.armRequests.WithLabelValues(version, "ok"),
-		bad:  c.m.armRequests.WithLabelValues(version, "error"),
 	}
+	for i, o := range outcomeNames {
+		a.outcomes[i] = c.m.armRequests.WithLabelValues(version, o)
+	}
+	return a
 }
 
 // regretObs are a policy version's routing regret histograms.

@@ -399,6 +399,28 @@ func TestEngineDiesMidStream(t *testing.T) {
 	if bytes.Count(body, []byte(`"content":"hi"`)) != 3 || !bytes.Contains(body, []byte(`"error"`)) || !bytes.HasSuffix(body, []byte("data: [DONE]\n\n")) {
 		t.Fatalf("stream: %s", body)
 	}
+	// Answered 200, but broken: the routing's failure in its policy's figures, not a success.
+	waitMetric(t, "http://"+p.Addr()+"/metrics", `kvrelay_proxy_policy_requests_total{outcome="router_error",policy_version="local"}`, 1)
+	_, m := get(t, "http://"+p.Addr()+"/metrics")
+	if v := metricValue(t, m, `kvrelay_proxy_policy_requests_total{outcome="ok",policy_version="local"}`); v != 0 {
+		t.Fatalf("a broken stream counted %v ok", v)
+	}
+}
+
+// waitMetric waits until series reads want at url.
+func waitMetric(t *testing.T, url, series string, want float64) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		_, m := get(t, url)
+		if strings.Contains(m, series+" ") && metricValue(t, m, series) == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s is not %v:\n%s", series, want, m)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 func TestRetryOnRefusedAndFailingEngines(t *testing.T) {
@@ -500,6 +522,14 @@ func TestClientDisconnectFreesEngineBlocks(t *testing.T) {
 			t.Fatalf("the engine still holds the request after the client left: %+v", c.workers[0].Engine().Load())
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+	// The client's doing, not the routing's: counted apart in its policy's figures.
+	waitMetric(t, c.base+"/metrics", `kvrelay_proxy_policy_requests_total{outcome="client_gone",policy_version="local"}`, 1)
+	_, m := get(t, c.base+"/metrics")
+	for _, o := range []string{"ok", "router_error"} {
+		if series := `kvrelay_proxy_policy_requests_total{outcome="` + o + `",policy_version="local"}`; strings.Contains(m, series+" ") && metricValue(t, m, series) != 0 {
+			t.Fatalf("a client that left counted as %s", o)
+		}
 	}
 }
 
