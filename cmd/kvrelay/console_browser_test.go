@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/page"
 	"github.com/chromedp/chromedp"
 )
 
@@ -209,9 +210,33 @@ func TestConsoleInBrowser(t *testing.T) {
 	if _, b := apiCall("GET", "/v1/rollout", ""); !strings.Contains(b, `"shadow"`) {
 		t.Fatalf("the rollout changed without a token: %s", b)
 	}
+	// With the token, abort asks first: dismissed, nothing changes; accepted, it aborts.
+	accept := make(chan bool, 2)
+	accept <- false
+	accept <- true
+	asked := make(chan string, 2)
+	if err := chromedp.Listen(ctx, func(ev any) {
+		if d, ok := ev.(*page.EventJavascriptDialogOpening); ok {
+			asked <- d.Message
+			ok := <-accept
+			go func() { _, _ = chromedp.Call(ctx, page.HandleJavaScriptDialog, page.HandleJavaScriptDialogParams{Accept: ok}) }()
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
 	run("entering the token", chromedp.SendKeys(chromedp.CSS(`#token`), token), chromedp.Click(chromedp.CSS(`#token-form button`)),
 		chromedp.Click(chromedp.CSS(`#rollout button[data-action="abort"]`)))
+	waitJS("the abort not confirmed", `document.querySelector('#rollout-message').dataset.kind === 'info'`, 5*time.Second)
+	if q := <-asked; !strings.Contains(q, "Abort the rollout?") {
+		t.Fatalf("the abort asked %q", q)
+	}
+	if _, b := apiCall("GET", "/v1/rollout", ""); !strings.Contains(b, `"shadow"`) {
+		t.Fatalf("the rollout changed on a dismissed confirmation: %s", b)
+	}
+	run("confirming the abort", chromedp.Click(chromedp.CSS(`#rollout button[data-action="abort"]`)))
 	waitJS("the abort done", `document.querySelector('#rollout-message').dataset.kind === 'ok'`, 5*time.Second)
+	// The charts say how long they really cover.
+	waitJS("the charts' window", `/Charts: the last \d+ s \(\d+ fleet updates/.test(document.querySelector('#charts-window').textContent)`, 5*time.Second)
 	if _, b := apiCall("GET", "/v1/rollout", ""); !strings.Contains(b, `"aborted"`) {
 		t.Fatalf("after the abort: %s", b)
 	}

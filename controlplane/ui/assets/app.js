@@ -7,6 +7,7 @@ const tokenKey = "kvrelay-token";
 const themeKey = "kvrelay-theme";
 const series = { running: [], waiting: [], hit: [], ttft: [] };
 const seriesLen = 120;
+const seriesAt = []; // when each sample of the fleet charts came (ms)
 let lastDecision = 0;
 let selectedDecision = 0;
 const decisions = [];
@@ -151,6 +152,7 @@ function renderFleet(f) {
     cell(tr, p.last_nack ? p.last_nack.reason : "–");
     pb.appendChild(tr);
   }
+  push(seriesAt, Date.now());
   push(series.running, running);
   push(series.waiting, waiting);
   push(series.hit, hitDen ? hitNum / hitDen : NaN);
@@ -159,9 +161,22 @@ function renderFleet(f) {
   chart($("#chart-load"), [series.running, series.waiting]);
   chart($("#chart-hit"), [series.hit]);
   chart($("#chart-ttft"), [series.ttft]);
+  renderWindow();
   renderIndex(f.index || {});
   renderRollout(f.rollout);
   if (num(f.decisions) > lastDecision) loadDecisions();
+}
+
+// renderWindow says how long the fleet charts really cover: their samples are the fleet
+// updates this page received since it opened, at most seriesLen of them, not a fixed span.
+function renderWindow() {
+  const n = seriesAt.length;
+  const span = n > 1 ? (seriesAt[n - 1] - seriesAt[0]) / 1000 : 0;
+  const text = span >= 120 ? fmt(span / 60, 1) + " min" : fmt(span, 0) + " s";
+  const w = $("#charts-window");
+  w.dataset.seconds = String(Math.round(span));
+  w.textContent = "Charts: the last " + text + " (" + n + " fleet updates received since this page opened, " + seriesLen +
+    " at most; Grafana keeps the history).";
 }
 
 function renderIndex(ix) {
@@ -347,7 +362,7 @@ function renderRollout(r) {
     cell(tr, s.current ? "running" : s.verdict);
     cell(tr, num(s.stable_requests) + " / " + ms(1000 * s.stable_ttft_p90) + " / " + pct(s.stable_hit_rate), "num");
     cell(tr, num(s.candidate_requests) + " / " + ms(1000 * s.candidate_ttft_p90) + " / " + pct(s.candidate_hit_rate), "num");
-    cell(tr, s.reason || "");
+    cell(tr, s.current && s.suspect ? "running on: " + s.suspect : (s.reason || ""));
     tb.appendChild(tr);
   }
 }
@@ -357,6 +372,15 @@ async function rolloutAction(action) {
   if (!token()) {
     msg.dataset.kind = "error";
     msg.textContent = "An API token is needed to " + action + " the rollout.";
+    return;
+  }
+  const ask = {
+    promote: "Promote the candidate now? It becomes the stable policy for every request, whatever the running step's figures say.",
+    abort: "Abort the rollout? Every request routes with the stable policy again, and the rollout cannot be resumed.",
+  }[action];
+  if (ask && !window.confirm(ask)) {
+    msg.dataset.kind = "info";
+    msg.textContent = "Not " + (action === "abort" ? "aborted" : "promoted") + ".";
     return;
   }
   const r = await fetch("/v1/rollout/" + action, { method: "POST", headers: headers({ "Content-Type": "application/json" }), body: "{}" });
