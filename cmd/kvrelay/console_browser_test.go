@@ -219,7 +219,9 @@ func TestConsoleInBrowser(t *testing.T) {
 		if d, ok := ev.(*page.EventJavascriptDialogOpening); ok {
 			asked <- d.Message
 			ok := <-accept
-			go func() { _, _ = chromedp.Call(ctx, page.HandleJavaScriptDialog, page.HandleJavaScriptDialogParams{Accept: ok}) }()
+			go func() {
+				_, _ = chromedp.Call(ctx, page.HandleJavaScriptDialog, page.HandleJavaScriptDialogParams{Accept: ok})
+			}()
 		}
 	}); err != nil {
 		t.Fatal(err)
