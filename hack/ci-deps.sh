@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what the tests use beyond Go, when this machine can: a C compiler (gcc: the race
-# detector needs cgo), helm (hack/helm.sh), Debian's chromium (the console's browser tests)
+# detector needs cgo), helm (hack/helm.sh), promtool (hack/promtool.sh), Debian's chromium (the console's browser tests)
 # and Debian's python3-zmq and python3-msgpack (real
 # libzmq and an independent msgpack for the interoperability tests). Without them `make test` runs without
 # -race and the interop tests skip, so a failed install is reported and not fatal.
@@ -16,6 +16,8 @@ if ! command -v "${CC:-gcc}" >/dev/null 2>&1; then
 fi
 # helm for the chart's tests (built once with go install into a cache).
 "$(dirname "$0")/helm.sh" >/dev/null || echo "ci-deps: could not build helm; the chart tests will skip"
+# promtool for the chart's alerting rules (built once with go install into a cache).
+"$(dirname "$0")/promtool.sh" >/dev/null || echo "ci-deps: could not build promtool; the rules tests will skip"
 # Chromium for the operator console's browser tests (Debian's package).
 if ! command -v chromium >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
