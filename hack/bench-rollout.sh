@@ -20,6 +20,8 @@
 #   4  the shadow step predicts the canary: for 1, 2 and 2b, the shadow's disagreement and mean
 #      counterfactual overlap (candidate vs stable picks' cached blocks) beside the canary's
 #      hit rate and TTFT per arm; they must point the same way
+#   6  a tail-bad candidate: policy: kv (cache affinity alone, which piles a hot prefix's
+#      sessions onto one worker) over the latency policy, shadow first; as 1
 #   5  faults, on a fleet run as separate processes (kvrelay sim, controlplane, proxy) with a
 #      persistent --data-dir: (a) the control plane killed (SIGKILL) mid-step and restarted:
 #      the proxy's split goes on meanwhile (kvrelay_proxy_policy_requests_total of the
@@ -34,14 +36,15 @@
 # (flock -o) for the whole run, as kvrelay's other benchmarks do. About 17 minutes on 2 CPUs.
 #
 # Settings (environment):
-#   OUT [out/bench-rollout]   MEASURE ["1 1m 2 2b 3 5"] which measurements (4 comes with 1, 2,
+#   OUT [out/bench-rollout]   MEASURE ["1 1m 2 2b 3 6 5"] which measurements (4 comes with 1, 2,
 #     2b; 1m is 1 under the Mooncake trace of hack/traces, replayed SPEEDUP times faster)
 #   STEP [20s] step duration   MIN_REQ [40] least requests per arm and step
 #   SHADOW [20s]   STEPS [25,50,100]   STEP_TIMEOUT [2m]   NEUTRAL_RUNS [10]
 #   RATE [0.4] agentic sessions started per second of workload time (× SPEEDUP per second of
 #     wall time; 0.4 gives 30-45 requests/s)   SPEEDUP [5] replay speedup and engine
 #     --speedup-ratio   BLOCKS [16384] KV blocks per worker   WARMUP [15] seconds of traffic
-#     before a rollout starts
+#     before a rollout starts   CLIENT_ERRORS [0.005] share of the workload's calls sent with
+#     max_tokens -1 (a 400: the client's error, which no arm may be judged on)
 #   FAULT_STEP [30s] step duration of measurement 5 (room for the kills within a step)
 #   CP_DOWN [10] seconds the control plane stays down in 5a
 #   REPORT_ONLY=1 runs nothing and reports again from what is in $OUT
@@ -55,7 +58,7 @@ if [ "${KVRELAY_BENCH_ROLLOUT_LOCKED:-}" != 1 ]; then
 fi
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out/bench-rollout}
-MEASURE=${MEASURE:-1 1m 2 2b 3 5}
+MEASURE=${MEASURE:-1 1m 2 2b 3 6 5}
 STEP=${STEP:-20s}
 MIN_REQ=${MIN_REQ:-40}
 SHADOW=${SHADOW:-20s}
@@ -68,6 +71,7 @@ BLOCKS=${BLOCKS:-16384}
 WARMUP=${WARMUP:-15}
 FAULT_STEP=${FAULT_STEP:-30s}
 CP_DOWN=${CP_DOWN:-10}
+CLIENT_ERRORS=${CLIENT_ERRORS:-0.005}
 WORKERS=8
 
 die() { echo "bench-rollout: $*" >&2; exit 1; }
@@ -148,7 +152,7 @@ traffic() {
   local name=$1 secs=$2
   local sessions
   sessions=$(python3 -c "import math; print(math.ceil($RATE * $SPEEDUP * $secs) + 50)")
-  "$BIN" bench run --target "http://127.0.0.1:$PROXY/v1" --workload "${TRAFFIC_WORKLOAD:-agentic:sessions=$sessions,rate=$RATE}" \
+  "$BIN" bench run --target "http://127.0.0.1:$PROXY/v1" --workload "${TRAFFIC_WORKLOAD:-agentic:sessions=$sessions,rate=$RATE,client_errors=$CLIENT_ERRORS}" \
     --duration "${secs}s" --replay-speedup "$SPEEDUP" --out "$OUT/traffic-$name" >"$OUT/logs/$name-bench.log" 2>&1 &
   TRAFFIC_PID=$!
   PIDS+=($TRAFFIC_PID)
@@ -289,6 +293,19 @@ if want 3; then
   stop $UP_PID
 fi
 
+# --- 6: a tail-bad candidate, policy: kv over the latency policy ----------------------------
+if want 6; then
+  log "6: tail-bad candidate (policy: kv) over the latency policy, shadow $SHADOW"
+  up m6
+  echo "policy: kv" >"$OUT/m6-candidate.yaml"
+  traffic m6 $((WARMUP + SHADOW_S + NSTEPS * TIMEOUT_S + 60))
+  sleep "$WARMUP"
+  rollout_start "$OUT/m6-candidate.yaml" --shadow "$SHADOW"
+  wait_done "$OUT/m6-tail.json" $ROLLOUT_MAX
+  stop $TRAFFIC_PID
+  stop $UP_PID
+fi
+
 # --- 5: faults, on separate processes -------------------------------------------------------
 if want 5; then
   log "5: faults: control plane and proxy killed mid-rollout (separate processes)"
@@ -416,7 +433,9 @@ def row(meas, run, d):
                      f"{ms(s['stable_ttft_p90'])} / {c(ms, 'ttft_p90')}",
                      f"{pct(s['stable_hit_rate'])} / {c(pct, 'hit_rate')}",
                      f"{ms(s.get('stable_itl_p90', 0))} / {c(ms, 'itl_p90') if 'candidate_itl_p90' in s else '-'}",
-                     f"{pct(s['stable_error_rate'])} / {c(pct, 'error_rate')}",
+                     f"{pct(s.get('stable_router_error_rate', 0))} / {c(pct, 'router_error_rate') if 'candidate_router_error_rate' in s else '-'}",
+                     f"{pct(s.get('stable_client_error_rate', 0))} / {c(pct, 'client_error_rate') if 'candidate_client_error_rate' in s else '-'}",
+                     f"{s.get('stable_groups', 0)} / {s.get('candidate_groups', 0)}",
                      f"{pct(s['shadow_disagreement'])}; {s['shadow_stable_overlap']:.0f} / {s['shadow_candidate_overlap']:.0f}" if s["step"] < 0 else "",
                      f"{(s['end_unix_ms'] - s['start_unix_ms']) / 1e3:.1f}", s["reason"]])
 
@@ -465,7 +484,17 @@ if neutral:
                  + (f" (runs {rb}: " + "; ".join(neutral[i - 1]["reason"] for i in rb) + ")" if rb else "")
                  + f", inconclusive steps {len(inc)}/{len(steps)}, steps that waited past {step_s:.0f} s for requests {len(waited)}/{len(steps)}"
                  + (f"; candidate/stable TTFT p90 x{min(ratio):.2f}-x{max(ratio):.2f}, hit rate difference {100 * min(hit):+.1f} to {100 * max(hit):+.1f} points" if ratio else "")
-                 + f"; time to promotion {min(t):.1f}-{max(t):.1f} s")
+                 + f"; time to promotion {min(t):.1f}-{max(t):.1f} s"
+                 + f"; client errors per step {100 * min(s.get('candidate_client_error_rate', 0) for s in steps):.1f}-{100 * max(s.get('candidate_client_error_rate', 0) for s in steps):.1f}% (candidate), judged on none")
+m6 = load("m6-tail.json")
+if m6:
+    row("6 tail-bad", "", m6)
+    last = canary(m6)[-1] if canary(m6) else None
+    lines.append(f"6 tail-bad candidate (policy: kv): {m6['state']}"
+                 + (f" at {name(last)}" if last and m6["state"] != "promoted" else "")
+                 + f", decided {dur(m6):.1f} s after the start"
+                 + (f"; {arms(last)}, TTFT p50 cand {ms(last['candidate_ttft_p50'])} vs stable {ms(last['stable_ttft_p50'])}" if last else "")
+                 + f"; reason: {m6['reason']}")
 def predicts(label, d, want_higher):
     sh, cs = shadow(d), canary(d)
     if not sh or not cs:
@@ -513,7 +542,7 @@ if m5 and os.path.exists(fp):
         lines.append("5b proxy restart: not done (the rollout left step 2 before it)")
 
 hdr = ["measurement", "run", "step", "verdict", "stable req", "cand req", "TTFT p50 s / c", "TTFT p90 s / c",
-       "hit rate s / c", "ITL p90 s / c", "errors s / c", "shadow disagreement; overlap s / c", "duration (s)", "reason"]
+       "hit rate s / c", "ITL p90 s / c", "router errors s / c", "client errors s / c", "conversation groups s / c", "shadow disagreement; overlap s / c", "duration (s)", "reason"]
 with open(os.path.join(out, "results.md"), "w") as fh:
     fh.write(f"# hack/bench-rollout.sh\n\n{settings}\n\n")
     fh.write("\n".join(lines) + "\n\n")

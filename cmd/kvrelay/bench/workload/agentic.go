@@ -3,6 +3,7 @@ package workload
 import (
 	"encoding/json"
 	"fmt"
+	"hash/fnv"
 	"slices"
 	"strings"
 	"sync"
@@ -31,6 +32,7 @@ var agenticOwnParams = []param{
 	{"preambles", "1", "distinct shared preambles (system messages of preamble tokens each), session i using preamble i mod preambles"},
 	{"pin", "0s", "send nvext.cache_control {\"type\": \"ephemeral\", \"ttl\": pin} with every call (0: never), pinning its prompt on engines that understand it"},
 	{"ephemeral", "true", "send nvext.agent_hints.ephemeral_output with calls that generate reasoning (never sent back: their generated blocks are never read again)"},
+	{"client_errors", "0", "share of model calls sent with a field the server refuses (max_tokens -1: a 400 answer, a client's bug), the session going on after it"},
 }
 
 var agenticParams = append(agenticOwnParams, burstParams...)
@@ -51,6 +53,7 @@ type agentConfig struct {
 	anonymous                           bool // session_ids=false
 	pin                                 time.Duration
 	ephemeral                           bool
+	clientErrors                        float64 // client_errors
 }
 
 // buildAgentic: sessions of an agent harness. Each session starts from the shared preamble and
@@ -62,27 +65,28 @@ type agentConfig struct {
 // never reused, as gpt-oss clients drop the analysis channel.
 func buildAgentic(p *params, seed uint64, v *vocab, tok Tokenizer) (*Workload, error) {
 	c := &agentConfig{
-		tok:         tok,
-		v:           v,
-		seed:        seed,
-		task:        p.int("task", 1, 1<<22),
-		turns:       p.int("turns", 1, 1<<16),
-		rounds:      p.int("rounds", 0, 1<<16),
-		tool:        p.int("tool", 2, 1<<22),
-		subagents:   p.int("subagents", 0, 1<<10),
-		subTask:     p.int("sub_task", 1, 1<<22),
-		subRounds:   p.int("sub_rounds", 0, 1<<16),
-		reasoning:   p.int("reasoning", 0, 1<<22),
-		osl:         p.int("osl", 1, 1<<22),
-		think:       p.duration("think"),
-		toolTime:    p.duration("tool_time"),
-		priority:    p.int("priority", -1<<20, 1<<20),
-		subPriority: p.int("sub_priority", -1<<20, 1<<20),
-		toolCalls:   p.bool("toolcalls"),
-		anonymous:   !p.bool("session_ids"),
-		rate:        p.float("rate", 0, 1e6),
-		pin:         p.duration("pin"),
-		ephemeral:   p.bool("ephemeral"),
+		tok:          tok,
+		v:            v,
+		seed:         seed,
+		task:         p.int("task", 1, 1<<22),
+		turns:        p.int("turns", 1, 1<<16),
+		rounds:       p.int("rounds", 0, 1<<16),
+		tool:         p.int("tool", 2, 1<<22),
+		subagents:    p.int("subagents", 0, 1<<10),
+		subTask:      p.int("sub_task", 1, 1<<22),
+		subRounds:    p.int("sub_rounds", 0, 1<<16),
+		reasoning:    p.int("reasoning", 0, 1<<22),
+		osl:          p.int("osl", 1, 1<<22),
+		think:        p.duration("think"),
+		toolTime:     p.duration("tool_time"),
+		priority:     p.int("priority", -1<<20, 1<<20),
+		subPriority:  p.int("sub_priority", -1<<20, 1<<20),
+		toolCalls:    p.bool("toolcalls"),
+		anonymous:    !p.bool("session_ids"),
+		rate:         p.float("rate", 0, 1e6),
+		pin:          p.duration("pin"),
+		ephemeral:    p.bool("ephemeral"),
+		clientErrors: p.float("client_errors", 0, 1),
 	}
 	nPreambles := p.int("preambles", 1, 64)
 	preamble := p.int("preamble", 1, 1<<22)
@@ -276,6 +280,7 @@ func (s *agentSession) Next(prev string) (Request, bool) {
 func (s *agentSession) request(tag string, at time.Duration) Request {
 	c := s.c
 	req := c.request(s.id, tag, at, s.history, c.priority)
+	req.Invalid = c.clientError(s.id, len(s.history))
 	s.pending = nil
 	if s.call < c.rounds {
 		if s.turn == 0 && s.call == c.fork && c.subagents > 0 {
@@ -304,6 +309,18 @@ func (s *agentSession) toolOutput(name string) string {
 }
 
 // request is a model call of any session.
+// clientError reports whether the call of session whose history holds n messages is sent
+// invalid (client_errors): a hash of both, so that the sessions' random draws, and with them
+// every other call, stay those of the same workload without client errors.
+func (c *agentConfig) clientError(session string, n int) bool {
+	if c.clientErrors <= 0 {
+		return false
+	}
+	h := fnv.New64a()
+	fmt.Fprintf(h, "%s/%d", session, n)
+	return float64(h.Sum64()>>11)/(1<<53) < c.clientErrors
+}
+
 func (c *agentConfig) request(session, tag string, at time.Duration, history []Message, priority int) Request {
 	return Request{
 		At:              at,
@@ -447,6 +464,7 @@ func (s *subagentSession) request(at time.Duration) Request {
 		tag = "fork" // a subagent's first call: the parent's context, on whichever worker
 	}
 	req := s.c.request(s.id, tag, at, s.history, s.c.subPriority)
+	req.Invalid = s.c.clientError(s.id, len(s.history))
 	s.pending = nil
 	if s.call < s.c.subRounds {
 		name, args := randomCall(s.c.v, s.r)

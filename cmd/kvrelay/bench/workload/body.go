@@ -52,6 +52,9 @@ func (r *Request) WireSession() string {
 // itself; this is the reference encoding.
 func (r *Request) Body(model string, stream bool) []byte {
 	w := wireRequest{Model: model, MaxTokens: r.MaxTokens, IgnoreEOS: r.IgnoreEOS, Stream: stream}
+	if r.Invalid {
+		w.MaxTokens = -1
+	}
 	if r.Chat {
 		w.Messages = r.Messages
 		if w.Messages == nil {

@@ -77,6 +77,9 @@ type Request struct {
 	// after all of them have ended (its next turn reads their results), the way an agent waits
 	// on parallel subagent tool calls. Spawned sessions are not listed in Workload.Sessions.
 	Spawn []Session
+	// Invalid sends the request with max_tokens -1, which servers refuse (400): a client's
+	// error, which a gateway must not count as its own.
+	Invalid bool
 }
 
 // Session is a closed-loop conversation. The runner calls Next from one goroutine at a time

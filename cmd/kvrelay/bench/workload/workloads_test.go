@@ -463,3 +463,39 @@ func TestAgenticPreamblesPinsAndEphemeralOutput(t *testing.T) {
 		}
 	}
 }
+
+// TestAgenticClientErrors: client_errors sends that share of the calls with max_tokens -1 (a
+// request servers refuse), the sessions going on as before.
+func TestAgenticClientErrors(t *testing.T) {
+	const spec = "agentic:sessions=8,preamble=40,task=6,rounds=3,subagents=1,tool=8,reasoning=4,osl=6"
+	clean, err := Parse(spec, 5, testTokenizer(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	faulty, err := Parse(spec+",client_errors=0.3", 5, testTokenizer(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := drive(t, clean, wordAnswers(t), true), drive(t, faulty, wordAnswers(t), true)
+	if len(a) != len(b) || len(a) < 40 {
+		t.Fatalf("%d clean requests, %d with client errors", len(a), len(b))
+	}
+	bad := 0
+	for i := range b {
+		body := string(b[i].Body("m", true))
+		if a[i].Invalid || strings.Contains(string(a[i].Body("m", true)), `"max_tokens":-1`) {
+			t.Fatalf("request %d of the clean workload is invalid", i)
+		}
+		if b[i].Invalid {
+			bad++
+			if !strings.Contains(body, `"max_tokens":-1`) {
+				t.Fatalf("invalid request %d: %s", i, body)
+			}
+		} else if body != string(a[i].Body("m", true)) {
+			t.Fatalf("request %d differs beyond its validity", i)
+		}
+	}
+	if share := float64(bad) / float64(len(b)); share < 0.15 || share > 0.45 {
+		t.Fatalf("%d of %d requests invalid at client_errors=0.3", bad, len(b))
+	}
+}
