@@ -1743,9 +1743,11 @@ func (x *ListProxiesResponse) GetProxies() []*Proxy {
 }
 
 // RolloutSpec is how a rollout runs and judges its steps; an unset field takes its default
-// (steps 5, 25, 50, 100 %, two minutes and 200 requests of each arm per step, a step timeout
-// of five step durations, candidate TTFT p90 at most 1.10 × stable, error rate at most
-// stable + 0.5 %, prefix hit rate at least stable − 2 points, rank test at 0.001).
+// (steps 5, 25, 50, 100 %, at least two minutes, 30 requests and 3 conversation groups of
+// each arm per step, a step timeout of five step durations, candidate TTFT p90 and p50 and
+// ITL p90 at most 1.10 × stable, router error rate at most stable + 0.5 points, prefix hit
+// rate at least stable − 2 points, each judged significant at alpha 0.0005 on conversation
+// groups).
 type RolloutSpec struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// shadow_ms is how long the candidate runs in shadow first (0: no shadow step).
