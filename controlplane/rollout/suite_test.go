@@ -2,6 +2,7 @@ package rollout
 
 import (
 	"fmt"
+	"math"
 	"runtime"
 	"slices"
 	"sync"
@@ -176,4 +177,95 @@ func TestSuiteInterference(t *testing.T) {
 	if paused < n*9/10 {
 		t.Fatalf("paused in %d of %d: want at least 90%%", paused, n)
 	}
+}
+
+// TestSuiteOldRulesReproduceTheFlaws judges the same simulated steps by the rules the
+// analysis had before it took conversations as its unit: each request an independent sample
+// (a one-sided Mann–Whitney test at 0.001 on the TTFT buckets, beside p90 > 1.10 × stable),
+// every non-2xx answer an error compared with no test (candidate rate > stable + 0.5
+// points). On neutral conversations with 0.5 % router errors (and as many client errors and
+// departures) those rules roll back far more than 1 % of rollouts, and they promote most
+// tail-only regressions: the flaws the analysis above removes.
+func TestSuiteOldRulesReproduceTheFlaws(t *testing.T) {
+	if testing.Short() {
+		t.Skip("300 simulated rollouts")
+	}
+	judgeErrors := true
+	oldFails := func(stable, cand Arm) (bool, string) {
+		se := float64(stable.Errors+stable.ClientGone) / float64(max(stable.Requests, 1))
+		ce := float64(cand.Errors+cand.ClientGone) / float64(max(cand.Requests, 1))
+		if judgeErrors && ce > se+0.005 {
+			return true, "errors"
+		}
+		if cand.TTFT.Quantile(0.9) > 1.1*stable.TTFT.Quantile(0.9) && mannWhitneySlower(stable.TTFT, cand.TTFT, 0.001) {
+			return true, "TTFT"
+		}
+		return false, ""
+	}
+	// Three steps of 2 minutes at 5, 25 and 50 %, 200 requests of each arm at least (the old
+	// defaults), judged once each.
+	rollout := func(seed uint64, tr traffic) (bool, string) {
+		f := newFleet(seed, tr)
+		now := 0.0
+		for _, share := range []float64{0.05, 0.25, 0.5} {
+			s0, c0 := f.stable.clone(), f.cand.clone()
+			for end := now + 120; ; end += 10 {
+				f.run(end, share)
+				if f.cand.Requests-c0.Requests >= 200 || end >= now+600 {
+					now = end
+					break
+				}
+			}
+			if failed, why := oldFails(f.stable.Sub(s0), f.cand.Sub(c0)); failed {
+				return true, why
+			}
+		}
+		return false, ""
+	}
+	const n = 300
+	falseBack := map[string]int{}
+	for i := range n {
+		if failed, why := rollout(uint64(1000+i), defaultTraffic(10)); failed {
+			falseBack[why]++
+		}
+	}
+	// The tail-only regression on latency alone, on traffic without errors: how often the
+	// old TTFT rule lets it through.
+	judgeErrors = false
+	tr := defaultTraffic(10)
+	tr.errorRate, tr.clientError, tr.clientGone = 0, 0, 0
+	tr.cand = effect{slowShare: 0.15, slowFactor: 4, fastFactor: 0.9}
+	promoted := 0
+	for i := range 100 {
+		if failed, _ := rollout(uint64(1000+i), tr); !failed {
+			promoted++
+		}
+	}
+	t.Logf("the old rules: neutral rollouts rolled back %v of %d; tail-only regressions promoted by the TTFT rule %d of 100", falseBack, n, promoted)
+	if falseBack["errors"]+falseBack["TTFT"] < n/20 {
+		t.Fatalf("the old rules no longer show their flaws on this fleet: rolled back %v of %d neutral", falseBack, n)
+	}
+}
+
+// mannWhitneySlower is the rank test the old analysis used: whether b's observations are
+// stochastically greater than a's, one-sided at alpha, with the buckets' ties.
+func mannWhitneySlower(a, b Histogram, alpha float64) bool {
+	na, nb := float64(a.Total()), float64(b.Total())
+	if na == 0 || nb == 0 || len(a.Counts) != len(b.Counts) {
+		return false
+	}
+	var u, below, ties float64
+	n := na + nb
+	for i := range a.Counts {
+		ca, cb := float64(a.Counts[i]), float64(b.Counts[i])
+		u += cb * (below + ca/2)
+		below += ca
+		c := ca + cb
+		ties += c*c*c - c
+	}
+	variance := na * nb / 12 * ((n + 1) - ties/(n*(n-1)))
+	if variance <= 0 {
+		return false
+	}
+	return (u-na*nb/2-0.5)/math.Sqrt(variance) > studentTQuantile(1-alpha, 1e9)
 }
