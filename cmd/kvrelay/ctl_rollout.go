@@ -36,7 +36,7 @@ groups). A step that passes moves on; one worse than a bound but not yet beyond 
 on until its figures double, up to its timeout; one that fails rolls back (or runs again,
 --failure-limit); one without enough conversations by its timeout pauses for an operator
 (--on-inconclusive rollback to roll back). A candidate whose router errors are unmistakable
-is rolled back within seconds; the shadow step fails on picks that cache less or load more;
+is rolled back within seconds; the shadow step fails on picks that cache less;
 a stable arm slower than before the rollout (a candidate loading the workers both arms
 share) pauses it. After the last step the candidate becomes the stable policy.`,
 	}
@@ -116,7 +116,7 @@ share) pauses it. After the last step the candidate becomes the stable policy.`,
 	fs.StringVar(&onIncon, "on-inconclusive", "", "what a step without enough conversations by its timeout does: pause (the default: an operator resumes, promotes or aborts) or rollback")
 	fs.Float64Var(new(float64), "fast-abort-alpha", 1e-5, "roll back at once a candidate whose router errors have less than this chance at the stable arm's rate (0: never)")
 	fs.Float64Var(new(float64), "max-shadow-overlap-drop", 0.25, "the shadow step fails when the candidate's picks cache this share fewer prompt blocks (0: not judged)")
-	fs.Float64Var(new(float64), "max-shadow-load-ratio", 2, "the shadow step fails when the candidate's picks carry this times the load (0: not judged)")
+	fs.Float64Var(new(float64), "max-shadow-load-ratio", 0, "the shadow step fails when the candidate's picks carry this times the load (0: not judged, the default: a cache-aware candidate rightly picks busier workers)")
 	fs.Float64Var(new(float64), "max-baseline-ttft-p90-ratio", 1.25, "a step pauses when the stable arm's TTFT p90 exceeds this times its p90 before the rollout, significantly (0: not judged)")
 	_ = start.MarkFlagRequired("candidate-file")
 	status := &cobra.Command{

@@ -94,18 +94,19 @@ const (
 	OnInconclusiveRollback = "rollback"
 )
 
-// DefaultSpec: steps 5, 25, 50, 100 %, each at least two minutes with 50 requests in 4
+// DefaultSpec: steps 5, 25, 50, 100 %, each at least two minutes with 30 requests in 3
 // conversation groups per arm and at most ten; candidate TTFT p90 and p50 and ITL p90 at
 // most 1.10 × stable, router error rate at most stable + 0.5 points, hit rate at least
-// stable − 2 points, each failing only when significant at 0.1 % (one-sided); an
-// inconclusive step pauses; a candidate whose errors are unmistakable (5 or more, chance
-// below 10⁻⁶) is rolled back at once; shadow fails on picks with a quarter fewer cached
-// blocks or twice the load; a stable arm 25 % slower at p90 than before the rollout pauses it.
+// stable − 2 points, each failing only when significant at 0.05 % (one-sided); an
+// inconclusive step pauses; a candidate whose errors are unmistakable (3 or more, chance
+// below 10⁻⁵) is rolled back at once; shadow fails on picks with a quarter fewer cached
+// blocks (not on their load: a cache-aware candidate rightly picks busier workers); a stable
+// arm 25 % slower at p90 than before the rollout pauses it.
 func DefaultSpec() Spec {
 	return Spec{Steps: []float64{0.05, 0.25, 0.5, 1}, StepDuration: 2 * time.Minute, MinRequests: 30, MinGroups: 3, StepTimeout: 10 * time.Minute,
 		MaxTTFTP90Ratio: 1.10, MaxTTFTP50Ratio: 1.10, MaxITLP90Ratio: 1.10, MaxErrorRateDelta: 0.005, MaxHitRateDrop: 0.02, Alpha: 0.0005,
 		OnInconclusive: OnInconclusivePause, FastAbortAlpha: 1e-5, FastAbortErrors: 3,
-		MaxShadowOverlapDrop: 0.25, MaxShadowLoadRatio: 2, MaxBaselineTTFTP90Ratio: 1.25}
+		MaxShadowOverlapDrop: 0.25, MaxBaselineTTFTP90Ratio: 1.25}
 }
 
 // Validate reports the first setting that cannot work.

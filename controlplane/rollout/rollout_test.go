@@ -133,9 +133,11 @@ func TestFailureLimitRunsAFailedStepAgain(t *testing.T) {
 }
 
 // TestShadowIsJudged: a candidate whose shadow picks cache far less than the stable
-// policy's, or land on busier workers, fails in shadow; one that agrees passes.
+// policy's fails in shadow, and, where asked (MaxShadowLoadRatio), one whose picks land on
+// busier workers; one that agrees passes.
 func TestShadowIsJudged(t *testing.T) {
 	s := spec()
+	s.MaxShadowLoadRatio = 2
 	for _, c := range []struct {
 		name string
 		sh   Shadow

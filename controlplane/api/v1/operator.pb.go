@@ -1782,7 +1782,7 @@ type RolloutSpec struct {
 	FastAbortAlpha  *float64 `protobuf:"fixed64,16,opt,name=fast_abort_alpha,json=fastAbortAlpha,proto3,oneof" json:"fast_abort_alpha,omitempty"`
 	FastAbortErrors uint64   `protobuf:"varint,17,opt,name=fast_abort_errors,json=fastAbortErrors,proto3" json:"fast_abort_errors,omitempty"`
 	// The shadow step fails on picks that cache this share fewer blocks (default 0.25), or
-	// whose workers carry this times the load (default 2); 0: not judged.
+	// whose workers carry this times the load (default 0); 0: not judged.
 	MaxShadowOverlapDrop *float64 `protobuf:"fixed64,18,opt,name=max_shadow_overlap_drop,json=maxShadowOverlapDrop,proto3,oneof" json:"max_shadow_overlap_drop,omitempty"`
 	MaxShadowLoadRatio   *float64 `protobuf:"fixed64,19,opt,name=max_shadow_load_ratio,json=maxShadowLoadRatio,proto3,oneof" json:"max_shadow_load_ratio,omitempty"`
 	// max_baseline_ttft_p90_ratio pauses a step whose stable arm's TTFT p90 passed this times
