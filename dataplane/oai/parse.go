@@ -190,12 +190,26 @@ func (p *Parser) top() error {
 			p.begin(fNvext)
 			err = p.nvext()
 		default:
+			if reservedFold(key) {
+				// A spelling that folds to kv_transfer_params (KV_TRANSFER_PARAMS, a long s, a
+				// Kelvin sign): an engine decoding JSON case-insensitively takes it as the real
+				// one, so it is the real one here too, and refused as such.
+				err = p.raw(&r.KVTransferParams)
+				break
+			}
 			err = p.kindField(key)
 		}
 		if err != nil {
 			return err
 		}
 	}
+}
+
+// reservedFold reports whether key, other than kv_transfer_params itself, equals it under
+// Unicode simple case folding (as Go's encoding/json and other case-insensitive decoders
+// match keys).
+func reservedFold(key []byte) bool {
+	return len(key) >= len("kv_transfer_params")-2 && len(key) <= 3*len("kv_transfer_params") && bytes.EqualFold(key, []byte("kv_transfer_params"))
 }
 
 // begin starts a top-level field: a repeated key drops what the earlier value recorded.

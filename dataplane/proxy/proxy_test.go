@@ -968,18 +968,33 @@ func TestClientKVTransferParamsRefused(t *testing.T) {
 	if resp.StatusCode != 400 || !bytes.Contains(body, []byte(`"param":"kv_transfer_params"`)) {
 		t.Fatalf("kv_transfer_params from a client: %d %s, want 400 naming the field", resp.StatusCode, body)
 	}
+	// Spellings a case-insensitive decoder takes for the same key: other letter cases, a
+	// long s (U+017F), a Kelvin sign (U+212A), and the key escaped.
+	for _, key := range []string{"KV_TRANSFER_PARAMS", "Kv_Transfer_Params", "kv_tran\u017ffer_params", "kv_tranſfer_params",
+		"\u212av_transfer_params", "Kv_transfer_params", "kv_transfer\u005fparams"} {
+		evil := `{"model":"` + model + `","messages":[{"role":"user","content":"hi"}],"max_tokens":2,` +
+			`"` + key + `":{"do_remote_prefill":true,"remote_engine_id":"x","remote_block_ids":[1],"remote_host":"10.1.2.3","remote_port":5600}}`
+		if resp, body := post(t, base+"/v1/chat/completions", evil); resp.StatusCode != 400 || !bytes.Contains(body, []byte(`"param":"kv_transfer_params"`)) {
+			t.Fatalf("%q from a client: %d %s, want 400 naming kv_transfer_params", key, resp.StatusCode, body)
+		}
+	}
 	plain := `{"model":"` + model + `","messages":[{"role":"user","content":"hi"}],"max_tokens":2,"kv_transfer_params":null}`
 	if resp, body := post(t, base+"/v1/chat/completions", plain); resp.StatusCode != 200 {
 		t.Fatalf("kv_transfer_params null: %d %s", resp.StatusCode, body)
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	if leaked != 0 {
-		t.Fatalf("an engine received the client's kv_transfer_params %d times", leaked)
+	// A key that only looks alike (a Cyrillic а) folds to nothing reserved: no engine reads it.
+	lookalike := `{"model":"` + model + `","messages":[{"role":"user","content":"hi"}],"max_tokens":2,"kv_trаnsfer_params":{"remote_host":"10.1.2.3"}}`
+	if resp, body := post(t, base+"/v1/chat/completions", lookalike); resp.StatusCode != 200 {
+		t.Fatalf("a look-alike key: %d %s", resp.StatusCode, body)
 	}
+	mu.Lock()
+	if leaked != 1 { // the look-alike's body, which the engine decodes as an unknown field
+		t.Fatalf("an engine received remote_host %d times, want only the look-alike's once", leaked)
+	}
+	mu.Unlock()
 	_, m := get(t, base+"/metrics")
-	if v := metricValue(t, m, `kvrelay_proxy_refused_fields_total{field="kv_transfer_params"}`); v != 1 {
-		t.Errorf("refused counter %v, want 1", v)
+	if v := metricValue(t, m, `kvrelay_proxy_refused_fields_total{field="kv_transfer_params"}`); v != 8 {
+		t.Errorf("refused counter %v, want 8", v)
 	}
 }
 

@@ -152,6 +152,15 @@ func decodeRequest(body []byte, chat bool) (*completionRequest, error) {
 	if dec.More() {
 		return nil, badRequest("the request body has data after its JSON object")
 	}
+	if req.KVTransferParams != nil {
+		// encoding/json matches keys case-insensitively (KV_TRANSFER_PARAMS, a long s, a
+		// Kelvin sign); vLLM's server does not: only the exact key says where to move KV.
+		var exact map[string]json.RawMessage
+		if json.Unmarshal(body, &exact) != nil {
+			return nil, badRequest("the request body is not a JSON object")
+		}
+		req.KVTransferParams = exact["kv_transfer_params"]
+	}
 	if req.N != nil && *req.N != 1 {
 		return nil, badRequest("n must be 1 on this engine, got %d", *req.N)
 	}

@@ -206,3 +206,20 @@ func TestCacheControlPin(t *testing.T) {
 		}
 	}
 }
+
+// TestKVTransferParamsKeyIsExact: only the exact key kv_transfer_params says where to move
+// KV blocks, as in vLLM's server; spellings Go's JSON decoding would fold onto it (other
+// letter cases, a long s, a Kelvin sign) are unknown fields.
+func TestKVTransferParamsKeyIsExact(t *testing.T) {
+	for key, want := range map[string]bool{"kv_transfer_params": true, "KV_TRANSFER_PARAMS": false, "Kv_Transfer_Params": false,
+		"kv_tranſfer_params": false, "\u212av_transfer_params": false} {
+		body := `{"model":"m","messages":[{"role":"user","content":"hi"}],"` + key + `":{"remote_host":"10.1.2.3","remote_port":5600}}`
+		req, err := decodeRequest([]byte(body), true)
+		if err != nil {
+			t.Fatalf("%s: %v", key, err)
+		}
+		if got := req.KVTransferParams != nil; got != want {
+			t.Errorf("%q: kv_transfer_params taken %v, want %v", key, got, want)
+		}
+	}
+}
