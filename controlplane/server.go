@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"os"
 	"sort"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -31,6 +30,7 @@ import (
 	"github.com/kvrelay/kvrelay/engines/sglang"
 	"github.com/kvrelay/kvrelay/engines/trtllm"
 	"github.com/kvrelay/kvrelay/engines/vllm"
+	loopbackpkg "github.com/kvrelay/kvrelay/internal/loopback"
 	"github.com/kvrelay/kvrelay/xds"
 	xdsv1 "github.com/kvrelay/kvrelay/xds/api/v1"
 	"github.com/kvrelay/kvrelay/xds/auth"
@@ -683,7 +683,7 @@ func (s *Server) apiHandler() http.Handler {
 		rejected.WithLabelValues(reason).Inc()
 		s.log.Debug("operator API request refused", "reason", reason, "method", r.Method, "path", r.URL.Path, "host", r.Host, "remote", r.RemoteAddr)
 	}
-	loopback := isLoopback(s.apiLis.Addr())
+	loopback := loopbackpkg.Addr(s.apiLis.Addr())
 	opts := api.Options{Token: s.opts.APIToken, OpenReads: loopback, OnReject: reject}
 	if e := s.opts.Leader; e != nil {
 		opts.Leader = func() error {
@@ -710,7 +710,7 @@ func (s *Server) apiHandler() http.Handler {
 	mux.Handle("/", api.Handler(operator{s}, opts))
 	var h http.Handler = api.Mux(s.apiGRPC, mux)
 	if loopback {
-		h = loopbackHostOnly(h, reject)
+		h = loopbackpkg.HostOnly(h, "this operator API", func(r *http.Request) { reject("host", r) })
 	}
 	return h
 }
@@ -732,32 +732,6 @@ func (s *Server) readyz(w http.ResponseWriter, _ *http.Request) {
 		w.WriteHeader(http.StatusServiceUnavailable)
 		fmt.Fprintf(w, "{\"status\":\"catching_up\",\"role\":%q}\n", role)
 	}
-}
-
-// loopbackHostOnly refuses requests whose Host is not a loopback address or localhost: reads
-// of a loopback API need no token, and a web page must not reach them through a DNS name
-// rebound to 127.0.0.1 (its requests carry that name as Host).
-func loopbackHostOnly(h http.Handler, reject func(string, *http.Request)) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		host := r.Host
-		if hp, _, err := net.SplitHostPort(host); err == nil {
-			host = hp
-		}
-		ip := net.ParseIP(strings.Trim(host, "[]"))
-		if !strings.EqualFold(host, "localhost") && (ip == nil || !ip.IsLoopback()) {
-			reject("host", r)
-			w.Header().Set("Content-Type", "application/json")
-			w.WriteHeader(http.StatusMisdirectedRequest)
-			_, _ = w.Write([]byte(`{"error":{"code":"PERMISSION_DENIED","message":"this operator API listens on loopback and answers only Host: localhost or a loopback address"}}` + "\n"))
-			return
-		}
-		h.ServeHTTP(w, r)
-	})
-}
-
-func isLoopback(a net.Addr) bool {
-	tcp, ok := a.(*net.TCPAddr)
-	return ok && tcp.IP.IsLoopback()
 }
 
 // ingestRate is the KV events per second ingested from every worker, over the last second

@@ -24,6 +24,7 @@ import (
 	"github.com/kvrelay/kvrelay/ebpf"
 	"github.com/kvrelay/kvrelay/engines"
 	"github.com/kvrelay/kvrelay/engines/vllm"
+	"github.com/kvrelay/kvrelay/internal/loopback"
 )
 
 func newProxyCmd() *cobra.Command {
@@ -380,7 +381,13 @@ func serveAdmin(ctx context.Context, addr string, h http.Handler) (string, error
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	var handler http.Handler = mux
+	if loopback.Addr(ln.Addr()) {
+		// pprof's cmdline, the decisions and /metrics must not be readable by a web page
+		// through a DNS name rebound to 127.0.0.1.
+		handler = loopback.HostOnly(mux, "this admin endpoint", nil)
+	}
+	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = srv.Serve(ln) }()
 	go func() { <-ctx.Done(); _ = srv.Close() }()
 	return ln.Addr().String(), nil
