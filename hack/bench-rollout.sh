@@ -79,11 +79,13 @@ log() { echo "bench-rollout $(date +%T): $*" >&2; }
 now_ms() { date +%s%3N; }
 
 mkdir -p "$OUT/logs"
-[ "${REPORT_ONLY:-}" = 1 ] && MEASURE="" || rm -f "$OUT"/*.json "$OUT"/m*.env "$OUT"/summary.txt "$OUT"/results.md "$OUT"/logs/*
+[ "${REPORT_ONLY:-}" = 1 ] && MEASURE="" || rm -f "$OUT"/*.json "$OUT"/m*.env "$OUT"/summary.txt "$OUT"/results.md "$OUT"/build-commit "$OUT"/logs/*
 BIN=$OUT/kvrelay
 if [ -n "$MEASURE" ]; then
   log "building $BIN"
   go build -o "$BIN" ./cmd/kvrelay
+  # The commit the binary is built from, for the report (the tree may move on meanwhile).
+  echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . 2>/dev/null || echo ' (tree modified)')" >"$OUT/build-commit"
 fi
 TOKEN=$OUT/api-token
 head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$TOKEN"
@@ -404,7 +406,7 @@ if want 5; then
 fi
 
 # --- the report ------------------------------------------------------------------------------
-SETTINGS="$(date -u +%FT%TZ), commit $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . 2>/dev/null || echo ' (tree modified)'), $(nproc) CPUs: $WORKERS simulated workers, agentic rate=$RATE sessions/s, speedup $SPEEDUP, $BLOCKS blocks/worker; steps $STEPS of $STEP (faults: $FAULT_STEP), shadow $SHADOW, min $MIN_REQ requests/arm, step timeout $STEP_TIMEOUT"
+SETTINGS="$(date -u +%FT%TZ), built from commit $(cat "$OUT/build-commit" 2>/dev/null || echo unknown), $(nproc) CPUs: $WORKERS simulated workers, agentic rate=$RATE sessions/s, speedup $SPEEDUP, $BLOCKS blocks/worker; steps $STEPS of $STEP (faults: $FAULT_STEP), shadow $SHADOW, min $MIN_REQ requests/arm, step timeout $STEP_TIMEOUT"
 python3 - "$OUT" "$STEP_S" "$SETTINGS" <<'PY'
 import glob, json, os, sys
 
@@ -536,7 +538,7 @@ if m5 and os.path.exists(fp):
         lines.append(f"5b proxy SIGKILLed in step {f['proxy_step']} ({100 * float(f['proxy_share']):.0f}%) and restarted: "
                      f"{f['proxy_applied'].replace('_', ' ') or 'no candidate applied'}; in its first 8 s it answered {pc} candidate (v{f['cand_version']}) and {ps} stable requests "
                      f"(candidate share {pct(pc / (pc + ps)) if pc + ps else '-'})"
-                     + (f"; step {cs[1]['step'] + 1} {cs[1]['verdict']}ed on {cs[1]['candidate_requests']}/{cs[1]['stable_requests']} requests (cand/stable; the control plane restarts a step's figures when a proxy's counts fall)" if len(cs) > 1 else "")
+                     + (f"; step {cs[1]['step'] + 1} {cs[1]['verdict']}ed on {cs[1]['candidate_requests']}/{cs[1]['stable_requests']} requests (cand/stable; a restarted proxy's figures count from nothing, the others' from the step's start)" if len(cs) > 1 else "")
                      + f"; the rollout ended {m5['state']}")
     else:
         lines.append("5b proxy restart: not done (the rollout left step 2 before it)")
