@@ -22,6 +22,10 @@
 #      hit rate and TTFT per arm; they must point the same way
 #   6  a tail-bad candidate: policy: kv (cache affinity alone, which piles a hot prefix's
 #      sessions onto one worker) over the latency policy, shadow first; as 1
+#   7  fast abort: a candidate that fails its requests (busy_kv_fraction 0.0001, a percentage
+#      typed as a fraction: every worker decoding anything is "busy", so its requests wait
+#      in the queue until they time out, 2 s on this fleet's proxy), no shadow; the time
+#      from the start to the rollback, and the candidate's requests that failed before it
 #   5  faults, on a fleet run as separate processes (kvrelay sim, controlplane, proxy) with a
 #      persistent --data-dir: (a) the control plane killed (SIGKILL) mid-step and restarted:
 #      the proxy's split goes on meanwhile (kvrelay_proxy_policy_requests_total of the
@@ -36,7 +40,7 @@
 # (flock -o) for the whole run, as kvrelay's other benchmarks do. About 17 minutes on 2 CPUs.
 #
 # Settings (environment):
-#   OUT [out/bench-rollout]   MEASURE ["1 1m 2 2b 3 6 5"] which measurements (4 comes with 1, 2,
+#   OUT [out/bench-rollout]   MEASURE ["1 1m 2 2b 3 6 7 5"] which measurements (4 comes with 1, 2,
 #     2b; 1m is 1 under the Mooncake trace of hack/traces, replayed SPEEDUP times faster)
 #   STEP [20s] step duration   MIN_REQ [40] least requests per arm and step
 #   SHADOW [20s]   STEPS [25,50,100]   STEP_TIMEOUT [2m]   NEUTRAL_RUNS [10]
@@ -58,7 +62,7 @@ if [ "${KVRELAY_BENCH_ROLLOUT_LOCKED:-}" != 1 ]; then
 fi
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out/bench-rollout}
-MEASURE=${MEASURE:-1 1m 2 2b 3 6 5}
+MEASURE=${MEASURE:-1 1m 2 2b 3 6 7 5}
 STEP=${STEP:-20s}
 MIN_REQ=${MIN_REQ:-40}
 SHADOW=${SHADOW:-20s}
@@ -308,43 +312,67 @@ if want 6; then
   stop $UP_PID
 fi
 
-# --- 5: faults, on separate processes -------------------------------------------------------
-if want 5; then
-  log "5: faults: control plane and proxy killed mid-rollout (separate processes)"
+# separate NAME [proxy flags]: the fleet as separate processes (kvrelay sim, controlplane,
+# proxy) with a persistent --data-dir; start_cp and start_proxy (re)start the latter two.
+separate() {
+  local name=$1
+  shift
+  PROXY_FLAGS=("$@")
   pick_ports
-  DATA=$OUT/data-m5
+  DATA=$OUT/data-$name
   rm -rf "$DATA"
   "$BIN" sim --workers $WORKERS --listen 127.0.0.1:$B --kv-events-endpoint tcp://127.0.0.1:$((B + 20)) \
     --kv-events-replay-endpoint tcp://127.0.0.1:$((B + 40)) --speedup-ratio "$SPEEDUP" \
-    --num-gpu-blocks "$BLOCKS" >"$OUT/logs/m5-sim.log" 2>&1 &
+    --num-gpu-blocks "$BLOCKS" >"$OUT/logs/$name-sim.log" 2>&1 &
   SIM_PID=$!
   PIDS+=($SIM_PID)
   for i in $(seq 0 $((WORKERS - 1))); do
-    wait_http "http://127.0.0.1:$((B + i))/health" 30 || die "5: sim worker $i not up"
+    wait_http "http://127.0.0.1:$((B + i))/health" 30 || die "$name: sim worker $i not up"
   done
   CP_ARGS=(controlplane --ebpf off --data-dir "$DATA" --xds-listen 127.0.0.1:$XDS --api-listen 127.0.0.1:$API --api-token-file "$TOKEN")
   for i in $(seq 0 $((WORKERS - 1))); do
     CP_ARGS+=(--worker "id=w$i,url=http://127.0.0.1:$((B + i)),kv-events=tcp://127.0.0.1:$((B + 20 + i)),kv-events-replay=tcp://127.0.0.1:$((B + 40 + i)),engine=sim,max-num-seqs=256,max-num-batched-tokens=8192")
   done
-  start_cp() { # LOG
-    "$BIN" "${CP_ARGS[@]}" >"$1" 2>&1 &
-    CP_PID=$!
-    PIDS+=($CP_PID)
-    for _ in $(seq 300); do ctl --timeout 2s policy >/dev/null 2>&1 && return 0; sleep 0.1; done
-    die "5: control plane not up (see $1)"
-  }
-  start_proxy() { # LOG
-    "$BIN" proxy --ebpf off --xds 127.0.0.1:$XDS --listen 127.0.0.1:$PROXY --node-id bench-proxy \
-      --event-loops 1 >"$1" 2>&1 &
-    PROXY_PID=$!
-    PIDS+=($PROXY_PID)
-    wait_http "http://127.0.0.1:$PROXY/health" 30 || die "5: proxy not up (see $1)"
-    # healthy once synced with the control plane: wait for the workers to be routable
-    for _ in $(seq 100); do grep -q "control plane synced" "$1" && return 0; sleep 0.1; done
-    die "5: proxy not synced (see $1)"
-  }
-  start_cp "$OUT/logs/m5-controlplane-1.log"
-  start_proxy "$OUT/logs/m5-proxy-1.log"
+  start_cp "$OUT/logs/$name-controlplane-1.log"
+  start_proxy "$OUT/logs/$name-proxy-1.log"
+}
+start_cp() { # LOG
+  "$BIN" "${CP_ARGS[@]}" >"$1" 2>&1 &
+  CP_PID=$!
+  PIDS+=($CP_PID)
+  for _ in $(seq 300); do ctl --timeout 2s policy >/dev/null 2>&1 && return 0; sleep 0.1; done
+  die "control plane not up (see $1)"
+}
+start_proxy() { # LOG
+  "$BIN" proxy --ebpf off --xds 127.0.0.1:$XDS --listen 127.0.0.1:$PROXY --node-id bench-proxy \
+    --event-loops 1 "${PROXY_FLAGS[@]}" >"$1" 2>&1 &
+  PROXY_PID=$!
+  PIDS+=($PROXY_PID)
+  wait_http "http://127.0.0.1:$PROXY/health" 30 || die "proxy not up (see $1)"
+  # healthy once synced with the control plane: wait for the workers to be routable
+  for _ in $(seq 100); do grep -q "control plane synced" "$1" && return 0; sleep 0.1; done
+  die "proxy not synced (see $1)"
+}
+
+# --- 7: fast abort: a candidate that fails its requests --------------------------------------
+if want 7; then
+  log "7: fast abort: busy_kv_fraction 0.0001 (its requests queue until they time out, 2 s)"
+  separate m7 --queue-timeout 2s
+  echo "busy_kv_fraction: 0.0001" >"$OUT/m7-candidate.yaml"
+  traffic m7 $((WARMUP + NSTEPS * TIMEOUT_S + 60))
+  sleep "$WARMUP"
+  rollout_start "$OUT/m7-candidate.yaml"
+  wait_done "$OUT/m7-abort.json" $ROLLOUT_MAX
+  stop $TRAFFIC_PID
+  stop $PROXY_PID
+  stop $CP_PID
+  stop $SIM_PID
+fi
+
+# --- 5: faults, on separate processes -------------------------------------------------------
+if want 5; then
+  log "5: faults: control plane and proxy killed mid-rollout (separate processes)"
+  separate m5
   log "5: sim pid $SIM_PID, control plane pid $CP_PID, proxy pid $PROXY_PID (proxy :$PROXY, api :$API)"
   ttl=$(ctl policy -o json | python3 -c 'import json,sys; print(json.load(sys.stdin)["session_ttl_ms"])')
   echo "session_ttl_ms: $((ttl + 1))" >"$OUT/m5-candidate.yaml"
@@ -488,6 +516,15 @@ if neutral:
                  + (f"; candidate/stable TTFT p90 x{min(ratio):.2f}-x{max(ratio):.2f}, hit rate difference {100 * min(hit):+.1f} to {100 * max(hit):+.1f} points" if ratio else "")
                  + f"; time to promotion {min(t):.1f}-{max(t):.1f} s"
                  + f"; client errors per step {100 * min(s.get('candidate_client_error_rate', 0) for s in steps):.1f}-{100 * max(s.get('candidate_client_error_rate', 0) for s in steps):.1f}% (candidate), judged on none")
+m7 = load("m7-abort.json")
+if m7:
+    row("7 fast abort", "", m7)
+    last = canary(m7)[-1] if canary(m7) else None
+    lines.append(f"7 a candidate failing its requests (busy_kv_fraction 0.0001, queue timeout 2 s): {m7['state']}"
+                 + (f" at {name(last)}" if last and m7["state"] != "promoted" else "")
+                 + f", decided {dur(m7):.1f} s after the start"
+                 + (f"; router errors cand {pct(last.get('candidate_router_error_rate', 0))} of {last['candidate_requests']} vs stable {pct(last.get('stable_router_error_rate', 0))} of {last['stable_requests']}" if last else "")
+                 + f"; reason: {m7['reason']}")
 m6 = load("m6-tail.json")
 if m6:
     row("6 tail-bad", "", m6)
