@@ -60,7 +60,7 @@ func newCollector(s *Server) *collector {
 		armTTFTP90:       d("policy_ttft_p90_seconds", "TTFT p90 of the requests each routing policy version routed, over the proxies reporting now (a rollout's stable and candidate arms).", "policy_version"),
 		armHitRate:       d("policy_prefix_hit_rate", "Share of prompt blocks engines reported cached, of the requests each routing policy version routed.", "policy_version"),
 		refusedConns:     d("xds_refused_connections_total", "xDS connections closed at once for a peer host already holding 32."),
-		refusedStreams:   d("xds_refused_streams_total", "xDS streams refused, by reason (no_token, bad_token, wrong_node: a node id the credential was not issued for, bad_cert, revoked: an open stream whose token was withdrawn, too_many: the peer's stream limit).", "reason"),
+		refusedStreams:   d("xds_refused_streams_total", "xDS streams refused, by reason (no_token, bad_token, wrong_node: a node id the credential was not issued for, bad_cert, revoked: an open stream whose token was withdrawn, too_many: the peer's stream limit or the server's).", "reason"),
 		journalDropped:   d("journal_dropped_streams_total", "Index journal streams ended by the control plane, by reason (send_timeout: the proxy took nothing for 30 s, ack_timeout: it left a batch unacknowledged for 30 s); the proxy reconnects and resumes or resnapshots.", "reason"),
 		xdsDropped:       d("xds_dropped_streams_total", "ADS streams ended by the control plane, by reason (send_timeout: the proxy took no response for 30 s).", "reason"),
 		workers:          d("workers", "Workers in the registry, by health.", "state"),

@@ -21,10 +21,14 @@ type peerListener struct {
 
 	mu    sync.Mutex
 	conns map[string]int
+	// total is the connections open from every peer, at most maxTotal: many addresses
+	// (a pod's, or a client's many loopback addresses) each under its own cap cannot
+	// together hold the server without bound.
+	total, maxTotal int
 }
 
-func newPeerListener(l net.Listener, max int, userTimeout time.Duration, refused *atomic.Uint64) *peerListener {
-	return &peerListener{Listener: l, max: max, userTimeout: userTimeout, refused: refused, conns: map[string]int{}}
+func newPeerListener(l net.Listener, max, maxTotal int, userTimeout time.Duration, refused *atomic.Uint64) *peerListener {
+	return &peerListener{Listener: l, max: max, maxTotal: maxTotal, userTimeout: userTimeout, refused: refused, conns: map[string]int{}}
 }
 
 func (l *peerListener) Accept() (net.Conn, error) {
@@ -35,13 +39,14 @@ func (l *peerListener) Accept() (net.Conn, error) {
 		}
 		host := peerHost(c.RemoteAddr())
 		l.mu.Lock()
-		if l.conns[host] >= l.max {
+		if l.conns[host] >= l.max || l.total >= l.maxTotal {
 			l.mu.Unlock()
 			l.refused.Add(1)
 			_ = c.Close()
 			continue
 		}
 		l.conns[host]++
+		l.total++
 		l.mu.Unlock()
 		// gRPC sets TCP_USER_TIMEOUT itself only on a *net.TCPConn, which the wrapper
 		// hides: set it here, so that a peer whose socket stops taking data is still cut
@@ -58,6 +63,7 @@ func (l *peerListener) release(host string) {
 	if l.conns[host]--; l.conns[host] <= 0 {
 		delete(l.conns, host)
 	}
+	l.total--
 	l.mu.Unlock()
 }
 

@@ -32,7 +32,9 @@
 // worker named every proxy's report (BenchmarkLoadPush).
 //
 // What a client can make the server hold is bounded: a peer address holds at most
-// MaxStreamsPerPeer streams and one connection twice as many (the transport refuses more);
+// MaxConnsPerPeer connections and MaxStreamsPerPeer streams, every peer together at most
+// MaxConns and MaxStreams, and one connection twice MaxStreamsPerPeer streams (the transport
+// refuses more);
 // the receive windows are static (256 KiB a stream, 1 MiB a connection), so a stream whose
 // handler has stopped reading parks no more; an ADS stream whose proxy takes no response for
 // SendTimeout is ended (go-control-plane queues at most one response per type, the next

@@ -61,6 +61,11 @@ type Options struct {
 	// MaxConnsPerPeer bounds the connections one peer host may hold open at once (default
 	// DefaultMaxConnsPerPeer); more are closed as soon as they are accepted.
 	MaxConnsPerPeer int
+	// MaxConns and MaxStreams bound the connections and streams every peer together may
+	// hold open (defaults DefaultMaxConns, DefaultMaxStreams): the per-peer caps alone let
+	// many addresses (a host's loopback range, a NAT's ports do not count) hold the server
+	// without bound. More are refused as the per-peer caps refuse.
+	MaxConns, MaxStreams int
 	// SendTimeout ends an ADS stream whose proxy has not taken a response for this long
 	// (its flow-control window full: it does not read), instead of holding the response for
 	// as long as the connection lives (default DefaultSendTimeout).
@@ -98,6 +103,14 @@ const DefaultMaxStreamsPerPeer = 64
 // connection, a host runs a few proxies and reconnecting ones overlap their old connection.
 const DefaultMaxConnsPerPeer = 32
 
+// DefaultMaxConns and DefaultMaxStreams are Options.MaxConns' and MaxStreams' defaults: two
+// thousand proxies, each with its connection and three streams, twice over while they
+// reconnect.
+const (
+	DefaultMaxConns   = 4096
+	DefaultMaxStreams = 12288
+)
+
 func (o Options) withDefaults() Options {
 	if o.ReportInterval <= 0 {
 		o.ReportInterval = DefaultReportInterval
@@ -113,6 +126,12 @@ func (o Options) withDefaults() Options {
 	}
 	if o.MaxConnsPerPeer <= 0 {
 		o.MaxConnsPerPeer = DefaultMaxConnsPerPeer
+	}
+	if o.MaxConns <= 0 {
+		o.MaxConns = DefaultMaxConns
+	}
+	if o.MaxStreams <= 0 {
+		o.MaxStreams = DefaultMaxStreams
 	}
 	if o.SendTimeout <= 0 {
 		o.SendTimeout = DefaultSendTimeout
@@ -194,6 +213,7 @@ type Server struct {
 	// peerStreams counts each peer host's open streams (limitStreams).
 	peerMu          sync.Mutex
 	peerStreams     map[string]int
+	totalStreams    int // every peer's, under peerMu
 	refusedStreams  atomic.Uint64
 	refusedConns    atomic.Uint64
 	published       map[string]*xdsv1.Worker
@@ -288,7 +308,7 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 		s.load.reapLoop(s.ctx)
 	}()
 	errc := make(chan error, 1)
-	lis = newPeerListener(lis, s.opts.MaxConnsPerPeer, keepaliveTimeout, &s.refusedConns)
+	lis = newPeerListener(lis, s.opts.MaxConnsPerPeer, s.opts.MaxConns, keepaliveTimeout, &s.refusedConns)
 	go func() { errc <- s.grpc.Serve(lis) }() // ends with Stop or GracefulStop below
 
 	var err error
@@ -632,13 +652,20 @@ func (s *Server) limitStreams(srv any, ss grpc.ServerStream, info *grpc.StreamSe
 		s.refusedStreams.Add(1)
 		return status.Errorf(codes.ResourceExhausted, "%s holds %d streams open, the most this control plane allows one peer", host, s.opts.MaxStreamsPerPeer)
 	}
+	if s.totalStreams >= s.opts.MaxStreams {
+		s.peerMu.Unlock()
+		s.refusedStreams.Add(1)
+		return status.Errorf(codes.ResourceExhausted, "%d streams are open, the most this control plane allows", s.opts.MaxStreams)
+	}
 	s.peerStreams[host]++
+	s.totalStreams++
 	s.peerMu.Unlock()
 	defer func() {
 		s.peerMu.Lock()
 		if s.peerStreams[host]--; s.peerStreams[host] <= 0 {
 			delete(s.peerStreams, host)
 		}
+		s.totalStreams--
 		s.peerMu.Unlock()
 	}()
 	return handler(srv, ss)

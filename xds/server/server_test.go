@@ -17,7 +17,9 @@ import (
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/kvrelay/kvrelay/xds"
@@ -480,4 +482,63 @@ func TestArmsAreSummedAcrossProxies(t *testing.T) {
 	if !reflect.DeepEqual(a7.Groups, want) {
 		t.Fatalf("arm 7's groups %+v, want %+v", a7.Groups, want)
 	}
+}
+
+// dialFrom is dial from the loopback address src (127.0.0.0/8 holds many), as another
+// host would.
+func dialFrom(t *testing.T, addr, src string) *grpc.ClientConn {
+	t.Helper()
+	d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}}
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(ctx context.Context, a string) (net.Conn, error) { return d.DialContext(ctx, "tcp", a) }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+// TestGlobalStreamAndConnectionCaps: many addresses, each under its own caps, together get
+// no more than MaxStreams streams and MaxConns connections.
+func TestGlobalStreamAndConnectionCaps(t *testing.T) {
+	srv := server.New(server.Options{MaxStreamsPerPeer: 100, MaxStreams: 2, MaxConnsPerPeer: 100, MaxConns: 3, ShutdownGrace: 50 * time.Millisecond})
+	addr := serve(t, srv)
+	report := func(conn *grpc.ClientConn) error {
+		st, err := xdsv1.NewLoadReportingClient(conn).Report(context.Background())
+		if err != nil {
+			return err
+		}
+		if err := st.Send(&xdsv1.LoadReport{NodeId: "p", Seq: 1}); err != nil {
+			return err
+		}
+		_, err = st.Recv()
+		return err
+	}
+	// Two streams from two hosts are served and held; a third host's is refused.
+	for i, src := range []string{"127.0.0.2", "127.0.0.3"} {
+		if err := report(dialFrom(t, addr, src)); err != nil {
+			t.Fatalf("stream %d: %v", i, err)
+		}
+	}
+	if err := report(dialFrom(t, addr, "127.0.0.4")); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("a third host's stream past MaxStreams 2: %v, want RESOURCE_EXHAUSTED", err)
+	}
+	// Three connections are open now; a fourth host's connection is closed at once.
+	c, err := (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.5")}}).Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
+	var b [64]byte
+	for {
+		if _, err := c.Read(b[:]); err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				t.Fatal("a fourth host's connection past MaxConns 3 was kept")
+			}
+			break
+		}
+	}
+	waitUntil(t, "the refusal to be counted", func() bool { return srv.Stats().RefusedConns >= 1 })
 }
