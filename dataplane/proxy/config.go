@@ -199,8 +199,9 @@ type Config struct {
 	ConnectTimeout  time.Duration `yaml:"connect_timeout"`
 	UpstreamTimeout time.Duration `yaml:"upstream_timeout"`
 	DrainTimeout    time.Duration `yaml:"drain_timeout"`
-	// ClientStallTimeout cuts off a streamed answer's client that takes nothing of what the
-	// proxy holds for it (past its high-water mark) for this long, and cancels the engine
+	// ClientStallTimeout cuts off a streamed answer's client that takes nothing for this
+	// long (its kernel acknowledges nothing sent to it, while something is owed; or it takes
+	// nothing of what the proxy holds past its high-water mark), and cancels the engine
 	// request, freeing its slot and KV.
 	ClientStallTimeout time.Duration `yaml:"client_stall_timeout"`
 	// FirstByteTimeout is how long an engine may take to start answering a request it was

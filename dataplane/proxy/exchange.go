@@ -4,6 +4,8 @@ import (
 	"strconv"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/kvrelay/kvrelay/dataplane/decide"
 	"github.com/kvrelay/kvrelay/dataplane/http1"
 	"github.com/kvrelay/kvrelay/dataplane/oai"
@@ -57,6 +59,10 @@ type exchange struct {
 	untilEOF                bool // the client's body ends when the connection closes
 	paused                  bool
 	pausedAt                int64 // when forwarding last paused for the client
+	// The client's progress as its kernel sees it: the bytes it has acknowledged, when that
+	// last grew (or nothing was owed), and when it was last read (clientTaking).
+	acked               uint64
+	ackedAt, ackCheckAt int64
 	// respHead gathers the start of a Responses API answer until its id is found
 	// (respDone), to remember which worker holds the stored response.
 	respHead []byte
@@ -79,6 +85,7 @@ func (ex *exchange) begin(cc *clientConn) {
 		return
 	}
 	ex.headSent, ex.status, ex.chunked, ex.untilEOF, ex.paused = false, 0, false, false, false
+	ex.acked, ex.ackedAt, ex.ackCheckAt = 0, 0, 0
 	ex.respHead, ex.respDone = ex.respHead[:0], cc.in.Kind() != oai.Responses
 	m := &ex.mig
 	*m = migration{ok: cc.migratable(), raw: m.raw[:0], tail: m.tail[:0], pend: m.pend[:0]}
@@ -628,16 +635,51 @@ func (ex *exchange) tick(now int64, cfg *Config) {
 		ex.data(up)
 		return
 	}
-	if ex.paused && now-ex.pausedAt > int64(cfg.ClientStallTimeout) {
-		// The client has not taken what was held for it for the whole stall timeout: it is
-		// gone or stuck, and the engine's slot and KV must not wait on it.
+	stalled := ex.paused && now-ex.pausedAt > int64(cfg.ClientStallTimeout)
+	if !stalled && ex.headSent {
+		stalled = !ex.clientTaking(now, cfg)
+	}
+	if stalled {
+		// The client has not taken what was held for it, or acknowledged anything sent to
+		// it, for the whole stall timeout: it is gone or stuck, and the engine's slot and
+		// KV must not wait on it.
 		cc := ex.cc
 		cc.srv.metrics.aborted.WithLabelValues("slow_client").Inc()
-		cc.srv.log.Debug("client stalled; request cancelled", "worker", ex.worker().ID, "stalled", time.Duration(now-ex.pausedAt))
+		cc.srv.log.Debug("client stalled; request cancelled", "worker", ex.worker().ID, "stalled", time.Duration(now-min(ex.pausedAt, ex.ackedAt)))
 		ex.abort()
 		cc.state = stClosing
 		_ = cc.c.Close()
 	}
+}
+
+// ackCheckEvery is how often a streaming exchange asks the kernel what its client took.
+const ackCheckEvery = int64(250 * time.Millisecond)
+
+// clientTaking reports whether the client has acknowledged bytes sent to it within the stall
+// timeout, or is owed none: the kernel's count of the bytes the client acknowledged
+// (TCP_INFO), so that a client that stops reading is seen when its receive window closes,
+// not once the kernel's send buffer towards it (megabytes) has filled behind it and the
+// proxy's own buffer past its high-water mark. A connection that tells nothing (not TCP)
+// is taking.
+func (ex *exchange) clientTaking(now int64, cfg *Config) bool {
+	if now-ex.ackCheckAt < ackCheckEvery {
+		return true
+	}
+	ex.ackCheckAt = now
+	fd := ex.cc.c.Fd()
+	if fd < 0 {
+		return true
+	}
+	info, err := unix.GetsockoptTCPInfo(fd, unix.IPPROTO_TCP, unix.TCP_INFO)
+	if err != nil {
+		return true
+	}
+	owed := info.Unacked > 0 || info.Notsent_bytes > 0 || ex.cc.c.OutboundBuffered() > 0
+	if info.Bytes_acked != ex.acked || !owed || ex.ackedAt == 0 {
+		ex.acked, ex.ackedAt = info.Bytes_acked, now
+		return true
+	}
+	return now-ex.ackedAt <= int64(cfg.ClientStallTimeout)
 }
 
 // appendRouteHeader writes x-kvrelay-route: how the worker was chosen ("cost", "spread",

@@ -193,3 +193,46 @@ func TestNeverReadingClientFreesTheEngine(t *testing.T) {
 		t.Error("the cut-off was not counted as slow_client")
 	}
 }
+
+// TestStallCountsFromTheLastByteTheClientTook: a client that stops reading, with the
+// kernel's default socket buffers, is cut off about the stall timeout after its receive
+// window closes, not once the megabytes of the proxy's send buffer towards it have filled
+// behind it (at this stream's 200 KB/s, half a minute).
+func TestStallCountsFromTheLastByteTheClientTook(t *testing.T) {
+	engineGone := make(chan struct{})
+	payload := strings.Repeat("z", 2000)
+	url := fakeEngine(t, func(conn net.Conn, _ *bufio.Reader, _ *http.Request) {
+		io.WriteString(conn, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+		start := time.Now()
+		for i := 0; ; i++ {
+			ev := fmt.Sprintf(`data: {"choices":[{"index":0,"delta":{"content":"%d %s"}}]}`+"\n\n", i, payload)
+			conn.SetWriteDeadline(time.Now().Add(30 * time.Second))
+			if _, err := fmt.Fprintf(conn, "%x\r\n%s\r\n", len(ev), ev); err != nil {
+				close(engineGone)
+				return
+			}
+			time.Sleep(time.Until(start.Add(time.Duration(i+1) * 10 * time.Millisecond)))
+		}
+	})
+	p := startProxy(t, []string{url}, func(cfg *proxy.Config) {
+		cfg.MaxBufferedResponse = 64 << 20
+		cfg.ClientStallTimeout = 500 * time.Millisecond
+	})
+	conn, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	body := chatBody("s", "u", 1, true)
+	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	start := time.Now()
+	select {
+	case <-engineGone:
+		t.Logf("cut off %v after the request", time.Since(start).Round(10*time.Millisecond))
+	case <-time.After(15 * time.Second):
+		t.Fatal("the engine still streams to a client that stopped reading 15 s ago")
+	}
+	if _, m := get(t, "http://"+p.Addr()+"/metrics"); !strings.Contains(m, `kvrelay_proxy_aborted_requests_total{reason="slow_client"} 1`) {
+		t.Error("the cut-off was not counted as slow_client")
+	}
+}
