@@ -417,8 +417,9 @@ var templateCases = []struct {
 			var disc rbacv1.Role
 			o.must(t, "Role", namespace, discoveryRBAC, &disc)
 			wantRule(t, disc, "discovery.k8s.io", "endpointslices", "get", "list", "watch")
-			wantRule(t, disc, "apps", "deployments/scale", "get", "update", "patch")
-			wantRule(t, disc, "", "pods", "list", "patch")
+			if len(disc.Rules) != 1 {
+				t.Errorf("discovery Role rules %+v: without the planner, endpointslices alone (no scale, no pod patch)", disc.Rules)
+			}
 
 			var px appsv1.Deployment
 			o.must(t, "Deployment", namespace, proxyName, &px)
@@ -630,6 +631,7 @@ controlplane:
 			var disc rbacv1.Role
 			o.must(t, "Role", "engines", discoveryRBAC, &disc)
 			wantRule(t, disc, "apps", "deployments/scale", "get", "update", "patch")
+			wantRule(t, disc, "", "pods", "list", "patch")
 			var rb rbacv1.RoleBinding
 			o.must(t, "RoleBinding", "engines", discoveryRBAC, &rb)
 			if len(rb.Subjects) != 1 || rb.Subjects[0].Namespace != namespace || rb.Subjects[0].Name != cpName {
