@@ -81,7 +81,10 @@ func TestInstall(t *testing.T) {
 	})
 
 	t.Run("upgrade", func(t *testing.T) {
-		helm(t, "upgrade", release, chart, "--namespace", namespace, "--kubeconfig", kubeconfig, "-f", values, "--set", "proxy.policy=kv")
+		helm(t, "upgrade", release, chart, "--namespace", namespace, "--kubeconfig", kubeconfig, "-f", values, "--set", "proxy.policy=kv",
+			"--set", "controlplane.extraArgs={--planner}")
+		// With the planner on, its rights come with it.
+		checkPlannerRBAC(t, cs, env.ClientsetFor(t, sa, saGroups...), true)
 		sec, err := cs.CoreV1().Secrets(namespace).Get(ctx, tokenSecret, metav1.GetOptions{})
 		if err != nil {
 			t.Fatalf("get API token secret: %v", err)
@@ -170,36 +173,8 @@ func checkRBAC(t *testing.T, admin, sa *kubernetes.Clientset) {
 		t.Errorf("get lease: %v", err)
 	}
 
-	// The planner's kube actuator: scale a Deployment of the engines and read its pods.
-	podLabels := map[string]string{"app": "vllm"}
-	if _, err := admin.AppsV1().Deployments(engines).Create(ctx, &appsv1.Deployment{
-		ObjectMeta: metav1.ObjectMeta{Name: "vllm"},
-		Spec: appsv1.DeploymentSpec{
-			Replicas: new(int32(1)),
-			Selector: &metav1.LabelSelector{MatchLabels: podLabels},
-			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: podLabels},
-				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "vllm", Image: "vllm:test"}}},
-			},
-		},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatalf("create engines deployment: %v", err)
-	}
+	checkPlannerRBAC(t, admin, sa, false)
 	deployments := sa.AppsV1().Deployments(engines)
-	scale, err := deployments.GetScale(ctx, "vllm", metav1.GetOptions{})
-	if err != nil {
-		t.Fatalf("get scale: %v", err)
-	}
-	scale.Spec.Replicas = 2
-	if _, err := deployments.UpdateScale(ctx, "vllm", scale, metav1.UpdateOptions{}); err != nil {
-		t.Errorf("update scale: %v", err)
-	}
-	if _, err := deployments.Get(ctx, "vllm", metav1.GetOptions{}); err != nil {
-		t.Errorf("get deployment: %v", err)
-	}
-	if _, err := sa.CoreV1().Pods(engines).List(ctx, metav1.ListOptions{}); err != nil {
-		t.Errorf("list pods: %v", err)
-	}
 
 	for what, err := range map[string]error{
 		"list secrets":                         errOnly(sa.CoreV1().Secrets(namespace).List(ctx, metav1.ListOptions{})),
@@ -212,6 +187,49 @@ func checkRBAC(t *testing.T, admin, sa *kubernetes.Clientset) {
 			t.Errorf("%s: got %v, want forbidden", what, err)
 		}
 	}
+}
+
+// checkPlannerRBAC checks, as the control plane's ServiceAccount (sa), whether it may do what
+// the planner's kube actuator does in the engines' namespace (scale a Deployment, read and
+// mark its pods): allowed only with the planner's rights.
+func checkPlannerRBAC(t *testing.T, admin, sa *kubernetes.Clientset, allowed bool) {
+	ctx := t.Context()
+	podLabels := map[string]string{"app": "vllm"}
+	if _, err := admin.AppsV1().Deployments(engines).Create(ctx, &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Name: "vllm"},
+		Spec: appsv1.DeploymentSpec{
+			Replicas: new(int32(1)),
+			Selector: &metav1.LabelSelector{MatchLabels: podLabels},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: podLabels},
+				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "vllm", Image: "vllm:test"}}},
+			},
+		},
+	}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatalf("create engines deployment: %v", err)
+	}
+	deployments := sa.AppsV1().Deployments(engines)
+	check := func(what string, err error) {
+		t.Helper()
+		switch {
+		case allowed && err != nil:
+			t.Errorf("%s: %v", what, err)
+		case !allowed && !apierrors.IsForbidden(err):
+			t.Errorf("%s without the planner: got %v, want forbidden", what, err)
+		}
+	}
+	if allowed {
+		// The authorizer's informers see helm's new rules a moment after they are stored.
+		eventually(t, 10*time.Second, func() error { return errOnly(deployments.GetScale(ctx, "vllm", metav1.GetOptions{})) })
+	}
+	scale, err := deployments.GetScale(ctx, "vllm", metav1.GetOptions{})
+	check("get scale", err)
+	if err == nil {
+		scale.Spec.Replicas = 2
+		check("update scale", errOnly(deployments.UpdateScale(ctx, "vllm", scale, metav1.UpdateOptions{})))
+	}
+	check("get deployment", errOnly(deployments.Get(ctx, "vllm", metav1.GetOptions{})))
+	check("list pods", errOnly(sa.CoreV1().Pods(engines).List(ctx, metav1.ListOptions{})))
 }
 
 // errOnly drops a typed call's object.
