@@ -420,7 +420,10 @@ func (s *Server) serveEvents(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusOK)
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
+	rc := http.NewResponseController(w)
 	for {
+		// Past the server's write timeout: each event has its own.
+		_ = rc.SetWriteDeadline(time.Now().Add(30 * time.Second))
 		b, _ := json.Marshal(s.fleet(r.Context()))
 		if _, err := w.Write(append(append([]byte("event: fleet\ndata: "), b...), "\n\n"...)); err != nil {
 			return

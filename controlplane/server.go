@@ -95,6 +95,9 @@ type Options struct {
 	// RolloutSettle how long after a start it waits for every proxy's load report before
 	// it judges (default 3 s; a partial sum would look like proxies that restarted).
 	RolloutInterval, RolloutSettle time.Duration
+	// APIReadTimeout bounds the time to read a request of the operator API, head and body
+	// (default DefaultAPIReadTimeout); its answer has twice that.
+	APIReadTimeout time.Duration
 	// RolloutClock is the rollout controller's clock (default time.Now): the time a step
 	// has run, the settle after a start, and the times a rollout records. Its ticks still
 	// come every RolloutInterval of real time. A test that advances a clock of its own ends
@@ -357,7 +360,15 @@ func (s *Server) Start(ctx context.Context) error {
 		go func() { defer s.wg.Done(); s.reg.WatchFile(runCtx, s.opts.WorkersFile, time.Second) }()
 	}
 	if s.apiLis != nil {
-		s.api = &http.Server{Handler: s.apiHandler(), Protocols: api.Protocols(), ReadHeaderTimeout: 10 * time.Second}
+		rt := s.opts.APIReadTimeout
+		if rt <= 0 {
+			rt = DefaultAPIReadTimeout
+		}
+		// Every request is read within rt (head and body: a client that trickles one holds a
+		// connection no longer), answered within twice that (the event stream extends its
+		// own deadline at each event), and an idle keep-alive connection is closed after 2 min.
+		s.api = &http.Server{Handler: s.apiHandler(), Protocols: api.Protocols(), ReadHeaderTimeout: min(10*time.Second, rt),
+			ReadTimeout: rt, WriteTimeout: 2 * rt, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10}
 		s.wg.Add(1)
 		go func() { defer s.wg.Done(); _ = s.api.Serve(s.apiLis) }()
 	}
@@ -784,3 +795,6 @@ func kvTiers(w registry.Worker) *xdsv1.KVTiers {
 	}
 	return &xdsv1.KVTiers{KvBytesPerToken: uint64(w.KVBytesPerToken), HostBandwidth: w.HostBandwidth, DiskBandwidth: w.DiskBandwidth, SharedBandwidth: w.SharedBandwidth, PeerBandwidth: w.PeerBandwidth}
 }
+
+// DefaultAPIReadTimeout is Options.APIReadTimeout's default.
+const DefaultAPIReadTimeout = 30 * time.Second

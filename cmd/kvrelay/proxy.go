@@ -387,7 +387,9 @@ func serveAdmin(ctx context.Context, addr string, h http.Handler) (string, error
 		// through a DNS name rebound to 127.0.0.1.
 		handler = loopback.HostOnly(mux, "this admin endpoint", nil)
 	}
-	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
+	// No write timeout: pprof's profile and trace run for as long as they are asked.
+	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,
+		IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10}
 	go func() { _ = srv.Serve(ln) }()
 	go func() { <-ctx.Done(); _ = srv.Close() }()
 	return ln.Addr().String(), nil
