@@ -3,6 +3,8 @@ package controlplane
 import (
 	"errors"
 	"math"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -188,5 +190,48 @@ func TestStepFiguresPerProxy(t *testing.T) {
 	}
 	if s, k := step(map[string][]xdsserver.Arm{"a": {arm(1, 60), arm(2, 6)}, "b": {arm(1, 5400), arm(2, 540)}, "c": {arm(1, 9100), arm(2, 910)}}); s != 560 || k != 56 {
 		t.Fatalf("later: %d, %d; want 560, 56", s, k)
+	}
+}
+
+// TestAPITokenIsReadAgain: the operator API's token comes from its file, read again after
+// tokenReread: a rotated token takes effect without a restart; a file that turns empty or
+// unreadable leaves the token in force.
+func TestAPITokenIsReadAgain(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(file, []byte("first\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(Options{XDSListen: "127.0.0.1:0", DataDir: t.TempDir(), APIToken: "first", APITokenFile: file})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := s.apiToken(); got != "first" {
+		t.Fatalf("token %q, want first", got)
+	}
+	reread := func(content string) string {
+		if content == "<gone>" {
+			_ = os.Remove(file)
+		} else if err := os.WriteFile(file, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		s.tokenMu.Lock()
+		s.tokenRead = time.Time{} // as if tokenReread had passed
+		s.tokenMu.Unlock()
+		return s.apiToken()
+	}
+	if got := reread("second\n"); got != "second" {
+		t.Fatalf("after the rotation: %q, want second", got)
+	}
+	if got := reread("  \n"); got != "second" {
+		t.Fatalf("an empty file: %q, want the token in force", got)
+	}
+	if got := reread("<gone>"); got != "second" {
+		t.Fatalf("no file: %q, want the token in force", got)
+	}
+	if err := os.WriteFile(file, []byte("third"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.apiToken(); got != "second" {
+		t.Fatalf("read again before tokenReread: %q", got)
 	}
 }

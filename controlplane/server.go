@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -60,8 +61,12 @@ type Options struct {
 	// Workers come from flags; WorkersFile is a YAML file reloaded when it changes.
 	Workers     []registry.Worker
 	WorkersFile string
-	// APIToken authorises mutating operator calls; empty refuses them.
-	APIToken string
+	// APIToken authorises mutating operator calls; empty refuses them. APITokenFile, when
+	// set, holds it instead and is read again every tokenReread, so that a rotated token
+	// (a Kubernetes Secret updated in place) takes effect without a restart; a read that
+	// fails or finds the file empty keeps the token in force, and says so in the log.
+	APIToken     string
+	APITokenFile string
 	// ScrapeInterval is how often each worker's metrics are read (default 100 ms).
 	ScrapeInterval time.Duration
 	// KernelWaiting, when set, adds requests seen waiting in front of each worker from the
@@ -154,9 +159,13 @@ type K8sSource struct {
 // the listeners and starts the goroutines; Run waits for the context and stops; Close stops
 // at once.
 type Server struct {
-	opts  Options
-	log   *slog.Logger
-	store registry.Backend
+	opts Options
+	log  *slog.Logger
+	// token is the operator API's token as last read from Options.APITokenFile, at tokenRead.
+	tokenMu   sync.Mutex
+	token     string
+	tokenRead time.Time
+	store     registry.Backend
 	// stateCh receives when a shared Store's resources changed (coalesced).
 	stateCh chan struct{}
 	// acting is set while this replica leads and has taken over: read the shared state
@@ -696,6 +705,9 @@ func (s *Server) apiHandler() http.Handler {
 	}
 	loopback := loopbackpkg.Addr(s.apiLis.Addr())
 	opts := api.Options{Token: s.opts.APIToken, OpenReads: loopback, OnReject: reject}
+	if s.opts.APITokenFile != "" {
+		opts.TokenFunc = s.apiToken
+	}
 	if e := s.opts.Leader; e != nil {
 		opts.Leader = func() error {
 			if err := e.Check(); err != nil {
@@ -798,3 +810,32 @@ func kvTiers(w registry.Worker) *xdsv1.KVTiers {
 
 // DefaultAPIReadTimeout is Options.APIReadTimeout's default.
 const DefaultAPIReadTimeout = 30 * time.Second
+
+// tokenReread is how often the control plane reads its API token file again.
+const tokenReread = 5 * time.Second
+
+// apiToken is the operator API's token from Options.APITokenFile, read again when the last
+// read is tokenReread old.
+func (s *Server) apiToken() string {
+	s.tokenMu.Lock()
+	defer s.tokenMu.Unlock()
+	if now := time.Now(); now.Sub(s.tokenRead) >= tokenReread {
+		s.tokenRead = now
+		b, err := os.ReadFile(s.opts.APITokenFile)
+		switch t := strings.TrimSpace(string(b)); {
+		case err != nil:
+			s.log.Warn("API token file not read again; the token in force stays", "file", s.opts.APITokenFile, "err", err)
+		case t == "":
+			s.log.Warn("API token file is empty; the token in force stays", "file", s.opts.APITokenFile)
+		case t != s.token:
+			if s.token != "" {
+				s.log.Info("API token changed", "file", s.opts.APITokenFile)
+			}
+			s.token = t
+		}
+		if s.token == "" {
+			s.token = s.opts.APIToken
+		}
+	}
+	return s.token
+}

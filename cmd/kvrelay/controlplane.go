@@ -79,6 +79,7 @@ worker claims are dropped and counted (kvrelay_controlplane_ingest_unclaimed_tot
 				if opts.APIToken == "" {
 					return fmt.Errorf("--api-token-file %s is empty", tokenFile)
 				}
+				opts.APITokenFile = tokenFile // read again: a rotated token takes effect
 			}
 			if k8sSel != "" && k8sPool != "" {
 				return fmt.Errorf("--k8s-selector and --k8s-inference-pool: choose one way to discover workers")
@@ -119,7 +120,7 @@ worker claims are dropped and counted (kvrelay_controlplane_ingest_unclaimed_tot
 	fs.BoolVar(&ebpfLoad, "ebpf-load-signals", false, "always count connections waiting in a worker's accept queue (eBPF listen_queue probe) and the requests its recent first-byte latency implies (first_byte probe) as waiting requests in its load (otherwise: while the routing policy's kernel_load_signals is on)")
 	fs.StringArrayVar(&workers, "worker", nil, "a worker: id=,url=,kv-events=,engine=,... (repeat for each)")
 	fs.StringVar(&opts.WorkersFile, "workers-file", "", "YAML file of workers, reloaded when it changes")
-	fs.StringVar(&tokenFile, "api-token-file", "", "file holding the bearer token that mutating operator calls need")
+	fs.StringVar(&tokenFile, "api-token-file", "", "file holding the bearer token that mutating operator calls need (read again every 5 s: a rotated token takes effect without a restart)")
 	fs.DurationVar(&opts.ScrapeInterval, "scrape-interval", 100*time.Millisecond, "how often each worker's metrics are read")
 	fs.StringVar(&k8sSel, "k8s-selector", "", "discover workers from the Kubernetes EndpointSlices with this label selector (e.g. app=vllm)")
 	fs.StringVar(&k8sPool, "k8s-inference-pool", "", "discover workers from the pods of this Gateway API InferencePool (inference.networking.k8s.io/v1) in --k8s-namespace: its selector and target ports; a pod's llm-d.ai/role label sets its role and its kvrelay.io/worker annotation (--worker form without id and url) the rest")

@@ -79,8 +79,10 @@ const MaxBodyBytes = 1 << 20
 // Options configure authentication, for the gRPC service and the HTTP handler alike.
 type Options struct {
 	// Token is the bearer token that calls changing state need (and reads, unless
-	// OpenReads). Empty: no token is configured.
-	Token string
+	// OpenReads). Empty: no token is configured. TokenFunc, when set, is asked instead at
+	// each call (a token that rotates: a re-read Secret).
+	Token     string
+	TokenFunc func() string
 	// OpenReads serves reads without a token; the control plane sets it when the API listens
 	// on loopback only.
 	OpenReads bool
@@ -110,13 +112,23 @@ func newAuthorizer(opts Options) authorizer {
 	return authorizer{opts: opts, sum: sha256.Sum256([]byte(opts.Token))}
 }
 
+// token is the token in force and its digest.
+func (a *authorizer) token() (string, [sha256.Size]byte) {
+	if a.opts.TokenFunc != nil {
+		t := a.opts.TokenFunc()
+		return t, sha256.Sum256([]byte(t))
+	}
+	return a.opts.Token, a.sum
+}
+
 // check authorizes a call given its Authorization value (possibly empty). It returns nil or
 // an *Error with code Unauthenticated or PermissionDenied.
 func (a *authorizer) check(authorization string, mutating bool) *Error {
 	if !mutating && a.opts.OpenReads {
 		return nil
 	}
-	if a.opts.Token == "" {
+	token, want := a.token()
+	if token == "" {
 		if a.opts.AllowUnauthenticated {
 			return a.lead(mutating)
 		}
@@ -128,7 +140,7 @@ func (a *authorizer) check(authorization string, mutating bool) *Error {
 	}
 	// Comparing digests keeps the comparison constant-time whatever the lengths.
 	sum := sha256.Sum256([]byte(strings.TrimSpace(tok)))
-	if subtle.ConstantTimeCompare(sum[:], a.sum[:]) != 1 {
+	if subtle.ConstantTimeCompare(sum[:], want[:]) != 1 {
 		return &Error{Code: codes.Unauthenticated, Message: "invalid bearer token"}
 	}
 	return a.lead(mutating)

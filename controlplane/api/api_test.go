@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"google.golang.org/grpc"
@@ -692,5 +693,25 @@ func TestFollowerRefusesChanges(t *testing.T) {
 	leading = true
 	if r := do(t, ts, "POST", "/v1/workers/w1/drain", "", token); r.status != 200 {
 		t.Fatalf("change once leading: %d %s", r.status, r.body)
+	}
+}
+
+// TestTokenFunc: an API whose token comes from TokenFunc takes the token in force at each
+// call: after a rotation the new one is accepted and the old one refused.
+func TestTokenFunc(t *testing.T) {
+	var mu sync.Mutex
+	current := "old-token"
+	ts := serve(t, fleet(), api.Options{TokenFunc: func() string { mu.Lock(); defer mu.Unlock(); return current }})
+	if r := do(t, ts, "GET", "/v1/workers", "", "old-token"); r.status != 200 {
+		t.Fatalf("the token in force: %d %s", r.status, r.body)
+	}
+	mu.Lock()
+	current = "new-token"
+	mu.Unlock()
+	if r := do(t, ts, "GET", "/v1/workers", "", "old-token"); r.status != 401 {
+		t.Fatalf("the rotated-out token: %d, want 401", r.status)
+	}
+	if r := do(t, ts, "GET", "/v1/workers", "", "new-token"); r.status != 200 {
+		t.Fatalf("the new token: %d %s", r.status, r.body)
 	}
 }
