@@ -19,6 +19,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -925,4 +926,45 @@ func wantRule(t *testing.T, r rbacv1.Role, group, resource string, verbs ...stri
 		}
 	}
 	t.Errorf("Role %s grants nothing on %s.%s", r.Name, resource, group)
+}
+
+// TestNetworkPolicies: by default the control plane's xDS port admits only the release's
+// proxies, its API port the release's namespace and the monitoring namespace, and the
+// proxies' admin port only the monitoring namespace, their OpenAI port anyone; disabled,
+// none is rendered.
+func TestNetworkPolicies(t *testing.T) {
+	needHelm(t)
+	o := render(t, "")
+	var cp, px networkingv1.NetworkPolicy
+	o.must(t, "NetworkPolicy", namespace, cpName, &cp)
+	o.must(t, "NetworkPolicy", namespace, proxyName, &px)
+	rule := func(p networkingv1.NetworkPolicy, port string) *networkingv1.NetworkPolicyIngressRule {
+		for i, r := range p.Spec.Ingress {
+			for _, pp := range r.Ports {
+				if pp.Port != nil && pp.Port.String() == port {
+					return &p.Spec.Ingress[i]
+				}
+			}
+		}
+		t.Fatalf("%s: no rule for port %s", p.Name, port)
+		return nil
+	}
+	if r := rule(cp, "xds"); len(r.From) != 1 || r.From[0].PodSelector == nil || r.From[0].PodSelector.MatchLabels["app.kubernetes.io/component"] != "proxy" || r.From[0].NamespaceSelector != nil {
+		t.Errorf("xDS admits %+v, want the release's proxies alone", r.From)
+	}
+	monitoring := func(f networkingv1.NetworkPolicyPeer) bool {
+		return f.NamespaceSelector != nil && f.NamespaceSelector.MatchLabels["kubernetes.io/metadata.name"] == "monitoring"
+	}
+	if r := rule(cp, "api"); len(r.From) != 2 || r.From[0].PodSelector == nil || len(r.From[0].PodSelector.MatchLabels) != 0 || !monitoring(r.From[1]) {
+		t.Errorf("the API admits %+v, want the release's namespace and monitoring", r.From)
+	}
+	if r := rule(px, "admin"); len(r.From) != 1 || !monitoring(r.From[0]) {
+		t.Errorf("the proxies' admin port admits %+v, want monitoring alone", r.From)
+	}
+	if r := rule(px, "http"); len(r.From) != 0 {
+		t.Errorf("the OpenAI port admits %+v, want anyone", r.From)
+	}
+	if off := render(t, "networkPolicy: {enabled: false}\n"); len(all[networkingv1.NetworkPolicy](t, off, "NetworkPolicy")) != 0 {
+		t.Error("NetworkPolicies rendered while disabled")
+	}
 }

@@ -122,6 +122,8 @@ func checkInstalled(t *testing.T, cs *kubernetes.Clientset) {
 		{"PodDisruptionBudget", namespace, cpName, dropObj(cs.PolicyV1().PodDisruptionBudgets(namespace).Get)},
 		{"PodDisruptionBudget", namespace, proxyName, dropObj(cs.PolicyV1().PodDisruptionBudgets(namespace).Get)},
 		{"HorizontalPodAutoscaler", namespace, proxyName, dropObj(cs.AutoscalingV2().HorizontalPodAutoscalers(namespace).Get)},
+		{"NetworkPolicy", namespace, cpName, dropObj(cs.NetworkingV1().NetworkPolicies(namespace).Get)},
+		{"NetworkPolicy", namespace, proxyName, dropObj(cs.NetworkingV1().NetworkPolicies(namespace).Get)},
 		{"Secret", namespace, tokenSecret, dropObj(cs.CoreV1().Secrets(namespace).Get)},
 	}
 	for _, g := range gets {
