@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"net"
 	"slices"
 	"sync"
@@ -61,6 +62,12 @@ type Options struct {
 	// MaxConnsPerPeer bounds the connections one peer host may hold open at once (default
 	// DefaultMaxConnsPerPeer); more are closed as soon as they are accepted.
 	MaxConnsPerPeer int
+	// MaxConnectionAge closes a proxy's connection this long after it opened (grpc-go adds
+	// ±10 % jitter), after MaxConnectionAgeGrace for its streams to end; the proxy reconnects,
+	// through the Service to any replica, so that connections spread again after a scale-up
+	// or a failover instead of staying where they landed (defaults
+	// DefaultMaxConnectionAge, DefaultMaxConnectionAgeGrace; negative: never).
+	MaxConnectionAge, MaxConnectionAgeGrace time.Duration
 	// MaxConns and MaxStreams bound the connections and streams every peer together may
 	// hold open (defaults DefaultMaxConns, DefaultMaxStreams): the per-peer caps alone let
 	// many addresses (a host's loopback range, a NAT's ports do not count) hold the server
@@ -103,6 +110,14 @@ const DefaultMaxStreamsPerPeer = 64
 // connection, a host runs a few proxies and reconnecting ones overlap their old connection.
 const DefaultMaxConnsPerPeer = 32
 
+// DefaultMaxConnectionAge and DefaultMaxConnectionAgeGrace are Options.MaxConnectionAge's
+// and MaxConnectionAgeGrace's defaults: a fleet rebalances within about half an hour, and a
+// proxy's streams get a minute to finish what they carry.
+const (
+	DefaultMaxConnectionAge      = 30 * time.Minute
+	DefaultMaxConnectionAgeGrace = time.Minute
+)
+
 // DefaultMaxConns and DefaultMaxStreams are Options.MaxConns' and MaxStreams' defaults: two
 // thousand proxies, each with its connection and three streams, twice over while they
 // reconnect.
@@ -129,6 +144,12 @@ func (o Options) withDefaults() Options {
 	}
 	if o.MaxConns <= 0 {
 		o.MaxConns = DefaultMaxConns
+	}
+	if o.MaxConnectionAge == 0 {
+		o.MaxConnectionAge = DefaultMaxConnectionAge
+	}
+	if o.MaxConnectionAgeGrace == 0 {
+		o.MaxConnectionAgeGrace = DefaultMaxConnectionAgeGrace
 	}
 	if o.MaxStreams <= 0 {
 		o.MaxStreams = DefaultMaxStreams
@@ -261,8 +282,10 @@ func New(opts Options) *Server {
 			PermitWithoutStream: true,
 		}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{
-			Time:    30 * time.Second,
-			Timeout: keepaliveTimeout,
+			Time:                  30 * time.Second,
+			Timeout:               keepaliveTimeout,
+			MaxConnectionAge:      ageOrInfinity(opts.MaxConnectionAge),
+			MaxConnectionAgeGrace: ageOrInfinity(opts.MaxConnectionAgeGrace),
 		}),
 		grpc.ChainStreamInterceptor(s.limitStreams),
 		// Without a limit, one connection that does not read could open streams without end,
@@ -284,6 +307,14 @@ func New(opts Options) *Server {
 	})
 	xdsv1.RegisterLoadReportingServer(s.grpc, &loadService{s: s})
 	return s
+}
+
+// ageOrInfinity is d for grpc's keepalive, a negative d (never) as grpc's infinity.
+func ageOrInfinity(d time.Duration) time.Duration {
+	if d < 0 {
+		return time.Duration(math.MaxInt64)
+	}
+	return d
 }
 
 // GRPC returns the gRPC server, for the control plane to register more services (the

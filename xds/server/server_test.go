@@ -542,3 +542,41 @@ func TestGlobalStreamAndConnectionCaps(t *testing.T) {
 	}
 	waitUntil(t, "the refusal to be counted", func() bool { return srv.Stats().RefusedConns >= 1 })
 }
+
+// TestConnectionsAgeOut: a proxy's connection is closed MaxConnectionAge after it opened
+// (after MaxConnectionAgeGrace for its streams), so that it reconnects, wherever the Service
+// sends it; its next stream is served on a new connection.
+func TestConnectionsAgeOut(t *testing.T) {
+	srv := server.New(server.Options{MaxConnectionAge: 300 * time.Millisecond, MaxConnectionAgeGrace: 200 * time.Millisecond, ShutdownGrace: 50 * time.Millisecond})
+	conn := dial(t, serve(t, srv), 1<<16)
+	st, err := xdsv1.NewLoadReportingClient(conn).Report(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Send(&xdsv1.LoadReport{NodeId: "p", Seq: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	for {
+		if _, err := st.Recv(); err != nil {
+			break // the stream ended with its connection
+		}
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Fatalf("the aged connection's stream ended after %v", took)
+	}
+	waitUntil(t, "a stream on a new connection", func() bool {
+		st, err := xdsv1.NewLoadReportingClient(conn).Report(context.Background())
+		if err != nil {
+			return false
+		}
+		if st.Send(&xdsv1.LoadReport{NodeId: "p", Seq: 2}) != nil {
+			return false
+		}
+		_, err = st.Recv()
+		return err == nil
+	})
+}
