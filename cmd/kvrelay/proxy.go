@@ -75,6 +75,7 @@ decisions with every candidate's prediction (/debug/decisions), each worker's la
 	fs.IntVar(&cfg.Retries, "retries", cfg.Retries, "other workers tried after a failure before the first byte")
 	fs.DurationVar(&cfg.FirstByteTimeout, "first-byte-timeout", cfg.FirstByteTimeout, "an engine that has not started answering within this (or ten times the predicted TTFT, if longer) is taken out and the request tries another")
 	fs.DurationVar(&cfg.StreamIdleTimeout, "stream-idle-timeout", cfg.StreamIdleTimeout, "an answer the engine sends nothing more of for this long ends with an error event, and the engine is taken out")
+	fs.DurationVar(&cfg.FrozenAfter, "frozen-after", cfg.FrozenAfter, "a worker whose streams and connections all sent nothing for this long is frozen: taken out at once, its requests waiting for a first byte tried elsewhere (0: only the first-byte and stream-idle timeouts)")
 	fs.DurationVar(&cfg.ClientStallTimeout, "client-stall-timeout", cfg.ClientStallTimeout, "cut off a client that takes nothing of its streamed answer for this long (counted from the last byte its kernel acknowledged), cancelling the engine request")
 	fs.IntVar(&cfg.EventLoops, "event-loops", 0, "gnet event loops, each on its own thread (0: GOMAXPROCS-1, at least one)")
 	fs.StringVar(&adminAddr, "admin-listen", "127.0.0.1:0", "serve /metrics, sampled routing decisions (/debug/decisions), latency models (/debug/latency) and Go's pprof on this address (default: a free loopback port, printed at start; empty: off). The client port answers /metrics too while it listens on loopback")
@@ -191,6 +192,7 @@ func proxyConfig(fs *pflag.FlagSet, flags proxy.Config, path string, upstreams [
 		override("drain-timeout", func() { file.DrainTimeout = flags.DrainTimeout })
 		override("first-byte-timeout", func() { file.FirstByteTimeout = flags.FirstByteTimeout })
 		override("stream-idle-timeout", func() { file.StreamIdleTimeout = flags.StreamIdleTimeout })
+		override("frozen-after", func() { file.FrozenAfter = flags.FrozenAfter })
 		override("client-stall-timeout", func() { file.ClientStallTimeout = flags.ClientStallTimeout })
 		override("event-loops", func() { file.EventLoops = flags.EventLoops })
 		cfg = file

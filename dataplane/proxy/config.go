@@ -213,6 +213,13 @@ type Config struct {
 	// StreamIdleTimeout ends an answer the engine has sent nothing more of for this long: the
 	// worker is taken out at once and the client's stream ends with an error event.
 	StreamIdleTimeout time.Duration `yaml:"stream_idle_timeout"`
+	// FrozenAfter takes a worker out at once when a stream it was sending has had nothing
+	// for this long and neither has any other connection to it: a decoding engine sends a
+	// token every few tens of milliseconds, so one silent everywhere is frozen (stopped,
+	// hung), not busy. Its requests still waiting for their first byte try another worker
+	// then, instead of at FirstByteTimeout, and its streams move as at StreamIdleTimeout.
+	// 0: off (only the two timeouts).
+	FrozenAfter time.Duration `yaml:"frozen_after"`
 	// ResponseAffinity remembers up to this many stored Responses API responses (which
 	// worker served each, for ResponseTTL), so that previous_response_id and GET
 	// /v1/responses/{id} reach the engine holding them; 0 turns it off.
@@ -280,6 +287,7 @@ func DefaultConfig() Config {
 		ClientStallTimeout:  30 * time.Second,
 		FirstByteTimeout:    30 * time.Second,
 		StreamIdleTimeout:   30 * time.Second,
+		FrozenAfter:         5 * time.Second,
 		ResponseAffinity:    100000,
 		MigrationLimit:      1,
 		ResponseTTL:         time.Hour,
@@ -414,6 +422,8 @@ func (c *Config) Validate() error {
 		return bad("retries and queue size must not be negative, eject_after must be at least 1")
 	case c.ReadTimeout <= 0 || c.IdleTimeout <= 0 || c.ConnectTimeout <= 0 || c.UpstreamTimeout <= 0 || c.QueueTimeout <= 0 || c.DrainTimeout <= 0 || c.ClientStallTimeout <= 0 || c.FirstByteTimeout <= 0 || c.StreamIdleTimeout <= 0:
 		return bad("timeouts must be positive")
+	case c.FrozenAfter < 0:
+		return bad("frozen_after must not be negative (0: off)")
 	case c.MaxBufferedResponse < 64<<10:
 		return bad("max buffered response %d is under 64 KiB", c.MaxBufferedResponse)
 	case c.Disagg != DisaggAuto && c.Disagg != DisaggOff:

@@ -630,6 +630,21 @@ func (ex *exchange) tick(now int64, cfg *Config) {
 		ex.fail(up, failTimeout)
 		return
 	}
+	if f := int64(cfg.FrozenAfter); f > 0 {
+		w := ex.worker()
+		switch {
+		case up.headDone && !ex.paused && now-ex.lastByteAt > f && now-w.LastHeard() > f:
+			// A stream that stopped, on a worker silent on every connection: frozen. It is
+			// taken out, and this stream moves or ends as at StreamIdleTimeout.
+			ex.cc.srv.core.Blame(w, now, 1, "worker ejected: frozen (no stream of it moved for frozen_after)")
+			ex.fail(up, failTimeout)
+			return
+		case !up.headDone && w.EjectedFor(now) > 0 && now-w.LastHeard() > f:
+			// Waiting for a first byte from a worker found frozen: try another now.
+			ex.fail(up, failTimeout)
+			return
+		}
+	}
 	if ex.paused && ex.cc.c.OutboundBuffered() < lowWater && up.c != nil {
 		ex.resume()
 		ex.data(up)

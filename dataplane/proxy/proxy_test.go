@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -1238,5 +1239,90 @@ func TestMigrationOptOut(t *testing.T) {
 	_, m := get(t, "http://"+p.Addr()+"/metrics")
 	if v := metricValue(t, m, `kvrelay_proxy_migrations_total{outcome="continued"}`); v != 1 {
 		t.Errorf("continued %v, want 1: the opted-out stream must not migrate", v)
+	}
+}
+
+// TestFrozenEngineIsLeftSoon: an engine that stops (SIGSTOP: its connections stay open, it
+// sends nothing more) is seen frozen once its streams have had nothing for FrozenAfter and
+// neither has any connection to it: it is taken out, and requests waiting for its first
+// byte try the other worker then, not at the 30 s first-byte timeout.
+func TestFrozenEngineIsLeftSoon(t *testing.T) {
+	var frozen atomic.Bool
+	stream := func(freezable bool) func(net.Conn, *bufio.Reader, *http.Request) {
+		return func(conn net.Conn, _ *bufio.Reader, _ *http.Request) {
+			for freezable && frozen.Load() {
+				time.Sleep(10 * time.Millisecond) // stopped: reads nothing, answers nothing
+			}
+			io.WriteString(conn, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+			ev := `data: {"id":"x","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"t"},"finish_reason":null}]}` + "\n\n"
+			for i := range 150 {
+				for freezable && frozen.Load() {
+					time.Sleep(10 * time.Millisecond)
+				}
+				if i == 149 {
+					ev += "data: [DONE]\n\n"
+				}
+				if _, err := fmt.Fprintf(conn, "%x\r\n%s\r\n", len(ev), ev); err != nil {
+					return
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			io.WriteString(conn, "0\r\n\r\n")
+		}
+	}
+	t.Cleanup(func() { frozen.Store(false) })
+	p := startProxy(t, []string{fakeEngine(t, stream(true)), fakeEngine(t, stream(false))}, func(cfg *proxy.Config) {
+		cfg.FrozenAfter = time.Second
+	})
+	base := "http://" + p.Addr()
+	// A stream on w0, read as it comes.
+	var onW0 *http.Response
+	for range 20 {
+		resp, err := http.Post(base+"/v1/chat/completions", "application/json", strings.NewReader(chatBody("s", "u", 10, true)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.Header.Get("x-kvrelay-worker") == "w0" {
+			onW0 = resp
+			break
+		}
+		go func() { _, _ = io.Copy(io.Discard, resp.Body); resp.Body.Close() }()
+	}
+	if onW0 == nil {
+		t.Fatal("no stream landed on w0 in 20 requests")
+	}
+	defer onW0.Body.Close()
+	go func() { _, _ = io.Copy(io.Discard, onW0.Body) }()
+	time.Sleep(200 * time.Millisecond)
+	frozen.Store(true)
+	// New requests, some of them sent to the frozen worker before it is found out.
+	start := time.Now()
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var slowest time.Duration
+	failed := 0
+	for i := range 8 {
+		wg.Go(func() {
+			t0 := time.Now()
+			resp, err := http.Post(base+"/v1/chat/completions", "application/json", strings.NewReader(chatBody("s"+strconv.Itoa(i), "u", 10, true)))
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil || resp.StatusCode != 200 {
+				failed++
+				return
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			slowest = max(slowest, time.Since(t0))
+		})
+	}
+	wg.Wait()
+	t.Logf("8 requests after the freeze: the slowest took %v (%d failed), all within %v", slowest, failed, time.Since(start).Round(time.Millisecond))
+	if failed > 0 || time.Since(start) > 12*time.Second {
+		t.Fatalf("%d failed; the last answered %v after the freeze, want within 12 s (FirstByteTimeout is 30 s)", failed, time.Since(start))
+	}
+	_, m := get(t, base+"/metrics")
+	if v := metricValue(t, m, `kvrelay_proxy_worker_ejections_total{worker="w0"}`); v < 1 {
+		t.Errorf("w0 ejected %v times, want at least once", v)
 	}
 }
