@@ -10,6 +10,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -46,7 +48,10 @@ const HTTPPortName = "http"
 //     refused.
 //   - Model, Role, BlockSize and Engine: tmpl's. tmpl's ID, URL and Draining are ignored.
 //
-// Workers go away when their endpoint does, turns not ready, or the slice is deleted. The
+// Workers go away when their endpoint does, turns terminating, or the slice is deleted. An
+// endpoint that turns not ready (a readiness probe's blip, an engine restarting) keeps its
+// worker, draining (no new requests, its index kept), for NotReadyGrace; ready again within
+// it, the worker takes requests again with its cache still indexed; past it, it goes. The
 // workers found stay when the watch ends (so that a control plane shutting down does not
 // announce an empty fleet).
 func (r *Registry) WatchEndpointSlices(ctx context.Context, client kubernetes.Interface, namespace, labelSelector string, tmpl Worker) error {
@@ -63,13 +68,16 @@ func (r *Registry) WatchEndpointSlices(ctx context.Context, client kubernetes.In
 		tmpl:          t,
 		sel:           sel,
 		allNamespaces: namespace == metav1.NamespaceAll,
-		slices:        map[string][]Worker{},
+		slices:        map[string]*discoveryv1.EndpointSlice{},
+		ready:         map[string]bool{},
+		notReady:      map[string]time.Time{},
+		now:           time.Now,
 	}
+	defer sw.stopTimer()
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0,
 		informers.WithNamespace(namespace),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = labelSelector }))
 	inf := factory.Discovery().V1().EndpointSlices().Informer()
-	// The informer calls a handler from one goroutine at a time, so sliceWatch needs no lock.
 	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    sw.update,
 		UpdateFunc: func(_, obj any) { sw.update(obj) },
@@ -160,13 +168,27 @@ func (t sliceTemplate) worker(id, addr string, port int32) (Worker, error) {
 	return w, nil
 }
 
-// sliceWatch turns informer events into the registry's Kubernetes workers.
+// NotReadyGrace is how long a discovered worker whose endpoint turned not ready (and not
+// terminating) stays, draining, before it goes.
+const NotReadyGrace = 2 * time.Minute
+
+// notReadyGrace is NotReadyGrace, shortened by tests.
+var notReadyGrace = NotReadyGrace
+
+// sliceWatch turns informer events into the registry's Kubernetes workers. Its methods run
+// on the informer's goroutine and on the grace timer's, under mu.
 type sliceWatch struct {
 	r             *Registry
 	tmpl          sliceTemplate
 	sel           labels.Selector
 	allNamespaces bool
-	slices        map[string][]Worker // workers by slice namespace/name
+	now           func() time.Time
+
+	mu       sync.Mutex
+	slices   map[string]*discoveryv1.EndpointSlice // by namespace/name
+	ready    map[string]bool                       // worker ids seen ready while they stayed listed
+	notReady map[string]time.Time                  // worker id → when it turned not ready
+	timer    *time.Timer                           // the next grace to end
 }
 
 func (sw *sliceWatch) update(obj any) {
@@ -174,9 +196,11 @@ func (sw *sliceWatch) update(obj any) {
 	if !ok {
 		return
 	}
+	sw.mu.Lock()
+	defer sw.mu.Unlock()
 	key := s.Namespace + "/" + s.Name
 	if sw.sel.Matches(labels.Set(s.Labels)) {
-		sw.slices[key] = sw.workersOf(s)
+		sw.slices[key] = s
 	} else {
 		// The server filters by the selector already; this guards clients that do not.
 		delete(sw.slices, key)
@@ -192,23 +216,62 @@ func (sw *sliceWatch) delete(obj any) {
 	if !ok {
 		return
 	}
+	sw.mu.Lock()
+	defer sw.mu.Unlock()
 	delete(sw.slices, s.Namespace+"/"+s.Name)
 	sw.apply()
 }
 
+// apply replaces the registry's Kubernetes workers with those of the slices now, and sets
+// the timer for the next not-ready worker's grace to end.
 func (sw *sliceWatch) apply() {
+	now := sw.now()
 	m := map[string]Worker{}
+	seen := map[string]bool{}
+	var next time.Time
 	for _, key := range slices.Sorted(maps.Keys(sw.slices)) {
-		for _, w := range sw.slices[key] {
+		for _, w := range sw.workersOf(sw.slices[key], now, seen) {
 			if _, dup := m[w.ID]; !dup {
 				m[w.ID] = w
 			}
 		}
 	}
+	for id, since := range sw.notReady {
+		if !seen[id] {
+			delete(sw.notReady, id) // gone, or ready again
+			continue
+		}
+		if end := since.Add(notReadyGrace); end.After(now) && (next.IsZero() || end.Before(next)) {
+			next = end
+		}
+	}
+	for id := range sw.ready {
+		if _, listed := m[id]; !listed && !seen[id] {
+			delete(sw.ready, id) // gone from every slice
+		}
+	}
+	sw.stopTimer()
+	if !next.IsZero() {
+		sw.timer = time.AfterFunc(next.Sub(now)+time.Millisecond, func() {
+			sw.mu.Lock()
+			defer sw.mu.Unlock()
+			sw.apply()
+		})
+	}
 	sw.r.replace(SourceK8s, m)
 }
 
-func (sw *sliceWatch) workersOf(s *discoveryv1.EndpointSlice) []Worker {
+func (sw *sliceWatch) stopTimer() {
+	if sw.timer != nil {
+		sw.timer.Stop()
+		sw.timer = nil
+	}
+}
+
+// workersOf is the workers of slice s at now: its ready endpoints', and, draining, those of
+// endpoints that were ready and have been not ready (and not terminating) for less than
+// NotReadyGrace; seen collects the not-ready workers' ids.
+func (sw *sliceWatch) workersOf(s *discoveryv1.EndpointSlice, now time.Time, seen map[string]bool) []Worker {
 	port, ok := slicePort(s)
 	if !ok {
 		sw.r.log.Warn("EndpointSlice has no TCP port; no workers from it", "slice", s.Namespace+"/"+s.Name)
@@ -216,7 +279,8 @@ func (sw *sliceWatch) workersOf(s *discoveryv1.EndpointSlice) []Worker {
 	}
 	var ws []Worker
 	for _, ep := range s.Endpoints {
-		if ep.Conditions.Ready != nil && !*ep.Conditions.Ready {
+		notReady := ep.Conditions.Ready != nil && !*ep.Conditions.Ready
+		if notReady && ep.Conditions.Terminating != nil && *ep.Conditions.Terminating {
 			continue
 		}
 		for _, addr := range ep.Addresses {
@@ -227,11 +291,28 @@ func (sw *sliceWatch) workersOf(s *discoveryv1.EndpointSlice) []Worker {
 					id = cmp.Or(ref.Namespace, s.Namespace) + "/" + id
 				}
 			}
+			if notReady {
+				seen[id] = true
+				if !sw.ready[id] {
+					continue // never ready (still starting): not a worker yet
+				}
+				since, ok := sw.notReady[id]
+				if !ok {
+					since = now
+					sw.notReady[id] = now
+				}
+				if now.Sub(since) >= notReadyGrace {
+					continue
+				}
+			} else {
+				sw.ready[id] = true
+			}
 			w, err := sw.tmpl.worker(id, addr, port)
 			if err != nil {
 				sw.r.log.Warn("skipping an EndpointSlice address", "slice", s.Namespace+"/"+s.Name, "address", addr, "err", err)
 				continue
 			}
+			w.Draining = notReady
 			ws = append(ws, w)
 		}
 	}

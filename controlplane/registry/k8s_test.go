@@ -5,6 +5,7 @@ import (
 	"errors"
 	"sync"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -65,6 +66,9 @@ func watchSlices(t *testing.T, r *Registry, client *fake.Clientset, ns, sel stri
 }
 
 func TestWatchEndpointSlices(t *testing.T) {
+	g := notReadyGrace
+	t.Cleanup(func() { notReadyGrace = g }) // after the watch's cleanup, which stops it
+	notReadyGrace = 500 * time.Millisecond
 	app := map[string]string{"app": "vllm"}
 	existing := slice("vllm-a", app, []discoveryv1.EndpointPort{port("metrics", 9090), port("http", 8000)},
 		endpoint{pod: "vllm-0", addrs: []string{"10.0.0.1"}},
@@ -110,7 +114,8 @@ func TestWatchEndpointSlices(t *testing.T) {
 		t.Fatalf("vllm-b/10.0.1.1 = %+v", w)
 	}
 
-	// vllm-0 turns not ready, vllm-2 ready.
+	// vllm-0 turns not ready, vllm-2 ready: vllm-0 stays, draining (its index kept), for
+	// the grace, then goes.
 	existing = existing.DeepCopy()
 	existing.Endpoints[0].Conditions.Ready = ptr(false)
 	existing.Endpoints[2].Conditions.Ready = ptr(true)
@@ -118,8 +123,31 @@ func TestWatchEndpointSlices(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, "the readiness update", func() bool {
+		return summary(r.Workers()) == "vllm-0:k8s:drained vllm-1:flag vllm-2:k8s vllm-b/10.0.1.1:k8s"
+	})
+	eventually(t, "the grace's end", func() bool {
 		return summary(r.Workers()) == "vllm-1:flag vllm-2:k8s vllm-b/10.0.1.1:k8s"
 	})
+	// vllm-2 blips: not ready, ready again within the grace: back, never gone.
+	existing = existing.DeepCopy()
+	existing.Endpoints[2].Conditions.Ready = ptr(false)
+	if _, err := slices.Update(ctx, existing, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the blip", func() bool { return summary(r.Workers()) == "vllm-1:flag vllm-2:k8s:drained vllm-b/10.0.1.1:k8s" })
+	existing = existing.DeepCopy()
+	existing.Endpoints[2].Conditions.Ready = ptr(true)
+	if _, err := slices.Update(ctx, existing, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the blip's end", func() bool { return summary(r.Workers()) == "vllm-1:flag vllm-2:k8s vllm-b/10.0.1.1:k8s" })
+	// A terminating endpoint goes at once.
+	existing = existing.DeepCopy()
+	existing.Endpoints[2].Conditions.Ready, existing.Endpoints[2].Conditions.Terminating = ptr(false), ptr(true)
+	if _, err := slices.Update(ctx, existing, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the terminating endpoint", func() bool { return summary(r.Workers()) == "vllm-1:flag vllm-b/10.0.1.1:k8s" })
 
 	// Deleting the slices takes their workers away; the flag's vllm-1 stays.
 	if err := slices.Delete(ctx, "vllm-a", metav1.DeleteOptions{}); err != nil {
