@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -74,15 +75,40 @@ func TestReplicaDeathMovesProxies(t *testing.T) {
 	if sent, failed := load.stop(); failed != 0 {
 		t.Fatalf("%d of %d requests failed across the failover", failed, sent)
 	}
-	// Routing still follows the index: each family goes to a worker that caches its prompt
-	// (the one it was warmed on, or one the latency policy spilled it to while the clients
-	// queued on the first), and is served from that cache.
+	// Routing still follows the index: for each family the proxy's decision sees, from b's
+	// index, a worker caching its prompt, and the families are served from a cache (the
+	// worker they were warmed on, or one the latency policy spilled them to while the
+	// clients queued). The policy weighs load and hold-back beside the cache, so one family
+	// of four may go elsewhere.
+	served := 0
 	for f := range 4 {
-		if r := chat(t, "http://"+p.Addr(), family(f), "after the failover"); r.status != 200 || r.cached < 150*16 {
-			t.Fatalf("after the failover, family %d: status %d worker %q cached %d tokens, want at least %d\ndecision: %s\nproxy's workers: %s",
-				f, r.status, r.worker, r.cached, 150*16, r.decision, workerStates(p))
+		r := chat(t, "http://"+p.Addr(), family(f), "after the failover")
+		if r.status != 200 || maxCached(r.decision) < 150 {
+			t.Fatalf("after the failover, family %d: status %d worker %q, and no candidate caching 150 blocks of it\ndecision: %s\nproxy's workers: %s",
+				f, r.status, r.worker, r.decision, workerStates(p))
+		}
+		if r.cached >= 150*16 {
+			served++
+		} else {
+			t.Logf("family %d went to %s, caching %d tokens of it (decision: %s)", f, r.worker, r.cached, r.decision)
 		}
 	}
+	if served < 3 {
+		t.Fatalf("%d of 4 families served from a cache after the failover, want at least 3\nproxy's workers: %s", served, workerStates(p))
+	}
+}
+
+// maxCached is the most cached blocks of any candidate in an x-kvrelay-decision header.
+func maxCached(decision string) int {
+	best := 0
+	for _, f := range strings.Fields(decision) {
+		if v, ok := strings.CutPrefix(strings.TrimSuffix(f, ","), "cached="); ok {
+			if n, err := strconv.Atoi(v); err == nil {
+				best = max(best, n)
+			}
+		}
+	}
+	return best
 }
 
 // clients sends chat requests through the proxy at base from two clients, each cycling
