@@ -63,3 +63,36 @@ func TestAPIReadTimeout(t *testing.T) {
 		t.Fatalf("%d events in 1.5 s", events)
 	}
 }
+
+// TestXDSPerPeerCapsAreSettable: XDSMaxConnsPerPeer reaches the xDS server: past it, a
+// source address's next connection is closed at once.
+func TestXDSPerPeerCapsAreSettable(t *testing.T) {
+	cp, err := controlplane.New(controlplane.Options{XDSListen: "127.0.0.1:0", DataDir: t.TempDir(), XDSMaxConnsPerPeer: 1, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cp.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cp.Close() })
+	first, err := net.Dial("tcp", cp.XDSAddr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Close()
+	second, err := net.Dial("tcp", cp.XDSAddr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer second.Close()
+	_ = second.SetReadDeadline(time.Now().Add(5 * time.Second))
+	var b [64]byte
+	for {
+		if _, err := second.Read(b[:]); err != nil {
+			if ne, ok := err.(net.Error); ok && ne.Timeout() {
+				t.Fatal("a second connection from one address was kept past XDSMaxConnsPerPeer 1")
+			}
+			break
+		}
+	}
+}

@@ -45,6 +45,10 @@ import (
 type Options struct {
 	// XDSListen serves proxies: delta ADS, the index journal and load reports.
 	XDSListen string
+	// XDSMaxConnsPerPeer and XDSMaxStreamsPerPeer are the xDS server's caps per source
+	// address (0: xds/server's defaults, 32 and 64). Behind a NAT or a sidecar every proxy
+	// shares one address: raise them there (the global caps still hold).
+	XDSMaxConnsPerPeer, XDSMaxStreamsPerPeer int
 	// XDSAuth is what the xDS listener asks of proxies (TLS, client certificates, bearer
 	// tokens). Without credentials it must listen on loopback, or set XDSAuth.Insecure.
 	XDSAuth auth.ServerConfig
@@ -304,7 +308,8 @@ func New(opts Options) (*Server, error) {
 	// Proxies' streams (ADS, journal, load) live as long as the proxy: a graceful stop would
 	// only wait out its grace, and proxies reconnect to the next control plane by themselves.
 	s.console = newConsole()
-	s.xds = xdsserver.New(xdsserver.Options{ShutdownGrace: 100 * time.Millisecond, GRPCOptions: s.xdsAuth.Options(), OnDecisions: s.console.add})
+	s.xds = xdsserver.New(xdsserver.Options{ShutdownGrace: 100 * time.Millisecond, GRPCOptions: s.xdsAuth.Options(), OnDecisions: s.console.add,
+		MaxConnsPerPeer: s.opts.XDSMaxConnsPerPeer, MaxStreamsPerPeer: s.opts.XDSMaxStreamsPerPeer})
 	xdsv1.RegisterIndexJournalServer(s.xds.GRPC(), s.jserver)
 	if s.rollouts, err = s.loadRollout(); err != nil {
 		store.Close()

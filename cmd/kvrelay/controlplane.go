@@ -114,6 +114,8 @@ worker claims are dropped and counted (kvrelay_controlplane_ingest_unclaimed_tot
 	fs.StringVar(&opts.XDSAuth.ClientCAFile, "xds-client-ca", "", "CA (PEM) that signs proxies' certificates: mutual TLS, and a proxy may claim only a node id its certificate names (common name, DNS or URI SAN)")
 	fs.StringVar(&opts.XDSAuth.TokensFile, "xds-tokens-file", "", "proxies' bearer tokens, one \"<node-id> <token>\" a line: a stream without one is refused, and a token's holder may claim only its node id (read again when it changes)")
 	fs.BoolVar(&opts.XDSAuth.Insecure, "xds-insecure", false, "serve xDS on an address other than loopback without TLS and proxy credentials")
+	fs.IntVar(&opts.XDSMaxConnsPerPeer, "xds-max-conns-per-peer", 0, "xDS connections one source address may hold (0: 32); raise it where proxies reach the control plane through a NAT or a sidecar, sharing an address")
+	fs.IntVar(&opts.XDSMaxStreamsPerPeer, "xds-max-streams-per-peer", 0, "xDS streams one source address may hold (0: 64; a proxy opens 3)")
 	fs.StringVar(&opts.APIListen, "api-listen", "127.0.0.1:18080", "operator API (JSON over HTTP and gRPC) and /metrics")
 	fs.StringVar(&opts.DataDir, "data-dir", "", "directory for the registry and policies (required unless --store kubernetes)")
 	addEBPFFlags(fs, &ebpfF, ebpfCgroupOwn)
