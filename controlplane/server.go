@@ -2,6 +2,7 @@ package controlplane
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -744,7 +745,8 @@ func (s *Server) apiHandler() http.Handler {
 }
 
 // readyz answers 200 once ingestion has caught up with the engines after a start (the
-// replica's index is whole: a proxy may take its snapshot), 503 before. It is open, as
+// replica's index is whole: a proxy may take its snapshot), 503 before, and 503 again while
+// its watch of the shared state in Kubernetes keeps failing (it may serve a stale policy). It is open, as
 // /healthz is: a kubelet's readiness probe carries no token. The body says whether this
 // replica leads.
 func (s *Server) readyz(w http.ResponseWriter, _ *http.Request) {
@@ -752,6 +754,15 @@ func (s *Server) readyz(w http.ResponseWriter, _ *http.Request) {
 	role := "leader"
 	if !s.opts.Leader.Leading() {
 		role = "follower"
+	}
+	if ks, ok := s.store.(*registry.KubeStore); ok {
+		if err := ks.WatchFailing(); err != nil {
+			// Its watch of the shared state keeps failing: what it serves may be stale.
+			w.WriteHeader(http.StatusServiceUnavailable)
+			b, _ := json.Marshal(err.Error())
+			fmt.Fprintf(w, "{\"status\":\"watch_failing\",\"role\":%q,\"error\":%s}\n", role, b)
+			return
+		}
 	}
 	select {
 	case <-s.ready:

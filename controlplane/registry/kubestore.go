@@ -103,6 +103,43 @@ type KubeStore struct {
 	mu       sync.Mutex // serialises writes
 	onChange func()
 	cbMu     sync.Mutex
+
+	// The informers' watch errors: when the current streak of them began, the latest and
+	// its time (WatchFailing).
+	watchMu                     sync.Mutex
+	watchErrSince, watchErrLast time.Time
+	watchErr                    error
+}
+
+// How long watch errors must go on, each within watchErrGap of the last, before
+// WatchFailing reports them (a replica whose watch is failing serves a stale state).
+var (
+	watchErrAfter = 30 * time.Second
+	watchErrGap   = 45 * time.Second
+)
+
+// watchError records an informer's watch error (cache.WatchErrorHandler).
+func (s *KubeStore) watchError(err error) {
+	now := time.Now()
+	s.watchMu.Lock()
+	defer s.watchMu.Unlock()
+	if s.watchErrLast.IsZero() || now.Sub(s.watchErrLast) > watchErrGap {
+		s.watchErrSince = now
+	}
+	s.watchErrLast, s.watchErr = now, err
+}
+
+// WatchFailing returns the latest watch error when the informers' watches have failed for
+// watchErrAfter without a pause of watchErrGap (the replica no longer follows the shared
+// state: its policy may be stale), nil otherwise.
+func (s *KubeStore) WatchFailing() error {
+	s.watchMu.Lock()
+	defer s.watchMu.Unlock()
+	now := time.Now()
+	if s.watchErrLast.IsZero() || now.Sub(s.watchErrLast) > watchErrGap || s.watchErrLast.Sub(s.watchErrSince) < watchErrAfter {
+		return nil
+	}
+	return s.watchErr
 }
 
 // kubeOverlay is what a replica knows of a resource's objects that its watch cache may not
@@ -197,6 +234,13 @@ func OpenKube(dyn dynamic.Interface, namespace, name string, timeout time.Durati
 	}
 	for _, inf := range []cache.SharedIndexInformer{s.policies, s.workers, s.rollouts} {
 		if _, err := inf.AddEventHandler(h); err != nil {
+			cancel()
+			return nil, fmt.Errorf("kubernetes store: %w", err)
+		}
+		if err := inf.SetWatchErrorHandler(func(r *cache.Reflector, err error) {
+			cache.DefaultWatchErrorHandler(ctx, r, err)
+			s.watchError(err)
+		}); err != nil {
 			cancel()
 			return nil, fmt.Errorf("kubernetes store: %w", err)
 		}
