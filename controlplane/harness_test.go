@@ -312,8 +312,18 @@ func (c *cluster) warm(families int) {
 	}
 }
 
+// TestPrecisionThroughProxies: two proxies following one control plane route each warmed
+// family to the worker caching it, from their replicas of its index. The policy is kv:
+// routing on the cache alone, which is what this checks; the latency policy weighs its
+// predictions' spread and the workers' load beside the cache, and on a machine loaded by
+// other tests it has sent a warmed family elsewhere.
 func TestPrecisionThroughProxies(t *testing.T) {
 	c := newCluster(t, 4)
+	pol := c.cp.Registry().Policy()
+	pol.Name = "kv"
+	if _, err := c.cp.Registry().SetPolicy(pol); err != nil {
+		t.Fatal(err)
+	}
 	p0, p1 := c.addProxy(c.xds), c.addProxy(c.xds)
 	waitWorkers(t, p0, 4)
 	waitWorkers(t, p1, 4)
