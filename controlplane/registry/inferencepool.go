@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -54,7 +55,15 @@ func (r *Registry) WatchInferencePool(ctx context.Context, client kubernetes.Int
 	if namespace == "" || name == "" {
 		return fmt.Errorf("watching an InferencePool: %w: namespace and name are required", ErrInvalid)
 	}
-	pw := &poolWatch{r: r, client: client, namespace: namespace, name: name, base: t.w, tmpls: map[string]poolTemplate{}}
+	pw := &poolWatch{r: r, client: client, namespace: namespace, name: name, base: t.w, tmpls: map[string]poolTemplate{},
+		ready: map[string]bool{}, notReady: map[string]time.Time{}}
+	defer func() {
+		pw.mu.Lock()
+		if pw.timer != nil {
+			pw.timer.Stop()
+		}
+		pw.mu.Unlock()
+	}()
 	factory := dynamicinformer.NewFilteredDynamicSharedInformerFactory(dyn, 0, namespace,
 		func(o *metav1.ListOptions) { o.FieldSelector = "metadata.name=" + name })
 	inf := factory.ForResource(InferencePoolResource).Informer()
@@ -139,6 +148,11 @@ type poolWatch struct {
 	synced          cache.InformerSynced
 	stop            chan struct{}
 	tmpls           map[string]poolTemplate // by annotation
+	// ready holds the pods seen ready; notReady when a pod seen ready turned not ready (it
+	// stays, draining, for notReadyGrace); timer the next such grace's end.
+	ready    map[string]bool
+	notReady map[string]time.Time
+	timer    *time.Timer
 }
 
 func (pw *poolWatch) setPool(obj any) {
@@ -207,18 +221,46 @@ func (pw *poolWatch) stopPods() {
 	}
 }
 
-// apply publishes the workers of the ready pods in the store, once it holds them all. Call
-// with mu held.
+// apply publishes the workers of the ready pods in the store, once it holds them all, and,
+// draining, those of pods that were ready and have been not ready (running, addressed, not
+// going away) for less than notReadyGrace, as the EndpointSlice source does. Call with mu
+// held.
 func (pw *poolWatch) apply() {
 	if pw.pods == nil || !pw.synced() {
 		return
 	}
+	now := time.Now()
 	sel := labels.SelectorFromSet(pw.spec.selector)
 	m := map[string]Worker{}
+	listed := map[string]bool{}
+	var next time.Time
 	for _, obj := range pw.pods.List() {
 		pod, ok := obj.(*corev1.Pod)
-		if !ok || !sel.Matches(labels.Set(pod.Labels)) || !podReady(pod) {
+		if !ok || !sel.Matches(labels.Set(pod.Labels)) || !podAlive(pod) {
 			continue
+		}
+		listed[pod.Name] = true
+		draining := false
+		if podReady(pod) {
+			pw.ready[pod.Name] = true
+			delete(pw.notReady, pod.Name)
+		} else {
+			if !pw.ready[pod.Name] {
+				continue // never ready (still starting): not a worker yet
+			}
+			since, ok := pw.notReady[pod.Name]
+			if !ok {
+				since = now
+				pw.notReady[pod.Name] = now
+			}
+			end := since.Add(notReadyGrace)
+			if !end.After(now) {
+				continue
+			}
+			if next.IsZero() || end.Before(next) {
+				next = end
+			}
+			draining = true
 		}
 		t, err := pw.template(pod)
 		if err != nil {
@@ -235,8 +277,26 @@ func (pw *poolWatch) apply() {
 				pw.r.log.Warn("skipping an InferencePool pod", "pod", pod.Namespace+"/"+pod.Name, "err", err)
 				continue
 			}
+			w.Draining = draining
 			m[id] = w
 		}
+	}
+	for name := range pw.ready {
+		if !listed[name] {
+			delete(pw.ready, name)
+			delete(pw.notReady, name)
+		}
+	}
+	if pw.timer != nil {
+		pw.timer.Stop()
+		pw.timer = nil
+	}
+	if !next.IsZero() {
+		pw.timer = time.AfterFunc(next.Sub(now)+time.Millisecond, func() {
+			pw.mu.Lock()
+			defer pw.mu.Unlock()
+			pw.apply()
+		})
 	}
 	pw.r.replace(SourceK8s, m)
 }
@@ -268,9 +328,14 @@ func (pw *poolWatch) template(pod *corev1.Pod) (sliceTemplate, error) {
 	return t, err
 }
 
-// podReady: running, ready, addressed and not going away.
+// podAlive: running, addressed and not going away.
+func podAlive(p *corev1.Pod) bool {
+	return p.DeletionTimestamp == nil && p.Status.PodIP != "" && p.Status.Phase == corev1.PodRunning
+}
+
+// podReady: alive and ready.
 func podReady(p *corev1.Pod) bool {
-	if p.DeletionTimestamp != nil || p.Status.PodIP == "" || p.Status.Phase != corev1.PodRunning {
+	if !podAlive(p) {
 		return false
 	}
 	for _, c := range p.Status.Conditions {

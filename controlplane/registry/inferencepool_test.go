@@ -106,6 +106,9 @@ func runPod(t *testing.T, c kubernetes.Interface, name, ip string, lbls, ann map
 // target ports and what their labels and annotations say; they follow pods' readiness,
 // the pool's selector and ports, and the pool's deletion.
 func TestWatchInferencePool(t *testing.T) {
+	g := notReadyGrace
+	t.Cleanup(func() { notReadyGrace = g }) // after the watch's cleanup, which stops it
+	notReadyGrace = time.Second
 	env := kubetest.Start(t)
 	client := env.Clientset(t)
 	dyn, err := dynamic.NewForConfig(env.Config())
@@ -168,6 +171,25 @@ func TestWatchInferencePool(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, "readiness and deletion", func() bool { return summary(r.Workers()) == "vllm-1:k8s vllm-2:k8s" })
+
+	// vllm-2 blips not ready: it stays, draining, its index kept; past the grace it goes,
+	// and ready again it is back.
+	setReady := func(name string, ready bool) {
+		t.Helper()
+		p, err := client.CoreV1().Pods("llm").Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.Status.Conditions[0].Status = map[bool]corev1.ConditionStatus{true: corev1.ConditionTrue, false: corev1.ConditionFalse}[ready]
+		if _, err := client.CoreV1().Pods("llm").UpdateStatus(ctx, p, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setReady("vllm-2", false)
+	eventually(t, "the blip", func() bool { return summary(r.Workers()) == "vllm-1:k8s vllm-2:k8s:drained" })
+	eventually(t, "the grace's end", func() bool { return summary(r.Workers()) == "vllm-1:k8s" })
+	setReady("vllm-2", true)
+	eventually(t, "ready again", func() bool { return summary(r.Workers()) == "vllm-1:k8s vllm-2:k8s" })
 
 	// Two target ports (data-parallel ranks): a worker per pod and port.
 	u, err := pools.Get(ctx, "gpt-oss", metav1.GetOptions{})
