@@ -55,15 +55,8 @@ func (r *Registry) WatchInferencePool(ctx context.Context, client kubernetes.Int
 	if namespace == "" || name == "" {
 		return fmt.Errorf("watching an InferencePool: %w: namespace and name are required", ErrInvalid)
 	}
-	pw := &poolWatch{r: r, client: client, namespace: namespace, name: name, base: t.w, tmpls: map[string]poolTemplate{},
-		ready: map[string]bool{}, notReady: map[string]time.Time{}}
-	defer func() {
-		pw.mu.Lock()
-		if pw.timer != nil {
-			pw.timer.Stop()
-		}
-		pw.mu.Unlock()
-	}()
+	pw := &poolWatch{r: r, client: client, namespace: namespace, name: name, base: t.w, tmpls: map[string]poolTemplate{}, grace: newReadiness()}
+	defer func() { pw.mu.Lock(); pw.grace.stop(); pw.mu.Unlock() }()
 	factory := dynamicinformer.NewFilteredDynamicSharedInformerFactory(dyn, 0, namespace,
 		func(o *metav1.ListOptions) { o.FieldSelector = "metadata.name=" + name })
 	inf := factory.ForResource(InferencePoolResource).Informer()
@@ -148,11 +141,8 @@ type poolWatch struct {
 	synced          cache.InformerSynced
 	stop            chan struct{}
 	tmpls           map[string]poolTemplate // by annotation
-	// ready holds the pods seen ready; notReady when a pod seen ready turned not ready (it
-	// stays, draining, for notReadyGrace); timer the next such grace's end.
-	ready    map[string]bool
-	notReady map[string]time.Time
-	timer    *time.Timer
+	// grace keeps a pod seen ready that turned not ready, draining, for NotReadyGrace.
+	grace *readiness
 }
 
 func (pw *poolWatch) setPool(obj any) {
@@ -229,38 +219,17 @@ func (pw *poolWatch) apply() {
 	if pw.pods == nil || !pw.synced() {
 		return
 	}
-	now := time.Now()
+	pw.grace.begin(time.Now())
 	sel := labels.SelectorFromSet(pw.spec.selector)
 	m := map[string]Worker{}
-	listed := map[string]bool{}
-	var next time.Time
 	for _, obj := range pw.pods.List() {
 		pod, ok := obj.(*corev1.Pod)
 		if !ok || !sel.Matches(labels.Set(pod.Labels)) || !podAlive(pod) {
 			continue
 		}
-		listed[pod.Name] = true
-		draining := false
-		if podReady(pod) {
-			pw.ready[pod.Name] = true
-			delete(pw.notReady, pod.Name)
-		} else {
-			if !pw.ready[pod.Name] {
-				continue // never ready (still starting): not a worker yet
-			}
-			since, ok := pw.notReady[pod.Name]
-			if !ok {
-				since = now
-				pw.notReady[pod.Name] = now
-			}
-			end := since.Add(notReadyGrace)
-			if !end.After(now) {
-				continue
-			}
-			if next.IsZero() || end.Before(next) {
-				next = end
-			}
-			draining = true
+		keep, draining := pw.grace.admit(pod.Name, podReady(pod))
+		if !keep {
+			continue
 		}
 		t, err := pw.template(pod)
 		if err != nil {
@@ -281,23 +250,11 @@ func (pw *poolWatch) apply() {
 			m[id] = w
 		}
 	}
-	for name := range pw.ready {
-		if !listed[name] {
-			delete(pw.ready, name)
-			delete(pw.notReady, name)
-		}
-	}
-	if pw.timer != nil {
-		pw.timer.Stop()
-		pw.timer = nil
-	}
-	if !next.IsZero() {
-		pw.timer = time.AfterFunc(next.Sub(now)+time.Millisecond, func() {
-			pw.mu.Lock()
-			defer pw.mu.Unlock()
-			pw.apply()
-		})
-	}
+	pw.grace.end(func() {
+		pw.mu.Lock()
+		defer pw.mu.Unlock()
+		pw.apply()
+	})
 	pw.r.replace(SourceK8s, m)
 }
 

@@ -69,11 +69,10 @@ func (r *Registry) WatchEndpointSlices(ctx context.Context, client kubernetes.In
 		sel:           sel,
 		allNamespaces: namespace == metav1.NamespaceAll,
 		slices:        map[string]*discoveryv1.EndpointSlice{},
-		ready:         map[string]bool{},
-		notReady:      map[string]time.Time{},
+		grace:         newReadiness(),
 		now:           time.Now,
 	}
-	defer sw.stopTimer()
+	defer func() { sw.mu.Lock(); sw.grace.stop(); sw.mu.Unlock() }()
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0,
 		informers.WithNamespace(namespace),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = labelSelector }))
@@ -168,13 +167,6 @@ func (t sliceTemplate) worker(id, addr string, port int32) (Worker, error) {
 	return w, nil
 }
 
-// NotReadyGrace is how long a discovered worker whose endpoint turned not ready (and not
-// terminating) stays, draining, before it goes.
-const NotReadyGrace = 2 * time.Minute
-
-// notReadyGrace is NotReadyGrace, shortened by tests.
-var notReadyGrace = NotReadyGrace
-
 // sliceWatch turns informer events into the registry's Kubernetes workers. Its methods run
 // on the informer's goroutine and on the grace timer's, under mu.
 type sliceWatch struct {
@@ -184,11 +176,9 @@ type sliceWatch struct {
 	allNamespaces bool
 	now           func() time.Time
 
-	mu       sync.Mutex
-	slices   map[string]*discoveryv1.EndpointSlice // by namespace/name
-	ready    map[string]bool                       // worker ids seen ready while they stayed listed
-	notReady map[string]time.Time                  // worker id → when it turned not ready
-	timer    *time.Timer                           // the next grace to end
+	mu     sync.Mutex
+	slices map[string]*discoveryv1.EndpointSlice // by namespace/name
+	grace  *readiness
 }
 
 func (sw *sliceWatch) update(obj any) {
@@ -222,56 +212,29 @@ func (sw *sliceWatch) delete(obj any) {
 	sw.apply()
 }
 
-// apply replaces the registry's Kubernetes workers with those of the slices now, and sets
-// the timer for the next not-ready worker's grace to end.
+// apply replaces the registry's Kubernetes workers with those of the slices now.
 func (sw *sliceWatch) apply() {
-	now := sw.now()
+	sw.grace.begin(sw.now())
 	m := map[string]Worker{}
-	seen := map[string]bool{}
-	var next time.Time
 	for _, key := range slices.Sorted(maps.Keys(sw.slices)) {
-		for _, w := range sw.workersOf(sw.slices[key], now, seen) {
+		for _, w := range sw.workersOf(sw.slices[key]) {
 			if _, dup := m[w.ID]; !dup {
 				m[w.ID] = w
 			}
 		}
 	}
-	for id, since := range sw.notReady {
-		if !seen[id] {
-			delete(sw.notReady, id) // gone, or ready again
-			continue
-		}
-		if end := since.Add(notReadyGrace); end.After(now) && (next.IsZero() || end.Before(next)) {
-			next = end
-		}
-	}
-	for id := range sw.ready {
-		if _, listed := m[id]; !listed && !seen[id] {
-			delete(sw.ready, id) // gone from every slice
-		}
-	}
-	sw.stopTimer()
-	if !next.IsZero() {
-		sw.timer = time.AfterFunc(next.Sub(now)+time.Millisecond, func() {
-			sw.mu.Lock()
-			defer sw.mu.Unlock()
-			sw.apply()
-		})
-	}
+	sw.grace.end(func() {
+		sw.mu.Lock()
+		defer sw.mu.Unlock()
+		sw.apply()
+	})
 	sw.r.replace(SourceK8s, m)
 }
 
-func (sw *sliceWatch) stopTimer() {
-	if sw.timer != nil {
-		sw.timer.Stop()
-		sw.timer = nil
-	}
-}
-
-// workersOf is the workers of slice s at now: its ready endpoints', and, draining, those of
-// endpoints that were ready and have been not ready (and not terminating) for less than
-// NotReadyGrace; seen collects the not-ready workers' ids.
-func (sw *sliceWatch) workersOf(s *discoveryv1.EndpointSlice, now time.Time, seen map[string]bool) []Worker {
+// workersOf is the workers of slice s in the current pass: its ready endpoints', and,
+// draining, those of endpoints that were ready and have been not ready (and not terminating)
+// for less than NotReadyGrace (sw.grace).
+func (sw *sliceWatch) workersOf(s *discoveryv1.EndpointSlice) []Worker {
 	port, ok := slicePort(s)
 	if !ok {
 		sw.r.log.Warn("EndpointSlice has no TCP port; no workers from it", "slice", s.Namespace+"/"+s.Name)
@@ -291,28 +254,16 @@ func (sw *sliceWatch) workersOf(s *discoveryv1.EndpointSlice, now time.Time, see
 					id = cmp.Or(ref.Namespace, s.Namespace) + "/" + id
 				}
 			}
-			if notReady {
-				seen[id] = true
-				if !sw.ready[id] {
-					continue // never ready (still starting): not a worker yet
-				}
-				since, ok := sw.notReady[id]
-				if !ok {
-					since = now
-					sw.notReady[id] = now
-				}
-				if now.Sub(since) >= notReadyGrace {
-					continue
-				}
-			} else {
-				sw.ready[id] = true
+			keep, draining := sw.grace.admit(id, !notReady)
+			if !keep {
+				continue
 			}
 			w, err := sw.tmpl.worker(id, addr, port)
 			if err != nil {
 				sw.r.log.Warn("skipping an EndpointSlice address", "slice", s.Namespace+"/"+s.Name, "address", addr, "err", err)
 				continue
 			}
-			w.Draining = notReady
+			w.Draining = draining
 			ws = append(ws, w)
 		}
 	}
