@@ -185,42 +185,33 @@ func (a Arm) clone() Arm {
 }
 
 // Sub is a's figures less the earlier b's (each at least 0), group by group.
-func (a Arm) Sub(b Arm) Arm {
-	d := func(x, y uint64) uint64 {
-		if x > y {
-			return x - y
-		}
-		return 0
-	}
-	sa, sb := a.Shadow, b.Shadow
-	return Arm{Requests: d(a.Requests, b.Requests), Errors: d(a.Errors, b.Errors), TTFT: a.TTFT.Sub(b.TTFT),
-		CachedBlocks: d(a.CachedBlocks, b.CachedBlocks), PromptBlocks: d(a.PromptBlocks, b.PromptBlocks),
-		Shadow: Shadow{d(sa.Picks, sb.Picks), d(sa.Disagreements, sb.Disagreements), d(sa.StableOverlapBlocks, sb.StableOverlapBlocks),
-			d(sa.CandOverlapBlocks, sb.CandOverlapBlocks), d(sa.StableLoad, sb.StableLoad), d(sa.CandLoad, sb.CandLoad)},
-		Rejections: d(a.Rejections, b.Rejections), ServerErrors: d(a.ServerErrors, b.ServerErrors), ITL: a.ITL.Sub(b.ITL),
-		Decisions: d(a.Decisions, b.Decisions), RegretBlocks: d(a.RegretBlocks, b.RegretBlocks), Hits: a.Hits.Sub(b.Hits),
-		RouterErrors: d(a.RouterErrors, b.RouterErrors), ClientErrors: d(a.ClientErrors, b.ClientErrors), ClientGone: d(a.ClientGone, b.ClientGone),
-		Groups: subGroups(a.Groups, b.Groups)}
-}
+func (a Arm) Sub(b Arm) Arm { return a.zip(b, minus, Histogram.Sub, subGroups) }
 
 // Add is the sum of a's and b's figures (histograms of other bounds than a's, where a has
 // any, left out), group by group.
-func (a Arm) Add(b Arm) Arm {
-	s := func(x, y uint64) uint64 {
-		if z := x + y; z >= x {
-			return z
-		}
-		return math.MaxUint64
-	}
+func (a Arm) Add(b Arm) Arm { return a.zip(b, plus, Histogram.add, addGroups) }
+
+// zip is the arm whose every count is f of a's and b's, histograms h of theirs, groups g.
+func (a Arm) zip(b Arm, f func(x, y uint64) uint64, h func(x, y Histogram) Histogram, g func(x, y []Group) []Group) Arm {
 	sa, sb := a.Shadow, b.Shadow
-	return Arm{Requests: s(a.Requests, b.Requests), Errors: s(a.Errors, b.Errors), TTFT: a.TTFT.add(b.TTFT),
-		CachedBlocks: s(a.CachedBlocks, b.CachedBlocks), PromptBlocks: s(a.PromptBlocks, b.PromptBlocks),
-		Shadow: Shadow{s(sa.Picks, sb.Picks), s(sa.Disagreements, sb.Disagreements), s(sa.StableOverlapBlocks, sb.StableOverlapBlocks),
-			s(sa.CandOverlapBlocks, sb.CandOverlapBlocks), s(sa.StableLoad, sb.StableLoad), s(sa.CandLoad, sb.CandLoad)},
-		Rejections: s(a.Rejections, b.Rejections), ServerErrors: s(a.ServerErrors, b.ServerErrors), ITL: a.ITL.add(b.ITL),
-		Decisions: s(a.Decisions, b.Decisions), RegretBlocks: s(a.RegretBlocks, b.RegretBlocks), Hits: a.Hits.add(b.Hits),
-		RouterErrors: s(a.RouterErrors, b.RouterErrors), ClientErrors: s(a.ClientErrors, b.ClientErrors), ClientGone: s(a.ClientGone, b.ClientGone),
-		Groups: addGroups(a.Groups, b.Groups)}
+	return Arm{Requests: f(a.Requests, b.Requests), Errors: f(a.Errors, b.Errors), TTFT: h(a.TTFT, b.TTFT),
+		CachedBlocks: f(a.CachedBlocks, b.CachedBlocks), PromptBlocks: f(a.PromptBlocks, b.PromptBlocks),
+		Shadow: Shadow{f(sa.Picks, sb.Picks), f(sa.Disagreements, sb.Disagreements), f(sa.StableOverlapBlocks, sb.StableOverlapBlocks),
+			f(sa.CandOverlapBlocks, sb.CandOverlapBlocks), f(sa.StableLoad, sb.StableLoad), f(sa.CandLoad, sb.CandLoad)},
+		Rejections: f(a.Rejections, b.Rejections), ServerErrors: f(a.ServerErrors, b.ServerErrors), ITL: h(a.ITL, b.ITL),
+		Decisions: f(a.Decisions, b.Decisions), RegretBlocks: f(a.RegretBlocks, b.RegretBlocks), Hits: h(a.Hits, b.Hits),
+		RouterErrors: f(a.RouterErrors, b.RouterErrors), ClientErrors: f(a.ClientErrors, b.ClientErrors), ClientGone: f(a.ClientGone, b.ClientGone),
+		Groups: g(a.Groups, b.Groups)}
+}
+
+// minus is x − y, at least 0; plus is x + y, at most the largest uint64.
+func minus(x, y uint64) uint64 { return x - min(x, y) }
+
+func plus(x, y uint64) uint64 {
+	if z := x + y; z >= x {
+		return z
+	}
+	return math.MaxUint64
 }
 
 // add is h plus o (o alone when h has no counts; h alone when their bounds differ).
@@ -282,19 +273,13 @@ func addGroups(a, b []Group) []Group {
 // subGroups is the groups of a less the same groups of the earlier b (both sorted by ID),
 // those left without requests dropped.
 func subGroups(a, b []Group) []Group {
-	d := func(x, y uint64) uint64 {
-		if x > y {
-			return x - y
-		}
-		return 0
-	}
 	counts := func(x, y []uint64) []uint64 {
 		if len(y) != len(x) {
 			return slices.Clone(x)
 		}
 		out := make([]uint64, len(x))
 		for i := range x {
-			out[i] = d(x[i], y[i])
+			out[i] = minus(x[i], y[i])
 		}
 		return out
 	}
@@ -304,9 +289,9 @@ func subGroups(a, b []Group) []Group {
 		if i, ok := slices.BinarySearchFunc(b, g.ID, func(x Group, id uint32) int { return cmp.Compare(x.ID, id) }); ok {
 			e = b[i]
 		}
-		n := Group{ID: g.ID, Requests: d(g.Requests, e.Requests), RouterErrors: d(g.RouterErrors, e.RouterErrors),
-			ClientErrors: d(g.ClientErrors, e.ClientErrors), ClientGone: d(g.ClientGone, e.ClientGone),
-			CachedBlocks: d(g.CachedBlocks, e.CachedBlocks), PromptBlocks: d(g.PromptBlocks, e.PromptBlocks),
+		n := Group{ID: g.ID, Requests: minus(g.Requests, e.Requests), RouterErrors: minus(g.RouterErrors, e.RouterErrors),
+			ClientErrors: minus(g.ClientErrors, e.ClientErrors), ClientGone: minus(g.ClientGone, e.ClientGone),
+			CachedBlocks: minus(g.CachedBlocks, e.CachedBlocks), PromptBlocks: minus(g.PromptBlocks, e.PromptBlocks),
 			TTFT: counts(g.TTFT, e.TTFT), ITL: counts(g.ITL, e.ITL)}
 		if n.Requests > 0 {
 			out = append(out, n)
@@ -490,9 +475,8 @@ func (r *Rollout) Advance(now time.Time, stable, cand Arm) bool {
 		r.next(now, stable, cand)
 		return true
 	}
-	d := func(x, y uint64) uint64 { return x - min(x, y) }
-	if reason, abort := r.fastAbort(d(stable.Requests, r.BaseStable.Requests), d(stable.RouterErrors, r.BaseStable.RouterErrors),
-		d(cand.Requests, r.BaseCandidate.Requests), d(cand.RouterErrors, r.BaseCandidate.RouterErrors)); abort {
+	if reason, abort := r.fastAbort(minus(stable.Requests, r.BaseStable.Requests), minus(stable.RouterErrors, r.BaseStable.RouterErrors),
+		minus(cand.Requests, r.BaseCandidate.Requests), minus(cand.RouterErrors, r.BaseCandidate.RouterErrors)); abort {
 		res := figures(stable.Sub(r.BaseStable), cand.Sub(r.BaseCandidate))
 		res.clearShadow()
 		res.Start, res.End, res.Step, res.Share = r.StepStart, now, r.Step, r.Spec.Steps[r.Step]
@@ -611,8 +595,8 @@ func (r *Rollout) next(now time.Time, stable, cand Arm) {
 		r.State, r.Step = StatePromoted, min(r.Step, len(r.Spec.Steps)-1)
 		return
 	}
-	r.State, r.StepStart, r.BaseStable, r.BaseCandidate = StateCanary, now, stable.clone(), cand.clone()
-	r.Looks, r.Suspect = 0, ""
+	r.State = StateCanary
+	r.restartStep(now, stable, cand)
 }
 
 // Current is the running step's figures so far, not judged (Verdict empty), from each arm's
