@@ -205,6 +205,11 @@ func armOf(arms map[uint64]xdsserver.Arm, version uint64) rollout.Arm {
 	if !ok {
 		return rollout.Arm{}
 	}
+	return armFrom(a)
+}
+
+// armFrom is one arm as the state machine takes it.
+func armFrom(a xdsserver.Arm) rollout.Arm {
 	return rollout.Arm{Requests: a.Requests, Errors: a.Errors, CachedBlocks: a.CachedBlocks, PromptBlocks: a.PromptBlocks,
 		TTFT:   rollout.Histogram{Bounds: a.TTFTBounds, Counts: a.TTFTCounts},
 		Shadow: rollout.Shadow(a.Shadow), Rejections: a.Rejections, ServerErrors: a.ServerErrors,
@@ -231,7 +236,7 @@ func newStepBases(rec *rolloutRecord, nodes map[string][]xdsserver.Arm) stepBase
 	for node, arms := range nodes {
 		b.nodes[node] = map[uint64]rollout.Arm{}
 		for _, a := range arms {
-			b.nodes[node][a.Version] = armOf(map[uint64]xdsserver.Arm{a.Version: a}, a.Version)
+			b.nodes[node][a.Version] = armFrom(a)
 		}
 	}
 	return b
@@ -256,7 +261,7 @@ func (c *rollouts) stepArms(rec *rolloutRecord, nodes map[string][]xdsserver.Arm
 			if a.Version != rec.StableVersion && a.Version != rec.Candidate.Version {
 				continue
 			}
-			cur := armOf(map[uint64]xdsserver.Arm{a.Version: a}, a.Version)
+			cur := armFrom(a)
 			base, ok := bases[a.Version]
 			switch {
 			case !ok:
