@@ -155,21 +155,7 @@ func TestSlowClientGetsAnswerAfterEngineCloses(t *testing.T) {
 // one, so that a loaded machine waking its loop late does not stretch the filling; and the
 // test gives it 20 s, where it allowed 5 s and a loaded machine took longer.
 func TestNeverReadingClientFreesTheEngine(t *testing.T) {
-	engineGone := make(chan struct{})
-	payload := strings.Repeat("y", 4000)
-	url := fakeEngine(t, func(conn net.Conn, _ *bufio.Reader, _ *http.Request) {
-		io.WriteString(conn, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
-		start := time.Now()
-		for i := 0; ; i++ {
-			ev := fmt.Sprintf(`data: {"choices":[{"index":0,"delta":{"content":"%d %s"}}]}`+"\n\n", i, payload)
-			conn.SetWriteDeadline(time.Now().Add(30 * time.Second))
-			if _, err := fmt.Fprintf(conn, "%x\r\n%s\r\n", len(ev), ev); err != nil {
-				close(engineGone)
-				return
-			}
-			time.Sleep(time.Until(start.Add(time.Duration(i+1) * 2 * time.Millisecond)))
-		}
-	})
+	url, engineGone := endlessStream(t, 4000, 2*time.Millisecond)
 	p := startProxy(t, []string{url}, func(cfg *proxy.Config) {
 		cfg.MaxBufferedResponse = 64 << 20
 		cfg.ClientStallTimeout = 300 * time.Millisecond
@@ -199,21 +185,7 @@ func TestNeverReadingClientFreesTheEngine(t *testing.T) {
 // window closes, not once the megabytes of the proxy's send buffer towards it have filled
 // behind it (at this stream's 200 KB/s, half a minute).
 func TestStallCountsFromTheLastByteTheClientTook(t *testing.T) {
-	engineGone := make(chan struct{})
-	payload := strings.Repeat("z", 2000)
-	url := fakeEngine(t, func(conn net.Conn, _ *bufio.Reader, _ *http.Request) {
-		io.WriteString(conn, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
-		start := time.Now()
-		for i := 0; ; i++ {
-			ev := fmt.Sprintf(`data: {"choices":[{"index":0,"delta":{"content":"%d %s"}}]}`+"\n\n", i, payload)
-			conn.SetWriteDeadline(time.Now().Add(30 * time.Second))
-			if _, err := fmt.Fprintf(conn, "%x\r\n%s\r\n", len(ev), ev); err != nil {
-				close(engineGone)
-				return
-			}
-			time.Sleep(time.Until(start.Add(time.Duration(i+1) * 10 * time.Millisecond)))
-		}
-	})
+	url, engineGone := endlessStream(t, 2000, 10*time.Millisecond)
 	p := startProxy(t, []string{url}, func(cfg *proxy.Config) {
 		cfg.MaxBufferedResponse = 64 << 20
 		cfg.ClientStallTimeout = 500 * time.Millisecond
@@ -235,4 +207,26 @@ func TestStallCountsFromTheLastByteTheClientTook(t *testing.T) {
 	if _, m := get(t, "http://"+p.Addr()+"/metrics"); !strings.Contains(m, `kvrelay_proxy_aborted_requests_total{reason="slow_client"} 1`) {
 		t.Error("the cut-off was not counted as slow_client")
 	}
+}
+
+// endlessStream is an engine that streams an event of about size bytes every period, by the
+// clock (an event overslept is caught up, so that a loaded machine does not slow the pace),
+// until its connection fails; gone closes then.
+func endlessStream(t *testing.T, size int, period time.Duration) (url string, gone <-chan struct{}) {
+	done := make(chan struct{})
+	payload := strings.Repeat("y", size)
+	url = fakeEngine(t, func(conn net.Conn, _ *bufio.Reader, _ *http.Request) {
+		io.WriteString(conn, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+		start := time.Now()
+		for i := 0; ; i++ {
+			ev := fmt.Sprintf(`data: {"choices":[{"index":0,"delta":{"content":"%d %s"}}]}`+"\n\n", i, payload)
+			conn.SetWriteDeadline(time.Now().Add(30 * time.Second))
+			if _, err := fmt.Fprintf(conn, "%x\r\n%s\r\n", len(ev), ev); err != nil {
+				close(done)
+				return
+			}
+			time.Sleep(time.Until(start.Add(time.Duration(i+1) * period)))
+		}
+	})
+	return url, done
 }
