@@ -261,7 +261,7 @@ func groupsOf(a *xdsv1.ArmReport, ttftLen, itlLen int) []ArmGroup {
 }
 
 // addGroups adds the groups b to the sum a (both sorted by group), histograms of other
-// lengths than the sum's left out.
+// lengths than the sum's left out (addHistogram, on the arm's bounds).
 func addGroups(a, b []ArmGroup) []ArmGroup {
 	for _, g := range b {
 		i, found := slices.BinarySearchFunc(a, g.Group, func(x ArmGroup, n uint32) int { return cmp.Compare(x.Group, n) })
@@ -274,24 +274,10 @@ func addGroups(a, b []ArmGroup) []ArmGroup {
 		s.Requests, s.RouterErrors = satAdd(s.Requests, g.Requests), satAdd(s.RouterErrors, g.RouterErrors)
 		s.ClientErrors, s.ClientGone = satAdd(s.ClientErrors, g.ClientErrors), satAdd(s.ClientGone, g.ClientGone)
 		s.CachedBlocks, s.PromptBlocks = satAdd(s.CachedBlocks, g.CachedBlocks), satAdd(s.PromptBlocks, g.PromptBlocks)
-		s.TTFTCounts = addCounts(s.TTFTCounts, g.TTFTCounts)
-		s.ITLCounts = addCounts(s.ITLCounts, g.ITLCounts)
+		_, s.TTFTCounts = addHistogram(nil, s.TTFTCounts, nil, g.TTFTCounts) // the arm's bounds
+		_, s.ITLCounts = addHistogram(nil, s.ITLCounts, nil, g.ITLCounts)
 	}
 	return a
-}
-
-// addCounts adds c to the sum s (taken as it is when s is empty; left out when of another
-// length).
-func addCounts(s, c []uint64) []uint64 {
-	switch {
-	case len(s) == 0:
-		return slices.Clone(c)
-	case len(s) == len(c):
-		for i, n := range c {
-			s[i] = satAdd(s[i], n)
-		}
-	}
-	return s
 }
 
 // Shadow is what a candidate in shadow decided beside the stable policy: its decisions,
