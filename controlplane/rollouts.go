@@ -346,8 +346,7 @@ func (c *rollouts) tick() {
 	}
 	if !rec.R.Done() {
 		c.bases = newStepBases(rec, nodes) // a new step (or the step again) from these figures
-	}
-	if rec.R.Done() {
+	} else {
 		rec.Ended = now
 		switch res := rec.R.Results; {
 		case rec.R.State == rollout.StatePromoted:

@@ -21,6 +21,11 @@ func FuzzArmsOf(f *testing.F) {
 	noGaps, _ := proto.Marshal(&xdsv1.LoadReport{NodeId: "a", Arms: []*xdsv1.ArmReport{
 		{PolicyVersion: 3, TtftCounts: []uint64{1}, ItlCounts: []uint64{2}, HitCounts: []uint64{3}}}})
 	f.Add(noGaps)
+	groups, _ := proto.Marshal(&xdsv1.LoadReport{NodeId: "a", Arms: []*xdsv1.ArmReport{
+		{PolicyVersion: 3, Requests: 4, TtftBounds: []float64{0.1, 1}, TtftCounts: []uint64{2, 1, 1}, Groups: []*xdsv1.ArmGroup{
+			{Group: 9, Requests: 3, TtftCounts: []uint64{1, 1, 1}}, {Group: 2, Requests: 1, TtftCounts: []uint64{1}},
+			{Group: 9, Requests: 7}, {Group: 1000, Requests: 1}}}}})
+	f.Add(groups)
 	f.Fuzz(func(t *testing.T, raw []byte) {
 		var r xdsv1.LoadReport
 		if proto.Unmarshal(raw, &r) != nil {
@@ -40,6 +45,19 @@ func FuzzArmsOf(f *testing.F) {
 				}
 			}
 		}
+		// Conversation groups: numbered below MaxArmGroups, each once, sorted, histograms as
+		// long as the arm's or none.
+		checkGroups := func(what string, a Arm) {
+			for i, g := range a.Groups {
+				if g.Group >= MaxArmGroups || i > 0 && g.Group <= a.Groups[i-1].Group ||
+					len(g.TTFTCounts) != 0 && len(g.TTFTCounts) != len(a.TTFTCounts) || len(g.ITLCounts) != 0 && len(g.ITLCounts) != len(a.ITLBounds)+1 {
+					t.Fatalf("%s: groups %+v kept", what, a.Groups)
+				}
+			}
+		}
+		for _, a := range arms {
+			checkGroups("decoded arm", a)
+		}
 		l := newLoadStore(time.Minute, time.Now)
 		l.put("a", 1, &r)
 		l.put("b", 2, &r)
@@ -47,6 +65,7 @@ func FuzzArmsOf(f *testing.F) {
 			if len(a.TTFTCounts) != len(a.TTFTBounds)+1 || len(a.ITLCounts) > 0 && len(a.ITLCounts) != len(a.ITLBounds)+1 {
 				t.Fatalf("summed arm %d: %+v", v, a)
 			}
+			checkGroups("summed arm", a)
 		}
 	})
 }
