@@ -25,6 +25,15 @@ type TierIndex interface {
 	MatchTiers(hashes []uint64, overlap []float64, lower []blockset.Lower) float64
 }
 
+// HeldIndex is an Index that counts what each worker holds in GPU memory, whatever prompt
+// it belongs to: the blocks a worker would evict to take in more.
+type HeldIndex interface {
+	Index
+	// GPUBlocks returns how many blocks the pool's worker w holds in GPU memory, and false
+	// when the index cannot tell.
+	GPUBlocks(w int) (int, bool)
+}
+
 // TimedTierIndex is a TierIndex whose answer depends on the time, as TimedIndex.
 type TimedTierIndex interface {
 	TierIndex

@@ -20,7 +20,17 @@ type Overlay struct {
 var (
 	_ TimedIndex     = (*Overlay)(nil)
 	_ TimedTierIndex = (*Overlay)(nil)
+	_ HeldIndex      = (*Overlay)(nil)
 )
+
+// GPUBlocks implements HeldIndex: the primary's count, which the engines' own events keep
+// (the recent decisions' blocks are on their way into it).
+func (o *Overlay) GPUBlocks(w int) (int, bool) {
+	if h, ok := o.Primary.(HeldIndex); ok {
+		return h.GPUBlocks(w)
+	}
+	return 0, false
+}
 
 // NewOverlay returns primary overlaid with recent.
 func NewOverlay(primary, recent Index) *Overlay {

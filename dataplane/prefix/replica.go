@@ -27,7 +27,19 @@ var (
 	_ Index                = (*Replica)(nil)
 	_ TierIndex            = (*Replica)(nil)
 	_ journal.SnapshotSink = (*Replica)(nil)
+	_ HeldIndex            = (*Replica)(nil)
 )
+
+// GPUBlocks implements HeldIndex: what the engine's events say the pool's worker w holds in
+// GPU memory.
+func (r *Replica) GPUBlocks(w int) (int, bool) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	if w < 0 || w >= len(r.slots) || r.slots[w] < 0 {
+		return 0, false
+	}
+	return r.set.Held(r.slots[w], blockset.GPU), true
+}
 
 // NewReplica returns an empty replica scoring tiers with w.
 func NewReplica(w blockset.Weights) *Replica {

@@ -236,7 +236,7 @@ func (s PredictedTTFT) Score(req *Request, ws []*Worker, costs []float64) {
 			// that is predicted cheaper: the subagent whose context is on a busy parent.
 			// Only onto a worker with room for the prompt's blocks: a fetch takes them all
 			// before any of it runs, and an engine without them computes instead.
-			if h != nil && roomFor(w, req.PromptBlocks(bs)-int(overlap)) {
+			if h != nil && roomFor(req, w, req.PromptBlocks(bs)-int(overlap)) {
 				gain := (req.Overlap(h) - overlap) * float64(bs) * s.CacheCredit
 				if gain >= MinPeerFetchTokens {
 					var alt latency.Prediction
@@ -260,13 +260,23 @@ func canFetch(ws []*Worker) bool {
 	return slices.ContainsFunc(ws, func(w *Worker) bool { return w.Engine.Fetches() })
 }
 
-// roomFor reports whether w has blocks free (not held by requests) for n more, as far as
-// its reported KV usage and capacity say; true when it does not say.
-func roomFor(w *Worker, n int) bool {
+// roomFor reports whether w has n blocks free, as far as its capacity and reported KV usage
+// say (true when they do not): free of requests, and, where the index counts what w holds in
+// GPU memory (Request.held), free of cached blocks too. A pulled prefix that takes the place
+// of cached blocks costs the worker the hits those blocks would have given: under cache
+// pressure, pulls into blocks free only of requests made TTFT worse than no pulls at all
+// (hack/bench-kvbm.sh, g3-fetch against g3-worm).
+func roomFor(req *Request, w *Worker, n int) bool {
 	if w.Capacity <= 0 {
 		return true
 	}
-	return float64(n) <= (1-w.KVInUse())*float64(w.Capacity)
+	used := w.KVInUse() * float64(w.Capacity)
+	if req.held != nil {
+		if h, ok := req.held.GPUBlocks(w.Index); ok {
+			used = max(used, float64(h))
+		}
+	}
+	return float64(n) <= float64(w.Capacity)-used
 }
 
 // cost is the policy's cost of prediction p on w.

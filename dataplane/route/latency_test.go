@@ -522,6 +522,59 @@ func TestLatencyPeerFetch(t *testing.T) {
 	}
 }
 
+// TestPeerFetchLeavesCachedBlocks: on a replica of the engines' events, which counts what
+// each worker holds in GPU memory, a peer fetch goes only where the prompt's blocks fit
+// beside what the worker caches: a pull that evicts cached blocks costs the worker its own
+// hits. With the count unknown (the index cannot tell) only the requests' blocks count.
+func TestPeerFetchLeavesCachedBlocks(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		cached int // other blocks worker 1 holds in GPU memory, of 4,096
+		usage  float64
+		fetch  bool
+	}{
+		{"room beside its cache", 1000, 0, true},
+		{"its cache fills the room", 3500, 0, false},
+		{"requests hold more than it caches", 1000, 0.8, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rep := prefix.NewReplica(blockset.DefaultWeights)
+			rep.SetSlots([]int{0, 1})
+			r, err := NewRouter(Config{Policy: PolicyLatency, ComputeWeight: DefaultComputeWeight, BackgroundWeight: DefaultBackgroundWeight}, NewPool(workers(2)), rep)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ws := r.Pool().Workers
+			for _, w := range ws {
+				w.Engine.MaxNumSeqs, w.Engine.KVBytesPerToken, w.Engine.PeerBandwidth = 1, 73728, 50e9
+				w.Capacity = 4096
+			}
+			if tc.usage > 0 {
+				ws[1].SetReported(&Reported{Running: 1, KVUsage: tc.usage})
+			}
+			hashes, n := promptChain(1, 1, 1000, 4)
+			var cs []journal.Change
+			for _, h := range hashes {
+				cs = append(cs, journal.Change{Seq: h, Slot: 0, Tier: blockset.GPU, Op: journal.Stored})
+			}
+			for i := range tc.cached {
+				cs = append(cs, journal.Change{Seq: uint64(1e9 + i), Slot: 1, Tier: blockset.GPU, Op: journal.Stored})
+			}
+			rep.Apply(cs)
+			if got, ok := rep.GPUBlocks(1); !ok || got != tc.cached {
+				t.Fatalf("replica counts %d blocks on worker 1 (%v), want %d", got, ok, tc.cached)
+			}
+			for _, u := range busy(ws[0], 1) {
+				defer u.End()
+			}
+			_, d := routeChain(t, r, hashes, n)
+			if got := d.PeerFetch != nil; got != tc.fetch {
+				t.Fatalf("peer fetch %v (to %s from %v), want %v", got, d.Worker.ID, d.PeerFetch, tc.fetch)
+			}
+		})
+	}
+}
+
 // TestLatencyWaitWeightUsesFreeSlots: a worker whose slots are all taken and that caches
 // part of the prompt, against an idle one that caches none of it. Without the wait weight
 // the request queues there as soon as its wait is shorter than computing what that worker

@@ -2,6 +2,7 @@ package route
 
 import (
 	"github.com/kvrelay/kvrelay/dataplane/latency"
+	"github.com/kvrelay/kvrelay/dataplane/prefix"
 	"github.com/kvrelay/kvrelay/xds/blockset"
 )
 
@@ -89,7 +90,10 @@ type Request struct {
 	// holders are the workers a peer fetch may pull from: the candidates and those the busy
 	// filter took out (their blocks can still be read); nil: the candidates alone.
 	holders []*Worker
-	best    float64
+	// held counts what each worker holds in GPU memory, when the router's index can tell
+	// (prefix.HeldIndex): the room a peer fetch has without evicting.
+	held prefix.HeldIndex
+	best float64
 	// creditsCache, set by a latency scoring that counts cached blocks (CacheCredit above
 	// 0), lets LatencyPick break near-ties by the cache; a cache-blind policy leaves ties
 	// to load alone.

@@ -538,6 +538,7 @@ func (r *Router) Route(req *Request, d *Decision) error {
 			t0 = time.Now()
 		}
 		req.overlap = growFloat(req.overlap, pool.size)
+		req.held, _ = r.index.(prefix.HeldIndex)
 		if ti, ok := r.index.(prefix.TierIndex); ok && policy.Predicts {
 			if cap(req.lower) < pool.size {
 				req.lower = make([]blockset.Lower, pool.size)

@@ -75,6 +75,25 @@ var DefaultWeights = Weights(policy.DefaultTierWeights())
 // Set is a set of (block, slot, tier) entries.
 type Set struct {
 	shards []*shard
+	// held counts each slot's entries per tier: how many blocks a worker holds in its GPU
+	// memory, host memory and so on, as its events said.
+	held [][NumTiers]int
+}
+
+// Held returns how many blocks slot holds in tier.
+func (s *Set) Held(slot int, tier Tier) int {
+	if slot < 0 || slot >= len(s.held) || tier >= NumTiers {
+		return 0
+	}
+	return s.held[slot][tier]
+}
+
+// count moves slot's count in tier by d.
+func (s *Set) count(slot int, tier Tier, d int) {
+	if slot >= len(s.held) {
+		s.held = append(s.held, make([][NumTiers]int, slot+1-len(s.held))...)
+	}
+	s.held[slot][tier] += d
 }
 
 // shard holds the blocks of up to 64 slots: per block and tier, a bitset of the slots holding
@@ -108,6 +127,7 @@ func (s *Set) Add(seq uint64, slot int, tier Tier) bool {
 		return false
 	}
 	m[seq] = e | bit
+	s.count(slot, tier, 1)
 	return true
 }
 
@@ -127,6 +147,7 @@ func (s *Set) Remove(seq uint64, slot int, tier Tier) bool {
 	} else {
 		m[seq] = e
 	}
+	s.count(slot, tier, -1)
 	return true
 }
 
@@ -147,6 +168,7 @@ func (s *Set) ClearSlot(slot int, fn func(seq uint64, tier Tier)) {
 			} else {
 				m[seq] = e
 			}
+			s.count(slot, Tier(t), -1)
 			if fn != nil {
 				fn(seq, Tier(t))
 			}

@@ -23,6 +23,9 @@ func TestAddRemoveClearEach(t *testing.T) {
 	if s.Len() != 3 || s.Entries() != 5 {
 		t.Fatalf("len %d entries %d", s.Len(), s.Entries())
 	}
+	if s.Held(0, GPU) != 1 || s.Held(0, Host) != 2 || s.Held(70, GPU) != 1 || s.Held(5, Disk) != 1 || s.Held(6, GPU) != 0 || s.Held(500, GPU) != 0 {
+		t.Fatalf("held per slot and tier: %v", s.held)
+	}
 	if !s.Has(1, 70, GPU) || s.Has(1, 70, Host) || s.Has(9, 0, GPU) || s.Has(1, 500, GPU) {
 		t.Fatal("Has disagrees with what was added")
 	}
@@ -34,6 +37,9 @@ func TestAddRemoveClearEach(t *testing.T) {
 	sort.Slice(cleared, func(i, j int) bool { return cleared[i] < cleared[j] })
 	if len(cleared) != 3 || s.Entries() != 1 {
 		t.Fatalf("cleared %v, %d entries left", cleared, s.Entries())
+	}
+	if s.Held(0, GPU) != 0 || s.Held(0, Host) != 0 || s.Held(70, GPU) != 0 || s.Held(5, Disk) != 1 {
+		t.Fatalf("held after Remove and ClearSlot: %v", s.held)
 	}
 	n := 0
 	s.Each(func(seq uint64, slot int, tier Tier) {
