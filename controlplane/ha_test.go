@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 
 	"github.com/kvrelay/kvrelay/controlplane"
@@ -20,8 +21,9 @@ import (
 
 // haReplica is one control-plane replica of haPair.
 type haReplica struct {
-	c *cluster
-	e *leader.Elector
+	c    *cluster
+	e    *leader.Elector
+	kube kubernetes.Interface // the API server both replicas share
 }
 
 // haPair starts two control-plane replicas on a real API server, their state in kvrelay.io
@@ -60,7 +62,7 @@ func haPair(t *testing.T, lease time.Duration) (lead, follow haReplica) {
 			o.Store, o.Leader, o.RolloutInterval = st, e, 100*time.Millisecond
 		}}
 		c.startControlPlane("127.0.0.1:0")
-		return haReplica{c, e}
+		return haReplica{c, e, cs}
 	}
 	a, b := start("cp-0"), start("cp-1")
 	deadline := time.Now().Add(2 * lease)
@@ -204,4 +206,40 @@ func TestReplicasShareArms(t *testing.T) {
 		t.Fatalf("the follower shows %d stable requests", n)
 	}
 	t.Logf("the leader judges the rollout on %d requests it heard of from the follower (%d sent)", stableRequests(lead), sent)
+}
+
+// TestDeposedLeaderIsFenced: the leader pauses past its Lease (here: another holder takes
+// the Lease behind its back) and, still believing it leads, takes a policy change. The
+// write is fenced by the Lease on the API server: the client gets 503, the policy stays what
+// it was, and nothing the old leader does reaches the shared state.
+func TestDeposedLeaderIsFenced(t *testing.T) {
+	lead, _ := haPair(t, 3*time.Second)
+	code, out := lead.c.api("PUT", "/v1/policy", `{"policy": "kv", "overlap_weight": 32, "queue_weight": 4, "cache_threshold": 0.2, "tier_weights": [1, 0.75, 0.25]}`, true)
+	if code != 200 {
+		t.Fatalf("PUT /v1/policy on the leader: %d %v", code, out)
+	}
+	version := jsonUint(out["version"])
+
+	leases := lead.kube.CoordinationV1().Leases("kvrelay")
+	l, err := leases.Get(t.Context(), "kvrelay-controlplane", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, next, now := "cp-9", *l.Spec.LeaseTransitions+1, metav1.NewMicroTime(time.Now())
+	l.Spec.HolderIdentity, l.Spec.LeaseTransitions, l.Spec.AcquireTime, l.Spec.RenewTime = &other, &next, &now, &now
+	if _, err := leases.Update(t.Context(), l, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if !lead.e.Leading() {
+		t.Fatal("the deposed leader noticed at once; the test needs it unaware")
+	}
+	code, out = lead.c.api("PUT", "/v1/policy", `{"policy": "round-robin"}`, true)
+	if code != 503 {
+		t.Fatalf("a deposed leader took a policy change: %d %v", code, out)
+	}
+	t.Logf("the deposed leader's write: %d %v", code, out)
+	_, got := lead.c.api("GET", "/v1/policy", "", true)
+	if jsonUint(got["version"]) != version || got["policy"] != "kv" {
+		t.Fatalf("after the fenced write the policy is %v, want kv at version %d", got, version)
+	}
 }

@@ -334,6 +334,11 @@ func (s *Server) Start(ctx context.Context) error {
 	}
 	runCtx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
+	if ks, ok := s.store.(*registry.KubeStore); ok && s.opts.Leader != nil {
+		// Every write to the shared state checks the Lease first and carries the term: a
+		// replica that led once cannot write over what a later leader wrote.
+		ks.SetFence(s.opts.Leader.Fence)
+	}
 	if s.opts.Leader.Leading() {
 		s.rollouts.resume()
 	}

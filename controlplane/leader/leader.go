@@ -13,9 +13,12 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"sync"
 	"sync/atomic"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/leaderelection"
@@ -53,6 +56,12 @@ type Elector struct {
 	leading atomic.Bool
 	holder  atomic.Pointer[string]
 	terms   atomic.Int64 // times this replica started leading
+	// term is the Lease's leaderTransitions when this replica last won it: what fences its
+	// writes (Fence). termCtx is that term's context, done when the term ends; mu orders
+	// a term's start against its end.
+	mu      sync.Mutex
+	term    int64
+	termCtx context.Context
 }
 
 // New builds an elector; Run campaigns.
@@ -98,16 +107,8 @@ func New(cfg Config) (*Elector, error) {
 		ReleaseOnCancel: true,
 		Name:            cfg.Name,
 		Callbacks: leaderelection.LeaderCallbacks{
-			OnStartedLeading: func(context.Context) {
-				e.terms.Add(1)
-				e.leading.Store(true)
-				cfg.Logger.Info("leading the control plane", "lease", cfg.Namespace+"/"+cfg.Name, "identity", cfg.Identity)
-			},
-			OnStoppedLeading: func() {
-				if e.leading.Swap(false) {
-					cfg.Logger.Warn("stopped leading the control plane", "lease", cfg.Namespace+"/"+cfg.Name, "identity", cfg.Identity)
-				}
-			},
+			OnStartedLeading: e.started,
+			OnStoppedLeading: func() { e.stopped(nil) },
 			OnNewLeader: func(id string) {
 				e.holder.Store(&id)
 				if id != cfg.Identity {
@@ -123,6 +124,111 @@ func New(cfg Config) (*Elector, error) {
 	return e, nil
 }
 
+// started begins a term: client-go calls it on a goroutine of its own once the Lease is
+// won, with a context that ends with the term. The term is the Lease's leaderTransitions as
+// the API server has it now; a callback that comes after its term already ended (the
+// renewal failed meanwhile) leads nothing.
+func (e *Elector) started(ctx context.Context) {
+	term, err := e.readTerm(ctx)
+	if err != nil {
+		// The Lease is ours (client-go just wrote it) but unreadable now: lead without a
+		// term. Fence reads the Lease again before every write and refuses while it stays
+		// unreadable or names another holder.
+		e.cfg.Logger.Warn("leading without the Lease's term", "lease", e.cfg.Namespace+"/"+e.cfg.Name, "err", err)
+		term = -1
+	}
+	e.mu.Lock()
+	if ctx.Err() != nil {
+		e.mu.Unlock()
+		return
+	}
+	e.term, e.termCtx = term, ctx
+	e.terms.Add(1)
+	e.leading.Store(true)
+	e.mu.Unlock()
+	e.cfg.Logger.Info("leading the control plane", "lease", e.cfg.Namespace+"/"+e.cfg.Name, "identity", e.cfg.Identity, "term", term)
+	<-ctx.Done()
+	e.stopped(ctx)
+}
+
+// stopped ends the term whose context is ctx (nil: whichever runs).
+func (e *Elector) stopped(ctx context.Context) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if ctx != nil && ctx != e.termCtx {
+		return // a later term has begun
+	}
+	e.termCtx = nil
+	if e.leading.Swap(false) {
+		e.cfg.Logger.Warn("stopped leading the control plane", "lease", e.cfg.Namespace+"/"+e.cfg.Name, "identity", e.cfg.Identity)
+	}
+}
+
+// readTerm reads the Lease's leaderTransitions, when this replica holds it.
+func (e *Elector) readTerm(ctx context.Context) (int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, e.cfg.RenewDeadline)
+	defer cancel()
+	// The API server's Lease, not the lock's: client-go's LeaseLock keeps the Lease it read
+	// last for its own renewals and is not safe to read beside them.
+	l, err := e.cfg.Client.CoordinationV1().Leases(e.cfg.Namespace).Get(ctx, e.cfg.Name, metav1.GetOptions{})
+	if err != nil {
+		return 0, fmt.Errorf("reading the Lease %s/%s: %w", e.cfg.Namespace, e.cfg.Name, err)
+	}
+	if h := l.Spec.HolderIdentity; h == nil || *h != e.cfg.Identity {
+		holder := "nobody"
+		if h != nil && *h != "" {
+			holder = *h
+		}
+		return 0, fmt.Errorf("%w: the Lease %s/%s is held by %s", ErrFenced, e.cfg.Namespace, e.cfg.Name, holder)
+	}
+	if t := l.Spec.LeaseTransitions; t != nil {
+		return int64(*t), nil
+	}
+	return 0, nil
+}
+
+// ErrFenced is what a write gets from Fence when this replica thought it led and the
+// Lease says otherwise: another replica took the lead meanwhile (this one was paused, or
+// cut off, for longer than the Lease lasts). It wraps ErrNotLeader.
+var ErrFenced = fmt.Errorf("%w: the Lease has another holder or a later term", ErrNotLeader)
+
+// Fence is called before every write to the shared state: it reads the Lease from the API
+// server and returns this replica's term when it still holds the Lease in the term it won,
+// else an error wrapping ErrNotLeader (ErrFenced when the Lease moved on). A writer stamps
+// the term into what it writes and refuses to overwrite a record of a later term, so that a
+// leader deposed between this check and its write cannot undo its successor's changes. The
+// nil Elector, alone, always may write (term 0).
+func (e *Elector) Fence(ctx context.Context) (int64, error) {
+	if e == nil {
+		return 0, nil
+	}
+	if err := e.Check(); err != nil {
+		return 0, err
+	}
+	e.mu.Lock()
+	want := e.term
+	e.mu.Unlock()
+	term, err := e.readTerm(ctx)
+	if err != nil {
+		return 0, err
+	}
+	if want < 0 || term != want || !e.Leading() {
+		return 0, fmt.Errorf("%w: this replica won term %d, the Lease is at term %d", ErrFenced, want, term)
+	}
+	return term, nil
+}
+
+// Term is this replica's current term (the Lease's leaderTransitions when it won it), and
+// false when it does not lead.
+func (e *Elector) Term() (int64, bool) {
+	if e == nil {
+		return 0, true
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.term, e.leading.Load()
+}
+
 // Run campaigns until ctx ends, standing again after each term it loses (a renewal that
 // failed for RenewDeadline). On return this replica no longer leads and, if it led, the
 // Lease is released.
@@ -132,7 +238,7 @@ func (e *Elector) Run(ctx context.Context) {
 	}
 	for ctx.Err() == nil {
 		e.le.Run(ctx)
-		e.leading.Store(false)
+		e.stopped(nil)
 		select {
 		case <-ctx.Done():
 		case <-time.After(e.cfg.RetryPeriod):
@@ -171,8 +277,17 @@ func (e *Elector) Terms() int64 {
 	return e.terms.Load()
 }
 
-// ErrNotLeader is what a follower answers to a change it must not make.
-var ErrNotLeader = errors.New("not the leader")
+// ErrNotLeader is what a follower answers to a change it must not make. Errors that wrap it
+// carry gRPC's Unavailable (status.FromError), which the operator API answers as 503: the
+// change may be retried, at the leader.
+var ErrNotLeader error = unavailable("not the leader")
+
+// unavailable is an error that is gRPC's Unavailable.
+type unavailable string
+
+func (e unavailable) Error() string { return string(e) }
+
+func (e unavailable) GRPCStatus() *status.Status { return status.New(codes.Unavailable, string(e)) }
 
 // Check returns nil when this replica leads, else an error wrapping ErrNotLeader that names
 // this replica and the leader (when one is known).

@@ -3,6 +3,7 @@ package leader_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -11,6 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 
@@ -201,5 +205,90 @@ func TestNilElectorLeads(t *testing.T) {
 func TestNewValidates(t *testing.T) {
 	if _, err := leader.New(leader.Config{Namespace: "ns", Name: "n"}); err == nil {
 		t.Fatal("New without a client succeeded")
+	}
+}
+
+// TestFence: a leader's writes are fenced by the Lease as the API server has it. While it
+// holds the Lease, Fence gives its term, the Lease's leaderTransitions; once another
+// replica has taken the Lease (this one paused or cut off past the Lease's duration, and
+// not yet aware: it still believes it leads), Fence refuses, as gRPC's Unavailable.
+func TestFence(t *testing.T) {
+	env := kubetest.Start(t)
+	klog.SetOutput(io.Discard)
+	klog.LogToStderr(false)
+	client, err := kubernetes.NewForConfig(env.Config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Renewals far apart: after the Lease is taken from it, this replica goes on believing
+	// it leads until its next renewal, as a paused process would.
+	e, err := leader.New(leader.Config{Client: client, Namespace: "default", Name: "fence", Identity: "cp-0",
+		LeaseDuration: time.Minute, RenewDeadline: 40 * time.Second, RetryPeriod: 20 * time.Second, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { defer close(done); e.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, leading := e.Term(); leading {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the only replica does not lead")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	leases := client.CoordinationV1().Leases("default")
+	l, err := leases.Get(t.Context(), "fence", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	term, err := e.Fence(t.Context())
+	if err != nil || l.Spec.LeaseTransitions == nil || term != int64(*l.Spec.LeaseTransitions) {
+		t.Fatalf("the leader's Fence = %d, %v; want the Lease's leaderTransitions %v", term, err, l.Spec.LeaseTransitions)
+	}
+
+	// Another replica takes the Lease, as client-go does once it has expired.
+	other, next := "cp-1", *l.Spec.LeaseTransitions+1
+	now := metav1.NewMicroTime(time.Now())
+	l.Spec.HolderIdentity, l.Spec.LeaseTransitions, l.Spec.AcquireTime, l.Spec.RenewTime = &other, &next, &now, &now
+	if _, err := leases.Update(t.Context(), l, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if !e.Leading() {
+		t.Fatal("the deposed replica noticed at once; the test needs it unaware")
+	}
+	_, err = e.Fence(t.Context())
+	if !errors.Is(err, leader.ErrFenced) || !errors.Is(err, leader.ErrNotLeader) || !strings.Contains(err.Error(), "cp-1") {
+		t.Fatalf("Fence of a deposed leader = %v, want ErrFenced naming cp-1", err)
+	}
+	if s, ok := status.FromError(fmt.Errorf("writing: %w", err)); !ok || s.Code() != codes.Unavailable {
+		t.Fatalf("a fenced write's status %v, want Unavailable", s)
+	}
+
+	// The same holder at a later term (it lost the Lease and won it back meanwhile) is
+	// fenced too: what it wrote in between belongs to another term.
+	l, err = leases.Get(t.Context(), "fence", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	me, later := "cp-0", next+1
+	l.Spec.HolderIdentity, l.Spec.LeaseTransitions = &me, &later
+	if _, err := leases.Update(t.Context(), l, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Fence(t.Context()); !errors.Is(err, leader.ErrFenced) {
+		t.Fatalf("Fence at a later term of the same holder = %v, want ErrFenced", err)
+	}
+}
+
+// The nil Elector is alone: its writes are never fenced.
+func TestNilElectorFence(t *testing.T) {
+	var e *leader.Elector
+	if term, err := e.Fence(context.Background()); term != 0 || err != nil {
+		t.Fatalf("nil Elector's Fence = %d, %v", term, err)
 	}
 }

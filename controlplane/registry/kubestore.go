@@ -37,6 +37,14 @@ var (
 // StoreLabel names the control plane a resource belongs to.
 const StoreLabel = "kvrelay.io/control-plane"
 
+// TermAnnotation is the leader term a resource was last written in (a KvrelayPolicy's
+// status says it in status.leaderTerm too: a status write carries no annotations).
+const TermAnnotation = "kvrelay.io/leader-term"
+
+// ErrStaleTerm: a write refused because the resource was written in a later leader term
+// than the writer's: another replica has led since, and its changes stand.
+var ErrStaleTerm = errors.New("the resource was written by a later leader")
+
 // MaxKubeHistory is the number of policy changes a KubeStore keeps in its KvrelayPolicy's
 // status (an object must stay well under etcd's size limit).
 const MaxKubeHistory = 100
@@ -101,6 +109,7 @@ type KubeStore struct {
 	newer map[schema.GroupVersionResource]*kubeOverlay
 
 	mu       sync.Mutex // serialises writes
+	fence    func(context.Context) (int64, error)
 	onChange func()
 	cbMu     sync.Mutex
 
@@ -256,6 +265,60 @@ func OpenKube(dyn dynamic.Interface, namespace, name string, timeout time.Durati
 	log.Info("state in Kubernetes", "namespace", namespace, "control_plane", name)
 	return s, nil
 }
+
+// SetFence makes every write call fence first, within the write's deadline: it returns the
+// writer's leader term, or an error that refuses the write (leader.Elector.Fence: the Lease
+// still held in the term this replica won). Each write stamps the term into what it writes
+// (TermAnnotation) and refuses, with ErrStaleTerm, to overwrite what a later term wrote. Set
+// it before the first write; without it writes are neither fenced nor stamped.
+func (s *KubeStore) SetFence(fence func(context.Context) (int64, error)) {
+	s.mu.Lock()
+	s.fence = fence
+	s.mu.Unlock()
+}
+
+// fenced is the write's term (0 and no error when unfenced): the fence's answer, refused
+// when cur (the resource as read, nil when there is none) was written in a later term, or
+// its status says so (statusTerm, 0 when it has none). The caller holds s.mu.
+func (s *KubeStore) fenced(ctx context.Context, cur *unstructured.Unstructured, statusTerm int64) (int64, error) {
+	if s.fence == nil {
+		return 0, nil
+	}
+	term, err := s.fence(ctx)
+	if err != nil {
+		return 0, errFenced{err}
+	}
+	if cur == nil {
+		return term, nil
+	}
+	written := statusTerm
+	if t, err := strconv.ParseInt(cur.GetAnnotations()[TermAnnotation], 10, 64); err == nil {
+		written = max(written, t)
+	}
+	if written > term {
+		return 0, errFenced{fmt.Errorf("%w: %s %s was written in term %d, this replica leads term %d", ErrStaleTerm, cur.GetKind(), cur.GetName(), written, term)}
+	}
+	return term, nil
+}
+
+// stamp records term in obj's annotations, when writes are fenced.
+func (s *KubeStore) stamp(obj *unstructured.Unstructured, term int64) {
+	if s.fence == nil || obj == nil {
+		return
+	}
+	a := obj.GetAnnotations()
+	if a == nil {
+		a = map[string]string{}
+	}
+	a[TermAnnotation] = strconv.FormatInt(term, 10)
+	obj.SetAnnotations(a)
+}
+
+// errFenced carries a fence's refusal through write's retries: it is never retried.
+type errFenced struct{ err error }
+
+func (e errFenced) Error() string { return e.err.Error() }
+func (e errFenced) Unwrap() error { return e.err }
 
 // OnChange sets the function called after each change the watches see; nil clears it. It
 // runs on the watch's goroutine: keep it short.
@@ -506,6 +569,10 @@ func (s *KubeStore) editWorker(id string, edit func(*kubeWorker)) error {
 		if err != nil {
 			return err
 		}
+		term, err := s.fenced(ctx, cur, 0)
+		if err != nil {
+			return err
+		}
 		kw := kubeWorker{ID: id}
 		if cur != nil {
 			if _, err := field(cur.Object, &kw, "spec"); err != nil {
@@ -537,11 +604,14 @@ func (s *KubeStore) editWorker(id string, edit func(*kubeWorker)) error {
 			return err
 		}
 		if cur == nil {
-			out, err := c.Create(ctx, s.newObject("KvrelayWorker", name, spec.(map[string]any)), metav1.CreateOptions{})
+			obj := s.newObject("KvrelayWorker", name, spec.(map[string]any))
+			s.stamp(obj, term)
+			out, err := c.Create(ctx, obj, metav1.CreateOptions{})
 			s.remember(WorkerResource, out)
 			return err
 		}
 		cur.Object["spec"] = spec
+		s.stamp(cur, term)
 		out, err := c.Update(ctx, cur, metav1.UpdateOptions{})
 		s.remember(WorkerResource, out)
 		return err
@@ -593,6 +663,8 @@ type kubePolicyStatus struct {
 	ObservedGeneration int64          `json:"observedGeneration,omitempty"`
 	History            []PolicyChange `json:"history,omitempty"`
 	Error              string         `json:"error,omitempty"`
+	// LeaderTerm is the leader term the status was last written in (TermAnnotation).
+	LeaderTerm int64 `json:"leaderTerm,omitempty"`
 }
 
 func policyStatus(u *unstructured.Unstructured) (kubePolicyStatus, error) {
@@ -694,6 +766,9 @@ func (s *KubeStore) applyPolicy(next func(cur Policy, obj *unstructured.Unstruct
 	err := write(func(ctx context.Context) error {
 		obj, err := c.Get(ctx, s.name, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
+			if _, err := s.fenced(ctx, nil, 0); err != nil {
+				return err
+			}
 			if obj, err = c.Create(ctx, s.newObject("KvrelayPolicy", s.name, map[string]any{}), metav1.CreateOptions{}); err != nil {
 				return err
 			}
@@ -703,6 +778,13 @@ func (s *KubeStore) applyPolicy(next func(cur Policy, obj *unstructured.Unstruct
 		st, err := policyStatus(obj)
 		if err != nil {
 			return err
+		}
+		term, err := s.fenced(ctx, obj, st.LeaderTerm)
+		if err != nil {
+			return err
+		}
+		if s.fence != nil {
+			st.LeaderTerm = term
 		}
 		cur := DefaultPolicy()
 		if st.Policy != nil {
@@ -732,6 +814,7 @@ func (s *KubeStore) applyPolicy(next func(cur Policy, obj *unstructured.Unstruct
 			if err := unstructured.SetNestedField(obj.Object, spec, "spec", "policy"); err != nil {
 				return err
 			}
+			s.stamp(obj, term)
 			if obj, err = c.Update(ctx, obj, metav1.UpdateOptions{}); err != nil {
 				return err
 			}
@@ -801,14 +884,25 @@ func (s *KubeStore) PutRollout(id uint64, record []byte) error {
 	err = write(func(ctx context.Context) error {
 		cur, err := c.Get(ctx, name, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
-			out, err := c.Create(ctx, s.newObject("KvrelayRollout", name, spec.(map[string]any)), metav1.CreateOptions{})
+			term, err := s.fenced(ctx, nil, 0)
+			if err != nil {
+				return err
+			}
+			obj := s.newObject("KvrelayRollout", name, spec.(map[string]any))
+			s.stamp(obj, term)
+			out, err := c.Create(ctx, obj, metav1.CreateOptions{})
 			s.remember(RolloutResource, out)
 			return err
 		}
 		if err != nil {
 			return err
 		}
+		term, err := s.fenced(ctx, cur, 0)
+		if err != nil {
+			return err
+		}
 		cur.Object["spec"] = spec
+		s.stamp(cur, term)
 		out, err := c.Update(ctx, cur, metav1.UpdateOptions{})
 		s.remember(RolloutResource, out)
 		return err

@@ -80,6 +80,67 @@ func TestKubeStore(t *testing.T) {
 			t.Fatalf("Workers() = %d workers, %v; want %d", len(ws), err, len(ids))
 		}
 	})
+	t.Run("fenced", func(t *testing.T) {
+		// Two replicas of one control plane: old led term 3, new leads term 4. What new wrote
+		// old cannot overwrite, whatever its own Lease check said; a refused fence writes
+		// nothing.
+		old, cur := openKube(t, dyn, "fenced"), openKube(t, dyn, "fenced")
+		defer old.Close()
+		defer cur.Close()
+		old.SetFence(func(context.Context) (int64, error) { return 3, nil })
+		cur.SetFence(func(context.Context) (int64, error) { return 4, nil })
+		if err := old.PutRollout(1, []byte(`{"by":"old"}`)); err != nil {
+			t.Fatal(err)
+		}
+		if err := cur.PutRollout(1, []byte(`{"by":"new"}`)); err != nil {
+			t.Fatalf("a later term overwriting an earlier one's rollout: %v", err)
+		}
+		if err := old.PutRollout(1, []byte(`{"by":"old again"}`)); !errors.Is(err, ErrStaleTerm) {
+			t.Fatalf("the earlier term overwrote a later one's rollout: %v", err)
+		}
+		if _, err := cur.SetPolicy(Policy{Name: "kv"}, "api", time.Now()); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := old.SetPolicy(Policy{Name: "round-robin"}, "api", time.Now()); !errors.Is(err, ErrStaleTerm) {
+			t.Fatalf("the earlier term set the policy over a later one's: %v", err)
+		}
+		if err := cur.PutWorker(Worker{ID: "w1", URL: "http://h:1"}); err != nil {
+			t.Fatal(err)
+		}
+		if err := old.SetDrain("w1", true); !errors.Is(err, ErrStaleTerm) {
+			t.Fatalf("the earlier term drained a worker a later one wrote: %v", err)
+		}
+		deposed := openKube(t, dyn, "fenced")
+		defer deposed.Close()
+		refused := errors.New("the Lease has another holder")
+		deposed.SetFence(func(context.Context) (int64, error) { return 0, refused })
+		if err := deposed.PutRollout(2, []byte(`{"by":"deposed"}`)); !errors.Is(err, refused) {
+			t.Fatalf("a refused fence: PutRollout = %v", err)
+		}
+		if _, err := deposed.SetPolicy(Policy{Name: "random"}, "api", time.Now()); !errors.Is(err, refused) {
+			t.Fatalf("a refused fence: SetPolicy = %v", err)
+		}
+		// What stands is the later term's, stamped with it.
+		ctx := t.Context()
+		ro, err := dyn.Resource(RolloutResource).Namespace("kvrelay").Get(ctx, "fenced-1", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rec, _, _ := unstructured.NestedMap(ro.Object, "spec", "record"); rec["by"] != "new" || ro.GetAnnotations()[TermAnnotation] != "4" {
+			t.Fatalf("rollout 1 is %v, term %q; want new's, term 4", rec, ro.GetAnnotations()[TermAnnotation])
+		}
+		if _, err := dyn.Resource(RolloutResource).Namespace("kvrelay").Get(ctx, "fenced-2", metav1.GetOptions{}); err == nil {
+			t.Fatal("a refused fence created rollout 2")
+		}
+		po, err := dyn.Resource(PolicyResource).Namespace("kvrelay").Get(ctx, "fenced", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, err := policyStatus(po)
+		if err != nil || st.Policy == nil || st.Policy.Name != "kv" || st.LeaderTerm != 4 {
+			t.Fatalf("policy status %+v (%v), want kv in term 4", st, err)
+		}
+	})
 	t.Run("not installed", func(t *testing.T) {
 		if _, err := OpenKube(dyn, "kvrelay", "Not-A-Label", time.Second, discard()); !errors.Is(err, ErrInvalid) {
 			t.Fatalf("OpenKube with a bad name = %v, want ErrInvalid", err)
