@@ -21,6 +21,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/kvrelay/kvrelay/controlplane"
+	"github.com/kvrelay/kvrelay/controlplane/kubeauth"
 	"github.com/kvrelay/kvrelay/controlplane/leader"
 	"github.com/kvrelay/kvrelay/controlplane/registry"
 	"github.com/kvrelay/kvrelay/ebpf"
@@ -41,6 +42,9 @@ func newControlPlaneCmd() *cobra.Command {
 		pf        cpPlannerFlags
 		lf        leaderFlags
 		sf        storeFlags
+		// --xds-kube-auth's ServiceAccounts and audience
+		xdsKubeSAs      []string
+		xdsKubeAudience string
 	)
 	cmd := &cobra.Command{
 		Use:   "controlplane",
@@ -104,6 +108,20 @@ worker claims are dropped and counted (kvrelay_controlplane_ingest_unclaimed_tot
 			if err := sf.build(&opts, kubeconf, k8sNS); err != nil {
 				return err
 			}
+			if len(xdsKubeSAs) > 0 {
+				cfg, err := kubeConfig(kubeconf)
+				if err != nil {
+					return fmt.Errorf("--xds-kube-auth: %w", err)
+				}
+				cfg.Timeout = kubeTimeout
+				client, err := kubernetes.NewForConfig(cfg)
+				if err != nil {
+					return fmt.Errorf("--xds-kube-auth: kubernetes client: %w", err)
+				}
+				if opts.XDSAuth.Reviewer, err = kubeauth.New(client, xdsKubeAudience, xdsKubeSAs); err != nil {
+					return fmt.Errorf("--xds-kube-auth: %w", err)
+				}
+			}
 			return runControlPlane(cmd.Context(), cmd.OutOrStdout(), opts, ebpfF, ebpfLoad, cpPlanner{flags: &pf, kubeconfig: kubeconf, namespace: k8sNS})
 		},
 	}
@@ -114,6 +132,8 @@ worker claims are dropped and counted (kvrelay_controlplane_ingest_unclaimed_tot
 	fs.StringVar(&opts.XDSAuth.ClientCAFile, "xds-client-ca", "", "CA (PEM) that signs proxies' certificates: mutual TLS, and a proxy may claim only a node id its certificate names (common name, DNS or URI SAN)")
 	fs.StringVar(&opts.XDSAuth.TokensFile, "xds-tokens-file", "", "proxies' bearer tokens, one \"<node-id> <token>\" a line: a stream without one is refused, and a token's holder may claim only its node id (read again when it changes)")
 	fs.BoolVar(&opts.XDSAuth.Insecure, "xds-insecure", false, "serve xDS on an address other than loopback without TLS and proxy credentials")
+	fs.StringSliceVar(&xdsKubeSAs, "xds-kube-auth", nil, "admit proxies by their Kubernetes ServiceAccount token (namespace/name, comma-separated): each proxy sends a token projected into its pod for --xds-kube-audience (its --xds-token-file), checked with a TokenReview, and may claim only its pod's name as node id")
+	fs.StringVar(&xdsKubeAudience, "xds-kube-audience", kubeauth.DefaultAudience, "the audience the proxies' ServiceAccount tokens are issued for (--xds-kube-auth)")
 	fs.IntVar(&opts.XDSMaxConnsPerPeer, "xds-max-conns-per-peer", 0, "xDS connections one source address may hold (0: 32); raise it where proxies reach the control plane through a NAT or a sidecar, sharing an address")
 	fs.IntVar(&opts.XDSMaxStreamsPerPeer, "xds-max-streams-per-peer", 0, "xDS streams one source address may hold (0: 64; a proxy opens 3)")
 	fs.StringVar(&opts.APIListen, "api-listen", "127.0.0.1:18080", "operator API (JSON over HTTP and gRPC) and /metrics")

@@ -3,6 +3,7 @@ package auth_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -172,6 +173,54 @@ func TestTokensBindNodes(t *testing.T) {
 	got := a.Refused()
 	if got["no_token"] != 3 || got["bad_token"] != 1 || got["wrong_node"] != 3 {
 		t.Errorf("refusals %v, want no_token 3, bad_token 1, wrong_node 3", got)
+	}
+}
+
+// reviewer is a TokenReviewer that knows a table of tokens, and fails to answer for one.
+type reviewer struct {
+	nodes map[string][]string
+	down  string
+}
+
+func (r reviewer) Name() string { return "reviewed tokens" }
+
+func (r reviewer) Review(_ context.Context, tok string) ([]string, error) {
+	if tok == r.down {
+		return nil, errors.New("the issuer does not answer")
+	}
+	if n, ok := r.nodes[tok]; ok {
+		return n, nil
+	}
+	return nil, fmt.Errorf("%w: not issued here", auth.ErrTokenRefused)
+}
+
+// TestReviewedTokensBindNodes: tokens a reviewer accepts (a Kubernetes ServiceAccount token
+// of a proxy's pod) admit their holder as the nodes the review names and no other; a token
+// the reviewer refuses is Unauthenticated, one it could not check Unavailable (retried by
+// the proxy), and a tokens file's tokens still work beside it.
+func TestReviewedTokensBindNodes(t *testing.T) {
+	dir := t.TempDir()
+	tokens := writeFile(t, filepath.Join(dir, "tokens"), "proxy-b "+tokenB+"\n")
+	addr, a := serve(t, auth.ServerConfig{TokensFile: tokens, Reviewer: reviewer{nodes: map[string][]string{tokenA: {"proxy-a"}}, down: "down-token-0123456789abcdef"}})
+	if !strings.Contains(a.Summary(), "reviewed tokens") {
+		t.Errorf("summary %q does not say tokens are reviewed", a.Summary())
+	}
+	none := dial(t, addr, auth.ClientConfig{})
+	wantCode(t, "ADS without a token", ads(none, "proxy-a"), codes.Unauthenticated)
+	asA := dial(t, addr, auth.ClientConfig{TokenFile: writeFile(t, filepath.Join(dir, "a"), tokenA)})
+	wantCode(t, "ADS as proxy-a with its reviewed token", ads(asA, "proxy-a"), codes.OK)
+	wantCode(t, "journal as proxy-a with its reviewed token", follow(asA, "proxy-a"), codes.OK)
+	wantCode(t, "load report as proxy-a with its reviewed token", report(asA, "proxy-a"), codes.OK)
+	wantCode(t, "load report as proxy-b with proxy-a's reviewed token", report(asA, "proxy-b"), codes.PermissionDenied)
+	wrong := dial(t, addr, auth.ClientConfig{TokenFile: writeFile(t, filepath.Join(dir, "wrong"), "not-a-token-anyone-was-given")})
+	wantCode(t, "ADS with a refused token", ads(wrong, "proxy-a"), codes.Unauthenticated)
+	down := dial(t, addr, auth.ClientConfig{TokenFile: writeFile(t, filepath.Join(dir, "down"), "down-token-0123456789abcdef")})
+	wantCode(t, "ADS while the reviewer is down", ads(down, "proxy-a"), codes.Unavailable)
+	asB := dial(t, addr, auth.ClientConfig{TokenFile: writeFile(t, filepath.Join(dir, "b"), tokenB)})
+	wantCode(t, "ADS as proxy-b with its listed token", ads(asB, "proxy-b"), codes.OK)
+	got := a.Refused()
+	if got["no_token"] != 1 || got["bad_token"] != 1 || got["wrong_node"] != 1 {
+		t.Errorf("refusals %v, want no_token 1, bad_token 1, wrong_node 1", got)
 	}
 }
 

@@ -41,14 +41,31 @@ type ServerConfig struct {
 	// stream without a listed token is refused, and a token's holder may claim only its
 	// node id. Read again when it changes.
 	TokensFile string
+	// Reviewer, when set, takes bearer tokens the tokens file does not list to the issuer of
+	// proxies' identities (Kubernetes: a ServiceAccount token a pod was given, checked with
+	// a TokenReview): a stream whose token it refuses is refused, and a token's holder may
+	// claim only a node id its review names (the pod's name).
+	Reviewer TokenReviewer
 	// Insecure lets a listener on an address other than loopback serve without TLS or
 	// without a way to authenticate proxies.
 	Insecure bool
 }
 
+// TokenReviewer checks a bearer token with the authority that issued it.
+type TokenReviewer interface {
+	// Review returns the node ids the token's holder may claim, or an error: ErrTokenRefused
+	// (wrapped) when the authority refuses the token, another when it could not be asked.
+	Review(ctx context.Context, token string) (nodes []string, err error)
+	// Name says what it checks, e.g. "Kubernetes ServiceAccount tokens".
+	Name() string
+}
+
+// ErrTokenRefused: a TokenReviewer's authority does not accept the token for this listener.
+var ErrTokenRefused = errors.New("token refused")
+
 // Enabled reports whether any credential is configured.
 func (c ServerConfig) Enabled() bool {
-	return c.CertFile != "" || c.KeyFile != "" || c.ClientCAFile != "" || c.TokensFile != ""
+	return c.CertFile != "" || c.KeyFile != "" || c.ClientCAFile != "" || c.TokensFile != "" || c.Reviewer != nil
 }
 
 // Server checks the credentials of every xDS stream. Build one with NewServer and add its
@@ -96,7 +113,7 @@ func NewServer(cfg ServerConfig, listen string, log *slog.Logger) (*Server, erro
 			return nil, fmt.Errorf("xds auth: loading the tokens file: %w", err)
 		}
 	}
-	authenticates := s.clients != nil || s.tokens != nil
+	authenticates := s.clients != nil || s.tokens != nil || cfg.Reviewer != nil
 	var parts []string
 	switch {
 	case s.cert != nil && s.clients != nil:
@@ -109,6 +126,9 @@ func NewServer(cfg ServerConfig, listen string, log *slog.Logger) (*Server, erro
 	if s.tokens != nil {
 		parts = append(parts, "bearer tokens")
 	}
+	if cfg.Reviewer != nil {
+		parts = append(parts, cfg.Reviewer.Name())
+	}
 	if !authenticates {
 		parts = append(parts, "no client credentials")
 	}
@@ -118,7 +138,7 @@ func NewServer(cfg ServerConfig, listen string, log *slog.Logger) (*Server, erro
 	case loop && !authenticates:
 		log.Info("xDS listener on loopback without client credentials: any local process may follow the fleet and report load", "listen", listen, "checks", s.summary)
 	case !loop && (s.cert == nil || !authenticates) && !cfg.Insecure:
-		return nil, fmt.Errorf("xds auth: %s is not a loopback address and the listener would serve %s: give a certificate and key (--xds-cert, --xds-key) with a client CA (--xds-client-ca) or a tokens file (--xds-tokens-file), or --xds-insecure", listen, s.summary)
+		return nil, fmt.Errorf("xds auth: %s is not a loopback address and the listener would serve %s: give a certificate and key (--xds-cert, --xds-key) with a client CA (--xds-client-ca), a tokens file (--xds-tokens-file) or Kubernetes ServiceAccount tokens (--xds-kube-auth), or --xds-insecure", listen, s.summary)
 	case !loop && (s.cert == nil || !authenticates):
 		log.Warn("xDS listener beyond loopback without full credentials (--xds-insecure)", "listen", listen, "checks", s.summary)
 	default:
@@ -184,23 +204,38 @@ func (id *identity) may(node string) bool { return id == nil || slices.Contains(
 
 // authenticate finds the caller's identity from its token or certificate.
 func (s *Server) authenticate(ctx context.Context) (*identity, error) {
-	if s.tokens != nil {
+	if s.tokens != nil || s.cfg.Reviewer != nil {
 		tok := bearer(ctx)
 		if tok == "" {
 			s.noToken.Add(1)
 			return nil, status.Error(codes.Unauthenticated, "xDS needs a bearer token (authorization: Bearer …; a proxy's --xds-token-file)")
 		}
-		table, err := s.tokens.get()
-		if err != nil {
-			return nil, status.Error(codes.Unavailable, "xDS tokens unreadable")
-		}
 		h := sha256.Sum256([]byte(tok))
-		node, ok := table[h]
-		if !ok {
+		if s.tokens != nil {
+			table, err := s.tokens.get()
+			if err != nil {
+				return nil, status.Error(codes.Unavailable, "xDS tokens unreadable")
+			}
+			if node, ok := table[h]; ok {
+				return &identity{via: "token", nodes: []string{node}, token: h}, nil
+			}
+		}
+		if s.cfg.Reviewer == nil {
 			s.badToken.Add(1)
 			return nil, status.Error(codes.Unauthenticated, "xDS bearer token not recognised")
 		}
-		return &identity{via: "token", nodes: []string{node}, token: h}, nil
+		nodes, err := s.cfg.Reviewer.Review(ctx, tok)
+		switch {
+		case errors.Is(err, ErrTokenRefused):
+			s.badToken.Add(1)
+			return nil, status.Errorf(codes.Unauthenticated, "xDS bearer token refused: %v", err)
+		case err != nil:
+			return nil, status.Errorf(codes.Unavailable, "xDS bearer token not checked: %v", err)
+		case len(nodes) == 0:
+			s.badToken.Add(1)
+			return nil, status.Error(codes.Unauthenticated, "xDS bearer token names no node")
+		}
+		return &identity{via: s.cfg.Reviewer.Name(), nodes: nodes}, nil
 	}
 	if s.clients != nil {
 		names := certNames(ctx)

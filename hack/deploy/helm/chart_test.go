@@ -3,7 +3,10 @@ package helm_test
 import (
 	"bufio"
 	"bytes"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
@@ -42,6 +45,8 @@ const (
 	proxyName     = "r1-kvrelay-proxy"
 	proxyAdmin    = "r1-kvrelay-proxy-admin"
 	tokenSecret   = "r1-kvrelay-api-token"
+	xdsSecret     = "r1-kvrelay-xds-tls"
+	tokenReview   = "r1-kvrelay-controlplane-tokenreview"
 )
 
 // helmPath is where hack/helm.sh installs helm.
@@ -162,7 +167,7 @@ func decode(t testing.TB, manifest string) objects {
 		if err := json.Unmarshal(js, &head); err != nil {
 			t.Fatalf("rendered object: %v\n%s", err, doc)
 		}
-		if head.Metadata.Namespace == "" {
+		if head.Metadata.Namespace == "" && !clusterScoped[head.Kind] {
 			t.Errorf("%s %s has no namespace", head.Kind, head.Metadata.Name)
 		}
 		key := head.Kind + "/" + head.Metadata.Namespace + "/" + head.Metadata.Name
@@ -172,6 +177,9 @@ func decode(t testing.TB, manifest string) objects {
 		objs[key] = js
 	}
 }
+
+// clusterScoped are the kinds the chart renders without a namespace.
+var clusterScoped = map[string]bool{"ClusterRoleBinding": true}
 
 // get decodes the object kind ns/name into v strictly (a field the API type lacks, a
 // misspelt probe say, fails the test), reporting whether it was rendered.
@@ -386,8 +394,10 @@ var templateCases = []struct {
 			}
 			c := container(t, &cp, "controlplane")
 			wantArgs(t, c, "controlplane", "--store=kubernetes", "--store-name=r1-kvrelay", "--leader-elect", "--leader-elect-lease=kvrelay-controlplane",
-				"--xds-listen=0.0.0.0:18000", "--xds-insecure", "--api-listen=0.0.0.0:18080",
+				"--xds-listen=0.0.0.0:18000", "--xds-cert=/etc/kvrelay/xds-tls/tls.crt", "--xds-key=/etc/kvrelay/xds-tls/tls.key",
+				"--xds-kube-auth=llm/"+proxyName, "--xds-kube-audience=kvrelay-xds", "--api-listen=0.0.0.0:18080",
 				"--k8s-namespace=llm", "--k8s-selector=app=vllm", "--k8s-worker=engine=vllm,kv-events=tcp://*:5557")
+			noArgs(t, c, "--xds-insecure")
 			for env, field := range map[string]string{"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"} {
 				if got := envField(c, env); got != field {
 					t.Errorf("control plane env %s from %q, want the downward API's %s", env, got, field)
@@ -428,8 +438,11 @@ var templateCases = []struct {
 				t.Errorf("proxy replicas %d set under the autoscaler", *px.Spec.Replicas)
 			}
 			pc := container(t, &px, "proxy")
-			wantArgs(t, pc, "proxy", "--xds="+cpName+".llm.svc:18000", "--xds-insecure",
+			wantArgs(t, pc, "proxy", "--xds="+cpName+".llm.svc:18000", "--xds-ca=/etc/kvrelay/xds-tls/ca.crt",
+				"--xds-token-file=/var/run/secrets/kvrelay/xds-token/token",
 				"--node-id=$(POD_NAME)", "--listen=0.0.0.0:8080", "--admin-listen=0.0.0.0:9090", "--policy=latency")
+			noArgs(t, pc, "--xds-insecure")
+			checkXDSAuth(t, o, &cp, c, &px, pc)
 			if got := envField(pc, "POD_NAME"); got != "metadata.name" {
 				t.Errorf("proxy env POD_NAME from %q, want metadata.name", got)
 			}
@@ -583,8 +596,8 @@ serviceMonitor:
 apiToken: {existingSecret: ops-token, existingSecretKey: bearer}
 `,
 		check: func(t *testing.T, o objects) {
-			if secrets := all[corev1.Secret](t, o, "Secret"); len(secrets) != 0 {
-				t.Errorf("%d Secrets rendered beside an existing one", len(secrets))
+			if o.get(t, "Secret", namespace, tokenSecret, &corev1.Secret{}) {
+				t.Errorf("Secret %s rendered beside an existing one", tokenSecret)
 			}
 			var cp appsv1.Deployment
 			o.must(t, "Deployment", namespace, cpName, &cp)
@@ -617,6 +630,27 @@ xds: {tlsSecret: xds-tls}
 				t.Errorf("proxy --xds-ca on %+v, want ca.crt alone of Secret xds-tls", v.VolumeSource)
 			}
 			noArgs(t, pc, "--xds-insecure")
+			if o.get(t, "Secret", namespace, xdsSecret, &corev1.Secret{}) {
+				t.Errorf("Secret %s generated beside xds.tlsSecret", xdsSecret)
+			}
+		},
+	},
+	{
+		name: "xDS without proxy credentials",
+		values: `
+xds: {auth: none}
+`,
+		check: func(t *testing.T, o objects) {
+			var cp, px appsv1.Deployment
+			o.must(t, "Deployment", namespace, cpName, &cp)
+			o.must(t, "Deployment", namespace, proxyName, &px)
+			c, pc := container(t, &cp, "controlplane"), container(t, &px, "proxy")
+			wantArgs(t, c, "--xds-insecure", "--xds-cert=/etc/kvrelay/xds-tls/tls.crt")
+			noArgs(t, c, "--xds-kube-auth")
+			noArgs(t, pc, "--xds-token-file")
+			if o.get(t, "ClusterRoleBinding", "", tokenReview, &rbacv1.ClusterRoleBinding{}) {
+				t.Error("TokenReview granted without xds.auth serviceAccountToken")
+			}
 		},
 	},
 	{
@@ -834,6 +868,64 @@ func checkConsistent(t *testing.T, o objects) {
 				t.Errorf("RoleBinding %s/%s binds %s %s/%s, which is not rendered", rb.Namespace, rb.Name, s.Kind, s.Namespace, s.Name)
 			}
 		}
+	}
+}
+
+// checkXDSAuth checks the defaults' xDS credentials: the control plane serves TLS from the
+// generated Secret, for the name the proxies dial, and reviews tokens (system:auth-delegator);
+// each proxy runs as the proxies' ServiceAccount and reads a token projected for the xDS
+// audience alone, and no API server token.
+func checkXDSAuth(t *testing.T, o objects, cp *appsv1.Deployment, c *corev1.Container, px *appsv1.Deployment, pc *corev1.Container) {
+	t.Helper()
+	var sec corev1.Secret
+	o.must(t, "Secret", namespace, xdsSecret, &sec)
+	if sec.Type != corev1.SecretTypeTLS {
+		t.Errorf("Secret %s type %s, want %s", xdsSecret, sec.Type, corev1.SecretTypeTLS)
+	}
+	caBlock, _ := pem.Decode(sec.Data["ca.crt"])
+	certBlock, _ := pem.Decode(sec.Data["tls.crt"])
+	if caBlock == nil || certBlock == nil {
+		t.Fatalf("Secret %s: ca.crt or tls.crt is not PEM", xdsSecret)
+	}
+	ca, err := x509.ParseCertificate(caBlock.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := x509.ParseCertificate(certBlock.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tls.X509KeyPair(sec.Data["tls.crt"], sec.Data["tls.key"]); err != nil {
+		t.Errorf("Secret %s: tls.crt and tls.key do not pair: %v", xdsSecret, err)
+	}
+	roots := x509.NewCertPool()
+	roots.AddCert(ca)
+	host := cpName + "." + namespace + ".svc"
+	if _, err := cert.Verify(x509.VerifyOptions{Roots: roots, DNSName: host}); err != nil {
+		t.Errorf("the xDS certificate does not verify for %s against ca.crt: %v", host, err)
+	}
+	for _, flag := range []string{"--xds-cert", "--xds-key"} {
+		if v := mountOf(t, cp, c, argValue(c, flag)); v.Secret == nil || v.Secret.SecretName != xdsSecret {
+			t.Errorf("control plane %s on %+v, want Secret %s", flag, v.VolumeSource, xdsSecret)
+		}
+	}
+	if v := mountOf(t, px, pc, argValue(pc, "--xds-ca")); v.Secret == nil || v.Secret.SecretName != xdsSecret || len(v.Secret.Items) != 1 || v.Secret.Items[0].Key != "ca.crt" {
+		t.Errorf("proxy --xds-ca on %+v, want ca.crt alone of Secret %s", v.VolumeSource, xdsSecret)
+	}
+	v := mountOf(t, px, pc, argValue(pc, "--xds-token-file"))
+	if v.Projected == nil || len(v.Projected.Sources) != 1 || v.Projected.Sources[0].ServiceAccountToken == nil ||
+		v.Projected.Sources[0].ServiceAccountToken.Audience != "kvrelay-xds" || !strings.HasSuffix(argValue(pc, "--xds-token-file"), "/"+v.Projected.Sources[0].ServiceAccountToken.Path) {
+		t.Errorf("proxy --xds-token-file on %+v, want a ServiceAccount token projected for audience kvrelay-xds", v.VolumeSource)
+	}
+	if sa := px.Spec.Template.Spec.ServiceAccountName; sa != proxyName {
+		t.Errorf("proxy pods run as ServiceAccount %q, want %s", sa, proxyName)
+	}
+	o.must(t, "ServiceAccount", namespace, proxyName, &corev1.ServiceAccount{})
+	var crb rbacv1.ClusterRoleBinding
+	o.must(t, "ClusterRoleBinding", "", tokenReview, &crb)
+	if crb.RoleRef.Kind != "ClusterRole" || crb.RoleRef.Name != "system:auth-delegator" || len(crb.Subjects) != 1 ||
+		crb.Subjects[0].Name != cpName || crb.Subjects[0].Namespace != namespace {
+		t.Errorf("TokenReview binding %+v, want system:auth-delegator for ServiceAccount %s/%s", crb, namespace, cpName)
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -20,6 +21,7 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	authv1 "k8s.io/api/authentication/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -125,6 +127,9 @@ func checkInstalled(t *testing.T, cs *kubernetes.Clientset) {
 		{"NetworkPolicy", namespace, cpName, dropObj(cs.NetworkingV1().NetworkPolicies(namespace).Get)},
 		{"NetworkPolicy", namespace, proxyName, dropObj(cs.NetworkingV1().NetworkPolicies(namespace).Get)},
 		{"Secret", namespace, tokenSecret, dropObj(cs.CoreV1().Secrets(namespace).Get)},
+		{"Secret", namespace, xdsSecret, dropObj(cs.CoreV1().Secrets(namespace).Get)},
+		{"ServiceAccount", namespace, proxyName, dropObj(cs.CoreV1().ServiceAccounts(namespace).Get)},
+		{"ClusterRoleBinding", "", tokenReview, dropObj(cs.RbacV1().ClusterRoleBindings().Get)},
 	}
 	for _, g := range gets {
 		if err := g.get(ctx, g.name, metav1.GetOptions{}); err != nil {
@@ -177,6 +182,10 @@ func checkRBAC(t *testing.T, admin, sa *kubernetes.Clientset) {
 
 	checkPlannerRBAC(t, admin, sa, false)
 	deployments := sa.AppsV1().Deployments(engines)
+	// The proxies' xDS tokens are checked with TokenReviews.
+	if _, err := sa.AuthenticationV1().TokenReviews().Create(ctx, &authv1.TokenReview{Spec: authv1.TokenReviewSpec{Token: "not-a-token"}}, metav1.CreateOptions{}); err != nil {
+		t.Errorf("create a TokenReview: %v", err)
+	}
 
 	for what, err := range map[string]error{
 		"list secrets":                         errOnly(sa.CoreV1().Secrets(namespace).List(ctx, metav1.ListOptions{})),
@@ -261,10 +270,25 @@ func runInstalled(t *testing.T, env *kubetest.Env, cs *kubernetes.Clientset, kub
 	apiAddr, xdsAddr := loopback(t), loopback(t)
 	c := container(t, cpDep, "controlplane")
 	cpEnv := podEnv(t, c, cpPod)
+	// The xDS listener's certificate and CA, as the chart generated them, in files as the
+	// pods mount them.
+	xdsTLS, err := cs.CoreV1().Secrets(namespace).Get(ctx, xdsSecret, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tlsFiles := map[string]string{}
+	for _, k := range []string{"ca.crt", "tls.crt", "tls.key"} {
+		tlsFiles[k] = filepath.Join(dir, k)
+		if err := os.WriteFile(tlsFiles[k], xdsTLS.Data[k], 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
 	cpArgs := localArgs(t, c.Args, cpEnv, map[string]string{
 		"--api-token-file": tokenFile,
 		"--api-listen":     apiAddr,
 		"--xds-listen":     xdsAddr,
+		"--xds-cert":       tlsFiles["tls.crt"],
+		"--xds-key":        tlsFiles["tls.key"],
 	})
 	// eBPF off: this test may run as root, where --ebpf auto would attach the probes.
 	cpArgs = append(cpArgs, "--kubeconfig="+kubeconfig, "--ebpf=off")
@@ -312,15 +336,45 @@ func runInstalled(t *testing.T, env *kubetest.Env, cs *kubernetes.Clientset, kub
 	listen := loopback(t)
 	pc := container(t, pxDep, "proxy")
 	pxEnv := podEnv(t, pc, pxPod)
+	// The token the kubelet would project into the proxy's pod: its ServiceAccount's, for
+	// the audience the chart names, bound to the pod.
+	xdsToken := podToken(t, cs, pxDep, pc, pxPod)
 	pxArgs := localArgs(t, pc.Args, pxEnv, map[string]string{
-		"--xds":          xdsAddr,
-		"--listen":       listen,
-		"--admin-listen": loopback(t),
+		"--xds":            xdsAddr,
+		"--listen":         listen,
+		"--admin-listen":   loopback(t),
+		"--xds-ca":         tlsFiles["ca.crt"],
+		"--xds-token-file": xdsToken,
 	})
+	// The proxy dials loopback; the certificate names the Service.
+	pxArgs = append(pxArgs, "--xds-server-name="+cpName+"."+namespace+".svc")
+	// A proxy whose token is another pod's may not claim this pod's node id.
+	intruder := startProc(t, "intruder", bin, pxEnv, append(localArgs(t, pc.Args, pxEnv, map[string]string{
+		"--xds":            xdsAddr,
+		"--listen":         loopback(t),
+		"--admin-listen":   loopback(t),
+		"--xds-ca":         tlsFiles["ca.crt"],
+		"--xds-token-file": podToken(t, cs, pxDep, pc, proxyName+"-7f9b8c6d5-other"),
+	}), "--xds-server-name="+cpName+"."+namespace+".svc", "--ebpf=off"))
 	px := startProc(t, "proxy", bin, pxEnv, append(pxArgs, "--ebpf=off"))
 	eventually(t, 30*time.Second, func() error { return px.check(get(ctx, "http://"+listen+"/health", "", "ok")) })
-	// --node-id=$(POD_NAME): the control plane knows the proxy by its pod's name.
+	// --node-id=$(POD_NAME): the control plane knows the proxy by its pod's name, which its
+	// token was issued to; the intruder's streams were refused.
 	eventually(t, 20*time.Second, func() error { return px.check(get(ctx, api+"/v1/proxies", token, pxPod)) })
+	refusedWrongNode := regexp.MustCompile(`kvrelay_controlplane_xds_refused_streams_total\{reason="wrong_node"\} [1-9]`)
+	eventually(t, 20*time.Second, func() error {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, api+"/metrics", nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return cp.check(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if !refusedWrongNode.Match(body) {
+			return intruder.check(fmt.Errorf("no stream refused for a node id its token was not issued for"))
+		}
+		return nil
+	})
 
 	// The state lives in the release's KvrelayPolicy (--store kubernetes): a policy set
 	// through the operator API, as the ServiceAccount, is there.
@@ -347,6 +401,51 @@ func runInstalled(t *testing.T, env *kubetest.Env, cs *kubernetes.Clientset, kub
 	if name, _, _ := unstructured.NestedString(u.Object, "status", "policy", "name"); name != "round-robin" {
 		t.Fatalf("KvrelayPolicy %s status.policy.name %q, want round-robin", storeName, name)
 	}
+}
+
+// podToken writes to a file the token the kubelet would project for c of deployment d into
+// the pod named pod (created for it), and returns the file's path.
+func podToken(t *testing.T, cs *kubernetes.Clientset, d *appsv1.Deployment, c *corev1.Container, pod string) string {
+	t.Helper()
+	ctx := t.Context()
+	var audience, path string
+	for _, v := range d.Spec.Template.Spec.Volumes {
+		if v.Projected == nil {
+			continue
+		}
+		for _, src := range v.Projected.Sources {
+			if sat := src.ServiceAccountToken; sat != nil {
+				for _, m := range c.VolumeMounts {
+					if m.Name == v.Name {
+						audience, path = sat.Audience, m.MountPath+"/"+sat.Path
+					}
+				}
+			}
+		}
+	}
+	if audience == "" || path != argValue(c, "--xds-token-file") {
+		t.Fatalf("%s: --xds-token-file %s is not a projected ServiceAccount token with an audience", c.Name, argValue(c, "--xds-token-file"))
+	}
+	sa := d.Spec.Template.Spec.ServiceAccountName
+	p, err := cs.CoreV1().Pods(namespace).Create(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: pod},
+		Spec:       corev1.PodSpec{ServiceAccountName: sa, Containers: []corev1.Container{{Name: c.Name, Image: c.Image}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr, err := cs.CoreV1().ServiceAccounts(namespace).CreateToken(ctx, sa, &authv1.TokenRequest{Spec: authv1.TokenRequestSpec{
+		Audiences:      []string{audience},
+		BoundObjectRef: &authv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: p.Name, UID: p.UID},
+	}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("a token for ServiceAccount %s: %v", sa, err)
+	}
+	f := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(f, []byte(tr.Status.Token), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return f
 }
 
 // podEnv is the environment the kubelet would give c in pod: the downward API's fields of

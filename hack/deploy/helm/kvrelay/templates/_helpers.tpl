@@ -61,10 +61,23 @@ token
 {{- end -}}
 
 {{/* The xDS address proxies dial: the control plane Service's name in its namespace, which
-a TLS certificate (xds.tlsSecret) must carry. */}}
+the xDS certificate (the chart's, or xds.tlsSecret) carries. */}}
 {{- define "kvrelay.xdsHost" -}}
 {{ include "kvrelay.controlplane" . }}.{{ .Release.Namespace }}.svc
 {{- end -}}
+
+{{/* The Secret (kubernetes.io/tls with ca.crt) of the xDS listener's certificate:
+xds.tlsSecret, else the one the chart generates. */}}
+{{- define "kvrelay.xdsTLSSecret" -}}
+{{- if .Values.xds.tlsSecret -}}
+{{ .Values.xds.tlsSecret }}
+{{- else -}}
+{{ include "kvrelay.name" (dict "root" . "suffix" "xds-tls") }}
+{{- end -}}
+{{- end -}}
+
+{{/* The proxies' ServiceAccount: the identity their xDS tokens carry. */}}
+{{- define "kvrelay.proxyServiceAccount" -}}{{ include "kvrelay.proxy" . }}{{- end -}}
 
 {{/* Soft anti-affinity by host: spread a component's replicas over nodes where the
 scheduler can, without leaving a pod pending where it cannot. root and component in a dict. */}}
