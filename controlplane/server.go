@@ -3,6 +3,7 @@ package controlplane
 import (
 	"context"
 	"encoding/json"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -72,6 +73,9 @@ type Options struct {
 	// fails or finds the file empty keeps the token in force, and says so in the log.
 	APIToken     string
 	APITokenFile string
+	// APICertFile and APIKeyFile (PEM), when set, make the operator API (and /metrics, the
+	// console) HTTPS; they are read again when they change.
+	APICertFile, APIKeyFile string
 	// ScrapeInterval is how often each worker's metrics are read (default 100 ms).
 	ScrapeInterval time.Duration
 	// KernelWaiting, when set, adds requests seen waiting in front of each worker from the
@@ -189,6 +193,7 @@ type Server struct {
 	metrics *prometheus.Registry
 
 	xdsLis, apiLis net.Listener
+	apiCert        *auth.CertLoader // the operator API's certificate, when it serves HTTPS
 	api            *http.Server
 	cancel         context.CancelFunc
 	wg             sync.WaitGroup
@@ -326,6 +331,18 @@ func (s *Server) Start(ctx context.Context) error {
 	if s.xdsLis, err = net.Listen("tcp", s.opts.XDSListen); err != nil {
 		return fmt.Errorf("control plane: listening for xDS on %s: %w", s.opts.XDSListen, err)
 	}
+	if s.opts.APIListen != "" && (s.opts.APICertFile != "" || s.opts.APIKeyFile != "") {
+		if s.opts.APICertFile == "" || s.opts.APIKeyFile == "" {
+			s.xdsLis.Close()
+			return errors.New("control plane: the operator API's certificate needs its key and a key its certificate (--api-cert, --api-key)")
+		}
+		if s.apiCert, err = auth.NewCertLoader(s.opts.APICertFile, s.opts.APIKeyFile, func(err error) {
+			s.log.Error("operator API certificate: a changed file does not parse; keeping the previous one", "err", err)
+		}); err != nil {
+			s.xdsLis.Close()
+			return fmt.Errorf("control plane: the operator API's certificate: %w", err)
+		}
+	}
 	if s.opts.APIListen != "" {
 		if s.apiLis, err = net.Listen("tcp", s.opts.APIListen); err != nil {
 			s.xdsLis.Close()
@@ -390,7 +407,12 @@ func (s *Server) Start(ctx context.Context) error {
 		s.api = &http.Server{Handler: s.apiHandler(), Protocols: api.Protocols(), ReadHeaderTimeout: min(10*time.Second, rt),
 			ReadTimeout: rt, WriteTimeout: 2 * rt, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10}
 		s.wg.Add(1)
-		go func() { defer s.wg.Done(); _ = s.api.Serve(s.apiLis) }()
+		if s.apiCert != nil {
+			s.api.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: s.apiCert.GetCertificate}
+			go func() { defer s.wg.Done(); _ = s.api.ServeTLS(s.apiLis, "", "") }()
+		} else {
+			go func() { defer s.wg.Done(); _ = s.api.Serve(s.apiLis) }()
+		}
 	}
 	s.log.Info("control plane serving", "xds", s.XDSAddr(), "api", s.APIAddr(), "workers", len(s.reg.Workers()))
 	return nil

@@ -137,6 +137,8 @@ worker claims are dropped and counted (kvrelay_controlplane_ingest_unclaimed_tot
 	fs.IntVar(&opts.XDSMaxConnsPerPeer, "xds-max-conns-per-peer", 0, "xDS connections one source address may hold (0: 32); raise it where proxies reach the control plane through a NAT or a sidecar, sharing an address")
 	fs.IntVar(&opts.XDSMaxStreamsPerPeer, "xds-max-streams-per-peer", 0, "xDS streams one source address may hold (0: 64; a proxy opens 3)")
 	fs.StringVar(&opts.APIListen, "api-listen", "127.0.0.1:18080", "operator API (JSON over HTTP and gRPC) and /metrics")
+	fs.StringVar(&opts.APICertFile, "api-cert", "", "certificate (PEM, with --api-key): the operator API, /metrics and the console serve HTTPS; read again when it changes")
+	fs.StringVar(&opts.APIKeyFile, "api-key", "", "key (PEM) of --api-cert")
 	fs.StringVar(&opts.DataDir, "data-dir", "", "directory for the registry and policies (required unless --store kubernetes)")
 	addEBPFFlags(fs, &ebpfF, ebpfCgroupOwn)
 	fs.BoolVar(&ebpfLoad, "ebpf-load-signals", false, "always count connections waiting in a worker's accept queue (eBPF listen_queue probe) and the requests its recent first-byte latency implies (first_byte probe) as waiting requests in its load (otherwise: while the routing policy's kernel_load_signals is on)")

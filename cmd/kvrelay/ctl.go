@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -35,10 +37,12 @@ const ctlTokenEnv = "KVRELAY_API_TOKEN"
 
 // ctlOptions are the flags every ctl subcommand shares.
 type ctlOptions struct {
-	api       string
-	tokenFile string
-	output    string
-	timeout   time.Duration
+	api        string
+	tokenFile  string
+	caFile     string
+	serverName string
+	output     string
+	timeout    time.Duration
 }
 
 func newCtlCmd() *cobra.Command {
@@ -63,6 +67,8 @@ or from $` + ctlTokenEnv + `; reads need it too unless the control plane listens
 	pf := cmd.PersistentFlags()
 	pf.StringVar(&o.api, "api", "127.0.0.1:18080", "control plane's operator API: host:port or a URL (https://…)")
 	pf.StringVar(&o.tokenFile, "token-file", "", "file holding the API token (default: $"+ctlTokenEnv+")")
+	pf.StringVar(&o.caFile, "api-ca", "", "CA certificate (PEM) that verifies the operator API's (a control plane with --api-cert): --api host:port is then https")
+	pf.StringVar(&o.serverName, "api-server-name", "", "name the operator API's certificate must carry (default: the --api host)")
 	pf.StringVarP(&o.output, "output", "o", "table", "output format: table or json")
 	pf.DurationVar(&o.timeout, "timeout", 10*time.Second, "how long a call may take")
 	cmd.AddCommand(ctlWorkersCmd(o), ctlDrainCmd(o, true), ctlDrainCmd(o, false), ctlPolicyCmd(o),
@@ -529,7 +535,27 @@ func (o *ctlOptions) client(cmd *cobra.Command) (*ctlClient, error) {
 	}
 	c.base = strings.TrimSuffix(o.api, "/")
 	if !strings.Contains(c.base, "://") {
-		c.base = "http://" + c.base
+		if o.caFile != "" {
+			c.base = "https://" + c.base
+		} else {
+			c.base = "http://" + c.base
+		}
+	}
+	if o.caFile != "" || o.serverName != "" {
+		cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: o.serverName}
+		if o.caFile != "" {
+			pem, err := os.ReadFile(o.caFile)
+			if err != nil {
+				return nil, fmt.Errorf("reading --api-ca: %w", err)
+			}
+			cfg.RootCAs = x509.NewCertPool()
+			if !cfg.RootCAs.AppendCertsFromPEM(pem) {
+				return nil, fmt.Errorf("--api-ca %s holds no PEM certificate", o.caFile)
+			}
+		}
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.TLSClientConfig = cfg
+		c.client.Transport = tr
 	}
 	if u, err := url.Parse(c.base); err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
 		return nil, fmt.Errorf("--api %q: want host:port or an http(s) URL", o.api)

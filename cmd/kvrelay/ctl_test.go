@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"encoding/pem"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -534,4 +535,26 @@ func FuzzParseProfile(f *testing.F) {
 			t.Fatalf("%q read as %v, which does not marshal: %v", data, p, err)
 		}
 	})
+}
+
+// TestCtlOverTLS: --api-ca verifies an HTTPS operator API (host:port then means https);
+// without it the API's certificate is not trusted.
+func TestCtlOverTLS(t *testing.T) {
+	t.Setenv(ctlTokenEnv, "")
+	ts := httptest.NewTLSServer(api.Handler(ctlFleet(), api.Options{AllowUnauthenticated: true}))
+	t.Cleanup(ts.Close)
+	caFile := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ts.Certificate().Raw}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	hostPort := strings.TrimPrefix(ts.URL, "https://")
+	if out, err := runCtlAt(t, hostPort, "workers", "--api-ca", caFile); err != nil || !strings.Contains(out, "w1") {
+		t.Fatalf("ctl --api-ca over TLS: %v\n%s", err, out)
+	}
+	if _, err := runCtlAt(t, ts.URL, "workers"); err == nil || !strings.Contains(err.Error(), "certificate") {
+		t.Fatalf("ctl without --api-ca against an untrusted certificate: %v", err)
+	}
+	if _, err := runCtlAt(t, hostPort, "workers", "--api-ca", ctlTokenFile(t, "not a certificate")); err == nil || !strings.Contains(err.Error(), "no PEM certificate") {
+		t.Fatalf("ctl --api-ca with a file that holds no certificate: %v", err)
+	}
 }

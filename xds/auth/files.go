@@ -158,3 +158,24 @@ func parseToken(c [][]byte) (string, error) {
 	}
 	return tok, nil
 }
+
+// CertLoader serves a certificate and key (PEM files) to a TLS server, read again when
+// either file changes (a renewal takes effect without a restart; a changed file that does
+// not parse keeps the previous pair, reported to onError).
+type CertLoader struct{ w *watched[*tls.Certificate] }
+
+// NewCertLoader loads certFile and keyFile; onError hears of a later change that does not
+// parse (nil: ignored).
+func NewCertLoader(certFile, keyFile string, onError func(error)) (*CertLoader, error) {
+	if onError == nil {
+		onError = func(error) {}
+	}
+	w, err := newWatched(parseKeyPair, onError, certFile, keyFile)
+	if err != nil {
+		return nil, err
+	}
+	return &CertLoader{w}, nil
+}
+
+// GetCertificate is tls.Config's.
+func (l *CertLoader) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error) { return l.w.get() }

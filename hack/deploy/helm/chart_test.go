@@ -405,6 +405,13 @@ var templateCases = []struct {
 			}
 			probe(t, "control plane readiness", c.ReadinessProbe, "/readyz", "api")
 			probe(t, "control plane liveness", c.LivenessProbe, "/healthz", "api")
+			// The operator API is HTTPS with the xDS certificate.
+			wantArgs(t, c, "--api-cert=/etc/kvrelay/xds-tls/tls.crt", "--api-key=/etc/kvrelay/xds-tls/tls.key")
+			for _, p := range []*corev1.Probe{c.ReadinessProbe, c.LivenessProbe} {
+				if p.HTTPGet.Scheme != corev1.URISchemeHTTPS {
+					t.Errorf("control plane probe %s over %q, want HTTPS", p.HTTPGet.Path, p.HTTPGet.Scheme)
+				}
+			}
 			noArgs(t, c, "--data-dir")
 			if m := mountOf(t, &cp, c, argValue(c, "--api-token-file")); m.Secret == nil || m.Secret.SecretName != tokenSecret {
 				t.Errorf("--api-token-file is on volume %+v, want Secret %s", m.VolumeSource, tokenSecret)
@@ -565,7 +572,13 @@ serviceMonitor:
 					Spec     struct {
 						Selector  metav1.LabelSelector `json:"selector"`
 						Endpoints []struct {
-							Port, Path, Interval string
+							Port, Path, Interval, Scheme string
+							TLSConfig                    *struct {
+								ServerName string `json:"serverName"`
+								CA         struct {
+									Secret struct{ Name, Key string } `json:"secret"`
+								} `json:"ca"`
+							} `json:"tlsConfig"`
 						} `json:"endpoints"`
 					} `json:"spec"`
 				}
@@ -576,6 +589,13 @@ serviceMonitor:
 				if len(sm.Spec.Endpoints) != 1 || sm.Spec.Endpoints[0].Port != port ||
 					sm.Spec.Endpoints[0].Path != "/metrics" || sm.Spec.Endpoints[0].Interval != "15s" {
 					t.Errorf("ServiceMonitor %s endpoints %+v, want port %s /metrics every 15s", name, sm.Spec.Endpoints, port)
+				}
+				// The control plane's port is HTTPS (controlplane.apiTLS), its CA the chart's.
+				if e := sm.Spec.Endpoints[0]; name == cpName && (e.Scheme != "https" || e.TLSConfig == nil ||
+					e.TLSConfig.ServerName != cpName+"."+namespace+".svc" || e.TLSConfig.CA.Secret.Name != xdsSecret || e.TLSConfig.CA.Secret.Key != "ca.crt") {
+					t.Errorf("ServiceMonitor %s endpoint %+v, want https verified by %s's ca.crt", name, e, xdsSecret)
+				} else if name != cpName && (e.Scheme != "" || e.TLSConfig != nil) {
+					t.Errorf("ServiceMonitor %s endpoint %+v, want plain HTTP", name, e)
 				}
 				// It must find a Service with that port: the one Prometheus scrapes.
 				sel, err := metav1.LabelSelectorAsSelector(&sm.Spec.Selector)
@@ -650,6 +670,22 @@ xds: {auth: none}
 			noArgs(t, pc, "--xds-token-file")
 			if o.get(t, "ClusterRoleBinding", "", tokenReview, &rbacv1.ClusterRoleBinding{}) {
 				t.Error("TokenReview granted without xds.auth serviceAccountToken")
+			}
+		},
+	},
+	{
+		name: "operator API over plain HTTP",
+		values: `
+controlplane: {apiTLS: false}
+`,
+		check: func(t *testing.T, o objects) {
+			var cp appsv1.Deployment
+			o.must(t, "Deployment", namespace, cpName, &cp)
+			c := container(t, &cp, "controlplane")
+			noArgs(t, c, "--api-cert")
+			noArgs(t, c, "--api-key")
+			if s := c.ReadinessProbe.HTTPGet.Scheme; s != "" && s != corev1.URISchemeHTTP {
+				t.Errorf("readiness probe over %s, want HTTP", s)
 			}
 		},
 	},

@@ -5,6 +5,8 @@ package helm_test
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"io"
 	"net"
@@ -289,12 +291,21 @@ func runInstalled(t *testing.T, env *kubetest.Env, cs *kubernetes.Clientset, kub
 		"--xds-listen":     xdsAddr,
 		"--xds-cert":       tlsFiles["tls.crt"],
 		"--xds-key":        tlsFiles["tls.key"],
+		"--api-cert":       tlsFiles["tls.crt"],
+		"--api-key":        tlsFiles["tls.key"],
 	})
+	// The operator API is HTTPS with the same certificate: a client that trusts the chart's
+	// CA, for the Service's name.
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(xdsTLS.Data["ca.crt"])
+	apiTransport := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots, ServerName: cpName + "." + namespace + ".svc"}}
+	defer apiTransport.CloseIdleConnections()
+	apiClient := &http.Client{Transport: apiTransport}
 	// eBPF off: this test may run as root, where --ebpf auto would attach the probes.
 	cpArgs = append(cpArgs, "--kubeconfig="+kubeconfig, "--ebpf=off")
 	cp := startProc(t, "controlplane", bin, cpEnv, cpArgs)
-	api := "http://" + apiAddr
-	eventually(t, 30*time.Second, func() error { return cp.check(get(ctx, api+"/readyz", "", "\"ready\"")) })
+	api := "https://" + apiAddr
+	eventually(t, 30*time.Second, func() error { return cp.check(getWith(ctx, apiClient, api+"/readyz", "", "\"ready\"")) })
 
 	lease := argValue(c, "--leader-elect-lease")
 	eventually(t, 20*time.Second, func() error {
@@ -360,11 +371,11 @@ func runInstalled(t *testing.T, env *kubetest.Env, cs *kubernetes.Clientset, kub
 	eventually(t, 30*time.Second, func() error { return px.check(get(ctx, "http://"+listen+"/health", "", "ok")) })
 	// --node-id=$(POD_NAME): the control plane knows the proxy by its pod's name, which its
 	// token was issued to; the intruder's streams were refused.
-	eventually(t, 20*time.Second, func() error { return px.check(get(ctx, api+"/v1/proxies", token, pxPod)) })
+	eventually(t, 20*time.Second, func() error { return px.check(getWith(ctx, apiClient, api+"/v1/proxies", token, pxPod)) })
 	refusedWrongNode := regexp.MustCompile(`kvrelay_controlplane_xds_refused_streams_total\{reason="wrong_node"\} [1-9]`)
 	eventually(t, 20*time.Second, func() error {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, api+"/metrics", nil)
-		resp, err := http.DefaultClient.Do(req)
+		resp, err := apiClient.Do(req)
 		if err != nil {
 			return cp.check(err)
 		}
@@ -380,7 +391,7 @@ func runInstalled(t *testing.T, env *kubetest.Env, cs *kubernetes.Clientset, kub
 	// through the operator API, as the ServiceAccount, is there.
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPut, api+"/v1/policy", strings.NewReader(`{"policy": "round-robin"}`))
 	req.Header.Set("Authorization", "Bearer "+token)
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := apiClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -573,6 +584,11 @@ func (b *syncBuffer) String() string {
 // get returns nil when url answers 200 with a body holding each of want, else why not. A
 // token, when given, goes as the bearer.
 func get(ctx context.Context, url, token string, want ...string) error {
+	return getWith(ctx, http.DefaultClient, url, token, want...)
+}
+
+// getWith is get through client.
+func getWith(ctx context.Context, client *http.Client, url, token string, want ...string) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return err
@@ -580,7 +596,7 @@ func get(ctx context.Context, url, token string, want ...string) error {
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		return err
 	}
