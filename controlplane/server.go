@@ -2,8 +2,8 @@ package controlplane
 
 import (
 	"context"
-	"encoding/json"
 	"crypto/tls"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
