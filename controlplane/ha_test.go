@@ -98,16 +98,8 @@ func TestLeaderHandoverSharesState(t *testing.T) {
 	p := lead.c.addProxy(serviceRelay(t, lead.c.cp.XDSAddr(), follow.c.cp.XDSAddr()))
 	waitWorkers(t, p, 4)
 
-	// Writes go to the leader; the follower refuses them and shows the leader's.
-	if code, out := follow.c.api("PUT", "/v1/policy", `{"policy": "round-robin"}`, true); code != 503 {
-		t.Fatalf("the follower took a policy change: %d %v", code, out)
-	}
-	code, out := lead.c.api("PUT", "/v1/policy", `{"policy": "kv", "overlap_weight": 32, "queue_weight": 4, "cache_threshold": 0.2, "tier_weights": [1, 0.75, 0.25]}`, true)
-	if code != 200 {
-		t.Fatalf("PUT /v1/policy on the leader: %d %v", code, out)
-	}
-	version := jsonUint(out["version"])
-	waitPolicy(t, p, version)
+	// Changes are the leader's: one sent to the follower is forwarded there (the leader
+	// shared its operator API's address), a forwarded one is not forwarded again.
 	eventually := func(what string, within time.Duration, ok func() bool) {
 		t.Helper()
 		deadline := time.Now().Add(within)
@@ -118,6 +110,27 @@ func TestLeaderHandoverSharesState(t *testing.T) {
 			time.Sleep(20 * time.Millisecond)
 		}
 	}
+	var code int
+	var out map[string]any
+	eventually("the leader's operator API address shared", 5*time.Second, func() bool {
+		code, out = follow.c.api("PUT", "/v1/policy", `{"policy": "round-robin"}`, true)
+		return code != 503
+	})
+	if code != 200 || out["policy"] != "round-robin" {
+		t.Fatalf("a change sent to the follower, forwarded: %d %v", code, out)
+	}
+	if code, out := follow.c.apiWith("PUT", "/v1/policy", `{"policy": "random"}`, map[string]string{"X-Kvrelay-Forwarded-By": "cp-x"}); code != 503 {
+		t.Fatalf("the follower took a change already forwarded: %d %v", code, out)
+	}
+	if code, out := follow.c.api("PUT", "/v1/policy", `{"policy": "round-robin"}`, false); code != 401 {
+		t.Fatalf("a change without the token, forwarded: %d %v", code, out)
+	}
+	code, out = lead.c.api("PUT", "/v1/policy", `{"policy": "kv", "overlap_weight": 32, "queue_weight": 4, "cache_threshold": 0.2, "tier_weights": [1, 0.75, 0.25]}`, true)
+	if code != 200 {
+		t.Fatalf("PUT /v1/policy on the leader: %d %v", code, out)
+	}
+	version := jsonUint(out["version"])
+	waitPolicy(t, p, version)
 	eventually("the follower has the leader's policy", 5*time.Second, func() bool {
 		_, got := follow.c.api("GET", "/v1/policy", "", true)
 		return jsonUint(got["version"]) == version && num(got["overlap_weight"]) == 32

@@ -523,9 +523,22 @@ func TestNoControlPlaneCallOnTheRequestPath(t *testing.T) {
 // api calls the operator API's JSON side.
 func (c *cluster) api(method, path, body string, token bool) (int, map[string]any) {
 	c.t.Helper()
-	req, _ := http.NewRequest(method, "http://"+c.cp.APIAddr()+path, strings.NewReader(body))
+	h := map[string]string{}
 	if token {
+		h["Authorization"] = "Bearer secret"
+	}
+	return c.apiWith(method, path, body, h)
+}
+
+// apiWith is api with the headers h (the token among them, if any).
+func (c *cluster) apiWith(method, path, body string, h map[string]string) (int, map[string]any) {
+	c.t.Helper()
+	req, _ := http.NewRequest(method, "http://"+c.cp.APIAddr()+path, strings.NewReader(body))
+	if _, ok := h["Authorization"]; !ok && method != "GET" && len(h) > 0 {
 		req.Header.Set("Authorization", "Bearer secret")
+	}
+	for k, v := range h {
+		req.Header.Set(k, v)
 	}
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := http.DefaultClient.Do(req)

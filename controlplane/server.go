@@ -76,6 +76,12 @@ type Options struct {
 	// APICertFile and APIKeyFile (PEM), when set, make the operator API (and /metrics, the
 	// console) HTTPS; they are read again when they change.
 	APICertFile, APIKeyFile string
+	// APIAdvertise is the address (host:port) other replicas reach this one's operator API
+	// at: a follower forwards the changes it gets to the leader's (default: the listener's
+	// address, unless it listens on every interface). APIPeerCAFile verifies the leader's
+	// certificate when forwarding over HTTPS, for the name APIPeerServerName (default: the
+	// address's host).
+	APIAdvertise, APIPeerCAFile, APIPeerServerName string
 	// ScrapeInterval is how often each worker's metrics are read (default 100 ms).
 	ScrapeInterval time.Duration
 	// KernelWaiting, when set, adds requests seen waiting in front of each worker from the
@@ -349,6 +355,14 @@ func (s *Server) Start(ctx context.Context) error {
 			return fmt.Errorf("control plane: listening for the operator API on %s: %w", s.opts.APIListen, err)
 		}
 	}
+	fwd, err := s.newForwarder()
+	if err != nil {
+		s.xdsLis.Close()
+		if s.apiLis != nil {
+			s.apiLis.Close()
+		}
+		return err
+	}
 	runCtx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
 	if ks, ok := s.store.(*registry.KubeStore); ok && s.opts.Leader != nil {
@@ -369,6 +383,12 @@ func (s *Server) Start(ctx context.Context) error {
 		if s.opts.Leader != nil {
 			s.wg.Add(1)
 			go func() { defer s.wg.Done(); s.shareArmsLoop(runCtx, ks) }()
+			if addr, err := s.advertisedAPI(); err != nil {
+				s.log.Error("operator API address not shared: followers answer changes with 503 instead of forwarding them here", "err", err)
+			} else if addr != "" {
+				s.wg.Add(1)
+				go func() { defer s.wg.Done(); s.shareAPILoop(runCtx, ks, addr) }()
+			}
 		}
 	}
 	s.wg.Add(5)
@@ -404,7 +424,7 @@ func (s *Server) Start(ctx context.Context) error {
 		// Every request is read within rt (head and body: a client that trickles one holds a
 		// connection no longer), answered within twice that (the event stream extends its
 		// own deadline at each event), and an idle keep-alive connection is closed after 2 min.
-		s.api = &http.Server{Handler: s.apiHandler(), Protocols: api.Protocols(), ReadHeaderTimeout: min(10*time.Second, rt),
+		s.api = &http.Server{Handler: s.apiHandler(fwd), Protocols: api.Protocols(), ReadHeaderTimeout: min(10*time.Second, rt),
 			ReadTimeout: rt, WriteTimeout: 2 * rt, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10}
 		s.wg.Add(1)
 		if s.apiCert != nil {
@@ -724,7 +744,7 @@ func routingResource(p registry.Policy) *xdsv1.RoutingPolicy {
 
 // apiHandler serves the operator API, JSON over HTTP and gRPC on one port, and /metrics.
 // Reads are open when the API listens on loopback; mutations need the bearer token.
-func (s *Server) apiHandler() http.Handler {
+func (s *Server) apiHandler(fwd *forwarder) http.Handler {
 	rejected := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvrelay_controlplane_api_rejected_total", Help: "Operator API requests refused, by reason (host: a Host header that is not this loopback API's; unauthenticated; no_token; not_leader: a change sent to a replica that follows).",
 	}, []string{"reason"})
@@ -732,6 +752,12 @@ func (s *Server) apiHandler() http.Handler {
 		rejected.WithLabelValues(r)
 	}
 	s.metrics.MustRegister(rejected)
+	if fwd != nil {
+		fwd.count = prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvrelay_controlplane_api_forwarded_total", Help: "Operator API changes this follower forwarded to the leader.",
+		})
+		s.metrics.MustRegister(fwd.count)
+	}
 	reject := func(reason string, r *http.Request) {
 		rejected.WithLabelValues(reason).Inc()
 		s.log.Debug("operator API request refused", "reason", reason, "method", r.Method, "path", r.URL.Path, "host", r.Host, "remote", r.RemoteAddr)
@@ -764,7 +790,7 @@ func (s *Server) apiHandler() http.Handler {
 	mux.Handle("/ui/", ui.Handler("/ui/"))
 	mux.Handle("/ui", http.RedirectHandler("/ui/", http.StatusMovedPermanently))
 	mux.Handle("/", api.Handler(operator{s}, opts))
-	var h http.Handler = api.Mux(s.apiGRPC, mux)
+	var h http.Handler = api.Mux(s.apiGRPC, fwd.wrap(mux))
 	if loopback {
 		h = loopbackpkg.HostOnly(h, "this operator API", func(r *http.Request) { reject("host", r) })
 	}

@@ -398,7 +398,9 @@ var templateCases = []struct {
 				"--xds-kube-auth=llm/"+proxyName, "--xds-kube-audience=kvrelay-xds", "--api-listen=0.0.0.0:18080",
 				"--k8s-namespace=llm", "--k8s-selector=app=vllm", "--k8s-worker=engine=vllm,kv-events=tcp://*:5557")
 			noArgs(t, c, "--xds-insecure")
-			for env, field := range map[string]string{"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"} {
+			// A follower forwards changes to the leader at the address it shares.
+			wantArgs(t, c, "--api-advertise=$(POD_IP):18080", "--api-peer-ca=/etc/kvrelay/xds-tls/ca.crt", "--api-peer-server-name="+cpName+".llm.svc")
+			for env, field := range map[string]string{"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace", "POD_IP": "status.podIP"} {
 				if got := envField(c, env); got != field {
 					t.Errorf("control plane env %s from %q, want the downward API's %s", env, got, field)
 				}

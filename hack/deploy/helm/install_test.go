@@ -293,6 +293,8 @@ func runInstalled(t *testing.T, env *kubetest.Env, cs *kubernetes.Clientset, kub
 		"--xds-key":        tlsFiles["tls.key"],
 		"--api-cert":       tlsFiles["tls.crt"],
 		"--api-key":        tlsFiles["tls.key"],
+		"--api-advertise":  apiAddr,
+		"--api-peer-ca":    tlsFiles["ca.crt"],
 	})
 	// The operator API is HTTPS with the same certificate: a client that trusts the chart's
 	// CA, for the Service's name.
@@ -472,6 +474,8 @@ func podEnv(t *testing.T, c *corev1.Container, pod string) []string {
 			v = pod
 		case src.FieldRef != nil && src.FieldRef.FieldPath == "metadata.namespace":
 			v = namespace
+		case src.FieldRef != nil && src.FieldRef.FieldPath == "status.podIP":
+			v = "127.0.0.1"
 		case src.ResourceFieldRef != nil && src.ResourceFieldRef.Resource == "requests.cpu":
 			// The kubelet rounds the request up to whole units of the divisor, 1 CPU.
 			v = strconv.FormatInt(c.Resources.Requests.Cpu().Value(), 10)

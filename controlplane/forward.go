@@ -1,0 +1,202 @@
+package controlplane
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvrelay/kvrelay/controlplane/registry"
+)
+
+// A follower does not make changes; an operator calling the Service that fronts every
+// replica reaches one at random. So each replica shares the address its operator API is
+// reached at (Options.APIAdvertise) beside its proxies' arms, and a follower forwards a
+// change (an HTTP PUT, POST or DELETE) to the leader's address, the caller's token with it;
+// the leader checks and answers it. A forwarded request carries forwardedHeader and is never
+// forwarded again: a replica that is not the leader either (the lead moved meanwhile) answers
+// 503 naming the leader, as without forwarding. gRPC calls are not forwarded (they get
+// Unavailable, the status gRPC clients retry).
+const (
+	shareAPI        = "api"
+	forwardedHeader = "X-Kvrelay-Forwarded-By"
+	// apiShareEvery is how often a replica writes its address again (a deleted ConfigMap
+	// comes back); leaderAddrTTL how long a follower keeps the leader's address it read.
+	apiShareEvery = time.Minute
+	leaderAddrTTL = 5 * time.Second
+)
+
+// apiShare is one replica's share of its operator API's address.
+type apiShare struct {
+	Addr string `json:"addr"`
+	TLS  bool   `json:"tls"`
+}
+
+// forwarder sends a follower's changes to the leader.
+type forwarder struct {
+	s     *Server
+	ks    *registry.KubeStore
+	proxy *httputil.ReverseProxy
+	count prometheus.Counter // changes forwarded
+
+	mu     sync.Mutex
+	leader string // the replica whose address addr is
+	addr   *url.URL
+	at     time.Time
+}
+
+// newForwarder returns the follower side of forwarding, or nil when this control plane has no
+// replicas to forward to (no elector or no shared store).
+func (s *Server) newForwarder() (*forwarder, error) {
+	ks, ok := s.store.(*registry.KubeStore)
+	if !ok || s.opts.Leader == nil {
+		return nil, nil
+	}
+	f := &forwarder{s: s, ks: ks}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	if s.opts.APIPeerCAFile != "" {
+		pem, err := os.ReadFile(s.opts.APIPeerCAFile)
+		if err != nil {
+			return nil, fmt.Errorf("control plane: reading --api-peer-ca: %w", err)
+		}
+		roots := x509.NewCertPool()
+		if !roots.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("control plane: --api-peer-ca %s holds no PEM certificate", s.opts.APIPeerCAFile)
+		}
+		tr.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: roots, ServerName: s.opts.APIPeerServerName}
+	}
+	f.proxy = &httputil.ReverseProxy{
+		Transport: tr,
+		Rewrite: func(r *httputil.ProxyRequest) {
+			target := r.In.Context().Value(forwardTarget{}).(*url.URL)
+			r.SetURL(target)
+			r.Out.Host = target.Host
+			r.Out.Header.Set(forwardedHeader, s.opts.Leader.Identity())
+		},
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			f.forget()
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusBadGateway)
+			b, _ := json.Marshal(fmt.Sprintf("control plane replica %s could not forward the change to the leader: %v", s.opts.Leader.Identity(), err))
+			fmt.Fprintf(w, "{\"error\":{\"code\":\"unavailable\",\"message\":%s}}\n", b)
+		},
+	}
+	return f, nil
+}
+
+type forwardTarget struct{}
+
+// wrap forwards the changes a follower gets to the leader and serves the rest with h.
+func (f *forwarder) wrap(h http.Handler) http.Handler {
+	if f == nil {
+		return h
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet || r.Method == http.MethodHead || r.Method == http.MethodOptions ||
+			strings.HasPrefix(r.Header.Get("Content-Type"), "application/grpc") || r.Header.Get(forwardedHeader) != "" ||
+			f.s.Acting() {
+			h.ServeHTTP(w, r)
+			return
+		}
+		target, err := f.leaderAddr(r.Context())
+		if err != nil || target == nil {
+			if err != nil {
+				f.s.log.Debug("change not forwarded to the leader", "err", err)
+			}
+			h.ServeHTTP(w, r) // 503 naming the leader, from the API's own check
+			return
+		}
+		f.count.Inc()
+		f.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), forwardTarget{}, target)))
+	})
+}
+
+// leaderAddr is the leader's operator API as it shared it; nil when no leader is known or
+// it shared none.
+func (f *forwarder) leaderAddr(ctx context.Context) (*url.URL, error) {
+	leader := f.s.opts.Leader.Leader()
+	if leader == "" || leader == f.s.opts.Leader.Identity() {
+		return nil, nil
+	}
+	f.mu.Lock()
+	if f.leader == leader && time.Since(f.at) < leaderAddrTTL {
+		defer f.mu.Unlock()
+		return f.addr, nil
+	}
+	f.mu.Unlock()
+	shares, err := f.ks.Shares(ctx, shareAPI)
+	if err != nil {
+		return nil, err
+	}
+	var sh apiShare
+	b, ok := shares[leader]
+	if !ok {
+		return nil, fmt.Errorf("the leader %s shared no operator API address", leader)
+	}
+	if err := json.Unmarshal(b, &sh); err != nil || sh.Addr == "" {
+		return nil, fmt.Errorf("the leader %s's operator API address %q: %v", leader, b, err)
+	}
+	scheme := "http"
+	if sh.TLS {
+		scheme = "https"
+	}
+	u := &url.URL{Scheme: scheme, Host: sh.Addr}
+	f.mu.Lock()
+	f.leader, f.addr, f.at = leader, u, time.Now()
+	f.mu.Unlock()
+	return u, nil
+}
+
+// forget drops the leader's address read last (forwarding to it failed).
+func (f *forwarder) forget() {
+	f.mu.Lock()
+	f.leader, f.addr = "", nil
+	f.mu.Unlock()
+}
+
+// shareAPILoop writes this replica's operator API address until ctx ends.
+func (s *Server) shareAPILoop(ctx context.Context, ks *registry.KubeStore, addr string) {
+	b, _ := json.Marshal(apiShare{Addr: addr, TLS: s.apiCert != nil})
+	var warned time.Time
+	for {
+		if err := ks.PutShare(shareAPI, s.opts.Leader.Identity(), b); err != nil && time.Since(warned) >= time.Minute {
+			warned = time.Now()
+			s.log.Warn("this replica's operator API address not shared: followers answer changes with 503 instead of forwarding them here", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(apiShareEvery):
+		}
+	}
+}
+
+// advertisedAPI is the address other replicas reach this one's operator API at:
+// Options.APIAdvertise, else the listener's when it is bound to one address (not 0.0.0.0).
+func (s *Server) advertisedAPI() (string, error) {
+	if s.opts.APIAdvertise != "" {
+		if _, _, err := net.SplitHostPort(s.opts.APIAdvertise); err != nil {
+			return "", fmt.Errorf("control plane: --api-advertise %q: %w", s.opts.APIAdvertise, err)
+		}
+		return s.opts.APIAdvertise, nil
+	}
+	if s.apiLis == nil {
+		return "", nil
+	}
+	a, ok := s.apiLis.Addr().(*net.TCPAddr)
+	if !ok || a.IP.IsUnspecified() {
+		return "", nil
+	}
+	return a.String(), nil
+}
