@@ -179,7 +179,7 @@ func decode(t testing.TB, manifest string) objects {
 }
 
 // clusterScoped are the kinds the chart renders without a namespace.
-var clusterScoped = map[string]bool{"ClusterRoleBinding": true}
+var clusterScoped = map[string]bool{"ClusterRoleBinding": true, "ValidatingAdmissionPolicy": true, "ValidatingAdmissionPolicyBinding": true}
 
 // get decodes the object kind ns/name into v strictly (a field the API type lacks, a
 // misspelt probe say, fails the test), reporting whether it was rendered.

@@ -7,6 +7,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -30,6 +31,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
@@ -243,6 +245,44 @@ func checkPlannerRBAC(t *testing.T, admin, sa *kubernetes.Clientset, allowed boo
 	}
 	check("get deployment", errOnly(deployments.Get(ctx, "vllm", metav1.GetOptions{})))
 	check("list pods", errOnly(sa.CoreV1().Pods(engines).List(ctx, metav1.ListOptions{})))
+	if !allowed {
+		return
+	}
+	// Of a pod, the planner may set the deletion cost and nothing else (the chart's
+	// ValidatingAdmissionPolicy): not its image, not its labels, no other annotation.
+	if _, err := admin.CoreV1().Pods(engines).Create(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "vllm-0", Labels: podLabels, Annotations: map[string]string{"team": "llm"}},
+		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "vllm", Image: "vllm:test"}}},
+	}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatalf("create engine pod: %v", err)
+	}
+	pods := sa.CoreV1().Pods(engines)
+	patch := func(p string) error {
+		_, err := pods.Patch(ctx, "vllm-0", types.MergePatchType, []byte(p), metav1.PatchOptions{})
+		return err
+	}
+	image := `{"spec":{"containers":[{"name":"vllm","image":"attacker/vllm:evil"}]}}`
+	// The policy takes effect once the API server's informer has it.
+	eventually(t, 20*time.Second, func() error {
+		if err := patch(image); err == nil {
+			_ = patch(`{"spec":{"containers":[{"name":"vllm","image":"vllm:test"}]}}`)
+			return errors.New("the control plane changed an engine pod's image")
+		}
+		return nil
+	})
+	if err := patch(`{"metadata":{"annotations":{"controller.kubernetes.io/pod-deletion-cost":"-100"}}}`); err != nil {
+		t.Errorf("setting a pod's deletion cost: %v", err)
+	}
+	for what, p := range map[string]string{
+		"a pod's labels":       `{"metadata":{"labels":{"app":"other"}}}`,
+		"another annotation":   `{"metadata":{"annotations":{"team":"attacker"}}}`,
+		"a removed annotation": `{"metadata":{"annotations":{"team":null}}}`,
+		"a container's image":  image,
+	} {
+		if err := patch(p); err == nil || !(apierrors.IsInvalid(err) || apierrors.IsForbidden(err)) {
+			t.Errorf("changing %s as the control plane: %v, want refused", what, err)
+		}
+	}
 }
 
 // errOnly drops a typed call's object.
