@@ -214,9 +214,9 @@ func TestAPITokenIsReadAgain(t *testing.T) {
 		} else if err := os.WriteFile(file, []byte(content), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		s.tokenMu.Lock()
-		s.tokenRead = time.Time{} // as if tokenReread had passed
-		s.tokenMu.Unlock()
+		s.apiTok.mu.Lock()
+		s.apiTok.read = time.Time{} // as if tokenReread had passed
+		s.apiTok.mu.Unlock()
 		return s.apiToken()
 	}
 	if got := reread("second\n"); got != "second" {

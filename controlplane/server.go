@@ -76,6 +76,9 @@ type Options struct {
 	// APICertFile and APIKeyFile (PEM), when set, make the operator API (and /metrics, the
 	// console) HTTPS; they are read again when they change.
 	APICertFile, APIKeyFile string
+	// MetricsTokenFile holds a read-only token for /metrics (read again as APITokenFile is):
+	// beyond loopback /metrics answers it or the API token, nothing else.
+	MetricsTokenFile string
 	// APIAdvertise is the address (host:port) other replicas reach this one's operator API
 	// at: a follower forwards the changes it gets to the leader's (default: the listener's
 	// address, unless it listens on every interface). APIPeerCAFile verifies the leader's
@@ -176,10 +179,8 @@ type K8sSource struct {
 type Server struct {
 	opts Options
 	log  *slog.Logger
-	// token is the operator API's token as last read from Options.APITokenFile, at tokenRead.
-	tokenMu   sync.Mutex
-	token     string
-	tokenRead time.Time
+	// apiTok and metricsTok read Options.APITokenFile and MetricsTokenFile again.
+	apiTok, metricsTok tokenFile
 	store     registry.Backend
 	// stateCh receives when a shared Store's resources changed (coalesced).
 	stateCh chan struct{}
@@ -286,6 +287,8 @@ func New(opts Options) (*Server, error) {
 		}
 	}
 	s := &Server{opts: opts, log: opts.Logger, store: store, reg: reg, metrics: prometheus.NewRegistry(), xdsAuth: xdsAuth, stateCh: make(chan struct{}, 1)}
+	s.apiTok = tokenFile{what: "API token", file: opts.APITokenFile, initial: opts.APIToken, log: opts.Logger}
+	s.metricsTok = tokenFile{what: "metrics token", file: opts.MetricsTokenFile, log: opts.Logger}
 	s.index = kvindex.New()
 	s.journal = journal.NewLog(opts.JournalRing)
 	s.ready = make(chan struct{})
@@ -781,7 +784,11 @@ func (s *Server) apiHandler(fwd *forwarder) http.Handler {
 	s.apiGRPC = grpc.NewServer()
 	api.Register(s.apiGRPC, operator{s}, opts)
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(s.metrics, promhttp.HandlerOpts{}))
+	var metricsToken func() string
+	if s.opts.MetricsTokenFile != "" {
+		metricsToken = s.metricsTok.get
+	}
+	mux.Handle("/metrics", opts.Metrics(promhttp.HandlerFor(s.metrics, promhttp.HandlerOpts{}), metricsToken))
 	mux.HandleFunc("GET /readyz", s.readyz)
 	mux.Handle("/v1/planner/", s.plannerRoute(opts))
 	s.consoleRoutes(mux, opts)
@@ -880,31 +887,45 @@ func kvTiers(w registry.Worker) *xdsv1.KVTiers {
 // DefaultAPIReadTimeout is Options.APIReadTimeout's default.
 const DefaultAPIReadTimeout = 30 * time.Second
 
-// tokenReread is how often the control plane reads its API token file again.
+// tokenReread is how often the control plane reads a token file again.
 const tokenReread = 5 * time.Second
 
-// apiToken is the operator API's token from Options.APITokenFile, read again when the last
-// read is tokenReread old.
-func (s *Server) apiToken() string {
-	s.tokenMu.Lock()
-	defer s.tokenMu.Unlock()
-	if now := time.Now(); now.Sub(s.tokenRead) >= tokenReread {
-		s.tokenRead = now
-		b, err := os.ReadFile(s.opts.APITokenFile)
+// tokenFile is a token read from a file again when the last read is tokenReread old, so that
+// a rotated token (a Kubernetes Secret updated in place) takes effect without a restart; a
+// read that fails or finds the file empty keeps the token in force, and says so in the log.
+type tokenFile struct {
+	what, file, initial string
+	log                 *slog.Logger
+
+	mu    sync.Mutex
+	token string
+	read  time.Time
+}
+
+// get is the token in force.
+func (f *tokenFile) get() string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if now := time.Now(); now.Sub(f.read) >= tokenReread {
+		f.read = now
+		b, err := os.ReadFile(f.file)
 		switch t := strings.TrimSpace(string(b)); {
 		case err != nil:
-			s.log.Warn("API token file not read again; the token in force stays", "file", s.opts.APITokenFile, "err", err)
+			f.log.Warn(f.what+" file not read again; the token in force stays", "file", f.file, "err", err)
 		case t == "":
-			s.log.Warn("API token file is empty; the token in force stays", "file", s.opts.APITokenFile)
-		case t != s.token:
-			if s.token != "" {
-				s.log.Info("API token changed", "file", s.opts.APITokenFile)
+			f.log.Warn(f.what+" file is empty; the token in force stays", "file", f.file)
+		case t != f.token:
+			if f.token != "" {
+				f.log.Info(f.what+" changed", "file", f.file)
 			}
-			s.token = t
+			f.token = t
 		}
-		if s.token == "" {
-			s.token = s.opts.APIToken
+		if f.token == "" {
+			f.token = f.initial
 		}
 	}
-	return s.token
+	return f.token
 }
+
+// apiToken is the operator API's token from Options.APITokenFile.
+func (s *Server) apiToken() string { return s.apiTok.get() }

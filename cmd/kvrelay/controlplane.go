@@ -139,6 +139,7 @@ worker claims are dropped and counted (kvrelay_controlplane_ingest_unclaimed_tot
 	fs.StringVar(&opts.APIListen, "api-listen", "127.0.0.1:18080", "operator API (JSON over HTTP and gRPC) and /metrics")
 	fs.StringVar(&opts.APICertFile, "api-cert", "", "certificate (PEM, with --api-key): the operator API, /metrics and the console serve HTTPS; read again when it changes")
 	fs.StringVar(&opts.APIKeyFile, "api-key", "", "key (PEM) of --api-cert")
+	fs.StringVar(&opts.MetricsTokenFile, "metrics-token-file", "", "file holding a read-only bearer token for /metrics (read again every 5 s): beyond loopback /metrics answers it or the API token, nothing else")
 	fs.StringVar(&opts.APIAdvertise, "api-advertise", "", "address (host:port) the other replicas reach this one's operator API at: a follower forwards the changes it gets to the leader's (--leader-elect with --store kubernetes; default: --api-listen's address unless it is every interface)")
 	fs.StringVar(&opts.APIPeerCAFile, "api-peer-ca", "", "CA (PEM) that verifies the leader's operator API certificate when a follower forwards a change over HTTPS")
 	fs.StringVar(&opts.APIPeerServerName, "api-peer-server-name", "", "name the leader's operator API certificate must carry when a follower forwards a change (default: the leader's advertised host)")

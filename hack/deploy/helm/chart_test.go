@@ -46,6 +46,7 @@ const (
 	proxyAdmin    = "r1-kvrelay-proxy-admin"
 	tokenSecret   = "r1-kvrelay-api-token"
 	xdsSecret     = "r1-kvrelay-xds-tls"
+	metricsSecret = "r1-kvrelay-metrics-token"
 	tokenReview   = "r1-kvrelay-controlplane-tokenreview"
 )
 
@@ -418,6 +419,15 @@ var templateCases = []struct {
 			if m := mountOf(t, &cp, c, argValue(c, "--api-token-file")); m.Secret == nil || m.Secret.SecretName != tokenSecret {
 				t.Errorf("--api-token-file is on volume %+v, want Secret %s", m.VolumeSource, tokenSecret)
 			}
+			// /metrics beyond loopback wants a token: a read-only one of its own.
+			if m := mountOf(t, &cp, c, argValue(c, "--metrics-token-file")); m.Secret == nil || m.Secret.SecretName != metricsSecret {
+				t.Errorf("--metrics-token-file is on volume %+v, want Secret %s", m.VolumeSource, metricsSecret)
+			}
+			var ms corev1.Secret
+			o.must(t, "Secret", namespace, metricsSecret, &ms)
+			if tok := ms.Data["token"]; len(tok) != 32 {
+				t.Errorf("generated metrics token %q, want 32 characters", tok)
+			}
 			if a := cp.Spec.Template.Spec.Affinity; a == nil || a.PodAntiAffinity == nil ||
 				len(a.PodAntiAffinity.PreferredDuringSchedulingIgnoredDuringExecution) != 1 ||
 				a.PodAntiAffinity.PreferredDuringSchedulingIgnoredDuringExecution[0].PodAffinityTerm.TopologyKey != corev1.LabelHostname ||
@@ -575,7 +585,11 @@ serviceMonitor:
 						Selector  metav1.LabelSelector `json:"selector"`
 						Endpoints []struct {
 							Port, Path, Interval, Scheme string
-							TLSConfig                    *struct {
+							Authorization                *struct {
+								Type        string
+								Credentials struct{ Name, Key string }
+							}
+							TLSConfig *struct {
 								ServerName string `json:"serverName"`
 								CA         struct {
 									Secret struct{ Name, Key string } `json:"secret"`
@@ -598,6 +612,10 @@ serviceMonitor:
 					t.Errorf("ServiceMonitor %s endpoint %+v, want https verified by %s's ca.crt", name, e, xdsSecret)
 				} else if name != cpName && (e.Scheme != "" || e.TLSConfig != nil) {
 					t.Errorf("ServiceMonitor %s endpoint %+v, want plain HTTP", name, e)
+				}
+				if e := sm.Spec.Endpoints[0]; name == cpName && (e.Authorization == nil || e.Authorization.Type != "Bearer" ||
+					e.Authorization.Credentials.Name != metricsSecret || e.Authorization.Credentials.Key != "token") {
+					t.Errorf("ServiceMonitor %s authorization %+v, want the Bearer token of Secret %s", name, e.Authorization, metricsSecret)
 				}
 				// It must find a Service with that port: the one Prometheus scrapes.
 				sel, err := metav1.LabelSelectorAsSelector(&sm.Spec.Selector)

@@ -132,6 +132,7 @@ func checkInstalled(t *testing.T, cs *kubernetes.Clientset) {
 		{"NetworkPolicy", namespace, proxyName, dropObj(cs.NetworkingV1().NetworkPolicies(namespace).Get)},
 		{"Secret", namespace, tokenSecret, dropObj(cs.CoreV1().Secrets(namespace).Get)},
 		{"Secret", namespace, xdsSecret, dropObj(cs.CoreV1().Secrets(namespace).Get)},
+		{"Secret", namespace, metricsSecret, dropObj(cs.CoreV1().Secrets(namespace).Get)},
 		{"ServiceAccount", namespace, proxyName, dropObj(cs.CoreV1().ServiceAccounts(namespace).Get)},
 		{"ClusterRoleBinding", "", tokenReview, dropObj(cs.RbacV1().ClusterRoleBindings().Get)},
 	}
@@ -326,15 +327,16 @@ func runInstalled(t *testing.T, env *kubetest.Env, cs *kubernetes.Clientset, kub
 		}
 	}
 	cpArgs := localArgs(t, c.Args, cpEnv, map[string]string{
-		"--api-token-file": tokenFile,
-		"--api-listen":     apiAddr,
-		"--xds-listen":     xdsAddr,
-		"--xds-cert":       tlsFiles["tls.crt"],
-		"--xds-key":        tlsFiles["tls.key"],
-		"--api-cert":       tlsFiles["tls.crt"],
-		"--api-key":        tlsFiles["tls.key"],
-		"--api-advertise":  apiAddr,
-		"--api-peer-ca":    tlsFiles["ca.crt"],
+		"--api-token-file":     tokenFile,
+		"--api-listen":         apiAddr,
+		"--xds-listen":         xdsAddr,
+		"--xds-cert":           tlsFiles["tls.crt"],
+		"--xds-key":            tlsFiles["tls.key"],
+		"--api-cert":           tlsFiles["tls.crt"],
+		"--api-key":            tlsFiles["tls.key"],
+		"--api-advertise":      apiAddr,
+		"--api-peer-ca":        tlsFiles["ca.crt"],
+		"--metrics-token-file": tokenFile,
 	})
 	// The operator API is HTTPS with the same certificate: a client that trusts the chart's
 	// CA, for the Service's name.
