@@ -181,7 +181,7 @@ type Server struct {
 	log  *slog.Logger
 	// apiTok and metricsTok read Options.APITokenFile and MetricsTokenFile again.
 	apiTok, metricsTok tokenFile
-	store     registry.Backend
+	store              registry.Backend
 	// stateCh receives when a shared Store's resources changed (coalesced).
 	stateCh chan struct{}
 	// acting is set while this replica leads and has taken over: read the shared state
