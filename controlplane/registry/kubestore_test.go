@@ -266,6 +266,30 @@ func TestKubeStoreReplicas(t *testing.T) {
 		t.Fatalf("after a refused edit the policy is %+v", got)
 	}
 
+	// The schema is typed: a misspelt field is refused under kubectl's strict field
+	// validation, a number written as text whatever the validation; the spec stays.
+	u, err = policies.Get(t.Context(), "kvrelay", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for what, set := range map[string]func(pol map[string]any){
+		"a misspelt field": func(pol map[string]any) { pol["cache_treshold"] = 0.3 },
+		"text for a number": func(pol map[string]any) { pol["temperature"] = "hot" },
+		"a misspelt profile field": func(pol map[string]any) {
+			pol["profile"] = map[string]any{"picker": map[string]any{"name": "latency", "weigth": 1.0}}
+		},
+	} {
+		bad := u.DeepCopy()
+		pol, _, _ := unstructured.NestedMap(bad.Object, "spec", "policy")
+		set(pol)
+		if err := unstructured.SetNestedMap(bad.Object, pol, "spec", "policy"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := policies.Update(t.Context(), bad, metav1.UpdateOptions{FieldValidation: "Strict"}); err == nil {
+			t.Errorf("the API server took %s in spec.policy", what)
+		}
+	}
+
 	// Removing the worker through the leader's API removes it on the follower; its drain
 	// setting goes with it (no other source has the id).
 	if err := leader.reg.Remove("vllm-0"); err != nil {
