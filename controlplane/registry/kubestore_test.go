@@ -273,7 +273,7 @@ func TestKubeStoreReplicas(t *testing.T) {
 		t.Fatal(err)
 	}
 	for what, set := range map[string]func(pol map[string]any){
-		"a misspelt field": func(pol map[string]any) { pol["cache_treshold"] = 0.3 },
+		"a misspelt field":  func(pol map[string]any) { pol["cache_treshold"] = 0.3 },
 		"text for a number": func(pol map[string]any) { pol["temperature"] = "hot" },
 		"a misspelt profile field": func(pol map[string]any) {
 			pol["profile"] = map[string]any{"picker": map[string]any{"name": "latency", "weigth": 1.0}}
