@@ -341,6 +341,11 @@ func (f *storeFlags) build(opts *controlplane.Options, kubeconfig, defaultNS str
 	if err != nil {
 		return fmt.Errorf("--store kubernetes: %w", err)
 	}
+	// In a pod (the chart gives POD_NAME and POD_UID), what this replica shares with the
+	// others goes when the pod does.
+	if pod, uid := os.Getenv("POD_NAME"), os.Getenv("POD_UID"); pod != "" && uid != "" {
+		st.SetShareOwner(pod, uid)
+	}
 	opts.Store = st
 	return nil
 }

@@ -22,6 +22,15 @@ func (s *KubeStore) shareName(what, replica string) string {
 	return s.workerName(what + "-" + replica)
 }
 
+// SetShareOwner makes the pod named pod (its UID uid) the owner of this replica's shares,
+// so that Kubernetes' garbage collector deletes them with the pod instead of leaving one
+// ConfigMap behind per replica that ever ran. Call it before the first PutShare.
+func (s *KubeStore) SetShareOwner(pod, uid string) {
+	s.mu.Lock()
+	s.shareOwner = []any{map[string]any{"apiVersion": "v1", "kind": "Pod", "name": pod, "uid": uid}}
+	s.mu.Unlock()
+}
+
 // PutShare stores this replica's share of what (data, a JSON document) in a ConfigMap of
 // this control plane, <name>-<what>-<replica>, labelled with StoreLabel and ShareLabel, for
 // the leader to read (Shares). Unlike the other resources it is not watched: the leader
@@ -29,16 +38,23 @@ func (s *KubeStore) shareName(what, replica string) string {
 func (s *KubeStore) PutShare(what, replica string, data []byte) error {
 	name := s.shareName(what, replica)
 	c := s.dyn.Resource(configMaps).Namespace(s.namespace)
+	s.mu.Lock()
+	owner := s.shareOwner
+	s.mu.Unlock()
 	return write(func(ctx context.Context) error {
 		cur, err := c.Get(ctx, name, metav1.GetOptions{})
 		switch {
 		case apierrors.IsNotFound(err):
+			meta := map[string]any{"name": name, "namespace": s.namespace,
+				"labels":      map[string]any{StoreLabel: s.name, ShareLabel: what},
+				"annotations": map[string]any{"kvrelay.io/replica": replica}}
+			if owner != nil {
+				meta["ownerReferences"] = owner
+			}
 			obj := &unstructured.Unstructured{Object: map[string]any{
 				"apiVersion": "v1", "kind": "ConfigMap",
-				"metadata": map[string]any{"name": name, "namespace": s.namespace,
-					"labels":      map[string]any{StoreLabel: s.name, ShareLabel: what},
-					"annotations": map[string]any{"kvrelay.io/replica": replica}},
-				"data": map[string]any{what + ".json": string(data)},
+				"metadata": meta,
+				"data":     map[string]any{what + ".json": string(data)},
 			}}
 			_, err = c.Create(ctx, obj, metav1.CreateOptions{})
 			return err
@@ -46,6 +62,10 @@ func (s *KubeStore) PutShare(what, replica string, data []byte) error {
 			return err
 		}
 		cur.Object["data"] = map[string]any{what + ".json": string(data)}
+		if owner != nil {
+			// A pod of the same name restarted (a StatefulSet's) is another owner.
+			_ = unstructured.SetNestedSlice(cur.Object, owner, "metadata", "ownerReferences")
+		}
 		_, err = c.Update(ctx, cur, metav1.UpdateOptions{})
 		return err
 	})

@@ -108,10 +108,12 @@ type KubeStore struct {
 	// cache: its own writes and Refresh's reads, until the watch has caught up with them.
 	newer map[schema.GroupVersionResource]*kubeOverlay
 
-	mu       sync.Mutex // serialises writes
-	fence    func(context.Context) (int64, error)
-	onChange func()
-	cbMu     sync.Mutex
+	mu    sync.Mutex // serialises writes
+	fence func(context.Context) (int64, error)
+	// shareOwner is the ownerReferences of this replica's shares (SetShareOwner), nil: none.
+	shareOwner []any
+	onChange   func()
+	cbMu       sync.Mutex
 
 	// The informers' watch errors: when the current streak of them began, the latest and
 	// its time (WatchFailing).

@@ -80,6 +80,29 @@ func TestKubeStore(t *testing.T) {
 			t.Fatalf("Workers() = %d workers, %v; want %d", len(ws), err, len(ids))
 		}
 	})
+	t.Run("shares", func(t *testing.T) {
+		// A replica's share is listed by replica and owned by its pod, so that it goes when
+		// the pod does.
+		s := openKube(t, dyn, "shares")
+		defer s.Close()
+		s.SetShareOwner("cp-0", "0b6c4bb5-6a10-4d9a-9e3e-5d0b1c2a3f40")
+		for _, v := range []string{`{"v":1}`, `{"v":2}`} {
+			if err := s.PutShare("arms", "cp-0", []byte(v)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		got, err := s.Shares(t.Context(), "arms")
+		if err != nil || string(got["cp-0"]) != `{"v":2}` || len(got) != 1 {
+			t.Fatalf("Shares = %q, %v; want cp-0's latest", got, err)
+		}
+		cms, err := dyn.Resource(configMaps).Namespace("kvrelay").List(t.Context(), metav1.ListOptions{LabelSelector: ShareLabel + "=arms," + StoreLabel + "=shares"})
+		if err != nil || len(cms.Items) != 1 {
+			t.Fatalf("share ConfigMaps: %v, %v", cms, err)
+		}
+		if refs := cms.Items[0].GetOwnerReferences(); len(refs) != 1 || refs[0].Kind != "Pod" || refs[0].Name != "cp-0" || string(refs[0].UID) != "0b6c4bb5-6a10-4d9a-9e3e-5d0b1c2a3f40" {
+			t.Fatalf("share owned by %+v, want pod cp-0", refs)
+		}
+	})
 	t.Run("fenced", func(t *testing.T) {
 		// Two replicas of one control plane: old led term 3, new leads term 4. What new wrote
 		// old cannot overwrite, whatever its own Lease check said; a refused fence writes

@@ -401,7 +401,7 @@ var templateCases = []struct {
 			noArgs(t, c, "--xds-insecure")
 			// A follower forwards changes to the leader at the address it shares.
 			wantArgs(t, c, "--api-advertise=$(POD_IP):18080", "--api-peer-ca=/etc/kvrelay/xds-tls/ca.crt", "--api-peer-server-name="+cpName+".llm.svc")
-			for env, field := range map[string]string{"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace", "POD_IP": "status.podIP"} {
+			for env, field := range map[string]string{"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace", "POD_IP": "status.podIP", "POD_UID": "metadata.uid"} {
 				if got := envField(c, env); got != field {
 					t.Errorf("control plane env %s from %q, want the downward API's %s", env, got, field)
 				}

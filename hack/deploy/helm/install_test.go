@@ -518,6 +518,8 @@ func podEnv(t *testing.T, c *corev1.Container, pod string) []string {
 			v = namespace
 		case src.FieldRef != nil && src.FieldRef.FieldPath == "status.podIP":
 			v = "127.0.0.1"
+		case src.FieldRef != nil && src.FieldRef.FieldPath == "metadata.uid":
+			v = "6d4cf56d-b6x7-4k2p-9000-000000000001"
 		case src.ResourceFieldRef != nil && src.ResourceFieldRef.Resource == "requests.cpu":
 			// The kubelet rounds the request up to whole units of the divisor, 1 CPU.
 			v = strconv.FormatInt(c.Resources.Requests.Cpu().Value(), 10)
