@@ -12,7 +12,7 @@ import (
 
 // Each replica hears the load reports, and with them the rollout figures (arms), of the
 // proxies connected to it; the leader judges rollouts on every proxy's. So in Kubernetes each
-// replica shares its proxies' arms in a ConfigMap (registry.KubeStore.PutShare), every
+// replica shares its proxies' arms in a KvrelayShare (registry.KubeStore.PutShare), every
 // RolloutInterval while a rollout runs and every armShareIdle otherwise (so that a rollout
 // starts from every proxy's figures), and a replica adds what the others shared within
 // armShareMaxAge to its own proxies'.

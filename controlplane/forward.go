@@ -31,7 +31,7 @@ import (
 const (
 	shareAPI        = "api"
 	forwardedHeader = "X-Kvrelay-Forwarded-By"
-	// apiShareEvery is how often a replica writes its address again (a deleted ConfigMap
+	// apiShareEvery is how often a replica writes its address again (a deleted share
 	// comes back); leaderAddrTTL how long a follower keeps the leader's address it read.
 	apiShareEvery = time.Minute
 	leaderAddrTTL = 5 * time.Second

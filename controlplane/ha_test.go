@@ -185,7 +185,7 @@ func TestLeaderHandoverSharesState(t *testing.T) {
 
 // TestReplicasShareArms: a proxy that follows the follower reports its rollout figures
 // there; the leader judges the rollout with them (the follower shares its proxies' arms in a
-// ConfigMap), and the follower shows the same step figures.
+// KvrelayShare), and the follower shows the same step figures.
 func TestReplicasShareArms(t *testing.T) {
 	lead, follow := haPair(t, 3*time.Second)
 	p := follow.c.addProxy(follow.c.cp.XDSAddr())

@@ -95,9 +95,9 @@ func TestKubeStore(t *testing.T) {
 		if err != nil || string(got["cp-0"]) != `{"v":2}` || len(got) != 1 {
 			t.Fatalf("Shares = %q, %v; want cp-0's latest", got, err)
 		}
-		cms, err := dyn.Resource(configMaps).Namespace("kvrelay").List(t.Context(), metav1.ListOptions{LabelSelector: ShareLabel + "=arms," + StoreLabel + "=shares"})
+		cms, err := dyn.Resource(ShareResource).Namespace("kvrelay").List(t.Context(), metav1.ListOptions{LabelSelector: ShareLabel + "=arms," + StoreLabel + "=shares"})
 		if err != nil || len(cms.Items) != 1 {
-			t.Fatalf("share ConfigMaps: %v, %v", cms, err)
+			t.Fatalf("KvrelayShares: %v, %v", cms, err)
 		}
 		if refs := cms.Items[0].GetOwnerReferences(); len(refs) != 1 || refs[0].Kind != "Pod" || refs[0].Name != "cp-0" || string(refs[0].UID) != "0b6c4bb5-6a10-4d9a-9e3e-5d0b1c2a3f40" {
 			t.Fatalf("share owned by %+v, want pod cp-0", refs)

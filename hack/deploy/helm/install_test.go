@@ -194,6 +194,7 @@ func checkRBAC(t *testing.T, admin, sa *kubernetes.Clientset) {
 
 	for what, err := range map[string]error{
 		"list secrets":                         errOnly(sa.CoreV1().Secrets(namespace).List(ctx, metav1.ListOptions{})),
+		"list configmaps":                      errOnly(sa.CoreV1().ConfigMaps(namespace).List(ctx, metav1.ListOptions{})),
 		"create a lease in the engines' space": errOnly(sa.CoordinationV1().Leases(engines).Create(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "x"}}, metav1.CreateOptions{})),
 		"list endpointslices of the release":   errOnly(sa.DiscoveryV1().EndpointSlices(namespace).List(ctx, metav1.ListOptions{})),
 		"delete the engines' deployment":       deployments.Delete(ctx, "vllm", metav1.DeleteOptions{}),
