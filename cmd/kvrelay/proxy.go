@@ -68,6 +68,7 @@ decisions with every candidate's prediction (/debug/decisions), each worker's la
 	fs.StringVar(&configPath, "config", "", "YAML file with the proxy's settings")
 	addEBPFFlags(fs, &ebpfF, ebpfCgroupDial)
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "client-facing address")
+	fs.StringVar(&cfg.APIKeysFile, "api-keys-file", "", apiKeysFileHelp)
 	fs.StringArrayVar(&upstreams, "upstream", nil, "an engine: URL or id=,url=,model=,capacity=,role=,engine=,max-num-seqs=,kv-bytes-per-token=,host-bandwidth=,disk-bandwidth=,shared-bandwidth=,peer-bandwidth= (repeat for each)")
 	addRoutingFlags(fs, &cfg)
 	fs.BoolVar(&cfg.ExposeWorkerHeader, "expose-worker-header", false, "add x-kvrelay-worker to responses (reveals topology)")
@@ -151,6 +152,7 @@ func proxyConfig(fs *pflag.FlagSet, flags proxy.Config, path string, upstreams [
 			}
 		}
 		override("listen", func() { file.Listen = flags.Listen })
+		override("api-keys-file", func() { file.APIKeysFile = flags.APIKeysFile })
 		override("xds", func() { file.XDS = flags.XDS })
 		override("node-id", func() { file.NodeID = flags.NodeID })
 		override("xds-ca", func() { file.XDSAuth.CAFile = flags.XDSAuth.CAFile })
@@ -396,3 +398,6 @@ func serveAdmin(ctx context.Context, addr string, h http.Handler) (string, error
 	go func() { <-ctx.Done(); _ = srv.Close() }()
 	return ln.Addr().String(), nil
 }
+
+// apiKeysFileHelp describes --api-keys-file, which kvrelay proxy and kvrelay up share.
+const apiKeysFileHelp = "API keys of the OpenAI API, one a line: \"<key> tenant=<name>[,weight=<w>][,rps=<n>][,prompt_tps=<n>][,output_tpm=<n>]\" (<key> may be sha256:<hex>), read again when it changes: a request without a listed key (Authorization: Bearer) gets 401, a tenant past a budget 429 with Retry-After (empty: no keys)"

@@ -66,6 +66,7 @@ func newUpCmd() *cobra.Command {
 		tokenFile       string
 		adminListen     string
 		exposeHeaders   bool
+		apiKeysFile     string
 		tokenPath       string // where the operator API token is (tokenFile, or one up wrote)
 		ebpfF           ebpfFlags
 		pf              upPlannerFlags
@@ -149,6 +150,7 @@ there, a max_tokens=1 leg to a prefill worker whose KV blocks the decode worker 
 				pc.Listen = proxyListen
 				pc.Policy = policy
 				pc.ExposeWorkerHeader = exposeHeaders
+				pc.APIKeysFile = apiKeysFile
 				pc.BlockSize = f.engine.BlockSize
 				pc.DisaggThreshold = disaggThreshold
 				pc.DrainTimeout = drainTimeout
@@ -277,6 +279,7 @@ there, a max_tokens=1 leg to a prefill worker whose KV blocks the decode worker 
 	fs.StringVar(&dataDir, "data-dir", "", "the control plane's data directory (default: a temporary one, removed on exit)")
 	fs.StringVar(&adminListen, "admin-listen", "127.0.0.1:0", "the proxy's admin address: /metrics, /debug/decisions, /debug/latency, pprof (default: a free loopback port, printed)")
 	fs.BoolVar(&exposeHeaders, "expose-worker-header", false, "add x-kvrelay-worker and x-kvrelay-route to the proxy's answers (reveals topology)")
+	fs.StringVar(&apiKeysFile, "api-keys-file", "", apiKeysFileHelp)
 	fs.StringVar(&tokenFile, "api-token-file", "", "file holding the bearer token that changes through the operator API need (default: up generates one into the data directory's api-token and prints where)")
 	fs.BoolVar(&static, "static", false, "no control plane: the proxy routes alone over static upstreams")
 	fs.DurationVar(&drainTimeout, "drain-timeout", proxy.DefaultConfig().DrainTimeout, "on SIGINT or SIGTERM, how long the proxy lets requests in flight finish before everything stops (a second signal stops at once)")

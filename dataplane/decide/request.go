@@ -562,6 +562,10 @@ func (r *Request) Core() *Core { return r.c }
 // Kind is the request's route (0: none, a request its carrier answers itself).
 func (r *Request) Kind() oai.Kind { return r.kind }
 
+// PromptTokens is the prompt's length in tokens, as the request was prepared (counted, or
+// estimated from its text).
+func (r *Request) PromptTokens() int { return r.rreq.PromptTokens }
+
 // Model is the request's model as its metrics label it ("" before Validate).
 func (r *Request) Model() string { return r.model }
 

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"github.com/panjf2000/gnet/v2"
@@ -17,6 +18,7 @@ import (
 	"github.com/kvrelay/kvrelay/dataplane/http1"
 	"github.com/kvrelay/kvrelay/dataplane/oai"
 	"github.com/kvrelay/kvrelay/dataplane/route"
+	"github.com/kvrelay/kvrelay/dataplane/tenant"
 )
 
 // Client connection states.
@@ -71,6 +73,11 @@ type clientConn struct {
 	keepAlive bool
 	proto10   bool
 	fwd       []byte // forwarded header lines
+	// auth is the request's Authorization value, when the proxy checks API keys; tenant the
+	// tenant its key names, and resv what the request took of the tenant's budgets.
+	auth   []byte
+	tenant *tenant.Tenant
+	resv   tenant.Reservation
 	// headScanned is how much of a head still arriving was searched for its end.
 	headScanned int
 	noMigrate   bool // x-kvrelay-migrate: off
@@ -286,7 +293,13 @@ func (cc *clientConn) captureHead() {
 	cc.path = append(cc.path[:0], r.Path...)
 	cc.keepAlive = r.KeepAlive
 	cc.proto10 = r.ProtoMinor == 0
-	cc.fwd = http1.AppendForwardHeaders(cc.fwd[:0], r.Header.All(), http1.DefaultForwardHeaders)
+	if cc.srv.keys != nil {
+		// The client's key is the proxy's to check, not the engines' to see.
+		cc.auth = append(cc.auth[:0], r.Authorization...)
+		cc.fwd = http1.AppendForwardHeaders(cc.fwd[:0], r.Header.All(), forwardWithoutKey)
+	} else {
+		cc.fwd = http1.AppendForwardHeaders(cc.fwd[:0], r.Header.All(), http1.DefaultForwardHeaders)
+	}
 	cc.in.SetHints(r.SessionID, r.Priority, r.OSL, r.SLOTTFT, r.SLOTPOT)
 	cc.noMigrate = bytes.EqualFold(bytes.TrimSpace(r.Migrate), []byte("off"))
 }
@@ -388,6 +401,15 @@ func (cc *clientConn) handle() {
 		cc.errorReplyHeader(503, "the proxy is shutting down", "", "", retryAfterHeader(1))
 		return
 	}
+	cc.tenant, cc.resv = nil, tenant.Reservation{}
+	if s.keys != nil {
+		if cc.tenant = s.keys.Lookup(cc.auth); cc.tenant == nil {
+			s.metrics.tenantRefused.WithLabelValues("", "invalid_api_key").Inc()
+			cc.errorReplyHeader(401, "Incorrect API key provided. Send the key as Authorization: Bearer <key>.", "", "invalid_api_key",
+				"WWW-Authenticate: Bearer realm=\"kvrelay\"\r\n")
+			return
+		}
+	}
 	cc.lp.seq++
 	cc.in.Start(kind, cc.lp.now, cc.lp.seq%decide.SampleEvery == 1)
 	if len(cc.body) >= decide.OffLoopBytes {
@@ -448,6 +470,14 @@ func (cc *clientConn) parsed(err error) {
 	cc.pd.decodeBody = nil
 	cc.spec.want, cc.spec.answer = false, cc.spec.answer[:0]
 	o := r.OpenAI()
+	if t := cc.tenant; t != nil && (r.Kind() == oai.ChatCompletions || r.Kind() == oai.Completions) {
+		// The tenant's cache_salt, in the block hashes routing uses and in the body every
+		// leg forwards. The new body is a copy: what the parse points into stays as it was.
+		salt := t.Salt(o.CacheSalt)
+		o.CacheSalt = salt
+		body := make([]byte, 0, len(cc.body)+len(salt)+16)
+		cc.body = oai.AppendWithRawField(body, cc.body, "cache_salt", append(append([]byte{'"'}, salt...), '"'))
+	}
 	cc.spec.want = o.Hints.SpeculativePrefill && r.Kind() == oai.ChatCompletions
 	err = r.Prepare()
 	if err == nil && r.Kind() == oai.Responses && len(o.PreviousResponseID) > 0 {
@@ -515,6 +545,8 @@ func (cc *clientConn) route(retry bool) {
 	r := &cc.in
 	if retry {
 		cc.pd.decodeBody = nil // a failed decode leg: the next decode worker prefills itself
+	} else if t := cc.tenant; t != nil && cc.resv == (tenant.Reservation{}) && !cc.admit(t) {
+		return
 	}
 	switch err := r.Decide(cc.lp.now, retry); {
 	case err == nil:
@@ -529,6 +561,54 @@ func (cc *clientConn) route(retry bool) {
 		cc.refuse(err)
 	}
 }
+
+// admit takes the request from its tenant's budgets (its prompt tokens, its output limit
+// when it states one), or answers 429 with Retry-After and the budgets' headers. It reports
+// whether the request goes on.
+func (cc *clientConn) admit(t *tenant.Tenant) bool {
+	r := &cc.in
+	maxOut := 0
+	if o := r.OpenAI(); o.HasMaxTokens {
+		maxOut = o.MaxTokens
+	}
+	now := time.Unix(0, cc.lp.now)
+	resv, ex := t.Admit(now, r.PromptTokens(), maxOut)
+	if ex != nil {
+		cc.srv.metrics.tenantRefused.WithLabelValues(cc.srv.tenantLabel(t), ex.Limit).Inc()
+		secs := max(int((ex.RetryAfter+time.Second-1)/time.Second), 1)
+		extra := t.Status(now).AppendHeaders([]byte(retryAfterHeader(secs)))
+		cc.errorReplyHeader(429, "Rate limit reached for "+ex.Limit+" of tenant "+t.Name+": retry after "+ex.RetryAfter.Round(time.Millisecond).String()+".", "", "rate_limit_exceeded", string(extra))
+		return false
+	}
+	cc.resv = resv
+	cc.srv.metrics.tenantRequests.WithLabelValues(cc.srv.tenantLabel(t)).Inc()
+	return true
+}
+
+// settle gives back to the request's tenant what its answer did not use of its reservation.
+func (cc *clientConn) settle() {
+	if cc.tenant == nil {
+		return
+	}
+	out := 0
+	if res := cc.in.Result(); res != nil && res.Usage.Has {
+		out = int(res.Usage.CompletionTokens)
+	}
+	cc.resv.Settle(out)
+	cc.tenant, cc.resv = nil, tenant.Reservation{}
+}
+
+// forwardWithoutKey are the request fields passed to engines when the proxy checks API keys:
+// the defaults but the client's Authorization.
+var forwardWithoutKey = func() []string {
+	var out []string
+	for _, h := range http1.DefaultForwardHeaders {
+		if h != "authorization" {
+			out = append(out, h)
+		}
+	}
+	return out
+}()
 
 // routeFailed answers a request the core could not place: it waits in the admission
 // queue when every eligible worker is busy; otherwise it gets 502 after failed attempts
@@ -684,6 +764,7 @@ func (cc *clientConn) tick(now int64, cfg *Config) {
 
 // done ends a request: the connection takes the next pipelined request, or closes.
 func (cc *clientConn) done() {
+	cc.settle()
 	if cc.state == stClosing {
 		return
 	}

@@ -308,6 +308,10 @@ func (ex *exchange) head(out []byte, r *http1.Response) []byte {
 	if cc.srv.cfg.ExposeDecisionHeader && cc.in.Decision().HasPrediction {
 		out = appendDecisionHeader(out, &cc.in)
 	}
+	if t := cc.tenant; t != nil {
+		// The tenant's budgets as OpenAI reports them.
+		out = t.Status(time.Unix(0, cc.lp.now)).AppendHeaders(out)
+	}
 	return http1.AppendEndHead(out)
 }
 

@@ -5,6 +5,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/kvrelay/kvrelay/dataplane/tenant"
 )
 
 // metrics are the proxy's own Prometheus metrics, all named kvrelay_proxy_*: what carrying
@@ -26,6 +28,13 @@ type metrics struct {
 	prefillInflight prometheus.Gauge
 	prefillFailures prometheus.Counter
 	speculative     *prometheus.CounterVec // outcome: sent, failed, skipped
+	// tenantRequests counts the requests each tenant had admitted, tenantRefused those
+	// refused, by tenant (empty: no valid key) and reason (invalid_api_key or the budget).
+	tenantRequests *prometheus.CounterVec
+	tenantRefused  *prometheus.CounterVec
+	// tenants are the tenant labels given so far (at most maxTenantLabels; the rest share
+	// "other"), guarded by mu.
+	tenants map[string]bool
 
 	mu        sync.Mutex // guards upstreams
 	upstreams map[string]*upstreamMetrics
@@ -37,6 +46,13 @@ func newMetrics() *metrics {
 	latency := []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300}
 	m := &metrics{
 		reg: reg,
+		tenantRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvrelay_proxy_tenant_requests_total", Help: "Requests admitted, by tenant (--api-keys-file; at most 100 tenants by name, the rest as other).",
+		}, []string{"tenant"}),
+		tenantRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvrelay_proxy_tenant_refused_total", Help: "Requests refused, by tenant (empty: no valid API key) and reason (invalid_api_key, or the budget spent: requests, prompt_tokens, output_tokens).",
+		}, []string{"tenant", "reason"}),
+		tenants: map[string]bool{},
 		upstreamErrs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvrelay_proxy_upstream_errors_total", Help: "Failures talking to engines, by worker and kind.",
 		}, []string{"worker", "kind"}),
@@ -72,6 +88,7 @@ func newMetrics() *metrics {
 		}, []string{"outcome"}),
 		upstreams: map[string]*upstreamMetrics{},
 	}
+	reg.MustRegister(m.tenantRequests, m.tenantRefused)
 	reg.MustRegister(m.upstreamErrs, m.retries, m.poisoned, m.migrations, m.aborted, m.draining, m.offLoop,
 		m.prefillSeconds, m.prefillInflight, m.prefillFailures, m.speculative)
 	for _, o := range []string{"continued", "completed", "failed"} {
@@ -107,3 +124,22 @@ func (m *metrics) forUpstream(id string) *upstreamMetrics {
 // on it (the eBPF probes' metrics, for one) to have them served beside the proxy's own. Safe
 // for concurrent use; collectors registered after Start appear from the next scrape on.
 func (s *Server) Registerer() prometheus.Registerer { return s.metrics.reg }
+
+// maxTenantLabels bounds the tenant label's values: a keys file of many tenants does not grow
+// the metrics without bound.
+const maxTenantLabels = 100
+
+// tenantLabel is t's label value: its name, or "other" past maxTenantLabels names.
+func (s *Server) tenantLabel(t *tenant.Tenant) string {
+	m := s.metrics
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.tenants[t.Name] {
+		return t.Name
+	}
+	if len(m.tenants) < maxTenantLabels {
+		m.tenants[t.Name] = true
+		return t.Name
+	}
+	return "other"
+}

@@ -24,6 +24,7 @@ import (
 	"github.com/kvrelay/kvrelay/dataplane/http1"
 	"github.com/kvrelay/kvrelay/dataplane/latency"
 	"github.com/kvrelay/kvrelay/dataplane/route"
+	"github.com/kvrelay/kvrelay/dataplane/tenant"
 	"github.com/kvrelay/kvrelay/engines"
 	"github.com/kvrelay/kvrelay/xds"
 )
@@ -51,7 +52,9 @@ type Server struct {
 	// admission, tally, decision record and rollout arm. The proxy carries them.
 	core   *decide.Core
 	models atomic.Pointer[[]byte] // the /v1/models body
-	xds    *xdsState              // nil without a control plane
+	// keys are the tenants' API keys and budgets (Config.APIKeysFile), nil without.
+	keys *tenant.Keys
+	xds  *xdsState // nil without a control plane
 	// tokenizeSlots bounds the large prompts tokenized off the event loops at once (and the
 	// memory their ids take): half the CPUs, at least one.
 	tokenizeSlots chan struct{}
@@ -92,6 +95,13 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 		loops:     map[gnet.EventLoop]*loop{},
 	}
 	s.core = decide.NewCore(cfg.decideConfig(), s.metrics.reg, log)
+	if cfg.APIKeysFile != "" {
+		k, err := tenant.NewKeys(cfg.APIKeysFile, log)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		}
+		s.keys = k
+	}
 	s.models.Store(new([]byte))
 	s.tokenizeSlots = make(chan struct{}, max(1, runtime.GOMAXPROCS(0)/2))
 	s.pdClient = newPDClient(cfg.ConnectTimeout)
@@ -161,8 +171,32 @@ func (s *Server) Start(ctx context.Context) error {
 	s.stopTick = make(chan struct{})
 	s.tickWG.Add(1)
 	go s.ticker()
+	s.watchKeys()
 	return nil
 }
+
+// watchKeys reads the API keys file again while the proxy runs, when it changed.
+func (s *Server) watchKeys() {
+	if s.keys == nil {
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	stop := s.stopTick
+	s.tickWG.Add(1)
+	go func() {
+		defer s.tickWG.Done()
+		<-stop
+		cancel()
+	}()
+	s.tickWG.Add(1)
+	go func() {
+		defer s.tickWG.Done()
+		s.keys.Watch(ctx, keysReread)
+	}()
+}
+
+// keysReread is how often the API keys file is looked at for a change.
+const keysReread = time.Second
 
 // eventLoops returns how many gnet event loops to run for the configured number (0: one
 // per P but one), and makes sure a single loop has a second P.

@@ -1,0 +1,382 @@
+// Package tenant knows who sends a request and what it may still send: API keys (from a
+// file, hashed at rest) mapping to tenants, and each tenant's budgets of requests per second,
+// prompt tokens per second and generated tokens per minute, reserved when a request is
+// admitted and settled from its answer's usage.
+//
+// A keys file has one key a line, `#` comments and blank lines aside:
+//
+//	<key> tenant=<name>[,weight=<w>][,rps=<n>][,prompt_tps=<n>][,output_tpm=<n>]
+//
+// where <key> is the key itself or `sha256:<hex>`, its SHA-256. A limit left out (or 0) is no
+// limit; weight (default 1) is the tenant's share when tenants contend. Several keys may name
+// one tenant; they share its budgets.
+package tenant
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Limits are a tenant's budgets; 0 is no limit.
+type Limits struct {
+	// Weight is the tenant's share when tenants contend (default 1).
+	Weight float64
+	// RPS is requests per second; PromptTPS prompt tokens per second; OutputTPM generated
+	// tokens per minute.
+	RPS, PromptTPS, OutputTPM float64
+}
+
+// Tenant is one tenant: its name, limits and the buckets its keys share. Safe for concurrent
+// use.
+type Tenant struct {
+	Name   string
+	Limits Limits
+
+	mu                       sync.Mutex
+	requests, prompt, output bucket
+}
+
+// bucket is a token bucket that may go into debt: a request is admitted once the level holds
+// its cost, or for a cost larger than the bucket once the bucket is full (one prompt larger
+// than a second's budget still goes, alone, and leaves the bucket in debt); the level refills
+// at rate up to burst.
+type bucket struct {
+	rate, burst float64 // per second; 0 rate: no limit
+	level       float64
+	at          time.Time
+}
+
+func newBucket(rate, window float64) bucket {
+	if rate <= 0 {
+		return bucket{}
+	}
+	b := max(rate*window, 1)
+	return bucket{rate: rate, burst: b, level: b}
+}
+
+func (b *bucket) refill(now time.Time) {
+	if b.rate <= 0 {
+		return
+	}
+	if !b.at.IsZero() {
+		if d := now.Sub(b.at).Seconds(); d > 0 {
+			b.level = min(b.burst, b.level+d*b.rate)
+		}
+	}
+	b.at = now
+}
+
+// wait is how long until the level holds cost (at most the bucket's size); 0: it does.
+func (b *bucket) wait(cost float64) time.Duration {
+	need := min(cost, b.burst)
+	if b.rate <= 0 || b.level >= need {
+		return 0
+	}
+	return time.Duration(((need-b.level)/b.rate)*float64(time.Second)) + time.Millisecond
+}
+
+// reset is how long until the bucket is full again.
+func (b *bucket) reset() time.Duration {
+	if b.rate <= 0 {
+		return 0
+	}
+	return time.Duration(math.Max(b.burst-b.level, 0) / b.rate * float64(time.Second))
+}
+
+// Windows of the buckets: a second's worth of requests and prompt tokens, a minute's of
+// generated tokens.
+const (
+	secondWindow = 1
+	minuteWindow = 60
+)
+
+func newTenant(name string, l Limits) *Tenant {
+	if l.Weight <= 0 {
+		l.Weight = 1
+	}
+	return &Tenant{Name: name, Limits: l,
+		requests: newBucket(l.RPS, secondWindow),
+		prompt:   newBucket(l.PromptTPS, secondWindow),
+		output:   newBucket(l.OutputTPM/60, minuteWindow)}
+}
+
+// Exceeded says which budget refused a request and when to try again.
+type Exceeded struct {
+	// Limit is "requests", "prompt_tokens" or "output_tokens".
+	Limit      string
+	RetryAfter time.Duration
+}
+
+func (e *Exceeded) Error() string {
+	return fmt.Sprintf("rate limit reached for %s: retry in %s", e.Limit, e.RetryAfter.Round(time.Millisecond))
+}
+
+// Reservation is what an admitted request took from its tenant's budgets; Settle gives back
+// what its answer did not use.
+type Reservation struct {
+	t      *Tenant
+	output float64
+}
+
+// Admit takes a request of promptTokens and up to maxOutput generated tokens from t's budgets
+// at now, or refuses it (nothing taken) with the budget that is spent.
+func (t *Tenant) Admit(now time.Time, promptTokens, maxOutput int) (Reservation, *Exceeded) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.requests.refill(now)
+	t.prompt.refill(now)
+	t.output.refill(now)
+	out := float64(max(maxOutput, 0))
+	for _, c := range []struct {
+		b    *bucket
+		cost float64
+		name string
+	}{{&t.requests, 1, "requests"}, {&t.prompt, float64(max(promptTokens, 0)), "prompt_tokens"}, {&t.output, out, "output_tokens"}} {
+		if w := c.b.wait(c.cost); w > 0 {
+			return Reservation{}, &Exceeded{Limit: c.name, RetryAfter: w}
+		}
+	}
+	if t.requests.rate > 0 {
+		t.requests.level--
+	}
+	if t.prompt.rate > 0 {
+		t.prompt.level -= float64(max(promptTokens, 0))
+	}
+	if t.output.rate > 0 {
+		t.output.level -= out
+	}
+	return Reservation{t: t, output: out}, nil
+}
+
+// Settle returns to the tenant's output budget what the answer did not generate of what was
+// reserved. Safe to call on the zero Reservation.
+func (r Reservation) Settle(outputTokens int) {
+	if r.t == nil {
+		return
+	}
+	t := r.t
+	t.mu.Lock()
+	if t.output.rate > 0 {
+		t.output.level = min(t.output.burst, t.output.level+max(r.output-float64(max(outputTokens, 0)), 0))
+	}
+	t.mu.Unlock()
+}
+
+// Status is a tenant's budgets as OpenAI's x-ratelimit-* headers give them: the requests
+// budget and the prompt tokens budget, each with its limit (the bucket's size), what remains
+// and how long until it is whole again. HasRequests and HasTokens say whether each is limited.
+type Status struct {
+	HasRequests, HasTokens           bool
+	LimitRequests, RemainingRequests int64
+	LimitTokens, RemainingTokens     int64
+	ResetRequests, ResetTokens       time.Duration
+}
+
+// Status is t's budgets at now.
+func (t *Tenant) Status(now time.Time) Status {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.requests.refill(now)
+	t.prompt.refill(now)
+	return Status{
+		HasRequests: t.requests.rate > 0, LimitRequests: int64(t.requests.burst), RemainingRequests: int64(math.Max(t.requests.level, 0)), ResetRequests: t.requests.reset(),
+		HasTokens: t.prompt.rate > 0, LimitTokens: int64(t.prompt.burst), RemainingTokens: int64(math.Max(t.prompt.level, 0)), ResetTokens: t.prompt.reset(),
+	}
+}
+
+// AppendHeaders appends st as OpenAI's x-ratelimit-* header lines (CRLF-terminated) to b.
+func (st Status) AppendHeaders(b []byte) []byte {
+	if st.HasRequests {
+		b = append(b, "x-ratelimit-limit-requests: "...)
+		b = strconv.AppendInt(b, st.LimitRequests, 10)
+		b = append(b, "\r\nx-ratelimit-remaining-requests: "...)
+		b = strconv.AppendInt(b, st.RemainingRequests, 10)
+		b = append(b, "\r\nx-ratelimit-reset-requests: "...)
+		b = append(b, resetString(st.ResetRequests)...)
+		b = append(b, "\r\n"...)
+	}
+	if st.HasTokens {
+		b = append(b, "x-ratelimit-limit-tokens: "...)
+		b = strconv.AppendInt(b, st.LimitTokens, 10)
+		b = append(b, "\r\nx-ratelimit-remaining-tokens: "...)
+		b = strconv.AppendInt(b, st.RemainingTokens, 10)
+		b = append(b, "\r\nx-ratelimit-reset-tokens: "...)
+		b = append(b, resetString(st.ResetTokens)...)
+		b = append(b, "\r\n"...)
+	}
+	return b
+}
+
+// resetString writes a reset time as OpenAI does: "1s", "6m0s", "20ms".
+func resetString(d time.Duration) string {
+	if d < time.Second {
+		return strconv.FormatInt(d.Milliseconds(), 10) + "ms"
+	}
+	return d.Round(time.Second).String()
+}
+
+// Salt is the cache_salt a request of t carries to the engine, whatever salt its client sent
+// (client, possibly empty): prefix caching is shared within a tenant and never across two, so
+// that no tenant can learn by timing whether another sent a prompt. A client's own salt is
+// kept inside its tenant's (two salts of one tenant stay apart), never across.
+func (t *Tenant) Salt(client []byte) []byte {
+	h := sha256.New()
+	h.Write([]byte("kvrelay tenant\x00"))
+	h.Write([]byte(t.Name))
+	h.Write([]byte{0})
+	h.Write(client)
+	var sum [sha256.Size]byte
+	return append([]byte("kvrelay-"), hex.EncodeToString(h.Sum(sum[:0])[:16])...)
+}
+
+// Table maps keys to tenants. Safe for concurrent reads.
+type Table struct {
+	keys    map[[sha256.Size]byte]*Tenant
+	tenants map[string]*Tenant
+}
+
+// Tenants are the table's tenants by name.
+func (t *Table) Tenants() map[string]*Tenant { return t.tenants }
+
+// Lookup returns the tenant of the bearer token in authorization (an Authorization header's
+// value), or nil.
+func (t *Table) Lookup(authorization []byte) *Tenant {
+	if t == nil {
+		return nil
+	}
+	scheme, tok, ok := bytes.Cut(bytes.TrimSpace(authorization), []byte(" "))
+	if !ok || !bytes.EqualFold(scheme, []byte("Bearer")) {
+		return nil
+	}
+	h := sha256.Sum256(bytes.TrimSpace(tok))
+	for k, ten := range t.keys {
+		// Each key compared in constant time: how many keys match no prefix does not leak.
+		if subtle.ConstantTimeCompare(k[:], h[:]) == 1 {
+			return ten
+		}
+	}
+	return nil
+}
+
+// MaxKeys bounds the keys of one file.
+const MaxKeys = 65536
+
+// ErrSyntax wraps what is wrong with a keys file.
+var ErrSyntax = errors.New("api keys file")
+
+// Parse reads a keys file. Tenants keep their budgets' state across a reload only through
+// Reload (Keys.reload carries them over by name).
+func Parse(data []byte) (*Table, error) {
+	t := &Table{keys: map[[sha256.Size]byte]*Tenant{}, tenants: map[string]*Tenant{}}
+	limits := map[string]Limits{}
+	type entry struct {
+		hash   [sha256.Size]byte
+		tenant string
+	}
+	var entries []entry
+	for n, line := range strings.Split(string(data), "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		fail := func(format string, args ...any) error {
+			return fmt.Errorf("%w: line %d: %s", ErrSyntax, n+1, fmt.Sprintf(format, args...))
+		}
+		key, rest, ok := strings.Cut(line, " ")
+		if !ok {
+			return nil, fail("want <key> tenant=<name>[,...]")
+		}
+		var h [sha256.Size]byte
+		if hexed, ok := strings.CutPrefix(key, "sha256:"); ok {
+			b, err := hex.DecodeString(hexed)
+			if err != nil || len(b) != sha256.Size {
+				return nil, fail("sha256: wants 64 hex digits")
+			}
+			copy(h[:], b)
+		} else {
+			h = sha256.Sum256([]byte(key))
+		}
+		var name string
+		var l Limits
+		for _, kv := range strings.Split(strings.TrimSpace(rest), ",") {
+			k, v, ok := strings.Cut(strings.TrimSpace(kv), "=")
+			if !ok || v == "" {
+				return nil, fail("%q: want name=value", kv)
+			}
+			if k == "tenant" {
+				if len(v) > 128 || strings.ContainsAny(v, " \t\"") {
+					return nil, fail("tenant %q: at most 128 characters, no spaces or quotes", v)
+				}
+				name = v
+				continue
+			}
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil || f < 0 || math.IsInf(f, 0) || math.IsNaN(f) {
+				return nil, fail("%s=%s: want a number ≥ 0", k, v)
+			}
+			switch k {
+			case "weight":
+				l.Weight = f
+			case "rps":
+				l.RPS = f
+			case "prompt_tps":
+				l.PromptTPS = f
+			case "output_tpm":
+				l.OutputTPM = f
+			default:
+				return nil, fail("unknown field %q (want tenant, weight, rps, prompt_tps, output_tpm)", k)
+			}
+		}
+		if name == "" {
+			return nil, fail("no tenant=")
+		}
+		if prev, ok := limits[name]; ok && prev != l && l != (Limits{}) {
+			return nil, fail("tenant %s has other limits on an earlier line", name)
+		} else if !ok || prev == (Limits{}) {
+			limits[name] = l
+		}
+		entries = append(entries, entry{h, name})
+		if len(entries) > MaxKeys {
+			return nil, fail("more than %d keys", MaxKeys)
+		}
+	}
+	for name, l := range limits {
+		t.tenants[name] = newTenant(name, l)
+	}
+	for _, e := range entries {
+		if prev, ok := t.keys[e.hash]; ok && prev.Name != e.tenant {
+			return nil, fmt.Errorf("%w: one key given to tenants %s and %s", ErrSyntax, prev.Name, e.tenant)
+		}
+		t.keys[e.hash] = t.tenants[e.tenant]
+	}
+	return t, nil
+}
+
+// carry keeps in next the budgets' state of the tenants of prev that next has with the same
+// limits, so that reloading a file does not refill anyone's budget.
+func carry(prev, next *Table) {
+	if prev == nil {
+		return
+	}
+	for name, nt := range next.tenants {
+		pt, ok := prev.tenants[name]
+		if !ok || pt.Limits != nt.Limits {
+			continue
+		}
+		for k, v := range next.keys {
+			if v == nt {
+				next.keys[k] = pt
+			}
+		}
+		next.tenants[name] = pt
+	}
+}

@@ -1,0 +1,195 @@
+package tenant
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParseAndLookup(t *testing.T) {
+	sum := sha256.Sum256([]byte("sk-hashed"))
+	tab, err := Parse([]byte(`# keys
+sk-alpha tenant=alpha,weight=2,rps=5,prompt_tps=1000,output_tpm=6000
+sk-alpha-2 tenant=alpha
+
+sha256:` + hex.EncodeToString(sum[:]) + ` tenant=beta
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := tab.Lookup([]byte("Bearer sk-alpha"))
+	if a == nil || a.Name != "alpha" || a.Limits != (Limits{Weight: 2, RPS: 5, PromptTPS: 1000, OutputTPM: 6000}) {
+		t.Fatalf("sk-alpha: %+v", a)
+	}
+	if tab.Lookup([]byte("bearer  sk-alpha-2 ")) != a {
+		t.Error("a second key of a tenant is another tenant")
+	}
+	if b := tab.Lookup([]byte("Bearer sk-hashed")); b == nil || b.Name != "beta" || b.Limits.Weight != 1 {
+		t.Errorf("a key given by its SHA-256: %+v", b)
+	}
+	for _, auth := range []string{"", "Bearer", "Bearer sk-nope", "Basic sk-alpha", "sk-alpha"} {
+		if got := tab.Lookup([]byte(auth)); got != nil {
+			t.Errorf("Authorization %q: tenant %s", auth, got.Name)
+		}
+	}
+	var none *Table
+	if none.Lookup([]byte("Bearer sk-alpha")) != nil {
+		t.Error("a nil table knows a key")
+	}
+}
+
+func TestParseRefuses(t *testing.T) {
+	for _, bad := range []string{
+		"sk-only-a-key",
+		"sk tenant=",
+		"sk rps=5",
+		"sk tenant=a,rps=-1",
+		"sk tenant=a,rps=many",
+		"sk tenant=a,burst=3",
+		"sha256:abcd tenant=a",
+		"sk tenant=a\nsk tenant=b",
+		"sk1 tenant=a,rps=1\nsk2 tenant=a,rps=2",
+		"sk tenant=a b",
+	} {
+		if _, err := Parse([]byte(bad)); !errors.Is(err, ErrSyntax) {
+			t.Errorf("%q: %v, want ErrSyntax", bad, err)
+		}
+	}
+}
+
+// TestBudgets: requests per second, prompt tokens per second and generated tokens per
+// minute are each reserved at admission; a request past one is refused with the wait until
+// it refills; an answer's unused output goes back.
+func TestBudgets(t *testing.T) {
+	tab, err := Parse([]byte("k tenant=a,rps=2,prompt_tps=100,output_tpm=600\nfree tenant=free"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := tab.Lookup([]byte("Bearer k"))
+	now := time.Unix(1000, 0)
+	r1, ex := a.Admit(now, 10, 100)
+	if ex != nil {
+		t.Fatal(ex)
+	}
+	if _, ex := a.Admit(now, 10, 100); ex != nil {
+		t.Fatal(ex)
+	}
+	_, ex = a.Admit(now, 10, 100)
+	if ex == nil || ex.Limit != "requests" || ex.RetryAfter <= 0 || ex.RetryAfter > 600*time.Millisecond {
+		t.Fatalf("a third request in a second at 2/s: %+v", ex)
+	}
+	// A second later: two requests more; a prompt of 200 tokens goes (the bucket was above
+	// zero) and leaves it in debt for 2 s.
+	now = now.Add(time.Second)
+	if _, ex := a.Admit(now, 200, 0); ex != nil {
+		t.Fatal(ex)
+	}
+	if _, ex := a.Admit(now, 1, 0); ex == nil || ex.Limit != "prompt_tokens" {
+		t.Fatalf("past the prompt budget: %+v", ex)
+	}
+	st := a.Status(now)
+	if !st.HasRequests || !st.HasTokens || st.LimitRequests != 2 || st.LimitTokens != 100 || st.RemainingTokens != 0 || st.ResetTokens < 2*time.Second {
+		t.Errorf("status %+v", st)
+	}
+	h := string(st.AppendHeaders(nil))
+	for _, want := range []string{"x-ratelimit-limit-requests: 2\r\n", "x-ratelimit-remaining-tokens: 0\r\n", "x-ratelimit-reset-tokens: "} {
+		if !strings.Contains(h, want) {
+			t.Errorf("headers %q lack %q", h, want)
+		}
+	}
+	// Output: 600 a minute, 200 reserved; the first answer used 20 of its 100.
+	r1.Settle(20)
+	a.mu.Lock()
+	level := a.output.level
+	a.mu.Unlock()
+	if want := 600.0 - 200 + 80 + 10; level < want-1 || level > want+1 {
+		t.Errorf("output budget %v after settling, want about %v", level, want)
+	}
+	Reservation{}.Settle(5) // no tenant: nothing
+	free := tab.Lookup([]byte("Bearer free"))
+	for range 1000 {
+		if _, ex := free.Admit(now, 1e6, 1e6); ex != nil {
+			t.Fatal("a tenant without limits was refused")
+		}
+	}
+	if st := free.Status(now); st.HasRequests || st.HasTokens || len(st.AppendHeaders(nil)) != 0 {
+		t.Errorf("a tenant without limits has headers: %+v", st)
+	}
+}
+
+// TestKeysReload: a changed file is read again, a tenant whose limits stay keeps its
+// budgets' state, and a file that turns malformed leaves the keys in force.
+func TestKeysReload(t *testing.T) {
+	f := filepath.Join(t.TempDir(), "keys")
+	if err := os.WriteFile(f, []byte("k1 tenant=a,rps=1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	k, err := NewKeys(f, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := k.Lookup([]byte("Bearer k1"))
+	now := time.Now()
+	if _, ex := a.Admit(now, 0, 0); ex != nil {
+		t.Fatal(ex)
+	}
+	write := func(s string) {
+		if err := os.WriteFile(f, []byte(s), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		fi, _ := os.Stat(f)
+		// A later modification time, as a real edit a moment later would have.
+		_ = os.Chtimes(f, fi.ModTime().Add(time.Second), fi.ModTime().Add(time.Second))
+	}
+	write("k1 tenant=a,rps=1\nk2 tenant=b\n")
+	if err := k.reload(); err != nil {
+		t.Fatal(err)
+	}
+	if k.Lookup([]byte("Bearer k2")) == nil {
+		t.Fatal("a key added to the file is not known")
+	}
+	if got := k.Lookup([]byte("Bearer k1")); got != a {
+		t.Fatal("a tenant with the same limits lost its budgets on reload")
+	}
+	if _, ex := a.Admit(now, 0, 0); ex == nil {
+		t.Error("the reload refilled a spent budget")
+	}
+	write("k1 tenant=a,rps=oops\n")
+	if err := k.reload(); !errors.Is(err, ErrSyntax) {
+		t.Fatalf("a malformed file: %v", err)
+	}
+	if k.Lookup([]byte("Bearer k2")) == nil {
+		t.Fatal("a malformed file dropped the keys in force")
+	}
+	if _, err := NewKeys(filepath.Join(t.TempDir(), "none"), nil); err == nil {
+		t.Error("a missing file: no error")
+	}
+}
+
+func FuzzParse(f *testing.F) {
+	f.Add([]byte("sk tenant=a,weight=2,rps=5,prompt_tps=1000,output_tpm=6000\n# c\n\nsha256:" + strings.Repeat("ab", 32) + " tenant=b"))
+	f.Add([]byte("sk tenant=a,rps=1e308"))
+	f.Add([]byte("x tenant=\"a\""))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		tab, err := Parse(data)
+		if err != nil {
+			if !errors.Is(err, ErrSyntax) {
+				t.Fatalf("error %v does not wrap ErrSyntax", err)
+			}
+			return
+		}
+		for name, ten := range tab.Tenants() {
+			if ten.Name != name || ten.Limits.Weight <= 0 {
+				t.Fatalf("tenant %q: %+v", name, ten)
+			}
+			if _, ex := ten.Admit(time.Unix(1, 0), 10, 10); ex != nil && ex.RetryAfter <= 0 {
+				t.Fatalf("refused with no wait: %+v", ex)
+			}
+		}
+	})
+}
