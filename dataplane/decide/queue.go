@@ -8,9 +8,13 @@ import (
 	"time"
 )
 
-// admissionQueue holds requests that found every eligible worker busy, most urgent first
-// (priority, then arrival). It is shared by all carriers; a request waiting in it is
-// resumed by its Waiter, on the carrier's own goroutine.
+// admissionQueue holds requests that found every eligible worker busy, most urgent first:
+// by priority, then, among flows (tenants, or an agent program's fairness id), the flow that
+// has been served the fewest tokens for its weight (a virtual token counter: each request let
+// go adds its prompt and expected output over its flow's weight), then arrival. So one flow's
+// burst waits behind every other flow's requests of its priority, not in front of them. It is
+// shared by all carriers; a request waiting in it is resumed by its Waiter, on the carrier's
+// own goroutine.
 type admissionQueue struct {
 	// n mirrors len(items) so that the common case, an empty queue, costs every finishing
 	// request one atomic load instead of a lock shared by all carriers.
@@ -24,7 +28,15 @@ type admissionQueue struct {
 	// average of the time between departures.
 	lastOut int64
 	gap     float64
+	// served is each flow's virtual service: the tokens its released requests carried, over
+	// its weight. A flow that had nothing queued starts again at the least any queued flow
+	// has (lift), so that idling builds it no credit.
+	served map[string]float64
 }
+
+// maxFlows bounds the flows the queue remembers the service of; past it, those with nothing
+// queued are forgotten.
+const maxFlows = 4096
 
 // retryAfter is the Retry-After, in seconds, of a request refused now: the time the queue
 // takes to drain as many requests as it holds plus one, at its recent rate (the last 30 s);
@@ -50,6 +62,12 @@ type QueueItem struct {
 	// slo: the request waits for a worker predicted to meet its latency targets, and its
 	// deadline is the TTFT target's.
 	slo bool
+	// flow is the request's fair-queuing flow ("" : the default one), weight its share and
+	// cost the tokens it carries (prompt and expected output).
+	flow         string
+	weight, cost float64
+	// released: the queue let it go (and counted its service) since it was last pushed.
+	released bool
 }
 
 // Waiter is a request's carrier while it waits in the admission queue: a client connection
@@ -66,26 +84,39 @@ type Waiter interface {
 }
 
 func newAdmissionQueue(max int, m *metrics) *admissionQueue {
-	return &admissionQueue{max: max, m: m}
+	return &admissionQueue{max: max, m: m, served: map[string]float64{}}
 }
 
 // push queues w's request at priority prio; false when the queue is full. *item is w's
 // place in line: nil for a request new to the queue (push sets it), kept for one queued again
 // (it keeps its place among equals). slo marks a request waiting for a worker that meets its
 // latency targets.
-func (q *admissionQueue) push(w Waiter, item **QueueItem, prio int, deadline int64, slo bool) bool {
+func (q *admissionQueue) push(w Waiter, item **QueueItem, prio int, deadline int64, slo bool, f flow) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if len(q.items) >= q.max {
 		return false
 	}
 	it := *item
-	if it == nil {
+	switch {
+	case it == nil:
 		q.seq++
 		it = &QueueItem{w: w, seq: q.seq}
 		*item = it
+		if !q.queued(f.name) {
+			// A flow back from idle starts at the least service of those waiting.
+			if lo, ok := q.leastServed(); ok {
+				q.served[f.name] = max(q.served[f.name], lo)
+			}
+		}
+	case it.released:
+		// Let go and back again (the capacity it was woken for went to another): the service
+		// counted for it was not given.
+		q.served[it.flow] = max(q.served[it.flow]-it.cost/it.weight, 0)
 	}
+	it.released = false
 	it.prio, it.deadline, it.slo = prio, deadline, slo
+	it.flow, it.weight, it.cost = f.name, max(f.weight, minWeight), max(f.cost, 1)
 	heap.Push(&q.items, it)
 	q.n.Store(int64(len(q.items)))
 	q.m.queueDepth.Set(float64(len(q.items)))
@@ -114,7 +145,16 @@ func (q *admissionQueue) release() {
 		q.mu.Unlock()
 		return
 	}
-	it := heap.Pop(&q.items).(*QueueItem)
+	it := heap.Remove(&q.items, q.next()).(*QueueItem)
+	q.served[it.flow] += it.cost / it.weight
+	it.released = true
+	if len(q.served) > maxFlows {
+		for f := range q.served {
+			if !q.queued(f) {
+				delete(q.served, f)
+			}
+		}
+	}
 	if now := nanotime(); q.lastOut > 0 {
 		d := float64(now - q.lastOut)
 		if q.gap == 0 {
@@ -130,6 +170,58 @@ func (q *admissionQueue) release() {
 	q.m.queueDepth.Set(float64(len(q.items)))
 	q.mu.Unlock()
 	it.w.Wake(it)
+}
+
+// flow is a request's fair-queuing flow, weight and cost (QueueItem).
+type flow struct {
+	name         string
+	weight, cost float64
+}
+
+// minWeight floors a flow's weight.
+const minWeight = 1e-3
+
+// next is the index of the request release lets go: the most urgent priority, then the flow
+// served least, then the earliest. The caller holds q.mu and the queue is not empty.
+func (q *admissionQueue) next() int {
+	best := 0
+	for i, it := range q.items[1:] {
+		b := q.items[best]
+		switch {
+		case it.prio != b.prio:
+			if it.prio > b.prio {
+				best = i + 1
+			}
+		case it.flow != b.flow && q.served[it.flow] != q.served[b.flow]:
+			if q.served[it.flow] < q.served[b.flow] {
+				best = i + 1
+			}
+		case it.seq < b.seq:
+			best = i + 1
+		}
+	}
+	return best
+}
+
+// queued reports whether a request of flow f waits. The caller holds q.mu.
+func (q *admissionQueue) queued(f string) bool {
+	for _, it := range q.items {
+		if it.flow == f {
+			return true
+		}
+	}
+	return false
+}
+
+// leastServed is the least service of the flows waiting. The caller holds q.mu.
+func (q *admissionQueue) leastServed() (float64, bool) {
+	lo, ok := 0.0, false
+	for _, it := range q.items {
+		if v := q.served[it.flow]; !ok || v < lo {
+			lo, ok = v, true
+		}
+	}
+	return lo, ok
 }
 
 // expire answers requests that waited past their deadline, and nudges the queue in case
@@ -180,7 +272,7 @@ func (r *Request) Enqueue(w Waiter, now int64, slo bool) error {
 	if slo {
 		deadline = min(deadline, r.arrived+int64(r.sloTTFT*1e6))
 	}
-	if !c.queue.push(w, &r.qitem, r.prio, deadline, slo) {
+	if !c.queue.push(w, &r.qitem, r.prio, deadline, slo, r.queueFlow()) {
 		if slo {
 			return r.sloUnmet(now)
 		}
@@ -190,6 +282,31 @@ func (r *Request) Enqueue(w Waiter, now int64, slo bool) error {
 	}
 	return nil
 }
+
+// SetFlow names the request's fair-queuing flow in the admission queue (its tenant, or an
+// agent program's fairness id within it) and its weight; the default flow, "", weighs 1.
+func (r *Request) SetFlow(name string, weight float64) { r.flow, r.flowWeight = name, weight }
+
+// queueFlow is the request's flow, weight and cost in the admission queue: its prompt and
+// expected output in tokens.
+func (r *Request) queueFlow() flow {
+	out := r.rreq.OSL
+	if o := &r.oreq; o.HasMaxTokens && o.MaxTokens > 0 {
+		out = o.MaxTokens
+	}
+	if out <= 0 {
+		out = defaultFlowOutput
+	}
+	w := r.flowWeight
+	if w <= 0 {
+		w = 1
+	}
+	return flow{name: r.flow, weight: w, cost: float64(r.rreq.PromptTokens + out)}
+}
+
+// defaultFlowOutput is the output assumed of a request that states none, for its cost in the
+// admission queue.
+const defaultFlowOutput = 256
 
 // Waiting reports whether it is the request's place in the queue: a Waiter's word about it
 // is news to the request.

@@ -86,6 +86,10 @@ type Request struct {
 	decideAt int64
 	queuedAt int64
 	qitem    *QueueItem
+	// flow and flowWeight are the request's fair-queuing flow in the admission queue
+	// (SetFlow).
+	flow       string
+	flowWeight float64
 
 	dec route.Decision
 	arm *armSeries // the policy version that routed this request
@@ -180,6 +184,7 @@ func (r *Request) Start(kind oai.Kind, now int64, timed bool) {
 	// A new request: the queue item of the carrier's last one (dequeued and served) is not
 	// its own, neither its deadline nor its place in line.
 	r.qitem = nil
+	r.flow, r.flowWeight = "", 0
 	r.pd = pdState{}
 	r.pending = nil
 	r.decideAt = r.clock()

@@ -72,6 +72,7 @@ type Request struct {
 	SLOTTFT       []byte // x-slo-ttft-ms
 	SLOTPOT       []byte // x-slo-tpot-ms
 	Migrate       []byte // x-kvrelay-migrate
+	FairnessID    []byte // x-llm-d-inference-fairness-id
 
 	// Header holds every header field line, in order.
 	Header HeaderList
@@ -82,7 +83,7 @@ func (r *Request) reset() {
 	r.ProtoMinor, r.Body, r.ContentLength = 0, BodyNone, 0
 	r.KeepAlive, r.Expect100 = false, false
 	r.ContentType, r.Authorization, r.RequestID, r.SessionID, r.Priority, r.OSL = nil, nil, nil, nil, nil, nil
-	r.SLOTTFT, r.SLOTPOT, r.Migrate = nil, nil, nil
+	r.SLOTTFT, r.SLOTPOT, r.Migrate, r.FairnessID = nil, nil, nil, nil
 	r.Header.n = 0
 }
 
@@ -467,6 +468,10 @@ func (r *Request) field(f *framing, name, value []byte) code {
 	case 14:
 		if equalFold(name, "content-length") {
 			return f.contentLength(value)
+		}
+	case 29:
+		if equalFold(name, "x-llm-d-inference-fairness-id") && r.FairnessID == nil {
+			r.FairnessID = value
 		}
 	case 17:
 		switch {

@@ -381,6 +381,7 @@ func TestFastLookups(t *testing.T) {
 		"X-Kvrelay-Osl: 512\r\n" +
 		"x-slo-ttft-ms: 250\r\n" +
 		"X-SLO-TPOT-MS: 30\r\n" +
+		"X-LLM-D-Inference-Fairness-Id: agent-7\r\n" +
 		"x-slo-ttft-ms: 999\r\n" +
 		"x-session-id: second\r\n" +
 		"X-Empty:\r\n" +
@@ -398,6 +399,7 @@ func TestFastLookups(t *testing.T) {
 		{string(r.OSL), "512"},
 		{string(r.SLOTTFT), "250"},
 		{string(r.SLOTPOT), "30"},
+		{string(r.FairnessID), "agent-7"},
 		{string(r.Host), "h"},
 		{string(r.Header.Get("X-SESSION-ID")), "sid"},
 		{string(r.Header.Get("content-type")), "application/json"},
@@ -412,8 +414,8 @@ func TestFastLookups(t *testing.T) {
 	if v := r.Header.Get("x-missing"); v != nil {
 		t.Errorf("missing field = %q, want nil", v)
 	}
-	if got := len(r.Header.All()); got != 12 {
-		t.Errorf("All() has %d fields, want 12", got)
+	if got := len(r.Header.All()); got != 13 {
+		t.Errorf("All() has %d fields, want 13", got)
 	}
 	// A new parse clears what the last one found.
 	if _, err := ParseRequest([]byte("GET / HTTP/1.0\r\n\r\n"), &r, Limits{}); err != nil {

@@ -77,7 +77,10 @@ type clientConn struct {
 	// tenant its key names, and resv what the request took of the tenant's budgets.
 	auth   []byte
 	tenant *tenant.Tenant
-	resv   tenant.Reservation
+	// fairness is the request's x-llm-d-inference-fairness-id: its flow in the admission
+	// queue (within its tenant's, with API keys).
+	fairness []byte
+	resv     tenant.Reservation
 	// headScanned is how much of a head still arriving was searched for its end.
 	headScanned int
 	noMigrate   bool // x-kvrelay-migrate: off
@@ -302,6 +305,7 @@ func (cc *clientConn) captureHead() {
 	}
 	cc.in.SetHints(r.SessionID, r.Priority, r.OSL, r.SLOTTFT, r.SLOTPOT)
 	cc.noMigrate = bytes.EqualFold(bytes.TrimSpace(r.Migrate), []byte("off"))
+	cc.fairness = append(cc.fairness[:0], bytes.TrimSpace(r.FairnessID)...)
 }
 
 // protoError answers a request that cannot be framed and closes the connection.
@@ -412,6 +416,7 @@ func (cc *clientConn) handle() {
 	}
 	cc.lp.seq++
 	cc.in.Start(kind, cc.lp.now, cc.lp.seq%decide.SampleEvery == 1)
+	cc.setFlow()
 	if len(cc.body) >= decide.OffLoopBytes {
 		cc.parseOffLoop()
 		return
@@ -559,6 +564,24 @@ func (cc *clientConn) route(retry bool) {
 		cc.routeFailed(err, retry)
 	default:
 		cc.refuse(err)
+	}
+}
+
+// setFlow gives the request its fair-queuing flow: its tenant's (weighed as the tenant) and,
+// within it, its agent program's fairness id; without API keys the fairness id alone.
+func (cc *clientConn) setFlow() {
+	const maxFairnessID = 128
+	fid := cc.fairness
+	if len(fid) > maxFairnessID {
+		fid = fid[:maxFairnessID]
+	}
+	switch t := cc.tenant; {
+	case t != nil && len(fid) > 0:
+		cc.in.SetFlow(t.Name+"/"+string(fid), t.Limits.Weight)
+	case t != nil:
+		cc.in.SetFlow(t.Name, t.Limits.Weight)
+	case len(fid) > 0:
+		cc.in.SetFlow(string(fid), 1)
 	}
 }
 

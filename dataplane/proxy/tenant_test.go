@@ -3,10 +3,12 @@ package proxy_test
 import (
 	"context"
 	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -17,6 +19,7 @@ import (
 	"github.com/openai/openai-go/v3/option"
 
 	"github.com/kvrelay/kvrelay/dataplane/proxy"
+	"github.com/kvrelay/kvrelay/engines/sim"
 )
 
 // TestAPIKeys: with --api-keys-file, the OpenAI SDK gets 401 invalid_api_key without a
@@ -202,4 +205,64 @@ func TestTenantCacheSalt(t *testing.T) {
 	if n := cached("sk-b", "kvrelay-"+strings.Repeat("0", 32)); n != 0 {
 		t.Fatalf("a client's salt reached another tenant's cache: %d cached tokens", n)
 	}
+}
+
+// TestTenantsQueueFairly: one worker that takes one request at a time (busy thresholds), a
+// tenant that queued a burst of twelve, then another tenant's one request: the admission
+// queue lets the second tenant's request go next, not after the whole burst.
+func TestTenantsQueueFairly(t *testing.T) {
+	keys := filepath.Join(t.TempDir(), "keys")
+	if err := os.WriteFile(keys, []byte("sk-batch tenant=batch\nsk-chat tenant=chat\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c := startCluster(t, 1, func(cfg *proxy.Config) {
+		cfg.APIKeysFile = keys
+		cfg.BusyDecodeBlocks = 1 // any request running makes the worker busy
+		cfg.QueueTimeout = time.Minute
+	}, func(w *sim.WorkerConfig) { w.Engine.Timing.Speedup = 0.2 })
+	type done struct {
+		who string
+		at  time.Time
+	}
+	finished := make(chan done, 16)
+	send := func(key, who string) {
+		body := strings.Replace(chatBody("fair "+who, "queue", 3, false), `{`, `{"ignore_eos":true,`, 1)
+		req, _ := http.NewRequest("POST", c.base+"/v1/chat/completions", strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+key)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Error(err)
+			finished <- done{who, time.Now()}
+			return
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Errorf("%s: %d", who, resp.StatusCode)
+		}
+		finished <- done{who, time.Now()}
+	}
+	for i := range 12 {
+		go send("sk-batch", "batch"+strconv.Itoa(i))
+		time.Sleep(5 * time.Millisecond)
+	}
+	time.Sleep(200 * time.Millisecond) // the burst is queued behind the first
+	var order []string
+	for len(finished) > 0 {
+		order = append(order, (<-finished).who)
+	}
+	before := len(order) // finished before the other tenant sent its request
+	go send("sk-chat", "chat")
+	for len(order) < 13 {
+		order = append(order, (<-finished).who)
+	}
+	// The batch requests running or let go when it came finish first (a worker busy by its
+	// thresholds still takes what was dispatched to it a moment before); then it goes, far
+	// ahead of the burst's end, where first come, first served would put it.
+	pos := slices.Index(order, "chat")
+	if pos < 0 || pos-before > 4 || before > 6 {
+		t.Fatalf("the other tenant's request came after %d had finished and finished %d-th of 13 (%v), want within the next five", before, pos+1, order)
+	}
+	t.Logf("%d of the burst finished before the other tenant's request came; finish order %v", before, order)
 }
