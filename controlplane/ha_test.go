@@ -8,6 +8,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
@@ -233,15 +234,23 @@ func TestDeposedLeaderIsFenced(t *testing.T) {
 	}
 	version := jsonUint(out["version"])
 
+	// Another holder takes the Lease, on a fresh read each time the leader's renewal (every
+	// 250 ms) got there first.
 	leases := lead.kube.CoordinationV1().Leases("kvrelay")
-	l, err := leases.Get(t.Context(), "kvrelay-controlplane", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	other, next, now := "cp-9", *l.Spec.LeaseTransitions+1, metav1.NewMicroTime(time.Now())
-	l.Spec.HolderIdentity, l.Spec.LeaseTransitions, l.Spec.AcquireTime, l.Spec.RenewTime = &other, &next, &now, &now
-	if _, err := leases.Update(t.Context(), l, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
+	for attempt := 0; ; attempt++ {
+		l, err := leases.Get(t.Context(), "kvrelay-controlplane", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		other, next, now := "cp-9", *l.Spec.LeaseTransitions+1, metav1.NewMicroTime(time.Now())
+		l.Spec.HolderIdentity, l.Spec.LeaseTransitions, l.Spec.AcquireTime, l.Spec.RenewTime = &other, &next, &now, &now
+		_, err = leases.Update(t.Context(), l, metav1.UpdateOptions{})
+		if err == nil {
+			break
+		}
+		if !apierrors.IsConflict(err) || attempt == 20 {
+			t.Fatal(err)
+		}
 	}
 	if !lead.e.Leading() {
 		t.Fatal("the deposed leader noticed at once; the test needs it unaware")
