@@ -752,6 +752,7 @@ func (cc *clientConn) closed() {
 		}
 		cc.ex.abort()
 	}
+	cc.settle() // a request cut short gives back the output it did not get
 	cc.state = stClosing
 }
 

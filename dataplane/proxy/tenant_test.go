@@ -266,3 +266,48 @@ func TestTenantsQueueFairly(t *testing.T) {
 	}
 	t.Logf("%d of the burst finished before the other tenant's request came; finish order %v", before, order)
 }
+
+// TestTenantBudgetRefundedWhenClientLeaves: a streamed request reserves its max_tokens of
+// the tenant's output budget; a client that leaves after its first tokens gets back what it
+// did not receive, so the tenant's next request of that size is admitted.
+func TestTenantBudgetRefundedWhenClientLeaves(t *testing.T) {
+	keys := filepath.Join(t.TempDir(), "keys")
+	if err := os.WriteFile(keys, []byte("sk-a tenant=a,output_tpm=600\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c := startCluster(t, 1, func(cfg *proxy.Config) { cfg.APIKeysFile = keys },
+		func(w *sim.WorkerConfig) { w.Engine.Timing.Speedup = 0.2 })
+	send := func(ctx context.Context) (*http.Response, error) {
+		body := strings.Replace(chatBody("refund", "me", 500, true), `{`, `{"ignore_eos":true,`, 1)
+		req, _ := http.NewRequestWithContext(ctx, "POST", c.base+"/v1/chat/completions", strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer sk-a")
+		return http.DefaultClient.Do(req)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	resp, err := send(ctx)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("the first request: %v %v", resp, err)
+	}
+	buf := make([]byte, 256)
+	if _, err := resp.Body.Read(buf); err != nil {
+		t.Fatal(err)
+	}
+	cancel() // the client leaves after its first bytes
+	resp.Body.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		resp, err := send(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		code := resp.StatusCode
+		resp.Body.Close()
+		if code == 200 {
+			return
+		}
+		if code != 429 || time.Now().After(deadline) {
+			t.Fatalf("after the first client left: %d, want the second request admitted (its output refunded)", code)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
