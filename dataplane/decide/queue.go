@@ -182,7 +182,8 @@ type flow struct {
 const minWeight = 1e-3
 
 // next is the index of the request release lets go: the most urgent priority, then the flow
-// served least, then the earliest. The caller holds q.mu and the queue is not empty.
+// served least, then a request with a TTFT target (x-slo-ttft-ms) by earliest deadline, then
+// the earliest. The caller holds q.mu and the queue is not empty.
 func (q *admissionQueue) next() int {
 	best := 0
 	for i, it := range q.items[1:] {
@@ -194,6 +195,16 @@ func (q *admissionQueue) next() int {
 			}
 		case it.flow != b.flow && q.served[it.flow] != q.served[b.flow]:
 			if q.served[it.flow] < q.served[b.flow] {
+				best = i + 1
+			}
+		case it.slo != b.slo:
+			// A request with a TTFT target before one without (its deadline is near).
+			if it.slo {
+				best = i + 1
+			}
+		case it.slo && it.deadline != b.deadline:
+			// Earliest deadline first among requests with targets.
+			if it.deadline < b.deadline {
 				best = i + 1
 			}
 		case it.seq < b.seq:

@@ -123,3 +123,26 @@ func count(s []string, x string) int {
 	}
 	return n
 }
+
+// TestQueueEarliestDeadlineFirst: within a priority and a flow, requests with a TTFT target
+// go before those without, the nearest deadline first.
+func TestQueueEarliestDeadlineFirst(t *testing.T) {
+	q := newAdmissionQueue(100, newMetrics(prometheus.NewRegistry()))
+	var out []string
+	push := func(name string, deadline int64, slo bool) {
+		var it *QueueItem
+		if !q.push(wakeLog{name, &out}, &it, 0, deadline, slo, flow{"", 1, 100}) {
+			t.Fatal("queue full")
+		}
+	}
+	push("plain", 1<<62, false)
+	push("slo-late", 3e9, true)
+	push("slo-soon", 1e9, true)
+	push("plain2", 1<<62, false)
+	for range 4 {
+		q.release()
+	}
+	if got, want := strings.Join(out, " "), "slo-soon slo-late plain plain2"; got != want {
+		t.Fatalf("released %q, want %q", got, want)
+	}
+}
