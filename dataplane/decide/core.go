@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"math"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -70,6 +71,9 @@ type Config struct {
 	// ForwardPriority puts a request's priority into the engine's own field of the body a
 	// pick hands on (negated: vLLM runs lower values first).
 	ForwardPriority bool
+	// BusyRequests is the busy filter's requests per worker (0: none), and TenantHeadroom
+	// the slots of each worker a tenant running its share or more may not take (SetTenant).
+	BusyRequests, TenantHeadroom int64
 }
 
 // Core is the routing core: the state every decision reads (the workers and their load,
@@ -105,6 +109,9 @@ type Core struct {
 	inflight atomic.Int64
 	// picks samples the picks whose decisions are timed and recorded.
 	picks atomic.Uint64
+	// tenantMu guards tenantRunning, each tenant's requests dispatched and not yet settled.
+	tenantMu      sync.Mutex
+	tenantRunning map[string]int64
 }
 
 // disaggSettings are the disaggregation settings in force: the owner's configuration, or

@@ -65,6 +65,7 @@ func (r *Request) Decide(now int64, retry bool) error {
 	if disagg {
 		return r.decideDisagg(now, retry)
 	}
+	rr.Headroom = r.headroom(router.Pool())
 	err := router.Route(rr, &r.dec)
 	if errors.Is(err, route.ErrNoWorker) && router == c.load && !retry && router.Pool().Disaggregated(unsafeString(r.oreq.Model)) {
 		// Embeddings and responses in a disaggregated pool go to the decode workers.

@@ -6,6 +6,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/kvrelay/kvrelay/dataplane/route"
 )
 
 // admissionQueue holds requests that found every eligible worker busy, most urgent first:
@@ -297,6 +299,46 @@ func (r *Request) Enqueue(w Waiter, now int64, slo bool) error {
 // SetFlow names the request's fair-queuing flow in the admission queue (its tenant, or an
 // agent program's fairness id within it) and its weight; the default flow, "", weighs 1.
 func (r *Request) SetFlow(name string, weight float64) { r.flow, r.flowWeight = name, weight }
+
+// SetTenant names the request's tenant and its share of the fleet (its weight over every
+// tenant's): a tenant running that share of the workers' requests (Config.BusyRequests) or
+// more may not take their last TenantHeadroom slots, which stay for the tenants below theirs.
+func (r *Request) SetTenant(name string, share float64) { r.tenant, r.tenantShare = name, share }
+
+// headroom is the slots of each worker the request may not take: TenantHeadroom when its
+// tenant runs its share of the pool's requests or more, else none.
+func (r *Request) headroom(pool *route.Pool) int64 {
+	c := r.c
+	if c.cfg.TenantHeadroom <= 0 || c.cfg.BusyRequests <= 0 || r.tenant == "" {
+		return 0
+	}
+	c.tenantMu.Lock()
+	running := c.tenantRunning[r.tenant]
+	c.tenantMu.Unlock()
+	if float64(running) < r.tenantShare*float64(int64(len(pool.Workers))*c.cfg.BusyRequests) {
+		return 0
+	}
+	return c.cfg.TenantHeadroom
+}
+
+// countRunning adds d to the request's tenant's running requests (once each way).
+func (r *Request) countRunning(d int64) {
+	c := r.c
+	if r.tenant == "" || (d > 0) == r.running {
+		return
+	}
+	r.running = d > 0
+	c.tenantMu.Lock()
+	if c.tenantRunning == nil {
+		c.tenantRunning = map[string]int64{}
+	}
+	if n := c.tenantRunning[r.tenant] + d; n > 0 {
+		c.tenantRunning[r.tenant] = n
+	} else {
+		delete(c.tenantRunning, r.tenant)
+	}
+	c.tenantMu.Unlock()
+}
 
 // queueFlow is the request's flow, weight and cost in the admission queue: its prompt and
 // expected output in tokens.

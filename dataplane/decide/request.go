@@ -90,6 +90,11 @@ type Request struct {
 	// (SetFlow).
 	flow       string
 	flowWeight float64
+	// tenant and tenantShare are the request's tenant and its weighted share of the fleet
+	// (SetTenant); running says the request counts among the tenant's running ones.
+	tenant      string
+	tenantShare float64
+	running     bool
 
 	dec route.Decision
 	arm *armSeries // the policy version that routed this request
@@ -185,6 +190,8 @@ func (r *Request) Start(kind oai.Kind, now int64, timed bool) {
 	// its own, neither its deadline nor its place in line.
 	r.qitem = nil
 	r.flow, r.flowWeight = "", 0
+	r.countRunning(-1) // a request its carrier never settled stops counting
+	r.tenant, r.tenantShare = "", 0
 	r.pd = pdState{}
 	r.pending = nil
 	r.decideAt = r.clock()

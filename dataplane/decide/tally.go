@@ -46,6 +46,7 @@ func (r *Request) Dispatch(now int64, teach bool) {
 		t.usage.BeginAt(now, w, r.rreq.PromptTokens, 0, 0)
 	}
 	ws.m.inflight.Inc()
+	r.countRunning(1)
 }
 
 // Untimed says that the request's answer reaches the core whole or in pieces whose times
@@ -154,6 +155,7 @@ func (r *Request) Withdraw() {
 // worker, which may let a queued request go.
 func (r *Request) Settle(status int, now int64) {
 	c := r.c
+	r.countRunning(-1)
 	t := &r.t
 	res := r.obs.Result()
 	mm := r.mm

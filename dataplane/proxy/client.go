@@ -575,6 +575,9 @@ func (cc *clientConn) setFlow() {
 	if len(fid) > maxFairnessID {
 		fid = fid[:maxFairnessID]
 	}
+	if t := cc.tenant; t != nil {
+		cc.in.SetTenant(t.Name, cc.srv.keys.Table().Share(t))
+	}
 	switch t := cc.tenant; {
 	case t != nil && len(fid) > 0:
 		cc.in.SetFlow(t.Name+"/"+string(fid), t.Limits.Weight)

@@ -159,6 +159,12 @@ type Config struct {
 	BusyPrefillTokens int64   `yaml:"busy_prefill_tokens"`
 	BusyDecodeBlocks  int64   `yaml:"busy_decode_blocks"`
 	BusyKVFraction    float64 `yaml:"busy_kv_fraction"`
+	// BusyRequests is the requests a worker takes at once before it counts as busy (its
+	// slots, or fewer; 0: no such threshold). With API keys, TenantHeadroom of them on each
+	// worker stay free of a tenant already running its weighted share of the fleet's, for the
+	// tenants below theirs: an interactive tenant finds a slot at once while another floods.
+	BusyRequests   int64 `yaml:"busy_requests"`
+	TenantHeadroom int64 `yaml:"tenant_headroom"`
 	// Disagg is DisaggAuto (default) or DisaggOff. DisaggThreshold is conditional
 	// disaggregation: a prompt whose part the chosen decode worker does not cache is at most
 	// this many tokens prefills on the decode worker itself (default 512; negative: always
@@ -329,6 +335,7 @@ func (c *Config) routeConfig() route.Config {
 			MaxPrefillTokens: c.BusyPrefillTokens,
 			MaxDecodeBlocks:  c.BusyDecodeBlocks,
 			MaxKVFraction:    c.BusyKVFraction,
+			MaxRequests:      c.BusyRequests,
 		},
 	}
 }
@@ -356,6 +363,8 @@ func (c *Config) decideConfig() decide.Config {
 		EjectAfter:       c.EjectAfter,
 		EjectFor:         c.EjectFor,
 		ForwardPriority:  c.ForwardPriority,
+		BusyRequests:     c.BusyRequests,
+		TenantHeadroom:   c.TenantHeadroom,
 	}
 }
 

@@ -3,6 +3,7 @@ package proxy_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -309,5 +310,58 @@ func TestTenantBudgetRefundedWhenClientLeaves(t *testing.T) {
 			t.Fatalf("after the first client left: %d, want the second request admitted (its output refunded)", code)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestTenantHeadroom: a worker of two slots (busy_requests 2), two tenants of equal weight,
+// a slot of headroom: the tenant that floods runs its share (one request) and queues the
+// rest; the other tenant's request takes the free slot at once instead of waiting for the
+// flood's to end. Without headroom the flood takes both slots and it waits.
+func TestTenantHeadroom(t *testing.T) {
+	for _, headroom := range []int64{1, 0} {
+		t.Run(fmt.Sprintf("headroom %d", headroom), func(t *testing.T) {
+			keys := filepath.Join(t.TempDir(), "keys")
+			if err := os.WriteFile(keys, []byte("sk-flood tenant=flood\nsk-chat tenant=chat\n"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			c := startCluster(t, 1, func(cfg *proxy.Config) {
+				cfg.APIKeysFile = keys
+				cfg.BusyRequests, cfg.TenantHeadroom = 2, headroom
+				cfg.QueueTimeout = time.Minute
+			}, func(w *sim.WorkerConfig) { w.Engine.Timing.Speedup = 0.2 })
+			send := func(ctx context.Context, key string, tokens int) (time.Duration, error) {
+				body := strings.Replace(chatBody("headroom "+key, "q", tokens, false), `{`, `{"ignore_eos":true,`, 1)
+				req, _ := http.NewRequestWithContext(ctx, "POST", c.base+"/v1/chat/completions", strings.NewReader(body))
+				req.Header.Set("Authorization", "Bearer "+key)
+				t0 := time.Now()
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil {
+					return 0, err
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != 200 {
+					return 0, fmt.Errorf("status %d", resp.StatusCode)
+				}
+				return time.Since(t0), nil
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			for range 4 {
+				go func() { _, _ = send(ctx, "sk-flood", 120) }() // seconds each
+			}
+			time.Sleep(300 * time.Millisecond)
+			took, err := send(context.Background(), "sk-chat", 2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("the other tenant's request took %v", took.Round(time.Millisecond))
+			switch fast := took < 1500*time.Millisecond; {
+			case headroom > 0 && !fast:
+				t.Fatalf("with headroom the other tenant's request took %v, want a free slot at once", took)
+			case headroom == 0 && fast:
+				t.Fatalf("without headroom the other tenant's request took only %v: the flood left a slot free", took)
+			}
+		})
 	}
 }

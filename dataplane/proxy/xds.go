@@ -367,6 +367,8 @@ func policyConfig(base route.Config, p *xdsv1.RoutingPolicy) route.Config {
 		MaxPrefillTokens: int64(p.GetBusyPrefillTokens()),
 		MaxDecodeBlocks:  int64(p.GetBusyDecodeBlocks()),
 		MaxKVFraction:    p.GetBusyKvFraction(),
+		// The policy carries no requests threshold: the proxy's own (busy_requests) stays.
+		MaxRequests: base.Busy.MaxRequests,
 	}
 	if ttl := p.GetSessionTtlMs(); ttl > 0 {
 		cfg.SessionTTL = time.Duration(ttl) * time.Millisecond

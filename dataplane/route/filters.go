@@ -67,13 +67,16 @@ type BusyFilter struct {
 	MaxPrefillTokens int64
 	MaxDecodeBlocks  int64
 	MaxKVFraction    float64
+	// MaxRequests is the requests a worker takes at once (its slots, or fewer); a request
+	// with Headroom sees it full that many requests sooner.
+	MaxRequests int64
 }
 
 func (BusyFilter) Name() string { return "busy" }
 
-func (f BusyFilter) Filter(_ *Request, in, out []*Worker) []*Worker {
+func (f BusyFilter) Filter(req *Request, in, out []*Worker) []*Worker {
 	for _, w := range in {
-		if f.Busy(w) {
+		if f.busy(w, req.Headroom) {
 			continue
 		}
 		out = append(out, w)
@@ -82,7 +85,13 @@ func (f BusyFilter) Filter(_ *Request, in, out []*Worker) []*Worker {
 }
 
 // Busy reports whether w is past a threshold.
-func (f BusyFilter) Busy(w *Worker) bool {
+func (f BusyFilter) Busy(w *Worker) bool { return f.busy(w, 0) }
+
+// busy is Busy for a request that may not take a worker's last headroom slots.
+func (f BusyFilter) busy(w *Worker, headroom int64) bool {
+	if f.MaxRequests > 0 && w.Load() >= f.MaxRequests-max(headroom, 0) {
+		return true
+	}
 	if f.MaxPrefillTokens > 0 && w.PrefillTokens() > f.MaxPrefillTokens {
 		return true
 	}

@@ -75,6 +75,9 @@ type Request struct {
 	// DryRun routes without leaving a trace in the router (no session bound): a shadow
 	// decision that serves nothing.
 	DryRun bool
+	// Headroom is the slots of each worker this request may not take (busy filter's
+	// MaxRequests): a tenant past its share keeps them free for the others.
+	Headroom int64
 
 	// Filled by Match: overlap[w] is the blocks of Hashes worker w caches.
 	overlap []float64
@@ -123,7 +126,7 @@ func (r *Request) CopyInputs(dst *Request) {
 	*dst = Request{
 		Model: r.Model, Hashes: r.Hashes, PromptTokens: r.PromptTokens, Priority: r.Priority, OSL: r.OSL,
 		SessionID: r.SessionID, Pin: r.Pin, PinOnly: r.PinOnly, Exclude: r.Exclude, Role: r.Role, Now: r.Now,
-		SLOTTFT: r.SLOTTFT, SLOTPOT: r.SLOTPOT,
+		SLOTTFT: r.SLOTTFT, SLOTPOT: r.SLOTPOT, Headroom: r.Headroom,
 		overlap: keep.overlap, eligible: keep.eligible, scratch: keep.scratch, costs: keep.costs, preds: keep.preds,
 	}
 }

@@ -242,10 +242,20 @@ func (t *Tenant) Salt(client []byte) []byte {
 type Table struct {
 	keys    map[[sha256.Size]byte]*Tenant
 	tenants map[string]*Tenant
+	weight  float64 // the tenants' weights together
 }
 
 // Tenants are the table's tenants by name.
 func (t *Table) Tenants() map[string]*Tenant { return t.tenants }
+
+// Share is ten's weight over the weights of every tenant of the table: its share of the
+// fleet when all of them want it.
+func (t *Table) Share(ten *Tenant) float64 {
+	if t.weight <= 0 {
+		return 0
+	}
+	return ten.Limits.Weight / t.weight
+}
 
 // Lookup returns the tenant of the bearer token in authorization (an Authorization header's
 // value), or nil.
@@ -351,6 +361,7 @@ func Parse(data []byte) (*Table, error) {
 	}
 	for name, l := range limits {
 		t.tenants[name] = newTenant(name, l)
+		t.weight += t.tenants[name].Limits.Weight
 	}
 	for _, e := range entries {
 		if prev, ok := t.keys[e.hash]; ok && prev.Name != e.tenant {
