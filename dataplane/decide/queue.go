@@ -174,6 +174,28 @@ func (q *admissionQueue) release() {
 	it.w.Wake(it)
 }
 
+// admitDirect reports whether a request of flow f, new to the queue, may take a free slot
+// while others wait: when f has been served less than every flow waiting (it would be let go
+// first), or anyway (a tenant below its share, whose headroom the others leave free). Its
+// service is then counted (refund gives it back if it queues after all).
+func (q *admissionQueue) admitDirect(f flow, anyway bool) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	lo, ok := q.leastServed()
+	if !anyway && ok && q.served[f.name] >= lo {
+		return false
+	}
+	q.served[f.name] += max(f.cost, 1) / max(f.weight, minWeight)
+	return true
+}
+
+// refund gives back the service admitDirect counted for a request of flow f.
+func (q *admissionQueue) refund(f flow) {
+	q.mu.Lock()
+	q.served[f.name] = max(q.served[f.name]-max(f.cost, 1)/max(f.weight, minWeight), 0)
+	q.mu.Unlock()
+}
+
 // flow is a request's fair-queuing flow, weight and cost (QueueItem).
 type flow struct {
 	name         string
@@ -284,6 +306,10 @@ func (r *Request) Enqueue(w Waiter, now int64, slo bool) error {
 	deadline := r.queuedAt + int64(c.cfg.QueueTimeout)
 	if slo {
 		deadline = min(deadline, r.arrived+int64(r.sloTTFT*1e6))
+	}
+	if r.charged {
+		c.queue.refund(r.queueFlow()) // it was let in directly, and waits after all
+		r.charged = false
 	}
 	if !c.queue.push(w, &r.qitem, r.prio, deadline, slo, r.queueFlow()) {
 		if slo {

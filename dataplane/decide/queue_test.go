@@ -146,3 +146,31 @@ func TestQueueEarliestDeadlineFirst(t *testing.T) {
 		t.Fatalf("released %q, want %q", got, want)
 	}
 }
+
+// TestQueueAdmitDirect: while requests wait, a new one takes a free slot only when its flow
+// has been served less than every waiting flow (it would go first), and that counts as its
+// service; a tenant below its share goes anyway; refund gives the service back.
+func TestQueueAdmitDirect(t *testing.T) {
+	q := newAdmissionQueue(100, newMetrics(prometheus.NewRegistry()))
+	var out []string
+	var it *QueueItem
+	q.push(wakeLog{"a", &out}, &it, 0, 1<<62, false, flow{"a", 1, 100})
+	q.served["a"] = 500
+	if !q.admitDirect(flow{"b", 1, 100}, false) || q.served["b"] != 100 {
+		t.Fatalf("a flow served less than the waiting one: refused, or not charged (%v)", q.served)
+	}
+	if q.admitDirect(flow{"a", 1, 100}, false) {
+		t.Fatal("a new request of the waiting flow went ahead of it")
+	}
+	q.served["b"] = 600
+	if q.admitDirect(flow{"b", 1, 100}, false) {
+		t.Fatal("a flow served more than the waiting one went ahead")
+	}
+	if !q.admitDirect(flow{"b", 1, 100}, true) || q.served["b"] != 700 {
+		t.Fatalf("a tenant below its share: refused, or not charged (%v)", q.served)
+	}
+	q.refund(flow{"b", 1, 100})
+	if q.served["b"] != 600 {
+		t.Fatalf("refund: %v", q.served)
+	}
+}

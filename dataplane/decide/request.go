@@ -95,6 +95,9 @@ type Request struct {
 	tenant      string
 	tenantShare float64
 	running     bool
+	// charged: the request took a slot ahead of a waiting queue and its flow was counted
+	// the service (admitDirect).
+	charged bool
 
 	dec route.Decision
 	arm *armSeries // the policy version that routed this request
@@ -191,7 +194,7 @@ func (r *Request) Start(kind oai.Kind, now int64, timed bool) {
 	r.qitem = nil
 	r.flow, r.flowWeight = "", 0
 	r.countRunning(-1) // a request its carrier never settled stops counting
-	r.tenant, r.tenantShare = "", 0
+	r.tenant, r.tenantShare, r.charged = "", 0, false
 	r.pd = pdState{}
 	r.pending = nil
 	r.decideAt = r.clock()
