@@ -71,18 +71,21 @@ func (r *Request) Decide(now int64, retry bool) error {
 		// its flow's service; else the queue's fair order would hold only for the slots
 		// arrivals leave.
 		// A tenant below its share goes anyway: the headroom the others leave free is its.
-		under := c.cfg.TenantHeadroom > 0 && r.tenant != "" && r.headroom(router.Pool()) == 0
+		under := c.cfg.TenantHeadroom > 0 && r.tenant != "" && r.headroom(router.Pool(), false) == 0
 		if !c.queue.admitDirect(r.queueFlow(), under) {
 			return route.ErrBusy
 		}
 		r.charged = true
 	}
-	rr.Headroom = r.headroom(router.Pool())
+	rr.Headroom = r.headroom(router.Pool(), true)
 	err := router.Route(rr, &r.dec)
 	if errors.Is(err, route.ErrNoWorker) && router == c.load && !retry && router.Pool().Disaggregated(unsafeString(r.oreq.Model)) {
 		// Embeddings and responses in a disaggregated pool go to the decode workers.
 		rr.Role = route.RoleDecode
 		err = router.Route(rr, &r.dec)
+	}
+	if err != nil {
+		r.countRunning(-1) // not running after all
 	}
 	r.observeRoute(!retry)
 	if r.timed && !retry && r.decideAt != 0 {

