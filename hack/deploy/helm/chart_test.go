@@ -676,6 +676,39 @@ xds: {tlsSecret: xds-tls}
 		},
 	},
 	{
+		name: "xDS certificate from cert-manager",
+		values: `
+xds: {certManagerIssuer: {name: fleet-ca, kind: ClusterIssuer}}
+`,
+		check: func(t *testing.T, o objects) {
+			var cert struct {
+				metav1.TypeMeta
+				Metadata metav1.ObjectMeta `json:"metadata"`
+				Spec     struct {
+					SecretName string                             `json:"secretName"`
+					DNSNames   []string                           `json:"dnsNames"`
+					Usages     []string                           `json:"usages"`
+					IssuerRef  struct{ Name, Kind, Group string } `json:"issuerRef"`
+				} `json:"spec"`
+			}
+			o.must(t, "Certificate", namespace, xdsSecret, &cert)
+			if cert.Spec.SecretName != xdsSecret || !slices.Contains(cert.Spec.DNSNames, cpName+"."+namespace+".svc") ||
+				cert.Spec.IssuerRef.Name != "fleet-ca" || cert.Spec.IssuerRef.Kind != "ClusterIssuer" || cert.Spec.IssuerRef.Group != "cert-manager.io" ||
+				!slices.Equal(cert.Spec.Usages, []string{"server auth"}) {
+				t.Errorf("Certificate %+v", cert.Spec)
+			}
+			if o.get(t, "Secret", namespace, xdsSecret, &corev1.Secret{}) {
+				t.Errorf("Secret %s generated beside cert-manager's", xdsSecret)
+			}
+			var cp appsv1.Deployment
+			o.must(t, "Deployment", namespace, cpName, &cp)
+			c := container(t, &cp, "controlplane")
+			if v := mountOf(t, &cp, c, argValue(c, "--xds-cert")); v.Secret == nil || v.Secret.SecretName != xdsSecret {
+				t.Errorf("--xds-cert on %+v, want cert-manager's Secret %s", v.VolumeSource, xdsSecret)
+			}
+		},
+	},
+	{
 		name: "xDS without proxy credentials",
 		values: `
 xds: {auth: none}
