@@ -84,6 +84,13 @@ func (b *bucket) wait(cost float64) time.Duration {
 	return time.Duration(((need-b.level)/b.rate)*float64(time.Second)) + time.Millisecond
 }
 
+// take takes cost from the level (into debt, if it comes to that).
+func (b *bucket) take(cost float64) {
+	if b.rate > 0 {
+		b.level -= cost
+	}
+}
+
 // reset is how long until the bucket is full again.
 func (b *bucket) reset() time.Duration {
 	if b.rate <= 0 {
@@ -106,7 +113,7 @@ func newTenant(name string, l Limits) *Tenant {
 	return &Tenant{Name: name, Limits: l,
 		requests: newBucket(l.RPS, secondWindow),
 		prompt:   newBucket(l.PromptTPS, secondWindow),
-		output:   newBucket(l.OutputTPM/60, minuteWindow)}
+		output:   newBucket(l.OutputTPM/minuteWindow, minuteWindow)}
 }
 
 // Exceeded says which budget refused a request and when to try again.
@@ -136,23 +143,18 @@ func (t *Tenant) Admit(now time.Time, promptTokens, maxOutput int) (Reservation,
 	t.prompt.refill(now)
 	t.output.refill(now)
 	out := float64(max(maxOutput, 0))
-	for _, c := range []struct {
+	costs := [...]struct {
 		b    *bucket
 		cost float64
 		name string
-	}{{&t.requests, 1, "requests"}, {&t.prompt, float64(max(promptTokens, 0)), "prompt_tokens"}, {&t.output, out, "output_tokens"}} {
+	}{{&t.requests, 1, "requests"}, {&t.prompt, float64(max(promptTokens, 0)), "prompt_tokens"}, {&t.output, out, "output_tokens"}}
+	for _, c := range costs {
 		if w := c.b.wait(c.cost); w > 0 {
 			return Reservation{}, &Exceeded{Limit: c.name, RetryAfter: w}
 		}
 	}
-	if t.requests.rate > 0 {
-		t.requests.level--
-	}
-	if t.prompt.rate > 0 {
-		t.prompt.level -= float64(max(promptTokens, 0))
-	}
-	if t.output.rate > 0 {
-		t.output.level -= out
+	for _, c := range costs {
+		c.b.take(c.cost)
 	}
 	return Reservation{t: t, output: out}, nil
 }
@@ -171,15 +173,22 @@ func (r Reservation) Settle(outputTokens int) {
 	t.mu.Unlock()
 }
 
-// Status is a tenant's budgets as OpenAI's x-ratelimit-* headers give them: the requests
-// budget and the prompt tokens budget, each with its limit (the bucket's size), what remains
-// and how long until it is whole again. HasRequests and HasTokens say whether each is limited.
-type Status struct {
-	HasRequests, HasTokens           bool
-	LimitRequests, RemainingRequests int64
-	LimitTokens, RemainingTokens     int64
-	ResetRequests, ResetTokens       time.Duration
+// Budget is one of a tenant's budgets as OpenAI's x-ratelimit-* headers give it: whether it
+// is limited, its limit (the bucket's size), what remains and how long until it is whole
+// again.
+type Budget struct {
+	Limited          bool
+	Limit, Remaining int64
+	Reset            time.Duration
 }
+
+// budget is the bucket as a Budget.
+func (b *bucket) budget() Budget {
+	return Budget{Limited: b.rate > 0, Limit: int64(b.burst), Remaining: int64(math.Max(b.level, 0)), Reset: b.reset()}
+}
+
+// Status is the budgets of a tenant OpenAI's headers report: requests, and prompt tokens.
+type Status struct{ Requests, Tokens Budget }
 
 // Status is t's budgets at now.
 func (t *Tenant) Status(now time.Time) Status {
@@ -187,33 +196,27 @@ func (t *Tenant) Status(now time.Time) Status {
 	defer t.mu.Unlock()
 	t.requests.refill(now)
 	t.prompt.refill(now)
-	return Status{
-		HasRequests: t.requests.rate > 0, LimitRequests: int64(t.requests.burst), RemainingRequests: int64(math.Max(t.requests.level, 0)), ResetRequests: t.requests.reset(),
-		HasTokens: t.prompt.rate > 0, LimitTokens: int64(t.prompt.burst), RemainingTokens: int64(math.Max(t.prompt.level, 0)), ResetTokens: t.prompt.reset(),
-	}
+	return Status{Requests: t.requests.budget(), Tokens: t.prompt.budget()}
 }
 
 // AppendHeaders appends st as OpenAI's x-ratelimit-* header lines (CRLF-terminated) to b.
 func (st Status) AppendHeaders(b []byte) []byte {
-	if st.HasRequests {
-		b = append(b, "x-ratelimit-limit-requests: "...)
-		b = strconv.AppendInt(b, st.LimitRequests, 10)
-		b = append(b, "\r\nx-ratelimit-remaining-requests: "...)
-		b = strconv.AppendInt(b, st.RemainingRequests, 10)
-		b = append(b, "\r\nx-ratelimit-reset-requests: "...)
-		b = append(b, resetString(st.ResetRequests)...)
-		b = append(b, "\r\n"...)
+	return st.Tokens.appendHeaders(st.Requests.appendHeaders(b, "requests"), "tokens")
+}
+
+// appendHeaders appends the x-ratelimit-{limit,remaining,reset}-<what> lines of a limited
+// budget to b.
+func (bu Budget) appendHeaders(b []byte, what string) []byte {
+	if !bu.Limited {
+		return b
 	}
-	if st.HasTokens {
-		b = append(b, "x-ratelimit-limit-tokens: "...)
-		b = strconv.AppendInt(b, st.LimitTokens, 10)
-		b = append(b, "\r\nx-ratelimit-remaining-tokens: "...)
-		b = strconv.AppendInt(b, st.RemainingTokens, 10)
-		b = append(b, "\r\nx-ratelimit-reset-tokens: "...)
-		b = append(b, resetString(st.ResetTokens)...)
-		b = append(b, "\r\n"...)
-	}
-	return b
+	b = append(append(append(b, "x-ratelimit-limit-"...), what...), ": "...)
+	b = strconv.AppendInt(b, bu.Limit, 10)
+	b = append(append(append(b, "\r\nx-ratelimit-remaining-"...), what...), ": "...)
+	b = strconv.AppendInt(b, bu.Remaining, 10)
+	b = append(append(append(b, "\r\nx-ratelimit-reset-"...), what...), ": "...)
+	b = append(b, resetString(bu.Reset)...)
+	return append(b, "\r\n"...)
 }
 
 // resetString writes a reset time as OpenAI does: "1s", "6m0s", "20ms".

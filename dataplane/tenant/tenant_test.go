@@ -93,7 +93,7 @@ func TestBudgets(t *testing.T) {
 		t.Fatalf("past the prompt budget: %+v", ex)
 	}
 	st := a.Status(now)
-	if !st.HasRequests || !st.HasTokens || st.LimitRequests != 2 || st.LimitTokens != 100 || st.RemainingTokens != 0 || st.ResetTokens < 2*time.Second {
+	if !st.Requests.Limited || !st.Tokens.Limited || st.Requests.Limit != 2 || st.Tokens.Limit != 100 || st.Tokens.Remaining != 0 || st.Tokens.Reset < 2*time.Second {
 		t.Errorf("status %+v", st)
 	}
 	h := string(st.AppendHeaders(nil))
@@ -117,7 +117,7 @@ func TestBudgets(t *testing.T) {
 			t.Fatal("a tenant without limits was refused")
 		}
 	}
-	if st := free.Status(now); st.HasRequests || st.HasTokens || len(st.AppendHeaders(nil)) != 0 {
+	if st := free.Status(now); st.Requests.Limited || st.Tokens.Limited || len(st.AppendHeaders(nil)) != 0 {
 		t.Errorf("a tenant without limits has headers: %+v", st)
 	}
 }
