@@ -1,7 +1,6 @@
 package decide
 
 import (
-	"container/heap"
 	"math"
 	"sync"
 	"sync/atomic"
@@ -22,7 +21,7 @@ type admissionQueue struct {
 	// request one atomic load instead of a lock shared by all carriers.
 	n     atomic.Int64
 	mu    sync.Mutex
-	items queueHeap
+	items []*QueueItem // in no order: next picks (index is each one's place)
 	seq   uint64
 	max   int
 	m     *metrics
@@ -64,10 +63,10 @@ type QueueItem struct {
 	// slo: the request waits for a worker predicted to meet its latency targets, and its
 	// deadline is the TTFT target's.
 	slo bool
-	// flow is the request's fair-queuing flow ("" : the default one), weight its share and
-	// cost the tokens it carries (prompt and expected output).
-	flow         string
-	weight, cost float64
+	// flow is the request's fair-queuing flow ("" : the default one), and service what
+	// letting it go counts for its flow (flow.service).
+	flow    string
+	service float64
 	// released: the queue let it go (and counted its service) since it was last pushed.
 	released bool
 }
@@ -114,12 +113,13 @@ func (q *admissionQueue) push(w Waiter, item **QueueItem, prio int, deadline int
 	case it.released:
 		// Let go and back again (the capacity it was woken for went to another): the service
 		// counted for it was not given.
-		q.served[it.flow] = max(q.served[it.flow]-it.cost/it.weight, 0)
+		q.unserve(it.flow, it.service)
 	}
 	it.released = false
 	it.prio, it.deadline, it.slo = prio, deadline, slo
-	it.flow, it.weight, it.cost = f.name, max(f.weight, minWeight), max(f.cost, 1)
-	heap.Push(&q.items, it)
+	it.flow, it.service = f.name, f.service()
+	it.index = len(q.items)
+	q.items = append(q.items, it)
 	q.n.Store(int64(len(q.items)))
 	q.m.queueDepth.Set(float64(len(q.items)))
 	return true
@@ -130,7 +130,7 @@ func (q *admissionQueue) remove(item **QueueItem) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if it := *item; it != nil && it.index >= 0 && it.index < len(q.items) && q.items[it.index] == it {
-		heap.Remove(&q.items, it.index)
+		q.removeAt(it.index)
 	}
 	*item = nil
 	q.n.Store(int64(len(q.items)))
@@ -147,8 +147,8 @@ func (q *admissionQueue) release() {
 		q.mu.Unlock()
 		return
 	}
-	it := heap.Remove(&q.items, q.next()).(*QueueItem)
-	q.served[it.flow] += it.cost / it.weight
+	it := q.removeAt(q.next())
+	q.served[it.flow] += it.service
 	it.released = true
 	if len(q.served) > maxFlows {
 		for f := range q.served {
@@ -185,15 +185,31 @@ func (q *admissionQueue) admitDirect(f flow, anyway bool) bool {
 	if !anyway && ok && q.served[f.name] >= lo {
 		return false
 	}
-	q.served[f.name] += max(f.cost, 1) / max(f.weight, minWeight)
+	q.served[f.name] += f.service()
 	return true
 }
 
 // refund gives back the service admitDirect counted for a request of flow f.
 func (q *admissionQueue) refund(f flow) {
 	q.mu.Lock()
-	q.served[f.name] = max(q.served[f.name]-max(f.cost, 1)/max(f.weight, minWeight), 0)
+	q.unserve(f.name, f.service())
 	q.mu.Unlock()
+}
+
+// unserve takes service s back from flow f. The caller holds q.mu.
+func (q *admissionQueue) unserve(f string, s float64) {
+	q.served[f] = max(q.served[f]-s, 0)
+}
+
+// removeAt takes the request at i out of the queue and returns it. The caller holds q.mu.
+func (q *admissionQueue) removeAt(i int) *QueueItem {
+	it, last := q.items[i], len(q.items)-1
+	q.items[i] = q.items[last]
+	q.items[i].index = i
+	q.items[last] = nil
+	q.items = q.items[:last]
+	it.index = -1
+	return it
 }
 
 // flow is a request's fair-queuing flow, weight and cost (QueueItem).
@@ -201,6 +217,10 @@ type flow struct {
 	name         string
 	weight, cost float64
 }
+
+// service is what letting a request of f go counts for its flow: its tokens over the flow's
+// weight.
+func (f flow) service() float64 { return max(f.cost, 1) / max(f.weight, minWeight) }
 
 // minWeight floors a flow's weight.
 const minWeight = 1e-3
@@ -274,7 +294,7 @@ func (q *admissionQueue) expire(now int64) {
 		if oldest == nil {
 			break
 		}
-		heap.Remove(&q.items, oldest.index)
+		q.removeAt(oldest.index)
 		late = append(late, oldest)
 	}
 	n := len(q.items)
@@ -438,31 +458,4 @@ func (r *Request) sloUnmet(now int64) *Refusal {
 	r.qitem = nil
 	r.c.m.queued.WithLabelValues("slo_unmet").Inc()
 	return &Refusal{Status: 429, Message: "no worker is predicted to meet the request's latency targets (x-slo-ttft-ms, x-slo-tpot-ms)", Code: "slo_unmet", RetryAfter: r.c.queue.retryAfter(now)}
-}
-
-type queueHeap []*QueueItem
-
-func (h queueHeap) Len() int { return len(h) }
-func (h queueHeap) Less(i, j int) bool {
-	if h[i].prio != h[j].prio {
-		return h[i].prio > h[j].prio // higher is more urgent
-	}
-	return h[i].seq < h[j].seq
-}
-func (h queueHeap) Swap(i, j int) {
-	h[i], h[j] = h[j], h[i]
-	h[i].index, h[j].index = i, j
-}
-func (h *queueHeap) Push(x any) {
-	it := x.(*QueueItem)
-	it.index = len(*h)
-	*h = append(*h, it)
-}
-func (h *queueHeap) Pop() any {
-	old := *h
-	it := old[len(old)-1]
-	old[len(old)-1] = nil
-	*h = old[:len(old)-1]
-	it.index = -1
-	return it
 }
