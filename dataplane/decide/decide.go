@@ -65,19 +65,20 @@ func (r *Request) Decide(now int64, retry bool) error {
 	if disagg {
 		return r.decideDisagg(now, retry)
 	}
+	rr.Headroom = r.headroom(router.Pool())
 	if !retry && r.qitem == nil && r.flow != "" && !r.charged && c.queue.n.Load() > 0 {
 		// Requests of flows wait in the admission queue: one new to it takes a slot ahead of
 		// them only when its flow would go first anyway (served least), and that counts as
 		// its flow's service; else the queue's fair order would hold only for the slots
-		// arrivals leave.
-		// A tenant below its share goes anyway: the headroom the others leave free is its.
-		under := c.cfg.TenantHeadroom > 0 && r.tenant != "" && r.headroom(router.Pool(), false) == 0
+		// arrivals leave. A tenant below its share goes anyway: the headroom the others
+		// leave free is its.
+		under := c.cfg.TenantHeadroom > 0 && r.tenant != "" && rr.Headroom == 0
 		if !c.queue.admitDirect(r.queueFlow(), under) {
+			r.countRunning(-1)
 			return route.ErrBusy
 		}
 		r.charged = true
 	}
-	rr.Headroom = r.headroom(router.Pool(), true)
 	err := router.Route(rr, &r.dec)
 	if errors.Is(err, route.ErrNoWorker) && router == c.load && !retry && router.Pool().Disaggregated(unsafeString(r.oreq.Model)) {
 		// Embeddings and responses in a disaggregated pool go to the decode workers.

@@ -352,11 +352,11 @@ func (r *Request) SetFlow(name string, weight float64) { r.flow, r.flowWeight = 
 func (r *Request) SetTenant(name string, share float64) { r.tenant, r.tenantShare = name, share }
 
 // headroom is the slots of each worker the request may not take: TenantHeadroom when its
-// tenant runs its share of the pool's requests or more, else none. With count it also counts
-// the request among its tenant's running ones in the same step, so that two requests routed
-// at once on two event loops cannot both find their tenant below its share (Decide undoes it
-// when the request finds no worker).
-func (r *Request) headroom(pool *route.Pool, count bool) int64 {
+// tenant runs its share of the pool's requests or more, else none. It also counts the request
+// among its tenant's running ones in the same step, so that two requests routed at once on
+// two event loops cannot both find their tenant below its share (Decide undoes it when the
+// request does not go).
+func (r *Request) headroom(pool *route.Pool) int64 {
 	c := r.c
 	if c.cfg.TenantHeadroom <= 0 || c.cfg.BusyRequests <= 0 || r.tenant == "" {
 		return 0
@@ -365,12 +365,8 @@ func (r *Request) headroom(pool *route.Pool, count bool) int64 {
 	running := c.tenantRunning[r.tenant]
 	if r.running {
 		running-- // itself, counted by an earlier attempt
-	}
-	if count && !r.running {
-		if c.tenantRunning == nil {
-			c.tenantRunning = map[string]int64{}
-		}
-		c.tenantRunning[r.tenant]++
+	} else {
+		c.addRunning(r.tenant, 1)
 		r.running = true
 	}
 	c.tenantMu.Unlock()
@@ -388,15 +384,20 @@ func (r *Request) countRunning(d int64) {
 	}
 	r.running = d > 0
 	c.tenantMu.Lock()
+	c.addRunning(r.tenant, d)
+	c.tenantMu.Unlock()
+}
+
+// addRunning adds d to tenant's running requests. The caller holds c.tenantMu.
+func (c *Core) addRunning(tenant string, d int64) {
 	if c.tenantRunning == nil {
 		c.tenantRunning = map[string]int64{}
 	}
-	if n := c.tenantRunning[r.tenant] + d; n > 0 {
-		c.tenantRunning[r.tenant] = n
+	if n := c.tenantRunning[tenant] + d; n > 0 {
+		c.tenantRunning[tenant] = n
 	} else {
-		delete(c.tenantRunning, r.tenant)
+		delete(c.tenantRunning, tenant)
 	}
-	c.tenantMu.Unlock()
 }
 
 // queueFlow is the request's flow, weight and cost in the admission queue: its prompt and
