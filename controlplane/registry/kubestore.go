@@ -886,21 +886,20 @@ func (s *KubeStore) PutRollout(id uint64, record []byte) error {
 	err = write(func(ctx context.Context) error {
 		cur, err := c.Get(ctx, name, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
-			term, err := s.fenced(ctx, nil, 0)
-			if err != nil {
-				return err
-			}
-			obj := s.newObject("KvrelayRollout", name, spec.(map[string]any))
-			s.stamp(obj, term)
-			out, err := c.Create(ctx, obj, metav1.CreateOptions{})
-			s.remember(RolloutResource, out)
-			return err
+			cur, err = nil, nil
 		}
 		if err != nil {
 			return err
 		}
 		term, err := s.fenced(ctx, cur, 0)
 		if err != nil {
+			return err
+		}
+		if cur == nil {
+			obj := s.newObject("KvrelayRollout", name, spec.(map[string]any))
+			s.stamp(obj, term)
+			out, err := c.Create(ctx, obj, metav1.CreateOptions{})
+			s.remember(RolloutResource, out)
 			return err
 		}
 		cur.Object["spec"] = spec

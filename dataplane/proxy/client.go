@@ -575,17 +575,19 @@ func (cc *clientConn) setFlow() {
 	if len(fid) > maxFairnessID {
 		fid = fid[:maxFairnessID]
 	}
-	if t := cc.tenant; t != nil {
-		cc.in.SetTenant(t.Name, cc.srv.keys.Table().Share(t))
+	t := cc.tenant
+	if t == nil {
+		if len(fid) > 0 {
+			cc.in.SetFlow(string(fid), 1)
+		}
+		return
 	}
-	switch t := cc.tenant; {
-	case t != nil && len(fid) > 0:
-		cc.in.SetFlow(t.Name+"/"+string(fid), t.Limits.Weight)
-	case t != nil:
-		cc.in.SetFlow(t.Name, t.Limits.Weight)
-	case len(fid) > 0:
-		cc.in.SetFlow(string(fid), 1)
+	cc.in.SetTenant(t.Name, cc.srv.keys.Table().Share(t))
+	name := t.Name
+	if len(fid) > 0 {
+		name += "/" + string(fid)
 	}
+	cc.in.SetFlow(name, t.Limits.Weight)
 }
 
 // admit takes the request from its tenant's budgets (its prompt tokens, its output limit
