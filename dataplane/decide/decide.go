@@ -72,7 +72,7 @@ func (r *Request) Decide(now int64, retry bool) error {
 		// its flow's service; else the queue's fair order would hold only for the slots
 		// arrivals leave. A tenant below its share goes anyway: the headroom the others
 		// leave free is its.
-		under := c.cfg.TenantHeadroom > 0 && r.tenant != "" && rr.Headroom == 0
+		under := c.keepsHeadroom() && r.tenant != "" && rr.Headroom == 0
 		if !c.queue.admitDirect(r.queueFlow(), under) {
 			r.countRunning(-1)
 			return route.ErrBusy

@@ -358,7 +358,7 @@ func (r *Request) SetTenant(name string, share float64) { r.tenant, r.tenantShar
 // request does not go).
 func (r *Request) headroom(pool *route.Pool) int64 {
 	c := r.c
-	if c.cfg.TenantHeadroom <= 0 || c.cfg.BusyRequests <= 0 || r.tenant == "" {
+	if !c.keepsHeadroom() || r.tenant == "" {
 		return 0
 	}
 	c.tenantMu.Lock()
@@ -379,7 +379,7 @@ func (r *Request) headroom(pool *route.Pool) int64 {
 // countRunning adds d to the request's tenant's running requests (once each way).
 func (r *Request) countRunning(d int64) {
 	c := r.c
-	if r.tenant == "" || (d > 0) == r.running {
+	if !c.keepsHeadroom() || r.tenant == "" || (d > 0) == r.running {
 		return
 	}
 	r.running = d > 0
@@ -387,6 +387,10 @@ func (r *Request) countRunning(d int64) {
 	c.addRunning(r.tenant, d)
 	c.tenantMu.Unlock()
 }
+
+// keepsHeadroom reports whether tenants' headroom is kept: only then are their running
+// requests counted.
+func (c *Core) keepsHeadroom() bool { return c.cfg.TenantHeadroom > 0 && c.cfg.BusyRequests > 0 }
 
 // addRunning adds d to tenant's running requests. The caller holds c.tenantMu.
 func (c *Core) addRunning(tenant string, d int64) {
