@@ -73,13 +73,7 @@ func TestSlowClientPausesAndResumes(t *testing.T) {
 func TestStalledClientIsCutOff(t *testing.T) {
 	url := bigStream(t, 20000, 4000) // ~80 MB
 	p := startProxy(t, []string{url}, func(cfg *proxy.Config) { cfg.MaxBufferedResponse = 1 << 20 })
-	conn, err := net.Dial("tcp", p.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	body := chatBody("s", "u", 1, true)
-	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	conn := streamWithoutReading(t, &net.Dialer{}, p.Addr())
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		_, m := get(t, "http://"+p.Addr()+"/metrics")
@@ -163,13 +157,7 @@ func TestNeverReadingClientFreesTheEngine(t *testing.T) {
 	d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
 		return rc.Control(func(fd uintptr) { _ = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096) })
 	}}
-	conn, err := d.Dial("tcp", p.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	body := chatBody("s", "u", 1, true)
-	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	streamWithoutReading(t, &d, p.Addr())
 	select {
 	case <-engineGone:
 	case <-time.After(20 * time.Second):
@@ -190,13 +178,7 @@ func TestStallCountsFromTheLastByteTheClientTook(t *testing.T) {
 		cfg.MaxBufferedResponse = 64 << 20
 		cfg.ClientStallTimeout = 500 * time.Millisecond
 	})
-	conn, err := net.Dial("tcp", p.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	body := chatBody("s", "u", 1, true)
-	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	streamWithoutReading(t, &net.Dialer{}, p.Addr())
 	start := time.Now()
 	select {
 	case <-engineGone:
@@ -229,4 +211,19 @@ func endlessStream(t *testing.T, size int, period time.Duration) (url string, go
 		}
 	})
 	return url, done
+}
+
+// streamWithoutReading sends a streamed chat completion to the proxy at addr on a connection
+// of d and returns the connection, whose answer it does not read; it closes when the test
+// ends.
+func streamWithoutReading(t *testing.T, d *net.Dialer, addr string) net.Conn {
+	t.Helper()
+	conn, err := d.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	body := chatBody("s", "u", 1, true)
+	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	return conn
 }
