@@ -24,6 +24,7 @@ import (
 	"fmt"
 	"io"
 	"math/big"
+	mrand "math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -90,42 +91,15 @@ func Start(t testing.TB) *Env {
 	e := &Env{}
 	e.writePKI(t, dir)
 
-	etcdPort, peerPort, apiPort := freePort(t), freePort(t), freePort(t)
-	etcdURL := "http://127.0.0.1:" + strconv.Itoa(etcdPort)
-	peerURL := "http://127.0.0.1:" + strconv.Itoa(peerPort)
-	etcd := startProc(t, dir, "etcd", etcdBin,
-		"--name=kubetest",
-		"--data-dir="+filepath.Join(dir, "etcd"),
-		"--listen-client-urls="+etcdURL, "--advertise-client-urls="+etcdURL,
-		"--listen-peer-urls="+peerURL, "--initial-advertise-peer-urls="+peerURL,
-		"--initial-cluster=kubetest="+peerURL,
-		// A single member needs no election timeout against peers: elect itself
-		// in tens of milliseconds rather than the default second.
-		"--heartbeat-interval=10", "--election-timeout=100",
-		"--logger=zap", "--log-level=warn")
-	waitFor(t, etcd, http.DefaultClient, etcdURL+"/health")
-
-	e.host = "https://127.0.0.1:" + strconv.Itoa(apiPort)
-	api := startProc(t, dir, "kube-apiserver", apiBin,
-		"--etcd-servers="+etcdURL,
-		"--bind-address=127.0.0.1", "--secure-port="+strconv.Itoa(apiPort),
-		// The "kubernetes" Service's endpoints would be the advertise address, and loopback
-		// is not a valid endpoint: leave them out rather than log an error every few seconds.
-		"--advertise-address=127.0.0.1", "--endpoint-reconciler-type=none",
-		"--tls-cert-file="+filepath.Join(dir, "serving.crt"),
-		"--tls-private-key-file="+filepath.Join(dir, "serving.key"),
-		"--client-ca-file="+filepath.Join(dir, "ca.crt"),
-		"--token-auth-file="+filepath.Join(dir, "tokens.csv"),
-		"--authorization-mode=RBAC",
-		"--service-account-issuer=https://kubernetes.default.svc",
-		"--service-account-key-file="+filepath.Join(dir, "sa.key"),
-		"--service-account-signing-key-file="+filepath.Join(dir, "sa.key"),
-		"--service-cluster-ip-range=10.0.0.0/24",
-		"--disable-admission-plugins=ServiceAccount",
-		"--profiling=false")
+	var etcdURL string
+	launch(t, "etcd", http.DefaultClient, func(attempt int) (*proc, string) {
+		etcdURL = "http://127.0.0.1:" + strconv.Itoa(freePort(t))
+		peerURL := "http://127.0.0.1:" + strconv.Itoa(freePort(t))
+		etcd := startProc(t, dir, attemptName("etcd", attempt), etcdBin, etcdArgs(dir, attemptName("etcd", attempt), etcdURL, peerURL)...)
+		return etcd, etcdURL + "/health"
+	})
 
 	e.config = &rest.Config{
-		Host:            e.host,
 		BearerToken:     adminToken,
 		TLSClientConfig: rest.TLSClientConfig{CAData: e.caPEM},
 	}
@@ -134,9 +108,46 @@ func Start(t testing.TB) *Env {
 	if err != nil {
 		t.Fatalf("kubetest: HTTP client: %v", err)
 	}
-	waitFor(t, api, hc, e.host+"/readyz")
+	launch(t, "kube-apiserver", hc, func(attempt int) (*proc, string) {
+		apiPort := freePort(t)
+		e.host = "https://127.0.0.1:" + strconv.Itoa(apiPort)
+		api := startProc(t, dir, attemptName("kube-apiserver", attempt), apiBin,
+			"--etcd-servers="+etcdURL,
+			"--bind-address=127.0.0.1", "--secure-port="+strconv.Itoa(apiPort),
+			// The "kubernetes" Service's endpoints would be the advertise address, and loopback
+			// is not a valid endpoint: leave them out rather than log an error every few seconds.
+			"--advertise-address=127.0.0.1", "--endpoint-reconciler-type=none",
+			"--tls-cert-file="+filepath.Join(dir, "serving.crt"),
+			"--tls-private-key-file="+filepath.Join(dir, "serving.key"),
+			"--client-ca-file="+filepath.Join(dir, "ca.crt"),
+			"--token-auth-file="+filepath.Join(dir, "tokens.csv"),
+			"--authorization-mode=RBAC",
+			"--service-account-issuer=https://kubernetes.default.svc",
+			"--service-account-key-file="+filepath.Join(dir, "sa.key"),
+			"--service-account-signing-key-file="+filepath.Join(dir, "sa.key"),
+			"--service-cluster-ip-range=10.0.0.0/24",
+			"--disable-admission-plugins=ServiceAccount",
+			"--profiling=false")
+		return api, e.host + "/readyz"
+	})
+	e.config.Host = e.host
 	t.Logf("kubetest: kube-apiserver %s ready at %s in %v", Release, e.host, time.Since(begin).Round(time.Millisecond))
 	return e
+}
+
+// etcdArgs are the flags of a one-member etcd named name, with its data in dir/name.
+func etcdArgs(dir, name, clientURL, peerURL string) []string {
+	return []string{
+		"--name=kubetest",
+		"--data-dir=" + filepath.Join(dir, name),
+		"--listen-client-urls=" + clientURL, "--advertise-client-urls=" + clientURL,
+		"--listen-peer-urls=" + peerURL, "--initial-advertise-peer-urls=" + peerURL,
+		"--initial-cluster=kubetest=" + peerURL,
+		// A single member needs no election timeout against peers: elect itself
+		// in tens of milliseconds rather than the default second.
+		"--heartbeat-interval=10", "--election-timeout=100",
+		"--logger=zap", "--log-level=warn",
+	}
 }
 
 // Config returns a new copy of the administrator's client configuration: the user "admin" in
@@ -268,17 +279,73 @@ func newKey(t testing.TB) *ecdsa.PrivateKey {
 	return key
 }
 
-// freePort returns a loopback TCP port that nothing listens on now. Another process could
-// take it before etcd or the API server binds it; on loopback of a test machine that is rare,
-// and the process then exits and Start fails with its log.
+// bindAttempts is how many times launch starts a process that lost one of its ports.
+const bindAttempts = 5
+
+// launch starts a process with start, which picks its ports, and waits until the URL it
+// returns answers 200. freePort's ports are free when picked, not reserved: a process of
+// another test may bind one first, and the new process then exits. launch starts it again on
+// fresh ports when its log says so, and fails t on any other exit or after bindAttempts.
+func launch(t testing.TB, name string, hc *http.Client, start func(attempt int) (*proc, string)) {
+	t.Helper()
+	for attempt := 1; ; attempt++ {
+		p, url := start(attempt)
+		err := waitFor(p, hc, url)
+		if err == nil {
+			return
+		}
+		if attempt < bindAttempts && p.lostPort() {
+			t.Logf("kubetest: %s lost a port to another process (attempt %d); starting it on others", name, attempt)
+			continue
+		}
+		t.Fatal(err)
+	}
+}
+
+// attemptName names the log (and data directory) of a process's attempt-th start.
+func attemptName(name string, attempt int) string {
+	if attempt == 1 {
+		return name
+	}
+	return name + "." + strconv.Itoa(attempt)
+}
+
+// freePort returns a loopback TCP port that nothing listens on now, picked outside the
+// kernel's ephemeral range (ip_local_port_range) where it can: the ports that outgoing
+// connections and the suite's many ":0" listeners are given come from that range, and taking
+// one of those between the pick and the bind is what makes a process lose its port.
 func freePort(t testing.TB) int {
 	t.Helper()
+	if lo, ok := ephemeralLow(); ok && lo > 2048 {
+		for range 32 {
+			port := 1024 + mrand.IntN(lo-1024)
+			l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
+			if err == nil {
+				l.Close()
+				return port
+			}
+		}
+	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatalf("kubetest: free port: %v", err)
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
+}
+
+// ephemeralLow returns the first port of the kernel's ephemeral range, where Linux says.
+func ephemeralLow() (int, bool) {
+	data, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 0, false
+	}
+	f := strings.Fields(string(data))
+	if len(f) != 2 {
+		return 0, false
+	}
+	lo, err := strconv.Atoi(f[0])
+	return lo, err == nil
 }
 
 // proc is a started etcd or kube-apiserver.
@@ -323,27 +390,41 @@ func startProc(t testing.TB, dir, name, bin string, args ...string) *proc {
 	return p
 }
 
-// waitFor polls url with hc until it answers 200, failing t if p exits first or startTimeout
-// passes.
-func waitFor(t testing.TB, p *proc, hc *http.Client, url string) {
-	t.Helper()
+// waitFor polls url with hc until it answers 200. It returns why not if p exits first or
+// startTimeout passes.
+func waitFor(p *proc, hc *http.Client, url string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
 	defer cancel()
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	var last error
 	for {
-		if last = get(ctx, hc, url); last == nil {
-			return
+		// Each poll is bounded so that an exit is seen: the port may belong to another
+		// process that accepts the connection and never answers.
+		pollCtx, pollCancel := context.WithTimeout(ctx, 2*time.Second)
+		last = get(pollCtx, hc, url)
+		pollCancel()
+		if last == nil {
+			return nil
 		}
 		select {
 		case <-p.done:
-			t.Fatalf("kubetest: %s exited before %s answered (%v)", p.name, url, p.err)
+			return fmt.Errorf("kubetest: %s exited before %s answered (%v)", p.name, url, p.err)
 		case <-ctx.Done():
-			t.Fatalf("kubetest: %s not ready after %v: %v", p.name, startTimeout, last)
+			return fmt.Errorf("kubetest: %s not ready after %v: %v", p.name, startTimeout, last)
 		case <-tick.C:
 		}
 	}
+}
+
+// lostPort reports whether p has exited because a port it was to listen on was taken.
+func (p *proc) lostPort() bool {
+	select {
+	case <-p.done:
+	default:
+		return false
+	}
+	return strings.Contains(tail(p.log, 40), "address already in use")
 }
 
 // get returns nil when url answers 200, else why not.

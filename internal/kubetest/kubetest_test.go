@@ -3,8 +3,12 @@
 package kubetest
 
 import (
+	"net"
+	"net/http"
 	"os"
+	"path/filepath"
 	"regexp"
+	"strconv"
 	"testing"
 	"time"
 
@@ -31,6 +35,36 @@ func TestReleaseMatchesWrapper(t *testing.T) {
 	}
 	if got := string(m[1]); got != Release {
 		t.Fatalf("hack/kube-testenv/go.mod builds k8s.io/kubernetes %s; kubetest.Release is %s", got, Release)
+	}
+}
+
+// A process that loses its port to another between freePort and its bind is started again on
+// others: here etcd's first client port is held by the test.
+func TestLaunchRetriesALostPort(t *testing.T) {
+	etcdBin := filepath.Join(BinDir(), "etcd")
+	if _, err := os.Stat(etcdBin); err != nil {
+		t.Skipf("no %s: run hack/kube-testenv.sh", etcdBin)
+	}
+	held, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	dir := t.TempDir()
+	starts := 0
+	launch(t, "etcd", http.DefaultClient, func(attempt int) (*proc, string) {
+		starts++
+		port := freePort(t)
+		if attempt == 1 {
+			port = held.Addr().(*net.TCPAddr).Port
+		}
+		url := "http://127.0.0.1:" + strconv.Itoa(port)
+		peer := "http://127.0.0.1:" + strconv.Itoa(freePort(t))
+		name := attemptName("etcd", attempt)
+		return startProc(t, dir, name, etcdBin, etcdArgs(dir, name, url, peer)...), url + "/health"
+	})
+	if starts != 2 {
+		t.Fatalf("etcd started %d times; want 2 (the first on the held port)", starts)
 	}
 }
 
