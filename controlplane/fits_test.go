@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/kvrelay/kvrelay/dataplane/latency"
+	"github.com/kvrelay/kvrelay/dataplane/proxy"
 )
 
 // streamChat sends a streamed chat completion (what teaches a proxy's latency model) and
@@ -42,11 +43,13 @@ func TestProxiesShareWhatTheyLearn(t *testing.T) {
 	waitWorkers(t, p0, 2)
 	// Until the first proxy's model of the workers (as they are now: a worker whose model
 	// name arrives after it joined gets a model of that name afresh) has learned 20 first
-	// tokens.
+	// tokens, and each worker at least two: a proxy takes a worker's pooled figures only
+	// when the pool saw twice the first tokens it did (latency.Worker.Share), so a worker
+	// the first proxy sent one request would keep the second proxy's prior.
 	var learned latency.Fit
-	for i := 0; learned.TTFTObs < 20; i++ {
+	for i := 0; learned.TTFTObs < 20 || leastObs(p0) < 2; i++ {
 		if i == 400 {
-			t.Fatalf("the first proxy's model learned %d first tokens from %d requests", learned.TTFTObs, i)
+			t.Fatalf("the first proxy's model learned %d first tokens from %d requests, a worker %d", learned.TTFTObs, i, leastObs(p0))
 		}
 		streamChat(t, "http://"+p0.Addr(), family(i%6), "question "+strconv.Itoa(i))
 		learned = p0.Workers()[0].Latency().Model().Fit()
@@ -89,6 +92,15 @@ func TestProxiesShareWhatTheyLearn(t *testing.T) {
 			time.Sleep(100 * time.Millisecond)
 		}
 	}
+}
+
+// leastObs is the fewest first tokens the proxy's model of one of its workers learned from.
+func leastObs(p *proxy.Server) int64 {
+	least := int64(math.MaxInt64)
+	for _, w := range p.Workers() {
+		least = min(least, w.Latency().Fit().Obs)
+	}
+	return least
 }
 
 // near reports whether a and b agree within the pool's rounding (two significant digits)
