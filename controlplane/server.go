@@ -386,6 +386,8 @@ func (s *Server) Start(ctx context.Context) error {
 		if s.opts.Leader != nil {
 			s.wg.Add(1)
 			go func() { defer s.wg.Done(); s.shareArmsLoop(runCtx, ks) }()
+			s.wg.Add(1)
+			go func() { defer s.wg.Done(); s.shareTenantsLoop(runCtx, ks) }()
 			if addr, err := s.advertisedAPI(); err != nil {
 				s.log.Error("operator API address not shared: followers answer changes with 503 instead of forwarding them here", "err", err)
 			} else if addr != "" {

@@ -161,7 +161,8 @@ func (s *Server) setupXDS(ctx context.Context) error {
 		NodeID:  nodeID,
 		OnError: func(err error) { s.log.Debug("index journal stream ended", "err", err) },
 	})
-	x.reporter, err = client.NewReporter(conn, client.ReporterOptions{NodeID: nodeID, Snapshot: s.ownLoad, Arms: s.core.ArmReports, Decisions: s.core.ReportDecisions, Fits: s.latencyFits, Included: x.noteIncluded, Interval: 100 * time.Millisecond})
+	x.reporter, err = client.NewReporter(conn, client.ReporterOptions{NodeID: nodeID, Snapshot: s.ownLoad, Arms: s.core.ArmReports, Decisions: s.core.ReportDecisions, Fits: s.latencyFits, Included: x.noteIncluded, Interval: 100 * time.Millisecond,
+		Tenants: s.tenantDemand, Grants: s.applyGrants})
 	if err != nil {
 		conn.Close()
 		return err

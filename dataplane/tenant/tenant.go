@@ -43,6 +43,15 @@ type Tenant struct {
 
 	mu                       sync.Mutex
 	requests, prompt, output bucket
+	// share is this proxy's fraction of each of the limits (requests, prompt, output), set
+	// by SetShare where a control plane divides fleet-wide budgets among proxies; 1 alone.
+	share [3]float64
+	// asked sums the costs of the requests asked since the last Demand, admitted or not;
+	// rate is their smoothed rate per second, at rateAt; admitted and refused count requests.
+	asked             [3]float64
+	rate              [3]float64
+	rateAt            time.Time
+	admitted, refused uint64
 }
 
 // bucket is a token bucket that may go into debt: a request is admitted once the level holds
@@ -113,7 +122,87 @@ func newTenant(name string, l Limits) *Tenant {
 	return &Tenant{Name: name, Limits: l,
 		requests: newBucket(l.RPS, secondWindow),
 		prompt:   newBucket(l.PromptTPS, secondWindow),
-		output:   newBucket(l.OutputTPM/minuteWindow, minuteWindow)}
+		output:   newBucket(l.OutputTPM/minuteWindow, minuteWindow),
+		share:    [3]float64{1, 1, 1}}
+}
+
+// rescale makes the bucket fill at rate (with the burst of its window), keeping its level
+// the same fraction of its size: a share that moves neither refills nor empties it.
+func (b *bucket) rescale(rate, window float64) {
+	if b.rate <= 0 || rate <= 0 {
+		return
+	}
+	burst := max(rate*window, 1)
+	b.level *= burst / b.burst
+	b.rate, b.burst = rate, burst
+}
+
+// Limited reports whether t has any budget: only such tenants are divided among proxies.
+func (t *Tenant) Limited() bool {
+	return t.Limits.RPS > 0 || t.Limits.PromptTPS > 0 || t.Limits.OutputTPM > 0
+}
+
+// Share bounds: a share below minShare is taken as minShare, so that a proxy never refuses
+// a tenant forever on a share of 0.
+const minShare = 1e-4
+
+// SetShare makes t's budgets on this proxy the given fractions of its limits (requests/s,
+// prompt tokens/s, generated tokens/min), as a control plane divides a tenant's fleet-wide
+// budgets among the proxies that serve it. Fractions out of (0, 1] are clamped; NaN changes
+// nothing. Each bucket keeps its level as the same fraction of its new size.
+func (t *Tenant) SetShare(requests, prompt, output float64, now time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	limits := [3]float64{t.Limits.RPS, t.Limits.PromptTPS, t.Limits.OutputTPM / minuteWindow}
+	windows := [3]float64{secondWindow, secondWindow, minuteWindow}
+	for i, b := range [3]*bucket{&t.requests, &t.prompt, &t.output} {
+		f := [3]float64{requests, prompt, output}[i]
+		if math.IsNaN(f) {
+			continue
+		}
+		f = min(max(f, minShare), 1)
+		b.refill(now)
+		b.rescale(limits[i]*f, windows[i])
+		t.share[i] = f
+	}
+}
+
+// Shares are t's fractions of its limits on this proxy (SetShare): requests, prompt tokens,
+// output tokens.
+func (t *Tenant) Shares() [3]float64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.share
+}
+
+// Demand is what a tenant asked of this proxy: the costs of its requests, admitted or
+// refused, per second (smoothed over the last few calls of Demand), and its requests
+// admitted and refused so far.
+type Demand struct {
+	Requests, PromptTokens, OutputTokens float64
+	Admitted, Refused                    uint64
+}
+
+// demandSmoothing is the weight of the latest interval in a Demand's rates.
+const demandSmoothing = 0.5
+
+// Demand is what t was asked since the last call, as rates smoothed with the earlier calls'.
+// The first call starts the clock and gives no rates.
+func (t *Tenant) Demand(now time.Time) Demand {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if !t.rateAt.IsZero() {
+		if d := now.Sub(t.rateAt).Seconds(); d > 0 {
+			for i := range t.rate {
+				t.rate[i] = (1-demandSmoothing)*t.rate[i] + demandSmoothing*t.asked[i]/d
+				t.asked[i] = 0
+			}
+			t.rateAt = now
+		}
+	} else {
+		t.asked, t.rateAt = [3]float64{}, now
+	}
+	return Demand{Requests: t.rate[0], PromptTokens: t.rate[1], OutputTokens: t.rate[2], Admitted: t.admitted, Refused: t.refused}
 }
 
 // Exceeded says which budget refused a request and when to try again.
@@ -148,14 +237,19 @@ func (t *Tenant) Admit(now time.Time, promptTokens, maxOutput int) (Reservation,
 		cost float64
 		name string
 	}{{&t.requests, 1, "requests"}, {&t.prompt, float64(max(promptTokens, 0)), "prompt_tokens"}, {&t.output, out, "output_tokens"}}
+	for i, c := range costs {
+		t.asked[i] += c.cost
+	}
 	for _, c := range costs {
 		if w := c.b.wait(c.cost); w > 0 {
+			t.refused++
 			return Reservation{}, &Exceeded{Limit: c.name, RetryAfter: w}
 		}
 	}
 	for _, c := range costs {
 		c.b.take(c.cost)
 	}
+	t.admitted++
 	return Reservation{t: t, output: out}, nil
 }
 
@@ -383,7 +477,14 @@ func carry(prev, next *Table) {
 	}
 	for name, nt := range next.tenants {
 		pt, ok := prev.tenants[name]
-		if !ok || pt.Limits != nt.Limits {
+		if !ok {
+			continue
+		}
+		if pt.Limits != nt.Limits {
+			// New budgets, but this proxy's share of them stays until the control plane
+			// says otherwise.
+			sh := pt.Shares()
+			nt.SetShare(sh[0], sh[1], sh[2], time.Now())
 			continue
 		}
 		for k, v := range next.keys {

@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -192,4 +193,46 @@ func FuzzParse(f *testing.F) {
 			}
 		}
 	})
+}
+
+// A share of the fleet's budget scales the buckets: a proxy given a quarter of 8 requests/s
+// admits 2 a second, its level kept as the same fraction of the bucket; what it was asked,
+// admitted or refused, comes out as a smoothed rate.
+func TestShareAndDemand(t *testing.T) {
+	tab, err := Parse([]byte("sk-a tenant=a,rps=8\nsk-b tenant=b\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := tab.Lookup([]byte("Bearer sk-a"))
+	if !a.Limited() || tab.Lookup([]byte("Bearer sk-b")).Limited() {
+		t.Fatal("Limited: a has a budget, b none")
+	}
+	now := time.Unix(100, 0)
+	a.Demand(now) // starts the clock
+	a.SetShare(0.25, 1, 1, now)
+	if got := a.Shares(); got != [3]float64{0.25, 1, 1} {
+		t.Fatalf("shares %v", got)
+	}
+	admitted := 0
+	for i := range 40 { // 40 asked over 4 s
+		if _, ex := a.Admit(now.Add(time.Duration(i)*100*time.Millisecond), 0, 0); ex == nil {
+			admitted++
+		}
+	}
+	// The bucket of 2 starts full: 2 at once, then 2 a second for the remaining 3.9 s.
+	if admitted < 8 || admitted > 10 {
+		t.Fatalf("admitted %d of 40 over 4 s on a quarter of 8/s", admitted)
+	}
+	d := a.Demand(now.Add(4 * time.Second))
+	if d.Admitted != uint64(admitted) || d.Refused != uint64(40-admitted) {
+		t.Fatalf("demand %+v, want %d admitted, %d refused", d, admitted, 40-admitted)
+	}
+	if d.Requests < 4.9 || d.Requests > 5.1 { // half of 10/s, smoothed with the first call's 0
+		t.Fatalf("demand %v requests/s after 10/s for 4 s, want 5 (smoothed)", d.Requests)
+	}
+	// Shares out of bounds are clamped; NaN changes nothing.
+	a.SetShare(0, 7, math.NaN(), now)
+	if got := a.Shares(); got[0] != minShare || got[1] != 1 || got[2] != 1 {
+		t.Fatalf("shares %v after SetShare(0, 7, NaN)", got)
+	}
 }

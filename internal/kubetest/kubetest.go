@@ -146,6 +146,11 @@ func etcdArgs(dir, name, clientURL, peerURL string) []string {
 		// A single member needs no election timeout against peers: elect itself
 		// in tens of milliseconds rather than the default second.
 		"--heartbeat-interval=10", "--election-timeout=100",
+		// The API server's watch caches move forward on etcd's progress notifications when
+		// nothing is written to a resource; at etcd's default of 10 minutes, a list that
+		// must be as fresh as a write it knows of (an admission policy's informer starting)
+		// waits on them and times out again and again on a loaded machine.
+		"--experimental-watch-progress-notify-interval=1s",
 		"--logger=zap", "--log-level=warn",
 	}
 }

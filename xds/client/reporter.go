@@ -16,9 +16,11 @@ import (
 const (
 	DefaultReportInterval = time.Second
 	// DefaultFitsEvery is how often a proxy sends what its latency models learned.
-	DefaultFitsEvery  = 5 * time.Second
-	minReportInterval = 10 * time.Millisecond
-	maxReportInterval = time.Minute
+	DefaultFitsEvery = 5 * time.Second
+	// DefaultTenantsEvery is how often a proxy sends what its tenants asked of it.
+	DefaultTenantsEvery = time.Second
+	minReportInterval   = 10 * time.Millisecond
+	maxReportInterval   = time.Minute
 )
 
 // ReporterOptions configure a Reporter.
@@ -43,6 +45,15 @@ type ReporterOptions struct {
 	Fits func() []*xdsv1.LatencyFit
 	// FitsEvery is how often fits go out (default DefaultFitsEvery).
 	FitsEvery time.Duration
+	// Tenants, when set, returns what the proxy's tenants asked of it (LoadReport.tenants),
+	// called beside Snapshot at most every TenantsEvery; the reports between carry none.
+	Tenants func() []*xdsv1.TenantDemand
+	// TenantsEvery is how often tenants go out (default DefaultTenantsEvery).
+	TenantsEvery time.Duration
+	// Grants, when set, hears the proxy's shares of its tenants' budgets that the control
+	// plane sends in answer to a report with tenants (LoadReportAck.tenants). Called from
+	// the stream's receiving goroutine.
+	Grants func([]*xdsv1.TenantGrant)
 	// Included, when set, hears each merge of the proxies' reports that the control plane
 	// tells this proxy of (LoadReportAck epoch and included_seq): pushed loads of that
 	// Load.epoch include this proxy's report seq. It is called with (0, 0) when a stream
@@ -66,8 +77,8 @@ type ReporterOptions struct {
 type Reporter struct {
 	conn grpc.ClientConnInterface
 	opts ReporterOptions
-	// fitsAt is when fits last went out (Run's goroutine only).
-	fitsAt time.Time
+	// fitsAt and tenantsAt are when fits and tenants last went out (Run's goroutine only).
+	fitsAt, tenantsAt time.Time
 
 	running  atomic.Bool
 	interval atomic.Int64 // nanoseconds
@@ -137,6 +148,7 @@ func (r *Reporter) stream(ctx context.Context) (healthy bool, err error) {
 		return false, fmt.Errorf("opening load report stream: %w", err)
 	}
 
+	r.tenantsAt = time.Time{} // a new stream (perhaps another replica) hears the tenants at once
 	intervals := make(chan time.Duration, 1)
 	recvDone := make(chan error, 1)
 	if r.opts.Included != nil {
@@ -151,6 +163,9 @@ func (r *Reporter) stream(ctx context.Context) (healthy bool, err error) {
 			}
 			if ack.GetEpoch() != 0 && r.opts.Included != nil {
 				r.opts.Included(ack.GetEpoch(), ack.GetIncludedSeq())
+			}
+			if len(ack.GetTenants()) > 0 && r.opts.Grants != nil {
+				r.opts.Grants(ack.GetTenants())
 			}
 			d := clampInterval(time.Duration(ack.GetIntervalMs()) * time.Millisecond)
 			select { // keep only the latest interval
@@ -181,6 +196,15 @@ func (r *Reporter) stream(ctx context.Context) (healthy bool, err error) {
 			}
 			if now := time.Now(); now.Sub(r.fitsAt) >= every {
 				rep.Fits, r.fitsAt = r.opts.Fits(), now
+			}
+		}
+		if r.opts.Tenants != nil {
+			every := r.opts.TenantsEvery
+			if every <= 0 {
+				every = DefaultTenantsEvery
+			}
+			if now := time.Now(); now.Sub(r.tenantsAt) >= every {
+				rep.Tenants, r.tenantsAt = r.opts.Tenants(), now
 			}
 		}
 		if err := st.Send(rep); err != nil {

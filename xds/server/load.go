@@ -197,6 +197,9 @@ type nodeReport struct {
 	// fits are the latest latency fits the node sent (reports carry them every few
 	// seconds; those between keep the last).
 	fits []*xdsv1.LatencyFit
+	// tenants is the latest tenant demand the node sent (every second or so; the reports
+	// between keep the last).
+	tenants map[string]TenantDemand
 }
 
 // Arm is what the proxies saw of the requests one routing policy version routed,
@@ -508,7 +511,11 @@ func (l *loadStore) put(node string, stream uint64, r *xdsv1.LoadReport) {
 	if fits == nil && prev != nil && prev.stream == stream {
 		fits = prev.fits
 	}
-	l.nodes[node] = &nodeReport{stream: stream, seq: r.GetSeq(), at: now, loads: loads, arms: armsOf(r), fits: fits}
+	tenants := tenantsOf(r)
+	if tenants == nil && prev != nil && prev.stream == stream {
+		tenants = prev.tenants
+	}
+	l.nodes[node] = &nodeReport{stream: stream, seq: r.GetSeq(), at: now, loads: loads, arms: armsOf(r), fits: fits, tenants: tenants}
 	l.mu.Unlock()
 	if !same {
 		l.signal()
@@ -680,7 +687,11 @@ func (ls *loadService) Report(st grpc.BidiStreamingServer[xdsv1.LoadReport, xdsv
 					f(node, ds)
 				}
 			}
-			if err := st.Send(ack); err != nil {
+			a := ack
+			if ts := tenantsOf(r); ts != nil {
+				a = &xdsv1.LoadReportAck{IntervalMs: interval, Tenants: s.grants(node, ts)}
+			}
+			if err := st.Send(a); err != nil {
 				return fmt.Errorf("acknowledging load report: %w", err)
 			}
 		}

@@ -227,6 +227,7 @@ type Server struct {
 	workers *cache.LinearCache
 	policy  *cache.LinearCache
 	load    *loadStore
+	tenants tenantShares
 
 	// pubMu serialises publications and guards published and publishedPolicy: the
 	// resources last handed to the caches (never modified once published).

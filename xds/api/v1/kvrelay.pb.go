@@ -1207,7 +1207,12 @@ type LoadReport struct {
 	// fits are what the proxy's latency models have learned, one per model and role, sent
 	// every few seconds (absent from the reports between): the control plane pools them and
 	// pushes the pool back with the workers (Worker.fit).
-	Fits          []*LatencyFit `protobuf:"bytes,6,rep,name=fits,proto3" json:"fits,omitempty"`
+	Fits []*LatencyFit `protobuf:"bytes,6,rep,name=fits,proto3" json:"fits,omitempty"`
+	// tenants are the proxy's API-key tenants with budgets (at most 4096), sent every second
+	// or so (absent from the reports between): what each asked of this proxy, from which the
+	// control plane divides each tenant's fleet-wide budgets among the proxies
+	// (LoadReportAck.tenants).
+	Tenants       []*TenantDemand `protobuf:"bytes,7,rep,name=tenants,proto3" json:"tenants,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1284,6 +1289,180 @@ func (x *LoadReport) GetFits() []*LatencyFit {
 	return nil
 }
 
+func (x *LoadReport) GetTenants() []*TenantDemand {
+	if x != nil {
+		return x.Tenants
+	}
+	return nil
+}
+
+// TenantDemand is what one tenant asked of one proxy: the costs of its requests, admitted or
+// refused, per second, smoothed over the last seconds; and its requests admitted and refused
+// for the life of the proxy's process.
+type TenantDemand struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tenant        string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Requests      float64                `protobuf:"fixed64,2,opt,name=requests,proto3" json:"requests,omitempty"`
+	PromptTokens  float64                `protobuf:"fixed64,3,opt,name=prompt_tokens,json=promptTokens,proto3" json:"prompt_tokens,omitempty"`
+	OutputTokens  float64                `protobuf:"fixed64,4,opt,name=output_tokens,json=outputTokens,proto3" json:"output_tokens,omitempty"`
+	Admitted      uint64                 `protobuf:"varint,5,opt,name=admitted,proto3" json:"admitted,omitempty"`
+	Refused       uint64                 `protobuf:"varint,6,opt,name=refused,proto3" json:"refused,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TenantDemand) Reset() {
+	*x = TenantDemand{}
+	mi := &file_kvrelay_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TenantDemand) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TenantDemand) ProtoMessage() {}
+
+func (x *TenantDemand) ProtoReflect() protoreflect.Message {
+	mi := &file_kvrelay_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TenantDemand.ProtoReflect.Descriptor instead.
+func (*TenantDemand) Descriptor() ([]byte, []int) {
+	return file_kvrelay_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *TenantDemand) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *TenantDemand) GetRequests() float64 {
+	if x != nil {
+		return x.Requests
+	}
+	return 0
+}
+
+func (x *TenantDemand) GetPromptTokens() float64 {
+	if x != nil {
+		return x.PromptTokens
+	}
+	return 0
+}
+
+func (x *TenantDemand) GetOutputTokens() float64 {
+	if x != nil {
+		return x.OutputTokens
+	}
+	return 0
+}
+
+func (x *TenantDemand) GetAdmitted() uint64 {
+	if x != nil {
+		return x.Admitted
+	}
+	return 0
+}
+
+func (x *TenantDemand) GetRefused() uint64 {
+	if x != nil {
+		return x.Refused
+	}
+	return 0
+}
+
+// TenantGrant is one proxy's share of a tenant's budgets: the fraction of each fleet-wide
+// limit (requests/s, prompt tokens/s, generated tokens/min) its buckets fill at, from 0 to 1,
+// the shares of every proxy that serves the tenant adding up to 1.
+type TenantGrant struct {
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Tenant       string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Requests     float64                `protobuf:"fixed64,2,opt,name=requests,proto3" json:"requests,omitempty"`
+	PromptTokens float64                `protobuf:"fixed64,3,opt,name=prompt_tokens,json=promptTokens,proto3" json:"prompt_tokens,omitempty"`
+	OutputTokens float64                `protobuf:"fixed64,4,opt,name=output_tokens,json=outputTokens,proto3" json:"output_tokens,omitempty"`
+	// proxies is how many proxies the shares divide among.
+	Proxies       uint32 `protobuf:"varint,5,opt,name=proxies,proto3" json:"proxies,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TenantGrant) Reset() {
+	*x = TenantGrant{}
+	mi := &file_kvrelay_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TenantGrant) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TenantGrant) ProtoMessage() {}
+
+func (x *TenantGrant) ProtoReflect() protoreflect.Message {
+	mi := &file_kvrelay_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TenantGrant.ProtoReflect.Descriptor instead.
+func (*TenantGrant) Descriptor() ([]byte, []int) {
+	return file_kvrelay_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *TenantGrant) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *TenantGrant) GetRequests() float64 {
+	if x != nil {
+		return x.Requests
+	}
+	return 0
+}
+
+func (x *TenantGrant) GetPromptTokens() float64 {
+	if x != nil {
+		return x.PromptTokens
+	}
+	return 0
+}
+
+func (x *TenantGrant) GetOutputTokens() float64 {
+	if x != nil {
+		return x.OutputTokens
+	}
+	return 0
+}
+
+func (x *TenantGrant) GetProxies() uint32 {
+	if x != nil {
+		return x.Proxies
+	}
+	return 0
+}
+
 // DecisionSample is one routing decision a proxy made and how its request went.
 type DecisionSample struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1319,7 +1498,7 @@ type DecisionSample struct {
 
 func (x *DecisionSample) Reset() {
 	*x = DecisionSample{}
-	mi := &file_kvrelay_proto_msgTypes[11]
+	mi := &file_kvrelay_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1331,7 +1510,7 @@ func (x *DecisionSample) String() string {
 func (*DecisionSample) ProtoMessage() {}
 
 func (x *DecisionSample) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[11]
+	mi := &file_kvrelay_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1344,7 +1523,7 @@ func (x *DecisionSample) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecisionSample.ProtoReflect.Descriptor instead.
 func (*DecisionSample) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{11}
+	return file_kvrelay_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *DecisionSample) GetId() uint64 {
@@ -1483,7 +1662,7 @@ type CandidateSample struct {
 
 func (x *CandidateSample) Reset() {
 	*x = CandidateSample{}
-	mi := &file_kvrelay_proto_msgTypes[12]
+	mi := &file_kvrelay_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1495,7 +1674,7 @@ func (x *CandidateSample) String() string {
 func (*CandidateSample) ProtoMessage() {}
 
 func (x *CandidateSample) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[12]
+	mi := &file_kvrelay_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1508,7 +1687,7 @@ func (x *CandidateSample) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CandidateSample.ProtoReflect.Descriptor instead.
 func (*CandidateSample) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{12}
+	return file_kvrelay_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *CandidateSample) GetWorker() string {
@@ -1614,7 +1793,7 @@ type ArmReport struct {
 
 func (x *ArmReport) Reset() {
 	*x = ArmReport{}
-	mi := &file_kvrelay_proto_msgTypes[13]
+	mi := &file_kvrelay_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1626,7 +1805,7 @@ func (x *ArmReport) String() string {
 func (*ArmReport) ProtoMessage() {}
 
 func (x *ArmReport) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[13]
+	mi := &file_kvrelay_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1639,7 +1818,7 @@ func (x *ArmReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ArmReport.ProtoReflect.Descriptor instead.
 func (*ArmReport) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{13}
+	return file_kvrelay_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ArmReport) GetPolicyVersion() uint64 {
@@ -1836,7 +2015,7 @@ type ArmGroup struct {
 
 func (x *ArmGroup) Reset() {
 	*x = ArmGroup{}
-	mi := &file_kvrelay_proto_msgTypes[14]
+	mi := &file_kvrelay_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1848,7 +2027,7 @@ func (x *ArmGroup) String() string {
 func (*ArmGroup) ProtoMessage() {}
 
 func (x *ArmGroup) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[14]
+	mi := &file_kvrelay_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1861,7 +2040,7 @@ func (x *ArmGroup) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ArmGroup.ProtoReflect.Descriptor instead.
 func (*ArmGroup) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{14}
+	return file_kvrelay_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ArmGroup) GetGroup() uint32 {
@@ -1938,7 +2117,7 @@ type ReportSeq struct {
 
 func (x *ReportSeq) Reset() {
 	*x = ReportSeq{}
-	mi := &file_kvrelay_proto_msgTypes[15]
+	mi := &file_kvrelay_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1950,7 +2129,7 @@ func (x *ReportSeq) String() string {
 func (*ReportSeq) ProtoMessage() {}
 
 func (x *ReportSeq) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[15]
+	mi := &file_kvrelay_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1963,7 +2142,7 @@ func (x *ReportSeq) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportSeq.ProtoReflect.Descriptor instead.
 func (*ReportSeq) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{15}
+	return file_kvrelay_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ReportSeq) GetNodeId() string {
@@ -1992,7 +2171,7 @@ type WorkerLoad struct {
 
 func (x *WorkerLoad) Reset() {
 	*x = WorkerLoad{}
-	mi := &file_kvrelay_proto_msgTypes[16]
+	mi := &file_kvrelay_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2004,7 +2183,7 @@ func (x *WorkerLoad) String() string {
 func (*WorkerLoad) ProtoMessage() {}
 
 func (x *WorkerLoad) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[16]
+	mi := &file_kvrelay_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2017,7 +2196,7 @@ func (x *WorkerLoad) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerLoad.ProtoReflect.Descriptor instead.
 func (*WorkerLoad) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{16}
+	return file_kvrelay_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *WorkerLoad) GetWorkerId() string {
@@ -2056,15 +2235,18 @@ type LoadReportAck struct {
 	// published from (before those workers): merge epoch includes this proxy's report
 	// included_seq (0: none of its reports). Load.epoch names the merge a worker's sums come
 	// from.
-	Epoch         uint64 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	IncludedSeq   uint64 `protobuf:"varint,3,opt,name=included_seq,json=includedSeq,proto3" json:"included_seq,omitempty"`
+	Epoch       uint64 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	IncludedSeq uint64 `protobuf:"varint,3,opt,name=included_seq,json=includedSeq,proto3" json:"included_seq,omitempty"`
+	// tenants are this proxy's shares of its tenants' budgets, sent in answer to a report that
+	// carried tenants (LoadReport.tenants); a tenant absent keeps the share it had.
+	Tenants       []*TenantGrant `protobuf:"bytes,4,rep,name=tenants,proto3" json:"tenants,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *LoadReportAck) Reset() {
 	*x = LoadReportAck{}
-	mi := &file_kvrelay_proto_msgTypes[17]
+	mi := &file_kvrelay_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2076,7 +2258,7 @@ func (x *LoadReportAck) String() string {
 func (*LoadReportAck) ProtoMessage() {}
 
 func (x *LoadReportAck) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[17]
+	mi := &file_kvrelay_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2089,7 +2271,7 @@ func (x *LoadReportAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadReportAck.ProtoReflect.Descriptor instead.
 func (*LoadReportAck) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{17}
+	return file_kvrelay_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *LoadReportAck) GetIntervalMs() uint32 {
@@ -2111,6 +2293,13 @@ func (x *LoadReportAck) GetIncludedSeq() uint64 {
 		return x.IncludedSeq
 	}
 	return 0
+}
+
+func (x *LoadReportAck) GetTenants() []*TenantGrant {
+	if x != nil {
+		return x.Tenants
+	}
+	return nil
 }
 
 var File_kvrelay_proto protoreflect.FileDescriptor
@@ -2226,7 +2415,7 @@ const file_kvrelay_proto_rawDesc = "" +
 	"\x05reset\x18\x04 \x01(\bR\x05reset\x12#\n" +
 	"\rsnapshot_done\x18\x05 \x01(\bR\fsnapshotDone\x12\x10\n" +
 	"\x03seq\x18\x06 \x03(\x06R\x03seq\x12\x0e\n" +
-	"\x02at\x18\a \x03(\rR\x02at\"\x8a\x02\n" +
+	"\x02at\x18\a \x03(\rR\x02at\"\xc2\x02\n" +
 	"\n" +
 	"LoadReport\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x124\n" +
@@ -2234,7 +2423,21 @@ const file_kvrelay_proto_rawDesc = "" +
 	"\x03seq\x18\x03 \x01(\x04R\x03seq\x12-\n" +
 	"\x04arms\x18\x04 \x03(\v2\x19.kvrelay.xds.v1.ArmReportR\x04arms\x12<\n" +
 	"\tdecisions\x18\x05 \x03(\v2\x1e.kvrelay.xds.v1.DecisionSampleR\tdecisions\x12.\n" +
-	"\x04fits\x18\x06 \x03(\v2\x1a.kvrelay.xds.v1.LatencyFitR\x04fits\"\xa1\x04\n" +
+	"\x04fits\x18\x06 \x03(\v2\x1a.kvrelay.xds.v1.LatencyFitR\x04fits\x126\n" +
+	"\atenants\x18\a \x03(\v2\x1c.kvrelay.xds.v1.TenantDemandR\atenants\"\xc2\x01\n" +
+	"\fTenantDemand\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x1a\n" +
+	"\brequests\x18\x02 \x01(\x01R\brequests\x12#\n" +
+	"\rprompt_tokens\x18\x03 \x01(\x01R\fpromptTokens\x12#\n" +
+	"\routput_tokens\x18\x04 \x01(\x01R\foutputTokens\x12\x1a\n" +
+	"\badmitted\x18\x05 \x01(\x04R\badmitted\x12\x18\n" +
+	"\arefused\x18\x06 \x01(\x04R\arefused\"\xa5\x01\n" +
+	"\vTenantGrant\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x1a\n" +
+	"\brequests\x18\x02 \x01(\x01R\brequests\x12#\n" +
+	"\rprompt_tokens\x18\x03 \x01(\x01R\fpromptTokens\x12#\n" +
+	"\routput_tokens\x18\x04 \x01(\x01R\foutputTokens\x12\x18\n" +
+	"\aproxies\x18\x05 \x01(\rR\aproxies\"\xa1\x04\n" +
 	"\x0eDecisionSample\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x17\n" +
 	"\aunix_ms\x18\x02 \x01(\x03R\x06unixMs\x12\x14\n" +
@@ -2321,12 +2524,13 @@ const file_kvrelay_proto_rawDesc = "" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x1a\n" +
 	"\binflight\x18\x02 \x01(\rR\binflight\x12%\n" +
 	"\x0eprefill_tokens\x18\x03 \x01(\x04R\rprefillTokens\x12#\n" +
-	"\rdecode_blocks\x18\x04 \x01(\x04R\fdecodeBlocks\"i\n" +
+	"\rdecode_blocks\x18\x04 \x01(\x04R\fdecodeBlocks\"\xa0\x01\n" +
 	"\rLoadReportAck\x12\x1f\n" +
 	"\vinterval_ms\x18\x01 \x01(\rR\n" +
 	"intervalMs\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12!\n" +
-	"\fincluded_seq\x18\x03 \x01(\x04R\vincludedSeq*8\n" +
+	"\fincluded_seq\x18\x03 \x01(\x04R\vincludedSeq\x125\n" +
+	"\atenants\x18\x04 \x03(\v2\x1b.kvrelay.xds.v1.TenantGrantR\atenants*8\n" +
 	"\x04Role\x12\r\n" +
 	"\tROLE_BOTH\x10\x00\x12\x10\n" +
 	"\fROLE_PREFILL\x10\x01\x12\x0f\n" +
@@ -2349,7 +2553,7 @@ func file_kvrelay_proto_rawDescGZIP() []byte {
 }
 
 var file_kvrelay_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_kvrelay_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_kvrelay_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_kvrelay_proto_goTypes = []any{
 	(Role)(0),               // 0: kvrelay.xds.v1.Role
 	(*Worker)(nil),          // 1: kvrelay.xds.v1.Worker
@@ -2363,14 +2567,16 @@ var file_kvrelay_proto_goTypes = []any{
 	(*JournalAck)(nil),      // 9: kvrelay.xds.v1.JournalAck
 	(*JournalBatch)(nil),    // 10: kvrelay.xds.v1.JournalBatch
 	(*LoadReport)(nil),      // 11: kvrelay.xds.v1.LoadReport
-	(*DecisionSample)(nil),  // 12: kvrelay.xds.v1.DecisionSample
-	(*CandidateSample)(nil), // 13: kvrelay.xds.v1.CandidateSample
-	(*ArmReport)(nil),       // 14: kvrelay.xds.v1.ArmReport
-	(*ArmGroup)(nil),        // 15: kvrelay.xds.v1.ArmGroup
-	(*ReportSeq)(nil),       // 16: kvrelay.xds.v1.ReportSeq
-	(*WorkerLoad)(nil),      // 17: kvrelay.xds.v1.WorkerLoad
-	(*LoadReportAck)(nil),   // 18: kvrelay.xds.v1.LoadReportAck
-	nil,                     // 19: kvrelay.xds.v1.Plugin.ParamsEntry
+	(*TenantDemand)(nil),    // 12: kvrelay.xds.v1.TenantDemand
+	(*TenantGrant)(nil),     // 13: kvrelay.xds.v1.TenantGrant
+	(*DecisionSample)(nil),  // 14: kvrelay.xds.v1.DecisionSample
+	(*CandidateSample)(nil), // 15: kvrelay.xds.v1.CandidateSample
+	(*ArmReport)(nil),       // 16: kvrelay.xds.v1.ArmReport
+	(*ArmGroup)(nil),        // 17: kvrelay.xds.v1.ArmGroup
+	(*ReportSeq)(nil),       // 18: kvrelay.xds.v1.ReportSeq
+	(*WorkerLoad)(nil),      // 19: kvrelay.xds.v1.WorkerLoad
+	(*LoadReportAck)(nil),   // 20: kvrelay.xds.v1.LoadReportAck
+	nil,                     // 21: kvrelay.xds.v1.Plugin.ParamsEntry
 }
 var file_kvrelay_proto_depIdxs = []int32{
 	0,  // 0: kvrelay.xds.v1.Worker.role:type_name -> kvrelay.xds.v1.Role
@@ -2379,29 +2585,31 @@ var file_kvrelay_proto_depIdxs = []int32{
 	2,  // 3: kvrelay.xds.v1.Worker.fit:type_name -> kvrelay.xds.v1.LatencyFit
 	0,  // 4: kvrelay.xds.v1.LatencyFit.role:type_name -> kvrelay.xds.v1.Role
 	3,  // 5: kvrelay.xds.v1.LatencyFit.workers:type_name -> kvrelay.xds.v1.WorkerFit
-	16, // 6: kvrelay.xds.v1.Load.reports:type_name -> kvrelay.xds.v1.ReportSeq
+	18, // 6: kvrelay.xds.v1.Load.reports:type_name -> kvrelay.xds.v1.ReportSeq
 	6,  // 7: kvrelay.xds.v1.RoutingPolicy.candidate:type_name -> kvrelay.xds.v1.RoutingPolicy
 	7,  // 8: kvrelay.xds.v1.RoutingPolicy.profile:type_name -> kvrelay.xds.v1.Profile
 	8,  // 9: kvrelay.xds.v1.Profile.filters:type_name -> kvrelay.xds.v1.Plugin
 	8,  // 10: kvrelay.xds.v1.Profile.scorers:type_name -> kvrelay.xds.v1.Plugin
 	8,  // 11: kvrelay.xds.v1.Profile.picker:type_name -> kvrelay.xds.v1.Plugin
 	8,  // 12: kvrelay.xds.v1.Profile.spread:type_name -> kvrelay.xds.v1.Plugin
-	19, // 13: kvrelay.xds.v1.Plugin.params:type_name -> kvrelay.xds.v1.Plugin.ParamsEntry
-	17, // 14: kvrelay.xds.v1.LoadReport.workers:type_name -> kvrelay.xds.v1.WorkerLoad
-	14, // 15: kvrelay.xds.v1.LoadReport.arms:type_name -> kvrelay.xds.v1.ArmReport
-	12, // 16: kvrelay.xds.v1.LoadReport.decisions:type_name -> kvrelay.xds.v1.DecisionSample
+	21, // 13: kvrelay.xds.v1.Plugin.params:type_name -> kvrelay.xds.v1.Plugin.ParamsEntry
+	19, // 14: kvrelay.xds.v1.LoadReport.workers:type_name -> kvrelay.xds.v1.WorkerLoad
+	16, // 15: kvrelay.xds.v1.LoadReport.arms:type_name -> kvrelay.xds.v1.ArmReport
+	14, // 16: kvrelay.xds.v1.LoadReport.decisions:type_name -> kvrelay.xds.v1.DecisionSample
 	2,  // 17: kvrelay.xds.v1.LoadReport.fits:type_name -> kvrelay.xds.v1.LatencyFit
-	13, // 18: kvrelay.xds.v1.DecisionSample.candidates:type_name -> kvrelay.xds.v1.CandidateSample
-	15, // 19: kvrelay.xds.v1.ArmReport.groups:type_name -> kvrelay.xds.v1.ArmGroup
-	9,  // 20: kvrelay.xds.v1.IndexJournal.Stream:input_type -> kvrelay.xds.v1.JournalAck
-	11, // 21: kvrelay.xds.v1.LoadReporting.Report:input_type -> kvrelay.xds.v1.LoadReport
-	10, // 22: kvrelay.xds.v1.IndexJournal.Stream:output_type -> kvrelay.xds.v1.JournalBatch
-	18, // 23: kvrelay.xds.v1.LoadReporting.Report:output_type -> kvrelay.xds.v1.LoadReportAck
-	22, // [22:24] is the sub-list for method output_type
-	20, // [20:22] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	12, // 18: kvrelay.xds.v1.LoadReport.tenants:type_name -> kvrelay.xds.v1.TenantDemand
+	15, // 19: kvrelay.xds.v1.DecisionSample.candidates:type_name -> kvrelay.xds.v1.CandidateSample
+	17, // 20: kvrelay.xds.v1.ArmReport.groups:type_name -> kvrelay.xds.v1.ArmGroup
+	13, // 21: kvrelay.xds.v1.LoadReportAck.tenants:type_name -> kvrelay.xds.v1.TenantGrant
+	9,  // 22: kvrelay.xds.v1.IndexJournal.Stream:input_type -> kvrelay.xds.v1.JournalAck
+	11, // 23: kvrelay.xds.v1.LoadReporting.Report:input_type -> kvrelay.xds.v1.LoadReport
+	10, // 24: kvrelay.xds.v1.IndexJournal.Stream:output_type -> kvrelay.xds.v1.JournalBatch
+	20, // 25: kvrelay.xds.v1.LoadReporting.Report:output_type -> kvrelay.xds.v1.LoadReportAck
+	24, // [24:26] is the sub-list for method output_type
+	22, // [22:24] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_kvrelay_proto_init() }
@@ -2416,7 +2624,7 @@ func file_kvrelay_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvrelay_proto_rawDesc), len(file_kvrelay_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   19,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -1,0 +1,119 @@
+package controlplane_test
+
+import (
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kvrelay/kvrelay/dataplane/proxy"
+)
+
+// budgetKeys writes a keys file of one tenant, a, limited to 10 requests a second.
+func budgetKeys(t *testing.T) string {
+	t.Helper()
+	keys := filepath.Join(t.TempDir(), "keys")
+	if err := os.WriteFile(keys, []byte("sk-a tenant=a,rps=10\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return keys
+}
+
+// checkFleetBudget sends tenant a's requests open loop, 30 a second at the first proxy and
+// 10 at the second, for a warm-up of 3 s and a window of 5 s, and fails t unless the proxies
+// admitted between them within the window about the tenant's limit of 10 a second. Each
+// proxy on its own would admit its whole limit: 10/s at the first and all 10/s of the
+// second's, twice the fleet's limit. The shares follow the demand within a second or two;
+// the bounds allow a bucket's burst besides.
+func checkFleetBudget(t *testing.T, ps [2]*proxy.Server) {
+	t.Helper()
+	const limit = 10.0
+	const warmup, window = 3 * time.Second, 5 * time.Second
+	start := time.Now()
+	measureFrom, end := start.Add(warmup), start.Add(warmup+window)
+	var admitted, refused, other atomic.Int64
+	var wg sync.WaitGroup
+	for i, rate := range []float64{30, 10} {
+		base := "http://" + ps[i].Addr()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tick := time.NewTicker(time.Duration(float64(time.Second) / rate))
+			defer tick.Stop()
+			for now := range tick.C {
+				if now.After(end) {
+					return
+				}
+				counted := now.After(measureFrom)
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					req, _ := http.NewRequest(http.MethodPost, base+"/v1/chat/completions",
+						strings.NewReader(`{"model":"`+model+`","max_tokens":1,"messages":[{"role":"user","content":"hello"}]}`))
+					req.Header.Set("Authorization", "Bearer sk-a")
+					req.Header.Set("Content-Type", "application/json")
+					resp, err := http.DefaultClient.Do(req)
+					if err != nil {
+						other.Add(1)
+						return
+					}
+					resp.Body.Close()
+					if !counted {
+						return
+					}
+					switch resp.StatusCode {
+					case http.StatusOK:
+						admitted.Add(1)
+					case http.StatusTooManyRequests:
+						refused.Add(1)
+					default:
+						other.Add(1)
+					}
+				}()
+			}
+		}()
+	}
+	wg.Wait()
+	want := limit * window.Seconds()
+	got := float64(admitted.Load())
+	t.Logf("admitted %v in %v (the fleet's limit: %v), refused %d, failed %d", got, window, want, refused.Load(), other.Load())
+	if other.Load() > 0 {
+		t.Errorf("%d requests failed otherwise than 429", other.Load())
+	}
+	if got > 1.3*want || got < 0.6*want {
+		t.Fatalf("the two proxies admitted %v requests in %v; the fleet's limit is %v", got, window, want)
+	}
+}
+
+// A tenant's limit is the fleet's: two proxies following one control plane admit the limit
+// between them, not twice it, though one of them is asked three times what the other is.
+func TestFleetBudgetAcrossProxies(t *testing.T) {
+	keys := budgetKeys(t)
+	c := newCluster(t, 2)
+	var ps [2]*proxy.Server
+	for i := range ps {
+		ps[i] = c.addProxyWith(c.xds, func(cfg *proxy.Config) { cfg.APIKeysFile = keys })
+		waitWorkers(t, ps[i], 2)
+	}
+	checkFleetBudget(t, ps)
+}
+
+// And across control-plane replicas: the two proxies follow two replicas on a real API
+// server, which share what their proxies' tenants asked.
+func TestFleetBudgetAcrossReplicas(t *testing.T) {
+	keys := budgetKeys(t)
+	lead, follow := haPair(t, 3*time.Second)
+	var ps [2]*proxy.Server
+	for i, r := range []haReplica{lead, follow} {
+		ps[i] = r.c.addProxyWith(r.c.cp.XDSAddr(), func(cfg *proxy.Config) {
+			cfg.APIKeysFile = keys
+			cfg.NodeID = "proxy-of-" + r.e.Identity() // each replica's harness names its first proxy proxy-0
+		})
+		waitWorkers(t, ps[i], 4)
+	}
+	checkFleetBudget(t, ps)
+}
