@@ -404,4 +404,4 @@ func serveAdmin(ctx context.Context, addr string, h http.Handler) (string, error
 }
 
 // apiKeysFileHelp describes --api-keys-file, which kvrelay proxy and kvrelay up share.
-const apiKeysFileHelp = "API keys of the OpenAI API, one a line: \"<key> tenant=<name>[,weight=<w>][,rps=<n>][,prompt_tps=<n>][,output_tpm=<n>]\" (<key> may be sha256:<hex>), read again when it changes: a request without a listed key (Authorization: Bearer) gets 401, a tenant past a budget 429 with Retry-After (empty: no keys)"
+const apiKeysFileHelp = "API keys of the OpenAI API, one a line: \"<key> tenant=<name>[,weight=<w>][,rps=<n>][,prompt_tps=<n>][,output_tpm=<n>][,cache=<region>]\" (<key> may be sha256:<hex>), read again when it changes: a request without a listed key (Authorization: Bearer) gets 401, a tenant past a budget 429 with Retry-After (empty: no keys); tenants naming one cache region share its cache_salt, so prefix caching, each keeping its budgets (a region is a set of tenants, not of prefixes: engines salt a prompt's first block, which every later block's hash carries), and every key of a tenant names the same region"

@@ -86,9 +86,10 @@ type Config struct {
 	// Listen is the client-facing address.
 	Listen string `yaml:"listen"`
 	// APIKeysFile, when set, is a file of API keys (package tenant: one a line, "<key>
-	// tenant=<name>[,weight=<w>][,rps=<n>][,prompt_tps=<n>][,output_tpm=<n>]"), read again when
-	// it changes: a request to the OpenAI API without a key it lists gets 401, a tenant past
-	// one of its budgets 429 with Retry-After. Empty: no keys, every request served.
+	// tenant=<name>[,weight=<w>][,rps=<n>][,prompt_tps=<n>][,output_tpm=<n>][,cache=<region>]"),
+	// read again when it changes: a request to the OpenAI API without a key it lists gets 401,
+	// a tenant past one of its budgets 429 with Retry-After. Empty: no keys, every request
+	// served.
 	APIKeysFile string `yaml:"api_keys_file"`
 	// PickOnly runs the proxy without a client listener (Listen is ignored): requests
 	// come through Server.Pick, from an endpoint picker in front of which a gateway carries

@@ -208,6 +208,48 @@ func TestTenantCacheSalt(t *testing.T) {
 	}
 }
 
+// TestTenantCacheRegion: tenants a and c name cache region public, b none: a prompt a sent is
+// a cache hit for c (their requests carry the region's salt) and not for b (its own), nor for
+// a client of c that sends its own salt (kept apart within the region).
+func TestTenantCacheRegion(t *testing.T) {
+	keys := filepath.Join(t.TempDir(), "keys")
+	if err := os.WriteFile(keys, []byte("sk-a tenant=a,cache=public\nsk-b tenant=b\nsk-c tenant=c,cache=public\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c := startCluster(t, 1, func(c *proxy.Config) { c.APIKeysFile = keys }, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cached := func(key, salt string) int64 {
+		t.Helper()
+		cl := openai.NewClient(option.WithBaseURL(c.base+"/v1"), option.WithAPIKey(key), option.WithMaxRetries(0))
+		opts := []option.RequestOption{}
+		if salt != "" {
+			opts = append(opts, option.WithJSONSet("cache_salt", salt))
+		}
+		comp, err := cl.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{
+			Model:     model,
+			Messages:  []openai.ChatCompletionMessageParamUnion{openai.SystemMessage(family(8)), openai.UserMessage("a question of the region")},
+			MaxTokens: openai.Int(2),
+		}, opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return comp.Usage.PromptTokensDetails.CachedTokens
+	}
+	if n := cached("sk-a", ""); n != 0 {
+		t.Fatalf("tenant a's first request: %d cached tokens", n)
+	}
+	if n := cached("sk-b", ""); n != 0 {
+		t.Fatalf("tenant b, in no region, hit region public's cache: %d cached tokens", n)
+	}
+	if n := cached("sk-c", "own"); n != 0 {
+		t.Fatalf("a client of tenant c with its own salt hit the region's cache: %d cached tokens", n)
+	}
+	if n := cached("sk-c", ""); n == 0 {
+		t.Fatal("tenant c's repeat of tenant a's prompt, in one region: no cached tokens")
+	}
+}
+
 // TestTenantsQueueFairly: one worker that takes one request at a time (busy thresholds), a
 // tenant that queued a burst of twelve, then another tenant's one request: the admission
 // queue lets the second tenant's request go next, not after the whole burst.

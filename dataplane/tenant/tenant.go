@@ -5,17 +5,29 @@
 //
 // A keys file has one key a line, `#` comments and blank lines aside:
 //
-//	<key> tenant=<name>[,weight=<w>][,rps=<n>][,prompt_tps=<n>][,output_tpm=<n>]
+//	<key> tenant=<name>[,weight=<w>][,rps=<n>][,prompt_tps=<n>][,output_tpm=<n>][,cache=<region>]
 //
 // where <key> is the key itself or `sha256:<hex>`, its SHA-256. A limit left out (or 0) is no
 // limit; weight (default 1) is the tenant's share when tenants contend. Several keys may name
 // one tenant; they share its budgets.
+//
+// Each tenant's requests carry a cache_salt of its own (Tenant.Salt), so that prefix caching
+// is shared within a tenant and never across two. cache=<region> puts a tenant in a cache
+// region instead: every tenant naming the region gets the region's salt, so a prompt (a
+// system prompt many of them send) is cached once for all of them, and each can learn by
+// timing what the others of the region sent. Only the salt is shared; budgets and fairness
+// stay the tenant's. A region is a set of tenants, not a set of prefixes: engines hash the
+// salt into a prompt's first block, which the whole chain of block hashes carries on, so no
+// salt can share a prefix and keep the rest of a prompt apart. Every key of a tenant names
+// the same region, or none; a region's name follows a tenant name's rules, and lives apart
+// from tenant names (a region named like a tenant does not get that tenant's salt).
 package tenant
 
 import (
 	"bytes"
 	"crypto/sha256"
 	"crypto/subtle"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -40,6 +52,9 @@ type Limits struct {
 type Tenant struct {
 	Name   string
 	Limits Limits
+	// Region is the cache region whose salt the tenant's requests carry (the keys file's
+	// cache=); empty: none, the tenant's own.
+	Region string
 
 	mu                       sync.Mutex
 	requests, prompt, output bucket
@@ -115,11 +130,11 @@ const (
 	minuteWindow = 60
 )
 
-func newTenant(name string, l Limits) *Tenant {
+func newTenant(name, region string, l Limits) *Tenant {
 	if l.Weight <= 0 {
 		l.Weight = 1
 	}
-	return &Tenant{Name: name, Limits: l,
+	return &Tenant{Name: name, Limits: l, Region: region,
 		requests: newBucket(l.RPS, secondWindow),
 		prompt:   newBucket(l.PromptTPS, secondWindow),
 		output:   newBucket(l.OutputTPM/minuteWindow, minuteWindow),
@@ -323,13 +338,22 @@ func resetString(d time.Duration) string {
 
 // Salt is the cache_salt a request of t carries to the engine, whatever salt its client sent
 // (client, possibly empty): prefix caching is shared within a tenant and never across two, so
-// that no tenant can learn by timing whether another sent a prompt. A client's own salt is
-// kept inside its tenant's (two salts of one tenant stay apart), never across.
+// that no tenant can learn by timing whether another sent a prompt. A tenant in a cache region
+// gets the region's salt instead, the same for every tenant of the region and unlike any
+// tenant's own (the region's name is hashed in a namespace of its own). A client's own salt is
+// kept inside its tenant's or region's (two salts stay apart), never across.
 func (t *Tenant) Salt(client []byte) []byte {
 	h := sha256.New()
-	h.Write([]byte("kvrelay tenant\x00"))
-	h.Write([]byte(t.Name))
-	h.Write([]byte{0})
+	if t.Region != "" {
+		// The name's length first: no region's name and client salt read as another's.
+		h.Write([]byte("kvrelay cache region\x00"))
+		h.Write(binary.BigEndian.AppendUint32(nil, uint32(len(t.Region))))
+		h.Write([]byte(t.Region))
+	} else {
+		h.Write([]byte("kvrelay tenant\x00"))
+		h.Write([]byte(t.Name))
+		h.Write([]byte{0})
+	}
 	h.Write(client)
 	var sum [sha256.Size]byte
 	return append([]byte("kvrelay-"), hex.EncodeToString(h.Sum(sum[:0])[:16])...)
@@ -385,6 +409,11 @@ var ErrSyntax = errors.New("api keys file")
 func Parse(data []byte) (*Table, error) {
 	t := &Table{keys: map[[sha256.Size]byte]*Tenant{}, tenants: map[string]*Tenant{}}
 	limits := map[string]Limits{}
+	type region struct {
+		name string
+		line int // where the tenant's first key named it (or none)
+	}
+	regions := map[string]region{}
 	type entry struct {
 		hash   [sha256.Size]byte
 		tenant string
@@ -412,18 +441,22 @@ func Parse(data []byte) (*Table, error) {
 		} else {
 			h = sha256.Sum256([]byte(key))
 		}
-		var name string
+		var name, cache string
 		var l Limits
 		for _, kv := range strings.Split(strings.TrimSpace(rest), ",") {
 			k, v, ok := strings.Cut(strings.TrimSpace(kv), "=")
 			if !ok || v == "" {
 				return nil, fail("%q: want name=value", kv)
 			}
-			if k == "tenant" {
+			if k == "tenant" || k == "cache" {
 				if len(v) > 128 || strings.ContainsAny(v, " \t\"") {
-					return nil, fail("tenant %q: at most 128 characters, no spaces or quotes", v)
+					return nil, fail("%s %q: at most 128 characters, no spaces or quotes", k, v)
 				}
-				name = v
+				if k == "tenant" {
+					name = v
+				} else {
+					cache = v
+				}
 				continue
 			}
 			f, err := strconv.ParseFloat(v, 64)
@@ -440,7 +473,7 @@ func Parse(data []byte) (*Table, error) {
 			case "output_tpm":
 				l.OutputTPM = f
 			default:
-				return nil, fail("unknown field %q (want tenant, weight, rps, prompt_tps, output_tpm)", k)
+				return nil, fail("unknown field %q (want tenant, weight, rps, prompt_tps, output_tpm, cache)", k)
 			}
 		}
 		if name == "" {
@@ -451,13 +484,18 @@ func Parse(data []byte) (*Table, error) {
 		} else if !ok || prev == (Limits{}) {
 			limits[name] = l
 		}
+		if prev, ok := regions[name]; !ok {
+			regions[name] = region{cache, n + 1}
+		} else if prev.name != cache {
+			return nil, fail("tenant %s has %s here but %s on line %d (all its keys share one salt)", name, regionString(cache), regionString(prev.name), prev.line)
+		}
 		entries = append(entries, entry{h, name})
 		if len(entries) > MaxKeys {
 			return nil, fail("more than %d keys", MaxKeys)
 		}
 	}
 	for name, l := range limits {
-		t.tenants[name] = newTenant(name, l)
+		t.tenants[name] = newTenant(name, regions[name].name, l)
 		t.weight += t.tenants[name].Limits.Weight
 	}
 	for _, e := range entries {
@@ -469,8 +507,17 @@ func Parse(data []byte) (*Table, error) {
 	return t, nil
 }
 
+// regionString names a key line's cache region in an error.
+func regionString(region string) string {
+	if region == "" {
+		return "no cache region"
+	}
+	return "cache region " + region
+}
+
 // carry keeps in next the budgets' state of the tenants of prev that next has with the same
-// limits, so that reloading a file does not refill anyone's budget.
+// limits and cache region, so that reloading a file does not refill anyone's budget. (A
+// tenant whose region changed is next's: its requests take the new region's salt at once.)
 func carry(prev, next *Table) {
 	if prev == nil {
 		return
@@ -480,9 +527,9 @@ func carry(prev, next *Table) {
 		if !ok {
 			continue
 		}
-		if pt.Limits != nt.Limits {
-			// New budgets, but this proxy's share of them stays until the control plane
-			// says otherwise.
+		if pt.Limits != nt.Limits || pt.Region != nt.Region {
+			// New budgets (or a new salt), but this proxy's share of the budgets stays
+			// until the control plane says otherwise.
 			sh := pt.Shares()
 			nt.SetShare(sh[0], sh[1], sh[2], time.Now())
 			continue

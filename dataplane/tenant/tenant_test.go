@@ -56,10 +56,111 @@ func TestParseRefuses(t *testing.T) {
 		"sk tenant=a\nsk tenant=b",
 		"sk1 tenant=a,rps=1\nsk2 tenant=a,rps=2",
 		"sk tenant=a b",
+		"sk tenant=a,cache=",
+		"sk tenant=a,cache=\"r\"",
+		"sk tenant=a,cache=" + strings.Repeat("r", 129),
+		"sk1 tenant=a,cache=r\nsk2 tenant=a,cache=s",
+		"sk1 tenant=a,cache=r\nsk2 tenant=a",
+		"sk1 tenant=a\nsk2 tenant=a,cache=r",
 	} {
 		if _, err := Parse([]byte(bad)); !errors.Is(err, ErrSyntax) {
 			t.Errorf("%q: %v, want ErrSyntax", bad, err)
 		}
+	}
+	_, err := Parse([]byte("sk1 tenant=a,cache=public\n# a comment\nsk2 tenant=a"))
+	if err == nil || !strings.Contains(err.Error(), "line 3: tenant a has no cache region here but cache region public on line 1") {
+		t.Errorf("keys of one tenant in two regions: %v", err)
+	}
+}
+
+// TestCacheRegion: tenants naming one cache region get one salt, a client's own salt kept
+// apart within it; a tenant of another region, or of none, gets another, a private tenant the
+// salt it had before regions; a region named like a tenant does not get that tenant's salt.
+// Budgets stay each tenant's; a reload that moves a tenant to another region moves its salt.
+func TestCacheRegion(t *testing.T) {
+	tab, err := Parse([]byte(`sk-a tenant=a,rps=5,cache=public
+sk-a2 tenant=a,cache=public
+sk-c tenant=c,weight=3,cache=public
+sk-b tenant=b
+sk-d tenant=d,cache=other
+sk-e tenant=e,cache=b
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ten := func(key string) *Tenant {
+		t.Helper()
+		ten := tab.Lookup([]byte("Bearer " + key))
+		if ten == nil {
+			t.Fatalf("%s: no tenant", key)
+		}
+		return ten
+	}
+	salt := func(key, client string) string { return string(ten(key).Salt([]byte(client))) }
+	a := salt("sk-a", "")
+	if c := salt("sk-c", ""); c != a {
+		t.Errorf("tenants a and c of region public: salts %s and %s", a, c)
+	}
+	if a2 := salt("sk-a2", ""); a2 != a {
+		t.Errorf("two keys of tenant a: salts %s and %s", a, a2)
+	}
+	if x := salt("sk-a", "x"); x == a || x != salt("sk-c", "x") || x == salt("sk-a", "y") {
+		t.Error("a client's own salt is not kept apart within the region, or not shared across it")
+	}
+	if b := salt("sk-b", ""); b == a {
+		t.Error("tenant b, in no region, has region public's salt")
+	}
+	if d := salt("sk-d", ""); d == a {
+		t.Error("regions other and public have one salt")
+	}
+	if e := salt("sk-e", ""); e == salt("sk-b", "") {
+		t.Error("region b has tenant b's own salt")
+	}
+	// A private tenant's salt is what it was before regions: a new version does not empty
+	// every engine's cache.
+	sum := sha256.Sum256([]byte("kvrelay tenant\x00b\x00"))
+	if b, want := salt("sk-b", ""), "kvrelay-"+hex.EncodeToString(sum[:16]); b != want {
+		t.Errorf("tenant b's salt %s, want %s", b, want)
+	}
+	// Region and client salt do not run into each other.
+	if string((&Tenant{Region: "ab"}).Salt([]byte("c"))) == string((&Tenant{Region: "a"}).Salt([]byte("bc"))) {
+		t.Error("region ab with client salt c has region a's salt with bc")
+	}
+	ta, tc := ten("sk-a"), ten("sk-c")
+	if ta == tc || ta.Region != "public" || ta.Limits.RPS != 5 || tc.Limits.RPS != 0 || tc.Limits.Weight != 3 || ten("sk-b").Region != "" {
+		t.Errorf("tenants of one region: %+v and %+v", ta, tc)
+	}
+	now := time.Unix(1000, 0)
+	for range 5 {
+		if _, ex := ta.Admit(now, 0, 0); ex != nil {
+			t.Fatal(ex)
+		}
+	}
+	if _, ex := tc.Admit(now, 0, 0); ex != nil {
+		t.Error("tenant c was refused once tenant a of its region spent its budget")
+	}
+
+	f := filepath.Join(t.TempDir(), "keys")
+	if err := os.WriteFile(f, []byte("k tenant=a,cache=public\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	k, err := NewKeys(f, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := string(k.Lookup([]byte("Bearer k")).Salt(nil)); got != a {
+		t.Fatalf("tenant a of region public: salt %s, want %s", got, a)
+	}
+	if err := os.WriteFile(f, []byte("k tenant=a,cache=private-a\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	fi, _ := os.Stat(f)
+	_ = os.Chtimes(f, fi.ModTime().Add(time.Second), fi.ModTime().Add(time.Second))
+	if err := k.reload(); err != nil {
+		t.Fatal(err)
+	}
+	if got := k.Lookup([]byte("Bearer k")); got.Region != "private-a" || string(got.Salt(nil)) == a {
+		t.Errorf("tenant a moved to region private-a: region %q, salt %s (public's: %s)", got.Region, got.Salt(nil), a)
 	}
 }
 
@@ -176,6 +277,9 @@ func FuzzParse(f *testing.F) {
 	f.Add([]byte("sk tenant=a,weight=2,rps=5,prompt_tps=1000,output_tpm=6000\n# c\n\nsha256:" + strings.Repeat("ab", 32) + " tenant=b"))
 	f.Add([]byte("sk tenant=a,rps=1e308"))
 	f.Add([]byte("x tenant=\"a\""))
+	f.Add([]byte("sk1 tenant=a,cache=public\nsk2 tenant=b,rps=1,cache=public\nsk3 tenant=c\nsk4 tenant=d,cache=c\nsk5 tenant=a,cache=public"))
+	f.Add([]byte("sk1 tenant=a,cache=r\nsk2 tenant=a"))
+	f.Add([]byte("sk tenant=a,cache=r,cache=s"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		tab, err := Parse(data)
 		if err != nil {
@@ -184,10 +288,21 @@ func FuzzParse(f *testing.F) {
 			}
 			return
 		}
+		salts, regions := map[string]*Tenant{}, map[string]string{}
 		for name, ten := range tab.Tenants() {
-			if ten.Name != name || ten.Limits.Weight <= 0 {
+			if ten.Name != name || ten.Limits.Weight <= 0 || len(ten.Region) > 128 || strings.ContainsAny(ten.Region, " \t\"") {
 				t.Fatalf("tenant %q: %+v", name, ten)
 			}
+			// One salt for the tenants of a region, another for each tenant of none.
+			s := string(ten.Salt(nil))
+			if other, ok := salts[s]; ok && (ten.Region == "" || other.Region != ten.Region) {
+				t.Fatalf("tenants %q (region %q) and %q (region %q) share salt %s", other.Name, other.Region, name, ten.Region, s)
+			}
+			salts[s] = ten
+			if r, ok := regions[ten.Region]; ok && ten.Region != "" && r != s {
+				t.Fatalf("region %q: salts %s and %s", ten.Region, r, s)
+			}
+			regions[ten.Region] = s
 			if _, ex := ten.Admit(time.Unix(1, 0), 10, 10); ex != nil && ex.RetryAfter <= 0 {
 				t.Fatalf("refused with no wait: %+v", ex)
 			}
