@@ -36,6 +36,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode"
 )
 
 // Limits are a tenant's budgets; 0 is no limit.
@@ -449,8 +450,8 @@ func Parse(data []byte) (*Table, error) {
 				return nil, fail("%q: want name=value", kv)
 			}
 			if k == "tenant" || k == "cache" {
-				if len(v) > 128 || strings.ContainsAny(v, " \t\"") {
-					return nil, fail("%s %q: at most 128 characters, no spaces or quotes", k, v)
+				if len(v) > 128 || strings.ContainsAny(v, " \t\"") || strings.ContainsFunc(v, unicode.IsControl) {
+					return nil, fail("%s %q: at most 128 characters, no spaces, quotes or control characters", k, v)
 				}
 				if k == "tenant" {
 					name = v

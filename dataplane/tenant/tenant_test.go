@@ -62,6 +62,8 @@ func TestParseRefuses(t *testing.T) {
 		"sk1 tenant=a,cache=r\nsk2 tenant=a,cache=s",
 		"sk1 tenant=a,cache=r\nsk2 tenant=a",
 		"sk1 tenant=a\nsk2 tenant=a,cache=r",
+		"sk tenant=a\x00b",
+		"sk tenant=a,cache=r\x1b",
 	} {
 		if _, err := Parse([]byte(bad)); !errors.Is(err, ErrSyntax) {
 			t.Errorf("%q: %v, want ErrSyntax", bad, err)
