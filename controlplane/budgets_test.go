@@ -100,6 +100,22 @@ func TestFleetBudgetAcrossProxies(t *testing.T) {
 		waitWorkers(t, ps[i], 2)
 	}
 	checkFleetBudget(t, ps)
+	checkTenantsView(t, c)
+}
+
+// checkTenantsView fails t unless the control plane's operator API shows tenant a served by
+// two proxies, with requests admitted and refused.
+func checkTenantsView(t *testing.T, c *cluster) {
+	t.Helper()
+	code, out := c.api("GET", "/v1/tenants", "", true)
+	ts, _ := out["tenants"].([]any)
+	if code != 200 || len(ts) != 1 {
+		t.Fatalf("GET /v1/tenants: %d %v", code, out)
+	}
+	a, _ := ts[0].(map[string]any)
+	if a["name"] != "a" || jsonUint(a["proxies"]) != 2 || jsonUint(a["admitted"]) == 0 || jsonUint(a["refused"]) == 0 {
+		t.Fatalf("tenant a as the control plane sees it: %v", a)
+	}
 }
 
 // And across control-plane replicas: the two proxies follow two replicas on a real API
@@ -116,4 +132,5 @@ func TestFleetBudgetAcrossReplicas(t *testing.T) {
 		waitWorkers(t, ps[i], 4)
 	}
 	checkFleetBudget(t, ps)
+	checkTenantsView(t, follow.c) // the other replica's proxy too
 }

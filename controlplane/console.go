@@ -310,6 +310,7 @@ type FleetView struct {
 	Time    time.Time         `json:"time"`
 	Workers []json.RawMessage `json:"workers"`
 	Proxies json.RawMessage   `json:"proxies"`
+	Tenants json.RawMessage   `json:"tenants"`
 	Policy  json.RawMessage   `json:"policy"`
 	Index   json.RawMessage   `json:"index"`
 	Rollout json.RawMessage   `json:"rollout,omitempty"`
@@ -351,6 +352,13 @@ func (s *Server) fleet(ctx context.Context) FleetView {
 		pm = append(pm, out)
 	}
 	v.Proxies, _ = json.Marshal(pm)
+	ts, _ := o.ListTenants(ctx)
+	tm := make([]json.RawMessage, 0, len(ts))
+	for _, t := range ts {
+		b, _ := consoleJSON.Marshal(t)
+		tm = append(tm, b)
+	}
+	v.Tenants, _ = json.Marshal(tm)
 	if p, err := o.GetPolicy(ctx); err == nil {
 		v.Policy, _ = consoleJSON.Marshal(p)
 	}

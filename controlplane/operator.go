@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
+	"strings"
 	"time"
 
 	"google.golang.org/protobuf/proto"
@@ -378,6 +380,17 @@ func (o operator) GetIndex(context.Context) (*operatorv1.Index, error) {
 		out.Workers = append(out.Workers, &operatorv1.WorkerBlocks{Id: id, Slot: uint32(slot),
 			Blocks: &operatorv1.BlockCounts{Gpu: uint64(b[0]), Cpu: uint64(b[1]), Disk: uint64(b[2]), Shared: uint64(b[3])}})
 	}
+	return out, nil
+}
+
+func (o operator) ListTenants(context.Context) ([]*operatorv1.Tenant, error) {
+	totals := o.s.xds.TenantTotals()
+	out := make([]*operatorv1.Tenant, 0, len(totals))
+	for name, t := range totals {
+		out = append(out, &operatorv1.Tenant{Name: name, Proxies: uint32(t.Proxies), RequestsPerSecond: t.Requests,
+			PromptTokensPerSecond: t.PromptTokens, OutputTokensPerSecond: t.OutputTokens, Admitted: t.Admitted, Refused: t.Refused})
+	}
+	slices.SortFunc(out, func(a, b *operatorv1.Tenant) int { return strings.Compare(a.GetName(), b.GetName()) })
 	return out, nil
 }
 

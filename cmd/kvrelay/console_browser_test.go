@@ -53,7 +53,12 @@ func TestConsoleInBrowser(t *testing.T) {
 	}
 	browser := chromium(t)
 	profile := burstProfile(t)
-	pr, stop := startUp(t, "--expose-worker-header", "--workers", "2", "--speedup-ratio", "20", "--num-gpu-blocks", "4096",
+	// One tenant with a budget, so that the console lists it.
+	keys := filepath.Join(t.TempDir(), "keys")
+	if err := os.WriteFile(keys, []byte("sk-console tenant=acme,rps=1000\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	pr, stop := startUp(t, "--expose-worker-header", "--api-keys-file", keys, "--workers", "2", "--speedup-ratio", "20", "--num-gpu-blocks", "4096",
 		"--planner", "--planner-profile", profile, "--planner-max", "3",
 		"--planner-interval", "2s", "--planner-load-interval", "500ms", "--planner-cooldown", "3s")
 	defer stop(20 * time.Second)
@@ -97,7 +102,10 @@ func TestConsoleInBrowser(t *testing.T) {
 	chat := func(i, words int) error {
 		body := fmt.Sprintf(`{"model":"gpt-oss-120b","max_tokens":8,"messages":[{"role":"user","content":"request %d: %s"}]}`,
 			i, strings.Repeat("tell me about rivers and stones ", words/6))
-		resp, err := http.Post(proxy+"/v1/chat/completions", "application/json", strings.NewReader(body))
+		req, _ := http.NewRequest(http.MethodPost, proxy+"/v1/chat/completions", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", "Bearer sk-console")
+		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			return err
 		}
@@ -176,6 +184,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	}
 	took := waitJS("decisions appearing", fmt.Sprintf(`document.querySelectorAll('#decision-list tbody tr').length > %d`, before), time.Second)
 	t.Logf("decisions appeared %s after the requests", took.Round(time.Millisecond))
+	waitJS("the tenant listed with its requests", `(() => { const r = document.querySelector('#tenants tr[data-tenant="acme"]'); return !!r && Number(r.cells[5].textContent) >= 24; })()`, 5*time.Second)
 	if dup, _ := eval(`(() => { const ids = [...document.querySelectorAll('#decision-list tbody tr')].map(r => r.dataset.decision); return new Set(ids).size !== ids.length; })()`); dup {
 		t.Fatal("a decision is listed twice")
 	}

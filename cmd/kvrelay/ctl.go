@@ -72,7 +72,7 @@ or from $` + ctlTokenEnv + `; reads need it too unless the control plane listens
 	pf.StringVarP(&o.output, "output", "o", "table", "output format: table or json")
 	pf.DurationVar(&o.timeout, "timeout", 10*time.Second, "how long a call may take")
 	cmd.AddCommand(ctlWorkersCmd(o), ctlDrainCmd(o, true), ctlDrainCmd(o, false), ctlPolicyCmd(o),
-		ctlIndexCmd(o), ctlProxiesCmd(o), ctlDecisionsCmd(o), ctlPrefixesCmd(o))
+		ctlIndexCmd(o), ctlProxiesCmd(o), ctlTenantsCmd(o), ctlDecisionsCmd(o), ctlPrefixesCmd(o))
 	return cmd
 }
 
@@ -382,6 +382,33 @@ func ctlProxiesCmd(o *ctlOptions) *cobra.Command {
 						}
 					}
 					fmt.Fprintf(tw, "%s\t%d\t%s\n", p.NodeId, p.Streams, nack)
+				}
+				tw.Flush()
+			})
+		},
+	}
+}
+
+func ctlTenantsCmd(o *ctlOptions) *cobra.Command {
+	return &cobra.Command{
+		Use:   "tenants",
+		Short: "List the tenants with budgets and what they ask of the proxies together",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := o.client(cmd)
+			if err != nil {
+				return err
+			}
+			var l operatorv1.ListTenantsResponse
+			if err := c.call(cmd.Context(), http.MethodGet, "/v1/tenants", nil, &l); err != nil {
+				return err
+			}
+			return c.print(&l, func(w io.Writer) {
+				tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+				fmt.Fprintln(tw, "TENANT	PROXIES	REQUESTS/S	PROMPT TOKENS/S	OUTPUT TOKENS/S	ADMITTED	REFUSED")
+				for _, t := range l.Tenants {
+					fmt.Fprintf(tw, "%s\t%d\t%.1f\t%.0f\t%.0f\t%d\t%d\n", t.GetName(), t.GetProxies(), t.GetRequestsPerSecond(),
+						t.GetPromptTokensPerSecond(), t.GetOutputTokensPerSecond(), t.GetAdmitted(), t.GetRefused())
 				}
 				tw.Flush()
 			})

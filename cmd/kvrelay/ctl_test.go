@@ -40,6 +40,7 @@ func ctlFleet() *apitest.Backend {
 		Workers: []*operatorv1.WorkerBlocks{{Id: "w1", Blocks: &operatorv1.BlockCounts{Gpu: 100, Cpu: 20, Disk: 3}}, {Id: "w2", Slot: 1}}})
 	b.SetProxies(&operatorv1.Proxy{NodeId: "edge-1", Streams: 1},
 		&operatorv1.Proxy{NodeId: "edge-2", Streams: 1, LastNack: &operatorv1.Nack{TypeUrl: "type.googleapis.com/kvrelay.xds.v1.RoutingPolicy", Reason: "tier_weights: want 3"}})
+	b.SetTenants(&operatorv1.Tenant{Name: "acme", Proxies: 2, RequestsPerSecond: 12.25, PromptTokensPerSecond: 3400, Admitted: 900, Refused: 17})
 	return b
 }
 
@@ -120,6 +121,7 @@ func TestCtlJSONOutput(t *testing.T) {
 		{[]string{"policy"}, &operatorv1.Policy{}},
 		{[]string{"index"}, &operatorv1.Index{}},
 		{[]string{"proxies"}, &operatorv1.ListProxiesResponse{}},
+		{[]string{"tenants"}, &operatorv1.ListTenantsResponse{}},
 	} {
 		out, err := runCtl(t, ts, append(tc.args, "-o", "json")...)
 		if err != nil {
@@ -300,6 +302,14 @@ func TestCtlIndexAndProxies(t *testing.T) {
 	}
 	if !strings.Contains(out, "edge-1") || !strings.Contains(out, "RoutingPolicy: tier_weights: want 3") {
 		t.Errorf("proxies:\n%s", out)
+	}
+
+	out, err = runCtl(t, ts, "tenants")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(strings.Fields(out), " "); got != "TENANT PROXIES REQUESTS/S PROMPT TOKENS/S OUTPUT TOKENS/S ADMITTED REFUSED acme 2 12.2 3400 0 900 17" {
+		t.Errorf("tenants:\n%s", out)
 	}
 }
 

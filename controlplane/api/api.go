@@ -42,6 +42,8 @@ type Backend interface {
 	SetPolicy(ctx context.Context, p *operatorv1.Policy) (*operatorv1.Policy, error)
 	GetIndex(ctx context.Context) (*operatorv1.Index, error)
 	ListProxies(ctx context.Context) ([]*operatorv1.Proxy, error)
+	// ListTenants returns the tenants with budgets the proxies report, sorted by name.
+	ListTenants(ctx context.Context) ([]*operatorv1.Tenant, error)
 	// StartRollout starts a rollout of the candidate (its version cleared) as spec says
 	// (ErrConflict while one runs); GetRollout returns the running or latest rollout
 	// (ErrNotFound when none ever ran); ControlRollout applies one of RolloutActions.

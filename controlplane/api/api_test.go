@@ -47,6 +47,7 @@ func fleet() *apitest.Backend {
 		Workers: []*operatorv1.WorkerBlocks{{Id: "w1", Blocks: &operatorv1.BlockCounts{Gpu: 100, Cpu: 20}}}})
 	b.SetProxies(&operatorv1.Proxy{NodeId: "proxy-a", Streams: 1},
 		&operatorv1.Proxy{NodeId: "proxy-b", Streams: 2, LastNack: &operatorv1.Nack{TypeUrl: "t", Reason: "bad weight"}})
+	b.SetTenants(&operatorv1.Tenant{Name: "acme", Proxies: 2, RequestsPerSecond: 7.5, Admitted: 40, Refused: 3})
 	return b
 }
 
@@ -251,6 +252,12 @@ func TestHTTPRoutes(t *testing.T) {
 				t.Errorf("proxies: %v", l)
 			}
 		}},
+		{name: "tenants", method: "GET", path: "/v1/tenants", want: 200, check: func(t *testing.T, r response, _ *apitest.Backend) {
+			l := unmarshal(t, r, &operatorv1.ListTenantsResponse{})
+			if len(l.Tenants) != 1 || l.Tenants[0].GetName() != "acme" || l.Tenants[0].GetRequestsPerSecond() != 7.5 || l.Tenants[0].GetRefused() != 3 {
+				t.Errorf("tenants: %v", l)
+			}
+		}},
 		{name: "healthz", method: "GET", path: "/healthz", want: 200, check: func(t *testing.T, r response, _ *apitest.Backend) {
 			if !strings.Contains(r.body, `"ok"`) {
 				t.Errorf("body: %s", r.body)
@@ -414,6 +421,10 @@ func TestGRPC(t *testing.T) {
 	if err != nil || len(ps.Proxies) != 2 || ps.Proxies[0].NodeId != "proxy-a" {
 		t.Fatalf("ListProxies: %v %v", ps, err)
 	}
+	ts, err := c.ListTenants(ctx, &operatorv1.ListTenantsRequest{})
+	if err != nil || len(ts.Tenants) != 1 || ts.Tenants[0].GetAdmitted() != 40 {
+		t.Fatalf("ListTenants: %v %v", ts, err)
+	}
 
 	// Errors.
 	for _, tc := range []struct {
@@ -465,8 +476,9 @@ func (b errBackend) GetPolicy(context.Context) (*operatorv1.Policy, error) { ret
 func (b errBackend) SetPolicy(context.Context, *operatorv1.Policy) (*operatorv1.Policy, error) {
 	return nil, b.err
 }
-func (b errBackend) GetIndex(context.Context) (*operatorv1.Index, error)      { return nil, b.err }
-func (b errBackend) ListProxies(context.Context) ([]*operatorv1.Proxy, error) { return nil, b.err }
+func (b errBackend) GetIndex(context.Context) (*operatorv1.Index, error)       { return nil, b.err }
+func (b errBackend) ListProxies(context.Context) ([]*operatorv1.Proxy, error)  { return nil, b.err }
+func (b errBackend) ListTenants(context.Context) ([]*operatorv1.Tenant, error) { return nil, b.err }
 func (b errBackend) StartRollout(context.Context, *operatorv1.Policy, *operatorv1.RolloutSpec) (*operatorv1.Rollout, error) {
 	return nil, b.err
 }
@@ -520,6 +532,7 @@ func TestErrorMapping(t *testing.T) {
 				}, "PUT", "/v1/policy", `{"policy": "kv"}`},
 				{"GetIndex", func() error { _, err := c.GetIndex(ctx, &operatorv1.GetIndexRequest{}); return err }, "GET", "/v1/index", ""},
 				{"ListProxies", func() error { _, err := c.ListProxies(ctx, &operatorv1.ListProxiesRequest{}); return err }, "GET", "/v1/proxies", ""},
+				{"ListTenants", func() error { _, err := c.ListTenants(ctx, &operatorv1.ListTenantsRequest{}); return err }, "GET", "/v1/tenants", ""},
 				{"StartRollout", func() error {
 					_, err := c.StartRollout(ctx, &operatorv1.StartRolloutRequest{Candidate: &operatorv1.Policy{Policy: "kv"}})
 					return err

@@ -21,6 +21,7 @@
 //	POST   /v1/rollout/{action}      Rollout; action pause, resume, promote or abort
 //	GET    /v1/index                 Index
 //	GET    /v1/proxies               ListProxiesResponse
+//	GET    /v1/tenants               ListTenantsResponse
 //	GET    /healthz                  {"status":"ok"}, never authenticated
 //
 // Errors are {"error": {"message": "...", "code": "not_found"}} with the status 400

@@ -95,6 +95,10 @@ func (s *grpcServer) ListProxies(ctx context.Context, _ *operatorv1.ListProxiesR
 	return call(s, ctx, false, func() (*operatorv1.ListProxiesResponse, error) { return s.ops.listProxies(ctx) })
 }
 
+func (s *grpcServer) ListTenants(ctx context.Context, _ *operatorv1.ListTenantsRequest) (*operatorv1.ListTenantsResponse, error) {
+	return call(s, ctx, false, func() (*operatorv1.ListTenantsResponse, error) { return s.ops.listTenants(ctx) })
+}
+
 func (s *grpcServer) StartRollout(ctx context.Context, req *operatorv1.StartRolloutRequest) (*operatorv1.Rollout, error) {
 	return call(s, ctx, true, func() (*operatorv1.Rollout, error) { return s.ops.startRollout(ctx, req) })
 }

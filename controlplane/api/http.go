@@ -116,6 +116,11 @@ func Handler(b Backend, opts Options) http.Handler {
 			return h.ops.listProxies(ctx)
 		}},
 	}))
+	mux.HandleFunc("/v1/tenants", h.methods(map[string]route{
+		http.MethodGet: {read: true, fn: func(ctx context.Context, _ *http.Request) (proto.Message, error) {
+			return h.ops.listTenants(ctx)
+		}},
+	}))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, &Error{Code: codes.NotFound, Message: fmt.Sprintf("no operator API route %s", r.URL.Path)})
 	})

@@ -79,6 +79,14 @@ func (o ops) listProxies(ctx context.Context) (*operatorv1.ListProxiesResponse, 
 	return &operatorv1.ListProxiesResponse{Proxies: dropNil(ps)}, nil
 }
 
+func (o ops) listTenants(ctx context.Context) (*operatorv1.ListTenantsResponse, error) {
+	ts, err := o.b.ListTenants(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &operatorv1.ListTenantsResponse{Tenants: dropNil(ts)}, nil
+}
+
 func (o ops) startRollout(ctx context.Context, req *operatorv1.StartRolloutRequest) (*operatorv1.Rollout, error) {
 	c := req.GetCandidate()
 	if c == nil {

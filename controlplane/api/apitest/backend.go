@@ -27,6 +27,7 @@ type Backend struct {
 	policy  *operatorv1.Policy
 	index   *operatorv1.Index
 	proxies []*operatorv1.Proxy
+	tenants []*operatorv1.Tenant
 	calls   []string
 	rollout *operatorv1.Rollout
 	history []*operatorv1.PolicyChange
@@ -242,6 +243,20 @@ func (b *Backend) GetIndex(context.Context) (*operatorv1.Index, error) {
 	defer b.mu.Unlock()
 	b.called("GetIndex")
 	return proto.CloneOf(b.index), nil
+}
+
+// SetTenants sets what ListTenants returns.
+func (b *Backend) SetTenants(ts ...*operatorv1.Tenant) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.tenants = clones(ts)
+}
+
+func (b *Backend) ListTenants(context.Context) ([]*operatorv1.Tenant, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.called("ListTenants")
+	return clones(b.tenants), nil
 }
 
 func (b *Backend) ListProxies(context.Context) ([]*operatorv1.Proxy, error) {

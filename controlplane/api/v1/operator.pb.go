@@ -1742,6 +1742,183 @@ func (x *ListProxiesResponse) GetProxies() []*Proxy {
 	return nil
 }
 
+// Tenant is what one API-key tenant with a budget asked of the fleet's proxies, summed over
+// the proxies that report it (its limits are in their keys files): the costs of its requests
+// per second, admitted or refused, smoothed over the last seconds, and its requests admitted
+// and refused since the proxies started.
+type Tenant struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// proxies is how many proxies report the tenant; its budgets divide among them.
+	Proxies               uint32  `protobuf:"varint,2,opt,name=proxies,proto3" json:"proxies,omitempty"`
+	RequestsPerSecond     float64 `protobuf:"fixed64,3,opt,name=requests_per_second,json=requestsPerSecond,proto3" json:"requests_per_second,omitempty"`
+	PromptTokensPerSecond float64 `protobuf:"fixed64,4,opt,name=prompt_tokens_per_second,json=promptTokensPerSecond,proto3" json:"prompt_tokens_per_second,omitempty"`
+	OutputTokensPerSecond float64 `protobuf:"fixed64,5,opt,name=output_tokens_per_second,json=outputTokensPerSecond,proto3" json:"output_tokens_per_second,omitempty"`
+	Admitted              uint64  `protobuf:"varint,6,opt,name=admitted,proto3" json:"admitted,omitempty"`
+	Refused               uint64  `protobuf:"varint,7,opt,name=refused,proto3" json:"refused,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
+}
+
+func (x *Tenant) Reset() {
+	*x = Tenant{}
+	mi := &file_operator_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Tenant) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Tenant) ProtoMessage() {}
+
+func (x *Tenant) ProtoReflect() protoreflect.Message {
+	mi := &file_operator_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Tenant.ProtoReflect.Descriptor instead.
+func (*Tenant) Descriptor() ([]byte, []int) {
+	return file_operator_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *Tenant) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Tenant) GetProxies() uint32 {
+	if x != nil {
+		return x.Proxies
+	}
+	return 0
+}
+
+func (x *Tenant) GetRequestsPerSecond() float64 {
+	if x != nil {
+		return x.RequestsPerSecond
+	}
+	return 0
+}
+
+func (x *Tenant) GetPromptTokensPerSecond() float64 {
+	if x != nil {
+		return x.PromptTokensPerSecond
+	}
+	return 0
+}
+
+func (x *Tenant) GetOutputTokensPerSecond() float64 {
+	if x != nil {
+		return x.OutputTokensPerSecond
+	}
+	return 0
+}
+
+func (x *Tenant) GetAdmitted() uint64 {
+	if x != nil {
+		return x.Admitted
+	}
+	return 0
+}
+
+func (x *Tenant) GetRefused() uint64 {
+	if x != nil {
+		return x.Refused
+	}
+	return 0
+}
+
+type ListTenantsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListTenantsRequest) Reset() {
+	*x = ListTenantsRequest{}
+	mi := &file_operator_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListTenantsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListTenantsRequest) ProtoMessage() {}
+
+func (x *ListTenantsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_operator_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListTenantsRequest.ProtoReflect.Descriptor instead.
+func (*ListTenantsRequest) Descriptor() ([]byte, []int) {
+	return file_operator_proto_rawDescGZIP(), []int{26}
+}
+
+type ListTenantsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tenants       []*Tenant              `protobuf:"bytes,1,rep,name=tenants,proto3" json:"tenants,omitempty"` // sorted by name
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListTenantsResponse) Reset() {
+	*x = ListTenantsResponse{}
+	mi := &file_operator_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListTenantsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListTenantsResponse) ProtoMessage() {}
+
+func (x *ListTenantsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_operator_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListTenantsResponse.ProtoReflect.Descriptor instead.
+func (*ListTenantsResponse) Descriptor() ([]byte, []int) {
+	return file_operator_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *ListTenantsResponse) GetTenants() []*Tenant {
+	if x != nil {
+		return x.Tenants
+	}
+	return nil
+}
+
 // RolloutSpec is how a rollout runs and judges its steps; an unset field takes its default
 // (steps 5, 25, 50, 100 %, at least two minutes, 30 requests and 3 conversation groups of
 // each arm per step, a step timeout of five step durations, candidate TTFT p90 and p50 and
@@ -1794,7 +1971,7 @@ type RolloutSpec struct {
 
 func (x *RolloutSpec) Reset() {
 	*x = RolloutSpec{}
-	mi := &file_operator_proto_msgTypes[25]
+	mi := &file_operator_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1806,7 +1983,7 @@ func (x *RolloutSpec) String() string {
 func (*RolloutSpec) ProtoMessage() {}
 
 func (x *RolloutSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_operator_proto_msgTypes[25]
+	mi := &file_operator_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1819,7 +1996,7 @@ func (x *RolloutSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RolloutSpec.ProtoReflect.Descriptor instead.
 func (*RolloutSpec) Descriptor() ([]byte, []int) {
-	return file_operator_proto_rawDescGZIP(), []int{25}
+	return file_operator_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *RolloutSpec) GetShadowMs() int64 {
@@ -1984,7 +2161,7 @@ type RolloutCheck struct {
 
 func (x *RolloutCheck) Reset() {
 	*x = RolloutCheck{}
-	mi := &file_operator_proto_msgTypes[26]
+	mi := &file_operator_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1996,7 +2173,7 @@ func (x *RolloutCheck) String() string {
 func (*RolloutCheck) ProtoMessage() {}
 
 func (x *RolloutCheck) ProtoReflect() protoreflect.Message {
-	mi := &file_operator_proto_msgTypes[26]
+	mi := &file_operator_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2009,7 +2186,7 @@ func (x *RolloutCheck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RolloutCheck.ProtoReflect.Descriptor instead.
 func (*RolloutCheck) Descriptor() ([]byte, []int) {
-	return file_operator_proto_rawDescGZIP(), []int{26}
+	return file_operator_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *RolloutCheck) GetMetric() string {
@@ -2139,7 +2316,7 @@ type RolloutStep struct {
 
 func (x *RolloutStep) Reset() {
 	*x = RolloutStep{}
-	mi := &file_operator_proto_msgTypes[27]
+	mi := &file_operator_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2151,7 +2328,7 @@ func (x *RolloutStep) String() string {
 func (*RolloutStep) ProtoMessage() {}
 
 func (x *RolloutStep) ProtoReflect() protoreflect.Message {
-	mi := &file_operator_proto_msgTypes[27]
+	mi := &file_operator_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2164,7 +2341,7 @@ func (x *RolloutStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RolloutStep.ProtoReflect.Descriptor instead.
 func (*RolloutStep) Descriptor() ([]byte, []int) {
-	return file_operator_proto_rawDescGZIP(), []int{27}
+	return file_operator_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *RolloutStep) GetStep() int32 {
@@ -2490,7 +2667,7 @@ type Rollout struct {
 
 func (x *Rollout) Reset() {
 	*x = Rollout{}
-	mi := &file_operator_proto_msgTypes[28]
+	mi := &file_operator_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2502,7 +2679,7 @@ func (x *Rollout) String() string {
 func (*Rollout) ProtoMessage() {}
 
 func (x *Rollout) ProtoReflect() protoreflect.Message {
-	mi := &file_operator_proto_msgTypes[28]
+	mi := &file_operator_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2515,7 +2692,7 @@ func (x *Rollout) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Rollout.ProtoReflect.Descriptor instead.
 func (*Rollout) Descriptor() ([]byte, []int) {
-	return file_operator_proto_rawDescGZIP(), []int{28}
+	return file_operator_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *Rollout) GetId() uint64 {
@@ -2635,7 +2812,7 @@ type StartRolloutRequest struct {
 
 func (x *StartRolloutRequest) Reset() {
 	*x = StartRolloutRequest{}
-	mi := &file_operator_proto_msgTypes[29]
+	mi := &file_operator_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2647,7 +2824,7 @@ func (x *StartRolloutRequest) String() string {
 func (*StartRolloutRequest) ProtoMessage() {}
 
 func (x *StartRolloutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_operator_proto_msgTypes[29]
+	mi := &file_operator_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2660,7 +2837,7 @@ func (x *StartRolloutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartRolloutRequest.ProtoReflect.Descriptor instead.
 func (*StartRolloutRequest) Descriptor() ([]byte, []int) {
-	return file_operator_proto_rawDescGZIP(), []int{29}
+	return file_operator_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *StartRolloutRequest) GetCandidate() *Policy {
@@ -2685,7 +2862,7 @@ type GetRolloutRequest struct {
 
 func (x *GetRolloutRequest) Reset() {
 	*x = GetRolloutRequest{}
-	mi := &file_operator_proto_msgTypes[30]
+	mi := &file_operator_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2697,7 +2874,7 @@ func (x *GetRolloutRequest) String() string {
 func (*GetRolloutRequest) ProtoMessage() {}
 
 func (x *GetRolloutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_operator_proto_msgTypes[30]
+	mi := &file_operator_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2710,7 +2887,7 @@ func (x *GetRolloutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRolloutRequest.ProtoReflect.Descriptor instead.
 func (*GetRolloutRequest) Descriptor() ([]byte, []int) {
-	return file_operator_proto_rawDescGZIP(), []int{30}
+	return file_operator_proto_rawDescGZIP(), []int{33}
 }
 
 type ControlRolloutRequest struct {
@@ -2723,7 +2900,7 @@ type ControlRolloutRequest struct {
 
 func (x *ControlRolloutRequest) Reset() {
 	*x = ControlRolloutRequest{}
-	mi := &file_operator_proto_msgTypes[31]
+	mi := &file_operator_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2735,7 +2912,7 @@ func (x *ControlRolloutRequest) String() string {
 func (*ControlRolloutRequest) ProtoMessage() {}
 
 func (x *ControlRolloutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_operator_proto_msgTypes[31]
+	mi := &file_operator_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2748,7 +2925,7 @@ func (x *ControlRolloutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlRolloutRequest.ProtoReflect.Descriptor instead.
 func (*ControlRolloutRequest) Descriptor() ([]byte, []int) {
-	return file_operator_proto_rawDescGZIP(), []int{31}
+	return file_operator_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ControlRolloutRequest) GetAction() string {
@@ -2771,7 +2948,7 @@ type PolicyChange struct {
 
 func (x *PolicyChange) Reset() {
 	*x = PolicyChange{}
-	mi := &file_operator_proto_msgTypes[32]
+	mi := &file_operator_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2783,7 +2960,7 @@ func (x *PolicyChange) String() string {
 func (*PolicyChange) ProtoMessage() {}
 
 func (x *PolicyChange) ProtoReflect() protoreflect.Message {
-	mi := &file_operator_proto_msgTypes[32]
+	mi := &file_operator_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2796,7 +2973,7 @@ func (x *PolicyChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PolicyChange.ProtoReflect.Descriptor instead.
 func (*PolicyChange) Descriptor() ([]byte, []int) {
-	return file_operator_proto_rawDescGZIP(), []int{32}
+	return file_operator_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *PolicyChange) GetPolicy() *Policy {
@@ -2830,7 +3007,7 @@ type PolicyHistoryRequest struct {
 
 func (x *PolicyHistoryRequest) Reset() {
 	*x = PolicyHistoryRequest{}
-	mi := &file_operator_proto_msgTypes[33]
+	mi := &file_operator_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2842,7 +3019,7 @@ func (x *PolicyHistoryRequest) String() string {
 func (*PolicyHistoryRequest) ProtoMessage() {}
 
 func (x *PolicyHistoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_operator_proto_msgTypes[33]
+	mi := &file_operator_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2855,7 +3032,7 @@ func (x *PolicyHistoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PolicyHistoryRequest.ProtoReflect.Descriptor instead.
 func (*PolicyHistoryRequest) Descriptor() ([]byte, []int) {
-	return file_operator_proto_rawDescGZIP(), []int{33}
+	return file_operator_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *PolicyHistoryRequest) GetLimit() uint32 {
@@ -2874,7 +3051,7 @@ type PolicyHistoryResponse struct {
 
 func (x *PolicyHistoryResponse) Reset() {
 	*x = PolicyHistoryResponse{}
-	mi := &file_operator_proto_msgTypes[34]
+	mi := &file_operator_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2886,7 +3063,7 @@ func (x *PolicyHistoryResponse) String() string {
 func (*PolicyHistoryResponse) ProtoMessage() {}
 
 func (x *PolicyHistoryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_operator_proto_msgTypes[34]
+	mi := &file_operator_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2899,7 +3076,7 @@ func (x *PolicyHistoryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PolicyHistoryResponse.ProtoReflect.Descriptor instead.
 func (*PolicyHistoryResponse) Descriptor() ([]byte, []int) {
-	return file_operator_proto_rawDescGZIP(), []int{34}
+	return file_operator_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *PolicyHistoryResponse) GetChanges() []*PolicyChange {
@@ -3043,7 +3220,18 @@ const file_operator_proto_rawDesc = "" +
 	"\x0fGetIndexRequest\"\x14\n" +
 	"\x12ListProxiesRequest\"K\n" +
 	"\x13ListProxiesResponse\x124\n" +
-	"\aproxies\x18\x01 \x03(\v2\x1a.kvrelay.operator.v1.ProxyR\aproxies\"\xe0\b\n" +
+	"\aproxies\x18\x01 \x03(\v2\x1a.kvrelay.operator.v1.ProxyR\aproxies\"\x8e\x02\n" +
+	"\x06Tenant\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
+	"\aproxies\x18\x02 \x01(\rR\aproxies\x12.\n" +
+	"\x13requests_per_second\x18\x03 \x01(\x01R\x11requestsPerSecond\x127\n" +
+	"\x18prompt_tokens_per_second\x18\x04 \x01(\x01R\x15promptTokensPerSecond\x127\n" +
+	"\x18output_tokens_per_second\x18\x05 \x01(\x01R\x15outputTokensPerSecond\x12\x1a\n" +
+	"\badmitted\x18\x06 \x01(\x04R\badmitted\x12\x18\n" +
+	"\arefused\x18\a \x01(\x04R\arefused\"\x14\n" +
+	"\x12ListTenantsRequest\"L\n" +
+	"\x13ListTenantsResponse\x125\n" +
+	"\atenants\x18\x01 \x03(\v2\x1b.kvrelay.operator.v1.TenantR\atenants\"\xe0\b\n" +
 	"\vRolloutSpec\x12\x1b\n" +
 	"\tshadow_ms\x18\x01 \x01(\x03R\bshadowMs\x12\x14\n" +
 	"\x05steps\x18\x02 \x03(\x01R\x05steps\x12(\n" +
@@ -3161,7 +3349,8 @@ const file_operator_proto_rawDesc = "" +
 	"\x14PolicyHistoryRequest\x12\x14\n" +
 	"\x05limit\x18\x01 \x01(\rR\x05limit\"T\n" +
 	"\x15PolicyHistoryResponse\x12;\n" +
-	"\achanges\x18\x01 \x03(\v2!.kvrelay.operator.v1.PolicyChangeR\achanges2\xd1\t\n" +
+	"\achanges\x18\x01 \x03(\v2!.kvrelay.operator.v1.PolicyChangeR\achanges2\xb3\n" +
+	"\n" +
 	"\bOperator\x12`\n" +
 	"\vListWorkers\x12'.kvrelay.operator.v1.ListWorkersRequest\x1a(.kvrelay.operator.v1.ListWorkersResponse\x12O\n" +
 	"\tGetWorker\x12%.kvrelay.operator.v1.GetWorkerRequest\x1a\x1b.kvrelay.operator.v1.Worker\x12U\n" +
@@ -3172,7 +3361,8 @@ const file_operator_proto_rawDesc = "" +
 	"\tGetPolicy\x12%.kvrelay.operator.v1.GetPolicyRequest\x1a\x1b.kvrelay.operator.v1.Policy\x12O\n" +
 	"\tSetPolicy\x12%.kvrelay.operator.v1.SetPolicyRequest\x1a\x1b.kvrelay.operator.v1.Policy\x12L\n" +
 	"\bGetIndex\x12$.kvrelay.operator.v1.GetIndexRequest\x1a\x1a.kvrelay.operator.v1.Index\x12`\n" +
-	"\vListProxies\x12'.kvrelay.operator.v1.ListProxiesRequest\x1a(.kvrelay.operator.v1.ListProxiesResponse\x12V\n" +
+	"\vListProxies\x12'.kvrelay.operator.v1.ListProxiesRequest\x1a(.kvrelay.operator.v1.ListProxiesResponse\x12`\n" +
+	"\vListTenants\x12'.kvrelay.operator.v1.ListTenantsRequest\x1a(.kvrelay.operator.v1.ListTenantsResponse\x12V\n" +
 	"\fStartRollout\x12(.kvrelay.operator.v1.StartRolloutRequest\x1a\x1c.kvrelay.operator.v1.Rollout\x12R\n" +
 	"\n" +
 	"GetRollout\x12&.kvrelay.operator.v1.GetRolloutRequest\x1a\x1c.kvrelay.operator.v1.Rollout\x12Z\n" +
@@ -3191,7 +3381,7 @@ func file_operator_proto_rawDescGZIP() []byte {
 	return file_operator_proto_rawDescData
 }
 
-var file_operator_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
+var file_operator_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
 var file_operator_proto_goTypes = []any{
 	(*WorkerSpec)(nil),            // 0: kvrelay.operator.v1.WorkerSpec
 	(*BlockCounts)(nil),           // 1: kvrelay.operator.v1.BlockCounts
@@ -3218,17 +3408,20 @@ var file_operator_proto_goTypes = []any{
 	(*GetIndexRequest)(nil),       // 22: kvrelay.operator.v1.GetIndexRequest
 	(*ListProxiesRequest)(nil),    // 23: kvrelay.operator.v1.ListProxiesRequest
 	(*ListProxiesResponse)(nil),   // 24: kvrelay.operator.v1.ListProxiesResponse
-	(*RolloutSpec)(nil),           // 25: kvrelay.operator.v1.RolloutSpec
-	(*RolloutCheck)(nil),          // 26: kvrelay.operator.v1.RolloutCheck
-	(*RolloutStep)(nil),           // 27: kvrelay.operator.v1.RolloutStep
-	(*Rollout)(nil),               // 28: kvrelay.operator.v1.Rollout
-	(*StartRolloutRequest)(nil),   // 29: kvrelay.operator.v1.StartRolloutRequest
-	(*GetRolloutRequest)(nil),     // 30: kvrelay.operator.v1.GetRolloutRequest
-	(*ControlRolloutRequest)(nil), // 31: kvrelay.operator.v1.ControlRolloutRequest
-	(*PolicyChange)(nil),          // 32: kvrelay.operator.v1.PolicyChange
-	(*PolicyHistoryRequest)(nil),  // 33: kvrelay.operator.v1.PolicyHistoryRequest
-	(*PolicyHistoryResponse)(nil), // 34: kvrelay.operator.v1.PolicyHistoryResponse
-	nil,                           // 35: kvrelay.operator.v1.Plugin.ParamsEntry
+	(*Tenant)(nil),                // 25: kvrelay.operator.v1.Tenant
+	(*ListTenantsRequest)(nil),    // 26: kvrelay.operator.v1.ListTenantsRequest
+	(*ListTenantsResponse)(nil),   // 27: kvrelay.operator.v1.ListTenantsResponse
+	(*RolloutSpec)(nil),           // 28: kvrelay.operator.v1.RolloutSpec
+	(*RolloutCheck)(nil),          // 29: kvrelay.operator.v1.RolloutCheck
+	(*RolloutStep)(nil),           // 30: kvrelay.operator.v1.RolloutStep
+	(*Rollout)(nil),               // 31: kvrelay.operator.v1.Rollout
+	(*StartRolloutRequest)(nil),   // 32: kvrelay.operator.v1.StartRolloutRequest
+	(*GetRolloutRequest)(nil),     // 33: kvrelay.operator.v1.GetRolloutRequest
+	(*ControlRolloutRequest)(nil), // 34: kvrelay.operator.v1.ControlRolloutRequest
+	(*PolicyChange)(nil),          // 35: kvrelay.operator.v1.PolicyChange
+	(*PolicyHistoryRequest)(nil),  // 36: kvrelay.operator.v1.PolicyHistoryRequest
+	(*PolicyHistoryResponse)(nil), // 37: kvrelay.operator.v1.PolicyHistoryResponse
+	nil,                           // 38: kvrelay.operator.v1.Plugin.ParamsEntry
 }
 var file_operator_proto_depIdxs = []int32{
 	1,  // 0: kvrelay.operator.v1.WorkerStatus.blocks:type_name -> kvrelay.operator.v1.BlockCounts
@@ -3241,7 +3434,7 @@ var file_operator_proto_depIdxs = []int32{
 	7,  // 7: kvrelay.operator.v1.Profile.scorers:type_name -> kvrelay.operator.v1.Plugin
 	7,  // 8: kvrelay.operator.v1.Profile.picker:type_name -> kvrelay.operator.v1.Plugin
 	7,  // 9: kvrelay.operator.v1.Profile.spread:type_name -> kvrelay.operator.v1.Plugin
-	35, // 10: kvrelay.operator.v1.Plugin.params:type_name -> kvrelay.operator.v1.Plugin.ParamsEntry
+	38, // 10: kvrelay.operator.v1.Plugin.params:type_name -> kvrelay.operator.v1.Plugin.ParamsEntry
 	1,  // 11: kvrelay.operator.v1.WorkerBlocks.blocks:type_name -> kvrelay.operator.v1.BlockCounts
 	8,  // 12: kvrelay.operator.v1.Index.workers:type_name -> kvrelay.operator.v1.WorkerBlocks
 	10, // 13: kvrelay.operator.v1.Proxy.last_nack:type_name -> kvrelay.operator.v1.Nack
@@ -3249,48 +3442,51 @@ var file_operator_proto_depIdxs = []int32{
 	0,  // 15: kvrelay.operator.v1.UpsertWorkerRequest.spec:type_name -> kvrelay.operator.v1.WorkerSpec
 	5,  // 16: kvrelay.operator.v1.SetPolicyRequest.policy:type_name -> kvrelay.operator.v1.Policy
 	11, // 17: kvrelay.operator.v1.ListProxiesResponse.proxies:type_name -> kvrelay.operator.v1.Proxy
-	26, // 18: kvrelay.operator.v1.RolloutStep.checks:type_name -> kvrelay.operator.v1.RolloutCheck
-	5,  // 19: kvrelay.operator.v1.Rollout.candidate:type_name -> kvrelay.operator.v1.Policy
-	25, // 20: kvrelay.operator.v1.Rollout.spec:type_name -> kvrelay.operator.v1.RolloutSpec
-	27, // 21: kvrelay.operator.v1.Rollout.steps:type_name -> kvrelay.operator.v1.RolloutStep
-	27, // 22: kvrelay.operator.v1.Rollout.current:type_name -> kvrelay.operator.v1.RolloutStep
-	5,  // 23: kvrelay.operator.v1.StartRolloutRequest.candidate:type_name -> kvrelay.operator.v1.Policy
-	25, // 24: kvrelay.operator.v1.StartRolloutRequest.spec:type_name -> kvrelay.operator.v1.RolloutSpec
-	5,  // 25: kvrelay.operator.v1.PolicyChange.policy:type_name -> kvrelay.operator.v1.Policy
-	32, // 26: kvrelay.operator.v1.PolicyHistoryResponse.changes:type_name -> kvrelay.operator.v1.PolicyChange
-	12, // 27: kvrelay.operator.v1.Operator.ListWorkers:input_type -> kvrelay.operator.v1.ListWorkersRequest
-	14, // 28: kvrelay.operator.v1.Operator.GetWorker:input_type -> kvrelay.operator.v1.GetWorkerRequest
-	15, // 29: kvrelay.operator.v1.Operator.UpsertWorker:input_type -> kvrelay.operator.v1.UpsertWorkerRequest
-	16, // 30: kvrelay.operator.v1.Operator.RemoveWorker:input_type -> kvrelay.operator.v1.RemoveWorkerRequest
-	18, // 31: kvrelay.operator.v1.Operator.Drain:input_type -> kvrelay.operator.v1.DrainRequest
-	19, // 32: kvrelay.operator.v1.Operator.Undrain:input_type -> kvrelay.operator.v1.UndrainRequest
-	20, // 33: kvrelay.operator.v1.Operator.GetPolicy:input_type -> kvrelay.operator.v1.GetPolicyRequest
-	21, // 34: kvrelay.operator.v1.Operator.SetPolicy:input_type -> kvrelay.operator.v1.SetPolicyRequest
-	22, // 35: kvrelay.operator.v1.Operator.GetIndex:input_type -> kvrelay.operator.v1.GetIndexRequest
-	23, // 36: kvrelay.operator.v1.Operator.ListProxies:input_type -> kvrelay.operator.v1.ListProxiesRequest
-	29, // 37: kvrelay.operator.v1.Operator.StartRollout:input_type -> kvrelay.operator.v1.StartRolloutRequest
-	30, // 38: kvrelay.operator.v1.Operator.GetRollout:input_type -> kvrelay.operator.v1.GetRolloutRequest
-	31, // 39: kvrelay.operator.v1.Operator.ControlRollout:input_type -> kvrelay.operator.v1.ControlRolloutRequest
-	33, // 40: kvrelay.operator.v1.Operator.PolicyHistory:input_type -> kvrelay.operator.v1.PolicyHistoryRequest
-	13, // 41: kvrelay.operator.v1.Operator.ListWorkers:output_type -> kvrelay.operator.v1.ListWorkersResponse
-	4,  // 42: kvrelay.operator.v1.Operator.GetWorker:output_type -> kvrelay.operator.v1.Worker
-	4,  // 43: kvrelay.operator.v1.Operator.UpsertWorker:output_type -> kvrelay.operator.v1.Worker
-	17, // 44: kvrelay.operator.v1.Operator.RemoveWorker:output_type -> kvrelay.operator.v1.RemoveWorkerResponse
-	4,  // 45: kvrelay.operator.v1.Operator.Drain:output_type -> kvrelay.operator.v1.Worker
-	4,  // 46: kvrelay.operator.v1.Operator.Undrain:output_type -> kvrelay.operator.v1.Worker
-	5,  // 47: kvrelay.operator.v1.Operator.GetPolicy:output_type -> kvrelay.operator.v1.Policy
-	5,  // 48: kvrelay.operator.v1.Operator.SetPolicy:output_type -> kvrelay.operator.v1.Policy
-	9,  // 49: kvrelay.operator.v1.Operator.GetIndex:output_type -> kvrelay.operator.v1.Index
-	24, // 50: kvrelay.operator.v1.Operator.ListProxies:output_type -> kvrelay.operator.v1.ListProxiesResponse
-	28, // 51: kvrelay.operator.v1.Operator.StartRollout:output_type -> kvrelay.operator.v1.Rollout
-	28, // 52: kvrelay.operator.v1.Operator.GetRollout:output_type -> kvrelay.operator.v1.Rollout
-	28, // 53: kvrelay.operator.v1.Operator.ControlRollout:output_type -> kvrelay.operator.v1.Rollout
-	34, // 54: kvrelay.operator.v1.Operator.PolicyHistory:output_type -> kvrelay.operator.v1.PolicyHistoryResponse
-	41, // [41:55] is the sub-list for method output_type
-	27, // [27:41] is the sub-list for method input_type
-	27, // [27:27] is the sub-list for extension type_name
-	27, // [27:27] is the sub-list for extension extendee
-	0,  // [0:27] is the sub-list for field type_name
+	25, // 18: kvrelay.operator.v1.ListTenantsResponse.tenants:type_name -> kvrelay.operator.v1.Tenant
+	29, // 19: kvrelay.operator.v1.RolloutStep.checks:type_name -> kvrelay.operator.v1.RolloutCheck
+	5,  // 20: kvrelay.operator.v1.Rollout.candidate:type_name -> kvrelay.operator.v1.Policy
+	28, // 21: kvrelay.operator.v1.Rollout.spec:type_name -> kvrelay.operator.v1.RolloutSpec
+	30, // 22: kvrelay.operator.v1.Rollout.steps:type_name -> kvrelay.operator.v1.RolloutStep
+	30, // 23: kvrelay.operator.v1.Rollout.current:type_name -> kvrelay.operator.v1.RolloutStep
+	5,  // 24: kvrelay.operator.v1.StartRolloutRequest.candidate:type_name -> kvrelay.operator.v1.Policy
+	28, // 25: kvrelay.operator.v1.StartRolloutRequest.spec:type_name -> kvrelay.operator.v1.RolloutSpec
+	5,  // 26: kvrelay.operator.v1.PolicyChange.policy:type_name -> kvrelay.operator.v1.Policy
+	35, // 27: kvrelay.operator.v1.PolicyHistoryResponse.changes:type_name -> kvrelay.operator.v1.PolicyChange
+	12, // 28: kvrelay.operator.v1.Operator.ListWorkers:input_type -> kvrelay.operator.v1.ListWorkersRequest
+	14, // 29: kvrelay.operator.v1.Operator.GetWorker:input_type -> kvrelay.operator.v1.GetWorkerRequest
+	15, // 30: kvrelay.operator.v1.Operator.UpsertWorker:input_type -> kvrelay.operator.v1.UpsertWorkerRequest
+	16, // 31: kvrelay.operator.v1.Operator.RemoveWorker:input_type -> kvrelay.operator.v1.RemoveWorkerRequest
+	18, // 32: kvrelay.operator.v1.Operator.Drain:input_type -> kvrelay.operator.v1.DrainRequest
+	19, // 33: kvrelay.operator.v1.Operator.Undrain:input_type -> kvrelay.operator.v1.UndrainRequest
+	20, // 34: kvrelay.operator.v1.Operator.GetPolicy:input_type -> kvrelay.operator.v1.GetPolicyRequest
+	21, // 35: kvrelay.operator.v1.Operator.SetPolicy:input_type -> kvrelay.operator.v1.SetPolicyRequest
+	22, // 36: kvrelay.operator.v1.Operator.GetIndex:input_type -> kvrelay.operator.v1.GetIndexRequest
+	23, // 37: kvrelay.operator.v1.Operator.ListProxies:input_type -> kvrelay.operator.v1.ListProxiesRequest
+	26, // 38: kvrelay.operator.v1.Operator.ListTenants:input_type -> kvrelay.operator.v1.ListTenantsRequest
+	32, // 39: kvrelay.operator.v1.Operator.StartRollout:input_type -> kvrelay.operator.v1.StartRolloutRequest
+	33, // 40: kvrelay.operator.v1.Operator.GetRollout:input_type -> kvrelay.operator.v1.GetRolloutRequest
+	34, // 41: kvrelay.operator.v1.Operator.ControlRollout:input_type -> kvrelay.operator.v1.ControlRolloutRequest
+	36, // 42: kvrelay.operator.v1.Operator.PolicyHistory:input_type -> kvrelay.operator.v1.PolicyHistoryRequest
+	13, // 43: kvrelay.operator.v1.Operator.ListWorkers:output_type -> kvrelay.operator.v1.ListWorkersResponse
+	4,  // 44: kvrelay.operator.v1.Operator.GetWorker:output_type -> kvrelay.operator.v1.Worker
+	4,  // 45: kvrelay.operator.v1.Operator.UpsertWorker:output_type -> kvrelay.operator.v1.Worker
+	17, // 46: kvrelay.operator.v1.Operator.RemoveWorker:output_type -> kvrelay.operator.v1.RemoveWorkerResponse
+	4,  // 47: kvrelay.operator.v1.Operator.Drain:output_type -> kvrelay.operator.v1.Worker
+	4,  // 48: kvrelay.operator.v1.Operator.Undrain:output_type -> kvrelay.operator.v1.Worker
+	5,  // 49: kvrelay.operator.v1.Operator.GetPolicy:output_type -> kvrelay.operator.v1.Policy
+	5,  // 50: kvrelay.operator.v1.Operator.SetPolicy:output_type -> kvrelay.operator.v1.Policy
+	9,  // 51: kvrelay.operator.v1.Operator.GetIndex:output_type -> kvrelay.operator.v1.Index
+	24, // 52: kvrelay.operator.v1.Operator.ListProxies:output_type -> kvrelay.operator.v1.ListProxiesResponse
+	27, // 53: kvrelay.operator.v1.Operator.ListTenants:output_type -> kvrelay.operator.v1.ListTenantsResponse
+	31, // 54: kvrelay.operator.v1.Operator.StartRollout:output_type -> kvrelay.operator.v1.Rollout
+	31, // 55: kvrelay.operator.v1.Operator.GetRollout:output_type -> kvrelay.operator.v1.Rollout
+	31, // 56: kvrelay.operator.v1.Operator.ControlRollout:output_type -> kvrelay.operator.v1.Rollout
+	37, // 57: kvrelay.operator.v1.Operator.PolicyHistory:output_type -> kvrelay.operator.v1.PolicyHistoryResponse
+	43, // [43:58] is the sub-list for method output_type
+	28, // [28:43] is the sub-list for method input_type
+	28, // [28:28] is the sub-list for extension type_name
+	28, // [28:28] is the sub-list for extension extendee
+	0,  // [0:28] is the sub-list for field type_name
 }
 
 func init() { file_operator_proto_init() }
@@ -3299,14 +3495,14 @@ func file_operator_proto_init() {
 		return
 	}
 	file_operator_proto_msgTypes[5].OneofWrappers = []any{}
-	file_operator_proto_msgTypes[25].OneofWrappers = []any{}
+	file_operator_proto_msgTypes[28].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_operator_proto_rawDesc), len(file_operator_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   36,
+			NumMessages:   39,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -36,6 +36,7 @@ const (
 	Operator_SetPolicy_FullMethodName      = "/kvrelay.operator.v1.Operator/SetPolicy"
 	Operator_GetIndex_FullMethodName       = "/kvrelay.operator.v1.Operator/GetIndex"
 	Operator_ListProxies_FullMethodName    = "/kvrelay.operator.v1.Operator/ListProxies"
+	Operator_ListTenants_FullMethodName    = "/kvrelay.operator.v1.Operator/ListTenants"
 	Operator_StartRollout_FullMethodName   = "/kvrelay.operator.v1.Operator/StartRollout"
 	Operator_GetRollout_FullMethodName     = "/kvrelay.operator.v1.Operator/GetRollout"
 	Operator_ControlRollout_FullMethodName = "/kvrelay.operator.v1.Operator/ControlRollout"
@@ -65,6 +66,8 @@ type OperatorClient interface {
 	SetPolicy(ctx context.Context, in *SetPolicyRequest, opts ...grpc.CallOption) (*Policy, error)
 	GetIndex(ctx context.Context, in *GetIndexRequest, opts ...grpc.CallOption) (*Index, error)
 	ListProxies(ctx context.Context, in *ListProxiesRequest, opts ...grpc.CallOption) (*ListProxiesResponse, error)
+	// ListTenants lists the tenants with budgets the proxies report, across replicas.
+	ListTenants(ctx context.Context, in *ListTenantsRequest, opts ...grpc.CallOption) (*ListTenantsResponse, error)
 	// StartRollout starts a rollout of a candidate policy (FailedPrecondition while one
 	// runs); GetRollout returns the running or latest one (NotFound if none ever ran);
 	// ControlRollout pauses, resumes, promotes or aborts it.
@@ -183,6 +186,16 @@ func (c *operatorClient) ListProxies(ctx context.Context, in *ListProxiesRequest
 	return out, nil
 }
 
+func (c *operatorClient) ListTenants(ctx context.Context, in *ListTenantsRequest, opts ...grpc.CallOption) (*ListTenantsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListTenantsResponse)
+	err := c.cc.Invoke(ctx, Operator_ListTenants_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *operatorClient) StartRollout(ctx context.Context, in *StartRolloutRequest, opts ...grpc.CallOption) (*Rollout, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(Rollout)
@@ -246,6 +259,8 @@ type OperatorServer interface {
 	SetPolicy(context.Context, *SetPolicyRequest) (*Policy, error)
 	GetIndex(context.Context, *GetIndexRequest) (*Index, error)
 	ListProxies(context.Context, *ListProxiesRequest) (*ListProxiesResponse, error)
+	// ListTenants lists the tenants with budgets the proxies report, across replicas.
+	ListTenants(context.Context, *ListTenantsRequest) (*ListTenantsResponse, error)
 	// StartRollout starts a rollout of a candidate policy (FailedPrecondition while one
 	// runs); GetRollout returns the running or latest one (NotFound if none ever ran);
 	// ControlRollout pauses, resumes, promotes or aborts it.
@@ -293,6 +308,9 @@ func (UnimplementedOperatorServer) GetIndex(context.Context, *GetIndexRequest) (
 }
 func (UnimplementedOperatorServer) ListProxies(context.Context, *ListProxiesRequest) (*ListProxiesResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListProxies not implemented")
+}
+func (UnimplementedOperatorServer) ListTenants(context.Context, *ListTenantsRequest) (*ListTenantsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListTenants not implemented")
 }
 func (UnimplementedOperatorServer) StartRollout(context.Context, *StartRolloutRequest) (*Rollout, error) {
 	return nil, status.Error(codes.Unimplemented, "method StartRollout not implemented")
@@ -507,6 +525,24 @@ func _Operator_ListProxies_Handler(srv interface{}, ctx context.Context, dec fun
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Operator_ListTenants_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListTenantsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(OperatorServer).ListTenants(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Operator_ListTenants_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(OperatorServer).ListTenants(ctx, req.(*ListTenantsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Operator_StartRollout_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(StartRolloutRequest)
 	if err := dec(in); err != nil {
@@ -625,6 +661,10 @@ var Operator_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListProxies",
 			Handler:    _Operator_ListProxies_Handler,
+		},
+		{
+			MethodName: "ListTenants",
+			Handler:    _Operator_ListTenants_Handler,
 		},
 		{
 			MethodName: "StartRollout",

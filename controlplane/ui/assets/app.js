@@ -152,6 +152,20 @@ function renderFleet(f) {
     cell(tr, p.last_nack ? p.last_nack.reason : "–");
     pb.appendChild(tr);
   }
+  const tenantBody = $("#tenants tbody");
+  tenantBody.textContent = "";
+  for (const t of f.tenants || []) {
+    const tr = document.createElement("tr");
+    tr.dataset.tenant = t.name;
+    cell(tr, t.name);
+    cell(tr, String(num(t.proxies)), "num");
+    cell(tr, num(t.requests_per_second).toFixed(1), "num");
+    cell(tr, num(t.prompt_tokens_per_second).toFixed(0), "num");
+    cell(tr, num(t.output_tokens_per_second).toFixed(0), "num");
+    cell(tr, String(num(t.admitted)), "num");
+    cell(tr, String(num(t.refused)), "num");
+    tenantBody.appendChild(tr);
+  }
   push(seriesAt, Date.now());
   push(series.running, running);
   push(series.waiting, waiting);
