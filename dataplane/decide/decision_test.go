@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kvrelay/kvrelay/dataplane/route"
+	"github.com/kvrelay/kvrelay/dataplane/tenant"
 	"github.com/kvrelay/kvrelay/engines/blockhash"
 )
 
@@ -43,6 +44,76 @@ func decideBody(tb testing.TB, r *Request, body []byte) {
 	if err := r.c.kv.Route(&r.rreq, &r.dec); err != nil {
 		tb.Fatal(err)
 	}
+}
+
+// benchTenants is a keys file of three tenants whose budgets are limited (so that admitting
+// a request does the buckets' arithmetic) but never spent by a benchmark.
+const benchTenants = `sk-a tenant=a,weight=2,rps=1e9,prompt_tps=1e15,output_tpm=1e15
+sk-b tenant=b,rps=1e9,prompt_tps=1e15,output_tpm=1e15
+sk-c tenant=c
+`
+
+// tenantCore is decisionCore with tenants' headroom kept (tenant_headroom 1 of busy_requests
+// 8), the most a tenant adds to a decision; the busy filter itself, which costs the same with
+// a tenant or without, stays off.
+func tenantCore(tb testing.TB, n int, policy string) *Core {
+	cfg := testConfig()
+	cfg.BusyRequests, cfg.TenantHeadroom = 8, 1
+	return newTestCore(tb, cfg, testRouteConfig(policy), testWorkers(n))
+}
+
+// decideTenant is decideBody for a request of tenant ten (of table tab) at now, with what the
+// proxy does per request with API keys besides: the tenant and its flow set as its setFlow
+// sets them, the request admitted to the tenant's budgets before its decision, its headroom
+// read (and the request counted among its tenant's running ones) as Decide does, and, once
+// decided, counted out again and its reservation settled, as its answer's end does.
+func decideTenant(tb testing.TB, r *Request, body []byte, tab *tenant.Table, ten *tenant.Tenant, now time.Time) {
+	setTenant(r, tab, ten)
+	if err := r.Parse(body); err != nil {
+		tb.Fatal(err)
+	}
+	if err := r.Prepare(); err != nil {
+		tb.Fatal(err)
+	}
+	resv := admitTenant(tb, r, ten, now)
+	if err := r.c.kv.Route(&r.rreq, &r.dec); err != nil {
+		tb.Fatal(err)
+	}
+	settleTenant(r, resv)
+}
+
+// setTenant, admitTenant and settleTenant are what decideTenant adds to decideBody: before
+// the parse, after the prompt is prepared, and once decided.
+func setTenant(r *Request, tab *tenant.Table, ten *tenant.Tenant) {
+	r.SetTenant(ten.Name, tab.Share(ten))
+	r.SetFlow(ten.Name, ten.Limits.Weight)
+}
+
+func admitTenant(tb testing.TB, r *Request, ten *tenant.Tenant, now time.Time) tenant.Reservation {
+	resv, ex := ten.Admit(now, r.PromptTokens(), r.oreq.MaxTokens)
+	if ex != nil {
+		tb.Fatal(ex)
+	}
+	r.rreq.Headroom = r.headroom(r.c.kv.Pool())
+	return resv
+}
+
+func settleTenant(r *Request, resv tenant.Reservation) {
+	r.countRunning(-1)
+	resv.Settle(r.oreq.MaxTokens / 2)
+}
+
+// benchTenant is tenant a of benchTenants.
+func benchTenant(tb testing.TB) (*tenant.Table, *tenant.Tenant) {
+	tab, err := tenant.Parse([]byte(benchTenants))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ten := tab.Lookup([]byte("Bearer sk-a"))
+	if ten == nil {
+		tb.Fatal("no tenant a")
+	}
+	return tab, ten
 }
 
 // fillIndex records about n blocks spread over the workers.
@@ -97,6 +168,17 @@ func testDecisionAllocations(t *testing.T, policy string) {
 	if a := leastAllocs(func() { decideBody(t, cc, body) }); a != 0 {
 		t.Fatalf("the whole decision allocates %.1f times", a)
 	}
+	// Nor does a tenant's, headroom kept.
+	ts := tenantCore(t, 64, policy)
+	tab, ten := benchTenant(t)
+	tc := newChat(ts)
+	decideTenant(t, tc, body, tab, ten, time.Now())
+	if a := leastAllocs(func() { decideTenant(t, tc, body, tab, ten, time.Now()) }); a != 0 {
+		t.Fatalf("a tenant's decision allocates %.1f times", a)
+	}
+	if n := ts.tenantRunning["a"]; n != 0 {
+		t.Fatalf("tenant a counts %d running requests after its decisions were counted out", n)
+	}
 }
 
 // leastAllocs is the fewest allocations per run of f in three testing.AllocsPerRun
@@ -111,9 +193,12 @@ func leastAllocs(f func()) float64 {
 }
 
 // BenchmarkDecision8k: an 8k-token chat request against 64 workers and 1M indexed blocks,
-// under the kv policy ("warm", "cold") and the latency policy ("latency-warm",
-// "latency-cold"). "warm" repeats the system prompt (the token cache serves it); "cold"
-// changes the whole prompt each time. Reported: p50 and p99 of the whole decision in µs.
+// under the kv policy ("warm", "cold", "warm-tenant") and the latency policy
+// ("latency-warm", "latency-cold", "latency-warm-tenant"). "warm" repeats the system prompt
+// (the token cache serves it); "cold" changes the whole prompt each time; "warm-tenant" is
+// "warm" as a tenant's request with API keys (decideTenant: its flow, its admission to its
+// budgets and their settling, its headroom, kept), on the same core and index. Reported: p50
+// and p99 of the whole decision in µs.
 func BenchmarkDecision8k(b *testing.B) {
 	for _, policy := range []string{route.PolicyKV, route.PolicyLatency} {
 		benchmarkDecision8k(b, policy)
@@ -121,13 +206,14 @@ func BenchmarkDecision8k(b *testing.B) {
 }
 
 func benchmarkDecision8k(b *testing.B, policy string) {
-	s := decisionCore(b, 64, policy)
+	s := tenantCore(b, 64, policy) // the headroom it keeps is a tenant's alone
 	fillIndex(s, 1<<20)
 	prefix := ""
 	if policy != route.PolicyKV {
 		prefix = policy + "-"
 	}
-	for _, mode := range []string{"warm", "cold"} {
+	tab, ten := benchTenant(b)
+	for _, mode := range []string{"warm", "cold", "warm-tenant"} {
 		b.Run(prefix+mode, func(b *testing.B) {
 			cc := newChat(s)
 			body := chat8k("warm-up")
@@ -142,11 +228,31 @@ func benchmarkDecision8k(b *testing.B, policy string) {
 					body = chat8kWith(strconv.Itoa(i)+" ", "cold")
 				}
 				t0 := time.Now()
-				decideBody(b, cc, body)
+				if mode == "warm-tenant" {
+					decideTenant(b, cc, body, tab, ten, t0) // the proxy admits at its loop's time
+				} else {
+					decideBody(b, cc, body)
+				}
 				lat = append(lat, time.Since(t0))
 			}
 			reportPercentiles(b, lat)
 		})
+	}
+}
+
+// BenchmarkTenantWork is what warm-tenant adds to warm, alone: a tenant's flow set, its
+// request admitted to its budgets and its headroom read, then counted out and settled.
+func BenchmarkTenantWork(b *testing.B) {
+	s := tenantCore(b, 64, route.PolicyLatency)
+	tab, ten := benchTenant(b)
+	cc := newChat(s)
+	decideBody(b, cc, chat8k("warm-up"))
+	now := time.Now()
+	b.ReportAllocs()
+	for b.Loop() {
+		now = now.Add(time.Microsecond) // the proxy admits at its loop's time: no clock read
+		setTenant(cc, tab, ten)
+		settleTenant(cc, admitTenant(b, cc, ten, now))
 	}
 }
 

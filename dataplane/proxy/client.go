@@ -74,9 +74,11 @@ type clientConn struct {
 	proto10   bool
 	fwd       []byte // forwarded header lines
 	// auth is the request's Authorization value, when the proxy checks API keys; tenant the
-	// tenant its key names, and resv what the request took of the tenant's budgets.
+	// tenant its key names, tm the tenant's series once it is admitted, and resv what the
+	// request took of the tenant's budgets.
 	auth   []byte
 	tenant *tenant.Tenant
+	tm     *tenantMetrics
 	// fairness is the request's x-llm-d-inference-fairness-id: its flow in the admission
 	// queue (within its tenant's, with API keys).
 	fairness []byte
@@ -84,6 +86,9 @@ type clientConn struct {
 	// headScanned is how much of a head still arriving was searched for its end.
 	headScanned int
 	noMigrate   bool // x-kvrelay-migrate: off
+	// queuedAt is when the request last went into the admission queue; waited the time it
+	// has spent there so far (its tenant's queue time, at its dispatch).
+	queuedAt, waited int64
 
 	gone atomic.Bool // the client closed: its off-loop work is dropped
 
@@ -405,7 +410,7 @@ func (cc *clientConn) handle() {
 		cc.errorReplyHeader(503, "the proxy is shutting down", "", "", retryAfterHeader(1))
 		return
 	}
-	cc.tenant, cc.resv = nil, tenant.Reservation{}
+	cc.tenant, cc.tm, cc.resv = nil, nil, tenant.Reservation{}
 	if s.keys != nil {
 		if cc.tenant = s.keys.Lookup(cc.auth); cc.tenant == nil {
 			s.metrics.tenantRefused.WithLabelValues("", "invalid_api_key").Inc()
@@ -601,16 +606,38 @@ func (cc *clientConn) admit(t *tenant.Tenant) bool {
 	}
 	now := time.Unix(0, cc.lp.now)
 	resv, ex := t.Admit(now, r.PromptTokens(), maxOut)
+	tm := cc.srv.forTenant(t)
 	if ex != nil {
-		cc.srv.metrics.tenantRefused.WithLabelValues(cc.srv.tenantLabel(t), ex.Limit).Inc()
+		cc.srv.metrics.tenantRefused.WithLabelValues(tm.label, ex.Limit).Inc()
 		secs := max(int((ex.RetryAfter+time.Second-1)/time.Second), 1)
 		extra := t.Status(now).AppendHeaders([]byte(retryAfterHeader(secs)))
 		cc.errorReplyHeader(429, "Rate limit reached for "+ex.Limit+" of tenant "+t.Name+": retry after "+ex.RetryAfter.Round(time.Millisecond).String()+".", "", "rate_limit_exceeded", string(extra))
 		return false
 	}
-	cc.resv = resv
-	cc.srv.metrics.tenantRequests.WithLabelValues(cc.srv.tenantLabel(t)).Inc()
+	cc.resv, cc.tm = resv, tm
+	tm.requests.Inc()
 	return true
+}
+
+// tenantAnswered records an answer in its tenant's series (none without API keys): the
+// tokens its usage reports, and for a streamed answer its time to first token, as the
+// routing core measured it for its own series.
+func (cc *clientConn) tenantAnswered() {
+	tm := cc.tm
+	if tm == nil {
+		return
+	}
+	res := cc.in.Result()
+	if u := &res.Usage; u.Has {
+		tm.prompt.Add(float64(max(u.PromptTokens, 0)))
+		tm.output.Add(float64(max(u.CompletionTokens, 0)))
+	}
+	if u := &res.Usage; u.HasCached {
+		tm.cached.Add(float64(max(u.CachedTokens, 0)))
+	}
+	if ns, ok := res.TTFT(); ok && res.Mode == oai.ModeSSE {
+		tm.ttft.Observe(seconds(ns))
+	}
 }
 
 // settle gives back to the request's tenant what its answer did not use of its reservation.
@@ -623,7 +650,7 @@ func (cc *clientConn) settle() {
 		out = int(res.Usage.CompletionTokens)
 	}
 	cc.resv.Settle(out)
-	cc.tenant, cc.resv = nil, tenant.Reservation{}
+	cc.tenant, cc.tm, cc.resv = nil, nil, tenant.Reservation{}
 }
 
 // forwardWithoutKey are the request fields passed to engines when the proxy checks API keys:
@@ -668,6 +695,11 @@ func (cc *clientConn) routeFailed(err error, retry bool) {
 // start begins the exchange with the decided worker.
 func (cc *clientConn) start() {
 	ex := &cc.ex
+	if tm := cc.tm; tm != nil && !ex.active {
+		// The request's first dispatch (not a retry's, nor a migrating stream's): its wait in
+		// the admission queue ends here.
+		tm.queue.Observe(seconds(cc.waited))
+	}
 	ex.begin(cc)
 	cc.in.Dispatch(cc.lp.now, !ex.mig.leg)
 	cc.state = stForward
@@ -794,6 +826,7 @@ func (cc *clientConn) tick(now int64, cfg *Config) {
 // done ends a request: the connection takes the next pipelined request, or closes.
 func (cc *clientConn) done() {
 	cc.settle()
+	cc.waited = 0
 	if cc.state == stClosing {
 		return
 	}

@@ -467,6 +467,7 @@ func (ex *exchange) finish() {
 	ex.active = false
 	ex.resume()
 	cc.in.Settle(ex.status, cc.lp.now)
+	cc.tenantAnswered()
 	s.core.Leave()
 }
 

@@ -32,11 +32,17 @@ type metrics struct {
 	// refused, by tenant (empty: no valid key) and reason (invalid_api_key or the budget).
 	tenantRequests *prometheus.CounterVec
 	tenantRefused  *prometheus.CounterVec
-	// tenants are the tenant labels given so far (at most maxTenantLabels; the rest share
-	// "other"), guarded by mu.
-	tenants map[string]bool
+	// tenantPrompt, tenantOutput and tenantCached count each tenant's tokens as its answers'
+	// usage reports them; tenantQueue is the wait of its requests in the admission queue,
+	// tenantTTFT the time to first token of its streamed answers.
+	tenantPrompt, tenantOutput, tenantCached *prometheus.CounterVec
+	tenantQueue, tenantTTFT                  *prometheus.HistogramVec
+	// tenants are the series of each tenant label given so far, by tenant name (at most
+	// maxTenantLabels; the rest share otherTenants, labelled "other"), guarded by mu.
+	tenants      map[string]*tenantMetrics
+	otherTenants *tenantMetrics
 
-	mu        sync.Mutex // guards upstreams
+	mu        sync.Mutex // guards upstreams, tenants and otherTenants
 	upstreams map[string]*upstreamMetrics
 }
 
@@ -52,7 +58,22 @@ func newMetrics() *metrics {
 		tenantRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvrelay_proxy_tenant_refused_total", Help: "Requests refused, by tenant (empty: no valid API key) and reason (invalid_api_key, or the budget spent: requests, prompt_tokens, output_tokens).",
 		}, []string{"tenant", "reason"}),
-		tenants: map[string]bool{},
+		tenantPrompt: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvrelay_proxy_tenant_prompt_tokens_total", Help: "Prompt tokens of answered requests, by tenant, as the answers' usage reports them (answers without usage count none).",
+		}, []string{"tenant"}),
+		tenantOutput: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvrelay_proxy_tenant_output_tokens_total", Help: "Generated tokens of answered requests, by tenant, as the answers' usage reports them (answers without usage count none).",
+		}, []string{"tenant"}),
+		tenantCached: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvrelay_proxy_tenant_cached_tokens_total", Help: "Prompt tokens the engines found cached, by tenant, where the answers report them (usage.prompt_tokens_details.cached_tokens).",
+		}, []string{"tenant"}),
+		tenantQueue: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "kvrelay_proxy_tenant_queue_seconds", Help: "Time requests waited in the admission queue before their dispatch to a worker, by tenant (0 for a request that found a worker at once; those that left the queue unserved are not counted).", Buckets: latency,
+		}, []string{"tenant"}),
+		tenantTTFT: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "kvrelay_proxy_tenant_ttft_seconds", Help: "Time to first token of streamed answers, by tenant: from the request's dispatch to the worker that answers it to its first content token, as kvrelay_proxy_time_to_first_token_seconds measures it (the wait before dispatch is in kvrelay_proxy_tenant_queue_seconds).", Buckets: latency,
+		}, []string{"tenant"}),
+		tenants: map[string]*tenantMetrics{},
 		upstreamErrs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvrelay_proxy_upstream_errors_total", Help: "Failures talking to engines, by worker and kind.",
 		}, []string{"worker", "kind"}),
@@ -88,7 +109,7 @@ func newMetrics() *metrics {
 		}, []string{"outcome"}),
 		upstreams: map[string]*upstreamMetrics{},
 	}
-	reg.MustRegister(m.tenantRequests, m.tenantRefused)
+	reg.MustRegister(m.tenantRequests, m.tenantRefused, m.tenantPrompt, m.tenantOutput, m.tenantCached, m.tenantQueue, m.tenantTTFT)
 	reg.MustRegister(m.upstreamErrs, m.retries, m.poisoned, m.migrations, m.aborted, m.draining, m.offLoop,
 		m.prefillSeconds, m.prefillInflight, m.prefillFailures, m.speculative)
 	for _, o := range []string{"continued", "completed", "failed"} {
@@ -129,17 +150,44 @@ func (s *Server) Registerer() prometheus.Registerer { return s.metrics.reg }
 // the metrics without bound.
 const maxTenantLabels = 100
 
-// tenantLabel is t's label value: its name, or "other" past maxTenantLabels names.
-func (s *Server) tenantLabel(t *tenant.Tenant) string {
+// tenantMetrics are one tenant label's series, resolved once: a request of a tenant reaches
+// them through the pointer its connection keeps (clientConn.tm), without a lookup by label.
+type tenantMetrics struct {
+	label                            string
+	requests, prompt, output, cached prometheus.Counter
+	queue, ttft                      prometheus.Observer
+}
+
+// forTenant returns t's series: its name's, or "other"'s past maxTenantLabels names,
+// resolving them the first time (so that they read 0 from then on). Once per request, at
+// its admission (or refusal).
+func (s *Server) forTenant(t *tenant.Tenant) *tenantMetrics {
 	m := s.metrics
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.tenants[t.Name] {
-		return t.Name
+	if tm, ok := m.tenants[t.Name]; ok {
+		return tm
 	}
 	if len(m.tenants) < maxTenantLabels {
-		m.tenants[t.Name] = true
-		return t.Name
+		tm := m.newTenantMetrics(t.Name)
+		m.tenants[t.Name] = tm
+		return tm
 	}
-	return "other"
+	if m.otherTenants == nil {
+		m.otherTenants = m.newTenantMetrics("other")
+	}
+	return m.otherTenants
+}
+
+// newTenantMetrics resolves the series of tenant label label. The caller holds m.mu.
+func (m *metrics) newTenantMetrics(label string) *tenantMetrics {
+	return &tenantMetrics{
+		label:    label,
+		requests: m.tenantRequests.WithLabelValues(label),
+		prompt:   m.tenantPrompt.WithLabelValues(label),
+		output:   m.tenantOutput.WithLabelValues(label),
+		cached:   m.tenantCached.WithLabelValues(label),
+		queue:    m.tenantQueue.WithLabelValues(label),
+		ttft:     m.tenantTTFT.WithLabelValues(label),
+	}
 }

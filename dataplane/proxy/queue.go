@@ -26,6 +26,7 @@ func (cc *clientConn) enqueue(slo bool) {
 		return
 	}
 	cc.state = stQueued
+	cc.queuedAt = cc.lp.now
 }
 
 // Wake implements decide.Waiter: the request is decided again on its loop.
@@ -54,6 +55,7 @@ func (cc *clientConn) Late(it *decide.QueueItem) {
 // dequeued decides again a request the queue released.
 func (cc *clientConn) dequeued() {
 	cc.state = stForward
+	cc.waited += cc.lp.now - cc.queuedAt
 	cc.in.Woken()
 	retry := cc.ex.active
 	cc.route(retry)

@@ -1,7 +1,9 @@
 package proxy_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -18,6 +20,7 @@ import (
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
+	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 
 	"github.com/kvrelay/kvrelay/dataplane/proxy"
 	"github.com/kvrelay/kvrelay/engines/sim"
@@ -408,5 +411,175 @@ func TestTenantHeadroom(t *testing.T) {
 				t.Fatalf("without headroom the other tenant's request took only %v: the flood left a slot free", took)
 			}
 		})
+	}
+}
+
+// TestTenantMetrics: each tenant's prompt, generated and cached tokens are counted as its
+// answers' usage reports them, its requests' wait in the admission queue and its streamed
+// answers' time to first token are observed, each under its own tenant label.
+func TestTenantMetrics(t *testing.T) {
+	keys := filepath.Join(t.TempDir(), "keys")
+	if err := os.WriteFile(keys, []byte("sk-a tenant=a\nsk-b tenant=b\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c := startCluster(t, 1, func(cfg *proxy.Config) {
+		cfg.APIKeysFile = keys
+		cfg.BusyRequests = 1 // a request running makes the worker busy: the next one waits
+		cfg.QueueTimeout = time.Minute
+	}, func(w *sim.WorkerConfig) { w.Engine.Timing.Speedup = 0.2 })
+	type usage struct{ prompt, output, cached int64 }
+	// send sends a chat completion as key and returns its answer, whose usage read returns
+	// (streamed: the usage chunk that include_usage asks for).
+	send := func(key string, tokens int, stream bool) *http.Response {
+		t.Helper()
+		m := map[string]any{
+			"model": model, "max_tokens": tokens, "stream": stream, "ignore_eos": true,
+			"messages": []map[string]string{{"role": "system", "content": family(5)}, {"role": "user", "content": "count"}},
+		}
+		if stream {
+			m["stream_options"] = map[string]any{"include_usage": true}
+		}
+		body, _ := json.Marshal(m)
+		req, _ := http.NewRequest("POST", c.base+"/v1/chat/completions", bytes.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+key)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.StatusCode != 200 {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			t.Fatalf("%s: %d %s", key, resp.StatusCode, b)
+		}
+		return resp
+	}
+	read := func(resp *http.Response) (u usage, err error) {
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		if err != nil {
+			return u, err
+		}
+		var got struct {
+			Usage *struct {
+				PromptTokens     int64 `json:"prompt_tokens"`
+				CompletionTokens int64 `json:"completion_tokens"`
+				Details          *struct {
+					CachedTokens int64 `json:"cached_tokens"`
+				} `json:"prompt_tokens_details"`
+			}
+		}
+		docs := []string{string(b)}
+		if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+			docs = nil
+			for _, l := range strings.Split(string(b), "\n") {
+				if d, ok := strings.CutPrefix(l, "data: "); ok && d != "[DONE]" {
+					docs = append(docs, d)
+				}
+			}
+		}
+		for _, d := range docs {
+			got.Usage = nil
+			if err := json.Unmarshal([]byte(d), &got); err != nil {
+				return u, err
+			}
+			if got.Usage != nil {
+				u = usage{prompt: got.Usage.PromptTokens, output: got.Usage.CompletionTokens}
+				if got.Usage.Details != nil {
+					u.cached = got.Usage.Details.CachedTokens
+				}
+			}
+		}
+		if u.prompt == 0 || u.output == 0 {
+			return u, fmt.Errorf("no usage in %s", b)
+		}
+		return u, nil
+	}
+	depth := func() float64 {
+		_, m := get(t, c.base+"/metrics")
+		return metricValue(t, m, "kvrelay_proxy_queue_depth")
+	}
+
+	// Tenant a: a long stream, and while it runs a second stream, which waits for it in the
+	// admission queue.
+	first := send("sk-a", 60, true)
+	second := make(chan usage, 1)
+	go func() {
+		u, err := read(send("sk-a", 4, true))
+		if err != nil {
+			t.Error(err)
+		}
+		second <- u
+	}()
+	deadline := time.Now().Add(5 * time.Second)
+	for depth() != 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("the second request did not queue behind the first")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	const held = 200 * time.Millisecond
+	time.Sleep(held)
+	if depth() != 1 {
+		t.Fatal("the first request ended too soon to hold the second in the queue")
+	}
+	u1, err := read(first)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u2 := <-second
+	// Tenant b: one answer not streamed, once the worker is free.
+	u3, err := read(send("sk-b", 3, false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u2.cached == 0 {
+		t.Fatalf("tenant a's second request found nothing cached (%+v): the test wants cached tokens to count", u2)
+	}
+
+	_, m := get(t, c.base+"/metrics")
+	problems, err := promlint.New(strings.NewReader(m)).Lint()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range problems {
+		if strings.HasPrefix(p.Metric, "kvrelay_proxy_tenant_") {
+			t.Errorf("promlint: %s: %s", p.Metric, p.Text)
+		}
+	}
+	val := func(series string) float64 { return metricValue(t, m, series) }
+	for tenant, want := range map[string]usage{
+		"a": {u1.prompt + u2.prompt, u1.output + u2.output, u1.cached + u2.cached},
+		"b": u3,
+	} {
+		got := usage{
+			prompt: int64(val(`kvrelay_proxy_tenant_prompt_tokens_total{tenant="` + tenant + `"}`)),
+			output: int64(val(`kvrelay_proxy_tenant_output_tokens_total{tenant="` + tenant + `"}`)),
+			cached: int64(val(`kvrelay_proxy_tenant_cached_tokens_total{tenant="` + tenant + `"}`)),
+		}
+		if got != want {
+			t.Errorf("tenant %s: tokens (prompt, output, cached) %+v, want the usage its answers reported, %+v", tenant, got, want)
+		}
+	}
+	// Every request of each tenant was dispatched once; a's second waited at least as long
+	// as the queue was seen holding it, b's not at all.
+	if n := val(`kvrelay_proxy_tenant_queue_seconds_count{tenant="a"}`); n != 2 {
+		t.Errorf("tenant a: %v queue times, want 2", n)
+	}
+	if s := val(`kvrelay_proxy_tenant_queue_seconds_sum{tenant="a"}`); s < held.Seconds() || s > 30 {
+		t.Errorf("tenant a waited %v s in the queue, want at least %v", s, held.Seconds())
+	}
+	if n, s := val(`kvrelay_proxy_tenant_queue_seconds_count{tenant="b"}`), val(`kvrelay_proxy_tenant_queue_seconds_sum{tenant="b"}`); n != 1 || s != 0 {
+		t.Errorf("tenant b: %v queue times summing to %v s, want one of 0", n, s)
+	}
+	// Time to first token of the streamed answers alone: a's two, none of b's.
+	if n, s := val(`kvrelay_proxy_tenant_ttft_seconds_count{tenant="a"}`), val(`kvrelay_proxy_tenant_ttft_seconds_sum{tenant="a"}`); n != 2 || s <= 0 {
+		t.Errorf("tenant a: %v times to first token summing to %v s, want two", n, s)
+	}
+	if n := val(`kvrelay_proxy_tenant_ttft_seconds_count{tenant="b"}`); n != 0 {
+		t.Errorf("tenant b: %v times to first token of an answer not streamed", n)
+	}
+	if a, b := val(`kvrelay_proxy_tenant_requests_total{tenant="a"}`), val(`kvrelay_proxy_tenant_requests_total{tenant="b"}`); a != 2 || b != 1 {
+		t.Errorf("requests admitted: a %v, b %v, want 2 and 1", a, b)
 	}
 }

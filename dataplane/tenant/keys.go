@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"sync/atomic"
 	"time"
 )
@@ -19,10 +20,31 @@ type Keys struct {
 	stamp fileStamp
 }
 
-// fileStamp is what tells a changed file: its size and modification time.
+// fileStamp is what tells a changed file: its size and modification time, and which file it
+// is: the path its symlinks resolve to, its device and inode. The path and the inode tell a
+// file replaced by another, which may have the same size and modification time: a Secret the
+// kubelet mounts is <mount>/<key> → ..data/<key>, and an update writes a new timestamped
+// directory and swaps the ..data symlink to it, so the path resolves elsewhere.
 type fileStamp struct {
-	size int64
-	mod  time.Time
+	size     int64
+	mod      time.Time
+	path     string
+	dev, ino uint64
+}
+
+// stamp is file's fileStamp now.
+func stamp(file string) (fileStamp, error) {
+	// Resolved before the Stat: a swap in between reads as a change the next time.
+	path, err := filepath.EvalSymlinks(file)
+	if err != nil {
+		return fileStamp{}, err
+	}
+	fi, err := os.Stat(file)
+	if err != nil {
+		return fileStamp{}, err
+	}
+	dev, ino := fileID(fi)
+	return fileStamp{size: fi.Size(), mod: fi.ModTime(), path: path, dev: dev, ino: ino}, nil
 }
 
 // NewKeys reads file; an error names what is wrong with it.
@@ -45,11 +67,10 @@ func (k *Keys) Lookup(authorization []byte) *Tenant { return k.table.Load().Look
 
 // reload reads the file when it changed since the last read.
 func (k *Keys) reload() error {
-	fi, err := os.Stat(k.file)
+	st, err := stamp(k.file)
 	if err != nil {
 		return fmt.Errorf("api keys file: %w", err)
 	}
-	st := fileStamp{fi.Size(), fi.ModTime()}
 	if k.table.Load() != nil && st == k.stamp {
 		return nil
 	}

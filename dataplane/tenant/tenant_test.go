@@ -1,6 +1,7 @@
 package tenant
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -272,6 +273,76 @@ func TestKeysReload(t *testing.T) {
 	}
 	if _, err := NewKeys(filepath.Join(t.TempDir(), "none"), nil); err == nil {
 		t.Error("a missing file: no error")
+	}
+}
+
+// TestKeysFromMountedSecret: a keys file the kubelet mounts from a Secret is a symlink into a
+// directory it replaces whole on an update (<mount>/keys → ..data/keys, ..data →
+// ..<timestamp>, swapped by a rename). A new version whose file has the old one's size and
+// modification time is read all the same, once Watch looks again: its new key works and the
+// key it revoked is refused.
+func TestKeysFromMountedSecret(t *testing.T) {
+	mount := t.TempDir()
+	mtime := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	// version writes a Secret's version as the kubelet does: a timestamped directory holding
+	// the key, ..data pointed at it by an atomic rename, the previous directory removed.
+	version := func(name, keys string) {
+		dir := filepath.Join(mount, name)
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		f := filepath.Join(dir, "keys")
+		if err := os.WriteFile(f, []byte(keys), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chtimes(f, mtime, mtime); err != nil {
+			t.Fatal(err)
+		}
+		old, _ := os.Readlink(filepath.Join(mount, "..data"))
+		if err := os.Symlink(name, filepath.Join(mount, "..data_tmp")); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(filepath.Join(mount, "..data_tmp"), filepath.Join(mount, "..data")); err != nil {
+			t.Fatal(err)
+		}
+		if old != "" {
+			if err := os.RemoveAll(filepath.Join(mount, old)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	version("..2026_01_02_03_04_05.000000001", "sk-first tenant=a\n")
+	if err := os.Symlink(filepath.Join("..data", "keys"), filepath.Join(mount, "keys")); err != nil {
+		t.Fatal(err)
+	}
+	k, err := NewKeys(filepath.Join(mount, "keys"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if k.Lookup([]byte("Bearer sk-first")) == nil {
+		t.Fatal("the mounted key is not known")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	t.Cleanup(func() { cancel(); <-done })
+	const interval = 10 * time.Millisecond
+	go func() { defer close(done); k.Watch(ctx, interval) }()
+
+	// The update: another key in place of the first, of the same length, at the same time.
+	version("..2026_01_02_03_04_05.000000002", "sk-other tenant=a\n")
+	fi, err := os.Stat(filepath.Join(mount, "keys"))
+	if err != nil || fi.Size() != int64(len("sk-first tenant=a\n")) || !fi.ModTime().Equal(mtime) {
+		t.Fatalf("the new version's file: %v %v; want the old one's size and time", fi, err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for k.Lookup([]byte("Bearer sk-other")) == nil {
+		if time.Now().After(deadline) {
+			t.Fatal("the Secret's new version was not read")
+		}
+		time.Sleep(interval)
+	}
+	if k.Lookup([]byte("Bearer sk-first")) != nil {
+		t.Fatal("the key the new version revoked is still known")
 	}
 }
 

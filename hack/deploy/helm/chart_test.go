@@ -12,6 +12,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -461,6 +462,7 @@ var templateCases = []struct {
 				"--xds-token-file=/var/run/secrets/kvrelay/xds-token/token",
 				"--node-id=$(POD_NAME)", "--listen=0.0.0.0:8080", "--admin-listen=0.0.0.0:9090", "--policy=latency")
 			noArgs(t, pc, "--xds-insecure")
+			noArgs(t, pc, "--api-keys-file")
 			checkXDSAuth(t, o, &cp, c, &px, pc)
 			if got := envField(pc, "POD_NAME"); got != "metadata.name" {
 				t.Errorf("proxy env POD_NAME from %q, want metadata.name", got)
@@ -647,6 +649,34 @@ apiToken: {existingSecret: ops-token, existingSecretKey: bearer}
 			if v.Secret == nil || v.Secret.SecretName != "ops-token" || len(v.Secret.Items) != 1 ||
 				v.Secret.Items[0].Key != "bearer" || !strings.HasSuffix(file, "/"+v.Secret.Items[0].Path) {
 				t.Errorf("--api-token-file %s on %+v, want key bearer of Secret ops-token", file, v.VolumeSource)
+			}
+		},
+	},
+	{
+		name: "API keys from a Secret",
+		values: `
+proxy:
+  apiKeys: {secretName: llm-api-keys, secretKey: tenants}
+`,
+		check: func(t *testing.T, o objects) {
+			var px appsv1.Deployment
+			o.must(t, "Deployment", namespace, proxyName, &px)
+			pc := container(t, &px, "proxy")
+			file := argValue(pc, "--api-keys-file")
+			if file == "" {
+				t.Fatalf("proxy args %q lack --api-keys-file", pc.Args)
+			}
+			v := mountOf(t, &px, pc, file)
+			if v.Secret == nil || v.Secret.SecretName != "llm-api-keys" || len(v.Secret.Items) != 1 ||
+				v.Secret.Items[0].Key != "tenants" || !strings.HasSuffix(file, "/"+v.Secret.Items[0].Path) {
+				t.Errorf("--api-keys-file %s on %+v, want key tenants of Secret llm-api-keys", file, v.VolumeSource)
+			}
+			// Read-only, and the directory rather than the file alone (subPath): the kubelet
+			// swaps a Secret's updates into a directory, never into a subPath mount.
+			for _, m := range pc.VolumeMounts {
+				if m.Name == v.Name && (!m.ReadOnly || m.SubPath != "" || path.Join(m.MountPath, v.Secret.Items[0].Path) != file) {
+					t.Errorf("the keys file's mount %+v, want the Secret's directory read-only, holding %s", m, file)
+				}
 			}
 		},
 	},
