@@ -186,6 +186,7 @@ func (r *Request) Init(c *Core, scratch *route.Request, legs bool) {
 // hints (SetHints) are the carrier's to set, before or after.
 func (r *Request) Start(kind oai.Kind, now int64, timed bool) {
 	r.kind, r.model, r.arm, r.decID = kind, "", nil, 0
+	r.obs.Reset(0, 0) // no answer yet: Result is not the previous request's
 	r.group, r.end = -1, endAnswered
 	r.timed, r.untimed = timed, false
 	r.arrived = now

@@ -583,3 +583,47 @@ func TestTenantMetrics(t *testing.T) {
 		t.Errorf("requests admitted: a %v, b %v, want 2 and 1", a, b)
 	}
 }
+
+// TestTenantBudgetRefundedWhenNeverDispatched: a request admitted and then refused before
+// any worker had it (here its TTFT target cannot be met) gives back its whole reservation,
+// whatever the connection's previous answer generated: the tenant's next request of the
+// size of the budget's rest is admitted.
+func TestTenantBudgetRefundedWhenNeverDispatched(t *testing.T) {
+	keys := filepath.Join(t.TempDir(), "keys")
+	// 60 tokens a minute: one a second refills, so a few seconds change little.
+	if err := os.WriteFile(keys, []byte("sk-a tenant=a,output_tpm=60\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c := startCluster(t, 1, func(cfg *proxy.Config) { cfg.APIKeysFile = keys }, nil)
+	hc := &http.Client{Transport: &http.Transport{MaxConnsPerHost: 1}} // one connection: one clientConn
+	defer hc.CloseIdleConnections()
+	send := func(maxTokens int, slo string) (int, string) {
+		t.Helper()
+		body := strings.Replace(chatBody("refund", "never sent", maxTokens, false), `{`, `{"ignore_eos":true,`, 1)
+		req, _ := http.NewRequest("POST", c.base+"/v1/chat/completions", strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer sk-a")
+		req.Header.Set("Content-Type", "application/json")
+		if slo != "" {
+			req.Header.Set("x-slo-ttft-ms", slo)
+		}
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode, string(b)
+	}
+	if code, _ := send(20, ""); code != 200 { // generates 20: the budget holds 40 after it
+		t.Fatalf("the first request: %d", code)
+	}
+	// Refused by the routing core, not by the budget: admitted first.
+	if code, body := send(40, "0.001"); code == 200 || strings.Contains(body, "rate_limit_exceeded") {
+		t.Fatalf("a request with a TTFT target of 1 µs: %d %s, want it admitted and refused by the routing core", code, body)
+	}
+	// Refunded whole, the budget holds 40 again; refunded by the first answer's 20 tokens,
+	// it would hold 20 and refuse 35.
+	if code, _ := send(35, ""); code != 200 {
+		t.Fatalf("after a request refused before dispatch: %d, want the next of 35 tokens admitted (its 40 refunded)", code)
+	}
+}
