@@ -1,6 +1,7 @@
 package controlplane_test
 
 import (
+	"encoding/json"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -13,15 +14,36 @@ import (
 	"github.com/kvrelay/kvrelay/dataplane/proxy"
 )
 
-// budgetKeys writes a keys file of one tenant, a, limited to 10 requests a second.
-func budgetKeys(t *testing.T) string {
+// budgetKeys writes a keys file of one tenant, a, with the budget given (such as rps=10).
+func budgetKeys(t *testing.T, budget string) string {
 	t.Helper()
 	keys := filepath.Join(t.TempDir(), "keys")
-	if err := os.WriteFile(keys, []byte("sk-a tenant=a,rps=10\n"), 0o600); err != nil {
+	if err := os.WriteFile(keys, []byte("sk-a tenant=a,"+budget+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	return keys
 }
+
+// A fleet budget checkFleetBudget measures: a limit per second, and what one admitted
+// request counts against it (1 for requests, the prompt tokens its answer reports for prompt
+// tokens).
+type fleetBudget struct {
+	limit float64
+	cost  func(usage promptUsage) float64
+}
+
+type promptUsage struct {
+	Usage struct {
+		PromptTokens int `json:"prompt_tokens"`
+	} `json:"usage"`
+}
+
+var (
+	tenRequests = fleetBudget{limit: 10, cost: func(promptUsage) float64 { return 1 }}
+	// promptTokens: "hello" in the simulated engines' chat template is about 80 tokens, so
+	// 200 tokens/s is two or three requests a second.
+	promptTokens = fleetBudget{limit: 200, cost: func(u promptUsage) float64 { return float64(u.Usage.PromptTokens) }}
+)
 
 // checkFleetBudget sends tenant a's requests open loop, 30 a second at the first proxy and
 // 10 at the second, for a warm-up of 3 s and a window of 5 s, and fails t unless the proxies
@@ -29,13 +51,15 @@ func budgetKeys(t *testing.T) string {
 // proxy on its own would admit its whole limit: 10/s at the first and all 10/s of the
 // second's, twice the fleet's limit. The shares follow the demand within a second or two;
 // the bounds allow a bucket's burst besides.
-func checkFleetBudget(t *testing.T, ps [2]*proxy.Server) {
+func checkFleetBudget(t *testing.T, ps [2]*proxy.Server, b fleetBudget) {
 	t.Helper()
-	const limit = 10.0
+	limit := b.limit
 	const warmup, window = 3 * time.Second, 5 * time.Second
 	start := time.Now()
 	measureFrom, end := start.Add(warmup), start.Add(warmup+window)
-	var admitted, refused, other atomic.Int64
+	var mu sync.Mutex
+	var admitted float64
+	var refused, other atomic.Int64
 	var wg sync.WaitGroup
 	for i, rate := range []float64{30, 10} {
 		base := "http://" + ps[i].Addr()
@@ -61,13 +85,17 @@ func checkFleetBudget(t *testing.T, ps [2]*proxy.Server) {
 						other.Add(1)
 						return
 					}
+					var u promptUsage
+					_ = json.NewDecoder(resp.Body).Decode(&u)
 					resp.Body.Close()
 					if !counted {
 						return
 					}
 					switch resp.StatusCode {
 					case http.StatusOK:
-						admitted.Add(1)
+						mu.Lock()
+						admitted += b.cost(u)
+						mu.Unlock()
 					case http.StatusTooManyRequests:
 						refused.Add(1)
 					default:
@@ -79,28 +107,35 @@ func checkFleetBudget(t *testing.T, ps [2]*proxy.Server) {
 	}
 	wg.Wait()
 	want := limit * window.Seconds()
-	got := float64(admitted.Load())
+	got := admitted
 	t.Logf("admitted %v in %v (the fleet's limit: %v), refused %d, failed %d", got, window, want, refused.Load(), other.Load())
 	if other.Load() > 0 {
 		t.Errorf("%d requests failed otherwise than 429", other.Load())
 	}
 	if got > 1.3*want || got < 0.6*want {
-		t.Fatalf("the two proxies admitted %v requests in %v; the fleet's limit is %v", got, window, want)
+		t.Fatalf("the two proxies admitted %v in %v; the fleet's limit is %v", got, window, want)
 	}
 }
 
 // A tenant's limit is the fleet's: two proxies following one control plane admit the limit
 // between them, not twice it, though one of them is asked three times what the other is.
 func TestFleetBudgetAcrossProxies(t *testing.T) {
-	keys := budgetKeys(t)
-	c := newCluster(t, 2)
-	var ps [2]*proxy.Server
-	for i := range ps {
-		ps[i] = c.addProxyWith(c.xds, func(cfg *proxy.Config) { cfg.APIKeysFile = keys })
-		waitWorkers(t, ps[i], 2)
+	for _, tc := range []struct {
+		name, budget string
+		b            fleetBudget
+	}{{"requests", "rps=10", tenRequests}, {"prompt tokens", "prompt_tps=200", promptTokens}} {
+		t.Run(tc.name, func(t *testing.T) {
+			keys := budgetKeys(t, tc.budget)
+			c := newCluster(t, 2)
+			var ps [2]*proxy.Server
+			for i := range ps {
+				ps[i] = c.addProxyWith(c.xds, func(cfg *proxy.Config) { cfg.APIKeysFile = keys })
+				waitWorkers(t, ps[i], 2)
+			}
+			checkFleetBudget(t, ps, tc.b)
+			checkTenantsView(t, c)
+		})
 	}
-	checkFleetBudget(t, ps)
-	checkTenantsView(t, c)
 }
 
 // checkTenantsView fails t unless the control plane's operator API shows tenant a served by
@@ -121,7 +156,7 @@ func checkTenantsView(t *testing.T, c *cluster) {
 // And across control-plane replicas: the two proxies follow two replicas on a real API
 // server, which share what their proxies' tenants asked.
 func TestFleetBudgetAcrossReplicas(t *testing.T) {
-	keys := budgetKeys(t)
+	keys := budgetKeys(t, "rps=10")
 	lead, follow := haPair(t, 3*time.Second)
 	var ps [2]*proxy.Server
 	for i, r := range []haReplica{lead, follow} {
@@ -131,6 +166,6 @@ func TestFleetBudgetAcrossReplicas(t *testing.T) {
 		})
 		waitWorkers(t, ps[i], 4)
 	}
-	checkFleetBudget(t, ps)
+	checkFleetBudget(t, ps, tenRequests)
 	checkTenantsView(t, follow.c) // the other replica's proxy too
 }
