@@ -68,6 +68,11 @@ type Backend interface {
 	PolicyHistory(limit int) ([]PolicyChange, error)
 	PutRollout(id uint64, record []byte) error
 	LastRollout() ([]byte, error)
+	// APIKeys returns the API keys given through the operator API, sorted by id; PutAPIKey
+	// stores one by its id, DeleteAPIKey deletes one.
+	APIKeys() ([]APIKey, error)
+	PutAPIKey(k APIKey) error
+	DeleteAPIKey(id string) error
 	Close() error
 }
 

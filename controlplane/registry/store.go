@@ -21,6 +21,7 @@ var (
 	bucketPolicy  = []byte("policy")         // keyCurrent → JSON Policy
 	bucketHistory = []byte("policy_history") // big-endian sequence → JSON PolicyChange
 	bucketRollout = []byte("rollouts")       // big-endian rollout id → the rollout's JSON
+	bucketKeys    = []byte("api_keys")       // id → JSON APIKey
 	keyCurrent    = []byte("current")
 )
 
@@ -55,7 +56,7 @@ func Open(dir string) (*Store, error) {
 		return nil, fmt.Errorf("opening store %s (is another kvrelay using it?): %w", path, err)
 	}
 	err = db.Update(func(tx *bbolt.Tx) error {
-		for _, b := range [][]byte{bucketWorkers, bucketDrains, bucketPolicy, bucketHistory, bucketRollout} {
+		for _, b := range [][]byte{bucketWorkers, bucketDrains, bucketPolicy, bucketHistory, bucketRollout, bucketKeys} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return fmt.Errorf("creating bucket %s: %w", b, err)
 			}
