@@ -68,10 +68,10 @@ func (r *Request) Decide(now int64, retry bool) error {
 	rr.Headroom = r.headroom(router.Pool())
 	if !retry && r.qitem == nil && r.flow != "" && !r.charged && c.queue.n.Load() > 0 {
 		// Requests of flows wait in the admission queue: one new to it takes a slot ahead of
-		// them only when its flow would go first anyway (served least), and that counts as
-		// its flow's service; else the queue's fair order would hold only for the slots
-		// arrivals leave. A tenant below its share goes anyway: the headroom the others
-		// leave free is its.
+		// them only when it would go first anyway (its tenant, then its flow, served least),
+		// and that counts as their service; else the queue's fair order would hold only for
+		// the slots arrivals leave. A tenant below its share goes anyway: the headroom the
+		// others leave free is its.
 		under := c.keepsHeadroom() && r.tenant != "" && rr.Headroom == 0
 		if !c.queue.admitDirect(r.queueFlow(), under) {
 			r.countRunning(-1)

@@ -10,12 +10,16 @@ import (
 )
 
 // admissionQueue holds requests that found every eligible worker busy, most urgent first:
-// by priority, then, among flows (tenants, or an agent program's fairness id), the flow that
-// has been served the fewest tokens for its weight (a virtual token counter: each request let
-// go adds its prompt and expected output over its flow's weight), then arrival. So one flow's
-// burst waits behind every other flow's requests of its priority, not in front of them. It is
-// shared by all carriers; a request waiting in it is resumed by its Waiter, on the carrier's
-// own goroutine.
+// by priority, then by fair share of tokens in two levels (virtual token counters: each
+// request let go adds its prompt and expected output to what its tenant and its flow were
+// served), then arrival. First the tenant served the fewest tokens for its weight, then,
+// within it, the flow (an agent program's fairness id, or the tenant's requests without one)
+// served the fewest tokens: tenants share the queue by their weights and a tenant's flows share
+// its part equally, so a tenant gains nothing by spreading its requests over many fairness
+// ids. A flow without a tenant (no API keys) stands alone at the first level, weighed as
+// itself. So one tenant's or flow's burst waits behind the others' requests of its priority,
+// not in front of them. It is shared by all carriers; a request waiting in it is resumed by its
+// Waiter, on the carrier's own goroutine.
 type admissionQueue struct {
 	// n mirrors len(items) so that the common case, an empty queue, costs every finishing
 	// request one atomic load instead of a lock shared by all carriers.
@@ -29,14 +33,17 @@ type admissionQueue struct {
 	// average of the time between departures.
 	lastOut int64
 	gap     float64
-	// served is each flow's virtual service: the tokens its released requests carried, over
-	// its weight. A flow that had nothing queued starts again at the least any queued flow
-	// has (lift), so that idling builds it no credit.
-	served map[string]float64
+	// tenants is each tenant's virtual service: the tokens its released requests carried,
+	// over its weight. served is each flow's: within a tenant, the tokens its released
+	// requests carried; for a flow without a tenant, the tokens over its weight (it is its own
+	// first level). A tenant or flow that had nothing queued starts again at the least any of
+	// its level's queued peers has (lift), so that idling builds it no credit.
+	tenants map[string]float64
+	served  map[string]float64
 }
 
-// maxFlows bounds the flows the queue remembers the service of; past it, those with nothing
-// queued are forgotten.
+// maxFlows bounds the flows (and the tenants) the queue remembers the service of; past it,
+// those with nothing queued are forgotten.
 const maxFlows = 4096
 
 // retryAfter is the Retry-After, in seconds, of a request refused now: the time the queue
@@ -63,10 +70,11 @@ type QueueItem struct {
 	// slo: the request waits for a worker predicted to meet its latency targets, and its
 	// deadline is the TTFT target's.
 	slo bool
-	// flow is the request's fair-queuing flow ("" : the default one), and service what
-	// letting it go counts for its flow (flow.service).
-	flow    string
-	service float64
+	// flow is the request's fair-queuing flow ("" : the default one) and tenant its tenant
+	// ("": none); service and tokens are what letting it go counts for them (flow.service,
+	// flow.tokens).
+	flow, tenant    string
+	service, tokens float64
 	// released: the queue let it go (and counted its service) since it was last pushed.
 	released bool
 }
@@ -85,7 +93,7 @@ type Waiter interface {
 }
 
 func newAdmissionQueue(max int, m *metrics) *admissionQueue {
-	return &admissionQueue{max: max, m: m, served: map[string]float64{}}
+	return &admissionQueue{max: max, m: m, tenants: map[string]float64{}, served: map[string]float64{}}
 }
 
 // push queues w's request at priority prio; false when the queue is full. *item is w's
@@ -104,20 +112,15 @@ func (q *admissionQueue) push(w Waiter, item **QueueItem, prio int, deadline int
 		q.seq++
 		it = &QueueItem{w: w, seq: q.seq}
 		*item = it
-		if !q.queued(f.name) {
-			// A flow back from idle starts at the least service of those waiting.
-			if lo, ok := q.leastServed(); ok {
-				q.served[f.name] = max(q.served[f.name], lo)
-			}
-		}
+		q.lift(f)
 	case it.released:
 		// Let go and back again (the capacity it was woken for went to another): the service
 		// counted for it was not given.
-		q.unserve(it.flow, it.service)
+		q.unserve(it.tenant, it.flow, it.service, it.tokens)
 	}
 	it.released = false
 	it.prio, it.deadline, it.slo = prio, deadline, slo
-	it.flow, it.service = f.name, f.service()
+	it.flow, it.tenant, it.service, it.tokens = f.name, f.tenant, f.service(), f.tokens()
 	it.index = len(q.items)
 	q.items = append(q.items, it)
 	q.n.Store(int64(len(q.items)))
@@ -148,12 +151,19 @@ func (q *admissionQueue) release() {
 		return
 	}
 	it := q.removeAt(q.next())
-	q.served[it.flow] += it.service
+	q.serve(it.tenant, it.flow, it.service, it.tokens)
 	it.released = true
 	if len(q.served) > maxFlows {
 		for f := range q.served {
 			if !q.queued(f) {
 				delete(q.served, f)
+			}
+		}
+	}
+	if len(q.tenants) > maxFlows {
+		for t := range q.tenants {
+			if !q.tenantQueued(t) {
+				delete(q.tenants, t)
 			}
 		}
 	}
@@ -175,30 +185,55 @@ func (q *admissionQueue) release() {
 }
 
 // admitDirect reports whether a request of flow f, new to the queue, may take a free slot
-// while others wait: when f has been served less than every flow waiting (it would be let go
-// first), or anyway (a tenant below its share, whose headroom the others leave free). Its
-// service is then counted (refund gives it back if it queues after all).
+// while others wait: when it would be let go first (first), or anyway (a tenant below its
+// share, whose headroom the others leave free). Its service is then counted (refund gives it
+// back if it queues after all).
 func (q *admissionQueue) admitDirect(f flow, anyway bool) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	lo, ok := q.leastServed()
-	if !anyway && ok && q.served[f.name] >= lo {
+	if !anyway && !q.first(f) {
 		return false
 	}
-	q.served[f.name] += f.service()
+	q.serve(f.tenant, f.name, f.service(), f.tokens())
 	return true
 }
 
 // refund gives back the service admitDirect counted for a request of flow f.
 func (q *admissionQueue) refund(f flow) {
 	q.mu.Lock()
-	q.unserve(f.name, f.service())
+	q.unserve(f.tenant, f.name, f.service(), f.tokens())
 	q.mu.Unlock()
 }
 
-// unserve takes service s back from flow f. The caller holds q.mu.
-func (q *admissionQueue) unserve(f string, s float64) {
-	q.served[f] = max(q.served[f]-s, 0)
+// serve counts a request of flow f of tenant t let go: service s to its tenant and tokens n
+// to its flow within it; s to a flow without a tenant. The caller holds q.mu.
+func (q *admissionQueue) serve(t, f string, s, n float64) {
+	if t == "" {
+		q.served[f] += s
+		return
+	}
+	q.tenants[t] += s
+	q.served[f] += n
+}
+
+// unserve takes back what serve counted. The caller holds q.mu.
+func (q *admissionQueue) unserve(t, f string, s, n float64) {
+	if t == "" {
+		q.served[f] = max(q.served[f]-s, 0)
+		return
+	}
+	q.tenants[t] = max(q.tenants[t]-s, 0)
+	q.served[f] = max(q.served[f]-n, 0)
+}
+
+// levels is the service of flow f of tenant t at each level: its tenant's and its own
+// within the tenant; a flow without a tenant stands alone at both. The caller holds q.mu.
+func (q *admissionQueue) levels(t, f string) (tenant, flow float64) {
+	flow = q.served[f]
+	if t == "" {
+		return flow, flow
+	}
+	return q.tenants[t], flow
 }
 
 // removeAt takes the request at i out of the queue and returns it. The caller holds q.mu.
@@ -212,50 +247,97 @@ func (q *admissionQueue) removeAt(i int) *QueueItem {
 	return it
 }
 
-// flow is a request's fair-queuing flow, weight and cost (QueueItem).
+// flow is a request's fair-queuing flow, its tenant ("": none), the weight (its tenant's, or
+// its own without a tenant) and the request's cost (QueueItem).
 type flow struct {
-	name         string
+	name, tenant string
 	weight, cost float64
 }
 
-// service is what letting a request of f go counts for its flow: its tokens over the flow's
-// weight.
+// service is what letting a request of f go counts for its tenant (for a flow without a
+// tenant, for the flow): its tokens over the weight.
 func (f flow) service() float64 { return max(f.cost, 1) / max(f.weight, minWeight) }
+
+// tokens is what letting a request of f go counts for its flow among its tenant's: its
+// tokens, the tenant's flows sharing its part equally.
+func (f flow) tokens() float64 { return max(f.cost, 1) }
 
 // minWeight floors a flow's weight.
 const minWeight = 1e-3
 
-// next is the index of the request release lets go: the most urgent priority, then the flow
-// served least, then a request with a TTFT target (x-slo-ttft-ms) by earliest deadline, then
-// the earliest. The caller holds q.mu and the queue is not empty.
+// next is the index of the request release lets go: the most urgent priority, then the
+// tenant served least for its weight, then its flow served least, then a request with a TTFT
+// target (x-slo-ttft-ms) by earliest deadline, then the earliest. The caller holds q.mu and
+// the queue is not empty.
 func (q *admissionQueue) next() int {
-	best := 0
-	for i, it := range q.items[1:] {
-		b := q.items[best]
-		switch {
-		case it.prio != b.prio:
+	best, b := 0, q.items[0]
+	bt, bf := q.levels(b.tenant, b.flow)
+	for i := 1; i < len(q.items); i++ {
+		it := q.items[i]
+		if it.prio != b.prio {
 			if it.prio > b.prio {
-				best = i + 1
+				best, b = i, it
+				bt, bf = q.levels(it.tenant, it.flow)
 			}
-		case it.flow != b.flow && q.served[it.flow] != q.served[b.flow]:
-			if q.served[it.flow] < q.served[b.flow] {
-				best = i + 1
-			}
+			continue
+		}
+		t, f := q.levels(it.tenant, it.flow)
+		var first bool
+		switch {
+		case t != bt:
+			first = t < bt
+		case f != bf:
+			first = f < bf
 		case it.slo != b.slo:
 			// A request with a TTFT target before one without (its deadline is near).
-			if it.slo {
-				best = i + 1
-			}
+			first = it.slo
 		case it.slo && it.deadline != b.deadline:
 			// Earliest deadline first among requests with targets.
-			if it.deadline < b.deadline {
-				best = i + 1
-			}
-		case it.seq < b.seq:
-			best = i + 1
+			first = it.deadline < b.deadline
+		default:
+			first = it.seq < b.seq
+		}
+		if first {
+			best, b, bt, bf = i, it, t, f
 		}
 	}
 	return best
+}
+
+// lift starts a tenant that had nothing waiting (or a flow without a tenant) at the least
+// service of the tenants and lone flows waiting, and a flow that had nothing waiting at the
+// least service of its tenant's flows waiting, so that idling builds no credit at either
+// level. The caller holds q.mu.
+func (q *admissionQueue) lift(f flow) {
+	var lt, lf float64 // the least service waiting: of tenants, of f's tenant's flows
+	var anyT, anyF, waitsT bool
+	for _, it := range q.items {
+		if it.flow == f.name && it.tenant == f.tenant {
+			return // f waits: so does its tenant
+		}
+		if it.tenant != "" && it.tenant == f.tenant {
+			waitsT = true
+			if v := q.served[it.flow]; !anyF || v < lf {
+				lf, anyF = v, true
+			}
+		}
+		if v, _ := q.levels(it.tenant, it.flow); !anyT || v < lt {
+			lt, anyT = v, true
+		}
+	}
+	switch {
+	case f.tenant == "":
+		if anyT {
+			q.served[f.name] = max(q.served[f.name], lt)
+		}
+	default:
+		if anyT && !waitsT {
+			q.tenants[f.tenant] = max(q.tenants[f.tenant], lt)
+		}
+		if anyF {
+			q.served[f.name] = max(q.served[f.name], lf)
+		}
+	}
 }
 
 // queued reports whether a request of flow f waits. The caller holds q.mu.
@@ -268,15 +350,27 @@ func (q *admissionQueue) queued(f string) bool {
 	return false
 }
 
-// leastServed is the least service of the flows waiting. The caller holds q.mu.
-func (q *admissionQueue) leastServed() (float64, bool) {
-	lo, ok := 0.0, false
+// tenantQueued reports whether a request of tenant t waits. The caller holds q.mu.
+func (q *admissionQueue) tenantQueued(t string) bool {
 	for _, it := range q.items {
-		if v := q.served[it.flow]; !ok || v < lo {
-			lo, ok = v, true
+		if it.tenant == t {
+			return true
 		}
 	}
-	return lo, ok
+	return false
+}
+
+// first reports whether a request of flow f would be let go before every waiting one, but
+// for priority and deadlines (next): its tenant served less than every other tenant waiting
+// and its flow less than every flow of its tenant waiting. The caller holds q.mu.
+func (q *admissionQueue) first(f flow) bool {
+	t, fl := q.levels(f.tenant, f.name)
+	for _, it := range q.items {
+		if vt, vf := q.levels(it.tenant, it.flow); t > vt || (t == vt && fl >= vf) {
+			return false
+		}
+	}
+	return true
 }
 
 // expire answers requests that waited past their deadline, and nudges the queue in case
@@ -342,8 +436,10 @@ func (r *Request) Enqueue(w Waiter, now int64, slo bool) error {
 	return nil
 }
 
-// SetFlow names the request's fair-queuing flow in the admission queue (its tenant, or an
-// agent program's fairness id within it) and its weight; the default flow, "", weighs 1.
+// SetFlow names the request's fair-queuing flow in the admission queue (an agent program's
+// fairness id, or its tenant's requests without one) and its weight: its tenant's, set by
+// SetTenant, whose flows share the tenant's part of the queue equally; without a tenant, the
+// flow's own. The default flow, "", weighs 1.
 func (r *Request) SetFlow(name string, weight float64) { r.flow, r.flowWeight = name, weight }
 
 // SetTenant names the request's tenant and its share of the fleet (its weight over every
@@ -418,7 +514,7 @@ func (r *Request) queueFlow() flow {
 	if w <= 0 {
 		w = 1
 	}
-	return flow{name: r.flow, weight: w, cost: float64(r.rreq.PromptTokens + out)}
+	return flow{name: r.flow, tenant: r.tenant, weight: w, cost: float64(r.rreq.PromptTokens + out)}
 }
 
 // defaultFlowOutput is the output assumed of a request that states none, for its cost in the

@@ -80,7 +80,7 @@ type clientConn struct {
 	tenant *tenant.Tenant
 	tm     *tenantMetrics
 	// fairness is the request's x-llm-d-inference-fairness-id: its flow in the admission
-	// queue (within its tenant's, with API keys).
+	// queue (one of its tenant's, with API keys).
 	fairness []byte
 	resv     tenant.Reservation
 	// headScanned is how much of a head still arriving was searched for its end.
@@ -572,8 +572,9 @@ func (cc *clientConn) route(retry bool) {
 	}
 }
 
-// setFlow gives the request its fair-queuing flow: its tenant's (weighed as the tenant) and,
-// within it, its agent program's fairness id; without API keys the fairness id alone.
+// setFlow gives the request its fair-queuing flow: within its tenant (weighed as the tenant,
+// its flows sharing its part equally), its agent program's fairness id, or the tenant's
+// requests without one; without API keys the fairness id alone.
 func (cc *clientConn) setFlow() {
 	const maxFairnessID = 128
 	fid := cc.fairness
