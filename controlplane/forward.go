@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -26,8 +27,10 @@ import (
 // change (an HTTP PUT, POST or DELETE) to the leader's address, the caller's token with it;
 // the leader checks and answers it. A forwarded request carries forwardedHeader and is never
 // forwarded again: a replica that is not the leader either (the lead moved meanwhile) answers
-// 503 naming the leader, as without forwarding. gRPC calls are not forwarded (they get
-// Unavailable, the status gRPC clients retry).
+// 503 naming the leader, as without forwarding. A leader that cannot be reached, or whose
+// certificate the follower does not trust, gets the change answered 502 naming it and its
+// address; one that does not answer within the API's read timeout, 504. gRPC calls are not
+// forwarded (they get Unavailable, the status gRPC clients retry).
 const (
 	shareAPI        = "api"
 	forwardedHeader = "X-Kvrelay-Forwarded-By"
@@ -49,6 +52,9 @@ type forwarder struct {
 	ks    *registry.KubeStore
 	proxy *httputil.ReverseProxy
 	count prometheus.Counter // changes forwarded
+	// timeout bounds a forwarded change, the leader's answer included: the API's read
+	// timeout, so that the follower answers within its own write timeout (twice that).
+	timeout time.Duration
 
 	mu     sync.Mutex
 	leader string // the replica whose address addr is
@@ -63,7 +69,10 @@ func (s *Server) newForwarder() (*forwarder, error) {
 	if !ok || s.opts.Leader == nil {
 		return nil, nil
 	}
-	f := &forwarder{s: s, ks: ks}
+	f := &forwarder{s: s, ks: ks, timeout: s.opts.APIReadTimeout}
+	if f.timeout <= 0 {
+		f.timeout = DefaultAPIReadTimeout
+	}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	if s.opts.APIPeerCAFile != "" {
 		pem, err := os.ReadFile(s.opts.APIPeerCAFile)
@@ -79,23 +88,37 @@ func (s *Server) newForwarder() (*forwarder, error) {
 	f.proxy = &httputil.ReverseProxy{
 		Transport: tr,
 		Rewrite: func(r *httputil.ProxyRequest) {
-			target := r.In.Context().Value(forwardTarget{}).(*url.URL)
+			target := r.In.Context().Value(forwardTarget{}).(*leaderAPI).url
 			r.SetURL(target)
 			r.Out.Host = target.Host
 			r.Out.Header.Set(forwardedHeader, s.opts.Leader.Identity())
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			f.forget()
+			target := r.Context().Value(forwardTarget{}).(*leaderAPI)
+			status, code := http.StatusBadGateway, "unavailable"
+			msg := fmt.Sprintf("control plane replica %s could not forward the change to the leader %s at %s: %v", s.opts.Leader.Identity(), target.leader, target.url, err)
+			if errors.Is(r.Context().Err(), context.DeadlineExceeded) {
+				status, code = http.StatusGatewayTimeout, "deadline_exceeded"
+				msg = fmt.Sprintf("control plane replica %s forwarded the change to the leader %s at %s, which did not answer within %s", s.opts.Leader.Identity(), target.leader, target.url, f.timeout)
+			}
+			b, _ := json.Marshal(map[string]any{"error": map[string]string{"code": code, "message": msg}})
 			w.Header().Set("Content-Type", "application/json")
-			w.WriteHeader(http.StatusBadGateway)
-			b, _ := json.Marshal(fmt.Sprintf("control plane replica %s could not forward the change to the leader: %v", s.opts.Leader.Identity(), err))
-			fmt.Fprintf(w, "{\"error\":{\"code\":\"unavailable\",\"message\":%s}}\n", b)
+			w.WriteHeader(status)
+			_, _ = w.Write(append(b, '\n'))
 		},
 	}
 	return f, nil
 }
 
+// forwardTarget is the context key of a forwarded change's *leaderAPI.
 type forwardTarget struct{}
+
+// leaderAPI is the leader's operator API, as it shared it.
+type leaderAPI struct {
+	leader string
+	url    *url.URL
+}
 
 // wrap forwards the changes a follower gets to the leader and serves the rest with h.
 func (f *forwarder) wrap(h http.Handler) http.Handler {
@@ -118,13 +141,15 @@ func (f *forwarder) wrap(h http.Handler) http.Handler {
 			return
 		}
 		f.count.Inc()
-		f.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), forwardTarget{}, target)))
+		ctx, cancel := context.WithTimeout(context.WithValue(r.Context(), forwardTarget{}, target), f.timeout)
+		defer cancel()
+		f.proxy.ServeHTTP(w, r.WithContext(ctx))
 	})
 }
 
 // leaderAddr is the leader's operator API as it shared it; nil when no leader is known or
 // it shared none.
-func (f *forwarder) leaderAddr(ctx context.Context) (*url.URL, error) {
+func (f *forwarder) leaderAddr(ctx context.Context) (*leaderAPI, error) {
 	leader := f.s.opts.Leader.Leader()
 	if leader == "" || leader == f.s.opts.Leader.Identity() {
 		return nil, nil
@@ -132,7 +157,7 @@ func (f *forwarder) leaderAddr(ctx context.Context) (*url.URL, error) {
 	f.mu.Lock()
 	if f.leader == leader && time.Since(f.at) < leaderAddrTTL {
 		defer f.mu.Unlock()
-		return f.addr, nil
+		return &leaderAPI{leader, f.addr}, nil
 	}
 	f.mu.Unlock()
 	shares, err := f.ks.Shares(ctx, shareAPI)
@@ -155,7 +180,7 @@ func (f *forwarder) leaderAddr(ctx context.Context) (*url.URL, error) {
 	f.mu.Lock()
 	f.leader, f.addr, f.at = leader, u, time.Now()
 	f.mu.Unlock()
-	return u, nil
+	return &leaderAPI{leader, u}, nil
 }
 
 // forget drops the leader's address read last (forwarding to it failed).

@@ -17,6 +17,7 @@ import (
 	"github.com/kvrelay/kvrelay/controlplane"
 	"github.com/kvrelay/kvrelay/controlplane/leader"
 	"github.com/kvrelay/kvrelay/controlplane/registry"
+	"github.com/kvrelay/kvrelay/engines/sim"
 	"github.com/kvrelay/kvrelay/internal/kubetest"
 )
 
@@ -25,12 +26,22 @@ type haReplica struct {
 	c    *cluster
 	e    *leader.Elector
 	kube kubernetes.Interface // the API server both replicas share
+	st   *registry.KubeStore  // its store of the shared state
 }
 
-// haPair starts two control-plane replicas on a real API server, their state in kvrelay.io
-// resources and a Lease (of duration lease) electing the leader, over four simulated
-// workers, and returns them once one leads: the leader first.
-func haPair(t *testing.T, lease time.Duration) (lead, follow haReplica) {
+// haEnv is what control-plane replicas share in these tests: a real API server with
+// kvrelay.io's resources and the namespace kvrelay, and four simulated workers.
+type haEnv struct {
+	t       *testing.T
+	lease   time.Duration
+	kube    kubernetes.Interface
+	dyn     dynamic.Interface
+	workers []*sim.Worker
+	specs   []registry.Worker
+}
+
+// newHAEnv starts the API server and the workers, for replicas whose Lease lasts lease.
+func newHAEnv(t *testing.T, lease time.Duration) *haEnv {
 	t.Helper()
 	env := kubetest.Start(t)
 	klog.SetOutput(io.Discard)
@@ -44,28 +55,44 @@ func haPair(t *testing.T, lease time.Duration) (lead, follow haReplica) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	workers := startWorkers(t, 4)
-	var specs []registry.Worker
-	for i, w := range workers {
-		specs = append(specs, specOf(i, w.URL(), w.EventsEndpoint(), w.ReplayEndpoint()))
+	h := &haEnv{t: t, lease: lease, kube: cs, dyn: dyn, workers: startWorkers(t, 4)}
+	for i, w := range h.workers {
+		h.specs = append(h.specs, specOf(i, w.URL(), w.EventsEndpoint(), w.ReplayEndpoint()))
 	}
-	start := func(id string) haReplica {
-		e, err := leader.New(leader.Config{Client: cs, Namespace: "kvrelay", Name: "kvrelay-controlplane", Identity: id,
-			LeaseDuration: lease, RenewDeadline: 2 * time.Second, RetryPeriod: 250 * time.Millisecond, Logger: quiet()})
-		if err != nil {
-			t.Fatal(err)
-		}
-		st, err := registry.OpenKube(dyn, "kvrelay", "kvrelay", 10*time.Second, quiet())
-		if err != nil {
-			t.Fatal(err)
-		}
-		c := &cluster{t: t, workers: workers, specs: specs, cpOpts: func(o *controlplane.Options) {
-			o.Store, o.Leader, o.RolloutInterval = st, e, 100*time.Millisecond
-		}}
-		c.startControlPlane("127.0.0.1:0")
-		return haReplica{c, e, cs}
+	return h
+}
+
+// start starts the replica id, its state in kvrelay.io resources and the Lease electing the
+// leader, with its options changed by opts (when not nil).
+func (h *haEnv) start(id string, opts func(*controlplane.Options)) haReplica {
+	t := h.t
+	t.Helper()
+	e, err := leader.New(leader.Config{Client: h.kube, Namespace: "kvrelay", Name: "kvrelay-controlplane", Identity: id,
+		LeaseDuration: h.lease, RenewDeadline: 2 * time.Second, RetryPeriod: 250 * time.Millisecond, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
 	}
-	a, b := start("cp-0"), start("cp-1")
+	st, err := registry.OpenKube(h.dyn, "kvrelay", "kvrelay", 10*time.Second, quiet())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &cluster{t: t, workers: h.workers, specs: h.specs, cpOpts: func(o *controlplane.Options) {
+		o.Store, o.Leader, o.RolloutInterval = st, e, 100*time.Millisecond
+		if opts != nil {
+			opts(o)
+		}
+	}}
+	c.startControlPlane("127.0.0.1:0")
+	return haReplica{c, e, h.kube, st}
+}
+
+// haPair starts two control-plane replicas on a real API server, their state in kvrelay.io
+// resources and a Lease (of duration lease) electing the leader, over four simulated
+// workers, and returns them once one leads: the leader first.
+func haPair(t *testing.T, lease time.Duration) (lead, follow haReplica) {
+	t.Helper()
+	h := newHAEnv(t, lease)
+	a, b := h.start("cp-0", nil), h.start("cp-1", nil)
 	deadline := time.Now().Add(2 * lease)
 	for !a.e.Leading() && !b.e.Leading() {
 		if time.Now().After(deadline) {

@@ -119,7 +119,8 @@ type Options struct {
 	// it judges (default 3 s; a partial sum would look like proxies that restarted).
 	RolloutInterval, RolloutSettle time.Duration
 	// APIReadTimeout bounds the time to read a request of the operator API, head and body
-	// (default DefaultAPIReadTimeout); its answer has twice that.
+	// (default DefaultAPIReadTimeout); its answer has twice that, and a change a follower
+	// forwards has that long for the leader's answer (else the client gets 504).
 	APIReadTimeout time.Duration
 	// RolloutClock is the rollout controller's clock (default time.Now): the time a step
 	// has run, the settle after a start, and the times a rollout records. Its ticks still
