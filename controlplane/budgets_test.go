@@ -1,7 +1,10 @@
 package controlplane_test
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -168,4 +171,114 @@ func TestFleetBudgetAcrossReplicas(t *testing.T) {
 	}
 	checkFleetBudget(t, ps, tenRequests)
 	checkTenantsView(t, follow.c) // the other replica's proxy too
+}
+
+// askAs sends a chat completion to the proxy at base with the API key given ("": none) and
+// returns the status.
+func askAs(t *testing.T, base, key string) int {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, base+"/v1/chat/completions",
+		strings.NewReader(`{"model":"`+model+`","max_tokens":1,"messages":[{"role":"user","content":"hello"}]}`))
+	req.Header.Set("Content-Type", "application/json")
+	if key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// eventuallyStatus waits until the proxy at base answers key's request with want.
+func eventuallyStatus(t *testing.T, base, key string, want int, what string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		got := askAs(t, base, key)
+		if got == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %d, want %d", what, got, want)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestAPIKeysFromOperator: keys given through the operator API reach every proxy. A proxy
+// with no keys file starts checking keys once it has one and stops when the last is taken
+// away; a proxy with a keys file takes them beside its file's, and refuses (NACKs) keys that
+// contradict its file while keeping those in force. The API never shows a key.
+func TestAPIKeysFromOperator(t *testing.T) {
+	c := newCluster(t, 1)
+	open := c.addProxy(c.xds)
+	fileKeys := filepath.Join(t.TempDir(), "keys")
+	if err := os.WriteFile(fileKeys, []byte("sk-file tenant=files\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	withFile := c.addProxyWith(c.xds, func(cfg *proxy.Config) { cfg.APIKeysFile = fileKeys })
+	waitWorkers(t, open, 1)
+	waitWorkers(t, withFile, 1)
+	a, b := "http://"+open.Addr(), "http://"+withFile.Addr()
+	if got := askAs(t, a, ""); got != 200 {
+		t.Fatalf("no keys anywhere: %d, want 200", got)
+	}
+
+	code, out := c.api("PUT", "/v1/keys/ci", `{"key": "sk-ci", "tenant": "acme", "rps": 100}`, true)
+	if sum := sha256.Sum256([]byte("sk-ci")); code != 200 || out["sha256"] != hex.EncodeToString(sum[:]) || (out["key"] != nil && out["key"] != "") {
+		t.Fatalf("PUT /v1/keys/ci: %d %v", code, out)
+	}
+	eventuallyStatus(t, a, "", 401, "the proxy without a keys file, a request without a key, once the control plane has keys")
+	if got := askAs(t, a, "sk-ci"); got != 200 {
+		t.Fatalf("the operator's key at the proxy without a file: %d", got)
+	}
+	eventuallyStatus(t, b, "sk-ci", 200, "the operator's key at the proxy with a file")
+	if got := askAs(t, b, "sk-file"); got != 200 {
+		t.Fatalf("the file's key beside the operator's: %d", got)
+	}
+	code, out = c.api("GET", "/v1/keys", "", true)
+	if keys, _ := out["keys"].([]any); code != 200 || len(keys) != 1 || strings.Contains(fmt.Sprint(out), "sk-ci") {
+		t.Fatalf("GET /v1/keys: %d %v", code, out)
+	}
+
+	// A key giving tenant files a budget its file does not: the proxy with the file refuses
+	// the control plane's keys and keeps those in force; the other takes them.
+	if code, out := c.api("PUT", "/v1/keys/files-2", `{"key": "sk-files-2", "tenant": "files", "rps": 5}`, true); code != 200 {
+		t.Fatalf("PUT /v1/keys/files-2: %d %v", code, out)
+	}
+	eventuallyStatus(t, a, "sk-files-2", 200, "the second key at the proxy without a file")
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		st, _ := withFile.XDSStats()
+		if st.ADS.NACKs > 0 && strings.Contains(st.ADS.LastNACK, "API keys") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the proxy with a keys file never refused the contradicting keys: %+v", st.ADS)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got := askAs(t, b, "sk-files-2"); got != 401 {
+		t.Fatalf("a key contradicting the keys file: %d, want 401 (refused)", got)
+	}
+	if got := askAs(t, b, "sk-ci"); got != 200 {
+		t.Fatalf("after refusing the control plane's new keys, its earlier key: %d, want 200", got)
+	}
+	// Keys that contradict each other never reach the store.
+	if code, _ := c.api("PUT", "/v1/keys/ci-2", `{"key": "sk-ci-2", "tenant": "acme", "rps": 7}`, true); code != 409 {
+		t.Fatalf("a key giving acme other budgets than its other key: %d, want 409", code)
+	}
+
+	for _, id := range []string{"ci", "files-2"} {
+		if code, out := c.api("DELETE", "/v1/keys/"+id, "", true); code != 200 {
+			t.Fatalf("DELETE /v1/keys/%s: %d %v", id, code, out)
+		}
+	}
+	eventuallyStatus(t, a, "", 200, "the proxy without a file once the last key is gone")
+	eventuallyStatus(t, b, "sk-ci", 401, "a removed key at the proxy with a file")
+	if got := askAs(t, b, "sk-file"); got != 200 {
+		t.Fatalf("the file's key after the control plane's are gone: %d", got)
+	}
 }

@@ -2,6 +2,8 @@ package controlplane
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"math"
@@ -392,6 +394,74 @@ func (o operator) ListTenants(context.Context) ([]*operatorv1.Tenant, error) {
 	}
 	slices.SortFunc(out, func(a, b *operatorv1.Tenant) int { return strings.Compare(a.GetName(), b.GetName()) })
 	return out, nil
+}
+
+func (o operator) ListAPIKeys(context.Context) ([]*operatorv1.ApiKey, error) {
+	keys, err := o.s.store.APIKeys()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]*operatorv1.ApiKey, 0, len(keys))
+	for _, k := range keys {
+		out = append(out, apiKeyMessage(k))
+	}
+	return out, nil
+}
+
+func apiKeyMessage(k registry.APIKey) *operatorv1.ApiKey {
+	return &operatorv1.ApiKey{Id: k.ID, Sha256: k.SHA256, Tenant: k.Tenant, Weight: k.Weight, Rps: k.RPS,
+		PromptTps: k.PromptTPS, OutputTpm: k.OutputTPM, Cache: k.Cache}
+}
+
+// PutAPIKey stores the key by its SHA-256 (the key itself is forgotten), refusing one that
+// another key of the same tenant contradicts, and gives the proxies the new keys.
+func (o operator) PutAPIKey(_ context.Context, m *operatorv1.ApiKey) (*operatorv1.ApiKey, error) {
+	sum := strings.ToLower(m.GetSha256())
+	if key := m.GetKey(); key != "" {
+		h := sha256.Sum256([]byte(key))
+		if given := hex.EncodeToString(h[:]); sum != "" && sum != given {
+			return nil, fmt.Errorf("%w: API key %q: the key's SHA-256 is not the sha256 given", api.ErrInvalid, m.GetId())
+		} else {
+			sum = given
+		}
+	}
+	k := registry.APIKey{ID: m.GetId(), SHA256: sum, Tenant: m.GetTenant(), Weight: m.GetWeight(), RPS: m.GetRps(),
+		PromptTPS: m.GetPromptTps(), OutputTPM: m.GetOutputTpm(), Cache: m.GetCache()}
+	if err := k.Validate(); err != nil {
+		return nil, fmt.Errorf("%w: %w", api.ErrInvalid, err)
+	}
+	o.s.keysMu.Lock()
+	defer o.s.keysMu.Unlock()
+	keys, err := o.s.store.APIKeys()
+	if err != nil {
+		return nil, err
+	}
+	keys = slices.DeleteFunc(keys, func(other registry.APIKey) bool { return other.ID == k.ID })
+	if err := registry.CheckAPIKeys(append(keys, k)); err != nil {
+		return nil, fmt.Errorf("%w: %w", api.ErrConflict, err)
+	}
+	if err := o.s.store.PutAPIKey(k); err != nil {
+		return nil, err
+	}
+	o.s.publishKeys()
+	return apiKeyMessage(k), nil
+}
+
+func (o operator) DeleteAPIKey(_ context.Context, id string) error {
+	o.s.keysMu.Lock()
+	defer o.s.keysMu.Unlock()
+	keys, err := o.s.store.APIKeys()
+	if err != nil {
+		return err
+	}
+	if !slices.ContainsFunc(keys, func(k registry.APIKey) bool { return k.ID == id }) {
+		return fmt.Errorf("%w: no API key %q", api.ErrNotFound, id)
+	}
+	if err := o.s.store.DeleteAPIKey(id); err != nil {
+		return err
+	}
+	o.s.publishKeys()
+	return nil
 }
 
 func (o operator) ListProxies(context.Context) ([]*operatorv1.Proxy, error) {

@@ -183,6 +183,8 @@ type Server struct {
 	// apiTok and metricsTok read Options.APITokenFile and MetricsTokenFile again.
 	apiTok, metricsTok tokenFile
 	store              registry.Backend
+	// keysMu serialises the operator API's changes of the API keys.
+	keysMu sync.Mutex
 	// stateCh receives when a shared Store's resources changed (coalesced).
 	stateCh chan struct{}
 	// acting is set while this replica leads and has taken over: read the shared state
@@ -380,6 +382,7 @@ func (s *Server) Start(ctx context.Context) error {
 	s.acting.Store(s.opts.Leader == nil) // an elected replica acts once it has taken over
 	s.reconcile()
 	s.publish(true)
+	s.publishKeys()
 	if ks, ok := s.store.(*registry.KubeStore); ok {
 		ks.OnChange(s.stateChanged)
 		s.wg.Add(1)
@@ -493,6 +496,18 @@ func (s *Server) followState(ctx context.Context, ks *registry.KubeStore) {
 		if err := s.reg.Reload(); err != nil {
 			s.log.Error("shared state not reloaded", "store", ks.Where(), "err", err)
 		}
+		s.publishKeys()
+	}
+}
+
+// publishKeys gives the proxies the API keys stored through the operator API.
+func (s *Server) publishKeys() {
+	keys, err := s.store.APIKeys()
+	if err == nil {
+		err = s.xds.SetKeys(registry.KeysFile(keys))
+	}
+	if err != nil {
+		s.log.Error("API keys not published; proxies keep those they have", "err", err)
 	}
 }
 

@@ -25,14 +25,22 @@ const (
 	WorkerType = "type.googleapis.com/kvrelay.xds.v1.Worker"
 	// PolicyType is the type URL of xdsv1.RoutingPolicy; its one resource is named PolicyName.
 	PolicyType = "type.googleapis.com/kvrelay.xds.v1.RoutingPolicy"
+	// KeysType is the type URL of xdsv1.TenantKeys; its one resource is named KeysName.
+	KeysType = "type.googleapis.com/kvrelay.xds.v1.TenantKeys"
 )
+
+// KeysName is the resource name of the API keys every proxy takes.
+const KeysName = "keys"
+
+// MaxKeysLen bounds the keys resource's text.
+const MaxKeysLen = 4 << 20
 
 // PolicyName is the resource name of the routing policy every proxy applies.
 const PolicyName = "default"
 
 // TypeURLs returns the type URLs a proxy subscribes to, in the order it subscribes. The
 // returned slice is new on each call.
-func TypeURLs() []string { return []string{WorkerType, PolicyType} }
+func TypeURLs() []string { return []string{WorkerType, PolicyType, KeysType} }
 
 // Limits a resource must respect; a proxy refuses (NACKs) a resource past them.
 const (
@@ -118,6 +126,8 @@ func ResourceName(m proto.Message) string {
 		return v.GetId()
 	case *xdsv1.RoutingPolicy:
 		return PolicyName
+	case *xdsv1.TenantKeys:
+		return KeysName
 	}
 	return ""
 }
@@ -129,8 +139,27 @@ func TypeURL(m proto.Message) string {
 		return WorkerType
 	case *xdsv1.RoutingPolicy:
 		return PolicyType
+	case *xdsv1.TenantKeys:
+		return KeysType
 	}
 	return ""
+}
+
+// DecodeKeys unmarshals a TenantKeys resource received under the given name and checks its
+// name and size; the proxy parses the text itself. It never panics on arbitrary input; every
+// error wraps ErrInvalid.
+func DecodeKeys(name string, res *anypb.Any) (*xdsv1.TenantKeys, error) {
+	k := &xdsv1.TenantKeys{}
+	if err := decode(KeysType, res, k); err != nil {
+		return nil, err
+	}
+	switch {
+	case name != KeysName:
+		return nil, fmt.Errorf("%w: API keys resource named %q, want %q", ErrInvalid, name, KeysName)
+	case len(k.GetKeys()) > MaxKeysLen:
+		return nil, fmt.Errorf("%w: API keys of %d bytes, at most %d", ErrInvalid, len(k.GetKeys()), MaxKeysLen)
+	}
+	return k, nil
 }
 
 // DecodeWorker unmarshals and validates a Worker resource received under the given name. It

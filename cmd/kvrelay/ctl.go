@@ -72,7 +72,7 @@ or from $` + ctlTokenEnv + `; reads need it too unless the control plane listens
 	pf.StringVarP(&o.output, "output", "o", "table", "output format: table or json")
 	pf.DurationVar(&o.timeout, "timeout", 10*time.Second, "how long a call may take")
 	cmd.AddCommand(ctlWorkersCmd(o), ctlDrainCmd(o, true), ctlDrainCmd(o, false), ctlPolicyCmd(o),
-		ctlIndexCmd(o), ctlProxiesCmd(o), ctlTenantsCmd(o), ctlDecisionsCmd(o), ctlPrefixesCmd(o))
+		ctlIndexCmd(o), ctlProxiesCmd(o), ctlTenantsCmd(o), ctlKeysCmd(o), ctlDecisionsCmd(o), ctlPrefixesCmd(o))
 	return cmd
 }
 

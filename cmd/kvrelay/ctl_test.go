@@ -2,6 +2,8 @@ package main
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"encoding/pem"
 	"net/http/httptest"
@@ -566,5 +568,55 @@ func TestCtlOverTLS(t *testing.T) {
 	}
 	if _, err := runCtlAt(t, hostPort, "workers", "--api-ca", ctlTokenFile(t, "not a certificate")); err == nil || !strings.Contains(err.Error(), "no PEM certificate") {
 		t.Fatalf("ctl --api-ca with a file that holds no certificate: %v", err)
+	}
+}
+
+// kvrelay ctl keys: add reads the key from a file (never the command line) and the API keeps
+// its SHA-256; the list shows ids, SHA-256 prefixes and tenants; rm takes a key away.
+func TestCtlKeys(t *testing.T) {
+	t.Setenv(ctlTokenEnv, ctlTestToken)
+	b := ctlFleet()
+	ts := ctlServer(t, b, api.Options{Token: ctlTestToken})
+	keyFile := filepath.Join(t.TempDir(), "key")
+	if err := os.WriteFile(keyFile, []byte("sk-ci-key\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := runCtl(t, ts, "keys", "add", "ci", "--tenant", "acme", "--rps", "20", "--key-file", keyFile); err != nil {
+		t.Fatalf("keys add: %v\n%s", err, out)
+	}
+	if out, err := runCtl(t, ts, "keys", "add", "laptop", "--tenant", "acme", "--rps", "20", "--sha256", strings.Repeat("ab", 32)); err != nil {
+		t.Fatalf("keys add --sha256: %v\n%s", err, out)
+	}
+	for _, bad := range [][]string{
+		{"keys", "add", "x", "--tenant", "acme"},                                          // neither
+		{"keys", "add", "x", "--tenant", "acme", "--key-file", keyFile, "--sha256", "ab"}, // both
+		{"keys", "add", "x", "--key-file", keyFile},                                       // no tenant
+	} {
+		if out, err := runCtl(t, ts, bad...); err == nil {
+			t.Errorf("%v: no error\n%s", bad, out)
+		}
+	}
+	out, err := runCtl(t, ts, "keys", "-o", "json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// What reached the API is the key's SHA-256, not the key.
+	sum := sha256.Sum256([]byte("sk-ci-key"))
+	if !strings.Contains(out, hex.EncodeToString(sum[:])) {
+		t.Errorf("the stored key has not the key's SHA-256:\n%s", out)
+	}
+	if out, err = runCtl(t, ts, "keys"); err != nil {
+		t.Fatal(err)
+	}
+	fields := strings.Join(strings.Fields(out), " ")
+	if !strings.Contains(fields, "ID SHA256 TENANT WEIGHT RPS PROMPT TPS OUTPUT TPM CACHE") || !strings.Contains(fields, "laptop abababababab… acme - 20 - - -") ||
+		!strings.Contains(fields, "ci ") || strings.Contains(out, "sk-ci-key") {
+		t.Errorf("keys:\n%s", out)
+	}
+	if out, err := runCtl(t, ts, "keys", "rm", "ci"); err != nil || !strings.Contains(out, "removed key ci") {
+		t.Fatalf("keys rm: %v\n%s", err, out)
+	}
+	if out, err := runCtl(t, ts, "keys", "rm", "ci"); err == nil || !strings.Contains(err.Error(), "404") {
+		t.Fatalf("keys rm of a removed key: %v\n%s", err, out)
 	}
 }

@@ -44,6 +44,12 @@ type Backend interface {
 	ListProxies(ctx context.Context) ([]*operatorv1.Proxy, error)
 	// ListTenants returns the tenants with budgets the proxies report, sorted by name.
 	ListTenants(ctx context.Context) ([]*operatorv1.Tenant, error)
+	// ListAPIKeys returns the API keys given to proxies, sorted by id, without the keys
+	// themselves; PutAPIKey stores one (by its id, its key turned into its SHA-256) and
+	// returns it as stored; DeleteAPIKey deletes one (ErrNotFound when there is none).
+	ListAPIKeys(ctx context.Context) ([]*operatorv1.ApiKey, error)
+	PutAPIKey(ctx context.Context, k *operatorv1.ApiKey) (*operatorv1.ApiKey, error)
+	DeleteAPIKey(ctx context.Context, id string) error
 	// StartRollout starts a rollout of the candidate (its version cleared) as spec says
 	// (ErrConflict while one runs); GetRollout returns the running or latest rollout
 	// (ErrNotFound when none ever ran); ControlRollout applies one of RolloutActions.

@@ -258,6 +258,17 @@ func TestHTTPRoutes(t *testing.T) {
 				t.Errorf("tenants: %v", l)
 			}
 		}},
+		{name: "put key", method: "PUT", path: "/v1/keys/ci", tok: token, want: 200, body: `{"key": "sk-ci", "tenant": "acme", "rps": 5}`,
+			check: func(t *testing.T, r response, b *apitest.Backend) {
+				k := unmarshal(t, r, &operatorv1.ApiKey{})
+				if k.GetId() != "ci" || k.GetKey() != "" || k.GetTenant() != "acme" {
+					t.Errorf("stored key: %v", k)
+				}
+			}},
+		{name: "put key, ids differ", method: "PUT", path: "/v1/keys/ci", tok: token, want: 400, body: `{"id": "other", "key": "sk-ci", "tenant": "acme"}`},
+		{name: "put key, no key", method: "PUT", path: "/v1/keys/ci", tok: token, want: 400, body: `{"tenant": "acme"}`},
+		{name: "put key, no token", method: "PUT", path: "/v1/keys/ci", want: 401, body: `{"key": "sk-ci", "tenant": "acme"}`},
+		{name: "delete key, none", method: "DELETE", path: "/v1/keys/nope", tok: token, want: 404},
 		{name: "healthz", method: "GET", path: "/healthz", want: 200, check: func(t *testing.T, r response, _ *apitest.Backend) {
 			if !strings.Contains(r.body, `"ok"`) {
 				t.Errorf("body: %s", r.body)
@@ -479,6 +490,11 @@ func (b errBackend) SetPolicy(context.Context, *operatorv1.Policy) (*operatorv1.
 func (b errBackend) GetIndex(context.Context) (*operatorv1.Index, error)       { return nil, b.err }
 func (b errBackend) ListProxies(context.Context) ([]*operatorv1.Proxy, error)  { return nil, b.err }
 func (b errBackend) ListTenants(context.Context) ([]*operatorv1.Tenant, error) { return nil, b.err }
+func (b errBackend) ListAPIKeys(context.Context) ([]*operatorv1.ApiKey, error) { return nil, b.err }
+func (b errBackend) PutAPIKey(context.Context, *operatorv1.ApiKey) (*operatorv1.ApiKey, error) {
+	return nil, b.err
+}
+func (b errBackend) DeleteAPIKey(context.Context, string) error { return b.err }
 func (b errBackend) StartRollout(context.Context, *operatorv1.Policy, *operatorv1.RolloutSpec) (*operatorv1.Rollout, error) {
 	return nil, b.err
 }
@@ -533,6 +549,12 @@ func TestErrorMapping(t *testing.T) {
 				{"GetIndex", func() error { _, err := c.GetIndex(ctx, &operatorv1.GetIndexRequest{}); return err }, "GET", "/v1/index", ""},
 				{"ListProxies", func() error { _, err := c.ListProxies(ctx, &operatorv1.ListProxiesRequest{}); return err }, "GET", "/v1/proxies", ""},
 				{"ListTenants", func() error { _, err := c.ListTenants(ctx, &operatorv1.ListTenantsRequest{}); return err }, "GET", "/v1/tenants", ""},
+				{"ListApiKeys", func() error { _, err := c.ListApiKeys(ctx, &operatorv1.ListApiKeysRequest{}); return err }, "GET", "/v1/keys", ""},
+				{"PutApiKey", func() error {
+					_, err := c.PutApiKey(ctx, &operatorv1.PutApiKeyRequest{Key: &operatorv1.ApiKey{Id: "k", Key: "sk", Tenant: "t"}})
+					return err
+				}, "PUT", "/v1/keys/k", `{"key": "sk", "tenant": "t"}`},
+				{"DeleteApiKey", func() error { _, err := c.DeleteApiKey(ctx, &operatorv1.DeleteApiKeyRequest{Id: "k"}); return err }, "DELETE", "/v1/keys/k", ""},
 				{"StartRollout", func() error {
 					_, err := c.StartRollout(ctx, &operatorv1.StartRolloutRequest{Candidate: &operatorv1.Policy{Policy: "kv"}})
 					return err

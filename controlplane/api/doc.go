@@ -22,6 +22,9 @@
 //	GET    /v1/index                 Index
 //	GET    /v1/proxies               ListProxiesResponse
 //	GET    /v1/tenants               ListTenantsResponse
+//	GET    /v1/keys                  ListApiKeysResponse: ids, SHA-256s, tenants, never keys
+//	PUT    /v1/keys/{id}             body ApiKey (the key or its sha256) → ApiKey as stored
+//	DELETE /v1/keys/{id}             DeleteApiKeyResponse
 //	GET    /healthz                  {"status":"ok"}, never authenticated
 //
 // Errors are {"error": {"message": "...", "code": "not_found"}} with the status 400

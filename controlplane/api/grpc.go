@@ -99,6 +99,18 @@ func (s *grpcServer) ListTenants(ctx context.Context, _ *operatorv1.ListTenantsR
 	return call(s, ctx, false, func() (*operatorv1.ListTenantsResponse, error) { return s.ops.listTenants(ctx) })
 }
 
+func (s *grpcServer) ListApiKeys(ctx context.Context, _ *operatorv1.ListApiKeysRequest) (*operatorv1.ListApiKeysResponse, error) {
+	return call(s, ctx, false, func() (*operatorv1.ListApiKeysResponse, error) { return s.ops.listAPIKeys(ctx) })
+}
+
+func (s *grpcServer) PutApiKey(ctx context.Context, req *operatorv1.PutApiKeyRequest) (*operatorv1.ApiKey, error) {
+	return call(s, ctx, true, func() (*operatorv1.ApiKey, error) { return s.ops.putAPIKey(ctx, req.GetKey()) })
+}
+
+func (s *grpcServer) DeleteApiKey(ctx context.Context, req *operatorv1.DeleteApiKeyRequest) (*operatorv1.DeleteApiKeyResponse, error) {
+	return call(s, ctx, true, func() (*operatorv1.DeleteApiKeyResponse, error) { return s.ops.deleteAPIKey(ctx, req.GetId()) })
+}
+
 func (s *grpcServer) StartRollout(ctx context.Context, req *operatorv1.StartRolloutRequest) (*operatorv1.Rollout, error) {
 	return call(s, ctx, true, func() (*operatorv1.Rollout, error) { return s.ops.startRollout(ctx, req) })
 }

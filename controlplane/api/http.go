@@ -121,6 +121,31 @@ func Handler(b Backend, opts Options) http.Handler {
 			return h.ops.listTenants(ctx)
 		}},
 	}))
+	mux.HandleFunc("/v1/keys", h.methods(map[string]route{
+		http.MethodGet: {read: true, fn: func(ctx context.Context, _ *http.Request) (proto.Message, error) {
+			return h.ops.listAPIKeys(ctx)
+		}},
+	}))
+	mux.HandleFunc("/v1/keys/{id}", h.methods(map[string]route{
+		http.MethodPut: {fn: func(ctx context.Context, r *http.Request) (proto.Message, error) {
+			k := new(operatorv1.ApiKey)
+			if err := decodeBody(r, k); err != nil {
+				return nil, err
+			}
+			id := r.PathValue("id")
+			switch k.Id {
+			case "":
+				k.Id = id
+			case id:
+			default:
+				return nil, invalidf("the body's id %q is not the path's %q", k.Id, id)
+			}
+			return h.ops.putAPIKey(ctx, k)
+		}},
+		http.MethodDelete: {fn: func(ctx context.Context, r *http.Request) (proto.Message, error) {
+			return h.ops.deleteAPIKey(ctx, r.PathValue("id"))
+		}},
+	}))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, &Error{Code: codes.NotFound, Message: fmt.Sprintf("no operator API route %s", r.URL.Path)})
 	})

@@ -87,6 +87,34 @@ func (o ops) listTenants(ctx context.Context) (*operatorv1.ListTenantsResponse, 
 	return &operatorv1.ListTenantsResponse{Tenants: dropNil(ts)}, nil
 }
 
+func (o ops) listAPIKeys(ctx context.Context) (*operatorv1.ListApiKeysResponse, error) {
+	ks, err := o.b.ListAPIKeys(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &operatorv1.ListApiKeysResponse{Keys: dropNil(ks)}, nil
+}
+
+func (o ops) putAPIKey(ctx context.Context, k *operatorv1.ApiKey) (*operatorv1.ApiKey, error) {
+	if k == nil || k.GetId() == "" {
+		return nil, invalidf("missing API key id")
+	}
+	if k.GetKey() == "" && k.GetSha256() == "" {
+		return nil, invalidf("API key %q: give the key or its sha256", k.GetId())
+	}
+	return orEmpty(o.b.PutAPIKey(ctx, k))
+}
+
+func (o ops) deleteAPIKey(ctx context.Context, id string) (*operatorv1.DeleteApiKeyResponse, error) {
+	if id == "" {
+		return nil, invalidf("missing API key id")
+	}
+	if err := o.b.DeleteAPIKey(ctx, id); err != nil {
+		return nil, err
+	}
+	return &operatorv1.DeleteApiKeyResponse{}, nil
+}
+
 func (o ops) startRollout(ctx context.Context, req *operatorv1.StartRolloutRequest) (*operatorv1.Rollout, error) {
 	c := req.GetCandidate()
 	if c == nil {

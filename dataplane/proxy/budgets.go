@@ -13,9 +13,19 @@ import (
 // that the proxies together admit the limit and not N times it. Until the first answer, and
 // without a control plane, a proxy admits the whole limit itself.
 
+// applyKeys takes the API keys the control plane gives beside the keys file's (checked by
+// Keys.CheckRemote before).
+func (s *Server) applyKeys(keys string) {
+	if err := s.keys.SetRemote(keys); err != nil {
+		s.log.Error("the control plane's API keys not taken; the keys in force stay", "err", err)
+		return
+	}
+	s.log.Info("API keys from the control plane", "tenants", len(s.keys.Table().Tenants()), "checking keys", s.keys.Active())
+}
+
 // tenantDemand is what the tenants with budgets asked of this proxy since the last report.
 func (s *Server) tenantDemand() []*xdsv1.TenantDemand {
-	if s.keys == nil {
+	if !s.keys.Active() {
 		return nil
 	}
 	now := time.Now()
@@ -33,7 +43,7 @@ func (s *Server) tenantDemand() []*xdsv1.TenantDemand {
 
 // applyGrants gives each tenant named its share of its budgets on this proxy.
 func (s *Server) applyGrants(gs []*xdsv1.TenantGrant) {
-	if s.keys == nil {
+	if !s.keys.Active() {
 		return
 	}
 	tenants := s.keys.Table().Tenants()

@@ -301,7 +301,7 @@ func (cc *clientConn) captureHead() {
 	cc.path = append(cc.path[:0], r.Path...)
 	cc.keepAlive = r.KeepAlive
 	cc.proto10 = r.ProtoMinor == 0
-	if cc.srv.keys != nil {
+	if cc.srv.keys.Active() {
 		// The client's key is the proxy's to check, not the engines' to see.
 		cc.auth = append(cc.auth[:0], r.Authorization...)
 		cc.fwd = http1.AppendForwardHeaders(cc.fwd[:0], r.Header.All(), forwardWithoutKey)
@@ -411,7 +411,7 @@ func (cc *clientConn) handle() {
 		return
 	}
 	cc.tenant, cc.tm, cc.resv = nil, nil, tenant.Reservation{}
-	if s.keys != nil {
+	if s.keys.Active() {
 		if cc.tenant = s.keys.Lookup(cc.auth); cc.tenant == nil {
 			s.metrics.tenantRefused.WithLabelValues("", "invalid_api_key").Inc()
 			cc.errorReplyHeader(401, "Incorrect API key provided. Send the key as Authorization: Bearer <key>.", "", "invalid_api_key",

@@ -95,13 +95,13 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 		loops:     map[gnet.EventLoop]*loop{},
 	}
 	s.core = decide.NewCore(cfg.decideConfig(), s.metrics.reg, log)
-	if cfg.APIKeysFile != "" {
-		k, err := tenant.NewKeys(cfg.APIKeysFile, log)
-		if err != nil {
-			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
-		}
-		s.keys = k
+	// Keys come from the file and, following a control plane, from its operator API; with
+	// neither, none are checked (Keys.Active).
+	k, err := tenant.NewKeys(cfg.APIKeysFile, log)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
+	s.keys = k
 	s.models.Store(new([]byte))
 	s.tokenizeSlots = make(chan struct{}, max(1, runtime.GOMAXPROCS(0)/2))
 	s.pdClient = newPDClient(cfg.ConnectTimeout)
@@ -177,7 +177,7 @@ func (s *Server) Start(ctx context.Context) error {
 
 // watchKeys reads the API keys file again while the proxy runs, when it changed.
 func (s *Server) watchKeys() {
-	if s.keys == nil {
+	if s.cfg.APIKeysFile == "" {
 		return
 	}
 	ctx, cancel := context.WithCancel(context.Background())

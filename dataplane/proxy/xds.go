@@ -152,6 +152,8 @@ func (s *Server) setupXDS(ctx context.Context) error {
 		OnUpdate:       s.applyXDS,
 		ValidateWorker: s.checkWorker,
 		ValidatePolicy: s.checkPolicy,
+		ValidateKeys:   s.keys.CheckRemote,
+		OnKeys:         s.applyKeys,
 	})
 	if err != nil {
 		conn.Close()

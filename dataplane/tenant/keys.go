@@ -2,10 +2,12 @@ package tenant
 
 import (
 	"context"
+	"crypto/sha256"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -13,11 +15,21 @@ import (
 // Keys is a keys file kept current: read at NewKeys and again when it changes (Watch), a
 // tenant's budgets carried over when its limits stay. A file that turns unreadable or
 // malformed leaves the keys in force, and says so in the log. Safe for concurrent use.
+//
+// Keys given through a control plane (SetRemote) count beside the file's: a key in either is
+// a key. With neither a file nor remote keys, keys are not checked (Active is false).
 type Keys struct {
 	file  string
 	log   *slog.Logger
 	table atomic.Pointer[Table]
 	stamp fileStamp
+
+	// mu serialises reloads and SetRemote; text is the file's last good content, remote the
+	// control plane's keys in force.
+	mu     sync.Mutex
+	text   []byte
+	remote string
+	active atomic.Bool
 }
 
 // fileStamp is what tells a changed file: its size and modification time, and which file it
@@ -47,16 +59,67 @@ func stamp(file string) (fileStamp, error) {
 	return fileStamp{size: fi.Size(), mod: fi.ModTime(), path: path, dev: dev, ino: ino}, nil
 }
 
-// NewKeys reads file; an error names what is wrong with it.
+// NewKeys reads file ("": none, keys only from SetRemote); an error names what is wrong
+// with it.
 func NewKeys(file string, log *slog.Logger) (*Keys, error) {
 	if log == nil {
 		log = slog.Default()
 	}
 	k := &Keys{file: file, log: log}
+	if file == "" {
+		k.table.Store(&Table{keys: map[[sha256.Size]byte]*Tenant{}, tenants: map[string]*Tenant{}})
+		return k, nil
+	}
+	k.active.Store(true)
 	if err := k.reload(); err != nil {
 		return nil, err
 	}
 	return k, nil
+}
+
+// Active reports whether requests must carry a key: there is a keys file, or keys from a
+// control plane.
+func (k *Keys) Active() bool { return k.active.Load() }
+
+// CheckRemote reports what is wrong with keys a control plane gives (keys file lines), alone
+// or beside the file's, without taking them.
+func (k *Keys) CheckRemote(remote string) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	_, err := k.parse(k.text, remote)
+	return err
+}
+
+// SetRemote takes the keys a control plane gives (keys file lines; "" none) beside the
+// file's, or refuses them with what is wrong and keeps those in force.
+func (k *Keys) SetRemote(remote string) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	t, err := k.parse(k.text, remote)
+	if err != nil {
+		return err
+	}
+	carry(k.table.Load(), t)
+	k.table.Store(t)
+	k.remote = remote
+	k.active.Store(k.file != "" || remote != "")
+	return nil
+}
+
+// parse parses the file's text and the control plane's keys together.
+func (k *Keys) parse(text []byte, remote string) (*Table, error) {
+	if remote == "" {
+		return Parse(text)
+	}
+	if _, err := Parse([]byte(remote)); err != nil {
+		return nil, fmt.Errorf("the control plane's API keys: %w", err)
+	}
+	all := append(append(append([]byte(nil), text...), '\n'), remote...)
+	t, err := Parse(all)
+	if err != nil {
+		return nil, fmt.Errorf("the control plane's API keys beside the keys file: %w", err)
+	}
+	return t, nil
 }
 
 // Table is the keys in force.
@@ -67,6 +130,8 @@ func (k *Keys) Lookup(authorization []byte) *Tenant { return k.table.Load().Look
 
 // reload reads the file when it changed since the last read.
 func (k *Keys) reload() error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
 	st, err := stamp(k.file)
 	if err != nil {
 		return fmt.Errorf("api keys file: %w", err)
@@ -78,13 +143,13 @@ func (k *Keys) reload() error {
 	if err != nil {
 		return fmt.Errorf("api keys file: %w", err)
 	}
-	t, err := Parse(b)
+	t, err := k.parse(b, k.remote)
 	if err != nil {
 		return fmt.Errorf("%s: %w", k.file, err)
 	}
 	carry(k.table.Load(), t)
 	k.table.Store(t)
-	k.stamp = st
+	k.stamp, k.text = st, b
 	return nil
 }
 

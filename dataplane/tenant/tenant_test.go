@@ -424,3 +424,79 @@ func TestShareAndDemand(t *testing.T) {
 		t.Fatalf("shares %v after SetShare(0, 7, NaN)", got)
 	}
 }
+
+// Keys from a control plane count beside the file's; keys that contradict the file are
+// refused and those in force stay; without a file, keys are checked only while the control
+// plane gives some.
+func TestRemoteKeys(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "keys")
+	if err := os.WriteFile(file, []byte("sk-file tenant=files,rps=5"), 0o600); err != nil { // no final newline
+		t.Fatal(err)
+	}
+	k, err := NewKeys(file, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256([]byte("sk-op"))
+	op := "sha256:" + hex.EncodeToString(sum[:]) + " tenant=acme\n"
+	if err := k.SetRemote(op); err != nil || !k.Active() {
+		t.Fatalf("SetRemote: %v, active %v", err, k.Active())
+	}
+	if k.Lookup([]byte("Bearer sk-op")) == nil || k.Lookup([]byte("Bearer sk-file")) == nil {
+		t.Fatal("a key of the file or of the control plane not found")
+	}
+	files := k.Lookup([]byte("Bearer sk-file"))
+	for _, bad := range []string{"sk-x tenant=files,rps=6\n", "nonsense\n", "sk-file tenant=other\n"} {
+		if err := k.CheckRemote(bad); err == nil {
+			t.Errorf("CheckRemote(%q): nil, want a refusal", bad)
+		}
+		if err := k.SetRemote(bad); err == nil || !strings.Contains(err.Error(), "control plane") {
+			t.Errorf("SetRemote(%q): %v, want a refusal naming the control plane's keys", bad, err)
+		}
+	}
+	if k.Lookup([]byte("Bearer sk-op")) == nil || k.Lookup([]byte("Bearer sk-file")) != files {
+		t.Fatal("refused keys changed the keys in force")
+	}
+	if err := k.SetRemote(""); err != nil || k.Lookup([]byte("Bearer sk-op")) != nil || !k.Active() {
+		t.Fatalf("keys taken away: %v, active %v", err, k.Active())
+	}
+
+	none, err := NewKeys("", nil)
+	if err != nil || none.Active() {
+		t.Fatalf("no file: %v, active %v", err, none.Active())
+	}
+	if err := none.SetRemote(op); err != nil || !none.Active() || none.Lookup([]byte("Bearer sk-op")) == nil {
+		t.Fatalf("no file, keys from the control plane: %v, active %v", err, none.Active())
+	}
+	if err := none.SetRemote(""); err != nil || none.Active() {
+		t.Fatalf("no file, the control plane's keys gone: %v, active %v", err, none.Active())
+	}
+}
+
+// FuzzRemoteKeys: any text a control plane gives is taken or refused whole, without a panic.
+func FuzzRemoteKeys(f *testing.F) {
+	f.Add("sk tenant=a,rps=1\n")
+	f.Add("sha256:" + strings.Repeat("ab", 32) + " tenant=b,cache=r\n# c\n")
+	f.Add("sk-file tenant=x\n")
+	f.Add("\x00 tenant=\xff")
+	f.Fuzz(func(t *testing.T, remote string) {
+		file := filepath.Join(t.TempDir(), "keys")
+		if err := os.WriteFile(file, []byte("sk-file tenant=files,rps=5\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		k, err := NewKeys(file, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		before := k.Table()
+		if err := k.SetRemote(remote); err != nil {
+			if k.Table() != before {
+				t.Fatal("a refused text changed the keys in force")
+			}
+			return
+		}
+		if k.Lookup([]byte("Bearer sk-file")) == nil {
+			t.Fatal("the file's key lost")
+		}
+	})
+}

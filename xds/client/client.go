@@ -42,6 +42,13 @@ type Options struct {
 	// goroutine.
 	ValidateWorker func(*xdsv1.Worker) error
 	ValidatePolicy func(*xdsv1.RoutingPolicy) error
+	// OnKeys receives the API keys given through the control plane's operator API (as keys
+	// file lines; "" when none) each time they change, and ValidateKeys checks them first (a
+	// refusal NACKs them and keeps the previous ones). Both are called from Run's goroutine,
+	// before the response is acknowledged. Unlike workers and the policy, keys are not
+	// waited for by Synced: a control plane may serve none.
+	OnKeys       func(keys string)
+	ValidateKeys func(keys string) error
 	// BackoffBase and BackoffMax bound the jittered exponential wait before reopening a
 	// broken stream (defaults DefaultBackoffBase and DefaultBackoffMax).
 	BackoffBase, BackoffMax time.Duration
@@ -112,6 +119,9 @@ func New(conn grpc.ClientConnInterface, opts Options) (*Client, error) {
 		st:        newState(opts.ValidateWorker, opts.ValidatePolicy),
 		synced:    make(chan struct{}),
 		seenTypes: make(map[string]bool),
+	}
+	if opts.ValidateKeys != nil {
+		c.st.validateKeys = func(k *xdsv1.TenantKeys) error { return opts.ValidateKeys(k.GetKeys()) }
 	}
 	c.snap.Store(&snapshot{})
 	return c, nil
@@ -216,6 +226,12 @@ func (c *Client) handle(resp *discovery.DeltaDiscoveryResponse) *discovery.Delta
 	c.resources.Add(uint64(len(resp.GetResources())))
 	c.removals.Add(uint64(len(resp.GetRemovedResources())))
 	changed, err := c.st.apply(resp)
+	if changed && resp.GetTypeUrl() == xds.KeysType {
+		if c.opts.OnKeys != nil {
+			c.opts.OnKeys(c.st.keysText())
+		}
+		changed = false // workers and policy stand
+	}
 	if changed {
 		ws, p := c.st.snapshot()
 		c.snap.Store(&snapshot{workers: ws, policy: p})
@@ -225,7 +241,7 @@ func (c *Client) handle(resp *discovery.DeltaDiscoveryResponse) *discovery.Delta
 	}
 	if typ := resp.GetTypeUrl(); (typ == xds.WorkerType || typ == xds.PolicyType) && !c.seenTypes[typ] {
 		c.seenTypes[resp.GetTypeUrl()] = true
-		if len(c.seenTypes) == len(xds.TypeURLs()) {
+		if len(c.seenTypes) == 2 { // workers and policy; keys are optional
 			c.syncedOnce.Do(func() { close(c.synced) })
 		}
 	}

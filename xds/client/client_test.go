@@ -201,12 +201,12 @@ func TestWorkersReachClientExactly(t *testing.T) {
 	}
 	waitUntil(t, "initial state", hasState(p, ws, policy))
 	// The client applies a response (the state above) before it counts the ACK it sends.
-	waitUntil(t, "client to count its ACKs", func() bool { return p.c.Stats().ACKs+p.c.Stats().NACKs >= 2 })
+	waitUntil(t, "client to count its ACKs", func() bool { return p.c.Stats().ACKs+p.c.Stats().NACKs >= 3 })
 	st := p.c.Stats()
-	if st.Responses != 2 || st.Resources != 4 || st.ACKs != 2 || st.NACKs != 0 || !st.Connected {
-		t.Fatalf("after sync: %+v, want 2 responses (3 workers, 1 policy), 2 ACKs", st)
+	if st.Responses != 3 || st.Resources != 4 || st.ACKs != 3 || st.NACKs != 0 || !st.Connected {
+		t.Fatalf("after sync: %+v, want 3 responses (3 workers, 1 policy, no API keys), 3 ACKs", st)
 	}
-	waitUntil(t, "server to count the ACKs", func() bool { return srv.Stats().ACKs == 2 })
+	waitUntil(t, "server to count the ACKs", func() bool { return srv.Stats().ACKs == 3 })
 	if got := srv.Stats().Proxies; got["proxy-a"] != 1 || len(got) != 1 {
 		t.Fatalf("server sees proxies %v", got)
 	}
@@ -681,4 +681,48 @@ func TestStreamsPerPeerAreBounded(t *testing.T) {
 	if srv.Stats().RefusedStreams == 0 {
 		t.Fatal("refusals not counted")
 	}
+}
+
+// The API keys the control plane publishes reach the proxy's OnKeys; keys its ValidateKeys
+// refuses are NACKed and the previous ones kept; removing them gives "".
+func TestKeysReachClient(t *testing.T) {
+	srv := server.New(server.Options{})
+	if err := srv.SetWorkers(workers(1)); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.SetKeys("sha256:aa tenant=a\n"); err != nil {
+		t.Fatal(err)
+	}
+	cp := startControlPlane(t, "127.0.0.1:0", srv)
+	var mu sync.Mutex
+	var got []string
+	p := startProxy(t, cp.addr, "proxy-a", client.Options{
+		OnKeys: func(k string) { mu.Lock(); got = append(got, k); mu.Unlock() },
+		ValidateKeys: func(k string) error {
+			if strings.Contains(k, "bad") {
+				return errors.New("line 1: bad key")
+			}
+			return nil
+		},
+	})
+	last := func() string {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(got) == 0 {
+			return "(none)"
+		}
+		return got[len(got)-1]
+	}
+	waitUntil(t, "the first keys", func() bool { return last() == "sha256:aa tenant=a\n" })
+	if err := srv.SetKeys("sha256:bad tenant=a\n"); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the bad keys NACKed", func() bool { return p.c.Stats().NACKs == 1 })
+	if !strings.Contains(p.c.Stats().LastNACK, "bad key") || last() != "sha256:aa tenant=a\n" {
+		t.Fatalf("after bad keys: NACK %q, keys %q", p.c.Stats().LastNACK, last())
+	}
+	if err := srv.SetKeys(""); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the keys removed", func() bool { return last() == "" })
 }

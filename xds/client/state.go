@@ -18,9 +18,11 @@ import (
 type state struct {
 	validateWorker func(*xdsv1.Worker) error
 	validatePolicy func(*xdsv1.RoutingPolicy) error
+	validateKeys   func(*xdsv1.TenantKeys) error
 
 	workers map[string]versioned[*xdsv1.Worker]
 	policy  *versioned[*xdsv1.RoutingPolicy]
+	keys    *versioned[*xdsv1.TenantKeys]
 }
 
 type versioned[T any] struct {
@@ -48,6 +50,10 @@ func (s *state) versions(typeURL string) map[string]string {
 	case xds.PolicyType:
 		if s.policy != nil {
 			return map[string]string{xds.PolicyName: s.policy.version}
+		}
+	case xds.KeysType:
+		if s.keys != nil {
+			return map[string]string{xds.KeysName: s.keys.version}
 		}
 	}
 	return nil
@@ -104,10 +110,40 @@ func (s *state) apply(resp *discovery.DeltaDiscoveryResponse) (changed bool, err
 				changed = true
 			}
 		}
+	case xds.KeysType:
+		for _, r := range resp.GetResources() {
+			k, err := xds.DecodeKeys(r.GetName(), r.GetResource())
+			if err == nil && s.validateKeys != nil {
+				err = s.validateKeys(k)
+			}
+			if err != nil {
+				errs = append(errs, fmt.Errorf("refusing API keys %q version %q: %w", r.GetName(), r.GetVersion(), err))
+				continue
+			}
+			if s.keys != nil && s.keys.version == r.GetVersion() && r.GetVersion() != "" {
+				continue
+			}
+			s.keys = &versioned[*xdsv1.TenantKeys]{version: r.GetVersion(), value: k}
+			changed = true
+		}
+		for _, name := range resp.GetRemovedResources() {
+			if name == xds.KeysName && s.keys != nil {
+				s.keys = nil
+				changed = true
+			}
+		}
 	default:
 		return false, fmt.Errorf("applying delta response: unknown type %q", resp.GetTypeUrl())
 	}
 	return changed, errors.Join(errs...)
+}
+
+// keysText is the API keys' text ("" when none).
+func (s *state) keysText() string {
+	if s.keys == nil {
+		return ""
+	}
+	return s.keys.value.GetKeys()
 }
 
 // snapshot returns the current workers sorted by id and the policy (nil when none).

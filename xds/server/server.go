@@ -226,6 +226,7 @@ type Server struct {
 	grpc    *grpc.Server
 	workers *cache.LinearCache
 	policy  *cache.LinearCache
+	keys    *cache.LinearCache
 	load    *loadStore
 	tenants tenantShares
 
@@ -240,6 +241,7 @@ type Server struct {
 	refusedConns    atomic.Uint64
 	published       map[string]*xdsv1.Worker
 	publishedPolicy *xdsv1.RoutingPolicy
+	publishedKeys   string
 
 	// streamMu guards the ADS stream bookkeeping below.
 	streamMu sync.Mutex
@@ -262,6 +264,7 @@ func New(opts Options) *Server {
 		cancel:      cancel,
 		workers:     cache.NewLinearCache(xds.WorkerType),
 		policy:      cache.NewLinearCache(xds.PolicyType),
+		keys:        cache.NewLinearCache(xds.KeysType),
 		published:   make(map[string]*xdsv1.Worker),
 		nodes:       make(map[int64]string),
 		proxies:     make(map[string]int),
@@ -275,6 +278,7 @@ func New(opts Options) *Server {
 		Caches: map[string]cache.Cache{
 			xds.WorkerType: s.workers,
 			xds.PolicyType: s.policy,
+			xds.KeysType:   s.keys,
 		},
 	}
 	gopts := append([]grpc.ServerOption{
@@ -498,6 +502,30 @@ func (s *Server) SetPolicy(p *xdsv1.RoutingPolicy) error {
 	s.publishedPolicy = proto.Clone(p).(*xdsv1.RoutingPolicy)
 	if err := s.policy.UpdateResource(xds.PolicyName, s.publishedPolicy); err != nil {
 		return fmt.Errorf("setting routing policy: %w", err)
+	}
+	return nil
+}
+
+// SetKeys publishes the API keys given through the operator API, as keys file lines (pushed
+// only if they differ from the current ones); "" removes them.
+func (s *Server) SetKeys(keys string) error {
+	s.pubMu.Lock()
+	defer s.pubMu.Unlock()
+	if keys == s.publishedKeys {
+		return nil
+	}
+	if len(keys) > xds.MaxKeysLen {
+		return fmt.Errorf("publishing API keys: %d bytes, at most %d", len(keys), xds.MaxKeysLen)
+	}
+	s.publishedKeys = keys
+	if keys == "" {
+		if err := s.keys.DeleteResource(xds.KeysName); err != nil {
+			return fmt.Errorf("removing API keys: %w", err)
+		}
+		return nil
+	}
+	if err := s.keys.UpdateResource(xds.KeysName, &xdsv1.TenantKeys{Keys: keys}); err != nil {
+		return fmt.Errorf("publishing API keys: %w", err)
 	}
 	return nil
 }

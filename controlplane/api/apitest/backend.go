@@ -28,6 +28,7 @@ type Backend struct {
 	index   *operatorv1.Index
 	proxies []*operatorv1.Proxy
 	tenants []*operatorv1.Tenant
+	keys    []*operatorv1.ApiKey
 	calls   []string
 	rollout *operatorv1.Rollout
 	history []*operatorv1.PolicyChange
@@ -243,6 +244,36 @@ func (b *Backend) GetIndex(context.Context) (*operatorv1.Index, error) {
 	defer b.mu.Unlock()
 	b.called("GetIndex")
 	return proto.CloneOf(b.index), nil
+}
+
+func (b *Backend) ListAPIKeys(context.Context) ([]*operatorv1.ApiKey, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.called("ListAPIKeys")
+	return clones(b.keys), nil
+}
+
+func (b *Backend) PutAPIKey(_ context.Context, k *operatorv1.ApiKey) (*operatorv1.ApiKey, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.called("PutAPIKey")
+	k = proto.CloneOf(k)
+	k.Key = ""
+	b.keys = slices.DeleteFunc(b.keys, func(o *operatorv1.ApiKey) bool { return o.GetId() == k.GetId() })
+	b.keys = append(b.keys, k)
+	return proto.CloneOf(k), nil
+}
+
+func (b *Backend) DeleteAPIKey(_ context.Context, id string) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.called("DeleteAPIKey")
+	n := len(b.keys)
+	b.keys = slices.DeleteFunc(b.keys, func(o *operatorv1.ApiKey) bool { return o.GetId() == id })
+	if len(b.keys) == n {
+		return fmt.Errorf("%w: API key %q", api.ErrNotFound, id)
+	}
+	return nil
 }
 
 // SetTenants sets what ListTenants returns.

@@ -1839,6 +1839,325 @@ func (x *Tenant) GetRefused() uint64 {
 	return 0
 }
 
+// ApiKey is an API key the control plane gives its proxies, which check requests against it
+// beside their own keys files: the operator's name for it (id), the key's SHA-256 (the key
+// itself is neither stored nor shown), and the tenant it maps to with the tenant's weight,
+// budgets and cache region (as a line of a keys file gives them; 0 or "": none). The keys of
+// one tenant agree on its weight, budgets and region.
+type ApiKey struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// sha256 is the key's SHA-256 in hex; a PUT gives it or the key.
+	Sha256 string `protobuf:"bytes,2,opt,name=sha256,proto3" json:"sha256,omitempty"`
+	// key is the key itself, on a PUT only: the control plane keeps its SHA-256 and forgets it.
+	Key           string  `protobuf:"bytes,3,opt,name=key,proto3" json:"key,omitempty"`
+	Tenant        string  `protobuf:"bytes,4,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Weight        float64 `protobuf:"fixed64,5,opt,name=weight,proto3" json:"weight,omitempty"`
+	Rps           float64 `protobuf:"fixed64,6,opt,name=rps,proto3" json:"rps,omitempty"`
+	PromptTps     float64 `protobuf:"fixed64,7,opt,name=prompt_tps,json=promptTps,proto3" json:"prompt_tps,omitempty"`
+	OutputTpm     float64 `protobuf:"fixed64,8,opt,name=output_tpm,json=outputTpm,proto3" json:"output_tpm,omitempty"`
+	Cache         string  `protobuf:"bytes,9,opt,name=cache,proto3" json:"cache,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ApiKey) Reset() {
+	*x = ApiKey{}
+	mi := &file_operator_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ApiKey) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ApiKey) ProtoMessage() {}
+
+func (x *ApiKey) ProtoReflect() protoreflect.Message {
+	mi := &file_operator_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ApiKey.ProtoReflect.Descriptor instead.
+func (*ApiKey) Descriptor() ([]byte, []int) {
+	return file_operator_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *ApiKey) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *ApiKey) GetSha256() string {
+	if x != nil {
+		return x.Sha256
+	}
+	return ""
+}
+
+func (x *ApiKey) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *ApiKey) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *ApiKey) GetWeight() float64 {
+	if x != nil {
+		return x.Weight
+	}
+	return 0
+}
+
+func (x *ApiKey) GetRps() float64 {
+	if x != nil {
+		return x.Rps
+	}
+	return 0
+}
+
+func (x *ApiKey) GetPromptTps() float64 {
+	if x != nil {
+		return x.PromptTps
+	}
+	return 0
+}
+
+func (x *ApiKey) GetOutputTpm() float64 {
+	if x != nil {
+		return x.OutputTpm
+	}
+	return 0
+}
+
+func (x *ApiKey) GetCache() string {
+	if x != nil {
+		return x.Cache
+	}
+	return ""
+}
+
+type ListApiKeysRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListApiKeysRequest) Reset() {
+	*x = ListApiKeysRequest{}
+	mi := &file_operator_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListApiKeysRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListApiKeysRequest) ProtoMessage() {}
+
+func (x *ListApiKeysRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_operator_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListApiKeysRequest.ProtoReflect.Descriptor instead.
+func (*ListApiKeysRequest) Descriptor() ([]byte, []int) {
+	return file_operator_proto_rawDescGZIP(), []int{27}
+}
+
+type ListApiKeysResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Keys          []*ApiKey              `protobuf:"bytes,1,rep,name=keys,proto3" json:"keys,omitempty"` // sorted by id
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListApiKeysResponse) Reset() {
+	*x = ListApiKeysResponse{}
+	mi := &file_operator_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListApiKeysResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListApiKeysResponse) ProtoMessage() {}
+
+func (x *ListApiKeysResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_operator_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListApiKeysResponse.ProtoReflect.Descriptor instead.
+func (*ListApiKeysResponse) Descriptor() ([]byte, []int) {
+	return file_operator_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *ListApiKeysResponse) GetKeys() []*ApiKey {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
+type PutApiKeyRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Key           *ApiKey                `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PutApiKeyRequest) Reset() {
+	*x = PutApiKeyRequest{}
+	mi := &file_operator_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PutApiKeyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PutApiKeyRequest) ProtoMessage() {}
+
+func (x *PutApiKeyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_operator_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PutApiKeyRequest.ProtoReflect.Descriptor instead.
+func (*PutApiKeyRequest) Descriptor() ([]byte, []int) {
+	return file_operator_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *PutApiKeyRequest) GetKey() *ApiKey {
+	if x != nil {
+		return x.Key
+	}
+	return nil
+}
+
+type DeleteApiKeyRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteApiKeyRequest) Reset() {
+	*x = DeleteApiKeyRequest{}
+	mi := &file_operator_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteApiKeyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteApiKeyRequest) ProtoMessage() {}
+
+func (x *DeleteApiKeyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_operator_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteApiKeyRequest.ProtoReflect.Descriptor instead.
+func (*DeleteApiKeyRequest) Descriptor() ([]byte, []int) {
+	return file_operator_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *DeleteApiKeyRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+type DeleteApiKeyResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteApiKeyResponse) Reset() {
+	*x = DeleteApiKeyResponse{}
+	mi := &file_operator_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteApiKeyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteApiKeyResponse) ProtoMessage() {}
+
+func (x *DeleteApiKeyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_operator_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteApiKeyResponse.ProtoReflect.Descriptor instead.
+func (*DeleteApiKeyResponse) Descriptor() ([]byte, []int) {
+	return file_operator_proto_rawDescGZIP(), []int{31}
+}
+
 type ListTenantsRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -1847,7 +2166,7 @@ type ListTenantsRequest struct {
 
 func (x *ListTenantsRequest) Reset() {
 	*x = ListTenantsRequest{}
-	mi := &file_operator_proto_msgTypes[26]
+	mi := &file_operator_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1859,7 +2178,7 @@ func (x *ListTenantsRequest) String() string {
 func (*ListTenantsRequest) ProtoMessage() {}
 
 func (x *ListTenantsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_operator_proto_msgTypes[26]
+	mi := &file_operator_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1872,7 +2191,7 @@ func (x *ListTenantsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTenantsRequest.ProtoReflect.Descriptor instead.
 func (*ListTenantsRequest) Descriptor() ([]byte, []int) {
-	return file_operator_proto_rawDescGZIP(), []int{26}
+	return file_operator_proto_rawDescGZIP(), []int{32}
 }
 
 type ListTenantsResponse struct {
@@ -1884,7 +2203,7 @@ type ListTenantsResponse struct {
 
 func (x *ListTenantsResponse) Reset() {
 	*x = ListTenantsResponse{}
-	mi := &file_operator_proto_msgTypes[27]
+	mi := &file_operator_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1896,7 +2215,7 @@ func (x *ListTenantsResponse) String() string {
 func (*ListTenantsResponse) ProtoMessage() {}
 
 func (x *ListTenantsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_operator_proto_msgTypes[27]
+	mi := &file_operator_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1909,7 +2228,7 @@ func (x *ListTenantsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTenantsResponse.ProtoReflect.Descriptor instead.
 func (*ListTenantsResponse) Descriptor() ([]byte, []int) {
-	return file_operator_proto_rawDescGZIP(), []int{27}
+	return file_operator_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ListTenantsResponse) GetTenants() []*Tenant {
@@ -1971,7 +2290,7 @@ type RolloutSpec struct {
 
 func (x *RolloutSpec) Reset() {
 	*x = RolloutSpec{}
-	mi := &file_operator_proto_msgTypes[28]
+	mi := &file_operator_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1983,7 +2302,7 @@ func (x *RolloutSpec) String() string {
 func (*RolloutSpec) ProtoMessage() {}
 
 func (x *RolloutSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_operator_proto_msgTypes[28]
+	mi := &file_operator_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1996,7 +2315,7 @@ func (x *RolloutSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RolloutSpec.ProtoReflect.Descriptor instead.
 func (*RolloutSpec) Descriptor() ([]byte, []int) {
-	return file_operator_proto_rawDescGZIP(), []int{28}
+	return file_operator_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *RolloutSpec) GetShadowMs() int64 {
@@ -2161,7 +2480,7 @@ type RolloutCheck struct {
 
 func (x *RolloutCheck) Reset() {
 	*x = RolloutCheck{}
-	mi := &file_operator_proto_msgTypes[29]
+	mi := &file_operator_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2173,7 +2492,7 @@ func (x *RolloutCheck) String() string {
 func (*RolloutCheck) ProtoMessage() {}
 
 func (x *RolloutCheck) ProtoReflect() protoreflect.Message {
-	mi := &file_operator_proto_msgTypes[29]
+	mi := &file_operator_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2186,7 +2505,7 @@ func (x *RolloutCheck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RolloutCheck.ProtoReflect.Descriptor instead.
 func (*RolloutCheck) Descriptor() ([]byte, []int) {
-	return file_operator_proto_rawDescGZIP(), []int{29}
+	return file_operator_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *RolloutCheck) GetMetric() string {
@@ -2316,7 +2635,7 @@ type RolloutStep struct {
 
 func (x *RolloutStep) Reset() {
 	*x = RolloutStep{}
-	mi := &file_operator_proto_msgTypes[30]
+	mi := &file_operator_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2328,7 +2647,7 @@ func (x *RolloutStep) String() string {
 func (*RolloutStep) ProtoMessage() {}
 
 func (x *RolloutStep) ProtoReflect() protoreflect.Message {
-	mi := &file_operator_proto_msgTypes[30]
+	mi := &file_operator_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2341,7 +2660,7 @@ func (x *RolloutStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RolloutStep.ProtoReflect.Descriptor instead.
 func (*RolloutStep) Descriptor() ([]byte, []int) {
-	return file_operator_proto_rawDescGZIP(), []int{30}
+	return file_operator_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *RolloutStep) GetStep() int32 {
@@ -2667,7 +2986,7 @@ type Rollout struct {
 
 func (x *Rollout) Reset() {
 	*x = Rollout{}
-	mi := &file_operator_proto_msgTypes[31]
+	mi := &file_operator_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2679,7 +2998,7 @@ func (x *Rollout) String() string {
 func (*Rollout) ProtoMessage() {}
 
 func (x *Rollout) ProtoReflect() protoreflect.Message {
-	mi := &file_operator_proto_msgTypes[31]
+	mi := &file_operator_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2692,7 +3011,7 @@ func (x *Rollout) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Rollout.ProtoReflect.Descriptor instead.
 func (*Rollout) Descriptor() ([]byte, []int) {
-	return file_operator_proto_rawDescGZIP(), []int{31}
+	return file_operator_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *Rollout) GetId() uint64 {
@@ -2812,7 +3131,7 @@ type StartRolloutRequest struct {
 
 func (x *StartRolloutRequest) Reset() {
 	*x = StartRolloutRequest{}
-	mi := &file_operator_proto_msgTypes[32]
+	mi := &file_operator_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2824,7 +3143,7 @@ func (x *StartRolloutRequest) String() string {
 func (*StartRolloutRequest) ProtoMessage() {}
 
 func (x *StartRolloutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_operator_proto_msgTypes[32]
+	mi := &file_operator_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2837,7 +3156,7 @@ func (x *StartRolloutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartRolloutRequest.ProtoReflect.Descriptor instead.
 func (*StartRolloutRequest) Descriptor() ([]byte, []int) {
-	return file_operator_proto_rawDescGZIP(), []int{32}
+	return file_operator_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *StartRolloutRequest) GetCandidate() *Policy {
@@ -2862,7 +3181,7 @@ type GetRolloutRequest struct {
 
 func (x *GetRolloutRequest) Reset() {
 	*x = GetRolloutRequest{}
-	mi := &file_operator_proto_msgTypes[33]
+	mi := &file_operator_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2874,7 +3193,7 @@ func (x *GetRolloutRequest) String() string {
 func (*GetRolloutRequest) ProtoMessage() {}
 
 func (x *GetRolloutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_operator_proto_msgTypes[33]
+	mi := &file_operator_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2887,7 +3206,7 @@ func (x *GetRolloutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRolloutRequest.ProtoReflect.Descriptor instead.
 func (*GetRolloutRequest) Descriptor() ([]byte, []int) {
-	return file_operator_proto_rawDescGZIP(), []int{33}
+	return file_operator_proto_rawDescGZIP(), []int{39}
 }
 
 type ControlRolloutRequest struct {
@@ -2900,7 +3219,7 @@ type ControlRolloutRequest struct {
 
 func (x *ControlRolloutRequest) Reset() {
 	*x = ControlRolloutRequest{}
-	mi := &file_operator_proto_msgTypes[34]
+	mi := &file_operator_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2912,7 +3231,7 @@ func (x *ControlRolloutRequest) String() string {
 func (*ControlRolloutRequest) ProtoMessage() {}
 
 func (x *ControlRolloutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_operator_proto_msgTypes[34]
+	mi := &file_operator_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2925,7 +3244,7 @@ func (x *ControlRolloutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlRolloutRequest.ProtoReflect.Descriptor instead.
 func (*ControlRolloutRequest) Descriptor() ([]byte, []int) {
-	return file_operator_proto_rawDescGZIP(), []int{34}
+	return file_operator_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ControlRolloutRequest) GetAction() string {
@@ -2948,7 +3267,7 @@ type PolicyChange struct {
 
 func (x *PolicyChange) Reset() {
 	*x = PolicyChange{}
-	mi := &file_operator_proto_msgTypes[35]
+	mi := &file_operator_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2960,7 +3279,7 @@ func (x *PolicyChange) String() string {
 func (*PolicyChange) ProtoMessage() {}
 
 func (x *PolicyChange) ProtoReflect() protoreflect.Message {
-	mi := &file_operator_proto_msgTypes[35]
+	mi := &file_operator_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2973,7 +3292,7 @@ func (x *PolicyChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PolicyChange.ProtoReflect.Descriptor instead.
 func (*PolicyChange) Descriptor() ([]byte, []int) {
-	return file_operator_proto_rawDescGZIP(), []int{35}
+	return file_operator_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *PolicyChange) GetPolicy() *Policy {
@@ -3007,7 +3326,7 @@ type PolicyHistoryRequest struct {
 
 func (x *PolicyHistoryRequest) Reset() {
 	*x = PolicyHistoryRequest{}
-	mi := &file_operator_proto_msgTypes[36]
+	mi := &file_operator_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3019,7 +3338,7 @@ func (x *PolicyHistoryRequest) String() string {
 func (*PolicyHistoryRequest) ProtoMessage() {}
 
 func (x *PolicyHistoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_operator_proto_msgTypes[36]
+	mi := &file_operator_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3032,7 +3351,7 @@ func (x *PolicyHistoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PolicyHistoryRequest.ProtoReflect.Descriptor instead.
 func (*PolicyHistoryRequest) Descriptor() ([]byte, []int) {
-	return file_operator_proto_rawDescGZIP(), []int{36}
+	return file_operator_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *PolicyHistoryRequest) GetLimit() uint32 {
@@ -3051,7 +3370,7 @@ type PolicyHistoryResponse struct {
 
 func (x *PolicyHistoryResponse) Reset() {
 	*x = PolicyHistoryResponse{}
-	mi := &file_operator_proto_msgTypes[37]
+	mi := &file_operator_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3063,7 +3382,7 @@ func (x *PolicyHistoryResponse) String() string {
 func (*PolicyHistoryResponse) ProtoMessage() {}
 
 func (x *PolicyHistoryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_operator_proto_msgTypes[37]
+	mi := &file_operator_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3076,7 +3395,7 @@ func (x *PolicyHistoryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PolicyHistoryResponse.ProtoReflect.Descriptor instead.
 func (*PolicyHistoryResponse) Descriptor() ([]byte, []int) {
-	return file_operator_proto_rawDescGZIP(), []int{37}
+	return file_operator_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *PolicyHistoryResponse) GetChanges() []*PolicyChange {
@@ -3228,7 +3547,27 @@ const file_operator_proto_rawDesc = "" +
 	"\x18prompt_tokens_per_second\x18\x04 \x01(\x01R\x15promptTokensPerSecond\x127\n" +
 	"\x18output_tokens_per_second\x18\x05 \x01(\x01R\x15outputTokensPerSecond\x12\x1a\n" +
 	"\badmitted\x18\x06 \x01(\x04R\badmitted\x12\x18\n" +
-	"\arefused\x18\a \x01(\x04R\arefused\"\x14\n" +
+	"\arefused\x18\a \x01(\x04R\arefused\"\xd8\x01\n" +
+	"\x06ApiKey\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
+	"\x06sha256\x18\x02 \x01(\tR\x06sha256\x12\x10\n" +
+	"\x03key\x18\x03 \x01(\tR\x03key\x12\x16\n" +
+	"\x06tenant\x18\x04 \x01(\tR\x06tenant\x12\x16\n" +
+	"\x06weight\x18\x05 \x01(\x01R\x06weight\x12\x10\n" +
+	"\x03rps\x18\x06 \x01(\x01R\x03rps\x12\x1d\n" +
+	"\n" +
+	"prompt_tps\x18\a \x01(\x01R\tpromptTps\x12\x1d\n" +
+	"\n" +
+	"output_tpm\x18\b \x01(\x01R\toutputTpm\x12\x14\n" +
+	"\x05cache\x18\t \x01(\tR\x05cache\"\x14\n" +
+	"\x12ListApiKeysRequest\"F\n" +
+	"\x13ListApiKeysResponse\x12/\n" +
+	"\x04keys\x18\x01 \x03(\v2\x1b.kvrelay.operator.v1.ApiKeyR\x04keys\"A\n" +
+	"\x10PutApiKeyRequest\x12-\n" +
+	"\x03key\x18\x01 \x01(\v2\x1b.kvrelay.operator.v1.ApiKeyR\x03key\"%\n" +
+	"\x13DeleteApiKeyRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"\x16\n" +
+	"\x14DeleteApiKeyResponse\"\x14\n" +
 	"\x12ListTenantsRequest\"L\n" +
 	"\x13ListTenantsResponse\x125\n" +
 	"\atenants\x18\x01 \x03(\v2\x1b.kvrelay.operator.v1.TenantR\atenants\"\xe0\b\n" +
@@ -3349,8 +3688,7 @@ const file_operator_proto_rawDesc = "" +
 	"\x14PolicyHistoryRequest\x12\x14\n" +
 	"\x05limit\x18\x01 \x01(\rR\x05limit\"T\n" +
 	"\x15PolicyHistoryResponse\x12;\n" +
-	"\achanges\x18\x01 \x03(\v2!.kvrelay.operator.v1.PolicyChangeR\achanges2\xb3\n" +
-	"\n" +
+	"\achanges\x18\x01 \x03(\v2!.kvrelay.operator.v1.PolicyChangeR\achanges2\xcb\f\n" +
 	"\bOperator\x12`\n" +
 	"\vListWorkers\x12'.kvrelay.operator.v1.ListWorkersRequest\x1a(.kvrelay.operator.v1.ListWorkersResponse\x12O\n" +
 	"\tGetWorker\x12%.kvrelay.operator.v1.GetWorkerRequest\x1a\x1b.kvrelay.operator.v1.Worker\x12U\n" +
@@ -3362,7 +3700,10 @@ const file_operator_proto_rawDesc = "" +
 	"\tSetPolicy\x12%.kvrelay.operator.v1.SetPolicyRequest\x1a\x1b.kvrelay.operator.v1.Policy\x12L\n" +
 	"\bGetIndex\x12$.kvrelay.operator.v1.GetIndexRequest\x1a\x1a.kvrelay.operator.v1.Index\x12`\n" +
 	"\vListProxies\x12'.kvrelay.operator.v1.ListProxiesRequest\x1a(.kvrelay.operator.v1.ListProxiesResponse\x12`\n" +
-	"\vListTenants\x12'.kvrelay.operator.v1.ListTenantsRequest\x1a(.kvrelay.operator.v1.ListTenantsResponse\x12V\n" +
+	"\vListTenants\x12'.kvrelay.operator.v1.ListTenantsRequest\x1a(.kvrelay.operator.v1.ListTenantsResponse\x12`\n" +
+	"\vListApiKeys\x12'.kvrelay.operator.v1.ListApiKeysRequest\x1a(.kvrelay.operator.v1.ListApiKeysResponse\x12O\n" +
+	"\tPutApiKey\x12%.kvrelay.operator.v1.PutApiKeyRequest\x1a\x1b.kvrelay.operator.v1.ApiKey\x12c\n" +
+	"\fDeleteApiKey\x12(.kvrelay.operator.v1.DeleteApiKeyRequest\x1a).kvrelay.operator.v1.DeleteApiKeyResponse\x12V\n" +
 	"\fStartRollout\x12(.kvrelay.operator.v1.StartRolloutRequest\x1a\x1c.kvrelay.operator.v1.Rollout\x12R\n" +
 	"\n" +
 	"GetRollout\x12&.kvrelay.operator.v1.GetRolloutRequest\x1a\x1c.kvrelay.operator.v1.Rollout\x12Z\n" +
@@ -3381,7 +3722,7 @@ func file_operator_proto_rawDescGZIP() []byte {
 	return file_operator_proto_rawDescData
 }
 
-var file_operator_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
+var file_operator_proto_msgTypes = make([]protoimpl.MessageInfo, 45)
 var file_operator_proto_goTypes = []any{
 	(*WorkerSpec)(nil),            // 0: kvrelay.operator.v1.WorkerSpec
 	(*BlockCounts)(nil),           // 1: kvrelay.operator.v1.BlockCounts
@@ -3409,19 +3750,25 @@ var file_operator_proto_goTypes = []any{
 	(*ListProxiesRequest)(nil),    // 23: kvrelay.operator.v1.ListProxiesRequest
 	(*ListProxiesResponse)(nil),   // 24: kvrelay.operator.v1.ListProxiesResponse
 	(*Tenant)(nil),                // 25: kvrelay.operator.v1.Tenant
-	(*ListTenantsRequest)(nil),    // 26: kvrelay.operator.v1.ListTenantsRequest
-	(*ListTenantsResponse)(nil),   // 27: kvrelay.operator.v1.ListTenantsResponse
-	(*RolloutSpec)(nil),           // 28: kvrelay.operator.v1.RolloutSpec
-	(*RolloutCheck)(nil),          // 29: kvrelay.operator.v1.RolloutCheck
-	(*RolloutStep)(nil),           // 30: kvrelay.operator.v1.RolloutStep
-	(*Rollout)(nil),               // 31: kvrelay.operator.v1.Rollout
-	(*StartRolloutRequest)(nil),   // 32: kvrelay.operator.v1.StartRolloutRequest
-	(*GetRolloutRequest)(nil),     // 33: kvrelay.operator.v1.GetRolloutRequest
-	(*ControlRolloutRequest)(nil), // 34: kvrelay.operator.v1.ControlRolloutRequest
-	(*PolicyChange)(nil),          // 35: kvrelay.operator.v1.PolicyChange
-	(*PolicyHistoryRequest)(nil),  // 36: kvrelay.operator.v1.PolicyHistoryRequest
-	(*PolicyHistoryResponse)(nil), // 37: kvrelay.operator.v1.PolicyHistoryResponse
-	nil,                           // 38: kvrelay.operator.v1.Plugin.ParamsEntry
+	(*ApiKey)(nil),                // 26: kvrelay.operator.v1.ApiKey
+	(*ListApiKeysRequest)(nil),    // 27: kvrelay.operator.v1.ListApiKeysRequest
+	(*ListApiKeysResponse)(nil),   // 28: kvrelay.operator.v1.ListApiKeysResponse
+	(*PutApiKeyRequest)(nil),      // 29: kvrelay.operator.v1.PutApiKeyRequest
+	(*DeleteApiKeyRequest)(nil),   // 30: kvrelay.operator.v1.DeleteApiKeyRequest
+	(*DeleteApiKeyResponse)(nil),  // 31: kvrelay.operator.v1.DeleteApiKeyResponse
+	(*ListTenantsRequest)(nil),    // 32: kvrelay.operator.v1.ListTenantsRequest
+	(*ListTenantsResponse)(nil),   // 33: kvrelay.operator.v1.ListTenantsResponse
+	(*RolloutSpec)(nil),           // 34: kvrelay.operator.v1.RolloutSpec
+	(*RolloutCheck)(nil),          // 35: kvrelay.operator.v1.RolloutCheck
+	(*RolloutStep)(nil),           // 36: kvrelay.operator.v1.RolloutStep
+	(*Rollout)(nil),               // 37: kvrelay.operator.v1.Rollout
+	(*StartRolloutRequest)(nil),   // 38: kvrelay.operator.v1.StartRolloutRequest
+	(*GetRolloutRequest)(nil),     // 39: kvrelay.operator.v1.GetRolloutRequest
+	(*ControlRolloutRequest)(nil), // 40: kvrelay.operator.v1.ControlRolloutRequest
+	(*PolicyChange)(nil),          // 41: kvrelay.operator.v1.PolicyChange
+	(*PolicyHistoryRequest)(nil),  // 42: kvrelay.operator.v1.PolicyHistoryRequest
+	(*PolicyHistoryResponse)(nil), // 43: kvrelay.operator.v1.PolicyHistoryResponse
+	nil,                           // 44: kvrelay.operator.v1.Plugin.ParamsEntry
 }
 var file_operator_proto_depIdxs = []int32{
 	1,  // 0: kvrelay.operator.v1.WorkerStatus.blocks:type_name -> kvrelay.operator.v1.BlockCounts
@@ -3434,7 +3781,7 @@ var file_operator_proto_depIdxs = []int32{
 	7,  // 7: kvrelay.operator.v1.Profile.scorers:type_name -> kvrelay.operator.v1.Plugin
 	7,  // 8: kvrelay.operator.v1.Profile.picker:type_name -> kvrelay.operator.v1.Plugin
 	7,  // 9: kvrelay.operator.v1.Profile.spread:type_name -> kvrelay.operator.v1.Plugin
-	38, // 10: kvrelay.operator.v1.Plugin.params:type_name -> kvrelay.operator.v1.Plugin.ParamsEntry
+	44, // 10: kvrelay.operator.v1.Plugin.params:type_name -> kvrelay.operator.v1.Plugin.ParamsEntry
 	1,  // 11: kvrelay.operator.v1.WorkerBlocks.blocks:type_name -> kvrelay.operator.v1.BlockCounts
 	8,  // 12: kvrelay.operator.v1.Index.workers:type_name -> kvrelay.operator.v1.WorkerBlocks
 	10, // 13: kvrelay.operator.v1.Proxy.last_nack:type_name -> kvrelay.operator.v1.Nack
@@ -3442,51 +3789,59 @@ var file_operator_proto_depIdxs = []int32{
 	0,  // 15: kvrelay.operator.v1.UpsertWorkerRequest.spec:type_name -> kvrelay.operator.v1.WorkerSpec
 	5,  // 16: kvrelay.operator.v1.SetPolicyRequest.policy:type_name -> kvrelay.operator.v1.Policy
 	11, // 17: kvrelay.operator.v1.ListProxiesResponse.proxies:type_name -> kvrelay.operator.v1.Proxy
-	25, // 18: kvrelay.operator.v1.ListTenantsResponse.tenants:type_name -> kvrelay.operator.v1.Tenant
-	29, // 19: kvrelay.operator.v1.RolloutStep.checks:type_name -> kvrelay.operator.v1.RolloutCheck
-	5,  // 20: kvrelay.operator.v1.Rollout.candidate:type_name -> kvrelay.operator.v1.Policy
-	28, // 21: kvrelay.operator.v1.Rollout.spec:type_name -> kvrelay.operator.v1.RolloutSpec
-	30, // 22: kvrelay.operator.v1.Rollout.steps:type_name -> kvrelay.operator.v1.RolloutStep
-	30, // 23: kvrelay.operator.v1.Rollout.current:type_name -> kvrelay.operator.v1.RolloutStep
-	5,  // 24: kvrelay.operator.v1.StartRolloutRequest.candidate:type_name -> kvrelay.operator.v1.Policy
-	28, // 25: kvrelay.operator.v1.StartRolloutRequest.spec:type_name -> kvrelay.operator.v1.RolloutSpec
-	5,  // 26: kvrelay.operator.v1.PolicyChange.policy:type_name -> kvrelay.operator.v1.Policy
-	35, // 27: kvrelay.operator.v1.PolicyHistoryResponse.changes:type_name -> kvrelay.operator.v1.PolicyChange
-	12, // 28: kvrelay.operator.v1.Operator.ListWorkers:input_type -> kvrelay.operator.v1.ListWorkersRequest
-	14, // 29: kvrelay.operator.v1.Operator.GetWorker:input_type -> kvrelay.operator.v1.GetWorkerRequest
-	15, // 30: kvrelay.operator.v1.Operator.UpsertWorker:input_type -> kvrelay.operator.v1.UpsertWorkerRequest
-	16, // 31: kvrelay.operator.v1.Operator.RemoveWorker:input_type -> kvrelay.operator.v1.RemoveWorkerRequest
-	18, // 32: kvrelay.operator.v1.Operator.Drain:input_type -> kvrelay.operator.v1.DrainRequest
-	19, // 33: kvrelay.operator.v1.Operator.Undrain:input_type -> kvrelay.operator.v1.UndrainRequest
-	20, // 34: kvrelay.operator.v1.Operator.GetPolicy:input_type -> kvrelay.operator.v1.GetPolicyRequest
-	21, // 35: kvrelay.operator.v1.Operator.SetPolicy:input_type -> kvrelay.operator.v1.SetPolicyRequest
-	22, // 36: kvrelay.operator.v1.Operator.GetIndex:input_type -> kvrelay.operator.v1.GetIndexRequest
-	23, // 37: kvrelay.operator.v1.Operator.ListProxies:input_type -> kvrelay.operator.v1.ListProxiesRequest
-	26, // 38: kvrelay.operator.v1.Operator.ListTenants:input_type -> kvrelay.operator.v1.ListTenantsRequest
-	32, // 39: kvrelay.operator.v1.Operator.StartRollout:input_type -> kvrelay.operator.v1.StartRolloutRequest
-	33, // 40: kvrelay.operator.v1.Operator.GetRollout:input_type -> kvrelay.operator.v1.GetRolloutRequest
-	34, // 41: kvrelay.operator.v1.Operator.ControlRollout:input_type -> kvrelay.operator.v1.ControlRolloutRequest
-	36, // 42: kvrelay.operator.v1.Operator.PolicyHistory:input_type -> kvrelay.operator.v1.PolicyHistoryRequest
-	13, // 43: kvrelay.operator.v1.Operator.ListWorkers:output_type -> kvrelay.operator.v1.ListWorkersResponse
-	4,  // 44: kvrelay.operator.v1.Operator.GetWorker:output_type -> kvrelay.operator.v1.Worker
-	4,  // 45: kvrelay.operator.v1.Operator.UpsertWorker:output_type -> kvrelay.operator.v1.Worker
-	17, // 46: kvrelay.operator.v1.Operator.RemoveWorker:output_type -> kvrelay.operator.v1.RemoveWorkerResponse
-	4,  // 47: kvrelay.operator.v1.Operator.Drain:output_type -> kvrelay.operator.v1.Worker
-	4,  // 48: kvrelay.operator.v1.Operator.Undrain:output_type -> kvrelay.operator.v1.Worker
-	5,  // 49: kvrelay.operator.v1.Operator.GetPolicy:output_type -> kvrelay.operator.v1.Policy
-	5,  // 50: kvrelay.operator.v1.Operator.SetPolicy:output_type -> kvrelay.operator.v1.Policy
-	9,  // 51: kvrelay.operator.v1.Operator.GetIndex:output_type -> kvrelay.operator.v1.Index
-	24, // 52: kvrelay.operator.v1.Operator.ListProxies:output_type -> kvrelay.operator.v1.ListProxiesResponse
-	27, // 53: kvrelay.operator.v1.Operator.ListTenants:output_type -> kvrelay.operator.v1.ListTenantsResponse
-	31, // 54: kvrelay.operator.v1.Operator.StartRollout:output_type -> kvrelay.operator.v1.Rollout
-	31, // 55: kvrelay.operator.v1.Operator.GetRollout:output_type -> kvrelay.operator.v1.Rollout
-	31, // 56: kvrelay.operator.v1.Operator.ControlRollout:output_type -> kvrelay.operator.v1.Rollout
-	37, // 57: kvrelay.operator.v1.Operator.PolicyHistory:output_type -> kvrelay.operator.v1.PolicyHistoryResponse
-	43, // [43:58] is the sub-list for method output_type
-	28, // [28:43] is the sub-list for method input_type
-	28, // [28:28] is the sub-list for extension type_name
-	28, // [28:28] is the sub-list for extension extendee
-	0,  // [0:28] is the sub-list for field type_name
+	26, // 18: kvrelay.operator.v1.ListApiKeysResponse.keys:type_name -> kvrelay.operator.v1.ApiKey
+	26, // 19: kvrelay.operator.v1.PutApiKeyRequest.key:type_name -> kvrelay.operator.v1.ApiKey
+	25, // 20: kvrelay.operator.v1.ListTenantsResponse.tenants:type_name -> kvrelay.operator.v1.Tenant
+	35, // 21: kvrelay.operator.v1.RolloutStep.checks:type_name -> kvrelay.operator.v1.RolloutCheck
+	5,  // 22: kvrelay.operator.v1.Rollout.candidate:type_name -> kvrelay.operator.v1.Policy
+	34, // 23: kvrelay.operator.v1.Rollout.spec:type_name -> kvrelay.operator.v1.RolloutSpec
+	36, // 24: kvrelay.operator.v1.Rollout.steps:type_name -> kvrelay.operator.v1.RolloutStep
+	36, // 25: kvrelay.operator.v1.Rollout.current:type_name -> kvrelay.operator.v1.RolloutStep
+	5,  // 26: kvrelay.operator.v1.StartRolloutRequest.candidate:type_name -> kvrelay.operator.v1.Policy
+	34, // 27: kvrelay.operator.v1.StartRolloutRequest.spec:type_name -> kvrelay.operator.v1.RolloutSpec
+	5,  // 28: kvrelay.operator.v1.PolicyChange.policy:type_name -> kvrelay.operator.v1.Policy
+	41, // 29: kvrelay.operator.v1.PolicyHistoryResponse.changes:type_name -> kvrelay.operator.v1.PolicyChange
+	12, // 30: kvrelay.operator.v1.Operator.ListWorkers:input_type -> kvrelay.operator.v1.ListWorkersRequest
+	14, // 31: kvrelay.operator.v1.Operator.GetWorker:input_type -> kvrelay.operator.v1.GetWorkerRequest
+	15, // 32: kvrelay.operator.v1.Operator.UpsertWorker:input_type -> kvrelay.operator.v1.UpsertWorkerRequest
+	16, // 33: kvrelay.operator.v1.Operator.RemoveWorker:input_type -> kvrelay.operator.v1.RemoveWorkerRequest
+	18, // 34: kvrelay.operator.v1.Operator.Drain:input_type -> kvrelay.operator.v1.DrainRequest
+	19, // 35: kvrelay.operator.v1.Operator.Undrain:input_type -> kvrelay.operator.v1.UndrainRequest
+	20, // 36: kvrelay.operator.v1.Operator.GetPolicy:input_type -> kvrelay.operator.v1.GetPolicyRequest
+	21, // 37: kvrelay.operator.v1.Operator.SetPolicy:input_type -> kvrelay.operator.v1.SetPolicyRequest
+	22, // 38: kvrelay.operator.v1.Operator.GetIndex:input_type -> kvrelay.operator.v1.GetIndexRequest
+	23, // 39: kvrelay.operator.v1.Operator.ListProxies:input_type -> kvrelay.operator.v1.ListProxiesRequest
+	32, // 40: kvrelay.operator.v1.Operator.ListTenants:input_type -> kvrelay.operator.v1.ListTenantsRequest
+	27, // 41: kvrelay.operator.v1.Operator.ListApiKeys:input_type -> kvrelay.operator.v1.ListApiKeysRequest
+	29, // 42: kvrelay.operator.v1.Operator.PutApiKey:input_type -> kvrelay.operator.v1.PutApiKeyRequest
+	30, // 43: kvrelay.operator.v1.Operator.DeleteApiKey:input_type -> kvrelay.operator.v1.DeleteApiKeyRequest
+	38, // 44: kvrelay.operator.v1.Operator.StartRollout:input_type -> kvrelay.operator.v1.StartRolloutRequest
+	39, // 45: kvrelay.operator.v1.Operator.GetRollout:input_type -> kvrelay.operator.v1.GetRolloutRequest
+	40, // 46: kvrelay.operator.v1.Operator.ControlRollout:input_type -> kvrelay.operator.v1.ControlRolloutRequest
+	42, // 47: kvrelay.operator.v1.Operator.PolicyHistory:input_type -> kvrelay.operator.v1.PolicyHistoryRequest
+	13, // 48: kvrelay.operator.v1.Operator.ListWorkers:output_type -> kvrelay.operator.v1.ListWorkersResponse
+	4,  // 49: kvrelay.operator.v1.Operator.GetWorker:output_type -> kvrelay.operator.v1.Worker
+	4,  // 50: kvrelay.operator.v1.Operator.UpsertWorker:output_type -> kvrelay.operator.v1.Worker
+	17, // 51: kvrelay.operator.v1.Operator.RemoveWorker:output_type -> kvrelay.operator.v1.RemoveWorkerResponse
+	4,  // 52: kvrelay.operator.v1.Operator.Drain:output_type -> kvrelay.operator.v1.Worker
+	4,  // 53: kvrelay.operator.v1.Operator.Undrain:output_type -> kvrelay.operator.v1.Worker
+	5,  // 54: kvrelay.operator.v1.Operator.GetPolicy:output_type -> kvrelay.operator.v1.Policy
+	5,  // 55: kvrelay.operator.v1.Operator.SetPolicy:output_type -> kvrelay.operator.v1.Policy
+	9,  // 56: kvrelay.operator.v1.Operator.GetIndex:output_type -> kvrelay.operator.v1.Index
+	24, // 57: kvrelay.operator.v1.Operator.ListProxies:output_type -> kvrelay.operator.v1.ListProxiesResponse
+	33, // 58: kvrelay.operator.v1.Operator.ListTenants:output_type -> kvrelay.operator.v1.ListTenantsResponse
+	28, // 59: kvrelay.operator.v1.Operator.ListApiKeys:output_type -> kvrelay.operator.v1.ListApiKeysResponse
+	26, // 60: kvrelay.operator.v1.Operator.PutApiKey:output_type -> kvrelay.operator.v1.ApiKey
+	31, // 61: kvrelay.operator.v1.Operator.DeleteApiKey:output_type -> kvrelay.operator.v1.DeleteApiKeyResponse
+	37, // 62: kvrelay.operator.v1.Operator.StartRollout:output_type -> kvrelay.operator.v1.Rollout
+	37, // 63: kvrelay.operator.v1.Operator.GetRollout:output_type -> kvrelay.operator.v1.Rollout
+	37, // 64: kvrelay.operator.v1.Operator.ControlRollout:output_type -> kvrelay.operator.v1.Rollout
+	43, // 65: kvrelay.operator.v1.Operator.PolicyHistory:output_type -> kvrelay.operator.v1.PolicyHistoryResponse
+	48, // [48:66] is the sub-list for method output_type
+	30, // [30:48] is the sub-list for method input_type
+	30, // [30:30] is the sub-list for extension type_name
+	30, // [30:30] is the sub-list for extension extendee
+	0,  // [0:30] is the sub-list for field type_name
 }
 
 func init() { file_operator_proto_init() }
@@ -3495,14 +3850,14 @@ func file_operator_proto_init() {
 		return
 	}
 	file_operator_proto_msgTypes[5].OneofWrappers = []any{}
-	file_operator_proto_msgTypes[28].OneofWrappers = []any{}
+	file_operator_proto_msgTypes[34].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_operator_proto_rawDesc), len(file_operator_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   39,
+			NumMessages:   45,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -37,6 +37,9 @@ const (
 	Operator_GetIndex_FullMethodName       = "/kvrelay.operator.v1.Operator/GetIndex"
 	Operator_ListProxies_FullMethodName    = "/kvrelay.operator.v1.Operator/ListProxies"
 	Operator_ListTenants_FullMethodName    = "/kvrelay.operator.v1.Operator/ListTenants"
+	Operator_ListApiKeys_FullMethodName    = "/kvrelay.operator.v1.Operator/ListApiKeys"
+	Operator_PutApiKey_FullMethodName      = "/kvrelay.operator.v1.Operator/PutApiKey"
+	Operator_DeleteApiKey_FullMethodName   = "/kvrelay.operator.v1.Operator/DeleteApiKey"
 	Operator_StartRollout_FullMethodName   = "/kvrelay.operator.v1.Operator/StartRollout"
 	Operator_GetRollout_FullMethodName     = "/kvrelay.operator.v1.Operator/GetRollout"
 	Operator_ControlRollout_FullMethodName = "/kvrelay.operator.v1.Operator/ControlRollout"
@@ -68,6 +71,11 @@ type OperatorClient interface {
 	ListProxies(ctx context.Context, in *ListProxiesRequest, opts ...grpc.CallOption) (*ListProxiesResponse, error)
 	// ListTenants lists the tenants with budgets the proxies report, across replicas.
 	ListTenants(ctx context.Context, in *ListTenantsRequest, opts ...grpc.CallOption) (*ListTenantsResponse, error)
+	// ListApiKeys, PutApiKey and DeleteApiKey manage the API keys proxies take from the
+	// control plane (beside their keys files); PutApiKey replaces a key of the same id.
+	ListApiKeys(ctx context.Context, in *ListApiKeysRequest, opts ...grpc.CallOption) (*ListApiKeysResponse, error)
+	PutApiKey(ctx context.Context, in *PutApiKeyRequest, opts ...grpc.CallOption) (*ApiKey, error)
+	DeleteApiKey(ctx context.Context, in *DeleteApiKeyRequest, opts ...grpc.CallOption) (*DeleteApiKeyResponse, error)
 	// StartRollout starts a rollout of a candidate policy (FailedPrecondition while one
 	// runs); GetRollout returns the running or latest one (NotFound if none ever ran);
 	// ControlRollout pauses, resumes, promotes or aborts it.
@@ -196,6 +204,36 @@ func (c *operatorClient) ListTenants(ctx context.Context, in *ListTenantsRequest
 	return out, nil
 }
 
+func (c *operatorClient) ListApiKeys(ctx context.Context, in *ListApiKeysRequest, opts ...grpc.CallOption) (*ListApiKeysResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListApiKeysResponse)
+	err := c.cc.Invoke(ctx, Operator_ListApiKeys_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *operatorClient) PutApiKey(ctx context.Context, in *PutApiKeyRequest, opts ...grpc.CallOption) (*ApiKey, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ApiKey)
+	err := c.cc.Invoke(ctx, Operator_PutApiKey_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *operatorClient) DeleteApiKey(ctx context.Context, in *DeleteApiKeyRequest, opts ...grpc.CallOption) (*DeleteApiKeyResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DeleteApiKeyResponse)
+	err := c.cc.Invoke(ctx, Operator_DeleteApiKey_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *operatorClient) StartRollout(ctx context.Context, in *StartRolloutRequest, opts ...grpc.CallOption) (*Rollout, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(Rollout)
@@ -261,6 +299,11 @@ type OperatorServer interface {
 	ListProxies(context.Context, *ListProxiesRequest) (*ListProxiesResponse, error)
 	// ListTenants lists the tenants with budgets the proxies report, across replicas.
 	ListTenants(context.Context, *ListTenantsRequest) (*ListTenantsResponse, error)
+	// ListApiKeys, PutApiKey and DeleteApiKey manage the API keys proxies take from the
+	// control plane (beside their keys files); PutApiKey replaces a key of the same id.
+	ListApiKeys(context.Context, *ListApiKeysRequest) (*ListApiKeysResponse, error)
+	PutApiKey(context.Context, *PutApiKeyRequest) (*ApiKey, error)
+	DeleteApiKey(context.Context, *DeleteApiKeyRequest) (*DeleteApiKeyResponse, error)
 	// StartRollout starts a rollout of a candidate policy (FailedPrecondition while one
 	// runs); GetRollout returns the running or latest one (NotFound if none ever ran);
 	// ControlRollout pauses, resumes, promotes or aborts it.
@@ -311,6 +354,15 @@ func (UnimplementedOperatorServer) ListProxies(context.Context, *ListProxiesRequ
 }
 func (UnimplementedOperatorServer) ListTenants(context.Context, *ListTenantsRequest) (*ListTenantsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListTenants not implemented")
+}
+func (UnimplementedOperatorServer) ListApiKeys(context.Context, *ListApiKeysRequest) (*ListApiKeysResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListApiKeys not implemented")
+}
+func (UnimplementedOperatorServer) PutApiKey(context.Context, *PutApiKeyRequest) (*ApiKey, error) {
+	return nil, status.Error(codes.Unimplemented, "method PutApiKey not implemented")
+}
+func (UnimplementedOperatorServer) DeleteApiKey(context.Context, *DeleteApiKeyRequest) (*DeleteApiKeyResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DeleteApiKey not implemented")
 }
 func (UnimplementedOperatorServer) StartRollout(context.Context, *StartRolloutRequest) (*Rollout, error) {
 	return nil, status.Error(codes.Unimplemented, "method StartRollout not implemented")
@@ -543,6 +595,60 @@ func _Operator_ListTenants_Handler(srv interface{}, ctx context.Context, dec fun
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Operator_ListApiKeys_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListApiKeysRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(OperatorServer).ListApiKeys(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Operator_ListApiKeys_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(OperatorServer).ListApiKeys(ctx, req.(*ListApiKeysRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Operator_PutApiKey_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PutApiKeyRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(OperatorServer).PutApiKey(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Operator_PutApiKey_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(OperatorServer).PutApiKey(ctx, req.(*PutApiKeyRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Operator_DeleteApiKey_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeleteApiKeyRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(OperatorServer).DeleteApiKey(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Operator_DeleteApiKey_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(OperatorServer).DeleteApiKey(ctx, req.(*DeleteApiKeyRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Operator_StartRollout_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(StartRolloutRequest)
 	if err := dec(in); err != nil {
@@ -665,6 +771,18 @@ var Operator_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListTenants",
 			Handler:    _Operator_ListTenants_Handler,
+		},
+		{
+			MethodName: "ListApiKeys",
+			Handler:    _Operator_ListApiKeys_Handler,
+		},
+		{
+			MethodName: "PutApiKey",
+			Handler:    _Operator_PutApiKey_Handler,
+		},
+		{
+			MethodName: "DeleteApiKey",
+			Handler:    _Operator_DeleteApiKey_Handler,
 		},
 		{
 			MethodName: "StartRollout",

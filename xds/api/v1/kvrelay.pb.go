@@ -1296,6 +1296,53 @@ func (x *LoadReport) GetTenants() []*TenantDemand {
 	return nil
 }
 
+// TenantKeys are the API keys an operator gave the control plane, as the lines of a proxy's
+// keys file, each key given by its SHA-256 (`sha256:<hex> tenant=<name>[,...]`): proxies
+// check requests against them beside their own file's. Its one resource is named "keys".
+type TenantKeys struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Keys          string                 `protobuf:"bytes,1,opt,name=keys,proto3" json:"keys,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TenantKeys) Reset() {
+	*x = TenantKeys{}
+	mi := &file_kvrelay_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TenantKeys) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TenantKeys) ProtoMessage() {}
+
+func (x *TenantKeys) ProtoReflect() protoreflect.Message {
+	mi := &file_kvrelay_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TenantKeys.ProtoReflect.Descriptor instead.
+func (*TenantKeys) Descriptor() ([]byte, []int) {
+	return file_kvrelay_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *TenantKeys) GetKeys() string {
+	if x != nil {
+		return x.Keys
+	}
+	return ""
+}
+
 // TenantDemand is what one tenant asked of one proxy: the costs of its requests, admitted or
 // refused, per second, smoothed over the last seconds; and its requests admitted and refused
 // for the life of the proxy's process.
@@ -1313,7 +1360,7 @@ type TenantDemand struct {
 
 func (x *TenantDemand) Reset() {
 	*x = TenantDemand{}
-	mi := &file_kvrelay_proto_msgTypes[11]
+	mi := &file_kvrelay_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1325,7 +1372,7 @@ func (x *TenantDemand) String() string {
 func (*TenantDemand) ProtoMessage() {}
 
 func (x *TenantDemand) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[11]
+	mi := &file_kvrelay_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1338,7 +1385,7 @@ func (x *TenantDemand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TenantDemand.ProtoReflect.Descriptor instead.
 func (*TenantDemand) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{11}
+	return file_kvrelay_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *TenantDemand) GetTenant() string {
@@ -1400,7 +1447,7 @@ type TenantGrant struct {
 
 func (x *TenantGrant) Reset() {
 	*x = TenantGrant{}
-	mi := &file_kvrelay_proto_msgTypes[12]
+	mi := &file_kvrelay_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1412,7 +1459,7 @@ func (x *TenantGrant) String() string {
 func (*TenantGrant) ProtoMessage() {}
 
 func (x *TenantGrant) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[12]
+	mi := &file_kvrelay_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1425,7 +1472,7 @@ func (x *TenantGrant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TenantGrant.ProtoReflect.Descriptor instead.
 func (*TenantGrant) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{12}
+	return file_kvrelay_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *TenantGrant) GetTenant() string {
@@ -1498,7 +1545,7 @@ type DecisionSample struct {
 
 func (x *DecisionSample) Reset() {
 	*x = DecisionSample{}
-	mi := &file_kvrelay_proto_msgTypes[13]
+	mi := &file_kvrelay_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1510,7 +1557,7 @@ func (x *DecisionSample) String() string {
 func (*DecisionSample) ProtoMessage() {}
 
 func (x *DecisionSample) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[13]
+	mi := &file_kvrelay_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1523,7 +1570,7 @@ func (x *DecisionSample) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecisionSample.ProtoReflect.Descriptor instead.
 func (*DecisionSample) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{13}
+	return file_kvrelay_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *DecisionSample) GetId() uint64 {
@@ -1662,7 +1709,7 @@ type CandidateSample struct {
 
 func (x *CandidateSample) Reset() {
 	*x = CandidateSample{}
-	mi := &file_kvrelay_proto_msgTypes[14]
+	mi := &file_kvrelay_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1674,7 +1721,7 @@ func (x *CandidateSample) String() string {
 func (*CandidateSample) ProtoMessage() {}
 
 func (x *CandidateSample) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[14]
+	mi := &file_kvrelay_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1687,7 +1734,7 @@ func (x *CandidateSample) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CandidateSample.ProtoReflect.Descriptor instead.
 func (*CandidateSample) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{14}
+	return file_kvrelay_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *CandidateSample) GetWorker() string {
@@ -1793,7 +1840,7 @@ type ArmReport struct {
 
 func (x *ArmReport) Reset() {
 	*x = ArmReport{}
-	mi := &file_kvrelay_proto_msgTypes[15]
+	mi := &file_kvrelay_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1805,7 +1852,7 @@ func (x *ArmReport) String() string {
 func (*ArmReport) ProtoMessage() {}
 
 func (x *ArmReport) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[15]
+	mi := &file_kvrelay_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1818,7 +1865,7 @@ func (x *ArmReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ArmReport.ProtoReflect.Descriptor instead.
 func (*ArmReport) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{15}
+	return file_kvrelay_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ArmReport) GetPolicyVersion() uint64 {
@@ -2015,7 +2062,7 @@ type ArmGroup struct {
 
 func (x *ArmGroup) Reset() {
 	*x = ArmGroup{}
-	mi := &file_kvrelay_proto_msgTypes[16]
+	mi := &file_kvrelay_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2027,7 +2074,7 @@ func (x *ArmGroup) String() string {
 func (*ArmGroup) ProtoMessage() {}
 
 func (x *ArmGroup) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[16]
+	mi := &file_kvrelay_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2040,7 +2087,7 @@ func (x *ArmGroup) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ArmGroup.ProtoReflect.Descriptor instead.
 func (*ArmGroup) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{16}
+	return file_kvrelay_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ArmGroup) GetGroup() uint32 {
@@ -2117,7 +2164,7 @@ type ReportSeq struct {
 
 func (x *ReportSeq) Reset() {
 	*x = ReportSeq{}
-	mi := &file_kvrelay_proto_msgTypes[17]
+	mi := &file_kvrelay_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2129,7 +2176,7 @@ func (x *ReportSeq) String() string {
 func (*ReportSeq) ProtoMessage() {}
 
 func (x *ReportSeq) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[17]
+	mi := &file_kvrelay_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2142,7 +2189,7 @@ func (x *ReportSeq) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportSeq.ProtoReflect.Descriptor instead.
 func (*ReportSeq) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{17}
+	return file_kvrelay_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ReportSeq) GetNodeId() string {
@@ -2171,7 +2218,7 @@ type WorkerLoad struct {
 
 func (x *WorkerLoad) Reset() {
 	*x = WorkerLoad{}
-	mi := &file_kvrelay_proto_msgTypes[18]
+	mi := &file_kvrelay_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2183,7 +2230,7 @@ func (x *WorkerLoad) String() string {
 func (*WorkerLoad) ProtoMessage() {}
 
 func (x *WorkerLoad) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[18]
+	mi := &file_kvrelay_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2196,7 +2243,7 @@ func (x *WorkerLoad) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerLoad.ProtoReflect.Descriptor instead.
 func (*WorkerLoad) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{18}
+	return file_kvrelay_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *WorkerLoad) GetWorkerId() string {
@@ -2246,7 +2293,7 @@ type LoadReportAck struct {
 
 func (x *LoadReportAck) Reset() {
 	*x = LoadReportAck{}
-	mi := &file_kvrelay_proto_msgTypes[19]
+	mi := &file_kvrelay_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2258,7 +2305,7 @@ func (x *LoadReportAck) String() string {
 func (*LoadReportAck) ProtoMessage() {}
 
 func (x *LoadReportAck) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[19]
+	mi := &file_kvrelay_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2271,7 +2318,7 @@ func (x *LoadReportAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadReportAck.ProtoReflect.Descriptor instead.
 func (*LoadReportAck) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{19}
+	return file_kvrelay_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *LoadReportAck) GetIntervalMs() uint32 {
@@ -2424,7 +2471,10 @@ const file_kvrelay_proto_rawDesc = "" +
 	"\x04arms\x18\x04 \x03(\v2\x19.kvrelay.xds.v1.ArmReportR\x04arms\x12<\n" +
 	"\tdecisions\x18\x05 \x03(\v2\x1e.kvrelay.xds.v1.DecisionSampleR\tdecisions\x12.\n" +
 	"\x04fits\x18\x06 \x03(\v2\x1a.kvrelay.xds.v1.LatencyFitR\x04fits\x126\n" +
-	"\atenants\x18\a \x03(\v2\x1c.kvrelay.xds.v1.TenantDemandR\atenants\"\xc2\x01\n" +
+	"\atenants\x18\a \x03(\v2\x1c.kvrelay.xds.v1.TenantDemandR\atenants\" \n" +
+	"\n" +
+	"TenantKeys\x12\x12\n" +
+	"\x04keys\x18\x01 \x01(\tR\x04keys\"\xc2\x01\n" +
 	"\fTenantDemand\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x1a\n" +
 	"\brequests\x18\x02 \x01(\x01R\brequests\x12#\n" +
@@ -2553,7 +2603,7 @@ func file_kvrelay_proto_rawDescGZIP() []byte {
 }
 
 var file_kvrelay_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_kvrelay_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_kvrelay_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_kvrelay_proto_goTypes = []any{
 	(Role)(0),               // 0: kvrelay.xds.v1.Role
 	(*Worker)(nil),          // 1: kvrelay.xds.v1.Worker
@@ -2567,16 +2617,17 @@ var file_kvrelay_proto_goTypes = []any{
 	(*JournalAck)(nil),      // 9: kvrelay.xds.v1.JournalAck
 	(*JournalBatch)(nil),    // 10: kvrelay.xds.v1.JournalBatch
 	(*LoadReport)(nil),      // 11: kvrelay.xds.v1.LoadReport
-	(*TenantDemand)(nil),    // 12: kvrelay.xds.v1.TenantDemand
-	(*TenantGrant)(nil),     // 13: kvrelay.xds.v1.TenantGrant
-	(*DecisionSample)(nil),  // 14: kvrelay.xds.v1.DecisionSample
-	(*CandidateSample)(nil), // 15: kvrelay.xds.v1.CandidateSample
-	(*ArmReport)(nil),       // 16: kvrelay.xds.v1.ArmReport
-	(*ArmGroup)(nil),        // 17: kvrelay.xds.v1.ArmGroup
-	(*ReportSeq)(nil),       // 18: kvrelay.xds.v1.ReportSeq
-	(*WorkerLoad)(nil),      // 19: kvrelay.xds.v1.WorkerLoad
-	(*LoadReportAck)(nil),   // 20: kvrelay.xds.v1.LoadReportAck
-	nil,                     // 21: kvrelay.xds.v1.Plugin.ParamsEntry
+	(*TenantKeys)(nil),      // 12: kvrelay.xds.v1.TenantKeys
+	(*TenantDemand)(nil),    // 13: kvrelay.xds.v1.TenantDemand
+	(*TenantGrant)(nil),     // 14: kvrelay.xds.v1.TenantGrant
+	(*DecisionSample)(nil),  // 15: kvrelay.xds.v1.DecisionSample
+	(*CandidateSample)(nil), // 16: kvrelay.xds.v1.CandidateSample
+	(*ArmReport)(nil),       // 17: kvrelay.xds.v1.ArmReport
+	(*ArmGroup)(nil),        // 18: kvrelay.xds.v1.ArmGroup
+	(*ReportSeq)(nil),       // 19: kvrelay.xds.v1.ReportSeq
+	(*WorkerLoad)(nil),      // 20: kvrelay.xds.v1.WorkerLoad
+	(*LoadReportAck)(nil),   // 21: kvrelay.xds.v1.LoadReportAck
+	nil,                     // 22: kvrelay.xds.v1.Plugin.ParamsEntry
 }
 var file_kvrelay_proto_depIdxs = []int32{
 	0,  // 0: kvrelay.xds.v1.Worker.role:type_name -> kvrelay.xds.v1.Role
@@ -2585,26 +2636,26 @@ var file_kvrelay_proto_depIdxs = []int32{
 	2,  // 3: kvrelay.xds.v1.Worker.fit:type_name -> kvrelay.xds.v1.LatencyFit
 	0,  // 4: kvrelay.xds.v1.LatencyFit.role:type_name -> kvrelay.xds.v1.Role
 	3,  // 5: kvrelay.xds.v1.LatencyFit.workers:type_name -> kvrelay.xds.v1.WorkerFit
-	18, // 6: kvrelay.xds.v1.Load.reports:type_name -> kvrelay.xds.v1.ReportSeq
+	19, // 6: kvrelay.xds.v1.Load.reports:type_name -> kvrelay.xds.v1.ReportSeq
 	6,  // 7: kvrelay.xds.v1.RoutingPolicy.candidate:type_name -> kvrelay.xds.v1.RoutingPolicy
 	7,  // 8: kvrelay.xds.v1.RoutingPolicy.profile:type_name -> kvrelay.xds.v1.Profile
 	8,  // 9: kvrelay.xds.v1.Profile.filters:type_name -> kvrelay.xds.v1.Plugin
 	8,  // 10: kvrelay.xds.v1.Profile.scorers:type_name -> kvrelay.xds.v1.Plugin
 	8,  // 11: kvrelay.xds.v1.Profile.picker:type_name -> kvrelay.xds.v1.Plugin
 	8,  // 12: kvrelay.xds.v1.Profile.spread:type_name -> kvrelay.xds.v1.Plugin
-	21, // 13: kvrelay.xds.v1.Plugin.params:type_name -> kvrelay.xds.v1.Plugin.ParamsEntry
-	19, // 14: kvrelay.xds.v1.LoadReport.workers:type_name -> kvrelay.xds.v1.WorkerLoad
-	16, // 15: kvrelay.xds.v1.LoadReport.arms:type_name -> kvrelay.xds.v1.ArmReport
-	14, // 16: kvrelay.xds.v1.LoadReport.decisions:type_name -> kvrelay.xds.v1.DecisionSample
+	22, // 13: kvrelay.xds.v1.Plugin.params:type_name -> kvrelay.xds.v1.Plugin.ParamsEntry
+	20, // 14: kvrelay.xds.v1.LoadReport.workers:type_name -> kvrelay.xds.v1.WorkerLoad
+	17, // 15: kvrelay.xds.v1.LoadReport.arms:type_name -> kvrelay.xds.v1.ArmReport
+	15, // 16: kvrelay.xds.v1.LoadReport.decisions:type_name -> kvrelay.xds.v1.DecisionSample
 	2,  // 17: kvrelay.xds.v1.LoadReport.fits:type_name -> kvrelay.xds.v1.LatencyFit
-	12, // 18: kvrelay.xds.v1.LoadReport.tenants:type_name -> kvrelay.xds.v1.TenantDemand
-	15, // 19: kvrelay.xds.v1.DecisionSample.candidates:type_name -> kvrelay.xds.v1.CandidateSample
-	17, // 20: kvrelay.xds.v1.ArmReport.groups:type_name -> kvrelay.xds.v1.ArmGroup
-	13, // 21: kvrelay.xds.v1.LoadReportAck.tenants:type_name -> kvrelay.xds.v1.TenantGrant
+	13, // 18: kvrelay.xds.v1.LoadReport.tenants:type_name -> kvrelay.xds.v1.TenantDemand
+	16, // 19: kvrelay.xds.v1.DecisionSample.candidates:type_name -> kvrelay.xds.v1.CandidateSample
+	18, // 20: kvrelay.xds.v1.ArmReport.groups:type_name -> kvrelay.xds.v1.ArmGroup
+	14, // 21: kvrelay.xds.v1.LoadReportAck.tenants:type_name -> kvrelay.xds.v1.TenantGrant
 	9,  // 22: kvrelay.xds.v1.IndexJournal.Stream:input_type -> kvrelay.xds.v1.JournalAck
 	11, // 23: kvrelay.xds.v1.LoadReporting.Report:input_type -> kvrelay.xds.v1.LoadReport
 	10, // 24: kvrelay.xds.v1.IndexJournal.Stream:output_type -> kvrelay.xds.v1.JournalBatch
-	20, // 25: kvrelay.xds.v1.LoadReporting.Report:output_type -> kvrelay.xds.v1.LoadReportAck
+	21, // 25: kvrelay.xds.v1.LoadReporting.Report:output_type -> kvrelay.xds.v1.LoadReportAck
 	24, // [24:26] is the sub-list for method output_type
 	22, // [22:24] is the sub-list for method input_type
 	22, // [22:22] is the sub-list for extension type_name
@@ -2624,7 +2675,7 @@ func file_kvrelay_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvrelay_proto_rawDesc), len(file_kvrelay_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   21,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   2,
 		},
