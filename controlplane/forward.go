@@ -2,6 +2,8 @@ package controlplane
 
 import (
 	"context"
+	"crypto/sha256"
+	"crypto/subtle"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
@@ -132,6 +134,10 @@ func (f *forwarder) wrap(h http.Handler) http.Handler {
 			h.ServeHTTP(w, r)
 			return
 		}
+		if !f.s.changeAuthorized(r.Header.Get("Authorization")) {
+			h.ServeHTTP(w, r) // the API's own check answers 401: nothing of the leader is told
+			return
+		}
 		target, err := f.leaderAddr(r.Context())
 		if err != nil || target == nil {
 			if err != nil {
@@ -224,4 +230,20 @@ func (s *Server) advertisedAPI() (string, error) {
 		return "", nil
 	}
 	return a.String(), nil
+}
+
+// changeAuthorized reports whether authorization carries the operator API's token: a
+// follower forwards only such changes, so that a caller without it learns nothing of the
+// leader (its name, its address) from the follower.
+func (s *Server) changeAuthorized(authorization string) bool {
+	token := s.opts.APIToken
+	if s.opts.APITokenFile != "" {
+		token = s.apiToken()
+	}
+	scheme, tok, ok := strings.Cut(strings.TrimSpace(authorization), " ")
+	if token == "" || !ok || !strings.EqualFold(scheme, "Bearer") {
+		return false
+	}
+	got, want := sha256.Sum256([]byte(strings.TrimSpace(tok))), sha256.Sum256([]byte(token))
+	return subtle.ConstantTimeCompare(got[:], want[:]) == 1
 }

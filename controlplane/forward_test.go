@@ -197,6 +197,14 @@ func TestForwardToUnreachableLeader(t *testing.T) {
 	if n := replicaMetric(t, f, notLeaderMetric); n != 0 {
 		t.Errorf("the follower refused %v changes as not the leader; it forwarded them", n)
 	}
+	// A change without the token is not forwarded: 401, and nothing of the leader told.
+	if code, out := f.c.apiWith("PUT", "/v1/policy", `{"policy": "round-robin"}`, map[string]string{"Authorization": "Bearer wrong"}); code != 401 ||
+		strings.Contains(fmt.Sprint(out), "cp-0") || strings.Contains(fmt.Sprint(out), closed) {
+		t.Errorf("a change with a wrong token: %d %v, want 401 naming neither the leader nor its address", code, out)
+	}
+	if n := replicaMetric(t, f, forwardedMetric); n != 2 {
+		t.Errorf("a change with a wrong token was forwarded (%v forwarded)", n)
+	}
 	if _, got := lead.c.api("GET", "/v1/policy", "", true); got["policy"] != before["policy"] || jsonUint(got["version"]) != jsonUint(before["version"]) {
 		t.Fatalf("the policy is %v after changes that never reached the leader, was %v", got, before)
 	}
