@@ -500,3 +500,26 @@ func FuzzRemoteKeys(f *testing.F) {
 		}
 	})
 }
+
+// FuzzLookup: any Authorization value finds a tenant only when it is "Bearer" (any case)
+// and a listed key, spaces around them aside; it never panics.
+func FuzzLookup(f *testing.F) {
+	tab, err := Parse([]byte("sk-alpha tenant=alpha\nsk-beta tenant=beta\n"))
+	if err != nil {
+		f.Fatal(err)
+	}
+	for _, s := range []string{"Bearer sk-alpha", "bearer  sk-beta ", "Basic sk-alpha", "Bearer", "", "Bearer sk-alpha\x00", "\tBEARER sk-beta"} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, auth []byte) {
+		got := tab.Lookup(auth)
+		if got == nil {
+			return
+		}
+		scheme, tok, ok := strings.Cut(strings.TrimSpace(string(auth)), " ")
+		key := strings.TrimSpace(tok)
+		if !ok || !strings.EqualFold(scheme, "Bearer") || (key != "sk-alpha" && key != "sk-beta") || got.Name != strings.TrimPrefix(key, "sk-") {
+			t.Fatalf("Authorization %q found tenant %s", auth, got.Name)
+		}
+	})
+}
