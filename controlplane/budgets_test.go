@@ -1,6 +1,7 @@
 package controlplane_test
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -281,4 +282,77 @@ func TestAPIKeysFromOperator(t *testing.T) {
 	if got := askAs(t, b, "sk-file"); got != 200 {
 		t.Fatalf("the file's key after the control plane's are gone: %d", got)
 	}
+}
+
+// TestTenantsSplitTheIndex: the same prompt from two tenants is two chains of blocks in the
+// control plane's index (each tenant's salt in every block's hash), and a tenant's repeat
+// adds none and is cached.
+func TestTenantsSplitTheIndex(t *testing.T) {
+	keys := filepath.Join(t.TempDir(), "keys")
+	if err := os.WriteFile(keys, []byte("sk-a tenant=a\nsk-b tenant=b\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c := newCluster(t, 1)
+	p := c.addProxyWith(c.xds, func(cfg *proxy.Config) { cfg.APIKeysFile = keys })
+	waitWorkers(t, p, 1)
+	ask := func(key string) int {
+		t.Helper()
+		body, _ := json.Marshal(map[string]any{"model": model, "max_tokens": 2,
+			"messages": []map[string]string{{"role": "system", "content": family(3)}, {"role": "user", "content": "the same question"}}})
+		req, _ := http.NewRequest(http.MethodPost, "http://"+p.Addr()+"/v1/chat/completions", bytes.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+key)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var out struct {
+			Usage struct {
+				PromptTokensDetails struct {
+					CachedTokens int `json:"cached_tokens"`
+				} `json:"prompt_tokens_details"`
+			} `json:"usage"`
+		}
+		if resp.StatusCode != 200 || json.NewDecoder(resp.Body).Decode(&out) != nil {
+			t.Fatalf("tenant %s: %s", key, resp.Status)
+		}
+		return out.Usage.PromptTokensDetails.CachedTokens
+	}
+	// stable waits until the index holds at least n blocks and stops growing.
+	stable := func(n int) int {
+		t.Helper()
+		deadline := time.Now().Add(15 * time.Second)
+		for last, same := -1, 0; ; {
+			l := c.cp.Index().Len()
+			if l >= n && l == last {
+				if same++; same >= 3 {
+					return l
+				}
+			} else {
+				same = 0
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the index holds %d blocks, want at least %d", l, n)
+			}
+			last = l
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	ask("sk-a")
+	one := stable(100) // a family's prompt is about 180 blocks
+	if n := ask("sk-b"); n != 0 {
+		t.Fatalf("tenant b's request hit tenant a's cache: %d cached tokens", n)
+	}
+	two := stable(one + 100)
+	if two < 2*one-2 {
+		t.Fatalf("the index holds %d blocks after tenant b's request, %d after a's: want two chains", two, one)
+	}
+	if n := ask("sk-a"); n == 0 {
+		t.Fatal("tenant a's repeat: no cached tokens")
+	}
+	if again := stable(two); again != two {
+		t.Fatalf("tenant a's repeat grew the index from %d to %d blocks", two, again)
+	}
+	t.Logf("the index: %d blocks after tenant a's prompt, %d after tenant b's same prompt", one, two)
 }
