@@ -75,17 +75,9 @@ func (s *Server) newForwarder() (*forwarder, error) {
 	if f.timeout <= 0 {
 		f.timeout = DefaultAPIReadTimeout
 	}
-	tr := http.DefaultTransport.(*http.Transport).Clone()
-	if s.opts.APIPeerCAFile != "" {
-		pem, err := os.ReadFile(s.opts.APIPeerCAFile)
-		if err != nil {
-			return nil, fmt.Errorf("control plane: reading --api-peer-ca: %w", err)
-		}
-		roots := x509.NewCertPool()
-		if !roots.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("control plane: --api-peer-ca %s holds no PEM certificate", s.opts.APIPeerCAFile)
-		}
-		tr.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: roots, ServerName: s.opts.APIPeerServerName}
+	tr, err := s.peerTransport()
+	if err != nil {
+		return nil, err
 	}
 	f.proxy = &httputil.ReverseProxy{
 		Transport: tr,
@@ -111,6 +103,24 @@ func (s *Server) newForwarder() (*forwarder, error) {
 		},
 	}
 	return f, nil
+}
+
+// peerTransport is how a replica reaches the others' operator APIs: their certificates
+// checked with --api-peer-ca (and --api-peer-server-name) when one is given.
+func (s *Server) peerTransport() (*http.Transport, error) {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	if s.opts.APIPeerCAFile != "" {
+		pem, err := os.ReadFile(s.opts.APIPeerCAFile)
+		if err != nil {
+			return nil, fmt.Errorf("control plane: reading --api-peer-ca: %w", err)
+		}
+		roots := x509.NewCertPool()
+		if !roots.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("control plane: --api-peer-ca %s holds no PEM certificate", s.opts.APIPeerCAFile)
+		}
+		tr.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: roots, ServerName: s.opts.APIPeerServerName}
+	}
+	return tr, nil
 }
 
 // forwardTarget is the context key of a forwarded change's *leaderAPI.

@@ -140,6 +140,9 @@ type Options struct {
 	// the leader) and holds the rollout controller's steps. It still ingests every event
 	// and serves proxies. Nil: this control plane is alone and makes every change.
 	Leader *leader.Elector
+	// NoReplicaLoadShare keeps each replica's proxies' in-flight load to the proxies of that
+	// replica, as before replicas shared it (loadshare.go): for comparing the two.
+	NoReplicaLoadShare bool
 	// RemoveDataDir removes DataDir on Close (kvrelay up's temporary one).
 	RemoveDataDir bool
 	Logger        *slog.Logger
@@ -185,6 +188,8 @@ type Server struct {
 	store              registry.Backend
 	// keysMu serialises the operator API's changes of the API keys.
 	keysMu sync.Mutex
+	// remote is the other replicas' proxies' in-flight load (loadshare.go).
+	remote remoteLoads
 	// stateCh receives when a shared Store's resources changed (coalesced).
 	stateCh chan struct{}
 	// acting is set while this replica leads and has taken over: read the shared state
@@ -362,6 +367,10 @@ func (s *Server) Start(ctx context.Context) error {
 		}
 	}
 	fwd, err := s.newForwarder()
+	var peerTr *http.Transport // replicas ask each other for their proxies' load (loadshare.go)
+	if _, ok := s.store.(*registry.KubeStore); ok && err == nil && s.opts.Leader != nil && !s.opts.NoReplicaLoadShare {
+		peerTr, err = s.peerTransport()
+	}
 	if err != nil {
 		s.xdsLis.Close()
 		if s.apiLis != nil {
@@ -392,6 +401,13 @@ func (s *Server) Start(ctx context.Context) error {
 			go func() { defer s.wg.Done(); s.shareArmsLoop(runCtx, ks) }()
 			s.wg.Add(1)
 			go func() { defer s.wg.Done(); s.shareTenantsLoop(runCtx, ks) }()
+			if peerTr != nil {
+				s.wg.Add(1)
+				go func() {
+					defer s.wg.Done()
+					s.shareLoadLoop(runCtx, ks, &http.Client{Transport: peerTr, Timeout: 5 * replicaLoadEvery})
+				}()
+			}
 			if addr, err := s.advertisedAPI(); err != nil {
 				s.log.Error("operator API address not shared: followers answer changes with 503 instead of forwarding them here", "err", err)
 			} else if addr != "" {
@@ -663,6 +679,7 @@ func (s *Server) workerResources() []*xdsv1.Worker {
 	ws := s.reg.Workers()
 	states := s.view.Snapshot()
 	inflight, epochs := s.xds.MergedEpochs()
+	remote := s.remote.sums()
 	// What the proxies learned of the workers' latency, pooled: a proxy that knows less
 	// starts from it. Pooled again at most as often as proxies send it.
 	fits := s.xds.PooledFits(xdsclient.DefaultFitsEvery)
@@ -714,7 +731,12 @@ func (s *Server) workerResources() []*xdsv1.Worker {
 			l.ObservedUnixNano = o.at
 		}
 		seen[w.ID] = true
-		if in, ok := inflight[w.ID]; ok {
+		in := inflight[w.ID]
+		if r, ok := remote[w.ID]; ok {
+			// The other replicas' proxies': no proxy here has a share of them to take out.
+			in = in.Add(r)
+		}
+		if in != (xdsserver.WorkerLoad{}) {
 			l.Inflight = uint32(min(in.Inflight, 1<<31))
 			l.PrefillTokens = in.PrefillTokens
 			l.DecodeBlocks = in.DecodeBlocks
@@ -808,6 +830,9 @@ func (s *Server) apiHandler(fwd *forwarder) http.Handler {
 	}
 	mux.Handle("/metrics", opts.Metrics(promhttp.HandlerFor(s.metrics, promhttp.HandlerOpts{}), metricsToken))
 	mux.HandleFunc("GET /readyz", s.readyz)
+	if s.opts.Leader != nil {
+		mux.HandleFunc("GET "+replicaLoadPath, s.serveReplicaLoad)
+	}
 	mux.Handle("/v1/planner/", s.plannerRoute(opts))
 	s.consoleRoutes(mux, opts)
 	// The operator console's page: its data comes from the endpoints above, under their

@@ -34,6 +34,9 @@ type WorkerLoad struct {
 	DecodeBlocks  uint64
 }
 
+// Add sums two loads, saturating.
+func (a WorkerLoad) Add(b WorkerLoad) WorkerLoad { return a.add(b) }
+
 func (a WorkerLoad) add(b WorkerLoad) WorkerLoad {
 	inflight := uint64(a.Inflight) + uint64(b.Inflight)
 	return WorkerLoad{
