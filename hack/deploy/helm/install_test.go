@@ -25,6 +25,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	authv1 "k8s.io/api/authentication/v1"
+	authzv1 "k8s.io/api/authorization/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -185,6 +186,7 @@ func checkRBAC(t *testing.T, admin, sa *kubernetes.Clientset) {
 		t.Errorf("get lease: %v", err)
 	}
 
+	checkStateRBAC(t, sa)
 	checkPlannerRBAC(t, admin, sa, false)
 	deployments := sa.AppsV1().Deployments(engines)
 	// The proxies' xDS tokens are checked with TokenReviews.
@@ -202,6 +204,52 @@ func checkRBAC(t *testing.T, admin, sa *kubernetes.Clientset) {
 	} {
 		if !apierrors.IsForbidden(err) {
 			t.Errorf("%s: got %v, want forbidden", what, err)
+		}
+	}
+}
+
+// checkStateRBAC asks the API server, as the control plane's ServiceAccount (sa), for each of
+// its rights on the kvrelay.io resources of the shared state (--store kubernetes) in the
+// release's namespace, and for some it must not have: every right on the resources the
+// replicas watch (registry.WatchedResources), a KvrelayPolicy's status, its own
+// KvrelayShares (no delete: their pods own them), none in the engines' namespace.
+func checkStateRBAC(t *testing.T, sa *kubernetes.Clientset) {
+	ctx := t.Context()
+	type right struct{ namespace, verb, resource, subresource string }
+	var want, refused []right
+	for _, r := range registry.WatchedResources {
+		for _, verb := range []string{"get", "list", "watch", "create", "update", "delete"} {
+			want = append(want, right{namespace, verb, r.Resource, ""})
+		}
+		refused = append(refused, right{engines, "list", r.Resource, ""}, right{namespace, "deletecollection", r.Resource, ""})
+	}
+	want = append(want, right{namespace, "update", "kvrelaypolicies", "status"})
+	for _, verb := range []string{"get", "list", "create", "update"} {
+		want = append(want, right{namespace, verb, registry.ShareResource.Resource, ""})
+	}
+	refused = append(refused, right{namespace, "delete", registry.ShareResource.Resource, ""},
+		right{namespace, "update", "kvrelayworkers", "status"})
+	can := func(r right) bool {
+		t.Helper()
+		review, err := sa.AuthorizationV1().SelfSubjectAccessReviews().Create(ctx, &authzv1.SelfSubjectAccessReview{
+			Spec: authzv1.SelfSubjectAccessReviewSpec{ResourceAttributes: &authzv1.ResourceAttributes{
+				Namespace: r.namespace, Verb: r.verb, Group: "kvrelay.io", Resource: r.resource, Subresource: r.subresource,
+			}},
+		}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatalf("SelfSubjectAccessReview %+v: %v", r, err)
+		}
+		return review.Status.Allowed
+	}
+	name := func(r right) string { return strings.TrimSuffix(r.resource+"/"+r.subresource, "/") }
+	for _, r := range want {
+		if !can(r) {
+			t.Errorf("the control plane may not %s %s in %s", r.verb, name(r), r.namespace)
+		}
+	}
+	for _, r := range refused {
+		if can(r) {
+			t.Errorf("the control plane may %s %s in %s", r.verb, name(r), r.namespace)
 		}
 	}
 }
