@@ -484,18 +484,26 @@ func runInstalled(t *testing.T, env *kubetest.Env, cs *kubernetes.Clientset, kub
 	})
 
 	// The state lives in the release's KvrelayPolicy (--store kubernetes): a policy set
-	// through the operator API, as the ServiceAccount, is there.
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPut, api+"/v1/policy", strings.NewReader(`{"policy": "round-robin"}`))
-	req.Header.Set("Authorization", "Bearer "+token)
-	resp, err := apiClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != 200 {
+	// through the operator API, as the ServiceAccount, is there. The replica takes changes
+	// once it has read the shared state on winning the Lease (503 until then: retry).
+	eventually(t, 20*time.Second, func() error {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPut, api+"/v1/policy", strings.NewReader(`{"policy": "round-robin"}`))
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := apiClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		switch resp.StatusCode {
+		case http.StatusOK:
+			return nil
+		case http.StatusServiceUnavailable:
+			return cp.check(fmt.Errorf("PUT /v1/policy: %d %s", resp.StatusCode, body))
+		}
 		t.Fatalf("PUT /v1/policy: %d %s\n%s", resp.StatusCode, body, cp.log.String())
-	}
+		return nil
+	})
 	dyn, err := dynamic.NewForConfig(env.Config())
 	if err != nil {
 		t.Fatal(err)
