@@ -15,8 +15,8 @@ func (s *KubeStore) keyName(id string) string { return s.workerName("key-" + id)
 // APIKeys returns the API keys, sorted by id: the KvrelayAPIKeys this replica knows of,
 // those written with kubectl included. A resource whose spec does not validate is skipped
 // with a warning. Of resources giving one id, the one named for it (<name>-key-<id>, which
-// PutAPIKey and DeleteAPIKey write) is taken, else the first by name, and the others are
-// skipped with a warning.
+// PutAPIKey writes) is taken, else the first by name, and the others are skipped with a
+// warning.
 func (s *KubeStore) APIKeys() ([]APIKey, error) {
 	objs := s.list(APIKeyResource)
 	slices.SortFunc(objs, func(a, b *unstructured.Unstructured) int { return strings.Compare(a.GetName(), b.GetName()) })
@@ -68,11 +68,20 @@ func (s *KubeStore) PutAPIKey(k APIKey) error {
 	return nil
 }
 
-// DeleteAPIKey deletes the KvrelayAPIKey of key id, if there is one.
+// DeleteAPIKey deletes the KvrelayAPIKey of key id, if there is one, and any other resource
+// giving that id (one written with kubectl under another name), so that no other key takes
+// its place.
 func (s *KubeStore) DeleteAPIKey(id string) error {
-	name := s.keyName(id)
-	if err := s.deleteObject(APIKeyResource, name); err != nil {
-		return fmt.Errorf("deleting API key %q (KvrelayAPIKey %s/%s): %w", id, s.namespace, name, err)
+	names := []string{s.keyName(id)}
+	for _, u := range s.list(APIKeyResource) {
+		if other, _, _ := unstructured.NestedString(u.Object, "spec", "id"); other == id && !slices.Contains(names, u.GetName()) {
+			names = append(names, u.GetName())
+		}
+	}
+	for _, name := range names {
+		if err := s.deleteObject(APIKeyResource, name); err != nil {
+			return fmt.Errorf("deleting API key %q (KvrelayAPIKey %s/%s): %w", id, s.namespace, name, err)
+		}
 	}
 	return nil
 }

@@ -239,7 +239,8 @@ func TestKubeStore(t *testing.T) {
 // kubectl is read too, and its schema is typed: a misspelt field is refused under strict
 // field validation, text for a number whatever the validation. Of two resources giving one
 // id, the one named for it stands; a key the API server takes but the control plane does not
-// (a SHA-256 that is not 64 hex digits) is skipped.
+// (a SHA-256 that is not 64 hex digits) is skipped; deleting a key deletes every resource
+// giving its id.
 func testKubeAPIKeyReplicas(t *testing.T, dyn dynamic.Interface) {
 	leader, follower := openKube(t, dyn, "keyring"), openKube(t, dyn, "keyring")
 	defer leader.Close()
@@ -334,6 +335,18 @@ func testKubeAPIKeyReplicas(t *testing.T, dyn dynamic.Interface) {
 		got, err := leader.APIKeys()
 		return err == nil && slices.Equal(got, []APIKey{ops, intruder})
 	})
+	// Deleting laptop deletes every resource giving its id.
+	before = news.Load()
+	if err := leader.DeleteAPIKey("laptop"); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := leader.APIKeys(); err != nil || !slices.Equal(got, []APIKey{ops}) {
+		t.Fatalf("the leader's keys after deleting laptop: %v, %v", got, err)
+	}
+	sees("the follower has no laptop key left", before, ops)
+	if l, err := keys.List(t.Context(), metav1.ListOptions{LabelSelector: StoreLabel + "=keyring"}); err != nil || len(l.Items) != 1 || l.Items[0].GetName() != "keyring-key-gitops" {
+		t.Fatalf("KvrelayAPIKeys left: %v, %v", l, err)
+	}
 }
 
 // TestKubeStoreReplicas: two control-plane replicas on one KubeStore state. What the leader
