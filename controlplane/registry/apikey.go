@@ -18,17 +18,27 @@ import (
 // the key's SHA-256 (the key itself is never stored), and the tenant it maps to with the
 // tenant's weight, budgets and cache region, as a line of a proxy's keys file gives them.
 // Proxies take the control plane's keys beside their own file's.
+//
+// The field comments' first sentences describe the fields of a KvrelayAPIKey's spec too
+// (hack/gencrd).
 type APIKey struct {
-	ID     string `json:"id"`
-	SHA256 string `json:"sha256"` // 64 hex digits
+	// ID is the operator's name for the key, unique among the control plane's keys: at most
+	// 128 characters, no spaces, quotes, commas, equals signs or #.
+	ID string `json:"id"`
+	// SHA256 is the SHA-256 of the key as 64 hex digits (the key itself is never stored).
+	SHA256 string `json:"sha256"`
+	// Tenant is the tenant the key's requests are counted to, named like an id.
 	Tenant string `json:"tenant"`
-	// Weight is the tenant's share when tenants contend (0: 1); RPS, PromptTPS and
-	// OutputTPM its budgets (0: none).
-	Weight    float64 `json:"weight,omitempty"`
-	RPS       float64 `json:"rps,omitempty"`
+	// Weight is the tenant's share when tenants contend (0: 1).
+	Weight float64 `json:"weight,omitempty"`
+	// RPS is the tenant's budget of requests per second (0: none).
+	RPS float64 `json:"rps,omitempty"`
+	// PromptTPS is the tenant's budget of prompt tokens per second (0: none).
 	PromptTPS float64 `json:"prompt_tps,omitempty"`
+	// OutputTPM is the tenant's budget of generated tokens per minute (0: none).
 	OutputTPM float64 `json:"output_tpm,omitempty"`
-	// Cache is the tenant's cache region ("": its own salt).
+	// Cache is the tenant's cache region, whose salt its requests share with the region's
+	// other tenants ("": the tenant's own salt).
 	Cache string `json:"cache,omitempty"`
 }
 

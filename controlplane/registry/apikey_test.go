@@ -56,6 +56,18 @@ func TestAPIKeys(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
+	testBackendAPIKeys(t, s)
+}
+
+// testBackendAPIKeys: keys are listed by id whatever order they were put in, a put replaces
+// the key of its id, a delete removes one key (and of an id never stored is no error).
+func testBackendAPIKeys(t *testing.T, s Backend) {
+	t.Helper()
+	if got, err := s.APIKeys(); err != nil || len(got) != 0 {
+		t.Fatalf("keys of a fresh store: %v, %v", got, err)
+	}
+	good := APIKey{ID: "ci", SHA256: sumA, Tenant: "acme", Weight: 2, RPS: 5, Cache: "public"}
+	second := APIKey{ID: "laptop", SHA256: sumB, Tenant: "acme", Weight: 2, RPS: 5, Cache: "public"}
 	for _, k := range []APIKey{second, good} {
 		if err := s.PutAPIKey(k); err != nil {
 			t.Fatal(err)
@@ -65,10 +77,20 @@ func TestAPIKeys(t *testing.T) {
 	if err != nil || len(got) != 2 || got[0] != good || got[1] != second {
 		t.Fatalf("stored keys %v %v, want ci then laptop", got, err)
 	}
+	moved := APIKey{ID: "laptop", SHA256: sumB, Tenant: "dev", Weight: 0.5, RPS: 1.5, PromptTPS: 200, OutputTPM: 6000}
+	if err := s.PutAPIKey(moved); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.APIKeys(); err != nil || len(got) != 2 || got[0] != good || got[1] != moved {
+		t.Fatalf("after replacing laptop: %v %v, want ci and %v", got, err, moved)
+	}
 	if err := s.DeleteAPIKey("ci"); err != nil {
 		t.Fatal(err)
 	}
-	if got, _ := s.APIKeys(); len(got) != 1 || got[0].ID != "laptop" {
+	if got, _ := s.APIKeys(); len(got) != 1 || got[0] != moved {
 		t.Fatalf("after deleting ci: %v", got)
+	}
+	if err := s.DeleteAPIKey("never-stored"); err != nil {
+		t.Fatalf("deleting a key never stored: %v", err)
 	}
 }

@@ -2,7 +2,6 @@ package registry
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -95,15 +94,3 @@ func (s *KubeStore) Shares(ctx context.Context, what string) (map[string][]byte,
 	}
 	return out, nil
 }
-
-// errKeysUnsupported answers the API key methods until KubeStore stores keys.
-var errKeysUnsupported = errors.New("API keys through the operator API are not stored in Kubernetes yet: give proxies a keys file (the chart's proxy.apiKeys.secretName)")
-
-// APIKeys is not supported yet.
-func (s *KubeStore) APIKeys() ([]APIKey, error) { return nil, nil }
-
-// PutAPIKey is not supported yet.
-func (s *KubeStore) PutAPIKey(APIKey) error { return errKeysUnsupported }
-
-// DeleteAPIKey is not supported yet.
-func (s *KubeStore) DeleteAPIKey(string) error { return errKeysUnsupported }

@@ -32,7 +32,13 @@ var (
 	PolicyResource  = schema.GroupVersionResource{Group: "kvrelay.io", Version: "v1alpha1", Resource: "kvrelaypolicies"}
 	RolloutResource = schema.GroupVersionResource{Group: "kvrelay.io", Version: "v1alpha1", Resource: "kvrelayrollouts"}
 	WorkerResource  = schema.GroupVersionResource{Group: "kvrelay.io", Version: "v1alpha1", Resource: "kvrelayworkers"}
+	APIKeyResource  = schema.GroupVersionResource{Group: "kvrelay.io", Version: "v1alpha1", Resource: "kvrelayapikeys"}
 )
+
+// WatchedResources are the resources every replica watches (and the leader writes); a
+// replica needs get, list, watch, create, update and delete on each. KvrelayShares
+// (ShareResource) are listed when needed, not watched.
+var WatchedResources = []schema.GroupVersionResource{PolicyResource, WorkerResource, RolloutResource, APIKeyResource}
 
 // StoreLabel names the control plane a resource belongs to.
 const StoreLabel = "kvrelay.io/control-plane"
@@ -54,8 +60,9 @@ var ErrNotSynced = errors.New("kubernetes store: resources not listed in time")
 
 // Backend keeps what the control plane must keep across restarts and share between its
 // replicas: the workers added through the operator API, explicit drain settings, the
-// routing policy with its history, and the rollouts. Store (bbolt, one process) and
-// KubeStore (custom resources, every replica) implement it.
+// routing policy with its history, the rollouts and the API keys given through the operator
+// API. Store (bbolt, one process) and KubeStore (custom resources, every replica) implement
+// it.
 type Backend interface {
 	Workers() ([]Worker, error)
 	PutWorker(w Worker) error
@@ -94,6 +101,9 @@ var (
 //     explicit drain, for a worker of any source); one resource holds either or both.
 //   - KvrelayRollout <name>-<rollout id>: spec.id and spec.record, the rollout controller's
 //     record of one rollout (its state machine included), written at every step.
+//   - KvrelayAPIKey <name>-key-<id>: spec is an APIKey (id, sha256, tenant, weight, budgets,
+//     cache region). One written by other means (kubectl, a GitOps tool) is read all the
+//     same; one that does not validate is skipped.
 //
 // Writes go to the API server with optimistic concurrency and into the watch cache at once,
 // so a read after a write sees it. OnChange's callback runs after every change the watches
@@ -107,6 +117,7 @@ type KubeStore struct {
 	policies  cache.SharedIndexInformer
 	workers   cache.SharedIndexInformer
 	rollouts  cache.SharedIndexInformer
+	keys      cache.SharedIndexInformer
 	cancel    context.CancelFunc
 
 	// newer holds, per resource, what this replica knows of objects beyond its watch
@@ -235,7 +246,7 @@ func OpenKube(dyn dynamic.Interface, namespace, name string, timeout time.Durati
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &KubeStore{dyn: dyn, namespace: namespace, name: name, log: log, cancel: cancel, newer: map[schema.GroupVersionResource]*kubeOverlay{}}
-	for _, r := range []schema.GroupVersionResource{PolicyResource, WorkerResource, RolloutResource} {
+	for _, r := range WatchedResources {
 		s.newer[r] = &kubeOverlay{objs: map[string]kubeOverlaid{}}
 	}
 	s.factory = dynamicinformer.NewFilteredDynamicSharedInformerFactory(dyn, 0, namespace,
@@ -243,12 +254,13 @@ func OpenKube(dyn dynamic.Interface, namespace, name string, timeout time.Durati
 	s.policies = s.factory.ForResource(PolicyResource).Informer()
 	s.workers = s.factory.ForResource(WorkerResource).Informer()
 	s.rollouts = s.factory.ForResource(RolloutResource).Informer()
+	s.keys = s.factory.ForResource(APIKeyResource).Informer()
 	h := cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(any) { s.changed() },
 		UpdateFunc: func(a, b any) { s.changed() },
 		DeleteFunc: func(any) { s.changed() },
 	}
-	for _, inf := range []cache.SharedIndexInformer{s.policies, s.workers, s.rollouts} {
+	for _, inf := range []cache.SharedIndexInformer{s.policies, s.workers, s.rollouts, s.keys} {
 		if _, err := inf.AddEventHandler(h); err != nil {
 			cancel()
 			return nil, fmt.Errorf("kubernetes store: %w", err)
@@ -264,7 +276,7 @@ func OpenKube(dyn dynamic.Interface, namespace, name string, timeout time.Durati
 	s.factory.Start(ctx.Done())
 	wait, wcancel := context.WithTimeout(ctx, timeout)
 	defer wcancel()
-	if !cache.WaitForCacheSync(wait.Done(), s.policies.HasSynced, s.workers.HasSynced, s.rollouts.HasSynced) {
+	if !cache.WaitForCacheSync(wait.Done(), s.policies.HasSynced, s.workers.HasSynced, s.rollouts.HasSynced, s.keys.HasSynced) {
 		cancel()
 		s.factory.Shutdown()
 		return nil, fmt.Errorf("%w (%s in namespace %s: are the kvrelay.io CRDs installed, and may this service account list them?)", ErrNotSynced, timeout, namespace)
@@ -358,7 +370,7 @@ func (s *KubeStore) Refresh(ctx context.Context) error {
 	for _, x := range []struct {
 		inf cache.SharedIndexInformer
 		res schema.GroupVersionResource
-	}{{s.policies, PolicyResource}, {s.workers, WorkerResource}, {s.rollouts, RolloutResource}} {
+	}{{s.policies, PolicyResource}, {s.workers, WorkerResource}, {s.rollouts, RolloutResource}, {s.keys, APIKeyResource}} {
 		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		list, err := s.client(x.res).List(ctx, metav1.ListOptions{LabelSelector: StoreLabel + "=" + s.name})
 		cancel()
@@ -433,6 +445,8 @@ func (s *KubeStore) informer(r schema.GroupVersionResource) cache.SharedIndexInf
 		return s.policies
 	case WorkerResource:
 		return s.workers
+	case APIKeyResource:
+		return s.keys
 	}
 	return s.rollouts
 }
@@ -642,6 +656,69 @@ func write(try func(ctx context.Context) error) error {
 		}
 		return err
 	}
+}
+
+// putSpec creates resource r's object name of kind with spec, or replaces the spec of the
+// one there, stamped with the writer's term and fenced as every write is; a conflict with
+// another writer is retried on a fresh read.
+func (s *KubeStore) putSpec(r schema.GroupVersionResource, kind, name string, spec map[string]any) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c := s.client(r)
+	return write(func(ctx context.Context) error {
+		cur, err := c.Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			cur, err = nil, nil
+		}
+		if err != nil {
+			return err
+		}
+		term, err := s.fenced(ctx, cur, 0)
+		if err != nil {
+			return err
+		}
+		if cur == nil {
+			obj := s.newObject(kind, name, spec)
+			s.stamp(obj, term)
+			out, err := c.Create(ctx, obj, metav1.CreateOptions{})
+			s.remember(r, out)
+			return err
+		}
+		cur.Object["spec"] = spec
+		s.stamp(cur, term)
+		out, err := c.Update(ctx, cur, metav1.UpdateOptions{})
+		s.remember(r, out)
+		return err
+	})
+}
+
+// deleteObject deletes resource r's object name, if there is one, fenced as every write is
+// (a later term's object stays) and at the version read, so that a write after the read is
+// not lost unseen.
+func (s *KubeStore) deleteObject(r schema.GroupVersionResource, name string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c := s.client(r)
+	return write(func(ctx context.Context) error {
+		cur, err := c.Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			cur, err = nil, nil
+		}
+		if err != nil {
+			return err
+		}
+		if _, err := s.fenced(ctx, cur, 0); err != nil || cur == nil {
+			return err
+		}
+		rv := cur.GetResourceVersion()
+		err = c.Delete(ctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{ResourceVersion: &rv}})
+		if err == nil || apierrors.IsNotFound(err) {
+			// Deleted after the version we read: a later read must not show it.
+			s.newer[r].note(cur.GetNamespace()+"/"+name, nil, rvOf(cur)+1)
+			return nil
+		}
+		return err
+	})
 }
 
 // PutWorker stores w (by its id), replacing any worker stored with that id.
@@ -877,8 +954,6 @@ type kubeRollout struct {
 
 // PutRollout stores a rollout's record (the control plane's JSON) under its id.
 func (s *KubeStore) PutRollout(id uint64, record []byte) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	if !json.Valid(record) {
 		return fmt.Errorf("storing rollout %d: %w: the record is not JSON", id, ErrInvalid)
 	}
@@ -887,33 +962,7 @@ func (s *KubeStore) PutRollout(id uint64, record []byte) error {
 		return fmt.Errorf("storing rollout %d: %w", id, err)
 	}
 	name := s.rolloutName(id)
-	c := s.client(RolloutResource)
-	err = write(func(ctx context.Context) error {
-		cur, err := c.Get(ctx, name, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) {
-			cur, err = nil, nil
-		}
-		if err != nil {
-			return err
-		}
-		term, err := s.fenced(ctx, cur, 0)
-		if err != nil {
-			return err
-		}
-		if cur == nil {
-			obj := s.newObject("KvrelayRollout", name, spec.(map[string]any))
-			s.stamp(obj, term)
-			out, err := c.Create(ctx, obj, metav1.CreateOptions{})
-			s.remember(RolloutResource, out)
-			return err
-		}
-		cur.Object["spec"] = spec
-		s.stamp(cur, term)
-		out, err := c.Update(ctx, cur, metav1.UpdateOptions{})
-		s.remember(RolloutResource, out)
-		return err
-	})
-	if err != nil {
+	if err := s.putSpec(RolloutResource, "KvrelayRollout", name, spec.(map[string]any)); err != nil {
 		return fmt.Errorf("storing rollout %d in KvrelayRollout %s/%s: %w", id, s.namespace, name, err)
 	}
 	return nil

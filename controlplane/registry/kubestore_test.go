@@ -3,6 +3,7 @@ package registry
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -103,6 +104,38 @@ func TestKubeStore(t *testing.T) {
 			t.Fatalf("share owned by %+v, want pod cp-0", refs)
 		}
 	})
+	t.Run("api keys", func(t *testing.T) {
+		s := openKube(t, dyn, "keys")
+		defer s.Close()
+		testBackendAPIKeys(t, s)
+		// Each key is a KvrelayAPIKey <name>-key-<id> of the store, its spec the key's fields.
+		u, err := dyn.Resource(APIKeyResource).Namespace("kvrelay").Get(t.Context(), "keys-key-laptop", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var spec APIKey
+		if _, err := field(u.Object, &spec, "spec"); err != nil || spec.ID != "laptop" || spec.PromptTPS != 200 || u.GetLabels()[StoreLabel] != "keys" {
+			t.Fatalf("KvrelayAPIKey keys-key-laptop: %v (%v)", u.Object, err)
+		}
+		// An id that is no DNS label gets a resource all the same.
+		odd := APIKey{ID: "CI_key/2", SHA256: sumA, Tenant: "acme"}
+		if err := s.PutAPIKey(odd); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := s.APIKeys(); err != nil || len(got) != 2 || got[0] != odd {
+			t.Fatalf("keys with an odd id: %v, %v", got, err)
+		}
+		if err := s.DeleteAPIKey(odd.ID); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := s.APIKeys(); err != nil || len(got) != 1 || got[0].ID != "laptop" {
+			t.Fatalf("keys after deleting the odd id: %v, %v", got, err)
+		}
+		if err := s.PutAPIKey(APIKey{ID: "bad", SHA256: "abc", Tenant: "acme"}); !errors.Is(err, ErrInvalidKey) {
+			t.Fatalf("PutAPIKey of a short SHA-256 = %v, want ErrInvalidKey", err)
+		}
+	})
+	t.Run("api key replicas", func(t *testing.T) { testKubeAPIKeyReplicas(t, dyn) })
 	t.Run("fenced", func(t *testing.T) {
 		// Two replicas of one control plane: old led term 3, new leads term 4. What new wrote
 		// old cannot overwrite, whatever its own Lease check said; a refused fence writes
@@ -133,6 +166,20 @@ func TestKubeStore(t *testing.T) {
 		if err := old.SetDrain("w1", true); !errors.Is(err, ErrStaleTerm) {
 			t.Fatalf("the earlier term drained a worker a later one wrote: %v", err)
 		}
+		key := APIKey{ID: "ci", SHA256: sumA, Tenant: "acme"}
+		if err := old.PutAPIKey(key); err != nil {
+			t.Fatal(err)
+		}
+		key.Tenant = "later"
+		if err := cur.PutAPIKey(key); err != nil {
+			t.Fatalf("a later term replacing an earlier one's key: %v", err)
+		}
+		if err := old.PutAPIKey(APIKey{ID: "ci", SHA256: sumA, Tenant: "earlier"}); !errors.Is(err, ErrStaleTerm) {
+			t.Fatalf("the earlier term replaced a later one's key: %v", err)
+		}
+		if err := old.DeleteAPIKey("ci"); !errors.Is(err, ErrStaleTerm) {
+			t.Fatalf("the earlier term deleted a later one's key: %v", err)
+		}
 		deposed := openKube(t, dyn, "fenced")
 		defer deposed.Close()
 		refused := errors.New("the Lease has another holder")
@@ -142,6 +189,12 @@ func TestKubeStore(t *testing.T) {
 		}
 		if _, err := deposed.SetPolicy(Policy{Name: "random"}, "api", time.Now()); !errors.Is(err, refused) {
 			t.Fatalf("a refused fence: SetPolicy = %v", err)
+		}
+		if err := deposed.PutAPIKey(APIKey{ID: "deposed", SHA256: sumB, Tenant: "acme"}); !errors.Is(err, refused) {
+			t.Fatalf("a refused fence: PutAPIKey = %v", err)
+		}
+		if err := deposed.DeleteAPIKey("ci"); !errors.Is(err, refused) {
+			t.Fatalf("a refused fence: DeleteAPIKey = %v", err)
 		}
 		// What stands is the later term's, stamped with it.
 		ctx := t.Context()
@@ -154,6 +207,16 @@ func TestKubeStore(t *testing.T) {
 		}
 		if _, err := dyn.Resource(RolloutResource).Namespace("kvrelay").Get(ctx, "fenced-2", metav1.GetOptions{}); err == nil {
 			t.Fatal("a refused fence created rollout 2")
+		}
+		ko, err := dyn.Resource(APIKeyResource).Namespace("kvrelay").Get(ctx, "fenced-key-ci", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tenant, _, _ := unstructured.NestedString(ko.Object, "spec", "tenant"); tenant != "later" || ko.GetAnnotations()[TermAnnotation] != "4" {
+			t.Fatalf("key ci is tenant %q, term %q; want later, term 4", tenant, ko.GetAnnotations()[TermAnnotation])
+		}
+		if keys, err := cur.APIKeys(); err != nil || len(keys) != 1 || keys[0] != key {
+			t.Fatalf("keys after the refused writes: %v, %v; want %v", keys, err, key)
 		}
 		po, err := dyn.Resource(PolicyResource).Namespace("kvrelay").Get(ctx, "fenced", metav1.GetOptions{})
 		if err != nil {
@@ -169,6 +232,121 @@ func TestKubeStore(t *testing.T) {
 			t.Fatalf("OpenKube with a bad name = %v, want ErrInvalid", err)
 		}
 	})
+}
+
+// testKubeAPIKeyReplicas: two replicas of one control plane. What the leader writes of the
+// keys reaches the other through its watch, which calls its OnChange; a key written with
+// kubectl is read too, and its schema is typed: a misspelt field is refused under strict
+// field validation, text for a number whatever the validation. Of two resources giving one
+// id, the one named for it stands; a key the API server takes but the control plane does not
+// (a SHA-256 that is not 64 hex digits) is skipped; deleting a key deletes every resource
+// giving its id.
+func testKubeAPIKeyReplicas(t *testing.T, dyn dynamic.Interface) {
+	leader, follower := openKube(t, dyn, "keyring"), openKube(t, dyn, "keyring")
+	defer leader.Close()
+	defer follower.Close()
+	var news atomic.Int64
+	follower.OnChange(func() { news.Add(1) })
+	// sees waits until the follower's keys are want, having heard of a change since before.
+	sees := func(what string, before int64, want ...APIKey) {
+		t.Helper()
+		eventually(t, what, func() bool {
+			got, err := follower.APIKeys()
+			return err == nil && slices.Equal(got, want) && news.Load() > before
+		})
+	}
+	a := APIKey{ID: "ci", SHA256: sumA, Tenant: "acme", Weight: 2, RPS: 5, Cache: "public"}
+	b := APIKey{ID: "laptop", SHA256: sumB, Tenant: "acme", Weight: 2, RPS: 5, Cache: "public"}
+	before := news.Load()
+	for _, k := range []APIKey{b, a} {
+		if err := leader.PutAPIKey(k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sees("the follower has both keys, by id", before, a, b)
+	before = news.Load()
+	b.Tenant, b.OutputTPM = "dev", 6000
+	if err := leader.PutAPIKey(b); err != nil {
+		t.Fatal(err)
+	}
+	sees("the follower has the replaced key", before, a, b)
+	before = news.Load()
+	if err := leader.DeleteAPIKey("ci"); err != nil {
+		t.Fatal(err)
+	}
+	sees("the follower has dropped the deleted key", before, b)
+
+	keys := dyn.Resource(APIKeyResource).Namespace("kvrelay")
+	gitops := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "kvrelay.io/v1alpha1", "kind": "KvrelayAPIKey",
+		"metadata": map[string]any{"name": "keyring-key-gitops", "labels": map[string]any{StoreLabel: "keyring"}},
+		"spec":     map[string]any{"id": "gitops", "sha256": sumA, "tenant": "ops", "prompt_tps": int64(100)},
+	}}
+	before = news.Load()
+	if _, err := keys.Create(t.Context(), gitops, metav1.CreateOptions{FieldValidation: "Strict"}); err != nil {
+		t.Fatal(err)
+	}
+	ops := APIKey{ID: "gitops", SHA256: sumA, Tenant: "ops", PromptTPS: 100}
+	sees("the follower has the key written with kubectl", before, ops, b)
+
+	// Another resource giving a stored key's id: the one named for the id stands.
+	dup := gitops.DeepCopy()
+	dup.SetName("keyring-a-copy")
+	if err := unstructured.SetNestedMap(dup.Object, map[string]any{"id": "laptop", "sha256": sumA, "tenant": "intruder"}, "spec"); err != nil {
+		t.Fatal(err)
+	}
+	before = news.Load()
+	if _, err := keys.Create(t.Context(), dup, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	sees("the follower keeps the key named for its id", before, ops, b)
+
+	u, err := keys.Get(t.Context(), "keyring-key-laptop", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for what, set := range map[string]func(spec map[string]any){
+		"a misspelt field":  func(spec map[string]any) { spec["tenat"] = "other" },
+		"text for a number": func(spec map[string]any) { spec["rps"] = "fast" },
+		"a list for a name": func(spec map[string]any) { spec["tenant"] = []any{"a", "b"} },
+	} {
+		bad := u.DeepCopy()
+		spec, _, _ := unstructured.NestedMap(bad.Object, "spec")
+		set(spec)
+		if err := unstructured.SetNestedMap(bad.Object, spec, "spec"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := keys.Update(t.Context(), bad, metav1.UpdateOptions{FieldValidation: "Strict"}); err == nil {
+			t.Errorf("the API server took %s in a KvrelayAPIKey's spec", what)
+		}
+	}
+	bad := u.DeepCopy()
+	if err := unstructured.SetNestedField(bad.Object, "not-a-sum", "spec", "sha256"); err != nil {
+		t.Fatal(err)
+	}
+	before = news.Load()
+	if _, err := keys.Update(t.Context(), bad, metav1.UpdateOptions{FieldValidation: "Strict"}); err != nil {
+		t.Fatal(err)
+	}
+	// The copy, valid, now gives laptop's key.
+	intruder := APIKey{ID: "laptop", SHA256: sumA, Tenant: "intruder"}
+	sees("the follower skips a key that does not validate", before, ops, intruder)
+	eventually(t, "the leader skips it too", func() bool {
+		got, err := leader.APIKeys()
+		return err == nil && slices.Equal(got, []APIKey{ops, intruder})
+	})
+	// Deleting laptop deletes every resource giving its id.
+	before = news.Load()
+	if err := leader.DeleteAPIKey("laptop"); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := leader.APIKeys(); err != nil || !slices.Equal(got, []APIKey{ops}) {
+		t.Fatalf("the leader's keys after deleting laptop: %v, %v", got, err)
+	}
+	sees("the follower has no laptop key left", before, ops)
+	if l, err := keys.List(t.Context(), metav1.ListOptions{LabelSelector: StoreLabel + "=keyring"}); err != nil || len(l.Items) != 1 || l.Items[0].GetName() != "keyring-key-gitops" {
+		t.Fatalf("KvrelayAPIKeys left: %v, %v", l, err)
+	}
 }
 
 // TestKubeStoreReplicas: two control-plane replicas on one KubeStore state. What the leader

@@ -20,6 +20,7 @@ func TestWatchFailingIsReported(t *testing.T) {
 	watchErrAfter, watchErrGap = 500*time.Millisecond, 5*time.Second
 	kinds := map[schema.GroupVersionResource]string{
 		PolicyResource: "KvrelayPolicyList", WorkerResource: "KvrelayWorkerList", RolloutResource: "KvrelayRolloutList",
+		APIKeyResource: "KvrelayAPIKeyList",
 	}
 	healthy := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), kinds)
 	ok, err := OpenKube(healthy, "kvrelay", "ok", 5*time.Second, discard())

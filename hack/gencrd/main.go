@@ -1,7 +1,7 @@
 // Command gencrd writes the chart's kvrelay.io CustomResourceDefinitions from a template and
 // the Go types the control plane stores in them: the routing policy (registry.Policy, with its
-// profile and candidate), a policy change (registry.PolicyChange) and a worker
-// (registry.Worker). Their OpenAPI schemas are typed field by field, so that the API server
+// profile and candidate), a policy change (registry.PolicyChange), a worker (registry.Worker)
+// and an API key (registry.APIKey). Their OpenAPI schemas are typed field by field, so that the API server
 // refuses a misspelt field (kubectl's strict field validation) instead of keeping it for the
 // control plane to read as zero, and `kubectl explain` describes each field with its Go doc.
 //
@@ -40,6 +40,7 @@ var roots = map[string]reflect.Type{
 	"policy": reflect.TypeFor[registry.Policy](),
 	"change": reflect.TypeFor[registry.PolicyChange](),
 	"worker": reflect.TypeFor[registry.Worker](),
+	"apikey": reflect.TypeFor[registry.APIKey](),
 }
 
 func main() {

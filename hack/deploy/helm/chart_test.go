@@ -30,6 +30,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/yaml"
 
+	"github.com/kvrelay/kvrelay/controlplane/registry"
 	"github.com/kvrelay/kvrelay/internal/kubetest"
 )
 
@@ -445,6 +446,13 @@ var templateCases = []struct {
 			var lease rbacv1.Role
 			o.must(t, "Role", namespace, cpName, &lease)
 			wantRule(t, lease, "coordination.k8s.io", "leases", "get", "create", "update")
+			// The shared state (--store kubernetes): every replica watches it, the leader
+			// writes it; each replica shares what it alone sees in KvrelayShares.
+			for _, r := range registry.WatchedResources {
+				wantRule(t, lease, r.Group, r.Resource, "get", "list", "watch", "create", "update", "delete")
+			}
+			wantRule(t, lease, "kvrelay.io", "kvrelaypolicies/status", "update")
+			wantRule(t, lease, "kvrelay.io", "kvrelayshares", "get", "list", "create", "update")
 			var disc rbacv1.Role
 			o.must(t, "Role", namespace, discoveryRBAC, &disc)
 			wantRule(t, disc, "discovery.k8s.io", "endpointslices", "get", "list", "watch")

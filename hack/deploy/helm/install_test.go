@@ -25,6 +25,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	authv1 "k8s.io/api/authentication/v1"
+	authzv1 "k8s.io/api/authorization/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -185,6 +186,7 @@ func checkRBAC(t *testing.T, admin, sa *kubernetes.Clientset) {
 		t.Errorf("get lease: %v", err)
 	}
 
+	checkStateRBAC(t, sa)
 	checkPlannerRBAC(t, admin, sa, false)
 	deployments := sa.AppsV1().Deployments(engines)
 	// The proxies' xDS tokens are checked with TokenReviews.
@@ -202,6 +204,52 @@ func checkRBAC(t *testing.T, admin, sa *kubernetes.Clientset) {
 	} {
 		if !apierrors.IsForbidden(err) {
 			t.Errorf("%s: got %v, want forbidden", what, err)
+		}
+	}
+}
+
+// checkStateRBAC asks the API server, as the control plane's ServiceAccount (sa), for each of
+// its rights on the kvrelay.io resources of the shared state (--store kubernetes) in the
+// release's namespace, and for some it must not have: every right on the resources the
+// replicas watch (registry.WatchedResources), a KvrelayPolicy's status, its own
+// KvrelayShares (no delete: their pods own them), none in the engines' namespace.
+func checkStateRBAC(t *testing.T, sa *kubernetes.Clientset) {
+	ctx := t.Context()
+	type right struct{ namespace, verb, resource, subresource string }
+	var want, refused []right
+	for _, r := range registry.WatchedResources {
+		for _, verb := range []string{"get", "list", "watch", "create", "update", "delete"} {
+			want = append(want, right{namespace, verb, r.Resource, ""})
+		}
+		refused = append(refused, right{engines, "list", r.Resource, ""}, right{namespace, "deletecollection", r.Resource, ""})
+	}
+	want = append(want, right{namespace, "update", "kvrelaypolicies", "status"})
+	for _, verb := range []string{"get", "list", "create", "update"} {
+		want = append(want, right{namespace, verb, registry.ShareResource.Resource, ""})
+	}
+	refused = append(refused, right{namespace, "delete", registry.ShareResource.Resource, ""},
+		right{namespace, "update", "kvrelayworkers", "status"})
+	can := func(r right) bool {
+		t.Helper()
+		review, err := sa.AuthorizationV1().SelfSubjectAccessReviews().Create(ctx, &authzv1.SelfSubjectAccessReview{
+			Spec: authzv1.SelfSubjectAccessReviewSpec{ResourceAttributes: &authzv1.ResourceAttributes{
+				Namespace: r.namespace, Verb: r.verb, Group: "kvrelay.io", Resource: r.resource, Subresource: r.subresource,
+			}},
+		}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatalf("SelfSubjectAccessReview %+v: %v", r, err)
+		}
+		return review.Status.Allowed
+	}
+	name := func(r right) string { return strings.TrimSuffix(r.resource+"/"+r.subresource, "/") }
+	for _, r := range want {
+		if !can(r) {
+			t.Errorf("the control plane may not %s %s in %s", r.verb, name(r), r.namespace)
+		}
+	}
+	for _, r := range refused {
+		if can(r) {
+			t.Errorf("the control plane may %s %s in %s", r.verb, name(r), r.namespace)
 		}
 	}
 }
@@ -436,18 +484,26 @@ func runInstalled(t *testing.T, env *kubetest.Env, cs *kubernetes.Clientset, kub
 	})
 
 	// The state lives in the release's KvrelayPolicy (--store kubernetes): a policy set
-	// through the operator API, as the ServiceAccount, is there.
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPut, api+"/v1/policy", strings.NewReader(`{"policy": "round-robin"}`))
-	req.Header.Set("Authorization", "Bearer "+token)
-	resp, err := apiClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != 200 {
+	// through the operator API, as the ServiceAccount, is there. The replica takes changes
+	// once it has read the shared state on winning the Lease (503 until then: retry).
+	eventually(t, 20*time.Second, func() error {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPut, api+"/v1/policy", strings.NewReader(`{"policy": "round-robin"}`))
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := apiClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		switch resp.StatusCode {
+		case http.StatusOK:
+			return nil
+		case http.StatusServiceUnavailable:
+			return cp.check(fmt.Errorf("PUT /v1/policy: %d %s", resp.StatusCode, body))
+		}
 		t.Fatalf("PUT /v1/policy: %d %s\n%s", resp.StatusCode, body, cp.log.String())
-	}
+		return nil
+	})
 	dyn, err := dynamic.NewForConfig(env.Config())
 	if err != nil {
 		t.Fatal(err)
