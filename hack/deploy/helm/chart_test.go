@@ -445,6 +445,8 @@ var templateCases = []struct {
 			var lease rbacv1.Role
 			o.must(t, "Role", namespace, cpName, &lease)
 			wantRule(t, lease, "coordination.k8s.io", "leases", "get", "create", "update")
+			// A replica deletes the parts of its shares' earlier writes in one request.
+			wantRule(t, lease, "kvrelay.io", "kvrelayshares", "get", "list", "create", "update", "deletecollection")
 			var disc rbacv1.Role
 			o.must(t, "Role", namespace, discoveryRBAC, &disc)
 			wantRule(t, disc, "discovery.k8s.io", "endpointslices", "get", "list", "watch")
