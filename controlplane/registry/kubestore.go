@@ -131,6 +131,12 @@ type KubeStore struct {
 	onChange   func()
 	cbMu       sync.Mutex
 
+	// shareWriters are PutShare's writers by head name; wholeSharesSince is when the
+	// KvrelayShare CRD was last found to drop the fields of split and compressed shares.
+	// Both under mu.
+	shareWriters     map[string]*shareWriter
+	wholeSharesSince time.Time
+
 	// The informers' watch errors: when the current streak of them began, the latest and
 	// its time (WatchFailing).
 	watchMu                     sync.Mutex

@@ -447,12 +447,13 @@ var templateCases = []struct {
 			o.must(t, "Role", namespace, cpName, &lease)
 			wantRule(t, lease, "coordination.k8s.io", "leases", "get", "create", "update")
 			// The shared state (--store kubernetes): every replica watches it, the leader
-			// writes it; each replica shares what it alone sees in KvrelayShares.
+			// writes it; each replica shares what it alone sees in KvrelayShares, and deletes
+			// the parts of its shares' earlier writes in one request.
 			for _, r := range registry.WatchedResources {
 				wantRule(t, lease, r.Group, r.Resource, "get", "list", "watch", "create", "update", "delete")
 			}
 			wantRule(t, lease, "kvrelay.io", "kvrelaypolicies/status", "update")
-			wantRule(t, lease, "kvrelay.io", "kvrelayshares", "get", "list", "create", "update")
+			wantRule(t, lease, "kvrelay.io", "kvrelayshares", "get", "list", "create", "update", "deletecollection")
 			var disc rbacv1.Role
 			o.must(t, "Role", namespace, discoveryRBAC, &disc)
 			wantRule(t, disc, "discovery.k8s.io", "endpointslices", "get", "list", "watch")
