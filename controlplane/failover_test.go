@@ -7,6 +7,8 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -14,6 +16,7 @@ import (
 	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -24,6 +27,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/kvrelay/kvrelay/controlplane/registry"
 )
@@ -606,4 +610,145 @@ func TestFrozenLeaderCannotOverwrite(t *testing.T) {
 		t.Fatalf("the KvrelayPolicy's status was last written in term %d, want the new leader's %d", st, newTerm)
 	}
 	t.Logf("writes seen from the freeze on, by term: %v (%s from continuing to following)", byTerm, time.Since(resumed).Round(time.Millisecond))
+}
+
+// cutRelay relays TCP connections to an address until cut: then it closes them and refuses
+// new ones (a client fails at once, as on a host that lost its route), until restored. A
+// replica that reaches the API server through it can be cut off from it.
+type cutRelay struct {
+	t      *testing.T
+	target string
+	addr   string
+	mu     sync.Mutex
+	ln     net.Listener // nil while cut
+	conns  []net.Conn
+}
+
+func newCutRelay(t *testing.T, target string) *cutRelay {
+	t.Helper()
+	r := &cutRelay{t: t, target: target, addr: "127.0.0.1:0"}
+	r.setCut(false)
+	t.Cleanup(func() { r.setCut(true) })
+	return r
+}
+
+// setCut cuts the relay (true) or restores it (false), on the same address.
+func (r *cutRelay) setCut(cut bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if cut {
+		if r.ln != nil {
+			r.ln.Close()
+			r.ln = nil
+		}
+		for _, c := range r.conns {
+			c.Close()
+		}
+		r.conns = nil
+		return
+	}
+	if r.ln != nil {
+		return
+	}
+	ln, err := net.Listen("tcp", r.addr)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	r.ln, r.addr = ln, ln.Addr().String()
+	go func() {
+		for {
+			down, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			up, err := net.Dial("tcp", r.target)
+			r.mu.Lock()
+			if err != nil || r.ln != ln {
+				r.mu.Unlock()
+				down.Close()
+				if up != nil {
+					up.Close()
+				}
+				continue
+			}
+			r.conns = append(r.conns, down, up)
+			r.mu.Unlock()
+			pipe := func(dst, src net.Conn) { _, _ = io.Copy(dst, src); dst.Close() }
+			go pipe(up, down)
+			go pipe(down, up)
+		}
+	}()
+}
+
+// TestLeaderFrozenMidRenewalLeavesTheLease: the leader, a kvrelay process, loses the API
+// server (a renewal of its Lease fails) and is frozen (SIGSTOP) before its renewal gives up,
+// past its Lease; the other replica takes over and changes the policy. Continued (SIGCONT),
+// the old leader finds its renewal out of time and stops leading, and it must not then
+// release the Lease: the new leader holds it, in the term it won, and goes on taking changes.
+func TestLeaderFrozenMidRenewalLeavesTheLease(t *testing.T) {
+	const lease = 3 * time.Second
+	h := newHAEnv(t, lease)
+	// The old leader reaches the API server through a relay that can cut it off.
+	api := newCutRelay(t, strings.TrimPrefix(h.env.Config().Host, "https://"))
+	kc, err := clientcmd.LoadFromFile(h.env.Kubeconfig(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range kc.Clusters {
+		c.Server = "https://" + api.addr // (the API server's certificate names 127.0.0.1)
+	}
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := clientcmd.WriteToFile(*kc, kubeconfig); err != nil {
+		t.Fatal(err)
+	}
+	a := h.startProcess("cp-0", kubeconfig)
+	waitFor(t, "cp-0 holds the Lease", 30*time.Second, func() bool { holder, _ := h.leaseHolder(); return holder == "cp-0" })
+	b := h.start("cp-1", nil)
+
+	// Cut off, the leader's renewal fails at once (client-go logs the failed read of the
+	// Lease) and goes on trying for its renew deadline: it is frozen meanwhile.
+	failures := strings.Count(a.out.String(), "Error retrieving lease lock")
+	cut := time.Now()
+	api.setCut(true)
+	waitFor(t, "cp-0's renewal fails", 10*time.Second, func() bool {
+		return strings.Count(a.out.String(), "Error retrieving lease lock") > failures
+	})
+	stopped := time.Now()
+	a.freeze(t)
+	t.Logf("cp-0 cut off from the API server, its renewal failed %s later, frozen %s later",
+		stopped.Sub(cut).Round(time.Millisecond), time.Since(cut).Round(time.Millisecond))
+	if out := a.out.String(); strings.Contains(out, "Failed to renew lease") || strings.Contains(out, "stopped leading") {
+		t.Fatalf("cp-0 gave up its renewal before it was frozen (the machine is too slow for this test):\n%s", out)
+	}
+	api.setCut(false)
+	took := waitFor(t, "cp-1 takes the lead", 2*lease+2*time.Second, b.e.Leading)
+	waitFor(t, "cp-1 takes over", 10*time.Second, b.c.cp.Acting)
+	newTerm, _ := b.e.Term()
+	code, out := b.c.api("PUT", "/v1/policy", `{"policy": "kv", "overlap_weight": 32, "queue_weight": 4, "cache_threshold": 0.2, "tier_weights": [1, 0.75, 0.25]}`, true)
+	if code != 200 {
+		t.Fatalf("PUT /v1/policy on the new leader: %d %v", code, out)
+	}
+	t.Logf("cp-1 led %s after cp-0 froze mid-renewal (lease %s), term %d", took.Round(time.Millisecond), lease, newTerm)
+
+	resumed := time.Now()
+	a.signal(t, syscall.SIGCONT)
+	stepDown := waitFor(t, "cp-0 follows cp-1", 2*lease+5*time.Second, func() bool {
+		code, ready, err := a.call("GET", "/readyz", "", nil)
+		return err == nil && code == 200 && ready["role"] == "follower" && ready["leader"] == "cp-1"
+	})
+	t.Logf("cp-0 followed cp-1 %s after it continued (frozen %s)", stepDown.Round(time.Millisecond), resumed.Sub(stopped).Round(time.Millisecond))
+	// The new leader still holds the Lease in its term, and writes in it.
+	code, out = b.c.api("PUT", "/v1/policy", `{"policy": "kv", "overlap_weight": 16, "queue_weight": 4, "cache_threshold": 0.2, "tier_weights": [1, 0.75, 0.25]}`, true)
+	holder, term := h.leaseHolder()
+	if code != 200 || holder != "cp-1" || term != newTerm || !b.e.Leading() {
+		t.Fatalf("after cp-0 continued: a change on cp-1 %d %v; the Lease %q's in term %d (cp-1 leading: %v), want cp-1's in term %d\n%s",
+			code, out, holder, term, b.e.Leading(), newTerm, a.out)
+	}
+	obj, err := h.dyn.Resource(registry.PolicyResource).Namespace("kvrelay").Get(t.Context(), "kvrelay", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, _, _ := unstructured.NestedInt64(obj.Object, "status", "leaderTerm"); st != newTerm {
+		t.Fatalf("the KvrelayPolicy's status was last written in term %d, want the new leader's %d", st, newTerm)
+	}
 }
