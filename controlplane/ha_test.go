@@ -33,6 +33,7 @@ type haReplica struct {
 // kvrelay.io's resources and the namespace kvrelay, and four simulated workers.
 type haEnv struct {
 	t       *testing.T
+	env     *kubetest.Env
 	lease   time.Duration
 	kube    kubernetes.Interface
 	dyn     dynamic.Interface
@@ -55,7 +56,7 @@ func newHAEnv(t *testing.T, lease time.Duration) *haEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := &haEnv{t: t, lease: lease, kube: cs, dyn: dyn, workers: startWorkers(t, 4)}
+	h := &haEnv{t: t, env: env, lease: lease, kube: cs, dyn: dyn, workers: startWorkers(t, 4)}
 	for i, w := range h.workers {
 		h.specs = append(h.specs, specOf(i, w.URL(), w.EventsEndpoint(), w.ReplayEndpoint()))
 	}

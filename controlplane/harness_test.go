@@ -533,7 +533,17 @@ func (c *cluster) api(method, path, body string, token bool) (int, map[string]an
 // apiWith is api with the headers h (the token among them, if any).
 func (c *cluster) apiWith(method, path, body string, h map[string]string) (int, map[string]any) {
 	c.t.Helper()
-	req, _ := http.NewRequest(method, "http://"+c.cp.APIAddr()+path, strings.NewReader(body))
+	code, out, err := callAPI(http.DefaultClient, c.cp.APIAddr(), method, path, body, h)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return code, out
+}
+
+// callAPI calls the operator API's JSON side at addr through client with the headers h: a
+// change (not a GET) with other headers and no Authorization carries the token.
+func callAPI(client *http.Client, addr, method, path, body string, h map[string]string) (int, map[string]any, error) {
+	req, _ := http.NewRequest(method, "http://"+addr+path, strings.NewReader(body))
 	if _, ok := h["Authorization"]; !ok && method != "GET" && len(h) > 0 {
 		req.Header.Set("Authorization", "Bearer secret")
 	}
@@ -541,14 +551,14 @@ func (c *cluster) apiWith(method, path, body string, h map[string]string) (int, 
 		req.Header.Set(k, v)
 	}
 	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
-		c.t.Fatal(err)
+		return 0, nil, err
 	}
 	defer resp.Body.Close()
 	var out map[string]any
 	_ = json.NewDecoder(resp.Body).Decode(&out)
-	return resp.StatusCode, out
+	return resp.StatusCode, out, nil
 }
 
 func TestOperatorDrainAndPolicyReachProxies(t *testing.T) {

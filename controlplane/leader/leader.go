@@ -102,9 +102,8 @@ func New(cfg Config) (*Elector, error) {
 		LeaseDuration: cfg.LeaseDuration,
 		RenewDeadline: cfg.RenewDeadline,
 		RetryPeriod:   cfg.RetryPeriod,
-		// A replica that stops (a rolling update, a drained node) hands the Lease over at
-		// once instead of leaving the fleet leaderless for a LeaseDuration.
-		ReleaseOnCancel: true,
+		// Not client-go's release: Run releases the Lease itself (see release).
+		ReleaseOnCancel: false,
 		Name:            cfg.Name,
 		Callbacks: leaderelection.LeaderCallbacks{
 			OnStartedLeading: e.started,
@@ -244,6 +243,33 @@ func (e *Elector) Run(ctx context.Context) {
 		case <-time.After(e.cfg.RetryPeriod):
 		}
 	}
+	e.release()
+}
+
+// release gives up the Lease when this replica holds it, so that a replica that stops (a
+// rolling update, a drained node) hands over at once instead of leaving the fleet
+// leaderless for a LeaseDuration. It reads the Lease afresh and clears it only while it
+// names this replica, the write conditional on that read. (client-go's ReleaseOnCancel
+// releases after a failed renewal too, and judges whether it holds the Lease by the Lease it
+// saw before: a replica frozen in the middle of a renewal past its Lease would, continued,
+// clear the Lease of the replica that took over meanwhile, which would then take it again
+// in a later term than the one its writes are fenced with, and be refused them all.)
+func (e *Elector) release() {
+	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.RenewDeadline)
+	defer cancel()
+	leases := e.cfg.Client.CoordinationV1().Leases(e.cfg.Namespace)
+	l, err := leases.Get(ctx, e.cfg.Name, metav1.GetOptions{})
+	if err != nil || l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity != e.cfg.Identity {
+		return
+	}
+	// As client-go releases: no holder, a lease of a second, the term kept.
+	none, second, now := "", int32(1), metav1.NewMicroTime(time.Now())
+	l.Spec.HolderIdentity, l.Spec.LeaseDurationSeconds, l.Spec.AcquireTime, l.Spec.RenewTime = &none, &second, &now, &now
+	if _, err := leases.Update(ctx, l, metav1.UpdateOptions{}); err != nil {
+		e.cfg.Logger.Warn("the Lease not released: the other replicas take over once it expires", "lease", e.cfg.Namespace+"/"+e.cfg.Name, "err", err)
+		return
+	}
+	e.cfg.Logger.Info("released the Lease", "lease", e.cfg.Namespace+"/"+e.cfg.Name, "identity", e.cfg.Identity)
 }
 
 // Leading reports whether this replica leads now. The nil Elector always does.

@@ -227,6 +227,30 @@ func TestKubeStore(t *testing.T) {
 			t.Fatalf("policy status %+v (%v), want kv in term 4", st, err)
 		}
 	})
+	t.Run("candidate", func(t *testing.T) {
+		// A rollout's candidate is stored beside the stable policy (the schema has it: the
+		// API server keeps it instead of pruning it as an unknown field), in the policy in
+		// force and its history: another replica reads it back.
+		s := openKube(t, dyn, "candidate")
+		defer s.Close()
+		p, c := DefaultPolicy(), DefaultPolicy()
+		c.Name, c.Temperature = PolicySession, 0.5
+		p.Candidate, p.CandidateShare = &c, 0.25
+		set, err := s.SetPolicy(p, "rollout 1 started", time.Now())
+		if err != nil || set.Candidate == nil {
+			t.Fatalf("SetPolicy with a candidate = %+v, %v", set, err)
+		}
+		other := openKube(t, dyn, "candidate")
+		defer other.Close()
+		got, err := other.Policy()
+		if err != nil || got.Candidate == nil || got.Candidate.Name != PolicySession || got.Candidate.Temperature != 0.5 ||
+			got.Candidate.Version != set.Candidate.Version || got.CandidateShare != 0.25 {
+			t.Fatalf("another replica reads the policy as %+v (%v), want the candidate at version %d", got, err, set.Candidate.Version)
+		}
+		if h, err := other.PolicyHistory(1); err != nil || len(h) != 1 || h[0].Policy.Candidate == nil {
+			t.Fatalf("history = %+v, %v; want the change with its candidate", h, err)
+		}
+	})
 	t.Run("not installed", func(t *testing.T) {
 		if _, err := OpenKube(dyn, "kvrelay", "Not-A-Label", time.Second, discard()); !errors.Is(err, ErrInvalid) {
 			t.Fatalf("OpenKube with a bad name = %v, want ErrInvalid", err)

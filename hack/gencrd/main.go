@@ -145,10 +145,11 @@ func (g *gen) write(b *strings.Builder, t reflect.Type, indent int, description 
 	}
 }
 
-// properties writes the fields of struct t that JSON carries.
+// properties writes the fields of struct t that JSON carries: of those whose type is
+// being written above t, none (t itself not counted: a policy's candidate is written, the
+// candidate's own candidate is not).
 func (g *gen) properties(b *strings.Builder, t reflect.Type, indent int, seen []reflect.Type) {
 	pad := strings.Repeat(" ", indent)
-	seen = append(seen, t)
 	type field struct {
 		name string
 		f    reflect.StructField
@@ -173,6 +174,7 @@ func (g *gen) properties(b *strings.Builder, t reflect.Type, indent int, seen []
 		fs = append(fs, field{name, f})
 	}
 	sort.Slice(fs, func(i, j int) bool { return fs[i].name < fs[j].name })
+	seen = append(seen[:len(seen):len(seen)], t)
 	fmt.Fprintf(b, "%sproperties:\n", pad)
 	for _, f := range fs {
 		fmt.Fprintf(b, "%s  %s:\n", pad, f.name)
