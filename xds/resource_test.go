@@ -26,7 +26,7 @@ func TestTypeURLsMatchDescriptors(t *testing.T) {
 			t.Errorf("anypb type URL %q, want %q", a.GetTypeUrl(), want)
 		}
 	}
-	if got := TypeURLs(); len(got) != 2 || got[0] != WorkerType || got[1] != PolicyType {
+	if got := TypeURLs(); len(got) != 3 || got[0] != WorkerType || got[1] != PolicyType || got[2] != KeysType {
 		t.Errorf("TypeURLs() = %v", got)
 	}
 	if TypeURL(&xdsv1.LoadReport{}) != "" || ResourceName(&xdsv1.LoadReport{}) != "" {
@@ -229,5 +229,27 @@ func TestRoles(t *testing.T) {
 	}
 	if got := RoleName(9); got != "role(9)" {
 		t.Errorf("RoleName(9) = %q", got)
+	}
+}
+
+// DecodeKeys takes the one keys resource under its name and within MaxKeysLen, and refuses
+// another name, another type or a body too large.
+func TestDecodeKeys(t *testing.T) {
+	ok, _ := anypb.New(&xdsv1.TenantKeys{Keys: "sha256:ab tenant=a\n"})
+	if k, err := DecodeKeys(KeysName, ok); err != nil || k.GetKeys() != "sha256:ab tenant=a\n" {
+		t.Fatalf("DecodeKeys: %v %v", k, err)
+	}
+	big, _ := anypb.New(&xdsv1.TenantKeys{Keys: strings.Repeat("x", MaxKeysLen+1)})
+	other, _ := anypb.New(&xdsv1.RoutingPolicy{})
+	for name, c := range map[string]struct {
+		name string
+		res  *anypb.Any
+	}{"another name": {"other", ok}, "too large": {KeysName, big}, "another type": {KeysName, other}, "no body": {KeysName, nil}} {
+		if _, err := DecodeKeys(c.name, c.res); !errors.Is(err, ErrInvalid) {
+			t.Errorf("%s: %v, want ErrInvalid", name, err)
+		}
+	}
+	if ResourceName(&xdsv1.TenantKeys{}) != KeysName {
+		t.Error("the keys resource's name")
 	}
 }
