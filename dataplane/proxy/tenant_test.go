@@ -167,6 +167,27 @@ func TestAPIKeys(t *testing.T) {
 	}
 }
 
+// cachedTokens sends a chat completion of system and user as the tenant of key, with the
+// client's cache salt (none: ""), through the proxy at base, and returns the prompt tokens
+// the engine reports cached.
+func cachedTokens(t *testing.T, ctx context.Context, base, key, salt, system, user string) int64 {
+	t.Helper()
+	cl := openai.NewClient(option.WithBaseURL(base+"/v1"), option.WithAPIKey(key), option.WithMaxRetries(0))
+	opts := []option.RequestOption{}
+	if salt != "" {
+		opts = append(opts, option.WithJSONSet("cache_salt", salt))
+	}
+	comp, err := cl.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{
+		Model:     model,
+		Messages:  []openai.ChatCompletionMessageParamUnion{openai.SystemMessage(system), openai.UserMessage(user)},
+		MaxTokens: openai.Int(2),
+	}, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return comp.Usage.PromptTokensDetails.CachedTokens
+}
+
 // TestTenantCacheSalt: the proxy gives each tenant's requests a cache_salt of its own, so a
 // prompt one tenant sent is a cache hit for that tenant again and for no other; a client's
 // own salt cannot reach another tenant's.
@@ -180,20 +201,7 @@ func TestTenantCacheSalt(t *testing.T) {
 	defer cancel()
 	cached := func(key, salt string) int64 {
 		t.Helper()
-		cl := openai.NewClient(option.WithBaseURL(c.base+"/v1"), option.WithAPIKey(key), option.WithMaxRetries(0))
-		opts := []option.RequestOption{}
-		if salt != "" {
-			opts = append(opts, option.WithJSONSet("cache_salt", salt))
-		}
-		comp, err := cl.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{
-			Model:     model,
-			Messages:  []openai.ChatCompletionMessageParamUnion{openai.SystemMessage(family(7)), openai.UserMessage("the same question")},
-			MaxTokens: openai.Int(2),
-		}, opts...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return comp.Usage.PromptTokensDetails.CachedTokens
+		return cachedTokens(t, ctx, c.base, key, salt, family(7), "the same question")
 	}
 	if n := cached("sk-a", ""); n != 0 {
 		t.Fatalf("tenant a's first request: %d cached tokens", n)
@@ -224,20 +232,7 @@ func TestTenantCacheRegion(t *testing.T) {
 	defer cancel()
 	cached := func(key, salt string) int64 {
 		t.Helper()
-		cl := openai.NewClient(option.WithBaseURL(c.base+"/v1"), option.WithAPIKey(key), option.WithMaxRetries(0))
-		opts := []option.RequestOption{}
-		if salt != "" {
-			opts = append(opts, option.WithJSONSet("cache_salt", salt))
-		}
-		comp, err := cl.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{
-			Model:     model,
-			Messages:  []openai.ChatCompletionMessageParamUnion{openai.SystemMessage(family(8)), openai.UserMessage("a question of the region")},
-			MaxTokens: openai.Int(2),
-		}, opts...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return comp.Usage.PromptTokensDetails.CachedTokens
+		return cachedTokens(t, ctx, c.base, key, salt, family(8), "a question of the region")
 	}
 	if n := cached("sk-a", ""); n != 0 {
 		t.Fatalf("tenant a's first request: %d cached tokens", n)

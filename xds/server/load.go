@@ -485,6 +485,11 @@ func (l *loadStore) signal() {
 
 // put records node's report from stream.
 func (l *loadStore) put(node string, stream uint64, r *xdsv1.LoadReport) {
+	l.putWith(node, stream, r, tenantsOf(r))
+}
+
+// putWith is put with the report's tenants already taken (tenantsOf).
+func (l *loadStore) putWith(node string, stream uint64, r *xdsv1.LoadReport, tenants map[string]TenantDemand) {
 	known := l.known.Load()
 	loads := make(map[string]WorkerLoad, min(len(r.GetWorkers()), 1024))
 	for _, w := range r.GetWorkers() {
@@ -514,7 +519,6 @@ func (l *loadStore) put(node string, stream uint64, r *xdsv1.LoadReport) {
 	if fits == nil && prev != nil && prev.stream == stream {
 		fits = prev.fits
 	}
-	tenants := tenantsOf(r)
 	if tenants == nil && prev != nil && prev.stream == stream {
 		tenants = prev.tenants
 	}
@@ -684,14 +688,15 @@ func (ls *loadService) Report(st grpc.BidiStreamingServer[xdsv1.LoadReport, xdsv
 				return status.Errorf(codes.InvalidArgument, "load report names %d workers, at most %d", len(r.GetWorkers()), MaxReportWorkers)
 			}
 			node = r.GetNodeId()
-			s.load.put(node, id, r)
+			ts := tenantsOf(r)
+			s.load.putWith(node, id, r, ts)
 			if f := s.opts.OnDecisions; f != nil && len(r.GetDecisions()) > 0 {
 				if ds := DecisionsOf(r); len(ds) > 0 {
 					f(node, ds)
 				}
 			}
 			a := ack
-			if ts := tenantsOf(r); ts != nil {
+			if ts != nil {
 				a = &xdsv1.LoadReportAck{IntervalMs: interval, Tenants: s.grants(node, ts)}
 			}
 			if err := st.Send(a); err != nil {

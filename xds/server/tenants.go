@@ -79,8 +79,10 @@ type TenantTotal struct {
 
 // TenantTotals sums every live proxy's tenant demand (this replica's and, through
 // SetRemoteTenants, the others'), by tenant. The map is the caller's.
-func (s *Server) TenantTotals() map[string]TenantTotal {
-	nodes := s.allTenants()
+func (s *Server) TenantTotals() map[string]TenantTotal { return sumTenants(s.allTenants()) }
+
+// sumTenants sums the proxies' tenant demand (by node id) by tenant.
+func sumTenants(nodes map[string]map[string]TenantDemand) map[string]TenantTotal {
 	out := map[string]TenantTotal{}
 	for _, ts := range nodes {
 		for name, d := range ts {
@@ -141,17 +143,7 @@ func (s *Server) grants(node string, demand map[string]TenantDemand) []*xdsv1.Te
 	if now.Sub(ts.at) >= tenantSumEvery || ts.sums == nil {
 		ts.mu.Unlock()
 		nodes := s.allTenants()
-		sums := map[string]TenantTotal{}
-		for _, tds := range nodes {
-			for name, d := range tds {
-				t := sums[name]
-				t.Requests += d.Requests
-				t.PromptTokens += d.PromptTokens
-				t.OutputTokens += d.OutputTokens
-				t.Proxies++
-				sums[name] = t
-			}
-		}
+		sums := sumTenants(nodes)
 		ts.mu.Lock()
 		ts.at, ts.nodes, ts.sums = now, nodes, sums
 	}
