@@ -18,6 +18,7 @@ type tally struct {
 	recorded  bool // the prompt's blocks went into the core's index (receipt is valid)
 	tokens    int  // content chunks so far
 	start     int64
+	at        int64 // when it was dispatched
 }
 
 // Dispatch books the decided request on its worker (Decision().Worker) at now: its load,
@@ -32,7 +33,7 @@ func (r *Request) Dispatch(now int64, teach bool) {
 	ws.m.routedBy(r.dec.Mode).Inc()
 	c.observeRegret(r.arm, &r.dec)
 	t := &r.t
-	t.ws = ws
+	t.ws, t.at = ws, now
 	t.receipt, t.recorded = prefix.Receipt{}, false // recorded at the first token (RecordCached)
 	if r.kind == oai.ChatCompletions || r.kind == oai.Completions {
 		overlap := int(r.dec.Overlap)
@@ -48,6 +49,10 @@ func (r *Request) Dispatch(now int64, teach bool) {
 	ws.m.inflight.Inc()
 	r.countRunning(1)
 }
+
+// Waited is how long the request took from its arrival to its (last) dispatch: parsing,
+// routing and its time in the admission queue, in nanoseconds.
+func (r *Request) Waited() int64 { return max(r.t.at-r.arrived, 0) }
 
 // Untimed says that the request's answer reaches the core whole or in pieces whose times
 // are not its tokens' (a gateway that buffers the response before the picker sees it):

@@ -303,7 +303,7 @@ func (ex *exchange) head(out []byte, r *http1.Response) []byte {
 	}
 	if cc.srv.cfg.ExposeWorkerHeader {
 		out = http1.AppendHeader(out, "x-kvrelay-worker", ex.worker().ID)
-		out = appendRouteHeader(out, cc.in.Decision())
+		out = appendRouteHeader(out, cc.in.Decision(), cc.in.Waited())
 	}
 	if cc.srv.cfg.ExposeDecisionHeader && cc.in.Decision().HasPrediction {
 		out = appendDecisionHeader(out, &cc.in)
@@ -706,9 +706,10 @@ func (ex *exchange) clientTaking(now int64, cfg *Config) bool {
 // "session", "slo", a picker's name), the prompt blocks it caches and the most any worker
 // cached, and under a predicting policy the chosen worker's predicted TTFT, as
 // "cost; overlap=12; best=12; ttft_ms=41.2", and "; fetch=w2" when the worker is told to
-// pull the prompt's prefix from a peer. Exposed with x-kvrelay-worker, for debugging
-// placement.
-func appendRouteHeader(out []byte, d *route.Decision) []byte {
+// pull the prompt's prefix from a peer, and "; waited_ms=250" when the request took a
+// millisecond or more from its arrival to its dispatch (the admission queue, mostly).
+// Exposed with x-kvrelay-worker, for debugging placement.
+func appendRouteHeader(out []byte, d *route.Decision, waited int64) []byte {
 	out = append(out, "x-kvrelay-route: "...)
 	if d.Mode == "" {
 		out = append(out, "none"...)
@@ -729,6 +730,10 @@ func appendRouteHeader(out []byte, d *route.Decision) []byte {
 	}
 	if d.Recompute {
 		out = append(out, "; load=0"...)
+	}
+	if waited >= 1e6 {
+		out = append(out, "; waited_ms="...)
+		out = strconv.AppendInt(out, waited/1e6, 10)
 	}
 	return append(out, "\r\n"...)
 }

@@ -356,7 +356,8 @@ func TestTenantBudgetRefundedWhenClientLeaves(t *testing.T) {
 // TestTenantHeadroom: a worker of two slots (busy_requests 2), two tenants of equal weight,
 // a slot of headroom: the tenant that floods runs its share (one request) and queues the
 // rest; the other tenant's request takes the free slot at once instead of waiting for the
-// flood's to end. Without headroom the flood takes both slots and it waits.
+// flood's to end. Without headroom the flood takes both slots and it waits, which the
+// x-kvrelay-route header tells (waited_ms).
 func TestTenantHeadroom(t *testing.T) {
 	for _, headroom := range []int64{1, 0} {
 		t.Run(fmt.Sprintf("headroom %d", headroom), func(t *testing.T) {
@@ -368,7 +369,9 @@ func TestTenantHeadroom(t *testing.T) {
 				cfg.APIKeysFile = keys
 				cfg.BusyRequests, cfg.TenantHeadroom = 2, headroom
 				cfg.QueueTimeout = time.Minute
+				cfg.ExposeWorkerHeader = true
 			}, func(w *sim.WorkerConfig) { w.Engine.Timing.Speedup = 0.2 })
+			var lastRoute string
 			send := func(ctx context.Context, key string, tokens int) (time.Duration, error) {
 				body := strings.Replace(chatBody("headroom "+key, "q", tokens, false), `{`, `{"ignore_eos":true,`, 1)
 				req, _ := http.NewRequestWithContext(ctx, "POST", c.base+"/v1/chat/completions", strings.NewReader(body))
@@ -383,6 +386,7 @@ func TestTenantHeadroom(t *testing.T) {
 				if resp.StatusCode != 200 {
 					return 0, fmt.Errorf("status %d", resp.StatusCode)
 				}
+				lastRoute = resp.Header.Get("x-kvrelay-route")
 				return time.Since(t0), nil
 			}
 			ctx, cancel := context.WithCancel(context.Background())
@@ -398,7 +402,14 @@ func TestTenantHeadroom(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			t.Logf("the other tenant's request took %v", took.Round(time.Millisecond))
+			t.Logf("the other tenant's request took %v (x-kvrelay-route: %s)", took.Round(time.Millisecond), lastRoute)
+			var waited int
+			if _, after, ok := strings.Cut(lastRoute, "; waited_ms="); ok {
+				waited, _ = strconv.Atoi(after)
+			}
+			if headroom == 0 && waited < 1000 {
+				t.Fatalf("it waited %v for the flood's slot, and x-kvrelay-route %q says waited_ms %d", took, lastRoute, waited)
+			}
 			switch fast := took < 1500*time.Millisecond; {
 			case headroom > 0 && !fast:
 				t.Fatalf("with headroom the other tenant's request took %v, want a free slot at once", took)

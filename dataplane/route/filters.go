@@ -68,15 +68,30 @@ type BusyFilter struct {
 	MaxDecodeBlocks  int64
 	MaxKVFraction    float64
 	// MaxRequests is the requests a worker takes at once (its slots, or fewer); a request
-	// with Headroom sees it full that many requests sooner.
+	// with Headroom sees it full that many requests sooner, and sees busy a worker still
+	// prefilling another request, and every worker while half of them or more are: a tenant
+	// that floods starts its prefills on fewer than half the workers at once, so that
+	// another tenant's request finds a worker whose next step is not the flood's prefill.
 	MaxRequests int64
 }
 
 func (BusyFilter) Name() string { return "busy" }
 
 func (f BusyFilter) Filter(req *Request, in, out []*Worker) []*Worker {
+	staggered := req.Headroom > 0 && f.MaxRequests > 0
+	if staggered {
+		prefilling := 0
+		for _, w := range in {
+			if w.PrefillTokens() > 0 {
+				prefilling++
+			}
+		}
+		if 2*prefilling >= len(in) {
+			return out
+		}
+	}
 	for _, w := range in {
-		if f.busy(w, req.Headroom) {
+		if f.busy(w, req.Headroom) || staggered && w.PrefillTokens() > 0 {
 			continue
 		}
 		out = append(out, w)

@@ -694,3 +694,68 @@ func TestDryRunBindsNoSession(t *testing.T) {
 		t.Fatalf("a real decision bound %q, %v; want %s", id, ok, d.Worker.ID)
 	}
 }
+
+// TestHeadroomStaggersPrefills: a request with headroom (its tenant floods) sees a worker
+// full that many slots sooner, sees busy a worker still prefilling another request, and
+// sees every worker busy while half of them prefill; a request without headroom takes any
+// worker under its slots.
+func TestHeadroomStaggersPrefills(t *testing.T) {
+	r, _ := newRouter(t, Config{Busy: BusyFilter{MaxRequests: 4}}, 4)
+	ws := r.Pool().Workers
+	var req Request
+	req.Model = "m"
+	req.Hashes, req.PromptTokens = promptChain(7, 1, 4, 0)
+	route := func(headroom int64) (*Worker, error) {
+		req.Headroom = headroom
+		var d Decision
+		err := r.Route(&req, &d)
+		return d.Worker, err
+	}
+	// Three requests decoding on every worker: one slot left on each, the headroom's.
+	var decoding []*Usage
+	for _, w := range ws {
+		for range 3 {
+			u := &Usage{}
+			u.Begin(w, 64, 0, 0)
+			u.FirstToken()
+			decoding = append(decoding, u)
+		}
+	}
+	if _, err := route(1); !errors.Is(err, ErrBusy) {
+		t.Fatalf("headroom 1 on workers with one slot left: err %v, want busy", err)
+	}
+	if _, err := route(0); err != nil {
+		t.Fatalf("no headroom: %v", err)
+	}
+	for _, u := range decoding[:3] { // w0 free again
+		u.End()
+	}
+	var prefill Usage
+	prefill.Begin(ws[0], 1000, 0, 0)
+	if _, err := route(1); !errors.Is(err, ErrBusy) {
+		t.Fatalf("with headroom, the only worker with room prefills: err %v, want busy", err)
+	}
+	for _, u := range decoding[3:6] { // w1 free again, w0 still prefilling
+		u.End()
+	}
+	if w, err := route(1); err != nil || w != ws[1] {
+		t.Fatalf("with headroom, one worker of four prefilling: got %v %v, want w1", w, err)
+	}
+	var second Usage
+	second.Begin(ws[2], 1000, 0, 0) // two of four prefilling
+	if _, err := route(1); !errors.Is(err, ErrBusy) {
+		t.Fatalf("with headroom, half the workers prefilling: err %v, want busy", err)
+	}
+	if _, err := route(0); err != nil {
+		t.Fatalf("without headroom, half the workers prefilling: %v", err)
+	}
+	prefill.FirstToken()
+	if w, err := route(1); err != nil || w != ws[0] && w != ws[1] {
+		t.Fatalf("with headroom, after one prefill ended: got %v %v, want w0 or w1", w, err)
+	}
+	second.End()
+	prefill.End()
+	for _, u := range decoding[6:] {
+		u.End()
+	}
+}

@@ -1,8 +1,12 @@
 // Command bench-tenants measures how tenants share one fleet through a kvrelay proxy: an
 // interactive tenant's TTFT while another floods the fleet past its capacity, with the
 // admission queue first come, first served (no API keys: every request one flow) and fair
-// across tenants (--api-keys-file), and how two flooding tenants of weights 3 and 1 split
-// the tokens served. Simulated engines and the proxy run in this process, on loopback.
+// across tenants (--api-keys-file), fair with headroom (tenant_headroom), and how two
+// flooding tenants of weights 3 and 1 split the tokens served. Simulated engines and the
+// proxy run in this process, on loopback. -trace prints each interactive request of the
+// flood scenarios with its worker, the proxy's decision (x-kvrelay-route and
+// x-kvrelay-decision: its wait in the admission queue, every candidate's predicted queue
+// and prefill) and every engine's load when it was sent.
 //
 //	go run ./hack/bench-tenants -out hack/bench-tenants/results/<date>-<commit>.md
 package main
@@ -33,7 +37,7 @@ import (
 const model = "gpt-oss-120b"
 
 var (
-	workers  = flag.Int("workers", 2, "simulated engines")
+	workers  = flag.Int("workers", 4, "simulated engines")
 	seqs     = flag.Int("max-num-seqs", 4, "each engine's request slots")
 	speedup  = flag.Float64("speedup", 0.5, "engines' speed-up of the simulated timing")
 	duration = flag.Duration("duration", 20*time.Second, "each scenario's load")
@@ -43,7 +47,12 @@ var (
 	seed     = flag.Uint64("seed", 1, "arrival seed")
 	headroom = flag.Int64("headroom", 1, "the fair scenario with headroom: slots of each worker a tenant past its share may not take")
 	verbose  = flag.Bool("v", false, "print every refused request")
+	only     = flag.String("only", "", "run only the scenarios whose name contains this (and no weighted split)")
+	trace    = flag.Bool("trace", false, "print each interactive request of the flood scenarios: its TTFT, its worker and every engine's running and waiting requests when it was sent")
 )
+
+// engines are the simulated engines, for -trace and the stall counts.
+var engines []*sim.Engine
 
 // A request: a prompt of its tenant's own and a fixed output.
 const (
@@ -67,6 +76,7 @@ func main() {
 		must(w.Start(ctx))
 		go func() { _ = w.Run(ctx) }()
 		urls = append(urls, w.URL())
+		engines = append(engines, w.Engine())
 	}
 	dir, err := os.MkdirTemp("", "bench-tenants")
 	must(err)
@@ -76,13 +86,13 @@ func main() {
 
 	// The fleet's capacity in requests a second, measured: a closed loop of as many
 	// clients as slots.
-	p := startProxy(urls, "", 0)
+	p := startProxy(urls, "", 0, false)
 	capacity := measureCapacity("http://"+p.Addr(), *workers**seqs)
 	_ = p.Close()
 	var report strings.Builder
 	fmt.Fprintf(&report, "# bench-tenants\n\n%d simulated engines (max-num-seqs %d, speed-up %g), prompts of ~%d words, %d output tokens; the fleet's capacity %.1f requests/s (a closed loop of %d clients). The proxy queues a request once every worker runs as many requests as it has slots (busy_requests). Each scenario %s; interactive tenant at %.1f requests/s (Poisson), the flood at %.0f× capacity.\n\n",
 		*workers, *seqs, *speedup, promptWords, outTokens, capacity, *workers**seqs, *duration, *chatRate, *flood)
-	fmt.Fprintf(&report, "| scenario | interactive TTFT p50 ms | p90 ms | p99 ms | interactive ok | flood sent | flood ok |\n|---|---:|---:|---:|---:|---:|---:|\n")
+	fmt.Fprintf(&report, "| scenario | interactive TTFT p50 ms | p90 ms | p99 ms | interactive ok | of them queued | flood sent | flood ok |\n|---|---:|---:|---:|---:|---:|---:|---:|\n")
 	type row struct {
 		name     string
 		keys     string
@@ -90,13 +100,22 @@ func main() {
 		headroom int64
 	}
 	var alone, fifo, fair, roomy float64
+	var stalls []string // how far the engines fell behind their timing model, by scenario
 	for _, sc := range []row{
 		{name: "interactive alone", keys: keys},
 		{name: "with a flood, first come first served (no keys: one flow)", keys: "", flood: true},
 		{name: "with a flood, fair across tenants (--api-keys-file)", keys: keys, flood: true},
 		{name: fmt.Sprintf("with a flood, fair, headroom %d slot a worker (tenant_headroom)", *headroom), keys: keys, flood: true, headroom: *headroom},
 	} {
-		p := startProxy(urls, sc.keys, sc.headroom)
+		if *only != "" && sc.flood && !strings.Contains(sc.name, *only) {
+			continue
+		}
+		var stall0 time.Duration
+		for _, e := range engines {
+			_, l := e.Stalled()
+			stall0 += l
+		}
+		p := startProxy(urls, sc.keys, sc.headroom, true)
 		base := "http://" + p.Addr()
 		ctx, cancel := context.WithTimeout(context.Background(), *duration)
 		var wg sync.WaitGroup
@@ -115,23 +134,39 @@ func main() {
 		}
 		var mu sync.Mutex
 		var ttfts []float64
-		okChat := 0
+		okChat, queued := 0, 0
 		openLoop(ctx, *chatRate, *seed, func(i int) {
-			ttft, ok := request(ctx, base, "sk-chat", fmt.Sprintf("chat %d", i))
+			var at string
+			if *trace {
+				at = loads(p)
+			}
+			ttft, ok, worker := requestVia(ctx, base, "sk-chat", fmt.Sprintf("chat %d", i))
+			if *trace && sc.flood {
+				fmt.Fprintf(os.Stderr, "%s chat %d ttft %.0f ms on %s; at send %s\n", sc.name[:20], i, ttft, worker, at)
+			}
 			mu.Lock()
 			defer mu.Unlock()
 			if ok {
 				okChat++
 				ttfts = append(ttfts, ttft)
+				if strings.Contains(worker, "waited_ms=") {
+					queued++
+				}
 			}
 		})
 		cancel()
 		wg.Wait()
 		_ = p.Close()
 		time.Sleep(2 * time.Second) // the engines finish what the flood left
+		var stall time.Duration
+		for _, e := range engines {
+			_, l := e.Stalled()
+			stall += l
+		}
+		stalls = append(stalls, (stall - stall0).Round(time.Millisecond).String())
 		slices.Sort(ttfts)
 		p50, p90, p99 := pct(ttfts, 0.5), pct(ttfts, 0.9), pct(ttfts, 0.99)
-		fmt.Fprintf(&report, "| %s | %.0f | %.0f | %.0f | %d | %d | %d |\n", sc.name, p50, p90, p99, okChat, floodSent.Load(), floodOK.Load())
+		fmt.Fprintf(&report, "| %s | %.0f | %.0f | %.0f | %d | %d | %d | %d |\n", sc.name, p50, p90, p99, okChat, queued, floodSent.Load(), floodOK.Load())
 		switch {
 		case !sc.flood:
 			alone = p90
@@ -143,10 +178,15 @@ func main() {
 			fair = p90
 		}
 	}
-	fmt.Fprintf(&report, "\n- interactive TTFT p90, with the flood ÷ alone: first come first served ×%.2f, fair ×%.2f, fair with headroom ×%.2f\n", fifo/alone, fair/alone, roomy/alone)
+	fmt.Fprintf(&report, "\n- the engines fell behind their timing model (the host did not keep up) by %s in the scenarios in order\n", strings.Join(stalls, ", "))
+	if *only != "" {
+		fmt.Print(report.String())
+		return
+	}
+	fmt.Fprintf(&report, "- interactive TTFT p90, with the flood ÷ alone: first come first served ×%.2f, fair ×%.2f, fair with headroom ×%.2f\n", fifo/alone, fair/alone, roomy/alone)
 
 	// Two flooding tenants of weights 3 and 1: the tokens each was served.
-	p = startProxy(urls, keys, 0)
+	p = startProxy(urls, keys, 0, false)
 	base := "http://" + p.Addr()
 	ctx, cancel := context.WithTimeout(context.Background(), *duration)
 	var tok [2]atomic.Int64
@@ -174,8 +214,11 @@ func main() {
 	}
 }
 
-func startProxy(urls []string, keys string, headroom int64) *proxy.Server {
+// startProxy starts a proxy over the workers; expose adds the routing headers (the
+// admission queue's wait among them).
+func startProxy(urls []string, keys string, headroom int64, expose bool) *proxy.Server {
 	cfg := proxy.DefaultConfig()
+	cfg.ExposeWorkerHeader, cfg.ExposeDecisionHeader = expose, expose
 	cfg.Listen = "127.0.0.1:0"
 	cfg.APIKeysFile = keys
 	cfg.EventLoops = 1
@@ -193,8 +236,30 @@ func startProxy(urls []string, keys string, headroom int64) *proxy.Server {
 	return p
 }
 
+// loads describes every engine's running and waiting requests and the proxy's count of
+// each worker's, as "w0 3+0 w1 4+1 proxy w0 3 w1 4".
+func loads(p *proxy.Server) string {
+	var b strings.Builder
+	for i, e := range engines {
+		l := e.Load()
+		fmt.Fprintf(&b, "w%d %d+%d ", i, l.Running, l.Waiting)
+	}
+	b.WriteString("proxy")
+	for _, w := range p.Workers() {
+		fmt.Fprintf(&b, " %s %d", w.ID, w.Load())
+	}
+	return strings.TrimSpace(b.String())
+}
+
 // request sends one streamed chat completion and returns its TTFT in milliseconds.
 func request(ctx context.Context, base, key, tag string) (float64, bool) {
+	ttft, ok, _ := requestVia(ctx, base, key, tag)
+	return ttft, ok
+}
+
+// requestVia is request, and how the proxy routed it when it says (x-kvrelay-worker,
+// x-kvrelay-route and, in brackets, x-kvrelay-decision).
+func requestVia(ctx context.Context, base, key, tag string) (float64, bool, string) {
 	var prompt strings.Builder
 	for i := range promptWords {
 		fmt.Fprintf(&prompt, "%s w%d ", tag, i)
@@ -207,7 +272,7 @@ func request(ctx context.Context, base, key, tag string) (float64, bool) {
 	t0 := time.Now()
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return 0, false
+		return 0, false, ""
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != 200 {
@@ -215,7 +280,7 @@ func request(ctx context.Context, base, key, tag string) (float64, bool) {
 		if *verbose {
 			fmt.Fprintf(os.Stderr, "%s: %d %s\n", tag, resp.StatusCode, b)
 		}
-		return 0, false
+		return 0, false, ""
 	}
 	sc := bufio.NewScanner(resp.Body)
 	var ttft float64
@@ -225,7 +290,7 @@ func request(ctx context.Context, base, key, tag string) (float64, bool) {
 			ttft = float64(time.Since(t0).Microseconds()) / 1000
 		}
 	}
-	return ttft, ttft > 0
+	return ttft, ttft > 0, resp.Header.Get("x-kvrelay-worker") + " " + resp.Header.Get("x-kvrelay-route") + " [" + resp.Header.Get("x-kvrelay-decision") + "]"
 }
 
 // openLoop calls f (each on a goroutine) at Poisson arrivals of rate per second until ctx
