@@ -163,7 +163,9 @@ type Config struct {
 	// BusyRequests is the requests a worker takes at once before it counts as busy (its
 	// slots, or fewer; 0: no such threshold). With API keys, TenantHeadroom of them on each
 	// worker stay free of a tenant already running its weighted share of the fleet's, for the
-	// tenants below theirs: an interactive tenant finds a slot at once while another floods.
+	// tenants below theirs, and such a tenant starts no prefill on a worker still prefilling
+	// nor on any while half the workers prefill: an interactive tenant finds a slot at once
+	// while another floods, on a worker whose next step is not the flood's prefill.
 	BusyRequests   int64 `yaml:"busy_requests"`
 	TenantHeadroom int64 `yaml:"tenant_headroom"`
 	// Disagg is DisaggAuto (default) or DisaggOff. DisaggThreshold is conditional

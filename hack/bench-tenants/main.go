@@ -46,6 +46,7 @@ var (
 	out      = flag.String("out", "", "write the results (Markdown) here too")
 	seed     = flag.Uint64("seed", 1, "arrival seed")
 	headroom = flag.Int64("headroom", 1, "the fair scenario with headroom: slots of each worker a tenant past its share may not take")
+	chatW    = flag.Float64("chat-weight", 1, "the interactive tenant's weight (the flood's is 3, the idle third tenant's 1)")
 	verbose  = flag.Bool("v", false, "print every refused request")
 	only     = flag.String("only", "", "run only the scenarios whose name contains this (and no weighted split)")
 	trace    = flag.Bool("trace", false, "print each interactive request of the flood scenarios: its TTFT, its worker and every engine's running and waiting requests when it was sent")
@@ -82,7 +83,7 @@ func main() {
 	must(err)
 	defer os.RemoveAll(dir)
 	keys := filepath.Join(dir, "keys")
-	must(os.WriteFile(keys, []byte("sk-chat tenant=chat\nsk-batch tenant=batch,weight=3\nsk-bulk tenant=bulk,weight=1\n"), 0o600))
+	must(os.WriteFile(keys, []byte(fmt.Sprintf("sk-chat tenant=chat,weight=%g\nsk-batch tenant=batch,weight=3\nsk-bulk tenant=bulk,weight=1\n", *chatW)), 0o600))
 
 	// The fleet's capacity in requests a second, measured: a closed loop of as many
 	// clients as slots.
@@ -90,8 +91,8 @@ func main() {
 	capacity := measureCapacity("http://"+p.Addr(), *workers**seqs)
 	_ = p.Close()
 	var report strings.Builder
-	fmt.Fprintf(&report, "# bench-tenants\n\n%d simulated engines (max-num-seqs %d, speed-up %g), prompts of ~%d words, %d output tokens; the fleet's capacity %.1f requests/s (a closed loop of %d clients). The proxy queues a request once every worker runs as many requests as it has slots (busy_requests). Each scenario %s; interactive tenant at %.1f requests/s (Poisson), the flood at %.0f× capacity.\n\n",
-		*workers, *seqs, *speedup, promptWords, outTokens, capacity, *workers**seqs, *duration, *chatRate, *flood)
+	fmt.Fprintf(&report, "# bench-tenants\n\n%d simulated engines (max-num-seqs %d, speed-up %g), prompts of ~%d words, %d output tokens; the fleet's capacity %.1f requests/s (a closed loop of %d clients). The proxy queues a request once every worker runs as many requests as it has slots (busy_requests). Each scenario %s; interactive tenant at %.1f requests/s (Poisson), weight %g (the flood's 3, an idle tenant's 1), the flood at %.0f× capacity.\n\n",
+		*workers, *seqs, *speedup, promptWords, outTokens, capacity, *workers**seqs, *duration, *chatRate, *chatW, *flood)
 	fmt.Fprintf(&report, "| scenario | interactive TTFT p50 ms | p90 ms | p99 ms | interactive ok | of them queued | flood sent | flood ok |\n|---|---:|---:|---:|---:|---:|---:|---:|\n")
 	type row struct {
 		name     string
@@ -180,7 +181,7 @@ func main() {
 	}
 	fmt.Fprintf(&report, "\n- the engines fell behind their timing model (the host did not keep up) by %s in the scenarios in order\n", strings.Join(stalls, ", "))
 	if *only != "" {
-		fmt.Print(report.String())
+		write(report.String())
 		return
 	}
 	fmt.Fprintf(&report, "- interactive TTFT p90, with the flood ÷ alone: first come first served ×%.2f, fair ×%.2f, fair with headroom ×%.2f\n", fifo/alone, fair/alone, roomy/alone)
@@ -207,10 +208,15 @@ func main() {
 	_ = p.Close()
 	fmt.Fprintf(&report, "- two tenants flooding at %.0f× capacity together, weights 3 and 1: output tokens served %d and %d, ×%.2f (the weights say ×3)\n",
 		*flood, tok[0].Load(), tok[1].Load(), float64(tok[0].Load())/max(float64(tok[1].Load()), 1))
-	fmt.Print(report.String())
+	write(report.String())
+}
+
+// write prints the report and writes it to -out when given.
+func write(report string) {
+	fmt.Print(report)
 	if *out != "" {
 		must(os.MkdirAll(filepath.Dir(*out), 0o755))
-		must(os.WriteFile(*out, []byte(report.String()), 0o644))
+		must(os.WriteFile(*out, []byte(report), 0o644))
 	}
 }
 
