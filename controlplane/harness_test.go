@@ -405,12 +405,35 @@ func workerLoad(p *proxy.Server, id string) int64 {
 // workerStates describes what a proxy knows of each worker, for a failed routing assertion:
 // whether it is draining (as last pushed: a worker the control plane saw unhealthy stays so
 // while it is down), ejected, and its load.
+// waitKnown waits until p knows the model and KV capacity of n workers: until the control
+// plane has scraped them, a push that adds them replaces the proxy's Worker values, and the
+// load counted on the old ones is not on the new.
+func waitKnown(t *testing.T, p *proxy.Server, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		known := 0
+		for _, w := range p.Workers() {
+			if w.Model != "" && w.Capacity > 0 {
+				known++
+			}
+		}
+		if known == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("workers' model and capacity never reached the proxy: %s", workerStates(p))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 func workerStates(p *proxy.Server) string {
 	var sb strings.Builder
 	for _, w := range p.Workers() {
 		inflight, prefill, decode := w.Own()
-		fmt.Fprintf(&sb, "\n  %s draining=%v ejected_until=%v inflight=%d prefill_tokens=%d decode_blocks=%d (with reports: prefill %d decode %d)",
-			w.ID, w.Draining(), w.EjectedUntil(), inflight, prefill, decode, w.PrefillTokens(), w.DecodeBlocks())
+		fmt.Fprintf(&sb, "\n  %s draining=%v ejected_until=%v inflight=%d prefill_tokens=%d decode_blocks=%d (with reports: load %d prefill %d decode %d)",
+			w.ID, w.Draining(), w.EjectedUntil(), inflight, prefill, decode, w.Load(), w.PrefillTokens(), w.DecodeBlocks())
 	}
 	return sb.String()
 }
@@ -926,26 +949,8 @@ func TestPushedLoadFadesWithoutTheControlPlane(t *testing.T) {
 	waitWorkers(t, b, 2)
 	waitPolicy(t, a, 2)
 	waitPolicy(t, b, 2)
-	// Until the control plane has scraped each worker's model and capacity, a push that adds
-	// them replaces the proxies' Worker values, and the load counted on the old ones.
-	for _, p := range []*proxy.Server{a, b} {
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			known := 0
-			for _, w := range p.Workers() {
-				if w.Model != "" && w.Capacity > 0 {
-					known++
-				}
-			}
-			if known == 2 {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("workers' model and capacity never reached the proxy: %s", workerStates(p))
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-	}
+	waitKnown(t, a, 2)
+	waitKnown(t, b, 2)
 
 	// A long request through b holds some 175 blocks on one worker (at speedup 1, 2000
 	// tokens take some 20 s).

@@ -32,6 +32,8 @@ func TestReplicasShareInflightLoad(t *testing.T) {
 			p1 := f.c.addProxyWith(f.c.cp.XDSAddr(), func(cfg *proxy.Config) { cfg.NodeID = "proxy-of-cp-1" })
 			waitWorkers(t, p0, 4)
 			waitWorkers(t, p1, 4)
+			waitKnown(t, p0, 4)
+			waitKnown(t, p1, 4)
 			// Four long streamed decodes through the second replica's proxy.
 			ctx, cancel := context.WithCancel(context.Background())
 			var wg sync.WaitGroup

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -128,10 +129,11 @@ type Options struct {
 	// each step after the requests it waited for, not after however many a loaded machine
 	// served in a stretch of wall time.
 	RolloutClock func() time.Time
-	// LoadRefresh is the longest the workers go unpublished while the control plane runs
-	// (default 1 s): each publish carries every worker's latest observation time, so a
-	// proxy can tell a steady load from a control plane that stopped (its pushed load then
-	// ages away: the proxy's load_stale_after).
+	// LoadRefresh is the longest the workers go unpublished while the control plane runs,
+	// and the longest a worker's load that moves within its band (observedLoad.near) is
+	// held before its current one is sent (default 1 s). Proxies keep a pushed load while
+	// the control plane answers their load reports; once it stops, the load ages away (the
+	// proxy's load_stale_after).
 	LoadRefresh time.Duration
 	// K8s, when set, adds a worker per ready endpoint of the EndpointSlices it selects.
 	K8s *K8sSource
@@ -659,11 +661,53 @@ func (s *Server) publish(force bool) bool {
 	return true
 }
 
-// observedLoad is an engine's load as published, and when it was first read so.
+// observedLoad is a worker's load as published: its engine's (and when it was first read
+// so), the proxies' in-flight sums with the merge they come from, and when it was sent.
 type observedLoad struct {
 	running, waiting uint32
 	kv               float64
 	at               int64
+	inflight         uint32
+	prefill, decode  uint64
+	epoch            uint64
+	sent             int64
+}
+
+// near reports whether o and n differ by no more than the load band: each count by an
+// eighth of the larger or by one (but never between zero and not), the KV usage by less
+// than 1/64. A busy engine's readings move on every scrape; within the band the control
+// plane keeps publishing the last load until LoadRefresh passes, so that a push carries
+// the workers whose load moved, not every busy one.
+func (o observedLoad) near(n observedLoad) bool {
+	return nearCount(uint64(o.running), uint64(n.running)) && nearCount(uint64(o.waiting), uint64(n.waiting)) &&
+		math.Abs(o.kv-n.kv) < 1.0/64 && nearCount(uint64(o.inflight), uint64(n.inflight)) &&
+		nearCount(o.prefill, n.prefill) && nearCount(o.decode, n.decode)
+}
+
+// banded is the load to publish for a worker whose load now reads cur (cur.sent: now; its
+// engine's reading taken at observedAt), given prev, the load last published (ok: there is
+// one): prev while cur is near it and prev is younger than refresh; else cur, timed by the
+// engine's first reading of what it says now.
+func banded(prev observedLoad, ok bool, cur observedLoad, observedAt time.Time, refresh int64) observedLoad {
+	switch {
+	case ok && prev.near(cur) && cur.sent-prev.sent < refresh:
+		// Within the band: the load as last sent (the sums with their own merge's epoch,
+		// so that each proxy still takes out its share in that merge).
+		return prev
+	case ok && prev.running == cur.running && prev.waiting == cur.waiting && prev.kv == cur.kv:
+		// A worker whose metrics stay put is not sent again for a fresh timestamp.
+		cur.at = prev.at
+	case !observedAt.IsZero():
+		cur.at = observedAt.UnixNano()
+	}
+	return cur
+}
+
+// nearCount reports whether counts a and b are within the band: equal, or both above zero
+// and apart by one or by at most an eighth of the larger.
+func nearCount(a, b uint64) bool {
+	lo, hi := min(a, b), max(a, b)
+	return lo == hi || lo > 0 && (hi-lo == 1 || (hi-lo)*8 <= hi)
 }
 
 // sincePublished is the time since the workers were last published.
@@ -688,6 +732,7 @@ func (s *Server) workerResources() []*xdsv1.Worker {
 		s.observed = map[string]observedLoad{}
 	}
 	seen := make(map[string]bool, len(ws))
+	now := time.Now().UnixNano()
 	for _, w := range ws {
 		st := states[w.ID]
 		role, _ := xds.ParseRole(w.Role)
@@ -718,18 +763,6 @@ func (s *Server) workerResources() []*xdsv1.Worker {
 			res.BlockSize = uint32(st.BlockSize)
 		}
 		l := &xdsv1.Load{Running: uint32(st.Load.Running), Waiting: uint32(st.Load.Waiting), KvUsage: st.Load.KVUsage, Epoch: epochs[w.ID]}
-		if !st.ObservedAt.IsZero() {
-			// The time of the reading that first said what the engine says now: a worker
-			// whose metrics stay put is not sent again for a fresh timestamp.
-			o := observedLoad{running: l.Running, waiting: l.Waiting, kv: l.KvUsage}
-			if prev, ok := s.observed[w.ID]; ok && prev.running == o.running && prev.waiting == o.waiting && prev.kv == o.kv {
-				o.at = prev.at
-			} else {
-				o.at = st.ObservedAt.UnixNano()
-				s.observed[w.ID] = o
-			}
-			l.ObservedUnixNano = o.at
-		}
 		seen[w.ID] = true
 		in := inflight[w.ID]
 		if r, ok := remote[w.ID]; ok {
@@ -741,6 +774,14 @@ func (s *Server) workerResources() []*xdsv1.Worker {
 			l.PrefillTokens = in.PrefillTokens
 			l.DecodeBlocks = in.DecodeBlocks
 		}
+		o := observedLoad{running: l.Running, waiting: l.Waiting, kv: l.KvUsage, inflight: l.Inflight,
+			prefill: l.PrefillTokens, decode: l.DecodeBlocks, epoch: l.Epoch, sent: now}
+		prev, ok := s.observed[w.ID]
+		if o = banded(prev, ok, o, st.ObservedAt, int64(s.opts.LoadRefresh)); !ok || o != prev {
+			s.observed[w.ID] = o
+		}
+		l.Running, l.Waiting, l.KvUsage, l.ObservedUnixNano = o.running, o.waiting, o.kv, o.at
+		l.Inflight, l.PrefillTokens, l.DecodeBlocks, l.Epoch = o.inflight, o.prefill, o.decode, o.epoch
 		res.Load = l
 		out = append(out, res)
 	}

@@ -135,3 +135,34 @@ func TestPushedZeroWeightIsZero(t *testing.T) {
 		u.End()
 	}
 }
+
+// A pushed load not pushed again stays whole while the control plane answers on the load
+// stream (it holds a load within its band, or one that did not change); once it stops
+// answering, the load fades after load_stale_after and is gone after as long again.
+func TestPushedLoadLivesWhileTheControlPlaneAnswers(t *testing.T) {
+	const after = int64(3e9)
+	s := &Server{cfg: Config{LoadStaleAfter: 3 * 1e9}, xds: &xdsState{pushed: map[string]pushedLoad{}}}
+	w := &route.Worker{ID: "w1"}
+	rep := &route.Reported{Running: 40, Waiting: 4}
+	w.SetReported(rep)
+	s.xds.pushed["w1"] = pushedLoad{w: w, r: rep, at: 1}
+	// Answers every 100 ms for 10 s: the load stays.
+	var now int64 = 1
+	for ; now < 10e9; now += 1e8 {
+		s.xds.acked.Store(now)
+		s.ageLoads(now)
+	}
+	if got := w.Load(); got != 44 {
+		t.Fatalf("after 10 s of answers the load is %d, want 44", got)
+	}
+	// The answers stop: half faded at 1.5× load_stale_after, gone at 2×.
+	last := now - 1e8
+	s.ageLoads(last + after + after/2)
+	if got := w.Load(); got != 22 {
+		t.Fatalf("1.5x load_stale_after after the last answer: load %d, want 22", got)
+	}
+	s.ageLoads(last + 2*after)
+	if got := w.Load(); got != 0 {
+		t.Fatalf("2x load_stale_after after the last answer: load %d, want 0", got)
+	}
+}

@@ -52,7 +52,9 @@ type xdsState struct {
 	// pushed is each worker's last pushed load and when it arrived, which ageLoads fades
 	// once it is older than the config's LoadStaleAfter; stale counts those that are.
 	pushed map[string]pushedLoad
-	stale  atomic.Int64
+	// acked is the nanotime of the control plane's last answer on the load stream.
+	acked atomic.Int64
+	stale atomic.Int64
 
 	// sent holds this proxy's last load reports, per worker, by seq: a pushed load's
 	// fleet-wide sums include one report of this proxy, and the router takes exactly that
@@ -83,7 +85,9 @@ type pushedLoad struct {
 
 // ageLoads fades every pushed load older than LoadStaleAfter linearly to nothing over as long
 // again, so that a worker the control plane last saw busy is not shunned forever once it has
-// gone: the router then sees only this proxy's own requests there.
+// gone: the router then sees only this proxy's own requests there. A load is as young as
+// the control plane's last answer on the load stream: while it answers, a worker it does
+// not push again is one whose load has not moved past its band (or has not changed).
 func (s *Server) ageLoads(now int64) {
 	x := s.xds
 	if x == nil {
@@ -93,8 +97,9 @@ func (s *Server) ageLoads(now int64) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	stale := 0
+	heard := x.acked.Load()
 	for _, p := range x.pushed {
-		age := now - p.at
+		age := now - max(p.at, heard)
 		if p.r == nil || age <= after {
 			continue
 		}
@@ -163,7 +168,7 @@ func (s *Server) setupXDS(ctx context.Context) error {
 		NodeID:  nodeID,
 		OnError: func(err error) { s.log.Debug("index journal stream ended", "err", err) },
 	})
-	x.reporter, err = client.NewReporter(conn, client.ReporterOptions{NodeID: nodeID, Snapshot: s.ownLoad, Arms: s.core.ArmReports, Decisions: s.core.ReportDecisions, Fits: s.latencyFits, Included: x.noteIncluded, Interval: 100 * time.Millisecond,
+	x.reporter, err = client.NewReporter(conn, client.ReporterOptions{NodeID: nodeID, Snapshot: s.ownLoad, Arms: s.core.ArmReports, Decisions: s.core.ReportDecisions, Fits: s.latencyFits, Included: x.noteIncluded, Acked: x.noteAcked, Interval: 100 * time.Millisecond,
 		Tenants: s.tenantDemand, Grants: s.applyGrants})
 	if err != nil {
 		conn.Close()
@@ -454,6 +459,9 @@ func (x *xdsState) ownSent(id string, l *xdsv1.Load) ownSent {
 	}
 	return r.loads[id]
 }
+
+// noteAcked records that the control plane answered on the load stream.
+func (x *xdsState) noteAcked() { x.acked.Store(nanotime()) }
 
 // noteIncluded records the load stream's word that merge epoch includes report seq; (0, 0)
 // forgets every merge heard of (a new stream, perhaps to another replica).

@@ -60,6 +60,9 @@ type ReporterOptions struct {
 	// opens, for merges of another stream (another replica) are not this one's. Called from
 	// the stream's receiving goroutine.
 	Included func(epoch, seq uint64)
+	// Acked, when set, hears every answer the control plane sends on the stream: it is
+	// alive and merging this proxy's reports. Called from the stream's receiving goroutine.
+	Acked func()
 	// Interval is how often to report until the control plane names its interval (default
 	// DefaultReportInterval).
 	Interval time.Duration
@@ -160,6 +163,9 @@ func (r *Reporter) stream(ctx context.Context) (healthy bool, err error) {
 			if err != nil {
 				recvDone <- err
 				return
+			}
+			if r.opts.Acked != nil {
+				r.opts.Acked()
 			}
 			if ack.GetEpoch() != 0 && r.opts.Included != nil {
 				r.opts.Included(ack.GetEpoch(), ack.GetIncludedSeq())

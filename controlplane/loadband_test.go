@@ -1,0 +1,120 @@
+package controlplane
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	xdsv1 "github.com/kvrelay/kvrelay/xds/api/v1"
+)
+
+// TestLoadBand: a worker's load that moves by less than its band is held as last published
+// until the refresh passes; a move past the band, a queue forming (waiting 0 → 1) or the
+// refresh passing publishes the current load, timed by the engine's first reading of it.
+func TestLoadBand(t *testing.T) {
+	const refresh = int64(time.Second)
+	t0 := time.Unix(1000, 0)
+	at := func(d time.Duration) int64 { return t0.Add(d).UnixNano() }
+	prev := observedLoad{running: 40, waiting: 0, kv: 0.50, inflight: 30, prefill: 9000, decode: 1200, epoch: 7, at: at(0), sent: at(0)}
+	cases := []struct {
+		name string
+		cur  observedLoad
+		held bool
+	}{
+		{"running 40→42, kv +0.01, sums a little", observedLoad{running: 42, kv: 0.51, inflight: 31, prefill: 9400, decode: 1250, epoch: 9, sent: at(500 * time.Millisecond)}, true},
+		{"the same, past the refresh", observedLoad{running: 42, kv: 0.51, inflight: 31, prefill: 9400, decode: 1250, epoch: 9, sent: at(time.Second)}, false},
+		{"running 40→46", observedLoad{running: 46, kv: 0.50, inflight: 30, prefill: 9000, decode: 1200, epoch: 7, sent: at(100 * time.Millisecond)}, false},
+		{"a queue forms", observedLoad{running: 40, waiting: 1, kv: 0.50, inflight: 30, prefill: 9000, decode: 1200, epoch: 7, sent: at(100 * time.Millisecond)}, false},
+		{"kv +1/64", observedLoad{running: 40, kv: 0.50 + 1.0/64, inflight: 30, prefill: 9000, decode: 1200, epoch: 7, sent: at(100 * time.Millisecond)}, false},
+	}
+	for _, c := range cases {
+		got := banded(prev, true, c.cur, t0.Add(50*time.Millisecond), refresh)
+		if held := got == prev; held != c.held {
+			t.Errorf("%s: held %v, want %v (got %+v)", c.name, held, c.held, got)
+		}
+		if !c.held && (got.running != c.cur.running || got.epoch != c.cur.epoch || got.at != at(50*time.Millisecond)) {
+			t.Errorf("%s: published %+v, want the current load read at +50ms", c.name, got)
+		}
+	}
+	// The engine's reading unchanged, the sums moved past the band: the reading keeps its
+	// first time.
+	cur := observedLoad{running: 40, kv: 0.50, inflight: 60, prefill: 9000, decode: 1200, epoch: 8, sent: at(100 * time.Millisecond)}
+	if got := banded(prev, true, cur, t0.Add(90*time.Millisecond), refresh); got.at != prev.at || got.inflight != 60 {
+		t.Errorf("sums moved, reading unchanged: %+v, want in-flight 60 at the reading's first time", got)
+	}
+	if got := banded(observedLoad{}, false, cur, time.Time{}, refresh); got != cur {
+		t.Errorf("first publication: %+v, want %+v", got, cur)
+	}
+}
+
+// BenchmarkLoadBand measures what the workers' load costs a proxy each second on a busy
+// fleet: 1,000 workers whose engines' readings move on every scrape (10 a second: running
+// 38–42, KV usage drifting by up to ±0.005, the proxies' in-flight sums ±5 % under a new
+// merge each time; no queue, or a standing queue of 1–4), each worker sent whole when its
+// published load changes (the xDS delta). band=off sends every change; band=on holds a load
+// within its band for up to a second. The metrics are bytes and workers a second, per proxy.
+func BenchmarkLoadBand(b *testing.B) {
+	const workers, scrapes, seconds = 1000, 10, 10
+	for _, queue := range []int{0, 4} {
+		for _, band := range []bool{false, true} {
+			b.Run(fmt.Sprintf("queue=%d/band=%s", queue, map[bool]string{false: "off", true: "on"}[band]), func(b *testing.B) {
+				var bytes, sent int
+				for range b.N {
+					bytes, sent = 0, 0
+					rng := rand.New(rand.NewPCG(1, 2))
+					cur := make([]observedLoad, workers)
+					for i := range cur {
+						cur[i] = observedLoad{running: 40, kv: 0.5, inflight: 30, prefill: 9000, decode: 1200}
+					}
+					last := make([]observedLoad, workers)
+					has := make([]bool, workers)
+					t0 := time.Unix(1000, 0)
+					for step := range scrapes * seconds {
+						now := t0.Add(time.Duration(step) * time.Second / scrapes)
+						for i := range cur {
+							c := &cur[i]
+							c.running = uint32(38 + rng.IntN(5))
+							if queue > 0 {
+								c.waiting = uint32(1 + rng.IntN(queue))
+							}
+							c.kv = min(max(c.kv+(rng.Float64()-0.5)/100, 0), 1)
+							wobble := func(n uint64) uint64 { return n * uint64(95+rng.IntN(11)) / 100 }
+							c.inflight, c.prefill, c.decode = 30, wobble(9000), wobble(1200)
+							c.epoch = uint64(step + 1)
+							c.sent = now.UnixNano()
+							refresh := int64(time.Second)
+							if !band {
+								refresh = 0
+							}
+							o := banded(last[i], has[i], *c, now, refresh)
+							if has[i] && o == last[i] {
+								continue
+							}
+							if !has[i] || o.running != last[i].running || o.waiting != last[i].waiting || o.kv != last[i].kv ||
+								o.inflight != last[i].inflight || o.prefill != last[i].prefill || o.decode != last[i].decode || o.epoch != last[i].epoch {
+								bytes += proto.Size(workerResource(i, o))
+								sent++
+							}
+							last[i], has[i] = o, true
+						}
+					}
+				}
+				b.ReportMetric(float64(bytes)/seconds, "bytes/s/proxy")
+				b.ReportMetric(float64(sent)/seconds, "workers/s/proxy")
+			})
+		}
+	}
+}
+
+// workerResource is worker i's resource as the control plane publishes it, with load o.
+func workerResource(i int, o observedLoad) *xdsv1.Worker {
+	return &xdsv1.Worker{Id: "vllm-decode-" + strconv.Itoa(i), Url: fmt.Sprintf("http://10.1.%d.%d:8000", i/256, i%256), Model: "openai/gpt-oss-120b",
+		Role: xdsv1.Role_ROLE_DECODE, BlockSize: 16, CapacityBlocks: 65536, Engine: "vllm", Slot: uint32(i), Healthy: true,
+		MaxNumSeqs: 256, MaxNumBatchedTokens: 8192,
+		Load: &xdsv1.Load{Running: o.running, Waiting: o.waiting, KvUsage: o.kv, Inflight: o.inflight, PrefillTokens: o.prefill,
+			DecodeBlocks: o.decode, ObservedUnixNano: o.at, Epoch: o.epoch}}
+}
