@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	clientretry "k8s.io/client-go/util/retry"
 	"k8s.io/klog/v2"
 
 	"github.com/kvrelay/kvrelay/controlplane/leader"
@@ -251,11 +252,20 @@ func TestFence(t *testing.T) {
 		t.Fatalf("the leader's Fence = %d, %v; want the Lease's leaderTransitions %v", term, err, l.Spec.LeaseTransitions)
 	}
 
-	// Another replica takes the Lease, as client-go does once it has expired.
-	other, next := "cp-1", *l.Spec.LeaseTransitions+1
-	now := metav1.NewMicroTime(time.Now())
-	l.Spec.HolderIdentity, l.Spec.LeaseTransitions, l.Spec.AcquireTime, l.Spec.RenewTime = &other, &next, &now, &now
-	if _, err := leases.Update(t.Context(), l, metav1.UpdateOptions{}); err != nil {
+	// Another replica takes the Lease, as client-go does once it has expired (read again on
+	// a conflict: the leader may have written it since it was read above).
+	other, next := "cp-1", int32(0)
+	if err := clientretry.RetryOnConflict(clientretry.DefaultRetry, func() error {
+		l, err := leases.Get(t.Context(), "fence", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		next = *l.Spec.LeaseTransitions + 1
+		now := metav1.NewMicroTime(time.Now())
+		l.Spec.HolderIdentity, l.Spec.LeaseTransitions, l.Spec.AcquireTime, l.Spec.RenewTime = &other, &next, &now, &now
+		_, err = leases.Update(t.Context(), l, metav1.UpdateOptions{})
+		return err
+	}); err != nil {
 		t.Fatal(err)
 	}
 	if !e.Leading() {

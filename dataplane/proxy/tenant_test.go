@@ -371,34 +371,33 @@ func TestTenantHeadroom(t *testing.T) {
 				cfg.QueueTimeout = time.Minute
 				cfg.ExposeWorkerHeader = true
 			}, func(w *sim.WorkerConfig) { w.Engine.Timing.Speedup = 0.2 })
-			var lastRoute string
-			send := func(ctx context.Context, key string, tokens int) (time.Duration, error) {
+			// send returns the request's time and its x-kvrelay-route.
+			send := func(ctx context.Context, key string, tokens int) (time.Duration, string, error) {
 				body := strings.Replace(chatBody("headroom "+key, "q", tokens, false), `{`, `{"ignore_eos":true,`, 1)
 				req, _ := http.NewRequestWithContext(ctx, "POST", c.base+"/v1/chat/completions", strings.NewReader(body))
 				req.Header.Set("Authorization", "Bearer "+key)
 				t0 := time.Now()
 				resp, err := http.DefaultClient.Do(req)
 				if err != nil {
-					return 0, err
+					return 0, "", err
 				}
 				_, _ = io.Copy(io.Discard, resp.Body)
 				resp.Body.Close()
 				if resp.StatusCode != 200 {
-					return 0, fmt.Errorf("status %d", resp.StatusCode)
+					return 0, "", fmt.Errorf("status %d", resp.StatusCode)
 				}
-				lastRoute = resp.Header.Get("x-kvrelay-route")
-				return time.Since(t0), nil
+				return time.Since(t0), resp.Header.Get("x-kvrelay-route"), nil
 			}
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			// One after another: two decided at the same moment on two event loops may both
 			// find the worker's last slot free (busy thresholds are read, not reserved).
 			for range 4 {
-				go func() { _, _ = send(ctx, "sk-flood", 120) }() // seconds each
+				go func() { _, _, _ = send(ctx, "sk-flood", 120) }() // seconds each
 				time.Sleep(100 * time.Millisecond)
 			}
 			time.Sleep(200 * time.Millisecond)
-			took, err := send(context.Background(), "sk-chat", 2)
+			took, lastRoute, err := send(context.Background(), "sk-chat", 2)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -313,9 +313,10 @@ func checkPlannerRBAC(t *testing.T, admin, sa *kubernetes.Clientset, allowed boo
 	}
 	image := `{"spec":{"containers":[{"name":"vllm","image":"attacker/vllm:evil"}]}}`
 	// The policy takes effect once the API server's informer has it and has compiled it:
-	// a second or two, but more than 20 s when the whole suite loads the machine.
+	// a second or two, but more than a minute when the whole suite (-race) loads the
+	// machine.
 	begin := time.Now()
-	eventually(t, time.Minute, func() error {
+	eventually(t, 3*time.Minute, func() error {
 		if err := patch(image); err == nil {
 			_ = patch(`{"spec":{"containers":[{"name":"vllm","image":"vllm:test"}]}}`)
 			return errors.New("the control plane changed an engine pod's image")
