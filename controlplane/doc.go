@@ -10,10 +10,12 @@
 // A worker's load (its engine's running and waiting requests and KV usage, the proxies'
 // in-flight sums) is published again when it moves past a band (a count by more than one
 // and an eighth, or between zero and not; KV usage by 1/64) or, moving within it, once
-// Options.LoadRefresh has passed: a busy fleet whose readings move on every scrape pushes
-// each proxy 124 KB a second for 1,000 workers instead of 1.16 MB, or 465 KB where every
-// engine holds a queue of 1 to 4 that moves on every scrape (BenchmarkLoadBand). Proxies
-// keep a pushed load as long as the control plane answers their load reports.
+// Options.LoadRefresh has passed. Where engines' readings jitter on every scrape, 1,000
+// workers push each proxy 124 KB a second instead of 1.16 MB, or 465 KB where every engine
+// holds a queue of 1 to 4 that moves on every scrape (BenchmarkLoadBand); where the
+// proxies' own in-flight sums churn (bench-xds scale), a worker leaves its band within a
+// few reports and the band saves nothing. Proxies keep a pushed load as long as the control
+// plane answers their load reports.
 //
 // It never imports the data plane: what both planes share sits below them in package xds.
 package controlplane
