@@ -7,6 +7,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -725,4 +726,37 @@ func TestKeysReachClient(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitUntil(t, "the keys removed", func() bool { return last() == "" })
+}
+
+// A reporter's Acked hears each answer on the load stream while the control plane runs
+// (what keeps a proxy's pushed loads current) and nothing once it has stopped.
+func TestReporterHearsAnswers(t *testing.T) {
+	srv := server.New(server.Options{ReportInterval: 10 * time.Millisecond})
+	if err := srv.SetWorkers([]*xdsv1.Worker{worker("w1", 8001)}); err != nil {
+		t.Fatal(err)
+	}
+	cp := startControlPlane(t, "127.0.0.1:0", srv)
+	conn, err := client.Dial(cp.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	var acks atomic.Int64
+	r, err := client.NewReporter(conn, client.ReporterOptions{NodeID: "proxy-1", Acked: func() { acks.Add(1) },
+		Snapshot: func(uint64) []*xdsv1.WorkerLoad { return []*xdsv1.WorkerLoad{{WorkerId: "w1", Inflight: 1}} }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	waitUntil(t, "answers on the load stream", func() bool { return acks.Load() >= 5 })
+	cp.stop(t)
+	time.Sleep(100 * time.Millisecond) // answers in flight when it stopped
+	n := acks.Load()
+	time.Sleep(300 * time.Millisecond)
+	if got := acks.Load(); got != n {
+		t.Fatalf("%d answers heard after the control plane stopped", got-n)
+	}
 }
