@@ -626,21 +626,50 @@ func (c *ctlClient) getJSON(ctx context.Context, path string, out any) error {
 	return nil
 }
 
-// do makes one call and returns the body of a 2xx answer, or the API's error.
+// do makes one call and returns the body of a 2xx answer, or the API's error. A 503 (a
+// replica that does not lead and does not know the leader yet, during a failover) changed
+// nothing, so do asks again, up to ctlTries times in all, waiting the answer's Retry-After
+// (at most a second) or a growing 100 ms between.
 func (c *ctlClient) do(ctx context.Context, method, path string, body proto.Message) ([]byte, error) {
-	var rd io.Reader
+	var payload []byte
 	if body != nil {
 		data, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(body)
 		if err != nil {
 			return nil, fmt.Errorf("encoding the request: %w", err)
 		}
-		rd = bytes.NewReader(data)
+		payload = data
+	}
+	for try := 1; ; try++ {
+		data, status, wait, err := c.once(ctx, method, path, payload)
+		if status != http.StatusServiceUnavailable || try == ctlTries {
+			return data, err
+		}
+		if wait <= 0 {
+			wait = time.Duration(try) * 100 * time.Millisecond
+		}
+		select {
+		case <-ctx.Done():
+			return data, err
+		case <-time.After(min(wait, time.Second)):
+		}
+	}
+}
+
+// ctlTries bounds the calls do makes for one answered 503 after another.
+const ctlTries = 5
+
+// once makes one call: the body of a 2xx answer, or the API's error with the answer's status
+// and its Retry-After.
+func (c *ctlClient) once(ctx context.Context, method, path string, payload []byte) ([]byte, int, time.Duration, error) {
+	var rd io.Reader
+	if payload != nil {
+		rd = bytes.NewReader(payload)
 	}
 	req, err := http.NewRequestWithContext(ctx, method, c.base+path, rd)
 	if err != nil {
-		return nil, fmt.Errorf("%s %s: %w", method, path, err)
+		return nil, 0, 0, fmt.Errorf("%s %s: %w", method, path, err)
 	}
-	if body != nil {
+	if payload != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
 	req.Header.Set("Accept", "application/json")
@@ -649,23 +678,27 @@ func (c *ctlClient) do(ctx context.Context, method, path string, body proto.Mess
 	}
 	resp, err := c.client.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("calling the control plane's API: %w", err)
+		return nil, 0, 0, fmt.Errorf("calling the control plane's API: %w", err)
 	}
 	defer resp.Body.Close()
 	data, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
 	if err != nil {
-		return nil, fmt.Errorf("%s %s: reading the answer: %w", method, path, err)
+		return nil, resp.StatusCode, 0, fmt.Errorf("%s %s: reading the answer: %w", method, path, err)
 	}
 	if resp.StatusCode/100 != 2 {
+		var wait time.Duration
+		if n, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil && n > 0 {
+			wait = time.Duration(n) * time.Second
+		}
 		var e struct {
 			Error struct{ Message, Code string }
 		}
 		if json.Unmarshal(data, &e) == nil && e.Error.Message != "" {
-			return nil, fmt.Errorf("%s %s: %s (%d %s)", method, path, e.Error.Message, resp.StatusCode, e.Error.Code)
+			return nil, resp.StatusCode, wait, fmt.Errorf("%s %s: %s (%d %s)", method, path, e.Error.Message, resp.StatusCode, e.Error.Code)
 		}
-		return nil, fmt.Errorf("%s %s: %s: %.200s", method, path, resp.Status, bytes.TrimSpace(data))
+		return nil, resp.StatusCode, wait, fmt.Errorf("%s %s: %s: %.200s", method, path, resp.Status, bytes.TrimSpace(data))
 	}
-	return data, nil
+	return data, resp.StatusCode, 0, nil
 }
 
 // print writes m as JSON with -o json, else as table writes it.

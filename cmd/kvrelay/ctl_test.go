@@ -6,11 +6,13 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"encoding/pem"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"google.golang.org/protobuf/encoding/protojson"
@@ -618,5 +620,46 @@ func TestCtlKeys(t *testing.T) {
 	}
 	if out, err := runCtl(t, ts, "keys", "rm", "ci"); err == nil || !strings.Contains(err.Error(), "404") {
 		t.Fatalf("keys rm of a removed key: %v\n%s", err, out)
+	}
+}
+
+// A 503 (a replica that does not lead and does not know the leader yet, in a failover)
+// changed nothing: ctl asks again and gets the leader's answer; one 503 after another ends
+// after ctlTries calls with the API's error.
+func TestCtlRetriesUnavailable(t *testing.T) {
+	t.Setenv(ctlTokenEnv, ctlTestToken)
+	b := ctlFleet()
+	h := api.Handler(b, api.Options{Token: ctlTestToken})
+	var calls, refuse atomic.Int64
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		if refuse.Add(-1) >= 0 {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = w.Write([]byte(`{"error":{"message":"this replica does not lead (leader unknown)","code":"unavailable"}}`))
+			return
+		}
+		h.ServeHTTP(w, r)
+	}))
+	t.Cleanup(ts.Close)
+
+	refuse.Store(2)
+	if out, err := runCtl(t, ts, "drain", "w1"); err != nil || !strings.Contains(out, "yes") {
+		t.Fatalf("drain after two 503s: %v\n%s", err, out)
+	}
+	if n := calls.Load(); n != 3 {
+		t.Fatalf("%d calls, want 3 (two refused, one answered)", n)
+	}
+	if w, _ := b.GetWorker(t.Context(), "w1"); !w.Status.Draining {
+		t.Error("w1 not draining")
+	}
+
+	calls.Store(0)
+	refuse.Store(100)
+	if _, err := runCtl(t, ts, "workers"); err == nil || !strings.Contains(err.Error(), "503 unavailable") {
+		t.Fatalf("workers while every call is refused: %v", err)
+	}
+	if n := calls.Load(); n != ctlTries {
+		t.Fatalf("%d calls, want %d", n, ctlTries)
 	}
 }
