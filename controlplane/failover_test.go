@@ -30,6 +30,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/kvrelay/kvrelay/controlplane/registry"
+	"github.com/kvrelay/kvrelay/internal/testbin"
 )
 
 // The failovers an operator cares about, on a real API server with the leader in a kvrelay
@@ -39,30 +40,9 @@ import (
 // TestMain removes the kvrelay binary the failover tests built.
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if binDir != "" {
-		os.RemoveAll(binDir)
-	}
+	testbin.Remove()
 	os.Exit(code)
 }
-
-// kvrelayBinary builds ./cmd/kvrelay once per test binary (TestMain removes it).
-var kvrelayBinary = sync.OnceValues(func() (string, error) {
-	dir, err := os.MkdirTemp("", "kvrelay-failover-")
-	if err != nil {
-		return "", err
-	}
-	binDir = dir
-	bin := filepath.Join(dir, "kvrelay")
-	// Without the symbol table and DWARF: a smaller binary, linked sooner (the link is most
-	// of a build whose packages the cache holds).
-	out, err := exec.Command("go", "build", "-buildvcs=false", "-ldflags=-s -w", "-o", bin, "github.com/kvrelay/kvrelay/cmd/kvrelay").CombinedOutput()
-	if err != nil {
-		return "", fmt.Errorf("go build ./cmd/kvrelay: %w\n%s", err, out)
-	}
-	return bin, nil
-})
-
-var binDir string // kvrelayBinary's directory
 
 // cpProcess is a control-plane replica run as `kvrelay controlplane`: a process a test can
 // kill or freeze.
@@ -70,27 +50,9 @@ type cpProcess struct {
 	id       string
 	pid      int
 	xds, api string
-	out      *lockedBuffer
+	out      *testbin.Output
 	exited   chan struct{}
 	client   *http.Client // for its operator API: a frozen process answers nothing
-}
-
-// lockedBuffer is a process's output, read while the process writes it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }
 
 // startProcess runs replica id as a kvrelay process with the flags of a chart's replica:
@@ -104,7 +66,7 @@ func (h *haEnv) startProcess(id, kubeconfig string) *cpProcess {
 	if kubeconfig == "" {
 		kubeconfig = h.env.Kubeconfig(t)
 	}
-	bin, err := kvrelayBinary()
+	bin, err := testbin.Kvrelay()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,7 +85,7 @@ func (h *haEnv) startProcess(id, kubeconfig string) *cpProcess {
 		args = append(args, "--worker", fmt.Sprintf("id=%s,url=%s,block-size=%d,engine=%s,kv-events=%s,kv-events-replay=%s",
 			w.ID, w.URL, w.BlockSize, w.Engine, w.KVEvents, w.KVEventsReplay))
 	}
-	p := &cpProcess{id: id, out: new(lockedBuffer), exited: make(chan struct{}), client: &http.Client{Timeout: 10 * time.Second}}
+	p := &cpProcess{id: id, out: new(testbin.Output), exited: make(chan struct{}), client: &http.Client{Timeout: 10 * time.Second}}
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = p.out, p.out
 	// Gone with the test, whatever becomes of the test.

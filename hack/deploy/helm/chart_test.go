@@ -32,6 +32,7 @@ import (
 
 	"github.com/kvrelay/kvrelay/controlplane/registry"
 	"github.com/kvrelay/kvrelay/internal/kubetest"
+	"github.com/kvrelay/kvrelay/internal/testbin"
 )
 
 // helmVersion is the helm hack/helm.sh installs; TestHelmScriptVersion keeps the two equal.
@@ -234,7 +235,7 @@ func all[T any](t testing.TB, o objects, kind string) []*T {
 // kvrelayFlags lists the flags of kvrelay's controlplane and proxy commands, from their
 // --help, as the binary built from this tree prints it: the chart passes no other.
 var kvrelayFlags = sync.OnceValues(func() (map[string]map[string]bool, error) {
-	bin, err := kvrelayBin()
+	bin, err := testbin.Kvrelay()
 	if err != nil {
 		return nil, err
 	}
@@ -253,23 +254,6 @@ var kvrelayFlags = sync.OnceValues(func() (map[string]map[string]bool, error) {
 	return out, nil
 })
 
-// kvrelayBin builds ./cmd/kvrelay once per test binary.
-var kvrelayBin = sync.OnceValues(func() (string, error) {
-	dir, err := os.MkdirTemp("", "kvrelay-helm-bin-")
-	if err != nil {
-		return "", err
-	}
-	binDir = dir
-	bin := filepath.Join(dir, "kvrelay")
-	out, err := exec.Command("go", "build", "-o", bin, "github.com/kvrelay/kvrelay/cmd/kvrelay").CombinedOutput()
-	if err != nil {
-		return "", fmt.Errorf("go build ./cmd/kvrelay: %w\n%s", err, out)
-	}
-	return bin, nil
-})
-
-var binDir string // kvrelayBin's directory, removed by TestMain
-
 func TestMain(m *testing.M) {
 	var err error
 	if helmHome, err = os.MkdirTemp("", "kvrelay-helm-"); err != nil {
@@ -278,9 +262,7 @@ func TestMain(m *testing.M) {
 	}
 	code := m.Run()
 	os.RemoveAll(helmHome)
-	if binDir != "" {
-		os.RemoveAll(binDir)
-	}
+	testbin.Remove()
 	os.Exit(code)
 }
 

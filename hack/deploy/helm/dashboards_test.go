@@ -21,6 +21,8 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/kvrelay/kvrelay/internal/testbin"
 )
 
 // promtoolVersion is the promtool hack/promtool.sh builds; TestPromtoolScriptVersion keeps
@@ -128,7 +130,7 @@ func TestDashboardAndRulesNameExportedSeries(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts kvrelay up")
 	}
-	bin, err := kvrelayBin()
+	bin, err := testbin.Kvrelay()
 	if err != nil {
 		t.Fatal(err)
 	}

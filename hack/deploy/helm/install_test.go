@@ -18,7 +18,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -38,6 +37,7 @@ import (
 
 	"github.com/kvrelay/kvrelay/controlplane/registry"
 	"github.com/kvrelay/kvrelay/internal/kubetest"
+	"github.com/kvrelay/kvrelay/internal/testbin"
 )
 
 // engines is the namespace of the engines' EndpointSlices (and Deployments) in TestInstall,
@@ -348,7 +348,7 @@ func errOnly[T any](_ T, err error) error { return err }
 // in the engines' namespace, and see the proxy under its pod's name.
 func runInstalled(t *testing.T, env *kubetest.Env, cs *kubernetes.Clientset, kubeconfig, token string) {
 	ctx := t.Context()
-	bin, err := kvrelayBin()
+	bin, err := testbin.Kvrelay()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -625,7 +625,7 @@ func localArgs(t *testing.T, args, env []string, set map[string]string) []string
 // proc is a kvrelay process the test started.
 type proc struct {
 	name string
-	log  *syncBuffer
+	log  *testbin.Output
 	done chan struct{} // closed when it has exited
 	err  error
 }
@@ -648,7 +648,7 @@ type stopErr struct{ error }
 // output when t failed.
 func startProc(t *testing.T, name, bin string, env, args []string) *proc {
 	t.Helper()
-	p := &proc{name: name, log: new(syncBuffer), done: make(chan struct{})}
+	p := &proc{name: name, log: new(testbin.Output), done: make(chan struct{})}
 	cmd := exec.Command(bin, args...)
 	cmd.Env = append(os.Environ(), env...)
 	cmd.Stdout, cmd.Stderr = p.log, p.log
@@ -670,24 +670,6 @@ func startProc(t *testing.T, name, bin string, env, args []string) *proc {
 		}
 	})
 	return p
-}
-
-// syncBuffer is a process's output, read while the process writes it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }
 
 // get returns nil when url answers 200 with a body holding each of want, else why not. A
