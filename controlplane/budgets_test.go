@@ -1,7 +1,6 @@
 package controlplane_test
 
 import (
-	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -297,27 +296,11 @@ func TestTenantsSplitTheIndex(t *testing.T) {
 	waitWorkers(t, p, 1)
 	ask := func(key string) int {
 		t.Helper()
-		body, _ := json.Marshal(map[string]any{"model": model, "max_tokens": 2,
-			"messages": []map[string]string{{"role": "system", "content": family(3)}, {"role": "user", "content": "the same question"}}})
-		req, _ := http.NewRequest(http.MethodPost, "http://"+p.Addr()+"/v1/chat/completions", bytes.NewReader(body))
-		req.Header.Set("Authorization", "Bearer "+key)
-		req.Header.Set("Content-Type", "application/json")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
+		r := chatWith(t, "http://"+p.Addr(), model, "", key, family(3), "the same question")
+		if r.status != 200 {
+			t.Fatalf("tenant %s: %d %s", key, r.status, r.body)
 		}
-		defer resp.Body.Close()
-		var out struct {
-			Usage struct {
-				PromptTokensDetails struct {
-					CachedTokens int `json:"cached_tokens"`
-				} `json:"prompt_tokens_details"`
-			} `json:"usage"`
-		}
-		if resp.StatusCode != 200 || json.NewDecoder(resp.Body).Decode(&out) != nil {
-			t.Fatalf("tenant %s: %s", key, resp.Status)
-		}
-		return out.Usage.PromptTokensDetails.CachedTokens
+		return r.cached
 	}
 	// stable waits until the index holds at least n blocks and stops growing.
 	stable := func(n int) int {

@@ -206,6 +206,12 @@ func chat(t *testing.T, base string, system, user string) reply {
 // chatAs is chat naming a model (or LoRA adapter) and a cache salt ("": none).
 func chatAs(t *testing.T, base, model, salt, system, user string) reply {
 	t.Helper()
+	return chatWith(t, base, model, salt, "", system, user)
+}
+
+// chatWith is chatAs sending key as the bearer ("": no Authorization).
+func chatWith(t *testing.T, base, model, salt, key, system, user string) reply {
+	t.Helper()
 	req := map[string]any{
 		"model": model, "max_tokens": 4,
 		"messages": []map[string]string{{"role": "system", "content": system}, {"role": "user", "content": user}},
@@ -214,7 +220,12 @@ func chatAs(t *testing.T, base, model, salt, system, user string) reply {
 		req["cache_salt"] = salt
 	}
 	body, _ := json.Marshal(req)
-	resp, err := http.Post(base+"/v1/chat/completions", "application/json", bytes.NewReader(body))
+	hr, _ := http.NewRequest(http.MethodPost, base+"/v1/chat/completions", bytes.NewReader(body))
+	hr.Header.Set("Content-Type", "application/json")
+	if key != "" {
+		hr.Header.Set("Authorization", "Bearer "+key)
+	}
+	resp, err := http.DefaultClient.Do(hr)
 	if err != nil {
 		return reply{body: err.Error()}
 	}
