@@ -589,10 +589,7 @@ func (s *KubeStore) editWorker(id string, edit func(*kubeWorker)) error {
 	name := s.workerName(id)
 	c := s.client(WorkerResource)
 	err := write(func(ctx context.Context) error {
-		cur, err := c.Get(ctx, name, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) {
-			cur, err = nil, nil
-		}
+		cur, err := readObject(ctx, c, name)
 		if err != nil {
 			return err
 		}
@@ -614,34 +611,13 @@ func (s *KubeStore) editWorker(id string, edit func(*kubeWorker)) error {
 			kw.Worker = &w
 		}
 		if kw.Worker == nil && kw.Draining == nil {
-			if cur == nil {
-				return nil
-			}
-			rv := cur.GetResourceVersion()
-			err := c.Delete(ctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{ResourceVersion: &rv}})
-			if err == nil || apierrors.IsNotFound(err) {
-				// Deleted after the version we read: a later read must not show it.
-				s.newer[WorkerResource].note(cur.GetNamespace()+"/"+name, nil, rvOf(cur)+1)
-				return nil
-			}
-			return err
+			return s.deleteRead(ctx, WorkerResource, c, cur)
 		}
 		spec, err := asMap(kw)
 		if err != nil {
 			return err
 		}
-		if cur == nil {
-			obj := s.newObject("KvrelayWorker", name, spec.(map[string]any))
-			s.stamp(obj, term)
-			out, err := c.Create(ctx, obj, metav1.CreateOptions{})
-			s.remember(WorkerResource, out)
-			return err
-		}
-		cur.Object["spec"] = spec
-		s.stamp(cur, term)
-		out, err := c.Update(ctx, cur, metav1.UpdateOptions{})
-		s.remember(WorkerResource, out)
-		return err
+		return s.createOrUpdate(ctx, WorkerResource, c, cur, "KvrelayWorker", name, spec.(map[string]any), term)
 	})
 	if err != nil {
 		return fmt.Errorf("writing KvrelayWorker %s/%s: %w", s.namespace, name, err)
@@ -672,10 +648,7 @@ func (s *KubeStore) putSpec(r schema.GroupVersionResource, kind, name string, sp
 	defer s.mu.Unlock()
 	c := s.client(r)
 	return write(func(ctx context.Context) error {
-		cur, err := c.Get(ctx, name, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) {
-			cur, err = nil, nil
-		}
+		cur, err := readObject(ctx, c, name)
 		if err != nil {
 			return err
 		}
@@ -683,18 +656,7 @@ func (s *KubeStore) putSpec(r schema.GroupVersionResource, kind, name string, sp
 		if err != nil {
 			return err
 		}
-		if cur == nil {
-			obj := s.newObject(kind, name, spec)
-			s.stamp(obj, term)
-			out, err := c.Create(ctx, obj, metav1.CreateOptions{})
-			s.remember(r, out)
-			return err
-		}
-		cur.Object["spec"] = spec
-		s.stamp(cur, term)
-		out, err := c.Update(ctx, cur, metav1.UpdateOptions{})
-		s.remember(r, out)
-		return err
+		return s.createOrUpdate(ctx, r, c, cur, kind, name, spec, term)
 	})
 }
 
@@ -706,25 +668,59 @@ func (s *KubeStore) deleteObject(r schema.GroupVersionResource, name string) err
 	defer s.mu.Unlock()
 	c := s.client(r)
 	return write(func(ctx context.Context) error {
-		cur, err := c.Get(ctx, name, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) {
-			cur, err = nil, nil
-		}
+		cur, err := readObject(ctx, c, name)
 		if err != nil {
 			return err
 		}
-		if _, err := s.fenced(ctx, cur, 0); err != nil || cur == nil {
+		if _, err := s.fenced(ctx, cur, 0); err != nil {
 			return err
 		}
-		rv := cur.GetResourceVersion()
-		err = c.Delete(ctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{ResourceVersion: &rv}})
-		if err == nil || apierrors.IsNotFound(err) {
-			// Deleted after the version we read: a later read must not show it.
-			s.newer[r].note(cur.GetNamespace()+"/"+name, nil, rvOf(cur)+1)
-			return nil
-		}
-		return err
+		return s.deleteRead(ctx, r, c, cur)
 	})
+}
+
+// readObject reads object name through c: nil, and no error, when there is none.
+func readObject(ctx context.Context, c dynamic.ResourceInterface, name string) (*unstructured.Unstructured, error) {
+	cur, err := c.Get(ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil, nil
+	}
+	return cur, err
+}
+
+// createOrUpdate writes spec, stamped with term, into cur (as read through c, resource r's
+// client), or creates object name of kind with it when cur is nil. The caller holds s.mu
+// and has fenced the write.
+func (s *KubeStore) createOrUpdate(ctx context.Context, r schema.GroupVersionResource, c dynamic.ResourceInterface, cur *unstructured.Unstructured, kind, name string, spec map[string]any, term int64) error {
+	if cur == nil {
+		obj := s.newObject(kind, name, spec)
+		s.stamp(obj, term)
+		out, err := c.Create(ctx, obj, metav1.CreateOptions{})
+		s.remember(r, out)
+		return err
+	}
+	cur.Object["spec"] = spec
+	s.stamp(cur, term)
+	out, err := c.Update(ctx, cur, metav1.UpdateOptions{})
+	s.remember(r, out)
+	return err
+}
+
+// deleteRead deletes cur (nil: nothing to delete) at the version read, so that a write
+// after the read is not lost unseen, and has later reads not show it. The caller holds s.mu
+// and has fenced the write.
+func (s *KubeStore) deleteRead(ctx context.Context, r schema.GroupVersionResource, c dynamic.ResourceInterface, cur *unstructured.Unstructured) error {
+	if cur == nil {
+		return nil
+	}
+	rv := cur.GetResourceVersion()
+	err := c.Delete(ctx, cur.GetName(), metav1.DeleteOptions{Preconditions: &metav1.Preconditions{ResourceVersion: &rv}})
+	if err == nil || apierrors.IsNotFound(err) {
+		// Deleted after the version we read: a later read must not show it.
+		s.newer[r].note(cur.GetNamespace()+"/"+cur.GetName(), nil, rvOf(cur)+1)
+		return nil
+	}
+	return err
 }
 
 // PutWorker stores w (by its id), replacing any worker stored with that id.
