@@ -91,11 +91,11 @@ func BenchmarkLoadBand(b *testing.B) {
 								refresh = 0
 							}
 							o := banded(last[i], has[i], *c, now, refresh)
-							if has[i] && o == last[i] {
-								continue
-							}
-							if !has[i] || o.running != last[i].running || o.waiting != last[i].waiting || o.kv != last[i].kv ||
-								o.inflight != last[i].inflight || o.prefill != last[i].prefill || o.decode != last[i].decode || o.epoch != last[i].epoch {
+							// Sent when what it publishes changed (all but sent, the control
+							// plane's own record of when).
+							q := o
+							q.sent = last[i].sent
+							if !has[i] || q != last[i] {
 								bytes += proto.Size(workerResource(i, o))
 								sent++
 							}
