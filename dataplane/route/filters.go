@@ -79,22 +79,19 @@ func (BusyFilter) Name() string { return "busy" }
 
 func (f BusyFilter) Filter(req *Request, in, out []*Worker) []*Worker {
 	staggered := req.Headroom > 0 && f.MaxRequests > 0
-	if staggered {
-		prefilling := 0
-		for _, w := range in {
-			if w.PrefillTokens() > 0 {
-				prefilling++
-			}
+	start, prefilling := len(out), 0
+	for _, w := range in {
+		busy := f.busy(w, req.Headroom)
+		if staggered && w.PrefillTokens() > 0 {
+			prefilling++
+			busy = true
 		}
-		if 2*prefilling >= len(in) {
-			return out
+		if !busy {
+			out = append(out, w)
 		}
 	}
-	for _, w := range in {
-		if f.busy(w, req.Headroom) || staggered && w.PrefillTokens() > 0 {
-			continue
-		}
-		out = append(out, w)
+	if staggered && 2*prefilling >= len(in) {
+		return out[:start]
 	}
 	return out
 }
