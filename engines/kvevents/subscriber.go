@@ -158,12 +158,12 @@ func (s *Subscriber) RunTopics(ctx context.Context, emit func(topic []byte, seq 
 		return fmt.Errorf("subscribing to kv events %q: %w", s.cfg.Topic, err)
 	}
 	if s.cfg.Bind {
-		if err := sock.Listen(s.cfg.Endpoint); err != nil {
+		if err := sock.Listen(zmqEndpoint(s.cfg.Endpoint)); err != nil {
 			return fmt.Errorf("binding kv event subscriber %s: %w", s.cfg.Endpoint, err)
 		}
 		ep := resolvedEndpoint(s.cfg.Endpoint, sock)
 		s.endpoint.Store(&ep)
-	} else if err := sock.Dial(s.cfg.Endpoint); err != nil {
+	} else if err := sock.Dial(zmqEndpoint(s.cfg.Endpoint)); err != nil {
 		// zmq4 retries forever; Dial fails only once ctx is done.
 		if ctx.Err() != nil {
 			return nil
@@ -269,7 +269,7 @@ func Replay(ctx context.Context, endpoint string, from uint64) ([]Replayed, erro
 	sock := zmq4.NewDealer(rctx, zmq4.WithLogger(log.New(io.Discard, "", 0)),
 		zmq4.WithDialerRetry(100*time.Millisecond), zmq4.WithDialerMaxRetries(-1))
 	defer sock.Close()
-	if err := sock.Dial(endpoint); err != nil {
+	if err := sock.Dial(zmqEndpoint(endpoint)); err != nil {
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("dialling kv event replay %s: %w", endpoint, ctx.Err())
 		}
