@@ -1,0 +1,38 @@
+package blockset
+
+import (
+	"fmt"
+	"testing"
+)
+
+// BenchmarkMatchWorkers matches a 256-block prompt whose first 192 blocks (a shared
+// preamble) every worker holds, each worker holding a different 64-block tail besides,
+// against fleets of 64 to 10,240 workers: how the match grows with the workers.
+func BenchmarkMatchWorkers(b *testing.B) {
+	const prompt, shared = 256, 192
+	hashes := make([]uint64, prompt)
+	for i := range hashes {
+		hashes[i] = uint64(i+1) * 0x9E3779B97F4A7C15
+	}
+	for _, workers := range []int{64, 1024, 10240} {
+		b.Run(fmt.Sprintf("workers=%d", workers), func(b *testing.B) {
+			var s Set
+			for w := range workers {
+				for _, h := range hashes[:shared] {
+					s.Add(h, w, GPU)
+				}
+				for i := range prompt - shared {
+					s.Add(uint64(w+1)<<32|uint64(i), w, GPU)
+				}
+			}
+			overlap := make([]float64, workers)
+			b.ReportAllocs()
+			for b.Loop() {
+				s.Match(hashes, overlap, DefaultWeights)
+			}
+			if overlap[workers-1] != shared {
+				b.Fatalf("overlap %v", overlap[workers-1])
+			}
+		})
+	}
+}
