@@ -1,6 +1,7 @@
 package kvindex
 
 import (
+	"fmt"
 	"runtime"
 	"strconv"
 	"testing"
@@ -195,7 +196,8 @@ func TestMatchDoesNotAllocate(t *testing.T) {
 }
 
 // BenchmarkIngest applies BlockStored events of 64 16-token blocks (prepared beforehand, as
-// the decoder hands them over): block events per second.
+// the decoder hands them over) from 8 workers (one shard of slots) and from 128 (two, where
+// the index also counts each block's GPU holders): block events per second.
 func BenchmarkIngest(b *testing.B) {
 	const chain, nev = 64, 2048
 	evs := make([]*kvevents.Batch, nev)
@@ -203,15 +205,19 @@ func BenchmarkIngest(b *testing.B) {
 		toks := prompt(uint32(i+5), uint32(i+5), 0, chain)
 		evs[i] = batch(stored(toks, uint64(i), 0, chain, "GPU", false))
 	}
-	x := New()
-	var cs []Change
-	i := 0
-	b.ReportAllocs()
-	for b.Loop() {
-		cs = x.Apply("w"+strconv.Itoa(i%8), evs[i%nev], cs[:0])
-		i++
+	for _, workers := range []int{8, 128} {
+		b.Run(fmt.Sprintf("workers=%d", workers), func(b *testing.B) {
+			x := New()
+			var cs []Change
+			i := 0
+			b.ReportAllocs()
+			for b.Loop() {
+				cs = x.Apply("w"+strconv.Itoa(i%workers), evs[i%nev], cs[:0])
+				i++
+			}
+			b.ReportMetric(float64(b.N*chain)/b.Elapsed().Seconds(), "blocks/s")
+		})
 	}
-	b.ReportMetric(float64(b.N*chain)/b.Elapsed().Seconds(), "blocks/s")
 }
 
 // BenchmarkMatch512x64: a 512-block prompt against 64 workers holding parts of it, with 1M

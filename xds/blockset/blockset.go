@@ -4,9 +4,12 @@
 // journal of its changes to its own. Match, the router's question, is answered the same way on
 // both sides.
 //
-// Holders are bitsets of 64 worker slots per shard, one map per tier, so a longest-prefix
-// query costs one map lookup per prompt block whatever the number of workers. A Set is not
-// safe for concurrent use; its owners lock around it.
+// Holders are bitsets of 64 worker slots per shard, one map per tier: a longest-prefix query
+// costs a map lookup per prompt block in each shard whose slots still hold the prefix. Past
+// one shard the Set also counts each block's holders in GPU memory, so that the leading
+// blocks every worker holds (a system prompt the whole fleet caches) cost one lookup each
+// however many shards there are. A Set is not safe for concurrent use; its owners lock
+// around it.
 package blockset
 
 import (
@@ -78,6 +81,15 @@ type Set struct {
 	// held counts each slot's entries per tier: how many blocks a worker holds in its GPU
 	// memory, host memory and so on, as its events said.
 	held [][NumTiers]int
+	// nonEmpty is the number of slots holding any entry.
+	nonEmpty int
+	// gpuHolders counts, once the Set has more than one shard (nil before), the slots
+	// holding in GPU memory each block that a slot of the first shard holds there: a block
+	// whose count is nonEmpty is held by every slot that holds anything, in every shard, and
+	// Match takes the leading run of such blocks from this one map. Blocks the first shard
+	// lacks cannot be such (while it has a live slot), and are not counted: most blocks are
+	// one worker's, and past a few shards most are not the first shard's.
+	gpuHolders map[uint64]uint32
 }
 
 // Held returns how many blocks slot holds in tier.
@@ -88,12 +100,30 @@ func (s *Set) Held(slot int, tier Tier) int {
 	return s.held[slot][tier]
 }
 
-// count moves slot's count in tier by d.
+// count moves slot's count in tier by d, and keeps nonEmpty and the shard's live slots.
 func (s *Set) count(slot int, tier Tier, d int) {
 	if slot >= len(s.held) {
 		s.held = append(s.held, make([][NumTiers]int, slot+1-len(s.held))...)
 	}
+	before := total(&s.held[slot])
 	s.held[slot][tier] += d
+	after := total(&s.held[slot])
+	switch {
+	case before == 0 && after > 0:
+		s.nonEmpty++
+		s.shards[slot/64].live |= 1 << (slot % 64)
+	case before > 0 && after == 0:
+		s.nonEmpty--
+		s.shards[slot/64].live &^= 1 << (slot % 64)
+	}
+}
+
+func total(h *[NumTiers]int) int {
+	n := 0
+	for _, c := range h {
+		n += c
+	}
+	return n
 }
 
 // shard holds the blocks of up to 64 slots: per block and tier, a bitset of the slots holding
@@ -102,6 +132,8 @@ func (s *Set) count(slot int, tier Tier, d int) {
 // maps out of the garbage collector's way.
 type shard struct {
 	tiers [NumTiers]map[uint64]uint64
+	// live is the slots of the shard that hold any entry.
+	live uint64
 }
 
 func (s *Set) shard(slot int) *shard {
@@ -111,8 +143,47 @@ func (s *Set) shard(slot int) *shard {
 			sh.tiers[t] = map[uint64]uint64{}
 		}
 		s.shards = append(s.shards, sh)
+		if len(s.shards) == 2 {
+			// Past one shard: count the GPU holders of what the first holds.
+			s.gpuHolders = make(map[uint64]uint32, len(s.shards[0].tiers[GPU]))
+			for seq, e := range s.shards[0].tiers[GPU] {
+				s.gpuHolders[seq] = uint32(bits.OnesCount64(e))
+			}
+		}
 	}
 	return s.shards[slot/64]
+}
+
+// holderAdded counts slot's new GPU copy of seq, first0 telling that slot is of the first
+// shard and the first of it to hold seq there (whose count then starts from the other
+// shards' holders: once per block the first shard takes).
+func (s *Set) holderAdded(seq uint64, slot int, first0 bool) {
+	switch {
+	case first0:
+		n := uint32(1)
+		for _, sh := range s.shards[1:] {
+			n += uint32(bits.OnesCount64(sh.tiers[GPU][seq]))
+		}
+		s.gpuHolders[seq] = n
+	case slot < 64:
+		s.gpuHolders[seq]++
+	default:
+		if _, ok := s.gpuHolders[seq]; ok {
+			s.gpuHolders[seq]++
+		}
+	}
+}
+
+// holderGone takes slot's GPU copy off seq's count, and the count away when the first
+// shard holds seq no more (left0).
+func (s *Set) holderGone(seq uint64, left0 bool) {
+	if left0 {
+		delete(s.gpuHolders, seq)
+		return
+	}
+	if n, ok := s.gpuHolders[seq]; ok {
+		s.gpuHolders[seq] = n - 1
+	}
 }
 
 // Add records that slot holds seq in tier and reports whether that is new.
@@ -127,6 +198,9 @@ func (s *Set) Add(seq uint64, slot int, tier Tier) bool {
 		return false
 	}
 	m[seq] = e | bit
+	if tier == GPU && s.gpuHolders != nil {
+		s.holderAdded(seq, slot, slot < 64 && e == 0)
+	}
 	s.count(slot, tier, 1)
 	return true
 }
@@ -146,6 +220,9 @@ func (s *Set) Remove(seq uint64, slot int, tier Tier) bool {
 		delete(m, seq)
 	} else {
 		m[seq] = e
+	}
+	if tier == GPU && s.gpuHolders != nil {
+		s.holderGone(seq, slot < 64 && e == 0)
 	}
 	s.count(slot, tier, -1)
 	return true
@@ -167,6 +244,9 @@ func (s *Set) ClearSlot(slot int, fn func(seq uint64, tier Tier)) {
 				delete(m, seq)
 			} else {
 				m[seq] = e
+			}
+			if Tier(t) == GPU && s.gpuHolders != nil {
+				s.holderGone(seq, slot < 64 && e == 0)
 			}
 			s.count(slot, Tier(t), -1)
 			if fn != nil {
@@ -271,6 +351,14 @@ type Lower struct{ Host, Disk, Shared, Deficit float64 }
 func (s *Set) MatchTiers(hashes []uint64, overlap []float64, lower []Lower, wt Weights) float64 {
 	clear(overlap)
 	clear(lower)
+	// The leading blocks every slot holding anything holds in GPU memory: one lookup each,
+	// not one per shard.
+	common := 0
+	if s.gpuHolders != nil && s.nonEmpty > 0 && s.shards[0].live != 0 {
+		for common < len(hashes) && s.gpuHolders[hashes[common]] == uint32(s.nonEmpty) {
+			common++
+		}
+	}
 	best := 0.0
 	for k, sh := range s.shards {
 		base := 64 * k
@@ -281,25 +369,26 @@ func (s *Set) MatchTiers(hashes []uint64, overlap []float64, lower []Lower, wt W
 		if lower != nil {
 			lw = lower[base:min(base+64, len(overlap))]
 		}
-		best = max(best, sh.match(hashes, overlap[base:min(base+64, len(overlap))], lw, wt))
+		best = max(best, sh.match(hashes, common, overlap[base:min(base+64, len(overlap))], lw, wt))
 	}
 	return best
 }
 
-// match walks the chain for one shard. A slot's run lasts while it holds each next block in
-// any tier; within the run, blocks outside GPU memory count at their tier's weight, which
-// costs work only for the rare blocks that are not in GPU memory.
-func (sh *shard) match(hashes []uint64, overlap []float64, lower []Lower, wt Weights) float64 {
-	active := ^uint64(0)
+// match walks the chain for one shard from block common, the blocks before it being held
+// in GPU memory by every live slot. A slot's run lasts while it holds each next block in any
+// tier; within the run, blocks outside GPU memory count at their tier's weight, which costs
+// work only for the rare blocks that are not in GPU memory.
+func (sh *shard) match(hashes []uint64, common int, overlap []float64, lower []Lower, wt Weights) float64 {
+	active := sh.live
 	if len(overlap) < 64 {
-		active = uint64(1)<<len(overlap) - 1
+		active &= uint64(1)<<len(overlap) - 1
 	}
 	var deficit [64]float64
 	var slow *[64]Lower // host and disk blocks of each run, only when lower is wanted
 	if lower != nil {
 		slow = new([64]Lower)
 	}
-	n := 0
+	n := common
 	for n < len(hashes) && active != 0 {
 		h := hashes[n]
 		gpu := sh.tiers[GPU][h]

@@ -1,6 +1,9 @@
 package blockset
 
 import (
+	"math"
+	"math/bits"
+	"math/rand/v2"
 	"sort"
 	"testing"
 )
@@ -173,5 +176,111 @@ func TestMatchTiersReportsLowerBlocks(t *testing.T) {
 	plain := make([]float64, 71)
 	if s.Match(hs, plain, wt); plain[0] != overlap[0] {
 		t.Fatalf("Match %v differs from MatchTiers %v", plain[0], overlap[0])
+	}
+}
+
+// reference is Match by brute force: for each slot, its run over the chain in any tier,
+// blocks below GPU memory counted at their tier's weight (the fastest copy's).
+func reference(s *Set, hashes []uint64, slots int, wt Weights) []float64 {
+	out := make([]float64, slots)
+	for slot := range slots {
+		run := 0.0
+		for _, h := range hashes {
+			w, held := 0.0, false
+			for t := range NumTiers {
+				if s.Has(h, slot, t) {
+					w, held = wt[t], true
+					break
+				}
+			}
+			if !held {
+				break
+			}
+			run += w
+		}
+		out[slot] = run
+	}
+	return out
+}
+
+// TestMatchAgainstReference: random sets over several shards, most slots holding a common
+// preamble (some only below GPU memory, some losing a block of it, some slots empty), each
+// a tail of its own; Match agrees with the brute force after every round of changes.
+func TestMatchAgainstReference(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	const slots, preamble = 200, 24
+	hashes := make([]uint64, preamble+8)
+	for i := range hashes {
+		hashes[i] = uint64(i+1) * 0x9E3779B97F4A7C15
+	}
+	var s Set
+	overlap := make([]float64, slots)
+	for round := range 40 {
+		for range 300 {
+			slot := rng.IntN(slots)
+			tier := GPU
+			if rng.IntN(8) == 0 {
+				tier = Tier(1 + rng.IntN(int(NumTiers)-1))
+			}
+			n := rng.IntN(len(hashes) + 1)
+			switch rng.IntN(10) {
+			case 0:
+				s.Remove(hashes[rng.IntN(len(hashes))], slot, tier)
+			case 1:
+				if round%4 == 3 {
+					s.ClearSlot(slot, nil)
+				}
+			default:
+				for _, h := range hashes[:max(n, preamble)] {
+					s.Add(h, slot, tier)
+				}
+			}
+		}
+		if round%5 == 4 {
+			// Every slot holds the preamble in GPU memory: the shared run.
+			for slot := range slots {
+				for _, h := range hashes[:preamble] {
+					s.Add(h, slot, GPU)
+				}
+			}
+			if s.gpuHolders[hashes[preamble-1]] != uint32(s.nonEmpty) {
+				t.Fatalf("the preamble every slot holds is counted %d times for %d slots", s.gpuHolders[hashes[preamble-1]], s.nonEmpty)
+			}
+		}
+		checkHolders(t, &s)
+		for _, n := range []int{slots, 130, 64, 7} {
+			got := overlap[:n]
+			s.Match(hashes, got, DefaultWeights)
+			want := reference(&s, hashes, n, DefaultWeights)
+			for i := range want {
+				if math.Abs(got[i]-want[i]) > 1e-9 {
+					t.Fatalf("round %d, %d slots: slot %d overlap %v, want %v", round, n, i, got[i], want[i])
+				}
+			}
+		}
+	}
+}
+
+// checkHolders checks the Set's GPU holder counts against a count of its shards: one for
+// each block the first shard holds in GPU memory, and none for any other.
+func checkHolders(t *testing.T, s *Set) {
+	t.Helper()
+	if len(s.shards) < 2 {
+		return
+	}
+	for seq, n := range s.gpuHolders {
+		want := 0
+		for _, sh := range s.shards {
+			want += bits.OnesCount64(sh.tiers[GPU][seq])
+		}
+		if s.shards[0].tiers[GPU][seq] == 0 {
+			t.Fatalf("block %x counted (%d) though the first shard lacks it", seq, n)
+		}
+		if int(n) != want {
+			t.Fatalf("block %x counted %d GPU holders, the shards say %d", seq, n, want)
+		}
+	}
+	if len(s.gpuHolders) != len(s.shards[0].tiers[GPU]) {
+		t.Fatalf("%d counts for the first shard's %d GPU blocks", len(s.gpuHolders), len(s.shards[0].tiers[GPU]))
 	}
 }
