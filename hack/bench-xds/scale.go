@@ -11,7 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -207,13 +207,19 @@ func runScale(f flags, res *results) error {
 	if out.err != nil {
 		return out.err
 	}
-	var moved []time.Duration
-	for _, d := range cv.Moved {
-		moved = append(moved, time.Duration(d))
+	durs := func(ns []int64) []time.Duration {
+		out := make([]time.Duration, len(ns))
+		for i, d := range ns {
+			out[i] = time.Duration(d)
+		}
+		return out
 	}
-	p50, p99, mx = percentiles(moved)
-	res.add("failover", "killed", "replica 0 (SIGKILL) under load", "proxies_moved", len(moved), "not_converged", cv.NotConverged,
+	p50, p99, mx = percentiles(durs(cv.Moved))
+	a50, _, amx := percentiles(durs(cv.ADS))
+	j50, _, jmx := percentiles(durs(cv.Journal))
+	res.add("failover", "killed", "replica 0 (SIGKILL) under load", "proxies_moved", len(cv.Moved), "not_converged", cv.NotConverged,
 		"converged_p50", p50, "converged_p99", p99, "converged_all", mx, "target_all", "5s",
+		"ads_p50", a50, "ads_all", amx, "journal_p50", j50, "journal_all", jmx,
 		"what", "kill->journal snapshot complete and ADS stream up on another replica")
 	return nil
 }
@@ -243,10 +249,12 @@ type sinkStats struct {
 }
 
 // convergence is the proxies' child's answer to "converge": for each proxy that followed
-// the killed replica, nanoseconds from the kill until it was synced on another.
+// the killed replica, nanoseconds from the kill until it was synced on another (Moved), and
+// until each of its two streams was (ADS: a new stream connected; Journal: a snapshot
+// completed).
 type convergence struct {
-	Moved        []int64
-	NotConverged int
+	Moved, ADS, Journal []int64
+	NotConverged        int
 }
 
 // ageRec is one journal batch sent: when, and how old its oldest change was.
@@ -557,6 +565,8 @@ func converge(subs []*subscriber, replicas int, killedAt int64, timeout time.Dur
 			}
 			if w.adsAt != 0 && w.jourAt != 0 {
 				out.Moved = append(out.Moved, max(w.adsAt, w.jourAt)-killedAt)
+				out.ADS = append(out.ADS, w.adsAt-killedAt)
+				out.Journal = append(out.Journal, w.jourAt-killedAt)
 				continue
 			}
 			rest = append(rest, w)
@@ -565,7 +575,9 @@ func converge(subs []*subscriber, replicas int, killedAt int64, timeout time.Dur
 		time.Sleep(time.Millisecond)
 	}
 	out.NotConverged = len(wait)
-	sort.Slice(out.Moved, func(a, b int) bool { return out.Moved[a] < out.Moved[b] })
+	for _, d := range [][]int64{out.Moved, out.ADS, out.Journal} {
+		slices.Sort(d)
+	}
 	return out
 }
 
