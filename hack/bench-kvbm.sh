@@ -21,10 +21,12 @@
 #   g3-worm       G1 + G2 + G3, WORM and pins
 #   g3-fetch      the above with peer fetch (a worker pulls a prefix a peer caches when the
 #                 latency policy predicts that beats computing it)
-#   g3-worm-nohint, g3-worm-learn  g3-worm without the client's ephemeral_output hint
-#                 (ephemeral=false), the engines left to WORM's classes alone, or learning
-#                 from what later requests resend that generated blocks are write-once
-#                 (--learn-write-once) (not in the default list)
+#   g3-worm-nohint, g3-worm-learn, g3-worm-reasoning  g3-worm without the client's
+#                 ephemeral_output hint (ephemeral=false), the engines left to WORM's classes
+#                 alone, or learning from what later requests resend that generated blocks
+#                 are write-once (--learn-write-once), or reasoning models that answer the
+#                 workload's reasoning tokens as reasoning_content and mark a reasoning
+#                 request's output write-once (--reasoning-tokens) (not in the default list)
 #   g3-shared     G1 + G2 + a disk tier every worker mounts (shared storage, G3_BLOCKS
 #                 written by each worker), LRU: a block one worker offloaded, all load
 #   slow-weigh, slow-always, slow-never  G1 + G2 + G3 on a slow disk (SLOW_DISK, 0.5 GB/s):
@@ -64,7 +66,8 @@ COLD_CONTEXT=${COLD_CONTEXT:-16000}
 COLD_SESSIONS=${COLD_SESSIONS:-24}
 COLD_KV_SCALE=${COLD_KV_SCALE:-1/512}
 KV_SCALE=${KV_SCALE:-1/64}
-base="agentic:sessions=$SESSIONS,rate=$RATE,preamble=2000,preambles=2,task=200,turns=3,rounds=3,tool=400,subagents=2,sub_task=100,sub_rounds=2,reasoning=128,osl=64,think=25s,tool_time=300ms,session_ids=false"
+REASONING=128 # reasoning tokens of every call
+base="agentic:sessions=$SESSIONS,rate=$RATE,preamble=2000,preambles=2,task=200,turns=3,rounds=3,tool=400,subagents=2,sub_task=100,sub_rounds=2,reasoning=$REASONING,osl=64,think=25s,tool_time=300ms,session_ids=false"
 [ -n "${AGENTIC_OPTS:-}" ] && base="$base,$AGENTIC_OPTS"
 go build -o bin/kvrelay ./cmd/kvrelay
 mkdir -p "$OUT"
@@ -94,6 +97,7 @@ for s in $SETUPS; do
     g3-fetch) run g3-fetch "$base,pin=$PIN" --num-gpu-blocks "$G1_BLOCKS" --eviction worm --cpu-offload-blocks "$G2_BLOCKS" --disk-offload-blocks "$G3_BLOCKS" --peer-fetch ;;
     g3-worm-nohint) run g3-worm-nohint "$base,pin=$PIN,ephemeral=false" --num-gpu-blocks "$G1_BLOCKS" --eviction worm --cpu-offload-blocks "$G2_BLOCKS" --disk-offload-blocks "$G3_BLOCKS" ;;
     g3-worm-learn) run g3-worm-learn "$base,pin=$PIN,ephemeral=false" --num-gpu-blocks "$G1_BLOCKS" --eviction worm --learn-write-once --cpu-offload-blocks "$G2_BLOCKS" --disk-offload-blocks "$G3_BLOCKS" ;;
+    g3-worm-reasoning) run g3-worm-reasoning "$base,pin=$PIN,ephemeral=false" --num-gpu-blocks "$G1_BLOCKS" --eviction worm --reasoning-tokens "$REASONING" --cpu-offload-blocks "$G2_BLOCKS" --disk-offload-blocks "$G3_BLOCKS" ;;
     g3-shared) run g3-shared "$base" --num-gpu-blocks "$G1_BLOCKS" --eviction lru --cpu-offload-blocks "$G2_BLOCKS" --disk-offload-blocks "$G3_BLOCKS" --disk-offload-shared ;;
     slow-weigh|slow-always|slow-never) run "$s" "$base" --num-gpu-blocks "$G1_BLOCKS" --eviction lru --cpu-offload-blocks "$G2_BLOCKS" --disk-offload-blocks "$G3_BLOCKS" --disk-bandwidth "$SLOW_DISK" --onboard "${s#slow-}" ;;
     cold) run cold "$cold" --num-gpu-blocks 65536 --max-num-seqs 2 --eviction lru --kv-bytes-scale "$COLD_KV_SCALE" ;;
@@ -150,6 +154,9 @@ hit = lambda r: r["hit_rate"]
 ratio("G1 hit rate, WORM learning write-once ÷ WORM without the hint (G1 + G2 + G3)", "g3-worm-learn", "g3-worm-nohint", gpu)
 ratio("G1 hit rate, WORM learning write-once ÷ WORM with the client's hint", "g3-worm-learn", "g3-worm", gpu)
 ratio("TTFT p90, LRU ÷ WORM learning write-once (G1 + G2 + G3)", "g3-lru", "g3-worm-learn", p90)
+ratio("G1 hit rate, WORM from the engines' reasoning spans ÷ WORM with the client's hint", "g3-worm-reasoning", "g3-worm", gpu)
+ratio("G1 hit rate, WORM from the engines' reasoning spans ÷ LRU (G1 + G2 + G3)", "g3-worm-reasoning", "g3-lru", gpu)
+ratio("TTFT p90, LRU ÷ WORM from the engines' reasoning spans (G1 + G2 + G3)", "g3-lru", "g3-worm-reasoning", p90)
 p50 = lambda r: r["ttft"]["p50_ns"]
 ratio("hit rate, shared G3 ÷ each worker's own G3 (LRU)", "g3-shared", "g3-lru", hit)
 ratio("TTFT p90, own G3 ÷ shared G3 (LRU)", "g3-lru", "g3-shared", p90)

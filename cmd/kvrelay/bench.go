@@ -219,6 +219,7 @@ Without --setups, --mode with --workers (agg) or --prefill-workers and --decode-
 	fs.StringVar((*string)(&cc.Tiers.Eviction), "eviction", "", "the simulated engines' GPU-tier eviction: lru (default) or worm")
 	fs.IntVar(&cc.Tiers.CPUOffloadBlocks, "cpu-offload-blocks", 0, "host-memory KV tier of each simulated engine, in blocks (0: none)")
 	fs.IntVar(&cc.Tiers.DiskBlocks, "disk-offload-blocks", 0, "disk KV tier of each simulated engine, in blocks, its files under a temporary directory (0: none)")
+	fs.IntVar(&cc.Tiers.ReasoningTokens, "reasoning-tokens", 0, "the simulated engines are reasoning models: the first N tokens of each chat completion are reasoning (reasoning_content), and the engines mark such requests' output write-once")
 	fs.BoolVar(&cc.Tiers.LearnWriteOnce, "learn-write-once", false, "with --eviction worm: the simulated engines learn whether generated blocks are write-once from what later requests resend")
 	fs.BoolVar(&cc.Tiers.SharedDisk, "disk-offload-shared", false, "the disk tier is one directory every simulated engine mounts (shared storage): a block one engine wrote, each loads")
 	fs.StringVar((*string)(&cc.Tiers.OffloadOn), "offload-on", "", "when the simulated engines copy blocks to host: store (default) or evict")

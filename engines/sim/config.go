@@ -96,6 +96,15 @@ type Config struct {
 	// (writeOnceShare of those seen) it marks a request's generated blocks ephemeral, but for
 	// one request in writeOnceProbe, which keeps the estimate honest.
 	LearnWriteOnce bool
+	// ReasoningTokens makes the engine a reasoning model behind vLLM's --reasoning-parser: the
+	// first ReasoningTokens tokens a chat completion generates are its reasoning, answered
+	// apart as reasoning_content, the rest as content (0: no reasoning). The chat templates
+	// of reasoning models drop an earlier turn's reasoning from the next prompt, so the next
+	// prompt departs from what this request generated at its first generated token: the
+	// engine marks every block such a request generates write-once (ephemeral, under
+	// EvictWORM), as the client's nvext.agent_hints.ephemeral_output would, from what its
+	// own parser knows.
+	ReasoningTokens int
 	// MaxPinnedFraction caps the blocks pinned at once, as a share of NumGPUBlocks.
 	MaxPinnedFraction float64
 	// CPUOffloadBlocks is the host-memory tier's capacity in blocks (G2; 0: none).
@@ -288,6 +297,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: max num batched tokens %d must be positive", ErrInvalidConfig, c.MaxNumBatchedTokens)
 	case c.MaxModelLen <= 0:
 		return fmt.Errorf("%w: max model len %d must be positive", ErrInvalidConfig, c.MaxModelLen)
+	case c.ReasoningTokens < 0:
+		return fmt.Errorf("%w: reasoning tokens %d must not be negative", ErrInvalidConfig, c.ReasoningTokens)
 	case c.Timing.Speedup <= 0:
 		return fmt.Errorf("%w: speedup ratio %g must be positive", ErrInvalidConfig, c.Timing.Speedup)
 	case c.Timing.PrefillAttention < 0 || c.Timing.DecodeAttention < 0:

@@ -236,13 +236,22 @@ func (s *Server) complete(w http.ResponseWriter, hr *http.Request, chat bool) {
 	id := prefix + s.idBase + strconv.FormatUint(s.ids.Add(1), 16)
 	keys := blockhash.Keys{LoRA: s.adapter(req.Model), Salt: []byte(req.CacheSalt)}
 	pin, _ := req.pinTTL() // checked by decodeRequest
+	reasoning := 0
+	if chat {
+		// A reasoning model's chat completion: its first tokens are the reasoning (all of
+		// them when max_tokens ends the request sooner).
+		reasoning = s.eng.cfg.ReasoningTokens
+		if n := req.maxTokens(); n > 0 {
+			reasoning = min(reasoning, n)
+		}
+	}
 	r, err := s.eng.NewRequest(id, prompt, keys, Params{
 		MaxTokens:       req.maxTokens(),
 		MinTokens:       int(req.MinTokens),
 		IgnoreEOS:       bool(req.IgnoreEOS),
 		Priority:        int(req.Priority),
 		PinTTL:          pin,
-		EphemeralOutput: req.ephemeralOutput(),
+		EphemeralOutput: req.ephemeralOutput() || reasoning > 0,
 		LimitLoad:       limitLoad,
 		MaxLoadTokens:   maxLoad,
 	})
@@ -268,7 +277,7 @@ func (s *Server) complete(w http.ResponseWriter, hr *http.Request, chat bool) {
 		}
 	}
 	s.eng.Submit(r)
-	rs := responseState{s: s, r: r, chat: chat, kv: kvp != nil, model: s.model, created: time.Now().Unix()}
+	rs := responseState{s: s, r: r, chat: chat, kv: kvp != nil, model: s.model, created: time.Now().Unix(), reasoning: reasoning}
 	if keys.LoRA != "" {
 		rs.model = keys.LoRA // vLLM answers with the adapter's name
 	}
@@ -290,6 +299,9 @@ type responseState struct {
 	toks    []uint32
 	model   string // the served model or LoRA adapter the request named
 	created int64  // Unix seconds when the request came
+	// reasoning is how many of the first output tokens are reasoning (Config.ReasoningTokens),
+	// answered as reasoning_content.
+	reasoning int
 }
 
 // wait blocks until the request has output past what was already read, or has finished, or
@@ -343,8 +355,15 @@ func (s *Server) respond(w http.ResponseWriter, ctx context.Context, rs *respons
 	}
 	b = appendHead(b, rs)
 	if rs.chat {
-		b = append(b, `,"choices":[{"index":0,"message":{"role":"assistant","content":`...)
-		b = s.appendText(b, rs.toks)
+		b = append(b, `,"choices":[{"index":0,"message":{"role":"assistant",`...)
+		think := min(rs.reasoning, len(rs.toks))
+		if think > 0 {
+			b = append(b, `"reasoning_content":`...)
+			b = s.appendText(b, rs.toks[:think])
+			b = append(b, ',')
+		}
+		b = append(b, `"content":`...)
+		b = s.appendText(b, rs.toks[think:])
 		b = append(b, `,"tool_calls":[]},"logprobs":null,"finish_reason":`...)
 	} else {
 		b = append(b, `,"choices":[{"index":0,"text":`...)
@@ -421,7 +440,11 @@ func (s *Server) stream(w http.ResponseWriter, ctx context.Context, rs *response
 			if done && i == len(rs.toks)-1 {
 				fin = reason
 			}
-			b = s.appendChunk(b, rs, "", rs.toks[i:i+1], fin)
+			delta := ""
+			if i < rs.reasoning {
+				delta = "reasoning"
+			}
+			b = s.appendChunk(b, rs, delta, rs.toks[i:i+1], fin)
 		}
 		sent = len(rs.toks)
 		if done {
@@ -515,19 +538,24 @@ func appendHead(b []byte, rs *responseState) []byte {
 	return appendJSONString(b, rs.model)
 }
 
-// appendChunk appends one SSE event. For chat, delta is either raw JSON members or, when
-// empty, the text of toks; a completion chunk carries the text of toks.
+// appendChunk appends one SSE event. For chat, delta is raw JSON members, or the text of
+// toks as content when empty, or as reasoning_content when "reasoning"; a completion chunk
+// carries the text of toks.
 func (s *Server) appendChunk(b []byte, rs *responseState, delta string, toks []uint32, fin FinishReason) []byte {
 	b = append(b, `data: {"id":`...)
 	b = appendJSONString(b, rs.r.ID)
 	b = s.appendObject(b, rs)
 	if rs.chat {
 		b = append(b, `,"choices":[{"index":0,"delta":{`...)
-		if delta != "" {
-			b = append(b, delta...)
-		} else {
+		switch delta {
+		case "":
 			b = append(b, `"content":`...)
 			b = s.appendText(b, toks)
+		case "reasoning":
+			b = append(b, `"reasoning_content":`...)
+			b = s.appendText(b, toks)
+		default:
+			b = append(b, delta...)
 		}
 		b = append(b, `},"logprobs":null,"finish_reason":`...)
 	} else {

@@ -105,6 +105,8 @@ type TierConfig struct {
 	SharedDisk bool
 	// LearnWriteOnce lets WORM engines learn write-once output (sim.Config.LearnWriteOnce).
 	LearnWriteOnce bool
+	// ReasoningTokens makes the engines reasoning models (sim.Config.ReasoningTokens).
+	ReasoningTokens int
 }
 
 // Describe names the tiers, e.g. "G1 lru", "G1+G2(32768)+G3(131072) worm".
@@ -125,6 +127,9 @@ func (t TierConfig) Describe() string {
 	s += " " + string(ev)
 	if t.LearnWriteOnce {
 		s += " (learned write-once)"
+	}
+	if t.ReasoningTokens > 0 {
+		s += " (reasoning write-once)"
 	}
 	if t.PeerFetch {
 		s += " + peer fetch"
@@ -195,6 +200,7 @@ func (cfg ClusterConfig) engineConfig(role sim.Role) sim.Config {
 	ec.PeerFetch = t.PeerFetch
 	ec.DiskShared = t.SharedDisk
 	ec.LearnWriteOnce = t.LearnWriteOnce
+	ec.ReasoningTokens = t.ReasoningTokens
 	return ec
 }
 
