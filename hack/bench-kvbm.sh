@@ -26,7 +26,8 @@
 #                 alone, or learning from what later requests resend that generated blocks
 #                 are write-once (--learn-write-once), or reasoning models that answer the
 #                 workload's reasoning tokens as reasoning_content and mark a reasoning
-#                 request's output write-once (--reasoning-tokens) (not in the default list)
+#                 request's output write-once (--reasoning-tokens) (not in the default list);
+#                 g3-worm-reasoning-nopin the last without pins
 #   g3-shared     G1 + G2 + a disk tier every worker mounts (shared storage, G3_BLOCKS
 #                 written by each worker), LRU: a block one worker offloaded, all load
 #   slow-weigh, slow-always, slow-never  G1 + G2 + G3 on a slow disk (SLOW_DISK, 0.5 GB/s):
@@ -98,6 +99,7 @@ for s in $SETUPS; do
     g3-worm-nohint) run g3-worm-nohint "$base,pin=$PIN,ephemeral=false" --num-gpu-blocks "$G1_BLOCKS" --eviction worm --cpu-offload-blocks "$G2_BLOCKS" --disk-offload-blocks "$G3_BLOCKS" ;;
     g3-worm-learn) run g3-worm-learn "$base,pin=$PIN,ephemeral=false" --num-gpu-blocks "$G1_BLOCKS" --eviction worm --learn-write-once --cpu-offload-blocks "$G2_BLOCKS" --disk-offload-blocks "$G3_BLOCKS" ;;
     g3-worm-reasoning) run g3-worm-reasoning "$base,pin=$PIN,ephemeral=false" --num-gpu-blocks "$G1_BLOCKS" --eviction worm --reasoning-tokens "$REASONING" --cpu-offload-blocks "$G2_BLOCKS" --disk-offload-blocks "$G3_BLOCKS" ;;
+    g3-worm-reasoning-nopin) run g3-worm-reasoning-nopin "$base,pin=0s,ephemeral=false" --num-gpu-blocks "$G1_BLOCKS" --eviction worm --reasoning-tokens "$REASONING" --cpu-offload-blocks "$G2_BLOCKS" --disk-offload-blocks "$G3_BLOCKS" ;;
     g3-shared) run g3-shared "$base" --num-gpu-blocks "$G1_BLOCKS" --eviction lru --cpu-offload-blocks "$G2_BLOCKS" --disk-offload-blocks "$G3_BLOCKS" --disk-offload-shared ;;
     slow-weigh|slow-always|slow-never) run "$s" "$base" --num-gpu-blocks "$G1_BLOCKS" --eviction lru --cpu-offload-blocks "$G2_BLOCKS" --disk-offload-blocks "$G3_BLOCKS" --disk-bandwidth "$SLOW_DISK" --onboard "${s#slow-}" ;;
     cold) run cold "$cold" --num-gpu-blocks 65536 --max-num-seqs 2 --eviction lru --kv-bytes-scale "$COLD_KV_SCALE" ;;
@@ -157,6 +159,7 @@ ratio("TTFT p90, LRU ÷ WORM learning write-once (G1 + G2 + G3)", "g3-lru", "g3-
 ratio("G1 hit rate, WORM from the engines' reasoning spans ÷ WORM with the client's hint", "g3-worm-reasoning", "g3-worm", gpu)
 ratio("G1 hit rate, WORM from the engines' reasoning spans ÷ LRU (G1 + G2 + G3)", "g3-worm-reasoning", "g3-lru", gpu)
 ratio("TTFT p90, LRU ÷ WORM from the engines' reasoning spans (G1 + G2 + G3)", "g3-lru", "g3-worm-reasoning", p90)
+ratio("TTFT p90, LRU ÷ WORM from the engines' reasoning spans, no pins (G1 + G2 + G3)", "g3-lru", "g3-worm-reasoning-nopin", p90)
 p50 = lambda r: r["ttft"]["p50_ns"]
 ratio("hit rate, shared G3 ÷ each worker's own G3 (LRU)", "g3-shared", "g3-lru", hit)
 ratio("TTFT p90, own G3 ÷ shared G3 (LRU)", "g3-lru", "g3-shared", p90)
