@@ -221,6 +221,9 @@ func runScale(f flags, res *results) error {
 		"converged_p50", p50, "converged_p99", p99, "converged_all", mx, "target_all", "5s",
 		"ads_p50", a50, "ads_all", amx, "journal_p50", j50, "journal_all", jmx,
 		"what", "kill->journal snapshot complete and ADS stream up on another replica")
+	for _, d := range cv.Stuck {
+		res.add("failover_stuck", "proxy", d)
+	}
 	return nil
 }
 
@@ -255,6 +258,8 @@ type sinkStats struct {
 type convergence struct {
 	Moved, ADS, Journal []int64
 	NotConverged        int
+	// Stuck describes, for each proxy not converged, what its streams were doing.
+	Stuck []string
 }
 
 // ageRec is one journal batch sent: when, and how old its oldest change was.
@@ -575,6 +580,16 @@ func converge(subs []*subscriber, replicas int, killedAt int64, timeout time.Dur
 		time.Sleep(time.Millisecond)
 	}
 	out.NotConverged = len(wait)
+	for _, w := range wait {
+		s := subs[w.i]
+		as, js := s.ads.Stats(), s.jc.Stats()
+		jerr := ""
+		if e := s.jerr.Load(); e != nil {
+			jerr = *e
+		}
+		out.Stuck = append(out.Stuck, fmt.Sprintf("%s: ads up=%v streams %d→%d last error %q; journal synced=%v streams %d snapshot after the kill=%v last error %q",
+			s.node, w.adsAt != 0, w.ads0, as.Streams, as.LastError, js.Synced, js.Streams, s.sink.snapshotAt.Load() > killedAt, jerr))
+	}
 	for _, d := range [][]int64{out.Moved, out.ADS, out.Journal} {
 		slices.Sort(d)
 	}

@@ -39,6 +39,8 @@ type subscriber struct {
 	jc    *journal.Client
 	sink  *timingSink
 	bytes *byteCounter
+	// jerr is the journal client's latest error (why its latest stream ended).
+	jerr atomic.Pointer[string]
 }
 
 // timingSink applies changes to a prefix.Replica exactly as the proxy does, then stamps the
@@ -150,14 +152,18 @@ func newSubscriber(xds, node string, mask uint64, opts ...grpc.DialOption) (*sub
 		conn.Close()
 		return nil, err
 	}
-	return &subscriber{
+	s := &subscriber{
 		node:  node,
 		conn:  conn,
 		ads:   ads,
-		jc:    journal.NewClient(conn, journal.ClientOptions{NodeID: node}),
 		sink:  &timingSink{r: prefix.NewReplica(blockset.DefaultWeights), mask: mask},
 		bytes: bc,
-	}, nil
+	}
+	s.jc = journal.NewClient(conn, journal.ClientOptions{NodeID: node, OnError: func(err error) {
+		msg := err.Error()
+		s.jerr.Store(&msg)
+	}})
+	return s, nil
 }
 
 // subscribers runs n subscribers until stop.
