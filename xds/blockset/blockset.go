@@ -105,10 +105,12 @@ func (s *Set) count(slot int, tier Tier, d int) {
 	if slot >= len(s.held) {
 		s.held = append(s.held, make([][NumTiers]int, slot+1-len(s.held))...)
 	}
-	before := total(&s.held[slot])
+	before := 0
+	for _, c := range s.held[slot] {
+		before += c
+	}
 	s.held[slot][tier] += d
-	after := total(&s.held[slot])
-	switch {
+	switch after := before + d; {
 	case before == 0 && after > 0:
 		s.nonEmpty++
 		s.shards[slot/64].live |= 1 << (slot % 64)
@@ -116,14 +118,6 @@ func (s *Set) count(slot int, tier Tier, d int) {
 		s.nonEmpty--
 		s.shards[slot/64].live &^= 1 << (slot % 64)
 	}
-}
-
-func total(h *[NumTiers]int) int {
-	n := 0
-	for _, c := range h {
-		n += c
-	}
-	return n
 }
 
 // shard holds the blocks of up to 64 slots: per block and tier, a bitset of the slots holding
@@ -216,7 +210,13 @@ func (s *Set) Remove(seq uint64, slot int, tier Tier) bool {
 	if !ok || e&bit == 0 {
 		return false
 	}
-	if e &^= bit; e == 0 {
+	s.unset(m, seq, slot, tier, e)
+	return true
+}
+
+// unset takes slot out of entry e of seq in tier's map m of slot's shard (e holding slot).
+func (s *Set) unset(m map[uint64]uint64, seq uint64, slot int, tier Tier, e uint64) {
+	if e &^= 1 << (slot % 64); e == 0 {
 		delete(m, seq)
 	} else {
 		m[seq] = e
@@ -225,7 +225,6 @@ func (s *Set) Remove(seq uint64, slot int, tier Tier) bool {
 		s.holderGone(seq, slot < 64 && e == 0)
 	}
 	s.count(slot, tier, -1)
-	return true
 }
 
 // ClearSlot removes every block of slot, calling fn (if not nil) for each entry removed. It
@@ -240,15 +239,7 @@ func (s *Set) ClearSlot(slot int, fn func(seq uint64, tier Tier)) {
 			if e&bit == 0 {
 				continue
 			}
-			if e &^= bit; e == 0 {
-				delete(m, seq)
-			} else {
-				m[seq] = e
-			}
-			if Tier(t) == GPU && s.gpuHolders != nil {
-				s.holderGone(seq, slot < 64 && e == 0)
-			}
-			s.count(slot, Tier(t), -1)
+			s.unset(m, seq, slot, Tier(t), e)
 			if fn != nil {
 				fn(seq, Tier(t))
 			}
@@ -354,7 +345,7 @@ func (s *Set) MatchTiers(hashes []uint64, overlap []float64, lower []Lower, wt W
 	// The leading blocks every slot holding anything holds in GPU memory: one lookup each,
 	// not one per shard.
 	common := 0
-	if s.gpuHolders != nil && s.nonEmpty > 0 && s.shards[0].live != 0 {
+	if s.gpuHolders != nil && s.shards[0].live != 0 {
 		for common < len(hashes) && s.gpuHolders[hashes[common]] == uint32(s.nonEmpty) {
 			common++
 		}
