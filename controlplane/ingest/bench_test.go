@@ -7,12 +7,12 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/kvrelay/kvrelay/controlplane/kvindex"
 	"github.com/kvrelay/kvrelay/engines/kvevents"
+	"github.com/kvrelay/kvrelay/internal/cputime"
 	"github.com/kvrelay/kvrelay/xds/journal"
 )
 
@@ -46,13 +46,6 @@ func pipelineBatches(n, live int) (payloads [][]byte, blocks int) {
 	return payloads, 32
 }
 
-// cpuSeconds is the process's user and system CPU time.
-func cpuSeconds() float64 {
-	var ru syscall.Rusage
-	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
-}
-
 // BenchmarkPipeline is the control plane's ingest of KV events: block events (stores and
 // removals) per second through decoding, the index and the journal, and per second of CPU
 // the process spent (blocks/cpu-s: on a machine whose cores the benchmark does not fill,
@@ -68,7 +61,7 @@ func BenchmarkPipeline(b *testing.B) {
 		defer m.Close()
 		f := &follower{m: m, s: &subscription{ep: Endpoint{WorkerID: "w"}, stats: &Stats{}}}
 		var dst kvevents.Batch
-		cpu0 := cpuSeconds()
+		cpu0 := cputime.Self()
 		b.ReportAllocs()
 		seq := uint64(0)
 		for b.Loop() {
@@ -80,7 +73,7 @@ func BenchmarkPipeline(b *testing.B) {
 		}
 		blocks := float64(b.N * per)
 		b.ReportMetric(blocks/b.Elapsed().Seconds(), "blocks/s")
-		b.ReportMetric(blocks/(cpuSeconds()-cpu0), "blocks/cpu-s")
+		b.ReportMetric(blocks/(cputime.Self()-cpu0).Seconds(), "blocks/cpu-s")
 	})
 	b.Run("zmq", func(b *testing.B) {
 		// The publisher runs in another process (this test binary, TestPipelinePublisher),
@@ -114,7 +107,7 @@ func BenchmarkPipeline(b *testing.B) {
 		for lines.Scan() && lines.Text() != "started" {
 		}
 		b.ResetTimer()
-		cpu0 := cpuSeconds()
+		cpu0 := cputime.Self()
 		start := st.Batches.Load()
 		_, _ = io.WriteString(stdin, "run\n")
 		deadline = time.Now().Add(time.Minute)
@@ -127,7 +120,7 @@ func BenchmarkPipeline(b *testing.B) {
 		b.StopTimer()
 		blocks := float64(b.N * per)
 		b.ReportMetric(blocks/b.Elapsed().Seconds(), "blocks/s")
-		b.ReportMetric(blocks/(cpuSeconds()-cpu0), "blocks/cpu-s")
+		b.ReportMetric(blocks/(cputime.Self()-cpu0).Seconds(), "blocks/cpu-s")
 	})
 }
 

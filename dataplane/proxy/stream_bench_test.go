@@ -6,11 +6,11 @@ import (
 	"os/exec"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/kvrelay/kvrelay/dataplane/proxy"
+	"github.com/kvrelay/kvrelay/internal/cputime"
 	"github.com/kvrelay/kvrelay/internal/ssestamp"
 )
 
@@ -85,17 +85,11 @@ s.recv(1)
 	_, port, _ := net.SplitHostPort(p.Addr())
 	var cpu time.Duration
 	for b.Loop() {
-		before := cpuTime()
+		before := cputime.Self()
 		if out, err := exec.Command(py, "-c", client, port).CombinedOutput(); err != nil {
 			b.Fatalf("client: %v %s", err, out)
 		}
-		cpu += cpuTime() - before
+		cpu += cputime.Self() - before
 	}
 	b.ReportMetric(float64(cpu.Milliseconds())/float64(b.N), "cpu-ms/head")
-}
-
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -15,14 +14,8 @@ import (
 
 	"github.com/kvrelay/kvrelay/engines/blockhash"
 	"github.com/kvrelay/kvrelay/engines/kvevents"
+	"github.com/kvrelay/kvrelay/internal/cputime"
 )
-
-// cpuTime is the process's user plus system CPU time so far.
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
 
 // BenchmarkFleetCPU runs 8 workers with 256 running sequences each, in real time at speedup
 // 1, and reports the share of one core the process uses while they decode: the scheduler,
@@ -112,9 +105,9 @@ func runFleet(b *testing.B, workers, seqs int, mode string, window time.Duration
 	}
 	time.Sleep(200 * time.Millisecond) // past the last prefill step
 	gen0 := counterValue0(metrics)
-	c0, t0 := cpuTime(), time.Now()
+	c0, t0 := cputime.Self(), time.Now()
 	time.Sleep(window)
-	c1, t1 := cpuTime(), time.Now()
+	c1, t1 := cputime.Self(), time.Now()
 	gen1 := counterValue0(metrics)
 	cancel()
 	wg.Wait()
@@ -148,7 +141,7 @@ func BenchmarkRequestOverhead(b *testing.B) {
 			url := w.URL() + "/v1/completions"
 			b.SetParallelism(16)
 			b.ReportAllocs()
-			c0 := cpuTime()
+			c0 := cputime.Self()
 			b.ResetTimer()
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {
@@ -166,7 +159,7 @@ func BenchmarkRequestOverhead(b *testing.B) {
 				}
 			})
 			b.StopTimer()
-			b.ReportMetric(float64(cpuTime()-c0)/float64(b.N)/1e3, "cpu-µs/req")
+			b.ReportMetric(float64(cputime.Self()-c0)/float64(b.N)/1e3, "cpu-µs/req")
 		})
 	}
 }

@@ -14,13 +14,13 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/stats"
 
 	"github.com/kvrelay/kvrelay/dataplane/prefix"
+	"github.com/kvrelay/kvrelay/internal/cputime"
 	xdsv1 "github.com/kvrelay/kvrelay/xds/api/v1"
 	"github.com/kvrelay/kvrelay/xds/blockset"
 	"github.com/kvrelay/kvrelay/xds/client"
@@ -276,13 +276,8 @@ type childResult struct {
 	Error     string
 }
 
-func cpuSeconds() float64 {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return float64(ru.Utime.Nano()+ru.Stime.Nano()) / 1e9
-}
+// cpuSeconds is the process's CPU time so far, in seconds.
+func cpuSeconds() float64 { return cputime.Self().Seconds() }
 
 // runSubscribeChild is the child process: P subscribers to -xds; "ready" on stdout once
 // synced; on stdin EOF, the window's stats as JSON on stdout and the arrival records in -out.
