@@ -269,20 +269,8 @@ func kubeConfig(kubeconfig string) (*rest.Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes configuration: %w", err)
 	}
-	if cfg.QPS == 0 && cfg.Burst == 0 {
-		// client-go's own default (5 requests a second, bursts of 10) queues the control
-		// plane's writes behind one another when many land together: a worker file applied
-		// to hundreds of workers, the shares every replica writes, a rollout's steps.
-		cfg.QPS, cfg.Burst = kubeQPS, kubeBurst
-	}
 	return cfg, nil
 }
-
-// The control plane's Kubernetes client rate limit, where the configuration sets none.
-const (
-	kubeQPS   = 50
-	kubeBurst = 100
-)
 
 // k8sSource builds the discovery of `--k8s-selector` (EndpointSlices) or
 // `--k8s-inference-pool`.
