@@ -9,9 +9,14 @@ import (
 	"net/http"
 	"net/url"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/zeebo/xxh3"
+
+	"github.com/kvrelay/kvrelay/controlplane/loadview"
 	"github.com/kvrelay/kvrelay/controlplane/registry"
+	"github.com/kvrelay/kvrelay/engines"
 	xdsserver "github.com/kvrelay/kvrelay/xds/server"
 )
 
@@ -23,6 +28,14 @@ import (
 // every other replica for theirs every replicaLoadEvery, at the operator API address each
 // shares (the "api" KvrelayShare); what the others said within replicaLoadMaxAge is added to
 // what it publishes.
+//
+// The same exchange shares the engines' polls. Each engine is polled by one replica: the one
+// that ranks first for it by rendezvous hashing over this replica and the others that said
+// within replicaLoadMaxAge that they share polls. Each replica's answer carries its own
+// recent polls; the others take them in place of polling (loadview's Options.Delegated). A
+// replica that stops answering, or stops polling an engine, leaves its readings to age past
+// the load view's RemoteMaxAge, and the others poll that engine themselves again; while two
+// replicas disagree on who polls an engine, both may.
 const (
 	replicaLoadPath   = "/v1/replica/load"
 	replicaLoadEvery  = 100 * time.Millisecond
@@ -36,6 +49,106 @@ const (
 type replicaLoad struct {
 	Replica string               `json:"replica"`
 	Workers map[string][3]uint64 `json:"workers"`
+	// PollShare says that the replica polls only the engines it ranks first for and takes
+	// the others' polls of the rest; Polls are its own polls of the last RemoteMaxAge.
+	PollShare bool         `json:"poll_share,omitempty"`
+	Polls     []polledWire `json:"polls,omitempty"`
+}
+
+// polledWire is one engine's state as the replica that polled it says it, its times as ages
+// (microseconds before the answer) so that the replicas' clocks need not agree.
+type polledWire struct {
+	ID             string        `json:"id"`
+	Healthy        bool          `json:"healthy,omitempty"`
+	Load           engines.Load  `json:"load"`
+	Model          engines.Model `json:"model"`
+	BlockSize      int           `json:"block_size,omitempty"`
+	CapacityBlocks int           `json:"capacity_blocks,omitempty"`
+	Failures       int           `json:"failures,omitempty"`
+	LastError      string        `json:"last_error,omitempty"`
+	CheckedAgo     int64         `json:"checked_ago_us"`
+	// ObservedAgo is -1 when the engine was never scraped.
+	ObservedAgo int64 `json:"observed_ago_us"`
+}
+
+func toWire(st loadview.State, now time.Time) polledWire {
+	w := polledWire{ID: st.ID, Healthy: st.Healthy, Load: st.Load, Model: st.Model, BlockSize: st.BlockSize,
+		CapacityBlocks: st.CapacityBlocks, Failures: st.ConsecutiveFailures, LastError: st.LastError,
+		CheckedAgo: now.Sub(st.CheckedAt).Microseconds(), ObservedAgo: -1}
+	if !st.ObservedAt.IsZero() {
+		w.ObservedAgo = now.Sub(st.ObservedAt).Microseconds()
+	}
+	return w
+}
+
+// fromWire is w as replica's reading, its ages taken back from now (the answer's arrival).
+func fromWire(w polledWire, replica string, now time.Time) (loadview.State, bool) {
+	if w.ID == "" || w.CheckedAgo < 0 || w.Failures < 0 || w.Load.Running < 0 || w.Load.Waiting < 0 ||
+		!(w.Load.KVUsage >= 0 && w.Load.KVUsage <= 1) || w.BlockSize < 0 || w.CapacityBlocks < 0 {
+		return loadview.State{}, false
+	}
+	st := loadview.State{ID: w.ID, Healthy: w.Healthy, Load: w.Load, Model: w.Model, BlockSize: w.BlockSize,
+		CapacityBlocks: w.CapacityBlocks, ConsecutiveFailures: w.Failures, LastError: w.LastError, From: replica,
+		CheckedAt: now.Add(-time.Duration(w.CheckedAgo) * time.Microsecond)}
+	if w.ObservedAgo >= 0 {
+		st.ObservedAt = now.Add(-time.Duration(w.ObservedAgo) * time.Microsecond)
+	}
+	return st, true
+}
+
+// pollShare is who polls the engines: this replica and the others that share their polls,
+// as last heard.
+type pollShare struct {
+	mu    sync.Mutex
+	self  string
+	heard map[string]time.Time
+	// ranked is self and the replicas heard within replicaLoadMaxAge, read by delegated.
+	ranked atomic.Pointer[[]string]
+}
+
+// heardFrom records that replica shares its polls (at), or forgets it, and ranks again.
+func (p *pollShare) heardFrom(replica string, shares bool, at time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.heard == nil {
+		p.heard = map[string]time.Time{}
+	}
+	if shares {
+		p.heard[replica] = at
+	} else {
+		delete(p.heard, replica)
+	}
+	rs := []string{p.self}
+	for r, t := range p.heard {
+		if at.Sub(t) > replicaLoadMaxAge {
+			delete(p.heard, r)
+			continue
+		}
+		rs = append(rs, r)
+	}
+	p.ranked.Store(&rs)
+}
+
+// delegated reports whether another replica polls worker id: one of the replicas that share
+// polls ranks before this one for it.
+func (p *pollShare) delegated(id string) bool {
+	rs := p.ranked.Load()
+	if rs == nil || len(*rs) < 2 {
+		return false
+	}
+	return pollerOf(*rs, id) != p.self
+}
+
+// pollerOf is the replica of rs that polls worker id: the highest rendezvous hash.
+func pollerOf(rs []string, id string) string {
+	var best string
+	var top uint64
+	for i, r := range rs {
+		if h := xxh3.HashString(r + "\x00" + id); i == 0 || h > top || h == top && r < best {
+			best, top = r, h
+		}
+	}
+	return best
 }
 
 // remoteLoads is what the other replicas said of their proxies' load, by replica.
@@ -97,19 +210,46 @@ func (s *Server) serveReplicaLoad(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, `{"error":{"code":"unauthenticated","message":"a replica's load is for the other replicas: send the operator API's token"}}`, http.StatusUnauthorized)
 		return
 	}
-	out := replicaLoad{Replica: s.opts.Leader.Identity(), Workers: map[string][3]uint64{}}
+	out := replicaLoad{Replica: s.replicaID(), Workers: map[string][3]uint64{}}
 	for id, l := range s.xds.Merged() {
 		out.Workers[id] = [3]uint64{uint64(l.Inflight), l.PrefillTokens, l.DecodeBlocks}
+	}
+	if !s.opts.NoPollShare {
+		out.PollShare = true
+		now := time.Now()
+		for _, st := range s.view.Polled(s.view.RemoteMaxAge()) {
+			out.Polls = append(out.Polls, toWire(st, now))
+		}
 	}
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(out)
 }
 
-// shareLoadLoop asks the other replicas for their proxies' load until ctx ends.
+// replicaID names this replica to the others: its Lease identity, else Options.ReplicaID,
+// else its operator API's address.
+func (s *Server) replicaID() string {
+	switch {
+	case s.opts.Leader != nil:
+		return s.opts.Leader.Identity()
+	case s.opts.ReplicaID != "":
+		return s.opts.ReplicaID
+	case s.apiLis != nil:
+		return s.apiLis.Addr().String()
+	}
+	return s.opts.APIListen
+}
+
+// shareLoadLoop asks the other replicas for their proxies' load and polls until ctx ends:
+// those that share their operator API's address through ks, or Options.ReplicaPeers when ks
+// is nil.
 func (s *Server) shareLoadLoop(ctx context.Context, ks *registry.KubeStore, client *http.Client) {
-	self := s.opts.Leader.Identity()
+	self := s.replicaID()
+	s.pollers.mu.Lock()
+	s.pollers.self = self
+	s.pollers.mu.Unlock()
 	var peers map[string]*url.URL
 	var peersAt time.Time
+	names := map[string]string{} // a peer's name for itself, by its key in peers
 	tick := time.NewTicker(replicaLoadEvery)
 	defer tick.Stop()
 	var warned time.Time
@@ -119,9 +259,20 @@ func (s *Server) shareLoadLoop(ctx context.Context, ks *registry.KubeStore, clie
 			return
 		case <-tick.C:
 		}
-		// Read again every replicaPeersEvery, and every second while none is known (a
-		// replica starting beside this one shares its address a moment later).
-		if time.Since(peersAt) >= replicaPeersEvery || len(peers) == 0 && time.Since(peersAt) >= time.Second {
+		if ks == nil && peers == nil {
+			scheme := "http"
+			if s.opts.APIPeerCAFile != "" {
+				scheme = "https"
+			}
+			peers = map[string]*url.URL{}
+			for _, addr := range s.opts.ReplicaPeers {
+				peers[addr] = &url.URL{Scheme: scheme, Host: addr, Path: replicaLoadPath}
+			}
+		}
+		// Shared addresses are read again every replicaPeersEvery, and every second while
+		// none is known (a replica starting beside this one shares its address a moment
+		// later).
+		if ks != nil && (time.Since(peersAt) >= replicaPeersEvery || len(peers) == 0 && time.Since(peersAt) >= time.Second) {
 			if shares, err := ks.Shares(ctx, shareAPI); err == nil {
 				peers = map[string]*url.URL{}
 				for replica, b := range shares {
@@ -143,13 +294,29 @@ func (s *Server) shareLoadLoop(ctx context.Context, ks *registry.KubeStore, clie
 			if ctx.Err() != nil {
 				return
 			}
-			workers, err := s.askReplicaLoad(ctx, client, u)
+			rl, err := s.askReplicaLoad(ctx, client, u)
+			if rl.replica == self {
+				continue // an address of this replica's own among the peers
+			}
 			if err != nil && time.Since(warned) >= time.Minute {
 				warned = time.Now()
-				s.log.Warn("another replica's proxies' load not heard: this replica's proxies see only its own", "replica", replica, "err", err)
+				s.log.Warn("another replica's proxies' load not heard: this replica's proxies see only its own, and it polls every engine", "replica", replica, "err", err)
 			}
-			if s.remote.put(replica, workers, time.Now()) {
+			now := time.Now()
+			if s.remote.put(replica, rl.workers, now) {
 				changed = true
+			}
+			if !s.opts.NoPollShare {
+				// Ranked by the name it gives itself, as it ranks this replica by its own.
+				if rl.replica != "" {
+					names[replica] = rl.replica
+				}
+				if id := names[replica]; id != "" {
+					s.pollers.heardFrom(id, err == nil && rl.pollShare, now)
+				}
+				if len(rl.polls) > 0 {
+					s.view.PutRemote(rl.polls)
+				}
 			}
 		}
 		if changed {
@@ -158,13 +325,22 @@ func (s *Server) shareLoadLoop(ctx context.Context, ks *registry.KubeStore, clie
 	}
 }
 
-// askReplicaLoad asks the replica at u for its proxies' load.
-func (s *Server) askReplicaLoad(ctx context.Context, client *http.Client, u *url.URL) (map[string]xdsserver.WorkerLoad, error) {
+// peerAnswer is what another replica said: its proxies' load per worker, whether it shares
+// its polls, and those polls as readings of this host's clock.
+type peerAnswer struct {
+	replica   string
+	workers   map[string]xdsserver.WorkerLoad
+	pollShare bool
+	polls     []loadview.State
+}
+
+// askReplicaLoad asks the replica at u for its proxies' load and its polls.
+func (s *Server) askReplicaLoad(ctx context.Context, client *http.Client, u *url.URL) (peerAnswer, error) {
 	ctx, cancel := context.WithTimeout(ctx, replicaLoadEvery*5)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
 	if err != nil {
-		return nil, err
+		return peerAnswer{}, err
 	}
 	token := s.opts.APIToken
 	if s.opts.APITokenFile != "" {
@@ -173,19 +349,25 @@ func (s *Server) askReplicaLoad(ctx context.Context, client *http.Client, u *url
 	req.Header.Set("Authorization", "Bearer "+token)
 	resp, err := client.Do(req)
 	if err != nil {
-		return nil, err
+		return peerAnswer{}, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("%s: %s", u, resp.Status)
+		return peerAnswer{}, fmt.Errorf("%s: %s", u, resp.Status)
 	}
 	var rl replicaLoad
 	if err := json.NewDecoder(io.LimitReader(resp.Body, 64<<20)).Decode(&rl); err != nil {
-		return nil, fmt.Errorf("%s: %w", u, err)
+		return peerAnswer{}, fmt.Errorf("%s: %w", u, err)
 	}
-	out := make(map[string]xdsserver.WorkerLoad, len(rl.Workers))
+	now := time.Now()
+	out := peerAnswer{replica: rl.Replica, workers: make(map[string]xdsserver.WorkerLoad, len(rl.Workers)), pollShare: rl.PollShare}
 	for id, l := range rl.Workers {
-		out[id] = xdsserver.WorkerLoad{Inflight: uint32(min(l[0], 1<<31)), PrefillTokens: l[1], DecodeBlocks: l[2]}
+		out.workers[id] = xdsserver.WorkerLoad{Inflight: uint32(min(l[0], 1<<31)), PrefillTokens: l[1], DecodeBlocks: l[2]}
+	}
+	for _, w := range rl.Polls {
+		if st, ok := fromWire(w, rl.Replica, now); ok && rl.Replica != "" {
+			out.polls = append(out.polls, st)
+		}
 	}
 	return out, nil
 }

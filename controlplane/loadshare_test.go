@@ -3,6 +3,7 @@ package controlplane_test
 import (
 	"context"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -94,5 +95,133 @@ func TestReplicasShareInflightLoad(t *testing.T) {
 			}
 			t.Fatalf("the second replica's proxy held decodes from %v; the first's never saw them", holding)
 		})
+	}
+}
+
+// TestReplicasPollEachEngineOnce: two replicas on a real API server share their polls of
+// the engines, so that each engine is scraped by one of them, and the other takes that
+// replica's readings; with the sharing off both scrape every engine. When the replica that
+// polls an engine stops, the other polls it again within a second.
+func TestReplicasPollEachEngineOnce(t *testing.T) {
+	for _, share := range []bool{true, false} {
+		name := map[bool]string{true: "shared", false: "not shared"}[share]
+		t.Run(name, func(t *testing.T) {
+			opts := func(o *controlplane.Options) { o.NoPollShare = !share }
+			lead, follow := leaderThen(t, opts, opts)
+			checkPollShare(t, lead.c.cp, follow[0].c.cp, share)
+		})
+	}
+}
+
+// TestReplicaPeersShare: replicas without Kubernetes, each given the other's operator API
+// address (--replica-peers), share their polls and their proxies' load as elected replicas
+// do.
+func TestReplicaPeersShare(t *testing.T) {
+	addrs := []string{freeAddr(t), freeAddr(t)}
+	c := &cluster{t: t, workers: startWorkers(t, 4), dataDir: t.TempDir()}
+	for i, w := range c.workers {
+		c.specs = append(c.specs, specOf(i, w.URL(), w.EventsEndpoint(), w.ReplayEndpoint()))
+	}
+	c.cpOpts = func(o *controlplane.Options) { o.APIListen, o.ReplicaPeers = addrs[0], addrs[1:] }
+	c.startControlPlane("127.0.0.1:0")
+	c2 := &cluster{t: t, workers: c.workers, specs: c.specs, dataDir: t.TempDir(),
+		cpOpts: func(o *controlplane.Options) { o.APIListen, o.ReplicaPeers, o.ReplicaID = addrs[1], addrs, "second" }}
+	c2.startControlPlane("127.0.0.1:0")
+	checkPollShare(t, c.cp, c2.cp, true)
+}
+
+// freeAddr is a loopback address with a port free a moment ago.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// checkPollShare counts the scrapes of every engine by replicas a and b over a second: with
+// share, each engine is scraped by one of them and the other takes its readings, knowing
+// its load and model all the same; without, both scrape it. With share, a is then closed
+// and b must poll every engine itself within 5 s.
+func checkPollShare(t *testing.T, a, b *controlplane.Server, share bool) {
+	t.Helper()
+	rs := []*controlplane.Server{a, b}
+	const window = time.Second // 20 polls at the harness's 50 ms
+	type counts struct{ scrapes, remote uint64 }
+	read := func() [2]map[string]counts {
+		var out [2]map[string]counts
+		for i, r := range rs {
+			out[i] = map[string]counts{}
+			for id, st := range r.View().Stats() {
+				out[i][id] = counts{st.Scrapes, st.Remote}
+			}
+		}
+		return out
+	}
+	// Let the replicas hear each other, then count over a window.
+	deadline := time.Now().Add(10 * time.Second)
+	for share {
+		taken := 0
+		for _, r := range rs {
+			for _, st := range r.View().Snapshot() {
+				if st.From != "" {
+					taken++
+				}
+			}
+		}
+		if taken == 4 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("10 s after the start, %d of the 4 engines are polled by one replica for the other", taken)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	before := read()
+	time.Sleep(window)
+	after := read()
+	for id := range before[0] {
+		d0 := counts{after[0][id].scrapes - before[0][id].scrapes, after[0][id].remote - before[0][id].remote}
+		d1 := counts{after[1][id].scrapes - before[1][id].scrapes, after[1][id].remote - before[1][id].remote}
+		t.Logf("%s over %s: the first replica scraped it %d times and took %d readings, the second %d and %d", id, window, d0.scrapes, d0.remote, d1.scrapes, d1.remote)
+		if !share {
+			if d0.scrapes < 10 || d1.scrapes < 10 || d0.remote+d1.remote != 0 {
+				t.Errorf("%s: not shared, both replicas should scrape it", id)
+			}
+			continue
+		}
+		if min(d0.scrapes, d1.scrapes) > 1 || max(d0.scrapes, d1.scrapes) < 10 || max(d0.remote, d1.remote) < 5 {
+			t.Errorf("%s: want it scraped by one replica and the other taking its readings", id)
+		}
+		for i, r := range rs {
+			if st, _ := r.View().Get(id); !st.Healthy || st.Model.ID == "" || time.Since(st.CheckedAt) > time.Second {
+				t.Errorf("replica %d's state of %s: %+v, want healthy, its model, checked within a second", i, id, st)
+			}
+		}
+	}
+	if !share {
+		return
+	}
+	// a stops: b polls every engine itself again.
+	_ = a.Close()
+	stopped := time.Now()
+	deadline = time.Now().Add(5 * time.Second)
+	for {
+		own := 0
+		for _, st := range b.View().Snapshot() {
+			if st.From == "" && st.CheckedAt.After(stopped) && st.Healthy {
+				own++
+			}
+		}
+		if own == 4 {
+			t.Logf("the other replica polls every engine itself %s after the first stopped", time.Since(stopped).Round(time.Millisecond))
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("5 s after the first replica stopped, the other polls %d of the 4 engines itself", own)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

@@ -145,6 +145,17 @@ type Options struct {
 	// NoReplicaLoadShare keeps each replica's proxies' in-flight load to the proxies of that
 	// replica, as before replicas shared it (loadshare.go): for comparing the two.
 	NoReplicaLoadShare bool
+	// ReplicaPeers are the other replicas' operator API addresses (host:port; HTTPS with
+	// APIPeerCAFile) where replicas run without a Lease on Kubernetes: each asks them for
+	// their proxies' load and their polls, as elected replicas do at the addresses they
+	// share. Every replica needs the operator API's token (APIToken or APITokenFile).
+	ReplicaPeers []string
+	// ReplicaID names this replica to ReplicaPeers (default: its operator API's address).
+	ReplicaID string
+	// NoPollShare makes every replica poll every engine itself, as before replicas shared
+	// their polls (loadshare.go): for comparing the two. Without load sharing, replicas
+	// share no polls either.
+	NoPollShare bool
 	// RemoveDataDir removes DataDir on Close (kvrelay up's temporary one).
 	RemoveDataDir bool
 	Logger        *slog.Logger
@@ -192,6 +203,8 @@ type Server struct {
 	keysMu sync.Mutex
 	// remote is the other replicas' proxies' in-flight load (loadshare.go).
 	remote remoteLoads
+	// pollers are the replicas that poll the engines with this one (loadshare.go).
+	pollers pollShare
 	// stateCh receives when a shared Store's resources changed (coalesced).
 	stateCh chan struct{}
 	// acting is set while this replica leads and has taken over: read the shared state
@@ -329,7 +342,8 @@ func New(opts Options) (*Server, error) {
 		}
 	}
 	s.view = loadview.New(loadview.Options{Interval: opts.ScrapeInterval, Adapters: opts.Adapters, Logger: opts.Logger,
-		KernelWaiting: gate(opts.KernelWaiting), KernelLatencyWaiting: gate(opts.KernelLatencyWaiting)})
+		KernelWaiting: gate(opts.KernelWaiting), KernelLatencyWaiting: gate(opts.KernelLatencyWaiting),
+		Delegated: s.pollers.delegated})
 	// Proxies' streams (ADS, journal, load) live as long as the proxy: a graceful stop would
 	// only wait out its grace, and proxies reconnect to the next control plane by themselves.
 	s.console = newConsole()
@@ -370,7 +384,8 @@ func (s *Server) Start(ctx context.Context) error {
 	}
 	fwd, err := s.newForwarder()
 	var peerTr *http.Transport // replicas ask each other for their proxies' load (loadshare.go)
-	if _, ok := s.store.(*registry.KubeStore); ok && err == nil && s.opts.Leader != nil && !s.opts.NoReplicaLoadShare {
+	_, kube := s.store.(*registry.KubeStore)
+	if (kube && s.opts.Leader != nil || len(s.opts.ReplicaPeers) > 0) && err == nil && !s.opts.NoReplicaLoadShare {
 		peerTr, err = s.peerTransport()
 	}
 	if err != nil {
@@ -403,7 +418,7 @@ func (s *Server) Start(ctx context.Context) error {
 			go func() { defer s.wg.Done(); s.shareArmsLoop(runCtx, ks) }()
 			s.wg.Add(1)
 			go func() { defer s.wg.Done(); s.shareTenantsLoop(runCtx, ks) }()
-			if peerTr != nil {
+			if peerTr != nil && len(s.opts.ReplicaPeers) == 0 {
 				s.wg.Add(1)
 				go func() {
 					defer s.wg.Done()
@@ -417,6 +432,13 @@ func (s *Server) Start(ctx context.Context) error {
 				go func() { defer s.wg.Done(); s.shareAPILoop(runCtx, ks, addr) }()
 			}
 		}
+	}
+	if peerTr != nil && len(s.opts.ReplicaPeers) > 0 {
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			s.shareLoadLoop(runCtx, nil, &http.Client{Transport: peerTr, Timeout: 5 * replicaLoadEvery})
+		}()
 	}
 	s.wg.Add(5)
 	go func() { defer s.wg.Done(); s.opts.Leader.Run(runCtx) }()
@@ -871,7 +893,7 @@ func (s *Server) apiHandler(fwd *forwarder) http.Handler {
 	}
 	mux.Handle("/metrics", opts.Metrics(promhttp.HandlerFor(s.metrics, promhttp.HandlerOpts{}), metricsToken))
 	mux.HandleFunc("GET /readyz", s.readyz)
-	if s.opts.Leader != nil {
+	if s.opts.Leader != nil || len(s.opts.ReplicaPeers) > 0 {
 		mux.HandleFunc("GET "+replicaLoadPath, s.serveReplicaLoad)
 	}
 	mux.Handle("/v1/planner/", s.plannerRoute(opts))

@@ -142,6 +142,8 @@ worker claims are dropped and counted (kvrelay_controlplane_ingest_unclaimed_tot
 	fs.StringVar(&opts.MetricsTokenFile, "metrics-token-file", "", "file holding a read-only bearer token for /metrics (read again every 5 s): beyond loopback /metrics answers it or the API token, nothing else")
 	fs.StringVar(&opts.APIAdvertise, "api-advertise", "", "address (host:port) the other replicas reach this one's operator API at: a follower forwards the changes it gets to the leader's (--leader-elect with --store kubernetes; default: --api-listen's address unless it is every interface)")
 	fs.StringVar(&opts.APIPeerCAFile, "api-peer-ca", "", "CA (PEM) that verifies the leader's operator API certificate when a follower forwards a change over HTTPS")
+	fs.StringSliceVar(&opts.ReplicaPeers, "replica-peers", nil, "the other replicas' operator API addresses (host:port, comma-separated) where replicas run without --leader-elect: each shares its proxies' in-flight load and its polls of the engines with them (every replica needs the same --api-token-file)")
+	fs.StringVar(&opts.ReplicaID, "replica-id", "", "this replica's name to --replica-peers (default: its operator API's address)")
 	fs.StringVar(&opts.APIPeerServerName, "api-peer-server-name", "", "name the leader's operator API certificate must carry when a follower forwards a change (default: the leader's advertised host)")
 	fs.StringVar(&opts.DataDir, "data-dir", "", "directory for the registry and policies (required unless --store kubernetes)")
 	addEBPFFlags(fs, &ebpfF, ebpfCgroupOwn)

@@ -420,8 +420,8 @@ func TestCollector(t *testing.T) {
 			got[f.GetName()] = v
 		}
 	}
-	if len(got) != 8 {
-		t.Errorf("%d families, want 8: %v", len(got), got)
+	if len(got) != 9 {
+		t.Errorf("%d families, want 9: %v", len(got), got)
 	}
 	if got["kvrelay_loadview_healthy"] != 1 || got["kvrelay_loadview_scrape_failures_total"] < 1 ||
 		got["kvrelay_loadview_scrapes_total"] < got["kvrelay_loadview_scrape_failures_total"] {

@@ -44,6 +44,8 @@ type poller struct {
 
 	cancel context.CancelFunc
 	done   chan struct{}
+	// kick is raised (PutRemote) when another replica's reading of the target came.
+	kick chan struct{}
 
 	st           State // the working copy, published after each poll
 	sig          State // the state as of the last Changed signal
@@ -53,7 +55,7 @@ type poller struct {
 }
 
 func (v *View) newPoller(t Target) *poller {
-	p := &poller{v: v, target: t, done: make(chan struct{}), st: State{ID: t.ID}, wantModel: true}
+	p := &poller{v: v, target: t, done: make(chan struct{}), kick: make(chan struct{}, 1), st: State{ID: t.ID}, wantModel: true}
 	p.eng, p.engErr = v.opts.Adapters.Get(t.Engine)
 	base := strings.TrimRight(t.URL, "/")
 	health := "/health"
@@ -88,7 +90,8 @@ func (p *poller) stop() {
 
 // run polls every Interval, starting after a random part of the first interval so that the
 // pollers of targets synced together do not all scrape at once. Polls never overlap: a slow
-// one delays the next (ticks it overran are dropped).
+// one delays the next (ticks it overran are dropped). Another replica's reading of a
+// delegated target is taken as soon as it comes.
 func (p *poller) run(ctx context.Context) {
 	iv := p.v.opts.Interval
 	first := time.NewTimer(rand.N(iv))
@@ -97,17 +100,72 @@ func (p *poller) run(ctx context.Context) {
 		first.Stop()
 		return
 	case <-first.C:
+	case <-p.kick:
+		first.Stop()
 	}
 	tick := time.NewTicker(iv)
 	defer tick.Stop()
 	for {
-		p.poll(ctx)
+		if !p.adopt() {
+			p.poll(ctx)
+		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
+		case <-p.kick:
 		}
 	}
+}
+
+// adopt takes another replica's reading of a delegated target in place of a poll, when one
+// no older than RemoteMaxAge is at hand; it reports whether it did.
+func (p *poller) adopt() bool {
+	opts := &p.v.opts
+	if opts.Delegated == nil || !opts.Delegated(p.target.ID) {
+		return false
+	}
+	r, ok := p.v.remoteFor(p.target.ID)
+	now := opts.Now()
+	if !ok || now.Sub(r.CheckedAt) > opts.RemoteMaxAge {
+		return false
+	}
+	st := &p.st
+	if r.CheckedAt.Equal(st.CheckedAt) && r.From == st.From {
+		return true // taken already
+	}
+	wasHealthy := st.Healthy
+	model, bs, capacity := st.Model, st.BlockSize, st.CapacityBlocks
+	*st = r
+	st.ID = p.target.ID
+	if st.Model.ID == "" {
+		st.Model = model // the other replica has not discovered it (yet)
+	} else {
+		p.wantModel, p.modelBackoff, p.nextModelTry = false, 0, time.Time{}
+	}
+	if st.BlockSize == 0 {
+		st.BlockSize = bs
+	}
+	if st.CapacityBlocks == 0 {
+		st.CapacityBlocks = capacity
+	}
+	p.stats.remoteTaken()
+	switch {
+	case st.Healthy && !wasHealthy:
+		p.stats.flipped(true)
+		opts.Logger.Info("load view: worker healthy, as another replica polls it", "worker", p.target.ID, "replica", r.From)
+	case !st.Healthy && wasHealthy:
+		p.stats.flipped(false)
+		p.wantModel, p.modelBackoff, p.nextModelTry = true, 0, time.Time{}
+		opts.Logger.Warn("load view: worker unhealthy, as another replica polls it", "worker", p.target.ID, "replica", r.From,
+			"failures", st.ConsecutiveFailures, "err", st.LastError)
+	}
+	signal := p.matters()
+	if signal {
+		p.sig = p.st
+	}
+	p.v.publish(p.st.clone(), signal)
+	return true
 }
 
 // poll scrapes the target (or probes its health when the scrape fails), discovers its model
@@ -136,7 +194,7 @@ func (p *poller) poll(ctx context.Context) {
 	now := opts.Now()
 	st := &p.st
 	wasHealthy := st.Healthy
-	st.CheckedAt = now
+	st.CheckedAt, st.From = now, ""
 	if ok {
 		st.ConsecutiveFailures = 0
 		st.Healthy = true

@@ -13,8 +13,11 @@ type counters struct {
 	probes, probeFailures          atomic.Uint64
 	discoveries, discoveryFailures atomic.Uint64
 	becameHealthy, becameUnhealthy atomic.Uint64
+	remote                         atomic.Uint64
 	lastScrapeNanos                atomic.Int64
 }
+
+func (c *counters) remoteTaken() { c.remote.Add(1) }
 
 func (c *counters) scrapeDone(d time.Duration, ok bool) {
 	c.scrapes.Add(1)
@@ -60,6 +63,9 @@ type TargetStats struct {
 	Discoveries, DiscoveryFailures uint64
 	// BecameHealthy and BecameUnhealthy count health transitions.
 	BecameHealthy, BecameUnhealthy uint64
+	// Remote counts the polls that took another replica's reading instead
+	// (Options.Delegated).
+	Remote uint64
 	// LastScrape is how long the last scrape took.
 	LastScrape time.Duration
 	// Healthy is the target's current health.
@@ -81,6 +87,7 @@ func (v *View) Stats() map[string]TargetStats {
 			DiscoveryFailures: c.discoveryFailures.Load(),
 			BecameHealthy:     c.becameHealthy.Load(),
 			BecameUnhealthy:   c.becameUnhealthy.Load(),
+			Remote:            c.remote.Load(),
 			LastScrape:        time.Duration(c.lastScrapeNanos.Load()),
 			Healthy:           v.states[id].Healthy,
 		}
@@ -104,6 +111,8 @@ var (
 		"Times a worker turned unhealthy.", []string{"worker"}, nil)
 	descHealthy = prometheus.NewDesc("kvrelay_loadview_healthy",
 		"1 when the worker is healthy, 0 when not.", []string{"worker"}, nil)
+	descRemote = prometheus.NewDesc("kvrelay_loadview_remote_readings_total",
+		"Polls of a worker that took another control plane replica's reading of it instead of scraping.", []string{"worker"}, nil)
 	descScrapeSeconds = prometheus.NewDesc("kvrelay_loadview_last_scrape_seconds",
 		"Duration of the last metrics scrape of a worker.", []string{"worker"}, nil)
 )
@@ -111,7 +120,7 @@ var (
 // Describe implements prometheus.Collector.
 func (v *View) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descScrapes, descScrapeFailures, descProbes, descProbeFailures,
-		descDiscoveryFailures, descUnhealthy, descHealthy, descScrapeSeconds} {
+		descDiscoveryFailures, descUnhealthy, descHealthy, descScrapeSeconds, descRemote} {
 		ch <- d
 	}
 }
@@ -131,6 +140,7 @@ func (v *View) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descUnhealthy, prometheus.CounterValue, float64(s.BecameUnhealthy), id)
 		ch <- prometheus.MustNewConstMetric(descHealthy, prometheus.GaugeValue, healthy, id)
 		ch <- prometheus.MustNewConstMetric(descScrapeSeconds, prometheus.GaugeValue, s.LastScrape.Seconds(), id)
+		ch <- prometheus.MustNewConstMetric(descRemote, prometheus.CounterValue, float64(s.Remote), id)
 	}
 }
 

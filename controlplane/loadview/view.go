@@ -52,6 +52,9 @@ type State struct {
 	// too. A worker may be Healthy with a LastError (its metrics fail, its /health
 	// answers). "" after a successful scrape.
 	LastError string
+	// From is "" when this view polled the worker itself, else the replica whose reading
+	// it took (Options.Delegated, PutRemote).
+	From string
 }
 
 // Defaults for the zero Options.
@@ -95,6 +98,15 @@ type Options struct {
 	// to (a queue the engine reports is what makes its first byte late). Called like
 	// KernelWaiting.
 	KernelLatencyWaiting func(workerID string) (int, bool)
+	// Delegated, when set, says which workers another replica polls: the poller of such a
+	// worker takes that replica's readings (PutRemote) instead of polling, as long as one
+	// no older than RemoteMaxAge is at hand, and polls on its own again when none is (the
+	// other replica is gone, or no longer polls it). Called from the pollers' goroutines;
+	// it must be safe for concurrent use and fast.
+	Delegated func(workerID string) bool
+	// RemoteMaxAge is how old another replica's reading may be and still stand for a poll
+	// (default 3 × Interval).
+	RemoteMaxAge time.Duration
 }
 
 func (o Options) withDefaults() Options {
@@ -106,6 +118,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.FailAfter <= 0 {
 		o.FailAfter = DefaultFailAfter
+	}
+	if o.RemoteMaxAge <= 0 {
+		o.RemoteMaxAge = 3 * o.Interval
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
@@ -132,12 +147,15 @@ type View struct {
 	pollers map[string]*poller
 	closed  bool
 
-	// mu guards what pollers publish: states, stats and the changed channel's closing.
+	// mu guards what pollers publish: states, stats and the changed channel's closing;
+	// and the other replicas' readings (remote, by worker id) with the pollers' kicks.
 	mu      sync.RWMutex
 	states  map[string]State
 	stats   map[string]*counters
 	changed chan struct{}
 	done    bool
+	remote  map[string]State
+	kicks   map[string]chan struct{}
 }
 
 // New returns a View with no targets.
@@ -150,6 +168,8 @@ func New(opts Options) *View {
 		states:  map[string]State{},
 		stats:   map[string]*counters{},
 		changed: make(chan struct{}, 1),
+		remote:  map[string]State{},
+		kicks:   map[string]chan struct{}{},
 	}
 	if v.client == nil {
 		t := http.DefaultTransport.(*http.Transport).Clone()
@@ -199,6 +219,10 @@ func (v *View) Sync(targets []Target) {
 		delete(v.pollers, id)
 		v.mu.Lock()
 		delete(v.states, id)
+		delete(v.kicks, id)
+		if _, ok := want[id]; !ok {
+			delete(v.remote, id)
+		}
 		if _, ok := want[id]; !ok {
 			delete(v.stats, id)
 		}
@@ -217,6 +241,7 @@ func (v *View) Sync(targets []Target) {
 			v.stats[id] = &counters{}
 		}
 		p.stats = v.stats[id]
+		v.kicks[id] = p.kick
 		v.mu.Unlock()
 		p.start(v.ctx)
 		changed = true
@@ -253,6 +278,55 @@ func (v *View) IDs() []string {
 	v.mu.RLock()
 	defer v.mu.RUnlock()
 	return slices.Sorted(maps.Keys(v.states))
+}
+
+// PutRemote takes other replicas' readings of workers (each with From naming the replica
+// and its times in this host's clock): the poller of a worker that Options.Delegated names
+// takes the newest at once, and at each poll while it is no older than RemoteMaxAge. Readings
+// of workers the view does not watch are dropped.
+func (v *View) PutRemote(states []State) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	for _, s := range states {
+		kick, ok := v.kicks[s.ID]
+		if !ok || s.From == "" {
+			continue
+		}
+		if cur, ok := v.remote[s.ID]; ok && cur.CheckedAt.After(s.CheckedAt) {
+			continue
+		}
+		v.remote[s.ID] = s.clone()
+		select {
+		case kick <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Polled returns the states of the workers this view polled itself (From ""), polled within
+// maxAge: what it shares with the other replicas.
+func (v *View) Polled(maxAge time.Duration) []State {
+	now := v.opts.Now()
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	out := make([]State, 0, len(v.states))
+	for _, s := range v.states {
+		if s.From == "" && !s.CheckedAt.IsZero() && now.Sub(s.CheckedAt) <= maxAge {
+			out = append(out, s.clone())
+		}
+	}
+	return out
+}
+
+// RemoteMaxAge is how old another replica's reading may be and still stand for a poll.
+func (v *View) RemoteMaxAge() time.Duration { return v.opts.RemoteMaxAge }
+
+// remoteFor returns the newest other replica's reading of worker id.
+func (v *View) remoteFor(id string) (State, bool) {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	s, ok := v.remote[id]
+	return s, ok
 }
 
 // Changed returns a channel that receives a value (coalesced: it holds at most one) after a

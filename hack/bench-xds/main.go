@@ -53,6 +53,8 @@ type flags struct {
 	reportWorkers int
 	scrape        time.Duration
 	specsFile     string
+	share         bool
+	api, peers    string
 
 	// child ("subscribe") mode
 	xds      string
@@ -82,7 +84,10 @@ func main() {
 	flag.IntVar(&f.replicas, "replicas", 2, "scale: control-plane replicas (each a process ingesting every engine and serving xDS)")
 	flag.IntVar(&f.reportWorkers, "report-workers", 100, "scale: workers each proxy reports in-flight load for (a tenth of them changing every report)")
 	flag.DurationVar(&f.scrape, "scrape", time.Second, "scale: the replicas' metrics scrape interval per worker")
+	flag.BoolVar(&f.share, "share", false, "scale: the replicas share their proxies' load and their polls of the engines (--replica-peers), each engine scraped by one of them")
 	flag.StringVar(&f.specsFile, "specs", "", "replica: the workers, as JSON; not for direct use")
+	flag.StringVar(&f.api, "api", "", "replica: its operator API's address; not for direct use")
+	flag.StringVar(&f.peers, "peers", "", "replica: the other replicas' operator API addresses; not for direct use")
 	flag.StringVar(&f.cpuProfile, "cpuprofile", "", "write this process's CPU profile to the file (scale: each child's to FILE.<child>)")
 	flag.DurationVar(&f.profileFor, "cpuprofile-for", 0, "end the CPU profile after this long instead of at exit (a child that is killed leaves one)")
 	// The child process's flags (mode "subscribe"); not for direct use.

@@ -59,11 +59,21 @@ func runScale(f flags, res *results) error {
 			r.kill()
 		}
 	}()
-	var addrs []string
+	var addrs, apis []string
+	for range f.replicas {
+		a, err := freeLoopback()
+		if err != nil {
+			return err
+		}
+		apis = append(apis, a)
+	}
 	for i := range f.replicas {
-		r, err := startChildMode(fmt.Sprintf("replica %d", i), append(childProfile(f, "replica"+strconv.Itoa(i)),
-			"-mode", "replica", "-specs", specsFile,
-			"-scrape", f.scrape.String(), "-linger", f.linger.String(), "-out", filepath.Join(dir, "ages-"+strconv.Itoa(i)))...)
+		args := []string{"-mode", "replica", "-specs", specsFile, "-api", apis[i],
+			"-scrape", f.scrape.String(), "-linger", f.linger.String(), "-out", filepath.Join(dir, "ages-"+strconv.Itoa(i))}
+		if f.share {
+			args = append(args, "-peers", strings.Join(slices.Delete(slices.Clone(apis), i, i+1), ","))
+		}
+		r, err := startChildMode(fmt.Sprintf("replica %d", i), append(childProfile(f, "replica"+strconv.Itoa(i)), args...)...)
 		if err != nil {
 			return err
 		}
@@ -79,7 +89,7 @@ func runScale(f flags, res *results) error {
 	}
 	defer sinks.kill()
 	res.add("setup", "mode", "scale", "rate", f.rate, "workers", f.workers, "proxies", f.proxies, "replicas", f.replicas,
-		"batch", batch, "sampled", fmt.Sprintf("1/%d", mask+1), "duration", f.duration, "scrape", f.scrape,
+		"share", f.share, "batch", batch, "sampled", fmt.Sprintf("1/%d", mask+1), "duration", f.duration, "scrape", f.scrape,
 		"report_workers_per_proxy", f.reportWorkers, "processes", fmt.Sprintf("engines|%d replicas|proxies", f.replicas))
 
 	// Steady load.
@@ -129,7 +139,8 @@ func runScale(f flags, res *results) error {
 		res.add("replica", "replica", i, "cpu_cores", st.CPUSeconds/st.WallSeconds,
 			"cpu_us_per_block_event", st.CPUSeconds*1e6/float64(max(er.Stored+er.Removed, 1)),
 			"heap_after_gc", st.HeapAlloc, "rss", st.RSS, "index_blocks", st.IndexBlocks, "journal_streams", st.Streams,
-			"events_ingested", st.Events, "gaps", st.Gaps, "stale", st.Stale)
+			"events_ingested", st.Events, "gaps", st.Gaps, "stale", st.Stale,
+			"scrapes_per_s", float64(st.Scrapes)/st.WallSeconds, "readings_taken_per_s", float64(st.Remote)/st.WallSeconds)
 	}
 	ds := make([]time.Duration, len(ages))
 	for i, a := range ages {
@@ -243,6 +254,8 @@ type replicaStats struct {
 	IndexBlocks             int
 	Streams                 int
 	Events, Gaps, Stale     uint64
+	// Scrapes of the engines' metrics, and readings taken from another replica instead.
+	Scrapes, Remote uint64
 }
 
 // sinkStats is what the proxies' child reports for the window since its last report.
@@ -371,8 +384,13 @@ func runReplicaChild(f flags) error {
 	defer os.RemoveAll(dataDir)
 	var mu sync.Mutex
 	recs := make([]pubRec, 0, 1<<20)
+	var peers []string
+	if f.peers != "" {
+		peers = strings.Split(f.peers, ",")
+	}
 	cp, err := controlplane.New(controlplane.Options{
 		XDSListen: "127.0.0.1:0", DataDir: dataDir, Workers: specs, Adapters: adapters(),
+		APIListen: f.api, APIToken: "bench-xds", ReplicaPeers: peers,
 		ScrapeInterval: f.scrape, JournalLinger: f.linger, Logger: logger(f),
 		JournalSent: func(age time.Duration) {
 			now := time.Now().UnixNano()
@@ -391,7 +409,7 @@ func runReplicaChild(f flags) error {
 	fmt.Println(cp.XDSAddr())
 	in := bufio.NewScanner(os.Stdin)
 	cpu0, t0 := cpuSeconds(), time.Now()
-	var ev0, gaps0, stale0 uint64
+	var ev0, gaps0, stale0, scr0, rem0 uint64
 	for in.Scan() {
 		if in.Text() != "report" {
 			continue
@@ -403,7 +421,11 @@ func runReplicaChild(f flags) error {
 		if err := writeRecs(f.outFile, got); err != nil {
 			return err
 		}
-		var ev, gaps, stale uint64
+		var ev, gaps, stale, scr, rem uint64
+		for _, st := range cp.View().Stats() {
+			scr += st.Scrapes
+			rem += st.Remote
+		}
 		for _, w := range specs {
 			if st := cp.Ingest().Stats(w.ID); st != nil {
 				ev += st.Events.Load()
@@ -417,12 +439,23 @@ func runReplicaChild(f flags) error {
 		_, jsrv := cp.Journal()
 		cpu1, t1 := cpuSeconds(), time.Now()
 		st := replicaStats{CPUSeconds: cpu1 - cpu0, WallSeconds: t1.Sub(t0).Seconds(), HeapAlloc: ms.HeapAlloc, RSS: rss(),
-			IndexBlocks: cp.Index().Len(), Streams: connected(jsrv), Events: ev - ev0, Gaps: gaps - gaps0, Stale: stale - stale0}
-		cpu0, t0, ev0, gaps0, stale0 = cpu1, t1, ev, gaps, stale
+			IndexBlocks: cp.Index().Len(), Streams: connected(jsrv), Events: ev - ev0, Gaps: gaps - gaps0, Stale: stale - stale0,
+			Scrapes: scr - scr0, Remote: rem - rem0}
+		cpu0, t0, ev0, gaps0, stale0, scr0, rem0 = cpu1, t1, ev, gaps, stale, scr, rem
 		b, _ := json.Marshal(st)
 		fmt.Println(string(b))
 	}
 	return nil
+}
+
+// freeLoopback is a loopback address whose port was free a moment ago.
+func freeLoopback() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
 }
 
 // connected counts the proxies with a journal stream open.

@@ -1,0 +1,87 @@
+package loadview
+
+import (
+	"net/http"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kvrelay/kvrelay/engines"
+)
+
+// TestDelegatedTakesRemoteReadings: a worker another replica polls is not scraped while that
+// replica's readings come, takes them (load, health, model) as soon as they come, shares none
+// of them on (Polled), and is scraped again once they stop for RemoteMaxAge.
+func TestDelegatedTakesRemoteReadings(t *testing.T) {
+	var scrapes atomic.Int32
+	f := newFakeEngine(t, func(w http.ResponseWriter) {
+		scrapes.Add(1)
+		_, _ = w.Write([]byte(vllmBody))
+	})
+	var delegate atomic.Bool
+	opts := testOptions()
+	opts.Delegated = func(id string) bool { return id == "w0" && delegate.Load() }
+	opts.RemoteMaxAge = 200 * time.Millisecond
+	v := newView(t, opts)
+	v.Sync([]Target{{ID: "w0", URL: f.URL, Engine: engines.KindVLLM}})
+	eventually(t, 2*time.Second, "the first scrape", func() bool { s, _ := v.Get("w0"); return s.Healthy && s.Model.ID == "m" })
+	if got := v.Polled(time.Second); len(got) != 1 || got[0].ID != "w0" || got[0].From != "" {
+		t.Fatalf("Polled = %+v, want w0 polled here", got)
+	}
+
+	delegate.Store(true)
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	remoteLoad := engines.Load{Running: 7, Waiting: 2, KVUsage: 0.5}
+	go func() {
+		defer close(done)
+		for {
+			now := time.Now()
+			v.PutRemote([]State{{ID: "w0", From: "cp-1", Healthy: true, Load: remoteLoad, CheckedAt: now, ObservedAt: now},
+				{ID: "unknown", From: "cp-1", Healthy: true, CheckedAt: now}})
+			select {
+			case <-stop:
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+	}()
+	eventually(t, 2*time.Second, "the remote reading taken", func() bool { s, _ := v.Get("w0"); return s.From == "cp-1" })
+	s, _ := v.Get("w0")
+	if s.Load.Running != 7 || s.Load.Waiting != 2 || !s.Healthy || s.Model.ID != "m" || s.CapacityBlocks != 512 {
+		t.Errorf("taken state %+v: want the remote load, healthy, and the model and capacity known here kept", s)
+	}
+	before := scrapes.Load()
+	time.Sleep(300 * time.Millisecond) // 15 intervals
+	if n := scrapes.Load() - before; n > 1 {
+		t.Errorf("%d scrapes while another replica's readings came, want none (one in flight at most)", n)
+	}
+	if got := v.Polled(time.Second); len(got) != 0 {
+		t.Errorf("Polled = %+v: another replica's readings are not shared on", got)
+	}
+	if st := v.Stats()["w0"]; st.Remote == 0 {
+		t.Errorf("stats %+v count no remote reading", st)
+	}
+	if _, ok := v.Get("unknown"); ok {
+		t.Error("a reading of a worker the view does not watch became a state")
+	}
+
+	// A remote reading that says unhealthy is taken too.
+	close(stop)
+	<-done
+	now := time.Now()
+	v.PutRemote([]State{{ID: "w0", From: "cp-1", Healthy: false, ConsecutiveFailures: 3, LastError: "refused", CheckedAt: now}})
+	eventually(t, time.Second, "the remote unhealthy reading taken", func() bool { s, _ := v.Get("w0"); return !s.Healthy })
+	// An older reading does not replace a newer one.
+	v.PutRemote([]State{{ID: "w0", From: "cp-2", Healthy: true, CheckedAt: now.Add(-50 * time.Millisecond)}})
+	time.Sleep(50 * time.Millisecond)
+	if s, _ := v.Get("w0"); s.Healthy || s.From != "cp-1" {
+		t.Errorf("an older reading replaced a newer one: %+v", s)
+	}
+
+	// The readings stop: the view polls the worker itself again.
+	eventually(t, 2*time.Second, "polling again once the readings stopped", func() bool {
+		s, _ := v.Get("w0")
+		return s.From == "" && s.Healthy && s.Load.Running == 3
+	})
+}
