@@ -3,7 +3,6 @@ package controlplane_test
 import (
 	"context"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -12,6 +11,7 @@ import (
 
 	"github.com/kvrelay/kvrelay/controlplane"
 	"github.com/kvrelay/kvrelay/dataplane/proxy"
+	"github.com/kvrelay/kvrelay/internal/loopback"
 )
 
 // TestReplicasShareInflightLoad: two replicas on a real API server, a proxy on each. The
@@ -133,12 +133,11 @@ func TestReplicaPeersShare(t *testing.T) {
 // freeAddr is a loopback address with a port free a moment ago.
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	a, err := loopback.FreeAddr()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().String()
+	return a
 }
 
 // checkPollShare counts the scrapes of every engine by replicas a and b over a second: with

@@ -1,7 +1,6 @@
 package ingest
 
 import (
-	"net"
 	"strings"
 	"testing"
 	"time"
@@ -11,17 +10,17 @@ import (
 	"github.com/kvrelay/kvrelay/engines/kvevents"
 	"github.com/kvrelay/kvrelay/engines/sim"
 	"github.com/kvrelay/kvrelay/engines/sim/simtest"
+	"github.com/kvrelay/kvrelay/internal/loopback"
 	"github.com/kvrelay/kvrelay/xds/journal"
 )
 
 func freePort(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	a, err := loopback.FreeAddr()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().String()
+	return a
 }
 
 // startConnectingSim runs a simulated worker on listen whose KV event publisher connects out

@@ -23,6 +23,7 @@ import (
 
 	"github.com/kvrelay/kvrelay/controlplane"
 	"github.com/kvrelay/kvrelay/controlplane/registry"
+	"github.com/kvrelay/kvrelay/internal/loopback"
 	xdsv1 "github.com/kvrelay/kvrelay/xds/api/v1"
 	"github.com/kvrelay/kvrelay/xds/client"
 	"github.com/kvrelay/kvrelay/xds/journal"
@@ -61,7 +62,7 @@ func runScale(f flags, res *results) error {
 	}()
 	var addrs, apis []string
 	for range f.replicas {
-		a, err := freeLoopback()
+		a, err := loopback.FreeAddr()
 		if err != nil {
 			return err
 		}
@@ -446,16 +447,6 @@ func runReplicaChild(f flags) error {
 		fmt.Println(string(b))
 	}
 	return nil
-}
-
-// freeLoopback is a loopback address whose port was free a moment ago.
-func freeLoopback() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer l.Close()
-	return l.Addr().String(), nil
 }
 
 // connected counts the proxies with a journal stream open.

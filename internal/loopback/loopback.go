@@ -43,3 +43,15 @@ func Addr(a net.Addr) bool {
 	tcp, ok := a.(*net.TCPAddr)
 	return ok && tcp.IP.IsLoopback()
 }
+
+// FreeAddr returns a loopback address (127.0.0.1:port) whose port nothing listened on a
+// moment ago: for a process that must be told its address before it binds it (a replica's
+// peers, a publisher that connects out).
+func FreeAddr() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
+}
