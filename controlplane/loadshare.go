@@ -8,6 +8,7 @@ import (
 	"maps"
 	"net/http"
 	"net/url"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -50,9 +51,12 @@ type replicaLoad struct {
 	Replica string               `json:"replica"`
 	Workers map[string][3]uint64 `json:"workers"`
 	// PollShare says that the replica polls only the engines it ranks first for and takes
-	// the others' polls of the rest; Polls are its own polls of the last RemoteMaxAge.
+	// the others' polls of the rest; Polls are its own polls of the last RemoteMaxAge
+	// published after the asker's ?after= (each once), and Seq the last it published, the
+	// asker's next ?after=.
 	PollShare bool         `json:"poll_share,omitempty"`
 	Polls     []polledWire `json:"polls,omitempty"`
+	Seq       uint64       `json:"seq,omitempty"`
 }
 
 // polledWire is one engine's state as the replica that polled it says it, its times as ages
@@ -67,6 +71,7 @@ type polledWire struct {
 	Failures       int           `json:"failures,omitempty"`
 	LastError      string        `json:"last_error,omitempty"`
 	CheckedAgo     int64         `json:"checked_ago_us"`
+	Seq            uint64        `json:"seq"`
 	// ObservedAgo is -1 when the engine was never scraped.
 	ObservedAgo int64 `json:"observed_ago_us"`
 }
@@ -74,7 +79,7 @@ type polledWire struct {
 func toWire(st loadview.State, now time.Time) polledWire {
 	w := polledWire{ID: st.ID, Healthy: st.Healthy, Load: st.Load, Model: st.Model, BlockSize: st.BlockSize,
 		CapacityBlocks: st.CapacityBlocks, Failures: st.ConsecutiveFailures, LastError: st.LastError,
-		CheckedAgo: now.Sub(st.CheckedAt).Microseconds(), ObservedAgo: -1}
+		CheckedAgo: now.Sub(st.CheckedAt).Microseconds(), ObservedAgo: -1, Seq: st.Seq}
 	if !st.ObservedAt.IsZero() {
 		w.ObservedAgo = now.Sub(st.ObservedAt).Microseconds()
 	}
@@ -88,7 +93,7 @@ func fromWire(w polledWire, replica string, now time.Time) (loadview.State, bool
 		return loadview.State{}, false
 	}
 	st := loadview.State{ID: w.ID, Healthy: w.Healthy, Load: w.Load, Model: w.Model, BlockSize: w.BlockSize,
-		CapacityBlocks: w.CapacityBlocks, ConsecutiveFailures: w.Failures, LastError: w.LastError, From: replica,
+		CapacityBlocks: w.CapacityBlocks, ConsecutiveFailures: w.Failures, LastError: w.LastError, From: replica, Seq: w.Seq,
 		CheckedAt: now.Add(-time.Duration(w.CheckedAgo) * time.Microsecond)}
 	if w.ObservedAgo >= 0 {
 		st.ObservedAt = now.Add(-time.Duration(w.ObservedAgo) * time.Microsecond)
@@ -216,10 +221,13 @@ func (s *Server) serveReplicaLoad(w http.ResponseWriter, r *http.Request) {
 	}
 	if !s.opts.NoPollShare {
 		out.PollShare = true
+		after, _ := strconv.ParseUint(r.URL.Query().Get("after"), 10, 64)
+		polled, last := s.view.Polled(after, s.view.RemoteMaxAge())
 		now := time.Now()
-		for _, st := range s.view.Polled(s.view.RemoteMaxAge()) {
+		for _, st := range polled {
 			out.Polls = append(out.Polls, toWire(st, now))
 		}
+		out.Seq = last
 	}
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(out)
@@ -250,6 +258,7 @@ func (s *Server) shareLoadLoop(ctx context.Context, ks *registry.KubeStore, clie
 	var peers map[string]*url.URL
 	var peersAt time.Time
 	names := map[string]string{} // a peer's name for itself, by its key in peers
+	after := map[string]uint64{} // the last Seq of its polls a peer sent, by its key
 	tick := time.NewTicker(replicaLoadEvery)
 	defer tick.Stop()
 	var warned time.Time
@@ -294,7 +303,14 @@ func (s *Server) shareLoadLoop(ctx context.Context, ks *registry.KubeStore, clie
 			if ctx.Err() != nil {
 				return
 			}
-			rl, err := s.askReplicaLoad(ctx, client, u)
+			rl, err := s.askReplicaLoad(ctx, client, u, after[replica])
+			switch {
+			case err != nil:
+			case rl.seq < after[replica]:
+				after[replica] = 0 // it restarted: all of its polls, next time
+			default:
+				after[replica] = rl.seq
+			}
 			if rl.replica == self {
 				continue // an address of this replica's own among the peers
 			}
@@ -303,7 +319,7 @@ func (s *Server) shareLoadLoop(ctx context.Context, ks *registry.KubeStore, clie
 				s.log.Warn("another replica's proxies' load not heard: this replica's proxies see only its own, and it polls every engine", "replica", replica, "err", err)
 			}
 			now := time.Now()
-			if s.remote.put(replica, rl.workers, now) {
+			if !s.opts.NoReplicaLoadShare && s.remote.put(replica, rl.workers, now) {
 				changed = true
 			}
 			if !s.opts.NoPollShare {
@@ -329,16 +345,20 @@ func (s *Server) shareLoadLoop(ctx context.Context, ks *registry.KubeStore, clie
 // its polls, and those polls as readings of this host's clock.
 type peerAnswer struct {
 	replica   string
+	seq       uint64
 	workers   map[string]xdsserver.WorkerLoad
 	pollShare bool
 	polls     []loadview.State
 }
 
-// askReplicaLoad asks the replica at u for its proxies' load and its polls.
-func (s *Server) askReplicaLoad(ctx context.Context, client *http.Client, u *url.URL) (peerAnswer, error) {
+// askReplicaLoad asks the replica at u for its proxies' load and its polls published after
+// its Seq after.
+func (s *Server) askReplicaLoad(ctx context.Context, client *http.Client, u *url.URL, after uint64) (peerAnswer, error) {
 	ctx, cancel := context.WithTimeout(ctx, replicaLoadEvery*5)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
+	q := *u
+	q.RawQuery = "after=" + strconv.FormatUint(after, 10)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, q.String(), nil)
 	if err != nil {
 		return peerAnswer{}, err
 	}
@@ -360,7 +380,7 @@ func (s *Server) askReplicaLoad(ctx context.Context, client *http.Client, u *url
 		return peerAnswer{}, fmt.Errorf("%s: %w", u, err)
 	}
 	now := time.Now()
-	out := peerAnswer{replica: rl.Replica, workers: make(map[string]xdsserver.WorkerLoad, len(rl.Workers)), pollShare: rl.PollShare}
+	out := peerAnswer{replica: rl.Replica, seq: rl.Seq, workers: make(map[string]xdsserver.WorkerLoad, len(rl.Workers)), pollShare: rl.PollShare}
 	for id, l := range rl.Workers {
 		out.workers[id] = xdsserver.WorkerLoad{Inflight: uint32(min(l[0], 1<<31)), PrefillTokens: l[1], DecodeBlocks: l[2]}
 	}

@@ -153,8 +153,7 @@ type Options struct {
 	// ReplicaID names this replica to ReplicaPeers (default: its operator API's address).
 	ReplicaID string
 	// NoPollShare makes every replica poll every engine itself, as before replicas shared
-	// their polls (loadshare.go): for comparing the two. Without load sharing, replicas
-	// share no polls either.
+	// their polls (loadshare.go): for comparing the two.
 	NoPollShare bool
 	// RemoveDataDir removes DataDir on Close (kvrelay up's temporary one).
 	RemoveDataDir bool
@@ -385,7 +384,7 @@ func (s *Server) Start(ctx context.Context) error {
 	fwd, err := s.newForwarder()
 	var peerTr *http.Transport // replicas ask each other for their proxies' load (loadshare.go)
 	_, kube := s.store.(*registry.KubeStore)
-	if (kube && s.opts.Leader != nil || len(s.opts.ReplicaPeers) > 0) && err == nil && !s.opts.NoReplicaLoadShare {
+	if (kube && s.opts.Leader != nil || len(s.opts.ReplicaPeers) > 0) && err == nil && (!s.opts.NoReplicaLoadShare || !s.opts.NoPollShare) {
 		peerTr, err = s.peerTransport()
 	}
 	if err != nil {

@@ -131,7 +131,7 @@ func (p *poller) adopt() bool {
 		return false
 	}
 	st := &p.st
-	if r.CheckedAt.Equal(st.CheckedAt) && r.From == st.From {
+	if r.From == st.From && r.Seq == st.Seq {
 		return true // taken already
 	}
 	wasHealthy := st.Healthy

@@ -25,20 +25,26 @@ func TestDelegatedTakesRemoteReadings(t *testing.T) {
 	v := newView(t, opts)
 	v.Sync([]Target{{ID: "w0", URL: f.URL, Engine: engines.KindVLLM}})
 	eventually(t, 2*time.Second, "the first scrape", func() bool { s, _ := v.Get("w0"); return s.Healthy && s.Model.ID == "m" })
-	if got := v.Polled(time.Second); len(got) != 1 || got[0].ID != "w0" || got[0].From != "" {
-		t.Fatalf("Polled = %+v, want w0 polled here", got)
+	got, last := v.Polled(0, time.Second)
+	if len(got) != 1 || got[0].ID != "w0" || got[0].From != "" || got[0].Seq == 0 || got[0].Seq > last {
+		t.Fatalf("Polled = %+v, %d: want w0 polled here, numbered", got, last)
+	}
+	if again, _ := v.Polled(last, time.Second); len(again) != 0 {
+		t.Fatalf("Polled after %d = %+v, want nothing newer", last, again)
 	}
 
 	delegate.Store(true)
 	stop := make(chan struct{})
 	done := make(chan struct{})
 	remoteLoad := engines.Load{Running: 7, Waiting: 2, KVUsage: 0.5}
+	var seq uint64
 	go func() {
 		defer close(done)
 		for {
 			now := time.Now()
-			v.PutRemote([]State{{ID: "w0", From: "cp-1", Healthy: true, Load: remoteLoad, CheckedAt: now, ObservedAt: now},
-				{ID: "unknown", From: "cp-1", Healthy: true, CheckedAt: now}})
+			seq++
+			v.PutRemote([]State{{ID: "w0", From: "cp-1", Seq: seq, Healthy: true, Load: remoteLoad, CheckedAt: now, ObservedAt: now},
+				{ID: "unknown", From: "cp-1", Seq: seq, Healthy: true, CheckedAt: now}})
 			select {
 			case <-stop:
 				return
@@ -56,7 +62,7 @@ func TestDelegatedTakesRemoteReadings(t *testing.T) {
 	if n := scrapes.Load() - before; n > 1 {
 		t.Errorf("%d scrapes while another replica's readings came, want none (one in flight at most)", n)
 	}
-	if got := v.Polled(time.Second); len(got) != 0 {
+	if got, _ := v.Polled(0, time.Second); len(got) != 0 {
 		t.Errorf("Polled = %+v: another replica's readings are not shared on", got)
 	}
 	if st := v.Stats()["w0"]; st.Remote == 0 {
@@ -69,8 +75,15 @@ func TestDelegatedTakesRemoteReadings(t *testing.T) {
 	// A remote reading that says unhealthy is taken too.
 	close(stop)
 	<-done
+	taken := v.Stats()["w0"].Remote
 	now := time.Now()
-	v.PutRemote([]State{{ID: "w0", From: "cp-1", Healthy: false, ConsecutiveFailures: 3, LastError: "refused", CheckedAt: now}})
+	// The same reading again (its number) is not taken again.
+	v.PutRemote([]State{{ID: "w0", From: "cp-1", Seq: seq, Healthy: true, Load: remoteLoad, CheckedAt: now}})
+	time.Sleep(50 * time.Millisecond)
+	if n := v.Stats()["w0"].Remote; n != taken {
+		t.Errorf("a reading sent again was taken again (%d readings taken, %d before)", n, taken)
+	}
+	v.PutRemote([]State{{ID: "w0", From: "cp-1", Seq: seq + 1, Healthy: false, ConsecutiveFailures: 3, LastError: "refused", CheckedAt: now}})
 	eventually(t, time.Second, "the remote unhealthy reading taken", func() bool { s, _ := v.Get("w0"); return !s.Healthy })
 	// An older reading does not replace a newer one.
 	v.PutRemote([]State{{ID: "w0", From: "cp-2", Healthy: true, CheckedAt: now.Add(-50 * time.Millisecond)}})

@@ -55,6 +55,9 @@ type State struct {
 	// From is "" when this view polled the worker itself, else the replica whose reading
 	// it took (Options.Delegated, PutRemote).
 	From string
+	// Seq numbers the publications of what a view polled itself, in order over all its
+	// workers (Polled); a reading taken from another replica keeps that replica's number.
+	Seq uint64
 }
 
 // Defaults for the zero Options.
@@ -156,6 +159,7 @@ type View struct {
 	done    bool
 	remote  map[string]State
 	kicks   map[string]chan struct{}
+	seq     uint64 // the last Seq given to a state this view polled
 }
 
 // New returns a View with no targets.
@@ -292,8 +296,8 @@ func (v *View) PutRemote(states []State) {
 		if !ok || s.From == "" {
 			continue
 		}
-		if cur, ok := v.remote[s.ID]; ok && cur.CheckedAt.After(s.CheckedAt) {
-			continue
+		if cur, ok := v.remote[s.ID]; ok && (cur.From == s.From && cur.Seq >= s.Seq || cur.CheckedAt.After(s.CheckedAt)) {
+			continue // not newer than the reading at hand
 		}
 		v.remote[s.ID] = s.clone()
 		select {
@@ -303,19 +307,20 @@ func (v *View) PutRemote(states []State) {
 	}
 }
 
-// Polled returns the states of the workers this view polled itself (From ""), polled within
-// maxAge: what it shares with the other replicas.
-func (v *View) Polled(maxAge time.Duration) []State {
+// Polled returns the states of the workers this view polled itself (From "") published
+// after Seq after and polled within maxAge, and the last Seq given: what it shares with the
+// other replicas, each asking for what came after the last Seq it was given.
+func (v *View) Polled(after uint64, maxAge time.Duration) ([]State, uint64) {
 	now := v.opts.Now()
 	v.mu.RLock()
 	defer v.mu.RUnlock()
-	out := make([]State, 0, len(v.states))
+	var out []State
 	for _, s := range v.states {
-		if s.From == "" && !s.CheckedAt.IsZero() && now.Sub(s.CheckedAt) <= maxAge {
+		if s.From == "" && s.Seq > after && !s.CheckedAt.IsZero() && now.Sub(s.CheckedAt) <= maxAge {
 			out = append(out, s.clone())
 		}
 	}
-	return out
+	return out, v.seq
 }
 
 // RemoteMaxAge is how old another replica's reading may be and still stand for a poll.
@@ -373,6 +378,10 @@ func (v *View) notifyLocked() {
 func (v *View) publish(s State, signal bool) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
+	if s.From == "" {
+		v.seq++
+		s.Seq = v.seq
+	}
 	v.states[s.ID] = s
 	if signal {
 		v.notifyLocked()

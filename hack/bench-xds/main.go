@@ -53,7 +53,7 @@ type flags struct {
 	reportWorkers int
 	scrape        time.Duration
 	specsFile     string
-	share         bool
+	share         string
 	api, peers    string
 
 	// child ("subscribe") mode
@@ -84,7 +84,7 @@ func main() {
 	flag.IntVar(&f.replicas, "replicas", 2, "scale: control-plane replicas (each a process ingesting every engine and serving xDS)")
 	flag.IntVar(&f.reportWorkers, "report-workers", 100, "scale: workers each proxy reports in-flight load for (a tenth of them changing every report)")
 	flag.DurationVar(&f.scrape, "scrape", time.Second, "scale: the replicas' metrics scrape interval per worker")
-	flag.BoolVar(&f.share, "share", false, "scale: the replicas share their proxies' load and their polls of the engines (--replica-peers), each engine scraped by one of them")
+	flag.StringVar(&f.share, "share", "none", "scale: what the replicas share through --replica-peers: none, polls (each engine scraped by one of them, the others taking its readings) or all (polls and their proxies' in-flight load)")
 	flag.StringVar(&f.specsFile, "specs", "", "replica: the workers, as JSON; not for direct use")
 	flag.StringVar(&f.api, "api", "", "replica: its operator API's address; not for direct use")
 	flag.StringVar(&f.peers, "peers", "", "replica: the other replicas' operator API addresses; not for direct use")

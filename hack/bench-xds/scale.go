@@ -71,8 +71,12 @@ func runScale(f flags, res *results) error {
 	for i := range f.replicas {
 		args := []string{"-mode", "replica", "-specs", specsFile, "-api", apis[i],
 			"-scrape", f.scrape.String(), "-linger", f.linger.String(), "-out", filepath.Join(dir, "ages-"+strconv.Itoa(i))}
-		if f.share {
-			args = append(args, "-peers", strings.Join(slices.Delete(slices.Clone(apis), i, i+1), ","))
+		switch f.share {
+		case "none":
+		case "polls", "all":
+			args = append(args, "-share", f.share, "-peers", strings.Join(slices.Delete(slices.Clone(apis), i, i+1), ","))
+		default:
+			return fmt.Errorf("-share %q: none, polls or all", f.share)
 		}
 		r, err := startChildMode(fmt.Sprintf("replica %d", i), append(childProfile(f, "replica"+strconv.Itoa(i)), args...)...)
 		if err != nil {
@@ -391,7 +395,7 @@ func runReplicaChild(f flags) error {
 	}
 	cp, err := controlplane.New(controlplane.Options{
 		XDSListen: "127.0.0.1:0", DataDir: dataDir, Workers: specs, Adapters: adapters(),
-		APIListen: f.api, APIToken: "bench-xds", ReplicaPeers: peers,
+		APIListen: f.api, APIToken: "bench-xds", ReplicaPeers: peers, NoReplicaLoadShare: f.share == "polls",
 		ScrapeInterval: f.scrape, JournalLinger: f.linger, Logger: logger(f),
 		JournalSent: func(age time.Duration) {
 			now := time.Now().UnixNano()
