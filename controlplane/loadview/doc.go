@@ -21,7 +21,8 @@
 // With several control plane replicas, Options.Delegated names the workers another replica
 // polls: their pollers take that replica's readings (PutRemote, State.From naming it) while
 // fresh ones come, and poll on their own again once none has come for RemoteMaxAge. Polled
-// lists what the view polled itself, for sharing.
+// lists what the view polled itself, for sharing. Health is then the polling replica's: a
+// worker it cannot reach is unhealthy for the replicas that take its readings too.
 //
 // Every method of View is safe for concurrent use. The load view only reads the engines;
 // merging in proxies' in-flight reports is left to the code that pushes it to them.

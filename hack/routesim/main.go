@@ -140,6 +140,28 @@ func main() {
 			p50s, p90s, p99s = append(p50s, s.TTFTP50), append(p90s, s.TTFTP90), append(p99s, s.TTFTP99)
 			fmt.Printf("%-14s %-5d %8s %8s %8s %8s %5.1f%% %6.1f%% %6.1f%%  %v (%d req, %v wall)\n", pol, seed, ms(s.TTFTP50), ms(s.TTFTP90), ms(s.TTFTP99), ms(s.E2EP50),
 				100*s.HitRate, 100*s.PredErrP50, 100*s.PredErrP90, s.PerWorker, s.Requests, time.Since(t0).Round(time.Millisecond))
+			if *verbose && c.kind == fleetsim.KindLLMD {
+				// What each TTFT is made of on llm-d's engines: the idle engine's prefill of
+				// what was not cached, and the rest (a slot's wait, the slowdown of a full
+				// engine, the proxy's own queue when every worker was busy).
+				var base, rest []time.Duration
+				requeued := 0
+				for i, r := range res.Records {
+					if r.Err != "" || i < len(res.Records)/5 {
+						continue
+					}
+					b := 25*time.Millisecond + time.Duration(max(r.Prompt-r.Cached, 0))**perTok
+					base, rest = append(base, b), append(rest, max(r.TTFT-b, 0))
+					if r.Requeued > 0 {
+						requeued++
+					}
+				}
+				slices.Sort(base)
+				slices.Sort(rest)
+				q := func(v []time.Duration, f float64) string { return ms(v[int(f*float64(len(v)-1))]) }
+				fmt.Printf("    idle prefill p50 %s p90 %s; the rest p50 %s p90 %s p99 %s; %d of %d held by the proxy\n",
+					q(base, .5), q(base, .9), q(rest, .5), q(rest, .9), q(rest, .99), requeued, len(base))
+			}
 			if *verbose {
 				var dec, tt float64
 				var nd int
