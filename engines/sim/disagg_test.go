@@ -562,6 +562,8 @@ func FuzzParseKVTransferParams(f *testing.F) {
 		`{"remote_block_ids":[1e3]}`, `{"remote_port":1e2}`, `{"do_remote_prefill":true,"remote_block_ids":[0],"remote_host":"[::1]","remote_port":1,"remote_engine_id":"e","remote_request_id":"r"}`,
 		`{"remote_kv_source":{"kv_request_id":"p","remote_host":"10.0.0.2","remote_port":8000},"max_load_tokens":0}`,
 		`{"remote_kv_source":{"remote_host":"[::1]","remote_port":1}}`,
+		`{"remote_decoder":{"kv_request_id":"a"},"remote_kv_source":{"kv_request_id":"b","remote_host":"10.0.0.2","remote_port":5710}}`,
+		`{"remote_prefiller":{"kv_request_id":"a","remote_host":"10.0.0.3","remote_port":5710}}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -576,7 +578,8 @@ func FuzzParseKVTransferParams(f *testing.F) {
 		if p == nil {
 			return
 		}
-		if len(p.RemoteBlockIDs) > 64 || p.DoRemoteDecode && p.DoRemotePrefill || p.RemotePort < 0 || p.RemotePort > 65535 || p.TPSize < 1 {
+		if len(p.RemoteBlockIDs) > 64 || p.DoRemoteDecode && p.DoRemotePrefill || p.RemotePort < 0 || p.RemotePort > 65535 || p.TPSize < 1 ||
+			p.FromPrefiller && (p.PeerFetch == "" || p.KVRequestID == "" || p.DoRemoteDecode) || p.ForDecoder && !p.DoRemoteDecode {
 			t.Fatalf("accepted %+v from %q", p, raw)
 		}
 		for _, id := range p.RemoteBlockIDs {

@@ -19,6 +19,15 @@ import (
 //     "do_remote_decode": false, "remote_block_ids": [...], "remote_engine_id": "...",
 //     "remote_request_id": "...", "remote_host": "...", "remote_port": n, "tp_size": 1}.
 //
+// or as vLLM's OffloadingConnector takes them from a proxy when its p2p tier carries a
+// disaggregated request (its tests' p2p_connector_proxy.py):
+//
+//   - prefill leg: {"remote_decoder": {"kv_request_id": "..."}}: compute the prompt and hold
+//     its blocks for the decoder that names kv_request_id (it may also carry
+//     remote_kv_source, to pull a prefix from a peer first);
+//   - decode leg: {"remote_prefiller": {"kv_request_id", "remote_host", "remote_port"}}: pull
+//     the prompt's blocks from the prefiller at that address and decode.
+//
 // A field that is null counts as absent. Unknown fields are ignored (other connectors add
 // their own).
 type kvTransferParams struct {
@@ -36,6 +45,15 @@ type kvTransferParams struct {
 	// simulated engine's peer transport is its HTTP server (POST /kvrelay/kv/export), so
 	// remote_port is that server's.
 	PeerFetch string
+	// KVRequestID names the request across the two legs of vLLM's p2p form: the prefill
+	// leg's hold (remote_decoder) and the decode leg's pull (remote_prefiller), so that the
+	// prefiller frees the leg's blocks once its decoder has taken them.
+	KVRequestID string
+	// FromPrefiller: PeerFetch is the prefill worker of this decode leg (remote_prefiller).
+	FromPrefiller bool
+	// ForDecoder: a prefill leg in the p2p form (remote_decoder), whose answer carries no
+	// kv_transfer_params (its decoder is told where to pull by the proxy).
+	ForDecoder bool
 	// MaxLoadTokens, when HasMaxLoad, caps the tokens loaded from offloading tiers beyond
 	// the prefix cached in GPU memory (vLLM's max_load_tokens; 0 recomputes them all).
 	MaxLoadTokens int
@@ -123,24 +141,68 @@ func parseKVTransferParams(raw json.RawMessage, maxBlocks int) (*kvTransferParam
 		}
 		p.RemoteBlockIDs = ids
 	}
-	if v, ok := has("remote_kv_source"); ok {
+	nixl := p.DoRemoteDecode || p.DoRemotePrefill
+	// source checks an object naming a peer ({kv_request_id, remote_host, remote_port}) and
+	// returns its base URL.
+	source := func(name string, v json.RawMessage, needID bool) (string, string, *apiError) {
 		var src remoteKVSource
 		if v[0] != '{' || json.Unmarshal(v, &src) != nil {
-			return nil, bad("remote_kv_source must be an object {kv_request_id, remote_host, remote_port}")
+			return "", "", bad("%s must be an object {kv_request_id, remote_host, remote_port}", name)
 		}
-		if src.RemoteHost == "" || len(src.RemoteHost) > 1024 || (strings.ContainsAny(src.RemoteHost, " \t\r\n/@?#[]") && net.ParseIP(strings.Trim(src.RemoteHost, "[]")) == nil) {
-			return nil, bad("remote_kv_source.remote_host %q is not a host name or IP address", src.RemoteHost)
+		if src.RemoteHost == "" || len(src.RemoteHost) > 1024 || (strings.ContainsAny(src.RemoteHost, " \t\r\n/@?#[]:%") && net.ParseIP(strings.Trim(src.RemoteHost, "[]")) == nil) {
+			return "", "", bad("%s.remote_host %q is not a host name or IP address", name, src.RemoteHost)
 		}
 		if src.RemotePort < 1 || src.RemotePort > 65535 {
-			return nil, bad("remote_kv_source.remote_port must be an integer from 1 to 65535")
+			return "", "", bad("%s.remote_port must be an integer from 1 to 65535", name)
 		}
-		if len(src.KVRequestID) > 1024 {
-			return nil, bad("remote_kv_source.kv_request_id is longer than 1024 bytes")
+		if len(src.KVRequestID) > 1024 || strings.ContainsRune(src.KVRequestID, 0) {
+			return "", "", bad("%s.kv_request_id is longer than 1024 bytes or holds NUL", name)
 		}
-		if p.DoRemoteDecode || p.DoRemotePrefill {
+		if needID && src.KVRequestID == "" {
+			return "", "", bad("%s needs kv_request_id", name)
+		}
+		return (&url.URL{Scheme: "http", Host: net.JoinHostPort(strings.Trim(src.RemoteHost, "[]"), strconv.FormatInt(src.RemotePort, 10))}).String(), src.KVRequestID, nil
+	}
+	if v, ok := has("remote_decoder"); ok {
+		var dst struct {
+			KVRequestID *string `json:"kv_request_id"`
+		}
+		if v[0] != '{' || json.Unmarshal(v, &dst) != nil {
+			return nil, bad("remote_decoder must be an object {kv_request_id}")
+		}
+		if dst.KVRequestID != nil && (len(*dst.KVRequestID) > 1024 || strings.ContainsRune(*dst.KVRequestID, 0)) {
+			return nil, bad("remote_decoder.kv_request_id is longer than 1024 bytes or holds NUL")
+		}
+		if nixl {
+			return nil, bad("remote_decoder cannot go with do_remote_decode or do_remote_prefill")
+		}
+		p.DoRemoteDecode, p.ForDecoder = true, true
+		if dst.KVRequestID != nil {
+			p.KVRequestID = *dst.KVRequestID
+		}
+	}
+	if v, ok := has("remote_prefiller"); ok {
+		if nixl || p.DoRemoteDecode {
+			return nil, bad("remote_prefiller cannot go with do_remote_decode, do_remote_prefill or remote_decoder")
+		}
+		if _, ok := has("remote_kv_source"); ok {
+			return nil, bad("remote_prefiller and remote_kv_source name two sources")
+		}
+		peer, id, aerr := source("remote_prefiller", v, true)
+		if aerr != nil {
+			return nil, aerr
+		}
+		p.PeerFetch, p.KVRequestID, p.FromPrefiller = peer, id, true
+	}
+	if v, ok := has("remote_kv_source"); ok {
+		if nixl {
 			return nil, bad("remote_kv_source cannot go with do_remote_decode or do_remote_prefill")
 		}
-		p.PeerFetch = (&url.URL{Scheme: "http", Host: net.JoinHostPort(strings.Trim(src.RemoteHost, "[]"), strconv.FormatInt(src.RemotePort, 10))}).String()
+		peer, _, aerr := source("remote_kv_source", v, false)
+		if aerr != nil {
+			return nil, aerr
+		}
+		p.PeerFetch = peer
 	}
 	if v, ok := has("max_load_tokens"); ok {
 		n, err := strconv.ParseInt(string(v), 10, 64)
@@ -165,7 +227,7 @@ func parseKVTransferParams(raw json.RawMessage, maxBlocks int) (*kvTransferParam
 		if len(missing) > 0 {
 			return nil, bad("do_remote_prefill needs %s", strings.Join(missing, ", "))
 		}
-		if strings.ContainsAny(p.RemoteHost, " \t\r\n/@?#[]") && net.ParseIP(strings.Trim(p.RemoteHost, "[]")) == nil {
+		if strings.ContainsAny(p.RemoteHost, " \t\r\n/@?#[]:%") && net.ParseIP(strings.Trim(p.RemoteHost, "[]")) == nil {
 			return nil, bad("remote_host %q is not a host name or IP address", p.RemoteHost)
 		}
 		if strings.ContainsAny(p.RemoteRequestID, "\x00") {

@@ -23,10 +23,13 @@ import (
 // the rest. Any failure (the holder gone, slow, holding less by now, a checksum) costs
 // only time: the request computes what it could not fetch.
 
-// exportJob asks the scheduler goroutine for the cached prefix of hashes, held for a peer.
+// exportJob asks the scheduler goroutine for the cached prefix of hashes, held for a peer;
+// release, when set, names the held prefill leg (its kv_request_id) whose blocks the export
+// takes over: its hold ends once the export holds them.
 type exportJob struct {
-	hashes []uint64
-	reply  chan exported
+	hashes  []uint64
+	release string
+	reply   chan exported
 }
 
 // exported is a prefix held for a peer: its lease (the held request's id, which the peer's
@@ -41,8 +44,8 @@ type exported struct {
 // for a peer to read, as a prefill worker holds a finished prefill leg's blocks: GPU blocks
 // referenced, host and disk blocks through staging slots (blockManager.exportPrefix). It
 // waits for the scheduler goroutine, so Run must be running.
-func (e *Engine) Export(ctx context.Context, hashes []uint64) (exported, error) {
-	j := &exportJob{hashes: hashes, reply: make(chan exported, 1)}
+func (e *Engine) Export(ctx context.Context, hashes []uint64, release string) (exported, error) {
+	j := &exportJob{hashes: hashes, release: release, reply: make(chan exported, 1)}
 	e.mu.Lock()
 	e.exports = append(e.exports, j)
 	e.mu.Unlock()
@@ -82,6 +85,15 @@ func (e *Engine) export(j *exportJob, now time.Time) {
 		return
 	}
 	e.metrics.peerExported(n)
+	if j.release != "" {
+		// The prefill leg whose decoder this is: the export holds its blocks now.
+		for _, h := range e.held {
+			if h.kvRequestID == j.release && h != r {
+				e.unhold(h, "notification")
+				break
+			}
+		}
+	}
 	j.reply <- exported{lease: r.ID, blocks: r.kvHeld.blocks, keys: r.kvHeld.keys}
 }
 
@@ -102,7 +114,7 @@ func (e *Engine) peerFallback(r *Request, pullFailed bool) {
 func (e *Engine) requeue(r *Request) {
 	e.kvm.free(r)
 	r.numComputed, r.numStored = 0, 0
-	r.kvPull, r.pulled, r.peerHolder, r.peerFetch, r.peerPartial = nil, false, "", false, false
+	r.kvPull, r.pulled, r.peerHolder, r.peerFetch, r.peerPartial, r.prefillOf = nil, false, "", false, false, ""
 	r.state = stateWaiting
 	e.waiting.pushFront(r)
 	e.publishLoad()
@@ -119,12 +131,12 @@ func (e *Engine) askHolder(r *Request, hit, full int) {
 	keys := blockKeys(make([]uint64, 0, full-hit), r.tokens[:r.promptLen], r.hashes, bs, &r.keys, hit, full)
 	ctx, cancel := context.WithCancel(e.kv.ctx)
 	r.pullCancel = cancel
-	holder := r.peerHolder
+	holder, prefillOf := r.peerHolder, r.prefillOf
 	e.kv.wg.Add(1)
 	go func() {
 		defer e.kv.wg.Done()
 		job := &pullJob{r: r, start: time.Now(), done: e.pullDone}
-		p := e.kv.fetchFrom(ctx, holder, hashes)
+		p := e.kv.fetchFrom(ctx, holder, hashes, prefillOf)
 		if p == nil || ctx.Err() != nil {
 			e.pullDone(job)
 			return
@@ -140,9 +152,11 @@ func (e *Engine) askHolder(r *Request, hit, full int) {
 	}()
 }
 
-// exportRequest is the body of POST /kvrelay/kv/export.
+// exportRequest is the body of POST /kvrelay/kv/export; KVRequestID, when set, names the
+// prefill leg (remote_decoder's kv_request_id) whose decoder asks.
 type exportRequest struct {
 	BlockHashes []uint64 `json:"block_hashes"`
+	KVRequestID string   `json:"kv_request_id,omitempty"`
 }
 
 // exportKV serves POST /kvrelay/kv/export on a worker with a KV connector: the cached prefix
@@ -166,7 +180,11 @@ func (s *Server) exportKV(w http.ResponseWriter, hr *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(hr.Context(), s.eng.cfg.KVTransferTimeout)
 	defer cancel()
-	x, err := s.eng.Export(ctx, req.BlockHashes)
+	if len(req.KVRequestID) > 1024 {
+		writeError(w, badRequest("kv_request_id is longer than 1024 bytes"))
+		return
+	}
+	x, err := s.eng.Export(ctx, req.BlockHashes, req.KVRequestID)
 	if err != nil {
 		writeError(w, &apiError{status: http.StatusServiceUnavailable, typ: "ServiceUnavailableError", message: err.Error()})
 		return
@@ -195,12 +213,12 @@ const peerFetchTimeout = 2 * time.Second
 // fetchFrom asks the worker at holder for the blocks of hashes (a suffix of a prompt's
 // sequence hashes: what this worker does not cache) and returns the decode-leg parameters
 // that pull them, nil when there is nothing to pull (counted by outcome).
-func (c *kvConnector) fetchFrom(ctx context.Context, holder string, hashes []uint64) *kvTransferParams {
+func (c *kvConnector) fetchFrom(ctx context.Context, holder string, hashes []uint64, kvRequestID string) *kvTransferParams {
 	if len(hashes) == 0 {
 		c.metrics.peerFetch("none")
 		return nil
 	}
-	body, _ := json.Marshal(exportRequest{BlockHashes: hashes})
+	body, _ := json.Marshal(exportRequest{BlockHashes: hashes, KVRequestID: kvRequestID})
 	ctx, cancel := context.WithTimeout(ctx, min(peerFetchTimeout, c.cfg.KVTransferTimeout))
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, holder+"/kvrelay/kv/export", bytes.NewReader(body))

@@ -93,6 +93,11 @@ type Request struct {
 	peerHolder  string
 	peerFetch   bool
 	peerPartial bool
+	// kvRequestID and prefillOf name the request across the legs of vLLM's p2p form: a
+	// prefill leg's hold (kvDecode), freed when a decoder's export names it; the prefill leg
+	// whose blocks a decode leg pulls from its prefiller (peerHolder), named in the export
+	// it asks for.
+	kvRequestID, prefillOf string
 
 	// Output, shared with the client under mu.
 	mu       sync.Mutex

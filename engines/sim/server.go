@@ -264,20 +264,29 @@ func (s *Server) complete(w http.ResponseWriter, hr *http.Request, chat bool) {
 	}
 	if kvp != nil && kvp.PeerFetch != "" {
 		// A peer fetch: the prefix comes from the holder, asked once the request is
-		// admitted, if it still has it; the response says nothing of it.
+		// admitted, if it still has it (a decode leg's prefiller: the whole prompt); the
+		// response says nothing of it, unless the request is also a prefill leg.
 		if s.eng.kv != nil {
 			r.peerHolder = strings.TrimSuffix(kvp.PeerFetch, "/")
+			if kvp.FromPrefiller {
+				r.prefillOf = kvp.KVRequestID
+			}
 		}
-		kvp = nil
+		if !kvp.DoRemoteDecode {
+			kvp = nil
+		}
 	}
 	if kvp != nil {
 		r.kvDecode = kvp.DoRemoteDecode
+		if r.kvDecode {
+			r.kvRequestID = kvp.KVRequestID
+		}
 		if kvp.DoRemotePrefill && len(kvp.RemoteBlockIDs) > 0 {
 			r.kvPull = kvp // with no blocks to pull, vLLM prefills locally
 		}
 	}
 	s.eng.Submit(r)
-	rs := responseState{s: s, r: r, chat: chat, kv: kvp != nil, model: s.model, created: time.Now().Unix(), reasoning: reasoning}
+	rs := responseState{s: s, r: r, chat: chat, kv: kvp != nil, p2p: kvp != nil && kvp.ForDecoder, model: s.model, created: time.Now().Unix(), reasoning: reasoning}
 	if keys.LoRA != "" {
 		rs.model = keys.LoRA // vLLM answers with the adapter's name
 	}
@@ -296,6 +305,7 @@ type responseState struct {
 	chat    bool
 	usage   bool
 	kv      bool // the request carried kv_transfer_params: the response carries the field too
+	p2p     bool // a prefill leg in vLLM's p2p form: the field is null, its decoder asks by id
 	toks    []uint32
 	model   string // the served model or LoRA adapter the request named
 	created int64  // Unix seconds when the request came
@@ -487,8 +497,8 @@ func (s *Server) stream(w http.ResponseWriter, ctx context.Context, rs *response
 // did not stop at its length, a capped region's slot conflict).
 func (rs *responseState) publishKV() []byte {
 	held, _ := rs.r.transfer()
-	if held == nil {
-		return []byte("null")
+	if held == nil || rs.p2p {
+		return []byte("null") // a p2p hold's blocks are published when its decoder exports them
 	}
 	kv := rs.s.kv
 	if !kv.publish(held.blocks[:len(held.keys)], held.keys) {
