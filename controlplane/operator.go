@@ -55,6 +55,7 @@ func (o operator) worker(w registry.Worker) *operatorv1.Worker {
 			MaxNumSeqs: uint32(w.MaxNumSeqs), MaxNumBatchedTokens: uint32(w.MaxNumBatchedTokens),
 			LoraModules:     w.LoRAModules,
 			KvBytesPerToken: uint64(w.KVBytesPerToken), HostBandwidth: w.HostBandwidth, DiskBandwidth: w.DiskBandwidth, SharedBandwidth: w.SharedBandwidth, PeerBandwidth: w.PeerBandwidth,
+			P2PPort: uint32(w.P2PPort),
 		},
 		Status: &operatorv1.WorkerStatus{
 			Healthy: st.Healthy, Draining: w.Draining,
@@ -109,6 +110,7 @@ func (o operator) UpsertWorker(_ context.Context, spec *operatorv1.WorkerSpec) (
 		MaxNumSeqs: int(min(spec.GetMaxNumSeqs(), 1<<31-1)), MaxNumBatchedTokens: int(min(spec.GetMaxNumBatchedTokens(), 1<<31-1)),
 		LoRAModules:     spec.GetLoraModules(),
 		KVBytesPerToken: int(min(spec.GetKvBytesPerToken(), 1<<31-1)), HostBandwidth: spec.GetHostBandwidth(), DiskBandwidth: spec.GetDiskBandwidth(), SharedBandwidth: spec.GetSharedBandwidth(), PeerBandwidth: spec.GetPeerBandwidth(),
+		P2PPort: int(min(spec.GetP2PPort(), 1<<20)),
 	}.WithDefaults()
 	if err := o.s.reg.Upsert(w); err != nil {
 		return nil, apiErr(err)

@@ -983,10 +983,11 @@ func (s *Server) Registerer() prometheus.Registerer { return s.metrics }
 
 // kvTiers is a worker's offloading tiers as xDS says them, nil when it advertises none.
 func kvTiers(w registry.Worker) *xdsv1.KVTiers {
-	if w.KVBytesPerToken <= 0 && w.HostBandwidth <= 0 && w.DiskBandwidth <= 0 && w.SharedBandwidth <= 0 && w.PeerBandwidth <= 0 {
+	if w.KVBytesPerToken <= 0 && w.HostBandwidth <= 0 && w.DiskBandwidth <= 0 && w.SharedBandwidth <= 0 && w.PeerBandwidth <= 0 && w.P2PPort <= 0 {
 		return nil
 	}
-	return &xdsv1.KVTiers{KvBytesPerToken: uint64(w.KVBytesPerToken), HostBandwidth: w.HostBandwidth, DiskBandwidth: w.DiskBandwidth, SharedBandwidth: w.SharedBandwidth, PeerBandwidth: w.PeerBandwidth}
+	return &xdsv1.KVTiers{KvBytesPerToken: uint64(w.KVBytesPerToken), HostBandwidth: w.HostBandwidth, DiskBandwidth: w.DiskBandwidth, SharedBandwidth: w.SharedBandwidth,
+		PeerBandwidth: w.PeerBandwidth, P2PPort: uint32(w.P2PPort)}
 }
 
 // DefaultAPIReadTimeout is Options.APIReadTimeout's default.

@@ -445,6 +445,9 @@ func ctlTiers(s *operatorv1.WorkerSpec) string {
 			parts = append(parts, t.name+"="+engines.FormatBandwidth(t.bw))
 		}
 	}
+	if p := s.GetP2PPort(); p > 0 {
+		parts = append(parts, "p2p-port="+strconv.FormatUint(uint64(p), 10))
+	}
 	if len(parts) == 0 {
 		return "-"
 	}
@@ -538,7 +541,8 @@ func parseCtlWorkerSpec(s string) (*operatorv1.WorkerSpec, error) {
 	return &operatorv1.WorkerSpec{Id: w.ID, Url: w.URL, Model: w.Model, Role: w.Role, BlockSize: uint32(w.BlockSize),
 		KvEvents: w.KVEvents, KvEventsBind: w.KVEventsBind, KvEventsTopic: w.KVEventsTopic, KvEventsReplay: w.KVEventsReplay, Metrics: w.Metrics,
 		Engine: w.Engine, MaxNumSeqs: uint32(w.MaxNumSeqs), MaxNumBatchedTokens: uint32(w.MaxNumBatchedTokens), LoraModules: w.LoRAModules,
-		KvBytesPerToken: uint64(w.KVBytesPerToken), HostBandwidth: w.HostBandwidth, DiskBandwidth: w.DiskBandwidth, SharedBandwidth: w.SharedBandwidth, PeerBandwidth: w.PeerBandwidth}, nil
+		KvBytesPerToken: uint64(w.KVBytesPerToken), HostBandwidth: w.HostBandwidth, DiskBandwidth: w.DiskBandwidth, SharedBandwidth: w.SharedBandwidth, PeerBandwidth: w.PeerBandwidth,
+		P2PPort: uint32(w.P2PPort)}, nil
 }
 
 // ctlClient calls the operator API over HTTP.

@@ -69,7 +69,7 @@ decisions with every candidate's prediction (/debug/decisions), each worker's la
 	addEBPFFlags(fs, &ebpfF, ebpfCgroupDial)
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "client-facing address")
 	fs.StringVar(&cfg.APIKeysFile, "api-keys-file", "", apiKeysFileHelp)
-	fs.StringArrayVar(&upstreams, "upstream", nil, "an engine: URL or id=,url=,model=,capacity=,role=,engine=,max-num-seqs=,kv-bytes-per-token=,host-bandwidth=,disk-bandwidth=,shared-bandwidth=,peer-bandwidth= (repeat for each)")
+	fs.StringArrayVar(&upstreams, "upstream", nil, "an engine: URL or id=,url=,model=,capacity=,role=,engine=,max-num-seqs=,kv-bytes-per-token=,host-bandwidth=,disk-bandwidth=,shared-bandwidth=,peer-bandwidth=,p2p-port= (repeat for each)")
 	addRoutingFlags(fs, &cfg)
 	fs.BoolVar(&cfg.ExposeWorkerHeader, "expose-worker-header", false, "add x-kvrelay-worker to responses (reveals topology)")
 	fs.BoolVar(&cfg.ExposeDecisionHeader, "expose-decision-header", false, "latency policy: add x-kvrelay-decision (every candidate's predicted TTFT, queue, prefill, cached blocks) to responses")
@@ -262,7 +262,7 @@ func parseUpstream(v string) (proxy.Upstream, error) {
 			default:
 				u.PeerBandwidth = bw
 			}
-		case "block-size", "block_size", "max-num-seqs", "max-num-batched-tokens", "max-model-len", "kv-bytes-per-token":
+		case "block-size", "block_size", "max-num-seqs", "max-num-batched-tokens", "max-model-len", "kv-bytes-per-token", "p2p-port":
 			n, err := strconv.Atoi(val)
 			if err != nil {
 				return u, fmt.Errorf("--upstream %q: %s %q is not a number", v, k, val)
@@ -276,6 +276,8 @@ func parseUpstream(v string) (proxy.Upstream, error) {
 				u.MaxModelLen = n
 			case "kv-bytes-per-token":
 				u.KVBytesPerToken = n
+			case "p2p-port":
+				u.P2PPort = n
 			default:
 				u.BlockSize = n
 			}

@@ -100,6 +100,13 @@ type Worker struct {
 	// peer fetch, the simulated engine's --kv-peer-fetch); 0: it cannot, and the latency
 	// policy never asks it to.
 	PeerBandwidth float64 `yaml:"peer-bandwidth,omitempty" json:"peer-bandwidth,omitempty"`
+	// P2PPort is the port of the engine's P2P side channel (vLLM's OffloadingConnector with
+	// its p2p tier: VLLM_P2P_SIDE_CHANNEL_PORT, 5710 by default; the simulated engine's is its
+	// HTTP port). Set, the engine speaks that tier's protocol: a peer pull from it names
+	// this port, and a disaggregated request's legs take the p2p form (remote_decoder,
+	// remote_prefiller) instead of NixlConnector's. 0: NixlConnector, and peers are pulled
+	// from at their HTTP address.
+	P2PPort int `yaml:"p2p-port,omitempty" json:"p2p-port,omitempty"`
 	// Draining keeps new requests away from the worker. Registry.SetDraining overrides it.
 	Draining bool `yaml:"draining,omitempty" json:"draining,omitempty"`
 	// Source is where the worker came from (SourceFlag, …). It is set by the registry and
@@ -138,17 +145,18 @@ const (
 	keyDiskBandwidth  = "disk-bandwidth"
 	keySharedBW       = "shared-bandwidth"
 	keyPeerBandwidth  = "peer-bandwidth"
+	keyP2PPort        = "p2p-port"
 )
 
 var flagKeys = []string{keyID, keyURL, keyModel, keyRole, keyBlockSize, keyKVEvents,
 	keyKVEventsBind, keyKVEventsTopic, keyKVEventsReplay, keyMetrics, keyEngine, keyMaxNumSeqs, keyMaxBatched, keyLoRAModules,
-	keyKVBytes, keyHostBandwidth, keyDiskBandwidth, keySharedBW, keyPeerBandwidth}
+	keyKVBytes, keyHostBandwidth, keyDiskBandwidth, keySharedBW, keyPeerBandwidth, keyP2PPort}
 
 // ParseWorker parses the `--worker` flag form: comma-separated key=value pairs with the keys
 // id, url, model, role, block-size, kv-events, kv-events-bind, kv-events-topic,
 // kv-events-replay, metrics, engine, max-num-seqs, max-num-batched-tokens, lora-modules
 // (adapter names separated by ';'), kv-bytes-per-token, host-bandwidth, disk-bandwidth,
-// shared-bandwidth and peer-bandwidth (a bandwidth like 25GB/s). Spaces around keys and values are dropped, empty pairs are skipped, a value may
+// shared-bandwidth and peer-bandwidth (a bandwidth like 25GB/s) and p2p-port. Spaces around keys and values are dropped, empty pairs are skipped, a value may
 // contain '=' but not ','. id and url are required. The result has its defaults filled in
 // (WithDefaults), is valid, and has Source SourceFlag. Errors wrap ErrInvalid.
 func ParseWorker(s string) (Worker, error) {
@@ -248,7 +256,7 @@ func applyPairs(w *Worker, s string) error {
 			default:
 				w.PeerBandwidth = bw
 			}
-		case keyBlockSize, keyMaxNumSeqs, keyMaxBatched, keyKVBytes:
+		case keyBlockSize, keyMaxNumSeqs, keyMaxBatched, keyKVBytes, keyP2PPort:
 			n, err := strconv.Atoi(v)
 			if err != nil {
 				return fmt.Errorf("%w: %s %q is not an integer", ErrInvalid, k, v)
@@ -260,6 +268,8 @@ func applyPairs(w *Worker, s string) error {
 				w.MaxNumSeqs = n
 			case keyKVBytes:
 				w.KVBytesPerToken = n
+			case keyP2PPort:
+				w.P2PPort = n
 			default:
 				w.MaxNumBatchedTokens = n
 			}
@@ -346,6 +356,9 @@ func (w Worker) String() string {
 	if w.PeerBandwidth != 0 {
 		add(keyPeerBandwidth, engines.FormatBandwidth(w.PeerBandwidth))
 	}
+	if w.P2PPort != 0 {
+		add(keyP2PPort, strconv.Itoa(w.P2PPort))
+	}
 	return b.String()
 }
 
@@ -429,6 +442,9 @@ func (w Worker) validate() error {
 	}
 	if w.MaxNumSeqs < 0 || w.MaxNumSeqs > maxLimit || w.MaxNumBatchedTokens < 0 || w.MaxNumBatchedTokens > maxLimit {
 		return fmt.Errorf("max-num-seqs %d and max-num-batched-tokens %d must be within [0, %d]", w.MaxNumSeqs, w.MaxNumBatchedTokens, maxLimit)
+	}
+	if w.P2PPort < 0 || w.P2PPort > 65535 {
+		return fmt.Errorf("p2p-port %d outside [0, 65535]", w.P2PPort)
 	}
 	if w.KVBytesPerToken < 0 || w.KVBytesPerToken > maxLimit {
 		return fmt.Errorf("kv-bytes-per-token %d must be within [0, %d]", w.KVBytesPerToken, maxLimit)

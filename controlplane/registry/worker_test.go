@@ -162,6 +162,20 @@ func xdsWorker(w Worker) *xdsv1.Worker {
 	return x
 }
 
+// TestP2PPort: the flag form takes a P2P side channel's port and writes it back; a port
+// outside 0–65535 is refused.
+func TestP2PPort(t *testing.T) {
+	w, err := ParseWorker("id=w6,url=http://h:1,p2p-port=5710")
+	if err != nil || w.P2PPort != 5710 || !strings.Contains(w.String(), "p2p-port=5710") {
+		t.Fatalf("ParseWorker = %+v (%q), %v", w, w.String(), err)
+	}
+	for _, bad := range []string{"p2p-port=70000", "p2p-port=-1", "p2p-port=x"} {
+		if _, err := ParseWorker("id=w6,url=http://h:1," + bad); !errors.Is(err, ErrInvalid) {
+			t.Errorf("%s: %v", bad, err)
+		}
+	}
+}
+
 func FuzzParseWorker(f *testing.F) {
 	for _, s := range []string{
 		"id=w1,url=http://127.0.0.1:8001,kv-events=tcp://127.0.0.1:5557",
@@ -171,6 +185,7 @@ func FuzzParseWorker(f *testing.F) {
 		"id=w3,url=http://10.0.0.3:8000,model=m,kv-events-bind=tcp://*:5557,kv-events-topic=kv@10.0.0.3:8000@m",
 		"id=w4,url=http://h:1,max-num-seqs=4,max-num-batched-tokens=2048",
 		"id=w5,url=http://h:1,kv-bytes-per-token=73728,host-bandwidth=25GB/s,disk-bandwidth=1.5GB/s,shared-bandwidth=2GB/s,peer-bandwidth=50GB/s",
+		"id=w6,url=http://h:1,p2p-port=5710", "id=w6,url=http://h:1,p2p-port=70000", "id=w6,url=http://h:1,p2p-port=-1",
 		"id=w1,url=http://h:1,metrics=http://h:1/metrics",
 		"id=w1,url=http://h:1,block-size=0",
 		"id=w1,url=http://h:1,model=é",

@@ -279,7 +279,7 @@ func (p *Pick) forwardBody(body []byte) []byte {
 	r := &p.r
 	c := r.c
 	if h := r.dec.PeerFetch; h != nil && h != r.dec.Worker && r.pd.prefill == nil {
-		p.fwd = oai.AppendWithRawField(p.fwd[:0], body, "kv_transfer_params", PeerFetchParams(h.Addr))
+		p.fwd = oai.AppendWithRawField(p.fwd[:0], body, "kv_transfer_params", PeerFetchParams(h.P2PAddr()))
 		body, p.mutated = p.fwd, true
 		c.PeerFetch()
 	} else if r.dec.Recompute && r.pd.prefill == nil {

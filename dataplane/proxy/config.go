@@ -67,6 +67,9 @@ type Upstream struct {
 	// PeerBandwidth is how fast it pulls a prefix another worker caches (kvrelay's peer
 	// fetch); 0: it cannot.
 	PeerBandwidth float64 `yaml:"peer_bandwidth"`
+	// P2PPort is the engine's P2P side channel (vLLM's OffloadingConnector p2p tier): peer
+	// pulls name it, and disaggregated requests take the p2p form (route.Worker.P2PPort).
+	P2PPort int `yaml:"p2p_port"`
 }
 
 // Disaggregation modes (Config.Disagg).
@@ -417,6 +420,9 @@ func (c *Config) Validate() error {
 		}
 		if u.MaxModelLen < 0 {
 			return bad("upstream %s: max_model_len %d is negative", u.URL, u.MaxModelLen)
+		}
+		if u.P2PPort < 0 || u.P2PPort > 65535 {
+			return bad("upstream %q: p2p_port %d outside [0, 65535]", id, u.P2PPort)
 		}
 		if u.KVBytesPerToken < 0 || !bandwidthOK(u.HostBandwidth) || !bandwidthOK(u.DiskBandwidth) || !bandwidthOK(u.SharedBandwidth) || !bandwidthOK(u.PeerBandwidth) {
 			return bad("upstream %q: kv_bytes_per_token, host_bandwidth, disk_bandwidth, shared_bandwidth and peer_bandwidth must be finite and not negative", id)

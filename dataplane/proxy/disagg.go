@@ -3,6 +3,8 @@ package proxy
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -33,7 +35,13 @@ import (
 // (conditional disaggregation: when the part of the prompt the decode worker does not cache
 // is short (Config.DisaggThreshold), every prefill worker is busy, or the chosen one already
 // has more than Config.DisaggMaxQueue tokens to prefill, the decode worker prefills itself);
-// the proxy sends the legs. A prefill leg that fails or times out falls back to prefilling on
+// the proxy sends the legs. A prefill worker with a P2P side channel (route.Worker.P2PPort:
+// vLLM's OffloadingConnector with its p2p tier) takes the legs in that tier's form instead,
+// as its tests' p2p_connector_proxy.py sends them: the prefill leg names a kv_request_id of
+// the proxy's (kv_transfer_params {"remote_decoder": {"kv_request_id"}}) and its answer
+// carries nothing to forward; the decode leg names that id and the prefill worker's side
+// channel ({"remote_prefiller": {"kv_request_id", "remote_host", "remote_port"}}), and pulls
+// from there. A prefill leg that fails or times out falls back to prefilling on
 // the decode worker too; a decode leg that fails before its first byte is retried on another
 // decode worker, prefilling there (the prefill worker frees the blocks nobody pulls after its
 // own timeout).
@@ -54,7 +62,11 @@ type pdState struct {
 func (cc *clientConn) prefill(p *route.Worker) {
 	s := cc.srv
 	pd := &cc.pd
-	body, err := prefillBody(cc.body)
+	var p2pID string
+	if p.P2PPort > 0 {
+		p2pID = newKVRequestID()
+	}
+	body, err := prefillBody(cc.body, p2pID)
 	if err != nil {
 		// The body parsed as an OpenAI request, so this cannot happen; prefill locally.
 		s.log.Warn("cannot build the prefill leg; prefilling on the decode worker", "err", err)
@@ -73,8 +85,12 @@ func (cc *clientConn) prefill(p *route.Worker) {
 	hdr := forwardedHeaders(cc.fwd)
 	orig := append([]byte(nil), cc.body...)
 	lp := cc.lp
+	p2pAddr := p.P2PAddr()
 	go func() {
-		params, err := s.pdClient.prefill(ctx, url, hdr, body)
+		params, err := s.pdClient.prefill(ctx, url, hdr, body, p2pID == "")
+		if err == nil && p2pID != "" {
+			params = remotePrefillerParams(p2pID, p2pAddr)
+		}
 		if err != nil && ctx.Err() == nil {
 			err = fmt.Errorf("prefill on %s: %w", p.ID, err)
 		} else if err != nil {
@@ -144,13 +160,32 @@ func newPDClient(connectTimeout time.Duration) *pdClient {
 	return &pdClient{c: &http.Client{Transport: t}}
 }
 
-// prefill posts a prefill leg and returns the kv_transfer_params of its answer.
-func (p *pdClient) prefill(ctx context.Context, url string, hdr http.Header, body []byte) (json.RawMessage, error) {
+// prefill posts a prefill leg and returns the kv_transfer_params of its answer (when
+// params: NixlConnector's; the p2p form's answer carries none).
+func (p *pdClient) prefill(ctx context.Context, url string, hdr http.Header, body []byte, params bool) (json.RawMessage, error) {
 	data, err := postJSON(ctx, p.c, url, hdr, body, maxPrefillResponse)
-	if err != nil {
+	if err != nil || !params {
 		return nil, err
 	}
 	return prefillParams(data)
+}
+
+// newKVRequestID names a disaggregated request's legs in the p2p form.
+func newKVRequestID() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return "kvrelay-" + hex.EncodeToString(b[:])
+}
+
+// remotePrefillerParams is the decode leg's kv_transfer_params in the p2p form: pull the
+// blocks the prefill leg kv_request_id id holds from the side channel at addr (host:port).
+func remotePrefillerParams(id, addr string) json.RawMessage {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		host, port = addr, "5710"
+	}
+	h, _ := json.Marshal(host)
+	return json.RawMessage(`{"remote_prefiller":{"kv_request_id":"` + id + `","remote_host":` + string(h) + `,"remote_port":` + port + `}}`)
 }
 
 // postJSON posts a JSON body (hdr may be nil) and returns the answer of a 200, of at most
@@ -207,16 +242,20 @@ func prefillParams(answer []byte) (json.RawMessage, error) {
 }
 
 // prefillBody turns a client's request body into the prefill leg's, as vLLM's
-// disaggregation proxy does: kv_transfer_params asking for a remote decode, stream off
+// disaggregation proxy does: kv_transfer_params asking for a remote decode (in the p2p form
+// when p2pID names the legs), stream off
 // (and stream_options gone), one output token (max_tokens, and max_completion_tokens when
 // the request uses it), and no min_tokens / min_completion_tokens (the decode leg, which
 // sends the original, keeps them).
-func prefillBody(body []byte) ([]byte, error) {
+func prefillBody(body []byte, p2pID string) ([]byte, error) {
 	var m map[string]json.RawMessage
 	if err := json.Unmarshal(body, &m); err != nil {
 		return nil, err
 	}
 	m["kv_transfer_params"] = json.RawMessage(`{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}`)
+	if p2pID != "" {
+		m["kv_transfer_params"] = json.RawMessage(`{"remote_decoder":{"kv_request_id":"` + p2pID + `"}}`)
+	}
 	oneToken(m)
 	return json.Marshal(m)
 }

@@ -26,8 +26,13 @@ func FuzzPrefillParams(f *testing.F) {
 				t.Fatalf("decode leg %s", out)
 			}
 		}
-		if out, err := prefillBody(body); err == nil && !json.Valid(out) {
-			t.Fatalf("prefill leg %s", out)
+		for _, id := range []string{"", newKVRequestID()} {
+			if out, err := prefillBody(body, id); err == nil && !json.Valid(out) {
+				t.Fatalf("prefill leg %s", out)
+			}
+		}
+		if out, err := decodeLegBody(body, remotePrefillerParams(newKVRequestID(), string(answer))); err == nil && !json.Valid(out) {
+			t.Fatalf("decode leg in the p2p form %s", out)
 		}
 		if out, err := speculativeBody(body, answer); err == nil && !json.Valid(out) {
 			t.Fatalf("speculative body %s", out)

@@ -122,6 +122,58 @@ func TestDisaggThroughProxy(t *testing.T) {
 	}
 }
 
+// A prefill worker with a P2P side channel (vLLM's OffloadingConnector p2p tier; the
+// simulated engine's is its HTTP port) takes the legs in that tier's form: the prefill leg
+// names a kv_request_id, the decode leg names it and the prefiller's side channel, and the
+// decode worker pulls the prompt from there; the prefill worker's hold ends when its decoder
+// has taken the blocks.
+func TestDisaggP2PFormThroughProxy(t *testing.T) {
+	c := startPD(t, 1, 1, nil, func(pc *proxy.Config) {
+		for i, u := range pc.Upstreams {
+			if u.Role == "prefill" {
+				_, port, _ := net.SplitHostPort(strings.TrimPrefix(u.URL, "http://"))
+				fmt.Sscan(port, &pc.Upstreams[i].P2PPort)
+			}
+		}
+	})
+	client := openai.NewClient(option.WithBaseURL(c.base+"/v1"), option.WithAPIKey("k"), option.WithMaxRetries(0))
+	var hdr *http.Response
+	got, err := client.Chat.Completions.New(context.Background(), openai.ChatCompletionNewParams{
+		Model:     model,
+		Messages:  []openai.ChatCompletionMessageParamUnion{openai.SystemMessage(family(2)), openai.UserMessage("a question")},
+		MaxTokens: openai.Int(8),
+	}, option.WithResponseInto(&hdr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Usage.CompletionTokens != 8 || hdr.Header.Get("x-kvrelay-worker") != "d0" {
+		t.Fatalf("answer %+v from %q", got.Usage, hdr.Header.Get("x-kvrelay-worker"))
+	}
+	if v := metricValue(t, c.metrics(t), `kvrelay_proxy_disagg_requests_total{path="remote"}`); v != 1 {
+		t.Fatalf("remote prefills %v, want 1", v)
+	}
+	pulled := false
+	for _, l := range strings.Split(workerMetrics(t, c.decode[0]), "\n") {
+		pulled = pulled || strings.HasPrefix(l, "kvrelay_sim_kv_peer_fetches_total{") && strings.Contains(l, `result="pulled"`) && strings.HasSuffix(l, " 1")
+	}
+	if !pulled {
+		t.Fatal("the decode worker did not pull from its prefiller once")
+	}
+	if got.Usage.PromptTokensDetails.CachedTokens < got.Usage.PromptTokens/2 {
+		t.Fatalf("usage %+v: the decode worker should have pulled the prompt", got.Usage)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if reqs, _ := c.prefill[0].Engine().HeldKV(); reqs == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the prefill worker still holds the leg's blocks 5 s after its decoder took them")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // With a threshold below zero every request prefills remotely; a prefill worker that
 // refuses connections makes the decode worker prefill itself, and the client sees nothing.
 func TestDisaggPrefillDownFallsBack(t *testing.T) {
@@ -229,7 +281,7 @@ func TestDisaggLegBodiesMatchFixtures(t *testing.T) {
 		}
 	}
 	clientBody, _ := json.Marshal(client)
-	pre, err := proxy.PrefillLegBody(clientBody)
+	pre, err := proxy.PrefillLegBody(clientBody, "")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -109,7 +109,7 @@ func (ex *exchange) send() {
 	}
 	if h := dec.PeerFetch; h != nil && cc.pd.decodeBody == nil && !ex.mig.leg && h != w {
 		// The worker pulls the prefix h caches (kvrelay's peer fetch) instead of computing it.
-		cc.fetchBody = oai.AppendWithRawField(cc.fetchBody[:0], body, "kv_transfer_params", decide.PeerFetchParams(h.Addr))
+		cc.fetchBody = oai.AppendWithRawField(cc.fetchBody[:0], body, "kv_transfer_params", decide.PeerFetchParams(h.P2PAddr()))
 		body = cc.fetchBody
 		cc.srv.core.PeerFetch()
 	} else if dec.Recompute && cc.pd.decodeBody == nil && !ex.mig.leg {

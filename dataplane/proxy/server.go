@@ -269,7 +269,7 @@ func (s *Server) setup(ctx context.Context) error {
 		ws[i] = &route.Worker{ID: id, URL: "http://" + host, Addr: host, Model: model, LoRAs: loras, MaxModelLen: maxLen, BlockSize: bs, Capacity: u.Capacity, Role: role,
 			Engine: latency.Engine{MaxNumSeqs: u.MaxNumSeqs, MaxBatchedTokens: u.MaxNumBatchedTokens,
 				KVBytesPerToken: float64(u.KVBytesPerToken), HostBandwidth: u.HostBandwidth, DiskBandwidth: u.DiskBandwidth, SharedBandwidth: u.SharedBandwidth, PeerBandwidth: u.PeerBandwidth},
-			Pins: engines.Kind(u.Engine).Pins()}
+			Pins: engines.Kind(u.Engine).Pins(), P2PPort: u.P2PPort}
 	}
 	pool := route.NewPool(ws)
 	// A static proxy's policy has no version: it is "local".

@@ -262,6 +262,9 @@ func (s *Server) applyXDS(workers []*xdsv1.Worker, policy *xdsv1.RoutingPolicy) 
 			cand.Engine.SharedBandwidth = t.GetSharedBandwidth()
 			cand.Engine.PeerBandwidth = t.GetPeerBandwidth()
 		}
+		if p := res.GetKvTiers().GetP2PPort(); p <= 65535 {
+			cand.P2PPort = int(p)
+		}
 		// A worker whose identity is unchanged keeps its Worker: its load and connections.
 		st := states[pos]
 		switch {
@@ -420,7 +423,7 @@ func lastOfEachID(workers []*xdsv1.Worker) []*xdsv1.Worker {
 
 // sameIdentity reports whether two workers are the same engine to route to.
 func sameIdentity(a, b *route.Worker) bool {
-	return a.ID == b.ID && a.URL == b.URL && a.Model == b.Model && a.Role == b.Role && a.BlockSize == b.BlockSize && a.Capacity == b.Capacity &&
+	return a.ID == b.ID && a.URL == b.URL && a.Model == b.Model && a.Role == b.Role && a.BlockSize == b.BlockSize && a.Capacity == b.Capacity && a.P2PPort == b.P2PPort &&
 		a.Engine == b.Engine && slices.Equal(a.LoRAs, b.LoRAs) && a.MaxModelLen == b.MaxModelLen
 }
 

@@ -2,7 +2,9 @@ package route
 
 import (
 	"math"
+	"net"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -49,6 +51,10 @@ type Worker struct {
 	// Pins: the engine keeps a prompt a request pins (nvext.cache_control), so the proxy's
 	// own index may keep it matched for the pin's time (engines.Kind.Pins).
 	Pins bool
+	// P2PPort is the engine's P2P side channel (vLLM's OffloadingConnector p2p tier): a
+	// peer pull from it names this port, and a disaggregated request's legs take the p2p
+	// form; 0: NixlConnector's form, and peers pulled from at Addr.
+	P2PPort int
 
 	inflight      atomic.Int64
 	interactive   atomic.Int64 // this proxy's requests here with a priority above 0
@@ -115,6 +121,19 @@ func (w *Worker) attachModel(m *latency.Model) {
 		w.latModel.Store(m)
 		w.latAlone.Store(false)
 	}
+}
+
+// P2PAddr is where a peer pulls KV from this worker (host:port): its P2P side channel when
+// it has one, else its own address.
+func (w *Worker) P2PAddr() string {
+	if w.P2PPort <= 0 {
+		return w.Addr
+	}
+	host, _, err := net.SplitHostPort(w.Addr)
+	if err != nil {
+		host = w.Addr
+	}
+	return net.JoinHostPort(host, strconv.Itoa(w.P2PPort))
 }
 
 // Interactive is the number of this proxy's requests on the worker with a priority above 0.

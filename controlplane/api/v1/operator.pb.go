@@ -76,8 +76,11 @@ type WorkerSpec struct {
 	// shared_bandwidth is how fast the engine loads blocks from storage several workers
 	// mount (bytes per second; 0: unknown).
 	SharedBandwidth float64 `protobuf:"fixed64,21,opt,name=shared_bandwidth,json=sharedBandwidth,proto3" json:"shared_bandwidth,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// p2p_port is the engine's P2P side channel (vLLM's OffloadingConnector p2p tier): peer
+	// pulls name it and disaggregated requests take the p2p form; 0: NixlConnector.
+	P2PPort       uint32 `protobuf:"varint,22,opt,name=p2p_port,json=p2pPort,proto3" json:"p2p_port,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *WorkerSpec) Reset() {
@@ -246,6 +249,13 @@ func (x *WorkerSpec) GetPeerBandwidth() float64 {
 func (x *WorkerSpec) GetSharedBandwidth() float64 {
 	if x != nil {
 		return x.SharedBandwidth
+	}
+	return 0
+}
+
+func (x *WorkerSpec) GetP2PPort() uint32 {
+	if x != nil {
+		return x.P2PPort
 	}
 	return 0
 }
@@ -3409,7 +3419,7 @@ var File_operator_proto protoreflect.FileDescriptor
 
 const file_operator_proto_rawDesc = "" +
 	"\n" +
-	"\x0eoperator.proto\x12\x13kvrelay.operator.v1\"\x9d\x05\n" +
+	"\x0eoperator.proto\x12\x13kvrelay.operator.v1\"\xb8\x05\n" +
 	"\n" +
 	"WorkerSpec\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x10\n" +
@@ -3434,7 +3444,8 @@ const file_operator_proto_rawDesc = "" +
 	"\x0ehost_bandwidth\x18\x11 \x01(\x01R\rhostBandwidth\x12%\n" +
 	"\x0edisk_bandwidth\x18\x12 \x01(\x01R\rdiskBandwidth\x12%\n" +
 	"\x0epeer_bandwidth\x18\x13 \x01(\x01R\rpeerBandwidth\x12)\n" +
-	"\x10shared_bandwidth\x18\x15 \x01(\x01R\x0fsharedBandwidth\"]\n" +
+	"\x10shared_bandwidth\x18\x15 \x01(\x01R\x0fsharedBandwidth\x12\x19\n" +
+	"\bp2p_port\x18\x16 \x01(\rR\ap2pPort\"]\n" +
 	"\vBlockCounts\x12\x10\n" +
 	"\x03gpu\x18\x01 \x01(\x04R\x03gpu\x12\x10\n" +
 	"\x03cpu\x18\x02 \x01(\x04R\x03cpu\x12\x12\n" +

@@ -486,6 +486,11 @@ type KVTiers struct {
 	// peer_bandwidth is how fast the engine pulls a prefix from another worker that caches it
 	// (kvrelay's peer fetch; 0: it cannot).
 	PeerBandwidth float64 `protobuf:"fixed64,4,opt,name=peer_bandwidth,json=peerBandwidth,proto3" json:"peer_bandwidth,omitempty"`
+	// p2p_port is the engine's P2P side channel (vLLM's OffloadingConnector p2p tier,
+	// VLLM_P2P_SIDE_CHANNEL_PORT): a peer pull from it names this port, and a disaggregated
+	// request's legs take the p2p form (remote_decoder, remote_prefiller); 0: NixlConnector's
+	// form, and peers pulled from at their HTTP address.
+	P2PPort       uint32 `protobuf:"varint,6,opt,name=p2p_port,json=p2pPort,proto3" json:"p2p_port,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -551,6 +556,13 @@ func (x *KVTiers) GetSharedBandwidth() float64 {
 func (x *KVTiers) GetPeerBandwidth() float64 {
 	if x != nil {
 		return x.PeerBandwidth
+	}
+	return 0
+}
+
+func (x *KVTiers) GetP2PPort() uint32 {
+	if x != nil {
+		return x.P2PPort
 	}
 	return 0
 }
@@ -2395,13 +2407,14 @@ const file_kvrelay_proto_rawDesc = "" +
 	"\fsigma_queued\x18\x05 \x01(\x01R\vsigmaQueued\x12\x1f\n" +
 	"\vsigma_fresh\x18\x06 \x01(\x01R\n" +
 	"sigmaFresh\x12\"\n" +
-	"\fobservations\x18\a \x01(\x04R\fobservations\"\xd6\x01\n" +
+	"\fobservations\x18\a \x01(\x04R\fobservations\"\xf1\x01\n" +
 	"\aKVTiers\x12+\n" +
 	"\x12kv_bytes_per_token\x18\x01 \x01(\x04R\x0fkvBytesPerToken\x12%\n" +
 	"\x0ehost_bandwidth\x18\x02 \x01(\x01R\rhostBandwidth\x12%\n" +
 	"\x0edisk_bandwidth\x18\x03 \x01(\x01R\rdiskBandwidth\x12)\n" +
 	"\x10shared_bandwidth\x18\x05 \x01(\x01R\x0fsharedBandwidth\x12%\n" +
-	"\x0epeer_bandwidth\x18\x04 \x01(\x01R\rpeerBandwidth\"\xb6\x02\n" +
+	"\x0epeer_bandwidth\x18\x04 \x01(\x01R\rpeerBandwidth\x12\x19\n" +
+	"\bp2p_port\x18\x06 \x01(\rR\ap2pPort\"\xb6\x02\n" +
 	"\x04Load\x12\x18\n" +
 	"\arunning\x18\x01 \x01(\rR\arunning\x12\x18\n" +
 	"\awaiting\x18\x02 \x01(\rR\awaiting\x12\x19\n" +
