@@ -105,15 +105,18 @@ func (p *poller) run(ctx context.Context) {
 	}
 	tick := time.NewTicker(iv)
 	defer tick.Stop()
+	due := true // a tick (or the start): poll unless a reading stands for it
 	for {
-		if !p.adopt() {
+		if !p.adopt() && due {
 			p.poll(ctx)
 		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
+			due = true
 		case <-p.kick:
+			due = false // a reading came: take it if it is this target's to take, poll nothing
 		}
 	}
 }

@@ -98,3 +98,33 @@ func TestDelegatedTakesRemoteReadings(t *testing.T) {
 		return s.From == "" && s.Healthy && s.Load.Running == 3
 	})
 }
+
+// TestRemoteReadingsDoNotAddPolls: readings of a worker this view polls itself (another
+// replica that polls it too, while the two disagree on who should) do not make it poll more
+// often; a replica that restarted, numbering its readings from 1 again, is heard.
+func TestRemoteReadingsDoNotAddPolls(t *testing.T) {
+	var scrapes atomic.Int32
+	f := newFakeEngine(t, func(w http.ResponseWriter) {
+		scrapes.Add(1)
+		_, _ = w.Write([]byte(vllmBody))
+	})
+	var delegate atomic.Bool
+	opts := testOptions() // polls every 20 ms
+	opts.Delegated = func(string) bool { return delegate.Load() }
+	v := newView(t, opts)
+	v.Sync([]Target{{ID: "w0", URL: f.URL, Engine: engines.KindVLLM}})
+	eventually(t, 2*time.Second, "the first scrape", func() bool { s, _ := v.Get("w0"); return s.Healthy })
+	before := scrapes.Load()
+	start := time.Now()
+	for seq := uint64(1); time.Since(start) < 300*time.Millisecond; seq++ {
+		v.PutRemote([]State{{ID: "w0", From: "cp-1", Seq: seq, Healthy: true, CheckedAt: time.Now()}})
+		time.Sleep(2 * time.Millisecond)
+	}
+	if n := scrapes.Load() - before; n > 20 {
+		t.Errorf("%d scrapes in 300 ms at a 20 ms interval while another replica's readings came", n)
+	}
+	// The other replica restarts: its numbers start again, its readings are newer.
+	delegate.Store(true)
+	v.PutRemote([]State{{ID: "w0", From: "cp-1", Seq: 1, Healthy: true, Load: engines.Load{Running: 42}, CheckedAt: time.Now()}})
+	eventually(t, time.Second, "the restarted replica's reading taken", func() bool { s, _ := v.Get("w0"); return s.Load.Running == 42 })
+}

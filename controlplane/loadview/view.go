@@ -296,8 +296,8 @@ func (v *View) PutRemote(states []State) {
 		if !ok || s.From == "" {
 			continue
 		}
-		if cur, ok := v.remote[s.ID]; ok && (cur.From == s.From && cur.Seq >= s.Seq || cur.CheckedAt.After(s.CheckedAt)) {
-			continue // not newer than the reading at hand
+		if cur, ok := v.remote[s.ID]; ok && (cur.From == s.From && cur.Seq == s.Seq || cur.CheckedAt.After(s.CheckedAt)) {
+			continue // the reading at hand, or one older (a replica that restarted numbers from 1 again)
 		}
 		v.remote[s.ID] = s.clone()
 		select {
