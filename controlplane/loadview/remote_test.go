@@ -9,15 +9,21 @@ import (
 	"github.com/kvrelay/kvrelay/engines"
 )
 
-// TestDelegatedTakesRemoteReadings: a worker another replica polls is not scraped while that
-// replica's readings come, takes them (load, health, model) as soon as they come, shares none
-// of them on (Polled), and is scraped again once they stop for RemoteMaxAge.
-func TestDelegatedTakesRemoteReadings(t *testing.T) {
+// countingEngine is a fake vLLM engine and the count of its scrapes.
+func countingEngine(t *testing.T) (*fakeEngine, *atomic.Int32) {
 	var scrapes atomic.Int32
 	f := newFakeEngine(t, func(w http.ResponseWriter) {
 		scrapes.Add(1)
 		_, _ = w.Write([]byte(vllmBody))
 	})
+	return f, &scrapes
+}
+
+// TestDelegatedTakesRemoteReadings: a worker another replica polls is not scraped while that
+// replica's readings come, takes them (load, health, model) as soon as they come, shares none
+// of them on (Polled), and is scraped again once they stop for RemoteMaxAge.
+func TestDelegatedTakesRemoteReadings(t *testing.T) {
+	f, scrapes := countingEngine(t)
 	var delegate atomic.Bool
 	opts := testOptions()
 	opts.Delegated = func(id string) bool { return id == "w0" && delegate.Load() }
@@ -103,11 +109,7 @@ func TestDelegatedTakesRemoteReadings(t *testing.T) {
 // replica that polls it too, while the two disagree on who should) do not make it poll more
 // often; a replica that restarted, numbering its readings from 1 again, is heard.
 func TestRemoteReadingsDoNotAddPolls(t *testing.T) {
-	var scrapes atomic.Int32
-	f := newFakeEngine(t, func(w http.ResponseWriter) {
-		scrapes.Add(1)
-		_, _ = w.Write([]byte(vllmBody))
-	})
+	f, scrapes := countingEngine(t)
 	var delegate atomic.Bool
 	opts := testOptions() // polls every 20 ms
 	opts.Delegated = func(string) bool { return delegate.Load() }
