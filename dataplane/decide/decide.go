@@ -225,6 +225,15 @@ var RecomputeParams = []byte(`{"max_load_tokens":0}`)
 // form, {"remote_kv_source": {"kv_request_id", "remote_host", "remote_port"}}, with a new
 // request id: what a carrier puts in the body it sends that worker.
 func PeerFetchParams(addr string) []byte {
+	return PeerSourceParams("remote_kv_source", NewKVRequestID(), addr)
+}
+
+// PeerSourceParams is kv_transfer_params naming the worker at addr (host:port; port 80 when
+// it has none that parses) as the one to pull KV blocks from, in the form of vLLM's p2p
+// offloading tier: {key: {"kv_request_id": id, "remote_host", "remote_port"}}, key
+// remote_kv_source (a peer's cached prefix) or remote_prefiller (a decode leg's prefill
+// worker, id naming its prefill leg). id must need no JSON escaping (NewKVRequestID's).
+func PeerSourceParams(key, id, addr string) []byte {
 	host, port, err := net.SplitHostPort(addr)
 	if err != nil {
 		host, port = addr, "80"
@@ -232,10 +241,16 @@ func PeerFetchParams(addr string) []byte {
 	if _, err := strconv.ParseUint(port, 10, 16); err != nil {
 		port = "80"
 	}
-	var id [8]byte
-	binary.LittleEndian.PutUint64(id[:], rand.Uint64())
 	h, _ := json.Marshal(host)
-	b := append([]byte(`{"remote_kv_source":{"kv_request_id":"kvrelay-`), hex.EncodeToString(id[:])...)
+	b := append(append(append([]byte(`{"`), key...), `":{"kv_request_id":"`...), id...)
 	b = append(append(append(b, `","remote_host":`...), h...), `,"remote_port":`...)
 	return append(append(b, port...), "}}"...)
+}
+
+// NewKVRequestID names a KV transfer the carrier asks for: "kvrelay-" and 16 random hex
+// digits.
+func NewKVRequestID() string {
+	var id [8]byte
+	binary.LittleEndian.PutUint64(id[:], rand.Uint64())
+	return "kvrelay-" + hex.EncodeToString(id[:])
 }

@@ -3,8 +3,6 @@ package proxy
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -16,6 +14,7 @@ import (
 
 	"github.com/panjf2000/gnet/v2"
 
+	"github.com/kvrelay/kvrelay/dataplane/decide"
 	"github.com/kvrelay/kvrelay/dataplane/route"
 )
 
@@ -64,7 +63,7 @@ func (cc *clientConn) prefill(p *route.Worker) {
 	pd := &cc.pd
 	var p2pID string
 	if p.P2PPort > 0 {
-		p2pID = newKVRequestID()
+		p2pID = decide.NewKVRequestID()
 	}
 	body, err := prefillBody(cc.body, p2pID)
 	if err != nil {
@@ -89,7 +88,7 @@ func (cc *clientConn) prefill(p *route.Worker) {
 	go func() {
 		params, err := s.pdClient.prefill(ctx, url, hdr, body, p2pID == "")
 		if err == nil && p2pID != "" {
-			params = remotePrefillerParams(p2pID, p2pAddr)
+			params = decide.PeerSourceParams("remote_prefiller", p2pID, p2pAddr)
 		}
 		if err != nil && ctx.Err() == nil {
 			err = fmt.Errorf("prefill on %s: %w", p.ID, err)
@@ -168,24 +167,6 @@ func (p *pdClient) prefill(ctx context.Context, url string, hdr http.Header, bod
 		return nil, err
 	}
 	return prefillParams(data)
-}
-
-// newKVRequestID names a disaggregated request's legs in the p2p form.
-func newKVRequestID() string {
-	var b [12]byte
-	_, _ = rand.Read(b[:])
-	return "kvrelay-" + hex.EncodeToString(b[:])
-}
-
-// remotePrefillerParams is the decode leg's kv_transfer_params in the p2p form: pull the
-// blocks the prefill leg kv_request_id id holds from the side channel at addr (host:port).
-func remotePrefillerParams(id, addr string) json.RawMessage {
-	host, port, err := net.SplitHostPort(addr)
-	if err != nil {
-		host, port = addr, "5710"
-	}
-	h, _ := json.Marshal(host)
-	return json.RawMessage(`{"remote_prefiller":{"kv_request_id":"` + id + `","remote_host":` + string(h) + `,"remote_port":` + port + `}}`)
 }
 
 // postJSON posts a JSON body (hdr may be nil) and returns the answer of a 200, of at most

@@ -3,6 +3,8 @@ package proxy
 import (
 	"encoding/json"
 	"testing"
+
+	"github.com/kvrelay/kvrelay/dataplane/decide"
 )
 
 // FuzzPrefillParams feeds prefill answers and client bodies to the parsers of the
@@ -26,12 +28,12 @@ func FuzzPrefillParams(f *testing.F) {
 				t.Fatalf("decode leg %s", out)
 			}
 		}
-		for _, id := range []string{"", newKVRequestID()} {
+		for _, id := range []string{"", decide.NewKVRequestID()} {
 			if out, err := prefillBody(body, id); err == nil && !json.Valid(out) {
 				t.Fatalf("prefill leg %s", out)
 			}
 		}
-		if out, err := decodeLegBody(body, remotePrefillerParams(newKVRequestID(), string(answer))); err == nil && !json.Valid(out) {
+		if out, err := decodeLegBody(body, decide.PeerSourceParams("remote_prefiller", decide.NewKVRequestID(), string(answer))); err == nil && !json.Valid(out) {
 			t.Fatalf("decode leg in the p2p form %s", out)
 		}
 		if out, err := speculativeBody(body, answer); err == nil && !json.Valid(out) {
