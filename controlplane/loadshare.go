@@ -107,7 +107,8 @@ type pollShare struct {
 	mu    sync.Mutex
 	self  string
 	heard map[string]time.Time
-	// ranked is self and the replicas heard within replicaLoadMaxAge, read by delegated.
+	// ranked is self, first, and the replicas heard within replicaLoadMaxAge, read by
+	// delegated.
 	ranked atomic.Pointer[[]string]
 }
 
@@ -141,7 +142,7 @@ func (p *pollShare) delegated(id string) bool {
 	if rs == nil || len(*rs) < 2 {
 		return false
 	}
-	return pollerOf(*rs, id) != p.self
+	return pollerOf(*rs, id) != (*rs)[0]
 }
 
 // pollerOf is the replica of rs that polls worker id: the highest rendezvous hash.
@@ -222,7 +223,7 @@ func (s *Server) serveReplicaLoad(w http.ResponseWriter, r *http.Request) {
 	if !s.opts.NoPollShare {
 		out.PollShare = true
 		after, _ := strconv.ParseUint(r.URL.Query().Get("after"), 10, 64)
-		polled, last := s.view.Polled(after, s.view.RemoteMaxAge())
+		polled, last := s.view.Polled(after)
 		now := time.Now()
 		for _, st := range polled {
 			out.Polls = append(out.Polls, toWire(st, now))
@@ -256,6 +257,16 @@ func (s *Server) shareLoadLoop(ctx context.Context, ks *registry.KubeStore, clie
 	s.pollers.self = self
 	s.pollers.mu.Unlock()
 	var peers map[string]*url.URL
+	if ks == nil {
+		scheme := "http"
+		if s.opts.APIPeerCAFile != "" {
+			scheme = "https"
+		}
+		peers = map[string]*url.URL{}
+		for _, addr := range s.opts.ReplicaPeers {
+			peers[addr] = &url.URL{Scheme: scheme, Host: addr, Path: replicaLoadPath}
+		}
+	}
 	var peersAt time.Time
 	names := map[string]string{} // a peer's name for itself, by its key in peers
 	after := map[string]uint64{} // the last Seq of its polls a peer sent, by its key
@@ -267,16 +278,6 @@ func (s *Server) shareLoadLoop(ctx context.Context, ks *registry.KubeStore, clie
 		case <-ctx.Done():
 			return
 		case <-tick.C:
-		}
-		if ks == nil && peers == nil {
-			scheme := "http"
-			if s.opts.APIPeerCAFile != "" {
-				scheme = "https"
-			}
-			peers = map[string]*url.URL{}
-			for _, addr := range s.opts.ReplicaPeers {
-				peers[addr] = &url.URL{Scheme: scheme, Host: addr, Path: replicaLoadPath}
-			}
 		}
 		// Shared addresses are read again every replicaPeersEvery, and every second while
 		// none is known (a replica starting beside this one shares its address a moment
@@ -328,7 +329,7 @@ func (s *Server) shareLoadLoop(ctx context.Context, ks *registry.KubeStore, clie
 					names[replica] = rl.replica
 				}
 				if id := names[replica]; id != "" {
-					s.pollers.heardFrom(id, err == nil && rl.pollShare, now)
+					s.pollers.heardFrom(id, rl.pollShare, now) // false when it did not answer
 				}
 				if len(rl.polls) > 0 {
 					s.view.PutRemote(rl.polls)

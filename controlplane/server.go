@@ -417,13 +417,6 @@ func (s *Server) Start(ctx context.Context) error {
 			go func() { defer s.wg.Done(); s.shareArmsLoop(runCtx, ks) }()
 			s.wg.Add(1)
 			go func() { defer s.wg.Done(); s.shareTenantsLoop(runCtx, ks) }()
-			if peerTr != nil && len(s.opts.ReplicaPeers) == 0 {
-				s.wg.Add(1)
-				go func() {
-					defer s.wg.Done()
-					s.shareLoadLoop(runCtx, ks, &http.Client{Transport: peerTr, Timeout: 5 * replicaLoadEvery})
-				}()
-			}
 			if addr, err := s.advertisedAPI(); err != nil {
 				s.log.Error("operator API address not shared: followers answer changes with 503 instead of forwarding them here", "err", err)
 			} else if addr != "" {
@@ -432,11 +425,17 @@ func (s *Server) Start(ctx context.Context) error {
 			}
 		}
 	}
-	if peerTr != nil && len(s.opts.ReplicaPeers) > 0 {
+	if peerTr != nil {
+		// The other replicas: ReplicaPeers, else those that share their address through the
+		// Kubernetes store (peerTr is set for one or the other).
+		var ks *registry.KubeStore
+		if len(s.opts.ReplicaPeers) == 0 {
+			ks, _ = s.store.(*registry.KubeStore)
+		}
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
-			s.shareLoadLoop(runCtx, nil, &http.Client{Transport: peerTr, Timeout: 5 * replicaLoadEvery})
+			s.shareLoadLoop(runCtx, ks, &http.Client{Transport: peerTr, Timeout: 5 * replicaLoadEvery})
 		}()
 	}
 	s.wg.Add(5)

@@ -31,11 +31,11 @@ func TestDelegatedTakesRemoteReadings(t *testing.T) {
 	v := newView(t, opts)
 	v.Sync([]Target{{ID: "w0", URL: f.URL, Engine: engines.KindVLLM}})
 	eventually(t, 2*time.Second, "the first scrape", func() bool { s, _ := v.Get("w0"); return s.Healthy && s.Model.ID == "m" })
-	got, last := v.Polled(0, time.Second)
+	got, last := v.Polled(0)
 	if len(got) != 1 || got[0].ID != "w0" || got[0].From != "" || got[0].Seq == 0 || got[0].Seq > last {
 		t.Fatalf("Polled = %+v, %d: want w0 polled here, numbered", got, last)
 	}
-	if again, _ := v.Polled(last, time.Second); len(again) != 0 {
+	if again, _ := v.Polled(last); len(again) != 0 {
 		t.Fatalf("Polled after %d = %+v, want nothing newer", last, again)
 	}
 
@@ -68,7 +68,7 @@ func TestDelegatedTakesRemoteReadings(t *testing.T) {
 	if n := scrapes.Load() - before; n > 1 {
 		t.Errorf("%d scrapes while another replica's readings came, want none (one in flight at most)", n)
 	}
-	if got, _ := v.Polled(0, time.Second); len(got) != 0 {
+	if got, _ := v.Polled(0); len(got) != 0 {
 		t.Errorf("Polled = %+v: another replica's readings are not shared on", got)
 	}
 	if st := v.Stats()["w0"]; st.Remote == 0 {

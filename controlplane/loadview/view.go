@@ -308,23 +308,20 @@ func (v *View) PutRemote(states []State) {
 }
 
 // Polled returns the states of the workers this view polled itself (From "") published
-// after Seq after and polled within maxAge, and the last Seq given: what it shares with the
-// other replicas, each asking for what came after the last Seq it was given.
-func (v *View) Polled(after uint64, maxAge time.Duration) ([]State, uint64) {
+// after Seq after and polled within RemoteMaxAge, and the last Seq given: what it shares
+// with the other replicas, each asking for what came after the last Seq it was given.
+func (v *View) Polled(after uint64) ([]State, uint64) {
 	now := v.opts.Now()
 	v.mu.RLock()
 	defer v.mu.RUnlock()
 	var out []State
 	for _, s := range v.states {
-		if s.From == "" && s.Seq > after && !s.CheckedAt.IsZero() && now.Sub(s.CheckedAt) <= maxAge {
+		if s.From == "" && s.Seq > after && !s.CheckedAt.IsZero() && now.Sub(s.CheckedAt) <= v.opts.RemoteMaxAge {
 			out = append(out, s.clone())
 		}
 	}
 	return out, v.seq
 }
-
-// RemoteMaxAge is how old another replica's reading may be and still stand for a poll.
-func (v *View) RemoteMaxAge() time.Duration { return v.opts.RemoteMaxAge }
 
 // remoteFor returns the newest other replica's reading of worker id.
 func (v *View) remoteFor(id string) (State, bool) {
