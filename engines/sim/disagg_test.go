@@ -30,6 +30,19 @@ type pdPair struct {
 	pre, dec *Worker
 }
 
+// awaitFreedByRead waits until the prefill worker holds no blocks, and fails when the
+// timeout freed any: the decoder's read must have.
+func (p pdPair) awaitFreedByRead(t *testing.T) {
+	t.Helper()
+	eventually(t, "the prefill worker to free the blocks", func() bool {
+		reqs, blocks := p.pre.Engine().HeldKV()
+		return reqs == 0 && blocks == 0
+	})
+	if metric(t, p.pre, "kvrelay_sim_kv_freed_requests_total", `by="timeout"`) != 0 {
+		t.Fatal("blocks were freed by the timeout, not by the decoder's read")
+	}
+}
+
 func startPD(t *testing.T, mut func(role Role, c *WorkerConfig)) pdPair {
 	t.Helper()
 	var p pdPair
@@ -199,13 +212,7 @@ func testTwoLegs(t *testing.T, pd pdPair) {
 				t.Fatalf("%v checksum errors", n)
 			}
 			// The READ's notification frees the blocks on the prefill worker.
-			eventually(t, "prefill to free the blocks", func() bool {
-				reqs, blocks := pd.pre.Engine().HeldKV()
-				return reqs == 0 && blocks == 0
-			})
-			if metric(t, pd.pre, "kvrelay_sim_kv_freed_requests_total", `by="timeout"`) != 0 {
-				t.Fatal("blocks were freed by the timeout, not the notification")
-			}
+			pd.awaitFreedByRead(t)
 		})
 	}
 	if n := metric(t, pd.pre, "kvrelay_sim_kv_freed_requests_total", `by="notification"`); n != 2 {

@@ -65,13 +65,7 @@ func TestDisaggP2PForm(t *testing.T) {
 	}
 	// The leg's own hold ended when the decoder's export took its blocks; the export's hold
 	// when the decoder read them.
-	eventually(t, "the prefiller to free the blocks", func() bool {
-		reqs, blocks := pd.pre.Engine().HeldKV()
-		return reqs == 0 && blocks == 0
-	})
-	if metric(t, pd.pre, "kvrelay_sim_kv_freed_requests_total", `by="timeout"`) != 0 {
-		t.Fatal("blocks were freed by the timeout")
-	}
+	pd.awaitFreedByRead(t)
 }
 
 // TestDisaggP2PPrefillPullsFromAPeer: a prefill leg may pull a prefix from a peer
