@@ -167,3 +167,34 @@ func engineLoad(i int) engines.Load {
 	return engines.Load{Running: i % 64, Waiting: i % 7, KVUsage: float64(i%100) / 100, BlockSize: 16, CapacityBlocks: 30000,
 		Found: engines.FieldRunning | engines.FieldWaiting | engines.FieldKVUsage}
 }
+
+// FuzzReplicaAnswer: whatever another replica answers at /v1/replica/load, decoding it never
+// panics, and every poll taken from it names a worker, carries counts and a KV usage that can
+// be true, and was checked no later than its arrival.
+func FuzzReplicaAnswer(f *testing.F) {
+	now := time.Now()
+	st := loadview.State{ID: "w0", Healthy: true, Load: engineLoad(3), Model: engineModel, CheckedAt: now, ObservedAt: now}
+	good, _ := json.Marshal(replicaLoad{Replica: "cp-1", Workers: map[string][3]uint64{"w0": {1, 2, 3}}, PollShare: true,
+		Polls: []polledWire{toWire(st, now)}, Seq: 7})
+	for _, s := range []string{string(good), `{}`, `{"replica":"cp-1","polls":[{"id":"w","checked_ago_us":-5,"observed_ago_us":-1}]}`,
+		`{"replica":"cp-1","polls":[{"id":"w","load":{"kv_usage":1.5}}]}`, `{"polls":[{"id":"w"}]}`, `[]`, `null`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var rl replicaLoad
+		if json.Unmarshal(b, &rl) != nil {
+			return
+		}
+		at := time.Now()
+		for _, w := range rl.Polls {
+			got, ok := fromWire(w, "cp-1", at)
+			if !ok {
+				continue
+			}
+			if got.ID == "" || got.From != "cp-1" || got.Load.Running < 0 || got.Load.Waiting < 0 || got.ConsecutiveFailures < 0 ||
+				!(got.Load.KVUsage >= 0 && got.Load.KVUsage <= 1) || got.BlockSize < 0 || got.CapacityBlocks < 0 || got.CheckedAt.After(at) {
+				t.Fatalf("taken %+v from %+v", got, w)
+			}
+		}
+	})
+}
