@@ -45,13 +45,16 @@ func TestProxiesShareWhatTheyLearn(t *testing.T) {
 	// name arrives after it joined gets a model of that name afresh) has learned 20 first
 	// tokens, and each worker at least two: a proxy takes a worker's pooled figures only
 	// when the pool saw twice the first tokens it did (latency.Worker.Share), so a worker
-	// the first proxy sent one request would keep the second proxy's prior.
+	// the first proxy sent one request would keep the second proxy's prior. Every prompt
+	// is new, so neither worker caches more of it than the other and the router's ties
+	// spread the requests over both (with a few repeated prompts, the worker that first got
+	// each could take them all).
 	var learned latency.Fit
 	for i := 0; learned.TTFTObs < 20 || leastObs(p0) < 2; i++ {
 		if i == 400 {
 			t.Fatalf("the first proxy's model learned %d first tokens from %d requests, a worker %d", learned.TTFTObs, i, leastObs(p0))
 		}
-		streamChat(t, "http://"+p0.Addr(), family(i%6), "question "+strconv.Itoa(i))
+		streamChat(t, "http://"+p0.Addr(), family(100+i), "question "+strconv.Itoa(i))
 		learned = p0.Workers()[0].Latency().Model().Fit()
 	}
 	p1 := c.addProxy(c.xds)
