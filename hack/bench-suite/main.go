@@ -48,6 +48,7 @@ type config struct {
 	routers     []string
 	resume      bool
 	quick       bool
+	sameSeed    bool
 	results     string
 	lockPath    string
 	peerVersion map[string]string
@@ -80,7 +81,8 @@ func run() error {
 	flag.StringVar(&cfg.EPPBin, "epp", os.Getenv("LLMD_EPP"), "llm-d router's endpoint picker binary (default $LLMD_EPP, else epp on PATH)")
 	flag.StringVar(&cfg.SimBin, "llmd-sim", os.Getenv("LLMD_SIM"), "llm-d-inference-sim binary (default $LLMD_SIM, else llm-d-inference-sim on PATH)")
 	flag.StringVar(&cfg.KVRelayBin, "kvrelay", "", "kvrelay binary (default: built from this checkout into --out/bin)")
-	flag.Uint64Var(&cfg.Seed, "seed", 1, "workload seed")
+	flag.Uint64Var(&cfg.Seed, "seed", 1, "workload seed of the first round; round r has seed+r-1 (see --same-seed)")
+	flag.BoolVar(&cfg.sameSeed, "same-seed", false, "every round replays the workloads of --seed: the rounds then sample the engines' and the routers' randomness, not the workload's")
 	flag.IntVar(&cfg.PortBase, "port-base", 23000, "loopback ports used: base+1..9 engines, +10 render sidecar, +80/81 router, +90..92 pickers, +100 KV events, +200/201 control plane")
 	flag.StringVar(&cfg.lockPath, "lock", "/tmp/kvrelay-bench.lock", "flock(2) held for the whole suite (as `flock -o FILE` does), so that no two benchmarks run at once")
 	flag.StringVar(&cfg.ExactTok, "exact-tokenizer", "remote", "kvrelay --tokenizer on the exact index")
@@ -282,21 +284,34 @@ func (cfg *config) runFor(round int, rw row, engine, router string) bh.Run {
 	}
 	return bh.Run{
 		Round: round, Workload: rw.name, Spec: spec, Speedup: k.speedup, Engine: engine, Router: router, Fleet: k.fleet,
-		Dir: filepath.Join(cfg.Out, "runs", rw.name, engine, router, fmt.Sprintf("round%d", round)),
+		Dir:  filepath.Join(cfg.Out, "runs", rw.name, engine, router, fmt.Sprintf("round%d", round)),
+		Seed: cfg.seedFor(round),
 	}
+}
+
+// seedFor is the workload seed of a round: a seed of its own, so that the rounds sample the
+// workloads' randomness (one seed's arrivals can favour one router, another seed's another),
+// unless --same-seed. Every router of a round runs the same workload, so the ratios are
+// still taken on equal terms.
+func (cfg *config) seedFor(round int) uint64 {
+	if cfg.sameSeed {
+		return cfg.Seed
+	}
+	return cfg.Seed + uint64(round) - 1
 }
 
 // runSpec is what a run's directory records of what ran, so that --resume keeps only the
 // runs of the same workload, engines and kvrelay commit.
 type runSpec struct {
 	Spec    string  `json:"spec"`
+	Seed    uint64  `json:"seed"`
 	Speedup float64 `json:"speedup"`
 	Fleet   string  `json:"fleet"`
 	Version string  `json:"kvrelay_version"`
 }
 
 func specOf(r bh.Run, version string) runSpec {
-	return runSpec{Spec: r.Spec, Speedup: r.Speedup, Fleet: fmt.Sprintf("%+v", r.Fleet), Version: version}
+	return runSpec{Spec: r.Spec, Seed: r.Seed, Speedup: r.Speedup, Fleet: fmt.Sprintf("%+v", r.Fleet), Version: version}
 }
 
 func writeRunSpec(r bh.Run, _ kind, version string) error {
@@ -318,7 +333,7 @@ func loadDone(r bh.Run, version string) (*bh.RunResult, string) {
 		return nil, why
 	}
 	if want := specOf(r, version); *was != want {
-		return nil, fmt.Sprintf("it ran %q at speed-up %g on kvrelay %s with other engines or settings", was.Spec, was.Speedup, was.Version)
+		return nil, fmt.Sprintf("it ran %q (seed %d) at speed-up %g on kvrelay %s with other engines or settings", was.Spec, was.Seed, was.Speedup, was.Version)
 	}
 	if res == nil {
 		return nil, why

@@ -136,6 +136,11 @@ func TestResume(t *testing.T) {
 	if got, _ := loadDone(other, "abc"); got != nil {
 		t.Fatal("a run of another workload was kept")
 	}
+	other = r
+	other.Seed = 2
+	if got, _ := loadDone(other, "abc"); got != nil {
+		t.Fatal("a run of another seed was kept")
+	}
 	write(&bh.RunResult{Run: 1, Router: r.Router, Err: "boom"})
 	if got, why := loadDone(r, "abc"); got != nil || why != "it failed" {
 		t.Fatalf("failed run: %v, %q", got, why)
@@ -147,6 +152,25 @@ func TestResume(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(r.Dir, "summary.json")); !os.IsNotExist(err) {
 		t.Fatal("a rerun kept the previous summary.json")
+	}
+}
+
+// TestSeedPerRound: each round has a workload seed of its own, the same for every router and
+// workload in it; --same-seed gives every round --seed's.
+func TestSeedPerRound(t *testing.T) {
+	cfg := &config{rows: suite()}
+	cfg.Seed, cfg.Out = 5, t.TempDir()
+	rw := cfg.rows[0]
+	for round, want := range map[int]uint64{1: 5, 2: 6, 3: 7} {
+		for _, router := range []string{bh.RouterRoundRobin, defaultRouter} {
+			if got := cfg.runFor(round, rw, bh.EngineKVRelay, router).Seed; got != want {
+				t.Errorf("round %d, %s: seed %d, want %d", round, router, got, want)
+			}
+		}
+	}
+	cfg.sameSeed = true
+	if got := cfg.runFor(3, rw, bh.EngineKVRelay, bh.RouterRoundRobin).Seed; got != 5 {
+		t.Errorf("--same-seed, round 3: seed %d, want 5", got)
 	}
 }
 

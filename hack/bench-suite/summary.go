@@ -23,9 +23,11 @@ type Summary struct {
 	Versions map[string]string `json:"versions"`
 	Model    string            `json:"model"`
 	Seed     uint64            `json:"seed"`
-	Rounds   int               `json:"rounds"`
-	Quick    bool              `json:"quick,omitempty"`
-	WallS    float64           `json:"wall_s"`
+	// SeedPerRound: round r ran the workloads with seed Seed+r-1 (else every round Seed).
+	SeedPerRound bool    `json:"seed_per_round"`
+	Rounds       int     `json:"rounds"`
+	Quick        bool    `json:"quick,omitempty"`
+	WallS        float64 `json:"wall_s"`
 	// Runs is the number of finished runs summarized, LoadS the seconds their loads took.
 	Runs          int      `json:"runs"`
 	LoadS         float64  `json:"load_s"`
@@ -262,7 +264,7 @@ func (cfg *config) writeSummary(results []*bh.RunResult, skipped []string, start
 	}
 	s := &Summary{
 		Commit: cfg.Version, Date: time.Now().UTC().Format(time.RFC3339), Machine: bh.ThisMachine(), Versions: cfg.peerVersion,
-		Model: cfg.Model, Seed: cfg.Seed, Rounds: rounds, Quick: cfg.quick, WallS: time.Since(start).Seconds(),
+		Model: cfg.Model, Seed: cfg.Seed, SeedPerRound: !cfg.sameSeed, Rounds: rounds, Quick: cfg.quick, WallS: time.Since(start).Seconds(),
 		Runs: len(results), LoadS: load,
 		DefaultRouter: defaultRouter, Skipped: skipped,
 		Cells: summarize(cfg.rows, cfg.engines, cfg.routers, results, cfg.Seed, cfg.quick),
@@ -291,8 +293,12 @@ func (s *Summary) Markdown(results []*bh.RunResult) string {
 		vs = append(vs, k+" "+v)
 	}
 	slices.Sort(vs)
-	fmt.Fprintf(&b, "Commit %s; %s; %s; model %s, seed %d; %d runs in up to %d interleaved round(s) (round, workload, engine kind, router: a figure without a range is one round's), fresh engines and router every run; %s of load.\n",
-		s.Commit, s.Machine.String(), strings.Join(vs, ", "), s.Model, s.Seed, s.Runs, s.Rounds, time.Duration(s.LoadS*float64(time.Second)).Round(time.Second))
+	seeds := fmt.Sprintf("seed %d in every round", s.Seed)
+	if s.SeedPerRound {
+		seeds = fmt.Sprintf("workload seed %d + round − 1 (every router of a round runs the same requests)", s.Seed)
+	}
+	fmt.Fprintf(&b, "Commit %s; %s; %s; model %s, %s; %d runs in up to %d interleaved round(s) (round, workload, engine kind, router: a figure without a range is one round's), fresh engines and router every run; %s of load.\n",
+		s.Commit, s.Machine.String(), strings.Join(vs, ", "), s.Model, seeds, s.Runs, s.Rounds, time.Duration(s.LoadS*float64(time.Second)).Round(time.Second))
 	if s.Quick {
 		b.WriteString("\n**--quick: every workload shrunk to a few requests. A smoke test of the harness, not a measurement.**\n")
 	}

@@ -35,11 +35,22 @@ type Run struct {
 	Fleet Fleet
 	// Dir holds the run's logs, metrics and raw results.
 	Dir string
+	// Seed seeds the run's workload (0: Config.Seed).
+	Seed uint64
+}
+
+// seedOf is the seed run's workload is generated with.
+func (cfg *Config) seedOf(run Run) uint64 {
+	if run.Seed != 0 {
+		return run.Seed
+	}
+	return cfg.Seed
 }
 
 // RunResult is what one run of one router on one engine kind measured. Times in ms.
 type RunResult struct {
 	Run      int    `json:"run"`
+	Seed     uint64 `json:"seed,omitempty"` // the workload's
 	Workload string `json:"workload,omitempty"`
 	Engine   string `json:"engine"`
 	Router   string `json:"router"`
@@ -82,7 +93,7 @@ type RunResult struct {
 // down. A failure is recorded in the result's Err, never returned.
 func RunOne(ctx context.Context, cfg *Config, run Run, logw io.Writer) *RunResult {
 	engine, router := run.Engine, run.Router
-	rr := &RunResult{Run: run.Round, Workload: run.Workload, Engine: engine, Router: router, Hop: RouterHop(router), Extra: map[string]float64{}}
+	rr := &RunResult{Run: run.Round, Seed: cfg.seedOf(run), Workload: run.Workload, Engine: engine, Router: router, Hop: RouterHop(router), Extra: map[string]float64{}}
 	if len(cfg.PolicyArgs) > 0 && !isBaseline(router) && !IsEPP(router) {
 		rr.Notes = append(rr.Notes, "policy flags: "+strings.Join(cfg.PolicyArgs, " "))
 	}
@@ -116,7 +127,7 @@ func RunOne(ctx context.Context, cfg *Config, run Run, logw io.Writer) *RunResul
 		rr.Err = err.Error()
 		return rr
 	}
-	w, err := workload.Parse(run.Spec, cfg.Seed, tok)
+	w, err := workload.Parse(run.Spec, cfg.seedOf(run), tok)
 	if err != nil {
 		rr.Err = err.Error()
 		return rr
@@ -132,7 +143,7 @@ func RunOne(ctx context.Context, cfg *Config, run Run, logw io.Writer) *RunResul
 		Progress: bench.NewProgress(logw, label, len(w.Open)),
 	}
 	rctx, cancel := context.WithTimeout(ctx, cfg.RunTimeout)
-	res, err := bench.Measure(rctx, router, opts, w, cfg.Seed, bench.DefaultSLO, run.Fleet.BlockSize)
+	res, err := bench.Measure(rctx, router, opts, w, cfg.seedOf(run), bench.DefaultSLO, run.Fleet.BlockSize)
 	cancel()
 	opts.Progress.Stop()
 	if err != nil {
@@ -165,7 +176,7 @@ func RunOne(ctx context.Context, cfg *Config, run Run, logw io.Writer) *RunResul
 	if name == "" {
 		name = "benchharness"
 	}
-	header := fmt.Sprintf("kvrelay %s: %s; %s against %s (seed %d)", name, label, w.Spec, target, cfg.Seed)
+	header := fmt.Sprintf("kvrelay %s: %s; %s against %s (seed %d)", name, label, w.Spec, target, cfg.seedOf(run))
 	if err := bench.Write(dir, []*bench.Result{res}, header); err != nil {
 		rr.Notes = append(rr.Notes, "writing results: "+err.Error())
 	}
