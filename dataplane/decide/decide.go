@@ -125,7 +125,7 @@ func (r *Request) decideDisagg(now int64, retry bool) error {
 	if retry {
 		pd.prefilled = false // the decode leg failed: the next decode worker prefills itself
 	}
-	pd.prefill = nil
+	pd.prefill, pd.source = nil, nil
 	rr.Role = route.RoleDecode
 	if err := c.load.Route(rr, &r.dec); err != nil {
 		return err
@@ -159,6 +159,9 @@ func (r *Request) decideDisagg(now int64, retry bool) error {
 		return nil
 	}
 	pd.prefill, pd.overlap = pdec.Worker, int(pdec.Overlap)
+	if h := pdec.PeerFetch; h != nil && h != pdec.Worker {
+		pd.source = h
+	}
 	if !r.legs {
 		// The decode worker's side runs the prefill leg now.
 		c.m.disagg.WithLabelValues(pathRemote).Inc()
@@ -182,7 +185,7 @@ func (r *Request) HoldPrefill(now int64) {
 func (r *Request) PrefillDone(ok bool) {
 	r.pd.pre.End()
 	r.pd.prefilled, r.pd.fallback = ok, !ok
-	r.pd.prefill = nil
+	r.pd.prefill, r.pd.source = nil, nil
 }
 
 // ReleasePrefill ends a prefill leg's hold without an outcome (its client left).

@@ -188,3 +188,49 @@ func TestPeerFetchParams(t *testing.T) {
 		seen[got.Source.KVRequestID] = true
 	}
 }
+
+// TestDecideDisaggregatedPrefillSource: in a prefill pool whose workers can pull a prefix
+// from a peer, a long prompt whose prefix the only prefill worker caching it cannot take now
+// (its one slot busy) goes to the other prefill worker, told to pull that prefix from it
+// rather than compute it (PrefillSource); with the holder free, it prefills there and pulls
+// nothing; and a prefill leg that ended leaves no source behind.
+func TestDecideDisaggregatedPrefillSource(t *testing.T) {
+	ws := testWorkers(4)
+	ws[0].Role, ws[1].Role, ws[2].Role, ws[3].Role = route.RolePrefill, route.RolePrefill, route.RoleDecode, route.RoleDecode
+	for _, w := range ws[:2] {
+		w.Engine.MaxNumSeqs, w.Engine.KVBytesPerToken, w.Engine.PeerBandwidth = 1, 73728, 50e9
+	}
+	c := newTestCore(t, testConfig(), testRouteConfig(route.PolicyLatency), ws)
+	first := disaggRequest(t, c, chat8k("the first call"), true)
+	if err := first.Decide(nanotime(), false); err != nil {
+		t.Fatal(err)
+	}
+	holder := first.PrefillWorker()
+	if holder == nil || first.PrefillSource() != nil {
+		t.Fatalf("first call: prefill %v, source %v", holder, first.PrefillSource())
+	}
+	// The first call's leg runs: its worker caches the prompt, and is full until it ends.
+	first.HoldPrefill(nanotime())
+	c.Index().Record(holder.Index, first.BlockHashes(), 0)
+
+	fork := disaggRequest(t, c, chat8k("a subagent forked from it"), true)
+	if err := fork.Decide(nanotime(), false); err != nil {
+		t.Fatal(err)
+	}
+	if p, src := fork.PrefillWorker(), fork.PrefillSource(); p == nil || p == holder || src != holder {
+		t.Fatalf("with the holder full: prefill %v, source %v; want the other prefill worker pulling from %s", p, src, holder.ID)
+	}
+	fork.PrefillDone(true)
+	if fork.PrefillSource() != nil {
+		t.Fatal("a finished leg kept its source")
+	}
+
+	first.PrefillDone(true)
+	again := disaggRequest(t, c, chat8k("another call"), true)
+	if err := again.Decide(nanotime(), false); err != nil {
+		t.Fatal(err)
+	}
+	if p, src := again.PrefillWorker(), again.PrefillSource(); p != holder || src != nil {
+		t.Fatalf("with the holder free: prefill %v, source %v; want %s computing nothing it caches", p, src, holder.ID)
+	}
+}

@@ -122,8 +122,11 @@ type pdState struct {
 	prefilled bool // its prefill leg succeeded: the decode worker pulls the prompt's KV
 	fallback  bool // its prefill leg failed: the decode worker prefills
 	prefill   *route.Worker
-	overlap   int         // the prompt blocks the prefill worker caches
-	pre       route.Usage // the prefill leg's load on its worker
+	// source is the peer the prefill worker pulls the prompt's prefix from instead of
+	// computing it (the prefill pool's decision's PeerFetch), nil when it computes it all.
+	source  *route.Worker
+	overlap int         // the prompt blocks the prefill worker caches
+	pre     route.Usage // the prefill leg's load on its worker
 }
 
 // largePrompt is a prompt Prepare left to be tokenized off the carrier's loop.
@@ -599,6 +602,13 @@ func (r *Request) Decision() *route.Decision { return &r.dec }
 // worker prefills it).
 func (r *Request) Disaggregated() bool          { return r.pd.on }
 func (r *Request) PrefillWorker() *route.Worker { return r.pd.prefill }
+
+// PrefillSource is the peer the prefill worker is to pull the prompt's prefix from before it
+// prefills the rest (the prefill pool's policy predicted that cheaper than computing it), nil
+// when it computes the whole prompt. Only a prefill worker that can pull gets one
+// (route.Engine.Fetches), and only a carrier that sends the prefill leg in a form with room
+// for it (vLLM's p2p form) passes it on.
+func (r *Request) PrefillSource() *route.Worker { return r.pd.source }
 
 // Arm is the version of the policy that decided the request (a rollout's stable or
 // candidate arm; "local" for a static proxy's policy), "" before Decide.

@@ -40,7 +40,10 @@ import (
 // the proxy's (kv_transfer_params {"remote_decoder": {"kv_request_id"}}) and its answer
 // carries nothing to forward; the decode leg names that id and the prefill worker's side
 // channel ({"remote_prefiller": {"kv_request_id", "remote_host", "remote_port"}}), and pulls
-// from there. A prefill leg that fails or times out falls back to prefilling on
+// from there. When the core chose the prefill worker for pulling the prompt's prefix from a
+// peer that caches it (decide.Request.PrefillSource: the holder was busy), the prefill leg
+// also names that peer ({"remote_kv_source": {…}} beside remote_decoder) and the prefill
+// worker computes only the rest. A prefill leg that fails or times out falls back to prefilling on
 // the decode worker too; a decode leg that fails before its first byte is retried on another
 // decode worker, prefilling there (the prefill worker frees the blocks nobody pulls after its
 // own timeout).
@@ -61,17 +64,23 @@ type pdState struct {
 func (cc *clientConn) prefill(p *route.Worker) {
 	s := cc.srv
 	pd := &cc.pd
-	var p2pID string
+	var p2pID, source string
 	if p.P2PPort > 0 {
 		p2pID = decide.NewKVRequestID()
+		if h := cc.in.PrefillSource(); h != nil && h.P2PPort > 0 {
+			source = h.P2PAddr()
+		}
 	}
-	body, err := prefillBody(cc.body, p2pID)
+	body, err := prefillBody(cc.body, p2pID, source)
 	if err != nil {
 		// The body parsed as an OpenAI request, so this cannot happen; prefill locally.
 		s.log.Warn("cannot build the prefill leg; prefilling on the decode worker", "err", err)
 		cc.in.PrefillDone(false)
 		cc.route(false)
 		return
+	}
+	if source != "" {
+		s.core.PeerFetch()
 	}
 	cc.in.HoldPrefill(cc.lp.now) // the prefill worker caches the prompt now
 	pd.startedAt = cc.lp.now
@@ -224,18 +233,26 @@ func prefillParams(answer []byte) (json.RawMessage, error) {
 
 // prefillBody turns a client's request body into the prefill leg's, as vLLM's
 // disaggregation proxy does: kv_transfer_params asking for a remote decode (in the p2p form
-// when p2pID names the legs), stream off
+// when p2pID names the legs; in that form, when source names a peer's side channel, the
+// prefill worker is also told to pull the prompt's prefix from it first: remote_kv_source,
+// a transfer of its own), stream off
 // (and stream_options gone), one output token (max_tokens, and max_completion_tokens when
 // the request uses it), and no min_tokens / min_completion_tokens (the decode leg, which
 // sends the original, keeps them).
-func prefillBody(body []byte, p2pID string) ([]byte, error) {
+func prefillBody(body []byte, p2pID, source string) ([]byte, error) {
 	var m map[string]json.RawMessage
 	if err := json.Unmarshal(body, &m); err != nil {
 		return nil, err
 	}
 	m["kv_transfer_params"] = json.RawMessage(`{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}`)
 	if p2pID != "" {
-		m["kv_transfer_params"] = json.RawMessage(`{"remote_decoder":{"kv_request_id":"` + p2pID + `"}}`)
+		params := `{"remote_decoder":{"kv_request_id":"` + p2pID + `"}`
+		if source != "" {
+			// PeerFetchParams is one object: its member goes beside remote_decoder.
+			src := decide.PeerFetchParams(source)
+			params += "," + string(src[1:len(src)-1])
+		}
+		m["kv_transfer_params"] = json.RawMessage(params + "}")
 	}
 	oneToken(m)
 	return json.Marshal(m)

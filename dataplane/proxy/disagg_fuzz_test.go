@@ -29,8 +29,10 @@ func FuzzPrefillParams(f *testing.F) {
 			}
 		}
 		for _, id := range []string{"", decide.NewKVRequestID()} {
-			if out, err := prefillBody(body, id); err == nil && !json.Valid(out) {
-				t.Fatalf("prefill leg %s", out)
+			for _, source := range []string{"", "10.0.0.7:5600", string(answer)} {
+				if out, err := prefillBody(body, id, source); err == nil && !json.Valid(out) {
+					t.Fatalf("prefill leg %s", out)
+				}
 			}
 		}
 		if out, err := decodeLegBody(body, decide.PeerSourceParams("remote_prefiller", decide.NewKVRequestID(), string(answer))); err == nil && !json.Valid(out) {

@@ -258,6 +258,50 @@ func TestDisaggClientGoneDuringPrefill(t *testing.T) {
 	}
 }
 
+// TestP2PPrefillLegBody: in vLLM's p2p form the prefill leg names the proxy's transfer to
+// its decoder and, when the routing core chose a peer to pull the prompt's prefix from, that
+// peer's side channel under a transfer of its own, beside it in the one kv_transfer_params.
+func TestP2PPrefillLegBody(t *testing.T) {
+	client := []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"max_tokens":50}`)
+	for _, tc := range []struct {
+		source   string
+		wantPeer bool
+	}{{"", false}, {"10.0.0.7:5600", true}} {
+		out, err := proxy.PrefillLegBody(client, "kvrelay-0011223344556677", tc.source)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got struct {
+			Params struct {
+				Decoder struct {
+					ID string `json:"kv_request_id"`
+				} `json:"remote_decoder"`
+				Source *struct {
+					ID   string `json:"kv_request_id"`
+					Host string `json:"remote_host"`
+					Port int    `json:"remote_port"`
+				} `json:"remote_kv_source"`
+			} `json:"kv_transfer_params"`
+			MaxTokens int  `json:"max_tokens"`
+			Stream    bool `json:"stream"`
+		}
+		if err := json.Unmarshal(out, &got); err != nil {
+			t.Fatalf("%s: %v", out, err)
+		}
+		p := got.Params
+		if p.Decoder.ID != "kvrelay-0011223344556677" || got.MaxTokens != 1 || got.Stream {
+			t.Fatalf("source %q: %s", tc.source, out)
+		}
+		switch {
+		case !tc.wantPeer && p.Source != nil:
+			t.Fatalf("no peer chosen, yet %s", out)
+		case tc.wantPeer && (p.Source == nil || p.Source.Host != "10.0.0.7" || p.Source.Port != 5600 ||
+			!strings.HasPrefix(p.Source.ID, "kvrelay-") || p.Source.ID == p.Decoder.ID):
+			t.Fatalf("peer %s: %s", tc.source, out)
+		}
+	}
+}
+
 // Both legs' bodies follow vLLM NixlConnector's fixtures: the client's request becomes the
 // prefill request exactly, and with the prefill answer's kv_transfer_params the decode
 // request exactly.
@@ -281,7 +325,7 @@ func TestDisaggLegBodiesMatchFixtures(t *testing.T) {
 		}
 	}
 	clientBody, _ := json.Marshal(client)
-	pre, err := proxy.PrefillLegBody(clientBody, "")
+	pre, err := proxy.PrefillLegBody(clientBody, "", "")
 	if err != nil {
 		t.Fatal(err)
 	}
