@@ -299,9 +299,11 @@ func (s PredictedTTFT) cost(req *Request, w *Worker, p *latency.Prediction) floa
 //
 // With Explore > 0, that share of the decisions picks at random among the candidates whose
 // cost is within exploreShare of the cheapest's and whose model has learned nothing for
-// exploreStale, when there are any: a worker that once looked slow and has not been chosen
-// since is tried again, so that what its model learns of it (its speed, its errors) does
-// not come only from the times it looked best.
+// exploreStale, or never has, when there are any: a worker that once looked slow and has
+// not been chosen since is tried again, and one that was never chosen is tried at all (its
+// prior can look slower than what the chosen ones have learned, under light load for
+// ever), so that what its model learns of it (its speed, its errors) does not come only
+// from the times it looked best.
 type LatencyPick struct{ Temperature, Explore float64 }
 
 // exploreShare bounds how much worse than the cheapest an explored candidate may be
@@ -333,10 +335,16 @@ func (p LatencyPick) Pick(req *Request, ws []*Worker, costs []float64) int {
 	}
 	if p.Explore > 0 && len(ws) > 1 && rand.Float64() < p.Explore {
 		now := req.clock()
+		// A worker never observed is tried only beside one that was: where no candidate
+		// teaches its model (answers not streamed), trying one teaches nothing either.
+		learning := false
+		for _, w := range ws {
+			learning = learning || w.Latency().LastObserved() != 0
+		}
 		pick, seen := -1, 0
 		for i, c := range costs {
 			last := ws[i].Latency().LastObserved()
-			if c <= lo+exploreShare*max(lo, 0) && last != 0 && now-last > exploreStale {
+			if c <= lo+exploreShare*max(lo, 0) && (last == 0 && learning || last != 0 && now-last > exploreStale) {
 				if seen++; rand.IntN(seen) == 0 {
 					pick = i
 				}

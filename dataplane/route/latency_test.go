@@ -934,3 +934,39 @@ func splitHolder(t *testing.T, cfg Config, n int, below blockset.Tier) (*Router,
 	rep.Apply(cs)
 	return r, hashes, tokens
 }
+
+// TestLatencyPickExplores: an exploring decision takes, among the candidates predicted
+// within a quarter of the cheapest, one whose model has learned nothing lately or ever: the
+// worker never chosen (its prior predicting it slower than what the chosen one learned)
+// gets tried, and so does one not chosen for longer than exploreStale; a worker that
+// learned just now does not, nor one predicted far slower. Without exploring, the cheapest.
+func TestLatencyPickExplores(t *testing.T) {
+	r, _ := newRouter(t, Config{Policy: PolicyLatency}, 3)
+	ws := r.Pool().Workers
+	now := Now()
+	at := ClockAt(now) // the clock the router stamps observations with
+	var p latency.Prediction
+	ws[0].Latency().ObserveTTFTAt(at, &p, 0.05)
+	req := &Request{Now: now}
+	pick := LatencyPick{Explore: 1}
+	near := []float64{0.10, 0.12, 0.12}
+	for range 20 {
+		if got := pick.Pick(req, ws[:2], near[:2]); got != 1 {
+			t.Fatalf("exploring picked w%d, want w1, never chosen", got)
+		}
+	}
+	if got := (LatencyPick{}).Pick(req, ws[:2], near[:2]); got != 0 {
+		t.Fatalf("without exploring picked w%d, want the cheapest w0", got)
+	}
+	if got := pick.Pick(req, ws[:2], []float64{0.10, 0.5}); got != 0 {
+		t.Fatalf("explored w%d, predicted five times slower", got)
+	}
+	// w1 learned just now, w2 long ago: only w2 is explored.
+	ws[1].Latency().ObserveTTFTAt(at, &p, 0.05)
+	ws[2].Latency().ObserveTTFTAt(at-2*exploreStale, &p, 0.05)
+	for range 20 {
+		if got := pick.Pick(req, ws, near); got != 2 {
+			t.Fatalf("exploring picked w%d, want w2, stale", got)
+		}
+	}
+}
