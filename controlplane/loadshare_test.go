@@ -191,7 +191,11 @@ func checkPollShare(t *testing.T, a, b *controlplane.Server, share bool) {
 			}
 			continue
 		}
-		if min(d0.scrapes, d1.scrapes) > 1 || max(d0.scrapes, d1.scrapes) < 10 || max(d0.remote, d1.remote) < 5 {
+		// The other replica polls an engine itself when no reading younger than three
+		// scrape intervals is at hand (150 ms here): under a loaded -race suite a reading
+		// can come that late now and then, so a few polls of its own are allowed, a fifth
+		// of the poller's at most.
+		if 5*min(d0.scrapes, d1.scrapes) > max(d0.scrapes, d1.scrapes) || max(d0.scrapes, d1.scrapes) < 10 || max(d0.remote, d1.remote) < 5 {
 			t.Errorf("%s: want it scraped by one replica and the other taking its readings", id)
 		}
 		for i, r := range rs {
