@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"reflect"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -550,4 +551,98 @@ func TestDisaggDecodeBusyAfterPrefillWaits(t *testing.T) {
 	if v := metricSum(t, workerMetrics(t, dec), "kvrelay_sim_kv_pulls_total"); v != 1 {
 		t.Fatalf("decode worker pulled %v times, want 1", v)
 	}
+}
+
+// TestDisaggP2PPrefillPullsFromBusyHolder: in vLLM's p2p form, the prefill worker that
+// caches a long system prompt is busy (its one slot prefilling a longer request that shares
+// the prompt); a request with that prompt goes to the other prefill worker, whose leg names
+// the holder (remote_kv_source beside remote_decoder): it pulls the prompt's blocks from the
+// holder, computes only the rest, and its decoder pulls from it in turn.
+func TestDisaggP2PPrefillPullsFromBusyHolder(t *testing.T) {
+	c := &pdCluster{}
+	var ups []proxy.Upstream
+	for i := range 2 {
+		w := startWorker(t, func(w *sim.WorkerConfig) {
+			w.Engine.Role, w.Engine.MaxNumSeqs, w.Engine.PeerFetch = sim.RolePrefill, 1, true
+			w.Engine.Timing.Speedup = 1 // a long prefill takes long enough to be seen busy
+		})
+		c.prefill = append(c.prefill, w)
+		_, port, _ := net.SplitHostPort(strings.TrimPrefix(w.URL(), "http://"))
+		u := proxy.Upstream{ID: "p" + string(rune('0'+i)), URL: w.URL(), Model: model, Role: "prefill",
+			MaxNumSeqs: 1, KVBytesPerToken: 73728, PeerBandwidth: 50e9}
+		fmt.Sscan(port, &u.P2PPort)
+		ups = append(ups, u)
+	}
+	d := startWorker(t, func(w *sim.WorkerConfig) { w.Engine.Role = sim.RoleDecode })
+	c.decode = append(c.decode, d)
+	ups = append(ups, proxy.Upstream{ID: "d0", URL: d.URL(), Model: model, Role: "decode"})
+	c.proxy = startProxy(t, nil, func(pc *proxy.Config) {
+		pc.Upstreams = ups
+		pc.Policy = "latency"
+	})
+	c.base = "http://" + c.proxy.Addr()
+
+	system := family(11) + strings.Repeat(" the shared context of an agent", 300)
+	if resp, body := post(t, c.base+"/v1/chat/completions", chatBody(system, "first", 2, false)); resp.StatusCode != 200 {
+		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+	holder := -1
+	for i, w := range c.prefill {
+		if seriesSum(workerMetrics(t, w), "kvrelay_sim_kv_held_requests_total") > 0 {
+			holder = i
+		}
+	}
+	if holder < 0 {
+		t.Fatal("no prefill worker served the first request")
+	}
+	// A longer request sharing the prompt keeps the holder's slot busy prefilling.
+	long := make(chan error, 1)
+	go func() {
+		resp, body := post(t, c.base+"/v1/chat/completions", chatBody(system, strings.Repeat("a long task description ", 6000), 2, false))
+		if resp.StatusCode != 200 {
+			long <- fmt.Errorf("%d %s", resp.StatusCode, body)
+			return
+		}
+		long <- nil
+	}()
+	deadline := time.Now().Add(5 * time.Second)
+	for c.prefill[holder].Engine().Load().Running == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the long request never ran on the holder")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	resp, body := post(t, c.base+"/v1/chat/completions", chatBody(system, "a subagent's task", 2, false))
+	if resp.StatusCode != 200 {
+		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+	if err := <-long; err != nil {
+		t.Fatal(err)
+	}
+	other := c.prefill[1-holder]
+	pulled := false
+	for _, l := range strings.Split(workerMetrics(t, other), "\n") {
+		pulled = pulled || strings.HasPrefix(l, "kvrelay_sim_kv_peer_fetches_total{") && strings.Contains(l, `result="pulled"`) && !strings.HasSuffix(l, " 0")
+	}
+	if !pulled {
+		t.Fatalf("the other prefill worker did not pull the prompt from the busy holder:\n%s", workerMetrics(t, other))
+	}
+	if v := metricValue(t, c.metrics(t), "kvrelay_proxy_peer_fetches_total"); v != 1 {
+		t.Fatalf("peer fetches %v, want 1", v)
+	}
+}
+
+// seriesSum adds up the values of every series of the metric name in a Prometheus exposition.
+func seriesSum(exposition, name string) float64 {
+	sum := 0.0
+	for _, line := range strings.Split(exposition, "\n") {
+		rest, ok := strings.CutPrefix(line, name)
+		if !ok || rest == "" || (rest[0] != '{' && rest[0] != ' ') {
+			continue
+		}
+		if f, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64); err == nil {
+			sum += f
+		}
+	}
+	return sum
 }
