@@ -579,6 +579,9 @@ func TestDisaggP2PPrefillPullsFromBusyHolder(t *testing.T) {
 	c.proxy = startProxy(t, nil, func(pc *proxy.Config) {
 		pc.Upstreams = ups
 		pc.Policy = "latency"
+		// Every request prefills remotely: the decode worker holds the prompt once it has
+		// pulled the first request's, and would prefill the rest itself.
+		pc.DisaggThreshold = -1
 	})
 	c.base = "http://" + c.proxy.Addr()
 
