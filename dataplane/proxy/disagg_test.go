@@ -564,7 +564,7 @@ func TestDisaggP2PPrefillPullsFromBusyHolder(t *testing.T) {
 	for i := range 2 {
 		w := startWorker(t, func(w *sim.WorkerConfig) {
 			w.Engine.Role, w.Engine.MaxNumSeqs, w.Engine.PeerFetch = sim.RolePrefill, 1, true
-			w.Engine.Timing.Speedup = 1 // a long prefill takes long enough to be seen busy
+			w.Engine.Timing.Speedup = 0.5 // a long prefill takes long enough (about 1.4 s) to be seen busy
 		})
 		c.prefill = append(c.prefill, w)
 		_, port, _ := net.SplitHostPort(strings.TrimPrefix(w.URL(), "http://"))
