@@ -153,11 +153,7 @@ func TestDisaggP2PFormThroughProxy(t *testing.T) {
 	if v := metricValue(t, c.metrics(t), `kvrelay_proxy_disagg_requests_total{path="remote"}`); v != 1 {
 		t.Fatalf("remote prefills %v, want 1", v)
 	}
-	pulled := false
-	for _, l := range strings.Split(workerMetrics(t, c.decode[0]), "\n") {
-		pulled = pulled || strings.HasPrefix(l, "kvrelay_sim_kv_peer_fetches_total{") && strings.Contains(l, `result="pulled"`) && strings.HasSuffix(l, " 1")
-	}
-	if !pulled {
+	if pulls(t, c.decode[0]) != 1 {
 		t.Fatal("the decode worker did not pull from its prefiller once")
 	}
 	if got.Usage.PromptTokensDetails.CachedTokens < got.Usage.PromptTokens/2 {
@@ -591,7 +587,7 @@ func TestDisaggP2PPrefillPullsFromBusyHolder(t *testing.T) {
 	}
 	holder := -1
 	for i, w := range c.prefill {
-		if seriesSum(workerMetrics(t, w), "kvrelay_sim_kv_held_requests_total") > 0 {
+		if metricSum(t, workerMetrics(t, w), "kvrelay_sim_kv_held_requests_total") > 0 {
 			holder = i
 		}
 	}
@@ -623,11 +619,7 @@ func TestDisaggP2PPrefillPullsFromBusyHolder(t *testing.T) {
 		t.Fatal(err)
 	}
 	other := c.prefill[1-holder]
-	pulled := false
-	for _, l := range strings.Split(workerMetrics(t, other), "\n") {
-		pulled = pulled || strings.HasPrefix(l, "kvrelay_sim_kv_peer_fetches_total{") && strings.Contains(l, `result="pulled"`) && !strings.HasSuffix(l, " 0")
-	}
-	if !pulled {
+	if pulls(t, other) == 0 {
 		t.Fatalf("the other prefill worker did not pull the prompt from the busy holder:\n%s", workerMetrics(t, other))
 	}
 	if v := metricValue(t, c.metrics(t), "kvrelay_proxy_peer_fetches_total"); v != 1 {
@@ -635,17 +627,17 @@ func TestDisaggP2PPrefillPullsFromBusyHolder(t *testing.T) {
 	}
 }
 
-// seriesSum adds up the values of every series of the metric name in a Prometheus exposition.
-func seriesSum(exposition, name string) float64 {
-	sum := 0.0
-	for _, line := range strings.Split(exposition, "\n") {
-		rest, ok := strings.CutPrefix(line, name)
-		if !ok || rest == "" || (rest[0] != '{' && rest[0] != ' ') {
-			continue
-		}
-		if f, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64); err == nil {
-			sum += f
+// pulls is how many of a simulated worker's pulls from a peer got the blocks they asked for.
+func pulls(t *testing.T, w *sim.Worker) float64 {
+	t.Helper()
+	for _, l := range strings.Split(workerMetrics(t, w), "\n") {
+		if strings.HasPrefix(l, "kvrelay_sim_kv_peer_fetches_total{") && strings.Contains(l, `result="pulled"`) {
+			v, err := strconv.ParseFloat(l[strings.LastIndexByte(l, ' ')+1:], 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return v
 		}
 	}
-	return sum
+	return 0
 }
