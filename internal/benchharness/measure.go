@@ -93,7 +93,8 @@ type RunResult struct {
 // down. A failure is recorded in the result's Err, never returned.
 func RunOne(ctx context.Context, cfg *Config, run Run, logw io.Writer) *RunResult {
 	engine, router := run.Engine, run.Router
-	rr := &RunResult{Run: run.Round, Seed: cfg.seedOf(run), Workload: run.Workload, Engine: engine, Router: router, Hop: RouterHop(router), Extra: map[string]float64{}}
+	seed := cfg.seedOf(run)
+	rr := &RunResult{Run: run.Round, Seed: seed, Workload: run.Workload, Engine: engine, Router: router, Hop: RouterHop(router), Extra: map[string]float64{}}
 	if len(cfg.PolicyArgs) > 0 && !isBaseline(router) && !IsEPP(router) {
 		rr.Notes = append(rr.Notes, "policy flags: "+strings.Join(cfg.PolicyArgs, " "))
 	}
@@ -127,7 +128,7 @@ func RunOne(ctx context.Context, cfg *Config, run Run, logw io.Writer) *RunResul
 		rr.Err = err.Error()
 		return rr
 	}
-	w, err := workload.Parse(run.Spec, cfg.seedOf(run), tok)
+	w, err := workload.Parse(run.Spec, seed, tok)
 	if err != nil {
 		rr.Err = err.Error()
 		return rr
@@ -143,7 +144,7 @@ func RunOne(ctx context.Context, cfg *Config, run Run, logw io.Writer) *RunResul
 		Progress: bench.NewProgress(logw, label, len(w.Open)),
 	}
 	rctx, cancel := context.WithTimeout(ctx, cfg.RunTimeout)
-	res, err := bench.Measure(rctx, router, opts, w, cfg.seedOf(run), bench.DefaultSLO, run.Fleet.BlockSize)
+	res, err := bench.Measure(rctx, router, opts, w, seed, bench.DefaultSLO, run.Fleet.BlockSize)
 	cancel()
 	opts.Progress.Stop()
 	if err != nil {
@@ -176,7 +177,7 @@ func RunOne(ctx context.Context, cfg *Config, run Run, logw io.Writer) *RunResul
 	if name == "" {
 		name = "benchharness"
 	}
-	header := fmt.Sprintf("kvrelay %s: %s; %s against %s (seed %d)", name, label, w.Spec, target, cfg.seedOf(run))
+	header := fmt.Sprintf("kvrelay %s: %s; %s against %s (seed %d)", name, label, w.Spec, target, seed)
 	if err := bench.Write(dir, []*bench.Result{res}, header); err != nil {
 		rr.Notes = append(rr.Notes, "writing results: "+err.Error())
 	}
