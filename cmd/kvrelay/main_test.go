@@ -446,3 +446,22 @@ func startStream(t *testing.T, url string, maxTokens int) *bufio.Reader {
 	}
 	return br
 }
+
+// FuzzParseUpstream: whatever --upstream says, parsing it never panics, and an engine it
+// accepts is one the proxy's configuration check either takes or refuses with an error.
+func FuzzParseUpstream(f *testing.F) {
+	for _, s := range []string{"http://h:1", "id=a,url=http://h:1,model=m,capacity=100,role=prefill,max-num-seqs=4",
+		"url=http://h:1,p2p-port=5710,peer-bandwidth=50GB/s,kv-bytes-per-token=73728", "url=http://h:1,p2p-port=70000",
+		"url=http://h:1,host-bandwidth=x", "url=http://h:1,lora-modules=a;b", "url", "=,=", "url=http://h:1,,"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		u, err := parseUpstream(s)
+		if err != nil {
+			return
+		}
+		cfg := proxy.DefaultConfig()
+		cfg.Upstreams = []proxy.Upstream{u}
+		_ = cfg.Validate()
+	})
+}
