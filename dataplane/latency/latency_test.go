@@ -388,6 +388,30 @@ func TestPredictSlotWait(t *testing.T) {
 	}
 }
 
+// TestDecodeStepPerWorker: two workers of one model, one decoding twice as slowly as the
+// other at every batch size: the model's step is between them, and each worker's DecodeStep
+// is its own.
+func TestDecodeStepPerWorker(t *testing.T) {
+	var m Model
+	m.Init()
+	var fast, slow Worker
+	fast.Init(&m)
+	slow.Init(&m)
+	for range 300 {
+		for b := 1; b <= 4; b++ {
+			fast.ObserveDecode(b, 0.2, 0.010+0.002*float64(b), 1)
+			slow.ObserveDecode(b, 0.2, 2*(0.010+0.002*float64(b)), 2)
+		}
+	}
+	for b := 1; b <= 4; b++ {
+		want := 0.010 + 0.002*float64(b)
+		f, s := fast.DecodeStep(b, 0.2), slow.DecodeStep(b, 0.2)
+		if math.Abs(f/want-1) > 0.15 || math.Abs(s/(2*want)-1) > 0.15 {
+			t.Errorf("batch %d: steps %.4f and %.4f, want %.4f and %.4f (the model's %.4f)", b, f, s, want, 2*want, m.ITL(b, 0.2))
+		}
+	}
+}
+
 // Slowdown is what joining the running batch costs in decode time: none on an idle worker,
 // growing with the batch, for a request that waits for a slot only the running requests'
 // wait behind its prefill, and none without an OSL.
@@ -456,7 +480,11 @@ func TestSlotWait(t *testing.T) {
 		{"another proxy's request, half", 2, 0, nil, 0, 2, 0.6},
 		{"an occupancy past its mean ends now", 1, 0, []float64{3}, 0, 0, 0},
 	} {
-		got, ok := SlotWait(tc.seqs, tc.queued, tc.ages, tc.prefilling, tc.unknown, 1.2)
+		var left []float64
+		for _, a := range tc.ages {
+			left = append(left, max(1.2-a, 0))
+		}
+		got, ok := SlotWait(tc.seqs, tc.queued, left, tc.prefilling, tc.unknown, 1.2)
 		if !ok || math.Abs(got-tc.want) > 1e-9 {
 			t.Errorf("%s: %v (%v), want %v", tc.name, got, ok, tc.want)
 		}

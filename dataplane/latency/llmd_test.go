@@ -77,7 +77,9 @@ func (e *llmdEngine) submit(r *llmdReq) {
 // suffixes after a cached preamble, some whole prompts) to one llm-d-shaped engine,
 // predicting each as the router does (slot wait from the requests it has running there),
 // and learns from each first token and each end. After warm-up the median relative error
-// is under 20% for short and long prompts alike.
+// is under 20% for short and long prompts alike, and under 8% for long ones: the engine's
+// prefill slows in proportion to its batch, which the loaded-prefill coefficient has to
+// learn far from its prior (about 4 against 0).
 func TestLearnsLLMDSimulator(t *testing.T) {
 	e := &llmdEngine{seqs: 4, overhead: 0.025, perToken: 60e-6, itl: 0.015, factor: 2, out: 64}
 	w := newWorker()
@@ -114,7 +116,7 @@ func TestLearnsLLMDSimulator(t *testing.T) {
 		prefilling := 0
 		for _, o := range e.running {
 			if o.first <= now {
-				ages = append(ages, now-o.first)
+				ages = append(ages, max(w.Occupancy()-(now-o.first), 0))
 			} else {
 				prefilling++
 			}
@@ -143,7 +145,7 @@ func TestLearnsLLMDSimulator(t *testing.T) {
 	med := func(v []float64) float64 { sort.Float64s(v); return v[len(v)/2] }
 	t.Logf("median relative error: all %.1f%%, short prompts %.1f%% (%d), long %.1f%% (%d); model %+v",
 		100*med(all), 100*med(short), len(short), 100*med(long), len(long), w.Stats())
-	if med(all) > 0.2 || med(short) > 0.2 || med(long) > 0.2 {
-		t.Fatalf("median relative error all %.1f%%, short %.1f%%, long %.1f%%: want each under 20%%", 100*med(all), 100*med(short), 100*med(long))
+	if med(all) > 0.2 || med(short) > 0.2 || med(long) > 0.08 {
+		t.Fatalf("median relative error all %.1f%%, short %.1f%%, long %.1f%%: want under 20%%, 20%% and 8%%", 100*med(all), 100*med(short), 100*med(long))
 	}
 }

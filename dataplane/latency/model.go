@@ -376,8 +376,12 @@ func (m *Model) Init() {
 	// The fit is on relative error (observations are divided by their prediction), so the
 	// prior variances are over a relative noise variance of about 0.1²: the prefill
 	// multiplier is known to a factor of ten or so, the slot wait's to a factor of three.
+	// The loaded prefill's is as loose as the prefill's: an engine that slows every step as
+	// its batch fills (llm-d's simulator: ×2 at a full batch) needs it about 4/3 of the
+	// prefill multiplier, and a tight prior at 0 made the collinear per-step and decode
+	// terms take that growth instead, over-predicting a lightly loaded worker by a third.
 	m.ttft = RLS{Lambda: 0.995, OutlierK: 4, Lo: Vec{0, 0.01, 0, 0.001, 0, 0, 0, 0}, Hi: Vec{100, 100, 100, 100, 100, 10, 100, 100}}
-	m.ttft.Init(numFeat, Vec{1, 1, 1, 1, 0, 1, 0, 0}, Vec{10, 10, 10, 100, 1, 1, 10, 10})
+	m.ttft.Init(numFeat, Vec{1, 1, 1, 1, 0, 1, 0, 0}, Vec{10, 10, 10, 100, 100, 1, 10, 10})
 	m.dec = decodeTable{}
 	m.cur.initDecode()
 	m.publishLocked()
@@ -450,8 +454,12 @@ type Worker struct {
 	res   [2]residuals
 	sigma [2]atomic.Uint64
 
-	speed  atomic.Uint64 // exp(logSpeed), float64 bits
-	occBit atomic.Uint64
+	speed atomic.Uint64 // exp(logSpeed), float64 bits
+	// logDecode is the log of the worker's time between tokens against its model's
+	// (decayed mean, guarded by mu), decodeSpeed its exp, float64 bits.
+	logDecode   float64
+	decodeSpeed atomic.Uint64
+	occBit      atomic.Uint64
 	// seqs is MaxNumSeqs learned from reports and waits (observeRunning), 0 unknown; seqsLow
 	// the most requests the worker was seen to run (a lower bound while seqs is unknown).
 	seqs    atomic.Int64
@@ -510,10 +518,11 @@ func (r *residuals) sigma(prior float64) float64 {
 func (w *Worker) Init(m *Model) {
 	w.m = m
 	w.mu.Lock()
-	w.logSpeed, w.occ, w.nOcc = 0, priorITL*priorOutput, 0
+	w.logSpeed, w.logDecode, w.occ, w.nOcc = 0, 0, priorITL*priorOutput, 0
 	w.res = [2]residuals{}
 	w.mu.Unlock()
 	w.speed.Store(math.Float64bits(1))
+	w.decodeSpeed.Store(math.Float64bits(1))
 	w.occBit.Store(math.Float64bits(w.occ))
 	w.sigma[resQueued].Store(math.Float64bits(priorSigmaQ))
 	w.sigma[resFresh].Store(math.Float64bits(priorSigmaF))
@@ -524,6 +533,12 @@ func (w *Worker) Init(m *Model) {
 	w.limitMu.Lock()
 	w.confirms = 0
 	w.limitMu.Unlock()
+}
+
+// DecodeStep is the worker's predicted time between tokens at batch size b and KV usage kv:
+// its model's, times how much slower or faster the worker's own requests decoded.
+func (w *Worker) DecodeStep(b int, kv float64) float64 {
+	return w.m.ITL(b, kv) * load(&w.decodeSpeed)
 }
 
 // Model returns the shared model.
@@ -543,21 +558,21 @@ const MaxSlotSim = 64
 
 // SlotWait is the wait for a sequence slot of a request arriving at a worker running seqs
 // requests with queued more waiting ahead of it: the slots free as their requests end —
-// those whose first token came `decoding` seconds ago (ages) after the occupancy less that,
-// the others (prefilling, or another proxy's) after the whole occupancy, or half of it for
-// ones nobody here knows (unknown of them) — and each freed slot goes to the next request
-// in line, which holds it the occupancy. ok is false when seqs is beyond what it follows.
-func SlotWait(seqs, queued int, ages []float64, prefilling, unknown int, occ float64) (wait float64, ok bool) {
+// those past their first token after the seconds left to each (left), the others
+// (prefilling) after the whole occupancy occ, or half of it for ones nobody here knows
+// (unknown of them) — and each freed slot goes to the next request in line, which holds it
+// the occupancy. ok is false when seqs is beyond what it follows.
+func SlotWait(seqs, queued int, left []float64, prefilling, unknown int, occ float64) (wait float64, ok bool) {
 	if seqs <= 0 || seqs > MaxSlotSim || queued < 0 {
 		return 0, false
 	}
 	var free [MaxSlotSim]float64 // a slot nobody holds is free now
 	n := 0
-	for _, a := range ages {
+	for _, l := range left {
 		if n == seqs {
 			break
 		}
-		free[n] = max(occ-a, 0)
+		free[n] = max(l, 0)
 		n++
 	}
 	for ; n < seqs && prefilling > 0; prefilling-- {
@@ -824,7 +839,15 @@ func (w *Worker) ObserveDecode(batch int, kv, itl, held float64) {
 	if batch < 1 || itl <= 0 || math.IsNaN(itl) || math.IsInf(itl, 0) || math.IsNaN(kv) {
 		return
 	}
-	w.m.observeITL(batch, min(max(kv, 0), 1), itl)
+	kv = min(max(kv, 0), 1)
+	// The worker's own decode speed against its model's, before the model learns from it.
+	if want := w.m.ITL(batch, kv); want > 0 {
+		w.mu.Lock()
+		w.logDecode = 0.9*w.logDecode + 0.1*math.Log(itl/want)
+		w.decodeSpeed.Store(math.Float64bits(math.Exp(w.logDecode)))
+		w.mu.Unlock()
+	}
+	w.m.observeITL(batch, kv, itl)
 	if held > 0 && !math.IsInf(held, 0) {
 		w.mu.Lock()
 		if w.nOcc == 0 {
@@ -889,8 +912,9 @@ type Stats struct {
 	Decode   []DecodePoint
 	DecodeKV [numKV - 1]float64
 	// Speed is the worker's prefill time against its model's (1: as the model says),
-	// Occupancy how long a request holds its slot there, seconds.
-	Speed, Occupancy float64
+	// DecodeSpeed its time between tokens against its model's, Occupancy how long a
+	// request holds its slot there, seconds.
+	Speed, DecodeSpeed, Occupancy float64
 	// Observations counts the TTFTs this worker taught; ModelObservations and Decodes
 	// those its model learned from across its workers.
 	Observations, ModelObservations, Decodes int64
@@ -916,7 +940,7 @@ func (w *Worker) Stats() Stats {
 	m.mu.Unlock()
 	copy(s.Theta[:], f.theta[:])
 	copy(s.DecodeKV[:], f.kv[1:])
-	s.Speed, s.Occupancy = load(&w.speed), load(&w.occBit)
+	s.Speed, s.DecodeSpeed, s.Occupancy = load(&w.speed), load(&w.decodeSpeed), load(&w.occBit)
 	s.Observations, s.ModelObservations, s.Decodes = w.obs.Load(), m.ttftN.Load(), m.itlN.Load()
 	s.MaxNumSeqs = w.seqs.Load()
 	s.SeqsLow = w.seqsLow.Load()

@@ -2,7 +2,6 @@ package route
 
 import (
 	"errors"
-	"math/rand/v2"
 	"slices"
 
 	"github.com/kvrelay/kvrelay/dataplane/latency"
@@ -144,7 +143,7 @@ func (s PredictedTTFT) Score(req *Request, ws []*Worker, costs []float64) {
 			osl = DefaultOSL
 		}
 	}
-	var agesBuf [latency.MaxSlotSim]float64
+	var leftBuf [latency.MaxSlotSim]float64
 	// The workers caching most of the prompt: the peers a worker that can fetch would fetch
 	// from (the best, or for the best itself the second), among the candidates and those
 	// only the busy filter took out; found at the first worker that can fetch, so that
@@ -204,10 +203,12 @@ func (s PredictedTTFT) Score(req *Request, ws []*Worker, costs []float64) {
 			Cached: min(overlap*float64(bs), float64(req.PromptTokens))}
 		if seqs := w.Latency().MaxNumSeqs(&w.Engine); seqs > 0 && st.Requests >= seqs {
 			// A full worker: the wait for a slot from when each of its requests we know
-			// got its first token, not from the mean.
-			ages := w.DecodingAges(now, agesBuf[:0])
+			// is expected to end (its expected output at a full batch's step time, from
+			// when its first token came), not from the mean.
+			occ := w.Latency().Occupancy()
+			left := w.DecodingLeft(now, w.Latency().DecodeStep(seqs, st.KVUsage), occ, leftBuf[:0])
 			own := int(w.Inflight())
-			st.SlotWait, st.HasSlotWait = latency.SlotWait(seqs, st.Requests-seqs, ages, max(own-len(ages), 0), max(st.Requests-own, 0), w.Latency().Occupancy())
+			st.SlotWait, st.HasSlotWait = latency.SlotWait(seqs, st.Requests-seqs, left, max(own-len(left), 0), max(st.Requests-own, 0), occ)
 		}
 		p := &req.preds[i]
 		w.Latency().Predict(&w.Engine, st, uncached, p)
@@ -333,7 +334,7 @@ func (p LatencyPick) Pick(req *Request, ws []*Worker, costs []float64) int {
 	for _, c := range costs[1:] {
 		lo = min(lo, c)
 	}
-	if p.Explore > 0 && len(ws) > 1 && rand.Float64() < p.Explore {
+	if p.Explore > 0 && len(ws) > 1 && randFloat64() < p.Explore {
 		now := req.clock()
 		// A worker never observed is tried only beside one that was: where no candidate
 		// teaches its model (answers not streamed), trying one teaches nothing either.
@@ -345,7 +346,7 @@ func (p LatencyPick) Pick(req *Request, ws []*Worker, costs []float64) int {
 		for i, c := range costs {
 			last := ws[i].Latency().LastObserved()
 			if c <= lo+exploreShare*max(lo, 0) && (last == 0 && learning || last != 0 && now-last > exploreStale) {
-				if seen++; rand.IntN(seen) == 0 {
+				if seen++; randIntN(seen) == 0 {
 					pick = i
 				}
 			}
@@ -377,7 +378,7 @@ func (p LatencyPick) Pick(req *Request, ws []*Worker, costs []float64) int {
 			best, bk, seen = i, k, 1
 		case k == bk:
 			seen++
-			if rand.IntN(seen) == 0 {
+			if randIntN(seen) == 0 {
 				best = i
 			}
 		}

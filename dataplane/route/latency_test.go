@@ -387,6 +387,50 @@ func TestLatencySlotWaitFollowsRunningRequests(t *testing.T) {
 	}
 }
 
+// TestLatencySlotWaitFollowsExpectedOutput: of two full workers whose running requests got
+// their first tokens at the same moment, the one whose requests expect fewer output tokens
+// (their osl) frees a slot sooner: the request goes there, and its predicted wait is what
+// is left of those tokens at the worker's step time, not of the mean occupancy.
+func TestLatencySlotWaitFollowsExpectedOutput(t *testing.T) {
+	r, ws, cache := latencyRouter(t, 2, 2)
+	hashes, n := promptChain(1, 1, 250, 4)
+	cache(ws[0], hashes[:250])
+	cache(ws[1], hashes[:250])
+	now := Now()
+	age := 0.05
+	var us []*Usage
+	for i, w := range ws {
+		osl := 9 // w0: 8 steps after the first token
+		if i == 1 {
+			osl = 400
+		}
+		for range 2 {
+			u := &Usage{}
+			u.BeginAt(now-int64(1e9), w, 100, 100, osl)
+			u.FirstTokenAt(now - int64(age*1e9))
+			us = append(us, u)
+		}
+	}
+	defer func() {
+		for _, u := range us {
+			u.End()
+		}
+	}()
+	var req Request
+	req.Model, req.Hashes, req.PromptTokens, req.Now = "m", hashes, n, now
+	var d Decision
+	if err := r.Route(&req, &d); err != nil {
+		t.Fatal(err)
+	}
+	if d.Worker != ws[0] {
+		t.Fatalf("went to %s, want w0 whose requests have fewer tokens to go", d.Worker.ID)
+	}
+	want := 8*ws[0].Latency().DecodeStep(2, ws[0].KVInUse()) - age
+	if math.Abs(d.Prediction.X[latency.FeatSlotWait]-want) > 1e-3 {
+		t.Fatalf("slot wait feature %v, want 8 steps less the %v s since the first token: %v", d.Prediction.X[latency.FeatSlotWait], age, want)
+	}
+}
+
 // TestLatencyPricesOnboarding: a worker whose matched run sits in host memory or on disk is
 // priced by the time those blocks take to come back at the bandwidths it advertises: a
 // 16,000-token context on host (47 ms at 25 GB/s) beats recomputing it on an idle worker;

@@ -2,7 +2,6 @@ package route
 
 import (
 	"math"
-	"math/rand/v2"
 	"sync/atomic"
 )
 
@@ -23,7 +22,7 @@ func (p MinCost) Pick(_ *Request, ws []*Worker, costs []float64) int {
 		for _, c := range costs {
 			sum += math.Exp(-(c - lo) / (hi - lo) / p.Temperature)
 		}
-		x := rand.Float64() * sum
+		x := randFloat64() * sum
 		for i, c := range costs {
 			x -= math.Exp(-(c - lo) / (hi - lo) / p.Temperature)
 			if x <= 0 {
@@ -45,7 +44,7 @@ func (p MinCost) Pick(_ *Request, ws []*Worker, costs []float64) int {
 			best, bestLoad, seen = i, l, 1
 		case l == bestLoad:
 			seen++
-			if rand.IntN(seen) == 0 {
+			if randIntN(seen) == 0 {
 				best = i
 			}
 		}
@@ -92,7 +91,7 @@ func pickLeast(ws []*Worker, key func(*Worker) loadKey) int {
 			best, bk, seen = i, k, 1
 		case k == bk:
 			seen++
-			if rand.IntN(seen) == 0 {
+			if randIntN(seen) == 0 {
 				best = i
 			}
 		}
@@ -114,7 +113,7 @@ type Random struct{}
 
 func (Random) Name() string { return "random" }
 
-func (Random) Pick(_ *Request, ws []*Worker, _ []float64) int { return rand.IntN(len(ws)) }
+func (Random) Pick(_ *Request, ws []*Worker, _ []float64) int { return randIntN(len(ws)) }
 
 // PowerOfTwo samples two workers and picks the less loaded (the power of two choices).
 type PowerOfTwo struct{}
@@ -125,8 +124,8 @@ func (PowerOfTwo) Pick(_ *Request, ws []*Worker, _ []float64) int {
 	if len(ws) == 1 {
 		return 0
 	}
-	a := rand.IntN(len(ws))
-	b := rand.IntN(len(ws) - 1)
+	a := randIntN(len(ws))
+	b := randIntN(len(ws) - 1)
 	if b >= a {
 		b++
 	}

@@ -2,6 +2,7 @@ package route
 
 import (
 	"math"
+	"math/rand/v2"
 	"net"
 	"slices"
 	"strconv"
@@ -76,9 +77,10 @@ type Worker struct {
 	lastFirst  int64   // when the last of this proxy's requests here got its first token
 	rateTokens float64 // decayed sums of prefill tokens and the time they took
 	rateNanos  float64
-	// decoding holds when each of this proxy's requests here that is past its first token
-	// got it (Clock times), for the slot wait (DecodingAges); guarded by bl.
-	decoding []int64
+	// decoding holds, for each of this proxy's requests here that is past its first token,
+	// when it got it (Clock time) and the output expected of it, for the slot wait
+	// (DecodingLeft); guarded by bl.
+	decoding []decodingReq
 
 	ejectedUntil atomic.Int64 // unix nanos
 	lastHeard    atomic.Int64 // when the worker last sent bytes (Heard)
@@ -182,6 +184,26 @@ func (w *Worker) PrefillTokens() int64 {
 // it to drive the calls that read it (Begin, FirstToken, a Request without Now); a call given
 // a time (ClockAt with now != 0) converts that time instead and never reads Clock.
 var Clock = clock.Mono
+
+// Rand, when set, is the routers' randomness (exploration, the random and weighted pickers,
+// the power of two choices' draw) in place of math/rand/v2's global source: a replay that
+// runs every decision on one goroutine sets a seeded one to make the same decisions every
+// time. A *rand.Rand is not safe for concurrent use: never set it where event loops route.
+var Rand *rand.Rand
+
+func randFloat64() float64 {
+	if Rand != nil {
+		return Rand.Float64()
+	}
+	return rand.Float64()
+}
+
+func randIntN(n int) int {
+	if Rand != nil {
+		return Rand.IntN(n)
+	}
+	return rand.IntN(n)
+}
 
 // Now is the data plane's time of day in Unix nanoseconds (package clock). Every absolute
 // time the router and the proxy compare (ejections, sessions, the proxy loops' now, queue
@@ -425,7 +447,7 @@ func (u *Usage) FirstTokenAt(now int64) {
 		w.Latency().ObserveTTFTAt(now, &u.pred, u.ttft)
 	}
 	w.bl.Lock()
-	w.decoding = append(w.decoding, now)
+	w.decoding = append(w.decoding, decodingReq{at: now, osl: u.osl})
 	if u.prefillTokens == 0 {
 		w.bl.Unlock()
 		return
@@ -489,7 +511,7 @@ func (u *Usage) End() {
 	if u.firstAt != 0 {
 		w := u.w
 		w.bl.Lock()
-		if i := slices.Index(w.decoding, u.firstAt); i >= 0 {
+		if i := slices.Index(w.decoding, decodingReq{at: u.firstAt, osl: u.osl}); i >= 0 {
 			last := len(w.decoding) - 1
 			w.decoding[i] = w.decoding[last]
 			w.decoding = w.decoding[:last]
@@ -502,16 +524,29 @@ func (u *Usage) End() {
 	*u = Usage{}
 }
 
-// DecodingAges appends to dst, for each of this proxy's requests on w past its first token
-// (at most cap(dst) of them), the seconds since that token came at now, and returns it.
-func (w *Worker) DecodingAges(now int64, dst []float64) []float64 {
+// decodingReq is one of this proxy's requests past its first token on a worker.
+type decodingReq struct {
+	at  int64 // when its first token came (Clock)
+	osl int   // the output tokens expected of it, 0 unknown
+}
+
+// DecodingLeft appends to dst, for each of this proxy's requests on w past its first token
+// (at most cap(dst) of them), the seconds until it is expected to end and free its slot at
+// now, and returns it. A request expected to produce osl tokens holds its slot osl − 1 steps
+// of perToken seconds after its first token; one of unknown output (or without perToken)
+// the worker's mean occupancy occ. One past its expected end is taken to end now.
+func (w *Worker) DecodingLeft(now int64, perToken, occ float64, dst []float64) []float64 {
 	w.bl.Lock()
 	defer w.bl.Unlock()
-	for _, at := range w.decoding {
+	for _, d := range w.decoding {
 		if len(dst) == cap(dst) {
 			break
 		}
-		dst = append(dst, float64(now-at)/1e9)
+		hold := occ
+		if d.osl > 0 && perToken > 0 {
+			hold = float64(d.osl-1) * perToken
+		}
+		dst = append(dst, max(hold-float64(now-d.at)/1e9, 0))
 	}
 	return dst
 }

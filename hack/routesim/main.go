@@ -46,6 +46,7 @@ func main() {
 		tellSeqs = flag.Bool("tell-seqs", false, "tell the router each engine's max-num-seqs")
 		extra    = flag.String("extra", "", "route.Config overrides: compute_weight=1,batch_weight=0.05,...")
 		verbose  = flag.Bool("v", false, "per-worker counts and prediction errors")
+		alone    = flag.Bool("alone", false, "llm-d engines: also print the error of a prediction that knows each engine's state at the decision exactly and nothing of later arrivals (aerr: on llm-d's first-come-first-served engines only their noise and evictions), and the router's prediction's error against it (merr), apart for requests that found a free slot and those that queued")
 		caseName = flag.String("case", "", "run one matrix case (name/kind) with the flags' policies and seeds, verbose")
 		matrix   = flag.String("matrix", "", "run the case matrix (substring of case/kind to select; 'all' for every case) instead of one fleet")
 		save     = flag.String("save", "", "matrix: save every policy's runs to this JSON file")
@@ -115,7 +116,7 @@ func main() {
 			}
 			// The proxy's defaults (dataplane/proxy.DefaultConfig).
 			rc := proxyDefaults(pol)
-			cfg := fleetsim.Config{Model: *model, Workload: w, Exact: *exact, Seed: seed, Routing: rc, Explain: *dump > 0 || *verbose}
+			cfg := fleetsim.Config{Model: *model, Workload: w, Exact: *exact, Seed: seed, Routing: rc, Explain: *dump > 0 || *verbose || *alone, Alone: *alone}
 			if err := applyExtra(&cfg.Routing, *extra); err != nil {
 				fmt.Fprintln(os.Stderr, err)
 				os.Exit(2)
@@ -140,6 +141,11 @@ func main() {
 			p50s, p90s, p99s = append(p50s, s.TTFTP50), append(p90s, s.TTFTP90), append(p99s, s.TTFTP99)
 			fmt.Printf("%-14s %-5d %8s %8s %8s %8s %5.1f%% %6.1f%% %6.1f%%  %v (%d req, %v wall)\n", pol, seed, ms(s.TTFTP50), ms(s.TTFTP90), ms(s.TTFTP99), ms(s.E2EP50),
 				100*s.HitRate, 100*s.PredErrP50, 100*s.PredErrP90, s.PerWorker, s.Requests, time.Since(t0).Round(time.Millisecond))
+			if *alone {
+				fmt.Printf("%-14s %-5s %35s %6.1f%% %6.1f%%  knowing the engine's state at the decision\n", "", "", "aerr", 100*s.AloneErrP50, 100*s.AloneErrP90)
+				fmt.Printf("%-14s %-5s %35s %6.1f%% %6.1f%%  the prediction against that\n", "", "", "merr", 100*s.ModelAloneErrP50, 100*s.ModelAloneErrP90)
+				aloneSplit(res, *seqs)
+			}
 			if *verbose && c.kind == fleetsim.KindLLMD {
 				// What each TTFT is made of on llm-d's engines: the idle engine's prefill of
 				// what was not cached, and the rest (a slot's wait, the slowdown of a full
@@ -222,7 +228,7 @@ func main() {
 				}
 				fmt.Printf("    chosen load above the least: %v\n", hist)
 				for i, m := range res.Models {
-					fmt.Printf("    w%d: seqs %d (low %d) sigma q %.2f f %.2f speed %.2f occ %.2f theta %.2f\n", i, m.MaxNumSeqs, m.SeqsLow, m.SigmaQueued, m.SigmaFresh, m.Speed, m.Occupancy, m.Theta)
+					fmt.Printf("    w%d: seqs %d (low %d) sigma q %.2f f %.2f speed %.2f decode %.2f occ %.2f theta %.2f\n", i, m.MaxNumSeqs, m.SeqsLow, m.SigmaQueued, m.SigmaFresh, m.Speed, m.DecodeSpeed, m.Occupancy, m.Theta)
 				}
 				fmt.Printf("    mean decode %.0f ms, mean ttft %.0f ms, span %.1fs\n", 1000*dec/float64(nd), 1000*tt/float64(nd), res.Duration.Seconds())
 				modes := map[string]int{}
@@ -244,6 +250,37 @@ func main() {
 			}
 		}
 		fmt.Printf("%-14s %-5s %8s %8s %8s\n", pol, "med", ms(med(p50s)), ms(med(p90s)), ms(med(p99s)))
+	}
+}
+
+// aloneSplit prints the prediction's error against Alone, and its bias, apart for the
+// requests that found a free slot on their engine and those that queued for one.
+func aloneSplit(res *fleetsim.Result, seqs int) {
+	type agg struct {
+		errs   []float64
+		sumLog float64
+	}
+	var g [2]agg
+	for i, r := range res.Records {
+		if r.Err != "" || r.Alone <= 0 || r.Predict <= 0 || i < len(res.Records)/5 {
+			continue
+		}
+		k := 0
+		for _, c := range r.Candidates {
+			if c.Worker == r.Worker && (c.Wait > 0 || c.Running >= seqs) {
+				k = 1
+			}
+		}
+		g[k].errs = append(g[k].errs, math.Abs(float64(r.Predict-r.Alone))/float64(r.TTFT))
+		g[k].sumLog += math.Log(float64(r.Predict) / float64(r.Alone))
+	}
+	for k, name := range []string{"free slot", "queued"} {
+		e := g[k].errs
+		if len(e) == 0 {
+			continue
+		}
+		slices.Sort(e)
+		fmt.Printf("%-14s %-5s %35s n=%d merr p50 %.1f%% p90 %.1f%%, predicted ÷ alone (geometric mean) %.2f\n", "", "", name, len(e), 100*e[len(e)/2], 100*e[len(e)*9/10], math.Exp(g[k].sumLog/float64(len(e))))
 	}
 }
 

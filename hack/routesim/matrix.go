@@ -136,7 +136,7 @@ func runMatrix(policies []string, seeds []uint64, only, extra, save, against str
 	type key struct {
 		c, p string
 	}
-	type res struct{ P50, P90, P99, Hit []float64 }
+	type res struct{ P50, P90, P99, Hit, Err50, Err90 []float64 }
 	pairedOut := map[string][3][]float64{}
 	out := map[key]*res{}
 	// others holds, per case name, the runs of the policies to compare the first one with:
@@ -207,6 +207,7 @@ func runMatrix(policies []string, seeds []uint64, only, extra, save, against str
 				}
 				o := out[k]
 				o.P50, o.P90, o.P99, o.Hit = append(o.P50, ms1(s.TTFTP50)), append(o.P90, ms1(s.TTFTP90)), append(o.P99, ms1(s.TTFTP99)), append(o.Hit, s.HitRate)
+				o.Err50, o.Err90 = append(o.Err50, s.PredErrP50), append(o.Err90, s.PredErrP90)
 				mu.Unlock()
 			}
 		}
@@ -240,6 +241,9 @@ func runMatrix(policies []string, seeds []uint64, only, extra, save, against str
 		r90 := median(first.P90) / best(func(r *res) []float64 { return r.P90 })
 		r99 := median(first.P99) / best(func(r *res) []float64 { return r.P99 })
 		fmt.Printf(" || ×%.2f ×%.2f ×%.2f", r50, r90, r99)
+		if len(first.Err50) > 0 && median(first.Err50) > 0 {
+			fmt.Printf(" | err %.0f%%/%.0f%%", 100*median(first.Err50), 100*median(first.Err90))
+		}
 		if others != nil {
 			// Paired: seed by seed against the best of the others' runs of that seed.
 			var q [3][]float64

@@ -15,7 +15,8 @@
 //
 // # Threading
 //
-// Run is single-threaded and replaces route.Clock with the virtual clock while it runs:
+// Run is single-threaded and replaces route.Clock with the virtual clock and route.Rand
+// with a source seeded by Config.Seed while it runs:
 // callers must not route with package route concurrently (tests that call Run must not be
 // parallel with other tests of the same process that route).
 package fleetsim

@@ -64,27 +64,37 @@ type Config struct {
 	Exact bool
 	// MaxRequests stops sending after that many requests (0: the whole workload).
 	MaxRequests int
-	// Seed drives the llm-d engines' noise.
+	// Seed drives the llm-d engines' noise and the router's randomness (route.Rand): a
+	// replay of one seed makes the same decisions every time.
 	Seed uint64
 	// Explain keeps every candidate's prediction in each record.
 	Explain bool
+	// Alone fills each record's Alone on llm-d engines.
+	Alone bool
 }
 
 // Record is one request's outcome.
 type Record struct {
-	Seq      int
-	Tag      string
-	Worker   int
-	Start    time.Duration // when it was sent
-	TTFT     time.Duration
-	E2E      time.Duration
-	Prompt   int // prompt tokens
-	Cached   int // prompt tokens the engine found cached
-	Output   int
-	Mode     string        // the router's rule (Decision.Mode)
-	Overlap  float64       // the cached blocks the router counted on its worker
-	Predict  time.Duration // the predicted TTFT (0 without a prediction)
-	PredQ    time.Duration // the queue part of Predict
+	Seq     int
+	Tag     string
+	Worker  int
+	Start   time.Duration // when it was sent
+	TTFT    time.Duration
+	E2E     time.Duration
+	Prompt  int // prompt tokens
+	Cached  int // prompt tokens the engine found cached
+	Output  int
+	Mode    string        // the router's rule (Decision.Mode)
+	Overlap float64       // the cached blocks the router counted on its worker
+	Predict time.Duration // the predicted TTFT (0 without a prediction)
+	PredQ   time.Duration // the queue part of Predict
+	// Alone is, on an llm-d engine under Config.Alone, the TTFT the request would have had if
+	// no request had arrived after its decision and the engine had no noise: what a
+	// predictor that knows the engine's state exactly but not the future could say (0 where
+	// not computed).
+	Alone time.Duration
+	// Waited is, on an llm-d engine, how long the request waited there for a slot.
+	Waited   time.Duration
 	Err      string
 	Requeued int // times it waited for a worker (every one busy)
 	// Candidates are, under a predicting policy, each candidate's prediction at the
@@ -183,9 +193,10 @@ func Run(cfg Config) (*Result, error) {
 	}
 	fl := &fleet{cfg: cfg, codec: tokenizer.CodecForModel(cfg.Model), base: clock.Now(), rng: rand.New(rand.NewPCG(cfg.Seed, 0x5eed))}
 	fl.filler = fillerIDs(fl.codec.Tokenizer)
-	prevClock := route.Clock
+	prevClock, prevRand := route.Clock, route.Rand
 	route.Clock = func() int64 { return clock.MonoAt(fl.base + fl.vt) }
-	defer func() { route.Clock = prevClock }()
+	route.Rand = rand.New(rand.NewPCG(cfg.Seed, 0x7a11))
+	defer func() { route.Clock, route.Rand = prevClock, prevRand }()
 
 	var ws []*route.Worker
 	for i := range cfg.Engines {
@@ -423,6 +434,9 @@ func (fl *fleet) dispatch(f *flight) {
 				Spread: p.Spread, Slowdown: p.Slowdown, BusyCompute: p.Busy * p.Compute, HoldScarcity: p.Hold * p.Scarcity,
 				Load: w.Load(), Overlap: rr.Overlap(w), Running: run, Wait: wait})
 		}
+	}
+	if e, ok := fl.eng[f.wi].(*llmdEngine); ok && fl.cfg.Alone {
+		rec.Alone = time.Duration(fl.vt-f.sent) + e.alone(f)
 	}
 	f.usage.BeginAt(fl.tod(), d.Worker, len(f.tokens), int(d.Overlap)*fl.cfg.BlockSize, f.req.OSL)
 	f.usage.Predicted(&d, rr.Priority, true)

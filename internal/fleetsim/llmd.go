@@ -7,6 +7,68 @@ import (
 	"time"
 )
 
+// alone is f's TTFT from now had it been submitted to e now and no request arrived anywhere
+// after it, without the engine's noise: the part of its TTFT that the engine's state at the
+// decision sets. Requests waiting ahead of f start in order, each storing its prompt's
+// blocks; nothing is evicted meanwhile.
+func (e *llmdEngine) alone(f *flight) time.Duration {
+	type slot struct {
+		at   int64
+		left int
+	}
+	now := e.fl.vt
+	run := make([]slot, 0, e.cfg.MaxNumSeqs+1)
+	for _, r := range e.running {
+		run = append(run, slot{r.at, r.left})
+	}
+	queue := make([]*flight, 0, len(e.waiting)+1)
+	for _, r := range e.waiting {
+		queue = append(queue, r.f)
+	}
+	queue = append(queue, f)
+	stored := map[uint64]bool{}
+	t := now
+	for {
+		for len(run) < e.cfg.MaxNumSeqs && len(queue) > 0 {
+			q := queue[0]
+			queue = queue[1:]
+			n := 0
+			for _, h := range q.hashes {
+				if _, ok := e.blocks[h]; !ok && !stored[h] {
+					break
+				}
+				n++
+			}
+			run = append(run, slot{left: max(q.req.MaxTokens, 1)})
+			fac := e.factor(len(run))
+			uncached := max(len(q.tokens)-n*e.fl.cfg.BlockSize, 0)
+			at := t + int64(float64(e.cfg.PrefillOverhead)*fac) + int64(float64(e.cfg.PrefillPerToken)*fac)*int64(uncached)
+			if q == f {
+				return time.Duration(at - now)
+			}
+			run[len(run)-1].at = at
+			for _, h := range q.hashes {
+				stored[h] = true
+			}
+		}
+		if len(run) == 0 {
+			return 0 // not reached: f starts once a slot is free
+		}
+		i := 0
+		for j := range run {
+			if run[j].at < run[i].at {
+				i = j
+			}
+		}
+		t = run[i].at
+		if run[i].left--; run[i].left > 0 {
+			run[i].at += int64(float64(e.cfg.InterToken) * e.factor(len(run)))
+		} else {
+			run = append(run[:i], run[i+1:]...)
+		}
+	}
+}
+
 // LLMDConfig models llm-d-inference-sim's per-token latency calculator, as hack/bench-llmd
 // runs it: MaxNumSeqs requests run at once and the rest wait in arrival order; a request that
 // starts with r requests running (itself included) takes (PrefillOverhead + PrefillPerToken ·
@@ -47,12 +109,14 @@ type llmdEngine struct {
 }
 
 type llmdReq struct {
-	f       *flight
-	at      int64 // next event: its first token, then each next token
-	left    int   // tokens still to come
-	cached  int
-	out     []uint32
-	heapIdx int
+	f      *flight
+	at     int64 // next event: its first token, then each next token
+	left   int   // tokens still to come
+	cached int
+	// submitted is when it reached the engine.
+	submitted int64
+	out       []uint32
+	heapIdx   int
 }
 
 func newLLMDEngine(fl *fleet, idx int, cfg LLMDConfig) (*llmdEngine, error) {
@@ -81,7 +145,7 @@ func (e *llmdEngine) noisy(d time.Duration, sd time.Duration) int64 {
 }
 
 func (e *llmdEngine) submit(f *flight) error {
-	r := &llmdReq{f: f, left: max(f.req.MaxTokens, 1)}
+	r := &llmdReq{f: f, left: max(f.req.MaxTokens, 1), submitted: e.fl.vt}
 	if len(e.running) < e.cfg.MaxNumSeqs {
 		e.start(r, e.fl.vt)
 	} else {
@@ -94,6 +158,7 @@ func (e *llmdEngine) submit(f *flight) error {
 // its first token.
 func (e *llmdEngine) start(r *llmdReq, t int64) {
 	e.running = append(e.running, r)
+	e.fl.recs[r.f.rec].Waited = time.Duration(t - r.submitted)
 	hashes := r.f.hashes
 	n := 0
 	for _, h := range hashes {
