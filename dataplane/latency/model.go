@@ -843,7 +843,7 @@ func (w *Worker) ObserveDecode(batch int, kv, itl, held float64) {
 	// The worker's own decode speed against its model's, before the model learns from it.
 	if want := w.m.ITL(batch, kv); want > 0 {
 		w.mu.Lock()
-		w.logDecode = 0.9*w.logDecode + 0.1*math.Log(itl/want)
+		w.logDecode = min(max(0.9*w.logDecode+0.1*math.Log(itl/want), -maxLogSpeed), maxLogSpeed)
 		w.decodeSpeed.Store(math.Float64bits(math.Exp(w.logDecode)))
 		w.mu.Unlock()
 	}

@@ -87,25 +87,26 @@ func decodeOK(f *Fit) bool {
 	return true
 }
 
-// WorkerFit is what a Worker learned of its worker: its prefill speed against its model,
-// how long a request holds a slot there, its concurrency limit (0: unknown), the relative
-// errors of its recent queued and fresh predictions, and how many first tokens taught it.
+// WorkerFit is what a Worker learned of its worker: its prefill and decode speeds against
+// its model (DecodeSpeed 0: not known), how long a request holds a slot there, its
+// concurrency limit (0: unknown), the relative errors of its recent queued and fresh
+// predictions, and how many first tokens taught it.
 type WorkerFit struct {
-	Speed, Occupancy        float64
-	MaxNumSeqs              int
-	SigmaQueued, SigmaFresh float64
-	Obs                     int64
+	Speed, DecodeSpeed, Occupancy float64
+	MaxNumSeqs                    int
+	SigmaQueued, SigmaFresh       float64
+	Obs                           int64
 }
 
 // Fit returns what the worker's model learned of it.
 func (w *Worker) Fit() WorkerFit {
-	return WorkerFit{Speed: load(&w.speed), Occupancy: load(&w.occBit), MaxNumSeqs: int(w.seqs.Load()),
+	return WorkerFit{Speed: load(&w.speed), DecodeSpeed: load(&w.decodeSpeed), Occupancy: load(&w.occBit), MaxNumSeqs: int(w.seqs.Load()),
 		SigmaQueued: load(&w.sigma[resQueued]), SigmaFresh: load(&w.sigma[resFresh]), Obs: w.obs.Load()}
 }
 
-// Share takes what the fleet's proxies together learned of the worker: its speed,
+// Share takes what the fleet's proxies together learned of the worker: its speeds,
 // occupancy and errors when they saw at least twice as many of its first tokens as this
-// model did, and its concurrency limit while this model has learned none (and saw it run
+// model did (its decode speed only where they reported one), and its concurrency limit while this model has learned none (and saw it run
 // no more). Figures out of bounds are ignored. It reports whether the worker changed.
 func (w *Worker) Share(f WorkerFit) bool {
 	changed := false
@@ -126,6 +127,10 @@ func (w *Worker) Share(f WorkerFit) bool {
 	w.occ = f.Occupancy
 	w.nOcc = max(w.nOcc, 1)
 	w.occBit.Store(math.Float64bits(f.Occupancy))
+	if f.DecodeSpeed >= math.Exp(-maxLogSpeed) && f.DecodeSpeed <= math.Exp(maxLogSpeed) {
+		w.logDecode = math.Log(f.DecodeSpeed)
+		w.decodeSpeed.Store(math.Float64bits(f.DecodeSpeed))
+	}
 	w.mu.Unlock()
 	w.sigma[resQueued].Store(math.Float64bits(f.SigmaQueued))
 	w.sigma[resFresh].Store(math.Float64bits(f.SigmaFresh))

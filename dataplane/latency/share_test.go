@@ -28,6 +28,9 @@ func TestShareStartsCalibrated(t *testing.T) {
 	if before < 0.5 || after > 0.15 {
 		t.Fatalf("median relative error %.1f%% before sharing, %.1f%% after: want the shared fit under 15%% where the prior is far off", 100*before, 100*after)
 	}
+	if got, want := fresh[0].Fit().DecodeSpeed, taught[0].Fit().DecodeSpeed; got != want || want == 1 {
+		t.Fatalf("decode speed %v after sharing, want the taught worker's %v", got, want)
+	}
 	if got := fresh[0].MaxNumSeqs(&Engine{}); got != eng.seqs {
 		t.Fatalf("limit %d after sharing, want %d", got, eng.seqs)
 	}
@@ -85,6 +88,16 @@ func TestShareRefusesNonsense(t *testing.T) {
 	}
 	if got := w.Fit(); got != own {
 		t.Fatalf("worker fit changed to %+v", got)
+	}
+	// A decode speed out of bounds, or none (a proxy that does not report it), is not
+	// taken beside figures that are.
+	for _, ds := range []float64{0, 1e9, math.NaN()} {
+		if !w.Share(WorkerFit{Speed: 1.5, DecodeSpeed: ds, Occupancy: 1, SigmaQueued: 0.5, SigmaFresh: 0.5, Obs: 1000}) {
+			t.Fatal("worker refused a fit whose other figures are good")
+		}
+		if got := w.Fit().DecodeSpeed; got != own.DecodeSpeed {
+			t.Fatalf("decode speed %v taken: %v", ds, got)
+		}
 	}
 }
 

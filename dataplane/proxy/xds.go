@@ -640,7 +640,7 @@ func (s *Server) latencyFits() []*xdsv1.LatencyFit {
 		}
 		wf := w.Latency().Fit()
 		f.Workers = append(f.Workers, &xdsv1.WorkerFit{WorkerId: w.ID, Speed: wf.Speed, Occupancy: wf.Occupancy, MaxNumSeqs: uint32(max(wf.MaxNumSeqs, 0)),
-			SigmaQueued: wf.SigmaQueued, SigmaFresh: wf.SigmaFresh, Observations: uint64(max(wf.Obs, 0))})
+			SigmaQueued: wf.SigmaQueued, SigmaFresh: wf.SigmaFresh, Observations: uint64(max(wf.Obs, 0)), DecodeSpeed: wf.DecodeSpeed})
 	}
 	return out
 }
@@ -669,7 +669,7 @@ func shareFits(workers []*xdsv1.Worker, present []*route.Worker) {
 		for _, wf := range f.GetWorkers() {
 			if wf.GetWorkerId() == w.ID {
 				w.Latency().Share(latency.WorkerFit{Speed: wf.GetSpeed(), Occupancy: wf.GetOccupancy(), MaxNumSeqs: int(min(wf.GetMaxNumSeqs(), 1<<20)),
-					SigmaQueued: wf.GetSigmaQueued(), SigmaFresh: wf.GetSigmaFresh(), Obs: int64(min(wf.GetObservations(), 1<<62))})
+					SigmaQueued: wf.GetSigmaQueued(), SigmaFresh: wf.GetSigmaFresh(), Obs: int64(min(wf.GetObservations(), 1<<62)), DecodeSpeed: wf.GetDecodeSpeed()})
 			}
 		}
 	}

@@ -37,7 +37,7 @@ func fitsOf(r *xdsv1.LoadReport) []*xdsv1.LatencyFit {
 		f = proto.CloneOf(f)
 		f.Workers = slices.DeleteFunc(f.Workers, func(w *xdsv1.WorkerFit) bool {
 			return w.GetWorkerId() == "" || len(w.GetWorkerId()) > maxSampleString ||
-				!finite(w.GetSpeed(), w.GetOccupancy(), w.GetSigmaQueued(), w.GetSigmaFresh())
+				!finite(w.GetSpeed(), w.GetOccupancy(), w.GetSigmaQueued(), w.GetSigmaFresh(), w.GetDecodeSpeed())
 		})
 		out = append(out, f)
 	}
@@ -97,6 +97,7 @@ func poolFits(k FitKey, fs []*xdsv1.LatencyFit) *xdsv1.LatencyFit {
 	var tw, dw float64
 	type acc struct {
 		speed, occ, sq, sf, w float64
+		ds, dw                float64 // decode speed, over the reports that carry one
 		obs                   uint64
 		seqs                  uint32
 	}
@@ -136,6 +137,10 @@ func poolFits(k FitKey, fs []*xdsv1.LatencyFit) *xdsv1.LatencyFit {
 				a.sf += n * w.GetSigmaFresh()
 				a.w += n
 				a.obs += w.GetObservations()
+				if ds := w.GetDecodeSpeed(); ds > 0 { // 0: a proxy that does not report it
+					a.ds += n * ds
+					a.dw += n
+				}
 			}
 		}
 	}
@@ -159,7 +164,8 @@ func poolFits(k FitKey, fs []*xdsv1.LatencyFit) *xdsv1.LatencyFit {
 	for _, id := range ids {
 		a := workers[id]
 		out.Workers = append(out.Workers, &xdsv1.WorkerFit{WorkerId: id, MaxNumSeqs: a.seqs, Observations: a.obs,
-			Speed: safeDiv(a.speed, a.w), Occupancy: safeDiv(a.occ, a.w), SigmaQueued: safeDiv(a.sq, a.w), SigmaFresh: safeDiv(a.sf, a.w)})
+			Speed: safeDiv(a.speed, a.w), Occupancy: safeDiv(a.occ, a.w), SigmaQueued: safeDiv(a.sq, a.w), SigmaFresh: safeDiv(a.sf, a.w),
+			DecodeSpeed: safeDiv(a.ds, a.dw)})
 	}
 	return out
 }
@@ -186,7 +192,7 @@ func FitFor(pooled map[FitKey]*xdsv1.LatencyFit, model string, role xdsv1.Role, 
 	if i, ok := slices.BinarySearchFunc(p.Workers, workerID, func(w *xdsv1.WorkerFit, id string) int { return cmp.Compare(w.GetWorkerId(), id) }); ok {
 		w := p.Workers[i]
 		out.Workers = []*xdsv1.WorkerFit{{WorkerId: w.WorkerId, Speed: round2(w.Speed), Occupancy: round2(w.Occupancy), MaxNumSeqs: w.MaxNumSeqs,
-			SigmaQueued: round2(w.SigmaQueued), SigmaFresh: round2(w.SigmaFresh), Observations: pow2Floor(w.Observations)}}
+			SigmaQueued: round2(w.SigmaQueued), SigmaFresh: round2(w.SigmaFresh), Observations: pow2Floor(w.Observations), DecodeSpeed: round2(w.DecodeSpeed)}}
 	}
 	return out
 }

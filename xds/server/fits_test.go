@@ -21,8 +21,11 @@ func TestPooledFits(t *testing.T) {
 			TtftObservations: n, DecodeObservations: n,
 			Workers: []*xdsv1.WorkerFit{{WorkerId: "w0", Speed: speed, Occupancy: 2, MaxNumSeqs: seqs, SigmaQueued: 0.5, SigmaFresh: 0.2, Observations: obs}}}
 	}
+	// b's proxy reports the worker's decode speed, a's none (0): the pool's is b's alone.
+	fb := fit(100, 3, 2, 10, 4)
+	fb.Workers[0].DecodeSpeed = 1.7
 	s.load.put("a", 1, &xdsv1.LoadReport{NodeId: "a", Seq: 1, Fits: []*xdsv1.LatencyFit{fit(300, 1, 1, 30, 0)}})
-	s.load.put("b", 2, &xdsv1.LoadReport{NodeId: "b", Seq: 1, Fits: []*xdsv1.LatencyFit{fit(100, 3, 2, 10, 4),
+	s.load.put("b", 2, &xdsv1.LoadReport{NodeId: "b", Seq: 1, Fits: []*xdsv1.LatencyFit{fb,
 		{Model: "bad", Theta: []float64{math.NaN()}}}})
 	// A later report without fits keeps the node's last ones.
 	s.load.put("b", 2, &xdsv1.LoadReport{NodeId: "b", Seq: 2})
@@ -37,6 +40,9 @@ func TestPooledFits(t *testing.T) {
 	w := p.GetWorkers()[0]
 	if got, want := w.GetSpeed(), (30*1+10*2)/40.0; math.Abs(got-want) > 1e-12 || w.GetMaxNumSeqs() != 4 || w.GetObservations() != 40 {
 		t.Fatalf("worker %+v, want speed %v, limit 4, 40 observations", w, want)
+	}
+	if w.GetDecodeSpeed() != 1.7 {
+		t.Fatalf("worker's decode speed %v, want 1.7: the one proxy that reported it", w.GetDecodeSpeed())
 	}
 	// Within the interval the pool stands, whatever comes.
 	s.load.put("a", 1, &xdsv1.LoadReport{NodeId: "a", Seq: 2, Fits: []*xdsv1.LatencyFit{fit(1000, 10, 1, 30, 0)}})

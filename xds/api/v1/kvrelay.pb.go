@@ -383,14 +383,16 @@ func (x *LatencyFit) GetWorkers() []*WorkerFit {
 // unknown), the relative error of its recent queued and fresh predictions, and how many
 // first tokens taught it.
 type WorkerFit struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	WorkerId      string                 `protobuf:"bytes,1,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
-	Speed         float64                `protobuf:"fixed64,2,opt,name=speed,proto3" json:"speed,omitempty"`
-	Occupancy     float64                `protobuf:"fixed64,3,opt,name=occupancy,proto3" json:"occupancy,omitempty"`
-	MaxNumSeqs    uint32                 `protobuf:"varint,4,opt,name=max_num_seqs,json=maxNumSeqs,proto3" json:"max_num_seqs,omitempty"`
-	SigmaQueued   float64                `protobuf:"fixed64,5,opt,name=sigma_queued,json=sigmaQueued,proto3" json:"sigma_queued,omitempty"`
-	SigmaFresh    float64                `protobuf:"fixed64,6,opt,name=sigma_fresh,json=sigmaFresh,proto3" json:"sigma_fresh,omitempty"`
-	Observations  uint64                 `protobuf:"varint,7,opt,name=observations,proto3" json:"observations,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	WorkerId     string                 `protobuf:"bytes,1,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
+	Speed        float64                `protobuf:"fixed64,2,opt,name=speed,proto3" json:"speed,omitempty"`
+	Occupancy    float64                `protobuf:"fixed64,3,opt,name=occupancy,proto3" json:"occupancy,omitempty"`
+	MaxNumSeqs   uint32                 `protobuf:"varint,4,opt,name=max_num_seqs,json=maxNumSeqs,proto3" json:"max_num_seqs,omitempty"`
+	SigmaQueued  float64                `protobuf:"fixed64,5,opt,name=sigma_queued,json=sigmaQueued,proto3" json:"sigma_queued,omitempty"`
+	SigmaFresh   float64                `protobuf:"fixed64,6,opt,name=sigma_fresh,json=sigmaFresh,proto3" json:"sigma_fresh,omitempty"`
+	Observations uint64                 `protobuf:"varint,7,opt,name=observations,proto3" json:"observations,omitempty"`
+	// decode_speed is the worker's time between tokens against its model's (0: not reported).
+	DecodeSpeed   float64 `protobuf:"fixed64,8,opt,name=decode_speed,json=decodeSpeed,proto3" json:"decode_speed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -470,6 +472,13 @@ func (x *WorkerFit) GetSigmaFresh() float64 {
 func (x *WorkerFit) GetObservations() uint64 {
 	if x != nil {
 		return x.Observations
+	}
+	return 0
+}
+
+func (x *WorkerFit) GetDecodeSpeed() float64 {
+	if x != nil {
+		return x.DecodeSpeed
 	}
 	return 0
 }
@@ -2397,7 +2406,7 @@ const file_kvrelay_proto_rawDesc = "" +
 	"\tdecode_kv\x18\x05 \x03(\x01R\bdecodeKv\x12+\n" +
 	"\x11ttft_observations\x18\x06 \x01(\x04R\x10ttftObservations\x12/\n" +
 	"\x13decode_observations\x18\a \x01(\x04R\x12decodeObservations\x123\n" +
-	"\aworkers\x18\b \x03(\v2\x19.kvrelay.xds.v1.WorkerFitR\aworkers\"\xe6\x01\n" +
+	"\aworkers\x18\b \x03(\v2\x19.kvrelay.xds.v1.WorkerFitR\aworkers\"\x89\x02\n" +
 	"\tWorkerFit\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x14\n" +
 	"\x05speed\x18\x02 \x01(\x01R\x05speed\x12\x1c\n" +
@@ -2407,7 +2416,8 @@ const file_kvrelay_proto_rawDesc = "" +
 	"\fsigma_queued\x18\x05 \x01(\x01R\vsigmaQueued\x12\x1f\n" +
 	"\vsigma_fresh\x18\x06 \x01(\x01R\n" +
 	"sigmaFresh\x12\"\n" +
-	"\fobservations\x18\a \x01(\x04R\fobservations\"\xf1\x01\n" +
+	"\fobservations\x18\a \x01(\x04R\fobservations\x12!\n" +
+	"\fdecode_speed\x18\b \x01(\x01R\vdecodeSpeed\"\xf1\x01\n" +
 	"\aKVTiers\x12+\n" +
 	"\x12kv_bytes_per_token\x18\x01 \x01(\x04R\x0fkvBytesPerToken\x12%\n" +
 	"\x0ehost_bandwidth\x18\x02 \x01(\x01R\rhostBandwidth\x12%\n" +
