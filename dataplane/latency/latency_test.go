@@ -270,6 +270,34 @@ func TestLimitFromReports(t *testing.T) {
 	}
 }
 
+// TestModelLimitUnlearned: a limit learned of one worker stands in for its peers that have
+// not shown their own; once any worker of the model runs more than it, it was no limit
+// (long prompts held back by the step budget, taken for one) and its peers drop it too:
+// an idle peer must not look as if its one slot were its last.
+func TestModelLimitUnlearned(t *testing.T) {
+	_, ws := newWorkers(3)
+	for range confirmLimit {
+		ws[0].ObserveReport(1, 1)
+	}
+	if got := ws[1].MaxNumSeqs(&Engine{}); got != 1 {
+		t.Fatalf("a peer's limit %d, want the model's 1", got)
+	}
+	ws[2].ObserveReport(4, 0)
+	for i, w := range ws[1:] {
+		if got := w.MaxNumSeqs(&Engine{}); got != 0 {
+			t.Fatalf("worker %d: limit %d after a peer ran 4, want none", i+1, got)
+		}
+	}
+	if got := ws[0].MaxNumSeqs(&Engine{}); got != 1 {
+		t.Fatalf("the worker seen waiting at 1: limit %d, want its own 1 until it runs more", got)
+	}
+	var p Prediction
+	ws[1].Predict(&Engine{}, State{}, 1000, &p)
+	if p.Scarcity != 0 {
+		t.Fatalf("an idle worker's scarcity %v, want 0 without a limit", p.Scarcity)
+	}
+}
+
 // TestModelLearnsAttention: on an engine whose prefill also pays attention over the context
 // (a third of the requests carry up to 100K tokens of cached context), the model learns the
 // attention term from what the requests took: its coefficient grows from 0, and long-context

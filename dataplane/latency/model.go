@@ -887,6 +887,11 @@ func (w *Worker) observeRunning(n int64, full bool) {
 		if s := w.seqs.Load(); s > 0 && n > s {
 			w.seqs.Store(0) // it runs more than we took for its limit
 		}
+		if s := w.m.seqs.Load(); s > 0 && n > s {
+			// And more than its model's: the limit its peers stand in with was no limit
+			// either (a step budget that held long prompts back, taken for one).
+			w.m.seqs.CompareAndSwap(s, 0)
+		}
 		if full {
 			w.confirms = 1
 		}
