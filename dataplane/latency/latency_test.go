@@ -298,6 +298,27 @@ func TestModelLimitUnlearned(t *testing.T) {
 	}
 }
 
+// TestSpreadPastPeersLimit: while no limit is known, a worker running as many requests as
+// the most it was seen to run is unsure of a slot for the next (its spread grows), unless a
+// peer of its model (deployed alike) was seen running more: a worker little used so far is
+// not taken for one of fewer slots.
+func TestSpreadPastPeersLimit(t *testing.T) {
+	_, ws := newWorkers(2)
+	ws[1].ObserveReport(1, 0)
+	var alone, withPeer Prediction
+	ws[1].Predict(&Engine{}, State{Requests: 1}, 1000, &alone)
+	ws[0].ObserveReport(4, 0)
+	ws[1].Predict(&Engine{}, State{Requests: 1}, 1000, &withPeer)
+	if want := alone.Spread - 0.5*ws[1].Occupancy()/2; alone.Spread <= withPeer.Spread || math.Abs(withPeer.Spread-want) > 1e-9 {
+		t.Fatalf("spread %v alone, %v once a peer ran 4: want the unknown slot's %v less", alone.Spread, withPeer.Spread, 0.5*ws[1].Occupancy()/2)
+	}
+	var past Prediction
+	ws[1].Predict(&Engine{}, State{Requests: 4}, 1000, &past)
+	if past.Spread <= withPeer.Spread {
+		t.Fatalf("spread %v at 4 requests, the most any peer ran, not above %v at 1", past.Spread, withPeer.Spread)
+	}
+}
+
 // TestModelLearnsAttention: on an engine whose prefill also pays attention over the context
 // (a third of the requests carry up to 100K tokens of cached context), the model learns the
 // attention term from what the requests took: its coefficient grows from 0, and long-context

@@ -231,8 +231,10 @@ type Model struct {
 	ttftN atomic.Int64
 	itlN  atomic.Int64
 	// seqs is the concurrency limit last learned of one of the model's workers, which its
-	// others are taken to share until their own reports say otherwise (0: none learned).
-	seqs atomic.Int64
+	// others are taken to share until their own reports say otherwise (0: none learned);
+	// seqsLow the most requests any of them was seen to run.
+	seqs    atomic.Int64
+	seqsLow atomic.Int64
 }
 
 // fit is one published state of a Model: the TTFT coefficients and the decode table
@@ -386,6 +388,7 @@ func (m *Model) Init() {
 	m.cur.initDecode()
 	m.publishLocked()
 	m.seqs.Store(0)
+	m.seqsLow.Store(0)
 }
 
 // publishLocked publishes the current coefficients with the decode table in m.cur, as one
@@ -732,9 +735,11 @@ func (w *Worker) Predict(e *Engine, st State, uncached float64, p *Prediction) {
 	// limit only guessed from what it ran), a slot wait may come that nobody predicted.
 	sq, sf := load(&w.sigma[resQueued]), load(&w.sigma[resFresh])
 	p.Spread = p.Queue*sq + p.Prefill*sf
-	if low := w.SeqsLow(); seqs <= 0 && low > 0 && st.Requests >= low {
-		// Past the most it was seen to run, and its limit unknown: a slot wait may come that
-		// nobody predicted, as long as the first of its running requests takes to end.
+	if low := max(w.SeqsLow(), int(m.seqsLow.Load())); seqs <= 0 && low > 0 && st.Requests >= low {
+		// Past the most it or a peer (deployed alike) was seen to run, and its limit
+		// unknown: a slot wait may come that nobody predicted, as long as the first of its
+		// running requests takes to end. A worker little used so far is not taken for one
+		// of fewer slots than its peers showed.
 		p.Spread += 0.5 * load(&w.occBit) / float64(low+1)
 	}
 }
@@ -883,6 +888,8 @@ func (w *Worker) observeRunning(n int64, full bool) {
 	switch low := w.seqsLow.Load(); {
 	case n > low:
 		w.seqsLow.Store(n)
+		for ml := w.m.seqsLow.Load(); n > ml && !w.m.seqsLow.CompareAndSwap(ml, n); ml = w.m.seqsLow.Load() {
+		}
 		w.confirms = 0
 		if s := w.seqs.Load(); s > 0 && n > s {
 			w.seqs.Store(0) // it runs more than we took for its limit
