@@ -368,6 +368,19 @@ func TestLatencySlotWaitFollowsRunningRequests(t *testing.T) {
 			us = append(us, u)
 		}
 	}
+	d := routeAt(t, r, hashes, n, now, us)
+	if d.Worker != ws[0] {
+		t.Fatalf("went to %s, want w0 whose requests end first", d.Worker.ID)
+	}
+	if want := 0.05 * occ; math.Abs(d.Prediction.X[latency.FeatSlotWait]-want) > 1e-3 {
+		t.Fatalf("slot wait feature %v, want the oldest request's remaining %v", d.Prediction.X[latency.FeatSlotWait], want)
+	}
+}
+
+// routeAt routes a request for the prompt of n tokens (hashes) at now, and ends the usages
+// us after it.
+func routeAt(t *testing.T, r *Router, hashes []uint64, n int, now int64, us []*Usage) Decision {
+	t.Helper()
 	defer func() {
 		for _, u := range us {
 			u.End()
@@ -379,12 +392,7 @@ func TestLatencySlotWaitFollowsRunningRequests(t *testing.T) {
 	if err := r.Route(&req, &d); err != nil {
 		t.Fatal(err)
 	}
-	if d.Worker != ws[0] {
-		t.Fatalf("went to %s, want w0 whose requests end first", d.Worker.ID)
-	}
-	if want := 0.05 * occ; math.Abs(d.Prediction.X[latency.FeatSlotWait]-want) > 1e-3 {
-		t.Fatalf("slot wait feature %v, want the oldest request's remaining %v", d.Prediction.X[latency.FeatSlotWait], want)
-	}
+	return d
 }
 
 // TestLatencySlotWaitFollowsExpectedOutput: of two full workers whose running requests got
@@ -411,17 +419,7 @@ func TestLatencySlotWaitFollowsExpectedOutput(t *testing.T) {
 			us = append(us, u)
 		}
 	}
-	defer func() {
-		for _, u := range us {
-			u.End()
-		}
-	}()
-	var req Request
-	req.Model, req.Hashes, req.PromptTokens, req.Now = "m", hashes, n, now
-	var d Decision
-	if err := r.Route(&req, &d); err != nil {
-		t.Fatal(err)
-	}
+	d := routeAt(t, r, hashes, n, now, us)
 	if d.Worker != ws[0] {
 		t.Fatalf("went to %s, want w0 whose requests have fewer tokens to go", d.Worker.ID)
 	}
