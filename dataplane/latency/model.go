@@ -845,16 +845,17 @@ func (w *Worker) ObserveDecode(batch int, kv, itl, held float64) {
 		return
 	}
 	kv = min(max(kv, 0), 1)
-	// The worker's own decode speed against its model's, before the model learns from it.
-	if want := w.m.ITL(batch, kv); want > 0 {
-		w.mu.Lock()
+	// The worker's own decode speed is against its model's step before the model learns
+	// from this request.
+	want := w.m.ITL(batch, kv)
+	w.m.observeITL(batch, kv, itl)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if want > 0 {
 		w.logDecode = min(max(0.9*w.logDecode+0.1*math.Log(itl/want), -maxLogSpeed), maxLogSpeed)
 		w.decodeSpeed.Store(math.Float64bits(math.Exp(w.logDecode)))
-		w.mu.Unlock()
 	}
-	w.m.observeITL(batch, kv, itl)
 	if held > 0 && !math.IsInf(held, 0) {
-		w.mu.Lock()
 		if w.nOcc == 0 {
 			w.occ = held
 		} else {
@@ -862,7 +863,6 @@ func (w *Worker) ObserveDecode(batch int, kv, itl, held float64) {
 		}
 		w.nOcc++
 		w.occBit.Store(math.Float64bits(w.occ))
-		w.mu.Unlock()
 	}
 }
 

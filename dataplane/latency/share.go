@@ -106,8 +106,9 @@ func (w *Worker) Fit() WorkerFit {
 
 // Share takes what the fleet's proxies together learned of the worker: its speeds,
 // occupancy and errors when they saw at least twice as many of its first tokens as this
-// model did (its decode speed only where they reported one), and its concurrency limit while this model has learned none (and saw it run
-// no more). Figures out of bounds are ignored. It reports whether the worker changed.
+// model did (its decode speed only where they reported one), and its concurrency limit
+// while this model has learned none (and saw it run no more). Figures out of bounds are
+// ignored. It reports whether the worker changed.
 func (w *Worker) Share(f WorkerFit) bool {
 	changed := false
 	if n := w.seqs.Load(); n <= 0 && f.MaxNumSeqs > 0 && int64(f.MaxNumSeqs) >= w.seqsLow.Load() {

@@ -57,12 +57,16 @@ func TestRunIsDeterministic(t *testing.T) {
 
 // TestAlone: on noiseless llm-d engines a request's TTFT is set at its decision: requests
 // that arrive later queue behind it, and the batch cannot grow while it waits, so Alone is
-// its TTFT, alone on its fleet or under load.
+// its TTFT, alone on its fleet or under a load that makes requests queue for slots.
 func TestAlone(t *testing.T) {
-	for _, spec := range []string{
-		"agentic:sessions=1,rate=1,preamble=3000,task=200,turns=1,rounds=3,tool=250,subagents=0,reasoning=0,osl=32,tool_time=300ms,session_ids=false",
-		"agentic:sessions=40,rate=4,preamble=3000,task=200,turns=1,rounds=3,tool=250,subagents=1,sub_task=100,sub_rounds=1,reasoning=0,osl=32,tool_time=300ms,session_ids=false",
+	for _, tc := range []struct {
+		spec   string
+		queues bool
+	}{
+		{"agentic:sessions=1,rate=1,preamble=3000,task=200,turns=1,rounds=3,tool=250,subagents=0,reasoning=0,osl=32,tool_time=300ms,session_ids=false", false},
+		{"agentic:sessions=40,rate=4,preamble=3000,task=200,turns=1,rounds=3,tool=250,subagents=1,sub_task=100,sub_rounds=1,reasoning=0,osl=32,tool_time=300ms,session_ids=false", true},
 	} {
+		spec := tc.spec
 		res := replay(t, "least-loaded", spec, 1)
 		queued := 0
 		for _, r := range res.Records {
@@ -72,6 +76,9 @@ func TestAlone(t *testing.T) {
 			if r.Waited > 0 {
 				queued++
 			}
+		}
+		if tc.queues != (queued > 0) {
+			t.Fatalf("%s: %d of %d requests queued for a slot", spec, queued, len(res.Records))
 		}
 		t.Logf("%d requests, %d of them queued for a slot", len(res.Records), queued)
 	}

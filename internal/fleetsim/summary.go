@@ -44,11 +44,7 @@ func Summarize(res *Result, skip int) Summary {
 		cached += r.Cached
 		prompt += r.Prompt
 		if r.Predict > 0 && r.TTFT > 0 && i >= skip {
-			d := float64(r.Predict - r.TTFT)
-			if d < 0 {
-				d = -d
-			}
-			errs = append(errs, d/float64(r.TTFT))
+			errs = append(errs, math.Abs(float64(r.Predict-r.TTFT))/float64(r.TTFT))
 			if r.Alone > 0 {
 				alone = append(alone, math.Abs(float64(r.Alone-r.TTFT))/float64(r.TTFT))
 				modelAlone = append(modelAlone, math.Abs(float64(r.Predict-r.Alone))/float64(r.TTFT))
