@@ -100,3 +100,41 @@ func FuzzDecisionsOf(f *testing.F) {
 		}
 	})
 }
+
+// FuzzFitsOf: any decoded report's latency fits are kept only whole (at most maxReportFits,
+// a bounded model name, finite coefficients and decode steps of bounded length), and of
+// their workers only those named, within bounds and with finite figures, the decode speed
+// included; without a panic. The seed's second worker, whose decode speed is NaN, is
+// dropped and the first kept.
+func FuzzFitsOf(f *testing.F) {
+	seed := &xdsv1.LoadReport{NodeId: "a", Fits: []*xdsv1.LatencyFit{{Model: "m", Theta: []float64{1, 2}, DecodeStep: []float64{0.01}, DecodeKv: []float64{1},
+		TtftObservations: 10, Workers: []*xdsv1.WorkerFit{
+			{WorkerId: "w0", Speed: 1, Occupancy: 2, SigmaQueued: 0.5, SigmaFresh: 0.2, Observations: 10, DecodeSpeed: 1.5},
+			{WorkerId: "w1", Speed: 1, Occupancy: 2, SigmaQueued: 0.5, SigmaFresh: 0.2, Observations: 10, DecodeSpeed: math.NaN()}}}}}
+	if fs := fitsOf(seed); len(fs) != 1 || len(fs[0].GetWorkers()) != 1 || fs[0].GetWorkers()[0].GetWorkerId() != "w0" {
+		f.Fatalf("fits of the seed: %v, want w0's alone", fs)
+	}
+	raw, _ := proto.Marshal(seed)
+	f.Add(raw)
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		var r xdsv1.LoadReport
+		if proto.Unmarshal(raw, &r) != nil {
+			return
+		}
+		fs := fitsOf(&r)
+		if len(fs) > maxReportFits {
+			t.Fatalf("%d fits kept", len(fs))
+		}
+		for _, fit := range fs {
+			if len(fit.GetModel()) > maxSampleString || len(fit.GetTheta()) > maxFitValues || !finite(fit.GetTheta()...) || !finite(fit.GetDecodeStep()...) || !finite(fit.GetDecodeKv()...) {
+				t.Fatalf("fit %v kept", fit)
+			}
+			for _, w := range fit.GetWorkers() {
+				if w.GetWorkerId() == "" || len(w.GetWorkerId()) > maxSampleString ||
+					!finite(w.GetSpeed(), w.GetOccupancy(), w.GetSigmaQueued(), w.GetSigmaFresh(), w.GetDecodeSpeed()) {
+					t.Fatalf("worker fit %v kept", w)
+				}
+			}
+		}
+	})
+}
