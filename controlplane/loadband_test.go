@@ -4,11 +4,15 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
 
+	"github.com/kvrelay/kvrelay/xds"
 	xdsv1 "github.com/kvrelay/kvrelay/xds/api/v1"
 )
 
@@ -54,60 +58,96 @@ func TestLoadBand(t *testing.T) {
 // BenchmarkLoadBand measures what the workers' load costs a proxy each second on a busy
 // fleet: 1,000 workers whose engines' readings move on every scrape (10 a second: running
 // 38–42, KV usage drifting by up to ±0.005, the proxies' in-flight sums ±5 % under a new
-// merge each time; no queue, or a standing queue of 1–4), each worker sent whole when its
-// published load changes (the xDS delta). band=off sends every change; band=on holds a load
-// within its band for up to a second. The metrics are bytes and workers a second, per proxy.
+// merge each time; no queue, or a standing queue of 1–4). band=off sends every change;
+// band=on holds a load within its band for up to a second. push=workers sends each worker
+// whose published load changed whole, its load in its Worker resource; push=loads sends,
+// as the control plane does, each shard of xds.LoadsShard loads of which any changed as one
+// Loads resource, and no Worker. Each resource is counted with its delta ADS framing (name,
+// the SHA-256 version, the type URL). The metrics are bytes, workers whose load changed,
+// and resources a second, per proxy.
 func BenchmarkLoadBand(b *testing.B) {
 	const workers, scrapes, seconds = 1000, 10, 10
 	for _, queue := range []int{0, 4} {
 		for _, band := range []bool{false, true} {
-			b.Run(fmt.Sprintf("queue=%d/band=%s", queue, map[bool]string{false: "off", true: "on"}[band]), func(b *testing.B) {
-				var bytes, sent int
-				for range b.N {
-					bytes, sent = 0, 0
-					rng := rand.New(rand.NewPCG(1, 2))
-					cur := make([]observedLoad, workers)
-					for i := range cur {
-						cur[i] = observedLoad{running: 40, kv: 0.5, inflight: 30, prefill: 9000, decode: 1200}
-					}
-					last := make([]observedLoad, workers)
-					has := make([]bool, workers)
-					t0 := time.Unix(1000, 0)
-					for step := range scrapes * seconds {
-						now := t0.Add(time.Duration(step) * time.Second / scrapes)
+			for _, push := range []string{"workers", "loads"} {
+				b.Run(fmt.Sprintf("queue=%d/band=%s/push=%s", queue, map[bool]string{false: "off", true: "on"}[band], push), func(b *testing.B) {
+					var bytes, sent, resources int
+					for range b.N {
+						bytes, sent, resources = 0, 0, 0
+						rng := rand.New(rand.NewPCG(1, 2))
+						cur := make([]observedLoad, workers)
 						for i := range cur {
-							c := &cur[i]
-							c.running = uint32(38 + rng.IntN(5))
-							if queue > 0 {
-								c.waiting = uint32(1 + rng.IntN(queue))
+							cur[i] = observedLoad{running: 40, kv: 0.5, inflight: 30, prefill: 9000, decode: 1200}
+						}
+						last := make([]observedLoad, workers)
+						has := make([]bool, workers)
+						t0 := time.Unix(1000, 0)
+						for step := range scrapes * seconds {
+							now := t0.Add(time.Duration(step) * time.Second / scrapes)
+							dirty := map[uint32]bool{}
+							for i := range cur {
+								c := &cur[i]
+								c.running = uint32(38 + rng.IntN(5))
+								if queue > 0 {
+									c.waiting = uint32(1 + rng.IntN(queue))
+								}
+								c.kv = min(max(c.kv+(rng.Float64()-0.5)/100, 0), 1)
+								wobble := func(n uint64) uint64 { return n * uint64(95+rng.IntN(11)) / 100 }
+								c.inflight, c.prefill, c.decode = 30, wobble(9000), wobble(1200)
+								c.epoch = uint64(step + 1)
+								c.sent = now.UnixNano()
+								refresh := int64(time.Second)
+								if !band {
+									refresh = 0
+								}
+								o := banded(last[i], has[i], *c, now, refresh)
+								// Sent when what it publishes changed (all but sent, the control
+								// plane's own record of when).
+								q := o
+								q.sent = last[i].sent
+								if !has[i] || q != last[i] {
+									sent++
+									if push == "workers" {
+										w := workerResource(i, o)
+										bytes += deltaSize(b, w.GetId(), w)
+										resources++
+									} else {
+										dirty[uint32(i/xds.LoadsShard)] = true
+									}
+								}
+								last[i], has[i] = o, true
 							}
-							c.kv = min(max(c.kv+(rng.Float64()-0.5)/100, 0), 1)
-							wobble := func(n uint64) uint64 { return n * uint64(95+rng.IntN(11)) / 100 }
-							c.inflight, c.prefill, c.decode = 30, wobble(9000), wobble(1200)
-							c.epoch = uint64(step + 1)
-							c.sent = now.UnixNano()
-							refresh := int64(time.Second)
-							if !band {
-								refresh = 0
+							for shard := range dirty {
+								var ls []xds.IndexedLoad
+								for i := int(shard) * xds.LoadsShard; i < min(int(shard+1)*xds.LoadsShard, workers); i++ {
+									ls = append(ls, xds.IndexedLoad{Index: uint32(i), Load: workerResource(i, last[i]).GetLoad()})
+								}
+								l, err := xds.PackLoads(shard, ls)
+								if err != nil {
+									b.Fatal(err)
+								}
+								bytes += deltaSize(b, xds.LoadsName(shard), l)
+								resources++
 							}
-							o := banded(last[i], has[i], *c, now, refresh)
-							// Sent when what it publishes changed (all but sent, the control
-							// plane's own record of when).
-							q := o
-							q.sent = last[i].sent
-							if !has[i] || q != last[i] {
-								bytes += proto.Size(workerResource(i, o))
-								sent++
-							}
-							last[i], has[i] = o, true
 						}
 					}
-				}
-				b.ReportMetric(float64(bytes)/seconds, "bytes/s/proxy")
-				b.ReportMetric(float64(sent)/seconds, "workers/s/proxy")
-			})
+					b.ReportMetric(float64(bytes)/seconds, "bytes/s/proxy")
+					b.ReportMetric(float64(sent)/seconds, "workers/s/proxy")
+					b.ReportMetric(float64(resources)/seconds, "resources/s/proxy")
+				})
+			}
 		}
 	}
+}
+
+// deltaSize is the bytes resource m named name takes in a delta ADS response: its encoding
+// in an Any, its name and its version (the hex SHA-256 go-control-plane's LinearCache gives).
+func deltaSize(b *testing.B, name string, m proto.Message) int {
+	a, err := anypb.New(m)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return proto.Size(&discovery.Resource{Name: name, Version: strings.Repeat("0", 64), Resource: a})
 }
 
 // workerResource is worker i's resource as the control plane publishes it, with load o.

@@ -40,7 +40,7 @@ const PolicyName = "default"
 
 // TypeURLs returns the type URLs a proxy subscribes to, in the order it subscribes. The
 // returned slice is new on each call.
-func TypeURLs() []string { return []string{WorkerType, PolicyType, KeysType} }
+func TypeURLs() []string { return []string{WorkerType, LoadsType, PolicyType, KeysType} }
 
 // Limits a resource must respect; a proxy refuses (NACKs) a resource past them.
 const (
@@ -243,6 +243,9 @@ func ValidateWorker(w *xdsv1.Worker) error {
 	}
 	if w.GetSlot() >= MaxSlot {
 		return fail("slot %d not below %d", w.GetSlot(), MaxSlot)
+	}
+	if w.GetLoadIndex() >= MaxLoadIndex {
+		return fail("load index %d not below %d", w.GetLoadIndex(), MaxLoadIndex)
 	}
 	if n := len(w.GetLoraAdapters()); n > MaxLoRAAdapters {
 		return fail("%d LoRA adapters, above %d", n, MaxLoRAAdapters)

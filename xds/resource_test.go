@@ -26,7 +26,7 @@ func TestTypeURLsMatchDescriptors(t *testing.T) {
 			t.Errorf("anypb type URL %q, want %q", a.GetTypeUrl(), want)
 		}
 	}
-	if got := TypeURLs(); len(got) != 3 || got[0] != WorkerType || got[1] != PolicyType || got[2] != KeysType {
+	if got := TypeURLs(); len(got) != 4 || got[0] != WorkerType || got[1] != LoadsType || got[2] != PolicyType || got[3] != KeysType {
 		t.Errorf("TypeURLs() = %v", got)
 	}
 	if TypeURL(&xdsv1.LoadReport{}) != "" || ResourceName(&xdsv1.LoadReport{}) != "" {

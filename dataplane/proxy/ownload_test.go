@@ -4,10 +4,14 @@ import (
 	"bytes"
 	"context"
 	"log/slog"
+	"slices"
 	"strings"
 	"testing"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/kvrelay/kvrelay/dataplane/route"
+	"github.com/kvrelay/kvrelay/xds"
 	xdsv1 "github.com/kvrelay/kvrelay/xds/api/v1"
 )
 
@@ -103,7 +107,7 @@ func TestPushedPolicyOverridesAreLogged(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(s.stopXDS)
-	s.applyXDS(nil, &xdsv1.RoutingPolicy{Version: 2, Policy: "kv", OverlapWeight: 1, CacheThreshold: 0.3})
+	s.applyXDS(nil, &xdsv1.RoutingPolicy{Version: 2, Policy: "kv", OverlapWeight: 1, CacheThreshold: 0.3}, xds.PushedLoads{})
 	out := buf.String()
 	for _, want := range []string{"replaces this proxy's --policy", "flag=" + cfg.Policy, "pushed=kv", "busy thresholds replace", "flag_prefill_tokens=4096", "pushed_prefill_tokens=0"} {
 		if !strings.Contains(out, want) {
@@ -120,7 +124,7 @@ func TestPushedZeroWeightIsZero(t *testing.T) {
 		weight float64
 		want   string
 	}{{64, "w0"}, {0, "w1"}} {
-		s.applyXDS(ws, &xdsv1.RoutingPolicy{Version: uint64(10 + c.weight), Policy: "kv", OverlapWeight: c.weight, QueueWeight: 8, CacheThreshold: 0.1})
+		s.applyXDS(ws, &xdsv1.RoutingPolicy{Version: uint64(10 + c.weight), Policy: "kv", OverlapWeight: c.weight, QueueWeight: 8, CacheThreshold: 0.1}, xds.PushedLoads{})
 		r := prepared(t, s, chat8k("q"))
 		w0 := s.core.Pool().Worker("w0")
 		s.core.Index().Record(w0.Index, r.BlockHashes(), 0) // w0 holds the prompt …
@@ -164,5 +168,40 @@ func TestPushedLoadLivesWhileTheControlPlaneAnswers(t *testing.T) {
 	s.ageLoads(last + 2*after)
 	if got := w.Load(); got != 0 {
 		t.Fatalf("2x load_stale_after after the last answer: load %d, want 0", got)
+	}
+}
+
+// TestPushedLoadsByShard: loads pushed as Loads reach each worker by its load index; an
+// update of loads alone (the same worker and policy resources) replaces them and keeps the
+// pool; a worker the pool lacks, or a changed worker, applies the update whole.
+func TestPushedLoadsByShard(t *testing.T) {
+	s, ws := rolloutServer(t)
+	ws[0].LoadIndex, ws[1].LoadIndex = 0, 1
+	policy := &xdsv1.RoutingPolicy{Version: 3, Policy: "kv", OverlapWeight: 1, CacheThreshold: 0.3}
+	shard := func(r0, r1 uint32) xds.PushedLoads {
+		ls := make([]*xdsv1.Load, xds.LoadsShard)
+		ls[0], ls[1] = &xdsv1.Load{Running: r0}, &xdsv1.Load{Running: r1}
+		return xds.NewPushedLoads(map[uint32][]*xdsv1.Load{0: ls})
+	}
+	s.applyXDS(ws, policy, shard(3, 5))
+	pool := s.core.Pool()
+	if l0, l1 := pool.Worker("w0").Load(), pool.Worker("w1").Load(); l0 != 3 || l1 != 5 {
+		t.Fatalf("loads by index: w0 %d, w1 %d, want 3 and 5", l0, l1)
+	}
+	s.applyXDS(slices.Clone(ws), policy, shard(7, 0))
+	if s.core.Pool() != pool {
+		t.Error("an update of loads alone built a new pool")
+	}
+	if l0, l1 := pool.Worker("w0").Load(), pool.Worker("w1").Load(); l0 != 7 || l1 != 0 {
+		t.Fatalf("loads alone: w0 %d, w1 %d, want 7 and 0", l0, l1)
+	}
+	drained := proto.Clone(ws[1]).(*xdsv1.Worker)
+	drained.Draining = true
+	s.applyXDS([]*xdsv1.Worker{ws[0], drained}, policy, shard(1, 2))
+	if s.core.Pool() == pool {
+		t.Error("a changed worker did not build a new pool")
+	}
+	if w1 := s.core.Pool().Worker("w1"); !w1.Draining() || w1.Load() != 2 {
+		t.Errorf("w1 after draining: draining %v, load %d", w1.Draining(), w1.Load())
 	}
 }

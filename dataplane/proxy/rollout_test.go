@@ -11,6 +11,7 @@ import (
 	"github.com/kvrelay/kvrelay/dataplane/decide"
 	"github.com/kvrelay/kvrelay/dataplane/oai"
 	"github.com/kvrelay/kvrelay/dataplane/route"
+	"github.com/kvrelay/kvrelay/xds"
 	xdsv1 "github.com/kvrelay/kvrelay/xds/api/v1"
 )
 
@@ -87,7 +88,7 @@ func TestProxyRefusesProfilesItCannotBuild(t *testing.T) {
 	if err := s.checkPolicy(p); err != nil {
 		t.Fatal(err)
 	}
-	s.applyXDS(ws, p)
+	s.applyXDS(ws, p, xds.PushedLoads{})
 	if pol := s.RoutingPolicy(); pol.Name != "custom" || pol.Scorers[0].Name() != "load" {
 		t.Fatalf("routing with %+v", pol)
 	}

@@ -49,6 +49,10 @@ type xdsState struct {
 	pos           map[string]int // worker id → route.Worker.Index, for the process's life
 	policyVersion uint64
 	updates       uint64
+	// applied are the worker and policy resources of the last update, to tell an update
+	// of loads alone (the same resources) from one that changes the pool.
+	appliedWorkers []*xdsv1.Worker
+	appliedPolicy  *xdsv1.RoutingPolicy
 	// pushed is each worker's last pushed load and when it arrived, which ageLoads fades
 	// once it is older than the config's LoadStaleAfter; stale counts those that are.
 	pushed map[string]pushedLoad
@@ -226,14 +230,18 @@ func (s *Server) checkWorker(w *xdsv1.Worker) error {
 
 // applyXDS installs the control plane's state: the pool of workers (keeping the Worker, and
 // so the load and connections, of each that did not change), their health and reported
-// load, the replica's slots, the codecs of new models and the routing policy. Called by the
-// ADS client, one call at a time.
-func (s *Server) applyXDS(workers []*xdsv1.Worker, policy *xdsv1.RoutingPolicy) {
+// load (loads.LoadOf), the replica's slots, the codecs of new models and the routing
+// policy. Called by the ADS client, one call at a time.
+func (s *Server) applyXDS(workers []*xdsv1.Worker, policy *xdsv1.RoutingPolicy, loads xds.PushedLoads) {
 	x := s.xds
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	x.updates++
 
+	if policy == x.appliedPolicy && slices.Equal(workers, x.appliedWorkers) && x.applyLoads(workers, loads) {
+		return
+	}
+	x.appliedWorkers, x.appliedPolicy = workers, policy
 	workers = lastOfEachID(workers)
 	states := append([]*decide.WorkerState(nil), s.core.WorkerStates()...)
 	present := make([]*route.Worker, 0, len(workers))
@@ -278,7 +286,8 @@ func (s *Server) applyXDS(workers []*xdsv1.Worker, policy *xdsv1.RoutingPolicy) 
 		}
 		w := st.W
 		w.SetDraining(res.GetDraining() || !res.GetHealthy())
-		rep := reportedLoad(x.ownSent(id, res.GetLoad()), res.GetLoad())
+		load := loads.LoadOf(res)
+		rep := reportedLoad(x.ownSent(id, load), load)
 		w.SetReported(rep)
 		x.pushed[id] = pushedLoad{w: w, r: rep, at: nanotime()}
 		present = append(present, w)
@@ -348,6 +357,28 @@ func (s *Server) applyXDS(workers []*xdsv1.Worker, policy *xdsv1.RoutingPolicy) 
 			}
 		}
 	}
+}
+
+// applyLoads takes an update whose workers and policy are those applied last, so only
+// their loads moved: each worker's reported load is replaced, the pool left as it is. It
+// reports false, changing nothing, when a worker is not in the pool (the caller then applies
+// the update whole). x.mu is held.
+func (x *xdsState) applyLoads(workers []*xdsv1.Worker, loads xds.PushedLoads) bool {
+	for _, res := range workers {
+		if _, ok := x.pushed[res.GetId()]; !ok {
+			return false
+		}
+	}
+	now := nanotime()
+	for _, res := range workers {
+		id := res.GetId()
+		p := x.pushed[id]
+		load := loads.LoadOf(res)
+		rep := reportedLoad(x.ownSent(id, load), load)
+		p.w.SetReported(rep)
+		x.pushed[id] = pushedLoad{w: p.w, r: rep, at: now}
+	}
+	return true
 }
 
 // candidateOf is the rollout candidate a pushed policy carries (nil: none).

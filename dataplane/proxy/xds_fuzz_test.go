@@ -60,7 +60,7 @@ func FuzzApplyXDS(f *testing.F) {
 		if p, err := xds.DecodePolicy(xds.PolicyName, &anypb.Any{TypeUrl: xds.PolicyType, Value: pol}); err == nil && s.checkPolicy(p) == nil {
 			policy = p
 		}
-		s.applyXDS(workers, policy)
+		s.applyXDS(workers, policy, xds.PushedLoads{})
 		pool := s.core.Pool()
 		states := s.core.WorkerStates()
 		for _, w := range pool.Workers {

@@ -21,6 +21,7 @@ import (
 
 	"github.com/kvrelay/kvrelay/dataplane/prefix"
 	"github.com/kvrelay/kvrelay/internal/cputime"
+	"github.com/kvrelay/kvrelay/xds"
 	xdsv1 "github.com/kvrelay/kvrelay/xds/api/v1"
 	"github.com/kvrelay/kvrelay/xds/blockset"
 	"github.com/kvrelay/kvrelay/xds/client"
@@ -141,13 +142,13 @@ func (b *byteCounter) HandleRPC(ctx context.Context, s stats.RPCStats) {
 func (b *byteCounter) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context { return ctx }
 func (b *byteCounter) HandleConn(context.Context, stats.ConnStats)                       {}
 
-func newSubscriber(xds, node string, mask uint64, opts ...grpc.DialOption) (*subscriber, error) {
+func newSubscriber(addr, node string, mask uint64, opts ...grpc.DialOption) (*subscriber, error) {
 	bc := &byteCounter{}
-	conn, err := client.Dial(xds, append([]grpc.DialOption{grpc.WithStatsHandler(bc)}, opts...)...)
+	conn, err := client.Dial(addr, append([]grpc.DialOption{grpc.WithStatsHandler(bc)}, opts...)...)
 	if err != nil {
 		return nil, err
 	}
-	ads, err := client.New(conn, client.Options{NodeID: node, OnUpdate: func([]*xdsv1.Worker, *xdsv1.RoutingPolicy) {}})
+	ads, err := client.New(conn, client.Options{NodeID: node, OnUpdate: func([]*xdsv1.Worker, *xdsv1.RoutingPolicy, xds.PushedLoads) {}})
 	if err != nil {
 		conn.Close()
 		return nil, err

@@ -31,11 +31,12 @@ type Options struct {
 	// Cluster is the proxy's group, sent in the xDS node (optional).
 	Cluster string
 	// OnUpdate receives the full current state after each response that changed it:
-	// workers sorted by id, and the routing policy (nil until the control plane sets one).
-	// It is called from Run's goroutine, one call at a time, before the response is
-	// acknowledged, so it should only swap the proxy's routing snapshot. The slice and the
-	// resources are the callee's to keep but must not be modified.
-	OnUpdate func(workers []*xdsv1.Worker, policy *xdsv1.RoutingPolicy)
+	// workers sorted by id, the routing policy (nil until the control plane sets one), and
+	// the loads the control plane pushed (loads.LoadOf gives a worker's). It is called from
+	// Run's goroutine, one call at a time, before the response is acknowledged, so it should
+	// only swap the proxy's routing snapshot. The slice and the resources are the callee's
+	// to keep but must not be modified.
+	OnUpdate func(workers []*xdsv1.Worker, policy *xdsv1.RoutingPolicy, loads xds.PushedLoads)
 	// ValidateWorker and ValidatePolicy add this proxy's own checks to xds.ValidateWorker
 	// and xds.ValidatePolicy (a model it cannot serve, a block size it cannot hash). A
 	// resource either refuses is NACKed and its previous version kept. Called from Run's
@@ -96,6 +97,7 @@ type Client struct {
 type snapshot struct {
 	workers []*xdsv1.Worker
 	policy  *xdsv1.RoutingPolicy
+	loads   xds.PushedLoads
 }
 
 // New builds a Client that will speak on conn (see Dial); it starts nothing.
@@ -134,6 +136,9 @@ func (c *Client) State() ([]*xdsv1.Worker, *xdsv1.RoutingPolicy) {
 	s := c.snap.Load()
 	return s.workers, s.policy
 }
+
+// Loads returns the loads the control plane pushed, as of State. Safe from any goroutine.
+func (c *Client) Loads() xds.PushedLoads { return c.snap.Load().loads }
 
 // Synced is closed once a first response of every resource type has been applied (in
 // part, when it NACKed some of it).
@@ -233,10 +238,10 @@ func (c *Client) handle(resp *discovery.DeltaDiscoveryResponse) *discovery.Delta
 		changed = false // workers and policy stand
 	}
 	if changed {
-		ws, p := c.st.snapshot()
-		c.snap.Store(&snapshot{workers: ws, policy: p})
+		ws, p, l := c.st.snapshot()
+		c.snap.Store(&snapshot{workers: ws, policy: p, loads: l})
 		if c.opts.OnUpdate != nil {
-			c.opts.OnUpdate(ws, p)
+			c.opts.OnUpdate(ws, p, l)
 		}
 	}
 	if typ := resp.GetTypeUrl(); (typ == xds.WorkerType || typ == xds.PolicyType) && !c.seenTypes[typ] {

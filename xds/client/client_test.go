@@ -72,19 +72,20 @@ type recorder struct {
 	calls   int
 	workers []*xdsv1.Worker
 	policy  *xdsv1.RoutingPolicy
+	loads   xds.PushedLoads
 }
 
-func (r *recorder) onUpdate(ws []*xdsv1.Worker, p *xdsv1.RoutingPolicy) {
+func (r *recorder) onUpdate(ws []*xdsv1.Worker, p *xdsv1.RoutingPolicy, l xds.PushedLoads) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.calls++
-	r.workers, r.policy = ws, p
+	r.workers, r.policy, r.loads = ws, p, l
 }
 
-func (r *recorder) state() ([]*xdsv1.Worker, *xdsv1.RoutingPolicy) {
+func (r *recorder) state() ([]*xdsv1.Worker, *xdsv1.RoutingPolicy, xds.PushedLoads) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.workers, r.policy
+	return r.workers, r.policy, r.loads
 }
 
 type proxy struct {
@@ -153,13 +154,27 @@ func workers(n int) []*xdsv1.Worker {
 	return ws
 }
 
-// sameWorkers reports whether got is want, in order.
-func sameWorkers(got, want []*xdsv1.Worker) bool {
+// sameWorkers reports whether got, with each worker's load from loads, is want, in order:
+// the workers come without their loads (those travel as Loads) and with load indexes,
+// distinct, that want does not name.
+func sameWorkers(got []*xdsv1.Worker, loads xds.PushedLoads, want []*xdsv1.Worker) bool {
 	if len(got) != len(want) {
 		return false
 	}
+	indexes := map[uint32]bool{}
 	for i := range got {
-		if !proto.Equal(got[i], want[i]) {
+		if got[i].GetLoad() != nil || indexes[got[i].GetLoadIndex()] {
+			return false
+		}
+		indexes[got[i].GetLoadIndex()] = true
+		g := proto.Clone(got[i]).(*xdsv1.Worker)
+		g.Load, g.LoadIndex = loads.LoadOf(got[i]), 0
+		w := want[i]
+		if w.GetLoad() == nil {
+			w = proto.Clone(w).(*xdsv1.Worker)
+			w.Load = &xdsv1.Load{} // a worker without a load has a zero entry in its shard
+		}
+		if !proto.Equal(g, w) {
 			return false
 		}
 	}
@@ -169,8 +184,8 @@ func sameWorkers(got, want []*xdsv1.Worker) bool {
 func hasState(p *proxy, want []*xdsv1.Worker, policy *xdsv1.RoutingPolicy) func() bool {
 	return func() bool {
 		ws, pol := p.c.State()
-		rws, rpol := p.rec.state()
-		return sameWorkers(ws, want) && proto.Equal(pol, policy) && sameWorkers(rws, want) && proto.Equal(rpol, policy)
+		rws, rpol, rl := p.rec.state()
+		return sameWorkers(ws, p.c.Loads(), want) && proto.Equal(pol, policy) && sameWorkers(rws, rl, want) && proto.Equal(rpol, policy)
 	}
 }
 
@@ -202,17 +217,17 @@ func TestWorkersReachClientExactly(t *testing.T) {
 	}
 	waitUntil(t, "initial state", hasState(p, ws, policy))
 	// The client applies a response (the state above) before it counts the ACK it sends.
-	waitUntil(t, "client to count its ACKs", func() bool { return p.c.Stats().ACKs+p.c.Stats().NACKs >= 3 })
+	waitUntil(t, "client to count its ACKs", func() bool { return p.c.Stats().ACKs+p.c.Stats().NACKs >= 4 })
 	st := p.c.Stats()
-	if st.Responses != 3 || st.Resources != 4 || st.ACKs != 3 || st.NACKs != 0 || !st.Connected {
-		t.Fatalf("after sync: %+v, want 3 responses (3 workers, 1 policy, no API keys), 3 ACKs", st)
+	if st.Responses != 4 || st.Resources != 5 || st.ACKs != 4 || st.NACKs != 0 || !st.Connected {
+		t.Fatalf("after sync: %+v, want 4 responses (3 workers, their loads' shard, 1 policy, no API keys), 4 ACKs", st)
 	}
-	waitUntil(t, "server to count the ACKs", func() bool { return srv.Stats().ACKs == 3 })
+	waitUntil(t, "server to count the ACKs", func() bool { return srv.Stats().ACKs == 4 })
 	if got := srv.Stats().Proxies; got["proxy-a"] != 1 || len(got) != 1 {
 		t.Fatalf("server sees proxies %v", got)
 	}
 
-	// One worker changes: one response carrying one resource.
+	// One worker's load changes: one response carrying one resource, the shard of loads.
 	ws = clone(ws)
 	ws[1].Load = &xdsv1.Load{Running: 4, Inflight: 2, KvUsage: 0.25}
 	if err := srv.SetWorkers(ws); err != nil {
@@ -223,15 +238,16 @@ func TestWorkersReachClientExactly(t *testing.T) {
 		t.Fatalf("after one change: %+v, was %+v: want one more response with one resource", d, st)
 	}
 
-	// One added and one removed in one call: one response.
+	// One added and one removed in one call: one response of workers, one of loads.
 	st = p.c.Stats()
 	ws = append(clone(ws[:2]), worker("w0009", 9009))
 	if err := srv.SetWorkers(ws); err != nil {
 		t.Fatal(err)
 	}
 	waitUntil(t, "added and removed worker", hasState(p, ws, policy))
-	if d := p.c.Stats(); d.Responses != st.Responses+1 || d.Resources != st.Resources+1 || d.Removals != 1 {
-		t.Fatalf("after add+remove: %+v, was %+v: want one response, one resource, one removal", d, st)
+	waitUntil(t, "the loads' response", func() bool { return p.c.Stats().Responses >= st.Responses+2 })
+	if d := p.c.Stats(); d.Responses != st.Responses+2 || d.Resources != st.Resources+2 || d.Removals != 1 {
+		t.Fatalf("after add+remove: %+v, was %+v: want two responses, two resources (the worker, the shard), one removal", d, st)
 	}
 
 	// The same set again sends nothing: the policy change behind it is the only response.
@@ -379,7 +395,7 @@ func TestRestartResync(t *testing.T) {
 	waitUntil(t, "client to notice", func() bool { return !p.c.Stats().Connected })
 	// Static stability: the last state stays while the control plane is away.
 	time.Sleep(100 * time.Millisecond)
-	if got, pol := p.c.State(); !sameWorkers(got, ws) || !proto.Equal(pol, policy) {
+	if got, pol := p.c.State(); !sameWorkers(got, p.c.Loads(), ws) || !proto.Equal(pol, policy) {
 		t.Fatalf("state while the control plane is down: %v %v", got, pol)
 	}
 	before := p.c.Stats()
@@ -758,5 +774,91 @@ func TestReporterHearsAnswers(t *testing.T) {
 	time.Sleep(300 * time.Millisecond)
 	if got := acks.Load(); got != n {
 		t.Fatalf("%d answers heard after the control plane stopped", got-n)
+	}
+}
+
+// TestLoadsTravelByShard: the workers' loads reach the proxy in shards of xds.LoadsShard
+// apart from the workers. A load that moves resends its shard and no worker; a worker that
+// changes otherwise resends itself and no shard; removing every worker of a shard removes
+// the shard; an index freed is not given to a worker added in the same change.
+func TestLoadsTravelByShard(t *testing.T) {
+	srv := server.New(server.Options{})
+	n := 2*xds.LoadsShard + 10 // three shards
+	ws := workers(n)
+	for i, w := range ws {
+		w.Load = &xdsv1.Load{Running: uint32(i), KvUsage: 0.5, Epoch: 9, ObservedUnixNano: 1_700_000_000_000_000_000}
+	}
+	if err := srv.SetWorkers(ws); err != nil {
+		t.Fatal(err)
+	}
+	cp := startControlPlane(t, "127.0.0.1:0", srv)
+	p := startProxy(t, cp.addr, "proxy-a", client.Options{})
+	waitUntil(t, "initial state", hasState(p, ws, nil))
+	waitUntil(t, "every response", func() bool { return p.c.Stats().Resources >= uint64(n+3) })
+	if st := p.c.Stats(); st.Resources != uint64(n+3) {
+		t.Fatalf("initial sync: %d resources, want %d workers and 3 shards", st.Resources, n)
+	}
+
+	// A load in the last shard moves: that shard alone.
+	st := p.c.Stats()
+	ws = clone(ws)
+	ws[n-1].Load.Running = 1000
+	if err := srv.SetWorkers(ws); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "moved load", hasState(p, ws, nil))
+	if d := p.c.Stats(); d.Responses != st.Responses+1 || d.Resources != st.Resources+1 {
+		t.Fatalf("after one load moved: %+v, was %+v: want one response with one shard", d, st)
+	}
+
+	// A worker drains, its load unchanged: that worker alone.
+	st = p.c.Stats()
+	ws = clone(ws)
+	ws[3].Draining = true
+	if err := srv.SetWorkers(ws); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "draining worker", hasState(p, ws, nil))
+	if d := p.c.Stats(); d.Responses != st.Responses+1 || d.Resources != st.Resources+1 {
+		t.Fatalf("after one worker drained: %+v, was %+v: want one response with one worker", d, st)
+	}
+
+	// The last shard's workers go, one comes in their place: it takes a new index, not one
+	// of theirs (the proxy may hold their loads a little longer than their workers).
+	st = p.c.Stats()
+	indexes := map[string]uint32{}
+	got, _ := p.c.State()
+	for _, w := range got {
+		indexes[w.GetId()] = w.GetLoadIndex()
+	}
+	ws = append(clone(ws[:2*xds.LoadsShard]), worker("z-new", 9999))
+	if err := srv.SetWorkers(ws); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the last shard's workers gone", hasState(p, ws, nil))
+	got, _ = p.c.State()
+	for _, w := range got {
+		if w.GetId() == "z-new" {
+			if w.GetLoadIndex() < uint32(n) {
+				t.Errorf("the new worker took index %d, freed in the same change", w.GetLoadIndex())
+			}
+		} else if w.GetLoadIndex() != indexes[w.GetId()] {
+			t.Errorf("%s moved from index %d to %d", w.GetId(), indexes[w.GetId()], w.GetLoadIndex())
+		}
+	}
+	if d := p.c.Stats(); d.Removals != st.Removals+10 {
+		t.Errorf("removals %d, want the 10 workers", d.Removals-st.Removals)
+	}
+
+	// The new one goes too: its shard is empty and removed.
+	st = p.c.Stats()
+	ws = ws[:2*xds.LoadsShard]
+	if err := srv.SetWorkers(ws); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the last shard removed", func() bool { return p.c.Stats().Removals >= st.Removals+2 })
+	waitUntil(t, "the last worker gone", hasState(p, ws, nil))
+	if d := p.c.Stats(); d.Removals != st.Removals+2 {
+		t.Errorf("removals %d, want 2: the worker and its shard", d.Removals-st.Removals)
 	}
 }

@@ -21,6 +21,7 @@ type state struct {
 	validateKeys   func(*xdsv1.TenantKeys) error
 
 	workers map[string]versioned[*xdsv1.Worker]
+	loads   map[string]versioned[loadsShard]
 	policy  *versioned[*xdsv1.RoutingPolicy]
 	keys    *versioned[*xdsv1.TenantKeys]
 }
@@ -30,11 +31,18 @@ type versioned[T any] struct {
 	value   T
 }
 
+// loadsShard is a Loads resource as xds.DecodeLoads gave it.
+type loadsShard struct {
+	shard uint32
+	loads []*xdsv1.Load
+}
+
 func newState(vw func(*xdsv1.Worker) error, vp func(*xdsv1.RoutingPolicy) error) *state {
 	return &state{
 		validateWorker: vw,
 		validatePolicy: vp,
 		workers:        make(map[string]versioned[*xdsv1.Worker]),
+		loads:          make(map[string]versioned[loadsShard]),
 	}
 }
 
@@ -45,6 +53,12 @@ func (s *state) versions(typeURL string) map[string]string {
 		out := make(map[string]string, len(s.workers))
 		for name, w := range s.workers {
 			out[name] = w.version
+		}
+		return out
+	case xds.LoadsType:
+		out := make(map[string]string, len(s.loads))
+		for name, l := range s.loads {
+			out[name] = l.version
 		}
 		return out
 	case xds.PolicyType:
@@ -85,6 +99,25 @@ func (s *state) apply(resp *discovery.DeltaDiscoveryResponse) (changed bool, err
 		for _, name := range resp.GetRemovedResources() {
 			if _, ok := s.workers[name]; ok {
 				delete(s.workers, name)
+				changed = true
+			}
+		}
+	case xds.LoadsType:
+		for _, r := range resp.GetResources() {
+			shard, ls, err := xds.DecodeLoads(r.GetName(), r.GetResource())
+			if err != nil {
+				errs = append(errs, fmt.Errorf("refusing loads %q version %q: %w", r.GetName(), r.GetVersion(), err))
+				continue
+			}
+			if old, ok := s.loads[r.GetName()]; ok && old.version == r.GetVersion() && r.GetVersion() != "" {
+				continue
+			}
+			s.loads[r.GetName()] = versioned[loadsShard]{version: r.GetVersion(), value: loadsShard{shard, ls}}
+			changed = true
+		}
+		for _, name := range resp.GetRemovedResources() {
+			if _, ok := s.loads[name]; ok {
+				delete(s.loads, name)
 				changed = true
 			}
 		}
@@ -146,8 +179,9 @@ func (s *state) keysText() string {
 	return s.keys.value.GetKeys()
 }
 
-// snapshot returns the current workers sorted by id and the policy (nil when none).
-func (s *state) snapshot() ([]*xdsv1.Worker, *xdsv1.RoutingPolicy) {
+// snapshot returns the current workers sorted by id, the policy (nil when none) and the
+// pushed loads.
+func (s *state) snapshot() ([]*xdsv1.Worker, *xdsv1.RoutingPolicy, xds.PushedLoads) {
 	ws := make([]*xdsv1.Worker, 0, len(s.workers))
 	for _, id := range slices.Sorted(maps.Keys(s.workers)) {
 		ws = append(ws, s.workers[id].value)
@@ -156,5 +190,9 @@ func (s *state) snapshot() ([]*xdsv1.Worker, *xdsv1.RoutingPolicy) {
 	if s.policy != nil {
 		p = s.policy.value
 	}
-	return ws, p
+	shards := make(map[uint32][]*xdsv1.Load, len(s.loads))
+	for _, l := range s.loads {
+		shards[l.value.shard] = l.value.loads
+	}
+	return ws, p, xds.NewPushedLoads(shards)
 }

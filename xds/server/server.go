@@ -225,6 +225,7 @@ type Server struct {
 
 	grpc    *grpc.Server
 	workers *cache.LinearCache
+	loads   *cache.LinearCache
 	policy  *cache.LinearCache
 	keys    *cache.LinearCache
 	load    *loadStore
@@ -242,6 +243,14 @@ type Server struct {
 	published       map[string]*xdsv1.Worker
 	publishedPolicy *xdsv1.RoutingPolicy
 	publishedKeys   string
+	// statics are the Worker resources as the worker cache holds them: published's, without
+	// their load and with their load index. loadIndex is each published worker's load
+	// index and indexID the worker at each ("" where free); the loads themselves travel
+	// in the loads cache, a Loads resource a shard (xds.LoadsShard indexes).
+	statics   map[string]*xdsv1.Worker
+	loadIndex map[string]uint32
+	indexID   []string
+	freeIndex []uint32
 
 	// streamMu guards the ADS stream bookkeeping below.
 	streamMu sync.Mutex
@@ -263,9 +272,12 @@ func New(opts Options) *Server {
 		ctx:         ctx,
 		cancel:      cancel,
 		workers:     cache.NewLinearCache(xds.WorkerType),
+		loads:       cache.NewLinearCache(xds.LoadsType),
 		policy:      cache.NewLinearCache(xds.PolicyType),
 		keys:        cache.NewLinearCache(xds.KeysType),
 		published:   make(map[string]*xdsv1.Worker),
+		statics:     make(map[string]*xdsv1.Worker),
+		loadIndex:   make(map[string]uint32),
 		nodes:       make(map[int64]string),
 		proxies:     make(map[string]int),
 		lastNACK:    make(map[string]NACK),
@@ -277,6 +289,7 @@ func New(opts Options) *Server {
 		ClassifyDelta: func(r *cache.DeltaRequest) string { return r.GetTypeUrl() },
 		Caches: map[string]cache.Cache{
 			xds.WorkerType: s.workers,
+			xds.LoadsType:  s.loads,
 			xds.PolicyType: s.policy,
 			xds.KeysType:   s.keys,
 		},
@@ -441,40 +454,122 @@ func checkWorkers(ws []*xdsv1.Worker) error {
 }
 
 // publishLocked hands the changed workers among upsert and the known ids among remove to
-// the worker cache in one call. s.pubMu is held.
+// the caches: each worker's resource without its load to the worker cache, when more than
+// its load changed, and the loads of the shards where any changed to the loads cache, each
+// cache in one call. s.pubMu is held.
 func (s *Server) publishLocked(upsert []*xdsv1.Worker, remove []string) error {
+	if len(s.published)+len(upsert) > xds.MaxLoadIndex {
+		return fmt.Errorf("%d workers published and %d more given: at most %d", len(s.published), len(upsert), xds.MaxLoadIndex)
+	}
 	changed := make(map[string]types.Resource)
+	var moved []string // workers whose load changed
 	for _, w := range upsert {
-		if old, ok := s.published[w.GetId()]; ok && proto.Equal(old, w) {
+		id := w.GetId()
+		old, ok := s.published[id]
+		if ok && proto.Equal(old, w) {
 			continue
 		}
-		changed[w.GetId()] = proto.Clone(w).(*xdsv1.Worker)
+		full := proto.Clone(w).(*xdsv1.Worker)
+		static := proto.Clone(w).(*xdsv1.Worker)
+		static.Load = nil
+		static.LoadIndex = s.indexFor(id)
+		if prev, ok := s.statics[id]; !ok || !proto.Equal(prev, static) {
+			changed[id] = static
+			s.statics[id] = static
+		}
+		if !ok || !proto.Equal(old.GetLoad(), full.GetLoad()) {
+			moved = append(moved, id)
+		}
+		s.published[id] = full
 	}
 	var gone []string
+	shards := map[uint32]bool{}
+	for _, id := range moved {
+		shards[s.loadIndex[id]/xds.LoadsShard] = true
+	}
 	for _, id := range remove {
-		if _, ok := s.published[id]; ok {
-			gone = append(gone, id)
+		if _, ok := s.published[id]; !ok {
+			continue
 		}
-	}
-	if len(changed) == 0 && len(gone) == 0 {
-		return nil
-	}
-	for id, r := range changed {
-		s.published[id] = r.(*xdsv1.Worker)
-	}
-	for _, id := range gone {
+		gone = append(gone, id)
 		delete(s.published, id)
+		delete(s.statics, id)
+		// Freed only now: a worker added in this same change set does not take the index of
+		// one that goes, whose loads the proxies still hold.
+		i := s.loadIndex[id]
+		delete(s.loadIndex, id)
+		s.indexID[i] = ""
+		s.freeIndex = append(s.freeIndex, i)
+		shards[i/xds.LoadsShard] = true
+	}
+	if len(changed) == 0 && len(gone) == 0 && len(shards) == 0 {
+		return nil
 	}
 	known := make(map[string]struct{}, len(s.published))
 	for id := range s.published {
 		known[id] = struct{}{}
 	}
 	s.load.known.Store(&known)
-	// The cache holds the new state even when notifying a watch fails.
-	if err := s.workers.UpdateResources(changed, gone); err != nil {
-		return fmt.Errorf("publishing %d changed and %d removed workers: %w", len(changed), len(gone), err)
+	loads := make(map[string]types.Resource, len(shards))
+	var empty []string
+	for shard := range shards {
+		l, err := s.packShard(shard)
+		if err != nil {
+			return err
+		}
+		if l == nil {
+			empty = append(empty, xds.LoadsName(shard))
+			continue
+		}
+		loads[xds.LoadsName(shard)] = l
+	}
+	// The caches hold the new state even when notifying a watch fails. Workers first: a
+	// proxy told of a new worker before its load routes on its own count of it meanwhile.
+	if len(changed) > 0 || len(gone) > 0 {
+		if err := s.workers.UpdateResources(changed, gone); err != nil {
+			return fmt.Errorf("publishing %d changed and %d removed workers: %w", len(changed), len(gone), err)
+		}
+	}
+	if len(loads) > 0 || len(empty) > 0 {
+		if err := s.loads.UpdateResources(loads, empty); err != nil {
+			return fmt.Errorf("publishing the loads of %d shards: %w", len(loads)+len(empty), err)
+		}
 	}
 	return nil
+}
+
+// indexFor returns the worker's load index, giving it a free one (the last freed) or the
+// next if it has none. s.pubMu is held.
+func (s *Server) indexFor(id string) uint32 {
+	if i, ok := s.loadIndex[id]; ok {
+		return i
+	}
+	var i uint32
+	if n := len(s.freeIndex); n > 0 {
+		i, s.freeIndex = s.freeIndex[n-1], s.freeIndex[:n-1]
+		s.indexID[i] = id
+	} else {
+		i = uint32(len(s.indexID))
+		s.indexID = append(s.indexID, id)
+	}
+	s.loadIndex[id] = i
+	return i
+}
+
+// packShard encodes the published loads of a shard's workers; nil when none is left in it.
+// s.pubMu is held.
+func (s *Server) packShard(shard uint32) (*xdsv1.Loads, error) {
+	var ls []xds.IndexedLoad
+	lo := int(shard) * xds.LoadsShard
+	for i := lo; i < min(lo+xds.LoadsShard, len(s.indexID)); i++ {
+		if id := s.indexID[i]; id != "" {
+			ls = append(ls, xds.IndexedLoad{Index: uint32(i), Load: s.published[id].GetLoad()})
+		}
+	}
+	if len(ls) == 0 {
+		return nil, nil
+	}
+	return xds.PackLoads(shard, ls)
 }
 
 // SetPolicy publishes the routing policy (pushed only if it differs from the current one);

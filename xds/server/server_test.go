@@ -103,7 +103,12 @@ func TestNonReadingADSStreamIsCutOff(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitUntil(t, "the blind ACK", func() bool { return srv.Stats().ACKs == 1 })
-	if err := srv.SetWorkers(workers(3000, 1)); err != nil {
+	// Every worker drains (a change of loads alone would go as Loads, not subscribed here).
+	ws := workers(3000, 0)
+	for _, w := range ws {
+		w.Draining = true
+	}
+	if err := srv.SetWorkers(ws); err != nil {
 		t.Fatal(err)
 	}
 	waitUntil(t, "the mute stream ended", func() bool {

@@ -1,7 +1,10 @@
 // kvrelay's protocol between its control plane and its proxies.
 //
 // Workers and the routing policy are xDS resources, served over delta ADS (one LinearCache
-// per type URL): a change replaces the resource whole, and resources are small. The KV index
+// per type URL): a change replaces the resource whole, and resources are small. The workers'
+// loads, which move with every reading of a busy engine, are resources of their own (Loads,
+// the loads of a shard of workers in columns), so that a moving load resends a dozen bytes
+// a worker in its shard and leaves the Worker resources alone. The KV index
 // replica is not an xDS resource: it changes by the thousands of blocks a second, so it travels
 // as a journal of block changes on its own stream (IndexJournal), with the same discipline as
 // xDS (the proxy acknowledges what it applied, and asks again from where it is on NACK or
@@ -98,7 +101,9 @@ type Worker struct {
 	Slot     uint32 `protobuf:"varint,8,opt,name=slot,proto3" json:"slot,omitempty"`
 	Healthy  bool   `protobuf:"varint,9,opt,name=healthy,proto3" json:"healthy,omitempty"`
 	Draining bool   `protobuf:"varint,10,opt,name=draining,proto3" json:"draining,omitempty"`
-	Load     *Load  `protobuf:"bytes,11,opt,name=load,proto3" json:"load,omitempty"`
+	// load is the worker's load, from control planes that push it with the worker. Those
+	// that push loads as Loads leave it unset and set load_index.
+	Load *Load `protobuf:"bytes,11,opt,name=load,proto3" json:"load,omitempty"`
 	// max_num_seqs and max_num_batched_tokens are the engine's scheduler limits, when known:
 	// how many requests it runs at once and its token budget per step (0: unknown). The
 	// latency policy predicts queueing from them.
@@ -117,7 +122,11 @@ type Worker struct {
 	// fit is what the fleet's proxies have learned together of the worker's latency: the
 	// control plane pools their reports (LoadReport.fits), so that a proxy that knows less
 	// starts from it (unset: nothing learned yet).
-	Fit           *LatencyFit `protobuf:"bytes,17,opt,name=fit,proto3" json:"fit,omitempty"`
+	Fit *LatencyFit `protobuf:"bytes,17,opt,name=fit,proto3" json:"fit,omitempty"`
+	// load_index is the worker's entry in the Loads resources (entry load_index of the shard
+	// named xds.LoadsName(load_index / xds.LoadsShard)): stable while the worker is published,
+	// reused after it is removed. Meaningful only where load is unset.
+	LoadIndex     uint32 `protobuf:"varint,18,opt,name=load_index,json=loadIndex,proto3" json:"load_index,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -271,6 +280,151 @@ func (x *Worker) GetFit() *LatencyFit {
 	return nil
 }
 
+func (x *Worker) GetLoadIndex() uint32 {
+	if x != nil {
+		return x.LoadIndex
+	}
+	return 0
+}
+
+// Loads is the load of the workers of one shard (resource name "loads/<shard>": the workers
+// whose load_index is in [shard·LoadsShard, (shard+1)·LoadsShard)), as columns: entry i of
+// every list below is the i-th worker's, in ascending load_index. A busy engine's load
+// changes on every reading, so the fleet's loads travel as a few of these, resent whole
+// when any of their entries moves, instead of every Worker resource again: a dozen bytes a
+// worker instead of a few hundred, and a shard per hundred workers for the control plane's
+// cache to compare per proxy instead of every worker.
+type Loads struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// index_delta is each entry's load_index minus the previous entry's (the first's minus
+	// the shard's first index).
+	IndexDelta []uint32 `protobuf:"varint,1,rep,packed,name=index_delta,json=indexDelta,proto3" json:"index_delta,omitempty"`
+	Running    []uint32 `protobuf:"varint,2,rep,packed,name=running,proto3" json:"running,omitempty"`
+	Waiting    []uint32 `protobuf:"varint,3,rep,packed,name=waiting,proto3" json:"waiting,omitempty"`
+	// kv_usage is the fraction of the KV cache in use, in 1/65536ths.
+	KvUsage       []uint32 `protobuf:"varint,4,rep,packed,name=kv_usage,json=kvUsage,proto3" json:"kv_usage,omitempty"`
+	Inflight      []uint32 `protobuf:"varint,5,rep,packed,name=inflight,proto3" json:"inflight,omitempty"`
+	PrefillTokens []uint64 `protobuf:"varint,6,rep,packed,name=prefill_tokens,json=prefillTokens,proto3" json:"prefill_tokens,omitempty"`
+	DecodeBlocks  []uint64 `protobuf:"varint,7,rep,packed,name=decode_blocks,json=decodeBlocks,proto3" json:"decode_blocks,omitempty"`
+	// Each entry's Load.epoch is epoch_base minus its epoch_back, or 0 where epoch_back is 0
+	// (epoch_back is the difference plus one).
+	EpochBase uint64   `protobuf:"varint,8,opt,name=epoch_base,json=epochBase,proto3" json:"epoch_base,omitempty"`
+	EpochBack []uint64 `protobuf:"varint,9,rep,packed,name=epoch_back,json=epochBack,proto3" json:"epoch_back,omitempty"`
+	// Each entry's Load.observed_unix_nano is observed_base_unix_nano minus
+	// (observed_back_ms − 1) milliseconds, or 0 where observed_back_ms is 0.
+	ObservedBaseUnixNano int64    `protobuf:"varint,10,opt,name=observed_base_unix_nano,json=observedBaseUnixNano,proto3" json:"observed_base_unix_nano,omitempty"`
+	ObservedBackMs       []uint64 `protobuf:"varint,11,rep,packed,name=observed_back_ms,json=observedBackMs,proto3" json:"observed_back_ms,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
+}
+
+func (x *Loads) Reset() {
+	*x = Loads{}
+	mi := &file_kvrelay_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Loads) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Loads) ProtoMessage() {}
+
+func (x *Loads) ProtoReflect() protoreflect.Message {
+	mi := &file_kvrelay_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Loads.ProtoReflect.Descriptor instead.
+func (*Loads) Descriptor() ([]byte, []int) {
+	return file_kvrelay_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *Loads) GetIndexDelta() []uint32 {
+	if x != nil {
+		return x.IndexDelta
+	}
+	return nil
+}
+
+func (x *Loads) GetRunning() []uint32 {
+	if x != nil {
+		return x.Running
+	}
+	return nil
+}
+
+func (x *Loads) GetWaiting() []uint32 {
+	if x != nil {
+		return x.Waiting
+	}
+	return nil
+}
+
+func (x *Loads) GetKvUsage() []uint32 {
+	if x != nil {
+		return x.KvUsage
+	}
+	return nil
+}
+
+func (x *Loads) GetInflight() []uint32 {
+	if x != nil {
+		return x.Inflight
+	}
+	return nil
+}
+
+func (x *Loads) GetPrefillTokens() []uint64 {
+	if x != nil {
+		return x.PrefillTokens
+	}
+	return nil
+}
+
+func (x *Loads) GetDecodeBlocks() []uint64 {
+	if x != nil {
+		return x.DecodeBlocks
+	}
+	return nil
+}
+
+func (x *Loads) GetEpochBase() uint64 {
+	if x != nil {
+		return x.EpochBase
+	}
+	return 0
+}
+
+func (x *Loads) GetEpochBack() []uint64 {
+	if x != nil {
+		return x.EpochBack
+	}
+	return nil
+}
+
+func (x *Loads) GetObservedBaseUnixNano() int64 {
+	if x != nil {
+		return x.ObservedBaseUnixNano
+	}
+	return 0
+}
+
+func (x *Loads) GetObservedBackMs() []uint64 {
+	if x != nil {
+		return x.ObservedBackMs
+	}
+	return nil
+}
+
 // LatencyFit is a latency model's learning (dataplane/latency) of the workers of one model
 // in one role, or pooled over the proxies that route to them: the shared TTFT coefficients
 // and decode step table with how many observations taught them, and per worker what it
@@ -294,7 +448,7 @@ type LatencyFit struct {
 
 func (x *LatencyFit) Reset() {
 	*x = LatencyFit{}
-	mi := &file_kvrelay_proto_msgTypes[1]
+	mi := &file_kvrelay_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -306,7 +460,7 @@ func (x *LatencyFit) String() string {
 func (*LatencyFit) ProtoMessage() {}
 
 func (x *LatencyFit) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[1]
+	mi := &file_kvrelay_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -319,7 +473,7 @@ func (x *LatencyFit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LatencyFit.ProtoReflect.Descriptor instead.
 func (*LatencyFit) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{1}
+	return file_kvrelay_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *LatencyFit) GetModel() string {
@@ -399,7 +553,7 @@ type WorkerFit struct {
 
 func (x *WorkerFit) Reset() {
 	*x = WorkerFit{}
-	mi := &file_kvrelay_proto_msgTypes[2]
+	mi := &file_kvrelay_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -411,7 +565,7 @@ func (x *WorkerFit) String() string {
 func (*WorkerFit) ProtoMessage() {}
 
 func (x *WorkerFit) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[2]
+	mi := &file_kvrelay_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -424,7 +578,7 @@ func (x *WorkerFit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerFit.ProtoReflect.Descriptor instead.
 func (*WorkerFit) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{2}
+	return file_kvrelay_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *WorkerFit) GetWorkerId() string {
@@ -506,7 +660,7 @@ type KVTiers struct {
 
 func (x *KVTiers) Reset() {
 	*x = KVTiers{}
-	mi := &file_kvrelay_proto_msgTypes[3]
+	mi := &file_kvrelay_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -518,7 +672,7 @@ func (x *KVTiers) String() string {
 func (*KVTiers) ProtoMessage() {}
 
 func (x *KVTiers) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[3]
+	mi := &file_kvrelay_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -531,7 +685,7 @@ func (x *KVTiers) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVTiers.ProtoReflect.Descriptor instead.
 func (*KVTiers) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{3}
+	return file_kvrelay_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *KVTiers) GetKvBytesPerToken() uint64 {
@@ -606,7 +760,7 @@ type Load struct {
 
 func (x *Load) Reset() {
 	*x = Load{}
-	mi := &file_kvrelay_proto_msgTypes[4]
+	mi := &file_kvrelay_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -618,7 +772,7 @@ func (x *Load) String() string {
 func (*Load) ProtoMessage() {}
 
 func (x *Load) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[4]
+	mi := &file_kvrelay_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -631,7 +785,7 @@ func (x *Load) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Load.ProtoReflect.Descriptor instead.
 func (*Load) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{4}
+	return file_kvrelay_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Load) GetRunning() uint32 {
@@ -746,7 +900,7 @@ type RoutingPolicy struct {
 
 func (x *RoutingPolicy) Reset() {
 	*x = RoutingPolicy{}
-	mi := &file_kvrelay_proto_msgTypes[5]
+	mi := &file_kvrelay_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -758,7 +912,7 @@ func (x *RoutingPolicy) String() string {
 func (*RoutingPolicy) ProtoMessage() {}
 
 func (x *RoutingPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[5]
+	mi := &file_kvrelay_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -771,7 +925,7 @@ func (x *RoutingPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RoutingPolicy.ProtoReflect.Descriptor instead.
 func (*RoutingPolicy) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{5}
+	return file_kvrelay_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *RoutingPolicy) GetVersion() uint64 {
@@ -922,7 +1076,7 @@ type Profile struct {
 
 func (x *Profile) Reset() {
 	*x = Profile{}
-	mi := &file_kvrelay_proto_msgTypes[6]
+	mi := &file_kvrelay_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -934,7 +1088,7 @@ func (x *Profile) String() string {
 func (*Profile) ProtoMessage() {}
 
 func (x *Profile) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[6]
+	mi := &file_kvrelay_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -947,7 +1101,7 @@ func (x *Profile) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Profile.ProtoReflect.Descriptor instead.
 func (*Profile) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{6}
+	return file_kvrelay_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Profile) GetFilters() []*Plugin {
@@ -991,7 +1145,7 @@ type Plugin struct {
 
 func (x *Plugin) Reset() {
 	*x = Plugin{}
-	mi := &file_kvrelay_proto_msgTypes[7]
+	mi := &file_kvrelay_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1003,7 +1157,7 @@ func (x *Plugin) String() string {
 func (*Plugin) ProtoMessage() {}
 
 func (x *Plugin) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[7]
+	mi := &file_kvrelay_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1016,7 +1170,7 @@ func (x *Plugin) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Plugin.ProtoReflect.Descriptor instead.
 func (*Plugin) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{7}
+	return file_kvrelay_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Plugin) GetName() string {
@@ -1055,7 +1209,7 @@ type JournalAck struct {
 
 func (x *JournalAck) Reset() {
 	*x = JournalAck{}
-	mi := &file_kvrelay_proto_msgTypes[8]
+	mi := &file_kvrelay_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1067,7 +1221,7 @@ func (x *JournalAck) String() string {
 func (*JournalAck) ProtoMessage() {}
 
 func (x *JournalAck) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[8]
+	mi := &file_kvrelay_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1080,7 +1234,7 @@ func (x *JournalAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JournalAck.ProtoReflect.Descriptor instead.
 func (*JournalAck) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{8}
+	return file_kvrelay_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *JournalAck) GetNodeId() string {
@@ -1135,7 +1289,7 @@ type JournalBatch struct {
 
 func (x *JournalBatch) Reset() {
 	*x = JournalBatch{}
-	mi := &file_kvrelay_proto_msgTypes[9]
+	mi := &file_kvrelay_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1147,7 +1301,7 @@ func (x *JournalBatch) String() string {
 func (*JournalBatch) ProtoMessage() {}
 
 func (x *JournalBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[9]
+	mi := &file_kvrelay_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1160,7 +1314,7 @@ func (x *JournalBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JournalBatch.ProtoReflect.Descriptor instead.
 func (*JournalBatch) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{9}
+	return file_kvrelay_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *JournalBatch) GetEpoch() uint64 {
@@ -1240,7 +1394,7 @@ type LoadReport struct {
 
 func (x *LoadReport) Reset() {
 	*x = LoadReport{}
-	mi := &file_kvrelay_proto_msgTypes[10]
+	mi := &file_kvrelay_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1252,7 +1406,7 @@ func (x *LoadReport) String() string {
 func (*LoadReport) ProtoMessage() {}
 
 func (x *LoadReport) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[10]
+	mi := &file_kvrelay_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1265,7 +1419,7 @@ func (x *LoadReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadReport.ProtoReflect.Descriptor instead.
 func (*LoadReport) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{10}
+	return file_kvrelay_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *LoadReport) GetNodeId() string {
@@ -1329,7 +1483,7 @@ type TenantKeys struct {
 
 func (x *TenantKeys) Reset() {
 	*x = TenantKeys{}
-	mi := &file_kvrelay_proto_msgTypes[11]
+	mi := &file_kvrelay_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1341,7 +1495,7 @@ func (x *TenantKeys) String() string {
 func (*TenantKeys) ProtoMessage() {}
 
 func (x *TenantKeys) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[11]
+	mi := &file_kvrelay_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1354,7 +1508,7 @@ func (x *TenantKeys) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TenantKeys.ProtoReflect.Descriptor instead.
 func (*TenantKeys) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{11}
+	return file_kvrelay_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *TenantKeys) GetKeys() string {
@@ -1381,7 +1535,7 @@ type TenantDemand struct {
 
 func (x *TenantDemand) Reset() {
 	*x = TenantDemand{}
-	mi := &file_kvrelay_proto_msgTypes[12]
+	mi := &file_kvrelay_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1393,7 +1547,7 @@ func (x *TenantDemand) String() string {
 func (*TenantDemand) ProtoMessage() {}
 
 func (x *TenantDemand) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[12]
+	mi := &file_kvrelay_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1406,7 +1560,7 @@ func (x *TenantDemand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TenantDemand.ProtoReflect.Descriptor instead.
 func (*TenantDemand) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{12}
+	return file_kvrelay_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *TenantDemand) GetTenant() string {
@@ -1468,7 +1622,7 @@ type TenantGrant struct {
 
 func (x *TenantGrant) Reset() {
 	*x = TenantGrant{}
-	mi := &file_kvrelay_proto_msgTypes[13]
+	mi := &file_kvrelay_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1480,7 +1634,7 @@ func (x *TenantGrant) String() string {
 func (*TenantGrant) ProtoMessage() {}
 
 func (x *TenantGrant) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[13]
+	mi := &file_kvrelay_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1493,7 +1647,7 @@ func (x *TenantGrant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TenantGrant.ProtoReflect.Descriptor instead.
 func (*TenantGrant) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{13}
+	return file_kvrelay_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *TenantGrant) GetTenant() string {
@@ -1566,7 +1720,7 @@ type DecisionSample struct {
 
 func (x *DecisionSample) Reset() {
 	*x = DecisionSample{}
-	mi := &file_kvrelay_proto_msgTypes[14]
+	mi := &file_kvrelay_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1578,7 +1732,7 @@ func (x *DecisionSample) String() string {
 func (*DecisionSample) ProtoMessage() {}
 
 func (x *DecisionSample) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[14]
+	mi := &file_kvrelay_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1591,7 +1745,7 @@ func (x *DecisionSample) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecisionSample.ProtoReflect.Descriptor instead.
 func (*DecisionSample) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{14}
+	return file_kvrelay_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *DecisionSample) GetId() uint64 {
@@ -1730,7 +1884,7 @@ type CandidateSample struct {
 
 func (x *CandidateSample) Reset() {
 	*x = CandidateSample{}
-	mi := &file_kvrelay_proto_msgTypes[15]
+	mi := &file_kvrelay_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1742,7 +1896,7 @@ func (x *CandidateSample) String() string {
 func (*CandidateSample) ProtoMessage() {}
 
 func (x *CandidateSample) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[15]
+	mi := &file_kvrelay_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1755,7 +1909,7 @@ func (x *CandidateSample) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CandidateSample.ProtoReflect.Descriptor instead.
 func (*CandidateSample) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{15}
+	return file_kvrelay_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *CandidateSample) GetWorker() string {
@@ -1861,7 +2015,7 @@ type ArmReport struct {
 
 func (x *ArmReport) Reset() {
 	*x = ArmReport{}
-	mi := &file_kvrelay_proto_msgTypes[16]
+	mi := &file_kvrelay_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1873,7 +2027,7 @@ func (x *ArmReport) String() string {
 func (*ArmReport) ProtoMessage() {}
 
 func (x *ArmReport) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[16]
+	mi := &file_kvrelay_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1886,7 +2040,7 @@ func (x *ArmReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ArmReport.ProtoReflect.Descriptor instead.
 func (*ArmReport) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{16}
+	return file_kvrelay_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ArmReport) GetPolicyVersion() uint64 {
@@ -2083,7 +2237,7 @@ type ArmGroup struct {
 
 func (x *ArmGroup) Reset() {
 	*x = ArmGroup{}
-	mi := &file_kvrelay_proto_msgTypes[17]
+	mi := &file_kvrelay_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2095,7 +2249,7 @@ func (x *ArmGroup) String() string {
 func (*ArmGroup) ProtoMessage() {}
 
 func (x *ArmGroup) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[17]
+	mi := &file_kvrelay_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2108,7 +2262,7 @@ func (x *ArmGroup) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ArmGroup.ProtoReflect.Descriptor instead.
 func (*ArmGroup) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{17}
+	return file_kvrelay_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ArmGroup) GetGroup() uint32 {
@@ -2185,7 +2339,7 @@ type ReportSeq struct {
 
 func (x *ReportSeq) Reset() {
 	*x = ReportSeq{}
-	mi := &file_kvrelay_proto_msgTypes[18]
+	mi := &file_kvrelay_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2197,7 +2351,7 @@ func (x *ReportSeq) String() string {
 func (*ReportSeq) ProtoMessage() {}
 
 func (x *ReportSeq) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[18]
+	mi := &file_kvrelay_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2210,7 +2364,7 @@ func (x *ReportSeq) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportSeq.ProtoReflect.Descriptor instead.
 func (*ReportSeq) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{18}
+	return file_kvrelay_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ReportSeq) GetNodeId() string {
@@ -2239,7 +2393,7 @@ type WorkerLoad struct {
 
 func (x *WorkerLoad) Reset() {
 	*x = WorkerLoad{}
-	mi := &file_kvrelay_proto_msgTypes[19]
+	mi := &file_kvrelay_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2251,7 +2405,7 @@ func (x *WorkerLoad) String() string {
 func (*WorkerLoad) ProtoMessage() {}
 
 func (x *WorkerLoad) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[19]
+	mi := &file_kvrelay_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2264,7 +2418,7 @@ func (x *WorkerLoad) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerLoad.ProtoReflect.Descriptor instead.
 func (*WorkerLoad) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{19}
+	return file_kvrelay_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *WorkerLoad) GetWorkerId() string {
@@ -2314,7 +2468,7 @@ type LoadReportAck struct {
 
 func (x *LoadReportAck) Reset() {
 	*x = LoadReportAck{}
-	mi := &file_kvrelay_proto_msgTypes[20]
+	mi := &file_kvrelay_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2326,7 +2480,7 @@ func (x *LoadReportAck) String() string {
 func (*LoadReportAck) ProtoMessage() {}
 
 func (x *LoadReportAck) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[20]
+	mi := &file_kvrelay_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2339,7 +2493,7 @@ func (x *LoadReportAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadReportAck.ProtoReflect.Descriptor instead.
 func (*LoadReportAck) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{20}
+	return file_kvrelay_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *LoadReportAck) GetIntervalMs() uint32 {
@@ -2374,7 +2528,7 @@ var File_kvrelay_proto protoreflect.FileDescriptor
 
 const file_kvrelay_proto_rawDesc = "" +
 	"\n" +
-	"\rkvrelay.proto\x12\x0ekvrelay.xds.v1\"\xc0\x04\n" +
+	"\rkvrelay.proto\x12\x0ekvrelay.xds.v1\"\xdf\x04\n" +
 	"\x06Worker\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x10\n" +
 	"\x03url\x18\x02 \x01(\tR\x03url\x12\x14\n" +
@@ -2395,7 +2549,25 @@ const file_kvrelay_proto_rawDesc = "" +
 	"\rlora_adapters\x18\x0e \x03(\tR\floraAdapters\x12\"\n" +
 	"\rmax_model_len\x18\x0f \x01(\rR\vmaxModelLen\x122\n" +
 	"\bkv_tiers\x18\x10 \x01(\v2\x17.kvrelay.xds.v1.KVTiersR\akvTiers\x12,\n" +
-	"\x03fit\x18\x11 \x01(\v2\x1a.kvrelay.xds.v1.LatencyFitR\x03fit\"\xb3\x02\n" +
+	"\x03fit\x18\x11 \x01(\v2\x1a.kvrelay.xds.v1.LatencyFitR\x03fit\x12\x1d\n" +
+	"\n" +
+	"load_index\x18\x12 \x01(\rR\tloadIndex\"\xfe\x02\n" +
+	"\x05Loads\x12\x1f\n" +
+	"\vindex_delta\x18\x01 \x03(\rR\n" +
+	"indexDelta\x12\x18\n" +
+	"\arunning\x18\x02 \x03(\rR\arunning\x12\x18\n" +
+	"\awaiting\x18\x03 \x03(\rR\awaiting\x12\x19\n" +
+	"\bkv_usage\x18\x04 \x03(\rR\akvUsage\x12\x1a\n" +
+	"\binflight\x18\x05 \x03(\rR\binflight\x12%\n" +
+	"\x0eprefill_tokens\x18\x06 \x03(\x04R\rprefillTokens\x12#\n" +
+	"\rdecode_blocks\x18\a \x03(\x04R\fdecodeBlocks\x12\x1d\n" +
+	"\n" +
+	"epoch_base\x18\b \x01(\x04R\tepochBase\x12\x1d\n" +
+	"\n" +
+	"epoch_back\x18\t \x03(\x04R\tepochBack\x125\n" +
+	"\x17observed_base_unix_nano\x18\n" +
+	" \x01(\x03R\x14observedBaseUnixNano\x12(\n" +
+	"\x10observed_back_ms\x18\v \x03(\x04R\x0eobservedBackMs\"\xb3\x02\n" +
 	"\n" +
 	"LatencyFit\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12(\n" +
@@ -2626,59 +2798,60 @@ func file_kvrelay_proto_rawDescGZIP() []byte {
 }
 
 var file_kvrelay_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_kvrelay_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_kvrelay_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_kvrelay_proto_goTypes = []any{
 	(Role)(0),               // 0: kvrelay.xds.v1.Role
 	(*Worker)(nil),          // 1: kvrelay.xds.v1.Worker
-	(*LatencyFit)(nil),      // 2: kvrelay.xds.v1.LatencyFit
-	(*WorkerFit)(nil),       // 3: kvrelay.xds.v1.WorkerFit
-	(*KVTiers)(nil),         // 4: kvrelay.xds.v1.KVTiers
-	(*Load)(nil),            // 5: kvrelay.xds.v1.Load
-	(*RoutingPolicy)(nil),   // 6: kvrelay.xds.v1.RoutingPolicy
-	(*Profile)(nil),         // 7: kvrelay.xds.v1.Profile
-	(*Plugin)(nil),          // 8: kvrelay.xds.v1.Plugin
-	(*JournalAck)(nil),      // 9: kvrelay.xds.v1.JournalAck
-	(*JournalBatch)(nil),    // 10: kvrelay.xds.v1.JournalBatch
-	(*LoadReport)(nil),      // 11: kvrelay.xds.v1.LoadReport
-	(*TenantKeys)(nil),      // 12: kvrelay.xds.v1.TenantKeys
-	(*TenantDemand)(nil),    // 13: kvrelay.xds.v1.TenantDemand
-	(*TenantGrant)(nil),     // 14: kvrelay.xds.v1.TenantGrant
-	(*DecisionSample)(nil),  // 15: kvrelay.xds.v1.DecisionSample
-	(*CandidateSample)(nil), // 16: kvrelay.xds.v1.CandidateSample
-	(*ArmReport)(nil),       // 17: kvrelay.xds.v1.ArmReport
-	(*ArmGroup)(nil),        // 18: kvrelay.xds.v1.ArmGroup
-	(*ReportSeq)(nil),       // 19: kvrelay.xds.v1.ReportSeq
-	(*WorkerLoad)(nil),      // 20: kvrelay.xds.v1.WorkerLoad
-	(*LoadReportAck)(nil),   // 21: kvrelay.xds.v1.LoadReportAck
-	nil,                     // 22: kvrelay.xds.v1.Plugin.ParamsEntry
+	(*Loads)(nil),           // 2: kvrelay.xds.v1.Loads
+	(*LatencyFit)(nil),      // 3: kvrelay.xds.v1.LatencyFit
+	(*WorkerFit)(nil),       // 4: kvrelay.xds.v1.WorkerFit
+	(*KVTiers)(nil),         // 5: kvrelay.xds.v1.KVTiers
+	(*Load)(nil),            // 6: kvrelay.xds.v1.Load
+	(*RoutingPolicy)(nil),   // 7: kvrelay.xds.v1.RoutingPolicy
+	(*Profile)(nil),         // 8: kvrelay.xds.v1.Profile
+	(*Plugin)(nil),          // 9: kvrelay.xds.v1.Plugin
+	(*JournalAck)(nil),      // 10: kvrelay.xds.v1.JournalAck
+	(*JournalBatch)(nil),    // 11: kvrelay.xds.v1.JournalBatch
+	(*LoadReport)(nil),      // 12: kvrelay.xds.v1.LoadReport
+	(*TenantKeys)(nil),      // 13: kvrelay.xds.v1.TenantKeys
+	(*TenantDemand)(nil),    // 14: kvrelay.xds.v1.TenantDemand
+	(*TenantGrant)(nil),     // 15: kvrelay.xds.v1.TenantGrant
+	(*DecisionSample)(nil),  // 16: kvrelay.xds.v1.DecisionSample
+	(*CandidateSample)(nil), // 17: kvrelay.xds.v1.CandidateSample
+	(*ArmReport)(nil),       // 18: kvrelay.xds.v1.ArmReport
+	(*ArmGroup)(nil),        // 19: kvrelay.xds.v1.ArmGroup
+	(*ReportSeq)(nil),       // 20: kvrelay.xds.v1.ReportSeq
+	(*WorkerLoad)(nil),      // 21: kvrelay.xds.v1.WorkerLoad
+	(*LoadReportAck)(nil),   // 22: kvrelay.xds.v1.LoadReportAck
+	nil,                     // 23: kvrelay.xds.v1.Plugin.ParamsEntry
 }
 var file_kvrelay_proto_depIdxs = []int32{
 	0,  // 0: kvrelay.xds.v1.Worker.role:type_name -> kvrelay.xds.v1.Role
-	5,  // 1: kvrelay.xds.v1.Worker.load:type_name -> kvrelay.xds.v1.Load
-	4,  // 2: kvrelay.xds.v1.Worker.kv_tiers:type_name -> kvrelay.xds.v1.KVTiers
-	2,  // 3: kvrelay.xds.v1.Worker.fit:type_name -> kvrelay.xds.v1.LatencyFit
+	6,  // 1: kvrelay.xds.v1.Worker.load:type_name -> kvrelay.xds.v1.Load
+	5,  // 2: kvrelay.xds.v1.Worker.kv_tiers:type_name -> kvrelay.xds.v1.KVTiers
+	3,  // 3: kvrelay.xds.v1.Worker.fit:type_name -> kvrelay.xds.v1.LatencyFit
 	0,  // 4: kvrelay.xds.v1.LatencyFit.role:type_name -> kvrelay.xds.v1.Role
-	3,  // 5: kvrelay.xds.v1.LatencyFit.workers:type_name -> kvrelay.xds.v1.WorkerFit
-	19, // 6: kvrelay.xds.v1.Load.reports:type_name -> kvrelay.xds.v1.ReportSeq
-	6,  // 7: kvrelay.xds.v1.RoutingPolicy.candidate:type_name -> kvrelay.xds.v1.RoutingPolicy
-	7,  // 8: kvrelay.xds.v1.RoutingPolicy.profile:type_name -> kvrelay.xds.v1.Profile
-	8,  // 9: kvrelay.xds.v1.Profile.filters:type_name -> kvrelay.xds.v1.Plugin
-	8,  // 10: kvrelay.xds.v1.Profile.scorers:type_name -> kvrelay.xds.v1.Plugin
-	8,  // 11: kvrelay.xds.v1.Profile.picker:type_name -> kvrelay.xds.v1.Plugin
-	8,  // 12: kvrelay.xds.v1.Profile.spread:type_name -> kvrelay.xds.v1.Plugin
-	22, // 13: kvrelay.xds.v1.Plugin.params:type_name -> kvrelay.xds.v1.Plugin.ParamsEntry
-	20, // 14: kvrelay.xds.v1.LoadReport.workers:type_name -> kvrelay.xds.v1.WorkerLoad
-	17, // 15: kvrelay.xds.v1.LoadReport.arms:type_name -> kvrelay.xds.v1.ArmReport
-	15, // 16: kvrelay.xds.v1.LoadReport.decisions:type_name -> kvrelay.xds.v1.DecisionSample
-	2,  // 17: kvrelay.xds.v1.LoadReport.fits:type_name -> kvrelay.xds.v1.LatencyFit
-	13, // 18: kvrelay.xds.v1.LoadReport.tenants:type_name -> kvrelay.xds.v1.TenantDemand
-	16, // 19: kvrelay.xds.v1.DecisionSample.candidates:type_name -> kvrelay.xds.v1.CandidateSample
-	18, // 20: kvrelay.xds.v1.ArmReport.groups:type_name -> kvrelay.xds.v1.ArmGroup
-	14, // 21: kvrelay.xds.v1.LoadReportAck.tenants:type_name -> kvrelay.xds.v1.TenantGrant
-	9,  // 22: kvrelay.xds.v1.IndexJournal.Stream:input_type -> kvrelay.xds.v1.JournalAck
-	11, // 23: kvrelay.xds.v1.LoadReporting.Report:input_type -> kvrelay.xds.v1.LoadReport
-	10, // 24: kvrelay.xds.v1.IndexJournal.Stream:output_type -> kvrelay.xds.v1.JournalBatch
-	21, // 25: kvrelay.xds.v1.LoadReporting.Report:output_type -> kvrelay.xds.v1.LoadReportAck
+	4,  // 5: kvrelay.xds.v1.LatencyFit.workers:type_name -> kvrelay.xds.v1.WorkerFit
+	20, // 6: kvrelay.xds.v1.Load.reports:type_name -> kvrelay.xds.v1.ReportSeq
+	7,  // 7: kvrelay.xds.v1.RoutingPolicy.candidate:type_name -> kvrelay.xds.v1.RoutingPolicy
+	8,  // 8: kvrelay.xds.v1.RoutingPolicy.profile:type_name -> kvrelay.xds.v1.Profile
+	9,  // 9: kvrelay.xds.v1.Profile.filters:type_name -> kvrelay.xds.v1.Plugin
+	9,  // 10: kvrelay.xds.v1.Profile.scorers:type_name -> kvrelay.xds.v1.Plugin
+	9,  // 11: kvrelay.xds.v1.Profile.picker:type_name -> kvrelay.xds.v1.Plugin
+	9,  // 12: kvrelay.xds.v1.Profile.spread:type_name -> kvrelay.xds.v1.Plugin
+	23, // 13: kvrelay.xds.v1.Plugin.params:type_name -> kvrelay.xds.v1.Plugin.ParamsEntry
+	21, // 14: kvrelay.xds.v1.LoadReport.workers:type_name -> kvrelay.xds.v1.WorkerLoad
+	18, // 15: kvrelay.xds.v1.LoadReport.arms:type_name -> kvrelay.xds.v1.ArmReport
+	16, // 16: kvrelay.xds.v1.LoadReport.decisions:type_name -> kvrelay.xds.v1.DecisionSample
+	3,  // 17: kvrelay.xds.v1.LoadReport.fits:type_name -> kvrelay.xds.v1.LatencyFit
+	14, // 18: kvrelay.xds.v1.LoadReport.tenants:type_name -> kvrelay.xds.v1.TenantDemand
+	17, // 19: kvrelay.xds.v1.DecisionSample.candidates:type_name -> kvrelay.xds.v1.CandidateSample
+	19, // 20: kvrelay.xds.v1.ArmReport.groups:type_name -> kvrelay.xds.v1.ArmGroup
+	15, // 21: kvrelay.xds.v1.LoadReportAck.tenants:type_name -> kvrelay.xds.v1.TenantGrant
+	10, // 22: kvrelay.xds.v1.IndexJournal.Stream:input_type -> kvrelay.xds.v1.JournalAck
+	12, // 23: kvrelay.xds.v1.LoadReporting.Report:input_type -> kvrelay.xds.v1.LoadReport
+	11, // 24: kvrelay.xds.v1.IndexJournal.Stream:output_type -> kvrelay.xds.v1.JournalBatch
+	22, // 25: kvrelay.xds.v1.LoadReporting.Report:output_type -> kvrelay.xds.v1.LoadReportAck
 	24, // [24:26] is the sub-list for method output_type
 	22, // [22:24] is the sub-list for method input_type
 	22, // [22:22] is the sub-list for extension type_name
@@ -2691,14 +2864,14 @@ func file_kvrelay_proto_init() {
 	if File_kvrelay_proto != nil {
 		return
 	}
-	file_kvrelay_proto_msgTypes[5].OneofWrappers = []any{}
+	file_kvrelay_proto_msgTypes[6].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvrelay_proto_rawDesc), len(file_kvrelay_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   22,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -1,7 +1,10 @@
 // kvrelay's protocol between its control plane and its proxies.
 //
 // Workers and the routing policy are xDS resources, served over delta ADS (one LinearCache
-// per type URL): a change replaces the resource whole, and resources are small. The KV index
+// per type URL): a change replaces the resource whole, and resources are small. The workers'
+// loads, which move with every reading of a busy engine, are resources of their own (Loads,
+// the loads of a shard of workers in columns), so that a moving load resends a dozen bytes
+// a worker in its shard and leaves the Worker resources alone. The KV index
 // replica is not an xDS resource: it changes by the thousands of blocks a second, so it travels
 // as a journal of block changes on its own stream (IndexJournal), with the same discipline as
 // xDS (the proxy acknowledges what it applied, and asks again from where it is on NACK or
