@@ -12,8 +12,8 @@
 // and an eighth, or between zero and not; KV usage by 1/64) or, moving within it, once
 // Options.LoadRefresh has passed, and it travels apart from the worker, in the Loads
 // resource of its shard of 128 workers (package xds/server). Where engines' readings jitter
-// on every scrape, 1,000 workers push each proxy 127 KB a second, 146 KB where every engine
-// holds a queue of 1 to 4 that moves on every scrape, and 143 KB without the band; sent as
+// on every scrape, 1,000 workers push each proxy 161 KB a second, 187 KB where every engine
+// holds a queue of 1 to 4 that moves on every scrape, and 183 KB without the band; sent as
 // whole Worker resources, the same loads took 263 KB, 979 KB and 2.5 MB (BenchmarkLoadBand,
 // delta framing counted). Where the proxies' own in-flight sums churn (bench-xds scale), a
 // worker leaves its band within a few reports and the band saves nothing; the shards then

@@ -120,7 +120,7 @@ func BenchmarkLoadBand(b *testing.B) {
 							for shard := range dirty {
 								var ls []xds.IndexedLoad
 								for i := int(shard) * xds.LoadsShard; i < min(int(shard+1)*xds.LoadsShard, workers); i++ {
-									ls = append(ls, xds.IndexedLoad{Index: uint32(i), Load: workerResource(i, last[i]).GetLoad()})
+									ls = append(ls, xds.IndexedLoad{Index: uint32(i), ID: workerResource(i, last[i]).GetId(), Load: workerResource(i, last[i]).GetLoad()})
 								}
 								l, err := xds.PackLoads(shard, ls)
 								if err != nil {

@@ -18,7 +18,7 @@ const LoadsType = "type.googleapis.com/kvrelay.xds.v1.Loads"
 const (
 	// LoadsShard is how many load indexes one Loads resource covers. A shard is resent
 	// whole when any of its loads moves, so a smaller one sends less for a few moves and a
-	// larger one less framing for many; at 128, a shard of busy workers is about 2 KB, and
+	// larger one less framing for many; at 128, a shard of busy workers is about 2.2 KB, and
 	// 10,000 workers are 79 resources for the control plane's cache to compare per proxy.
 	LoadsShard = 128
 	// MaxLoadIndex bounds Worker.load_index (a million workers).
@@ -48,22 +48,36 @@ func ParseLoadsName(name string) (uint32, error) {
 	return uint32(n), nil
 }
 
-// IndexedLoad is a worker's load at its load index (Worker.load_index).
+// IDCheck is the check a Loads entry carries of its worker's id: FNV-1a, 32 bits.
+func IDCheck(id string) uint32 {
+	h := uint32(2166136261)
+	for i := range len(id) {
+		h = (h ^ uint32(id[i])) * 16777619
+	}
+	return h
+}
+
+// IndexedLoad is a worker's load at its load index (Worker.load_index), with its id.
 type IndexedLoad struct {
 	Index uint32
+	ID    string
 	Load  *xdsv1.Load
 }
 
 // PackLoads encodes the loads of one shard as a Loads resource. ls must be in ascending
-// index order, every index in the shard, once; a nil Load is taken as zero. Load.reports
+// index order, every index in the shard, once; a nil Load is packed as zero (the server
+// leaves a worker without a load out of its shard instead). Load.reports
 // does not travel (proxies of control planes that push Loads take their share from the
 // epoch), and observed_unix_nano is kept to the millisecond.
 func PackLoads(shard uint32, ls []IndexedLoad) (*xdsv1.Loads, error) {
+	if shard >= MaxLoadIndex/LoadsShard {
+		return nil, fmt.Errorf("packing the loads of shard %d: shards end at %d", shard, MaxLoadIndex/LoadsShard)
+	}
 	n := len(ls)
 	out := &xdsv1.Loads{
 		IndexDelta: make([]uint32, n), Running: make([]uint32, n), Waiting: make([]uint32, n), KvUsage: make([]uint32, n),
 		Inflight: make([]uint32, n), PrefillTokens: make([]uint64, n), DecodeBlocks: make([]uint64, n),
-		EpochBack: make([]uint64, n), ObservedBackMs: make([]uint64, n),
+		EpochBack: make([]uint64, n), ObservedBackMs: make([]uint64, n), IdCheck: make([]uint32, n),
 	}
 	first := shard * LoadsShard
 	prev := first
@@ -72,6 +86,7 @@ func PackLoads(shard uint32, ls []IndexedLoad) (*xdsv1.Loads, error) {
 			return nil, fmt.Errorf("packing the loads of shard %d: index %d out of order or outside the shard", shard, e.Index)
 		}
 		out.IndexDelta[i], prev = e.Index-prev, e.Index
+		out.IdCheck[i] = IDCheck(e.ID)
 		out.EpochBase = max(out.EpochBase, e.Load.GetEpoch())
 		out.ObservedBaseUnixNano = max(out.ObservedBaseUnixNano, e.Load.GetObservedUnixNano())
 	}
@@ -92,24 +107,31 @@ func PackLoads(shard uint32, ls []IndexedLoad) (*xdsv1.Loads, error) {
 	return out, nil
 }
 
-// UnpackLoads decodes and checks the Loads of shard: entry i of the result is the load at
-// index shard·LoadsShard + i, nil where the shard has none. It never panics on arbitrary
-// input; every error wraps ErrInvalid.
-func UnpackLoads(shard uint32, l *xdsv1.Loads) ([]*xdsv1.Load, error) {
+// Shard is a Loads resource unpacked: entry i of Loads is the load at index
+// shard·LoadsShard + i (nil where the shard has none), and entry i of Checks the IDCheck
+// of its worker's id. Neither is modified once built.
+type Shard struct {
+	Loads  []*xdsv1.Load
+	Checks []uint32
+}
+
+// UnpackLoads decodes and checks the Loads of shard. It never panics on arbitrary input;
+// every error wraps ErrInvalid.
+func UnpackLoads(shard uint32, l *xdsv1.Loads) (Shard, error) {
 	n := len(l.GetIndexDelta())
 	if n > LoadsShard {
-		return nil, fmt.Errorf("%w: loads shard %d: %d entries, above %d", ErrInvalid, shard, n, LoadsShard)
+		return Shard{}, fmt.Errorf("%w: loads shard %d: %d entries, above %d", ErrInvalid, shard, n, LoadsShard)
 	}
 	for _, c := range []int{len(l.GetRunning()), len(l.GetWaiting()), len(l.GetKvUsage()), len(l.GetInflight()),
-		len(l.GetPrefillTokens()), len(l.GetDecodeBlocks()), len(l.GetEpochBack()), len(l.GetObservedBackMs())} {
+		len(l.GetPrefillTokens()), len(l.GetDecodeBlocks()), len(l.GetEpochBack()), len(l.GetObservedBackMs()), len(l.GetIdCheck())} {
 		if c != n {
-			return nil, fmt.Errorf("%w: loads shard %d: columns of %d and %d entries", ErrInvalid, shard, n, c)
+			return Shard{}, fmt.Errorf("%w: loads shard %d: columns of %d and %d entries", ErrInvalid, shard, n, c)
 		}
 	}
 	if l.GetObservedBaseUnixNano() < 0 {
-		return nil, fmt.Errorf("%w: loads shard %d observed at negative time %d", ErrInvalid, shard, l.GetObservedBaseUnixNano())
+		return Shard{}, fmt.Errorf("%w: loads shard %d observed at negative time %d", ErrInvalid, shard, l.GetObservedBaseUnixNano())
 	}
-	out := make([]*xdsv1.Load, LoadsShard)
+	out := Shard{Loads: make([]*xdsv1.Load, LoadsShard), Checks: make([]uint32, LoadsShard)}
 	at := uint64(0)
 	for i, d := range l.GetIndexDelta() {
 		next := uint64(d)
@@ -117,68 +139,73 @@ func UnpackLoads(shard uint32, l *xdsv1.Loads) ([]*xdsv1.Load, error) {
 			next += at
 		}
 		if i > 0 && d == 0 || next >= LoadsShard {
-			return nil, fmt.Errorf("%w: loads shard %d: entry %d's index repeats or leaves the shard", ErrInvalid, shard, i)
+			return Shard{}, fmt.Errorf("%w: loads shard %d: entry %d's index repeats or leaves the shard", ErrInvalid, shard, i)
 		}
 		at = next
 		kv := l.GetKvUsage()[i]
 		if kv > kvUnit {
-			return nil, fmt.Errorf("%w: loads shard %d: entry %d's kv usage %d/%d above 1", ErrInvalid, shard, i, kv, kvUnit)
+			return Shard{}, fmt.Errorf("%w: loads shard %d: entry %d's kv usage %d/%d above 1", ErrInvalid, shard, i, kv, kvUnit)
 		}
 		load := &xdsv1.Load{Running: l.GetRunning()[i], Waiting: l.GetWaiting()[i], KvUsage: float64(kv) / kvUnit, Inflight: l.GetInflight()[i],
 			PrefillTokens: l.GetPrefillTokens()[i], DecodeBlocks: l.GetDecodeBlocks()[i]}
 		if b := l.GetEpochBack()[i]; b != 0 {
 			if b-1 >= l.GetEpochBase() {
-				return nil, fmt.Errorf("%w: loads shard %d: entry %d's epoch %d back from %d", ErrInvalid, shard, i, b-1, l.GetEpochBase())
+				return Shard{}, fmt.Errorf("%w: loads shard %d: entry %d's epoch %d back from %d", ErrInvalid, shard, i, b-1, l.GetEpochBase())
 			}
 			load.Epoch = l.GetEpochBase() - (b - 1)
 		}
 		if b := l.GetObservedBackMs()[i]; b != 0 {
 			if b-1 > math.MaxInt64/msNanos || int64(b-1)*msNanos > l.GetObservedBaseUnixNano() {
-				return nil, fmt.Errorf("%w: loads shard %d: entry %d observed %d ms before %d", ErrInvalid, shard, i, b-1, l.GetObservedBaseUnixNano())
+				return Shard{}, fmt.Errorf("%w: loads shard %d: entry %d observed %d ms before %d", ErrInvalid, shard, i, b-1, l.GetObservedBaseUnixNano())
 			}
 			load.ObservedUnixNano = l.GetObservedBaseUnixNano() - int64(b-1)*msNanos
 		}
-		out[at] = load
+		out.Loads[at], out.Checks[at] = load, l.GetIdCheck()[i]
 	}
 	return out, nil
 }
 
 // DecodeLoads unmarshals and checks a Loads resource received under name, returning its
-// shard and its loads as UnpackLoads does. It never panics on arbitrary input; every error
-// wraps ErrInvalid.
-func DecodeLoads(name string, res *anypb.Any) (uint32, []*xdsv1.Load, error) {
+// shard number and the shard as UnpackLoads does. It never panics on arbitrary input;
+// every error wraps ErrInvalid.
+func DecodeLoads(name string, res *anypb.Any) (uint32, Shard, error) {
 	shard, err := ParseLoadsName(name)
 	if err != nil {
-		return 0, nil, err
+		return 0, Shard{}, err
 	}
 	l := &xdsv1.Loads{}
 	if err := decode(LoadsType, res, l); err != nil {
-		return 0, nil, err
+		return 0, Shard{}, err
 	}
-	ls, err := UnpackLoads(shard, l)
-	return shard, ls, err
+	sh, err := UnpackLoads(shard, l)
+	return shard, sh, err
 }
 
-// PushedLoads is what a proxy holds of the Loads resources: each shard's loads as
-// UnpackLoads gives them. It is never modified once built: a change builds another.
+// PushedLoads is what a proxy holds of the Loads resources: each shard as UnpackLoads
+// gives it. It is never modified once built: a change builds another.
 type PushedLoads struct {
-	shards map[uint32][]*xdsv1.Load
+	shards map[uint32]Shard
 }
 
 // LoadOf returns the load the control plane pushed for worker w: its Load where it carries
-// one (a control plane that pushes loads with the workers), else its entry in the Loads;
-// nil when there is none.
+// one (a control plane that pushes loads with the workers), else the entry at its load
+// index if that entry is of its id; nil when there is none (the worker and its load are of
+// different publications, for a moment).
 func (p PushedLoads) LoadOf(w *xdsv1.Worker) *xdsv1.Load {
 	if l := w.GetLoad(); l != nil {
 		return l
 	}
 	i := w.GetLoadIndex()
-	if s := p.shards[i/LoadsShard]; s != nil {
-		return s[i%LoadsShard]
+	s, ok := p.shards[i/LoadsShard]
+	if !ok || int(i%LoadsShard) >= len(s.Loads) || int(i%LoadsShard) >= len(s.Checks) {
+		return nil
+	}
+	if l := s.Loads[i%LoadsShard]; l != nil && s.Checks[i%LoadsShard] == IDCheck(w.GetId()) {
+		return l
 	}
 	return nil
 }
 
-// NewPushedLoads holds each shard's loads as UnpackLoads gave them; it keeps shards, which
-// the caller must not modify afterwards.
-func NewPushedLoads(shards map[uint32][]*xdsv1.Load) PushedLoads { return PushedLoads{shards: shards} }
+// NewPushedLoads holds each shard as UnpackLoads gave it, by shard number; it keeps
+// shards, which the caller must not modify afterwards.
+func NewPushedLoads(shards map[uint32]Shard) PushedLoads { return PushedLoads{shards: shards} }

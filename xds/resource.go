@@ -119,7 +119,8 @@ func RoleName(r xdsv1.Role) string {
 }
 
 // ResourceName is the xDS resource name of m: a worker's id, or PolicyName for a routing
-// policy. It returns "" for any other message.
+// policy. It returns "" for any other message, Loads included (its name is its shard's,
+// LoadsName).
 func ResourceName(m proto.Message) string {
 	switch v := m.(type) {
 	case *xdsv1.Worker:
@@ -137,6 +138,8 @@ func TypeURL(m proto.Message) string {
 	switch m.(type) {
 	case *xdsv1.Worker:
 		return WorkerType
+	case *xdsv1.Loads:
+		return LoadsType
 	case *xdsv1.RoutingPolicy:
 		return PolicyType
 	case *xdsv1.TenantKeys:

@@ -13,7 +13,7 @@ import (
 )
 
 func TestTypeURLsMatchDescriptors(t *testing.T) {
-	for _, m := range []proto.Message{&xdsv1.Worker{}, &xdsv1.RoutingPolicy{}, &xdsv1.TenantKeys{}} {
+	for _, m := range []proto.Message{&xdsv1.Worker{}, &xdsv1.Loads{}, &xdsv1.RoutingPolicy{}, &xdsv1.TenantKeys{}} {
 		want := "type.googleapis.com/" + string(m.ProtoReflect().Descriptor().FullName())
 		if got := TypeURL(m); got != want {
 			t.Errorf("TypeURL(%T) = %q, want %q", m, got, want)

@@ -171,20 +171,26 @@ func TestPushedLoadLivesWhileTheControlPlaneAnswers(t *testing.T) {
 	}
 }
 
-// TestPushedLoadsByShard: loads pushed as Loads reach each worker by its load index; an
-// update of loads alone (the same worker and policy resources) replaces them and keeps the
-// pool; a worker the pool lacks, or a changed worker, applies the update whole.
+// TestPushedLoadsByShard: loads pushed as Loads reach each worker by its load index, an
+// entry of another worker's id none; an update of loads alone (the same worker and policy
+// resources) replaces them and keeps the pool; a changed worker applies the update whole.
 func TestPushedLoadsByShard(t *testing.T) {
 	s, ws := rolloutServer(t)
 	ws[0].LoadIndex, ws[1].LoadIndex = 0, 1
 	policy := &xdsv1.RoutingPolicy{Version: 3, Policy: "kv", OverlapWeight: 1, CacheThreshold: 0.3}
-	shard := func(r0, r1 uint32) xds.PushedLoads {
-		ls := make([]*xdsv1.Load, xds.LoadsShard)
-		ls[0], ls[1] = &xdsv1.Load{Running: r0}, &xdsv1.Load{Running: r1}
-		return xds.NewPushedLoads(map[uint32][]*xdsv1.Load{0: ls})
+	shardOf := func(id0, id1 string, r0, r1 uint32) xds.PushedLoads {
+		sh := xds.Shard{Loads: make([]*xdsv1.Load, xds.LoadsShard), Checks: make([]uint32, xds.LoadsShard)}
+		sh.Loads[0], sh.Loads[1] = &xdsv1.Load{Running: r0}, &xdsv1.Load{Running: r1}
+		sh.Checks[0], sh.Checks[1] = xds.IDCheck(id0), xds.IDCheck(id1)
+		return xds.NewPushedLoads(map[uint32]xds.Shard{0: sh})
 	}
-	s.applyXDS(ws, policy, shard(3, 5))
+	shard := func(r0, r1 uint32) xds.PushedLoads { return shardOf("w0", "w1", r0, r1) }
+	s.applyXDS(ws, policy, shardOf("w1", "w0", 3, 5)) // entries of the other's id: none taken
 	pool := s.core.Pool()
+	if l0, l1 := pool.Worker("w0").Load(), pool.Worker("w1").Load(); l0 != 0 || l1 != 0 {
+		t.Fatalf("entries of the other worker's id: w0 %d, w1 %d, want none", l0, l1)
+	}
+	s.applyXDS(slices.Clone(ws), policy, shard(3, 5))
 	if l0, l1 := pool.Worker("w0").Load(), pool.Worker("w1").Load(); l0 != 3 || l1 != 5 {
 		t.Fatalf("loads by index: w0 %d, w1 %d, want 3 and 5", l0, l1)
 	}

@@ -50,9 +50,12 @@ type xdsState struct {
 	policyVersion uint64
 	updates       uint64
 	// applied are the worker and policy resources of the last update, to tell an update
-	// of loads alone (the same resources) from one that changes the pool.
+	// of loads alone (the same resources) from one that changes the pool; codecsFailed is
+	// whether that update failed to load a model's tokenizer (the next is applied whole, to
+	// try again).
 	appliedWorkers []*xdsv1.Worker
 	appliedPolicy  *xdsv1.RoutingPolicy
+	codecsFailed   bool
 	// pushed is each worker's last pushed load and when it arrived, which ageLoads fades
 	// once it is older than the config's LoadStaleAfter; stale counts those that are.
 	pushed map[string]pushedLoad
@@ -238,7 +241,7 @@ func (s *Server) applyXDS(workers []*xdsv1.Worker, policy *xdsv1.RoutingPolicy, 
 	defer x.mu.Unlock()
 	x.updates++
 
-	if policy == x.appliedPolicy && slices.Equal(workers, x.appliedWorkers) && x.applyLoads(workers, loads) {
+	if !x.codecsFailed && policy == x.appliedPolicy && slices.Equal(workers, x.appliedWorkers) && x.applyLoads(workers, loads) {
 		return
 	}
 	x.appliedWorkers, x.appliedPolicy = workers, policy
@@ -314,9 +317,11 @@ func (s *Server) applyXDS(workers []*xdsv1.Worker, policy *xdsv1.RoutingPolicy, 
 	// States first: a loop that sees the new pool must find every worker's state.
 	s.core.SetWorkers(states)
 	x.replica.SetSlots(slots)
-	if err := s.core.BuildCodecs(pool); err != nil {
+	err := s.core.BuildCodecs(pool)
+	if err != nil {
 		s.log.Error("loading the tokenizer of a pushed model; its prompts route by load", "err", err)
 	}
+	x.codecsFailed = err != nil
 	s.setModels(pool)
 	s.core.SetPool(pool)
 	shareFits(workers, present)

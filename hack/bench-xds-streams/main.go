@@ -518,7 +518,7 @@ func openRaw(f flags, addr string, src func(int) net.IP, opened *atomic.Int64) (
 		}
 	}
 	for i := range f.ads {
-		if err := open(adsPath, subscribe(i, xds.WorkerType), subscribe(i, xds.PolicyType)); err != nil {
+		if err := open(adsPath, subscribe(i, xds.WorkerType), subscribe(i, xds.LoadsType), subscribe(i, xds.PolicyType)); err != nil {
 			return closers, fmt.Errorf("ADS stream %d: %w", i, err)
 		}
 	}

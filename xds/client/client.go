@@ -140,8 +140,10 @@ func (c *Client) State() ([]*xdsv1.Worker, *xdsv1.RoutingPolicy) {
 // Loads returns the loads the control plane pushed, as of State. Safe from any goroutine.
 func (c *Client) Loads() xds.PushedLoads { return c.snap.Load().loads }
 
-// Synced is closed once a first response of every resource type has been applied (in
-// part, when it NACKed some of it).
+// Synced is closed once a first response of workers and of the policy has been applied (in
+// part, when it NACKed some of it). Loads and API keys are not waited for: a control plane
+// with no workers serves no loads, and one may serve no keys; a worker whose load has not
+// come yet is routed on the proxy's own count of it.
 func (c *Client) Synced() <-chan struct{} { return c.synced }
 
 // Stats returns a snapshot of the client's counters.

@@ -169,12 +169,7 @@ func sameWorkers(got []*xdsv1.Worker, loads xds.PushedLoads, want []*xdsv1.Worke
 		indexes[got[i].GetLoadIndex()] = true
 		g := proto.Clone(got[i]).(*xdsv1.Worker)
 		g.Load, g.LoadIndex = loads.LoadOf(got[i]), 0
-		w := want[i]
-		if w.GetLoad() == nil {
-			w = proto.Clone(w).(*xdsv1.Worker)
-			w.Load = &xdsv1.Load{} // a worker without a load has a zero entry in its shard
-		}
-		if !proto.Equal(g, w) {
+		if !proto.Equal(g, want[i]) {
 			return false
 		}
 	}
@@ -379,6 +374,9 @@ func TestHooksSeeNACK(t *testing.T) {
 
 func TestRestartResync(t *testing.T) {
 	ws := workers(3)
+	for i, w := range ws {
+		w.Load = &xdsv1.Load{Running: uint32(10 + i)}
+	}
 	policy := xds.DefaultPolicy()
 	srvA := server.New(server.Options{})
 	if err := srvA.SetWorkers(ws); err != nil {
@@ -416,9 +414,10 @@ func TestRestartResync(t *testing.T) {
 	waitUntil(t, "reconnected", func() bool { return p.c.Stats().Connected })
 	after := p.c.Stats()
 	// initial_resource_versions spare what the proxy already holds: only the changed and
-	// the new worker travel, and the removed one is named.
-	if got := after.Resources - before.Resources; got != 2 {
-		t.Errorf("resync sent %d resources, want 2 (w0001 changed, w0003 new)", got)
+	// the new worker travel, with their shard of loads (w0003 took w0002's index, which the
+	// proxy read as no load of w0003's until the shard came), and the removed one is named.
+	if got := after.Resources - before.Resources; got != 3 {
+		t.Errorf("resync sent %d resources, want 3 (w0001 changed, w0003 new, their loads' shard)", got)
 	}
 	if got := after.Removals - before.Removals; got != 1 {
 		t.Errorf("resync sent %d removals, want 1 (w0002)", got)
@@ -794,9 +793,19 @@ func TestLoadsTravelByShard(t *testing.T) {
 	cp := startControlPlane(t, "127.0.0.1:0", srv)
 	p := startProxy(t, cp.addr, "proxy-a", client.Options{})
 	waitUntil(t, "initial state", hasState(p, ws, nil))
-	waitUntil(t, "every response", func() bool { return p.c.Stats().Resources >= uint64(n+3) })
-	if st := p.c.Stats(); st.Resources != uint64(n+3) {
-		t.Fatalf("initial sync: %d resources, want %d workers and 3 shards", st.Resources, n)
+	// Four responses: workers, loads, and the policy and API keys, both empty.
+	waitUntil(t, "every response", func() bool { return p.c.Stats().ACKs+p.c.Stats().NACKs >= 4 })
+	if st := p.c.Stats(); st.Resources != uint64(n+3) || st.Responses != 4 {
+		t.Fatalf("initial sync: %d resources in %d responses, want %d workers and 3 shards in 4", st.Resources, st.Responses, n)
+	}
+	// settled checks that nothing more than want responses came since st, once whatever
+	// was on its way has had time to arrive.
+	settled := func(what string, st client.Stats, want uint64) {
+		t.Helper()
+		time.Sleep(100 * time.Millisecond)
+		if d := p.c.Stats(); d.Responses != st.Responses+want || d.Resources != st.Resources+want {
+			t.Fatalf("%s: %+v, was %+v: want %d more responses of one resource each", what, d, st, want)
+		}
 	}
 
 	// A load in the last shard moves: that shard alone.
@@ -807,9 +816,7 @@ func TestLoadsTravelByShard(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitUntil(t, "moved load", hasState(p, ws, nil))
-	if d := p.c.Stats(); d.Responses != st.Responses+1 || d.Resources != st.Resources+1 {
-		t.Fatalf("after one load moved: %+v, was %+v: want one response with one shard", d, st)
-	}
+	settled("after one load moved (its shard alone)", st, 1)
 
 	// A worker drains, its load unchanged: that worker alone.
 	st = p.c.Stats()
@@ -819,9 +826,7 @@ func TestLoadsTravelByShard(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitUntil(t, "draining worker", hasState(p, ws, nil))
-	if d := p.c.Stats(); d.Responses != st.Responses+1 || d.Resources != st.Resources+1 {
-		t.Fatalf("after one worker drained: %+v, was %+v: want one response with one worker", d, st)
-	}
+	settled("after one worker drained (it alone)", st, 1)
 
 	// The last shard's workers go, one comes in their place: it takes a new index, not one
 	// of theirs (the proxy may hold their loads a little longer than their workers).

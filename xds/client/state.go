@@ -33,8 +33,8 @@ type versioned[T any] struct {
 
 // loadsShard is a Loads resource as xds.DecodeLoads gave it.
 type loadsShard struct {
-	shard uint32
-	loads []*xdsv1.Load
+	n     uint32
+	shard xds.Shard
 }
 
 func newState(vw func(*xdsv1.Worker) error, vp func(*xdsv1.RoutingPolicy) error) *state {
@@ -104,7 +104,7 @@ func (s *state) apply(resp *discovery.DeltaDiscoveryResponse) (changed bool, err
 		}
 	case xds.LoadsType:
 		for _, r := range resp.GetResources() {
-			shard, ls, err := xds.DecodeLoads(r.GetName(), r.GetResource())
+			n, shard, err := xds.DecodeLoads(r.GetName(), r.GetResource())
 			if err != nil {
 				errs = append(errs, fmt.Errorf("refusing loads %q version %q: %w", r.GetName(), r.GetVersion(), err))
 				continue
@@ -112,7 +112,7 @@ func (s *state) apply(resp *discovery.DeltaDiscoveryResponse) (changed bool, err
 			if old, ok := s.loads[r.GetName()]; ok && old.version == r.GetVersion() && r.GetVersion() != "" {
 				continue
 			}
-			s.loads[r.GetName()] = versioned[loadsShard]{version: r.GetVersion(), value: loadsShard{shard, ls}}
+			s.loads[r.GetName()] = versioned[loadsShard]{version: r.GetVersion(), value: loadsShard{n, shard}}
 			changed = true
 		}
 		for _, name := range resp.GetRemovedResources() {
@@ -190,9 +190,9 @@ func (s *state) snapshot() ([]*xdsv1.Worker, *xdsv1.RoutingPolicy, xds.PushedLoa
 	if s.policy != nil {
 		p = s.policy.value
 	}
-	shards := make(map[uint32][]*xdsv1.Load, len(s.loads))
+	shards := make(map[uint32]xds.Shard, len(s.loads))
 	for _, l := range s.loads {
-		shards[l.value.shard] = l.value.loads
+		shards[l.value.n] = l.value.shard
 	}
 	return ws, p, xds.NewPushedLoads(shards)
 }

@@ -92,7 +92,7 @@ func BenchmarkLoadPush(b *testing.B) {
 					for shard := range dirty {
 						var ls []xds.IndexedLoad
 						for i := int(shard) * xds.LoadsShard; i < min(int(shard+1)*xds.LoadsShard, workers); i++ {
-							ls = append(ls, xds.IndexedLoad{Index: uint32(i), Load: published[ids[i]].GetLoad()})
+							ls = append(ls, xds.IndexedLoad{Index: uint32(i), ID: ids[i], Load: published[ids[i]].GetLoad()})
 						}
 						packed, err := xds.PackLoads(shard, ls)
 						if err != nil {

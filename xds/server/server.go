@@ -458,8 +458,14 @@ func checkWorkers(ws []*xdsv1.Worker) error {
 // its load changed, and the loads of the shards where any changed to the loads cache, each
 // cache in one call. s.pubMu is held.
 func (s *Server) publishLocked(upsert []*xdsv1.Worker, remove []string) error {
-	if len(s.published)+len(upsert) > xds.MaxLoadIndex {
-		return fmt.Errorf("%d workers published and %d more given: at most %d", len(s.published), len(upsert), xds.MaxLoadIndex)
+	added := 0
+	for _, w := range upsert {
+		if _, ok := s.loadIndex[w.GetId()]; !ok {
+			added++
+		}
+	}
+	if len(s.indexID)-len(s.freeIndex)+added > xds.MaxLoadIndex {
+		return fmt.Errorf("%d workers published and %d new given: at most %d", len(s.loadIndex), added, xds.MaxLoadIndex)
 	}
 	changed := make(map[string]types.Resource)
 	var moved []string // workers whose load changed
@@ -523,19 +529,21 @@ func (s *Server) publishLocked(upsert []*xdsv1.Worker, remove []string) error {
 		}
 		loads[xds.LoadsName(shard)] = l
 	}
-	// The caches hold the new state even when notifying a watch fails. Workers first: a
-	// proxy told of a new worker before its load routes on its own count of it meanwhile.
+	// The caches hold the new state even when notifying a watch fails, so both are given
+	// theirs whatever the other's says. Workers first: a proxy told of a new worker before
+	// its load routes on its own count of it meanwhile.
+	var errs []error
 	if len(changed) > 0 || len(gone) > 0 {
 		if err := s.workers.UpdateResources(changed, gone); err != nil {
-			return fmt.Errorf("publishing %d changed and %d removed workers: %w", len(changed), len(gone), err)
+			errs = append(errs, fmt.Errorf("publishing %d changed and %d removed workers: %w", len(changed), len(gone), err))
 		}
 	}
 	if len(loads) > 0 || len(empty) > 0 {
 		if err := s.loads.UpdateResources(loads, empty); err != nil {
-			return fmt.Errorf("publishing the loads of %d shards: %w", len(loads)+len(empty), err)
+			errs = append(errs, fmt.Errorf("publishing the loads of %d shards: %w", len(loads)+len(empty), err))
 		}
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // indexFor returns the worker's load index, giving it a free one (the last freed) or the
@@ -563,7 +571,9 @@ func (s *Server) packShard(shard uint32) (*xdsv1.Loads, error) {
 	lo := int(shard) * xds.LoadsShard
 	for i := lo; i < min(lo+xds.LoadsShard, len(s.indexID)); i++ {
 		if id := s.indexID[i]; id != "" {
-			ls = append(ls, xds.IndexedLoad{Index: uint32(i), Load: s.published[id].GetLoad()})
+			if l := s.published[id].GetLoad(); l != nil { // none: none pushed, as a Worker without one
+				ls = append(ls, xds.IndexedLoad{Index: uint32(i), ID: id, Load: l})
+			}
 		}
 	}
 	if len(ls) == 0 {

@@ -3,7 +3,7 @@
 // Workers and the routing policy are xDS resources, served over delta ADS (one LinearCache
 // per type URL): a change replaces the resource whole, and resources are small. The workers'
 // loads, which move with every reading of a busy engine, are resources of their own (Loads,
-// the loads of a shard of workers in columns), so that a moving load resends a dozen bytes
+// the loads of a shard of workers in columns), so that a moving load resends about 17 bytes
 // a worker in its shard and leaves the Worker resources alone. The KV index
 // replica is not an xDS resource: it changes by the thousands of blocks a second, so it travels
 // as a journal of block changes on its own stream (IndexJournal), with the same discipline as
@@ -291,7 +291,7 @@ func (x *Worker) GetLoadIndex() uint32 {
 // whose load_index is in [shard·LoadsShard, (shard+1)·LoadsShard)), as columns: entry i of
 // every list below is the i-th worker's, in ascending load_index. A busy engine's load
 // changes on every reading, so the fleet's loads travel as a few of these, resent whole
-// when any of their entries moves, instead of every Worker resource again: a dozen bytes a
+// when any of their entries moves, instead of every Worker resource again: about 17 bytes a
 // worker instead of a few hundred, and a shard per hundred workers for the control plane's
 // cache to compare per proxy instead of every worker.
 type Loads struct {
@@ -314,8 +314,13 @@ type Loads struct {
 	// (observed_back_ms − 1) milliseconds, or 0 where observed_back_ms is 0.
 	ObservedBaseUnixNano int64    `protobuf:"varint,10,opt,name=observed_base_unix_nano,json=observedBaseUnixNano,proto3" json:"observed_base_unix_nano,omitempty"`
 	ObservedBackMs       []uint64 `protobuf:"varint,11,rep,packed,name=observed_back_ms,json=observedBackMs,proto3" json:"observed_back_ms,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	// id_check is each entry's worker's id hashed (xds.IDCheck, FNV-1a): a proxy takes an
+	// entry only for the worker whose id hashes to it, so that the workers and the loads of
+	// different publications (an index freed and given again, another replica's indexes
+	// after a failover) never pair a worker with another's load.
+	IdCheck       []uint32 `protobuf:"fixed32,12,rep,packed,name=id_check,json=idCheck,proto3" json:"id_check,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Loads) Reset() {
@@ -421,6 +426,13 @@ func (x *Loads) GetObservedBaseUnixNano() int64 {
 func (x *Loads) GetObservedBackMs() []uint64 {
 	if x != nil {
 		return x.ObservedBackMs
+	}
+	return nil
+}
+
+func (x *Loads) GetIdCheck() []uint32 {
+	if x != nil {
+		return x.IdCheck
 	}
 	return nil
 }
@@ -2551,7 +2563,7 @@ const file_kvrelay_proto_rawDesc = "" +
 	"\bkv_tiers\x18\x10 \x01(\v2\x17.kvrelay.xds.v1.KVTiersR\akvTiers\x12,\n" +
 	"\x03fit\x18\x11 \x01(\v2\x1a.kvrelay.xds.v1.LatencyFitR\x03fit\x12\x1d\n" +
 	"\n" +
-	"load_index\x18\x12 \x01(\rR\tloadIndex\"\xfe\x02\n" +
+	"load_index\x18\x12 \x01(\rR\tloadIndex\"\x99\x03\n" +
 	"\x05Loads\x12\x1f\n" +
 	"\vindex_delta\x18\x01 \x03(\rR\n" +
 	"indexDelta\x12\x18\n" +
@@ -2567,7 +2579,8 @@ const file_kvrelay_proto_rawDesc = "" +
 	"epoch_back\x18\t \x03(\x04R\tepochBack\x125\n" +
 	"\x17observed_base_unix_nano\x18\n" +
 	" \x01(\x03R\x14observedBaseUnixNano\x12(\n" +
-	"\x10observed_back_ms\x18\v \x03(\x04R\x0eobservedBackMs\"\xb3\x02\n" +
+	"\x10observed_back_ms\x18\v \x03(\x04R\x0eobservedBackMs\x12\x19\n" +
+	"\bid_check\x18\f \x03(\aR\aidCheck\"\xb3\x02\n" +
 	"\n" +
 	"LatencyFit\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12(\n" +
