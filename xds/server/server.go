@@ -391,7 +391,8 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 
 // SetWorkers publishes ws as the whole set of workers: workers that differ (proto.Equal)
 // from what was published are pushed, workers no longer in ws are removed, and unchanged
-// workers cost nothing; the change set goes to the cache in one call. It refuses the whole
+// workers cost nothing; a worker whose load alone changed is pushed as its shard of loads
+// (publishLocked), and the change set goes to each cache in one call. It refuses the whole
 // set, publishing nothing, when a worker fails xds.ValidateWorker or an id repeats. ws is
 // not retained: the server publishes copies.
 func (s *Server) SetWorkers(ws []*xdsv1.Worker) error {
@@ -635,8 +636,8 @@ func (s *Server) SetKeys(keys string) error {
 	return nil
 }
 
-// Workers returns the published workers sorted by id. They are shared with the cache and
-// must not be modified.
+// Workers returns the published workers sorted by id, each with its load as given (the
+// cache holds them without it, their loads in the Loads shards). They must not be modified.
 func (s *Server) Workers() []*xdsv1.Worker {
 	s.pubMu.Lock()
 	defer s.pubMu.Unlock()
