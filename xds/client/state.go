@@ -24,6 +24,9 @@ type state struct {
 	loads   map[string]versioned[loadsShard]
 	policy  *versioned[*xdsv1.RoutingPolicy]
 	keys    *versioned[*xdsv1.TenantKeys]
+	// sorted is the workers sorted by id as snapshot last gave them, nil once a worker
+	// changed: an update of loads alone gives the same slice again, without sorting.
+	sorted []*xdsv1.Worker
 }
 
 type versioned[T any] struct {
@@ -94,12 +97,12 @@ func (s *state) apply(resp *discovery.DeltaDiscoveryResponse) (changed bool, err
 				continue
 			}
 			s.workers[w.GetId()] = versioned[*xdsv1.Worker]{version: r.GetVersion(), value: w}
-			changed = true
+			changed, s.sorted = true, nil
 		}
 		for _, name := range resp.GetRemovedResources() {
 			if _, ok := s.workers[name]; ok {
 				delete(s.workers, name)
-				changed = true
+				changed, s.sorted = true, nil
 			}
 		}
 	case xds.LoadsType:
@@ -182,9 +185,13 @@ func (s *state) keysText() string {
 // snapshot returns the current workers sorted by id, the policy (nil when none) and the
 // pushed loads.
 func (s *state) snapshot() ([]*xdsv1.Worker, *xdsv1.RoutingPolicy, xds.PushedLoads) {
-	ws := make([]*xdsv1.Worker, 0, len(s.workers))
-	for _, id := range slices.Sorted(maps.Keys(s.workers)) {
-		ws = append(ws, s.workers[id].value)
+	ws := s.sorted
+	if ws == nil {
+		ws = make([]*xdsv1.Worker, 0, len(s.workers))
+		for _, id := range slices.Sorted(maps.Keys(s.workers)) {
+			ws = append(ws, s.workers[id].value)
+		}
+		s.sorted = ws
 	}
 	var p *xdsv1.RoutingPolicy
 	if s.policy != nil {
