@@ -11,9 +11,9 @@
 // in-flight sums) is published again when it moves past a band (a count by more than one
 // and an eighth, or between zero and not; KV usage by 1/64) or, moving within it, once
 // Options.LoadRefresh has passed, and it travels apart from the worker, in the Loads
-// resource of its shard of 128 workers (package xds/server). Where engines' readings jitter
-// on every scrape, 1,000 workers push each proxy 161 KB a second, 187 KB where every engine
-// holds a queue of 1 to 4 that moves on every scrape, and 183 KB without the band; sent as
+// resource of its shard of 32 workers (package xds/server). Where engines' readings jitter
+// on every scrape, 1,000 workers push each proxy 144 KB a second, 223 KB where every engine
+// holds a queue of 1 to 4 that moves on every scrape, and 219 KB without the band; sent as
 // whole Worker resources, the same loads took 263 KB, 979 KB and 2.5 MB (BenchmarkLoadBand,
 // delta framing counted). Where the proxies' own in-flight sums churn (bench-xds scale), a
 // worker leaves its band within a few reports and the band saves nothing; the shards then

@@ -146,13 +146,14 @@ func TestUnpackLoadsRefuses(t *testing.T) {
 			t.Errorf("%s: %v, want ErrInvalid", name, err)
 		}
 	}
-	for _, name := range []string{"loads/", "loads/x", "loads/01", "loads/-1", "load/1", "loads/8192"} {
+	last := strconv.Itoa(MaxLoadIndex/LoadsShard - 1)
+	for _, name := range []string{"loads/", "loads/x", "loads/01", "loads/-1", "load/1", "loads/" + strconv.Itoa(MaxLoadIndex/LoadsShard)} {
 		if _, err := ParseLoadsName(name); !errors.Is(err, ErrInvalid) {
 			t.Errorf("ParseLoadsName(%q): %v, want ErrInvalid", name, err)
 		}
 	}
-	if n, err := ParseLoadsName("loads/8191"); n != 8191 || err != nil {
-		t.Errorf("ParseLoadsName(loads/8191) = %d, %v", n, err)
+	if n, err := ParseLoadsName("loads/" + last); strconv.Itoa(int(n)) != last || err != nil {
+		t.Errorf("ParseLoadsName(loads/%s) = %d, %v", last, n, err)
 	}
 }
 

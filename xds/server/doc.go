@@ -31,15 +31,15 @@
 // its load changed, and the loads go to the loads cache as one Loads resource per shard of
 // xds.LoadsShard indexes, resent whole when any load in it changed, each entry with a check
 // of its worker's id (so that a proxy holding workers and loads of different publications
-// never takes another worker's load for one's own): about 17 bytes a worker instead of a
-// few hundred, and, per proxy, a shard per 128 workers for the cache to compare on every
+// never takes another worker's load for one's own): about 18 bytes a worker instead of a
+// few hundred, and, per proxy, a shard per 32 workers for the cache to compare on every
 // publish instead of every worker. So a push costs what changed. The LoadReporting service
 // keeps each node's latest report until its stream ends or it goes stale, and Merged sums
 // them per worker. MergedEpochs numbers each merge: a worker's Load.epoch is the merge in
 // which any proxy's share of it last changed, and each proxy hears on its load stream which
 // of its reports a merge includes, so that it takes exactly its own share out of the sums.
 // A worker's load thus costs the same whatever the number of proxies, and one whose shares
-// stay put is not sent again: for 1,000 workers and 100 proxies, a push is 18 KB a proxy
+// stay put is not sent again: for 1,000 workers and 100 proxies, a push is 19 KB a proxy
 // with the loads in shards, against 58 KB when each report changes 1 % of its shares and
 // 119 KB when every worker changes with each load in its Worker resource, and 1.5 MB when
 // every worker named every proxy's report (BenchmarkLoadPush).

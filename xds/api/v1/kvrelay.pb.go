@@ -3,7 +3,7 @@
 // Workers and the routing policy are xDS resources, served over delta ADS (one LinearCache
 // per type URL): a change replaces the resource whole, and resources are small. The workers'
 // loads, which move with every reading of a busy engine, are resources of their own (Loads,
-// the loads of a shard of workers in columns), so that a moving load resends about 17 bytes
+// the loads of a shard of workers in columns), so that a moving load resends about 18 bytes
 // a worker in its shard and leaves the Worker resources alone. The KV index
 // replica is not an xDS resource: it changes by the thousands of blocks a second, so it travels
 // as a journal of block changes on its own stream (IndexJournal), with the same discipline as
@@ -291,7 +291,7 @@ func (x *Worker) GetLoadIndex() uint32 {
 // whose load_index is in [shard·LoadsShard, (shard+1)·LoadsShard)), as columns: entry i of
 // every list below is the i-th worker's, in ascending load_index. A busy engine's load
 // changes on every reading, so the fleet's loads travel as a few of these, resent whole
-// when any of their entries moves, instead of every Worker resource again: about 17 bytes a
+// when any of their entries moves, instead of every Worker resource again: about 18 bytes a
 // worker instead of a few hundred, and a shard per hundred workers for the control plane's
 // cache to compare per proxy instead of every worker.
 type Loads struct {

@@ -3,7 +3,7 @@
 // Workers and the routing policy are xDS resources, served over delta ADS (one LinearCache
 // per type URL): a change replaces the resource whole, and resources are small. The workers'
 // loads, which move with every reading of a busy engine, are resources of their own (Loads,
-// the loads of a shard of workers in columns), so that a moving load resends about 17 bytes
+// the loads of a shard of workers in columns), so that a moving load resends about 18 bytes
 // a worker in its shard and leaves the Worker resources alone. The KV index
 // replica is not an xDS resource: it changes by the thousands of blocks a second, so it travels
 // as a journal of block changes on its own stream (IndexJournal), with the same discipline as
