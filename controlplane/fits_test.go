@@ -2,16 +2,19 @@ package controlplane_test
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"io"
 	"math"
 	"net/http"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
 
 	"github.com/kvrelay/kvrelay/dataplane/latency"
 	"github.com/kvrelay/kvrelay/dataplane/proxy"
+	"github.com/kvrelay/kvrelay/dataplane/route"
 )
 
 // streamChat sends a streamed chat completion (what teaches a proxy's latency model) and
@@ -49,13 +52,40 @@ func TestProxiesShareWhatTheyLearn(t *testing.T) {
 	// is new, so neither worker caches more of it than the other and the router's ties
 	// spread the requests over both (with a few repeated prompts, the worker that first got
 	// each could take them all).
+	// Ties do not always spread them: once one worker's model has learned, the other's prior
+	// can predict it slower than exploration tries. Then the worker that took the requests
+	// is drained until the other has learned from two.
 	var learned latency.Fit
+	drained := ""
+	setDraining := func(id string, on bool) {
+		t.Helper()
+		verb := map[bool]string{true: "drain", false: "undrain"}[on]
+		if code, out := c.api("POST", "/v1/workers/"+id+"/"+verb, "", true); code != 200 {
+			t.Fatalf("%s %s: %d %v", verb, id, code, out)
+		}
+		deadline := time.Now().Add(time.Minute)
+		for !slices.ContainsFunc(p0.Workers(), func(w *route.Worker) bool { return w.ID == id && w.Draining() == on }) {
+			if time.Now().After(deadline) {
+				t.Fatalf("the proxy never saw %s %sed", id, verb)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
 	for i := 0; learned.TTFTObs < 20 || leastObs(p0) < 2; i++ {
 		if i == 400 {
 			t.Fatalf("the first proxy's model learned %d first tokens from %d requests, a worker %d", learned.TTFTObs, i, leastObs(p0))
 		}
+		if drained == "" && i > 0 && i%20 == 0 && leastObs(p0) < 2 {
+			busy := slices.MaxFunc(p0.Workers(), func(a, b *route.Worker) int { return cmp.Compare(a.Latency().Fit().Obs, b.Latency().Fit().Obs) })
+			drained = busy.ID
+			setDraining(drained, true)
+		}
 		streamChat(t, "http://"+p0.Addr(), family(100+i), "question "+strconv.Itoa(i))
 		learned = p0.Workers()[0].Latency().Model().Fit()
+		if drained != "" && leastObs(p0) >= 2 {
+			setDraining(drained, false)
+			drained = ""
+		}
 	}
 	p1 := c.addProxy(c.xds)
 	waitWorkers(t, p1, 2)
