@@ -244,11 +244,10 @@ type Server struct {
 	publishedPolicy *xdsv1.RoutingPolicy
 	publishedKeys   string
 	// statics are the Worker resources as the worker cache holds them: published's, without
-	// their load and with their load index. loadIndex is each published worker's load
-	// index and indexID the worker at each ("" where free); the loads themselves travel
-	// in the loads cache, a Loads resource a shard (xds.LoadsShard indexes).
+	// their load and with their load index; indexID is the worker at each load index (""
+	// where free). The loads themselves travel in the loads cache, a Loads resource a shard
+	// (xds.LoadsShard indexes).
 	statics   map[string]*xdsv1.Worker
-	loadIndex map[string]uint32
 	indexID   []string
 	freeIndex []uint32
 
@@ -277,7 +276,6 @@ func New(opts Options) *Server {
 		keys:        cache.NewLinearCache(xds.KeysType),
 		published:   make(map[string]*xdsv1.Worker),
 		statics:     make(map[string]*xdsv1.Worker),
-		loadIndex:   make(map[string]uint32),
 		nodes:       make(map[int64]string),
 		proxies:     make(map[string]int),
 		lastNACK:    make(map[string]NACK),
@@ -461,12 +459,12 @@ func checkWorkers(ws []*xdsv1.Worker) error {
 func (s *Server) publishLocked(upsert []*xdsv1.Worker, remove []string) error {
 	added := 0
 	for _, w := range upsert {
-		if _, ok := s.loadIndex[w.GetId()]; !ok {
+		if _, ok := s.statics[w.GetId()]; !ok {
 			added++
 		}
 	}
 	if len(s.indexID)-len(s.freeIndex)+added > xds.MaxLoadIndex {
-		return fmt.Errorf("%d workers published and %d new given: at most %d", len(s.loadIndex), added, xds.MaxLoadIndex)
+		return fmt.Errorf("%d workers published and %d new given: at most %d", len(s.statics), added, xds.MaxLoadIndex)
 	}
 	changed := make(map[string]types.Resource)
 	var moved []string // workers whose load changed
@@ -492,19 +490,18 @@ func (s *Server) publishLocked(upsert []*xdsv1.Worker, remove []string) error {
 	var gone []string
 	shards := map[uint32]bool{}
 	for _, id := range moved {
-		shards[s.loadIndex[id]/xds.LoadsShard] = true
+		shards[s.statics[id].GetLoadIndex()/xds.LoadsShard] = true
 	}
 	for _, id := range remove {
 		if _, ok := s.published[id]; !ok {
 			continue
 		}
 		gone = append(gone, id)
-		delete(s.published, id)
-		delete(s.statics, id)
 		// Freed only now: a worker added in this same change set does not take the index of
 		// one that goes, whose loads the proxies still hold.
-		i := s.loadIndex[id]
-		delete(s.loadIndex, id)
+		i := s.statics[id].GetLoadIndex()
+		delete(s.published, id)
+		delete(s.statics, id)
 		s.indexID[i] = ""
 		s.freeIndex = append(s.freeIndex, i)
 		shards[i/xds.LoadsShard] = true
@@ -512,11 +509,13 @@ func (s *Server) publishLocked(upsert []*xdsv1.Worker, remove []string) error {
 	if len(changed) == 0 && len(gone) == 0 && len(shards) == 0 {
 		return nil
 	}
-	known := make(map[string]struct{}, len(s.published))
-	for id := range s.published {
-		known[id] = struct{}{}
+	if added > 0 || len(gone) > 0 { // the set of ids changed: not on loads alone
+		known := make(map[string]struct{}, len(s.published))
+		for id := range s.published {
+			known[id] = struct{}{}
+		}
+		s.load.known.Store(&known)
 	}
-	s.load.known.Store(&known)
 	loads := make(map[string]types.Resource, len(shards))
 	var empty []string
 	for shard := range shards {
@@ -550,8 +549,8 @@ func (s *Server) publishLocked(upsert []*xdsv1.Worker, remove []string) error {
 // indexFor returns the worker's load index, giving it a free one (the last freed) or the
 // next if it has none. s.pubMu is held.
 func (s *Server) indexFor(id string) uint32 {
-	if i, ok := s.loadIndex[id]; ok {
-		return i
+	if st, ok := s.statics[id]; ok {
+		return st.GetLoadIndex()
 	}
 	var i uint32
 	if n := len(s.freeIndex); n > 0 {
@@ -561,7 +560,6 @@ func (s *Server) indexFor(id string) uint32 {
 		i = uint32(len(s.indexID))
 		s.indexID = append(s.indexID, id)
 	}
-	s.loadIndex[id] = i
 	return i
 }
 
