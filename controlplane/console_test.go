@@ -21,6 +21,9 @@ func TestConsoleEndpoints(t *testing.T) {
 	c := newCluster(t, 3)
 	p := c.addProxy(c.xds)
 	waitWorkers(t, p, 3)
+	// Until the control plane has scraped the workers' model, the proxy labels a sampled
+	// decision's model "other", and one prompt would count as two prefixes.
+	waitKnown(t, p, 3)
 	base := "http://" + c.cp.APIAddr()
 	// 48 requests sharing one system prompt: about six sampled (one in eight).
 	for i := range 48 {

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -656,6 +657,18 @@ func (s *Server) reconcile() {
 		if id != "" && !known[id] {
 			s.ingest.RemoveWorker(id)
 		}
+	}
+	// Slots are given in the order of the workers' ids, each the lowest free, before any
+	// event can take one: replicas that see the same registry give the same slots, so a
+	// proxy that moves from one to another resumes its index journal instead of
+	// resnapshotting it (xds/journal's positions).
+	ids := make([]string, 0, len(ws))
+	for _, w := range ws {
+		ids = append(ids, w.ID)
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		s.index.Slot(id)
 	}
 	s.ingest.Sync(eps)
 	s.view.Sync(targets)

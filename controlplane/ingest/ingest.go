@@ -17,6 +17,7 @@ import (
 
 	"github.com/kvrelay/kvrelay/controlplane/kvindex"
 	"github.com/kvrelay/kvrelay/engines/kvevents"
+	"github.com/kvrelay/kvrelay/xds"
 	"github.com/kvrelay/kvrelay/xds/journal"
 )
 
@@ -211,7 +212,10 @@ func (m *Manager) drop(id string, forget bool) {
 			cs = append(cs, journal.Change{Seq: c.Seq, Slot: uint32(c.Slot), Tier: c.Tier, Op: journal.Stored})
 		}
 	}
-	m.log.Append(cs...)
+	// The worker's mark goes with its blocks: a proxy that comes from another replica with
+	// a mark from before the clear gets the slot filled again, not a replay that could miss
+	// the clear. Its next events mark it again.
+	m.log.Forget(uint32(slot), cs...)
 }
 
 func (m *Manager) startLocked(ep Endpoint) {
@@ -221,7 +225,7 @@ func (m *Manager) startLocked(ep Endpoint) {
 	}
 	ctx, cancel := context.WithCancel(m.ctx)
 	s := &subscription{ep: ep, sock: sock, cancel: cancel, stats: &Stats{}}
-	s.f = &follower{m: m, s: s}
+	s.f = &follower{m: m, s: s, check: xds.IDCheck(ep.WorkerID), slot: -1}
 	m.running[ep.WorkerID] = s
 	sock.add(s.f)
 	// A control plane that starts (or restarts) after its engines rebuilds their part of the
@@ -400,6 +404,10 @@ type follower struct {
 	fresh   bool
 	changed []kvindex.Change
 	changes []journal.Change
+	// check is the worker id's check and slot its index slot (-1 until its first batch),
+	// for the journal's marks.
+	check uint32
+	slot  int
 }
 
 // stop makes every later emit and catch-up a no-op.
@@ -443,7 +451,7 @@ func (f *follower) emit(seq uint64, b *kvevents.Batch) {
 		}
 	}
 	f.fresh = false
-	f.apply(b, now)
+	f.apply(seq, b, now)
 	f.last = seq
 }
 
@@ -469,7 +477,7 @@ func (f *follower) catchUp(ctx context.Context) {
 		if f.started && got[i].Seq <= f.last {
 			continue
 		}
-		f.apply(&got[i].Batch, now)
+		f.apply(got[i].Seq, &got[i].Batch, now)
 		st.ReplayedBatches.Add(1)
 		f.last, f.started, f.fresh = got[i].Seq, true, true
 	}
@@ -511,16 +519,16 @@ func (f *follower) replay(from, until uint64, at int64) bool {
 		return false
 	}
 	for i := range n {
-		f.apply(&got[i].Batch, at)
+		f.apply(got[i].Seq, &got[i].Batch, at)
 		st.ReplayedBatches.Add(1)
 		f.last = got[i].Seq
 	}
 	return true
 }
 
-// apply changes the index and journals the changes, arrived at unix nanosecond at, under
-// the manager's apply lock.
-func (f *follower) apply(b *kvevents.Batch, at int64) {
+// apply changes the index and journals the changes of the worker's batch seq, arrived at
+// unix nanosecond at, with the worker's mark, under the manager's apply lock.
+func (f *follower) apply(seq uint64, b *kvevents.Batch, at int64) {
 	m := f.m
 	m.apply.Lock()
 	defer m.apply.Unlock()
@@ -528,8 +536,10 @@ func (f *follower) apply(b *kvevents.Batch, at int64) {
 	st.Batches.Add(1)
 	st.Events.Add(uint64(len(b.Events)))
 	f.changed = m.index.Apply(f.s.ep.WorkerID, b, f.changed[:0])
-	if len(f.changed) == 0 {
-		return
+	if f.slot < 0 {
+		// A follower's worker keeps its slot: it leaves the index only once the follower
+		// has stopped.
+		f.slot = m.index.Slot(f.s.ep.WorkerID)
 	}
 	f.changes = f.changes[:0]
 	for _, c := range f.changed {
@@ -539,7 +549,7 @@ func (f *follower) apply(b *kvevents.Batch, at int64) {
 		}
 		f.changes = append(f.changes, journal.Change{Seq: c.Seq, Slot: uint32(c.Slot), Tier: c.Tier, Op: op})
 	}
-	m.log.AppendAt(at, f.changes...)
+	m.log.AppendMarked(at, journal.Mark{Slot: uint32(f.slot), Check: f.check, Seq: seq}, f.changes...)
 }
 
 // String describes the stats for logs.

@@ -663,3 +663,11 @@ func (x *Index) Each(fn func(seq uint64, slot int, tier Tier)) {
 	defer x.mu.RUnlock()
 	x.set.Each(fn)
 }
+
+// EachSlots calls fn for every entry of the given slots (the journal's resume of a proxy
+// that comes from another replica), under the read lock.
+func (x *Index) EachSlots(slots []int, fn func(seq uint64, slot int, tier Tier)) {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	x.set.EachSlots(slots, fn)
+}

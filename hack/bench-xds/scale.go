@@ -233,10 +233,16 @@ func runScale(f flags, res *results) error {
 	p50, p99, mx = percentiles(durs(cv.Moved))
 	a50, _, amx := percentiles(durs(cv.ADS))
 	j50, _, jmx := percentiles(durs(cv.Journal))
+	slices.Sort(cv.JournalBytes)
+	var b50, bmx uint64
+	if n := len(cv.JournalBytes); n > 0 {
+		b50, bmx = cv.JournalBytes[n/2], cv.JournalBytes[n-1]
+	}
 	res.add("failover", "killed", "replica 0 (SIGKILL) under load", "proxies_moved", len(cv.Moved), "not_converged", cv.NotConverged,
 		"converged_p50", p50, "converged_p99", p99, "converged_all", mx, "target_all", "5s",
 		"ads_p50", a50, "ads_all", amx, "journal_p50", j50, "journal_all", jmx,
-		"what", "kill->journal snapshot complete and ADS stream up on another replica")
+		"resumed", cv.Resumed, "snapshotted", cv.Snapshotted, "journal_bytes_p50", b50, "journal_bytes_max", bmx,
+		"what", "kill->journal current on another replica (resumed from the proxy's marks, or a snapshot complete) and ADS stream up; bytes: journal payload each moved proxy took from the kill until then")
 	for _, d := range cv.Stuck {
 		res.add("failover_stuck", "proxy", d)
 	}
@@ -271,11 +277,16 @@ type sinkStats struct {
 
 // convergence is the proxies' child's answer to "converge": for each proxy that followed
 // the killed replica, nanoseconds from the kill until it was synced on another (Moved), and
-// until each of its two streams was (ADS: a new stream connected; Journal: a snapshot
-// completed).
+// until each of its two streams was (ADS: a new stream connected; Journal: resumed or a
+// snapshot completed).
 type convergence struct {
 	Moved, ADS, Journal []int64
 	NotConverged        int
+	// Resumed and Snapshotted count the moved proxies whose journal went on from their
+	// marks or took a snapshot; JournalBytes is the journal payload each took from the kill
+	// until its journal was current.
+	Resumed, Snapshotted int
+	JournalBytes         []uint64
 	// Stuck describes, for each proxy not converged, what its streams were doing.
 	Stuck []string
 }
@@ -569,18 +580,20 @@ func proxyDialer(i int) func(context.Context, string) (net.Conn, error) {
 }
 
 // converge polls every millisecond until each proxy that followed replica 0 (proxy i with
-// i mod R == 0) has opened a new ADS stream that is connected and completed a journal
-// snapshot after killedAt, or timeout.
+// i mod R == 0) has opened a new ADS stream that is connected and has its journal current
+// on another replica (resumed from its marks, or a snapshot completed) after killedAt, or
+// timeout.
 func converge(subs []*subscriber, replicas int, killedAt int64, timeout time.Duration) convergence {
 	type st struct {
 		i             int
 		ads0          uint64
 		adsAt, jourAt int64
+		bytes0        uint64
 	}
 	var wait []*st
 	for i, s := range subs {
 		if i%replicas == 0 {
-			wait = append(wait, &st{i: i, ads0: s.ads.Stats().Streams})
+			wait = append(wait, &st{i: i, ads0: s.ads.Stats().Streams, bytes0: s.bytes.journalIn.Load()})
 		}
 	}
 	var out convergence
@@ -593,8 +606,18 @@ func converge(subs []*subscriber, replicas int, killedAt int64, timeout time.Dur
 			if as := s.ads.Stats(); w.adsAt == 0 && as.Streams > w.ads0 && as.Connected {
 				w.adsAt = now
 			}
-			if at := s.sink.snapshotAt.Load(); w.jourAt == 0 && at > killedAt && s.jc.Synced() {
-				w.jourAt = at
+			if w.jourAt == 0 && s.jc.Synced() {
+				switch snap, res := s.sink.snapshotAt.Load(), s.sink.resumedAt.Load(); {
+				case snap > killedAt:
+					w.jourAt = snap
+					out.Snapshotted++
+				case res > killedAt:
+					w.jourAt = res
+					out.Resumed++
+				}
+				if w.jourAt != 0 {
+					out.JournalBytes = append(out.JournalBytes, s.bytes.journalIn.Load()-w.bytes0)
+				}
 			}
 			if w.adsAt != 0 && w.jourAt != 0 {
 				out.Moved = append(out.Moved, max(w.adsAt, w.jourAt)-killedAt)
@@ -615,8 +638,8 @@ func converge(subs []*subscriber, replicas int, killedAt int64, timeout time.Dur
 		if e := s.jerr.Load(); e != nil {
 			jerr = *e
 		}
-		out.Stuck = append(out.Stuck, fmt.Sprintf("%s: ads up=%v streams %d→%d last error %q; journal synced=%v streams %d snapshot after the kill=%v last error %q",
-			s.node, w.adsAt != 0, w.ads0, as.Streams, as.LastError, js.Synced, js.Streams, s.sink.snapshotAt.Load() > killedAt, jerr))
+		out.Stuck = append(out.Stuck, fmt.Sprintf("%s: ads up=%v streams %d→%d last error %q; journal synced=%v streams %d snapshot or resume after the kill=%v last error %q",
+			s.node, w.adsAt != 0, w.ads0, as.Streams, as.LastError, js.Synced, js.Streams, w.jourAt != 0, jerr))
 	}
 	for _, d := range [][]int64{out.Moved, out.ADS, out.Journal} {
 		slices.Sort(d)

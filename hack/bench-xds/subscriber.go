@@ -57,8 +57,9 @@ type timingSink struct {
 	stored  atomic.Uint64
 	removed atomic.Uint64
 	resets  atomic.Uint64
-	// snapshotAt is when the latest snapshot was complete (unix nanoseconds).
-	snapshotAt atomic.Int64
+	// snapshotAt is when the latest snapshot was complete, resumedAt when the latest resume
+	// on another replica was (unix nanoseconds).
+	snapshotAt, resumedAt atomic.Int64
 }
 
 // take returns the arrivals recorded since the last take.
@@ -83,6 +84,8 @@ func (s *timingSink) SnapshotDone() {
 	}
 	s.snapshotAt.Store(time.Now().UnixNano())
 }
+
+func (s *timingSink) Resumed() { s.resumedAt.Store(time.Now().UnixNano()) }
 
 func (s *timingSink) Apply(cs []journal.Change) {
 	if s.r != nil {

@@ -268,6 +268,25 @@ func (s *Set) Each(fn func(seq uint64, slot int, tier Tier)) {
 	}
 }
 
+// EachSlots calls fn for every entry of the given slots, walking each of their shards once.
+func (s *Set) EachSlots(slots []int, fn func(seq uint64, slot int, tier Tier)) {
+	masks := map[int]uint64{}
+	for _, slot := range slots {
+		if slot >= 0 && slot/64 < len(s.shards) {
+			masks[slot/64] |= 1 << (slot % 64)
+		}
+	}
+	for k, mask := range masks {
+		for t, m := range s.shards[k].tiers {
+			for seq, e := range m {
+				for b := e & mask; b != 0; b &= b - 1 {
+					fn(seq, 64*k+bits.TrailingZeros64(b), Tier(t))
+				}
+			}
+		}
+	}
+}
+
 // Len returns the number of distinct blocks held by any slot. With more than 64 slots it
 // builds a set of the blocks: it is meant for statistics, not for the request path.
 func (s *Set) Len() int {

@@ -22,6 +22,14 @@ type Sink interface {
 	Apply(cs []Change)
 }
 
+// ResumeSink is a Sink that wants to know when the client has resumed its replica on
+// another control plane replica without a snapshot: the slots it could not place are filled
+// again, and the changes the replica lacks follow.
+type ResumeSink interface {
+	Sink
+	Resumed()
+}
+
 // SnapshotSink is a Sink that wants to know when a snapshot is complete: between Reset and
 // SnapshotDone it may build the new state aside and keep answering from the old one, so a
 // proxy resyncing with a restarted control plane never routes on a half-sent index.
@@ -49,11 +57,16 @@ type Client struct {
 	opts ClientOptions
 
 	epoch, next uint64
-	synced      atomic.Bool
-	applied     atomic.Uint64
-	batches     atomic.Uint64
-	nacks       atomic.Uint64
-	streams     atomic.Uint64
+	// marks is where each slot's worker stands in the replica (positions.go), sent when a
+	// stream opens; pending those of a snapshot being received.
+	marks, pending map[uint32]Mark
+	synced         atomic.Bool
+	applied        atomic.Uint64
+	batches        atomic.Uint64
+	nacks          atomic.Uint64
+	streams        atomic.Uint64
+	snapshots      atomic.Uint64
+	resumes        atomic.Uint64
 }
 
 // NewClient returns a client on conn.
@@ -73,12 +86,16 @@ func (c *Client) Synced() bool { return c.synced.Load() }
 // ClientStats are a client's counters.
 type ClientStats struct {
 	Applied, Batches, Nacks, Streams uint64
-	Synced                           bool
+	// Snapshots counts the snapshots received whole, Resumes the streams that went on
+	// without one on another control plane replica.
+	Snapshots, Resumes uint64
+	Synced             bool
 }
 
 // Stats returns the client's counters; safe from any goroutine.
 func (c *Client) Stats() ClientStats {
-	return ClientStats{Applied: c.applied.Load(), Batches: c.batches.Load(), Nacks: c.nacks.Load(), Streams: c.streams.Load(), Synced: c.synced.Load()}
+	return ClientStats{Applied: c.applied.Load(), Batches: c.batches.Load(), Nacks: c.nacks.Load(), Streams: c.streams.Load(),
+		Snapshots: c.snapshots.Load(), Resumes: c.resumes.Load(), Synced: c.synced.Load()}
 }
 
 // Run follows the journal until ctx ends.
@@ -116,11 +133,24 @@ func (c *Client) stream(ctx context.Context, sink Sink) error {
 		return fmt.Errorf("opening the index journal: %w", err)
 	}
 	c.streams.Add(1)
-	if err := st.Send(&xdsv1.JournalAck{NodeId: c.opts.NodeID, Epoch: c.epoch, Next: c.next}); err != nil {
+	hello := &xdsv1.JournalAck{NodeId: c.opts.NodeID, Epoch: c.epoch, Next: c.next}
+	if c.epoch != 0 {
+		for _, m := range c.marks {
+			putMarks([]Mark{m}, &hello.PosSlot, &hello.PosCheck, &hello.PosSeq)
+		}
+	}
+	if err := st.Send(hello); err != nil {
 		return fmt.Errorf("opening the index journal: %w", err)
 	}
 	var cs []Change
-	inSnapshot := false
+	var ms []Mark
+	// A snapshot or a resume in progress: the epoch it comes from, and the marks it brings.
+	// The client takes both only once it is complete, so that a stream that breaks halfway
+	// starts over instead of going on from a replica it did not finish.
+	var (
+		inSnapshot, inResume bool
+		epoch                uint64
+	)
 	awaitReset := false // after a NACK: only a snapshot's first batch is applied
 	for {
 		b, err := st.Recv()
@@ -131,20 +161,26 @@ func (c *Client) stream(ctx context.Context, sink Sink) error {
 			continue
 		}
 		awaitReset = false
-		var ok bool
+		var ok, okMarks bool
 		cs, ok = decode(cs[:0], b)
-		bad := !ok
+		ms, okMarks = batchMarks(ms[:0], b)
 		switch {
-		case bad:
+		case !ok || !okMarks:
 			err = errors.New("journal batch holds a change this proxy cannot read")
 		case b.Reset_:
 			sink.Reset()
 			c.synced.Store(false)
-			inSnapshot = true
-			c.epoch = b.Epoch
-		case b.Epoch != c.epoch:
+			inSnapshot, inResume, epoch = true, false, b.Epoch
+			c.pending = map[uint32]Mark{}
+		case b.Resume && inSnapshot:
+			err = fmt.Errorf("%w: a resume inside a snapshot", errGap)
+		case b.Resume && !inResume:
+			// A control plane of another epoch goes on from this replica's marks.
+			inResume, epoch = true, b.Epoch
+			c.pending = map[uint32]Mark{}
+		case (inSnapshot || inResume) && b.Epoch != epoch, !inSnapshot && !inResume && b.Epoch != c.epoch:
 			err = fmt.Errorf("%w: epoch %d, replica at %d", errGap, b.Epoch, c.epoch)
-		case !inSnapshot && b.Offset != c.next:
+		case !inSnapshot && !b.Resume && b.Offset != c.next:
 			err = fmt.Errorf("%w: batch at offset %d, replica at %d", errGap, b.Offset, c.next)
 		}
 		if err != nil {
@@ -153,25 +189,65 @@ func (c *Client) stream(ctx context.Context, sink Sink) error {
 			if err := st.Send(&xdsv1.JournalAck{NodeId: c.opts.NodeID, Epoch: c.epoch, Next: c.next, NackReason: err.Error()}); err != nil {
 				return fmt.Errorf("nacking the index journal: %w", err)
 			}
-			awaitReset = true
+			awaitReset, inResume = true, false
 			continue
 		}
 		sink.Apply(cs)
 		c.applied.Add(uint64(len(cs)))
 		c.batches.Add(1)
-		if inSnapshot {
+		switch {
+		case inSnapshot || inResume:
+			for _, m := range ms {
+				c.pending[m.Slot] = m
+			}
 			if !b.SnapshotDone {
-				continue
+				if inSnapshot {
+					continue // the server awaits the ack of a snapshot's last batch only
+				}
+				break
 			}
-			inSnapshot = false
-			if ss, ok := sink.(SnapshotSink); ok {
-				ss.SnapshotDone()
+			if inSnapshot {
+				c.marks = map[uint32]Mark{}
+				c.snapshots.Add(1)
+				if ss, ok := sink.(SnapshotSink); ok {
+					ss.SnapshotDone()
+				}
+			} else {
+				c.resumes.Add(1)
+				if rs, ok := sink.(ResumeSink); ok {
+					rs.Resumed()
+				}
 			}
+			if c.marks == nil {
+				c.marks = map[uint32]Mark{}
+			}
+			for _, m := range c.pending {
+				putMarksMap(c.marks, []Mark{m})
+			}
+			inSnapshot, inResume, c.pending = false, false, nil
+			c.epoch, c.next = epoch, b.Next
+			c.synced.Store(true)
+		default:
+			if c.marks == nil {
+				c.marks = map[uint32]Mark{}
+			}
+			putMarksMap(c.marks, ms)
+			c.next = b.Next
+			c.synced.Store(true)
 		}
-		c.next = b.Next
-		c.synced.Store(true)
 		if err := st.Send(&xdsv1.JournalAck{NodeId: c.opts.NodeID, Epoch: c.epoch, Next: c.next}); err != nil {
 			return fmt.Errorf("acknowledging the index journal: %w", err)
+		}
+	}
+}
+
+// putMarksMap records marks by slot; a zero mark says the slot has no worker.
+func putMarksMap(dst map[uint32]Mark, ms []Mark) {
+	for _, m := range ms {
+		if m.Check == 0 && m.Seq == 0 {
+			delete(dst, m.Slot)
+		} else {
+			dst[m.Slot] = m
 		}
 	}
 }

@@ -62,6 +62,21 @@ type Log struct {
 	// marks[nmarks%len]: what ArrivedAt answers from.
 	marks  []mark
 	nmarks uint64
+
+	// CheckpointEvery is how often at most the marks that moved are gathered for the
+	// streams (DefaultCheckpointEvery when 0); set it before the first append.
+	CheckpointEvery time.Duration
+	// pos is each slot's mark; hist the most recent marked appends; moved the slots whose
+	// mark moved since the last checkpoint (dirty by slot); ckpts the recent checkpoints
+	// (positions.go).
+	pos    []position
+	hist   []histMark
+	nhist  uint64
+	moved  []uint32
+	dirty  []bool
+	ckpts  []checkpoint
+	nckpts uint64
+	ckAt   int64
 }
 
 // mark says that the changes before offset end arrived at unix nanosecond at (and after the
@@ -101,6 +116,33 @@ func (l *Log) AppendAt(at int64, cs ...Change) {
 		return
 	}
 	l.mu.Lock()
+	l.appendLocked(at, cs)
+	w := l.wakeLocked()
+	l.mu.Unlock()
+	close(w)
+}
+
+// AppendMarked adds the changes of one event batch of a worker, arrived at unix nanosecond
+// at, and records that the worker stands at m once they are in (Mark). A batch that changed
+// nothing still moves the mark.
+func (l *Log) AppendMarked(at int64, m Mark, cs ...Change) {
+	l.mu.Lock()
+	l.appendLocked(at, cs)
+	l.markLocked(m, at)
+	var w chan struct{}
+	if len(cs) > 0 {
+		w = l.wakeLocked()
+	}
+	l.mu.Unlock()
+	if w != nil {
+		close(w)
+	}
+}
+
+func (l *Log) appendLocked(at int64, cs []Change) {
+	if len(cs) == 0 {
+		return
+	}
 	for _, c := range cs {
 		l.ring[l.next%uint64(len(l.ring))] = c
 		l.next++
@@ -110,10 +152,13 @@ func (l *Log) AppendAt(at int64, cs ...Change) {
 	}
 	l.marks[l.nmarks%uint64(len(l.marks))] = mark{end: l.next, at: at}
 	l.nmarks++
+}
+
+// wakeLocked returns the channel to close, once the lock is released, to wake the readers.
+func (l *Log) wakeLocked() chan struct{} {
 	w := l.wake
 	l.wake = make(chan struct{})
-	l.mu.Unlock()
-	close(w)
+	return w
 }
 
 // Next returns the offset the next change will get.

@@ -92,6 +92,7 @@ type Server struct {
 	snapWake chan struct{}
 
 	snapshots, built, batches, changes atomic.Uint64
+	resumes, resumedSlots              atomic.Uint64
 	slow                               atomic.Uint64 // streams ended for not reading
 	unacked                            atomic.Uint64 // streams ended for not acknowledging
 }
@@ -141,6 +142,10 @@ type Stats struct {
 	// Snapshots counts snapshots sent, SnapshotsBuilt the copies of the index taken for
 	// them.
 	Snapshots, SnapshotsBuilt, Batches, Changes uint64
+	// Resumes counts streams of proxies from another epoch (another replica) that went on
+	// from their marks instead of a snapshot; ResumedSlots the slots such resumes cleared and
+	// filled again from the index.
+	Resumes, ResumedSlots uint64
 	// SlowStreams counts streams ended because their proxy took nothing for SendTimeout;
 	// UnackedStreams those ended because it left a batch unacknowledged for AckTimeout.
 	SlowStreams, UnackedStreams uint64
@@ -152,6 +157,7 @@ type Stats struct {
 func (s *Server) Stats() Stats {
 	st := Stats{
 		Snapshots: s.snapshots.Load(), SnapshotsBuilt: s.built.Load(), Batches: s.batches.Load(), Changes: s.changes.Load(),
+		Resumes: s.resumes.Load(), ResumedSlots: s.resumedSlots.Load(),
 		SlowStreams: s.slow.Load(), UnackedStreams: s.unacked.Load(), Nodes: map[string]NodeState{},
 	}
 	s.mu.Lock()
@@ -239,11 +245,20 @@ func (s *Server) Stream(stream xdsv1.IndexJournal_StreamServer) error {
 
 	next := first.Next
 	if first.Epoch != s.log.Epoch() || !s.inRing(next) {
-		if next, err = s.sendSnapshot(out, w); err != nil {
-			return err
+		resumed := false
+		if first.Epoch != s.log.Epoch() {
+			if next, resumed, err = s.sendResume(out, w, first); err != nil {
+				return err
+			}
+		}
+		if !resumed {
+			if next, err = s.sendSnapshot(out, w); err != nil {
+				return err
+			}
 		}
 	}
 	var buf []Change // grows to the batches this stream sends, at most MaxBatch
+	var marks []Mark
 	deadline := time.NewTimer(time.Hour)
 	defer deadline.Stop()
 	linger := time.NewTimer(time.Hour)
@@ -307,6 +322,8 @@ func (s *Server) Stream(stream xdsv1.IndexJournal_StreamServer) error {
 		}
 		b := &xdsv1.JournalBatch{Epoch: s.log.Epoch(), Offset: next, Next: to}
 		appendChanges(b, buf)
+		marks = s.log.Checkpoints(marks[:0], next, to)
+		putMarks(marks, &b.PosSlot, &b.PosCheck, &b.PosSeq)
 		w.push(proto.Size(b), true) // before sending: the ack may come before Send returns
 		if err := s.send(out, b); err != nil {
 			return err
@@ -546,9 +563,63 @@ func (s *Server) wakeLocked() {
 	s.snapWake = make(chan struct{})
 }
 
+// SlotSnapshotter lists the entries of some slots only. A Snapshotter that implements it
+// lets the server resume proxies that come from another replica (Log.Resume).
+type SlotSnapshotter interface {
+	EachSlots(slots []int, fn func(seq uint64, slot int, tier blockset.Tier))
+}
+
+// sendResume resumes a stream whose proxy comes from another epoch at the marks it sent:
+// the slots Log.Resume could not place are cleared and filled again from the index, in
+// batches marked resume (the last also snapshot_done), and the stream goes on from the
+// offset it returns. resumed is false, with nothing sent, when the proxy sent no marks or
+// needs a snapshot.
+func (s *Server) sendResume(out *sender, w *window, first *xdsv1.JournalAck) (next uint64, resumed bool, err error) {
+	ss, ok := s.snap.(SlotSnapshotter)
+	if !ok {
+		return 0, false, nil
+	}
+	theirs, ok := ackMarks(first)
+	if !ok || len(theirs) == 0 {
+		return 0, false, nil
+	}
+	from, reset, ok := s.log.Resume(theirs)
+	if !ok {
+		return 0, false, nil
+	}
+	slots := make([]int, len(reset))
+	cs := make([]Change, 0, len(reset))
+	for i, m := range reset {
+		slots[i] = int(m.Slot)
+		cs = append(cs, Change{Slot: m.Slot, Op: Cleared})
+	}
+	if len(slots) > 0 {
+		ss.EachSlots(slots, func(seq uint64, slot int, tier blockset.Tier) {
+			cs = append(cs, Change{Seq: seq, Slot: uint32(slot), Tier: tier, Op: Stored})
+		})
+	}
+	s.resumes.Add(1)
+	s.resumedSlots.Add(uint64(len(reset)))
+	for i := 0; i == 0 || i < len(cs); i += s.opts.SnapshotBatch {
+		b := &xdsv1.JournalBatch{Epoch: s.log.Epoch(), Offset: from, Next: from, Resume: true}
+		appendChanges(b, cs[i:min(i+s.opts.SnapshotBatch, len(cs))])
+		if i == 0 {
+			putMarks(reset, &b.PosSlot, &b.PosCheck, &b.PosSeq)
+		}
+		b.SnapshotDone = i+s.opts.SnapshotBatch >= len(cs)
+		w.push(proto.Size(b), true)
+		if err := s.send(out, b); err != nil {
+			return from, false, fmt.Errorf("resuming the index journal: %w", err)
+		}
+		w.sent()
+	}
+	return from, true, nil
+}
+
 // build copies the index into snapshot batches of SnapshotBatch entries and encodes them.
+// The first carries every worker's mark as of the offset the snapshot starts from.
 func (s *Server) build() (*snapshot, error) {
-	next := s.log.Next()
+	next, marks := s.log.Positions()
 	var bs []*xdsv1.JournalBatch
 	var b *xdsv1.JournalBatch
 	s.snap.Each(func(seq uint64, slot int, tier blockset.Tier) {
@@ -563,6 +634,7 @@ func (s *Server) build() (*snapshot, error) {
 		bs = append(bs, &xdsv1.JournalBatch{Epoch: s.log.Epoch(), Offset: next, Next: next})
 	}
 	bs[0].Reset_ = true
+	putMarks(marks, &bs[0].PosSlot, &bs[0].PosCheck, &bs[0].PosSeq)
 	bs[len(bs)-1].SnapshotDone = true
 	snap := &snapshot{next: next, batches: make([]*encodedBatch, len(bs))}
 	for i, b := range bs {

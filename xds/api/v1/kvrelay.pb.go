@@ -1214,7 +1214,15 @@ type JournalAck struct {
 	Epoch uint64 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	Next  uint64 `protobuf:"varint,3,opt,name=next,proto3" json:"next,omitempty"`
 	// nack_reason is set when the proxy could not apply a batch; it then asks for a snapshot.
-	NackReason    string `protobuf:"bytes,4,opt,name=nack_reason,json=nackReason,proto3" json:"nack_reason,omitempty"`
+	NackReason string `protobuf:"bytes,4,opt,name=nack_reason,json=nackReason,proto3" json:"nack_reason,omitempty"`
+	// Where each worker's part of the replica stands, sent in the first message of a stream:
+	// slot pos_slot[i] holds the changes of every event the worker whose id check (FNV-1a 32
+	// of its id) is pos_check[i] published up to its event batch pos_seq[i]. A control plane
+	// of another epoch (another replica, after a failover) resumes each worker from there when
+	// its own journal still holds that point, instead of sending a snapshot.
+	PosSlot       []uint32 `protobuf:"varint,5,rep,packed,name=pos_slot,json=posSlot,proto3" json:"pos_slot,omitempty"`
+	PosCheck      []uint32 `protobuf:"fixed32,6,rep,packed,name=pos_check,json=posCheck,proto3" json:"pos_check,omitempty"`
+	PosSeq        []uint64 `protobuf:"varint,7,rep,packed,name=pos_seq,json=posSeq,proto3" json:"pos_seq,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1277,6 +1285,27 @@ func (x *JournalAck) GetNackReason() string {
 	return ""
 }
 
+func (x *JournalAck) GetPosSlot() []uint32 {
+	if x != nil {
+		return x.PosSlot
+	}
+	return nil
+}
+
+func (x *JournalAck) GetPosCheck() []uint32 {
+	if x != nil {
+		return x.PosCheck
+	}
+	return nil
+}
+
+func (x *JournalAck) GetPosSeq() []uint64 {
+	if x != nil {
+		return x.PosSeq
+	}
+	return nil
+}
+
 type JournalBatch struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// epoch identifies the control plane's journal; a new epoch (a restarted control plane)
@@ -1293,8 +1322,18 @@ type JournalBatch struct {
 	// slot << 4 | tier << 2 | op, tier 0 GPU, 1 host, 2 disk; op 0 stored, 1 removed, 2 the
 	// slot was cleared (seq unused). One packed pair of arrays keeps the order of mixed changes
 	// and costs about 10 bytes a change on the wire.
-	Seq           []uint64 `protobuf:"fixed64,6,rep,packed,name=seq,proto3" json:"seq,omitempty"`
-	At            []uint32 `protobuf:"varint,7,rep,packed,name=at,proto3" json:"at,omitempty"`
+	Seq []uint64 `protobuf:"fixed64,6,rep,packed,name=seq,proto3" json:"seq,omitempty"`
+	At  []uint32 `protobuf:"varint,7,rep,packed,name=at,proto3" json:"at,omitempty"`
+	// resume starts a stream that continues a replica built from another epoch: its changes
+	// (slots cleared and filled again, for workers that could not be resumed) apply to the
+	// replica as it is, and the changes from offset on follow.
+	Resume bool `protobuf:"varint,8,opt,name=resume,proto3" json:"resume,omitempty"`
+	// Positions (see JournalAck): with reset, every worker's as of offset; otherwise those
+	// that moved since the previous batch that carried positions, as of the end of this
+	// batch. A pos_seq of 0 with a pos_check of 0 says the slot has no worker.
+	PosSlot       []uint32 `protobuf:"varint,9,rep,packed,name=pos_slot,json=posSlot,proto3" json:"pos_slot,omitempty"`
+	PosCheck      []uint32 `protobuf:"fixed32,10,rep,packed,name=pos_check,json=posCheck,proto3" json:"pos_check,omitempty"`
+	PosSeq        []uint64 `protobuf:"varint,11,rep,packed,name=pos_seq,json=posSeq,proto3" json:"pos_seq,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1374,6 +1413,34 @@ func (x *JournalBatch) GetSeq() []uint64 {
 func (x *JournalBatch) GetAt() []uint32 {
 	if x != nil {
 		return x.At
+	}
+	return nil
+}
+
+func (x *JournalBatch) GetResume() bool {
+	if x != nil {
+		return x.Resume
+	}
+	return false
+}
+
+func (x *JournalBatch) GetPosSlot() []uint32 {
+	if x != nil {
+		return x.PosSlot
+	}
+	return nil
+}
+
+func (x *JournalBatch) GetPosCheck() []uint32 {
+	if x != nil {
+		return x.PosCheck
+	}
+	return nil
+}
+
+func (x *JournalBatch) GetPosSeq() []uint64 {
+	if x != nil {
+		return x.PosSeq
 	}
 	return nil
 }
@@ -2655,14 +2722,17 @@ const file_kvrelay_proto_rawDesc = "" +
 	"\x06params\x18\x03 \x03(\v2\".kvrelay.xds.v1.Plugin.ParamsEntryR\x06params\x1a9\n" +
 	"\vParamsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\"p\n" +
+	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\"\xc1\x01\n" +
 	"\n" +
 	"JournalAck\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x12\n" +
 	"\x04next\x18\x03 \x01(\x04R\x04next\x12\x1f\n" +
 	"\vnack_reason\x18\x04 \x01(\tR\n" +
-	"nackReason\"\xad\x01\n" +
+	"nackReason\x12\x19\n" +
+	"\bpos_slot\x18\x05 \x03(\rR\aposSlot\x12\x1b\n" +
+	"\tpos_check\x18\x06 \x03(\aR\bposCheck\x12\x17\n" +
+	"\apos_seq\x18\a \x03(\x04R\x06posSeq\"\x96\x02\n" +
 	"\fJournalBatch\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x16\n" +
 	"\x06offset\x18\x02 \x01(\x04R\x06offset\x12\x12\n" +
@@ -2670,7 +2740,12 @@ const file_kvrelay_proto_rawDesc = "" +
 	"\x05reset\x18\x04 \x01(\bR\x05reset\x12#\n" +
 	"\rsnapshot_done\x18\x05 \x01(\bR\fsnapshotDone\x12\x10\n" +
 	"\x03seq\x18\x06 \x03(\x06R\x03seq\x12\x0e\n" +
-	"\x02at\x18\a \x03(\rR\x02at\"\xc2\x02\n" +
+	"\x02at\x18\a \x03(\rR\x02at\x12\x16\n" +
+	"\x06resume\x18\b \x01(\bR\x06resume\x12\x19\n" +
+	"\bpos_slot\x18\t \x03(\rR\aposSlot\x12\x1b\n" +
+	"\tpos_check\x18\n" +
+	" \x03(\aR\bposCheck\x12\x17\n" +
+	"\apos_seq\x18\v \x03(\x04R\x06posSeq\"\xc2\x02\n" +
 	"\n" +
 	"LoadReport\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x124\n" +

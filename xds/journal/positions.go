@@ -1,0 +1,251 @@
+package journal
+
+import (
+	"time"
+
+	xdsv1 "github.com/kvrelay/kvrelay/xds/api/v1"
+)
+
+// Positions let a proxy move between control plane replicas without a snapshot.
+//
+// Every replica follows every worker's KV events, so two replicas apply the same event
+// batches of each worker, in that worker's order, and journal the same changes for it; only
+// the interleaving of the workers differs, and with it the offsets. What is comparable
+// across replicas is, per worker, the engine's event sequence number: a Mark says that the
+// changes of a worker's events up to its batch Seq are all journalled. The journal server
+// sends the proxies the marks that moved about once a CheckpointEvery (and every mark with a
+// snapshot); a proxy that moves to another replica sends them back, and that replica finds,
+// for each worker, the offset in its own log where the worker passed that mark. Replaying
+// its log from the earliest such offset replays every change the proxy lacks, plus some it
+// already has: changes are assignments, and a replay of the same worker's changes in the
+// same order ends in the same state. A worker the replica cannot place that way (another
+// slot, an id check that differs, a mark no longer in its history, or a replica behind the
+// proxy's mark) has its slot cleared and filled again from the index; too many of those,
+// or a replay start no longer in the ring, and the proxy gets a snapshot as before.
+//
+// Shared storage is credited to every slot that mounts it, in the order the replica's
+// workers wrote to it: a resumed replica may briefly differ there from the new control
+// plane's, until those blocks change again. The same holds for a worker whose events one
+// replica lost for good and rebuilt while the other did not.
+
+// Mark is where one worker's part of the journal stands: the changes of every event batch the
+// worker in Slot (the worker whose id check is Check) published up to its batch Seq are in
+// the log.
+type Mark struct {
+	Slot, Check uint32
+	Seq         uint64
+}
+
+// DefaultCheckpointEvery is how often, at most, a Log gathers the marks that moved into a
+// checkpoint that its streams send.
+const DefaultCheckpointEvery = time.Second
+
+// historyMarks is how many marked appends a Log remembers for Resume: about 13 s of
+// 10,000 engine batches a second, far more than two replicas drift apart.
+const historyMarks = 1 << 17
+
+// maxResetShare bounds the workers a resume may fill again from the index, as a share of the
+// slots: past it a snapshot costs about the same and is simpler.
+const maxResetShare = 4
+
+// position is a slot's current mark.
+type position struct {
+	check uint32
+	seq   uint64
+	ok    bool
+}
+
+// histMark is one marked append: slot's worker passed seq at offset end.
+type histMark struct {
+	end  uint64
+	slot uint32
+	seq  uint64
+}
+
+// checkpoint is the marks that moved before offset off, since the previous checkpoint.
+type checkpoint struct {
+	off   uint64
+	marks []Mark
+}
+
+// logCheckpoints is how many checkpoints a Log keeps for streams that lag (about a minute).
+const logCheckpoints = 64
+
+// markLocked records m as journalled up to the log's next offset.
+func (l *Log) markLocked(m Mark, at int64) {
+	if int(m.Slot) >= len(l.pos) {
+		l.pos = append(l.pos, make([]position, int(m.Slot)+1-len(l.pos))...)
+		l.dirty = append(l.dirty, make([]bool, int(m.Slot)+1-len(l.dirty))...)
+	}
+	l.pos[m.Slot] = position{check: m.Check, seq: m.Seq, ok: true}
+	if l.hist == nil {
+		l.hist = make([]histMark, historyMarks)
+	}
+	l.hist[l.nhist%uint64(len(l.hist))] = histMark{end: l.next, slot: m.Slot, seq: m.Seq}
+	l.nhist++
+	if !l.dirty[m.Slot] {
+		l.dirty[m.Slot] = true
+		l.moved = append(l.moved, m.Slot)
+	}
+	l.checkpointLocked(at)
+}
+
+// checkpointLocked gathers the marks that moved into a checkpoint at the next offset, once
+// CheckpointEvery has passed since the last.
+func (l *Log) checkpointLocked(at int64) {
+	every := l.CheckpointEvery
+	if every <= 0 {
+		every = DefaultCheckpointEvery
+	}
+	if len(l.moved) == 0 || at-l.ckAt < int64(every) {
+		return
+	}
+	l.ckAt = at
+	ck := checkpoint{off: l.next, marks: make([]Mark, 0, len(l.moved))}
+	for _, s := range l.moved {
+		p := l.pos[s]
+		ck.marks = append(ck.marks, Mark{Slot: s, Check: p.check, Seq: p.seq})
+		l.dirty[s] = false
+	}
+	l.moved = l.moved[:0]
+	if l.ckpts == nil {
+		l.ckpts = make([]checkpoint, logCheckpoints)
+	}
+	l.ckpts[l.nckpts%uint64(len(l.ckpts))] = ck
+	l.nckpts++
+}
+
+// forgetLocked drops slot's mark: its worker left.
+func (l *Log) forgetLocked(slot uint32) {
+	if int(slot) < len(l.pos) {
+		l.pos[slot] = position{}
+	}
+}
+
+// Forget records that the worker in slot left: its slot is cleared (by changes appended
+// with it) and it has no mark until a worker's events come there again.
+func (l *Log) Forget(slot uint32, cs ...Change) {
+	now := time.Now().UnixNano()
+	l.mu.Lock()
+	l.forgetLocked(slot)
+	l.appendLocked(now, cs)
+	w := l.wakeLocked()
+	l.mu.Unlock()
+	close(w)
+}
+
+// Checkpoints appends to dst the marks of the checkpoints at offsets in (from, to]: what a
+// stream that sent the changes up to to, and last sent marks with the changes up to from,
+// tells its proxy. A checkpoint that no longer is kept leaves the proxy's marks older than
+// they could be, which costs a longer replay (or a slot filled again) at its next move,
+// never a wrong replica.
+func (l *Log) Checkpoints(dst []Mark, from, to uint64) []Mark {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := min(l.nckpts, uint64(len(l.ckpts)))
+	for i := l.nckpts - n; i < l.nckpts; i++ {
+		if ck := &l.ckpts[i%uint64(len(l.ckpts))]; ck.off > from && ck.off <= to {
+			dst = append(dst, ck.marks...)
+		}
+	}
+	return dst
+}
+
+// Positions returns the next offset with every worker's mark as of it: what a snapshot
+// taken now (the index as of that offset, or later) starts from.
+func (l *Log) Positions() (next uint64, marks []Mark) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for s, p := range l.pos {
+		if p.ok {
+			marks = append(marks, Mark{Slot: uint32(s), Check: p.check, Seq: p.seq})
+		}
+	}
+	return l.next, marks
+}
+
+// Resume finds where a replica that stands at marks (built from another log) continues in
+// this one: from, the offset to replay from, and reset, the slots to clear and fill again
+// from the index, each with its mark in this log (a zero Check and Seq for a slot with no
+// worker here). ok is false when a snapshot is needed instead.
+func (l *Log) Resume(marks []Mark) (from uint64, reset []Mark, ok bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(marks) == 0 || l.nhist == 0 {
+		return 0, nil, false
+	}
+	theirs := map[uint32]Mark{}
+	for _, m := range marks {
+		theirs[m.Slot] = m
+	}
+	from = l.next
+	// want is, per slot to place by its history, the seq the proxy stands at.
+	want := map[uint32]uint64{}
+	for s, m := range theirs {
+		var p position
+		if int(s) < len(l.pos) {
+			p = l.pos[s]
+		}
+		switch {
+		case !p.ok || p.check != m.Check || p.seq < m.Seq:
+			reset = append(reset, Mark{Slot: s, Check: p.check, Seq: p.seq})
+		case p.seq > m.Seq:
+			want[s] = m.Seq
+		}
+	}
+	for s, p := range l.pos {
+		if _, known := theirs[uint32(s)]; p.ok && !known {
+			reset = append(reset, Mark{Slot: uint32(s), Check: p.check, Seq: p.seq})
+		}
+	}
+	// Walk the history from the newest: the end of the newest append of each slot at the
+	// proxy's seq is where the changes it lacks start.
+	n := min(l.nhist, uint64(len(l.hist)))
+	for i := uint64(0); i < n && len(want) > 0; i++ {
+		h := l.hist[(l.nhist-1-i)%uint64(len(l.hist))]
+		if seq, ok := want[h.slot]; ok && h.seq == seq {
+			from = min(from, h.end)
+			delete(want, h.slot)
+		}
+	}
+	for s := range want {
+		p := l.pos[s]
+		reset = append(reset, Mark{Slot: s, Check: p.check, Seq: p.seq})
+	}
+	if from < l.first || len(reset) > max(len(l.pos), len(theirs))/maxResetShare+8 {
+		return 0, nil, false
+	}
+	return from, reset, true
+}
+
+// marksOf fills a message's position arrays.
+func putMarks(ms []Mark, slot *[]uint32, check *[]uint32, seq *[]uint64) {
+	for _, m := range ms {
+		*slot = append(*slot, m.Slot)
+		*check = append(*check, m.Check)
+		*seq = append(*seq, m.Seq)
+	}
+}
+
+// batchMarks and ackMarks read a message's positions; ok is false when the arrays differ in
+// length or name a slot past MaxSlots.
+func readMarks(dst []Mark, slot, check []uint32, seq []uint64) ([]Mark, bool) {
+	if len(slot) != len(check) || len(slot) != len(seq) {
+		return dst, false
+	}
+	for i := range slot {
+		if slot[i] >= MaxSlots {
+			return dst, false
+		}
+		dst = append(dst, Mark{Slot: slot[i], Check: check[i], Seq: seq[i]})
+	}
+	return dst, true
+}
+
+func batchMarks(dst []Mark, b *xdsv1.JournalBatch) ([]Mark, bool) {
+	return readMarks(dst, b.PosSlot, b.PosCheck, b.PosSeq)
+}
+
+func ackMarks(a *xdsv1.JournalAck) ([]Mark, bool) {
+	return readMarks(nil, a.PosSlot, a.PosCheck, a.PosSeq)
+}

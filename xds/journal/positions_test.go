@@ -1,0 +1,246 @@
+package journal
+
+import (
+	"net"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+
+	xdsv1 "github.com/kvrelay/kvrelay/xds/api/v1"
+	"github.com/kvrelay/kvrelay/xds/blockset"
+)
+
+// serveWith serves srv on addr until the returned func stops it.
+func serveWith(t *testing.T, srv *Server, addr string) func() {
+	t.Helper()
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer()
+	xdsv1.RegisterIndexJournalServer(g, srv)
+	go g.Serve(lis)
+	return g.Stop
+}
+
+func (s *source) EachSlots(slots []int, fn func(uint64, int, blockset.Tier)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.set.EachSlots(slots, fn)
+}
+
+// applyMarked applies one event batch of a worker, as ingestion does: the index and the
+// log change together, with the worker's mark.
+func (s *source) applyMarked(m Mark, cs ...Change) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, c := range cs {
+		switch c.Op {
+		case Stored:
+			s.set.Add(c.Seq, int(c.Slot), c.Tier)
+		case Removed:
+			s.set.Remove(c.Seq, int(c.Slot), c.Tier)
+		case Cleared:
+			s.set.ClearSlot(int(c.Slot), nil)
+		}
+	}
+	s.log.AppendMarked(time.Now().UnixNano(), m, cs...)
+}
+
+// engineBatch is worker w's event batch k: it stores block k, and every third batch removes
+// the block stored two batches before. Both replicas derive the same changes from it.
+func engineBatch(w, slot uint32, k uint64) []Change {
+	cs := []Change{{Seq: uint64(w)<<32 | k, Slot: slot, Op: Stored}}
+	if k%3 == 0 {
+		cs = append(cs, Change{Seq: uint64(w)<<32 | (k - 2), Slot: slot, Op: Removed})
+	}
+	return cs
+}
+
+// replicaOf is a control plane replica whose log checkpoints every marked append.
+func replicaOf() *source {
+	l := NewLog(1 << 12)
+	l.CheckpointEvery = time.Nanosecond
+	return &source{log: l}
+}
+
+// feed applies batches from..to (inclusive) of each worker, workers taking turns in the
+// order given; slots maps a worker to its slot in this replica.
+func feed(src *source, order []uint32, slots map[uint32]uint32, from, to map[uint32]uint64) {
+	for k := uint64(1); ; k++ {
+		more := false
+		for _, w := range order {
+			if k < from[w] || k > to[w] {
+				more = more || k < from[w]
+				continue
+			}
+			more = true
+			src.applyMarked(Mark{Slot: slots[w], Check: 1000 + w, Seq: k}, engineBatch(w, slots[w], k)...)
+		}
+		if !more {
+			return
+		}
+	}
+}
+
+func uniform(ws []uint32, k uint64) map[uint32]uint64 {
+	out := map[uint32]uint64{}
+	for _, w := range ws {
+		out[w] = k
+	}
+	return out
+}
+
+// TestResumeOnAnotherReplica: a proxy whose replica was built from one control plane
+// replica moves to another (a different epoch, the same workers' events in another
+// interleaving, ahead of the proxy for some workers, level for one and behind for one) and
+// goes on without a snapshot: the workers it can place are replayed from its marks, the one
+// behind has its slot filled again, and the replica ends equal to the new control plane's
+// index.
+func TestResumeOnAnotherReplica(t *testing.T) {
+	ws := []uint32{0, 1, 2, 3}
+	slots := map[uint32]uint32{0: 0, 1: 1, 2: 2, 3: 3}
+	a, b := replicaOf(), replicaOf()
+	feed(a, ws, slots, uniform(ws, 1), uniform(ws, 10))
+	feed(b, []uint32{3, 2, 1, 0}, slots, uniform(ws, 1), map[uint32]uint64{0: 14, 1: 13, 2: 12, 3: 6})
+
+	addr, stopA := serve(t, a, "127.0.0.1:0")
+	m := &mirror{}
+	c, done := follow(t, addr, m)
+	defer done()
+	eventually(t, "the snapshot of replica A", func() bool { return same(m.entries(), entries(a.Each)) })
+	// A's workers move on; the proxy takes their marks with the changes.
+	feed(a, ws, slots, uniform(ws, 11), uniform(ws, 12))
+	eventually(t, "A's changes", func() bool { return same(m.entries(), entries(a.Each)) })
+	stopA()
+
+	srvB := NewServer(b.log, b, ServerOptions{SnapshotBatch: 7})
+	stopB := serveWith(t, srvB, addr)
+	defer stopB()
+	eventually(t, "the resume on replica B", func() bool { return c.Stats().Resumes == 1 })
+	eventually(t, "B's index", func() bool { return same(m.entries(), entries(b.Each)) })
+	st := c.Stats()
+	if st.Snapshots != 1 || m.resets != 1 {
+		t.Fatalf("moving to B took a snapshot: client %+v, %d resets", st, m.resets)
+	}
+	// Worker 3: B stood behind the proxy's mark, so its slot was filled again. Worker 2:
+	// level. Workers 0 and 1: B was ahead and replayed what the proxy lacked.
+	if s := srvB.Stats(); s.Resumes != 1 || s.ResumedSlots != 1 || s.Snapshots != 0 {
+		t.Fatalf("server B: %+v, want one resume refilling one slot and no snapshot", s)
+	}
+	// B goes on, and the proxy with it.
+	feed(b, ws, slots, map[uint32]uint64{0: 15, 1: 14, 2: 13, 3: 7}, uniform(ws, 20))
+	eventually(t, "B's later changes", func() bool { return same(m.entries(), entries(b.Each)) })
+}
+
+// TestResumeRefillsSlotsThatDiffer: the other replica gave worker 1 another slot and put a
+// worker the proxy never saw in worker 1's old slot; a worker the proxy knows is gone
+// there. Those slots are cleared and filled again; the rest resumes.
+func TestResumeRefillsSlotsThatDiffer(t *testing.T) {
+	a, b := replicaOf(), replicaOf()
+	feed(a, []uint32{0, 1, 2}, map[uint32]uint32{0: 0, 1: 1, 2: 2}, uniform([]uint32{0, 1, 2}, 1), uniform([]uint32{0, 1, 2}, 9))
+	feed(b, []uint32{9, 1, 0}, map[uint32]uint32{0: 0, 1: 5, 9: 1}, uniform([]uint32{0, 1, 9}, 1), uniform([]uint32{0, 1, 9}, 11))
+
+	addr, stopA := serve(t, a, "127.0.0.1:0")
+	m := &mirror{}
+	c, done := follow(t, addr, m)
+	defer done()
+	eventually(t, "A's snapshot", func() bool { return same(m.entries(), entries(a.Each)) })
+	eventually(t, "the marks", func() bool { return c.Stats().Snapshots == 1 })
+	stopA()
+	srvB := NewServer(b.log, b, ServerOptions{SnapshotBatch: 5})
+	stopB := serveWith(t, srvB, addr)
+	defer stopB()
+	eventually(t, "B's index", func() bool { return same(m.entries(), entries(b.Each)) })
+	// Slot 1 (another worker), slot 2 (no worker on B), slot 5 (unknown to the proxy).
+	if s := srvB.Stats(); s.Resumes != 1 || s.ResumedSlots != 3 || s.Snapshots != 0 {
+		t.Fatalf("server B: %+v, want one resume refilling three slots", s)
+	}
+	// The proxy now holds B's marks for the refilled slots and none for slot 2: on a
+	// third replica level with B it resumes with nothing to refill.
+	c3 := replicaOf()
+	feed(c3, []uint32{0, 1, 9}, map[uint32]uint32{0: 0, 1: 5, 9: 1}, uniform([]uint32{0, 1, 9}, 1), uniform([]uint32{0, 1, 9}, 11))
+	stopB()
+	srvC := NewServer(c3.log, c3, ServerOptions{})
+	stopC := serveWith(t, srvC, addr)
+	defer stopC()
+	eventually(t, "the resume on a third replica", func() bool { return c.Stats().Resumes == 2 })
+	if s := srvC.Stats(); s.ResumedSlots != 0 || s.Snapshots != 0 {
+		t.Fatalf("third replica: %+v, want a resume refilling nothing", s)
+	}
+	if !same(m.entries(), entries(c3.Each)) {
+		t.Fatal("the replica differs from the third replica's index")
+	}
+}
+
+func TestLogResumeRefusals(t *testing.T) {
+	l := NewLog(16)
+	l.CheckpointEvery = time.Nanosecond
+	if _, _, ok := l.Resume([]Mark{{Slot: 0, Check: 1, Seq: 1}}); ok {
+		t.Fatal("a log with no marks resumed a replica")
+	}
+	for s := range uint32(40) {
+		for k := uint64(1); k <= 3; k++ {
+			l.AppendMarked(1, Mark{Slot: s, Check: 7, Seq: k}, Change{Seq: uint64(s)<<8 | k, Slot: s, Op: Stored})
+		}
+	}
+	// Every worker at its level: nothing to replay, nothing to refill.
+	level := make([]Mark, 40)
+	for s := range level {
+		level[s] = Mark{Slot: uint32(s), Check: 7, Seq: 3}
+	}
+	if from, reset, ok := l.Resume(level); !ok || from != l.Next() || len(reset) != 0 {
+		t.Fatalf("level: from %d (next %d) reset %v ok %v", from, l.Next(), reset, ok)
+	}
+	// One worker a batch behind, its change still in the ring: replay from there.
+	behind := append([]Mark(nil), level...)
+	behind[39].Seq = 2
+	if from, reset, ok := l.Resume(behind); !ok || from != l.Next()-1 || len(reset) != 0 {
+		t.Fatalf("one behind: from %d (next %d) reset %v ok %v", from, l.Next(), reset, ok)
+	}
+	// A replay that would start before the ring (16 changes) needs a snapshot.
+	old := append([]Mark(nil), level...)
+	old[0].Seq = 1
+	if _, _, ok := l.Resume(old); ok {
+		t.Fatal("resumed from an offset the ring no longer holds")
+	}
+	// Most workers under other ids: more to refill than a snapshot costs.
+	other := append([]Mark(nil), level...)
+	for i := range 30 {
+		other[i].Check = 8
+	}
+	if _, _, ok := l.Resume(other); ok {
+		t.Fatal("resumed refilling 30 of 40 slots")
+	}
+	// A forgotten worker is refilled (cleared: it has no mark).
+	l.Forget(39, Change{Slot: 39, Op: Cleared})
+	if _, reset, ok := l.Resume(level); !ok || len(reset) != 1 || reset[0] != (Mark{Slot: 39}) {
+		t.Fatalf("forgotten worker: reset %v ok %v", reset, ok)
+	}
+}
+
+func TestCheckpointsCarryMovedMarks(t *testing.T) {
+	l := NewLog(64)
+	l.CheckpointEvery = time.Hour
+	h := int64(time.Hour)
+	l.AppendMarked(h, Mark{Slot: 0, Check: 1, Seq: 1}, Change{Seq: 1, Op: Stored}) // a checkpoint at offset 1
+	l.AppendMarked(h+1, Mark{Slot: 1, Check: 2, Seq: 5}, Change{Seq: 2, Slot: 1, Op: Stored})
+	l.AppendMarked(h+2, Mark{Slot: 1, Check: 2, Seq: 6}, Change{Seq: 3, Slot: 1, Op: Stored})
+	if got := l.Checkpoints(nil, 0, l.Next()); len(got) != 1 || got[0] != (Mark{Slot: 0, Check: 1, Seq: 1}) {
+		t.Fatalf("checkpoints within the hour: %v", got)
+	}
+	l.AppendMarked(2*h+10, Mark{Slot: 2, Check: 3, Seq: 9}, Change{Seq: 4, Slot: 2, Op: Stored})
+	got := l.Checkpoints(nil, 1, l.Next())
+	want := map[Mark]bool{{Slot: 1, Check: 2, Seq: 6}: true, {Slot: 2, Check: 3, Seq: 9}: true}
+	if len(got) != 2 || !want[got[0]] || !want[got[1]] {
+		t.Fatalf("second checkpoint: %v, want the latest marks of slots 1 and 2", got)
+	}
+	if got := l.Checkpoints(nil, l.Next(), l.Next()+5); len(got) != 0 {
+		t.Fatalf("no checkpoint after the last: %v", got)
+	}
+	next, marks := l.Positions()
+	if next != 4 || len(marks) != 3 {
+		t.Fatalf("positions: %d %v", next, marks)
+	}
+}
