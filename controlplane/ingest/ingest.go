@@ -405,9 +405,12 @@ type follower struct {
 	changed []kvindex.Change
 	changes []journal.Change
 	// check is the worker id's check and slot its index slot (-1 until its first batch),
-	// for the journal's marks.
-	check uint32
-	slot  int
+	// for the journal's marks; since is the first batch the index holds the worker's blocks
+	// from (covered once set: at the first batch applied, and again after a drop).
+	check   uint32
+	slot    int
+	since   uint64
+	covered bool
 }
 
 // stop makes every later emit and catch-up a no-op.
@@ -440,6 +443,7 @@ func (f *follower) emit(seq uint64, b *kvevents.Batch) {
 		// The sequence went back: the engine restarted and its cache is empty.
 		st.Restarts.Add(1)
 		f.m.drop(f.s.ep.WorkerID, false)
+		f.covered = false
 	case seq > f.last+1:
 		st.Gaps.Add(1)
 		if f.s.ep.Replay == "" || !f.replay(f.last+1, seq, now) {
@@ -448,6 +452,7 @@ func (f *follower) emit(seq uint64, b *kvevents.Batch) {
 			st.Stale.Add(1)
 			f.m.lg.Warn("kv events lost; worker's index rebuilt from new events", "worker", f.s.ep.WorkerID, "from", f.last+1, "to", seq)
 			f.m.drop(f.s.ep.WorkerID, false)
+			f.covered = false
 		}
 	}
 	f.fresh = false
@@ -541,6 +546,9 @@ func (f *follower) apply(seq uint64, b *kvevents.Batch, at int64) {
 		// has stopped.
 		f.slot = m.index.Slot(f.s.ep.WorkerID)
 	}
+	if !f.covered {
+		f.since, f.covered = seq, true
+	}
 	f.changes = f.changes[:0]
 	for _, c := range f.changed {
 		op := journal.Stored
@@ -549,7 +557,7 @@ func (f *follower) apply(seq uint64, b *kvevents.Batch, at int64) {
 		}
 		f.changes = append(f.changes, journal.Change{Seq: c.Seq, Slot: uint32(c.Slot), Tier: c.Tier, Op: op})
 	}
-	m.log.AppendMarked(at, journal.Mark{Slot: uint32(f.slot), Check: f.check, Seq: seq}, f.changes...)
+	m.log.AppendMarked(at, journal.Mark{Slot: uint32(f.slot), Check: f.check, Seq: seq, Since: f.since}, f.changes...)
 }
 
 // String describes the stats for logs.

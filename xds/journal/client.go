@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -58,7 +59,9 @@ type Client struct {
 
 	epoch, next uint64
 	// marks is where each slot's worker stands in the replica (positions.go), sent when a
-	// stream opens; pending those of a snapshot being received.
+	// stream opens, under mu (Marks reads it from any goroutine); pending those of a
+	// snapshot or resume being received.
+	mu             sync.Mutex
 	marks, pending map[uint32]Mark
 	synced         atomic.Bool
 	applied        atomic.Uint64
@@ -89,13 +92,19 @@ type ClientStats struct {
 	// Snapshots counts the snapshots received whole, Resumes the streams that went on
 	// without one on another control plane replica.
 	Snapshots, Resumes uint64
-	Synced             bool
+	// Marks is how many slots the replica holds a worker's mark for: the workers a move to
+	// another control plane replica can resume rather than fill again.
+	Marks  int
+	Synced bool
 }
 
 // Stats returns the client's counters; safe from any goroutine.
 func (c *Client) Stats() ClientStats {
+	c.mu.Lock()
+	marks := len(c.marks)
+	c.mu.Unlock()
 	return ClientStats{Applied: c.applied.Load(), Batches: c.batches.Load(), Nacks: c.nacks.Load(), Streams: c.streams.Load(),
-		Snapshots: c.snapshots.Load(), Resumes: c.resumes.Load(), Synced: c.synced.Load()}
+		Snapshots: c.snapshots.Load(), Resumes: c.resumes.Load(), Marks: marks, Synced: c.synced.Load()}
 }
 
 // Run follows the journal until ctx ends.
@@ -134,11 +143,11 @@ func (c *Client) stream(ctx context.Context, sink Sink) error {
 	}
 	c.streams.Add(1)
 	hello := &xdsv1.JournalAck{NodeId: c.opts.NodeID, Epoch: c.epoch, Next: c.next}
-	if c.epoch != 0 {
-		for _, m := range c.marks {
-			putMarks([]Mark{m}, &hello.PosSlot, &hello.PosCheck, &hello.PosSeq)
-		}
+	c.mu.Lock()
+	for _, m := range c.marks {
+		ackColumns(hello).put(m)
 	}
+	c.mu.Unlock()
 	if err := st.Send(hello); err != nil {
 		return fmt.Errorf("opening the index journal: %w", err)
 	}
@@ -163,7 +172,7 @@ func (c *Client) stream(ctx context.Context, sink Sink) error {
 		awaitReset = false
 		var ok, okMarks bool
 		cs, ok = decode(cs[:0], b)
-		ms, okMarks = batchMarks(ms[:0], b)
+		ms, okMarks = batchColumns(b).read(ms[:0])
 		switch {
 		case !ok || !okMarks:
 			err = errors.New("journal batch holds a change this proxy cannot read")
@@ -172,12 +181,27 @@ func (c *Client) stream(ctx context.Context, sink Sink) error {
 			c.synced.Store(false)
 			inSnapshot, inResume, epoch = true, false, b.Epoch
 			c.pending = map[uint32]Mark{}
+			// Until it completes, the replica stands nowhere: a stream that breaks
+			// halfway asks for a snapshot again.
+			c.epoch, c.next = 0, 0
+			c.mu.Lock()
+			c.marks = nil
+			c.mu.Unlock()
 		case b.Resume && inSnapshot:
 			err = fmt.Errorf("%w: a resume inside a snapshot", errGap)
 		case b.Resume && !inResume:
-			// A control plane of another epoch goes on from this replica's marks.
+			// A control plane of another epoch goes on from this replica's marks. Its
+			// first batch names the slots it clears and fills again: until the resume
+			// completes, those have no mark, and the replica no epoch to go on from
+			// without one (a stream that breaks halfway resumes again, and fills them).
 			inResume, epoch = true, b.Epoch
 			c.pending = map[uint32]Mark{}
+			c.mu.Lock()
+			for _, m := range ms {
+				delete(c.marks, m.Slot)
+			}
+			c.mu.Unlock()
+			c.epoch = 0
 		case (inSnapshot || inResume) && b.Epoch != epoch, !inSnapshot && !inResume && b.Epoch != c.epoch:
 			err = fmt.Errorf("%w: epoch %d, replica at %d", errGap, b.Epoch, c.epoch)
 		case !inSnapshot && !b.Resume && b.Offset != c.next:
@@ -206,8 +230,18 @@ func (c *Client) stream(ctx context.Context, sink Sink) error {
 				}
 				break
 			}
+			c.mu.Lock()
 			if inSnapshot {
 				c.marks = map[uint32]Mark{}
+			}
+			if c.marks == nil {
+				c.marks = map[uint32]Mark{}
+			}
+			for _, m := range c.pending {
+				putMarksMap(c.marks, []Mark{m})
+			}
+			c.mu.Unlock()
+			if inSnapshot {
 				c.snapshots.Add(1)
 				if ss, ok := sink.(SnapshotSink); ok {
 					ss.SnapshotDone()
@@ -218,20 +252,23 @@ func (c *Client) stream(ctx context.Context, sink Sink) error {
 					rs.Resumed()
 				}
 			}
-			if c.marks == nil {
-				c.marks = map[uint32]Mark{}
-			}
-			for _, m := range c.pending {
-				putMarksMap(c.marks, []Mark{m})
-			}
 			inSnapshot, inResume, c.pending = false, false, nil
 			c.epoch, c.next = epoch, b.Next
 			c.synced.Store(true)
 		default:
+			c.mu.Lock()
 			if c.marks == nil {
 				c.marks = map[uint32]Mark{}
 			}
 			putMarksMap(c.marks, ms)
+			// A cleared slot has no mark until a checkpoint after the clear gives one:
+			// its worker may have restarted and numbers its batches from the start again.
+			for _, ch := range cs {
+				if ch.Op == Cleared {
+					delete(c.marks, ch.Slot)
+				}
+			}
+			c.mu.Unlock()
 			c.next = b.Next
 			c.synced.Store(true)
 		}
@@ -239,6 +276,18 @@ func (c *Client) stream(ctx context.Context, sink Sink) error {
 			return fmt.Errorf("acknowledging the index journal: %w", err)
 		}
 	}
+}
+
+// Marks returns where each slot's worker stands in the replica (a copy), as the client
+// would send it on its next stream.
+func (c *Client) Marks() map[uint32]Mark {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make(map[uint32]Mark, len(c.marks))
+	for s, m := range c.marks {
+		out[s] = m
+	}
+	return out
 }
 
 // putMarksMap records marks by slot; a zero mark says the slot has no worker.

@@ -5,8 +5,11 @@
 // A replica starts from a snapshot taken at some offset and then applies every change from
 // that offset on, in order. Changes are assignments (block held / not held / slot cleared),
 // so a snapshot that already reflects some changes past its offset converges once those are
-// replayed: the last change to each entry wins. A replica too far behind for the Log's ring,
-// or one whose control plane restarted (a new epoch), starts over from a new snapshot.
+// replayed: the last change to each entry wins. A replica too far behind for the Log's ring
+// starts over from a new snapshot. One that comes from another epoch (another replica, or a
+// control plane that restarted and replayed what the engines buffer) resumes from the
+// workers' marks it holds when the new log can place them, worker by worker
+// (positions.go), and takes a snapshot otherwise.
 //
 // The server sends a stream at most ServerOptions.MaxUnacked bytes ahead of the proxy's
 // acknowledgements and ends a stream that takes nothing (SendTimeout) or acknowledges nothing
@@ -128,9 +131,10 @@ func (l *Log) AppendAt(at int64, cs ...Change) {
 func (l *Log) AppendMarked(at int64, m Mark, cs ...Change) {
 	l.mu.Lock()
 	l.appendLocked(at, cs)
-	l.markLocked(m, at)
+	l.markLocked(m)
 	var w chan struct{}
 	if len(cs) > 0 {
+		l.checkpointLocked(at)
 		w = l.wakeLocked()
 	}
 	l.mu.Unlock()

@@ -19,9 +19,21 @@ import (
 // its log from the earliest such offset replays every change the proxy lacks, plus some it
 // already has: changes are assignments, and a replay of the same worker's changes in the
 // same order ends in the same state. A worker the replica cannot place that way (another
-// slot, an id check that differs, a mark no longer in its history, or a replica behind the
-// proxy's mark) has its slot cleared and filled again from the index; too many of those,
-// or a replay start no longer in the ring, and the proxy gets a snapshot as before.
+// slot, an id check that differs, a mark no longer in its history, a replica behind the
+// proxy's mark, a slot cleared within that history, or a replica that covers less of the
+// worker's past than the proxy's part does) has its slot cleared and filled again from the
+// index; too many of those, or a replay start no longer in the ring, and the proxy gets a
+// snapshot as before.
+//
+// Coverage: a control plane that starts after a worker knows the blocks the worker stored
+// since the first batch it could replay (Mark.Since), not those before. It cannot journal the
+// removal of a block it never knew, so a proxy whose part of the worker goes back further
+// would keep such blocks for good; that slot is filled again instead.
+//
+// An engine that restarts numbers its batches from the start again, so a mark of the old run
+// and one of the new can name the same batch: a slot cleared within the kept history is
+// filled again rather than placed by its number, and a proxy drops a slot's mark when it
+// applies the slot's clear.
 //
 // Shared storage is credited to every slot that mounts it, in the order the replica's
 // workers wrote to it: a resumed replica may briefly differ there from the new control
@@ -29,11 +41,11 @@ import (
 // replica lost for good and rebuilt while the other did not.
 
 // Mark is where one worker's part of the journal stands: the changes of every event batch the
-// worker in Slot (the worker whose id check is Check) published up to its batch Seq are in
-// the log.
+// worker in Slot (the worker whose id check is Check) published from its batch Since up to
+// its batch Seq are in the log.
 type Mark struct {
 	Slot, Check uint32
-	Seq         uint64
+	Seq, Since  uint64
 }
 
 // DefaultCheckpointEvery is how often, at most, a Log gathers the marks that moved into a
@@ -45,14 +57,20 @@ const DefaultCheckpointEvery = time.Second
 const historyMarks = 1 << 17
 
 // maxResetShare bounds the workers a resume may fill again from the index, as a share of the
-// slots: past it a snapshot costs about the same and is simpler.
-const maxResetShare = 4
+// slots (plus maxResetExtra): past it a snapshot costs about the same and is built once for
+// every proxy that needs one, where each resume fills its slots for its own stream.
+const (
+	maxResetShare = 4
+	maxResetExtra = 2
+)
 
-// position is a slot's current mark.
+// position is a slot's current mark, and when (in marked appends, Log.nhist) the slot was
+// last cleared.
 type position struct {
-	check uint32
-	seq   uint64
-	ok    bool
+	check      uint32
+	seq, since uint64
+	ok         bool
+	clearedAt  uint64 // nhist+1 at the clear; 0: never
 }
 
 // histMark is one marked append: slot's worker passed seq at offset end.
@@ -72,12 +90,12 @@ type checkpoint struct {
 const logCheckpoints = 64
 
 // markLocked records m as journalled up to the log's next offset.
-func (l *Log) markLocked(m Mark, at int64) {
+func (l *Log) markLocked(m Mark) {
 	if int(m.Slot) >= len(l.pos) {
 		l.pos = append(l.pos, make([]position, int(m.Slot)+1-len(l.pos))...)
 		l.dirty = append(l.dirty, make([]bool, int(m.Slot)+1-len(l.dirty))...)
 	}
-	l.pos[m.Slot] = position{check: m.Check, seq: m.Seq, ok: true}
+	l.pos[m.Slot] = position{check: m.Check, seq: m.Seq, since: m.Since, ok: true, clearedAt: l.pos[m.Slot].clearedAt}
 	if l.hist == nil {
 		l.hist = make([]histMark, historyMarks)
 	}
@@ -87,11 +105,12 @@ func (l *Log) markLocked(m Mark, at int64) {
 		l.dirty[m.Slot] = true
 		l.moved = append(l.moved, m.Slot)
 	}
-	l.checkpointLocked(at)
 }
 
 // checkpointLocked gathers the marks that moved into a checkpoint at the next offset, once
-// CheckpointEvery has passed since the last.
+// CheckpointEvery has passed since the last. It is called after an append of changes only:
+// every stream then sends a batch that ends at or past the checkpoint's offset and starts
+// before it, which carries it (Checkpoints).
 func (l *Log) checkpointLocked(at int64) {
 	every := l.CheckpointEvery
 	if every <= 0 {
@@ -104,7 +123,7 @@ func (l *Log) checkpointLocked(at int64) {
 	ck := checkpoint{off: l.next, marks: make([]Mark, 0, len(l.moved))}
 	for _, s := range l.moved {
 		p := l.pos[s]
-		ck.marks = append(ck.marks, Mark{Slot: s, Check: p.check, Seq: p.seq})
+		ck.marks = append(ck.marks, Mark{Slot: s, Check: p.check, Seq: p.seq, Since: p.since}) // zero once forgotten
 		l.dirty[s] = false
 	}
 	l.moved = l.moved[:0]
@@ -115,20 +134,25 @@ func (l *Log) checkpointLocked(at int64) {
 	l.nckpts++
 }
 
-// forgetLocked drops slot's mark: its worker left.
-func (l *Log) forgetLocked(slot uint32) {
-	if int(slot) < len(l.pos) {
-		l.pos[slot] = position{}
-	}
-}
-
-// Forget records that the worker in slot left: its slot is cleared (by changes appended
-// with it) and it has no mark until a worker's events come there again.
+// Forget records that the slot was cleared (by the changes appended with it: its worker
+// left, restarted, or lost events for good): it has no mark until its worker's next events
+// mark it again, and the next checkpoint says so.
 func (l *Log) Forget(slot uint32, cs ...Change) {
 	now := time.Now().UnixNano()
 	l.mu.Lock()
-	l.forgetLocked(slot)
+	if int(slot) >= len(l.pos) {
+		l.pos = append(l.pos, make([]position, int(slot)+1-len(l.pos))...)
+		l.dirty = append(l.dirty, make([]bool, int(slot)+1-len(l.dirty))...)
+	}
+	l.pos[slot] = position{clearedAt: l.nhist + 1}
+	if !l.dirty[slot] {
+		l.dirty[slot] = true
+		l.moved = append(l.moved, slot)
+	}
 	l.appendLocked(now, cs)
+	if len(cs) > 0 {
+		l.checkpointLocked(now)
+	}
 	w := l.wakeLocked()
 	l.mu.Unlock()
 	close(w)
@@ -158,7 +182,7 @@ func (l *Log) Positions() (next uint64, marks []Mark) {
 	defer l.mu.Unlock()
 	for s, p := range l.pos {
 		if p.ok {
-			marks = append(marks, Mark{Slot: uint32(s), Check: p.check, Seq: p.seq})
+			marks = append(marks, Mark{Slot: uint32(s), Check: p.check, Seq: p.seq, Since: p.since})
 		}
 	}
 	return l.next, marks
@@ -181,21 +205,25 @@ func (l *Log) Resume(marks []Mark) (from uint64, reset []Mark, ok bool) {
 	from = l.next
 	// want is, per slot to place by its history, the seq the proxy stands at.
 	want := map[uint32]uint64{}
+	kept := min(l.nhist, uint64(len(l.hist)))
 	for s, m := range theirs {
 		var p position
 		if int(s) < len(l.pos) {
 			p = l.pos[s]
 		}
+		// A clear within the kept history may lie between the proxy's mark and this log's
+		// (an engine that restarted numbers its batches from the start again).
+		clearedLately := p.clearedAt != 0 && l.nhist-(p.clearedAt-1) <= kept
 		switch {
-		case !p.ok || p.check != m.Check || p.seq < m.Seq:
-			reset = append(reset, Mark{Slot: s, Check: p.check, Seq: p.seq})
+		case !p.ok || p.check != m.Check || p.seq < m.Seq || p.since > m.Since || clearedLately:
+			reset = append(reset, p.mark(s))
 		case p.seq > m.Seq:
 			want[s] = m.Seq
 		}
 	}
 	for s, p := range l.pos {
 		if _, known := theirs[uint32(s)]; p.ok && !known {
-			reset = append(reset, Mark{Slot: uint32(s), Check: p.check, Seq: p.seq})
+			reset = append(reset, p.mark(uint32(s)))
 		}
 	}
 	// Walk the history from the newest: the end of the newest append of each slot at the
@@ -209,43 +237,58 @@ func (l *Log) Resume(marks []Mark) (from uint64, reset []Mark, ok bool) {
 		}
 	}
 	for s := range want {
-		p := l.pos[s]
-		reset = append(reset, Mark{Slot: s, Check: p.check, Seq: p.seq})
+		reset = append(reset, l.pos[s].mark(s))
 	}
-	if from < l.first || len(reset) > max(len(l.pos), len(theirs))/maxResetShare+8 {
+	if from < l.first || len(reset) > max(len(l.pos), len(theirs))/maxResetShare+maxResetExtra {
 		return 0, nil, false
 	}
 	return from, reset, true
 }
 
-// marksOf fills a message's position arrays.
-func putMarks(ms []Mark, slot *[]uint32, check *[]uint32, seq *[]uint64) {
+// mark is the position as the Mark of slot s (zero when the slot has none).
+func (p position) mark(s uint32) Mark {
+	if !p.ok {
+		return Mark{Slot: s}
+	}
+	return Mark{Slot: s, Check: p.check, Seq: p.seq, Since: p.since}
+}
+
+// markColumns are a message's position arrays.
+type markColumns struct {
+	slot, check *[]uint32
+	seq, since  *[]uint64
+}
+
+func batchColumns(b *xdsv1.JournalBatch) markColumns {
+	return markColumns{&b.PosSlot, &b.PosCheck, &b.PosSeq, &b.PosSince}
+}
+
+func ackColumns(a *xdsv1.JournalAck) markColumns {
+	return markColumns{&a.PosSlot, &a.PosCheck, &a.PosSeq, &a.PosSince}
+}
+
+// put appends marks to the columns.
+func (c markColumns) put(ms ...Mark) {
 	for _, m := range ms {
-		*slot = append(*slot, m.Slot)
-		*check = append(*check, m.Check)
-		*seq = append(*seq, m.Seq)
+		*c.slot = append(*c.slot, m.Slot)
+		*c.check = append(*c.check, m.Check)
+		*c.seq = append(*c.seq, m.Seq)
+		*c.since = append(*c.since, m.Since)
 	}
 }
 
-// batchMarks and ackMarks read a message's positions; ok is false when the arrays differ in
-// length or name a slot past MaxSlots.
-func readMarks(dst []Mark, slot, check []uint32, seq []uint64) ([]Mark, bool) {
-	if len(slot) != len(check) || len(slot) != len(seq) {
+// read appends the columns' marks to dst; ok is false when the arrays differ in length or
+// name a slot past MaxSlots.
+func (c markColumns) read(dst []Mark) ([]Mark, bool) {
+	slot, check, seq, since := *c.slot, *c.check, *c.seq, *c.since
+	if len(slot) != len(check) || len(slot) != len(seq) || len(slot) != len(since) {
 		return dst, false
 	}
 	for i := range slot {
 		if slot[i] >= MaxSlots {
 			return dst, false
 		}
-		dst = append(dst, Mark{Slot: slot[i], Check: check[i], Seq: seq[i]})
+		dst = append(dst, Mark{Slot: slot[i], Check: check[i], Seq: seq[i], Since: since[i]})
 	}
 	return dst, true
-}
-
-func batchMarks(dst []Mark, b *xdsv1.JournalBatch) ([]Mark, bool) {
-	return readMarks(dst, b.PosSlot, b.PosCheck, b.PosSeq)
-}
-
-func ackMarks(a *xdsv1.JournalAck) ([]Mark, bool) {
-	return readMarks(nil, a.PosSlot, a.PosCheck, a.PosSeq)
 }

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	xdsv1 "github.com/kvrelay/kvrelay/xds/api/v1"
 	"github.com/kvrelay/kvrelay/xds/blockset"
@@ -113,6 +115,16 @@ func TestResumeOnAnotherReplica(t *testing.T) {
 	// A's workers move on; the proxy takes their marks with the changes.
 	feed(a, ws, slots, uniform(ws, 11), uniform(ws, 12))
 	eventually(t, "A's changes", func() bool { return same(m.entries(), entries(a.Each)) })
+	// The checkpoints brought the proxy every worker's mark at batch 12.
+	eventually(t, "the marks of batch 12", func() bool {
+		ms := c.Marks()
+		for _, w := range ws {
+			if ms[slots[w]] != (Mark{Slot: slots[w], Check: 1000 + w, Seq: 12}) {
+				return false
+			}
+		}
+		return len(ms) == len(ws)
+	})
 	stopA()
 
 	srvB := NewServer(b.log, b, ServerOptions{SnapshotBatch: 7})
@@ -149,10 +161,19 @@ func TestResumeRefillsSlotsThatDiffer(t *testing.T) {
 	eventually(t, "A's snapshot", func() bool { return same(m.entries(), entries(a.Each)) })
 	eventually(t, "the marks", func() bool { return c.Stats().Snapshots == 1 })
 	stopA()
-	srvB := NewServer(b.log, b, ServerOptions{SnapshotBatch: 5})
+	// The refill spans several batches, each of which the proxy acknowledges: a short
+	// AckTimeout would end the stream if one were not.
+	srvB := NewServer(b.log, b, ServerOptions{SnapshotBatch: 5, AckTimeout: 200 * time.Millisecond})
 	stopB := serveWith(t, srvB, addr)
 	defer stopB()
 	eventually(t, "B's index", func() bool { return same(m.entries(), entries(b.Each)) })
+	streams := c.Stats().Streams
+	time.Sleep(400 * time.Millisecond)
+	feed(b, []uint32{0, 1, 9}, map[uint32]uint32{0: 0, 1: 5, 9: 1}, uniform([]uint32{0, 1, 9}, 12), uniform([]uint32{0, 1, 9}, 13))
+	eventually(t, "B's later changes", func() bool { return same(m.entries(), entries(b.Each)) })
+	if st := c.Stats(); st.Streams != streams || st.Nacks != 0 {
+		t.Fatalf("the stream on B ended or was refused after the resume: %+v (streams were %d)", st, streams)
+	}
 	// Slot 1 (another worker), slot 2 (no worker on B), slot 5 (unknown to the proxy).
 	if s := srvB.Stats(); s.Resumes != 1 || s.ResumedSlots != 3 || s.Snapshots != 0 {
 		t.Fatalf("server B: %+v, want one resume refilling three slots", s)
@@ -160,7 +181,7 @@ func TestResumeRefillsSlotsThatDiffer(t *testing.T) {
 	// The proxy now holds B's marks for the refilled slots and none for slot 2: on a
 	// third replica level with B it resumes with nothing to refill.
 	c3 := replicaOf()
-	feed(c3, []uint32{0, 1, 9}, map[uint32]uint32{0: 0, 1: 5, 9: 1}, uniform([]uint32{0, 1, 9}, 1), uniform([]uint32{0, 1, 9}, 11))
+	feed(c3, []uint32{0, 1, 9}, map[uint32]uint32{0: 0, 1: 5, 9: 1}, uniform([]uint32{0, 1, 9}, 1), uniform([]uint32{0, 1, 9}, 13))
 	stopB()
 	srvC := NewServer(c3.log, c3, ServerOptions{})
 	stopC := serveWith(t, srvC, addr)
@@ -213,11 +234,116 @@ func TestLogResumeRefusals(t *testing.T) {
 	if _, _, ok := l.Resume(other); ok {
 		t.Fatal("resumed refilling 30 of 40 slots")
 	}
+	// A worker this log covers from a later batch than the proxy's part does: its removals
+	// of blocks it never knew could not come, so it is refilled.
+	l.AppendMarked(1, Mark{Slot: 38, Check: 7, Seq: 3, Since: 2})
+	if _, reset, ok := l.Resume(level); !ok || len(reset) != 1 || reset[0].Slot != 38 {
+		t.Fatalf("covering less: reset %v ok %v", reset, ok)
+	}
+	l.AppendMarked(1, Mark{Slot: 38, Check: 7, Seq: 3})
 	// A forgotten worker is refilled (cleared: it has no mark).
 	l.Forget(39, Change{Slot: 39, Op: Cleared})
 	if _, reset, ok := l.Resume(level); !ok || len(reset) != 1 || reset[0] != (Mark{Slot: 39}) {
 		t.Fatalf("forgotten worker: reset %v ok %v", reset, ok)
 	}
+	// The worker restarted and its new run passed the proxy's batch number again: the
+	// proxy's mark may be of the old run, so the slot is refilled, not replayed from there.
+	for k := uint64(1); k <= 4; k++ {
+		l.AppendMarked(1, Mark{Slot: 39, Check: 7, Seq: k}, Change{Seq: 900 + k, Slot: 39, Op: Stored})
+	}
+	if _, reset, ok := l.Resume(level); !ok || len(reset) != 1 || reset[0].Slot != 39 {
+		t.Fatalf("restarted worker: reset %v ok %v", reset, ok)
+	}
+}
+
+// breaker is a control plane that sends the given batches on each stream and then breaks it.
+type breaker struct {
+	xdsv1.UnimplementedIndexJournalServer
+	batches []*xdsv1.JournalBatch
+	hellos  chan *xdsv1.JournalAck
+}
+
+func (b *breaker) Stream(st xdsv1.IndexJournal_StreamServer) error {
+	hello, err := st.Recv()
+	if err != nil {
+		return err
+	}
+	b.hellos <- hello
+	for _, x := range b.batches {
+		if err := st.Send(x); err != nil {
+			return err
+		}
+	}
+	time.Sleep(50 * time.Millisecond)
+	return status.Error(codes.Unavailable, "the control plane went away")
+}
+
+// TestBrokenSnapshotOrResumeStartsOver: a stream that breaks within a snapshot or a resume
+// leaves the client claiming neither the new epoch nor the marks of the slots it was
+// filling: on its next stream it asks for a snapshot (after a broken snapshot) or resumes
+// with those slots unknown (after a broken resume), and ends equal to the control plane.
+func TestBrokenSnapshotOrResumeStartsOver(t *testing.T) {
+	ws := []uint32{0, 1, 2, 3}
+	slots := map[uint32]uint32{0: 0, 1: 1, 2: 2, 3: 3}
+	a := replicaOf()
+	feed(a, ws, slots, uniform(ws, 1), uniform(ws, 6))
+	addr, stopA := serve(t, a, "127.0.0.1:0")
+	m := &mirror{}
+	c, done := follow(t, addr, m)
+	defer done()
+	eventually(t, "A's snapshot", func() bool { return same(m.entries(), entries(a.Each)) && len(c.Marks()) == 4 })
+	stopA()
+
+	// A resume that clears slot 3, fills it in part and breaks.
+	br := &breaker{hellos: make(chan *xdsv1.JournalAck, 16), batches: []*xdsv1.JournalBatch{{
+		Epoch: 77, Offset: 5, Next: 5, Resume: true,
+		Seq: []uint64{0, 3<<32 | 1}, At: []uint32{pack(Change{Slot: 3, Op: Cleared}), pack(Change{Seq: 3<<32 | 1, Slot: 3, Op: Stored})},
+		PosSlot: []uint32{3}, PosCheck: []uint32{1003}, PosSeq: []uint64{9}, PosSince: []uint64{0},
+	}}}
+	g := grpc.NewServer()
+	xdsv1.RegisterIndexJournalServer(g, br)
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go g.Serve(lis)
+	<-br.hellos
+	second := <-br.hellos // the stream after the break
+	g.Stop()
+	got, _ := ackColumns(second).read(nil)
+	if second.Epoch != 0 || len(got) != 3 {
+		t.Fatalf("after a broken resume the client came back with epoch %d and marks %v, want no epoch and slot 3 unknown", second.Epoch, got)
+	}
+	for _, mk := range got {
+		if mk.Slot == 3 {
+			t.Fatalf("slot 3, half filled, kept a mark: %v", got)
+		}
+	}
+
+	// A snapshot that breaks halfway.
+	br2 := &breaker{hellos: make(chan *xdsv1.JournalAck, 16), batches: []*xdsv1.JournalBatch{{
+		Epoch: 78, Offset: 9, Next: 9, Reset_: true,
+		Seq: []uint64{5}, At: []uint32{pack(Change{Seq: 5, Slot: 0, Op: Stored})},
+		PosSlot: []uint32{0}, PosCheck: []uint32{1000}, PosSeq: []uint64{6}, PosSince: []uint64{0},
+	}}}
+	g2 := grpc.NewServer()
+	xdsv1.RegisterIndexJournalServer(g2, br2)
+	lis2, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go g2.Serve(lis2)
+	<-br2.hellos
+	third := <-br2.hellos
+	g2.Stop()
+	if third.Epoch != 0 || len(third.PosSlot) != 0 {
+		t.Fatalf("after a broken snapshot the client came back with epoch %d and %d marks, want a clean start", third.Epoch, len(third.PosSlot))
+	}
+
+	// A real replica then brings it level again.
+	_, stopA2 := serve(t, a, addr)
+	defer stopA2()
+	eventually(t, "A's index again", func() bool { return same(m.entries(), entries(a.Each)) })
 }
 
 func TestCheckpointsCarryMovedMarks(t *testing.T) {

@@ -323,7 +323,7 @@ func (s *Server) Stream(stream xdsv1.IndexJournal_StreamServer) error {
 		b := &xdsv1.JournalBatch{Epoch: s.log.Epoch(), Offset: next, Next: to}
 		appendChanges(b, buf)
 		marks = s.log.Checkpoints(marks[:0], next, to)
-		putMarks(marks, &b.PosSlot, &b.PosCheck, &b.PosSeq)
+		batchColumns(b).put(marks...)
 		w.push(proto.Size(b), true) // before sending: the ack may come before Send returns
 		if err := s.send(out, b); err != nil {
 			return err
@@ -579,7 +579,7 @@ func (s *Server) sendResume(out *sender, w *window, first *xdsv1.JournalAck) (ne
 	if !ok {
 		return 0, false, nil
 	}
-	theirs, ok := ackMarks(first)
+	theirs, ok := ackColumns(first).read(nil)
 	if !ok || len(theirs) == 0 {
 		return 0, false, nil
 	}
@@ -587,24 +587,30 @@ func (s *Server) sendResume(out *sender, w *window, first *xdsv1.JournalAck) (ne
 	if !ok {
 		return 0, false, nil
 	}
+	// Each slot's clear comes right before its entries, so that a slot is empty only while
+	// its own refill is on its way.
 	slots := make([]int, len(reset))
-	cs := make([]Change, 0, len(reset))
+	bySlot := make(map[uint32][]Change, len(reset))
 	for i, m := range reset {
 		slots[i] = int(m.Slot)
-		cs = append(cs, Change{Slot: m.Slot, Op: Cleared})
 	}
+	n := 0
 	if len(slots) > 0 {
 		ss.EachSlots(slots, func(seq uint64, slot int, tier blockset.Tier) {
-			cs = append(cs, Change{Seq: seq, Slot: uint32(slot), Tier: tier, Op: Stored})
+			bySlot[uint32(slot)] = append(bySlot[uint32(slot)], Change{Seq: seq, Slot: uint32(slot), Tier: tier, Op: Stored})
+			n++
 		})
 	}
-	s.resumes.Add(1)
-	s.resumedSlots.Add(uint64(len(reset)))
+	cs := make([]Change, 0, len(reset)+n)
+	for _, m := range reset {
+		cs = append(cs, Change{Slot: m.Slot, Op: Cleared})
+		cs = append(cs, bySlot[m.Slot]...)
+	}
 	for i := 0; i == 0 || i < len(cs); i += s.opts.SnapshotBatch {
 		b := &xdsv1.JournalBatch{Epoch: s.log.Epoch(), Offset: from, Next: from, Resume: true}
 		appendChanges(b, cs[i:min(i+s.opts.SnapshotBatch, len(cs))])
 		if i == 0 {
-			putMarks(reset, &b.PosSlot, &b.PosCheck, &b.PosSeq)
+			batchColumns(b).put(reset...)
 		}
 		b.SnapshotDone = i+s.opts.SnapshotBatch >= len(cs)
 		w.push(proto.Size(b), true)
@@ -613,6 +619,8 @@ func (s *Server) sendResume(out *sender, w *window, first *xdsv1.JournalAck) (ne
 		}
 		w.sent()
 	}
+	s.resumes.Add(1)
+	s.resumedSlots.Add(uint64(len(reset)))
 	return from, true, nil
 }
 
@@ -634,7 +642,7 @@ func (s *Server) build() (*snapshot, error) {
 		bs = append(bs, &xdsv1.JournalBatch{Epoch: s.log.Epoch(), Offset: next, Next: next})
 	}
 	bs[0].Reset_ = true
-	putMarks(marks, &bs[0].PosSlot, &bs[0].PosCheck, &bs[0].PosSeq)
+	batchColumns(bs[0]).put(marks...)
 	bs[len(bs)-1].SnapshotDone = true
 	snap := &snapshot{next: next, batches: make([]*encodedBatch, len(bs))}
 	for i, b := range bs {

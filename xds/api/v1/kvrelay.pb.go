@@ -1220,9 +1220,15 @@ type JournalAck struct {
 	// of its id) is pos_check[i] published up to its event batch pos_seq[i]. A control plane
 	// of another epoch (another replica, after a failover) resumes each worker from there when
 	// its own journal still holds that point, instead of sending a snapshot.
-	PosSlot       []uint32 `protobuf:"varint,5,rep,packed,name=pos_slot,json=posSlot,proto3" json:"pos_slot,omitempty"`
-	PosCheck      []uint32 `protobuf:"fixed32,6,rep,packed,name=pos_check,json=posCheck,proto3" json:"pos_check,omitempty"`
-	PosSeq        []uint64 `protobuf:"varint,7,rep,packed,name=pos_seq,json=posSeq,proto3" json:"pos_seq,omitempty"`
+	PosSlot  []uint32 `protobuf:"varint,5,rep,packed,name=pos_slot,json=posSlot,proto3" json:"pos_slot,omitempty"`
+	PosCheck []uint32 `protobuf:"fixed32,6,rep,packed,name=pos_check,json=posCheck,proto3" json:"pos_check,omitempty"`
+	PosSeq   []uint64 `protobuf:"varint,7,rep,packed,name=pos_seq,json=posSeq,proto3" json:"pos_seq,omitempty"`
+	// pos_since[i] is the worker's first event batch the replica's part covers: blocks the
+	// worker stored before it are not in it (the control plane started after the worker,
+	// with only the engine's replay buffer). A control plane that covers less than the proxy
+	// (a later since) could not journal the removal of a block it never knew, and fills the
+	// slot again instead.
+	PosSince      []uint64 `protobuf:"varint,8,rep,packed,name=pos_since,json=posSince,proto3" json:"pos_since,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1306,6 +1312,13 @@ func (x *JournalAck) GetPosSeq() []uint64 {
 	return nil
 }
 
+func (x *JournalAck) GetPosSince() []uint64 {
+	if x != nil {
+		return x.PosSince
+	}
+	return nil
+}
+
 type JournalBatch struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// epoch identifies the control plane's journal; a new epoch (a restarted control plane)
@@ -1334,6 +1347,7 @@ type JournalBatch struct {
 	PosSlot       []uint32 `protobuf:"varint,9,rep,packed,name=pos_slot,json=posSlot,proto3" json:"pos_slot,omitempty"`
 	PosCheck      []uint32 `protobuf:"fixed32,10,rep,packed,name=pos_check,json=posCheck,proto3" json:"pos_check,omitempty"`
 	PosSeq        []uint64 `protobuf:"varint,11,rep,packed,name=pos_seq,json=posSeq,proto3" json:"pos_seq,omitempty"`
+	PosSince      []uint64 `protobuf:"varint,12,rep,packed,name=pos_since,json=posSince,proto3" json:"pos_since,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1441,6 +1455,13 @@ func (x *JournalBatch) GetPosCheck() []uint32 {
 func (x *JournalBatch) GetPosSeq() []uint64 {
 	if x != nil {
 		return x.PosSeq
+	}
+	return nil
+}
+
+func (x *JournalBatch) GetPosSince() []uint64 {
+	if x != nil {
+		return x.PosSince
 	}
 	return nil
 }
@@ -2722,7 +2743,7 @@ const file_kvrelay_proto_rawDesc = "" +
 	"\x06params\x18\x03 \x03(\v2\".kvrelay.xds.v1.Plugin.ParamsEntryR\x06params\x1a9\n" +
 	"\vParamsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\"\xc1\x01\n" +
+	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\"\xde\x01\n" +
 	"\n" +
 	"JournalAck\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x14\n" +
@@ -2732,7 +2753,8 @@ const file_kvrelay_proto_rawDesc = "" +
 	"nackReason\x12\x19\n" +
 	"\bpos_slot\x18\x05 \x03(\rR\aposSlot\x12\x1b\n" +
 	"\tpos_check\x18\x06 \x03(\aR\bposCheck\x12\x17\n" +
-	"\apos_seq\x18\a \x03(\x04R\x06posSeq\"\x96\x02\n" +
+	"\apos_seq\x18\a \x03(\x04R\x06posSeq\x12\x1b\n" +
+	"\tpos_since\x18\b \x03(\x04R\bposSince\"\xb3\x02\n" +
 	"\fJournalBatch\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x16\n" +
 	"\x06offset\x18\x02 \x01(\x04R\x06offset\x12\x12\n" +
@@ -2745,7 +2767,8 @@ const file_kvrelay_proto_rawDesc = "" +
 	"\bpos_slot\x18\t \x03(\rR\aposSlot\x12\x1b\n" +
 	"\tpos_check\x18\n" +
 	" \x03(\aR\bposCheck\x12\x17\n" +
-	"\apos_seq\x18\v \x03(\x04R\x06posSeq\"\xc2\x02\n" +
+	"\apos_seq\x18\v \x03(\x04R\x06posSeq\x12\x1b\n" +
+	"\tpos_since\x18\f \x03(\x04R\bposSince\"\xc2\x02\n" +
 	"\n" +
 	"LoadReport\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x124\n" +
