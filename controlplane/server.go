@@ -216,6 +216,8 @@ type Server struct {
 	index   *kvindex.Index
 	journal *journal.Log
 	jserver *journal.Server
+	// scopes are the models of each slot's worker, for proxies that follow some models only.
+	scopes  *journal.ModelScopes
 	ingest  *ingest.Manager
 	view    *loadview.View
 	xds     *xdsserver.Server
@@ -326,7 +328,8 @@ func New(opts Options) (*Server, error) {
 			opts.JournalSent(age)
 		}
 	}
-	s.jserver = journal.NewServer(s.journal, s.index, journal.ServerOptions{Linger: opts.JournalLinger, Ready: s.ready, Sent: sent})
+	s.scopes = &journal.ModelScopes{}
+	s.jserver = journal.NewServer(s.journal, s.index, journal.ServerOptions{Linger: opts.JournalLinger, Ready: s.ready, Sent: sent, Scopes: s.scopes})
 	s.ingest = ingest.NewManager(s.index, s.journal, opts.Logger)
 	// The kernel's signals count while the routing policy's kernel_load_signals is on, or
 	// always with KernelWaitingAlways.
@@ -750,10 +753,33 @@ func (s *Server) sincePublished() time.Duration {
 	return time.Duration(time.Now().UnixNano() - s.published)
 }
 
+// setScopes gives the journal the models each slot's worker serves, as the Worker resources
+// name them: a proxy that follows some models only gets those workers' blocks. A worker
+// with no model named serves any (it is in every scope).
+func (s *Server) setScopes(ws []registry.Worker) {
+	byID := make(map[string][]string, len(ws))
+	for _, w := range ws {
+		ms := []string{}
+		if w.Model != "" {
+			ms = append(append(ms, w.Model), w.LoRAModules...)
+		}
+		byID[w.ID] = ms
+	}
+	ids := s.index.Workers()
+	bySlot := make([][]string, len(ids))
+	for slot, id := range ids {
+		if ms, ok := byID[id]; ok {
+			bySlot[slot] = ms
+		}
+	}
+	s.scopes.Set(bySlot)
+}
+
 // workerResources builds the Worker resources from the registry, the load view, the index's
 // slots and the proxies' in-flight reports.
 func (s *Server) workerResources() []*xdsv1.Worker {
 	ws := s.reg.Workers()
+	s.setScopes(ws)
 	states := s.view.Snapshot()
 	inflight, epochs := s.xds.MergedEpochs()
 	remote := s.remote.sums()

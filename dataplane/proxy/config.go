@@ -104,6 +104,11 @@ type Config struct {
 	// the routing policy and the KV index replica come from the control plane, and
 	// Upstreams must be empty.
 	XDS string `yaml:"xds"`
+	// ServeModels, with a control plane, are the models this proxy routes: it takes the
+	// workers that serve one of them (and those that name no model) and follows only their
+	// part of the KV index, so that its journal bytes and replica follow what it routes,
+	// not the fleet. Empty: every model.
+	ServeModels []string `yaml:"serve_models"`
 	// XDSAuth is how the proxy proves itself to the control plane: TLS (the control
 	// plane's CA, a client certificate) and a bearer token. Without TLS the xDS address must
 	// be loopback, or XDSAuth.Insecure set.
@@ -390,6 +395,8 @@ func (c *Config) Validate() error {
 		return bad("upstreams and a control plane (xds) are exclusive: workers come from the control plane")
 	case c.XDS == "" && len(c.Upstreams) == 0:
 		return bad("no upstreams (give --upstream or --xds)")
+	case c.XDS == "" && len(c.ServeModels) > 0:
+		return bad("serve_models chooses among a control plane's workers: it needs xds")
 	case c.XDS != "":
 		if _, _, err := net.SplitHostPort(c.XDS); err != nil {
 			return bad("xds address %q is not host:port", c.XDS)

@@ -173,6 +173,7 @@ func (s *Server) setupXDS(ctx context.Context) error {
 	}
 	x.journal = journal.NewClient(conn, journal.ClientOptions{
 		NodeID:  nodeID,
+		Models:  s.cfg.ServeModels,
 		OnError: func(err error) { s.log.Debug("index journal stream ended", "err", err) },
 	})
 	x.reporter, err = client.NewReporter(conn, client.ReporterOptions{NodeID: nodeID, Snapshot: s.ownLoad, Arms: s.core.ArmReports, Decisions: s.core.ReportDecisions, Fits: s.latencyFits, Included: x.noteIncluded, Acked: x.noteAcked, Interval: 100 * time.Millisecond,
@@ -240,6 +241,7 @@ func (s *Server) applyXDS(workers []*xdsv1.Worker, policy *xdsv1.RoutingPolicy, 
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	x.updates++
+	workers = s.servedWorkers(workers)
 
 	if !x.codecsFailed && policy == x.appliedPolicy && slices.Equal(workers, x.appliedWorkers) && x.applyLoads(workers, loads) {
 		return
@@ -384,6 +386,22 @@ func (x *xdsState) applyLoads(workers []*xdsv1.Worker, loads xds.PushedLoads) bo
 		x.pushed[id] = pushedLoad{w: p.w, r: rep, at: now}
 	}
 	return true
+}
+
+// servedWorkers keeps the workers that serve one of the models the proxy routes
+// (Config.ServeModels; all of them when it names none), and those that name no model.
+func (s *Server) servedWorkers(ws []*xdsv1.Worker) []*xdsv1.Worker {
+	if len(s.cfg.ServeModels) == 0 {
+		return ws
+	}
+	out := make([]*xdsv1.Worker, 0, len(ws))
+	for _, w := range ws {
+		if w.GetModel() == "" || slices.Contains(s.cfg.ServeModels, w.GetModel()) ||
+			slices.ContainsFunc(w.GetLoraAdapters(), func(a string) bool { return slices.Contains(s.cfg.ServeModels, a) }) {
+			out = append(out, w)
+		}
+	}
+	return out
 }
 
 // candidateOf is the rollout candidate a pushed policy carries (nil: none).

@@ -50,6 +50,14 @@ func synthParams(f flags) (batch int, sample int) {
 	return batch, sample
 }
 
+// modelOf is the model worker (or proxy) i serves: with -models N above 1, model i mod N.
+func modelOf(f flags, i int) string {
+	if f.models <= 1 {
+		return model
+	}
+	return model + "-" + strconv.Itoa(i%f.models)
+}
+
 func newSynthWorkers(f flags, mask uint64) ([]*synthWorker, []registry.Worker, error) {
 	var ws []*synthWorker
 	var specs []registry.Worker
@@ -62,7 +70,7 @@ func newSynthWorkers(f flags, mask uint64) ([]*synthWorker, []registry.Worker, e
 			return nil, nil, err
 		}
 		ws = append(ws, w)
-		specs = append(specs, registry.Worker{ID: w.id, URL: w.url, Model: model, BlockSize: synthBlockSize, Engine: "sim", KVEvents: w.pub.Endpoint()})
+		specs = append(specs, registry.Worker{ID: w.id, URL: w.url, Model: modelOf(f, i), BlockSize: synthBlockSize, Engine: "sim", KVEvents: w.pub.Endpoint()})
 	}
 	return ws, specs, nil
 }
@@ -80,7 +88,7 @@ func startEngines(f flags, dir string) (*engineSide, error) {
 	e := &engineSide{file: filepath.Join(dir, "published.bin")}
 	c, err := startChildMode("the engine process", "-mode", "engines", "-workers", strconv.Itoa(f.workers), "-rate", fmt.Sprint(f.rate),
 		"-batch", strconv.Itoa(f.batch), "-sample", strconv.Itoa(f.sample), "-max-blocks", strconv.Itoa(f.maxBlocks),
-		"-duration", f.duration.String(), "-out", e.file)
+		"-duration", f.duration.String(), "-models", strconv.Itoa(f.models), "-out", e.file)
 	if err != nil {
 		return nil, err
 	}

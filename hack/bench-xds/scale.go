@@ -87,13 +87,13 @@ func runScale(f flags, res *results) error {
 	}
 	sinks, err := startChildMode("proxies", append(childProfile(f, "proxies"),
 		"-mode", "sinks", "-xds", strings.Join(addrs, ","), "-proxies", strconv.Itoa(f.proxies),
-		"-workers", strconv.Itoa(f.workers), "-report-workers", strconv.Itoa(f.reportWorkers), "-sample", strconv.Itoa(sample),
+		"-workers", strconv.Itoa(f.workers), "-report-workers", strconv.Itoa(f.reportWorkers), "-sample", strconv.Itoa(sample), "-models", strconv.Itoa(f.models),
 		"-out", filepath.Join(dir, "arrivals"))...)
 	if err != nil {
 		return err
 	}
 	defer sinks.kill()
-	res.add("setup", "mode", "scale", "rate", f.rate, "workers", f.workers, "proxies", f.proxies, "replicas", f.replicas,
+	res.add("setup", "mode", "scale", "rate", f.rate, "workers", f.workers, "proxies", f.proxies, "replicas", f.replicas, "models", f.models,
 		"share", f.share, "batch", batch, "sampled", fmt.Sprintf("1/%d", mask+1), "duration", f.duration, "scrape", f.scrape,
 		"report_workers_per_proxy", f.reportWorkers, "processes", fmt.Sprintf("engines|%d replicas|proxies", f.replicas))
 
@@ -518,6 +518,9 @@ func runSinksChild(f flags) error {
 			return err
 		}
 		s.sink.r = nil // a counting sink
+		if f.models > 1 {
+			s.jc = journal.NewClient(s.conn, journal.ClientOptions{NodeID: node, Models: []string{modelOf(f, i)}, OnError: s.noteJournalError})
+		}
 		subs = append(subs, s)
 		loads := newLoadSource(i, f.workers, f.reportWorkers)
 		rep, err := client.NewReporter(s.conn, client.ReporterOptions{NodeID: node, Snapshot: loads.next, Interval: 100 * time.Millisecond})

@@ -163,11 +163,14 @@ func newSubscriber(addr, node string, mask uint64, opts ...grpc.DialOption) (*su
 		sink:  &timingSink{r: prefix.NewReplica(blockset.DefaultWeights), mask: mask},
 		bytes: bc,
 	}
-	s.jc = journal.NewClient(conn, journal.ClientOptions{NodeID: node, OnError: func(err error) {
-		msg := err.Error()
-		s.jerr.Store(&msg)
-	}})
+	s.jc = journal.NewClient(conn, journal.ClientOptions{NodeID: node, OnError: s.noteJournalError})
 	return s, nil
+}
+
+// noteJournalError keeps why the journal stream last ended.
+func (s *subscriber) noteJournalError(err error) {
+	msg := err.Error()
+	s.jerr.Store(&msg)
 }
 
 // subscribers runs n subscribers until stop.

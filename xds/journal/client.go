@@ -48,6 +48,9 @@ type ClientOptions struct {
 	MinBackoff, MaxBackoff time.Duration
 	// OnError, if set, hears why a stream ended (from the Run goroutine).
 	OnError func(error)
+	// Models scopes the replica to the workers that serve one of these models (and those
+	// whose models the control plane does not know); empty: every worker.
+	Models []string
 }
 
 // Client follows a control plane's journal into a Sink, reconnecting when the stream breaks
@@ -142,7 +145,7 @@ func (c *Client) stream(ctx context.Context, sink Sink) error {
 		return fmt.Errorf("opening the index journal: %w", err)
 	}
 	c.streams.Add(1)
-	hello := &xdsv1.JournalAck{NodeId: c.opts.NodeID, Epoch: c.epoch, Next: c.next}
+	hello := &xdsv1.JournalAck{NodeId: c.opts.NodeID, Epoch: c.epoch, Next: c.next, Models: c.opts.Models}
 	c.mu.Lock()
 	for _, m := range c.marks {
 		ackColumns(hello).put(m)

@@ -191,8 +191,13 @@ func (l *Log) Positions() (next uint64, marks []Mark) {
 // Resume finds where a replica that stands at marks (built from another log) continues in
 // this one: from, the offset to replay from, and reset, the slots to clear and fill again
 // from the index, each with its mark in this log (a zero Check and Seq for a slot with no
-// worker here). ok is false when a snapshot is needed instead.
-func (l *Log) Resume(marks []Mark) (from uint64, reset []Mark, ok bool) {
+// worker here). in, when not nil, is the replica's scope: slots out of it are named only
+// where the replica holds a mark (to be cleared). ok is false when a snapshot is needed
+// instead.
+func (l *Log) Resume(marks []Mark, in func(slot uint32) bool) (from uint64, reset []Mark, ok bool) {
+	if in == nil {
+		in = func(uint32) bool { return true }
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if len(marks) == 0 || l.nhist == 0 {
@@ -215,13 +220,20 @@ func (l *Log) Resume(marks []Mark) (from uint64, reset []Mark, ok bool) {
 		// (an engine that restarted numbers its batches from the start again).
 		clearedLately := p.clearedAt != 0 && l.nhist-(p.clearedAt-1) <= kept
 		switch {
+		case !in(s):
+			reset = append(reset, Mark{Slot: s})
 		case !p.ok || p.check != m.Check || p.seq < m.Seq || p.since > m.Since || clearedLately:
 			reset = append(reset, p.mark(s))
 		case p.seq > m.Seq:
 			want[s] = m.Seq
 		}
 	}
+	scoped := 0
 	for s, p := range l.pos {
+		if !in(uint32(s)) {
+			continue
+		}
+		scoped++
 		if _, known := theirs[uint32(s)]; p.ok && !known {
 			reset = append(reset, p.mark(uint32(s)))
 		}
@@ -239,7 +251,7 @@ func (l *Log) Resume(marks []Mark) (from uint64, reset []Mark, ok bool) {
 	for s := range want {
 		reset = append(reset, l.pos[s].mark(s))
 	}
-	if from < l.first || len(reset) > max(len(l.pos), len(theirs))/maxResetShare+maxResetExtra {
+	if from < l.first || len(reset) > max(scoped, len(theirs))/maxResetShare+maxResetExtra {
 		return 0, nil, false
 	}
 	return from, reset, true

@@ -1,12 +1,14 @@
 package journal
 
 import (
+	"context"
 	"net"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	xdsv1 "github.com/kvrelay/kvrelay/xds/api/v1"
@@ -198,7 +200,7 @@ func TestResumeRefillsSlotsThatDiffer(t *testing.T) {
 func TestLogResumeRefusals(t *testing.T) {
 	l := NewLog(16)
 	l.CheckpointEvery = time.Nanosecond
-	if _, _, ok := l.Resume([]Mark{{Slot: 0, Check: 1, Seq: 1}}); ok {
+	if _, _, ok := l.Resume([]Mark{{Slot: 0, Check: 1, Seq: 1}}, nil); ok {
 		t.Fatal("a log with no marks resumed a replica")
 	}
 	for s := range uint32(40) {
@@ -211,19 +213,19 @@ func TestLogResumeRefusals(t *testing.T) {
 	for s := range level {
 		level[s] = Mark{Slot: uint32(s), Check: 7, Seq: 3}
 	}
-	if from, reset, ok := l.Resume(level); !ok || from != l.Next() || len(reset) != 0 {
+	if from, reset, ok := l.Resume(level, nil); !ok || from != l.Next() || len(reset) != 0 {
 		t.Fatalf("level: from %d (next %d) reset %v ok %v", from, l.Next(), reset, ok)
 	}
 	// One worker a batch behind, its change still in the ring: replay from there.
 	behind := append([]Mark(nil), level...)
 	behind[39].Seq = 2
-	if from, reset, ok := l.Resume(behind); !ok || from != l.Next()-1 || len(reset) != 0 {
+	if from, reset, ok := l.Resume(behind, nil); !ok || from != l.Next()-1 || len(reset) != 0 {
 		t.Fatalf("one behind: from %d (next %d) reset %v ok %v", from, l.Next(), reset, ok)
 	}
 	// A replay that would start before the ring (16 changes) needs a snapshot.
 	old := append([]Mark(nil), level...)
 	old[0].Seq = 1
-	if _, _, ok := l.Resume(old); ok {
+	if _, _, ok := l.Resume(old, nil); ok {
 		t.Fatal("resumed from an offset the ring no longer holds")
 	}
 	// Most workers under other ids: more to refill than a snapshot costs.
@@ -231,19 +233,19 @@ func TestLogResumeRefusals(t *testing.T) {
 	for i := range 30 {
 		other[i].Check = 8
 	}
-	if _, _, ok := l.Resume(other); ok {
+	if _, _, ok := l.Resume(other, nil); ok {
 		t.Fatal("resumed refilling 30 of 40 slots")
 	}
 	// A worker this log covers from a later batch than the proxy's part does: its removals
 	// of blocks it never knew could not come, so it is refilled.
 	l.AppendMarked(1, Mark{Slot: 38, Check: 7, Seq: 3, Since: 2})
-	if _, reset, ok := l.Resume(level); !ok || len(reset) != 1 || reset[0].Slot != 38 {
+	if _, reset, ok := l.Resume(level, nil); !ok || len(reset) != 1 || reset[0].Slot != 38 {
 		t.Fatalf("covering less: reset %v ok %v", reset, ok)
 	}
 	l.AppendMarked(1, Mark{Slot: 38, Check: 7, Seq: 3})
 	// A forgotten worker is refilled (cleared: it has no mark).
 	l.Forget(39, Change{Slot: 39, Op: Cleared})
-	if _, reset, ok := l.Resume(level); !ok || len(reset) != 1 || reset[0] != (Mark{Slot: 39}) {
+	if _, reset, ok := l.Resume(level, nil); !ok || len(reset) != 1 || reset[0] != (Mark{Slot: 39}) {
 		t.Fatalf("forgotten worker: reset %v ok %v", reset, ok)
 	}
 	// The worker restarted and its new run passed the proxy's batch number again: the
@@ -251,7 +253,7 @@ func TestLogResumeRefusals(t *testing.T) {
 	for k := uint64(1); k <= 4; k++ {
 		l.AppendMarked(1, Mark{Slot: 39, Check: 7, Seq: k}, Change{Seq: 900 + k, Slot: 39, Op: Stored})
 	}
-	if _, reset, ok := l.Resume(level); !ok || len(reset) != 1 || reset[0].Slot != 39 {
+	if _, reset, ok := l.Resume(level, nil); !ok || len(reset) != 1 || reset[0].Slot != 39 {
 		t.Fatalf("restarted worker: reset %v ok %v", reset, ok)
 	}
 }
@@ -368,5 +370,84 @@ func TestCheckpointsCarryMovedMarks(t *testing.T) {
 	next, marks := l.Positions()
 	if next != 4 || len(marks) != 3 {
 		t.Fatalf("positions: %d %v", next, marks)
+	}
+}
+
+// followScoped follows addr with a client that names models.
+func followScoped(t *testing.T, addr string, m *mirror, models ...string) (*Client, func()) {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := NewClient(conn, ClientOptions{NodeID: "proxy-s", Models: models, MinBackoff: 10 * time.Millisecond, MaxBackoff: 50 * time.Millisecond})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { c.Run(ctx, m); close(done) }()
+	return c, func() { cancel(); <-done; conn.Close() }
+}
+
+// inSlots is the source's entries of the given slots.
+func inSlots(src *source, slots ...int) map[[3]uint64]bool {
+	out := map[[3]uint64]bool{}
+	for k := range entries(src.Each) {
+		for _, s := range slots {
+			if k[1] == uint64(s) {
+				out[k] = true
+			}
+		}
+	}
+	return out
+}
+
+// TestScopedStream: a proxy that names a model gets the blocks of the workers serving it
+// (and of a worker whose model is not known) in its snapshot, its changes and its marks, and
+// nothing of the others'. When the slots' models change, the slots that enter its scope are
+// filled from the index and those that leave it are cleared. Moved to another replica, it
+// resumes within its scope.
+func TestScopedStream(t *testing.T) {
+	ws := []uint32{0, 1, 2, 3}
+	slots := map[uint32]uint32{0: 0, 1: 1, 2: 2, 3: 3}
+	scopes := &ModelScopes{}
+	scopes.Set([][]string{{"m1"}, {"m1", "lora-a"}, {"m2"}, {}})
+	a := replicaOf()
+	feed(a, ws, slots, uniform(ws, 1), uniform(ws, 6))
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := lis.Addr().String()
+	g := grpc.NewServer()
+	xdsv1.RegisterIndexJournalServer(g, NewServer(a.log, a, ServerOptions{SnapshotBatch: 7, Scopes: scopes}))
+	go g.Serve(lis)
+	m := &mirror{}
+	c, done := followScoped(t, addr, m, "m1")
+	defer done()
+	eventually(t, "the scoped snapshot", func() bool { return same(m.entries(), inSlots(a, 0, 1, 3)) })
+	feed(a, ws, slots, uniform(ws, 7), uniform(ws, 9))
+	eventually(t, "the scoped changes", func() bool { return same(m.entries(), inSlots(a, 0, 1, 3)) })
+	eventually(t, "the scoped marks", func() bool {
+		ms := c.Marks()
+		_, two := ms[2]
+		return len(ms) == 3 && !two && ms[0].Seq == 9
+	})
+	// Worker 2 now serves m1 too, worker 1 only m2.
+	scopes.Set([][]string{{"m1"}, {"m2"}, {"m2", "m1"}, {}})
+	feed(a, ws, slots, uniform(ws, 10), uniform(ws, 10))
+	eventually(t, "the new scope", func() bool { return same(m.entries(), inSlots(a, 0, 2, 3)) })
+	feed(a, ws, slots, uniform(ws, 11), uniform(ws, 12))
+	eventually(t, "changes in the new scope", func() bool { return same(m.entries(), inSlots(a, 0, 2, 3)) })
+	eventually(t, "worker 2's mark", func() bool { _, ok := c.Marks()[2]; return ok })
+	g.Stop()
+
+	// Another replica with the same workers, further on: a resume within the scope.
+	b := replicaOf()
+	feed(b, []uint32{3, 2, 1, 0}, slots, uniform(ws, 1), uniform(ws, 15))
+	srvB := NewServer(b.log, b, ServerOptions{Scopes: scopes})
+	stopB := serveWith(t, srvB, addr)
+	defer stopB()
+	eventually(t, "B's index in scope", func() bool { return same(m.entries(), inSlots(b, 0, 2, 3)) })
+	if st := srvB.Stats(); st.Resumes != 1 || st.Snapshots != 0 || st.ResumedSlots != 0 {
+		t.Fatalf("server B: %+v, want a resume that fills nothing", st)
 	}
 }

@@ -29,6 +29,10 @@ type ServerOptions struct {
 	// started closes it once its index has caught up with the engines (replay), so that
 	// proxies resyncing after a restart are not sent a snapshot of an index still empty.
 	Ready <-chan struct{}
+	// Scopes, when set, gives the models of each slot's worker, so that a proxy that names
+	// the models it routes gets their workers' blocks only (scope.go). Without it such a
+	// proxy gets every block.
+	Scopes *ModelScopes
 	// SendTimeout ends a stream whose proxy has not taken a message for this long (its
 	// flow-control window full: it does not read); it reconnects and gets a snapshot
 	// (default 30 s).
@@ -217,6 +221,11 @@ func (s *Server) Stream(stream xdsv1.IndexJournal_StreamServer) error {
 	}
 	n := s.connect(first.NodeId)
 	defer s.disconnect(first.NodeId, n)
+	var sc *scope
+	if s.opts.Scopes != nil {
+		sc = newScope(first.Models)
+		sc.refresh(s.opts.Scopes.load())
+	}
 
 	out := newSender(stream)
 	defer out.close()
@@ -247,18 +256,22 @@ func (s *Server) Stream(stream xdsv1.IndexJournal_StreamServer) error {
 	if first.Epoch != s.log.Epoch() || !s.inRing(next) {
 		resumed := false
 		if first.Epoch != s.log.Epoch() {
-			if next, resumed, err = s.sendResume(out, w, first); err != nil {
+			if next, resumed, err = s.sendResume(out, w, first, sc); err != nil {
 				return err
 			}
 		}
 		if !resumed {
-			if next, err = s.sendSnapshot(out, w); err != nil {
+			if next, err = s.sendSnapshot(out, w, sc); err != nil {
 				return err
 			}
 		}
 	}
 	var buf []Change // grows to the batches this stream sends, at most MaxBatch
 	var marks []Mark
+	// A scoped stream sends nothing for a read that holds none of its slots' changes or
+	// marks, for up to scopedIdle: its next batch then starts where the last one sent ended
+	// (batchFrom), covering the offsets skipped.
+	batchFrom, lastSend := next, time.Now()
 	deadline := time.NewTimer(time.Hour)
 	defer deadline.Stop()
 	linger := time.NewTimer(time.Hour)
@@ -285,9 +298,10 @@ func (s *Server) Stream(stream xdsv1.IndexJournal_StreamServer) error {
 			return nil // the proxy closed its side (or the stream broke): it is over
 		case <-resync:
 			w.reset() // a proxy that NACKed acknowledges nothing until the next snapshot
-			if next, err = s.sendSnapshot(out, w); err != nil {
+			if next, err = s.sendSnapshot(out, w, sc); err != nil {
 				return err
 			}
+			batchFrom = next
 			continue
 		case <-acked:
 			continue
@@ -312,17 +326,28 @@ func (s *Server) Stream(stream xdsv1.IndexJournal_StreamServer) error {
 		var to uint64
 		buf, to, ok = s.log.Read(buf[:0], next, s.opts.MaxBatch)
 		if !ok {
-			if next, err = s.sendSnapshot(out, w); err != nil {
+			if next, err = s.sendSnapshot(out, w, sc); err != nil {
 				return err
 			}
+			batchFrom = next
 			continue
 		}
 		if len(buf) == 0 {
 			continue
 		}
-		b := &xdsv1.JournalBatch{Epoch: s.log.Epoch(), Offset: next, Next: to}
+		if sc != nil {
+			if err := s.rescope(out, w, sc, batchFrom); err != nil {
+				return err
+			}
+		}
+		buf = sc.filter(buf)
+		marks = sc.filterMarks(s.log.Checkpoints(marks[:0], next, to))
+		if len(buf) == 0 && len(marks) == 0 && time.Since(lastSend) < scopedIdle {
+			next = to
+			continue
+		}
+		b := &xdsv1.JournalBatch{Epoch: s.log.Epoch(), Offset: batchFrom, Next: to}
 		appendChanges(b, buf)
-		marks = s.log.Checkpoints(marks[:0], next, to)
 		batchColumns(b).put(marks...)
 		w.push(proto.Size(b), true) // before sending: the ack may come before Send returns
 		if err := s.send(out, b); err != nil {
@@ -334,11 +359,66 @@ func (s *Server) Stream(stream xdsv1.IndexJournal_StreamServer) error {
 				s.opts.Sent(time.Duration(time.Now().UnixNano() - at))
 			}
 		}
-		next = to
+		next, batchFrom, lastSend = to, to, time.Now()
 		s.batches.Add(1)
 		s.changes.Add(uint64(len(buf)))
 		s.update(n, func(n *NodeState) { n.Sent = to })
 	}
+}
+
+// scopedIdle is how long a scoped stream may send nothing while the log moves on outside
+// its scope: then an empty batch tells the proxy how far the log is, so that a reconnect
+// resumes within the ring.
+const scopedIdle = time.Second
+
+// rescope brings a scoped stream's scope up to the control plane's latest slot models: at
+// the stream's offset, a batch clears the slots that left it, and clears and fills again
+// from the index those that entered (their earlier changes were not sent). The changes that
+// follow replay onto the refill, which is as new as the index when it is read, or newer.
+func (s *Server) rescope(out *sender, w *window, sc *scope, at uint64) error {
+	entered, left := sc.refresh(s.opts.Scopes.load())
+	if len(entered) == 0 && len(left) == 0 {
+		return nil
+	}
+	cs := make([]Change, 0, len(entered)+len(left))
+	for _, slot := range left {
+		cs = append(cs, Change{Slot: slot, Op: Cleared})
+	}
+	cs = append(cs, s.refill(entered)...)
+	b := &xdsv1.JournalBatch{Epoch: s.log.Epoch(), Offset: at, Next: at}
+	appendChanges(b, cs)
+	w.push(proto.Size(b), true)
+	if err := s.send(out, b); err != nil {
+		return err
+	}
+	w.sent()
+	return nil
+}
+
+// refill lists, for each slot, its clear and then its entries in the index: each slot is
+// empty only while its own entries follow. Without a SlotSnapshotter it lists the clears.
+func (s *Server) refill(slots []uint32) []Change {
+	if len(slots) == 0 {
+		return nil
+	}
+	ints := make([]int, len(slots))
+	for i, slot := range slots {
+		ints[i] = int(slot)
+	}
+	bySlot := make(map[uint32][]Change, len(slots))
+	n := 0
+	if ss, ok := s.snap.(SlotSnapshotter); ok {
+		ss.EachSlots(ints, func(seq uint64, slot int, tier blockset.Tier) {
+			bySlot[uint32(slot)] = append(bySlot[uint32(slot)], Change{Seq: seq, Slot: uint32(slot), Tier: tier, Op: Stored})
+			n++
+		})
+	}
+	cs := make([]Change, 0, len(slots)+n)
+	for _, slot := range slots {
+		cs = append(cs, Change{Slot: slot, Op: Cleared})
+		cs = append(cs, bySlot[slot]...)
+	}
+	return cs
 }
 
 // window is one stream's acknowledgement accounting. The proxy acknowledges every change
@@ -476,25 +556,48 @@ type encodedBatch struct {
 func (b *encodedBatch) EncodedProto() []byte { return b.raw }
 
 // sendSnapshot sends a snapshot and returns the offset the stream continues from.
-func (s *Server) sendSnapshot(out *sender, w *window) (uint64, error) {
+// A scoped stream (sc not nil) sends the entries and marks of its slots only, each batch
+// encoded for it.
+func (s *Server) sendSnapshot(out *sender, w *window, sc *scope) (uint64, error) {
 	snap, err := s.acquireSnapshot(out.stream.Context())
 	if err != nil {
 		return 0, err
 	}
 	defer s.releaseSnapshot(snap)
 	s.snapshots.Add(1)
+	if sc != nil {
+		sc.refresh(s.opts.Scopes.load())
+	}
 	size := 0
 	for _, b := range snap.batches {
 		size += len(b.raw)
 	}
 	deadline := time.Now().Add(s.opts.SendTimeout + time.Duration(float64(size)/float64(s.opts.SnapshotMinRate)*float64(time.Second)))
+	var cs []Change
+	var ms []Mark
 	for i, b := range snap.batches {
 		if time.Now().After(deadline) {
 			s.slow.Add(1)
 			return snap.next, status.Errorf(codes.ResourceExhausted, "journal stream: the proxy took the %d-byte snapshot slower than %d bytes/s", size, s.opts.SnapshotMinRate)
 		}
-		w.push(len(b.raw), i == len(snap.batches)-1)
-		if err := s.send(out, b); err != nil {
+		last := i == len(snap.batches)-1
+		var msg any = b
+		n := len(b.raw)
+		if sc != nil {
+			cs, _ = decode(cs[:0], b.JournalBatch)
+			cs = sc.filter(cs)
+			ms, _ = batchColumns(b.JournalBatch).read(ms[:0])
+			ms = sc.filterMarks(ms)
+			if len(cs) == 0 && len(ms) == 0 && !b.Reset_ && !last {
+				continue
+			}
+			sb := &xdsv1.JournalBatch{Epoch: b.Epoch, Offset: b.Offset, Next: b.Next, Reset_: b.Reset_, SnapshotDone: b.SnapshotDone}
+			appendChanges(sb, cs)
+			batchColumns(sb).put(ms...)
+			msg, n = sb, proto.Size(sb)
+		}
+		w.push(n, last)
+		if err := s.send(out, msg); err != nil {
 			return snap.next, fmt.Errorf("sending index snapshot: %w", err)
 		}
 	}
@@ -574,38 +677,33 @@ type SlotSnapshotter interface {
 // batches marked resume (the last also snapshot_done), and the stream goes on from the
 // offset it returns. resumed is false, with nothing sent, when the proxy sent no marks or
 // needs a snapshot.
-func (s *Server) sendResume(out *sender, w *window, first *xdsv1.JournalAck) (next uint64, resumed bool, err error) {
-	ss, ok := s.snap.(SlotSnapshotter)
-	if !ok {
+func (s *Server) sendResume(out *sender, w *window, first *xdsv1.JournalAck, sc *scope) (next uint64, resumed bool, err error) {
+	if _, ok := s.snap.(SlotSnapshotter); !ok {
 		return 0, false, nil
 	}
 	theirs, ok := ackColumns(first).read(nil)
 	if !ok || len(theirs) == 0 {
 		return 0, false, nil
 	}
-	from, reset, ok := s.log.Resume(theirs)
+	from, reset, ok := s.log.Resume(theirs, sc.in)
 	if !ok {
 		return 0, false, nil
 	}
-	// Each slot's clear comes right before its entries, so that a slot is empty only while
-	// its own refill is on its way.
-	slots := make([]int, len(reset))
-	bySlot := make(map[uint32][]Change, len(reset))
-	for i, m := range reset {
-		slots[i] = int(m.Slot)
-	}
-	n := 0
-	if len(slots) > 0 {
-		ss.EachSlots(slots, func(seq uint64, slot int, tier blockset.Tier) {
-			bySlot[uint32(slot)] = append(bySlot[uint32(slot)], Change{Seq: seq, Slot: uint32(slot), Tier: tier, Op: Stored})
-			n++
-		})
-	}
-	cs := make([]Change, 0, len(reset)+n)
+	// Slots out of the stream's scope are only cleared (Log.Resume names them when the
+	// proxy holds a mark there).
+	var fill, clear []uint32
 	for _, m := range reset {
-		cs = append(cs, Change{Slot: m.Slot, Op: Cleared})
-		cs = append(cs, bySlot[m.Slot]...)
+		if sc.in(m.Slot) {
+			fill = append(fill, m.Slot)
+		} else {
+			clear = append(clear, m.Slot)
+		}
 	}
+	var cs []Change
+	for _, slot := range clear {
+		cs = append(cs, Change{Slot: slot, Op: Cleared})
+	}
+	cs = append(cs, s.refill(fill)...)
 	for i := 0; i == 0 || i < len(cs); i += s.opts.SnapshotBatch {
 		b := &xdsv1.JournalBatch{Epoch: s.log.Epoch(), Offset: from, Next: from, Resume: true}
 		appendChanges(b, cs[i:min(i+s.opts.SnapshotBatch, len(cs))])

@@ -1228,7 +1228,11 @@ type JournalAck struct {
 	// with only the engine's replay buffer). A control plane that covers less than the proxy
 	// (a later since) could not journal the removal of a block it never knew, and fills the
 	// slot again instead.
-	PosSince      []uint64 `protobuf:"varint,8,rep,packed,name=pos_since,json=posSince,proto3" json:"pos_since,omitempty"`
+	PosSince []uint64 `protobuf:"varint,8,rep,packed,name=pos_since,json=posSince,proto3" json:"pos_since,omitempty"`
+	// models, in the first message, scopes the stream to the workers that serve one of these
+	// models (a worker whose model the control plane does not know is in every scope): the
+	// proxy gets their blocks and marks only. Empty: every worker.
+	Models        []string `protobuf:"bytes,9,rep,name=models,proto3" json:"models,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1315,6 +1319,13 @@ func (x *JournalAck) GetPosSeq() []uint64 {
 func (x *JournalAck) GetPosSince() []uint64 {
 	if x != nil {
 		return x.PosSince
+	}
+	return nil
+}
+
+func (x *JournalAck) GetModels() []string {
+	if x != nil {
+		return x.Models
 	}
 	return nil
 }
@@ -2743,7 +2754,7 @@ const file_kvrelay_proto_rawDesc = "" +
 	"\x06params\x18\x03 \x03(\v2\".kvrelay.xds.v1.Plugin.ParamsEntryR\x06params\x1a9\n" +
 	"\vParamsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\"\xde\x01\n" +
+	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\"\xf6\x01\n" +
 	"\n" +
 	"JournalAck\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x14\n" +
@@ -2754,7 +2765,8 @@ const file_kvrelay_proto_rawDesc = "" +
 	"\bpos_slot\x18\x05 \x03(\rR\aposSlot\x12\x1b\n" +
 	"\tpos_check\x18\x06 \x03(\aR\bposCheck\x12\x17\n" +
 	"\apos_seq\x18\a \x03(\x04R\x06posSeq\x12\x1b\n" +
-	"\tpos_since\x18\b \x03(\x04R\bposSince\"\xb3\x02\n" +
+	"\tpos_since\x18\b \x03(\x04R\bposSince\x12\x16\n" +
+	"\x06models\x18\t \x03(\tR\x06models\"\xb3\x02\n" +
 	"\fJournalBatch\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x16\n" +
 	"\x06offset\x18\x02 \x01(\x04R\x06offset\x12\x12\n" +

@@ -1,0 +1,38 @@
+package proxy
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	xdsv1 "github.com/kvrelay/kvrelay/xds/api/v1"
+)
+
+// TestServeModels: a proxy told to serve some models takes the control plane's workers that
+// serve one of them (by base model or adapter) and those that name no model, and the setting
+// needs a control plane.
+func TestServeModels(t *testing.T) {
+	ws := []*xdsv1.Worker{
+		{Id: "a", Model: "llama"}, {Id: "b", Model: "qwen"}, {Id: "c", Model: "qwen", LoraAdapters: []string{"sql"}},
+		{Id: "d"}, {Id: "e", Model: "mistral"},
+	}
+	s := &Server{cfg: Config{ServeModels: []string{"llama", "sql"}}}
+	var got []string
+	for _, w := range s.servedWorkers(ws) {
+		got = append(got, w.GetId())
+	}
+	if want := "a c d"; strings.Join(got, " ") != want {
+		t.Fatalf("served workers %v, want %s", got, want)
+	}
+	all := &Server{cfg: Config{}}
+	if n := len(all.servedWorkers(ws)); n != len(ws) {
+		t.Fatalf("without serve_models: %d of %d workers", n, len(ws))
+	}
+
+	cfg := DefaultConfig()
+	cfg.Upstreams = []Upstream{{URL: "http://127.0.0.1:8000"}}
+	cfg.ServeModels = []string{"llama"}
+	if err := cfg.Validate(); !errors.Is(err, ErrInvalidConfig) {
+		t.Fatalf("serve_models without a control plane: %v", err)
+	}
+}
