@@ -180,3 +180,30 @@ func (l *clientLoad) stop() (sent, failed int64) {
 	l.wg.Wait()
 	return l.sent.Load(), l.failed.Load()
 }
+
+// TestScopedProxy: a proxy that routes a model no worker serves takes none of the workers
+// and, once the control plane knows their model (from their engines), none of their blocks;
+// a proxy scoped to the workers' model follows them all, as an unscoped one does.
+func TestScopedProxy(t *testing.T) {
+	c := newCluster(t, 2)
+	all := c.addProxy(c.xds)
+	waitWorkers(t, all, 2)
+	waitKnown(t, all, 2)
+	model := all.Workers()[0].Model
+	mine := c.addProxyWith(c.xds, func(cfg *proxy.Config) { cfg.ServeModels = []string{model} })
+	other := c.addProxyWith(c.xds, func(cfg *proxy.Config) { cfg.ServeModels = []string{"not-" + model} })
+	waitWorkers(t, mine, 2)
+	c.warm(2) // 150 blocks a worker at least
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		n := c.cp.Index().Len()
+		if n >= 2*150 && all.Replica().Len() == n && mine.Replica().Len() == n && other.Replica().Len() == 0 && len(other.Workers()) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("index %d blocks; replicas: unscoped %d, scoped to %s %d, scoped to another model %d (%d workers)",
+				n, all.Replica().Len(), model, mine.Replica().Len(), other.Replica().Len(), len(other.Workers()))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -754,23 +754,21 @@ func (s *Server) sincePublished() time.Duration {
 }
 
 // setScopes gives the journal the models each slot's worker serves, as the Worker resources
-// name them: a proxy that follows some models only gets those workers' blocks. A worker
-// with no model named serves any (it is in every scope).
-func (s *Server) setScopes(ws []registry.Worker) {
-	byID := make(map[string][]string, len(ws))
-	for _, w := range ws {
+// name them (the registry's model, or the one its engine reported): a proxy that follows some
+// models only gets those workers' blocks. A worker with no model serves any (it is in every
+// scope).
+func (s *Server) setScopes(res []*xdsv1.Worker) {
+	var bySlot [][]string
+	for _, w := range res {
+		slot := int(w.GetSlot())
+		for len(bySlot) <= slot {
+			bySlot = append(bySlot, nil)
+		}
 		ms := []string{}
-		if w.Model != "" {
-			ms = append(append(ms, w.Model), w.LoRAModules...)
+		if w.GetModel() != "" {
+			ms = append(append(ms, w.GetModel()), w.GetLoraAdapters()...)
 		}
-		byID[w.ID] = ms
-	}
-	ids := s.index.Workers()
-	bySlot := make([][]string, len(ids))
-	for slot, id := range ids {
-		if ms, ok := byID[id]; ok {
-			bySlot[slot] = ms
-		}
+		bySlot[slot] = ms
 	}
 	s.scopes.Set(bySlot)
 }
@@ -779,7 +777,6 @@ func (s *Server) setScopes(ws []registry.Worker) {
 // slots and the proxies' in-flight reports.
 func (s *Server) workerResources() []*xdsv1.Worker {
 	ws := s.reg.Workers()
-	s.setScopes(ws)
 	states := s.view.Snapshot()
 	inflight, epochs := s.xds.MergedEpochs()
 	remote := s.remote.sums()
@@ -850,6 +847,7 @@ func (s *Server) workerResources() []*xdsv1.Worker {
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Id < out[j].Id })
+	s.setScopes(out)
 	return out
 }
 

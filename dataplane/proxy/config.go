@@ -397,6 +397,8 @@ func (c *Config) Validate() error {
 		return bad("no upstreams (give --upstream or --xds)")
 	case c.XDS == "" && len(c.ServeModels) > 0:
 		return bad("serve_models chooses among a control plane's workers: it needs xds")
+	case slices.Contains(c.ServeModels, ""):
+		return bad("serve_models names an empty model")
 	case c.XDS != "":
 		if _, _, err := net.SplitHostPort(c.XDS); err != nil {
 			return bad("xds address %q is not host:port", c.XDS)

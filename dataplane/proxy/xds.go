@@ -222,6 +222,9 @@ func (s *Server) stopXDS() {
 
 // checkWorker is the proxy's own check of a pushed worker, on top of xds.ValidateWorker.
 func (s *Server) checkWorker(w *xdsv1.Worker) error {
+	if !s.serves(w) {
+		return nil // dropped by servedWorkers: another model's settings are not this proxy's concern
+	}
 	u, err := url.Parse(w.GetUrl())
 	if err != nil || u.Scheme != "http" || u.Host == "" || (u.Path != "" && u.Path != "/") {
 		return fmt.Errorf("worker %s: url %q is not http://host:port", w.GetId(), w.GetUrl())
@@ -396,12 +399,18 @@ func (s *Server) servedWorkers(ws []*xdsv1.Worker) []*xdsv1.Worker {
 	}
 	out := make([]*xdsv1.Worker, 0, len(ws))
 	for _, w := range ws {
-		if w.GetModel() == "" || slices.Contains(s.cfg.ServeModels, w.GetModel()) ||
-			slices.ContainsFunc(w.GetLoraAdapters(), func(a string) bool { return slices.Contains(s.cfg.ServeModels, a) }) {
+		if s.serves(w) {
 			out = append(out, w)
 		}
 	}
 	return out
+}
+
+// serves reports whether the proxy routes to w: it names no model, or serves one the proxy
+// routes (Config.ServeModels, every model when empty), as its base model or an adapter.
+func (s *Server) serves(w *xdsv1.Worker) bool {
+	return len(s.cfg.ServeModels) == 0 || w.GetModel() == "" || slices.Contains(s.cfg.ServeModels, w.GetModel()) ||
+		slices.ContainsFunc(w.GetLoraAdapters(), func(a string) bool { return slices.Contains(s.cfg.ServeModels, a) })
 }
 
 // candidateOf is the rollout candidate a pushed policy carries (nil: none).
@@ -621,6 +630,7 @@ type xdsCollector struct {
 	s                                          *Server
 	connected, blocks, policy, workers, stale  *prometheus.Desc
 	applied, responses, nacks, streams, report *prometheus.Desc
+	snapshots, resumes, marks                  *prometheus.Desc
 }
 
 func newXDSCollector(s *Server) *xdsCollector {
@@ -639,6 +649,9 @@ func newXDSCollector(s *Server) *xdsCollector {
 		nacks:     d("nacks_total", "ADS responses and journal batches refused."),
 		streams:   d("streams_total", "ADS and journal streams opened (reconnections)."),
 		report:    d("load_reports_total", "In-flight load reports sent to the control plane."),
+		snapshots: d("journal_snapshots_total", "Index snapshots the replica was rebuilt from."),
+		resumes:   d("journal_resumes_total", "Journal streams that went on without a snapshot on another control plane replica (from the workers' marks)."),
+		marks:     d("journal_marks", "Workers whose journal position the replica holds: those a move to another control plane replica resumes rather than fills again."),
 	}
 }
 
@@ -667,6 +680,9 @@ func (c *xdsCollector) Collect(ch chan<- prometheus.Metric) {
 	k(c.nacks, st.ADS.NACKs+st.Journal.Nacks)
 	k(c.streams, st.ADS.Streams+st.Journal.Streams)
 	k(c.report, st.Reports)
+	k(c.snapshots, st.Journal.Snapshots)
+	k(c.resumes, st.Journal.Resumes)
+	g(c.marks, float64(st.Journal.Marks))
 }
 
 // bandwidthOK reports whether an advertised bandwidth is usable: finite and not negative.

@@ -175,8 +175,13 @@ func runScale(f flags, res *results) error {
 		lost += len(pubAt) - len(seen)
 	}
 	p50, p99, mx = percentiles(all)
+	// A scoped proxy (-models) is not sent other models' blocks: their samples count here too.
+	lostKey := "lost"
+	if f.models > 1 {
+		lostKey = "lost_or_out_of_scope"
+	}
 	res.add("freshness_end_to_end", "what", "engine publish->proxy journal client", "p50", p50, "p99", p99, "max", mx,
-		"samples", len(all), "lost", lost)
+		"samples", len(all), lostKey, lost)
 	n := float64(max(len(ss.Subs), 1))
 	var jb, ab, ob, sent uint64
 	for _, s := range ss.Subs {

@@ -175,6 +175,19 @@ func (l *Log) Checkpoints(dst []Mark, from, to uint64) []Mark {
 	return dst
 }
 
+// MarksOf returns the current marks of the given slots that have one.
+func (l *Log) MarksOf(slots []uint32) []Mark {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []Mark
+	for _, s := range slots {
+		if int(s) < len(l.pos) && l.pos[s].ok {
+			out = append(out, l.pos[s].mark(s))
+		}
+	}
+	return out
+}
+
 // Positions returns the next offset with every worker's mark as of it: what a snapshot
 // taken now (the index as of that offset, or later) starts from.
 func (l *Log) Positions() (next uint64, marks []Mark) {
@@ -211,6 +224,7 @@ func (l *Log) Resume(marks []Mark, in func(slot uint32) bool) (from uint64, rese
 	// want is, per slot to place by its history, the seq the proxy stands at.
 	want := map[uint32]uint64{}
 	kept := min(l.nhist, uint64(len(l.hist)))
+	filled := 0 // slots of the scope to fill again: what the threshold counts
 	for s, m := range theirs {
 		var p position
 		if int(s) < len(l.pos) {
@@ -224,6 +238,7 @@ func (l *Log) Resume(marks []Mark, in func(slot uint32) bool) (from uint64, rese
 			reset = append(reset, Mark{Slot: s})
 		case !p.ok || p.check != m.Check || p.seq < m.Seq || p.since > m.Since || clearedLately:
 			reset = append(reset, p.mark(s))
+			filled++
 		case p.seq > m.Seq:
 			want[s] = m.Seq
 		}
@@ -236,6 +251,7 @@ func (l *Log) Resume(marks []Mark, in func(slot uint32) bool) (from uint64, rese
 		scoped++
 		if _, known := theirs[uint32(s)]; p.ok && !known {
 			reset = append(reset, p.mark(uint32(s)))
+			filled++
 		}
 	}
 	// Walk the history from the newest: the end of the newest append of each slot at the
@@ -250,8 +266,9 @@ func (l *Log) Resume(marks []Mark, in func(slot uint32) bool) (from uint64, rese
 	}
 	for s := range want {
 		reset = append(reset, l.pos[s].mark(s))
+		filled++
 	}
-	if from < l.first || len(reset) > max(scoped, len(theirs))/maxResetShare+maxResetExtra {
+	if from < l.first || filled > max(scoped, len(theirs))/maxResetShare+maxResetExtra {
 		return 0, nil, false
 	}
 	return from, reset, true

@@ -243,6 +243,12 @@ func TestLogResumeRefusals(t *testing.T) {
 		t.Fatalf("covering less: reset %v ok %v", reset, ok)
 	}
 	l.AppendMarked(1, Mark{Slot: 38, Check: 7, Seq: 3})
+	// Within a scope: a mark the proxy holds out of it is named to be cleared (a zero mark)
+	// and counts nothing toward the threshold; this log's slots out of it are not named.
+	scoped := func(s uint32) bool { return s >= 10 }
+	if _, reset, ok := l.Resume(level[5:], scoped); !ok || len(reset) != 5 || reset[0].Check != 0 {
+		t.Fatalf("scoped: reset %v ok %v", reset, ok)
+	}
 	// A forgotten worker is refilled (cleared: it has no mark).
 	l.Forget(39, Change{Slot: 39, Op: Cleared})
 	if _, reset, ok := l.Resume(level, nil); !ok || len(reset) != 1 || reset[0] != (Mark{Slot: 39}) {
@@ -418,7 +424,8 @@ func TestScopedStream(t *testing.T) {
 	}
 	addr := lis.Addr().String()
 	g := grpc.NewServer()
-	xdsv1.RegisterIndexJournalServer(g, NewServer(a.log, a, ServerOptions{SnapshotBatch: 7, Scopes: scopes}))
+	srvA := NewServer(a.log, a, ServerOptions{SnapshotBatch: 3, Scopes: scopes})
+	xdsv1.RegisterIndexJournalServer(g, srvA)
 	go g.Serve(lis)
 	m := &mirror{}
 	c, done := followScoped(t, addr, m, "m1")
@@ -431,18 +438,45 @@ func TestScopedStream(t *testing.T) {
 		_, two := ms[2]
 		return len(ms) == 3 && !two && ms[0].Seq == 9
 	})
-	// Worker 2 now serves m1 too, worker 1 only m2.
+	// Only worker 2, out of scope, moves for a while: reads the stream does not send; then
+	// worker 0's next batch covers the offsets skipped.
+	feed(a, []uint32{2}, slots, uniform(ws, 10), uniform(ws, 30))
+	feed(a, []uint32{0}, slots, uniform(ws, 10), uniform(ws, 10))
+	eventually(t, "the change after the skipped reads", func() bool { return same(m.entries(), inSlots(a, 0, 1, 3)) })
+	// Worker 2 now serves m1 too, worker 1 only m2: slot 2 is filled (in batches of 3) with
+	// its mark, slot 1 cleared.
 	scopes.Set([][]string{{"m1"}, {"m2"}, {"m2", "m1"}, {}})
-	feed(a, ws, slots, uniform(ws, 10), uniform(ws, 10))
+	feed(a, []uint32{3}, slots, uniform(ws, 10), uniform(ws, 10))
 	eventually(t, "the new scope", func() bool { return same(m.entries(), inSlots(a, 0, 2, 3)) })
-	feed(a, ws, slots, uniform(ws, 11), uniform(ws, 12))
+	eventually(t, "worker 2's mark, none for worker 1", func() bool {
+		ms := c.Marks()
+		_, one := ms[1]
+		return ms[2].Seq == 30 && !one
+	})
+	feed(a, ws, slots, map[uint32]uint64{0: 11, 1: 10, 2: 31, 3: 11}, uniform(ws, 32))
 	eventually(t, "changes in the new scope", func() bool { return same(m.entries(), inSlots(a, 0, 2, 3)) })
-	eventually(t, "worker 2's mark", func() bool { _, ok := c.Marks()[2]; return ok })
+	if st, sa := c.Stats(), srvA.Stats(); st.Nacks != 0 || sa.Snapshots != 1 {
+		t.Fatalf("the scoped stream was refused or resnapshotted: client %+v, server %+v", st, sa)
+	}
+	// The same replica's stream breaks, and the scope changes meanwhile (worker 1 serves m1
+	// again): the reconnecting stream resumes from the proxy's marks within the new scope.
 	g.Stop()
+	scopes.Set([][]string{{"m1"}, {"m1"}, {"m2", "m1"}, {}})
+	feed(a, ws, slots, uniform(ws, 33), uniform(ws, 34))
+	srvA2 := NewServer(a.log, a, ServerOptions{SnapshotBatch: 3, Scopes: scopes})
+	stopA2 := serveWith(t, srvA2, addr)
+	eventually(t, "the scope changed while away", func() bool { return same(m.entries(), inSlots(a, 0, 1, 2, 3)) })
+	if st := srvA2.Stats(); st.Resumes != 1 || st.ResumedSlots != 1 || st.Snapshots != 0 {
+		t.Fatalf("reconnect on the same replica: %+v, want a resume filling slot 1", st)
+	}
+	scopes.Set([][]string{{"m1"}, {"m2"}, {"m2", "m1"}, {}})
+	feed(a, ws, slots, uniform(ws, 35), uniform(ws, 35))
+	eventually(t, "slot 1 out again", func() bool { return same(m.entries(), inSlots(a, 0, 2, 3)) })
+	stopA2()
 
 	// Another replica with the same workers, further on: a resume within the scope.
 	b := replicaOf()
-	feed(b, []uint32{3, 2, 1, 0}, slots, uniform(ws, 1), uniform(ws, 15))
+	feed(b, []uint32{3, 2, 1, 0}, slots, uniform(ws, 1), uniform(ws, 40))
 	srvB := NewServer(b.log, b, ServerOptions{Scopes: scopes})
 	stopB := serveWith(t, srvB, addr)
 	defer stopB()

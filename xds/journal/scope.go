@@ -13,8 +13,12 @@ import (
 //
 // Which models each slot's worker serves comes from the control plane (ModelScopes). When it
 // changes, each scoped stream clears the slots that left its scope and fills again from the
-// index those that entered (a worker added, or one whose model became known), in a batch at
-// the stream's offset: changes of a slot before it entered were not sent.
+// index those that entered (a worker added, or one whose model became known), in batches at
+// the stream's offset (changes of a slot before it entered were not sent), the last of which
+// carries the entered slots' marks. The server does not know the scope a reconnecting proxy's
+// replica was built with, so a scoped stream always starts as a resume from the proxy's marks
+// (Log.Resume), within its current scope: slots that entered meanwhile have no mark there and
+// are filled, slots that left are cleared.
 
 // ModelScopes holds the models each slot's worker serves. The control plane sets it whenever
 // its workers or their models change; safe for concurrent use.
@@ -91,9 +95,10 @@ func newScope(models []string) *scope {
 	return sc
 }
 
-// in reports whether slot is in the scope; a nil scope holds every slot.
+// in reports whether slot is in the scope; a nil scope, or one the control plane has given
+// no slot models yet, holds every slot.
 func (sc *scope) in(slot uint32) bool {
-	return sc == nil || int(slot) < len(sc.mask) && sc.mask[slot]
+	return sc == nil || sc.table == nil || int(slot) < len(sc.mask) && sc.mask[slot]
 }
 
 // refresh builds the mask from t, when it is not the table the mask was built from, and

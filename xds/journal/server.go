@@ -253,9 +253,9 @@ func (s *Server) Stream(stream xdsv1.IndexJournal_StreamServer) error {
 	}()
 
 	next := first.Next
-	if first.Epoch != s.log.Epoch() || !s.inRing(next) {
+	if first.Epoch != s.log.Epoch() || !s.inRing(next) || sc != nil {
 		resumed := false
-		if first.Epoch != s.log.Epoch() {
+		if first.Epoch != s.log.Epoch() || sc != nil {
 			if next, resumed, err = s.sendResume(out, w, first, sc); err != nil {
 				return err
 			}
@@ -372,26 +372,41 @@ func (s *Server) Stream(stream xdsv1.IndexJournal_StreamServer) error {
 const scopedIdle = time.Second
 
 // rescope brings a scoped stream's scope up to the control plane's latest slot models: at
-// the stream's offset, a batch clears the slots that left it, and clears and fills again
-// from the index those that entered (their earlier changes were not sent). The changes that
-// follow replay onto the refill, which is as new as the index when it is read, or newer.
+// the stream's offset, batches (of SnapshotBatch changes at most) clear the slots that left
+// it, and clear and fill again from the index those that entered (their earlier changes were
+// not sent); a last batch without changes gives the entered slots their marks (read before
+// the index: the refill is as new, or newer) and the slots that left none. The changes that
+// follow replay onto the refill.
 func (s *Server) rescope(out *sender, w *window, sc *scope, at uint64) error {
 	entered, left := sc.refresh(s.opts.Scopes.load())
 	if len(entered) == 0 && len(left) == 0 {
 		return nil
+	}
+	marks := s.log.MarksOf(entered)
+	for _, slot := range left {
+		marks = append(marks, Mark{Slot: slot})
 	}
 	cs := make([]Change, 0, len(entered)+len(left))
 	for _, slot := range left {
 		cs = append(cs, Change{Slot: slot, Op: Cleared})
 	}
 	cs = append(cs, s.refill(entered)...)
-	b := &xdsv1.JournalBatch{Epoch: s.log.Epoch(), Offset: at, Next: at}
-	appendChanges(b, cs)
-	w.push(proto.Size(b), true)
-	if err := s.send(out, b); err != nil {
-		return err
+	var bs []*xdsv1.JournalBatch
+	for i := 0; i < len(cs); i += s.opts.SnapshotBatch {
+		b := &xdsv1.JournalBatch{Epoch: s.log.Epoch(), Offset: at, Next: at}
+		appendChanges(b, cs[i:min(i+s.opts.SnapshotBatch, len(cs))])
+		bs = append(bs, b)
 	}
-	w.sent()
+	b := &xdsv1.JournalBatch{Epoch: s.log.Epoch(), Offset: at, Next: at}
+	batchColumns(b).put(marks...)
+	bs = append(bs, b)
+	for _, b := range bs {
+		w.push(proto.Size(b), true)
+		if err := s.send(out, b); err != nil {
+			return err
+		}
+		w.sent()
+	}
 	return nil
 }
 
@@ -689,6 +704,11 @@ func (s *Server) sendResume(out *sender, w *window, first *xdsv1.JournalAck, sc 
 	if !ok {
 		return 0, false, nil
 	}
+	if first.Epoch == s.log.Epoch() && first.Next < from && s.inRing(first.Next) {
+		// The same log (a scoped stream reconnecting): the proxy stands at first.Next,
+		// which may be before the marks it holds say.
+		from = first.Next
+	}
 	// Slots out of the stream's scope are only cleared (Log.Resume names them when the
 	// proxy holds a mark there).
 	var fill, clear []uint32
@@ -704,6 +724,11 @@ func (s *Server) sendResume(out *sender, w *window, first *xdsv1.JournalAck, sc 
 		cs = append(cs, Change{Slot: slot, Op: Cleared})
 	}
 	cs = append(cs, s.refill(fill)...)
+	for i := range reset {
+		if !sc.in(reset[i].Slot) {
+			reset[i] = Mark{Slot: reset[i].Slot} // cleared: no mark
+		}
+	}
 	for i := 0; i == 0 || i < len(cs); i += s.opts.SnapshotBatch {
 		b := &xdsv1.JournalBatch{Epoch: s.log.Epoch(), Offset: from, Next: from, Resume: true}
 		appendChanges(b, cs[i:min(i+s.opts.SnapshotBatch, len(cs))])
@@ -718,7 +743,7 @@ func (s *Server) sendResume(out *sender, w *window, first *xdsv1.JournalAck, sc 
 		w.sent()
 	}
 	s.resumes.Add(1)
-	s.resumedSlots.Add(uint64(len(reset)))
+	s.resumedSlots.Add(uint64(len(fill)))
 	return from, true, nil
 }
 
