@@ -32,18 +32,23 @@ func (s *source) Each(fn func(uint64, int, blockset.Tier)) {
 
 func (s *source) apply(cs ...Change) {
 	s.mu.Lock()
+	applyTo(&s.set, cs)
+	s.mu.Unlock()
+	s.log.Append(cs...)
+}
+
+// applyTo applies changes to a set, as a replica does.
+func applyTo(set *blockset.Set, cs []Change) {
 	for _, c := range cs {
 		switch c.Op {
 		case Stored:
-			s.set.Add(c.Seq, int(c.Slot), c.Tier)
+			set.Add(c.Seq, int(c.Slot), c.Tier)
 		case Removed:
-			s.set.Remove(c.Seq, int(c.Slot), c.Tier)
+			set.Remove(c.Seq, int(c.Slot), c.Tier)
 		case Cleared:
-			s.set.ClearSlot(int(c.Slot), nil)
+			set.ClearSlot(int(c.Slot), nil)
 		}
 	}
-	s.mu.Unlock()
-	s.log.Append(cs...)
 }
 
 // mirror is a Sink that keeps a set, for comparison.
@@ -57,16 +62,7 @@ func (m *mirror) Reset() { m.mu.Lock(); m.set = blockset.Set{}; m.resets++; m.mu
 func (m *mirror) Apply(cs []Change) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	for _, c := range cs {
-		switch c.Op {
-		case Stored:
-			m.set.Add(c.Seq, int(c.Slot), c.Tier)
-		case Removed:
-			m.set.Remove(c.Seq, int(c.Slot), c.Tier)
-		case Cleared:
-			m.set.ClearSlot(int(c.Slot), nil)
-		}
-	}
+	applyTo(&m.set, cs)
 }
 
 func entries(each func(func(uint64, int, blockset.Tier))) map[[3]uint64]bool {
@@ -84,23 +80,30 @@ func (m *mirror) entries() map[[3]uint64]bool {
 // serve starts a gRPC server for src on addr ("127.0.0.1:0" for a free port).
 func serve(t *testing.T, src *source, addr string) (string, func()) {
 	t.Helper()
+	return serveAt(t, NewServer(src.log, src, ServerOptions{SnapshotBatch: 7}), addr)
+}
+
+// serveAt serves srv on addr and returns the address it listens on and a func that stops it.
+func serveAt(t *testing.T, srv xdsv1.IndexJournalServer, addr string) (string, func()) {
+	t.Helper()
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	g := grpc.NewServer()
-	xdsv1.RegisterIndexJournalServer(g, NewServer(src.log, src, ServerOptions{SnapshotBatch: 7}))
+	xdsv1.RegisterIndexJournalServer(g, srv)
 	go g.Serve(lis)
 	return lis.Addr().String(), g.Stop
 }
 
-func follow(t *testing.T, addr string, m *mirror) (*Client, func()) {
+// follow follows addr into m, with a client scoped to models when it names any.
+func follow(t *testing.T, addr string, m *mirror, models ...string) (*Client, func()) {
 	t.Helper()
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := NewClient(conn, ClientOptions{NodeID: "proxy-1", MinBackoff: 10 * time.Millisecond, MaxBackoff: 50 * time.Millisecond})
+	c := NewClient(conn, ClientOptions{NodeID: "proxy-1", Models: models, MinBackoff: 10 * time.Millisecond, MaxBackoff: 50 * time.Millisecond})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { c.Run(ctx, m); close(done) }()

@@ -1,14 +1,10 @@
 package journal
 
 import (
-	"context"
-	"net"
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	xdsv1 "github.com/kvrelay/kvrelay/xds/api/v1"
@@ -16,16 +12,10 @@ import (
 )
 
 // serveWith serves srv on addr until the returned func stops it.
-func serveWith(t *testing.T, srv *Server, addr string) func() {
+func serveWith(t *testing.T, srv xdsv1.IndexJournalServer, addr string) func() {
 	t.Helper()
-	lis, err := net.Listen("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := grpc.NewServer()
-	xdsv1.RegisterIndexJournalServer(g, srv)
-	go g.Serve(lis)
-	return g.Stop
+	_, stop := serveAt(t, srv, addr)
+	return stop
 }
 
 func (s *source) EachSlots(slots []int, fn func(uint64, int, blockset.Tier)) {
@@ -39,16 +29,7 @@ func (s *source) EachSlots(slots []int, fn func(uint64, int, blockset.Tier)) {
 func (s *source) applyMarked(m Mark, cs ...Change) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, c := range cs {
-		switch c.Op {
-		case Stored:
-			s.set.Add(c.Seq, int(c.Slot), c.Tier)
-		case Removed:
-			s.set.Remove(c.Seq, int(c.Slot), c.Tier)
-		case Cleared:
-			s.set.ClearSlot(int(c.Slot), nil)
-		}
-	}
+	applyTo(&s.set, cs)
 	s.log.AppendMarked(time.Now().UnixNano(), m, cs...)
 }
 
@@ -308,16 +289,10 @@ func TestBrokenSnapshotOrResumeStartsOver(t *testing.T) {
 		Seq: []uint64{0, 3<<32 | 1}, At: []uint32{pack(Change{Slot: 3, Op: Cleared}), pack(Change{Seq: 3<<32 | 1, Slot: 3, Op: Stored})},
 		PosSlot: []uint32{3}, PosCheck: []uint32{1003}, PosSeq: []uint64{9}, PosSince: []uint64{0},
 	}}}
-	g := grpc.NewServer()
-	xdsv1.RegisterIndexJournalServer(g, br)
-	lis, err := net.Listen("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go g.Serve(lis)
+	stopBr := serveWith(t, br, addr)
 	<-br.hellos
 	second := <-br.hellos // the stream after the break
-	g.Stop()
+	stopBr()
 	got, _ := ackColumns(second).read(nil)
 	if second.Epoch != 0 || len(got) != 3 {
 		t.Fatalf("after a broken resume the client came back with epoch %d and marks %v, want no epoch and slot 3 unknown", second.Epoch, got)
@@ -334,16 +309,10 @@ func TestBrokenSnapshotOrResumeStartsOver(t *testing.T) {
 		Seq: []uint64{5}, At: []uint32{pack(Change{Seq: 5, Slot: 0, Op: Stored})},
 		PosSlot: []uint32{0}, PosCheck: []uint32{1000}, PosSeq: []uint64{6}, PosSince: []uint64{0},
 	}}}
-	g2 := grpc.NewServer()
-	xdsv1.RegisterIndexJournalServer(g2, br2)
-	lis2, err := net.Listen("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go g2.Serve(lis2)
+	stopBr2 := serveWith(t, br2, addr)
 	<-br2.hellos
 	third := <-br2.hellos
-	g2.Stop()
+	stopBr2()
 	if third.Epoch != 0 || len(third.PosSlot) != 0 {
 		t.Fatalf("after a broken snapshot the client came back with epoch %d and %d marks, want a clean start", third.Epoch, len(third.PosSlot))
 	}
@@ -379,20 +348,6 @@ func TestCheckpointsCarryMovedMarks(t *testing.T) {
 	}
 }
 
-// followScoped follows addr with a client that names models.
-func followScoped(t *testing.T, addr string, m *mirror, models ...string) (*Client, func()) {
-	t.Helper()
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := NewClient(conn, ClientOptions{NodeID: "proxy-s", Models: models, MinBackoff: 10 * time.Millisecond, MaxBackoff: 50 * time.Millisecond})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { c.Run(ctx, m); close(done) }()
-	return c, func() { cancel(); <-done; conn.Close() }
-}
-
 // inSlots is the source's entries of the given slots.
 func inSlots(src *source, slots ...int) map[[3]uint64]bool {
 	out := map[[3]uint64]bool{}
@@ -418,17 +373,10 @@ func TestScopedStream(t *testing.T) {
 	scopes.Set([][]string{{"m1"}, {"m1", "lora-a"}, {"m2"}, {}})
 	a := replicaOf()
 	feed(a, ws, slots, uniform(ws, 1), uniform(ws, 6))
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := lis.Addr().String()
-	g := grpc.NewServer()
 	srvA := NewServer(a.log, a, ServerOptions{SnapshotBatch: 3, Scopes: scopes})
-	xdsv1.RegisterIndexJournalServer(g, srvA)
-	go g.Serve(lis)
+	addr, stopA := serveAt(t, srvA, "127.0.0.1:0")
 	m := &mirror{}
-	c, done := followScoped(t, addr, m, "m1")
+	c, done := follow(t, addr, m, "m1")
 	defer done()
 	eventually(t, "the scoped snapshot", func() bool { return same(m.entries(), inSlots(a, 0, 1, 3)) })
 	feed(a, ws, slots, uniform(ws, 7), uniform(ws, 9))
@@ -460,7 +408,7 @@ func TestScopedStream(t *testing.T) {
 	}
 	// The same replica's stream breaks, and the scope changes meanwhile (worker 1 serves m1
 	// again): the reconnecting stream resumes from the proxy's marks within the new scope.
-	g.Stop()
+	stopA()
 	scopes.Set([][]string{{"m1"}, {"m1"}, {"m2", "m1"}, {}})
 	feed(a, ws, slots, uniform(ws, 33), uniform(ws, 34))
 	srvA2 := NewServer(a.log, a, ServerOptions{SnapshotBatch: 3, Scopes: scopes})

@@ -133,27 +133,23 @@ func (sc *scope) refresh(t *modelTable) (entered, left []uint32) {
 
 // filter keeps, in place, the changes of slots in the scope.
 func (sc *scope) filter(cs []Change) []Change {
-	if sc == nil {
-		return cs
-	}
-	out := cs[:0]
-	for _, c := range cs {
-		if sc.in(c.Slot) {
-			out = append(out, c)
-		}
-	}
-	return out
+	return inScope(sc, cs, func(c Change) uint32 { return c.Slot })
 }
 
 // filterMarks keeps, in place, the marks of slots in the scope.
 func (sc *scope) filterMarks(ms []Mark) []Mark {
+	return inScope(sc, ms, func(m Mark) uint32 { return m.Slot })
+}
+
+// inScope keeps, in place, the xs whose slot is in sc.
+func inScope[T any](sc *scope, xs []T, slot func(T) uint32) []T {
 	if sc == nil {
-		return ms
+		return xs
 	}
-	out := ms[:0]
-	for _, m := range ms {
-		if sc.in(m.Slot) {
-			out = append(out, m)
+	out := xs[:0]
+	for _, x := range xs {
+		if sc.in(slot(x)) {
+			out = append(out, x)
 		}
 	}
 	return out
