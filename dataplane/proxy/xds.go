@@ -159,8 +159,13 @@ func (s *Server) setupXDS(ctx context.Context) error {
 		return err
 	}
 	x.conn = conn
+	var serves func(*xdsv1.Worker) bool
+	if len(s.cfg.ServeModels) > 0 {
+		serves = s.serves // the loads of the served workers' shards only
+	}
 	x.ads, err = client.New(conn, client.Options{
 		NodeID:         nodeID,
+		Serves:         serves,
 		OnUpdate:       s.applyXDS,
 		ValidateWorker: s.checkWorker,
 		ValidatePolicy: s.checkPolicy,

@@ -24,6 +24,7 @@ import (
 	"github.com/kvrelay/kvrelay/controlplane"
 	"github.com/kvrelay/kvrelay/controlplane/registry"
 	"github.com/kvrelay/kvrelay/internal/loopback"
+	"github.com/kvrelay/kvrelay/xds"
 	xdsv1 "github.com/kvrelay/kvrelay/xds/api/v1"
 	"github.com/kvrelay/kvrelay/xds/client"
 	"github.com/kvrelay/kvrelay/xds/journal"
@@ -524,7 +525,14 @@ func runSinksChild(f flags) error {
 		}
 		s.sink.r = nil // a counting sink
 		if f.models > 1 {
-			s.jc = journal.NewClient(s.conn, journal.ClientOptions{NodeID: node, Models: []string{modelOf(f, i)}, OnError: s.noteJournalError})
+			// The proxy routes one model, as kvrelay proxy --serve-models does: its journal
+			// stream is scoped to the model's workers and its ADS client takes their loads.
+			m := modelOf(f, i)
+			s.jc = journal.NewClient(s.conn, journal.ClientOptions{NodeID: node, Models: []string{m}, OnError: s.noteJournalError})
+			if s.ads, err = client.New(s.conn, client.Options{NodeID: node, OnUpdate: func([]*xdsv1.Worker, *xdsv1.RoutingPolicy, xds.PushedLoads) {},
+				Serves: func(w *xdsv1.Worker) bool { return w.GetModel() == m }}); err != nil {
+				return err
+			}
 		}
 		subs = append(subs, s)
 		loads := newLoadSource(i, f.workers, f.reportWorkers)

@@ -53,6 +53,12 @@ type Options struct {
 	// BackoffBase and BackoffMax bound the jittered exponential wait before reopening a
 	// broken stream (defaults DefaultBackoffBase and DefaultBackoffMax).
 	BackoffBase, BackoffMax time.Duration
+	// Serves, when set, says which workers the proxy routes to: the client then subscribes
+	// to the loads of their shards only (by name), instead of every shard, and follows
+	// their shards as workers come, go or move. The control plane gives each model's
+	// workers shards of their own, so that a proxy that routes some models takes the loads
+	// of those models' workers. Workers themselves still come all.
+	Serves func(*xdsv1.Worker) bool
 }
 
 // Stats is a snapshot of a Client's counters.
@@ -86,6 +92,9 @@ type Client struct {
 	synced     chan struct{}
 	syncedOnce sync.Once
 	seenTypes  map[string]bool // owned by Run's goroutine
+
+	// loadSubs are the Loads shards subscribed to on the current stream, with Serves.
+	loadSubs map[string]bool // owned by Run's goroutine
 
 	connected                               atomic.Bool
 	streams, responses, resources, removals atomic.Uint64
@@ -203,7 +212,11 @@ func (c *Client) stream(ctx context.Context) (healthy bool, err error) {
 	}
 	c.streams.Add(1)
 	defer c.connected.Store(false)
+	c.loadSubs = nil
 	for _, typ := range xds.TypeURLs() {
+		if typ == xds.LoadsType && c.opts.Serves != nil {
+			continue // by name, once the served workers' shards are known (below)
+		}
 		req := &discovery.DeltaDiscoveryRequest{
 			Node:                    c.node,
 			TypeUrl:                 typ,
@@ -213,6 +226,9 @@ func (c *Client) stream(ctx context.Context) (healthy bool, err error) {
 		if err := st.Send(req); err != nil {
 			return false, fmt.Errorf("subscribing to %s: %w", typ, err)
 		}
+	}
+	if err := c.followLoads(st); err != nil {
+		return false, err
 	}
 	for {
 		resp, err := st.Recv()
@@ -224,7 +240,68 @@ func (c *Client) stream(ctx context.Context) (healthy bool, err error) {
 		if err := st.Send(c.handle(resp)); err != nil {
 			return healthy, fmt.Errorf("acknowledging %s: %w", resp.GetTypeUrl(), err)
 		}
+		if resp.GetTypeUrl() == xds.WorkerType {
+			if err := c.followLoads(st); err != nil {
+				return healthy, err
+			}
+		}
 	}
+}
+
+// followLoads, with Options.Serves, brings the stream's Loads subscription to the shards of
+// the served workers: the first request names them with the versions held (never empty,
+// which would subscribe to every shard), later ones add and remove names. Shards no longer
+// followed leave the state, and the proxy is given the loads without them.
+func (c *Client) followLoads(st discovery.AggregatedDiscoveryService_DeltaAggregatedResourcesClient) error {
+	if c.opts.Serves == nil {
+		return nil
+	}
+	want := map[string]bool{}
+	for _, w := range c.st.workers {
+		if c.opts.Serves(w.value) {
+			want[xds.LoadsName(w.value.GetLoadIndex()/xds.LoadsShard)] = true
+		}
+	}
+	var add, drop []string
+	for n := range want {
+		if !c.loadSubs[n] {
+			add = append(add, n)
+		}
+	}
+	for n := range c.loadSubs {
+		if !want[n] {
+			drop = append(drop, n)
+		}
+	}
+	if len(add) == 0 && len(drop) == 0 {
+		return nil
+	}
+	req := &discovery.DeltaDiscoveryRequest{TypeUrl: xds.LoadsType, ResourceNamesSubscribe: add, ResourceNamesUnsubscribe: drop}
+	if c.loadSubs == nil {
+		if len(add) == 0 {
+			return nil
+		}
+		req.Node = c.node
+		held := c.st.versions(xds.LoadsType)
+		req.InitialResourceVersions = map[string]string{}
+		for _, n := range add {
+			if v, ok := held[n]; ok {
+				req.InitialResourceVersions[n] = v
+			}
+		}
+	}
+	if err := st.Send(req); err != nil {
+		return fmt.Errorf("subscribing to %d and leaving %d load shards: %w", len(add), len(drop), err)
+	}
+	c.loadSubs = want
+	if c.st.dropLoads(want) {
+		ws, p, l := c.st.snapshot()
+		c.snap.Store(&snapshot{workers: ws, policy: p, loads: l})
+		if c.opts.OnUpdate != nil {
+			c.opts.OnUpdate(ws, p, l)
+		}
+	}
+	return nil
 }
 
 // handle applies one response and returns its ACK or NACK.

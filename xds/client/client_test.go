@@ -278,12 +278,13 @@ func TestNACKKeepsPreviousVersion(t *testing.T) {
 		t.Fatal(err)
 	}
 	cp := startControlPlane(t, "127.0.0.1:0", srv)
-	// This proxy cannot serve model "llama-70b": the control plane's validation lets it
-	// through, the proxy's refuses it.
+	// This proxy cannot talk to engine "exotic": the control plane's validation lets it
+	// through, the proxy's refuses it. (A worker whose model changes moves to a load shard
+	// of its new model: the engine keeps its load index.)
 	p := startProxy(t, cp.addr, "proxy-a", client.Options{
 		ValidateWorker: func(w *xdsv1.Worker) error {
-			if w.GetModel() == "llama-70b" {
-				return errors.New("model llama-70b not served here")
+			if w.GetEngine() == "exotic" {
+				return errors.New("engine exotic not served here")
 			}
 			return nil
 		},
@@ -291,7 +292,7 @@ func TestNACKKeepsPreviousVersion(t *testing.T) {
 	waitUntil(t, "initial state", hasState(p, []*xdsv1.Worker{good}, nil))
 
 	bad := proto.Clone(good).(*xdsv1.Worker)
-	bad.Model = "llama-70b"
+	bad.Engine = "exotic"
 	fresh := worker("w2", 8002)
 	if err := srv.SetWorkers([]*xdsv1.Worker{bad, fresh}); err != nil {
 		t.Fatal(err)
@@ -303,7 +304,7 @@ func TestNACKKeepsPreviousVersion(t *testing.T) {
 	}
 	// The refused worker keeps its previous version; the valid one in the same response applies.
 	waitUntil(t, "partial apply", hasState(p, []*xdsv1.Worker{good, fresh}, nil))
-	if st := p.c.Stats(); st.NACKs != 1 || !strings.Contains(st.LastNACK, "llama-70b") {
+	if st := p.c.Stats(); st.NACKs != 1 || !strings.Contains(st.LastNACK, "exotic") {
 		t.Fatalf("client stats %+v", st)
 	}
 
@@ -663,9 +664,8 @@ func TestStreamsPerPeerAreBounded(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		if err := st.Send(&xdsv1.LoadReport{NodeId: "n", Seq: 1}); err != nil {
-			return err
-		}
+		// A refused stream may end before the Send (io.EOF): its status comes from Recv.
+		_ = st.Send(&xdsv1.LoadReport{NodeId: "n", Seq: 1})
 		_, err = st.Recv()
 		return err
 	}
@@ -865,5 +865,75 @@ func TestLoadsTravelByShard(t *testing.T) {
 	waitUntil(t, "the last worker gone", hasState(p, ws, nil))
 	if d := p.c.Stats(); d.Removals != st.Removals+2 {
 		t.Errorf("removals %d, want 2: the worker and its shard", d.Removals-st.Removals)
+	}
+}
+
+// TestServedLoadsOnly: a proxy that routes one model (Options.Serves) subscribes to the load
+// shards of that model's workers only: the control plane gives each model shards of its
+// own, the proxy holds every worker but the loads of its model's alone, and when a worker
+// moves to its model (or leaves it) the subscription follows.
+func TestServedLoadsOnly(t *testing.T) {
+	srv := server.New(server.Options{})
+	var ws []*xdsv1.Worker
+	for i := range 80 { // interleaved: 40 of each model, two shards each
+		w := worker(fmt.Sprintf("w%03d", i), 9000+i)
+		if i%2 == 1 {
+			w.Model = "other"
+		}
+		w.Load = &xdsv1.Load{Running: uint32(i + 1)}
+		ws = append(ws, w)
+	}
+	if err := srv.SetWorkers(ws); err != nil {
+		t.Fatal(err)
+	}
+	cp := startControlPlane(t, "127.0.0.1:0", srv)
+	serves := func(w *xdsv1.Worker) bool { return w.GetModel() == "other" }
+	p := startProxy(t, cp.addr, "proxy-scoped", client.Options{Serves: serves})
+	all := startProxy(t, cp.addr, "proxy-all", client.Options{})
+	// loadsOf: how many workers the proxy has a pushed load for, of the served model and
+	// of the other.
+	loadsOf := func(p *proxy) (served, others int) {
+		got, _ := p.c.State()
+		l := p.c.Loads()
+		for _, w := range got {
+			if l.LoadOf(w) == nil {
+				continue
+			}
+			if serves(w) {
+				served++
+			} else {
+				others++
+			}
+		}
+		return served, others
+	}
+	waitUntil(t, "the served workers' loads", func() bool {
+		got, _ := p.c.State()
+		s, o := loadsOf(p)
+		return len(got) == 80 && s == 40 && o == 0
+	})
+	waitUntil(t, "every load at the unscoped proxy", func() bool { s, o := loadsOf(all); return s == 40 && o == 40 })
+	if n, m := p.c.Stats().Resources, all.c.Stats().Resources; n >= m {
+		t.Fatalf("the scoped proxy took %d resources, the unscoped %d", n, m)
+	}
+	// w000 moves to the served model: a shard of that model, the proxy follows it.
+	moved := proto.Clone(ws[0]).(*xdsv1.Worker)
+	moved.Model = "other"
+	ws[0] = moved
+	if err := srv.SetWorkers(ws); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the moved worker's load", func() bool {
+		got, _ := p.c.State()
+		l := p.c.Loads()
+		for _, w := range got {
+			if w.GetId() == "w000" {
+				return w.GetModel() == "other" && l.LoadOf(w).GetRunning() == 1
+			}
+		}
+		return false
+	})
+	if s, o := loadsOf(p); s != 41 || o != 0 {
+		t.Fatalf("after the move: %d served and %d other loads", s, o)
 	}
 }

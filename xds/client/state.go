@@ -182,6 +182,18 @@ func (s *state) keysText() string {
 	return s.keys.value.GetKeys()
 }
 
+// dropLoads forgets the Loads shards not in keep; it reports whether any went.
+func (s *state) dropLoads(keep map[string]bool) bool {
+	dropped := false
+	for n := range s.loads {
+		if !keep[n] {
+			delete(s.loads, n)
+			dropped = true
+		}
+	}
+	return dropped
+}
+
 // snapshot returns the current workers sorted by id, the policy (nil when none) and the
 // pushed loads.
 func (s *state) snapshot() ([]*xdsv1.Worker, *xdsv1.RoutingPolicy, xds.PushedLoads) {

@@ -26,7 +26,9 @@
 //	for range srv.LoadChanged() { merged := srv.Merged(); ... srv.SetWorkers(withLoad) }
 //
 // SetWorkers takes workers with their loads and diffs against what was published
-// (proto.Equal). Each worker gets a load index, stable while it is published; its Worker
+// (proto.Equal). Each worker gets a load index, stable while it is published with the same
+// model, in a shard of its model's (a proxy that routes some models subscribes to their
+// shards by name: xds/client's Options.Serves); its Worker
 // resource goes without its load (and with the index) to the worker cache when more than
 // its load changed, and the loads go to the loads cache as one Loads resource per shard of
 // xds.LoadsShard indexes, resent whole when any load in it changed, each entry with a check

@@ -246,10 +246,13 @@ type Server struct {
 	// statics are the Worker resources as the worker cache holds them: published's, without
 	// their load and with their load index; indexID is the worker at each load index (""
 	// where free). The loads themselves travel in the loads cache, a Loads resource a shard
-	// (xds.LoadsShard indexes).
-	statics   map[string]*xdsv1.Worker
-	indexID   []string
-	freeIndex []uint32
+	// (xds.LoadsShard indexes). Each shard's indexes go to the workers of one model
+	// (shardModel), so that a proxy that routes some models subscribes to their shards
+	// only; freeByModel are the free indexes of each model's shards.
+	statics     map[string]*xdsv1.Worker
+	indexID     []string
+	shardModel  []string
+	freeByModel map[string][]uint32
 
 	// streamMu guards the ADS stream bookkeeping below.
 	streamMu sync.Mutex
@@ -276,6 +279,7 @@ func New(opts Options) *Server {
 		keys:        cache.NewLinearCache(xds.KeysType),
 		published:   make(map[string]*xdsv1.Worker),
 		statics:     make(map[string]*xdsv1.Worker),
+		freeByModel: make(map[string][]uint32),
 		nodes:       make(map[int64]string),
 		proxies:     make(map[string]int),
 		lastNACK:    make(map[string]NACK),
@@ -463,11 +467,26 @@ func (s *Server) publishLocked(upsert []*xdsv1.Worker, remove []string) error {
 			added++
 		}
 	}
-	if len(s.indexID)-len(s.freeIndex)+added > xds.MaxLoadIndex {
-		return fmt.Errorf("%d workers published and %d new given: at most %d", len(s.statics), added, xds.MaxLoadIndex)
+	// The shards this change set opens, checked before anything changes: each new worker,
+	// or one whose model changed, takes a free index of its model's shards or opens one.
+	need := map[string]int{}
+	for _, w := range upsert {
+		if st, ok := s.statics[w.GetId()]; !ok || s.shardModel[st.GetLoadIndex()/xds.LoadsShard] != w.GetModel() {
+			need[w.GetModel()]++
+		}
+	}
+	opened := 0
+	for m, n := range need {
+		if n -= len(s.freeByModel[m]); n > 0 {
+			opened += (n + xds.LoadsShard - 1) / xds.LoadsShard
+		}
+	}
+	if len(s.indexID)+opened*xds.LoadsShard > xds.MaxLoadIndex {
+		return fmt.Errorf("%d workers published and %d new given: the load indexes would pass %d", len(s.statics), added, xds.MaxLoadIndex)
 	}
 	changed := make(map[string]types.Resource)
-	var moved []string // workers whose load changed
+	var moved []string     // workers whose load changed
+	var reindexed []uint32 // load indexes left by workers whose model changed
 	for _, w := range upsert {
 		id := w.GetId()
 		old, ok := s.published[id]
@@ -477,12 +496,22 @@ func (s *Server) publishLocked(upsert []*xdsv1.Worker, remove []string) error {
 		full := proto.Clone(w).(*xdsv1.Worker)
 		static := proto.Clone(w).(*xdsv1.Worker)
 		static.Load = nil
-		static.LoadIndex = s.indexFor(id)
-		if prev, ok := s.statics[id]; !ok || !proto.Equal(prev, static) {
+		idx, err := s.indexFor(id, w.GetModel())
+		if err != nil {
+			return err
+		}
+		static.LoadIndex = idx
+		prev, had := s.statics[id]
+		if had && prev.GetLoadIndex() != idx {
+			// Its model changed: it moves to a shard of its new model, its old index freed
+			// with the removals below.
+			reindexed = append(reindexed, prev.GetLoadIndex())
+		}
+		if !had || !proto.Equal(prev, static) {
 			changed[id] = static
 			s.statics[id] = static
 		}
-		if !ok || !proto.Equal(old.GetLoad(), full.GetLoad()) {
+		if !ok || !proto.Equal(old.GetLoad(), full.GetLoad()) || had && prev.GetLoadIndex() != idx {
 			moved = append(moved, id)
 		}
 		s.published[id] = full
@@ -491,6 +520,10 @@ func (s *Server) publishLocked(upsert []*xdsv1.Worker, remove []string) error {
 	shards := map[uint32]bool{}
 	for _, id := range moved {
 		shards[s.statics[id].GetLoadIndex()/xds.LoadsShard] = true
+	}
+	for _, i := range reindexed {
+		s.freeIndexAt(i)
+		shards[i/xds.LoadsShard] = true
 	}
 	for _, id := range remove {
 		if _, ok := s.published[id]; !ok {
@@ -502,8 +535,7 @@ func (s *Server) publishLocked(upsert []*xdsv1.Worker, remove []string) error {
 		i := s.statics[id].GetLoadIndex()
 		delete(s.published, id)
 		delete(s.statics, id)
-		s.indexID[i] = ""
-		s.freeIndex = append(s.freeIndex, i)
+		s.freeIndexAt(i)
 		shards[i/xds.LoadsShard] = true
 	}
 	if len(changed) == 0 && len(gone) == 0 && len(shards) == 0 {
@@ -548,19 +580,36 @@ func (s *Server) publishLocked(upsert []*xdsv1.Worker, remove []string) error {
 
 // indexFor returns the worker's load index, giving it a free one (the last freed) or the
 // next if it has none. s.pubMu is held.
-func (s *Server) indexFor(id string) uint32 {
-	if st, ok := s.statics[id]; ok {
-		return st.GetLoadIndex()
+func (s *Server) indexFor(id, model string) (uint32, error) {
+	if st, ok := s.statics[id]; ok && s.shardModel[st.GetLoadIndex()/xds.LoadsShard] == model {
+		return st.GetLoadIndex(), nil
 	}
-	var i uint32
-	if n := len(s.freeIndex); n > 0 {
-		i, s.freeIndex = s.freeIndex[n-1], s.freeIndex[:n-1]
-		s.indexID[i] = id
-	} else {
-		i = uint32(len(s.indexID))
-		s.indexID = append(s.indexID, id)
+	free := s.freeByModel[model]
+	if len(free) == 0 {
+		// A new shard for the model, its indexes all the model's.
+		base := len(s.indexID)
+		if base+xds.LoadsShard > xds.MaxLoadIndex {
+			return 0, fmt.Errorf("no load index left for worker %s: %d shards of %d given", id, len(s.shardModel), xds.LoadsShard)
+		}
+		s.indexID = append(s.indexID, make([]string, xds.LoadsShard)...)
+		s.shardModel = append(s.shardModel, model)
+		for i := base + xds.LoadsShard - 1; i >= base; i-- {
+			free = append(free, uint32(i))
+		}
 	}
-	return i
+	i := free[len(free)-1]
+	s.freeByModel[model] = free[:len(free)-1]
+	s.indexID[i] = id
+	return i, nil
+}
+
+// freeIndexAt frees load index i, for the model of its shard. Freed only once a change set
+// is published: a worker added in the same set does not take the index of one that goes,
+// whose loads the proxies still hold.
+func (s *Server) freeIndexAt(i uint32) {
+	s.indexID[i] = ""
+	m := s.shardModel[i/xds.LoadsShard]
+	s.freeByModel[m] = append(s.freeByModel[m], i)
 }
 
 // packShard encodes the published loads of a shard's workers; nil when none is left in it.
