@@ -30,7 +30,8 @@ type Options struct {
 	NodeID string
 	// Cluster is the proxy's group, sent in the xDS node (optional).
 	Cluster string
-	// OnUpdate receives the full current state after each response that changed it:
+	// OnUpdate receives the full current state after each response that changed it (and,
+	// with Serves, after the load shards followed changed):
 	// workers sorted by id, the routing policy (nil until the control plane sets one), and
 	// the loads the control plane pushed (loads.LoadOf gives a worker's). It is called from
 	// Run's goroutine, one call at a time, before the response is acknowledged, so it should
@@ -56,8 +57,10 @@ type Options struct {
 	// Serves, when set, says which workers the proxy routes to: the client then subscribes
 	// to the loads of their shards only (by name), instead of every shard, and follows
 	// their shards as workers come, go or move. The control plane gives each model's
-	// workers shards of their own, so that a proxy that routes some models takes the loads
-	// of those models' workers. Workers themselves still come all.
+	// workers shards of their own (by base model: a proxy that serves an adapter takes the
+	// shards of the workers that carry it, with their other workers), so that a proxy that
+	// routes some models takes the loads of those models' workers. Workers themselves still
+	// come all.
 	Serves func(*xdsv1.Worker) bool
 }
 
@@ -310,6 +313,10 @@ func (c *Client) handle(resp *discovery.DeltaDiscoveryResponse) *discovery.Delta
 	c.resources.Add(uint64(len(resp.GetResources())))
 	c.removals.Add(uint64(len(resp.GetRemovedResources())))
 	changed, err := c.st.apply(resp)
+	if c.opts.Serves != nil && resp.GetTypeUrl() == xds.LoadsType && c.st.dropLoads(c.loadSubs) {
+		// A shard left by the subscription, sent before the control plane heard so.
+		changed = true
+	}
 	if changed && resp.GetTypeUrl() == xds.KeysType {
 		if c.opts.OnKeys != nil {
 			c.opts.OnKeys(c.st.keysText())

@@ -871,21 +871,27 @@ func TestLoadsTravelByShard(t *testing.T) {
 // TestServedLoadsOnly: a proxy that routes one model (Options.Serves) subscribes to the load
 // shards of that model's workers only: the control plane gives each model shards of its
 // own, the proxy holds every worker but the loads of its model's alone, and when a worker
-// moves to its model (or leaves it) the subscription follows.
+// moves into its model (a shard opens) or out of it (the shard empties) the subscription
+// follows. Shards that models leave are given to others, so models that come and go do not
+// grow the load indexes.
 func TestServedLoadsOnly(t *testing.T) {
 	srv := server.New(server.Options{})
 	var ws []*xdsv1.Worker
-	for i := range 80 { // interleaved: 40 of each model, two shards each
+	for i := range 104 { // 64 of the served model (two full shards), 40 of the other
 		w := worker(fmt.Sprintf("w%03d", i), 9000+i)
-		if i%2 == 1 {
+		if i < 64 {
 			w.Model = "other"
 		}
 		w.Load = &xdsv1.Load{Running: uint32(i + 1)}
 		ws = append(ws, w)
 	}
-	if err := srv.SetWorkers(ws); err != nil {
-		t.Fatal(err)
+	publish := func() {
+		t.Helper()
+		if err := srv.SetWorkers(ws); err != nil {
+			t.Fatal(err)
+		}
 	}
+	publish()
 	cp := startControlPlane(t, "127.0.0.1:0", srv)
 	serves := func(w *xdsv1.Worker) bool { return w.GetModel() == "other" }
 	p := startProxy(t, cp.addr, "proxy-scoped", client.Options{Serves: serves})
@@ -907,33 +913,72 @@ func TestServedLoadsOnly(t *testing.T) {
 		}
 		return served, others
 	}
+	loadOf := func(p *proxy, id string) *xdsv1.Load {
+		got, _ := p.c.State()
+		for _, w := range got {
+			if w.GetId() == id {
+				return p.c.Loads().LoadOf(w)
+			}
+		}
+		return nil
+	}
 	waitUntil(t, "the served workers' loads", func() bool {
 		got, _ := p.c.State()
 		s, o := loadsOf(p)
-		return len(got) == 80 && s == 40 && o == 0
+		return len(got) == 104 && s == 64 && o == 0
 	})
-	waitUntil(t, "every load at the unscoped proxy", func() bool { s, o := loadsOf(all); return s == 40 && o == 40 })
+	waitUntil(t, "every load at the unscoped proxy", func() bool { s, o := loadsOf(all); return s == 64 && o == 40 })
 	if n, m := p.c.Stats().Resources, all.c.Stats().Resources; n >= m {
 		t.Fatalf("the scoped proxy took %d resources, the unscoped %d", n, m)
 	}
-	// w000 moves to the served model: a shard of that model, the proxy follows it.
-	moved := proto.Clone(ws[0]).(*xdsv1.Worker)
+
+	// w100 moves into the served model: its shards are full, a third opens, and the proxy
+	// subscribes to it.
+	moved := proto.Clone(ws[100]).(*xdsv1.Worker)
 	moved.Model = "other"
-	ws[0] = moved
-	if err := srv.SetWorkers(ws); err != nil {
-		t.Fatal(err)
+	ws[100] = moved
+	publish()
+	waitUntil(t, "the moved worker's load", func() bool { return loadOf(p, "w100").GetRunning() == 101 })
+	if s, o := loadsOf(p); s != 65 || o != 0 {
+		t.Fatalf("after the move in: %d served and %d other loads", s, o)
 	}
-	waitUntil(t, "the moved worker's load", func() bool {
-		got, _ := p.c.State()
-		l := p.c.Loads()
-		for _, w := range got {
-			if w.GetId() == "w000" {
-				return w.GetModel() == "other" && l.LoadOf(w).GetRunning() == 1
-			}
+	// And back out: its shard empties (and goes to the pool of free shards), the proxy
+	// forgets it, and a change of w100's load, now in another model's shard, does not
+	// reach the proxy.
+	back := proto.Clone(moved).(*xdsv1.Worker)
+	back.Model = ws[101].GetModel()
+	ws[100] = back
+	publish()
+	waitUntil(t, "the shard left", func() bool { s, o := loadsOf(p); return s == 64 && o == 0 && loadOf(p, "w100") == nil })
+	before := p.c.Stats().Resources
+	busy := proto.Clone(back).(*xdsv1.Worker)
+	busy.Load = &xdsv1.Load{Running: 7}
+	ws[100] = busy
+	publish()
+	waitUntil(t, "the unscoped proxy's update", func() bool { return loadOf(all, "w100").GetRunning() == 7 })
+	if n := p.c.Stats().Resources; n != before {
+		t.Fatalf("the scoped proxy took %d resources for another model's load", n-before)
+	}
+
+	// Models that come and go: the served model's 64 workers move to a new model five
+	// times; the shards they leave go to the next, and the indexes stay within what two
+	// models' workers need at once.
+	for round := range 5 {
+		for i := range 64 {
+			w := proto.Clone(ws[i]).(*xdsv1.Worker)
+			w.Model = fmt.Sprintf("ft-%d", round)
+			ws[i] = w
 		}
-		return false
+		publish()
+	}
+	waitUntil(t, "the last round", func() bool {
+		got, _ := all.c.State()
+		return len(got) == 104 && got[0].GetModel() == "ft-4"
 	})
-	if s, o := loadsOf(p); s != 41 || o != 0 {
-		t.Fatalf("after the move: %d served and %d other loads", s, o)
+	got, _ := all.c.State()
+	for _, w := range got {
+		if w.GetLoadIndex() >= 8*xds.LoadsShard {
+			t.Fatalf("%s has load index %d after the models came and went: shards are not given again", w.GetId(), w.GetLoadIndex())
+		}
 	}
 }

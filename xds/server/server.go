@@ -248,10 +248,15 @@ type Server struct {
 	// where free). The loads themselves travel in the loads cache, a Loads resource a shard
 	// (xds.LoadsShard indexes). Each shard's indexes go to the workers of one model
 	// (shardModel), so that a proxy that routes some models subscribes to their shards
-	// only; freeByModel are the free indexes of each model's shards.
+	// only; freeByModel are the free indexes of each model's shards, shardUsed each shard's
+	// indexes given, and freeShards the shards a change set emptied: a model that needs
+	// one takes it before the index space grows, so models that come and go (a fine-tune
+	// per rollout) do not use it up.
 	statics     map[string]*xdsv1.Worker
 	indexID     []string
 	shardModel  []string
+	shardUsed   []int
+	freeShards  []uint32
 	freeByModel map[string][]uint32
 
 	// streamMu guards the ADS stream bookkeeping below.
@@ -481,8 +486,8 @@ func (s *Server) publishLocked(upsert []*xdsv1.Worker, remove []string) error {
 			opened += (n + xds.LoadsShard - 1) / xds.LoadsShard
 		}
 	}
-	if len(s.indexID)+opened*xds.LoadsShard > xds.MaxLoadIndex {
-		return fmt.Errorf("%d workers published and %d new given: the load indexes would pass %d", len(s.statics), added, xds.MaxLoadIndex)
+	if grown := max(opened-len(s.freeShards), 0); len(s.indexID)+grown*xds.LoadsShard > xds.MaxLoadIndex {
+		return fmt.Errorf("%d workers published and %d more need a load index: the indexes would pass %d", len(s.statics), len(need), xds.MaxLoadIndex)
 	}
 	changed := make(map[string]types.Resource)
 	var moved []string     // workers whose load changed
@@ -496,10 +501,7 @@ func (s *Server) publishLocked(upsert []*xdsv1.Worker, remove []string) error {
 		full := proto.Clone(w).(*xdsv1.Worker)
 		static := proto.Clone(w).(*xdsv1.Worker)
 		static.Load = nil
-		idx, err := s.indexFor(id, w.GetModel())
-		if err != nil {
-			return err
-		}
+		idx := s.indexFor(id, w.GetModel()) // the check above keeps it within MaxLoadIndex
 		static.LoadIndex = idx
 		prev, had := s.statics[id]
 		if had && prev.GetLoadIndex() != idx {
@@ -537,6 +539,11 @@ func (s *Server) publishLocked(upsert []*xdsv1.Worker, remove []string) error {
 		delete(s.statics, id)
 		s.freeIndexAt(i)
 		shards[i/xds.LoadsShard] = true
+	}
+	for shard := range shards {
+		if s.shardUsed[shard] == 0 {
+			s.reclaimShard(shard)
+		}
 	}
 	if len(changed) == 0 && len(gone) == 0 && len(shards) == 0 {
 		return nil
@@ -578,29 +585,36 @@ func (s *Server) publishLocked(upsert []*xdsv1.Worker, remove []string) error {
 	return errors.Join(errs...)
 }
 
-// indexFor returns the worker's load index, giving it a free one (the last freed) or the
-// next if it has none. s.pubMu is held.
-func (s *Server) indexFor(id, model string) (uint32, error) {
+// indexFor returns the worker's load index: its own while its model stays, else a free
+// index of its model's shards (the last freed), of a shard a change set emptied, or of a
+// new shard at the end. The caller has checked that a new shard stays within MaxLoadIndex.
+func (s *Server) indexFor(id, model string) uint32 {
 	if st, ok := s.statics[id]; ok && s.shardModel[st.GetLoadIndex()/xds.LoadsShard] == model {
-		return st.GetLoadIndex(), nil
+		return st.GetLoadIndex()
 	}
 	free := s.freeByModel[model]
 	if len(free) == 0 {
-		// A new shard for the model, its indexes all the model's.
-		base := len(s.indexID)
-		if base+xds.LoadsShard > xds.MaxLoadIndex {
-			return 0, fmt.Errorf("no load index left for worker %s: %d shards of %d given", id, len(s.shardModel), xds.LoadsShard)
+		// A shard for the model, its indexes all the model's.
+		var shard uint32
+		if n := len(s.freeShards); n > 0 {
+			shard, s.freeShards = s.freeShards[n-1], s.freeShards[:n-1]
+			s.shardModel[shard] = model
+		} else {
+			shard = uint32(len(s.shardModel))
+			s.indexID = append(s.indexID, make([]string, xds.LoadsShard)...)
+			s.shardModel = append(s.shardModel, model)
+			s.shardUsed = append(s.shardUsed, 0)
 		}
-		s.indexID = append(s.indexID, make([]string, xds.LoadsShard)...)
-		s.shardModel = append(s.shardModel, model)
-		for i := base + xds.LoadsShard - 1; i >= base; i-- {
-			free = append(free, uint32(i))
+		base := shard * xds.LoadsShard
+		for k := xds.LoadsShard - 1; k >= 0; k-- {
+			free = append(free, base+uint32(k))
 		}
 	}
 	i := free[len(free)-1]
 	s.freeByModel[model] = free[:len(free)-1]
 	s.indexID[i] = id
-	return i, nil
+	s.shardUsed[i/xds.LoadsShard]++
+	return i
 }
 
 // freeIndexAt frees load index i, for the model of its shard. Freed only once a change set
@@ -608,8 +622,32 @@ func (s *Server) indexFor(id, model string) (uint32, error) {
 // whose loads the proxies still hold.
 func (s *Server) freeIndexAt(i uint32) {
 	s.indexID[i] = ""
-	m := s.shardModel[i/xds.LoadsShard]
+	sh := i / xds.LoadsShard
+	s.shardUsed[sh]--
+	m := s.shardModel[sh]
 	s.freeByModel[m] = append(s.freeByModel[m], i)
+}
+
+// reclaimShard takes an emptied shard from its model into freeShards, once its change set
+// has freed its last index (its Loads resource goes with that change set): the next model
+// that needs a shard takes it. A proxy that still holds the shard's old loads reads none of
+// them for the new model's workers (each entry carries its worker's id check).
+func (s *Server) reclaimShard(shard uint32) {
+	m := s.shardModel[shard]
+	lo, hi := shard*xds.LoadsShard, (shard+1)*xds.LoadsShard
+	free := s.freeByModel[m][:0]
+	for _, i := range s.freeByModel[m] {
+		if i < lo || i >= hi {
+			free = append(free, i)
+		}
+	}
+	if len(free) == 0 {
+		delete(s.freeByModel, m)
+	} else {
+		s.freeByModel[m] = free
+	}
+	s.shardModel[shard] = ""
+	s.freeShards = append(s.freeShards, shard)
 }
 
 // packShard encodes the published loads of a shard's workers; nil when none is left in it.
