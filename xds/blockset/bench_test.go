@@ -36,3 +36,38 @@ func BenchmarkMatchWorkers(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkMatchScope matches the same prompt against a proxy's replica that holds 1,024
+// workers of a 10,240-worker fleet (the workers of the model it routes, its journal
+// scoped to them), their slots either contiguous (slots given in the order of the workers'
+// models) or spread over the fleet's (every tenth): the match walks the shards that hold
+// any of them.
+func BenchmarkMatchScope(b *testing.B) {
+	const prompt, shared, fleet, scope = 256, 192, 10240, 1024
+	hashes := make([]uint64, prompt)
+	for i := range hashes {
+		hashes[i] = uint64(i+1) * 0x9E3779B97F4A7C15
+	}
+	for _, layout := range []string{"contiguous", "spread"} {
+		b.Run(layout, func(b *testing.B) {
+			var s Set
+			for i := range scope {
+				w := i
+				if layout == "spread" {
+					w = i * (fleet / scope)
+				}
+				for _, h := range hashes[:shared] {
+					s.Add(h, w, GPU)
+				}
+				for j := range prompt - shared {
+					s.Add(uint64(w+1)<<32|uint64(j), w, GPU)
+				}
+			}
+			overlap := make([]float64, fleet)
+			b.ReportAllocs()
+			for b.Loop() {
+				s.Match(hashes, overlap, DefaultWeights)
+			}
+		})
+	}
+}
