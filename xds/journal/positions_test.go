@@ -433,3 +433,53 @@ func TestScopedStream(t *testing.T) {
 		t.Fatalf("server B: %+v, want a resume that fills nothing", st)
 	}
 }
+
+// TestScopedSnapshotShared: streams of the same scope that send the same snapshot share its
+// filtered encoding; another scope, or a new version of the slots' models, gets its own.
+func TestScopedSnapshotShared(t *testing.T) {
+	ws := []uint32{0, 1, 2}
+	slots := map[uint32]uint32{0: 0, 1: 1, 2: 2}
+	scopes := &ModelScopes{}
+	scopes.Set([][]string{{"m1"}, {"m2"}, {"m1"}})
+	a := replicaOf()
+	feed(a, ws, slots, uniform(ws, 1), uniform(ws, 5))
+	srv := NewServer(a.log, a, ServerOptions{Scopes: scopes, SnapshotBatch: 4})
+	snap, err := srv.build()
+	if err != nil {
+		t.Fatal(err)
+	}
+	scoped := func(models ...string) ([]*encodedBatch, bool) {
+		t.Helper()
+		sc := newScope(models)
+		sc.refresh(scopes.load())
+		bs, built, err := snap.forScope(sc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return bs, built
+	}
+	m1, built := scoped("m1")
+	if !built {
+		t.Fatal("the first stream of a scope built nothing")
+	}
+	if again, built := scoped("m1"); built || &again[0] != &m1[0] {
+		t.Fatal("a second stream of the scope built its own")
+	}
+	// What m1's batches hold: slots 0 and 2 only, reset first and done last.
+	m := &mirror{}
+	var cs []Change
+	for _, b := range m1 {
+		cs, _ = decode(cs[:0], b.JournalBatch)
+		m.Apply(cs)
+	}
+	if !m1[0].Reset_ || !m1[len(m1)-1].SnapshotDone || !same(m.entries(), inSlots(a, 0, 2)) {
+		t.Fatalf("m1's snapshot: %d batches, entries %v", len(m1), m.entries())
+	}
+	if _, built := scoped("m2"); !built {
+		t.Fatal("another scope shared m1's batches")
+	}
+	scopes.Set([][]string{{"m1"}, {"m1"}, {"m1"}})
+	if _, built := scoped("m1"); !built {
+		t.Fatal("a new version of the slots' models shared the old one's batches")
+	}
+}

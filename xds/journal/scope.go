@@ -1,6 +1,9 @@
 package journal
 
 import (
+	"maps"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 )
@@ -78,6 +81,7 @@ func sameModels(a, b [][]string) bool {
 // scope is one stream's: the models its proxy routes and which slots serve one of them.
 type scope struct {
 	models map[string]bool
+	key    string // the models, sorted: what streams of the same scope share
 	table  *modelTable // the version mask was built from
 	mask   []bool
 }
@@ -92,6 +96,7 @@ func newScope(models []string) *scope {
 	for _, m := range models {
 		sc.models[m] = true
 	}
+	sc.key = strings.Join(slices.Sorted(maps.Keys(sc.models)), "\x00")
 	return sc
 }
 

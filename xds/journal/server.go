@@ -97,6 +97,7 @@ type Server struct {
 
 	snapshots, built, batches, changes atomic.Uint64
 	resumes, resumedSlots              atomic.Uint64
+	scopedBuilt                        atomic.Uint64
 	slow                               atomic.Uint64 // streams ended for not reading
 	unacked                            atomic.Uint64 // streams ended for not acknowledging
 }
@@ -150,6 +151,9 @@ type Stats struct {
 	// from their marks instead of a snapshot; ResumedSlots the slots such resumes cleared and
 	// filled again from the index.
 	Resumes, ResumedSlots uint64
+	// ScopedSnapshotsBuilt counts the snapshots filtered and encoded for a scope (shared
+	// by the streams of that scope that send the same snapshot).
+	ScopedSnapshotsBuilt uint64
 	// SlowStreams counts streams ended because their proxy took nothing for SendTimeout;
 	// UnackedStreams those ended because it left a batch unacknowledged for AckTimeout.
 	SlowStreams, UnackedStreams uint64
@@ -161,7 +165,7 @@ type Stats struct {
 func (s *Server) Stats() Stats {
 	st := Stats{
 		Snapshots: s.snapshots.Load(), SnapshotsBuilt: s.built.Load(), Batches: s.batches.Load(), Changes: s.changes.Load(),
-		Resumes: s.resumes.Load(), ResumedSlots: s.resumedSlots.Load(),
+		Resumes: s.resumes.Load(), ResumedSlots: s.resumedSlots.Load(), ScopedSnapshotsBuilt: s.scopedBuilt.Load(),
 		SlowStreams: s.slow.Load(), UnackedStreams: s.unacked.Load(), Nodes: map[string]NodeState{},
 	}
 	s.mu.Lock()
@@ -557,6 +561,53 @@ type snapshot struct {
 	next    uint64
 	batches []*encodedBatch
 	refs    int // streams sending it, under Server.snapMu
+
+	// scoped are its batches for each scope (its models and the slot models' version),
+	// filtered and encoded once for every stream of that scope that sends it (under mu).
+	mu     sync.Mutex
+	scoped map[scopeKey][]*encodedBatch
+}
+
+type scopeKey struct {
+	models string
+	table  *modelTable
+}
+
+// forScope returns the snapshot's batches for scope sc: the entries and marks of its slots,
+// the first and last batch always there (reset, done), built and encoded on the first call
+// for that scope and shared by the streams that follow.
+func (snap *snapshot) forScope(sc *scope) (bs []*encodedBatch, built bool, err error) {
+	k := scopeKey{sc.key, sc.table}
+	snap.mu.Lock()
+	defer snap.mu.Unlock()
+	if bs, ok := snap.scoped[k]; ok {
+		return bs, false, nil
+	}
+	var out []*encodedBatch
+	var cs []Change
+	var ms []Mark
+	for i, b := range snap.batches {
+		cs, _ = decode(cs[:0], b.JournalBatch)
+		cs = sc.filter(cs)
+		ms, _ = batchColumns(b.JournalBatch).read(ms[:0])
+		ms = sc.filterMarks(ms)
+		if len(cs) == 0 && len(ms) == 0 && !b.Reset_ && i != len(snap.batches)-1 {
+			continue
+		}
+		sb := &xdsv1.JournalBatch{Epoch: b.Epoch, Offset: b.Offset, Next: b.Next, Reset_: b.Reset_, SnapshotDone: b.SnapshotDone}
+		appendChanges(sb, cs)
+		batchColumns(sb).put(ms...)
+		raw, err := proto.Marshal(sb)
+		if err != nil {
+			return nil, false, fmt.Errorf("encoding a scoped index snapshot: %w", err)
+		}
+		out = append(out, &encodedBatch{JournalBatch: sb, raw: raw})
+	}
+	if snap.scoped == nil {
+		snap.scoped = map[scopeKey][]*encodedBatch{}
+	}
+	snap.scoped[k] = out
+	return out, true, nil
 }
 
 // encodedBatch is a snapshot batch with its encoding. A gRPC codec that honours EncodedProto
@@ -571,8 +622,8 @@ type encodedBatch struct {
 func (b *encodedBatch) EncodedProto() []byte { return b.raw }
 
 // sendSnapshot sends a snapshot and returns the offset the stream continues from.
-// A scoped stream (sc not nil) sends the entries and marks of its slots only, each batch
-// encoded for it.
+// A scoped stream (sc not nil) sends the entries and marks of its slots only, filtered and
+// encoded once per scope (snapshot.forScope).
 func (s *Server) sendSnapshot(out *sender, w *window, sc *scope) (uint64, error) {
 	snap, err := s.acquireSnapshot(out.stream.Context())
 	if err != nil {
@@ -580,39 +631,29 @@ func (s *Server) sendSnapshot(out *sender, w *window, sc *scope) (uint64, error)
 	}
 	defer s.releaseSnapshot(snap)
 	s.snapshots.Add(1)
+	batches := snap.batches
 	if sc != nil {
 		sc.refresh(s.opts.Scopes.load())
+		built := false
+		if batches, built, err = snap.forScope(sc); err != nil {
+			return snap.next, err
+		}
+		if built {
+			s.scopedBuilt.Add(1)
+		}
 	}
 	size := 0
-	for _, b := range snap.batches {
+	for _, b := range batches {
 		size += len(b.raw)
 	}
 	deadline := time.Now().Add(s.opts.SendTimeout + time.Duration(float64(size)/float64(s.opts.SnapshotMinRate)*float64(time.Second)))
-	var cs []Change
-	var ms []Mark
-	for i, b := range snap.batches {
+	for i, b := range batches {
 		if time.Now().After(deadline) {
 			s.slow.Add(1)
 			return snap.next, status.Errorf(codes.ResourceExhausted, "journal stream: the proxy took the %d-byte snapshot slower than %d bytes/s", size, s.opts.SnapshotMinRate)
 		}
-		last := i == len(snap.batches)-1
-		var msg any = b
-		n := len(b.raw)
-		if sc != nil {
-			cs, _ = decode(cs[:0], b.JournalBatch)
-			cs = sc.filter(cs)
-			ms, _ = batchColumns(b.JournalBatch).read(ms[:0])
-			ms = sc.filterMarks(ms)
-			if len(cs) == 0 && len(ms) == 0 && !b.Reset_ && !last {
-				continue
-			}
-			sb := &xdsv1.JournalBatch{Epoch: b.Epoch, Offset: b.Offset, Next: b.Next, Reset_: b.Reset_, SnapshotDone: b.SnapshotDone}
-			appendChanges(sb, cs)
-			batchColumns(sb).put(ms...)
-			msg, n = sb, proto.Size(sb)
-		}
-		w.push(n, last)
-		if err := s.send(out, msg); err != nil {
+		w.push(len(b.raw), i == len(batches)-1)
+		if err := s.send(out, b); err != nil {
 			return snap.next, fmt.Errorf("sending index snapshot: %w", err)
 		}
 	}
