@@ -81,7 +81,7 @@ func sameModels(a, b [][]string) bool {
 // scope is one stream's: the models its proxy routes and which slots serve one of them.
 type scope struct {
 	models map[string]bool
-	key    string // the models, sorted: what streams of the same scope share
+	key    string      // the models, sorted: what streams of the same scope share
 	table  *modelTable // the version mask was built from
 	mask   []bool
 }
