@@ -18,12 +18,7 @@ func BenchmarkMatchWorkers(b *testing.B) {
 		b.Run(fmt.Sprintf("workers=%d", workers), func(b *testing.B) {
 			var s Set
 			for w := range workers {
-				for _, h := range hashes[:shared] {
-					s.Add(h, w, GPU)
-				}
-				for i := range prompt - shared {
-					s.Add(uint64(w+1)<<32|uint64(i), w, GPU)
-				}
+				holdPrompt(&s, w, hashes, shared)
 			}
 			overlap := make([]float64, workers)
 			b.ReportAllocs()
@@ -56,12 +51,7 @@ func BenchmarkMatchScope(b *testing.B) {
 				if layout == "spread" {
 					w = i * (fleet / scope)
 				}
-				for _, h := range hashes[:shared] {
-					s.Add(h, w, GPU)
-				}
-				for j := range prompt - shared {
-					s.Add(uint64(w+1)<<32|uint64(j), w, GPU)
-				}
+				holdPrompt(&s, w, hashes, shared)
 			}
 			overlap := make([]float64, fleet)
 			b.ReportAllocs()
@@ -69,5 +59,16 @@ func BenchmarkMatchScope(b *testing.B) {
 				s.Match(hashes, overlap, DefaultWeights)
 			}
 		})
+	}
+}
+
+// holdPrompt gives slot w the prompt's first shared blocks and a tail of its own as long as
+// the rest of the prompt.
+func holdPrompt(s *Set, w int, hashes []uint64, shared int) {
+	for _, h := range hashes[:shared] {
+		s.Add(h, w, GPU)
+	}
+	for i := range len(hashes) - shared {
+		s.Add(uint64(w+1)<<32|uint64(i), w, GPU)
 	}
 }
