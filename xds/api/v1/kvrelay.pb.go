@@ -1332,8 +1332,9 @@ func (x *JournalAck) GetModels() []string {
 
 type JournalBatch struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// epoch identifies the control plane's journal; a new epoch (a restarted control plane)
-	// makes every replica start over from the snapshot that follows.
+	// epoch identifies the control plane's journal; a replica of another epoch (another
+	// replica's, or a restarted control plane's) is resumed from its positions (resume
+	// batches) or starts over from the snapshot that follows.
 	Epoch uint64 `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	// offset is the journal offset of this batch's first change; next the offset after its
 	// last.
@@ -1348,9 +1349,11 @@ type JournalBatch struct {
 	// and costs about 10 bytes a change on the wire.
 	Seq []uint64 `protobuf:"fixed64,6,rep,packed,name=seq,proto3" json:"seq,omitempty"`
 	At  []uint32 `protobuf:"varint,7,rep,packed,name=at,proto3" json:"at,omitempty"`
-	// resume starts a stream that continues a replica built from another epoch: its changes
-	// (slots cleared and filled again, for workers that could not be resumed) apply to the
-	// replica as it is, and the changes from offset on follow.
+	// resume batches start a stream that continues a replica built from another epoch (or a
+	// scoped stream): their changes (slots cleared and filled again, for workers that could
+	// not be resumed or left the scope) apply to the replica as it is, the first carries the
+	// positions of those slots, the last has snapshot_done, and the changes from offset on
+	// follow.
 	Resume bool `protobuf:"varint,8,opt,name=resume,proto3" json:"resume,omitempty"`
 	// Positions (see JournalAck): with reset, every worker's as of offset; otherwise those
 	// that moved since the previous batch that carried positions, as of the end of this

@@ -42,8 +42,10 @@ const (
 // IndexJournal streams the global KV index to proxies as block changes.
 type IndexJournalClient interface {
 	// Stream: the proxy sends where it wants to resume (from = the next offset it needs, or 0
-	// with no epoch for a full snapshot) and then acknowledges each batch it applied; the
-	// control plane sends a snapshot when the proxy is new or too far behind, then changes.
+	// with no epoch for a full snapshot, and its workers' positions) and then acknowledges
+	// each batch it applied; the control plane resumes a proxy of another epoch from its
+	// positions where it can, sends a snapshot when the proxy is new, too far behind or
+	// cannot be resumed, then changes.
 	Stream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[JournalAck, JournalBatch], error)
 }
 
@@ -75,8 +77,10 @@ type IndexJournal_StreamClient = grpc.BidiStreamingClient[JournalAck, JournalBat
 // IndexJournal streams the global KV index to proxies as block changes.
 type IndexJournalServer interface {
 	// Stream: the proxy sends where it wants to resume (from = the next offset it needs, or 0
-	// with no epoch for a full snapshot) and then acknowledges each batch it applied; the
-	// control plane sends a snapshot when the proxy is new or too far behind, then changes.
+	// with no epoch for a full snapshot, and its workers' positions) and then acknowledges
+	// each batch it applied; the control plane resumes a proxy of another epoch from its
+	// positions where it can, sends a snapshot when the proxy is new, too far behind or
+	// cannot be resumed, then changes.
 	Stream(grpc.BidiStreamingServer[JournalAck, JournalBatch]) error
 	mustEmbedUnimplementedIndexJournalServer()
 }
