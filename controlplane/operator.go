@@ -45,7 +45,7 @@ func apiErr(err error) error {
 func (o operator) worker(w registry.Worker) *operatorv1.Worker {
 	s := o.s
 	st, _ := s.view.Get(w.ID)
-	slot := s.index.Slot(w.ID)
+	slot, _ := s.index.SlotOf(w.ID) // a view: the slot is given by reconcile, not here
 	b := s.index.Blocks(w.ID)
 	out := &operatorv1.Worker{
 		Spec: &operatorv1.WorkerSpec{

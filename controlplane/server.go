@@ -635,6 +635,29 @@ func (s *Server) loop(ctx context.Context) {
 	}
 }
 
+// assignSlots gives the workers the index does not hold yet their slots, in the order of
+// their models and then ids, each the lowest free. It runs before any event or publish can
+// give one (reconcile, workerResources), so that replicas that see the same registry give
+// the same slots, and a proxy that moves from one to another resumes its index journal
+// instead of resnapshotting it (xds/journal's positions); and a model's workers take
+// neighbouring slots, so that the replica of a proxy that routes that model only
+// (--serve-models) holds few of the index's 64-slot shards, which its matches walk
+// (BenchmarkMatchScope: 1,024 workers of 10,240 in 5.4 µs contiguous, 30 µs spread).
+func (s *Server) assignSlots(ws []registry.Worker) {
+	if !slices.ContainsFunc(ws, func(w registry.Worker) bool { _, ok := s.index.SlotOf(w.ID); return !ok }) {
+		return // every worker has its slot: the common case, on each publish
+	}
+	order := slices.Clone(ws)
+	slices.SortFunc(order, func(a, b registry.Worker) int {
+		return cmp.Or(cmp.Compare(a.Model, b.Model), cmp.Compare(a.ID, b.ID))
+	})
+	ids := make([]string, len(order))
+	for i, w := range order {
+		ids[i] = w.ID
+	}
+	s.index.AddWorkers(ids)
+}
+
 // reconcile makes the subscribers and pollers follow the registry.
 func (s *Server) reconcile() {
 	ws := s.reg.Workers()
@@ -662,20 +685,7 @@ func (s *Server) reconcile() {
 			s.ingest.RemoveWorker(id)
 		}
 	}
-	// Slots are given in the order of the workers' models and then ids, each the lowest
-	// free, before any event can take one: replicas that see the same registry give the
-	// same slots, so a proxy that moves from one to another resumes its index journal
-	// instead of resnapshotting it (xds/journal's positions); and a model's workers take
-	// neighbouring slots, so that the replica of a proxy that routes that model only
-	// (--serve-models) holds few of the index's 64-slot shards, which its matches walk
-	// (BenchmarkMatchScope: 1,024 workers of 10,240 in 5.4 µs contiguous, 30 µs spread).
-	order := slices.Clone(ws)
-	slices.SortFunc(order, func(a, b registry.Worker) int {
-		return cmp.Or(cmp.Compare(a.Model, b.Model), cmp.Compare(a.ID, b.ID))
-	})
-	for _, w := range order {
-		s.index.Slot(w.ID)
-	}
+	s.assignSlots(ws)
 	s.ingest.Sync(eps)
 	s.view.Sync(targets)
 	pol := s.reg.Policy()
@@ -780,6 +790,7 @@ func (s *Server) setScopes(res []*xdsv1.Worker) {
 // slots and the proxies' in-flight reports.
 func (s *Server) workerResources() []*xdsv1.Worker {
 	ws := s.reg.Workers()
+	s.assignSlots(ws) // a publish may come before reconcile has seen a new worker
 	states := s.view.Snapshot()
 	inflight, epochs := s.xds.MergedEpochs()
 	remote := s.remote.sums()

@@ -188,6 +188,28 @@ func (x *Index) Slot(id string) int {
 	return x.workerLocked(id).slot
 }
 
+// AddWorkers adds the workers of ids the index does not hold yet, in that order, each in the
+// lowest free slot, under one lock: callers that race add them in the same order.
+func (x *Index) AddWorkers(ids []string) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	for _, id := range ids {
+		x.workerLocked(id)
+	}
+}
+
+// SlotOf returns the worker's slot, without adding it: ok is false for a worker the index
+// does not hold.
+func (x *Index) SlotOf(id string) (slot int, ok bool) {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	w, ok := x.workers[id]
+	if !ok {
+		return 0, false
+	}
+	return w.slot, true
+}
+
 func (x *Index) workerLocked(id string) *worker {
 	if w, ok := x.workers[id]; ok {
 		return w
