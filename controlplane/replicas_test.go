@@ -77,8 +77,10 @@ func TestReplicaDeathMovesProxies(t *testing.T) {
 		if st.ADS.Streams > before.ADS.Streams && st.Journal.Streams > before.Journal.Streams && js.Stats().Resumes > 0 &&
 			st.Journal.Synced && p.Replica().Len() >= b.Index().Len() {
 			// Both replicas gave the workers the same slots and hold the proxy's marks in
-			// their history: nothing to fill again, and no snapshot.
-			if st := js.Stats(); st.Snapshots != 0 || st.ResumedSlots != 0 {
+			// their history: no snapshot, and at most a worker filled again (a replica
+			// whose subscriber joined a worker's events a batch later than the other's
+			// covers less of it, and fills it rather than replay onto it).
+			if st := js.Stats(); st.Snapshots != 0 || st.ResumedSlots > 1 {
 				t.Fatalf("the proxy resumed on the other replica but took %d snapshots and had %d slots filled again there", st.Snapshots, st.ResumedSlots)
 			}
 			t.Logf("proxy moved to the other replica in %s: %+v", time.Since(killed).Round(time.Millisecond), st.Journal)

@@ -276,6 +276,8 @@ func (s *Server) Stream(stream xdsv1.IndexJournal_StreamServer) error {
 	// marks, for up to scopedIdle: its next batch then starts where the last one sent ended
 	// (batchFrom), covering the offsets skipped.
 	batchFrom, lastSend := next, time.Now()
+	quiet := time.NewTimer(time.Hour)
+	defer quiet.Stop()
 	deadline := time.NewTimer(time.Hour)
 	defer deadline.Stop()
 	linger := time.NewTimer(time.Hour)
@@ -295,7 +297,24 @@ func (s *Server) Stream(stream xdsv1.IndexJournal_StreamServer) error {
 		} else {
 			acked = w.acked
 		}
+		// Reads a scoped stream skipped are told to the proxy within scopedIdle, even if
+		// the log goes quiet: its position stays within the ring, and its acks current.
+		var flush <-chan time.Time
+		if batchFrom < next {
+			quiet.Reset(time.Until(lastSend.Add(scopedIdle)))
+			flush = quiet.C
+		}
 		select {
+		case <-flush:
+			b := &xdsv1.JournalBatch{Epoch: s.log.Epoch(), Offset: batchFrom, Next: next}
+			w.push(proto.Size(b), true)
+			if err := s.send(out, b); err != nil {
+				return err
+			}
+			w.sent()
+			batchFrom, lastSend = next, time.Now()
+			s.update(n, func(n *NodeState) { n.Sent = next })
+			continue
 		case <-ctx.Done():
 			return nil
 		case <-ackErr:
