@@ -298,13 +298,18 @@ func (c *Client) followLoads(st discovery.AggregatedDiscoveryService_DeltaAggreg
 	}
 	c.loadSubs = want
 	if c.st.dropLoads(want) {
-		ws, p, l := c.st.snapshot()
-		c.snap.Store(&snapshot{workers: ws, policy: p, loads: l})
-		if c.opts.OnUpdate != nil {
-			c.opts.OnUpdate(ws, p, l)
-		}
+		c.publish()
 	}
 	return nil
+}
+
+// publish gives the state's current workers, policy and loads to State, Loads and OnUpdate.
+func (c *Client) publish() {
+	ws, p, l := c.st.snapshot()
+	c.snap.Store(&snapshot{workers: ws, policy: p, loads: l})
+	if c.opts.OnUpdate != nil {
+		c.opts.OnUpdate(ws, p, l)
+	}
 }
 
 // handle applies one response and returns its ACK or NACK.
@@ -324,11 +329,7 @@ func (c *Client) handle(resp *discovery.DeltaDiscoveryResponse) *discovery.Delta
 		changed = false // workers and policy stand
 	}
 	if changed {
-		ws, p, l := c.st.snapshot()
-		c.snap.Store(&snapshot{workers: ws, policy: p, loads: l})
-		if c.opts.OnUpdate != nil {
-			c.opts.OnUpdate(ws, p, l)
-		}
+		c.publish()
 	}
 	if typ := resp.GetTypeUrl(); (typ == xds.WorkerType || typ == xds.PolicyType) && !c.seenTypes[typ] {
 		c.seenTypes[resp.GetTypeUrl()] = true

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -62,17 +64,18 @@ type Client struct {
 
 	epoch, next uint64
 	// marks is where each slot's worker stands in the replica (positions.go), sent when a
-	// stream opens, under mu (Marks reads it from any goroutine); pending those of a
-	// snapshot or resume being received.
-	mu             sync.Mutex
-	marks, pending map[uint32]Mark
-	synced         atomic.Bool
-	applied        atomic.Uint64
-	batches        atomic.Uint64
-	nacks          atomic.Uint64
-	streams        atomic.Uint64
-	snapshots      atomic.Uint64
-	resumes        atomic.Uint64
+	// stream opens, under mu (Marks reads it from any goroutine); pending are those a
+	// snapshot or resume being received brings, in order, taken once it completes.
+	mu        sync.Mutex
+	marks     map[uint32]Mark
+	pending   []Mark
+	synced    atomic.Bool
+	applied   atomic.Uint64
+	batches   atomic.Uint64
+	nacks     atomic.Uint64
+	streams   atomic.Uint64
+	snapshots atomic.Uint64
+	resumes   atomic.Uint64
 }
 
 // NewClient returns a client on conn.
@@ -83,7 +86,7 @@ func NewClient(conn grpc.ClientConnInterface, opts ClientOptions) *Client {
 	if opts.MaxBackoff <= 0 {
 		opts.MaxBackoff = 5 * time.Second
 	}
-	return &Client{conn: conn, opts: opts}
+	return &Client{conn: conn, opts: opts, marks: map[uint32]Mark{}}
 }
 
 // Synced reports whether the replica holds a complete snapshot plus changes.
@@ -147,9 +150,7 @@ func (c *Client) stream(ctx context.Context, sink Sink) error {
 	c.streams.Add(1)
 	hello := &xdsv1.JournalAck{NodeId: c.opts.NodeID, Epoch: c.epoch, Next: c.next, Models: c.opts.Models}
 	c.mu.Lock()
-	for _, m := range c.marks {
-		ackColumns(hello).put(m)
-	}
+	ackColumns(hello).put(slices.Collect(maps.Values(c.marks))...)
 	c.mu.Unlock()
 	if err := st.Send(hello); err != nil {
 		return fmt.Errorf("opening the index journal: %w", err)
@@ -183,12 +184,12 @@ func (c *Client) stream(ctx context.Context, sink Sink) error {
 			sink.Reset()
 			c.synced.Store(false)
 			inSnapshot, inResume, epoch = true, false, b.Epoch
-			c.pending = map[uint32]Mark{}
+			c.pending = c.pending[:0]
 			// Until it completes, the replica stands nowhere: a stream that breaks
 			// halfway asks for a snapshot again.
 			c.epoch, c.next = 0, 0
 			c.mu.Lock()
-			c.marks = nil
+			clear(c.marks)
 			c.mu.Unlock()
 		case b.Resume && inSnapshot:
 			err = fmt.Errorf("%w: a resume inside a snapshot", errGap)
@@ -198,7 +199,7 @@ func (c *Client) stream(ctx context.Context, sink Sink) error {
 			// completes, those have no mark, and the replica no epoch to go on from
 			// without one (a stream that breaks halfway resumes again, and fills them).
 			inResume, epoch = true, b.Epoch
-			c.pending = map[uint32]Mark{}
+			c.pending = c.pending[:0]
 			c.mu.Lock()
 			for _, m := range ms {
 				delete(c.marks, m.Slot)
@@ -224,9 +225,7 @@ func (c *Client) stream(ctx context.Context, sink Sink) error {
 		c.batches.Add(1)
 		switch {
 		case inSnapshot || inResume:
-			for _, m := range ms {
-				c.pending[m.Slot] = m
-			}
+			c.pending = append(c.pending, ms...)
 			if !b.SnapshotDone {
 				if inSnapshot {
 					continue // the server awaits the ack of a snapshot's last batch only
@@ -234,15 +233,7 @@ func (c *Client) stream(ctx context.Context, sink Sink) error {
 				break
 			}
 			c.mu.Lock()
-			if inSnapshot {
-				c.marks = map[uint32]Mark{}
-			}
-			if c.marks == nil {
-				c.marks = map[uint32]Mark{}
-			}
-			for _, m := range c.pending {
-				putMarksMap(c.marks, []Mark{m})
-			}
+			putMarksMap(c.marks, c.pending) // after a snapshot's reset, onto none
 			c.mu.Unlock()
 			if inSnapshot {
 				c.snapshots.Add(1)
@@ -255,14 +246,11 @@ func (c *Client) stream(ctx context.Context, sink Sink) error {
 					rs.Resumed()
 				}
 			}
-			inSnapshot, inResume, c.pending = false, false, nil
+			inSnapshot, inResume, c.pending = false, false, c.pending[:0]
 			c.epoch, c.next = epoch, b.Next
 			c.synced.Store(true)
 		default:
 			c.mu.Lock()
-			if c.marks == nil {
-				c.marks = map[uint32]Mark{}
-			}
 			putMarksMap(c.marks, ms)
 			// A cleared slot has no mark until a checkpoint after the clear gives one:
 			// its worker may have restarted and numbers its batches from the start again.
@@ -286,11 +274,7 @@ func (c *Client) stream(ctx context.Context, sink Sink) error {
 func (c *Client) Marks() map[uint32]Mark {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	out := make(map[uint32]Mark, len(c.marks))
-	for s, m := range c.marks {
-		out[s] = m
-	}
-	return out
+	return maps.Clone(c.marks)
 }
 
 // putMarksMap records marks by slot; a zero mark says the slot has no worker.

@@ -25,6 +25,14 @@ func FuzzApplyBatch(f *testing.F) {
 		if proto.Unmarshal(data, &b) != nil {
 			return
 		}
+		if ms, ok := batchColumns(&b).read(nil); ok {
+			for _, m := range ms {
+				if m.Slot >= MaxSlots {
+					t.Fatalf("accepted the mark %+v", m)
+				}
+			}
+			putMarksMap(map[uint32]Mark{}, ms)
+		}
 		cs, ok := decode(nil, &b)
 		if !ok {
 			return
@@ -34,6 +42,56 @@ func FuzzApplyBatch(f *testing.F) {
 		for _, c := range cs {
 			if c.Slot >= MaxSlots || c.Tier >= blockset.NumTiers || c.Op > Cleared {
 				t.Fatalf("accepted %+v", c)
+			}
+		}
+	})
+}
+
+// FuzzResumeMarks feeds arbitrary bytes as a proxy's first journal message, whose marks a
+// control plane of another epoch resumes it from: reading them and Log.Resume never panic,
+// and what Resume accepts replays from within the ring and names only slots that the proxy
+// or the log holds.
+func FuzzResumeMarks(f *testing.F) {
+	for _, a := range []*xdsv1.JournalAck{
+		{NodeId: "p", Epoch: 9, PosSlot: []uint32{0, 1}, PosCheck: []uint32{7, 7}, PosSeq: []uint64{3, 2}, PosSince: []uint64{0, 0}},
+		{NodeId: "p", PosSlot: []uint32{MaxSlots - 1}, PosCheck: []uint32{8}, PosSeq: []uint64{1 << 60}, PosSince: []uint64{1 << 62}},
+		{NodeId: "p", PosSlot: []uint32{5}, PosCheck: []uint32{7}, PosSeq: []uint64{3}},
+	} {
+		data, _ := proto.Marshal(a)
+		f.Add(data)
+	}
+	l := NewLog(64)
+	for s := range uint32(20) {
+		for k := uint64(1); k <= 3; k++ {
+			l.AppendMarked(1, Mark{Slot: s, Check: 7, Seq: k}, Change{Seq: uint64(s)<<8 | k, Slot: s, Op: Stored})
+		}
+	}
+	l.Forget(19, Change{Slot: 19, Op: Cleared})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var a xdsv1.JournalAck
+		if proto.Unmarshal(data, &a) != nil {
+			return
+		}
+		theirs, ok := ackColumns(&a).read(nil)
+		if !ok {
+			return
+		}
+		held := map[uint32]bool{}
+		for _, m := range theirs {
+			held[m.Slot] = true
+		}
+		for _, in := range []func(uint32) bool{nil, func(s uint32) bool { return s%2 == 0 }} {
+			from, reset, ok := l.Resume(theirs, in)
+			if !ok {
+				continue
+			}
+			if _, _, inRing := l.Read(nil, from, 0); !inRing {
+				t.Fatalf("resume from %d, outside the ring", from)
+			}
+			for _, m := range reset {
+				if !held[m.Slot] && int(m.Slot) >= 20 {
+					t.Fatalf("resume names slot %d, which neither side holds", m.Slot)
+				}
 			}
 		}
 	})

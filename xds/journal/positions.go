@@ -91,19 +91,25 @@ const logCheckpoints = 64
 
 // markLocked records m as journalled up to the log's next offset.
 func (l *Log) markLocked(m Mark) {
-	if int(m.Slot) >= len(l.pos) {
-		l.pos = append(l.pos, make([]position, int(m.Slot)+1-len(l.pos))...)
-		l.dirty = append(l.dirty, make([]bool, int(m.Slot)+1-len(l.dirty))...)
-	}
+	l.movedLocked(m.Slot)
 	l.pos[m.Slot] = position{check: m.Check, seq: m.Seq, since: m.Since, ok: true, clearedAt: l.pos[m.Slot].clearedAt}
 	if l.hist == nil {
 		l.hist = make([]histMark, historyMarks)
 	}
 	l.hist[l.nhist%uint64(len(l.hist))] = histMark{end: l.next, slot: m.Slot, seq: m.Seq}
 	l.nhist++
-	if !l.dirty[m.Slot] {
-		l.dirty[m.Slot] = true
-		l.moved = append(l.moved, m.Slot)
+}
+
+// movedLocked makes room for slot's position and counts it among the slots the next
+// checkpoint carries.
+func (l *Log) movedLocked(slot uint32) {
+	if int(slot) >= len(l.pos) {
+		l.pos = append(l.pos, make([]position, int(slot)+1-len(l.pos))...)
+		l.dirty = append(l.dirty, make([]bool, int(slot)+1-len(l.dirty))...)
+	}
+	if !l.dirty[slot] {
+		l.dirty[slot] = true
+		l.moved = append(l.moved, slot)
 	}
 }
 
@@ -122,8 +128,7 @@ func (l *Log) checkpointLocked(at int64) {
 	l.ckAt = at
 	ck := checkpoint{off: l.next, marks: make([]Mark, 0, len(l.moved))}
 	for _, s := range l.moved {
-		p := l.pos[s]
-		ck.marks = append(ck.marks, Mark{Slot: s, Check: p.check, Seq: p.seq, Since: p.since}) // zero once forgotten
+		ck.marks = append(ck.marks, l.pos[s].mark(s)) // zero once forgotten
 		l.dirty[s] = false
 	}
 	l.moved = l.moved[:0]
@@ -140,15 +145,8 @@ func (l *Log) checkpointLocked(at int64) {
 func (l *Log) Forget(slot uint32, cs ...Change) {
 	now := time.Now().UnixNano()
 	l.mu.Lock()
-	if int(slot) >= len(l.pos) {
-		l.pos = append(l.pos, make([]position, int(slot)+1-len(l.pos))...)
-		l.dirty = append(l.dirty, make([]bool, int(slot)+1-len(l.dirty))...)
-	}
+	l.movedLocked(slot)
 	l.pos[slot] = position{clearedAt: l.nhist + 1}
-	if !l.dirty[slot] {
-		l.dirty[slot] = true
-		l.moved = append(l.moved, slot)
-	}
 	l.appendLocked(now, cs)
 	if len(cs) > 0 {
 		l.checkpointLocked(now)
@@ -195,7 +193,7 @@ func (l *Log) Positions() (next uint64, marks []Mark) {
 	defer l.mu.Unlock()
 	for s, p := range l.pos {
 		if p.ok {
-			marks = append(marks, Mark{Slot: uint32(s), Check: p.check, Seq: p.seq, Since: p.since})
+			marks = append(marks, p.mark(uint32(s)))
 		}
 	}
 	return l.next, marks
@@ -256,8 +254,7 @@ func (l *Log) Resume(marks []Mark, in func(slot uint32) bool) (from uint64, rese
 	}
 	// Walk the history from the newest: the end of the newest append of each slot at the
 	// proxy's seq is where the changes it lacks start.
-	n := min(l.nhist, uint64(len(l.hist)))
-	for i := uint64(0); i < n && len(want) > 0; i++ {
+	for i := uint64(0); i < kept && len(want) > 0; i++ {
 		h := l.hist[(l.nhist-1-i)%uint64(len(l.hist))]
 		if seq, ok := want[h.slot]; ok && h.seq == seq {
 			from = min(from, h.end)

@@ -3,6 +3,7 @@ package journal
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -306,12 +307,9 @@ func (s *Server) Stream(stream xdsv1.IndexJournal_StreamServer) error {
 		}
 		select {
 		case <-flush:
-			b := &xdsv1.JournalBatch{Epoch: s.log.Epoch(), Offset: batchFrom, Next: next}
-			w.push(proto.Size(b), true)
-			if err := s.send(out, b); err != nil {
+			if err := s.sendAcked(out, w, &xdsv1.JournalBatch{Epoch: s.log.Epoch(), Offset: batchFrom, Next: next}); err != nil {
 				return err
 			}
-			w.sent()
 			batchFrom, lastSend = next, time.Now()
 			s.update(n, func(n *NodeState) { n.Sent = next })
 			continue
@@ -372,11 +370,9 @@ func (s *Server) Stream(stream xdsv1.IndexJournal_StreamServer) error {
 		b := &xdsv1.JournalBatch{Epoch: s.log.Epoch(), Offset: batchFrom, Next: to}
 		appendChanges(b, buf)
 		batchColumns(b).put(marks...)
-		w.push(proto.Size(b), true) // before sending: the ack may come before Send returns
-		if err := s.send(out, b); err != nil {
+		if err := s.sendAcked(out, w, b); err != nil {
 			return err
 		}
-		w.sent()
 		if s.opts.Sent != nil {
 			if at, ok := s.log.ArrivedAt(next); ok {
 				s.opts.Sent(time.Duration(time.Now().UnixNano() - at))
@@ -409,35 +405,49 @@ func (s *Server) rescope(out *sender, w *window, sc *scope, at uint64) error {
 	for _, slot := range left {
 		marks = append(marks, Mark{Slot: slot})
 	}
-	cs := make([]Change, 0, len(entered)+len(left))
-	for _, slot := range left {
-		cs = append(cs, Change{Slot: slot, Op: Cleared})
-	}
-	cs = append(cs, s.refill(entered)...)
-	var bs []*xdsv1.JournalBatch
-	for i := 0; i < len(cs); i += s.opts.SnapshotBatch {
-		b := &xdsv1.JournalBatch{Epoch: s.log.Epoch(), Offset: at, Next: at}
-		appendChanges(b, cs[i:min(i+s.opts.SnapshotBatch, len(cs))])
-		bs = append(bs, b)
-	}
-	b := &xdsv1.JournalBatch{Epoch: s.log.Epoch(), Offset: at, Next: at}
-	batchColumns(b).put(marks...)
-	bs = append(bs, b)
-	for _, b := range bs {
-		w.push(proto.Size(b), true)
-		if err := s.send(out, b); err != nil {
+	marked := &xdsv1.JournalBatch{Epoch: s.log.Epoch(), Offset: at, Next: at}
+	batchColumns(marked).put(marks...)
+	for _, b := range append(s.refillBatches(at, s.refill(left, entered)), marked) {
+		if err := s.sendAcked(out, w, b); err != nil {
 			return err
 		}
-		w.sent()
 	}
 	return nil
 }
 
-// refill lists, for each slot, its clear and then its entries in the index: each slot is
-// empty only while its own entries follow. Without a SlotSnapshotter it lists the clears.
-func (s *Server) refill(slots []uint32) []Change {
+// sendAcked sends a batch its proxy acknowledges, counted in the stream's window before it
+// goes (the ack may come before Send returns).
+func (s *Server) sendAcked(out *sender, w *window, b *xdsv1.JournalBatch) error {
+	w.push(proto.Size(b), true)
+	if err := s.send(out, b); err != nil {
+		return err
+	}
+	w.sent()
+	return nil
+}
+
+// refillBatches puts changes that apply at offset at (slots cleared and filled again) into
+// batches of SnapshotBatch changes at most, at least one.
+func (s *Server) refillBatches(at uint64, cs []Change) []*xdsv1.JournalBatch {
+	var bs []*xdsv1.JournalBatch
+	for i := 0; i == 0 || i < len(cs); i += s.opts.SnapshotBatch {
+		b := &xdsv1.JournalBatch{Epoch: s.log.Epoch(), Offset: at, Next: at}
+		appendChanges(b, cs[i:min(i+s.opts.SnapshotBatch, len(cs))])
+		bs = append(bs, b)
+	}
+	return bs
+}
+
+// refill lists the clears of the slots of clear, then, for each slot of slots, its clear and
+// its entries in the index: each slot is empty only while its own entries follow. Without a
+// SlotSnapshotter it lists the clears.
+func (s *Server) refill(clear, slots []uint32) []Change {
+	var cs []Change
+	for _, slot := range clear {
+		cs = append(cs, Change{Slot: slot, Op: Cleared})
+	}
 	if len(slots) == 0 {
-		return nil
+		return cs
 	}
 	ints := make([]int, len(slots))
 	for i, slot := range slots {
@@ -451,7 +461,7 @@ func (s *Server) refill(slots []uint32) []Change {
 			n++
 		})
 	}
-	cs := make([]Change, 0, len(slots)+n)
+	cs = slices.Grow(cs, len(slots)+n)
 	for _, slot := range slots {
 		cs = append(cs, Change{Slot: slot, Op: Cleared})
 		cs = append(cs, bySlot[slot]...)
@@ -769,38 +779,25 @@ func (s *Server) sendResume(out *sender, w *window, first *xdsv1.JournalAck, sc 
 		// which may be before the marks it holds say.
 		from = first.Next
 	}
-	// Slots out of the stream's scope are only cleared (Log.Resume names them when the
-	// proxy holds a mark there).
+	// Slots out of the stream's scope are only cleared, with no mark (Log.Resume names them
+	// when the proxy holds a mark there).
 	var fill, clear []uint32
-	for _, m := range reset {
+	for i, m := range reset {
 		if sc.in(m.Slot) {
 			fill = append(fill, m.Slot)
 		} else {
 			clear = append(clear, m.Slot)
+			reset[i] = Mark{Slot: m.Slot}
 		}
 	}
-	var cs []Change
-	for _, slot := range clear {
-		cs = append(cs, Change{Slot: slot, Op: Cleared})
-	}
-	cs = append(cs, s.refill(fill)...)
-	for i := range reset {
-		if !sc.in(reset[i].Slot) {
-			reset[i] = Mark{Slot: reset[i].Slot} // cleared: no mark
-		}
-	}
-	for i := 0; i == 0 || i < len(cs); i += s.opts.SnapshotBatch {
-		b := &xdsv1.JournalBatch{Epoch: s.log.Epoch(), Offset: from, Next: from, Resume: true}
-		appendChanges(b, cs[i:min(i+s.opts.SnapshotBatch, len(cs))])
-		if i == 0 {
-			batchColumns(b).put(reset...)
-		}
-		b.SnapshotDone = i+s.opts.SnapshotBatch >= len(cs)
-		w.push(proto.Size(b), true)
-		if err := s.send(out, b); err != nil {
+	bs := s.refillBatches(from, s.refill(clear, fill))
+	batchColumns(bs[0]).put(reset...)
+	bs[len(bs)-1].SnapshotDone = true
+	for _, b := range bs {
+		b.Resume = true
+		if err := s.sendAcked(out, w, b); err != nil {
 			return from, false, fmt.Errorf("resuming the index journal: %w", err)
 		}
-		w.sent()
 	}
 	s.resumes.Add(1)
 	s.resumedSlots.Add(uint64(len(fill)))

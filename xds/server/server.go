@@ -476,7 +476,7 @@ func (s *Server) publishLocked(upsert []*xdsv1.Worker, remove []string) error {
 	// or one whose model changed, takes a free index of its model's shards or opens one.
 	need := map[string]int{}
 	for _, w := range upsert {
-		if st, ok := s.statics[w.GetId()]; !ok || s.shardModel[st.GetLoadIndex()/xds.LoadsShard] != w.GetModel() {
+		if _, ok := s.keptIndex(w.GetId(), w.GetModel()); !ok {
 			need[w.GetModel()]++
 		}
 	}
@@ -589,8 +589,8 @@ func (s *Server) publishLocked(upsert []*xdsv1.Worker, remove []string) error {
 // index of its model's shards (the last freed), of a shard a change set emptied, or of a
 // new shard at the end. The caller has checked that a new shard stays within MaxLoadIndex.
 func (s *Server) indexFor(id, model string) uint32 {
-	if st, ok := s.statics[id]; ok && s.shardModel[st.GetLoadIndex()/xds.LoadsShard] == model {
-		return st.GetLoadIndex()
+	if i, ok := s.keptIndex(id, model); ok {
+		return i
 	}
 	free := s.freeByModel[model]
 	if len(free) == 0 {
@@ -615,6 +615,16 @@ func (s *Server) indexFor(id, model string) uint32 {
 	s.indexID[i] = id
 	s.shardUsed[i/xds.LoadsShard]++
 	return i
+}
+
+// keptIndex returns the load index a published worker keeps: its own, while its shard is of
+// model; ok is false for a new worker or one whose model changed (it needs another).
+func (s *Server) keptIndex(id, model string) (uint32, bool) {
+	st, ok := s.statics[id]
+	if !ok || s.shardModel[st.GetLoadIndex()/xds.LoadsShard] != model {
+		return 0, false
+	}
+	return st.GetLoadIndex(), true
 }
 
 // freeIndexAt frees load index i, for the model of its shard. Freed only once a change set
