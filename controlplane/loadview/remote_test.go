@@ -81,6 +81,8 @@ func TestDelegatedTakesRemoteReadings(t *testing.T) {
 	// A remote reading that says unhealthy is taken too.
 	close(stop)
 	<-done
+	// The poller takes a reading after PutRemote returns: wait for the last one sent.
+	eventually(t, 2*time.Second, "the last remote reading taken", func() bool { s, _ := v.Get("w0"); return s.From == "cp-1" && s.Seq == seq })
 	taken := v.Stats()["w0"].Remote
 	now := time.Now()
 	// The same reading again (its number) is not taken again.
