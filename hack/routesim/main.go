@@ -52,6 +52,7 @@ func main() {
 		save     = flag.String("save", "", "matrix: save every policy's runs to this JSON file")
 		against  = flag.String("against", "", "matrix: compare the first policy with the runs saved in this file")
 		dump     = flag.Int("dump", 0, "print the N slowest requests of each run")
+		classes  = flag.Bool("classes", false, "split each run's TTFTs (after its first fifth) into hits and misses (half the prompt cached or not), each with and without a wait for a slot (llm-d engines)")
 	)
 	flag.Parse()
 	if *matrix != "" {
@@ -141,6 +142,37 @@ func main() {
 			p50s, p90s, p99s = append(p50s, s.TTFTP50), append(p90s, s.TTFTP90), append(p99s, s.TTFTP99)
 			fmt.Printf("%-14s %-5d %8s %8s %8s %8s %5.1f%% %6.1f%% %6.1f%%  %v (%d req, %v wall)\n", pol, seed, ms(s.TTFTP50), ms(s.TTFTP90), ms(s.TTFTP99), ms(s.E2EP50),
 				100*s.HitRate, 100*s.PredErrP50, 100*s.PredErrP90, s.PerWorker, s.Requests, time.Since(t0).Round(time.Millisecond))
+			if *classes {
+				// Each request by whether its engine found at least half its prompt cached
+				// and whether it waited there for a slot: where a median falls between modes.
+				var hw, hn, mw, mn []float64
+				for i, r := range res.Records {
+					if r.Err != "" || i < len(res.Records)/5 {
+						continue
+					}
+					t := float64(r.TTFT) / 1e6
+					hit := r.Cached*2 >= r.Prompt
+					switch {
+					case hit && r.Waited > 0:
+						hw = append(hw, t)
+					case hit:
+						hn = append(hn, t)
+					case r.Waited > 0:
+						mw = append(mw, t)
+					default:
+						mn = append(mn, t)
+					}
+				}
+				for _, g := range []struct {
+					n string
+					v []float64
+				}{{"hit", hn}, {"hit+wait", hw}, {"miss", mn}, {"miss+wait", mw}} {
+					slices.Sort(g.v)
+					if len(g.v) > 0 {
+						fmt.Printf("    %-10s n=%3d p50 %6.0f p90 %6.0f\n", g.n, len(g.v), g.v[len(g.v)/2], g.v[len(g.v)*9/10])
+					}
+				}
+			}
 			if *alone {
 				fmt.Printf("%-14s %-5s %35s %6.1f%% %6.1f%%  knowing the engine's state at the decision\n", "", "", "aerr", 100*s.AloneErrP50, 100*s.AloneErrP90)
 				fmt.Printf("%-14s %-5s %35s %6.1f%% %6.1f%%  the prediction against that\n", "", "", "merr", 100*s.ModelAloneErrP50, 100*s.ModelAloneErrP90)

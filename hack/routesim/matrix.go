@@ -173,7 +173,7 @@ func runMatrix(policies []string, seeds []uint64, only, extra, save, against str
 	}()
 	var mu sync.Mutex
 	for _, c := range cases() {
-		if only != "" && !strings.Contains(c.name+"/"+string(c.kind), only) {
+		if only != "" && !slices.ContainsFunc(strings.Split(only, "+"), func(o string) bool { return strings.Contains(c.name+"/"+string(c.kind), o) }) {
 			continue
 		}
 		name := c.name + "/" + string(c.kind)

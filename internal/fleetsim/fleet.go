@@ -201,6 +201,14 @@ func Run(cfg Config) (*Result, error) {
 	var ws []*route.Worker
 	for i := range cfg.Engines {
 		w := &route.Worker{ID: "e" + strconv.Itoa(i+1), Model: cfg.Model, BlockSize: cfg.BlockSize, URL: "http://127.0.0.1:" + strconv.Itoa(30001+i), Addr: "127.0.0.1:" + strconv.Itoa(30001+i)}
+		// The KV cache size the control plane reads from each engine's vllm:cache_config_info
+		// (both simulators publish it).
+		switch e := cfg.Engines[i]; e.Kind {
+		case KindLLMD:
+			w.Capacity = e.LLMD.CacheBlocks
+		case KindSim:
+			w.Capacity = e.Sim.NumGPUBlocks
+		}
 		if cfg.Workers != nil {
 			cfg.Workers(i, w)
 		}

@@ -99,3 +99,12 @@ func (a *approxIndex) correct(f *flight, cached int) {
 	delete(a.receipts, f)
 	a.Approx.CorrectAt(a.fl.tod(), f.hashes, r, cached/a.fl.cfg.BlockSize)
 }
+
+// GPUBlocks implements prefix.HeldIndex: what worker w's events say it caches, as the
+// control plane's replica counts it.
+func (x *exactIndex) GPUBlocks(w int) (int, bool) {
+	if w < 0 || w >= len(x.cached) {
+		return 0, false
+	}
+	return len(x.cached[w]), true
+}
