@@ -1,6 +1,7 @@
 package kvindex
 
 import (
+	"github.com/kvrelay/kvrelay/internal/u64map"
 	"slices"
 	"sync"
 
@@ -100,11 +101,11 @@ type store struct {
 // copies maps the engine's block hash to kvrelay's sequence hash for one store. extra counts
 // the copies of a block beyond the first (most blocks have one, so it stays small).
 type copies struct {
-	seq   map[uint64]uint64
+	seq   u64map.Map
 	extra map[uint64]uint32
 }
 
-func newCopies() *copies { return &copies{seq: map[uint64]uint64{}} }
+func newCopies() *copies { return &copies{} }
 
 // addExtra counts one more copy of an engine block the store already holds.
 func (c *copies) addExtra(key uint64) {
@@ -117,7 +118,7 @@ func (c *copies) addExtra(key uint64) {
 // take drops one copy of the engine block key: its seq, and whether it was the last (the
 // store no longer holds the block); ok is false when the store does not hold it.
 func (c *copies) take(key uint64) (seq uint64, last, ok bool) {
-	if seq, ok = c.seq[key]; !ok {
+	if seq, ok = c.seq.Get(key); !ok {
 		return 0, false, false
 	}
 	if n := c.extra[key]; n > 0 {
@@ -129,7 +130,7 @@ func (c *copies) take(key uint64) (seq uint64, last, ok bool) {
 		}
 		return seq, false, true
 	}
-	delete(c.seq, key)
+	c.seq.Delete(key)
 	return seq, true, true
 }
 
@@ -161,13 +162,13 @@ func (w *worker) copiesOf(st store, create bool) *copies {
 // holds reports whether any store of the tier other than except holds the engine block.
 func (w *worker) holds(tier Tier, key uint64, except *copies) bool {
 	if c := w.engine[tier]; c != except {
-		if _, ok := c.seq[key]; ok {
+		if _, ok := c.seq.Get(key); ok {
 			return true
 		}
 	}
 	for st, c := range w.owned {
 		if st.tier == tier && c != except {
-			if _, ok := c.seq[key]; ok {
+			if _, ok := c.seq.Get(key); ok {
 				return true
 			}
 		}
@@ -354,12 +355,12 @@ func (x *Index) store(w *worker, ev *kvevents.Event, out []Change) []Change {
 
 // addCopy records one more copy of the engine block key (kvrelay's seq) in the store.
 func (x *Index) addCopy(w *worker, tier Tier, cs *copies, key, seq uint64, out []Change) []Change {
-	if _, ok := cs.seq[key]; ok {
+	if _, ok := cs.seq.Get(key); ok {
 		cs.addExtra(key)
 		x.stats.Copies++
 		return out
 	}
-	cs.seq[key] = seq
+	cs.seq.Put(key, seq)
 	if x.set.Add(seq, w.slot, tier) {
 		out = append(out, Change{Seq: seq, Tier: tier, Slot: w.slot})
 	}
@@ -406,12 +407,12 @@ func (x *Index) creditDomain(w *worker, d *domain, out []Change) []Change {
 // addShared records one more engine block naming seq in shared storage d.
 func (x *Index) addShared(d *domain, key, seq uint64, out []Change) []Change {
 	cs := d.copies
-	if old, ok := cs.seq[key]; ok && d.refs[old] > 0 {
+	if old, ok := cs.seq.Get(key); ok && d.refs[old] > 0 {
 		cs.addExtra(key)
 		x.stats.Copies++
 		return out
 	}
-	cs.seq[key] = seq
+	cs.seq.Put(key, seq)
 	if d.refs[seq]++; d.refs[seq] > 1 {
 		return out
 	}
@@ -500,17 +501,17 @@ func (x *Index) placeholders(w *worker, ev *kvevents.Event, tier Tier, cs *copie
 // first (first may be nil), then in any store of the worker.
 func (x *Index) lookupParent(w *worker, first *copies, key uint64) (uint64, bool) {
 	if first != nil {
-		if seq, ok := first.seq[key]; ok {
+		if seq, ok := first.seq.Get(key); ok {
 			return seq, true
 		}
 	}
 	for _, c := range w.engine {
-		if seq, ok := c.seq[key]; ok {
+		if seq, ok := c.seq.Get(key); ok {
 			return seq, true
 		}
 	}
 	for _, c := range w.owned {
-		if seq, ok := c.seq[key]; ok {
+		if seq, ok := c.seq.Get(key); ok {
 			return seq, true
 		}
 	}
@@ -582,7 +583,7 @@ func (x *Index) remove(w *worker, ev *kvevents.Event, out []Change) []Change {
 			out = append(out, Change{Seq: seq, Tier: tier, Removed: true, Slot: w.slot})
 		}
 	}
-	if ev.Ownership != "" && cs != nil && len(cs.seq) == 0 {
+	if ev.Ownership != "" && cs != nil && cs.seq.Len() == 0 {
 		delete(w.owned, store{tier, ev.Ownership})
 	}
 	return out
@@ -643,10 +644,10 @@ func (x *Index) Blocks(id string) [numTiers]int {
 	var n [numTiers]int
 	if w, ok := x.workers[id]; ok {
 		for t, c := range w.engine {
-			n[t] = len(c.seq)
+			n[t] = c.seq.Len()
 		}
 		for st, c := range w.owned {
-			n[st.tier] += len(c.seq)
+			n[st.tier] += c.seq.Len()
 		}
 		for _, d := range w.domains {
 			n[Shared] += len(d.refs)

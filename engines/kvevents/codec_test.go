@@ -2,6 +2,7 @@ package kvevents
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -9,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -527,4 +529,55 @@ func withoutMapOnly(b *Batch) *Batch {
 		c.Events[i].Locality, c.Events[i].Ownership, c.Events[i].SessionID = "", "", ""
 	}
 	return &c
+}
+
+// TestTokenEncodings reads token ids in every integer encoding msgpack allows, at the end of
+// the input as well as inside it (where the reader takes the common ones in place), and
+// refuses the ones no token id can have.
+func TestTokenEncodings(t *testing.T) {
+	ids := []uint32{0, 5, 127, 128, 255, 256, 65535, 65536, 151645, math.MaxUint32}
+	var tail []byte // every id in each encoding that can hold it, then a fixint last
+	var want []uint32
+	for _, id := range ids {
+		forms := [][]byte{}
+		if id <= 0x7f {
+			forms = append(forms, []byte{byte(id)})
+		}
+		if id <= math.MaxUint8 {
+			forms = append(forms, []byte{0xcc, byte(id)}, []byte{0xd1, 0, byte(id)})
+		}
+		if id <= math.MaxUint16 {
+			forms = append(forms, binary.BigEndian.AppendUint16([]byte{0xcd}, uint16(id)))
+		}
+		if id <= math.MaxInt32 {
+			forms = append(forms, binary.BigEndian.AppendUint32([]byte{0xd2}, id))
+		}
+		forms = append(forms, binary.BigEndian.AppendUint32([]byte{0xce}, id),
+			binary.BigEndian.AppendUint64([]byte{0xcf}, uint64(id)), binary.BigEndian.AppendUint64([]byte{0xd3}, uint64(id)))
+		for _, f := range forms {
+			tail = append(tail, f...)
+			want = append(want, id)
+		}
+	}
+	tail = append(tail, 0x07)
+	want = append(want, 7)
+	in := binary.BigEndian.AppendUint16([]byte{0xdc}, uint16(len(want)))
+	in = append(in, tail...)
+	r := &reader{b: in}
+	got, _, err := r.tokens(nil)
+	if err != nil || !slices.Equal(got, want) || r.off != len(in) {
+		t.Fatalf("tokens = %v, %v (read %d of %d); want %v", got, err, r.off, len(in), want)
+	}
+	for _, bad := range [][]byte{
+		{0x91, 0xff},                         // -1
+		{0x91, 0xd0, 0x80},                   // int8 -128
+		{0x91, 0xcf, 0, 0, 0, 1, 0, 0, 0, 0}, // 2^32
+		{0x92, 0xce, 0, 0, 1},                // cut short
+		{0x92, 0x01, 0xa1, 'x', 0, 0, 0},     // a string
+		{0x91, 0xcd, 0x01},                   // cut short at the end
+	} {
+		if got, _, err := (&reader{b: bad}).tokens(nil); err == nil {
+			t.Errorf("tokens(%x) = %v, want an error", bad, got)
+		}
+	}
 }

@@ -484,6 +484,24 @@ func (r *reader) tokens(dst []uint32) ([]uint32, bool, error) {
 		return dst, true, nil
 	}
 	for range n {
+		// The encodings token ids take (a fixint, uint8, uint16, uint32) read in place; any
+		// other through token, which checks it.
+		if b := r.b[r.off:]; len(b) >= 5 {
+			switch c := b[0]; {
+			case c <= 0x7f:
+				dst, r.off = append(dst, uint32(c)), r.off+1
+				continue
+			case c == 0xcc:
+				dst, r.off = append(dst, uint32(b[1])), r.off+2
+				continue
+			case c == 0xcd:
+				dst, r.off = append(dst, uint32(binary.BigEndian.Uint16(b[1:3]))), r.off+3
+				continue
+			case c == 0xce:
+				dst, r.off = append(dst, binary.BigEndian.Uint32(b[1:5])), r.off+5
+				continue
+			}
+		}
 		t, err := r.token()
 		if err != nil {
 			return dst, false, err

@@ -13,6 +13,7 @@
 package blockset
 
 import (
+	"github.com/kvrelay/kvrelay/internal/u64map"
 	"math/bits"
 
 	"github.com/kvrelay/kvrelay/xds/policy"
@@ -89,7 +90,7 @@ type Set struct {
 	// Match takes the leading run of such blocks from this one map. Blocks the first shard
 	// lacks cannot be such (while it has a live slot), and are not counted: most blocks are
 	// one worker's, and past a few shards most are not the first shard's.
-	gpuHolders map[uint64]uint32
+	gpuHolders *u64map.Map
 }
 
 // Held returns how many blocks slot holds in tier.
@@ -125,24 +126,22 @@ func (s *Set) count(slot int, tier Tier, d int) {
 // maps stay small (or empty, and are then never consulted); values, not pointers, keep the
 // maps out of the garbage collector's way.
 type shard struct {
-	tiers [NumTiers]map[uint64]uint64
+	tiers [NumTiers]u64map.Map
 	// live is the slots of the shard that hold any entry.
 	live uint64
 }
 
 func (s *Set) shard(slot int) *shard {
 	for len(s.shards) <= slot/64 {
-		sh := &shard{}
-		for t := range sh.tiers {
-			sh.tiers[t] = map[uint64]uint64{}
-		}
-		s.shards = append(s.shards, sh)
+		s.shards = append(s.shards, &shard{})
 		if len(s.shards) == 2 {
 			// Past one shard: count the GPU holders of what the first holds.
-			s.gpuHolders = make(map[uint64]uint32, len(s.shards[0].tiers[GPU]))
-			for seq, e := range s.shards[0].tiers[GPU] {
-				s.gpuHolders[seq] = uint32(bits.OnesCount64(e))
-			}
+			first := &s.shards[0].tiers[GPU]
+			s.gpuHolders = u64map.New(first.Len())
+			first.Range(func(seq, e uint64) bool {
+				s.gpuHolders.Put(seq, uint64(bits.OnesCount64(e)))
+				return true
+			})
 		}
 	}
 	return s.shards[slot/64]
@@ -154,16 +153,18 @@ func (s *Set) shard(slot int) *shard {
 func (s *Set) holderAdded(seq uint64, slot int, first0 bool) {
 	switch {
 	case first0:
-		n := uint32(1)
+		n := uint64(1)
 		for _, sh := range s.shards[1:] {
-			n += uint32(bits.OnesCount64(sh.tiers[GPU][seq]))
+			e, _ := sh.tiers[GPU].Get(seq)
+			n += uint64(bits.OnesCount64(e))
 		}
-		s.gpuHolders[seq] = n
+		s.gpuHolders.Put(seq, n)
 	case slot < 64:
-		s.gpuHolders[seq]++
+		n, _ := s.gpuHolders.Get(seq)
+		s.gpuHolders.Put(seq, n+1)
 	default:
-		if _, ok := s.gpuHolders[seq]; ok {
-			s.gpuHolders[seq]++
+		if n, ok := s.gpuHolders.Get(seq); ok {
+			s.gpuHolders.Put(seq, n+1)
 		}
 	}
 }
@@ -172,11 +173,11 @@ func (s *Set) holderAdded(seq uint64, slot int, first0 bool) {
 // shard holds seq no more (left0).
 func (s *Set) holderGone(seq uint64, left0 bool) {
 	if left0 {
-		delete(s.gpuHolders, seq)
+		s.gpuHolders.Delete(seq)
 		return
 	}
-	if n, ok := s.gpuHolders[seq]; ok {
-		s.gpuHolders[seq] = n - 1
+	if n, ok := s.gpuHolders.Get(seq); ok {
+		s.gpuHolders.Put(seq, n-1)
 	}
 }
 
@@ -185,13 +186,13 @@ func (s *Set) Add(seq uint64, slot int, tier Tier) bool {
 	if slot < 0 || tier >= NumTiers {
 		return false
 	}
-	m := s.shard(slot).tiers[tier]
+	m := &s.shard(slot).tiers[tier]
 	bit := uint64(1) << (slot % 64)
-	e := m[seq]
+	e, _ := m.Get(seq)
 	if e&bit != 0 {
 		return false
 	}
-	m[seq] = e | bit
+	m.Put(seq, e|bit)
 	if tier == GPU && s.gpuHolders != nil {
 		s.holderAdded(seq, slot, slot < 64 && e == 0)
 	}
@@ -204,9 +205,9 @@ func (s *Set) Remove(seq uint64, slot int, tier Tier) bool {
 	if slot < 0 || slot/64 >= len(s.shards) || tier >= NumTiers {
 		return false
 	}
-	m := s.shards[slot/64].tiers[tier]
+	m := &s.shards[slot/64].tiers[tier]
 	bit := uint64(1) << (slot % 64)
-	e, ok := m[seq]
+	e, ok := m.Get(seq)
 	if !ok || e&bit == 0 {
 		return false
 	}
@@ -215,11 +216,11 @@ func (s *Set) Remove(seq uint64, slot int, tier Tier) bool {
 }
 
 // unset takes slot out of entry e of seq in tier's map m of slot's shard (e holding slot).
-func (s *Set) unset(m map[uint64]uint64, seq uint64, slot int, tier Tier, e uint64) {
+func (s *Set) unset(m *u64map.Map, seq uint64, slot int, tier Tier, e uint64) {
 	if e &^= 1 << (slot % 64); e == 0 {
-		delete(m, seq)
+		m.Delete(seq)
 	} else {
-		m[seq] = e
+		m.Put(seq, e)
 	}
 	if tier == GPU && s.gpuHolders != nil {
 		s.holderGone(seq, slot < 64 && e == 0)
@@ -234,14 +235,22 @@ func (s *Set) ClearSlot(slot int, fn func(seq uint64, tier Tier)) {
 		return
 	}
 	bit := uint64(1) << (slot % 64)
-	for t, m := range s.shards[slot/64].tiers {
-		for seq, e := range m {
-			if e&bit == 0 {
-				continue
+	sh := s.shards[slot/64]
+	type held struct{ seq, e uint64 }
+	var hs []held
+	for t := range sh.tiers {
+		m := &sh.tiers[t]
+		hs = hs[:0]
+		m.Range(func(seq, e uint64) bool {
+			if e&bit != 0 {
+				hs = append(hs, held{seq, e})
 			}
-			s.unset(m, seq, slot, Tier(t), e)
+			return true
+		})
+		for _, h := range hs {
+			s.unset(m, h.seq, slot, Tier(t), h.e)
 			if fn != nil {
-				fn(seq, Tier(t))
+				fn(h.seq, Tier(t))
 			}
 		}
 	}
@@ -252,18 +261,20 @@ func (s *Set) Has(seq uint64, slot int, tier Tier) bool {
 	if slot < 0 || slot/64 >= len(s.shards) || tier >= NumTiers {
 		return false
 	}
-	return s.shards[slot/64].tiers[tier][seq]&(1<<(slot%64)) != 0
+	e, _ := s.shards[slot/64].tiers[tier].Get(seq)
+	return e&(1<<(slot%64)) != 0
 }
 
 // Each calls fn for every entry, shard by shard.
 func (s *Set) Each(fn func(seq uint64, slot int, tier Tier)) {
 	for k, sh := range s.shards {
-		for t, m := range sh.tiers {
-			for seq, e := range m {
+		for t := range sh.tiers {
+			sh.tiers[t].Range(func(seq, e uint64) bool {
 				for b := e; b != 0; b &= b - 1 {
 					fn(seq, 64*k+bits.TrailingZeros64(b), Tier(t))
 				}
-			}
+				return true
+			})
 		}
 	}
 }
@@ -277,12 +288,13 @@ func (s *Set) EachSlots(slots []int, fn func(seq uint64, slot int, tier Tier)) {
 		}
 	}
 	for k, mask := range masks {
-		for t, m := range s.shards[k].tiers {
-			for seq, e := range m {
+		for t := range s.shards[k].tiers {
+			s.shards[k].tiers[t].Range(func(seq, e uint64) bool {
 				for b := e & mask; b != 0; b &= b - 1 {
 					fn(seq, 64*k+bits.TrailingZeros64(b), Tier(t))
 				}
-			}
+				return true
+			})
 		}
 	}
 }
@@ -295,10 +307,11 @@ func (s *Set) Len() int {
 	}
 	seen := map[uint64]struct{}{}
 	for _, sh := range s.shards {
-		for _, m := range sh.tiers {
-			for seq := range m {
+		for t := range sh.tiers {
+			sh.tiers[t].Range(func(seq, _ uint64) bool {
 				seen[seq] = struct{}{}
-			}
+				return true
+			})
 		}
 	}
 	return len(seen)
@@ -306,26 +319,18 @@ func (s *Set) Len() int {
 
 // distinct counts the blocks of one shard.
 func (sh *shard) distinct() int {
-	n := len(sh.tiers[GPU])
-	for seq := range sh.tiers[Host] {
-		if _, ok := sh.tiers[GPU][seq]; !ok {
+	n := sh.tiers[GPU].Len()
+	// A block counts in the fastest tier that holds it.
+	for t := Host; t < NumTiers; t++ {
+		sh.tiers[t].Range(func(seq, _ uint64) bool {
+			for faster := GPU; faster < t; faster++ {
+				if _, ok := sh.tiers[faster].Get(seq); ok {
+					return true
+				}
+			}
 			n++
-		}
-	}
-	for seq := range sh.tiers[Disk] {
-		_, g := sh.tiers[GPU][seq]
-		_, h := sh.tiers[Host][seq]
-		if !g && !h {
-			n++
-		}
-	}
-	for seq := range sh.tiers[Shared] {
-		_, g := sh.tiers[GPU][seq]
-		_, h := sh.tiers[Host][seq]
-		_, d := sh.tiers[Disk][seq]
-		if !g && !h && !d {
-			n++
-		}
+			return true
+		})
 	}
 	return n
 }
@@ -334,10 +339,11 @@ func (sh *shard) distinct() int {
 func (s *Set) Entries() int {
 	n := 0
 	for _, sh := range s.shards {
-		for _, m := range sh.tiers {
-			for _, e := range m {
+		for t := range sh.tiers {
+			sh.tiers[t].Range(func(_, e uint64) bool {
 				n += bits.OnesCount64(e)
-			}
+				return true
+			})
 		}
 	}
 	return n
@@ -365,7 +371,10 @@ func (s *Set) MatchTiers(hashes []uint64, overlap []float64, lower []Lower, wt W
 	// not one per shard.
 	common := 0
 	if s.gpuHolders != nil && s.shards[0].live != 0 {
-		for common < len(hashes) && s.gpuHolders[hashes[common]] == uint32(s.nonEmpty) {
+		for common < len(hashes) {
+			if n, _ := s.gpuHolders.Get(hashes[common]); n != uint64(s.nonEmpty) {
+				break
+			}
 			common++
 		}
 	}
@@ -401,16 +410,13 @@ func (sh *shard) match(hashes []uint64, common int, overlap []float64, lower []L
 	n := common
 	for n < len(hashes) && active != 0 {
 		h := hashes[n]
-		gpu := sh.tiers[GPU][h]
+		gpu, _ := sh.tiers[GPU].Get(h)
 		held := gpu
-		if len(sh.tiers[Host]) > 0 {
-			held |= sh.tiers[Host][h]
-		}
-		if len(sh.tiers[Disk]) > 0 {
-			held |= sh.tiers[Disk][h]
-		}
-		if len(sh.tiers[Shared]) > 0 {
-			held |= sh.tiers[Shared][h]
+		for t := Host; t < NumTiers; t++ {
+			if sh.tiers[t].Len() > 0 {
+				e, _ := sh.tiers[t].Get(h)
+				held |= e
+			}
 		}
 		held &= active
 		if held == 0 {
@@ -421,7 +427,8 @@ func (sh *shard) match(hashes []uint64, common int, overlap []float64, lower []L
 		}
 		active = held
 		if below := active &^ gpu; below != 0 {
-			host, disk := sh.tiers[Host][h], sh.tiers[Disk][h]
+			host, _ := sh.tiers[Host].Get(h)
+			disk, _ := sh.tiers[Disk].Get(h)
 			for b := below; b != 0; b &= b - 1 {
 				i := bits.TrailingZeros64(b)
 				var w float64

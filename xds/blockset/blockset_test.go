@@ -243,8 +243,8 @@ func TestMatchAgainstReference(t *testing.T) {
 					s.Add(h, slot, GPU)
 				}
 			}
-			if s.gpuHolders[hashes[preamble-1]] != uint32(s.nonEmpty) {
-				t.Fatalf("the preamble every slot holds is counted %d times for %d slots", s.gpuHolders[hashes[preamble-1]], s.nonEmpty)
+			if n, _ := s.gpuHolders.Get(hashes[preamble-1]); n != uint64(s.nonEmpty) {
+				t.Fatalf("the preamble every slot holds is counted %d times for %d slots", n, s.nonEmpty)
 			}
 		}
 		checkHolders(t, &s)
@@ -268,19 +268,21 @@ func checkHolders(t *testing.T, s *Set) {
 	if len(s.shards) < 2 {
 		return
 	}
-	for seq, n := range s.gpuHolders {
+	s.gpuHolders.Range(func(seq, n uint64) bool {
 		want := 0
 		for _, sh := range s.shards {
-			want += bits.OnesCount64(sh.tiers[GPU][seq])
+			e, _ := sh.tiers[GPU].Get(seq)
+			want += bits.OnesCount64(e)
 		}
-		if s.shards[0].tiers[GPU][seq] == 0 {
+		if e, _ := s.shards[0].tiers[GPU].Get(seq); e == 0 {
 			t.Fatalf("block %x counted (%d) though the first shard lacks it", seq, n)
 		}
 		if int(n) != want {
 			t.Fatalf("block %x counted %d GPU holders, the shards say %d", seq, n, want)
 		}
-	}
-	if len(s.gpuHolders) != len(s.shards[0].tiers[GPU]) {
-		t.Fatalf("%d counts for the first shard's %d GPU blocks", len(s.gpuHolders), len(s.shards[0].tiers[GPU]))
+		return true
+	})
+	if s.gpuHolders.Len() != s.shards[0].tiers[GPU].Len() {
+		t.Fatalf("%d counts for the first shard's %d GPU blocks", s.gpuHolders.Len(), s.shards[0].tiers[GPU].Len())
 	}
 }

@@ -61,6 +61,9 @@ type Log struct {
 	first uint64 // offset of the oldest change still in the ring
 	next  uint64 // offset the next change gets
 	wake  chan struct{}
+	// waited is whether Wait gave out wake since it was last closed: an append with no
+	// reader waiting keeps it (and allocates nothing).
+	waited bool
 	// marks are when the most recent appends' changes arrived, oldest first from
 	// marks[nmarks%len]: what ArrivedAt answers from.
 	marks  []mark
@@ -122,7 +125,9 @@ func (l *Log) AppendAt(at int64, cs ...Change) {
 	l.appendLocked(at, cs)
 	w := l.wakeLocked()
 	l.mu.Unlock()
-	close(w)
+	if w != nil {
+		close(w)
+	}
 }
 
 // AppendMarked adds the changes of one event batch of a worker, arrived at unix nanosecond
@@ -158,10 +163,14 @@ func (l *Log) appendLocked(at int64, cs []Change) {
 	l.nmarks++
 }
 
-// wakeLocked returns the channel to close, once the lock is released, to wake the readers.
+// wakeLocked returns the channel to close, once the lock is released, to wake the readers:
+// nil when none waits.
 func (l *Log) wakeLocked() chan struct{} {
+	if !l.waited {
+		return nil
+	}
 	w := l.wake
-	l.wake = make(chan struct{})
+	l.wake, l.waited = make(chan struct{}), false
 	return w
 }
 
@@ -218,5 +227,6 @@ func (l *Log) Wait(from uint64) <-chan struct{} {
 		close(c)
 		return c
 	}
+	l.waited = true
 	return l.wake
 }

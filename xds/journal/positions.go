@@ -153,7 +153,9 @@ func (l *Log) Forget(slot uint32, cs ...Change) {
 	}
 	w := l.wakeLocked()
 	l.mu.Unlock()
-	close(w)
+	if w != nil {
+		close(w)
+	}
 }
 
 // Checkpoints appends to dst the marks of the checkpoints at offsets in (from, to]: what a

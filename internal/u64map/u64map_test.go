@@ -1,0 +1,169 @@
+package u64map
+
+import (
+	"encoding/binary"
+	"math/rand/v2"
+	"testing"
+)
+
+// check compares m with the Go map want, entry by entry both ways.
+func check(t *testing.T, m *Map, want map[uint64]uint64) {
+	t.Helper()
+	if m.Len() != len(want) {
+		t.Fatalf("Len %d, want %d", m.Len(), len(want))
+	}
+	for k, v := range want {
+		if got, ok := m.Get(k); !ok || got != v {
+			t.Fatalf("Get(%d) = %d, %v; want %d", k, got, ok, v)
+		}
+	}
+	n := 0
+	m.Range(func(k, v uint64) bool {
+		n++
+		if w, ok := want[k]; !ok || w != v {
+			t.Fatalf("Range gave %d=%d, want %d (present %v)", k, v, w, ok)
+		}
+		return true
+	})
+	if n != len(want) {
+		t.Fatalf("Range gave %d entries, want %d", n, len(want))
+	}
+}
+
+// apply runs one operation on both maps and compares what they answer.
+func apply(t *testing.T, m *Map, want map[uint64]uint64, op byte, k, v uint64) {
+	t.Helper()
+	switch op % 4 {
+	case 0, 1:
+		old, ok := want[k]
+		gotOld, added := m.Swap(k, v)
+		if added == ok || (ok && gotOld != old) {
+			t.Fatalf("Swap(%d, %d) = %d, %v; want %d, %v", k, v, gotOld, added, old, !ok)
+		}
+		want[k] = v
+	case 2:
+		old, ok := want[k]
+		got, gotOK := m.Delete(k)
+		if gotOK != ok || got != old {
+			t.Fatalf("Delete(%d) = %d, %v; want %d, %v", k, got, gotOK, old, ok)
+		}
+		delete(want, k)
+	case 3:
+		w, ok := want[k]
+		if got, gotOK := m.Get(k); gotOK != ok || got != w {
+			t.Fatalf("Get(%d) = %d, %v; want %d, %v", k, got, gotOK, w, ok)
+		}
+	}
+}
+
+// TestAgainstGoMap churns keys from small ranges (long probe runs that wrap the table, the
+// key 0, deletions in the middle of runs) and large ones, comparing with a Go map throughout.
+func TestAgainstGoMap(t *testing.T) {
+	for _, keys := range []uint64{8, 100, 5000, 1 << 40} {
+		r := rand.New(rand.NewPCG(keys, 1))
+		m, want := &Map{}, map[uint64]uint64{}
+		for i := range 200000 {
+			apply(t, m, want, byte(r.IntN(4)), r.Uint64N(keys), r.Uint64())
+			if i%10000 == 0 {
+				check(t, m, want)
+			}
+		}
+		check(t, m, want)
+		m.Clear()
+		check(t, m, map[uint64]uint64{})
+	}
+}
+
+// TestCollidingKeys puts keys that share their home slot, then deletes them in every order
+// of the run's start, middle and end.
+func TestCollidingKeys(t *testing.T) {
+	m := New(8)
+	size := uint64(len(m.tab))
+	var same []uint64
+	for k := uint64(1); len(same) < 6; k++ {
+		if m.home(k) == int(size-1) { // the last slot: the run wraps around
+			same = append(same, k)
+		}
+	}
+	for _, order := range [][]int{{0, 1, 2, 3, 4, 5}, {5, 4, 3, 2, 1, 0}, {2, 0, 4, 1, 5, 3}} {
+		want := map[uint64]uint64{}
+		for i, k := range same {
+			m.Put(k, uint64(i))
+			want[k] = uint64(i)
+		}
+		for _, i := range order {
+			if _, ok := m.Delete(same[i]); !ok {
+				t.Fatalf("Delete(%d): not found", same[i])
+			}
+			delete(want, same[i])
+			check(t, m, want)
+		}
+	}
+}
+
+func TestRangeStops(t *testing.T) {
+	m := New(0)
+	for k := range uint64(10) {
+		m.Put(k, k)
+	}
+	n := 0
+	m.Range(func(k, v uint64) bool { n++; return n < 3 })
+	if n != 3 {
+		t.Fatalf("Range went on after false: %d calls", n)
+	}
+}
+
+// FuzzAgainstGoMap reads operations (op, key, value) from the input and compares with a Go
+// map; keys come from a small range so that runs collide and wrap.
+func FuzzAgainstGoMap(f *testing.F) {
+	f.Add([]byte("\x00\x01\x00\x00\x00\x00\x00\x00\x00\x05\x00\x00\x00\x00\x00\x00\x00\x02\x01\x00\x00\x00\x00\x00\x00\x00"))
+	f.Fuzz(func(t *testing.T, in []byte) {
+		m, want := &Map{}, map[uint64]uint64{}
+		for len(in) >= 17 {
+			op, k, v := in[0], binary.LittleEndian.Uint64(in[1:9])%64, binary.LittleEndian.Uint64(in[9:17])
+			in = in[17:]
+			apply(t, m, want, op, k, v)
+		}
+		check(t, m, want)
+	})
+}
+
+// BenchmarkChurn is the KV index's pattern: a table of live blocks far larger than the
+// caches, each step storing a new block (a lookup, then an insert) and removing an old
+// one (a lookup, then a delete), against Go's map.
+func BenchmarkChurn(b *testing.B) {
+	const live = 1 << 18
+	key := func(i int) uint64 { return uint64(i)*0x9e3779b97f4a7c15 ^ 0x5bd1e995 }
+	b.Run("u64map", func(b *testing.B) {
+		m := New(live)
+		for i := range live {
+			m.Put(key(i), uint64(i))
+		}
+		i := live
+		for b.Loop() {
+			if _, ok := m.Get(key(i)); !ok {
+				m.Put(key(i), uint64(i))
+			}
+			if _, ok := m.Get(key(i - live)); ok {
+				m.Delete(key(i - live))
+			}
+			i++
+		}
+	})
+	b.Run("gomap", func(b *testing.B) {
+		m := make(map[uint64]uint64, live)
+		for i := range live {
+			m[key(i)] = uint64(i)
+		}
+		i := live
+		for b.Loop() {
+			if _, ok := m[key(i)]; !ok {
+				m[key(i)] = uint64(i)
+			}
+			if _, ok := m[key(i-live)]; ok {
+				delete(m, key(i-live))
+			}
+			i++
+		}
+	})
+}
