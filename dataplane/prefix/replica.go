@@ -144,7 +144,9 @@ func (r *Replica) MatchTiers(hashes []uint64, overlap []float64, lower []blockse
 	for i, s := range r.slots {
 		if i < len(overlap) && s >= 0 {
 			overlap[i] = bySlot[s]
-			best = max(best, overlap[i])
+			if overlap[i] > best { // not the builtin max, slower for its NaN rules
+				best = overlap[i]
+			}
 			if lower != nil && i < len(lower) {
 				lower[i] = lowerBySlot[s]
 			}

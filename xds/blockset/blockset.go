@@ -398,6 +398,7 @@ func (s *Set) MatchTiers(hashes []uint64, overlap []float64, lower []Lower, wt W
 // tier; within the run, blocks outside GPU memory count at their tier's weight, which costs
 // work only for the rare blocks that are not in GPU memory.
 func (sh *shard) match(hashes []uint64, common int, overlap []float64, lower []Lower, wt Weights) float64 {
+	best := 0.0
 	active := sh.live
 	if len(overlap) < 64 {
 		active &= uint64(1)<<len(overlap) - 1
@@ -423,7 +424,9 @@ func (sh *shard) match(hashes []uint64, common int, overlap []float64, lower []L
 			break
 		}
 		if left := active &^ held; left != 0 {
-			closeRuns(left, n, overlap, &deficit, lower, slow)
+			if o := closeRuns(left, n, overlap, &deficit, lower, slow); o > best {
+				best = o
+			}
 		}
 		active = held
 		if below := active &^ gpu; below != 0 {
@@ -455,23 +458,27 @@ func (sh *shard) match(hashes []uint64, common int, overlap []float64, lower []L
 		n++
 	}
 	if active != 0 {
-		closeRuns(active, n, overlap, &deficit, lower, slow)
-	}
-	best := 0.0
-	for _, o := range overlap {
-		best = max(best, o)
+		if o := closeRuns(active, n, overlap, &deficit, lower, slow); o > best {
+			best = o
+		}
 	}
 	return best
 }
 
-// closeRuns ends the runs of the slots in set at length n.
-func closeRuns(set uint64, n int, overlap []float64, deficit *[64]float64, lower []Lower, slow *[64]Lower) {
+// closeRuns ends the runs of the slots in set at length n and returns the longest.
+func closeRuns(set uint64, n int, overlap []float64, deficit *[64]float64, lower []Lower, slow *[64]Lower) float64 {
+	best := 0.0
 	for b := set; b != 0; b &= b - 1 {
 		if i := bits.TrailingZeros64(b); i < len(overlap) {
-			overlap[i] = float64(n) - deficit[i]
+			o := float64(n) - deficit[i]
+			overlap[i] = o
+			if o > best { // not the builtin max: its NaN and signed-zero rules cost more than the rest
+				best = o
+			}
 			if lower != nil {
 				lower[i] = Lower{Host: slow[i].Host, Disk: slow[i].Disk, Shared: slow[i].Shared, Deficit: deficit[i]}
 			}
 		}
 	}
+	return best
 }
