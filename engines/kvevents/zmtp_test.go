@@ -1,18 +1,23 @@
 package kvevents
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
+	"fmt"
 	"io"
 	"net"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/go-zeromq/zmq4"
 )
 
 // zmtpPeer accepts one connection and speaks ZMTP 3.0 as a PUB socket with the NULL
-// mechanism, then writes after: a stand-in for a publisher that sends what a ZMQ library
-// would not.
-func zmtpPeer(t *testing.T, after []byte) (addr string, done <-chan struct{}) {
+// mechanism, its READY command carrying meta as its metadata, then writes after: a stand-in
+// for a publisher that sends what a ZMQ library would not.
+func zmtpPeer(t *testing.T, meta, after []byte) (addr string, done <-chan struct{}) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -41,6 +46,7 @@ func zmtpPeer(t *testing.T, after []byte) (addr string, done <-chan struct{}) {
 		body = append(body, "Socket-Type"...)
 		body = binary.BigEndian.AppendUint32(body, 3)
 		body = append(body, "PUB"...)
+		body = append(body, meta...)
 		cmd := append([]byte{0x04, byte(len(body))}, body...)
 		if _, err := c.Write(append(cmd, after...)); err != nil {
 			return
@@ -53,18 +59,77 @@ func zmtpPeer(t *testing.T, after []byte) (addr string, done <-chan struct{}) {
 // TestOversizedFrame: a publisher that announces a frame larger than any batch (here 2^40
 // bytes) is cut off, and the subscriber neither allocates it nor dies.
 func TestOversizedFrame(t *testing.T) {
-	frame := binary.BigEndian.AppendUint64([]byte{0x02}, 1<<40)
-	addr, done := zmtpPeer(t, frame)
+	hangsUp(t, "a publisher that announced a 1 TiB frame", nil, binary.BigEndian.AppendUint64([]byte{0x02}, 1<<40))
+}
+
+// TestEmptyFramesFlood: a publisher that sends empty frames, each marked "more", for ever is
+// cut off too (each frame is charged for what holding it costs).
+func TestEmptyFramesFlood(t *testing.T) {
+	flood := bytes.Repeat([]byte{0x01, 0x00}, 4<<20) // 4M frames, 8 MiB: past the bound
+	hangsUp(t, "a publisher sending a message of endless empty frames", nil, flood)
+}
+
+// TestMalformedMetadata: a READY command whose metadata ends inside a property (a name length
+// and nothing after it) is refused, not read past its end.
+func TestMalformedMetadata(t *testing.T) {
+	for _, meta := range [][]byte{{0x00}, {0x01}, {0x03, 'a', 'b', 'c', 0, 0}} {
+		hangsUp(t, fmt.Sprintf("a publisher whose READY metadata is %x", meta), meta, nil)
+	}
+}
+
+// hangsUp runs a subscriber against a zmtpPeer and waits for it to close the connection.
+func hangsUp(t *testing.T, what string, meta, after []byte) {
+	t.Helper()
+	addr, done := zmtpPeer(t, meta, after)
 	s, err := NewSubscriber(SubscriberConfig{Endpoint: "tcp://" + addr, RetryInterval: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 	defer cancel()
 	go func() { _ = s.Run(ctx, func(uint64, *Batch) {}) }()
 	select {
 	case <-done:
 	case <-ctx.Done():
-		t.Fatal("the subscriber kept the connection of a publisher that announced a 1 TiB frame")
+		t.Fatalf("the subscriber kept the connection of %s", what)
+	}
+}
+
+// TestStalledHandshake: a subscriber that binds (engines connect out to it) keeps taking
+// publishers while one connection says nothing at all, and drops that one after the
+// handshake's timeout.
+func TestStalledHandshake(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	sub, err := NewSubscriber(SubscriberConfig{Endpoint: "tcp://127.0.0.1:0", Bind: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &recorder{t: t}
+	stop := runSubscriber(t, ctx, sub, rec)
+	defer stop()
+	<-sub.Ready()
+	silent, err := net.Dial("tcp", strings.TrimPrefix(sub.Endpoint(), "tcp://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	pub := startPublisher(t, ctx, PublisherConfig{Endpoint: sub.Endpoint(), Connect: true})
+	for i := 0; rec.len() == 0; i++ {
+		if ctx.Err() != nil {
+			t.Fatal("no batch arrived from a publisher connecting beside a silent connection")
+		}
+		_ = pub.Publish(testBatch(i))
+		time.Sleep(20 * time.Millisecond)
+	}
+	_ = silent.SetReadDeadline(time.Now().Add(zmq4.HandshakeTimeout + 5*time.Second))
+	buf := make([]byte, 256)
+	for {
+		if _, err := silent.Read(buf); err != nil {
+			if ne, ok := err.(net.Error); ok && ne.Timeout() {
+				t.Fatal("the silent connection was kept past the handshake's timeout")
+			}
+			return // closed by the subscriber
+		}
 	}
 }

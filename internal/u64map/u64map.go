@@ -6,10 +6,17 @@
 // costs a few lookups in tables larger than the caches, and each lookup's cache misses are
 // what the ingest and the match pay.
 //
+// Keys can come from outside (an engine's block hashes arrive over the wire), so each table
+// hashes them with a seed of its own, drawn when it is first allocated: keys chosen to share a
+// slot in one table (which would make every operation walk them all) share none in another.
+//
 // A Map is not safe for concurrent use. The zero Map is empty and ready.
 package u64map
 
-import "math/bits"
+import (
+	"math/bits"
+	"math/rand/v2"
+)
 
 type entry struct{ k, v uint64 }
 
@@ -17,6 +24,7 @@ type entry struct{ k, v uint64 }
 type Map struct {
 	tab   []entry // len a power of two, or 0
 	shift uint8   // 64 - log2(len(tab))
+	seed  uint64  // drawn with the first table, kept across resizes
 	n     int     // entries in tab
 	// The key 0 marks an empty slot, so its value is kept aside.
 	zero    uint64
@@ -51,7 +59,13 @@ func (m *Map) Len() int {
 	return m.n
 }
 
-func (m *Map) home(k uint64) int { return int((k * 0x9e3779b97f4a7c15) >> m.shift) }
+// home is k's first slot: k mixed with the seed (a multiply, a xor-shift, a multiply), its
+// top bits.
+func (m *Map) home(k uint64) int {
+	x := (k ^ m.seed) * 0xbf58476d1ce4e5b9
+	x ^= x >> 31
+	return int((x * 0x94d049bb133111eb) >> m.shift)
+}
 
 // Get returns k's value and whether k is present.
 func (m *Map) Get(k uint64) (uint64, bool) {
@@ -155,6 +169,9 @@ func (m *Map) Clear() { *m = Map{} }
 
 func (m *Map) resize(size int) {
 	old := m.tab
+	if m.seed == 0 {
+		m.seed = rand.Uint64() | 1
+	}
 	m.tab = make([]entry, size)
 	m.shift = uint8(64 - bits.TrailingZeros(uint(size)))
 	m.n = 0

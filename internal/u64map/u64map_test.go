@@ -167,3 +167,46 @@ func BenchmarkChurn(b *testing.B) {
 		}
 	})
 }
+
+// longestRun is the longest stretch of occupied slots in m's table.
+func longestRun(m *Map) int {
+	best, run := 0, 0
+	for _, e := range append(m.tab, m.tab...) { // twice: a run may wrap around
+		if e.k == 0 {
+			run = 0
+			continue
+		}
+		run++
+		best = max(best, min(run, len(m.tab)))
+	}
+	return best
+}
+
+// TestChosenKeys: keys chosen to share a home slot, under the unseeded multiplicative hash a
+// table would otherwise use, and then keys chosen to share one in a particular table, spread
+// in another table as in any: no table walks them all.
+func TestChosenKeys(t *testing.T) {
+	const n = 20000
+	const inv = 0xf1de83e19937733d // the inverse of 0x9e3779b97f4a7c15 mod 2^64
+	m := New(0)
+	for j := range uint64(n) {
+		m.Put(j*inv, j) // j·C⁻¹·C = j: all in slot 0 of an unseeded table
+	}
+	if r := longestRun(m); r > 200 {
+		t.Fatalf("keys chosen against the unseeded hash make a run of %d slots", r)
+	}
+	// Keys that share their home in a table of m's size: found by trying.
+	var same []uint64
+	for k := uint64(1); len(same) < 500; k++ {
+		if m.home(k) == 0 {
+			same = append(same, k)
+		}
+	}
+	other := New(n)
+	for _, k := range same {
+		other.Put(k, k)
+	}
+	if r := longestRun(other); r > 50 {
+		t.Fatalf("keys sharing a home slot in one table make a run of %d slots in another", r)
+	}
+}

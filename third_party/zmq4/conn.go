@@ -15,6 +15,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 var ErrClosedConn = errors.New("zmq4: read/write on closed connection")
@@ -50,6 +51,9 @@ type Conn struct {
 // for it: a frame's length comes from the wire, and without a bound one header could make the
 // reader allocate any amount.
 const DefaultMaxMessageSize = 64 << 20
+
+// frameOverhead is what a frame costs its reader beside its bytes, counted against the bound.
+const frameOverhead = 32
 
 // ErrMsgTooLarge is the error of a read whose message is larger than the bound (kvrelay).
 var ErrMsgTooLarge = errors.New("zmq4: message larger than the socket's bound")
@@ -90,6 +94,16 @@ func (c *Conn) Write(p []byte) (int, error) {
 // An optional onCloseErrorCB can be provided to inform the caller when this Conn is closed.
 // Open performs a complete ZMTP handshake.
 func Open(rw net.Conn, sec Security, sockType SocketType, sockID SocketIdentity, server bool, onCloseErrorCB func(c *Conn)) (*Conn, error) {
+	return open(rw, sec, sockType, sockID, server, onCloseErrorCB, 0)
+}
+
+// HandshakeTimeout bounds a connection's ZMTP handshake (kvrelay): a peer that connects and
+// says nothing is dropped after it, instead of holding the connection for ever.
+const HandshakeTimeout = 10 * time.Second
+
+// open is Open with the bound on the messages the connection reads, the handshake's commands
+// included (kvrelay).
+func open(rw net.Conn, sec Security, sockType SocketType, sockID SocketIdentity, server bool, onCloseErrorCB func(c *Conn), maxMsg int64) (*Conn, error) {
 	if rw == nil {
 		return nil, fmt.Errorf("zmq4: invalid nil read-writer")
 	}
@@ -107,12 +121,15 @@ func Open(rw net.Conn, sec Security, sockType SocketType, sockID SocketIdentity,
 		Meta:           make(Metadata),
 		topics:         make(map[string]struct{}),
 		onCloseErrorCB: onCloseErrorCB,
+		maxMsg:         maxMsg,
 	}
 	conn.Meta[sysSockType] = string(conn.typ)
 	conn.Meta[sysSockID] = conn.id.String()
 	conn.Peer.Meta = make(Metadata)
 
+	_ = rw.SetDeadline(time.Now().Add(HandshakeTimeout))
 	err := conn.init(sec)
+	_ = rw.SetDeadline(time.Time{})
 	if err != nil {
 		return nil, fmt.Errorf("zmq4: could not initialize ZMTP connection: %w", err)
 	}
@@ -440,7 +457,9 @@ func (c *Conn) read() Msg {
 		}
 		// kvrelay: a peer announcing more than the socket's bound is cut off before
 		// anything is allocated for it (a frame's length comes from the wire).
-		if total += size; total > c.maxMessage() {
+		// Each frame is also charged for the slice that holds it, so that a stream of empty
+		// frames marked "more" cannot grow a message without bound either.
+		if total += size + frameOverhead; total > c.maxMessage() {
 			msg.err = fmt.Errorf("%w: %d bytes announced, more than %d", ErrMsgTooLarge, total, c.maxMessage())
 			// The stream cannot be resynchronised past a frame left unread: hang up.
 			_ = c.rw.Close()

@@ -240,9 +240,15 @@ func (prop Property) Read(data []byte) (n int, err error) {
 }
 
 func (prop *Property) Write(data []byte) (n int, err error) {
+	if len(data) < 1 {
+		return n, io.ErrUnexpectedEOF
+	}
 	klen := int(data[n])
 	n++
-	if klen > len(data) {
+	// kvrelay: the name and the value's length must both be there (upstream compared the
+	// name's length alone with the data's, and sliced past the end: a peer's READY command
+	// with metadata "\x00" panicked the reading goroutine).
+	if n+klen+4 > len(data) {
 		return n, io.ErrUnexpectedEOF
 	}
 

@@ -222,15 +222,23 @@ func (sck *socket) accept() {
 				continue
 			}
 
-			zconn, err := Open(conn, sck.sec, sck.typ, sck.id, true, sck.scheduleRmConn)
-			if err != nil {
-				// FIXME(sbinet): maybe bubble up this error to application code?
-				sck.log.Printf("could not open a ZMTP connection with %q: %+v", sck.ep, err)
-				continue
-			}
-
-			zconn.maxMsg = sck.maxMsg
-			sck.addConn(zconn)
+			// kvrelay: each handshake on its own goroutine, under HandshakeTimeout, so that a
+			// peer that connects and stalls holds up no other; a failed one closes its
+			// connection (upstream shook hands inline and left a failed connection open).
+			go func(conn net.Conn) {
+				zconn, err := open(conn, sck.sec, sck.typ, sck.id, true, sck.scheduleRmConn, sck.maxMsg)
+				if err != nil {
+					// FIXME(sbinet): maybe bubble up this error to application code?
+					sck.log.Printf("could not open a ZMTP connection with %q: %+v", sck.ep, err)
+					_ = conn.Close()
+					return
+				}
+				if ctx.Err() != nil {
+					_ = zconn.Close()
+					return
+				}
+				sck.addConn(zconn)
+			}(conn)
 		}
 	}
 }
@@ -269,8 +277,9 @@ connect:
 		return fmt.Errorf("zmq4: got a nil dial-conn to %q", endpoint)
 	}
 
-	zconn, err := Open(conn, sck.sec, sck.typ, sck.id, false, sck.scheduleRmConn)
+	zconn, err := open(conn, sck.sec, sck.typ, sck.id, false, sck.scheduleRmConn, sck.maxMsg)
 	if err != nil {
+		_ = conn.Close() // kvrelay: upstream left it open
 		return fmt.Errorf("zmq4: could not open a ZMTP connection: %w", err)
 	}
 	if zconn == nil {
@@ -282,7 +291,6 @@ connect:
 		go sck.connReaper()
 		sck.reaperStarted = true
 	}
-	zconn.maxMsg = sck.maxMsg
 	sck.addConn(zconn)
 	return nil
 }
