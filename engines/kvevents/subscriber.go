@@ -138,7 +138,10 @@ func (s *Subscriber) RunTopics(ctx context.Context, emit func(topic []byte, seq 
 	}
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	sock := zmq4.NewSub(sctx, zmq4.WithLogger(logger),
+	// Each message's frames are read into pooled memory, given back once handled (handle
+	// keeps nothing of them, and emit may not): a control plane following a fleet reads
+	// thousands of small messages a second.
+	sock := zmq4.NewSub(sctx, zmq4.WithLogger(logger), zmq4.WithRecvArenas(),
 		zmq4.WithAutomaticReconnect(!s.cfg.Bind),
 		zmq4.WithDialerMaxRetries(-1), zmq4.WithDialerRetry(s.cfg.RetryInterval))
 	defer func() {
@@ -189,6 +192,7 @@ func (s *Subscriber) RunTopics(ctx context.Context, emit func(topic []byte, seq 
 			continue
 		}
 		s.handle(msg.Frames, emit)
+		msg.Release()
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -130,6 +131,50 @@ func TestStalledHandshake(t *testing.T) {
 				t.Fatal("the silent connection was kept past the handshake's timeout")
 			}
 			return // closed by the subscriber
+		}
+	}
+}
+
+// TestPooledFrames: the subscriber reads frames into pooled arenas it reuses once a message
+// is handled; batches of every size, small ones sharing an arena and large ones past it
+// (allocated on their own), all arrive whole and in order.
+func TestPooledFrames(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	pub := startPublisher(t, ctx, PublisherConfig{Endpoint: "tcp://127.0.0.1:0", HWM: 1 << 16, QueueSize: 1 << 12})
+	sub, err := NewSubscriber(SubscriberConfig{Endpoint: pub.Endpoint()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &recorder{t: t}
+	stop := runSubscriber(t, ctx, sub, rec)
+	defer stop()
+	waitFor(t, ctx, "the subscription", pub.HasSubscribers)
+	var want []any
+	for i := range 600 {
+		b := testBatch(i)
+		b.HasDPRank = true // as the publisher stamps it
+		// Every seventh batch carries 8,000 tokens (about 40 KB): past an arena's 16 KB.
+		if i%7 == 0 {
+			b.Events[0].TokenIDs = make([]uint32, 8000)
+			for j := range b.Events[0].TokenIDs {
+				b.Events[0].TokenIDs[j] = uint32(i*8000 + j)
+			}
+		}
+		want = append(want, canonical(t, b))
+		for pub.Publish(b) != nil {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	waitFor(t, ctx, "every batch", func() bool { return rec.len() == len(want) })
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	for i, got := range rec.batches {
+		if !reflect.DeepEqual(got, want[i]) {
+			t.Fatalf("batch %d arrived as %v, want %v", i, got, want[i])
+		}
+		if i > 0 && rec.seqs[i] != rec.seqs[i-1]+1 {
+			t.Fatalf("batch %d numbered %d after %d", i, rec.seqs[i], rec.seqs[i-1])
 		}
 	}
 }

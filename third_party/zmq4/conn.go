@@ -43,6 +43,9 @@ type Conn struct {
 	// maxMsg bounds a message's frames together, in bytes (kvrelay): 0 for
 	// DefaultMaxMessageSize, < 0 for no bound.
 	maxMsg int64
+	// arenas: the frames read go into pooled arenas, which Msg.Release gives back
+	// (WithRecvArenas; kvrelay).
+	arenas bool
 }
 
 // DefaultMaxMessageSize bounds the messages (all their frames together) a connection reads,
@@ -467,7 +470,12 @@ func (c *Conn) read() Msg {
 			return msg
 		}
 
-		body := make([]byte, size)
+		var body []byte
+		if c.arenas && size <= arenaSize && c.sec.Type() == NullSecurity {
+			body = msg.fromArena(int(size))
+		} else {
+			body = make([]byte, size)
+		}
 		_, msg.err = io.ReadFull(c.rw, body)
 		if msg.err != nil {
 			c.checkIO(msg.err)

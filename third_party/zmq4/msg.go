@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"sync"
 )
 
 type MsgType byte
@@ -23,6 +24,50 @@ type Msg struct {
 	Type      MsgType
 	multipart bool
 	err       error
+	arena     *arena // where Frames were read, on a socket WithRecvArenas (kvrelay)
+}
+
+// arena is pooled memory that a received message's frames are read into (kvrelay): a socket
+// that receives many small messages and is done with each before the next reads them into the
+// same few arenas, warm in the cache, instead of into fresh allocations.
+type arena struct {
+	b      []byte
+	frames [4][]byte
+}
+
+// arenaSize is an arena's capacity; a frame that does not fit is allocated on its own.
+const arenaSize = 16 << 10
+
+var arenas = sync.Pool{New: func() any { return &arena{b: make([]byte, 0, arenaSize)} }}
+
+// fromArena returns n bytes of the message's arena, taking one from the pool for its first
+// frame, or a fresh allocation when the arena is full.
+func (msg *Msg) fromArena(n int) []byte {
+	if msg.arena == nil {
+		msg.arena = arenas.Get().(*arena)
+		msg.Frames = msg.arena.frames[:0]
+	}
+	a := msg.arena
+	if cap(a.b)-len(a.b) < n {
+		return make([]byte, n)
+	}
+	l := len(a.b)
+	a.b = a.b[:l+n]
+	return a.b[l : l+n : l+n]
+}
+
+// Release gives the memory of a message received on a socket WithRecvArenas back, for the
+// next message to be read into (kvrelay). The message's frames must not be used after it; on
+// any other message it does nothing.
+func (msg *Msg) Release() {
+	a := msg.arena
+	if a == nil {
+		return
+	}
+	msg.arena, msg.Frames = nil, nil
+	a.b = a.b[:0]
+	clear(a.frames[:])
+	arenas.Put(a)
 }
 
 func NewMsg(frame []byte) Msg {

@@ -104,3 +104,13 @@ func WithMaxMessageSize(n int64) Option {
 		s.maxMsg = n
 	}
 }
+
+// WithRecvArenas makes the socket's connections read each message's frames into a pooled
+// arena, which the receiver gives back with Msg.Release once done with the message (kvrelay):
+// for a socket receiving many small messages, each handled before the next. A message never
+// released is left to the garbage collector.
+func WithRecvArenas() Option {
+	return func(s *socket) {
+		s.arenas = true
+	}
+}

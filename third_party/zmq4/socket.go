@@ -42,6 +42,7 @@ type socket struct {
 	autoReconnect bool
 	timeout       time.Duration
 	maxMsg        int64 // WithMaxMessageSize (kvrelay)
+	arenas        bool  // WithRecvArenas (kvrelay)
 
 	mu    sync.RWMutex
 	conns []*Conn // ZMTP connections
@@ -171,10 +172,10 @@ func (sck *socket) SendMulti(msg Msg) error {
 
 // Recv receives a complete message.
 func (sck *socket) Recv() (Msg, error) {
-	ctx, cancel := context.WithCancel(sck.ctx)
-	defer cancel()
+	// kvrelay: the socket's own context, not a child made (and allocated, with its Done
+	// channel) for every message: nothing outlives the read.
 	var msg Msg
-	err := sck.r.read(ctx, &msg)
+	err := sck.r.read(sck.ctx, &msg)
 	return msg, err
 }
 
@@ -237,6 +238,7 @@ func (sck *socket) accept() {
 					_ = zconn.Close()
 					return
 				}
+				zconn.arenas = sck.arenas
 				sck.addConn(zconn)
 			}(conn)
 		}
@@ -291,6 +293,7 @@ connect:
 		go sck.connReaper()
 		sck.reaperStarted = true
 	}
+	zconn.arenas = sck.arenas
 	sck.addConn(zconn)
 	return nil
 }
