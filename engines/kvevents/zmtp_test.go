@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"reflect"
 	"strings"
 	"testing"
@@ -139,9 +141,15 @@ func TestStalledHandshake(t *testing.T) {
 // is handled; batches of every size, small ones sharing an arena and large ones past it
 // (allocated on their own), all arrive whole and in order.
 func TestPooledFrames(t *testing.T) {
+	t.Run("short topic", func(t *testing.T) { pooledFrames(t, "") })
+	// A first frame larger than an arena, read on its own before the others take one.
+	t.Run("20 KB topic", func(t *testing.T) { pooledFrames(t, strings.Repeat("t", 20000)) })
+}
+
+func pooledFrames(t *testing.T, topic string) {
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	pub := startPublisher(t, ctx, PublisherConfig{Endpoint: "tcp://127.0.0.1:0", HWM: 1 << 16, QueueSize: 1 << 12})
+	pub := startPublisher(t, ctx, PublisherConfig{Endpoint: "tcp://127.0.0.1:0", HWM: 1 << 16, QueueSize: 1 << 12, Topic: topic})
 	sub, err := NewSubscriber(SubscriberConfig{Endpoint: pub.Endpoint()})
 	if err != nil {
 		t.Fatal(err)
@@ -176,5 +184,60 @@ func TestPooledFrames(t *testing.T) {
 		if i > 0 && rec.seqs[i] != rec.seqs[i-1]+1 {
 			t.Fatalf("batch %d numbered %d after %d", i, rec.seqs[i], rec.seqs[i-1])
 		}
+	}
+}
+
+// TestHandshakeCap: a bound subscriber shakes hands with at most 256 connections at once;
+// one more, while 256 say nothing, is closed at once instead of holding a descriptor.
+func TestHandshakeCap(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	sub, err := NewSubscriber(SubscriberConfig{Endpoint: "tcp://127.0.0.1:0", Bind: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runSubscriber(t, ctx, sub, &recorder{t: t})
+	defer stop()
+	<-sub.Ready()
+	addr := strings.TrimPrefix(sub.Endpoint(), "tcp://")
+	var silent []net.Conn
+	defer func() {
+		for _, c := range silent {
+			c.Close()
+		}
+	}()
+	read := func(c net.Conn) error { // until the subscriber closes c or 3 s pass
+		_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))
+		buf := make([]byte, 256)
+		for {
+			if _, err := c.Read(buf); err != nil {
+				return err
+			}
+		}
+	}
+	for range 256 {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		silent = append(silent, c)
+	}
+	// The 256 are taken (each has the subscriber's greeting to read) before one more comes.
+	for _, c := range silent {
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, err := c.Read(make([]byte, 10)); err != nil {
+			t.Fatalf("a silent connection got no greeting: %v", err)
+		}
+	}
+	extra, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer extra.Close()
+	if err := read(extra); errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatal("a connection past 256 handshakes in flight was kept")
+	}
+	if err := read(silent[0]); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("a silent connection within the cap was closed before the handshake timeout: %v", err)
 	}
 }

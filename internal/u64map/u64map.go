@@ -7,8 +7,9 @@
 // what the ingest and the match pay.
 //
 // Keys can come from outside (an engine's block hashes arrive over the wire), so each table
-// hashes them with a seed of its own, drawn when it is first allocated: keys chosen to share a
-// slot in one table (which would make every operation walk them all) share none in another.
+// hashes them with a random multiplier of its own, drawn when it is first allocated: keys
+// chosen to share a slot (which would make every operation walk them all) cannot be chosen
+// without it, and keys that share one in one table share none in another.
 //
 // A Map is not safe for concurrent use. The zero Map is empty and ready.
 package u64map
@@ -24,7 +25,7 @@ type entry struct{ k, v uint64 }
 type Map struct {
 	tab   []entry // len a power of two, or 0
 	shift uint8   // 64 - log2(len(tab))
-	seed  uint64  // drawn with the first table, kept across resizes
+	seed  uint64  // odd, drawn with the first table, kept across resizes
 	n     int     // entries in tab
 	// The key 0 marks an empty slot, so its value is kept aside.
 	zero    uint64
@@ -59,9 +60,11 @@ func (m *Map) Len() int {
 	return m.n
 }
 
-// home is k's first slot: the top bits of k xored with the seed, times the golden ratio
-// (every bit of the key moves the top bits; one multiply, on the path of every lookup).
-func (m *Map) home(k uint64) int { return int(((k ^ m.seed) * 0x9e3779b97f4a7c15) >> m.shift) }
+// home is k's first slot: the top bits of k times the table's seed, a random odd number
+// (multiply-shift hashing: two given keys share a home with probability at most 2 in the
+// table's size whatever keys were chosen, as long as the seed is unknown; one multiply on the
+// path of every lookup).
+func (m *Map) home(k uint64) int { return int((k * m.seed) >> m.shift) }
 
 // Get returns k's value and whether k is present.
 func (m *Map) Get(k uint64) (uint64, bool) {

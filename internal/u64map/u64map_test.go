@@ -209,4 +209,45 @@ func TestChosenKeys(t *testing.T) {
 	if r := longestRun(other); r > 50 {
 		t.Fatalf("keys sharing a home slot in one table make a run of %d slots in another", r)
 	}
+	// Keys a few flipped bits apart around a few bases, the flips chosen so that some choice
+	// of their signs moves a key by a multiple of the golden ratio that is nearly 0 mod 2^64:
+	// under that fixed multiplier with a seed only xored into the key, each such key lands
+	// next to its base's slot for a good share of seeds (the flips' signs follow the seed's
+	// bits); under a random multiplier no more often than chance.
+	const golden = 0x9e3779b97f4a7c15
+	near := func(d uint64) bool { x := d * golden; return x < 1<<50 || -x < 1<<50 }
+	var flips []uint64
+	for i := 0; i < 64 && len(flips) < 600; i++ {
+		for j := i + 1; j < 64 && len(flips) < 600; j++ {
+			for k := j + 1; k < 64 && len(flips) < 600; k++ {
+				for l := k + 1; l < 64 && len(flips) < 600; l++ {
+					for signs := range 16 {
+						d := uint64(0)
+						for b, p := range []int{i, j, k, l} {
+							if signs&(1<<b) != 0 {
+								d -= 1 << p
+							} else {
+								d += 1 << p
+							}
+						}
+						if near(d) {
+							flips = append(flips, 1<<i|1<<j|1<<k|1<<l)
+							break
+						}
+					}
+				}
+			}
+		}
+	}
+	r := rand.New(rand.NewPCG(7, 7))
+	flood := New(0)
+	for range 40 {
+		base := r.Uint64()
+		for _, f := range flips {
+			flood.Put(base^f, 1)
+		}
+	}
+	if r := longestRun(flood); r > 400 {
+		t.Fatalf("keys a few bits apart make a run of %d slots", r)
+	}
 }

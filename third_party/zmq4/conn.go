@@ -104,6 +104,10 @@ func Open(rw net.Conn, sec Security, sockType SocketType, sockID SocketIdentity,
 // says nothing is dropped after it, instead of holding the connection for ever.
 const HandshakeTimeout = 10 * time.Second
 
+// maxHandshakes bounds the connections a bound socket shakes hands with at once (kvrelay):
+// peers that connect and stall can hold no more descriptors than that.
+const maxHandshakes = 256
+
 // open is Open with the bound on the messages the connection reads, the handshake's commands
 // included (kvrelay).
 func open(rw net.Conn, sec Security, sockType SocketType, sockID SocketIdentity, server bool, onCloseErrorCB func(c *Conn), maxMsg int64) (*Conn, error) {

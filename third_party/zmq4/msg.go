@@ -45,7 +45,8 @@ var arenas = sync.Pool{New: func() any { return &arena{b: make([]byte, 0, arenaS
 func (msg *Msg) fromArena(n int) []byte {
 	if msg.arena == nil {
 		msg.arena = arenas.Get().(*arena)
-		msg.Frames = msg.arena.frames[:0]
+		// The frames read so far (a first frame too large for an arena) come along.
+		msg.Frames = append(msg.arena.frames[:0], msg.Frames...)
 	}
 	a := msg.arena
 	if cap(a.b)-len(a.b) < n {

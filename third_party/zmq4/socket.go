@@ -211,6 +211,11 @@ func (sck *socket) Listen(endpoint string) error {
 func (sck *socket) accept() {
 	ctx, cancel := context.WithCancel(sck.ctx)
 	defer cancel()
+	// kvrelay: at most maxHandshakes connections shake hands at once (more are closed as
+	// they come), and a failing Accept backs off, as net/http's server does, instead of
+	// spinning (out of descriptors, say).
+	shaking := make(chan struct{}, maxHandshakes)
+	var backoff time.Duration
 	for {
 		select {
 		case <-ctx.Done():
@@ -220,6 +225,18 @@ func (sck *socket) accept() {
 			if err != nil {
 				// FIXME(sbinet): maybe bubble up this error to application code?
 				//sck.log.Printf("error accepting connection from %q: %+v", sck.ep, err)
+				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+				select {
+				case <-ctx.Done():
+				case <-time.After(backoff):
+				}
+				continue
+			}
+			backoff = 0
+			select {
+			case shaking <- struct{}{}:
+			default:
+				_ = conn.Close()
 				continue
 			}
 
@@ -227,6 +244,7 @@ func (sck *socket) accept() {
 			// peer that connects and stalls holds up no other; a failed one closes its
 			// connection (upstream shook hands inline and left a failed connection open).
 			go func(conn net.Conn) {
+				defer func() { <-shaking }()
 				zconn, err := open(conn, sck.sec, sck.typ, sck.id, true, sck.scheduleRmConn, sck.maxMsg)
 				if err != nil {
 					// FIXME(sbinet): maybe bubble up this error to application code?
@@ -234,12 +252,8 @@ func (sck *socket) accept() {
 					_ = conn.Close()
 					return
 				}
-				if ctx.Err() != nil {
-					_ = zconn.Close()
-					return
-				}
 				zconn.arenas = sck.arenas
-				sck.addConn(zconn)
+				sck.addConn(zconn) // closes it if the socket closed meanwhile
 			}(conn)
 		}
 	}
@@ -301,6 +315,13 @@ connect:
 func (sck *socket) addConn(c *Conn) {
 	sck.mu.Lock()
 	defer sck.mu.Unlock()
+	if sck.ctx.Err() != nil {
+		// kvrelay: the socket closed while the connection shook hands (Close cancels
+		// before it closes the connections it holds, under this lock): it would never be
+		// closed.
+		_ = c.Close()
+		return
+	}
 	sck.conns = append(sck.conns, c)
 	if len(c.Peer.Meta[sysSockID]) == 0 {
 		switch c.typ {
