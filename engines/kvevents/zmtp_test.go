@@ -104,14 +104,7 @@ func hangsUp(t *testing.T, what string, meta, after []byte) {
 func TestStalledHandshake(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	sub, err := NewSubscriber(SubscriberConfig{Endpoint: "tcp://127.0.0.1:0", Bind: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rec := &recorder{t: t}
-	stop := runSubscriber(t, ctx, sub, rec)
-	defer stop()
-	<-sub.Ready()
+	sub, rec := boundSubscriber(t, ctx)
 	silent, err := net.Dial("tcp", strings.TrimPrefix(sub.Endpoint(), "tcp://"))
 	if err != nil {
 		t.Fatal(err)
@@ -192,13 +185,7 @@ func pooledFrames(t *testing.T, topic string) {
 func TestHandshakeCap(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	sub, err := NewSubscriber(SubscriberConfig{Endpoint: "tcp://127.0.0.1:0", Bind: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	stop := runSubscriber(t, ctx, sub, &recorder{t: t})
-	defer stop()
-	<-sub.Ready()
+	sub, _ := boundSubscriber(t, ctx)
 	addr := strings.TrimPrefix(sub.Endpoint(), "tcp://")
 	var silent []net.Conn
 	defer func() {
@@ -240,4 +227,18 @@ func TestHandshakeCap(t *testing.T) {
 	if err := read(silent[0]); !errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Fatalf("a silent connection within the cap was closed before the handshake timeout: %v", err)
 	}
+}
+
+// boundSubscriber runs a subscriber bound to a loopback port, recording what it receives,
+// until the test ends; it returns once the subscriber is bound.
+func boundSubscriber(t *testing.T, ctx context.Context) (*Subscriber, *recorder) {
+	t.Helper()
+	sub, err := NewSubscriber(SubscriberConfig{Endpoint: "tcp://127.0.0.1:0", Bind: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &recorder{t: t}
+	t.Cleanup(runSubscriber(t, ctx, sub, rec))
+	<-sub.Ready()
+	return sub, rec
 }
