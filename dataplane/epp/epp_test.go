@@ -69,6 +69,9 @@ func newEnv(t testing.TB, o envOpts) *env {
 	cfg := proxy.DefaultConfig()
 	cfg.PickOnly = true
 	cfg.Listen = ""
+	// No exploration: the tests assert where requests go, and one latency decision in 64
+	// would try a worker never chosen instead.
+	cfg.Explore = 0
 	for i := range max(o.workers, 1) {
 		w := startWorker(t, func(c *sim.WorkerConfig) {
 			if i < len(o.roles) {
@@ -769,11 +772,7 @@ func TestHealth(t *testing.T) {
 func TestThroughGateway(t *testing.T) {
 	for _, mode := range []filterv3.ProcessingMode_BodySendMode{filterv3.ProcessingMode_FULL_DUPLEX_STREAMED, filterv3.ProcessingMode_BUFFERED} {
 		t.Run(mode.String(), func(t *testing.T) {
-			e := newEnv(t, envOpts{workers: 3, core: func(c *proxy.Config) {
-				// No exploration: one decision in 64 would try a worker never chosen, and the
-				// test asks that every request of the prompt go where it is cached.
-				c.Policy, c.Explore = "latency", 0
-			}, epp: func(o *epp.Options) { o.ExposeDecision = true }})
+			e := newEnv(t, envOpts{workers: 3, core: func(c *proxy.Config) { c.Policy = "latency" }, epp: func(o *epp.Options) { o.ExposeDecision = true }})
 			base := e.gateway(t, func(o *extprocgw.Options) { o.RequestBodyMode, o.ResponseBodyMode = mode, mode })
 			cl := openai.NewClient(option.WithBaseURL(base+"/v1"), option.WithAPIKey("none"), option.WithMaxRetries(0))
 			st := cl.Chat.Completions.NewStreaming(context.Background(), openai.ChatCompletionNewParams{

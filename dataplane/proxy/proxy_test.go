@@ -51,6 +51,9 @@ func startProxy(t testing.TB, urls []string, mut func(*proxy.Config)) *proxy.Ser
 	cfg.Listen = "127.0.0.1:0"
 	cfg.ExposeWorkerHeader = true
 	cfg.EventLoops = 2
+	// No exploration: the tests assert where requests go, and one latency decision in 64
+	// would try a worker never chosen instead (a test of exploration turns it back on).
+	cfg.Explore = 0
 	for i, u := range urls {
 		cfg.Upstreams = append(cfg.Upstreams, proxy.Upstream{ID: "w" + strconv.Itoa(i), URL: u, Model: model})
 	}
