@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"reflect"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -241,4 +242,35 @@ func boundSubscriber(t *testing.T, ctx context.Context) (*Subscriber, *recorder)
 	t.Cleanup(runSubscriber(t, ctx, sub, rec))
 	<-sub.Ready()
 	return sub, rec
+}
+
+// TestSlowLargeFrame: publishers that announce a frame within the bound (60 MiB) and send
+// none of it hold about a megabyte each, not the frame: the reader's buffer grows as bytes
+// arrive.
+func TestSlowLargeFrame(t *testing.T) {
+	const peers = 8
+	runtime.GC()
+	var before runtime.MemStats
+	runtime.ReadMemStats(&before)
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	var subs []*Subscriber
+	for range peers {
+		addr, _ := zmtpPeer(t, nil, binary.BigEndian.AppendUint64([]byte{0x02}, 60<<20))
+		s, err := NewSubscriber(SubscriberConfig{Endpoint: "tcp://" + addr, RetryInterval: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		subs = append(subs, s)
+		go func() { _ = s.Run(ctx, func(uint64, *Batch) {}) }()
+	}
+	for _, s := range subs {
+		<-s.Ready()
+	}
+	time.Sleep(300 * time.Millisecond) // each reader is now waiting inside its frame
+	var after runtime.MemStats
+	runtime.ReadMemStats(&after)
+	if grew := int64(after.HeapAlloc) - int64(before.HeapAlloc); grew > peers*8<<20 {
+		t.Fatalf("the heap grew by %d MiB for %d publishers that announced 60 MiB and sent nothing", grew>>20, peers)
+	}
 }

@@ -12,6 +12,7 @@ import (
 	"io"
 	"math"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -54,6 +55,26 @@ type Conn struct {
 // for it: a frame's length comes from the wire, and without a bound one header could make the
 // reader allocate any amount.
 const DefaultMaxMessageSize = 64 << 20
+
+// readChunk is how much of a large frame is allocated ahead of its bytes (kvrelay).
+const readChunk = 1 << 20
+
+// readGrowing reads an n-byte frame into a buffer that grows, readChunk at a time, only as
+// far as the bytes that arrived (kvrelay).
+func readGrowing(r io.Reader, n int) ([]byte, error) {
+	body := make([]byte, 0, readChunk)
+	for len(body) < n {
+		if len(body) == cap(body) {
+			body = slices.Grow(body, min(n-len(body), max(cap(body), readChunk)))
+		}
+		m, err := io.ReadFull(r, body[len(body):min(cap(body), n)])
+		body = body[:len(body)+m]
+		if err != nil {
+			return body, err
+		}
+	}
+	return body, nil
+}
 
 // frameOverhead is what a frame costs its reader beside its bytes, counted against the bound.
 const frameOverhead = 32
@@ -475,12 +496,18 @@ func (c *Conn) read() Msg {
 		}
 
 		var body []byte
-		if c.arenas && size <= arenaSize && c.sec.Type() == NullSecurity {
+		switch {
+		case c.arenas && size <= arenaSize && c.sec.Type() == NullSecurity:
 			body = msg.fromArena(int(size))
-		} else {
+			_, msg.err = io.ReadFull(c.rw, body)
+		case size > readChunk:
+			// kvrelay: a large frame grows as its bytes arrive, so that a peer announcing
+			// one and sending nothing holds a chunk of memory, not the whole bound.
+			body, msg.err = readGrowing(c.rw, int(size))
+		default:
 			body = make([]byte, size)
+			_, msg.err = io.ReadFull(c.rw, body)
 		}
-		_, msg.err = io.ReadFull(c.rw, body)
 		if msg.err != nil {
 			c.checkIO(msg.err)
 			return msg
