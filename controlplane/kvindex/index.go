@@ -1,7 +1,6 @@
 package kvindex
 
 import (
-	"github.com/kvrelay/kvrelay/internal/u64map"
 	"slices"
 	"sync"
 
@@ -9,6 +8,7 @@ import (
 
 	"github.com/kvrelay/kvrelay/engines/blockhash"
 	"github.com/kvrelay/kvrelay/engines/kvevents"
+	"github.com/kvrelay/kvrelay/internal/u64map"
 	"github.com/kvrelay/kvrelay/xds/blockset"
 )
 

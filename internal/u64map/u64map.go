@@ -15,6 +15,7 @@
 package u64map
 
 import (
+	"iter"
 	"math/bits"
 	"math/rand/v2"
 )
@@ -88,17 +89,10 @@ func (m *Map) Get(k uint64) (uint64, bool) {
 
 // Put sets k's value to v and reports whether k was new.
 func (m *Map) Put(k, v uint64) bool {
-	_, added := m.Swap(k, v)
-	return added
-}
-
-// Swap sets k's value to v and returns the value it replaced (0 when k was new) and whether
-// k was new: a lookup and an update in one probe.
-func (m *Map) Swap(k, v uint64) (old uint64, added bool) {
 	if k == 0 {
-		old, added = m.zero, !m.hasZero
+		added := !m.hasZero
 		m.zero, m.hasZero = v, true
-		return old, added
+		return added
 	}
 	if (m.n+1)*4 > len(m.tab)*3 {
 		m.resize(max(2*len(m.tab), minSize))
@@ -107,13 +101,13 @@ func (m *Map) Swap(k, v uint64) (old uint64, added bool) {
 	for i := m.home(k); ; i = (i + 1) & mask {
 		e := &m.tab[i]
 		if e.k == k {
-			old, e.v = e.v, v
-			return old, false
+			e.v = v
+			return false
 		}
 		if e.k == 0 {
 			e.k, e.v = k, v
 			m.n++
-			return 0, true
+			return true
 		}
 	}
 }
@@ -150,21 +144,19 @@ func (m *Map) Delete(k uint64) (uint64, bool) {
 	return v, true
 }
 
-// Range calls fn for every entry, in no order, until fn returns false. fn must not change
-// the map.
-func (m *Map) Range(fn func(k, v uint64) bool) {
-	if m.hasZero && !fn(0, m.zero) {
-		return
-	}
-	for _, e := range m.tab {
-		if e.k != 0 && !fn(e.k, e.v) {
+// All yields every entry, in no order. The map must not change while it is ranged over.
+func (m *Map) All() iter.Seq2[uint64, uint64] {
+	return func(yield func(k, v uint64) bool) {
+		if m.hasZero && !yield(0, m.zero) {
 			return
+		}
+		for _, e := range m.tab {
+			if e.k != 0 && !yield(e.k, e.v) {
+				return
+			}
 		}
 	}
 }
-
-// Clear removes every entry and gives back the table's memory.
-func (m *Map) Clear() { *m = Map{} }
 
 func (m *Map) resize(size int) {
 	old := m.tab

@@ -18,15 +18,14 @@ func check(t *testing.T, m *Map, want map[uint64]uint64) {
 		}
 	}
 	n := 0
-	m.Range(func(k, v uint64) bool {
+	for k, v := range m.All() {
 		n++
 		if w, ok := want[k]; !ok || w != v {
-			t.Fatalf("Range gave %d=%d, want %d (present %v)", k, v, w, ok)
+			t.Fatalf("All gave %d=%d, want %d (present %v)", k, v, w, ok)
 		}
-		return true
-	})
+	}
 	if n != len(want) {
-		t.Fatalf("Range gave %d entries, want %d", n, len(want))
+		t.Fatalf("All gave %d entries, want %d", n, len(want))
 	}
 }
 
@@ -35,10 +34,12 @@ func apply(t *testing.T, m *Map, want map[uint64]uint64, op byte, k, v uint64) {
 	t.Helper()
 	switch op % 4 {
 	case 0, 1:
-		old, ok := want[k]
-		gotOld, added := m.Swap(k, v)
-		if added == ok || (ok && gotOld != old) {
-			t.Fatalf("Swap(%d, %d) = %d, %v; want %d, %v", k, v, gotOld, added, old, !ok)
+		_, ok := want[k]
+		if added := m.Put(k, v); added == ok {
+			t.Fatalf("Put(%d, %d) = %v; want %v", k, v, added, !ok)
+		}
+		if got, _ := m.Get(k); got != v {
+			t.Fatalf("Get(%d) = %d after Put(%d, %d)", k, got, k, v)
 		}
 		want[k] = v
 	case 2:
@@ -69,7 +70,9 @@ func TestAgainstGoMap(t *testing.T) {
 			}
 		}
 		check(t, m, want)
-		m.Clear()
+		for k := range want {
+			m.Delete(k)
+		}
 		check(t, m, map[uint64]uint64{})
 	}
 }
@@ -101,15 +104,19 @@ func TestCollidingKeys(t *testing.T) {
 	}
 }
 
-func TestRangeStops(t *testing.T) {
+func TestAllStops(t *testing.T) {
 	m := New(0)
 	for k := range uint64(10) {
 		m.Put(k, k)
 	}
 	n := 0
-	m.Range(func(k, v uint64) bool { n++; return n < 3 })
+	for range m.All() {
+		if n++; n == 3 {
+			break
+		}
+	}
 	if n != 3 {
-		t.Fatalf("Range went on after false: %d calls", n)
+		t.Fatalf("ranging over All went on after a break: %d entries", n)
 	}
 }
 

@@ -13,9 +13,9 @@
 package blockset
 
 import (
-	"github.com/kvrelay/kvrelay/internal/u64map"
 	"math/bits"
 
+	"github.com/kvrelay/kvrelay/internal/u64map"
 	"github.com/kvrelay/kvrelay/xds/policy"
 )
 
@@ -138,10 +138,9 @@ func (s *Set) shard(slot int) *shard {
 			// Past one shard: count the GPU holders of what the first holds.
 			first := &s.shards[0].tiers[GPU]
 			s.gpuHolders = u64map.New(first.Len())
-			first.Range(func(seq, e uint64) bool {
+			for seq, e := range first.All() {
 				s.gpuHolders.Put(seq, uint64(bits.OnesCount64(e)))
-				return true
-			})
+			}
 		}
 	}
 	return s.shards[slot/64]
@@ -241,12 +240,11 @@ func (s *Set) ClearSlot(slot int, fn func(seq uint64, tier Tier)) {
 	for t := range sh.tiers {
 		m := &sh.tiers[t]
 		hs = hs[:0]
-		m.Range(func(seq, e uint64) bool {
+		for seq, e := range m.All() {
 			if e&bit != 0 {
-				hs = append(hs, held{seq, e})
+				hs = append(hs, held{seq, e}) // unset after the walk: the map must not change during it
 			}
-			return true
-		})
+		}
 		for _, h := range hs {
 			s.unset(m, h.seq, slot, Tier(t), h.e)
 			if fn != nil {
@@ -269,12 +267,11 @@ func (s *Set) Has(seq uint64, slot int, tier Tier) bool {
 func (s *Set) Each(fn func(seq uint64, slot int, tier Tier)) {
 	for k, sh := range s.shards {
 		for t := range sh.tiers {
-			sh.tiers[t].Range(func(seq, e uint64) bool {
+			for seq, e := range sh.tiers[t].All() {
 				for b := e; b != 0; b &= b - 1 {
 					fn(seq, 64*k+bits.TrailingZeros64(b), Tier(t))
 				}
-				return true
-			})
+			}
 		}
 	}
 }
@@ -289,12 +286,11 @@ func (s *Set) EachSlots(slots []int, fn func(seq uint64, slot int, tier Tier)) {
 	}
 	for k, mask := range masks {
 		for t := range s.shards[k].tiers {
-			s.shards[k].tiers[t].Range(func(seq, e uint64) bool {
+			for seq, e := range s.shards[k].tiers[t].All() {
 				for b := e & mask; b != 0; b &= b - 1 {
 					fn(seq, 64*k+bits.TrailingZeros64(b), Tier(t))
 				}
-				return true
-			})
+			}
 		}
 	}
 }
@@ -308,10 +304,9 @@ func (s *Set) Len() int {
 	seen := map[uint64]struct{}{}
 	for _, sh := range s.shards {
 		for t := range sh.tiers {
-			sh.tiers[t].Range(func(seq, _ uint64) bool {
+			for seq := range sh.tiers[t].All() {
 				seen[seq] = struct{}{}
-				return true
-			})
+			}
 		}
 	}
 	return len(seen)
@@ -322,15 +317,15 @@ func (sh *shard) distinct() int {
 	n := sh.tiers[GPU].Len()
 	// A block counts in the fastest tier that holds it.
 	for t := Host; t < NumTiers; t++ {
-		sh.tiers[t].Range(func(seq, _ uint64) bool {
+	next:
+		for seq := range sh.tiers[t].All() {
 			for faster := GPU; faster < t; faster++ {
 				if _, ok := sh.tiers[faster].Get(seq); ok {
-					return true
+					continue next
 				}
 			}
 			n++
-			return true
-		})
+		}
 	}
 	return n
 }
@@ -340,10 +335,9 @@ func (s *Set) Entries() int {
 	n := 0
 	for _, sh := range s.shards {
 		for t := range sh.tiers {
-			sh.tiers[t].Range(func(_, e uint64) bool {
+			for _, e := range sh.tiers[t].All() {
 				n += bits.OnesCount64(e)
-				return true
-			})
+			}
 		}
 	}
 	return n
@@ -414,10 +408,8 @@ func (sh *shard) match(hashes []uint64, common int, overlap []float64, lower []L
 		gpu, _ := sh.tiers[GPU].Get(h)
 		held := gpu
 		for t := Host; t < NumTiers; t++ {
-			if sh.tiers[t].Len() > 0 {
-				e, _ := sh.tiers[t].Get(h)
-				held |= e
-			}
+			e, _ := sh.tiers[t].Get(h) // an empty tier answers at once
+			held |= e
 		}
 		held &= active
 		if held == 0 {

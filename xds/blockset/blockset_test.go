@@ -268,7 +268,7 @@ func checkHolders(t *testing.T, s *Set) {
 	if len(s.shards) < 2 {
 		return
 	}
-	s.gpuHolders.Range(func(seq, n uint64) bool {
+	for seq, n := range s.gpuHolders.All() {
 		want := 0
 		for _, sh := range s.shards {
 			e, _ := sh.tiers[GPU].Get(seq)
@@ -280,8 +280,7 @@ func checkHolders(t *testing.T, s *Set) {
 		if int(n) != want {
 			t.Fatalf("block %x counted %d GPU holders, the shards say %d", seq, n, want)
 		}
-		return true
-	})
+	}
 	if s.gpuHolders.Len() != s.shards[0].tiers[GPU].Len() {
 		t.Fatalf("%d counts for the first shard's %d GPU blocks", s.gpuHolders.Len(), s.shards[0].tiers[GPU].Len())
 	}
