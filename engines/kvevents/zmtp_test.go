@@ -144,13 +144,7 @@ func pooledFrames(t *testing.T, topic string) {
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	pub := startPublisher(t, ctx, PublisherConfig{Endpoint: "tcp://127.0.0.1:0", HWM: 1 << 16, QueueSize: 1 << 12, Topic: topic})
-	sub, err := NewSubscriber(SubscriberConfig{Endpoint: pub.Endpoint()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rec := &recorder{t: t}
-	stop := runSubscriber(t, ctx, sub, rec)
-	defer stop()
+	_, rec := startSubscriber(t, ctx, SubscriberConfig{Endpoint: pub.Endpoint()})
 	waitFor(t, ctx, "the subscription", pub.HasSubscribers)
 	var want []any
 	for i := range 600 {
@@ -234,13 +228,20 @@ func TestHandshakeCap(t *testing.T) {
 // until the test ends; it returns once the subscriber is bound.
 func boundSubscriber(t *testing.T, ctx context.Context) (*Subscriber, *recorder) {
 	t.Helper()
-	sub, err := NewSubscriber(SubscriberConfig{Endpoint: "tcp://127.0.0.1:0", Bind: true})
+	sub, rec := startSubscriber(t, ctx, SubscriberConfig{Endpoint: "tcp://127.0.0.1:0", Bind: true})
+	<-sub.Ready()
+	return sub, rec
+}
+
+// startSubscriber runs a subscriber of cfg, recording what it receives, until the test ends.
+func startSubscriber(t *testing.T, ctx context.Context, cfg SubscriberConfig) (*Subscriber, *recorder) {
+	t.Helper()
+	sub, err := NewSubscriber(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	rec := &recorder{t: t}
 	t.Cleanup(runSubscriber(t, ctx, sub, rec))
-	<-sub.Ready()
 	return sub, rec
 }
 

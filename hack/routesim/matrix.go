@@ -173,10 +173,10 @@ func runMatrix(policies []string, seeds []uint64, only, extra, save, against str
 	}()
 	var mu sync.Mutex
 	for _, c := range cases() {
-		if only != "" && !slices.ContainsFunc(strings.Split(only, "+"), func(o string) bool { return strings.Contains(c.name+"/"+string(c.kind), o) }) {
+		name := c.name + "/" + string(c.kind)
+		if only != "" && !slices.ContainsFunc(strings.Split(only, "+"), func(o string) bool { return strings.Contains(name, o) }) {
 			continue
 		}
-		name := c.name + "/" + string(c.kind)
 		for _, seed := range seeds {
 			for _, pol := range policies {
 				// Sessions keep their state: every run replays a freshly generated workload.

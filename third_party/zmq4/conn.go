@@ -118,7 +118,7 @@ func (c *Conn) Write(p []byte) (int, error) {
 // An optional onCloseErrorCB can be provided to inform the caller when this Conn is closed.
 // Open performs a complete ZMTP handshake.
 func Open(rw net.Conn, sec Security, sockType SocketType, sockID SocketIdentity, server bool, onCloseErrorCB func(c *Conn)) (*Conn, error) {
-	return open(rw, sec, sockType, sockID, server, onCloseErrorCB, 0)
+	return open(rw, sec, sockType, sockID, server, onCloseErrorCB, 0, false)
 }
 
 // HandshakeTimeout bounds a connection's ZMTP handshake (kvrelay): a peer that connects and
@@ -129,9 +129,10 @@ const HandshakeTimeout = 10 * time.Second
 // peers that connect and stall can hold no more descriptors than that.
 const maxHandshakes = 256
 
-// open is Open with the bound on the messages the connection reads, the handshake's commands
-// included (kvrelay).
-func open(rw net.Conn, sec Security, sockType SocketType, sockID SocketIdentity, server bool, onCloseErrorCB func(c *Conn), maxMsg int64) (*Conn, error) {
+// open is Open with the socket's bound on the messages the connection reads, the
+// handshake's commands included, and whether it reads the messages after the handshake into
+// arenas (kvrelay).
+func open(rw net.Conn, sec Security, sockType SocketType, sockID SocketIdentity, server bool, onCloseErrorCB func(c *Conn), maxMsg int64, arenas bool) (*Conn, error) {
 	if rw == nil {
 		return nil, fmt.Errorf("zmq4: invalid nil read-writer")
 	}
@@ -161,7 +162,7 @@ func open(rw net.Conn, sec Security, sockType SocketType, sockID SocketIdentity,
 	if err != nil {
 		return nil, fmt.Errorf("zmq4: could not initialize ZMTP connection: %w", err)
 	}
-
+	conn.arenas = arenas // the handshake's commands, never released, took none
 	return conn, nil
 }
 

@@ -245,14 +245,13 @@ func (sck *socket) accept() {
 			// connection (upstream shook hands inline and left a failed connection open).
 			go func(conn net.Conn) {
 				defer func() { <-shaking }()
-				zconn, err := open(conn, sck.sec, sck.typ, sck.id, true, sck.scheduleRmConn, sck.maxMsg)
+				zconn, err := open(conn, sck.sec, sck.typ, sck.id, true, sck.scheduleRmConn, sck.maxMsg, sck.arenas)
 				if err != nil {
 					// FIXME(sbinet): maybe bubble up this error to application code?
 					sck.log.Printf("could not open a ZMTP connection with %q: %+v", sck.ep, err)
 					_ = conn.Close()
 					return
 				}
-				zconn.arenas = sck.arenas
 				sck.addConn(zconn) // closes it if the socket closed meanwhile
 			}(conn)
 		}
@@ -293,7 +292,7 @@ connect:
 		return fmt.Errorf("zmq4: got a nil dial-conn to %q", endpoint)
 	}
 
-	zconn, err := open(conn, sck.sec, sck.typ, sck.id, false, sck.scheduleRmConn, sck.maxMsg)
+	zconn, err := open(conn, sck.sec, sck.typ, sck.id, false, sck.scheduleRmConn, sck.maxMsg, sck.arenas)
 	if err != nil {
 		_ = conn.Close() // kvrelay: upstream left it open
 		return fmt.Errorf("zmq4: could not open a ZMTP connection: %w", err)
@@ -307,7 +306,6 @@ connect:
 		go sck.connReaper()
 		sck.reaperStarted = true
 	}
-	zconn.arenas = sck.arenas
 	sck.addConn(zconn)
 	return nil
 }
