@@ -16,7 +16,30 @@ import (
 	"time"
 
 	"github.com/go-zeromq/zmq4"
+	"github.com/go-zeromq/zmq4/security/null"
 )
+
+// zmtpGreeting is what a ZMTP 3.0 peer with the NULL mechanism sends first, and
+// zmtpReady its READY command as a PUB socket, with meta after its socket type.
+func zmtpGreeting() []byte {
+	g := make([]byte, 64)
+	g[0], g[9], g[10] = 0xff, 0x7f, 3
+	copy(g[12:], "NULL")
+	return g
+}
+
+func zmtpReady(meta []byte) []byte {
+	body := append([]byte{5}, "READY"...)
+	body = append(body, 11)
+	body = append(body, "Socket-Type"...)
+	body = binary.BigEndian.AppendUint32(body, 3)
+	body = append(body, "PUB"...)
+	body = append(body, meta...)
+	if len(body) > 255 {
+		return append(binary.BigEndian.AppendUint64([]byte{0x06}, uint64(len(body))), body...)
+	}
+	return append([]byte{0x04, byte(len(body))}, body...)
+}
 
 // zmtpPeer accepts one connection and speaks ZMTP 3.0 as a PUB socket with the NULL
 // mechanism, its READY command carrying meta as its metadata, then writes after: a stand-in
@@ -36,23 +59,13 @@ func zmtpPeer(t *testing.T, meta, after []byte) (addr string, done <-chan struct
 			return
 		}
 		defer c.Close()
-		greeting := make([]byte, 64)
-		greeting[0], greeting[9], greeting[10] = 0xff, 0x7f, 3
-		copy(greeting[12:], "NULL")
-		if _, err := c.Write(greeting); err != nil {
+		if _, err := c.Write(zmtpGreeting()); err != nil {
 			return
 		}
 		if _, err := io.ReadFull(c, make([]byte, 64)); err != nil {
 			return
 		}
-		body := append([]byte{5}, "READY"...)
-		body = append(body, 11)
-		body = append(body, "Socket-Type"...)
-		body = binary.BigEndian.AppendUint32(body, 3)
-		body = append(body, "PUB"...)
-		body = append(body, meta...)
-		cmd := append([]byte{0x04, byte(len(body))}, body...)
-		if _, err := c.Write(append(cmd, after...)); err != nil {
+		if _, err := c.Write(append(zmtpReady(meta), after...)); err != nil {
 			return
 		}
 		_, _ = io.Copy(io.Discard, c) // until the subscriber hangs up
@@ -274,4 +287,43 @@ func TestSlowLargeFrame(t *testing.T) {
 	if grew := int64(after.HeapAlloc) - int64(before.HeapAlloc); grew > peers*8<<20 {
 		t.Fatalf("the heap grew by %d MiB for %d publishers that announced 60 MiB and sent nothing", grew>>20, peers)
 	}
+}
+
+// FuzzZMTPRead: whatever a publisher sends as its READY command's metadata and then as
+// messages, the subscriber's side of the connection (zmq4's handshake and frame reader)
+// answers with a message or an error, never a panic, and never holds more than the bound.
+func FuzzZMTPRead(f *testing.F) {
+	f.Add([]byte{}, []byte{0x00, 0x00})
+	f.Add([]byte{0x00}, []byte{})
+	f.Add([]byte{0x01, 'a', 0, 0, 0, 9}, []byte{0x01, 0x00, 0x00, 0x01, 'x'})
+	f.Add([]byte{}, binary.BigEndian.AppendUint64([]byte{0x02}, 1<<40))
+	f.Add([]byte{}, []byte{0x04, 0x05, 4, 'P', 'I', 'N', 'G'})
+	f.Fuzz(func(t *testing.T, meta, after []byte) {
+		// A synchronous pipe: the peer drains what the subscriber's side writes while it
+		// writes its own greeting, READY and messages, and hangs up once they are read.
+		local, peer := net.Pipe()
+		defer local.Close()
+		go func() { _, _ = io.Copy(io.Discard, peer) }()
+		go func() {
+			defer peer.Close()
+			_, _ = peer.Write(append(append(zmtpGreeting(), zmtpReady(meta)...), after...))
+		}()
+		c, err := zmq4.Open(local, null.Security(), zmq4.Sub, zmq4.SocketIdentity("fuzz"), false, nil)
+		if err != nil {
+			return // a handshake refused
+		}
+		for range 64 {
+			msg, err := c.RecvMsg()
+			if err != nil {
+				return
+			}
+			n := 0
+			for _, fr := range msg.Frames {
+				n += len(fr)
+			}
+			if n > zmq4.DefaultMaxMessageSize {
+				t.Fatalf("a message of %d bytes read past the bound", n)
+			}
+		}
+	})
 }
