@@ -13,6 +13,7 @@ import (
 	"github.com/kvrelay/kvrelay/dataplane/http1"
 	"github.com/kvrelay/kvrelay/dataplane/route"
 	"github.com/kvrelay/kvrelay/engines"
+	"github.com/kvrelay/kvrelay/xds"
 	"github.com/kvrelay/kvrelay/xds/auth"
 )
 
@@ -399,6 +400,8 @@ func (c *Config) Validate() error {
 		return bad("serve_models chooses among a control plane's workers: it needs xds")
 	case slices.Contains(c.ServeModels, ""):
 		return bad("serve_models names an empty model")
+	case xds.CheckNodeModels(c.ServeModels) != nil:
+		return bad("serve_models: %v", xds.CheckNodeModels(c.ServeModels))
 	case c.XDS != "":
 		if _, _, err := net.SplitHostPort(c.XDS); err != nil {
 			return bad("xds address %q is not host:port", c.XDS)

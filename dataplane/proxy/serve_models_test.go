@@ -50,4 +50,10 @@ func TestServeModels(t *testing.T) {
 	if err := cfg.Validate(); !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "empty model") {
 		t.Fatalf("an empty model in serve_models: %v", err)
 	}
+	// The control plane refuses a node whose models it cannot take (xds.NodeModels): the
+	// proxy refuses them first.
+	cfg.ServeModels = []string{"llama", "my model"}
+	if err := cfg.Validate(); !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "space") {
+		t.Fatalf("a model with a space in serve_models: %v", err)
+	}
 }

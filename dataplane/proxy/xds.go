@@ -166,6 +166,7 @@ func (s *Server) setupXDS(ctx context.Context) error {
 	x.ads, err = client.New(conn, client.Options{
 		NodeID:         nodeID,
 		Serves:         serves,
+		Models:         s.cfg.ServeModels, // the control plane sends their workers only
 		OnUpdate:       s.applyXDS,
 		ValidateWorker: s.checkWorker,
 		ValidatePolicy: s.checkPolicy,

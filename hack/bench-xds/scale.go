@@ -88,13 +88,13 @@ func runScale(f flags, res *results) error {
 	}
 	sinks, err := startChildMode("proxies", append(childProfile(f, "proxies"),
 		"-mode", "sinks", "-xds", strings.Join(addrs, ","), "-proxies", strconv.Itoa(f.proxies),
-		"-workers", strconv.Itoa(f.workers), "-report-workers", strconv.Itoa(f.reportWorkers), "-sample", strconv.Itoa(sample), "-models", strconv.Itoa(f.models),
+		"-workers", strconv.Itoa(f.workers), "-report-workers", strconv.Itoa(f.reportWorkers), "-sample", strconv.Itoa(sample), "-models", strconv.Itoa(f.models), "-all-workers="+strconv.FormatBool(f.allWorkers),
 		"-out", filepath.Join(dir, "arrivals"))...)
 	if err != nil {
 		return err
 	}
 	defer sinks.kill()
-	res.add("setup", "mode", "scale", "rate", f.rate, "workers", f.workers, "proxies", f.proxies, "replicas", f.replicas, "models", f.models,
+	res.add("setup", "mode", "scale", "rate", f.rate, "workers", f.workers, "proxies", f.proxies, "replicas", f.replicas, "models", f.models, "all_workers", f.allWorkers,
 		"share", f.share, "batch", batch, "sampled", fmt.Sprintf("1/%d", mask+1), "duration", f.duration, "scrape", f.scrape,
 		"report_workers_per_proxy", f.reportWorkers, "processes", fmt.Sprintf("engines|%d replicas|proxies", f.replicas))
 
@@ -104,9 +104,23 @@ func runScale(f flags, res *results) error {
 			return err
 		}
 	}
-	if _, err := sinks.ask("report"); err != nil {
+	// The proxies' first window is their connect: the whole state of every stream.
+	l, err := sinks.ask("report")
+	if err != nil {
 		return err
 	}
+	var cs sinkStats
+	if err := json.Unmarshal([]byte(l), &cs); err != nil {
+		return fmt.Errorf("the proxies said %q", l)
+	}
+	var adsConnect, adsConnectMax, journalConnect uint64
+	for _, s := range cs.Subs {
+		adsConnect += s.ADSBytes
+		adsConnectMax = max(adsConnectMax, s.ADSBytes)
+		journalConnect += s.JournalBytes
+	}
+	res.add("connect_bytes_per_proxy", "ads", adsConnect/uint64(max(len(cs.Subs), 1)), "ads_max", adsConnectMax,
+		"journal", journalConnect/uint64(max(len(cs.Subs), 1)), "window_s", cs.WallSeconds)
 	er, err := eng.run(f)
 	if err != nil {
 		return err
@@ -130,7 +144,7 @@ func runScale(f flags, res *results) error {
 		}
 		ages = append(ages, a...)
 	}
-	l, err := sinks.ask("report")
+	l, err = sinks.ask("report")
 	if err != nil {
 		return err
 	}
@@ -526,11 +540,16 @@ func runSinksChild(f flags) error {
 		s.sink.r = nil // a counting sink
 		if f.models > 1 {
 			// The proxy routes one model, as kvrelay proxy --serve-models does: its journal
-			// stream is scoped to the model's workers and its ADS client takes their loads.
+			// stream is scoped to the model's workers, and its ADS client is sent their
+			// workers and takes their loads.
 			m := modelOf(f, i)
+			named := []string{m}
+			if f.allWorkers {
+				named = nil
+			}
 			s.jc = journal.NewClient(s.conn, journal.ClientOptions{NodeID: node, Models: []string{m}, OnError: s.noteJournalError})
 			if s.ads, err = client.New(s.conn, client.Options{NodeID: node, OnUpdate: func([]*xdsv1.Worker, *xdsv1.RoutingPolicy, xds.PushedLoads) {},
-				Serves: func(w *xdsv1.Worker) bool { return w.GetModel() == m }}); err != nil {
+				Serves: func(w *xdsv1.Worker) bool { return w.GetModel() == m }, Models: named}); err != nil {
 				return err
 			}
 		}

@@ -59,9 +59,14 @@ type Options struct {
 	// their shards as workers come, go or move. The control plane gives each model's
 	// workers shards of their own (by base model: a proxy that serves an adapter takes the
 	// shards of the workers that carry it, with their other workers), so that a proxy that
-	// routes some models takes the loads of those models' workers. Workers themselves still
-	// come all.
+	// routes some models takes the loads of those models' workers.
 	Serves func(*xdsv1.Worker) bool
+	// Models, when set, names the models the proxy routes (node metadata
+	// xds.NodeModelsKey): the control plane then sends the workers that serve one of them,
+	// as their base model or an adapter, and those whose model is not known, instead of
+	// every worker. A control plane that does not scope sends them all, so Serves (or the
+	// proxy) still picks among what comes.
+	Models []string
 }
 
 // Stats is a snapshot of a Client's counters.
@@ -137,6 +142,10 @@ func New(conn grpc.ClientConnInterface, opts Options) (*Client, error) {
 	if opts.ValidateKeys != nil {
 		c.st.validateKeys = func(k *xdsv1.TenantKeys) error { return opts.ValidateKeys(k.GetKeys()) }
 	}
+	if err := xds.CheckNodeModels(opts.Models); err != nil {
+		return nil, fmt.Errorf("creating xds client: %w", err)
+	}
+	xds.SetNodeModels(c.node, opts.Models)
 	c.snap.Store(&snapshot{})
 	return c, nil
 }

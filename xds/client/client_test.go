@@ -5,17 +5,21 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/kvrelay/kvrelay/xds"
 	xdsv1 "github.com/kvrelay/kvrelay/xds/api/v1"
@@ -980,5 +984,152 @@ func TestServedLoadsOnly(t *testing.T) {
 		if w.GetLoadIndex() >= 8*xds.LoadsShard {
 			t.Fatalf("%s has load index %d after the models came and went: shards are not given again", w.GetId(), w.GetLoadIndex())
 		}
+	}
+}
+
+// A proxy that names the models it routes (Options.Models) is sent their workers only,
+// those that carry one as an adapter, and those whose model is not known; it follows
+// workers into and out of its scope, removals, and a control plane's restart, while an
+// unscoped proxy beside it takes every worker.
+func TestServedWorkersOnly(t *testing.T) {
+	var ws []*xdsv1.Worker
+	for i := range 50 {
+		w := worker(fmt.Sprintf("w%03d", i), 9000+i)
+		w.Slot = uint32(i)
+		switch {
+		case i < 20:
+			w.Model = "a"
+		case i < 40:
+			w.Model = "b"
+		case i < 45:
+			w.Model = "" // not known: in every scope
+		default:
+			w.Model = "base"
+			w.LoraAdapters = []string{"a-lora"}
+		}
+		ws = append(ws, w)
+	}
+	srv := server.New(server.Options{})
+	publish := func(srv *server.Server) {
+		t.Helper()
+		if err := srv.SetWorkers(ws); err != nil {
+			t.Fatal(err)
+		}
+	}
+	publish(srv)
+	cp := startControlPlane(t, "127.0.0.1:0", srv)
+	scoped := func(models ...string) *proxy {
+		return startProxy(t, cp.addr, "proxy-"+strings.Join(models, "+"), client.Options{Models: models})
+	}
+	a, lora, ab := scoped("a"), scoped("a-lora"), scoped("b", "a")
+	a2 := scoped("a") // shares a's scope
+	all := startProxy(t, cp.addr, "proxy-all", client.Options{})
+	// want is what a proxy of models should hold now.
+	want := func(models ...string) []string {
+		var ids []string
+		for _, w := range ws {
+			in := w.GetModel() == "" || slices.Contains(models, w.GetModel())
+			for _, ad := range w.GetLoraAdapters() {
+				in = in || slices.Contains(models, ad)
+			}
+			if in {
+				ids = append(ids, w.GetId())
+			}
+		}
+		return ids
+	}
+	holds := func(p *proxy) []string {
+		got, _ := p.c.State()
+		ids := make([]string, len(got))
+		for i, w := range got {
+			ids[i] = w.GetId()
+		}
+		return ids
+	}
+	check := func(what string) {
+		t.Helper()
+		for _, c := range []struct {
+			p      *proxy
+			models []string
+		}{{a, []string{"a"}}, {a2, []string{"a"}}, {lora, []string{"a-lora"}}, {ab, []string{"a", "b"}}, {all, []string{"a", "b", "base"}}} {
+			waitUntil(t, what+": the workers of "+strings.Join(c.models, ","), func() bool { return slices.Equal(holds(c.p), want(c.models...)) })
+		}
+	}
+	check("first")
+	if n := len(holds(a)); n != 25 {
+		t.Fatalf("a proxy of model a holds %d workers, want 25", n)
+	}
+	if st := srv.Stats(); st.WorkerScopes != 3 || st.UnscopedWatches != 0 {
+		t.Fatalf("scopes %d (want 3: a, a-lora, a+b), unscoped watches %d", st.WorkerScopes, st.UnscopedWatches)
+	}
+
+	// w030 moves from b to a, w005 from a to b, w047 drops its adapter, w010 goes, w050
+	// comes (of model a).
+	in, out, plain := proto.Clone(ws[30]).(*xdsv1.Worker), proto.Clone(ws[5]).(*xdsv1.Worker), proto.Clone(ws[47]).(*xdsv1.Worker)
+	in.Model, out.Model, plain.LoraAdapters = "a", "b", nil
+	ws[30], ws[5], ws[47] = in, out, plain
+	ws = slices.Delete(ws, 10, 11)
+	added := worker("w050", 9050)
+	added.Model, added.Slot = "a", 50
+	ws = append(ws, added)
+	publish(srv)
+	check("after the moves")
+
+	// A control plane's restart: each proxy resumes with the versions it holds, within its
+	// scope, and is sent what changed meanwhile (w001 now unhealthy) and nothing of the
+	// workers it does not route.
+	before := a.c.Stats()
+	cp.stop(t)
+	waitUntil(t, "the proxy to notice", func() bool { return !a.c.Stats().Connected })
+	ws[1] = proto.Clone(ws[1]).(*xdsv1.Worker)
+	ws[1].Healthy = false
+	srv2 := server.New(server.Options{})
+	publish(srv2)
+	startControlPlane(t, cp.addr, srv2)
+	check("after the restart")
+	waitUntil(t, "w001 unhealthy at the proxy", func() bool {
+		got, _ := a.c.State()
+		return len(got) > 1 && got[1].GetId() == "w001" && !got[1].GetHealthy()
+	})
+	waitUntil(t, "reconnected", func() bool { return a.c.Stats().Connected })
+	after := a.c.Stats()
+	// w001, and the loads' shards: the new control plane gave the load indexes in its own
+	// order, so every worker of the scope whose index moved is sent again (at most all 25).
+	if got := after.Resources - before.Resources; got > 25+4 || after.Removals != before.Removals {
+		t.Errorf("the resume sent %d resources and %d removals", got, after.Removals-before.Removals)
+	}
+}
+
+// A node whose models are not a list of names is refused on its ADS stream with a clear
+// error, not served the fleet.
+func TestMalformedNodeModelsRefused(t *testing.T) {
+	srv := server.New(server.Options{})
+	if err := srv.SetWorkers(workers(2)); err != nil {
+		t.Fatal(err)
+	}
+	cp := startControlPlane(t, "127.0.0.1:0", srv)
+	conn, err := client.Dial(cp.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel()
+	st, err := discovery.NewAggregatedDiscoveryServiceClient(conn).DeltaAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	node := &core.Node{Id: "p", Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{
+		xds.NodeModelsKey: structpb.NewNumberValue(3),
+	}}}
+	if err := st.Send(&discovery.DeltaDiscoveryRequest{Node: node, TypeUrl: xds.WorkerType, ResourceNamesSubscribe: []string{"*"}}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = st.Recv()
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), xds.NodeModelsKey) {
+		t.Fatalf("got %v, want InvalidArgument naming %s", err, xds.NodeModelsKey)
+	}
+	if _, err := client.New(conn, client.Options{NodeID: "p", Models: []string{"a b"}}); err == nil {
+		t.Fatal("client.New took a model with a space")
 	}
 }

@@ -206,6 +206,11 @@ type Stats struct {
 	// SlowStreams counts ADS streams ended because their proxy took nothing for
 	// SendTimeout.
 	SlowStreams uint64
+	// WorkerScopes is the number of worker caches held for proxies that name the models they
+	// route (scoped.go); UnscopedWatches counts their watches sent to the full cache because
+	// every scope's cache was in use.
+	WorkerScopes    int
+	UnscopedWatches uint64
 }
 
 // Server is the control plane's xDS server: kvrelay's resources over delta ADS (one
@@ -224,7 +229,7 @@ type Server struct {
 	served atomic.Bool
 
 	grpc    *grpc.Server
-	workers *cache.LinearCache
+	workers *scopedWorkers // scoped.go
 	loads   *cache.LinearCache
 	policy  *cache.LinearCache
 	keys    *cache.LinearCache
@@ -278,7 +283,7 @@ func New(opts Options) *Server {
 		opts:        opts,
 		ctx:         ctx,
 		cancel:      cancel,
-		workers:     cache.NewLinearCache(xds.WorkerType),
+		workers:     newScopedWorkers(),
 		loads:       cache.NewLinearCache(xds.LoadsType),
 		policy:      cache.NewLinearCache(xds.PolicyType),
 		keys:        cache.NewLinearCache(xds.KeysType),
@@ -573,7 +578,7 @@ func (s *Server) publishLocked(upsert []*xdsv1.Worker, remove []string) error {
 	// its load routes on its own count of it meanwhile.
 	var errs []error
 	if len(changed) > 0 || len(gone) > 0 {
-		if err := s.workers.UpdateResources(changed, gone); err != nil {
+		if err := s.workers.update(changed, gone); err != nil {
 			errs = append(errs, fmt.Errorf("publishing %d changed and %d removed workers: %w", len(changed), len(gone), err))
 		}
 	}
@@ -766,6 +771,7 @@ func (s *Server) Stats() Stats {
 	st.RefusedStreams = s.refusedStreams.Load()
 	st.RefusedConns = s.refusedConns.Load()
 	st.SlowStreams = s.slowStreams.Load()
+	st.WorkerScopes, st.UnscopedWatches = s.workers.stats()
 	return st
 }
 
