@@ -62,7 +62,7 @@ func newSynthWorkers(f flags, mask uint64) ([]*synthWorker, []registry.Worker, e
 	var ws []*synthWorker
 	var specs []registry.Worker
 	for i := range f.workers {
-		w, err := newSynthWorker(i, max(f.maxBlocks/f.workers, chainBlocks), mask)
+		w, err := newSynthWorker(i, modelOf(f, i), max(f.maxBlocks/f.workers, chainBlocks), mask)
 		if err != nil {
 			for _, w := range ws {
 				w.close()

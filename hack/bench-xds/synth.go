@@ -13,8 +13,9 @@ import (
 	"github.com/kvrelay/kvrelay/engines/kvevents"
 )
 
-// synthWorker is a fake engine: an HTTP server that answers every path with an empty 200
-// (the control plane's health probe and metrics scrape), and a real KV event publisher (ZMQ
+// synthWorker is a fake engine: an HTTP server that serves the simulated engine's metrics
+// with a load that moves on every scrape (metrics.go) and answers every other path with an
+// empty 200 (the control plane's health probe), and a real KV event publisher (ZMQ
 // PUB, vLLM's map-encoded msgpack) emitting BlockStored events for fresh blocks, each 16
 // random tokens chained on the previous block of one of its prompts, and BlockRemoved events
 // for whole old prompts once it holds more than its share of -max-blocks.
@@ -66,7 +67,11 @@ const (
 	activeChains   = 16 // prompts being extended at once per worker
 )
 
-func newSynthWorker(i int, capBlocks int, mask uint64) (*synthWorker, error) {
+func newSynthWorker(i int, model string, capBlocks int, mask uint64) (*synthWorker, error) {
+	page, err := expositionFor(model, capBlocks)
+	if err != nil {
+		return nil, err
+	}
 	w := &synthWorker{
 		id:   "w" + strconv.Itoa(i),
 		rng:  rand.New(rand.NewPCG(uint64(i)+1, 0x5eed)),
@@ -87,7 +92,8 @@ func newSynthWorker(i int, capBlocks int, mask uint64) (*synthWorker, error) {
 		pub.Close()
 		return nil, err
 	}
-	w.srv = &http.Server{Handler: http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) { rw.WriteHeader(200) })}
+	load := &engineLoad{rng: rand.New(rand.NewPCG(uint64(i)+1, 0x10ad)), maxRunning: 16}
+	w.srv = &http.Server{Handler: metricsHandler(page, load)}
 	go func() { _ = w.srv.Serve(ln) }()
 	w.url = "http://" + ln.Addr().String()
 	for range activeChains {
