@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/kvrelay/kvrelay/controlplane/registry"
@@ -20,8 +21,8 @@ type engineSide struct {
 	specs []registry.Worker
 	ws    []*synthWorker // in process
 
-	proc *child // child
-	file string
+	procs []*child // children, -engines-per-process workers each
+	files []string // their records
 }
 
 // engineResult is what the engines published during the run.
@@ -61,7 +62,7 @@ func modelOf(f flags, i int) string {
 func newSynthWorkers(f flags, mask uint64) ([]*synthWorker, []registry.Worker, error) {
 	var ws []*synthWorker
 	var specs []registry.Worker
-	for i := range f.workers {
+	for i := f.firstWorker; i < f.firstWorker+f.workers; i++ {
 		w, err := newSynthWorker(i, modelOf(f, i), max(f.maxBlocks/f.workers, chainBlocks), mask)
 		if err != nil {
 			for _, w := range ws {
@@ -76,7 +77,7 @@ func newSynthWorkers(f flags, mask uint64) ([]*synthWorker, []registry.Worker, e
 }
 
 func startEngines(f flags, dir string) (*engineSide, error) {
-	_, sample := synthParams(f)
+	batch, sample := synthParams(f)
 	mask := uint64(1)<<uint(sample) - 1
 	if f.inProcess {
 		ws, specs, err := newSynthWorkers(f, mask)
@@ -85,17 +86,28 @@ func startEngines(f flags, dir string) (*engineSide, error) {
 		}
 		return &engineSide{ws: ws, specs: specs}, nil
 	}
-	e := &engineSide{file: filepath.Join(dir, "published.bin")}
-	c, err := startChildMode("the engine process", "-mode", "engines", "-workers", strconv.Itoa(f.workers), "-rate", fmt.Sprint(f.rate),
-		"-batch", strconv.Itoa(f.batch), "-sample", strconv.Itoa(f.sample), "-max-blocks", strconv.Itoa(f.maxBlocks),
-		"-duration", f.duration.String(), "-models", strconv.Itoa(f.models), "-out", e.file)
-	if err != nil {
-		return nil, err
-	}
-	e.proc = c
-	if err := json.Unmarshal([]byte(c.ready), &e.specs); err != nil {
-		e.close()
-		return nil, fmt.Errorf("the engine process said %q", c.ready)
+	// Each process publishes its workers' share of the rate and holds their share of the
+	// blocks; batch and sample are the run's, not recomputed from a process's share.
+	e := &engineSide{}
+	per := max(f.enginesPer, 1)
+	for first := 0; first < f.workers; first += per {
+		n := min(per, f.workers-first)
+		file := filepath.Join(dir, fmt.Sprintf("published-%d.bin", first))
+		c, err := startChildMode(fmt.Sprintf("the engine process of workers %d-%d", first, first+n-1), "-mode", "engines",
+			"-first-worker", strconv.Itoa(first), "-workers", strconv.Itoa(n), "-rate", fmt.Sprint(f.rate*float64(n)/float64(f.workers)),
+			"-batch", strconv.Itoa(batch), "-sample", strconv.Itoa(sample), "-max-blocks", strconv.Itoa(f.maxBlocks*n/f.workers),
+			"-duration", f.duration.String(), "-models", strconv.Itoa(f.models), "-out", file)
+		if err != nil {
+			e.close()
+			return nil, err
+		}
+		e.procs, e.files = append(e.procs, c), append(e.files, file)
+		var specs []registry.Worker
+		if err := json.Unmarshal([]byte(c.ready), &specs); err != nil {
+			e.close()
+			return nil, fmt.Errorf("the engine process said %q", c.ready)
+		}
+		e.specs = append(e.specs, specs...)
 	}
 	return e, nil
 }
@@ -105,7 +117,7 @@ func (e *engineSide) run(f flags) (engineResult, error) {
 	batch, _ := synthParams(f)
 	if e.ws != nil {
 		var r engineResult
-		if err := waitSubscribed(e.ws, 15*time.Second); err != nil {
+		if err := waitSubscribed(e.ws, subscribeTimeout(len(e.ws))); err != nil {
 			return r, err
 		}
 		var b0 uint64
@@ -125,22 +137,48 @@ func (e *engineSide) run(f flags) (engineResult, error) {
 		r.CPUSeconds = -1
 		return r, nil
 	}
+	// Every process at once; their counts add up, the load lasts as long as the longest.
+	parts := make([]engineResult, len(e.procs))
+	errs := make([]error, len(e.procs))
+	var wg sync.WaitGroup
+	for i, c := range e.procs {
+		wg.Go(func() {
+			l, err := c.ask("start")
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			if err := json.Unmarshal([]byte(l), &parts[i]); err != nil {
+				errs[i] = fmt.Errorf("the engine process said %q", l)
+				return
+			}
+			if parts[i].Error != "" {
+				errs[i] = errors.New(parts[i].Error)
+				return
+			}
+			recs, err := readArrivals(e.files[i], 1)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			parts[i].recs = recs[0]
+		})
+	}
+	wg.Wait()
 	var r engineResult
-	l, err := e.proc.ask("start")
-	if err != nil {
+	if err := errors.Join(errs...); err != nil {
 		return r, err
 	}
-	if err := json.Unmarshal([]byte(l), &r); err != nil {
-		return r, fmt.Errorf("the engine process said %q", l)
+	for _, p := range parts {
+		r.Stored += p.Stored
+		r.Removed += p.Removed
+		r.Messages += p.Messages
+		r.Failed += p.Failed
+		r.Bytes += p.Bytes
+		r.CPUSeconds += p.CPUSeconds
+		r.LoadSeconds = max(r.LoadSeconds, p.LoadSeconds)
+		r.recs = append(r.recs, p.recs...)
 	}
-	if r.Error != "" {
-		return r, errors.New(r.Error)
-	}
-	recs, err := readArrivals(e.file, 1)
-	if err != nil {
-		return r, err
-	}
-	r.recs = recs[0]
 	return r, nil
 }
 
@@ -148,10 +186,14 @@ func (e *engineSide) close() {
 	for _, w := range e.ws {
 		w.close()
 	}
-	if e.proc != nil {
-		e.proc.close()
+	for _, c := range e.procs {
+		c.close()
 	}
 }
+
+// subscribeTimeout is how long n engines wait for their subscribers: each replica dials and
+// greets every engine, on a machine the whole fleet shares.
+func subscribeTimeout(n int) time.Duration { return 15*time.Second + time.Duration(n)*20*time.Millisecond }
 
 func waitSubscribed(ws []*synthWorker, timeout time.Duration) error {
 	// A PUB socket drops messages for subscribers that have not joined yet.
@@ -200,7 +242,7 @@ func publishOnce(f flags, ws []*synthWorker, batch int) engineResult {
 	for _, w := range ws {
 		w.stored, w.removed, w.messages, w.failed, w.recs = 0, 0, 0, 0, w.recs[:0]
 	}
-	if err := waitSubscribed(ws, 15*time.Second); err != nil {
+	if err := waitSubscribed(ws, subscribeTimeout(len(ws))); err != nil {
 		r.Error = err.Error()
 	} else {
 		var b0 uint64

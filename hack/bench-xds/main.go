@@ -40,6 +40,8 @@ type flags struct {
 	maxBlocks   int
 	linger      time.Duration
 	inProcess   bool
+	enginesPer  int
+	firstWorker int
 	jsonOut     bool
 	verbose     bool
 	sharing     string
@@ -77,6 +79,8 @@ func main() {
 	flag.IntVar(&f.sample, "sample", -1, "freshness: time one block in 2^sample (by seq hash); -1 = all below 10k events/s, else 1 in 4")
 	flag.IntVar(&f.maxBlocks, "max-blocks", 1<<20, "freshness, pushcost: blocks held across the workers before old ones are removed")
 	flag.DurationVar(&f.linger, "linger", 0, "freshness, pushcost: the control plane's journal linger (0 = its default, 2 ms)")
+	flag.IntVar(&f.enginesPer, "engines-per-process", 2000, "freshness, pushcost, scale: synthetic engines per engine process (each holds a listener, a ZMQ socket and its subscribers' connections: a process's 20,000 files bound it)")
+	flag.IntVar(&f.firstWorker, "first-worker", 0, "engines (child): the index of this process's first worker")
 	flag.BoolVar(&f.inProcess, "in-process", false, "freshness, pushcost: run the subscribers in this process instead of a child process")
 	flag.BoolVar(&f.jsonOut, "json", false, "print the results as one JSON object")
 	flag.BoolVar(&f.verbose, "v", false, "log the components' own messages to stderr")
