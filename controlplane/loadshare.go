@@ -112,16 +112,22 @@ type pollShare struct {
 	ranked atomic.Pointer[[]string]
 }
 
-// heardFrom records that replica shares its polls (at), or forgets it, and ranks again.
-func (p *pollShare) heardFrom(replica string, shares bool, at time.Time) {
+// heardFrom records what replica answered at: that it shares its polls, or that it does
+// not (it is forgotten); answered false, that it did not answer, which changes nothing of
+// it (it is forgotten once silent past replicaLoadMaxAge: a replica too busy to answer one
+// ask in time keeps polling its engines, and its share of the fleet is not doubled onto
+// the others, who are as busy). It ranks again either way.
+func (p *pollShare) heardFrom(replica string, answered, shares bool, at time.Time) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.heard == nil {
 		p.heard = map[string]time.Time{}
 	}
-	if shares {
+	switch {
+	case !answered:
+	case shares:
 		p.heard[replica] = at
-	} else {
+	default:
 		delete(p.heard, replica)
 	}
 	rs := []string{p.self}
@@ -329,7 +335,7 @@ func (s *Server) shareLoadLoop(ctx context.Context, ks *registry.KubeStore, clie
 					names[replica] = rl.replica
 				}
 				if id := names[replica]; id != "" {
-					s.pollers.heardFrom(id, rl.pollShare, now) // false when it did not answer
+					s.pollers.heardFrom(id, err == nil, rl.pollShare, now)
 				}
 				if len(rl.polls) > 0 {
 					s.view.PutRemote(rl.polls)
@@ -353,9 +359,12 @@ type peerAnswer struct {
 }
 
 // askReplicaLoad asks the replica at u for its proxies' load and its polls published after
-// its Seq after.
+// its Seq after. It waits for the answer up to replicaLoadMaxAge, past which what it says
+// would be taken as silence anyway: a busy replica's late answer still counts (at 3,000
+// engines on two cores, answers took longer than the half second once allowed, and each
+// replica, hearing none, polled every engine).
 func (s *Server) askReplicaLoad(ctx context.Context, client *http.Client, u *url.URL, after uint64) (peerAnswer, error) {
-	ctx, cancel := context.WithTimeout(ctx, replicaLoadEvery*5)
+	ctx, cancel := context.WithTimeout(ctx, replicaLoadMaxAge)
 	defer cancel()
 	q := *u
 	q.RawQuery = "after=" + strconv.FormatUint(after, 10)

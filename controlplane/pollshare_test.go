@@ -52,7 +52,7 @@ func TestPollShareRanks(t *testing.T) {
 		t.Fatal("alone, a replica delegates")
 	}
 	now := time.Now()
-	p.heardFrom("cp-1", true, now)
+	p.heardFrom("cp-1", true, true, now)
 	var theirs []string
 	for i := range 100 {
 		id := "w" + strconv.Itoa(i)
@@ -66,16 +66,25 @@ func TestPollShareRanks(t *testing.T) {
 	if len(theirs) < 30 || len(theirs) > 70 {
 		t.Fatalf("%d of 100 engines delegated to the other replica", len(theirs))
 	}
-	p.heardFrom("cp-2", false, now.Add(100*time.Millisecond)) // an older replica, not sharing
+	p.heardFrom("cp-2", true, false, now.Add(100*time.Millisecond)) // an older replica, not sharing
 	if !p.delegated(theirs[0]) {
 		t.Error("a replica that does not share polls took an engine")
 	}
-	p.heardFrom("cp-2", false, now.Add(replicaLoadMaxAge+time.Millisecond))
+	// cp-1 does not answer one ask in time: it still polls its engines.
+	p.heardFrom("cp-1", false, false, now.Add(replicaLoadMaxAge-time.Millisecond))
+	if !p.delegated(theirs[0]) {
+		t.Error("an engine was taken back from a replica that missed one answer")
+	}
+	p.heardFrom("cp-2", true, false, now.Add(replicaLoadMaxAge+time.Millisecond))
 	if p.delegated(theirs[0]) {
 		t.Error("an engine stays delegated to a replica silent past replicaLoadMaxAge")
 	}
-	p.heardFrom("cp-1", true, now.Add(2*replicaLoadMaxAge))
-	p.heardFrom("cp-1", false, now.Add(2*replicaLoadMaxAge))
+	p.heardFrom("cp-1", true, true, now.Add(2*replicaLoadMaxAge))
+	p.heardFrom("cp-1", false, false, now.Add(2*replicaLoadMaxAge+time.Millisecond))
+	if !p.delegated(theirs[0]) {
+		t.Error("an engine was taken back from a replica that missed one answer")
+	}
+	p.heardFrom("cp-1", true, false, now.Add(2*replicaLoadMaxAge))
 	if p.delegated(theirs[0]) {
 		t.Error("an engine stays delegated to a replica that stopped sharing")
 	}

@@ -193,7 +193,9 @@ func (e *engineSide) close() {
 
 // subscribeTimeout is how long n engines wait for their subscribers: each replica dials and
 // greets every engine, on a machine the whole fleet shares.
-func subscribeTimeout(n int) time.Duration { return 15*time.Second + time.Duration(n)*20*time.Millisecond }
+func subscribeTimeout(n int) time.Duration {
+	return 15*time.Second + time.Duration(n)*20*time.Millisecond
+}
 
 func waitSubscribed(ws []*synthWorker, timeout time.Duration) error {
 	// A PUB socket drops messages for subscribers that have not joined yet.

@@ -595,7 +595,7 @@ func runSinksChild(f flags) error {
 			fmt.Println(string(b))
 		case "converge":
 			t, _ := strconv.ParseInt(q[1], 10, 64)
-			b, _ := json.Marshal(converge(subs, len(addrs), t, 30*time.Second))
+			b, _ := json.Marshal(converge(subs, addrs[0], t, 30*time.Second))
 			fmt.Println(string(b))
 		}
 	}
@@ -615,11 +615,12 @@ func proxyDialer(i int) func(context.Context, string) (net.Conn, error) {
 	}
 }
 
-// converge polls every millisecond until each proxy that followed replica 0 (proxy i with
-// i mod R == 0) has opened a new ADS stream that is connected and has its journal current
-// on another replica (resumed from its marks, or a snapshot completed) after killedAt, or
-// timeout.
-func converge(subs []*subscriber, replicas int, killedAt int64, timeout time.Duration) convergence {
+// converge polls every millisecond until each proxy that followed replica 0 (at killed:
+// its last connection opened before killedAt went there; mostly proxy i with i mod R == 0,
+// but pick_first moves on to the next replica when the first is too busy to take it) has
+// opened a new ADS stream that is connected and has its journal current on another replica
+// (resumed from its marks, or a snapshot completed) after killedAt, or timeout.
+func converge(subs []*subscriber, killed string, killedAt int64, timeout time.Duration) convergence {
 	type st struct {
 		i             int
 		ads0          uint64
@@ -628,7 +629,7 @@ func converge(subs []*subscriber, replicas int, killedAt int64, timeout time.Dur
 	}
 	var wait []*st
 	for i, s := range subs {
-		if i%replicas == 0 {
+		if s.bytes.addrAt(killedAt) == killed {
 			wait = append(wait, &st{i: i, ads0: s.ads.Stats().Streams, bytes0: s.bytes.journalIn.Load()})
 		}
 	}

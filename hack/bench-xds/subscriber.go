@@ -116,6 +116,32 @@ func (s *timingSink) Apply(cs []journal.Change) {
 type byteCounter struct {
 	journalIn, adsIn, otherIn, out atomic.Uint64
 	journalMsgs                    atomic.Uint64
+
+	// conns are the connections opened, in order: when, to which address, and when they
+	// ended (0: open).
+	connMu sync.Mutex
+	conns  []connAt
+}
+
+type connAt struct {
+	at, end int64
+	addr    string
+}
+
+type connKey struct{}
+
+// addrAt is the address of the last connection opened before t and still open at t (""
+// when none was): a connection attempt that pick_first gave up on does not count.
+func (b *byteCounter) addrAt(t int64) string {
+	b.connMu.Lock()
+	defer b.connMu.Unlock()
+	addr := ""
+	for _, c := range b.conns {
+		if c.at < t && (c.end == 0 || c.end > t) {
+			addr = c.addr
+		}
+	}
+	return addr
 }
 
 type methodKey struct{}
@@ -142,8 +168,23 @@ func (b *byteCounter) HandleRPC(ctx context.Context, s stats.RPCStats) {
 	}
 }
 
-func (b *byteCounter) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context { return ctx }
-func (b *byteCounter) HandleConn(context.Context, stats.ConnStats)                       {}
+func (b *byteCounter) TagConn(ctx context.Context, info *stats.ConnTagInfo) context.Context {
+	b.connMu.Lock()
+	defer b.connMu.Unlock()
+	b.conns = append(b.conns, connAt{at: time.Now().UnixNano(), addr: info.RemoteAddr.String()})
+	return context.WithValue(ctx, connKey{}, len(b.conns)-1)
+}
+
+func (b *byteCounter) HandleConn(ctx context.Context, s stats.ConnStats) {
+	if _, ok := s.(*stats.ConnEnd); !ok {
+		return
+	}
+	if i, ok := ctx.Value(connKey{}).(int); ok {
+		b.connMu.Lock()
+		b.conns[i].end = time.Now().UnixNano()
+		b.connMu.Unlock()
+	}
+}
 
 func newSubscriber(addr, node string, mask uint64, opts ...grpc.DialOption) (*subscriber, error) {
 	bc := &byteCounter{}

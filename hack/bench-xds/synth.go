@@ -79,7 +79,7 @@ func newSynthWorker(i int, model string, capBlocks int, mask uint64) (*synthWork
 		cap:  capBlocks,
 		mask: mask,
 	}
-	pub, err := kvevents.NewPublisher(kvevents.PublisherConfig{Endpoint: "tcp://127.0.0.1:0"})
+	pub, err := kvevents.NewPublisher(kvevents.PublisherConfig{Endpoint: "tcp://" + engineHost(i) + ":0"})
 	if err != nil {
 		return nil, err
 	}
@@ -87,7 +87,7 @@ func newSynthWorker(i int, model string, capBlocks int, mask uint64) (*synthWork
 		return nil, err
 	}
 	w.pub = pub
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ln, err := net.Listen("tcp", engineHost(i)+":0")
 	if err != nil {
 		pub.Close()
 		return nil, err
@@ -105,6 +105,14 @@ func newSynthWorker(i int, model string, capBlocks int, mask uint64) (*synthWork
 func (w *synthWorker) close() {
 	_ = w.pub.Close()
 	_ = w.srv.Close()
+}
+
+// engineHost is the loopback address engine i listens on: one of 127.0.2.0/24 and on, 1,000
+// engines to each, so that the engines' two listeners apiece do not take the ports of
+// 127.0.0.1, where the replicas' APIs and xDS listen (10,000 engines would take 20,000 of the
+// 28,000 ephemeral ports there).
+func engineHost(i int) string {
+	return net.IPv4(127, 0, byte(2+i/1000/250), byte(1+i/1000%250)).String()
 }
 
 // engineHash returns a fresh engine block hash, unique across workers.

@@ -25,6 +25,12 @@
 //	go srv.Serve(ctx, lis)                                // until ctx is done
 //	for range srv.LoadChanged() { merged := srv.Merged(); ... srv.SetWorkers(withLoad) }
 //
+// A proxy that names the models it routes (node metadata xds.NodeModelsKey, xds/client's
+// Options.Models) watches a worker cache of its scope: the workers that serve one of them,
+// as base model or adapter, and those whose model is not known (scoped.go). Proxies of one
+// scope share its cache; at most 64 scopes are held, each until a minute after its last
+// watch, and a proxy of one more is served the full cache.
+//
 // SetWorkers takes workers with their loads and diffs against what was published
 // (proto.Equal). Each worker gets a load index, stable while it is published with the same
 // model, in a shard of its model's (a proxy that routes some models subscribes to their
