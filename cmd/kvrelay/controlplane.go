@@ -152,6 +152,7 @@ worker claims are dropped and counted (kvrelay_controlplane_ingest_unclaimed_tot
 	fs.StringVar(&opts.WorkersFile, "workers-file", "", "YAML file of workers, reloaded when it changes")
 	fs.StringVar(&tokenFile, "api-token-file", "", "file holding the bearer token that mutating operator calls need (read again every 5 s: a rotated token takes effect without a restart)")
 	fs.DurationVar(&opts.ScrapeInterval, "scrape-interval", 100*time.Millisecond, "how often each worker's metrics are read")
+	fs.IntVar(&opts.LoadPushBudget, "load-push-budget", 0, "bytes a second the workers' loads may take on each proxy's stream (0: no bound; loads are then pushed every 50 ms when they move): a push of B bytes waits B / budget for the next, so a large fleet's loads arrive less often instead of taking more")
 	fs.StringVar(&k8sSel, "k8s-selector", "", "discover workers from the Kubernetes EndpointSlices with this label selector (e.g. app=vllm)")
 	fs.StringVar(&k8sPool, "k8s-inference-pool", "", "discover workers from the pods of this Gateway API InferencePool (inference.networking.k8s.io/v1) in --k8s-namespace: its selector and target ports; a pod's llm-d.ai/role label sets its role and its kvrelay.io/worker annotation (--worker form without id and url) the rest")
 	fs.StringVar(&k8sNS, "k8s-namespace", "default", "namespace of the EndpointSlices or the InferencePool")

@@ -54,6 +54,7 @@ type flags struct {
 	replicas      int
 	models        int
 	allWorkers    bool
+	loadBudget    int
 	reportWorkers int
 	scrape        time.Duration
 	specsFile     string
@@ -87,6 +88,7 @@ func main() {
 	flag.StringVar(&f.sharing, "sharing", "on,off", "herding: in-flight load sharing settings to run, in order; precision: off runs the xds proxy without load reports")
 	flag.Float64Var(&f.speedup, "speedup", 20, "herding, cpkill, precision: simulated engine speedup")
 	flag.BoolVar(&f.timeline, "timeline", false, "freshness: also print p50/p99 per second of publish time")
+	flag.IntVar(&f.loadBudget, "load-push-budget", 0, "scale: the replicas' LoadPushBudget, bytes a second of loads on each proxy's stream (0: none)")
 	flag.BoolVar(&f.allWorkers, "all-workers", false, "scale, with -models: the proxies do not name their model to the control plane, which then sends every Worker resource (their loads and journal stay scoped)")
 	flag.IntVar(&f.models, "models", 1, "scale: models the workers serve (worker i serves model i mod N); with more than one, proxy i routes model i mod N only (--serve-models) and follows that part of the index")
 	flag.IntVar(&f.replicas, "replicas", 2, "scale: control-plane replicas (each a process ingesting every engine and serving xDS)")

@@ -70,7 +70,7 @@ func runScale(f flags, res *results) error {
 		apis = append(apis, a)
 	}
 	for i := range f.replicas {
-		args := []string{"-mode", "replica", "-specs", specsFile, "-api", apis[i],
+		args := []string{"-mode", "replica", "-specs", specsFile, "-api", apis[i], "-load-push-budget", strconv.Itoa(f.loadBudget),
 			"-scrape", f.scrape.String(), "-linger", f.linger.String(), "-out", filepath.Join(dir, "ages-"+strconv.Itoa(i))}
 		switch f.share {
 		case "none":
@@ -94,7 +94,7 @@ func runScale(f flags, res *results) error {
 		return err
 	}
 	defer sinks.kill()
-	res.add("setup", "mode", "scale", "rate", f.rate, "workers", f.workers, "proxies", f.proxies, "replicas", f.replicas, "models", f.models, "all_workers", f.allWorkers,
+	res.add("setup", "mode", "scale", "rate", f.rate, "workers", f.workers, "proxies", f.proxies, "replicas", f.replicas, "models", f.models, "all_workers", f.allWorkers, "load_push_budget", f.loadBudget,
 		"share", f.share, "batch", batch, "sampled", fmt.Sprintf("1/%d", mask+1), "duration", f.duration, "scrape", f.scrape,
 		"report_workers_per_proxy", f.reportWorkers, "processes", fmt.Sprintf("engines|%d replicas|proxies", f.replicas))
 
@@ -428,7 +428,7 @@ func runReplicaChild(f flags) error {
 	cp, err := controlplane.New(controlplane.Options{
 		XDSListen: "127.0.0.1:0", DataDir: dataDir, Workers: specs, Adapters: adapters(),
 		APIListen: f.api, APIToken: "bench-xds", ReplicaPeers: peers, NoReplicaLoadShare: f.share == "polls",
-		ScrapeInterval: f.scrape, JournalLinger: f.linger, Logger: logger(f),
+		ScrapeInterval: f.scrape, JournalLinger: f.linger, LoadPushBudget: f.loadBudget, Logger: logger(f),
 		JournalSent: func(age time.Duration) {
 			now := time.Now().UnixNano()
 			mu.Lock()

@@ -239,6 +239,9 @@ type Server struct {
 	// pubMu serialises publications and guards published and publishedPolicy: the
 	// resources last handed to the caches (never modified once published).
 	pubMu sync.Mutex
+	// loadBytes is the encoded size of the Loads the last publication changed: what it
+	// sends a proxy that follows every shard.
+	loadBytes atomic.Int64
 	// peerStreams counts each peer host's open streams (limitStreams).
 	peerMu          sync.Mutex
 	peerStreams     map[string]int
@@ -551,6 +554,7 @@ func (s *Server) publishLocked(upsert []*xdsv1.Worker, remove []string) error {
 		}
 	}
 	if len(changed) == 0 && len(gone) == 0 && len(shards) == 0 {
+		s.loadBytes.Store(0)
 		return nil
 	}
 	if added > 0 || len(gone) > 0 { // the set of ids changed: not on loads alone
@@ -562,6 +566,7 @@ func (s *Server) publishLocked(upsert []*xdsv1.Worker, remove []string) error {
 	}
 	loads := make(map[string]types.Resource, len(shards))
 	var empty []string
+	size := 0
 	for shard := range shards {
 		l, err := s.packShard(shard)
 		if err != nil {
@@ -572,7 +577,9 @@ func (s *Server) publishLocked(upsert []*xdsv1.Worker, remove []string) error {
 			continue
 		}
 		loads[xds.LoadsName(shard)] = l
+		size += proto.Size(l)
 	}
+	s.loadBytes.Store(int64(size))
 	// The caches hold the new state even when notifying a watch fails, so both are given
 	// theirs whatever the other's says. Workers first: a proxy told of a new worker before
 	// its load routes on its own count of it meanwhile.
@@ -735,6 +742,10 @@ func (s *Server) SetKeys(keys string) error {
 	}
 	return nil
 }
+
+// LoadBytes is the encoded size of the Loads resources the last publication changed (0
+// when it changed none): what it sent, framing aside, to a proxy that follows every shard.
+func (s *Server) LoadBytes() int { return int(s.loadBytes.Load()) }
 
 // Workers returns the published workers sorted by id, each with its load as given (the
 // cache holds them without it, their loads in the Loads shards). They must not be modified.
