@@ -239,7 +239,7 @@ type Server struct {
 	// pubMu serialises publications and guards published and publishedPolicy: the
 	// resources last handed to the caches (never modified once published).
 	pubMu sync.Mutex
-	// loadBytes is the encoded size of the Loads the last publication changed: what it
+	// loadBytes is the size of the Loads the last publication changed, framed: what it
 	// sends a proxy that follows every shard.
 	loadBytes atomic.Int64
 	// peerStreams counts each peer host's open streams (limitStreams).
@@ -577,7 +577,7 @@ func (s *Server) publishLocked(upsert []*xdsv1.Worker, remove []string) error {
 			continue
 		}
 		loads[xds.LoadsName(shard)] = l
-		size += proto.Size(l)
+		size += proto.Size(l) + deltaFraming + len(xds.LoadsName(shard))
 	}
 	s.loadBytes.Store(int64(size))
 	// The caches hold the new state even when notifying a watch fails, so both are given
@@ -743,8 +743,13 @@ func (s *Server) SetKeys(keys string) error {
 	return nil
 }
 
-// LoadBytes is the encoded size of the Loads resources the last publication changed (0
-// when it changed none): what it sent, framing aside, to a proxy that follows every shard.
+// deltaFraming is what a resource costs in a delta ADS response beside its value and name:
+// its version (the LinearCache's, 64 hex digits), the Any's type URL and the fields' tags
+// and lengths.
+const deltaFraming = 64 + len(xds.LoadsType) + 8
+
+// LoadBytes is the size of the Loads resources the last publication changed, with their
+// delta framing (0 when it changed none): what it sent a proxy that follows every shard.
 func (s *Server) LoadBytes() int { return int(s.loadBytes.Load()) }
 
 // Workers returns the published workers sorted by id, each with its load as given (the
