@@ -17,8 +17,9 @@
 // whole Worker resources, the same loads took 263 KB, 979 KB and 2.5 MB (BenchmarkLoadBand,
 // delta framing counted). Where the proxies' own in-flight sums churn (bench-xds scale), a
 // worker leaves its band within a few reports and the band saves nothing; the shards then
-// bound what it costs. Proxies keep a pushed load as long as the control plane answers
-// their load reports.
+// bound what it costs, and Options.LoadPushBudget, when set, the bytes a second they take on
+// each proxy's stream: a push's loads delay the next by what they cost of the budget.
+// Proxies keep a pushed load as long as the control plane answers their load reports.
 //
 // It never imports the data plane: what both planes share sits below them in package xds.
 package controlplane
