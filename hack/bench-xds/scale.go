@@ -636,12 +636,13 @@ func converge(subs []*subscriber, killed string, killedAt int64, timeout time.Du
 	var out convergence
 	deadline := time.Now().Add(timeout)
 	for len(wait) > 0 && time.Now().Before(deadline) {
-		now := time.Now().UnixNano()
 		rest := wait[:0]
 		for _, w := range wait {
 			s := subs[w.i]
-			if as := s.ads.Stats(); w.adsAt == 0 && as.Streams > w.ads0 && as.Connected {
-				w.adsAt = now
+			// By the streams' own times: a proxy may have moved before this child read
+			// the kill.
+			if w.adsAt == 0 {
+				w.adsAt = s.bytes.adsUpAfter(killedAt)
 			}
 			if w.jourAt == 0 && s.jc.Synced() {
 				switch snap, res := s.sink.snapshotAt.Load(), s.sink.resumedAt.Load(); {

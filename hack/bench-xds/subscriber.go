@@ -118,9 +118,28 @@ type byteCounter struct {
 	journalMsgs                    atomic.Uint64
 
 	// conns are the connections opened, in order: when, to which address, and when they
-	// ended (0: open).
+	// ended (0: open); ads the ADS streams opened, in order: when, and when their first
+	// response came (0: none yet).
 	connMu sync.Mutex
 	conns  []connAt
+	ads    []adsAt
+}
+
+type adsAt struct{ start, firstIn int64 }
+
+type adsKey struct{}
+
+// adsUpAfter is when the first ADS stream opened after t took its first response (0: none
+// has yet).
+func (b *byteCounter) adsUpAfter(t int64) int64 {
+	b.connMu.Lock()
+	defer b.connMu.Unlock()
+	for _, a := range b.ads {
+		if a.start > t && a.firstIn != 0 {
+			return a.firstIn
+		}
+	}
+	return 0
 }
 
 type connAt struct {
@@ -147,6 +166,12 @@ func (b *byteCounter) addrAt(t int64) string {
 type methodKey struct{}
 
 func (b *byteCounter) TagRPC(ctx context.Context, info *stats.RPCTagInfo) context.Context {
+	if strings.Contains(info.FullMethodName, "AggregatedDiscoveryService") {
+		b.connMu.Lock()
+		b.ads = append(b.ads, adsAt{start: time.Now().UnixNano()})
+		ctx = context.WithValue(ctx, adsKey{}, len(b.ads)-1)
+		b.connMu.Unlock()
+	}
 	return context.WithValue(ctx, methodKey{}, info.FullMethodName)
 }
 
@@ -160,6 +185,13 @@ func (b *byteCounter) HandleRPC(ctx context.Context, s stats.RPCStats) {
 			b.journalMsgs.Add(1)
 		case strings.Contains(m, "AggregatedDiscoveryService"):
 			b.adsIn.Add(uint64(p.WireLength))
+			if i, ok := ctx.Value(adsKey{}).(int); ok {
+				b.connMu.Lock()
+				if b.ads[i].firstIn == 0 {
+					b.ads[i].firstIn = time.Now().UnixNano()
+				}
+				b.connMu.Unlock()
+			}
 		default:
 			b.otherIn.Add(uint64(p.WireLength))
 		}
