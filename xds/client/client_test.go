@@ -130,6 +130,22 @@ func startProxy(t testing.TB, addr, nodeID string, opts client.Options, dial ...
 	return p
 }
 
+// dialServing starts a control plane serving ws and dials it; Cleanup closes both.
+func dialServing(t testing.TB, opts server.Options, ws []*xdsv1.Worker) (*controlPlane, *grpc.ClientConn) {
+	t.Helper()
+	srv := server.New(opts)
+	if err := srv.SetWorkers(ws); err != nil {
+		t.Fatal(err)
+	}
+	cp := startControlPlane(t, "127.0.0.1:0", srv)
+	conn, err := client.Dial(cp.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return cp, conn
+}
+
 func waitUntil(t testing.TB, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(waitTimeout)
@@ -750,16 +766,7 @@ func TestKeysReachClient(t *testing.T) {
 // A reporter's Acked hears each answer on the load stream while the control plane runs
 // (what keeps a proxy's pushed loads current) and nothing once it has stopped.
 func TestReporterHearsAnswers(t *testing.T) {
-	srv := server.New(server.Options{ReportInterval: 10 * time.Millisecond})
-	if err := srv.SetWorkers([]*xdsv1.Worker{worker("w1", 8001)}); err != nil {
-		t.Fatal(err)
-	}
-	cp := startControlPlane(t, "127.0.0.1:0", srv)
-	conn, err := client.Dial(cp.addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	cp, conn := dialServing(t, server.Options{ReportInterval: 10 * time.Millisecond}, []*xdsv1.Worker{worker("w1", 8001)})
 	var acks atomic.Int64
 	r, err := client.NewReporter(conn, client.ReporterOptions{NodeID: "proxy-1", Acked: func() { acks.Add(1) },
 		Snapshot: func(uint64) []*xdsv1.WorkerLoad { return []*xdsv1.WorkerLoad{{WorkerId: "w1", Inflight: 1}} }})
@@ -1103,16 +1110,7 @@ func TestServedWorkersOnly(t *testing.T) {
 // A node whose models are not a list of names is refused on its ADS stream with a clear
 // error, not served the fleet.
 func TestMalformedNodeModelsRefused(t *testing.T) {
-	srv := server.New(server.Options{})
-	if err := srv.SetWorkers(workers(2)); err != nil {
-		t.Fatal(err)
-	}
-	cp := startControlPlane(t, "127.0.0.1:0", srv)
-	conn, err := client.Dial(cp.addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	_, conn := dialServing(t, server.Options{}, workers(2))
 	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
 	defer cancel()
 	st, err := discovery.NewAggregatedDiscoveryServiceClient(conn).DeltaAggregatedResources(ctx)
