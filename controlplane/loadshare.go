@@ -116,7 +116,8 @@ type pollShare struct {
 // not (it is forgotten); answered false, that it did not answer, which changes nothing of
 // it (it is forgotten once silent past replicaLoadMaxAge: a replica too busy to answer one
 // ask in time keeps polling its engines, and its share of the fleet is not doubled onto
-// the others, who are as busy). It ranks again either way.
+// the others, who are as busy). It ranks again either way, forgetting the replicas silent
+// past replicaLoadMaxAge (replica "", not answered: only that).
 func (p *pollShare) heardFrom(replica string, answered, shares bool, at time.Time) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -342,6 +343,11 @@ func (s *Server) shareLoadLoop(ctx context.Context, ks *registry.KubeStore, clie
 				}
 			}
 		}
+		if !s.opts.NoPollShare {
+			// Replicas that left the peers, or went silent, age out of the share even
+			// when no other answer comes to rank again.
+			s.pollers.heardFrom("", false, false, time.Now())
+		}
 		if changed {
 			s.publish(false)
 		}
@@ -359,12 +365,11 @@ type peerAnswer struct {
 }
 
 // askReplicaLoad asks the replica at u for its proxies' load and its polls published after
-// its Seq after. It waits for the answer up to replicaLoadMaxAge, past which what it says
-// would be taken as silence anyway: a busy replica's late answer still counts (at 3,000
-// engines on two cores, answers took longer than the half second once allowed, and each
-// replica, hearing none, polled every engine).
+// its Seq after. It waits half of replicaLoadMaxAge: the asks go one after another, and a
+// replica that answers in time must be asked again before its last answer ages out, however
+// long another takes.
 func (s *Server) askReplicaLoad(ctx context.Context, client *http.Client, u *url.URL, after uint64) (peerAnswer, error) {
-	ctx, cancel := context.WithTimeout(ctx, replicaLoadMaxAge)
+	ctx, cancel := context.WithTimeout(ctx, replicaLoadMaxAge/2)
 	defer cancel()
 	q := *u
 	q.RawQuery = "after=" + strconv.FormatUint(after, 10)

@@ -88,6 +88,16 @@ func TestPollShareRanks(t *testing.T) {
 	if p.delegated(theirs[0]) {
 		t.Error("an engine stays delegated to a replica that stopped sharing")
 	}
+	// A replica that leaves the peers is asked no more: the loop's own ranking ages it out.
+	p.heardFrom("cp-1", true, true, now.Add(3*replicaLoadMaxAge))
+	p.heardFrom("", false, false, now.Add(4*replicaLoadMaxAge-time.Millisecond))
+	if !p.delegated(theirs[0]) {
+		t.Error("an engine was taken back from a replica heard within replicaLoadMaxAge")
+	}
+	p.heardFrom("", false, false, now.Add(4*replicaLoadMaxAge+time.Millisecond))
+	if p.delegated(theirs[0]) {
+		t.Error("an engine stays delegated to a replica no longer asked")
+	}
 }
 
 // TestPolledWire: a state crosses the wire with its ages; readings that cannot be true are

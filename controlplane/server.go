@@ -120,7 +120,8 @@ type Options struct {
 	// its delta framing), so the loads of 10,000 workers, pushed every 50 ms, would take
 	// 4.4 MB/s a proxy; a budget of 256 KB/s pushes them about every 0.9 s instead, 1,000
 	// workers' every 90 ms.
-	// Registry changes are pushed at once whatever the budget.
+	// Registry changes are pushed at once whatever the budget; the LoadRefresh push waits
+	// for it.
 	LoadPushBudget int
 	// ValidateProfile, when set, refuses a policy profile the proxies cannot build (the
 	// program's plugin registry: route.Registry.Validate) before it is stored and pushed;
@@ -638,7 +639,9 @@ func (s *Server) loop(ctx context.Context) {
 			if dirty && s.publish(false) {
 				dirty = false
 			}
-			if s.sincePublished() >= s.opts.LoadRefresh {
+			// The refresh waits for the load budget too: where a push costs more than a
+			// LoadRefresh of it, pushes go as the budget allows.
+			if s.sincePublished() >= s.opts.LoadRefresh && s.budgetAllows() {
 				s.publish(true)
 			}
 		}
@@ -773,6 +776,14 @@ func banded(prev observedLoad, ok bool, cur observedLoad, observedAt time.Time, 
 func nearCount(a, b uint64) bool {
 	lo, hi := min(a, b), max(a, b)
 	return lo == hi || lo > 0 && (hi-lo == 1 || (hi-lo)*8 <= hi)
+}
+
+// budgetAllows reports whether what the last push's loads cost of LoadPushBudget has
+// passed (without a budget, PublishInterval).
+func (s *Server) budgetAllows() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return time.Now().UnixNano() >= s.nextPublish
 }
 
 // sincePublished is the time since the workers were last published.

@@ -104,8 +104,9 @@ func runScale(f flags, res *results) error {
 			return err
 		}
 	}
-	// The proxies' first window is their connect, until they were all synced and told to
-	// report: the whole state of every stream, before the engines publish.
+	// A proxy's connect: its ADS bytes until its workers and the policy were applied (loads
+	// that moved meanwhile may have come too), and its journal until all were synced,
+	// before the engines publish.
 	l, err := sinks.ask("report")
 	if err != nil {
 		return err
@@ -116,8 +117,8 @@ func runScale(f flags, res *results) error {
 	}
 	var adsConnect, adsConnectMax, journalConnect uint64
 	for _, s := range cs.Subs {
-		adsConnect += s.ADSBytes
-		adsConnectMax = max(adsConnectMax, s.ADSBytes)
+		adsConnect += s.ADSAtSync
+		adsConnectMax = max(adsConnectMax, s.ADSAtSync)
 		journalConnect += s.JournalBytes
 	}
 	res.add("connect_bytes_per_proxy", "ads", adsConnect/uint64(max(len(cs.Subs), 1)), "ads_max", adsConnectMax,
@@ -562,6 +563,7 @@ func runSinksChild(f flags) error {
 		}
 		wg.Add(3)
 		go func() { defer wg.Done(); _ = s.ads.Run(ctx) }()
+		go s.noteSync(ctx)
 		go func() { defer wg.Done(); _ = s.jc.Run(ctx, s.sink) }()
 		go func() { defer wg.Done(); _ = rep.Run(ctx) }()
 	}

@@ -42,6 +42,18 @@ type subscriber struct {
 	bytes *byteCounter
 	// jerr is the journal client's latest error (why its latest stream ended).
 	jerr atomic.Pointer[string]
+	// adsAtSync is the ADS bytes taken until the ADS client was first synced (its workers
+	// and the policy applied): what a connect costs, before loads churn in.
+	adsAtSync atomic.Uint64
+}
+
+// noteSync records the ADS bytes once the ADS client is first synced.
+func (s *subscriber) noteSync(ctx context.Context) {
+	select {
+	case <-s.ads.Synced():
+		s.adsAtSync.Store(s.bytes.adsIn.Load())
+	case <-ctx.Done():
+	}
 }
 
 // timingSink applies changes to a prefix.Replica exactly as the proxy does, then stamps the
@@ -307,6 +319,7 @@ type subStats struct {
 	Applied, Batches, Nacks uint64
 	Streams, ADSResponses   uint64
 	ReplicaBlocks           int
+	ADSAtSync               uint64 // not a window's: since the start
 	arrivals                []pubRec
 }
 
@@ -320,7 +333,7 @@ func (s *subscriber) snapshot() subStats {
 		JournalMsgs: s.bytes.journalMsgs.Load(),
 		Stored:      s.sink.stored.Load(), Removed: s.sink.removed.Load(), Resets: s.sink.resets.Load(),
 		Applied: js.Applied, Batches: js.Batches, Nacks: js.Nacks, Streams: js.Streams,
-		ADSResponses:  as.Responses,
+		ADSResponses: as.Responses, ADSAtSync: s.adsAtSync.Load(),
 		ReplicaBlocks: s.replicaLen(),
 	}
 }
