@@ -79,6 +79,9 @@ func runScale(f flags, res *results) error {
 		default:
 			return fmt.Errorf("-share %q: none, polls or all", f.share)
 		}
+		if f.verbose {
+			args = append(args, "-v") // the replica's control plane logs, on this process's stderr
+		}
 		r, err := startChildMode(fmt.Sprintf("replica %d", i), append(childProfile(f, "replica"+strconv.Itoa(i)), args...)...)
 		if err != nil {
 			return err
