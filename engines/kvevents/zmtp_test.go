@@ -327,3 +327,67 @@ func FuzzZMTPRead(f *testing.F) {
 		}
 	})
 }
+
+// TestBacklogHoldsBytes: a subscriber whose receiver is behind holds the messages waiting in
+// its sockets' queues at their size, not a 16 KiB receive arena apiece. 200 sockets, each
+// with a queue of small messages it has not received: about 7 MB live, where arenas would
+// hold 35 MB (11 a socket).
+func TestBacklogHoldsBytes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("opens 200 sockets")
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	pub := zmq4.NewPub(ctx)
+	defer pub.Close()
+	if err := pub.Listen("tcp://127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	addr := "tcp://" + pub.Addr().String()
+	const socks, msgs = 200, 40
+	subs := make([]zmq4.Socket, socks)
+	for i := range subs {
+		subs[i] = zmq4.NewSub(ctx, zmq4.WithRecvArenas())
+		defer subs[i].Close()
+		if err := subs[i].Dial(addr); err != nil {
+			t.Fatal(err)
+		}
+		if err := subs[i].SetOption(zmq4.OptionSubscribe, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(500 * time.Millisecond) // every subscription reaches the publisher
+	live := func() uint64 {
+		runtime.GC()
+		runtime.GC() // the pool's victims too
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		return ms.HeapAlloc
+	}
+	before := live()
+	payload := bytes.Repeat([]byte{7}, 300)
+	for range msgs {
+		if err := pub.Send(zmq4.NewMsgFrom([]byte("kv"), payload)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(time.Second) // the messages reach every socket's queue, unreceived
+	grown := int64(live()) - int64(before)
+	t.Logf("%d sockets, %d messages of %d bytes each unreceived: heap grew %d KB", socks, msgs, len(payload), grown>>10)
+	if grown > 18<<20 {
+		t.Fatalf("the backlog holds %d MB: its messages wait in their arenas", grown>>20)
+	}
+	// And every message arrives whole, in order.
+	for i, s := range subs[:3] {
+		for j := range msgs {
+			m, err := s.Recv()
+			if err != nil {
+				t.Fatalf("socket %d, message %d: %v", i, j, err)
+			}
+			if len(m.Frames) != 2 || !bytes.Equal(m.Frames[1], payload) {
+				t.Fatalf("socket %d, message %d: %d frames", i, j, len(m.Frames))
+			}
+			m.Release()
+		}
+	}
+}

@@ -107,6 +107,13 @@ func (q *qreader) listen(ctx context.Context, r *Conn) {
 		case <-ctx.Done():
 			return
 		default:
+			if len(q.c) > 0 {
+				// The receiver has not taken the last message yet, so this one will
+				// wait in the queue: its arena would wait with it, 16 KiB for what is
+				// often a few hundred bytes, on each of many sockets. A copy of its
+				// frames waits instead (kvrelay).
+				msg.compact()
+			}
 			q.c <- msg
 			if msg.err != nil {
 				return
