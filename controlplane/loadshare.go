@@ -349,7 +349,12 @@ func (s *Server) shareLoadLoop(ctx context.Context, ks *registry.KubeStore, clie
 			s.pollers.heardFrom("", false, false, time.Now())
 		}
 		if changed {
-			s.publish(false)
+			// Published by the loop, at once when it may, or at its next tick that may:
+			// a push refused as too soon here would leave the change to the next one.
+			select {
+			case s.remoteChanged <- struct{}{}:
+			default:
+			}
 		}
 	}
 }

@@ -218,6 +218,9 @@ type Server struct {
 	pollers pollShare
 	// stateCh receives when a shared Store's resources changed (coalesced).
 	stateCh chan struct{}
+	// remoteChanged receives when the other replicas' proxies' loads changed (coalesced):
+	// the loop publishes them as it publishes a load change of its own.
+	remoteChanged chan struct{}
 	// acting is set while this replica leads and has taken over: read the shared state
 	// afresh and resumed the rollout (runRollouts). Between winning the Lease and that, it
 	// refuses changes as a follower does, or an operator's change could land before the
@@ -323,7 +326,8 @@ func New(opts Options) (*Server, error) {
 			return nil, fmt.Errorf("control plane: %w", err)
 		}
 	}
-	s := &Server{opts: opts, log: opts.Logger, store: store, reg: reg, metrics: prometheus.NewRegistry(), xdsAuth: xdsAuth, stateCh: make(chan struct{}, 1)}
+	s := &Server{opts: opts, log: opts.Logger, store: store, reg: reg, metrics: prometheus.NewRegistry(), xdsAuth: xdsAuth, stateCh: make(chan struct{}, 1),
+		remoteChanged: make(chan struct{}, 1)}
 	s.apiTok = tokenFile{what: "API token", file: opts.APITokenFile, initial: opts.APIToken, log: opts.Logger}
 	s.metricsTok = tokenFile{what: "metrics token", file: opts.MetricsTokenFile, log: opts.Logger}
 	s.index = kvindex.New()
@@ -633,6 +637,8 @@ func (s *Server) loop(ctx context.Context) {
 		case <-s.view.Changed():
 			dirty = true
 		case <-s.xds.LoadChanged():
+			dirty = true
+		case <-s.remoteChanged:
 			dirty = true
 		case <-tick.C:
 			// A change a forced publish left behind stays pending until a tick publishes it.
