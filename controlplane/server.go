@@ -645,10 +645,10 @@ func (s *Server) loop(ctx context.Context) {
 			if dirty && s.publish(false) {
 				dirty = false
 			}
-			// The refresh waits for the load budget too: where a push costs more than a
-			// LoadRefresh of it, pushes go as the budget allows.
-			if s.sincePublished() >= s.opts.LoadRefresh && s.budgetAllows() {
-				s.publish(true)
+			// The refresh waits for the load budget too (publish without force): where a
+			// push costs more than a LoadRefresh of it, pushes go as the budget allows.
+			if s.sincePublished() >= s.opts.LoadRefresh && s.publish(false) {
+				dirty = false
 			}
 		}
 	}
@@ -782,14 +782,6 @@ func banded(prev observedLoad, ok bool, cur observedLoad, observedAt time.Time, 
 func nearCount(a, b uint64) bool {
 	lo, hi := min(a, b), max(a, b)
 	return lo == hi || lo > 0 && (hi-lo == 1 || (hi-lo)*8 <= hi)
-}
-
-// budgetAllows reports whether what the last push's loads cost of LoadPushBudget has
-// passed (without a budget, PublishInterval).
-func (s *Server) budgetAllows() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return time.Now().UnixNano() >= s.nextPublish
 }
 
 // sincePublished is the time since the workers were last published.

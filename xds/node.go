@@ -6,6 +6,8 @@ import (
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	"google.golang.org/protobuf/types/known/structpb"
+
+	xdsv1 "github.com/kvrelay/kvrelay/xds/api/v1"
 )
 
 // NodeModelsKey is the key, in a proxy's node metadata, of the models it routes (a list of
@@ -36,6 +38,14 @@ func SetNodeModels(n *core.Node, models []string) {
 		n.Metadata.Fields = map[string]*structpb.Value{}
 	}
 	n.Metadata.Fields[NodeModelsKey] = structpb.NewListValue(&structpb.ListValue{Values: vs})
+}
+
+// ServesAny reports whether worker w serves one of models, as its base model or one of its
+// adapters, or names no model (it serves any): the workers a proxy that routes models
+// takes, and that the control plane sends a proxy that names them.
+func ServesAny(w *xdsv1.Worker, models []string) bool {
+	return w.GetModel() == "" || slices.Contains(models, w.GetModel()) ||
+		slices.ContainsFunc(w.GetLoraAdapters(), func(a string) bool { return slices.Contains(models, a) })
 }
 
 // CheckNodeModels reports whether NodeModels would take models as a proxy's: at most

@@ -391,6 +391,7 @@ func (c *Config) Validate() error {
 	if c.Listen == "" && !c.PickOnly {
 		return bad("listen address is empty")
 	}
+	modelsErr := xds.CheckNodeModels(c.ServeModels)
 	switch {
 	case c.XDS != "" && len(c.Upstreams) > 0:
 		return bad("upstreams and a control plane (xds) are exclusive: workers come from the control plane")
@@ -400,8 +401,8 @@ func (c *Config) Validate() error {
 		return bad("serve_models chooses among a control plane's workers: it needs xds")
 	case slices.Contains(c.ServeModels, ""):
 		return bad("serve_models names an empty model")
-	case xds.CheckNodeModels(c.ServeModels) != nil:
-		return bad("serve_models: %v", xds.CheckNodeModels(c.ServeModels))
+	case modelsErr != nil:
+		return bad("serve_models: %v", modelsErr)
 	case c.XDS != "":
 		if _, _, err := net.SplitHostPort(c.XDS); err != nil {
 			return bad("xds address %q is not host:port", c.XDS)

@@ -415,8 +415,7 @@ func (s *Server) servedWorkers(ws []*xdsv1.Worker) []*xdsv1.Worker {
 // serves reports whether the proxy routes to w: it names no model, or serves one the proxy
 // routes (Config.ServeModels, every model when empty), as its base model or an adapter.
 func (s *Server) serves(w *xdsv1.Worker) bool {
-	return len(s.cfg.ServeModels) == 0 || w.GetModel() == "" || slices.Contains(s.cfg.ServeModels, w.GetModel()) ||
-		slices.ContainsFunc(w.GetLoraAdapters(), func(a string) bool { return slices.Contains(s.cfg.ServeModels, a) })
+	return len(s.cfg.ServeModels) == 0 || xds.ServesAny(w, s.cfg.ServeModels)
 }
 
 // candidateOf is the rollout candidate a pushed policy carries (nil: none).

@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"slices"
 	"strconv"
-	"strings"
 	"sync"
 
 	"github.com/prometheus/common/expfmt"
@@ -19,11 +19,13 @@ import (
 // it parses in production, and its load (requests running and waiting, KV usage) moves on
 // every scrape, as a busy engine's does: every worker's load changes between two pushes.
 
-// exposition is one model's page, its three load gauges' sample lines left to each scrape.
+// exposition is one model's page cut at its three load gauges' sample lines, which each
+// scrape fills in: parts[i], then the sample line of loadGauges[gauge[i]], and after the
+// last gauge the last part.
 type exposition struct {
-	lines [][]byte // the page, each line with its newline
-	gauge [3]int   // the lines of running, waiting and KV usage
-	names [3]string
+	parts [][]byte
+	gauge []int
+	names [3]string // each gauge's name and labels
 }
 
 var (
@@ -31,8 +33,8 @@ var (
 	expositions   = map[string]*exposition{}
 )
 
-// loadGauges are the gauges the control plane reads a vLLM engine's load from, in the order
-// of exposition.gauge.
+// loadGauges are the gauges the control plane reads a vLLM engine's load from; exposition.gauge
+// and the values of a scrape index them.
 var loadGauges = [3]string{"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"}
 
 // expositionFor renders (once per model and cache size) the simulated engine's page.
@@ -56,18 +58,23 @@ func expositionFor(model string, blocks int) (*exposition, error) {
 			return nil, err
 		}
 	}
-	e := &exposition{gauge: [3]int{-1, -1, -1}}
+	e := &exposition{}
+	var part []byte
 	for l := range bytes.Lines(page.Bytes()) {
-		for k, g := range loadGauges {
-			if rest, ok := bytes.CutPrefix(l, []byte(g)); ok && len(rest) > 0 && (rest[0] == '{' || rest[0] == ' ') {
-				e.gauge[k] = len(e.lines)
-				e.names[k] = string(l[:bytes.LastIndexByte(l, ' ')])
-			}
+		k := slices.IndexFunc(loadGauges[:], func(g string) bool {
+			rest, ok := bytes.CutPrefix(l, []byte(g))
+			return ok && len(rest) > 0 && (rest[0] == '{' || rest[0] == ' ')
+		})
+		if k < 0 {
+			part = append(part, l...)
+			continue
 		}
-		e.lines = append(e.lines, l)
+		e.parts, e.gauge, part = append(e.parts, part), append(e.gauge, k), nil
+		e.names[k] = string(l[:bytes.LastIndexByte(l, ' ')])
 	}
-	for k, i := range e.gauge {
-		if i < 0 {
+	e.parts = append(e.parts, part)
+	for k, name := range e.names {
+		if name == "" {
 			return nil, fmt.Errorf("the simulated engine's page has no %s", loadGauges[k])
 		}
 	}
@@ -106,23 +113,18 @@ func metricsHandler(e *exposition, l *engineLoad) http.Handler {
 		}
 		running, waiting, usage := l.step()
 		vals := [3]string{strconv.Itoa(running), strconv.Itoa(waiting), strconv.FormatFloat(usage, 'g', -1, 64)}
-		var b strings.Builder
-		for i, line := range e.lines {
-			switch i {
-			case e.gauge[0], e.gauge[1], e.gauge[2]:
-				k := 0
-				for e.gauge[k] != i {
-					k++
-				}
+		var b bytes.Buffer
+		for i, part := range e.parts {
+			b.Write(part)
+			if i < len(e.gauge) {
+				k := e.gauge[i]
 				b.WriteString(e.names[k])
 				b.WriteByte(' ')
 				b.WriteString(vals[k])
 				b.WriteByte('\n')
-			default:
-				b.Write(line)
 			}
 		}
 		rw.Header().Set("Content-Type", string(expfmt.NewFormat(expfmt.TypeTextPlain)))
-		_, _ = rw.Write([]byte(b.String()))
+		_, _ = rw.Write(b.Bytes())
 	})
 }

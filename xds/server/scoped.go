@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -73,23 +72,6 @@ func newScopedWorkers() *scopedWorkers {
 	}
 }
 
-// inScope reports whether w is routed by a proxy of models (sorted): its base model or one
-// of its adapters is named, or its model is not known.
-func inScope(w *xdsv1.Worker, models []string) bool {
-	if w.GetModel() == "" {
-		return true
-	}
-	if _, ok := slices.BinarySearch(models, w.GetModel()); ok {
-		return true
-	}
-	for _, a := range w.GetLoraAdapters() {
-		if _, ok := slices.BinarySearch(models, a); ok {
-			return true
-		}
-	}
-	return false
-}
-
 // update publishes changed workers (their resources, by id) and removes gone ones, in the
 // full cache and in every scope's: a worker that left a scope (its model or adapters
 // changed) is removed there. Each cache is given its new state even when notifying one of
@@ -120,7 +102,7 @@ func (c *scopedWorkers) update(changed map[string]types.Resource, gone []string)
 		ch := scopeChange{sc: sc, upd: make(map[string]types.Resource)}
 		for id, r := range changed {
 			switch {
-			case inScope(r.(*xdsv1.Worker), sc.models):
+			case xds.ServesAny(r.(*xdsv1.Worker), sc.models):
 				ch.upd[id] = r
 				sc.members[id] = true
 			case sc.members[id]:
@@ -206,7 +188,7 @@ func (c *scopedWorkers) acquire(models []string) *workerScope {
 		sc = &workerScope{models: models, cache: cache.NewLinearCache(xds.WorkerType), members: make(map[string]bool)}
 		in := make(map[string]types.Resource)
 		for id, w := range c.current {
-			if inScope(w, models) {
+			if xds.ServesAny(w, models) {
 				in[id] = w
 				sc.members[id] = true
 			}
