@@ -208,7 +208,7 @@ func (m *Manager) drop(id string, forget bool) {
 	}
 	cs := []journal.Change{{Slot: uint32(slot), Op: journal.Cleared}}
 	for _, c := range changed {
-		if !c.Removed {
+		if !c.Removed && !c.Cleared {
 			cs = append(cs, journal.Change{Seq: c.Seq, Slot: uint32(c.Slot), Tier: c.Tier, Op: journal.Stored})
 		}
 	}
@@ -552,7 +552,10 @@ func (f *follower) apply(seq uint64, b *kvevents.Batch, at int64) {
 	f.changes = f.changes[:0]
 	for _, c := range f.changed {
 		op := journal.Stored
-		if c.Removed {
+		switch {
+		case c.Cleared:
+			op = journal.Cleared
+		case c.Removed:
 			op = journal.Removed
 		}
 		f.changes = append(f.changes, journal.Change{Seq: c.Seq, Slot: uint32(c.Slot), Tier: c.Tier, Op: op})

@@ -81,3 +81,30 @@ func checkJournalReplays(t *testing.T, log *journal.Log, idx *kvindex.Index) int
 	}
 	return len(want)
 }
+
+// TestAllBlocksClearedIsOneChange: an engine's AllBlocksCleared in the middle of a batch
+// reaches the journal as one Cleared change of its slot, between the stores before and after
+// it, not as a removal per block; replayed, the journal holds what the index holds.
+func TestAllBlocksClearedIsOneChange(t *testing.T) {
+	idx := kvindex.New()
+	log := journal.NewLog(1024)
+	m := NewManager(idx, log, nil)
+	defer m.Close()
+	f := &follower{m: m, s: &subscription{ep: Endpoint{WorkerID: "w"}, stats: &Stats{}}}
+	before, _ := stored(100, 40, 0, false, 1)
+	after, _ := stored(9000, 2, 0, false, 2)
+	f.emit(0, &kvevents.Batch{Events: []kvevents.Event{before, {Kind: kvevents.AllBlocksCleared}, after}})
+	cs, _, ok := log.Read(nil, 0, 1<<20)
+	if !ok || len(cs) != 43 {
+		t.Fatalf("journal of %d changes, want 40 stores, a clear and 2 stores", len(cs))
+	}
+	if c := cs[40]; c.Op != journal.Cleared || int(c.Slot) != idx.Slot("w") {
+		t.Fatalf("change 40 is %+v, want the slot's clear", c)
+	}
+	if idx.Blocks("w")[kvindex.GPU] != 2 {
+		t.Fatalf("blocks %v after the clear", idx.Blocks("w"))
+	}
+	if n := checkJournalReplays(t, log, idx); n != 2 {
+		t.Fatalf("the journal replays to %d entries, want 2", n)
+	}
+}

@@ -7,7 +7,7 @@
 // worker, the engine's own block hashes map to sequence hashes so that BlockRemoved events
 // (hashes only) resolve.
 //
-// Each block's holders are bitsets (one bit per worker slot, one set per tier) in shards of 64
-// workers, so a longest-prefix query walks the prompt's chain once, one map lookup per block,
-// whatever the number of workers.
+// The blocks and their holders live in a blockset.Set (package xds/blockset): each block once,
+// naming a holder set that every block with the same holders shares, so a longest-prefix query
+// walks the prompt's chain once, one map lookup per block, whatever the number of workers.
 package kvindex

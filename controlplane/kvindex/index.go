@@ -277,12 +277,14 @@ func (x *Index) Apply(id string, b *kvevents.Batch, out []Change) []Change {
 	return out
 }
 
-// Change is one block entering (or, Removed, leaving) the tier of the worker in Slot. A
-// worker's events change its own slot, and for shared storage every slot that mounts it.
+// Change is one block entering (or, Removed, leaving) the tier of the worker in Slot, or
+// (Cleared) the worker in Slot losing every block it held (Seq and Tier unset). A worker's
+// events change its own slot, and for shared storage every slot that mounts it.
 type Change struct {
 	Seq     uint64
 	Tier    Tier
 	Removed bool
+	Cleared bool
 	Slot    int
 }
 
@@ -589,12 +591,12 @@ func (x *Index) remove(w *worker, ev *kvevents.Event, out []Change) []Change {
 	return out
 }
 
-// clearLocked drops the worker's own blocks. What the shared storage it mounts holds
-// outlives its engine: those blocks are credited to it again (Changes after the removals).
+// clearLocked drops the worker's own blocks: one Cleared change, not a removal per block.
+// What the shared storage it mounts holds outlives its engine: those blocks are credited to
+// it again (Changes after the clear).
 func (x *Index) clearLocked(w *worker, out []Change) []Change {
-	x.set.ClearSlot(w.slot, func(seq uint64, t Tier) {
-		out = append(out, Change{Seq: seq, Tier: t, Removed: true, Slot: w.slot})
-	})
+	x.set.ClearSlot(w.slot)
+	out = append(out, Change{Cleared: true, Slot: w.slot})
 	for t := range w.engine {
 		w.engine[t] = newCopies()
 	}
@@ -606,8 +608,8 @@ func (x *Index) clearLocked(w *worker, out []Change) []Change {
 }
 
 // Clear drops every block of a worker (its engine restarted, or its events were lost and
-// cannot be replayed) and returns what it dropped, then the blocks of the shared storage it
-// mounts, credited again.
+// cannot be replayed) and returns its Cleared change, then the blocks of the shared storage
+// it mounts, credited again.
 func (x *Index) Clear(id string, removed []Change) []Change {
 	x.mu.Lock()
 	defer x.mu.Unlock()
@@ -677,6 +679,14 @@ func (x *Index) Match(hashes []uint64, overlap []float64, wt Weights) float64 {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
 	return x.set.Match(hashes, overlap, wt)
+}
+
+// MatchTiers is Match that also fills lower[slot] (when lower is not nil, as long as overlap)
+// with what the slot's run holds below GPU memory.
+func (x *Index) MatchTiers(hashes []uint64, overlap []float64, lower []blockset.Lower, wt Weights) float64 {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	return x.set.MatchTiers(hashes, overlap, lower, wt)
 }
 
 // Each calls fn for every (block, slot, tier) entry, under the read lock: fn must not call

@@ -139,12 +139,15 @@ func TestClearRemoveAndSlotReuse(t *testing.T) {
 	x.Apply("a", batch(stored(p, 1, 0, 4, "GPU", false)), nil)
 	x.Apply("b", batch(stored(p, 2, 0, 4, "GPU", false)), nil)
 	removed := x.Apply("a", batch(kvevents.Event{Kind: kvevents.AllBlocksCleared}), nil)
-	if len(removed) != 4 || x.Len() != 4 {
-		t.Fatalf("cleared %d, len %d", len(removed), x.Len())
+	if want := (Change{Cleared: true, Slot: x.Slot("a")}); len(removed) != 1 || removed[0] != want || x.Len() != 4 {
+		t.Fatalf("cleared %+v, len %d", removed, x.Len())
+	}
+	if b := x.Blocks("a"); b != [numTiers]int{} {
+		t.Fatalf("a holds %v after its clear", b)
 	}
 	slotB := x.Slot("b")
-	if got := x.RemoveWorker("b", nil); len(got) != 4 || x.Len() != 0 {
-		t.Fatalf("removing b dropped %d, len %d", len(got), x.Len())
+	if got := x.RemoveWorker("b", nil); len(got) != 1 || !got[0].Cleared || got[0].Slot != slotB || x.Len() != 0 {
+		t.Fatalf("removing b changed %+v, len %d", got, x.Len())
 	}
 	if x.Slot("c") != slotB {
 		t.Fatal("a freed slot should be reused")

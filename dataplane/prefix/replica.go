@@ -95,7 +95,7 @@ func (r *Replica) Apply(cs []journal.Change) {
 		case journal.Removed:
 			set.Remove(c.Seq, int(c.Slot), c.Tier)
 		case journal.Cleared:
-			set.ClearSlot(int(c.Slot), nil)
+			set.ClearSlot(int(c.Slot))
 		}
 	}
 }

@@ -2,6 +2,7 @@ package blockset
 
 import (
 	"fmt"
+	"runtime"
 	"testing"
 )
 
@@ -29,6 +30,73 @@ func BenchmarkMatchWorkers(b *testing.B) {
 				b.Fatalf("overlap %v", overlap[workers-1])
 			}
 		})
+	}
+}
+
+// BenchmarkMatchPartlyShared matches the same prompt when only every other worker holds the
+// preamble (a system prompt half the fleet has cached): no run is common to every worker, so
+// each holder's run must be followed, however the holders are stored.
+func BenchmarkMatchPartlyShared(b *testing.B) {
+	const prompt, shared = 256, 192
+	hashes := make([]uint64, prompt)
+	for i := range hashes {
+		hashes[i] = uint64(i+1) * 0x9E3779B97F4A7C15
+	}
+	for _, workers := range []int{64, 1024, 10240} {
+		b.Run(fmt.Sprintf("workers=%d", workers), func(b *testing.B) {
+			var s Set
+			for w := range workers {
+				n := shared
+				if w%2 == 1 {
+					n = 0
+				}
+				holdPrompt(&s, w, hashes, n)
+			}
+			overlap := make([]float64, workers)
+			b.ReportAllocs()
+			for b.Loop() {
+				s.Match(hashes, overlap, DefaultWeights)
+			}
+			if overlap[workers-2] != shared || overlap[workers-1] != 0 {
+				b.Fatalf("overlap %v %v", overlap[workers-2], overlap[workers-1])
+			}
+		})
+	}
+}
+
+// BenchmarkSetMemory reports the live heap a Set takes per worker and per distinct block
+// when every worker holds one 192-block preamble (a shared system prompt) and blocks of its
+// own (its conversations): few of its own (own=64, the preamble most of what it holds) or
+// many (own=1024).
+func BenchmarkSetMemory(b *testing.B) {
+	const shared = 192
+	for _, own := range []int{64, 1024} {
+		hashes := make([]uint64, shared+own)
+		for i := range hashes {
+			hashes[i] = uint64(i+1) * 0x9E3779B97F4A7C15
+		}
+		for _, workers := range []int{64, 1024, 4096} {
+			b.Run(fmt.Sprintf("own=%d/workers=%d", own, workers), func(b *testing.B) {
+				var perWorker, perBlock float64
+				for b.Loop() {
+					var before, after runtime.MemStats
+					runtime.GC()
+					runtime.ReadMemStats(&before)
+					s := new(Set)
+					for w := range workers {
+						holdPrompt(s, w, hashes, shared)
+					}
+					runtime.GC()
+					runtime.ReadMemStats(&after)
+					live := float64(after.HeapAlloc) - float64(before.HeapAlloc)
+					perWorker = live / float64(workers)
+					perBlock = live / float64(s.Len())
+					runtime.KeepAlive(s)
+				}
+				b.ReportMetric(perWorker, "B/worker")
+				b.ReportMetric(perBlock, "B/block")
+			})
+		}
 	}
 }
 

@@ -4,16 +4,20 @@
 // journal of its changes to its own. Match, the router's question, is answered the same way on
 // both sides.
 //
-// Holders are bitsets of 64 worker slots per shard, one map per tier: a longest-prefix query
-// costs a map lookup per prompt block in each shard whose slots still hold the prefix. Past
-// one shard the Set also counts each block's holders in GPU memory, so that the leading
-// blocks every worker holds (a system prompt the whole fleet caches) cost one lookup each
-// however many shards there are. A Set is not safe for concurrent use; its owners lock
-// around it.
+// Each block is stored once, however many workers hold it: one map from the block to its
+// holders, a set of (slot, tier) pairs. Holder sets are interned and shared by every block
+// with the same holders: the blocks of a prefix that some workers cache all name one set,
+// whether two workers hold it or ten thousand. A longest-prefix query costs one map lookup
+// per prompt block, and work in proportion to the holders only where the set changes from
+// one block to the next (where a holder's run ends, or a tier changes): not the number of
+// workers the Set knows. A Set is not safe for concurrent use; its owners lock around it.
 package blockset
 
 import (
+	"cmp"
 	"math/bits"
+	"slices"
+	"sync"
 
 	"github.com/kvrelay/kvrelay/internal/u64map"
 	"github.com/kvrelay/kvrelay/xds/policy"
@@ -76,21 +80,114 @@ type Weights [NumTiers]float64
 // shared storage 0.2 (docs/routing-cost.md).
 var DefaultWeights = Weights(policy.DefaultTierWeights())
 
-// Set is a set of (block, slot, tier) entries.
+// Set is a set of (block, slot, tier) entries. The zero Set is empty and ready.
 type Set struct {
-	shards []*shard
+	// blocks maps each block held anywhere to the id of its holder set.
+	blocks u64map.Map
+	// sets are the holder sets by id (id 0 is never used: a block without holders is not
+	// in blocks); free holds the ids of sets no block names, for reuse.
+	sets []holders
+	free []uint32
+	// intern maps a holder set's content hash to the set of that content that new blocks
+	// share (the canonical one). Sets of equal content can exist besides it (ClearSlot
+	// edits sets in place, and a hash collision keeps the second set apart): they are
+	// correct, only not shared by blocks that reach that content later.
+	intern u64map.Map
+	// single caches, by slot and tier, the id of the set holding just that pair (a block
+	// of one worker's: most blocks), so that storing or dropping one costs no set lookup.
+	// An entry is checked before use: the set may since have been freed or reused.
+	single [][NumTiers]uint32
+	// tmp is where a holder set's next content is built before it is looked up.
+	tmp []part
+	// last is the last change derive made to a set of several holders, for the next block
+	// of a chain, which most likely makes the same one; valid while gen, counting ClearSlot's
+	// edits of sets in place, has not moved. Freeing a set needs no such count: only build
+	// makes a set (reusing a freed id) and it replaces last, and a set last names as its
+	// result can only be freed by a block leaving it, whose derive does not match last
+	// (whose from is another set) and builds.
+	last transition
+	gen  uint64
 	// held counts each slot's entries per tier: how many blocks a worker holds in its GPU
 	// memory, host memory and so on, as its events said.
 	held [][NumTiers]int
 	// nonEmpty is the number of slots holding any entry.
 	nonEmpty int
-	// gpuHolders counts, once the Set has more than one shard (nil before), the slots
-	// holding in GPU memory each block that a slot of the first shard holds there: a block
-	// whose count is nonEmpty is held by every slot that holds anything, in every shard, and
-	// Match takes the leading run of such blocks from this one map. Blocks the first shard
-	// lacks cannot be such (while it has a live slot), and are not counted: most blocks are
-	// one worker's, and past a few shards most are not the first shard's.
-	gpuHolders *u64map.Map
+	// dead counts blocks whose holder set ClearSlot emptied: still in blocks, holding
+	// nothing, until a sweep deletes them (or an Add gives them a holder again).
+	dead int
+}
+
+// holders is one holder set: for each shard of 64 slots that holds the block, a bitset of
+// its slots per tier.
+type holders struct {
+	parts []part // by shard, none empty
+	refs  int    // blocks naming this set
+	hash  uint64 // the sum of elemHash over the set's (slot, tier) pairs
+	// canonical: intern names this set for its hash.
+	canonical bool
+	// lower: some slot holds the block outside GPU memory only, so a run through it
+	// counts at a lower tier's weight.
+	lower bool
+}
+
+// transition is derive's answer for a set, a (slot, tier) and add or remove.
+type transition struct {
+	from, to uint32
+	slot     int
+	tier     Tier
+	add      bool
+	gen      uint64
+}
+
+// part is the slots of one shard (slots 64*shard to 64*shard+63) holding a block, per tier.
+type part struct {
+	shard uint32
+	tiers [NumTiers]uint64
+}
+
+// any is the slots of the part holding the block in any tier.
+func (p *part) any() uint64 {
+	var b uint64
+	for _, t := range p.tiers {
+		b |= t
+	}
+	return b
+}
+
+// elemHash is one (slot, tier) pair's share of a holder set's hash (splitmix64's
+// finalizer): sets are hashed by the sum of their pairs' shares, so that adding or removing
+// one pair updates the hash without reading the rest.
+func elemHash(slot int, tier Tier) uint64 {
+	z := uint64(slot)*uint64(NumTiers) + uint64(tier) + 0x9E3779B97F4A7C15
+	z = (z ^ z>>30) * 0xBF58476D1CE4E5B9
+	z = (z ^ z>>27) * 0x94D049BB133111EB
+	return z ^ z>>31
+}
+
+// lowerOf tells whether some slot of ps holds the block outside GPU memory only.
+func lowerOf(ps []part) bool {
+	for i := range ps {
+		if ps[i].any()&^ps[i].tiers[GPU] != 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// find returns the index of shard's part in ps, or -1.
+func find(ps []part, shard uint32) int {
+	i, ok := slices.BinarySearchFunc(ps, shard, func(p part, k uint32) int { return cmp.Compare(p.shard, k) })
+	if !ok {
+		return -1
+	}
+	return i
+}
+
+// has reports whether set id holds slot in tier.
+func (s *Set) has(id uint32, slot int, tier Tier) bool {
+	ps := s.sets[id].parts
+	i := find(ps, uint32(slot/64))
+	return i >= 0 && ps[i].tiers[tier]&(1<<(slot%64)) != 0
 }
 
 // Held returns how many blocks slot holds in tier.
@@ -101,7 +198,7 @@ func (s *Set) Held(slot int, tier Tier) int {
 	return s.held[slot][tier]
 }
 
-// count moves slot's count in tier by d, and keeps nonEmpty and the shard's live slots.
+// count moves slot's count in tier by d, and keeps nonEmpty.
 func (s *Set) count(slot int, tier Tier, d int) {
 	if slot >= len(s.held) {
 		s.held = append(s.held, make([][NumTiers]int, slot+1-len(s.held))...)
@@ -114,70 +211,116 @@ func (s *Set) count(slot int, tier Tier, d int) {
 	switch after := before + d; {
 	case before == 0 && after > 0:
 		s.nonEmpty++
-		s.shards[slot/64].live |= 1 << (slot % 64)
 	case before > 0 && after == 0:
 		s.nonEmpty--
-		s.shards[slot/64].live &^= 1 << (slot % 64)
 	}
 }
 
-// shard holds the blocks of up to 64 slots: per block and tier, a bitset of the slots holding
-// it. Most blocks live only in GPU memory, so each tier has its own map and the host and disk
-// maps stay small (or empty, and are then never consulted); values, not pointers, keep the
-// maps out of the garbage collector's way.
-type shard struct {
-	tiers [NumTiers]u64map.Map
-	// live is the slots of the shard that hold any entry.
-	live uint64
-}
-
-func (s *Set) shard(slot int) *shard {
-	for len(s.shards) <= slot/64 {
-		s.shards = append(s.shards, &shard{})
-		if len(s.shards) == 2 {
-			// Past one shard: count the GPU holders of what the first holds.
-			first := &s.shards[0].tiers[GPU]
-			s.gpuHolders = u64map.New(first.Len())
-			for seq, e := range first.All() {
-				s.gpuHolders.Put(seq, uint64(bits.OnesCount64(e)))
-			}
-		}
+// isSingle reports whether set id holds exactly (slot, tier).
+func (s *Set) isSingle(id uint32, slot int, tier Tier) bool {
+	if id == 0 || int(id) >= len(s.sets) {
+		return false
 	}
-	return s.shards[slot/64]
+	ps := s.sets[id].parts
+	if len(ps) != 1 || ps[0].shard != uint32(slot/64) {
+		return false
+	}
+	var want [NumTiers]uint64
+	want[tier] = 1 << (slot % 64)
+	return ps[0].tiers == want
 }
 
-// holderAdded counts slot's new GPU copy of seq, first0 telling that slot is of the first
-// shard and the first of it to hold seq there (whose count then starts from the other
-// shards' holders: once per block the first shard takes).
-func (s *Set) holderAdded(seq uint64, slot int, first0 bool) {
+// derive returns the id of the set that is set id (0: the empty set) with (slot, tier)
+// added (add) or taken out, holding a reference to it for the caller; 0 when that set is
+// empty. A set of that content already interned is shared; otherwise a new one is made.
+func (s *Set) derive(id uint32, slot int, tier Tier, add bool) uint32 {
 	switch {
-	case first0:
-		n := uint64(1)
-		for _, sh := range s.shards[1:] {
-			e, _ := sh.tiers[GPU].Get(seq)
-			n += uint64(bits.OnesCount64(e))
+	case add && id == 0 && slot < len(s.single):
+		// A block of one worker's: its set is most likely cached.
+		if c := s.single[slot][tier]; s.isSingle(c, slot, tier) {
+			s.sets[c].refs++
+			return c
 		}
-		s.gpuHolders.Put(seq, n)
-	case slot < 64:
-		n, _ := s.gpuHolders.Get(seq)
-		s.gpuHolders.Put(seq, n+1)
-	default:
-		if n, ok := s.gpuHolders.Get(seq); ok {
-			s.gpuHolders.Put(seq, n+1)
+	case !add && s.isSingle(id, slot, tier):
+		return 0
+	case s.last == transition{id, s.last.to, slot, tier, add, s.gen}:
+		if s.last.to != 0 {
+			s.sets[s.last.to].refs++
 		}
+		return s.last.to
 	}
+	to := s.build(id, slot, tier, add)
+	s.last = transition{id, to, slot, tier, add, s.gen}
+	return to
 }
 
-// holderGone takes slot's GPU copy off seq's count, and the count away when the first
-// shard holds seq no more (left0).
-func (s *Set) holderGone(seq uint64, left0 bool) {
-	if left0 {
-		s.gpuHolders.Delete(seq)
+// build is derive without its shortcuts.
+func (s *Set) build(id uint32, slot int, tier Tier, add bool) uint32 {
+	var hash uint64
+	tmp := s.tmp[:0]
+	if id != 0 {
+		hash = s.sets[id].hash
+		tmp = append(tmp, s.sets[id].parts...)
+	}
+	shard, bit := uint32(slot/64), uint64(1)<<(slot%64)
+	i, found := slices.BinarySearchFunc(tmp, shard, func(p part, k uint32) int { return cmp.Compare(p.shard, k) })
+	if add {
+		hash += elemHash(slot, tier)
+		if !found {
+			tmp = slices.Insert(tmp, i, part{shard: shard})
+		}
+		tmp[i].tiers[tier] |= bit
+	} else {
+		hash -= elemHash(slot, tier)
+		tmp[i].tiers[tier] &^= bit
+		if tmp[i].any() == 0 {
+			tmp = slices.Delete(tmp, i, i+1)
+		}
+	}
+	s.tmp = tmp
+	if len(tmp) == 0 {
+		return 0
+	}
+	v, taken := s.intern.Get(hash)
+	if cid := uint32(v); taken && slices.Equal(s.sets[cid].parts, tmp) {
+		s.sets[cid].refs++
+		return cid
+	}
+	var nid uint32
+	if n := len(s.free); n > 0 {
+		nid, s.free = s.free[n-1], s.free[:n-1]
+	} else {
+		if len(s.sets) == 0 {
+			s.sets = append(s.sets, holders{}) // id 0: never a set
+		}
+		nid = uint32(len(s.sets))
+		s.sets = append(s.sets, holders{})
+	}
+	ps := slices.Clone(tmp)
+	s.sets[nid] = holders{parts: ps, refs: 1, hash: hash, canonical: !taken, lower: lowerOf(ps)}
+	if !taken {
+		s.intern.Put(hash, uint64(nid))
+	}
+	if len(ps) == 1 && bits.OnesCount64(ps[0].any()) == 1 {
+		for len(s.single) <= slot {
+			s.single = append(s.single, [NumTiers]uint32{})
+		}
+		s.single[slot][tier] = nid
+	}
+	return nid
+}
+
+// release drops a block's reference to set id, freeing the set when no block names it.
+func (s *Set) release(id uint32) {
+	h := &s.sets[id]
+	if h.refs--; h.refs > 0 {
 		return
 	}
-	if n, ok := s.gpuHolders.Get(seq); ok {
-		s.gpuHolders.Put(seq, n-1)
+	if h.canonical {
+		s.intern.Delete(h.hash)
 	}
+	*h = holders{}
+	s.free = append(s.free, id)
 }
 
 // Add records that slot holds seq in tier and reports whether that is new.
@@ -185,15 +328,17 @@ func (s *Set) Add(seq uint64, slot int, tier Tier) bool {
 	if slot < 0 || tier >= NumTiers {
 		return false
 	}
-	m := &s.shard(slot).tiers[tier]
-	bit := uint64(1) << (slot % 64)
-	e, _ := m.Get(seq)
-	if e&bit != 0 {
+	v, ok := s.blocks.Get(seq)
+	id := uint32(v)
+	if ok && s.has(id, slot, tier) {
 		return false
 	}
-	m.Put(seq, e|bit)
-	if tier == GPU && s.gpuHolders != nil {
-		s.holderAdded(seq, slot, slot < 64 && e == 0)
+	s.blocks.Put(seq, uint64(s.derive(id, slot, tier, true)))
+	if ok {
+		if len(s.sets[id].parts) == 0 {
+			s.dead-- // a cleared block holds something again
+		}
+		s.release(id)
 	}
 	s.count(slot, tier, 1)
 	return true
@@ -201,151 +346,169 @@ func (s *Set) Add(seq uint64, slot int, tier Tier) bool {
 
 // Remove records that slot no longer holds seq in tier and reports whether it did.
 func (s *Set) Remove(seq uint64, slot int, tier Tier) bool {
-	if slot < 0 || slot/64 >= len(s.shards) || tier >= NumTiers {
+	if slot < 0 || tier >= NumTiers {
 		return false
 	}
-	m := &s.shards[slot/64].tiers[tier]
-	bit := uint64(1) << (slot % 64)
-	e, ok := m.Get(seq)
-	if !ok || e&bit == 0 {
+	v, ok := s.blocks.Get(seq)
+	id := uint32(v)
+	if !ok || !s.has(id, slot, tier) {
 		return false
 	}
-	s.unset(m, seq, slot, tier, e)
+	if nid := s.derive(id, slot, tier, false); nid != 0 {
+		s.blocks.Put(seq, uint64(nid))
+	} else {
+		s.blocks.Delete(seq)
+	}
+	s.release(id)
+	s.count(slot, tier, -1)
 	return true
 }
 
-// unset takes slot out of entry e of seq in tier's map m of slot's shard (e holding slot).
-func (s *Set) unset(m *u64map.Map, seq uint64, slot int, tier Tier, e uint64) {
-	if e &^= 1 << (slot % 64); e == 0 {
-		m.Delete(seq)
-	} else {
-		m.Put(seq, e)
-	}
-	if tier == GPU && s.gpuHolders != nil {
-		s.holderGone(seq, slot < 64 && e == 0)
-	}
-	s.count(slot, tier, -1)
-}
-
-// ClearSlot removes every block of slot, calling fn (if not nil) for each entry removed. It
-// walks the slot's shard: meant for rare events (a worker restarting or leaving).
-func (s *Set) ClearSlot(slot int, fn func(seq uint64, tier Tier)) {
-	if slot < 0 || slot/64 >= len(s.shards) {
+// ClearSlot removes every block of slot. It edits the holder sets that name the slot, not
+// the blocks: it costs the number of holder sets, not of blocks. Blocks left holding nothing
+// stay in the map (counted, and taken for absent) until they are a quarter of its blocks,
+// when one walk deletes them.
+func (s *Set) ClearSlot(slot int) {
+	if slot < 0 || slot >= len(s.held) || s.held[slot] == [NumTiers]int{} {
 		return
 	}
-	bit := uint64(1) << (slot % 64)
-	sh := s.shards[slot/64]
-	type held struct{ seq, e uint64 }
-	var hs []held
-	for t := range sh.tiers {
-		m := &sh.tiers[t]
-		hs = hs[:0]
-		for seq, e := range m.All() {
-			if e&bit != 0 {
-				hs = append(hs, held{seq, e}) // unset after the walk: the map must not change during it
+	shard, bit := uint32(slot/64), uint64(1)<<(slot%64)
+	s.gen++
+	for id := 1; id < len(s.sets); id++ {
+		h := &s.sets[id]
+		i := find(h.parts, shard)
+		if h.refs == 0 || i < 0 || h.parts[i].any()&bit == 0 {
+			continue
+		}
+		if h.canonical {
+			s.intern.Delete(h.hash)
+		}
+		h.canonical = false
+		p := &h.parts[i]
+		for t := range p.tiers {
+			if p.tiers[t]&bit != 0 {
+				p.tiers[t] &^= bit
+				h.hash -= elemHash(slot, Tier(t))
 			}
 		}
-		for _, h := range hs {
-			s.unset(m, h.seq, slot, Tier(t), h.e)
-			if fn != nil {
-				fn(h.seq, Tier(t))
-			}
+		if p.any() == 0 {
+			h.parts = slices.Delete(h.parts, i, i+1)
+		}
+		h.lower = lowerOf(h.parts)
+		if len(h.parts) == 0 {
+			s.dead += h.refs
+		} else if _, taken := s.intern.Get(h.hash); !taken {
+			s.intern.Put(h.hash, uint64(id))
+			h.canonical = true
 		}
 	}
+	for t := range s.held[slot] {
+		if n := s.held[slot][t]; n > 0 {
+			s.count(slot, Tier(t), -n)
+		}
+	}
+	if s.dead > 0 && 4*s.dead >= s.blocks.Len() {
+		s.sweep()
+	}
+}
+
+// sweep deletes the blocks that hold nothing.
+func (s *Set) sweep() {
+	var gone []uint64
+	for seq, v := range s.blocks.All() {
+		if len(s.sets[v].parts) == 0 {
+			gone = append(gone, seq)
+		}
+	}
+	for _, seq := range gone {
+		v, _ := s.blocks.Delete(seq)
+		s.release(uint32(v))
+	}
+	s.dead = 0
 }
 
 // Has reports whether slot holds seq in tier.
 func (s *Set) Has(seq uint64, slot int, tier Tier) bool {
-	if slot < 0 || slot/64 >= len(s.shards) || tier >= NumTiers {
+	if slot < 0 || tier >= NumTiers {
 		return false
 	}
-	e, _ := s.shards[slot/64].tiers[tier].Get(seq)
-	return e&(1<<(slot%64)) != 0
+	v, ok := s.blocks.Get(seq)
+	return ok && s.has(uint32(v), slot, tier)
 }
 
-// Each calls fn for every entry, shard by shard.
+// each calls fn for every (slot, tier) of the parts ps of block seq whose slot is in mask
+// (nil: every slot), mask being by shard.
+func each(seq uint64, ps []part, mask map[uint32]uint64, fn func(seq uint64, slot int, tier Tier)) {
+	for i := range ps {
+		p := &ps[i]
+		m := ^uint64(0)
+		if mask != nil {
+			m = mask[p.shard]
+		}
+		for t, b := range p.tiers {
+			for b &= m; b != 0; b &= b - 1 {
+				fn(seq, 64*int(p.shard)+bits.TrailingZeros64(b), Tier(t))
+			}
+		}
+	}
+}
+
+// Each calls fn for every entry, block by block. fn must not change the Set.
 func (s *Set) Each(fn func(seq uint64, slot int, tier Tier)) {
-	for k, sh := range s.shards {
-		for t := range sh.tiers {
-			for seq, e := range sh.tiers[t].All() {
-				for b := e; b != 0; b &= b - 1 {
-					fn(seq, 64*k+bits.TrailingZeros64(b), Tier(t))
-				}
-			}
-		}
+	for seq, v := range s.blocks.All() {
+		each(seq, s.sets[v].parts, nil, fn)
 	}
 }
 
-// EachSlots calls fn for every entry of the given slots, walking each of their shards once.
+// EachSlots calls fn for every entry of the given slots. It walks every block, reading the
+// holders only of blocks whose set names one of the slots.
 func (s *Set) EachSlots(slots []int, fn func(seq uint64, slot int, tier Tier)) {
-	masks := map[int]uint64{}
+	mask := map[uint32]uint64{}
 	for _, slot := range slots {
-		if slot >= 0 && slot/64 < len(s.shards) {
-			masks[slot/64] |= 1 << (slot % 64)
+		if slot >= 0 {
+			mask[uint32(slot/64)] |= 1 << (slot % 64)
 		}
 	}
-	for k, mask := range masks {
-		for t := range s.shards[k].tiers {
-			for seq, e := range s.shards[k].tiers[t].All() {
-				for b := e & mask; b != 0; b &= b - 1 {
-					fn(seq, 64*k+bits.TrailingZeros64(b), Tier(t))
-				}
+	if len(mask) == 0 {
+		return
+	}
+	names := make([]bool, len(s.sets))
+	for id := range s.sets {
+		for _, p := range s.sets[id].parts {
+			if p.any()&mask[p.shard] != 0 {
+				names[id] = true
+				break
 			}
+		}
+	}
+	for seq, v := range s.blocks.All() {
+		if names[v] {
+			each(seq, s.sets[v].parts, mask, fn)
 		}
 	}
 }
 
-// Len returns the number of distinct blocks held by any slot. With more than 64 slots it
-// builds a set of the blocks: it is meant for statistics, not for the request path.
-func (s *Set) Len() int {
-	if len(s.shards) == 1 {
-		return s.shards[0].distinct()
-	}
-	seen := map[uint64]struct{}{}
-	for _, sh := range s.shards {
-		for t := range sh.tiers {
-			for seq := range sh.tiers[t].All() {
-				seen[seq] = struct{}{}
-			}
-		}
-	}
-	return len(seen)
-}
-
-// distinct counts the blocks of one shard.
-func (sh *shard) distinct() int {
-	n := sh.tiers[GPU].Len()
-	// A block counts in the fastest tier that holds it.
-	for t := Host; t < NumTiers; t++ {
-	next:
-		for seq := range sh.tiers[t].All() {
-			for faster := GPU; faster < t; faster++ {
-				if _, ok := sh.tiers[faster].Get(seq); ok {
-					continue next
-				}
-			}
-			n++
-		}
-	}
-	return n
-}
+// Len returns the number of distinct blocks held by any slot.
+func (s *Set) Len() int { return s.blocks.Len() - s.dead }
 
 // Entries returns the number of (block, slot, tier) entries.
 func (s *Set) Entries() int {
 	n := 0
-	for _, sh := range s.shards {
-		for t := range sh.tiers {
-			for _, e := range sh.tiers[t].All() {
-				n += bits.OnesCount64(e)
-			}
+	for _, c := range s.held {
+		for _, k := range c {
+			n += k
 		}
 	}
 	return n
 }
 
+// Sets returns the number of distinct holder sets the blocks name.
+func (s *Set) Sets() int { return len(s.sets) - len(s.free) - min(len(s.sets), 1) }
+
 // Match sets overlap[slot] to the tier-weighted number of leading blocks of hashes that the
 // slot holds (a block held in several tiers counts at its fastest), for every slot <
-// len(overlap), and returns the largest overlap. It allocates nothing.
+// len(overlap), and returns the largest overlap. It allocates nothing while fewer than 2,048
+// slots hold the prompt's first block.
 func (s *Set) Match(hashes []uint64, overlap []float64, wt Weights) float64 {
 	return s.MatchTiers(hashes, overlap, nil, wt)
 }
@@ -355,121 +518,157 @@ func (s *Set) Match(hashes []uint64, overlap []float64, wt Weights) float64 {
 // Deficit being what the tier weights took off those blocks.
 type Lower struct{ Host, Disk, Shared, Deficit float64 }
 
+// run is the slots of one shard whose run over the prompt is still going.
+type run struct {
+	shard uint32
+	slots uint64
+}
+
+// runPool holds run lists for prompts whose first block more than 32 shards hold.
+var runPool = sync.Pool{New: func() any { return new([]run) }}
+
 // MatchTiers is Match that also fills lower[slot] (when lower is not nil; it must be as long
 // as overlap) with what the slot's run holds below GPU memory, so that a caller can price
 // bringing those blocks back instead of weighting them.
+//
+// The runs still going are kept as a list of shards; each block costs one lookup, and a
+// merge of that list with the block's holders only when its holder set differs from the
+// previous block's (the runs of the slots it lacks end there) or some holder keeps it below
+// GPU memory. While overlap[i]'s run is going it holds minus its deficit; the run's length
+// is added when it ends.
 func (s *Set) MatchTiers(hashes []uint64, overlap []float64, lower []Lower, wt Weights) float64 {
 	clear(overlap)
 	clear(lower)
-	// The leading blocks every slot holding anything holds in GPU memory: one lookup each,
-	// not one per shard.
-	common := 0
-	if s.gpuHolders != nil && s.shards[0].live != 0 {
-		for common < len(hashes) {
-			if n, _ := s.gpuHolders.Get(hashes[common]); n != uint64(s.nonEmpty) {
-				break
-			}
-			common++
-		}
+	if len(hashes) == 0 || len(overlap) == 0 {
+		return 0
 	}
+	var buf [32]run
+	active := buf[:0]
+	var spill *[]run
 	best := 0.0
-	for k, sh := range s.shards {
-		base := 64 * k
-		if base >= len(overlap) {
+	prev := uint32(0)
+	var ps []part // the holders of the previous block
+	lowerRun := false
+	n := 0
+	for ; n < len(hashes); n++ {
+		v, ok := s.blocks.Get(hashes[n])
+		if !ok {
 			break
 		}
-		var lw []Lower
-		if lower != nil {
-			lw = lower[base:min(base+64, len(overlap))]
-		}
-		best = max(best, sh.match(hashes, common, overlap[base:min(base+64, len(overlap))], lw, wt))
-	}
-	return best
-}
-
-// match walks the chain for one shard from block common, the blocks before it being held
-// in GPU memory by every live slot. A slot's run lasts while it holds each next block in any
-// tier; within the run, blocks outside GPU memory count at their tier's weight, which costs
-// work only for the rare blocks that are not in GPU memory.
-func (sh *shard) match(hashes []uint64, common int, overlap []float64, lower []Lower, wt Weights) float64 {
-	best := 0.0
-	active := sh.live
-	if len(overlap) < 64 {
-		active &= uint64(1)<<len(overlap) - 1
-	}
-	var deficit [64]float64
-	var slow *[64]Lower // host and disk blocks of each run, only when lower is wanted
-	if lower != nil {
-		slow = new([64]Lower)
-	}
-	n := common
-	for n < len(hashes) && active != 0 {
-		h := hashes[n]
-		gpu, _ := sh.tiers[GPU].Get(h)
-		held := gpu
-		for t := Host; t < NumTiers; t++ {
-			e, _ := sh.tiers[t].Get(h) // an empty tier answers at once
-			held |= e
-		}
-		held &= active
-		if held == 0 {
-			break
-		}
-		if left := active &^ held; left != 0 {
-			if o := closeRuns(left, n, overlap, &deficit, lower, slow); o > best {
-				best = o
-			}
-		}
-		active = held
-		if below := active &^ gpu; below != 0 {
-			host, _ := sh.tiers[Host].Get(h)
-			disk, _ := sh.tiers[Disk].Get(h)
-			for b := below; b != 0; b &= b - 1 {
-				i := bits.TrailingZeros64(b)
-				var w float64
-				switch {
-				case host&(1<<i) != 0:
-					w = wt[Host]
-					if slow != nil {
-						slow[i].Host++
+		if id := uint32(v); n == 0 || id != prev {
+			h := &s.sets[id]
+			ps, lowerRun, prev = h.parts, h.lower, id
+			if n == 0 {
+				if len(ps) > len(buf) {
+					// Room for every part, so that the appends below never grow it.
+					spill = runPool.Get().(*[]run)
+					if cap(*spill) < len(ps) {
+						*spill = make([]run, 0, len(ps))
 					}
-				case disk&(1<<i) != 0:
-					w = wt[Disk]
-					if slow != nil {
-						slow[i].Disk++
+					active = (*spill)[:0]
+				}
+				for i := range ps {
+					base := 64 * int(ps[i].shard)
+					if base >= len(overlap) {
+						break
 					}
-				default:
-					w = wt[Shared]
-					if slow != nil {
-						slow[i].Shared++
+					b := ps[i].any()
+					if left := len(overlap) - base; left < 64 {
+						b &= 1<<left - 1
+					}
+					if b != 0 {
+						active = append(active, run{ps[i].shard, b})
 					}
 				}
-				deficit[i] += 1 - w
+			} else {
+				kept := active[:0]
+				j := 0
+				for _, r := range active {
+					for j < len(ps) && ps[j].shard < r.shard {
+						j++
+					}
+					var held uint64
+					if j < len(ps) && ps[j].shard == r.shard {
+						held = r.slots & ps[j].any()
+					}
+					if left := r.slots &^ held; left != 0 {
+						if o := closeRuns(r.shard, left, n, overlap); o > best {
+							best = o
+						}
+					}
+					if held != 0 {
+						kept = append(kept, run{r.shard, held})
+					}
+				}
+				active = kept
+			}
+			if len(active) == 0 {
+				break
 			}
 		}
-		n++
+		if lowerRun {
+			weigh(active, ps, overlap, lower, wt)
+		}
 	}
-	if active != 0 {
-		if o := closeRuns(active, n, overlap, &deficit, lower, slow); o > best {
+	for _, r := range active {
+		if o := closeRuns(r.shard, r.slots, n, overlap); o > best {
 			best = o
 		}
 	}
+	if spill != nil {
+		runPool.Put(spill)
+	}
 	return best
 }
 
-// closeRuns ends the runs of the slots in set at length n and returns the longest.
-func closeRuns(set uint64, n int, overlap []float64, deficit *[64]float64, lower []Lower, slow *[64]Lower) float64 {
+// weigh takes off the running overlaps what a block costs where its fastest copy is below
+// GPU memory, ps being its holders (which hold every slot of active).
+func weigh(active []run, ps []part, overlap []float64, lower []Lower, wt Weights) {
+	j := 0
+	for _, r := range active {
+		for ps[j].shard < r.shard {
+			j++
+		}
+		p := &ps[j]
+		for b := r.slots &^ p.tiers[GPU]; b != 0; b &= b - 1 {
+			k := bits.TrailingZeros64(b)
+			i := 64*int(r.shard) + k
+			var w float64
+			switch bit := uint64(1) << k; {
+			case p.tiers[Host]&bit != 0:
+				w = wt[Host]
+				if lower != nil {
+					lower[i].Host++
+				}
+			case p.tiers[Disk]&bit != 0:
+				w = wt[Disk]
+				if lower != nil {
+					lower[i].Disk++
+				}
+			default:
+				w = wt[Shared]
+				if lower != nil {
+					lower[i].Shared++
+				}
+			}
+			overlap[i] -= 1 - w
+			if lower != nil {
+				lower[i].Deficit += 1 - w
+			}
+		}
+	}
+}
+
+// closeRuns ends the runs of the slots in set (of shard) at length n and returns the
+// longest.
+func closeRuns(shard uint32, set uint64, n int, overlap []float64) float64 {
 	best := 0.0
 	for b := set; b != 0; b &= b - 1 {
-		if i := bits.TrailingZeros64(b); i < len(overlap) {
-			o := float64(n) - deficit[i]
-			overlap[i] = o
-			if o > best { // not the builtin max: its NaN and signed-zero rules cost more than the rest
-				best = o
-			}
-			if lower != nil {
-				lower[i] = Lower{Host: slow[i].Host, Disk: slow[i].Disk, Shared: slow[i].Shared, Deficit: deficit[i]}
-			}
+		i := 64*int(shard) + bits.TrailingZeros64(b)
+		o := float64(n) + overlap[i] // overlap holds minus the run's deficit
+		overlap[i] = o
+		if o > best { // not the builtin max: its NaN and signed-zero rules cost more than the rest
+			best = o
 		}
 	}
 	return best

@@ -4,7 +4,7 @@ import (
 	"math"
 	"math/bits"
 	"math/rand/v2"
-	"sort"
+	"slices"
 	"testing"
 )
 
@@ -35,11 +35,9 @@ func TestAddRemoveClearEach(t *testing.T) {
 	if !s.Remove(1, 70, GPU) || s.Remove(1, 70, GPU) || s.Remove(1, 999, GPU) {
 		t.Fatal("Remove must report exactly the entries it removed")
 	}
-	var cleared []uint64
-	s.ClearSlot(0, func(seq uint64, tier Tier) { cleared = append(cleared, seq<<2|uint64(tier)) })
-	sort.Slice(cleared, func(i, j int) bool { return cleared[i] < cleared[j] })
-	if len(cleared) != 3 || s.Entries() != 1 {
-		t.Fatalf("cleared %v, %d entries left", cleared, s.Entries())
+	s.ClearSlot(0)
+	if s.Entries() != 1 || s.Len() != 1 || s.Has(2, 0, Host) {
+		t.Fatalf("%d entries and %d blocks left after clearing slot 0's 3", s.Entries(), s.Len())
 	}
 	if s.Held(0, GPU) != 0 || s.Held(0, Host) != 0 || s.Held(70, GPU) != 0 || s.Held(5, Disk) != 1 {
 		t.Fatalf("held after Remove and ClearSlot: %v", s.held)
@@ -228,7 +226,7 @@ func TestMatchAgainstReference(t *testing.T) {
 				s.Remove(hashes[rng.IntN(len(hashes))], slot, tier)
 			case 1:
 				if round%4 == 3 {
-					s.ClearSlot(slot, nil)
+					s.ClearSlot(slot)
 				}
 			default:
 				for _, h := range hashes[:max(n, preamble)] {
@@ -242,9 +240,6 @@ func TestMatchAgainstReference(t *testing.T) {
 				for _, h := range hashes[:preamble] {
 					s.Add(h, slot, GPU)
 				}
-			}
-			if n, _ := s.gpuHolders.Get(hashes[preamble-1]); n != uint64(s.nonEmpty) {
-				t.Fatalf("the preamble every slot holds is counted %d times for %d slots", n, s.nonEmpty)
 			}
 		}
 		checkHolders(t, &s)
@@ -261,27 +256,239 @@ func TestMatchAgainstReference(t *testing.T) {
 	}
 }
 
-// checkHolders checks the Set's GPU holder counts against a count of its shards: one for
-// each block the first shard holds in GPU memory, and none for any other.
+// checkHolders checks the Set's bookkeeping against its blocks: each block names a live set
+// that holds something (or counts as dead), each set's references are the blocks naming it,
+// its hash is its content's, interned sets are named by their hash, no interned content is
+// interned twice, the per-slot counts are the entries', and Len counts the blocks holding
+// anything.
 func checkHolders(t *testing.T, s *Set) {
 	t.Helper()
-	if len(s.shards) < 2 {
-		return
-	}
-	for seq, n := range s.gpuHolders.All() {
-		want := 0
-		for _, sh := range s.shards {
-			e, _ := sh.tiers[GPU].Get(seq)
-			want += bits.OnesCount64(e)
+	refs := make([]int, len(s.sets))
+	dead, live := 0, 0
+	for _, v := range s.blocks.All() {
+		if v == 0 || int(v) >= len(s.sets) {
+			t.Fatalf("a block names set %d of %d", v, len(s.sets))
 		}
-		if e, _ := s.shards[0].tiers[GPU].Get(seq); e == 0 {
-			t.Fatalf("block %x counted (%d) though the first shard lacks it", seq, n)
-		}
-		if int(n) != want {
-			t.Fatalf("block %x counted %d GPU holders, the shards say %d", seq, n, want)
+		refs[v]++
+		if len(s.sets[v].parts) == 0 {
+			dead++
+		} else {
+			live++
 		}
 	}
-	if s.gpuHolders.Len() != s.shards[0].tiers[GPU].Len() {
-		t.Fatalf("%d counts for the first shard's %d GPU blocks", s.gpuHolders.Len(), s.shards[0].tiers[GPU].Len())
+	if dead != s.dead || live != s.Len() {
+		t.Fatalf("%d dead and %d live blocks, the Set says %d and %d", dead, live, s.dead, s.Len())
 	}
+	free := map[uint32]bool{}
+	for _, id := range s.free {
+		free[id] = true
+	}
+	held := make([][NumTiers]int, len(s.held))
+	for id := 1; id < len(s.sets); id++ {
+		h := &s.sets[id]
+		if free[uint32(id)] {
+			if refs[id] != 0 || h.refs != 0 {
+				t.Fatalf("free set %d is named by %d blocks", id, refs[id])
+			}
+			continue
+		}
+		if h.refs != refs[id] || h.refs == 0 {
+			t.Fatalf("set %d counts %d references, %d blocks name it", id, h.refs, refs[id])
+		}
+		var sum uint64
+		for i, p := range h.parts {
+			if p.any() == 0 || (i > 0 && h.parts[i-1].shard >= p.shard) {
+				t.Fatalf("set %d's parts %v: empty or out of order", id, h.parts)
+			}
+			for tier, b := range p.tiers {
+				for ; b != 0; b &= b - 1 {
+					slot := 64*int(p.shard) + bits.TrailingZeros64(b)
+					sum += elemHash(slot, Tier(tier))
+					held[slot][tier] += h.refs
+				}
+			}
+		}
+		if sum != h.hash {
+			t.Fatalf("set %d's hash %x, its content's %x", id, h.hash, sum)
+		}
+		if h.lower != lowerOf(h.parts) {
+			t.Fatalf("set %d's lower flag is %v", id, h.lower)
+		}
+		if v, _ := s.intern.Get(h.hash); h.canonical != (v == uint64(id)) {
+			t.Fatalf("set %d canonical %v, interned %d", id, h.canonical, v)
+		}
+	}
+	for hash, id := range s.intern.All() {
+		if s.sets[id].hash != hash || !s.sets[id].canonical {
+			t.Fatalf("hash %x interns set %d of hash %x", hash, id, s.sets[id].hash)
+		}
+	}
+	for slot := range held {
+		if held[slot] != s.held[slot] {
+			t.Fatalf("slot %d holds %v, counted %v", slot, held[slot], s.held[slot])
+		}
+	}
+}
+
+// entry is one (block, slot, tier) of the model in TestAgainstModel.
+type entry struct {
+	seq  uint64
+	slot int
+	tier Tier
+}
+
+// TestAgainstModel applies random stores, removals and clears to a Set and to a plain map of entries, over blocks that many slots share in
+// several shards, and checks after each step that they agree: what each op reports, Has,
+// Held, Len, Entries, Each, EachSlots and Match; and the Set's own bookkeeping.
+func TestAgainstModel(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	const slots, blocks = 300, 40
+	hashes := make([]uint64, blocks)
+	for i := range hashes {
+		hashes[i] = uint64(i+1) * 0x9E3779B97F4A7C15
+	}
+	model := map[entry]bool{}
+	var s Set
+	for step := range 4000 {
+		slot := rng.IntN(slots)
+		if rng.IntN(3) > 0 {
+			slot = rng.IntN(8) * 37 // a few slots hold most, spread over the shards
+		}
+		tier := Tier(0)
+		if rng.IntN(4) == 0 {
+			tier = Tier(rng.IntN(int(NumTiers)))
+		}
+		e := entry{hashes[rng.IntN(blocks)], slot, tier}
+		switch op := rng.IntN(20); {
+		case op < 12:
+			// A run of the chain, as engines store prefixes.
+			for _, h := range hashes[:1+rng.IntN(blocks)] {
+				e.seq = h
+				if got := s.Add(e.seq, e.slot, e.tier); got == model[e] {
+					t.Fatalf("step %d: Add(%+v) reported %v with the entry already %v", step, e, got, model[e])
+				}
+				model[e] = true
+			}
+		case op < 18:
+			if got := s.Remove(e.seq, e.slot, e.tier); got != model[e] {
+				t.Fatalf("step %d: Remove(%+v) reported %v", step, e, got)
+			}
+			delete(model, e)
+		default:
+			s.ClearSlot(slot)
+			for m := range model {
+				if m.slot == slot {
+					delete(model, m)
+				}
+			}
+		}
+		if step%50 != 0 {
+			continue
+		}
+		checkHolders(t, &s)
+		checkModel(t, step, &s, model, hashes, slots)
+	}
+}
+
+func checkModel(t *testing.T, step int, s *Set, model map[entry]bool, hashes []uint64, slots int) {
+	t.Helper()
+	distinct := map[uint64]bool{}
+	held := make([][NumTiers]int, slots)
+	for m := range model {
+		distinct[m.seq] = true
+		held[m.slot][m.tier]++
+	}
+	if s.Len() != len(distinct) || s.Entries() != len(model) {
+		t.Fatalf("step %d: Len %d Entries %d, the model has %d blocks, %d entries", step, s.Len(), s.Entries(), len(distinct), len(model))
+	}
+	for slot := range slots {
+		for tier := range NumTiers {
+			if s.Held(slot, tier) != held[slot][tier] {
+				t.Fatalf("step %d: slot %d holds %d in tier %d, the model %d", step, slot, s.Held(slot, tier), tier, held[slot][tier])
+			}
+		}
+	}
+	seen := map[entry]bool{}
+	s.Each(func(seq uint64, slot int, tier Tier) { seen[entry{seq, slot, tier}] = true })
+	if len(seen) != len(model) {
+		t.Fatalf("step %d: Each gave %d entries, the model has %d", step, len(seen), len(model))
+	}
+	for m := range model {
+		if !seen[m] || !s.Has(m.seq, m.slot, m.tier) {
+			t.Fatalf("step %d: %+v missing from Each or Has", step, m)
+		}
+	}
+	some := []int{0, 37, 74, 299}
+	want := 0
+	for m := range model {
+		if slices.Contains(some, m.slot) {
+			want++
+		}
+	}
+	got := 0
+	s.EachSlots(some, func(seq uint64, slot int, tier Tier) {
+		if !model[entry{seq, slot, tier}] || !slices.Contains(some, slot) {
+			t.Fatalf("step %d: EachSlots gave %d %d %d", step, seq, slot, tier)
+		}
+		got++
+	})
+	if got != want {
+		t.Fatalf("step %d: EachSlots gave %d entries, want %d", step, got, want)
+	}
+	wt := Weights{1, 0.75, 0.25, 0.2}
+	overlap := make([]float64, slots)
+	lower := make([]Lower, slots)
+	s.MatchTiers(hashes, overlap, lower, wt)
+	for slot := range slots {
+		run, deficit := 0.0, 0.0
+		for _, h := range hashes {
+			w := -1.0
+			for tier := range NumTiers {
+				if model[entry{h, slot, tier}] {
+					w = wt[tier]
+					break
+				}
+			}
+			if w < 0 {
+				break
+			}
+			run += w
+			deficit += 1 - w
+		}
+		if math.Abs(overlap[slot]-run) > 1e-9 || math.Abs(lower[slot].Deficit-deficit) > 1e-9 {
+			t.Fatalf("step %d: slot %d overlap %v deficit %v, the model %v %v", step, slot, overlap[slot], lower[slot].Deficit, run, deficit)
+		}
+	}
+}
+
+// TestFreedSetIsNotTakenForAnother: a holder set freed and reused for other holders is not
+// handed to a block as the set it was.
+func TestFreedSetIsNotTakenForAnother(t *testing.T) {
+	var s Set
+	s.Add(1, 5, GPU) // the set {5 GPU}
+	s.Remove(1, 5, GPU)
+	s.Add(2, 6, GPU) // its id, reused for {6 GPU}
+	s.Add(3, 5, GPU)
+	if !s.Has(3, 5, GPU) || s.Has(3, 6, GPU) || !s.Has(2, 6, GPU) || s.Has(2, 5, GPU) {
+		t.Fatal("a block took the holders of a reused set")
+	}
+	checkHolders(t, &s)
+}
+
+// TestClearedSetIsNotTakenForItsPast: after ClearSlot edits a holder set in place, the next
+// block making the change that led to that set gets the holders it asks for, not the set as
+// edited.
+func TestClearedSetIsNotTakenForItsPast(t *testing.T) {
+	var s Set
+	for _, seq := range []uint64{10, 11} {
+		s.Add(seq, 1, GPU)
+		s.Add(seq, 2, GPU) // both blocks: {1, 2}
+	}
+	s.Add(10, 3, GPU) // {1, 2} → {1, 2, 3}
+	s.ClearSlot(3)    // that set, edited in place: {1, 2}
+	s.Add(11, 3, GPU) // the same change again
+	if !s.Has(11, 3, GPU) || s.Has(10, 3, GPU) {
+		t.Fatal("a block took a cleared set for the change that had made it")
+	}
+	checkHolders(t, &s)
 }

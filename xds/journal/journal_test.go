@@ -46,7 +46,7 @@ func applyTo(set *blockset.Set, cs []Change) {
 		case Removed:
 			set.Remove(c.Seq, int(c.Slot), c.Tier)
 		case Cleared:
-			set.ClearSlot(int(c.Slot), nil)
+			set.ClearSlot(int(c.Slot))
 		}
 	}
 }
