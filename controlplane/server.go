@@ -369,11 +369,13 @@ func New(opts Options) (*Server, error) {
 	s.xds = xdsserver.New(xdsserver.Options{ShutdownGrace: 100 * time.Millisecond, GRPCOptions: s.xdsAuth.Options(), OnDecisions: s.console.add,
 		MaxConnsPerPeer: s.opts.XDSMaxConnsPerPeer, MaxStreamsPerPeer: s.opts.XDSMaxStreamsPerPeer})
 	xdsv1.RegisterIndexJournalServer(s.xds.GRPC(), s.jserver)
+	iq := newIndexQuery(s.index, s.ready)
+	xdsv1.RegisterIndexQueryServer(s.xds.GRPC(), iq)
 	if s.rollouts, err = s.loadRollout(); err != nil {
 		store.Close()
 		return nil, err
 	}
-	s.metrics.MustRegister(s.view, newCollector(s), fresh)
+	s.metrics.MustRegister(s.view, newCollector(s), fresh, iq.answers)
 	return s, nil
 }
 

@@ -92,6 +92,8 @@ decisions with every candidate's prediction (/debug/decisions), each worker's la
 func addRoutingFlags(fs *pflag.FlagSet, cfg *proxy.Config) {
 	fs.StringVar(&cfg.XDS, "xds", "", "control plane's xDS address (host:port): workers, load, policy and KV index come from it (no --upstream)")
 	fs.StringSliceVar(&cfg.ServeModels, "serve-models", nil, "with --xds, the models this proxy routes (comma-separated): it takes only their workers and follows only their part of the KV index (default: every model)")
+	fs.BoolVar(&cfg.IndexQuery, "index-query", false, "with --xds, keep no replica of the KV index: ask the control plane's index about each prompt before routing it (for a pool whose index is too large to replicate in every proxy)")
+	fs.DurationVar(&cfg.IndexQueryTimeout, "index-query-timeout", cfg.IndexQueryTimeout, "with --index-query, how long a prompt waits for the control plane's answer before it routes as uncached")
 	fs.StringVar(&cfg.NodeID, "node-id", "", "this proxy's name to the control plane (default hostname-pid; with credentials, the node id its token or certificate was issued for)")
 	fs.StringVar(&cfg.XDSAuth.CAFile, "xds-ca", "", "CA certificate (PEM) that verifies the control plane's: the xDS connection is TLS")
 	fs.StringVar(&cfg.XDSAuth.CertFile, "xds-cert", "", "this proxy's certificate (PEM) for mutual TLS with the control plane (with --xds-key)")
@@ -158,6 +160,8 @@ func proxyConfig(fs *pflag.FlagSet, flags proxy.Config, path string, upstreams [
 		override("api-keys-file", func() { file.APIKeysFile = flags.APIKeysFile })
 		override("xds", func() { file.XDS = flags.XDS })
 		override("serve-models", func() { file.ServeModels = flags.ServeModels })
+		override("index-query", func() { file.IndexQuery = flags.IndexQuery })
+		override("index-query-timeout", func() { file.IndexQueryTimeout = flags.IndexQueryTimeout })
 		override("node-id", func() { file.NodeID = flags.NodeID })
 		override("xds-ca", func() { file.XDSAuth.CAFile = flags.XDSAuth.CAFile })
 		override("xds-cert", func() { file.XDSAuth.CertFile = flags.XDSAuth.CertFile })

@@ -98,6 +98,8 @@ type Core struct {
 	// decisions keeps sampled routing decisions (explain.go).
 	decisions decisionLog
 	remote    *remoteTokenizer
+	// query, when set, is asked about every prompt before it is routed (SetIndexQuery).
+	query atomic.Pointer[IndexQuery]
 	// stableArm are the series of the policy routing now; cand a rollout's candidate beside
 	// it (rollout.go).
 	stableArm atomic.Pointer[armSeries]
@@ -183,6 +185,17 @@ func loadConfig(cfg route.Config) route.Config {
 // Index is the core's own prefix index: where it sent prompts (a control plane's replica
 // is overlaid on it by the owner).
 func (c *Core) Index() *prefix.Approx { return c.index }
+
+// SetIndexQuery makes every request whose prompt the routers match against an index ask q
+// about it first (Prepare's and Resume's ErrIndex): for a routers' index that answers from
+// what q kept (prefix.Remote). nil stops it.
+func (c *Core) SetIndexQuery(q IndexQuery) {
+	if q == nil {
+		c.query.Store(nil)
+		return
+	}
+	c.query.Store(&q)
+}
 
 // KV is the router of chat and text completions; Load that of the other routes.
 func (c *Core) KV() *route.Router   { return c.kv }

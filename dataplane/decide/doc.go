@@ -21,8 +21,10 @@
 // The API does not block: nothing in a Request waits for I/O, a lock held elsewhere or
 // another goroutine, except Work, which its carrier runs where it may block. Prepare says
 // when a request needs work off its carrier's loop (ErrRemote: an engine's /tokenize round
-// trip; ErrLarge: a prompt long enough that tokenizing it would stall an event loop); the
-// carrier runs Work there and Resume back on its own goroutine. A request that finds every
+// trip; ErrLarge: a prompt long enough that tokenizing it would stall an event loop;
+// ErrIndex: a query of the control plane's index, for a proxy that keeps no replica); the
+// carrier runs Work there and Resume back on its own goroutine, until Resume answers
+// neither. A request that finds every
 // worker busy waits through a Waiter, which the queue wakes from any goroutine: the proxy's
 // connection resumes on its event loop, a Pick on its stream's goroutine, which it blocks.
 //

@@ -128,7 +128,7 @@ func (p *Pick) route(ctx context.Context, pr *PickRequest) error {
 	if err == nil {
 		err = r.Prepare()
 	}
-	if errors.Is(err, ErrRemote) || errors.Is(err, ErrLarge) {
+	for errors.Is(err, ErrRemote) || errors.Is(err, ErrLarge) || errors.Is(err, ErrIndex) {
 		// A pick has its stream's goroutine to itself: the work is done in place.
 		r.Work()
 		err = r.Resume()

@@ -1,6 +1,7 @@
 package decide
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -73,7 +74,7 @@ type Request struct {
 
 	// The work Prepare left for Work: a remote tokenization (pend) or a large prompt
 	// (large), and what Work found.
-	pending error // ErrRemote, ErrLarge or nil
+	pending error // ErrRemote, ErrLarge, ErrIndex or nil
 	pend    remotePending
 	large   largePrompt
 	workIDs []uint32
@@ -147,7 +148,17 @@ var (
 	// ErrLarge: the prompt is large enough (offLoopBytes) that tokenizing it would hold up
 	// an event loop; Work tokenizes it (CPU).
 	ErrLarge = errors.New("decide: tokenization of a large prompt pending")
+	// ErrIndex: the core asks the control plane's index about each prompt (SetIndexQuery);
+	// Work makes the round trip (blocking I/O). Resume can answer it after ErrRemote or
+	// ErrLarge, once the prompt is hashed: Work and Resume again.
+	ErrIndex = errors.New("decide: the prompt's index query pending")
 )
+
+// IndexQuery asks the control plane's index about a prompt's blocks and keeps the answer
+// where the routers' index reads it (prefix.Remote). Query blocks for a round trip.
+type IndexQuery interface {
+	Query(ctx context.Context, hashes []uint64) error
+}
 
 // offLoopBytes is the prompt size from which tokenizing is left to Work: about 15 ms of BPE,
 // long enough to delay every other connection of an event loop noticeably.
@@ -279,19 +290,31 @@ func (r *Request) Validate() error {
 
 // Prepare turns the parsed request into routing input: priority, expected output length,
 // session, and for completions the prompt's token ids and block hashes. It returns nil,
-// ErrRemote or ErrLarge (call Work, then Resume), or a *Refusal.
+// ErrRemote, ErrLarge or ErrIndex (call Work, then Resume), or a *Refusal.
 func (r *Request) Prepare() error {
 	err := r.prepare()
-	if err == nil || errors.Is(err, ErrRemote) || errors.Is(err, ErrLarge) {
+	if err == nil {
+		err = r.askIndex()
+	}
+	if err == nil || errors.Is(err, ErrRemote) || errors.Is(err, ErrLarge) || errors.Is(err, ErrIndex) {
 		r.pending = err
 		return err
 	}
 	return r.refusal(err)
 }
 
-// Work does what Prepare left: the remote round trip or the large prompt's tokenization.
-// It blocks, and runs where the carrier can afford that (a goroutine of its own, never an
-// event loop); nothing else may use r meanwhile.
+// askIndex returns ErrIndex when the core asks the control plane's index about prompts and
+// this one has blocks to ask about.
+func (r *Request) askIndex() error {
+	if r.c.query.Load() != nil && len(r.rreq.Hashes) > 0 {
+		return ErrIndex
+	}
+	return nil
+}
+
+// Work does what Prepare left: the remote round trip, the large prompt's tokenization or
+// the index query. It blocks, and runs where the carrier can afford that (a goroutine of its
+// own, never an event loop); nothing else may use r meanwhile.
 func (r *Request) Work() {
 	switch r.pending {
 	case ErrRemote:
@@ -299,14 +322,23 @@ func (r *Request) Work() {
 	case ErrLarge:
 		l := &r.large
 		r.toks, r.workOK = tokenizer.AppendEncodeLimit(l.cd.tok, r.toks[:0], l.text, l.limit)
+	case ErrIndex:
+		if q := r.c.query.Load(); q != nil {
+			r.workErr = (*q).Query(context.Background(), r.rreq.Hashes)
+		}
 	}
 }
 
-// Resume goes on, on the carrier's goroutine, with what Work found: nil, or a *Refusal.
+// Resume goes on, on the carrier's goroutine, with what Work found: nil, ErrIndex (the
+// prompt, now hashed, is to be asked of the index: Work and Resume again) or a *Refusal.
 func (r *Request) Resume() error {
 	pending := r.pending
 	r.pending = nil
 	switch pending {
+	case ErrIndex:
+		// A failed query routes the prompt as uncached; the index counts it.
+		r.workErr = nil
+		return nil
 	case ErrRemote:
 		ids, err := r.workIDs, r.workErr
 		r.workIDs, r.workErr = nil, nil
@@ -319,6 +351,10 @@ func (r *Request) Resume() error {
 		}
 		r.stage(stageTokenize, r.large.t0)
 		r.hashTokens()
+	}
+	if err := r.askIndex(); err != nil {
+		r.pending = err
+		return err
 	}
 	return nil
 }

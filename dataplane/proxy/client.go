@@ -496,7 +496,7 @@ func (cc *clientConn) parsed(err error) {
 	switch {
 	case err == nil:
 		cc.route(false)
-	case errors.Is(err, decide.ErrRemote):
+	case errors.Is(err, decide.ErrRemote), errors.Is(err, decide.ErrIndex):
 		cc.fetchRemote()
 	case errors.Is(err, decide.ErrLarge):
 		// Tokenized off the loop; the text aliases the connection's buffers, which nothing
@@ -507,8 +507,9 @@ func (cc *clientConn) parsed(err error) {
 	}
 }
 
-// fetchRemote asks a remote tokenizer for the prompt's ids on a goroutine of its own (a
-// round trip, not CPU: no tokenize slot) and resumes the request on its loop.
+// fetchRemote makes the request's round trip (a remote tokenizer's /tokenize, or the control
+// plane's index query) on a goroutine of its own (not CPU: no tokenize slot) and resumes the
+// request on its loop.
 func (cc *clientConn) fetchRemote() {
 	cc.state = stTokenize
 	lp := cc.lp
@@ -529,6 +530,10 @@ func (cc *clientConn) fetchRemote() {
 // resumed continues a request whose off-loop work ended.
 func (cc *clientConn) resumed() {
 	if err := cc.in.Resume(); err != nil {
+		if errors.Is(err, decide.ErrIndex) {
+			cc.fetchRemote() // the prompt, now hashed, goes to the control plane's index
+			return
+		}
 		cc.refuse(err)
 		return
 	}

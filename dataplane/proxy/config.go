@@ -110,6 +110,12 @@ type Config struct {
 	// part of the KV index, so that its journal bytes and replica follow what it routes,
 	// not the fleet. Empty: every model.
 	ServeModels []string `yaml:"serve_models"`
+	// IndexQuery, with a control plane, keeps no replica of the KV index: the proxy asks the
+	// control plane's index about each prompt before routing it (one round trip off the
+	// event loop, at most IndexQueryTimeout; a prompt whose answer fails routes as
+	// uncached). For a pool whose index is too large to replicate in every proxy.
+	IndexQuery        bool          `yaml:"index_query"`
+	IndexQueryTimeout time.Duration `yaml:"index_query_timeout"`
 	// XDSAuth is how the proxy proves itself to the control plane: TLS (the control
 	// plane's CA, a client certificate) and a bearer token. Without TLS the xDS address must
 	// be loopback, or XDSAuth.Insecure set.
@@ -300,6 +306,7 @@ func DefaultConfig() Config {
 		LoadStaleAfter:      3 * time.Second,
 		EngineMetrics:       true,
 		RecentTTL:           10 * time.Second,
+		IndexQueryTimeout:   20 * time.Millisecond,
 		MaxHeaderBytes:      http1.DefaultMaxHeadBytes,
 		MaxBodyBytes:        http1.DefaultMaxBodyBytes,
 		ReadTimeout:         30 * time.Second,
@@ -399,6 +406,10 @@ func (c *Config) Validate() error {
 		return bad("no upstreams (give --upstream or --xds)")
 	case c.XDS == "" && len(c.ServeModels) > 0:
 		return bad("serve_models chooses among a control plane's workers: it needs xds")
+	case c.XDS == "" && c.IndexQuery:
+		return bad("index_query asks a control plane's index: it needs xds")
+	case c.IndexQuery && c.IndexQueryTimeout <= 0:
+		return bad("index_query_timeout must be positive")
 	case slices.Contains(c.ServeModels, ""):
 		return bad("serve_models names an empty model")
 	case modelsErr != nil:

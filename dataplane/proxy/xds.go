@@ -41,9 +41,13 @@ type xdsState struct {
 	journal  *journal.Client
 	reporter *client.Reporter
 	replica  *prefix.Replica
-	index    prefix.Index // the replica overlaid with this proxy's recent decisions
-	cancel   context.CancelFunc
-	wg       sync.WaitGroup
+	// remote, with Config.IndexQuery, answers from the control plane's index in the
+	// replica's stead (asked through query); the replica then stays empty.
+	remote *prefix.Remote
+	query  xdsv1.IndexQueryClient
+	index  prefix.Index // the replica (or remote) overlaid with this proxy's recent decisions
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
 
 	mu            sync.Mutex     // one update at a time
 	pos           map[string]int // worker id → route.Worker.Index, for the process's life
@@ -143,7 +147,15 @@ func (s *Server) setupXDS(ctx context.Context) error {
 	// (Config.RecentTTL, decideConfig), overlaid on the replica.
 	x := &xdsState{replica: prefix.NewReplica(blockset.DefaultWeights), pos: map[string]int{}, pushed: map[string]pushedLoad{}, nodeID: nodeID}
 	pool := route.NewPoolIndexed(nil)
-	x.index = prefix.NewOverlay(x.replica, s.core.Index())
+	var primary prefix.Index = x.replica
+	if s.cfg.IndexQuery {
+		// No replica: the control plane's index answers each prompt, asked before routing.
+		x.remote = prefix.NewRemote(func(ctx context.Context, req *xdsv1.IndexMatchRequest) (*xdsv1.IndexMatchResponse, error) {
+			return x.query.Match(ctx, req)
+		}, nodeID, s.cfg.IndexQueryTimeout, blockset.DefaultWeights)
+		primary = x.remote
+	}
+	x.index = prefix.NewOverlay(primary, s.core.Index())
 	// Policy version 0 until the control plane's policy arrives.
 	if err := s.core.Build(pool, x.index, s.cfg.routeConfig(), "0"); err != nil {
 		return err
@@ -159,6 +171,7 @@ func (s *Server) setupXDS(ctx context.Context) error {
 		return err
 	}
 	x.conn = conn
+	x.query = xdsv1.NewIndexQueryClient(conn)
 	var serves func(*xdsv1.Worker) bool
 	if len(s.cfg.ServeModels) > 0 {
 		serves = s.serves // the loads of the served workers' shards only
@@ -192,9 +205,14 @@ func (s *Server) setupXDS(ctx context.Context) error {
 	s.metrics.reg.MustRegister(newXDSCollector(s))
 	runCtx, cancel := context.WithCancel(context.Background())
 	x.cancel = cancel
-	x.wg.Add(2)
+	x.wg.Add(1)
 	go func() { defer x.wg.Done(); _ = x.ads.Run(runCtx) }()
-	go func() { defer x.wg.Done(); _ = x.journal.Run(runCtx, x.replica) }()
+	if x.remote != nil {
+		s.core.SetIndexQuery(x.remote)
+	} else {
+		x.wg.Add(1)
+		go func() { defer x.wg.Done(); _ = x.journal.Run(runCtx, x.replica) }()
+	}
 	if !s.cfg.DisableLoadReports {
 		x.wg.Add(1)
 		go func() { defer x.wg.Done(); _ = x.reporter.Run(runCtx) }()
@@ -328,6 +346,9 @@ func (s *Server) applyXDS(workers []*xdsv1.Worker, policy *xdsv1.RoutingPolicy, 
 	// States first: a loop that sees the new pool must find every worker's state.
 	s.core.SetWorkers(states)
 	x.replica.SetSlots(slots)
+	if x.remote != nil {
+		x.remote.SetSlots(slots)
+	}
 	err := s.core.BuildCodecs(pool)
 	if err != nil {
 		s.log.Error("loading the tokenizer of a pushed model; its prompts route by load", "err", err)
@@ -358,6 +379,9 @@ func (s *Server) applyXDS(workers []*xdsv1.Worker, policy *xdsv1.RoutingPolicy, 
 				w := blockset.DefaultWeights
 				copy(w[:], tw)
 				x.replica.SetWeights(w)
+				if x.remote != nil {
+					x.remote.SetWeights(w)
+				}
 			}
 			s.log.Info("routing policy applied", "version", x.policyVersion, "policy", cfg.Policy)
 			// The pushed policy wins over the proxy's own flags; say so where they differ.
@@ -597,8 +621,12 @@ type XDSStats struct {
 	Journal journal.ClientStats
 	Reports uint64
 	// Blocks is the number of distinct blocks in the index replica.
-	Blocks        int
-	PolicyVersion uint64
+	Blocks int
+	// IndexQueries, IndexQueryFailures and IndexUnasked count the control plane index's
+	// queries (Config.IndexQuery), those that failed, and matches of a prompt with no
+	// answer; IndexQueryBytes the bytes of the queries and of their answers.
+	IndexQueries, IndexQueryFailures, IndexUnasked, IndexQueryBytes uint64
+	PolicyVersion                                                   uint64
 	// CandidateVersion is a rollout's candidate policy routing beside it (0: none), with its
 	// share of the requests, or in shadow.
 	CandidateVersion uint64
@@ -616,10 +644,24 @@ func (s *Server) XDSStats() (XDSStats, bool) {
 	v := x.policyVersion
 	x.mu.Unlock()
 	st := XDSStats{ADS: x.ads.Stats(), Journal: x.journal.Stats(), Reports: x.reporter.Sent(), Blocks: x.replica.Len(), PolicyVersion: v}
+	if x.remote != nil {
+		rs := x.remote.Stats()
+		st.IndexQueries, st.IndexQueryFailures, st.IndexUnasked = rs.Queries.Load(), rs.Failed.Load(), rs.Unasked.Load()
+		st.IndexQueryBytes = rs.RequestBytes.Load() + rs.ResponseBytes.Load()
+	}
 	if c, ok := s.core.CandidateStatus(); ok {
 		st.CandidateVersion, st.CandidateShare, st.Shadow = c.Version, c.Share, c.Shadow
 	}
 	return st, true
+}
+
+// Remote returns the index the proxy asks the control plane with Config.IndexQuery (nil
+// otherwise).
+func (s *Server) Remote() *prefix.Remote {
+	if s.xds == nil {
+		return nil
+	}
+	return s.xds.remote
 }
 
 // Replica returns the proxy's index replica (nil without a control plane).
@@ -636,6 +678,7 @@ type xdsCollector struct {
 	connected, blocks, policy, workers, stale  *prometheus.Desc
 	applied, responses, nacks, streams, report *prometheus.Desc
 	snapshots, resumes, marks                  *prometheus.Desc
+	queries, queryFailures, unasked, qbytes    *prometheus.Desc
 }
 
 func newXDSCollector(s *Server) *xdsCollector {
@@ -643,20 +686,24 @@ func newXDSCollector(s *Server) *xdsCollector {
 		return prometheus.NewDesc("kvrelay_proxy_xds_"+name, help, nil, nil)
 	}
 	return &xdsCollector{
-		s:         s,
-		connected: d("connected", "1 while the ADS stream to the control plane is up."),
-		blocks:    d("replica_blocks", "Distinct KV blocks in the proxy's index replica."),
-		policy:    d("policy_version", "Version of the routing policy in force."),
-		workers:   d("workers", "Workers the control plane pushed."),
-		stale:     d("load_stale", "Workers whose pushed load is older than load_stale_after and fading to this proxy's own view."),
-		applied:   d("journal_changes_total", "Index journal changes applied to the replica."),
-		responses: d("responses_total", "ADS responses received."),
-		nacks:     d("nacks_total", "ADS responses and journal batches refused."),
-		streams:   d("streams_total", "ADS and journal streams opened (reconnections)."),
-		report:    d("load_reports_total", "In-flight load reports sent to the control plane."),
-		snapshots: d("journal_snapshots_total", "Index snapshots the replica was rebuilt from."),
-		resumes:   d("journal_resumes_total", "Journal streams that went on without a snapshot on another control plane replica (from the workers' marks)."),
-		marks:     d("journal_marks", "Workers whose journal position the replica holds: those a move to another control plane replica resumes rather than fills again."),
+		s:             s,
+		connected:     d("connected", "1 while the ADS stream to the control plane is up."),
+		blocks:        d("replica_blocks", "Distinct KV blocks in the proxy's index replica."),
+		policy:        d("policy_version", "Version of the routing policy in force."),
+		workers:       d("workers", "Workers the control plane pushed."),
+		stale:         d("load_stale", "Workers whose pushed load is older than load_stale_after and fading to this proxy's own view."),
+		applied:       d("journal_changes_total", "Index journal changes applied to the replica."),
+		responses:     d("responses_total", "ADS responses received."),
+		nacks:         d("nacks_total", "ADS responses and journal batches refused."),
+		streams:       d("streams_total", "ADS and journal streams opened (reconnections)."),
+		report:        d("load_reports_total", "In-flight load reports sent to the control plane."),
+		snapshots:     d("journal_snapshots_total", "Index snapshots the replica was rebuilt from."),
+		resumes:       d("journal_resumes_total", "Journal streams that went on without a snapshot on another control plane replica (from the workers' marks)."),
+		marks:         d("journal_marks", "Workers whose journal position the replica holds: those a move to another control plane replica resumes rather than fills again."),
+		queries:       d("index_queries_total", "Prompts asked of the control plane's index (index_query: no replica)."),
+		queryFailures: d("index_query_failures_total", "Index queries that failed or timed out: their prompts routed as uncached."),
+		unasked:       d("index_unasked_total", "Index matches of a prompt the control plane's index had not answered (failed, expired or never asked): routed as uncached."),
+		qbytes:        d("index_query_bytes_total", "Bytes of the index queries and their answers, encoded."),
 	}
 }
 
@@ -688,6 +735,12 @@ func (c *xdsCollector) Collect(ch chan<- prometheus.Metric) {
 	k(c.snapshots, st.Journal.Snapshots)
 	k(c.resumes, st.Journal.Resumes)
 	g(c.marks, float64(st.Journal.Marks))
+	if c.s.xds.remote != nil {
+		k(c.queries, st.IndexQueries)
+		k(c.queryFailures, st.IndexQueryFailures)
+		k(c.unasked, st.IndexUnasked)
+		k(c.qbytes, st.IndexQueryBytes)
+	}
 }
 
 // bandwidthOK reports whether an advertised bandwidth is usable: finite and not negative.

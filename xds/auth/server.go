@@ -340,6 +340,8 @@ func claimedNode(m any) string {
 		return v.GetNodeId()
 	case *xdsv1.JournalAck:
 		return v.GetNodeId()
+	case *xdsv1.IndexMatchRequest:
+		return v.GetNodeId()
 	}
 	return ""
 }

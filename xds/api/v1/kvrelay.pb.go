@@ -1480,6 +1480,148 @@ func (x *JournalBatch) GetPosSince() []uint64 {
 	return nil
 }
 
+type IndexMatchRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	NodeId string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// hashes are the prompt's block sequence hashes, in order.
+	Hashes []uint64 `protobuf:"fixed64,2,rep,packed,name=hashes,proto3" json:"hashes,omitempty"`
+	// slots is a bitmap of the index slots asked about (slot i: bit i % 8 of byte i / 8):
+	// the workers the proxy routes to. Only those are answered.
+	Slots         []byte `protobuf:"bytes,3,opt,name=slots,proto3" json:"slots,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *IndexMatchRequest) Reset() {
+	*x = IndexMatchRequest{}
+	mi := &file_kvrelay_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *IndexMatchRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*IndexMatchRequest) ProtoMessage() {}
+
+func (x *IndexMatchRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kvrelay_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use IndexMatchRequest.ProtoReflect.Descriptor instead.
+func (*IndexMatchRequest) Descriptor() ([]byte, []int) {
+	return file_kvrelay_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *IndexMatchRequest) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *IndexMatchRequest) GetHashes() []uint64 {
+	if x != nil {
+		return x.Hashes
+	}
+	return nil
+}
+
+func (x *IndexMatchRequest) GetSlots() []byte {
+	if x != nil {
+		return x.Slots
+	}
+	return nil
+}
+
+type IndexMatchResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// For each worker asked about that holds at least the first block, in slot order: its
+	// slot, its run (the leading blocks it holds, in any tier), and how many blocks of the
+	// run its fastest copy of is in host memory, on its own disk and in shared storage.
+	Slot          []uint32 `protobuf:"varint,1,rep,packed,name=slot,proto3" json:"slot,omitempty"`
+	Run           []uint32 `protobuf:"varint,2,rep,packed,name=run,proto3" json:"run,omitempty"`
+	Host          []uint32 `protobuf:"varint,3,rep,packed,name=host,proto3" json:"host,omitempty"`
+	Disk          []uint32 `protobuf:"varint,4,rep,packed,name=disk,proto3" json:"disk,omitempty"`
+	Shared        []uint32 `protobuf:"varint,5,rep,packed,name=shared,proto3" json:"shared,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *IndexMatchResponse) Reset() {
+	*x = IndexMatchResponse{}
+	mi := &file_kvrelay_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *IndexMatchResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*IndexMatchResponse) ProtoMessage() {}
+
+func (x *IndexMatchResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kvrelay_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use IndexMatchResponse.ProtoReflect.Descriptor instead.
+func (*IndexMatchResponse) Descriptor() ([]byte, []int) {
+	return file_kvrelay_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *IndexMatchResponse) GetSlot() []uint32 {
+	if x != nil {
+		return x.Slot
+	}
+	return nil
+}
+
+func (x *IndexMatchResponse) GetRun() []uint32 {
+	if x != nil {
+		return x.Run
+	}
+	return nil
+}
+
+func (x *IndexMatchResponse) GetHost() []uint32 {
+	if x != nil {
+		return x.Host
+	}
+	return nil
+}
+
+func (x *IndexMatchResponse) GetDisk() []uint32 {
+	if x != nil {
+		return x.Disk
+	}
+	return nil
+}
+
+func (x *IndexMatchResponse) GetShared() []uint32 {
+	if x != nil {
+		return x.Shared
+	}
+	return nil
+}
+
 type LoadReport struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	NodeId  string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
@@ -1508,7 +1650,7 @@ type LoadReport struct {
 
 func (x *LoadReport) Reset() {
 	*x = LoadReport{}
-	mi := &file_kvrelay_proto_msgTypes[11]
+	mi := &file_kvrelay_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1520,7 +1662,7 @@ func (x *LoadReport) String() string {
 func (*LoadReport) ProtoMessage() {}
 
 func (x *LoadReport) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[11]
+	mi := &file_kvrelay_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1533,7 +1675,7 @@ func (x *LoadReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadReport.ProtoReflect.Descriptor instead.
 func (*LoadReport) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{11}
+	return file_kvrelay_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *LoadReport) GetNodeId() string {
@@ -1597,7 +1739,7 @@ type TenantKeys struct {
 
 func (x *TenantKeys) Reset() {
 	*x = TenantKeys{}
-	mi := &file_kvrelay_proto_msgTypes[12]
+	mi := &file_kvrelay_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1609,7 +1751,7 @@ func (x *TenantKeys) String() string {
 func (*TenantKeys) ProtoMessage() {}
 
 func (x *TenantKeys) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[12]
+	mi := &file_kvrelay_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1622,7 +1764,7 @@ func (x *TenantKeys) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TenantKeys.ProtoReflect.Descriptor instead.
 func (*TenantKeys) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{12}
+	return file_kvrelay_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *TenantKeys) GetKeys() string {
@@ -1649,7 +1791,7 @@ type TenantDemand struct {
 
 func (x *TenantDemand) Reset() {
 	*x = TenantDemand{}
-	mi := &file_kvrelay_proto_msgTypes[13]
+	mi := &file_kvrelay_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1661,7 +1803,7 @@ func (x *TenantDemand) String() string {
 func (*TenantDemand) ProtoMessage() {}
 
 func (x *TenantDemand) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[13]
+	mi := &file_kvrelay_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1674,7 +1816,7 @@ func (x *TenantDemand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TenantDemand.ProtoReflect.Descriptor instead.
 func (*TenantDemand) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{13}
+	return file_kvrelay_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *TenantDemand) GetTenant() string {
@@ -1736,7 +1878,7 @@ type TenantGrant struct {
 
 func (x *TenantGrant) Reset() {
 	*x = TenantGrant{}
-	mi := &file_kvrelay_proto_msgTypes[14]
+	mi := &file_kvrelay_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1748,7 +1890,7 @@ func (x *TenantGrant) String() string {
 func (*TenantGrant) ProtoMessage() {}
 
 func (x *TenantGrant) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[14]
+	mi := &file_kvrelay_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1761,7 +1903,7 @@ func (x *TenantGrant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TenantGrant.ProtoReflect.Descriptor instead.
 func (*TenantGrant) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{14}
+	return file_kvrelay_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *TenantGrant) GetTenant() string {
@@ -1834,7 +1976,7 @@ type DecisionSample struct {
 
 func (x *DecisionSample) Reset() {
 	*x = DecisionSample{}
-	mi := &file_kvrelay_proto_msgTypes[15]
+	mi := &file_kvrelay_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1846,7 +1988,7 @@ func (x *DecisionSample) String() string {
 func (*DecisionSample) ProtoMessage() {}
 
 func (x *DecisionSample) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[15]
+	mi := &file_kvrelay_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1859,7 +2001,7 @@ func (x *DecisionSample) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecisionSample.ProtoReflect.Descriptor instead.
 func (*DecisionSample) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{15}
+	return file_kvrelay_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *DecisionSample) GetId() uint64 {
@@ -1998,7 +2140,7 @@ type CandidateSample struct {
 
 func (x *CandidateSample) Reset() {
 	*x = CandidateSample{}
-	mi := &file_kvrelay_proto_msgTypes[16]
+	mi := &file_kvrelay_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2010,7 +2152,7 @@ func (x *CandidateSample) String() string {
 func (*CandidateSample) ProtoMessage() {}
 
 func (x *CandidateSample) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[16]
+	mi := &file_kvrelay_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2023,7 +2165,7 @@ func (x *CandidateSample) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CandidateSample.ProtoReflect.Descriptor instead.
 func (*CandidateSample) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{16}
+	return file_kvrelay_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *CandidateSample) GetWorker() string {
@@ -2129,7 +2271,7 @@ type ArmReport struct {
 
 func (x *ArmReport) Reset() {
 	*x = ArmReport{}
-	mi := &file_kvrelay_proto_msgTypes[17]
+	mi := &file_kvrelay_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2141,7 +2283,7 @@ func (x *ArmReport) String() string {
 func (*ArmReport) ProtoMessage() {}
 
 func (x *ArmReport) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[17]
+	mi := &file_kvrelay_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2154,7 +2296,7 @@ func (x *ArmReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ArmReport.ProtoReflect.Descriptor instead.
 func (*ArmReport) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{17}
+	return file_kvrelay_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ArmReport) GetPolicyVersion() uint64 {
@@ -2351,7 +2493,7 @@ type ArmGroup struct {
 
 func (x *ArmGroup) Reset() {
 	*x = ArmGroup{}
-	mi := &file_kvrelay_proto_msgTypes[18]
+	mi := &file_kvrelay_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2363,7 +2505,7 @@ func (x *ArmGroup) String() string {
 func (*ArmGroup) ProtoMessage() {}
 
 func (x *ArmGroup) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[18]
+	mi := &file_kvrelay_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2376,7 +2518,7 @@ func (x *ArmGroup) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ArmGroup.ProtoReflect.Descriptor instead.
 func (*ArmGroup) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{18}
+	return file_kvrelay_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ArmGroup) GetGroup() uint32 {
@@ -2453,7 +2595,7 @@ type ReportSeq struct {
 
 func (x *ReportSeq) Reset() {
 	*x = ReportSeq{}
-	mi := &file_kvrelay_proto_msgTypes[19]
+	mi := &file_kvrelay_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2465,7 +2607,7 @@ func (x *ReportSeq) String() string {
 func (*ReportSeq) ProtoMessage() {}
 
 func (x *ReportSeq) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[19]
+	mi := &file_kvrelay_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2478,7 +2620,7 @@ func (x *ReportSeq) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportSeq.ProtoReflect.Descriptor instead.
 func (*ReportSeq) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{19}
+	return file_kvrelay_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ReportSeq) GetNodeId() string {
@@ -2507,7 +2649,7 @@ type WorkerLoad struct {
 
 func (x *WorkerLoad) Reset() {
 	*x = WorkerLoad{}
-	mi := &file_kvrelay_proto_msgTypes[20]
+	mi := &file_kvrelay_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2519,7 +2661,7 @@ func (x *WorkerLoad) String() string {
 func (*WorkerLoad) ProtoMessage() {}
 
 func (x *WorkerLoad) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[20]
+	mi := &file_kvrelay_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2532,7 +2674,7 @@ func (x *WorkerLoad) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerLoad.ProtoReflect.Descriptor instead.
 func (*WorkerLoad) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{20}
+	return file_kvrelay_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *WorkerLoad) GetWorkerId() string {
@@ -2582,7 +2724,7 @@ type LoadReportAck struct {
 
 func (x *LoadReportAck) Reset() {
 	*x = LoadReportAck{}
-	mi := &file_kvrelay_proto_msgTypes[21]
+	mi := &file_kvrelay_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2594,7 +2736,7 @@ func (x *LoadReportAck) String() string {
 func (*LoadReportAck) ProtoMessage() {}
 
 func (x *LoadReportAck) ProtoReflect() protoreflect.Message {
-	mi := &file_kvrelay_proto_msgTypes[21]
+	mi := &file_kvrelay_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2607,7 +2749,7 @@ func (x *LoadReportAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadReportAck.ProtoReflect.Descriptor instead.
 func (*LoadReportAck) Descriptor() ([]byte, []int) {
-	return file_kvrelay_proto_rawDescGZIP(), []int{21}
+	return file_kvrelay_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *LoadReportAck) GetIntervalMs() uint32 {
@@ -2783,7 +2925,17 @@ const file_kvrelay_proto_rawDesc = "" +
 	"\tpos_check\x18\n" +
 	" \x03(\aR\bposCheck\x12\x17\n" +
 	"\apos_seq\x18\v \x03(\x04R\x06posSeq\x12\x1b\n" +
-	"\tpos_since\x18\f \x03(\x04R\bposSince\"\xc2\x02\n" +
+	"\tpos_since\x18\f \x03(\x04R\bposSince\"Z\n" +
+	"\x11IndexMatchRequest\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x16\n" +
+	"\x06hashes\x18\x02 \x03(\x06R\x06hashes\x12\x14\n" +
+	"\x05slots\x18\x03 \x01(\fR\x05slots\"z\n" +
+	"\x12IndexMatchResponse\x12\x12\n" +
+	"\x04slot\x18\x01 \x03(\rR\x04slot\x12\x10\n" +
+	"\x03run\x18\x02 \x03(\rR\x03run\x12\x12\n" +
+	"\x04host\x18\x03 \x03(\rR\x04host\x12\x12\n" +
+	"\x04disk\x18\x04 \x03(\rR\x04disk\x12\x16\n" +
+	"\x06shared\x18\x05 \x03(\rR\x06shared\"\xc2\x02\n" +
 	"\n" +
 	"LoadReport\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x124\n" +
@@ -2907,7 +3059,10 @@ const file_kvrelay_proto_rawDesc = "" +
 	"\fROLE_PREFILL\x10\x01\x12\x0f\n" +
 	"\vROLE_DECODE\x10\x022V\n" +
 	"\fIndexJournal\x12F\n" +
-	"\x06Stream\x12\x1a.kvrelay.xds.v1.JournalAck\x1a\x1c.kvrelay.xds.v1.JournalBatch(\x010\x012X\n" +
+	"\x06Stream\x12\x1a.kvrelay.xds.v1.JournalAck\x1a\x1c.kvrelay.xds.v1.JournalBatch(\x010\x012\\\n" +
+	"\n" +
+	"IndexQuery\x12N\n" +
+	"\x05Match\x12!.kvrelay.xds.v1.IndexMatchRequest\x1a\".kvrelay.xds.v1.IndexMatchResponse2X\n" +
 	"\rLoadReporting\x12G\n" +
 	"\x06Report\x12\x1a.kvrelay.xds.v1.LoadReport\x1a\x1d.kvrelay.xds.v1.LoadReportAck(\x010\x01B-Z+github.com/kvrelay/kvrelay/xds/api/v1;xdsv1b\x06proto3"
 
@@ -2924,32 +3079,34 @@ func file_kvrelay_proto_rawDescGZIP() []byte {
 }
 
 var file_kvrelay_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_kvrelay_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
+var file_kvrelay_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_kvrelay_proto_goTypes = []any{
-	(Role)(0),               // 0: kvrelay.xds.v1.Role
-	(*Worker)(nil),          // 1: kvrelay.xds.v1.Worker
-	(*Loads)(nil),           // 2: kvrelay.xds.v1.Loads
-	(*LatencyFit)(nil),      // 3: kvrelay.xds.v1.LatencyFit
-	(*WorkerFit)(nil),       // 4: kvrelay.xds.v1.WorkerFit
-	(*KVTiers)(nil),         // 5: kvrelay.xds.v1.KVTiers
-	(*Load)(nil),            // 6: kvrelay.xds.v1.Load
-	(*RoutingPolicy)(nil),   // 7: kvrelay.xds.v1.RoutingPolicy
-	(*Profile)(nil),         // 8: kvrelay.xds.v1.Profile
-	(*Plugin)(nil),          // 9: kvrelay.xds.v1.Plugin
-	(*JournalAck)(nil),      // 10: kvrelay.xds.v1.JournalAck
-	(*JournalBatch)(nil),    // 11: kvrelay.xds.v1.JournalBatch
-	(*LoadReport)(nil),      // 12: kvrelay.xds.v1.LoadReport
-	(*TenantKeys)(nil),      // 13: kvrelay.xds.v1.TenantKeys
-	(*TenantDemand)(nil),    // 14: kvrelay.xds.v1.TenantDemand
-	(*TenantGrant)(nil),     // 15: kvrelay.xds.v1.TenantGrant
-	(*DecisionSample)(nil),  // 16: kvrelay.xds.v1.DecisionSample
-	(*CandidateSample)(nil), // 17: kvrelay.xds.v1.CandidateSample
-	(*ArmReport)(nil),       // 18: kvrelay.xds.v1.ArmReport
-	(*ArmGroup)(nil),        // 19: kvrelay.xds.v1.ArmGroup
-	(*ReportSeq)(nil),       // 20: kvrelay.xds.v1.ReportSeq
-	(*WorkerLoad)(nil),      // 21: kvrelay.xds.v1.WorkerLoad
-	(*LoadReportAck)(nil),   // 22: kvrelay.xds.v1.LoadReportAck
-	nil,                     // 23: kvrelay.xds.v1.Plugin.ParamsEntry
+	(Role)(0),                  // 0: kvrelay.xds.v1.Role
+	(*Worker)(nil),             // 1: kvrelay.xds.v1.Worker
+	(*Loads)(nil),              // 2: kvrelay.xds.v1.Loads
+	(*LatencyFit)(nil),         // 3: kvrelay.xds.v1.LatencyFit
+	(*WorkerFit)(nil),          // 4: kvrelay.xds.v1.WorkerFit
+	(*KVTiers)(nil),            // 5: kvrelay.xds.v1.KVTiers
+	(*Load)(nil),               // 6: kvrelay.xds.v1.Load
+	(*RoutingPolicy)(nil),      // 7: kvrelay.xds.v1.RoutingPolicy
+	(*Profile)(nil),            // 8: kvrelay.xds.v1.Profile
+	(*Plugin)(nil),             // 9: kvrelay.xds.v1.Plugin
+	(*JournalAck)(nil),         // 10: kvrelay.xds.v1.JournalAck
+	(*JournalBatch)(nil),       // 11: kvrelay.xds.v1.JournalBatch
+	(*IndexMatchRequest)(nil),  // 12: kvrelay.xds.v1.IndexMatchRequest
+	(*IndexMatchResponse)(nil), // 13: kvrelay.xds.v1.IndexMatchResponse
+	(*LoadReport)(nil),         // 14: kvrelay.xds.v1.LoadReport
+	(*TenantKeys)(nil),         // 15: kvrelay.xds.v1.TenantKeys
+	(*TenantDemand)(nil),       // 16: kvrelay.xds.v1.TenantDemand
+	(*TenantGrant)(nil),        // 17: kvrelay.xds.v1.TenantGrant
+	(*DecisionSample)(nil),     // 18: kvrelay.xds.v1.DecisionSample
+	(*CandidateSample)(nil),    // 19: kvrelay.xds.v1.CandidateSample
+	(*ArmReport)(nil),          // 20: kvrelay.xds.v1.ArmReport
+	(*ArmGroup)(nil),           // 21: kvrelay.xds.v1.ArmGroup
+	(*ReportSeq)(nil),          // 22: kvrelay.xds.v1.ReportSeq
+	(*WorkerLoad)(nil),         // 23: kvrelay.xds.v1.WorkerLoad
+	(*LoadReportAck)(nil),      // 24: kvrelay.xds.v1.LoadReportAck
+	nil,                        // 25: kvrelay.xds.v1.Plugin.ParamsEntry
 }
 var file_kvrelay_proto_depIdxs = []int32{
 	0,  // 0: kvrelay.xds.v1.Worker.role:type_name -> kvrelay.xds.v1.Role
@@ -2958,28 +3115,30 @@ var file_kvrelay_proto_depIdxs = []int32{
 	3,  // 3: kvrelay.xds.v1.Worker.fit:type_name -> kvrelay.xds.v1.LatencyFit
 	0,  // 4: kvrelay.xds.v1.LatencyFit.role:type_name -> kvrelay.xds.v1.Role
 	4,  // 5: kvrelay.xds.v1.LatencyFit.workers:type_name -> kvrelay.xds.v1.WorkerFit
-	20, // 6: kvrelay.xds.v1.Load.reports:type_name -> kvrelay.xds.v1.ReportSeq
+	22, // 6: kvrelay.xds.v1.Load.reports:type_name -> kvrelay.xds.v1.ReportSeq
 	7,  // 7: kvrelay.xds.v1.RoutingPolicy.candidate:type_name -> kvrelay.xds.v1.RoutingPolicy
 	8,  // 8: kvrelay.xds.v1.RoutingPolicy.profile:type_name -> kvrelay.xds.v1.Profile
 	9,  // 9: kvrelay.xds.v1.Profile.filters:type_name -> kvrelay.xds.v1.Plugin
 	9,  // 10: kvrelay.xds.v1.Profile.scorers:type_name -> kvrelay.xds.v1.Plugin
 	9,  // 11: kvrelay.xds.v1.Profile.picker:type_name -> kvrelay.xds.v1.Plugin
 	9,  // 12: kvrelay.xds.v1.Profile.spread:type_name -> kvrelay.xds.v1.Plugin
-	23, // 13: kvrelay.xds.v1.Plugin.params:type_name -> kvrelay.xds.v1.Plugin.ParamsEntry
-	21, // 14: kvrelay.xds.v1.LoadReport.workers:type_name -> kvrelay.xds.v1.WorkerLoad
-	18, // 15: kvrelay.xds.v1.LoadReport.arms:type_name -> kvrelay.xds.v1.ArmReport
-	16, // 16: kvrelay.xds.v1.LoadReport.decisions:type_name -> kvrelay.xds.v1.DecisionSample
+	25, // 13: kvrelay.xds.v1.Plugin.params:type_name -> kvrelay.xds.v1.Plugin.ParamsEntry
+	23, // 14: kvrelay.xds.v1.LoadReport.workers:type_name -> kvrelay.xds.v1.WorkerLoad
+	20, // 15: kvrelay.xds.v1.LoadReport.arms:type_name -> kvrelay.xds.v1.ArmReport
+	18, // 16: kvrelay.xds.v1.LoadReport.decisions:type_name -> kvrelay.xds.v1.DecisionSample
 	3,  // 17: kvrelay.xds.v1.LoadReport.fits:type_name -> kvrelay.xds.v1.LatencyFit
-	14, // 18: kvrelay.xds.v1.LoadReport.tenants:type_name -> kvrelay.xds.v1.TenantDemand
-	17, // 19: kvrelay.xds.v1.DecisionSample.candidates:type_name -> kvrelay.xds.v1.CandidateSample
-	19, // 20: kvrelay.xds.v1.ArmReport.groups:type_name -> kvrelay.xds.v1.ArmGroup
-	15, // 21: kvrelay.xds.v1.LoadReportAck.tenants:type_name -> kvrelay.xds.v1.TenantGrant
+	16, // 18: kvrelay.xds.v1.LoadReport.tenants:type_name -> kvrelay.xds.v1.TenantDemand
+	19, // 19: kvrelay.xds.v1.DecisionSample.candidates:type_name -> kvrelay.xds.v1.CandidateSample
+	21, // 20: kvrelay.xds.v1.ArmReport.groups:type_name -> kvrelay.xds.v1.ArmGroup
+	17, // 21: kvrelay.xds.v1.LoadReportAck.tenants:type_name -> kvrelay.xds.v1.TenantGrant
 	10, // 22: kvrelay.xds.v1.IndexJournal.Stream:input_type -> kvrelay.xds.v1.JournalAck
-	12, // 23: kvrelay.xds.v1.LoadReporting.Report:input_type -> kvrelay.xds.v1.LoadReport
-	11, // 24: kvrelay.xds.v1.IndexJournal.Stream:output_type -> kvrelay.xds.v1.JournalBatch
-	22, // 25: kvrelay.xds.v1.LoadReporting.Report:output_type -> kvrelay.xds.v1.LoadReportAck
-	24, // [24:26] is the sub-list for method output_type
-	22, // [22:24] is the sub-list for method input_type
+	12, // 23: kvrelay.xds.v1.IndexQuery.Match:input_type -> kvrelay.xds.v1.IndexMatchRequest
+	14, // 24: kvrelay.xds.v1.LoadReporting.Report:input_type -> kvrelay.xds.v1.LoadReport
+	11, // 25: kvrelay.xds.v1.IndexJournal.Stream:output_type -> kvrelay.xds.v1.JournalBatch
+	13, // 26: kvrelay.xds.v1.IndexQuery.Match:output_type -> kvrelay.xds.v1.IndexMatchResponse
+	24, // 27: kvrelay.xds.v1.LoadReporting.Report:output_type -> kvrelay.xds.v1.LoadReportAck
+	25, // [25:28] is the sub-list for method output_type
+	22, // [22:25] is the sub-list for method input_type
 	22, // [22:22] is the sub-list for extension type_name
 	22, // [22:22] is the sub-list for extension extendee
 	0,  // [0:22] is the sub-list for field type_name
@@ -2997,9 +3156,9 @@ func file_kvrelay_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvrelay_proto_rawDesc), len(file_kvrelay_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   23,
+			NumMessages:   25,
 			NumExtensions: 0,
-			NumServices:   2,
+			NumServices:   3,
 		},
 		GoTypes:           file_kvrelay_proto_goTypes,
 		DependencyIndexes: file_kvrelay_proto_depIdxs,

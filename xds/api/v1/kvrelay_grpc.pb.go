@@ -142,6 +142,120 @@ var IndexJournal_ServiceDesc = grpc.ServiceDesc{
 }
 
 const (
+	IndexQuery_Match_FullMethodName = "/kvrelay.xds.v1.IndexQuery/Match"
+)
+
+// IndexQueryClient is the client API for IndexQuery service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+//
+// IndexQuery answers a proxy's longest-prefix question from the control plane's KV index,
+// for a proxy that keeps no replica of it (its pool too large to replicate): one round
+// trip a request, instead of following the journal.
+type IndexQueryClient interface {
+	// Match: for each worker the proxy asks about, how many of the prompt's leading blocks
+	// it holds, and how many of those only below GPU memory.
+	Match(ctx context.Context, in *IndexMatchRequest, opts ...grpc.CallOption) (*IndexMatchResponse, error)
+}
+
+type indexQueryClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewIndexQueryClient(cc grpc.ClientConnInterface) IndexQueryClient {
+	return &indexQueryClient{cc}
+}
+
+func (c *indexQueryClient) Match(ctx context.Context, in *IndexMatchRequest, opts ...grpc.CallOption) (*IndexMatchResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(IndexMatchResponse)
+	err := c.cc.Invoke(ctx, IndexQuery_Match_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// IndexQueryServer is the server API for IndexQuery service.
+// All implementations must embed UnimplementedIndexQueryServer
+// for forward compatibility.
+//
+// IndexQuery answers a proxy's longest-prefix question from the control plane's KV index,
+// for a proxy that keeps no replica of it (its pool too large to replicate): one round
+// trip a request, instead of following the journal.
+type IndexQueryServer interface {
+	// Match: for each worker the proxy asks about, how many of the prompt's leading blocks
+	// it holds, and how many of those only below GPU memory.
+	Match(context.Context, *IndexMatchRequest) (*IndexMatchResponse, error)
+	mustEmbedUnimplementedIndexQueryServer()
+}
+
+// UnimplementedIndexQueryServer must be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedIndexQueryServer struct{}
+
+func (UnimplementedIndexQueryServer) Match(context.Context, *IndexMatchRequest) (*IndexMatchResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Match not implemented")
+}
+func (UnimplementedIndexQueryServer) mustEmbedUnimplementedIndexQueryServer() {}
+func (UnimplementedIndexQueryServer) testEmbeddedByValue()                    {}
+
+// UnsafeIndexQueryServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to IndexQueryServer will
+// result in compilation errors.
+type UnsafeIndexQueryServer interface {
+	mustEmbedUnimplementedIndexQueryServer()
+}
+
+func RegisterIndexQueryServer(s grpc.ServiceRegistrar, srv IndexQueryServer) {
+	// If the following call panics, it indicates UnimplementedIndexQueryServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&IndexQuery_ServiceDesc, srv)
+}
+
+func _IndexQuery_Match_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(IndexMatchRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(IndexQueryServer).Match(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: IndexQuery_Match_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(IndexQueryServer).Match(ctx, req.(*IndexMatchRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+// IndexQuery_ServiceDesc is the grpc.ServiceDesc for IndexQuery service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var IndexQuery_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "kvrelay.xds.v1.IndexQuery",
+	HandlerType: (*IndexQueryServer)(nil),
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "Match",
+			Handler:    _IndexQuery_Match_Handler,
+		},
+	},
+	Streams:  []grpc.StreamDesc{},
+	Metadata: "kvrelay.proto",
+}
+
+const (
 	LoadReporting_Report_FullMethodName = "/kvrelay.xds.v1.LoadReporting/Report"
 )
 
