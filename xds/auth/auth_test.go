@@ -35,7 +35,14 @@ type emptyIndex struct{}
 
 func (emptyIndex) Each(func(uint64, int, blockset.Tier)) {}
 
-// serve runs an xDS server (ADS, load reports, index journal) that checks cfg, with one
+// emptyQuery answers every index query with nothing.
+type emptyQuery struct{ xdsv1.UnimplementedIndexQueryServer }
+
+func (emptyQuery) Match(context.Context, *xdsv1.IndexMatchRequest) (*xdsv1.IndexMatchResponse, error) {
+	return &xdsv1.IndexMatchResponse{}, nil
+}
+
+// serve runs an xDS server (ADS, load reports, index journal, index queries) that checks cfg, with one
 // worker published, and returns its address and checker.
 func serve(t *testing.T, cfg auth.ServerConfig) (string, *auth.Server) {
 	t.Helper()
@@ -47,6 +54,7 @@ func serve(t *testing.T, cfg auth.ServerConfig) (string, *auth.Server) {
 	ready := make(chan struct{})
 	close(ready)
 	xdsv1.RegisterIndexJournalServer(srv.GRPC(), journal.NewServer(journal.NewLog(64), emptyIndex{}, journal.ServerOptions{Ready: ready}))
+	xdsv1.RegisterIndexQueryServer(srv.GRPC(), emptyQuery{})
 	if err := srv.SetWorkers([]*xdsv1.Worker{{Id: "w0", Url: "http://127.0.0.1:1", Model: "m", BlockSize: 16}}); err != nil {
 		t.Fatal(err)
 	}
@@ -127,6 +135,14 @@ func follow(conn *grpc.ClientConn, node string) error {
 	return err
 }
 
+// query asks the index about a prompt as node and returns the call's error.
+func query(conn *grpc.ClientConn, node string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err := xdsv1.NewIndexQueryClient(conn).Match(ctx, &xdsv1.IndexMatchRequest{NodeId: node, Hashes: []uint64{1}, Slots: []byte{1}})
+	return err
+}
+
 func wantCode(t *testing.T, what string, err error, code codes.Code) {
 	t.Helper()
 	if status.Code(err) != code {
@@ -148,7 +164,7 @@ const (
 )
 
 // TestTokensBindNodes: without a token, with a wrong one, and claiming another node's id on
-// any of the three streams, a proxy is refused; with its own token and node id it is served.
+// any of the three streams or in an index query, a proxy is refused; with its own token and node id it is served.
 func TestTokensBindNodes(t *testing.T) {
 	dir := t.TempDir()
 	tokens := writeFile(t, filepath.Join(dir, "tokens"), "# node token\nproxy-a "+tokenA+"\nproxy-b "+tokenB+"\n")
@@ -158,6 +174,7 @@ func TestTokensBindNodes(t *testing.T) {
 	wantCode(t, "ADS without a token", ads(none, "proxy-a"), codes.Unauthenticated)
 	wantCode(t, "load report without a token", report(none, "proxy-a"), codes.Unauthenticated)
 	wantCode(t, "journal without a token", follow(none, "proxy-a"), codes.Unauthenticated)
+	wantCode(t, "index query without a token", query(none, "proxy-a"), codes.Unauthenticated)
 
 	wrong := dial(t, addr, auth.ClientConfig{TokenFile: writeFile(t, filepath.Join(dir, "wrong"), "not-a-token-anyone-was-given\n")})
 	wantCode(t, "ADS with a wrong token", ads(wrong, "proxy-a"), codes.Unauthenticated)
@@ -166,13 +183,15 @@ func TestTokensBindNodes(t *testing.T) {
 	wantCode(t, "ADS as proxy-b with proxy-a's token", ads(asA, "proxy-b"), codes.PermissionDenied)
 	wantCode(t, "load report as proxy-b with proxy-a's token", report(asA, "proxy-b"), codes.PermissionDenied)
 	wantCode(t, "journal as proxy-b with proxy-a's token", follow(asA, "proxy-b"), codes.PermissionDenied)
+	wantCode(t, "index query as proxy-b with proxy-a's token", query(asA, "proxy-b"), codes.PermissionDenied)
 	wantCode(t, "ADS as proxy-a", ads(asA, "proxy-a"), codes.OK)
 	wantCode(t, "load report as proxy-a", report(asA, "proxy-a"), codes.OK)
 	wantCode(t, "journal as proxy-a", follow(asA, "proxy-a"), codes.OK)
+	wantCode(t, "index query as proxy-a", query(asA, "proxy-a"), codes.OK)
 
 	got := a.Refused()
-	if got["no_token"] != 3 || got["bad_token"] != 1 || got["wrong_node"] != 3 {
-		t.Errorf("refusals %v, want no_token 3, bad_token 1, wrong_node 3", got)
+	if got["no_token"] != 4 || got["bad_token"] != 1 || got["wrong_node"] != 4 {
+		t.Errorf("refusals %v, want no_token 4, bad_token 1, wrong_node 4", got)
 	}
 }
 
