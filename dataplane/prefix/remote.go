@@ -21,8 +21,11 @@ import (
 // loop), and Match answers from what it said. A prompt Query was not asked about, or whose
 // answer did not come, matches nothing (counted in RemoteStats.Unasked), as with no index.
 //
-// Answers are kept by the prompt's hashes for RemoteTTL, so that every routing of the
-// request (retries, a rollout's shadow pick) reads the same one. Safe for concurrent use.
+// Answers are kept by the prompt's hashes for RemoteTTL, and at most remoteMaxAnswers of
+// them, so that every routing of the request (retries, a rollout's shadow pick) reads the
+// same one. A request routed after its answer went (it waited in the admission queue past
+// RemoteTTL, or behind that many newer queries) is routed as uncached, counted in Unasked.
+// Safe for concurrent use.
 type Remote struct {
 	ask     func(ctx context.Context, req *xdsv1.IndexMatchRequest) (*xdsv1.IndexMatchResponse, error)
 	nodeID  string
@@ -49,10 +52,10 @@ type RemoteStats struct {
 }
 
 // RemoteTTL is how long an answer is kept for the request's routings; remoteMaxAnswers
-// bounds how many are kept.
+// bounds how many are kept (an answer is a few bytes per worker holding the prompt).
 const (
-	RemoteTTL        = 2 * time.Second
-	remoteMaxAnswers = 4096
+	RemoteTTL        = 5 * time.Second
+	remoteMaxAnswers = 8192
 )
 
 type remoteAnswer struct {
@@ -148,6 +151,10 @@ func (r *Remote) Query(ctx context.Context, hashes []uint64) error {
 		return nil
 	}
 	r.mu.Lock()
+	if len(r.mask) == 0 {
+		r.mu.Unlock()
+		return nil // no pool yet: nothing to ask about
+	}
 	req := &xdsv1.IndexMatchRequest{NodeId: r.nodeID, Hashes: hashes, Slots: append([]byte(nil), r.mask...)}
 	r.mu.Unlock()
 	ctx, cancel := context.WithTimeout(ctx, r.timeout)

@@ -510,12 +510,20 @@ func (cc *clientConn) parsed(err error) {
 // fetchRemote makes the request's round trip (a remote tokenizer's /tokenize, or the control
 // plane's index query) on a goroutine of its own (not CPU: no tokenize slot) and resumes the
 // request on its loop.
+//
+// The request counts as in flight for a graceful stop until it has resumed (or the loop has
+// stopped), as offLoop's do; the round trip is skipped for a client already gone.
 func (cc *clientConn) fetchRemote() {
+	s := cc.srv
 	cc.state = stTokenize
 	lp := cc.lp
+	s.core.Enter()
 	go func() {
-		cc.in.Work()
-		_ = lp.el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
+		if !cc.gone.Load() {
+			cc.in.Work()
+		}
+		if lp.el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
+			defer s.core.Leave()
 			if cc.state != stTokenize {
 				return nil // the client left
 			}
@@ -523,7 +531,9 @@ func (cc *clientConn) fetchRemote() {
 			cc.state = stIdle
 			cc.resumed()
 			return nil
-		}))
+		})) != nil {
+			s.core.Leave() // the loop has stopped
+		}
 	}()
 }
 

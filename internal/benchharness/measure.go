@@ -324,6 +324,17 @@ func (s *stack) collect(rr *RunResult) {
 	if v, ok := gaugeSum(fams, "kvrelay_proxy_xds_replica_blocks"); ok {
 		rr.Extra["proxy_replica_blocks"] = v
 	}
+	for name, key := range map[string]string{"kvrelay_proxy_xds_index_queries_total": "proxy_index_queries",
+		"kvrelay_proxy_xds_index_query_failures_total": "proxy_index_query_failures",
+		"kvrelay_proxy_xds_index_unasked_total":        "proxy_index_unasked",
+		"kvrelay_proxy_xds_index_query_bytes_total":    "proxy_index_query_bytes"} {
+		if v, ok := gaugeSum(fams, name); ok {
+			rr.Extra[key] = v
+		}
+	}
+	if v := rr.Extra["proxy_index_query_failures"]; v > 0 {
+		rr.Notes = append(rr.Notes, fmt.Sprintf("%.0f index queries failed or came late (their prompts routed as uncached)", v))
+	}
 	if s.cpMetrics != "" {
 		cf := saveScrape(s.cpMetrics, filepath.Join(s.dir, "controlplane-metrics.txt"))
 		if v, ok := gaugeSum(cf, "kvrelay_controlplane_ingest_unclaimed_total"); ok && v > 0 {

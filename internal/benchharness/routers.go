@@ -21,6 +21,9 @@ const (
 	RouterKVApprox      = "kv-approx"
 	RouterLatencyExact  = "latency-exact"
 	RouterLatencyApprox = "latency-approx"
+	// The latency policy on the control plane's index asked per request (kvrelay proxy
+	// --index-query) instead of a replica of it.
+	RouterLatencyQuery = "latency-query-exact"
 	// kvrelay's endpoint picker (kvrelay epp, the latency policy) behind the same gateway
 	// as llm-d's.
 	RouterKEPPExact  = "kvrelay-epp-exact"
@@ -29,7 +32,7 @@ const (
 
 // AllRouters lists every router the harness can run, in run order.
 var AllRouters = []string{RouterEPPPrecise, RouterEPPApprox, RouterRoundRobin, RouterLeastRequest,
-	RouterKVExact, RouterKVApprox, RouterLatencyExact, RouterLatencyApprox, RouterKEPPExact, RouterKEPPApprox}
+	RouterKVExact, RouterKVApprox, RouterLatencyExact, RouterLatencyApprox, RouterLatencyQuery, RouterKEPPExact, RouterKEPPApprox}
 
 // IsEPP reports whether router is llm-d's endpoint picker.
 func IsEPP(router string) bool { return strings.HasPrefix(router, "epp-") }
@@ -55,7 +58,7 @@ func KVRelayPolicy(router string) string {
 		return "power-of-two"
 	case RouterKVExact, RouterKVApprox:
 		return "kv"
-	case RouterLatencyExact, RouterLatencyApprox, RouterKEPPExact, RouterKEPPApprox:
+	case RouterLatencyExact, RouterLatencyApprox, RouterLatencyQuery, RouterKEPPExact, RouterKEPPApprox:
 		return "latency"
 	}
 	return ""

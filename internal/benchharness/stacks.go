@@ -325,6 +325,9 @@ func (s *stack) startKVRelayExact(ctx context.Context) error {
 	}
 	want := len(s.p.engines)
 	args := append(s.proxyCommon(), "--xds", addr(s.p.cpXDS))
+	if s.router == RouterLatencyQuery {
+		args = append(args, "--index-query")
+	}
 	args = append(args, s.cfg.ProxyArgs...)
 	if s.cfg.ExactTok != "" {
 		args = append(args, "--tokenizer", s.cfg.ExactTok)

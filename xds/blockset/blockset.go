@@ -100,11 +100,8 @@ type Set struct {
 	// tmp is where a holder set's next content is built before it is looked up.
 	tmp []part
 	// last is the last change derive made to a set of several holders, for the next block
-	// of a chain, which most likely makes the same one; valid while gen, counting ClearSlot's
-	// edits of sets in place, has not moved. Freeing a set needs no such count: only build
-	// makes a set (reusing a freed id) and it replaces last, and a set last names as its
-	// result can only be freed by a block leaving it, whose derive does not match last
-	// (whose from is another set) and builds.
+	// of a chain, which most likely makes the same one; valid while gen, counting the sets
+	// freed and ClearSlot's edits of sets in place, has not moved.
 	last transition
 	gen  uint64
 	// held counts each slot's entries per tier: how many blocks a worker holds in its GPU
@@ -321,6 +318,7 @@ func (s *Set) release(id uint32) {
 	}
 	*h = holders{}
 	s.free = append(s.free, id)
+	s.gen++ // last may name it: a shortcut of derive freed it without replacing last
 }
 
 // Add records that slot holds seq in tier and reports whether that is new.
@@ -507,8 +505,9 @@ func (s *Set) Sets() int { return len(s.sets) - len(s.free) - min(len(s.sets), 1
 
 // Match sets overlap[slot] to the tier-weighted number of leading blocks of hashes that the
 // slot holds (a block held in several tiers counts at its fastest), for every slot <
-// len(overlap), and returns the largest overlap. It allocates nothing while fewer than 2,048
-// slots hold the prompt's first block.
+// len(overlap), and returns the largest overlap. It allocates nothing while the slots holding
+// the prompt's first block lie in at most 32 shards of 64 slots (a pool of 2,048 at most),
+// and past that only when its pool of run lists is empty.
 func (s *Set) Match(hashes []uint64, overlap []float64, wt Weights) float64 {
 	return s.MatchTiers(hashes, overlap, nil, wt)
 }

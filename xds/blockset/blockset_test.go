@@ -492,3 +492,21 @@ func TestClearedSetIsNotTakenForItsPast(t *testing.T) {
 	}
 	checkHolders(t, &s)
 }
+
+// TestFreedSetLeavesNoMemo: a holder set that a derive's shortcut frees (the last holder of
+// a block removed, no set built) is not handed out again by the memo of the change that had
+// made it.
+func TestFreedSetLeavesNoMemo(t *testing.T) {
+	var s Set
+	for _, seq := range []uint64{1, 2} {
+		s.Add(seq, 1, GPU)
+		s.Add(seq, 2, GPU) // both blocks: {1, 2}
+	}
+	s.Remove(1, 2, GPU) // {1, 2} → {1}, built and remembered
+	s.Remove(1, 1, GPU) // {1} → nothing, a shortcut: {1} freed
+	s.Remove(2, 2, GPU) // {1, 2} → {1} again
+	if !s.Has(2, 1, GPU) || s.Len() != 1 || s.Held(1, GPU) != 1 {
+		t.Fatalf("block 2 names a freed set: has %v, len %d, held %d", s.Has(2, 1, GPU), s.Len(), s.Held(1, GPU))
+	}
+	checkHolders(t, &s)
+}

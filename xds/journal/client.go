@@ -251,14 +251,15 @@ func (c *Client) stream(ctx context.Context, sink Sink) error {
 			c.synced.Store(true)
 		default:
 			c.mu.Lock()
-			putMarksMap(c.marks, ms)
-			// A cleared slot has no mark until a checkpoint after the clear gives one:
-			// its worker may have restarted and numbers its batches from the start again.
+			// A cleared slot has no mark until a checkpoint after the clear gives one (its
+			// worker may have restarted and numbers its batches from the start again): the
+			// batch's marks, as of its end, are after any clear it carries.
 			for _, ch := range cs {
 				if ch.Op == Cleared {
 					delete(c.marks, ch.Slot)
 				}
 			}
+			putMarksMap(c.marks, ms)
 			c.mu.Unlock()
 			c.next = b.Next
 			c.synced.Store(true)
