@@ -36,7 +36,9 @@ type emptyIndex struct{}
 func (emptyIndex) Each(func(uint64, int, blockset.Tier)) {}
 
 // emptyQuery answers every index query with nothing.
-type emptyQuery struct{ xdsv1.UnimplementedIndexQueryServer }
+type emptyQuery struct {
+	xdsv1.UnimplementedIndexQueryServer
+}
 
 func (emptyQuery) Match(context.Context, *xdsv1.IndexMatchRequest) (*xdsv1.IndexMatchResponse, error) {
 	return &xdsv1.IndexMatchResponse{}, nil
