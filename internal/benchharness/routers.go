@@ -70,6 +70,9 @@ func RouterHop(router string) string {
 	if BehindGateway(router) {
 		return "gateway + ext_proc gRPC to the picker (request and every response chunk)"
 	}
+	if router == RouterLatencyQuery {
+		return "a gRPC round trip to the control plane's index before the pick"
+	}
 	return "none (the proxy decides in process)"
 }
 
