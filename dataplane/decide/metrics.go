@@ -60,13 +60,16 @@ const (
 	stageHash
 	stageMatch
 	stageScore
+	// stageIndex is an index query's round trip (a proxy that keeps no replica asks the
+	// control plane about the prompt), from the query's start to its answer.
+	stageIndex
 	// stageTotal is the whole decision of a request, from its parsed body to its pick,
-	// remote tokenization included.
+	// remote tokenization and the index query included.
 	stageTotal
 	numStages
 )
 
-var stageNames = [numStages]string{"parse", "tokenize", "hash", "match", "score", "total"}
+var stageNames = [numStages]string{"parse", "tokenize", "hash", "match", "score", "index", "total"}
 
 func newMetrics(reg prometheus.Registerer) *metrics {
 	latency := []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300}

@@ -75,6 +75,7 @@ type Request struct {
 	// The work Prepare left for Work: a remote tokenization (pend) or a large prompt
 	// (large), and what Work found.
 	pending error // ErrRemote, ErrLarge, ErrIndex or nil
+	indexAt int64 // when a timed request's index query began
 	pend    remotePending
 	large   largePrompt
 	workIDs []uint32
@@ -307,6 +308,7 @@ func (r *Request) Prepare() error {
 // this one has blocks to ask about.
 func (r *Request) askIndex() error {
 	if r.c.query.Load() != nil && len(r.rreq.Hashes) > 0 {
+		r.indexAt = r.clock()
 		return ErrIndex
 	}
 	return nil
@@ -338,6 +340,7 @@ func (r *Request) Resume() error {
 	case ErrIndex:
 		// A failed query routes the prompt as uncached; the index counts it.
 		r.workErr = nil
+		r.stage(stageIndex, r.indexAt)
 		return nil
 	case ErrRemote:
 		ids, err := r.workIDs, r.workErr

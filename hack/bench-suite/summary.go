@@ -353,8 +353,11 @@ func (s *Summary) Markdown(results []*bh.RunResult) string {
 				ok += fmt.Sprintf(" (%d of %d runs failed)", r.FailedRuns, r.Runs)
 			}
 			hop := "none"
-			if bh.BehindGateway(r.Router) {
+			switch {
+			case bh.BehindGateway(r.Router):
 				hop = "gateway + ext_proc gRPC"
+			case r.Router == bh.RouterLatencyQuery:
+				hop = "index query gRPC"
 			}
 			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", name,
 				r.TTFTP50.stat().Cell(bh.Num), r.TTFTP90.stat().Cell(bh.Num), r.TTFTP99.stat().Cell(bh.Num),

@@ -317,6 +317,9 @@ func (s *stack) collect(rr *RunResult) {
 	if q, c := histQuantile(fams, dec, map[string]string{"stage": "tokenize"}, 0.5); c > 0 {
 		rr.Extra["proxy_tokenize_p50_ms"] = q * 1e3
 	}
+	if q, c := histQuantile(fams, dec, map[string]string{"stage": "index"}, 0.5); c > 0 {
+		rr.Extra["proxy_index_query_p50_ms"] = q * 1e3
+	}
 	if v, ok := gaugeSum(fams, "kvrelay_proxy_remote_tokenize_failures_total"); ok && v > 0 {
 		rr.Extra["proxy_remote_tokenize_failures"] = v
 		rr.Notes = append(rr.Notes, fmt.Sprintf("%.0f prompts the engines' /tokenize could not tokenize (routed on a text estimate)", v))
