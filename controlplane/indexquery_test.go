@@ -12,8 +12,9 @@ import (
 )
 
 // TestIndexQueryProxy: a proxy that keeps no replica (index_query) asks the control plane's
-// index about each prompt and routes every warmed family to the worker caching it; its
-// replica stays empty and every routing found its answer. A proxy whose queries time out
+// index about each prompt and routes every warmed family to the worker caching it, tokenizing
+// locally or through the engines' /tokenize; its replica stays empty and every routing found
+// its answer. A proxy whose queries time out
 // (the control plane 60 ms away, a 10 ms budget) still answers every request, routed as
 // uncached, and counts the failures.
 func TestIndexQueryProxy(t *testing.T) {
@@ -26,23 +27,31 @@ func TestIndexQueryProxy(t *testing.T) {
 	p := c.addProxyWith(c.xds, func(cfg *proxy.Config) {
 		cfg.IndexQuery, cfg.IndexQueryTimeout = true, 5*time.Second
 	})
+	// Tokenizing through the engines' /tokenize: the query goes in the same trip.
+	remote := c.addProxyWith(c.xds, func(cfg *proxy.Config) {
+		cfg.IndexQuery, cfg.IndexQueryTimeout, cfg.Tokenizer = true, 5*time.Second, "remote"
+	})
 	slow := c.addProxyWith(delayRelay(t, c.xds, 60*time.Millisecond), func(cfg *proxy.Config) {
 		cfg.IndexQuery, cfg.IndexQueryTimeout = true, 10*time.Millisecond
 	})
 	waitWorkers(t, p, 4)
+	waitWorkers(t, remote, 4)
 	waitWorkers(t, slow, 4)
 	c.warm(8)
 	c.waitBlocks(8 * 150)
-	for f := range 8 {
-		want := "w" + strconv.Itoa(f%4)
-		r := chat(t, "http://"+p.Addr(), family(f), "variant")
-		if r.status != 200 || r.worker != want || r.cached == 0 {
-			t.Errorf("family %d: status %d worker %q cached %d, want %s with cached tokens", f, r.status, r.worker, r.cached, want)
+	for _, px := range []*proxy.Server{p, remote} {
+		time.Sleep(300 * time.Millisecond) // the other proxy's requests out of the fleet's load
+		for f := range 8 {
+			want := "w" + strconv.Itoa(f%4)
+			r := chat(t, "http://"+px.Addr(), family(f), "variant "+px.Addr())
+			if r.status != 200 || r.worker != want || r.cached == 0 {
+				t.Errorf("family %d via %s: status %d worker %q cached %d, want %s with cached tokens", f, px.Addr(), r.status, r.worker, r.cached, want)
+			}
 		}
-	}
-	st, _ := p.XDSStats()
-	if st.Blocks != 0 || st.Journal.Streams != 0 || st.IndexQueries < 8 || st.IndexQueryFailures != 0 || st.IndexUnasked != 0 || st.IndexQueryBytes == 0 {
-		t.Fatalf("replica %d blocks, %d journal streams; %d queries, %d failed, %d unasked, %d bytes", st.Blocks, st.Journal.Streams, st.IndexQueries, st.IndexQueryFailures, st.IndexUnasked, st.IndexQueryBytes)
+		st, _ := px.XDSStats()
+		if st.Blocks != 0 || st.Journal.Streams != 0 || st.IndexQueries < 8 || st.IndexQueryFailures != 0 || st.IndexUnasked != 0 || st.IndexQueryBytes == 0 {
+			t.Fatalf("%s: replica %d blocks, %d journal streams; %d queries, %d failed, %d unasked, %d bytes", px.Addr(), st.Blocks, st.Journal.Streams, st.IndexQueries, st.IndexQueryFailures, st.IndexUnasked, st.IndexQueryBytes)
+		}
 	}
 	for f := range 4 {
 		if r := chat(t, "http://"+slow.Addr(), family(f), "slow variant"); r.status != 200 {

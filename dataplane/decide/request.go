@@ -76,6 +76,10 @@ type Request struct {
 	// (large), and what Work found.
 	pending error // ErrRemote, ErrLarge, ErrIndex or nil
 	indexAt int64 // when a timed request's index query began
+	// remoteDone: Work finished a remote tokenization (and asked the index) itself, with
+	// remoteErr what remoteResult said.
+	remoteDone bool
+	remoteErr  error
 	pend    remotePending
 	large   largePrompt
 	workIDs []uint32
@@ -150,8 +154,9 @@ var (
 	// an event loop; Work tokenizes it (CPU).
 	ErrLarge = errors.New("decide: tokenization of a large prompt pending")
 	// ErrIndex: the core asks the control plane's index about each prompt (SetIndexQuery);
-	// Work makes the round trip (blocking I/O). Resume can answer it after ErrRemote or
-	// ErrLarge, once the prompt is hashed: Work and Resume again.
+	// Work makes the round trip (blocking I/O). Resume can answer it after ErrLarge, once
+	// the prompt is hashed: Work and Resume again. After ErrRemote, Work hashes the prompt
+	// and asks in the same trip.
 	ErrIndex = errors.New("decide: the prompt's index query pending")
 )
 
@@ -321,6 +326,18 @@ func (r *Request) Work() {
 	switch r.pending {
 	case ErrRemote:
 		r.workIDs, r.workErr = r.fetchPending()
+		if q := r.c.query.Load(); q != nil {
+			// An index to ask: the prompt is hashed here and asked about in the same trip
+			// off the loop, not in a second one after Resume.
+			ids, err := r.workIDs, r.workErr
+			r.workIDs, r.workErr = nil, nil
+			r.remoteErr, r.remoteDone = r.remoteResult(ids, err), true
+			if r.remoteErr == nil && len(r.rreq.Hashes) > 0 {
+				t0 := r.clock()
+				_ = (*q).Query(context.Background(), r.rreq.Hashes) // a failure routes as uncached, counted by the index
+				r.stage(stageIndex, t0)
+			}
+		}
 	case ErrLarge:
 		l := &r.large
 		r.toks, r.workOK = tokenizer.AppendEncodeLimit(l.cd.tok, r.toks[:0], l.text, l.limit)
@@ -343,6 +360,15 @@ func (r *Request) Resume() error {
 		r.stage(stageIndex, r.indexAt)
 		return nil
 	case ErrRemote:
+		if r.remoteDone {
+			// Work finished the prompt and asked the index.
+			err := r.remoteErr
+			r.remoteErr, r.remoteDone = nil, false
+			if err != nil {
+				return refusal(400, err.Error(), "messages", "")
+			}
+			return nil
+		}
 		ids, err := r.workIDs, r.workErr
 		r.workIDs, r.workErr = nil, nil
 		if err := r.remoteResult(ids, err); err != nil {
