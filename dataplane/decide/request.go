@@ -80,11 +80,11 @@ type Request struct {
 	// remoteErr what remoteResult said.
 	remoteDone bool
 	remoteErr  error
-	pend    remotePending
-	large   largePrompt
-	workIDs []uint32
-	workErr error
-	workOK  bool
+	pend       remotePending
+	large      largePrompt
+	workIDs    []uint32
+	workErr    error
+	workOK     bool
 
 	// arrived is when the request's body was complete (its latency targets count from
 	// it); decideAt when its decision began, for the total decision time of a timed one.
