@@ -323,6 +323,22 @@ func (c *cluster) warm(families int) {
 	}
 }
 
+// checkExposition fails unless each URL's answer (a metrics page) holds its string.
+func checkExposition(t *testing.T, want map[string]string) {
+	t.Helper()
+	for url, w := range want {
+		resp, err := http.Get(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if !strings.Contains(string(b), w) {
+			t.Errorf("%s lacks %q", url, w)
+		}
+	}
+}
+
 // TestPrecisionThroughProxies: two proxies following one control plane route each warmed
 // family to the worker caching it, from their replicas of its index. The policy is kv:
 // routing on the cache alone, which is what this checks; the latency policy weighs its
@@ -340,20 +356,10 @@ func TestPrecisionThroughProxies(t *testing.T) {
 	waitWorkers(t, p1, 4)
 	c.warm(8)
 	c.waitBlocks(8 * 150) // each family's prompt is about 180 blocks
-	for url, want := range map[string]string{
+	checkExposition(t, map[string]string{
 		"http://" + p0.Addr() + "/metrics":      "kvrelay_proxy_xds_connected 1",
 		"http://" + c.cp.APIAddr() + "/metrics": "kvrelay_controlplane_proxies 2",
-	} {
-		resp, err := http.Get(url)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if !strings.Contains(string(b), want) {
-			t.Errorf("%s lacks %q", url, want)
-		}
-	}
+	})
 	// One proxy at a time: the other proxy's requests, finished a moment ago, still count in
 	// the fleet-wide load until its next report (100 ms) reaches this one.
 	for _, p := range []*proxy.Server{p0, p1} {

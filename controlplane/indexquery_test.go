@@ -1,10 +1,7 @@
 package controlplane_test
 
 import (
-	"io"
-	"net/http"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -61,19 +58,9 @@ func TestIndexQueryProxy(t *testing.T) {
 	if st, _ := slow.XDSStats(); st.IndexQueryFailures < 4 || st.IndexUnasked < 4 {
 		t.Fatalf("the slow proxy counted %d failed queries and %d unasked matches of 4 requests", st.IndexQueryFailures, st.IndexUnasked)
 	}
-	for url, want := range map[string]string{
+	checkExposition(t, map[string]string{
 		"http://" + p.Addr() + "/metrics":       "kvrelay_proxy_xds_index_queries_total",
 		"http://" + slow.Addr() + "/metrics":    "kvrelay_proxy_xds_index_query_failures_total",
 		"http://" + c.cp.APIAddr() + "/metrics": `kvrelay_controlplane_index_queries_total{result="answered"}`,
-	} {
-		resp, err := http.Get(url)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if !strings.Contains(string(b), want) {
-			t.Errorf("%s lacks %q", url, want)
-		}
-	}
+	})
 }

@@ -9,34 +9,16 @@ import (
 // BenchmarkMatchWorkers matches a 256-block prompt whose first 192 blocks (a shared
 // preamble) every worker holds, each worker holding a different 64-block tail besides,
 // against fleets of 64 to 10,240 workers: how the match grows with the workers.
-func BenchmarkMatchWorkers(b *testing.B) {
-	const prompt, shared = 256, 192
-	hashes := make([]uint64, prompt)
-	for i := range hashes {
-		hashes[i] = uint64(i+1) * 0x9E3779B97F4A7C15
-	}
-	for _, workers := range []int{64, 1024, 10240} {
-		b.Run(fmt.Sprintf("workers=%d", workers), func(b *testing.B) {
-			var s Set
-			for w := range workers {
-				holdPrompt(&s, w, hashes, shared)
-			}
-			overlap := make([]float64, workers)
-			b.ReportAllocs()
-			for b.Loop() {
-				s.Match(hashes, overlap, DefaultWeights)
-			}
-			if overlap[workers-1] != shared {
-				b.Fatalf("overlap %v", overlap[workers-1])
-			}
-		})
-	}
-}
+func BenchmarkMatchWorkers(b *testing.B) { benchMatchPreamble(b, 1) }
 
 // BenchmarkMatchPartlyShared matches the same prompt when only every other worker holds the
 // preamble (a system prompt half the fleet has cached): no run is common to every worker, so
 // each holder's run must be followed, however the holders are stored.
-func BenchmarkMatchPartlyShared(b *testing.B) {
+func BenchmarkMatchPartlyShared(b *testing.B) { benchMatchPreamble(b, 2) }
+
+// benchMatchPreamble matches the prompt against fleets where one worker in every (0, every,
+// 2·every, …) holds the preamble and its tail, the others their tails only.
+func benchMatchPreamble(b *testing.B, every int) {
 	const prompt, shared = 256, 192
 	hashes := make([]uint64, prompt)
 	for i := range hashes {
@@ -47,7 +29,7 @@ func BenchmarkMatchPartlyShared(b *testing.B) {
 			var s Set
 			for w := range workers {
 				n := shared
-				if w%2 == 1 {
+				if w%every != 0 {
 					n = 0
 				}
 				holdPrompt(&s, w, hashes, n)
@@ -57,8 +39,14 @@ func BenchmarkMatchPartlyShared(b *testing.B) {
 			for b.Loop() {
 				s.Match(hashes, overlap, DefaultWeights)
 			}
-			if overlap[workers-2] != shared || overlap[workers-1] != 0 {
-				b.Fatalf("overlap %v %v", overlap[workers-2], overlap[workers-1])
+			for _, w := range []int{0, workers - 1} {
+				want := 0.0
+				if w%every == 0 {
+					want = shared
+				}
+				if overlap[w] != want {
+					b.Fatalf("worker %d overlap %v, want %v", w, overlap[w], want)
+				}
 			}
 		})
 	}
