@@ -75,7 +75,6 @@ type Request struct {
 	// The work Prepare left for Work: a remote tokenization (pend) or a large prompt
 	// (large), and what Work found.
 	pending error // ErrRemote, ErrLarge, ErrIndex or nil
-	indexAt int64 // when a timed request's index query began
 	// remoteDone: Work finished a remote tokenization (and asked the index) itself, with
 	// remoteErr what remoteResult said.
 	remoteDone bool
@@ -218,6 +217,8 @@ func (r *Request) Start(kind oai.Kind, now int64, timed bool) {
 	r.tenant, r.tenantShare, r.charged = "", 0, false
 	r.pd = pdState{}
 	r.pending = nil
+	r.workIDs, r.workErr, r.workOK = nil, nil, false
+	r.remoteDone, r.remoteErr = false, nil
 	r.decideAt = r.clock()
 }
 
@@ -313,7 +314,6 @@ func (r *Request) Prepare() error {
 // this one has blocks to ask about.
 func (r *Request) askIndex() error {
 	if r.c.query.Load() != nil && len(r.rreq.Hashes) > 0 {
-		r.indexAt = r.clock()
 		return ErrIndex
 	}
 	return nil
@@ -343,7 +343,9 @@ func (r *Request) Work() {
 		r.toks, r.workOK = tokenizer.AppendEncodeLimit(l.cd.tok, r.toks[:0], l.text, l.limit)
 	case ErrIndex:
 		if q := r.c.query.Load(); q != nil {
+			t0 := r.clock()
 			r.workErr = (*q).Query(context.Background(), r.rreq.Hashes)
+			r.stage(stageIndex, t0)
 		}
 	}
 }
@@ -357,7 +359,6 @@ func (r *Request) Resume() error {
 	case ErrIndex:
 		// A failed query routes the prompt as uncached; the index counts it.
 		r.workErr = nil
-		r.stage(stageIndex, r.indexAt)
 		return nil
 	case ErrRemote:
 		if r.remoteDone {

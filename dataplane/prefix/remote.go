@@ -171,9 +171,9 @@ func (r *Remote) Query(ctx context.Context, hashes []uint64) error {
 		return err
 	}
 	k := key(hashes)
-	now := time.Now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	now := time.Now() // under the lock: order stays in time order
 	// Forget the expired and, past the bound, the oldest.
 	for len(r.order) > 0 && (now.Sub(r.order[0].at) >= RemoteTTL || len(r.order) >= remoteMaxAnswers) {
 		if a := r.answers[r.order[0].k]; a.at.Equal(r.order[0].at) {

@@ -251,15 +251,17 @@ func (c *Client) stream(ctx context.Context, sink Sink) error {
 			c.synced.Store(true)
 		default:
 			c.mu.Lock()
-			// A cleared slot has no mark until a checkpoint after the clear gives one (its
-			// worker may have restarted and numbers its batches from the start again): the
-			// batch's marks, as of its end, are after any clear it carries.
+			putMarksMap(c.marks, ms)
+			// A cleared slot has no mark until a checkpoint after the clear gives one: its
+			// worker may have restarted and numbers its batches from the start again. The
+			// batch's marks are its checkpoints', which may come before or after a clear it
+			// carries (the client cannot tell), so a clear drops them all: the slot is filled
+			// again on a move, never resumed from a position before its clear.
 			for _, ch := range cs {
 				if ch.Op == Cleared {
 					delete(c.marks, ch.Slot)
 				}
 			}
-			putMarksMap(c.marks, ms)
 			c.mu.Unlock()
 			c.next = b.Next
 			c.synced.Store(true)

@@ -486,30 +486,3 @@ func TestScopedSnapshotShared(t *testing.T) {
 		t.Fatal("a new version of the slots' models shared the old one's batches")
 	}
 }
-
-// TestClearKeepsTheMarkAfterIt: a live batch that clears a slot (an engine's
-// AllBlocksCleared) and carries the slot's mark as of its end leaves the client holding
-// that mark, which it names on its next stream; a clear without a mark after it leaves the
-// slot unknown.
-func TestClearKeepsTheMarkAfterIt(t *testing.T) {
-	br := &breaker{hellos: make(chan *xdsv1.JournalAck, 16), batches: []*xdsv1.JournalBatch{{
-		Epoch: 80, Offset: 0, Next: 2, Reset_: true, SnapshotDone: true,
-		Seq: []uint64{1, 2}, At: []uint32{pack(Change{Seq: 1, Slot: 0, Op: Stored}), pack(Change{Seq: 2, Slot: 1, Op: Stored})},
-		PosSlot: []uint32{0, 1}, PosCheck: []uint32{1000, 1001}, PosSeq: []uint64{4, 7}, PosSince: []uint64{0, 0},
-	}, {
-		Epoch: 80, Offset: 2, Next: 5,
-		Seq: []uint64{0, 3, 0}, At: []uint32{pack(Change{Slot: 0, Op: Cleared}), pack(Change{Seq: 3, Slot: 0, Op: Stored}), pack(Change{Slot: 1, Op: Cleared})},
-		PosSlot: []uint32{0}, PosCheck: []uint32{1000}, PosSeq: []uint64{5}, PosSince: []uint64{0},
-	}}}
-	addr, stop := serveAt(t, br, "127.0.0.1:0")
-	defer stop()
-	m := &mirror{}
-	_, done := follow(t, addr, m)
-	defer done()
-	<-br.hellos
-	second := <-br.hellos // the stream after the break
-	got, _ := ackColumns(second).read(nil)
-	if len(got) != 1 || got[0].Slot != 0 || got[0].Seq != 5 {
-		t.Fatalf("after the clears the client named marks %v, want slot 0's at 5 alone", got)
-	}
-}
