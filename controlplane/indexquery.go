@@ -72,7 +72,9 @@ func (q *indexQuery) Match(_ context.Context, req *xdsv1.IndexMatchRequest) (*xd
 			break
 		}
 	}
-	if n == 0 || len(req.Hashes) == 0 {
+	// Slots past the index's hold nothing: the scratch is the index's size at most, not the
+	// bitmap's.
+	if n = min(n, q.x.Slots()); n == 0 || len(req.Hashes) == 0 {
 		return resp, nil
 	}
 	sc := q.scratch.Get().(*queryScratch)

@@ -61,6 +61,14 @@ func TestIndexQueryAnswers(t *testing.T) {
 	if resp, _ := ask(&xdsv1.IndexMatchRequest{Hashes: hashes}); len(resp.Slot) != 0 {
 		t.Fatalf("no slot asked about, answered %v", resp)
 	}
+	// Every slot the bitmap can name: the three the index has answer, the rest hold nothing.
+	all := make([]byte, 2048)
+	for i := range all {
+		all[i] = 0xff
+	}
+	if resp, code := ask(&xdsv1.IndexMatchRequest{Hashes: hashes, Slots: all}); code != codes.OK || len(resp.Slot) != 3 || cap(q.scratch.Get().(*queryScratch).overlap) > 16 {
+		t.Fatalf("asked about every slot: %v %v", code, resp)
+	}
 	if _, code := ask(&xdsv1.IndexMatchRequest{Hashes: make([]uint64, MaxQueryBlocks+1), Slots: []byte{1}}); code != codes.InvalidArgument {
 		t.Fatalf("too long a prompt: %v", code)
 	}

@@ -658,6 +658,13 @@ func (x *Index) Blocks(id string) [numTiers]int {
 	return n
 }
 
+// Slots returns one past the highest slot the index has given a worker (0: none).
+func (x *Index) Slots() int {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	return len(x.slots)
+}
+
 // Len returns the number of distinct blocks indexed.
 func (x *Index) Len() int {
 	x.mu.RLock()
