@@ -4,10 +4,12 @@ import (
 	"fmt"
 	"runtime"
 	"strconv"
+	"sync/atomic"
 	"testing"
 
 	"github.com/kvrelay/kvrelay/engines/blockhash"
 	"github.com/kvrelay/kvrelay/engines/kvevents"
+	"github.com/kvrelay/kvrelay/xds/blockset"
 )
 
 // prompt is n blocks of 16 tokens: the first shared blocks are common to every prompt with
@@ -199,8 +201,8 @@ func TestMatchDoesNotAllocate(t *testing.T) {
 }
 
 // BenchmarkIngest applies BlockStored events of 64 16-token blocks (prepared beforehand, as
-// the decoder hands them over) from 8 workers (one shard of slots) and from 128 (two, where
-// the index also counts each block's GPU holders): block events per second.
+// the decoder hands them over) from 8 workers (one shard of slots) and from 128 (two): block
+// events per second.
 func BenchmarkIngest(b *testing.B) {
 	const chain, nev = 64, 2048
 	evs := make([]*kvevents.Batch, nev)
@@ -219,6 +221,65 @@ func BenchmarkIngest(b *testing.B) {
 				i++
 			}
 			b.ReportMetric(float64(b.N*chain)/b.Elapsed().Seconds(), "blocks/s")
+		})
+	}
+}
+
+// BenchmarkIngestBesideQueries is BenchmarkIngest's 128 workers with another goroutine
+// matching a 64-block prompt without pause (an index query's work): against the same index,
+// whose read lock ingest's write lock waits for; against another index of the same blocks,
+// the same CPU with no lock shared; or none. The first two apart are what the one lock costs
+// ingest beside queries.
+func BenchmarkIngestBesideQueries(b *testing.B) {
+	const chain, nev, workers = 64, 2048, 128
+	evs := make([]*kvevents.Batch, nev)
+	for i := range evs {
+		toks := prompt(uint32(i+5), uint32(i+5), 0, chain)
+		evs[i] = batch(stored(toks, uint64(i), 0, chain, "GPU", false))
+	}
+	hs := blockhash.Seq(prompt(5, 5, 0, chain), 16, nil)
+	for _, mode := range []string{"none", "other-index", "same-index"} {
+		b.Run("queries="+mode, func(b *testing.B) {
+			x, other := New(), New()
+			for i, ev := range evs {
+				x.Apply("w"+strconv.Itoa(i%workers), ev, nil)
+				other.Apply("w"+strconv.Itoa(i%workers), ev, nil)
+			}
+			qx := x
+			if mode == "other-index" {
+				qx = other
+			}
+			stop, done := make(chan struct{}), make(chan struct{})
+			var queries atomic.Int64
+			if mode == "none" {
+				close(done)
+			} else {
+				go func() {
+					defer close(done)
+					overlap := make([]float64, workers)
+					lower := make([]blockset.Lower, workers)
+					for {
+						select {
+						case <-stop:
+							return
+						default:
+						}
+						qx.MatchTiers(hs, overlap, lower, DefaultWeights)
+						queries.Add(1)
+					}
+				}()
+			}
+			var cs []Change
+			i := 0
+			for b.Loop() {
+				cs = x.Apply("w"+strconv.Itoa(i%workers), evs[i%nev], cs[:0])
+				i++
+			}
+			close(stop)
+			<-done
+			secs := b.Elapsed().Seconds()
+			b.ReportMetric(float64(b.N*chain)/secs, "blocks/s")
+			b.ReportMetric(float64(queries.Load())/secs, "queries/s")
 		})
 	}
 }
