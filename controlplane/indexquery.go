@@ -27,6 +27,8 @@ type indexQuery struct {
 	ready   <-chan struct{}
 	scratch sync.Pool // *queryScratch
 	answers *prometheus.CounterVec
+	// answered, refused and unavailable are answers' series, resolved once.
+	answered, refused, unavailable prometheus.Counter
 }
 
 type queryScratch struct {
@@ -43,6 +45,7 @@ func newIndexQuery(x *kvindex.Index, ready <-chan struct{}) *indexQuery {
 		Name: "kvrelay_controlplane_index_queries_total",
 		Help: "Index queries of proxies that keep no replica, by result: answered; refused (malformed); unavailable (before ingestion caught up).",
 	}, []string{"result"})}
+	q.answered, q.refused, q.unavailable = q.answers.WithLabelValues("answered"), q.answers.WithLabelValues("refused"), q.answers.WithLabelValues("unavailable")
 	q.scratch.New = func() any { return &queryScratch{} }
 	return q
 }
@@ -50,20 +53,20 @@ func newIndexQuery(x *kvindex.Index, ready <-chan struct{}) *indexQuery {
 // Match answers how long a run of the prompt each slot asked about holds.
 func (q *indexQuery) Match(_ context.Context, req *xdsv1.IndexMatchRequest) (*xdsv1.IndexMatchResponse, error) {
 	if len(req.Hashes) > MaxQueryBlocks {
-		q.answers.WithLabelValues("refused").Inc()
+		q.refused.Inc()
 		return nil, status.Errorf(codes.InvalidArgument, "index query: %d blocks, more than %d", len(req.Hashes), MaxQueryBlocks)
 	}
 	if len(req.Slots) > journal.MaxSlots/8 {
-		q.answers.WithLabelValues("refused").Inc()
+		q.refused.Inc()
 		return nil, status.Errorf(codes.InvalidArgument, "index query: a slot bitmap of %d bytes, past the %d slots an index has", len(req.Slots), journal.MaxSlots)
 	}
 	select {
 	case <-q.ready:
 	default:
-		q.answers.WithLabelValues("unavailable").Inc()
+		q.unavailable.Inc()
 		return nil, status.Error(codes.Unavailable, "index query: the control plane is still catching up with the engines' KV events")
 	}
-	q.answers.WithLabelValues("answered").Inc()
+	q.answered.Inc()
 	resp := &xdsv1.IndexMatchResponse{}
 	n := 0 // one past the last slot asked about
 	for i := len(req.Slots) - 1; i >= 0; i-- {

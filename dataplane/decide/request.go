@@ -333,9 +333,7 @@ func (r *Request) Work() {
 			r.workIDs, r.workErr = nil, nil
 			r.remoteErr, r.remoteDone = r.remoteResult(ids, err), true
 			if r.remoteErr == nil && len(r.rreq.Hashes) > 0 {
-				t0 := r.clock()
-				_ = (*q).Query(context.Background(), r.rreq.Hashes) // a failure routes as uncached, counted by the index
-				r.stage(stageIndex, t0)
+				_ = r.queryIndex(*q) // a failure routes as uncached, counted by the index
 			}
 		}
 	case ErrLarge:
@@ -343,11 +341,17 @@ func (r *Request) Work() {
 		r.toks, r.workOK = tokenizer.AppendEncodeLimit(l.cd.tok, r.toks[:0], l.text, l.limit)
 	case ErrIndex:
 		if q := r.c.query.Load(); q != nil {
-			t0 := r.clock()
-			r.workErr = (*q).Query(context.Background(), r.rreq.Hashes)
-			r.stage(stageIndex, t0)
+			r.workErr = r.queryIndex(*q)
 		}
 	}
+}
+
+// queryIndex asks q about the prompt's hashes, timing the round trip as the index stage.
+func (r *Request) queryIndex(q IndexQuery) error {
+	t0 := r.clock()
+	err := q.Query(context.Background(), r.rreq.Hashes)
+	r.stage(stageIndex, t0)
+	return err
 }
 
 // Resume goes on, on the carrier's goroutine, with what Work found: nil, ErrIndex (the

@@ -45,7 +45,14 @@ type xdsState struct {
 	// replica's stead (asked through query); the replica then stays empty.
 	remote *prefix.Remote
 	query  xdsv1.IndexQueryClient
-	index  prefix.Index // the replica (or remote) overlaid with this proxy's recent decisions
+	// primary is the index the routers read, the replica or remote: told the pool's slots
+	// and the policy's tier weights.
+	primary interface {
+		prefix.Index
+		SetSlots([]int)
+		SetWeights(blockset.Weights)
+	}
+	index  prefix.Index // primary overlaid with this proxy's recent decisions
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
@@ -147,15 +154,15 @@ func (s *Server) setupXDS(ctx context.Context) error {
 	// (Config.RecentTTL, decideConfig), overlaid on the replica.
 	x := &xdsState{replica: prefix.NewReplica(blockset.DefaultWeights), pos: map[string]int{}, pushed: map[string]pushedLoad{}, nodeID: nodeID}
 	pool := route.NewPoolIndexed(nil)
-	var primary prefix.Index = x.replica
+	x.primary = x.replica
 	if s.cfg.IndexQuery {
 		// No replica: the control plane's index answers each prompt, asked before routing.
 		x.remote = prefix.NewRemote(func(ctx context.Context, req *xdsv1.IndexMatchRequest) (*xdsv1.IndexMatchResponse, error) {
 			return x.query.Match(ctx, req)
 		}, nodeID, s.cfg.IndexQueryTimeout, blockset.DefaultWeights)
-		primary = x.remote
+		x.primary = x.remote
 	}
-	x.index = prefix.NewOverlay(primary, s.core.Index())
+	x.index = prefix.NewOverlay(x.primary, s.core.Index())
 	// Policy version 0 until the control plane's policy arrives.
 	if err := s.core.Build(pool, x.index, s.cfg.routeConfig(), "0"); err != nil {
 		return err
@@ -345,10 +352,7 @@ func (s *Server) applyXDS(workers []*xdsv1.Worker, policy *xdsv1.RoutingPolicy, 
 	}
 	// States first: a loop that sees the new pool must find every worker's state.
 	s.core.SetWorkers(states)
-	x.replica.SetSlots(slots)
-	if x.remote != nil {
-		x.remote.SetSlots(slots)
-	}
+	x.primary.SetSlots(slots)
 	err := s.core.BuildCodecs(pool)
 	if err != nil {
 		s.log.Error("loading the tokenizer of a pushed model; its prompts route by load", "err", err)
@@ -378,10 +382,7 @@ func (s *Server) applyXDS(workers []*xdsv1.Worker, policy *xdsv1.RoutingPolicy, 
 			if tw := policy.GetTierWeights(); len(tw) > 0 {
 				w := blockset.DefaultWeights
 				copy(w[:], tw)
-				x.replica.SetWeights(w)
-				if x.remote != nil {
-					x.remote.SetWeights(w)
-				}
+				x.primary.SetWeights(w)
 			}
 			s.log.Info("routing policy applied", "version", x.policyVersion, "policy", cfg.Policy)
 			// The pushed policy wins over the proxy's own flags; say so where they differ.

@@ -107,8 +107,6 @@ type Set struct {
 	// held counts each slot's entries per tier: how many blocks a worker holds in its GPU
 	// memory, host memory and so on, as its events said.
 	held [][NumTiers]int
-	// nonEmpty is the number of slots holding any entry.
-	nonEmpty int
 	// dead counts blocks whose holder set ClearSlot emptied: still in blocks, holding
 	// nothing, until a sweep deletes them (or an Add gives them a holder again).
 	dead int
@@ -171,13 +169,17 @@ func lowerOf(ps []part) bool {
 	return false
 }
 
+// search returns where shard's part is, or would be, in ps, and whether it is there.
+func search(ps []part, shard uint32) (int, bool) {
+	return slices.BinarySearchFunc(ps, shard, func(p part, k uint32) int { return cmp.Compare(p.shard, k) })
+}
+
 // find returns the index of shard's part in ps, or -1.
 func find(ps []part, shard uint32) int {
-	i, ok := slices.BinarySearchFunc(ps, shard, func(p part, k uint32) int { return cmp.Compare(p.shard, k) })
-	if !ok {
-		return -1
+	if i, ok := search(ps, shard); ok {
+		return i
 	}
-	return i
+	return -1
 }
 
 // has reports whether set id holds slot in tier.
@@ -195,22 +197,12 @@ func (s *Set) Held(slot int, tier Tier) int {
 	return s.held[slot][tier]
 }
 
-// count moves slot's count in tier by d, and keeps nonEmpty.
+// count moves slot's count in tier by d.
 func (s *Set) count(slot int, tier Tier, d int) {
 	if slot >= len(s.held) {
 		s.held = append(s.held, make([][NumTiers]int, slot+1-len(s.held))...)
 	}
-	before := 0
-	for _, c := range s.held[slot] {
-		before += c
-	}
 	s.held[slot][tier] += d
-	switch after := before + d; {
-	case before == 0 && after > 0:
-		s.nonEmpty++
-	case before > 0 && after == 0:
-		s.nonEmpty--
-	}
 }
 
 // isSingle reports whether set id holds exactly (slot, tier).
@@ -260,7 +252,7 @@ func (s *Set) build(id uint32, slot int, tier Tier, add bool) uint32 {
 		tmp = append(tmp, s.sets[id].parts...)
 	}
 	shard, bit := uint32(slot/64), uint64(1)<<(slot%64)
-	i, found := slices.BinarySearchFunc(tmp, shard, func(p part, k uint32) int { return cmp.Compare(p.shard, k) })
+	i, found := search(tmp, shard)
 	if add {
 		hash += elemHash(slot, tier)
 		if !found {
@@ -400,11 +392,7 @@ func (s *Set) ClearSlot(slot int) {
 			h.canonical = true
 		}
 	}
-	for t := range s.held[slot] {
-		if n := s.held[slot][t]; n > 0 {
-			s.count(slot, Tier(t), -n)
-		}
-	}
+	s.held[slot] = [NumTiers]int{}
 	if s.dead > 0 && 4*s.dead >= s.blocks.Len() {
 		s.sweep()
 	}
@@ -499,9 +487,6 @@ func (s *Set) Entries() int {
 	}
 	return n
 }
-
-// Sets returns the number of distinct holder sets the blocks name.
-func (s *Set) Sets() int { return len(s.sets) - len(s.free) - min(len(s.sets), 1) }
 
 // Match sets overlap[slot] to the tier-weighted number of leading blocks of hashes that the
 // slot holds (a block held in several tiers counts at its fastest), for every slot <
